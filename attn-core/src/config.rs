@@ -1,0 +1,226 @@
+//! `DilatedConfig`: which patterns run, how they mix, causal, scale; with validation.
+
+use crate::error::{AttnError, Result};
+use crate::pattern::SegmentPattern;
+
+/// How the patterns of a config are combined (see SPEC.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mixing {
+    /// Heads split into G groups, group `i` runs pattern `i`, output divided by G.
+    /// Equals `dilated-attention-pytorch` `DilatedAttention`.
+    #[default]
+    HeadGroups,
+    /// Every head runs every pattern; the patterns are merged by their softmax
+    /// denominators (LongNet, arXiv 2307.02486 eq. 10).
+    LongNet,
+}
+
+impl Mixing {
+    /// Name used in golden files and on command lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mixing::HeadGroups => "head_groups",
+            Mixing::LongNet => "longnet",
+        }
+    }
+
+    /// Parse `head_groups` / `longnet` (also `headgroups`, `long_net`).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+            "headgroups" => Ok(Mixing::HeadGroups),
+            "longnet" => Ok(Mixing::LongNet),
+            _ => Err(AttnError::InvalidArgument(format!("unknown mixing mode `{s}`"))),
+        }
+    }
+}
+
+/// A validated dilated-attention configuration.
+///
+/// Built with [`DilatedConfig::builder`] or [`DilatedConfig::new`]; both validate,
+/// so a value of this type always satisfies SPEC.md's rules except the
+/// head-count rule, which needs the tensor shape ([`DilatedConfig::validate_heads`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DilatedConfig {
+    segment_lengths: Vec<usize>,
+    dilation_rates: Vec<usize>,
+    mixing: Mixing,
+    causal: bool,
+    scale: Option<f64>,
+}
+
+impl DilatedConfig {
+    /// A config with the given patterns, HeadGroups mixing, non-causal, default scale.
+    pub fn new(segment_lengths: &[usize], dilation_rates: &[usize]) -> Result<Self> {
+        Self::builder().segments(segment_lengths).dilations(dilation_rates).build()
+    }
+
+    /// Start building a config.
+    pub fn builder() -> DilatedConfigBuilder {
+        DilatedConfigBuilder::default()
+    }
+
+    pub fn segment_lengths(&self) -> &[usize] {
+        &self.segment_lengths
+    }
+    pub fn dilation_rates(&self) -> &[usize] {
+        &self.dilation_rates
+    }
+    pub fn mixing(&self) -> Mixing {
+        self.mixing
+    }
+    pub fn causal(&self) -> bool {
+        self.causal
+    }
+    /// The explicit scale, if the caller set one.
+    pub fn explicit_scale(&self) -> Option<f64> {
+        self.scale
+    }
+    /// Number of patterns G.
+    pub fn num_patterns(&self) -> usize {
+        self.segment_lengths.len()
+    }
+
+    /// Softmax scale for a head dimension: the explicit one or `1/sqrt(head_dim)`.
+    pub fn scale_for(&self, head_dim: usize) -> f64 {
+        self.scale.unwrap_or_else(|| 1.0 / (head_dim as f64).sqrt())
+    }
+
+    /// Pattern `i` with offset `off` (HeadGroups uses `i mod r_i`, LongNet `head mod r_i`).
+    pub fn pattern(&self, i: usize, off: usize) -> SegmentPattern {
+        SegmentPattern::new(self.segment_lengths[i], self.dilation_rates[i], off)
+    }
+
+    /// A copy with another causal flag.
+    pub fn with_causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+
+    /// Check the head-count rule: HeadGroups needs `heads >= G`; zero heads is an error.
+    pub fn validate_heads(&self, heads: usize) -> Result<()> {
+        if heads == 0 {
+            return Err(AttnError::ZeroDim { tensor: crate::error::TensorName::Query, dim: "heads" });
+        }
+        if self.mixing == Mixing::HeadGroups && heads < self.num_patterns() {
+            return Err(AttnError::TooFewHeads { heads, groups: self.num_patterns() });
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<()> {
+        let (segs, rates) = (&self.segment_lengths, &self.dilation_rates);
+        if segs.is_empty() && rates.is_empty() {
+            return Err(AttnError::EmptyPatterns);
+        }
+        if segs.len() != rates.len() {
+            return Err(AttnError::PatternCountMismatch { segments: segs.len(), rates: rates.len() });
+        }
+        for (index, (&w, &r)) in segs.iter().zip(rates).enumerate() {
+            if w == 0 {
+                return Err(AttnError::ZeroSegmentLength { index });
+            }
+            if r == 0 {
+                return Err(AttnError::ZeroDilationRate { index });
+            }
+            if r > w {
+                return Err(AttnError::RateExceedsSegment { index, rate: r, segment: w });
+            }
+        }
+        if let Some(s) = self.scale
+            && !(s.is_finite() && s > 0.0)
+        {
+            return Err(AttnError::InvalidScale(s));
+        }
+        Ok(())
+    }
+}
+
+/// Builder for [`DilatedConfig`]; `build` validates.
+#[derive(Debug, Clone, Default)]
+pub struct DilatedConfigBuilder {
+    segment_lengths: Vec<usize>,
+    dilation_rates: Vec<usize>,
+    mixing: Mixing,
+    causal: bool,
+    scale: Option<f64>,
+}
+
+impl DilatedConfigBuilder {
+    pub fn segments(mut self, w: &[usize]) -> Self {
+        self.segment_lengths = w.to_vec();
+        self
+    }
+    pub fn dilations(mut self, r: &[usize]) -> Self {
+        self.dilation_rates = r.to_vec();
+        self
+    }
+    pub fn mixing(mut self, m: Mixing) -> Self {
+        self.mixing = m;
+        self
+    }
+    pub fn causal(mut self, c: bool) -> Self {
+        self.causal = c;
+        self
+    }
+    /// Set an explicit softmax scale (must be finite and positive).
+    pub fn scale(mut self, s: f64) -> Self {
+        self.scale = Some(s);
+        self
+    }
+    /// Set or clear the explicit scale.
+    pub fn maybe_scale(mut self, s: Option<f64>) -> Self {
+        self.scale = s;
+        self
+    }
+    pub fn build(self) -> Result<DilatedConfig> {
+        let cfg = DilatedConfig {
+            segment_lengths: self.segment_lengths,
+            dilation_rates: self.dilation_rates,
+            mixing: self.mixing,
+            causal: self.causal,
+            scale: self.scale,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_each_bad_value() {
+        let b = || DilatedConfig::builder();
+        assert!(matches!(b().build(), Err(AttnError::EmptyPatterns)));
+        assert!(matches!(
+            b().segments(&[4, 8]).dilations(&[1]).build(),
+            Err(AttnError::PatternCountMismatch { segments: 2, rates: 1 })
+        ));
+        assert!(matches!(
+            b().segments(&[4, 0]).dilations(&[1, 1]).build(),
+            Err(AttnError::ZeroSegmentLength { index: 1 })
+        ));
+        assert!(matches!(b().segments(&[4]).dilations(&[0]).build(), Err(AttnError::ZeroDilationRate { index: 0 })));
+        assert!(matches!(
+            b().segments(&[4]).dilations(&[5]).build(),
+            Err(AttnError::RateExceedsSegment { index: 0, rate: 5, segment: 4 })
+        ));
+        for s in [f64::NAN, f64::INFINITY, 0.0, -1.0] {
+            assert!(matches!(b().segments(&[4]).dilations(&[1]).scale(s).build(), Err(AttnError::InvalidScale(_))));
+        }
+        let cfg = DilatedConfig::new(&[4, 8, 16], &[1, 2, 4]).unwrap();
+        assert!(matches!(cfg.validate_heads(2), Err(AttnError::TooFewHeads { heads: 2, groups: 3 })));
+        assert!(cfg.validate_heads(3).is_ok());
+        let ln = DilatedConfig::builder().segments(&[4, 8, 16]).dilations(&[1, 2, 4]).mixing(Mixing::LongNet);
+        assert!(ln.build().unwrap().validate_heads(1).is_ok());
+    }
+
+    #[test]
+    fn default_scale_is_inverse_sqrt_head_dim() {
+        let cfg = DilatedConfig::new(&[4], &[1]).unwrap();
+        assert_eq!(cfg.scale_for(16), 0.25);
+        let cfg = DilatedConfig::builder().segments(&[4]).dilations(&[1]).scale(0.5).build().unwrap();
+        assert_eq!(cfg.scale_for(16), 0.5);
+    }
+}

@@ -1,0 +1,201 @@
+//! Pattern math as pure functions of global positions: which positions a
+//! `(w, r, off)` pattern selects, their segment, and who attends to whom.
+//!
+//! Every split of the sequence (contiguous ring chunks, zigzag, Hilbert order)
+//! asks these functions with global positions, so all of them compute one function.
+
+use std::ops::Range;
+
+use crate::config::{DilatedConfig, Mixing};
+
+/// One dilated pattern: segments of length `w`, every `r`-th position from `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SegmentPattern {
+    pub w: usize,
+    pub r: usize,
+    pub off: usize,
+}
+
+impl SegmentPattern {
+    /// `w >= 1`, `r >= 1` (guaranteed when built from a validated config).
+    pub fn new(w: usize, r: usize, off: usize) -> Self {
+        debug_assert!(w >= 1 && r >= 1);
+        SegmentPattern { w, r, off }
+    }
+
+    /// Segment index of global position `p`.
+    #[inline(always)]
+    pub fn segment_of(&self, p: usize) -> usize {
+        p / self.w
+    }
+
+    /// Number of segments in a sequence of length `n` (the last may be short).
+    pub fn num_segments(&self, n: usize) -> usize {
+        n.div_ceil(self.w)
+    }
+
+    /// Global positions `[s*w, min((s+1)*w, n))` of segment `s`.
+    pub fn segment_bounds(&self, s: usize, n: usize) -> Range<usize> {
+        let lo = s.saturating_mul(self.w).min(n);
+        lo..lo.saturating_add(self.w).min(n)
+    }
+
+    /// Whether global position `p` is selected (`p < n` is the caller's business).
+    #[inline(always)]
+    pub fn is_selected(&self, p: usize) -> bool {
+        let j = p % self.w;
+        j >= self.off && (j - self.off) % self.r == 0
+    }
+
+    /// The selected positions of segment `s` in a sequence of length `n`, ascending.
+    pub fn selected_in_segment(&self, s: usize, n: usize) -> impl Iterator<Item = usize> + use<> {
+        let b = self.segment_bounds(s, n);
+        (b.start + self.off..b.end).step_by(self.r)
+    }
+
+    /// Number of selected positions in segment `s` of a sequence of length `n`.
+    pub fn count_in_segment(&self, s: usize, n: usize) -> usize {
+        let b = self.segment_bounds(s, n);
+        let start = b.start + self.off;
+        if start >= b.end { 0 } else { (b.end - start).div_ceil(self.r) }
+    }
+
+    /// The selected positions inside the global range `range`, ascending (may span segments).
+    pub fn selected_in_range(&self, range: Range<usize>) -> impl Iterator<Item = usize> + use<> {
+        let this = *self;
+        let first_seg = range.start / self.w;
+        let last_seg = if range.end == 0 { 0 } else { (range.end - 1) / self.w + 1 };
+        (first_seg..last_seg.max(first_seg)).flat_map(move |s| {
+            let lo = s * this.w + this.off;
+            let hi = ((s + 1) * this.w).min(range.end);
+            // First selected position >= range.start in this segment.
+            let start = if range.start > lo { lo + (range.start - lo).div_ceil(this.r) * this.r } else { lo };
+            (start..hi.max(start)).step_by(this.r)
+        })
+    }
+
+    /// Number of selected positions inside the global range (closed form).
+    pub fn count_in_range(&self, range: Range<usize>) -> usize {
+        // count(selected < x) summed per segment, in O(1).
+        let below = |x: usize| -> usize {
+            let full = x / self.w;
+            let per_seg = (self.w - self.off).div_ceil(self.r);
+            let rem = x % self.w;
+            let tail = if rem > self.off { (rem - self.off).div_ceil(self.r) } else { 0 };
+            full * per_seg + tail
+        };
+        if range.end <= range.start { 0 } else { below(range.end) - below(range.start) }
+    }
+
+    /// The mask: query at global `qp` attends key at global `kp` (both selected,
+    /// same segment, and `kp <= qp` when causal).
+    #[inline(always)]
+    pub fn attends(&self, qp: usize, kp: usize, causal: bool) -> bool {
+        self.is_selected(qp)
+            && self.is_selected(kp)
+            && self.segment_of(qp) == self.segment_of(kp)
+            && (!causal || kp <= qp)
+    }
+
+    /// The keys query `qp` attends among `kv_len` key positions, ascending.
+    pub fn keys_of(&self, qp: usize, kv_len: usize, causal: bool) -> impl Iterator<Item = usize> + use<> {
+        let selected = self.is_selected(qp);
+        let s = self.segment_of(qp);
+        let upper = if causal { qp.saturating_add(1) } else { usize::MAX };
+        self.selected_in_segment(s, kv_len).take_while(move |&k| selected && k < upper)
+    }
+}
+
+/// The split of heads into G contiguous groups: `heads / G` each, the first
+/// `heads % G` groups one more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadGroups {
+    pub heads: usize,
+    pub groups: usize,
+}
+
+impl HeadGroups {
+    pub fn new(heads: usize, groups: usize) -> Self {
+        HeadGroups { heads, groups }
+    }
+    /// Head range of group `g`.
+    pub fn range(&self, g: usize) -> Range<usize> {
+        let base = self.heads / self.groups;
+        let extra = self.heads % self.groups;
+        let start = g * base + g.min(extra);
+        start..start + base + usize::from(g < extra)
+    }
+    /// Group of head `h`.
+    pub fn group_of(&self, h: usize) -> usize {
+        (0..self.groups).find(|&g| self.range(g).contains(&h)).unwrap_or(self.groups - 1)
+    }
+}
+
+/// What one head computes: a set of patterns merged by LSE, then scaled.
+///
+/// Both mixing modes are one rule: `lse = logsumexp_i lse_i`,
+/// `out = out_scale * sum_i exp(lse_i - lse) * o_i`. HeadGroups is one pattern per
+/// head with `out_scale = 1/G`; LongNet is every pattern with `out_scale = 1`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeadPatterns {
+    pub patterns: Vec<(usize, SegmentPattern)>,
+    pub out_scale: f64,
+}
+
+impl DilatedConfig {
+    /// The patterns head `head` of `heads` runs (pairs of pattern index and pattern).
+    pub fn head_patterns(&self, heads: usize, head: usize) -> HeadPatterns {
+        let g = self.num_patterns();
+        match self.mixing() {
+            Mixing::HeadGroups => {
+                let i = HeadGroups::new(heads, g).group_of(head);
+                let r = self.dilation_rates()[i];
+                HeadPatterns { patterns: vec![(i, self.pattern(i, i % r))], out_scale: 1.0 / g as f64 }
+            }
+            Mixing::LongNet => HeadPatterns {
+                patterns: (0..g).map(|i| (i, self.pattern(i, head % self.dilation_rates()[i]))).collect(),
+                out_scale: 1.0,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selection_follows_the_spec() {
+        let p = SegmentPattern::new(8, 3, 1);
+        let sel: Vec<_> = p.selected_in_segment(1, 20).collect();
+        assert_eq!(sel, vec![9, 12, 15]);
+        // Ragged tail: segment 2 covers [16, 20).
+        assert_eq!(p.selected_in_segment(2, 20).collect::<Vec<_>>(), vec![17]);
+        assert_eq!(p.count_in_segment(2, 20), 1);
+        assert!(p.attends(12, 9, true) && !p.attends(9, 12, true) && p.attends(9, 12, false));
+        assert!(!p.attends(17, 15, false));
+        assert_eq!(p.keys_of(12, 20, true).collect::<Vec<_>>(), vec![9, 12]);
+        assert_eq!(p.keys_of(10, 20, false).count(), 0);
+    }
+
+    #[test]
+    fn range_selection_matches_brute_force() {
+        for (w, r, off) in [(8, 3, 1), (5, 1, 0), (7, 7, 6), (16, 4, 3)] {
+            let p = SegmentPattern::new(w, r, off);
+            for lo in 0..30 {
+                for hi in lo..40 {
+                    let brute: Vec<_> = (lo..hi).filter(|&x| p.is_selected(x)).collect();
+                    assert_eq!(p.selected_in_range(lo..hi).collect::<Vec<_>>(), brute, "{p:?} {lo}..{hi}");
+                    assert_eq!(p.count_in_range(lo..hi), brute.len());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn head_groups_split_like_the_library() {
+        let g = HeadGroups::new(5, 3);
+        assert_eq!((g.range(0), g.range(1), g.range(2)), (0..2, 2..4, 4..5));
+        assert_eq!(g.group_of(4), 2);
+    }
+}

@@ -1,0 +1,144 @@
+//! The float64 reference: dense and dilated attention, forward and exact backward.
+//!
+//! Deliberately simple: for every query it lists the keys the mask admits (with
+//! multiplicity across LongNet patterns), takes one softmax over them, and sums.
+//! Every backend and ring strategy is judged against this module.
+
+mod backward;
+
+pub use backward::{dense_backward, dilated_backward};
+
+use crate::config::DilatedConfig;
+use crate::error::{AttnError, Result, TensorName};
+use crate::shape::AttnShape;
+
+/// Output `[batch, seq, heads, head_dim]` and LSE `[batch, seq, heads]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forward {
+    pub out: Vec<f64>,
+    pub lse: Vec<f64>,
+}
+
+/// Gradients of `sum(out * grad_out)` with respect to q, k and v.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gradients {
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
+}
+
+/// Row-major index helper for `[batch, seq, heads, head_dim]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows {
+    pub seq: usize,
+    pub heads: usize,
+    pub d: usize,
+}
+
+impl Rows {
+    #[inline]
+    pub fn at(&self, b: usize, s: usize, h: usize) -> usize {
+        ((b * self.seq + s) * self.heads + h) * self.d
+    }
+}
+
+pub(crate) fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+pub(crate) fn check_len(tensor: TensorName, got: usize, expected: usize) -> Result<()> {
+    if got != expected {
+        return Err(AttnError::ShapeMismatch { tensor, expected: vec![expected], got: vec![got] });
+    }
+    Ok(())
+}
+
+fn check_qkv(shape: &AttnShape, q: &[f64], k: &[f64], v: &[f64]) -> Result<()> {
+    check_len(TensorName::Query, q.len(), shape.q.numel())?;
+    check_len(TensorName::Key, k.len(), shape.kv.numel())?;
+    check_len(TensorName::Value, v.len(), shape.kv.numel())
+}
+
+/// The keys (with multiplicity) that query `i` of head `h` attends, and the output scale.
+/// `None` as the config means dense attention over all `kv_len` keys.
+pub(crate) fn keys_for(
+    cfg: Option<&DilatedConfig>,
+    causal: bool,
+    heads: usize,
+    h: usize,
+    i: usize,
+    kv_len: usize,
+) -> (Vec<usize>, f64) {
+    match cfg {
+        None => {
+            let end = if causal { (i + 1).min(kv_len) } else { kv_len };
+            ((0..end).collect(), 1.0)
+        }
+        Some(cfg) => {
+            let hp = cfg.head_patterns(heads, h);
+            let keys = hp.patterns.iter().flat_map(|(_, p)| p.keys_of(i, kv_len, causal)).collect();
+            (keys, hp.out_scale)
+        }
+    }
+}
+
+/// Softmax weights `p_j = exp(s_j - lse)` and the LSE for scores `s` (`-inf` if empty).
+pub(crate) fn softmax(scores: &[f64]) -> (Vec<f64>, f64) {
+    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if m == f64::NEG_INFINITY {
+        return (vec![0.0; scores.len()], f64::NEG_INFINITY);
+    }
+    let lse = m + scores.iter().map(|s| (s - m).exp()).sum::<f64>().ln();
+    (scores.iter().map(|s| (s - lse).exp()).collect(), lse)
+}
+
+pub(crate) fn forward_impl(
+    cfg: Option<&DilatedConfig>,
+    causal: bool,
+    scale: f64,
+    shape: AttnShape,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+) -> Result<Forward> {
+    check_qkv(&shape, q, k, v)?;
+    let (qs, kvs) = (shape.q, shape.kv);
+    let d = qs.head_dim;
+    let qr = Rows { seq: qs.seq, heads: qs.heads, d };
+    let kr = Rows { seq: kvs.seq, heads: kvs.heads, d };
+    let mut out = vec![0.0; qs.numel()];
+    let mut lse = vec![f64::NEG_INFINITY; qs.lse_len()];
+    for b in 0..qs.batch {
+        for h in 0..qs.heads {
+            for i in 0..qs.seq {
+                let (keys, out_scale) = keys_for(cfg, causal, qs.heads, h, i, kvs.seq);
+                let qi = &q[qr.at(b, i, h)..][..d];
+                let scores: Vec<f64> = keys.iter().map(|&j| scale * dot(qi, &k[kr.at(b, j, h)..][..d])).collect();
+                let (p, l) = softmax(&scores);
+                lse[(b * qs.seq + i) * qs.heads + h] = l;
+                let o = &mut out[qr.at(b, i, h)..][..d];
+                for (&j, &pj) in keys.iter().zip(&p) {
+                    for (oe, ve) in o.iter_mut().zip(&v[kr.at(b, j, h)..][..d]) {
+                        *oe += out_scale * pj * ve;
+                    }
+                }
+            }
+        }
+    }
+    Ok(Forward { out, lse })
+}
+
+/// Dilated attention (both mixing modes) in float64. LSE is per head: for
+/// HeadGroups the LSE of the head's pattern, for LongNet the merged LSE.
+pub fn dilated_forward(cfg: &DilatedConfig, shape: AttnShape, q: &[f64], k: &[f64], v: &[f64]) -> Result<Forward> {
+    cfg.validate_heads(shape.q.heads)?;
+    forward_impl(Some(cfg), cfg.causal(), cfg.scale_for(shape.q.head_dim), shape, q, k, v)
+}
+
+/// Plain softmax attention over all keys (causal: keys at positions `<=` the query's).
+pub fn dense_forward(shape: AttnShape, q: &[f64], k: &[f64], v: &[f64], scale: f64, causal: bool) -> Result<Forward> {
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(AttnError::InvalidScale(scale));
+    }
+    forward_impl(None, causal, scale, shape, q, k, v)
+}

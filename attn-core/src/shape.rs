@@ -1,0 +1,129 @@
+//! Checked shapes: `[batch, seq, heads, head_dim]` and the q/kv pair of one call.
+
+use crate::error::{AttnError, Result, TensorName};
+
+/// A `[batch, seq, heads, head_dim]` shape whose element count fits in `usize`
+/// (and whose byte size fits for every dtype up to 8 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape4 {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+}
+
+impl Shape4 {
+    /// Validate: no zero dimension, no overflow of the element or byte count.
+    pub fn new(batch: usize, seq: usize, heads: usize, head_dim: usize) -> Result<Self> {
+        Self::named(TensorName::Query, [batch, seq, heads, head_dim])
+    }
+
+    /// Like [`Shape4::new`] with the tensor name used in errors.
+    pub fn named(tensor: TensorName, dims: [usize; 4]) -> Result<Self> {
+        const NAMES: [&str; 4] = ["batch", "seq", "heads", "head_dim"];
+        for (d, name) in dims.iter().zip(NAMES) {
+            if *d == 0 {
+                return Err(AttnError::ZeroDim { tensor, dim: name });
+            }
+        }
+        let overflow = || AttnError::ShapeOverflow { tensor, dims: dims.to_vec() };
+        let n = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(overflow)?;
+        n.checked_mul(8).filter(|&b| b <= isize::MAX as usize).ok_or_else(overflow)?;
+        Ok(Shape4 { batch: dims[0], seq: dims[1], heads: dims[2], head_dim: dims[3] })
+    }
+
+    /// From a dims slice, checking the rank.
+    pub fn from_dims(tensor: TensorName, dims: &[usize]) -> Result<Self> {
+        let d: [usize; 4] =
+            dims.try_into().map_err(|_| AttnError::RankMismatch { tensor, expected: 4, got: dims.len() })?;
+        Self::named(tensor, d)
+    }
+
+    pub fn dims(&self) -> [usize; 4] {
+        [self.batch, self.seq, self.heads, self.head_dim]
+    }
+    /// Element count (cannot overflow: checked at construction).
+    pub fn numel(&self) -> usize {
+        self.batch * self.seq * self.heads * self.head_dim
+    }
+    /// Row-major strides.
+    pub fn contiguous_strides(&self) -> [usize; 4] {
+        [self.seq * self.heads * self.head_dim, self.heads * self.head_dim, self.head_dim, 1]
+    }
+    /// Number of LSE values `[batch, seq, heads]`.
+    pub fn lse_len(&self) -> usize {
+        self.batch * self.seq * self.heads
+    }
+    /// The same shape with another sequence length (checked).
+    pub fn with_seq(&self, seq: usize) -> Result<Self> {
+        Self::new(self.batch, seq, self.heads, self.head_dim)
+    }
+}
+
+/// The shapes of one attention call: queries, and keys/values (which may have
+/// their own sequence length for cross-attention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttnShape {
+    pub q: Shape4,
+    pub kv: Shape4,
+}
+
+impl AttnShape {
+    /// Self-attention: k and v have q's shape.
+    pub fn self_attn(q: Shape4) -> Self {
+        AttnShape { q, kv: q }
+    }
+
+    /// Check q, k, v dims. k and v must agree exactly; they must match q in batch,
+    /// heads and head_dim; their sequence may differ only when `cross` is true.
+    pub fn check(q: &[usize], k: &[usize], v: &[usize], cross: bool) -> Result<Self> {
+        let qs = Shape4::from_dims(TensorName::Query, q)?;
+        let ks = Shape4::from_dims(TensorName::Key, k)?;
+        let vs = Shape4::from_dims(TensorName::Value, v)?;
+        if vs != ks {
+            return Err(AttnError::ShapeMismatch { tensor: TensorName::Value, expected: k.to_vec(), got: v.to_vec() });
+        }
+        let expect_k = [qs.batch, if cross { ks.seq } else { qs.seq }, qs.heads, qs.head_dim];
+        if ks.dims() != expect_k {
+            return Err(AttnError::ShapeMismatch {
+                tensor: TensorName::Key,
+                expected: expect_k.to_vec(),
+                got: k.to_vec(),
+            });
+        }
+        Ok(AttnShape { q: qs, kv: ks })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_and_overflow_are_errors() {
+        assert!(matches!(Shape4::new(0, 1, 1, 1), Err(AttnError::ZeroDim { dim: "batch", .. })));
+        assert!(matches!(Shape4::new(1, 1, 1, 0), Err(AttnError::ZeroDim { dim: "head_dim", .. })));
+        assert!(matches!(Shape4::new(1 << 20, 1 << 20, 1 << 20, 2), Err(AttnError::ShapeOverflow { .. })));
+        assert!(matches!(Shape4::new(usize::MAX, 1, 1, 1), Err(AttnError::ShapeOverflow { .. })));
+        assert_eq!(Shape4::new(2, 3, 4, 5).unwrap().numel(), 120);
+    }
+
+    #[test]
+    fn qkv_checks() {
+        let q = [1, 8, 2, 4];
+        assert!(AttnShape::check(&q, &q, &q, false).is_ok());
+        assert!(matches!(
+            AttnShape::check(&q, &[1, 9, 2, 4], &[1, 9, 2, 4], false),
+            Err(AttnError::ShapeMismatch { tensor: TensorName::Key, .. })
+        ));
+        assert!(AttnShape::check(&q, &[1, 9, 2, 4], &[1, 9, 2, 4], true).is_ok());
+        assert!(matches!(
+            AttnShape::check(&q, &q, &[1, 8, 2, 5], false),
+            Err(AttnError::ShapeMismatch { tensor: TensorName::Value, .. })
+        ));
+        assert!(matches!(
+            AttnShape::check(&[1, 8, 2], &q, &q, false),
+            Err(AttnError::RankMismatch { expected: 4, got: 3, .. })
+        ));
+    }
+}
