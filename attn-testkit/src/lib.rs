@@ -1,1 +1,13 @@
-//! stub
+//! Test kit for `attn` (a dev-dependency only): seeded tensors, proptest
+//! strategies, per-dtype tolerances, and the golden-file loader and checker.
+#![forbid(unsafe_code)]
+
+pub mod golden;
+pub mod rng;
+pub mod strategies;
+pub mod tolerance;
+
+pub use golden::{CaseReport, DilatedBackend, GoldenCase, MultiheadBackend, ReferenceBackend};
+pub use rng::{SeededRng, random_vec};
+pub use strategies::{DilatedCase, InvalidInput};
+pub use tolerance::{Tolerance, max_abs_error, rel_l2_error};

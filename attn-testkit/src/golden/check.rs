@@ -1,0 +1,191 @@
+//! Checking a golden case against a backend: every tensor within its bound, one report line.
+
+use std::fmt;
+
+use attn_core::reference;
+use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Result};
+
+use super::GoldenCase;
+use crate::tolerance::{Tolerance, max_abs_error, rel_l2_error};
+
+/// Forward results in f32: out `[b, n, h, d]`, lse `[b, n, h]`.
+#[derive(Debug, Clone)]
+pub struct Forward32 {
+    pub out: Vec<f32>,
+    pub lse: Vec<f32>,
+}
+
+/// Gradients in f32.
+#[derive(Debug, Clone)]
+pub struct Gradients32 {
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+}
+
+/// A dilated-attention implementation under test. Inputs and outputs are f32;
+/// a backend computing in another dtype converts and reports it in `dtype`.
+pub trait DilatedBackend {
+    fn name(&self) -> String;
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
+    fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32>;
+    fn backward(
+        &self,
+        cfg: &DilatedConfig,
+        shape: AttnShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        grad_out: &[f32],
+    ) -> Result<Gradients32>;
+}
+
+/// A multihead layer implementation under test: given a `kind=multihead` case
+/// (inputs, weights, metadata), return the layer output.
+pub trait MultiheadBackend {
+    fn name(&self) -> String;
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
+    fn forward(&self, case: &GoldenCase) -> Result<Vec<f32>>;
+}
+
+/// The float64 reference of `attn-core` behind the f32 interface.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReferenceBackend;
+
+fn to64(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+fn to32(x: &[f64]) -> Vec<f32> {
+    x.iter().map(|&v| v as f32).collect()
+}
+
+impl DilatedBackend for ReferenceBackend {
+    fn name(&self) -> String {
+        "reference".into()
+    }
+    fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32> {
+        let f = reference::dilated_forward(cfg, shape, &to64(q), &to64(k), &to64(v))?;
+        Ok(Forward32 { out: to32(&f.out), lse: to32(&f.lse) })
+    }
+    fn backward(
+        &self,
+        cfg: &DilatedConfig,
+        shape: AttnShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        grad_out: &[f32],
+    ) -> Result<Gradients32> {
+        let (_, g) = reference::dilated_backward(cfg, shape, &to64(q), &to64(k), &to64(v), &to64(grad_out))?;
+        Ok(Gradients32 { dq: to32(&g.dq), dk: to32(&g.dk), dv: to32(&g.dv) })
+    }
+}
+
+/// One tensor's measured error against its bound.
+#[derive(Debug, Clone)]
+pub struct TensorCheck {
+    pub tensor: String,
+    pub rel_l2: f64,
+    pub max_abs: f64,
+    pub bound: f64,
+}
+
+impl TensorCheck {
+    pub fn passed(&self) -> bool {
+        self.rel_l2 <= self.bound
+    }
+}
+
+/// The outcome of one case: per-tensor errors, or the error that stopped it.
+#[derive(Debug, Clone)]
+pub struct CaseReport {
+    pub case: String,
+    pub backend: String,
+    pub checks: Vec<TensorCheck>,
+    pub error: Option<String>,
+}
+
+impl CaseReport {
+    /// Passed: no error, at least one tensor checked, all within bounds.
+    pub fn passed(&self) -> bool {
+        self.error.is_none() && !self.checks.is_empty() && self.checks.iter().all(TensorCheck::passed)
+    }
+
+    /// A report for a case that could not be run.
+    pub fn failed(case: &str, backend: &str, err: impl fmt::Display) -> Self {
+        CaseReport { case: case.into(), backend: backend.into(), checks: vec![], error: Some(err.to_string()) }
+    }
+}
+
+impl fmt::Display for CaseReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = if self.passed() { "PASS" } else { "FAIL" };
+        write!(f, "{status} {:<24} [{}]", self.case, self.backend)?;
+        if let Some(e) = &self.error {
+            return write!(f, " error: {e}");
+        }
+        for c in &self.checks {
+            let mark = if c.passed() { "" } else { "!" };
+            write!(f, " {}{mark}={:.2e}", c.tensor, c.rel_l2)?;
+        }
+        if let Some(c) = self.checks.first() {
+            write!(f, " (bound {:.0e})", c.bound)?;
+        }
+        Ok(())
+    }
+}
+
+fn check(name: &str, got: &[f32], want: &[f32], bound: f64) -> TensorCheck {
+    TensorCheck { tensor: name.into(), rel_l2: rel_l2_error(got, want), max_abs: max_abs_error(got, want), bound }
+}
+
+fn run_dilated(case: &GoldenCase, backend: &dyn DilatedBackend) -> Result<Vec<TensorCheck>> {
+    let cfg = case.config()?;
+    let shape = case.attn_shape()?;
+    let bound = Tolerance::golden(backend.dtype(), case.rel_tol()?).rel_l2;
+    let (q, k, v) = (&case.tensor("q")?.data, &case.tensor("k")?.data, &case.tensor("v")?.data);
+    let fwd = backend.forward(&cfg, shape, q, k, v)?;
+    let mut checks = vec![check("out", &fwd.out, &case.tensor("out")?.data, bound)];
+    if let Some(lse) = case.tensors.get("lse") {
+        checks.push(check("lse", &fwd.lse, &lse.data, bound));
+    }
+    if let Some(go) = case.tensors.get("grad_out") {
+        let g = backend.backward(&cfg, shape, q, k, v, &go.data)?;
+        for (name, got) in [("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)] {
+            checks.push(check(name, got, &case.tensor(name)?.data, bound));
+        }
+    }
+    Ok(checks)
+}
+
+fn run_multihead(case: &GoldenCase, backend: &dyn MultiheadBackend) -> Result<Vec<TensorCheck>> {
+    let bound = Tolerance::golden(backend.dtype(), case.rel_tol()?).rel_l2;
+    let out = backend.forward(case)?;
+    Ok(vec![check("out", &out, &case.tensor("out")?.data, bound)])
+}
+
+/// Check a case: `kind=dilated` with `dilated`, `kind=multihead` with `multihead`.
+/// A kind without a backend is a failure naming what is missing.
+pub fn check_case(
+    case: &GoldenCase,
+    dilated: Option<&dyn DilatedBackend>,
+    multihead: Option<&dyn MultiheadBackend>,
+) -> CaseReport {
+    let kind = match case.kind() {
+        Ok(k) => k,
+        Err(e) => return CaseReport::failed(&case.name, "-", e),
+    };
+    let (backend, result) = match (kind, dilated, multihead) {
+        ("dilated", Some(b), _) => (b.name(), run_dilated(case, b)),
+        ("multihead", _, Some(b)) => (b.name(), run_multihead(case, b)),
+        (k, _, _) => ("-".to_string(), Err(AttnError::InvalidArgument(format!("no backend for kind={k}")))),
+    };
+    match result {
+        Ok(checks) => CaseReport { case: case.name.clone(), backend, checks, error: None },
+        Err(e) => CaseReport::failed(&case.name, &backend, e),
+    }
+}

@@ -1,0 +1,183 @@
+//! Golden conformance files (`../shared/golden/**.safetensors`): loading and metadata.
+//!
+//! A malformed file is an [`AttnError::Format`] naming the file and the problem;
+//! nothing here panics or allocates a size a header merely declares.
+
+mod check;
+
+pub use check::{
+    CaseReport, DilatedBackend, Forward32, Gradients32, MultiheadBackend, ReferenceBackend, TensorCheck, check_case,
+};
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use attn_core::{AttnError, AttnShape, DilatedConfig, Mixing, Result};
+use safetensors::{Dtype, SafeTensors};
+
+/// Files larger than this are refused before reading (the conformance files are KBs).
+pub const MAX_GOLDEN_BYTES: u64 = 256 << 20;
+
+/// A float32 tensor from a golden file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// One conformance case: metadata strings and float32 tensors.
+#[derive(Debug, Clone)]
+pub struct GoldenCase {
+    pub name: String,
+    pub meta: BTreeMap<String, String>,
+    pub tensors: BTreeMap<String, Tensor>,
+}
+
+fn fmt_err(name: &str, msg: impl std::fmt::Display) -> AttnError {
+    AttnError::Format(format!("{name}: {msg}"))
+}
+
+fn parse_list(name: &str, key: &str, s: &str) -> Result<Vec<usize>> {
+    s.split(',').map(|x| x.trim().parse::<usize>().map_err(|e| fmt_err(name, format!("{key}=`{s}`: {e}")))).collect()
+}
+
+impl GoldenCase {
+    /// Parse a case from the bytes of a safetensors file.
+    pub fn from_bytes(name: &str, bytes: &[u8]) -> Result<Self> {
+        let st = SafeTensors::deserialize(bytes).map_err(|e| fmt_err(name, e))?;
+        let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| fmt_err(name, e))?;
+        let meta: BTreeMap<String, String> = header
+            .metadata()
+            .as_ref()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        let mut tensors = BTreeMap::new();
+        for (tname, view) in st.tensors() {
+            if view.dtype() != Dtype::F32 {
+                return Err(fmt_err(name, format!("tensor `{tname}` has dtype {:?}, expected F32", view.dtype())));
+            }
+            let shape = view.shape().to_vec();
+            let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            let raw = view.data();
+            if numel.and_then(|n| n.checked_mul(4)) != Some(raw.len()) {
+                return Err(fmt_err(
+                    name,
+                    format!("tensor `{tname}`: shape {shape:?} disagrees with {} bytes", raw.len()),
+                ));
+            }
+            let data = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            tensors.insert(tname, Tensor { shape, data });
+        }
+        let case = GoldenCase { name: name.to_string(), meta, tensors };
+        case.kind()?;
+        Ok(case)
+    }
+
+    /// Read and parse one file (refusing files over [`MAX_GOLDEN_BYTES`]).
+    pub fn load(path: &Path) -> Result<Self> {
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let len = std::fs::metadata(path).map_err(|e| fmt_err(&name, e))?.len();
+        if len > MAX_GOLDEN_BYTES {
+            return Err(fmt_err(&name, format!("file of {len} bytes exceeds the {MAX_GOLDEN_BYTES}-byte limit")));
+        }
+        let bytes = std::fs::read(path).map_err(|e| fmt_err(&name, e))?;
+        Self::from_bytes(&name, &bytes)
+    }
+
+    /// A metadata string.
+    pub fn meta(&self, key: &str) -> Result<&str> {
+        self.meta.get(key).map(String::as_str).ok_or_else(|| fmt_err(&self.name, format!("missing metadata `{key}`")))
+    }
+
+    fn meta_usize(&self, key: &str) -> Result<usize> {
+        self.meta(key)?.trim().parse().map_err(|e| fmt_err(&self.name, format!("metadata `{key}`: {e}")))
+    }
+
+    fn meta_bool(&self, key: &str) -> Result<bool> {
+        match self.meta(key)? {
+            "true" | "True" | "1" => Ok(true),
+            "false" | "False" | "0" => Ok(false),
+            other => Err(fmt_err(&self.name, format!("metadata `{key}` = `{other}` is not a bool"))),
+        }
+    }
+
+    /// `dilated` or `multihead`.
+    pub fn kind(&self) -> Result<&str> {
+        match self.meta("kind")? {
+            k @ ("dilated" | "multihead") => Ok(k),
+            other => Err(fmt_err(&self.name, format!("unknown kind `{other}`"))),
+        }
+    }
+
+    /// The file's relative-error bound.
+    pub fn rel_tol(&self) -> Result<f64> {
+        let t: f64 = self.meta("rel_tol")?.parse().map_err(|e| fmt_err(&self.name, format!("rel_tol: {e}")))?;
+        if !(t.is_finite() && t > 0.0) {
+            return Err(fmt_err(&self.name, format!("rel_tol {t} is not positive")));
+        }
+        Ok(t)
+    }
+
+    pub fn causal(&self) -> Result<bool> {
+        self.meta_bool("causal")
+    }
+
+    /// Integer metadata such as `num_heads`, `embed_dim`.
+    pub fn usize_meta(&self, key: &str) -> Result<usize> {
+        self.meta_usize(key)
+    }
+
+    /// Boolean metadata such as `layer_norm`, `cross_attention`.
+    pub fn bool_meta(&self, key: &str) -> Result<bool> {
+        self.meta_bool(key)
+    }
+
+    /// The dilated-attention config the file was made with.
+    pub fn config(&self) -> Result<DilatedConfig> {
+        let segs = parse_list(&self.name, "segment_lengths", self.meta("segment_lengths")?)?;
+        let rates = parse_list(&self.name, "dilation_rates", self.meta("dilation_rates")?)?;
+        let mixing = Mixing::parse(self.meta("mixing")?)?;
+        let scale = match self.meta.get("scale") {
+            Some(s) => Some(s.parse::<f64>().map_err(|e| fmt_err(&self.name, format!("scale: {e}")))?),
+            None => None,
+        };
+        DilatedConfig::builder()
+            .segments(&segs)
+            .dilations(&rates)
+            .mixing(mixing)
+            .causal(self.causal()?)
+            .maybe_scale(scale)
+            .build()
+    }
+
+    /// A tensor by name, or a format error naming it.
+    pub fn tensor(&self, name: &str) -> Result<&Tensor> {
+        self.tensors.get(name).ok_or_else(|| fmt_err(&self.name, format!("missing tensor `{name}`")))
+    }
+
+    /// The q/k/v shapes of a `kind=dilated` file (checked against each other).
+    pub fn attn_shape(&self) -> Result<AttnShape> {
+        let (q, k, v) = (self.tensor("q")?, self.tensor("k")?, self.tensor("v")?);
+        AttnShape::check(&q.shape, &k.shape, &v.shape, false)
+    }
+}
+
+/// The directory `shared/golden` next to the repository (found from this crate's
+/// manifest dir, or `ATTN_GOLDEN_DIR`).
+pub fn golden_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("ATTN_GOLDEN_DIR") {
+        return PathBuf::from(d);
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden")
+}
+
+/// Every `*.safetensors` file in `dir` (sorted), each loaded or with its error.
+pub fn load_dir(dir: &Path) -> Result<Vec<(PathBuf, Result<GoldenCase>)>> {
+    let rd = std::fs::read_dir(dir).map_err(|e| AttnError::Format(format!("{}: {e}", dir.display())))?;
+    let mut paths: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    paths.sort();
+    Ok(paths.into_iter().map(|p| (p.clone(), GoldenCase::load(&p))).collect())
+}
