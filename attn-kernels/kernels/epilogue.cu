@@ -1,0 +1,47 @@
+// epilogue.cu: row-wise helper kernels around the attention kernels: fill the LSE of an
+// empty partial with -inf, write an f32 accumulator as the output dtype (times a scale)
+// into a strided tensor, and delta = dot(grad_out, out) per row for the backward.
+
+extern "C" __global__ void fill_neg_inf(float* x, i64 n) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) x[i] = NEG_INF;
+}
+
+// dst(b, s, h, :) = from_f(scale * src[((b*seq + s)*heads + h)*d + :]); dst strides a_*.
+template <class E>
+__device__ void store_rows(const float* src, typename E::S* dst, const RowParams& p) {
+    const i64 n = p.batch * p.seq * p.heads * p.d;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        i64 c = i % p.d, row = i / p.d;
+        i64 h = row % p.heads, s = (row / p.heads) % p.seq, b = row / (p.heads * p.seq);
+        dst[b * p.a_sb + s * p.a_ss + h * p.a_sh + c] = E::from_f(p.scale * src[i]);
+    }
+}
+
+// delta[(b*seq + s)*heads + h] = sum_c go(b,s,h,c) * out(b,s,h,c); go strides a_*, out strides b_*.
+// One warp per row.
+template <class E>
+__device__ void delta_rows(const typename E::S* go, const typename E::S* out, float* delta, const RowParams& p) {
+    const int lane = threadIdx.x & 31;
+    const i64 rows = p.batch * p.seq * p.heads;
+    const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (row >= rows) return;
+    const i64 h = row % p.heads, s = (row / p.heads) % p.seq, b = row / (p.heads * p.seq);
+    const typename E::S* g = go + b * p.a_sb + s * p.a_ss + h * p.a_sh;
+    const typename E::S* o = out + b * p.b_sb + s * p.b_ss + h * p.b_sh;
+    float acc = 0.f;
+    for (i64 c = lane; c < p.d; c += 32) acc += E::to_f(g[c]) * E::to_f(o[c]);
+    acc = warp_sum(acc);
+    if (lane == 0) delta[row] = acc;
+}
+
+#define ATTN_EPILOGUE_KERNELS(NAME, E)                                                                      \
+    extern "C" __global__ void store_rows_##NAME(const float* src, E::S* dst, RowParams p) {                \
+        store_rows<E>(src, dst, p);                                                                         \
+    }                                                                                                       \
+    extern "C" __global__ void delta_rows_##NAME(const E::S* go, const E::S* out, float* delta, RowParams p) { \
+        delta_rows<E>(go, out, delta, p);                                                                   \
+    }
+
+ATTN_EPILOGUE_KERNELS(f32, F32E)
+ATTN_EPILOGUE_KERNELS(f16, F16E)
+ATTN_EPILOGUE_KERNELS(bf16, BF16E)

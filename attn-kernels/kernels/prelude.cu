@@ -1,0 +1,133 @@
+// prelude.cu: shared definitions of the dilated-attention kernels: element types,
+// launch parameters, pattern index math on GLOBAL positions, warp reductions, LSE merge.
+//
+// Header-free on purpose (no cuda_fp16.h / cuda_bf16.h / mma.h): f16 and bf16 are
+// stored as 16-bit integers and converted with PTX `cvt`, and the tensor-core path
+// uses `mma.sync` directly, so NVRTC needs no include path at run time.
+//
+// Index space: a pattern (w, r, off) selects positions s*w + off + j*r inside segment s.
+// Every full segment holds `per_seg = ceil((w - off) / r)` selected positions, so the
+// t-th selected position of the whole sequence is sel_pos(t) and the number of selected
+// positions below x is sel_below(x). Two selected positions are in the same segment iff
+// t_a / per_seg == t_b / per_seg, and p_a <= p_b iff t_a <= t_b, so every mask test is
+// done on selected indices. The ragged last segment needs no special case: blocks never
+// ask for indices past their own end.
+
+typedef long long i64;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define NEG_INF __int_as_float(0xff800000)
+
+// Launch parameters of the attention kernels; mirrored by `AttnParams` in
+// src/cuda/params.rs (same field order, `#[repr(C)]`).
+struct AttnParams {
+    i64 q_sb, q_ss, q_sh;  // strides (elements) of q: batch, seq, head
+    i64 k_sb, k_ss, k_sh;  // k
+    i64 v_sb, v_ss, v_sh;  // v
+    i64 g_sb, g_ss, g_sh;  // grad_out (backward only)
+    i64 nq, nk;            // rows of the q block and of the k/v block
+    i64 q_start, k_start;  // global position of row 0 of each block
+    i64 heads;             // heads of the tensors (layout of the f32 partial / grads)
+    i64 head0;             // first head of this launch (blockIdx.y adds to it)
+    i64 w, r;              // the pattern
+    i64 fixed_off;         // >= 0: offset of every head (HeadGroups); -1: head % r (LongNet)
+    i64 d;                 // head_dim
+    float scale;           // softmax scale
+    float out_scale;       // the head's output scale (backward only)
+    int causal;
+    int vec;               // bit 0: q, bit 1: k, bit 2: v rows allow 16-byte loads
+};
+
+// Parameters of the row-wise epilogue kernels; mirrored by `RowParams`.
+struct RowParams {
+    i64 batch, seq, heads, d;
+    i64 a_sb, a_ss, a_sh;  // strides of the first strided tensor
+    i64 b_sb, b_ss, b_sh;  // strides of the second strided tensor
+    float scale;
+    int pad;
+};
+
+struct F32E {
+    typedef float S;
+    static __device__ __forceinline__ float to_f(float x) { return x; }
+    static __device__ __forceinline__ float from_f(float x) { return x; }
+};
+
+struct BF16E {
+    typedef u16 S;
+    static __device__ __forceinline__ float to_f(u16 x) { return __uint_as_float(((u32)x) << 16); }
+    static __device__ __forceinline__ u16 from_f(float x) {
+        u16 r;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+        return r;
+    }
+};
+
+struct F16E {
+    typedef u16 S;
+    static __device__ __forceinline__ float to_f(u16 x) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+        return f;
+    }
+    static __device__ __forceinline__ u16 from_f(float x) {
+        u16 r;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
+        return r;
+    }
+};
+
+struct Pattern {
+    i64 w, r, off, per_seg;
+};
+
+__device__ __forceinline__ Pattern make_pattern(const AttnParams& a, i64 head) {
+    Pattern p;
+    p.w = a.w;
+    p.r = a.r;
+    p.off = a.fixed_off >= 0 ? a.fixed_off : head % a.r;
+    // off < r <= w, so every full segment selects at least one position.
+    p.per_seg = (a.w - p.off + a.r - 1) / a.r;
+    return p;
+}
+
+// Number of selected positions < x.
+__device__ __forceinline__ i64 sel_below(const Pattern& p, i64 x) {
+    i64 full = x / p.w, rem = x % p.w;
+    i64 tail = rem > p.off ? (rem - p.off + p.r - 1) / p.r : 0;
+    return full * p.per_seg + tail;
+}
+
+// Global position of the t-th selected position.
+__device__ __forceinline__ i64 sel_pos(const Pattern& p, i64 t) {
+    return (t / p.per_seg) * p.w + p.off + (t % p.per_seg) * p.r;
+}
+
+__device__ __forceinline__ i64 min64(i64 a, i64 b) { return a < b ? a : b; }
+__device__ __forceinline__ i64 max64(i64 a, i64 b) { return a > b ? a : b; }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// LSE merge of two partials (SPEC.md): merged lse and the weights of each side.
+// Two -inf inputs give (-inf, 0, 0), never NaN.
+__device__ __forceinline__ void lse_merge(float la, float lb, float* l, float* wa, float* wb) {
+    if (la == NEG_INF && lb == NEG_INF) {
+        *l = NEG_INF; *wa = 0.f; *wb = 0.f;
+    } else if (lb == NEG_INF) {
+        *l = la; *wa = 1.f; *wb = 0.f;
+    } else if (la == NEG_INF) {
+        *l = lb; *wa = 0.f; *wb = 1.f;
+    } else {
+        float m = fmaxf(la, lb);
+        float lse = m + logf(expf(la - m) + expf(lb - m));
+        *l = lse; *wa = expf(la - lse); *wb = expf(lb - lse);
+    }
+}
+
+// Maximum head_dim of the row kernels: 32 lanes x ROW_CHUNKS values per lane.
+#define ROW_CHUNKS 8

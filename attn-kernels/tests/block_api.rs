@@ -1,0 +1,136 @@
+//! Block API: splitting keys into blocks and merging equals the f64 reference over all keys;
+//! block backward summed over blocks equals the reference gradients; typed errors.
+
+use attn_core::reference::{dilated_backward, dilated_forward};
+use attn_core::{AttnError, AttnShape, DilatedConfig, Mixing, SegmentPattern, Shape4};
+use attn_kernels::{BlockRows, attend_block, attend_block_backward};
+use attn_testkit::{random_vec, rel_l2_error};
+
+fn to64(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+
+/// One head (heads = 1) of LongNet mixing over `patterns`, run block by block.
+fn check_blocks(n: usize, d: usize, segs: &[usize], rates: &[usize], causal: bool, cuts: &[usize], seed: u64) {
+    let cfg = DilatedConfig::builder()
+        .segments(segs)
+        .dilations(rates)
+        .mixing(Mixing::LongNet)
+        .causal(causal)
+        .build()
+        .unwrap();
+    let shape = AttnShape::self_attn(Shape4::new(1, n, 1, d).unwrap());
+    let (q, k, v, go) = (
+        random_vec(seed, n * d),
+        random_vec(seed + 1, n * d),
+        random_vec(seed + 2, n * d),
+        random_vec(seed + 3, n * d),
+    );
+    let (fwd, grads) = dilated_backward(&cfg, shape, &to64(&q), &to64(&k), &to64(&v), &to64(&go)).unwrap();
+    let want = dilated_forward(&cfg, shape, &to64(&q), &to64(&k), &to64(&v)).unwrap();
+    assert_eq!(fwd.out, want.out);
+    let scale = cfg.scale_for(d) as f32;
+    let pos: Vec<usize> = (0..n).collect();
+    let hp = cfg.head_patterns(1, 0);
+    let mut bounds = vec![0];
+    bounds.extend(cuts.iter().copied().filter(|&c| c > 0 && c < n));
+    bounds.push(n);
+    let blocks: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1])).collect();
+    let mut out = vec![0.0f32; n * d];
+    let mut lse = vec![f32::NEG_INFINITY; n];
+    let qb = BlockRows::new(&q, d, &pos);
+    // Key blocks in reverse order: merging is order independent.
+    for &(lo, hi) in blocks.iter().rev() {
+        let kb = BlockRows::new(&k[lo * d..], d, &pos[lo..hi]);
+        let vb = BlockRows::new(&v[lo * d..], d, &pos[lo..hi]);
+        for (_, p) in &hp.patterns {
+            attend_block(p, causal, scale, d, &qb, &kb, &vb, &mut out, &mut lse).unwrap();
+        }
+    }
+    let err = rel_l2_error(&out, &fwd.out);
+    assert!(err < 1e-5, "out err {err}");
+    for (a, b) in lse.iter().zip(&fwd.lse) {
+        assert!((*a as f64 - b).abs() < 1e-4 || (a.is_infinite() && b.is_infinite()), "{a} vs {b}");
+    }
+    // Backward: query blocks x key blocks, accumulating.
+    let delta: Vec<f32> = (0..n).map(|i| (0..d).map(|e| go[i * d + e] * out[i * d + e]).sum()).collect();
+    let (mut dq, mut dk, mut dv) = (vec![0.0f32; n * d], vec![0.0f32; n * d], vec![0.0f32; n * d]);
+    for &(qlo, qhi) in &blocks {
+        let qb = BlockRows::new(&q[qlo * d..], d, &pos[qlo..qhi]);
+        for &(lo, hi) in &blocks {
+            let kb = BlockRows::new(&k[lo * d..], d, &pos[lo..hi]);
+            let vb = BlockRows::new(&v[lo * d..], d, &pos[lo..hi]);
+            let mut dqb = vec![0.0f32; (qhi - qlo) * d];
+            let (mut dkb, mut dvb) = (vec![0.0f32; (hi - lo) * d], vec![0.0f32; (hi - lo) * d]);
+            for (_, p) in &hp.patterns {
+                attend_block_backward(
+                    p,
+                    causal,
+                    scale,
+                    d,
+                    &qb,
+                    &kb,
+                    &vb,
+                    &go[qlo * d..qhi * d],
+                    &lse[qlo..qhi],
+                    &delta[qlo..qhi],
+                    &mut dqb,
+                    &mut dkb,
+                    &mut dvb,
+                )
+                .unwrap();
+            }
+            dq[qlo * d..qhi * d].iter_mut().zip(&dqb).for_each(|(a, b)| *a += b);
+            dk[lo * d..hi * d].iter_mut().zip(&dkb).for_each(|(a, b)| *a += b);
+            dv[lo * d..hi * d].iter_mut().zip(&dvb).for_each(|(a, b)| *a += b);
+        }
+    }
+    for (name, got, want) in [("dq", &dq, &grads.dq), ("dk", &dk, &grads.dk), ("dv", &dv, &grads.dv)] {
+        let err = rel_l2_error(got, want);
+        assert!(err < 2e-5, "{name} err {err}");
+    }
+}
+
+#[test]
+fn key_blocks_merge_to_the_whole() {
+    check_blocks(37, 8, &[8, 16], &[1, 2], false, &[5, 20, 21], 1);
+    check_blocks(37, 8, &[8, 16], &[1, 2], true, &[5, 20, 21], 2);
+    check_blocks(150, 16, &[32, 64, 128], &[1, 2, 4], true, &[64, 100], 3);
+    check_blocks(150, 24, &[32, 64, 128], &[1, 2, 4], false, &[1, 149], 4);
+    check_blocks(300, 64, &[256], &[1], true, &[130], 5);
+    check_blocks(300, 64, &[100, 300], &[3, 5], false, &[], 6);
+}
+
+#[test]
+fn bad_block_inputs_are_typed_errors() {
+    let p = SegmentPattern::new(4, 1, 0);
+    let data = vec![0.0f32; 16];
+    let pos = [0usize, 1, 2, 3];
+    let ok = BlockRows::new(&data, 4, &pos);
+    let short = BlockRows::new(&data[..10], 4, &pos);
+    let (mut out, mut lse) = (vec![0.0f32; 16], vec![f32::NEG_INFINITY; 4]);
+    assert!(matches!(
+        attend_block(&p, false, 0.5, 4, &short, &ok, &ok, &mut out, &mut lse),
+        Err(AttnError::BufferTooSmall { .. })
+    ));
+    assert!(matches!(
+        attend_block(&p, false, f32::NAN, 4, &ok, &ok, &ok, &mut out, &mut lse),
+        Err(AttnError::InvalidScale(_))
+    ));
+    assert!(matches!(
+        attend_block(&p, false, 0.5, 4, &ok, &ok, &ok, &mut out[..15], &mut lse),
+        Err(AttnError::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        attend_block(&p, false, 0.5, 0, &ok, &ok, &ok, &mut out, &mut lse),
+        Err(AttnError::ZeroDim { .. })
+    ));
+    let overlapping = BlockRows::new(&data, 2, &pos);
+    assert!(attend_block(&p, false, 0.5, 4, &overlapping, &ok, &ok, &mut out, &mut lse).is_err());
+    let bad = SegmentPattern { w: 0, r: 1, off: 0 };
+    assert!(attend_block(&bad, false, 0.5, 4, &ok, &ok, &ok, &mut out, &mut lse).is_err());
+    // Empty blocks are fine and change nothing.
+    let empty = BlockRows::new(&data[..0], 4, &[]);
+    attend_block(&p, false, 0.5, 4, &ok, &empty, &empty, &mut out, &mut lse).unwrap();
+    assert!(lse.iter().all(|l| *l == f32::NEG_INFINITY) && out.iter().all(|o| *o == 0.0));
+}
