@@ -3,7 +3,8 @@
 use attn_core::{DType, Element};
 
 /// `||got - want|| / ||want||` in float64 (absolute norm if `want` is all zero).
-/// Any NaN/Inf in `got` gives infinity; a length mismatch gives infinity.
+/// Equal infinities (an empty row's LSE of `-inf`) match exactly and add nothing;
+/// any other NaN/Inf, or a length mismatch, gives infinity.
 pub fn rel_l2_error<A: Element, B: Element>(got: &[A], want: &[B]) -> f64 {
     if got.len() != want.len() {
         return f64::INFINITY;
@@ -11,7 +12,10 @@ pub fn rel_l2_error<A: Element, B: Element>(got: &[A], want: &[B]) -> f64 {
     let (mut num, mut den) = (0.0f64, 0.0f64);
     for (g, w) in got.iter().zip(want) {
         let (g, w) = (g.to_f64(), w.to_f64());
-        if !g.is_finite() {
+        if g == w && g.is_infinite() {
+            continue;
+        }
+        if !g.is_finite() || !w.is_finite() {
             return f64::INFINITY;
         }
         num += (g - w) * (g - w);
@@ -26,7 +30,8 @@ pub fn max_abs_error<A: Element, B: Element>(got: &[A], want: &[B]) -> f64 {
         return f64::INFINITY;
     }
     got.iter().zip(want).fold(0.0f64, |m, (g, w)| {
-        let e = (g.to_f64() - w.to_f64()).abs();
+        let (g, w) = (g.to_f64(), w.to_f64());
+        let e = if g == w { 0.0 } else { (g - w).abs() };
         if e.is_nan() { f64::INFINITY } else { m.max(e) }
     })
 }
@@ -73,6 +78,9 @@ mod tests {
         assert!((rel_l2_error(&[1.1f64], &[1.0f64]) - 0.1).abs() < 1e-12);
         assert_eq!(rel_l2_error(&[f32::NAN], &[1.0f32]), f64::INFINITY);
         assert_eq!(rel_l2_error(&[1.0f32], &[1.0f32, 2.0]), f64::INFINITY);
+        assert_eq!(rel_l2_error(&[f32::NEG_INFINITY, 1.0], &[f32::NEG_INFINITY, 1.0]), 0.0);
+        assert_eq!(rel_l2_error(&[0.0f32, 1.0], &[f32::NEG_INFINITY, 1.0]), f64::INFINITY);
+        assert_eq!(rel_l2_error(&[f32::NEG_INFINITY], &[0.0f32]), f64::INFINITY);
         assert!((max_abs_error(&[1.0f32, 3.0], &[1.5f32, 3.0]) - 0.5).abs() < 1e-12);
         assert!(Tolerance::golden(DType::F32, 1e-5).accepts(1e-6));
         assert!(!Tolerance::golden(DType::F32, 1e-5).accepts(1e-4));
