@@ -1,0 +1,104 @@
+//! The implementations a case can run, behind one `Runner` trait: reference, cpu,
+//! ring strategies, multihead, hilbert. Each `prepare` allocates the case's inputs
+//! (inside the caller's memory window) and returns a runner that makes one call.
+
+use attn_core::{AttnError, AttnShape, Result, reference};
+
+use crate::case::{CaseKind, CaseSpec};
+use crate::inputs::normal_vec;
+
+/// What one call reports besides its time.
+#[derive(Debug, Clone, Default)]
+pub struct RunStats {
+    /// Bytes each rank sent (ring cases).
+    pub bytes_sent: Vec<u64>,
+}
+
+/// One prepared case: inputs allocated, ready to be called repeatedly.
+pub trait Runner {
+    /// One forward (or forward + backward) call.
+    fn run(&mut self) -> Result<RunStats>;
+}
+
+/// The implementations this build knows, for `--list` and the report.
+pub const IMPLEMENTATIONS: &[&str] = &["reference", "cpu", "ring-<strategy>", "multihead", "hilbert"];
+
+fn not_landed(backend: &'static str, what: &str) -> AttnError {
+    AttnError::BackendUnavailable { backend, reason: format!("{what} has not landed in this checkout yet") }
+}
+
+/// Allocate inputs and build the runner for `spec`. `BackendUnavailable` and
+/// `NotCompiled` mean "skip"; other errors are failures.
+pub fn prepare(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
+    // Validate config and shape first so bad input is a typed error everywhere.
+    spec.config()?;
+    spec.shape()?;
+    match (spec.kind, spec.implementation.as_str()) {
+        (CaseKind::Dilated, "reference") => Ok(Box::new(ReferenceRunner::new(spec)?)),
+        (CaseKind::Dilated, "cpu") => Err(not_landed("cpu", "attn-kernels::CpuBackend")),
+        (CaseKind::Dilated, "cuda") => {
+            Err(AttnError::NotCompiled { backend: "cuda", feature: "cuda (attn-kernels) and a GPU" })
+        }
+        (CaseKind::Ring, _) => Err(not_landed("ring", "attn-ring's in-process ring")),
+        (CaseKind::Multihead, _) => Err(not_landed("multihead", "attn-multihead::MultiheadDilatedAttention")),
+        (CaseKind::Hilbert, _) => Err(not_landed("hilbert", "attn-hilbert")),
+        (kind, other) => Err(AttnError::InvalidArgument(format!(
+            "no implementation `{other}` for case `{}` (known: {})",
+            kind.as_str(),
+            IMPLEMENTATIONS.join(", ")
+        ))),
+    }
+}
+
+/// Whether an error means "not available here" rather than "failed".
+pub fn is_unavailable(e: &AttnError) -> bool {
+    matches!(e, AttnError::BackendUnavailable { .. } | AttnError::NotCompiled { .. })
+}
+
+/// The float64 reference of attn-core (correct by construction, slow: the baseline
+/// every speedup in the report is relative to).
+struct ReferenceRunner {
+    cfg: attn_core::DilatedConfig,
+    shape: AttnShape,
+    backward: bool,
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
+    grad_out: Vec<f64>,
+}
+
+impl ReferenceRunner {
+    fn new(spec: &CaseSpec) -> Result<Self> {
+        if spec.dtype != "f32" && spec.dtype != "f64" {
+            return Err(AttnError::BackendUnavailable {
+                backend: "reference",
+                reason: format!("the reference computes in f64; dtype {} is not benchmarked on it", spec.dtype),
+            });
+        }
+        let shape = AttnShape::self_attn(spec.shape()?);
+        let n = shape.q.numel();
+        Ok(ReferenceRunner {
+            cfg: spec.config()?,
+            shape,
+            backward: spec.backward,
+            q: normal_vec(1, n),
+            k: normal_vec(2, n),
+            v: normal_vec(3, n),
+            grad_out: if spec.backward { normal_vec(4, n) } else { Vec::new() },
+        })
+    }
+}
+
+impl Runner for ReferenceRunner {
+    fn run(&mut self) -> Result<RunStats> {
+        if self.backward {
+            let (fwd, grads) =
+                reference::dilated_backward(&self.cfg, self.shape, &self.q, &self.k, &self.v, &self.grad_out)?;
+            std::hint::black_box((fwd, grads));
+        } else {
+            let fwd = reference::dilated_forward(&self.cfg, self.shape, &self.q, &self.k, &self.v)?;
+            std::hint::black_box(fwd);
+        }
+        Ok(RunStats::default())
+    }
+}

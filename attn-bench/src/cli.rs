@@ -1,0 +1,176 @@
+//! Command-line options of `attn-bench` (and so of `cargo xtask bench`).
+
+use std::path::PathBuf;
+
+use attn_core::{AttnError, Result};
+
+use crate::case::{CaseKind, CaseSpec};
+
+pub const USAGE: &str = "\
+attn-bench: the attn benchmark report
+
+USAGE (suite):  attn-bench [--quick|--full] [--out DIR] [--threads T] [--torch PYTHON]
+                           [--baseline results.json] [--threshold PCT] [--budget BYTES]
+USAGE (one case, prints one JSON object):
+  attn-bench --json --case dilated|ring|multihead|hilbert --seq-len N --batch B --heads H
+             --head-dim D --segments LIST --dilations LIST [--mixing head_groups|longnet]
+             [--causal] [--dtype f32|bf16|f16] [--backward] [--threads T] [--impl NAME]
+             [--world-size P --strategy S --layout L] [--runs N]
+
+--quick     the < 2 minute suite (2 cores)        --full   the long suite
+--budget    per-rank memory budget of the capacity table (default 8GiB; accepts KiB/MiB/GiB)
+--threshold regression threshold for --baseline in percent (default 10)";
+
+/// What the user asked for.
+#[derive(Debug, Clone)]
+pub enum Command {
+    Suite(SuiteOptions),
+    Single { spec: CaseSpec, runs: Option<usize> },
+    Help,
+}
+
+/// Which suite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SuiteSize {
+    Quick,
+    Default,
+    Full,
+}
+
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    pub size: SuiteSize,
+    pub out: Option<PathBuf>,
+    pub threads: usize,
+    pub torch: Option<PathBuf>,
+    pub baseline: Option<PathBuf>,
+    pub threshold_pct: f64,
+    pub budget_bytes: u64,
+}
+
+fn bad(msg: impl Into<String>) -> AttnError {
+    AttnError::InvalidArgument(msg.into())
+}
+
+fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T> {
+    v.parse().map_err(|_| bad(format!("{flag}: `{v}` is not a valid number")))
+}
+
+fn list(flag: &str, v: &str) -> Result<Vec<usize>> {
+    v.split(',').map(|x| num(flag, x.trim())).collect()
+}
+
+/// Parse `8GiB`, `512MiB`, `64KiB`, `1e9` or plain bytes.
+pub fn parse_bytes(v: &str) -> Result<u64> {
+    let t = v.trim();
+    let units: [(&str, f64); 6] =
+        [("GiB", 1073741824.0), ("MiB", 1048576.0), ("KiB", 1024.0), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)];
+    let (n, mul) = units.iter().find_map(|(u, m)| t.strip_suffix(u).map(|n| (n, *m))).unwrap_or((t, 1.0));
+    let x: f64 = num("--budget", n.trim())?;
+    if !(x.is_finite() && x > 0.0) {
+        return Err(bad(format!("--budget: `{v}` must be positive")));
+    }
+    Ok((x * mul) as u64)
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Parse the arguments (without the program name).
+pub fn parse(args: &[String]) -> Result<Command> {
+    let mut it = args.iter();
+    let mut suite = SuiteOptions {
+        size: SuiteSize::Default,
+        out: None,
+        threads: default_threads(),
+        torch: None,
+        baseline: None,
+        threshold_pct: 10.0,
+        budget_bytes: 8 << 30,
+    };
+    let mut spec = CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]);
+    spec.threads = suite.threads;
+    let (mut json, mut runs, mut impl_set) = (false, None, false);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| bad(format!("{flag} needs a value")));
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Command::Help),
+            "--quick" => suite.size = SuiteSize::Quick,
+            "--full" => suite.size = SuiteSize::Full,
+            "--out" => suite.out = Some(PathBuf::from(value()?)),
+            "--torch" => suite.torch = Some(PathBuf::from(value()?)),
+            "--baseline" => suite.baseline = Some(PathBuf::from(value()?)),
+            "--threshold" => suite.threshold_pct = num(flag, value()?)?,
+            "--budget" => suite.budget_bytes = parse_bytes(value()?)?,
+            "--threads" => {
+                suite.threads = num(flag, value()?)?;
+                spec.threads = suite.threads;
+            }
+            "--json" => json = true,
+            "--case" => spec.kind = CaseKind::parse(value()?)?,
+            "--impl" => {
+                spec.implementation = value()?.clone();
+                impl_set = true;
+            }
+            "--seq-len" => spec.seq_len = num(flag, value()?)?,
+            "--batch" => spec.batch = num(flag, value()?)?,
+            "--heads" => spec.heads = num(flag, value()?)?,
+            "--head-dim" => spec.head_dim = num(flag, value()?)?,
+            "--segments" => spec.segments = list(flag, value()?)?,
+            "--dilations" => spec.dilations = list(flag, value()?)?,
+            "--mixing" => spec.mixing = attn_core::Mixing::parse(value()?)?.as_str().to_string(),
+            "--causal" => spec.causal = true,
+            "--dtype" => spec.dtype = value()?.clone(),
+            "--backward" => spec.backward = true,
+            "--world-size" => spec.world_size = num(flag, value()?)?,
+            "--strategy" => spec.strategy = Some(value()?.clone()),
+            "--layout" => spec.layout = Some(value()?.clone()),
+            "--runs" => runs = Some(num(flag, value()?)?),
+            other => return Err(bad(format!("unknown option `{other}` (see --help)"))),
+        }
+    }
+    if suite.threads == 0 || spec.world_size == 0 {
+        return Err(bad("--threads and --world-size must be at least 1"));
+    }
+    if !json {
+        return Ok(Command::Suite(suite));
+    }
+    spec.dtype()?;
+    if spec.kind == CaseKind::Ring && !impl_set {
+        spec.implementation = format!("ring-{}", spec.strategy.as_deref().unwrap_or("default"));
+    }
+    Ok(Command::Single { spec, runs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn parses_single_case_flags() {
+        let c = parse(&args(
+            "--json --case ring --seq-len 4096 --heads 4 --head-dim 32 --segments 512,1024 --dilations 1,2 \
+             --causal --dtype bf16 --world-size 4 --strategy zigzag --threads 2",
+        ))
+        .unwrap();
+        let Command::Single { spec, .. } = c else { panic!("expected a single case") };
+        assert_eq!((spec.kind, spec.seq_len, spec.heads, spec.head_dim), (CaseKind::Ring, 4096, 4, 32));
+        assert_eq!((spec.segments.as_slice(), spec.dilations.as_slice()), (&[512, 1024][..], &[1, 2][..]));
+        assert!(spec.causal && spec.dtype == "bf16" && spec.world_size == 4 && spec.threads == 2);
+        assert_eq!(spec.implementation, "ring-zigzag");
+    }
+
+    #[test]
+    fn bad_flags_are_errors_not_panics() {
+        for a in ["--seq-len", "--seq-len x", "--bogus", "--json --dtype f8", "--budget -3", "--threads 0"] {
+            assert!(parse(&args(a)).is_err(), "{a}");
+        }
+        assert_eq!(parse_bytes("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_bytes("1.5 KiB").unwrap(), 1536);
+    }
+}

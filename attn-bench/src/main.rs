@@ -1,0 +1,52 @@
+//! `attn-bench`: the benchmark report of attn (run it through `cargo xtask bench`).
+//!
+//! Measures time, peak memory (counting allocator, per rank), throughput and GFLOP/s
+//! against the machine's measured GEMM rate, for the reference, CPU, ring and
+//! multihead implementations, and writes `target/attn-bench/<timestamp>/` with
+//! `report.md`, `results.json` and plots. `--json` measures one case.
+
+mod backends;
+mod baseline;
+mod capacity;
+mod case;
+mod cli;
+mod counting_alloc;
+mod gemm_rate;
+mod inputs;
+mod machine;
+mod measure;
+mod memory;
+mod plots;
+mod report;
+mod results;
+mod single;
+mod suite;
+mod torch_peer;
+
+#[global_allocator]
+static ALLOC: counting_alloc::CountingAlloc = counting_alloc::CountingAlloc;
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match cli::parse(&args) {
+        Ok(cli::Command::Help) => {
+            println!("{}", cli::USAGE);
+            Ok(())
+        }
+        Ok(cli::Command::Single { spec, runs }) => {
+            let obj = single::run(&spec, runs);
+            println!("{obj}");
+            let status = obj["status"].as_str().unwrap_or_default().to_string();
+            if status.starts_with("error") { Err(attn_core::AttnError::InvalidArgument(status)) } else { Ok(()) }
+        }
+        Ok(cli::Command::Suite(opts)) => suite::run(&opts),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("attn-bench: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

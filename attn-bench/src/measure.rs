@@ -1,0 +1,134 @@
+//! Measure one case: memory on a first (warm-up) call, then the median of timed calls.
+
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+
+use crate::backends::{self, RunStats};
+use crate::case::{CaseKind, CaseSpec, Measurement};
+use crate::memory::{self, MemoryWindow};
+
+/// How many timed calls a case gets.
+#[derive(Debug, Clone, Copy)]
+pub struct Repetitions {
+    pub min_runs: usize,
+    pub max_runs: usize,
+    /// Stop adding timed calls once this much time went into them (after `min_runs`).
+    pub budget: Duration,
+}
+
+impl Repetitions {
+    pub const QUICK: Repetitions = Repetitions { min_runs: 2, max_runs: 5, budget: Duration::from_millis(1500) };
+    pub const FULL: Repetitions = Repetitions { min_runs: 3, max_runs: 10, budget: Duration::from_secs(6) };
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        0.5 * (sorted[n / 2 - 1] + sorted[n / 2])
+    }
+}
+
+/// Run `spec` and measure it. Errors end up in `Measurement::status`, never panics.
+pub fn measure(spec: &CaseSpec, reps: Repetitions, gemm_gflop_per_s: f64, git: &str, bar: &ProgressBar) -> Measurement {
+    bar.set_length(reps.max_runs as u64 + 1);
+    bar.set_position(0);
+    bar.set_message(spec.label());
+    let pool = match rayon::ThreadPoolBuilder::new().num_threads(spec.threads.max(1)).build() {
+        Ok(p) => p,
+        Err(e) => return Measurement::not_run(spec.clone(), format!("error: thread pool: {e}"), git),
+    };
+    let result = pool.install(|| run_case(spec, reps, bar));
+    match result {
+        Ok(done) => {
+            let flops = spec.attention_flops().unwrap_or(f64::NAN) + spec.projection_flops();
+            let med = median(&done.times_ms);
+            let secs = med / 1e3;
+            let rank_peaks = done.rank_peaks;
+            Measurement {
+                spec: spec.clone(),
+                status: "ok".into(),
+                runs: done.times_ms.len(),
+                median_ms: med,
+                min_ms: done.times_ms.first().copied().unwrap_or(f64::NAN),
+                max_ms: done.times_ms.last().copied().unwrap_or(f64::NAN),
+                gflop_per_s: flops / secs / 1e9,
+                tokens_per_s: spec.tokens() as f64 / secs,
+                peak_bytes: done.memory.peak_bytes,
+                peak_bytes_per_rank: rank_peaks.iter().copied().max().unwrap_or(done.memory.peak_bytes),
+                rank_peak_bytes: rank_peaks,
+                bytes_sent: done.stats.bytes_sent,
+                peak_rss_bytes: done.memory.peak_rss_bytes,
+                rss_windowed: done.memory.rss_windowed,
+                gemm_gflop_per_s,
+                workspace_query_bytes: None,
+                git_commit: git.to_string(),
+            }
+        }
+        Err(e) if backends::is_unavailable(&e) => Measurement::not_run(spec.clone(), format!("skipped: {e}"), git),
+        Err(e) => Measurement::not_run(spec.clone(), format!("error: {e}"), git),
+    }
+}
+
+struct Done {
+    times_ms: Vec<f64>,
+    memory: memory::MemoryReading,
+    rank_peaks: Vec<u64>,
+    stats: RunStats,
+}
+
+fn run_case(spec: &CaseSpec, reps: Repetitions, bar: &ProgressBar) -> attn_core::Result<Done> {
+    // Memory: window opened before the inputs exist, read after the first call.
+    let window = MemoryWindow::start();
+    let driver_slot = memory::my_slot();
+    let mut runner = backends::prepare(spec)?;
+    let stats = runner.run()?;
+    let mem = window.read();
+    bar.inc(1);
+    // Per-rank peaks: the slots of threads other than the driver (ring ranks);
+    // a single-rank case is its whole window.
+    let rank_peaks = if spec.kind == CaseKind::Ring {
+        mem.slot_peaks.iter().enumerate().filter(|&(i, &p)| i != driver_slot && p > 0).map(|(_, &p)| p).collect()
+    } else {
+        vec![mem.peak_bytes]
+    };
+    let mut times_ms = Vec::new();
+    let started = Instant::now();
+    while times_ms.len() < reps.max_runs && (times_ms.len() < reps.min_runs || started.elapsed() < reps.budget) {
+        let t = Instant::now();
+        runner.run()?;
+        times_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        bar.inc(1);
+    }
+    times_ms.sort_by(f64::total_cmp);
+    Ok(Done { times_ms, memory: mem, rank_peaks, stats })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_even_and_odd_lengths() {
+        assert_eq!(median(&[1.0, 2.0, 10.0]), 2.0);
+        assert_eq!(median(&[1.0, 2.0, 4.0, 10.0]), 3.0);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn reference_case_measures_time_and_inputs() {
+        let _guard = memory::TEST_WINDOW_LOCK.lock();
+        let spec = CaseSpec::dilated("reference", 64, &[16, 32], &[1, 2]);
+        let m = measure(&spec, Repetitions::QUICK, 1.0, "test", &ProgressBar::hidden());
+        assert!(m.ok(), "{}", m.status);
+        // q, k, v in f64 alone are 3 * 64*8*64*8 bytes.
+        assert!(m.peak_bytes >= 3 * 64 * 8 * 64 * 8, "{}", m.peak_bytes);
+        assert!(m.median_ms > 0.0 && m.runs >= 2);
+        let bad = CaseSpec::dilated("reference", 64, &[16, 32], &[1]);
+        assert!(measure(&bad, Repetitions::QUICK, 1.0, "t", &ProgressBar::hidden()).status.starts_with("error:"));
+    }
+}

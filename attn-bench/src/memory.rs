@@ -1,0 +1,99 @@
+//! Memory measurement: counting-allocator windows per case and per rank, and peak RSS.
+//!
+//! Method (also printed in every report): a case's peak is the highest number of
+//! heap bytes live during the case minus those live before its inputs were
+//! allocated, so it counts inputs, outputs and workspace. Per-rank peaks come from
+//! the allocator's per-thread slots: a rank's figure is the peak of bytes its thread
+//! allocated and had not yet freed, with blocks passed to another rank still charged
+//! to the sender until freed. The process peak RSS (VmHWM, reset through
+//! /proc/self/clear_refs where the kernel allows it) is the cross-check.
+
+use crate::counting_alloc;
+
+/// One measurement window over the counting allocator.
+#[derive(Debug)]
+pub struct MemoryWindow {
+    base_live: i64,
+    rss_reset: bool,
+}
+
+/// What a window saw.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryReading {
+    /// Peak live heap bytes above the window's start.
+    pub peak_bytes: u64,
+    /// Peak live heap bytes of each thread slot that allocated in the window.
+    pub slot_peaks: Vec<u64>,
+    /// Process peak RSS (bytes) since the window started, if it could be reset;
+    /// else the process-lifetime peak.
+    pub peak_rss_bytes: Option<u64>,
+    /// Whether `peak_rss_bytes` covers only this window.
+    pub rss_windowed: bool,
+}
+
+impl MemoryWindow {
+    /// Start a window: reset the allocator peaks and (best effort) the RSS peak.
+    pub fn start() -> Self {
+        counting_alloc::reset_peaks();
+        let rss_reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+        MemoryWindow { base_live: counting_alloc::live_bytes(), rss_reset }
+    }
+
+    /// Read the window (it stays open; read again for a later peak).
+    pub fn read(&self) -> MemoryReading {
+        let peak = counting_alloc::peak_bytes() - self.base_live;
+        MemoryReading {
+            peak_bytes: peak.max(0) as u64,
+            slot_peaks: counting_alloc::slot_peaks().into_iter().map(|p| p.max(0) as u64).collect(),
+            peak_rss_bytes: peak_rss_bytes(),
+            rss_windowed: self.rss_reset,
+        }
+    }
+}
+
+/// The calling thread's allocator slot in the current window.
+pub fn my_slot() -> usize {
+    counting_alloc::my_slot()
+}
+
+/// Process peak resident set size (VmHWM) in bytes, from /proc/self/status.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Serialises tests that open memory windows (a window resets process-wide peaks).
+#[cfg(test)]
+pub static TEST_WINDOW_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_sees_a_known_allocation_and_per_thread_slots() {
+        let _guard = TEST_WINDOW_LOCK.lock();
+        let w = MemoryWindow::start();
+        let v = vec![1u8; 3 << 20];
+        let r = w.read();
+        assert!(r.peak_bytes >= 3 << 20, "peak {}", r.peak_bytes);
+        drop(v);
+        // A block allocated on one thread and freed on another stays charged to its
+        // allocator until freed, and to no one after.
+        let w = MemoryWindow::start();
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        let t = std::thread::spawn(move || {
+            let slot = my_slot();
+            tx.send(vec![7u8; 5 << 20]).ok();
+            slot
+        });
+        let got = rx.recv().ok();
+        let sender = t.join().unwrap_or(usize::MAX);
+        drop(got);
+        let r = w.read();
+        assert!(r.slot_peaks.get(sender).copied().unwrap_or(0) >= 5 << 20, "{:?}", r.slot_peaks);
+        assert!(r.peak_bytes >= 5 << 20);
+    }
+}

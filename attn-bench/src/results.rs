@@ -1,0 +1,44 @@
+//! `results.json`: every measurement with its config, the machine, rustc and git commit.
+
+use std::path::Path;
+
+use attn_core::{AttnError, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::capacity::CapacityRow;
+use crate::case::Measurement;
+use crate::gemm_rate::GemmRate;
+use crate::machine::Machine;
+
+/// How memory was measured; written into every results file and report.
+pub const MEMORY_METHOD: &str = "Peak heap bytes from a counting global allocator in the bench binary: \
+the highest number of bytes live during a case minus those live before its inputs were allocated \
+(inputs + outputs + workspace). Per rank (in-process ring ranks are threads): every allocation records \
+its thread, frees are charged back to it, and a rank's figure is its thread's peak of allocated-not-freed \
+bytes. Cross-check: process peak RSS (VmHWM, reset per case through /proc/self/clear_refs).";
+
+/// One whole run of the suite.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunResults {
+    pub suite: String,
+    pub threads: usize,
+    pub machine: Machine,
+    pub gemm: GemmRate,
+    pub memory_method: String,
+    pub budget_bytes: u64,
+    pub measurements: Vec<Measurement>,
+    pub capacity: Vec<CapacityRow>,
+}
+
+impl RunResults {
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let s = serde_json::to_string_pretty(self).map_err(|e| AttnError::Format(e.to_string()))?;
+        std::fs::write(path, s).map_err(|e| AttnError::InvalidArgument(format!("{}: {e}", path.display())))
+    }
+
+    pub fn load(path: &Path) -> Result<Self> {
+        let s = std::fs::read_to_string(path)
+            .map_err(|e| AttnError::InvalidArgument(format!("{}: {e}", path.display())))?;
+        serde_json::from_str(&s).map_err(|e| AttnError::Format(format!("{}: {e}", path.display())))
+    }
+}
