@@ -1,0 +1,237 @@
+//! Generalised Hilbert ("gilbert") curves for rectangles and boxes of any size.
+//!
+//! This is the Gilbert++ construction of Červený and Kirk ("Generalized Hilbert
+//! curves", <https://github.com/jakubcerveny/gilbert>, extensions released CC0),
+//! written here from its description: a box spanned by the signed axis vectors
+//! `alpha`, `beta`, `gamma` from corner `p` is cut into 2 (eccentric boxes), 3
+//! (one axis much longer) or 5 (bulk) sub-boxes whose curves join end to start,
+//! with halves rounded to even (or odd) lengths so that every sub-curve can end
+//! next to where the next one starts. Lines and 2x2x2 cubes are the leaves.
+//! Consecutive cells are face neighbours except where the parity of the sizes
+//! makes that impossible (see the crate docs for the measured bound).
+//!
+//! The walk is recursive with depth `O(log n)` and emits each cell once: `O(n)`.
+
+/// An integer vector `[x, y, z]`.
+type V = [i64; 3];
+
+#[inline(always)]
+fn add(a: V, b: V) -> V {
+    [a[0] + b[0], a[1] + b[1], a[2] + b[2]]
+}
+#[inline(always)]
+fn sub(a: V, b: V) -> V {
+    [a[0] - b[0], a[1] - b[1], a[2] - b[2]]
+}
+#[inline(always)]
+fn neg(a: V) -> V {
+    [-a[0], -a[1], -a[2]]
+}
+/// The unit step along an axis vector.
+#[inline(always)]
+fn unit(a: V) -> V {
+    [a[0].signum(), a[1].signum(), a[2].signum()]
+}
+/// Length of an axis vector (only one component is non-zero).
+#[inline(always)]
+fn len(a: V) -> i64 {
+    a[0].abs() + a[1].abs() + a[2].abs()
+}
+/// `a / q` rounded toward zero.
+#[inline(always)]
+fn div(a: V, q: i64) -> V {
+    [a[0] / q, a[1] / q, a[2] / q]
+}
+/// `a / q` rounded toward zero, then nudged one step outward when its length has
+/// the wrong parity (`want_odd`) and the axis is longer than 2.
+#[inline(always)]
+fn div_parity(a: V, q: i64, want_odd: bool) -> V {
+    let d = div(a, q);
+    if len(a) > 2 && ((len(d) % 2 == 1) != want_odd) { add(d, unit(a)) } else { d }
+}
+#[inline(always)]
+fn half_even(a: V) -> V {
+    div_parity(a, 2, false)
+}
+#[inline(always)]
+fn half_odd(a: V) -> V {
+    div_parity(a, 2, true)
+}
+#[inline(always)]
+fn third_even(a: V) -> V {
+    div_parity(a, 3, false)
+}
+
+/// Collects row-major indices of the visited cells.
+struct Walk<'a> {
+    out: &'a mut Vec<usize>,
+    /// Row-major strides of x, y, z.
+    stride: [i64; 3],
+}
+
+impl Walk<'_> {
+    #[inline(always)]
+    fn emit(&mut self, p: V) {
+        let i = p[0] * self.stride[0] + p[1] * self.stride[1] + p[2] * self.stride[2];
+        self.out.push(i as usize);
+    }
+
+    /// `count` cells from `p` in steps of `step` (a unit vector).
+    #[inline(always)]
+    fn line(&mut self, p: V, step: V, count: i64) {
+        let start = p[0] * self.stride[0] + p[1] * self.stride[1] + p[2] * self.stride[2];
+        let d = step[0] * self.stride[0] + step[1] * self.stride[1] + step[2] * self.stride[2];
+        self.out.extend((0..count).map(|k| (start + k * d) as usize));
+    }
+
+    fn curve_2d(&mut self, p: V, alpha: V, beta: V) {
+        let (a, b) = (len(alpha), len(beta));
+        if a == 0 || b == 0 {
+            return;
+        }
+        if b == 1 {
+            return self.line(p, unit(alpha), a);
+        }
+        if a == 1 {
+            return self.line(p, unit(beta), b);
+        }
+        if 2 * a > 3 * b {
+            // Long rectangle: two halves side by side along alpha.
+            let alpha2 = half_even(alpha);
+            self.curve_2d(p, alpha2, beta);
+            self.curve_2d(add(p, alpha2), sub(alpha, alpha2), beta);
+            return;
+        }
+        // Up along the first half of beta, across, and back down.
+        let (da, db) = (unit(alpha), unit(beta));
+        let alpha2 = div(alpha, 2);
+        let beta2 = half_even(beta);
+        self.curve_2d(p, beta2, alpha2);
+        self.curve_2d(add(p, beta2), alpha, sub(beta, beta2));
+        let back = add(p, add(sub(alpha, da), sub(beta2, db)));
+        self.curve_2d(back, neg(beta2), sub(alpha2, alpha));
+    }
+
+    fn cube_2x2x2(&mut self, p: V, alpha: V, beta: V, gamma: V) {
+        let (da, db, dg) = (unit(alpha), unit(beta), unit(gamma));
+        let mut u = p;
+        self.emit(u);
+        for step in [db, dg, neg(db), da, db, neg(dg), neg(db)] {
+            u = add(u, step);
+            self.emit(u);
+        }
+    }
+
+    fn curve_3d(&mut self, p: V, alpha: V, beta: V, gamma: V) {
+        let (a, b, g) = (len(alpha), len(beta), len(gamma));
+        if a == 0 || b == 0 || g == 0 {
+            return;
+        }
+        if a == 2 && b == 2 && g == 2 {
+            return self.cube_2x2x2(p, alpha, beta, gamma);
+        }
+        if a == 1 {
+            return self.curve_2d(p, beta, gamma);
+        }
+        if b == 1 {
+            return self.curve_2d(p, alpha, gamma);
+        }
+        if g == 1 {
+            return self.curve_2d(p, alpha, beta);
+        }
+        if 3 * a > 5 * b && 3 * a > 5 * g {
+            return self.split_alpha(p, alpha, beta, gamma);
+        }
+        if 2 * b > 3 * g || 2 * b > 3 * a {
+            return self.split_beta_third(p, alpha, beta, gamma);
+        }
+        if 2 * g > 3 * b {
+            return self.split_gamma_third(p, alpha, beta, gamma);
+        }
+        if g % 2 == 0 {
+            return self.bulk_even_gamma(p, alpha, beta, gamma);
+        }
+        if a % 2 == 0 || b % 2 == 0 {
+            return self.bulk_odd_gamma(p, alpha, beta, gamma);
+        }
+        self.bulk_all_odd(p, alpha, beta, gamma)
+    }
+
+    /// Eccentric box, alpha longest by far: two boxes along alpha.
+    fn split_alpha(&mut self, p: V, alpha: V, beta: V, gamma: V) {
+        let alpha2 = half_even(alpha);
+        self.curve_3d(p, alpha2, beta, gamma);
+        self.curve_3d(add(p, alpha2), sub(alpha, alpha2), beta, gamma);
+    }
+
+    /// Gamma much longer than beta: a third of gamma up, across, and back.
+    fn split_gamma_third(&mut self, p: V, alpha: V, beta: V, gamma: V) {
+        let (da, dg) = (unit(alpha), unit(gamma));
+        let alpha2 = half_even(alpha);
+        let gamma3 = third_even(gamma);
+        self.curve_3d(p, gamma3, alpha2, beta);
+        self.curve_3d(add(p, gamma3), alpha, beta, sub(gamma, gamma3));
+        let back = add(p, add(sub(alpha, da), sub(gamma3, dg)));
+        self.curve_3d(back, neg(gamma3), neg(sub(alpha, alpha2)), beta);
+    }
+
+    /// Beta long (against gamma or alpha): a third of beta, across, and back.
+    fn split_beta_third(&mut self, p: V, alpha: V, beta: V, gamma: V) {
+        let (da, db) = (unit(alpha), unit(beta));
+        let alpha2 = half_even(alpha);
+        let beta3 = third_even(beta);
+        self.curve_3d(p, beta3, gamma, alpha2);
+        self.curve_3d(add(p, beta3), alpha, sub(beta, beta3), gamma);
+        let back = add(p, add(sub(alpha, da), sub(beta3, db)));
+        self.curve_3d(back, neg(beta3), gamma, neg(sub(alpha, alpha2)));
+    }
+
+    /// Bulk box with even gamma: five sub-boxes, all halves even.
+    fn bulk_even_gamma(&mut self, p: V, alpha: V, beta: V, gamma: V) {
+        let (da, db, dg) = (unit(alpha), unit(beta), unit(gamma));
+        let (alpha2, beta2, gamma2) = (half_even(alpha), half_even(beta), half_even(gamma));
+        let (rest_a, rest_b, rest_g) = (sub(alpha, alpha2), sub(beta, beta2), sub(gamma, gamma2));
+        self.curve_3d(p, beta2, gamma2, alpha2);
+        self.curve_3d(add(p, beta2), gamma, alpha2, rest_b);
+        self.curve_3d(add(p, add(sub(beta2, db), sub(gamma, dg))), alpha, neg(beta2), neg(rest_g));
+        let far = add(sub(alpha, da), add(beta2, sub(gamma, dg)));
+        self.curve_3d(add(p, far), neg(gamma), neg(rest_a), rest_b);
+        self.curve_3d(add(p, add(sub(alpha, da), sub(beta2, db))), neg(beta2), gamma2, neg(rest_a));
+    }
+
+    /// Bulk box with odd gamma and an even alpha or beta: alpha halved to odd.
+    fn bulk_odd_gamma(&mut self, p: V, alpha: V, beta: V, gamma: V) {
+        let (da, db, dg) = (unit(alpha), unit(beta), unit(gamma));
+        let (alpha2, beta2, gamma2) = (half_odd(alpha), half_even(beta), half_even(gamma));
+        let (rest_a, rest_b, rest_g) = (sub(alpha, alpha2), sub(beta, beta2), sub(gamma, gamma2));
+        self.curve_3d(p, gamma2, alpha2, beta2);
+        self.curve_3d(add(p, gamma2), beta, rest_g, alpha2);
+        self.curve_3d(add(p, add(sub(gamma2, dg), sub(beta, db))), alpha, neg(rest_b), neg(gamma2));
+        let far = add(sub(alpha, da), add(sub(beta, db), gamma2));
+        self.curve_3d(add(p, far), neg(beta), rest_g, neg(rest_a));
+        self.curve_3d(add(p, add(sub(alpha, da), sub(gamma2, dg))), neg(gamma2), neg(rest_a), beta2);
+    }
+
+    /// Bulk box with all three sides odd.
+    fn bulk_all_odd(&mut self, p: V, alpha: V, beta: V, gamma: V) {
+        let (da, db, dg) = (unit(alpha), unit(beta), unit(gamma));
+        let (alpha2, beta2, gamma2) = (half_odd(alpha), half_even(beta), half_even(gamma));
+        let (rest_a, rest_b, rest_g) = (sub(alpha, alpha2), sub(beta, beta2), sub(gamma, gamma2));
+        self.curve_3d(p, beta2, gamma, alpha2);
+        self.curve_3d(add(p, beta2), gamma2, alpha, rest_b);
+        self.curve_3d(add(p, add(beta2, gamma2)), alpha, rest_b, rest_g);
+        let far = add(sub(alpha, da), add(sub(beta2, db), gamma2));
+        self.curve_3d(add(p, far), neg(beta2), rest_g, neg(rest_a));
+        self.curve_3d(add(p, add(sub(alpha, da), sub(gamma2, dg))), neg(gamma2), neg(rest_a), beta2);
+    }
+}
+
+/// Appends to `out` the row-major indices (`(z * height + y) * width + x`) of a
+/// `depth x height x width` box in generalised Hilbert order. The caller checks
+/// that the sizes are non-zero and that `depth * height * width` is at most
+/// [`crate::grid::MAX_TOKENS`]; `out` receives exactly that many indices.
+pub(crate) fn hilbert_indices(depth: usize, height: usize, width: usize, out: &mut Vec<usize>) {
+    let (d, h, w) = (depth as i64, height as i64, width as i64);
+    let mut walk = Walk { out, stride: [1, w, w * h] };
+    walk.curve_3d([0, 0, 0], [w, 0, 0], [0, h, 0], [0, 0, d]);
+}
