@@ -1,0 +1,57 @@
+//! Command-line options of the conformance runner.
+
+use std::path::PathBuf;
+
+pub const USAGE: &str = "usage: attn-golden DIR [--backend reference|cpu|ring|cuda] [--dtype f32|bf16|f16]
+                   [--threads T] [--world-size N] [--strategy ring|allgather|auto] [--layout contiguous|zigzag]";
+
+/// Parsed options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub dir: PathBuf,
+    pub backend: String,
+    pub dtype: String,
+    pub threads: usize,
+    pub world_size: Option<usize>,
+    pub strategy: String,
+    pub layout: String,
+}
+
+impl Options {
+    pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Self, String> {
+        let mut dir = None;
+        let mut o = Options {
+            dir: PathBuf::new(),
+            backend: "reference".into(),
+            dtype: "f32".into(),
+            threads: 0,
+            world_size: None,
+            strategy: "auto".into(),
+            layout: "contiguous".into(),
+        };
+        while let Some(a) = args.next() {
+            let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+            match a.as_str() {
+                "--backend" => o.backend = value("--backend")?,
+                "--dtype" => o.dtype = value("--dtype")?,
+                "--threads" => o.threads = parse_num(&value("--threads")?)?,
+                "--world-size" => o.world_size = Some(parse_num(&value("--world-size")?)?),
+                "--strategy" => o.strategy = value("--strategy")?,
+                "--layout" => o.layout = value("--layout")?,
+                "-h" | "--help" => return Err("help".into()),
+                s if s.starts_with('-') => return Err(format!("unknown option `{s}`")),
+                s if dir.is_none() => dir = Some(PathBuf::from(s)),
+                s => return Err(format!("unexpected argument `{s}`")),
+            }
+        }
+        o.dir = dir.ok_or("DIR is required")?;
+        if o.world_size == Some(0) {
+            return Err("--world-size must be at least 1".into());
+        }
+        Ok(o)
+    }
+}
+
+fn parse_num(s: &str) -> Result<usize, String> {
+    s.parse().map_err(|_| format!("`{s}` is not a number"))
+}
