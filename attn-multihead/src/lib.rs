@@ -1,1 +1,29 @@
-//! stub
+//! Multihead dilated attention for model authors: `MultiheadDilatedAttention` (fused QKV
+//! projection, dilated attention on any backend, sub-LayerNorm, output projection) with
+//! forward and backward, safetensors weights with PyTorch names, MAGNETO init, the
+//! LongNet encoder layer and stack, and a ring-parallel layer.
+#![deny(unsafe_code)]
+
+pub mod backend;
+pub mod config;
+pub mod dropout;
+pub mod float;
+pub mod init;
+pub mod layer;
+pub mod layer_norm;
+#[allow(unsafe_code)]
+mod matmul;
+pub mod projection;
+pub mod weights;
+pub mod weights_io;
+
+pub use backend::{AttentionBackend, ReferenceBackend};
+pub use config::MultiheadConfig;
+pub use dropout::Mode;
+pub use float::LayerFloat;
+pub use init::{MagnetoGains, SeededRng};
+pub use layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};
+pub use layer_norm::{LayerNorm, NormStats};
+pub use projection::Linear;
+pub use weights::{MultiheadWeights, NamedParams, Param, ParamMut};
+pub use weights_io::{ExtraTensors, load_bytes, load_file, load_params, read_tensor, save_bytes, save_file};

@@ -1,0 +1,297 @@
+//! `MultiheadDilatedAttention`: fused QKV projection, dilated attention on a backend, sub-LN, output projection; forward and backward.
+
+use std::sync::Arc;
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, DilatedConfig, Result, Shape4, TensorView, TensorViewMut};
+
+use crate::backend::AttentionBackend;
+use crate::config::MultiheadConfig;
+use crate::dropout::{Mode, apply_mask, dropout_mask};
+use crate::float::LayerFloat;
+use crate::layer_norm::NormStats;
+use crate::projection::{linear_backward_input, linear_backward_params, linear_forward};
+use crate::weights::MultiheadWeights;
+
+/// Dropout site id of the attention output (keeps masks of different sites independent).
+const ATTN_DROPOUT_SITE: u64 = 1;
+
+/// The projected q, k, v: one fused `[b, s, 3, h, d]` buffer for self-attention,
+/// or q `[b, n, h, d]` and a fused kv `[b, m, 2, h, d]` for cross-attention.
+#[derive(Debug, Clone)]
+enum Projected<F> {
+    Fused(Vec<F>),
+    Split { q: Vec<F>, kv: Vec<F> },
+}
+
+#[derive(Debug, Clone)]
+enum Inputs<F> {
+    SelfAttn(Vec<F>),
+    Cross { query: Vec<F>, key: Vec<F>, value: Vec<F> },
+}
+
+/// What `backward` needs from a training forward pass.
+#[derive(Debug, Clone)]
+pub struct MultiheadCache<F> {
+    q_shape: Shape4,
+    kv_shape: Shape4,
+    inputs: Inputs<F>,
+    projected: Projected<F>,
+    attn: Vec<F>,
+    lse: Vec<f32>,
+    mask: Option<Vec<F>>,
+    norm_stats: Option<NormStats<F>>,
+    pre_out: Vec<F>,
+}
+
+/// Gradients of the layer inputs. For self-attention `key` and `value` are `None`
+/// and `query` is the whole gradient of `x`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputGrads<F> {
+    pub query: Vec<F>,
+    pub key: Option<Vec<F>>,
+    pub value: Option<Vec<F>>,
+}
+
+/// Multihead dilated attention (MAGNETO / LongNet layout, SPEC.md "Multihead").
+#[derive(Debug, Clone)]
+pub struct MultiheadDilatedAttention<F: LayerFloat> {
+    config: MultiheadConfig,
+    dilated: DilatedConfig,
+    pub weights: MultiheadWeights<F>,
+    backend: Arc<dyn AttentionBackend<F>>,
+}
+
+fn check_input<F>(name: &'static str, x: &[F], batch: usize, seq: usize, embed: usize) -> Result<()> {
+    let tensor = TensorName::Other(name);
+    for (d, dim) in [(batch, "batch"), (seq, "seq")] {
+        if d == 0 {
+            return Err(AttnError::ZeroDim { tensor, dim });
+        }
+    }
+    let n = batch
+        .checked_mul(seq)
+        .and_then(|r| r.checked_mul(embed))
+        .ok_or(AttnError::ShapeOverflow { tensor, dims: vec![batch, seq, embed] })?;
+    if x.len() != n {
+        return Err(AttnError::ShapeMismatch { tensor, expected: vec![batch, seq, embed], got: vec![x.len()] });
+    }
+    Ok(())
+}
+
+impl<F: LayerFloat> MultiheadDilatedAttention<F> {
+    /// A layer with MAGNETO-initialised weights from `seed`.
+    pub fn new(config: MultiheadConfig, seed: u64, backend: Arc<dyn AttentionBackend<F>>) -> Result<Self> {
+        config.validate()?;
+        let weights = MultiheadWeights::magneto(&config, seed);
+        Self::from_weights(config, weights, backend)
+    }
+
+    /// A layer with the given weights (their layout must match the config).
+    pub fn from_weights(
+        config: MultiheadConfig,
+        weights: MultiheadWeights<F>,
+        backend: Arc<dyn AttentionBackend<F>>,
+    ) -> Result<Self> {
+        let dilated = config.validate()?;
+        let e = config.embed_dim;
+        let want = MultiheadWeights::<F>::magneto(&config, 0);
+        let layout = |w: &MultiheadWeights<F>| {
+            crate::weights::NamedParams::params(w)
+                .into_iter()
+                .map(|p| (p.name, p.shape, p.data.len()))
+                .collect::<Vec<_>>()
+        };
+        if weights.embed_dim != e || layout(&weights) != layout(&want) {
+            return Err(AttnError::InvalidArgument(format!(
+                "weights do not match the config (embed_dim {e}, bias {}, layer_norm {})",
+                config.bias, config.layer_norm
+            )));
+        }
+        Ok(MultiheadDilatedAttention { config, dilated, weights, backend })
+    }
+
+    pub fn config(&self) -> &MultiheadConfig {
+        &self.config
+    }
+    pub fn dilated_config(&self) -> &DilatedConfig {
+        &self.dilated
+    }
+    pub fn backend(&self) -> &Arc<dyn AttentionBackend<F>> {
+        &self.backend
+    }
+    /// Run on another attention backend (same weights).
+    pub fn with_backend(mut self, backend: Arc<dyn AttentionBackend<F>>) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    fn shape(&self, batch: usize, seq: usize) -> Result<Shape4> {
+        Shape4::new(batch, seq, self.config.num_heads, self.config.head_dim())
+    }
+
+    /// Self-attention over `x: [batch, seq, embed]`; returns the output only.
+    pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
+        Ok(self.forward_train(x, batch, seq, mode)?.0)
+    }
+
+    /// Self-attention, keeping what [`MultiheadDilatedAttention::backward`] needs.
+    pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        let e = self.config.embed_dim;
+        check_input("query", x, batch, seq, e)?;
+        let shape = self.shape(batch, seq)?;
+        let w = &self.weights.in_proj;
+        let mut qkv = vec![F::zero(); batch * seq * 3 * e];
+        linear_forward(x, batch * seq, e, &w.weight, w.bias.as_deref(), 3 * e, &mut qkv, 3 * e)?;
+        self.finish_forward(shape, shape, Inputs::SelfAttn(x.to_vec()), Projected::Fused(qkv), mode)
+    }
+
+    /// Cross-attention: `query: [batch, q_seq, embed]`, `key`/`value: [batch, kv_seq, embed]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_cross(
+        &self,
+        query: &[F],
+        key: &[F],
+        value: &[F],
+        batch: usize,
+        q_seq: usize,
+        kv_seq: usize,
+        mode: Mode,
+    ) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        let e = self.config.embed_dim;
+        check_input("query", query, batch, q_seq, e)?;
+        check_input("key", key, batch, kv_seq, e)?;
+        check_input("value", value, batch, kv_seq, e)?;
+        let (qs, kvs) = (self.shape(batch, q_seq)?, self.shape(batch, kv_seq)?);
+        let w = &self.weights.in_proj;
+        let bias = |i: usize| w.bias.as_ref().map(|b| &b[i * e..(i + 1) * e]);
+        let wpart = |i: usize| &w.weight[i * e * e..(i + 1) * e * e];
+        let mut q = vec![F::zero(); batch * q_seq * e];
+        linear_forward(query, batch * q_seq, e, wpart(0), bias(0), e, &mut q, e)?;
+        let mut kv = vec![F::zero(); batch * kv_seq * 2 * e];
+        linear_forward(key, batch * kv_seq, e, wpart(1), bias(1), e, &mut kv, 2 * e)?;
+        linear_forward(value, batch * kv_seq, e, wpart(2), bias(2), e, &mut kv[e..], 2 * e)?;
+        let inputs = Inputs::Cross { query: query.to_vec(), key: key.to_vec(), value: value.to_vec() };
+        self.finish_forward(qs, kvs, inputs, Projected::Split { q, kv }, mode)
+    }
+
+    fn views<'a>(&self, projected: &'a Projected<F>, qs: Shape4, kvs: Shape4) -> Result<[TensorView<'a, F>; 3]> {
+        match projected {
+            Projected::Fused(qkv) => TensorView::fused_qkv(qkv, qs),
+            Projected::Split { q, kv } => {
+                let e = self.config.embed_dim;
+                let strides = [kvs.seq * 2 * e, 2 * e, kvs.head_dim, 1];
+                Ok([
+                    TensorView::contiguous(TensorName::Query, q, qs)?,
+                    TensorView::strided(TensorName::Key, kv, kvs, strides)?,
+                    TensorView::strided(TensorName::Value, &kv[e.min(kv.len())..], kvs, strides)?,
+                ])
+            }
+        }
+    }
+
+    fn finish_forward(
+        &self,
+        qs: Shape4,
+        kvs: Shape4,
+        inputs: Inputs<F>,
+        projected: Projected<F>,
+        mode: Mode,
+    ) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        let rows = qs.batch * qs.seq;
+        let mut attn = vec![F::zero(); qs.numel()];
+        let mut lse = vec![0f32; qs.lse_len()];
+        {
+            let [q, k, v] = self.views(&projected, qs, kvs)?;
+            let mut out = TensorViewMut::contiguous(TensorName::Output, &mut attn, qs)?;
+            self.backend.forward(&self.dilated, q, k, v, &mut out, &mut lse)?;
+        }
+        let mask = dropout_mask(mode, self.config.dropout, ATTN_DROPOUT_SITE, attn.len());
+        let (pre_out, norm_stats) = match &self.weights.norm {
+            Some(norm) => {
+                let (y, st) = norm.forward(&apply_mask(&attn, mask.as_deref()))?;
+                (y, Some(st))
+            }
+            None => (apply_mask(&attn, mask.as_deref()), None),
+        };
+        let y = self.weights.out_proj.forward(&pre_out, rows)?;
+        let cache =
+            MultiheadCache { q_shape: qs, kv_shape: kvs, inputs, projected, attn, lse, mask, norm_stats, pre_out };
+        Ok((y, cache))
+    }
+
+    /// Gradients of `sum(out * grad_out)`: accumulates every weight gradient into
+    /// `grads` (same layout as the weights) and returns the input gradients.
+    pub fn backward(
+        &self,
+        cache: &MultiheadCache<F>,
+        grad_out: &[F],
+        grads: &mut MultiheadWeights<F>,
+    ) -> Result<InputGrads<F>> {
+        let (qs, kvs) = (cache.q_shape, cache.kv_shape);
+        let e = self.config.embed_dim;
+        let rows = qs.batch * qs.seq;
+        let kv_rows = kvs.batch * kvs.seq;
+        check_input("grad_out", grad_out, qs.batch, qs.seq, e)?;
+        if grads.embed_dim != e || grads.norm.is_some() != self.weights.norm.is_some() {
+            return Err(AttnError::InvalidArgument("gradient accumulator does not match the layer".into()));
+        }
+        // Output projection, sub-LN, dropout.
+        let d_pre = self.weights.out_proj.backward(&cache.pre_out, rows, grad_out, &mut grads.out_proj)?;
+        let mut d_attn = match (&self.weights.norm, &cache.norm_stats, &mut grads.norm) {
+            (Some(norm), Some(st), Some(gn)) => {
+                norm.backward(&apply_mask(&cache.attn, cache.mask.as_deref()), st, &d_pre, gn)?
+            }
+            _ => d_pre,
+        };
+        if let Some(m) = &cache.mask {
+            d_attn.iter_mut().zip(m).for_each(|(g, &k)| *g *= k);
+        }
+        // Attention.
+        let mut dq = vec![F::zero(); qs.numel()];
+        let mut dk = vec![F::zero(); kvs.numel()];
+        let mut dv = vec![F::zero(); kvs.numel()];
+        {
+            let [q, k, v] = self.views(&cache.projected, qs, kvs)?;
+            let out = TensorView::contiguous(TensorName::Output, &cache.attn, qs)?;
+            let go = TensorView::contiguous(TensorName::GradOutput, &d_attn, qs)?;
+            let mut dqv = TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, qs)?;
+            let mut dkv = TensorViewMut::contiguous(TensorName::GradKey, &mut dk, kvs)?;
+            let mut dvv = TensorViewMut::contiguous(TensorName::GradValue, &mut dv, kvs)?;
+            self.backend.backward(&self.dilated, q, k, v, out, &cache.lse, go, &mut dqv, &mut dkv, &mut dvv)?;
+        }
+        // Input projections: weight rows i*E..(i+1)*E belong to q, k, v.
+        let w = &self.weights.in_proj.weight;
+        let g = &mut grads.in_proj;
+        let mut gb: Vec<Option<&mut [F]>> = match &mut g.bias {
+            Some(b) => b.chunks_mut(e).map(Some).collect(),
+            None => vec![None, None, None],
+        };
+        let grads_out = [(&dq, rows), (&dk, kv_rows), (&dv, kv_rows)];
+        let inputs: [&[F]; 3] = match &cache.inputs {
+            Inputs::SelfAttn(x) => [x, x, x],
+            Inputs::Cross { query, key, value } => [query, key, value],
+        };
+        for (i, (gw, (dy, r))) in g.weight.chunks_mut(e * e).zip(grads_out).enumerate() {
+            linear_backward_params(dy, e, r, inputs[i], e, e, gw, gb[i].take())?;
+        }
+        let wpart = |i: usize| &w[i * e * e..(i + 1) * e * e];
+        match &cache.inputs {
+            Inputs::SelfAttn(_) => {
+                let mut dx = vec![F::zero(); rows * e];
+                for (i, (dy, r)) in grads_out.iter().enumerate() {
+                    linear_backward_input(dy, e, *r, wpart(i), e, e, &mut dx, i > 0)?;
+                }
+                Ok(InputGrads { query: dx, key: None, value: None })
+            }
+            Inputs::Cross { .. } => {
+                let mut out = [vec![F::zero(); rows * e], vec![F::zero(); kv_rows * e], vec![F::zero(); kv_rows * e]];
+                for (i, ((dy, r), dx)) in grads_out.iter().zip(out.iter_mut()).enumerate() {
+                    linear_backward_input(dy, e, *r, wpart(i), e, e, dx, false)?;
+                }
+                let [query, key, value] = out;
+                Ok(InputGrads { query, key: Some(key), value: Some(value) })
+            }
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! LayerNorm over the last dimension (`nn.LayerNorm` with affine weight and bias), forward and backward.
+
+use attn_core::{AttnError, Result};
+use rayon::prelude::*;
+
+use crate::float::LayerFloat;
+
+/// Rows per rayon task.
+const ROWS_PER_TASK: usize = 256;
+
+/// `nn.LayerNorm(dim, eps)` with affine parameters (`weight` init 1, `bias` init 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerNorm<F> {
+    pub dim: usize,
+    pub eps: f64,
+    pub weight: Vec<F>,
+    pub bias: Vec<F>,
+}
+
+/// Per-row mean and reciprocal standard deviation saved by the forward pass.
+#[derive(Debug, Clone)]
+pub struct NormStats<F> {
+    pub mean: Vec<F>,
+    pub rstd: Vec<F>,
+}
+
+impl<F: LayerFloat> LayerNorm<F> {
+    pub fn new(dim: usize, eps: f64) -> Self {
+        LayerNorm { dim, eps, weight: vec![F::one(); dim], bias: vec![F::zero(); dim] }
+    }
+
+    /// All-zero parameters of the same shape (a gradient accumulator).
+    pub fn zeros_like(&self) -> Self {
+        LayerNorm { dim: self.dim, eps: self.eps, weight: vec![F::zero(); self.dim], bias: vec![F::zero(); self.dim] }
+    }
+
+    fn check(&self, len: usize) -> Result<usize> {
+        if self.dim == 0 || len % self.dim != 0 || self.weight.len() != self.dim || self.bias.len() != self.dim {
+            return Err(AttnError::InvalidArgument(format!(
+                "layer norm over {} features got a buffer of {len} elements",
+                self.dim
+            )));
+        }
+        Ok(len / self.dim)
+    }
+
+    /// Normalise every row of `x` (`[rows, dim]`); returns the output and the statistics.
+    pub fn forward(&self, x: &[F]) -> Result<(Vec<F>, NormStats<F>)> {
+        let rows = self.check(x.len())?;
+        let d = self.dim;
+        let mut y = vec![F::zero(); x.len()];
+        let mut mean = vec![F::zero(); rows];
+        let mut rstd = vec![F::zero(); rows];
+        let eps = F::of(self.eps);
+        let inv_d = F::of(1.0 / d as f64);
+        y.par_chunks_mut(d * ROWS_PER_TASK)
+            .zip(x.par_chunks(d * ROWS_PER_TASK))
+            .zip(mean.par_chunks_mut(ROWS_PER_TASK).zip(rstd.par_chunks_mut(ROWS_PER_TASK)))
+            .for_each(|((yc, xc), (mc, rc))| {
+                for (((yr, xr), m), rs) in yc.chunks_mut(d).zip(xc.chunks(d)).zip(mc).zip(rc) {
+                    let mu = xr.iter().copied().sum::<F>() * inv_d;
+                    let var = xr.iter().map(|&v| (v - mu) * (v - mu)).sum::<F>() * inv_d;
+                    let r = F::one() / (var + eps).sqrt();
+                    for (((yo, &xv), &w), &b) in yr.iter_mut().zip(xr).zip(&self.weight).zip(&self.bias) {
+                        *yo = (xv - mu) * r * w + b;
+                    }
+                    *m = mu;
+                    *rs = r;
+                }
+            });
+        Ok((y, NormStats { mean, rstd }))
+    }
+
+    /// Gradient of the input; accumulates the weight and bias gradients into `grads`.
+    pub fn backward(&self, x: &[F], stats: &NormStats<F>, dy: &[F], grads: &mut LayerNorm<F>) -> Result<Vec<F>> {
+        let rows = self.check(x.len())?;
+        if dy.len() != x.len() || stats.mean.len() != rows || stats.rstd.len() != rows {
+            return Err(AttnError::InvalidArgument("layer norm backward: buffers disagree".into()));
+        }
+        let d = self.dim;
+        let inv_d = F::of(1.0 / d as f64);
+        let mut dx = vec![F::zero(); x.len()];
+        for r in 0..rows {
+            let (xr, dyr) = (&x[r * d..(r + 1) * d], &dy[r * d..(r + 1) * d]);
+            let (mu, rs) = (stats.mean[r], stats.rstd[r]);
+            let mut sum_g = F::zero();
+            let mut sum_gx = F::zero();
+            for i in 0..d {
+                let xhat = (xr[i] - mu) * rs;
+                let g = dyr[i] * self.weight[i];
+                sum_g += g;
+                sum_gx += g * xhat;
+                grads.weight[i] += dyr[i] * xhat;
+                grads.bias[i] += dyr[i];
+            }
+            let (mg, mgx) = (sum_g * inv_d, sum_gx * inv_d);
+            for i in 0..d {
+                let xhat = (xr[i] - mu) * rs;
+                dx[r * d + i] = rs * (dyr[i] * self.weight[i] - mg - xhat * mgx);
+            }
+        }
+        Ok(dx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::init::SeededRng;
+
+    #[test]
+    fn normalises_and_gradients_match_finite_differences() {
+        let mut rng = SeededRng::new(11);
+        let mut ln = LayerNorm::<f64>::new(5, 1e-5);
+        ln.weight.iter_mut().for_each(|w| *w = 1.0 + 0.3 * rng.normal());
+        ln.bias.iter_mut().for_each(|b| *b = 0.3 * rng.normal());
+        let x: Vec<f64> = (0..15).map(|_| rng.normal()).collect();
+        let dy: Vec<f64> = (0..15).map(|_| rng.normal()).collect();
+        let plain = LayerNorm::<f64>::new(5, 1e-5);
+        let (y, _) = plain.forward(&x).unwrap();
+        for r in y.chunks(5) {
+            let m = r.iter().sum::<f64>() / 5.0;
+            let v = r.iter().map(|a| (a - m).powi(2)).sum::<f64>() / 5.0;
+            assert!(m.abs() < 1e-12 && (v - 1.0).abs() < 1e-4);
+        }
+        let loss = |ln: &LayerNorm<f64>, x: &[f64]| -> f64 {
+            ln.forward(x).unwrap().0.iter().zip(&dy).map(|(a, b)| a * b).sum()
+        };
+        let (_, st) = ln.forward(&x).unwrap();
+        let mut g = ln.zeros_like();
+        let dx = ln.backward(&x, &st, &dy, &mut g).unwrap();
+        let h = 1e-6;
+        for i in 0..15 {
+            let (mut xp, mut xm) = (x.clone(), x.clone());
+            xp[i] += h;
+            xm[i] -= h;
+            let fd = (loss(&ln, &xp) - loss(&ln, &xm)) / (2.0 * h);
+            assert!((fd - dx[i]).abs() < 1e-7, "dx[{i}] {fd} vs {}", dx[i]);
+        }
+        for i in 0..5 {
+            let (mut p, mut m) = (ln.clone(), ln.clone());
+            p.weight[i] += h;
+            m.weight[i] -= h;
+            let fd = (loss(&p, &x) - loss(&m, &x)) / (2.0 * h);
+            assert!((fd - g.weight[i]).abs() < 1e-7);
+            let (mut p, mut m) = (ln.clone(), ln.clone());
+            p.bias[i] += h;
+            m.bias[i] -= h;
+            let fd = (loss(&p, &x) - loss(&m, &x)) / (2.0 * h);
+            assert!((fd - g.bias[i]).abs() < 1e-7);
+        }
+        assert!(LayerNorm::<f64>::new(4, 1e-5).forward(&x).is_err());
+    }
+}

@@ -1,0 +1,180 @@
+//! Linear projections (`nn.Linear`: `y = x W^T + b`, `W: [out, in]`) and their gradients, as GEMMs.
+
+use attn_core::{AttnError, Result};
+
+use crate::float::LayerFloat;
+use crate::init::{SeededRng, xavier_normal};
+use crate::matmul::{Mat, matmul};
+
+fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got < want {
+        return Err(AttnError::InvalidArgument(format!("{what}: buffer of {got} elements, {want} needed")));
+    }
+    Ok(())
+}
+
+/// `y[r, ..out] = x[r] W^T + b` for `rows` rows of `x` (`[rows, in]` contiguous); rows
+/// of `y` are `y_rs` apart, so the output can be a slice of a fused buffer.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_forward<F: LayerFloat>(
+    x: &[F],
+    rows: usize,
+    in_dim: usize,
+    weight: &[F],
+    bias: Option<&[F]>,
+    out_dim: usize,
+    y: &mut [F],
+    y_rs: usize,
+) -> Result<()> {
+    check_len("linear input", x.len(), rows * in_dim)?;
+    check_len("linear weight", weight.len(), out_dim * in_dim)?;
+    if rows > 0 {
+        check_len("linear output", y.len(), (rows - 1) * y_rs + out_dim)?;
+    }
+    if let Some(b) = bias {
+        check_len("linear bias", b.len(), out_dim)?;
+        for r in 0..rows {
+            y[r * y_rs..r * y_rs + out_dim].copy_from_slice(&b[..out_dim]);
+        }
+    }
+    matmul(
+        y,
+        y_rs,
+        bias.is_some(),
+        Mat::rows(x, rows, in_dim, in_dim),
+        Mat::transposed(weight, out_dim, in_dim, in_dim),
+    )
+}
+
+/// `dx (+)= dy W` where `dy` is `[rows, out]` with row stride `dy_rs`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_backward_input<F: LayerFloat>(
+    dy: &[F],
+    dy_rs: usize,
+    rows: usize,
+    weight: &[F],
+    out_dim: usize,
+    in_dim: usize,
+    dx: &mut [F],
+    accumulate: bool,
+) -> Result<()> {
+    check_len("linear grad input", dx.len(), rows * in_dim)?;
+    matmul(dx, in_dim, accumulate, Mat::rows(dy, rows, out_dim, dy_rs), Mat::rows(weight, out_dim, in_dim, in_dim))
+}
+
+/// `dW += dy^T x` and `db += sum_rows dy`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_backward_params<F: LayerFloat>(
+    dy: &[F],
+    dy_rs: usize,
+    rows: usize,
+    x: &[F],
+    in_dim: usize,
+    out_dim: usize,
+    dweight: &mut [F],
+    dbias: Option<&mut [F]>,
+) -> Result<()> {
+    check_len("linear grad weight", dweight.len(), out_dim * in_dim)?;
+    matmul(dweight, in_dim, true, Mat::transposed(dy, rows, out_dim, dy_rs), Mat::rows(x, rows, in_dim, in_dim))?;
+    if let Some(db) = dbias {
+        check_len("linear grad bias", db.len(), out_dim)?;
+        for r in 0..rows {
+            for (d, g) in db.iter_mut().zip(&dy[r * dy_rs..r * dy_rs + out_dim]) {
+                *d += *g;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An `nn.Linear`: `weight [out, in]`, optional `bias [out]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Linear<F> {
+    pub in_dim: usize,
+    pub out_dim: usize,
+    pub weight: Vec<F>,
+    pub bias: Option<Vec<F>>,
+}
+
+impl<F: LayerFloat> Linear<F> {
+    /// Xavier-normal weight with `gain`, zero bias (MAGNETO / library init).
+    pub fn xavier(rng: &mut SeededRng, in_dim: usize, out_dim: usize, gain: f64, bias: bool) -> Self {
+        Linear {
+            in_dim,
+            out_dim,
+            weight: xavier_normal(rng, out_dim, in_dim, gain),
+            bias: bias.then(|| vec![F::zero(); out_dim]),
+        }
+    }
+    /// All-zero parameters of the same shape (a gradient accumulator).
+    pub fn zeros_like(&self) -> Self {
+        Linear {
+            in_dim: self.in_dim,
+            out_dim: self.out_dim,
+            weight: vec![F::zero(); self.weight.len()],
+            bias: self.bias.as_ref().map(|b| vec![F::zero(); b.len()]),
+        }
+    }
+    /// `y = x W^T + b` for `x: [rows, in]`.
+    pub fn forward(&self, x: &[F], rows: usize) -> Result<Vec<F>> {
+        let mut y = vec![F::zero(); rows * self.out_dim];
+        linear_forward(x, rows, self.in_dim, &self.weight, self.bias.as_deref(), self.out_dim, &mut y, self.out_dim)?;
+        Ok(y)
+    }
+    /// Accumulate parameter gradients into `grads` and return `dx`.
+    pub fn backward(&self, x: &[F], rows: usize, dy: &[F], grads: &mut Linear<F>) -> Result<Vec<F>> {
+        check_len("linear grad output", dy.len(), rows * self.out_dim)?;
+        linear_backward_params(
+            dy,
+            self.out_dim,
+            rows,
+            x,
+            self.in_dim,
+            self.out_dim,
+            &mut grads.weight,
+            grads.bias.as_deref_mut(),
+        )?;
+        let mut dx = vec![F::zero(); rows * self.in_dim];
+        linear_backward_input(dy, self.out_dim, rows, &self.weight, self.out_dim, self.in_dim, &mut dx, false)?;
+        Ok(dx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_matches_definition_and_its_gradients() {
+        let mut rng = SeededRng::new(3);
+        let lin: Linear<f64> = Linear {
+            bias: Some((0..3).map(|i| i as f64 * 0.5).collect()),
+            ..Linear::xavier(&mut rng, 4, 3, 1.0, true)
+        };
+        let x: Vec<f64> = (0..8).map(|_| rng.normal()).collect();
+        let y = lin.forward(&x, 2).unwrap();
+        for r in 0..2 {
+            for o in 0..3 {
+                let want: f64 =
+                    (0..4).map(|i| x[r * 4 + i] * lin.weight[o * 4 + i]).sum::<f64>() + lin.bias.as_ref().unwrap()[o];
+                assert!((y[r * 3 + o] - want).abs() < 1e-12);
+            }
+        }
+        let dy: Vec<f64> = (0..6).map(|_| rng.normal()).collect();
+        let mut g = lin.zeros_like();
+        let dx = lin.backward(&x, 2, &dy, &mut g).unwrap();
+        for r in 0..2 {
+            for i in 0..4 {
+                let want: f64 = (0..3).map(|o| dy[r * 3 + o] * lin.weight[o * 4 + i]).sum();
+                assert!((dx[r * 4 + i] - want).abs() < 1e-12);
+            }
+        }
+        for o in 0..3 {
+            for i in 0..4 {
+                let want: f64 = (0..2).map(|r| dy[r * 3 + o] * x[r * 4 + i]).sum();
+                assert!((g.weight[o * 4 + i] - want).abs() < 1e-12);
+            }
+            assert!((g.bias.as_ref().unwrap()[o] - (dy[o] + dy[3 + o])).abs() < 1e-12);
+        }
+    }
+}

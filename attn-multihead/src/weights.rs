@@ -1,0 +1,156 @@
+//! Parameter containers with PyTorch names: `MultiheadWeights` and the `NamedParams` walk used for I/O and checks.
+
+use crate::config::MultiheadConfig;
+use crate::float::LayerFloat;
+use crate::init::SeededRng;
+use crate::layer_norm::LayerNorm;
+use crate::projection::Linear;
+
+/// One named parameter tensor (read-only).
+#[derive(Debug)]
+pub struct Param<'a, F> {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: &'a [F],
+}
+
+/// One named parameter tensor (mutable).
+#[derive(Debug)]
+pub struct ParamMut<'a, F> {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: &'a mut [F],
+}
+
+/// A module whose parameters have PyTorch `state_dict` names.
+///
+/// Both walks list the same names in the same order. A gradient container has the
+/// same type as its module, so `grads.params()` lines up with `module.params()`.
+pub trait NamedParams<F> {
+    fn params_with_prefix<'a>(&'a self, prefix: &str, out: &mut Vec<Param<'a, F>>);
+    fn params_mut_with_prefix<'a>(&'a mut self, prefix: &str, out: &mut Vec<ParamMut<'a, F>>);
+
+    /// All parameters, in a fixed order.
+    fn params(&self) -> Vec<Param<'_, F>> {
+        let mut v = Vec::new();
+        self.params_with_prefix("", &mut v);
+        v
+    }
+    /// All parameters, mutable, in the same order as [`NamedParams::params`].
+    fn params_mut(&mut self) -> Vec<ParamMut<'_, F>> {
+        let mut v = Vec::new();
+        self.params_mut_with_prefix("", &mut v);
+        v
+    }
+    /// Total number of scalars.
+    fn num_params(&self) -> usize {
+        self.params().iter().map(|p| p.data.len()).sum()
+    }
+}
+
+impl<F> NamedParams<F> for Linear<F> {
+    fn params_with_prefix<'a>(&'a self, prefix: &str, out: &mut Vec<Param<'a, F>>) {
+        out.push(Param { name: format!("{prefix}weight"), shape: vec![self.out_dim, self.in_dim], data: &self.weight });
+        if let Some(b) = &self.bias {
+            out.push(Param { name: format!("{prefix}bias"), shape: vec![self.out_dim], data: b });
+        }
+    }
+    fn params_mut_with_prefix<'a>(&'a mut self, prefix: &str, out: &mut Vec<ParamMut<'a, F>>) {
+        let shape = vec![self.out_dim, self.in_dim];
+        out.push(ParamMut { name: format!("{prefix}weight"), shape, data: &mut self.weight });
+        if let Some(b) = &mut self.bias {
+            out.push(ParamMut { name: format!("{prefix}bias"), shape: vec![self.out_dim], data: b });
+        }
+    }
+}
+
+impl<F> NamedParams<F> for LayerNorm<F> {
+    fn params_with_prefix<'a>(&'a self, prefix: &str, out: &mut Vec<Param<'a, F>>) {
+        out.push(Param { name: format!("{prefix}weight"), shape: vec![self.dim], data: &self.weight });
+        out.push(Param { name: format!("{prefix}bias"), shape: vec![self.dim], data: &self.bias });
+    }
+    fn params_mut_with_prefix<'a>(&'a mut self, prefix: &str, out: &mut Vec<ParamMut<'a, F>>) {
+        out.push(ParamMut { name: format!("{prefix}weight"), shape: vec![self.dim], data: &mut self.weight });
+        out.push(ParamMut { name: format!("{prefix}bias"), shape: vec![self.dim], data: &mut self.bias });
+    }
+}
+
+/// Weights of one `MultiheadDilatedAttention`.
+///
+/// The q, k and v projections are stored stacked in `in_proj` (`[3E, E]`, rows
+/// `0..E` are `q_proj.weight`, then k, then v; same for the biases) so that self-
+/// attention projects with ONE GEMM into a `[batch, seq, 3, heads, head_dim]` buffer.
+/// Names on disk stay PyTorch's: `q_proj.weight`, `k_proj.bias`, ...
+#[derive(Debug, Clone, PartialEq)]
+pub struct MultiheadWeights<F> {
+    pub embed_dim: usize,
+    pub in_proj: Linear<F>,
+    pub out_proj: Linear<F>,
+    pub norm: Option<LayerNorm<F>>,
+}
+
+const QKV: [&str; 3] = ["q_proj.", "k_proj.", "v_proj."];
+
+impl<F: LayerFloat> MultiheadWeights<F> {
+    /// MAGNETO init (SPEC.md): xavier-normal gain 1 for q and k, `gamma_init` for v and
+    /// out, zero biases, LayerNorm weight 1 and bias 0.
+    pub fn magneto(cfg: &MultiheadConfig, seed: u64) -> Self {
+        let e = cfg.embed_dim;
+        let mut rng = SeededRng::new(seed);
+        let q = Linear::<F>::xavier(&mut rng, e, e, 1.0, cfg.bias);
+        let k = Linear::<F>::xavier(&mut rng, e, e, 1.0, cfg.bias);
+        let v = Linear::<F>::xavier(&mut rng, e, e, cfg.gamma_init, cfg.bias);
+        let out_proj = Linear::xavier(&mut rng, e, e, cfg.gamma_init, cfg.bias);
+        let weight = [q.weight, k.weight, v.weight].concat();
+        let bias = cfg.bias.then(|| vec![F::zero(); 3 * e]);
+        MultiheadWeights {
+            embed_dim: e,
+            in_proj: Linear { in_dim: e, out_dim: 3 * e, weight, bias },
+            out_proj,
+            norm: cfg.layer_norm.then(|| LayerNorm::new(e, cfg.layer_norm_eps)),
+        }
+    }
+
+    /// All-zero weights of the same layout (a gradient accumulator).
+    pub fn zeros_like(&self) -> Self {
+        MultiheadWeights {
+            embed_dim: self.embed_dim,
+            in_proj: self.in_proj.zeros_like(),
+            out_proj: self.out_proj.zeros_like(),
+            norm: self.norm.as_ref().map(LayerNorm::zeros_like),
+        }
+    }
+}
+
+impl<F> NamedParams<F> for MultiheadWeights<F> {
+    fn params_with_prefix<'a>(&'a self, prefix: &str, out: &mut Vec<Param<'a, F>>) {
+        let e = self.embed_dim;
+        for (i, part) in self.in_proj.weight.chunks(e * e).enumerate().take(3) {
+            out.push(Param { name: format!("{prefix}{}weight", QKV[i]), shape: vec![e, e], data: part });
+            if let Some(b) = &self.in_proj.bias {
+                out.push(Param { name: format!("{prefix}{}bias", QKV[i]), shape: vec![e], data: &b[i * e..][..e] });
+            }
+        }
+        if let Some(n) = &self.norm {
+            n.params_with_prefix(&format!("{prefix}norm."), out);
+        }
+        self.out_proj.params_with_prefix(&format!("{prefix}out_proj."), out);
+    }
+    fn params_mut_with_prefix<'a>(&'a mut self, prefix: &str, out: &mut Vec<ParamMut<'a, F>>) {
+        let e = self.embed_dim;
+        let mut biases: Vec<Option<&'a mut [F]>> = match &mut self.in_proj.bias {
+            Some(b) => b.chunks_mut(e.max(1)).map(Some).collect(),
+            None => vec![None, None, None],
+        };
+        for (i, part) in self.in_proj.weight.chunks_mut((e * e).max(1)).enumerate().take(3) {
+            out.push(ParamMut { name: format!("{prefix}{}weight", QKV[i]), shape: vec![e, e], data: part });
+            if let Some(b) = biases.get_mut(i).and_then(Option::take) {
+                out.push(ParamMut { name: format!("{prefix}{}bias", QKV[i]), shape: vec![e], data: b });
+            }
+        }
+        if let Some(n) = &mut self.norm {
+            n.params_mut_with_prefix(&format!("{prefix}norm."), out);
+        }
+        self.out_proj.params_mut_with_prefix(&format!("{prefix}out_proj."), out);
+    }
+}
