@@ -1,1 +1,35 @@
-//! stub
+//! Sequence parallelism for dilated attention: the sequence is split over `p`
+//! ranks (contiguous or zigzag, any length) and each rank computes exactly the
+//! rows the single-device function would, by exchanging only the selected k/v
+//! rows of segments that span ranks (ring pass or direct all-gather), with an
+//! exact backward whose dk/dv travel back to their owners.
+//!
+//! Communication goes through the [`Communicator`] trait: [`ThreadComm`]
+//! (in-process ranks), `MpiComm` (feature `mpi`) and [`NcclComm`] (feature
+//! `nccl`); [`FaultyComm`] injects faults. Every message is framed (sequence,
+//! length, checksum) and every receive has a timeout, so a fault is a typed
+//! error on every live rank, never a wrong answer or a hang.
+#![forbid(unsafe_code)]
+
+mod backward;
+mod block_math;
+pub mod comm;
+mod entry;
+mod forward;
+mod handshake;
+mod in_process;
+pub mod layout;
+mod local;
+pub mod plan;
+mod wire;
+
+pub use backward::{BackwardOutputs, ring_backward};
+pub use comm::{CommStats, Communicator, Fault, FaultyComm, NcclComm, ThreadComm};
+pub use entry::RingStats;
+pub use forward::ring_forward;
+pub use in_process::{
+    BackwardResult, ForwardResult, RankForward, forward_on, local_rows, problem_for, run_in_process,
+    run_in_process_backward, run_in_process_with_timeout,
+};
+pub use layout::Layout;
+pub use plan::{PatternStrategy, Plan, RingProblem, Strategy, expected_bytes};

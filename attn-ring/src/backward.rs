@@ -1,0 +1,286 @@
+//! Distributed exact backward: k/v blocks travel as in the forward, each rank adds
+//! its share of dk/dv to the visiting block, and the dk/dv partials travel on and
+//! then home to the owner (ring) or straight back (all-gather).
+
+use attn_core::error::TensorName;
+use attn_core::{Element, Result, TensorView, TensorViewMut};
+
+use crate::block_math::{GradRows, KeyBlock, attend_backward};
+use crate::comm::Communicator;
+use crate::entry::{Prepared, RingStats, check_out, finish, prepare};
+use crate::forward::{Partial, Selection, all_pairs, forward_core, own_keys, restep};
+use crate::local::{Block, Local, mask_of, split_heads};
+use crate::plan::{PatternHead, Plan, RingProblem};
+use crate::wire::{MsgKind, Reader, begin, put_f32s};
+
+/// dq, dk, dv per (batch, head), `[rows, d]` each.
+#[derive(Debug)]
+pub(crate) struct Grads {
+    pub dq: Vec<Vec<f32>>,
+    pub dk: Vec<Vec<f32>>,
+    pub dv: Vec<Vec<f32>>,
+}
+
+/// dk/dv of one block, per (batch, pair) like [`Block`].
+#[derive(Debug)]
+struct BlockGrads {
+    dk: Vec<Vec<f32>>,
+    dv: Vec<Vec<f32>>,
+}
+
+impl BlockGrads {
+    fn zeros(blk: &Block, d: usize, batch: usize) -> Self {
+        let sizes: Vec<usize> = (0..batch).flat_map(|_| blk.pos.iter().map(|p| p.len() * d)).collect();
+        BlockGrads {
+            dk: sizes.iter().map(|&n| vec![0.0; n]).collect(),
+            dv: sizes.iter().map(|&n| vec![0.0; n]).collect(),
+        }
+    }
+
+    fn encode(&self, kind: MsgKind, owner: usize, step: usize) -> Vec<u8> {
+        let n = self.dk.iter().map(Vec::len).sum::<usize>() * 8;
+        let mut out = begin(kind, owner, step, n);
+        for (k, v) in self.dk.iter().zip(&self.dv) {
+            put_f32s(&mut out, k);
+            put_f32s(&mut out, v);
+        }
+        out
+    }
+
+    /// Add a received message's dk/dv into these.
+    fn add_from(&mut self, bytes: &[u8], kind: MsgKind, owner: usize, step: usize, rank: usize) -> Result<()> {
+        let mut rd = Reader::open(bytes, kind, owner, step, rank)?;
+        let mut buf = Vec::new();
+        for (k, v) in self.dk.iter_mut().zip(self.dv.iter_mut()) {
+            for dst in [k, v] {
+                buf.clear();
+                rd.f32s(dst.len(), &mut buf)?;
+                dst.iter_mut().zip(&buf).for_each(|(a, b)| *a += b);
+            }
+        }
+        rd.finish()
+    }
+}
+
+fn scatter_add(dst: &mut [f32], idx: &[usize], src: &[f32], d: usize) {
+    for (n, &j) in idx.iter().enumerate() {
+        dst[j * d..(j + 1) * d].iter_mut().zip(&src[n * d..(n + 1) * d]).for_each(|(a, b)| *a += b);
+    }
+}
+
+struct Ctx<'a> {
+    plan: &'a Plan,
+    local: &'a Local,
+    lse: &'a [Vec<f32>],
+    g: Vec<Vec<f32>>,
+    delta: Vec<Vec<f32>>,
+}
+
+impl Ctx<'_> {
+    fn grad_rows(&self, bh: usize) -> GradRows<'_> {
+        GradRows { lse: &self.lse[bh], g: &self.g[bh], delta: &self.delta[bh] }
+    }
+
+    /// This rank's share of the gradients of `blk`; dq accumulates in place.
+    fn block_backward(&self, sel: &mut Selection, pairs: &[PatternHead], blk: &Block, dq: &mut [Vec<f32>]) -> BlockGrads {
+        let local = self.local;
+        let mut bg = BlockGrads::zeros(blk, local.d, local.batch);
+        for (i, ph) in pairs.iter().enumerate() {
+            let s = sel.get(local, ph).to_vec();
+            for b in 0..local.batch {
+                let bh = local.bh(b, ph.head);
+                let j = b * pairs.len() + i;
+                let m = mask_of(self.plan, ph);
+                let (dk, dv) = (&mut bg.dk[j], &mut bg.dv[j]);
+                attend_backward(local.q_rows(bh), &s, blk.keys(b, i), m, self.grad_rows(bh), &mut dq[bh], dk, dv);
+            }
+        }
+        bg
+    }
+
+    /// Add a block's dk/dv into this rank's own rows at the block's positions.
+    fn scatter_home(&self, pairs: &[PatternHead], pos: &[Vec<usize>], bg: &BlockGrads, grads: &mut Grads) {
+        let local = self.local;
+        for (i, ph) in pairs.iter().enumerate() {
+            let idx = local.indices(&pos[i]);
+            for b in 0..local.batch {
+                let (bh, j) = (local.bh(b, ph.head), b * pairs.len() + i);
+                scatter_add(&mut grads.dk[bh], &idx, &bg.dk[j], local.d);
+                scatter_add(&mut grads.dv[bh], &idx, &bg.dv[j], local.d);
+            }
+        }
+    }
+}
+
+/// The backward on this rank, given the forward's output and lse.
+pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
+    comm: &mut C,
+    plan: &Plan,
+    local: &Local,
+    fwd: &Partial,
+    grad_out: &[Vec<f32>],
+) -> Result<Grads> {
+    let (r, p) = (comm.rank(), plan.problem.world);
+    let (nl, d, batch) = (local.rows(), local.d, local.batch);
+    let pr = &plan.problem;
+    let mut g = Vec::with_capacity(grad_out.len());
+    let mut delta = Vec::with_capacity(grad_out.len());
+    for b in 0..batch {
+        for head in 0..local.heads {
+            let bh = local.bh(b, head);
+            let s = pr.cfg.head_patterns(pr.heads, head).out_scale as f32;
+            g.push(grad_out[bh].iter().map(|x| x * s).collect::<Vec<f32>>());
+            delta.push(
+                (0..nl)
+                    .map(|i| {
+                        let (a, o) = (&grad_out[bh][i * d..(i + 1) * d], &fwd.o[bh][i * d..(i + 1) * d]);
+                        a.iter().zip(o).map(|(x, y)| x * y).sum::<f32>()
+                    })
+                    .collect::<Vec<f32>>(),
+            );
+        }
+    }
+    let ctx = Ctx { plan, local, lse: &fwd.lse, g, delta };
+    let zeros = || vec![vec![0.0f32; nl * d]; batch * local.heads];
+    let mut grads = Grads { dq: zeros(), dk: zeros(), dv: zeros() };
+    let mut sel = Selection::default();
+
+    // All-gather patterns: k/v out, dk/dv back.
+    let gh = &plan.gather_heads;
+    let dests: Vec<usize> = (0..p).filter(|&x| plan.gather_need(r, x)).collect();
+    let sends = dests
+        .iter()
+        .map(|&x| {
+            let pos = gh.iter().map(|ph| plan.gather_positions(r, x, ph)).collect();
+            (x, Block::from_local(local, gh, pos).encode::<T>(MsgKind::GatherKv, r, 0))
+        })
+        .collect();
+    let srcs: Vec<usize> = (0..p).filter(|&x| plan.gather_need(x, r)).collect();
+    let gathered = comm.exchange(sends, &srcs)?;
+    let mut back = Vec::with_capacity(srcs.len());
+    for (&src, bytes) in srcs.iter().zip(gathered) {
+        let pos = gh.iter().map(|ph| plan.gather_positions(src, r, ph)).collect();
+        let blk = Block::decode::<T>(&bytes, MsgKind::GatherKv, src, 0, r, batch, d, pos)?;
+        let bg = ctx.block_backward(&mut sel, gh, &blk, &mut grads.dq);
+        back.push((src, bg.encode(MsgKind::GatherGrad, src, 0)));
+    }
+    let returned = comm.exchange(back, &dests)?;
+    for (&x, bytes) in dests.iter().zip(returned) {
+        let pos: Vec<Vec<usize>> = gh.iter().map(|ph| plan.gather_positions(r, x, ph)).collect();
+        let shape = Block { pos: pos.clone(), k: Vec::new(), v: Vec::new() };
+        let mut bg = BlockGrads::zeros(&shape, d, batch);
+        bg.add_from(&bytes, MsgKind::GatherGrad, r, 0, r)?;
+        ctx.scatter_home(gh, &pos, &bg, &mut grads);
+    }
+
+    // Ring: post this rank's block before computing.
+    let rh = &plan.ring_heads;
+    if plan.hops[r] >= 1 {
+        let pos = rh.iter().map(|ph| plan.ring_positions(r, ph)).collect();
+        let blk = Block::from_local(local, rh, pos).encode::<T>(MsgKind::RingKv, r, 1);
+        comm.exchange(vec![(comm.next(), blk)], &[])?;
+    }
+
+    // Own rows, every pattern of every head.
+    for (ph, _) in all_pairs(plan) {
+        let s = sel.get(local, &ph).to_vec();
+        for b in 0..batch {
+            let bh = local.bh(b, ph.head);
+            let (pos, k, v) = own_keys(local, bh, &s);
+            let (mut dk, mut dv) = (vec![0.0; k.len()], vec![0.0; v.len()]);
+            let keys = KeyBlock { pos: &pos, k: &k, v: &v };
+            let m = mask_of(plan, &ph);
+            attend_backward(local.q_rows(bh), &s, keys, m, ctx.grad_rows(bh), &mut grads.dq[bh], &mut dk, &mut dv);
+            scatter_add(&mut grads.dk[bh], &s, &dk, d);
+            scatter_add(&mut grads.dv[bh], &s, &dv, d);
+        }
+    }
+
+    for t in 1..=plan.ring_steps() {
+        let owner = (r + p - t) % p;
+        let hops = plan.hops[owner];
+        if t > hops {
+            continue;
+        }
+        let bytes = comm.exchange(Vec::new(), &[comm.prev()])?.pop().unwrap_or_default();
+        if t < hops {
+            comm.exchange(vec![(comm.next(), restep(bytes.clone(), t + 1))], &[])?;
+        }
+        let pos = rh.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
+        let blk = Block::decode::<T>(&bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?;
+        let mut bg = if plan.ring_need(owner, r) {
+            ctx.block_backward(&mut sel, rh, &blk, &mut grads.dq)
+        } else {
+            BlockGrads::zeros(&blk, d, batch)
+        };
+        if t >= 2 {
+            let partial = comm.exchange(Vec::new(), &[comm.prev()])?.pop().unwrap_or_default();
+            bg.add_from(&partial, MsgKind::RingGrad, owner, t, r)?;
+        }
+        let msg = if t < hops {
+            (comm.next(), bg.encode(MsgKind::RingGrad, owner, t + 1))
+        } else {
+            (owner, bg.encode(MsgKind::RingGradHome, owner, t))
+        };
+        comm.exchange(vec![msg], &[])?;
+    }
+    if plan.hops[r] >= 1 {
+        let from = (r + plan.hops[r]) % p;
+        let bytes = comm.exchange(Vec::new(), &[from])?.pop().unwrap_or_default();
+        let pos: Vec<Vec<usize>> = rh.iter().map(|ph| plan.ring_positions(r, ph)).collect();
+        let shape = Block { pos: pos.clone(), k: Vec::new(), v: Vec::new() };
+        let mut bg = BlockGrads::zeros(&shape, d, batch);
+        bg.add_from(&bytes, MsgKind::RingGradHome, r, plan.hops[r], r)?;
+        ctx.scatter_home(rh, &pos, &bg, &mut grads);
+    }
+    Ok(grads)
+}
+
+/// Output, lse and gradients of one rank.
+#[derive(Debug)]
+pub struct BackwardOutputs<'a, 'b, T> {
+    pub dq: &'a mut TensorViewMut<'b, T>,
+    pub dk: &'a mut TensorViewMut<'b, T>,
+    pub dv: &'a mut TensorViewMut<'b, T>,
+}
+
+/// Exact gradients of `sum(out * grad_out)` with the sequence split over `comm`'s ranks.
+///
+/// Recomputes the forward (with the same communication), then runs the backward.
+/// Shapes and guarantees as in [`crate::ring_forward`]; `grad_out` has q's shape and
+/// `dq`, `dk`, `dv` receive this rank's rows.
+pub fn ring_backward<C: Communicator + ?Sized, T: Element>(
+    comm: &mut C,
+    problem: &RingProblem,
+    qkv: [TensorView<'_, T>; 3],
+    grad_out: TensorView<'_, T>,
+    grads: BackwardOutputs<'_, '_, T>,
+) -> Result<RingStats> {
+    let [q, k, v] = qkv;
+    let BackwardOutputs { dq, dk, dv } = grads;
+    let outs = [
+        (TensorName::GradOutput, grad_out.shape()),
+        (TensorName::GradQuery, dq.shape()),
+        (TensorName::GradKey, dk.shape()),
+        (TensorName::GradValue, dv.shape()),
+    ];
+    let extra = check_out(problem, comm.rank(), &outs, usize::MAX);
+    let Prepared { plan, local, start } = prepare(comm, "backward", problem, [&q, &k, &v], extra)?;
+    let fwd = forward_core::<C, T>(comm, &plan, &local)?;
+    let go = split_heads(&grad_out);
+    let g = backward_core::<C, T>(comm, &plan, &local, &fwd, &go)?;
+    let stats = finish(comm, start)?;
+    let d = local.d;
+    for (dst, src) in [(dq, &g.dq), (dk, &g.dk), (dv, &g.dv)] {
+        for b in 0..local.batch {
+            for head in 0..local.heads {
+                let bh = local.bh(b, head);
+                for i in 0..local.rows() {
+                    let row = dst.row_mut(b, i, head);
+                    row.iter_mut().zip(&src[bh][i * d..(i + 1) * d]).for_each(|(x, &y)| *x = T::from_f32(y));
+                }
+            }
+        }
+    }
+    Ok(stats)
+}

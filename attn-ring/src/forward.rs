@@ -1,0 +1,188 @@
+//! Distributed forward: local patterns, all-gathered blocks and ring blocks are
+//! LSE-merged into per-row accumulators; `ring_forward` is the public entry.
+
+use std::collections::HashMap;
+
+use attn_core::error::TensorName;
+use attn_core::{Element, Result, TensorView, TensorViewMut};
+
+use crate::block_math::{KeyBlock, attend_forward};
+use crate::comm::Communicator;
+use crate::entry::{Prepared, RingStats, check_out, finish, prepare};
+use crate::local::{Block, Local, mask_of};
+use crate::plan::{PatternHead, Plan, RingProblem};
+use crate::wire::{MsgKind, Reader};
+
+/// Final output (already scaled by the head's `out_scale`) and lse per (batch, head).
+#[derive(Debug)]
+pub(crate) struct Partial {
+    pub o: Vec<Vec<f32>>,
+    pub lse: Vec<Vec<f32>>,
+}
+
+/// Cache of the local rows each (pattern, offset) selects.
+#[derive(Debug, Default)]
+pub(crate) struct Selection(HashMap<(usize, usize), Vec<usize>>);
+
+impl Selection {
+    pub fn get(&mut self, local: &Local, ph: &PatternHead) -> &[usize] {
+        self.0.entry((ph.pattern, ph.pat.off)).or_insert_with(|| local.selected(ph))
+    }
+}
+
+/// Every (pattern, head) pair each head runs, with the head's out_scale.
+pub(crate) fn all_pairs(plan: &Plan) -> Vec<(PatternHead, f32)> {
+    let pr = &plan.problem;
+    (0..pr.heads)
+        .flat_map(|head| {
+            let hp = pr.cfg.head_patterns(pr.heads, head);
+            let s = hp.out_scale as f32;
+            hp.patterns.into_iter().map(move |(pattern, pat)| (PatternHead { pattern, head, pat }, s))
+        })
+        .collect()
+}
+
+/// Replace the step field of a data message header (for forwarding a block).
+pub(crate) fn restep(mut bytes: Vec<u8>, step: usize) -> Vec<u8> {
+    if bytes.len() >= 9 {
+        bytes[5..9].copy_from_slice(&(step as u32).to_le_bytes());
+    }
+    bytes
+}
+
+/// Own rows of a pair as a key block (positions, k, v).
+pub(crate) fn own_keys(local: &Local, bh: usize, sel: &[usize]) -> (Vec<usize>, Vec<f32>, Vec<f32>) {
+    let pos = sel.iter().map(|&j| local.pos[j]).collect();
+    (pos, local.gather(&local.k[bh], sel), local.gather(&local.v[bh], sel))
+}
+
+/// The forward on this rank: every message of the plan, every block merged.
+pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
+    comm: &mut C,
+    plan: &Plan,
+    local: &Local,
+) -> Result<Partial> {
+    let (r, p) = (comm.rank(), plan.problem.world);
+    let (nl, d, batch) = (local.rows(), local.d, local.batch);
+    let mut o = vec![vec![0.0f32; nl * d]; batch * local.heads];
+    let mut lse = vec![vec![f32::NEG_INFINITY; nl]; batch * local.heads];
+    let mut sel = Selection::default();
+
+    // All-gather patterns: one direct exchange with the ranks sharing segments.
+    let gh = &plan.gather_heads;
+    let sends = (0..p)
+        .filter(|&x| plan.gather_need(r, x))
+        .map(|x| {
+            let pos = gh.iter().map(|ph| plan.gather_positions(r, x, ph)).collect();
+            (x, Block::from_local(local, gh, pos).encode::<T>(MsgKind::GatherKv, r, 0))
+        })
+        .collect();
+    let srcs: Vec<usize> = (0..p).filter(|&x| plan.gather_need(x, r)).collect();
+    let gathered = comm.exchange(sends, &srcs)?;
+
+    // Ring: post this rank's block before computing anything.
+    if plan.hops[r] >= 1 {
+        let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(r, ph)).collect();
+        let blk = Block::from_local(local, &plan.ring_heads, pos).encode::<T>(MsgKind::RingKv, r, 1);
+        comm.exchange(vec![(comm.next(), blk)], &[])?;
+    }
+
+    // Own rows, every pattern of every head.
+    for (ph, _) in all_pairs(plan) {
+        let s = sel.get(local, &ph).to_vec();
+        for b in 0..batch {
+            let bh = local.bh(b, ph.head);
+            let (pos, k, v) = own_keys(local, bh, &s);
+            let keys = KeyBlock { pos: &pos, k: &k, v: &v };
+            attend_forward(local.q_rows(bh), &s, keys, mask_of(plan, &ph), &mut o[bh], &mut lse[bh]);
+        }
+    }
+
+    for (&src, bytes) in srcs.iter().zip(gathered) {
+        let pos = gh.iter().map(|ph| plan.gather_positions(src, r, ph)).collect();
+        let blk = Block::decode::<T>(&bytes, MsgKind::GatherKv, src, 0, r, batch, d, pos)?;
+        merge_block(plan, local, &mut sel, gh, &blk, &mut o, &mut lse);
+    }
+
+    for t in 1..=plan.ring_steps() {
+        let owner = (r + p - t) % p;
+        if t > plan.hops[owner] {
+            continue;
+        }
+        let bytes = comm.exchange(Vec::new(), &[comm.prev()])?.pop().unwrap_or_default();
+        if t < plan.hops[owner] {
+            comm.exchange(vec![(comm.next(), restep(bytes.clone(), t + 1))], &[])?;
+        }
+        if plan.ring_need(owner, r) {
+            let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
+            let blk = Block::decode::<T>(&bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?;
+            merge_block(plan, local, &mut sel, &plan.ring_heads, &blk, &mut o, &mut lse);
+        } else {
+            Reader::open(&bytes, MsgKind::RingKv, owner, t, r)?;
+        }
+    }
+
+    // out = out_scale * merged o.
+    let pr = &plan.problem;
+    for head in 0..local.heads {
+        let scale = pr.cfg.head_patterns(pr.heads, head).out_scale as f32;
+        for b in 0..batch {
+            o[local.bh(b, head)].iter_mut().for_each(|x| *x *= scale);
+        }
+    }
+    Ok(Partial { o, lse })
+}
+
+fn merge_block(
+    plan: &Plan,
+    local: &Local,
+    sel: &mut Selection,
+    pairs: &[PatternHead],
+    blk: &Block,
+    o: &mut [Vec<f32>],
+    lse: &mut [Vec<f32>],
+) {
+    for (i, ph) in pairs.iter().enumerate() {
+        let s = sel.get(local, ph).to_vec();
+        for b in 0..local.batch {
+            let bh = local.bh(b, ph.head);
+            attend_forward(local.q_rows(bh), &s, blk.keys(b, i), mask_of(plan, ph), &mut o[bh], &mut lse[bh]);
+        }
+    }
+}
+
+/// Forward of dilated attention with the sequence split over the ranks of `comm`.
+///
+/// `q`, `k`, `v` are this rank's rows (`[batch, layout.rows(seq, world, rank), heads,
+/// head_dim]`, in ascending global order); `out` has their shape and `lse` is
+/// `[batch, rows, heads]`. Every rank must call this with the same `problem`; any
+/// disagreement, bad shape, dead or stalled peer or corrupted message is an error on
+/// every rank, and nothing is written to `out`/`lse` unless all ranks succeeded.
+pub fn ring_forward<C: Communicator + ?Sized, T: Element>(
+    comm: &mut C,
+    problem: &RingProblem,
+    q: TensorView<'_, T>,
+    k: TensorView<'_, T>,
+    v: TensorView<'_, T>,
+    out: &mut TensorViewMut<'_, T>,
+    lse: &mut [f32],
+) -> Result<RingStats> {
+    let extra = check_out(problem, comm.rank(), &[(TensorName::Output, out.shape())], lse.len());
+    let Prepared { plan, local, start } = prepare(comm, "forward", problem, [&q, &k, &v], extra)?;
+    let part = forward_core::<C, T>(comm, &plan, &local)?;
+    let stats = finish(comm, start)?;
+    let (nl, h, d) = (local.rows(), local.heads, local.d);
+    for b in 0..local.batch {
+        for head in 0..h {
+            let bh = local.bh(b, head);
+            for i in 0..nl {
+                let row = out.row_mut(b, i, head);
+                for (x, &y) in row.iter_mut().zip(&part.o[bh][i * d..(i + 1) * d]) {
+                    *x = T::from_f32(y);
+                }
+                lse[(b * nl + i) * h + head] = part.lse[bh][i];
+            }
+        }
+    }
+    Ok(stats)
+}

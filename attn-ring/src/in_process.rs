@@ -1,0 +1,213 @@
+//! Run a whole problem over `p` in-process ranks (one thread each): split the
+//! global tensors by the layout, call the ring functions, and reassemble.
+
+use std::time::Duration;
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, DilatedConfig, Element, Result, Shape4, TensorView, TensorViewMut};
+
+use crate::backward::{BackwardOutputs, ring_backward};
+use crate::comm::{Communicator, DEFAULT_TIMEOUT, ThreadComm};
+use crate::entry::RingStats;
+use crate::forward::ring_forward;
+use crate::layout::Layout;
+use crate::plan::{RingProblem, Strategy};
+
+/// Global output `[batch, seq, heads, head_dim]`, lse `[batch, seq, heads]`, and per-rank stats.
+#[derive(Debug, Clone)]
+pub struct ForwardResult<T> {
+    pub out: Vec<T>,
+    pub lse: Vec<f32>,
+    pub stats: Vec<RingStats>,
+}
+
+/// Global gradients and per-rank stats.
+#[derive(Debug, Clone)]
+pub struct BackwardResult<T> {
+    pub dq: Vec<T>,
+    pub dk: Vec<T>,
+    pub dv: Vec<T>,
+    pub stats: Vec<RingStats>,
+}
+
+/// This rank's rows of a global tensor, contiguous.
+pub fn local_rows<T: Element>(x: &TensorView<'_, T>, positions: &[usize]) -> Vec<T> {
+    let s = x.shape();
+    let mut out = Vec::with_capacity(s.batch * positions.len() * s.heads * s.head_dim);
+    for b in 0..s.batch {
+        for &p in positions {
+            for h in 0..s.heads {
+                out.extend_from_slice(x.row(b, p, h));
+            }
+        }
+    }
+    out
+}
+
+/// Write a rank's contiguous rows back into a global `[batch, seq, heads, inner]` buffer.
+fn put_rows<T: Copy>(global: &mut [T], local: &[T], positions: &[usize], batch: usize, seq: usize, row: usize) {
+    let nl = positions.len();
+    for b in 0..batch {
+        for (i, &p) in positions.iter().enumerate() {
+            let src = &local[(b * nl + i) * row..(b * nl + i + 1) * row];
+            global[(b * seq + p) * row..(b * seq + p + 1) * row].copy_from_slice(src);
+        }
+    }
+}
+
+/// The problem for global tensors of shape `shape`.
+pub fn problem_for(cfg: &DilatedConfig, shape: Shape4, layout: Layout, strategy: Strategy, world: usize) -> RingProblem {
+    RingProblem {
+        cfg: cfg.clone(),
+        seq: shape.seq,
+        batch: shape.batch,
+        heads: shape.heads,
+        head_dim: shape.head_dim,
+        layout,
+        strategy,
+        world,
+    }
+}
+
+/// One rank's forward result.
+pub type RankForward<T> = Result<(Vec<T>, Vec<f32>, RingStats)>;
+
+/// Run the forward on the given communicators (one thread per rank) and return
+/// each rank's own result, errors included (for fault tests).
+pub fn forward_on<C: Communicator, T: Element>(
+    comms: Vec<C>,
+    problem: &RingProblem,
+    q: TensorView<'_, T>,
+    k: TensorView<'_, T>,
+    v: TensorView<'_, T>,
+) -> Vec<RankForward<T>> {
+    let p = comms.len();
+    if let Err(e) = problem.layout.check(problem.seq, p) {
+        return (0..p).map(|_| Err(AttnError::InvalidArgument(e.to_string()))).collect();
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|mut comm| {
+                scope.spawn(move || -> RankForward<T> {
+                    let rank = comm.rank();
+                    let pos = problem.layout.positions(problem.seq, p, rank);
+                    let shape = q.shape().with_seq(pos.len().max(1))?;
+                    let (lq, lk, lv) = (local_rows(&q, &pos), local_rows(&k, &pos), local_rows(&v, &pos));
+                    let mut out = vec![T::default(); shape.numel()];
+                    let mut lse = vec![0.0f32; shape.lse_len()];
+                    let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, shape)?;
+                    let qv = TensorView::contiguous(TensorName::Query, &lq, shape)?;
+                    let kv = TensorView::contiguous(TensorName::Key, &lk, shape)?;
+                    let vv = TensorView::contiguous(TensorName::Value, &lv, shape)?;
+                    let stats = ring_forward(&mut comm, problem, qv, kv, vv, &mut ov, &mut lse)?;
+                    Ok((out, lse, stats))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect()
+    })
+}
+
+fn panicked() -> AttnError {
+    AttnError::Comm { rank: usize::MAX, message: "a rank thread panicked".into() }
+}
+
+/// Forward over `world` in-process ranks; equals the single-device result.
+pub fn run_in_process<T: Element>(
+    world: usize,
+    cfg: &DilatedConfig,
+    layout: Layout,
+    strategy: Strategy,
+    q: TensorView<'_, T>,
+    k: TensorView<'_, T>,
+    v: TensorView<'_, T>,
+) -> Result<ForwardResult<T>> {
+    run_in_process_with_timeout(world, cfg, layout, strategy, [q, k, v], DEFAULT_TIMEOUT)
+}
+
+/// [`run_in_process`] with an explicit per-message timeout.
+pub fn run_in_process_with_timeout<T: Element>(
+    world: usize,
+    cfg: &DilatedConfig,
+    layout: Layout,
+    strategy: Strategy,
+    qkv: [TensorView<'_, T>; 3],
+    timeout: Duration,
+) -> Result<ForwardResult<T>> {
+    let [q, k, v] = qkv;
+    let shape = q.shape();
+    let problem = problem_for(cfg, shape, layout, strategy, world);
+    layout.check(shape.seq, world)?;
+    let comms = ThreadComm::world_with_timeout(world, timeout)?;
+    let results = forward_on(comms, &problem, q, k, v);
+    let mut out = vec![T::default(); shape.numel()];
+    let mut lse = vec![0.0f32; shape.lse_len()];
+    let mut stats = Vec::with_capacity(world);
+    for (rank, res) in results.into_iter().enumerate() {
+        let (lo, ll, st) = res?;
+        let pos = layout.positions(shape.seq, world, rank);
+        put_rows(&mut out, &lo, &pos, shape.batch, shape.seq, shape.heads * shape.head_dim);
+        put_rows(&mut lse, &ll, &pos, shape.batch, shape.seq, shape.heads);
+        stats.push(st);
+    }
+    Ok(ForwardResult { out, lse, stats })
+}
+
+/// Gradients over `world` in-process ranks.
+pub fn run_in_process_backward<T: Element>(
+    world: usize,
+    cfg: &DilatedConfig,
+    layout: Layout,
+    strategy: Strategy,
+    qkv: [TensorView<'_, T>; 3],
+    grad_out: TensorView<'_, T>,
+) -> Result<BackwardResult<T>> {
+    let [q, k, v] = qkv;
+    let shape = q.shape();
+    let problem = problem_for(cfg, shape, layout, strategy, world);
+    layout.check(shape.seq, world)?;
+    let comms = ThreadComm::world_with_timeout(world, DEFAULT_TIMEOUT)?;
+    let results: Vec<Result<([Vec<T>; 3], RingStats)>> = std::thread::scope(|scope| {
+        let problem = &problem;
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|mut comm| {
+                scope.spawn(move || -> Result<([Vec<T>; 3], RingStats)> {
+                    let pos = layout.positions(shape.seq, world, comm.rank());
+                    let ls = shape.with_seq(pos.len().max(1))?;
+                    let bufs: Vec<Vec<T>> = [&q, &k, &v, &grad_out].iter().map(|x| local_rows(x, &pos)).collect();
+                    let views = bufs
+                        .iter()
+                        .map(|b| TensorView::contiguous(TensorName::Other("local"), b, ls))
+                        .collect::<Result<Vec<_>>>()?;
+                    let mut g = [vec![T::default(); ls.numel()], vec![T::default(); ls.numel()], vec![T::default(); ls.numel()]];
+                    let [gq, gk, gv] = &mut g;
+                    let mut dq = TensorViewMut::contiguous(TensorName::GradQuery, gq, ls)?;
+                    let mut dk = TensorViewMut::contiguous(TensorName::GradKey, gk, ls)?;
+                    let mut dv = TensorViewMut::contiguous(TensorName::GradValue, gv, ls)?;
+                    let outs = BackwardOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv };
+                    let stats = ring_backward(&mut comm, problem, [views[0], views[1], views[2]], views[3], outs)?;
+                    Ok((g, stats))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect()
+    });
+    let row = shape.heads * shape.head_dim;
+    let mut res = BackwardResult {
+        dq: vec![T::default(); shape.numel()],
+        dk: vec![T::default(); shape.numel()],
+        dv: vec![T::default(); shape.numel()],
+        stats: Vec::with_capacity(world),
+    };
+    for (rank, r) in results.into_iter().enumerate() {
+        let ([gq, gk, gv], st) = r?;
+        let pos = layout.positions(shape.seq, world, rank);
+        put_rows(&mut res.dq, &gq, &pos, shape.batch, shape.seq, row);
+        put_rows(&mut res.dk, &gk, &pos, shape.batch, shape.seq, row);
+        put_rows(&mut res.dv, &gv, &pos, shape.batch, shape.seq, row);
+        res.stats.push(st);
+    }
+    Ok(res)
+}

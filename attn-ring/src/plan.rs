@@ -1,0 +1,268 @@
+//! The communication plan every rank derives identically from (config, shape,
+//! layout, world, strategy): which pattern uses which strategy, which rows of
+//! which owner each rank needs, how far ring blocks travel, and the exact bytes
+//! each rank sends (the formula [`expected_bytes`] checks against).
+
+use std::ops::Range;
+
+use attn_core::{AttnError, DType, DilatedConfig, Result, SegmentPattern};
+
+use crate::layout::Layout;
+
+/// Strategy override for patterns whose segments span ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Strategy {
+    /// Per pattern: no traffic when segments sit inside ranks, all-gather when the
+    /// gathered rows fit in a rank's own row count, ring pass otherwise.
+    #[default]
+    Auto,
+    /// Every spanning pattern passes its selected k/v rows around the ring.
+    Ring,
+    /// Every spanning pattern sends its selected rows straight to the ranks that need them.
+    AllGather,
+}
+
+impl Strategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Auto => "auto",
+            Strategy::Ring => "ring",
+            Strategy::AllGather => "allgather",
+        }
+    }
+    /// Parse `auto` / `ring` / `allgather`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+            "auto" => Ok(Strategy::Auto),
+            "ring" => Ok(Strategy::Ring),
+            "allgather" => Ok(Strategy::AllGather),
+            _ => Err(AttnError::InvalidArgument(format!("unknown strategy `{s}` (auto|ring|allgather)"))),
+        }
+    }
+}
+
+/// What one pattern does across ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PatternStrategy {
+    /// Segments never span ranks: no traffic.
+    Local,
+    /// Selected rows of spanning segments travel around the ring.
+    Ring,
+    /// Selected rows go directly to each rank that needs them.
+    AllGather,
+}
+
+/// The whole distributed problem, identical on every rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RingProblem {
+    pub cfg: DilatedConfig,
+    /// Global sequence length.
+    pub seq: usize,
+    pub batch: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub layout: Layout,
+    pub strategy: Strategy,
+    pub world: usize,
+}
+
+/// One (pattern, head) pair: the head's pattern with its offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PatternHead {
+    pub pattern: usize,
+    pub head: usize,
+    pub pat: SegmentPattern,
+}
+
+/// The derived plan.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub problem: RingProblem,
+    pub strategies: Vec<PatternStrategy>,
+    /// `need[i][o][r]`: rank `r` has queries that attend rows of owner `o` under pattern `i`.
+    need: Vec<Vec<Vec<bool>>>,
+    /// `hops[o]`: how many ring steps owner `o`'s block travels.
+    pub hops: Vec<usize>,
+    /// `ring_regions[i][o]`: the global ranges of `o`'s rows that travel on the ring for pattern `i`.
+    ring_regions: Vec<Vec<Vec<Range<usize>>>>,
+    /// Ring and all-gather (pattern, head) pairs, in wire order.
+    pub ring_heads: Vec<PatternHead>,
+    pub gather_heads: Vec<PatternHead>,
+}
+
+/// Positions of range `a` (owner) in the segment it shares with range `b`
+/// (receiver), excluding keys after every query of `b` when causal.
+fn shared_region(a: &Range<usize>, b: &Range<usize>, w: usize, causal: bool) -> Option<Range<usize>> {
+    if a.end <= b.start {
+        let s = (a.end - 1) / w;
+        (s == b.start / w).then(|| a.start.max(s * w)..a.end)
+    } else if b.end <= a.start && !causal {
+        let s = a.start / w;
+        (s == (b.end - 1) / w).then(|| a.start..a.end.min((s + 1) * w))
+    } else {
+        None
+    }
+}
+
+fn merge_ranges(mut v: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    v.sort_by_key(|r| r.start);
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for r in v {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+impl Plan {
+    /// Derive the plan; fails on an invalid config, shape or layout.
+    pub fn new(problem: RingProblem) -> Result<Self> {
+        let RingProblem { ref cfg, seq: n, heads, layout, strategy, world: p, .. } = problem;
+        attn_core::Shape4::new(problem.batch, n, heads, problem.head_dim)?;
+        cfg.validate_heads(heads)?;
+        layout.check(n, p)?;
+        let g = cfg.num_patterns();
+        let ranges: Vec<Vec<Range<usize>>> = (0..p).map(|r| layout.ranges(n, p, r)).collect();
+        let mut need = vec![vec![vec![false; p]; p]; g];
+        let mut gathered = vec![vec![0usize; p]; g];
+        let mut ring_regions = vec![vec![Vec::new(); p]; g];
+        for (i, &w) in cfg.segment_lengths().iter().enumerate() {
+            for o in 0..p {
+                for r in (0..p).filter(|&r| r != o) {
+                    for a in &ranges[o] {
+                        for b in &ranges[r] {
+                            if let Some(reg) = shared_region(a, b, w, cfg.causal()) {
+                                need[i][o][r] = true;
+                                gathered[i][r] += reg.len();
+                                ring_regions[i][o].push(reg);
+                            }
+                        }
+                    }
+                }
+                ring_regions[i][o] = merge_ranges(std::mem::take(&mut ring_regions[i][o]));
+            }
+        }
+        let own_max = (0..p).map(|r| layout.rows(n, p, r)).max().unwrap_or(0);
+        let strategies: Vec<PatternStrategy> = (0..g)
+            .map(|i| {
+                if !need[i].iter().flatten().any(|&x| x) {
+                    PatternStrategy::Local
+                } else {
+                    match strategy {
+                        Strategy::Ring => PatternStrategy::Ring,
+                        Strategy::AllGather => PatternStrategy::AllGather,
+                        Strategy::Auto if gathered[i].iter().all(|&x| x <= own_max) => PatternStrategy::AllGather,
+                        Strategy::Auto => PatternStrategy::Ring,
+                    }
+                }
+            })
+            .collect();
+        let mut hops = vec![0usize; p];
+        for (i, s) in strategies.iter().enumerate() {
+            if *s == PatternStrategy::Ring {
+                for (o, h) in hops.iter_mut().enumerate() {
+                    let far = (0..p).filter(|&r| need[i][o][r]).map(|r| (r + p - o) % p).max().unwrap_or(0);
+                    *h = (*h).max(far);
+                }
+            }
+        }
+        let mut ring_heads = Vec::new();
+        let mut gather_heads = Vec::new();
+        for head in 0..heads {
+            for (pattern, pat) in cfg.head_patterns(heads, head).patterns {
+                let ph = PatternHead { pattern, head, pat };
+                match strategies[pattern] {
+                    PatternStrategy::Ring => ring_heads.push(ph),
+                    PatternStrategy::AllGather => gather_heads.push(ph),
+                    PatternStrategy::Local => {}
+                }
+            }
+        }
+        Ok(Plan { problem, strategies, need, hops, ring_regions, ring_heads, gather_heads })
+    }
+
+    /// Number of ring steps (the farthest any block travels).
+    pub fn ring_steps(&self) -> usize {
+        self.hops.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Whether rank `r` needs owner `o`'s rows for some ring pattern.
+    pub fn ring_need(&self, o: usize, r: usize) -> bool {
+        self.strategies.iter().enumerate().any(|(i, s)| *s == PatternStrategy::Ring && self.need[i][o][r])
+    }
+
+    /// Whether rank `r` needs owner `o`'s rows for some all-gather pattern.
+    pub fn gather_need(&self, o: usize, r: usize) -> bool {
+        o != r
+            && self.strategies.iter().enumerate().any(|(i, s)| *s == PatternStrategy::AllGather && self.need[i][o][r])
+    }
+
+    /// Global positions of owner `o`'s rows that travel on the ring for `ph`.
+    pub fn ring_positions(&self, o: usize, ph: &PatternHead) -> Vec<usize> {
+        self.ring_regions[ph.pattern][o].iter().flat_map(|r| ph.pat.selected_in_range(r.clone())).collect()
+    }
+
+    fn gather_regions(&self, o: usize, r: usize, pattern: usize) -> Vec<Range<usize>> {
+        if !self.need[pattern][o][r] {
+            return Vec::new();
+        }
+        let RingProblem { seq: n, layout, world: p, ref cfg, .. } = self.problem;
+        let w = cfg.segment_lengths()[pattern];
+        let (ro, rr) = (layout.ranges(n, p, o), layout.ranges(n, p, r));
+        let regs = ro.iter().flat_map(|a| rr.iter().filter_map(|b| shared_region(a, b, w, cfg.causal()))).collect();
+        merge_ranges(regs)
+    }
+
+    /// Global positions of owner `o`'s rows sent directly to `r` for all-gather pair `ph`.
+    pub fn gather_positions(&self, o: usize, r: usize, ph: &PatternHead) -> Vec<usize> {
+        self.gather_regions(o, r, ph.pattern).into_iter().flat_map(|rg| ph.pat.selected_in_range(rg)).collect()
+    }
+
+    fn ring_count(&self, o: usize, ph: &PatternHead) -> usize {
+        self.ring_regions[ph.pattern][o].iter().map(|r| ph.pat.count_in_range(r.clone())).sum()
+    }
+
+    fn gather_count(&self, o: usize, r: usize, ph: &PatternHead) -> usize {
+        self.gather_regions(o, r, ph.pattern).into_iter().map(|rg| ph.pat.count_in_range(rg)).sum()
+    }
+}
+
+/// Size of the small header at the front of every data message.
+pub const MSG_HEADER_BYTES: u64 = 9;
+
+/// Payload bytes each rank sends during one forward (or backward) call, by
+/// closed-form counts of selected rows (`count_in_range`), not by running anything.
+///
+/// Forward: all-gather sends `batch * sum_(pattern, head) selected(o -> r) * 2 * d * elem`
+/// to each rank that needs them; a ring block of owner `o` (`batch * sum selected(o) * 2 * d *
+/// elem`) is sent once by each of the first `hops[o]` ranks on its way. Backward adds the
+/// same for the recomputed forward, the k/v pass, and the f32 dk/dv coming back (for the
+/// ring: once per hop after the first, plus the trip home). Every message carries a
+/// [`MSG_HEADER_BYTES`] header; handshake and completion rounds are not counted.
+pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
+    let RingProblem { batch, head_dim: d, world: p, .. } = plan.problem;
+    let (b, d, e) = (batch as u64, d as u64, dtype.size() as u64);
+    let mut fwd = vec![0u64; p];
+    let mut bwd_extra = vec![0u64; p];
+    for o in 0..p {
+        for r in (0..p).filter(|&r| plan.gather_need(o, r)) {
+            let rows: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(o, r, ph) as u64).sum();
+            fwd[o] += MSG_HEADER_BYTES + b * rows * 2 * d * e;
+            // dk/dv (f32) go back from r to o.
+            bwd_extra[r] += MSG_HEADER_BYTES + b * rows * 2 * d * 4;
+        }
+        let rows: u64 = plan.ring_heads.iter().map(|ph| plan.ring_count(o, ph) as u64).sum();
+        let h = plan.hops[o];
+        for t in 0..h {
+            let sender = (o + t) % p;
+            fwd[sender] += MSG_HEADER_BYTES + b * rows * 2 * d * e;
+        }
+        for t in 1..=h {
+            // The holder at step t sends dk/dv on (t < h) or home (t == h).
+            bwd_extra[(o + t) % p] += MSG_HEADER_BYTES + b * rows * 2 * d * 4;
+        }
+    }
+    if backward { fwd.iter().zip(&bwd_extra).map(|(f, x)| 2 * f + x).collect() } else { fwd }
+}

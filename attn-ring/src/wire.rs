@@ -1,0 +1,111 @@
+//! Byte encoding of data messages: a small header (kind, owner, step) checked on
+//! receipt, then rows as the input dtype (k/v) or f32 (dk/dv), little endian.
+
+use attn_core::{AttnError, DType, Element, Result};
+use half::{bf16, f16};
+
+use crate::plan::MSG_HEADER_BYTES;
+
+/// What a data message carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum MsgKind {
+    RingKv = 1,
+    RingGrad = 2,
+    RingGradHome = 3,
+    GatherKv = 4,
+    GatherGrad = 5,
+}
+
+/// Start a message with its header.
+pub(crate) fn begin(kind: MsgKind, owner: usize, step: usize, payload_hint: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(MSG_HEADER_BYTES as usize + payload_hint);
+    v.push(kind as u8);
+    v.extend_from_slice(&(owner as u32).to_le_bytes());
+    v.extend_from_slice(&(step as u32).to_le_bytes());
+    v
+}
+
+/// A reader over one received message whose header has been checked.
+#[derive(Debug)]
+pub(crate) struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    rank: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// Check the header against what the plan says must arrive.
+    pub fn open(bytes: &'a [u8], kind: MsgKind, owner: usize, step: usize, rank: usize) -> Result<Self> {
+        let h = MSG_HEADER_BYTES as usize;
+        let want = begin(kind, owner, step, 0);
+        if bytes.len() < h || bytes[..h] != want[..] {
+            return Err(AttnError::Comm {
+                rank,
+                message: format!("unexpected message: wanted {kind:?} of owner {owner} at step {step}"),
+            });
+        }
+        Ok(Reader { bytes, at: h, rank })
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| AttnError::Comm {
+            rank: self.rank,
+            message: format!("message too short: need {n} bytes at {} of {}", self.at, self.bytes.len()),
+        })?;
+        let s = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    /// Read `n` values written by [`put_elems`] for dtype `T`.
+    pub fn elems<T: Element>(&mut self, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        let size = T::DTYPE.size();
+        let bytes = self.take(n * size)?;
+        out.reserve(n);
+        match T::DTYPE {
+            DType::F32 => out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+            DType::F64 => out.extend(
+                bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32),
+            ),
+            DType::F16 => out.extend(bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())),
+            DType::BF16 => {
+                out.extend(bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()))
+            }
+        }
+        Ok(())
+    }
+
+    /// Read `n` f32 values.
+    pub fn f32s(&mut self, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        let bytes = self.take(n * 4)?;
+        out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+        Ok(())
+    }
+
+    /// Error unless every byte was read.
+    pub fn finish(self) -> Result<()> {
+        if self.at != self.bytes.len() {
+            return Err(AttnError::Comm {
+                rank: self.rank,
+                message: format!("message has {} unexpected trailing bytes", self.bytes.len() - self.at),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Append f32 values (exactly representable in `T`) encoded as `T`.
+pub(crate) fn put_elems<T: Element>(out: &mut Vec<u8>, xs: &[f32]) {
+    match T::DTYPE {
+        DType::F32 => xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        DType::F64 => xs.iter().for_each(|&x| out.extend_from_slice(&(x as f64).to_le_bytes())),
+        DType::F16 => xs.iter().for_each(|&x| out.extend_from_slice(&f16::from_f32(x).to_bits().to_le_bytes())),
+        DType::BF16 => xs.iter().for_each(|&x| out.extend_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes())),
+    }
+}
+
+/// Append f32 values.
+pub(crate) fn put_f32s(out: &mut Vec<u8>, xs: &[f32]) {
+    xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+}
