@@ -8,6 +8,7 @@
 pub mod config;
 pub mod element;
 pub mod error;
+pub mod guard;
 pub mod merge;
 pub mod pattern;
 pub mod reference;
@@ -16,7 +17,8 @@ pub mod view;
 
 pub use config::{DilatedConfig, DilatedConfigBuilder, Mixing};
 pub use element::{DType, Element};
-pub use error::{AttnError, Result};
+pub use error::{AttnError, Result, TensorName};
+pub use guard::{MemoryBudget, check_finite};
 pub use merge::{LseMerge, OnlineSoftmax};
 pub use pattern::{HeadGroups, HeadPatterns, SegmentPattern};
 pub use shape::{AttnShape, Shape4};
