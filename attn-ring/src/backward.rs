@@ -82,7 +82,13 @@ impl Ctx<'_> {
     }
 
     /// This rank's share of the gradients of `blk`; dq accumulates in place.
-    fn block_backward(&self, sel: &mut Selection, pairs: &[PatternHead], blk: &Block, dq: &mut [Vec<f32>]) -> BlockGrads {
+    fn block_backward(
+        &self,
+        sel: &mut Selection,
+        pairs: &[PatternHead],
+        blk: &Block,
+        dq: &mut [Vec<f32>],
+    ) -> BlockGrads {
         let local = self.local;
         let mut bg = BlockGrads::zeros(blk, local.d, local.batch);
         for (i, ph) in pairs.iter().enumerate() {

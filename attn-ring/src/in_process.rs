@@ -56,7 +56,13 @@ fn put_rows<T: Copy>(global: &mut [T], local: &[T], positions: &[usize], batch: 
 }
 
 /// The problem for global tensors of shape `shape`.
-pub fn problem_for(cfg: &DilatedConfig, shape: Shape4, layout: Layout, strategy: Strategy, world: usize) -> RingProblem {
+pub fn problem_for(
+    cfg: &DilatedConfig,
+    shape: Shape4,
+    layout: Layout,
+    strategy: Strategy,
+    world: usize,
+) -> RingProblem {
     RingProblem {
         cfg: cfg.clone(),
         seq: shape.seq,
@@ -181,7 +187,11 @@ pub fn run_in_process_backward<T: Element>(
                         .iter()
                         .map(|b| TensorView::contiguous(TensorName::Other("local"), b, ls))
                         .collect::<Result<Vec<_>>>()?;
-                    let mut g = [vec![T::default(); ls.numel()], vec![T::default(); ls.numel()], vec![T::default(); ls.numel()]];
+                    let mut g = [
+                        vec![T::default(); ls.numel()],
+                        vec![T::default(); ls.numel()],
+                        vec![T::default(); ls.numel()],
+                    ];
                     let [gq, gk, gv] = &mut g;
                     let mut dq = TensorViewMut::contiguous(TensorName::GradQuery, gq, ls)?;
                     let mut dk = TensorViewMut::contiguous(TensorName::GradKey, gk, ls)?;

@@ -45,7 +45,10 @@ impl Layout {
             Layout::Contiguous => vec![chunk_start(n, p, rank)..chunk_start(n, p, rank + 1)],
             Layout::Zigzag => {
                 let (a, b) = (rank, 2 * p - 1 - rank);
-                vec![chunk_start(n, 2 * p, a)..chunk_start(n, 2 * p, a + 1), chunk_start(n, 2 * p, b)..chunk_start(n, 2 * p, b + 1)]
+                vec![
+                    chunk_start(n, 2 * p, a)..chunk_start(n, 2 * p, a + 1),
+                    chunk_start(n, 2 * p, b)..chunk_start(n, 2 * p, b + 1),
+                ]
             }
         };
         let mut out: Vec<Range<usize>> = Vec::with_capacity(2);

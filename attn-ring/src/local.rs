@@ -38,9 +38,22 @@ pub(crate) fn split_heads<T: Element>(x: &TensorView<'_, T>) -> Vec<Vec<f32>> {
 
 impl Local {
     /// Convert this rank's views (already checked against the plan).
-    pub fn new<T: Element>(pos: Vec<usize>, q: &TensorView<'_, T>, k: &TensorView<'_, T>, v: &TensorView<'_, T>) -> Self {
+    pub fn new<T: Element>(
+        pos: Vec<usize>,
+        q: &TensorView<'_, T>,
+        k: &TensorView<'_, T>,
+        v: &TensorView<'_, T>,
+    ) -> Self {
         let s = q.shape();
-        Local { pos, batch: s.batch, heads: s.heads, d: s.head_dim, q: split_heads(q), k: split_heads(k), v: split_heads(v) }
+        Local {
+            pos,
+            batch: s.batch,
+            heads: s.heads,
+            d: s.head_dim,
+            q: split_heads(q),
+            k: split_heads(k),
+            v: split_heads(v),
+        }
     }
 
     pub fn rows(&self) -> usize {

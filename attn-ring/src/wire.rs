@@ -65,10 +65,12 @@ impl<'a> Reader<'a> {
         out.reserve(n);
         match T::DTYPE {
             DType::F32 => out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
-            DType::F64 => out.extend(
-                bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32),
-            ),
-            DType::F16 => out.extend(bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())),
+            DType::F64 => {
+                out.extend(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32))
+            }
+            DType::F16 => {
+                out.extend(bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()))
+            }
             DType::BF16 => {
                 out.extend(bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()))
             }

@@ -74,18 +74,20 @@ impl Communicator for ThreadComm {
     fn exchange_frames(&mut self, sends: Vec<(usize, Vec<u8>)>, recv_from: &[usize]) -> Result<Vec<Vec<u8>>> {
         let rank = self.rank;
         for (peer, frame) in sends {
-            let tx = self.to.get(peer).and_then(Option::as_ref).ok_or_else(|| AttnError::Comm {
-                rank,
-                message: format!("no channel to rank {peer}"),
-            })?;
+            let tx = self
+                .to
+                .get(peer)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| AttnError::Comm { rank, message: format!("no channel to rank {peer}") })?;
             tx.send(frame).map_err(|_| AttnError::Comm { rank, message: format!("rank {peer} has gone away") })?;
         }
         let mut out = Vec::with_capacity(recv_from.len());
         for &peer in recv_from {
-            let rx = self.from.get(peer).and_then(Option::as_ref).ok_or_else(|| AttnError::Comm {
-                rank,
-                message: format!("no channel from rank {peer}"),
-            })?;
+            let rx = self
+                .from
+                .get(peer)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| AttnError::Comm { rank, message: format!("no channel from rank {peer}") })?;
             match rx.recv_timeout(self.timeout) {
                 Ok(f) => out.push(f),
                 Err(RecvTimeoutError::Timeout) => {

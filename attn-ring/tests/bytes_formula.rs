@@ -1,0 +1,77 @@
+//! Bytes sent per rank equal the closed-form formula of each strategy, and
+//! only selected rows travel (segment-local patterns send nothing).
+
+mod common;
+
+use attn_core::{DType, DilatedConfig, Mixing, Shape4};
+use attn_ring::{
+    Layout, PatternStrategy, Plan, Strategy, expected_bytes, problem_for, run_in_process, run_in_process_backward,
+};
+use attn_testkit::random_vec;
+use common::views;
+
+fn cfg(w: &[usize], r: &[usize], mixing: Mixing, causal: bool) -> DilatedConfig {
+    DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causal(causal).build().unwrap()
+}
+
+#[test]
+fn measured_bytes_equal_the_formula() {
+    let configs = [
+        cfg(&[8, 16, 64], &[1, 2, 4], Mixing::HeadGroups, false),
+        cfg(&[8, 16, 64], &[1, 2, 4], Mixing::LongNet, true),
+        cfg(&[64], &[1], Mixing::HeadGroups, true),
+        cfg(&[10, 30], &[3, 2], Mixing::LongNet, false),
+    ];
+    for cfg in &configs {
+        for world in [1, 2, 3, 4, 5] {
+            for layout in [Layout::Contiguous, Layout::Zigzag] {
+                for strategy in [Strategy::Auto, Strategy::Ring, Strategy::AllGather] {
+                    let shape = Shape4::new(2, 61, 3, 4).unwrap();
+                    let n = shape.numel();
+                    let (q, k, v, go) = (random_vec(1, n), random_vec(2, n), random_vec(3, n), random_vec(4, n));
+                    let a = attn_core::AttnShape::self_attn(shape);
+                    let [qv, kv, vv] = views(a, &q, &k, &v).unwrap();
+                    let plan = Plan::new(problem_for(cfg, shape, layout, strategy, world)).unwrap();
+                    let f = run_in_process(world, cfg, layout, strategy, qv, kv, vv).unwrap();
+                    let got: Vec<u64> = f.stats.iter().map(|s| s.data_bytes_sent).collect();
+                    assert_eq!(
+                        got,
+                        expected_bytes(&plan, DType::F32, false),
+                        "{cfg:?} p={world} {layout:?} {strategy:?}"
+                    );
+                    let gov = attn_core::TensorView::contiguous(attn_core::error::TensorName::GradOutput, &go, shape)
+                        .unwrap();
+                    let b = run_in_process_backward(world, cfg, layout, strategy, [qv, kv, vv], gov).unwrap();
+                    let got: Vec<u64> = b.stats.iter().map(|s| s.data_bytes_sent).collect();
+                    assert_eq!(
+                        got,
+                        expected_bytes(&plan, DType::F32, true),
+                        "bwd {cfg:?} p={world} {layout:?} {strategy:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn segment_local_patterns_send_nothing_and_plain_ring_sends_everything() {
+    // Segments of 16 with 4 ranks of 16 rows: every segment inside one rank.
+    let local = cfg(&[16, 8], &[1, 2], Mixing::LongNet, false);
+    let shape = Shape4::new(1, 64, 2, 8).unwrap();
+    let plan = Plan::new(problem_for(&local, shape, Layout::Contiguous, Strategy::Ring, 4)).unwrap();
+    assert_eq!(plan.strategies, vec![PatternStrategy::Local, PatternStrategy::Local]);
+    assert_eq!(expected_bytes(&plan, DType::F32, false), vec![0; 4]);
+    // Plain ring attention: one pattern, w >= n, r = 1, non-causal: every block visits every rank.
+    let dense = cfg(&[64], &[1], Mixing::HeadGroups, false);
+    let plan = Plan::new(problem_for(&dense, shape, Layout::Contiguous, Strategy::Ring, 4)).unwrap();
+    assert_eq!(plan.strategies, vec![PatternStrategy::Ring]);
+    assert_eq!(plan.hops, vec![3; 4]);
+    // Each rank forwards 3 blocks of 16 rows x 2 heads x (k + v) x 8 floats x 4 bytes, plus headers.
+    let per_block = 9 + 16 * 2 * 2 * 8 * 4;
+    assert_eq!(expected_bytes(&plan, DType::F32, false), vec![3 * per_block; 4]);
+    // Dilation r = 4 on the same segment: a quarter of the rows travel.
+    let dil = cfg(&[64], &[4], Mixing::HeadGroups, false);
+    let plan = Plan::new(problem_for(&dil, shape, Layout::Contiguous, Strategy::Ring, 4)).unwrap();
+    assert_eq!(expected_bytes(&plan, DType::F32, false), vec![3 * (9 + 4 * 2 * 2 * 8 * 4); 4]);
+}
