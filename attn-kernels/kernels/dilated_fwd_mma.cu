@@ -1,0 +1,220 @@
+// dilated_fwd_mma.cu: tensor-core forward (sm_80+) for f16/bf16, f32 accumulation.
+//
+// A block of 4 warps owns 64 consecutive SELECTED query indices of one (batch, head,
+// pattern); warp w owns 16 of them. Key tiles of BN selected indices stream through
+// shared memory; the dilation gather (sel_pos) is fused into the tile loads, rows are
+// zero-filled past the block or past head_dim (D is head_dim rounded up). S = Q K^T and
+// O += P V use mma.sync.m16n8k16 with the accumulators in registers (FlashAttention-2
+// style online softmax), then the tile is LSE-merged into the f32 partial.
+//
+// Fragment layout of mma.m16n8k16 (g = lane / 4, c = lane % 4):
+//   A (16x16, row): a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g, 2c+8..), a3 = (g+8, 2c+8..)
+//   B (16x8, col):  b0 = (k 2c..2c+1, n g), b1 = (k 2c+8.., n g)
+//   C (16x8, f32):  c0, c1 = (g, 2c..2c+1), c2, c3 = (g+8, 2c..2c+1)
+
+__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b, BF16E) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b, F16E) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <class E>
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    return (u32)E::from_f(lo) | ((u32)E::from_f(hi) << 16);
+}
+
+__device__ __forceinline__ u32 lds32(const u16* p) { return *reinterpret_cast<const u32*>(p); }
+
+// Load `rows` gathered rows (selected indices t0.. of pattern p, valid while < t_hi) of a
+// block into shared memory tile `dst` ([rows][LD], u16), zero-filling invalid rows and
+// columns >= d. `base` points at (batch, row 0, head) of the block.
+template <int D, int LD>
+__device__ __forceinline__ void load_tile(u16* dst, int rows, const u16* base, i64 row_stride, const Pattern& p,
+                                          i64 t0, i64 t_hi, i64 pos0, i64 d, bool vec) {
+    if (vec) {  // d % 8 == 0, strides % 8 == 0: 16-byte chunks
+        constexpr int CH = D / 8;
+        for (int i = threadIdx.x; i < rows * CH; i += blockDim.x) {
+            const int row = i / CH, ch = i % CH;
+            const i64 t = t0 + row;
+            uint4 val = make_uint4(0u, 0u, 0u, 0u);
+            if (t < t_hi && ch * 8 < d)
+                val = *reinterpret_cast<const uint4*>(base + (sel_pos(p, t) - pos0) * row_stride + ch * 8);
+            *reinterpret_cast<uint4*>(dst + row * LD + ch * 8) = val;
+        }
+    } else {
+        for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
+            const int row = i / D, col = i % D;
+            const i64 t = t0 + row;
+            u16 val = 0;
+            if (t < t_hi && col < d) val = base[(sel_pos(p, t) - pos0) * row_stride + col];
+            dst[row * LD + col] = val;
+        }
+    }
+}
+
+template <class E, int D, int BN>
+__device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, float* lse_acc, const AttnParams& a) {
+    constexpr int BM = 64, LD = D + 8, NS = BN / 8, NO = D / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    u16* sQ = reinterpret_cast<u16*>(smem_raw);
+    u16* sK = sQ + BM * LD;
+    u16* sV = sK + BN * LD;
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const i64 h = a.head0 + blockIdx.y, b = blockIdx.z;
+    const Pattern p = make_pattern(a, h);
+    const i64 q_hi = sel_below(p, a.q_start + a.nq);
+    const i64 t0 = sel_below(p, a.q_start) + (i64)blockIdx.x * BM;
+    if (t0 >= q_hi) return;  // uniform over the block
+    const i64 t_last = min64(t0 + BM, q_hi) - 1;
+    const i64 kb_lo = max64(sel_below(p, a.k_start), (t0 / p.per_seg) * p.per_seg);
+    i64 kb_hi = min64(sel_below(p, a.k_start + a.nk), (t_last / p.per_seg + 1) * p.per_seg);
+    if (a.causal) kb_hi = min64(kb_hi, t_last + 1);
+
+    load_tile<D, LD>(sQ, BM, q + b * a.q_sb + h * a.q_sh, a.q_ss, p, t0, q_hi, a.q_start, a.d, a.vec & 1);
+
+    // This thread's two query rows (in the tile) and their selected indices / segments.
+    const int r0 = warp * 16 + g;
+    const i64 tq[2] = {t0 + r0, t0 + r0 + 8};
+    const i64 sq[2] = {tq[0] / p.per_seg, tq[1] / p.per_seg};
+
+    float o[NO][4];
+#pragma unroll
+    for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+
+    for (i64 kt0 = kb_lo; kt0 < kb_hi; kt0 += BN) {
+        __syncthreads();  // the previous K/V tile is consumed (and sQ is written, first time)
+        load_tile<D, LD>(sK, BN, k + b * a.k_sb + h * a.k_sh, a.k_ss, p, kt0, kb_hi, a.k_start, a.d, a.vec & 2);
+        load_tile<D, LD>(sV, BN, v + b * a.v_sb + h * a.v_sh, a.v_ss, p, kt0, kb_hi, a.k_start, a.d, a.vec & 4);
+        __syncthreads();
+
+        float s[NS][4];
+#pragma unroll
+        for (int j = 0; j < NS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            const u16* qa = sQ + r0 * LD + ks * 16 + 2 * c;
+            const u32 af[4] = {lds32(qa), lds32(qa + 8 * LD), lds32(qa + 8), lds32(qa + 8 * LD + 8)};
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+                const u16* kb = sK + (j * 8 + g) * LD + ks * 16 + 2 * c;
+                const u32 bf[2] = {lds32(kb), lds32(kb + 8)};
+                mma16816(s[j], af, bf, E());
+            }
+        }
+
+        // Mask (same segment, inside the key block, causal) and scale; online softmax.
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const i64 tk = kt0 + j * 8 + 2 * c + e;
+                    const bool ok = tq[i] <= t_last && tk < kb_hi && tk / p.per_seg == sq[i] && (!a.causal || tk <= tq[i]);
+                    const float x = ok ? s[j][2 * i + e] * a.scale : NEG_INF;
+                    s[j][2 * i + e] = x;
+                    mx = fmaxf(mx, x);
+                }
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[i], mx);
+            const float m_use = m_new == NEG_INF ? 0.f : m_new;
+            const float alpha = expf(m[i] - m_use);
+            float rs = 0.f;
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float pe = expf(s[j][2 * i + e] - m_use);
+                    s[j][2 * i + e] = pe;
+                    rs += pe;
+                }
+            }
+            l[i] = l[i] * alpha + rs;
+            m[i] = m_new;
+#pragma unroll
+            for (int j = 0; j < NO; ++j) {
+                o[j][2 * i] *= alpha;
+                o[j][2 * i + 1] *= alpha;
+            }
+        }
+
+        // O += P V: P comes straight from the S accumulators (C layout == A layout pairs).
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const u32 pf[4] = {pack2<E>(s[2 * kk][0], s[2 * kk][1]), pack2<E>(s[2 * kk][2], s[2 * kk][3]),
+                               pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            const u16* vb = sV + (kk * 16 + 2 * c) * LD + g;
+#pragma unroll
+            for (int j = 0; j < NO; ++j) {
+                const u16* vj = vb + j * 8;
+                const u32 bf[2] = {(u32)vj[0] | ((u32)vj[LD] << 16), (u32)vj[8 * LD] | ((u32)vj[9 * LD] << 16)};
+                mma16816(o[j], pf, bf, E());
+            }
+        }
+    }
+
+    // Row sums live in the 4 threads of a group; merge the tile into the partial.
+    float lse[2], inv[2], wa[2], wb[2], merged[2];
+    i64 ri[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        lse[i] = l[i] > 0.f ? m[i] + logf(l[i]) : NEG_INF;
+        inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
+        ri[i] = -1;
+        if (tq[i] <= t_last) {
+            ri[i] = (b * a.nq + (sel_pos(p, tq[i]) - a.q_start)) * a.heads + h;
+            lse_merge(lse_acc[ri[i]], lse[i], &merged[i], &wa[i], &wb[i]);
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (ri[i] < 0) continue;
+        float* orow = o_acc + ri[i] * a.d;
+#pragma unroll
+        for (int j = 0; j < NO; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const i64 col = j * 8 + 2 * c + e;
+                if (col < a.d) orow[col] = merged[i] == NEG_INF ? 0.f : wa[i] * orow[col] + wb[i] * o[j][2 * i + e] * inv[i];
+            }
+        }
+        if (c == 0) lse_acc[ri[i]] = merged[i];
+    }
+}
+
+// Shared memory of one block (bytes); mirrored by `mma_smem_bytes` in src/cuda/plan.rs.
+#define MMA_SMEM(D, BN) ((64 + 2 * (BN)) * ((D) + 8) * 2)
+
+#define ATTN_MMA_KERNEL(NAME, E, D, BN)                                                                    \
+    extern "C" __global__ void __launch_bounds__(128) dilated_fwd_mma_##NAME##_d##D(                       \
+        const u16* q, const u16* k, const u16* v, float* o_acc, float* lse_acc, AttnParams a) {            \
+        fwd_mma<E, D, BN>(q, k, v, o_acc, lse_acc, a);                                                     \
+    }
+
+ATTN_MMA_KERNEL(f16, F16E, 32, 64)
+ATTN_MMA_KERNEL(f16, F16E, 64, 64)
+ATTN_MMA_KERNEL(f16, F16E, 128, 64)
+ATTN_MMA_KERNEL(f16, F16E, 256, 32)
+ATTN_MMA_KERNEL(bf16, BF16E, 32, 64)
+ATTN_MMA_KERNEL(bf16, BF16E, 64, 64)
+ATTN_MMA_KERNEL(bf16, BF16E, 128, 64)
+ATTN_MMA_KERNEL(bf16, BF16E, 256, 32)

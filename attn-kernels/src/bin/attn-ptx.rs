@@ -1,0 +1,167 @@
+//! `attn-ptx`: compile every CUDA kernel with NVRTC for each requested architecture,
+//! assemble the PTX with `ptxas -v`, print registers / shared memory / spills per kernel,
+//! and fail on any compile error, missing kernel or spill. Needs no GPU, only libnvrtc
+//! (on `LD_LIBRARY_PATH`) and `ptxas`. Run through `cargo xtask ptx`.
+//!
+//! Usage: attn-ptx [--arch 80,90] [--out DIR] [--ptxas PATH]
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+use attn_kernels::cuda::plan::{mma_block_n, mma_smem_bytes};
+use attn_kernels::cuda::source::{MMA_HEAD_DIMS, full_source, kernel_names, mma_kernel_name, nvrtc_options};
+use attn_kernels::cuda::nvrtc_present;
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+
+#[derive(Debug, Default, Clone)]
+struct KernelReport {
+    registers: u32,
+    static_smem: u32,
+    stack: u32,
+    spill_stores: u32,
+    spill_loads: u32,
+}
+
+struct Args {
+    archs: Vec<String>,
+    out: PathBuf,
+    ptxas: String,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args { archs: vec!["80".into(), "90".into()], out: PathBuf::from("target/ptx"), ptxas: "ptxas".into() };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--arch" => a.archs = val()?.split(',').map(|s| s.trim().trim_start_matches("sm_").to_string()).collect(),
+            "--out" => a.out = PathBuf::from(val()?),
+            "--ptxas" => a.ptxas = val()?,
+            "-h" | "--help" => return Err("usage: attn-ptx [--arch 80,90] [--out DIR] [--ptxas PATH]".into()),
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    if a.archs.iter().any(|s| s.is_empty() || !s.chars().all(|c| c.is_ascii_digit())) {
+        return Err(format!("bad --arch list {:?} (want e.g. 80,90)", a.archs));
+    }
+    Ok(a)
+}
+
+/// Numbers before a word, e.g. `n_before(line, "registers")` on "Used 40 registers".
+fn n_before(line: &str, word: &str) -> Option<u32> {
+    let words: Vec<&str> = line.split(|c: char| c.is_whitespace() || c == ',').filter(|s| !s.is_empty()).collect();
+    words.windows(2).find(|w| w[1].starts_with(word)).and_then(|w| w[0].parse().ok())
+}
+
+/// Parse `ptxas -v` output into per-kernel reports.
+fn parse_ptxas(text: &str) -> Vec<(String, KernelReport)> {
+    let mut out: Vec<(String, KernelReport)> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.split("Function properties for ").nth(1) {
+            out.push((rest.trim().to_string(), KernelReport::default()));
+        } else if let Some((_, r)) = out.last_mut() {
+            if line.contains("stack frame") {
+                r.stack = n_before(line, "bytes").unwrap_or(0);
+                r.spill_stores = line.split("spill stores").next().and_then(|s| s.split(',').next_back()).and_then(|s| n_before(s, "bytes")).unwrap_or(0);
+                r.spill_loads = line.split("spill loads").next().and_then(|s| s.split(',').next_back()).and_then(|s| n_before(s, "bytes")).unwrap_or(0);
+            } else if line.contains("Used") && line.contains("registers") {
+                r.registers = n_before(line, "registers").unwrap_or(0);
+                r.static_smem = line.split(',').find(|s| s.contains("smem")).and_then(|s| n_before(s, "bytes")).unwrap_or(0);
+            }
+        }
+    }
+    out
+}
+
+fn dynamic_smem(name: &str) -> usize {
+    for t in ["f16", "bf16"] {
+        for d in MMA_HEAD_DIMS {
+            if name == mma_kernel_name(t, d) {
+                return mma_smem_bytes(d);
+            }
+        }
+    }
+    0
+}
+
+fn run() -> Result<(), String> {
+    let args = parse_args()?;
+    if !nvrtc_present() {
+        return Err("libnvrtc not found: put the lib dir of nvidia-cuda-nvrtc-cu12 on LD_LIBRARY_PATH".into());
+    }
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("create {}: {e}", args.out.display()))?;
+    let src = full_source();
+    let expected = kernel_names();
+    let mut failures = Vec::new();
+    for arch in &args.archs {
+        let opts = CompileOptions { options: nvrtc_options(&format!("compute_{arch}")), ..Default::default() };
+        let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| match e {
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                format!("NVRTC compile for compute_{arch} failed:\n{}", log.to_string_lossy())
+            }
+            other => format!("NVRTC compile for compute_{arch} failed: {other:?}"),
+        })?;
+        let ptx_path = args.out.join(format!("attn_kernels_sm_{arch}.ptx"));
+        let cubin_path = args.out.join(format!("attn_kernels_sm_{arch}.cubin"));
+        std::fs::write(&ptx_path, ptx.to_src()).map_err(|e| format!("write {}: {e}", ptx_path.display()))?;
+        let output = Command::new(&args.ptxas)
+            .arg("-v")
+            .arg(format!("-arch=sm_{arch}"))
+            .arg(&ptx_path)
+            .arg("-o")
+            .arg(&cubin_path)
+            .output()
+            .map_err(|e| format!("run `{}`: {e}", args.ptxas))?;
+        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        if !output.status.success() {
+            return Err(format!("ptxas -arch=sm_{arch} failed ({}):\n{text}", output.status));
+        }
+        let reports = parse_ptxas(&text);
+        println!("sm_{arch}: {} ({} bytes of PTX)", ptx_path.display(), ptx.to_src().len());
+        println!("  {:<34} {:>5} {:>9} {:>9} {:>6} {:>12}", "kernel", "regs", "smem", "dyn smem", "stack", "spill st/ld");
+        for name in &expected {
+            let Some((_, r)) = reports.iter().find(|(n, _)| n == name) else {
+                failures.push(format!("sm_{arch}: kernel {name} missing from ptxas output"));
+                continue;
+            };
+            println!(
+                "  {:<34} {:>5} {:>9} {:>9} {:>6} {:>6}/{:<5}",
+                name,
+                r.registers,
+                r.static_smem,
+                dynamic_smem(name),
+                r.stack,
+                r.spill_stores,
+                r.spill_loads
+            );
+            if r.spill_stores > 0 || r.spill_loads > 0 {
+                failures.push(format!("sm_{arch}: {name} spills ({} B stores, {} B loads)", r.spill_stores, r.spill_loads));
+            }
+            if dynamic_smem(name) + r.static_smem as usize > 163 * 1024 {
+                failures.push(format!("sm_{arch}: {name} needs more shared memory than sm_80 has"));
+            }
+        }
+        for (n, _) in &reports {
+            if !expected.contains(n) {
+                failures.push(format!("sm_{arch}: unexpected kernel {n} (add it to source::kernel_names)"));
+            }
+        }
+    }
+    let _ = mma_block_n; // the tile sizes are printed through mma_smem_bytes
+    if failures.is_empty() {
+        println!("attn-ptx: {} kernels x {} archs compiled and assembled, no spills", expected.len(), args.archs.len());
+        Ok(())
+    } else {
+        Err(failures.join("\n"))
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("attn-ptx: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The CUDA device handle: library and device checks (typed errors, never a panic),
+//! the context and stream, and the NVRTC-compiled kernel module, cached per device.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use attn_core::{AttnError, Result};
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+
+use super::source::{MIN_COMPUTE_CAPABILITY, full_source, nvrtc_options};
+
+const BACKEND: &str = "cuda";
+
+/// Wrap a CUDA driver / NVRTC error.
+pub(crate) fn cuda_err(e: impl std::error::Error + Send + Sync + 'static) -> AttnError {
+    AttnError::backend(BACKEND, e)
+}
+
+fn unavailable(reason: impl Into<String>) -> AttnError {
+    AttnError::BackendUnavailable { backend: BACKEND, reason: reason.into() }
+}
+
+/// Whether libnvrtc can be loaded (checked without panicking).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: `is_culib_present` only tries to dlopen the candidate library names and
+    // drops the handles; it has no preconditions.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Check, in order, that libcuda and libnvrtc load and that device `ordinal` exists.
+/// Every failure is `AttnError::BackendUnavailable` with the reason.
+pub fn check_available(ordinal: usize) -> Result<()> {
+    // SAFETY: as in `nvrtc_present`: a dlopen probe with no preconditions.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(unavailable("libcuda (the NVIDIA driver library) was not found"));
+    }
+    if !nvrtc_present() {
+        return Err(unavailable(
+            "libnvrtc was not found (install nvidia-cuda-nvrtc-cu12 and put its lib dir on LD_LIBRARY_PATH)",
+        ));
+    }
+    let count = CudaContext::device_count().map_err(|e| unavailable(format!("cuInit/cuDeviceGetCount: {e:?}")))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(unavailable(format!("device {ordinal} requested but {count} CUDA device(s) found")));
+    }
+    Ok(())
+}
+
+type ModuleCache = Mutex<HashMap<usize, Arc<CudaModule>>>;
+
+fn module_cache() -> &'static ModuleCache {
+    static CACHE: OnceLock<ModuleCache> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// A CUDA device ready to run the dilated-attention kernels.
+#[derive(Debug, Clone)]
+pub struct CudaDevice {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    compute_capability: (i32, i32),
+}
+
+impl CudaDevice {
+    /// Open device `ordinal`: check libraries and device, require sm_80+, and compile the
+    /// kernels with NVRTC for this device's architecture (once per device per process).
+    pub fn new(ordinal: usize) -> Result<Self> {
+        check_available(ordinal)?;
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
+        let cc = ctx.compute_capability().map_err(cuda_err)?;
+        if cc < MIN_COMPUTE_CAPABILITY {
+            return Err(unavailable(format!("device {ordinal} is sm_{}{}; sm_80 or newer is required", cc.0, cc.1)));
+        }
+        let module = {
+            let mut cache = module_cache().lock().map_err(|_| unavailable("kernel cache lock poisoned"))?;
+            match cache.get(&ordinal) {
+                Some(m) => m.clone(),
+                None => {
+                    let arch = format!("compute_{}{}", cc.0, cc.1);
+                    let opts = CompileOptions { options: nvrtc_options(&arch), ..Default::default() };
+                    let ptx = compile_ptx_with_opts(full_source(), opts).map_err(cuda_err)?;
+                    let m = ctx.load_module(ptx).map_err(cuda_err)?;
+                    cache.insert(ordinal, m.clone());
+                    m
+                }
+            }
+        };
+        let stream = ctx.default_stream();
+        Ok(CudaDevice { ctx, stream, module, compute_capability: cc })
+    }
+
+    /// `(major, minor)` compute capability.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    /// The CUDA context (for callers that share the device, e.g. an NCCL communicator).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every launch of this handle goes to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Load kernel `name`, allowing `smem_bytes` of dynamic shared memory.
+    pub(crate) fn function(&self, name: &str, smem_bytes: usize) -> Result<CudaFunction> {
+        let f = self.module.load_function(name).map_err(cuda_err)?;
+        if smem_bytes > 48 * 1024 {
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                i32::try_from(smem_bytes).map_err(|_| AttnError::InvalidArgument("shared memory size".into()))?,
+            )
+            .map_err(cuda_err)?;
+        }
+        Ok(f)
+    }
+
+    /// Wait for all queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(cuda_err)
+    }
+}

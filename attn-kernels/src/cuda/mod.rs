@@ -1,0 +1,30 @@
+//! CUDA backend (feature `cuda`): fused dilated attention forward and backward on NVIDIA
+//! GPUs, kernels in `kernels/*.cu` compiled by NVRTC at run time (once per device).
+//!
+//! - [`CudaDevice::new`] checks libcuda, libnvrtc and the device first and returns
+//!   `AttnError::BackendUnavailable` (never a panic) when any is missing; sm_80+ only.
+//! - Whole calls from host views: [`forward`] (out + f32 LSE) and [`backward`].
+//! - Ring steps: [`forward_block`] LSE-merges a (q block, k block) pair into a
+//!   [`DevicePartial`], [`finish_forward`] applies the heads' `out_scale`;
+//!   [`backward_block`] accumulates f32 gradients given the final LSE and [`delta`].
+//! - Kernels: f16/bf16 forward on tensor cores (`mma.sync.m16n8k16`, f32 accumulation,
+//!   dilation gather fused into the tile loads); f32 forward and every backward use the
+//!   warp-per-row kernels (f32 accumulation, no tensor cores yet).
+
+mod bench;
+mod block;
+mod device;
+mod epilogue;
+mod host;
+mod launch;
+pub mod params;
+pub mod plan;
+pub mod source;
+mod tensor;
+
+pub use bench::{GpuTiming, attended_pairs, bench_forward};
+pub use block::{backward_block, forward_block};
+pub use device::{CudaDevice, check_available, nvrtc_present};
+pub use epilogue::{delta, finish_forward, store_scaled};
+pub use host::{backward, forward};
+pub use tensor::{CudaElement, DeviceGrads, DevicePartial, DeviceTensor};

@@ -1,0 +1,105 @@
+//! The CUDA C source of every kernel (`kernels/*.cu`), its NVRTC options and kernel names.
+//!
+//! The source is header-free (no `cuda_fp16.h`, `cuda_bf16.h` or `mma.h`), so NVRTC needs
+//! no include path: the same string compiles at run time on a GPU machine and in
+//! `cargo xtask ptx` on a machine without one.
+
+use attn_core::DType;
+
+/// Shared definitions, compiled first.
+pub const PRELUDE: &str = include_str!("../../kernels/prelude.cu");
+
+/// The kernel files after the prelude, as `(file name, text)`.
+pub const FILES: [(&str, &str); 3] = [
+    ("dilated_rows.cu", include_str!("../../kernels/dilated_rows.cu")),
+    ("dilated_fwd_mma.cu", include_str!("../../kernels/dilated_fwd_mma.cu")),
+    ("epilogue.cu", include_str!("../../kernels/epilogue.cu")),
+];
+
+/// Padded head dims of the tensor-core forward (`head_dim` is rounded up to one of these).
+pub const MMA_HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
+
+/// Largest head_dim any kernel supports (32 lanes x `ROW_CHUNKS` in `prelude.cu`).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Lowest compute capability the backend runs on (mma.sync with bf16 needs sm_80).
+pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
+
+/// The whole translation unit: prelude, then every kernel file.
+pub fn full_source() -> String {
+    let mut s = String::with_capacity(PRELUDE.len() + FILES.iter().map(|f| f.1.len() + 64).sum::<usize>());
+    s.push_str(PRELUDE);
+    for (name, text) in FILES {
+        s.push_str("\n// ---- ");
+        s.push_str(name);
+        s.push_str(" ----\n");
+        s.push_str(text);
+    }
+    s
+}
+
+/// NVRTC options for a virtual architecture such as `compute_80`.
+pub fn nvrtc_options(arch: &str) -> Vec<String> {
+    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "--fmad=true".into()]
+}
+
+/// Kernel-name suffix of a dtype (`f32`, `f16`, `bf16`); f64 has no CUDA kernels.
+pub fn dtype_suffix(dtype: DType) -> Option<&'static str> {
+    match dtype {
+        DType::F32 => Some("f32"),
+        DType::F16 => Some("f16"),
+        DType::BF16 => Some("bf16"),
+        DType::F64 => None,
+    }
+}
+
+/// Every `extern "C"` kernel the source defines (checked by `attn-ptx` against ptxas output).
+pub fn kernel_names() -> Vec<String> {
+    let mut names = vec!["fill_neg_inf".to_string()];
+    for t in ["f32", "f16", "bf16"] {
+        for k in ["dilated_fwd_rows", "dilated_bwd_dq_rows", "dilated_bwd_dkv_rows", "store_rows", "delta_rows"] {
+            names.push(format!("{k}_{t}"));
+        }
+    }
+    for t in ["f16", "bf16"] {
+        for d in MMA_HEAD_DIMS {
+            names.push(mma_kernel_name(t, d));
+        }
+    }
+    names
+}
+
+/// Name of the tensor-core forward for a dtype suffix and padded head dim.
+pub fn mma_kernel_name(suffix: &str, padded_d: usize) -> String {
+    format!("dilated_fwd_mma_{suffix}_d{padded_d}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_kernel_is_defined_once_in_the_source() {
+        let src = full_source();
+        for name in kernel_names() {
+            // Kernels are defined by macros: check the macro invocation or the literal name.
+            let found = if let Some(rest) = name.strip_prefix("dilated_fwd_mma_") {
+                let (t, d) = rest.split_once("_d").unwrap();
+                let e = if t == "f16" { "F16E" } else { "BF16E" };
+                src.contains(&format!("ATTN_MMA_KERNEL({t}, {e}, {d},"))
+            } else if let Some(t) = ["f32", "f16", "bf16"].iter().find(|t| name.ends_with(&format!("_{t}"))) {
+                let e = match *t {
+                    "f32" => "F32E",
+                    "f16" => "F16E",
+                    _ => "BF16E",
+                };
+                src.contains(&format!("ATTN_ROW_KERNELS({t}, {e})"))
+                    && src.contains(&format!("ATTN_EPILOGUE_KERNELS({t}, {e})"))
+            } else {
+                src.contains(&format!("void {name}("))
+            };
+            assert!(found, "{name} is not defined");
+        }
+        assert!(!src.contains("#include"), "the source must stay header-free");
+    }
+}

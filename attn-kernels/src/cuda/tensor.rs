@@ -1,0 +1,122 @@
+//! Device-memory tensors: strided `[batch, seq, heads, head_dim]` inputs/outputs, the f32
+//! partial `(out, lse)` the forward merges into, and the f32 gradient accumulators.
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, Element, Result, Shape4, TensorView};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use half::{bf16, f16};
+
+use super::device::{CudaDevice, cuda_err};
+
+/// Element types the CUDA kernels take (f64 has no kernels).
+pub trait CudaElement: Element + DeviceRepr + ValidAsZeroBits + Unpin {
+    /// Kernel-name suffix.
+    const SUFFIX: &'static str;
+}
+impl CudaElement for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+impl CudaElement for f16 {
+    const SUFFIX: &'static str = "f16";
+}
+impl CudaElement for bf16 {
+    const SUFFIX: &'static str = "bf16";
+}
+
+/// A strided `[batch, seq, heads, head_dim]` tensor in device memory (head_dim stride 1).
+#[derive(Debug)]
+pub struct DeviceTensor<T> {
+    pub data: CudaSlice<T>,
+    pub shape: Shape4,
+    pub strides: [usize; 4],
+}
+
+impl<T: CudaElement> DeviceTensor<T> {
+    /// Upload a host view, keeping its strides (a fused-QKV view uploads its whole buffer).
+    pub fn from_view(dev: &CudaDevice, view: &TensorView<'_, T>) -> Result<Self> {
+        let shape = view.shape();
+        let strides = view.strides();
+        let extent = extent(shape, strides);
+        let data = dev.stream.clone_htod(&view.data()[..extent]).map_err(cuda_err)?;
+        Ok(DeviceTensor { data, shape, strides })
+    }
+
+    /// A zeroed contiguous tensor.
+    pub fn zeros(dev: &CudaDevice, shape: Shape4) -> Result<Self> {
+        let data = dev.stream.alloc_zeros::<T>(shape.numel()).map_err(cuda_err)?;
+        Ok(DeviceTensor { data, shape, strides: shape.contiguous_strides() })
+    }
+
+    /// Download as a contiguous host vector (row-major, whatever the device strides).
+    pub fn to_host_contiguous(&self, dev: &CudaDevice) -> Result<Vec<T>> {
+        let raw = dev.stream.clone_dtoh(&self.data).map_err(cuda_err)?;
+        let view = TensorView::strided(TensorName::Output, &raw, self.shape, self.strides)?;
+        let mut v = Vec::with_capacity(self.shape.numel());
+        for b in 0..self.shape.batch {
+            for s in 0..self.shape.seq {
+                for h in 0..self.shape.heads {
+                    v.extend_from_slice(view.row(b, s, h));
+                }
+            }
+        }
+        Ok(v)
+    }
+}
+
+/// Elements a strided view reaches (largest offset + 1).
+pub(crate) fn extent(shape: Shape4, strides: [usize; 4]) -> usize {
+    shape.dims().iter().zip(strides).map(|(d, s)| (d - 1) * s).sum::<usize>() + 1
+}
+
+/// The f32 partial of the forward: `out` `[batch, rows, heads, d]` (normalised over the
+/// keys merged so far) and `lse` `[batch, rows, heads]` (`-inf` = nothing yet).
+#[derive(Debug)]
+pub struct DevicePartial {
+    pub out: CudaSlice<f32>,
+    pub lse: CudaSlice<f32>,
+    pub shape: Shape4,
+}
+
+impl DevicePartial {
+    /// An empty partial: `out = 0`, `lse = -inf`.
+    pub fn empty(dev: &CudaDevice, shape: Shape4) -> Result<Self> {
+        let out = dev.stream.alloc_zeros::<f32>(shape.numel()).map_err(cuda_err)?;
+        let mut lse = dev.stream.alloc_zeros::<f32>(shape.lse_len()).map_err(cuda_err)?;
+        fill_neg_inf(dev, &mut lse)?;
+        Ok(DevicePartial { out, lse, shape })
+    }
+}
+
+/// f32 gradient accumulators: `dq` like q, `dk` and `dv` like k.
+#[derive(Debug)]
+pub struct DeviceGrads {
+    pub dq: CudaSlice<f32>,
+    pub dk: CudaSlice<f32>,
+    pub dv: CudaSlice<f32>,
+    pub q_shape: Shape4,
+    pub kv_shape: Shape4,
+}
+
+impl DeviceGrads {
+    pub fn zeros(dev: &CudaDevice, q_shape: Shape4, kv_shape: Shape4) -> Result<Self> {
+        let z = |n| dev.stream.alloc_zeros::<f32>(n).map_err(cuda_err);
+        Ok(DeviceGrads { dq: z(q_shape.numel())?, dk: z(kv_shape.numel())?, dv: z(kv_shape.numel())?, q_shape, kv_shape })
+    }
+}
+
+pub(crate) fn check_len(tensor: TensorName, got: usize, expected: usize) -> Result<()> {
+    if got != expected {
+        return Err(AttnError::ShapeMismatch { tensor, expected: vec![expected], got: vec![got] });
+    }
+    Ok(())
+}
+
+fn fill_neg_inf(dev: &CudaDevice, x: &mut CudaSlice<f32>) -> Result<()> {
+    let n = x.len() as i64;
+    let f = dev.function("fill_neg_inf", 0)?;
+    let blocks = (x.len().div_ceil(256)).clamp(1, 65_535) as u32;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = dev.stream.launch_builder(&f);
+    launch.arg(x).arg(&n);
+    super::launch::launch(launch, cfg)
+}
