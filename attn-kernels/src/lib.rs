@@ -6,5 +6,12 @@ pub mod block;
 pub mod isa;
 mod piece;
 
+/// CUDA backend (feature `cuda`; without it, a stub returning `AttnError::NotCompiled`).
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda/stub.rs"]
+pub mod cuda;
+
 pub use block::{BlockRows, attend_block, attend_block_backward};
 pub use isa::Isa;
