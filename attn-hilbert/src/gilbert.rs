@@ -226,12 +226,133 @@ impl Walk<'_> {
     }
 }
 
+impl Walk<'_> {
+    /// [`Walk::curve_2d`] on a rectangle whose sides are multiples of the power
+    /// of two `u`, cutting only at multiples of `u` wherever the cut pieces are at
+    /// least one `u x u` tile wide, so that aligned tiles are visited whole (a
+    /// standard Hilbert curve each) and segments of `u*u` tokens are squares.
+    fn aligned_2d(&mut self, p: V, alpha: V, beta: V, u: i64) {
+        let (ac, bc) = (len(alpha) / u, len(beta) / u);
+        if u == 1 || (ac == 1 && bc == 1) {
+            return self.curve_2d(p, alpha, beta);
+        }
+        let (ca, cb) = (div(alpha, u), div(beta, u));
+        if 2 * ac > 3 * bc {
+            let alpha2 = scale(half_even(ca), u);
+            self.aligned_2d(p, alpha2, beta, u);
+            self.aligned_2d(add(p, alpha2), sub(alpha, alpha2), beta, u);
+            return;
+        }
+        if ac == 1 {
+            // A one-tile-wide strip must go up and come back inside the strip.
+            return self.curve_2d(p, alpha, beta);
+        }
+        let (da, db) = (unit(alpha), unit(beta));
+        let alpha2 = scale(div(ca, 2), u);
+        let beta2 = scale(half_even(cb), u);
+        self.aligned_2d(p, beta2, alpha2, u);
+        self.aligned_2d(add(p, beta2), alpha, sub(beta, beta2), u);
+        let back = add(p, add(sub(alpha, da), sub(beta2, db)));
+        self.aligned_2d(back, neg(beta2), sub(alpha2, alpha), u);
+    }
+
+    /// [`Walk::curve_3d`] on a box whose sides are multiples of `u` (as
+    /// [`Walk::aligned_2d`]); boxes less than two tiles thick along some axis fall
+    /// back to the unaligned curve.
+    fn aligned_3d(&mut self, p: V, alpha: V, beta: V, gamma: V, u: i64) {
+        let (ac, bc, gc) = (len(alpha) / u, len(beta) / u, len(gamma) / u);
+        if u == 1 || (ac == 1 && bc == 1 && gc == 1) || ac.min(bc).min(gc) < 2 {
+            return self.curve_3d(p, alpha, beta, gamma);
+        }
+        let (ca, cb, cg) = (div(alpha, u), div(beta, u), div(gamma, u));
+        let (da, db, dg) = (unit(alpha), unit(beta), unit(gamma));
+        let s = |v: V| scale(v, u);
+        if 3 * ac > 5 * bc && 3 * ac > 5 * gc {
+            let alpha2 = s(half_even(ca));
+            self.aligned_3d(p, alpha2, beta, gamma, u);
+            self.aligned_3d(add(p, alpha2), sub(alpha, alpha2), beta, gamma, u);
+        } else if 2 * bc > 3 * gc || 2 * bc > 3 * ac {
+            let (alpha2, beta3) = (s(half_even(ca)), s(third_even(cb)));
+            self.aligned_3d(p, beta3, gamma, alpha2, u);
+            self.aligned_3d(add(p, beta3), alpha, sub(beta, beta3), gamma, u);
+            let back = add(p, add(sub(alpha, da), sub(beta3, db)));
+            self.aligned_3d(back, neg(beta3), gamma, neg(sub(alpha, alpha2)), u);
+        } else if 2 * gc > 3 * bc {
+            let (alpha2, gamma3) = (s(half_even(ca)), s(third_even(cg)));
+            self.aligned_3d(p, gamma3, alpha2, beta, u);
+            self.aligned_3d(add(p, gamma3), alpha, beta, sub(gamma, gamma3), u);
+            let back = add(p, add(sub(alpha, da), sub(gamma3, dg)));
+            self.aligned_3d(back, neg(gamma3), neg(sub(alpha, alpha2)), beta, u);
+        } else if gc % 2 == 0 {
+            let (alpha2, beta2, gamma2) = (s(half_even(ca)), s(half_even(cb)), s(half_even(cg)));
+            let (rest_a, rest_b, rest_g) = (sub(alpha, alpha2), sub(beta, beta2), sub(gamma, gamma2));
+            self.aligned_3d(p, beta2, gamma2, alpha2, u);
+            self.aligned_3d(add(p, beta2), gamma, alpha2, rest_b, u);
+            self.aligned_3d(add(p, add(sub(beta2, db), sub(gamma, dg))), alpha, neg(beta2), neg(rest_g), u);
+            let far = add(sub(alpha, da), add(beta2, sub(gamma, dg)));
+            self.aligned_3d(add(p, far), neg(gamma), neg(rest_a), rest_b, u);
+            self.aligned_3d(add(p, add(sub(alpha, da), sub(beta2, db))), neg(beta2), gamma2, neg(rest_a), u);
+        } else if ac % 2 == 0 || bc % 2 == 0 {
+            let (alpha2, beta2, gamma2) = (s(half_odd(ca)), s(half_even(cb)), s(half_even(cg)));
+            let (rest_a, rest_b, rest_g) = (sub(alpha, alpha2), sub(beta, beta2), sub(gamma, gamma2));
+            self.aligned_3d(p, gamma2, alpha2, beta2, u);
+            self.aligned_3d(add(p, gamma2), beta, rest_g, alpha2, u);
+            self.aligned_3d(add(p, add(sub(gamma2, dg), sub(beta, db))), alpha, neg(rest_b), neg(gamma2), u);
+            let far = add(sub(alpha, da), add(sub(beta, db), gamma2));
+            self.aligned_3d(add(p, far), neg(beta), rest_g, neg(rest_a), u);
+            self.aligned_3d(add(p, add(sub(alpha, da), sub(gamma2, dg))), neg(gamma2), neg(rest_a), beta2, u);
+        } else {
+            let (alpha2, beta2, gamma2) = (s(half_odd(ca)), s(half_even(cb)), s(half_even(cg)));
+            let (rest_a, rest_b, rest_g) = (sub(alpha, alpha2), sub(beta, beta2), sub(gamma, gamma2));
+            self.aligned_3d(p, beta2, gamma, alpha2, u);
+            self.aligned_3d(add(p, beta2), gamma2, alpha, rest_b, u);
+            self.aligned_3d(add(p, add(beta2, gamma2)), alpha, rest_b, rest_g, u);
+            let far = add(sub(alpha, da), add(sub(beta2, db), gamma2));
+            self.aligned_3d(add(p, far), neg(beta2), rest_g, neg(rest_a), u);
+            self.aligned_3d(add(p, add(sub(alpha, da), sub(gamma2, dg))), neg(gamma2), neg(rest_a), beta2, u);
+        }
+    }
+}
+
+#[inline(always)]
+fn scale(a: V, u: i64) -> V {
+    [a[0] * u, a[1] * u, a[2] * u]
+}
+
+/// The largest power of two dividing every length.
+fn common_pow2(lens: &[i64]) -> i64 {
+    let tz = lens.iter().map(|l| l.trailing_zeros()).min().unwrap_or(0);
+    1i64 << tz.min(62)
+}
+
 /// Appends to `out` the row-major indices (`(z * height + y) * width + x`) of a
 /// `depth x height x width` box in generalised Hilbert order. The caller checks
 /// that the sizes are non-zero and that `depth * height * width` is at most
 /// [`crate::grid::MAX_TOKENS`]; `out` receives exactly that many indices.
+///
+/// Axes of length 1 are dropped; the curve runs first along the longest even
+/// axis, or the longest axis when all are odd (ties: width, then height, then
+/// depth), and cuts at multiples of the largest power of two dividing every
+/// remaining side (see [`Walk::aligned_2d`]).
 pub(crate) fn hilbert_indices(depth: usize, height: usize, width: usize, out: &mut Vec<usize>) {
     let (d, h, w) = (depth as i64, height as i64, width as i64);
     let mut walk = Walk { out, stride: [1, w, w * h] };
-    walk.curve_3d([0, 0, 0], [w, 0, 0], [0, h, 0], [0, 0, d]);
+    let mut axes: Vec<V> = [[w, 0, 0], [0, h, 0], [0, 0, d]].into_iter().filter(|a| len(*a) > 1).collect();
+    axes.sort_by_key(|a| std::cmp::Reverse(len(*a))); // stable: ties keep width first
+    // The curve ends next to its start along the first axis; when that axis is
+    // odd and the token count even, parity forces a diagonal step. Leading with
+    // the longest even axis (when there is one) avoids it.
+    if let Some(i) = axes.iter().position(|a| len(*a) % 2 == 0) {
+        let even = axes.remove(i);
+        axes.insert(0, even);
+    }
+    let lens: Vec<i64> = axes.iter().map(|a| len(*a)).collect();
+    let u = common_pow2(&lens);
+    match axes[..] {
+        [] => walk.emit([0, 0, 0]),
+        [a] => walk.line([0, 0, 0], unit(a), len(a)),
+        [a, b] => walk.aligned_2d([0, 0, 0], a, b, u),
+        [a, b, c] => walk.aligned_3d([0, 0, 0], a, b, c, u),
+        _ => unreachable!("at most three axes"),
+    }
 }
