@@ -20,7 +20,8 @@
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, SegmentPattern};
 
-use crate::piece::{self, PieceRows};
+use crate::isa::Isa;
+use crate::piece::{self, BlockGrads, Strided};
 
 /// Rows of one `(batch, head)` slice of q, k or v, with their global positions.
 #[derive(Debug, Clone, Copy)]
@@ -62,8 +63,8 @@ impl<'a, T: Element> BlockRows<'a, T> {
         Ok(())
     }
 
-    fn offsets(&self) -> Vec<usize> {
-        (0..self.rows()).map(|i| i * self.stride).collect()
+    fn strided(&self) -> Strided<'a, T> {
+        Strided { data: self.data, stride: self.stride, pos: self.pos }
     }
 }
 
@@ -126,11 +127,8 @@ pub fn attend_block<T: Element>(
     check_common(scale, d, q, k, v)?;
     check_f32(TensorName::Output, out.len(), q.rows() * d)?;
     check_f32(TensorName::Lse, lse.len(), q.rows())?;
-    let (qo, ko) = (q.offsets(), k.offsets());
-    let qr = PieceRows { data: q.data, offsets: &qo, pos: q.pos };
-    let kr = PieceRows { data: k.data, offsets: &ko, pos: k.pos };
-    let vr = PieceRows { data: v.data, offsets: &ko, pos: v.pos };
-    piece::forward_block(crate::isa::Isa::detect(), pattern, causal, scale, d, &qr, &kr, &vr, out, lse);
+    let (q, k, v) = (q.strided(), k.strided(), v.strided());
+    piece::forward_block(Isa::detect(), pattern, causal, scale, d, &q, &k, &v, out, lse);
     Ok(())
 }
 
@@ -163,11 +161,8 @@ pub fn attend_block_backward<T: Element>(
     check_f32(TensorName::GradQuery, dq.len(), nq * d)?;
     check_f32(TensorName::GradKey, dk.len(), nk * d)?;
     check_f32(TensorName::GradValue, dv.len(), nk * d)?;
-    let (qo, ko) = (q.offsets(), k.offsets());
-    let qr = PieceRows { data: q.data, offsets: &qo, pos: q.pos };
-    let kr = PieceRows { data: k.data, offsets: &ko, pos: k.pos };
-    let vr = PieceRows { data: v.data, offsets: &ko, pos: v.pos };
-    let grads = piece::BlockGrads { grad_out_eff, lse, delta, dq, dk, dv };
-    piece::backward_block(crate::isa::Isa::detect(), pattern, causal, scale, d, &qr, &kr, &vr, grads);
+    let (q, k, v) = (q.strided(), k.strided(), v.strided());
+    let grads = BlockGrads { grad_out_eff, lse, delta, dq, dk, dv };
+    piece::backward_block(Isa::detect(), pattern, causal, scale, d, &q, &k, &v, grads);
     Ok(())
 }

@@ -7,6 +7,8 @@ use std::sync::OnceLock;
 pub enum Isa {
     /// Plain Rust loops; compiles and runs everywhere.
     Portable,
+    /// AVX2+FMA kernels (x86-64 only, chosen when the CPU has avx2 and fma but no avx512f).
+    Avx2,
     /// AVX-512F FMA kernels (x86-64 only, chosen when the CPU has avx512f).
     Avx512,
 }
@@ -15,20 +17,26 @@ impl Isa {
     /// The best flavour this CPU supports (detected once, then cached).
     pub fn detect() -> Isa {
         static DETECTED: OnceLock<Isa> = OnceLock::new();
-        *DETECTED.get_or_init(|| if Isa::Avx512.is_supported() { Isa::Avx512 } else { Isa::Portable })
+        *DETECTED
+            .get_or_init(|| [Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_supported()).unwrap_or(Isa::Portable))
     }
 
     /// Whether this CPU can run the flavour.
     pub fn is_supported(self) -> bool {
         match self {
             Isa::Portable => true,
+            Isa::Avx2 => avx2_supported(),
             Isa::Avx512 => avx512_supported(),
         }
     }
 
+    /// All flavours, best first.
+    pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Portable];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
         }
     }
@@ -36,7 +44,19 @@ impl Isa {
 
 #[cfg(target_arch = "x86_64")]
 fn avx512_supported() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
+    static S: OnceLock<bool> = OnceLock::new();
+    *S.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_supported() -> bool {
+    static S: OnceLock<bool> = OnceLock::new();
+    *S.get_or_init(|| std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx2_supported() -> bool {
+    false
 }
 
 #[cfg(not(target_arch = "x86_64"))]

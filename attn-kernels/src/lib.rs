@@ -1,9 +1,19 @@
 //! CPU backend of `attn`: flash-style fused dilated attention (forward and backward,
 //! f32/bf16/f16 with f32 accumulation) and the block-level entry points the ring uses.
+//!
+//! Layers: [`block`] (public block API) and `backend` (whole tensors) find pieces (the
+//! selected rows of one pattern segment) from global positions; `tile_forward` and
+//! `tile_backward` run them tile by tile on the `ops` primitives, which dispatch to
+//! `avx512`, `avx2` or `portable` ([`Isa`], detected once at run time).
 #![deny(unsafe_code)]
 
+mod avx2;
+mod avx512;
+mod backend;
 pub mod block;
 pub mod isa;
+mod ops;
+mod pack;
 mod piece;
 
 /// CUDA backend (feature `cuda`; without it, a stub returning `AttnError::NotCompiled`).
@@ -12,6 +22,11 @@ pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 #[path = "cuda/stub.rs"]
 pub mod cuda;
+mod disjoint;
+mod portable;
+mod tile_backward;
+mod tile_forward;
 
+pub use backend::CpuBackend;
 pub use block::{BlockRows, attend_block, attend_block_backward};
 pub use isa::Isa;

@@ -1,28 +1,91 @@
-//! Pieces: the rows of one pattern segment (selected queries, selected keys), found from
-//! global positions, and handed to the tile kernels.
+//! Block calls split into pieces: the selected rows of each segment, found from global
+//! positions (sorted if the caller's were not), handed to the tile kernels and
+//! scattered back (forward: LSE merge; backward: `+=`).
 
 use attn_core::{Element, LseMerge, SegmentPattern};
 
 use crate::isa::Isa;
+use crate::pack::PieceRows;
+use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece, dq_piece};
+use crate::tile_forward::{ForwardScratch, forward_piece};
 
-/// Rows addressed by element offsets into `data`, with global positions.
+/// A block's rows as `(data, stride, positions)`.
 #[derive(Debug, Clone, Copy)]
-pub struct PieceRows<'a, T> {
+pub(crate) struct Strided<'a, T> {
     pub data: &'a [T],
-    pub offsets: &'a [usize],
+    pub stride: usize,
     pub pos: &'a [usize],
 }
 
-impl<T: Element> PieceRows<'_, T> {
-    #[inline]
-    pub fn row(&self, i: usize, d: usize) -> &[T] {
-        &self.data[self.offsets[i]..self.offsets[i] + d]
+/// The selected rows of one segment: block row indices, offsets, positions (ascending).
+#[derive(Debug, Default)]
+struct Group {
+    segment: usize,
+    rows: Vec<usize>,
+    offsets: Vec<usize>,
+    pos: Vec<usize>,
+}
+
+/// Selected rows of the block grouped by segment, ascending by position.
+fn groups(pattern: &SegmentPattern, pos: &[usize], stride: usize) -> Vec<Group> {
+    let mut idx: Vec<usize> = (0..pos.len()).filter(|&i| pattern.is_selected(pos[i])).collect();
+    if !idx.windows(2).all(|w| pos[w[0]] <= pos[w[1]]) {
+        idx.sort_by_key(|&i| pos[i]);
+    }
+    let mut out: Vec<Group> = Vec::new();
+    for i in idx {
+        let seg = pattern.segment_of(pos[i]);
+        if out.last().is_none_or(|g| g.segment != seg) {
+            out.push(Group { segment: seg, ..Group::default() });
+        }
+        let g = out.last_mut().expect("just pushed");
+        g.rows.push(i);
+        g.offsets.push(i * stride);
+        g.pos.push(pos[i]);
+    }
+    out
+}
+
+/// Pairs of (query group, key group) of the same segment.
+fn matched<'g>(qg: &'g [Group], kg: &'g [Group]) -> impl Iterator<Item = (&'g Group, &'g Group)> {
+    qg.iter().filter_map(move |g| kg.binary_search_by_key(&g.segment, |h| h.segment).ok().map(|j| (g, &kg[j])))
+}
+
+fn rows<'a, T>(s: &Strided<'a, T>, g: &'a Group) -> PieceRows<'a, T> {
+    PieceRows { data: s.data, offsets: &g.offsets, pos: &g.pos }
+}
+
+/// Forward of a block, LSE-merged into `(out, lse)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_block<T: Element>(
+    isa: Isa,
+    pattern: &SegmentPattern,
+    causal: bool,
+    scale: f32,
+    d: usize,
+    q: &Strided<'_, T>,
+    k: &Strided<'_, T>,
+    v: &Strided<'_, T>,
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    let (qg, kg) = (groups(pattern, q.pos, q.stride), groups(pattern, k.pos, k.stride));
+    let mut ws = ForwardScratch::default();
+    let (mut o, mut l) = (Vec::new(), Vec::new());
+    for (g, h) in matched(&qg, &kg) {
+        let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
+        o.resize(g.rows.len() * d, 0.0);
+        l.resize(g.rows.len(), 0.0);
+        forward_piece(isa, scale, d, causal, &rows(q, g), &rows(k, h), &vr, &mut ws, &mut o, &mut l);
+        for (i, &r) in g.rows.iter().enumerate() {
+            LseMerge::merge_into(&mut out[r * d..(r + 1) * d], &mut lse[r], &o[i * d..(i + 1) * d], l[i]);
+        }
     }
 }
 
 /// Gradient buffers of one block call (see `attend_block_backward`).
 #[derive(Debug)]
-pub struct BlockGrads<'a> {
+pub(crate) struct BlockGrads<'a> {
     pub grad_out_eff: &'a [f32],
     pub lse: &'a [f32],
     pub delta: &'a [f32],
@@ -31,73 +94,48 @@ pub struct BlockGrads<'a> {
     pub dv: &'a mut [f32],
 }
 
-fn dot<T: Element>(a: &[T], b: &[T]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x.to_f32() * y.to_f32()).sum()
-}
-
-/// Forward of a block (simple version): per query an online softmax over admitted keys.
+/// Backward of a block, accumulated into `dq`, `dk`, `dv`.
 #[allow(clippy::too_many_arguments)]
-pub fn forward_block<T: Element>(
-    _isa: Isa,
+pub(crate) fn backward_block<T: Element>(
+    isa: Isa,
     pattern: &SegmentPattern,
     causal: bool,
     scale: f32,
     d: usize,
-    q: &PieceRows<'_, T>,
-    k: &PieceRows<'_, T>,
-    v: &PieceRows<'_, T>,
-    out: &mut [f32],
-    lse: &mut [f32],
+    q: &Strided<'_, T>,
+    k: &Strided<'_, T>,
+    v: &Strided<'_, T>,
+    grads: BlockGrads<'_>,
 ) {
-    let mut o = vec![0.0f32; d];
-    let mut vrow = vec![0.0f32; d];
-    for i in 0..q.pos.len() {
-        let mut sm = attn_core::OnlineSoftmax::<f32>::new(d);
-        let qi = q.row(i, d);
-        for j in 0..k.pos.len() {
-            if pattern.attends(q.pos[i], k.pos[j], causal) {
-                let s = scale * dot(qi, k.row(j, d));
-                vrow.iter_mut().zip(v.row(j, d)).for_each(|(a, b)| *a = b.to_f32());
-                sm.push(s, &vrow);
-            }
+    let (qg, kg) = (groups(pattern, q.pos, q.stride), groups(pattern, k.pos, k.stride));
+    let mut ws = BackwardScratch::default();
+    let (mut dq, mut dk, mut dv) = (Vec::new(), Vec::new(), Vec::new());
+    for (g, h) in matched(&qg, &kg) {
+        let go_offsets: Vec<usize> = g.rows.iter().map(|&r| r * d).collect();
+        let lse: Vec<f32> = g.rows.iter().map(|&r| grads.lse[r]).collect();
+        let delta: Vec<f32> = g.rows.iter().map(|&r| grads.delta[r]).collect();
+        let qg = QueryGrads {
+            go: PieceRows { data: grads.grad_out_eff, offsets: &go_offsets, pos: &g.pos },
+            go_scale: 1.0,
+            lse: &lse,
+            delta: &delta,
+        };
+        let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
+        let (qr, kr) = (rows(q, g), rows(k, h));
+        dq.clear();
+        dq.resize(g.rows.len() * d, 0.0);
+        dk.clear();
+        dk.resize(h.rows.len() * d, 0.0);
+        dv.clear();
+        dv.resize(h.rows.len() * d, 0.0);
+        dq_piece(isa, scale, d, causal, &qr, &kr, &vr, &qg, &mut ws, &mut dq);
+        dkv_piece(isa, scale, d, causal, &qr, &kr, &vr, &qg, &mut ws, &mut dk, &mut dv);
+        for (i, &r) in g.rows.iter().enumerate() {
+            grads.dq[r * d..(r + 1) * d].iter_mut().zip(&dq[i * d..]).for_each(|(a, b)| *a += b);
         }
-        let l = sm.finish(&mut o);
-        LseMerge::merge_into(&mut out[i * d..(i + 1) * d], &mut lse[i], &o, l);
-    }
-}
-
-/// Backward of a block (simple version).
-#[allow(clippy::too_many_arguments)]
-pub fn backward_block<T: Element>(
-    _isa: Isa,
-    pattern: &SegmentPattern,
-    causal: bool,
-    scale: f32,
-    d: usize,
-    q: &PieceRows<'_, T>,
-    k: &PieceRows<'_, T>,
-    v: &PieceRows<'_, T>,
-    g: BlockGrads<'_>,
-) {
-    for i in 0..q.pos.len() {
-        if g.lse[i] == f32::NEG_INFINITY {
-            continue;
-        }
-        let qi = q.row(i, d);
-        let go = &g.grad_out_eff[i * d..(i + 1) * d];
-        for j in 0..k.pos.len() {
-            if !pattern.attends(q.pos[i], k.pos[j], causal) {
-                continue;
-            }
-            let (kj, vj) = (k.row(j, d), v.row(j, d));
-            let p = (scale * dot(qi, kj) - g.lse[i]).exp();
-            let dp: f32 = go.iter().zip(vj).map(|(a, b)| a * b.to_f32()).sum();
-            let ds = p * (dp - g.delta[i]) * scale;
-            for e in 0..d {
-                g.dv[j * d + e] += p * go[e];
-                g.dq[i * d + e] += ds * kj[e].to_f32();
-                g.dk[j * d + e] += ds * qi[e].to_f32();
-            }
+        for (j, &r) in h.rows.iter().enumerate() {
+            grads.dk[r * d..(r + 1) * d].iter_mut().zip(&dk[j * d..]).for_each(|(a, b)| *a += b);
+            grads.dv[r * d..(r + 1) * d].iter_mut().zip(&dv[j * d..]).for_each(|(a, b)| *a += b);
         }
     }
 }

@@ -1,0 +1,223 @@
+//! AVX2+FMA tile primitives (x86-64 CPUs without AVX-512): the register-blocked FMA
+//! micro-kernel (6 rows x 16 columns), a vector `exp2`, and row max. Safe wrappers
+//! check slice bounds and that the CPU has avx2 and fma before calling the
+//! `#[target_feature]` code.
+#![allow(unsafe_code)]
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use std::arch::x86_64::*;
+
+    use crate::portable::EXP2_POLY;
+
+    /// `C[R x 16] (=|+=) A[R x k] * B[k x 16]` with all of C kept in registers.
+    ///
+    /// # Safety
+    /// The CPU supports avx2 and fma; `a` is valid for reads at `r*lda + kk` (r < R,
+    /// kk < k), `b` at `kk*ldb + j` (j < 16), `c` for reads and writes at `r*ldc + j`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn micro<const R: usize>(
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+    ) {
+        let mut cr = [[_mm256_setzero_ps(); 2]; R];
+        if acc {
+            for (r, row) in cr.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    // SAFETY: in bounds by the function contract.
+                    *x = unsafe { _mm256_loadu_ps(c.add(r * ldc + 8 * v)) };
+                }
+            }
+        }
+        for kk in 0..k {
+            // SAFETY: in bounds by the function contract.
+            let (b0, b1) = unsafe { (_mm256_loadu_ps(b.add(kk * ldb)), _mm256_loadu_ps(b.add(kk * ldb + 8))) };
+            for (r, row) in cr.iter_mut().enumerate() {
+                // SAFETY: in bounds by the function contract.
+                let av = _mm256_set1_ps(unsafe { *a.add(r * lda + kk) });
+                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+            }
+        }
+        for (r, row) in cr.iter().enumerate() {
+            for (v, x) in row.iter().enumerate() {
+                // SAFETY: in bounds by the function contract.
+                unsafe { _mm256_storeu_ps(c.add(r * ldc + 8 * v), *x) };
+            }
+        }
+    }
+
+    /// `C[m x n] (=|+=) A[m x k] * B[k x n]`, `n` a multiple of 16.
+    ///
+    /// # Safety
+    /// The CPU supports avx2 and fma and the slices cover every index the shapes reach
+    /// (checked by the safe wrapper).
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm(
+        m: usize,
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        n: usize,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+    ) {
+        let mut r0 = 0;
+        while r0 < m {
+            let rows = (m - r0).min(6);
+            let mut j0 = 0;
+            while j0 < n {
+                // SAFETY: offsets stay inside the caller's bounds (r0 + rows <= m, j0 + 16 <= n).
+                let (ap, bp, cp) = unsafe { (a.add(r0 * lda), b.add(j0), c.add(r0 * ldc + j0)) };
+                // SAFETY: forwarded contract of `gemm` for this 6 x 16 (or smaller) block.
+                unsafe {
+                    match rows {
+                        1 => micro::<1>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        2 => micro::<2>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        3 => micro::<3>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        4 => micro::<4>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        5 => micro::<5>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        _ => micro::<6>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                    }
+                }
+                j0 += 16;
+            }
+            r0 += rows;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn exp2_vec(x: __m256) -> __m256 {
+        // Below -127 the result is 0 (exponent field 0, mantissa 0 after the shift).
+        let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-127.0)), _mm256_set1_ps(127.0));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+        let f = _mm256_sub_ps(x, n);
+        let mut p = _mm256_set1_ps(EXP2_POLY[0]);
+        for c in EXP2_POLY[1..].iter().copied() {
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+        }
+        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(bits))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn hmax(v: __m256) -> f32 {
+        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
+    }
+
+    /// `x[j] = exp2(x[j] - s - sv[j])` (`sv` absent = 0) for whole groups of 8 (the tail
+    /// is left to the caller); returns the sum of the results and the count done.
+    ///
+    /// # Safety
+    /// The CPU supports avx2 and fma; `x` (and `sv`) are valid for `len` elements.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp2_sub(x: *mut f32, len: usize, s: f32, sv: Option<*const f32>) -> (f32, usize) {
+        let sub = _mm256_set1_ps(s);
+        let mut sum = _mm256_setzero_ps();
+        let mut j = 0;
+        while j + 8 <= len {
+            // SAFETY: j + 8 <= len.
+            let mut v = unsafe { _mm256_loadu_ps(x.add(j)) };
+            v = _mm256_sub_ps(v, sub);
+            if let Some(sv) = sv {
+                // SAFETY: j + 8 <= len.
+                v = _mm256_sub_ps(v, unsafe { _mm256_loadu_ps(sv.add(j)) });
+            }
+            let e = exp2_vec(v);
+            sum = _mm256_add_ps(sum, e);
+            // SAFETY: j + 8 <= len.
+            unsafe { _mm256_storeu_ps(x.add(j), e) };
+            j += 8;
+        }
+        (hsum(sum), j)
+    }
+
+    /// Largest element of the whole groups of 8, and the count done.
+    ///
+    /// # Safety
+    /// The CPU supports avx2 and fma; `x` is valid for `len` elements.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn max(x: *const f32, len: usize) -> (f32, usize) {
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut j = 0;
+        while j + 8 <= len {
+            // SAFETY: j + 8 <= len.
+            m = _mm256_max_ps(m, unsafe { _mm256_loadu_ps(x.add(j)) });
+            j += 8;
+        }
+        (hmax(m), j)
+    }
+}
+
+use crate::isa::Isa;
+use crate::portable;
+
+/// `C[m x n] (=|+=) A[m x k] * B[k x n]` with AVX2+FMA (`n` a multiple of 16).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    m: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    n: usize,
+    c: &mut [f32],
+    ldc: usize,
+    acc: bool,
+) {
+    portable::check_gemm(m, k, a, lda, b, ldb, n, c, ldc);
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.is_supported() {
+        // SAFETY: avx2 and fma are present and `check_gemm` proved every index in bounds
+        // (with k == 0 no A or B element is read).
+        unsafe { imp::gemm(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
+        return;
+    }
+    portable::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc)
+}
+
+/// `x[j] = exp2(x[j] - s - sv[j])`, returning the sum (AVX2).
+pub(crate) fn exp2_sub(x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
+    if let Some(sv) = sv {
+        assert!(sv.len() >= x.len(), "exp2_sub: sv too short");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.is_supported() {
+        // SAFETY: avx2 and fma are present; `x` and `sv` hold at least `x.len()` elements.
+        let (sum, done) = unsafe { imp::exp2_sub(x.as_mut_ptr(), x.len(), s, sv.map(|v| v.as_ptr())) };
+        return sum + portable::exp2_sub(&mut x[done..], s, sv.map(|v| &v[done..]));
+    }
+    portable::exp2_sub(x, s, sv)
+}
+
+/// Largest element of `x` (AVX2).
+pub(crate) fn max(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.is_supported() {
+        // SAFETY: avx2 and fma are present; `x` holds `x.len()` elements.
+        let (m, done) = unsafe { imp::max(x.as_ptr(), x.len()) };
+        return m.max(portable::max(&x[done..]));
+    }
+    portable::max(x)
+}

@@ -1,0 +1,223 @@
+//! AVX-512F tile primitives (x86-64): the register-blocked FMA micro-kernel, a vector
+//! `exp2`, and row max. Every entry point is a safe wrapper that checks slice bounds and
+//! that the CPU has avx512f before calling the `#[target_feature]` code.
+#![allow(unsafe_code)]
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use std::arch::x86_64::*;
+
+    use crate::portable::EXP2_POLY;
+
+    /// `C[R x 16V] (=|+=) A[R x k] * B[k x 16V]` with all of C kept in registers.
+    ///
+    /// # Safety
+    /// The CPU supports avx512f; `a` is valid for reads at `r*lda + kk` (r < R, kk < k),
+    /// `b` at `kk*ldb + j` (j < 16V), `c` valid for reads and writes at `r*ldc + j`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn micro<const R: usize, const V: usize>(
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+    ) {
+        let mut cr = [[_mm512_setzero_ps(); V]; R];
+        if acc {
+            for (r, row) in cr.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    // SAFETY: in bounds by the function contract.
+                    *x = unsafe { _mm512_loadu_ps(c.add(r * ldc + 16 * v)) };
+                }
+            }
+        }
+        for kk in 0..k {
+            // SAFETY: in bounds by the function contract.
+            let brow = unsafe { b.add(kk * ldb) };
+            let mut bv = [_mm512_setzero_ps(); V];
+            for (v, x) in bv.iter_mut().enumerate() {
+                // SAFETY: in bounds by the function contract.
+                *x = unsafe { _mm512_loadu_ps(brow.add(16 * v)) };
+            }
+            for (r, row) in cr.iter_mut().enumerate() {
+                // SAFETY: in bounds by the function contract.
+                let av = _mm512_set1_ps(unsafe { *a.add(r * lda + kk) });
+                for (x, bx) in row.iter_mut().zip(&bv) {
+                    *x = _mm512_fmadd_ps(av, *bx, *x);
+                }
+            }
+        }
+        for (r, row) in cr.iter().enumerate() {
+            for (v, x) in row.iter().enumerate() {
+                // SAFETY: in bounds by the function contract.
+                unsafe { _mm512_storeu_ps(c.add(r * ldc + 16 * v), *x) };
+            }
+        }
+    }
+
+    macro_rules! rows_dispatch {
+        ($rows:expr, $v:literal, $($args:expr),*) => {
+            // SAFETY: forwarded contract of `gemm` for this block of at most 6 rows.
+            unsafe {
+                match $rows {
+                    1 => micro::<1, $v>($($args),*),
+                    2 => micro::<2, $v>($($args),*),
+                    3 => micro::<3, $v>($($args),*),
+                    4 => micro::<4, $v>($($args),*),
+                    5 => micro::<5, $v>($($args),*),
+                    _ => micro::<6, $v>($($args),*),
+                }
+            }
+        };
+    }
+
+    /// `C[m x n] (=|+=) A[m x k] * B[k x n]`, `n` a multiple of 16.
+    ///
+    /// # Safety
+    /// The CPU supports avx512f and the slices cover every index the shapes reach
+    /// (checked by the safe wrapper).
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm(
+        m: usize,
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        n: usize,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+    ) {
+        let mut r0 = 0;
+        while r0 < m {
+            let rows = (m - r0).min(6);
+            let mut j0 = 0;
+            while j0 < n {
+                let cols = (n - j0).min(64);
+                // SAFETY: offsets stay inside the caller's bounds (r0 + rows <= m, j0 + cols <= n).
+                let (ap, bp, cp) = unsafe { (a.add(r0 * lda), b.add(j0), c.add(r0 * ldc + j0)) };
+                match cols / 16 {
+                    1 => rows_dispatch!(rows, 1, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    2 => rows_dispatch!(rows, 2, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    3 => rows_dispatch!(rows, 3, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    _ => rows_dispatch!(rows, 4, k, ap, lda, bp, ldb, cp, ldc, acc),
+                }
+                j0 += cols;
+            }
+            r0 += rows;
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    fn exp2_vec(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(x, _mm512_set1_ps(-150.0));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+        let f = _mm512_sub_ps(x, n);
+        let mut p = _mm512_set1_ps(EXP2_POLY[0]);
+        for c in EXP2_POLY[1..].iter().copied() {
+            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+        }
+        _mm512_scalef_ps(p, n)
+    }
+
+    /// `x[j] = exp2(x[j] - s - sv[j])` (`sv` absent = 0); returns the sum of the results.
+    ///
+    /// # Safety
+    /// The CPU supports avx512f; `x` (and `sv`) are valid for `len` elements.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn exp2_sub(x: *mut f32, len: usize, s: f32, sv: Option<*const f32>) -> f32 {
+        let sub = _mm512_set1_ps(s);
+        let mut sum = _mm512_setzero_ps();
+        let mut j = 0;
+        while j < len {
+            let mask: __mmask16 = if len - j >= 16 { 0xffff } else { (1u16 << (len - j)) - 1 };
+            // SAFETY: masked lanes stay below `len`.
+            let mut v = unsafe { _mm512_maskz_loadu_ps(mask, x.add(j)) };
+            v = _mm512_sub_ps(v, sub);
+            if let Some(sv) = sv {
+                // SAFETY: masked lanes stay below `len`.
+                v = _mm512_sub_ps(v, unsafe { _mm512_maskz_loadu_ps(mask, sv.add(j)) });
+            }
+            let e = exp2_vec(v);
+            sum = _mm512_mask_add_ps(sum, mask, sum, e);
+            // SAFETY: masked lanes stay below `len`.
+            unsafe { _mm512_mask_storeu_ps(x.add(j), mask, e) };
+            j += 16;
+        }
+        _mm512_reduce_add_ps(sum)
+    }
+
+    /// Largest element (`-inf` for an empty row).
+    ///
+    /// # Safety
+    /// The CPU supports avx512f; `x` is valid for `len` elements.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn max(x: *const f32, len: usize) -> f32 {
+        let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut j = 0;
+        while j < len {
+            let mask: __mmask16 = if len - j >= 16 { 0xffff } else { (1u16 << (len - j)) - 1 };
+            // SAFETY: masked lanes stay below `len`.
+            let v = unsafe { _mm512_mask_loadu_ps(m, mask, x.add(j)) };
+            m = _mm512_max_ps(m, v);
+            j += 16;
+        }
+        _mm512_reduce_max_ps(m)
+    }
+}
+
+use crate::isa::Isa;
+
+/// `C[m x n] (=|+=) A[m x k] * B[k x n]` with AVX-512 (`n` a multiple of 16).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    m: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    n: usize,
+    c: &mut [f32],
+    ldc: usize,
+    acc: bool,
+) {
+    crate::portable::check_gemm(m, k, a, lda, b, ldb, n, c, ldc);
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx512.is_supported() {
+        // SAFETY: avx512f is present and `check_gemm` proved every index in bounds
+        // (with k == 0 no A or B element is read).
+        unsafe { imp::gemm(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
+        return;
+    }
+    crate::portable::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc)
+}
+
+/// `x[j] = exp2(x[j] - s - sv[j])`, returning the sum (AVX-512).
+pub(crate) fn exp2_sub(x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
+    if let Some(sv) = sv {
+        assert!(sv.len() >= x.len(), "exp2_sub: sv too short");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx512.is_supported() {
+        // SAFETY: avx512f is present; `x` and `sv` hold at least `x.len()` elements.
+        return unsafe { imp::exp2_sub(x.as_mut_ptr(), x.len(), s, sv.map(|v| v.as_ptr())) };
+    }
+    crate::portable::exp2_sub(x, s, sv)
+}
+
+/// Largest element of `x` (AVX-512).
+pub(crate) fn max(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx512.is_supported() {
+        // SAFETY: avx512f is present; `x` holds `x.len()` elements.
+        return unsafe { imp::max(x.as_ptr(), x.len()) };
+    }
+    crate::portable::max(x)
+}

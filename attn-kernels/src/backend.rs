@@ -1,0 +1,506 @@
+//! `CpuBackend`: whole-tensor dilated attention (both mixing modes, causal or not) on a
+//! rayon pool, forward and backward, writing straight into the caller's strided views.
+//!
+//! Work is split into fixed units `(batch, head, position chunk)` that do not depend on
+//! the thread count; each unit computes all patterns of its head for its rows (LongNet
+//! merged by LSE in a unit-local f32 accumulator) and owns its output rows, so results
+//! are bit-identical for any number of threads. The backward runs two kinds of units:
+//! query chunks (own `dq` rows, walk key tiles) and key chunks (own `dk`/`dv` rows, walk
+//! query tiles), recomputing scores from the final LSE.
+//!
+//! Unsafe here: only the disjoint row writes through [`DisjointSlice`] (see SAFETY notes).
+#![allow(unsafe_code)]
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, AttnShape, DilatedConfig, Element, HeadPatterns, LseMerge, Result, Shape4};
+use attn_core::{TensorView, TensorViewMut};
+use rayon::prelude::*;
+
+use crate::disjoint::DisjointSlice;
+use crate::isa::Isa;
+use crate::ops::{KEY_TILE, QUERY_CHUNK, padded};
+use crate::pack::PieceRows;
+use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece, dq_piece};
+use crate::tile_forward::{ForwardScratch, forward_piece};
+
+/// The CPU backend: a thread pool (built once) and the kernel flavour.
+#[derive(Debug)]
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    isa: Isa,
+}
+
+/// One work unit: rows `c0..c1` of head `h` of batch `b`.
+#[derive(Debug, Clone, Copy)]
+struct Unit {
+    b: usize,
+    h: usize,
+    c0: usize,
+    c1: usize,
+}
+
+/// Backward work: a query chunk (dq) or a key chunk (dk, dv).
+#[derive(Debug, Clone, Copy)]
+enum Task {
+    Dq(Unit),
+    Dkv(Unit),
+}
+
+/// Everything a unit needs to read, shared by all units of a call.
+struct Plan<'a, T> {
+    isa: Isa,
+    causal: bool,
+    scale: f32,
+    d: usize,
+    heads: Vec<HeadPatterns>,
+    q: TensorView<'a, T>,
+    k: TensorView<'a, T>,
+    v: TensorView<'a, T>,
+}
+
+/// Per-worker buffers.
+#[derive(Debug, Default)]
+struct Scratch {
+    fwd: ForwardScratch,
+    bwd: BackwardScratch,
+    qpos: Vec<usize>,
+    kpos: Vec<usize>,
+    qoff: Vec<usize>,
+    koff: Vec<usize>,
+    voff: Vec<usize>,
+    goff: Vec<usize>,
+    lse: Vec<f32>,
+    delta: Vec<f32>,
+    acc_a: Vec<f32>,
+    acc_b: Vec<f32>,
+    acc_l: Vec<f32>,
+    pa: Vec<f32>,
+    pb: Vec<f32>,
+    pl: Vec<f32>,
+}
+
+fn zeroed(v: &mut Vec<f32>, len: usize, x: f32) -> &mut [f32] {
+    v.clear();
+    v.resize(len, x);
+    v
+}
+
+/// Rows per work unit: about `QUERY_CHUNK` selected rows per pattern, smaller when that
+/// would leave fewer than 16 units. Depends on the shape only (never the thread count).
+fn chunk_len(cfg: &DilatedConfig, batch: usize, heads: usize, seq: usize) -> usize {
+    let max_r = cfg.dilation_rates().iter().copied().max().unwrap_or(1);
+    let mut ch = QUERY_CHUNK.saturating_mul(max_r).clamp(1, seq);
+    while ch > 64 && batch * heads * seq.div_ceil(ch) < 16 {
+        ch = ch.div_ceil(2);
+    }
+    ch
+}
+
+fn units(batch: usize, heads: usize, seq: usize, ch: usize) -> Vec<Unit> {
+    let mut out = Vec::with_capacity(batch * heads * seq.div_ceil(ch));
+    for b in 0..batch {
+        for h in 0..heads {
+            for c0 in (0..seq).step_by(ch) {
+                out.push(Unit { b, h, c0, c1: (c0 + ch).min(seq) });
+            }
+        }
+    }
+    out
+}
+
+fn check_same(tensor: TensorName, got: Shape4, want: Shape4) -> Result<()> {
+    if got != want {
+        return Err(AttnError::ShapeMismatch { tensor, expected: want.dims().to_vec(), got: got.dims().to_vec() });
+    }
+    Ok(())
+}
+
+fn check_len(tensor: TensorName, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(AttnError::ShapeMismatch { tensor, expected: vec![want], got: vec![got] });
+    }
+    Ok(())
+}
+
+impl CpuBackend {
+    /// A backend with `threads` worker threads (0 = one per core) and the best kernels
+    /// this CPU supports.
+    pub fn new(threads: usize) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("attn-cpu-{i}"))
+            .build()
+            .map_err(|e| AttnError::backend("cpu", e))?;
+        Ok(CpuBackend { pool, isa: Isa::detect() })
+    }
+
+    /// Use another kernel flavour (e.g. [`Isa::Portable`] to compare paths).
+    pub fn with_isa(mut self, isa: Isa) -> Result<Self> {
+        if !isa.is_supported() {
+            return Err(AttnError::BackendUnavailable {
+                backend: "cpu",
+                reason: format!("this CPU cannot run the {} kernels", isa.as_str()),
+            });
+        }
+        self.isa = isa;
+        Ok(self)
+    }
+
+    /// Number of worker threads.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// The kernel flavour in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    fn plan<'a, T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        q: TensorView<'a, T>,
+        k: TensorView<'a, T>,
+        v: TensorView<'a, T>,
+    ) -> Result<Plan<'a, T>> {
+        let shape = AttnShape::check(&q.shape().dims(), &k.shape().dims(), &v.shape().dims(), false)?;
+        cfg.validate_heads(shape.q.heads)?;
+        let d = shape.q.head_dim;
+        let scale = cfg.scale_for(d) as f32;
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(AttnError::InvalidScale(cfg.scale_for(d)));
+        }
+        let heads = (0..shape.q.heads).map(|h| cfg.head_patterns(shape.q.heads, h)).collect();
+        Ok(Plan { isa: self.isa, causal: cfg.causal(), scale, d, heads, q, k, v })
+    }
+
+    /// Forward: `out` (`[batch, seq, heads, head_dim]`, any row strides) and `lse`
+    /// (`[batch, seq, heads]`, natural log, `-inf` where a position is selected by none
+    /// of its head's patterns).
+    pub fn forward<T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        q: TensorView<'_, T>,
+        k: TensorView<'_, T>,
+        v: TensorView<'_, T>,
+        mut out: TensorViewMut<'_, T>,
+        lse: &mut [f32],
+    ) -> Result<()> {
+        let plan = self.plan(cfg, q, k, v)?;
+        let s = q.shape();
+        check_same(TensorName::Output, out.shape(), s)?;
+        check_len(TensorName::Lse, lse.len(), s.lse_len())?;
+        let ch = chunk_len(cfg, s.batch, s.heads, s.seq);
+        let work = units(s.batch, s.heads, s.seq, ch);
+        let out_geom = (out.shape(), out.strides());
+        let out_rows = DisjointSlice::new(out.data_mut());
+        let lse_rows = DisjointSlice::new(lse);
+        self.pool.install(|| {
+            work.par_iter().for_each_init(Scratch::default, |ws, u| {
+                forward_unit(&plan, *u, ws);
+                let n = u.c1 - u.c0;
+                let out_scale = plan.heads[u.h].out_scale as f32;
+                for t in 0..n {
+                    let p = u.c0 + t;
+                    let off = row_offset(out_geom, u.b, p, u.h);
+                    // SAFETY: unit (b, h, c0..c1) is the only writer of rows (b, p, h) for p in
+                    // c0..c1 and of their LSE entries; the view's strides keep rows disjoint.
+                    let row = unsafe { out_rows.range_mut(off, plan.d) };
+                    for (o, a) in row.iter_mut().zip(&ws.acc_a[t * plan.d..]) {
+                        *o = T::from_f32(out_scale * a);
+                    }
+                    // SAFETY: as above, one LSE entry per (b, p, h).
+                    let l = unsafe { lse_rows.range_mut((u.b * s.seq + p) * s.heads + u.h, 1) };
+                    l[0] = ws.acc_l[t];
+                }
+            })
+        });
+        Ok(())
+    }
+
+    /// Backward: `dq`, `dk`, `dv` (overwritten) of `sum(out * grad_out)` from the forward's
+    /// `out` and `lse`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        q: TensorView<'_, T>,
+        k: TensorView<'_, T>,
+        v: TensorView<'_, T>,
+        out: TensorView<'_, T>,
+        lse: &[f32],
+        grad_out: TensorView<'_, T>,
+        mut dq: TensorViewMut<'_, T>,
+        mut dk: TensorViewMut<'_, T>,
+        mut dv: TensorViewMut<'_, T>,
+    ) -> Result<()> {
+        let plan = self.plan(cfg, q, k, v)?;
+        let s = q.shape();
+        check_same(TensorName::Output, out.shape(), s)?;
+        check_same(TensorName::GradOutput, grad_out.shape(), s)?;
+        check_len(TensorName::Lse, lse.len(), s.lse_len())?;
+        check_same(TensorName::GradQuery, dq.shape(), s)?;
+        check_same(TensorName::GradKey, dk.shape(), k.shape())?;
+        check_same(TensorName::GradValue, dv.shape(), k.shape())?;
+        let ch = chunk_len(cfg, s.batch, s.heads, s.seq);
+        let mut work: Vec<Task> = units(s.batch, s.heads, s.seq, ch).into_iter().map(Task::Dq).collect();
+        work.extend(units(s.batch, s.heads, k.shape().seq, ch).into_iter().map(Task::Dkv));
+        let geoms = [(dq.shape(), dq.strides()), (dk.shape(), dk.strides()), (dv.shape(), dv.strides())];
+        let (dq_rows, dk_rows, dv_rows) =
+            (DisjointSlice::new(dq.data_mut()), DisjointSlice::new(dk.data_mut()), DisjointSlice::new(dv.data_mut()));
+        let grads = Grads { out, lse, grad_out };
+        self.pool.install(|| {
+            work.par_iter().for_each_init(Scratch::default, |ws, task| {
+                let (u, targets): (Unit, &[(usize, &DisjointSlice<'_, T>)]) = match *task {
+                    Task::Dq(u) => {
+                        dq_unit(&plan, &grads, u, ws);
+                        (u, &[(0, &dq_rows)])
+                    }
+                    Task::Dkv(u) => {
+                        dkv_unit(&plan, &grads, u, ws);
+                        (u, &[(1, &dk_rows), (2, &dv_rows)])
+                    }
+                };
+                for &(which, rows) in targets {
+                    let acc = if which == 2 { &ws.acc_b } else { &ws.acc_a };
+                    for t in 0..u.c1 - u.c0 {
+                        let off = row_offset(geoms[which], u.b, u.c0 + t, u.h);
+                        // SAFETY: this unit is the only writer of rows (b, c0..c1, h) of this
+                        // gradient (dq units own query chunks, dkv units key chunks).
+                        let row = unsafe { rows.range_mut(off, plan.d) };
+                        for (o, a) in row.iter_mut().zip(&acc[t * plan.d..]) {
+                            *o = T::from_f32(*a);
+                        }
+                    }
+                }
+            })
+        });
+        Ok(())
+    }
+
+    /// Bytes of scratch memory a call on `shape` allocates (all workers together, upper
+    /// bound), for memory budgets. The backward needs about twice the forward.
+    pub fn workspace_bytes(&self, cfg: &DilatedConfig, shape: Shape4, backward: bool) -> usize {
+        let (d, dp) = (shape.head_dim, padded(shape.head_dim));
+        let ch = chunk_len(cfg, shape.batch, shape.heads, shape.seq);
+        let max_keys = cfg
+            .segment_lengths()
+            .iter()
+            .zip(cfg.dilation_rates())
+            .map(|(&w, &r)| w.min(shape.seq).div_ceil(r))
+            .max()
+            .unwrap_or(0);
+        let key_tiles = max_keys.div_ceil(KEY_TILE) * KEY_TILE * dp;
+        let chunk = QUERY_CHUNK * dp;
+        let f32s = if backward {
+            4 * key_tiles + KEY_TILE + 4 * chunk + 4 * ch * d + 2 * ch + 2 * max_keys
+        } else {
+            2 * key_tiles + 3 * chunk + 2 * ch * d + 2 * ch
+        };
+        let usizes = 6 * max_keys.max(ch);
+        self.threads() * (4 * f32s + 8 * usizes)
+    }
+
+    /// Forward on contiguous buffers, returning `(out, lse)`.
+    pub fn forward_vec<T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        shape: Shape4,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+    ) -> Result<(Vec<T>, Vec<f32>)> {
+        let views = contiguous3(shape, q, k, v)?;
+        let mut out = vec![T::default(); shape.numel()];
+        let mut lse = vec![0.0f32; shape.lse_len()];
+        let ov = TensorViewMut::contiguous(TensorName::Output, &mut out, shape)?;
+        self.forward(cfg, views[0], views[1], views[2], ov, &mut lse)?;
+        Ok((out, lse))
+    }
+
+    /// Backward on contiguous buffers, returning `(dq, dk, dv)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_vec<T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        shape: Shape4,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        out: &[T],
+        lse: &[f32],
+        grad_out: &[T],
+    ) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
+        let views = contiguous3(shape, q, k, v)?;
+        let ov = TensorView::contiguous(TensorName::Output, out, shape)?;
+        let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape)?;
+        let n = shape.numel();
+        let (mut dq, mut dk, mut dv) = (vec![T::default(); n], vec![T::default(); n], vec![T::default(); n]);
+        let dqv = TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, shape)?;
+        let dkv = TensorViewMut::contiguous(TensorName::GradKey, &mut dk, shape)?;
+        let dvv = TensorViewMut::contiguous(TensorName::GradValue, &mut dv, shape)?;
+        self.backward(cfg, views[0], views[1], views[2], ov, lse, gv, dqv, dkv, dvv)?;
+        Ok((dq, dk, dv))
+    }
+}
+
+fn contiguous3<'a, T: Element>(shape: Shape4, q: &'a [T], k: &'a [T], v: &'a [T]) -> Result<[TensorView<'a, T>; 3]> {
+    Ok([
+        TensorView::contiguous(TensorName::Query, q, shape)?,
+        TensorView::contiguous(TensorName::Key, k, shape)?,
+        TensorView::contiguous(TensorName::Value, v, shape)?,
+    ])
+}
+
+#[inline]
+fn row_offset(geom: (Shape4, [usize; 4]), b: usize, s: usize, h: usize) -> usize {
+    let st = geom.1;
+    b * st[0] + s * st[1] + h * st[2]
+}
+
+/// Inputs of the backward besides q, k, v.
+struct Grads<'a, T> {
+    out: TensorView<'a, T>,
+    lse: &'a [f32],
+    grad_out: TensorView<'a, T>,
+}
+
+/// The selected rows of pattern segment `seg` inside `lo..hi`, as positions.
+fn fill_positions(dst: &mut Vec<usize>, it: impl Iterator<Item = usize>) {
+    dst.clear();
+    dst.extend(it);
+}
+
+fn fill_offsets<T: Element>(dst: &mut Vec<usize>, view: &TensorView<'_, T>, b: usize, h: usize, pos: &[usize]) {
+    dst.clear();
+    dst.extend(pos.iter().map(|&p| view.offset(b, p, h)));
+}
+
+/// Forward of one unit into `ws.acc_a` (`[c1-c0, d]`, merged, unscaled) and `ws.acc_l`.
+fn forward_unit<T: Element>(plan: &Plan<'_, T>, u: Unit, ws: &mut Scratch) {
+    let (d, n) = (plan.d, u.c1 - u.c0);
+    let (seq, kv_len) = (plan.q.shape().seq, plan.k.shape().seq);
+    zeroed(&mut ws.acc_a, n * d, 0.0);
+    zeroed(&mut ws.acc_l, n, f32::NEG_INFINITY);
+    for (_, p) in &plan.heads[u.h].patterns {
+        for seg in p.segment_of(u.c0)..=p.segment_of(u.c1 - 1) {
+            let bounds = p.segment_bounds(seg, seq);
+            fill_positions(&mut ws.qpos, p.selected_in_range(bounds.start.max(u.c0)..bounds.end.min(u.c1)));
+            let Some(&last_q) = ws.qpos.last() else { continue };
+            let upper = if plan.causal { last_q } else { usize::MAX };
+            fill_positions(&mut ws.kpos, p.selected_in_segment(seg, kv_len).take_while(|&k| k <= upper));
+            fill_offsets(&mut ws.qoff, &plan.q, u.b, u.h, &ws.qpos);
+            fill_offsets(&mut ws.koff, &plan.k, u.b, u.h, &ws.kpos);
+            fill_offsets(&mut ws.voff, &plan.v, u.b, u.h, &ws.kpos);
+            let nq = ws.qpos.len();
+            let po = zeroed(&mut ws.pa, nq * d, 0.0);
+            let pl = zeroed(&mut ws.pl, nq, f32::NEG_INFINITY);
+            let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
+            let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
+            let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
+            forward_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &mut ws.fwd, po, pl);
+            for (i, &qp) in ws.qpos.iter().enumerate() {
+                let t = qp - u.c0;
+                LseMerge::merge_into(
+                    &mut ws.acc_a[t * d..(t + 1) * d],
+                    &mut ws.acc_l[t],
+                    &po[i * d..(i + 1) * d],
+                    pl[i],
+                );
+            }
+        }
+    }
+}
+
+/// Fill `ws.goff`, `ws.lse`, `ws.delta` for the query positions in `ws.qpos`.
+fn query_grads<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit, ws: &mut Scratch) {
+    let s = plan.q.shape();
+    fill_offsets(&mut ws.goff, &g.grad_out, u.b, u.h, &ws.qpos);
+    ws.lse.clear();
+    ws.lse.extend(ws.qpos.iter().map(|&p| g.lse[(u.b * s.seq + p) * s.heads + u.h]));
+    ws.delta.clear();
+    ws.delta.extend(ws.qpos.iter().map(|&p| {
+        let (go, o) = (g.grad_out.row(u.b, p, u.h), g.out.row(u.b, p, u.h));
+        go.iter().zip(o).map(|(a, b)| a.to_f32() * b.to_f32()).sum::<f32>()
+    }));
+}
+
+/// dq of one query chunk into `ws.acc_a` (`[c1-c0, d]`).
+fn dq_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit, ws: &mut Scratch) {
+    let (d, n) = (plan.d, u.c1 - u.c0);
+    let (seq, kv_len) = (plan.q.shape().seq, plan.k.shape().seq);
+    zeroed(&mut ws.acc_a, n * d, 0.0);
+    let hp = &plan.heads[u.h];
+    for (_, p) in &hp.patterns {
+        for seg in p.segment_of(u.c0)..=p.segment_of(u.c1 - 1) {
+            let bounds = p.segment_bounds(seg, seq);
+            fill_positions(&mut ws.qpos, p.selected_in_range(bounds.start.max(u.c0)..bounds.end.min(u.c1)));
+            let Some(&last_q) = ws.qpos.last() else { continue };
+            let upper = if plan.causal { last_q } else { usize::MAX };
+            fill_positions(&mut ws.kpos, p.selected_in_segment(seg, kv_len).take_while(|&k| k <= upper));
+            fill_offsets(&mut ws.qoff, &plan.q, u.b, u.h, &ws.qpos);
+            fill_offsets(&mut ws.koff, &plan.k, u.b, u.h, &ws.kpos);
+            fill_offsets(&mut ws.voff, &plan.v, u.b, u.h, &ws.kpos);
+            query_grads(plan, g, u, ws);
+            let nq = ws.qpos.len();
+            let pdq = zeroed(&mut ws.pa, nq * d, 0.0);
+            let qg = QueryGrads {
+                go: PieceRows { data: g.grad_out.data(), offsets: &ws.goff, pos: &ws.qpos },
+                go_scale: hp.out_scale as f32,
+                lse: &ws.lse,
+                delta: &ws.delta,
+            };
+            let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
+            let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
+            let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
+            dq_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &qg, &mut ws.bwd, pdq);
+            for (i, &qp) in ws.qpos.iter().enumerate() {
+                let t = qp - u.c0;
+                ws.acc_a[t * d..(t + 1) * d].iter_mut().zip(&pdq[i * d..]).for_each(|(a, b)| *a += b);
+            }
+        }
+    }
+}
+
+/// dk, dv of one key chunk into `ws.acc_a`, `ws.acc_b` (`[c1-c0, d]` each).
+fn dkv_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit, ws: &mut Scratch) {
+    let (d, n) = (plan.d, u.c1 - u.c0);
+    let (seq, kv_len) = (plan.q.shape().seq, plan.k.shape().seq);
+    zeroed(&mut ws.acc_a, n * d, 0.0);
+    zeroed(&mut ws.acc_b, n * d, 0.0);
+    let hp = &plan.heads[u.h];
+    for (_, p) in &hp.patterns {
+        for seg in p.segment_of(u.c0)..=p.segment_of(u.c1 - 1) {
+            let bounds = p.segment_bounds(seg, kv_len);
+            fill_positions(&mut ws.kpos, p.selected_in_range(bounds.start.max(u.c0)..bounds.end.min(u.c1)));
+            let Some(&first_k) = ws.kpos.first() else { continue };
+            let lower = if plan.causal { first_k } else { 0 };
+            fill_positions(&mut ws.qpos, p.selected_in_segment(seg, seq).skip_while(|&q| q < lower));
+            if ws.qpos.is_empty() {
+                continue;
+            }
+            fill_offsets(&mut ws.qoff, &plan.q, u.b, u.h, &ws.qpos);
+            fill_offsets(&mut ws.koff, &plan.k, u.b, u.h, &ws.kpos);
+            fill_offsets(&mut ws.voff, &plan.v, u.b, u.h, &ws.kpos);
+            query_grads(plan, g, u, ws);
+            let nk = ws.kpos.len();
+            let pdk = zeroed(&mut ws.pa, nk * d, 0.0);
+            let pdv = zeroed(&mut ws.pb, nk * d, 0.0);
+            let qg = QueryGrads {
+                go: PieceRows { data: g.grad_out.data(), offsets: &ws.goff, pos: &ws.qpos },
+                go_scale: hp.out_scale as f32,
+                lse: &ws.lse,
+                delta: &ws.delta,
+            };
+            let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
+            let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
+            let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
+            dkv_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &qg, &mut ws.bwd, pdk, pdv);
+            for (j, &kp) in ws.kpos.iter().enumerate() {
+                let t = kp - u.c0;
+                ws.acc_a[t * d..(t + 1) * d].iter_mut().zip(&pdk[j * d..]).for_each(|(a, b)| *a += b);
+                ws.acc_b[t * d..(t + 1) * d].iter_mut().zip(&pdv[j * d..]).for_each(|(a, b)| *a += b);
+            }
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Tile primitives dispatched on the chosen [`Isa`]: matrix product, `exp2`, row max.
+
+use crate::isa::Isa;
+use crate::{avx2, avx512, portable};
+
+/// `C[m x n] (=|+=) A[m x k] * B[k x n]` (`n` a multiple of 16, row strides `ld*`).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn gemm(
+    isa: Isa,
+    m: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    n: usize,
+    c: &mut [f32],
+    ldc: usize,
+    acc: bool,
+) {
+    match isa {
+        Isa::Avx512 => avx512::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc),
+        Isa::Avx2 => avx2::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc),
+        Isa::Portable => portable::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc),
+    }
+}
+
+/// `x[j] = exp2(x[j] - s - sv[j])` (`sv` absent = 0), returning the sum.
+#[inline]
+pub(crate) fn exp2_sub(isa: Isa, x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
+    match isa {
+        Isa::Avx512 => avx512::exp2_sub(x, s, sv),
+        Isa::Avx2 => avx2::exp2_sub(x, s, sv),
+        Isa::Portable => portable::exp2_sub(x, s, sv),
+    }
+}
+
+/// Largest element (`-inf` if empty).
+#[inline]
+pub(crate) fn max(isa: Isa, x: &[f32]) -> f32 {
+    match isa {
+        Isa::Avx512 => avx512::max(x),
+        Isa::Avx2 => avx2::max(x),
+        Isa::Portable => portable::max(x),
+    }
+}
+
+/// Tile sizes shared by the kernels.
+pub(crate) const KEY_TILE: usize = 64;
+/// Rows per register block of the micro-kernel.
+pub(crate) const ROW_BLOCK: usize = 6;
+/// Query rows whose accumulators are kept together (cache blocking).
+pub(crate) const QUERY_CHUNK: usize = 128;
+
+/// `head_dim` rounded up to the SIMD width.
+#[inline]
+pub(crate) fn padded(d: usize) -> usize {
+    d.next_multiple_of(16)
+}
+
+/// Resize a scratch vector (contents unspecified) without shrinking its capacity.
+#[inline]
+pub(crate) fn scratch(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    &mut v[..len]
+}

@@ -1,0 +1,108 @@
+//! Portable tile primitives (plain Rust, every target): matrix product, `exp2`, max.
+//! Same contracts as the AVX-512 versions; results agree within f32 rounding.
+
+/// Bounds of a `gemm` call (internal invariant: a violation is a bug, so it panics).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_gemm(
+    m: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    n: usize,
+    c: &[f32],
+    ldc: usize,
+) {
+    assert!(n.is_multiple_of(16), "gemm: n = {n} is not a multiple of 16");
+    if m > 0 && k > 0 {
+        assert!((m - 1) * lda + k <= a.len(), "gemm: A out of bounds");
+        assert!((k - 1) * ldb + n <= b.len(), "gemm: B out of bounds");
+    }
+    if m > 0 {
+        assert!((m - 1) * ldc + n <= c.len(), "gemm: C out of bounds");
+    }
+}
+
+/// `C[m x n] (=|+=) A[m x k] * B[k x n]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    m: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    n: usize,
+    c: &mut [f32],
+    ldc: usize,
+    acc: bool,
+) {
+    for i in 0..m {
+        let crow = &mut c[i * ldc..i * ldc + n];
+        if !acc {
+            crow.fill(0.0);
+        }
+        for kk in 0..k {
+            let aik = a[i * lda + kk];
+            let brow = &b[kk * ldb..kk * ldb + n];
+            for (cv, bv) in crow.iter_mut().zip(brow) {
+                *cv += aik * bv;
+            }
+        }
+    }
+}
+
+/// Coefficients (highest degree first) of the degree-7 Taylor polynomial of `2^f`
+/// (`ln2^k / k!`), used on `f` in `[-0.5, 0.5]`: relative error below 1e-8.
+pub(crate) const EXP2_POLY: [f32; 8] = [
+    1.525_273_4e-5,
+    1.540_353_1e-4,
+    1.333_355_8e-3,
+    9.618_129e-3,
+    5.550_411e-2,
+    0.240_226_5,
+    std::f32::consts::LN_2,
+    1.0,
+];
+
+/// `2^x` for one value (`0` below -150, so `-inf` gives `0`; clamped at 127).
+#[inline]
+pub(crate) fn exp2(x: f32) -> f32 {
+    let x = x.clamp(-150.0, 127.0);
+    let n = x.round();
+    let f = x - n;
+    let mut p = EXP2_POLY[0];
+    for c in EXP2_POLY[1..].iter().copied() {
+        p = p * f + c;
+    }
+    // Scale by 2^n in two steps so that n down to -150 stays representable.
+    let n = n as i32;
+    let (n1, n2) = (n / 2, n - n / 2);
+    p * f32::from_bits(((n1 + 127) as u32) << 23) * f32::from_bits(((n2 + 127) as u32) << 23)
+}
+
+/// `x[j] = exp2(x[j] - s - sv[j])`, returning the sum.
+pub(crate) fn exp2_sub(x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
+    let mut sum = 0.0;
+    match sv {
+        Some(sv) => {
+            for (v, &t) in x.iter_mut().zip(sv) {
+                *v = exp2(*v - s - t);
+                sum += *v;
+            }
+        }
+        None => {
+            for v in x.iter_mut() {
+                *v = exp2(*v - s);
+                sum += *v;
+            }
+        }
+    }
+    sum
+}
+
+/// Largest element (`-inf` for an empty slice).
+pub(crate) fn max(x: &[f32]) -> f32 {
+    x.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}

@@ -1,0 +1,212 @@
+//! Flash-style backward of one piece, recomputing scores from the final LSE (no
+//! `n x n` storage). Two deterministic kernels: [`dq_piece`] walks key tiles for a set
+//! of queries, [`dkv_piece`] walks query tiles for a set of keys, so every gradient row
+//! is owned by one caller and accumulated in a fixed order.
+
+use attn_core::Element;
+
+use crate::isa::Isa;
+use crate::ops::{self, KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::pack::{PieceRows, pack_rows, pack_transposed};
+use crate::tile_forward::keys_needed;
+
+/// Per-query inputs of the backward: upstream gradient rows (multiplied by `go_scale`
+/// on load, i.e. `grad_out_eff = out_scale * grad_out`), the head's final LSE (natural
+/// log) and `delta = dot(grad_out, out)`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QueryGrads<'a, G> {
+    pub go: PieceRows<'a, G>,
+    pub go_scale: f32,
+    pub lse: &'a [f32],
+    pub delta: &'a [f32],
+}
+
+/// Reusable buffers of the backward kernels (one per worker).
+#[derive(Debug, Default)]
+pub(crate) struct BackwardScratch {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+    e: Vec<f32>,
+    f: Vec<f32>,
+    acc1: Vec<f32>,
+    s: Vec<f32>,
+    dp: Vec<f32>,
+    sub: Vec<f32>,
+}
+
+/// LSE in base 2, with "no keys" (`-inf`) turned into `+inf` so that `exp2(s - sub) = 0`.
+#[inline]
+fn lse2(l: f32) -> f32 {
+    if l == f32::NEG_INFINITY { f32::INFINITY } else { l * std::f32::consts::LOG2_E }
+}
+
+/// `dq[i*d..] += scale * sum_j dS_ij k_j` for the piece's queries (all keys of the piece).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dq_piece<T: Element, G: Element>(
+    isa: Isa,
+    scale: f32,
+    d: usize,
+    causal: bool,
+    q: &PieceRows<'_, T>,
+    k: &PieceRows<'_, T>,
+    v: &PieceRows<'_, T>,
+    g: &QueryGrads<'_, G>,
+    ws: &mut BackwardScratch,
+    dq: &mut [f32],
+) {
+    let (nq, dp) = (q.len(), padded(d));
+    if nq == 0 {
+        return;
+    }
+    let nk = keys_needed(k.pos, causal, q.pos[nq - 1]);
+    let tiles = nk.div_ceil(KEY_TILE);
+    let tile = dp * KEY_TILE;
+    let kt = scratch(&mut ws.a, tiles * tile);
+    let vt = scratch(&mut ws.b, tiles * tile);
+    let kr = scratch(&mut ws.c, tiles * tile);
+    for t in 0..tiles {
+        let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
+        pack_transposed(k, k0, kn, d, dp, KEY_TILE, 1.0, &mut kt[t * tile..]);
+        pack_transposed(v, k0, kn, d, dp, KEY_TILE, 1.0, &mut vt[t * tile..]);
+        pack_rows(k, k0, kn, d, dp, 1.0, &mut kr[t * tile..]);
+    }
+    let c2 = scale * std::f32::consts::LOG2_E;
+    for q0 in (0..nq).step_by(QUERY_CHUNK) {
+        let qn = (nq - q0).min(QUERY_CHUNK);
+        let qbuf = scratch(&mut ws.e, qn * dp);
+        pack_rows(q, q0, qn, d, dp, c2, qbuf);
+        let gbuf = scratch(&mut ws.f, qn * dp);
+        pack_rows(&g.go, q0, qn, d, dp, g.go_scale, gbuf);
+        let acc = scratch(&mut ws.acc1, qn * dp);
+        acc.fill(0.0);
+        let s = scratch(&mut ws.s, ROW_BLOCK * KEY_TILE);
+        let dpb = scratch(&mut ws.dp, ROW_BLOCK * KEY_TILE);
+        let qpos = &q.pos[q0..q0 + qn];
+        for t in 0..tiles {
+            let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
+            let kpos = &k.pos[k0..k0 + kn];
+            if causal && kpos[0] > qpos[qn - 1] {
+                break;
+            }
+            for r0 in (0..qn).step_by(ROW_BLOCK) {
+                let rn = (qn - r0).min(ROW_BLOCK);
+                if causal && kpos[0] > qpos[r0 + rn - 1] {
+                    continue;
+                }
+                ops::gemm(isa, rn, dp, &qbuf[r0 * dp..], dp, &kt[t * tile..], KEY_TILE, KEY_TILE, s, KEY_TILE, false);
+                ops::gemm(isa, rn, dp, &gbuf[r0 * dp..], dp, &vt[t * tile..], KEY_TILE, KEY_TILE, dpb, KEY_TILE, false);
+                for i in 0..rn {
+                    let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
+                    let qp = qpos[r0 + i];
+                    let visible = if causal { kpos.partition_point(|&p| p <= qp) } else { kn };
+                    row[visible..].fill(f32::NEG_INFINITY);
+                    ops::exp2_sub(isa, row, lse2(g.lse[q0 + r0 + i]), None);
+                    let delta = g.delta[q0 + r0 + i];
+                    for (p, dpv) in row.iter_mut().zip(&dpb[i * KEY_TILE..(i + 1) * KEY_TILE]) {
+                        *p *= dpv - delta;
+                    }
+                }
+                ops::gemm(isa, rn, kn, s, KEY_TILE, &kr[t * tile..], dp, dp, &mut acc[r0 * dp..], dp, true);
+            }
+        }
+        for i in 0..qn {
+            let dst = &mut dq[(q0 + i) * d..(q0 + i + 1) * d];
+            dst.iter_mut().zip(&acc[i * dp..]).for_each(|(a, b)| *a += scale * b);
+        }
+    }
+}
+
+/// `dk[j*d..] += scale * sum_i dS_ij q_i` and `dv[j*d..] += sum_i P_ij go_i` for the
+/// piece's keys (all queries of the piece).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dkv_piece<T: Element, G: Element>(
+    isa: Isa,
+    scale: f32,
+    d: usize,
+    causal: bool,
+    q: &PieceRows<'_, T>,
+    k: &PieceRows<'_, T>,
+    v: &PieceRows<'_, T>,
+    g: &QueryGrads<'_, G>,
+    ws: &mut BackwardScratch,
+    dk: &mut [f32],
+    dv: &mut [f32],
+) {
+    let (nk, dp) = (k.len(), padded(d));
+    if nk == 0 {
+        return;
+    }
+    // Queries that can see some key: with causal, those at or after the first key.
+    let first_q = if causal { q.pos.partition_point(|&p| p < k.pos[0]) } else { 0 };
+    let nq = q.len() - first_q;
+    let tiles = nq.div_ceil(KEY_TILE);
+    let tile = dp * KEY_TILE;
+    let c2 = scale * std::f32::consts::LOG2_E;
+    // Query tiles: Q^T (scaled to base-2 scores), GO^T, Q rows, GO rows, LSE, delta.
+    let qt = scratch(&mut ws.a, tiles * tile);
+    let gt = scratch(&mut ws.b, tiles * tile);
+    let qr = scratch(&mut ws.c, tiles * tile);
+    let gr = scratch(&mut ws.e, tiles * tile);
+    let sub = scratch(&mut ws.sub, tiles * KEY_TILE);
+    sub.fill(f32::INFINITY);
+    for t in 0..tiles {
+        let (i0, n) = (first_q + t * KEY_TILE, (nq - t * KEY_TILE).min(KEY_TILE));
+        pack_transposed(q, i0, n, d, dp, KEY_TILE, c2, &mut qt[t * tile..]);
+        pack_transposed(&g.go, i0, n, d, dp, KEY_TILE, g.go_scale, &mut gt[t * tile..]);
+        pack_rows(q, i0, n, d, dp, 1.0, &mut qr[t * tile..]);
+        pack_rows(&g.go, i0, n, d, dp, g.go_scale, &mut gr[t * tile..]);
+        for j in 0..n {
+            sub[t * KEY_TILE + j] = lse2(g.lse[i0 + j]);
+        }
+    }
+    let s = scratch(&mut ws.s, ROW_BLOCK * KEY_TILE);
+    let dpb = scratch(&mut ws.dp, ROW_BLOCK * KEY_TILE);
+    for k0 in (0..nk).step_by(QUERY_CHUNK) {
+        let kn = (nk - k0).min(QUERY_CHUNK);
+        let kbuf = scratch(&mut ws.f, 2 * kn * dp);
+        let (kbuf, vbuf) = kbuf.split_at_mut(kn * dp);
+        pack_rows(k, k0, kn, d, dp, 1.0, kbuf);
+        pack_rows(v, k0, kn, d, dp, 1.0, vbuf);
+        let acc = scratch(&mut ws.acc1, 2 * kn * dp);
+        acc.fill(0.0);
+        let (dk_acc, dv_acc) = acc.split_at_mut(kn * dp);
+        let kpos = &k.pos[k0..k0 + kn];
+        for t in 0..tiles {
+            let (i0, n) = (first_q + t * KEY_TILE, (nq - t * KEY_TILE).min(KEY_TILE));
+            let qpos = &q.pos[i0..i0 + n];
+            if causal && qpos[n - 1] < kpos[0] {
+                continue;
+            }
+            for r0 in (0..kn).step_by(ROW_BLOCK) {
+                let rn = (kn - r0).min(ROW_BLOCK);
+                if causal && qpos[n - 1] < kpos[r0] {
+                    break; // this and later key rows come after every query of the tile
+                }
+                ops::gemm(isa, rn, dp, &kbuf[r0 * dp..], dp, &qt[t * tile..], KEY_TILE, KEY_TILE, s, KEY_TILE, false);
+                ops::gemm(isa, rn, dp, &vbuf[r0 * dp..], dp, &gt[t * tile..], KEY_TILE, KEY_TILE, dpb, KEY_TILE, false);
+                for i in 0..rn {
+                    let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
+                    let kp = kpos[r0 + i];
+                    let hidden = if causal { qpos.partition_point(|&p| p < kp) } else { 0 };
+                    row[..hidden].fill(f32::NEG_INFINITY);
+                    row[n..].fill(f32::NEG_INFINITY);
+                    ops::exp2_sub(isa, row, 0.0, Some(&sub[t * KEY_TILE..(t + 1) * KEY_TILE]));
+                    let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
+                    for (j, (dpv, p)) in dprow.iter_mut().zip(row.iter()).enumerate().take(n) {
+                        let delta = g.delta[i0 + j];
+                        *dpv = p * (*dpv - delta);
+                    }
+                }
+                // dV += P^T GO, dK += dS^T Q (rows here are keys).
+                ops::gemm(isa, rn, n, s, KEY_TILE, &gr[t * tile..], dp, dp, &mut dv_acc[r0 * dp..], dp, true);
+                ops::gemm(isa, rn, n, dpb, KEY_TILE, &qr[t * tile..], dp, dp, &mut dk_acc[r0 * dp..], dp, true);
+            }
+        }
+        for j in 0..kn {
+            let (dkr, dvr) = (&mut dk[(k0 + j) * d..(k0 + j + 1) * d], &mut dv[(k0 + j) * d..(k0 + j + 1) * d]);
+            dkr.iter_mut().zip(&dk_acc[j * dp..]).for_each(|(a, b)| *a += scale * b);
+            dvr.iter_mut().zip(&dv_acc[j * dp..]).for_each(|(a, b)| *a += b);
+        }
+    }
+}

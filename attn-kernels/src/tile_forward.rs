@@ -1,0 +1,122 @@
+//! Flash-style forward of one piece (the selected queries and keys of one pattern
+//! segment): packed key/value tiles, register-blocked score and value products,
+//! online softmax in base 2, never more than a `6 x 64` score tile at a time.
+
+use attn_core::Element;
+
+use crate::isa::Isa;
+use crate::ops::{self, KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::pack::{PieceRows, pack_rows, pack_transposed};
+
+/// Reusable buffers of the forward kernel (one per worker).
+#[derive(Debug, Default)]
+pub(crate) struct ForwardScratch {
+    kt: Vec<f32>,
+    v: Vec<f32>,
+    q: Vec<f32>,
+    o: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+    s: Vec<f32>,
+}
+
+/// Number of keys (ascending positions) that some query up to `last_q` can see.
+pub(crate) fn keys_needed(kpos: &[usize], causal: bool, last_q: usize) -> usize {
+    if causal { kpos.partition_point(|&p| p <= last_q) } else { kpos.len() }
+}
+
+/// Attention of the piece's queries over its keys: writes the normalised output
+/// (`out[i*d..]`, f32) and the natural-log LSE (`-inf` where no key is visible).
+/// Queries and keys are selected rows of one segment, positions ascending.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_piece<T: Element>(
+    isa: Isa,
+    scale: f32,
+    d: usize,
+    causal: bool,
+    q: &PieceRows<'_, T>,
+    k: &PieceRows<'_, T>,
+    v: &PieceRows<'_, T>,
+    ws: &mut ForwardScratch,
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    let (nq, dp) = (q.len(), padded(d));
+    if nq == 0 {
+        return;
+    }
+    let nk = keys_needed(k.pos, causal, q.pos[nq - 1]);
+    let tiles = nk.div_ceil(KEY_TILE);
+    // Pack every needed key tile once (transposed K, row-major V).
+    let kt = scratch(&mut ws.kt, tiles * dp * KEY_TILE);
+    let vt = scratch(&mut ws.v, tiles * KEY_TILE * dp);
+    for t in 0..tiles {
+        let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
+        pack_transposed(k, k0, kn, d, dp, KEY_TILE, 1.0, &mut kt[t * dp * KEY_TILE..]);
+        pack_rows(v, k0, kn, d, dp, 1.0, &mut vt[t * KEY_TILE * dp..]);
+    }
+    let c2 = scale * std::f32::consts::LOG2_E;
+    for q0 in (0..nq).step_by(QUERY_CHUNK) {
+        let qn = (nq - q0).min(QUERY_CHUNK);
+        let qbuf = scratch(&mut ws.q, qn * dp);
+        pack_rows(q, q0, qn, d, dp, c2, qbuf);
+        let o = scratch(&mut ws.o, qn * dp);
+        o.fill(0.0);
+        let m = scratch(&mut ws.m, qn);
+        m.fill(f32::NEG_INFINITY);
+        let l = scratch(&mut ws.l, qn);
+        l.fill(0.0);
+        let s = scratch(&mut ws.s, ROW_BLOCK * KEY_TILE);
+        let qpos = &q.pos[q0..q0 + qn];
+        for t in 0..tiles {
+            let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
+            let kpos = &k.pos[k0..k0 + kn];
+            if causal && kpos[0] > qpos[qn - 1] {
+                break;
+            }
+            let ktile = &kt[t * dp * KEY_TILE..(t + 1) * dp * KEY_TILE];
+            let vtile = &vt[t * KEY_TILE * dp..(t + 1) * KEY_TILE * dp];
+            for r0 in (0..qn).step_by(ROW_BLOCK) {
+                let rn = (qn - r0).min(ROW_BLOCK);
+                if causal && kpos[0] > qpos[r0 + rn - 1] {
+                    continue; // every row of this block precedes the tile
+                }
+                ops::gemm(isa, rn, dp, &qbuf[r0 * dp..], dp, ktile, KEY_TILE, KEY_TILE, s, KEY_TILE, false);
+                for i in 0..rn {
+                    let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
+                    row[kn..].fill(f32::NEG_INFINITY);
+                    let qp = qpos[r0 + i];
+                    if causal && kpos[kn - 1] > qp {
+                        let visible = kpos.partition_point(|&p| p <= qp);
+                        row[visible..kn].fill(f32::NEG_INFINITY);
+                    }
+                    let (mi, li) = (&mut m[r0 + i], &mut l[r0 + i]);
+                    let m_new = mi.max(ops::max(isa, row));
+                    if m_new == f32::NEG_INFINITY {
+                        row.fill(0.0);
+                        continue;
+                    }
+                    let corr = crate::portable::exp2(*mi - m_new);
+                    let sum = ops::exp2_sub(isa, row, m_new, None);
+                    *li = *li * corr + sum;
+                    *mi = m_new;
+                    if corr != 1.0 {
+                        o[(r0 + i) * dp..(r0 + i + 1) * dp].iter_mut().for_each(|x| *x *= corr);
+                    }
+                }
+                ops::gemm(isa, rn, kn, s, KEY_TILE, vtile, dp, dp, &mut o[r0 * dp..], dp, true);
+            }
+        }
+        for i in 0..qn {
+            let dst = &mut out[(q0 + i) * d..(q0 + i + 1) * d];
+            if l[i] == 0.0 {
+                dst.fill(0.0);
+                lse[q0 + i] = f32::NEG_INFINITY;
+            } else {
+                let inv = 1.0 / l[i];
+                dst.iter_mut().zip(&o[i * dp..]).for_each(|(a, b)| *a = b * inv);
+                lse[q0 + i] = (m[i] + l[i].log2()) * std::f32::consts::LN_2;
+            }
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! The kernel source compiles with NVRTC for sm_80 and sm_90 when libnvrtc is loadable
+//! (e.g. `LD_LIBRARY_PATH=~/.cache/attn-cuda/nvidia/cuda_nvrtc/lib`); skips otherwise.
+//! `cargo xtask ptx` goes further (ptxas registers and spills).
+#![cfg(feature = "cuda")]
+
+use attn_kernels::cuda::nvrtc_present;
+use attn_kernels::cuda::source::{full_source, kernel_names, nvrtc_options};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+
+#[test]
+fn kernels_compile_for_sm80_and_sm90() {
+    if !nvrtc_present() {
+        println!("SKIP kernels_compile_for_sm80_and_sm90: libnvrtc not on the library path");
+        return;
+    }
+    for arch in ["compute_80", "compute_90"] {
+        let opts = CompileOptions { options: nvrtc_options(arch), ..Default::default() };
+        let ptx = compile_ptx_with_opts(full_source(), opts).unwrap_or_else(|e| panic!("{arch}: {e}")).to_src();
+        for name in kernel_names() {
+            assert!(ptx.contains(&format!(".entry {name}(")), "{arch}: {name} missing from the PTX");
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Helpers of the CUDA tests: open the GPU or print why the test is skipped, and the CUDA
+//! backend behind the testkit's `DilatedBackend` trait for any dtype.
+#![allow(dead_code)]
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Result, TensorView, TensorViewMut};
+use attn_kernels::cuda::{CudaDevice, CudaElement, backward, forward};
+use attn_testkit::DilatedBackend;
+use attn_testkit::golden::{Forward32, Gradients32};
+
+/// The GPU, or `None` after printing the skip reason (no driver, no NVRTC, no device).
+pub fn device_or_skip(test: &str) -> Option<CudaDevice> {
+    match CudaDevice::new(0) {
+        Ok(dev) => Some(dev),
+        Err(e @ AttnError::BackendUnavailable { .. }) => {
+            println!("SKIP {test}: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: opening the GPU failed with an unexpected error: {e}"),
+    }
+}
+
+pub fn conv<T: CudaElement>(x: &[f32]) -> Vec<T> {
+    x.iter().map(|&v| T::from_f32(v)).collect()
+}
+
+pub fn back<T: CudaElement>(x: &[T]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+/// The CUDA backend computing in dtype `T`.
+pub struct Gpu<T> {
+    pub dev: CudaDevice,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: CudaElement> Gpu<T> {
+    pub fn new(dev: CudaDevice) -> Self {
+        Gpu { dev, _t: std::marker::PhantomData }
+    }
+
+    /// Forward in `T`: (out, lse).
+    pub fn forward_t(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[T], k: &[T], v: &[T]) -> Result<(Vec<T>, Vec<f32>)> {
+        let qv = TensorView::contiguous(TensorName::Query, q, shape.q)?;
+        let kv = TensorView::contiguous(TensorName::Key, k, shape.kv)?;
+        let vv = TensorView::contiguous(TensorName::Value, v, shape.kv)?;
+        let mut out = vec![T::default(); shape.q.numel()];
+        let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?;
+        let lse = forward(&self.dev, cfg, &qv, &kv, &vv, &mut ov)?;
+        Ok((out, lse))
+    }
+}
+
+impl<T: CudaElement> DilatedBackend for Gpu<T> {
+    fn name(&self) -> String {
+        format!("cuda-{}", T::DTYPE.as_str())
+    }
+    fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+    fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32> {
+        let (out, lse) = self.forward_t(cfg, shape, &conv::<T>(q), &conv::<T>(k), &conv::<T>(v))?;
+        Ok(Forward32 { out: back(&out), lse })
+    }
+    fn backward(
+        &self,
+        cfg: &DilatedConfig,
+        shape: AttnShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        grad_out: &[f32],
+    ) -> Result<Gradients32> {
+        let (q, k, v, go) = (conv::<T>(q), conv::<T>(k), conv::<T>(v), conv::<T>(grad_out));
+        let (out, lse) = self.forward_t(cfg, shape, &q, &k, &v)?;
+        let view = |t, x: &[T], s| TensorView::contiguous(t, x, s);
+        let (qv, kv, vv) =
+            (view(TensorName::Query, &q, shape.q)?, view(TensorName::Key, &k, shape.kv)?, view(TensorName::Value, &v, shape.kv)?);
+        let (ov, gv) = (view(TensorName::Output, &out, shape.q)?, view(TensorName::GradOutput, &go, shape.q)?);
+        let mut dq = vec![T::default(); shape.q.numel()];
+        let mut dk = vec![T::default(); shape.kv.numel()];
+        let mut dv = vec![T::default(); shape.kv.numel()];
+        backward(
+            &self.dev,
+            cfg,
+            &qv,
+            &kv,
+            &vv,
+            &ov,
+            &lse,
+            &gv,
+            &mut TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, shape.q)?,
+            &mut TensorViewMut::contiguous(TensorName::GradKey, &mut dk, shape.kv)?,
+            &mut TensorViewMut::contiguous(TensorName::GradValue, &mut dv, shape.kv)?,
+        )?;
+        Ok(Gradients32 { dq: back(&dq), dk: back(&dk), dv: back(&dv) })
+    }
+}

@@ -1,0 +1,38 @@
+//! Without a GPU (or NVRTC) every CUDA entry point returns a typed error instead of
+//! panicking; with one, bad inputs are typed errors too. Runs on every machine.
+#![cfg(feature = "cuda")]
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, DilatedConfig, Shape4, TensorView, TensorViewMut};
+use attn_kernels::cuda::{CudaDevice, check_available, forward};
+
+#[test]
+fn missing_device_is_a_typed_error() {
+    match check_available(10_000) {
+        Err(AttnError::BackendUnavailable { backend: "cuda", reason }) => println!("cuda unavailable: {reason}"),
+        other => panic!("device 10000 cannot exist: {other:?}"),
+    }
+    match CudaDevice::new(0) {
+        Ok(dev) => println!("GPU present: sm_{}{}", dev.compute_capability().0, dev.compute_capability().1),
+        Err(AttnError::BackendUnavailable { backend: "cuda", reason }) => println!("no GPU: {reason}"),
+        Err(e) => panic!("unexpected error kind: {e}"),
+    }
+}
+
+#[test]
+fn bad_inputs_are_typed_errors_on_a_gpu() {
+    let Ok(dev) = CudaDevice::new(0) else {
+        println!("SKIP bad_inputs_are_typed_errors_on_a_gpu: no GPU");
+        return;
+    };
+    let cfg = DilatedConfig::new(&[4, 8], &[1, 2]).unwrap();
+    let s = Shape4::new(1, 8, 1, 300).unwrap();
+    let x = vec![0.0f32; s.numel()];
+    let v = TensorView::contiguous(TensorName::Query, &x, s).unwrap();
+    let mut o = vec![0.0f32; s.numel()];
+    let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut o, s).unwrap();
+    // 1 head < 2 head groups, then head_dim 300 > 256 with LongNet.
+    assert!(matches!(forward(&dev, &cfg, &v, &v, &v, &mut ov), Err(AttnError::TooFewHeads { .. })));
+    let ln = DilatedConfig::builder().segments(&[4]).dilations(&[1]).mixing(attn_core::Mixing::LongNet).build().unwrap();
+    assert!(matches!(forward(&dev, &ln, &v, &v, &v, &mut ov), Err(AttnError::InvalidArgument(_))));
+}
