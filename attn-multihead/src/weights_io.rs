@@ -1,6 +1,6 @@
 //! Safetensors load/save of any `NamedParams` module with PyTorch names; missing, extra or misshapen tensors are named errors.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
 use attn_core::{AttnError, Result};
@@ -49,50 +49,96 @@ fn decode_into<F: LayerFloat>(name: &str, dtype: Dtype, bytes: &[u8], dst: &mut 
     Ok(())
 }
 
-/// Read a whole tensor of a parsed file as `F` with its shape (inputs, expected outputs).
-pub fn read_tensor<F: LayerFloat>(file: &SafeTensors<'_>, name: &str) -> Result<(Vec<usize>, Vec<F>)> {
-    let t = file.tensor(name).map_err(|_| AttnError::Format(format!("missing tensor `{name}`")))?;
-    let n = t.shape().iter().product();
-    let mut v = vec![F::zero(); n];
-    decode_into(name, t.dtype(), t.data(), &mut v)?;
-    Ok((t.shape().to_vec(), v))
+/// Where named tensors come from: a safetensors file, or float32 tensors in memory.
+pub trait TensorSource {
+    /// Every tensor name.
+    fn tensor_names(&self) -> Vec<String>;
+    /// The shape of a tensor, `None` if absent.
+    fn tensor_shape(&self, name: &str) -> Option<Vec<usize>>;
+    /// Decode a tensor into `dst` (its length must be the tensor's element count).
+    fn read_into<F: LayerFloat>(&self, name: &str, dst: &mut [F]) -> Result<()>;
+
+    /// A whole tensor as `F` with its shape.
+    fn read_tensor<F: LayerFloat>(&self, name: &str) -> Result<(Vec<usize>, Vec<F>)> {
+        let shape = self.tensor_shape(name).ok_or_else(|| AttnError::Format(format!("missing tensor `{name}`")))?;
+        let n = shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| AttnError::Format(format!("tensor `{name}`: shape {shape:?} overflows")))?;
+        let mut v = vec![F::zero(); n];
+        self.read_into(name, &mut v)?;
+        Ok((shape, v))
+    }
 }
 
-/// Load every parameter of `module` from a parsed safetensors file.
+impl TensorSource for SafeTensors<'_> {
+    fn tensor_names(&self) -> Vec<String> {
+        self.names().into_iter().map(str::to_string).collect()
+    }
+    fn tensor_shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.tensor(name).ok().map(|t| t.shape().to_vec())
+    }
+    fn read_into<F: LayerFloat>(&self, name: &str, dst: &mut [F]) -> Result<()> {
+        let t = self.tensor(name).map_err(|_| AttnError::Format(format!("missing tensor `{name}`")))?;
+        decode_into(name, t.dtype(), t.data(), dst)
+    }
+}
+
+/// Float32 tensors held in memory (e.g. a parsed golden case): name -> (shape, data).
+#[derive(Debug, Clone, Default)]
+pub struct F32Tensors<'a> {
+    pub tensors: BTreeMap<String, (&'a [usize], &'a [f32])>,
+}
+
+impl TensorSource for F32Tensors<'_> {
+    fn tensor_names(&self) -> Vec<String> {
+        self.tensors.keys().cloned().collect()
+    }
+    fn tensor_shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.tensors.get(name).map(|(s, _)| s.to_vec())
+    }
+    fn read_into<F: LayerFloat>(&self, name: &str, dst: &mut [F]) -> Result<()> {
+        let (_, data) = self.tensors.get(name).ok_or_else(|| AttnError::Format(format!("missing tensor `{name}`")))?;
+        if data.len() != dst.len() {
+            return Err(AttnError::Format(format!("tensor `{name}` holds {} values, {} expected", data.len(), dst.len())));
+        }
+        dst.iter_mut().zip(data.iter()).for_each(|(d, &x)| *d = F::of(x as f64));
+        Ok(())
+    }
+}
+
+/// Load every parameter of `module` from a tensor source.
 ///
 /// Every parameter must be present with exactly its PyTorch shape; with
-/// [`ExtraTensors::Reject`], every tensor in the file must be a parameter.
+/// [`ExtraTensors::Reject`], every tensor in the source must be a parameter.
+/// On error the module is unchanged.
 pub fn load_params<F: LayerFloat>(
     module: &mut impl NamedParams<F>,
-    file: &SafeTensors<'_>,
+    source: &impl TensorSource,
     extra: ExtraTensors,
 ) -> Result<()> {
     let mut known = BTreeSet::new();
-    // Check everything before writing anything, so a failed load leaves the module unchanged.
     for p in module.params() {
-        let t = file.tensor(&p.name).map_err(|_| AttnError::Format(format!("missing tensor `{}`", p.name)))?;
-        if t.shape() != p.shape.as_slice() {
+        let shape = source.tensor_shape(&p.name).ok_or_else(|| AttnError::Format(format!("missing tensor `{}`", p.name)))?;
+        if shape != p.shape {
             return Err(AttnError::Format(format!(
-                "tensor `{}` has shape {:?} but {:?} was expected",
-                p.name,
-                t.shape(),
-                p.shape
+                "tensor `{}` has shape {shape:?} but {:?} was expected",
+                p.name, p.shape
             )));
         }
         known.insert(p.name);
     }
     if extra == ExtraTensors::Reject {
-        let mut names = file.names();
+        let mut names = source.tensor_names();
         names.sort_unstable();
-        if let Some(unknown) = names.into_iter().find(|n| !known.contains(*n)) {
+        if let Some(unknown) = names.into_iter().find(|n| !known.contains(n)) {
             return Err(AttnError::Format(format!("unexpected tensor `{unknown}` (not a parameter of this module)")));
         }
     }
     let mut staged = Vec::new();
     for p in module.params() {
-        let t = file.tensor(&p.name).map_err(format_err)?;
         let mut v = vec![F::zero(); p.data.len()];
-        decode_into(&p.name, t.dtype(), t.data(), &mut v)?;
+        source.read_into(&p.name, &mut v)?;
         staged.push(v);
     }
     for (p, v) in module.params_mut().into_iter().zip(staged) {

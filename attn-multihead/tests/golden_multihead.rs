@@ -1,0 +1,43 @@
+//! The `kind=multihead` conformance files through the layer on every available backend.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use attn_multihead::golden_case::forward_case;
+use attn_multihead::{AttentionBackend, F32Tensors, LayerFloat, ReferenceBackend};
+use attn_testkit::golden::{GoldenCase, golden_dir, load_dir};
+use attn_testkit::tolerance::rel_l2_error;
+
+fn cases() -> Vec<GoldenCase> {
+    let dir = golden_dir().join("multihead");
+    let cases: Vec<GoldenCase> = load_dir(&dir).unwrap().into_iter().map(|(_, c)| c.unwrap()).collect();
+    assert_eq!(cases.len(), 2, "expected both multihead files in {}", dir.display());
+    cases
+}
+
+fn source(case: &GoldenCase) -> F32Tensors<'_> {
+    let tensors: BTreeMap<String, (&[usize], &[f32])> =
+        case.tensors.iter().map(|(k, t)| (k.clone(), (t.shape.as_slice(), t.data.as_slice()))).collect();
+    F32Tensors { tensors }
+}
+
+fn run<F: LayerFloat>(backend: Arc<dyn AttentionBackend<F>>, bound_floor: f64) {
+    for case in cases() {
+        let out = forward_case(&case.meta, &source(&case), backend.clone()).unwrap();
+        let want = &case.tensor("out").unwrap().data;
+        let err = rel_l2_error(&out, want);
+        let bound = case.rel_tol().unwrap().max(bound_floor);
+        assert!(err <= bound, "{} on {}: rel_l2 {err:.2e} > {bound:.0e}", case.name, backend.name());
+        eprintln!("{} [{} {:?}] rel_l2 {err:.2e}", case.name, backend.name(), F::DTYPE);
+    }
+}
+
+#[test]
+fn golden_files_pass_on_the_reference_in_f64() {
+    run::<f64>(Arc::new(ReferenceBackend), 0.0);
+}
+
+#[test]
+fn golden_files_pass_on_the_reference_in_f32() {
+    run::<f32>(Arc::new(ReferenceBackend), 0.0);
+}
