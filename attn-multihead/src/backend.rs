@@ -121,3 +121,56 @@ impl<F: LayerFloat> AttentionBackend<F> for ReferenceBackend {
         write_rows(dv, &g.dv, TensorName::GradValue)
     }
 }
+
+fn reborrow<'a, F: LayerFloat>(name: TensorName, v: &'a mut TensorViewMut<'_, F>) -> Result<TensorViewMut<'a, F>> {
+    let (shape, strides) = (v.shape(), v.strides());
+    TensorViewMut::strided(name, v.data_mut(), shape, strides)
+}
+
+/// The CPU kernels of `attn-kernels` (fused flash-style, f32 accumulation; keys and
+/// values must have the queries' sequence length).
+impl<F: LayerFloat> AttentionBackend<F> for attn_kernels::CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn forward(
+        &self,
+        cfg: &DilatedConfig,
+        q: TensorView<'_, F>,
+        k: TensorView<'_, F>,
+        v: TensorView<'_, F>,
+        out: &mut TensorViewMut<'_, F>,
+        lse: &mut [f32],
+    ) -> Result<()> {
+        attn_kernels::CpuBackend::forward(self, cfg, q, k, v, reborrow(TensorName::Output, out)?, lse)
+    }
+
+    fn backward(
+        &self,
+        cfg: &DilatedConfig,
+        q: TensorView<'_, F>,
+        k: TensorView<'_, F>,
+        v: TensorView<'_, F>,
+        out: TensorView<'_, F>,
+        lse: &[f32],
+        grad_out: TensorView<'_, F>,
+        dq: &mut TensorViewMut<'_, F>,
+        dk: &mut TensorViewMut<'_, F>,
+        dv: &mut TensorViewMut<'_, F>,
+    ) -> Result<()> {
+        attn_kernels::CpuBackend::backward(
+            self,
+            cfg,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            grad_out,
+            reborrow(TensorName::GradQuery, dq)?,
+            reborrow(TensorName::GradKey, dk)?,
+            reborrow(TensorName::GradValue, dv)?,
+        )
+    }
+}

@@ -27,4 +27,6 @@ pub use layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};
 pub use layer_norm::{LayerNorm, NormStats};
 pub use projection::Linear;
 pub use weights::{MultiheadWeights, NamedParams, Param, ParamMut};
-pub use weights_io::{ExtraTensors, F32Tensors, TensorSource, load_bytes, load_file, load_params, save_bytes, save_file};
+pub use weights_io::{
+    ExtraTensors, F32Tensors, TensorSource, load_bytes, load_file, load_params, save_bytes, save_file,
+};

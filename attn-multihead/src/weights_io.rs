@@ -100,7 +100,11 @@ impl TensorSource for F32Tensors<'_> {
     fn read_into<F: LayerFloat>(&self, name: &str, dst: &mut [F]) -> Result<()> {
         let (_, data) = self.tensors.get(name).ok_or_else(|| AttnError::Format(format!("missing tensor `{name}`")))?;
         if data.len() != dst.len() {
-            return Err(AttnError::Format(format!("tensor `{name}` holds {} values, {} expected", data.len(), dst.len())));
+            return Err(AttnError::Format(format!(
+                "tensor `{name}` holds {} values, {} expected",
+                data.len(),
+                dst.len()
+            )));
         }
         dst.iter_mut().zip(data.iter()).for_each(|(d, &x)| *d = F::of(x as f64));
         Ok(())
@@ -119,7 +123,8 @@ pub fn load_params<F: LayerFloat>(
 ) -> Result<()> {
     let mut known = BTreeSet::new();
     for p in module.params() {
-        let shape = source.tensor_shape(&p.name).ok_or_else(|| AttnError::Format(format!("missing tensor `{}`", p.name)))?;
+        let shape =
+            source.tensor_shape(&p.name).ok_or_else(|| AttnError::Format(format!("missing tensor `{}`", p.name)))?;
         if shape != p.shape {
             return Err(AttnError::Format(format!(
                 "tensor `{}` has shape {shape:?} but {:?} was expected",

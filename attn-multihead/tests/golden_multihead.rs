@@ -41,3 +41,10 @@ fn golden_files_pass_on_the_reference_in_f64() {
 fn golden_files_pass_on_the_reference_in_f32() {
     run::<f32>(Arc::new(ReferenceBackend), 0.0);
 }
+
+#[test]
+fn golden_files_pass_on_the_cpu_kernels() {
+    let cpu = Arc::new(attn_kernels::CpuBackend::new(2).unwrap());
+    run::<f32>(cpu.clone(), 0.0);
+    run::<f64>(cpu, 0.0);
+}

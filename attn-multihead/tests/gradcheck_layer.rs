@@ -106,7 +106,8 @@ fn check(case: Case, seed: u64) {
             let perturbed = |delta: f64| {
                 let mut w: MultiheadWeights<f64> = layer.weights.clone();
                 w.params_mut()[pi].data[i] += delta;
-                let l = MultiheadDilatedAttention::from_weights(case.cfg.clone(), w, Arc::new(ReferenceBackend)).unwrap();
+                let l =
+                    MultiheadDilatedAttention::from_weights(case.cfg.clone(), w, Arc::new(ReferenceBackend)).unwrap();
                 dot(&run(&l, &query, &key, &value).0, &g)
             };
             numeric.push((perturbed(H) - perturbed(-H)) / (2.0 * H));
