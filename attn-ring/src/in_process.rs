@@ -80,7 +80,7 @@ pub type RankForward<T> = Result<(Vec<T>, Vec<f32>, RingStats)>;
 
 /// Run the forward on the given communicators (one thread per rank) and return
 /// each rank's own result, errors included (for fault tests).
-pub fn forward_on<C: Communicator, T: Element>(
+pub fn forward_on<C: Communicator + Send, T: Element>(
     comms: Vec<C>,
     problem: &RingProblem,
     q: TensorView<'_, T>,

@@ -28,7 +28,7 @@ pub use thread_comm::ThreadComm;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A rank's view of the group it computes with.
-pub trait Communicator: Send {
+pub trait Communicator {
     /// This rank, `0..world_size()`.
     fn rank(&self) -> usize;
     /// Number of ranks.

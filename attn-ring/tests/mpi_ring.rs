@@ -1,0 +1,170 @@
+//! MPI integration test (feature `mpi`, `harness = false`): every golden file in
+//! `../shared/golden/dilated`, every layout and strategy, forward and gradients,
+//! with this process as one rank. Run under
+//! `mpirun --allow-run-as-root --oversubscribe -np N target/.../mpi_ring-*`.
+//! Also checks that a mismatched config is the same typed error on every rank.
+
+use std::process::ExitCode;
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, Shape4, TensorView, TensorViewMut};
+use attn_ring::comm::MpiComm;
+use attn_ring::{
+    BackwardOutputs, Communicator, Layout, Strategy, local_rows, problem_for, ring_backward, ring_forward,
+};
+use attn_testkit::golden::{GoldenCase, golden_dir, load_dir};
+use attn_testkit::tolerance::Tolerance;
+
+/// Global relative L2 error from every rank's local sums.
+fn global_rel_l2(comm: &mut MpiComm, got: &[f32], want: &[f32]) -> Result<f64, AttnError> {
+    let (mut e, mut w) = (0.0f64, 0.0f64);
+    for (&g, &t) in got.iter().zip(want) {
+        let (g, t) = (g as f64, t as f64);
+        if g == t && g.is_infinite() {
+            continue; // an empty row's -inf lse matches exactly
+        }
+        e += if g.is_finite() && t.is_finite() { (g - t).powi(2) } else { f64::INFINITY };
+        w += t * t;
+    }
+    let mut msg = e.to_le_bytes().to_vec();
+    msg.extend_from_slice(&w.to_le_bytes());
+    let all = comm.all_gather(msg)?;
+    let (mut te, mut tw) = (0.0, 0.0);
+    for m in all {
+        te += f64::from_le_bytes(m[..8].try_into().unwrap_or([0; 8]));
+        tw += f64::from_le_bytes(m[8..16].try_into().unwrap_or([0; 8]));
+    }
+    Ok(if tw == 0.0 { te.sqrt() } else { (te / tw).sqrt() })
+}
+
+fn run_case(
+    comm: &mut MpiComm,
+    case: &GoldenCase,
+    layout: Layout,
+    strategy: Strategy,
+) -> Result<Vec<(String, f64)>, AttnError> {
+    let cfg = case.config()?;
+    let shape = case.attn_shape()?.q;
+    let p = comm.world_size();
+    let problem = problem_for(&cfg, shape, layout, strategy, p);
+    let pos = layout.positions(shape.seq, p, comm.rank());
+    let ls = Shape4::new(shape.batch, pos.len(), shape.heads, shape.head_dim)?;
+    let global = |name: &str| -> Result<Vec<f32>, AttnError> {
+        let t = case.tensor(name)?;
+        let v = TensorView::contiguous(TensorName::Other("golden"), &t.data, shape)?;
+        Ok(local_rows(&v, &pos))
+    };
+    let (q, k, v) = (global("q")?, global("k")?, global("v")?);
+    let qv = TensorView::contiguous(TensorName::Query, &q, ls)?;
+    let kv = TensorView::contiguous(TensorName::Key, &k, ls)?;
+    let vv = TensorView::contiguous(TensorName::Value, &v, ls)?;
+    let mut out = vec![0.0f32; ls.numel()];
+    let mut lse = vec![0.0f32; ls.lse_len()];
+    ring_forward(
+        comm,
+        &problem,
+        qv,
+        kv,
+        vv,
+        &mut TensorViewMut::contiguous(TensorName::Output, &mut out, ls)?,
+        &mut lse,
+    )?;
+    let mut errs = vec![("out".to_string(), global_rel_l2(comm, &out, &global("out")?)?)];
+    if let Some(want) = case.tensors.get("lse") {
+        let wv =
+            TensorView::contiguous(TensorName::Lse, &want.data, Shape4::new(shape.batch, shape.seq, shape.heads, 1)?)?;
+        errs.push(("lse".into(), global_rel_l2(comm, &lse, &local_rows(&wv, &pos))?));
+    }
+    if case.tensors.contains_key("grad_out") {
+        let go = global("grad_out")?;
+        let gov = TensorView::contiguous(TensorName::GradOutput, &go, ls)?;
+        let (mut dq, mut dk, mut dv) = (vec![0.0f32; ls.numel()], vec![0.0f32; ls.numel()], vec![0.0f32; ls.numel()]);
+        let mut dqv = TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, ls)?;
+        let mut dkv = TensorViewMut::contiguous(TensorName::GradKey, &mut dk, ls)?;
+        let mut dvv = TensorViewMut::contiguous(TensorName::GradValue, &mut dv, ls)?;
+        let outs = BackwardOutputs { dq: &mut dqv, dk: &mut dkv, dv: &mut dvv };
+        ring_backward(comm, &problem, [qv, kv, vv], gov, outs)?;
+        for (name, got) in [("dq", &dq), ("dk", &dk), ("dv", &dv)] {
+            errs.push((name.into(), global_rel_l2(comm, got, &global(name)?)?));
+        }
+    }
+    Ok(errs)
+}
+
+fn main() -> ExitCode {
+    let Some(universe) = mpi::initialize() else {
+        eprintln!("MPI could not be initialised");
+        return ExitCode::FAILURE;
+    };
+    let mut comm = MpiComm::new(universe.world());
+    let (rank, p) = (comm.rank(), comm.world_size());
+    let cases = match load_dir(&golden_dir().join("dilated")) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rank {rank}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (mut runs, mut failures) = (0, 0);
+    for (path, case) in cases {
+        let Ok(case) = case else {
+            eprintln!("rank {rank}: cannot load {}", path.display());
+            failures += 1;
+            continue;
+        };
+        let seq = case.attn_shape().map(|s| s.q.seq).unwrap_or(0);
+        let bound = Tolerance::golden(attn_core::DType::F32, case.rel_tol().unwrap_or(0.0)).rel_l2;
+        for layout in [Layout::Contiguous, Layout::Zigzag] {
+            if layout.check(seq, p).is_err() {
+                continue;
+            }
+            for strategy in [Strategy::Auto, Strategy::Ring, Strategy::AllGather] {
+                runs += 1;
+                match run_case(&mut comm, &case, layout, strategy) {
+                    Ok(errs) if errs.iter().all(|(_, e)| *e <= bound) => {}
+                    Ok(errs) => {
+                        failures += 1;
+                        eprintln!("rank {rank}: {} {layout:?} {strategy:?}: {errs:?} > {bound}", case.name);
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        eprintln!("rank {rank}: {} {layout:?} {strategy:?}: {e}", case.name);
+                    }
+                }
+            }
+        }
+    }
+    // A config that differs on the last rank is the same typed error everywhere.
+    let shape = Shape4::new(1, 4 * p, 2, 4).unwrap_or(Shape4 { batch: 1, seq: 4, heads: 2, head_dim: 4 });
+    let causal = rank + 1 == p && p > 1;
+    let cfg = attn_core::DilatedConfig::builder().segments(&[8]).dilations(&[1]).causal(causal).build();
+    let mismatch = cfg.map(|cfg| {
+        let problem = problem_for(&cfg, shape, Layout::Contiguous, Strategy::Auto, p);
+        let ls = Shape4 { seq: 4, ..shape };
+        let x = vec![0.5f32; ls.numel()];
+        let xv = TensorView::contiguous(TensorName::Query, &x, ls);
+        let mut out = vec![7.0f32; ls.numel()];
+        let mut lse = vec![7.0f32; ls.lse_len()];
+        let r = match (xv, TensorViewMut::contiguous(TensorName::Output, &mut out, ls)) {
+            (Ok(xv), Ok(mut ov)) => ring_forward(&mut comm, &problem, xv, xv, xv, &mut ov, &mut lse).map(|_| ()),
+            _ => Ok(()),
+        };
+        (r, out.iter().chain(&lse).all(|&x| x == 7.0))
+    });
+    match mismatch {
+        Ok((Err(AttnError::RankDisagreement(m)), untouched)) if p > 1 && untouched => {
+            if rank == 0 {
+                println!("mismatched config rejected on every rank: {m}");
+            }
+        }
+        Ok((Ok(()), _)) if p == 1 => {}
+        other => {
+            failures += 1;
+            eprintln!("rank {rank}: mismatched config gave {other:?}");
+        }
+    }
+    if rank == 0 {
+        println!("mpi_ring: world {p}: {runs} golden runs, {failures} failures on rank 0");
+    }
+    if failures == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
