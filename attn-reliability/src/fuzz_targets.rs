@@ -1,0 +1,155 @@
+//! The bodies of the fuzz targets, shared by `fuzz/` (cargo fuzz) and the bytes-driven
+//! proptests in `tests/`: each takes arbitrary bytes and panics only when an invariant
+//! of the code under attack is broken (a panic inside that code counts too).
+
+use std::sync::OnceLock;
+
+use attn_core::reference;
+use attn_core::{AttnShape, DilatedConfig, Mixing, Shape4};
+use attn_kernels::CpuBackend;
+use attn_multihead::{MultiheadConfig, MultiheadWeights, NamedParams, load_bytes, save_bytes};
+use attn_testkit::golden::{GoldenCase, ReferenceBackend, check_case};
+use attn_testkit::rng::random_vec;
+use attn_testkit::tolerance::rel_l2_error;
+
+use crate::byte_cursor::ByteCursor;
+
+/// Largest q element count for which the config target also runs attention.
+const RUN_LIMIT: usize = 2048;
+
+/// Golden-file reader: any bytes give a case whose tensors match their shapes, or an error.
+pub fn golden_reader(bytes: &[u8]) {
+    let Ok(case) = GoldenCase::from_bytes("fuzz", bytes) else { return };
+    for (name, t) in &case.tensors {
+        let numel = t.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        assert_eq!(numel, Some(t.data.len()), "tensor `{name}`: shape {:?} vs {} values", t.shape, t.data.len());
+    }
+    let _ = (case.config(), case.rel_tol(), case.causal(), case.kind());
+    if let Ok(shape) = case.attn_shape() {
+        assert_eq!(case.tensor("q").map(|t| t.data.len()).ok(), Some(shape.q.numel()));
+        // Running a case that parsed must not panic either (a report, pass or fail).
+        let _ = check_case(&case, Some(&ReferenceBackend), None);
+    }
+}
+
+/// The module the weights target loads into: embed 8, 2 heads, LayerNorm and biases.
+pub fn small_weights() -> MultiheadWeights<f32> {
+    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+    MultiheadWeights::magneto(&cfg, 7)
+}
+
+/// Multihead weights reader: any bytes either load every parameter or leave the module
+/// untouched; a successful load round-trips through `save_bytes`.
+pub fn weights_reader(bytes: &[u8]) {
+    let pristine = small_weights();
+    let mut w = pristine.clone();
+    match load_bytes(&mut w, bytes) {
+        Err(_) => assert!(w == pristine, "a failed load changed the module"),
+        Ok(()) => {
+            let saved = save_bytes(&w, None).expect("saving loaded weights");
+            let mut again = pristine.clone();
+            load_bytes(&mut again, &saved).expect("reloading saved weights");
+            let same =
+                w.params().iter().zip(again.params()).all(|(a, b)| {
+                    a.name == b.name && a.data.iter().zip(b.data).all(|(x, y)| x.to_bits() == y.to_bits())
+                });
+            assert!(same, "save/load round trip changed a parameter");
+        }
+    }
+}
+
+fn backend() -> &'static CpuBackend {
+    static B: OnceLock<CpuBackend> = OnceLock::new();
+    B.get_or_init(|| CpuBackend::new(1).expect("one-thread CPU backend"))
+}
+
+/// Config and shape validation from bytes. Whatever validates satisfies SPEC.md's rules;
+/// small valid problems also run on the float64 reference and the CPU backend, which
+/// must agree (relative L2 within 1e-4) and give finite outputs.
+pub fn config_shape(bytes: &[u8]) {
+    let mut c = ByteCursor::new(bytes);
+    let segs = c.sizes();
+    let rates = if c.bool() {
+        segs.iter().map(|&w| (w / 2).max(1).min(1 + usize::from(c.u8() % 4))).collect()
+    } else {
+        c.sizes()
+    };
+    let mixing = if c.bool() { Mixing::LongNet } else { Mixing::HeadGroups };
+    let causal = c.bool();
+    let scale = match c.u8() % 4 {
+        0 => Some(c.f64()),
+        1 => Some(0.05 + f64::from(c.u8()) / 64.0),
+        _ => None,
+    };
+    let built = DilatedConfig::builder()
+        .segments(&segs)
+        .dilations(&rates)
+        .mixing(mixing)
+        .causal(causal)
+        .maybe_scale(scale)
+        .build();
+    let dims: Vec<usize> = if c.bool() {
+        (0..usize::from(c.u8() % 6)).map(|_| c.size()).collect()
+    } else {
+        (0..4).map(|_| c.size()).collect()
+    };
+    let kv_dims: Vec<usize> = if c.bool() { dims.clone() } else { (0..4).map(|_| c.size()).collect() };
+    let cross = c.bool();
+    let shape = AttnShape::check(&dims, &kv_dims, &kv_dims, cross);
+    if let Ok(s) = &shape {
+        assert_eq!(s.q.dims().to_vec(), dims);
+        assert_eq!(s.kv.dims().to_vec(), kv_dims);
+        assert!(s.q.numel().checked_mul(8).is_some_and(|b| b <= isize::MAX as usize));
+        assert!(cross || s.q == s.kv, "self-attention shapes differ");
+        assert!(s.q.batch == s.kv.batch && s.q.heads == s.kv.heads && s.q.head_dim == s.kv.head_dim);
+    }
+    if Shape4::from_dims(attn_core::TensorName::Query, &dims).is_ok()
+        != (dims.len() == 4
+            && dims.iter().all(|&d| d > 0)
+            && dims
+                .iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .and_then(|n| n.checked_mul(8))
+                .is_some_and(|b| b <= isize::MAX as usize))
+    {
+        panic!("Shape4::from_dims disagrees with the rule for {dims:?}");
+    }
+    let Ok(cfg) = built else { return };
+    assert_eq!(cfg.segment_lengths().len(), cfg.dilation_rates().len());
+    assert!(!cfg.segment_lengths().is_empty());
+    for (&w, &r) in cfg.segment_lengths().iter().zip(cfg.dilation_rates()) {
+        assert!(w >= 1 && r >= 1 && r <= w, "validated config has w={w} r={r}");
+    }
+    if let Some(s) = cfg.explicit_scale() {
+        assert!(s.is_finite() && s > 0.0);
+    }
+    let Ok(s) = shape else { return };
+    if s.q != s.kv || s.q.numel() > RUN_LIMIT || s.q.seq > 96 {
+        return;
+    }
+    let heads_ok = cfg.validate_heads(s.q.heads);
+    assert_eq!(heads_ok.is_ok(), cfg.mixing() == Mixing::LongNet || s.q.heads >= cfg.num_patterns());
+    for h in 0..s.q.heads.min(8) {
+        for (_, p) in cfg.head_patterns(s.q.heads, h).patterns {
+            assert!(p.off < p.r, "offset {} not below rate {}", p.off, p.r);
+            let n = s.q.seq;
+            assert_eq!(p.count_in_range(0..n), p.selected_in_range(0..n).count());
+        }
+    }
+    let n = s.q.numel();
+    let (q, k, v) = (random_vec(1, n), random_vec(2, n), random_vec(3, n));
+    let to64 = |x: &[f32]| x.iter().map(|&a| f64::from(a)).collect::<Vec<_>>();
+    let want = reference::dilated_forward(&cfg, s, &to64(&q), &to64(&k), &to64(&v));
+    let got = backend().forward_vec(&cfg, s.q, &q, &k, &v);
+    match (want, got) {
+        (Ok(want), Ok((out, lse))) => {
+            assert!(out.iter().all(|x| x.is_finite()), "non-finite output for {cfg:?} {s:?}");
+            let err = rel_l2_error(&out, &want.out);
+            assert!(err <= 1e-4, "CPU backend differs from the reference by {err:e} for {cfg:?} {s:?}");
+            let lerr = rel_l2_error(&lse, &want.lse);
+            assert!(lerr <= 1e-4, "CPU lse differs from the reference by {lerr:e} for {cfg:?} {s:?}");
+        }
+        (Err(_), Err(_)) => {}
+        (w, g) => panic!("reference and CPU backend disagree on validity: {:?} vs {:?}", w.err(), g.err()),
+    }
+}
