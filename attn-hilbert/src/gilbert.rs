@@ -1,14 +1,15 @@
 //! Generalised Hilbert ("gilbert") curves for rectangles and boxes of any size.
 //!
-//! This is the Gilbert++ construction of Červený and Kirk ("Generalized Hilbert
-//! curves", <https://github.com/jakubcerveny/gilbert>, extensions released CC0),
+//! This is the Gilbert++ construction of the gilbert project (Jakub Červený and
+//! contributors, <https://github.com/jakubcerveny/gilbert>, extensions released CC0),
 //! written here from its description: a box spanned by the signed axis vectors
 //! `alpha`, `beta`, `gamma` from corner `p` is cut into 2 (eccentric boxes), 3
 //! (one axis much longer) or 5 (bulk) sub-boxes whose curves join end to start,
 //! with halves rounded to even (or odd) lengths so that every sub-curve can end
 //! next to where the next one starts. Lines and 2x2x2 cubes are the leaves.
-//! Consecutive cells are face neighbours except where the parity of the sizes
-//! makes that impossible (see the crate docs for the measured bound).
+//! [`hilbert_indices`] picks the leading axis so that parity never forces a
+//! diagonal step, and [`Walk::aligned_2d`]/[`Walk::aligned_3d`] keep cuts on
+//! power-of-two tile boundaries (see the crate docs).
 //!
 //! The walk is recursive with depth `O(log n)` and emits each cell once: `O(n)`.
 
