@@ -163,6 +163,9 @@ impl CaseSpec {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Measurement {
     pub spec: CaseSpec,
+    /// Report section: `scaling`, `comparison`, `variants`, `multihead`, `capacity`.
+    #[serde(default)]
+    pub section: String,
     /// `ok`, `skipped: <why>` or `error: <message>`.
     pub status: String,
     pub runs: usize,
@@ -194,6 +197,7 @@ impl Measurement {
     pub fn not_run(spec: CaseSpec, status: String, git_commit: &str) -> Self {
         Measurement {
             spec,
+            section: String::new(),
             status,
             runs: 0,
             median_ms: 0.0,

@@ -21,6 +21,7 @@ mod report;
 mod results;
 mod single;
 mod suite;
+mod suite_plan;
 mod torch_peer;
 
 #[global_allocator]

@@ -45,12 +45,13 @@ pub fn measure(spec: &CaseSpec, reps: Repetitions, gemm_gflop_per_s: f64, git: &
     let result = pool.install(|| run_case(spec, reps, bar));
     match result {
         Ok(done) => {
-            let flops = spec.attention_flops().unwrap_or(f64::NAN) + spec.projection_flops();
+            let flops = spec.attention_flops().unwrap_or(0.0) + spec.projection_flops();
             let med = median(&done.times_ms);
             let secs = med / 1e3;
             let rank_peaks = done.rank_peaks;
             Measurement {
                 spec: spec.clone(),
+                section: String::new(),
                 status: "ok".into(),
                 runs: done.times_ms.len(),
                 median_ms: med,

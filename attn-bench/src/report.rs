@@ -1,1 +1,370 @@
-//! Report.
+//! `report.md`: the tables of the seed reports (per sequence length, per world size,
+//! memory reduction, ring-size sweep, implementation comparison, capacity), built
+//! only from measurements, plus the plots and what was skipped and why.
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use std::time::Duration;
+
+use crate::baseline::{self, Comparison};
+use crate::case::{CaseKind, Measurement};
+use crate::results::RunResults;
+use crate::suite_plan::SEGMENTS;
+
+/// The measurements each part of the report uses.
+#[derive(Debug)]
+pub struct Selection<'a> {
+    /// Ok scaling measurements (one rank and ring, default strategy).
+    pub scaling: Vec<&'a Measurement>,
+    /// Ok fwd f32 measurements for the throughput plot.
+    pub throughput: Vec<&'a Measurement>,
+    /// The ring-size sweep (one sequence length, all world sizes).
+    pub sweep: Vec<&'a Measurement>,
+}
+
+impl<'a> Selection<'a> {
+    pub fn of(r: &'a RunResults) -> Self {
+        let ok = |s: &'static str| r.measurements.iter().filter(move |m| m.ok() && m.section == s);
+        let scaling: Vec<&Measurement> = ok("scaling").collect();
+        let throughput = r
+            .measurements
+            .iter()
+            .filter(|m| m.status.starts_with("ok") && matches!(m.section.as_str(), "scaling" | "comparison"))
+            .filter(|m| {
+                m.spec.dtype == "f32" && !m.spec.backward && !m.spec.causal && m.spec.kind != CaseKind::Multihead
+            })
+            .collect();
+        let seqs: BTreeSet<usize> = scaling.iter().map(|m| m.spec.seq_len).collect();
+        let worlds_at = |n: usize| scaling.iter().filter(|m| m.spec.seq_len == n).count();
+        let sweep_seq = seqs.iter().copied().max_by_key(|&n| (worlds_at(n), n)).unwrap_or(0);
+        let sweep = scaling.iter().copied().filter(|m| m.spec.seq_len == sweep_seq).collect();
+        Selection { scaling, throughput, sweep }
+    }
+}
+
+fn mb(b: u64) -> f64 {
+    b as f64 / 1048576.0
+}
+
+fn int(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn rss(m: &Measurement) -> String {
+    match m.peak_rss_bytes {
+        Some(b) if m.rss_windowed => format!("{:.1}", mb(b)),
+        Some(b) => format!("({:.1})", mb(b)),
+        None => "n/a".into(),
+    }
+}
+
+fn scaling_table(out: &mut String, rows: &[&Measurement], per_rank: bool) {
+    let extra = if per_rank { " Seq/rank | MB sent/rank |" } else { "" };
+    let _ = writeln!(
+        out,
+        "| Sequence length | Time (s) | Peak memory (MB) | Peak RSS (MB) | Throughput (tok/s) | KB/token | GFLOP/s | % of GEMM |{extra}"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|{}", if per_rank { "---|---|" } else { "" });
+    for m in rows {
+        let _ = write!(
+            out,
+            "| {} | {:.3} | {:.2} | {} | {} | {:.2} | {:.1} | {:.1}% |",
+            int(m.spec.seq_len),
+            m.median_ms / 1e3,
+            mb(m.peak_bytes_per_rank),
+            rss(m),
+            int(m.tokens_per_s as usize),
+            m.kb_per_token(),
+            m.gflop_per_s,
+            100.0 * m.gemm_fraction()
+        );
+        if per_rank {
+            let sent = m.bytes_sent.iter().copied().max().unwrap_or(0);
+            let _ = write!(out, " {} | {:.2} |", int(m.spec.seq_len / m.spec.world_size), mb(sent));
+        }
+        out.push('\n');
+    }
+}
+
+fn find<'a>(ms: &[&'a Measurement], world: usize, seq: usize) -> Option<&'a Measurement> {
+    ms.iter().copied().find(|m| m.spec.world_size == world && m.spec.seq_len == seq)
+}
+
+/// (mean reduction factor, mean efficiency) at world size `p` over the sequences measured at both.
+fn reduction_at(scaling: &[&Measurement], p: usize) -> Option<(f64, f64)> {
+    let f: Vec<f64> = scaling
+        .iter()
+        .filter(|m| m.spec.world_size == p)
+        .filter_map(|m| {
+            find(scaling, 1, m.spec.seq_len).map(|o| o.peak_bytes_per_rank as f64 / m.peak_bytes_per_rank as f64)
+        })
+        .collect();
+    (!f.is_empty()).then(|| {
+        let mean = f.iter().sum::<f64>() / f.len() as f64;
+        (mean, mean / p as f64)
+    })
+}
+
+fn comparison_tables(out: &mut String, r: &RunResults, section: &str) {
+    let ms: Vec<&Measurement> = r.measurements.iter().filter(|m| m.section == section).collect();
+    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    for m in &ms {
+        let key = (m.spec.seq_len, m.spec.segments.clone());
+        if !groups.contains(&key) {
+            groups.push(key);
+        }
+    }
+    for (seq, segs) in groups {
+        let rows: Vec<&Measurement> =
+            ms.iter().copied().filter(|m| m.spec.seq_len == seq && m.spec.segments == segs).collect();
+        let kind = rows[0].spec.kind.as_str();
+        let base =
+            |name: &str| rows.iter().copied().find(|m| m.spec.implementation == name && m.status.starts_with("ok"));
+        let (refm, torch) = (base("reference"), base("torch"));
+        let _ = writeln!(
+            out,
+            "\n**{kind}, seq {}, segments {segs:?}, dilations {:?}**\n",
+            int(seq),
+            rows[0].spec.dilations
+        );
+        let _ = writeln!(
+            out,
+            "| Implementation | Time (ms) | GFLOP/s | % of GEMM | Throughput (tok/s) | Peak MB/rank | vs reference | vs PyTorch |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+        for m in &rows {
+            let name = match (&m.spec.layout, m.spec.kind) {
+                (Some(l), CaseKind::Ring) => format!("{} P={} {l}", m.spec.implementation, m.spec.world_size),
+                _ => m.spec.implementation.clone(),
+            };
+            if !m.status.starts_with("ok") {
+                let _ = writeln!(out, "| {name} | {} | | | | | | |", m.status);
+                continue;
+            }
+            let speed =
+                |b: Option<&Measurement>| b.map_or("-".into(), |b| format!("{:.2}x", b.median_ms / m.median_ms));
+            let mem =
+                if m.peak_bytes_per_rank > 0 { format!("{:.1}", mb(m.peak_bytes_per_rank)) } else { "n/m".into() };
+            let _ = writeln!(
+                out,
+                "| {name} | {:.2} | {:.1} | {:.1}% | {} | {mem} | {} | {} |",
+                m.median_ms,
+                m.gflop_per_s,
+                100.0 * m.gemm_fraction(),
+                int(m.tokens_per_s as usize),
+                speed(refm),
+                speed(torch)
+            );
+        }
+    }
+}
+
+/// The whole report.
+pub fn render(
+    r: &RunResults,
+    sel: &Selection<'_>,
+    plots: &[String],
+    baseline: Option<&[Comparison]>,
+    threshold: f64,
+    took: Duration,
+) -> String {
+    let mut o = String::new();
+    let m = &r.machine;
+    let _ = writeln!(o, "# attn benchmark report ({} suite)\n", r.suite);
+    let _ = writeln!(
+        o,
+        "- **Machine**: {} ({} logical cores, {:.1} GiB){}\n- **Build**: {}, commit `{}`{}\n- **Run**: {} UTC, {} threads, took {:.0} s\n- **Measured f32 GEMM rate** (gemm crate, {n}x{n}x{n}): {:.1} GFLOP/s median, {:.1} best",
+        m.cpu,
+        m.logical_cores,
+        m.memory_bytes as f64 / (1u64 << 30) as f64,
+        m.gpu.as_ref().map_or(String::new(), |g| format!(", GPU {g}")),
+        m.rustc,
+        m.git_commit,
+        if m.git_dirty { " (with uncommitted changes)" } else { "" },
+        m.timestamp_utc,
+        r.threads,
+        took.as_secs_f64(),
+        r.gemm.median_gflop_per_s,
+        r.gemm.best_gflop_per_s,
+        n = r.gemm.n
+    );
+    let _ = writeln!(o, "- **Memory method**: {}\n", r.memory_method);
+    let _ = writeln!(
+        o,
+        "Timings on a shared machine vary by 20-40% between runs; compare ratios within one report. \
+         Scaling config: batch 1, 8 heads, head_dim 64, f32, forward, head-group mixing, segments {SEGMENTS:?}, dilations [1, 2, 4] \
+         (segments longer than the sequence cover it whole).\n"
+    );
+    let _ = writeln!(o, "## Key findings\n");
+    for p in [2, 4, 8, 16] {
+        if let Some((f, e)) = reduction_at(&sel.scaling, p) {
+            let _ = writeln!(
+                o,
+                "- Memory per rank with {p} ranks: {f:.2}x smaller on average ({:.0}% of the ideal {p}x)",
+                100.0 * e
+            );
+        }
+    }
+    if let Some(best) =
+        sel.scaling.iter().filter(|m| m.spec.world_size == 1).max_by(|a, b| a.gflop_per_s.total_cmp(&b.gflop_per_s))
+    {
+        let _ = writeln!(
+            o,
+            "- Best single-rank rate: {:.1} GFLOP/s ({:.0}% of the measured GEMM rate) at seq {}",
+            best.gflop_per_s,
+            100.0 * best.gemm_fraction(),
+            int(best.spec.seq_len)
+        );
+    }
+    for c in &r.capacity {
+        let _ = writeln!(
+            o,
+            "- Longest sequence in {:.0} GiB per rank with {} rank(s): {} tokens",
+            c.budget_bytes as f64 / (1u64 << 30) as f64,
+            c.world_size,
+            int(c.max_seq_len)
+        );
+    }
+    let one: Vec<&Measurement> = sel.scaling.iter().copied().filter(|m| m.spec.world_size == 1).collect();
+    let _ = writeln!(o, "\n## Single rank (world size 1)\n");
+    scaling_table(&mut o, &one, false);
+    let worlds: BTreeSet<usize> = sel.scaling.iter().map(|m| m.spec.world_size).filter(|&p| p > 1).collect();
+    for &p in &worlds {
+        let rows: Vec<&Measurement> = sel.scaling.iter().copied().filter(|m| m.spec.world_size == p).collect();
+        let _ = writeln!(o, "\n## Ring, world size {p} (in-process ranks; memory per rank)\n");
+        scaling_table(&mut o, &rows, true);
+    }
+    let _ = writeln!(
+        o,
+        "\n## Memory reduction\n\n| Sequence length | World size | 1 rank (MB) | Per rank (MB) | Reduction factor | Efficiency |\n|---|---|---|---|---|---|"
+    );
+    for m in sel.scaling.iter().filter(|m| m.spec.world_size > 1) {
+        if let Some(one) = find(&sel.scaling, 1, m.spec.seq_len) {
+            let f = one.peak_bytes_per_rank as f64 / m.peak_bytes_per_rank as f64;
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.2} | {:.2} | {f:.2}x | {:.1}% |",
+                int(m.spec.seq_len),
+                m.spec.world_size,
+                mb(one.peak_bytes_per_rank),
+                mb(m.peak_bytes_per_rank),
+                100.0 * f / m.spec.world_size as f64
+            );
+        }
+    }
+    let mut sweep = sel.sweep.clone();
+    sweep.sort_by_key(|m| m.spec.world_size);
+    if let Some(first) = sweep.first() {
+        let _ = writeln!(
+            o,
+            "\n## Ring-size sweep (seq {})\n\n| Ranks | Seq/rank | Time (ms) | Per-rank peak (MB) | Reduction | Efficiency | MB sent/rank | tok/s |\n|---|---|---|---|---|---|---|---|",
+            int(first.spec.seq_len)
+        );
+        let base = find(&sweep, 1, first.spec.seq_len);
+        for m in &sweep {
+            let f = base.map_or(f64::NAN, |b| b.peak_bytes_per_rank as f64 / m.peak_bytes_per_rank as f64);
+            let sent = m.bytes_sent.iter().copied().max().unwrap_or(0);
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.1} | {:.2} | {f:.2}x | {:.1}% | {:.2} | {} |",
+                m.spec.world_size,
+                int(m.spec.seq_len / m.spec.world_size),
+                m.median_ms,
+                mb(m.peak_bytes_per_rank),
+                100.0 * f / m.spec.world_size as f64,
+                mb(sent),
+                int(m.tokens_per_s as usize)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\nIn-process ranks share this machine's cores, so time does not fall with more ranks here; memory per rank does."
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\n## Implementation comparison\n\nSpeedups are time ratios against the named implementation in the same table (PyTorch: `../shared/peer/torch_dilated.py`; n/m: not measured)."
+    );
+    comparison_tables(&mut o, r, "comparison");
+    let _ = writeln!(o, "\n## Multihead (`MultiheadDilatedAttention`: projections + attention + LayerNorm + output)");
+    comparison_tables(&mut o, r, "multihead");
+    let variants: Vec<&Measurement> = r.measurements.iter().filter(|m| m.section == "variants").collect();
+    if !variants.is_empty() {
+        let _ = writeln!(
+            o,
+            "\n## Variants (dtype, causal, backward, mixing, Hilbert order)\n\n| Case | Time (ms) | GFLOP/s | % of GEMM | Peak MB/rank | Status |\n|---|---|---|---|---|---|"
+        );
+        for m in variants {
+            let mixing = if m.spec.mixing == "longnet" { " longnet" } else { "" };
+            let layout = m.spec.layout.as_deref().map_or(String::new(), |l| format!(" {l}"));
+            let _ = writeln!(
+                o,
+                "| {}{mixing}{layout} | {:.1} | {:.1} | {:.1}% | {:.1} | {} |",
+                m.spec.label(),
+                m.median_ms,
+                m.gflop_per_s,
+                100.0 * m.gemm_fraction(),
+                mb(m.peak_bytes_per_rank),
+                m.status
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "\n## Sequence length capabilities (per-rank budget {:.1} GiB)\n\n| World size | Max sequence | Per-rank MB at max | Source | Confirmed run (seq, measured MB/rank) |\n|---|---|---|---|---|",
+        r.budget_bytes as f64 / (1u64 << 30) as f64
+    );
+    for c in &r.capacity {
+        let conf = match (c.confirmed_seq_len, c.confirmed_peak_bytes) {
+            (Some(s), Some(b)) => format!("{}, {:.1} MB", int(s), mb(b)),
+            _ => "not run (machine or suite limit)".into(),
+        };
+        let _ = writeln!(
+            o,
+            "| {} | {} | {:.1} | {} | {conf} |",
+            c.world_size,
+            int(c.max_seq_len),
+            mb(c.bytes_at_max),
+            c.source
+        );
+    }
+    if r.capacity.is_empty() {
+        let _ = writeln!(o, "| - | - | - | no single-rank or ring measurement to size from | - |");
+    }
+    if let Some(rows) = baseline {
+        let _ = writeln!(o, "\n## Against the baseline\n\n{}", baseline::table(rows, threshold));
+    }
+    let _ = writeln!(o, "\n## Plots\n");
+    for p in plots.iter().filter(|p| p.ends_with(".png")) {
+        let _ = writeln!(o, "![{p}]({p})\n");
+    }
+    let skipped: Vec<&Measurement> = r.measurements.iter().filter(|m| !m.status.starts_with("ok")).collect();
+    if !skipped.is_empty() {
+        let _ = writeln!(o, "## Not measured\n");
+        let mut seen = BTreeSet::new();
+        for m in skipped {
+            if seen.insert(m.status.clone()) {
+                let n = r.measurements.iter().filter(|x| x.status == m.status).count();
+                let _ = writeln!(o, "- {n} case(s), e.g. `{}`: {}", m.spec.label(), m.status);
+            }
+        }
+    }
+    let _ = writeln!(
+        o,
+        "\nReproduce: `cargo xtask bench{}` (all measurements with their configs are in `results.json`).",
+        match r.suite.as_str() {
+            "quick" => " --quick",
+            "full" => " --full",
+            _ => "",
+        }
+    );
+    o
+}

@@ -1,5 +1,200 @@
-//! Suite.
-use crate::cli::SuiteOptions;
-pub fn run(_o: &SuiteOptions) -> attn_core::Result<()> {
+//! Run a whole suite: measure every planned case (progress bar per case), the PyTorch
+//! peer, the capacity table and its confirmation run, then write the output folder.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use attn_core::{AttnError, Result};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+
+use crate::baseline;
+use crate::capacity::{self, CapacityRow};
+use crate::case::{CaseKind, CaseSpec, Measurement};
+use crate::cli::{SuiteOptions, SuiteSize};
+use crate::gemm_rate;
+use crate::machine::Machine;
+use crate::measure::{self, Repetitions};
+use crate::plots;
+use crate::report;
+use crate::results::{MEMORY_METHOD, RunResults};
+use crate::suite_plan::{self, DILATIONS, SEGMENTS, SuiteShape};
+use crate::torch_peer;
+
+fn style() -> ProgressStyle {
+    ProgressStyle::with_template("{prefix:>9} [{bar:20}] {pos}/{len} {elapsed:>4} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ")
+}
+
+fn finish(bar: &ProgressBar, m: &Measurement) {
+    let msg = if m.ok() {
+        format!(
+            "{}  {:.1} ms  {:.1} MB/rank  {:.1} GFLOP/s",
+            m.spec.label(),
+            m.median_ms,
+            mib(m.peak_bytes_per_rank),
+            m.gflop_per_s
+        )
+    } else {
+        format!("{}  {}", m.spec.label(), m.status)
+    };
+    bar.finish_with_message(msg);
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / 1048576.0
+}
+
+/// Machine memory a confirmation run may use: half of physical memory.
+fn machine_limit(machine: &Machine) -> u64 {
+    machine.memory_bytes / 2
+}
+
+/// Run the capacity confirmation: the longest case of each row that fits the budget,
+/// this machine and the suite's cap, run once.
+fn confirm(rows: &mut [CapacityRow], size: SuiteSize, threads: usize, ctx: &Ctx<'_>) -> Vec<Measurement> {
+    let shape = SuiteShape::of(size);
+    let limit = ctx.machine_limit.min(rows.first().map_or(0, |r| r.budget_bytes));
+    let mut out = Vec::new();
+    for row in rows.iter_mut() {
+        if size != SuiteSize::Full && row.world_size != 1 {
+            continue;
+        }
+        let unit = SEGMENTS[2] * row.world_size;
+        let fit_bytes = (row.bytes_at_max as f64 / row.max_seq_len as f64 * unit as f64).max(1.0);
+        let by_machine = (limit as f64 / fit_bytes) as usize * unit;
+        let seq = row.max_seq_len.min(by_machine).min(shape.confirm_cap / unit * unit);
+        if seq == 0 {
+            continue;
+        }
+        let base = CaseSpec::dilated("cpu", seq, &SEGMENTS, &DILATIONS);
+        let mut spec = capacity::case_at(&base, row.world_size, seq);
+        spec.threads = threads;
+        if spec.kind == CaseKind::Ring {
+            spec = suite_plan::ring_case(&base, row.world_size, suite_plan::DEFAULT_STRATEGY, "contiguous");
+            spec.threads = threads;
+        }
+        let reps = Repetitions { min_runs: 1, max_runs: 1, budget: std::time::Duration::ZERO };
+        let m = ctx.measure("capacity", &spec, reps);
+        if m.ok() {
+            row.confirmed_seq_len = Some(seq);
+            row.confirmed_peak_bytes = Some(m.peak_bytes_per_rank);
+        }
+        out.push(m);
+    }
+    out
+}
+
+struct Ctx<'a> {
+    multi: &'a MultiProgress,
+    gemm: f64,
+    git: String,
+    machine_limit: u64,
+    total: usize,
+    done: std::cell::Cell<usize>,
+}
+
+impl Ctx<'_> {
+    fn measure(&self, section: &str, spec: &CaseSpec, reps: Repetitions) -> Measurement {
+        self.done.set(self.done.get() + 1);
+        let bar = self.multi.add(ProgressBar::new(1));
+        bar.set_style(style());
+        bar.set_prefix(format!("{}/{}", self.done.get(), self.total));
+        let mut m = measure::measure(spec, reps, self.gemm, &self.git, &bar);
+        m.section = section.to_string();
+        finish(&bar, &m);
+        m
+    }
+}
+
+/// The output directory: `--out` or `<repo>/target/attn-bench/<timestamp>`.
+fn out_dir(opts: &SuiteOptions, machine: &Machine) -> PathBuf {
+    opts.out.clone().unwrap_or_else(|| torch_peer::repo_root().join("target/attn-bench").join(&machine.timestamp_utc))
+}
+
+/// Run the suite described by `opts` and write its folder.
+pub fn run(opts: &SuiteOptions) -> Result<()> {
+    let started = Instant::now();
+    let machine = Machine::probe();
+    let dir = out_dir(opts, &machine);
+    std::fs::create_dir_all(&dir).map_err(|e| AttnError::InvalidArgument(format!("{}: {e}", dir.display())))?;
+    let old = opts.baseline.as_deref().map(RunResults::load).transpose()?;
+    eprintln!("attn-bench: measuring the f32 GEMM rate on {} threads ...", opts.threads);
+    let gemm = gemm_rate::measure(1024, opts.threads, 7);
+    eprintln!("attn-bench: GEMM {:.1} GFLOP/s (median, n=1024); writing {}", gemm.median_gflop_per_s, dir.display());
+    let reps = if opts.size == SuiteSize::Quick { Repetitions::QUICK } else { Repetitions::FULL };
+    let plan = suite_plan::plan(opts.size, opts.threads);
+    let multi = MultiProgress::new();
+    let ctx = Ctx {
+        multi: &multi,
+        gemm: gemm.median_gflop_per_s,
+        git: machine.git_commit.clone(),
+        machine_limit: machine_limit(&machine),
+        total: plan.len() + 1,
+        done: std::cell::Cell::new(0),
+    };
+    let mut measurements: Vec<Measurement> = plan.iter().map(|p| ctx.measure(p.section, &p.spec, reps)).collect();
+    if let Some(python) = &opts.torch {
+        let torch_cases: Vec<CaseSpec> = measurements
+            .iter()
+            .filter(|m| matches!(m.section.as_str(), "comparison" | "multihead" | "variants"))
+            .filter(|m| {
+                matches!(m.spec.kind, CaseKind::Dilated | CaseKind::Multihead) && m.spec.implementation == "cpu"
+            })
+            .filter(|m| m.spec.dtype != "f16" && m.spec.mixing == "head_groups")
+            .map(|m| m.spec.clone())
+            .collect();
+        for spec in torch_cases {
+            let bar = multi.add(ProgressBar::new_spinner());
+            bar.set_message(format!("torch {}", spec.label()));
+            let mut m = torch_peer::run(python, &spec, reps.min_runs.max(3), &machine.git_commit).unwrap_or_else(|e| {
+                let mut s = spec.clone();
+                s.implementation = "torch".into();
+                Measurement::not_run(s, format!("error: {e}"), &machine.git_commit)
+            });
+            m.gemm_gflop_per_s = gemm.median_gflop_per_s;
+            m.section = measurements.iter().find(|x| x.spec == spec).map_or_else(String::new, |x| x.section.clone());
+            finish(&bar, &m);
+            measurements.push(m);
+        }
+    }
+    let cap_base = CaseSpec { threads: opts.threads, ..CaseSpec::dilated("cpu", 8192, &SEGMENTS, &DILATIONS) };
+    let mut capacity = capacity::table(&cap_base, &measurements, &[1, 2, 4, 8], opts.budget_bytes);
+    let confirmations = confirm(&mut capacity, opts.size, opts.threads, &ctx);
+    measurements.extend(confirmations);
+    let suite = match opts.size {
+        SuiteSize::Quick => "quick",
+        SuiteSize::Default => "default",
+        SuiteSize::Full => "full",
+    };
+    let results = RunResults {
+        suite: suite.into(),
+        threads: opts.threads,
+        machine,
+        gemm,
+        memory_method: MEMORY_METHOD.into(),
+        budget_bytes: opts.budget_bytes,
+        measurements,
+        capacity,
+    };
+    results.save(&dir.join("results.json"))?;
+    let comparisons = old.as_ref().map(|o| baseline::compare(o, &results.measurements, opts.threshold_pct));
+    if let Some(rows) = &comparisons {
+        println!("{}", baseline::table(rows, opts.threshold_pct));
+    }
+    let sel = report::Selection::of(&results);
+    let mut plot_files = Vec::new();
+    for chart in plots::standard(&sel.scaling, &sel.throughput, &sel.sweep) {
+        match plots::render(&dir, &chart) {
+            Ok(files) => plot_files.extend(files),
+            Err(e) => eprintln!("attn-bench: plot {} failed: {e}", chart.file_stem),
+        }
+    }
+    let md = report::render(&results, &sel, &plot_files, comparisons.as_deref(), opts.threshold_pct, started.elapsed());
+    std::fs::write(dir.join("report.md"), md).map_err(|e| AttnError::InvalidArgument(format!("report.md: {e}")))?;
+    println!("attn-bench: wrote {} in {:.0} s", dir.display(), started.elapsed().as_secs_f64());
+    if comparisons.is_some_and(|c| c.iter().any(|r| r.regression)) {
+        return Err(AttnError::InvalidArgument(format!("regressions beyond {}% (see report.md)", opts.threshold_pct)));
+    }
     Ok(())
 }

@@ -1,1 +1,61 @@
-fn main() {}
+//! `cargo xtask`: the project's task runner, a thin dispatcher.
+//!
+//! - `cargo xtask bench [ARGS]`: the benchmark report (runs the `attn-bench` binary in
+//!   release mode; see `cargo xtask bench --help`).
+//! - `cargo xtask test [--skip-golden]`: fmt, clippy, every test, the golden runner for
+//!   each available backend and strategy, MPI and GPU tests where possible.
+//! - `cargo xtask tidy`: module docs, file length, no todo!/unimplemented!/dbg!,
+//!   `// SAFETY:` above every `unsafe` block.
+//! - `cargo xtask ptx [ARGS]`: NVRTC + ptxas check of the CUDA kernels.
+#![forbid(unsafe_code)]
+
+mod bench;
+mod ptx;
+mod test_suite;
+mod tidy;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: cargo xtask <bench|test|tidy|ptx> [ARGS]
+  bench [--quick|--full] [--torch PYTHON] [--baseline results.json] [--budget 8GiB] [--json ...]
+  test  [--skip-golden]
+  tidy
+  ptx   [--arch 80,90] [--out DIR]";
+
+/// The workspace root (xtask lives one level below it).
+pub fn repo_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map_or(manifest.clone(), |p| p.to_path_buf())
+}
+
+/// The cargo that runs us (or `cargo`).
+pub fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((cmd, rest)) = args.split_first() else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let result = match cmd.as_str() {
+        "bench" => bench::run(rest),
+        "test" => test_suite::run(rest),
+        "tidy" => tidy::run(rest),
+        "ptx" => ptx::run(rest),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown command `{other}`\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask {cmd}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Which cases each suite (`--quick`, default, `--full`) measures, by report section.
+
+use crate::case::{CaseKind, CaseSpec};
+use crate::cli::SuiteSize;
+
+/// The scaling config: the PyTorch peer script's default (3 head groups, w up to 8192).
+pub const SEGMENTS: [usize; 3] = [2048, 4096, 8192];
+pub const DILATIONS: [usize; 3] = [1, 2, 4];
+/// A config whose segments divide 2048, for the comparison that includes the slow reference.
+pub const SMALL_SEGMENTS: [usize; 3] = [512, 1024, 2048];
+/// Ring strategies and the default one used by the scaling tables.
+pub const STRATEGIES: [&str; 3] = ["auto", "ring", "allgather"];
+pub const DEFAULT_STRATEGY: &str = "auto";
+/// World sizes of the ring-size sweep.
+pub const SWEEP_WORLDS: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// One planned case and the report section it belongs to.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub section: &'static str,
+    pub spec: CaseSpec,
+}
+
+/// The sequence lengths and world sizes of a suite.
+#[derive(Debug, Clone)]
+pub struct SuiteShape {
+    pub single_seqs: Vec<usize>,
+    pub ring_seqs: Vec<usize>,
+    pub sweep_seq: usize,
+    pub reference_seqs: Vec<usize>,
+    /// Longest sequence the capacity confirmation may run on this machine.
+    pub confirm_cap: usize,
+    pub variants: bool,
+}
+
+impl SuiteShape {
+    pub fn of(size: SuiteSize) -> Self {
+        let k = 1024;
+        match size {
+            SuiteSize::Quick => SuiteShape {
+                single_seqs: vec![2 * k, 4 * k, 8 * k, 16 * k, 32 * k, 64 * k],
+                ring_seqs: vec![4 * k, 16 * k],
+                sweep_seq: 16 * k,
+                reference_seqs: vec![2 * k],
+                confirm_cap: 128 * k,
+                variants: false,
+            },
+            SuiteSize::Default => SuiteShape {
+                single_seqs: vec![2 * k, 4 * k, 8 * k, 16 * k, 32 * k, 64 * k, 128 * k, 256 * k],
+                ring_seqs: vec![4 * k, 16 * k, 64 * k],
+                sweep_seq: 64 * k,
+                reference_seqs: vec![2 * k, 4 * k],
+                confirm_cap: 512 * k,
+                variants: true,
+            },
+            SuiteSize::Full => SuiteShape {
+                single_seqs: (11..=20).map(|e| 1usize << e).collect(),
+                ring_seqs: vec![4 * k, 16 * k, 64 * k, 256 * k],
+                sweep_seq: 256 * k,
+                reference_seqs: vec![2 * k, 4 * k, 8 * k],
+                confirm_cap: usize::MAX,
+                variants: true,
+            },
+        }
+    }
+}
+
+/// A ring case of the scaling config.
+pub fn ring_case(base: &CaseSpec, world: usize, strategy: &str, layout: &str) -> CaseSpec {
+    let mut s = base.clone();
+    s.kind = CaseKind::Ring;
+    s.world_size = world;
+    s.implementation = format!("ring-{strategy}");
+    s.strategy = Some(strategy.to_string());
+    s.layout = Some(layout.to_string());
+    s
+}
+
+/// Every case of a suite, in run order.
+pub fn plan(size: SuiteSize, threads: usize) -> Vec<Planned> {
+    let shape = SuiteShape::of(size);
+    let mut cases = Vec::new();
+    let mut push = |section, mut spec: CaseSpec| {
+        spec.threads = threads;
+        cases.push(Planned { section, spec });
+    };
+    // Scaling: one rank per sequence length, then the ring over world sizes.
+    for &n in &shape.single_seqs {
+        push("scaling", CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS));
+    }
+    let mut ring_seqs = shape.ring_seqs.clone();
+    if !ring_seqs.contains(&shape.sweep_seq) {
+        ring_seqs.push(shape.sweep_seq);
+    }
+    for &n in &ring_seqs {
+        for &p in SWEEP_WORLDS.iter().filter(|&&p| p > 1) {
+            let base = CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS);
+            push("scaling", ring_case(&base, p, DEFAULT_STRATEGY, "contiguous"));
+        }
+    }
+    // Comparison 1: a size the f64 reference can do in about a second.
+    for &n in &shape.reference_seqs {
+        for imp in ["reference", "cpu"] {
+            push("comparison", CaseSpec::dilated(imp, n, &SMALL_SEGMENTS, &DILATIONS));
+        }
+        push(
+            "comparison",
+            ring_case(&CaseSpec::dilated("cpu", n, &SMALL_SEGMENTS, &DILATIONS), 2, "auto", "contiguous"),
+        );
+    }
+    // Comparison 2: the peer script's default case, every ring strategy and layout.
+    let base = CaseSpec::dilated("cpu", 8192, &SEGMENTS, &DILATIONS);
+    push("comparison", base.clone());
+    for strategy in STRATEGIES {
+        for layout in ["contiguous", "zigzag"] {
+            push("comparison", ring_case(&base, 4, strategy, layout));
+        }
+    }
+    // Multihead: projections + attention + norm + output projection.
+    for &n in &[4096usize, 8192] {
+        let mut mh = CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS);
+        mh.kind = CaseKind::Multihead;
+        push("multihead", mh);
+    }
+    if shape.variants {
+        let n = 16 * 1024;
+        let v = CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS);
+        push("variants", v.clone());
+        push("variants", CaseSpec { causal: true, ..v.clone() });
+        push("variants", CaseSpec { dtype: "bf16".into(), ..v.clone() });
+        push("variants", CaseSpec { dtype: "f16".into(), ..v.clone() });
+        push("variants", CaseSpec { backward: true, ..v.clone() });
+        push("variants", CaseSpec { mixing: "longnet".into(), ..v.clone() });
+        let mut h = v.clone();
+        h.kind = CaseKind::Hilbert;
+        push("variants", h);
+        push("variants", ring_case(&CaseSpec { causal: true, ..v.clone() }, 4, "auto", "contiguous"));
+        push("variants", ring_case(&CaseSpec { causal: true, ..v.clone() }, 4, "auto", "zigzag"));
+        push("variants", ring_case(&CaseSpec { backward: true, ..v }, 4, "auto", "contiguous"));
+    }
+    cases
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_planned_case_is_valid_and_sweep_covers_all_world_sizes() {
+        for size in [SuiteSize::Quick, SuiteSize::Default, SuiteSize::Full] {
+            let p = plan(size, 2);
+            for c in &p {
+                c.spec.config().unwrap();
+                c.spec.shape().unwrap();
+            }
+            let sweep = SuiteShape::of(size).sweep_seq;
+            for w in SWEEP_WORLDS.iter().filter(|&&w| w > 1) {
+                assert!(p.iter().any(|c| c.spec.seq_len == sweep && c.spec.world_size == *w), "{size:?} P={w}");
+            }
+            assert!(p.iter().any(|c| c.spec.seq_len == sweep && c.spec.world_size == 1));
+        }
+    }
+}

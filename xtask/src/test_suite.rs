@@ -1,0 +1,260 @@
+//! `cargo xtask test`: the whole suite, in order, with a summary of what passed,
+//! failed, or was skipped and why (fmt, clippy, tests, tidy, golden runner per
+//! backend and strategy, MPI ranks under `mpirun`, GPU tests, a bench smoke run).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use crate::{cargo, repo_root, tidy};
+
+enum Outcome {
+    Passed,
+    Failed(String),
+    Skipped(String),
+}
+
+struct Step {
+    name: String,
+    outcome: Outcome,
+    secs: f64,
+}
+
+/// Run a command with inherited output; Ok if it exits with success.
+fn run_cmd(cmd: &mut Command) -> Result<(), String> {
+    let status = cmd.current_dir(repo_root()).status().map_err(|e| format!("could not start: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("exited with {status}")) }
+}
+
+/// Run a command capturing output (printed afterwards); returns (success, output).
+fn run_captured(cmd: &mut Command) -> (bool, String) {
+    match cmd.current_dir(repo_root()).stdin(Stdio::null()).output() {
+        Ok(o) => {
+            let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            (o.status.success(), text)
+        }
+        Err(e) => (false, format!("could not start: {e}")),
+    }
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
+/// A GPU is present when `nvidia-smi -L` lists one.
+fn gpu_present() -> Option<String> {
+    let o = Command::new("nvidia-smi").arg("-L").output().ok()?;
+    let s = String::from_utf8_lossy(&o.stdout).to_string();
+    (o.status.success() && s.contains("GPU")).then(|| s.lines().next().unwrap_or_default().to_string())
+}
+
+fn golden_root() -> PathBuf {
+    std::env::var_os("ATTN_GOLDEN_DIR").map_or_else(|| repo_root().join("../shared/golden"), PathBuf::from)
+}
+
+/// Output that means "this backend is not available here" rather than a failure.
+fn says_unavailable(out: &str) -> bool {
+    ["not yet available", "not compiled", "unavailable on this machine", "NotCompiled"].iter().any(|s| out.contains(s))
+}
+
+/// The golden runner configurations: (label, dir, args).
+fn golden_runs(gpu: bool) -> Vec<(String, &'static str, Vec<String>)> {
+    let mut runs = Vec::new();
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    for dir in ["dilated", "multihead"] {
+        runs.push((format!("{dir} reference"), dir, s(&["--backend", "reference"])));
+        for dt in ["f32", "bf16", "f16"] {
+            runs.push((format!("{dir} cpu {dt}"), dir, s(&["--backend", "cpu", "--dtype", dt])));
+        }
+    }
+    for p in ["2", "3", "4"] {
+        for strategy in ["auto", "ring", "allgather"] {
+            for layout in ["contiguous", "zigzag"] {
+                let args = s(&["--backend", "ring", "--world-size", p, "--strategy", strategy, "--layout", layout]);
+                runs.push((format!("dilated ring P={p} {strategy} {layout}"), "dilated", args));
+            }
+        }
+    }
+    if gpu {
+        for dt in ["f32", "bf16", "f16"] {
+            runs.push((format!("dilated cuda {dt}"), "dilated", s(&["--backend", "cuda", "--dtype", dt])));
+        }
+    }
+    runs
+}
+
+fn golden_steps(steps: &mut Vec<Step>, gpu: bool) {
+    let root = golden_root();
+    if !root.is_dir() {
+        steps.push(skip("golden", format!("no golden directory at {} (set ATTN_GOLDEN_DIR)", root.display())));
+        return;
+    }
+    let t = Instant::now();
+    if let Err(e) = run_cmd(Command::new(cargo()).args(["build", "--release", "--bin", "attn-golden"])) {
+        steps.push(Step { name: "golden: build".into(), outcome: Outcome::Failed(e), secs: t.elapsed().as_secs_f64() });
+        return;
+    }
+    let exe = repo_root().join("target/release/attn-golden");
+    for (label, dir, args) in golden_runs(gpu) {
+        let t = Instant::now();
+        println!("\n=== golden: {label} ===");
+        let (ok, out) = run_captured(Command::new(&exe).arg(root.join(dir)).args(&args));
+        print!("{out}");
+        let outcome = if ok {
+            Outcome::Passed
+        } else if says_unavailable(&out) {
+            Outcome::Skipped(out.lines().last().unwrap_or("backend unavailable").trim().to_string())
+        } else {
+            Outcome::Failed(out.lines().last().unwrap_or_default().trim().to_string())
+        };
+        steps.push(Step { name: format!("golden: {label}"), outcome, secs: t.elapsed().as_secs_f64() });
+    }
+}
+
+/// Path of a test executable from `cargo test --no-run --message-format=json` output.
+fn test_executable(json_lines: &str, test_name: &str) -> Option<PathBuf> {
+    json_lines.lines().filter(|l| l.contains(&format!("\"name\":\"{test_name}\""))).find_map(|l| {
+        let rest = &l[l.find("\"executable\":\"")? + 14..];
+        Some(PathBuf::from(&rest[..rest.find('"')?]))
+    })
+}
+
+fn mpi_steps(steps: &mut Vec<Step>) {
+    if !on_path("mpirun") {
+        steps.push(skip("mpi", "mpirun not found (apt-get install libopenmpi-dev openmpi-bin libclang-dev)".into()));
+        return;
+    }
+    let t = Instant::now();
+    let (ok, out) = run_captured(Command::new(cargo()).args([
+        "test",
+        "-p",
+        "attn-ring",
+        "--features",
+        "mpi",
+        "--test",
+        "mpi_ring",
+        "--no-run",
+        "--message-format=json",
+    ]));
+    let Some(exe) = test_executable(&out, "mpi_ring").filter(|_| ok) else {
+        let why = out.lines().rev().find(|l| !l.starts_with('{')).unwrap_or("no executable").to_string();
+        steps.push(Step { name: "mpi: build".into(), outcome: Outcome::Failed(why), secs: t.elapsed().as_secs_f64() });
+        return;
+    };
+    for np in ["2", "3", "4"] {
+        let t = Instant::now();
+        println!("\n=== mpi: {np} ranks ===");
+        let r = run_cmd(Command::new("mpirun").args(["--allow-run-as-root", "--oversubscribe", "-np", np]).arg(&exe));
+        let outcome = r.map_or_else(Outcome::Failed, |()| Outcome::Passed);
+        steps.push(Step { name: format!("mpi: mpirun -np {np} mpi_ring"), outcome, secs: t.elapsed().as_secs_f64() });
+    }
+}
+
+fn skip(name: &str, why: String) -> Step {
+    Step { name: name.to_string(), outcome: Outcome::Skipped(why), secs: 0.0 }
+}
+
+fn cargo_step(steps: &mut Vec<Step>, name: &str, args: &[&str]) {
+    println!("\n=== {name}: cargo {} ===", args.join(" "));
+    let t = Instant::now();
+    let outcome = run_cmd(Command::new(cargo()).args(args)).map_or_else(Outcome::Failed, |()| Outcome::Passed);
+    steps.push(Step { name: name.to_string(), outcome, secs: t.elapsed().as_secs_f64() });
+}
+
+/// Run everything; fail if any step failed.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let mut skip_golden = false;
+    for a in args {
+        match a.as_str() {
+            "--skip-golden" => skip_golden = true,
+            other => return Err(format!("unknown option `{other}` (test [--skip-golden])")),
+        }
+    }
+    let mut steps = Vec::new();
+    cargo_step(&mut steps, "fmt", &["fmt", "--all", "--check"]);
+    cargo_step(&mut steps, "clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]);
+    cargo_step(&mut steps, "tests", &["test", "--workspace"]);
+    println!("\n=== tidy ===");
+    let t = Instant::now();
+    let outcome = tidy::run(&[]).map_or_else(Outcome::Failed, |()| Outcome::Passed);
+    steps.push(Step { name: "tidy".into(), outcome, secs: t.elapsed().as_secs_f64() });
+    let gpu = gpu_present();
+    if skip_golden {
+        steps.push(skip("golden", "--skip-golden".into()));
+    } else {
+        golden_steps(&mut steps, gpu.is_some());
+    }
+    mpi_steps(&mut steps);
+    match &gpu {
+        Some(name) => {
+            println!("\n=== GPU: {name} ===");
+            cargo_step(
+                &mut steps,
+                "gpu: attn-kernels --features cuda",
+                &["test", "-p", "attn-kernels", "--features", "cuda"],
+            );
+            cargo_step(
+                &mut steps,
+                "gpu: attn-ring --features nccl",
+                &["test", "-p", "attn-ring", "--features", "nccl"],
+            );
+        }
+        None => steps.push(skip("gpu", "no GPU (nvidia-smi lists none); CUDA/NCCL tests need one".into())),
+    }
+    cargo_step(
+        &mut steps,
+        "bench smoke (--json, reference)",
+        &["run", "--quiet", "--release", "-p", "attn-bench", "--", "--json", "--impl", "reference", "--seq-len", "256"]
+            .into_iter()
+            .chain(["--heads", "2", "--head-dim", "16", "--segments", "64,128", "--dilations", "1,2", "--runs", "1"])
+            .collect::<Vec<_>>(),
+    );
+    summarize(&steps)
+}
+
+fn summarize(steps: &[Step]) -> Result<(), String> {
+    println!("\n=== summary ===");
+    let (mut failed, mut skipped) = (0, 0);
+    for s in steps {
+        let (tag, why) = match &s.outcome {
+            Outcome::Passed => ("PASS", String::new()),
+            Outcome::Failed(w) => {
+                failed += 1;
+                ("FAIL", format!(": {w}"))
+            }
+            Outcome::Skipped(w) => {
+                skipped += 1;
+                ("SKIP", format!(": {w}"))
+            }
+        };
+        println!("{tag} {:>6.1}s  {}{why}", s.secs, s.name);
+    }
+    println!("{} steps: {} passed, {failed} failed, {skipped} skipped", steps.len(), steps.len() - failed - skipped);
+    if failed == 0 { Ok(()) } else { Err(format!("{failed} step(s) failed")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_test_executable_in_cargo_json() {
+        let out = r#"{"reason":"compiler-artifact","target":{"name":"mpi_ring","kind":["test"]},"executable":"/x/target/debug/deps/mpi_ring-abc"}
+{"reason":"compiler-artifact","target":{"name":"other"},"executable":"/x/other"}"#;
+        assert_eq!(test_executable(out, "mpi_ring"), Some(PathBuf::from("/x/target/debug/deps/mpi_ring-abc")));
+        assert_eq!(test_executable(out, "missing"), None);
+    }
+
+    #[test]
+    fn golden_plan_covers_every_strategy_and_layout() {
+        let runs = golden_runs(false);
+        for s in ["auto", "ring", "allgather"] {
+            for l in ["contiguous", "zigzag"] {
+                assert!(runs.iter().any(|(n, _, _)| n.contains(s) && n.contains(l)));
+            }
+        }
+        assert!(!runs.iter().any(|(n, _, _)| n.contains("cuda")));
+        assert!(golden_runs(true).iter().any(|(n, _, _)| n.contains("cuda")));
+        assert!(says_unavailable("unknown or not yet available backend `cpu`"));
+    }
+}
