@@ -26,8 +26,14 @@ enum Projected<F> {
 
 #[derive(Debug, Clone)]
 enum Inputs<F> {
+    /// Not kept (an inference forward); `backward` refuses such a cache.
+    NotKept,
     SelfAttn(Vec<F>),
-    Cross { query: Vec<F>, key: Vec<F>, value: Vec<F> },
+    Cross {
+        query: Vec<F>,
+        key: Vec<F>,
+        value: Vec<F>,
+    },
 }
 
 /// What `backward` needs from a training forward pass.
@@ -132,18 +138,30 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
 
     /// Self-attention over `x: [batch, seq, embed]`; returns the output only.
     pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
-        Ok(self.forward_train(x, batch, seq, mode)?.0)
+        Ok(self.forward_self(x, batch, seq, mode, false)?.0)
     }
 
     /// Self-attention, keeping what [`MultiheadDilatedAttention::backward`] needs.
     pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        self.forward_self(x, batch, seq, mode, true)
+    }
+
+    fn forward_self(
+        &self,
+        x: &[F],
+        batch: usize,
+        seq: usize,
+        mode: Mode,
+        keep: bool,
+    ) -> Result<(Vec<F>, MultiheadCache<F>)> {
         let e = self.config.embed_dim;
         check_input("query", x, batch, seq, e)?;
         let shape = self.shape(batch, seq)?;
         let w = &self.weights.in_proj;
         let mut qkv = vec![F::zero(); batch * seq * 3 * e];
         linear_forward(x, batch * seq, e, &w.weight, w.bias.as_deref(), 3 * e, &mut qkv, 3 * e)?;
-        self.finish_forward(shape, shape, Inputs::SelfAttn(x.to_vec()), Projected::Fused(qkv), mode)
+        let inputs = if keep { Inputs::SelfAttn(x.to_vec()) } else { Inputs::NotKept };
+        self.finish_forward(shape, shape, inputs, Projected::Fused(qkv), mode)
     }
 
     /// Cross-attention: `query: [batch, q_seq, embed]`, `key`/`value: [batch, kv_seq, embed]`.
@@ -233,6 +251,9 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let rows = qs.batch * qs.seq;
         let kv_rows = kvs.batch * kvs.seq;
         check_input("grad_out", grad_out, qs.batch, qs.seq, e)?;
+        if matches!(cache.inputs, Inputs::NotKept) {
+            return Err(AttnError::InvalidArgument("backward needs a cache from `forward_train`".into()));
+        }
         if grads.embed_dim != e || grads.norm.is_some() != self.weights.norm.is_some() {
             return Err(AttnError::InvalidArgument("gradient accumulator does not match the layer".into()));
         }
@@ -269,6 +290,9 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         };
         let grads_out = [(&dq, rows), (&dk, kv_rows), (&dv, kv_rows)];
         let inputs: [&[F]; 3] = match &cache.inputs {
+            Inputs::NotKept => {
+                return Err(AttnError::InvalidArgument("backward needs a cache from `forward_train`".into()));
+            }
             Inputs::SelfAttn(x) => [x, x, x],
             Inputs::Cross { query, key, value } => [query, key, value],
         };
@@ -284,7 +308,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
                 }
                 Ok(InputGrads { query: dx, key: None, value: None })
             }
-            Inputs::Cross { .. } => {
+            Inputs::NotKept | Inputs::Cross { .. } => {
                 let mut out = [vec![F::zero(); rows * e], vec![F::zero(); kv_rows * e], vec![F::zero(); kv_rows * e]];
                 for (i, ((dy, r), dx)) in grads_out.iter().zip(out.iter_mut()).enumerate() {
                     linear_backward_input(dy, e, *r, wpart(i), e, e, dx, false)?;

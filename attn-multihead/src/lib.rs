@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod config;
 pub mod dropout;
+pub mod encoder;
 pub mod float;
 pub mod golden_case;
 pub mod init;
@@ -21,6 +22,9 @@ pub mod weights_io;
 pub use backend::{AttentionBackend, ReferenceBackend};
 pub use config::MultiheadConfig;
 pub use dropout::Mode;
+pub use encoder::{
+    EncoderCache, EncoderConfig, EncoderLayerCache, EncoderLayerGrads, LongNetEncoder, LongNetEncoderLayer,
+};
 pub use float::LayerFloat;
 pub use init::{MagnetoGains, SeededRng};
 pub use layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};

@@ -1,0 +1,406 @@
+//! LongNet encoder layer (pre-LN, sub-LN attention, FFN with sub-LN, MAGNETO gains) and a stack of them; forward and backward.
+
+use std::sync::Arc;
+
+use attn_core::{AttnError, Mixing, Result};
+
+use crate::backend::AttentionBackend;
+use crate::config::MultiheadConfig;
+use crate::dropout::{Mode, apply_mask, dropout_mask};
+use crate::float::LayerFloat;
+use crate::init::{MagnetoGains, SeededRng};
+use crate::layer::{MultiheadCache, MultiheadDilatedAttention};
+use crate::layer_norm::{LayerNorm, NormStats};
+use crate::projection::Linear;
+use crate::weights::{MultiheadWeights, NamedParams, Param, ParamMut};
+
+/// Dropout sites of an encoder layer (the attention output inside the layer is site 1).
+const SITE_ATTN_RESIDUAL: u64 = 2;
+const SITE_FFN_HIDDEN: u64 = 3;
+const SITE_FFN_RESIDUAL: u64 = 4;
+
+/// Hyper-parameters of a LongNet encoder layer (`DilatedTransformerEncoderLayer` of
+/// `dilated-attention-pytorch`; activation ReLU as its default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncoderConfig {
+    pub d_model: usize,
+    pub nhead: usize,
+    pub segment_lengths: Vec<usize>,
+    pub dilation_rates: Vec<usize>,
+    pub dim_feedforward: usize,
+    pub dropout: f64,
+    pub layer_norm_eps: f64,
+    pub mixing: Mixing,
+    pub causal: bool,
+    /// MAGNETO gain of v, out and `linear2`; stacks set it from their layer count.
+    pub gamma_init: f64,
+}
+
+impl EncoderConfig {
+    /// Defaults: HeadGroups, non-causal, no dropout, eps 1e-5, gain 1.
+    pub fn new(
+        d_model: usize,
+        nhead: usize,
+        segment_lengths: &[usize],
+        dilation_rates: &[usize],
+        dim_feedforward: usize,
+    ) -> Self {
+        EncoderConfig {
+            d_model,
+            nhead,
+            segment_lengths: segment_lengths.to_vec(),
+            dilation_rates: dilation_rates.to_vec(),
+            dim_feedforward,
+            dropout: 0.0,
+            layer_norm_eps: 1e-5,
+            mixing: Mixing::HeadGroups,
+            causal: false,
+            gamma_init: 1.0,
+        }
+    }
+
+    /// The attention sub-layer's config (bias, sub-LN on, same dropout and gain).
+    pub fn attention(&self) -> MultiheadConfig {
+        let mut c = MultiheadConfig::new(self.d_model, self.nhead, &self.segment_lengths, &self.dilation_rates)
+            .with_mixing(self.mixing)
+            .with_causal(self.causal)
+            .with_dropout(self.dropout)
+            .with_gamma_init(self.gamma_init);
+        c.layer_norm_eps = self.layer_norm_eps;
+        c
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        self.attention().validate()?;
+        if self.dim_feedforward == 0 {
+            return Err(AttnError::InvalidArgument("dim_feedforward must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+/// One LongNet encoder layer: `x = x + drop(attn(norm1(x)))`,
+/// `x = x + drop(linear2(norm3(drop(relu(linear1(norm2(x)))))))`. Parameter names
+/// follow the library: `norm1.*`, `self_attn.*`, `norm2.*`, `linear1.*`, `norm3.*`, `linear2.*`.
+#[derive(Debug, Clone)]
+pub struct LongNetEncoderLayer<F: LayerFloat> {
+    config: EncoderConfig,
+    pub norm1: LayerNorm<F>,
+    pub self_attn: MultiheadDilatedAttention<F>,
+    pub norm2: LayerNorm<F>,
+    pub linear1: Linear<F>,
+    pub norm3: LayerNorm<F>,
+    pub linear2: Linear<F>,
+}
+
+/// Gradients of every parameter of a [`LongNetEncoderLayer`] (same names and order).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncoderLayerGrads<F> {
+    pub norm1: LayerNorm<F>,
+    pub self_attn: MultiheadWeights<F>,
+    pub norm2: LayerNorm<F>,
+    pub linear1: Linear<F>,
+    pub norm3: LayerNorm<F>,
+    pub linear2: Linear<F>,
+}
+
+/// What the encoder layer's backward needs.
+#[derive(Debug, Clone)]
+pub struct EncoderLayerCache<F> {
+    batch: usize,
+    seq: usize,
+    x: Vec<F>,
+    stats1: NormStats<F>,
+    attn: MultiheadCache<F>,
+    mask_attn: Option<Vec<F>>,
+    x1: Vec<F>,
+    ffn: FfnCache<F>,
+}
+
+/// The feed-forward branch's saved activations.
+#[derive(Debug, Clone)]
+struct FfnCache<F> {
+    stats2: NormStats<F>,
+    h2: Vec<F>,
+    f1: Vec<F>,
+    mask_hidden: Option<Vec<F>>,
+    r_d: Vec<F>,
+    stats3: NormStats<F>,
+    h3: Vec<F>,
+    mask_out: Option<Vec<F>>,
+}
+
+fn add<F2>(a: &[F2], b: &[F2]) -> Vec<F2>
+where
+    F2: LayerFloat,
+{
+    a.iter().zip(b).map(|(&x, &y)| x + y).collect()
+}
+
+impl<F: LayerFloat> LongNetEncoderLayer<F> {
+    /// A layer initialised as the library does (MAGNETO gains from `config.gamma_init`).
+    pub fn new(config: EncoderConfig, seed: u64, backend: Arc<dyn AttentionBackend<F>>) -> Result<Self> {
+        config.validate()?;
+        let (e, ff) = (config.d_model, config.dim_feedforward);
+        let eps = config.layer_norm_eps;
+        let self_attn = MultiheadDilatedAttention::new(config.attention(), seed, backend)?;
+        let mut rng = SeededRng::new(seed ^ 0x5EED_F00D);
+        let linear1 = Linear::xavier(&mut rng, e, ff, 1.0, true);
+        let linear2 = Linear::xavier(&mut rng, ff, e, config.gamma_init, true);
+        Ok(LongNetEncoderLayer {
+            norm1: LayerNorm::new(e, eps),
+            self_attn,
+            norm2: LayerNorm::new(e, eps),
+            linear1,
+            norm3: LayerNorm::new(ff, eps),
+            linear2,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &EncoderConfig {
+        &self.config
+    }
+
+    /// Zero gradients with this layer's layout.
+    pub fn zero_grads(&self) -> EncoderLayerGrads<F> {
+        EncoderLayerGrads {
+            norm1: self.norm1.zeros_like(),
+            self_attn: self.self_attn.weights.zeros_like(),
+            norm2: self.norm2.zeros_like(),
+            linear1: self.linear1.zeros_like(),
+            norm3: self.norm3.zeros_like(),
+            linear2: self.linear2.zeros_like(),
+        }
+    }
+
+    /// Forward over `x: [batch, seq, d_model]` (nothing kept for backward).
+    pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
+        let h1 = self.norm1.forward(x)?.0;
+        let a = self.self_attn.forward(&h1, batch, seq, mode)?;
+        drop(h1);
+        let mask = dropout_mask(mode, self.config.dropout, SITE_ATTN_RESIDUAL, a.len());
+        let x1 = add(x, &apply_mask(&a, mask.as_deref()));
+        drop(a);
+        let ffn = self.feedforward(&x1, batch * seq, mode, false)?.0;
+        Ok(add(&x1, &ffn))
+    }
+
+    /// Runs the FFN branch; returns its output and (when `keep`) the pieces backward needs.
+    fn feedforward(&self, x1: &[F], rows: usize, mode: Mode, keep: bool) -> Result<(Vec<F>, Option<FfnCache<F>>)> {
+        let (h2, stats2) = self.norm2.forward(x1)?;
+        let f1 = self.linear1.forward(&h2, rows)?;
+        let r: Vec<F> = f1.iter().map(|&v| v.max(F::zero())).collect();
+        let mask_hidden = dropout_mask(mode, self.config.dropout, SITE_FFN_HIDDEN, r.len());
+        let r_d = apply_mask(&r, mask_hidden.as_deref());
+        drop(r);
+        let (h3, stats3) = self.norm3.forward(&r_d)?;
+        let f2 = self.linear2.forward(&h3, rows)?;
+        let mask_out = dropout_mask(mode, self.config.dropout, SITE_FFN_RESIDUAL, f2.len());
+        let y = apply_mask(&f2, mask_out.as_deref());
+        let kept = keep.then_some(FfnCache { stats2, h2, f1, mask_hidden, r_d, stats3, h3, mask_out });
+        Ok((y, kept))
+    }
+
+    /// Forward keeping what [`LongNetEncoderLayer::backward`] needs.
+    pub fn forward_train(
+        &self,
+        x: &[F],
+        batch: usize,
+        seq: usize,
+        mode: Mode,
+    ) -> Result<(Vec<F>, EncoderLayerCache<F>)> {
+        let (h1, stats1) = self.norm1.forward(x)?;
+        let (a, attn) = self.self_attn.forward_train(&h1, batch, seq, mode)?;
+        let mask_attn = dropout_mask(mode, self.config.dropout, SITE_ATTN_RESIDUAL, a.len());
+        let x1 = add(x, &apply_mask(&a, mask_attn.as_deref()));
+        let (ffn, kept) = self.feedforward(&x1, batch * seq, mode, true)?;
+        let ffn_cache = kept.ok_or_else(|| AttnError::InvalidArgument("feed-forward cache missing".into()))?;
+        let y = add(&x1, &ffn);
+        let cache = EncoderLayerCache { batch, seq, x: x.to_vec(), stats1, attn, mask_attn, x1, ffn: ffn_cache };
+        Ok((y, cache))
+    }
+
+    /// Gradient of `sum(y * grad_out)` with respect to `x`; accumulates parameter gradients.
+    pub fn backward(
+        &self,
+        cache: &EncoderLayerCache<F>,
+        grad_out: &[F],
+        grads: &mut EncoderLayerGrads<F>,
+    ) -> Result<Vec<F>> {
+        let rows = cache.batch * cache.seq;
+        if grad_out.len() != cache.x.len() {
+            return Err(AttnError::InvalidArgument(format!(
+                "grad_out has {} elements, the layer output {}",
+                grad_out.len(),
+                cache.x.len()
+            )));
+        }
+        let f = &cache.ffn;
+        let g_f2 = apply_mask(grad_out, f.mask_out.as_deref());
+        let dh3 = self.linear2.backward(&f.h3, rows, &g_f2, &mut grads.linear2)?;
+        let dr_d = self.norm3.backward(&f.r_d, &f.stats3, &dh3, &mut grads.norm3)?;
+        let mut df1 = apply_mask(&dr_d, f.mask_hidden.as_deref());
+        df1.iter_mut().zip(&f.f1).for_each(|(g, &pre)| {
+            if pre <= F::zero() {
+                *g = F::zero();
+            }
+        });
+        let dh2 = self.linear1.backward(&f.h2, rows, &df1, &mut grads.linear1)?;
+        let dx1 = add(grad_out, &self.norm2.backward(&cache.x1, &f.stats2, &dh2, &mut grads.norm2)?);
+        let g_a = apply_mask(&dx1, cache.mask_attn.as_deref());
+        let dh1 = self.self_attn.backward(&cache.attn, &g_a, &mut grads.self_attn)?.query;
+        let (h1_stats, x) = (&cache.stats1, &cache.x);
+        Ok(add(&dx1, &self.norm1.backward(x, h1_stats, &dh1, &mut grads.norm1)?))
+    }
+}
+
+impl<F: LayerFloat> NamedParams<F> for LongNetEncoderLayer<F> {
+    fn params_with_prefix<'a>(&'a self, prefix: &str, out: &mut Vec<Param<'a, F>>) {
+        self.norm1.params_with_prefix(&format!("{prefix}norm1."), out);
+        self.self_attn.weights.params_with_prefix(&format!("{prefix}self_attn."), out);
+        self.norm2.params_with_prefix(&format!("{prefix}norm2."), out);
+        self.linear1.params_with_prefix(&format!("{prefix}linear1."), out);
+        self.norm3.params_with_prefix(&format!("{prefix}norm3."), out);
+        self.linear2.params_with_prefix(&format!("{prefix}linear2."), out);
+    }
+    fn params_mut_with_prefix<'a>(&'a mut self, prefix: &str, out: &mut Vec<ParamMut<'a, F>>) {
+        self.norm1.params_mut_with_prefix(&format!("{prefix}norm1."), out);
+        self.self_attn.weights.params_mut_with_prefix(&format!("{prefix}self_attn."), out);
+        self.norm2.params_mut_with_prefix(&format!("{prefix}norm2."), out);
+        self.linear1.params_mut_with_prefix(&format!("{prefix}linear1."), out);
+        self.norm3.params_mut_with_prefix(&format!("{prefix}norm3."), out);
+        self.linear2.params_mut_with_prefix(&format!("{prefix}linear2."), out);
+    }
+}
+
+impl<F: LayerFloat> NamedParams<F> for EncoderLayerGrads<F> {
+    fn params_with_prefix<'a>(&'a self, prefix: &str, out: &mut Vec<Param<'a, F>>) {
+        self.norm1.params_with_prefix(&format!("{prefix}norm1."), out);
+        self.self_attn.params_with_prefix(&format!("{prefix}self_attn."), out);
+        self.norm2.params_with_prefix(&format!("{prefix}norm2."), out);
+        self.linear1.params_with_prefix(&format!("{prefix}linear1."), out);
+        self.norm3.params_with_prefix(&format!("{prefix}norm3."), out);
+        self.linear2.params_with_prefix(&format!("{prefix}linear2."), out);
+    }
+    fn params_mut_with_prefix<'a>(&'a mut self, prefix: &str, out: &mut Vec<ParamMut<'a, F>>) {
+        self.norm1.params_mut_with_prefix(&format!("{prefix}norm1."), out);
+        self.self_attn.params_mut_with_prefix(&format!("{prefix}self_attn."), out);
+        self.norm2.params_mut_with_prefix(&format!("{prefix}norm2."), out);
+        self.linear1.params_mut_with_prefix(&format!("{prefix}linear1."), out);
+        self.norm3.params_mut_with_prefix(&format!("{prefix}norm3."), out);
+        self.linear2.params_mut_with_prefix(&format!("{prefix}linear2."), out);
+    }
+}
+
+/// A stack of LongNet encoder layers (`layers.{i}.*`, as `nn.TransformerEncoder`), with
+/// MAGNETO gains from the layer count.
+#[derive(Debug, Clone)]
+pub struct LongNetEncoder<F: LayerFloat> {
+    pub layers: Vec<LongNetEncoderLayer<F>>,
+}
+
+/// Per-layer caches of a stack forward.
+#[derive(Debug, Clone)]
+pub struct EncoderCache<F> {
+    layers: Vec<EncoderLayerCache<F>>,
+}
+
+/// Seed of layer `i`'s weights or dropout masks, derived from the stack's seed.
+fn layer_seed(seed: u64, i: usize) -> u64 {
+    SeededRng::new(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)).next_u64()
+}
+
+fn layer_mode(mode: Mode, i: usize) -> Mode {
+    match mode {
+        Mode::Eval => Mode::Eval,
+        Mode::Train { seed } => Mode::Train { seed: layer_seed(seed, i) },
+    }
+}
+
+impl<F: LayerFloat> LongNetEncoder<F> {
+    /// `num_layers` layers with the encoder-only MAGNETO gain `sqrt(log(2 * num_layers))`
+    /// (overriding `config.gamma_init`); layer `i` is initialised from a seed derived from `seed`.
+    pub fn new(
+        config: EncoderConfig,
+        num_layers: usize,
+        seed: u64,
+        backend: Arc<dyn AttentionBackend<F>>,
+    ) -> Result<Self> {
+        Self::with_gains(config, num_layers, MagnetoGains::encoder_only(num_layers), seed, backend)
+    }
+
+    /// Like [`LongNetEncoder::new`] with explicit gains (e.g. [`MagnetoGains::encoder_decoder`]).
+    pub fn with_gains(
+        mut config: EncoderConfig,
+        num_layers: usize,
+        gains: MagnetoGains,
+        seed: u64,
+        backend: Arc<dyn AttentionBackend<F>>,
+    ) -> Result<Self> {
+        if num_layers == 0 {
+            return Err(AttnError::InvalidArgument("an encoder needs at least one layer".into()));
+        }
+        config.gamma_init = gains.encoder;
+        let layers = (0..num_layers)
+            .map(|i| LongNetEncoderLayer::new(config.clone(), layer_seed(seed, i), backend.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(LongNetEncoder { layers })
+    }
+
+    /// Forward through every layer (nothing kept).
+    pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
+        let mut h = x.to_vec();
+        for (i, l) in self.layers.iter().enumerate() {
+            h = l.forward(&h, batch, seq, layer_mode(mode, i))?;
+        }
+        Ok(h)
+    }
+
+    /// Forward keeping every layer's cache.
+    pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, EncoderCache<F>)> {
+        let mut h = x.to_vec();
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for (i, l) in self.layers.iter().enumerate() {
+            let (y, c) = l.forward_train(&h, batch, seq, layer_mode(mode, i))?;
+            layers.push(c);
+            h = y;
+        }
+        Ok((h, EncoderCache { layers }))
+    }
+
+    /// Zero gradients, one per layer.
+    pub fn zero_grads(&self) -> Vec<EncoderLayerGrads<F>> {
+        self.layers.iter().map(LongNetEncoderLayer::zero_grads).collect()
+    }
+
+    /// Backward through every layer; accumulates into `grads` (one per layer).
+    pub fn backward(
+        &self,
+        cache: &EncoderCache<F>,
+        grad_out: &[F],
+        grads: &mut [EncoderLayerGrads<F>],
+    ) -> Result<Vec<F>> {
+        if cache.layers.len() != self.layers.len() || grads.len() != self.layers.len() {
+            return Err(AttnError::InvalidArgument("cache or gradients do not match the stack".into()));
+        }
+        let mut g = grad_out.to_vec();
+        for ((l, c), gr) in self.layers.iter().zip(&cache.layers).zip(grads.iter_mut()).rev() {
+            g = l.backward(c, &g, gr)?;
+        }
+        Ok(g)
+    }
+}
+
+impl<F: LayerFloat> NamedParams<F> for LongNetEncoder<F> {
+    fn params_with_prefix<'a>(&'a self, prefix: &str, out: &mut Vec<Param<'a, F>>) {
+        for (i, l) in self.layers.iter().enumerate() {
+            l.params_with_prefix(&format!("{prefix}layers.{i}."), out);
+        }
+    }
+    fn params_mut_with_prefix<'a>(&'a mut self, prefix: &str, out: &mut Vec<ParamMut<'a, F>>) {
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            l.params_mut_with_prefix(&format!("{prefix}layers.{i}."), out);
+        }
+    }
+}
