@@ -30,8 +30,9 @@ fn forward_and_backward_match_the_reference() {
         .run(&dilated_case(), |case| {
             let shape = case.attn_shape();
             let [q, k, v, go] = case.inputs();
-            let (fwd, grads) = reference::dilated_backward(&case.cfg, shape, &to64(&q), &to64(&k), &to64(&v), &to64(&go))
-                .expect("valid case");
+            let (fwd, grads) =
+                reference::dilated_backward(&case.cfg, shape, &to64(&q), &to64(&k), &to64(&v), &to64(&go))
+                    .expect("valid case");
             let tol32 = Tolerance::for_dtype(attn_core::DType::F32).rel_l2;
             let got = f32_gpu.forward(&case.cfg, shape, &q, &k, &v).expect("gpu f32 forward");
             prop_assert!(rel_l2_error(&got.out, &fwd.out) <= tol32, "out {:?}", case);

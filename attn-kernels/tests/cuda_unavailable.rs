@@ -33,6 +33,7 @@ fn bad_inputs_are_typed_errors_on_a_gpu() {
     let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut o, s).unwrap();
     // 1 head < 2 head groups, then head_dim 300 > 256 with LongNet.
     assert!(matches!(forward(&dev, &cfg, &v, &v, &v, &mut ov), Err(AttnError::TooFewHeads { .. })));
-    let ln = DilatedConfig::builder().segments(&[4]).dilations(&[1]).mixing(attn_core::Mixing::LongNet).build().unwrap();
+    let ln =
+        DilatedConfig::builder().segments(&[4]).dilations(&[1]).mixing(attn_core::Mixing::LongNet).build().unwrap();
     assert!(matches!(forward(&dev, &ln, &v, &v, &v, &mut ov), Err(AttnError::InvalidArgument(_))));
 }

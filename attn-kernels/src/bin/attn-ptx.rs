@@ -8,9 +8,9 @@
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
+use attn_kernels::cuda::nvrtc_present;
 use attn_kernels::cuda::plan::{mma_block_n, mma_smem_bytes};
 use attn_kernels::cuda::source::{MMA_HEAD_DIMS, full_source, kernel_names, mma_kernel_name, nvrtc_options};
-use attn_kernels::cuda::nvrtc_present;
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 #[derive(Debug, Default, Clone)]
@@ -62,11 +62,22 @@ fn parse_ptxas(text: &str) -> Vec<(String, KernelReport)> {
         } else if let Some((_, r)) = out.last_mut() {
             if line.contains("stack frame") {
                 r.stack = n_before(line, "bytes").unwrap_or(0);
-                r.spill_stores = line.split("spill stores").next().and_then(|s| s.split(',').next_back()).and_then(|s| n_before(s, "bytes")).unwrap_or(0);
-                r.spill_loads = line.split("spill loads").next().and_then(|s| s.split(',').next_back()).and_then(|s| n_before(s, "bytes")).unwrap_or(0);
+                r.spill_stores = line
+                    .split("spill stores")
+                    .next()
+                    .and_then(|s| s.split(',').next_back())
+                    .and_then(|s| n_before(s, "bytes"))
+                    .unwrap_or(0);
+                r.spill_loads = line
+                    .split("spill loads")
+                    .next()
+                    .and_then(|s| s.split(',').next_back())
+                    .and_then(|s| n_before(s, "bytes"))
+                    .unwrap_or(0);
             } else if line.contains("Used") && line.contains("registers") {
                 r.registers = n_before(line, "registers").unwrap_or(0);
-                r.static_smem = line.split(',').find(|s| s.contains("smem")).and_then(|s| n_before(s, "bytes")).unwrap_or(0);
+                r.static_smem =
+                    line.split(',').find(|s| s.contains("smem")).and_then(|s| n_before(s, "bytes")).unwrap_or(0);
             }
         }
     }
@@ -118,7 +129,10 @@ fn run() -> Result<(), String> {
         }
         let reports = parse_ptxas(&text);
         println!("sm_{arch}: {} ({} bytes of PTX)", ptx_path.display(), ptx.to_src().len());
-        println!("  {:<34} {:>5} {:>9} {:>9} {:>6} {:>12}", "kernel", "regs", "smem", "dyn smem", "stack", "spill st/ld");
+        println!(
+            "  {:<34} {:>5} {:>9} {:>9} {:>6} {:>12}",
+            "kernel", "regs", "smem", "dyn smem", "stack", "spill st/ld"
+        );
         for name in &expected {
             let Some((_, r)) = reports.iter().find(|(n, _)| n == name) else {
                 failures.push(format!("sm_{arch}: kernel {name} missing from ptxas output"));
@@ -135,7 +149,8 @@ fn run() -> Result<(), String> {
                 r.spill_loads
             );
             if r.spill_stores > 0 || r.spill_loads > 0 {
-                failures.push(format!("sm_{arch}: {name} spills ({} B stores, {} B loads)", r.spill_stores, r.spill_loads));
+                failures
+                    .push(format!("sm_{arch}: {name} spills ({} B stores, {} B loads)", r.spill_stores, r.spill_loads));
             }
             if dynamic_smem(name) + r.static_smem as usize > 163 * 1024 {
                 failures.push(format!("sm_{arch}: {name} needs more shared memory than sm_80 has"));

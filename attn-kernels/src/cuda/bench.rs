@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use attn_core::{DilatedConfig, Result, Shape4, SegmentPattern};
+use attn_core::{DilatedConfig, Result, SegmentPattern, Shape4};
 
 use super::block::forward_block;
 use super::device::{CudaDevice, cuda_err};

@@ -15,7 +15,7 @@ use super::launch::launch;
 use super::params::{AttnParams, strides3};
 use super::plan::{ForwardKernel, MMA_BLOCK_M, PatternLaunch, THREADS, forward_kernel, out_scale, pattern_launches};
 use super::source::MAX_HEAD_DIM;
-use super::tensor::{CudaElement, DevicePartial, DeviceGrads, DeviceTensor, check_len};
+use super::tensor::{CudaElement, DeviceGrads, DevicePartial, DeviceTensor, check_len};
 
 /// Check that q, k, v agree (batch, heads, head_dim; k and v identical) and the config fits.
 fn check_block<T: CudaElement>(
@@ -28,7 +28,11 @@ fn check_block<T: CudaElement>(
 ) -> Result<()> {
     let (qs, ks) = (q.shape, k.shape);
     if v.shape != ks {
-        return Err(AttnError::ShapeMismatch { tensor: TensorName::Value, expected: ks.dims().to_vec(), got: v.shape.dims().to_vec() });
+        return Err(AttnError::ShapeMismatch {
+            tensor: TensorName::Value,
+            expected: ks.dims().to_vec(),
+            got: v.shape.dims().to_vec(),
+        });
     }
     if (ks.batch, ks.heads, ks.head_dim) != (qs.batch, qs.heads, qs.head_dim) {
         let expected = vec![qs.batch, ks.seq, qs.heads, qs.head_dim];
@@ -137,7 +141,8 @@ pub fn forward_block<T: CudaElement>(
     };
     let f = dev.function(&kernel, smem)?;
     for pl in pattern_launches(cfg, q.shape.heads) {
-        let Some(mut lc) = grid(pl.max_selected(q_start, q.shape.seq), per_block, pl.heads.len(), q.shape.batch)? else {
+        let Some(mut lc) = grid(pl.max_selected(q_start, q.shape.seq), per_block, pl.heads.len(), q.shape.batch)?
+        else {
             continue;
         };
         lc.shared_mem_bytes = smem as u32;
@@ -152,7 +157,11 @@ pub fn forward_block<T: CudaElement>(
 
 fn check_partial(partial: &DevicePartial, q: Shape4) -> Result<()> {
     if partial.shape != q {
-        return Err(AttnError::ShapeMismatch { tensor: TensorName::Output, expected: q.dims().to_vec(), got: partial.shape.dims().to_vec() });
+        return Err(AttnError::ShapeMismatch {
+            tensor: TensorName::Output,
+            expected: q.dims().to_vec(),
+            got: partial.shape.dims().to_vec(),
+        });
     }
     check_len(TensorName::Output, partial.out.len(), q.numel())?;
     check_len(TensorName::Lse, partial.lse.len(), q.lse_len())

@@ -33,7 +33,11 @@ fn row_params(shape: Shape4, a: [usize; 4], b: [usize; 4], scale: f32) -> RowPar
 
 fn check_dst<T: CudaElement>(tensor: TensorName, dst: &DeviceTensor<T>, shape: Shape4) -> Result<()> {
     if dst.shape != shape || dst.strides[3] != 1 {
-        return Err(AttnError::ShapeMismatch { tensor, expected: shape.dims().to_vec(), got: dst.shape.dims().to_vec() });
+        return Err(AttnError::ShapeMismatch {
+            tensor,
+            expected: shape.dims().to_vec(),
+            got: dst.shape.dims().to_vec(),
+        });
     }
     let needed = super::tensor::extent(dst.shape, dst.strides);
     if needed > dst.data.len() {
@@ -83,7 +87,11 @@ pub fn finish_forward<'a, T: CudaElement>(
 }
 
 /// `delta[b, s, h] = dot(grad_out[b, s, h, :], out[b, s, h, :])` in f32.
-pub fn delta<T: CudaElement>(dev: &CudaDevice, grad_out: &DeviceTensor<T>, out: &DeviceTensor<T>) -> Result<CudaSlice<f32>> {
+pub fn delta<T: CudaElement>(
+    dev: &CudaDevice,
+    grad_out: &DeviceTensor<T>,
+    out: &DeviceTensor<T>,
+) -> Result<CudaSlice<f32>> {
     let shape = grad_out.shape;
     check_dst(TensorName::GradOutput, grad_out, shape)?;
     check_dst(TensorName::Output, out, shape)?;
@@ -93,7 +101,8 @@ pub fn delta<T: CudaElement>(dev: &CudaDevice, grad_out: &DeviceTensor<T>, out: 
     let warps_per_block = 8usize;
     let blocks = u32::try_from(shape.lse_len().div_ceil(warps_per_block))
         .map_err(|_| AttnError::InvalidArgument("too many rows for one launch".into()))?;
-    let lc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps_per_block as u32, 1, 1), shared_mem_bytes: 0 };
+    let lc =
+        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps_per_block as u32, 1, 1), shared_mem_bytes: 0 };
     // Signature: (const T* go, const T* out, float* delta, RowParams).
     let mut args = dev.stream.launch_builder(&f);
     args.arg(&grad_out.data).arg(&out.data).arg(&mut delta).arg(&p);

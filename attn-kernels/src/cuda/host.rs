@@ -29,7 +29,11 @@ fn write_rows<T: CudaElement>(dst: &mut TensorViewMut<'_, T>, contiguous: &[T]) 
 
 fn check_out<T: CudaElement>(tensor: TensorName, dst: &TensorViewMut<'_, T>, want: attn_core::Shape4) -> Result<()> {
     if dst.shape() != want {
-        return Err(AttnError::ShapeMismatch { tensor, expected: want.dims().to_vec(), got: dst.shape().dims().to_vec() });
+        return Err(AttnError::ShapeMismatch {
+            tensor,
+            expected: want.dims().to_vec(),
+            got: dst.shape().dims().to_vec(),
+        });
     }
     Ok(())
 }
@@ -47,7 +51,8 @@ pub fn forward<T: CudaElement>(
     let shape = shapes(q, k, v)?;
     cfg.validate_heads(shape.q.heads)?;
     check_out(TensorName::Output, out, shape.q)?;
-    let (dq, dk, dv) = (DeviceTensor::from_view(dev, q)?, DeviceTensor::from_view(dev, k)?, DeviceTensor::from_view(dev, v)?);
+    let (dq, dk, dv) =
+        (DeviceTensor::from_view(dev, q)?, DeviceTensor::from_view(dev, k)?, DeviceTensor::from_view(dev, v)?);
     let mut partial = DevicePartial::empty(dev, shape.q)?;
     forward_block(dev, cfg, &dq, 0, &dk, &dv, 0, &mut partial)?;
     let mut dout = DeviceTensor::<T>::zeros(dev, shape.q)?;
@@ -77,11 +82,19 @@ pub fn backward<T: CudaElement>(
     cfg.validate_heads(shape.q.heads)?;
     for (t, s) in [(TensorName::Output, out.shape()), (TensorName::GradOutput, grad_out.shape())] {
         if s != shape.q {
-            return Err(AttnError::ShapeMismatch { tensor: t, expected: shape.q.dims().to_vec(), got: s.dims().to_vec() });
+            return Err(AttnError::ShapeMismatch {
+                tensor: t,
+                expected: shape.q.dims().to_vec(),
+                got: s.dims().to_vec(),
+            });
         }
     }
     if lse.len() != shape.q.lse_len() {
-        return Err(AttnError::ShapeMismatch { tensor: TensorName::Lse, expected: vec![shape.q.lse_len()], got: vec![lse.len()] });
+        return Err(AttnError::ShapeMismatch {
+            tensor: TensorName::Lse,
+            expected: vec![shape.q.lse_len()],
+            got: vec![lse.len()],
+        });
     }
     check_out(TensorName::GradQuery, dq, shape.q)?;
     check_out(TensorName::GradKey, dk, shape.kv)?;

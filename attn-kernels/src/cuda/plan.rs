@@ -151,7 +151,7 @@ pub fn forward_kernel(dtype: DType, suffix: &str, head_dim: usize) -> ForwardKer
 /// Whether rows of a tensor allow the 16-byte loads of the MMA kernel: `d % 8 == 0` and
 /// every stride a multiple of 8 elements (buffers are allocated 256-byte aligned).
 pub fn vec_loads_ok(d: usize, strides: [usize; 4]) -> bool {
-    d % 8 == 0 && strides[..3].iter().all(|s| s % 8 == 0)
+    d.is_multiple_of(8) && strides[..3].iter().all(|s| s.is_multiple_of(8))
 }
 
 #[cfg(test)]
@@ -189,7 +189,9 @@ mod tests {
         for p in patterns() {
             let s = SelectedIndex::new(&p);
             for n in [1usize, 7, 13, 29] {
-                for (q0, q1, k0, k1) in [(0, n, 0, n), (0, n / 2, n / 2, n), (n / 3, n, 0, n / 3 + 1), (1.min(n), n, 0, n)] {
+                for (q0, q1, k0, k1) in
+                    [(0, n, 0, n), (0, n / 2, n / 2, n), (n / 3, n, 0, n / 3 + 1), (1.min(n), n, 0, n)]
+                {
                     for causal in [false, true] {
                         for qp in q0..q1 {
                             let mut got: Vec<usize> = Vec::new();

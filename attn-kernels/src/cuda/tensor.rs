@@ -100,7 +100,13 @@ pub struct DeviceGrads {
 impl DeviceGrads {
     pub fn zeros(dev: &CudaDevice, q_shape: Shape4, kv_shape: Shape4) -> Result<Self> {
         let z = |n| dev.stream.alloc_zeros::<f32>(n).map_err(cuda_err);
-        Ok(DeviceGrads { dq: z(q_shape.numel())?, dk: z(kv_shape.numel())?, dv: z(kv_shape.numel())?, q_shape, kv_shape })
+        Ok(DeviceGrads {
+            dq: z(q_shape.numel())?,
+            dk: z(kv_shape.numel())?,
+            dv: z(kv_shape.numel())?,
+            q_shape,
+            kv_shape,
+        })
     }
 }
 

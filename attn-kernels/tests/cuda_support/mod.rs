@@ -40,7 +40,14 @@ impl<T: CudaElement> Gpu<T> {
     }
 
     /// Forward in `T`: (out, lse).
-    pub fn forward_t(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[T], k: &[T], v: &[T]) -> Result<(Vec<T>, Vec<f32>)> {
+    pub fn forward_t(
+        &self,
+        cfg: &DilatedConfig,
+        shape: AttnShape,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+    ) -> Result<(Vec<T>, Vec<f32>)> {
         let qv = TensorView::contiguous(TensorName::Query, q, shape.q)?;
         let kv = TensorView::contiguous(TensorName::Key, k, shape.kv)?;
         let vv = TensorView::contiguous(TensorName::Value, v, shape.kv)?;
@@ -73,10 +80,15 @@ impl<T: CudaElement> DilatedBackend for Gpu<T> {
     ) -> Result<Gradients32> {
         let (q, k, v, go) = (conv::<T>(q), conv::<T>(k), conv::<T>(v), conv::<T>(grad_out));
         let (out, lse) = self.forward_t(cfg, shape, &q, &k, &v)?;
-        let view = |t, x: &[T], s| TensorView::contiguous(t, x, s);
-        let (qv, kv, vv) =
-            (view(TensorName::Query, &q, shape.q)?, view(TensorName::Key, &k, shape.kv)?, view(TensorName::Value, &v, shape.kv)?);
-        let (ov, gv) = (view(TensorName::Output, &out, shape.q)?, view(TensorName::GradOutput, &go, shape.q)?);
+        let (qv, kv, vv) = (
+            TensorView::contiguous(TensorName::Query, &q, shape.q)?,
+            TensorView::contiguous(TensorName::Key, &k, shape.kv)?,
+            TensorView::contiguous(TensorName::Value, &v, shape.kv)?,
+        );
+        let (ov, gv) = (
+            TensorView::contiguous(TensorName::Output, &out, shape.q)?,
+            TensorView::contiguous(TensorName::GradOutput, &go, shape.q)?,
+        );
         let mut dq = vec![T::default(); shape.q.numel()];
         let mut dk = vec![T::default(); shape.kv.numel()];
         let mut dv = vec![T::default(); shape.kv.numel()];
