@@ -23,10 +23,12 @@ pub mod cuda;
 #[path = "cuda/stub.rs"]
 pub mod cuda;
 mod disjoint;
+mod flops;
 mod portable;
 mod tile_backward;
 mod tile_forward;
 
 pub use backend::CpuBackend;
+pub use flops::model_flops;
 pub use block::{BlockRows, attend_block, attend_block_backward};
 pub use isa::Isa;

@@ -1,0 +1,141 @@
+//! Exact properties of the CPU backend: bit-identical results for any thread count,
+//! strided (fused QKV) views equal contiguous buffers bit for bit, and typed errors for
+//! bad shapes and configs (never a panic).
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, DilatedConfig, Mixing, Shape4, TensorView, TensorViewMut};
+use attn_kernels::CpuBackend;
+use attn_testkit::random_vec;
+
+fn cfg(causal: bool) -> DilatedConfig {
+    DilatedConfig::builder()
+        .segments(&[64, 128, 256])
+        .dilations(&[1, 2, 4])
+        .mixing(Mixing::LongNet)
+        .causal(causal)
+        .build()
+        .unwrap()
+}
+
+type Run = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+fn run_all(threads: usize, cfg: &DilatedConfig, shape: Shape4) -> Run {
+    let n = shape.numel();
+    let (q, k, v, go) = (random_vec(11, n), random_vec(12, n), random_vec(13, n), random_vec(14, n));
+    let be = CpuBackend::new(threads).unwrap();
+    let (out, lse) = be.forward_vec(cfg, shape, &q, &k, &v).unwrap();
+    let (dq, dk, dv) = be.backward_vec(cfg, shape, &q, &k, &v, &out, &lse, &go).unwrap();
+    (out, lse, dq, dk, dv)
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn results_are_bit_identical_for_any_thread_count() {
+    for (causal, shape) in [(false, Shape4::new(2, 700, 3, 40).unwrap()), (true, Shape4::new(1, 1000, 2, 64).unwrap())]
+    {
+        let cfg = cfg(causal);
+        let one = run_all(1, &cfg, shape);
+        for threads in [2, 3] {
+            let many = run_all(threads, &cfg, shape);
+            assert_eq!(bits(&one.0), bits(&many.0), "out, {threads} threads");
+            assert_eq!(bits(&one.1), bits(&many.1), "lse, {threads} threads");
+            assert_eq!(bits(&one.2), bits(&many.2), "dq, {threads} threads");
+            assert_eq!(bits(&one.3), bits(&many.3), "dk, {threads} threads");
+            assert_eq!(bits(&one.4), bits(&many.4), "dv, {threads} threads");
+        }
+    }
+}
+
+#[test]
+fn fused_qkv_and_strided_output_equal_contiguous() {
+    let shape = Shape4::new(2, 300, 3, 24).unwrap();
+    let (b, s, h, d) = (shape.batch, shape.seq, shape.heads, shape.head_dim);
+    let fused = random_vec(21, 3 * shape.numel());
+    // Contiguous copies of the q, k, v parts of the fused [b, s, 3, h, d] buffer.
+    let part = |p: usize| -> Vec<f32> {
+        let mut out = Vec::with_capacity(shape.numel());
+        for bs in 0..b * s {
+            out.extend_from_slice(&fused[(bs * 3 + p) * h * d..(bs * 3 + p + 1) * h * d]);
+        }
+        out
+    };
+    let (q, k, v) = (part(0), part(1), part(2));
+    let go = random_vec(22, shape.numel());
+    let cfg = cfg(true);
+    let be = CpuBackend::new(2).unwrap();
+    let (out, lse) = be.forward_vec(&cfg, shape, &q, &k, &v).unwrap();
+    let (dq, dk, dv) = be.backward_vec(&cfg, shape, &q, &k, &v, &out, &lse, &go).unwrap();
+
+    let [qv, kv, vv] = TensorView::fused_qkv(&fused, shape).unwrap();
+    // Output into a padded buffer: rows of `h * d + 8` elements.
+    let row = h * d + 8;
+    let strides = [s * row, row, d, 1];
+    let mut out_buf = vec![f32::NAN; b * s * row];
+    let mut lse2 = vec![0.0f32; shape.lse_len()];
+    let ov = TensorViewMut::strided(TensorName::Output, &mut out_buf, shape, strides).unwrap();
+    be.forward(&cfg, qv, kv, vv, ov, &mut lse2).unwrap();
+    let ov = TensorView::strided(TensorName::Output, &out_buf, shape, strides).unwrap();
+    assert_eq!(bits(&ov.to_f64_vec().iter().map(|&x| x as f32).collect::<Vec<_>>()), bits(&out));
+    assert_eq!(bits(&lse2), bits(&lse));
+    // Padding untouched.
+    assert!(out_buf.chunks(row).all(|r| r[h * d..].iter().all(|x| x.is_nan())));
+
+    // Backward from strided views, gradients into one fused [b, s, 3, h, d] buffer.
+    let gov = TensorView::contiguous(TensorName::GradOutput, &go, shape).unwrap();
+    // Gradients written through [b, s, 3, h, d] strides, one buffer per gradient.
+    let gstrides = [s * 3 * h * d, 3 * h * d, d, 1];
+    let total = 3 * shape.numel();
+    let mut gq_buf = vec![0.0f32; total];
+    let mut gk_buf = vec![0.0f32; total];
+    let mut gv_buf = vec![0.0f32; total];
+    let dqv = TensorViewMut::strided(TensorName::GradQuery, &mut gq_buf, shape, gstrides).unwrap();
+    let dkv = TensorViewMut::strided(TensorName::GradKey, &mut gk_buf[h * d..], shape, gstrides).unwrap();
+    let dvv = TensorViewMut::strided(TensorName::GradValue, &mut gv_buf[2 * h * d..], shape, gstrides).unwrap();
+    be.backward(&cfg, qv, kv, vv, ov, &lse2, gov, dqv, dkv, dvv).unwrap();
+    let gather = |buf: &[f32], p: usize| -> Vec<f32> {
+        let mut out = Vec::new();
+        for bs in 0..b * s {
+            out.extend_from_slice(&buf[(bs * 3 + p) * h * d..(bs * 3 + p + 1) * h * d]);
+        }
+        out
+    };
+    assert_eq!(bits(&gather(&gq_buf, 0)), bits(&dq));
+    assert_eq!(bits(&gather(&gk_buf, 1)), bits(&dk));
+    assert_eq!(bits(&gather(&gv_buf, 2)), bits(&dv));
+}
+
+#[test]
+fn bad_shapes_are_typed_errors() {
+    let be = CpuBackend::new(1).unwrap();
+    let cfg = DilatedConfig::new(&[4, 8], &[1, 2]).unwrap();
+    let s = Shape4::new(1, 8, 2, 4).unwrap();
+    let x = vec![0.5f32; s.numel()];
+    // Too few heads for two head groups.
+    let s1 = Shape4::new(1, 8, 1, 4).unwrap();
+    assert!(matches!(be.forward_vec(&cfg, s1, &x[..32], &x[..32], &x[..32]), Err(AttnError::TooFewHeads { .. })));
+    // Buffer length disagrees with the shape.
+    assert!(matches!(be.forward_vec(&cfg, s, &x[..63], &x, &x), Err(AttnError::ShapeMismatch { .. })));
+    // k with another sequence length (self-attention).
+    let qv = TensorView::contiguous(TensorName::Query, &x, s).unwrap();
+    let s2 = Shape4::new(1, 4, 2, 4).unwrap();
+    let kv = TensorView::contiguous(TensorName::Key, &x[..32], s2).unwrap();
+    let mut out = vec![0.0f32; s.numel()];
+    let mut lse = vec![0.0f32; s.lse_len()];
+    let ov = TensorViewMut::contiguous(TensorName::Output, &mut out, s).unwrap();
+    assert!(matches!(be.forward(&cfg, qv, kv, kv, ov, &mut lse), Err(AttnError::ShapeMismatch { .. })));
+    // Output of another shape, LSE of the wrong length.
+    let ov = TensorViewMut::contiguous(TensorName::Output, &mut out[..32], s2).unwrap();
+    assert!(matches!(be.forward(&cfg, qv, qv, qv, ov, &mut lse), Err(AttnError::ShapeMismatch { .. })));
+    let ov = TensorViewMut::contiguous(TensorName::Output, &mut out, s).unwrap();
+    assert!(matches!(be.forward(&cfg, qv, qv, qv, ov, &mut lse[..15]), Err(AttnError::ShapeMismatch { .. })));
+    // Backward: wrong LSE length and grad_out shape.
+    let (o, l) = be.forward_vec(&cfg, s, &x, &x, &x).unwrap();
+    assert!(be.backward_vec(&cfg, s, &x, &x, &x, &o, &l[..15], &x).is_err());
+    assert!(be.backward_vec(&cfg, s, &x, &x, &x, &o, &l, &x[..60]).is_err());
+    // A scale that is positive in f64 but zero in f32.
+    let tiny = DilatedConfig::builder().segments(&[4]).dilations(&[1]).scale(1e-300).build().unwrap();
+    assert!(matches!(be.forward_vec(&tiny, s, &x, &x, &x), Err(AttnError::InvalidScale(_))));
+}
