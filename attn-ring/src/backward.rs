@@ -5,10 +5,10 @@
 use attn_core::error::TensorName;
 use attn_core::{Element, Result, TensorView, TensorViewMut};
 
-use crate::block_math::{GradRows, KeyBlock, attend_backward};
+use crate::block_math::{GradRows, attend_backward};
 use crate::comm::Communicator;
 use crate::entry::{Prepared, RingStats, check_out, finish, prepare};
-use crate::forward::{Partial, Selection, all_pairs, forward_core, own_keys, restep};
+use crate::forward::{Partial, all_pairs, forward_core, restep};
 use crate::local::{Block, Local, mask_of, split_heads};
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::wire::{MsgKind, Reader, begin, put_f32s};
@@ -82,26 +82,19 @@ impl Ctx<'_> {
     }
 
     /// This rank's share of the gradients of `blk`; dq accumulates in place.
-    fn block_backward(
-        &self,
-        sel: &mut Selection,
-        pairs: &[PatternHead],
-        blk: &Block,
-        dq: &mut [Vec<f32>],
-    ) -> BlockGrads {
+    fn block_backward(&self, pairs: &[PatternHead], blk: &Block, dq: &mut [Vec<f32>]) -> Result<BlockGrads> {
         let local = self.local;
         let mut bg = BlockGrads::zeros(blk, local.d, local.batch);
         for (i, ph) in pairs.iter().enumerate() {
-            let s = sel.get(local, ph).to_vec();
             for b in 0..local.batch {
                 let bh = local.bh(b, ph.head);
                 let j = b * pairs.len() + i;
                 let m = mask_of(self.plan, ph);
                 let (dk, dv) = (&mut bg.dk[j], &mut bg.dv[j]);
-                attend_backward(local.q_rows(bh), &s, blk.keys(b, i), m, self.grad_rows(bh), &mut dq[bh], dk, dv);
+                attend_backward(local.q_rows(bh), blk.keys(b, i), m, self.grad_rows(bh), &mut dq[bh], dk, dv)?;
             }
         }
-        bg
+        Ok(bg)
     }
 
     /// Add a block's dk/dv into this rank's own rows at the block's positions.
@@ -149,7 +142,6 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     let ctx = Ctx { plan, local, lse: &fwd.lse, g, delta };
     let zeros = || vec![vec![0.0f32; nl * d]; batch * local.heads];
     let mut grads = Grads { dq: zeros(), dk: zeros(), dv: zeros() };
-    let mut sel = Selection::default();
 
     // All-gather patterns: k/v out, dk/dv back.
     let gh = &plan.gather_heads;
@@ -167,7 +159,7 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     for (&src, bytes) in srcs.iter().zip(gathered) {
         let pos = gh.iter().map(|ph| plan.gather_positions(src, r, ph)).collect();
         let blk = Block::decode::<T>(&bytes, MsgKind::GatherKv, src, 0, r, batch, d, pos)?;
-        let bg = ctx.block_backward(&mut sel, gh, &blk, &mut grads.dq);
+        let bg = ctx.block_backward(gh, &blk, &mut grads.dq)?;
         back.push((src, bg.encode(MsgKind::GatherGrad, src, 0)));
     }
     let returned = comm.exchange(back, &dests)?;
@@ -189,16 +181,11 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
 
     // Own rows, every pattern of every head.
     for (ph, _) in all_pairs(plan) {
-        let s = sel.get(local, &ph).to_vec();
         for b in 0..batch {
             let bh = local.bh(b, ph.head);
-            let (pos, k, v) = own_keys(local, bh, &s);
-            let (mut dk, mut dv) = (vec![0.0; k.len()], vec![0.0; v.len()]);
-            let keys = KeyBlock { pos: &pos, k: &k, v: &v };
             let m = mask_of(plan, &ph);
-            attend_backward(local.q_rows(bh), &s, keys, m, ctx.grad_rows(bh), &mut grads.dq[bh], &mut dk, &mut dv);
-            scatter_add(&mut grads.dk[bh], &s, &dk, d);
-            scatter_add(&mut grads.dv[bh], &s, &dv, d);
+            let (dq, dk, dv) = (&mut grads.dq[bh], &mut grads.dk[bh], &mut grads.dv[bh]);
+            attend_backward(local.q_rows(bh), local.own_keys(bh), m, ctx.grad_rows(bh), dq, dk, dv)?;
         }
     }
 
@@ -215,7 +202,7 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
         let pos = rh.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
         let blk = Block::decode::<T>(&bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?;
         let mut bg = if plan.ring_need(owner, r) {
-            ctx.block_backward(&mut sel, rh, &blk, &mut grads.dq)
+            ctx.block_backward(rh, &blk, &mut grads.dq)?
         } else {
             BlockGrads::zeros(&blk, d, batch)
         };

@@ -1,12 +1,10 @@
 //! Distributed forward: local patterns, all-gathered blocks and ring blocks are
 //! LSE-merged into per-row accumulators; `ring_forward` is the public entry.
 
-use std::collections::HashMap;
-
 use attn_core::error::TensorName;
 use attn_core::{Element, Result, TensorView, TensorViewMut};
 
-use crate::block_math::{KeyBlock, attend_forward};
+use crate::block_math::attend_forward;
 use crate::comm::Communicator;
 use crate::entry::{Prepared, RingStats, check_out, finish, prepare};
 use crate::local::{Block, Local, mask_of};
@@ -18,16 +16,6 @@ use crate::wire::{MsgKind, Reader};
 pub(crate) struct Partial {
     pub o: Vec<Vec<f32>>,
     pub lse: Vec<Vec<f32>>,
-}
-
-/// Cache of the local rows each (pattern, offset) selects.
-#[derive(Debug, Default)]
-pub(crate) struct Selection(HashMap<(usize, usize), Vec<usize>>);
-
-impl Selection {
-    pub fn get(&mut self, local: &Local, ph: &PatternHead) -> &[usize] {
-        self.0.entry((ph.pattern, ph.pat.off)).or_insert_with(|| local.selected(ph))
-    }
 }
 
 /// Every (pattern, head) pair each head runs, with the head's out_scale.
@@ -50,12 +38,6 @@ pub(crate) fn restep(mut bytes: Vec<u8>, step: usize) -> Vec<u8> {
     bytes
 }
 
-/// Own rows of a pair as a key block (positions, k, v).
-pub(crate) fn own_keys(local: &Local, bh: usize, sel: &[usize]) -> (Vec<usize>, Vec<f32>, Vec<f32>) {
-    let pos = sel.iter().map(|&j| local.pos[j]).collect();
-    (pos, local.gather(&local.k[bh], sel), local.gather(&local.v[bh], sel))
-}
-
 /// The forward on this rank: every message of the plan, every block merged.
 pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
@@ -66,7 +48,6 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     let (nl, d, batch) = (local.rows(), local.d, local.batch);
     let mut o = vec![vec![0.0f32; nl * d]; batch * local.heads];
     let mut lse = vec![vec![f32::NEG_INFINITY; nl]; batch * local.heads];
-    let mut sel = Selection::default();
 
     // All-gather patterns: one direct exchange with the ranks sharing segments.
     let gh = &plan.gather_heads;
@@ -89,19 +70,16 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
 
     // Own rows, every pattern of every head.
     for (ph, _) in all_pairs(plan) {
-        let s = sel.get(local, &ph).to_vec();
         for b in 0..batch {
             let bh = local.bh(b, ph.head);
-            let (pos, k, v) = own_keys(local, bh, &s);
-            let keys = KeyBlock { pos: &pos, k: &k, v: &v };
-            attend_forward(local.q_rows(bh), &s, keys, mask_of(plan, &ph), &mut o[bh], &mut lse[bh]);
+            attend_forward(local.q_rows(bh), local.own_keys(bh), mask_of(plan, &ph), &mut o[bh], &mut lse[bh])?;
         }
     }
 
     for (&src, bytes) in srcs.iter().zip(gathered) {
         let pos = gh.iter().map(|ph| plan.gather_positions(src, r, ph)).collect();
         let blk = Block::decode::<T>(&bytes, MsgKind::GatherKv, src, 0, r, batch, d, pos)?;
-        merge_block(plan, local, &mut sel, gh, &blk, &mut o, &mut lse);
+        merge_block(plan, local, gh, &blk, &mut o, &mut lse)?;
     }
 
     for t in 1..=plan.ring_steps() {
@@ -116,7 +94,7 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
         if plan.ring_need(owner, r) {
             let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
             let blk = Block::decode::<T>(&bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?;
-            merge_block(plan, local, &mut sel, &plan.ring_heads, &blk, &mut o, &mut lse);
+            merge_block(plan, local, &plan.ring_heads, &blk, &mut o, &mut lse)?;
         } else {
             Reader::open(&bytes, MsgKind::RingKv, owner, t, r)?;
         }
@@ -136,19 +114,18 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
 fn merge_block(
     plan: &Plan,
     local: &Local,
-    sel: &mut Selection,
     pairs: &[PatternHead],
     blk: &Block,
     o: &mut [Vec<f32>],
     lse: &mut [Vec<f32>],
-) {
+) -> Result<()> {
     for (i, ph) in pairs.iter().enumerate() {
-        let s = sel.get(local, ph).to_vec();
         for b in 0..local.batch {
             let bh = local.bh(b, ph.head);
-            attend_forward(local.q_rows(bh), &s, blk.keys(b, i), mask_of(plan, ph), &mut o[bh], &mut lse[bh]);
+            attend_forward(local.q_rows(bh), blk.keys(b, i), mask_of(plan, ph), &mut o[bh], &mut lse[bh])?;
         }
     }
+    Ok(())
 }
 
 /// Forward of dilated attention with the sequence split over the ranks of `comm`.

@@ -75,9 +75,9 @@ impl Local {
         positions.iter().map(|p| self.pos.partition_point(|&x| x < *p)).collect()
     }
 
-    /// Local indices of rows the pattern selects.
-    pub fn selected(&self, ph: &PatternHead) -> Vec<usize> {
-        (0..self.pos.len()).filter(|&j| ph.pat.is_selected(self.pos[j])).collect()
+    /// All of this rank's k/v rows of (batch, head) as a key block (the kernel selects).
+    pub fn own_keys(&self, bh: usize) -> KeyBlock<'_> {
+        KeyBlock { pos: &self.pos, k: &self.k[bh], v: &self.v[bh] }
     }
 
     /// Copy rows `idx` of `src` into a contiguous buffer.
