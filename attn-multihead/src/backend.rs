@@ -122,7 +122,10 @@ impl<F: LayerFloat> AttentionBackend<F> for ReferenceBackend {
     }
 }
 
-fn reborrow<'a, F: LayerFloat>(name: TensorName, v: &'a mut TensorViewMut<'_, F>) -> Result<TensorViewMut<'a, F>> {
+pub(crate) fn reborrow<'a, F: LayerFloat>(
+    name: TensorName,
+    v: &'a mut TensorViewMut<'_, F>,
+) -> Result<TensorViewMut<'a, F>> {
     let (shape, strides) = (v.shape(), v.strides());
     TensorViewMut::strided(name, v.data_mut(), shape, strides)
 }
