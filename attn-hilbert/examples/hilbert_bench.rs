@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release -p attn-hilbert --example hilbert_bench`
 
-use attn_hilbert::bench::{measure_generation, measure_permute};
+use attn_hilbert::bench::{measure_generation, measure_permute, standard_report};
 use attn_hilbert::{Grid, OrderKind, TokenOrder, locality};
 
 fn main() -> attn_core::Result<()> {
@@ -32,6 +32,14 @@ fn main() -> attn_core::Result<()> {
             t.in_place_fraction()
         );
     }
+    let r = standard_report(5)?;
+    println!(
+        "standard: hilbert 1024x1024 {:.2} ms, 128x128x64 {:.2} ms, permute [1,16384,512] f32 {:.2} of copy ({:.1} GB/s copy)",
+        r.generate_2d_s * 1e3,
+        r.generate_3d_s * 1e3,
+        r.permute.apply_fraction(),
+        r.permute.copy_gbps()
+    );
     for (h, w) in [(64, 64), (96, 80), (17, 31)] {
         for seg in [64, 256] {
             let mut line = format!("locality {h}x{w} seg {seg:>3}:");

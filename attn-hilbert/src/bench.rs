@@ -89,3 +89,40 @@ pub fn measure_permute(order: &TokenOrder, batch: usize, token_len: usize, reps:
     let in_place_s = best_of(reps, || perm.apply_in_place(&layout, black_box(&mut dst)))?;
     Ok(PermuteTiming { bytes, copy_s, apply_s, unapply_s, in_place_s })
 }
+
+/// The numbers `cargo xtask bench --case hilbert` reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HilbertReport {
+    /// Seconds to generate the Hilbert order of a 1024x1024 grid (uncached).
+    pub generate_2d_s: f64,
+    /// Seconds to generate the Hilbert order of a 128x128x64 volume (uncached).
+    pub generate_3d_s: f64,
+    /// Permuting a `[1, 128*128, 512]` f32 tensor (32 MiB) by the 128x128 Hilbert order.
+    pub permute: PermuteTiming,
+}
+
+/// Measure the standard case (about a second on one core with `reps = 5`).
+pub fn standard_report(reps: usize) -> Result<HilbertReport> {
+    let generate_2d_s = measure_generation(OrderKind::Hilbert, Grid::new_2d(1024, 1024)?, reps)?;
+    let generate_3d_s = measure_generation(OrderKind::Hilbert, Grid::new_3d(64, 128, 128)?, reps)?;
+    let order = TokenOrder::generate_uncached(OrderKind::Hilbert, Grid::new_2d(128, 128)?)?;
+    let permute = measure_permute(&order, 1, 512, reps)?;
+    Ok(HilbertReport { generate_2d_s, generate_3d_s, permute })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measurements_are_positive_and_finite() {
+        let g = Grid::new_2d(8, 8).unwrap();
+        assert!(measure_generation(OrderKind::Hilbert, g, 1).unwrap() > 0.0);
+        let t = measure_permute(&TokenOrder::hilbert_2d(8, 8).unwrap(), 2, 4, 1).unwrap();
+        assert_eq!(t.bytes, 2 * 64 * 4 * 4);
+        for x in [t.copy_s, t.apply_s, t.unapply_s, t.in_place_s] {
+            assert!(x.is_finite() && x >= 0.0);
+        }
+        assert!(measure_permute(&TokenOrder::hilbert_2d(8, 8).unwrap(), 0, 4, 1).is_err());
+    }
+}

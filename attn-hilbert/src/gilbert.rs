@@ -232,38 +232,55 @@ impl Walk<'_> {
     /// of two `u`, cutting only at multiples of `u` wherever the cut pieces are at
     /// least one `u x u` tile wide, so that aligned tiles are visited whole (a
     /// standard Hilbert curve each) and segments of `u*u` tokens are squares.
-    fn aligned_2d(&mut self, p: V, alpha: V, beta: V, u: i64) {
+    /// With `thick = Some(c)` the rectangle is a slab `u` cells thick along `c`
+    /// and its tiles are `u x u x u` cubes (used by [`Walk::aligned_3d`]).
+    fn aligned_2d(&mut self, p: V, alpha: V, beta: V, thick: Option<V>, u: i64) {
         let (ac, bc) = (len(alpha) / u, len(beta) / u);
         if u == 1 || (ac == 1 && bc == 1) {
-            return self.curve_2d(p, alpha, beta);
+            return self.leaf(p, alpha, beta, thick);
         }
         let (ca, cb) = (div(alpha, u), div(beta, u));
         if 2 * ac > 3 * bc {
             let alpha2 = scale(half_even(ca), u);
-            self.aligned_2d(p, alpha2, beta, u);
-            self.aligned_2d(add(p, alpha2), sub(alpha, alpha2), beta, u);
+            self.aligned_2d(p, alpha2, beta, thick, u);
+            self.aligned_2d(add(p, alpha2), sub(alpha, alpha2), beta, thick, u);
             return;
         }
         if ac == 1 {
             // A one-tile-wide strip must go up and come back inside the strip.
-            return self.curve_2d(p, alpha, beta);
+            return self.leaf(p, alpha, beta, thick);
         }
         let (da, db) = (unit(alpha), unit(beta));
         let alpha2 = scale(div(ca, 2), u);
         let beta2 = scale(half_even(cb), u);
-        self.aligned_2d(p, beta2, alpha2, u);
-        self.aligned_2d(add(p, beta2), alpha, sub(beta, beta2), u);
+        self.aligned_2d(p, beta2, alpha2, thick, u);
+        self.aligned_2d(add(p, beta2), alpha, sub(beta, beta2), thick, u);
         let back = add(p, add(sub(alpha, da), sub(beta2, db)));
-        self.aligned_2d(back, neg(beta2), sub(alpha2, alpha), u);
+        self.aligned_2d(back, neg(beta2), sub(alpha2, alpha), thick, u);
+    }
+
+    /// The unaligned curve on a rectangle, or on a slab `thick` cells thick.
+    fn leaf(&mut self, p: V, alpha: V, beta: V, thick: Option<V>) {
+        match thick {
+            None => self.curve_2d(p, alpha, beta),
+            Some(c) => self.curve_3d(p, alpha, beta, c),
+        }
     }
 
     /// [`Walk::curve_3d`] on a box whose sides are multiples of `u` (as
-    /// [`Walk::aligned_2d`]); boxes less than two tiles thick along some axis fall
-    /// back to the unaligned curve.
+    /// [`Walk::aligned_2d`]). A box one tile thick along beta or gamma is a slab
+    /// of tiles; one tile thick along alpha (the curve must come back next to its
+    /// start) falls back to the unaligned curve.
     fn aligned_3d(&mut self, p: V, alpha: V, beta: V, gamma: V, u: i64) {
         let (ac, bc, gc) = (len(alpha) / u, len(beta) / u, len(gamma) / u);
-        if u == 1 || (ac == 1 && bc == 1 && gc == 1) || ac.min(bc).min(gc) < 2 {
+        if u == 1 || ac == 1 {
             return self.curve_3d(p, alpha, beta, gamma);
+        }
+        if gc == 1 {
+            return self.aligned_2d(p, alpha, beta, Some(gamma), u);
+        }
+        if bc == 1 {
+            return self.aligned_2d(p, alpha, gamma, Some(beta), u);
         }
         let (ca, cb, cg) = (div(alpha, u), div(beta, u), div(gamma, u));
         let (da, db, dg) = (unit(alpha), unit(beta), unit(gamma));
@@ -340,20 +357,20 @@ pub(crate) fn hilbert_indices(depth: usize, height: usize, width: usize, out: &m
     let mut walk = Walk { out, stride: [1, w, w * h] };
     let mut axes: Vec<V> = [[w, 0, 0], [0, h, 0], [0, 0, d]].into_iter().filter(|a| len(*a) > 1).collect();
     axes.sort_by_key(|a| std::cmp::Reverse(len(*a))); // stable: ties keep width first
+    let lens: Vec<i64> = axes.iter().map(|a| len(*a)).collect();
+    let u = common_pow2(&lens);
     // The curve ends next to its start along the first axis; when that axis is
-    // odd and the token count even, parity forces a diagonal step. Leading with
-    // the longest even axis (when there is one) avoids it.
-    if let Some(i) = axes.iter().position(|a| len(*a) % 2 == 0) {
+    // odd and the cell count even, parity forces a diagonal step. Leading with
+    // the longest axis that is even in tiles of `u` (when there is one) avoids it,
+    // for the cells and for the tiles.
+    if let Some(i) = axes.iter().position(|a| (len(*a) / u) % 2 == 0) {
         let even = axes.remove(i);
         axes.insert(0, even);
     }
-    let lens: Vec<i64> = axes.iter().map(|a| len(*a)).collect();
-    let u = common_pow2(&lens);
     match axes[..] {
         [] => walk.emit([0, 0, 0]),
         [a] => walk.line([0, 0, 0], unit(a), len(a)),
-        [a, b] => walk.aligned_2d([0, 0, 0], a, b, u),
-        [a, b, c] => walk.aligned_3d([0, 0, 0], a, b, c, u),
-        _ => unreachable!("at most three axes"),
+        [a, b] => walk.aligned_2d([0, 0, 0], a, b, None, u),
+        [a, b, c, ..] => walk.aligned_3d([0, 0, 0], a, b, c, u),
     }
 }

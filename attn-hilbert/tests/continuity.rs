@@ -109,3 +109,44 @@ proptest! {
         assert_continuous(Grid::new_3d(d, h, w).unwrap());
     }
 }
+
+#[test]
+fn power_of_two_factors_keep_tiles_whole_and_stay_continuous() {
+    for (h, w) in [(96, 80), (64, 48), (48, 80), (192, 64), (16, 400), (16, 48), (48, 16), (24, 40)] {
+        assert_continuous(Grid::new_2d(h, w).unwrap());
+    }
+    for (d, h, w) in [(32, 48, 64), (16, 32, 48), (8, 24, 40), (12, 20, 28), (16, 16, 48), (16, 48, 16), (64, 16, 16)] {
+        assert_continuous(Grid::new_3d(d, h, w).unwrap());
+    }
+    // 32x48x64 (every side a multiple of 16): each run of 512 positions is an aligned 8x8x8 cube.
+    let o = TokenOrder::hilbert_3d(32, 48, 64).unwrap();
+    for seg in 0..o.len() / 512 {
+        let first = o.coords_at(seg * 512).unwrap().map(|c| c / 8);
+        assert!((seg * 512..seg * 512 + 512).all(|i| o.coords_at(i).unwrap().map(|c| c / 8) == first), "segment {seg}");
+    }
+}
+
+/// Whether every run of `t^rank` positions is an aligned `t`-tile.
+fn tiles_whole(o: &TokenOrder, t: usize) -> bool {
+    let run = if o.grid().rank() == 2 { t * t } else { t * t * t };
+    (0..o.len() / run).all(|s| {
+        let first = o.coords_at(s * run).unwrap().map(|c| c / t);
+        (s * run..s * run + run).all(|i| o.coords_at(i).unwrap().map(|c| c / t) == first)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 100, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tiles_of_the_common_power_of_two_are_visited_whole_2d(h in 1usize..16, w in 1usize..16) {
+        let o = TokenOrder::hilbert_2d(8 * h, 8 * w).unwrap();
+        prop_assert!(tiles_whole(&o, 8));
+    }
+
+    #[test]
+    fn tiles_of_the_common_power_of_two_are_visited_whole_3d(d in 1usize..6, h in 1usize..6, w in 1usize..6) {
+        let o = TokenOrder::hilbert_3d(4 * d, 4 * h, 4 * w).unwrap();
+        prop_assert!(tiles_whole(&o, 4));
+    }
+}
