@@ -8,6 +8,15 @@ use attn_core::{DilatedConfig, Element, Shape4};
 use attn_kernels::{CpuBackend, Isa, model_flops};
 use half::{bf16, f16};
 
+/// CPU seconds this process has used (user + system, from /proc; 0 where unavailable).
+/// On a shared machine, FLOP per CPU-second is steadier than per wall-second.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| f.iter().filter_map(|x| x.parse::<f64>().ok()).sum());
+    ticks / 100.0
+}
+
 fn run<T: Element>(seq: usize, threads: usize, causal: bool, backward: bool, isa: Option<Isa>) {
     let cfg =
         DilatedConfig::builder().segments(&[2048, 4096, 8192]).dilations(&[1, 2, 4]).causal(causal).build().unwrap();
@@ -31,6 +40,7 @@ fn run<T: Element>(seq: usize, threads: usize, causal: bool, backward: bool, isa
     }
     let flops = model_flops(&cfg, shape, backward);
     let mut times = Vec::new();
+    let cpu0 = cpu_seconds();
     let (out, lse) = be.forward_vec(&cfg, shape, &q, &k, &v).unwrap();
     for _ in 0..5 {
         let t = Instant::now();
@@ -41,16 +51,18 @@ fn run<T: Element>(seq: usize, threads: usize, causal: bool, backward: bool, isa
         }
         times.push(t.elapsed().as_secs_f64());
     }
+    let cpu = (cpu_seconds() - cpu0) / times.len() as f64;
     times.sort_by(f64::total_cmp);
     let med = times[times.len() / 2];
     println!(
-        "{} seq={seq} threads={} isa={} causal={causal} backward={backward}: median {:.2} ms, {:.1} GFLOP/s (model {:.3} GFLOP)",
+        "{} seq={seq} threads={} isa={} causal={causal} backward={backward}: median {:.2} ms, {:.1} GFLOP/s (model {:.3} GFLOP); {:.1} GFLOP per CPU-second",
         T::DTYPE.as_str(),
         be.threads(),
         be.isa().as_str(),
         med * 1e3,
         flops / med / 1e9,
-        flops / 1e9
+        flops / 1e9,
+        flops / cpu / 1e9
     );
 }
 

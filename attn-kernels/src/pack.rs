@@ -43,7 +43,8 @@ pub(crate) fn pack_rows<T: Element>(
 }
 
 /// `dst[e*width + j] = mul * rows[start + j][e]` for `j < len`; zero for `len <= j < width`
-/// and for `d <= e < dp`.
+/// and for `d <= e < dp`. Works on groups of 8 rows so that every store run is 8
+/// contiguous floats.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pack_transposed<T: Element>(
     rows: &PieceRows<'_, T>,
@@ -55,11 +56,23 @@ pub(crate) fn pack_transposed<T: Element>(
     mul: f32,
     dst: &mut [f32],
 ) {
+    const G: usize = 8;
     let dst = &mut dst[..dp * width];
     if len < width || d < dp {
         dst.fill(0.0);
     }
-    for j in 0..len {
+    let mut j0 = 0;
+    while j0 + G <= len {
+        let src: [&[T]; G] = std::array::from_fn(|jj| rows.row(start + j0 + jj, d));
+        for (e, out) in dst.chunks_exact_mut(width).take(d).enumerate() {
+            let out: &mut [f32; G] = (&mut out[j0..j0 + G]).try_into().expect("G floats");
+            for jj in 0..G {
+                out[jj] = mul * src[jj][e].to_f32();
+            }
+        }
+        j0 += G;
+    }
+    for j in j0..len {
         for (e, x) in rows.row(start + j, d).iter().enumerate() {
             dst[e * width + j] = mul * x.to_f32();
         }
