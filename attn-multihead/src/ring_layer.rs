@@ -140,7 +140,7 @@ pub fn all_reduce_grads<F: LayerFloat, C: Communicator + ?Sized>(
             let at = offset + i * size;
             *x = all.iter().fold(F::zero(), |acc, b| acc + F::from_le(&b[at..at + size]));
         }
-        offset += p.data.len() * size;
+        offset += std::mem::size_of_val(&*p.data);
     }
     Ok(())
 }
