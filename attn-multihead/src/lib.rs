@@ -17,6 +17,7 @@ pub mod layer_norm;
 mod matmul;
 pub mod projection;
 pub mod ring_layer;
+pub mod token_order;
 pub mod weights;
 pub mod weights_io;
 
@@ -32,6 +33,7 @@ pub use layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};
 pub use layer_norm::{LayerNorm, NormStats};
 pub use projection::Linear;
 pub use ring_layer::{RingBackend, all_reduce_grads, ring_layer};
+pub use token_order::OrderedAttention;
 pub use weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 pub use weights_io::{
     ExtraTensors, F32Tensors, TensorSource, load_bytes, load_file, load_params, save_bytes, save_file,
