@@ -6,61 +6,7 @@
 // zero-filled past the block or past head_dim (D is head_dim rounded up). S = Q K^T and
 // O += P V use mma.sync.m16n8k16 with the accumulators in registers (FlashAttention-2
 // style online softmax), then the tile is LSE-merged into the f32 partial.
-//
-// Fragment layout of mma.m16n8k16 (g = lane / 4, c = lane % 4):
-//   A (16x16, row): a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g, 2c+8..), a3 = (g+8, 2c+8..)
-//   B (16x8, col):  b0 = (k 2c..2c+1, n g), b1 = (k 2c+8.., n g)
-//   C (16x8, f32):  c0, c1 = (g, 2c..2c+1), c2, c3 = (g+8, 2c..2c+1)
-
-__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b, BF16E) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b, F16E) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-template <class E>
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-    return (u32)E::from_f(lo) | ((u32)E::from_f(hi) << 16);
-}
-
-__device__ __forceinline__ u32 lds32(const u16* p) { return *reinterpret_cast<const u32*>(p); }
-
-// Load `rows` gathered rows (selected indices t0.. of pattern p, valid while < t_hi) of a
-// block into shared memory tile `dst` ([rows][LD], u16), zero-filling invalid rows and
-// columns >= d. `base` points at (batch, row 0, head) of the block.
-template <int D, int LD>
-__device__ __forceinline__ void load_tile(u16* dst, int rows, const u16* base, i64 row_stride, const Pattern& p,
-                                          i64 t0, i64 t_hi, i64 pos0, i64 d, bool vec) {
-    if (vec) {  // d % 8 == 0, strides % 8 == 0: 16-byte chunks
-        constexpr int CH = D / 8;
-        for (int i = threadIdx.x; i < rows * CH; i += blockDim.x) {
-            const int row = i / CH, ch = i % CH;
-            const i64 t = t0 + row;
-            uint4 val = make_uint4(0u, 0u, 0u, 0u);
-            if (t < t_hi && ch * 8 < d)
-                val = *reinterpret_cast<const uint4*>(base + (sel_pos(p, t) - pos0) * row_stride + ch * 8);
-            *reinterpret_cast<uint4*>(dst + row * LD + ch * 8) = val;
-        }
-    } else {
-        for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
-            const int row = i / D, col = i % D;
-            const i64 t = t0 + row;
-            u16 val = 0;
-            if (t < t_hi && col < d) val = base[(sel_pos(p, t) - pos0) * row_stride + col];
-            dst[row * LD + col] = val;
-        }
-    }
-}
+// Fragment layouts: see mma_tiles.cu.
 
 template <class E, int D, int BN>
 __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, float* lse_acc, const AttnParams& a) {
@@ -69,6 +15,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     u16* sQ = reinterpret_cast<u16*>(smem_raw);
     u16* sK = sQ + BM * LD;
     u16* sV = sK + BN * LD;
+    __shared__ i64 s_qrows[BM], s_krows[BN];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const i64 h = a.head0 + blockIdx.y, b = blockIdx.z;
@@ -81,7 +28,9 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     i64 kb_hi = min64(sel_below(p, a.k_start + a.nk), (t_last / p.per_seg + 1) * p.per_seg);
     if (a.causal) kb_hi = min64(kb_hi, t_last + 1);
 
-    load_tile<D, LD>(sQ, BM, q + b * a.q_sb + h * a.q_sh, a.q_ss, p, t0, q_hi, a.q_start, a.d, a.vec & 1);
+    gather_rows(s_qrows, BM, p, t0, q_hi, a.q_start);
+    __syncthreads();
+    load_tile<D, LD>(sQ, s_qrows, BM, q + b * a.q_sb + h * a.q_sh, a.q_ss, a.d, a.vec & 1);
 
     // This thread's two query rows (in the tile) and their selected indices / segments.
     const int r0 = warp * 16 + g;
@@ -95,9 +44,12 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
 
     for (i64 kt0 = kb_lo; kt0 < kb_hi; kt0 += BN) {
         __syncthreads();  // the previous K/V tile is consumed (and sQ is written, first time)
-        load_tile<D, LD>(sK, BN, k + b * a.k_sb + h * a.k_sh, a.k_ss, p, kt0, kb_hi, a.k_start, a.d, a.vec & 2);
-        load_tile<D, LD>(sV, BN, v + b * a.v_sb + h * a.v_sh, a.v_ss, p, kt0, kb_hi, a.k_start, a.d, a.vec & 4);
+        gather_rows(s_krows, BN, p, kt0, kb_hi, a.k_start);
         __syncthreads();
+        load_tile<D, LD>(sK, s_krows, BN, k + b * a.k_sb + h * a.k_sh, a.k_ss, a.d, a.vec & 2);
+        load_tile<D, LD>(sV, s_krows, BN, v + b * a.v_sb + h * a.v_sh, a.v_ss, a.d, a.vec & 4);
+        __syncthreads();
+        const bool full = full_tile(p, t0, BM, q_hi, kt0, BN, kb_hi, a.causal);
 
         float s[NS][4];
 #pragma unroll
@@ -123,7 +75,8 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const i64 tk = kt0 + j * 8 + 2 * c + e;
-                    const bool ok = tq[i] <= t_last && tk < kb_hi && tk / p.per_seg == sq[i] && (!a.causal || tk <= tq[i]);
+                    const bool ok = full || (tq[i] <= t_last && tk < kb_hi && tk / p.per_seg == sq[i] &&
+                                             (!a.causal || tk <= tq[i]));
                     const float x = ok ? s[j][2 * i + e] * a.scale : NEG_INF;
                     s[j][2 * i + e] = x;
                     mx = fmaxf(mx, x);
@@ -170,7 +123,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     }
 
     // Row sums live in the 4 threads of a group; merge the tile into the partial.
-    float lse[2], inv[2], wa[2], wb[2], merged[2];
+    float lse[2], inv[2], wa[2] = {0.f, 0.f}, wb[2] = {0.f, 0.f}, merged[2] = {NEG_INF, NEG_INF};
     i64 ri[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -180,7 +133,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
         inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
         ri[i] = -1;
         if (tq[i] <= t_last) {
-            ri[i] = (b * a.nq + (sel_pos(p, tq[i]) - a.q_start)) * a.heads + h;
+            ri[i] = (b * a.nq + s_qrows[r0 + 8 * i]) * a.heads + h;
             lse_merge(lse_acc[ri[i]], lse[i], &merged[i], &wa[i], &wb[i]);
         }
     }
@@ -202,7 +155,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
 }
 
 // Shared memory of one block (bytes); mirrored by `mma_smem_bytes` in src/cuda/plan.rs.
-#define MMA_SMEM(D, BN) ((64 + 2 * (BN)) * ((D) + 8) * 2)
+#define MMA_SMEM(D, BN) ((64 + 2 * (BN)) * ((D) + 8) * 2)  // dynamic; plus 1 KiB static row indices
 
 #define ATTN_MMA_KERNEL(NAME, E, D, BN)                                                                    \
     extern "C" __global__ void __launch_bounds__(128) dilated_fwd_mma_##NAME##_d##D(                       \

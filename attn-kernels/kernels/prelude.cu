@@ -36,7 +36,7 @@ struct AttnParams {
     float scale;           // softmax scale
     float out_scale;       // the head's output scale (backward only)
     int causal;
-    int vec;               // bit 0: q, bit 1: k, bit 2: v rows allow 16-byte loads
+    int vec;               // bit 0: q, 1: k, 2: v, 3: grad_out rows allow 16-byte loads
 };
 
 // Parameters of the row-wise epilogue kernels; mirrored by `RowParams`.

@@ -9,8 +9,10 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use attn_kernels::cuda::nvrtc_present;
-use attn_kernels::cuda::plan::{mma_block_n, mma_smem_bytes};
-use attn_kernels::cuda::source::{MMA_HEAD_DIMS, full_source, kernel_names, mma_kernel_name, nvrtc_options};
+use attn_kernels::cuda::plan::{mma_bwd_smem_bytes, mma_smem_bytes};
+use attn_kernels::cuda::source::{
+    MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, full_source, kernel_names, mma_bwd_kernel_name, mma_kernel_name, nvrtc_options,
+};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 #[derive(Debug, Default, Clone)]
@@ -84,11 +86,17 @@ fn parse_ptxas(text: &str) -> Vec<(String, KernelReport)> {
     out
 }
 
+/// Dynamic shared memory a kernel is launched with (0 for the row kernels).
 fn dynamic_smem(name: &str) -> usize {
     for t in ["f16", "bf16"] {
         for d in MMA_HEAD_DIMS {
             if name == mma_kernel_name(t, d) {
                 return mma_smem_bytes(d);
+            }
+        }
+        for d in MMA_BWD_HEAD_DIMS {
+            if name == mma_bwd_kernel_name(t, d) {
+                return mma_bwd_smem_bytes(d);
             }
         }
     }
@@ -162,7 +170,6 @@ fn run() -> Result<(), String> {
             }
         }
     }
-    let _ = mma_block_n; // the tile sizes are printed through mma_smem_bytes
     if failures.is_empty() {
         println!("attn-ptx: {} kernels x {} archs compiled and assembled, no spills", expected.len(), args.archs.len());
         Ok(())

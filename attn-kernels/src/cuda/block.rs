@@ -13,7 +13,10 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::device::CudaDevice;
 use super::launch::launch;
 use super::params::{AttnParams, strides3};
-use super::plan::{ForwardKernel, MMA_BLOCK_M, PatternLaunch, THREADS, forward_kernel, out_scale, pattern_launches};
+use super::plan::{
+    BackwardKernel, ForwardKernel, MMA_BLOCK_M, PatternLaunch, THREADS, backward_kernel, forward_kernel, out_scale,
+    pattern_launches,
+};
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{CudaElement, DeviceGrads, DevicePartial, DeviceTensor, check_len};
 
@@ -208,25 +211,44 @@ pub fn backward_block<T: CudaElement>(
     check_len(TensorName::GradQuery, grads.dq.len(), q.shape.numel())?;
     check_len(TensorName::GradKey, grads.dk.len(), k.shape.numel())?;
     check_len(TensorName::GradValue, grads.dv.len(), k.shape.numel())?;
-    let f_dq = dev.function(&format!("dilated_bwd_dq_rows_{}", T::SUFFIX), 0)?;
-    let f_dkv = dev.function(&format!("dilated_bwd_dkv_rows_{}", T::SUFFIX), 0)?;
+    let kernel = backward_kernel(T::DTYPE, T::SUFFIX, q.shape.head_dim);
     let warps = (THREADS / 32) as usize;
+    let g_vec = i32::from(super::plan::vec_loads_ok(q.shape.head_dim, grad_out.strides)) << 3;
     for pl in pattern_launches(cfg, q.shape.heads) {
         let mut params = base_params(cfg, q, k, v, q_start, k_start, &pl);
         [params.g_sb, params.g_ss, params.g_sh] = strides3(grad_out.strides);
-        if let Some(lc) = grid(pl.max_selected(q_start, q.shape.seq), warps, pl.heads.len(), q.shape.batch)? {
-            // Signature: (q, k, v, go, lse, delta, dq_acc, AttnParams).
-            let mut args = dev.stream.launch_builder(&f_dq);
-            args.arg(&q.data).arg(&k.data).arg(&v.data).arg(&grad_out.data).arg(lse).arg(delta);
-            args.arg(&mut grads.dq).arg(&params);
-            launch(args, lc)?;
-        }
-        if let Some(lc) = grid(pl.max_selected(k_start, k.shape.seq), warps, pl.heads.len(), q.shape.batch)? {
-            // Signature: (q, k, v, go, lse, delta, dk_acc, dv_acc, AttnParams).
-            let mut args = dev.stream.launch_builder(&f_dkv);
-            args.arg(&q.data).arg(&k.data).arg(&v.data).arg(&grad_out.data).arg(lse).arg(delta);
-            args.arg(&mut grads.dk).arg(&mut grads.dv).arg(&params);
-            launch(args, lc)?;
+        params.vec |= g_vec;
+        let q_rows = pl.max_selected(q_start, q.shape.seq);
+        let k_rows = pl.max_selected(k_start, k.shape.seq);
+        match &kernel {
+            BackwardKernel::Mma { name, block_n, smem_bytes } => {
+                let f = dev.function(name, *smem_bytes)?;
+                if let Some(mut lc) = grid(k_rows, *block_n, pl.heads.len(), q.shape.batch)? {
+                    lc.shared_mem_bytes = *smem_bytes as u32;
+                    // Signature: (q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, AttnParams).
+                    let mut args = dev.stream.launch_builder(&f);
+                    args.arg(&q.data).arg(&k.data).arg(&v.data).arg(&grad_out.data).arg(lse).arg(delta);
+                    args.arg(&mut grads.dq).arg(&mut grads.dk).arg(&mut grads.dv).arg(&params);
+                    launch(args, lc)?;
+                }
+            }
+            BackwardKernel::Rows { dq, dkv } => {
+                let (f_dq, f_dkv) = (dev.function(dq, 0)?, dev.function(dkv, 0)?);
+                if let Some(lc) = grid(q_rows, warps, pl.heads.len(), q.shape.batch)? {
+                    // Signature: (q, k, v, go, lse, delta, dq_acc, AttnParams).
+                    let mut args = dev.stream.launch_builder(&f_dq);
+                    args.arg(&q.data).arg(&k.data).arg(&v.data).arg(&grad_out.data).arg(lse).arg(delta);
+                    args.arg(&mut grads.dq).arg(&params);
+                    launch(args, lc)?;
+                }
+                if let Some(lc) = grid(k_rows, warps, pl.heads.len(), q.shape.batch)? {
+                    // Signature: (q, k, v, go, lse, delta, dk_acc, dv_acc, AttnParams).
+                    let mut args = dev.stream.launch_builder(&f_dkv);
+                    args.arg(&q.data).arg(&k.data).arg(&v.data).arg(&grad_out.data).arg(lse).arg(delta);
+                    args.arg(&mut grads.dk).arg(&mut grads.dv).arg(&params);
+                    launch(args, lc)?;
+                }
+            }
         }
     }
     Ok(())

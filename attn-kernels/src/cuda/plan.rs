@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use attn_core::{DType, DilatedConfig, HeadGroups, Mixing, SegmentPattern};
 
-use super::source::{MMA_HEAD_DIMS, mma_kernel_name};
+use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_kernel_name, mma_kernel_name};
 
 /// Threads per block of every attention kernel (4 warps).
 pub const THREADS: u32 = 128;
@@ -148,6 +148,39 @@ pub fn forward_kernel(dtype: DType, suffix: &str, head_dim: usize) -> ForwardKer
     }
 }
 
+/// Keys per block of the tensor-core backward (queries stream in tiles of 32).
+pub const MMA_BWD_BLOCK_N: usize = 64;
+
+/// Dynamic shared memory of the tensor-core backward (`MMA_BWD_SMEM` in `dilated_bwd_mma.cu`).
+pub fn mma_bwd_smem_bytes(padded_d: usize) -> usize {
+    (2 * 64 + 2 * 32) * (padded_d + 8) * 2 + 64 * (32 + 8) * 2
+}
+
+/// Which backward kernels run a dtype and head dim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackwardKernel {
+    /// One tensor-core kernel for dq, dk and dv: name, key rows per block, shared memory.
+    Mma { name: String, block_n: usize, smem_bytes: usize },
+    /// Two warp-per-row kernels (dq per query row; dk, dv per key row).
+    Rows { dq: String, dkv: String },
+}
+
+/// Pick the backward kernels (`suffix` is `f32`, `f16` or `bf16`).
+pub fn backward_kernel(dtype: DType, suffix: &str, head_dim: usize) -> BackwardKernel {
+    let padded = MMA_BWD_HEAD_DIMS.iter().copied().find(|&p| p >= head_dim);
+    match (dtype, padded) {
+        (DType::F16 | DType::BF16, Some(p)) => BackwardKernel::Mma {
+            name: mma_bwd_kernel_name(suffix, p),
+            block_n: MMA_BWD_BLOCK_N,
+            smem_bytes: mma_bwd_smem_bytes(p),
+        },
+        _ => BackwardKernel::Rows {
+            dq: format!("dilated_bwd_dq_rows_{suffix}"),
+            dkv: format!("dilated_bwd_dkv_rows_{suffix}"),
+        },
+    }
+}
+
 /// Whether rows of a tensor allow the 16-byte loads of the MMA kernel: `d % 8 == 0` and
 /// every stride a multiple of 8 elements (buffers are allocated 256-byte aligned).
 pub fn vec_loads_ok(d: usize, strides: [usize; 4]) -> bool {
@@ -248,6 +281,11 @@ mod tests {
         };
         assert_eq!((name.as_str(), padded_d, smem_bytes), ("dilated_fwd_mma_bf16_d128", 128, 192 * 136 * 2));
         assert!(mma_smem_bytes(256) <= 163 * 1024, "must fit sm_80's opt-in shared memory");
+        assert!(mma_bwd_smem_bytes(128) <= 163 * 1024);
+        assert!(matches!(backward_kernel(DType::F16, "f16", 200), BackwardKernel::Rows { .. }));
+        assert!(matches!(backward_kernel(DType::F32, "f32", 64), BackwardKernel::Rows { .. }));
+        let BackwardKernel::Mma { name, .. } = backward_kernel(DType::BF16, "bf16", 64) else { panic!("expected MMA") };
+        assert_eq!(name, "dilated_bwd_mma_bf16_d64");
         assert!(vec_loads_ok(64, [1024, 128, 64, 1]) && !vec_loads_ok(60, [960, 120, 60, 1]));
     }
 }

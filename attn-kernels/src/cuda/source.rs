@@ -10,14 +10,19 @@ use attn_core::DType;
 pub const PRELUDE: &str = include_str!("../../kernels/prelude.cu");
 
 /// The kernel files after the prelude, as `(file name, text)`.
-pub const FILES: [(&str, &str); 3] = [
+pub const FILES: [(&str, &str); 5] = [
     ("dilated_rows.cu", include_str!("../../kernels/dilated_rows.cu")),
+    ("mma_tiles.cu", include_str!("../../kernels/mma_tiles.cu")),
     ("dilated_fwd_mma.cu", include_str!("../../kernels/dilated_fwd_mma.cu")),
+    ("dilated_bwd_mma.cu", include_str!("../../kernels/dilated_bwd_mma.cu")),
     ("epilogue.cu", include_str!("../../kernels/epilogue.cu")),
 ];
 
 /// Padded head dims of the tensor-core forward (`head_dim` is rounded up to one of these).
 pub const MMA_HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
+
+/// Padded head dims of the tensor-core backward (larger head dims use the row kernels).
+pub const MMA_BWD_HEAD_DIMS: [usize; 3] = [32, 64, 128];
 
 /// Largest head_dim any kernel supports (32 lanes x `ROW_CHUNKS` in `prelude.cu`).
 pub const MAX_HEAD_DIM: usize = 256;
@@ -65,8 +70,16 @@ pub fn kernel_names() -> Vec<String> {
         for d in MMA_HEAD_DIMS {
             names.push(mma_kernel_name(t, d));
         }
+        for d in MMA_BWD_HEAD_DIMS {
+            names.push(mma_bwd_kernel_name(t, d));
+        }
     }
     names
+}
+
+/// Name of the tensor-core backward for a dtype suffix and padded head dim.
+pub fn mma_bwd_kernel_name(suffix: &str, padded_d: usize) -> String {
+    format!("dilated_bwd_mma_{suffix}_d{padded_d}")
 }
 
 /// Name of the tensor-core forward for a dtype suffix and padded head dim.
@@ -87,6 +100,10 @@ mod tests {
                 let (t, d) = rest.split_once("_d").unwrap();
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
                 src.contains(&format!("ATTN_MMA_KERNEL({t}, {e}, {d},"))
+            } else if let Some(rest) = name.strip_prefix("dilated_bwd_mma_") {
+                let (t, d) = rest.split_once("_d").unwrap();
+                let e = if t == "f16" { "F16E" } else { "BF16E" };
+                src.contains(&format!("ATTN_MMA_BWD_KERNEL({t}, {e}, {d})"))
             } else if let Some(t) = ["f32", "f16", "bf16"].iter().find(|t| name.ends_with(&format!("_{t}"))) {
                 let e = match *t {
                     "f32" => "F32E",

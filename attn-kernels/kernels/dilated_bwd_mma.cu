@@ -1,0 +1,194 @@
+// dilated_bwd_mma.cu: tensor-core backward (sm_80+) for f16/bf16, f32 accumulation.
+//
+// A block of 4 warps owns 64 consecutive SELECTED key indices of one (batch, head,
+// pattern); warp w owns 16 keys and keeps their dK, dV in registers. Query tiles of 32
+// selected indices (the queries of the keys' segments, causal-bounded) stream through
+// shared memory with the dilation gather fused into the loads. Per tile, in the keys'
+// frame: S^T = K Q^T, dP^T = V dO^T, P^T = exp(scale S^T - lse_q) (the head's FINAL lse),
+// dS^T = P^T (out_scale dP^T - delta_q); dV += P^T dO, dK += dS^T Q from registers, and
+// dQ += dS K through shared memory with f32 atomics into dq_acc.
+// Fragment layouts: see mma_tiles.cu.
+
+template <class E, int D>
+__device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,
+                        float* dq_acc, float* dk_acc, float* dv_acc, const AttnParams& a) {
+    constexpr int BN = 64, BM = 32, LD = D + 8, LDS = BM + 8, NQ = BM / 8, NO = D / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    u16* sK = reinterpret_cast<u16*>(smem_raw);
+    u16* sV = sK + BN * LD;
+    u16* sQ = sV + BN * LD;
+    u16* sG = sQ + BM * LD;
+    u16* sDS = sG + BM * LD;  // dS^T, [BN keys][LDS]
+    __shared__ i64 s_krows[BN], s_qrows[BM];
+    __shared__ float s_lse[BM], s_delta[BM];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const i64 h = a.head0 + blockIdx.y, b = blockIdx.z;
+    const Pattern p = make_pattern(a, h);
+    const i64 k_hi = sel_below(p, a.k_start + a.nk);
+    const i64 tk0 = sel_below(p, a.k_start) + (i64)blockIdx.x * BN;
+    if (tk0 >= k_hi) return;  // uniform over the block
+    const i64 tk_last = min64(tk0 + BN, k_hi) - 1;
+    i64 qb_lo = max64(sel_below(p, a.q_start), (tk0 / p.per_seg) * p.per_seg);
+    if (a.causal) qb_lo = max64(qb_lo, tk0);
+    const i64 qb_hi = min64(sel_below(p, a.q_start + a.nq), (tk_last / p.per_seg + 1) * p.per_seg);
+
+    gather_rows(s_krows, BN, p, tk0, k_hi, a.k_start);
+    __syncthreads();
+    load_tile<D, LD>(sK, s_krows, BN, k + b * a.k_sb + h * a.k_sh, a.k_ss, a.d, a.vec & 2);
+    load_tile<D, LD>(sV, s_krows, BN, v + b * a.v_sb + h * a.v_sh, a.v_ss, a.d, a.vec & 4);
+
+    const int kr0 = warp * 16 + g;
+    const i64 tkr[2] = {tk0 + kr0, tk0 + kr0 + 8};
+    const i64 skr[2] = {tkr[0] / p.per_seg, tkr[1] / p.per_seg};
+    float dk[NO][4], dv[NO][4];
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
+    }
+
+    for (i64 qt0 = qb_lo; qt0 < qb_hi; qt0 += BM) {
+        __syncthreads();  // K/V loaded (first time); sQ, sG, sDS of the previous tile consumed
+        gather_rows(s_qrows, BM, p, qt0, qb_hi, a.q_start);
+        __syncthreads();
+        load_tile<D, LD>(sQ, s_qrows, BM, q + b * a.q_sb + h * a.q_sh, a.q_ss, a.d, a.vec & 1);
+        load_tile<D, LD>(sG, s_qrows, BM, go + b * a.g_sb + h * a.g_sh, a.g_ss, a.d, a.vec & 8);
+        for (int i = threadIdx.x; i < BM; i += blockDim.x) {
+            const i64 r = s_qrows[i];
+            const i64 ri = (b * a.nq + r) * a.heads + h;
+            s_lse[i] = r >= 0 ? lse[ri] : NEG_INF;
+            s_delta[i] = r >= 0 ? delta[ri] : 0.f;
+        }
+        __syncthreads();
+        const bool full = full_tile(p, qt0, BM, qb_hi, tk0, BN, k_hi, a.causal);
+
+        float st[NQ][4], dpt[NQ][4];
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
+        }
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            const u16* ka = sK + kr0 * LD + ks * 16 + 2 * c;
+            const u16* va = sV + kr0 * LD + ks * 16 + 2 * c;
+            const u32 kf[4] = {lds32(ka), lds32(ka + 8 * LD), lds32(ka + 8), lds32(ka + 8 * LD + 8)};
+            const u32 vf[4] = {lds32(va), lds32(va + 8 * LD), lds32(va + 8), lds32(va + 8 * LD + 8)};
+#pragma unroll
+            for (int j = 0; j < NQ; ++j) {
+                const u16* qb = sQ + (j * 8 + g) * LD + ks * 16 + 2 * c;
+                const u16* gb = sG + (j * 8 + g) * LD + ks * 16 + 2 * c;
+                const u32 qf[2] = {lds32(qb), lds32(qb + 8)};
+                const u32 gf[2] = {lds32(gb), lds32(gb + 8)};
+                mma16816(st[j], kf, qf, E());
+                mma16816(dpt[j], vf, gf, E());
+            }
+        }
+
+        // P^T and dS^T in registers (masked entries 0), dS^T also to shared memory for dQ.
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int j = 0; j < NQ; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = j * 8 + 2 * c + e;
+                    const i64 tq = qt0 + col;
+                    const float lse_q = s_lse[col];
+                    const bool ok = lse_q != NEG_INF &&
+                                    (full || (tkr[i] <= tk_last && tq < qb_hi && tq / p.per_seg == skr[i] &&
+                                              (!a.causal || tkr[i] <= tq)));
+                    const float pt = ok ? expf(st[j][2 * i + e] * a.scale - lse_q) : 0.f;
+                    const float ds = pt * (dpt[j][2 * i + e] * a.out_scale - s_delta[col]);
+                    st[j][2 * i + e] = pt;
+                    dpt[j][2 * i + e] = ds;
+                    sDS[(kr0 + 8 * i) * LDS + col] = E::from_f(ds);
+                }
+            }
+        }
+
+        // dV += P^T dO, dK += dS^T Q (B operands [query][dim] from shared memory).
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) {
+            const u32 pa[4] = {pack2<E>(st[2 * kk][0], st[2 * kk][1]), pack2<E>(st[2 * kk][2], st[2 * kk][3]),
+                               pack2<E>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                               pack2<E>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+            const u32 da[4] = {pack2<E>(dpt[2 * kk][0], dpt[2 * kk][1]), pack2<E>(dpt[2 * kk][2], dpt[2 * kk][3]),
+                               pack2<E>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                               pack2<E>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+#pragma unroll
+            for (int j = 0; j < NO; ++j) {
+                const u16* gb = sG + (kk * 16 + 2 * c) * LD + j * 8 + g;
+                const u16* qb = sQ + (kk * 16 + 2 * c) * LD + j * 8 + g;
+                const u32 gf[2] = {(u32)gb[0] | ((u32)gb[LD] << 16), (u32)gb[8 * LD] | ((u32)gb[9 * LD] << 16)};
+                const u32 qf[2] = {(u32)qb[0] | ((u32)qb[LD] << 16), (u32)qb[8 * LD] | ((u32)qb[9 * LD] << 16)};
+                mma16816(dv[j], pa, gf, E());
+                mma16816(dk[j], da, qf, E());
+            }
+        }
+        __syncthreads();  // sDS complete
+
+        // dQ (BM x D) = dS (BM x BN) K (BN x D): warp w takes query rows (w & 1) * 16 and
+        // half of the head-dim n-blocks; f32 atomics because other key blocks add too.
+        const int qr0 = (warp & 1) * 16;
+#pragma unroll
+        for (int jj = 0; jj < NO / 2; ++jj) {
+            const int j = (warp >> 1) * (NO / 2) + jj;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                const u16* ap = sDS + (kk * 16 + 2 * c) * LDS + qr0 + g;
+                const u32 af[4] = {(u32)ap[0] | ((u32)ap[LDS] << 16), (u32)ap[8] | ((u32)ap[LDS + 8] << 16),
+                                   (u32)ap[8 * LDS] | ((u32)ap[9 * LDS] << 16),
+                                   (u32)ap[8 * LDS + 8] | ((u32)ap[9 * LDS + 8] << 16)};
+                const u16* kp = sK + (kk * 16 + 2 * c) * LD + j * 8 + g;
+                const u32 bf[2] = {(u32)kp[0] | ((u32)kp[LD] << 16), (u32)kp[8 * LD] | ((u32)kp[9 * LD] << 16)};
+                mma16816(acc, af, bf, E());
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = qr0 + g + (e >> 1) * 8;
+                const i64 col = j * 8 + 2 * c + (e & 1);
+                const i64 r = s_qrows[row];
+                if (r >= 0 && col < a.d) atomicAdd(dq_acc + ((b * a.nq + r) * a.heads + h) * a.d + col, a.scale * acc[e]);
+            }
+        }
+    }
+
+    // Each key row belongs to this block only (within one launch): plain read-add-write.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const i64 r = s_krows[kr0 + 8 * i];
+        if (r < 0) continue;
+        const i64 ri = (b * a.nk + r) * a.heads + h;
+#pragma unroll
+        for (int j = 0; j < NO; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const i64 col = j * 8 + 2 * c + e;
+                if (col < a.d) {
+                    dk_acc[ri * a.d + col] += a.scale * dk[j][2 * i + e];
+                    dv_acc[ri * a.d + col] += a.out_scale * dv[j][2 * i + e];
+                }
+            }
+        }
+    }
+}
+
+// Dynamic shared memory (bytes); mirrored by `mma_bwd_smem_bytes` in src/cuda/plan.rs.
+#define MMA_BWD_SMEM(D) ((2 * 64 + 2 * 32) * ((D) + 8) * 2 + 64 * (32 + 8) * 2)
+
+#define ATTN_MMA_BWD_KERNEL(NAME, E, D)                                                                      \
+    extern "C" __global__ void __launch_bounds__(128) dilated_bwd_mma_##NAME##_d##D(                         \
+        const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
+        float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
+        bwd_mma<E, D>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                                   \
+    }
+
+ATTN_MMA_BWD_KERNEL(f16, F16E, 32)
+ATTN_MMA_BWD_KERNEL(f16, F16E, 64)
+ATTN_MMA_BWD_KERNEL(f16, F16E, 128)
+ATTN_MMA_BWD_KERNEL(bf16, BF16E, 32)
+ATTN_MMA_BWD_KERNEL(bf16, BF16E, 64)
+ATTN_MMA_BWD_KERNEL(bf16, BF16E, 128)

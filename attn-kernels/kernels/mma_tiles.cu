@@ -1,0 +1,75 @@
+// mma_tiles.cu: tensor-core building blocks shared by the MMA forward and backward:
+// mma.sync.m16n8k16 (f16/bf16 in, f32 accumulate), packing, and the gathered tile loads
+// (the dilation gather happens here: row t of a tile is block row sel_pos(t) - start).
+//
+// Fragment layout of mma.m16n8k16 (g = lane / 4, c = lane % 4):
+//   A (16x16, row): a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g, 2c+8..), a3 = (g+8, 2c+8..)
+//   B (16x8, col):  b0 = (k 2c..2c+1, n g), b1 = (k 2c+8.., n g)
+//   C (16x8, f32):  c0, c1 = (g, 2c..2c+1), c2, c3 = (g+8, 2c..2c+1)
+// so a C tile pair (n-blocks 2j, 2j+1) re-packed as f16/bf16 pairs is exactly an A tile.
+
+__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b, BF16E) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b, F16E) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <class E>
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    return (u32)E::from_f(lo) | ((u32)E::from_f(hi) << 16);
+}
+
+__device__ __forceinline__ u32 lds32(const u16* p) { return *reinterpret_cast<const u32*>(p); }
+
+// Row indices (inside the block) of `rows` gathered rows: selected indices t0.. of
+// pattern p, -1 where t >= t_hi. One i64 division per row, shared by the tile loads.
+__device__ __forceinline__ void gather_rows(i64* s_rows, int rows, const Pattern& p, i64 t0, i64 t_hi, i64 pos0) {
+    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+        const i64 t = t0 + i;
+        s_rows[i] = t < t_hi ? sel_pos(p, t) - pos0 : -1;
+    }
+}
+
+// Copy gathered rows into shared tile `dst` ([rows][LD], u16), zero-filling invalid rows
+// and columns >= d. `base` points at (batch, row 0, head) of the block. Needs a barrier
+// after gather_rows.
+template <int D, int LD>
+__device__ __forceinline__ void load_tile(u16* dst, const i64* s_rows, int rows, const u16* base, i64 row_stride,
+                                          i64 d, bool vec) {
+    if (vec) {  // d % 8 == 0, strides % 8 == 0: 16-byte chunks
+        constexpr int CH = D / 8;
+        for (int i = threadIdx.x; i < rows * CH; i += blockDim.x) {
+            const int row = i / CH, ch = i % CH;
+            const i64 r = s_rows[row];
+            uint4 val = make_uint4(0u, 0u, 0u, 0u);
+            if (r >= 0 && ch * 8 < d) val = *reinterpret_cast<const uint4*>(base + r * row_stride + ch * 8);
+            *reinterpret_cast<uint4*>(dst + row * LD + ch * 8) = val;
+        }
+    } else {
+        for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
+            const int row = i / D, col = i % D;
+            const i64 r = s_rows[row];
+            dst[row * LD + col] = (r >= 0 && col < d) ? base[r * row_stride + col] : (u16)0;
+        }
+    }
+}
+
+// Whether every (row, key) of a tile is attended: rows [t0, t0+m) and keys [k0, k0+n)
+// all valid, all in one segment, and (causal) every key <= every row. Then no mask is needed.
+__device__ __forceinline__ bool full_tile(const Pattern& p, i64 t0, i64 m, i64 t_end, i64 k0, i64 n, i64 k_end,
+                                          bool causal) {
+    const i64 seg = t0 / p.per_seg;
+    return t0 + m <= t_end && k0 + n <= k_end && (t0 + m - 1) / p.per_seg == seg && k0 / p.per_seg == seg &&
+           (k0 + n - 1) / p.per_seg == seg && (!causal || k0 + n - 1 <= t0);
+}
+
