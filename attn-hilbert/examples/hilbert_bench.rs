@@ -50,5 +50,13 @@ fn main() -> attn_core::Result<()> {
             println!("{line}   (neighbour-in-segment / mean diameter)");
         }
     }
+    for (d, h, w, seg) in [(9, 17, 31, 64), (9, 17, 31, 512), (20, 24, 36, 512), (64, 128, 128, 4096)] {
+        let mut line = format!("locality {d}x{h}x{w} seg {seg:>4}:");
+        for kind in OrderKind::ALL {
+            let m = locality(&TokenOrder::new(kind, Grid::new_3d(d, h, w)?)?, seg)?;
+            line += &format!("  {} {:.3} / {:.1}", kind.as_str(), m.neighbour_in_segment, m.mean_segment_diameter);
+        }
+        println!("{line}");
+    }
     Ok(())
 }

@@ -10,7 +10,7 @@ use attn_core::error::{AttnError, Result};
 
 use crate::grid::Grid;
 use crate::order::{OrderKind, TokenOrder};
-use crate::permutation::TokenLayout;
+use crate::permutation::{TokenLayout, try_vec};
 
 /// Best-of-`reps` seconds to generate the order of `kind` on `grid`, bypassing
 /// the cache (includes the `O(n)` validation and the inverse table).
@@ -74,8 +74,10 @@ pub fn measure_permute(order: &TokenOrder, batch: usize, token_len: usize, reps:
     let layout = TokenLayout::bse(batch, order.len(), token_len)?;
     let n = layout.numel()?;
     let bytes = n.checked_mul(4).ok_or_else(|| AttnError::InvalidArgument("tensor too large".into()))?;
-    let src: Vec<f32> = (0..n).map(|i| (i % 1021) as f32).collect();
-    let mut dst = vec![0.0f32; n];
+    let mut src: Vec<f32> = try_vec(n)?;
+    src.extend((0..n).map(|i| (i % 1021) as f32));
+    let mut dst: Vec<f32> = try_vec(n)?;
+    dst.resize(n, 0.0);
     let perm = order.permutation();
     // Warm up: page in both buffers.
     dst.copy_from_slice(&src);
