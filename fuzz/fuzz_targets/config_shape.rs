@@ -1,0 +1,6 @@
+//! Fuzz target: `attn_reliability::fuzz_targets::config_shape` on arbitrary bytes.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    attn_reliability::fuzz_targets::config_shape(data);
+});
