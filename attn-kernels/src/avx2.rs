@@ -36,15 +36,23 @@ mod imp {
                 }
             }
         }
-        for kk in 0..k {
-            // SAFETY: in bounds by the function contract.
-            let (b0, b1) = unsafe { (_mm256_loadu_ps(b.add(kk * ldb)), _mm256_loadu_ps(b.add(kk * ldb + 8))) };
-            for (r, row) in cr.iter_mut().enumerate() {
-                // SAFETY: in bounds by the function contract.
-                let av = _mm256_set1_ps(unsafe { *a.add(r * lda + kk) });
+        // Row pointers of A, advanced one element per step of k.
+        // SAFETY: in bounds by the function contract (r < R).
+        let mut ap: [*const f32; R] = std::array::from_fn(|r| unsafe { a.add(r * lda) });
+        let mut bp = b;
+        for _ in 0..k {
+            // SAFETY: `bp` points at row kk of B, which has 16 readable elements.
+            let (b0, b1) = unsafe { (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8))) };
+            for (row, p) in cr.iter_mut().zip(ap.iter_mut()) {
+                // SAFETY: `p` points at A[r, kk], in bounds by the function contract.
+                let av = _mm256_broadcast_ss(unsafe { &**p });
                 row[0] = _mm256_fmadd_ps(av, b0, row[0]);
                 row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+                // One past A[r, kk] at most; read only while kk < k.
+                *p = p.wrapping_add(1);
             }
+            // At most one row past the last row of B, never read.
+            bp = bp.wrapping_add(ldb);
         }
         for (r, row) in cr.iter().enumerate() {
             for (v, x) in row.iter().enumerate() {

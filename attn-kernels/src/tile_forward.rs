@@ -96,7 +96,7 @@ pub(crate) fn forward_piece<T: Element>(
                         row.fill(0.0);
                         continue;
                     }
-                    let corr = crate::portable::exp2(*mi - m_new);
+                    let corr = if m_new == *mi { 1.0 } else { crate::portable::exp2(*mi - m_new) };
                     let sum = ops::exp2_sub(isa, row, m_new, None);
                     *li = *li * corr + sum;
                     *mi = m_new;
