@@ -42,7 +42,10 @@ impl Layout {
     /// The global ranges rank `rank` holds, ascending, empty ranges omitted.
     pub fn ranges(self, n: usize, p: usize, rank: usize) -> Vec<Range<usize>> {
         let r: Vec<Range<usize>> = match self {
-            Layout::Contiguous => vec![chunk_start(n, p, rank)..chunk_start(n, p, rank + 1)],
+            Layout::Contiguous => {
+                let r = chunk_start(n, p, rank)..chunk_start(n, p, rank + 1);
+                std::iter::once(r).collect()
+            }
             Layout::Zigzag => {
                 let (a, b) = (rank, 2 * p - 1 - rank);
                 vec![

@@ -21,7 +21,7 @@ pub use faulty::{Fault, FaultyComm};
 pub use frame::{CommStats, Framing, HEADER_BYTES};
 #[cfg(feature = "mpi")]
 pub use mpi_comm::MpiComm;
-pub use nccl_comm::NcclComm;
+pub use nccl_comm::{NCCL_ID_BYTES, NcclComm, nccl_available};
 pub use thread_comm::ThreadComm;
 
 /// Default time a rank waits for one message before giving up.

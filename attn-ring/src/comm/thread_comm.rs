@@ -136,7 +136,7 @@ mod tests {
         assert!(matches!(c0.sendrecv(1, vec![], 2), Err(AttnError::Comm { rank: 0, .. })));
         let mut c1 = comms.remove(0);
         c1.set_timeout(Duration::from_millis(20));
-        assert!(matches!(c1.sendrecv(0, vec![], 0), Ok(_)));
+        assert!(c1.sendrecv(0, vec![], 0).is_ok());
         assert!(matches!(c1.sendrecv(0, vec![], 0), Err(AttnError::Timeout { rank: 1, peer: 0, .. })));
     }
 }
