@@ -42,7 +42,11 @@
 //!
 //! For `[batch, seq, heads, head_dim]` use `TokenLayout::bshd(shape)`; for the
 //! LSE `[batch, seq, heads]` use `TokenLayout::bse(batch, seq, heads)`.
-//! `perm.apply_tokens(src, dst, token_len)` infers the batch count.
+//! `perm.apply_tokens(src, dst, token_len)` infers the batch count. A ring rank
+//! that owns sequence positions `range` can gather just its chunk from the
+//! row-major tensor with `perm.apply_range(range, batch, token_len, full, part)`
+//! and scatter its output back with `perm.unapply_range(...)`; with a Hilbert
+//! order that chunk is a compact spatial patch.
 //!
 //! # Continuity and alignment
 //!

@@ -9,6 +9,7 @@
 //! out-of-place paths are one `memcpy` per token; the in-place paths walk the
 //! cycles of the permutation with a visited bitset and one token of scratch.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use attn_core::error::{AttnError, Result, TensorName};
@@ -194,6 +195,77 @@ impl Permutation {
     }
 }
 
+impl Permutation {
+    fn check_range(
+        &self,
+        range: &Range<usize>,
+        batch: usize,
+        token_len: usize,
+        full: usize,
+        part: usize,
+    ) -> Result<()> {
+        if range.start > range.end || range.end > self.len() {
+            return Err(AttnError::InvalidArgument(format!(
+                "position range {range:?} is not inside 0..{}",
+                self.len()
+            )));
+        }
+        let full_layout = TokenLayout { batch, seq: self.len(), token_len };
+        self.check_layout(&full_layout, &[("full", full)])?;
+        let part_len = TokenLayout { batch, seq: range.len(), token_len }.numel()?;
+        check_len("part", part, part_len)
+    }
+
+    /// The tokens at sequence positions `range` only (one ring rank's chunk),
+    /// gathered from a full row-major `[batch, len, token_len]` buffer:
+    /// `part[b, i - range.start] = full[b, order[i]]` for `i` in `range`.
+    pub fn apply_range<T: Copy>(
+        &self,
+        range: Range<usize>,
+        batch: usize,
+        token_len: usize,
+        full: &[T],
+        part: &mut [T],
+    ) -> Result<()> {
+        self.check_range(&range, batch, token_len, full.len(), part.len())?;
+        let (l, n, m) = (token_len, self.len(), range.len());
+        let from = &self.order[range];
+        if m == 0 {
+            return Ok(());
+        }
+        for (src, dst) in full.chunks_exact(n * l).zip(part.chunks_exact_mut(m * l)) {
+            for (o, &f) in dst.chunks_exact_mut(l).zip(from) {
+                o.copy_from_slice(&src[f * l..f * l + l]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Scatter a chunk back: `full[b, order[i]] = part[b, i - range.start]` for
+    /// `i` in `range` (other tokens of `full` are left as they are).
+    pub fn unapply_range<T: Copy>(
+        &self,
+        range: Range<usize>,
+        batch: usize,
+        token_len: usize,
+        part: &[T],
+        full: &mut [T],
+    ) -> Result<()> {
+        self.check_range(&range, batch, token_len, full.len(), part.len())?;
+        let (l, n, m) = (token_len, self.len(), range.len());
+        let to = &self.order[range];
+        if m == 0 {
+            return Ok(());
+        }
+        for (src, dst) in part.chunks_exact(m * l).zip(full.chunks_exact_mut(n * l)) {
+            for (row, &t) in src.chunks_exact(l).zip(to) {
+                dst[t * l..t * l + l].copy_from_slice(row);
+            }
+        }
+        Ok(())
+    }
+}
+
 fn check_len(name: &'static str, got: usize, expected: usize) -> Result<()> {
     if got != expected {
         return Err(AttnError::ShapeMismatch {
@@ -299,5 +371,20 @@ mod tests {
         assert_eq!(inplace, dst);
         p.unapply_in_place(&layout, &mut inplace).unwrap();
         assert_eq!(inplace, src);
+    }
+
+    #[test]
+    fn ranges_gather_and_scatter_chunks() {
+        let p = Permutation::from_order(vec![3, 1, 0, 2]).unwrap();
+        let full: Vec<u32> = (0..8).collect(); // batch 2, 4 tokens of 1
+        let mut part = vec![0; 4];
+        p.apply_range(1..3, 2, 1, &full, &mut part).unwrap();
+        assert_eq!(part, vec![1, 0, 5, 4]);
+        let mut back = vec![9; 8];
+        p.unapply_range(1..3, 2, 1, &part, &mut back).unwrap();
+        assert_eq!(back, vec![0, 1, 9, 9, 4, 5, 9, 9]);
+        assert!(matches!(p.apply_range(2..5, 2, 1, &full, &mut part), Err(AttnError::InvalidArgument(_))));
+        assert!(matches!(p.apply_range(0..3, 2, 1, &full, &mut part), Err(AttnError::ShapeMismatch { .. })));
+        assert!(p.apply_range(2..2, 2, 1, &full, &mut []).is_ok());
     }
 }

@@ -139,3 +139,31 @@ fn bad_inputs_are_typed_errors() {
     let cache = OrderCache::new(4);
     assert!(cache.get_or_generate(OrderKind::Hilbert, Grid::new_2d(3, 3).unwrap()).is_ok());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 100, ..ProptestConfig::default() })]
+
+    /// Splitting the permuted sequence into `world` contiguous chunks (ring ranks)
+    /// and scattering each back rebuilds the input; each chunk equals the same
+    /// slice of the fully permuted tensor.
+    #[test]
+    fn rank_chunks_partition_the_permuted_sequence(grid in grid_strategy(), world in 1usize..6, batch in 1usize..3) {
+        let p = TokenOrder::hilbert_3d(grid.depth(), grid.height(), grid.width()).unwrap().permutation().clone();
+        let (n, l) = (p.len(), 3);
+        let full: Vec<u32> = (0..(batch * n * l) as u32).collect();
+        let mut permuted = vec![0u32; full.len()];
+        p.apply_tokens(&full, &mut permuted, l).unwrap();
+        let mut rebuilt = vec![u32::MAX; full.len()];
+        for r in 0..world {
+            let range = r * n / world..(r + 1) * n / world;
+            let mut part = vec![0u32; batch * range.len() * l];
+            p.apply_range(range.clone(), batch, l, &full, &mut part).unwrap();
+            for b in 0..batch {
+                let want = &permuted[(b * n + range.start) * l..(b * n + range.end) * l];
+                prop_assert_eq!(&part[b * range.len() * l..(b + 1) * range.len() * l], want);
+            }
+            p.unapply_range(range, batch, l, &part, &mut rebuilt).unwrap();
+        }
+        prop_assert_eq!(rebuilt, full);
+    }
+}
