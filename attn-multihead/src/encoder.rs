@@ -357,6 +357,56 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         Ok(h)
     }
 
+    /// Eval forward in independent windows of `window` positions, calling `progress`
+    /// with the number of tokens done after each window. Exact (equal to
+    /// [`LongNetEncoder::forward`]) because every segment length must divide `window`
+    /// (checked): attention never crosses a window boundary, everything else is per
+    /// token. Peak memory is that of one window.
+    pub fn forward_windows(
+        &self,
+        x: &[F],
+        batch: usize,
+        seq: usize,
+        window: usize,
+        mut progress: impl FnMut(usize),
+    ) -> Result<Vec<F>> {
+        let e = self.layers[0].config.d_model;
+        if batch == 0
+            || seq == 0
+            || window == 0
+            || batch.checked_mul(seq).and_then(|r| r.checked_mul(e)) != Some(x.len())
+        {
+            return Err(AttnError::InvalidArgument(format!(
+                "forward_windows: {} elements are not [{batch}, {seq}, {e}] with a positive window",
+                x.len()
+            )));
+        }
+        if window < seq {
+            for l in &self.layers {
+                if let Some(w) = l.config.segment_lengths.iter().find(|&&w| window % w != 0) {
+                    return Err(AttnError::InvalidArgument(format!(
+                        "window {window} is not a multiple of segment length {w}: attention would cross windows"
+                    )));
+                }
+            }
+        }
+        let mut y = vec![F::zero(); x.len()];
+        let mut done = 0;
+        for b in 0..batch {
+            let mut start = 0;
+            while start < seq {
+                let len = window.min(seq - start);
+                let rows = (b * seq + start) * e..(b * seq + start + len) * e;
+                let out = self.forward(&x[rows.clone()], 1, len, Mode::Eval)?;
+                y[rows].copy_from_slice(&out);
+                start += len;
+                done += len;
+                progress(done);
+            }
+        }
+        Ok(y)
+    }
+
     /// Forward keeping every layer's cache.
     pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, EncoderCache<F>)> {
         let mut h = x.to_vec();

@@ -98,3 +98,22 @@ fn two_layer_stack_gradients_and_names() {
         assert!(names.iter().any(|n| n == want), "{want} missing");
     }
 }
+
+#[test]
+fn windowed_forward_equals_the_full_forward() {
+    let mut cfg = EncoderConfig::new(8, 2, &[4, 8], &[1, 2], 12);
+    cfg.causal = true;
+    let enc = LongNetEncoder::<f64>::new(cfg, 2, 7, Arc::new(ReferenceBackend)).unwrap();
+    let mut rng = SeededRng::new(3);
+    let (b, n) = (2, 21);
+    let x: Vec<f64> = (0..b * n * 8).map(|_| rng.normal()).collect();
+    let full = enc.forward(&x, b, n, Mode::Eval).unwrap();
+    let mut calls = vec![];
+    let windowed = enc.forward_windows(&x, b, n, 8, |done| calls.push(done)).unwrap();
+    assert_eq!(calls, vec![8, 16, 21, 29, 37, 42]);
+    let err = full.iter().zip(&windowed).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+    assert!(err < 1e-12, "{err}");
+    let msg = enc.forward_windows(&x, b, n, 12, |_| {}).unwrap_err().to_string();
+    assert!(msg.contains("segment length 8"), "{msg}");
+    assert!(enc.forward_windows(&x, b, n, 64, |_| {}).is_ok(), "one window covering the sequence is always exact");
+}
