@@ -13,7 +13,7 @@ template <class E, int D>
 __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,
                         float* dq_acc, float* dk_acc, float* dv_acc, const AttnParams& a) {
     constexpr int BN = 64, BM = 32, LD = D + 8, LDS = BM + 8, NQ = BM / 8, NO = D / 8;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    ATTN_DYNAMIC_SMEM(smem_raw);
     u16* sK = reinterpret_cast<u16*>(smem_raw);
     u16* sV = sK + BN * LD;
     u16* sQ = sV + BN * LD;

@@ -11,7 +11,7 @@
 template <class E, int D, int BN>
 __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, float* lse_acc, const AttnParams& a) {
     constexpr int BM = 64, LD = D + 8, NS = BN / 8, NO = D / 8;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    ATTN_DYNAMIC_SMEM(smem_raw);
     u16* sQ = reinterpret_cast<u16*>(smem_raw);
     u16* sK = sQ + BM * LD;
     u16* sV = sK + BN * LD;

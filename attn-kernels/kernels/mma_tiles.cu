@@ -8,6 +8,10 @@
 //   C (16x8, f32):  c0, c1 = (g, 2c..2c+1), c2, c3 = (g+8, 2c..2c+1)
 // so a C tile pair (n-blocks 2j, 2j+1) re-packed as f16/bf16 pairs is exactly an A tile.
 
+#ifdef ATTN_CPU_EMULATION
+__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b, BF16E) { emu_mma16816<BF16E>(c, a, b); }
+__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b, F16E) { emu_mma16816<F16E>(c, a, b); }
+#else
 __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b, BF16E) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -23,6 +27,7 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b, F
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+#endif
 
 template <class E>
 __device__ __forceinline__ u32 pack2(float lo, float hi) {

@@ -54,27 +54,45 @@ struct F32E {
     static __device__ __forceinline__ float from_f(float x) { return x; }
 };
 
+// ATTN_CPU_EMULATION: the CPU harness (kernels/emulation/) runs these kernels as C++
+// threads and supplies emu_* stand-ins for the few PTX instructions used here.
+#ifndef ATTN_DYNAMIC_SMEM
+#define ATTN_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 struct BF16E {
     typedef u16 S;
     static __device__ __forceinline__ float to_f(u16 x) { return __uint_as_float(((u32)x) << 16); }
     static __device__ __forceinline__ u16 from_f(float x) {
+#ifdef ATTN_CPU_EMULATION
+        return emu_f32_to_bf16(x);
+#else
         u16 r;
         asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
         return r;
+#endif
     }
 };
 
 struct F16E {
     typedef u16 S;
     static __device__ __forceinline__ float to_f(u16 x) {
+#ifdef ATTN_CPU_EMULATION
+        return emu_f16_to_f32(x);
+#else
         float f;
         asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
         return f;
+#endif
     }
     static __device__ __forceinline__ u16 from_f(float x) {
+#ifdef ATTN_CPU_EMULATION
+        return emu_f32_to_f16(x);
+#else
         u16 r;
         asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
         return r;
+#endif
     }
 };
 
