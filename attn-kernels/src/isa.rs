@@ -2,7 +2,7 @@
 
 use std::sync::OnceLock;
 
-/// The kernel flavour: AVX-512 (x86-64 with avx512f) or the portable Rust fallback.
+/// The kernel flavour: AVX-512, AVX2+FMA (x86-64, detected at run time) or portable Rust.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
     /// Plain Rust loops; compiles and runs everywhere.
@@ -14,11 +14,24 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best flavour this CPU supports (detected once, then cached).
+    /// The flavour to use, chosen once and cached: `ATTN_CPU_ISA=portable|avx2|avx512` if
+    /// set and supported, else the best flavour this CPU supports.
     pub fn detect() -> Isa {
         static DETECTED: OnceLock<Isa> = OnceLock::new();
-        *DETECTED
-            .get_or_init(|| [Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_supported()).unwrap_or(Isa::Portable))
+        *DETECTED.get_or_init(|| {
+            let forced = std::env::var("ATTN_CPU_ISA").ok().and_then(|s| Isa::parse(&s)).filter(|i| i.is_supported());
+            forced.unwrap_or_else(Isa::best)
+        })
+    }
+
+    /// The best flavour this CPU supports.
+    pub fn best() -> Isa {
+        Isa::ALL.into_iter().find(|i| i.is_supported()).unwrap_or(Isa::Portable)
+    }
+
+    /// Parse `portable`, `avx2` or `avx512`.
+    pub fn parse(s: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| i.as_str().eq_ignore_ascii_case(s.trim()))
     }
 
     /// Whether this CPU can run the flavour.
