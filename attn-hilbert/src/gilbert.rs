@@ -9,7 +9,13 @@
 //! next to where the next one starts. Lines and 2x2x2 cubes are the leaves.
 //! [`hilbert_indices`] picks the leading axis so that parity never forces a
 //! diagonal step, and [`Walk::aligned_2d`]/[`Walk::aligned_3d`] keep cuts on
-//! power-of-two tile boundaries (see the crate docs).
+//! power-of-two tile boundaries (see the crate docs). In 2D, cuts inside
+//! unaligned rectangles go at a multiple of the largest power of two within
+//! 40%..60% of the side ([`half_aligned`]) rather than at the exact middle: the
+//! pieces then tile into aligned squares more often, which raised the mean
+//! neighbour-in-segment fraction on a sweep of 900 grid sizes (0.903 to 0.906
+//! for segments 64/256, 0.931 to 0.935 for 96/200/1000); in 3D it did not help
+//! and is not used.
 //!
 //! The walk is recursive with depth `O(log n)` and emits each cell once: `O(n)`.
 
@@ -49,6 +55,33 @@ fn div(a: V, q: i64) -> V {
 fn div_parity(a: V, q: i64, want_odd: bool) -> V {
     let d = div(a, q);
     if len(a) > 2 && ((len(d) % 2 == 1) != want_odd) { add(d, unit(a)) } else { d }
+}
+/// A cut of `a` near its middle (within 40%..60%) at a multiple of the largest
+/// possible power of two (at least 2), closest to the middle among those; for
+/// short axes or when no such multiple exists, [`half_even`].
+fn half_aligned(a: V) -> V {
+    let l = len(a);
+    if l <= 4 {
+        return half_even(a);
+    }
+    let (lo, hi) = ((2 * l + 4) / 5, (3 * l) / 5);
+    let mut step = 1i64 << (63 - l.leading_zeros());
+    while step >= 2 {
+        let first = (lo + step - 1) / step * step;
+        if first <= hi {
+            let mut m = first;
+            let mut best = first;
+            while m <= hi {
+                if (2 * m - l).abs() < (2 * best - l).abs() {
+                    best = m;
+                }
+                m += step;
+            }
+            return scale(unit(a), best);
+        }
+        step /= 2;
+    }
+    half_even(a)
 }
 #[inline(always)]
 fn half_even(a: V) -> V {
@@ -160,15 +193,15 @@ impl Walk<'_> {
         }
         if 2 * a > 3 * b {
             // Long rectangle: two halves side by side along alpha.
-            let alpha2 = half_even(alpha);
+            let alpha2 = half_aligned(alpha);
             self.curve_2d(p, alpha2, beta);
             self.curve_2d(add(p, alpha2), sub(alpha, alpha2), beta);
             return;
         }
         // Up along the first half of beta, across, and back down.
         let (da, db) = (unit(alpha), unit(beta));
-        let alpha2 = div(alpha, 2);
-        let beta2 = half_even(beta);
+        let alpha2 = if a > 4 { half_aligned(alpha) } else { div(alpha, 2) };
+        let beta2 = half_aligned(beta);
         self.curve_2d(p, beta2, alpha2);
         self.curve_2d(add(p, beta2), alpha, sub(beta, beta2));
         let back = add(p, add(sub(alpha, da), sub(beta2, db)));
