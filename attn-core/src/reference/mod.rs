@@ -83,7 +83,12 @@ pub(crate) fn keys_for(
 }
 
 /// Softmax weights `p_j = exp(s_j - lse)` and the LSE for scores `s` (`-inf` if empty).
+/// A NaN score (from a NaN in q or k) makes the whole row NaN: it is never
+/// dropped into a plausible zero.
 pub(crate) fn softmax(scores: &[f64]) -> (Vec<f64>, f64) {
+    if scores.iter().any(|s| s.is_nan()) {
+        return (vec![f64::NAN; scores.len()], f64::NAN);
+    }
     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     if m == f64::NEG_INFINITY {
         return (vec![0.0; scores.len()], f64::NEG_INFINITY);
