@@ -6,7 +6,8 @@
 //! nvidia-cuda-runtime-cu12` (override the directory with `ATTN_CUDA_HOME`). This module
 //! finds them, puts libnvrtc on `LD_LIBRARY_PATH` and runs the `attn-ptx` binary of
 //! `attn-kernels` (feature `cuda`), which does the work and fails on any error or spill.
-//! Extra arguments (`--arch 80,90`, `--out DIR`) are passed through.
+//! Extra arguments (`--arch 80,90`, `--out DIR`) are passed through. [`run_emulation`]
+//! runs the same kernels on the CPU (C++ threads) against a float64 reference.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -20,8 +21,14 @@ pub fn cuda_home() -> Result<PathBuf, String> {
     Ok(PathBuf::from(home).join(".cache/attn-cuda"))
 }
 
-/// Run the PTX check; `args` are passed to `attn-ptx`.
+/// Run the PTX check; `args` are passed to `attn-ptx`, except `--emulate`, which first
+/// runs the kernels on the CPU ([`run_emulation`]).
 pub fn run(args: &[String]) -> Result<(), String> {
+    let emulate = args.iter().any(|a| a == "--emulate");
+    let args: Vec<String> = args.iter().filter(|a| *a != "--emulate").cloned().collect();
+    if emulate {
+        run_emulation()?;
+    }
     let home = cuda_home()?;
     let nvrtc_lib = home.join("nvidia/cuda_nvrtc/lib");
     let ptxas = home.join("nvidia/cuda_nvcc/bin/ptxas");
@@ -43,9 +50,31 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .args(["run", "--quiet", "-p", "attn-kernels", "--features", "cuda", "--bin", "attn-ptx", "--"])
         .arg("--ptxas")
         .arg(&ptxas)
-        .args(args)
+        .args(&args)
         .env("LD_LIBRARY_PATH", ld)
         .status()
         .map_err(|e| format!("running cargo: {e}"))?;
     if status.success() { Ok(()) } else { Err(format!("attn-ptx failed ({status})")) }
+}
+
+/// `cargo xtask ptx --emulate`: build `attn-kernels/kernels/emulation/harness.cpp` with
+/// the host C++ compiler (`CXX`, default `g++`, C++20) and run it: the CUDA kernels run
+/// as CPU threads (mma.sync, shuffles and barriers emulated) against a float64 reference.
+fn run_emulation() -> Result<(), String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let harness = root.join("attn-kernels/kernels/emulation/harness.cpp");
+    let exe = root.join("target/attn-cuda-emulation");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let built = Command::new(&cxx)
+        .args(["-std=c++20", "-O2", "-pthread"])
+        .arg(&harness)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .map_err(|e| format!("running {cxx}: {e}"))?;
+    if !built.success() {
+        return Err(format!("{cxx} failed to build {} ({built})", harness.display()));
+    }
+    let ran = Command::new(&exe).status().map_err(|e| format!("running {}: {e}", exe.display()))?;
+    if ran.success() { Ok(()) } else { Err(format!("CUDA kernel emulation failed ({ran})")) }
 }

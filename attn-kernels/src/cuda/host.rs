@@ -58,6 +58,7 @@ pub fn forward<T: CudaElement>(
     let mut dout = DeviceTensor::<T>::zeros(dev, shape.q)?;
     let lse = finish_forward(dev, cfg, &partial, &mut dout)?;
     let lse = dev.stream.clone_dtoh(lse).map_err(cuda_err)?;
+    dev.synchronize()?;
     write_rows(out, &dout.to_host_contiguous(dev)?);
     Ok(lse)
 }

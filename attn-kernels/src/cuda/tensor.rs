@@ -50,6 +50,9 @@ impl<T: CudaElement> DeviceTensor<T> {
     /// Download as a contiguous host vector (row-major, whatever the device strides).
     pub fn to_host_contiguous(&self, dev: &CudaDevice) -> Result<Vec<T>> {
         let raw = dev.stream.clone_dtoh(&self.data).map_err(cuda_err)?;
+        // Device-to-pageable copies complete before returning; synchronise anyway so kernel
+        // errors surface here as typed errors.
+        dev.synchronize()?;
         let view = TensorView::strided(TensorName::Output, &raw, self.shape, self.strides)?;
         let mut v = Vec::with_capacity(self.shape.numel());
         for b in 0..self.shape.batch {
