@@ -29,7 +29,7 @@ struct BlockGrads {
 }
 
 impl BlockGrads {
-    fn zeros(blk: &Block, d: usize, batch: usize) -> Self {
+    fn zeros<T>(blk: &Block<T>, d: usize, batch: usize) -> Self {
         let sizes: Vec<usize> = (0..batch).flat_map(|_| blk.pos.iter().map(|p| p.len() * d)).collect();
         BlockGrads {
             dk: sizes.iter().map(|&n| vec![0.0; n]).collect(),
@@ -68,21 +68,21 @@ fn scatter_add(dst: &mut [f32], idx: &[usize], src: &[f32], d: usize) {
     }
 }
 
-struct Ctx<'a> {
+struct Ctx<'a, T> {
     plan: &'a Plan,
-    local: &'a Local,
+    local: &'a Local<'a, T>,
     lse: &'a [Vec<f32>],
     g: Vec<Vec<f32>>,
     delta: Vec<Vec<f32>>,
 }
 
-impl Ctx<'_> {
+impl<T: Element> Ctx<'_, T> {
     fn grad_rows(&self, bh: usize) -> GradRows<'_> {
         GradRows { lse: &self.lse[bh], g: &self.g[bh], delta: &self.delta[bh] }
     }
 
     /// This rank's share of the gradients of `blk`; dq accumulates in place.
-    fn block_backward(&self, pairs: &[PatternHead], blk: &Block, dq: &mut [Vec<f32>]) -> Result<BlockGrads> {
+    fn block_backward(&self, pairs: &[PatternHead], blk: &Block<T>, dq: &mut [Vec<f32>]) -> Result<BlockGrads> {
         let local = self.local;
         let mut bg = BlockGrads::zeros(blk, local.d, local.batch);
         for (i, ph) in pairs.iter().enumerate() {
@@ -91,7 +91,7 @@ impl Ctx<'_> {
                 let j = b * pairs.len() + i;
                 let m = mask_of(self.plan, ph);
                 let (dk, dv) = (&mut bg.dk[j], &mut bg.dv[j]);
-                attend_backward(local.q_rows(bh), blk.keys(b, i), m, self.grad_rows(bh), &mut dq[bh], dk, dv)?;
+                attend_backward(local.q_rows(bh), blk.keys(b, i, local.d), m, self.grad_rows(bh), &mut dq[bh], dk, dv)?;
             }
         }
         Ok(bg)
@@ -115,7 +115,7 @@ impl Ctx<'_> {
 pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     plan: &Plan,
-    local: &Local,
+    local: &Local<'_, T>,
     fwd: &Partial,
     grad_out: &[Vec<f32>],
 ) -> Result<Grads> {
@@ -150,7 +150,7 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
         .iter()
         .map(|&x| {
             let pos = gh.iter().map(|ph| plan.gather_positions(r, x, ph)).collect();
-            (x, Block::from_local(local, gh, pos).encode::<T>(MsgKind::GatherKv, r, 0))
+            (x, Block::from_local(local, gh, pos).encode(MsgKind::GatherKv, r, 0))
         })
         .collect();
     let srcs: Vec<usize> = (0..p).filter(|&x| plan.gather_need(x, r)).collect();
@@ -158,14 +158,14 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     let mut back = Vec::with_capacity(srcs.len());
     for (&src, bytes) in srcs.iter().zip(gathered) {
         let pos = gh.iter().map(|ph| plan.gather_positions(src, r, ph)).collect();
-        let blk = Block::decode::<T>(&bytes, MsgKind::GatherKv, src, 0, r, batch, d, pos)?;
+        let blk = Block::<T>::decode(&bytes, MsgKind::GatherKv, src, 0, r, batch, d, pos)?;
         let bg = ctx.block_backward(gh, &blk, &mut grads.dq)?;
         back.push((src, bg.encode(MsgKind::GatherGrad, src, 0)));
     }
     let returned = comm.exchange(back, &dests)?;
     for (&x, bytes) in dests.iter().zip(returned) {
         let pos: Vec<Vec<usize>> = gh.iter().map(|ph| plan.gather_positions(r, x, ph)).collect();
-        let shape = Block { pos: pos.clone(), k: Vec::new(), v: Vec::new() };
+        let shape = Block::<T> { pos: pos.clone(), k: Vec::new(), v: Vec::new() };
         let mut bg = BlockGrads::zeros(&shape, d, batch);
         bg.add_from(&bytes, MsgKind::GatherGrad, r, 0, r)?;
         ctx.scatter_home(gh, &pos, &bg, &mut grads);
@@ -175,7 +175,7 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     let rh = &plan.ring_heads;
     if plan.hops[r] >= 1 {
         let pos = rh.iter().map(|ph| plan.ring_positions(r, ph)).collect();
-        let blk = Block::from_local(local, rh, pos).encode::<T>(MsgKind::RingKv, r, 1);
+        let blk = Block::from_local(local, rh, pos).encode(MsgKind::RingKv, r, 1);
         comm.exchange(vec![(comm.next(), blk)], &[])?;
     }
 
@@ -196,11 +196,13 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
             continue;
         }
         let bytes = comm.exchange(Vec::new(), &[comm.prev()])?.pop().unwrap_or_default();
-        if t < hops {
-            comm.exchange(vec![(comm.next(), restep(bytes.clone(), t + 1))], &[])?;
-        }
         let pos = rh.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
-        let blk = Block::decode::<T>(&bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?;
+        let blk = Block::<T>::decode(&bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?;
+        if t < hops {
+            comm.exchange(vec![(comm.next(), restep(bytes, t + 1))], &[])?;
+        } else {
+            drop(bytes);
+        }
         let mut bg = if plan.ring_need(owner, r) {
             ctx.block_backward(rh, &blk, &mut grads.dq)?
         } else {
@@ -221,7 +223,7 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
         let from = (r + plan.hops[r]) % p;
         let bytes = comm.exchange(Vec::new(), &[from])?.pop().unwrap_or_default();
         let pos: Vec<Vec<usize>> = rh.iter().map(|ph| plan.ring_positions(r, ph)).collect();
-        let shape = Block { pos: pos.clone(), k: Vec::new(), v: Vec::new() };
+        let shape = Block::<T> { pos: pos.clone(), k: Vec::new(), v: Vec::new() };
         let mut bg = BlockGrads::zeros(&shape, d, batch);
         bg.add_from(&bytes, MsgKind::RingGradHome, r, plan.hops[r], r)?;
         ctx.scatter_home(rh, &pos, &bg, &mut grads);
@@ -258,7 +260,7 @@ pub fn ring_backward<C: Communicator + ?Sized, T: Element>(
         (TensorName::GradValue, dv.shape()),
     ];
     let extra = check_out(problem, comm.rank(), &outs, usize::MAX);
-    let Prepared { plan, local, start } = prepare(comm, "backward", problem, [&q, &k, &v], extra)?;
+    let Prepared { plan, local, start } = prepare(comm, "backward", problem, [q, k, v], extra)?;
     let fwd = forward_core::<C, T>(comm, &plan, &local)?;
     let go = split_heads(&grad_out);
     let g = backward_core::<C, T>(comm, &plan, &local, &fwd, &go)?;

@@ -3,22 +3,24 @@
 //! pattern's selection, segment and causal mask), LSE-merged forward and
 //! accumulated (`+=`) backward, in f32.
 
-use attn_core::{Result, SegmentPattern};
+use attn_core::{Element, Result, SegmentPattern};
 use attn_kernels::block::{BlockRows, attend_block, attend_block_backward};
 
-/// Rows of one (batch, head): `data` is `[rows, d]`, `pos` the global position of each row.
+/// Rows of one (batch, head): row `i` is `data[i * stride..][..d]` at global position `pos[i]`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Rows<'a> {
+pub(crate) struct Rows<'a, T> {
     pub pos: &'a [usize],
-    pub data: &'a [f32],
+    pub data: &'a [T],
+    pub stride: usize,
 }
 
-/// A key/value block with the global position of each row.
+/// A key/value block with the global position of each row (rows as in [`Rows`]).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct KeyBlock<'a> {
+pub(crate) struct KeyBlock<'a, T> {
     pub pos: &'a [usize],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub k: &'a [T],
+    pub v: &'a [T],
+    pub stride: usize,
 }
 
 /// Mask parameters of one call.
@@ -39,9 +41,9 @@ pub(crate) struct GradRows<'a> {
 }
 
 /// Merge the attention of every selected query row onto `keys` into `acc_o`/`acc_lse`.
-pub(crate) fn attend_forward(
-    q: Rows<'_>,
-    keys: KeyBlock<'_>,
+pub(crate) fn attend_forward<T: Element>(
+    q: Rows<'_, T>,
+    keys: KeyBlock<'_, T>,
     m: Mask,
     acc_o: &mut [f32],
     acc_lse: &mut [f32],
@@ -50,15 +52,15 @@ pub(crate) fn attend_forward(
         return Ok(());
     }
     let d = m.d;
-    let (qr, kr, vr) =
-        (BlockRows::new(q.data, d, q.pos), BlockRows::new(keys.k, d, keys.pos), BlockRows::new(keys.v, d, keys.pos));
+    let qr = BlockRows::new(q.data, q.stride, q.pos);
+    let (kr, vr) = (BlockRows::new(keys.k, keys.stride, keys.pos), BlockRows::new(keys.v, keys.stride, keys.pos));
     attend_block(&m.pat, m.causal, m.scale, d, &qr, &kr, &vr, acc_o, acc_lse)
 }
 
 /// Add the share of `keys` in the gradients: `dq` (like `q`), `dk`/`dv` (like `keys`).
-pub(crate) fn attend_backward(
-    q: Rows<'_>,
-    keys: KeyBlock<'_>,
+pub(crate) fn attend_backward<T: Element>(
+    q: Rows<'_, T>,
+    keys: KeyBlock<'_, T>,
     m: Mask,
     gr: GradRows<'_>,
     dq: &mut [f32],
@@ -69,7 +71,7 @@ pub(crate) fn attend_backward(
         return Ok(());
     }
     let d = m.d;
-    let (qr, kr, vr) =
-        (BlockRows::new(q.data, d, q.pos), BlockRows::new(keys.k, d, keys.pos), BlockRows::new(keys.v, d, keys.pos));
+    let qr = BlockRows::new(q.data, q.stride, q.pos);
+    let (kr, vr) = (BlockRows::new(keys.k, keys.stride, keys.pos), BlockRows::new(keys.v, keys.stride, keys.pos));
     attend_block_backward(&m.pat, m.causal, m.scale, d, &qr, &kr, &vr, gr.g, gr.lse, gr.delta, dq, dk, dv)
 }

@@ -20,9 +20,9 @@ pub struct RingStats {
     pub total_bytes_sent: u64,
 }
 
-pub(crate) struct Prepared {
+pub(crate) struct Prepared<'a, T> {
     pub plan: Plan,
-    pub local: Local,
+    pub local: Local<'a, T>,
     pub start: (CommStats, CommStats),
 }
 
@@ -53,13 +53,13 @@ pub(crate) fn check_out(
 }
 
 /// Check inputs, run the handshake, derive the plan and convert the rows.
-pub(crate) fn prepare<C: Communicator + ?Sized, T: Element>(
+pub(crate) fn prepare<'a, C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     op: &str,
     problem: &RingProblem,
-    qkv: [&TensorView<'_, T>; 3],
+    qkv: [TensorView<'a, T>; 3],
     extra: Option<String>,
-) -> Result<Prepared> {
+) -> Result<Prepared<'a, T>> {
     let before = comm.stats();
     let rank = comm.rank();
     let want = local_shape(problem, rank);
@@ -75,7 +75,8 @@ pub(crate) fn prepare<C: Communicator + ?Sized, T: Element>(
     handshake(comm, &fingerprint(op, problem, T::DTYPE), err)?;
     let plan = Plan::new(problem.clone())?;
     let pos = problem.layout.positions(problem.seq, problem.world, rank);
-    let local = Local::new(pos, qkv[0], qkv[1], qkv[2]);
+    let [q, k, v] = qkv;
+    let local = Local::new(pos, q, k, v);
     let start = comm.stats();
     Ok(Prepared { plan, local, start: (before, start) })
 }

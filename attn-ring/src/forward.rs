@@ -42,7 +42,7 @@ pub(crate) fn restep(mut bytes: Vec<u8>, step: usize) -> Vec<u8> {
 pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     plan: &Plan,
-    local: &Local,
+    local: &Local<'_, T>,
 ) -> Result<Partial> {
     let (r, p) = (comm.rank(), plan.problem.world);
     let (nl, d, batch) = (local.rows(), local.d, local.batch);
@@ -55,7 +55,7 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
         .filter(|&x| plan.gather_need(r, x))
         .map(|x| {
             let pos = gh.iter().map(|ph| plan.gather_positions(r, x, ph)).collect();
-            (x, Block::from_local(local, gh, pos).encode::<T>(MsgKind::GatherKv, r, 0))
+            (x, Block::from_local(local, gh, pos).encode(MsgKind::GatherKv, r, 0))
         })
         .collect();
     let srcs: Vec<usize> = (0..p).filter(|&x| plan.gather_need(x, r)).collect();
@@ -64,7 +64,7 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     // Ring: post this rank's block before computing anything.
     if plan.hops[r] >= 1 {
         let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(r, ph)).collect();
-        let blk = Block::from_local(local, &plan.ring_heads, pos).encode::<T>(MsgKind::RingKv, r, 1);
+        let blk = Block::from_local(local, &plan.ring_heads, pos).encode(MsgKind::RingKv, r, 1);
         comm.exchange(vec![(comm.next(), blk)], &[])?;
     }
 
@@ -78,7 +78,7 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
 
     for (&src, bytes) in srcs.iter().zip(gathered) {
         let pos = gh.iter().map(|ph| plan.gather_positions(src, r, ph)).collect();
-        let blk = Block::decode::<T>(&bytes, MsgKind::GatherKv, src, 0, r, batch, d, pos)?;
+        let blk = Block::<T>::decode(&bytes, MsgKind::GatherKv, src, 0, r, batch, d, pos)?;
         merge_block(plan, local, gh, &blk, &mut o, &mut lse)?;
     }
 
@@ -88,15 +88,21 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
             continue;
         }
         let bytes = comm.exchange(Vec::new(), &[comm.prev()])?.pop().unwrap_or_default();
-        if t < plan.hops[owner] {
-            comm.exchange(vec![(comm.next(), restep(bytes.clone(), t + 1))], &[])?;
-        }
-        if plan.ring_need(owner, r) {
+        // Decode, pass the bytes on at once (the next rank's transfer overlaps this compute), then compute.
+        let blk = if plan.ring_need(owner, r) {
             let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
-            let blk = Block::decode::<T>(&bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?;
-            merge_block(plan, local, &plan.ring_heads, &blk, &mut o, &mut lse)?;
+            Some(Block::<T>::decode(&bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?)
         } else {
             Reader::open(&bytes, MsgKind::RingKv, owner, t, r)?;
+            None
+        };
+        if t < plan.hops[owner] {
+            comm.exchange(vec![(comm.next(), restep(bytes, t + 1))], &[])?;
+        } else {
+            drop(bytes);
+        }
+        if let Some(blk) = blk {
+            merge_block(plan, local, &plan.ring_heads, &blk, &mut o, &mut lse)?;
         }
     }
 
@@ -111,18 +117,18 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     Ok(Partial { o, lse })
 }
 
-fn merge_block(
+fn merge_block<T: Element>(
     plan: &Plan,
-    local: &Local,
+    local: &Local<'_, T>,
     pairs: &[PatternHead],
-    blk: &Block,
+    blk: &Block<T>,
     o: &mut [Vec<f32>],
     lse: &mut [Vec<f32>],
 ) -> Result<()> {
     for (i, ph) in pairs.iter().enumerate() {
         for b in 0..local.batch {
             let bh = local.bh(b, ph.head);
-            attend_forward(local.q_rows(bh), blk.keys(b, i), mask_of(plan, ph), &mut o[bh], &mut lse[bh])?;
+            attend_forward(local.q_rows(bh), blk.keys(b, i, local.d), mask_of(plan, ph), &mut o[bh], &mut lse[bh])?;
         }
     }
     Ok(())
@@ -145,7 +151,7 @@ pub fn ring_forward<C: Communicator + ?Sized, T: Element>(
     lse: &mut [f32],
 ) -> Result<RingStats> {
     let extra = check_out(problem, comm.rank(), &[(TensorName::Output, out.shape())], lse.len());
-    let Prepared { plan, local, start } = prepare(comm, "forward", problem, [&q, &k, &v], extra)?;
+    let Prepared { plan, local, start } = prepare(comm, "forward", problem, [q, k, v], extra)?;
     let part = forward_core::<C, T>(comm, &plan, &local)?;
     let stats = finish(comm, start)?;
     let (nl, h, d) = (local.rows(), local.heads, local.d);

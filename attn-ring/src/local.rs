@@ -1,4 +1,4 @@
-//! One rank's rows in f32 with their global positions, and key blocks: the
+//! One rank's rows (views of the caller's buffers) with their global positions, and key blocks: the
 //! selected k/v rows of one owner for a list of (pattern, head) pairs, encoded
 //! for the wire and decoded on arrival.
 
@@ -8,16 +8,16 @@ use crate::block_math::{KeyBlock, Mask, Rows};
 use crate::plan::{PatternHead, Plan};
 use crate::wire::{MsgKind, Reader, begin, put_elems};
 
-/// This rank's q/k/v rows as f32, one `[rows, d]` buffer per (batch, head).
+/// This rank's q/k/v rows (the caller's views, not copied) with their global positions.
 #[derive(Debug)]
-pub(crate) struct Local {
+pub(crate) struct Local<'a, T> {
     pub pos: Vec<usize>,
     pub batch: usize,
     pub heads: usize,
     pub d: usize,
-    pub q: Vec<Vec<f32>>,
-    pub k: Vec<Vec<f32>>,
-    pub v: Vec<Vec<f32>>,
+    q: TensorView<'a, T>,
+    k: TensorView<'a, T>,
+    v: TensorView<'a, T>,
 }
 
 /// One `[rows, d]` f32 buffer per (batch, head) of a view.
@@ -36,24 +36,11 @@ pub(crate) fn split_heads<T: Element>(x: &TensorView<'_, T>) -> Vec<Vec<f32>> {
     out
 }
 
-impl Local {
-    /// Convert this rank's views (already checked against the plan).
-    pub fn new<T: Element>(
-        pos: Vec<usize>,
-        q: &TensorView<'_, T>,
-        k: &TensorView<'_, T>,
-        v: &TensorView<'_, T>,
-    ) -> Self {
+impl<'a, T: Element> Local<'a, T> {
+    /// This rank's views (already checked against the plan).
+    pub fn new(pos: Vec<usize>, q: TensorView<'a, T>, k: TensorView<'a, T>, v: TensorView<'a, T>) -> Self {
         let s = q.shape();
-        Local {
-            pos,
-            batch: s.batch,
-            heads: s.heads,
-            d: s.head_dim,
-            q: split_heads(q),
-            k: split_heads(k),
-            v: split_heads(v),
-        }
+        Local { pos, batch: s.batch, heads: s.heads, d: s.head_dim, q, k, v }
     }
 
     pub fn rows(&self) -> usize {
@@ -65,9 +52,15 @@ impl Local {
         b * self.heads + h
     }
 
+    fn rows_of<'s>(&'s self, x: &TensorView<'a, T>, bh: usize) -> (&'a [T], usize) {
+        let (b, h) = (bh / self.heads, bh % self.heads);
+        (&x.data()[x.offset(b, 0, h)..], x.strides()[1])
+    }
+
     /// Query rows of (batch, head).
-    pub fn q_rows(&self, bh: usize) -> Rows<'_> {
-        Rows { pos: &self.pos, data: &self.q[bh] }
+    pub fn q_rows(&self, bh: usize) -> Rows<'_, T> {
+        let (data, stride) = self.rows_of(&self.q, bh);
+        Rows { pos: &self.pos, data, stride }
     }
 
     /// Local indices of global positions (which this rank holds).
@@ -76,60 +69,62 @@ impl Local {
     }
 
     /// All of this rank's k/v rows of (batch, head) as a key block (the kernel selects).
-    pub fn own_keys(&self, bh: usize) -> KeyBlock<'_> {
-        KeyBlock { pos: &self.pos, k: &self.k[bh], v: &self.v[bh] }
+    pub fn own_keys(&self, bh: usize) -> KeyBlock<'_, T> {
+        let ((k, stride), (v, _)) = (self.rows_of(&self.k, bh), self.rows_of(&self.v, bh));
+        KeyBlock { pos: &self.pos, k, v, stride }
     }
 
-    /// Copy rows `idx` of `src` into a contiguous buffer.
-    pub fn gather(&self, src: &[f32], idx: &[usize]) -> Vec<f32> {
+    /// Copy k and v rows `idx` of (batch, head) into contiguous buffers.
+    pub fn gather_kv(&self, bh: usize, idx: &[usize]) -> (Vec<T>, Vec<T>) {
         let d = self.d;
-        let mut out = Vec::with_capacity(idx.len() * d);
+        let (mut ko, mut vo) = (Vec::with_capacity(idx.len() * d), Vec::with_capacity(idx.len() * d));
+        let ((k, stride), (v, _)) = (self.rows_of(&self.k, bh), self.rows_of(&self.v, bh));
         for &j in idx {
-            out.extend_from_slice(&src[j * d..(j + 1) * d]);
+            ko.extend_from_slice(&k[j * stride..j * stride + d]);
+            vo.extend_from_slice(&v[j * stride..j * stride + d]);
         }
-        out
+        (ko, vo)
     }
 }
 
 /// Selected k/v rows of one owner for a list of (pattern, head) pairs, for every batch.
 #[derive(Debug)]
-pub(crate) struct Block {
+pub(crate) struct Block<T> {
     /// Global positions per pair.
     pub pos: Vec<Vec<usize>>,
     /// k and v rows per (batch, pair): index `b * pairs + i`.
-    pub k: Vec<Vec<f32>>,
-    pub v: Vec<Vec<f32>>,
+    pub k: Vec<Vec<T>>,
+    pub v: Vec<Vec<T>>,
 }
 
-impl Block {
+impl<T: Element> Block<T> {
     /// This rank's own rows at `pos[i]` for pair `i`.
-    pub fn from_local(local: &Local, pairs: &[PatternHead], pos: Vec<Vec<usize>>) -> Self {
+    pub fn from_local(local: &Local<'_, T>, pairs: &[PatternHead], pos: Vec<Vec<usize>>) -> Self {
         let (mut k, mut v) = (Vec::new(), Vec::new());
         for b in 0..local.batch {
             for (ph, p) in pairs.iter().zip(&pos) {
-                let idx = local.indices(p);
-                let bh = local.bh(b, ph.head);
-                k.push(local.gather(&local.k[bh], &idx));
-                v.push(local.gather(&local.v[bh], &idx));
+                let (kb, vb) = local.gather_kv(local.bh(b, ph.head), &local.indices(p));
+                k.push(kb);
+                v.push(vb);
             }
         }
         Block { pos, k, v }
     }
 
     /// Encode as a message of `kind` (rows in dtype `T`).
-    pub fn encode<T: Element>(&self, kind: MsgKind, owner: usize, step: usize) -> Vec<u8> {
+    pub fn encode(&self, kind: MsgKind, owner: usize, step: usize) -> Vec<u8> {
         let n: usize = self.k.iter().map(Vec::len).sum::<usize>() * 2 * T::DTYPE.size();
         let mut out = begin(kind, owner, step, n);
         for (k, v) in self.k.iter().zip(&self.v) {
-            put_elems::<T>(&mut out, k);
-            put_elems::<T>(&mut out, v);
+            put_elems(&mut out, k);
+            put_elems(&mut out, v);
         }
         out
     }
 
     /// Decode a message of `kind` whose pairs have positions `pos`.
     #[allow(clippy::too_many_arguments)]
-    pub fn decode<T: Element>(
+    pub fn decode(
         bytes: &[u8],
         kind: MsgKind,
         owner: usize,
@@ -144,8 +139,8 @@ impl Block {
         for _ in 0..batch {
             for p in &pos {
                 let (mut kb, mut vb) = (Vec::new(), Vec::new());
-                rd.elems::<T>(p.len() * d, &mut kb)?;
-                rd.elems::<T>(p.len() * d, &mut vb)?;
+                rd.elems(p.len() * d, &mut kb)?;
+                rd.elems(p.len() * d, &mut vb)?;
                 k.push(kb);
                 v.push(vb);
             }
@@ -155,9 +150,9 @@ impl Block {
     }
 
     /// The key block of (batch `b`, pair `i`).
-    pub fn keys(&self, b: usize, i: usize) -> KeyBlock<'_> {
+    pub fn keys(&self, b: usize, i: usize, d: usize) -> KeyBlock<'_, T> {
         let j = b * self.pos.len() + i;
-        KeyBlock { pos: &self.pos[i], k: &self.k[j], v: &self.v[j] }
+        KeyBlock { pos: &self.pos[i], k: &self.k[j], v: &self.v[j], stride: d }
     }
 }
 

@@ -58,21 +58,20 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
-    /// Read `n` values written by [`put_elems`] for dtype `T`.
-    pub fn elems<T: Element>(&mut self, n: usize, out: &mut Vec<f32>) -> Result<()> {
-        let size = T::DTYPE.size();
-        let bytes = self.take(n * size)?;
+    /// Read `n` values written by [`put_elems`] for dtype `T` (exact).
+    pub fn elems<T: Element>(&mut self, n: usize, out: &mut Vec<T>) -> Result<()> {
+        let bytes = self.take(n * T::DTYPE.size())?;
         out.reserve(n);
+        let half_bits = |c: &[u8]| u16::from_le_bytes([c[0], c[1]]);
         match T::DTYPE {
-            DType::F32 => out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
-            DType::F64 => {
-                out.extend(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32))
+            DType::F32 => {
+                out.extend(bytes.chunks_exact(4).map(|c| T::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))))
             }
-            DType::F16 => {
-                out.extend(bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()))
-            }
+            DType::F64 => out
+                .extend(bytes.chunks_exact(8).map(|c| T::from_f64(f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))))),
+            DType::F16 => out.extend(bytes.chunks_exact(2).map(|c| T::from_f32(f16::from_bits(half_bits(c)).to_f32()))),
             DType::BF16 => {
-                out.extend(bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()))
+                out.extend(bytes.chunks_exact(2).map(|c| T::from_f32(bf16::from_bits(half_bits(c)).to_f32())))
             }
         }
         Ok(())
@@ -97,13 +96,15 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Append f32 values (exactly representable in `T`) encoded as `T`.
-pub(crate) fn put_elems<T: Element>(out: &mut Vec<u8>, xs: &[f32]) {
+/// Append values of dtype `T`, little endian, exactly.
+pub(crate) fn put_elems<T: Element>(out: &mut Vec<u8>, xs: &[T]) {
     match T::DTYPE {
-        DType::F32 => xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        DType::F64 => xs.iter().for_each(|&x| out.extend_from_slice(&(x as f64).to_le_bytes())),
-        DType::F16 => xs.iter().for_each(|&x| out.extend_from_slice(&f16::from_f32(x).to_bits().to_le_bytes())),
-        DType::BF16 => xs.iter().for_each(|&x| out.extend_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes())),
+        DType::F32 => xs.iter().for_each(|x| out.extend_from_slice(&x.to_f32().to_le_bytes())),
+        DType::F64 => xs.iter().for_each(|x| out.extend_from_slice(&x.to_f64().to_le_bytes())),
+        DType::F16 => xs.iter().for_each(|x| out.extend_from_slice(&f16::from_f32(x.to_f32()).to_bits().to_le_bytes())),
+        DType::BF16 => {
+            xs.iter().for_each(|x| out.extend_from_slice(&bf16::from_f32(x.to_f32()).to_bits().to_le_bytes()))
+        }
     }
 }
 
