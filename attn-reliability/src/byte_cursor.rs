@@ -35,6 +35,14 @@ impl<'a> ByteCursor<'a> {
             _ => self.u64() as usize,
         }
     }
+    /// A dimension: mostly `1..=max`, sometimes zero, sometimes huge.
+    pub fn dim(&mut self, max: usize) -> usize {
+        match self.u8() {
+            b @ 0..=239 => 1 + usize::from(b) % max.max(1),
+            240..=247 => 0,
+            _ => self.u64() as usize,
+        }
+    }
     /// A list of up to 4 sizes.
     pub fn sizes(&mut self) -> Vec<usize> {
         let n = usize::from(self.u8() % 5);

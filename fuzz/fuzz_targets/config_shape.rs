@@ -2,5 +2,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    attn_reliability::fuzz_targets::config_shape(data);
+    let _ = attn_reliability::fuzz_targets::config_shape(data);
 });
