@@ -40,6 +40,8 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     float o[NO][4];
 #pragma unroll
     for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    // Scores live in the log2 domain (scale * log2(e) folded in) so the softmax uses exp2.
+    const float scale_log2 = a.scale * 1.44269504088896341f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
     for (i64 kt0 = kb_lo; kt0 < kb_hi; kt0 += BN) {
@@ -56,13 +58,14 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
         for (int j = 0; j < NS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-            const u16* qa = sQ + r0 * LD + ks * 16 + 2 * c;
-            const u32 af[4] = {lds32(qa), lds32(qa + 8 * LD), lds32(qa + 8), lds32(qa + 8 * LD + 8)};
+            u32 af[4];
+            ldsm_x4(af, sQ + (warp * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
 #pragma unroll
-            for (int j = 0; j < NS; ++j) {
-                const u16* kb = sK + (j * 8 + g) * LD + ks * 16 + 2 * c;
-                const u32 bf[2] = {lds32(kb), lds32(kb + 8)};
+            for (int j = 0; j < NS; j += 2) {  // B fragments of n-blocks j and j + 1
+                u32 bf[4];
+                ldsm_x4(bf, sK + (j * 8 + ((lane >> 4) & 1) * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8);
                 mma16816(s[j], af, bf, E());
+                mma16816(s[j + 1], af, bf + 2, E());
             }
         }
 
@@ -77,7 +80,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
                     const i64 tk = kt0 + j * 8 + 2 * c + e;
                     const bool ok = full || (tq[i] <= t_last && tk < kb_hi && tk / p.per_seg == sq[i] &&
                                              (!a.causal || tk <= tq[i]));
-                    const float x = ok ? s[j][2 * i + e] * a.scale : NEG_INF;
+                    const float x = ok ? s[j][2 * i + e] * scale_log2 : NEG_INF;
                     s[j][2 * i + e] = x;
                     mx = fmaxf(mx, x);
                 }
@@ -86,13 +89,13 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(m[i], mx);
             const float m_use = m_new == NEG_INF ? 0.f : m_new;
-            const float alpha = expf(m[i] - m_use);
+            const float alpha = exp2f(m[i] - m_use);
             float rs = 0.f;
 #pragma unroll
             for (int j = 0; j < NS; ++j) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float pe = expf(s[j][2 * i + e] - m_use);
+                    const float pe = exp2f(s[j][2 * i + e] - m_use);
                     s[j][2 * i + e] = pe;
                     rs += pe;
                 }
@@ -112,12 +115,12 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
             const u32 pf[4] = {pack2<E>(s[2 * kk][0], s[2 * kk][1]), pack2<E>(s[2 * kk][2], s[2 * kk][3]),
                                pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            const u16* vb = sV + (kk * 16 + 2 * c) * LD + g;
 #pragma unroll
-            for (int j = 0; j < NO; ++j) {
-                const u16* vj = vb + j * 8;
-                const u32 bf[2] = {(u32)vj[0] | ((u32)vj[LD] << 16), (u32)vj[8 * LD] | ((u32)vj[9 * LD] << 16)};
+            for (int j = 0; j < NO; j += 2) {  // B fragments of n-blocks j and j + 1 (V transposed)
+                u32 bf[4];
+                ldsm_x4_trans(bf, sV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + j * 8 + ((lane >> 4) & 1) * 8);
                 mma16816(o[j], pf, bf, E());
+                mma16816(o[j + 1], pf, bf + 2, E());
             }
         }
     }
@@ -129,7 +132,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     for (int i = 0; i < 2; ++i) {
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-        lse[i] = l[i] > 0.f ? m[i] + logf(l[i]) : NEG_INF;
+        lse[i] = l[i] > 0.f ? (m[i] + log2f(l[i])) * 0.69314718055994531f : NEG_INF;  // back to natural log
         inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
         ri[i] = -1;
         if (tq[i] <= t_last) {

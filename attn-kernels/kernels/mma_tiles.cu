@@ -36,6 +36,30 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 
 __device__ __forceinline__ u32 lds32(const u16* p) { return *reinterpret_cast<const u32*>(p); }
 
+// ldmatrix.x4: lane l gives the address of row (l % 8) of 8x8 matrix l / 8 (16 bytes each);
+// r[i] of lane l gets matrix i's (row l/4, cols 2(l%4)..+1), or with .trans its
+// (rows 2(l%4)..+1, col l/4) -- exactly the A / B fragment pieces of mma.m16n8k16.
+#ifdef ATTN_CPU_EMULATION
+__device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) { emu_ldmatrix_x4(r, p, false); }
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, const u16* p) { emu_ldmatrix_x4(r, p, true); }
+#else
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+#endif
+
 // Row indices (inside the block) of `rows` gathered rows: selected indices t0.. of
 // pattern p, -1 where t >= t_hi. One i64 division per row, shared by the tile loads.
 __device__ __forceinline__ void gather_rows(i64* s_rows, int rows, const Pattern& p, i64 t0, i64 t_hi, i64 pos0) {

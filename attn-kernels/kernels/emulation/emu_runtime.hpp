@@ -4,7 +4,8 @@
 //
 // Emulated: threadIdx/blockIdx/blockDim/gridDim, __syncthreads (block barrier),
 // __syncwarp and __shfl_xor_sync (per-warp barrier + exchange buffer), atomicAdd(float),
-// static and dynamic shared memory (blocks run one after another), bf16/f16 conversions
+// static and dynamic shared memory (blocks run one after another), ldmatrix (.trans),
+// bf16/f16 conversions
 // with round-to-nearest-even, and mma.sync.m16n8k16 (row.col, f32 accumulate) from the
 // fragment layout in the PTX ISA. Not emulated: timing, memory-model races, ptxas.
 #pragma once
@@ -44,6 +45,7 @@ struct Warp {
     std::barrier<> bar{32};
     float f[32];
     unsigned u[32][10];
+    const unsigned short* ptr[32];
 };
 inline std::vector<std::unique_ptr<Warp>> g_warps;
 inline unsigned char* dyn_smem() { return g_smem.data(); }
@@ -121,6 +123,27 @@ inline void emu_mma16816(float* c, const unsigned* a, const unsigned* b) {
         float s = 0.f;
         for (int k = 0; k < 16; ++k) s += A(row, k) * B(k, col);
         c[e] += s;
+    }
+    w.bar.arrive_and_wait();
+}
+
+// ldmatrix.sync.m8n8.x4(.trans).b16: lane l addresses row l % 8 of matrix l / 8.
+inline void emu_ldmatrix_x4(unsigned* r, const unsigned short* p, bool trans) {
+    auto& w = emu::warp();
+    const int lane = threadIdx.x & 31;
+    w.ptr[lane] = p;
+    w.bar.arrive_and_wait();
+    for (int i = 0; i < 4; ++i) {
+        unsigned lo, hi;
+        if (!trans) {
+            const unsigned short* row = w.ptr[i * 8 + lane / 4];
+            lo = row[2 * (lane % 4)];
+            hi = row[2 * (lane % 4) + 1];
+        } else {
+            lo = w.ptr[i * 8 + 2 * (lane % 4)][lane / 4];
+            hi = w.ptr[i * 8 + 2 * (lane % 4) + 1][lane / 4];
+        }
+        r[i] = lo | (hi << 16);
     }
     w.bar.arrive_and_wait();
 }
