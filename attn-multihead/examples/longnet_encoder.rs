@@ -87,7 +87,16 @@ fn main() -> Result<()> {
         y
     } else {
         let window = args.window.unwrap_or(segments[2]);
-        encoder.forward_windows(&x, 1, args.tokens, window, |done| bar.set_position(done as u64))?
+        let mut next_report = 0;
+        encoder.forward_windows(&x, 1, args.tokens, window, |done| {
+            bar.set_position(done as u64);
+            // Without a terminal the bar is hidden: print a line every tenth instead.
+            if bar.is_hidden() && done >= next_report {
+                let secs = start.elapsed().as_secs_f64();
+                println!("progress: {done}/{} tokens, {:.0} tokens/s", args.tokens, done as f64 / secs);
+                next_report = done + args.tokens / 10;
+            }
+        })?
     };
     let secs = start.elapsed().as_secs_f64();
     bar.finish();

@@ -117,6 +117,11 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         Ok(MultiheadDilatedAttention { config, dilated, weights, backend })
     }
 
+    /// Zero gradients with this layer's weight layout.
+    pub fn zero_grads(&self) -> MultiheadWeights<F> {
+        self.weights.zeros_like()
+    }
+
     pub fn config(&self) -> &MultiheadConfig {
         &self.config
     }

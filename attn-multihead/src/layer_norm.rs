@@ -80,24 +80,38 @@ impl<F: LayerFloat> LayerNorm<F> {
         let d = self.dim;
         let inv_d = F::of(1.0 / d as f64);
         let mut dx = vec![F::zero(); x.len()];
-        for r in 0..rows {
-            let (xr, dyr) = (&x[r * d..(r + 1) * d], &dy[r * d..(r + 1) * d]);
-            let (mu, rs) = (stats.mean[r], stats.rstd[r]);
-            let mut sum_g = F::zero();
-            let mut sum_gx = F::zero();
-            for i in 0..d {
-                let xhat = (xr[i] - mu) * rs;
-                let g = dyr[i] * self.weight[i];
-                sum_g += g;
-                sum_gx += g * xhat;
-                grads.weight[i] += dyr[i] * xhat;
-                grads.bias[i] += dyr[i];
-            }
-            let (mg, mgx) = (sum_g * inv_d, sum_gx * inv_d);
-            for i in 0..d {
-                let xhat = (xr[i] - mu) * rs;
-                dx[r * d + i] = rs * (dyr[i] * self.weight[i] - mg - xhat * mgx);
-            }
+        // Each task returns its partial weight/bias gradients; they are summed in task order.
+        let partials: Vec<(Vec<F>, Vec<F>)> = dx
+            .par_chunks_mut(d * ROWS_PER_TASK)
+            .enumerate()
+            .map(|(t, dxc)| {
+                let (mut gw, mut gb) = (vec![F::zero(); d], vec![F::zero(); d]);
+                for (j, dxr) in dxc.chunks_mut(d).enumerate() {
+                    let r = t * ROWS_PER_TASK + j;
+                    let (xr, dyr) = (&x[r * d..(r + 1) * d], &dy[r * d..(r + 1) * d]);
+                    let (mu, rs) = (stats.mean[r], stats.rstd[r]);
+                    let mut sum_g = F::zero();
+                    let mut sum_gx = F::zero();
+                    for i in 0..d {
+                        let xhat = (xr[i] - mu) * rs;
+                        let g = dyr[i] * self.weight[i];
+                        sum_g += g;
+                        sum_gx += g * xhat;
+                        gw[i] += dyr[i] * xhat;
+                        gb[i] += dyr[i];
+                    }
+                    let (mg, mgx) = (sum_g * inv_d, sum_gx * inv_d);
+                    for i in 0..d {
+                        let xhat = (xr[i] - mu) * rs;
+                        dxr[i] = rs * (dyr[i] * self.weight[i] - mg - xhat * mgx);
+                    }
+                }
+                (gw, gb)
+            })
+            .collect();
+        for (gw, gb) in partials {
+            grads.weight.iter_mut().zip(&gw).for_each(|(a, &b)| *a += b);
+            grads.bias.iter_mut().zip(&gb).for_each(|(a, &b)| *a += b);
         }
         Ok(dx)
     }

@@ -77,12 +77,10 @@ pub(crate) fn linear_backward_params<F: LayerFloat>(
     check_len("linear grad weight", dweight.len(), out_dim * in_dim)?;
     matmul(dweight, in_dim, true, Mat::transposed(dy, rows, out_dim, dy_rs), Mat::rows(x, rows, in_dim, in_dim))?;
     if let Some(db) = dbias {
+        // db += dy^T 1, as a matrix-vector product.
         check_len("linear grad bias", db.len(), out_dim)?;
-        for r in 0..rows {
-            for (d, g) in db.iter_mut().zip(&dy[r * dy_rs..r * dy_rs + out_dim]) {
-                *d += *g;
-            }
-        }
+        let ones = vec![F::one(); rows];
+        matmul(db, 1, true, Mat::transposed(dy, rows, out_dim, dy_rs), Mat::rows(&ones, rows, 1, 1))?;
     }
     Ok(())
 }
