@@ -160,28 +160,29 @@ pub fn run_in_process_with_timeout<T: Element>(
     Ok(ForwardResult { out, lse, stats })
 }
 
-/// Gradients over `world` in-process ranks.
-pub fn run_in_process_backward<T: Element>(
-    world: usize,
-    cfg: &DilatedConfig,
-    layout: Layout,
-    strategy: Strategy,
+/// One rank's backward result: its rows of dq, dk, dv.
+pub type RankBackward<T> = Result<([Vec<T>; 3], RingStats)>;
+
+/// Run the backward on the given communicators (one thread per rank) and return
+/// each rank's own result, errors included (for fault tests).
+pub fn backward_on<C: Communicator + Send, T: Element>(
+    comms: Vec<C>,
+    problem: &RingProblem,
     qkv: [TensorView<'_, T>; 3],
     grad_out: TensorView<'_, T>,
-) -> Result<BackwardResult<T>> {
+) -> Vec<RankBackward<T>> {
+    let p = comms.len();
+    if let Err(e) = problem.layout.check(problem.seq, p) {
+        return (0..p).map(|_| Err(AttnError::InvalidArgument(e.to_string()))).collect();
+    }
     let [q, k, v] = qkv;
-    let shape = q.shape();
-    let problem = problem_for(cfg, shape, layout, strategy, world);
-    layout.check(shape.seq, world)?;
-    let comms = ThreadComm::world_with_timeout(world, DEFAULT_TIMEOUT)?;
-    let results: Vec<Result<([Vec<T>; 3], RingStats)>> = std::thread::scope(|scope| {
-        let problem = &problem;
+    std::thread::scope(|scope| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|mut comm| {
-                scope.spawn(move || -> Result<([Vec<T>; 3], RingStats)> {
-                    let pos = layout.positions(shape.seq, world, comm.rank());
-                    let ls = shape.with_seq(pos.len().max(1))?;
+                scope.spawn(move || -> RankBackward<T> {
+                    let pos = problem.layout.positions(problem.seq, p, comm.rank());
+                    let ls = q.shape().with_seq(pos.len().max(1))?;
                     let bufs: Vec<Vec<T>> = [&q, &k, &v, &grad_out].iter().map(|x| local_rows(x, &pos)).collect();
                     let views = bufs
                         .iter()
@@ -203,7 +204,23 @@ pub fn run_in_process_backward<T: Element>(
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect()
-    });
+    })
+}
+
+/// Gradients over `world` in-process ranks.
+pub fn run_in_process_backward<T: Element>(
+    world: usize,
+    cfg: &DilatedConfig,
+    layout: Layout,
+    strategy: Strategy,
+    qkv: [TensorView<'_, T>; 3],
+    grad_out: TensorView<'_, T>,
+) -> Result<BackwardResult<T>> {
+    let shape = qkv[0].shape();
+    let problem = problem_for(cfg, shape, layout, strategy, world);
+    layout.check(shape.seq, world)?;
+    let comms = ThreadComm::world_with_timeout(world, DEFAULT_TIMEOUT)?;
+    let results = backward_on(comms, &problem, qkv, grad_out);
     let row = shape.heads * shape.head_dim;
     let mut res = BackwardResult {
         dq: vec![T::default(); shape.numel()],

@@ -31,8 +31,8 @@ pub use comm::{CommStats, Communicator, Fault, FaultyComm, NcclComm, ThreadComm}
 pub use entry::RingStats;
 pub use forward::ring_forward;
 pub use in_process::{
-    BackwardResult, ForwardResult, RankForward, forward_on, local_rows, problem_for, run_in_process,
-    run_in_process_backward, run_in_process_with_timeout,
+    BackwardResult, ForwardResult, RankBackward, RankForward, backward_on, forward_on, local_rows, problem_for,
+    run_in_process, run_in_process_backward, run_in_process_with_timeout,
 };
 pub use layout::Layout;
 pub use plan::{PatternStrategy, Plan, RingProblem, Strategy, expected_bytes};

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Mixing, Shape4, TensorView, TensorViewMut};
 use attn_ring::{
-    Communicator, Fault, FaultyComm, Layout, RankForward, Strategy, ThreadComm, forward_on, problem_for, ring_forward,
+    Communicator, Fault, FaultyComm, Layout, RankForward, Strategy, ThreadComm, backward_on, forward_on, problem_for,
+    ring_forward,
 };
 use attn_testkit::random_vec;
 
@@ -114,6 +115,35 @@ fn a_stalled_peer_is_a_timeout_and_a_dropped_rank_an_error_everywhere() {
     let killed = run(1, vec![Fault::Kill { nth: 4 }], Duration::from_secs(20), Strategy::Ring);
     // The others notice the dropped channels at once, long before the 20 s timeout.
     assert!(killed.iter().all(|r| matches!(r, Err(AttnError::Comm { .. }))), "{killed:?}");
+}
+
+#[test]
+fn faults_in_the_backward_are_errors_everywhere() {
+    let (cfg, shape, [q, k, v]) = setup();
+    let go = random_vec(14, shape.numel());
+    let view = |x| TensorView::contiguous(TensorName::Query, x, shape).unwrap();
+    for strategy in [Strategy::Ring, Strategy::AllGather] {
+        let problem = problem_for(&cfg, shape, Layout::Zigzag, strategy, P);
+        let run = |faults: Vec<Fault>| {
+            let comms = ThreadComm::world_with_timeout(P, Duration::from_millis(200)).unwrap();
+            let comms = comms.into_iter().map(|c| {
+                let f = if c.rank() == 1 { faults.clone() } else { Vec::new() };
+                FaultyComm::new(c, f)
+            });
+            backward_on(comms.collect(), &problem, [view(&q), view(&k), view(&v)], view(&go))
+        };
+        // Rank 1's data frames follow its P-1 handshake frames; hit the first, middle and last.
+        let data = run(Vec::new())[1].as_ref().unwrap().1.data_messages;
+        assert!(data >= 3, "{strategy:?}: rank 1 sends {data} data frames");
+        let first = P as u64 - 1;
+        for nth in [first, first + data / 2, first + data - 1] {
+            for fault in [Fault::Kill { nth }, Fault::Corrupt { nth }, Fault::Drop { nth }, Fault::Truncate { nth }] {
+                let res = run(vec![fault]);
+                let all_failed = res.iter().all(|r| matches!(r, Err(e) if is_typed_comm_error(e)));
+                assert!(all_failed, "{fault:?} {strategy:?}: {res:?}");
+            }
+        }
+    }
 }
 
 /// Run ring_forward on every rank with a per-rank config / shape; outputs start as 7.
