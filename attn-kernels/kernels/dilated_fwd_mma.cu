@@ -12,10 +12,11 @@ template <class E, int D, int BN>
 __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, float* lse_acc, const AttnParams& a) {
     constexpr int BM = 64, LD = D + 8, NS = BN / 8, NO = D / 8;
     ATTN_DYNAMIC_SMEM(smem_raw);
+    // Q tile, then two K/V stages (double buffering: the next tile loads while this one runs).
     u16* sQ = reinterpret_cast<u16*>(smem_raw);
-    u16* sK = sQ + BM * LD;
-    u16* sV = sK + BN * LD;
-    __shared__ i64 s_qrows[BM], s_krows[BN];
+    u16* sKs = sQ + BM * LD;
+    u16* sVs = sKs + 2 * BN * LD;
+    __shared__ i64 s_qrows[BM], s_krows[2][BN];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const i64 h = a.head0 + blockIdx.y, b = blockIdx.z;
@@ -44,13 +45,31 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     const float scale_log2 = a.scale * 1.44269504088896341f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
-    for (i64 kt0 = kb_lo; kt0 < kb_hi; kt0 += BN) {
-        __syncthreads();  // the previous K/V tile is consumed (and sQ is written, first time)
-        gather_rows(s_krows, BN, p, kt0, kb_hi, a.k_start);
+    const u16* kbase = k + b * a.k_sb + h * a.k_sh;
+    const u16* vbase = v + b * a.v_sb + h * a.v_sh;
+    // Stage the first K/V tile.
+    if (kb_lo < kb_hi) {
+        gather_rows(s_krows[0], BN, p, kb_lo, kb_hi, a.k_start);
         __syncthreads();
-        load_tile<D, LD>(sK, s_krows, BN, k + b * a.k_sb + h * a.k_sh, a.k_ss, a.d, a.vec & 2);
-        load_tile<D, LD>(sV, s_krows, BN, v + b * a.v_sb + h * a.v_sh, a.v_ss, a.d, a.vec & 4);
-        __syncthreads();
+        load_tile_async<D, LD>(sKs, s_krows[0], BN, kbase, a.k_ss, a.d, a.vec & 2);
+        load_tile_async<D, LD>(sVs, s_krows[0], BN, vbase, a.v_ss, a.d, a.vec & 4);
+        cp_async_commit();
+    }
+    int stage = 0;
+    for (i64 kt0 = kb_lo; kt0 < kb_hi; kt0 += BN, stage ^= 1) {
+        const u16* sK = sKs + stage * BN * LD;
+        const u16* sV = sVs + stage * BN * LD;
+        if (kt0 + BN < kb_hi) {  // start the next tile into the other stage, wait for this one
+            gather_rows(s_krows[stage ^ 1], BN, p, kt0 + BN, kb_hi, a.k_start);
+            __syncthreads();
+            load_tile_async<D, LD>(sKs + (stage ^ 1) * BN * LD, s_krows[stage ^ 1], BN, kbase, a.k_ss, a.d, a.vec & 2);
+            load_tile_async<D, LD>(sVs + (stage ^ 1) * BN * LD, s_krows[stage ^ 1], BN, vbase, a.v_ss, a.d, a.vec & 4);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // this stage (and sQ, the first time) visible to every warp
         const bool full = full_tile(p, t0, BM, q_hi, kt0, BN, kb_hi, a.causal);
 
         float s[NS][4];
@@ -123,6 +142,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
                 mma16816(o[j + 1], pf, bf + 2, E());
             }
         }
+        __syncthreads();  // every warp is done with this stage before it is refilled
     }
 
     // Row sums live in the 4 threads of a group; merge the tile into the partial.
@@ -158,7 +178,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
 }
 
 // Shared memory of one block (bytes); mirrored by `mma_smem_bytes` in src/cuda/plan.rs.
-#define MMA_SMEM(D, BN) ((64 + 2 * (BN)) * ((D) + 8) * 2)  // dynamic; plus 1 KiB static row indices
+#define MMA_SMEM(D, BN) ((64 + 4 * (BN)) * ((D) + 8) * 2)  // dynamic; plus static row indices
 
 #define ATTN_MMA_KERNEL(NAME, E, D, BN)                                                                    \
     extern "C" __global__ void __launch_bounds__(128) dilated_fwd_mma_##NAME##_d##D(                       \

@@ -93,6 +93,42 @@ __device__ __forceinline__ void load_tile(u16* dst, const i64* s_rows, int rows,
     }
 }
 
+// cp.async (sm_80+): 16-byte global -> shared copies that complete in the background;
+// `src_bytes = 0` writes zeros. commit/wait group them (the emulator copies at once).
+#ifdef ATTN_CPU_EMULATION
+__device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int src_bytes) { emu_cp_async16(dst, src, src_bytes); }
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {}
+#else
+__device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+#endif
+
+// Like load_tile, but the 16-byte path goes through cp.async (call cp_async_commit after,
+// and cp_async_wait + __syncthreads before reading). Needs a barrier after gather_rows.
+template <int D, int LD>
+__device__ __forceinline__ void load_tile_async(u16* dst, const i64* s_rows, int rows, const u16* base,
+                                                i64 row_stride, i64 d, bool vec) {
+    if (vec) {
+        constexpr int CH = D / 8;
+        for (int i = threadIdx.x; i < rows * CH; i += blockDim.x) {
+            const int row = i / CH, ch = i % CH;
+            const i64 r = s_rows[row];
+            const bool ok = r >= 0 && ch * 8 < d;
+            cp_async16(dst + row * LD + ch * 8, ok ? base + r * row_stride + ch * 8 : base, ok ? 16 : 0);
+        }
+    } else {
+        load_tile<D, LD>(dst, s_rows, rows, base, row_stride, d, false);
+    }
+}
+
 // Whether every (row, key) of a tile is attended: rows [t0, t0+m) and keys [k0, k0+n)
 // all valid, all in one segment, and (causal) every key <= every row. Then no mask is needed.
 __device__ __forceinline__ bool full_tile(const Pattern& p, i64 t0, i64 m, i64 t_end, i64 k0, i64 n, i64 k_end,

@@ -5,6 +5,7 @@
 // Emulated: threadIdx/blockIdx/blockDim/gridDim, __syncthreads (block barrier),
 // __syncwarp and __shfl_xor_sync (per-warp barrier + exchange buffer), atomicAdd(float),
 // static and dynamic shared memory (blocks run one after another), ldmatrix (.trans),
+// cp.async (copied at once, so missing waits are NOT detected),
 // bf16/f16 conversions
 // with round-to-nearest-even, and mma.sync.m16n8k16 (row.col, f32 accumulate) from the
 // fragment layout in the PTX ISA. Not emulated: timing, memory-model races, ptxas.
@@ -146,6 +147,12 @@ inline void emu_ldmatrix_x4(unsigned* r, const unsigned short* p, bool trans) {
         r[i] = lo | (hi << 16);
     }
     w.bar.arrive_and_wait();
+}
+
+// cp.async: the emulator copies at once (src_bytes 0 = zero fill).
+inline void emu_cp_async16(unsigned short* dst, const unsigned short* src, int src_bytes) {
+    if (src_bytes == 16) std::memcpy(dst, src, 16);
+    else std::memset(dst, 0, 16);
 }
 
 namespace emu {

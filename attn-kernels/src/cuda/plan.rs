@@ -129,9 +129,10 @@ pub fn mma_block_n(padded_d: usize) -> usize {
     if padded_d <= 128 { 64 } else { 32 }
 }
 
-/// Dynamic shared memory of the tensor-core forward (`MMA_SMEM` in `dilated_fwd_mma.cu`).
+/// Dynamic shared memory of the tensor-core forward (`MMA_SMEM` in `dilated_fwd_mma.cu`):
+/// the Q tile and two K/V stages.
 pub fn mma_smem_bytes(padded_d: usize) -> usize {
-    (MMA_BLOCK_M + 2 * mma_block_n(padded_d)) * (padded_d + 8) * 2
+    (MMA_BLOCK_M + 4 * mma_block_n(padded_d)) * (padded_d + 8) * 2
 }
 
 /// Pick the forward kernel (`suffix` is `f32`, `f16` or `bf16`).
@@ -279,7 +280,7 @@ mod tests {
         let ForwardKernel::Mma { name, padded_d, smem_bytes, .. } = forward_kernel(DType::BF16, "bf16", 96) else {
             panic!("expected the MMA kernel")
         };
-        assert_eq!((name.as_str(), padded_d, smem_bytes), ("dilated_fwd_mma_bf16_d128", 128, 192 * 136 * 2));
+        assert_eq!((name.as_str(), padded_d, smem_bytes), ("dilated_fwd_mma_bf16_d128", 128, 320 * 136 * 2));
         assert!(mma_smem_bytes(256) <= 163 * 1024, "must fit sm_80's opt-in shared memory");
         assert!(mma_bwd_smem_bytes(128) <= 163 * 1024);
         assert!(matches!(backward_kernel(DType::F16, "f16", 200), BackwardKernel::Rows { .. }));
