@@ -39,11 +39,24 @@ struct Unit {
     c1: usize,
 }
 
-/// Backward work: a query chunk (dq) or a key chunk (dk, dv).
+/// Backward work: a query chunk (dq), a key chunk (dk, dv), or (single-pattern heads) a
+/// whole segment (dq, dk and dv in one pass).
 #[derive(Debug, Clone, Copy)]
 enum Task {
     Dq(Unit),
     Dkv(Unit),
+    Fused(Unit),
+}
+
+/// Where a unit's gradient goes: (index into the geometry list, destination, accumulator).
+type Target<'s, 'a, T> = (usize, &'s DisjointSlice<'a, T>, Acc);
+
+/// Which accumulator of [`Scratch`] holds a gradient.
+#[derive(Debug, Clone, Copy)]
+enum Acc {
+    A,
+    B,
+    C,
 }
 
 /// Everything a unit needs to read, shared by all units of a call.
@@ -73,9 +86,11 @@ struct Scratch {
     delta: Vec<f32>,
     acc_a: Vec<f32>,
     acc_b: Vec<f32>,
+    acc_c: Vec<f32>,
     acc_l: Vec<f32>,
     pa: Vec<f32>,
     pb: Vec<f32>,
+    pc: Vec<f32>,
     pl: Vec<f32>,
 }
 
@@ -95,6 +110,30 @@ fn chunk_len(cfg: &DilatedConfig, batch: usize, heads: usize, seq: usize) -> usi
         ch = ch.div_ceil(2);
     }
     ch
+}
+
+/// Largest segment (selected rows) the fused backward takes; bigger ones use the
+/// two-kernel backward (bounded per-worker memory either way).
+const FUSED_MAX_ROWS: usize = 8192;
+
+/// Whole-segment units for the fused backward: HeadGroups mixing (one pattern per head),
+/// segments of at most `FUSED_MAX_ROWS` selected rows, and at least 8 units (a shape-only
+/// rule, so the choice never depends on the thread count).
+fn fused_units(plan: &Plan<'_, impl Element>, batch: usize, seq: usize) -> Option<Vec<Unit>> {
+    let mut out = Vec::new();
+    for (h, hp) in plan.heads.iter().enumerate() {
+        let [(_, p)] = hp.patterns.as_slice() else { return None };
+        if p.w.min(seq).div_ceil(p.r) > FUSED_MAX_ROWS {
+            return None;
+        }
+        for b in 0..batch {
+            for seg in 0..p.num_segments(seq) {
+                let r = p.segment_bounds(seg, seq);
+                out.push(Unit { b, h, c0: r.start, c1: r.end });
+            }
+        }
+    }
+    (out.len() >= 8).then_some(out)
 }
 
 fn units(batch: usize, heads: usize, seq: usize, ch: usize) -> Vec<Unit> {
@@ -243,31 +282,46 @@ impl CpuBackend {
         check_same(TensorName::GradQuery, dq.shape(), s)?;
         check_same(TensorName::GradKey, dk.shape(), k.shape())?;
         check_same(TensorName::GradValue, dv.shape(), k.shape())?;
-        let ch = chunk_len(cfg, s.batch, s.heads, s.seq);
-        let mut work: Vec<Task> = units(s.batch, s.heads, s.seq, ch).into_iter().map(Task::Dq).collect();
-        work.extend(units(s.batch, s.heads, k.shape().seq, ch).into_iter().map(Task::Dkv));
+        let work: Vec<Task> = match fused_units(&plan, s.batch, s.seq) {
+            Some(f) => f.into_iter().map(Task::Fused).collect(),
+            None => {
+                let ch = chunk_len(cfg, s.batch, s.heads, s.seq);
+                let mut w: Vec<Task> = units(s.batch, s.heads, s.seq, ch).into_iter().map(Task::Dq).collect();
+                w.extend(units(s.batch, s.heads, k.shape().seq, ch).into_iter().map(Task::Dkv));
+                w
+            }
+        };
         let geoms = [(dq.shape(), dq.strides()), (dk.shape(), dk.strides()), (dv.shape(), dv.strides())];
         let (dq_rows, dk_rows, dv_rows) =
             (DisjointSlice::new(dq.data_mut()), DisjointSlice::new(dk.data_mut()), DisjointSlice::new(dv.data_mut()));
         let grads = Grads { out, lse, grad_out };
         self.pool.install(|| {
             work.par_iter().for_each_init(Scratch::default, |ws, task| {
-                let (u, targets): (Unit, &[(usize, &DisjointSlice<'_, T>)]) = match *task {
+                let (u, targets): (Unit, &[Target<'_, '_, T>]) = match *task {
                     Task::Dq(u) => {
                         dq_unit(&plan, &grads, u, ws);
-                        (u, &[(0, &dq_rows)])
+                        (u, &[(0, &dq_rows, Acc::A)])
                     }
                     Task::Dkv(u) => {
                         dkv_unit(&plan, &grads, u, ws);
-                        (u, &[(1, &dk_rows), (2, &dv_rows)])
+                        (u, &[(1, &dk_rows, Acc::A), (2, &dv_rows, Acc::B)])
+                    }
+                    Task::Fused(u) => {
+                        fused_unit(&plan, &grads, u, ws);
+                        (u, &[(0, &dq_rows, Acc::C), (1, &dk_rows, Acc::A), (2, &dv_rows, Acc::B)])
                     }
                 };
-                for &(which, rows) in targets {
-                    let acc = if which == 2 { &ws.acc_b } else { &ws.acc_a };
+                for &(which, rows, acc) in targets {
+                    let acc = match acc {
+                        Acc::A => &ws.acc_a,
+                        Acc::B => &ws.acc_b,
+                        Acc::C => &ws.acc_c,
+                    };
                     for t in 0..u.c1 - u.c0 {
                         let off = row_offset(geoms[which], u.b, u.c0 + t, u.h);
                         // SAFETY: this unit is the only writer of rows (b, c0..c1, h) of this
-                        // gradient (dq units own query chunks, dkv units key chunks).
+                        // gradient (dq units own query chunks, dkv units key chunks, fused
+                        // units whole segments; each kind of work list partitions the rows).
                         let row = unsafe { rows.range_mut(off, plan.d) };
                         for (o, a) in row.iter_mut().zip(&acc[t * plan.d..]) {
                             *o = T::from_f32(*a);
@@ -496,12 +550,53 @@ fn dkv_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit, ws: &mut 
             let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
             let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
             let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
-            dkv_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &qg, &mut ws.bwd, pdk, pdv);
+            dkv_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &qg, &mut ws.bwd, pdk, pdv, None);
             for (j, &kp) in ws.kpos.iter().enumerate() {
                 let t = kp - u.c0;
                 ws.acc_a[t * d..(t + 1) * d].iter_mut().zip(&pdk[j * d..]).for_each(|(a, b)| *a += b);
                 ws.acc_b[t * d..(t + 1) * d].iter_mut().zip(&pdv[j * d..]).for_each(|(a, b)| *a += b);
             }
         }
+    }
+}
+
+/// dq, dk, dv of one whole segment of a single-pattern head, in one pass, into
+/// `ws.acc_c`, `ws.acc_a`, `ws.acc_b` (`[c1-c0, d]` each).
+fn fused_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit, ws: &mut Scratch) {
+    let (d, n) = (plan.d, u.c1 - u.c0);
+    let seq = plan.q.shape().seq;
+    zeroed(&mut ws.acc_a, n * d, 0.0);
+    zeroed(&mut ws.acc_b, n * d, 0.0);
+    zeroed(&mut ws.acc_c, n * d, 0.0);
+    let hp = &plan.heads[u.h];
+    let p = hp.patterns[0].1;
+    fill_positions(&mut ws.qpos, p.selected_in_segment(p.segment_of(u.c0), seq));
+    if ws.qpos.is_empty() {
+        return;
+    }
+    ws.kpos.clone_from(&ws.qpos);
+    fill_offsets(&mut ws.qoff, &plan.q, u.b, u.h, &ws.qpos);
+    fill_offsets(&mut ws.koff, &plan.k, u.b, u.h, &ws.kpos);
+    fill_offsets(&mut ws.voff, &plan.v, u.b, u.h, &ws.kpos);
+    query_grads(plan, g, u, ws);
+    let m = ws.qpos.len();
+    let pdk = zeroed(&mut ws.pa, m * d, 0.0);
+    let pdv = zeroed(&mut ws.pb, m * d, 0.0);
+    let pdq = zeroed(&mut ws.pc, m * d, 0.0);
+    let qg = QueryGrads {
+        go: PieceRows { data: g.grad_out.data(), offsets: &ws.goff, pos: &ws.qpos },
+        go_scale: hp.out_scale as f32,
+        lse: &ws.lse,
+        delta: &ws.delta,
+    };
+    let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
+    let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
+    let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
+    dkv_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &qg, &mut ws.bwd, pdk, pdv, Some(pdq));
+    for (i, &pos) in ws.qpos.iter().enumerate() {
+        let t = pos - u.c0;
+        ws.acc_a[t * d..(t + 1) * d].copy_from_slice(&pdk[i * d..(i + 1) * d]);
+        ws.acc_b[t * d..(t + 1) * d].copy_from_slice(&pdv[i * d..(i + 1) * d]);
+        ws.acc_c[t * d..(t + 1) * d].copy_from_slice(&pdq[i * d..(i + 1) * d]);
     }
 }

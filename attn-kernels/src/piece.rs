@@ -129,7 +129,7 @@ pub(crate) fn backward_block<T: Element>(
         dv.clear();
         dv.resize(h.rows.len() * d, 0.0);
         dq_piece(isa, scale, d, causal, &qr, &kr, &vr, &qg, &mut ws, &mut dq);
-        dkv_piece(isa, scale, d, causal, &qr, &kr, &vr, &qg, &mut ws, &mut dk, &mut dv);
+        dkv_piece(isa, scale, d, causal, &qr, &kr, &vr, &qg, &mut ws, &mut dk, &mut dv, None);
         for (i, &r) in g.rows.iter().enumerate() {
             grads.dq[r * d..(r + 1) * d].iter_mut().zip(&dq[i * d..]).for_each(|(a, b)| *a += b);
         }

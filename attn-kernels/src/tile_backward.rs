@@ -30,7 +30,9 @@ pub(crate) struct BackwardScratch {
     e: Vec<f32>,
     f: Vec<f32>,
     acc1: Vec<f32>,
+    acc2: Vec<f32>,
     s: Vec<f32>,
+    dst: Vec<f32>,
     dp: Vec<f32>,
     sub: Vec<f32>,
 }
@@ -118,7 +120,9 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
 }
 
 /// `dk[j*d..] += scale * sum_i dS_ij q_i` and `dv[j*d..] += sum_i P_ij go_i` for the
-/// piece's keys (all queries of the piece).
+/// piece's keys (all queries of the piece). With `dq`, also `dq[i*d..] += scale * sum_j
+/// dS_ij k_j` for the piece's queries (fused backward: valid when the caller owns all
+/// keys the queries see, i.e. the piece is a whole segment of a single-pattern head).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dkv_piece<T: Element, G: Element>(
     isa: Isa,
@@ -132,6 +136,7 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
     ws: &mut BackwardScratch,
     dk: &mut [f32],
     dv: &mut [f32],
+    dq: Option<&mut [f32]>,
 ) {
     let (nk, dp) = (k.len(), padded(d));
     if nk == 0 {
@@ -161,7 +166,11 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
         }
     }
     let s = scratch(&mut ws.s, ROW_BLOCK * KEY_TILE);
-    let dpb = scratch(&mut ws.dp, ROW_BLOCK * KEY_TILE);
+    // dS^T of a whole key chunk x query tile (rows are keys), and its transpose for dq.
+    let ds_all = scratch(&mut ws.dp, QUERY_CHUNK * KEY_TILE);
+    let ds_t = scratch(&mut ws.dst, KEY_TILE * QUERY_CHUNK);
+    let dq_acc = scratch(&mut ws.acc2, if dq.is_some() { nq * dp } else { 0 });
+    dq_acc.fill(0.0);
     for k0 in (0..nk).step_by(QUERY_CHUNK) {
         let kn = (nk - k0).min(QUERY_CHUNK);
         let kbuf = scratch(&mut ws.f, 2 * kn * dp);
@@ -178,11 +187,14 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
             if causal && qpos[n - 1] < kpos[0] {
                 continue;
             }
+            let mut rows_done = 0;
             for r0 in (0..kn).step_by(ROW_BLOCK) {
                 let rn = (kn - r0).min(ROW_BLOCK);
                 if causal && qpos[n - 1] < kpos[r0] {
                     break; // this and later key rows come after every query of the tile
                 }
+                rows_done = r0 + rn;
+                let dpb = &mut ds_all[r0 * KEY_TILE..(r0 + rn) * KEY_TILE];
                 ops::gemm(isa, rn, dp, &kbuf[r0 * dp..], dp, &qt[t * tile..], KEY_TILE, KEY_TILE, s, KEY_TILE, false);
                 ops::gemm(isa, rn, dp, &vbuf[r0 * dp..], dp, &gt[t * tile..], KEY_TILE, KEY_TILE, dpb, KEY_TILE, false);
                 for i in 0..rn {
@@ -202,11 +214,27 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 ops::gemm(isa, rn, n, s, KEY_TILE, &gr[t * tile..], dp, dp, &mut dv_acc[r0 * dp..], dp, true);
                 ops::gemm(isa, rn, n, dpb, KEY_TILE, &qr[t * tile..], dp, dp, &mut dk_acc[r0 * dp..], dp, true);
             }
+            if dq.is_some() && rows_done > 0 {
+                // dQ[tile] += dS (queries x keys) * K[chunk], one product of depth `rows_done`.
+                for i in 0..rows_done {
+                    for j in 0..n {
+                        ds_t[j * QUERY_CHUNK + i] = ds_all[i * KEY_TILE + j];
+                    }
+                }
+                let c = &mut dq_acc[t * KEY_TILE * dp..];
+                ops::gemm(isa, n, rows_done, ds_t, QUERY_CHUNK, kbuf, dp, dp, c, dp, true);
+            }
         }
         for j in 0..kn {
             let (dkr, dvr) = (&mut dk[(k0 + j) * d..(k0 + j + 1) * d], &mut dv[(k0 + j) * d..(k0 + j + 1) * d]);
             dkr.iter_mut().zip(&dk_acc[j * dp..]).for_each(|(a, b)| *a += scale * b);
             dvr.iter_mut().zip(&dv_acc[j * dp..]).for_each(|(a, b)| *a += b);
+        }
+    }
+    if let Some(dq) = dq {
+        for i in 0..nq {
+            let dst = &mut dq[(first_q + i) * d..(first_q + i + 1) * d];
+            dst.iter_mut().zip(&dq_acc[i * dp..]).for_each(|(a, b)| *a += scale * b);
         }
     }
 }

@@ -7,14 +7,18 @@ use attn_core::{AttnError, DilatedConfig, Mixing, Shape4, TensorView, TensorView
 use attn_kernels::CpuBackend;
 use attn_testkit::random_vec;
 
-fn cfg(causal: bool) -> DilatedConfig {
+fn cfg_with(mixing: Mixing, causal: bool) -> DilatedConfig {
     DilatedConfig::builder()
         .segments(&[64, 128, 256])
         .dilations(&[1, 2, 4])
-        .mixing(Mixing::LongNet)
+        .mixing(mixing)
         .causal(causal)
         .build()
         .unwrap()
+}
+
+fn cfg(causal: bool) -> DilatedConfig {
+    cfg_with(Mixing::LongNet, causal)
 }
 
 type Run = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
@@ -34,9 +38,15 @@ fn bits(x: &[f32]) -> Vec<u32> {
 
 #[test]
 fn results_are_bit_identical_for_any_thread_count() {
-    for (causal, shape) in [(false, Shape4::new(2, 700, 3, 40).unwrap()), (true, Shape4::new(1, 1000, 2, 64).unwrap())]
-    {
-        let cfg = cfg(causal);
+    // LongNet (two-kernel backward) and HeadGroups (fused whole-segment backward).
+    let cases = [
+        (Mixing::LongNet, false, Shape4::new(2, 700, 3, 40).unwrap()),
+        (Mixing::LongNet, true, Shape4::new(1, 1000, 2, 64).unwrap()),
+        (Mixing::HeadGroups, true, Shape4::new(1, 1000, 3, 64).unwrap()),
+        (Mixing::HeadGroups, false, Shape4::new(2, 333, 4, 24).unwrap()),
+    ];
+    for (mixing, causal, shape) in cases {
+        let cfg = cfg_with(mixing, causal);
         let one = run_all(1, &cfg, shape);
         for threads in [2, 3] {
             let many = run_all(threads, &cfg, shape);

@@ -118,6 +118,9 @@ fn multi_tile_cases_match_reference() {
         (&[256, 512][..], &[1, 2][..], Mixing::LongNet, false, 530, 1, 64),
         (&[200, 400, 700][..], &[1, 3, 5][..], Mixing::HeadGroups, true, 700, 4, 24),
         (&[300][..], &[1][..], Mixing::HeadGroups, false, 301, 1, 72),
+        // Enough whole segments for the fused backward, with a causal ragged tail.
+        (&[128, 256][..], &[1, 2][..], Mixing::HeadGroups, true, 900, 3, 64),
+        (&[96, 160][..], &[1, 3][..], Mixing::HeadGroups, false, 777, 2, 20),
     ];
     for (i, (w, r, mixing, causal, n, h, d)) in cases.into_iter().enumerate() {
         let cfg = DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causal(causal).build().unwrap();
