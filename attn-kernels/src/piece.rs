@@ -6,7 +6,7 @@ use attn_core::{Element, LseMerge, SegmentPattern};
 
 use crate::isa::Isa;
 use crate::pack::PieceRows;
-use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece, dq_piece};
+use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece};
 use crate::tile_forward::{ForwardScratch, forward_piece};
 
 /// A block's rows as `(data, stride, positions)`.
@@ -128,8 +128,8 @@ pub(crate) fn backward_block<T: Element>(
         dk.resize(h.rows.len() * d, 0.0);
         dv.clear();
         dv.resize(h.rows.len() * d, 0.0);
-        dq_piece(isa, scale, d, causal, &qr, &kr, &vr, &qg, &mut ws, &mut dq);
-        dkv_piece(isa, scale, d, causal, &qr, &kr, &vr, &qg, &mut ws, &mut dk, &mut dv, None);
+        // The piece owns all its rows here, so dq, dk and dv come from one fused pass.
+        dkv_piece(isa, scale, d, causal, &qr, &kr, &vr, &qg, &mut ws, &mut dk, &mut dv, Some(&mut dq));
         for (i, &r) in g.rows.iter().enumerate() {
             grads.dq[r * d..(r + 1) * d].iter_mut().zip(&dq[i * d..]).for_each(|(a, b)| *a += b);
         }
