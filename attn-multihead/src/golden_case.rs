@@ -4,12 +4,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use attn_core::{AttnError, Mixing, Result};
+use attn_ring::{Layout, Strategy, ThreadComm};
 
 use crate::backend::AttentionBackend;
 use crate::config::MultiheadConfig;
 use crate::dropout::Mode;
 use crate::float::LayerFloat;
 use crate::layer::MultiheadDilatedAttention;
+use crate::ring_layer::RingBackend;
 use crate::weights::MultiheadWeights;
 use crate::weights_io::{ExtraTensors, TensorSource, load_params};
 
@@ -61,39 +63,135 @@ pub fn config_from_metadata(m: &BTreeMap<String, String>, has_bias: bool) -> Res
     Ok(cfg)
 }
 
-/// Run a `kind=multihead` case: build the layer from the metadata, load its weights
-/// from `tensors` (PyTorch names), and return the output for `query` (and `key`,
-/// `value` when `cross_attention` is true), `[batch, seq, embed]`.
+/// A `kind=multihead` case ready to run: the layer config and weights, and the inputs.
+#[derive(Debug, Clone)]
+pub struct PreparedCase<F> {
+    pub config: MultiheadConfig,
+    pub weights: MultiheadWeights<F>,
+    pub query: Vec<F>,
+    /// `(key, value)` for cross-attention.
+    pub key_value: Option<(Vec<F>, Vec<F>)>,
+    pub batch: usize,
+    pub q_seq: usize,
+    pub kv_seq: usize,
+}
+
+/// Build the layer config from the metadata, load the weights from `tensors` (PyTorch
+/// names), and read `query` (and `key`, `value` when `cross_attention` is true).
+pub fn prepare_case<F: LayerFloat>(
+    m: &BTreeMap<String, String>,
+    tensors: &impl TensorSource,
+) -> Result<PreparedCase<F>> {
+    let kind = meta(m, "kind")?;
+    if kind != "multihead" {
+        return Err(AttnError::Format(format!("kind=`{kind}` is not a multihead case")));
+    }
+    let config = config_from_metadata(m, tensors.tensor_shape("q_proj.bias").is_some())?;
+    let mut weights = MultiheadWeights::<F>::magneto(&config, 0);
+    load_params(&mut weights, tensors, ExtraTensors::Ignore)?;
+    let (qshape, query) = tensors.read_tensor::<F>("query")?;
+    let e = config.embed_dim;
+    let dims = |s: &[usize], name: &str| -> Result<(usize, usize)> {
+        match s {
+            [b, n, x] if *x == e => Ok((*b, *n)),
+            _ => Err(AttnError::Format(format!("`{name}` has shape {s:?}, expected [batch, seq, {e}]"))),
+        }
+    };
+    let (batch, q_seq) = dims(&qshape, "query")?;
+    let cross = m.get("cross_attention").map(|_| parse_bool(m, "cross_attention")).transpose()?.unwrap_or(false);
+    let (key_value, kv_seq) = if cross {
+        let (kshape, key) = tensors.read_tensor::<F>("key")?;
+        let (vshape, value) = tensors.read_tensor::<F>("value")?;
+        let (kb, kv_seq) = dims(&kshape, "key")?;
+        if kb != batch || vshape != kshape {
+            return Err(AttnError::Format(format!("key {kshape:?} / value {vshape:?} disagree with query {qshape:?}")));
+        }
+        (Some((key, value)), kv_seq)
+    } else {
+        (None, q_seq)
+    };
+    Ok(PreparedCase { config, weights, query, key_value, batch, q_seq, kv_seq })
+}
+
+/// Run a `kind=multihead` case on `backend`; returns the output `[batch, seq, embed]`.
 pub fn forward_case<F: LayerFloat>(
     m: &BTreeMap<String, String>,
     tensors: &impl TensorSource,
     backend: Arc<dyn AttentionBackend<F>>,
 ) -> Result<Vec<F>> {
-    let kind = meta(m, "kind")?;
-    if kind != "multihead" {
-        return Err(AttnError::Format(format!("kind=`{kind}` is not a multihead case")));
+    let c = prepare_case::<F>(m, tensors)?;
+    let layer = MultiheadDilatedAttention::from_weights(c.config, c.weights, backend)?;
+    match &c.key_value {
+        None => layer.forward(&c.query, c.batch, c.q_seq, Mode::Eval),
+        Some((k, v)) => Ok(layer.forward_cross(&c.query, k, v, c.batch, c.q_seq, c.kv_seq, Mode::Eval)?.0),
     }
-    let cfg = config_from_metadata(m, tensors.tensor_shape("q_proj.bias").is_some())?;
-    let mut weights = MultiheadWeights::<F>::magneto(&cfg, 0);
-    load_params(&mut weights, tensors, ExtraTensors::Ignore)?;
-    let layer = MultiheadDilatedAttention::from_weights(cfg.clone(), weights, backend)?;
-    let (qshape, query) = tensors.read_tensor::<F>("query")?;
-    let dims = |s: &[usize], name: &str| -> Result<(usize, usize)> {
-        match s {
-            [b, n, e] if *e == cfg.embed_dim => Ok((*b, *n)),
-            _ => Err(AttnError::Format(format!("`{name}` has shape {s:?}, expected [batch, seq, {}]", cfg.embed_dim))),
+}
+
+/// Rows `positions` of every batch of a `[batch, seq, e]` buffer.
+fn gather_rows<F: Copy>(x: &[F], seq: usize, e: usize, positions: &[usize]) -> Vec<F> {
+    let batch = x.len() / (seq * e).max(1);
+    let mut out = Vec::with_capacity(batch * positions.len() * e);
+    for b in 0..batch {
+        for &p in positions {
+            out.extend_from_slice(&x[(b * seq + p) * e..][..e]);
         }
-    };
-    let (batch, q_seq) = dims(&qshape, "query")?;
-    let cross = m.get("cross_attention").map(|_| parse_bool(m, "cross_attention")).transpose()?.unwrap_or(false);
-    if !cross {
-        return layer.forward(&query, batch, q_seq, Mode::Eval);
     }
-    let (kshape, key) = tensors.read_tensor::<F>("key")?;
-    let (vshape, value) = tensors.read_tensor::<F>("value")?;
-    let (kb, kv_seq) = dims(&kshape, "key")?;
-    if kb != batch || vshape != kshape {
-        return Err(AttnError::Format(format!("key {kshape:?} / value {vshape:?} disagree with query {qshape:?}")));
+    out
+}
+
+/// Run a `kind=multihead` case on `world` in-process ranks ([`ThreadComm`]) with the
+/// sequence split by `layout` and attention by `strategy`; returns the assembled output.
+/// Cross-attention needs keys as long as the queries (one split for both).
+pub fn forward_case_ring(
+    m: &BTreeMap<String, String>,
+    tensors: &impl TensorSource,
+    world: usize,
+    layout: Layout,
+    strategy: Strategy,
+) -> Result<Vec<f32>> {
+    let c = prepare_case::<f32>(m, tensors)?;
+    if c.kv_seq != c.q_seq {
+        return Err(AttnError::InvalidArgument(format!(
+            "ring cross-attention needs kv_seq == q_seq (got {} and {})",
+            c.kv_seq, c.q_seq
+        )));
     }
-    Ok(layer.forward_cross(&query, &key, &value, batch, q_seq, kv_seq, Mode::Eval)?.0)
+    let (e, seq, batch) = (c.config.embed_dim, c.q_seq, c.batch);
+    let comms = ThreadComm::world(world)?;
+    let ranks: Vec<Result<(Vec<usize>, Vec<f32>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let c = &c;
+                s.spawn(move || -> Result<(Vec<usize>, Vec<f32>)> {
+                    let backend = Arc::new(RingBackend::new(comm, seq, layout, strategy)?);
+                    let pos = backend.positions()?;
+                    let layer = MultiheadDilatedAttention::from_weights(c.config.clone(), c.weights.clone(), backend)?;
+                    let q = gather_rows(&c.query, seq, e, &pos);
+                    let y = match &c.key_value {
+                        None => layer.forward(&q, batch, pos.len(), Mode::Eval)?,
+                        Some((k, v)) => {
+                            let (k, v) = (gather_rows(k, seq, e, &pos), gather_rows(v, seq, e, &pos));
+                            layer.forward_cross(&q, &k, &v, batch, pos.len(), pos.len(), Mode::Eval)?.0
+                        }
+                    };
+                    Ok((pos, y))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(AttnError::InvalidArgument("a rank panicked".into()))))
+            .collect()
+    });
+    let mut out = vec![0f32; batch * seq * e];
+    for r in ranks {
+        let (pos, y) = r?;
+        for b in 0..batch {
+            for (j, &p) in pos.iter().enumerate() {
+                out[(b * seq + p) * e..][..e].copy_from_slice(&y[(b * pos.len() + j) * e..][..e]);
+            }
+        }
+    }
+    Ok(out)
 }

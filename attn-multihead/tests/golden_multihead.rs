@@ -48,3 +48,23 @@ fn golden_files_pass_on_the_cpu_kernels() {
     run::<f32>(cpu.clone(), 0.0);
     run::<f64>(cpu, 0.0);
 }
+
+#[test]
+fn golden_files_pass_on_the_ring_layer_for_every_strategy_and_layout() {
+    use attn_multihead::golden_case::forward_case_ring;
+    use attn_ring::{Layout, Strategy};
+    for case in cases() {
+        let want = &case.tensor("out").unwrap().data;
+        let bound = case.rel_tol().unwrap();
+        for (world, layout, strategy) in [
+            (2, Layout::Contiguous, Strategy::Auto),
+            (3, Layout::Contiguous, Strategy::Ring),
+            (2, Layout::Zigzag, Strategy::AllGather),
+            (4, Layout::Zigzag, Strategy::Ring),
+        ] {
+            let out = forward_case_ring(&case.meta, &source(&case), world, layout, strategy).unwrap();
+            let err = rel_l2_error(&out, want);
+            assert!(err <= bound, "{} p={world} {layout:?} {strategy:?}: {err:.2e}", case.name);
+        }
+    }
+}
