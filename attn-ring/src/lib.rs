@@ -35,4 +35,4 @@ pub use in_process::{
     run_in_process, run_in_process_backward, run_in_process_with_timeout,
 };
 pub use layout::Layout;
-pub use plan::{PatternStrategy, Plan, RingProblem, Strategy, expected_bytes};
+pub use plan::{PatternStrategy, Plan, RingProblem, Strategy, expected_bytes, forward_buffer_bytes};

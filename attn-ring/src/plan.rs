@@ -266,3 +266,44 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
     }
     if backward { fwd.iter().zip(&bwd_extra).map(|(f, x)| 2 * f + x).collect() } else { fwd }
 }
+
+/// Upper bound of the bytes one rank allocates during a forward beyond the caller's
+/// buffers (q, k, v, out, lse): the f32 accumulators `B*L*H*(D+1)*4`; for the ring, its
+/// own encoded block plus, at one step, one received message and its decoded copy
+/// (`2 * max block`); for all-gather, every message it sends, and every message it
+/// receives with its decoded copy. Position lists (8 bytes per travelling row per
+/// (pattern, head), shared across the batch) are included.
+///
+/// For plain ring attention (one pattern, `w >= n`, `r = 1`) with `L = n/p` rows this is
+/// `B*L*H*(D+1)*4 + 3 * (B*L*H*2*D*e + 9) + H*L*8*2`, i.e. about `(4 + 6e) * B*L*H*D`:
+/// proportional to `n/p`.
+pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
+    let RingProblem { batch, heads, head_dim: d, world: p, seq: n, layout, .. } = plan.problem;
+    let (b, h, d, e) = (batch as u64, heads as u64, d as u64, dtype.size() as u64);
+    let rows = layout.rows(n, p, rank) as u64;
+    let acc = b * rows * h * (d + 1) * 4;
+    let ring_rows = |o: usize| -> u64 { plan.ring_heads.iter().map(|ph| plan.ring_count(o, ph) as u64).sum() };
+    let block = |rows: u64| MSG_HEADER_BYTES + b * rows * 2 * d * e + rows * 8;
+    let mut total = acc;
+    if plan.hops[rank] >= 1 {
+        total += block(ring_rows(rank));
+    }
+    let visiting = (1..=plan.ring_steps())
+        .map(|t| (rank + p - t % p) % p)
+        .filter(|&o| o != rank && plan.hops[o] >= (rank + p - o) % p)
+        .map(|o| block(ring_rows(o)))
+        .max()
+        .unwrap_or(0);
+    total += 2 * visiting;
+    for x in (0..p).filter(|&x| x != rank) {
+        let out: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(rank, x, ph) as u64).sum();
+        let inc: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(x, rank, ph) as u64).sum();
+        if plan.gather_need(rank, x) {
+            total += block(out);
+        }
+        if plan.gather_need(x, rank) {
+            total += 2 * block(inc);
+        }
+    }
+    total
+}

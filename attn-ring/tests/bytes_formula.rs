@@ -75,3 +75,28 @@ fn segment_local_patterns_send_nothing_and_plain_ring_sends_everything() {
     let plan = Plan::new(problem_for(&dil, shape, Layout::Contiguous, Strategy::Ring, 4)).unwrap();
     assert_eq!(expected_bytes(&plan, DType::F32, false), vec![3 * (9 + 4 * 2 * 2 * 8 * 4); 4]);
 }
+
+#[test]
+fn per_rank_buffers_shrink_with_the_world_size() {
+    use attn_ring::forward_buffer_bytes;
+    // Non-causal: every row travels (causal zigzag sends only keys that precede the receiver's queries).
+    let dense = cfg(&[4096], &[1], Mixing::HeadGroups, false);
+    let shape = Shape4::new(1, 4096, 4, 64).unwrap();
+    let at2 = forward_buffer_bytes(
+        &Plan::new(problem_for(&dense, shape, Layout::Zigzag, Strategy::Ring, 2)).unwrap(),
+        DType::F32,
+        0,
+    );
+    for p in [2u64, 4, 8, 16] {
+        let plan = Plan::new(problem_for(&dense, shape, Layout::Zigzag, Strategy::Ring, p as usize)).unwrap();
+        let (b, h, d, l) = (1u64, 4u64, 64u64, 4096 / p);
+        // Closed form for plain ring attention (see `forward_buffer_bytes`).
+        let block = 9 + b * l * h * 2 * d * 4 + h * l * 8;
+        let want = b * l * h * (d + 1) * 4 + 3 * block;
+        for r in 0..p as usize {
+            assert_eq!(forward_buffer_bytes(&plan, DType::F32, r), want, "p={p} rank {r}");
+        }
+        // Proportional to n/p: p times the per-rank bytes stays at the p = 2 figure (within 1%).
+        assert!((want * p).abs_diff(at2 * 2) * 100 < at2 * 2, "p={p}: {want} per rank vs {at2} at p=2");
+    }
+}
