@@ -4,39 +4,31 @@
 //! Work is split into fixed units `(batch, head, position chunk)` that do not depend on
 //! the thread count; each unit computes all patterns of its head for its rows (LongNet
 //! merged by LSE in a unit-local f32 accumulator) and owns its output rows, so results
-//! are bit-identical for any number of threads. The backward runs two kinds of units:
-//! query chunks (own `dq` rows, walk key tiles) and key chunks (own `dk`/`dv` rows, walk
-//! query tiles), recomputing scores from the final LSE.
+//! are bit-identical for any number of threads. The backward recomputes scores from the
+//! final LSE, either in one fused pass per whole segment (units of `lcm(w_i)` positions
+//! own every row they touch) or, for very long segments or few units, with two kinds of
+//! units: query chunks (own `dq` rows) and key chunks (own `dk`/`dv` rows). See `units`.
 //!
 //! Unsafe here: only the disjoint row writes through [`DisjointSlice`] (see SAFETY notes).
 #![allow(unsafe_code)]
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, AttnShape, DilatedConfig, Element, HeadPatterns, LseMerge, Result, Shape4};
+use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, Shape4};
 use attn_core::{TensorView, TensorViewMut};
 use rayon::prelude::*;
 
 use crate::disjoint::DisjointSlice;
 use crate::isa::Isa;
 use crate::ops::{KEY_TILE, QUERY_CHUNK, padded};
-use crate::pack::PieceRows;
-use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece, dq_piece};
-use crate::tile_forward::{ForwardScratch, forward_piece};
+use crate::units::{
+    Grads, Plan, Scratch, Unit, chunk_len, dkv_unit, dq_unit, forward_unit, fused_unit, fused_units, units,
+};
 
 /// The CPU backend: a thread pool (built once) and the kernel flavour.
 #[derive(Debug)]
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     isa: Isa,
-}
-
-/// One work unit: rows `c0..c1` of head `h` of batch `b`.
-#[derive(Debug, Clone, Copy)]
-struct Unit {
-    b: usize,
-    h: usize,
-    c0: usize,
-    c1: usize,
 }
 
 /// Backward work: a query chunk (dq), a key chunk (dk, dv), or (single-pattern heads) a
@@ -57,95 +49,6 @@ enum Acc {
     A,
     B,
     C,
-}
-
-/// Everything a unit needs to read, shared by all units of a call.
-struct Plan<'a, T> {
-    isa: Isa,
-    causal: bool,
-    scale: f32,
-    d: usize,
-    heads: Vec<HeadPatterns>,
-    q: TensorView<'a, T>,
-    k: TensorView<'a, T>,
-    v: TensorView<'a, T>,
-}
-
-/// Per-worker buffers.
-#[derive(Debug, Default)]
-struct Scratch {
-    fwd: ForwardScratch,
-    bwd: BackwardScratch,
-    qpos: Vec<usize>,
-    kpos: Vec<usize>,
-    qoff: Vec<usize>,
-    koff: Vec<usize>,
-    voff: Vec<usize>,
-    goff: Vec<usize>,
-    lse: Vec<f32>,
-    delta: Vec<f32>,
-    acc_a: Vec<f32>,
-    acc_b: Vec<f32>,
-    acc_c: Vec<f32>,
-    acc_l: Vec<f32>,
-    pa: Vec<f32>,
-    pb: Vec<f32>,
-    pc: Vec<f32>,
-    pl: Vec<f32>,
-}
-
-fn zeroed(v: &mut Vec<f32>, len: usize, x: f32) -> &mut [f32] {
-    v.clear();
-    v.resize(len, x);
-    v
-}
-
-/// Rows per work unit: about `2 * QUERY_CHUNK` selected rows per pattern (so each unit
-/// packs its keys once for many queries), smaller when that would leave fewer than 16
-/// units. Depends on the shape only (never the thread count).
-fn chunk_len(cfg: &DilatedConfig, batch: usize, heads: usize, seq: usize) -> usize {
-    let max_r = cfg.dilation_rates().iter().copied().max().unwrap_or(1);
-    let mut ch = (2 * QUERY_CHUNK).saturating_mul(max_r).clamp(1, seq);
-    while ch > 64 && batch * heads * seq.div_ceil(ch) < 16 {
-        ch = ch.div_ceil(2);
-    }
-    ch
-}
-
-/// Largest segment (selected rows) the fused backward takes; bigger ones use the
-/// two-kernel backward (bounded per-worker memory either way).
-const FUSED_MAX_ROWS: usize = 8192;
-
-/// Whole-segment units for the fused backward: HeadGroups mixing (one pattern per head),
-/// segments of at most `FUSED_MAX_ROWS` selected rows, and at least 8 units (a shape-only
-/// rule, so the choice never depends on the thread count).
-fn fused_units(plan: &Plan<'_, impl Element>, batch: usize, seq: usize) -> Option<Vec<Unit>> {
-    let mut out = Vec::new();
-    for (h, hp) in plan.heads.iter().enumerate() {
-        let [(_, p)] = hp.patterns.as_slice() else { return None };
-        if p.w.min(seq).div_ceil(p.r) > FUSED_MAX_ROWS {
-            return None;
-        }
-        for b in 0..batch {
-            for seg in 0..p.num_segments(seq) {
-                let r = p.segment_bounds(seg, seq);
-                out.push(Unit { b, h, c0: r.start, c1: r.end });
-            }
-        }
-    }
-    (out.len() >= 8).then_some(out)
-}
-
-fn units(batch: usize, heads: usize, seq: usize, ch: usize) -> Vec<Unit> {
-    let mut out = Vec::with_capacity(batch * heads * seq.div_ceil(ch));
-    for b in 0..batch {
-        for h in 0..heads {
-            for c0 in (0..seq).step_by(ch) {
-                out.push(Unit { b, h, c0, c1: (c0 + ch).min(seq) });
-            }
-        }
-    }
-    out
 }
 
 fn check_same(tensor: TensorName, got: Shape4, want: Shape4) -> Result<()> {
@@ -411,192 +314,4 @@ fn contiguous3<'a, T: Element>(shape: Shape4, q: &'a [T], k: &'a [T], v: &'a [T]
 fn row_offset(geom: (Shape4, [usize; 4]), b: usize, s: usize, h: usize) -> usize {
     let st = geom.1;
     b * st[0] + s * st[1] + h * st[2]
-}
-
-/// Inputs of the backward besides q, k, v.
-struct Grads<'a, T> {
-    out: TensorView<'a, T>,
-    lse: &'a [f32],
-    grad_out: TensorView<'a, T>,
-}
-
-/// The selected rows of pattern segment `seg` inside `lo..hi`, as positions.
-fn fill_positions(dst: &mut Vec<usize>, it: impl Iterator<Item = usize>) {
-    dst.clear();
-    dst.extend(it);
-}
-
-fn fill_offsets<T: Element>(dst: &mut Vec<usize>, view: &TensorView<'_, T>, b: usize, h: usize, pos: &[usize]) {
-    dst.clear();
-    dst.extend(pos.iter().map(|&p| view.offset(b, p, h)));
-}
-
-/// Forward of one unit into `ws.acc_a` (`[c1-c0, d]`, merged, unscaled) and `ws.acc_l`.
-fn forward_unit<T: Element>(plan: &Plan<'_, T>, u: Unit, ws: &mut Scratch) {
-    let (d, n) = (plan.d, u.c1 - u.c0);
-    let (seq, kv_len) = (plan.q.shape().seq, plan.k.shape().seq);
-    zeroed(&mut ws.acc_a, n * d, 0.0);
-    zeroed(&mut ws.acc_l, n, f32::NEG_INFINITY);
-    for (_, p) in &plan.heads[u.h].patterns {
-        for seg in p.segment_of(u.c0)..=p.segment_of(u.c1 - 1) {
-            let bounds = p.segment_bounds(seg, seq);
-            fill_positions(&mut ws.qpos, p.selected_in_range(bounds.start.max(u.c0)..bounds.end.min(u.c1)));
-            let Some(&last_q) = ws.qpos.last() else { continue };
-            let upper = if plan.causal { last_q } else { usize::MAX };
-            fill_positions(&mut ws.kpos, p.selected_in_segment(seg, kv_len).take_while(|&k| k <= upper));
-            fill_offsets(&mut ws.qoff, &plan.q, u.b, u.h, &ws.qpos);
-            fill_offsets(&mut ws.koff, &plan.k, u.b, u.h, &ws.kpos);
-            fill_offsets(&mut ws.voff, &plan.v, u.b, u.h, &ws.kpos);
-            let nq = ws.qpos.len();
-            let po = zeroed(&mut ws.pa, nq * d, 0.0);
-            let pl = zeroed(&mut ws.pl, nq, f32::NEG_INFINITY);
-            let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
-            let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
-            let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
-            forward_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &mut ws.fwd, po, pl);
-            for (i, &qp) in ws.qpos.iter().enumerate() {
-                let t = qp - u.c0;
-                LseMerge::merge_into(
-                    &mut ws.acc_a[t * d..(t + 1) * d],
-                    &mut ws.acc_l[t],
-                    &po[i * d..(i + 1) * d],
-                    pl[i],
-                );
-            }
-        }
-    }
-}
-
-/// Fill `ws.goff`, `ws.lse`, `ws.delta` for the query positions in `ws.qpos`.
-fn query_grads<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit, ws: &mut Scratch) {
-    let s = plan.q.shape();
-    fill_offsets(&mut ws.goff, &g.grad_out, u.b, u.h, &ws.qpos);
-    ws.lse.clear();
-    ws.lse.extend(ws.qpos.iter().map(|&p| g.lse[(u.b * s.seq + p) * s.heads + u.h]));
-    ws.delta.clear();
-    ws.delta.extend(ws.qpos.iter().map(|&p| {
-        let (go, o) = (g.grad_out.row(u.b, p, u.h), g.out.row(u.b, p, u.h));
-        go.iter().zip(o).map(|(a, b)| a.to_f32() * b.to_f32()).sum::<f32>()
-    }));
-}
-
-/// dq of one query chunk into `ws.acc_a` (`[c1-c0, d]`).
-fn dq_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit, ws: &mut Scratch) {
-    let (d, n) = (plan.d, u.c1 - u.c0);
-    let (seq, kv_len) = (plan.q.shape().seq, plan.k.shape().seq);
-    zeroed(&mut ws.acc_a, n * d, 0.0);
-    let hp = &plan.heads[u.h];
-    for (_, p) in &hp.patterns {
-        for seg in p.segment_of(u.c0)..=p.segment_of(u.c1 - 1) {
-            let bounds = p.segment_bounds(seg, seq);
-            fill_positions(&mut ws.qpos, p.selected_in_range(bounds.start.max(u.c0)..bounds.end.min(u.c1)));
-            let Some(&last_q) = ws.qpos.last() else { continue };
-            let upper = if plan.causal { last_q } else { usize::MAX };
-            fill_positions(&mut ws.kpos, p.selected_in_segment(seg, kv_len).take_while(|&k| k <= upper));
-            fill_offsets(&mut ws.qoff, &plan.q, u.b, u.h, &ws.qpos);
-            fill_offsets(&mut ws.koff, &plan.k, u.b, u.h, &ws.kpos);
-            fill_offsets(&mut ws.voff, &plan.v, u.b, u.h, &ws.kpos);
-            query_grads(plan, g, u, ws);
-            let nq = ws.qpos.len();
-            let pdq = zeroed(&mut ws.pa, nq * d, 0.0);
-            let qg = QueryGrads {
-                go: PieceRows { data: g.grad_out.data(), offsets: &ws.goff, pos: &ws.qpos },
-                go_scale: hp.out_scale as f32,
-                lse: &ws.lse,
-                delta: &ws.delta,
-            };
-            let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
-            let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
-            let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
-            dq_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &qg, &mut ws.bwd, pdq);
-            for (i, &qp) in ws.qpos.iter().enumerate() {
-                let t = qp - u.c0;
-                ws.acc_a[t * d..(t + 1) * d].iter_mut().zip(&pdq[i * d..]).for_each(|(a, b)| *a += b);
-            }
-        }
-    }
-}
-
-/// dk, dv of one key chunk into `ws.acc_a`, `ws.acc_b` (`[c1-c0, d]` each).
-fn dkv_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit, ws: &mut Scratch) {
-    let (d, n) = (plan.d, u.c1 - u.c0);
-    let (seq, kv_len) = (plan.q.shape().seq, plan.k.shape().seq);
-    zeroed(&mut ws.acc_a, n * d, 0.0);
-    zeroed(&mut ws.acc_b, n * d, 0.0);
-    let hp = &plan.heads[u.h];
-    for (_, p) in &hp.patterns {
-        for seg in p.segment_of(u.c0)..=p.segment_of(u.c1 - 1) {
-            let bounds = p.segment_bounds(seg, kv_len);
-            fill_positions(&mut ws.kpos, p.selected_in_range(bounds.start.max(u.c0)..bounds.end.min(u.c1)));
-            let Some(&first_k) = ws.kpos.first() else { continue };
-            let lower = if plan.causal { first_k } else { 0 };
-            fill_positions(&mut ws.qpos, p.selected_in_segment(seg, seq).skip_while(|&q| q < lower));
-            if ws.qpos.is_empty() {
-                continue;
-            }
-            fill_offsets(&mut ws.qoff, &plan.q, u.b, u.h, &ws.qpos);
-            fill_offsets(&mut ws.koff, &plan.k, u.b, u.h, &ws.kpos);
-            fill_offsets(&mut ws.voff, &plan.v, u.b, u.h, &ws.kpos);
-            query_grads(plan, g, u, ws);
-            let nk = ws.kpos.len();
-            let pdk = zeroed(&mut ws.pa, nk * d, 0.0);
-            let pdv = zeroed(&mut ws.pb, nk * d, 0.0);
-            let qg = QueryGrads {
-                go: PieceRows { data: g.grad_out.data(), offsets: &ws.goff, pos: &ws.qpos },
-                go_scale: hp.out_scale as f32,
-                lse: &ws.lse,
-                delta: &ws.delta,
-            };
-            let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
-            let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
-            let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
-            dkv_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &qg, &mut ws.bwd, pdk, pdv, None);
-            for (j, &kp) in ws.kpos.iter().enumerate() {
-                let t = kp - u.c0;
-                ws.acc_a[t * d..(t + 1) * d].iter_mut().zip(&pdk[j * d..]).for_each(|(a, b)| *a += b);
-                ws.acc_b[t * d..(t + 1) * d].iter_mut().zip(&pdv[j * d..]).for_each(|(a, b)| *a += b);
-            }
-        }
-    }
-}
-
-/// dq, dk, dv of one whole segment of a single-pattern head, in one pass, into
-/// `ws.acc_c`, `ws.acc_a`, `ws.acc_b` (`[c1-c0, d]` each).
-fn fused_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit, ws: &mut Scratch) {
-    let (d, n) = (plan.d, u.c1 - u.c0);
-    let seq = plan.q.shape().seq;
-    zeroed(&mut ws.acc_a, n * d, 0.0);
-    zeroed(&mut ws.acc_b, n * d, 0.0);
-    zeroed(&mut ws.acc_c, n * d, 0.0);
-    let hp = &plan.heads[u.h];
-    let p = hp.patterns[0].1;
-    fill_positions(&mut ws.qpos, p.selected_in_segment(p.segment_of(u.c0), seq));
-    if ws.qpos.is_empty() {
-        return;
-    }
-    ws.kpos.clone_from(&ws.qpos);
-    fill_offsets(&mut ws.qoff, &plan.q, u.b, u.h, &ws.qpos);
-    fill_offsets(&mut ws.koff, &plan.k, u.b, u.h, &ws.kpos);
-    fill_offsets(&mut ws.voff, &plan.v, u.b, u.h, &ws.kpos);
-    query_grads(plan, g, u, ws);
-    let m = ws.qpos.len();
-    let pdk = zeroed(&mut ws.pa, m * d, 0.0);
-    let pdv = zeroed(&mut ws.pb, m * d, 0.0);
-    let pdq = zeroed(&mut ws.pc, m * d, 0.0);
-    let qg = QueryGrads {
-        go: PieceRows { data: g.grad_out.data(), offsets: &ws.goff, pos: &ws.qpos },
-        go_scale: hp.out_scale as f32,
-        lse: &ws.lse,
-        delta: &ws.delta,
-    };
-    let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
-    let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
-    let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
-    dkv_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &qg, &mut ws.bwd, pdk, pdv, Some(pdq));
-    for (i, &pos) in ws.qpos.iter().enumerate() {
-        let t = pos - u.c0;
-        ws.acc_a[t * d..(t + 1) * d].copy_from_slice(&pdk[i * d..(i + 1) * d]);
-        ws.acc_b[t * d..(t + 1) * d].copy_from_slice(&pdv[i * d..(i + 1) * d]);
-        ws.acc_c[t * d..(t + 1) * d].copy_from_slice(&pdq[i * d..(i + 1) * d]);
-    }
 }

@@ -27,8 +27,9 @@ mod flops;
 mod portable;
 mod tile_backward;
 mod tile_forward;
+mod units;
 
 pub use backend::CpuBackend;
-pub use flops::model_flops;
 pub use block::{BlockRows, attend_block, attend_block_backward};
+pub use flops::model_flops;
 pub use isa::Isa;
