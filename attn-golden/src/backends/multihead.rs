@@ -1,0 +1,61 @@
+//! `kind=multihead` cases through `attn-multihead` on the reference, CPU or ring backend.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use attn_core::Result;
+use attn_multihead::golden_case::{forward_case, forward_case_ring};
+use attn_multihead::{AttentionBackend, F32Tensors, ReferenceBackend};
+use attn_ring::{Layout, Strategy};
+use attn_testkit::{GoldenCase, MultiheadBackend};
+
+enum Engine {
+    Reference,
+    Cpu(Arc<attn_kernels::CpuBackend>),
+    Ring { world: usize, layout: Layout, strategy: Strategy },
+}
+
+pub struct MultiheadRunner {
+    engine: Engine,
+}
+
+impl MultiheadRunner {
+    pub fn reference() -> Self {
+        MultiheadRunner { engine: Engine::Reference }
+    }
+    pub fn cpu(threads: usize) -> Result<Self> {
+        Ok(MultiheadRunner { engine: Engine::Cpu(Arc::new(attn_kernels::CpuBackend::new(threads)?)) })
+    }
+    pub fn ring(world: usize, layout: Layout, strategy: Strategy) -> Self {
+        MultiheadRunner { engine: Engine::Ring { world, layout, strategy } }
+    }
+}
+
+impl MultiheadBackend for MultiheadRunner {
+    fn name(&self) -> String {
+        match &self.engine {
+            Engine::Reference => "multihead reference f64".into(),
+            Engine::Cpu(_) => "multihead cpu f32".into(),
+            Engine::Ring { world, layout, strategy } => {
+                format!("multihead ring p={world} {strategy:?} {layout:?}").to_lowercase()
+            }
+        }
+    }
+    fn forward(&self, case: &GoldenCase) -> Result<Vec<f32>> {
+        let tensors = F32Tensors {
+            tensors: case.tensors.iter().map(|(k, t)| (k.clone(), (t.shape.as_slice(), t.data.as_slice()))).collect(),
+        };
+        let meta: &BTreeMap<String, String> = &case.meta;
+        match &self.engine {
+            Engine::Reference => {
+                let backend: Arc<dyn AttentionBackend<f64>> = Arc::new(ReferenceBackend);
+                Ok(forward_case::<f64>(meta, &tensors, backend)?.into_iter().map(|x| x as f32).collect())
+            }
+            Engine::Cpu(cpu) => {
+                let backend: Arc<dyn AttentionBackend<f32>> = cpu.clone();
+                forward_case::<f32>(meta, &tensors, backend)
+            }
+            Engine::Ring { world, layout, strategy } => forward_case_ring(meta, &tensors, *world, *layout, *strategy),
+        }
+    }
+}
