@@ -154,3 +154,32 @@ impl<F> NamedParams<F> for MultiheadWeights<F> {
         self.out_proj.params_mut_with_prefix(&format!("{prefix}out_proj."), out);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn std_of(v: &[f64]) -> f64 {
+        (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt()
+    }
+
+    #[test]
+    fn magneto_init_scales_v_and_out_by_gamma() {
+        let cfg = MultiheadConfig::new(256, 4, &[8], &[1]).with_gamma_init(3.0);
+        let w = MultiheadWeights::<f64>::magneto(&cfg, 5);
+        let xavier = (2.0f64 / 512.0).sqrt();
+        let p = w.params();
+        let by = |n: &str| p.iter().find(|x| x.name == n).unwrap().data;
+        for (name, gain) in
+            [("q_proj.weight", 1.0), ("k_proj.weight", 1.0), ("v_proj.weight", 3.0), ("out_proj.weight", 3.0)]
+        {
+            let s = std_of(by(name));
+            assert!((s / (gain * xavier) - 1.0).abs() < 0.02, "{name}: std {s}");
+        }
+        for name in ["q_proj.bias", "v_proj.bias", "out_proj.bias", "norm.bias"] {
+            assert!(by(name).iter().all(|&x| x == 0.0), "{name} starts at zero");
+        }
+        assert!(by("norm.weight").iter().all(|&x| x == 1.0));
+        assert_eq!(w, MultiheadWeights::<f64>::magneto(&cfg, 5), "seeded");
+    }
+}
