@@ -186,9 +186,13 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         bwd_mma<E, D>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                                   \
     }
 
+#if ATTN_WANT_F16
 ATTN_MMA_BWD_KERNEL(f16, F16E, 32)
 ATTN_MMA_BWD_KERNEL(f16, F16E, 64)
 ATTN_MMA_BWD_KERNEL(f16, F16E, 128)
+#endif
+#if ATTN_WANT_BF16
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 32)
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 64)
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 128)
+#endif

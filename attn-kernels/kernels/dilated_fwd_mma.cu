@@ -186,11 +186,15 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
         fwd_mma<E, D, BN>(q, k, v, o_acc, lse_acc, a);                                                     \
     }
 
+#if ATTN_WANT_F16
 ATTN_MMA_KERNEL(f16, F16E, 32, 64)
 ATTN_MMA_KERNEL(f16, F16E, 64, 64)
 ATTN_MMA_KERNEL(f16, F16E, 128, 64)
 ATTN_MMA_KERNEL(f16, F16E, 256, 32)
+#endif
+#if ATTN_WANT_BF16
 ATTN_MMA_KERNEL(bf16, BF16E, 32, 64)
 ATTN_MMA_KERNEL(bf16, BF16E, 64, 64)
 ATTN_MMA_KERNEL(bf16, BF16E, 128, 64)
 ATTN_MMA_KERNEL(bf16, BF16E, 256, 32)
+#endif

@@ -194,6 +194,12 @@ __device__ void bwd_dkv_rows(const typename E::S* q, const typename E::S* k, con
         bwd_dkv_rows<E>(q, k, v, go, lse, delta, dk_acc, dv_acc, a);                                           \
     }
 
+#if ATTN_WANT_F32
 ATTN_ROW_KERNELS(f32, F32E)
+#endif
+#if ATTN_WANT_F16
 ATTN_ROW_KERNELS(f16, F16E)
+#endif
+#if ATTN_WANT_BF16
 ATTN_ROW_KERNELS(bf16, BF16E)
+#endif

@@ -1,10 +1,6 @@
-// epilogue.cu: row-wise helper kernels around the attention kernels: fill the LSE of an
-// empty partial with -inf, write an f32 accumulator as the output dtype (times a scale)
-// into a strided tensor, and delta = dot(grad_out, out) per row for the backward.
-
-extern "C" __global__ void fill_neg_inf(float* x, i64 n) {
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) x[i] = NEG_INF;
-}
+// epilogue.cu: row-wise helper kernels around the attention kernels: write an f32
+// accumulator as the output dtype (times a scale) into a strided tensor, and
+// delta = dot(grad_out, out) per row for the backward.
 
 // dst(b, s, h, :) = from_f(scale * src[((b*seq + s)*heads + h)*d + :]); dst strides a_*.
 template <class E>
@@ -42,6 +38,12 @@ __device__ void delta_rows(const typename E::S* go, const typename E::S* out, fl
         delta_rows<E>(go, out, delta, p);                                                                   \
     }
 
+#if ATTN_WANT_F32
 ATTN_EPILOGUE_KERNELS(f32, F32E)
+#endif
+#if ATTN_WANT_F16
 ATTN_EPILOGUE_KERNELS(f16, F16E)
+#endif
+#if ATTN_WANT_BF16
 ATTN_EPILOGUE_KERNELS(bf16, BF16E)
+#endif

@@ -13,6 +13,32 @@
 // done on selected indices. The ragged last segment needs no special case: blocks never
 // ask for indices past their own end.
 
+// Which dtypes to instantiate: define ATTN_ONLY_F32 / ATTN_ONLY_F16 / ATTN_ONLY_BF16 for
+// one (the runtime compiles one module per dtype); none defined means all of them.
+#if !defined(ATTN_ONLY_F32) && !defined(ATTN_ONLY_F16) && !defined(ATTN_ONLY_BF16)
+#define ATTN_WANT_F32 1
+#define ATTN_WANT_F16 1
+#define ATTN_WANT_BF16 1
+#endif
+#if defined(ATTN_ONLY_F32)
+#define ATTN_WANT_F32 1
+#endif
+#if defined(ATTN_ONLY_F16)
+#define ATTN_WANT_F16 1
+#endif
+#if defined(ATTN_ONLY_BF16)
+#define ATTN_WANT_BF16 1
+#endif
+#ifndef ATTN_WANT_F32
+#define ATTN_WANT_F32 0
+#endif
+#ifndef ATTN_WANT_F16
+#define ATTN_WANT_F16 0
+#endif
+#ifndef ATTN_WANT_BF16
+#define ATTN_WANT_BF16 0
+#endif
+
 typedef long long i64;
 typedef unsigned short u16;
 typedef unsigned int u32;

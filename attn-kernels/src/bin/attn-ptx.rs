@@ -11,7 +11,8 @@ use std::process::{Command, ExitCode};
 use attn_kernels::cuda::nvrtc_present;
 use attn_kernels::cuda::plan::{mma_bwd_smem_bytes, mma_smem_bytes};
 use attn_kernels::cuda::source::{
-    MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, full_source, kernel_names, mma_bwd_kernel_name, mma_kernel_name, nvrtc_options,
+    MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, dtype_define, full_source, kernel_names_for, mma_bwd_kernel_name,
+    mma_kernel_name, nvrtc_options,
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
@@ -110,68 +111,90 @@ fn run() -> Result<(), String> {
     }
     std::fs::create_dir_all(&args.out).map_err(|e| format!("create {}: {e}", args.out.display()))?;
     let src = full_source();
-    let expected = kernel_names();
     let mut failures = Vec::new();
+    let mut total = 0;
     for arch in &args.archs {
-        let opts = CompileOptions { options: nvrtc_options(&format!("compute_{arch}")), ..Default::default() };
-        let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| match e {
-            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                format!("NVRTC compile for compute_{arch} failed:\n{}", log.to_string_lossy())
+        // One module per dtype, exactly as the runtime compiles them.
+        for suffix in ["f32", "f16", "bf16"] {
+            let mut options = nvrtc_options(&format!("compute_{arch}"));
+            options.push(dtype_define(suffix).map_err(|e| e.to_string())?);
+            let ptx =
+                compile_ptx_with_opts(&src, CompileOptions { options, ..Default::default() }).map_err(|e| match e {
+                    cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                        format!(
+                            "NVRTC compile of the {suffix} module for compute_{arch} failed:\n{}",
+                            log.to_string_lossy()
+                        )
+                    }
+                    other => format!("NVRTC compile of the {suffix} module for compute_{arch} failed: {other:?}"),
+                })?;
+            let ptx_path = args.out.join(format!("attn_kernels_{suffix}_sm_{arch}.ptx"));
+            let cubin_path = args.out.join(format!("attn_kernels_{suffix}_sm_{arch}.cubin"));
+            let text_ptx = ptx.to_src();
+            std::fs::write(&ptx_path, &text_ptx).map_err(|e| format!("write {}: {e}", ptx_path.display()))?;
+            let output = Command::new(&args.ptxas)
+                .arg("-v")
+                .arg(format!("-arch=sm_{arch}"))
+                .arg(&ptx_path)
+                .arg("-o")
+                .arg(&cubin_path)
+                .output()
+                .map_err(|e| format!("run `{}`: {e}", args.ptxas))?;
+            let text =
+                format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+            if !output.status.success() {
+                return Err(format!(
+                    "ptxas -arch=sm_{arch} failed on {} ({}):\n{text}",
+                    ptx_path.display(),
+                    output.status
+                ));
             }
-            other => format!("NVRTC compile for compute_{arch} failed: {other:?}"),
-        })?;
-        let ptx_path = args.out.join(format!("attn_kernels_sm_{arch}.ptx"));
-        let cubin_path = args.out.join(format!("attn_kernels_sm_{arch}.cubin"));
-        std::fs::write(&ptx_path, ptx.to_src()).map_err(|e| format!("write {}: {e}", ptx_path.display()))?;
-        let output = Command::new(&args.ptxas)
-            .arg("-v")
-            .arg(format!("-arch=sm_{arch}"))
-            .arg(&ptx_path)
-            .arg("-o")
-            .arg(&cubin_path)
-            .output()
-            .map_err(|e| format!("run `{}`: {e}", args.ptxas))?;
-        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-        if !output.status.success() {
-            return Err(format!("ptxas -arch=sm_{arch} failed ({}):\n{text}", output.status));
-        }
-        let reports = parse_ptxas(&text);
-        println!("sm_{arch}: {} ({} bytes of PTX)", ptx_path.display(), ptx.to_src().len());
-        println!(
-            "  {:<34} {:>5} {:>9} {:>9} {:>6} {:>12}",
-            "kernel", "regs", "smem", "dyn smem", "stack", "spill st/ld"
-        );
-        for name in &expected {
-            let Some((_, r)) = reports.iter().find(|(n, _)| n == name) else {
-                failures.push(format!("sm_{arch}: kernel {name} missing from ptxas output"));
-                continue;
-            };
+            let reports = parse_ptxas(&text);
+            let expected = kernel_names_for(suffix);
+            total += expected.len();
+            println!("sm_{arch} {suffix}: {} ({} bytes of PTX)", ptx_path.display(), text_ptx.len());
             println!(
-                "  {:<34} {:>5} {:>9} {:>9} {:>6} {:>6}/{:<5}",
-                name,
-                r.registers,
-                r.static_smem,
-                dynamic_smem(name),
-                r.stack,
-                r.spill_stores,
-                r.spill_loads
+                "  {:<34} {:>5} {:>9} {:>9} {:>6} {:>12}",
+                "kernel", "regs", "smem", "dyn smem", "stack", "spill st/ld"
             );
-            if r.spill_stores > 0 || r.spill_loads > 0 {
-                failures
-                    .push(format!("sm_{arch}: {name} spills ({} B stores, {} B loads)", r.spill_stores, r.spill_loads));
+            for name in &expected {
+                let Some((_, r)) = reports.iter().find(|(n, _)| n == name) else {
+                    failures.push(format!("sm_{arch}: kernel {name} missing from ptxas output"));
+                    continue;
+                };
+                println!(
+                    "  {:<34} {:>5} {:>9} {:>9} {:>6} {:>6}/{:<5}",
+                    name,
+                    r.registers,
+                    r.static_smem,
+                    dynamic_smem(name),
+                    r.stack,
+                    r.spill_stores,
+                    r.spill_loads
+                );
+                if r.spill_stores > 0 || r.spill_loads > 0 {
+                    failures.push(format!(
+                        "sm_{arch}: {name} spills ({} B stores, {} B loads)",
+                        r.spill_stores, r.spill_loads
+                    ));
+                }
+                if dynamic_smem(name) + r.static_smem as usize > 163 * 1024 {
+                    failures.push(format!("sm_{arch}: {name} needs more shared memory than sm_80 has"));
+                }
             }
-            if dynamic_smem(name) + r.static_smem as usize > 163 * 1024 {
-                failures.push(format!("sm_{arch}: {name} needs more shared memory than sm_80 has"));
-            }
-        }
-        for (n, _) in &reports {
-            if !expected.contains(n) {
-                failures.push(format!("sm_{arch}: unexpected kernel {n} (add it to source::kernel_names)"));
+            for (n, _) in &reports {
+                if !expected.contains(n) {
+                    failures
+                        .push(format!("sm_{arch} {suffix}: unexpected kernel {n} (add it to source::kernel_names)"));
+                }
             }
         }
     }
     if failures.is_empty() {
-        println!("attn-ptx: {} kernels x {} archs compiled and assembled, no spills", expected.len(), args.archs.len());
+        println!(
+            "attn-ptx: {total} kernels ({} per arch) compiled and assembled, no spills",
+            total / args.archs.len().max(1)
+        );
         Ok(())
     } else {
         Err(failures.join("\n"))

@@ -142,7 +142,7 @@ pub fn forward_block<T: CudaElement>(
         ForwardKernel::Mma { name, smem_bytes, .. } => (name, MMA_BLOCK_M, smem_bytes),
         ForwardKernel::Rows { name } => (name, (THREADS / 32) as usize, 0),
     };
-    let f = dev.function(&kernel, smem)?;
+    let f = dev.function(T::SUFFIX, &kernel, smem)?;
     for pl in pattern_launches(cfg, q.shape.heads) {
         let Some(mut lc) = grid(pl.max_selected(q_start, q.shape.seq), per_block, pl.heads.len(), q.shape.batch)?
         else {
@@ -222,7 +222,7 @@ pub fn backward_block<T: CudaElement>(
         let k_rows = pl.max_selected(k_start, k.shape.seq);
         match &kernel {
             BackwardKernel::Mma { name, block_n, smem_bytes } => {
-                let f = dev.function(name, *smem_bytes)?;
+                let f = dev.function(T::SUFFIX, name, *smem_bytes)?;
                 if let Some(mut lc) = grid(k_rows, *block_n, pl.heads.len(), q.shape.batch)? {
                     lc.shared_mem_bytes = *smem_bytes as u32;
                     // Signature: (q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, AttnParams).
@@ -233,7 +233,7 @@ pub fn backward_block<T: CudaElement>(
                 }
             }
             BackwardKernel::Rows { dq, dkv } => {
-                let (f_dq, f_dkv) = (dev.function(dq, 0)?, dev.function(dkv, 0)?);
+                let (f_dq, f_dkv) = (dev.function(T::SUFFIX, dq, 0)?, dev.function(T::SUFFIX, dkv, 0)?);
                 if let Some(lc) = grid(q_rows, warps, pl.heads.len(), q.shape.batch)? {
                     // Signature: (q, k, v, go, lse, delta, dq_acc, AttnParams).
                     let mut args = dev.stream.launch_builder(&f_dq);

@@ -10,7 +10,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
-use super::source::{MIN_COMPUTE_CAPABILITY, full_source, nvrtc_options};
+use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source, nvrtc_options};
 
 const BACKEND: &str = "cuda";
 
@@ -49,7 +49,8 @@ pub fn check_available(ordinal: usize) -> Result<()> {
     Ok(())
 }
 
-type ModuleCache = Mutex<HashMap<usize, Arc<CudaModule>>>;
+/// Compiled modules by (device ordinal, dtype suffix).
+type ModuleCache = Mutex<HashMap<(usize, &'static str), Arc<CudaModule>>>;
 
 fn module_cache() -> &'static ModuleCache {
     static CACHE: OnceLock<ModuleCache> = OnceLock::new();
@@ -61,13 +62,13 @@ fn module_cache() -> &'static ModuleCache {
 pub struct CudaDevice {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
     compute_capability: (i32, i32),
 }
 
 impl CudaDevice {
-    /// Open device `ordinal`: check libraries and device, require sm_80+, and compile the
-    /// kernels with NVRTC for this device's architecture (once per device per process).
+    /// Open device `ordinal`: check libraries and device and require sm_80+. Kernels are
+    /// compiled by NVRTC for this device on first use, one module per dtype, cached for
+    /// the process.
     pub fn new(ordinal: usize) -> Result<Self> {
         check_available(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
@@ -75,22 +76,26 @@ impl CudaDevice {
         if cc < MIN_COMPUTE_CAPABILITY {
             return Err(unavailable(format!("device {ordinal} is sm_{}{}; sm_80 or newer is required", cc.0, cc.1)));
         }
-        let module = {
-            let mut cache = module_cache().lock().map_err(|_| unavailable("kernel cache lock poisoned"))?;
-            match cache.get(&ordinal) {
-                Some(m) => m.clone(),
-                None => {
-                    let arch = format!("compute_{}{}", cc.0, cc.1);
-                    let opts = CompileOptions { options: nvrtc_options(&arch), ..Default::default() };
-                    let ptx = compile_ptx_with_opts(full_source(), opts).map_err(cuda_err)?;
-                    let m = ctx.load_module(ptx).map_err(cuda_err)?;
-                    cache.insert(ordinal, m.clone());
-                    m
-                }
-            }
-        };
         let stream = ctx.default_stream();
-        Ok(CudaDevice { ctx, stream, module, compute_capability: cc })
+        Ok(CudaDevice { ctx, stream, compute_capability: cc })
+    }
+
+    /// The module holding the kernels of dtype `suffix` (`f32`, `f16`, `bf16`), compiled
+    /// on first use.
+    fn module(&self, suffix: &'static str) -> Result<Arc<CudaModule>> {
+        let key = (self.ctx.ordinal(), suffix);
+        let mut cache = module_cache().lock().map_err(|_| unavailable("kernel cache lock poisoned"))?;
+        if let Some(m) = cache.get(&key) {
+            return Ok(m.clone());
+        }
+        let arch = format!("compute_{}{}", self.compute_capability.0, self.compute_capability.1);
+        let mut options = nvrtc_options(&arch);
+        options.push(dtype_define(suffix)?);
+        let opts = CompileOptions { options, ..Default::default() };
+        let ptx = compile_ptx_with_opts(full_source(), opts).map_err(cuda_err)?;
+        let m = self.ctx.load_module(ptx).map_err(cuda_err)?;
+        cache.insert(key, m.clone());
+        Ok(m)
     }
 
     /// `(major, minor)` compute capability.
@@ -108,9 +113,10 @@ impl CudaDevice {
         &self.stream
     }
 
-    /// Load kernel `name`, allowing `smem_bytes` of dynamic shared memory.
-    pub(crate) fn function(&self, name: &str, smem_bytes: usize) -> Result<CudaFunction> {
-        let f = self.module.load_function(name).map_err(cuda_err)?;
+    /// Load kernel `name` of the dtype module `suffix`, allowing `smem_bytes` of dynamic
+    /// shared memory.
+    pub(crate) fn function(&self, suffix: &'static str, name: &str, smem_bytes: usize) -> Result<CudaFunction> {
+        let f = self.module(suffix)?.load_function(name).map_err(cuda_err)?;
         if smem_bytes > 48 * 1024 {
             f.set_attribute(
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -58,7 +58,7 @@ pub fn store_scaled<T: CudaElement>(
     check_dst(tensor, dst, shape)?;
     check_len(tensor, src.len(), shape.numel())?;
     let p = row_params(shape, dst.strides, dst.strides, scale);
-    let f = dev.function(&format!("store_rows_{}", T::SUFFIX), 0)?;
+    let f = dev.function(T::SUFFIX, &format!("store_rows_{}", T::SUFFIX), 0)?;
     let blocks = shape.numel().div_ceil(256).clamp(1, 65_535) as u32;
     let lc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // Signature: (const float* src, T* dst, RowParams).
@@ -97,7 +97,7 @@ pub fn delta<T: CudaElement>(
     check_dst(TensorName::Output, out, shape)?;
     let mut delta = dev.stream.alloc_zeros::<f32>(shape.lse_len()).map_err(cuda_err)?;
     let p = row_params(shape, grad_out.strides, out.strides, 1.0);
-    let f = dev.function(&format!("delta_rows_{}", T::SUFFIX), 0)?;
+    let f = dev.function(T::SUFFIX, &format!("delta_rows_{}", T::SUFFIX), 0)?;
     let warps_per_block = 8usize;
     let blocks = u32::try_from(shape.lse_len().div_ceil(warps_per_block))
         .map_err(|_| AttnError::InvalidArgument("too many rows for one launch".into()))?;

@@ -48,6 +48,22 @@ pub fn nvrtc_options(arch: &str) -> Vec<String> {
     vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "--fmad=true".into()]
 }
 
+/// The NVRTC `-D` option that limits a compile to one dtype's kernels.
+pub fn dtype_define(suffix: &str) -> attn_core::Result<String> {
+    match suffix {
+        "f32" => Ok("-DATTN_ONLY_F32".into()),
+        "f16" => Ok("-DATTN_ONLY_F16".into()),
+        "bf16" => Ok("-DATTN_ONLY_BF16".into()),
+        other => Err(attn_core::AttnError::InvalidArgument(format!("no CUDA kernels for dtype `{other}`"))),
+    }
+}
+
+/// Kernel names of one dtype's module.
+pub fn kernel_names_for(suffix: &str) -> Vec<String> {
+    let (tail, mid) = (format!("_{suffix}"), format!("_{suffix}_d"));
+    kernel_names().into_iter().filter(|n| n.ends_with(&tail) || n.contains(&mid)).collect()
+}
+
 /// Kernel-name suffix of a dtype (`f32`, `f16`, `bf16`); f64 has no CUDA kernels.
 pub fn dtype_suffix(dtype: DType) -> Option<&'static str> {
     match dtype {
@@ -60,7 +76,7 @@ pub fn dtype_suffix(dtype: DType) -> Option<&'static str> {
 
 /// Every `extern "C"` kernel the source defines (checked by `attn-ptx` against ptxas output).
 pub fn kernel_names() -> Vec<String> {
-    let mut names = vec!["fill_neg_inf".to_string()];
+    let mut names = Vec::new();
     for t in ["f32", "f16", "bf16"] {
         for k in ["dilated_fwd_rows", "dilated_bwd_dq_rows", "dilated_bwd_dkv_rows", "store_rows", "delta_rows"] {
             names.push(format!("{k}_{t}"));
@@ -118,5 +134,7 @@ mod tests {
             assert!(found, "{name} is not defined");
         }
         assert!(!src.contains("#include"), "the source must stay header-free");
+        let per_dtype: usize = ["f32", "f16", "bf16"].iter().map(|t| kernel_names_for(t).len()).sum();
+        assert_eq!(per_dtype, kernel_names().len(), "every kernel belongs to exactly one dtype module");
     }
 }

@@ -3,7 +3,7 @@
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, Shape4, TensorView};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 
 use super::device::{CudaDevice, cuda_err};
@@ -84,8 +84,7 @@ impl DevicePartial {
     /// An empty partial: `out = 0`, `lse = -inf`.
     pub fn empty(dev: &CudaDevice, shape: Shape4) -> Result<Self> {
         let out = dev.stream.alloc_zeros::<f32>(shape.numel()).map_err(cuda_err)?;
-        let mut lse = dev.stream.alloc_zeros::<f32>(shape.lse_len()).map_err(cuda_err)?;
-        fill_neg_inf(dev, &mut lse)?;
+        let lse = dev.stream.clone_htod(&vec![f32::NEG_INFINITY; shape.lse_len()]).map_err(cuda_err)?;
         Ok(DevicePartial { out, lse, shape })
     }
 }
@@ -118,14 +117,4 @@ pub(crate) fn check_len(tensor: TensorName, got: usize, expected: usize) -> Resu
         return Err(AttnError::ShapeMismatch { tensor, expected: vec![expected], got: vec![got] });
     }
     Ok(())
-}
-
-fn fill_neg_inf(dev: &CudaDevice, x: &mut CudaSlice<f32>) -> Result<()> {
-    let n = x.len() as i64;
-    let f = dev.function("fill_neg_inf", 0)?;
-    let blocks = (x.len().div_ceil(256)).clamp(1, 65_535) as u32;
-    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let mut launch = dev.stream.launch_builder(&f);
-    launch.arg(x).arg(&n);
-    super::launch::launch(launch, cfg)
 }
