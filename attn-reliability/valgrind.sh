@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Run the CPU kernel tests (attn-kernels, plus this crate's numerics attacks on the CPU
+# backend) under valgrind memcheck at small sizes; any memcheck error or definite leak
+# fails the script. About 2 minutes on 2 cores. The two large fixed-size kernel tests
+# (multi-tile cases, thread-count bit-identity) are skipped: 5 minutes alone under valgrind.
+#   usage: attn-reliability/valgrind.sh [extra test-name filter]
+# Valgrind does not emulate AVX-512: its CPUID hides it, so the kernels' run-time ISA
+# detection picks the AVX2/portable paths (the AVX-512 path is covered by the normal tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v valgrind >/dev/null || { echo "valgrind not installed" >&2; exit 2; }
+FILTER="${1:-}"
+# Small property-test sizes under valgrind (it runs ~30x slower).
+export PROPTEST_CASES="${PROPTEST_CASES:-4}" PROPTEST_MAX_SHRINK_ITERS=0 RUST_BACKTRACE=0
+executables() {
+    cargo test "$@" --no-run --message-format=json 2>/dev/null | python3 -c 'import sys, json
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] != "attn-ptx":
+        print(m["executable"])'
+}
+BINS="$(executables -p attn-kernels --lib --test block_api --test backend_properties --test backend_reference)
+$(executables -p attn-reliability --test numerics --test nan_locality)"
+SKIP="--skip multi_tile_cases_match_reference --skip results_are_bit_identical_for_any_thread_count"
+status=0
+for bin in $BINS; do
+    echo "=== valgrind $(basename "$bin") ==="
+    if ! valgrind --tool=memcheck --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
+        --show-leak-kinds=definite --quiet "$bin" --test-threads=2 $SKIP $FILTER 2>&1 | tail -n 25; then
+        status=1
+    fi
+done
+exit "$status"
