@@ -371,6 +371,8 @@ int main() {
         {"bf16 headgroups w[32,64] r[1,2] d160 (bwd rows)", DT::BF16, {{32, 64}, {1, 2}, false, false}, 1, 70, 2, 160, false, 0, 35},
         {"f16 headgroups causal fused-qkv w[32,64] r[1,2] d128", DT::F16, {{32, 64}, {1, 2}, false, true}, 1, 100, 2, 128, true, 20, 64},
         {"f16 longnet w[130] r[1] d64 full tiles, ragged", DT::F16, {{130}, {1}, true, false}, 1, 150, 1, 64, false, 64, 64},
+        {"bf16 headgroups b2 h5 G3 uneven w[16,32,48] r[1,2,4] d32", DT::BF16, {{16, 32, 48}, {1, 2, 4}, false, true}, 2, 61, 5, 32, false, 13, 40},
+        {"bf16 longnet causal r4 offsets w[96] r[4] d128 h4", DT::BF16, {{96}, {4}, true, true}, 1, 170, 4, 128, false, 33, 100},
     };
     int failed = 0;
     for (const Case& c : cases) {
