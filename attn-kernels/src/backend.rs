@@ -21,7 +21,8 @@ use crate::disjoint::DisjointSlice;
 use crate::isa::Isa;
 use crate::ops::{KEY_TILE, QUERY_CHUNK, padded};
 use crate::units::{
-    Grads, Plan, Scratch, Unit, chunk_len, dkv_unit, dq_unit, forward_unit, fused_unit, fused_units, units,
+    Grads, Plan, Scratch, Unit, chunk_len, dkv_unit, dq_unit, forward_unit, fused_unit, fused_unit_len, fused_units,
+    units,
 };
 
 /// The CPU backend: a thread pool (built once) and the kernel flavour.
@@ -236,27 +237,36 @@ impl CpuBackend {
         Ok(())
     }
 
-    /// Bytes of scratch memory a call on `shape` allocates (all workers together, upper
-    /// bound), for memory budgets. The backward needs about twice the forward.
+    /// Bytes of scratch memory a call on `shape` allocates (all workers together, an upper
+    /// bound), for memory budgets. Inputs and outputs are the caller's and not counted.
     pub fn workspace_bytes(&self, cfg: &DilatedConfig, shape: Shape4, backward: bool) -> usize {
         let (d, dp) = (shape.head_dim, padded(shape.head_dim));
-        let ch = chunk_len(cfg, shape.batch, shape.heads, shape.seq);
-        let max_keys = cfg
+        // Rows of the longest unit and the most selected rows of one segment.
+        let unit = chunk_len(cfg, shape.batch, shape.heads, shape.seq).max(if backward {
+            fused_unit_len(cfg, shape.heads, shape.seq).unwrap_or(0)
+        } else {
+            0
+        });
+        let m = cfg
             .segment_lengths()
             .iter()
             .zip(cfg.dilation_rates())
             .map(|(&w, &r)| w.min(shape.seq).div_ceil(r))
             .max()
             .unwrap_or(0);
-        let key_tiles = max_keys.div_ceil(KEY_TILE) * KEY_TILE * dp;
+        let tiles = m.div_ceil(KEY_TILE) * KEY_TILE * dp;
         let chunk = QUERY_CHUNK * dp;
+        let small = 3 * QUERY_CHUNK * KEY_TILE + 2 * QUERY_CHUNK;
         let f32s = if backward {
-            4 * key_tiles + KEY_TILE + 4 * chunk + 4 * ch * d + 2 * ch + 2 * max_keys
+            // 4 packed tile sets + dq accumulator, 3 unit accumulators, 3 piece outputs.
+            4 * tiles + m * dp + 4 * chunk + tiles / dp + 3 * unit * d + unit + 3 * m * d + 2 * m + small
         } else {
-            2 * key_tiles + 3 * chunk + 2 * ch * d + 2 * ch
+            2 * tiles + 2 * chunk + unit * d + unit + m * d + m + small
         };
-        let usizes = 6 * max_keys.max(ch);
-        self.threads() * (4 * f32s + 8 * usizes)
+        let usizes = 6 * m;
+        // The work list: at most two units per 64 rows of every (batch, head).
+        let work = 2 * shape.batch * shape.heads * (shape.seq / 64 + 1) * std::mem::size_of::<[usize; 5]>();
+        self.threads() * (4 * f32s + 8 * usizes) + work
     }
 
     /// Forward on contiguous buffers, returning `(out, lse)`.

@@ -92,13 +92,7 @@ fn gcd(a: usize, b: usize) -> usize {
 pub(crate) fn fused_units(plan: &Plan<'_, impl Element>, batch: usize, seq: usize) -> Option<Vec<Unit>> {
     let mut out = Vec::new();
     for (h, hp) in plan.heads.iter().enumerate() {
-        let mut len = 1usize;
-        for (_, p) in &hp.patterns {
-            if p.w.min(seq).div_ceil(p.r) > FUSED_MAX_ROWS {
-                return None;
-            }
-            len = (len / gcd(len, p.w)).checked_mul(p.w).filter(|&l| l <= FUSED_MAX_UNIT)?;
-        }
+        let len = head_unit_len(hp, seq)?;
         for b in 0..batch {
             for c0 in (0..seq).step_by(len) {
                 out.push(Unit { b, h, c0, c1: (c0 + len).min(seq) });
@@ -106,6 +100,23 @@ pub(crate) fn fused_units(plan: &Plan<'_, impl Element>, batch: usize, seq: usiz
         }
     }
     (out.len() >= 8).then_some(out)
+}
+
+/// `lcm` of the head's segment lengths, if the head qualifies for the fused backward.
+fn head_unit_len(hp: &HeadPatterns, seq: usize) -> Option<usize> {
+    let mut len = 1usize;
+    for (_, p) in &hp.patterns {
+        if p.w.min(seq).div_ceil(p.r) > FUSED_MAX_ROWS {
+            return None;
+        }
+        len = (len / gcd(len, p.w)).checked_mul(p.w).filter(|&l| l <= FUSED_MAX_UNIT)?;
+    }
+    Some(len.min(seq))
+}
+
+/// The longest fused unit of any head (`None` if the fused backward is not used).
+pub(crate) fn fused_unit_len(cfg: &DilatedConfig, heads: usize, seq: usize) -> Option<usize> {
+    (0..heads).map(|h| head_unit_len(&cfg.head_patterns(heads, h), seq)).try_fold(0, |m, l| Some(m.max(l?)))
 }
 
 pub(crate) fn units(batch: usize, heads: usize, seq: usize, ch: usize) -> Vec<Unit> {

@@ -1,0 +1,78 @@
+//! `CpuBackend::workspace_bytes` is a true upper bound: a counting allocator measures the
+//! peak bytes a forward or backward call allocates beyond the caller's buffers.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use attn_core::error::TensorName;
+use attn_core::{DilatedConfig, Mixing, Shape4, TensorView, TensorViewMut};
+use attn_kernels::CpuBackend;
+use attn_testkit::random_vec;
+
+struct Counting;
+
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Tests in this file run one at a time (the counters are global).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+// SAFETY: forwards to the system allocator unchanged; only counts sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let now = CURRENT.fetch_add(layout.size(), Ordering::SeqCst) + layout.size();
+        PEAK.fetch_max(now, Ordering::SeqCst);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        CURRENT.fetch_sub(layout.size(), Ordering::SeqCst);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Peak bytes allocated by `f` above what was live when it started.
+fn peak_during(f: impl FnOnce()) -> usize {
+    let base = CURRENT.load(Ordering::SeqCst);
+    PEAK.store(base, Ordering::SeqCst);
+    f();
+    PEAK.load(Ordering::SeqCst) - base
+}
+
+fn check(cfg: &DilatedConfig, shape: Shape4) {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let n = shape.numel();
+    let (q, k, v, go) = (random_vec(1, n), random_vec(2, n), random_vec(3, n), random_vec(4, n));
+    let (mut out, mut lse) = (vec![0.0f32; n], vec![0.0f32; shape.lse_len()]);
+    let (mut dq, mut dk, mut dv) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
+    let be = CpuBackend::new(2).unwrap();
+    let view = |x| TensorView::contiguous(TensorName::Query, x, shape).unwrap();
+    let fwd = peak_during(|| {
+        let o = TensorViewMut::contiguous(TensorName::Output, &mut out, shape).unwrap();
+        be.forward(cfg, view(&q), view(&k), view(&v), o, &mut lse).unwrap();
+    });
+    let bwd = peak_during(|| {
+        let m = |x| TensorViewMut::contiguous(TensorName::GradQuery, x, shape).unwrap();
+        be.backward(cfg, view(&q), view(&k), view(&v), view(&out), &lse, view(&go), m(&mut dq), m(&mut dk), m(&mut dv))
+            .unwrap();
+    });
+    let (wf, wb) = (be.workspace_bytes(cfg, shape, false), be.workspace_bytes(cfg, shape, true));
+    println!("{shape:?}: forward peak {fwd} <= {wf}, backward peak {bwd} <= {wb}");
+    assert!(fwd <= wf, "forward allocated {fwd} bytes, workspace_bytes says {wf}");
+    assert!(bwd <= wb, "backward allocated {bwd} bytes, workspace_bytes says {wb}");
+}
+
+#[test]
+fn workspace_bytes_bounds_the_allocations() {
+    let hg = DilatedConfig::builder().segments(&[256, 512, 1024]).dilations(&[1, 2, 4]).causal(true).build().unwrap();
+    check(&hg, Shape4::new(1, 2048, 3, 64).unwrap());
+    let ln = DilatedConfig::builder().segments(&[200, 300]).dilations(&[1, 3]).mixing(Mixing::LongNet).build().unwrap();
+    check(&ln, Shape4::new(2, 900, 2, 40).unwrap());
+    let big = DilatedConfig::builder().segments(&[4096]).dilations(&[1]).build().unwrap();
+    check(&big, Shape4::new(1, 4096, 1, 32).unwrap());
+}
