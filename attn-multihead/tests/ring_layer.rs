@@ -101,3 +101,46 @@ fn ring_layer_equals_one_rank_longnet_causal() {
     check(cfg.clone(), 3, Layout::Contiguous, Strategy::AllGather, 1, 45);
     check(cfg, 2, Layout::Zigzag, Strategy::Auto, 1, 33);
 }
+
+#[test]
+fn ring_encoder_stack_equals_one_rank() {
+    use attn_multihead::{EncoderConfig, LongNetEncoder};
+    let (batch, seq, e, world) = (1, 36, 16, 3);
+    let cfg = EncoderConfig::new(e, 4, &[8, 16], &[1, 2], 24);
+    let single = LongNetEncoder::<f64>::new(cfg.clone(), 2, 5, Arc::new(ReferenceBackend)).unwrap();
+    let x = random_vec(3, batch * seq * e);
+    let g = random_vec(4, batch * seq * e);
+    let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let g64: Vec<f64> = g.iter().map(|&v| v as f64).collect();
+    let (y_want, cache) = single.forward_train(&x64, batch, seq, Mode::Eval).unwrap();
+    let mut gw = single.zero_grads();
+    let dx_want = single.backward(&cache, &g64, &mut gw).unwrap();
+    let comms = ThreadComm::world(world).unwrap();
+    let results: Vec<(Vec<usize>, Vec<f32>, Vec<f32>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let (cfg, x, g) = (cfg.clone(), &x, &g);
+                s.spawn(move || {
+                    let backend = Arc::new(RingBackend::new(comm, seq, Layout::Zigzag, Strategy::Auto).unwrap());
+                    let pos = backend.positions().unwrap();
+                    let enc = LongNetEncoder::<f32>::new(cfg, 2, 5, backend).unwrap();
+                    let (y, c) =
+                        enc.forward_train(&gather(x, batch, seq, e, &pos), batch, pos.len(), Mode::Eval).unwrap();
+                    let mut grads = enc.zero_grads();
+                    let dx = enc.backward(&c, &gather(g, batch, seq, e, &pos), &mut grads).unwrap();
+                    (pos, y, dx)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (mut y, mut dx) = (vec![f32::NAN; x.len()], vec![f32::NAN; x.len()]);
+    for (pos, yl, dxl) in &results {
+        scatter(&mut y, yl, batch, seq, e, pos);
+        scatter(&mut dx, dxl, batch, seq, e, pos);
+    }
+    let bound = Tolerance::for_dtype(DType::F32).rel_l2;
+    assert!(rel_l2_error(&y, &y_want) <= bound, "out {:.2e}", rel_l2_error(&y, &y_want));
+    assert!(rel_l2_error(&dx, &dx_want) <= bound, "dx {:.2e}", rel_l2_error(&dx, &dx_want));
+}
