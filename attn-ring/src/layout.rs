@@ -39,8 +39,12 @@ impl Layout {
         }
     }
 
-    /// The global ranges rank `rank` holds, ascending, empty ranges omitted.
+    /// The global ranges rank `rank` holds, ascending, empty ranges omitted
+    /// (none when `rank >= p`).
     pub fn ranges(self, n: usize, p: usize, rank: usize) -> Vec<Range<usize>> {
+        if rank >= p {
+            return Vec::new();
+        }
         let r: Vec<Range<usize>> = match self {
             Layout::Contiguous => {
                 let r = chunk_start(n, p, rank)..chunk_start(n, p, rank + 1);
@@ -110,5 +114,7 @@ mod tests {
         }
         assert_eq!(Layout::Zigzag.ranges(8, 2, 0), vec![0..2, 6..8]);
         assert_eq!(Layout::Zigzag.ranges(8, 2, 1), vec![2..6]);
+        assert!(Layout::Zigzag.ranges(8, 2, 2).is_empty() && Layout::Contiguous.ranges(8, 0, 0).is_empty());
+        assert!(Layout::Zigzag.check(8, 0).is_err());
     }
 }

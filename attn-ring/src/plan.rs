@@ -189,18 +189,18 @@ impl Plan {
     }
 
     /// Whether rank `r` needs owner `o`'s rows for some ring pattern.
-    pub fn ring_need(&self, o: usize, r: usize) -> bool {
+    pub(crate) fn ring_need(&self, o: usize, r: usize) -> bool {
         self.strategies.iter().enumerate().any(|(i, s)| *s == PatternStrategy::Ring && self.need[i][o][r])
     }
 
     /// Whether rank `r` needs owner `o`'s rows for some all-gather pattern.
-    pub fn gather_need(&self, o: usize, r: usize) -> bool {
+    pub(crate) fn gather_need(&self, o: usize, r: usize) -> bool {
         o != r
             && self.strategies.iter().enumerate().any(|(i, s)| *s == PatternStrategy::AllGather && self.need[i][o][r])
     }
 
     /// Global positions of owner `o`'s rows that travel on the ring for `ph`.
-    pub fn ring_positions(&self, o: usize, ph: &PatternHead) -> Vec<usize> {
+    pub(crate) fn ring_positions(&self, o: usize, ph: &PatternHead) -> Vec<usize> {
         self.ring_regions[ph.pattern][o].iter().flat_map(|r| ph.pat.selected_in_range(r.clone())).collect()
     }
 
@@ -216,7 +216,7 @@ impl Plan {
     }
 
     /// Global positions of owner `o`'s rows sent directly to `r` for all-gather pair `ph`.
-    pub fn gather_positions(&self, o: usize, r: usize, ph: &PatternHead) -> Vec<usize> {
+    pub(crate) fn gather_positions(&self, o: usize, r: usize, ph: &PatternHead) -> Vec<usize> {
         self.gather_regions(o, r, ph.pattern).into_iter().flat_map(|rg| ph.pat.selected_in_range(rg)).collect()
     }
 
@@ -280,6 +280,9 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
 pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
     let RingProblem { batch, heads, head_dim: d, world: p, seq: n, layout, .. } = plan.problem;
     let (b, h, d, e) = (batch as u64, heads as u64, d as u64, dtype.size() as u64);
+    if rank >= p {
+        return 0;
+    }
     let rows = layout.rows(n, p, rank) as u64;
     let acc = b * rows * h * (d + 1) * 4;
     let ring_rows = |o: usize| -> u64 { plan.ring_heads.iter().map(|ph| plan.ring_count(o, ph) as u64).sum() };
