@@ -6,12 +6,15 @@ use attn_core::{AttnError, AttnShape, Result, reference};
 
 use crate::case::{CaseKind, CaseSpec};
 use crate::inputs::normal_vec;
+use crate::{cpu_runner, multihead_runner, ring_runner};
 
 /// What one call reports besides its time.
 #[derive(Debug, Clone, Default)]
 pub struct RunStats {
     /// Bytes each rank sent (ring cases).
     pub bytes_sent: Vec<u64>,
+    /// The counting allocator slot of each rank's thread (ring cases).
+    pub rank_slots: Vec<usize>,
 }
 
 /// One prepared case: inputs allocated, ready to be called repeatedly.
@@ -21,11 +24,7 @@ pub trait Runner {
 }
 
 /// The implementations this build knows, for `--list` and the report.
-pub const IMPLEMENTATIONS: &[&str] = &["reference", "cpu", "ring-<strategy>", "multihead", "hilbert"];
-
-fn not_landed(backend: &'static str, what: &str) -> AttnError {
-    AttnError::BackendUnavailable { backend, reason: format!("{what} has not landed in this checkout yet") }
-}
+pub const IMPLEMENTATIONS: &[&str] = &["reference", "cpu", "cuda", "ring-<strategy>"];
 
 /// Allocate inputs and build the runner for `spec`. `BackendUnavailable` and
 /// `NotCompiled` mean "skip"; other errors are failures.
@@ -35,13 +34,13 @@ pub fn prepare(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
     spec.shape()?;
     match (spec.kind, spec.implementation.as_str()) {
         (CaseKind::Dilated, "reference") => Ok(Box::new(ReferenceRunner::new(spec)?)),
-        (CaseKind::Dilated, "cpu") => Err(not_landed("cpu", "attn-kernels::CpuBackend")),
+        (CaseKind::Dilated, "cpu") => cpu_runner::dilated(spec),
         (CaseKind::Dilated, "cuda") => {
             Err(AttnError::NotCompiled { backend: "cuda", feature: "cuda (attn-kernels) and a GPU" })
         }
-        (CaseKind::Ring, _) => Err(not_landed("ring", "attn-ring's in-process ring")),
-        (CaseKind::Multihead, _) => Err(not_landed("multihead", "attn-multihead::MultiheadDilatedAttention")),
-        (CaseKind::Hilbert, _) => Err(not_landed("hilbert", "attn-hilbert")),
+        (CaseKind::Ring, imp) if imp.starts_with("ring") => ring_runner::ring(spec),
+        (CaseKind::Multihead, "cpu") => multihead_runner::multihead(spec),
+        (CaseKind::Hilbert, "cpu") => cpu_runner::hilbert(spec),
         (kind, other) => Err(AttnError::InvalidArgument(format!(
             "no implementation `{other}` for case `{}` (known: {})",
             kind.as_str(),

@@ -20,18 +20,24 @@ pub struct CapacityRow {
     /// A run of the largest fitting case this machine could hold: its measured peak.
     pub confirmed_seq_len: Option<usize>,
     pub confirmed_peak_bytes: Option<u64>,
+    /// The workspace query's per-rank bytes at the confirmed length (where it exists).
+    #[serde(default)]
+    pub confirmed_predicted_bytes: Option<u64>,
 }
 
-/// Per-rank bytes for a case, as the library reports it before running anything.
-/// Returns `None` until attn-kernels / attn-ring expose their workspace-size query.
-pub fn workspace_query(_spec: &CaseSpec) -> Option<u64> {
-    None
+/// Per-rank bytes for a case, as the library reports it before running anything:
+/// `CpuBackend::workspace_bytes` plus the tensors for one rank. attn-ring has no such
+/// query yet, so ring rows fall back to measured bytes per token.
+pub fn workspace_query(spec: &CaseSpec) -> Option<u64> {
+    (spec.kind == CaseKind::Dilated && spec.world_size == 1 && spec.implementation == "cpu")
+        .then(|| crate::cpu_runner::workspace_query(spec))
+        .flatten()
 }
 
 /// Per-rank bytes of `spec`: the library query if it exists, else the measured bytes
 /// per token of the largest ok measurement with the same world size scaled linearly
 /// (dilated attention's memory is linear in the sequence). `None` if neither exists.
-fn per_rank_bytes(spec: &CaseSpec, measured: &[Measurement]) -> Option<(u64, String)> {
+pub fn per_rank_bytes(spec: &CaseSpec, measured: &[Measurement]) -> Option<(u64, String)> {
     if let Some(b) = workspace_query(spec) {
         return Some((b, "workspace query".into()));
     }
@@ -39,7 +45,7 @@ fn per_rank_bytes(spec: &CaseSpec, measured: &[Measurement]) -> Option<(u64, Str
         .iter()
         .filter(|m| m.ok() && m.peak_bytes_per_rank > 0 && m.spec.world_size == spec.world_size)
         .filter(|m| m.spec.heads == spec.heads && m.spec.head_dim == spec.head_dim && m.spec.dtype == spec.dtype)
-        .filter(|m| m.spec.implementation != "reference" && m.spec.backward == spec.backward)
+        .filter(|m| m.spec.implementation == spec.implementation && m.spec.backward == spec.backward)
         .max_by_key(|m| m.spec.seq_len)?;
     let per_token = m.peak_bytes_per_rank as f64 / m.spec.tokens() as f64;
     let bytes = (per_token * spec.tokens() as f64) as u64;
@@ -53,9 +59,8 @@ fn per_rank_bytes(spec: &CaseSpec, measured: &[Measurement]) -> Option<(u64, Str
 pub fn case_at(base: &CaseSpec, world_size: usize, seq_len: usize) -> CaseSpec {
     let mut s = base.clone();
     s.seq_len = seq_len;
-    s.world_size = world_size;
     if world_size > 1 {
-        s.kind = CaseKind::Ring;
+        s = crate::suite_plan::ring_case(&s, world_size, crate::suite_plan::DEFAULT_STRATEGY, "contiguous");
     }
     s
 }
@@ -88,6 +93,7 @@ pub fn table(base: &CaseSpec, measured: &[Measurement], worlds: &[usize], budget
                 source,
                 confirmed_seq_len: None,
                 confirmed_peak_bytes: None,
+                confirmed_predicted_bytes: None,
             })
         })
         .collect()
@@ -99,7 +105,7 @@ mod tests {
 
     #[test]
     fn capacity_from_measured_bytes_per_token_is_linear() {
-        let mut m = Measurement::not_run(CaseSpec::dilated("cpu", 4096, &[512], &[1]), "ok".into(), "g");
+        let mut m = Measurement::not_run(CaseSpec::dilated("ring-auto", 4096, &[512], &[1]), "ok".into(), "g");
         m.peak_bytes_per_rank = 4096 * 1000; // 1000 bytes per token
         let rows = table(&m.spec.clone(), &[m], &[1, 2], 1_000_000);
         assert_eq!(rows.len(), 1, "no measurement at world size 2, so no row");

@@ -84,7 +84,11 @@ impl CaseSpec {
 
     /// A short stable label, e.g. `ring-pass_kv/P4 seq=16384 f32 fwd`.
     pub fn label(&self) -> String {
-        let world = if self.kind == CaseKind::Ring { format!("/P{}", self.world_size) } else { String::new() };
+        let world = if self.kind == CaseKind::Ring {
+            format!("/P{}/{}", self.world_size, self.layout.as_deref().unwrap_or("contiguous"))
+        } else {
+            String::new()
+        };
         format!(
             "{} {}{} seq={} b{} h{} d{} {} {}{}",
             self.kind.as_str(),
@@ -129,23 +133,12 @@ impl CaseSpec {
     /// Floating-point operations of the attention itself: for every head, pattern and
     /// segment with `m` selected positions, `4 m^2 d` (QK^T and PV, two flops per
     /// multiply-add), halved when causal; forward+backward counts 3.5x (as the
-    /// PyTorch peer script does). Equals the peer script's count when `w` divides `n`.
+    /// PyTorch peer script does). This is `attn_kernels::model_flops` (forward, plus
+    /// backward when asked); it equals the peer script's count when `w` divides `n`.
     pub fn attention_flops(&self) -> Result<f64> {
-        let cfg = self.config()?;
-        let mut total = 0.0;
-        for h in 0..self.heads {
-            for (_, p) in cfg.head_patterns(self.heads, h).patterns {
-                for s in 0..p.num_segments(self.seq_len) {
-                    let m = p.count_in_segment(s, self.seq_len) as f64;
-                    total += 4.0 * m * m * self.head_dim as f64;
-                }
-            }
-        }
-        total *= self.batch as f64;
-        if self.causal {
-            total /= 2.0;
-        }
-        Ok(if self.backward { total * 3.5 } else { total })
+        let (cfg, shape) = (self.config()?, self.shape()?);
+        let fwd = attn_kernels::model_flops(&cfg, shape, false);
+        Ok(if self.backward { fwd + attn_kernels::model_flops(&cfg, shape, true) } else { fwd })
     }
 
     /// Extra flops of the multihead projections: 4 linear maps of `e x e`, 2 flops per MAC.

@@ -37,6 +37,29 @@ fn range(vals: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
     if log { (lo / 1.5, hi * 1.5) } else { (0.0f64.min(lo), if hi > lo { hi * 1.1 } else { lo + 1.0 }) }
 }
 
+/// Tick label for log axes: only 1, 2 and 5 times a power of ten are labelled
+/// (short SI form), so labels never run into each other.
+fn tick(x: f64) -> String {
+    if !(x.is_finite() && x > 0.0) {
+        return String::new();
+    }
+    let e = 10f64.powf(x.log10().floor());
+    let m = (x / e).round();
+    if !(m == 1.0 || m == 2.0 || m == 5.0) || ((x / e) - m).abs() > 0.01 {
+        return String::new();
+    }
+    match x {
+        x if x >= 1e6 => format!("{}M", x / 1e6),
+        x if x >= 1e3 => format!("{}K", x / 1e3),
+        x if x >= 1.0 => format!("{x}"),
+        x => format!("{x:.2}"),
+    }
+}
+
+fn linear_tick(x: f64) -> String {
+    if x.abs() >= 1e3 { format!("{:.0}K", x / 1e3) } else { format!("{x:.1}") }
+}
+
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart) -> Result<(), String> {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(err)?;
@@ -49,7 +72,16 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart) -> Result<(
     macro_rules! body {
         ($chart:expr) => {{
             let mut chart = $chart.map_err(err)?;
-            chart.configure_mesh().x_desc(&c.x_label).y_desc(&c.y_label).draw().map_err(err)?;
+            let (fx, fy): (fn(f64) -> String, fn(f64) -> String) =
+                (if c.log_x { tick } else { linear_tick }, if c.log_y { tick } else { linear_tick });
+            chart
+                .configure_mesh()
+                .x_desc(&c.x_label)
+                .y_desc(&c.y_label)
+                .x_label_formatter(&|x| fx(*x))
+                .y_label_formatter(&|y| fy(*y))
+                .draw()
+                .map_err(err)?;
             for (i, s) in c.series.iter().enumerate() {
                 let color = Palette99::pick(i).to_rgba();
                 chart
@@ -97,18 +129,31 @@ fn by_world(ms: &[&Measurement], y: impl Fn(&Measurement) -> f64) -> Vec<Series>
     map.into_iter()
         .map(|(p, mut pts)| {
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            Series { name: format!("{p} rank{}", if p == 1 { "" } else { "s" }), points: pts }
+            Series { name: format!("ring, {p} rank{}", if p == 1 { "" } else { "s" }), points: pts }
         })
         .collect()
 }
 
 /// The five standard charts from the scaling measurements.
 ///
-/// `scaling`: ok measurements of the scaling config (single rank and ring, one
-/// implementation each); `throughput`: ok measurements per implementation;
-/// `sweep`: the ring-size sweep at one sequence length.
-pub fn standard(scaling: &[&Measurement], throughput: &[&Measurement], sweep: &[&Measurement]) -> Vec<Chart> {
+/// `single`: CpuBackend on one rank; `scaling`: the ring at every world size;
+/// `throughput`: ok measurements per implementation; `sweep`: the ring-size sweep.
+pub fn standard(
+    single: &[&Measurement],
+    scaling: &[&Measurement],
+    throughput: &[&Measurement],
+    sweep: &[&Measurement],
+) -> Vec<Chart> {
     let mb = |m: &Measurement| m.peak_bytes_per_rank as f64 / 1048576.0;
+    let cpu_line = |y: &dyn Fn(&Measurement) -> f64| {
+        let mut pts: Vec<(f64, f64)> = single.iter().map(|m| (m.spec.seq_len as f64, y(m))).collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Series { name: "CpuBackend, 1 rank".into(), points: pts }
+    };
+    let mut mem_series = by_world(scaling, mb);
+    mem_series.push(cpu_line(&mb));
+    let mut kb_series = by_world(scaling, Measurement::kb_per_token);
+    kb_series.push(cpu_line(&Measurement::kb_per_token));
     let mut charts = vec![Chart {
         file_stem: "memory_vs_seq".into(),
         title: "Peak memory per rank vs sequence length".into(),
@@ -116,7 +161,7 @@ pub fn standard(scaling: &[&Measurement], throughput: &[&Measurement], sweep: &[
         y_label: "peak MB per rank".into(),
         log_x: true,
         log_y: true,
-        series: by_world(scaling, mb),
+        series: mem_series,
     }];
     // Reduction factor vs world size: one line per sequence length.
     let mut red: BTreeMap<usize, Vec<(f64, f64)>> = BTreeMap::new();
@@ -181,7 +226,7 @@ pub fn standard(scaling: &[&Measurement], throughput: &[&Measurement], sweep: &[
         y_label: "KB per token".into(),
         log_x: true,
         log_y: false,
-        series: by_world(scaling, Measurement::kb_per_token),
+        series: kb_series,
     });
     let mut sw: Vec<&&Measurement> = sweep.iter().collect();
     sw.sort_by_key(|m| m.spec.world_size);
@@ -205,4 +250,41 @@ pub fn standard(scaling: &[&Measurement], throughput: &[&Measurement], sweep: &[
         ],
     });
     charts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_ticks_label_only_one_two_five() {
+        assert_eq!(tick(1000.0), "1K");
+        assert_eq!(tick(20_000.0), "20K");
+        assert_eq!(tick(5e6), "5M");
+        assert_eq!(tick(3000.0), "");
+        assert_eq!(tick(0.0), "");
+    }
+
+    #[test]
+    fn renders_png_and_svg_with_log_axes() {
+        let dir = std::env::temp_dir().join(format!("attn-bench-plot-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let chart = Chart {
+            file_stem: "t".into(),
+            title: "t".into(),
+            x_label: "x".into(),
+            y_label: "y".into(),
+            log_x: true,
+            log_y: true,
+            series: vec![Series { name: "a".into(), points: vec![(2048.0, 10.0), (65536.0, 320.0)] }],
+        };
+        let files = render(&dir, &chart).unwrap();
+        assert_eq!(files, vec!["t.png".to_string(), "t.svg".to_string()]);
+        for f in files {
+            assert!(std::fs::metadata(dir.join(f)).unwrap().len() > 1000);
+        }
+        let empty = Chart { series: vec![], ..chart };
+        assert!(render(&dir, &empty).unwrap().is_empty());
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

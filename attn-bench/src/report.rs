@@ -14,8 +14,10 @@ use crate::suite_plan::SEGMENTS;
 /// The measurements each part of the report uses.
 #[derive(Debug)]
 pub struct Selection<'a> {
-    /// Ok scaling measurements (one rank and ring, default strategy).
-    pub scaling: Vec<&'a Measurement>,
+    /// Ok single-rank CpuBackend scaling measurements.
+    pub single: Vec<&'a Measurement>,
+    /// Ok ring scaling measurements (default strategy, every world size including 1).
+    pub ring: Vec<&'a Measurement>,
     /// Ok fwd f32 measurements for the throughput plot.
     pub throughput: Vec<&'a Measurement>,
     /// The ring-size sweep (one sequence length, all world sizes).
@@ -25,7 +27,8 @@ pub struct Selection<'a> {
 impl<'a> Selection<'a> {
     pub fn of(r: &'a RunResults) -> Self {
         let ok = |s: &'static str| r.measurements.iter().filter(move |m| m.ok() && m.section == s);
-        let scaling: Vec<&Measurement> = ok("scaling").collect();
+        let single: Vec<&Measurement> = ok("scaling").filter(|m| m.spec.kind != CaseKind::Ring).collect();
+        let ring: Vec<&Measurement> = ok("scaling").filter(|m| m.spec.kind == CaseKind::Ring).collect();
         let throughput = r
             .measurements
             .iter()
@@ -34,11 +37,11 @@ impl<'a> Selection<'a> {
                 m.spec.dtype == "f32" && !m.spec.backward && !m.spec.causal && m.spec.kind != CaseKind::Multihead
             })
             .collect();
-        let seqs: BTreeSet<usize> = scaling.iter().map(|m| m.spec.seq_len).collect();
-        let worlds_at = |n: usize| scaling.iter().filter(|m| m.spec.seq_len == n).count();
+        let seqs: BTreeSet<usize> = ring.iter().map(|m| m.spec.seq_len).collect();
+        let worlds_at = |n: usize| ring.iter().filter(|m| m.spec.seq_len == n).count();
         let sweep_seq = seqs.iter().copied().max_by_key(|&n| (worlds_at(n), n)).unwrap_or(0);
-        let sweep = scaling.iter().copied().filter(|m| m.spec.seq_len == sweep_seq).collect();
-        Selection { scaling, throughput, sweep }
+        let sweep = ring.iter().copied().filter(|m| m.spec.seq_len == sweep_seq).collect();
+        Selection { single, ring, throughput, sweep }
     }
 }
 
@@ -181,7 +184,8 @@ pub fn render(
     let _ = writeln!(o, "# attn benchmark report ({} suite)\n", r.suite);
     let _ = writeln!(
         o,
-        "- **Machine**: {} ({} logical cores, {:.1} GiB){}\n- **Build**: {}, commit `{}`{}\n- **Run**: {} UTC, {} threads, took {:.0} s\n- **Measured f32 GEMM rate** (gemm crate, {n}x{n}x{n}): {:.1} GFLOP/s median, {:.1} best",
+        "- **Machine**: {} ({} logical cores, {:.1} GiB){}\n- **Build**: {}, commit `{}`{}\n- **Run**: {} UTC, {} threads, took {:.0} s\n- **Measured f32 GEMM rate** (gemm crate, {n}x{n}x{n}) at the start: {:.1} GFLOP/s median, {:.1} best; \
+         \"% of GEMM\" divides by the rate re-measured just before each case",
         m.cpu,
         m.logical_cores,
         m.memory_bytes as f64 / (1u64 << 30) as f64,
@@ -205,7 +209,7 @@ pub fn render(
     );
     let _ = writeln!(o, "## Key findings\n");
     for p in [2, 4, 8, 16] {
-        if let Some((f, e)) = reduction_at(&sel.scaling, p) {
+        if let Some((f, e)) = reduction_at(&sel.ring, p) {
             let _ = writeln!(
                 o,
                 "- Memory per rank with {p} ranks: {f:.2}x smaller on average ({:.0}% of the ideal {p}x)",
@@ -213,9 +217,7 @@ pub fn render(
             );
         }
     }
-    if let Some(best) =
-        sel.scaling.iter().filter(|m| m.spec.world_size == 1).max_by(|a, b| a.gflop_per_s.total_cmp(&b.gflop_per_s))
-    {
+    if let Some(best) = sel.single.iter().max_by(|a, b| a.gflop_per_s.total_cmp(&b.gflop_per_s)) {
         let _ = writeln!(
             o,
             "- Best single-rank rate: {:.1} GFLOP/s ({:.0}% of the measured GEMM rate) at seq {}",
@@ -233,21 +235,23 @@ pub fn render(
             int(c.max_seq_len)
         );
     }
-    let one: Vec<&Measurement> = sel.scaling.iter().copied().filter(|m| m.spec.world_size == 1).collect();
-    let _ = writeln!(o, "\n## Single rank (world size 1)\n");
-    scaling_table(&mut o, &one, false);
-    let worlds: BTreeSet<usize> = sel.scaling.iter().map(|m| m.spec.world_size).filter(|&p| p > 1).collect();
+    let _ = writeln!(o, "\n## Single rank: CpuBackend ({} threads)\n", r.threads);
+    scaling_table(&mut o, &sel.single, false);
+    let worlds: BTreeSet<usize> = sel.ring.iter().map(|m| m.spec.world_size).collect();
     for &p in &worlds {
-        let rows: Vec<&Measurement> = sel.scaling.iter().copied().filter(|m| m.spec.world_size == p).collect();
-        let _ = writeln!(o, "\n## Ring, world size {p} (in-process ranks; memory per rank)\n");
+        let rows: Vec<&Measurement> = sel.ring.iter().copied().filter(|m| m.spec.world_size == p).collect();
+        let _ = writeln!(
+            o,
+            "\n## Ring (strategy auto, contiguous), world size {p}: one thread per rank, memory per rank\n"
+        );
         scaling_table(&mut o, &rows, true);
     }
     let _ = writeln!(
         o,
-        "\n## Memory reduction\n\n| Sequence length | World size | 1 rank (MB) | Per rank (MB) | Reduction factor | Efficiency |\n|---|---|---|---|---|---|"
+        "\n## Memory reduction\n\nPer-rank peak of the ring on P ranks against the same code on one rank.\n\n| Sequence length | World size | 1 rank (MB) | Per rank (MB) | Reduction factor | Efficiency |\n|---|---|---|---|---|---|"
     );
-    for m in sel.scaling.iter().filter(|m| m.spec.world_size > 1) {
-        if let Some(one) = find(&sel.scaling, 1, m.spec.seq_len) {
+    for m in sel.ring.iter().filter(|m| m.spec.world_size > 1) {
+        if let Some(one) = find(&sel.ring, 1, m.spec.seq_len) {
             let f = one.peak_bytes_per_rank as f64 / m.peak_bytes_per_rank as f64;
             let _ = writeln!(
                 o,
@@ -324,7 +328,10 @@ pub fn render(
     );
     for c in &r.capacity {
         let conf = match (c.confirmed_seq_len, c.confirmed_peak_bytes) {
-            (Some(s), Some(b)) => format!("{}, {:.1} MB", int(s), mb(b)),
+            (Some(s), Some(b)) => match c.confirmed_predicted_bytes {
+                Some(p) => format!("{}: measured {:.1} MB, query {:.1} MB", int(s), mb(b), mb(p)),
+                None => format!("{}: measured {:.1} MB", int(s), mb(b)),
+            },
             _ => "not run (machine or suite limit)".into(),
         };
         let _ = writeln!(

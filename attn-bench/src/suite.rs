@@ -27,7 +27,9 @@ fn style() -> ProgressStyle {
 }
 
 fn finish(bar: &ProgressBar, m: &Measurement) {
-    let msg = if m.ok() {
+    let msg = if m.status.starts_with("ok") && m.runs > 0 && m.peak_bytes_per_rank == 0 {
+        format!("{}  {:.1} ms  {:.1} GFLOP/s  ({})", m.spec.label(), m.median_ms, m.gflop_per_s, m.status)
+    } else if m.ok() {
         format!(
             "{}  {:.1} ms  {:.1} MB/rank  {:.1} GFLOP/s",
             m.spec.label(),
@@ -38,6 +40,10 @@ fn finish(bar: &ProgressBar, m: &Measurement) {
     } else {
         format!("{}  {}", m.spec.label(), m.status)
     };
+    // Bars are hidden when stderr is not a terminal; keep one line per case there.
+    if bar.is_hidden() {
+        eprintln!("{msg}");
+    }
     bar.finish_with_message(msg);
 }
 
@@ -67,16 +73,12 @@ fn confirm(rows: &mut [CapacityRow], size: SuiteSize, threads: usize, ctx: &Ctx<
         if seq == 0 {
             continue;
         }
-        let base = CaseSpec::dilated("cpu", seq, &SEGMENTS, &DILATIONS);
-        let mut spec = capacity::case_at(&base, row.world_size, seq);
-        spec.threads = threads;
-        if spec.kind == CaseKind::Ring {
-            spec = suite_plan::ring_case(&base, row.world_size, suite_plan::DEFAULT_STRATEGY, "contiguous");
-            spec.threads = threads;
-        }
+        let base = CaseSpec { threads, ..CaseSpec::dilated("cpu", seq, &SEGMENTS, &DILATIONS) };
+        let spec = capacity::case_at(&base, row.world_size, seq);
         let reps = Repetitions { min_runs: 1, max_runs: 1, budget: std::time::Duration::ZERO };
         let m = ctx.measure("capacity", &spec, reps);
         if m.ok() {
+            row.confirmed_predicted_bytes = capacity::per_rank_bytes(&spec, &[]).map(|(b, _)| b);
             row.confirmed_seq_len = Some(seq);
             row.confirmed_peak_bytes = Some(m.peak_bytes_per_rank);
         }
@@ -87,7 +89,6 @@ fn confirm(rows: &mut [CapacityRow], size: SuiteSize, threads: usize, ctx: &Ctx<
 
 struct Ctx<'a> {
     multi: &'a MultiProgress,
-    gemm: f64,
     git: String,
     machine_limit: u64,
     total: usize,
@@ -100,7 +101,10 @@ impl Ctx<'_> {
         let bar = self.multi.add(ProgressBar::new(1));
         bar.set_style(style());
         bar.set_prefix(format!("{}/{}", self.done.get(), self.total));
-        let mut m = measure::measure(spec, reps, self.gemm, &self.git, &bar);
+        // The GEMM yardstick is re-measured next to every case: on a shared machine the
+        // rate available to a case changes from minute to minute.
+        let gemm = gemm_rate::measure(1024, spec.threads, 3).median_gflop_per_s;
+        let mut m = measure::measure(spec, reps, gemm, &self.git, &bar);
         m.section = section.to_string();
         finish(&bar, &m);
         m
@@ -127,7 +131,6 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     let multi = MultiProgress::new();
     let ctx = Ctx {
         multi: &multi,
-        gemm: gemm.median_gflop_per_s,
         git: machine.git_commit.clone(),
         machine_limit: machine_limit(&machine),
         total: plan.len() + 1,
@@ -152,7 +155,7 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
                 s.implementation = "torch".into();
                 Measurement::not_run(s, format!("error: {e}"), &machine.git_commit)
             });
-            m.gemm_gflop_per_s = gemm.median_gflop_per_s;
+            m.gemm_gflop_per_s = gemm_rate::measure(1024, spec.threads, 3).median_gflop_per_s;
             m.section = measurements.iter().find(|x| x.spec == spec).map_or_else(String::new, |x| x.section.clone());
             finish(&bar, &m);
             measurements.push(m);
@@ -184,7 +187,7 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     }
     let sel = report::Selection::of(&results);
     let mut plot_files = Vec::new();
-    for chart in plots::standard(&sel.scaling, &sel.throughput, &sel.sweep) {
+    for chart in plots::standard(&sel.single, &sel.ring, &sel.throughput, &sel.sweep) {
         match plots::render(&dir, &chart) {
             Ok(files) => plot_files.extend(files),
             Err(e) => eprintln!("attn-bench: plot {} failed: {e}", chart.file_stem),

@@ -1,0 +1,165 @@
+//! Runners for `attn_kernels::CpuBackend`: whole-tensor dilated attention (f32, bf16,
+//! f16; forward or forward + backward), and the same on a Hilbert-ordered 2D grid
+//! (permute in, attend, permute back) through `attn-hilbert`.
+
+use std::sync::Arc;
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, DilatedConfig, Element, Result, Shape4, TensorView, TensorViewMut};
+use attn_hilbert::{Permutation, TokenLayout, TokenOrder};
+use attn_kernels::CpuBackend;
+use half::{bf16, f16};
+
+use crate::backends::{RunStats, Runner};
+use crate::case::CaseSpec;
+use crate::inputs::normal_vec;
+
+/// Build the CPU runner for `spec` in its dtype.
+pub fn dilated(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
+    match spec.dtype.as_str() {
+        "f32" => Ok(Box::new(CpuRunner::<f32>::new(spec, None)?)),
+        "bf16" => Ok(Box::new(CpuRunner::<bf16>::new(spec, None)?)),
+        "f16" => Ok(Box::new(CpuRunner::<f16>::new(spec, None)?)),
+        other => Err(AttnError::InvalidArgument(format!("dtype {other} is not benchmarked on the cpu backend"))),
+    }
+}
+
+/// The Hilbert case: tokens of a `height x width` grid (`seq = height * width`).
+pub fn hilbert(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
+    let (h, w) = grid_for(spec.seq_len)?;
+    let order = TokenOrder::hilbert_2d(h, w)?;
+    let perm = Arc::clone(order.permutation());
+    match spec.dtype.as_str() {
+        "f32" => Ok(Box::new(CpuRunner::<f32>::new(spec, Some(perm))?)),
+        "bf16" => Ok(Box::new(CpuRunner::<bf16>::new(spec, Some(perm))?)),
+        other => Err(AttnError::InvalidArgument(format!("dtype {other} is not benchmarked on the hilbert case"))),
+    }
+}
+
+/// The most square `h x w = n` grid with `h <= w`.
+fn grid_for(n: usize) -> Result<(usize, usize)> {
+    let mut h = (n as f64).sqrt() as usize;
+    while h > 1 && n % h != 0 {
+        h -= 1;
+    }
+    if h == 0 {
+        return Err(AttnError::InvalidArgument("hilbert case needs seq_len >= 1".into()));
+    }
+    Ok((h, n / h))
+}
+
+struct CpuRunner<T> {
+    backend: CpuBackend,
+    cfg: DilatedConfig,
+    shape: Shape4,
+    backward: bool,
+    q: Vec<T>,
+    k: Vec<T>,
+    v: Vec<T>,
+    grad_out: Vec<T>,
+    /// Hilbert order: inputs are permuted into it on every call, outputs permuted back.
+    perm: Option<Arc<Permutation>>,
+}
+
+impl<T: Element> CpuRunner<T> {
+    fn new(spec: &CaseSpec, perm: Option<Arc<Permutation>>) -> Result<Self> {
+        let shape = spec.shape()?;
+        let n = shape.numel();
+        Ok(CpuRunner {
+            backend: CpuBackend::new(spec.threads)?,
+            cfg: spec.config()?,
+            shape,
+            backward: spec.backward,
+            q: normal_vec(1, n),
+            k: normal_vec(2, n),
+            v: normal_vec(3, n),
+            grad_out: if spec.backward { normal_vec(4, n) } else { Vec::new() },
+            perm,
+        })
+    }
+
+    fn attend(&self, q: &[T], k: &[T], v: &[T]) -> Result<()> {
+        let s = self.shape;
+        let view = |name, x| TensorView::contiguous(name, x, s);
+        let (qv, kv, vv) = (view(TensorName::Query, q)?, view(TensorName::Key, k)?, view(TensorName::Value, v)?);
+        let mut out = vec![T::default(); s.numel()];
+        let mut lse = vec![0.0f32; s.lse_len()];
+        self.backend.forward(
+            &self.cfg,
+            qv,
+            kv,
+            vv,
+            TensorViewMut::contiguous(TensorName::Output, &mut out, s)?,
+            &mut lse,
+        )?;
+        if self.backward {
+            let n = s.numel();
+            let (mut dq, mut dk, mut dv) = (vec![T::default(); n], vec![T::default(); n], vec![T::default(); n]);
+            self.backend.backward(
+                &self.cfg,
+                qv,
+                kv,
+                vv,
+                view(TensorName::Output, &out)?,
+                &lse,
+                view(TensorName::GradOutput, &self.grad_out)?,
+                TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, s)?,
+                TensorViewMut::contiguous(TensorName::GradKey, &mut dk, s)?,
+                TensorViewMut::contiguous(TensorName::GradValue, &mut dv, s)?,
+            )?;
+            std::hint::black_box((dq, dk, dv));
+        }
+        match &self.perm {
+            Some(p) => {
+                let mut back = vec![T::default(); s.numel()];
+                p.unapply(&TokenLayout::bshd(s), &out, &mut back)?;
+                std::hint::black_box(back);
+            }
+            None => {
+                std::hint::black_box(out);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<T: Element> Runner for CpuRunner<T> {
+    fn run(&mut self) -> Result<RunStats> {
+        match &self.perm {
+            Some(p) => {
+                let layout = TokenLayout::bshd(self.shape);
+                let permute = |x: &[T]| -> Result<Vec<T>> {
+                    let mut y = vec![T::default(); x.len()];
+                    p.apply(&layout, x, &mut y)?;
+                    Ok(y)
+                };
+                let (q, k, v) = (permute(&self.q)?, permute(&self.k)?, permute(&self.v)?);
+                self.attend(&q, &k, &v)?;
+            }
+            None => self.attend(&self.q, &self.k, &self.v)?,
+        }
+        Ok(RunStats::default())
+    }
+}
+
+/// The library's workspace-size query for a single-rank case: inputs, outputs and
+/// LSE (and gradients for backward) plus `CpuBackend::workspace_bytes`.
+pub fn workspace_query(spec: &CaseSpec) -> Option<u64> {
+    let (cfg, shape, dtype) = (spec.config().ok()?, spec.shape().ok()?, spec.dtype().ok()?);
+    let backend = CpuBackend::new(spec.threads).ok()?;
+    let tensors = if spec.backward { 8 } else { 4 };
+    let bytes = tensors * shape.numel() * dtype.size() + shape.lse_len() * 4;
+    Some((bytes + backend.workspace_bytes(&cfg, shape, spec.backward)) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grids_are_as_square_as_possible() {
+        assert_eq!(grid_for(16384).unwrap(), (128, 128));
+        assert_eq!(grid_for(8192).unwrap(), (64, 128));
+        assert_eq!(grid_for(7).unwrap(), (1, 7));
+    }
+}
