@@ -71,18 +71,19 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         }
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-            const u16* ka = sK + kr0 * LD + ks * 16 + 2 * c;
-            const u16* va = sV + kr0 * LD + ks * 16 + 2 * c;
-            const u32 kf[4] = {lds32(ka), lds32(ka + 8 * LD), lds32(ka + 8), lds32(ka + 8 * LD + 8)};
-            const u32 vf[4] = {lds32(va), lds32(va + 8 * LD), lds32(va + 8), lds32(va + 8 * LD + 8)};
+            u32 kf[4], vf[4];
+            ldsm_x4(kf, sK + (warp * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
+            ldsm_x4(vf, sV + (warp * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
 #pragma unroll
-            for (int j = 0; j < NQ; ++j) {
-                const u16* qb = sQ + (j * 8 + g) * LD + ks * 16 + 2 * c;
-                const u16* gb = sG + (j * 8 + g) * LD + ks * 16 + 2 * c;
-                const u32 qf[2] = {lds32(qb), lds32(qb + 8)};
-                const u32 gf[2] = {lds32(gb), lds32(gb + 8)};
+            for (int j = 0; j < NQ; j += 2) {  // B fragments of query n-blocks j and j + 1
+                const int off = (j * 8 + ((lane >> 4) & 1) * 8 + (lane & 7)) * LD + ks * 16 + ((lane >> 3) & 1) * 8;
+                u32 qf[4], gf[4];
+                ldsm_x4(qf, sQ + off);
+                ldsm_x4(gf, sG + off);
                 mma16816(st[j], kf, qf, E());
+                mma16816(st[j + 1], kf, qf + 2, E());
                 mma16816(dpt[j], vf, gf, E());
+                mma16816(dpt[j + 1], vf, gf + 2, E());
             }
         }
 
@@ -118,13 +119,15 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
                                pack2<E>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
                                pack2<E>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
 #pragma unroll
-            for (int j = 0; j < NO; ++j) {
-                const u16* gb = sG + (kk * 16 + 2 * c) * LD + j * 8 + g;
-                const u16* qb = sQ + (kk * 16 + 2 * c) * LD + j * 8 + g;
-                const u32 gf[2] = {(u32)gb[0] | ((u32)gb[LD] << 16), (u32)gb[8 * LD] | ((u32)gb[9 * LD] << 16)};
-                const u32 qf[2] = {(u32)qb[0] | ((u32)qb[LD] << 16), (u32)qb[8 * LD] | ((u32)qb[9 * LD] << 16)};
+            for (int j = 0; j < NO; j += 2) {  // B = dO / Q as [query][dim], transposed loads
+                const int off = (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + j * 8 + ((lane >> 4) & 1) * 8;
+                u32 gf[4], qf[4];
+                ldsm_x4_trans(gf, sG + off);
+                ldsm_x4_trans(qf, sQ + off);
                 mma16816(dv[j], pa, gf, E());
+                mma16816(dv[j + 1], pa, gf + 2, E());
                 mma16816(dk[j], da, qf, E());
+                mma16816(dk[j + 1], da, qf + 2, E());
             }
         }
         __syncthreads();  // sDS complete
@@ -133,25 +136,28 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         // half of the head-dim n-blocks; f32 atomics because other key blocks add too.
         const int qr0 = (warp & 1) * 16;
 #pragma unroll
-        for (int jj = 0; jj < NO / 2; ++jj) {
+        for (int jj = 0; jj < NO / 2; jj += 2) {
             const int j = (warp >> 1) * (NO / 2) + jj;
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk) {
-                const u16* ap = sDS + (kk * 16 + 2 * c) * LDS + qr0 + g;
-                const u32 af[4] = {(u32)ap[0] | ((u32)ap[LDS] << 16), (u32)ap[8] | ((u32)ap[LDS + 8] << 16),
-                                   (u32)ap[8 * LDS] | ((u32)ap[9 * LDS] << 16),
-                                   (u32)ap[8 * LDS + 8] | ((u32)ap[9 * LDS + 8] << 16)};
-                const u16* kp = sK + (kk * 16 + 2 * c) * LD + j * 8 + g;
-                const u32 bf[2] = {(u32)kp[0] | ((u32)kp[LD] << 16), (u32)kp[8 * LD] | ((u32)kp[9 * LD] << 16)};
-                mma16816(acc, af, bf, E());
+                u32 af[4], bf[4];
+                // A = dS (rows = queries) from dS^T in shared memory: transposed 8x8 loads.
+                ldsm_x4_trans(af, sDS + (kk * 16 + ((lane >> 4) & 1) * 8 + (lane & 7)) * LDS + qr0 + ((lane >> 3) & 1) * 8);
+                ldsm_x4_trans(bf, sK + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + j * 8 + ((lane >> 4) & 1) * 8);
+                mma16816(acc[0], af, bf, E());
+                mma16816(acc[1], af, bf + 2, E());
             }
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = qr0 + g + (e >> 1) * 8;
-                const i64 col = j * 8 + 2 * c + (e & 1);
-                const i64 r = s_qrows[row];
-                if (r >= 0 && col < a.d) atomicAdd(dq_acc + ((b * a.nq + r) * a.heads + h) * a.d + col, a.scale * acc[e]);
+            for (int n = 0; n < 2; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = qr0 + g + (e >> 1) * 8;
+                    const i64 col = (j + n) * 8 + 2 * c + (e & 1);
+                    const i64 r = s_qrows[row];
+                    if (r >= 0 && col < a.d)
+                        atomicAdd(dq_acc + ((b * a.nq + r) * a.heads + h) * a.d + col, a.scale * acc[n][e]);
+                }
             }
         }
     }
