@@ -22,6 +22,8 @@ pub struct MultiheadConfig {
     pub gamma_init: f64,
     /// Dropout probability on the merged attention output in training mode.
     pub dropout: f64,
+    /// Softmax scale; `None` means `1/sqrt(head_dim)`.
+    pub scale: Option<f64>,
 }
 
 impl MultiheadConfig {
@@ -40,6 +42,7 @@ impl MultiheadConfig {
             layer_norm_eps: 1e-5,
             gamma_init: 1.0,
             dropout: 0.0,
+            scale: None,
         }
     }
 
@@ -65,6 +68,11 @@ impl MultiheadConfig {
     }
     pub fn with_dropout(mut self, dropout: f64) -> Self {
         self.dropout = dropout;
+        self
+    }
+    /// An explicit softmax scale (finite and positive; checked by `validate`).
+    pub fn with_scale(mut self, scale: Option<f64>) -> Self {
+        self.scale = scale;
         self
     }
 
@@ -107,6 +115,7 @@ impl MultiheadConfig {
             .dilations(&self.dilation_rates)
             .mixing(self.mixing)
             .causal(self.causal)
+            .maybe_scale(self.scale)
             .build()?;
         cfg.validate_heads(self.num_heads)?;
         Ok(cfg)
@@ -139,5 +148,11 @@ mod tests {
             assert!(MultiheadConfig::new(8, 2, &[8], &[1]).with_dropout(p).validate().is_err());
         }
         assert!(MultiheadConfig::new(8, 2, &[8], &[1]).with_gamma_init(0.0).validate().is_err());
+        let scaled = MultiheadConfig::new(8, 2, &[8], &[1]).with_scale(Some(0.5)).validate().unwrap();
+        assert_eq!(scaled.scale_for(4), 0.5);
+        assert!(matches!(
+            MultiheadConfig::new(8, 2, &[8], &[1]).with_scale(Some(-1.0)).validate(),
+            Err(AttnError::InvalidScale(_))
+        ));
     }
 }
