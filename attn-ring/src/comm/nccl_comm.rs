@@ -219,7 +219,7 @@ mod tests {
     #[test]
     fn construction_is_a_typed_error_without_nccl_or_a_gpu() {
         match nccl_available() {
-            Ok(_) => {} // a GPU machine: nothing to check here
+            Ok(_) => gpu_round_trip(),
             Err(e) => {
                 assert!(matches!(e, AttnError::NotCompiled { .. } | AttnError::BackendUnavailable { .. }), "{e}");
                 let id = [0u8; NCCL_ID_BYTES];
@@ -229,4 +229,19 @@ mod tests {
             }
         }
     }
+
+    /// On a GPU machine: a one-rank communicator moves frames through NCCL (to itself).
+    #[cfg(feature = "nccl")]
+    fn gpu_round_trip() {
+        use crate::comm::Communicator;
+        let id = NcclComm::unique_id().expect("unique id");
+        let mut c = NcclComm::new(0, 1, 0, &id).expect("one-rank NCCL communicator");
+        let frames = vec![(0, vec![1u8, 2, 3, 250]), (0, (0..=255).collect::<Vec<u8>>())];
+        let got = c.exchange_frames(frames.clone(), &[0, 0]).expect("NCCL self exchange");
+        assert_eq!(got, frames.into_iter().map(|(_, f)| f).collect::<Vec<_>>());
+        assert_eq!(c.all_gather(vec![9, 8]).expect("all_gather"), vec![vec![9, 8]]);
+    }
+
+    #[cfg(not(feature = "nccl"))]
+    fn gpu_round_trip() {}
 }
