@@ -1,10 +1,16 @@
 //! CPU backend of `attn`: flash-style fused dilated attention (forward and backward,
 //! f32/bf16/f16 with f32 accumulation) and the block-level entry points the ring uses.
 //!
-//! Layers: [`block`] (public block API) and `backend` (whole tensors) find pieces (the
-//! selected rows of one pattern segment) from global positions; `tile_forward` and
-//! `tile_backward` run them tile by tile on the `ops` primitives, which dispatch to
-//! `avx512`, `avx2` or `portable` ([`Isa`], detected once at run time).
+//! Layers: [`block`] (public block API, via `piece`) and [`CpuBackend`] (whole tensors,
+//! via `units`) find pieces (the selected rows of one pattern segment) from global
+//! positions; `tile_forward` and `tile_backward` run them flash-style, tile by tile, on
+//! packed f32 tiles (`pack`: the dilation gather and dtype conversion fused into
+//! packing) with the `ops` primitives, which dispatch to `avx512`, `avx2` or `portable`
+//! ([`Isa`], detected once at run time, `ATTN_CPU_ISA` to override).
+//!
+//! Unsafe code lives only in `avx512` and `avx2` (intrinsics behind bounds-checked safe
+//! wrappers), `disjoint` (shared output buffer, disjoint rows) and `backend` (the
+//! disjoint row writes of work units).
 #![deny(unsafe_code)]
 
 mod avx2;

@@ -2,12 +2,20 @@
 //! positions (sorted if the caller's were not), handed to the tile kernels and
 //! scattered back (forward: LSE merge; backward: `+=`).
 
+use std::cell::RefCell;
+
 use attn_core::{Element, LseMerge, SegmentPattern};
 
 use crate::isa::Isa;
 use crate::pack::PieceRows;
 use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece};
 use crate::tile_forward::{ForwardScratch, forward_piece};
+
+thread_local! {
+    /// Kernel buffers reused across block calls on one thread (the ring calls often).
+    static FORWARD_SCRATCH: RefCell<ForwardScratch> = RefCell::new(ForwardScratch::default());
+    static BACKWARD_SCRATCH: RefCell<BackwardScratch> = RefCell::new(BackwardScratch::default());
+}
 
 /// A block's rows as `(data, stride, positions)`.
 #[derive(Debug, Clone, Copy)]
@@ -70,13 +78,30 @@ pub(crate) fn forward_block<T: Element>(
     lse: &mut [f32],
 ) {
     let (qg, kg) = (groups(pattern, q.pos, q.stride), groups(pattern, k.pos, k.stride));
-    let mut ws = ForwardScratch::default();
+    FORWARD_SCRATCH.with_borrow_mut(|ws| forward_groups(isa, causal, scale, d, q, k, v, &qg, &kg, ws, out, lse));
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward_groups<T: Element>(
+    isa: Isa,
+    causal: bool,
+    scale: f32,
+    d: usize,
+    q: &Strided<'_, T>,
+    k: &Strided<'_, T>,
+    v: &Strided<'_, T>,
+    qg: &[Group],
+    kg: &[Group],
+    ws: &mut ForwardScratch,
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
     let (mut o, mut l) = (Vec::new(), Vec::new());
-    for (g, h) in matched(&qg, &kg) {
+    for (g, h) in matched(qg, kg) {
         let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
         o.resize(g.rows.len() * d, 0.0);
         l.resize(g.rows.len(), 0.0);
-        forward_piece(isa, scale, d, causal, &rows(q, g), &rows(k, h), &vr, &mut ws, &mut o, &mut l);
+        forward_piece(isa, scale, d, causal, &rows(q, g), &rows(k, h), &vr, ws, &mut o, &mut l);
         for (i, &r) in g.rows.iter().enumerate() {
             LseMerge::merge_into(&mut out[r * d..(r + 1) * d], &mut lse[r], &o[i * d..(i + 1) * d], l[i]);
         }
@@ -108,9 +133,25 @@ pub(crate) fn backward_block<T: Element>(
     grads: BlockGrads<'_>,
 ) {
     let (qg, kg) = (groups(pattern, q.pos, q.stride), groups(pattern, k.pos, k.stride));
-    let mut ws = BackwardScratch::default();
+    BACKWARD_SCRATCH.with_borrow_mut(|ws| backward_groups(isa, causal, scale, d, q, k, v, &qg, &kg, ws, grads));
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_groups<T: Element>(
+    isa: Isa,
+    causal: bool,
+    scale: f32,
+    d: usize,
+    q: &Strided<'_, T>,
+    k: &Strided<'_, T>,
+    v: &Strided<'_, T>,
+    qg: &[Group],
+    kg: &[Group],
+    ws: &mut BackwardScratch,
+    grads: BlockGrads<'_>,
+) {
     let (mut dq, mut dk, mut dv) = (Vec::new(), Vec::new(), Vec::new());
-    for (g, h) in matched(&qg, &kg) {
+    for (g, h) in matched(qg, kg) {
         let go_offsets: Vec<usize> = g.rows.iter().map(|&r| r * d).collect();
         let lse: Vec<f32> = g.rows.iter().map(|&r| grads.lse[r]).collect();
         let delta: Vec<f32> = g.rows.iter().map(|&r| grads.delta[r]).collect();
@@ -129,7 +170,7 @@ pub(crate) fn backward_block<T: Element>(
         dv.clear();
         dv.resize(h.rows.len() * d, 0.0);
         // The piece owns all its rows here, so dq, dk and dv come from one fused pass.
-        dkv_piece(isa, scale, d, causal, &qr, &kr, &vr, &qg, &mut ws, &mut dk, &mut dv, Some(&mut dq));
+        dkv_piece(isa, scale, d, causal, &qr, &kr, &vr, &qg, ws, &mut dk, &mut dv, Some(&mut dq));
         for (i, &r) in g.rows.iter().enumerate() {
             grads.dq[r * d..(r + 1) * d].iter_mut().zip(&dq[i * d..]).for_each(|(a, b)| *a += b);
         }
