@@ -43,7 +43,7 @@ fn parse_list(m: &BTreeMap<String, String>, key: &str) -> Result<Vec<usize>> {
 }
 
 /// The layer config a golden file describes (`embed_dim`, `num_heads`, `segment_lengths`,
-/// `dilation_rates`, `mixing`, `causal`, `layer_norm`, optional `layer_norm_eps`).
+/// `dilation_rates`, `mixing`, `causal`, `layer_norm`, optional `layer_norm_eps` and `scale`).
 /// Biases are present when the file has `q_proj.bias`.
 pub fn config_from_metadata(m: &BTreeMap<String, String>, has_bias: bool) -> Result<MultiheadConfig> {
     let mut cfg = MultiheadConfig::new(
@@ -58,6 +58,11 @@ pub fn config_from_metadata(m: &BTreeMap<String, String>, has_bias: bool) -> Res
     .with_bias(has_bias);
     if m.contains_key("layer_norm_eps") {
         cfg.layer_norm_eps = parse(m, "layer_norm_eps")?;
+    }
+    match m.get("scale").map(|s| s.trim().to_ascii_lowercase()) {
+        None => {}
+        Some(s) if ["", "none", "null", "default"].contains(&s.as_str()) => {}
+        Some(_) => cfg.scale = Some(parse(m, "scale")?),
     }
     cfg.validate()?;
     Ok(cfg)
