@@ -12,9 +12,9 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::device::CudaDevice;
 use super::launch::launch;
-use super::params::{AttnParams, strides3};
+use super::params::{AttnParams, BlockLayout, attn_params};
 use super::plan::{
-    BackwardKernel, ForwardKernel, MMA_BLOCK_M, PatternLaunch, THREADS, backward_kernel, forward_kernel, out_scale,
+    BackwardKernel, ForwardKernel, MMA_BLOCK_M, PatternLaunch, THREADS, backward_kernel, forward_kernel,
     pattern_launches,
 };
 use super::source::MAX_HEAD_DIM;
@@ -73,41 +73,15 @@ fn base_params<T: CudaElement>(
     k_start: usize,
     launch: &PatternLaunch,
 ) -> AttnParams {
-    let [q_sb, q_ss, q_sh] = strides3(q.strides);
-    let [k_sb, k_ss, k_sh] = strides3(k.strides);
-    let [v_sb, v_ss, v_sh] = strides3(v.strides);
-    let d = q.shape.head_dim;
-    let vec_bits = [q.strides, k.strides, v.strides]
-        .iter()
-        .enumerate()
-        .map(|(i, s)| i32::from(super::plan::vec_loads_ok(d, *s)) << i)
-        .sum();
-    AttnParams {
-        q_sb,
-        q_ss,
-        q_sh,
-        k_sb,
-        k_ss,
-        k_sh,
-        v_sb,
-        v_ss,
-        v_sh,
-        nq: q.shape.seq as i64,
-        nk: k.shape.seq as i64,
-        q_start: q_start as i64,
-        k_start: k_start as i64,
-        heads: q.shape.heads as i64,
-        head0: launch.heads.start as i64,
-        w: launch.w as i64,
-        r: launch.r as i64,
-        fixed_off: launch.fixed_off.map_or(-1, |o| o as i64),
-        d: d as i64,
-        scale: cfg.scale_for(d) as f32,
-        out_scale: out_scale(cfg),
-        causal: i32::from(cfg.causal()),
-        vec: vec_bits,
-        ..AttnParams::default()
-    }
+    let layout = BlockLayout {
+        q: (q.shape, q.strides),
+        k: (k.shape, k.strides),
+        v_strides: v.strides,
+        g_strides: None,
+        q_start,
+        k_start,
+    };
+    attn_params(cfg, &layout, launch)
 }
 
 fn grid(rows: usize, per_block: usize, heads: usize, batch: usize) -> Result<Option<LaunchConfig>> {
@@ -213,11 +187,16 @@ pub fn backward_block<T: CudaElement>(
     check_len(TensorName::GradValue, grads.dv.len(), k.shape.numel())?;
     let kernel = backward_kernel(T::DTYPE, T::SUFFIX, q.shape.head_dim);
     let warps = (THREADS / 32) as usize;
-    let g_vec = i32::from(super::plan::vec_loads_ok(q.shape.head_dim, grad_out.strides)) << 3;
     for pl in pattern_launches(cfg, q.shape.heads) {
-        let mut params = base_params(cfg, q, k, v, q_start, k_start, &pl);
-        [params.g_sb, params.g_ss, params.g_sh] = strides3(grad_out.strides);
-        params.vec |= g_vec;
+        let layout = BlockLayout {
+            q: (q.shape, q.strides),
+            k: (k.shape, k.strides),
+            v_strides: v.strides,
+            g_strides: Some(grad_out.strides),
+            q_start,
+            k_start,
+        };
+        let params = attn_params(cfg, &layout, &pl);
         let q_rows = pl.max_selected(q_start, q.shape.seq);
         let k_rows = pl.max_selected(k_start, k.shape.seq);
         match &kernel {
