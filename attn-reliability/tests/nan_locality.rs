@@ -17,6 +17,9 @@ enum Which {
     V,
 }
 
+/// A forward: (q, k, v) -> (out, lse), widened to f64.
+type Runner<'a> = dyn Fn(&[f32], &[f32], &[f32]) -> (Vec<f64>, Vec<f64>) + 'a;
+
 fn configs() -> Vec<DilatedConfig> {
     let b = || DilatedConfig::builder().segments(&[4, 8, 16]).dilations(&[1, 2, 4]);
     vec![
@@ -40,12 +43,7 @@ fn readers(cfg: &DilatedConfig, s: Shape4, which: Which, b: usize, p: usize, h: 
 /// Poison one row and compare every output row with the clean run. Returns the rows that
 /// changed although they do not read the poisoned row (leaks), and the reading rows that
 /// came out finite although they read a NaN (a NaN silently dropped).
-fn check_locality(
-    run: &dyn Fn(&[f32], &[f32], &[f32]) -> (Vec<f64>, Vec<f64>),
-    cfg: &DilatedConfig,
-    s: Shape4,
-    label: &str,
-) -> (Vec<String>, Vec<String>) {
+fn check_locality(run: &Runner<'_>, cfg: &DilatedConfig, s: Shape4, label: &str) -> (Vec<String>, Vec<String>) {
     let (mut leaks, mut dropped) = (Vec::new(), Vec::new());
     let n = s.numel();
     let d = s.head_dim;

@@ -71,7 +71,7 @@ fn attack(c: &RingCase, op: Op, faulty: usize, kind: &str, make: fn(u64) -> Faul
             }
         }
         // The last `world - 1` frames of a rank are its completion-round (barrier) frames.
-        let final_round = nth + world - 1 >= frames;
+        let final_round = nth + world > frames;
         match oks {
             0 => t.all_err += 1,
             n if n == res.len() => t.all_ok += 1,
@@ -90,7 +90,10 @@ fn attack(c: &RingCase, op: Op, faulty: usize, kind: &str, make: fn(u64) -> Faul
     t
 }
 
-const KINDS: [(&str, fn(u64) -> Fault); 5] = [
+/// A fault kind's name and how to make it for frame `nth`.
+type FaultKind = (&'static str, fn(u64) -> Fault);
+
+const KINDS: [FaultKind; 5] = [
     ("drop", |nth| Fault::Drop { nth }),
     ("reorder", |nth| Fault::Reorder { nth }),
     ("truncate", |nth| Fault::Truncate { nth }),
