@@ -177,6 +177,7 @@ mod imp {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 use crate::isa::Isa;
 use crate::portable;
 

@@ -172,6 +172,7 @@ mod imp {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 use crate::isa::Isa;
 
 /// `C[m x n] (=|+=) A[m x k] * B[k x n]` with AVX-512 (`n` a multiple of 16).
