@@ -1,0 +1,90 @@
+//! `attn-cuda-bench`: time the CUDA forward on the target shapes (LongNet-style
+//! head groups, segments 2048..32768, heads 16, head_dim 128) and print one JSON line
+//! per case with milliseconds and TFLOP/s. Build here with `--features cuda`, carry the
+//! binary to a GPU machine, run it there (it exits with a typed error without a GPU).
+//!
+//! Usage: attn-cuda-bench [--seq 65536,262144] [--dtype bf16|f16|f32] [--iters 10] [--causal]
+
+use std::process::ExitCode;
+
+use attn_core::{DilatedConfig, Shape4};
+use attn_kernels::cuda::{CudaDevice, CudaElement, GpuTiming, bench_forward};
+use half::{bf16, f16};
+
+struct Args {
+    seqs: Vec<usize>,
+    dtype: String,
+    iters: usize,
+    causal: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args { seqs: vec![65_536, 262_144], dtype: "bf16".into(), iters: 10, causal: false };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--seq" => {
+                a.seqs = val()?
+                    .split(',')
+                    .map(|s| s.trim().parse().map_err(|e| format!("--seq: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--dtype" => a.dtype = val()?,
+            "--iters" => a.iters = val()?.parse().map_err(|e| format!("--iters: {e}"))?,
+            "--causal" => a.causal = true,
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    Ok(a)
+}
+
+fn run_one<T: CudaElement>(
+    dev: &CudaDevice,
+    cfg: &DilatedConfig,
+    shape: Shape4,
+    iters: usize,
+) -> Result<GpuTiming, String> {
+    // Deterministic pseudo-random inputs in [-1, 1).
+    let fill = |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 2001) as f32 / 1000.0 - 1.0;
+    bench_forward::<T>(dev, cfg, shape, iters, fill).map_err(|e| e.to_string())
+}
+
+fn run() -> Result<(), String> {
+    let a = parse()?;
+    let dev = CudaDevice::new(0).map_err(|e| e.to_string())?;
+    let (major, minor) = dev.compute_capability();
+    let cfg = DilatedConfig::builder()
+        .segments(&[2048, 4096, 8192, 16384, 32768])
+        .dilations(&[1, 2, 4, 8, 16])
+        .causal(a.causal)
+        .build()
+        .map_err(|e| e.to_string())?;
+    for &seq in &a.seqs {
+        let shape = Shape4::new(1, seq, 16, 128).map_err(|e| e.to_string())?;
+        let t = match a.dtype.as_str() {
+            "bf16" => run_one::<bf16>(&dev, &cfg, shape, a.iters)?,
+            "f16" => run_one::<f16>(&dev, &cfg, shape, a.iters)?,
+            "f32" => run_one::<f32>(&dev, &cfg, shape, a.iters)?,
+            other => return Err(format!("unknown dtype `{other}`")),
+        };
+        println!(
+            "{{\"device\":\"sm_{major}{minor}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":16,\"head_dim\":128,\"causal\":{},\"median_ms\":{:.4},\"tflops\":{:.2}}}",
+            a.dtype,
+            a.causal,
+            t.median_ms,
+            t.tflops()
+        );
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("attn-cuda-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
