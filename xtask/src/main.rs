@@ -2,7 +2,7 @@
 //!
 //! - `cargo xtask bench [ARGS]`: the benchmark report (runs the `attn-bench` binary in
 //!   release mode; see `cargo xtask bench --help`).
-//! - `cargo xtask test [--skip-golden]`: fmt, clippy, every test, the golden runner for
+//! - `cargo xtask test [--skip-golden] [--only GROUP]`: fmt, clippy, every test, the golden runner for
 //!   each available backend and strategy, MPI and GPU tests where possible.
 //! - `cargo xtask tidy`: module docs, file length, no todo!/unimplemented!/dbg!,
 //!   `// SAFETY:` above every `unsafe` block.
@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 const USAGE: &str = "usage: cargo xtask <bench|test|tidy|ptx> [ARGS]
   bench [--quick|--full] [--torch PYTHON] [--baseline results.json] [--budget 8GiB] [--json ...]
-  test  [--skip-golden]
+  test  [--skip-golden] [--only fmt|clippy|tests|tidy|golden|mpi|gpu|bench]
   tidy
   ptx   [--arch 80,90] [--out DIR]";
 

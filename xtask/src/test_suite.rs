@@ -161,54 +161,76 @@ fn cargo_step(steps: &mut Vec<Step>, name: &str, args: &[&str]) {
     steps.push(Step { name: name.to_string(), outcome, secs: t.elapsed().as_secs_f64() });
 }
 
-/// Run everything; fail if any step failed.
+/// The step groups, in order; `--only GROUP` runs one of them.
+const GROUPS: [&str; 7] = ["fmt", "clippy", "tests", "tidy", "golden", "mpi", "gpu"];
+
+/// Run everything (or `--only GROUP`); fail if any step failed.
 pub fn run(args: &[String]) -> Result<(), String> {
-    let mut skip_golden = false;
-    for a in args {
+    let (mut skip_golden, mut only) = (false, None);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
         match a.as_str() {
             "--skip-golden" => skip_golden = true,
-            other => return Err(format!("unknown option `{other}` (test [--skip-golden])")),
+            "--only" => {
+                let g = it.next().ok_or("--only needs a group")?;
+                if !GROUPS.contains(&g.as_str()) && g != "bench" {
+                    return Err(format!("unknown group `{g}` (one of {}, bench)", GROUPS.join(", ")));
+                }
+                only = Some(g.clone());
+            }
+            other => return Err(format!("unknown option `{other}` (test [--skip-golden] [--only GROUP])")),
         }
     }
+    let wants = |g: &str| only.as_deref().is_none_or(|o| o == g);
     let mut steps = Vec::new();
-    cargo_step(&mut steps, "fmt", &["fmt", "--all", "--check"]);
-    cargo_step(&mut steps, "clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]);
-    cargo_step(&mut steps, "tests", &["test", "--workspace"]);
-    println!("\n=== tidy ===");
-    let t = Instant::now();
-    let outcome = tidy::run(&[]).map_or_else(Outcome::Failed, |()| Outcome::Passed);
-    steps.push(Step { name: "tidy".into(), outcome, secs: t.elapsed().as_secs_f64() });
+    if wants("fmt") {
+        cargo_step(&mut steps, "fmt", &["fmt", "--all", "--check"]);
+    }
+    if wants("clippy") {
+        cargo_step(&mut steps, "clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]);
+    }
+    if wants("tests") {
+        cargo_step(&mut steps, "tests", &["test", "--workspace"]);
+    }
+    if wants("tidy") {
+        println!("\n=== tidy ===");
+        let t = Instant::now();
+        let outcome = tidy::run(&[]).map_or_else(Outcome::Failed, |()| Outcome::Passed);
+        steps.push(Step { name: "tidy".into(), outcome, secs: t.elapsed().as_secs_f64() });
+    }
     let gpu = gpu_present();
-    if skip_golden {
-        steps.push(skip("golden", "--skip-golden".into()));
-    } else {
-        golden_steps(&mut steps, gpu.is_some());
-    }
-    mpi_steps(&mut steps);
-    match &gpu {
-        Some(name) => {
-            println!("\n=== GPU: {name} ===");
-            cargo_step(
-                &mut steps,
-                "gpu: attn-kernels --features cuda",
-                &["test", "-p", "attn-kernels", "--features", "cuda"],
-            );
-            cargo_step(
-                &mut steps,
-                "gpu: attn-ring --features nccl",
-                &["test", "-p", "attn-ring", "--features", "nccl"],
-            );
+    if wants("golden") {
+        if skip_golden {
+            steps.push(skip("golden", "--skip-golden".into()));
+        } else {
+            golden_steps(&mut steps, gpu.is_some());
         }
-        None => steps.push(skip("gpu", "no GPU (nvidia-smi lists none); CUDA/NCCL tests need one".into())),
     }
-    cargo_step(
-        &mut steps,
-        "bench smoke (--json, reference)",
-        &["run", "--quiet", "--release", "-p", "attn-bench", "--", "--json", "--impl", "reference", "--seq-len", "256"]
-            .into_iter()
-            .chain(["--heads", "2", "--head-dim", "16", "--segments", "64,128", "--dilations", "1,2", "--runs", "1"])
-            .collect::<Vec<_>>(),
-    );
+    if wants("mpi") {
+        mpi_steps(&mut steps);
+    }
+    if wants("gpu") {
+        match &gpu {
+            Some(name) => {
+                println!("\n=== GPU: {name} ===");
+                let kernels = ["test", "-p", "attn-kernels", "--features", "cuda"];
+                cargo_step(&mut steps, "gpu: attn-kernels --features cuda", &kernels);
+                cargo_step(
+                    &mut steps,
+                    "gpu: attn-ring --features nccl",
+                    &["test", "-p", "attn-ring", "--features", "nccl"],
+                );
+            }
+            None => steps.push(skip("gpu", "no GPU (nvidia-smi lists none); CUDA/NCCL tests need one".into())),
+        }
+    }
+    if wants("bench") {
+        let smoke = ["run", "--quiet", "--release", "-p", "attn-bench", "--", "--json", "--impl", "reference"];
+        let case =
+            ["--seq-len", "256", "--heads", "2", "--head-dim", "16", "--segments", "64,128", "--dilations", "1,2"];
+        let args: Vec<&str> = smoke.into_iter().chain(case).chain(["--runs", "1"]).collect();
+        cargo_step(&mut steps, "bench smoke (--json, reference)", &args);
+    }
     summarize(&steps)
 }
 
