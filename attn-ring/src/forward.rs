@@ -38,6 +38,71 @@ pub(crate) fn restep(mut bytes: Vec<u8>, step: usize) -> Vec<u8> {
     bytes
 }
 
+/// All-gather patterns: one direct exchange with the ranks sharing segments; the
+/// blocks received, decoded (each message is freed once decoded).
+fn gather_blocks<C: Communicator + ?Sized, T: Element>(
+    comm: &mut C,
+    plan: &Plan,
+    local: &Local<'_, T>,
+) -> Result<Vec<Block<T>>> {
+    let (r, p) = (comm.rank(), plan.problem.world);
+    let gh = &plan.gather_heads;
+    let sends = (0..p)
+        .filter(|&x| plan.gather_need(r, x))
+        .map(|x| {
+            let pos = gh.iter().map(|ph| plan.gather_positions(r, x, ph)).collect();
+            (x, Block::from_local(local, gh, pos).encode(MsgKind::GatherKv, r, 0))
+        })
+        .collect();
+    let srcs: Vec<usize> = (0..p).filter(|&x| plan.gather_need(x, r)).collect();
+    let gathered = comm.exchange(sends, &srcs)?;
+    let mut blocks = Vec::with_capacity(srcs.len());
+    for (&src, bytes) in srcs.iter().zip(gathered) {
+        let pos = gh.iter().map(|ph| plan.gather_positions(src, r, ph)).collect();
+        blocks.push(Block::<T>::decode(&bytes, MsgKind::GatherKv, src, 0, r, local.batch, local.d, pos)?);
+    }
+    Ok(blocks)
+}
+
+/// Without ring patterns every block is here before any compute: after the
+/// completion round, each (batch, head) is computed with a row-sized f32
+/// accumulator and written straight to the caller's output (no full-size buffer).
+fn forward_direct<T: Element>(
+    plan: &Plan,
+    local: &Local<'_, T>,
+    gathered: &[Block<T>],
+    out: &mut TensorViewMut<'_, T>,
+    lse: &mut [f32],
+) -> Result<()> {
+    let (nl, h, d) = (local.rows(), local.heads, local.d);
+    let pr = &plan.problem;
+    let (mut o, mut l) = (vec![0.0f32; nl * d], vec![0.0f32; nl]);
+    for b in 0..local.batch {
+        for head in 0..h {
+            let bh = local.bh(b, head);
+            o.iter_mut().for_each(|x| *x = 0.0);
+            l.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+            let hp = pr.cfg.head_patterns(pr.heads, head);
+            for (pattern, pat) in hp.patterns {
+                let m = mask_of(plan, &PatternHead { pattern, head, pat });
+                attend_forward(local.q_rows(bh), local.own_keys(bh), m, &mut o, &mut l)?;
+            }
+            for (i, ph) in plan.gather_heads.iter().enumerate().filter(|(_, ph)| ph.head == head) {
+                for blk in gathered {
+                    attend_forward(local.q_rows(bh), blk.keys(b, i, d), mask_of(plan, ph), &mut o, &mut l)?;
+                }
+            }
+            let scale = hp.out_scale as f32;
+            for i in 0..nl {
+                let row = out.row_mut(b, i, head);
+                row.iter_mut().zip(&o[i * d..(i + 1) * d]).for_each(|(x, &y)| *x = T::from_f32(y * scale));
+                lse[(b * nl + i) * h + head] = l[i];
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The forward on this rank: every message of the plan, every block merged.
 pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
@@ -49,17 +114,8 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     let mut o = vec![vec![0.0f32; nl * d]; batch * local.heads];
     let mut lse = vec![vec![f32::NEG_INFINITY; nl]; batch * local.heads];
 
-    // All-gather patterns: one direct exchange with the ranks sharing segments.
     let gh = &plan.gather_heads;
-    let sends = (0..p)
-        .filter(|&x| plan.gather_need(r, x))
-        .map(|x| {
-            let pos = gh.iter().map(|ph| plan.gather_positions(r, x, ph)).collect();
-            (x, Block::from_local(local, gh, pos).encode(MsgKind::GatherKv, r, 0))
-        })
-        .collect();
-    let srcs: Vec<usize> = (0..p).filter(|&x| plan.gather_need(x, r)).collect();
-    let gathered = comm.exchange(sends, &srcs)?;
+    let gathered = gather_blocks(comm, plan, local)?;
 
     // Ring: post this rank's block before computing anything.
     if plan.hops[r] >= 1 {
@@ -76,11 +132,10 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
         }
     }
 
-    for (&src, bytes) in srcs.iter().zip(gathered) {
-        let pos = gh.iter().map(|ph| plan.gather_positions(src, r, ph)).collect();
-        let blk = Block::<T>::decode(&bytes, MsgKind::GatherKv, src, 0, r, batch, d, pos)?;
-        merge_block(plan, local, gh, &blk, &mut o, &mut lse)?;
+    for blk in &gathered {
+        merge_block(plan, local, gh, blk, &mut o, &mut lse)?;
     }
+    drop(gathered);
 
     for t in 1..=plan.ring_steps() {
         let owner = (r + p - t) % p;
@@ -152,6 +207,12 @@ pub fn ring_forward<C: Communicator + ?Sized, T: Element>(
 ) -> Result<RingStats> {
     let extra = check_out(problem, comm.rank(), &[(TensorName::Output, out.shape())], lse.len());
     let Prepared { plan, local, start } = prepare(comm, "forward", problem, [q, k, v], extra)?;
+    if plan.ring_heads.is_empty() {
+        let gathered = gather_blocks(comm, &plan, &local)?;
+        let stats = finish(comm, start)?;
+        forward_direct(&plan, &local, &gathered, out, lse)?;
+        return Ok(stats);
+    }
     let part = forward_core::<C, T>(comm, &plan, &local)?;
     let stats = finish(comm, start)?;
     let (nl, h, d) = (local.rows(), local.heads, local.d);
