@@ -1,6 +1,7 @@
 //! Property tests on the GPU: random valid configs (both mixing modes, causal, ragged
-//! tails, `w > n`) against the float64 reference, and the block API (LSE-merging key
-//! blocks in any order) against the whole call. Skips with a printed reason without a GPU.
+//! tails, `w > n`) against the float64 reference and against the CPU backend (f16, bf16),
+//! and the block API (LSE-merging key blocks in any order) against the whole call. Skips
+//! with a printed reason without a GPU.
 #![cfg(feature = "cuda")]
 
 mod cuda_support;
@@ -50,6 +51,56 @@ fn forward_and_backward_match_the_reference() {
             Ok(())
         })
         .unwrap();
+}
+
+/// The GPU and the CPU backend agree in f16 and bf16 (forward and gradients). Each is
+/// within the dtype's tolerance of the exact result, so they are within twice of each other.
+#[test]
+fn half_precision_matches_the_cpu_backend() {
+    let Some(dev) = device_or_skip("half_precision_matches_the_cpu_backend") else { return };
+    let cpu = attn_kernels::CpuBackend::new(2).expect("cpu backend");
+    let (g16, gb16) = (Gpu::<half::f16>::new(dev.clone()), Gpu::<bf16>::new(dev));
+    runner()
+        .run(&dilated_case(), |case| {
+            let shape = case.attn_shape();
+            let [q, k, v, go] = case.inputs();
+            for (gpu, dtype) in [(&g16 as &dyn DilatedBackend, attn_core::DType::F16), (&gb16, attn_core::DType::BF16)]
+            {
+                let bound = 2.0 * Tolerance::for_dtype(dtype).rel_l2;
+                let (cpu_out, cpu_grads) = match dtype {
+                    attn_core::DType::F16 => cpu_run::<half::f16>(&cpu, &case.cfg, shape.q, &q, &k, &v, &go),
+                    _ => cpu_run::<bf16>(&cpu, &case.cfg, shape.q, &q, &k, &v, &go),
+                };
+                let got = gpu.forward(&case.cfg, shape, &q, &k, &v).expect("gpu forward");
+                prop_assert!(rel_l2_error(&got.out, &cpu_out) <= bound, "{dtype:?} out {:?}", case);
+                let g = gpu.backward(&case.cfg, shape, &q, &k, &v, &go).expect("gpu backward");
+                for (name, a, b) in
+                    [("dq", &g.dq, &cpu_grads[0]), ("dk", &g.dk, &cpu_grads[1]), ("dv", &g.dv, &cpu_grads[2])]
+                {
+                    prop_assert!(rel_l2_error(a, b) <= bound, "{dtype:?} {name}: {} {:?}", rel_l2_error(a, b), case);
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// CPU backend in dtype `T`: (out, [dq, dk, dv]) as f32.
+fn cpu_run<T: attn_core::Element>(
+    cpu: &attn_kernels::CpuBackend,
+    cfg: &attn_core::DilatedConfig,
+    shape: attn_core::Shape4,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    go: &[f32],
+) -> (Vec<f32>, [Vec<f32>; 3]) {
+    let c = |x: &[f32]| -> Vec<T> { x.iter().map(|&y| T::from_f32(y)).collect() };
+    let b = |x: &[T]| -> Vec<f32> { x.iter().map(|y| y.to_f32()).collect() };
+    let (q, k, v, go) = (c(q), c(k), c(v), c(go));
+    let (out, lse) = cpu.forward_vec::<T>(cfg, shape, &q, &k, &v).expect("cpu forward");
+    let (dq, dk, dv) = cpu.backward_vec::<T>(cfg, shape, &q, &k, &v, &out, &lse, &go).expect("cpu backward");
+    (b(&out), [b(&dq), b(&dk), b(&dv)])
 }
 
 /// Splitting the keys into blocks at arbitrary points and merging them in reverse order
