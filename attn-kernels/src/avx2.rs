@@ -108,7 +108,8 @@ mod imp {
     #[target_feature(enable = "avx2,fma")]
     fn exp2_vec(x: __m256) -> __m256 {
         // Below -127 the result is 0 (exponent field 0, mantissa 0 after the shift).
-        let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-127.0)), _mm256_set1_ps(127.0));
+        // Constant first: `max`/`min` return the second operand on NaN, so NaN propagates.
+        let x = _mm256_min_ps(_mm256_set1_ps(127.0), _mm256_max_ps(_mm256_set1_ps(-127.0), x));
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm256_sub_ps(x, n);
         let mut p = _mm256_set1_ps(EXP2_POLY[0]);

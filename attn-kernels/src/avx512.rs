@@ -116,7 +116,8 @@ mod imp {
 
     #[target_feature(enable = "avx512f")]
     fn exp2_vec(x: __m512) -> __m512 {
-        let x = _mm512_max_ps(x, _mm512_set1_ps(-150.0));
+        // Constant first: `max` returns the second operand on NaN, so NaN propagates.
+        let x = _mm512_max_ps(_mm512_set1_ps(-150.0), x);
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm512_sub_ps(x, n);
         let mut p = _mm512_set1_ps(EXP2_POLY[0]);

@@ -26,6 +26,42 @@ pub(crate) fn gemm(
     }
 }
 
+/// `C[i] += sum_{kk in ranges[i]} A[i, kk] * B[kk]` for `m = ranges.len()` rows: each row
+/// reads only its own range of the inner dimension, so a masked entry (weight 0) never
+/// multiplies a value it must not see (`0 * NaN` would leak the NaN). The part common to
+/// all rows runs as one product; the rest row by row.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_ranges(
+    isa: Isa,
+    ranges: &[(usize, usize)],
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    n: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    let lo = ranges.iter().map(|r| r.0).max().unwrap_or(0);
+    let hi = ranges.iter().map(|r| r.1).min().unwrap_or(0);
+    let row = |c: &mut [f32], i: usize, from: usize, to: usize| {
+        if from < to {
+            gemm(isa, 1, to - from, &a[i * lda + from..], lda, &b[from * ldb..], ldb, n, &mut c[i * ldc..], ldc, true);
+        }
+    };
+    if lo < hi {
+        gemm(isa, ranges.len(), hi - lo, &a[lo..], lda, &b[lo * ldb..], ldb, n, c, ldc, true);
+        for (i, &(from, to)) in ranges.iter().enumerate() {
+            row(c, i, from, lo);
+            row(c, i, hi, to);
+        }
+    } else {
+        for (i, &(from, to)) in ranges.iter().enumerate() {
+            row(c, i, from, to);
+        }
+    }
+}
+
 /// `x[j] = exp2(x[j] - s - sv[j])` (`sv` absent = 0), returning the sum.
 #[inline]
 pub(crate) fn exp2_sub(isa: Isa, x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {

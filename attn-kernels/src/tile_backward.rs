@@ -43,6 +43,13 @@ fn lse2(l: f32) -> f32 {
     if l == f32::NEG_INFINITY { f32::INFINITY } else { l * std::f32::consts::LOG2_E }
 }
 
+/// `dS = P * (dP - delta)`, exactly 0 where `P = 0` (masked), so a NaN/Inf in a masked
+/// value or gradient row cannot reach it.
+#[inline]
+fn ds(p: f32, dp: f32, delta: f32) -> f32 {
+    if p == 0.0 { 0.0 } else { p * (dp - delta) }
+}
+
 /// `dq[i*d..] += scale * sum_j dS_ij k_j` for the piece's queries (all keys of the piece).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dq_piece<T: Element, G: Element>(
@@ -98,18 +105,20 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                 }
                 ops::gemm(isa, rn, dp, &qbuf[r0 * dp..], dp, &kt[t * tile..], KEY_TILE, KEY_TILE, s, KEY_TILE, false);
                 ops::gemm(isa, rn, dp, &gbuf[r0 * dp..], dp, &vt[t * tile..], KEY_TILE, KEY_TILE, dpb, KEY_TILE, false);
+                let mut ranges = [(0, 0); ROW_BLOCK];
                 for i in 0..rn {
                     let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
                     let qp = qpos[r0 + i];
                     let visible = if causal { kpos.partition_point(|&p| p <= qp) } else { kn };
+                    ranges[i] = (0, visible);
                     row[visible..].fill(f32::NEG_INFINITY);
                     ops::exp2_sub(isa, row, lse2(g.lse[q0 + r0 + i]), None);
                     let delta = g.delta[q0 + r0 + i];
                     for (p, dpv) in row.iter_mut().zip(&dpb[i * KEY_TILE..(i + 1) * KEY_TILE]) {
-                        *p *= dpv - delta;
+                        *p = ds(*p, *dpv, delta);
                     }
                 }
-                ops::gemm(isa, rn, kn, s, KEY_TILE, &kr[t * tile..], dp, dp, &mut acc[r0 * dp..], dp, true);
+                ops::gemm_ranges(isa, &ranges[..rn], s, KEY_TILE, &kr[t * tile..], dp, dp, &mut acc[r0 * dp..], dp);
             }
         }
         for i in 0..qn {
@@ -170,6 +179,7 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
     let ds_all = scratch(&mut ws.dp, QUERY_CHUNK * KEY_TILE);
     let ds_t = scratch(&mut ws.dst, KEY_TILE * QUERY_CHUNK);
     let dq_acc = scratch(&mut ws.acc2, if dq.is_some() { nq * dp } else { 0 });
+    let mut q_ranges = [(0, 0); KEY_TILE];
     dq_acc.fill(0.0);
     for k0 in (0..nk).step_by(QUERY_CHUNK) {
         let kn = (nk - k0).min(QUERY_CHUNK);
@@ -197,22 +207,25 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 let dpb = &mut ds_all[r0 * KEY_TILE..(r0 + rn) * KEY_TILE];
                 ops::gemm(isa, rn, dp, &kbuf[r0 * dp..], dp, &qt[t * tile..], KEY_TILE, KEY_TILE, s, KEY_TILE, false);
                 ops::gemm(isa, rn, dp, &vbuf[r0 * dp..], dp, &gt[t * tile..], KEY_TILE, KEY_TILE, dpb, KEY_TILE, false);
+                let mut ranges = [(0, 0); ROW_BLOCK];
                 for i in 0..rn {
                     let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
                     let kp = kpos[r0 + i];
                     let hidden = if causal { qpos.partition_point(|&p| p < kp) } else { 0 };
+                    ranges[i] = (hidden, n);
                     row[..hidden].fill(f32::NEG_INFINITY);
                     row[n..].fill(f32::NEG_INFINITY);
                     ops::exp2_sub(isa, row, 0.0, Some(&sub[t * KEY_TILE..(t + 1) * KEY_TILE]));
                     let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
                     for (j, (dpv, p)) in dprow.iter_mut().zip(row.iter()).enumerate().take(n) {
-                        let delta = g.delta[i0 + j];
-                        *dpv = p * (*dpv - delta);
+                        *dpv = ds(*p, *dpv, g.delta[i0 + j]);
                     }
                 }
-                // dV += P^T GO, dK += dS^T Q (rows here are keys).
-                ops::gemm(isa, rn, n, s, KEY_TILE, &gr[t * tile..], dp, dp, &mut dv_acc[r0 * dp..], dp, true);
-                ops::gemm(isa, rn, n, dpb, KEY_TILE, &qr[t * tile..], dp, dp, &mut dk_acc[r0 * dp..], dp, true);
+                // dV += P^T GO, dK += dS^T Q (rows here are keys), each key row over the
+                // queries that see it only.
+                let rg = &ranges[..rn];
+                ops::gemm_ranges(isa, rg, s, KEY_TILE, &gr[t * tile..], dp, dp, &mut dv_acc[r0 * dp..], dp);
+                ops::gemm_ranges(isa, rg, dpb, KEY_TILE, &qr[t * tile..], dp, dp, &mut dk_acc[r0 * dp..], dp);
             }
             if dq.is_some() && rows_done > 0 {
                 // dQ[tile] += dS (queries x keys) * K[chunk], one product of depth `rows_done`.
@@ -221,8 +234,13 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                         ds_t[j * QUERY_CHUNK + i] = ds_all[i * KEY_TILE + j];
                     }
                 }
+                // Query j reads only the keys at or before it.
+                for (j, r) in q_ranges[..n].iter_mut().enumerate() {
+                    let visible = if causal { kpos[..rows_done].partition_point(|&p| p <= qpos[j]) } else { rows_done };
+                    *r = (0, visible);
+                }
                 let c = &mut dq_acc[t * KEY_TILE * dp..];
-                ops::gemm(isa, n, rows_done, ds_t, QUERY_CHUNK, kbuf, dp, dp, c, dp, true);
+                ops::gemm_ranges(isa, &q_ranges[..n], ds_t, QUERY_CHUNK, kbuf, dp, dp, c, dp);
             }
         }
         for j in 0..kn {

@@ -82,17 +82,20 @@ pub(crate) fn forward_piece<T: Element>(
                     continue; // every row of this block precedes the tile
                 }
                 ops::gemm(isa, rn, dp, &qbuf[r0 * dp..], dp, ktile, KEY_TILE, KEY_TILE, s, KEY_TILE, false);
+                let mut ranges = [(0, 0); ROW_BLOCK];
                 for i in 0..rn {
                     let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
-                    row[kn..].fill(f32::NEG_INFINITY);
                     let qp = qpos[r0 + i];
-                    if causal && kpos[kn - 1] > qp {
-                        let visible = kpos.partition_point(|&p| p <= qp);
-                        row[visible..kn].fill(f32::NEG_INFINITY);
-                    }
+                    let visible = if causal && kpos[kn - 1] > qp { kpos.partition_point(|&p| p <= qp) } else { kn };
+                    ranges[i] = (0, visible);
+                    row[visible..].fill(f32::NEG_INFINITY);
                     let (mi, li) = (&mut m[r0 + i], &mut l[r0 + i]);
                     let m_new = mi.max(ops::max(isa, row));
                     if m_new == f32::NEG_INFINITY {
+                        // Nothing visible yet, or only NaN scores: a NaN poisons the row.
+                        if row[..visible].iter().any(|x| x.is_nan()) {
+                            *li = f32::NAN;
+                        }
                         row.fill(0.0);
                         continue;
                     }
@@ -104,12 +107,14 @@ pub(crate) fn forward_piece<T: Element>(
                         o[(r0 + i) * dp..(r0 + i + 1) * dp].iter_mut().for_each(|x| *x *= corr);
                     }
                 }
-                ops::gemm(isa, rn, kn, s, KEY_TILE, vtile, dp, dp, &mut o[r0 * dp..], dp, true);
+                // Each row reads only the values it sees (a masked NaN/Inf value stays out).
+                ops::gemm_ranges(isa, &ranges[..rn], s, KEY_TILE, vtile, dp, dp, &mut o[r0 * dp..], dp);
             }
         }
         for i in 0..qn {
             let dst = &mut out[(q0 + i) * d..(q0 + i + 1) * d];
             if l[i] == 0.0 {
+                // No visible key (a NaN-poisoned row has l = NaN and falls through).
                 dst.fill(0.0);
                 lse[q0 + i] = f32::NEG_INFINITY;
             } else {

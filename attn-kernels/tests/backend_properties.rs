@@ -150,3 +150,38 @@ fn bad_shapes_are_typed_errors() {
     let tiny = DilatedConfig::builder().segments(&[4]).dilations(&[1]).scale(1e-300).build().unwrap();
     assert!(matches!(be.forward_vec(&tiny, s, &x, &x, &x), Err(AttnError::InvalidScale(_))));
 }
+
+/// Causal: a NaN/Inf in a value row never reaches rows that do not read it, forward and
+/// backward (a masked weight is 0 and `0 * NaN` would be NaN), and a NaN in a query row
+/// makes its own output NaN (never silently dropped).
+#[test]
+fn poison_stays_in_the_rows_that_read_it() {
+    let cfg = DilatedConfig::builder().segments(&[16]).dilations(&[1]).causal(true).build().unwrap();
+    let shape = Shape4::new(1, 64, 1, 8).unwrap();
+    let n = shape.numel();
+    let (q, k, v, go) = (random_vec(41, n), random_vec(42, n), random_vec(43, n), random_vec(44, n));
+    let be = CpuBackend::new(2).unwrap();
+    let run = |q: &[f32], v: &[f32]| {
+        let (out, lse) = be.forward_vec(&cfg, shape, q, &k, v).unwrap();
+        let (dq, dk, dv) = be.backward_vec(&cfg, shape, q, &k, v, &out, &lse, &go).unwrap();
+        (out, dq, dk, dv)
+    };
+    let clean = run(&q, &v);
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut vp = v.clone();
+        vp[50 * 8 + 3] = bad; // value row of position 50 (segment 48..64)
+        let hit = run(&q, &vp);
+        let rows = |x: &[f32], r: std::ops::Range<usize>| bits(&x[r.start * 8..r.end * 8]);
+        // Positions 48, 49 do not read key 50; segments 0..48 are independent.
+        assert_eq!(rows(&hit.0, 0..50), rows(&clean.0, 0..50), "out, {bad}");
+        assert_eq!(rows(&hit.1, 0..50), rows(&clean.1, 0..50), "dq, {bad}");
+        assert_eq!(rows(&hit.2, 0..48), rows(&clean.2, 0..48), "dk, {bad}");
+        assert_eq!(rows(&hit.3, 0..48), rows(&clean.3, 0..48), "dv, {bad}");
+        assert!(hit.0[50 * 8..51 * 8].iter().any(|x| !x.is_finite()), "row 50 reads the poison");
+    }
+    let mut qp = q.clone();
+    qp[20 * 8] = f32::NAN;
+    let hit = run(&qp, &v);
+    assert!(hit.0[20 * 8..21 * 8].iter().all(|x| x.is_nan()), "a NaN query gives a NaN output row");
+    assert_eq!(bits(&hit.0[..20 * 8]), bits(&clean.0[..20 * 8]));
+}
