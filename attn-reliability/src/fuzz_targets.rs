@@ -150,8 +150,10 @@ pub fn config_shape(bytes: &[u8]) -> bool {
         (Ok(want), Ok((out, lse))) => {
             assert!(out.iter().all(|x| x.is_finite()), "non-finite output for {cfg:?} {s:?}");
             // Accuracy is only asked for well-conditioned scores: with a huge scale the f32
-            // scores carry absolute errors of eps * |score|, far above 1e-4 in the weights.
-            if cfg.scale_for(s.q.head_dim) > 4.0 {
+            // scores carry absolute errors of eps * |score|, far above 1e-4 in the weights;
+            // with a tiny one (found by the fuzzer: 1e-42) lse itself is an f32 subnormal
+            // with a few significant bits.
+            if !(1e-30..=4.0).contains(&cfg.scale_for(s.q.head_dim)) {
                 return true;
             }
             let err = rel_l2_error(&out, &want.out);

@@ -37,8 +37,8 @@ struct Tally {
     runs: usize,
     all_err: usize,
     /// Some ranks finished (with the exact clean result) while others failed: only
-    /// allowed when the fault hit the final completion round.
-    mixed_in_final_round: usize,
+    /// allowed (when `strict`) if the fault hit the final completion round.
+    mixed: usize,
     all_ok: usize,
 }
 
@@ -81,7 +81,7 @@ fn attack(c: &RingCase, op: Op, faulty: usize, kind: &str, make: fn(u64) -> Faul
                     final_round || !strict,
                     "{kind} at frame {nth}/{frames} ({op:?}): {oks} ranks succeeded while others failed with {errs:?}"
                 );
-                t.mixed_in_final_round += 1;
+                t.mixed += 1;
             }
         }
         assert!(t.all_ok == 0 || !strict, "{kind} at frame {nth}/{frames} ({op:?}) went unnoticed by every rank");
