@@ -4,10 +4,10 @@
 use attn_core::error::TensorName;
 use attn_core::{Element, Result, TensorView, TensorViewMut};
 
-use crate::block_math::attend_forward;
+use crate::block_math::{KeyBlock, attend_forward};
 use crate::comm::Communicator;
 use crate::entry::{Prepared, RingStats, check_out, finish, prepare};
-use crate::local::{Block, Local, mask_of};
+use crate::local::{Block, Local, RawBlock, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::wire::{MsgKind, Reader};
 
@@ -39,12 +39,12 @@ pub(crate) fn restep(mut bytes: Vec<u8>, step: usize) -> Vec<u8> {
 }
 
 /// All-gather patterns: one direct exchange with the ranks sharing segments; the
-/// blocks received, decoded (each message is freed once decoded).
+/// blocks received, checked, kept as bytes until used.
 fn gather_blocks<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     plan: &Plan,
     local: &Local<'_, T>,
-) -> Result<Vec<Block<T>>> {
+) -> Result<Vec<RawBlock>> {
     let (r, p) = (comm.rank(), plan.problem.world);
     let gh = &plan.gather_heads;
     let sends = (0..p)
@@ -59,44 +59,59 @@ fn gather_blocks<C: Communicator + ?Sized, T: Element>(
     let mut blocks = Vec::with_capacity(srcs.len());
     for (&src, bytes) in srcs.iter().zip(gathered) {
         let pos = gh.iter().map(|ph| plan.gather_positions(src, r, ph)).collect();
-        blocks.push(Block::<T>::decode(&bytes, MsgKind::GatherKv, src, 0, r, local.batch, local.d, pos)?);
+        blocks.push(RawBlock::new::<T>(bytes, MsgKind::GatherKv, src, 0, r, local.batch, local.d, pos)?);
     }
     Ok(blocks)
 }
 
+/// Query rows per accumulator chunk in [`forward_direct`].
+const ROW_CHUNK: usize = 256;
+
 /// Without ring patterns every block is here before any compute: after the
-/// completion round, each (batch, head) is computed with a row-sized f32
-/// accumulator and written straight to the caller's output (no full-size buffer).
+/// completion round, each (batch, head) is computed in chunks of rows with a small
+/// f32 accumulator and written straight to the caller's output (no full-size buffer).
 fn forward_direct<T: Element>(
     plan: &Plan,
     local: &Local<'_, T>,
-    gathered: &[Block<T>],
+    gathered: &[RawBlock],
     out: &mut TensorViewMut<'_, T>,
     lse: &mut [f32],
 ) -> Result<()> {
     let (nl, h, d) = (local.rows(), local.heads, local.d);
     let pr = &plan.problem;
-    let (mut o, mut l) = (vec![0.0f32; nl * d], vec![0.0f32; nl]);
+    let (mut o, mut l) = (vec![0.0f32; ROW_CHUNK * d], vec![0.0f32; ROW_CHUNK]);
     for b in 0..local.batch {
         for head in 0..h {
             let bh = local.bh(b, head);
-            o.iter_mut().for_each(|x| *x = 0.0);
-            l.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
             let hp = pr.cfg.head_patterns(pr.heads, head);
-            for (pattern, pat) in hp.patterns {
-                let m = mask_of(plan, &PatternHead { pattern, head, pat });
-                attend_forward(local.q_rows(bh), local.own_keys(bh), m, &mut o, &mut l)?;
-            }
+            // This head's received rows, decoded once: (pair, k, v, positions).
+            let mut parts = Vec::new();
             for (i, ph) in plan.gather_heads.iter().enumerate().filter(|(_, ph)| ph.head == head) {
                 for blk in gathered {
-                    attend_forward(local.q_rows(bh), blk.keys(b, i, d), mask_of(plan, ph), &mut o, &mut l)?;
+                    let (k, v) = blk.part::<T>(b, i, d);
+                    parts.push((*ph, k, v, &blk.pos[i]));
                 }
             }
             let scale = hp.out_scale as f32;
-            for i in 0..nl {
-                let row = out.row_mut(b, i, head);
-                row.iter_mut().zip(&o[i * d..(i + 1) * d]).for_each(|(x, &y)| *x = T::from_f32(y * scale));
-                lse[(b * nl + i) * h + head] = l[i];
+            for c0 in (0..nl).step_by(ROW_CHUNK) {
+                let c1 = (c0 + ROW_CHUNK).min(nl);
+                let (o, l) = (&mut o[..(c1 - c0) * d], &mut l[..c1 - c0]);
+                o.iter_mut().for_each(|x| *x = 0.0);
+                l.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+                let q = local.q_rows_range(bh, c0..c1);
+                for &(pattern, pat) in &hp.patterns {
+                    let m = mask_of(plan, &PatternHead { pattern, head, pat });
+                    attend_forward(q, local.own_keys(bh), m, o, l)?;
+                }
+                for (ph, k, v, pos) in &parts {
+                    attend_forward(q, KeyBlock { pos, k, v, stride: d }, mask_of(plan, ph), o, l)?;
+                }
+                for i in c0..c1 {
+                    let row = out.row_mut(b, i, head);
+                    let src = &o[(i - c0) * d..(i - c0 + 1) * d];
+                    row.iter_mut().zip(src).for_each(|(x, &y)| *x = T::from_f32(y * scale));
+                    lse[(b * nl + i) * h + head] = l[i - c0];
+                }
             }
         }
     }
@@ -115,7 +130,8 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     let mut lse = vec![vec![f32::NEG_INFINITY; nl]; batch * local.heads];
 
     let gh = &plan.gather_heads;
-    let gathered = gather_blocks(comm, plan, local)?;
+    let gathered: Vec<Block<T>> =
+        gather_blocks(comm, plan, local)?.into_iter().map(|raw| Block::from_raw(&raw, local.batch, local.d)).collect();
 
     // Ring: post this rank's block before computing anything.
     if plan.hops[r] >= 1 {

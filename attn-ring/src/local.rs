@@ -6,7 +6,7 @@ use attn_core::{Element, Result, TensorView};
 
 use crate::block_math::{KeyBlock, Mask, Rows};
 use crate::plan::{PatternHead, Plan};
-use crate::wire::{MsgKind, Reader, begin, put_elems};
+use crate::wire::{MsgKind, Reader, begin, get_elems, put_elems};
 
 /// This rank's q/k/v rows (the caller's views, not copied) with their global positions.
 #[derive(Debug)]
@@ -63,6 +63,13 @@ impl<'a, T: Element> Local<'a, T> {
         Rows { pos: &self.pos, data, stride }
     }
 
+    /// Query rows `range` of (batch, head).
+    pub fn q_rows_range(&self, bh: usize, range: std::ops::Range<usize>) -> Rows<'_, T> {
+        let (data, stride) = self.rows_of(&self.q, bh);
+        let start = (range.start * stride).min(data.len());
+        Rows { pos: &self.pos[range], data: &data[start..], stride }
+    }
+
     /// Local indices of global positions (which this rank holds).
     pub fn indices(&self, positions: &[usize]) -> Vec<usize> {
         positions.iter().map(|p| self.pos.partition_point(|&x| x < *p)).collect()
@@ -111,6 +118,19 @@ impl<T: Element> Block<T> {
         Block { pos, k, v }
     }
 
+    /// Decode every part of a checked raw block.
+    pub fn from_raw(raw: &RawBlock, batch: usize, d: usize) -> Self {
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for b in 0..batch {
+            for i in 0..raw.pos.len() {
+                let (kb, vb) = raw.part::<T>(b, i, d);
+                k.push(kb);
+                v.push(vb);
+            }
+        }
+        Block { pos: raw.pos.clone(), k, v }
+    }
+
     /// Encode as a message of `kind` (rows in dtype `T`).
     pub fn encode(&self, kind: MsgKind, owner: usize, step: usize) -> Vec<u8> {
         let n: usize = self.k.iter().map(Vec::len).sum::<usize>() * 2 * T::DTYPE.size();
@@ -153,6 +173,52 @@ impl<T: Element> Block<T> {
     pub fn keys(&self, b: usize, i: usize, d: usize) -> KeyBlock<'_, T> {
         let j = b * self.pos.len() + i;
         KeyBlock { pos: &self.pos[i], k: &self.k[j], v: &self.v[j], stride: d }
+    }
+}
+
+/// A received block kept as its message bytes; the k/v rows of one (batch, pair)
+/// are decoded only when needed (so at most one head's rows exist decoded).
+#[derive(Debug)]
+pub(crate) struct RawBlock {
+    bytes: Vec<u8>,
+    pub pos: Vec<Vec<usize>>,
+    /// Byte offset of the k rows of (batch, pair), index `b * pairs + i`.
+    offsets: Vec<usize>,
+}
+
+impl RawBlock {
+    /// Check the header and the length against the plan's positions.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new<T: Element>(
+        bytes: Vec<u8>,
+        kind: MsgKind,
+        owner: usize,
+        step: usize,
+        rank: usize,
+        batch: usize,
+        d: usize,
+        pos: Vec<Vec<usize>>,
+    ) -> Result<Self> {
+        let mut rd = Reader::open(&bytes, kind, owner, step, rank)?;
+        let mut offsets = Vec::with_capacity(batch * pos.len());
+        for _ in 0..batch {
+            for p in &pos {
+                offsets.push(rd.position());
+                rd.skip(2 * p.len() * d * T::DTYPE.size())?;
+            }
+        }
+        rd.finish()?;
+        Ok(RawBlock { bytes, pos, offsets })
+    }
+
+    /// Decoded k and v rows of (batch `b`, pair `i`).
+    pub fn part<T: Element>(&self, b: usize, i: usize, d: usize) -> (Vec<T>, Vec<T>) {
+        let n = self.pos[i].len() * d * T::DTYPE.size();
+        let at = self.offsets[b * self.pos.len() + i];
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        get_elems(&self.bytes[at..at + n], &mut k);
+        get_elems(&self.bytes[at + n..at + 2 * n], &mut v);
+        (k, v)
     }
 }
 

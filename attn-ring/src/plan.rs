@@ -268,8 +268,9 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
 }
 
 /// Upper bound of the bytes one rank allocates during a forward beyond the caller's
-/// buffers (q, k, v, out, lse): the f32 accumulators `B*L*H*(D+1)*4` (only `L*(D+1)*4`
-/// when no pattern uses the ring: then every block is in before compute); for the ring, its
+/// buffers (q, k, v, out, lse): the f32 accumulators `B*L*H*(D+1)*4` (only
+/// `min(L, 256)*(D+1)*4` when no pattern uses the ring: then every block is in before
+/// compute); for the ring, its
 /// own encoded block plus, at one step, one received message and its decoded copy
 /// (`2 * max block`); for all-gather, every message it sends, and every message it
 /// receives with its decoded copy. Position lists (8 bytes per travelling row per
@@ -285,8 +286,9 @@ pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
         return 0;
     }
     let rows = layout.rows(n, p, rank) as u64;
-    // Without ring patterns the forward keeps one (batch, head) accumulator at a time.
-    let acc = if plan.ring_heads.is_empty() { rows * (d + 1) * 4 } else { b * rows * h * (d + 1) * 4 };
+    // Without ring patterns the forward keeps one chunk of at most 256 rows of one
+    // (batch, head) accumulator at a time.
+    let acc = if plan.ring_heads.is_empty() { rows.min(256) * (d + 1) * 4 } else { b * rows * h * (d + 1) * 4 };
     let ring_rows = |o: usize| -> u64 { plan.ring_heads.iter().map(|ph| plan.ring_count(o, ph) as u64).sum() };
     let block = |rows: u64| MSG_HEADER_BYTES + b * rows * 2 * d * e + rows * 8;
     let mut total = acc;

@@ -61,20 +61,18 @@ impl<'a> Reader<'a> {
     /// Read `n` values written by [`put_elems`] for dtype `T` (exact).
     pub fn elems<T: Element>(&mut self, n: usize, out: &mut Vec<T>) -> Result<()> {
         let bytes = self.take(n * T::DTYPE.size())?;
-        out.reserve(n);
-        let half_bits = |c: &[u8]| u16::from_le_bytes([c[0], c[1]]);
-        match T::DTYPE {
-            DType::F32 => {
-                out.extend(bytes.chunks_exact(4).map(|c| T::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))))
-            }
-            DType::F64 => out
-                .extend(bytes.chunks_exact(8).map(|c| T::from_f64(f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))))),
-            DType::F16 => out.extend(bytes.chunks_exact(2).map(|c| T::from_f32(f16::from_bits(half_bits(c)).to_f32()))),
-            DType::BF16 => {
-                out.extend(bytes.chunks_exact(2).map(|c| T::from_f32(bf16::from_bits(half_bits(c)).to_f32())))
-            }
-        }
+        get_elems(bytes, out);
         Ok(())
+    }
+
+    /// Bytes read so far (the header included).
+    pub fn position(&self) -> usize {
+        self.at
+    }
+
+    /// Skip `n` bytes (error if the message is shorter).
+    pub fn skip(&mut self, n: usize) -> Result<()> {
+        self.take(n).map(|_| ())
     }
 
     /// Read `n` f32 values.
@@ -93,6 +91,22 @@ impl<'a> Reader<'a> {
             });
         }
         Ok(())
+    }
+}
+
+/// Decode little-endian values of dtype `T` into `out`, exactly.
+pub(crate) fn get_elems<T: Element>(bytes: &[u8], out: &mut Vec<T>) {
+    out.reserve(bytes.len() / T::DTYPE.size());
+    let half_bits = |c: &[u8]| u16::from_le_bytes([c[0], c[1]]);
+    match T::DTYPE {
+        DType::F32 => {
+            out.extend(bytes.chunks_exact(4).map(|c| T::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))))
+        }
+        DType::F64 => {
+            out.extend(bytes.chunks_exact(8).map(|c| T::from_f64(f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))))
+        }
+        DType::F16 => out.extend(bytes.chunks_exact(2).map(|c| T::from_f32(f16::from_bits(half_bits(c)).to_f32()))),
+        DType::BF16 => out.extend(bytes.chunks_exact(2).map(|c| T::from_f32(bf16::from_bits(half_bits(c)).to_f32()))),
     }
 }
 

@@ -77,3 +77,19 @@ fn fused_qkv_views_feed_the_ring_without_copies() {
     let ov = TensorView::contiguous(TensorName::Output, &want.out, shape).unwrap();
     assert_eq!(got, local_rows(&ov, &(0..shape.seq).collect::<Vec<_>>()));
 }
+
+#[test]
+fn long_local_rows_span_several_accumulator_chunks() {
+    // 700 rows over 2 ranks: 350 local rows, more than one 256-row chunk of the direct path.
+    let shape = Shape4::new(1, 700, 2, 8).unwrap();
+    let cfg = DilatedConfig::builder().segments(&[64, 512]).dilations(&[1, 2]).mixing(Mixing::LongNet).build().unwrap();
+    let (q, k, v) = (random_vec(21, shape.numel()), random_vec(22, shape.numel()), random_vec(23, shape.numel()));
+    let (want, want_lse) = CpuBackend::new(1).unwrap().forward_vec(&cfg, shape, &q, &k, &v).unwrap();
+    let view = |x| TensorView::contiguous(TensorName::Query, x, shape).unwrap();
+    for (layout, strategy) in [(Layout::Contiguous, Strategy::AllGather), (Layout::Zigzag, Strategy::Auto)] {
+        let got = run_in_process(2, &cfg, layout, strategy, view(&q), view(&k), view(&v)).unwrap();
+        let (e, el) = (rel_l2_error(&got.out, &want), rel_l2_error(&got.lse, &want_lse));
+        let tol = Tolerance::for_dtype(DType::F32);
+        assert!(tol.accepts(e) && tol.accepts(el), "{layout:?} {strategy:?}: {e:e} {el:e}");
+    }
+}
