@@ -72,6 +72,7 @@ mod tests {
             budget_bytes: 1,
             measurements: vec![meas(10.0, 100)],
             capacity: vec![],
+            took_s: 0.0,
         };
         assert!(!compare(&old, &[meas(10.9, 100)], 10.0)[0].regression);
         assert!(compare(&old, &[meas(11.5, 100)], 10.0)[0].regression);

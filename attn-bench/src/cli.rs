@@ -19,13 +19,15 @@ USAGE (one case, prints one JSON object):
 
 --quick     the < 2 minute suite (2 cores)        --full   the long suite
 --budget    per-rank memory budget of the capacity table (default 8GiB; accepts KiB/MiB/GiB)
---threshold regression threshold for --baseline in percent (default 10)";
+--threshold regression threshold for --baseline in percent (default 10)
+--rerender  results.json: rebuild report.md and the plots beside it without measuring";
 
 /// What the user asked for.
 #[derive(Debug, Clone)]
 pub enum Command {
     Suite(SuiteOptions),
     Single { spec: CaseSpec, runs: Option<usize> },
+    Rerender(PathBuf),
     Help,
 }
 
@@ -108,6 +110,7 @@ pub fn parse(args: &[String]) -> Result<Command> {
                 spec.threads = suite.threads;
             }
             "--json" => json = true,
+            "--rerender" => return Ok(Command::Rerender(PathBuf::from(value()?))),
             "--case" => spec.kind = CaseKind::parse(value()?)?,
             "--impl" => {
                 spec.implementation = value()?.clone();

@@ -44,6 +44,7 @@ fn main() -> std::process::ExitCode {
             if status.starts_with("error") { Err(attn_core::AttnError::InvalidArgument(status)) } else { Ok(()) }
         }
         Ok(cli::Command::Suite(opts)) => suite::run(&opts),
+        Ok(cli::Command::Rerender(path)) => suite::rerender(&path),
         Err(e) => Err(e),
     };
     match result {

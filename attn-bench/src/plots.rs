@@ -26,6 +26,8 @@ pub struct Chart {
     pub y_label: String,
     pub log_x: bool,
     pub log_y: bool,
+    /// Legend in the lower right corner instead of the upper left.
+    pub legend_lower_right: bool,
     pub series: Vec<Series>,
 }
 
@@ -95,7 +97,11 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart) -> Result<(
                 .configure_series_labels()
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
+                .position(if c.legend_lower_right {
+                    SeriesLabelPosition::LowerRight
+                } else {
+                    SeriesLabelPosition::UpperLeft
+                })
                 .draw()
                 .map_err(err)?;
         }};
@@ -161,6 +167,7 @@ pub fn standard(
         y_label: "peak MB per rank".into(),
         log_x: true,
         log_y: true,
+        legend_lower_right: false,
         series: mem_series,
     }];
     // Reduction factor vs world size: one line per sequence length.
@@ -193,6 +200,7 @@ pub fn standard(
         y_label: "1-rank peak / per-rank peak".into(),
         log_x: true,
         log_y: true,
+        legend_lower_right: false,
         series,
     });
     let mut by_impl: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
@@ -211,6 +219,7 @@ pub fn standard(
         y_label: "tokens / s".into(),
         log_x: true,
         log_y: true,
+        legend_lower_right: true,
         series: by_impl
             .into_iter()
             .map(|(name, mut p)| {
@@ -226,6 +235,7 @@ pub fn standard(
         y_label: "KB per token".into(),
         log_x: true,
         log_y: false,
+        legend_lower_right: false,
         series: kb_series,
     });
     let mut sw: Vec<&&Measurement> = sweep.iter().collect();
@@ -238,6 +248,7 @@ pub fn standard(
         y_label: "MB per rank / ms".into(),
         log_x: true,
         log_y: true,
+        legend_lower_right: false,
         series: vec![
             Series {
                 name: "peak MB per rank".into(),
@@ -276,6 +287,7 @@ mod tests {
             y_label: "y".into(),
             log_x: true,
             log_y: true,
+            legend_lower_right: false,
             series: vec![Series { name: "a".into(), points: vec![(2048.0, 10.0), (65536.0, 320.0)] }],
         };
         let files = render(&dir, &chart).unwrap();

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
-use std::time::Duration;
 
 use crate::baseline::{self, Comparison};
 use crate::case::{CaseKind, Measurement};
@@ -29,13 +28,14 @@ impl<'a> Selection<'a> {
         let ok = |s: &'static str| r.measurements.iter().filter(move |m| m.ok() && m.section == s);
         let single: Vec<&Measurement> = ok("scaling").filter(|m| m.spec.kind != CaseKind::Ring).collect();
         let ring: Vec<&Measurement> = ok("scaling").filter(|m| m.spec.kind == CaseKind::Ring).collect();
+        // Throughput plot: the scaling config only (one rank, the ring at every P, and
+        // PyTorch where it ran on it), so every line is one function of the sequence.
         let throughput = r
             .measurements
             .iter()
-            .filter(|m| m.status.starts_with("ok") && matches!(m.section.as_str(), "scaling" | "comparison"))
-            .filter(|m| {
-                m.spec.dtype == "f32" && !m.spec.backward && !m.spec.causal && m.spec.kind != CaseKind::Multihead
-            })
+            .filter(|m| m.status.starts_with("ok") && m.spec.segments == SEGMENTS)
+            .filter(|m| m.section == "scaling" || (m.section == "comparison" && m.spec.implementation == "torch"))
+            .filter(|m| m.spec.dtype == "f32" && !m.spec.backward && !m.spec.causal)
             .collect();
         let seqs: BTreeSet<usize> = ring.iter().map(|m| m.spec.seq_len).collect();
         let worlds_at = |n: usize| ring.iter().filter(|m| m.spec.seq_len == n).count();
@@ -177,7 +177,6 @@ pub fn render(
     plots: &[String],
     baseline: Option<&[Comparison]>,
     threshold: f64,
-    took: Duration,
 ) -> String {
     let mut o = String::new();
     let m = &r.machine;
@@ -195,7 +194,7 @@ pub fn render(
         if m.git_dirty { " (with uncommitted changes)" } else { "" },
         m.timestamp_utc,
         r.threads,
-        took.as_secs_f64(),
+        r.took_s,
         r.gemm.median_gflop_per_s,
         r.gemm.best_gflop_per_s,
         n = r.gemm.n

@@ -28,6 +28,9 @@ pub struct RunResults {
     pub budget_bytes: u64,
     pub measurements: Vec<Measurement>,
     pub capacity: Vec<CapacityRow>,
+    /// Wall-clock seconds the suite took.
+    #[serde(default)]
+    pub took_s: f64,
 }
 
 impl RunResults {

@@ -1,7 +1,7 @@
 //! Run a whole suite: measure every planned case (progress bar per case), the PyTorch
 //! peer, the capacity table and its confirmation run, then write the output folder.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use attn_core::{AttnError, Result};
@@ -179,25 +179,46 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
         budget_bytes: opts.budget_bytes,
         measurements,
         capacity,
+        took_s: started.elapsed().as_secs_f64(),
     };
     results.save(&dir.join("results.json"))?;
     let comparisons = old.as_ref().map(|o| baseline::compare(o, &results.measurements, opts.threshold_pct));
     if let Some(rows) = &comparisons {
         println!("{}", baseline::table(rows, opts.threshold_pct));
     }
-    let sel = report::Selection::of(&results);
-    let mut plot_files = Vec::new();
-    for chart in plots::standard(&sel.single, &sel.ring, &sel.throughput, &sel.sweep) {
-        match plots::render(&dir, &chart) {
-            Ok(files) => plot_files.extend(files),
-            Err(e) => eprintln!("attn-bench: plot {} failed: {e}", chart.file_stem),
-        }
-    }
-    let md = report::render(&results, &sel, &plot_files, comparisons.as_deref(), opts.threshold_pct, started.elapsed());
-    std::fs::write(dir.join("report.md"), md).map_err(|e| AttnError::InvalidArgument(format!("report.md: {e}")))?;
+    write_report(&dir, &results, comparisons.as_deref(), opts.threshold_pct)?;
     println!("attn-bench: wrote {} in {:.0} s", dir.display(), started.elapsed().as_secs_f64());
     if comparisons.is_some_and(|c| c.iter().any(|r| r.regression)) {
         return Err(AttnError::InvalidArgument(format!("regressions beyond {}% (see report.md)", opts.threshold_pct)));
     }
+    Ok(())
+}
+
+/// Write the plots and `report.md` of `results` into `dir`.
+fn write_report(
+    dir: &Path,
+    results: &RunResults,
+    comparisons: Option<&[baseline::Comparison]>,
+    threshold_pct: f64,
+) -> Result<()> {
+    let sel = report::Selection::of(results);
+    let mut plot_files = Vec::new();
+    for chart in plots::standard(&sel.single, &sel.ring, &sel.throughput, &sel.sweep) {
+        match plots::render(dir, &chart) {
+            Ok(files) => plot_files.extend(files),
+            Err(e) => eprintln!("attn-bench: plot {} failed: {e}", chart.file_stem),
+        }
+    }
+    let md = report::render(results, &sel, &plot_files, comparisons, threshold_pct);
+    std::fs::write(dir.join("report.md"), md).map_err(|e| AttnError::InvalidArgument(format!("report.md: {e}")))
+}
+
+/// `--rerender results.json`: rebuild `report.md` and the plots next to an existing
+/// `results.json` without measuring anything (e.g. after a report-format change).
+pub fn rerender(results_json: &Path) -> Result<()> {
+    let results = RunResults::load(results_json)?;
+    let dir = results_json.parent().unwrap_or(Path::new("."));
+    write_report(dir, &results, None, 10.0)?;
+    println!("attn-bench: re-rendered {}", dir.join("report.md").display());
     Ok(())
 }
