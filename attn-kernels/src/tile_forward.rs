@@ -81,7 +81,10 @@ pub(crate) fn forward_piece<T: Element>(
                 if causal && kpos[0] > qpos[r0 + rn - 1] {
                     continue; // every row of this block precedes the tile
                 }
-                ops::gemm(isa, rn, dp, &qbuf[r0 * dp..], dp, ktile, KEY_TILE, KEY_TILE, s, KEY_TILE, false);
+                // Score columns any row of the block can see (fewer on the causal diagonal).
+                let cols = if causal { kpos.partition_point(|&p| p <= qpos[r0 + rn - 1]) } else { kn };
+                let cols = cols.next_multiple_of(16).min(KEY_TILE);
+                ops::gemm(isa, rn, dp, &qbuf[r0 * dp..], dp, ktile, KEY_TILE, cols, s, KEY_TILE, false);
                 let mut ranges = [(0, 0); ROW_BLOCK];
                 for i in 0..rn {
                     let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
