@@ -79,24 +79,7 @@ proptest! {
     }
 }
 
-/// Largest |scale * q.k| of a case, in float64.
-fn max_score(cfg: &DilatedConfig, s: Shape4, q: &[f32], k: &[f32]) -> f64 {
-    let d = s.head_dim;
-    let scale = cfg.scale_for(d);
-    let mut m = 0.0f64;
-    for b in 0..s.batch {
-        for h in 0..s.heads {
-            for i in 0..s.seq {
-                for j in 0..s.seq {
-                    let (qi, kj) = (row_index(s.seq, s.heads, b, i, h) * d, row_index(s.seq, s.heads, b, j, h) * d);
-                    let dot: f64 = (0..d).map(|e| f64::from(q[qi + e]) * f64::from(k[kj + e])).sum();
-                    m = m.max((scale * dot).abs());
-                }
-            }
-        }
-    }
-    m
-}
+use attn_reliability::fuzz_targets::max_abs_score as max_score;
 
 #[test]
 fn scores_up_to_the_edge_of_f32_stay_finite() {
@@ -122,6 +105,24 @@ fn scores_up_to_the_edge_of_f32_stay_finite() {
         }
     }
     assert!(tried >= 5, "only {tried} magnitudes were below the overflow edge");
+}
+
+/// Known bug (reported; found by the `config_shape` fuzzer with scale 1.4e38): when
+/// `|scale * q.k|` exceeds f32::MAX the CPU forward accepts the call and returns NaN.
+/// It should either refuse it (typed error) or stay finite (subtract the row max of the
+/// raw dot products before applying the scale, so no exponent argument overflows).
+#[test]
+#[ignore = "known bug: scores beyond f32 range give NaN outputs without an error (attn-kernels CPU forward)"]
+fn scores_beyond_f32_are_refused_or_finite() {
+    let s = Shape4::new(1, 16, 1, 4).unwrap();
+    let n = s.numel();
+    let (q, k, v) = (random_vec(41, n), random_vec(42, n), random_vec(43, n));
+    let cfg = DilatedConfig::builder().segments(&[8]).dilations(&[1]).scale(1e38).build().unwrap();
+    assert!(max_score(&cfg, s, &q, &k) > f64::from(f32::MAX), "fixture must overflow f32");
+    match cpu().forward_vec(&cfg, s, &q, &k, &v) {
+        Err(e) => eprintln!("refused: {e}"),
+        Ok((out, _)) => assert!(out.iter().all(|x| x.is_finite()), "finite inputs and scale gave NaN/Inf outputs"),
+    }
 }
 
 #[test]
