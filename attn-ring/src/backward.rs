@@ -149,8 +149,8 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     let sends = dests
         .iter()
         .map(|&x| {
-            let pos = gh.iter().map(|ph| plan.gather_positions(r, x, ph)).collect();
-            (x, Block::from_local(local, gh, pos).encode(MsgKind::GatherKv, r, 0))
+            let pos: Vec<Vec<usize>> = gh.iter().map(|ph| plan.gather_positions(r, x, ph)).collect();
+            (x, local.encode_rows(gh, &pos, MsgKind::GatherKv, r, 0))
         })
         .collect();
     let srcs: Vec<usize> = (0..p).filter(|&x| plan.gather_need(x, r)).collect();
@@ -174,8 +174,8 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     // Ring: post this rank's block before computing.
     let rh = &plan.ring_heads;
     if plan.hops[r] >= 1 {
-        let pos = rh.iter().map(|ph| plan.ring_positions(r, ph)).collect();
-        let blk = Block::from_local(local, rh, pos).encode(MsgKind::RingKv, r, 1);
+        let pos: Vec<Vec<usize>> = rh.iter().map(|ph| plan.ring_positions(r, ph)).collect();
+        let blk = local.encode_rows(rh, &pos, MsgKind::RingKv, r, 1);
         comm.exchange(vec![(comm.next(), blk)], &[])?;
     }
 

@@ -50,8 +50,8 @@ fn gather_blocks<C: Communicator + ?Sized, T: Element>(
     let sends = (0..p)
         .filter(|&x| plan.gather_need(r, x))
         .map(|x| {
-            let pos = gh.iter().map(|ph| plan.gather_positions(r, x, ph)).collect();
-            (x, Block::from_local(local, gh, pos).encode(MsgKind::GatherKv, r, 0))
+            let pos: Vec<Vec<usize>> = gh.iter().map(|ph| plan.gather_positions(r, x, ph)).collect();
+            (x, local.encode_rows(gh, &pos, MsgKind::GatherKv, r, 0))
         })
         .collect();
     let srcs: Vec<usize> = (0..p).filter(|&x| plan.gather_need(x, r)).collect();
@@ -135,8 +135,8 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
 
     // Ring: post this rank's block before computing anything.
     if plan.hops[r] >= 1 {
-        let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(r, ph)).collect();
-        let blk = Block::from_local(local, &plan.ring_heads, pos).encode(MsgKind::RingKv, r, 1);
+        let pos: Vec<Vec<usize>> = plan.ring_heads.iter().map(|ph| plan.ring_positions(r, ph)).collect();
+        let blk = local.encode_rows(&plan.ring_heads, &pos, MsgKind::RingKv, r, 1);
         comm.exchange(vec![(comm.next(), blk)], &[])?;
     }
 

@@ -81,16 +81,33 @@ impl<'a, T: Element> Local<'a, T> {
         KeyBlock { pos: &self.pos, k, v, stride }
     }
 
-    /// Copy k and v rows `idx` of (batch, head) into contiguous buffers.
-    pub fn gather_kv(&self, bh: usize, idx: &[usize]) -> (Vec<T>, Vec<T>) {
+    /// Encode this rank's k/v rows at global positions `pos[i]` of pair `i`, for
+    /// every batch, as a message of `kind` (the layout [`Block::decode`] reads),
+    /// straight from the caller's buffers.
+    pub fn encode_rows(
+        &self,
+        pairs: &[PatternHead],
+        pos: &[Vec<usize>],
+        kind: MsgKind,
+        owner: usize,
+        step: usize,
+    ) -> Vec<u8> {
         let d = self.d;
-        let (mut ko, mut vo) = (Vec::with_capacity(idx.len() * d), Vec::with_capacity(idx.len() * d));
-        let ((k, stride), (v, _)) = (self.rows_of(&self.k, bh), self.rows_of(&self.v, bh));
-        for &j in idx {
-            ko.extend_from_slice(&k[j * stride..j * stride + d]);
-            vo.extend_from_slice(&v[j * stride..j * stride + d]);
+        let rows: usize = pos.iter().map(Vec::len).sum();
+        let mut out = begin(kind, owner, step, self.batch * rows * 2 * d * T::DTYPE.size());
+        for b in 0..self.batch {
+            for (ph, p) in pairs.iter().zip(pos) {
+                let idx = self.indices(p);
+                let bh = self.bh(b, ph.head);
+                for x in [&self.k, &self.v] {
+                    let (data, stride) = self.rows_of(x, bh);
+                    for &j in &idx {
+                        put_elems(&mut out, &data[j * stride..j * stride + d]);
+                    }
+                }
+            }
         }
-        (ko, vo)
+        out
     }
 }
 
@@ -105,19 +122,6 @@ pub(crate) struct Block<T> {
 }
 
 impl<T: Element> Block<T> {
-    /// This rank's own rows at `pos[i]` for pair `i`.
-    pub fn from_local(local: &Local<'_, T>, pairs: &[PatternHead], pos: Vec<Vec<usize>>) -> Self {
-        let (mut k, mut v) = (Vec::new(), Vec::new());
-        for b in 0..local.batch {
-            for (ph, p) in pairs.iter().zip(&pos) {
-                let (kb, vb) = local.gather_kv(local.bh(b, ph.head), &local.indices(p));
-                k.push(kb);
-                v.push(vb);
-            }
-        }
-        Block { pos, k, v }
-    }
-
     /// Decode every part of a checked raw block.
     pub fn from_raw(raw: &RawBlock, batch: usize, d: usize) -> Self {
         let (mut k, mut v) = (Vec::new(), Vec::new());
@@ -129,17 +133,6 @@ impl<T: Element> Block<T> {
             }
         }
         Block { pos: raw.pos.clone(), k, v }
-    }
-
-    /// Encode as a message of `kind` (rows in dtype `T`).
-    pub fn encode(&self, kind: MsgKind, owner: usize, step: usize) -> Vec<u8> {
-        let n: usize = self.k.iter().map(Vec::len).sum::<usize>() * 2 * T::DTYPE.size();
-        let mut out = begin(kind, owner, step, n);
-        for (k, v) in self.k.iter().zip(&self.v) {
-            put_elems(&mut out, k);
-            put_elems(&mut out, v);
-        }
-        out
     }
 
     /// Decode a message of `kind` whose pairs have positions `pos`.

@@ -13,7 +13,8 @@ use crate::layout::Layout;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Strategy {
     /// Per pattern: no traffic when segments sit inside ranks, all-gather when the
-    /// gathered rows fit in a rank's own row count, ring pass otherwise.
+    /// selected rows a rank receives are no more than its own rows of the pattern's
+    /// heads, ring pass otherwise (e.g. full attention on 3 or more ranks).
     #[default]
     Auto,
     /// Every spanning pattern passes its selected k/v rows around the ring.
@@ -126,7 +127,11 @@ impl Plan {
         let g = cfg.num_patterns();
         let ranges: Vec<Vec<Range<usize>>> = (0..p).map(|r| layout.ranges(n, p, r)).collect();
         let mut need = vec![vec![vec![false; p]; p]; g];
+        // Selected rows each pattern's heads would receive by all-gather, and the rank's own rows of those heads.
+        let pairs: Vec<(usize, SegmentPattern)> =
+            (0..heads).flat_map(|h| cfg.head_patterns(heads, h).patterns).collect();
         let mut gathered = vec![vec![0usize; p]; g];
+        let mut own = vec![vec![0usize; p]; g];
         let mut ring_regions = vec![vec![Vec::new(); p]; g];
         for (i, &w) in cfg.segment_lengths().iter().enumerate() {
             for o in 0..p {
@@ -135,7 +140,9 @@ impl Plan {
                         for b in &ranges[r] {
                             if let Some(reg) = shared_region(a, b, w, cfg.causal()) {
                                 need[i][o][r] = true;
-                                gathered[i][r] += reg.len();
+                                for (_, pat) in pairs.iter().filter(|(j, _)| *j == i) {
+                                    gathered[i][r] += pat.count_in_range(reg.clone());
+                                }
                                 ring_regions[i][o].push(reg);
                             }
                         }
@@ -144,7 +151,11 @@ impl Plan {
                 ring_regions[i][o] = merge_ranges(std::mem::take(&mut ring_regions[i][o]));
             }
         }
-        let own_max = (0..p).map(|r| layout.rows(n, p, r)).max().unwrap_or(0);
+        for (i, _) in &pairs {
+            for (r, rows) in own[*i].iter_mut().enumerate() {
+                *rows += layout.rows(n, p, r);
+            }
+        }
         let strategies: Vec<PatternStrategy> = (0..g)
             .map(|i| {
                 if !need[i].iter().flatten().any(|&x| x) {
@@ -153,7 +164,11 @@ impl Plan {
                     match strategy {
                         Strategy::Ring => PatternStrategy::Ring,
                         Strategy::AllGather => PatternStrategy::AllGather,
-                        Strategy::Auto if gathered[i].iter().all(|&x| x <= own_max) => PatternStrategy::AllGather,
+                        // All-gather while the rows a rank receives for the pattern fit in the
+                        // rank's own rows of the pattern's heads (per-rank memory stays O(n/p)).
+                        Strategy::Auto if (0..p).all(|r| gathered[i][r] <= own[i][r].max(1)) => {
+                            PatternStrategy::AllGather
+                        }
                         Strategy::Auto => PatternStrategy::Ring,
                     }
                 }
