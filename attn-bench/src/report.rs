@@ -184,7 +184,7 @@ pub fn render(
     let _ = writeln!(
         o,
         "- **Machine**: {} ({} logical cores, {:.1} GiB){}\n- **Build**: {}, commit `{}`{}\n- **Run**: {} UTC, {} threads, took {:.0} s\n- **Measured f32 GEMM rate** (gemm crate, {n}x{n}x{n}) at the start: {:.1} GFLOP/s median, {:.1} best; \
-         \"% of GEMM\" divides by the rate re-measured just before each case",
+         \"% of GEMM\" divides by the best of 3 GEMM runs made just before each case",
         m.cpu,
         m.logical_cores,
         m.memory_bytes as f64 / (1u64 << 30) as f64,

@@ -103,7 +103,7 @@ impl Ctx<'_> {
         bar.set_prefix(format!("{}/{}", self.done.get(), self.total));
         // The GEMM yardstick is re-measured next to every case: on a shared machine the
         // rate available to a case changes from minute to minute.
-        let gemm = gemm_rate::measure(1024, spec.threads, 3).median_gflop_per_s;
+        let gemm = gemm_rate::measure(1024, spec.threads, 3).best_gflop_per_s;
         let mut m = measure::measure(spec, reps, gemm, &self.git, &bar);
         m.section = section.to_string();
         finish(&bar, &m);
@@ -138,16 +138,17 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     };
     let mut measurements: Vec<Measurement> = plan.iter().map(|p| ctx.measure(p.section, &p.spec, reps)).collect();
     if let Some(python) = &opts.torch {
-        let torch_cases: Vec<CaseSpec> = measurements
+        // (spec, section) of every case PyTorch can run too; one spec may sit in two sections.
+        let torch_cases: Vec<(CaseSpec, String)> = measurements
             .iter()
             .filter(|m| matches!(m.section.as_str(), "comparison" | "multihead" | "variants"))
             .filter(|m| {
                 matches!(m.spec.kind, CaseKind::Dilated | CaseKind::Multihead) && m.spec.implementation == "cpu"
             })
             .filter(|m| m.spec.dtype != "f16" && m.spec.mixing == "head_groups")
-            .map(|m| m.spec.clone())
+            .map(|m| (m.spec.clone(), m.section.clone()))
             .collect();
-        for spec in torch_cases {
+        for (spec, section) in torch_cases {
             let bar = multi.add(ProgressBar::new_spinner());
             bar.set_message(format!("torch {}", spec.label()));
             let mut m = torch_peer::run(python, &spec, reps.min_runs.max(3), &machine.git_commit).unwrap_or_else(|e| {
@@ -155,8 +156,8 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
                 s.implementation = "torch".into();
                 Measurement::not_run(s, format!("error: {e}"), &machine.git_commit)
             });
-            m.gemm_gflop_per_s = gemm_rate::measure(1024, spec.threads, 3).median_gflop_per_s;
-            m.section = measurements.iter().find(|x| x.spec == spec).map_or_else(String::new, |x| x.section.clone());
+            m.gemm_gflop_per_s = gemm_rate::measure(1024, spec.threads, 3).best_gflop_per_s;
+            m.section = section;
             finish(&bar, &m);
             measurements.push(m);
         }
