@@ -106,8 +106,9 @@ impl CpuBackend {
         q: TensorView<'a, T>,
         k: TensorView<'a, T>,
         v: TensorView<'a, T>,
+        cross: bool,
     ) -> Result<Plan<'a, T>> {
-        let shape = AttnShape::check(&q.shape().dims(), &k.shape().dims(), &v.shape().dims(), false)?;
+        let shape = AttnShape::check(&q.shape().dims(), &k.shape().dims(), &v.shape().dims(), cross)?;
         cfg.validate_heads(shape.q.heads)?;
         let d = shape.q.head_dim;
         let scale = cfg.scale_for(d) as f32;
@@ -118,10 +119,40 @@ impl CpuBackend {
         Ok(Plan { isa: self.isa, causal: cfg.causal(), scale, d, heads, q, k, v })
     }
 
-    /// Forward: `out` (`[batch, seq, heads, head_dim]`, any row strides) and `lse`
-    /// (`[batch, seq, heads]`, natural log, `-inf` where a position is selected by none
-    /// of its head's patterns).
+    /// Forward (self-attention: q, k, v of one shape): `out` (`[batch, seq, heads,
+    /// head_dim]`, any row strides) and `lse` (`[batch, seq, heads]`, natural log, `-inf`
+    /// where a position is selected by none of its head's patterns).
     pub fn forward<T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        q: TensorView<'_, T>,
+        k: TensorView<'_, T>,
+        v: TensorView<'_, T>,
+        out: TensorViewMut<'_, T>,
+        lse: &mut [f32],
+    ) -> Result<()> {
+        self.forward_impl(cfg, q, k, v, out, lse, false)
+    }
+
+    /// Cross-attention forward: k and v `[batch, kv_seq, heads, head_dim]` with their own
+    /// sequence length. Key positions are their own global indices `0..kv_seq`: segments,
+    /// patterns and the causal mask apply to them as to query positions (a query whose
+    /// segment holds no key gets `out = 0`, `lse = -inf`). With `kv_seq == seq` this is
+    /// [`CpuBackend::forward`], bit for bit.
+    pub fn forward_cross<T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        q: TensorView<'_, T>,
+        k: TensorView<'_, T>,
+        v: TensorView<'_, T>,
+        out: TensorViewMut<'_, T>,
+        lse: &mut [f32],
+    ) -> Result<()> {
+        self.forward_impl(cfg, q, k, v, out, lse, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_impl<T: Element>(
         &self,
         cfg: &DilatedConfig,
         q: TensorView<'_, T>,
@@ -129,8 +160,9 @@ impl CpuBackend {
         v: TensorView<'_, T>,
         mut out: TensorViewMut<'_, T>,
         lse: &mut [f32],
+        cross: bool,
     ) -> Result<()> {
-        let plan = self.plan(cfg, q, k, v)?;
+        let plan = self.plan(cfg, q, k, v, cross)?;
         let s = q.shape();
         check_same(TensorName::Output, out.shape(), s)?;
         check_len(TensorName::Lse, lse.len(), s.lse_len())?;
@@ -162,8 +194,8 @@ impl CpuBackend {
         Ok(())
     }
 
-    /// Backward: `dq`, `dk`, `dv` (overwritten) of `sum(out * grad_out)` from the forward's
-    /// `out` and `lse`.
+    /// Backward (self-attention): `dq`, `dk`, `dv` (overwritten) of `sum(out * grad_out)`
+    /// from the forward's `out` and `lse`.
     #[allow(clippy::too_many_arguments)]
     pub fn backward<T: Element>(
         &self,
@@ -174,11 +206,44 @@ impl CpuBackend {
         out: TensorView<'_, T>,
         lse: &[f32],
         grad_out: TensorView<'_, T>,
-        mut dq: TensorViewMut<'_, T>,
-        mut dk: TensorViewMut<'_, T>,
-        mut dv: TensorViewMut<'_, T>,
+        dq: TensorViewMut<'_, T>,
+        dk: TensorViewMut<'_, T>,
+        dv: TensorViewMut<'_, T>,
     ) -> Result<()> {
-        let plan = self.plan(cfg, q, k, v)?;
+        self.backward_impl(cfg, [q, k, v, out, grad_out], lse, [dq, dk, dv], false)
+    }
+
+    /// Cross-attention backward (see [`CpuBackend::forward_cross`]): `dq` has q's shape,
+    /// `dk` and `dv` k's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_cross<T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        q: TensorView<'_, T>,
+        k: TensorView<'_, T>,
+        v: TensorView<'_, T>,
+        out: TensorView<'_, T>,
+        lse: &[f32],
+        grad_out: TensorView<'_, T>,
+        dq: TensorViewMut<'_, T>,
+        dk: TensorViewMut<'_, T>,
+        dv: TensorViewMut<'_, T>,
+    ) -> Result<()> {
+        self.backward_impl(cfg, [q, k, v, out, grad_out], lse, [dq, dk, dv], true)
+    }
+
+    /// Backward of `[q, k, v, out, grad_out]` into `[dq, dk, dv]`.
+    fn backward_impl<T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        inputs: [TensorView<'_, T>; 5],
+        lse: &[f32],
+        grads_out: [TensorViewMut<'_, T>; 3],
+        cross: bool,
+    ) -> Result<()> {
+        let [q, k, v, out, grad_out] = inputs;
+        let [mut dq, mut dk, mut dv] = grads_out;
+        let plan = self.plan(cfg, q, k, v, cross)?;
         let s = q.shape();
         check_same(TensorName::Output, out.shape(), s)?;
         check_same(TensorName::GradOutput, grad_out.shape(), s)?;
@@ -186,7 +251,9 @@ impl CpuBackend {
         check_same(TensorName::GradQuery, dq.shape(), s)?;
         check_same(TensorName::GradKey, dk.shape(), k.shape())?;
         check_same(TensorName::GradValue, dv.shape(), k.shape())?;
-        let work: Vec<Task> = match fused_units(&plan, s.batch, s.seq) {
+        // The fused pass needs queries and keys at the same positions (self-attention shapes).
+        let fused = if k.shape().seq == s.seq { fused_units(&plan, s.batch, s.seq) } else { None };
+        let work: Vec<Task> = match fused {
             Some(f) => f.into_iter().map(Task::Fused).collect(),
             None => {
                 let ch = chunk_len(cfg, s.batch, s.heads, s.seq);
@@ -240,6 +307,13 @@ impl CpuBackend {
     /// Bytes of scratch memory a call on `shape` allocates (all workers together, an upper
     /// bound), for memory budgets. Inputs and outputs are the caller's and not counted.
     pub fn workspace_bytes(&self, cfg: &DilatedConfig, shape: Shape4, backward: bool) -> usize {
+        self.workspace_bytes_cross(cfg, AttnShape::self_attn(shape), backward)
+    }
+
+    /// [`CpuBackend::workspace_bytes`] of a cross-attention call (an upper bound: the
+    /// bound of the longer of the two sequences).
+    pub fn workspace_bytes_cross(&self, cfg: &DilatedConfig, shape: AttnShape, backward: bool) -> usize {
+        let shape = if shape.kv.seq > shape.q.seq { shape.kv } else { shape.q };
         let (d, dp) = (shape.head_dim, padded(shape.head_dim));
         // Rows of the longest unit and the most selected rows of one segment.
         let unit = chunk_len(cfg, shape.batch, shape.heads, shape.seq).max(if backward {
@@ -278,11 +352,36 @@ impl CpuBackend {
         k: &[T],
         v: &[T],
     ) -> Result<(Vec<T>, Vec<f32>)> {
+        self.forward_vec_impl(cfg, AttnShape::self_attn(shape), q, k, v, false)
+    }
+
+    /// Cross-attention forward on contiguous buffers (q of `shape.q`, k and v of
+    /// `shape.kv`), returning `(out, lse)` of `shape.q`.
+    pub fn forward_cross_vec<T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        shape: AttnShape,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+    ) -> Result<(Vec<T>, Vec<f32>)> {
+        self.forward_vec_impl(cfg, shape, q, k, v, true)
+    }
+
+    fn forward_vec_impl<T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        shape: AttnShape,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        cross: bool,
+    ) -> Result<(Vec<T>, Vec<f32>)> {
         let views = contiguous3(shape, q, k, v)?;
-        let mut out = vec![T::default(); shape.numel()];
-        let mut lse = vec![0.0f32; shape.lse_len()];
-        let ov = TensorViewMut::contiguous(TensorName::Output, &mut out, shape)?;
-        self.forward(cfg, views[0], views[1], views[2], ov, &mut lse)?;
+        let mut out = vec![T::default(); shape.q.numel()];
+        let mut lse = vec![0.0f32; shape.q.lse_len()];
+        let ov = TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?;
+        self.forward_impl(cfg, views[0], views[1], views[2], ov, &mut lse, cross)?;
         Ok((out, lse))
     }
 
@@ -299,24 +398,57 @@ impl CpuBackend {
         lse: &[f32],
         grad_out: &[T],
     ) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
-        let views = contiguous3(shape, q, k, v)?;
-        let ov = TensorView::contiguous(TensorName::Output, out, shape)?;
-        let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape)?;
-        let n = shape.numel();
-        let (mut dq, mut dk, mut dv) = (vec![T::default(); n], vec![T::default(); n], vec![T::default(); n]);
-        let dqv = TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, shape)?;
-        let dkv = TensorViewMut::contiguous(TensorName::GradKey, &mut dk, shape)?;
-        let dvv = TensorViewMut::contiguous(TensorName::GradValue, &mut dv, shape)?;
-        self.backward(cfg, views[0], views[1], views[2], ov, lse, gv, dqv, dkv, dvv)?;
+        self.backward_vec_impl(cfg, AttnShape::self_attn(shape), [q, k, v, out, grad_out], lse, false)
+    }
+
+    /// Cross-attention backward on contiguous buffers, returning `(dq, dk, dv)` (`dq` of
+    /// `shape.q`, `dk` and `dv` of `shape.kv`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_cross_vec<T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        shape: AttnShape,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        out: &[T],
+        lse: &[f32],
+        grad_out: &[T],
+    ) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
+        self.backward_vec_impl(cfg, shape, [q, k, v, out, grad_out], lse, true)
+    }
+
+    /// Backward of contiguous `[q, k, v, out, grad_out]`.
+    fn backward_vec_impl<T: Element>(
+        &self,
+        cfg: &DilatedConfig,
+        shape: AttnShape,
+        inputs: [&[T]; 5],
+        lse: &[f32],
+        cross: bool,
+    ) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
+        let [q, k, v, out, grad_out] = inputs;
+        let [qv, kv, vv] = contiguous3(shape, q, k, v)?;
+        let ov = TensorView::contiguous(TensorName::Output, out, shape.q)?;
+        let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
+        let (mut dq, mut dk, mut dv) = (
+            vec![T::default(); shape.q.numel()],
+            vec![T::default(); shape.kv.numel()],
+            vec![T::default(); shape.kv.numel()],
+        );
+        let dqv = TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, shape.q)?;
+        let dkv = TensorViewMut::contiguous(TensorName::GradKey, &mut dk, shape.kv)?;
+        let dvv = TensorViewMut::contiguous(TensorName::GradValue, &mut dv, shape.kv)?;
+        self.backward_impl(cfg, [qv, kv, vv, ov, gv], lse, [dqv, dkv, dvv], cross)?;
         Ok((dq, dk, dv))
     }
 }
 
-fn contiguous3<'a, T: Element>(shape: Shape4, q: &'a [T], k: &'a [T], v: &'a [T]) -> Result<[TensorView<'a, T>; 3]> {
+fn contiguous3<'a, T: Element>(shape: AttnShape, q: &'a [T], k: &'a [T], v: &'a [T]) -> Result<[TensorView<'a, T>; 3]> {
     Ok([
-        TensorView::contiguous(TensorName::Query, q, shape)?,
-        TensorView::contiguous(TensorName::Key, k, shape)?,
-        TensorView::contiguous(TensorName::Value, v, shape)?,
+        TensorView::contiguous(TensorName::Query, q, shape.q)?,
+        TensorView::contiguous(TensorName::Key, k, shape.kv)?,
+        TensorView::contiguous(TensorName::Value, v, shape.kv)?,
     ])
 }
 

@@ -9,33 +9,9 @@ use attn_core::{DType, DilatedConfig, Element, Mixing, Shape4};
 use attn_kernels::{CpuBackend, Isa};
 use attn_testkit::strategies::{DilatedCase, dilated_case, dilated_case_with};
 use attn_testkit::{Tolerance, random_vec, rel_l2_error};
-use common::{back, conv, to64};
+use common::{back, check_lse, conv, grad_error, to64};
 use half::{bf16, f16};
 use proptest::prelude::*;
-
-/// LSE check: the same `-inf` positions, finite values within `tol` (absolute, on values
-/// of order 1-10).
-fn check_lse(got: &[f32], want: &[f64], tol: f64) -> Result<(), String> {
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let ok = if w.is_infinite() { *g == f32::NEG_INFINITY } else { (*g as f64 - w).abs() <= tol * (1.0 + w.abs()) };
-        if !ok {
-            return Err(format!("lse[{i}] = {g}, want {w}"));
-        }
-    }
-    Ok(())
-}
-
-/// `||got - want|| / max(||want||, ||dv_want||)`: the relative L2 error, except that a
-/// dq or dk that is zero up to rounding (every query sees copies of one key, so dS = 0
-/// exactly; in bf16/f16 the rounded stored output makes `delta` off by an ulp) is judged
-/// against the scale of the other gradients of the same problem (dv = P^T grad_out).
-fn grad_error(got: &[f32], want: &[f64], dv_want: &[f64]) -> f64 {
-    let norm = |x: &[f64]| x.iter().map(|w| w * w).sum::<f64>().sqrt();
-    let num: f64 = got.iter().zip(want).map(|(g, w)| (*g as f64 - w).powi(2)).sum::<f64>().sqrt();
-    let den = norm(want).max(norm(dv_want));
-    let err = if den == 0.0 { num } else { num / den };
-    if got.iter().all(|g| g.is_finite()) { err } else { f64::INFINITY }
-}
 
 /// Forward and backward of `case` in dtype `T` against the reference.
 fn check_case<T: Element>(be: &CpuBackend, case: &DilatedCase) -> Result<(), String> {

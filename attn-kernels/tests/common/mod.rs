@@ -39,7 +39,7 @@ impl<T: Element> DilatedBackend for Cpu<T> {
         T::DTYPE
     }
     fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32> {
-        let (out, lse) = self.backend.forward_vec::<T>(cfg, shape.q, &conv(q), &conv(k), &conv(v))?;
+        let (out, lse) = self.backend.forward_cross_vec::<T>(cfg, shape, &conv(q), &conv(k), &conv(v))?;
         Ok(Forward32 { out: back(&out), lse })
     }
     fn backward(
@@ -52,8 +52,32 @@ impl<T: Element> DilatedBackend for Cpu<T> {
         grad_out: &[f32],
     ) -> Result<Gradients32> {
         let (q, k, v, go) = (conv::<T>(q), conv::<T>(k), conv::<T>(v), conv::<T>(grad_out));
-        let (out, lse) = self.backend.forward_vec::<T>(cfg, shape.q, &q, &k, &v)?;
-        let (dq, dk, dv) = self.backend.backward_vec::<T>(cfg, shape.q, &q, &k, &v, &out, &lse, &go)?;
+        let (out, lse) = self.backend.forward_cross_vec::<T>(cfg, shape, &q, &k, &v)?;
+        let (dq, dk, dv) = self.backend.backward_cross_vec::<T>(cfg, shape, &q, &k, &v, &out, &lse, &go)?;
         Ok(Gradients32 { dq: back(&dq), dk: back(&dk), dv: back(&dv) })
     }
+}
+
+/// LSE check: the same `-inf` positions, finite values within `tol` (absolute, on values
+/// of order 1-10).
+pub fn check_lse(got: &[f32], want: &[f64], tol: f64) -> std::result::Result<(), String> {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_infinite() { *g == f32::NEG_INFINITY } else { (*g as f64 - w).abs() <= tol * (1.0 + w.abs()) };
+        if !ok {
+            return Err(format!("lse[{i}] = {g}, want {w}"));
+        }
+    }
+    Ok(())
+}
+
+/// `||got - want|| / max(||want||, ||dv_want||)`: the relative L2 error, except that a
+/// dq or dk that is zero up to rounding (every query sees copies of one key, so dS = 0
+/// exactly; in bf16/f16 the rounded stored output makes `delta` off by an ulp) is judged
+/// against the scale of the other gradients of the same problem (dv = P^T grad_out).
+pub fn grad_error(got: &[f32], want: &[f64], dv_want: &[f64]) -> f64 {
+    let norm = |x: &[f64]| x.iter().map(|w| w * w).sum::<f64>().sqrt();
+    let num: f64 = got.iter().zip(want).map(|(g, w)| (*g as f64 - w).powi(2)).sum::<f64>().sqrt();
+    let den = norm(want).max(norm(dv_want));
+    let err = if den == 0.0 { num } else { num / den };
+    if got.iter().all(|g| g.is_finite()) { err } else { f64::INFINITY }
 }
