@@ -19,7 +19,8 @@ pub(crate) enum MsgKind {
 
 /// Start a message with its header.
 pub(crate) fn begin(kind: MsgKind, owner: usize, step: usize, payload_hint: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(MSG_HEADER_BYTES as usize + payload_hint);
+    // Spare room in front for the frame header, inserted in place when sent.
+    let mut v = Vec::with_capacity(crate::comm::HEADER_BYTES + MSG_HEADER_BYTES as usize + payload_hint);
     v.push(kind as u8);
     v.extend_from_slice(&(owner as u32).to_le_bytes());
     v.extend_from_slice(&(step as u32).to_le_bytes());

@@ -54,22 +54,24 @@ impl Framing {
         self.stats
     }
 
-    /// Wrap `payload` for `peer`, advancing that channel's sequence number.
-    pub fn seal(&mut self, peer: usize, payload: &[u8]) -> Vec<u8> {
+    /// Wrap `payload` for `peer`, advancing that channel's sequence number. The header
+    /// is inserted in front of the payload in place (no copy when the payload was built
+    /// with [`HEADER_BYTES`] of spare capacity).
+    pub fn seal(&mut self, peer: usize, mut payload: Vec<u8>) -> Vec<u8> {
         let seq = self.send_seq[peer];
         self.send_seq[peer] += 1;
         let src = self.rank as u32;
-        let mut f = Vec::with_capacity(HEADER_BYTES + payload.len());
-        f.extend_from_slice(&MAGIC.to_le_bytes());
-        f.extend_from_slice(&src.to_le_bytes());
-        f.extend_from_slice(&seq.to_le_bytes());
-        f.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        f.extend_from_slice(&checksum(src, seq, payload).to_le_bytes());
-        f.extend_from_slice(payload);
+        let mut h = [0u8; HEADER_BYTES];
+        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[4..8].copy_from_slice(&src.to_le_bytes());
+        h[8..16].copy_from_slice(&seq.to_le_bytes());
+        h[16..24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        h[24..32].copy_from_slice(&checksum(src, seq, &payload).to_le_bytes());
         self.stats.payload_bytes_sent += payload.len() as u64;
-        self.stats.frame_bytes_sent += f.len() as u64;
+        payload.splice(0..0, h);
+        self.stats.frame_bytes_sent += payload.len() as u64;
         self.stats.messages_sent += 1;
-        f
+        payload
     }
 
     /// Check a frame received from `peer` and return its payload.
@@ -115,8 +117,8 @@ mod tests {
     #[test]
     fn every_fault_kind_is_detected() {
         let (mut a, mut b) = (Framing::new(0, 2), Framing::new(1, 2));
-        let f0 = a.seal(1, b"hello world, this is a payload");
-        let f1 = a.seal(1, b"second");
+        let f0 = a.seal(1, b"hello world, this is a payload".to_vec());
+        let f1 = a.seal(1, b"second".to_vec());
         // Corrupt one payload bit.
         let mut bad = f0.clone();
         bad[HEADER_BYTES + 3] ^= 4;
@@ -131,7 +133,7 @@ mod tests {
         assert!(b.clone().open(0, f0).is_err());
         assert_eq!(b.open(0, f1).unwrap(), b"second");
         // Wrong sender.
-        let f = a.seal(1, b"x");
+        let f = a.seal(1, b"x".to_vec());
         assert!(b.open(1, f).is_err());
         assert_eq!(a.stats().messages_sent, 3);
         assert_eq!(a.stats().frame_bytes_sent - a.stats().payload_bytes_sent, 3 * HEADER_BYTES as u64);

@@ -71,7 +71,7 @@ pub trait Communicator {
             if peer == rank {
                 local.push_back(payload);
             } else {
-                frames.push((peer, self.framing().seal(peer, &payload)));
+                frames.push((peer, self.framing().seal(peer, payload)));
             }
         }
         if let Some(&p) = recv_from.iter().find(|&&p| p >= world) {
