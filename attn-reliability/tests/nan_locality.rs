@@ -129,11 +129,9 @@ fn poison_reaches_only_readers_on_the_cpu_backend() {
     assert!(leaks.is_empty(), "poison reached rows that do not read it: {}", summary(&leaks));
 }
 
-/// Known bug (reported): with `causal`, a NaN/Inf in the VALUE row of a later position
-/// turns earlier rows of the same key tile into NaN: the masked weight is 0 and
-/// `0 * inf = NaN` in the P.V product.
+/// Found here first: with `causal`, a NaN/Inf in the VALUE row of a later position turned
+/// earlier rows of the same key tile into NaN (masked weight 0, `0 * inf = NaN` in P.V).
 #[test]
-#[ignore = "known bug: causal-masked keys' NaN/Inf values leak into earlier rows (attn-kernels CPU forward)"]
 fn causal_poison_reaches_only_readers_on_the_cpu_backend() {
     let (leaks, _) = cpu_findings(true);
     assert!(leaks.is_empty(), "poison reached rows that do not read it: {}", summary(&leaks));
@@ -151,11 +149,9 @@ fn a_nan_read_by_an_output_row_makes_it_non_finite_on_the_reference() {
     assert!(dropped.is_empty(), "NaNs silently dropped: {}", summary(&dropped));
 }
 
-/// Known bug (reported): on the CPU backend a NaN in a query or key row is silently
-/// dropped: NaN scores never win the running max (`max` ignores NaN), so the row ends
-/// as if those keys were masked (a query NaN gives output 0 and lse `-inf`).
+/// Found here first: on the CPU backend a NaN in a query or key row was silently dropped
+/// (NaN scores never won the running max, so the row ended as if those keys were masked).
 #[test]
-#[ignore = "known bug: NaN in q/k rows silently dropped by the attn-kernels CPU online softmax"]
 fn a_nan_read_by_an_output_row_makes_it_non_finite_on_the_cpu_backend() {
     let (_, mut dropped) = cpu_findings(false);
     dropped.extend(cpu_findings(true).1);
@@ -199,4 +195,57 @@ fn check_finite_names_tensor_and_first_index() {
     hb[44] = bf16::NAN;
     let got = check_finite(TensorName::GradOutput, &TensorView::contiguous(TensorName::GradOutput, &hb, s).unwrap());
     assert!(matches!(got, Err(AttnError::NonFinite { tensor: TensorName::GradOutput, index: 44 })));
+}
+
+/// Backward locality for a poisoned VALUE row `p` of head `h`: `dv` never depends on `v`,
+/// `dq_i` only through rows `i` that read `p`, and `dk_j` only through queries that attend
+/// `j` AND read `p`. Everything else must be bit-identical to the clean gradients.
+#[test]
+fn value_poison_reaches_only_the_gradients_that_read_it() {
+    let s = Shape4::new(1, 24, 3, 8).unwrap();
+    let (n, d) = (s.numel(), s.head_dim);
+    let cpu = CpuBackend::new(2).unwrap();
+    let x = [random_vec(51, n), random_vec(52, n), random_vec(53, n), random_vec(54, n)];
+    let grads = |cfg: &DilatedConfig, v: &[f32]| {
+        let (out, lse) = cpu.forward_vec(cfg, s, &x[0], &x[1], v).unwrap();
+        cpu.backward_vec(cfg, s, &x[0], &x[1], v, &out, &lse, &x[3]).unwrap()
+    };
+    let (mut leaks, mut reached) = (Vec::new(), 0);
+    for cfg in configs() {
+        let (cq, ck, cv) = grads(&cfg, &x[2]);
+        for (p, h) in [(3, 0), (13, 1), (23, 2)] {
+            for bad in [f32::NAN, f32::INFINITY] {
+                let mut v = x[2].clone();
+                v[row_index(s.seq, s.heads, 0, p, h) * d] = bad;
+                let (gq, gk, gv) = grads(&cfg, &v);
+                let readers_of_p = queries_reading_key(&cfg, s.heads, h, s.seq, p);
+                for pos in 0..s.seq {
+                    for head in 0..s.heads {
+                        let r = row_index(s.seq, s.heads, 0, pos, head) * d
+                            ..row_index(s.seq, s.heads, 0, pos, head) * d + d;
+                        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                        let dq_may = head == h && readers_of_p.contains(&pos);
+                        let dk_may =
+                            head == h && !queries_reading_key(&cfg, s.heads, h, s.seq, pos).is_disjoint(&readers_of_p);
+                        for (name, may, got, clean) in
+                            [("dq", dq_may, &gq, &cq), ("dk", dk_may, &gk, &ck), ("dv", false, &gv, &cv)]
+                        {
+                            let changed = !same(&got[r.clone()], &clean[r.clone()]);
+                            reached += usize::from(changed && may);
+                            if !may && changed {
+                                leaks.push(format!(
+                                    "causal={} {:?}: {bad} in v (pos={p}, h={h}) changed {name} (pos={pos}, h={head})",
+                                    cfg.causal(),
+                                    cfg.mixing()
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(leaks.is_empty(), "poison reached gradients that do not read it: {}", summary(&leaks));
+    assert!(reached > 0, "the poison changed no gradient at all: the test would prove nothing");
+    eprintln!("{reached} gradient rows that read the poison changed; none of the others did");
 }
