@@ -44,7 +44,7 @@ impl SegmentPattern {
     #[inline(always)]
     pub fn is_selected(&self, p: usize) -> bool {
         let j = p % self.w;
-        j >= self.off && (j - self.off) % self.r == 0
+        j >= self.off && (j - self.off).is_multiple_of(self.r)
     }
 
     /// The selected positions of segment `s` in a sequence of length `n`, ascending.
