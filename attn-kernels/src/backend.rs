@@ -21,8 +21,8 @@ use crate::disjoint::DisjointSlice;
 use crate::isa::Isa;
 use crate::ops::{KEY_TILE, QUERY_CHUNK, padded};
 use crate::units::{
-    Grads, Plan, Scratch, Unit, chunk_len, dkv_unit, dq_unit, forward_unit, fused_unit, fused_unit_len, fused_units,
-    units,
+    Grads, Plan, Scratch, Unit, chunk_len, dkv_unit, dq_unit, forward_chunk_lens, forward_unit, forward_units,
+    fused_unit, fused_unit_len, fused_units, units,
 };
 
 /// The CPU backend: a thread pool (built once) and the kernel flavour.
@@ -166,8 +166,7 @@ impl CpuBackend {
         let s = q.shape();
         check_same(TensorName::Output, out.shape(), s)?;
         check_len(TensorName::Lse, lse.len(), s.lse_len())?;
-        let ch = chunk_len(cfg, s.batch, s.heads, s.seq);
-        let work = units(s.batch, s.heads, s.seq, ch);
+        let work = forward_units(s.batch, s.seq, &forward_chunk_lens(cfg, s.batch, s.heads, s.seq));
         let out_geom = (out.shape(), out.strides());
         let out_rows = DisjointSlice::new(out.data_mut());
         let lse_rows = DisjointSlice::new(lse);
@@ -316,11 +315,12 @@ impl CpuBackend {
         let shape = if shape.kv.seq > shape.q.seq { shape.kv } else { shape.q };
         let (d, dp) = (shape.head_dim, padded(shape.head_dim));
         // Rows of the longest unit and the most selected rows of one segment.
-        let unit = chunk_len(cfg, shape.batch, shape.heads, shape.seq).max(if backward {
-            fused_unit_len(cfg, shape.heads, shape.seq).unwrap_or(0)
+        let unit = if backward {
+            chunk_len(cfg, shape.batch, shape.heads, shape.seq)
+                .max(fused_unit_len(cfg, shape.heads, shape.seq).unwrap_or(0))
         } else {
-            0
-        });
+            forward_chunk_lens(cfg, shape.batch, shape.heads, shape.seq).into_iter().max().unwrap_or(0)
+        };
         let m = cfg
             .segment_lengths()
             .iter()

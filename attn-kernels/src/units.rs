@@ -74,6 +74,42 @@ pub(crate) fn chunk_len(cfg: &DilatedConfig, batch: usize, heads: usize, seq: us
     ch
 }
 
+/// Selected rows per pattern a forward unit aims at: a unit packs the keys and values of
+/// each of its segments once, so longer units pack less often (a whole segment of 2048
+/// selected rows at the shapes).
+const FORWARD_ROWS: usize = 2048;
+
+/// Rows per forward work unit of each head: `FORWARD_ROWS` selected rows of the head's
+/// sparsest pattern, halved while the call would have fewer than 16 units. Depends on
+/// the shape only (never the thread count); per-row results do not depend on it either
+/// (every row walks the same key tiles in the same order).
+pub(crate) fn forward_chunk_lens(cfg: &DilatedConfig, batch: usize, heads: usize, seq: usize) -> Vec<usize> {
+    let mut lens: Vec<usize> = (0..heads)
+        .map(|h| {
+            let max_r = cfg.head_patterns(heads, h).patterns.iter().map(|(_, p)| p.r).max().unwrap_or(1);
+            FORWARD_ROWS.saturating_mul(max_r).clamp(1, seq)
+        })
+        .collect();
+    let count = |lens: &[usize]| lens.iter().map(|&l| batch.saturating_mul(seq.div_ceil(l))).sum::<usize>();
+    while count(&lens) < 16 && lens.iter().any(|&l| l > 64) {
+        lens.iter_mut().filter(|l| **l > 64).for_each(|l| *l = l.div_ceil(2));
+    }
+    lens
+}
+
+/// Forward work units: rows `c0..c1` of each (batch, head) in runs of the head's length.
+pub(crate) fn forward_units(batch: usize, seq: usize, lens: &[usize]) -> Vec<Unit> {
+    let mut out = Vec::new();
+    for b in 0..batch {
+        for (h, &len) in lens.iter().enumerate() {
+            for c0 in (0..seq).step_by(len) {
+                out.push(Unit { b, h, c0, c1: (c0 + len).min(seq) });
+            }
+        }
+    }
+    out
+}
+
 /// Largest segment (selected rows) the fused backward takes; bigger ones use the
 /// two-kernel backward (bounded per-worker memory either way).
 const FUSED_MAX_ROWS: usize = 8192;
