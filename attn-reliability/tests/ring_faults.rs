@@ -152,7 +152,6 @@ fn duplicated_frames_never_give_a_wrong_answer() {
 /// others have already finished with correct results. Fix: check for pending (extra)
 /// frames from every peer before sending this rank's completion frames.
 #[test]
-#[ignore = "known issue: a duplicate detected in the completion round fails one rank while the others succeed (attn-ring)"]
 fn duplicated_frames_fail_every_rank() {
     duplicates(true);
 }

@@ -5,6 +5,7 @@ use attn_core::error::TensorName;
 use attn_core::{Element, Result, Shape4, TensorView};
 
 use crate::comm::{CommStats, Communicator};
+use crate::completion::complete;
 use crate::handshake::{fingerprint, handshake};
 use crate::local::Local;
 use crate::plan::{Plan, RingProblem};
@@ -81,10 +82,10 @@ pub(crate) fn prepare<'a, C: Communicator + ?Sized, T: Element>(
     Ok(Prepared { plan, local, start: (before, start) })
 }
 
-/// Completion round: every rank confirms success before anyone writes outputs.
+/// Completion rounds ([`crate::completion`]): every rank confirms success before anyone writes outputs.
 pub(crate) fn finish<C: Communicator + ?Sized>(comm: &mut C, start: (CommStats, CommStats)) -> Result<RingStats> {
     let data_end = comm.stats();
-    comm.barrier()?;
+    complete(comm)?;
     let end = comm.stats();
     Ok(RingStats {
         data_bytes_sent: data_end.payload_bytes_sent - start.1.payload_bytes_sent,

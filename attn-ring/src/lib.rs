@@ -17,6 +17,7 @@
 mod backward;
 mod block_math;
 pub mod comm;
+mod completion;
 mod entry;
 mod forward;
 mod handshake;

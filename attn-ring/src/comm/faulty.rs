@@ -134,6 +134,13 @@ impl<C: Communicator> Communicator for FaultyComm<C> {
         inner.exchange_frames(out, recv_from)
     }
 
+    fn peek_frame(&mut self, peer: usize) -> Result<Option<&[u8]>> {
+        match self.inner.as_mut() {
+            Some(inner) => inner.peek_frame(peer),
+            None => Err(AttnError::Comm { rank: self.rank, message: "rank was killed by fault injection".into() }),
+        }
+    }
+
     fn framing(&mut self) -> &mut Framing {
         &mut self.framing
     }

@@ -54,6 +54,28 @@ impl Framing {
         self.stats
     }
 
+    /// Frames sent to each rank so far (index = rank; 0 for self).
+    pub fn sent_counts(&self) -> &[u64] {
+        &self.send_seq
+    }
+
+    /// Frames accepted from each rank so far (index = rank; 0 for self).
+    pub fn received_counts(&self) -> &[u64] {
+        &self.recv_seq
+    }
+
+    /// Whether a raw frame waiting from `peer` is an extra copy of one already accepted
+    /// (its header names `peer` and a sequence number below the next expected one).
+    pub fn is_stale(&self, peer: usize, frame: &[u8]) -> bool {
+        if frame.len() < HEADER_BYTES || peer >= self.recv_seq.len() {
+            return false;
+        }
+        let magic = u32::from_le_bytes(frame[0..4].try_into().unwrap_or([0; 4]));
+        let src = u32::from_le_bytes(frame[4..8].try_into().unwrap_or([0; 4]));
+        let seq = u64::from_le_bytes(frame[8..16].try_into().unwrap_or([0; 8]));
+        magic == MAGIC && src as usize == peer && seq < self.recv_seq[peer]
+    }
+
     /// Wrap `payload` for `peer`, advancing that channel's sequence number. The header
     /// is inserted in front of the payload in place (no copy when the payload was built
     /// with [`HEADER_BYTES`] of spare capacity).

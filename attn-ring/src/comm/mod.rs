@@ -42,6 +42,12 @@ pub trait Communicator {
     fn framing(&mut self) -> &mut Framing;
     /// Read-only framing state.
     fn framing_ref(&self) -> &Framing;
+    /// Non-blocking look at the next raw frame already waiting from `peer`; the frame
+    /// stays queued for the next receive. Transports that cannot look ahead return
+    /// `None` (the default), which only weakens duplicate detection at completion.
+    fn peek_frame(&mut self, _peer: usize) -> Result<Option<&[u8]>> {
+        Ok(None)
+    }
 
     /// Bytes and messages this rank has sent so far.
     fn stats(&self) -> CommStats {
@@ -148,5 +154,8 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
     }
     fn framing_ref(&self) -> &Framing {
         (**self).framing_ref()
+    }
+    fn peek_frame(&mut self, peer: usize) -> Result<Option<&[u8]>> {
+        (**self).peek_frame(peer)
     }
 }

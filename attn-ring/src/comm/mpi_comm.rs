@@ -6,6 +6,7 @@
 //! to the allocator once MPI has completed the send.
 #![allow(unsafe_code)]
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use attn_core::{AttnError, Result};
@@ -25,6 +26,8 @@ pub struct MpiComm {
     timeout: Duration,
     framing: Framing,
     pending: Vec<Pending>,
+    /// `early[p]`: frames from rank `p` already received by [`Communicator::peek_frame`].
+    early: Vec<VecDeque<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for MpiComm {
@@ -50,7 +53,8 @@ impl MpiComm {
     /// Wrap an MPI communicator with a receive timeout.
     pub fn with_timeout(comm: SimpleCommunicator, timeout: Duration) -> Self {
         let (rank, world) = (comm.rank() as usize, comm.size() as usize);
-        MpiComm { comm, rank, world, timeout, framing: Framing::new(rank, world), pending: Vec::new() }
+        let early = (0..world).map(|_| VecDeque::new()).collect();
+        MpiComm { comm, rank, world, timeout, framing: Framing::new(rank, world), pending: Vec::new(), early }
     }
 
     /// Complete whatever sends MPI has finished.
@@ -113,6 +117,10 @@ impl Communicator for MpiComm {
         }
         let mut out = Vec::with_capacity(recv_from.len());
         for &peer in recv_from {
+            if let Some(f) = self.early.get_mut(peer).and_then(VecDeque::pop_front) {
+                out.push(f);
+                continue;
+            }
             let deadline = Instant::now() + self.timeout;
             let mut spins = 0u32;
             loop {
@@ -133,6 +141,18 @@ impl Communicator for MpiComm {
         }
         self.progress();
         Ok(out)
+    }
+
+    fn peek_frame(&mut self, peer: usize) -> Result<Option<&[u8]>> {
+        if peer >= self.world || peer == self.rank {
+            return Err(AttnError::Comm { rank: self.rank, message: format!("no channel from rank {peer}") });
+        }
+        if self.early[peer].is_empty()
+            && let Some(m) = self.comm.process_at_rank(peer as i32).immediate_matched_probe()
+        {
+            self.early[peer].push_back(m.matched_receive_vec::<u8>().0);
+        }
+        Ok(self.early[peer].front().map(Vec::as_slice))
     }
 
     fn framing(&mut self) -> &mut Framing {

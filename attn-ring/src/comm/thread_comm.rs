@@ -1,15 +1,21 @@
 //! `ThreadComm`: in-process ranks joined by channels, one per ordered pair.
 //!
 //! Sends never block (unbounded channels), so matching exchanges cannot deadlock.
+//! The frames one exchange sends to one peer travel as one batch, so a receiver
+//! that has a frame also holds every frame sent with it (duplicates included).
 //! A dropped peer disconnects its channels: the others get `AttnError::Comm` at
 //! once; a silent peer gives `AttnError::Timeout` after the timeout.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::collections::VecDeque;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
 use std::time::Duration;
 
 use attn_core::{AttnError, Result};
 
 use super::{Communicator, DEFAULT_TIMEOUT, Framing};
+
+/// The frames one exchange sends to one peer, in order.
+type Batch = Vec<Vec<u8>>;
 
 /// One in-process rank. Create a whole group with [`ThreadComm::world`].
 #[derive(Debug)]
@@ -18,9 +24,11 @@ pub struct ThreadComm {
     world: usize,
     timeout: Duration,
     /// `to[p]`: channel to rank `p` (`None` for self).
-    to: Vec<Option<Sender<Vec<u8>>>>,
+    to: Vec<Option<Sender<Batch>>>,
     /// `from[p]`: channel from rank `p` (`None` for self).
-    from: Vec<Option<Receiver<Vec<u8>>>>,
+    from: Vec<Option<Receiver<Batch>>>,
+    /// `early[p]`: frames from rank `p` already taken off the channel, not yet delivered.
+    early: Vec<VecDeque<Vec<u8>>>,
     framing: Framing,
 }
 
@@ -35,8 +43,8 @@ impl ThreadComm {
         if p == 0 {
             return Err(AttnError::InvalidArgument("world size must be at least 1".into()));
         }
-        let mut to: Vec<Vec<Option<Sender<Vec<u8>>>>> = (0..p).map(|_| (0..p).map(|_| None).collect()).collect();
-        let mut from: Vec<Vec<Option<Receiver<Vec<u8>>>>> = (0..p).map(|_| (0..p).map(|_| None).collect()).collect();
+        let mut to: Vec<Vec<Option<Sender<Batch>>>> = (0..p).map(|_| (0..p).map(|_| None).collect()).collect();
+        let mut from: Vec<Vec<Option<Receiver<Batch>>>> = (0..p).map(|_| (0..p).map(|_| None).collect()).collect();
         for (src, row) in to.iter_mut().enumerate() {
             for (dst, slot) in row.iter_mut().enumerate() {
                 if src != dst {
@@ -50,7 +58,10 @@ impl ThreadComm {
             .into_iter()
             .zip(from)
             .enumerate()
-            .map(|(rank, (to, from))| ThreadComm { rank, world: p, timeout, to, from, framing: Framing::new(rank, p) })
+            .map(|(rank, (to, from))| {
+                let early = (0..p).map(|_| VecDeque::new()).collect();
+                ThreadComm { rank, world: p, timeout, to, from, early, framing: Framing::new(rank, p) }
+            })
             .collect())
     }
 
@@ -73,23 +84,39 @@ impl Communicator for ThreadComm {
 
     fn exchange_frames(&mut self, sends: Vec<(usize, Vec<u8>)>, recv_from: &[usize]) -> Result<Vec<Vec<u8>>> {
         let rank = self.rank;
+        let mut batches: Vec<(usize, Batch)> = Vec::new();
         for (peer, frame) in sends {
+            match batches.iter_mut().find(|(p, _)| *p == peer) {
+                Some((_, b)) => b.push(frame),
+                None => batches.push((peer, vec![frame])),
+            }
+        }
+        for (peer, batch) in batches {
             let tx = self
                 .to
                 .get(peer)
                 .and_then(Option::as_ref)
                 .ok_or_else(|| AttnError::Comm { rank, message: format!("no channel to rank {peer}") })?;
-            tx.send(frame).map_err(|_| AttnError::Comm { rank, message: format!("rank {peer} has gone away") })?;
+            tx.send(batch).map_err(|_| AttnError::Comm { rank, message: format!("rank {peer} has gone away") })?;
         }
         let mut out = Vec::with_capacity(recv_from.len());
         for &peer in recv_from {
+            if let Some(f) = self.early.get_mut(peer).and_then(VecDeque::pop_front) {
+                out.push(f);
+                continue;
+            }
             let rx = self
                 .from
                 .get(peer)
                 .and_then(Option::as_ref)
                 .ok_or_else(|| AttnError::Comm { rank, message: format!("no channel from rank {peer}") })?;
             match rx.recv_timeout(self.timeout) {
-                Ok(f) => out.push(f),
+                Ok(batch) => {
+                    let mut batch = batch.into_iter();
+                    let first = batch.next().ok_or_else(|| AttnError::Comm { rank, message: "empty batch".into() })?;
+                    out.push(first);
+                    self.early[peer].extend(batch);
+                }
                 Err(RecvTimeoutError::Timeout) => {
                     return Err(AttnError::Timeout { rank, peer, timeout_ms: self.timeout.as_millis() as u64 });
                 }
@@ -99,6 +126,24 @@ impl Communicator for ThreadComm {
             }
         }
         Ok(out)
+    }
+
+    fn peek_frame(&mut self, peer: usize) -> Result<Option<&[u8]>> {
+        let rank = self.rank;
+        let rx = self
+            .from
+            .get(peer)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| AttnError::Comm { rank, message: format!("no channel from rank {peer}") })?;
+        let early = &mut self.early[peer];
+        while early.is_empty() {
+            match rx.try_recv() {
+                Ok(batch) => early.extend(batch),
+                // A peer that has finished and gone away has nothing more to send.
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        Ok(early.front().map(Vec::as_slice))
     }
 
     fn framing(&mut self) -> &mut Framing {
