@@ -185,7 +185,7 @@ impl Permutation {
             .checked_mul(token_len)
             .filter(|&b| b > 0)
             .ok_or(AttnError::ZeroDim { tensor: TensorName::Other("tokens"), dim: "token_len" })?;
-        if len == 0 || len % block != 0 {
+        if len == 0 || !len.is_multiple_of(block) {
             return Err(AttnError::InvalidArgument(format!(
                 "a buffer of {len} elements is not a whole number of [{} tokens x {token_len}] blocks",
                 self.len()

@@ -14,11 +14,11 @@ use proptest::prelude::*;
 /// A grid with exactly `n` cells: 2D `h x n/h` or, when `pick` says so and `n`
 /// allows it, 3D.
 fn grid_with(n: usize, pick: usize) -> Grid {
-    let divisors: Vec<usize> = (1..=n).filter(|d| n % d == 0).collect();
+    let divisors: Vec<usize> = (1..=n).filter(|d| n.is_multiple_of(*d)).collect();
     let h = divisors[pick % divisors.len()];
     let rest = n / h;
-    let d2: Vec<usize> = (1..=rest).filter(|d| rest % d == 0).collect();
-    if pick % 3 == 0 && d2.len() > 2 {
+    let d2: Vec<usize> = (1..=rest).filter(|d| rest.is_multiple_of(*d)).collect();
+    if pick.is_multiple_of(3) && d2.len() > 2 {
         let d = d2[(pick / 3) % d2.len()];
         Grid::new_3d(d, h, rest / d).unwrap()
     } else {

@@ -89,7 +89,7 @@ impl MultiheadConfig {
         if self.num_heads == 0 {
             return Err(AttnError::InvalidArgument("num_heads must be positive".into()));
         }
-        if self.embed_dim % self.num_heads != 0 {
+        if !self.embed_dim.is_multiple_of(self.num_heads) {
             return Err(AttnError::InvalidArgument(format!(
                 "embed_dim ({}) must be divisible by num_heads ({})",
                 self.embed_dim, self.num_heads

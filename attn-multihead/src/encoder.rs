@@ -383,7 +383,7 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         }
         if window < seq {
             for l in &self.layers {
-                if let Some(w) = l.config.segment_lengths.iter().find(|&&w| window % w != 0) {
+                if let Some(w) = l.config.segment_lengths.iter().find(|&&w| !window.is_multiple_of(w)) {
                     return Err(AttnError::InvalidArgument(format!(
                         "window {window} is not a multiple of segment length {w}: attention would cross windows"
                     )));

@@ -1,6 +1,8 @@
 //! Backend selection: maps `--backend`, `--dtype` and the ring options to implementations.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod multihead;
 mod ring;
 
@@ -54,8 +56,9 @@ pub fn select(o: &Options) -> Result<Selected, String> {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_backend(_dtype: DType) -> Result<Selected, String> {
-    Err("the cuda golden backend runs from `cargo test -p attn-kernels --features cuda` (tests/cuda_golden.rs)".into())
+fn cuda_backend(dtype: DType) -> Result<Selected, String> {
+    let b = cuda::open(dtype).map_err(|e| e.to_string())?;
+    Ok(Selected { label: b.name(), dilated: Some(b), multihead: None })
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -123,3 +123,53 @@ fn store_grad<T: CudaElement>(
     write_rows(dst, &t.to_host_contiguous(dev)?);
     Ok(())
 }
+
+/// [`forward`] on contiguous buffers: returns `(out, lse)`.
+pub fn forward_vec<T: CudaElement>(
+    dev: &CudaDevice,
+    cfg: &DilatedConfig,
+    shape: AttnShape,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<(Vec<T>, Vec<f32>)> {
+    let qv = TensorView::contiguous(TensorName::Query, q, shape.q)?;
+    let kv = TensorView::contiguous(TensorName::Key, k, shape.kv)?;
+    let vv = TensorView::contiguous(TensorName::Value, v, shape.kv)?;
+    let mut out = vec![T::default(); shape.q.numel()];
+    let lse = forward(dev, cfg, &qv, &kv, &vv, &mut TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?)?;
+    Ok((out, lse))
+}
+
+/// Forward then [`backward`] on contiguous buffers: returns `(dq, dk, dv)`.
+pub fn backward_vec<T: CudaElement>(
+    dev: &CudaDevice,
+    cfg: &DilatedConfig,
+    shape: AttnShape,
+    [q, k, v]: [&[T]; 3],
+    grad_out: &[T],
+) -> Result<[Vec<T>; 3]> {
+    let (out, lse) = forward_vec(dev, cfg, shape, q, k, v)?;
+    let qv = TensorView::contiguous(TensorName::Query, q, shape.q)?;
+    let kv = TensorView::contiguous(TensorName::Key, k, shape.kv)?;
+    let vv = TensorView::contiguous(TensorName::Value, v, shape.kv)?;
+    let ov = TensorView::contiguous(TensorName::Output, &out, shape.q)?;
+    let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
+    let mut dq = vec![T::default(); shape.q.numel()];
+    let mut dk = vec![T::default(); shape.kv.numel()];
+    let mut dv = vec![T::default(); shape.kv.numel()];
+    backward(
+        dev,
+        cfg,
+        &qv,
+        &kv,
+        &vv,
+        &ov,
+        &lse,
+        &gv,
+        &mut TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, shape.q)?,
+        &mut TensorViewMut::contiguous(TensorName::GradKey, &mut dk, shape.kv)?,
+        &mut TensorViewMut::contiguous(TensorName::GradValue, &mut dv, shape.kv)?,
+    )?;
+    Ok([dq, dk, dv])
+}

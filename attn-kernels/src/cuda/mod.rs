@@ -26,5 +26,5 @@ pub use bench::{GpuTiming, attended_pairs, bench_forward};
 pub use block::{backward_block, forward_block};
 pub use device::{CudaDevice, check_available, nvrtc_present};
 pub use epilogue::{delta, finish_forward, store_scaled};
-pub use host::{backward, forward};
+pub use host::{backward, backward_vec, forward, forward_vec};
 pub use tensor::{CudaElement, DeviceGrads, DevicePartial, DeviceTensor};

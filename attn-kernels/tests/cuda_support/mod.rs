@@ -2,9 +2,8 @@
 //! backend behind the testkit's `DilatedBackend` trait for any dtype.
 #![allow(dead_code)]
 
-use attn_core::error::TensorName;
-use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Result, TensorView, TensorViewMut};
-use attn_kernels::cuda::{CudaDevice, CudaElement, backward, forward};
+use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Result};
+use attn_kernels::cuda::{CudaDevice, CudaElement, backward_vec, forward_vec};
 use attn_testkit::DilatedBackend;
 use attn_testkit::golden::{Forward32, Gradients32};
 
@@ -48,13 +47,7 @@ impl<T: CudaElement> Gpu<T> {
         k: &[T],
         v: &[T],
     ) -> Result<(Vec<T>, Vec<f32>)> {
-        let qv = TensorView::contiguous(TensorName::Query, q, shape.q)?;
-        let kv = TensorView::contiguous(TensorName::Key, k, shape.kv)?;
-        let vv = TensorView::contiguous(TensorName::Value, v, shape.kv)?;
-        let mut out = vec![T::default(); shape.q.numel()];
-        let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?;
-        let lse = forward(&self.dev, cfg, &qv, &kv, &vv, &mut ov)?;
-        Ok((out, lse))
+        forward_vec(&self.dev, cfg, shape, q, k, v)
     }
 }
 
@@ -79,32 +72,7 @@ impl<T: CudaElement> DilatedBackend for Gpu<T> {
         grad_out: &[f32],
     ) -> Result<Gradients32> {
         let (q, k, v, go) = (conv::<T>(q), conv::<T>(k), conv::<T>(v), conv::<T>(grad_out));
-        let (out, lse) = self.forward_t(cfg, shape, &q, &k, &v)?;
-        let (qv, kv, vv) = (
-            TensorView::contiguous(TensorName::Query, &q, shape.q)?,
-            TensorView::contiguous(TensorName::Key, &k, shape.kv)?,
-            TensorView::contiguous(TensorName::Value, &v, shape.kv)?,
-        );
-        let (ov, gv) = (
-            TensorView::contiguous(TensorName::Output, &out, shape.q)?,
-            TensorView::contiguous(TensorName::GradOutput, &go, shape.q)?,
-        );
-        let mut dq = vec![T::default(); shape.q.numel()];
-        let mut dk = vec![T::default(); shape.kv.numel()];
-        let mut dv = vec![T::default(); shape.kv.numel()];
-        backward(
-            &self.dev,
-            cfg,
-            &qv,
-            &kv,
-            &vv,
-            &ov,
-            &lse,
-            &gv,
-            &mut TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, shape.q)?,
-            &mut TensorViewMut::contiguous(TensorName::GradKey, &mut dk, shape.kv)?,
-            &mut TensorViewMut::contiguous(TensorName::GradValue, &mut dv, shape.kv)?,
-        )?;
+        let [dq, dk, dv] = backward_vec(&self.dev, cfg, shape, [&q, &k, &v], &go)?;
         Ok(Gradients32 { dq: back(&dq), dk: back(&dk), dv: back(&dv) })
     }
 }
