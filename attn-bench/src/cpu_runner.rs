@@ -39,7 +39,7 @@ pub fn hilbert(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
 /// The most square `h x w = n` grid with `h <= w`.
 fn grid_for(n: usize) -> Result<(usize, usize)> {
     let mut h = (n as f64).sqrt() as usize;
-    while h > 1 && n % h != 0 {
+    while h > 1 && !n.is_multiple_of(h) {
         h -= 1;
     }
     if h == 0 {

@@ -36,7 +36,7 @@ pub fn script_for(spec: &CaseSpec) -> Option<PathBuf> {
 pub fn run(python: &Path, spec: &CaseSpec, runs: usize, git: &str) -> Result<Measurement> {
     let script = script_for(spec)
         .ok_or_else(|| AttnError::InvalidArgument(format!("no PyTorch script for case {}", spec.kind.as_str())))?;
-    if spec.mixing != "head_groups" || spec.segments.iter().any(|&w| spec.seq_len % w != 0) {
+    if spec.mixing != "head_groups" || spec.segments.iter().any(|&w| !spec.seq_len.is_multiple_of(w)) {
         return Err(AttnError::InvalidArgument("the PyTorch script needs head_groups and w | n".into()));
     }
     let join = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
