@@ -35,7 +35,11 @@ impl<F: LayerFloat> LayerNorm<F> {
     }
 
     fn check(&self, len: usize) -> Result<usize> {
-        if self.dim == 0 || !len.is_multiple_of(self.dim) || self.weight.len() != self.dim || self.bias.len() != self.dim {
+        if self.dim == 0
+            || !len.is_multiple_of(self.dim)
+            || self.weight.len() != self.dim
+            || self.bias.len() != self.dim
+        {
             return Err(AttnError::InvalidArgument(format!(
                 "layer norm over {} features got a buffer of {len} elements",
                 self.dim
