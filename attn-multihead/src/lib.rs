@@ -1,7 +1,8 @@
 //! Multihead dilated attention for model authors: `MultiheadDilatedAttention` (fused QKV
 //! projection, dilated attention on any backend, sub-LayerNorm, output projection) with
 //! forward and backward, safetensors weights with PyTorch names, MAGNETO init, the
-//! LongNet encoder layer and stack, and a ring-parallel layer.
+//! LongNet encoder layer and stack, a ring-parallel layer, and the Hilbert option
+//! (curve-ordered grid tokens) on one device and on the ring.
 #![deny(unsafe_code)]
 
 pub mod backend;
@@ -15,6 +16,7 @@ pub mod layer;
 pub mod layer_norm;
 #[allow(unsafe_code)]
 mod matmul;
+pub mod ordered_ring;
 pub mod projection;
 pub mod ring_layer;
 pub mod token_order;
@@ -31,6 +33,7 @@ pub use float::LayerFloat;
 pub use init::{MagnetoGains, SeededRng};
 pub use layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};
 pub use layer_norm::{LayerNorm, NormStats};
+pub use ordered_ring::OrderedRing;
 pub use projection::Linear;
 pub use ring_layer::{RingBackend, all_reduce_grads, ring_layer};
 pub use token_order::OrderedAttention;

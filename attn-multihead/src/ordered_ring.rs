@@ -1,0 +1,247 @@
+//! The Hilbert option on the ring layer: a grid's tokens serialised along a curve, each rank attending over its curve chunk.
+//!
+//! The global sequence of the ring is the CURVE order of the grid (global position
+//! `i` is token `order[i]`), split over the ranks by a [`Layout`]. With a Hilbert
+//! order and the contiguous layout each rank's chunk is a compact spatial patch.
+//! Projections, norms and dropout act per token, so permuting the layer's input and
+//! restoring its output is the same as permuting around attention only (see
+//! [`crate::OrderedAttention`], the single-device form): callers keep row-major tokens.
+//!
+//! Two ways to pass tokens, both row-major:
+//! - whole: every rank passes the full `[batch, grid.len(), embed]` tensor
+//!   ([`OrderedRing::forward`]); the rank gathers its chunk (`Permutation::apply_range`)
+//!   and every rank gets the full row-major output (chunks all-gathered and put
+//!   back with `Permutation::unapply_range`);
+//! - split: each rank passes only the rows of its tokens [`OrderedRing::tokens`]
+//!   (ascending row-major index), `[batch, tokens().len(), embed]`
+//!   ([`OrderedRing::forward_split`]), and gets its output rows in the same order.
+//!
+//! Weight gradients are per-rank partial sums in both forms; add them up with
+//! [`OrderedRing::all_reduce_grads`].
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use attn_core::{AttnError, Result};
+use attn_hilbert::{Grid, OrderKind, Permutation, TokenLayout, TokenOrder};
+use attn_ring::{Communicator, Layout, Strategy};
+
+use crate::config::MultiheadConfig;
+use crate::dropout::Mode;
+use crate::float::LayerFloat;
+use crate::layer::{MultiheadCache, MultiheadDilatedAttention};
+use crate::ring_layer::{RingBackend, all_reduce_grads, ring_layer};
+use crate::weights::MultiheadWeights;
+
+/// A ring-parallel [`MultiheadDilatedAttention`] over the tokens of a 2D/3D grid in curve order.
+#[derive(Debug)]
+pub struct OrderedRing<F: LayerFloat, C> {
+    /// The layer on a [`RingBackend`]; it sees this rank's curve chunk.
+    pub layer: MultiheadDilatedAttention<F>,
+    backend: Arc<RingBackend<C>>,
+    order: TokenOrder,
+    /// Every rank's curve positions (`all_ranges[rank]`), ascending.
+    all_ranges: Vec<Vec<Range<usize>>>,
+    rank: usize,
+    /// This rank's row-major tokens, ascending.
+    tokens: Vec<usize>,
+    /// Local curve row `j` holds split row `local.order()[j]`.
+    local: Permutation,
+}
+
+impl<F: LayerFloat, C: Communicator + Send + std::fmt::Debug + 'static> OrderedRing<F, C> {
+    /// The layer `config`/`weights` with attention over `grid` serialised by `kind`,
+    /// split over the ranks of `comm` by `layout`, attention by `strategy`. Every rank
+    /// must pass the same arguments (except `comm`).
+    pub fn new(
+        config: MultiheadConfig,
+        weights: MultiheadWeights<F>,
+        kind: OrderKind,
+        grid: Grid,
+        comm: C,
+        layout: Layout,
+        strategy: Strategy,
+    ) -> Result<Self> {
+        let order = TokenOrder::new(kind, grid)?;
+        let n = order.len();
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let backend = Arc::new(RingBackend::new(comm, n, layout, strategy)?);
+        let all_ranges: Vec<Vec<Range<usize>>> = (0..world).map(|r| layout.ranges(n, world, r)).collect();
+        let curve = order.permutation().order();
+        let curve_tokens: Vec<usize> = all_ranges[rank].iter().flat_map(|r| curve[r.clone()].iter().copied()).collect();
+        let mut tokens = curve_tokens.clone();
+        tokens.sort_unstable();
+        let local = Permutation::from_order(curve_tokens.iter().map(|t| tokens.partition_point(|u| u < t)).collect())?;
+        let layer = ring_layer(config, weights, backend.clone())?;
+        Ok(OrderedRing { layer, backend, order, all_ranges, rank, tokens, local })
+    }
+
+    pub fn order(&self) -> &TokenOrder {
+        &self.order
+    }
+
+    /// This rank's global (curve) positions: its chunk of the curve-ordered sequence.
+    pub fn ranges(&self) -> &[Range<usize>] {
+        &self.all_ranges[self.rank]
+    }
+
+    /// This rank's tokens as row-major grid indices, ascending: the rows of a split input.
+    pub fn tokens(&self) -> &[usize] {
+        &self.tokens
+    }
+
+    pub fn backend(&self) -> &Arc<RingBackend<C>> {
+        &self.backend
+    }
+
+    fn embed(&self) -> usize {
+        self.layer.config().embed_dim
+    }
+
+    fn check_len(&self, what: &str, len: usize, batch: usize, rows: usize) -> Result<()> {
+        let e = self.embed();
+        let want = batch.checked_mul(rows).and_then(|v| v.checked_mul(e));
+        if batch == 0 || want != Some(len) {
+            return Err(AttnError::InvalidArgument(format!(
+                "{what} of {len} elements is not [{batch}, {rows}, {e}] (batch >= 1)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The rows of this rank's tokens (ascending) from a whole row-major `[batch, grid.len(), embed]` tensor.
+    pub fn split(&self, whole: &[F], batch: usize) -> Result<Vec<F>> {
+        let (e, n) = (self.embed(), self.order.len());
+        self.check_len("whole tensor", whole.len(), batch, n)?;
+        let mut out = Vec::with_capacity(batch * self.tokens.len() * e);
+        for b in 0..batch {
+            for &t in &self.tokens {
+                out.extend_from_slice(&whole[(b * n + t) * e..][..e]);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Curve chunk `[batch, rows, e]` of this rank from a whole row-major tensor (`apply_range` per range).
+    fn chunk_of_whole(&self, whole: &[F], batch: usize) -> Result<Vec<F>> {
+        let (e, n, m) = (self.embed(), self.order.len(), self.tokens.len());
+        self.check_len("whole tensor", whole.len(), batch, n)?;
+        let perm = self.order.permutation();
+        let mut chunk = vec![F::zero(); batch * m * e];
+        let mut offset = 0;
+        for r in self.ranges() {
+            let mut part = vec![F::zero(); batch * r.len() * e];
+            perm.apply_range(r.clone(), batch, e, whole, &mut part)?;
+            for (b, rows) in part.chunks_exact(r.len() * e).enumerate() {
+                chunk[(b * m + offset) * e..][..rows.len()].copy_from_slice(rows);
+            }
+            offset += r.len();
+        }
+        Ok(chunk)
+    }
+
+    /// Every rank's curve chunk, all-gathered and restored to a whole row-major tensor (`unapply_range`).
+    fn whole_of_chunks(&self, chunk: &[F], batch: usize) -> Result<Vec<F>> {
+        let (e, n) = (self.embed(), self.order.len());
+        let mut payload = Vec::with_capacity(std::mem::size_of_val(chunk));
+        chunk.iter().for_each(|x| x.push_le(&mut payload));
+        let all = self.backend.with_comm(|c| c.all_gather(payload))?;
+        if all.len() != self.all_ranges.len() {
+            return Err(AttnError::RankDisagreement(format!(
+                "all_gather returned {} chunks for {} ranks",
+                all.len(),
+                self.all_ranges.len()
+            )));
+        }
+        let size = std::mem::size_of::<F>();
+        let perm = self.order.permutation();
+        let mut whole = vec![F::zero(); batch * n * e];
+        for (bytes, ranges) in all.iter().zip(&self.all_ranges) {
+            let m: usize = ranges.iter().map(|r| r.len()).sum();
+            if bytes.len() != batch * m * e * size {
+                return Err(AttnError::RankDisagreement("output chunks differ in size from the layout".into()));
+            }
+            let chunk: Vec<F> = bytes.chunks_exact(size).map(F::from_le).collect();
+            let mut offset = 0;
+            for r in ranges {
+                let mut part = Vec::with_capacity(batch * r.len() * e);
+                for b in 0..batch {
+                    part.extend_from_slice(&chunk[(b * m + offset) * e..][..r.len() * e]);
+                }
+                perm.unapply_range(r.clone(), batch, e, &part, &mut whole)?;
+                offset += r.len();
+            }
+        }
+        Ok(whole)
+    }
+
+    /// Split rows (ascending tokens) to this rank's curve chunk.
+    fn chunk_of_split(&self, split: &[F], batch: usize) -> Result<Vec<F>> {
+        let m = self.tokens.len();
+        self.check_len("split tensor", split.len(), batch, m)?;
+        let mut chunk = vec![F::zero(); split.len()];
+        self.local.apply(&TokenLayout::bse(batch, m, self.embed())?, split, &mut chunk)?;
+        Ok(chunk)
+    }
+
+    /// This rank's curve chunk back to split rows (ascending tokens).
+    fn split_of_chunk(&self, chunk: &[F], batch: usize) -> Result<Vec<F>> {
+        let mut split = vec![F::zero(); chunk.len()];
+        self.local.unapply(&TokenLayout::bse(batch, self.tokens.len(), self.embed())?, chunk, &mut split)?;
+        Ok(split)
+    }
+
+    /// Self-attention over a whole row-major `x: [batch, grid.len(), embed]`; every rank returns the whole output.
+    pub fn forward(&self, x: &[F], batch: usize, mode: Mode) -> Result<Vec<F>> {
+        let y = self.layer.forward(&self.chunk_of_whole(x, batch)?, batch, self.tokens.len(), mode)?;
+        self.whole_of_chunks(&y, batch)
+    }
+
+    /// Like [`OrderedRing::forward`], keeping this rank's cache for [`OrderedRing::backward`].
+    pub fn forward_train(&self, x: &[F], batch: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        let (y, cache) = self.layer.forward_train(&self.chunk_of_whole(x, batch)?, batch, self.tokens.len(), mode)?;
+        Ok((self.whole_of_chunks(&y, batch)?, cache))
+    }
+
+    /// Gradient of the whole row-major input from the whole `grad_out` (every rank returns all of it);
+    /// this rank's partial weight gradients accumulate into `grads`.
+    pub fn backward(
+        &self,
+        cache: &MultiheadCache<F>,
+        grad_out: &[F],
+        batch: usize,
+        grads: &mut MultiheadWeights<F>,
+    ) -> Result<Vec<F>> {
+        let dx = self.layer.backward(cache, &self.chunk_of_whole(grad_out, batch)?, grads)?.query;
+        self.whole_of_chunks(&dx, batch)
+    }
+
+    /// Self-attention over this rank's rows `x: [batch, tokens().len(), embed]` (ascending tokens).
+    pub fn forward_split(&self, x: &[F], batch: usize, mode: Mode) -> Result<Vec<F>> {
+        let y = self.layer.forward(&self.chunk_of_split(x, batch)?, batch, self.tokens.len(), mode)?;
+        self.split_of_chunk(&y, batch)
+    }
+
+    /// Like [`OrderedRing::forward_split`], keeping the cache for [`OrderedRing::backward_split`].
+    pub fn forward_train_split(&self, x: &[F], batch: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        let (y, cache) = self.layer.forward_train(&self.chunk_of_split(x, batch)?, batch, self.tokens.len(), mode)?;
+        Ok((self.split_of_chunk(&y, batch)?, cache))
+    }
+
+    /// Gradient of this rank's input rows from its `grad_out` rows (ascending tokens).
+    pub fn backward_split(
+        &self,
+        cache: &MultiheadCache<F>,
+        grad_out: &[F],
+        batch: usize,
+        grads: &mut MultiheadWeights<F>,
+    ) -> Result<Vec<F>> {
+        let dx = self.layer.backward(cache, &self.chunk_of_split(grad_out, batch)?, grads)?.query;
+        self.split_of_chunk(&dx, batch)
+    }
+
+    /// Sum the per-rank weight gradients over all ranks (every rank gets identical totals).
+    pub fn all_reduce_grads(&self, grads: &mut MultiheadWeights<F>) -> Result<()> {
+        self.backend.with_comm(|c| all_reduce_grads(c, grads))
+    }
+}

@@ -1,0 +1,179 @@
+//! The Hilbert option on the ring: curve-ordered grids over 2–4 in-process ranks equal the single-device `OrderedAttention`.
+
+use std::sync::Arc;
+
+use attn_core::{DType, Mixing};
+use attn_hilbert::{Grid, OrderKind};
+use attn_multihead::{
+    Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, OrderedAttention, OrderedRing,
+    ReferenceBackend,
+};
+use attn_ring::{Layout, Strategy, ThreadComm};
+use attn_testkit::rng::random_vec;
+use attn_testkit::tolerance::{Tolerance, rel_l2_error};
+
+/// What one rank returns: whole output and input gradient, reduced weight gradients,
+/// and its split-form output and input gradient with its tokens.
+struct RankResult {
+    y: Vec<f32>,
+    dx: Vec<f32>,
+    grads: MultiheadWeights<f32>,
+    tokens: Vec<usize>,
+    y_split: Vec<f32>,
+    dx_split: Vec<f32>,
+}
+
+fn rows_of(whole: &[f32], batch: usize, n: usize, e: usize, tokens: &[usize]) -> Vec<f32> {
+    (0..batch).flat_map(|b| tokens.iter().flat_map(move |&t| whole[(b * n + t) * e..][..e].iter().copied())).collect()
+}
+
+fn check(cfg: MultiheadConfig, grid: Grid, world: usize, layout: Layout, strategy: Strategy, batch: usize) {
+    let (e, n) = (cfg.embed_dim, grid.len());
+    let layer = MultiheadDilatedAttention::<f64>::new(cfg.clone(), 11, Arc::new(ReferenceBackend)).unwrap();
+    let single = OrderedAttention::new(layer, OrderKind::Hilbert, grid).unwrap();
+    let mut w32 = MultiheadWeights::<f32>::magneto(&cfg, 0);
+    for (d, s) in w32.params_mut().into_iter().zip(single.layer.weights.params()) {
+        d.data.iter_mut().zip(s.data).for_each(|(a, &b)| *a = b as f32);
+    }
+    let x = random_vec(1, batch * n * e);
+    let g = random_vec(2, batch * n * e);
+    let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let g64: Vec<f64> = g.iter().map(|&v| v as f64).collect();
+    let (y_want, cache) = single.forward_train(&x64, batch, n, Mode::Eval).unwrap();
+    let mut grads_want = single.layer.weights.zeros_like();
+    let dx_want = single.backward(&cache, &g64, batch, n, &mut grads_want).unwrap();
+
+    let comms = ThreadComm::world(world).unwrap();
+    let results: Vec<RankResult> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let (cfg, w32, x, g) = (cfg.clone(), w32.clone(), &x, &g);
+                s.spawn(move || {
+                    let ring = OrderedRing::new(cfg, w32, OrderKind::Hilbert, grid, comm, layout, strategy).unwrap();
+                    let (y, c) = ring.forward_train(x, batch, Mode::Eval).unwrap();
+                    let mut grads = ring.layer.weights.zeros_like();
+                    let dx = ring.backward(&c, g, batch, &mut grads).unwrap();
+                    ring.all_reduce_grads(&mut grads).unwrap();
+                    // The split form: this rank's rows only, ascending row-major tokens.
+                    let (xs, gs) = (ring.split(x, batch).unwrap(), ring.split(g, batch).unwrap());
+                    let (y_split, c) = ring.forward_train_split(&xs, batch, Mode::Eval).unwrap();
+                    let mut unused = ring.layer.weights.zeros_like();
+                    let dx_split = ring.backward_split(&c, &gs, batch, &mut unused).unwrap();
+                    RankResult { y, dx, grads, tokens: ring.tokens().to_vec(), y_split, dx_split }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let bound = Tolerance::for_dtype(DType::F32).rel_l2;
+    let what = format!("{:?} p={world} {layout:?} {strategy:?}", grid.dims());
+    let first = &results[0];
+    assert!(rel_l2_error(&first.y, &y_want) <= bound, "{what} out {:.2e}", rel_l2_error(&first.y, &y_want));
+    assert!(rel_l2_error(&first.dx, &dx_want) <= bound, "{what} dx {:.2e}", rel_l2_error(&first.dx, &dx_want));
+    for (got, want) in first.grads.params().into_iter().zip(grads_want.params()) {
+        if got.name == "k_proj.bias" {
+            continue; // exactly zero in exact arithmetic; checked in cpu_backend.rs
+        }
+        let err = rel_l2_error(got.data, want.data);
+        assert!(err <= bound, "{what} d {} {err:.2e}", got.name);
+    }
+    let mut owners = vec![0usize; n];
+    for r in &results {
+        assert_eq!((&r.y, &r.dx, &r.grads), (&first.y, &first.dx, &first.grads), "{what}: ranks agree bit for bit");
+        // The split form runs the same chunk: its rows are exactly the whole result's rows.
+        assert_eq!(r.y_split, rows_of(&first.y, batch, n, e, &r.tokens), "{what} split out");
+        assert_eq!(r.dx_split, rows_of(&first.dx, batch, n, e, &r.tokens), "{what} split dx");
+        r.tokens.iter().for_each(|&t| owners[t] += 1);
+    }
+    assert!(owners.iter().all(|&c| c == 1), "{what}: every token has exactly one rank");
+}
+
+#[test]
+fn hilbert_ring_on_a_6x10_grid_equals_one_device() {
+    let cfg = MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]);
+    let grid = Grid::new_2d(6, 10).unwrap();
+    check(cfg.clone(), grid, 2, Layout::Contiguous, Strategy::Auto, 2);
+    check(cfg.clone(), grid, 3, Layout::Contiguous, Strategy::Ring, 1);
+    check(cfg, grid, 4, Layout::Zigzag, Strategy::AllGather, 1);
+}
+
+#[test]
+fn hilbert_ring_on_a_3d_grid_equals_one_device_longnet_causal() {
+    let cfg = MultiheadConfig::new(16, 2, &[8, 32], &[1, 4]).with_mixing(Mixing::LongNet).with_causal(true);
+    let grid = Grid::new_3d(3, 4, 5).unwrap();
+    check(cfg.clone(), grid, 4, Layout::Contiguous, Strategy::Auto, 1);
+    check(cfg, grid, 2, Layout::Zigzag, Strategy::Ring, 2);
+}
+
+/// Sides of the grid bounding box of `tokens` (depth, height, width).
+fn bounding_box(grid: Grid, tokens: &[usize]) -> [usize; 3] {
+    std::array::from_fn(|d| {
+        let c = tokens.iter().map(|&t| grid.coords_of(t)[d]);
+        c.clone().max().unwrap() - c.min().unwrap() + 1
+    })
+}
+
+/// Each rank's tokens under `kind` order, contiguous layout.
+fn rank_tokens(kind: OrderKind, grid: Grid, world: usize) -> Vec<Vec<usize>> {
+    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+    ThreadComm::world(world)
+        .unwrap()
+        .into_iter()
+        .map(|comm| {
+            let w = MultiheadWeights::<f32>::magneto(&cfg, 0);
+            let ring = OrderedRing::new(cfg.clone(), w, kind, grid, comm, Layout::Contiguous, Strategy::Auto).unwrap();
+            ring.tokens().to_vec()
+        })
+        .collect()
+}
+
+#[test]
+fn each_rank_gets_a_compact_patch() {
+    for (grid, world) in [
+        (Grid::new_2d(6, 10).unwrap(), 4),
+        (Grid::new_2d(16, 16).unwrap(), 4),
+        (Grid::new_2d(12, 20).unwrap(), 8),
+        (Grid::new_3d(4, 6, 8).unwrap(), 4),
+    ] {
+        let hil = rank_tokens(OrderKind::Hilbert, grid, world);
+        let rm = rank_tokens(OrderKind::RowMajor, grid, world);
+        let boxes = |t: &[Vec<usize>]| -> Vec<[usize; 3]> { t.iter().map(|t| bounding_box(grid, t)).collect() };
+        let (bh, br) = (boxes(&hil), boxes(&rm));
+        eprintln!("{:?} p={world}: bounding boxes hilbert {bh:?}, row-major {br:?}", grid.dims());
+        // Every Hilbert chunk's longest side is shorter than every row-major chunk's,
+        // and its half-perimeter is smaller too: a compact patch, not a strip of rows.
+        let longest = |b: &[usize; 3]| *b.iter().max().unwrap();
+        let half_perimeter = |b: &[usize; 3]| b.iter().sum::<usize>();
+        let hil_longest = bh.iter().map(longest).max().unwrap();
+        assert!(br.iter().all(|b| longest(b) > hil_longest), "{:?}: {bh:?} vs {br:?}", grid.dims());
+        for (h, r) in bh.iter().zip(&br) {
+            assert!(half_perimeter(h) < half_perimeter(r), "{:?}: {bh:?} vs {br:?}", grid.dims());
+        }
+    }
+}
+
+#[test]
+fn bad_sizes_are_errors_not_panics() {
+    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+    let w = || MultiheadWeights::<f32>::magneto(&cfg, 0);
+    let grid = Grid::new_2d(2, 3).unwrap();
+    // 6 tokens cannot give each of 7 ranks a row.
+    let comm = ThreadComm::world(7).unwrap().into_iter().next().unwrap();
+    assert!(
+        OrderedRing::new(cfg.clone(), w(), OrderKind::Hilbert, grid, comm, Layout::Contiguous, Strategy::Auto).is_err()
+    );
+    let comm = ThreadComm::world(1).unwrap().into_iter().next().unwrap();
+    let ring =
+        OrderedRing::new(cfg.clone(), w(), OrderKind::Hilbert, grid, comm, Layout::Zigzag, Strategy::Auto).unwrap();
+    let x = random_vec(3, 6 * 8);
+    assert!(ring.forward(&x[..40], 1, Mode::Eval).is_err(), "whole tensor of the wrong length");
+    assert!(ring.forward(&x, 0, Mode::Eval).is_err(), "batch 0");
+    assert!(ring.split(&x, 2).is_err(), "batch does not match the length");
+    assert!(ring.forward_split(&x[..8], 1, Mode::Eval).is_err(), "split rows of the wrong count");
+    // One rank: the whole and split forms are the single-device order on the same weights.
+    let single = OrderedAttention::new(ring.layer.clone(), OrderKind::Hilbert, grid).unwrap();
+    let want = single.forward(&x, 1, 6, Mode::Eval).unwrap();
+    assert!(rel_l2_error(&ring.forward(&x, 1, Mode::Eval).unwrap(), &want) <= 1e-6);
+    assert_eq!(ring.tokens(), &[0, 1, 2, 3, 4, 5]);
+}
