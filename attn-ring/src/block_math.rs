@@ -57,6 +57,32 @@ pub(crate) fn attend_forward<T: Element>(
     attend_block(&m.pat, m.causal, m.scale, d, &qr, &kr, &vr, acc_o, acc_lse)
 }
 
+/// Selected key rows handed to the kernel per call by [`attend_forward_chunked`]: the
+/// kernel packs a call's keys into per-thread scratch, so this bounds that scratch
+/// (about `2 * KEY_ROWS_PER_CALL * d * 4` bytes) whatever the segment length.
+pub(crate) const KEY_ROWS_PER_CALL: usize = 256;
+
+/// [`attend_forward`] over `keys` split into consecutive slices of `rows_per_call` rows
+/// (LSE-merged one after the other: the same result up to rounding, bounded scratch).
+pub(crate) fn attend_forward_chunked<T: Element>(
+    q: Rows<'_, T>,
+    keys: KeyBlock<'_, T>,
+    m: Mask,
+    acc_o: &mut [f32],
+    acc_lse: &mut [f32],
+    rows_per_call: usize,
+) -> Result<()> {
+    let n = keys.pos.len();
+    let step = rows_per_call.max(1);
+    for a in (0..n).step_by(step) {
+        let b = (a + step).min(n);
+        let at = (a * keys.stride).min(keys.k.len()).min(keys.v.len());
+        let part = KeyBlock { pos: &keys.pos[a..b], k: &keys.k[at..], v: &keys.v[at..], stride: keys.stride };
+        attend_forward(q, part, m, acc_o, acc_lse)?;
+    }
+    Ok(())
+}
+
 /// Add the share of `keys` in the gradients: `dq` (like `q`), `dk`/`dv` (like `keys`).
 pub(crate) fn attend_backward<T: Element>(
     q: Rows<'_, T>,

@@ -4,7 +4,7 @@
 use attn_core::error::TensorName;
 use attn_core::{Element, Result, TensorView, TensorViewMut};
 
-use crate::block_math::{KeyBlock, attend_forward};
+use crate::block_math::{KEY_ROWS_PER_CALL, KeyBlock, attend_forward, attend_forward_chunked};
 use crate::comm::Communicator;
 use crate::entry::{Prepared, RingStats, check_out, finish, prepare};
 use crate::local::{Block, Local, RawBlock, mask_of};
@@ -80,16 +80,16 @@ fn forward_direct<T: Element>(
     let (nl, h, d) = (local.rows(), local.heads, local.d);
     let pr = &plan.problem;
     let (mut o, mut l) = (vec![0.0f32; ROW_CHUNK * d], vec![0.0f32; ROW_CHUNK]);
+    let (mut kbuf, mut vbuf) = (Vec::<T>::new(), Vec::<T>::new());
     for b in 0..local.batch {
         for head in 0..h {
             let bh = local.bh(b, head);
             let hp = pr.cfg.head_patterns(pr.heads, head);
-            // This head's received rows, decoded once: (pair, k, v, positions).
+            // This head's received parts: (pair, block, index of the pair in the block).
             let mut parts = Vec::new();
             for (i, ph) in plan.gather_heads.iter().enumerate().filter(|(_, ph)| ph.head == head) {
                 for blk in gathered {
-                    let (k, v) = blk.part::<T>(b, i, d);
-                    parts.push((*ph, k, v, &blk.pos[i]));
+                    parts.push((*ph, blk, i));
                 }
             }
             let scale = hp.out_scale as f32;
@@ -99,12 +99,20 @@ fn forward_direct<T: Element>(
                 o.iter_mut().for_each(|x| *x = 0.0);
                 l.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
                 let q = local.q_rows_range(bh, c0..c1);
+                // Keys go to the kernel KEY_ROWS_PER_CALL selected rows at a time (bounded
+                // kernel scratch); received rows are decoded just as far as each call needs.
                 for &(pattern, pat) in &hp.patterns {
                     let m = mask_of(plan, &PatternHead { pattern, head, pat });
-                    attend_forward(q, local.own_keys(bh), m, o, l)?;
+                    attend_forward_chunked(q, local.own_keys(bh), m, o, l, KEY_ROWS_PER_CALL * pat.r)?;
                 }
-                for (ph, k, v, pos) in &parts {
-                    attend_forward(q, KeyBlock { pos, k, v, stride: d }, mask_of(plan, ph), o, l)?;
+                for &(ph, blk, i) in &parts {
+                    let pos = &blk.pos[i];
+                    for a in (0..pos.len()).step_by(KEY_ROWS_PER_CALL) {
+                        let z = (a + KEY_ROWS_PER_CALL).min(pos.len());
+                        blk.part_rows::<T>(b, i, d, a..z, &mut kbuf, &mut vbuf);
+                        let keys = KeyBlock { pos: &pos[a..z], k: &kbuf, v: &vbuf, stride: d };
+                        attend_forward(q, keys, mask_of(plan, &ph), o, l)?;
+                    }
                 }
                 for i in c0..c1 {
                     let row = out.row_mut(b, i, head);

@@ -204,6 +204,26 @@ impl RawBlock {
         Ok(RawBlock { bytes, pos, offsets })
     }
 
+    /// Decode rows `rows` of the k and v of (batch `b`, pair `i`) into `k` and `v`
+    /// (cleared first), so a caller can walk a long part with small reused buffers.
+    pub fn part_rows<T: Element>(
+        &self,
+        b: usize,
+        i: usize,
+        d: usize,
+        rows: std::ops::Range<usize>,
+        k: &mut Vec<T>,
+        v: &mut Vec<T>,
+    ) {
+        let (es, n) = (d * T::DTYPE.size(), self.pos[i].len() * d * T::DTYPE.size());
+        let at = self.offsets[b * self.pos.len() + i];
+        let (lo, hi) = (rows.start * es, rows.end * es);
+        k.clear();
+        v.clear();
+        get_elems(&self.bytes[at + lo..at + hi], k);
+        get_elems(&self.bytes[at + n + lo..at + n + hi], v);
+    }
+
     /// Decoded k and v rows of (batch `b`, pair `i`).
     pub fn part<T: Element>(&self, b: usize, i: usize, d: usize) -> (Vec<T>, Vec<T>) {
         let n = self.pos[i].len() * d * T::DTYPE.size();
