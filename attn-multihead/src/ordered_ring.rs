@@ -18,6 +18,32 @@
 //!
 //! Weight gradients are per-rank partial sums in both forms; add them up with
 //! [`OrderedRing::all_reduce_grads`].
+//!
+//! ```
+//! use attn_hilbert::{Grid, OrderKind};
+//! use attn_multihead::{Mode, MultiheadConfig, MultiheadWeights, OrderedRing};
+//! use attn_ring::{Layout, Strategy, ThreadComm};
+//! # fn main() -> attn_core::Result<()> {
+//! let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+//! let grid = Grid::new_2d(6, 10)?; // 60 row-major tokens
+//! let x = vec![0.5f32; 60 * 8]; // [batch 1, 60, embed 8], row-major
+//! let outs = std::thread::scope(|s| {
+//!     let ranks: Vec<_> = ThreadComm::world(2)?
+//!         .into_iter()
+//!         .map(|comm| {
+//!             let (cfg, x) = (cfg.clone(), &x);
+//!             s.spawn(move || -> attn_core::Result<Vec<f32>> {
+//!                 let w = MultiheadWeights::magneto(&cfg, 7);
+//!                 let ring = OrderedRing::new(cfg, w, OrderKind::Hilbert, grid, comm, Layout::Contiguous, Strategy::Auto)?;
+//!                 ring.forward(x, 1, Mode::Eval) // the whole row-major output, on every rank
+//!             })
+//!         })
+//!         .collect();
+//!     ranks.into_iter().map(|h| h.join().expect("rank")).collect::<attn_core::Result<Vec<_>>>()
+//! })?;
+//! assert_eq!(outs[0], outs[1]);
+//! # Ok(()) }
+//! ```
 
 use std::ops::Range;
 use std::sync::Arc;
