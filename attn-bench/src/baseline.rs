@@ -86,6 +86,7 @@ mod tests {
             measurements: vec![meas(10.0, 100)],
             capacity: vec![],
             took_s: 0.0,
+            hilbert_orders: None,
         };
         assert!(!compare(&old, &[meas(10.9, 100)], 10.0)[0].regression);
         assert!(compare(&old, &[meas(11.5, 100)], 10.0)[0].regression);

@@ -13,6 +13,7 @@ mod cli;
 mod counting_alloc;
 mod cpu_runner;
 mod gemm_rate;
+mod hilbert_orders;
 mod inputs;
 mod machine;
 mod measure;

@@ -354,6 +354,9 @@ pub fn render(
     if r.capacity.is_empty() {
         let _ = writeln!(o, "| - | - | - | no single-rank or ring measurement to size from | - |");
     }
+    if let Some(h) = &r.hilbert_orders {
+        h.render(&mut o);
+    }
     if let Some(rows) = baseline {
         let _ = writeln!(o, "\n## Against the baseline\n\n{}", baseline::table(rows, threshold));
     }

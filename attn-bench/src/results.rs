@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::capacity::CapacityRow;
 use crate::case::Measurement;
 use crate::gemm_rate::GemmRate;
+use crate::hilbert_orders::HilbertOrders;
 use crate::machine::Machine;
 
 /// How memory was measured; written into every results file and report.
@@ -31,6 +32,9 @@ pub struct RunResults {
     /// Wall-clock seconds the suite took.
     #[serde(default)]
     pub took_s: f64,
+    /// Hilbert order generation and permutation figures.
+    #[serde(default)]
+    pub hilbert_orders: Option<HilbertOrders>,
 }
 
 impl RunResults {

@@ -35,6 +35,11 @@ pub fn run(spec: &CaseSpec, runs: Option<usize>) -> Value {
         "spec": serde_json::to_value(spec).unwrap_or(Value::Null),
         "machine": serde_json::to_value(&machine).unwrap_or(Value::Null),
     });
+    if spec.kind == CaseKind::Hilbert
+        && let Some(h) = crate::hilbert_orders::HilbertOrders::measure(5)
+    {
+        obj["hilbert_orders"] = h.json();
+    }
     if spec.kind == CaseKind::Ring {
         let mut one = spec.clone();
         one.kind = CaseKind::Dilated;

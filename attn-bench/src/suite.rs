@@ -12,6 +12,7 @@ use crate::capacity::{self, CapacityRow};
 use crate::case::{CaseKind, CaseSpec, Measurement};
 use crate::cli::{SuiteOptions, SuiteSize};
 use crate::gemm_rate;
+use crate::hilbert_orders::HilbertOrders;
 use crate::machine::Machine;
 use crate::measure::{self, Repetitions};
 use crate::plots;
@@ -171,6 +172,8 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
         SuiteSize::Default => "default",
         SuiteSize::Full => "full",
     };
+    eprintln!("attn-bench: Hilbert order generation and permutation ...");
+    let hilbert_orders = HilbertOrders::measure(if opts.size == SuiteSize::Quick { 3 } else { 5 });
     let results = RunResults {
         suite: suite.into(),
         threads: opts.threads,
@@ -181,6 +184,7 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
         measurements,
         capacity,
         took_s: started.elapsed().as_secs_f64(),
+        hilbert_orders,
     };
     results.save(&dir.join("results.json"))?;
     let comparisons = old.as_ref().map(|o| baseline::compare(o, &results.measurements, opts.threshold_pct));
