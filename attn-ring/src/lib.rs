@@ -8,7 +8,9 @@
 //! (in-process ranks), `MpiComm` (feature `mpi`) and [`NcclComm`] (feature
 //! `nccl`); [`FaultyComm`] injects faults. Every message is framed (sequence,
 //! length, checksum) and every receive has a timeout, so a fault is a typed
-//! error on every live rank, never a wrong answer or a hang.
+//! error on every live rank, never a wrong answer or a hang. Every call ends in a
+//! two-round completion protocol (per-peer frame-count tables, then verdicts; see
+//! `completion`), so any fault before the last round fails every rank alike.
 // Without MPI/NCCL there is no unsafe code at all; with them, only the
 // `comm::mpi_comm` and `comm::nccl_comm` modules may opt in.
 #![cfg_attr(not(any(feature = "mpi", feature = "nccl")), forbid(unsafe_code))]
