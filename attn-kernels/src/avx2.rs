@@ -161,6 +161,26 @@ mod imp {
         (hsum(sum), j)
     }
 
+    /// `out[j] = mul * f32(h[j])` for the whole groups of 8 of `len` f16 bit patterns
+    /// (F16C, exact), returning the count done.
+    ///
+    /// # Safety
+    /// The CPU supports avx2 and f16c; `h` is valid for `len` reads, `out` for `len` writes.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn f16_to_f32(h: *const u16, len: usize, mul: f32, out: *mut f32) -> usize {
+        let m = _mm256_set1_ps(mul);
+        let mut j = 0;
+        while j + 8 <= len {
+            // SAFETY: j + 8 <= len for both pointers.
+            unsafe {
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(h.add(j).cast()));
+                _mm256_storeu_ps(out.add(j), _mm256_mul_ps(m, x));
+            }
+            j += 8;
+        }
+        j
+    }
+
     /// Largest element of the whole groups of 8, and the count done.
     ///
     /// # Safety
@@ -219,6 +239,33 @@ pub(crate) fn exp2_sub(x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
         return sum + portable::exp2_sub(&mut x[done..], s, sv.map(|v| &v[done..]));
     }
     portable::exp2_sub(x, s, sv)
+}
+
+/// `out[e] = mul * row[e]` (`out` at least as long as `row`), with F16C for f16 rows
+/// where the CPU has it (the conversion is exact: the same bits as `to_f32`). Returns
+/// false, converting nothing, when this path does not apply (other dtypes, no F16C).
+pub(crate) fn f16_row_to_f32<T: attn_core::Element>(row: &[T], mul: f32, out: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<half::f16>() && f16c_supported() {
+        assert!(out.len() >= row.len(), "f16_row_to_f32: out too short");
+        // SAFETY: T is half::f16 (same TypeId), a `#[repr(transparent)]` u16, so the row
+        // is `row.len()` valid u16 values; avx2 and f16c are present; `out` holds
+        // `row.len()` floats (checked above).
+        let done = unsafe { imp::f16_to_f32(row.as_ptr().cast(), row.len(), mul, out.as_mut_ptr()) };
+        for (o, x) in out[done..row.len()].iter_mut().zip(&row[done..]) {
+            *o = mul * x.to_f32();
+        }
+        return true;
+    }
+    let _ = (row, mul, out);
+    false
+}
+
+/// Whether the CPU has AVX2 and F16C (detected once).
+#[cfg(target_arch = "x86_64")]
+fn f16c_supported() -> bool {
+    static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F16C.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c"))
 }
 
 /// Largest element of `x` (AVX2).
