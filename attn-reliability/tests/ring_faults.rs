@@ -147,10 +147,8 @@ fn duplicated_frames_never_give_a_wrong_answer() {
     duplicates(false);
 }
 
-/// Known issue (reported): a duplicated frame is only noticed at the NEXT receive from
-/// that peer, which is often the completion round; the detecting rank fails while the
-/// others have already finished with correct results. Fix: check for pending (extra)
-/// frames from every peer before sending this rank's completion frames.
+/// A duplicate before the final completion round fails every rank; one in the final
+/// round fails the rank that receives it (attn-ring two-round completion).
 #[test]
 fn duplicated_frames_fail_every_rank() {
     duplicates(true);
