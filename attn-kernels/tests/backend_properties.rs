@@ -185,3 +185,25 @@ fn poison_stays_in_the_rows_that_read_it() {
     assert!(hit.0[20 * 8..21 * 8].iter().all(|x| x.is_nan()), "a NaN query gives a NaN output row");
     assert_eq!(bits(&hit.0[..20 * 8]), bits(&clean.0[..20 * 8]));
 }
+
+/// The forward's unit lengths depend on the shape (fewer than 16 units halve them), but
+/// no row's result does: one batch element alone (short units) equals the same element
+/// inside a batch of 8 (long units), bit for bit, both mixings, causal or not.
+#[test]
+fn forward_rows_do_not_depend_on_unit_lengths() {
+    let be = CpuBackend::new(2).unwrap();
+    for (mixing, causal) in [(Mixing::LongNet, true), (Mixing::LongNet, false), (Mixing::HeadGroups, true)] {
+        let cfg = DilatedConfig::builder().segments(&[700, 2048]).dilations(&[1, 3]).mixing(mixing).causal(causal);
+        let cfg = cfg.build().unwrap();
+        let heads = if mixing == Mixing::HeadGroups { 2 } else { 1 };
+        let (one, eight) = (Shape4::new(1, 2100, heads, 24).unwrap(), Shape4::new(8, 2100, heads, 24).unwrap());
+        let x: Vec<Vec<f32>> = (0..3).map(|i| random_vec(40 + i, eight.numel())).collect();
+        let (all, all_lse) = be.forward_vec(&cfg, eight, &x[0], &x[1], &x[2]).unwrap();
+        let (n, l) = (one.numel(), one.lse_len());
+        let b = 5;
+        let part = |v: &Vec<f32>| v[b * n..(b + 1) * n].to_vec();
+        let (single, single_lse) = be.forward_vec(&cfg, one, &part(&x[0]), &part(&x[1]), &part(&x[2])).unwrap();
+        assert!(single == all[b * n..(b + 1) * n], "{mixing:?} causal={causal}: out differs");
+        assert!(single_lse == all_lse[b * l..(b + 1) * l], "{mixing:?} causal={causal}: lse differs");
+    }
+}
