@@ -94,6 +94,8 @@ pub enum AttnError {
     Timeout { rank: usize, peer: usize, timeout_ms: u64 },
     #[error("ranks disagree: {0}")]
     RankDisagreement(String),
+    #[error("attention scores can reach {bound:e}, beyond the f32 range: lower the scale or the input magnitude")]
+    ScoreOverflow { bound: f64 },
     #[error("non-finite value in {tensor} at flat index {index}")]
     NonFinite { tensor: TensorName, index: usize },
     #[error("malformed file: {0}")]

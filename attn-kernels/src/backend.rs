@@ -14,7 +14,7 @@
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, Shape4};
-use attn_core::{TensorView, TensorViewMut};
+use attn_core::{MemoryBudget, TensorView, TensorViewMut};
 use rayon::prelude::*;
 
 use crate::disjoint::DisjointSlice;
@@ -25,11 +25,33 @@ use crate::units::{
     fused_unit, fused_unit_len, fused_units, units,
 };
 
-/// The CPU backend: a thread pool (built once) and the kernel flavour.
+/// The CPU backend: a thread pool (built once), the kernel flavour and a memory budget
+/// for the scratch a call allocates.
 #[derive(Debug)]
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     isa: Isa,
+    budget: MemoryBudget,
+}
+
+/// The largest finite `|x|` of a view (NaN and infinities are left to the kernels, which
+/// confine them to the rows that read them).
+fn max_finite_abs<T: Element>(x: &TensorView<'_, T>) -> f64 {
+    let s = x.shape();
+    let mut m = 0.0f32;
+    for b in 0..s.batch {
+        for t in 0..s.seq {
+            for h in 0..s.heads {
+                for e in x.row(b, t, h) {
+                    let a = e.to_f32().abs();
+                    if a.is_finite() && a > m {
+                        m = a;
+                    }
+                }
+            }
+        }
+    }
+    f64::from(m)
 }
 
 /// Backward work: a query chunk (dq), a key chunk (dk, dv), or (single-pattern heads) a
@@ -75,7 +97,19 @@ impl CpuBackend {
             .thread_name(|i| format!("attn-cpu-{i}"))
             .build()
             .map_err(|e| AttnError::backend("cpu", e))?;
-        Ok(CpuBackend { pool, isa: Isa::detect() })
+        Ok(CpuBackend { pool, isa: Isa::detect(), budget: MemoryBudget::unlimited() })
+    }
+
+    /// Refuse (with [`AttnError::OverBudget`], before allocating anything) any call whose
+    /// scratch ([`CpuBackend::workspace_bytes_cross`]) exceeds `budget`.
+    pub fn with_budget(mut self, budget: MemoryBudget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The memory budget in force.
+    pub fn budget(&self) -> MemoryBudget {
+        self.budget
     }
 
     /// Use another kernel flavour (e.g. [`Isa::Portable`] to compare paths).
@@ -107,13 +141,22 @@ impl CpuBackend {
         k: TensorView<'a, T>,
         v: TensorView<'a, T>,
         cross: bool,
+        backward: bool,
     ) -> Result<Plan<'a, T>> {
         let shape = AttnShape::check(&q.shape().dims(), &k.shape().dims(), &v.shape().dims(), cross)?;
         cfg.validate_heads(shape.q.heads)?;
+        // Before anything is allocated.
+        self.budget.check(self.workspace_bytes_cross(cfg, shape, backward))?;
         let d = shape.q.head_dim;
         let scale = cfg.scale_for(d) as f32;
         if !(scale.is_finite() && scale > 0.0) {
             return Err(AttnError::InvalidScale(cfg.scale_for(d)));
+        }
+        // |scale * q.k| <= scale * d * max|q| * max|k|: refuse calls whose scores could leave
+        // the f32 range instead of returning NaN.
+        let bound = f64::from(scale) * d as f64 * max_finite_abs(&q) * max_finite_abs(&k);
+        if bound > f64::from(f32::MAX) {
+            return Err(AttnError::ScoreOverflow { bound });
         }
         let heads = (0..shape.q.heads).map(|h| cfg.head_patterns(shape.q.heads, h)).collect();
         Ok(Plan { isa: self.isa, causal: cfg.causal(), scale, d, heads, q, k, v })
@@ -162,7 +205,7 @@ impl CpuBackend {
         lse: &mut [f32],
         cross: bool,
     ) -> Result<()> {
-        let plan = self.plan(cfg, q, k, v, cross)?;
+        let plan = self.plan(cfg, q, k, v, cross, false)?;
         let s = q.shape();
         check_same(TensorName::Output, out.shape(), s)?;
         check_len(TensorName::Lse, lse.len(), s.lse_len())?;
@@ -242,7 +285,7 @@ impl CpuBackend {
     ) -> Result<()> {
         let [q, k, v, out, grad_out] = inputs;
         let [mut dq, mut dk, mut dv] = grads_out;
-        let plan = self.plan(cfg, q, k, v, cross)?;
+        let plan = self.plan(cfg, q, k, v, cross, true)?;
         let s = q.shape();
         check_same(TensorName::Output, out.shape(), s)?;
         check_same(TensorName::GradOutput, grad_out.shape(), s)?;

@@ -3,7 +3,7 @@
 //! are exactly zero with `lse = -inf`, and subnormal inputs stay finite and accurate.
 
 use attn_core::reference;
-use attn_core::{AttnShape, DilatedConfig, Element, Mixing, SegmentPattern, Shape4};
+use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Mixing, SegmentPattern, Shape4};
 use attn_kernels::{BlockRows, CpuBackend, attend_block};
 use attn_reliability::readers::{has_keys, row_index};
 use attn_testkit::rng::random_vec;
@@ -107,12 +107,9 @@ fn scores_up_to_the_edge_of_f32_stay_finite() {
     assert!(tried >= 5, "only {tried} magnitudes were below the overflow edge");
 }
 
-/// Known bug (reported; found by the `config_shape` fuzzer with scale 1.4e38): when
-/// `|scale * q.k|` exceeds f32::MAX the CPU forward accepts the call and returns NaN.
-/// It should either refuse it (typed error) or stay finite (subtract the row max of the
-/// raw dot products before applying the scale, so no exponent argument overflows).
+/// Found by the `config_shape` fuzzer (scale 1.4e38): when `|scale * q.k|` can exceed
+/// f32::MAX the CPU backend refuses the call with `ScoreOverflow` instead of returning NaN.
 #[test]
-#[ignore = "known bug: scores beyond f32 range give NaN outputs without an error (attn-kernels CPU forward)"]
 fn scores_beyond_f32_are_refused_or_finite() {
     let s = Shape4::new(1, 16, 1, 4).unwrap();
     let n = s.numel();
@@ -120,7 +117,7 @@ fn scores_beyond_f32_are_refused_or_finite() {
     let cfg = DilatedConfig::builder().segments(&[8]).dilations(&[1]).scale(1e38).build().unwrap();
     assert!(max_score(&cfg, s, &q, &k) > f64::from(f32::MAX), "fixture must overflow f32");
     match cpu().forward_vec(&cfg, s, &q, &k, &v) {
-        Err(e) => eprintln!("refused: {e}"),
+        Err(e) => assert!(matches!(e, AttnError::ScoreOverflow { .. }), "refused with the wrong error: {e}"),
         Ok((out, _)) => assert!(out.iter().all(|x| x.is_finite()), "finite inputs and scale gave NaN/Inf outputs"),
     }
 }

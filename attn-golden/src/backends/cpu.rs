@@ -20,14 +20,14 @@ impl CpuDilated {
 
     fn fwd<T: Element>(&self, cfg: &DilatedConfig, s: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32> {
         let (q, k, v) = (conv::<T>(q), conv::<T>(k), conv::<T>(v));
-        let (out, lse) = self.cpu.forward_vec(cfg, s.q, &q, &k, &v)?;
+        let (out, lse) = self.cpu.forward_cross_vec(cfg, s, &q, &k, &v)?;
         Ok(Forward32 { out: back(&out), lse })
     }
 
     fn bwd<T: Element>(&self, cfg: &DilatedConfig, s: AttnShape, x: [&[f32]; 4]) -> Result<Gradients32> {
         let [q, k, v, go] = x.map(conv::<T>);
-        let (out, lse) = self.cpu.forward_vec(cfg, s.q, &q, &k, &v)?;
-        let (dq, dk, dv) = self.cpu.backward_vec(cfg, s.q, &q, &k, &v, &out, &lse, &go)?;
+        let (out, lse) = self.cpu.forward_cross_vec(cfg, s, &q, &k, &v)?;
+        let (dq, dk, dv) = self.cpu.backward_cross_vec(cfg, s, &q, &k, &v, &out, &lse, &go)?;
         Ok(Gradients32 { dq: back(&dq), dk: back(&dk), dv: back(&dv) })
     }
 }
