@@ -75,10 +75,13 @@ mod tests {
     #[test]
     fn window_sees_a_known_allocation_and_per_thread_slots() {
         let _guard = TEST_WINDOW_LOCK.lock();
+        // Process-wide figures move with other tests' frees running in parallel; this
+        // thread's own slot does not.
         let w = MemoryWindow::start();
         let v = vec![1u8; 3 << 20];
         let r = w.read();
-        assert!(r.peak_bytes >= 3 << 20, "peak {}", r.peak_bytes);
+        let mine = r.slot_peaks.get(my_slot()).copied().unwrap_or(0);
+        assert!(mine >= 3 << 20, "own slot peak {mine}");
         drop(v);
         // A block allocated on one thread and freed on another stays charged to its
         // allocator until freed, and to no one after.
@@ -94,6 +97,5 @@ mod tests {
         drop(got);
         let r = w.read();
         assert!(r.slot_peaks.get(sender).copied().unwrap_or(0) >= 5 << 20, "{:?}", r.slot_peaks);
-        assert!(r.peak_bytes >= 5 << 20);
     }
 }
