@@ -34,9 +34,9 @@ fn split(bytes: &[u8]) -> (String, Vec<u8>) {
 }
 
 /// Both readers reject `bytes` (the weights reader leaving its module untouched), with
-/// no single allocation above `limit` bytes.
+/// no single allocation above `limit` bytes. Callers hold `counting_alloc::exclusive()`
+/// for their whole body, so no other test allocates while this one measures.
 fn both_reject(what: &str, bytes: &[u8], limit: usize) {
-    let _g = counting_alloc::exclusive();
     let pristine = small_weights();
     let (res, m) = measure(|| {
         let golden = GoldenCase::from_bytes("hostile", bytes).err().map(|e| e.to_string());
@@ -58,6 +58,7 @@ fn bound(len: usize) -> usize {
 
 #[test]
 fn huge_declared_shapes_are_refused_without_allocating_them() {
+    let _g = counting_alloc::exclusive();
     let cases = [
         // 2^62 elements declared, 16 bytes present.
         r#"{"q":{"dtype":"F32","shape":[2147483648,2147483648],"data_offsets":[0,16]}}"#,
@@ -81,6 +82,7 @@ fn huge_declared_shapes_are_refused_without_allocating_them() {
 
 #[test]
 fn lying_header_lengths_are_refused() {
+    let _g = counting_alloc::exclusive();
     let good = weights_bytes();
     for claimed in [u64::MAX, u64::MAX / 2, 1 << 40, (good.len() - 7) as u64, 0, 1] {
         let mut b = good.clone();
@@ -98,8 +100,8 @@ fn lying_header_lengths_are_refused() {
 
 #[test]
 fn every_truncation_of_either_file_is_refused() {
+    let _g = counting_alloc::exclusive();
     for (name, bytes) in [("golden", golden_bytes()), ("weights", weights_bytes())] {
-        let _g = counting_alloc::exclusive();
         for cut in (0..bytes.len()).step_by(13).chain([bytes.len() - 1]) {
             let b = &bytes[..cut];
             assert!(GoldenCase::from_bytes("cut", b).is_err(), "{name} cut at {cut}: golden reader accepted it");
@@ -113,6 +115,7 @@ fn every_truncation_of_either_file_is_refused() {
 
 #[test]
 fn wrong_dtypes_are_refused() {
+    let _g = counting_alloc::exclusive();
     let (header, data) = split(&weights_bytes());
     for dt in ["I32", "U32", "I64", "F64", "F16", "U8", "BOOL", "F8_E4M3", "X99"] {
         // Same bytes relabelled: the size no longer matches, or the dtype is not one we read.
@@ -130,6 +133,7 @@ fn wrong_dtypes_are_refused() {
 
 #[test]
 fn weights_with_wrong_names_or_shapes_leave_the_module_unchanged() {
+    let _g = counting_alloc::exclusive();
     let (header, data) = split(&weights_bytes());
     let edits = [
         ("\"q_proj.weight\"", "\"q_proj.weigh\""),   // missing parameter
@@ -137,7 +141,6 @@ fn weights_with_wrong_names_or_shapes_leave_the_module_unchanged() {
         ("\"shape\":[8,8]", "\"shape\":[4,16]"),     // transposed-ish shape, same bytes
         ("\"shape\":[8]", "\"shape\":[2,4]"),        // wrong rank, same bytes
     ];
-    let _g = counting_alloc::exclusive();
     for (from, to) in edits {
         assert!(header.contains(from), "fixture lacks {from}");
         let h = header.replacen(from, to, 1);
