@@ -2,7 +2,8 @@
 
 use std::sync::OnceLock;
 
-/// The kernel flavour: AVX-512, AVX2+FMA (x86-64, detected at run time) or portable Rust.
+/// The kernel flavour: AMX-BF16 + AVX-512, AVX-512, AVX2+FMA (x86-64, detected at run
+/// time) or portable Rust.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
     /// Plain Rust loops; compiles and runs everywhere.
@@ -11,10 +12,13 @@ pub enum Isa {
     Avx2,
     /// AVX-512F FMA kernels (x86-64 only, chosen when the CPU has avx512f).
     Avx512,
+    /// The AVX-512 kernels, plus AMX-BF16 tile products for the bf16 forward (x86-64
+    /// Linux with AMX-TILE and AMX-BF16, once the OS grants the tile state).
+    Amx,
 }
 
 impl Isa {
-    /// The flavour to use, chosen once and cached: `ATTN_CPU_ISA=portable|avx2|avx512` if
+    /// The flavour to use, chosen once and cached: `ATTN_CPU_ISA=portable|avx2|avx512|amx` if
     /// set and supported, else the best flavour this CPU supports.
     pub fn detect() -> Isa {
         static DETECTED: OnceLock<Isa> = OnceLock::new();
@@ -29,7 +33,7 @@ impl Isa {
         Isa::ALL.into_iter().find(|i| i.is_supported()).unwrap_or(Isa::Portable)
     }
 
-    /// Parse `portable`, `avx2` or `avx512`.
+    /// Parse `portable`, `avx2`, `avx512` or `amx`.
     pub fn parse(s: &str) -> Option<Isa> {
         Isa::ALL.into_iter().find(|i| i.as_str().eq_ignore_ascii_case(s.trim()))
     }
@@ -40,17 +44,19 @@ impl Isa {
             Isa::Portable => true,
             Isa::Avx2 => avx2_supported(),
             Isa::Avx512 => avx512_supported(),
+            Isa::Amx => crate::amx::supported(),
         }
     }
 
     /// All flavours, best first.
-    pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Portable];
+    pub const ALL: [Isa; 4] = [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Portable];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
         }
     }
 }

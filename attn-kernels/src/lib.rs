@@ -8,11 +8,15 @@
 //! packing) with the `ops` primitives, which dispatch to `avx512`, `avx2` or `portable`
 //! ([`Isa`], detected once at run time, `ATTN_CPU_ISA` to override).
 //!
-//! Unsafe code lives only in `avx512` and `avx2` (intrinsics behind bounds-checked safe
+//! With AMX-BF16 ([`Isa::Amx`]) the bf16 forward runs its products on the tile unit
+//! (`amx`); everything else uses the AVX-512 kernels.
+//!
+//! Unsafe code lives only in `avx512`, `avx2` and `amx` (intrinsics and tile instructions behind bounds-checked safe
 //! wrappers), `disjoint` (shared output buffer, disjoint rows) and `backend` (the
 //! disjoint row writes of work units).
 #![deny(unsafe_code)]
 
+mod amx;
 mod avx2;
 mod avx512;
 mod backend;

@@ -20,7 +20,7 @@ pub(crate) fn gemm(
     acc: bool,
 ) {
     match isa {
-        Isa::Avx512 => avx512::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc),
+        Isa::Avx512 | Isa::Amx => avx512::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc),
         Isa::Avx2 => avx2::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc),
         Isa::Portable => portable::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc),
     }
@@ -66,7 +66,7 @@ pub(crate) fn gemm_ranges(
 #[inline]
 pub(crate) fn exp2_sub(isa: Isa, x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
     match isa {
-        Isa::Avx512 => avx512::exp2_sub(x, s, sv),
+        Isa::Avx512 | Isa::Amx => avx512::exp2_sub(x, s, sv),
         Isa::Avx2 => avx2::exp2_sub(x, s, sv),
         Isa::Portable => portable::exp2_sub(x, s, sv),
     }
@@ -76,7 +76,7 @@ pub(crate) fn exp2_sub(isa: Isa, x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f
 #[inline]
 pub(crate) fn max(isa: Isa, x: &[f32]) -> f32 {
     match isa {
-        Isa::Avx512 => avx512::max(x),
+        Isa::Avx512 | Isa::Amx => avx512::max(x),
         Isa::Avx2 => avx2::max(x),
         Isa::Portable => portable::max(x),
     }

@@ -11,6 +11,7 @@ use crate::pack::{PieceRows, pack_rows, pack_transposed};
 /// Reusable buffers of the forward kernel (one per worker).
 #[derive(Debug, Default)]
 pub(crate) struct ForwardScratch {
+    amx: crate::amx::AmxScratch,
     kt: Vec<f32>,
     v: Vec<f32>,
     q: Vec<f32>,
@@ -43,6 +44,9 @@ pub(crate) fn forward_piece<T: Element>(
 ) {
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
+        return;
+    }
+    if isa == Isa::Amx && crate::amx::forward_piece(scale, d, causal, q, k, v, &mut ws.amx, out, lse) {
         return;
     }
     let nk = keys_needed(k.pos, causal, q.pos[nq - 1]);
