@@ -47,10 +47,12 @@ pub trait Element: Copy + Send + Sync + Default + PartialEq + std::fmt::Debug + 
     fn from_f32(x: f32) -> Self;
     fn to_f64(self) -> f64;
     fn from_f64(x: f64) -> Self;
+    /// The raw bit pattern, zero-extended (bf16 and f16: the 16 stored bits).
+    fn to_bits(self) -> u64;
 }
 
 macro_rules! impl_element {
-    ($t:ty, $d:expr, $to32:expr, $from32:expr, $to64:expr, $from64:expr) => {
+    ($t:ty, $d:expr, $to32:expr, $from32:expr, $to64:expr, $from64:expr, $bits:expr) => {
         impl Element for $t {
             const DTYPE: DType = $d;
             #[inline(always)]
@@ -69,11 +71,17 @@ macro_rules! impl_element {
             fn from_f64(x: f64) -> Self {
                 $from64(x)
             }
+            #[inline(always)]
+            fn to_bits(self) -> u64 {
+                $bits(self)
+            }
         }
     };
 }
 
-impl_element!(f32, DType::F32, |x| x, |x| x, |x: f32| x as f64, |x: f64| x as f32);
-impl_element!(f64, DType::F64, |x: f64| x as f32, |x: f32| x as f64, |x| x, |x| x);
-impl_element!(f16, DType::F16, f16::to_f32, f16::from_f32, f16::to_f64, f16::from_f64);
-impl_element!(bf16, DType::BF16, bf16::to_f32, bf16::from_f32, bf16::to_f64, bf16::from_f64);
+impl_element!(f32, DType::F32, |x| x, |x| x, |x: f32| x as f64, |x: f64| x as f32, |x: f32| u64::from(x.to_bits()));
+impl_element!(f64, DType::F64, |x: f64| x as f32, |x: f32| x as f64, |x| x, |x| x, f64::to_bits);
+impl_element!(f16, DType::F16, f16::to_f32, f16::from_f32, f16::to_f64, f16::from_f64, |x: f16| u64::from(x.to_bits()));
+impl_element!(bf16, DType::BF16, bf16::to_f32, bf16::from_f32, bf16::to_f64, bf16::from_f64, |x: bf16| u64::from(
+    x.to_bits()
+));

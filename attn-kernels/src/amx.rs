@@ -5,8 +5,7 @@
 //!
 //! Precision: products of bf16 values are exact in f32 and summed in f32, as in the
 //! f32 kernel; the probabilities are rounded to bf16 for `p·v` (as GPU flash attention
-//! does) and the output is normalised by the sum of the rounded probabilities, so each
-//! output row stays a convex combination of value rows. The LSE uses the unrounded sum.
+//! does); the normalising sum and the LSE use the unrounded probabilities.
 //!
 //! Unsafe: the tile instructions (inline assembly on pointers into this module's own
 //! scratch buffers, sized before use) and the AVX-512 softmax rows.
@@ -25,7 +24,7 @@ const KC: usize = 32;
 /// u16 elements of one 16 x 64-byte tile.
 const TILE: usize = 512;
 
-/// Whether the CPU has AMX-TILE, AMX-BF16 and AVX-512F and the OS lets this process use
+/// Whether the CPU has AMX-TILE, AMX-BF16, AVX-512F and AVX512-BF16 and the OS lets this process use
 /// the tile registers (Linux `arch_prctl(ARCH_REQ_XCOMP_PERM)`); asked once.
 pub(crate) fn supported() -> bool {
     static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -43,15 +42,23 @@ pub(crate) struct AmxScratch {
     o: Vec<f32>,
 }
 
-/// bf16 bits of an element known to be bf16 (`to_f32` of a bf16 is exact).
+/// The 16 stored bits of an element known to be bf16.
 #[inline(always)]
 fn bits<T: Element>(x: T) -> u16 {
-    (x.to_f32().to_bits() >> 16) as u16
+    x.to_bits() as u16
 }
 
-/// Whether every value of the rows is finite (bf16 exponent not all ones).
+/// Whether every value of the rows is finite: a bf16 is NaN or infinite exactly when
+/// its exponent bits are all ones, i.e. when `(bits & 0x7f80) + 0x80` reaches bit 15
+/// (an OR over the rows, which the compiler vectorises).
 fn all_finite<T: Element>(rows: &PieceRows<'_, T>, n: usize, d: usize) -> bool {
-    (0..n).all(|i| rows.row(i, d).iter().fold(true, |ok, &x| ok & (bits(x) & 0x7f80 != 0x7f80)))
+    let mut acc = 0u16;
+    for i in 0..n {
+        for &x in rows.row(i, d) {
+            acc |= nonfinite_flag(bits(x));
+        }
+    }
+    acc & 0x8000 == 0
 }
 
 /// The AMX forward of a bf16 piece, with [`crate::tile_forward::forward_piece`]'s
@@ -70,17 +77,16 @@ pub(crate) fn forward_piece<T: Element>(
     lse: &mut [f32],
 ) -> bool {
     let nq = q.len();
-    if T::DTYPE != DType::BF16 || !supported() || nq == 0 {
+    // The softmax scales after the maximum (needs c2 > 0, which validation ensures).
+    if T::DTYPE != DType::BF16 || !supported() || nq == 0 || scale.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
         return false;
     }
     let nk = crate::tile_forward::keys_needed(k.pos, causal, q.pos[nq - 1]);
-    if !(all_finite(q, nq, d) && all_finite(k, nk, d) && all_finite(v, nk, d)) {
+    let g = Geometry::new(d, nk);
+    if !(all_finite(q, nq, d) && pack_keys(k, nk, d, &g, &mut ws.kb) && pack_values(v, nk, d, &g, &mut ws.vb)) {
         return false;
     }
     assert!(out.len() >= nq * d && lse.len() >= nq, "amx forward: output too short");
-    let g = Geometry::new(d, nk);
-    pack_keys(k, nk, d, &g, &mut ws.kb);
-    pack_values(v, nk, d, &g, &mut ws.vb);
     ws.q.resize(QB * g.dq, 0);
     ws.s.resize(QB * KS, 0.0);
     ws.p.resize(QB * KS, 0);
@@ -100,7 +106,9 @@ pub(crate) fn forward_piece<T: Element>(
             }
             let qpos = &q.pos[q0..q0 + qn];
             let mut rows = [RowState::default(); QB];
+            let mut corr = [1.0f32; QB];
             ws.o.fill(0.0);
+            imp::load_output(&g, &ws.o);
             for t in 0..g.steps {
                 let k0 = t * KS;
                 let kn = (nk - k0).min(KS);
@@ -108,7 +116,7 @@ pub(crate) fn forward_piece<T: Element>(
                 if causal && kpos[0] > qpos[qn - 1] {
                     break;
                 }
-                imp::scores(&g, t, &ws.q, &ws.kb, &mut ws.s);
+                imp::scores(&g, t, kn, &ws.q, &ws.kb, &mut ws.s);
                 for (i, row) in rows.iter_mut().enumerate() {
                     let vis = if i >= qn {
                         0
@@ -118,23 +126,29 @@ pub(crate) fn forward_piece<T: Element>(
                         kn
                     };
                     let p = &mut ws.p[i * KS..(i + 1) * KS];
-                    let corr = imp::softmax_row(&ws.s[i * KS..(i + 1) * KS], vis, c2, row, p);
-                    if corr != 1.0 {
-                        ws.o[i * g.dv..(i + 1) * g.dv].iter_mut().for_each(|x| *x *= corr);
-                    }
+                    corr[i] = imp::softmax_row(&ws.s[i * KS..(i + 1) * KS], vis, c2, row, p);
                 }
-                let chunks = kn.div_ceil(KC);
-                imp::values(&g, t, chunks, &ws.p, &ws.vb, &mut ws.o);
+                if corr.iter().any(|&c| c != 1.0) {
+                    // Rare (lazy rescaling): bring the accumulator out, scale its rows.
+                    imp::store_output(&g, &mut ws.o);
+                    for (i, &c) in corr.iter().enumerate() {
+                        ws.o[i * g.dv..(i + 1) * g.dv].iter_mut().for_each(|x| *x *= c);
+                    }
+                    imp::load_output(&g, &ws.o);
+                }
+                imp::values(&g, t, kn.div_ceil(KC), &ws.p, &ws.vb, &mut ws.o);
             }
+            imp::store_output(&g, &mut ws.o);
             for (i, row) in rows.iter().enumerate().take(qn) {
                 let dst = &mut out[(q0 + i) * d..(q0 + i + 1) * d];
-                if row.l_rounded == 0.0 {
+                let l = row.sum();
+                if l == 0.0 {
                     dst.fill(0.0);
                     lse[q0 + i] = f32::NEG_INFINITY;
                 } else {
-                    let inv = 1.0 / row.l_rounded;
+                    let inv = 1.0 / l;
                     dst.iter_mut().zip(&ws.o[i * g.dv..]).for_each(|(a, b)| *a = b * inv);
-                    lse[q0 + i] = (row.m + row.l.log2()) * std::f32::consts::LN_2;
+                    lse[q0 + i] = (row.m + l.log2()) * std::f32::consts::LN_2;
                 }
             }
         }
@@ -145,18 +159,29 @@ pub(crate) fn forward_piece<T: Element>(
 /// Online-softmax state of one query row (base 2, scores already scaled).
 #[derive(Debug, Clone, Copy)]
 struct RowState {
+    /// Running maximum (moved lazily, see `LAZY_RESCALE`).
     m: f32,
-    /// Sum of the unrounded probabilities (for the LSE).
-    l: f32,
-    /// Sum of the bf16-rounded probabilities that `p·v` used (for the output).
-    l_rounded: f32,
+    /// Lane-wise partial sums of the probabilities (before their rounding to bf16).
+    l: [f32; 16],
 }
 
 impl Default for RowState {
     fn default() -> Self {
-        RowState { m: f32::NEG_INFINITY, l: 0.0, l_rounded: 0.0 }
+        RowState { m: f32::NEG_INFINITY, l: [0.0; 16] }
     }
 }
+
+impl RowState {
+    /// The row's probability sum (fixed summation order).
+    fn sum(&self) -> f32 {
+        self.l.iter().sum()
+    }
+}
+
+/// How far (log2) a score may pass the running maximum before the row is rescaled:
+/// probabilities stay below `2^LAZY_RESCALE`, far inside f32 and bf16 range, and most
+/// steps need no rescaling of the output accumulator.
+const LAZY_RESCALE: f32 = 8.0;
 
 /// Padded sizes of one piece.
 #[derive(Debug, Clone, Copy)]
@@ -191,31 +216,56 @@ impl Geometry {
     }
 }
 
+/// `(bits & 0x7f80) + 0x80`: bit 15 is set exactly when the bf16 is NaN or infinite.
+#[inline(always)]
+fn nonfinite_flag(b: u16) -> u16 {
+    (b & 0x7f80) + 0x80
+}
+
 /// Keys in the tile unit's pair layout: tile (t, c, g) row `p`, column `2j + s` holds
-/// `k[t*64 + g*16 + j][c*32 + 2p + s]` (zero past `nk` or `d`).
-fn pack_keys<T: Element>(k: &PieceRows<'_, T>, nk: usize, d: usize, g: &Geometry, dst: &mut Vec<u16>) {
+/// `k[t*64 + g*16 + j][c*32 + 2p + s]` (zero past `nk` or `d`). Returns whether every
+/// packed value is finite.
+fn pack_keys<T: Element>(k: &PieceRows<'_, T>, nk: usize, d: usize, g: &Geometry, dst: &mut Vec<u16>) -> bool {
     dst.clear();
     dst.resize(g.steps * g.qc() * 4 * TILE, 0);
+    let mut flags = 0u16;
     for key in 0..nk {
         let (t, g16, j) = (key / KS, (key % KS) / 16, key % 16);
-        for (e, &x) in k.row(key, d).iter().enumerate() {
-            let (c, p, s) = (e / KC, (e % KC) / 2, e % 2);
-            dst[g.k_tile(t, c, g16) + p * 32 + j * 2 + s] = bits(x);
+        let row = k.row(key, d);
+        for (c, chunk) in row.chunks(KC).enumerate() {
+            let tile = &mut dst[g.k_tile(t, c, g16) + j * 2..];
+            for (p, pair) in chunk.chunks(2).enumerate() {
+                for (s, &x) in pair.iter().enumerate() {
+                    let b = bits(x);
+                    flags |= nonfinite_flag(b);
+                    tile[p * 32 + s] = b;
+                }
+            }
         }
     }
+    flags & 0x8000 == 0
 }
 
 /// Values in the pair layout: tile (t, kc, e) row `p`, column `2j + s` holds
-/// `v[t*64 + kc*32 + 2p + s][e*16 + j]` (zero past `nk` or `d`).
-fn pack_values<T: Element>(v: &PieceRows<'_, T>, nk: usize, d: usize, g: &Geometry, dst: &mut Vec<u16>) {
+/// `v[t*64 + kc*32 + 2p + s][e*16 + j]` (zero past `nk` or `d`). Returns whether every
+/// packed value is finite.
+fn pack_values<T: Element>(v: &PieceRows<'_, T>, nk: usize, d: usize, g: &Geometry, dst: &mut Vec<u16>) -> bool {
     dst.clear();
     dst.resize(g.steps * 2 * g.ne() * TILE, 0);
+    let mut flags = 0u16;
     for key in 0..nk {
         let (t, kc, p, s) = (key / KS, (key % KS) / KC, (key % KC) / 2, key % 2);
-        for (col, &x) in v.row(key, d).iter().enumerate() {
-            dst[g.v_tile(t, kc, col / 16) + p * 32 + (col % 16) * 2 + s] = bits(x);
+        let row = v.row(key, d);
+        for (e, cols) in row.chunks(16).enumerate() {
+            let tile = &mut dst[g.v_tile(t, kc, e) + p * 32 + s..];
+            for (j, &x) in cols.iter().enumerate() {
+                let b = bits(x);
+                flags |= nonfinite_flag(b);
+                tile[2 * j] = b;
+            }
         }
     }
+    flags & 0x8000 == 0
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -224,12 +274,11 @@ mod imp {
     use std::arch::x86_64::*;
 
     use super::{Geometry, KC, KS, QB, RowState, TILE};
-    use crate::portable::EXP2_POLY;
 
     pub(super) fn detect() -> bool {
         const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
         const XFEATURE_XTILEDATA: libc::c_long = 18;
-        if !std::arch::is_x86_feature_detected!("avx512f") {
+        if !(std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bf16")) {
             return false;
         }
         // CPUID leaf 7, sub-leaf 0, EDX: bit 22 AMX-BF16, bit 24 AMX-TILE.
@@ -266,7 +315,7 @@ mod imp {
         r
     }
 
-    /// `tmm{t} = 0` for the four accumulator tiles.
+    /// `tmm{t} = 0` (accumulator tiles 0-3 and 6-7).
     ///
     /// # Safety
     /// Tiles are configured on this thread.
@@ -277,12 +326,14 @@ mod imp {
                 0 => asm!("tilezero tmm0", options(nostack, nomem)),
                 1 => asm!("tilezero tmm1", options(nostack, nomem)),
                 2 => asm!("tilezero tmm2", options(nostack, nomem)),
-                _ => asm!("tilezero tmm3", options(nostack, nomem)),
+                3 => asm!("tilezero tmm3", options(nostack, nomem)),
+                6 => asm!("tilezero tmm6", options(nostack, nomem)),
+                _ => asm!("tilezero tmm7", options(nostack, nomem)),
             }
         }
     }
 
-    /// Load accumulator tile `t` (16 rows of 16 f32, row stride `stride` bytes).
+    /// Load accumulator tile `t` (0-3): 16 rows of 16 f32 at row stride `stride` bytes.
     ///
     /// # Safety
     /// Tiles are configured; `p + r*stride .. + 64` is readable for r < 16.
@@ -306,7 +357,7 @@ mod imp {
         }
     }
 
-    /// Store accumulator tile `t`.
+    /// Store accumulator tile `t` (0-3 and 6-7).
     ///
     /// # Safety
     /// Tiles are configured; `p + r*stride .. + 64` is writable for r < 16.
@@ -317,78 +368,121 @@ mod imp {
                 0 => asm!("tilestored [{p} + {s}*1], tmm0", p = in(reg) p, s = in(reg) stride, options(nostack)),
                 1 => asm!("tilestored [{p} + {s}*1], tmm1", p = in(reg) p, s = in(reg) stride, options(nostack)),
                 2 => asm!("tilestored [{p} + {s}*1], tmm2", p = in(reg) p, s = in(reg) stride, options(nostack)),
-                _ => asm!("tilestored [{p} + {s}*1], tmm3", p = in(reg) p, s = in(reg) stride, options(nostack)),
+                3 => asm!("tilestored [{p} + {s}*1], tmm3", p = in(reg) p, s = in(reg) stride, options(nostack)),
+                6 => asm!("tilestored [{p} + {s}*1], tmm6", p = in(reg) p, s = in(reg) stride, options(nostack)),
+                _ => asm!("tilestored [{p} + {s}*1], tmm7", p = in(reg) p, s = in(reg) stride, options(nostack)),
             }
         }
     }
 
-    /// Load the left operand (tmm4) and the right operand (tmm5, 64-byte rows), then
-    /// `tmm{t} += tmm4 · tmm5` in bf16 pairs with f32 accumulation.
+    /// Load the left operand tile (tmm4): 16 rows of 64 bytes at stride `lda` bytes.
     ///
     /// # Safety
-    /// Tiles are configured; `a + r*lda .. + 64` and `b .. + 1024` are readable (r < 16).
-    unsafe fn dot(t: usize, a: *const u16, lda: usize, b: *const u16) {
+    /// Tiles are configured; `a + r*lda .. + 64` is readable for r < 16.
+    unsafe fn load_a(a: *const u16, lda: usize) {
+        // SAFETY: by the function contract.
+        unsafe { asm!("tileloadd tmm4, [{a} + {s}*1]", a = in(reg) a, s = in(reg) lda, options(nostack, readonly)) };
+    }
+
+    /// Load the right operand (tmm5, 16 rows of 64 bytes, contiguous), then
+    /// `tmm{t} += tmm4 · tmm5` (t in 0-3, 6-7) in bf16 pairs with f32 accumulation.
+    ///
+    /// # Safety
+    /// Tiles are configured and tmm4 loaded; `b .. + 1024` is readable.
+    unsafe fn dot(t: usize, b: *const u16) {
         // SAFETY: by the function contract.
         unsafe {
-            asm!(
-                "tileloadd tmm4, [{a} + {s}*1]",
-                "tileloadd tmm5, [{b} + {w}*1]",
-                a = in(reg) a, s = in(reg) lda, b = in(reg) b, w = in(reg) 64usize,
-                options(nostack, readonly)
-            );
+            asm!("tileloadd tmm5, [{b} + {w}*1]", b = in(reg) b, w = in(reg) 64usize, options(nostack, readonly));
             match t {
                 0 => asm!("tdpbf16ps tmm0, tmm4, tmm5", options(nostack, nomem)),
                 1 => asm!("tdpbf16ps tmm1, tmm4, tmm5", options(nostack, nomem)),
                 2 => asm!("tdpbf16ps tmm2, tmm4, tmm5", options(nostack, nomem)),
-                _ => asm!("tdpbf16ps tmm3, tmm4, tmm5", options(nostack, nomem)),
+                3 => asm!("tdpbf16ps tmm3, tmm4, tmm5", options(nostack, nomem)),
+                6 => asm!("tdpbf16ps tmm6, tmm4, tmm5", options(nostack, nomem)),
+                _ => asm!("tdpbf16ps tmm7, tmm4, tmm5", options(nostack, nomem)),
             }
         }
     }
 
-    /// Scores of key step `t`: `s[16 x 64] = q[16 x dq] · k_tᵀ` (raw dot products).
-    pub(super) fn scores(g: &Geometry, t: usize, q: &[u16], kb: &[u16], s: &mut [f32]) {
+    /// Whether the output accumulator lives in tiles 0-3 for the whole query block
+    /// (`d <= 64`); wider heads keep it in memory and pass it through the tiles per step.
+    fn resident(g: &Geometry) -> bool {
+        g.ne() <= 4
+    }
+
+    /// Load the output accumulator `o[16 x dv]` into tiles 0-3 (resident layout only).
+    pub(super) fn load_output(g: &Geometry, o: &[f32]) {
+        assert!(o.len() >= QB * g.dv, "amx output: buffer too short");
+        if resident(g) {
+            for j in 0..g.ne() {
+                // SAFETY: tiles are configured; rows r < 16 at stride 4*dv bytes hold the
+                // 64 bytes from column 16*j < dv, inside `o` (checked above).
+                unsafe { load_acc(j, o.as_ptr().add(j * 16), g.dv * 4) };
+            }
+        }
+    }
+
+    /// Store tiles 0-3 back to the output accumulator (resident layout only).
+    pub(super) fn store_output(g: &Geometry, o: &mut [f32]) {
+        assert!(o.len() >= QB * g.dv, "amx output: buffer too short");
+        if resident(g) {
+            for j in 0..g.ne() {
+                // SAFETY: as in `load_output`, writable.
+                unsafe { store_acc(j, o.as_mut_ptr().add(j * 16), g.dv * 4) };
+            }
+        }
+    }
+
+    /// Scores of key step `t` (its first `kn` keys): `s[16 x 64] = q[16 x dq] · k_tᵀ`
+    /// (raw dot products), in two halves of 32 keys through tiles 6-7.
+    pub(super) fn scores(g: &Geometry, t: usize, kn: usize, q: &[u16], kb: &[u16], s: &mut [f32]) {
         assert!(q.len() >= QB * g.dq && s.len() >= QB * KS, "amx scores: buffers too short");
         assert!(kb.len() >= g.k_tile(t, g.qc() - 1, 3) + TILE, "amx scores: keys too short");
         // SAFETY: tiles are configured (we run inside `with_tiles`); every address is
         // inside the slices checked above: q rows r < 16 at stride 2*dq bytes with 64
         // bytes from column c*32 < dq, key tiles of 1024 bytes, score rows of 256 bytes.
         unsafe {
-            for j in 0..4 {
-                zero(j);
-            }
-            for c in 0..g.qc() {
-                let a = q.as_ptr().add(c * KC);
-                for j in 0..4 {
-                    dot(j, a, g.dq * 2, kb.as_ptr().add(g.k_tile(t, c, j)));
+            for half in 0..kn.div_ceil(KC) {
+                zero(6);
+                zero(7);
+                for c in 0..g.qc() {
+                    load_a(q.as_ptr().add(c * KC), g.dq * 2);
+                    dot(6, kb.as_ptr().add(g.k_tile(t, c, 2 * half)));
+                    dot(7, kb.as_ptr().add(g.k_tile(t, c, 2 * half + 1)));
                 }
-            }
-            for j in 0..4 {
-                store_acc(j, s.as_mut_ptr().add(j * 16), KS * 4);
+                store_acc(6, s.as_mut_ptr().add(half * KC), KS * 4);
+                store_acc(7, s.as_mut_ptr().add(half * KC + 16), KS * 4);
             }
         }
     }
 
-    /// `o[16 x dv] += p[16 x 64] · v_t` over the step's first `chunks` 32-key chunks.
+    /// `o[16 x dv] += p[16 x 64] · v_t` over the step's first `chunks` 32-key chunks:
+    /// into the resident tiles 0-3, or through them from memory for wide heads.
     pub(super) fn values(g: &Geometry, t: usize, chunks: usize, p: &[u16], vb: &[u16], o: &mut [f32]) {
         assert!(p.len() >= QB * KS && o.len() >= QB * g.dv, "amx values: buffers too short");
         assert!(chunks <= 2 && vb.len() >= g.v_tile(t, 1, g.ne() - 1) + TILE, "amx values: values too short");
+        let resident = resident(g);
         for e0 in (0..g.ne()).step_by(4) {
             let n = (g.ne() - e0).min(4);
             // SAFETY: tiles are configured; o rows r < 16 at stride 4*dv bytes hold the 64
             // bytes from column (e0+j)*16 < dv; p rows at stride 128 bytes hold 64 bytes
             // from column kc*32 < 64; value tiles are 1024 bytes inside `vb`.
             unsafe {
-                for j in 0..n {
-                    load_acc(j, o.as_ptr().add((e0 + j) * 16), g.dv * 4);
-                }
-                for kc in 0..chunks {
-                    let a = p.as_ptr().add(kc * KC);
+                if !resident {
                     for j in 0..n {
-                        dot(j, a, KS * 2, vb.as_ptr().add(g.v_tile(t, kc, e0 + j)));
+                        load_acc(j, o.as_ptr().add((e0 + j) * 16), g.dv * 4);
                     }
                 }
-                for j in 0..n {
-                    store_acc(j, o.as_mut_ptr().add((e0 + j) * 16), g.dv * 4);
+                for kc in 0..chunks {
+                    load_a(p.as_ptr().add(kc * KC), KS * 2);
+                    for j in 0..n {
+                        dot(j, vb.as_ptr().add(g.v_tile(t, kc, e0 + j)));
+                    }
+                }
+                if !resident {
+                    for j in 0..n {
+                        store_acc(j, o.as_mut_ptr().add((e0 + j) * 16), g.dv * 4);
+                    }
                 }
             }
         }
@@ -399,25 +493,30 @@ mod imp {
     /// row's output accumulator must be multiplied by.
     pub(super) fn softmax_row(s: &[f32], vis: usize, c2: f32, st: &mut RowState, p: &mut [u16]) -> f32 {
         assert!(s.len() >= KS && p.len() >= KS && vis <= KS, "amx softmax: row too short");
-        // SAFETY: AVX-512F is present (part of `supported()`); the slices hold KS values.
+        // SAFETY: AVX-512F and AVX512-BF16 are present (part of `supported()`); the slices
+        // hold KS values.
         unsafe { softmax_row_avx512(s.as_ptr(), vis, c2, st, p.as_mut_ptr()) }
     }
 
+    /// `2^x` for `x <= LAZY_RESCALE` (degree-5 Taylor polynomial on the fraction: relative
+    /// error below 3e-6, far under the bf16 rounding of the probabilities); 0 below -150.
     #[target_feature(enable = "avx512f")]
     fn exp2_vec(x: __m512) -> __m512 {
+        const C: [f32; 6] = [1.333_355_8e-3, 9.618_129e-3, 5.550_411e-2, 0.240_226_5, std::f32::consts::LN_2, 1.0];
         let x = _mm512_max_ps(_mm512_set1_ps(-150.0), x);
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm512_sub_ps(x, n);
-        let mut p = _mm512_set1_ps(EXP2_POLY[0]);
-        for c in EXP2_POLY[1..].iter().copied() {
+        let mut p = _mm512_set1_ps(C[0]);
+        for c in C[1..].iter().copied() {
             p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
         }
         _mm512_scalef_ps(p, n)
     }
 
     /// # Safety
-    /// AVX-512F is present; `s` readable and `p` writable for `KS` elements; `vis <= KS`.
-    #[target_feature(enable = "avx512f")]
+    /// AVX-512F and AVX512-BF16 are present; `s` readable and `p` writable for `KS`
+    /// elements; `vis <= KS`.
+    #[target_feature(enable = "avx512f,avx512bf16")]
     unsafe fn softmax_row_avx512(s: *const f32, vis: usize, c2: f32, st: &mut RowState, p: *mut u16) -> f32 {
         const V: usize = KS / 16;
         let lane_mask = |v: usize| -> __mmask16 {
@@ -431,43 +530,55 @@ mod imp {
             }
         };
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-        let scale = _mm512_set1_ps(c2);
+        // Raw scores, -inf past `vis`; scaled later (c2 > 0, so max(c2 x) = c2 max(x)).
         let mut x = [ninf; V];
         let mut mx = ninf;
         for (v, xv) in x.iter_mut().enumerate() {
-            let mask = lane_mask(v);
             // SAFETY: lanes below KS, inside `s`.
-            let raw = unsafe { _mm512_maskz_loadu_ps(mask, s.add(16 * v)) };
-            *xv = _mm512_mask_mul_ps(ninf, mask, raw, scale);
+            *xv = unsafe { _mm512_mask_loadu_ps(ninf, lane_mask(v), s.add(16 * v)) };
             mx = _mm512_max_ps(mx, *xv);
         }
-        let m_new = st.m.max(_mm512_reduce_max_ps(mx));
-        if m_new == f32::NEG_INFINITY {
-            for v in 0..V {
-                // SAFETY: 16 u16 lanes below KS, inside `p`.
-                unsafe { _mm256_storeu_si256(p.add(16 * v).cast(), _mm256_setzero_si256()) };
+        // Lazy rescaling: the running maximum moves only on the first visible key or when
+        // a score passes it by more than LAZY_RESCALE, so `exp2(c2 x - m) <= 2^LAZY`; the
+        // common case needs no horizontal maximum.
+        let mut corr = 1.0;
+        let limit = if st.m == f32::NEG_INFINITY { f32::NEG_INFINITY } else { (st.m + super::LAZY_RESCALE) / c2 };
+        if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mx, _mm512_set1_ps(limit)) != 0 {
+            let step_max = c2 * _mm512_reduce_max_ps(mx);
+            if st.m != f32::NEG_INFINITY {
+                corr = crate::portable::exp2(st.m - step_max);
+            }
+            st.m = step_max;
+        }
+        if st.m == f32::NEG_INFINITY {
+            // Nothing visible yet: no probabilities.
+            for v in 0..V / 2 {
+                // SAFETY: 32 u16 lanes below KS, inside `p`.
+                unsafe { _mm512_storeu_si512(p.add(32 * v).cast(), _mm512_setzero_si512()) };
             }
             return 1.0;
         }
-        let corr = if st.m == m_new { 1.0 } else { crate::portable::exp2(st.m - m_new) };
-        let sub = _mm512_set1_ps(m_new);
-        let (mut sum, mut sum_rounded) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let round = _mm512_set1_epi32(0x7fff);
-        let one = _mm512_set1_epi32(1);
-        for (v, xv) in x.iter().enumerate() {
-            let e = _mm512_maskz_mov_ps(lane_mask(v), exp2_vec(_mm512_sub_ps(*xv, sub)));
-            sum = _mm512_add_ps(sum, e);
-            // Round to nearest even bf16 (e is finite and non-negative).
-            let b = _mm512_castps_si512(e);
-            let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), one);
-            let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(round, lsb)));
-            sum_rounded = _mm512_add_ps(sum_rounded, _mm512_castsi512_ps(_mm512_slli_epi32::<16>(r)));
-            // SAFETY: 16 u16 lanes below KS, inside `p`.
-            unsafe { _mm256_storeu_si256(p.add(16 * v).cast(), _mm512_cvtepi32_epi16(r)) };
+        let (scale, neg_m) = (_mm512_set1_ps(c2), _mm512_set1_ps(-st.m));
+        let mut sum = _mm512_setzero_ps();
+        let mut e = [_mm512_setzero_ps(); V];
+        for (ev, xv) in e.iter_mut().zip(&x) {
+            // exp2(-inf) underflows to exactly 0 for the masked lanes.
+            *ev = exp2_vec(_mm512_fmadd_ps(*xv, scale, neg_m));
+            sum = _mm512_add_ps(sum, *ev);
         }
-        st.l = st.l * corr + _mm512_reduce_add_ps(sum);
-        st.l_rounded = st.l_rounded * corr + _mm512_reduce_add_ps(sum_rounded);
-        st.m = m_new;
+        for v in 0..V / 2 {
+            // Round to nearest even bf16: lanes 0-15 from e[2v], 16-31 from e[2v+1].
+            let pair = _mm512_cvtne2ps_pbh(e[2 * v + 1], e[2 * v]);
+            // SAFETY: __m512bh and __m512i are both 64 plain bytes.
+            let bitsv: __m512i = unsafe { std::mem::transmute(pair) };
+            // SAFETY: 32 u16 lanes below KS, inside `p`.
+            unsafe { _mm512_storeu_si512(p.add(32 * v).cast(), bitsv) };
+        }
+        // SAFETY: `st.l` holds 16 f32.
+        let l = unsafe { _mm512_loadu_ps(st.l.as_ptr()) };
+        let l = _mm512_fmadd_ps(l, _mm512_set1_ps(corr), sum);
+        // SAFETY: as above.
+        unsafe { _mm512_storeu_ps(st.l.as_mut_ptr(), l) };
         corr
     }
 }
@@ -482,7 +593,9 @@ mod imp {
     pub(super) fn with_tiles<R>(_f: impl FnOnce() -> R) -> R {
         unreachable!("AMX is never reported as supported on this target")
     }
-    pub(super) fn scores(_: &Geometry, _: usize, _: &[u16], _: &[u16], _: &mut [f32]) {}
+    pub(super) fn scores(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u16], _: &mut [f32]) {}
+    pub(super) fn load_output(_: &Geometry, _: &[f32]) {}
+    pub(super) fn store_output(_: &Geometry, _: &mut [f32]) {}
     pub(super) fn values(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u16], _: &mut [f32]) {}
     pub(super) fn softmax_row(_: &[f32], _: usize, _: f32, _: &mut RowState, _: &mut [u16]) -> f32 {
         1.0

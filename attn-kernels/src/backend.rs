@@ -13,7 +13,7 @@
 #![allow(unsafe_code)]
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, Shape4};
+use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Element, Result, Shape4};
 use attn_core::{MemoryBudget, TensorView, TensorViewMut};
 use rayon::prelude::*;
 
@@ -36,22 +36,56 @@ pub struct CpuBackend {
 
 /// The largest finite `|x|` of a view (NaN and infinities are left to the kernels, which
 /// confine them to the rows that read them).
-fn max_finite_abs<T: Element>(x: &TensorView<'_, T>) -> f64 {
-    let s = x.shape();
-    let mut m = 0.0f32;
-    for b in 0..s.batch {
-        for t in 0..s.seq {
-            for h in 0..s.heads {
-                for e in x.row(b, t, h) {
-                    let a = e.to_f32().abs();
-                    if a.is_finite() && a > m {
-                        m = a;
-                    }
-                }
-            }
+fn max_finite_abs<T: Element>(pool: &rayon::ThreadPool, x: &TensorView<'_, T>) -> f64 {
+    // For f32, f16 and bf16, |x| orders like the bits without the sign, and the finite
+    // values are exactly those below the infinity pattern: a u32 maximum the compiler
+    // vectorises. f64 (the reference's type, rarely run here) compares as f64.
+    let (abs_mask, inf) = match T::DTYPE {
+        DType::F32 => (0x7fff_ffffu32, 0x7f80_0000u32),
+        DType::F16 => (0x7fff, 0x7c00),
+        DType::BF16 => (0x7fff, 0x7f80),
+        DType::F64 => {
+            let m = (0..x.shape().batch * x.shape().seq)
+                .flat_map(|r| (0..x.shape().heads).map(move |h| (r, h)))
+                .flat_map(|(r, h)| x.row(r / x.shape().seq, r % x.shape().seq, h))
+                .map(|e| e.to_f64().abs())
+                .filter(|a| a.is_finite())
+                .fold(0.0, f64::max);
+            return m;
         }
+    };
+    let lanes = |row: &[T], acc: &mut [u32; 16]| {
+        let mut chunks = row.chunks_exact(16);
+        let step = |acc: &mut [u32; 16], c: &[T]| {
+            for (a, e) in acc.iter_mut().zip(c) {
+                let b = (e.to_bits() as u32) & abs_mask;
+                *a = if b < inf && b > *a { b } else { *a };
+            }
+        };
+        for c in &mut chunks {
+            step(acc, c);
+        }
+        step(acc, chunks.remainder());
+    };
+    let s = x.shape();
+    let bits = pool.install(|| {
+        (0..s.batch * s.seq)
+            .into_par_iter()
+            .with_min_len(64)
+            .map(|r| {
+                let mut acc = [0u32; 16];
+                for h in 0..s.heads {
+                    lanes(x.row(r / s.seq, r % s.seq, h), &mut acc);
+                }
+                acc.into_iter().max().unwrap_or(0)
+            })
+            .reduce(|| 0, u32::max)
+    });
+    match T::DTYPE {
+        DType::F16 => f64::from(half::f16::from_bits(bits as u16)),
+        DType::BF16 => f64::from(half::bf16::from_bits(bits as u16)),
+        _ => f64::from(f32::from_bits(bits)),
     }
-    f64::from(m)
 }
 
 /// Backward work: a query chunk (dq), a key chunk (dk, dv), or (single-pattern heads) a
@@ -154,7 +188,7 @@ impl CpuBackend {
         }
         // |scale * q.k| <= scale * d * max|q| * max|k|: refuse calls whose scores could leave
         // the f32 range instead of returning NaN.
-        let bound = f64::from(scale) * d as f64 * max_finite_abs(&q) * max_finite_abs(&k);
+        let bound = f64::from(scale) * d as f64 * max_finite_abs(&self.pool, &q) * max_finite_abs(&self.pool, &k);
         if bound > f64::from(f32::MAX) {
             return Err(AttnError::ScoreOverflow { bound });
         }
