@@ -14,6 +14,7 @@
 use attn_core::{DType, Element};
 
 use crate::pack::PieceRows;
+use crate::tile_forward::keys_needed;
 
 /// Queries per block (tile rows).
 const QB: usize = 16;
@@ -54,6 +55,7 @@ fn bits<T: Element>(x: T) -> u16 {
 fn all_finite<T: Element>(rows: &PieceRows<'_, T>, n: usize, d: usize) -> bool {
     let mut acc = 0u16;
     for i in 0..n {
+        prefetch_row(rows, i + PREFETCH, d);
         for &x in rows.row(i, d) {
             acc |= nonfinite_flag(bits(x));
         }
@@ -78,18 +80,22 @@ pub(crate) fn forward_piece<T: Element>(
 ) -> bool {
     let nq = q.len();
     // The softmax scales after the maximum (needs c2 > 0, which validation ensures).
-    if T::DTYPE != DType::BF16 || !supported() || nq == 0 || scale.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
+    if T::DTYPE != DType::BF16
+        || !supported()
+        || nq == 0
+        || scale.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+    {
         return false;
     }
-    let nk = crate::tile_forward::keys_needed(k.pos, causal, q.pos[nq - 1]);
+    let nk = keys_needed(k.pos, causal, q.pos[nq - 1]);
     let g = Geometry::new(d, nk);
     if !(all_finite(q, nq, d) && pack_keys(k, nk, d, &g, &mut ws.kb) && pack_values(v, nk, d, &g, &mut ws.vb)) {
         return false;
     }
     assert!(out.len() >= nq * d && lse.len() >= nq, "amx forward: output too short");
     ws.q.resize(QB * g.dq, 0);
-    ws.s.resize(QB * KS, 0.0);
-    ws.p.resize(QB * KS, 0);
+    ws.s.resize(2 * QB * KS, 0.0);
+    ws.p.resize(2 * QB * KS, 0);
     ws.o.resize(QB * g.dv, 0.0);
     let c2 = scale * std::f32::consts::LOG2_E;
     imp::with_tiles(|| {
@@ -109,24 +115,35 @@ pub(crate) fn forward_piece<T: Element>(
             let mut corr = [1.0f32; QB];
             ws.o.fill(0.0);
             imp::load_output(&g, &ws.o);
-            for t in 0..g.steps {
+            // Steps this block needs (causal: up to the first key after its last query).
+            let steps = if causal { keys_needed(k.pos, true, qpos[qn - 1]).div_ceil(KS) } else { g.steps };
+            let (s_len, p_len) = (QB * KS, QB * KS);
+            // Software pipeline: the scores of step t+1 go to the other half of the
+            // double-buffered `s` before the softmax of step t, so the tile unit works
+            // while the vector units do the softmax.
+            if steps > 0 {
+                imp::scores(&g, 0, (nk).min(KS), &ws.q, &ws.kb, &mut ws.s[..s_len]);
+            }
+            for t in 0..steps {
                 let k0 = t * KS;
                 let kn = (nk - k0).min(KS);
                 let kpos = &k.pos[k0..k0 + kn];
-                if causal && kpos[0] > qpos[qn - 1] {
-                    break;
+                let (cur, next) = if t % 2 == 0 { (0, s_len) } else { (s_len, 0) };
+                if t + 1 < steps {
+                    let kn_next = (nk - k0 - KS).min(KS);
+                    imp::scores(&g, t + 1, kn_next, &ws.q, &ws.kb, &mut ws.s[next..next + s_len]);
                 }
-                imp::scores(&g, t, kn, &ws.q, &ws.kb, &mut ws.s);
+                let pb = &mut ws.p[(t % 2) * p_len..(t % 2 + 1) * p_len];
                 for (i, row) in rows.iter_mut().enumerate() {
                     let vis = if i >= qn {
                         0
-                    } else if causal {
+                    } else if causal && kpos[kn - 1] > qpos[i] {
                         kpos.partition_point(|&p| p <= qpos[i])
                     } else {
                         kn
                     };
-                    let p = &mut ws.p[i * KS..(i + 1) * KS];
-                    corr[i] = imp::softmax_row(&ws.s[i * KS..(i + 1) * KS], vis, c2, row, p);
+                    let p = &mut pb[i * KS..(i + 1) * KS];
+                    corr[i] = imp::softmax_row(&ws.s[cur + i * KS..cur + (i + 1) * KS], vis, c2, row, p);
                 }
                 if corr.iter().any(|&c| c != 1.0) {
                     // Rare (lazy rescaling): bring the accumulator out, scale its rows.
@@ -136,7 +153,7 @@ pub(crate) fn forward_piece<T: Element>(
                     }
                     imp::load_output(&g, &ws.o);
                 }
-                imp::values(&g, t, kn.div_ceil(KC), &ws.p, &ws.vb, &mut ws.o);
+                imp::values(&g, t, kn.div_ceil(KC), pb, &ws.vb, &mut ws.o);
             }
             imp::store_output(&g, &mut ws.o);
             for (i, row) in rows.iter().enumerate().take(qn) {
@@ -216,6 +233,19 @@ impl Geometry {
     }
 }
 
+/// Rows ahead that packing asks the cache for: dilated rows are strided (often a
+/// kilobyte or more apart), which the hardware prefetchers follow poorly.
+const PREFETCH: usize = 8;
+
+/// Ask for row `i` (if it exists) to be brought into the cache.
+#[inline(always)]
+fn prefetch_row<T: Element>(rows: &PieceRows<'_, T>, i: usize, d: usize) {
+    if let Some(&off) = rows.offsets.get(i) {
+        let start = rows.data[off..].as_ptr();
+        imp::prefetch(start.cast(), d * std::mem::size_of::<T>());
+    }
+}
+
 /// `(bits & 0x7f80) + 0x80`: bit 15 is set exactly when the bf16 is NaN or infinite.
 #[inline(always)]
 fn nonfinite_flag(b: u16) -> u16 {
@@ -230,6 +260,7 @@ fn pack_keys<T: Element>(k: &PieceRows<'_, T>, nk: usize, d: usize, g: &Geometry
     dst.resize(g.steps * g.qc() * 4 * TILE, 0);
     let mut flags = 0u16;
     for key in 0..nk {
+        prefetch_row(k, key + PREFETCH, d);
         let (t, g16, j) = (key / KS, (key % KS) / 16, key % 16);
         let row = k.row(key, d);
         for (c, chunk) in row.chunks(KC).enumerate() {
@@ -254,6 +285,7 @@ fn pack_values<T: Element>(v: &PieceRows<'_, T>, nk: usize, d: usize, g: &Geomet
     dst.resize(g.steps * 2 * g.ne() * TILE, 0);
     let mut flags = 0u16;
     for key in 0..nk {
+        prefetch_row(v, key + PREFETCH, d);
         let (t, kc, p, s) = (key / KS, (key % KS) / KC, (key % KC) / 2, key % 2);
         let row = v.row(key, d);
         for (e, cols) in row.chunks(16).enumerate() {
@@ -289,6 +321,16 @@ mod imp {
         // SAFETY: arch_prctl with ARCH_REQ_XCOMP_PERM takes two integers and touches no
         // memory of ours; it fails (non-zero) where the kernel does not offer AMX.
         unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+    }
+
+    /// Prefetch the cache lines of `bytes` bytes from `p` (a hint: never faults).
+    #[inline(always)]
+    pub(super) fn prefetch(p: *const i8, bytes: usize) {
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: SSE is part of x86-64; a prefetch is a hint that never faults and
+            // reads nothing the program can observe.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line)) };
+        }
     }
 
     /// The tile configuration: palette 1, tiles 0-7 of 16 rows x 64 bytes.
@@ -499,11 +541,14 @@ mod imp {
     }
 
     /// `2^x` for `x <= LAZY_RESCALE` (degree-5 Taylor polynomial on the fraction: relative
-    /// error below 3e-6, far under the bf16 rounding of the probabilities); 0 below -150.
+    /// error below 3e-6, far under the bf16 rounding of the probabilities). Inputs below
+    /// -126 give `2^-126`: never a subnormal, whose handling costs the CPU a microcode
+    /// assist (masked lanes are zeroed by the caller; `2^-126` next to a maximum of 1 is
+    /// far below bf16 resolution).
     #[target_feature(enable = "avx512f")]
     fn exp2_vec(x: __m512) -> __m512 {
         const C: [f32; 6] = [1.333_355_8e-3, 9.618_129e-3, 5.550_411e-2, 0.240_226_5, std::f32::consts::LN_2, 1.0];
-        let x = _mm512_max_ps(_mm512_set1_ps(-150.0), x);
+        let x = _mm512_max_ps(_mm512_set1_ps(-126.0), x);
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm512_sub_ps(x, n);
         let mut p = _mm512_set1_ps(C[0]);
@@ -561,9 +606,9 @@ mod imp {
         let (scale, neg_m) = (_mm512_set1_ps(c2), _mm512_set1_ps(-st.m));
         let mut sum = _mm512_setzero_ps();
         let mut e = [_mm512_setzero_ps(); V];
-        for (ev, xv) in e.iter_mut().zip(&x) {
-            // exp2(-inf) underflows to exactly 0 for the masked lanes.
-            *ev = exp2_vec(_mm512_fmadd_ps(*xv, scale, neg_m));
+        for (v, (ev, xv)) in e.iter_mut().zip(&x).enumerate() {
+            // Masked lanes are set to exactly 0 (exp2_vec never returns a subnormal).
+            *ev = _mm512_maskz_mov_ps(lane_mask(v), exp2_vec(_mm512_fmadd_ps(*xv, scale, neg_m)));
             sum = _mm512_add_ps(sum, *ev);
         }
         for v in 0..V / 2 {
@@ -590,6 +635,7 @@ mod imp {
     pub(super) fn detect() -> bool {
         false
     }
+    pub(super) fn prefetch(_: *const i8, _: usize) {}
     pub(super) fn with_tiles<R>(_f: impl FnOnce() -> R) -> R {
         unreachable!("AMX is never reported as supported on this target")
     }

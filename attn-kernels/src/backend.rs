@@ -54,18 +54,37 @@ fn max_finite_abs<T: Element>(pool: &rayon::ThreadPool, x: &TensorView<'_, T>) -
             return m;
         }
     };
-    let lanes = |row: &[T], acc: &mut [u32; 16]| {
-        let mut chunks = row.chunks_exact(16);
-        let step = |acc: &mut [u32; 16], c: &[T]| {
-            for (a, e) in acc.iter_mut().zip(c) {
-                let b = (e.to_bits() as u32) & abs_mask;
-                *a = if b < inf && b > *a { b } else { *a };
+    // Sign-cleared bits are non-negative as i32 (and as i16 for the 16-bit formats,
+    // which the narrow lanes below keep: SSE2 has a 16-bit signed maximum).
+    let (abs_mask, inf) = (abs_mask as i32, inf as i32);
+    let narrow = T::DTYPE.size() == 2;
+    let lanes = |row: &[T], acc: &mut [i32; 16], acc16: &mut [i16; 32]| {
+        if narrow {
+            let (m, f) = (abs_mask as i16, inf as i16);
+            let mut chunks = row.chunks_exact(32);
+            let step = |acc: &mut [i16; 32], c: &[T]| {
+                for (a, e) in acc.iter_mut().zip(c) {
+                    let b = (e.to_bits() as u16 as i16) & m;
+                    *a = (*a).max(if b < f { b } else { 0 });
+                }
+            };
+            for c in &mut chunks {
+                step(acc16, c);
             }
-        };
-        for c in &mut chunks {
-            step(acc, c);
+            step(acc16, chunks.remainder());
+        } else {
+            let mut chunks = row.chunks_exact(16);
+            let step = |acc: &mut [i32; 16], c: &[T]| {
+                for (a, e) in acc.iter_mut().zip(c) {
+                    let b = (e.to_bits() as u32 as i32) & abs_mask;
+                    *a = (*a).max(if b < inf { b } else { 0 });
+                }
+            };
+            for c in &mut chunks {
+                step(acc, c);
+            }
+            step(acc, chunks.remainder());
         }
-        step(acc, chunks.remainder());
     };
     let s = x.shape();
     let bits = pool.install(|| {
@@ -73,11 +92,12 @@ fn max_finite_abs<T: Element>(pool: &rayon::ThreadPool, x: &TensorView<'_, T>) -
             .into_par_iter()
             .with_min_len(64)
             .map(|r| {
-                let mut acc = [0u32; 16];
+                let (mut acc, mut acc16) = ([0i32; 16], [0i16; 32]);
                 for h in 0..s.heads {
-                    lanes(x.row(r / s.seq, r % s.seq, h), &mut acc);
+                    lanes(x.row(r / s.seq, r % s.seq, h), &mut acc, &mut acc16);
                 }
-                acc.into_iter().max().unwrap_or(0)
+                let wide = acc.into_iter().max().unwrap_or(0);
+                wide.max(i32::from(acc16.into_iter().max().unwrap_or(0))) as u32
             })
             .reduce(|| 0, u32::max)
     });
