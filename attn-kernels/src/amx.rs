@@ -22,8 +22,11 @@ const QB: usize = 16;
 const KS: usize = 64;
 /// bf16 elements per tile row (64 bytes): keys per `p·v` chunk, dims per `q·k` chunk.
 const KC: usize = 32;
-/// u16 elements of one 16 x 64-byte tile.
-const TILE: usize = 512;
+/// Widest head the tile path takes (`pack_keys` stages one row of pairs on the stack);
+/// wider heads run on the f32 kernel.
+const MAX_HEAD_DIM: usize = 512;
+/// bf16 pairs (u32) in one 16 x 64-byte tile.
+const TILE: usize = 256;
 
 /// Whether the CPU has AMX-TILE, AMX-BF16, AVX-512F and AVX512-BF16 and the OS lets this process use
 /// the tile registers (Linux `arch_prctl(ARCH_REQ_XCOMP_PERM)`); asked once.
@@ -35,8 +38,8 @@ pub(crate) fn supported() -> bool {
 /// Reusable buffers of the AMX forward (one per worker).
 #[derive(Debug, Default)]
 pub(crate) struct AmxScratch {
-    kb: Vec<u16>,
-    vb: Vec<u16>,
+    kb: Vec<u32>,
+    vb: Vec<u32>,
     q: Vec<u16>,
     s: Vec<f32>,
     p: Vec<u16>,
@@ -223,11 +226,11 @@ impl Geometry {
     fn ne(&self) -> usize {
         self.dv / 16
     }
-    /// Offset of the key tile (step `t`, dim chunk `c`, 16-key group `g`).
+    /// Offset (in bf16 pairs) of the key tile (step `t`, dim chunk `c`, 16-key group `g`).
     fn k_tile(&self, t: usize, c: usize, g: usize) -> usize {
         ((t * self.qc() + c) * 4 + g) * TILE
     }
-    /// Offset of the value tile (step `t`, key chunk `kc`, output tile `e`).
+    /// Offset (in bf16 pairs) of the value tile (step `t`, key chunk `kc`, output tile `e`).
     fn v_tile(&self, t: usize, kc: usize, e: usize) -> usize {
         ((t * 2 + kc) * self.ne() + e) * TILE
     }
@@ -252,52 +255,79 @@ fn nonfinite_flag(b: u16) -> u16 {
     (b & 0x7f80) + 0x80
 }
 
-/// Keys in the tile unit's pair layout: tile (t, c, g) row `p`, column `2j + s` holds
-/// `k[t*64 + g*16 + j][c*32 + 2p + s]` (zero past `nk` or `d`). Returns whether every
-/// packed value is finite.
-fn pack_keys<T: Element>(k: &PieceRows<'_, T>, nk: usize, d: usize, g: &Geometry, dst: &mut Vec<u16>) -> bool {
+/// Two bf16 as one pair (`lo` in the low half, as the tile unit reads them).
+#[inline(always)]
+fn pair(lo: u16, hi: u16) -> u32 {
+    u32::from(lo) | (u32::from(hi) << 16)
+}
+
+/// Bit 15 or 31 set exactly when one of the pair's bf16 is NaN or infinite (see
+/// [`nonfinite_flag`]; the low half's sum stays below `0x10000`, so no carry crosses).
+#[inline(always)]
+fn nonfinite_pair(x: u32) -> u32 {
+    (x & 0x7f80_7f80) + 0x0080_0080
+}
+
+/// Keys in the tile unit's pair layout: pair `p` of tile (t, c, g), column `j` holds
+/// `k[t*64 + g*16 + j][c*32 + 2p ..= c*32 + 2p + 1]` (zero past `nk` or `d`). Returns
+/// whether every packed value is finite.
+fn pack_keys<T: Element>(k: &PieceRows<'_, T>, nk: usize, d: usize, g: &Geometry, dst: &mut Vec<u32>) -> bool {
     dst.clear();
     dst.resize(g.steps * g.qc() * 4 * TILE, 0);
-    let mut flags = 0u16;
+    let mut flags = 0u32;
+    let mut row32 = [0u32; MAX_HEAD_DIM / 2];
+    let pairs = d.div_ceil(2);
     for key in 0..nk {
         prefetch_row(k, key + PREFETCH, d);
         let (t, g16, j) = (key / KS, (key % KS) / 16, key % 16);
         let row = k.row(key, d);
-        for (c, chunk) in row.chunks(KC).enumerate() {
-            let tile = &mut dst[g.k_tile(t, c, g16) + j * 2..];
-            for (p, pair) in chunk.chunks(2).enumerate() {
-                for (s, &x) in pair.iter().enumerate() {
-                    let b = bits(x);
-                    flags |= nonfinite_flag(b);
-                    tile[p * 32 + s] = b;
+        for (r, two) in row32.iter_mut().zip(row.chunks(2)) {
+            *r = pair(bits(two[0]), two.get(1).map_or(0, |&x| bits(x)));
+            flags |= nonfinite_pair(*r);
+        }
+        for c in 0..g.qc() {
+            let tile = &mut dst[g.k_tile(t, c, g16) + j..];
+            for p in 0..16.min(pairs.saturating_sub(16 * c)) {
+                tile[p * 16] = row32[16 * c + p];
+            }
+        }
+    }
+    flags & 0x8000_8000 == 0
+}
+
+/// Values in the pair layout: pair `j` of row `p` of tile (t, kc, e) holds
+/// `v[k][e*16 + j]` and `v[k+1][e*16 + j]` for `k = t*64 + kc*32 + 2p` (zero past `nk`
+/// or `d`). Returns whether every packed value is finite.
+fn pack_values<T: Element>(v: &PieceRows<'_, T>, nk: usize, d: usize, g: &Geometry, dst: &mut Vec<u32>) -> bool {
+    dst.clear();
+    dst.resize(g.steps * 2 * g.ne() * TILE, 0);
+    let mut flags = 0u32;
+    for key in (0..nk).step_by(2) {
+        prefetch_row(v, key + PREFETCH, d);
+        prefetch_row(v, key + PREFETCH + 1, d);
+        let (t, kc, p) = (key / KS, (key % KS) / KC, (key % KC) / 2);
+        let r0 = v.row(key, d);
+        let r1 = if key + 1 < nk { Some(v.row(key + 1, d)) } else { None };
+        for e in 0..g.ne() {
+            let cols = 16 * e..(16 * e + 16).min(d);
+            let tile = &mut dst[g.v_tile(t, kc, e) + p * 16..][..cols.len()];
+            match r1 {
+                Some(r1) => {
+                    for ((o, &a), &b) in tile.iter_mut().zip(&r0[cols.clone()]).zip(&r1[cols]) {
+                        *o = pair(bits(a), bits(b));
+                        flags |= nonfinite_pair(*o);
+                    }
+                }
+                None => {
+                    for (o, &a) in tile.iter_mut().zip(&r0[cols]) {
+                        *o = pair(bits(a), 0);
+                        flags |= nonfinite_pair(*o);
+                    }
                 }
             }
         }
     }
-    flags & 0x8000 == 0
-}
-
-/// Values in the pair layout: tile (t, kc, e) row `p`, column `2j + s` holds
-/// `v[t*64 + kc*32 + 2p + s][e*16 + j]` (zero past `nk` or `d`). Returns whether every
-/// packed value is finite.
-fn pack_values<T: Element>(v: &PieceRows<'_, T>, nk: usize, d: usize, g: &Geometry, dst: &mut Vec<u16>) -> bool {
-    dst.clear();
-    dst.resize(g.steps * 2 * g.ne() * TILE, 0);
-    let mut flags = 0u16;
-    for key in 0..nk {
-        prefetch_row(v, key + PREFETCH, d);
-        let (t, kc, p, s) = (key / KS, (key % KS) / KC, (key % KC) / 2, key % 2);
-        let row = v.row(key, d);
-        for (e, cols) in row.chunks(16).enumerate() {
-            let tile = &mut dst[g.v_tile(t, kc, e) + p * 32 + s..];
-            for (j, &x) in cols.iter().enumerate() {
-                let b = bits(x);
-                flags |= nonfinite_flag(b);
-                tile[2 * j] = b;
-            }
-        }
-    }
-    flags & 0x8000 == 0
+    flags & 0x8000_8000 == 0
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -431,7 +461,7 @@ mod imp {
     ///
     /// # Safety
     /// Tiles are configured and tmm4 loaded; `b .. + 1024` is readable.
-    unsafe fn dot(t: usize, b: *const u16) {
+    unsafe fn dot(t: usize, b: *const u32) {
         // SAFETY: by the function contract.
         unsafe {
             asm!("tileloadd tmm5, [{b} + {w}*1]", b = in(reg) b, w = in(reg) 64usize, options(nostack, readonly));
@@ -477,7 +507,7 @@ mod imp {
 
     /// Scores of key step `t` (its first `kn` keys): `s[16 x 64] = q[16 x dq] · k_tᵀ`
     /// (raw dot products), in two halves of 32 keys through tiles 6-7.
-    pub(super) fn scores(g: &Geometry, t: usize, kn: usize, q: &[u16], kb: &[u16], s: &mut [f32]) {
+    pub(super) fn scores(g: &Geometry, t: usize, kn: usize, q: &[u16], kb: &[u32], s: &mut [f32]) {
         assert!(q.len() >= QB * g.dq && s.len() >= QB * KS, "amx scores: buffers too short");
         assert!(kb.len() >= g.k_tile(t, g.qc() - 1, 3) + TILE, "amx scores: keys too short");
         // SAFETY: tiles are configured (we run inside `with_tiles`); every address is
@@ -500,7 +530,7 @@ mod imp {
 
     /// `o[16 x dv] += p[16 x 64] · v_t` over the step's first `chunks` 32-key chunks:
     /// into the resident tiles 0-3, or through them from memory for wide heads.
-    pub(super) fn values(g: &Geometry, t: usize, chunks: usize, p: &[u16], vb: &[u16], o: &mut [f32]) {
+    pub(super) fn values(g: &Geometry, t: usize, chunks: usize, p: &[u16], vb: &[u32], o: &mut [f32]) {
         assert!(p.len() >= QB * KS && o.len() >= QB * g.dv, "amx values: buffers too short");
         assert!(chunks <= 2 && vb.len() >= g.v_tile(t, 1, g.ne() - 1) + TILE, "amx values: values too short");
         let resident = resident(g);
@@ -639,10 +669,10 @@ mod imp {
     pub(super) fn with_tiles<R>(_f: impl FnOnce() -> R) -> R {
         unreachable!("AMX is never reported as supported on this target")
     }
-    pub(super) fn scores(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u16], _: &mut [f32]) {}
+    pub(super) fn scores(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u32], _: &mut [f32]) {}
     pub(super) fn load_output(_: &Geometry, _: &[f32]) {}
     pub(super) fn store_output(_: &Geometry, _: &mut [f32]) {}
-    pub(super) fn values(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u16], _: &mut [f32]) {}
+    pub(super) fn values(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u32], _: &mut [f32]) {}
     pub(super) fn softmax_row(_: &[f32], _: usize, _: f32, _: &mut RowState, _: &mut [u16]) -> f32 {
         1.0
     }
