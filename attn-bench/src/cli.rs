@@ -11,6 +11,7 @@ attn-bench: the attn benchmark report
 
 USAGE (suite):  attn-bench [--quick|--full] [--out DIR] [--threads T] [--torch PYTHON]
                            [--baseline results.json] [--threshold PCT] [--budget BYTES]
+USAGE (Hilbert orders, prints a markdown report): attn-bench --case hilbert [--runs N]
 USAGE (one case, prints one JSON object):
   attn-bench --json --case dilated|ring|multihead|hilbert --seq-len N --batch B --heads H
              --head-dim D --segments LIST --dilations LIST [--mixing head_groups|longnet]
@@ -26,7 +27,14 @@ USAGE (one case, prints one JSON object):
 #[derive(Debug, Clone)]
 pub enum Command {
     Suite(SuiteOptions),
-    Single { spec: CaseSpec, runs: Option<usize> },
+    Single {
+        spec: CaseSpec,
+        runs: Option<usize>,
+    },
+    /// `--case hilbert` without `--json`: the Hilbert order report (best of `reps`).
+    Hilbert {
+        reps: usize,
+    },
     Rerender(PathBuf),
     Help,
 }
@@ -93,7 +101,7 @@ pub fn parse(args: &[String]) -> Result<Command> {
     };
     let mut spec = CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]);
     spec.threads = suite.threads;
-    let (mut json, mut runs, mut impl_set) = (false, None, false);
+    let (mut json, mut runs, mut impl_set, mut case_set) = (false, None, false, false);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| bad(format!("{flag} needs a value")));
         match flag.as_str() {
@@ -111,7 +119,10 @@ pub fn parse(args: &[String]) -> Result<Command> {
             }
             "--json" => json = true,
             "--rerender" => return Ok(Command::Rerender(PathBuf::from(value()?))),
-            "--case" => spec.kind = CaseKind::parse(value()?)?,
+            "--case" => {
+                spec.kind = CaseKind::parse(value()?)?;
+                case_set = true;
+            }
             "--impl" => {
                 spec.implementation = value()?.clone();
                 impl_set = true;
@@ -136,8 +147,16 @@ pub fn parse(args: &[String]) -> Result<Command> {
     if suite.threads == 0 || spec.world_size == 0 {
         return Err(bad("--threads and --world-size must be at least 1"));
     }
-    if !json {
-        return Ok(Command::Suite(suite));
+    match (json, case_set, spec.kind) {
+        (false, false, _) => return Ok(Command::Suite(suite)),
+        (false, true, CaseKind::Hilbert) => return Ok(Command::Hilbert { reps: runs.unwrap_or(5).max(1) }),
+        (false, true, kind) => {
+            return Err(bad(format!(
+                "--case {} measures one case and prints JSON: add --json (or drop --case to run the suite)",
+                kind.as_str()
+            )));
+        }
+        (true, ..) => {}
     }
     spec.dtype()?;
     if spec.kind == CaseKind::Ring && !impl_set {
@@ -166,6 +185,18 @@ mod tests {
         assert_eq!((spec.segments.as_slice(), spec.dilations.as_slice()), (&[512, 1024][..], &[1, 2][..]));
         assert!(spec.causal && spec.dtype == "bf16" && spec.world_size == 4 && spec.threads == 2);
         assert_eq!(spec.implementation, "ring-zigzag");
+    }
+
+    #[test]
+    fn case_without_json_is_the_hilbert_report_or_an_error() {
+        assert!(matches!(parse(&args("--case hilbert")).unwrap(), Command::Hilbert { reps: 5 }));
+        assert!(matches!(parse(&args("--case hilbert --runs 2")).unwrap(), Command::Hilbert { reps: 2 }));
+        assert!(matches!(parse(&args("--json --case hilbert")).unwrap(), Command::Single { .. }));
+        assert!(matches!(parse(&args("--quick")).unwrap(), Command::Suite(_)));
+        for case in ["dilated", "ring", "multihead"] {
+            let e = parse(&args(&format!("--case {case} --seq-len 1024"))).unwrap_err().to_string();
+            assert!(e.contains("--json") && e.contains(case), "{case}: {e}");
+        }
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! Hilbert order figures: generation time (1024x1024 grid, 128x128x64 volume) and
-//! permutation throughput as a fraction of a plain copy, from `attn_hilbert::bench`.
+//! permutation throughput as a fraction of a plain copy, from `attn_hilbert::bench`;
+//! the locality table of each order; and the report of `--case hilbert` (no `--json`).
 
 use std::fmt::Write;
 
+use attn_core::{AttnError, Result};
+use attn_hilbert::{Grid, OrderKind, TokenOrder, locality};
 use serde::{Deserialize, Serialize};
 
 /// The issue-6 figures, in milliseconds and fractions.
@@ -77,6 +80,71 @@ impl HilbertOrders {
     }
 }
 
+/// One row of the locality table: a grid and segment length, then per order (in
+/// `OrderKind::ALL` order) its name, neighbour-in-segment fraction and mean segment diameter.
+#[derive(Debug, Clone)]
+pub struct LocalityRow {
+    pub grid: String,
+    pub segment: usize,
+    pub orders: Vec<(&'static str, f64, f64)>,
+}
+
+/// Locality of every order on the grids of `attn-hilbert`'s locality tests and example.
+pub fn locality_table() -> Result<Vec<LocalityRow>> {
+    let (g2, g3) = (Grid::new_2d, Grid::new_3d);
+    let cases = [
+        (g2(64, 64)?, 64),
+        (g2(64, 64)?, 256),
+        (g2(96, 80)?, 64),
+        (g2(96, 80)?, 256),
+        (g2(17, 31)?, 64),
+        (g2(17, 31)?, 256),
+        (g3(9, 17, 31)?, 64),
+        (g3(9, 17, 31)?, 512),
+        (g3(64, 128, 128)?, 4096),
+    ];
+    cases
+        .iter()
+        .map(|&(grid, segment)| {
+            let orders = OrderKind::ALL
+                .iter()
+                .map(|&kind| {
+                    let m = locality(&TokenOrder::new(kind, grid)?, segment)?;
+                    Ok((kind.as_str(), m.neighbour_in_segment, m.mean_segment_diameter))
+                })
+                .collect::<Result<_>>()?;
+            Ok(LocalityRow { grid: grid.to_string(), segment, orders })
+        })
+        .collect()
+}
+
+/// The locality section: one row per grid and segment length, one column per order.
+pub fn render_locality(rows: &[LocalityRow], o: &mut String) {
+    let names: Vec<&str> = OrderKind::ALL.iter().map(|k| k.as_str()).collect();
+    let _ = writeln!(
+        o,
+        "\n## Locality\n\nPer order: neighbour-in-segment fraction (higher is better) / mean segment \
+         diameter in cells (lower is better).\n\n| Grid | Segment | {} |\n|---|---|{}",
+        names.join(" | "),
+        "---|".repeat(names.len())
+    );
+    for r in rows {
+        let cells: Vec<String> = r.orders.iter().map(|(_, n, d)| format!("{n:.3} / {d:.1}")).collect();
+        let _ = writeln!(o, "| {} | {} | {} |", r.grid, r.segment, cells.join(" | "));
+    }
+}
+
+/// The markdown report of `attn-bench --case hilbert` (no `--json`): generation and
+/// permutation figures (best of `reps`), then the locality table.
+pub fn report(reps: usize) -> Result<String> {
+    let h = HilbertOrders::measure(reps)
+        .ok_or_else(|| AttnError::InvalidArgument("Hilbert orders could not be measured".into()))?;
+    let mut o = String::from("# attn-bench --case hilbert\n");
+    h.render(&mut o);
+    render_locality(&locality_table()?, &mut o);
+    Ok(o)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +166,19 @@ mod tests {
         let mut s = String::new();
         h.render(&mut s);
         assert!(s.contains("## Hilbert orders") && s.contains("| apply (out of place) | 8.00 | 0.50 |"), "{s}");
+    }
+
+    #[test]
+    fn locality_table_has_every_order_and_hilbert_wins_on_17x31() {
+        let rows = locality_table().unwrap();
+        assert_eq!(rows.len(), 9);
+        let r = rows.iter().find(|r| r.grid == "17x31" && r.segment == 64).unwrap();
+        let names: Vec<&str> = r.orders.iter().map(|o| o.0).collect();
+        assert_eq!(names, ["row_major", "z_order", "hilbert"]);
+        assert!(r.orders[2].1 > r.orders[0].1 && r.orders[2].1 > r.orders[1].1, "{r:?}");
+        let mut s = String::new();
+        render_locality(&rows, &mut s);
+        assert!(s.contains("| Grid | Segment | row_major | z_order | hilbert |\n|---|---|---|---|---|\n"), "{s}");
+        assert!(s.contains("| 64x128x128 | 4096 | "), "{s}");
     }
 }

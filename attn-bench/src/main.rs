@@ -3,7 +3,8 @@
 //! Measures time, peak memory (counting allocator, per rank), throughput and GFLOP/s
 //! against the machine's measured GEMM rate, for the reference, CPU, ring and
 //! multihead implementations, and writes `target/attn-bench/<timestamp>/` with
-//! `report.md`, `results.json` and plots. `--json` measures one case.
+//! `report.md`, `results.json` and plots. `--json` measures one case; `--case hilbert`
+//! alone prints the Hilbert order report.
 
 mod backends;
 mod baseline;
@@ -44,6 +45,7 @@ fn main() -> std::process::ExitCode {
             let status = obj["status"].as_str().unwrap_or_default().to_string();
             if status.starts_with("error") { Err(attn_core::AttnError::InvalidArgument(status)) } else { Ok(()) }
         }
+        Ok(cli::Command::Hilbert { reps }) => hilbert_orders::report(reps).map(|md| print!("{md}")),
         Ok(cli::Command::Suite(opts)) => suite::run(&opts),
         Ok(cli::Command::Rerender(path)) => suite::rerender(&path),
         Err(e) => Err(e),

@@ -3,7 +3,8 @@
 //! small valid problems agree between the CPU backend and the float64 reference.
 
 use attn_core::{AttnError, AttnShape, DilatedConfig, Shape4};
-use attn_reliability::fuzz_targets::config_shape;
+use attn_reliability::fuzz_targets::{config_shape, score_bound};
+use attn_testkit::rng::random_vec;
 use proptest::prelude::*;
 
 proptest! {
@@ -64,4 +65,37 @@ fn hand_picked_hostile_values_are_typed_errors() {
         AttnShape::check(&[1, 0, 1, 1], &[1, 0, 1, 1], &[1, 0, 1, 1], false),
         Err(AttnError::ZeroDim { .. })
     ));
+}
+
+/// Bytes for one segment (w 8, r 1), HeadGroups, non-causal, the given explicit scale and
+/// self-attention of shape [1, 16, 1, 4] (see `config_shape` for the byte layout).
+fn scaled_problem_bytes(scale: f64) -> Vec<u8> {
+    let mut bytes = vec![3, 7, 1, 0, 0, 0, 0];
+    bytes.extend_from_slice(&scale.to_le_bytes());
+    bytes.extend_from_slice(&[1, 0, 15, 0, 3, 1, 0]);
+    bytes
+}
+
+#[test]
+fn huge_scale_is_refused_as_score_overflow_not_a_disagreement() {
+    // The reference runs in f64; the CPU backend's bound scale*d*max|q|*max|k| is beyond
+    // f32::MAX, so it refuses with ScoreOverflow, which the target must accept.
+    let cfg = DilatedConfig::builder().segments(&[8]).dilations(&[1]).scale(1.4e38).build().unwrap();
+    let s = Shape4::new(1, 16, 1, 4).unwrap();
+    let (q, k, v) = (random_vec(1, s.numel()), random_vec(2, s.numel()), random_vec(3, s.numel()));
+    let r = attn_kernels::CpuBackend::new(1).unwrap().forward_vec(&cfg, s, &q, &k, &v);
+    assert!(matches!(r, Err(AttnError::ScoreOverflow { .. })), "fixture must overflow: {:?}", r.map(|_| ()));
+    assert!(score_bound(&cfg, s, &q, &k) > f64::from(f32::MAX));
+    assert!(config_shape(&scaled_problem_bytes(1.4e38)), "the bytes must reach the backends");
+    // The same bytes with an ordinary scale run and agree (the layout above is right).
+    assert!(config_shape(&scaled_problem_bytes(0.5)));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn any_large_scale_runs_or_is_refused_typed(exp in 30.0f64..38.5) {
+        prop_assert!(config_shape(&scaled_problem_bytes(10f64.powf(exp))));
+    }
 }

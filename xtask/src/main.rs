@@ -3,7 +3,8 @@
 //! - `cargo xtask bench [ARGS]`: the benchmark report (runs the `attn-bench` binary in
 //!   release mode; see `cargo xtask bench --help`).
 //! - `cargo xtask test [--skip-golden] [--only GROUP]`: fmt, clippy, every test, the golden runner for
-//!   each available backend and strategy, MPI and GPU tests where possible.
+//!   each available backend and strategy, MPI and GPU tests, `ptx --emulate`, fuzzing and
+//!   valgrind where their tools exist (SKIP with the reason otherwise).
 //! - `cargo xtask tidy`: module docs, file length, no todo!/unimplemented!/dbg!,
 //!   `// SAFETY:` above every `unsafe` block.
 //! - `cargo xtask ptx [ARGS]`: NVRTC + ptxas check of the CUDA kernels.
@@ -19,7 +20,7 @@ use std::process::ExitCode;
 
 const USAGE: &str = "usage: cargo xtask <bench|test|tidy|ptx> [ARGS]
   bench [--quick|--full] [--torch PYTHON] [--baseline results.json] [--budget 8GiB] [--json ...]
-  test  [--skip-golden] [--only fmt|clippy|tests|tidy|golden|mpi|gpu|bench]
+  test  [--skip-golden] [--only fmt|clippy|tests|tidy|golden|mpi|gpu|ptx|fuzz|valgrind|bench]
   tidy
   ptx   [--arch 80,90] [--out DIR]";
 

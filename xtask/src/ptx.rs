@@ -9,7 +9,7 @@
 //! Extra arguments (`--arch 80,90`, `--out DIR`) are passed through. [`run_emulation`]
 //! runs the same kernels on the CPU (C++ threads) against a float64 reference.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Where the NVRTC / ptxas wheels are installed.
@@ -21,6 +21,42 @@ pub fn cuda_home() -> Result<PathBuf, String> {
     Ok(PathBuf::from(home).join(".cache/attn-cuda"))
 }
 
+/// The NVRTC library folder and the `ptxas` binary under `home`.
+fn nvrtc_paths(home: &Path) -> (PathBuf, PathBuf) {
+    (home.join("nvidia/cuda_nvrtc/lib"), home.join("nvidia/cuda_nvcc/bin/ptxas"))
+}
+
+/// The C++ compiler of the emulation: `CXX`, default `g++`.
+fn cxx() -> String {
+    std::env::var("CXX").unwrap_or_else(|_| "g++".into())
+}
+
+/// Why `ptx --emulate` cannot run here (no C++ compiler, or no NVRTC / ptxas under
+/// `home`), or `None` when it can.
+pub fn missing_tools(home: &Path, cxx: &str) -> Option<String> {
+    let on_path =
+        |t: &str| std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(t).is_file()));
+    let (nvrtc_lib, ptxas) = nvrtc_paths(home);
+    if !(Path::new(cxx).is_file() || on_path(cxx)) {
+        Some(format!("no C++ compiler `{cxx}` (set CXX or install g++)"))
+    } else if !nvrtc_lib.is_dir() || !ptxas.is_file() {
+        Some(format!(
+            "NVRTC / ptxas not under {} (pip install --target DIR nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12)",
+            home.display()
+        ))
+    } else {
+        None
+    }
+}
+
+/// [`missing_tools`] for the default locations (`ATTN_CUDA_HOME`, `CXX`).
+pub fn missing_default_tools() -> Option<String> {
+    match cuda_home() {
+        Ok(home) => missing_tools(&home, &cxx()),
+        Err(e) => Some(e),
+    }
+}
+
 /// Run the PTX check; `args` are passed to `attn-ptx`, except `--emulate`, which first
 /// runs the kernels on the CPU ([`run_emulation`]).
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -30,8 +66,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         run_emulation()?;
     }
     let home = cuda_home()?;
-    let nvrtc_lib = home.join("nvidia/cuda_nvrtc/lib");
-    let ptxas = home.join("nvidia/cuda_nvcc/bin/ptxas");
+    let (nvrtc_lib, ptxas) = nvrtc_paths(&home);
     if !nvrtc_lib.is_dir() || !ptxas.is_file() {
         return Err(format!(
             "NVRTC / ptxas not found under {}; install them with\n  pip install --target {} \
@@ -64,7 +99,7 @@ fn run_emulation() -> Result<(), String> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let harness = root.join("attn-kernels/kernels/emulation/harness.cpp");
     let exe = root.join("target/attn-cuda-emulation");
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let cxx = cxx();
     let built = Command::new(&cxx)
         .args(["-std=c++20", "-O2", "-pthread"])
         .arg(&harness)
@@ -77,4 +112,16 @@ fn run_emulation() -> Result<(), String> {
     }
     let ran = Command::new(&exe).status().map_err(|e| format!("running {}: {e}", exe.display()))?;
     if ran.success() { Ok(()) } else { Err(format!("CUDA kernel emulation failed ({ran})")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_tools_say_which() {
+        let nowhere = Path::new("/nonexistent/attn-cuda");
+        assert!(missing_tools(nowhere, "no-such-compiler-xyz").unwrap().contains("no C++ compiler"));
+        assert!(missing_tools(nowhere, "sh").unwrap().contains("NVRTC / ptxas not under /nonexistent/attn-cuda"));
+    }
 }

@@ -1,12 +1,13 @@
 //! `cargo xtask test`: the whole suite, in order, with a summary of what passed,
 //! failed, or was skipped and why (fmt, clippy, tests, tidy, golden runner per
-//! backend and strategy, MPI ranks under `mpirun`, GPU tests, a bench smoke run).
+//! backend and strategy as `.ci/run` runs it, MPI ranks under `mpirun`, GPU tests, the
+//! CUDA emulation and PTX check, fuzzing, valgrind, a bench smoke run).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use crate::{cargo, repo_root, tidy};
+use crate::{cargo, ptx, repo_root, tidy};
 
 enum Outcome {
     Passed,
@@ -68,13 +69,18 @@ fn golden_runs(gpu: bool) -> Vec<(String, &'static str, Vec<String>)> {
             runs.push((format!("{dir} cpu {dt}"), dir, s(&["--backend", "cpu", "--dtype", dt])));
         }
     }
-    for p in ["2", "3", "4"] {
-        for strategy in ["auto", "ring", "allgather"] {
+    // The ring matrix of `.ci/run`: P = 1..8, every strategy and layout on the dilated
+    // files, and the multihead files with auto/zigzag.
+    for p in 1..=8 {
+        let ring = |strategy: &str, layout: &str| {
+            s(&["--backend", "ring", "--world-size", &p.to_string(), "--strategy", strategy, "--layout", layout])
+        };
+        for strategy in ["ring", "allgather", "auto"] {
             for layout in ["contiguous", "zigzag"] {
-                let args = s(&["--backend", "ring", "--world-size", p, "--strategy", strategy, "--layout", layout]);
-                runs.push((format!("dilated ring P={p} {strategy} {layout}"), "dilated", args));
+                runs.push((format!("dilated ring P={p} {strategy} {layout}"), "dilated", ring(strategy, layout)));
             }
         }
+        runs.push((format!("multihead ring P={p} auto zigzag"), "multihead", ring("auto", "zigzag")));
     }
     if gpu {
         for dt in ["f32", "bf16", "f16"] {
@@ -155,6 +161,35 @@ fn skip(name: &str, why: String) -> Step {
     Step { name: name.to_string(), outcome: Outcome::Skipped(why), secs: 0.0 }
 }
 
+/// Run `body` as step `name`, or record a SKIP with the reason when a tool is `missing`.
+fn tool_step(steps: &mut Vec<Step>, name: &str, missing: Option<String>, body: impl FnOnce() -> Result<(), String>) {
+    if let Some(why) = missing {
+        steps.push(skip(name, why));
+        return;
+    }
+    println!("\n=== {name} ===");
+    let t = Instant::now();
+    let outcome = body().map_or_else(Outcome::Failed, |()| Outcome::Passed);
+    steps.push(Step { name: name.to_string(), outcome, secs: t.elapsed().as_secs_f64() });
+}
+
+/// The reliability scripts: 60 s per fuzz target (cargo-fuzz) and valgrind memcheck.
+fn reliability_steps(steps: &mut Vec<Step>, wants: impl Fn(&str) -> bool) {
+    if wants("fuzz") {
+        let has_fuzz = run_captured(Command::new(cargo()).args(["fuzz", "--version"])).0;
+        let missing = (!has_fuzz).then(|| "cargo-fuzz not installed (cargo install cargo-fuzz --locked)".to_string());
+        tool_step(steps, "fuzz: fuzz/run.sh 60", missing, || {
+            run_cmd(Command::new(repo_root().join("fuzz/run.sh")).arg("60"))
+        });
+    }
+    if wants("valgrind") {
+        let missing = (!on_path("valgrind")).then(|| "valgrind not installed (apt-get install valgrind)".to_string());
+        tool_step(steps, "valgrind: attn-reliability/valgrind.sh", missing, || {
+            run_cmd(&mut Command::new(repo_root().join("attn-reliability/valgrind.sh")))
+        });
+    }
+}
+
 fn cargo_step(steps: &mut Vec<Step>, name: &str, args: &[&str]) {
     println!("\n=== {name}: cargo {} ===", args.join(" "));
     let t = Instant::now();
@@ -163,7 +198,7 @@ fn cargo_step(steps: &mut Vec<Step>, name: &str, args: &[&str]) {
 }
 
 /// The step groups, in order; `--only GROUP` runs one of them.
-const GROUPS: [&str; 7] = ["fmt", "clippy", "tests", "tidy", "golden", "mpi", "gpu"];
+const GROUPS: [&str; 10] = ["fmt", "clippy", "tests", "tidy", "golden", "mpi", "gpu", "ptx", "fuzz", "valgrind"];
 
 /// Run everything (or `--only GROUP`); fail if any step failed.
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -194,10 +229,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         cargo_step(&mut steps, "tests", &["test", "--workspace"]);
     }
     if wants("tidy") {
-        println!("\n=== tidy ===");
-        let t = Instant::now();
-        let outcome = tidy::run(&[]).map_or_else(Outcome::Failed, |()| Outcome::Passed);
-        steps.push(Step { name: "tidy".into(), outcome, secs: t.elapsed().as_secs_f64() });
+        tool_step(&mut steps, "tidy", None, || tidy::run(&[]));
     }
     let gpu = gpu_present();
     if wants("golden") {
@@ -225,6 +257,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
             None => steps.push(skip("gpu", "no GPU (nvidia-smi lists none); CUDA/NCCL tests need one".into())),
         }
     }
+    if wants("ptx") {
+        let emulate = ["--emulate".to_string()];
+        tool_step(&mut steps, "ptx --emulate", ptx::missing_default_tools(), || ptx::run(&emulate));
+    }
+    reliability_steps(&mut steps, wants);
     if wants("bench") {
         let smoke = ["run", "--quiet", "--release", "-p", "attn-bench", "--", "--json", "--impl", "reference"];
         let case =
@@ -271,11 +308,17 @@ mod tests {
     #[test]
     fn golden_plan_covers_every_strategy_and_layout() {
         let runs = golden_runs(false);
-        for s in ["auto", "ring", "allgather"] {
-            for l in ["contiguous", "zigzag"] {
-                assert!(runs.iter().any(|(n, _, _)| n.contains(s) && n.contains(l)));
+        let has = |label: &str| runs.iter().any(|(n, _, _)| n == label);
+        for p in 1..=8 {
+            for s in ["auto", "ring", "allgather"] {
+                for l in ["contiguous", "zigzag"] {
+                    assert!(has(&format!("dilated ring P={p} {s} {l}")), "P={p} {s} {l}");
+                }
             }
+            assert!(has(&format!("multihead ring P={p} auto zigzag")), "multihead P={p}");
         }
+        assert!(!has("dilated ring P=9 auto zigzag"));
+        assert_eq!(runs.iter().filter(|(n, _, _)| n.contains(" ring P=")).count(), 8 * 7);
         assert!(!runs.iter().any(|(n, _, _)| n.contains("cuda")));
         assert!(golden_runs(true).iter().any(|(n, _, _)| n.contains("cuda")));
         assert!(says_unavailable("unknown or not yet available backend `cpu`"));

@@ -100,7 +100,9 @@ impl TensorCheck {
     }
 }
 
-/// The outcome of one case: per-tensor errors, or the error that stopped it.
+/// The outcome of one case: per-tensor errors, or the error that stopped it. Displayed as
+/// one line: `PASS|FAIL case [backend] out=REL (abs MAX) ... (bound B)`, `!` after a
+/// tensor name marking one over its bound.
 #[derive(Debug, Clone)]
 pub struct CaseReport {
     pub case: String,
@@ -128,9 +130,10 @@ impl fmt::Display for CaseReport {
         if let Some(e) = &self.error {
             return write!(f, " error: {e}");
         }
+        // Per tensor: relative L2 error (the checked one), then the largest absolute error.
         for c in &self.checks {
             let mark = if c.passed() { "" } else { "!" };
-            write!(f, " {}{mark}={:.2e}", c.tensor, c.rel_l2)?;
+            write!(f, " {}{mark}={:.2e} (abs {:.2e})", c.tensor, c.rel_l2, c.max_abs)?;
         }
         if let Some(c) = self.checks.first() {
             write!(f, " (bound {:.0e})", c.bound)?;
@@ -187,5 +190,26 @@ pub fn check_case(
     match result {
         Ok(checks) => CaseReport { case: case.name.clone(), backend, checks, error: None },
         Err(e) => CaseReport::failed(&case.name, &backend, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_line_shows_relative_and_absolute_error_per_tensor() {
+        let r = CaseReport {
+            case: "hg_basic".into(),
+            backend: "cpu".into(),
+            checks: vec![check("out", &[1.0, 2.0], &[1.0, 2.5], 1e-4), check("lse", &[3.0], &[3.0], 1e-4)],
+            error: None,
+        };
+        let line = r.to_string();
+        assert!(line.starts_with("FAIL hg_basic"), "{line}");
+        assert!(line.contains(" out!=1.86e-1 (abs 5.00e-1)"), "{line}");
+        assert!(line.ends_with(" lse=0.00e0 (abs 0.00e0) (bound 1e-4)"), "{line}");
+        let e = CaseReport::failed("bad", "cpu", "truncated");
+        assert_eq!(e.to_string(), format!("FAIL {:<24} [cpu] error: truncated", "bad"));
     }
 }
