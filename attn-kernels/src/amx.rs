@@ -572,20 +572,20 @@ mod imp {
 
     /// `2^x` for `x <= LAZY_RESCALE` (degree-5 Taylor polynomial on the fraction: relative
     /// error below 3e-6, far under the bf16 rounding of the probabilities). Inputs below
-    /// -126 give `2^-126`: never a subnormal, whose handling costs the CPU a microcode
-    /// assist (masked lanes are zeroed by the caller; `2^-126` next to a maximum of 1 is
-    /// far below bf16 resolution).
+    /// -125 give 0: never a subnormal, whose handling costs the CPU a microcode assist
+    /// (next to a running maximum of 1, nothing below 2^-125 is visible).
     #[target_feature(enable = "avx512f")]
     fn exp2_vec(x: __m512) -> __m512 {
         const C: [f32; 6] = [1.333_355_8e-3, 9.618_129e-3, 5.550_411e-2, 0.240_226_5, std::f32::consts::LN_2, 1.0];
-        let x = _mm512_max_ps(_mm512_set1_ps(-126.0), x);
+        let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(-125.0));
+        let x = _mm512_max_ps(_mm512_set1_ps(-125.0), x);
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm512_sub_ps(x, n);
         let mut p = _mm512_set1_ps(C[0]);
         for c in C[1..].iter().copied() {
             p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
         }
-        _mm512_scalef_ps(p, n)
+        _mm512_maskz_scalef_ps(keep, p, n)
     }
 
     /// # Safety

@@ -116,15 +116,19 @@ mod imp {
 
     #[target_feature(enable = "avx512f")]
     fn exp2_vec(x: __m512) -> __m512 {
-        // Constant first: `max` returns the second operand on NaN, so NaN propagates.
-        let x = _mm512_max_ps(_mm512_set1_ps(-150.0), x);
+        // Below -125 the result is 0 (as in the AVX2 path): a subnormal result would cost
+        // a microcode assist per vector, and next to a row maximum of 1 (2^0) nothing
+        // below 2^-125 is visible in f32. `NLT_UQ` keeps NaN lanes; constant first in
+        // `max` (it returns the second operand on NaN), so NaN propagates.
+        let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-125.0));
+        let x = _mm512_max_ps(_mm512_set1_ps(-125.0), x);
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm512_sub_ps(x, n);
         let mut p = _mm512_set1_ps(EXP2_POLY[0]);
         for c in EXP2_POLY[1..].iter().copied() {
             p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
         }
-        _mm512_scalef_ps(p, n)
+        _mm512_maskz_scalef_ps(keep, p, n)
     }
 
     /// `x[j] = exp2(x[j] - s - sv[j])` (`sv` absent = 0); returns the sum of the results.
