@@ -278,9 +278,7 @@ impl CpuBackend {
                     // SAFETY: unit (b, h, c0..c1) is the only writer of rows (b, p, h) for p in
                     // c0..c1 and of their LSE entries; the view's strides keep rows disjoint.
                     let row = unsafe { out_rows.range_mut(off, plan.d) };
-                    for (o, a) in row.iter_mut().zip(&ws.acc_a[t * plan.d..]) {
-                        *o = T::from_f32(out_scale * a);
-                    }
+                    T::from_f32_scaled(row, &ws.acc_a[t * plan.d..(t + 1) * plan.d], out_scale);
                     // SAFETY: as above, one LSE entry per (b, p, h).
                     let l = unsafe { lse_rows.range_mut((u.b * s.seq + p) * s.heads + u.h, 1) };
                     l[0] = ws.acc_l[t];
