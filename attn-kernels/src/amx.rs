@@ -86,6 +86,7 @@ pub(crate) fn forward_piece<T: Element>(
     if T::DTYPE != DType::BF16
         || !supported()
         || nq == 0
+        || d > MAX_HEAD_DIM
         || scale.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
     {
         return false;
