@@ -20,6 +20,9 @@
 //! same cuts did not help and are not used.
 //!
 //! The walk is recursive with depth `O(log n)` and emits each cell once: `O(n)`.
+//! It counts its own work ([`Walk::steps`]: every recursive call and every loop
+//! iteration of [`half_aligned`]) so tests can check the linear bound by counting
+//! rather than timing (`attn_hilbert::generate_counted`).
 
 /// An integer vector `[x, y, z]`.
 type V = [i64; 3];
@@ -60,8 +63,9 @@ fn div_parity(a: V, q: i64, want_odd: bool) -> V {
 }
 /// A cut of `a` near its middle (within 40%..60%) at a multiple of the largest
 /// possible power of two (at least 2), closest to the middle among those; for
-/// short axes or when no such multiple exists, [`half_even`].
-fn half_aligned(a: V) -> V {
+/// short axes or when no such multiple exists, [`half_even`]. Adds its loop
+/// iterations to `steps` (`O(log len)`; summed over the walk, still `O(n)`).
+fn half_aligned(a: V, steps: &mut u64) -> V {
     let l = len(a);
     if l <= 4 {
         return half_even(a);
@@ -69,11 +73,13 @@ fn half_aligned(a: V) -> V {
     let (lo, hi) = ((2 * l + 4) / 5, (3 * l) / 5);
     let mut step = 1i64 << (63 - l.leading_zeros());
     while step >= 2 {
+        *steps += 1;
         let first = (lo + step - 1) / step * step;
         if first <= hi {
             let mut m = first;
             let mut best = first;
             while m <= hi {
+                *steps += 1;
                 if (2 * m - l).abs() < (2 * best - l).abs() {
                     best = m;
                 }
@@ -105,6 +111,9 @@ struct Walk<'a> {
     stride: [i64; 3],
     /// Emit small boxes from [`SmallCurves`] instead of recursing.
     tables: Option<&'static SmallCurves>,
+    /// Work counter: one per recursive call and per [`half_aligned`] loop
+    /// iteration. Everything else a call does is `O(1)` or one write per cell.
+    steps: u64,
 }
 
 /// Smallest power-of-two tile a 2D sub-rectangle switches to aligned cuts for.
@@ -132,7 +141,7 @@ impl SmallCurves {
             // Record each curve by recursion (tables off), with 16 as the stride base.
             let record = |f: &dyn Fn(&mut Walk<'_>)| {
                 let mut out = Vec::new();
-                f(&mut Walk { out: &mut out, stride: [1, 16, 256], tables: None });
+                f(&mut Walk { out: &mut out, stride: [1, 16, 256], tables: None, steps: 0 });
                 out.into_iter().map(|i| [i as i64 % 16, i as i64 / 16 % 16, i as i64 / 256]).collect::<Vec<_>>()
             };
             let mut d2 = vec![];
@@ -177,6 +186,7 @@ impl Walk<'_> {
     }
 
     fn curve_2d(&mut self, p: V, alpha: V, beta: V) {
+        self.steps += 1;
         let (a, b) = (len(alpha), len(beta));
         if a == 0 || b == 0 {
             return;
@@ -202,15 +212,15 @@ impl Walk<'_> {
         }
         if 2 * a > 3 * b {
             // Long rectangle: two halves side by side along alpha.
-            let alpha2 = half_aligned(alpha);
+            let alpha2 = half_aligned(alpha, &mut self.steps);
             self.curve_2d(p, alpha2, beta);
             self.curve_2d(add(p, alpha2), sub(alpha, alpha2), beta);
             return;
         }
         // Up along the first half of beta, across, and back down.
         let (da, db) = (unit(alpha), unit(beta));
-        let alpha2 = if a > 4 { half_aligned(alpha) } else { div(alpha, 2) };
-        let beta2 = half_aligned(beta);
+        let alpha2 = if a > 4 { half_aligned(alpha, &mut self.steps) } else { div(alpha, 2) };
+        let beta2 = half_aligned(beta, &mut self.steps);
         self.curve_2d(p, beta2, alpha2);
         self.curve_2d(add(p, beta2), alpha, sub(beta, beta2));
         let back = add(p, add(sub(alpha, da), sub(beta2, db)));
@@ -228,6 +238,7 @@ impl Walk<'_> {
     }
 
     fn curve_3d(&mut self, p: V, alpha: V, beta: V, gamma: V) {
+        self.steps += 1;
         let (a, b, g) = (len(alpha), len(beta), len(gamma));
         if a == 0 || b == 0 || g == 0 {
             return;
@@ -350,6 +361,7 @@ impl Walk<'_> {
     /// With `thick = Some(c)` the rectangle is a slab `u` cells thick along `c`
     /// and its tiles are `u x u x u` cubes (used by [`Walk::aligned_3d`]).
     fn aligned_2d(&mut self, p: V, alpha: V, beta: V, thick: Option<V>, u: i64) {
+        self.steps += 1;
         let (ac, bc) = (len(alpha) / u, len(beta) / u);
         if u == 1 || (ac == 1 && bc == 1) {
             return self.leaf(p, alpha, beta, thick);
@@ -387,6 +399,7 @@ impl Walk<'_> {
     /// of tiles; one tile thick along alpha (the curve must come back next to its
     /// start) falls back to the unaligned curve.
     fn aligned_3d(&mut self, p: V, alpha: V, beta: V, gamma: V, u: i64) {
+        self.steps += 1;
         let (ac, bc, gc) = (len(alpha) / u, len(beta) / u, len(gamma) / u);
         if u == 1 || ac == 1 {
             return self.curve_3d(p, alpha, beta, gamma);
@@ -466,10 +479,11 @@ fn common_pow2(lens: &[i64]) -> i64 {
 /// Axes of length 1 are dropped; the curve runs first along the longest even
 /// axis, or the longest axis when all are odd (ties: width, then height, then
 /// depth), and cuts at multiples of the largest power of two dividing every
-/// remaining side (see [`Walk::aligned_2d`]).
-pub(crate) fn hilbert_indices(depth: usize, height: usize, width: usize, out: &mut Vec<usize>) {
+/// remaining side (see [`Walk::aligned_2d`]). Returns the walk's step count
+/// ([`Walk::steps`]).
+pub(crate) fn hilbert_indices(depth: usize, height: usize, width: usize, out: &mut Vec<usize>) -> u64 {
     let (d, h, w) = (depth as i64, height as i64, width as i64);
-    let mut walk = Walk { out, stride: [1, w, w * h], tables: Some(SmallCurves::get()) };
+    let mut walk = Walk { out, stride: [1, w, w * h], tables: Some(SmallCurves::get()), steps: 0 };
     let mut axes: Vec<V> = [[w, 0, 0], [0, h, 0], [0, 0, d]].into_iter().filter(|a| len(*a) > 1).collect();
     axes.sort_by_key(|a| std::cmp::Reverse(len(*a))); // stable: ties keep width first
     let lens: Vec<i64> = axes.iter().map(|a| len(*a)).collect();
@@ -488,6 +502,7 @@ pub(crate) fn hilbert_indices(depth: usize, height: usize, width: usize, out: &m
         [a, b] => walk.aligned_2d([0, 0, 0], a, b, None, u),
         [a, b, c, ..] => walk.aligned_3d([0, 0, 0], a, b, c, u),
     }
+    walk.steps
 }
 
 #[cfg(test)]
@@ -497,7 +512,7 @@ mod tests {
     fn both(depth: i64, height: i64, width: i64) -> (Vec<usize>, Vec<usize>) {
         let run = |tables| {
             let mut out = vec![];
-            let mut walk = Walk { out: &mut out, stride: [1, width, width * height], tables };
+            let mut walk = Walk { out: &mut out, stride: [1, width, width * height], tables, steps: 0 };
             walk.aligned_3d([0; 3], [width, 0, 0], [0, height, 0], [0, 0, depth], 1);
             out
         };

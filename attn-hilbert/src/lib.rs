@@ -8,7 +8,9 @@
 //!
 //! - [`TokenOrder`]: row-major, Z-order or generalised Hilbert ("gilbert") order of a
 //!   `height x width` grid or `depth x height x width` box of any size (not only
-//!   powers of two), generated in `O(n)` and cached per `(kind, grid)` ([`OrderCache`]).
+//!   powers of two), generated in `O(n)` and cached per `(kind, grid)` ([`OrderCache`]);
+//!   [`generate_counted`] reports the generator's work ([`GenerationWork`]) so the
+//!   linear bound is tested by counting (`tests/generation_work.rs`), not timing.
 //! - [`Permutation`]: the order and its inverse, applied to `[batch, seq, heads,
 //!   head_dim]` or `[batch, seq, embed]` buffers out of place (one row copy per
 //!   token) or in place (cycle walking with a visited bitset).
@@ -86,5 +88,5 @@ mod zorder;
 pub use cache::OrderCache;
 pub use grid::Grid;
 pub use locality::{Locality, locality, mean_segment_diameter, neighbour_in_segment_fraction};
-pub use order::{OrderKind, TokenOrder, generate};
+pub use order::{GenerationWork, OrderKind, TokenOrder, generate, generate_counted};
 pub use permutation::{Permutation, TokenLayout};

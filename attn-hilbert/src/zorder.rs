@@ -7,21 +7,26 @@
 //! border, never the size of the enclosing cube.
 
 /// Appends to `out` the row-major indices of a `depth x height x width` box in
-/// Z-order. Same preconditions as the Hilbert generator.
-pub(crate) fn z_order_indices(depth: usize, height: usize, width: usize, out: &mut Vec<usize>) {
+/// Z-order. Same preconditions as the Hilbert generator. Returns the number of
+/// octree blocks visited (pruned ones included): the walk's work besides output.
+pub(crate) fn z_order_indices(depth: usize, height: usize, width: usize, out: &mut Vec<usize>) -> u64 {
     let side = depth.max(height).max(width).next_power_of_two();
-    let walk = ZWalk { dims: [depth, height, width], stride: [height * width, width] };
+    let mut walk = ZWalk { dims: [depth, height, width], stride: [height * width, width], steps: 0 };
     walk.block([0, 0, 0], side, out);
+    walk.steps
 }
 
 struct ZWalk {
     dims: [usize; 3],
     stride: [usize; 2],
+    /// Blocks visited.
+    steps: u64,
 }
 
 impl ZWalk {
     /// Visit the block of side `side` (a power of two) at `origin = [z, y, x]`.
-    fn block(&self, origin: [usize; 3], side: usize, out: &mut Vec<usize>) {
+    fn block(&mut self, origin: [usize; 3], side: usize, out: &mut Vec<usize>) {
+        self.steps += 1;
         let [z, y, x] = origin;
         if z >= self.dims[0] || y >= self.dims[1] || x >= self.dims[2] {
             return;

@@ -2,7 +2,8 @@
 //! projection, dilated attention on any backend, sub-LayerNorm, output projection) with
 //! forward and backward, safetensors weights with PyTorch names, MAGNETO init, the
 //! LongNet encoder layer and stack, a ring-parallel layer, and the Hilbert option
-//! (curve-ordered grid tokens) on one device and on the ring.
+//! (curve-ordered grid tokens) on one device and on the ring, reached from the layer
+//! with `with_token_order` / `with_ring_token_order`.
 #![deny(unsafe_code)]
 
 pub mod backend;
@@ -36,7 +37,7 @@ pub use layer_norm::{LayerNorm, NormStats};
 pub use ordered_ring::OrderedRing;
 pub use projection::Linear;
 pub use ring_layer::{RingBackend, all_reduce_grads, ring_layer};
-pub use token_order::OrderedAttention;
+pub use token_order::{OrderedAttention, OrderedCrossCache};
 pub use weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 pub use weights_io::{
     ExtraTensors, F32Tensors, TensorSource, load_bytes, load_file, load_params, save_bytes, save_file,

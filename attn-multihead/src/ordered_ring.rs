@@ -19,9 +19,16 @@
 //! Weight gradients are per-rank partial sums in both forms; add them up with
 //! [`OrderedRing::all_reduce_grads`].
 //!
+//! The option is reachable from the layer: a ring layer built with
+//! [`crate::ring_layer()`] on a [`RingBackend`] of `grid.len()` positions becomes an
+//! `OrderedRing` with [`MultiheadDilatedAttention::with_ring_token_order`]
+//! (equivalently [`OrderedRing::from_layer`], or [`OrderedRing::new`] from the
+//! config, weights and communicator):
+//!
 //! ```
+//! use std::sync::Arc;
 //! use attn_hilbert::{Grid, OrderKind};
-//! use attn_multihead::{Mode, MultiheadConfig, MultiheadWeights, OrderedRing};
+//! use attn_multihead::{Mode, MultiheadConfig, MultiheadWeights, RingBackend, ring_layer};
 //! use attn_ring::{Layout, Strategy, ThreadComm};
 //! # fn main() -> attn_core::Result<()> {
 //! let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
@@ -34,7 +41,10 @@
 //!             let (cfg, x) = (cfg.clone(), &x);
 //!             s.spawn(move || -> attn_core::Result<Vec<f32>> {
 //!                 let w = MultiheadWeights::magneto(&cfg, 7);
-//!                 let ring = OrderedRing::new(cfg, w, OrderKind::Hilbert, grid, comm, Layout::Contiguous, Strategy::Auto)?;
+//!                 let backend = Arc::new(RingBackend::new(comm, grid.len(), Layout::Contiguous, Strategy::Auto)?);
+//!                 let layer = ring_layer(cfg, w, backend.clone())?;
+//!                 let ring = layer.with_ring_token_order(backend, grid, OrderKind::Hilbert)?;
+//!                 assert_eq!(ring.tokens().len(), 30); // a compact 30-token patch of the grid
 //!                 ring.forward(x, 1, Mode::Eval) // the whole row-major output, on every rank
 //!             })
 //!         })
@@ -88,17 +98,38 @@ impl<F: LayerFloat, C: Communicator + Send + std::fmt::Debug + 'static> OrderedR
         layout: Layout,
         strategy: Strategy,
     ) -> Result<Self> {
+        let backend = Arc::new(RingBackend::new(comm, grid.len(), layout, strategy)?);
+        let layer = ring_layer(config, weights, backend.clone())?;
+        Self::from_layer(layer, backend, kind, grid)
+    }
+
+    /// `layer` (its config and weights) with attention over `grid` serialised by
+    /// `kind`, run on `backend`, whose global sequence must be the grid
+    /// (`backend.seq() == grid.len()`); the layer's attention is rebound to
+    /// `backend`. Every rank must pass the same arguments (except the communicator).
+    pub fn from_layer(
+        layer: MultiheadDilatedAttention<F>,
+        backend: Arc<RingBackend<C>>,
+        kind: OrderKind,
+        grid: Grid,
+    ) -> Result<Self> {
         let order = TokenOrder::new(kind, grid)?;
         let n = order.len();
-        let (rank, world) = (comm.rank(), comm.world_size());
-        let backend = Arc::new(RingBackend::new(comm, n, layout, strategy)?);
+        if backend.seq() != n {
+            return Err(AttnError::InvalidArgument(format!(
+                "the ring backend spans {} positions but the {grid} grid has {n} tokens",
+                backend.seq()
+            )));
+        }
+        let layout = backend.layout();
+        let (rank, world) = backend.with_comm(|c| Ok((c.rank(), c.world_size())))?;
         let all_ranges: Vec<Vec<Range<usize>>> = (0..world).map(|r| layout.ranges(n, world, r)).collect();
         let curve = order.permutation().order();
         let curve_tokens: Vec<usize> = all_ranges[rank].iter().flat_map(|r| curve[r.clone()].iter().copied()).collect();
         let mut tokens = curve_tokens.clone();
         tokens.sort_unstable();
         let local = Permutation::from_order(curve_tokens.iter().map(|t| tokens.partition_point(|u| u < t)).collect())?;
-        let layer = ring_layer(config, weights, backend.clone())?;
+        let layer = layer.with_backend(backend.clone());
         Ok(OrderedRing { layer, backend, order, all_ranges, rank, tokens, local })
     }
 
@@ -269,5 +300,22 @@ impl<F: LayerFloat, C: Communicator + Send + std::fmt::Debug + 'static> OrderedR
     /// Sum the per-rank weight gradients over all ranks (every rank gets identical totals).
     pub fn all_reduce_grads(&self, grads: &mut MultiheadWeights<F>) -> Result<()> {
         self.backend.with_comm(|c| all_reduce_grads(c, grads))
+    }
+}
+
+impl<F: LayerFloat> MultiheadDilatedAttention<F> {
+    /// The Hilbert option on the ring: this layer (its config and weights) with
+    /// attention over the row-major tokens of `grid` serialised by `kind`, split
+    /// over the ranks of `backend` (whose global sequence must be `grid.len()`);
+    /// with a Hilbert order and the contiguous layout each rank gets a compact
+    /// spatial patch. See [`OrderedRing::from_layer`] and the
+    /// [module docs](crate::ordered_ring) for an example.
+    pub fn with_ring_token_order<C: Communicator + Send + std::fmt::Debug + 'static>(
+        self,
+        backend: Arc<RingBackend<C>>,
+        grid: Grid,
+        kind: OrderKind,
+    ) -> Result<OrderedRing<F, C>> {
+        OrderedRing::from_layer(self, backend, kind, grid)
     }
 }

@@ -36,6 +36,19 @@ impl<C: Communicator> RingBackend<C> {
         Ok(RingBackend { comm: Mutex::new(comm), seq, layout, strategy })
     }
 
+    /// The GLOBAL sequence length.
+    pub fn seq(&self) -> usize {
+        self.seq
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
     /// This rank's global positions, ascending (the rows it passes to the layer).
     pub fn positions(&self) -> Result<Vec<usize>> {
         let c = self.lock()?;

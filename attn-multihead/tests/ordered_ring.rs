@@ -6,7 +6,7 @@ use attn_core::{DType, Mixing};
 use attn_hilbert::{Grid, OrderKind};
 use attn_multihead::{
     Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, OrderedAttention, OrderedRing,
-    ReferenceBackend,
+    ReferenceBackend, RingBackend, ring_layer,
 };
 use attn_ring::{Layout, Strategy, ThreadComm};
 use attn_testkit::rng::random_vec;
@@ -178,4 +178,50 @@ fn bad_sizes_are_errors_not_panics() {
     let want = single.forward(&x, 1, 6, Mode::Eval).unwrap();
     assert!(rel_l2_error(&ring.forward(&x, 1, Mode::Eval).unwrap(), &want) <= 1e-6);
     assert_eq!(ring.tokens(), &[0, 1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn the_ring_option_is_reachable_from_the_layer() {
+    let cfg = MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]);
+    let (grid, world, batch) = (Grid::new_2d(6, 10).unwrap(), 3, 2);
+    let (e, n) = (cfg.embed_dim, grid.len());
+    let w = MultiheadWeights::<f32>::magneto(&cfg, 5);
+    let single = MultiheadDilatedAttention::from_weights(cfg.clone(), w.clone(), Arc::new(ReferenceBackend))
+        .unwrap()
+        .with_token_order(grid, OrderKind::Hilbert)
+        .unwrap();
+    let x = random_vec(4, batch * n * e);
+    let want = single.forward(&x, batch, n, Mode::Eval).unwrap();
+    let outs: Vec<(Vec<f32>, Vec<usize>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = ThreadComm::world(world)
+            .unwrap()
+            .into_iter()
+            .map(|comm| {
+                let (cfg, w, x) = (cfg.clone(), w.clone(), &x);
+                s.spawn(move || {
+                    let backend = Arc::new(RingBackend::new(comm, n, Layout::Contiguous, Strategy::Auto).unwrap());
+                    // A layer built on another backend is rebound to the ring's.
+                    let layer = MultiheadDilatedAttention::from_weights(cfg, w, Arc::new(ReferenceBackend)).unwrap();
+                    let ring = layer.with_ring_token_order(backend, grid, OrderKind::Hilbert).unwrap();
+                    assert_eq!(ring.layer.backend().name(), "ring");
+                    (ring.forward(x, batch, Mode::Eval).unwrap(), ring.tokens().to_vec())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let bound = Tolerance::for_dtype(DType::F32).rel_l2;
+    let tokens = rank_tokens(OrderKind::Hilbert, grid, world);
+    for (r, (y, t)) in outs.iter().enumerate() {
+        assert!(rel_l2_error(y, &want) <= bound, "rank {r}");
+        assert_eq!(t, &tokens[r], "same patches as OrderedRing::new");
+    }
+    // The backend's global sequence must be the grid.
+    let comm = ThreadComm::world(1).unwrap().into_iter().next().unwrap();
+    let backend = Arc::new(RingBackend::new(comm, n + 1, Layout::Contiguous, Strategy::Auto).unwrap());
+    let layer = ring_layer(cfg, w, backend.clone()).unwrap();
+    assert!(matches!(
+        layer.with_ring_token_order(backend, grid, OrderKind::Hilbert),
+        Err(attn_core::AttnError::InvalidArgument(_))
+    ));
 }
