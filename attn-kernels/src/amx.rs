@@ -35,6 +35,15 @@ pub(crate) fn supported() -> bool {
     *S.get_or_init(imp::detect)
 }
 
+/// Upper bound of the bytes an [`AmxScratch`] grows to for pieces of at most `m` keys and
+/// head dim `d` (packed keys and values, one query block, double-buffered scores and
+/// probabilities, the output block), doubled for the slack a growing `Vec` may keep.
+pub(crate) fn scratch_bytes(d: usize, m: usize) -> usize {
+    let g = Geometry::new(d, m);
+    let (keys, values) = (g.steps * g.qc() * 4 * TILE, g.steps * 2 * g.ne() * TILE);
+    2 * (4 * (keys + values) + 2 * QB * g.dq + 4 * 2 * QB * KS + 2 * 2 * QB * KS + 4 * QB * g.dv)
+}
+
 /// Reusable buffers of the AMX forward (one per worker).
 #[derive(Debug, Default)]
 pub(crate) struct AmxScratch {

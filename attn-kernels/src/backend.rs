@@ -14,7 +14,7 @@
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Element, Result, Shape4};
-use attn_core::{MemoryBudget, TensorView, TensorViewMut};
+use attn_core::{MemoryBudget, TensorView, TensorViewMut, check_finite};
 use rayon::prelude::*;
 
 use crate::disjoint::DisjointSlice;
@@ -25,13 +25,14 @@ use crate::units::{
     fused_unit, fused_unit_len, fused_units, units,
 };
 
-/// The CPU backend: a thread pool (built once), the kernel flavour and a memory budget
-/// for the scratch a call allocates.
+/// The CPU backend: a thread pool (built once), the kernel flavour, a memory budget
+/// for the scratch a call allocates and the opt-in finite-input check.
 #[derive(Debug)]
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     isa: Isa,
     budget: MemoryBudget,
+    check_finite: bool,
 }
 
 /// The largest finite `|x|` of a view (NaN and infinities are left to the kernels, which
@@ -151,7 +152,7 @@ impl CpuBackend {
             .thread_name(|i| format!("attn-cpu-{i}"))
             .build()
             .map_err(|e| AttnError::backend("cpu", e))?;
-        Ok(CpuBackend { pool, isa: Isa::detect(), budget: MemoryBudget::unlimited() })
+        Ok(CpuBackend { pool, isa: Isa::detect(), budget: MemoryBudget::unlimited(), check_finite: false })
     }
 
     /// Refuse (with [`AttnError::OverBudget`], before allocating anything) any call whose
@@ -164,6 +165,19 @@ impl CpuBackend {
     /// The memory budget in force.
     pub fn budget(&self) -> MemoryBudget {
         self.budget
+    }
+
+    /// With `on`, every call first checks q, k, v (and grad_out in a backward) and
+    /// returns [`AttnError::NonFinite`] naming the first tensor and flat index holding a
+    /// NaN or infinity, before computing or writing anything.
+    pub fn with_check_finite(mut self, on: bool) -> Self {
+        self.check_finite = on;
+        self
+    }
+
+    /// Whether calls check their inputs for non-finite values.
+    pub fn checks_finite(&self) -> bool {
+        self.check_finite
     }
 
     /// Use another kernel flavour (e.g. [`Isa::Portable`] to compare paths).
@@ -201,6 +215,11 @@ impl CpuBackend {
         cfg.validate_heads(shape.q.heads)?;
         // Before anything is allocated.
         self.budget.check(self.workspace_bytes_cross(cfg, shape, backward))?;
+        if self.check_finite {
+            check_finite(TensorName::Query, &q)?;
+            check_finite(TensorName::Key, &k)?;
+            check_finite(TensorName::Value, &v)?;
+        }
         let d = shape.q.head_dim;
         let scale = cfg.scale_for(d) as f32;
         if !(scale.is_finite() && scale > 0.0) {
@@ -345,6 +364,9 @@ impl CpuBackend {
         check_same(TensorName::GradQuery, dq.shape(), s)?;
         check_same(TensorName::GradKey, dk.shape(), k.shape())?;
         check_same(TensorName::GradValue, dv.shape(), k.shape())?;
+        if self.check_finite {
+            check_finite(TensorName::GradOutput, &grad_out)?;
+        }
         // The fused pass needs queries and keys at the same positions (self-attention shapes).
         let fused = if k.shape().seq == s.seq { fused_units(&plan, s.batch, s.seq) } else { None };
         let work: Vec<Task> = match fused {
@@ -435,7 +457,10 @@ impl CpuBackend {
         let usizes = 6 * m;
         // The work list: at most two units per 64 rows of every (batch, head).
         let work = 2 * shape.batch * shape.heads * (shape.seq / 64 + 1) * std::mem::size_of::<[usize; 5]>();
-        self.threads() * (4 * f32s + 8 * usizes) + work
+        // The AMX forward keeps its own packed bf16 tiles beside the f32 scratch (a piece
+        // it hands back to the f32 kernel uses both).
+        let amx = if self.isa == Isa::Amx { crate::amx::scratch_bytes(d, m) } else { 0 };
+        self.threads() * (4 * f32s + 8 * usizes + amx) + work
     }
 
     /// Forward on contiguous buffers, returning `(out, lse)`.

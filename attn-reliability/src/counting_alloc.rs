@@ -1,14 +1,20 @@
 //! A counting global allocator for attack tests: live bytes, peak live bytes and the
-//! largest single request since the last reset.
+//! largest single request since the last reset, for the process and per thread.
 //!
 //! A test binary installs it with `#[global_allocator]`; tests that read the counters
-//! hold [`exclusive`] so that no other test of the binary allocates meanwhile. This is
-//! the only module of the crate with `unsafe` (the `GlobalAlloc` impl, which forwards
-//! every call unchanged to [`System`]).
+//! hold [`exclusive`] so that no other test of the binary allocates meanwhile. Every
+//! block carries a small header naming the thread (slot) that allocated it and the
+//! thread epoch, so a free on another thread (a message handed to the next ring rank)
+//! is charged back to the allocating thread: a thread's figure is "bytes it allocated
+//! that nobody has freed yet", the per-rank figure when ranks are in-process threads
+//! (the bench's allocator counts the same way). This is the only module of the crate
+//! with `unsafe` (the `GlobalAlloc` impl and the header reads and writes); every block
+//! comes from [`System`].
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 static LIVE: AtomicI64 = AtomicI64::new(0);
@@ -17,53 +23,128 @@ static LARGEST: AtomicUsize = AtomicUsize::new(0);
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 static EXCLUSIVE: Mutex<()> = Mutex::new(());
 
+/// Per-thread slots; threads beyond the last share it.
+pub const MAX_SLOTS: usize = 64;
+/// Header bytes before every user block (at least the block's alignment).
+const MIN_HEADER: usize = 16;
+
+struct Slot {
+    live: AtomicI64,
+    peak: AtomicI64,
+}
+
+static SLOTS: [Slot; MAX_SLOTS] = [const { Slot { live: AtomicI64::new(0), peak: AtomicI64::new(0) } }; MAX_SLOTS];
+static EPOCH: AtomicU32 = AtomicU32::new(1);
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// `(epoch << 32) | slot` of this thread; a stale epoch means "no slot yet".
+    static TAG: Cell<u64> = const { Cell::new(0) };
+}
+
 /// The allocator: `#[global_allocator] static A: CountingAlloc = CountingAlloc;`.
 #[derive(Debug)]
 pub struct CountingAlloc;
 
-fn grew(size: usize) {
-    let live = LIVE.fetch_add(size as i64, Ordering::Relaxed) + size as i64;
-    PEAK.fetch_max(live, Ordering::Relaxed);
-    LARGEST.fetch_max(size, Ordering::Relaxed);
-    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+fn header_for(layout: Layout) -> usize {
+    layout.align().max(MIN_HEADER)
 }
 
-fn shrank(size: usize) {
-    LIVE.fetch_sub(size as i64, Ordering::Relaxed);
+/// The full System layout of a user block of `layout` (header in front).
+fn full_layout(layout: Layout) -> Option<Layout> {
+    Layout::from_size_align(layout.size().checked_add(header_for(layout))?, layout.align().max(MIN_HEADER)).ok()
 }
 
-// SAFETY: every method forwards its arguments unchanged to `System`, which upholds the
-// `GlobalAlloc` contract; the counters are plain atomics and never allocate.
+/// This thread's tag in the current epoch, assigning a fresh slot if needed.
+fn current_tag() -> u64 {
+    let epoch = u64::from(EPOCH.load(Ordering::Relaxed));
+    TAG.try_with(|t| {
+        let tag = t.get();
+        if tag >> 32 == epoch {
+            return tag;
+        }
+        let slot = NEXT_SLOT.fetch_add(1, Ordering::Relaxed).min(MAX_SLOTS - 1) as u64;
+        let tag = (epoch << 32) | slot;
+        t.set(tag);
+        tag
+    })
+    .unwrap_or((epoch << 32) | (MAX_SLOTS as u64 - 1))
+}
+
+fn charge(tag: u64, delta: i64) {
+    let live = LIVE.fetch_add(delta, Ordering::Relaxed) + delta;
+    if delta > 0 {
+        PEAK.fetch_max(live, Ordering::Relaxed);
+        LARGEST.fetch_max(delta as usize, Ordering::Relaxed);
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    }
+    if (tag >> 32) as u32 == EPOCH.load(Ordering::Relaxed) {
+        let slot = &SLOTS[(tag & 0xffff_ffff) as usize];
+        let l = slot.live.fetch_add(delta, Ordering::Relaxed) + delta;
+        if delta > 0 {
+            slot.peak.fetch_max(l, Ordering::Relaxed);
+        }
+    }
+}
+
+// SAFETY: every block handed out is a `System` block of `size + header` bytes aligned
+// to `max(align, 16)`, offset by `header` bytes (a multiple of the alignment), so the
+// user pointer is aligned with `size` bytes in bounds. `dealloc`/`realloc` undo the
+// same offset with the same header size (a function of the layout only), so `System`
+// always sees the layout it allocated with. The counters are atomics and never allocate.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: same layout as the caller's, which satisfies `alloc`'s contract.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            grew(layout.size());
+        let Some(full) = full_layout(layout) else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: `full` has a non-zero size (the header is at least 16 bytes).
+        let base = unsafe { System.alloc(full) };
+        if base.is_null() {
+            return base;
         }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as in `alloc`.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            grew(layout.size());
+        let tag = current_tag();
+        charge(tag, layout.size() as i64);
+        // SAFETY: `base` is valid for at least 16 bytes and 16-aligned, so the u64 tag
+        // at its start is in bounds and aligned; `base + header` stays inside the block.
+        unsafe {
+            (base as *mut u64).write(tag);
+            base.add(header_for(layout))
         }
-        p
     }
+
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System` with this layout (every block above does).
-        unsafe { System.dealloc(ptr, layout) };
-        shrank(layout.size());
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: `ptr`/`layout` came from `System`; the caller guarantees `new_size` is valid.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            shrank(layout.size());
-            grew(new_size);
+        // SAFETY: `ptr` came from `alloc`/`realloc` above with this layout, so
+        // `ptr - header` is the start of the System block (holding our tag), which was
+        // allocated with `full_layout(layout)` (valid, or `alloc` would have failed).
+        unsafe {
+            let base = ptr.sub(header_for(layout));
+            charge((base as *const u64).read(), -(layout.size() as i64));
+            let full =
+                Layout::from_size_align_unchecked(layout.size() + header_for(layout), layout.align().max(MIN_HEADER));
+            System.dealloc(base, full);
         }
-        p
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let h = header_for(layout);
+        let Some(new_full) = new_size.checked_add(h) else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: as in `dealloc`, `ptr - h` starts a System block of `size + h` bytes
+        // with alignment `max(align, 16)`; System.realloc keeps the alignment and copies
+        // the header (the tag) with the data; the new size is non-zero.
+        unsafe {
+            let base = ptr.sub(h);
+            let tag = (base as *const u64).read();
+            let full = Layout::from_size_align_unchecked(layout.size() + h, layout.align().max(MIN_HEADER));
+            let nb = System.realloc(base, full, new_full);
+            if nb.is_null() {
+                return nb;
+            }
+            charge(tag, -(layout.size() as i64));
+            charge(tag, new_size as i64);
+            nb.add(h)
+        }
     }
 }
 
@@ -129,4 +210,28 @@ pub struct Measured {
     pub live_delta: i64,
     /// Number of allocations during the call.
     pub allocations: usize,
+}
+
+/// Start a new thread epoch: every thread gets a fresh slot (at zero) at its next
+/// allocation; blocks from earlier epochs count only in the process counters.
+pub fn new_thread_epoch() {
+    EPOCH.fetch_add(1, Ordering::SeqCst);
+    for s in &SLOTS {
+        s.live.store(0, Ordering::SeqCst);
+        s.peak.store(0, Ordering::SeqCst);
+    }
+    NEXT_SLOT.store(0, Ordering::SeqCst);
+}
+
+/// Run `f` on the calling thread and return its result with the peak bytes this thread
+/// allocated during `f` that nobody had freed yet (frees on other threads included),
+/// above its level when `f` started. Call [`new_thread_epoch`] before spawning the
+/// threads of one measurement so that each has a slot of its own.
+pub fn measure_thread<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    let slot = &SLOTS[(current_tag() & 0xffff_ffff) as usize];
+    let start = slot.live.load(Ordering::SeqCst);
+    slot.peak.store(start, Ordering::SeqCst);
+    let r = f();
+    let peak = slot.peak.load(Ordering::SeqCst);
+    (r, (peak - start).max(0) as usize)
 }

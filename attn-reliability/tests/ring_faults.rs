@@ -154,27 +154,59 @@ fn duplicated_frames_fail_every_rank() {
     duplicates(true);
 }
 
+/// Receive timeout of the pure-delay runs: every injected delay, and any chain of
+/// them across ranks (at most 4 x 40 ms), stays well under it.
+const DELAY_TIMEOUT: Duration = Duration::from_millis(500);
+/// Delays of the delayed ranks, by their index in the run's list (all under the timeout).
+const DELAYS_MS: [u64; 3] = [20, 30, 40];
+
+/// Delays on several ranks at once (each on a different frame, sweeping every frame of
+/// every delayed rank), for the ring and all-gather strategies, contiguous and zigzag,
+/// forward and backward: every rank returns exactly (bitwise) the clean result.
 #[test]
-fn pure_delays_give_the_exact_clean_result() {
-    within(WATCHDOG, || {
-        for op in [Op::Forward, Op::Backward] {
-            let c = case(4, Strategy::Ring, Layout::Contiguous);
-            let clean = c.run_faulty(op, 0, vec![], CLEAN_TIMEOUT);
-            let frames = c.frames_sent(op, CLEAN_TIMEOUT).unwrap()[2];
-            for nth in 0..frames {
-                let delayed =
-                    c.run_faulty(op, 2, vec![Fault::Delay { nth, delay: Duration::from_millis(20) }], CLEAN_TIMEOUT);
-                for (rank, (a, b)) in delayed.iter().zip(&clean).enumerate() {
-                    let (a, b) = (a.as_ref().expect("delayed run failed"), b.as_ref().unwrap());
-                    assert!(
-                        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "delay at {nth}: rank {rank} differs"
-                    );
+fn pure_delays_on_several_ranks_give_the_exact_clean_result() {
+    let runs = within(Duration::from_secs(240), || {
+        let mut runs = 0;
+        let variants: [(usize, Strategy, Layout, &[usize]); 5] = [
+            (4, Strategy::Ring, Layout::Contiguous, &[0, 2, 3]),
+            (4, Strategy::Ring, Layout::Zigzag, &[1, 2]),
+            (4, Strategy::AllGather, Layout::Zigzag, &[0, 1, 3]),
+            (8, Strategy::Auto, Layout::Contiguous, &[1, 4, 6]),
+            (8, Strategy::AllGather, Layout::Zigzag, &[0, 3, 5, 7]),
+        ];
+        for (world, strategy, layout, delayed) in variants {
+            let c = case(world, strategy, layout);
+            for op in [Op::Forward, Op::Backward] {
+                let clean: Vec<Vec<f32>> =
+                    c.run_faulty(op, 0, vec![], CLEAN_TIMEOUT).into_iter().collect::<Result<_>>().expect("clean run");
+                let frames = c.frames_sent(op, CLEAN_TIMEOUT).expect("frame count");
+                let sweep = delayed.iter().map(|&r| frames[r]).max().unwrap_or(0);
+                for nth in 0..sweep {
+                    // The i-th delayed rank stalls its frame (nth + i) mod its frame count.
+                    let mut faults = vec![Vec::new(); world];
+                    for (i, &r) in delayed.iter().enumerate() {
+                        let delay = Duration::from_millis(DELAYS_MS[i % DELAYS_MS.len()]);
+                        faults[r].push(Fault::Delay { nth: (nth + i as u64) % frames[r], delay });
+                    }
+                    let res = c.run_with_faults(op, &faults, DELAY_TIMEOUT);
+                    let what = format!("{op:?} world {world} {strategy:?} {layout:?}, delays {faults:?}");
+                    assert_eq!(res.len(), clean.len(), "{what}: {} results for {} ranks", res.len(), clean.len());
+                    for (rank, (got, want)) in res.iter().zip(&clean).enumerate() {
+                        let got = got.as_ref().unwrap_or_else(|e| panic!("{what}: rank {rank} failed: {e}"));
+                        assert_eq!(got.len(), want.len(), "{what}: rank {rank} returned {} values", got.len());
+                        assert!(
+                            got.iter().zip(want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                            "{what}: rank {rank} differs from the clean run"
+                        );
+                    }
+                    runs += 1;
                 }
             }
         }
+        runs
     })
     .expect("delay runs hung");
+    eprintln!("pure delays: {runs} runs with 2-4 ranks delayed at once, all bit-identical to the clean runs");
 }
 
 #[test]

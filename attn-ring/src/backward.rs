@@ -7,7 +7,7 @@ use attn_core::{Element, Result, TensorView, TensorViewMut};
 
 use crate::block_math::{GradRows, attend_backward};
 use crate::comm::Communicator;
-use crate::entry::{Prepared, RingStats, check_out, finish, prepare};
+use crate::entry::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
 use crate::forward::{Partial, all_pairs, forward_core, restep};
 use crate::local::{Block, Local, mask_of, split_heads};
 use crate::plan::{PatternHead, Plan, RingProblem};
@@ -243,10 +243,24 @@ pub struct BackwardOutputs<'a, 'b, T> {
 ///
 /// Recomputes the forward (with the same communication), then runs the backward.
 /// Shapes and guarantees as in [`crate::ring_forward`]; `grad_out` has q's shape and
-/// `dq`, `dk`, `dv` receive this rank's rows.
+/// `dq`, `dk`, `dv` receive this rank's rows. [`ring_backward_with`] adds a memory
+/// budget and a finite-input check.
 pub fn ring_backward<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     problem: &RingProblem,
+    qkv: [TensorView<'_, T>; 3],
+    grad_out: TensorView<'_, T>,
+    grads: BackwardOutputs<'_, '_, T>,
+) -> Result<RingStats> {
+    ring_backward_with(comm, problem, &RingOptions::default(), qkv, grad_out, grads)
+}
+
+/// [`ring_backward`] with the opt-in checks of [`crate::ring_forward_with`] (the
+/// finite check covers grad_out too); on a refusal `dq`, `dk`, `dv` are untouched.
+pub fn ring_backward_with<C: Communicator + ?Sized, T: Element>(
+    comm: &mut C,
+    problem: &RingProblem,
+    opts: &RingOptions,
     qkv: [TensorView<'_, T>; 3],
     grad_out: TensorView<'_, T>,
     grads: BackwardOutputs<'_, '_, T>,
@@ -260,7 +274,7 @@ pub fn ring_backward<C: Communicator + ?Sized, T: Element>(
         (TensorName::GradValue, dv.shape()),
     ];
     let extra = check_out(problem, comm.rank(), &outs, usize::MAX);
-    let Prepared { plan, local, start } = prepare(comm, "backward", problem, [q, k, v], extra)?;
+    let Prepared { plan, local, start } = prepare(comm, "backward", problem, opts, [q, k, v], Some(grad_out), extra)?;
     let fwd = forward_core::<C, T>(comm, &plan, &local)?;
     let go = split_heads(&grad_out);
     let g = backward_core::<C, T>(comm, &plan, &local, &fwd, &go)?;

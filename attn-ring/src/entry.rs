@@ -2,13 +2,39 @@
 //! the plan, conversion of this rank's rows, and the completion round.
 
 use attn_core::error::TensorName;
-use attn_core::{Element, Result, Shape4, TensorView};
+use attn_core::{AttnError, Element, MemoryBudget, Result, Shape4, TensorView, check_finite};
 
 use crate::comm::{CommStats, Communicator};
 use crate::completion::complete;
-use crate::handshake::{fingerprint, handshake};
+use crate::handshake::{Refusal, fingerprint, handshake};
 use crate::local::Local;
 use crate::plan::{Plan, RingProblem};
+
+/// Opt-in checks of a ring call, decided by every rank together in the handshake
+/// (before anything proportional to the problem is allocated or sent).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RingOptions {
+    /// Refuse the call with `AttnError::OverBudget` on every rank when
+    /// [`Plan::max_workspace_bytes`] exceeds this budget (on any rank).
+    pub budget: MemoryBudget,
+    /// Check q, k, v (and grad_out in the backward) for NaN and infinities first: one
+    /// anywhere is `AttnError::NonFinite` on every rank, naming the tensor and the flat
+    /// index of the value in the GLOBAL `[batch, seq, heads, head_dim]` tensor.
+    pub check_finite: bool,
+}
+
+impl RingOptions {
+    /// Set the memory budget.
+    pub fn with_budget(mut self, budget: MemoryBudget) -> Self {
+        self.budget = budget;
+        self
+    }
+    /// Switch the finite-input check on or off.
+    pub fn with_check_finite(mut self, on: bool) -> Self {
+        self.check_finite = on;
+        self
+    }
+}
 
 /// What one call sent from this rank.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -53,12 +79,55 @@ pub(crate) fn check_out(
     None
 }
 
-/// Check inputs, run the handshake, derive the plan and convert the rows.
+/// The global flat index of local flat index `i` of a `[batch, rows, heads, d]` view
+/// holding this rank's rows.
+fn global_index(problem: &RingProblem, rank: usize, local: Shape4, i: usize) -> usize {
+    let (d, h, nl) = (local.head_dim, local.heads, local.seq);
+    let (e, hh, s, b) = (i % d, (i / d) % h, (i / (d * h)) % nl, i / (d * h * nl));
+    let pos = problem.layout.ranges(problem.seq, problem.world, rank).into_iter().flatten().nth(s).unwrap_or(s);
+    ((b * problem.seq + pos) * h + hh) * d + e
+}
+
+/// The local checks whose failure every rank must share: shapes (`err`), then the
+/// budget, then finite values.
+fn local_refusal<T: Element>(
+    problem: &RingProblem,
+    rank: usize,
+    plan: &Result<Plan>,
+    opts: &RingOptions,
+    inputs: &[(TensorName, TensorView<'_, T>)],
+    backward: bool,
+    err: Option<String>,
+) -> Option<Refusal> {
+    if let Some(e) = err {
+        return Some(Refusal::Inputs(e));
+    }
+    let plan = plan.as_ref().ok()?;
+    if let Some(budget) = opts.budget.bytes {
+        let needed = plan.max_workspace_bytes(T::DTYPE, backward);
+        if needed > budget as u64 {
+            return Some(Refusal::OverBudget { needed, budget: budget as u64 });
+        }
+    }
+    if opts.check_finite {
+        for (name, t) in inputs {
+            if let Err(AttnError::NonFinite { tensor, index }) = check_finite(*name, t) {
+                return Some(Refusal::NonFinite { tensor, index: global_index(problem, rank, t.shape(), index) });
+            }
+        }
+    }
+    None
+}
+
+/// Check inputs (and, as `opts` asks, the budget and finite values), run the
+/// handshake, derive the plan and convert the rows. `grad_out` is the backward's.
 pub(crate) fn prepare<'a, C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     op: &str,
     problem: &RingProblem,
+    opts: &RingOptions,
     qkv: [TensorView<'a, T>; 3],
+    grad_out: Option<TensorView<'_, T>>,
     extra: Option<String>,
 ) -> Result<Prepared<'a, T>> {
     let before = comm.stats();
@@ -68,13 +137,19 @@ pub(crate) fn prepare<'a, C: Communicator + ?Sized, T: Element>(
     if problem.world != comm.world_size() {
         err = Some(format!("problem is for {} ranks but the communicator has {}", problem.world, comm.world_size()));
     }
-    for (name, t) in [(TensorName::Query, qkv[0]), (TensorName::Key, qkv[1]), (TensorName::Value, qkv[2])] {
+    let mut inputs = vec![(TensorName::Query, qkv[0]), (TensorName::Key, qkv[1]), (TensorName::Value, qkv[2])];
+    for (name, t) in &inputs {
         if err.is_none() && t.shape().dims() != want {
             err = Some(format!("{name} has shape {:?}, expected {want:?}", t.shape().dims()));
         }
     }
-    handshake(comm, &fingerprint(op, problem, T::DTYPE), err)?;
-    let plan = Plan::new(problem.clone())?;
+    inputs.extend(grad_out.map(|g| (TensorName::GradOutput, g)));
+    // The plan is derived from `problem` alone (identical on every rank, which the
+    // handshake confirms); its error, if any, is returned after the handshake.
+    let plan = Plan::new(problem.clone());
+    let refusal = local_refusal(problem, rank, &plan, opts, &inputs, grad_out.is_some(), err);
+    handshake(comm, &fingerprint(op, problem, T::DTYPE), refusal)?;
+    let plan = plan?;
     let pos = problem.layout.positions(problem.seq, problem.world, rank);
     let [q, k, v] = qkv;
     let local = Local::new(pos, q, k, v);

@@ -6,7 +6,7 @@ use attn_core::{Element, Result, TensorView, TensorViewMut};
 
 use crate::block_math::{KEY_ROWS_PER_CALL, KeyBlock, attend_forward, attend_forward_chunked};
 use crate::comm::Communicator;
-use crate::entry::{Prepared, RingStats, check_out, finish, prepare};
+use crate::entry::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
 use crate::local::{Block, Local, RawBlock, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::wire::{MsgKind, Reader};
@@ -65,7 +65,7 @@ fn gather_blocks<C: Communicator + ?Sized, T: Element>(
 }
 
 /// Query rows per accumulator chunk in [`forward_direct`].
-const ROW_CHUNK: usize = 256;
+pub(crate) const ROW_CHUNK: usize = 256;
 
 /// Without ring patterns every block is here before any compute: after the
 /// completion round, each (batch, head) is computed in chunks of rows with a small
@@ -220,6 +220,7 @@ fn merge_block<T: Element>(
 /// `[batch, rows, heads]`. Every rank must call this with the same `problem`; any
 /// disagreement, bad shape, dead or stalled peer or corrupted message is an error on
 /// every rank, and nothing is written to `out`/`lse` unless all ranks succeeded.
+/// [`ring_forward_with`] adds a memory budget and a finite-input check.
 pub fn ring_forward<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     problem: &RingProblem,
@@ -229,8 +230,27 @@ pub fn ring_forward<C: Communicator + ?Sized, T: Element>(
     out: &mut TensorViewMut<'_, T>,
     lse: &mut [f32],
 ) -> Result<RingStats> {
+    ring_forward_with(comm, problem, &RingOptions::default(), q, k, v, out, lse)
+}
+
+/// [`ring_forward`] with opt-in checks, decided by all ranks together in the handshake
+/// before anything proportional to the problem is allocated or sent: a workspace
+/// ([`crate::Plan::max_workspace_bytes`]) over `opts.budget` is `OverBudget` on every
+/// rank, a NaN or infinity in q, k or v (with `opts.check_finite`) is `NonFinite` on
+/// every rank; `out` and `lse` are then untouched.
+#[allow(clippy::too_many_arguments)]
+pub fn ring_forward_with<C: Communicator + ?Sized, T: Element>(
+    comm: &mut C,
+    problem: &RingProblem,
+    opts: &RingOptions,
+    q: TensorView<'_, T>,
+    k: TensorView<'_, T>,
+    v: TensorView<'_, T>,
+    out: &mut TensorViewMut<'_, T>,
+    lse: &mut [f32],
+) -> Result<RingStats> {
     let extra = check_out(problem, comm.rank(), &[(TensorName::Output, out.shape())], lse.len());
-    let Prepared { plan, local, start } = prepare(comm, "forward", problem, [q, k, v], extra)?;
+    let Prepared { plan, local, start } = prepare(comm, "forward", problem, opts, [q, k, v], None, extra)?;
     if plan.ring_heads.is_empty() {
         let gathered = gather_blocks(comm, &plan, &local)?;
         let stats = finish(comm, start)?;

@@ -6,10 +6,10 @@ use std::time::Duration;
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Element, Result, Shape4, TensorView, TensorViewMut};
 
-use crate::backward::{BackwardOutputs, ring_backward};
+use crate::backward::{BackwardOutputs, ring_backward_with};
 use crate::comm::{Communicator, DEFAULT_TIMEOUT, ThreadComm};
-use crate::entry::RingStats;
-use crate::forward::ring_forward;
+use crate::entry::{RingOptions, RingStats};
+use crate::forward::ring_forward_with;
 use crate::layout::Layout;
 use crate::plan::{RingProblem, Strategy};
 
@@ -87,6 +87,17 @@ pub fn forward_on<C: Communicator + Send, T: Element>(
     k: TensorView<'_, T>,
     v: TensorView<'_, T>,
 ) -> Vec<RankForward<T>> {
+    forward_on_with(comms, problem, &RingOptions::default(), [q, k, v])
+}
+
+/// [`forward_on`] with [`RingOptions`] on every rank.
+pub fn forward_on_with<C: Communicator + Send, T: Element>(
+    comms: Vec<C>,
+    problem: &RingProblem,
+    opts: &RingOptions,
+    qkv: [TensorView<'_, T>; 3],
+) -> Vec<RankForward<T>> {
+    let [q, k, v] = qkv;
     let p = comms.len();
     if let Err(e) = problem.layout.check(problem.seq, p) {
         return (0..p).map(|_| Err(AttnError::InvalidArgument(e.to_string()))).collect();
@@ -106,7 +117,7 @@ pub fn forward_on<C: Communicator + Send, T: Element>(
                     let qv = TensorView::contiguous(TensorName::Query, &lq, shape)?;
                     let kv = TensorView::contiguous(TensorName::Key, &lk, shape)?;
                     let vv = TensorView::contiguous(TensorName::Value, &lv, shape)?;
-                    let stats = ring_forward(&mut comm, problem, qv, kv, vv, &mut ov, &mut lse)?;
+                    let stats = ring_forward_with(&mut comm, problem, opts, qv, kv, vv, &mut ov, &mut lse)?;
                     Ok((out, lse, stats))
                 })
             })
@@ -171,6 +182,17 @@ pub fn backward_on<C: Communicator + Send, T: Element>(
     qkv: [TensorView<'_, T>; 3],
     grad_out: TensorView<'_, T>,
 ) -> Vec<RankBackward<T>> {
+    backward_on_with(comms, problem, &RingOptions::default(), qkv, grad_out)
+}
+
+/// [`backward_on`] with [`RingOptions`] on every rank.
+pub fn backward_on_with<C: Communicator + Send, T: Element>(
+    comms: Vec<C>,
+    problem: &RingProblem,
+    opts: &RingOptions,
+    qkv: [TensorView<'_, T>; 3],
+    grad_out: TensorView<'_, T>,
+) -> Vec<RankBackward<T>> {
     let p = comms.len();
     if let Err(e) = problem.layout.check(problem.seq, p) {
         return (0..p).map(|_| Err(AttnError::InvalidArgument(e.to_string()))).collect();
@@ -198,7 +220,8 @@ pub fn backward_on<C: Communicator + Send, T: Element>(
                     let mut dk = TensorViewMut::contiguous(TensorName::GradKey, gk, ls)?;
                     let mut dv = TensorViewMut::contiguous(TensorName::GradValue, gv, ls)?;
                     let outs = BackwardOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv };
-                    let stats = ring_backward(&mut comm, problem, [views[0], views[1], views[2]], views[3], outs)?;
+                    let stats =
+                        ring_backward_with(&mut comm, problem, opts, [views[0], views[1], views[2]], views[3], outs)?;
                     Ok((g, stats))
                 })
             })

@@ -11,6 +11,12 @@
 //! error on every live rank, never a wrong answer or a hang. Every call ends in a
 //! two-round completion protocol (per-peer frame-count tables, then verdicts; see
 //! `completion`), so any fault before the last round fails every rank alike.
+//!
+//! [`ring_workspace_bytes`] (and [`Plan::workspace_bytes`] per rank) bounds what a
+//! rank allocates during a call, from the plan alone; [`ring_forward_with`] and
+//! [`ring_backward_with`] take [`RingOptions`]: a memory budget and a finite-input
+//! check, decided by all ranks together in the handshake, so a refused call fails
+//! every rank alike (`OverBudget`, `NonFinite`) before anything large is allocated or sent.
 // Without MPI/NCCL there is no unsafe code at all; with them, only the
 // `comm::mpi_comm` and `comm::nccl_comm` modules may opt in.
 #![cfg_attr(not(any(feature = "mpi", feature = "nccl")), forbid(unsafe_code))]
@@ -28,14 +34,16 @@ pub mod layout;
 mod local;
 pub mod plan;
 mod wire;
+mod workspace;
 
-pub use backward::{BackwardOutputs, ring_backward};
+pub use backward::{BackwardOutputs, ring_backward, ring_backward_with};
 pub use comm::{CommStats, Communicator, Fault, FaultyComm, NcclComm, ThreadComm};
-pub use entry::RingStats;
-pub use forward::ring_forward;
+pub use entry::{RingOptions, RingStats};
+pub use forward::{ring_forward, ring_forward_with};
 pub use in_process::{
-    BackwardResult, ForwardResult, RankBackward, RankForward, backward_on, forward_on, local_rows, problem_for,
-    run_in_process, run_in_process_backward, run_in_process_with_timeout,
+    BackwardResult, ForwardResult, RankBackward, RankForward, backward_on, backward_on_with, forward_on,
+    forward_on_with, local_rows, problem_for, run_in_process, run_in_process_backward, run_in_process_with_timeout,
 };
 pub use layout::Layout;
 pub use plan::{PatternStrategy, Plan, RingProblem, Strategy, expected_bytes, forward_buffer_bytes};
+pub use workspace::ring_workspace_bytes;

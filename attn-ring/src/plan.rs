@@ -235,11 +235,11 @@ impl Plan {
         self.gather_regions(o, r, ph.pattern).into_iter().flat_map(|rg| ph.pat.selected_in_range(rg)).collect()
     }
 
-    fn ring_count(&self, o: usize, ph: &PatternHead) -> usize {
+    pub(crate) fn ring_count(&self, o: usize, ph: &PatternHead) -> usize {
         self.ring_regions[ph.pattern][o].iter().map(|r| ph.pat.count_in_range(r.clone())).sum()
     }
 
-    fn gather_count(&self, o: usize, r: usize, ph: &PatternHead) -> usize {
+    pub(crate) fn gather_count(&self, o: usize, r: usize, ph: &PatternHead) -> usize {
         self.gather_regions(o, r, ph.pattern).into_iter().map(|rg| ph.pat.count_in_range(rg)).sum()
     }
 }

@@ -100,3 +100,37 @@ fn per_rank_buffers_shrink_with_the_world_size() {
         assert!((want * p).abs_diff(at2 * 2) * 100 < at2 * 2, "p={p}: {want} per rank vs {at2} at p=2");
     }
 }
+
+#[test]
+fn the_workspace_bound_covers_the_buffers_and_shrinks_with_the_world_size() {
+    use attn_ring::{forward_buffer_bytes, ring_workspace_bytes};
+    let dense = cfg(&[4096], &[1], Mixing::HeadGroups, false);
+    let shape = Shape4::new(1, 4096, 4, 64).unwrap();
+    let at = |p: usize, backward: bool| {
+        ring_workspace_bytes(&problem_for(&dense, shape, Layout::Zigzag, Strategy::Ring, p), DType::F32, backward)
+            .unwrap()
+    };
+    let (f2, b2) = (at(2, false), at(2, true));
+    for p in [2usize, 4, 8, 16] {
+        let plan = Plan::new(problem_for(&dense, shape, Layout::Zigzag, Strategy::Ring, p)).unwrap();
+        let (f, b) = (at(p, false), at(p, true));
+        for r in 0..p {
+            let w = plan.workspace_bytes(DType::F32, r, false);
+            assert!(w >= forward_buffer_bytes(&plan, DType::F32, r) && w <= f, "p={p} rank {r}");
+            assert!(plan.workspace_bytes(DType::F32, r, true) <= b);
+        }
+        // Per-rank bytes proportional to n/p (within 20% of the p = 2 figure: kernel tiles
+        // and bookkeeping do not shrink). The backward bound shrinks too, less than n/p:
+        // it counts every dk/dv partial a rank sends (p - 1 here) as possibly unread.
+        let pf = p as u64;
+        assert!((f * pf).abs_diff(2 * f2) * 5 < 2 * f2, "p={p}: forward {f} per rank vs {f2} at p=2");
+        assert!(b < b2 || p == 2, "p={p}: backward {b} per rank vs {b2} at p=2");
+    }
+    // Unknown ranks need nothing; an invalid problem is the plan's error.
+    let plan = Plan::new(problem_for(&dense, shape, Layout::Zigzag, Strategy::Ring, 4)).unwrap();
+    assert_eq!(plan.workspace_bytes(DType::F32, 4, false), 0);
+    assert!(
+        ring_workspace_bytes(&problem_for(&dense, shape, Layout::Zigzag, Strategy::Ring, 5000), DType::F32, false)
+            .is_err()
+    );
+}

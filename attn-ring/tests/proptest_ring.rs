@@ -40,9 +40,16 @@ proptest! {
         let (dq, dk, dv) = cpu.backward_vec(&case.cfg, shape, &q, &k, &v, &want_out, &want_lse, &go).unwrap();
         let gov = TensorView::contiguous(TensorName::GradOutput, &go, shape).unwrap();
         let g = run_in_process_backward(world, &case.cfg, layout, strategy, [qv, kv, vv], gov).unwrap();
+        // dq and dk can be zero up to rounding (a query that sees copies of one key has
+        // dS = 0 exactly; tiny heads cancel), so, as in the kernel tests, their error is
+        // judged against the larger of their own scale and dv's (the same problem's).
+        let norm = |x: &[f32]| x.iter().map(|&w| f64::from(w) * f64::from(w)).sum::<f64>().sqrt();
         for (name, got, want) in [("dq", &g.dq, &dq), ("dk", &g.dk, &dk), ("dv", &g.dv, &dv)] {
-            let e = rel_l2_error(got, want);
-            prop_assert!(tol.accepts(e), "{name} {e:e}");
+            let diff: Vec<f32> = got.iter().zip(want.iter()).map(|(a, b)| a - b).collect();
+            prop_assert_eq!(got.len(), want.len());
+            let den = norm(want).max(norm(&dv));
+            let e = if den == 0.0 { norm(&diff) } else { norm(&diff) / den };
+            prop_assert!(got.iter().all(|x| x.is_finite()) && tol.accepts(e), "{name} {e:e}");
         }
     }
 }

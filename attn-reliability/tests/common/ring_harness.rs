@@ -122,6 +122,23 @@ impl RingCase {
         self.run_on(wrapped, op)
     }
 
+    /// Run with `faults[rank]` injected into the frames each rank sends (a rank without
+    /// an entry gets none), every receive limited to `timeout`.
+    pub fn run_with_faults(&self, op: Op, faults: &[Vec<Fault>], timeout: Duration) -> Vec<Result<Vec<f32>>> {
+        let comms = match ThreadComm::world_with_timeout(self.problem.world, timeout) {
+            Ok(c) => c,
+            Err(e) => return vec![Err(e)],
+        };
+        let wrapped = comms
+            .into_iter()
+            .map(|c| {
+                let f = faults.get(c.rank()).cloned().unwrap_or_default();
+                FaultyComm::new(c, f)
+            })
+            .collect();
+        self.run_on(wrapped, op)
+    }
+
     /// Frames each rank sends in a clean run of `op` (what a fault's `nth` ranges over).
     pub fn frames_sent(&self, op: Op, timeout: Duration) -> Result<Vec<u64>> {
         let comms = ThreadComm::world_with_timeout(self.problem.world, timeout)?;
