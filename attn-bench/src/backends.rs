@@ -1,6 +1,7 @@
 //! The implementations a case can run, behind one `Runner` trait: reference, cpu,
 //! ring strategies, multihead, hilbert. Each `prepare` allocates the case's inputs
 //! (inside the caller's memory window) and returns a runner that makes one call.
+//! `cuda` runs `attn_kernels::cuda` with the `cuda` feature and is `NotCompiled` without.
 
 use attn_core::{AttnError, AttnShape, Result, reference};
 
@@ -15,6 +16,8 @@ pub struct RunStats {
     pub bytes_sent: Vec<u64>,
     /// The counting allocator slot of each rank's thread (ring cases).
     pub rank_slots: Vec<usize>,
+    /// Device memory the call held (CUDA cases), see `Measurement::device_bytes`.
+    pub device_bytes: Option<u64>,
 }
 
 /// One prepared case: inputs allocated, ready to be called repeatedly.
@@ -35,9 +38,7 @@ pub fn prepare(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
     match (spec.kind, spec.implementation.as_str()) {
         (CaseKind::Dilated, "reference") => Ok(Box::new(ReferenceRunner::new(spec)?)),
         (CaseKind::Dilated, "cpu") => cpu_runner::dilated(spec),
-        (CaseKind::Dilated, "cuda") => {
-            Err(AttnError::NotCompiled { backend: "cuda", feature: "cuda (attn-kernels) and a GPU" })
-        }
+        (CaseKind::Dilated, "cuda") => cuda(spec),
         (CaseKind::Ring, imp) if imp.starts_with("ring") => ring_runner::ring(spec),
         (CaseKind::Multihead, "cpu") => multihead_runner::multihead(spec),
         (CaseKind::Hilbert, "cpu") => cpu_runner::hilbert(spec),
@@ -47,6 +48,26 @@ pub fn prepare(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
             IMPLEMENTATIONS.join(", ")
         ))),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
+    crate::cuda_runner::dilated(spec)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_spec: &CaseSpec) -> Result<Box<dyn Runner>> {
+    Err(AttnError::NotCompiled { backend: "cuda", feature: "cuda" })
+}
+
+/// One line for the report: whether CUDA cases ran, and if not, why.
+pub fn cuda_status() -> String {
+    #[cfg(feature = "cuda")]
+    return crate::cuda_runner::status();
+    #[cfg(not(feature = "cuda"))]
+    return "not compiled in, CUDA cases are skipped (run `cargo xtask bench --cuda` on a machine with an NVIDIA GPU; \
+            no CUDA toolkit is needed to build)"
+        .into();
 }
 
 /// Whether an error means "not available here" rather than "failed".

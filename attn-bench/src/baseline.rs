@@ -87,6 +87,8 @@ mod tests {
             capacity: vec![],
             took_s: 0.0,
             hilbert_orders: None,
+            cuda: String::new(),
+            rss_check_rule: String::new(),
         };
         assert!(!compare(&old, &[meas(10.9, 100)], 10.0)[0].regression);
         assert!(compare(&old, &[meas(11.5, 100)], 10.0)[0].regression);

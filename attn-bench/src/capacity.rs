@@ -25,21 +25,38 @@ pub struct CapacityRow {
     pub confirmed_predicted_bytes: Option<u64>,
 }
 
-/// Per-rank bytes for a case, as the library reports it before running anything:
-/// `CpuBackend::workspace_bytes` plus the tensors for one rank. attn-ring has no such
-/// query yet, so ring rows fall back to measured bytes per token.
-pub fn workspace_query(spec: &CaseSpec) -> Option<u64> {
-    (spec.kind == CaseKind::Dilated && spec.world_size == 1 && spec.implementation == "cpu")
-        .then(|| crate::cpu_runner::workspace_query(spec))
-        .flatten()
+/// Per-rank bytes for a case, as the library reports it before running anything, with
+/// where they came from. World 1 on the CPU backend: `CpuBackend::workspace_bytes` plus
+/// the tensors. Ring cases: the largest over ranks of attn-ring's
+/// `Plan::workspace_bytes` (an upper bound of what a rank allocates during the call)
+/// plus that rank's tensors (`Plan::io_bytes`).
+pub fn workspace_query(spec: &CaseSpec) -> Option<(u64, String)> {
+    match spec.kind {
+        CaseKind::Dilated if spec.world_size == 1 && spec.implementation == "cpu" => {
+            crate::cpu_runner::workspace_query(spec).map(|b| (b, "workspace query (CpuBackend)".into()))
+        }
+        CaseKind::Ring if spec.world_size >= 1 => ring_query(spec).map(|b| (b, "workspace query (attn-ring)".into())),
+        _ => None,
+    }
+}
+
+/// The largest per-rank workspace plus tensors of a ring case (`None` if the case is
+/// not a valid ring problem, e.g. a rank would get no rows).
+fn ring_query(spec: &CaseSpec) -> Option<u64> {
+    let problem = crate::ring_runner::problem(spec).ok()?;
+    let dtype = spec.dtype().ok()?;
+    let plan = attn_ring::Plan::new(problem).ok()?;
+    (0..spec.world_size)
+        .map(|r| plan.workspace_bytes(dtype, r, spec.backward) + plan.io_bytes(dtype, r, spec.backward))
+        .max()
 }
 
 /// Per-rank bytes of `spec`: the library query if it exists, else the measured bytes
 /// per token of the largest ok measurement with the same world size scaled linearly
 /// (dilated attention's memory is linear in the sequence). `None` if neither exists.
 pub fn per_rank_bytes(spec: &CaseSpec, measured: &[Measurement]) -> Option<(u64, String)> {
-    if let Some(b) = workspace_query(spec) {
-        return Some((b, "workspace query".into()));
+    if let Some(q) = workspace_query(spec) {
+        return Some(q);
     }
     let m = measured
         .iter()
@@ -49,10 +66,7 @@ pub fn per_rank_bytes(spec: &CaseSpec, measured: &[Measurement]) -> Option<(u64,
         .max_by_key(|m| m.spec.seq_len)?;
     let per_token = m.peak_bytes_per_rank as f64 / m.spec.tokens() as f64;
     let bytes = (per_token * spec.tokens() as f64) as u64;
-    Some((
-        bytes,
-        format!("measured {:.2} KB/token at seq {} (no workspace query yet)", per_token / 1024.0, m.spec.seq_len),
-    ))
+    Some((bytes, format!("measured {:.2} KB/token at seq {} (no workspace query)", per_token / 1024.0, m.spec.seq_len)))
 }
 
 /// The base case of the table at a world size and sequence length.
@@ -108,9 +122,34 @@ mod tests {
         let mut m = Measurement::not_run(CaseSpec::dilated("ring-auto", 4096, &[512], &[1]), "ok".into(), "g");
         m.peak_bytes_per_rank = 4096 * 1000; // 1000 bytes per token
         let rows = table(&m.spec.clone(), &[m], &[1, 2], 1_000_000);
-        assert_eq!(rows.len(), 1, "no measurement at world size 2, so no row");
+        // World 2 is a ring case: its query says even 1024 tokens need more than 1 MB per rank.
+        assert_eq!(rows.len(), 1, "no world-2 row fits 1 MB");
         // 1e6 / 1000 = 1000 tokens fit; multiples of 512: 512.
         assert_eq!(rows[0].max_seq_len, 512);
         assert!(rows[0].bytes_at_max <= 1_000_000);
+    }
+
+    #[test]
+    fn ring_rows_come_from_the_ring_workspace_query() {
+        let base = CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]);
+        let budget = 256 << 20;
+        // No measurements at all: every row comes from a query.
+        let rows = table(&base, &[], &[1, 2, 4, 8], budget);
+        assert_eq!(rows.iter().map(|r| r.world_size).collect::<Vec<_>>(), vec![1, 2, 4, 8]);
+        for w in rows.windows(2) {
+            assert!(w[1].max_seq_len > w[0].max_seq_len, "{} then {}", w[0].max_seq_len, w[1].max_seq_len);
+        }
+        for row in rows.iter().filter(|r| r.world_size > 1) {
+            assert!(row.source.contains("attn-ring"), "{}", row.source);
+            // Maximal: the next multiple of the step no longer fits, by the same query.
+            let unit = 8192 * row.world_size;
+            let spec = |n| case_at(&base, row.world_size, n);
+            let (at, _) = per_rank_bytes(&spec(row.max_seq_len), &[]).unwrap();
+            let (next, _) = per_rank_bytes(&spec(row.max_seq_len + unit), &[]).unwrap();
+            assert!(at == row.bytes_at_max && at <= budget && next > budget, "{row:?}: next {next}");
+            // Mostly the rank's own tensors: q, k, v, out (f32) and lse, n/p rows each.
+            let io = (row.max_seq_len / row.world_size * 8 * (4 * 64 * 4 + 4)) as u64;
+            assert!(at >= io && at < 2 * io, "{row:?}: tensors {io}");
+        }
     }
 }

@@ -3,6 +3,8 @@
 use attn_core::{AttnError, DType, DilatedConfig, Mixing, Result, Shape4};
 use serde::{Deserialize, Serialize};
 
+use crate::rss_check::RssCheck;
+
 /// Which public API a case exercises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -178,6 +180,16 @@ pub struct Measurement {
     /// Process peak RSS over the case (cross-check); `None` where unavailable.
     pub peak_rss_bytes: Option<u64>,
     pub rss_windowed: bool,
+    /// Process RSS when the case's memory window opened (the base of the RSS growth).
+    #[serde(default)]
+    pub rss_base_bytes: Option<u64>,
+    /// Allocator peak against RSS growth (`crate::rss_check::RULE`).
+    #[serde(default)]
+    pub rss_check: RssCheck,
+    /// Device memory in use at the end of the first call above the level before the
+    /// inputs were uploaded (CUDA cases; `cuMemGetInfo`, device-wide).
+    #[serde(default)]
+    pub device_bytes: Option<u64>,
     /// The machine's measured f32 GEMM rate on the same thread count.
     pub gemm_gflop_per_s: f64,
     /// The library's workspace-size query for this case, where it exists.
@@ -204,6 +216,9 @@ impl Measurement {
             bytes_sent: Vec::new(),
             peak_rss_bytes: None,
             rss_windowed: false,
+            rss_base_bytes: None,
+            rss_check: RssCheck::NotChecked,
+            device_bytes: None,
             gemm_gflop_per_s: 0.0,
             workspace_query_bytes: None,
             git_commit: git_commit.to_string(),

@@ -18,10 +18,12 @@ USAGE (one case, prints one JSON object):
              [--causal] [--dtype f32|bf16|f16] [--backward] [--threads T] [--impl NAME]
              [--world-size P --strategy S --layout L] [--runs N]
 
---quick     the < 2 minute suite (2 cores)        --full   the long suite
+--quick     the < 1 minute suite (2 quiet cores)  --full   the long suite (ring tables to 256K)
 --budget    per-rank memory budget of the capacity table (default 8GiB; accepts KiB/MiB/GiB)
 --threshold regression threshold for --baseline in percent (default 10)
---rerender  results.json: rebuild report.md and the plots beside it without measuring";
+--rerender  results.json: rebuild report.md and the plots beside it without measuring
+--cuda / --no-cuda (cargo xtask bench only): build with or without the `cuda` feature
+            (default: with it when nvidia-smi lists a GPU); --impl cuda selects it in --json";
 
 /// What the user asked for.
 #[derive(Debug, Clone)]

@@ -1,6 +1,7 @@
 //! Deterministic benchmark inputs: seeded normal(0, 1) values, any element type.
 
 use attn_core::Element;
+use rayon::prelude::*;
 
 /// A small SplitMix64 stream (no dependency; benchmark inputs need no more).
 #[derive(Debug, Clone)]
@@ -21,17 +22,36 @@ impl SplitMix {
     fn unit(&mut self) -> f64 {
         ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
     }
-    /// Standard normal (Box-Muller).
-    pub fn normal(&mut self) -> f64 {
+    /// Two independent standard normals (Box-Muller, both the cosine and the sine).
+    pub fn normal_pair(&mut self) -> (f64, f64) {
         let (u, v) = (self.unit(), self.unit());
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+        let r = (-2.0 * u.ln()).sqrt();
+        let (s, c) = (std::f64::consts::TAU * v).sin_cos();
+        (r * c, r * s)
     }
 }
 
-/// `n` normal(0, 1) values converted to `T`.
+/// Values per independently seeded chunk of [`normal_vec`] (even, so pairs never split).
+const CHUNK: usize = 1 << 16;
+
+/// `n` normal(0, 1) values converted to `T`. The buffer is allocated on the calling
+/// thread (so the counting allocator charges it there) and filled in parallel on the
+/// current rayon pool, chunk `i` from its own stream, so the values depend only on
+/// `seed` and `n`, never on the thread count.
 pub fn normal_vec<T: Element>(seed: u64, n: usize) -> Vec<T> {
-    let mut rng = SplitMix::new(seed);
-    (0..n).map(|_| T::from_f64(rng.normal())).collect()
+    let mut out = vec![T::default(); n];
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
+        let mut rng =
+            SplitMix::new(seed.wrapping_mul(0xA24B_AED4_963E_E407) ^ (i as u64).wrapping_mul(0x9FB2_1C65_1E98_DF25));
+        for pair in chunk.chunks_mut(2) {
+            let (a, b) = rng.normal_pair();
+            pair[0] = T::from_f64(a);
+            if let Some(x) = pair.get_mut(1) {
+                *x = T::from_f64(b);
+            }
+        }
+    });
+    out
 }
 
 #[cfg(test)]
@@ -45,5 +65,11 @@ mod tests {
         let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64;
         assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05, "mean {mean} var {var}");
         assert_eq!(v, normal_vec::<f64>(7, 20_000));
+        // Independent of the thread count, and chunks are not copies of each other.
+        let n = 3 * CHUNK + 5;
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let serial: Vec<f32> = one.install(|| normal_vec(9, n));
+        assert_eq!(serial, normal_vec::<f32>(9, n));
+        assert_ne!(serial[..16], serial[CHUNK..CHUNK + 16]);
     }
 }

@@ -1,10 +1,10 @@
 //! `attn-bench`: the benchmark report of attn (run it through `cargo xtask bench`).
 //!
-//! Measures time, peak memory (counting allocator, per rank), throughput and GFLOP/s
-//! against the machine's measured GEMM rate, for the reference, CPU, ring and
-//! multihead implementations, and writes `target/attn-bench/<timestamp>/` with
-//! `report.md`, `results.json` and plots. `--json` measures one case; `--case hilbert`
-//! alone prints the Hilbert order report.
+//! Measures time, peak memory (counting allocator, per rank, cross-checked with RSS),
+//! throughput and GFLOP/s against the machine's measured GEMM rate, for the reference,
+//! CPU, ring and multihead implementations (and CUDA with the `cuda` feature), and
+//! writes `target/attn-bench/<timestamp>/` with `report.md`, `results.json` and plots.
+//! `--json` measures one case; `--case hilbert` alone prints the Hilbert order report.
 
 mod backends;
 mod baseline;
@@ -13,6 +13,8 @@ mod case;
 mod cli;
 mod counting_alloc;
 mod cpu_runner;
+#[cfg(feature = "cuda")]
+mod cuda_runner;
 mod gemm_rate;
 mod hilbert_orders;
 mod inputs;
@@ -24,6 +26,7 @@ mod plots;
 mod report;
 mod results;
 mod ring_runner;
+mod rss_check;
 mod single;
 mod suite;
 mod suite_plan;
@@ -33,6 +36,7 @@ mod torch_peer;
 static ALLOC: counting_alloc::CountingAlloc = counting_alloc::CountingAlloc;
 
 fn main() -> std::process::ExitCode {
+    memory::init_process();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match cli::parse(&args) {
         Ok(cli::Command::Help) => {

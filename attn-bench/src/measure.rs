@@ -7,6 +7,7 @@ use indicatif::ProgressBar;
 use crate::backends::{self, RunStats};
 use crate::case::{CaseKind, CaseSpec, Measurement};
 use crate::memory::{self, MemoryWindow};
+use crate::rss_check::{self, RssCheck};
 
 /// How many timed calls a case gets.
 #[derive(Debug, Clone, Copy)]
@@ -49,7 +50,7 @@ pub fn measure(spec: &CaseSpec, reps: Repetitions, gemm_gflop_per_s: f64, git: &
             let med = median(&done.times_ms);
             let secs = med / 1e3;
             let rank_peaks = done.rank_peaks;
-            Measurement {
+            let mut m = Measurement {
                 spec: spec.clone(),
                 section: String::new(),
                 status: "ok".into(),
@@ -65,10 +66,15 @@ pub fn measure(spec: &CaseSpec, reps: Repetitions, gemm_gflop_per_s: f64, git: &
                 bytes_sent: done.stats.bytes_sent,
                 peak_rss_bytes: done.memory.peak_rss_bytes,
                 rss_windowed: done.memory.rss_windowed,
+                rss_base_bytes: done.memory.rss_base_bytes,
+                rss_check: RssCheck::NotChecked,
+                device_bytes: done.stats.device_bytes,
                 gemm_gflop_per_s,
                 workspace_query_bytes: None,
                 git_commit: git.to_string(),
-            }
+            };
+            m.rss_check = RssCheck::of(m.peak_bytes, rss_check::rss_growth(&m));
+            m
         }
         Err(e) if backends::is_unavailable(&e) => Measurement::not_run(spec.clone(), format!("skipped: {e}"), git),
         Err(e) => Measurement::not_run(spec.clone(), format!("error: {e}"), git),
@@ -98,8 +104,9 @@ fn run_case(spec: &CaseSpec, reps: Repetitions, bar: &ProgressBar) -> attn_core:
     } else {
         vec![mem.peak_bytes]
     };
-    // A case whose first call already took half the budget gets one timed call.
-    let min_runs = if first * 2 > reps.budget { 1 } else { reps.min_runs };
+    // A case whose first call already took half the budget gets one timed call (a zero
+    // budget means "exactly `min_runs`", as `--runs N` asks).
+    let min_runs = if !reps.budget.is_zero() && first * 2 > reps.budget { 1 } else { reps.min_runs };
     let mut times_ms = Vec::new();
     let started = Instant::now();
     while times_ms.len() < reps.max_runs && (times_ms.len() < min_runs || started.elapsed() < reps.budget) {
@@ -134,6 +141,21 @@ mod tests {
         assert!(m.median_ms > 0.0 && m.runs >= 2);
         let bad = CaseSpec::dilated("reference", 64, &[16, 32], &[1]);
         assert!(measure(&bad, Repetitions::QUICK, 1.0, "t", &ProgressBar::hidden()).status.starts_with("error:"));
+    }
+
+    #[test]
+    fn cuda_case_runs_or_says_why_it_skipped() {
+        let _guard = memory::TEST_WINDOW_LOCK.lock();
+        let spec = CaseSpec::dilated("cuda", 256, &[64, 128], &[1, 2]);
+        let m = measure(&spec, Repetitions::QUICK, 1.0, "test", &ProgressBar::hidden());
+        assert!(m.ok() || m.status.starts_with("skipped:"), "{}", m.status);
+        if cfg!(feature = "cuda") {
+            assert!(m.ok() || m.status.contains("unavailable"), "{}", m.status);
+            assert!(m.ok() == m.device_bytes.is_some(), "{:?}", m.device_bytes);
+        } else {
+            assert!(m.status.contains("not compiled"), "{}", m.status);
+        }
+        assert!(backends::cuda_status().contains("compiled"));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::counting_alloc;
 pub struct MemoryWindow {
     base_live: i64,
     rss_reset: bool,
+    rss_base: Option<u64>,
 }
 
 /// What a window saw.
@@ -29,14 +30,18 @@ pub struct MemoryReading {
     pub peak_rss_bytes: Option<u64>,
     /// Whether `peak_rss_bytes` covers only this window.
     pub rss_windowed: bool,
+    /// Process RSS (VmRSS) when the window started.
+    pub rss_base_bytes: Option<u64>,
 }
 
 impl MemoryWindow {
     /// Start a window: reset the allocator peaks and (best effort) the RSS peak.
     pub fn start() -> Self {
         counting_alloc::reset_peaks();
+        trim_heap();
         let rss_reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
-        MemoryWindow { base_live: counting_alloc::live_bytes(), rss_reset }
+        let rss_base = status_kb("VmRSS:");
+        MemoryWindow { base_live: counting_alloc::live_bytes(), rss_reset, rss_base }
     }
 
     /// Read the window (it stays open; read again for a later peak).
@@ -47,6 +52,7 @@ impl MemoryWindow {
             slot_peaks: counting_alloc::slot_peaks().into_iter().map(|p| p.max(0) as u64).collect(),
             peak_rss_bytes: peak_rss_bytes(),
             rss_windowed: self.rss_reset,
+            rss_base_bytes: self.rss_base,
         }
     }
 }
@@ -58,11 +64,45 @@ pub fn my_slot() -> usize {
 
 /// Process peak resident set size (VmHWM) in bytes, from /proc/self/status.
 pub fn peak_rss_bytes() -> Option<u64> {
+    status_kb("VmHWM:")
+}
+
+/// A `kB` line of /proc/self/status, in bytes.
+fn status_kb(key: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
+
+/// Called once at start-up, before any thread exists: one malloc arena for every thread
+/// (glibc). `malloc_trim` returns the free pages of the main arena, top included, but
+/// never the top of a per-thread arena, where freed ring-rank buffers would otherwise
+/// stay resident and absorb later cases' allocations without any RSS growth.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn init_process() {
+    // SAFETY: `mallopt` only sets an allocator tunable; called before other threads run.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn init_process() {}
+
+/// Return free heap pages to the kernel (glibc), so the next window's RSS growth counts
+/// the pages its allocations touch.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn trim_heap() {
+    // SAFETY: `malloc_trim` only releases memory malloc holds as free; it takes no
+    // pointers and is thread-safe (it locks each arena while trimming it).
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim_heap() {}
 
 /// Serialises tests that open memory windows (a window resets process-wide peaks).
 #[cfg(test)]

@@ -9,6 +9,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::case::{CaseKind, Measurement};
+use crate::suite_plan::SEGMENTS;
 
 /// One line of a chart.
 #[derive(Debug, Clone)]
@@ -140,6 +141,23 @@ fn by_world(ms: &[&Measurement], y: impl Fn(&Measurement) -> f64) -> Vec<Series>
         .collect()
 }
 
+/// The throughput chart's line for a measurement: implementation, world size and
+/// layout for the ring, and the segments where they differ from the scaling config.
+fn throughput_line(m: &Measurement) -> String {
+    let mut name = m.spec.implementation.clone();
+    if m.spec.kind == CaseKind::Ring {
+        name = format!("{name} P={}", m.spec.world_size);
+        if let Some(l) = m.spec.layout.as_deref().filter(|l| *l != "contiguous") {
+            name = format!("{name} {l}");
+        }
+    }
+    if m.spec.segments != SEGMENTS {
+        let segs: Vec<String> = m.spec.segments.iter().map(usize::to_string).collect();
+        name = format!("{name} (w {})", segs.join(","));
+    }
+    name
+}
+
 /// The five standard charts from the scaling measurements.
 ///
 /// `single`: CpuBackend on one rank; `scaling`: the ring at every world size;
@@ -205,12 +223,7 @@ pub fn standard(
     });
     let mut by_impl: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for m in throughput {
-        let name = if m.spec.kind == CaseKind::Ring {
-            format!("{} P={}", m.spec.implementation, m.spec.world_size)
-        } else {
-            m.spec.implementation.clone()
-        };
-        by_impl.entry(name).or_default().push((m.spec.seq_len as f64, m.tokens_per_s));
+        by_impl.entry(throughput_line(m)).or_default().push((m.spec.seq_len as f64, m.tokens_per_s));
     }
     charts.push(Chart {
         file_stem: "throughput_vs_seq".into(),
@@ -223,7 +236,9 @@ pub fn standard(
         series: by_impl
             .into_iter()
             .map(|(name, mut p)| {
+                // A case measured in two sections (scaling and comparison) is one point.
                 p.sort_by(|a, b| a.0.total_cmp(&b.0));
+                p.dedup_by(|a, b| a.0 == b.0);
                 Series { name, points: p }
             })
             .collect(),
@@ -274,6 +289,27 @@ mod tests {
         assert_eq!(tick(5e6), "5M");
         assert_eq!(tick(3000.0), "");
         assert_eq!(tick(0.0), "");
+    }
+
+    #[test]
+    fn throughput_lines_separate_implementations_layouts_and_configs() {
+        use crate::case::CaseSpec;
+        let m = |spec: CaseSpec| Measurement::not_run(spec, "ok".into(), "t");
+        let cpu = CaseSpec::dilated("cpu", 8192, &SEGMENTS, &[1, 2, 4]);
+        assert_eq!(throughput_line(&m(cpu.clone())), "cpu");
+        let zig = crate::suite_plan::ring_case(&cpu, 4, "ring", "zigzag");
+        assert_eq!(throughput_line(&m(zig)), "ring-ring P=4 zigzag");
+        let small = CaseSpec::dilated("reference", 2048, &[512, 1024, 2048], &[1, 2, 4]);
+        assert_eq!(throughput_line(&m(small)), "reference (w 512,1024,2048)");
+        // The same case from two sections is one point of one line.
+        let mut a = m(cpu.clone());
+        a.tokens_per_s = 10.0;
+        let mut b = m(cpu);
+        b.tokens_per_s = 12.0;
+        let charts = standard(&[], &[], &[&a, &b], &[]);
+        let t = charts.iter().find(|c| c.file_stem == "throughput_vs_seq").unwrap();
+        assert_eq!(t.series.len(), 1);
+        assert_eq!(t.series[0].points, vec![(8192.0, 10.0)]);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::fmt::Write;
 use crate::baseline::{self, Comparison};
 use crate::case::{CaseKind, Measurement};
 use crate::results::RunResults;
+use crate::rss_check;
 use crate::suite_plan::SEGMENTS;
 
 /// The measurements each part of the report uses.
@@ -28,13 +29,14 @@ impl<'a> Selection<'a> {
         let ok = |s: &'static str| r.measurements.iter().filter(move |m| m.ok() && m.section == s);
         let single: Vec<&Measurement> = ok("scaling").filter(|m| m.spec.kind != CaseKind::Ring).collect();
         let ring: Vec<&Measurement> = ok("scaling").filter(|m| m.spec.kind == CaseKind::Ring).collect();
-        // Throughput plot: the scaling config only (one rank, the ring at every P, and
-        // PyTorch where it ran on it), so every line is one function of the sequence.
+        // Throughput plot: every ok f32 forward of the scaling and comparison sections
+        // (one rank, the ring at every P, the reference, the ring strategies, CUDA and
+        // PyTorch where they ran); `plots` names a line by implementation and config.
         let throughput = r
             .measurements
             .iter()
-            .filter(|m| m.status.starts_with("ok") && m.spec.segments == SEGMENTS)
-            .filter(|m| m.section == "scaling" || (m.section == "comparison" && m.spec.implementation == "torch"))
+            .filter(|m| m.status.starts_with("ok") && m.runs > 0)
+            .filter(|m| m.section == "scaling" || m.section == "comparison")
             .filter(|m| m.spec.dtype == "f32" && !m.spec.backward && !m.spec.causal)
             .collect();
         let seqs: BTreeSet<usize> = ring.iter().map(|m| m.spec.seq_len).collect();
@@ -61,11 +63,14 @@ fn int(n: usize) -> String {
     out
 }
 
+/// Peak RSS growth over the case, or the process peak in parentheses where the peak
+/// could not be reset per case; a flagged cross-check is marked.
 fn rss(m: &Measurement) -> String {
-    match m.peak_rss_bytes {
-        Some(b) if m.rss_windowed => format!("{:.1}", mb(b)),
-        Some(b) => format!("({:.1})", mb(b)),
-        None => "n/a".into(),
+    let mark = if m.rss_check.flagged() { " (!)" } else { "" };
+    match (rss_check::rss_growth(m), m.peak_rss_bytes) {
+        (Some(g), _) => format!("{:.1}{mark}", mb(g)),
+        (None, Some(b)) => format!("({:.1})", mb(b)),
+        (None, None) => "n/a".into(),
     }
 }
 
@@ -73,7 +78,7 @@ fn scaling_table(out: &mut String, rows: &[&Measurement], per_rank: bool, yardst
     let extra = if per_rank { " Seq/rank | MB sent/rank |" } else { "" };
     let _ = writeln!(
         out,
-        "| Sequence length | Time (s) | Peak memory (MB) | Peak RSS (MB) | Throughput (tok/s) | KB/token | GFLOP/s | % of GEMM |{extra}"
+        "| Sequence length | Time (s) | Peak memory (MB) | Peak RSS growth (MB) | Throughput (tok/s) | KB/token | GFLOP/s | % of GEMM |{extra}"
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|{}", if per_rank { "---|---|" } else { "" });
     for m in rows {
@@ -151,18 +156,24 @@ fn comparison_tables(out: &mut String, r: &RunResults, section: &str) {
         );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
         for m in &rows {
-            let name = match (&m.spec.layout, m.spec.kind) {
+            let mut name = match (&m.spec.layout, m.spec.kind) {
                 (Some(l), CaseKind::Ring) => format!("{} P={} {l}", m.spec.implementation, m.spec.world_size),
                 _ => m.spec.implementation.clone(),
             };
+            if m.spec.dtype != "f32" {
+                name = format!("{name} {}", m.spec.dtype);
+            }
             if !m.status.starts_with("ok") {
                 let _ = writeln!(out, "| {name} | {} | | | | | | |", m.status);
                 continue;
             }
             let speed =
                 |b: Option<&Measurement>| b.map_or("-".into(), |b| format!("{:.2}x", b.median_ms / m.median_ms));
-            let mem =
-                if m.peak_bytes_per_rank > 0 { format!("{:.1}", mb(m.peak_bytes_per_rank)) } else { "n/m".into() };
+            let mem = match m.device_bytes {
+                Some(d) => format!("{:.1} GPU ({:.1} host)", mb(d), mb(m.peak_bytes_per_rank)),
+                None if m.peak_bytes_per_rank > 0 => format!("{:.1}", mb(m.peak_bytes_per_rank)),
+                None => "n/m".into(),
+            };
             let _ = writeln!(
                 out,
                 "| {name} | {:.2} | {:.1} | {:.1}% | {} | {mem} | {} | {} |",
@@ -208,7 +219,8 @@ pub fn render(
         peak_gemm(r),
         n = r.gemm.n
     );
-    let _ = writeln!(o, "- **Memory method**: {}\n", r.memory_method);
+    let _ = writeln!(o, "- **Memory method**: {}", r.memory_method);
+    let _ = writeln!(o, "- **CUDA**: {}\n", if r.cuda.is_empty() { "not recorded" } else { &r.cuda });
     let _ = writeln!(
         o,
         "Timings on a shared machine vary by 20-40% between runs; compare ratios within one report. \
@@ -250,7 +262,7 @@ pub fn render(
         let rows: Vec<&Measurement> = sel.ring.iter().copied().filter(|m| m.spec.world_size == p).collect();
         let _ = writeln!(
             o,
-            "\n## Ring (strategy auto, contiguous), world size {p}: one thread per rank, memory per rank\n"
+            "\n## Ring (strategy auto, contiguous), world size {p}: one thread per rank, memory per rank\n\nPeak RSS growth is the whole process's (all {p} ranks), the cross-check of their summed allocator peak.\n"
         );
         scaling_table(&mut o, &rows, true, peak_gemm(r));
     }
@@ -319,12 +331,12 @@ pub fn render(
             let layout = m.spec.layout.as_deref().map_or(String::new(), |l| format!(" {l}"));
             let _ = writeln!(
                 o,
-                "| {}{mixing}{layout} | {:.1} | {:.1} | {:.1}% | {:.1} | {} |",
+                "| {}{mixing}{layout} | {:.1} | {:.1} | {:.1}% | {} | {} |",
                 m.spec.label(),
                 m.median_ms,
                 m.gflop_per_s,
                 100.0 * m.gflop_per_s / peak_gemm(r),
-                mb(m.peak_bytes_per_rank),
+                if m.peak_bytes_per_rank > 0 { format!("{:.1}", mb(m.peak_bytes_per_rank)) } else { "n/m".into() },
                 m.status
             );
         }
@@ -360,6 +372,7 @@ pub fn render(
     if let Some(rows) = baseline {
         let _ = writeln!(o, "\n## Against the baseline\n\n{}", baseline::table(rows, threshold));
     }
+    rss_check::render(&mut o, &r.measurements);
     let _ = writeln!(o, "\n## Plots\n");
     for p in plots.iter().filter(|p| p.ends_with(".png")) {
         let _ = writeln!(o, "![{p}]({p})\n");

@@ -16,7 +16,10 @@ pub const MEMORY_METHOD: &str = "Peak heap bytes from a counting global allocato
 the highest number of bytes live during a case minus those live before its inputs were allocated \
 (inputs + outputs + workspace). Per rank (in-process ring ranks are threads): every allocation records \
 its thread, frees are charged back to it, and a rank's figure is its thread's peak of allocated-not-freed \
-bytes. Cross-check: process peak RSS (VmHWM, reset per case through /proc/self/clear_refs).";
+bytes. Cross-check: growth of the process peak RSS over the same window (VmHWM, reset per case through \
+/proc/self/clear_refs, minus VmRSS at the window's start, after malloc_trim), compared with the allocator \
+peak by the rule of the memory cross-check section (`rss_check` per measurement). CUDA cases also report \
+the device memory held at the end of their first call (cuMemGetInfo).";
 
 /// One whole run of the suite.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -35,6 +38,12 @@ pub struct RunResults {
     /// Hilbert order generation and permutation figures.
     #[serde(default)]
     pub hilbert_orders: Option<HilbertOrders>,
+    /// Whether CUDA cases ran, and why not when they did not.
+    #[serde(default)]
+    pub cuda: String,
+    /// The rule of the allocator-vs-RSS cross-check (`rss_check` of each measurement).
+    #[serde(default)]
+    pub rss_check_rule: String,
 }
 
 impl RunResults {

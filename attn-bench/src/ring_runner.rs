@@ -161,6 +161,7 @@ impl Runner for RingRunner {
             None => Ok(RunStats {
                 bytes_sent: stats.iter().map(|s| s.total_bytes_sent).collect(),
                 rank_slots: self.slots.clone(),
+                device_bytes: None,
             }),
         }
     }

@@ -7,6 +7,7 @@ use std::time::Instant;
 use attn_core::{AttnError, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
+use crate::backends;
 use crate::baseline;
 use crate::capacity::{self, CapacityRow};
 use crate::case::{CaseKind, CaseSpec, Measurement};
@@ -18,6 +19,7 @@ use crate::measure::{self, Repetitions};
 use crate::plots;
 use crate::report;
 use crate::results::{MEMORY_METHOD, RunResults};
+use crate::rss_check;
 use crate::suite_plan::{self, DILATIONS, SEGMENTS, SuiteShape};
 use crate::torch_peer;
 
@@ -58,8 +60,15 @@ fn machine_limit(machine: &Machine) -> u64 {
 }
 
 /// Run the capacity confirmation: the longest case of each row that fits the budget,
-/// this machine and the suite's cap, run once.
-fn confirm(rows: &mut [CapacityRow], size: SuiteSize, threads: usize, ctx: &Ctx<'_>) -> Vec<Measurement> {
+/// this machine and the suite's cap, run once (or taken from `done` where the suite
+/// already measured exactly that case).
+fn confirm(
+    rows: &mut [CapacityRow],
+    size: SuiteSize,
+    threads: usize,
+    ctx: &Ctx<'_>,
+    done: &[Measurement],
+) -> Vec<Measurement> {
     let shape = SuiteShape::of(size);
     let limit = ctx.machine_limit.min(rows.first().map_or(0, |r| r.budget_bytes));
     let mut out = Vec::new();
@@ -76,14 +85,22 @@ fn confirm(rows: &mut [CapacityRow], size: SuiteSize, threads: usize, ctx: &Ctx<
         }
         let base = CaseSpec { threads, ..CaseSpec::dilated("cpu", seq, &SEGMENTS, &DILATIONS) };
         let spec = capacity::case_at(&base, row.world_size, seq);
-        let reps = Repetitions { min_runs: 1, max_runs: 1, budget: std::time::Duration::ZERO };
-        let m = ctx.measure("capacity", &spec, reps);
+        let earlier = done.iter().find(|m| m.ok() && m.spec == spec);
+        let m = match earlier {
+            Some(m) => m.clone(),
+            None => {
+                let reps = Repetitions { min_runs: 1, max_runs: 1, budget: std::time::Duration::ZERO };
+                ctx.measure("capacity", &spec, reps)
+            }
+        };
         if m.ok() {
             row.confirmed_predicted_bytes = capacity::per_rank_bytes(&spec, &[]).map(|(b, _)| b);
             row.confirmed_seq_len = Some(seq);
             row.confirmed_peak_bytes = Some(m.peak_bytes_per_rank);
         }
-        out.push(m);
+        if earlier.is_none() {
+            out.push(m);
+        }
     }
     out
 }
@@ -124,6 +141,8 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     let dir = out_dir(opts, &machine);
     std::fs::create_dir_all(&dir).map_err(|e| AttnError::InvalidArgument(format!("{}: {e}", dir.display())))?;
     let old = opts.baseline.as_deref().map(RunResults::load).transpose()?;
+    let cuda = backends::cuda_status();
+    eprintln!("attn-bench: CUDA {cuda}");
     eprintln!("attn-bench: measuring the f32 GEMM rate on {} threads ...", opts.threads);
     let gemm = gemm_rate::measure(1024, opts.threads, 7);
     eprintln!("attn-bench: GEMM {:.1} GFLOP/s (median, n=1024); writing {}", gemm.median_gflop_per_s, dir.display());
@@ -165,7 +184,7 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     }
     let cap_base = CaseSpec { threads: opts.threads, ..CaseSpec::dilated("cpu", 8192, &SEGMENTS, &DILATIONS) };
     let mut capacity = capacity::table(&cap_base, &measurements, &[1, 2, 4, 8], opts.budget_bytes);
-    let confirmations = confirm(&mut capacity, opts.size, opts.threads, &ctx);
+    let confirmations = confirm(&mut capacity, opts.size, opts.threads, &ctx, &measurements);
     measurements.extend(confirmations);
     let suite = match opts.size {
         SuiteSize::Quick => "quick",
@@ -185,6 +204,8 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
         capacity,
         took_s: started.elapsed().as_secs_f64(),
         hilbert_orders,
+        cuda,
+        rss_check_rule: rss_check::RULE.into(),
     };
     results.save(&dir.join("results.json"))?;
     let comparisons = old.as_ref().map(|o| baseline::compare(o, &results.measurements, opts.threshold_pct));

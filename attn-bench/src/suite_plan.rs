@@ -31,35 +31,47 @@ pub struct SuiteShape {
     /// Longest sequence the capacity confirmation may run on this machine.
     pub confirm_cap: usize,
     pub variants: bool,
+    /// Sequence lengths of the multihead layer cases.
+    pub multihead_seqs: Vec<usize>,
+    /// Every ring strategy in both layouts in the comparison (else zigzag for `auto` only).
+    pub all_layouts: bool,
 }
 
 impl SuiteShape {
     pub fn of(size: SuiteSize) -> Self {
         let k = 1024;
         match size {
+            // 40-50 s of measurement on 2 shared cores: every table and plot, smaller
+            // ring problems (the sweep at 8K) and fewer comparison layouts.
             SuiteSize::Quick => SuiteShape {
                 single_seqs: vec![2 * k, 4 * k, 8 * k, 16 * k, 32 * k, 64 * k],
-                ring_seqs: vec![4 * k, 16 * k],
-                sweep_seq: 16 * k,
+                ring_seqs: vec![2 * k, 8 * k],
+                sweep_seq: 8 * k,
                 reference_seqs: vec![2 * k],
                 confirm_cap: 64 * k,
                 variants: false,
+                multihead_seqs: vec![8 * k],
+                all_layouts: false,
             },
             SuiteSize::Default => SuiteShape {
                 single_seqs: vec![2 * k, 4 * k, 8 * k, 16 * k, 32 * k, 64 * k, 128 * k, 256 * k],
-                ring_seqs: vec![4 * k, 16 * k, 64 * k],
+                ring_seqs: vec![2 * k, 4 * k, 8 * k, 16 * k, 32 * k, 64 * k],
                 sweep_seq: 64 * k,
                 reference_seqs: vec![2 * k, 4 * k],
                 confirm_cap: 256 * k,
                 variants: true,
+                multihead_seqs: vec![8 * k, 16 * k],
+                all_layouts: true,
             },
             SuiteSize::Full => SuiteShape {
                 single_seqs: (11..=20).map(|e| 1usize << e).collect(),
-                ring_seqs: vec![4 * k, 16 * k, 64 * k, 256 * k],
+                ring_seqs: (11..=18).map(|e| 1usize << e).collect(),
                 sweep_seq: 256 * k,
                 reference_seqs: vec![2 * k, 4 * k, 8 * k],
                 confirm_cap: usize::MAX,
                 variants: true,
+                multihead_seqs: vec![8 * k, 16 * k],
+                all_layouts: true,
             },
         }
     }
@@ -98,9 +110,10 @@ pub fn plan(size: SuiteSize, threads: usize) -> Vec<Planned> {
             push("scaling", ring_case(&base, p, DEFAULT_STRATEGY, "contiguous"));
         }
     }
-    // Comparison 1: a size the f64 reference can do in about a second.
+    // Comparison 1: a size the f64 reference can do in about a second. CUDA rows are
+    // planned on every build: without the feature or a GPU they report why they skipped.
     for &n in &shape.reference_seqs {
-        for imp in ["reference", "cpu"] {
+        for imp in ["reference", "cpu", "cuda"] {
             push("comparison", CaseSpec::dilated(imp, n, &SMALL_SEGMENTS, &DILATIONS));
         }
         push(
@@ -111,13 +124,18 @@ pub fn plan(size: SuiteSize, threads: usize) -> Vec<Planned> {
     // Comparison 2: the peer script's default case, every ring strategy and layout.
     let base = CaseSpec::dilated("cpu", 8192, &SEGMENTS, &DILATIONS);
     push("comparison", base.clone());
+    let cuda = CaseSpec::dilated("cuda", 8192, &SEGMENTS, &DILATIONS);
+    push("comparison", cuda.clone());
+    push("comparison", CaseSpec { dtype: "bf16".into(), ..cuda });
     for strategy in STRATEGIES {
         for layout in ["contiguous", "zigzag"] {
-            push("comparison", ring_case(&base, 4, strategy, layout));
+            if shape.all_layouts || layout == "contiguous" || strategy == DEFAULT_STRATEGY {
+                push("comparison", ring_case(&base, 4, strategy, layout));
+            }
         }
     }
     // Multihead: projections + attention + norm + output projection.
-    for &n in &[8192usize, 16384] {
+    for &n in &shape.multihead_seqs {
         let mut mh = CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS);
         mh.kind = CaseKind::Multihead;
         push("multihead", mh);
@@ -157,6 +175,23 @@ mod tests {
             for w in SWEEP_WORLDS {
                 let ring = |c: &&Planned| c.spec.kind == CaseKind::Ring && c.spec.seq_len == sweep;
                 assert!(p.iter().filter(ring).any(|c| c.spec.world_size == w), "{size:?} P={w}");
+            }
+            // Every strategy and the CUDA rows are in the comparison of every suite.
+            let cmp = |imp: &str| p.iter().any(|c| c.section == "comparison" && c.spec.implementation == imp);
+            assert!(["reference", "cpu", "cuda", "ring-auto", "ring-ring", "ring-allgather"].into_iter().all(cmp));
+        }
+    }
+
+    #[test]
+    fn default_and_full_ring_tables_cover_2k_to_64k_at_every_world_size() {
+        for size in [SuiteSize::Default, SuiteSize::Full] {
+            let p = plan(size, 2);
+            for n in (11..=16).map(|e| 1usize << e) {
+                for w in SWEEP_WORLDS {
+                    let hit =
+                        |c: &Planned| c.section == "scaling" && c.spec.kind == CaseKind::Ring && c.spec.seq_len == n;
+                    assert!(p.iter().any(|c| hit(c) && c.spec.world_size == w), "{size:?} seq {n} P={w}");
+                }
             }
         }
     }

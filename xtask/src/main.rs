@@ -1,7 +1,8 @@
 //! `cargo xtask`: the project's task runner, a thin dispatcher.
 //!
-//! - `cargo xtask bench [ARGS]`: the benchmark report (runs the `attn-bench` binary in
-//!   release mode; see `cargo xtask bench --help`).
+//! - `cargo xtask bench [--cuda|--no-cuda] [ARGS]`: the benchmark report (runs the
+//!   `attn-bench` binary in release mode, with the `cuda` feature when asked or when a
+//!   GPU is listed; see `cargo xtask bench --help`).
 //! - `cargo xtask test [--skip-golden] [--only GROUP]`: fmt, clippy, every test, the golden runner for
 //!   each available backend and strategy, MPI and GPU tests, `ptx --emulate`, fuzzing and
 //!   valgrind where their tools exist (SKIP with the reason otherwise).
@@ -19,7 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: cargo xtask <bench|test|tidy|ptx> [ARGS]
-  bench [--quick|--full] [--torch PYTHON] [--baseline results.json] [--budget 8GiB] [--json ...]
+  bench [--quick|--full] [--cuda|--no-cuda] [--torch PYTHON] [--baseline results.json] [--budget 8GiB] [--out DIR] [--json ...]
   test  [--skip-golden] [--only fmt|clippy|tests|tidy|golden|mpi|gpu|ptx|fuzz|valgrind|bench]
   tidy
   ptx   [--arch 80,90] [--out DIR]";

@@ -43,7 +43,7 @@ fn on_path(tool: &str) -> bool {
 }
 
 /// A GPU is present when `nvidia-smi -L` lists one.
-fn gpu_present() -> Option<String> {
+pub(crate) fn gpu_present() -> Option<String> {
     let o = Command::new("nvidia-smi").arg("-L").output().ok()?;
     let s = String::from_utf8_lossy(&o.stdout).to_string();
     (o.status.success() && s.contains("GPU")).then(|| s.lines().next().unwrap_or_default().to_string())
