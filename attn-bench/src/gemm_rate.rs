@@ -48,6 +48,11 @@ fn matmul(n: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
     }
 }
 
+/// The product size of the yardstick: 2048³ (17 GFLOP, about 50 ms on two AVX-512 cores)
+/// amortises the gemm crate's per-call packing and thread start-up, which made 1024³
+/// read 30-50% low and noisy inside the bench process.
+pub const GEMM_N: usize = 2048;
+
 /// Measure the f32 GEMM rate with `n x n x n` products.
 pub fn measure(n: usize, threads: usize, runs: usize) -> GemmRate {
     let a: Vec<f32> = (0..n * n).map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5).collect();

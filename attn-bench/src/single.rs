@@ -1,5 +1,6 @@
 //! `--json` single-case mode: measure one case and print one JSON object.
 
+use crate::gemm_rate::GEMM_N;
 use indicatif::ProgressBar;
 use serde_json::{Value, json};
 
@@ -12,7 +13,7 @@ use crate::measure::{self, Repetitions};
 /// JSON object printed by `--json`.
 pub fn run(spec: &CaseSpec, runs: Option<usize>) -> Value {
     let machine = Machine::probe();
-    let gemm = gemm_rate::measure(1024, spec.threads, 5);
+    let gemm = gemm_rate::measure(GEMM_N, spec.threads, 5);
     let reps = match runs {
         Some(n) => Repetitions { min_runs: n.max(1), max_runs: n.max(1), budget: std::time::Duration::ZERO },
         None => Repetitions::QUICK,

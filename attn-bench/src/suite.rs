@@ -1,6 +1,7 @@
 //! Run a whole suite: measure every planned case (progress bar per case), the PyTorch
 //! peer, the capacity table and its confirmation run, then write the output folder.
 
+use crate::gemm_rate::GEMM_N;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -121,7 +122,7 @@ impl Ctx<'_> {
         bar.set_prefix(format!("{}/{}", self.done.get(), self.total));
         // The GEMM yardstick is re-measured next to every case: on a shared machine the
         // rate available to a case changes from minute to minute.
-        let gemm = gemm_rate::measure(1024, spec.threads, 3).best_gflop_per_s;
+        let gemm = gemm_rate::measure(GEMM_N, spec.threads, 3).best_gflop_per_s;
         let mut m = measure::measure(spec, reps, gemm, &self.git, &bar);
         m.section = section.to_string();
         finish(&bar, &m);
@@ -144,7 +145,7 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     let cuda = backends::cuda_status();
     eprintln!("attn-bench: CUDA {cuda}");
     eprintln!("attn-bench: measuring the f32 GEMM rate on {} threads ...", opts.threads);
-    let gemm = gemm_rate::measure(1024, opts.threads, 7);
+    let gemm = gemm_rate::measure(GEMM_N, opts.threads, 7);
     eprintln!("attn-bench: GEMM {:.1} GFLOP/s (median, n=1024); writing {}", gemm.median_gflop_per_s, dir.display());
     let reps = if opts.size == SuiteSize::Quick { Repetitions::QUICK } else { Repetitions::FULL };
     let plan = suite_plan::plan(opts.size, opts.threads);
@@ -176,7 +177,7 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
                 s.implementation = "torch".into();
                 Measurement::not_run(s, format!("error: {e}"), &machine.git_commit)
             });
-            m.gemm_gflop_per_s = gemm_rate::measure(1024, spec.threads, 3).best_gflop_per_s;
+            m.gemm_gflop_per_s = gemm_rate::measure(GEMM_N, spec.threads, 3).best_gflop_per_s;
             m.section = section;
             finish(&bar, &m);
             measurements.push(m);
