@@ -36,7 +36,6 @@ mod torch_peer;
 static ALLOC: counting_alloc::CountingAlloc = counting_alloc::CountingAlloc;
 
 fn main() -> std::process::ExitCode {
-    memory::init_process();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match cli::parse(&args) {
         Ok(cli::Command::Help) => {

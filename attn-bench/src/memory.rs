@@ -75,21 +75,6 @@ fn status_kb(key: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Called once at start-up, before any thread exists: one malloc arena for every thread
-/// (glibc). `malloc_trim` returns the free pages of the main arena, top included, but
-/// never the top of a per-thread arena, where freed ring-rank buffers would otherwise
-/// stay resident and absorb later cases' allocations without any RSS growth.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub fn init_process() {
-    // SAFETY: `mallopt` only sets an allocator tunable; called before other threads run.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn init_process() {}
-
 /// Return free heap pages to the kernel (glibc), so the next window's RSS growth counts
 /// the pages its allocations touch.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

