@@ -293,6 +293,9 @@ mod tests {
 
     #[test]
     fn throughput_lines_separate_implementations_layouts_and_configs() {
+        // Allocates and frees megabytes: kept out of the measuring tests' windows, whose
+        // process-wide live-byte figures another thread's frees would lower.
+        let _guard = crate::memory::TEST_WINDOW_LOCK.lock();
         use crate::case::CaseSpec;
         let m = |spec: CaseSpec| Measurement::not_run(spec, "ok".into(), "t");
         let cpu = CaseSpec::dilated("cpu", 8192, &SEGMENTS, &[1, 2, 4]);
@@ -314,6 +317,9 @@ mod tests {
 
     #[test]
     fn renders_png_and_svg_with_log_axes() {
+        // Allocates and frees megabytes: kept out of the measuring tests' windows, whose
+        // process-wide live-byte figures another thread's frees would lower.
+        let _guard = crate::memory::TEST_WINDOW_LOCK.lock();
         let dir = std::env::temp_dir().join(format!("attn-bench-plot-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let chart = Chart {
