@@ -1,0 +1,347 @@
+//! AMX-BF16 forward of one piece (x86-64 with AMX-TILE and AMX-BF16, e.g. Sapphire
+//! Rapids): bf16 `q·kᵀ` and `p·v` on the tile unit with f32 accumulation, the online
+//! softmax in f32 with AVX-512. Only bf16 inputs take it; a piece holding a non-finite
+//! value goes back to the f32 kernel, so NaN/Inf confinement is the f32 kernel's.
+//!
+//! Precision: products of bf16 values are exact in f32 and summed in f32, as in the
+//! f32 kernel; the probabilities are rounded to bf16 for `p·v` (as GPU flash attention
+//! does); the normalising sum and the LSE use the unrounded probabilities.
+//!
+//! Unsafe code lives only in `arch` (the tile instructions, as inline assembly on
+//! pointers into this module's own scratch buffers, sized before use, and the AVX-512
+//! softmax rows); this file is safe Rust.
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod arch;
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+#[path = "unsupported.rs"]
+mod arch;
+
+use attn_core::{DType, Element};
+
+use crate::pack::PieceRows;
+use crate::tile_forward::keys_needed;
+
+/// Queries per block (tile rows).
+const QB: usize = 16;
+/// Keys per softmax step (four 16-key score tiles).
+const KS: usize = 64;
+/// bf16 elements per tile row (64 bytes): keys per `p·v` chunk, dims per `q·k` chunk.
+const KC: usize = 32;
+/// Widest head the tile path takes (`pack_keys` stages one row of pairs on the stack);
+/// wider heads run on the f32 kernel.
+const MAX_HEAD_DIM: usize = 512;
+/// bf16 pairs (u32) in one 16 x 64-byte tile.
+const TILE: usize = 256;
+
+/// Whether the CPU has AMX-TILE, AMX-BF16, AVX-512F and AVX512-BF16 and the OS lets this process use
+/// the tile registers (Linux `arch_prctl(ARCH_REQ_XCOMP_PERM)`); asked once.
+pub(crate) fn supported() -> bool {
+    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *S.get_or_init(arch::detect)
+}
+
+/// Upper bound of the bytes an [`AmxScratch`] grows to for pieces of at most `m` keys and
+/// head dim `d` (packed keys and values, one query block, double-buffered scores and
+/// probabilities, the output block), doubled for the slack a growing `Vec` may keep.
+pub(crate) fn scratch_bytes(d: usize, m: usize) -> usize {
+    let g = Geometry::new(d, m);
+    let (keys, values) = (g.steps * g.qc() * 4 * TILE, g.steps * 2 * g.ne() * TILE);
+    2 * (4 * (keys + values) + 2 * QB * g.dq + 4 * 2 * QB * KS + 2 * 2 * QB * KS + 4 * QB * g.dv)
+}
+
+/// Reusable buffers of the AMX forward (one per worker).
+#[derive(Debug, Default)]
+pub(crate) struct AmxScratch {
+    kb: Vec<u32>,
+    vb: Vec<u32>,
+    q: Vec<u16>,
+    s: Vec<f32>,
+    p: Vec<u16>,
+    o: Vec<f32>,
+}
+
+/// The 16 stored bits of an element known to be bf16.
+#[inline(always)]
+fn bits<T: Element>(x: T) -> u16 {
+    x.to_bits() as u16
+}
+
+/// Whether every value of the rows is finite: a bf16 is NaN or infinite exactly when
+/// its exponent bits are all ones, i.e. when `(bits & 0x7f80) + 0x80` reaches bit 15
+/// (an OR over the rows, which the compiler vectorises).
+fn all_finite<T: Element>(rows: &PieceRows<'_, T>, n: usize, d: usize) -> bool {
+    let mut acc = 0u16;
+    for i in 0..n {
+        prefetch_row(rows, i + PREFETCH, d);
+        for &x in rows.row(i, d) {
+            acc |= nonfinite_flag(bits(x));
+        }
+    }
+    acc & 0x8000 == 0
+}
+
+/// The AMX forward of a bf16 piece, with [`crate::tile_forward::forward_piece`]'s
+/// contract. Returns `false` (and writes nothing) when the piece is not bf16, holds a
+/// non-finite value or AMX is unavailable: the caller then runs the f32 kernel.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_piece<T: Element>(
+    scale: f32,
+    d: usize,
+    causal: bool,
+    q: &PieceRows<'_, T>,
+    k: &PieceRows<'_, T>,
+    v: &PieceRows<'_, T>,
+    ws: &mut AmxScratch,
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> bool {
+    let nq = q.len();
+    // The softmax scales after the maximum (needs c2 > 0, which validation ensures).
+    if T::DTYPE != DType::BF16
+        || !supported()
+        || nq == 0
+        || d > MAX_HEAD_DIM
+        || scale.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+    {
+        return false;
+    }
+    let nk = keys_needed(k.pos, causal, q.pos[nq - 1]);
+    let g = Geometry::new(d, nk);
+    if !(all_finite(q, nq, d) && pack_keys(k, nk, d, &g, &mut ws.kb) && pack_values(v, nk, d, &g, &mut ws.vb)) {
+        return false;
+    }
+    assert!(out.len() >= nq * d && lse.len() >= nq, "amx forward: output too short");
+    ws.q.resize(QB * g.dq, 0);
+    ws.s.resize(2 * QB * KS, 0.0);
+    ws.p.resize(2 * QB * KS, 0);
+    ws.o.resize(QB * g.dv, 0.0);
+    let c2 = scale * std::f32::consts::LOG2_E;
+    arch::with_tiles(|| {
+        for q0 in (0..nq).step_by(QB) {
+            let qn = (nq - q0).min(QB);
+            for i in 0..QB {
+                let dst = &mut ws.q[i * g.dq..(i + 1) * g.dq];
+                if i < qn {
+                    dst.iter_mut().zip(q.row(q0 + i, d)).for_each(|(o, &x)| *o = bits(x));
+                    dst[d..].fill(0);
+                } else {
+                    dst.fill(0);
+                }
+            }
+            let qpos = &q.pos[q0..q0 + qn];
+            let mut rows = [RowState::default(); QB];
+            let mut corr = [1.0f32; QB];
+            ws.o.fill(0.0);
+            arch::load_output(&g, &ws.o);
+            // Steps this block needs (causal: up to the first key after its last query).
+            let steps = if causal { keys_needed(k.pos, true, qpos[qn - 1]).div_ceil(KS) } else { g.steps };
+            let (s_len, p_len) = (QB * KS, QB * KS);
+            // Software pipeline: the scores of step t+1 go to the other half of the
+            // double-buffered `s` before the softmax of step t, so the tile unit works
+            // while the vector units do the softmax.
+            if steps > 0 {
+                arch::scores(&g, 0, (nk).min(KS), &ws.q, &ws.kb, &mut ws.s[..s_len]);
+            }
+            for t in 0..steps {
+                let k0 = t * KS;
+                let kn = (nk - k0).min(KS);
+                let kpos = &k.pos[k0..k0 + kn];
+                let (cur, next) = if t % 2 == 0 { (0, s_len) } else { (s_len, 0) };
+                if t + 1 < steps {
+                    let kn_next = (nk - k0 - KS).min(KS);
+                    arch::scores(&g, t + 1, kn_next, &ws.q, &ws.kb, &mut ws.s[next..next + s_len]);
+                }
+                let pb = &mut ws.p[(t % 2) * p_len..(t % 2 + 1) * p_len];
+                for (i, row) in rows.iter_mut().enumerate() {
+                    let vis = if i >= qn {
+                        0
+                    } else if causal && kpos[kn - 1] > qpos[i] {
+                        kpos.partition_point(|&p| p <= qpos[i])
+                    } else {
+                        kn
+                    };
+                    let p = &mut pb[i * KS..(i + 1) * KS];
+                    corr[i] = arch::softmax_row(&ws.s[cur + i * KS..cur + (i + 1) * KS], vis, c2, row, p);
+                }
+                if corr.iter().any(|&c| c != 1.0) {
+                    // Rare (lazy rescaling): bring the accumulator out, scale its rows.
+                    arch::store_output(&g, &mut ws.o);
+                    for (i, &c) in corr.iter().enumerate() {
+                        ws.o[i * g.dv..(i + 1) * g.dv].iter_mut().for_each(|x| *x *= c);
+                    }
+                    arch::load_output(&g, &ws.o);
+                }
+                arch::values(&g, t, kn.div_ceil(KC), pb, &ws.vb, &mut ws.o);
+            }
+            arch::store_output(&g, &mut ws.o);
+            for (i, row) in rows.iter().enumerate().take(qn) {
+                let dst = &mut out[(q0 + i) * d..(q0 + i + 1) * d];
+                let l = row.sum();
+                if l == 0.0 {
+                    dst.fill(0.0);
+                    lse[q0 + i] = f32::NEG_INFINITY;
+                } else {
+                    let inv = 1.0 / l;
+                    dst.iter_mut().zip(&ws.o[i * g.dv..]).for_each(|(a, b)| *a = b * inv);
+                    lse[q0 + i] = (row.m + l.log2()) * std::f32::consts::LN_2;
+                }
+            }
+        }
+    });
+    true
+}
+
+/// Online-softmax state of one query row (base 2, scores already scaled).
+#[derive(Debug, Clone, Copy)]
+struct RowState {
+    /// Running maximum (moved lazily, see `LAZY_RESCALE`).
+    m: f32,
+    /// Lane-wise partial sums of the probabilities (before their rounding to bf16).
+    l: [f32; 16],
+}
+
+impl Default for RowState {
+    fn default() -> Self {
+        RowState { m: f32::NEG_INFINITY, l: [0.0; 16] }
+    }
+}
+
+impl RowState {
+    /// The row's probability sum (fixed summation order).
+    fn sum(&self) -> f32 {
+        self.l.iter().sum()
+    }
+}
+
+/// How far (log2) a score may pass the running maximum before the row is rescaled:
+/// probabilities stay below `2^LAZY_RESCALE`, far inside f32 and bf16 range, and most
+/// steps need no rescaling of the output accumulator.
+const LAZY_RESCALE: f32 = 8.0;
+
+/// Padded sizes of one piece.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    /// `d` rounded up to 32 (the `q·k` inner dimension, in `KC` chunks).
+    dq: usize,
+    /// `d` rounded up to 16 (output columns, in 16-wide tiles).
+    dv: usize,
+    /// Key steps of `KS` keys.
+    steps: usize,
+}
+
+impl Geometry {
+    fn new(d: usize, nk: usize) -> Self {
+        Geometry { dq: d.next_multiple_of(KC), dv: d.next_multiple_of(16), steps: nk.div_ceil(KS) }
+    }
+    /// Inner-dimension chunks of `q·k`.
+    fn qc(&self) -> usize {
+        self.dq / KC
+    }
+    /// 16-wide output tiles.
+    fn ne(&self) -> usize {
+        self.dv / 16
+    }
+    /// Offset (in bf16 pairs) of the key tile (step `t`, dim chunk `c`, 16-key group `g`).
+    fn k_tile(&self, t: usize, c: usize, g: usize) -> usize {
+        ((t * self.qc() + c) * 4 + g) * TILE
+    }
+    /// Offset (in bf16 pairs) of the value tile (step `t`, key chunk `kc`, output tile `e`).
+    fn v_tile(&self, t: usize, kc: usize, e: usize) -> usize {
+        ((t * 2 + kc) * self.ne() + e) * TILE
+    }
+}
+
+/// Rows ahead that packing asks the cache for: dilated rows are strided (often a
+/// kilobyte or more apart), which the hardware prefetchers follow poorly.
+const PREFETCH: usize = 8;
+
+/// Ask for row `i` (if it exists) to be brought into the cache.
+#[inline(always)]
+fn prefetch_row<T: Element>(rows: &PieceRows<'_, T>, i: usize, d: usize) {
+    if let Some(&off) = rows.offsets.get(i) {
+        let start = rows.data[off..].as_ptr();
+        arch::prefetch(start.cast(), d * std::mem::size_of::<T>());
+    }
+}
+
+/// `(bits & 0x7f80) + 0x80`: bit 15 is set exactly when the bf16 is NaN or infinite.
+#[inline(always)]
+fn nonfinite_flag(b: u16) -> u16 {
+    (b & 0x7f80) + 0x80
+}
+
+/// Two bf16 as one pair (`lo` in the low half, as the tile unit reads them).
+#[inline(always)]
+fn pair(lo: u16, hi: u16) -> u32 {
+    u32::from(lo) | (u32::from(hi) << 16)
+}
+
+/// Bit 15 or 31 set exactly when one of the pair's bf16 is NaN or infinite (see
+/// [`nonfinite_flag`]; the low half's sum stays below `0x10000`, so no carry crosses).
+#[inline(always)]
+fn nonfinite_pair(x: u32) -> u32 {
+    (x & 0x7f80_7f80) + 0x0080_0080
+}
+
+/// Keys in the tile unit's pair layout: pair `p` of tile (t, c, g), column `j` holds
+/// `k[t*64 + g*16 + j][c*32 + 2p ..= c*32 + 2p + 1]` (zero past `nk` or `d`). Returns
+/// whether every packed value is finite.
+fn pack_keys<T: Element>(k: &PieceRows<'_, T>, nk: usize, d: usize, g: &Geometry, dst: &mut Vec<u32>) -> bool {
+    dst.clear();
+    dst.resize(g.steps * g.qc() * 4 * TILE, 0);
+    let mut flags = 0u32;
+    let mut row32 = [0u32; MAX_HEAD_DIM / 2];
+    let pairs = d.div_ceil(2);
+    for key in 0..nk {
+        prefetch_row(k, key + PREFETCH, d);
+        let (t, g16, j) = (key / KS, (key % KS) / 16, key % 16);
+        let row = k.row(key, d);
+        for (r, two) in row32.iter_mut().zip(row.chunks(2)) {
+            *r = pair(bits(two[0]), two.get(1).map_or(0, |&x| bits(x)));
+            flags |= nonfinite_pair(*r);
+        }
+        for c in 0..g.qc() {
+            let tile = &mut dst[g.k_tile(t, c, g16) + j..];
+            for p in 0..16.min(pairs.saturating_sub(16 * c)) {
+                tile[p * 16] = row32[16 * c + p];
+            }
+        }
+    }
+    flags & 0x8000_8000 == 0
+}
+
+/// Values in the pair layout: pair `j` of row `p` of tile (t, kc, e) holds
+/// `v[k][e*16 + j]` and `v[k+1][e*16 + j]` for `k = t*64 + kc*32 + 2p` (zero past `nk`
+/// or `d`). Returns whether every packed value is finite.
+fn pack_values<T: Element>(v: &PieceRows<'_, T>, nk: usize, d: usize, g: &Geometry, dst: &mut Vec<u32>) -> bool {
+    dst.clear();
+    dst.resize(g.steps * 2 * g.ne() * TILE, 0);
+    let mut flags = 0u32;
+    for key in (0..nk).step_by(2) {
+        prefetch_row(v, key + PREFETCH, d);
+        prefetch_row(v, key + PREFETCH + 1, d);
+        let (t, kc, p) = (key / KS, (key % KS) / KC, (key % KC) / 2);
+        let r0 = v.row(key, d);
+        let r1 = if key + 1 < nk { Some(v.row(key + 1, d)) } else { None };
+        for e in 0..g.ne() {
+            let cols = 16 * e..(16 * e + 16).min(d);
+            let tile = &mut dst[g.v_tile(t, kc, e) + p * 16..][..cols.len()];
+            match r1 {
+                Some(r1) => {
+                    for ((o, &a), &b) in tile.iter_mut().zip(&r0[cols.clone()]).zip(&r1[cols]) {
+                        *o = pair(bits(a), bits(b));
+                        flags |= nonfinite_pair(*o);
+                    }
+                }
+                None => {
+                    for (o, &a) in tile.iter_mut().zip(&r0[cols]) {
+                        *o = pair(bits(a), 0);
+                        flags |= nonfinite_pair(*o);
+                    }
+                }
+            }
+        }
+    }
+    flags & 0x8000_8000 == 0
+}

@@ -1,0 +1,19 @@
+//! The AMX path where it cannot exist (not x86-64 Linux): never supported, so none of
+//! these is ever reached.
+
+use super::{Geometry, RowState};
+
+pub(super) fn detect() -> bool {
+    false
+}
+pub(super) fn prefetch(_: *const i8, _: usize) {}
+pub(super) fn with_tiles<R>(_f: impl FnOnce() -> R) -> R {
+    unreachable!("AMX is never reported as supported on this target")
+}
+pub(super) fn scores(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u32], _: &mut [f32]) {}
+pub(super) fn load_output(_: &Geometry, _: &[f32]) {}
+pub(super) fn store_output(_: &Geometry, _: &mut [f32]) {}
+pub(super) fn values(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u32], _: &mut [f32]) {}
+pub(super) fn softmax_row(_: &[f32], _: usize, _: f32, _: &mut RowState, _: &mut [u16]) -> f32 {
+    1.0
+}
