@@ -11,7 +11,7 @@
 //! With AMX-BF16 ([`Isa::Amx`]) the bf16 forward runs its products on the tile unit
 //! (`amx`); everything else uses the AVX-512 kernels.
 //!
-//! Unsafe code lives only in `avx512`, `avx2` and `amx` (intrinsics and tile instructions behind bounds-checked safe
+//! Unsafe code lives only in `avx512`, `avx2` and `amx::arch` (intrinsics and tile instructions behind bounds-checked safe
 //! wrappers), `disjoint` (shared output buffer, disjoint rows) and `backend` (the
 //! disjoint row writes of work units).
 #![deny(unsafe_code)]
