@@ -53,6 +53,37 @@ pub fn neighbour_in_segment_fraction(order: &TokenOrder, segment_len: usize) -> 
     Ok(if counted == 0 { 1.0 } else { sum / counted as f64 })
 }
 
+/// [`neighbour_in_segment_fraction`] averaged over every segment offset: for each
+/// `o` in `0..segment_len` the segments are `[o + s*w, o + (s+1)*w)` (plus the head
+/// `[0, o)`), as when ring chunks, dilation offsets or a prefix shift where the
+/// segments fall on the curve. Aligned segments favour any order whose blocks
+/// happen to match them (Z-order on power-of-two tiles); this average rewards an
+/// order whose every window of `w` consecutive tokens is compact.
+pub fn shifted_neighbour_in_segment_fraction(order: &TokenOrder, segment_len: usize) -> Result<f64> {
+    check_segment(segment_len)?;
+    let grid = order.grid();
+    let pos = order.permutation().inverse_order();
+    let w = segment_len;
+    let mut total = 0.0f64;
+    for offset in 0..w {
+        let seg = |p: usize| (p + w - offset) / w;
+        let (mut sum, mut counted) = (0.0f64, 0usize);
+        for (t, &p) in pos.iter().enumerate() {
+            let (mut inside, mut all) = (0u32, 0u32);
+            grid.for_each_neighbour(t, |u| {
+                all += 1;
+                inside += u32::from(seg(pos[u]) == seg(p));
+            });
+            if all > 0 {
+                sum += f64::from(inside) / f64::from(all);
+                counted += 1;
+            }
+        }
+        total += if counted == 0 { 1.0 } else { sum / counted as f64 };
+    }
+    Ok(total / w as f64)
+}
+
 /// Mean Chebyshev diameter of the segments, in cells.
 pub fn mean_segment_diameter(order: &TokenOrder, segment_len: usize) -> Result<f64> {
     check_segment(segment_len)?;
@@ -109,5 +140,11 @@ mod tests {
         assert_eq!(neighbour_in_segment_fraction(&o, 1000).unwrap(), 1.0);
         assert!(matches!(locality(&o, 0), Err(AttnError::ZeroSegmentLength { .. })));
         assert_eq!(neighbour_in_segment_fraction(&TokenOrder::hilbert_2d(1, 1).unwrap(), 4).unwrap(), 1.0);
+        // Offset 0 of the shifted average is the aligned metric; one segment of the
+        // whole grid at every offset still cuts at the offset.
+        let aligned = neighbour_in_segment_fraction(&o, 1).unwrap();
+        assert_eq!(shifted_neighbour_in_segment_fraction(&o, 1).unwrap(), aligned);
+        assert!(shifted_neighbour_in_segment_fraction(&o, 8).unwrap() < m.neighbour_in_segment);
+        assert!(matches!(shifted_neighbour_in_segment_fraction(&o, 0), Err(AttnError::ZeroSegmentLength { .. })));
     }
 }
