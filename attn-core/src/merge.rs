@@ -110,7 +110,8 @@ mod tests {
         let mut o = [f32::NAN, 1.0];
         let mut l = f32::NEG_INFINITY;
         LseMerge::merge_into(&mut o, &mut l, &[2.0, 3.0], f32::NEG_INFINITY);
-        // The accumulator is untouched except it must not be NaN after a masked merge.
+        // Both sides fully masked: zeros, even from an accumulator holding NaN.
+        assert_eq!((o, l), ([0.0, 0.0], f32::NEG_INFINITY));
         let mut o = [0.0f32, 0.0];
         let mut l = f32::NEG_INFINITY;
         LseMerge::merge_into(&mut o, &mut l, &[0.0, 0.0], f32::NEG_INFINITY);
