@@ -14,6 +14,14 @@ pub trait AttentionBackend<F: LayerFloat>: Send + Sync + std::fmt::Debug {
     /// Name for reports (`reference`, `cpu`, ...).
     fn name(&self) -> &'static str;
 
+    /// Global sequence positions of the `local_seq` query rows a layer passes (local
+    /// row order), which position-dependent steps such as dropout masks use. `None`
+    /// (the default): the rows are the whole sequence, `0..local_seq`.
+    fn query_positions(&self, local_seq: usize) -> Result<Option<Vec<usize>>> {
+        let _ = local_seq;
+        Ok(None)
+    }
+
     fn forward(
         &self,
         cfg: &DilatedConfig,
@@ -130,8 +138,10 @@ pub(crate) fn reborrow<'a, F: LayerFloat>(
     TensorViewMut::strided(name, v.data_mut(), shape, strides)
 }
 
-/// The CPU kernels of `attn-kernels` (fused flash-style, f32 accumulation; keys and
-/// values must have the queries' sequence length).
+/// The CPU kernels of `attn-kernels` (fused flash-style, f32 accumulation). Keys and
+/// values with their own sequence length (cross-attention) go to the kernels' cross
+/// entry points, whose key positions are `0..kv_seq` as in the reference (causal:
+/// query `i` sees keys `<= i`).
 impl<F: LayerFloat> AttentionBackend<F> for attn_kernels::CpuBackend {
     fn name(&self) -> &'static str {
         "cpu"
@@ -146,7 +156,12 @@ impl<F: LayerFloat> AttentionBackend<F> for attn_kernels::CpuBackend {
         out: &mut TensorViewMut<'_, F>,
         lse: &mut [f32],
     ) -> Result<()> {
-        attn_kernels::CpuBackend::forward(self, cfg, q, k, v, reborrow(TensorName::Output, out)?, lse)
+        let out = reborrow(TensorName::Output, out)?;
+        if k.shape().seq == q.shape().seq {
+            attn_kernels::CpuBackend::forward(self, cfg, q, k, v, out, lse)
+        } else {
+            attn_kernels::CpuBackend::forward_cross(self, cfg, q, k, v, out, lse)
+        }
     }
 
     fn backward(
@@ -162,18 +177,13 @@ impl<F: LayerFloat> AttentionBackend<F> for attn_kernels::CpuBackend {
         dk: &mut TensorViewMut<'_, F>,
         dv: &mut TensorViewMut<'_, F>,
     ) -> Result<()> {
-        attn_kernels::CpuBackend::backward(
-            self,
-            cfg,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            grad_out,
-            reborrow(TensorName::GradQuery, dq)?,
-            reborrow(TensorName::GradKey, dk)?,
-            reborrow(TensorName::GradValue, dv)?,
-        )
+        let dq = reborrow(TensorName::GradQuery, dq)?;
+        let dk = reborrow(TensorName::GradKey, dk)?;
+        let dv = reborrow(TensorName::GradValue, dv)?;
+        if k.shape().seq == q.shape().seq {
+            attn_kernels::CpuBackend::backward(self, cfg, q, k, v, out, lse, grad_out, dq, dk, dv)
+        } else {
+            attn_kernels::CpuBackend::backward_cross(self, cfg, q, k, v, out, lse, grad_out, dq, dk, dv)
+        }
     }
 }

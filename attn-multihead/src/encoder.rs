@@ -6,7 +6,7 @@ use attn_core::{AttnError, Mixing, Result};
 
 use crate::backend::AttentionBackend;
 use crate::config::MultiheadConfig;
-use crate::dropout::{Mode, apply_mask, dropout_mask};
+use crate::dropout::{MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
 use crate::init::{MagnetoGains, SeededRng};
 use crate::layer::{MultiheadCache, MultiheadDilatedAttention};
@@ -179,24 +179,29 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         let h1 = self.norm1.forward(x)?.0;
         let a = self.self_attn.forward(&h1, batch, seq, mode)?;
         drop(h1);
-        let mask = dropout_mask(mode, self.config.dropout, SITE_ATTN_RESIDUAL, a.len());
+        let rows = self.self_attn.mask_rows(mode, batch, seq)?;
+        let mask = dropout_mask(mode, self.config.dropout, SITE_ATTN_RESIDUAL, &rows, self.config.d_model);
         let x1 = add(x, &apply_mask(&a, mask.as_deref()));
         drop(a);
-        let ffn = self.feedforward(&x1, batch * seq, mode, false)?.0;
+        let ffn = self.feedforward(&x1, &rows, mode, false)?.0;
         Ok(add(&x1, &ffn))
     }
 
-    /// Runs the FFN branch; returns its output and (when `keep`) the pieces backward needs.
-    fn feedforward(&self, x1: &[F], rows: usize, mode: Mode, keep: bool) -> Result<(Vec<F>, Option<FfnCache<F>>)> {
+    /// Runs the FFN branch over `[batch, seq, d_model]` (`at`: the rows' global
+    /// positions for dropout masks); returns its output and (when `keep`) the pieces
+    /// backward needs.
+    fn feedforward(&self, x1: &[F], at: &MaskRows, mode: Mode, keep: bool) -> Result<(Vec<F>, Option<FfnCache<F>>)> {
+        let rows = x1.len() / self.config.d_model;
         let (h2, stats2) = self.norm2.forward(x1)?;
         let f1 = self.linear1.forward(&h2, rows)?;
         let r: Vec<F> = f1.iter().map(|&v| v.max(F::zero())).collect();
-        let mask_hidden = dropout_mask(mode, self.config.dropout, SITE_FFN_HIDDEN, r.len());
+        let (p, ff) = (self.config.dropout, self.config.dim_feedforward);
+        let mask_hidden = dropout_mask(mode, p, SITE_FFN_HIDDEN, at, ff);
         let r_d = apply_mask(&r, mask_hidden.as_deref());
         drop(r);
         let (h3, stats3) = self.norm3.forward(&r_d)?;
         let f2 = self.linear2.forward(&h3, rows)?;
-        let mask_out = dropout_mask(mode, self.config.dropout, SITE_FFN_RESIDUAL, f2.len());
+        let mask_out = dropout_mask(mode, p, SITE_FFN_RESIDUAL, at, self.config.d_model);
         let y = apply_mask(&f2, mask_out.as_deref());
         let kept = keep.then_some(FfnCache { stats2, h2, f1, mask_hidden, r_d, stats3, h3, mask_out });
         Ok((y, kept))
@@ -212,9 +217,10 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
     ) -> Result<(Vec<F>, EncoderLayerCache<F>)> {
         let (h1, stats1) = self.norm1.forward(x)?;
         let (a, attn) = self.self_attn.forward_train(&h1, batch, seq, mode)?;
-        let mask_attn = dropout_mask(mode, self.config.dropout, SITE_ATTN_RESIDUAL, a.len());
+        let rows = self.self_attn.mask_rows(mode, batch, seq)?;
+        let mask_attn = dropout_mask(mode, self.config.dropout, SITE_ATTN_RESIDUAL, &rows, self.config.d_model);
         let x1 = add(x, &apply_mask(&a, mask_attn.as_deref()));
-        let (ffn, kept) = self.feedforward(&x1, batch * seq, mode, true)?;
+        let (ffn, kept) = self.feedforward(&x1, &rows, mode, true)?;
         let ffn_cache = kept.ok_or_else(|| AttnError::InvalidArgument("feed-forward cache missing".into()))?;
         let y = add(&x1, &ffn);
         let cache = EncoderLayerCache { batch, seq, x: x.to_vec(), stats1, attn, mask_attn, x1, ffn: ffn_cache };

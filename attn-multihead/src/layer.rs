@@ -7,7 +7,7 @@ use attn_core::{AttnError, DilatedConfig, Result, Shape4, TensorView, TensorView
 
 use crate::backend::AttentionBackend;
 use crate::config::MultiheadConfig;
-use crate::dropout::{Mode, apply_mask, dropout_mask};
+use crate::dropout::{MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
 use crate::layer_norm::NormStats;
 use crate::projection::{linear_backward_input, linear_backward_params, linear_forward};
@@ -137,6 +137,17 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         self
     }
 
+    /// The rows of a `[batch, seq, ..]` activation for dropout masks: their global
+    /// positions come from the backend (a ring rank's rows), and are only looked up
+    /// in training mode.
+    pub(crate) fn mask_rows(&self, mode: Mode, batch: usize, seq: usize) -> Result<MaskRows> {
+        let positions = match mode {
+            Mode::Eval => Vec::new(),
+            Mode::Train { .. } => self.backend.query_positions(seq)?.unwrap_or_else(|| (0..seq).collect()),
+        };
+        Ok(MaskRows { batch, positions })
+    }
+
     fn shape(&self, batch: usize, seq: usize) -> Result<Shape4> {
         Shape4::new(batch, seq, self.config.num_heads, self.config.head_dim())
     }
@@ -229,7 +240,8 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             let mut out = TensorViewMut::contiguous(TensorName::Output, &mut attn, qs)?;
             self.backend.forward(&self.dilated, q, k, v, &mut out, &mut lse)?;
         }
-        let mask = dropout_mask(mode, self.config.dropout, ATTN_DROPOUT_SITE, attn.len());
+        let rows_at = self.mask_rows(mode, qs.batch, qs.seq)?;
+        let mask = dropout_mask(mode, self.config.dropout, ATTN_DROPOUT_SITE, &rows_at, self.config.embed_dim);
         let (pre_out, norm_stats) = match &self.weights.norm {
             Some(norm) => {
                 let (y, st) = norm.forward(&apply_mask(&attn, mask.as_deref()))?;

@@ -4,7 +4,13 @@
 //! own rows; only attention crosses ranks, through [`RingBackend`]. Each rank passes
 //! its rows (`[batch, layout.rows(seq, world, rank), embed]`, ascending global order)
 //! and gets exactly the single-rank output rows and input gradients; weight gradients
-//! are per-rank partial sums, added up with [`all_reduce_grads`].
+//! are per-rank partial sums, added up with [`all_reduce_grads`]. Dropout masks are
+//! drawn at global positions ([`RingBackend`] reports its rows'), so training mode
+//! also equals one rank.
+//!
+//! Keys and values must have the queries' rows: cross-attention with `kv_seq !=
+//! q_seq` is not supported on the ring and is an `InvalidArgument` error on the
+//! ranks whose lengths differ (the others get the ring's `RankDisagreement`).
 
 use std::sync::{Arc, Mutex};
 
@@ -59,6 +65,15 @@ impl<C: Communicator> RingBackend<C> {
         self.comm.lock().map_err(|_| AttnError::InvalidArgument("ring communicator mutex poisoned".into()))
     }
 
+    /// The error for keys/values whose length differs from the queries' (cross-attention
+    /// with its own sequence length, which the ring does not split).
+    fn cross_error(q: usize, kv: usize) -> AttnError {
+        AttnError::InvalidArgument(format!(
+            "the ring backend needs keys/values with the queries' rows: cross-attention with kv_seq != \
+             q_seq is not supported on the ring (this rank has {q} query rows and {kv} key/value rows)"
+        ))
+    }
+
     fn problem(&self, cfg: &DilatedConfig, q: &TensorView<'_, impl LayerFloat>, world: usize) -> RingProblem {
         let s = q.shape();
         RingProblem {
@@ -84,6 +99,18 @@ impl<C: Communicator + Send + std::fmt::Debug, F: LayerFloat> AttentionBackend<F
         "ring"
     }
 
+    fn query_positions(&self, local_seq: usize) -> Result<Option<Vec<usize>>> {
+        let pos = self.positions()?;
+        if pos.len() != local_seq {
+            return Err(AttnError::ShapeMismatch {
+                tensor: TensorName::Query,
+                expected: vec![pos.len()],
+                got: vec![local_seq],
+            });
+        }
+        Ok(Some(pos))
+    }
+
     fn forward(
         &self,
         cfg: &DilatedConfig,
@@ -95,7 +122,11 @@ impl<C: Communicator + Send + std::fmt::Debug, F: LayerFloat> AttentionBackend<F
     ) -> Result<()> {
         let mut comm = self.lock()?;
         let problem = self.problem(cfg, &q, comm.world_size());
-        ring_forward(&mut *comm, &problem, q, k, v, out, lse).map(|_| ())
+        let (qn, kn) = (q.shape().seq, k.shape().seq);
+        // The ring refuses mismatched inputs collectively (every rank returns); name the cause here.
+        ring_forward(&mut *comm, &problem, q, k, v, out, lse)
+            .map(|_| ())
+            .map_err(|e| if kn != qn { Self::cross_error(qn, kn) } else { e })
     }
 
     fn backward(
@@ -118,7 +149,10 @@ impl<C: Communicator + Send + std::fmt::Debug, F: LayerFloat> AttentionBackend<F
         let mut dk = reborrow(TensorName::GradKey, dk)?;
         let mut dv = reborrow(TensorName::GradValue, dv)?;
         let outs = BackwardOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv };
-        ring_backward(&mut *comm, &problem, [q, k, v], grad_out, outs).map(|_| ())
+        let (qn, kn) = (q.shape().seq, k.shape().seq);
+        ring_backward(&mut *comm, &problem, [q, k, v], grad_out, outs)
+            .map(|_| ())
+            .map_err(|e| if kn != qn { Self::cross_error(qn, kn) } else { e })
     }
 }
 
