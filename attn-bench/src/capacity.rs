@@ -1,9 +1,14 @@
 //! The capacity table: the longest sequence whose per-rank memory fits a budget, for
-//! world sizes 1, 2, 4, 8, and the largest such case that fits this machine, run.
+//! world sizes 1, 2, 4, 8 (from the library's workspace-size queries), the longest that
+//! fits this machine (in-process ranks share its memory), and which case confirms each
+//! row by a measured run.
+
+use std::fmt::Write;
 
 use serde::{Deserialize, Serialize};
 
 use crate::case::{CaseKind, CaseSpec, Measurement};
+use crate::cli::SuiteSize;
 
 /// One row of "sequence length capabilities".
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -17,15 +22,33 @@ pub struct CapacityRow {
     /// Where the per-rank bytes came from: the library's workspace query, or the
     /// measured bytes per token of the largest measured case (when no query exists).
     pub source: String,
-    /// A run of the largest fitting case this machine could hold: its measured peak.
+    /// Per-rank bytes this machine can give each of `world_size` in-process ranks:
+    /// min(budget, usable memory / world size); `None` where memory could not be read.
+    #[serde(default)]
+    pub machine_limit_bytes: Option<u64>,
+    /// Longest sequence whose per-rank bytes fit `machine_limit_bytes` (by the same
+    /// query): the largest case of this row that fits this machine.
+    #[serde(default)]
+    pub machine_seq_len: Option<usize>,
+    /// The confirmation run: its length and measured per-rank peak.
     pub confirmed_seq_len: Option<usize>,
     pub confirmed_peak_bytes: Option<u64>,
     /// The workspace query's per-rank bytes at the confirmed length (where it exists).
     #[serde(default)]
     pub confirmed_predicted_bytes: Option<u64>,
+    /// Why the confirmed length is not `machine_seq_len`, or why nothing ran.
+    #[serde(default)]
+    pub confirm_note: String,
 }
 
-/// Per-rank bytes for a case, as the library reports it before running anything, with
+/// Of the memory the kernel reports available, what a confirmation run may use: an
+/// eighth and 1 GiB more are kept free (allocator slack, the bench's own buffers,
+/// other processes on a shared machine growing meanwhile).
+pub fn usable_machine_bytes(available: u64) -> u64 {
+    available.saturating_sub(available / 8).saturating_sub(1 << 30)
+}
+
+/// Per-rank bytes of `spec`, as the library reports it before running anything, with
 /// where they came from. World 1 on the CPU backend: `CpuBackend::workspace_bytes` plus
 /// the tensors. Ring cases: the largest over ranks of attn-ring's
 /// `Plan::workspace_bytes` (an upper bound of what a rank allocates during the call)
@@ -79,38 +102,182 @@ pub fn case_at(base: &CaseSpec, world_size: usize, seq_len: usize) -> CaseSpec {
     s
 }
 
-/// Longest `seq` (multiple of `step * world`, doubling then bisecting) whose per-rank
-/// bytes fit `budget`. Rows whose bytes cannot be determined are left out.
-pub fn table(base: &CaseSpec, measured: &[Measurement], worlds: &[usize], budget: u64) -> Vec<CapacityRow> {
-    let step = base.segments.iter().copied().max().unwrap_or(1);
+/// Longest `seq` (multiple of the largest segment times `world`, doubling then
+/// bisecting) whose per-rank bytes fit `limit`, with those bytes and their source.
+fn longest_fitting(
+    base: &CaseSpec,
+    measured: &[Measurement],
+    world: usize,
+    limit: u64,
+) -> Option<(usize, u64, String)> {
+    let unit = base.segments.iter().copied().max().unwrap_or(1) * world;
+    let fits = |k: usize| per_rank_bytes(&case_at(base, world, k * unit), measured).filter(|(b, _)| *b <= limit);
+    fits(1)?;
+    let mut hi = 1usize;
+    while hi < (1 << 24) && fits(hi * 2).is_some() {
+        hi *= 2;
+    }
+    let (mut lo, mut top) = (hi, hi * 2);
+    while top - lo > 1 {
+        let mid = (lo + top) / 2;
+        if fits(mid).is_some() { lo = mid } else { top = mid }
+    }
+    let (bytes, source) = fits(lo)?;
+    Some((lo * unit, bytes, source))
+}
+
+/// The capacity table: per world size, the longest sequence fitting `budget` per rank,
+/// and the longest fitting min(`budget`, `usable` / P) per rank, since in-process
+/// ranks share this machine's `usable` bytes (`None`: unknown, no machine column).
+/// Rows whose bytes cannot be determined are left out.
+pub fn table(
+    base: &CaseSpec,
+    measured: &[Measurement],
+    worlds: &[usize],
+    budget: u64,
+    usable: Option<u64>,
+) -> Vec<CapacityRow> {
     worlds
         .iter()
         .filter_map(|&p| {
-            let unit = step * p;
-            let fits = |k: usize| per_rank_bytes(&case_at(base, p, k * unit), measured).filter(|(b, _)| *b <= budget);
-            fits(1)?;
-            let mut hi = 1usize;
-            while hi < (1 << 24) && fits(hi * 2).is_some() {
-                hi *= 2;
-            }
-            let (mut lo, mut top) = (hi, hi * 2);
-            while top - lo > 1 {
-                let mid = (lo + top) / 2;
-                if fits(mid).is_some() { lo = mid } else { top = mid }
-            }
-            let (bytes, source) = fits(lo)?;
+            let (max_seq_len, bytes_at_max, source) = longest_fitting(base, measured, p, budget)?;
+            let machine_limit_bytes = usable.map(|u| budget.min(u / p as u64));
+            let machine_seq_len =
+                machine_limit_bytes.and_then(|l| longest_fitting(base, measured, p, l)).map(|(n, _, _)| n);
             Some(CapacityRow {
                 world_size: p,
                 budget_bytes: budget,
-                max_seq_len: lo * unit,
-                bytes_at_max: bytes,
+                max_seq_len,
+                bytes_at_max,
                 source,
+                machine_limit_bytes,
+                machine_seq_len,
                 confirmed_seq_len: None,
                 confirmed_peak_bytes: None,
                 confirmed_predicted_bytes: None,
+                confirm_note: String::new(),
             })
         })
         .collect()
+}
+
+/// How a row gets confirmed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Confirmation {
+    /// Run this case: the largest of the row that fits this machine.
+    Run(CaseSpec),
+    /// Take this case from the suite's own measurements (smaller; the note says why).
+    Reuse(CaseSpec, String),
+    /// Nothing confirms the row (the note says why).
+    Skip(String),
+}
+
+/// Which case confirms `row` in a `size` suite. The default suite runs world size 1 at
+/// the row's machine length (about 1M tokens and half a minute at the 8 GiB default);
+/// ring rows there, and every row of `--quick`, take the suite's largest measured case
+/// of the same config (a ring run at millions of tokens takes many minutes here);
+/// `--full` runs every row at its machine length.
+pub fn confirmation(row: &CapacityRow, base: &CaseSpec, size: SuiteSize, measured: &[Measurement]) -> Confirmation {
+    let p = row.world_size;
+    let runs = match size {
+        SuiteSize::Full => true,
+        SuiteSize::Default => p == 1,
+        SuiteSize::Quick => false,
+    };
+    let target = row.machine_seq_len;
+    if let (true, Some(n)) = (runs, target) {
+        return Confirmation::Run(case_at(base, p, n));
+    }
+    let largest = measured
+        .iter()
+        .filter(|m| m.ok() && target.is_none_or(|n| m.spec.seq_len <= n))
+        .filter(|m| m.spec == case_at(base, p, m.spec.seq_len))
+        .max_by_key(|m| m.spec.seq_len);
+    let why = match (target, size) {
+        (None, _) => "this machine's available memory is unknown".to_string(),
+        (Some(n), SuiteSize::Quick) => {
+            format!("--quick confirms a smaller suite case; the default suite runs {}", int(n))
+        }
+        (Some(n), _) => {
+            format!("suite's largest case; a run at {} takes too long for the default suite (--full runs it)", int(n))
+        }
+    };
+    match largest {
+        Some(m) => Confirmation::Reuse(m.spec.clone(), why),
+        None => Confirmation::Skip(format!("not run: {why}")),
+    }
+}
+
+/// Record a confirmation measurement `m` of `spec` in `row`.
+pub fn record(row: &mut CapacityRow, spec: &CaseSpec, m: &Measurement, note: String) {
+    if m.ok() {
+        row.confirmed_predicted_bytes = per_rank_bytes(spec, &[]).map(|(b, _)| b);
+        row.confirmed_seq_len = Some(spec.seq_len);
+        row.confirmed_peak_bytes = Some(m.peak_bytes_per_rank);
+        row.confirm_note = note;
+    } else {
+        row.confirm_note = format!("{} at {}: {}", spec.label(), int(spec.seq_len), m.status);
+    }
+}
+
+fn mb(b: u64) -> f64 {
+    b as f64 / 1048576.0
+}
+
+fn int(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The "Sequence length capabilities" section of the report (markdown).
+pub fn render(o: &mut String, rows: &[CapacityRow], budget: u64) {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let _ = writeln!(
+        o,
+        "\n## Sequence length capabilities (per-rank budget {:.1} GiB)\n\n\
+         Max sequence: the longest that fits the budget on every rank, by the library's workspace-size query. \
+         This machine: the longest whose ranks fit min(budget, usable memory / P), since in-process ranks share \
+         this machine's memory (usable: MemAvailable less an eighth and 1 GiB). Confirmed: a measured run \
+         (counting allocator, per-rank peak) against the query at the same length.\n\n\
+         | World size | Max sequence | Per-rank MB at max | Source | This machine (per-rank limit) | Confirmed seq | Measured MB/rank | Query MB/rank | Measured/query | Note |\n\
+         |---|---|---|---|---|---|---|---|---|---|",
+        gib(budget)
+    );
+    for c in rows {
+        let machine = match (c.machine_seq_len, c.machine_limit_bytes) {
+            (Some(n), Some(l)) => format!("{} ({:.1} GiB)", int(n), gib(l)),
+            (None, Some(l)) => format!("none fits ({:.1} GiB)", gib(l)),
+            _ => "unknown".into(),
+        };
+        let (seq, meas, query, ratio) = match (c.confirmed_seq_len, c.confirmed_peak_bytes) {
+            (Some(s), Some(b)) => (
+                int(s),
+                format!("{:.1}", mb(b)),
+                c.confirmed_predicted_bytes.map_or("-".into(), |p| format!("{:.1}", mb(p))),
+                c.confirmed_predicted_bytes.map_or("-".into(), |p| format!("{:.3}", b as f64 / p as f64)),
+            ),
+            _ => ("not run".into(), "-".into(), "-".into(), "-".into()),
+        };
+        let _ = writeln!(
+            o,
+            "| {} | {} | {:.1} | {} | {machine} | {seq} | {meas} | {query} | {ratio} | {} |",
+            c.world_size,
+            int(c.max_seq_len),
+            mb(c.bytes_at_max),
+            c.source,
+            c.confirm_note
+        );
+    }
+    if rows.is_empty() {
+        let _ = writeln!(o, "| - | - | - | no single-rank or ring measurement to size from | - | - | - | - | - | - |");
+    }
 }
 
 #[cfg(test)]
@@ -121,7 +288,7 @@ mod tests {
     fn capacity_from_measured_bytes_per_token_is_linear() {
         let mut m = Measurement::not_run(CaseSpec::dilated("ring-auto", 4096, &[512], &[1]), "ok".into(), "g");
         m.peak_bytes_per_rank = 4096 * 1000; // 1000 bytes per token
-        let rows = table(&m.spec.clone(), &[m], &[1, 2], 1_000_000);
+        let rows = table(&m.spec.clone(), &[m], &[1, 2], 1_000_000, None);
         // World 2 is a ring case: its query says even 1024 tokens need more than 1 MB per rank.
         assert_eq!(rows.len(), 1, "no world-2 row fits 1 MB");
         // 1e6 / 1000 = 1000 tokens fit; multiples of 512: 512.
@@ -134,7 +301,7 @@ mod tests {
         let base = CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]);
         let budget = 256 << 20;
         // No measurements at all: every row comes from a query.
-        let rows = table(&base, &[], &[1, 2, 4, 8], budget);
+        let rows = table(&base, &[], &[1, 2, 4, 8], budget, None);
         assert_eq!(rows.iter().map(|r| r.world_size).collect::<Vec<_>>(), vec![1, 2, 4, 8]);
         for w in rows.windows(2) {
             assert!(w[1].max_seq_len > w[0].max_seq_len, "{} then {}", w[0].max_seq_len, w[1].max_seq_len);
@@ -151,5 +318,82 @@ mod tests {
             let io = (row.max_seq_len / row.world_size * 8 * (4 * 64 * 4 + 4)) as u64;
             assert!(at >= io && at < 2 * io, "{row:?}: tensors {io}");
         }
+    }
+
+    fn ok_measurement(spec: CaseSpec, peak: u64) -> Measurement {
+        let mut m = Measurement::not_run(spec, "ok".into(), "g");
+        m.peak_bytes_per_rank = peak;
+        m
+    }
+
+    #[test]
+    fn machine_length_divides_usable_memory_between_in_process_ranks() {
+        assert_eq!(usable_machine_bytes(16 << 30), 13 << 30);
+        assert_eq!(usable_machine_bytes(1 << 30), 0);
+        let base = CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]);
+        let (budget, usable) = (1u64 << 30, 3u64 << 30);
+        let rows = table(&base, &[], &[1, 2, 4, 8], budget, Some(usable));
+        assert_eq!(rows.len(), 4);
+        for row in &rows {
+            let p = row.world_size as u64;
+            let limit = budget.min(usable / p);
+            assert_eq!(row.machine_limit_bytes, Some(limit), "{row:?}");
+            let n = row.machine_seq_len.expect("a case fits");
+            assert!(n <= row.max_seq_len, "{row:?}");
+            // All P ranks together fit the usable memory, and the next step would not fit.
+            let at = |n| per_rank_bytes(&case_at(&base, row.world_size, n), &[]).unwrap().0;
+            assert!(at(n) <= limit && at(n) * p <= usable, "{row:?}");
+            assert!(at(n + 8192 * row.world_size) > limit, "{row:?}");
+        }
+        // 1 GiB per rank fits P = 1 and 2 within 3 GiB; P = 4 and 8 get 768 and 384 MiB each.
+        assert_eq!(rows[0].machine_seq_len, Some(rows[0].max_seq_len));
+        assert!(rows[2].machine_seq_len < Some(rows[2].max_seq_len));
+        assert!(rows[3].machine_seq_len < Some(rows[3].max_seq_len));
+        let unknown = table(&base, &[], &[1], budget, None);
+        assert_eq!((unknown[0].machine_limit_bytes, unknown[0].machine_seq_len), (None, None));
+    }
+
+    #[test]
+    fn default_suite_runs_world_one_at_its_machine_length_and_reuses_ring_cases() {
+        let base = CaseSpec { threads: 2, ..CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]) };
+        let rows = table(&base, &[], &[1, 2], 1 << 30, Some(64 << 30));
+        let suite = [
+            ok_measurement(case_at(&base, 1, 65536), 500 << 20),
+            ok_measurement(case_at(&base, 2, 16384), 60 << 20),
+            ok_measurement(case_at(&base, 2, 65536), 250 << 20),
+            ok_measurement(CaseSpec { dtype: "bf16".into(), ..case_at(&base, 2, 131072) }, 1),
+        ];
+        let one = rows[0].machine_seq_len.unwrap();
+        assert!(one > 100_000, "{one}");
+        assert_eq!(
+            confirmation(&rows[0], &base, SuiteSize::Default, &suite),
+            Confirmation::Run(case_at(&base, 1, one))
+        );
+        assert_eq!(
+            confirmation(&rows[1], &base, SuiteSize::Full, &suite),
+            Confirmation::Run(case_at(&base, 2, rows[1].machine_seq_len.unwrap()))
+        );
+        let Confirmation::Reuse(spec, why) = confirmation(&rows[1], &base, SuiteSize::Default, &suite) else {
+            panic!("ring rows of the default suite reuse the suite's largest case");
+        };
+        assert_eq!(spec, case_at(&base, 2, 65536), "same config only (not the bf16 case)");
+        assert!(why.contains("--full"), "{why}");
+        let Confirmation::Reuse(spec, why) = confirmation(&rows[0], &base, SuiteSize::Quick, &suite) else {
+            panic!("--quick reuses a suite case");
+        };
+        assert_eq!(spec.seq_len, 65536);
+        assert!(why.contains("--quick") && why.contains(&int(one)), "{why}");
+        assert!(matches!(confirmation(&rows[1], &base, SuiteSize::Quick, &[]), Confirmation::Skip(_)));
+        // The rendered row reports measured against predicted at the confirmed length.
+        let mut row = rows[0].clone();
+        let m = ok_measurement(case_at(&base, 1, 65536), 520 << 20);
+        record(&mut row, &m.spec, &m, "smaller".into());
+        let predicted = per_rank_bytes(&m.spec, &[]).unwrap().0;
+        assert_eq!((row.confirmed_seq_len, row.confirmed_predicted_bytes), (Some(65536), Some(predicted)));
+        let mut md = String::new();
+        render(&mut md, &[row], 1 << 30);
+        let line = md.lines().find(|l| l.starts_with("| 1 |")).unwrap();
+        let ratio = format!("{:.3}", (520u64 << 20) as f64 / predicted as f64);
+        assert!(line.contains("| 65,536 | 520.0 |") && line.contains(&ratio) && line.contains("smaller"), "{line}");
     }
 }

@@ -19,7 +19,11 @@ USAGE (one case, prints one JSON object):
              [--world-size P --strategy S --layout L] [--runs N]
 
 --quick     the < 1 minute suite (2 quiet cores)  --full   the long suite (ring tables to 256K)
---budget    per-rank memory budget of the capacity table (default 8GiB; accepts KiB/MiB/GiB)
+--budget    per-rank memory budget of the capacity table (default 8GiB; accepts KiB/MiB/GiB); the
+            default suite runs world size 1 at the longest sequence fitting min(budget, usable
+            memory), --full every world size P at min(budget, usable memory / P)
+--baseline  results.json of an earlier suite run: print time/memory ratios, fail on regressions
+            (suite runs only; rejected with --json)
 --threshold regression threshold for --baseline in percent (default 10)
 --rerender  results.json: rebuild report.md and the plots beside it without measuring
 --cuda / --no-cuda (cargo xtask bench only): build with or without the `cuda` feature
@@ -160,6 +164,13 @@ pub fn parse(args: &[String]) -> Result<Command> {
         }
         (true, ..) => {}
     }
+    if let Some(b) = &suite.baseline {
+        return Err(bad(format!(
+            "--baseline {} compares a whole suite run against an earlier results.json; it is not supported with \
+             --json (run the suite with --baseline, or compare the printed JSON objects yourself)",
+            b.display()
+        )));
+    }
     spec.dtype()?;
     if spec.kind == CaseKind::Ring && !impl_set {
         spec.implementation = format!("ring-{}", spec.strategy.as_deref().unwrap_or("default"));
@@ -206,6 +217,9 @@ mod tests {
         for a in ["--seq-len", "--seq-len x", "--bogus", "--json --dtype f8", "--budget -3", "--threads 0"] {
             assert!(parse(&args(a)).is_err(), "{a}");
         }
+        let e = parse(&args("--json --case dilated --baseline old.json")).unwrap_err().to_string();
+        assert!(e.contains("--baseline") && e.contains("--json"), "{e}");
+        assert!(matches!(parse(&args("--quick --baseline old.json")).unwrap(), Command::Suite(_)));
         assert_eq!(parse_bytes("8GiB").unwrap(), 8 << 30);
         assert_eq!(parse_bytes("1.5 KiB").unwrap(), 1536);
     }

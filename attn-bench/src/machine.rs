@@ -32,14 +32,21 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
+/// A `/proc/meminfo` field (e.g. `MemTotal`) in bytes.
+fn meminfo_bytes(key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.split(':').next() == Some(key))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+}
+
 fn memory_bytes() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("MemTotal:"))?.to_string();
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .map_or(0, |kb| kb * 1024)
+    meminfo_bytes("MemTotal").unwrap_or(0)
+}
+
+/// Memory the kernel says can be allocated now without swapping (`MemAvailable`), or
+/// `None` where `/proc/meminfo` has no such field.
+pub fn available_memory_bytes() -> Option<u64> {
+    meminfo_bytes("MemAvailable")
 }
 
 /// The first GPU `nvidia-smi` lists, if the tool exists and sees one.

@@ -21,6 +21,10 @@ pub struct Repetitions {
 impl Repetitions {
     pub const QUICK: Repetitions = Repetitions { min_runs: 2, max_runs: 5, budget: Duration::from_millis(1500) };
     pub const FULL: Repetitions = Repetitions { min_runs: 3, max_runs: 10, budget: Duration::from_secs(6) };
+    /// No timed call after the memory call: its time (cold pages included) is the
+    /// case's time. For the capacity confirmation, where memory is the point and one
+    /// call at a million tokens takes half a minute or more.
+    pub const MEMORY_CALL_ONLY: Repetitions = Repetitions { min_runs: 0, max_runs: 0, budget: Duration::ZERO };
 }
 
 fn median(sorted: &[f64]) -> f64 {
@@ -115,6 +119,9 @@ fn run_case(spec: &CaseSpec, reps: Repetitions, bar: &ProgressBar) -> attn_core:
         times_ms.push(t.elapsed().as_secs_f64() * 1e3);
         bar.inc(1);
     }
+    if reps.max_runs == 0 {
+        times_ms.push(first.as_secs_f64() * 1e3);
+    }
     times_ms.sort_by(f64::total_cmp);
     Ok(Done { times_ms, memory: mem, rank_peaks, stats })
 }
@@ -139,6 +146,9 @@ mod tests {
         // q, k, v in f64 alone are 3 * 64*8*64*8 bytes.
         assert!(m.peak_bytes >= 3 * 64 * 8 * 64 * 8, "{}", m.peak_bytes);
         assert!(m.median_ms > 0.0 && m.runs >= 2);
+        let once = measure(&spec, Repetitions::MEMORY_CALL_ONLY, 1.0, "test", &ProgressBar::hidden());
+        assert!(once.ok() && once.runs == 1 && once.median_ms > 0.0, "{once:?}");
+        assert!(once.peak_bytes >= 3 * 64 * 8 * 64 * 8, "{}", once.peak_bytes);
         let bad = CaseSpec::dilated("reference", 64, &[16, 32], &[1]);
         assert!(measure(&bad, Repetitions::QUICK, 1.0, "t", &ProgressBar::hidden()).status.starts_with("error:"));
     }

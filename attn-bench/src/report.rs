@@ -78,7 +78,7 @@ fn scaling_table(out: &mut String, rows: &[&Measurement], per_rank: bool, yardst
     let extra = if per_rank { " Seq/rank | MB sent/rank |" } else { "" };
     let _ = writeln!(
         out,
-        "| Sequence length | Time (s) | Peak memory (MB) | Peak RSS growth (MB) | Throughput (tok/s) | KB/token | GFLOP/s | % of GEMM |{extra}"
+        "| Sequence length | Time (s) | Peak memory (MB) | Peak RSS growth (MB) | Throughput (tok/s) | KB/token | GFLOP/s | % of f32 GEMM |{extra}"
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|{}", if per_rank { "---|---|" } else { "" });
     for m in rows {
@@ -102,7 +102,7 @@ fn scaling_table(out: &mut String, rows: &[&Measurement], per_rank: bool, yardst
     }
 }
 
-/// The yardstick of the "% of GEMM" columns: the best f32 GEMM rate measured during
+/// The yardstick of the "% of f32 GEMM" columns: the best f32 GEMM rate measured during
 /// the run (at the start and next to every case), i.e. what this machine can deliver.
 fn peak_gemm(r: &RunResults) -> f64 {
     r.measurements.iter().map(|m| m.gemm_gflop_per_s).filter(|g| g.is_finite()).fold(r.gemm.best_gflop_per_s, f64::max)
@@ -152,7 +152,7 @@ fn comparison_tables(out: &mut String, r: &RunResults, section: &str) {
         );
         let _ = writeln!(
             out,
-            "| Implementation | Time (ms) | GFLOP/s | % of GEMM | Throughput (tok/s) | Peak MB/rank | vs reference | vs PyTorch |"
+            "| Implementation | Time (ms) | GFLOP/s | % of f32 GEMM | Throughput (tok/s) | Peak MB/rank | vs reference | vs PyTorch |"
         );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
         for m in &rows {
@@ -202,8 +202,9 @@ pub fn render(
     let _ = writeln!(
         o,
         "- **Machine**: {} ({} logical cores, {:.1} GiB){}\n- **Build**: {}, commit `{}`{}\n- **Run**: {} UTC, {} threads, took {:.0} s\n- **Measured f32 GEMM rate** (gemm crate, {n}x{n}x{n}) at the start: {:.1} GFLOP/s median, {:.1} best; \
-         \"% of GEMM\" divides by the best GEMM rate seen during the run ({:.1} GFLOP/s; \
-         re-measured next to every case, see results.json)",
+         \"% of f32 GEMM\" divides by the best GEMM rate seen during the run ({:.1} GFLOP/s; \
+         re-measured next to every case, see results.json); bf16 and f16 rows are divided by this f32 rate \
+         too (no bf16 GEMM is measured), so they can exceed 100%",
         m.cpu,
         m.logical_cores,
         m.memory_bytes as f64 / (1u64 << 30) as f64,
@@ -315,7 +316,8 @@ pub fn render(
     }
     let _ = writeln!(
         o,
-        "\n## Implementation comparison\n\nSpeedups are time ratios against the named implementation in the same table (PyTorch: `../shared/peer/torch_dilated.py`; n/m: not measured)."
+        "\n## Implementation comparison\n\nSpeedups are time ratios against the named implementation in the same table (PyTorch: `../shared/peer/torch_dilated.py`; n/m: not measured). \
+         \"% of f32 GEMM\" divides every row, bf16 and f16 included, by the f32 GEMM rate."
     );
     comparison_tables(&mut o, r, "comparison");
     let _ = writeln!(o, "\n## Multihead (`MultiheadDilatedAttention`: projections + attention + LayerNorm + output)");
@@ -324,7 +326,7 @@ pub fn render(
     if !variants.is_empty() {
         let _ = writeln!(
             o,
-            "\n## Variants (dtype, causal, backward, mixing, Hilbert order)\n\n| Case | Time (ms) | GFLOP/s | % of GEMM | Peak MB/rank | Status |\n|---|---|---|---|---|---|"
+            "\n## Variants (dtype, causal, backward, mixing, Hilbert order)\n\n| Case | Time (ms) | GFLOP/s | % of f32 GEMM | Peak MB/rank | Status |\n|---|---|---|---|---|---|"
         );
         for m in variants {
             let mixing = if m.spec.mixing == "longnet" { " longnet" } else { "" };
@@ -341,31 +343,7 @@ pub fn render(
             );
         }
     }
-    let _ = writeln!(
-        o,
-        "\n## Sequence length capabilities (per-rank budget {:.1} GiB)\n\n| World size | Max sequence | Per-rank MB at max | Source | Confirmed run (seq, measured MB/rank) |\n|---|---|---|---|---|",
-        r.budget_bytes as f64 / (1u64 << 30) as f64
-    );
-    for c in &r.capacity {
-        let conf = match (c.confirmed_seq_len, c.confirmed_peak_bytes) {
-            (Some(s), Some(b)) => match c.confirmed_predicted_bytes {
-                Some(p) => format!("{}: measured {:.1} MB, query {:.1} MB", int(s), mb(b), mb(p)),
-                None => format!("{}: measured {:.1} MB", int(s), mb(b)),
-            },
-            _ => "not run (machine or suite limit)".into(),
-        };
-        let _ = writeln!(
-            o,
-            "| {} | {} | {:.1} | {} | {conf} |",
-            c.world_size,
-            int(c.max_seq_len),
-            mb(c.bytes_at_max),
-            c.source
-        );
-    }
-    if r.capacity.is_empty() {
-        let _ = writeln!(o, "| - | - | - | no single-rank or ring measurement to size from | - |");
-    }
+    crate::capacity::render(&mut o, &r.capacity, r.budget_bytes);
     if let Some(h) = &r.hilbert_orders {
         h.render(&mut o);
     }

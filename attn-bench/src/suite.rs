@@ -1,5 +1,5 @@
 //! Run a whole suite: measure every planned case (progress bar per case), the PyTorch
-//! peer, the capacity table and its confirmation run, then write the output folder.
+//! peer, the capacity table and its confirmation runs, then write the output folder.
 
 use crate::gemm_rate::GEMM_N;
 use std::path::{Path, PathBuf};
@@ -10,18 +10,18 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 use crate::backends;
 use crate::baseline;
-use crate::capacity::{self, CapacityRow};
+use crate::capacity::{self, CapacityRow, Confirmation};
 use crate::case::{CaseKind, CaseSpec, Measurement};
 use crate::cli::{SuiteOptions, SuiteSize};
 use crate::gemm_rate;
 use crate::hilbert_orders::HilbertOrders;
-use crate::machine::Machine;
+use crate::machine::{self, Machine};
 use crate::measure::{self, Repetitions};
 use crate::plots;
 use crate::report;
 use crate::results::{MEMORY_METHOD, RunResults};
 use crate::rss_check;
-use crate::suite_plan::{self, DILATIONS, SEGMENTS, SuiteShape};
+use crate::suite_plan::{self, DILATIONS, SEGMENTS};
 use crate::torch_peer;
 
 fn style() -> ProgressStyle {
@@ -55,51 +55,38 @@ fn mib(b: u64) -> f64 {
     b as f64 / 1048576.0
 }
 
-/// Machine memory a confirmation run may use: half of physical memory.
-fn machine_limit(machine: &Machine) -> u64 {
-    machine.memory_bytes / 2
-}
-
-/// Run the capacity confirmation: the longest case of each row that fits the budget,
-/// this machine and the suite's cap, run once (or taken from `done` where the suite
-/// already measured exactly that case).
+/// Confirm each capacity row (`capacity::confirmation` says how): run the largest
+/// case that fits this machine once, or take the suite's own measurement of a smaller
+/// one; returns the new measurements.
 fn confirm(
     rows: &mut [CapacityRow],
+    base: &CaseSpec,
     size: SuiteSize,
-    threads: usize,
     ctx: &Ctx<'_>,
     done: &[Measurement],
 ) -> Vec<Measurement> {
-    let shape = SuiteShape::of(size);
-    let limit = ctx.machine_limit.min(rows.first().map_or(0, |r| r.budget_bytes));
     let mut out = Vec::new();
     for row in rows.iter_mut() {
-        if size != SuiteSize::Full && row.world_size != 1 {
-            continue;
-        }
-        let unit = SEGMENTS[2] * row.world_size;
-        let fit_bytes = (row.bytes_at_max as f64 / row.max_seq_len as f64 * unit as f64).max(1.0);
-        let by_machine = (limit as f64 / fit_bytes) as usize * unit;
-        let seq = row.max_seq_len.min(by_machine).min(shape.confirm_cap / unit * unit);
-        if seq == 0 {
-            continue;
-        }
-        let base = CaseSpec { threads, ..CaseSpec::dilated("cpu", seq, &SEGMENTS, &DILATIONS) };
-        let spec = capacity::case_at(&base, row.world_size, seq);
-        let earlier = done.iter().find(|m| m.ok() && m.spec == spec);
-        let m = match earlier {
-            Some(m) => m.clone(),
-            None => {
-                let reps = Repetitions { min_runs: 1, max_runs: 1, budget: std::time::Duration::ZERO };
-                ctx.measure("capacity", &spec, reps)
+        let (spec, note, may_run) = match capacity::confirmation(row, base, size, done) {
+            Confirmation::Skip(note) => {
+                row.confirm_note = note;
+                continue;
+            }
+            Confirmation::Reuse(spec, note) => (spec, note, false),
+            Confirmation::Run(spec) => {
+                let note = if spec.seq_len < row.max_seq_len {
+                    "largest that fits this machine".to_string()
+                } else {
+                    "the capacity length".to_string()
+                };
+                (spec, note, true)
             }
         };
-        if m.ok() {
-            row.confirmed_predicted_bytes = capacity::per_rank_bytes(&spec, &[]).map(|(b, _)| b);
-            row.confirmed_seq_len = Some(seq);
-            row.confirmed_peak_bytes = Some(m.peak_bytes_per_rank);
-        }
-        if earlier.is_none() {
+        if let Some(m) = done.iter().find(|m| m.ok() && m.spec == spec) {
+            capacity::record(row, &spec, m, note);
+        } else if may_run {
+            let m = ctx.measure("capacity", &spec, Repetitions::MEMORY_CALL_ONLY);
+            capacity::record(row, &spec, &m, note);
             out.push(m);
         }
     }
@@ -109,7 +96,6 @@ fn confirm(
 struct Ctx<'a> {
     multi: &'a MultiProgress,
     git: String,
-    machine_limit: u64,
     total: usize,
     done: std::cell::Cell<usize>,
 }
@@ -130,6 +116,41 @@ impl Ctx<'_> {
     }
 }
 
+/// The PyTorch rows: every f32/bf16 head-group CPU case of the comparison, multihead
+/// and variants sections run by `python` (`torch_peer::run`), each with the GEMM rate
+/// `gemm(threads)` measured next to it; a failing run becomes an `error:` row.
+fn torch_rows(
+    python: &Path,
+    measurements: &[Measurement],
+    runs: usize,
+    git: &str,
+    multi: &MultiProgress,
+    gemm: &dyn Fn(usize) -> f64,
+) -> Vec<Measurement> {
+    // (spec, section) of every case PyTorch can run too; one spec may sit in two sections.
+    let cases = measurements
+        .iter()
+        .filter(|m| matches!(m.section.as_str(), "comparison" | "multihead" | "variants"))
+        .filter(|m| matches!(m.spec.kind, CaseKind::Dilated | CaseKind::Multihead) && m.spec.implementation == "cpu")
+        .filter(|m| m.spec.dtype != "f16" && m.spec.mixing == "head_groups");
+    cases
+        .map(|c| {
+            let (spec, section) = (&c.spec, &c.section);
+            let bar = multi.add(ProgressBar::new_spinner());
+            bar.set_message(format!("torch {}", spec.label()));
+            let mut m = torch_peer::run(python, spec, runs, git).unwrap_or_else(|e| {
+                let mut s = spec.clone();
+                s.implementation = "torch".into();
+                Measurement::not_run(s, format!("error: {e}"), git)
+            });
+            m.gemm_gflop_per_s = gemm(spec.threads);
+            m.section = section.clone();
+            finish(&bar, &m);
+            m
+        })
+        .collect()
+}
+
 /// The output directory: `--out` or `<repo>/target/attn-bench/<timestamp>`.
 fn out_dir(opts: &SuiteOptions, machine: &Machine) -> PathBuf {
     opts.out.clone().unwrap_or_else(|| torch_peer::repo_root().join("target/attn-bench").join(&machine.timestamp_utc))
@@ -146,46 +167,36 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     eprintln!("attn-bench: CUDA {cuda}");
     eprintln!("attn-bench: measuring the f32 GEMM rate on {} threads ...", opts.threads);
     let gemm = gemm_rate::measure(GEMM_N, opts.threads, 7);
-    eprintln!("attn-bench: GEMM {:.1} GFLOP/s (median, n=1024); writing {}", gemm.median_gflop_per_s, dir.display());
+    eprintln!(
+        "attn-bench: GEMM {:.1} GFLOP/s (median, n={GEMM_N}); writing {}",
+        gemm.median_gflop_per_s,
+        dir.display()
+    );
     let reps = if opts.size == SuiteSize::Quick { Repetitions::QUICK } else { Repetitions::FULL };
     let plan = suite_plan::plan(opts.size, opts.threads);
     let multi = MultiProgress::new();
     let ctx = Ctx {
         multi: &multi,
         git: machine.git_commit.clone(),
-        machine_limit: machine_limit(&machine),
-        total: plan.len() + 1,
+        // The capacity confirmations: world size 1 in the default suite, all four in --full.
+        total: plan.len()
+            + match opts.size {
+                SuiteSize::Quick => 0,
+                SuiteSize::Default => 1,
+                SuiteSize::Full => 4,
+            },
         done: std::cell::Cell::new(0),
     };
     let mut measurements: Vec<Measurement> = plan.iter().map(|p| ctx.measure(p.section, &p.spec, reps)).collect();
     if let Some(python) = &opts.torch {
-        // (spec, section) of every case PyTorch can run too; one spec may sit in two sections.
-        let torch_cases: Vec<(CaseSpec, String)> = measurements
-            .iter()
-            .filter(|m| matches!(m.section.as_str(), "comparison" | "multihead" | "variants"))
-            .filter(|m| {
-                matches!(m.spec.kind, CaseKind::Dilated | CaseKind::Multihead) && m.spec.implementation == "cpu"
-            })
-            .filter(|m| m.spec.dtype != "f16" && m.spec.mixing == "head_groups")
-            .map(|m| (m.spec.clone(), m.section.clone()))
-            .collect();
-        for (spec, section) in torch_cases {
-            let bar = multi.add(ProgressBar::new_spinner());
-            bar.set_message(format!("torch {}", spec.label()));
-            let mut m = torch_peer::run(python, &spec, reps.min_runs.max(3), &machine.git_commit).unwrap_or_else(|e| {
-                let mut s = spec.clone();
-                s.implementation = "torch".into();
-                Measurement::not_run(s, format!("error: {e}"), &machine.git_commit)
-            });
-            m.gemm_gflop_per_s = gemm_rate::measure(GEMM_N, spec.threads, 3).best_gflop_per_s;
-            m.section = section;
-            finish(&bar, &m);
-            measurements.push(m);
-        }
+        let gemm_now = |threads| gemm_rate::measure(GEMM_N, threads, 3).best_gflop_per_s;
+        let rows = torch_rows(python, &measurements, reps.min_runs.max(3), &machine.git_commit, &multi, &gemm_now);
+        measurements.extend(rows);
     }
     let cap_base = CaseSpec { threads: opts.threads, ..CaseSpec::dilated("cpu", 8192, &SEGMENTS, &DILATIONS) };
-    let mut capacity = capacity::table(&cap_base, &measurements, &[1, 2, 4, 8], opts.budget_bytes);
-    let confirmations = confirm(&mut capacity, opts.size, opts.threads, &ctx, &measurements);
+    let usable = machine::available_memory_bytes().map(capacity::usable_machine_bytes);
+    let mut capacity = capacity::table(&cap_base, &measurements, &[1, 2, 4, 8], opts.budget_bytes, usable);
+    let confirmations = confirm(&mut capacity, &cap_base, opts.size, &ctx, &measurements);
     measurements.extend(confirmations);
     let suite = match opts.size {
         SuiteSize::Quick => "quick",
@@ -214,6 +225,9 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
         println!("{}", baseline::table(rows, opts.threshold_pct));
     }
     write_report(&dir, &results, comparisons.as_deref(), opts.threshold_pct)?;
+    let mut table = String::new();
+    capacity::render(&mut table, &results.capacity, results.budget_bytes);
+    println!("{}", table.trim());
     println!("attn-bench: wrote {} in {:.0} s", dir.display(), started.elapsed().as_secs_f64());
     if comparisons.is_some_and(|c| c.iter().any(|r| r.regression)) {
         return Err(AttnError::InvalidArgument(format!("regressions beyond {}% (see report.md)", opts.threshold_pct)));
@@ -249,3 +263,7 @@ pub fn rerender(results_json: &Path) -> Result<()> {
     println!("attn-bench: re-rendered {}", dir.join("report.md").display());
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "suite_tests.rs"]
+mod tests;

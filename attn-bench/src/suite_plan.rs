@@ -28,8 +28,6 @@ pub struct SuiteShape {
     pub ring_seqs: Vec<usize>,
     pub sweep_seq: usize,
     pub reference_seqs: Vec<usize>,
-    /// Longest sequence the capacity confirmation may run on this machine.
-    pub confirm_cap: usize,
     pub variants: bool,
     /// Sequence lengths of the multihead layer cases.
     pub multihead_seqs: Vec<usize>,
@@ -48,7 +46,6 @@ impl SuiteShape {
                 ring_seqs: vec![2 * k, 8 * k],
                 sweep_seq: 8 * k,
                 reference_seqs: vec![2 * k],
-                confirm_cap: 64 * k,
                 variants: false,
                 multihead_seqs: vec![8 * k],
                 all_layouts: false,
@@ -58,7 +55,6 @@ impl SuiteShape {
                 ring_seqs: vec![2 * k, 4 * k, 8 * k, 16 * k, 32 * k, 64 * k],
                 sweep_seq: 64 * k,
                 reference_seqs: vec![2 * k, 4 * k],
-                confirm_cap: 256 * k,
                 variants: true,
                 multihead_seqs: vec![8 * k, 16 * k],
                 all_layouts: true,
@@ -68,7 +64,6 @@ impl SuiteShape {
                 ring_seqs: (11..=18).map(|e| 1usize << e).collect(),
                 sweep_seq: 256 * k,
                 reference_seqs: vec![2 * k, 4 * k, 8 * k],
-                confirm_cap: usize::MAX,
                 variants: true,
                 multihead_seqs: vec![8 * k, 16 * k],
                 all_layouts: true,

@@ -1,0 +1,317 @@
+//! Tests of the suite's output: a synthetic results set rendered through the real
+//! report and plot writers into a temporary folder, and the `--torch` comparison path
+//! driven by a fake interpreter that prints what `torch_dilated.py` prints.
+
+use super::*;
+
+use std::path::PathBuf;
+
+use indicatif::ProgressDrawTarget;
+
+use crate::gemm_rate::GemmRate;
+use crate::memory::TEST_WINDOW_LOCK;
+use crate::suite_plan::{SMALL_SEGMENTS, ring_case};
+
+const GIT: &str = "0123456789abcdef0123456789abcdef01234567";
+const PLOTS: [&str; 5] =
+    ["memory_vs_seq", "memory_reduction", "throughput_vs_seq", "memory_per_token", "ring_size_sweep"];
+
+/// A fresh empty folder under the system temp dir.
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("attn-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// An ok measurement of `spec` in `section`: `ms` per call, a per-rank peak of
+/// `kb_per_token` KB per token of the whole sequence.
+fn ok(section: &str, spec: CaseSpec, ms: f64, kb_per_token: f64) -> Measurement {
+    let mut m = Measurement::not_run(spec, "ok".into(), GIT);
+    let per_rank = m.spec.tokens() as f64;
+    m.section = section.into();
+    m.runs = 3;
+    (m.median_ms, m.min_ms, m.max_ms) = (ms, ms * 0.9, ms * 1.1);
+    m.gflop_per_s = m.spec.attention_flops().unwrap() / (ms / 1e3) / 1e9;
+    m.tokens_per_s = m.spec.tokens() as f64 / (ms / 1e3);
+    m.peak_bytes_per_rank = (kb_per_token * 1024.0 * per_rank) as u64;
+    m.peak_bytes = m.peak_bytes_per_rank * m.spec.world_size as u64;
+    m.rank_peak_bytes = vec![m.peak_bytes_per_rank; m.spec.world_size];
+    m.bytes_sent = vec![if m.spec.world_size > 1 { 1 << 20 } else { 0 }; m.spec.world_size];
+    m.gemm_gflop_per_s = 100.0;
+    m
+}
+
+fn machine() -> Machine {
+    Machine {
+        cpu: "Test CPU".into(),
+        logical_cores: 2,
+        memory_bytes: 16 << 30,
+        os: "linux test".into(),
+        rustc: "rustc 1.99.0 (test 2030-01-01)".into(),
+        git_commit: GIT.into(),
+        git_dirty: false,
+        timestamp_utc: "2030-01-01T00-00-00Z".into(),
+        gpu: None,
+    }
+}
+
+fn dilated(imp: &str, n: usize) -> CaseSpec {
+    CaseSpec { threads: 2, ..CaseSpec::dilated(imp, n, &SEGMENTS, &DILATIONS) }
+}
+
+/// A default-suite-shaped results set (scaling, ring sweep, comparison, multihead,
+/// variants, capacity); `extra` is appended to its measurements.
+fn synthetic(extra: Vec<Measurement>) -> RunResults {
+    let mut ms = Vec::new();
+    for e in 11..=16 {
+        ms.push(ok("scaling", dilated("cpu", 1 << e), (1 << e) as f64 / 64.0, 8.0));
+    }
+    for n in [2048, 8192] {
+        for p in [1, 2, 4, 8, 16] {
+            ms.push(ok(
+                "scaling",
+                ring_case(&dilated("cpu", n), p, "auto", "contiguous"),
+                n as f64 / 40.0,
+                8.0 / p as f64 + 0.5,
+            ));
+        }
+    }
+    let small = |imp: &str| CaseSpec { threads: 2, ..CaseSpec::dilated(imp, 2048, &SMALL_SEGMENTS, &DILATIONS) };
+    ms.push(ok("comparison", small("reference"), 400.0, 30.0));
+    ms.push(ok("comparison", small("cpu"), 20.0, 9.0));
+    ms.push(Measurement {
+        section: "comparison".into(),
+        ..Measurement::not_run(small("cuda"), "skipped: CUDA not compiled in".into(), GIT)
+    });
+    ms.push(ok("comparison", ring_case(&small("cpu"), 2, "auto", "contiguous"), 40.0, 5.0));
+    ms.push(ok("comparison", dilated("cpu", 8192), 100.0, 8.5));
+    ms.push(ok("comparison", CaseSpec { dtype: "bf16".into(), ..dilated("cpu", 8192) }, 20.0, 4.5));
+    for s in ["auto", "ring", "allgather"] {
+        ms.push(ok("comparison", ring_case(&dilated("cpu", 8192), 4, s, "contiguous"), 300.0, 3.0));
+    }
+    ms.push(ok("multihead", CaseSpec { kind: CaseKind::Multihead, ..dilated("cpu", 8192) }, 180.0, 20.0));
+    // bf16 at 16K: faster than the f32 GEMM yardstick allows, so above 100%.
+    ms.push(ok("variants", CaseSpec { dtype: "bf16".into(), ..dilated("cpu", 16384) }, 10.0, 4.0));
+    ms.extend(extra);
+    let base = dilated("cpu", 8192);
+    let mut capacity = capacity::table(&base, &ms, &[1, 2, 4, 8], 8 << 30, Some(12 << 30));
+    let confirmed = ok("capacity", capacity::case_at(&base, 1, 65536), 900.0, 8.1);
+    capacity::record(&mut capacity[0], &confirmed.spec, &confirmed, "synthetic".into());
+    capacity[1].confirm_note = "not run: synthetic".into();
+    ms.push(confirmed);
+    RunResults {
+        suite: "default".into(),
+        threads: 2,
+        machine: machine(),
+        gemm: GemmRate { n: GEMM_N, threads: 2, median_gflop_per_s: 90.0, best_gflop_per_s: 100.0 },
+        memory_method: MEMORY_METHOD.into(),
+        budget_bytes: 8 << 30,
+        measurements: ms,
+        capacity,
+        took_s: 12.0,
+        hilbert_orders: None,
+        cuda: "not compiled in".into(),
+        rss_check_rule: rss_check::RULE.into(),
+    }
+}
+
+/// `n` with thousands separators, as the report writes it.
+fn int(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The table rows (lines starting with `|`) right after the first line containing `heading`.
+fn table_after<'a>(md: &'a str, heading: &str) -> Vec<&'a str> {
+    let start = md.find(heading).unwrap_or_else(|| panic!("no `{heading}` in\n{md}"));
+    md[start..].lines().skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|')).collect()
+}
+
+#[test]
+fn report_json_and_plots_hold_every_table_the_issue_lists() {
+    // Renders bitmaps (megabytes): kept out of the measuring tests' memory windows.
+    let _guard = TEST_WINDOW_LOCK.lock();
+    let dir = temp_dir("report");
+    let results = synthetic(Vec::new());
+    results.save(&dir.join("results.json")).unwrap();
+    write_report(&dir, &results, None, 10.0).unwrap();
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+
+    // Per sequence length: time, peak MB, tokens/s, KB/token, % of the f32 GEMM.
+    let single = table_after(&md, "## Single rank: CpuBackend");
+    for col in ["Time (s)", "Peak memory (MB)", "Throughput (tok/s)", "KB/token", "GFLOP/s", "% of f32 GEMM"] {
+        assert!(single[0].contains(col), "{col}: {}", single[0]);
+    }
+    assert_eq!(single.len(), 2 + 6, "header, rule and 2K..64K:\n{}", single.join("\n"));
+    assert!(single[2].starts_with("| 2,048 |") && single[7].starts_with("| 65,536 |"));
+    // 8 KB/token, 64 tokens/ms.
+    assert!(single[7].contains("| 8.00 |") && single[7].contains("| 64,000 |"), "{}", single[7]);
+    // Per world size, with sequence per rank.
+    for p in [1, 2, 4, 8, 16] {
+        let rows = table_after(&md, &format!("world size {p}: one thread per rank"));
+        assert!(rows[0].contains("Seq/rank") && rows[0].contains("KB/token"), "{}", rows[0]);
+        assert!(
+            rows.iter().any(|r| r.starts_with("| 8,192 |") && r.contains(&format!("| {} |", int(8192 / p)))),
+            "P={p}"
+        );
+    }
+    // Memory reduction factor and efficiency: 8.5 KB/token on one rank, 8/p + 0.5 on p.
+    let red = table_after(&md, "## Memory reduction");
+    assert!(red[0].contains("Reduction factor") && red[0].contains("Efficiency"));
+    let f4 = 8.5 / 2.5;
+    assert!(
+        red.iter().any(|r| r.starts_with("| 8,192 | 4 |")
+            && r.contains(&format!("{f4:.2}x"))
+            && r.contains(&format!("{:.1}%", 100.0 * f4 / 4.0))),
+        "{red:?}"
+    );
+    let sweep = table_after(&md, "## Ring-size sweep (seq 8,192)");
+    assert_eq!(sweep.len(), 2 + 5, "{sweep:?}");
+    // Implementation comparison with speedups against the reference.
+    let cmp = table_after(&md, "**dilated, seq 2,048, segments [512, 1024, 2048]");
+    assert!(cmp[0].contains("vs reference") && cmp[0].contains("vs PyTorch") && cmp[0].contains("% of f32 GEMM"));
+    assert!(cmp.iter().any(|r| r.starts_with("| cpu |") && r.contains("| 20.00x |")), "{cmp:?}");
+    assert!(cmp.iter().any(|r| r.starts_with("| cuda | skipped")), "{cmp:?}");
+    assert!(cmp.iter().any(|r| r.starts_with("| ring-auto P=2 contiguous |") && r.contains("| 10.00x |")), "{cmp:?}");
+    assert!(md.contains("## Multihead"));
+    // bf16 against the f32 GEMM: above 100%, and labelled as such.
+    let variants = table_after(&md, "## Variants");
+    assert!(variants[0].contains("% of f32 GEMM"), "{}", variants[0]);
+    let bf16 = variants.iter().find(|r| r.contains("bf16")).unwrap();
+    let pct: f64 = bf16.split('|').nth(4).unwrap().trim().trim_end_matches('%').parse().unwrap();
+    assert!(pct > 100.0, "{bf16}");
+    assert!(md.contains("bf16 and f16 rows are divided by this f32 rate"));
+    // Capacity: one row per world size, the machine column, measured against predicted.
+    let cap = table_after(&md, "## Sequence length capabilities (per-rank budget 8.0 GiB)");
+    assert_eq!(cap.len(), 2 + 4, "{cap:?}");
+    for col in ["Max sequence", "This machine", "Measured MB/rank", "Query MB/rank", "Measured/query"] {
+        assert!(cap[0].contains(col), "{col}: {}", cap[0]);
+    }
+    assert!(
+        cap[2].starts_with("| 1 | 1,0") && cap[2].contains("| 65,536 |") && cap[2].contains("synthetic"),
+        "{}",
+        cap[2]
+    );
+    assert!(cap[3].starts_with("| 2 |") && cap[3].contains("not run: synthetic"), "{}", cap[3]);
+    // P = 8 gets 1.5 GiB of this (synthetic) machine's 12 GiB per rank.
+    assert!(cap[5].starts_with("| 8 |") && cap[5].contains("(1.5 GiB)"), "{}", cap[5]);
+    assert!(md.contains(&format!("commit `{GIT}`")) && md.contains("rustc 1.99.0"));
+
+    // The five plots, as PNG and SVG, linked from the report.
+    for stem in PLOTS {
+        for ext in ["png", "svg"] {
+            let f = dir.join(format!("{stem}.{ext}"));
+            let len = std::fs::metadata(&f).map_or(0, |m| m.len());
+            assert!(len > 1000, "{} is {len} bytes", f.display());
+        }
+        assert!(md.contains(&format!("![{stem}.png]({stem}.png)")), "{stem}");
+    }
+    let png = std::fs::read(dir.join("memory_vs_seq.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(std::fs::read_to_string(dir.join("ring_size_sweep.svg")).unwrap().contains("<svg"));
+
+    // results.json: the machine, rustc, git commit and every measurement with its config.
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    assert_eq!(json["machine"]["rustc"], "rustc 1.99.0 (test 2030-01-01)");
+    assert_eq!(json["machine"]["git_commit"], GIT);
+    let ms = json["measurements"].as_array().unwrap();
+    assert_eq!(ms.len(), results.measurements.len());
+    for m in ms {
+        let spec = &m["spec"];
+        for key in [
+            "kind",
+            "implementation",
+            "seq_len",
+            "heads",
+            "head_dim",
+            "segments",
+            "dilations",
+            "dtype",
+            "world_size",
+            "threads",
+        ] {
+            assert!(!spec[key].is_null(), "{key} missing in {spec}");
+        }
+        assert_eq!(m["git_commit"], GIT);
+    }
+    assert_eq!(json["capacity"].as_array().unwrap().len(), 4);
+    assert_eq!(RunResults::load(&dir.join("results.json")).unwrap().measurements.len(), ms.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A fake interpreter: logs its arguments (the script path first) and prints a
+/// warning and then the JSON line `torch_dilated.py` prints, or fails when asked.
+fn fake_python(dir: &Path, fail: bool) -> PathBuf {
+    let body = if fail {
+        "echo 'ModuleNotFoundError: No module named torch' >&2\nexit 1\n".to_string()
+    } else {
+        "echo 'UserWarning: something torch says'\n\
+         echo '{\"impl\": \"torch\", \"torch\": \"9.9.9+fake\", \"device\": \"cpu\", \"threads\": 2, \
+         \"median_ms\": 50.0, \"gflop_per_s\": 12.5, \"tokens_per_s\": 163840.0}'\n"
+            .to_string()
+    };
+    let path = dir.join(if fail { "broken-python" } else { "fake-python" });
+    let log = dir.join("argv.log");
+    std::fs::write(&path, format!("#!/bin/sh\necho \"$@\" >> '{}'\n{body}", log.display())).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    path
+}
+
+#[cfg(unix)]
+#[test]
+fn torch_flag_adds_pytorch_rows_and_speedups_to_the_comparison() {
+    let _guard = TEST_WINDOW_LOCK.lock();
+    let dir = temp_dir("torch");
+    let python = fake_python(&dir, false);
+    let results = synthetic(Vec::new());
+    let multi = MultiProgress::with_draw_target(ProgressDrawTarget::hidden());
+    let rows = torch_rows(&python, &results.measurements, 3, GIT, &multi, &|threads| 50.0 * threads as f64);
+    // cpu 2048 (small segments), cpu 8192 f32 and bf16, multihead 8192, bf16 variant:
+    // every cpu head-group case of those sections; never the reference, ring or f16.
+    assert_eq!(rows.len(), 5, "{:#?}", rows.iter().map(|m| m.spec.label()).collect::<Vec<_>>());
+    for m in &rows {
+        assert!(m.status.starts_with("ok (9.9.9+fake"), "{}", m.status);
+        assert_eq!((m.spec.implementation.as_str(), m.median_ms, m.runs), ("torch", 50.0, 3));
+        assert_eq!(m.gemm_gflop_per_s, 100.0);
+    }
+    assert_eq!(rows.iter().filter(|m| m.section == "multihead").count(), 1);
+    let log = std::fs::read_to_string(dir.join("argv.log")).unwrap();
+    assert!(log.lines().all(|l| l.contains("torch_dilated.py") || l.contains("torch_multihead.py")), "{log}");
+    assert!(
+        log.contains("--seq-len 8192") && log.contains("--segments 2048,4096,8192") && log.contains("--dtype bf16"),
+        "{log}"
+    );
+
+    // Rendered: the torch row and the cpu row's speedup against it (50 ms / 100 ms).
+    let with_torch = synthetic(rows);
+    write_report(&dir, &with_torch, None, 10.0).unwrap();
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    let cmp = table_after(&md, "**dilated, seq 8,192, segments [2048, 4096, 8192]");
+    assert!(cmp.iter().any(|r| r.starts_with("| torch |") && r.contains("| n/m |")), "{cmp:?}");
+    assert!(cmp.iter().any(|r| r.starts_with("| cpu |") && r.ends_with("| 0.50x |")), "{cmp:?}");
+    assert!(cmp.iter().any(|r| r.starts_with("| cpu bf16 |") && r.ends_with("| 2.50x |")), "{cmp:?}");
+
+    // A broken interpreter: error rows saying why, not a failed suite.
+    let broken = fake_python(&dir, true);
+    let rows = torch_rows(&broken, &results.measurements, 3, GIT, &multi, &|_| 1.0);
+    assert_eq!(rows.len(), 5);
+    assert!(
+        rows.iter().all(|m| m.status.starts_with("error:") && m.status.contains("No module named torch")),
+        "{}",
+        rows[0].status
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
