@@ -171,12 +171,17 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
         ctx.scatter_home(gh, &pos, &bg, &mut grads);
     }
 
-    // Ring: post this rank's block before computing.
+    // Ring: post this rank's block before computing. Levels as in `forward_core`: what
+    // this rank posts at step t-1 (the block passed on, then its partial gradients) the
+    // next rank receives at step t in one exchange, which this rank's exchange (or flush)
+    // at step t carries; gradients going home travel at one extra level after the loop.
     let rh = &plan.ring_heads;
+    let mut posted = false;
     if plan.hops[r] >= 1 {
         let pos: Vec<Vec<usize>> = rh.iter().map(|ph| plan.ring_positions(r, ph)).collect();
         let blk = local.encode_rows(rh, &pos, MsgKind::RingKv, r, 1);
-        comm.exchange(vec![(comm.next(), blk)], &[])?;
+        comm.post(vec![(comm.next(), blk)])?;
+        posted = true;
     }
 
     // Own rows, every pattern of every head.
@@ -189,17 +194,26 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
         }
     }
 
+    let mut home = Vec::new();
     for t in 1..=plan.ring_steps() {
         let owner = (r + p - t) % p;
         let hops = plan.hops[owner];
         if t > hops {
+            if std::mem::take(&mut posted) {
+                comm.flush()?;
+            }
             continue;
         }
-        let bytes = comm.exchange(Vec::new(), &[comm.prev()])?.pop().unwrap_or_default();
+        posted = false;
+        // The block, and from step 2 on the partial gradients of the ranks it has passed.
+        let from = [comm.prev(); 2];
+        let mut got = comm.exchange(Vec::new(), &from[..if t >= 2 { 2 } else { 1 }])?.into_iter();
+        let bytes = got.next().unwrap_or_default();
         let pos = rh.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
         let blk = Block::<T>::decode(&bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?;
         if t < hops {
-            comm.exchange(vec![(comm.next(), restep(bytes, t + 1))], &[])?;
+            comm.post(vec![(comm.next(), restep(bytes, t + 1))])?;
+            posted = true;
         } else {
             drop(bytes);
         }
@@ -208,20 +222,18 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
         } else {
             BlockGrads::zeros(&blk, d, batch)
         };
-        if t >= 2 {
-            let partial = comm.exchange(Vec::new(), &[comm.prev()])?.pop().unwrap_or_default();
+        if let Some(partial) = got.next() {
             bg.add_from(&partial, MsgKind::RingGrad, owner, t, r)?;
         }
-        let msg = if t < hops {
-            (comm.next(), bg.encode(MsgKind::RingGrad, owner, t + 1))
+        if t < hops {
+            comm.post(vec![(comm.next(), bg.encode(MsgKind::RingGrad, owner, t + 1))])?;
         } else {
-            (owner, bg.encode(MsgKind::RingGradHome, owner, t))
-        };
-        comm.exchange(vec![msg], &[])?;
+            home.push((owner, bg.encode(MsgKind::RingGradHome, owner, t)));
+        }
     }
-    if plan.hops[r] >= 1 {
-        let from = (r + plan.hops[r]) % p;
-        let bytes = comm.exchange(Vec::new(), &[from])?.pop().unwrap_or_default();
+    let from: Vec<usize> = if plan.hops[r] >= 1 { vec![(r + plan.hops[r]) % p] } else { Vec::new() };
+    let got = comm.exchange(home, &from)?;
+    if let Some(bytes) = got.into_iter().next() {
         let pos: Vec<Vec<usize>> = rh.iter().map(|ph| plan.ring_positions(r, ph)).collect();
         let shape = Block::<T> { pos: pos.clone(), k: Vec::new(), v: Vec::new() };
         let mut bg = BlockGrads::zeros(&shape, d, batch);

@@ -141,11 +141,15 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     let gathered: Vec<Block<T>> =
         gather_blocks(comm, plan, local)?.into_iter().map(|raw| Block::from_raw(&raw, local.batch, local.d)).collect();
 
-    // Ring: post this rank's block before computing anything.
+    // Ring: post this rank's block before computing anything. Every frame posted
+    // before step t is received by the next rank at step t, and this rank's exchange
+    // (or flush) at step t carries it: one level per step (see `comm::grouped`).
+    let mut posted = false;
     if plan.hops[r] >= 1 {
         let pos: Vec<Vec<usize>> = plan.ring_heads.iter().map(|ph| plan.ring_positions(r, ph)).collect();
         let blk = local.encode_rows(&plan.ring_heads, &pos, MsgKind::RingKv, r, 1);
-        comm.exchange(vec![(comm.next(), blk)], &[])?;
+        comm.post(vec![(comm.next(), blk)])?;
+        posted = true;
     }
 
     // Own rows, every pattern of every head.
@@ -164,8 +168,12 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     for t in 1..=plan.ring_steps() {
         let owner = (r + p - t) % p;
         if t > plan.hops[owner] {
+            if std::mem::take(&mut posted) {
+                comm.flush()?;
+            }
             continue;
         }
+        posted = false;
         let bytes = comm.exchange(Vec::new(), &[comm.prev()])?.pop().unwrap_or_default();
         // Decode, pass the bytes on at once (the next rank's transfer overlaps this compute), then compute.
         let blk = if plan.ring_need(owner, r) {
@@ -176,7 +184,8 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
             None
         };
         if t < plan.hops[owner] {
-            comm.exchange(vec![(comm.next(), restep(bytes, t + 1))], &[])?;
+            comm.post(vec![(comm.next(), restep(bytes, t + 1))])?;
+            posted = true;
         } else {
             drop(bytes);
         }

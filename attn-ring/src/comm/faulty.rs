@@ -71,20 +71,9 @@ impl<C: Communicator> FaultyComm<C> {
     fn dead(&self) -> AttnError {
         AttnError::Comm { rank: self.rank, message: "rank was killed by fault injection".into() }
     }
-}
 
-impl<C: Communicator> Communicator for FaultyComm<C> {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world_size(&self) -> usize {
-        self.world
-    }
-    fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    fn exchange_frames(&mut self, sends: Vec<(usize, Vec<u8>)>, recv_from: &[usize]) -> Result<Vec<Vec<u8>>> {
+    /// The frames that actually go out for `sends` (faults applied, in order).
+    fn inject(&mut self, sends: Vec<(usize, Vec<u8>)>) -> Result<Vec<(usize, Vec<u8>)>> {
         if self.inner.is_none() {
             return Err(self.dead());
         }
@@ -130,8 +119,36 @@ impl<C: Communicator> Communicator for FaultyComm<C> {
                 out.push(h);
             }
         }
+        Ok(out)
+    }
+}
+
+impl<C: Communicator> Communicator for FaultyComm<C> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn exchange_frames(&mut self, sends: Vec<(usize, Vec<u8>)>, recv_from: &[usize]) -> Result<Vec<Vec<u8>>> {
+        let out = self.inject(sends)?;
         let inner = self.inner.as_mut().ok_or_else(|| AttnError::Comm { rank: self.rank, message: "dead".into() })?;
         inner.exchange_frames(out, recv_from)
+    }
+
+    fn post_frames(&mut self, sends: Vec<(usize, Vec<u8>)>) -> Result<()> {
+        let out = self.inject(sends)?;
+        let inner = self.inner.as_mut().ok_or_else(|| AttnError::Comm { rank: self.rank, message: "dead".into() })?;
+        inner.post_frames(out)
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        let inner = self.inner.as_mut().ok_or_else(|| AttnError::Comm { rank: self.rank, message: "dead".into() })?;
+        inner.flush()
     }
 
     fn peek_frame(&mut self, peer: usize) -> Result<Option<&[u8]>> {

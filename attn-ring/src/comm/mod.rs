@@ -5,12 +5,20 @@
 //! raw frames, receive one raw frame from each listed peer, within the timeout,
 //! without deadlocking when peers post matching exchanges). Framing, sequence
 //! checks, byte accounting and the collectives are provided on top of it.
+//!
+//! [`Communicator::post`] sends without receiving: buffered transports (threads,
+//! MPI) send at once, a rendezvous transport (NCCL, see [`grouped`]) queues the
+//! frames until this rank's next exchange. Protocols therefore post a frame only
+//! where the receiver receives it at the sender's next exchange (or
+//! [`Communicator::flush`]).
 
 pub mod faulty;
 pub mod frame;
+pub mod grouped;
 #[cfg(feature = "mpi")]
 pub mod mpi_comm;
 pub mod nccl_comm;
+pub mod nccl_emu;
 pub mod thread_comm;
 
 use std::time::Duration;
@@ -19,9 +27,13 @@ use attn_core::{AttnError, Result};
 
 pub use faulty::{Fault, FaultyComm};
 pub use frame::{CommStats, Framing, HEADER_BYTES};
+pub use grouped::{GroupedComm, GroupedP2p};
 #[cfg(feature = "mpi")]
 pub use mpi_comm::MpiComm;
+#[cfg(feature = "nccl")]
+pub use nccl_comm::NcclP2p;
 pub use nccl_comm::{NCCL_ID_BYTES, NcclComm, nccl_available};
+pub use nccl_emu::{EmulatedNccl, EmulatedNcclComm};
 pub use thread_comm::ThreadComm;
 
 /// Default time a rank waits for one message before giving up.
@@ -38,6 +50,16 @@ pub trait Communicator {
     /// Send each `(peer, frame)` and receive one frame from each peer of `recv_from`
     /// (in that order). Peers are never this rank. Errors are `Comm` or `Timeout`.
     fn exchange_frames(&mut self, sends: Vec<(usize, Vec<u8>)>, recv_from: &[usize]) -> Result<Vec<Vec<u8>>>;
+    /// Send raw frames without receiving. Buffered transports send at once (the
+    /// default); a rendezvous transport may queue them until this rank's next
+    /// `exchange_frames` (or `flush`), which then sends them first, in order.
+    fn post_frames(&mut self, sends: Vec<(usize, Vec<u8>)>) -> Result<()> {
+        self.exchange_frames(sends, &[]).map(|_| ())
+    }
+    /// Send every frame still queued by `post_frames` (a no-op on buffered transports).
+    fn flush(&mut self) -> Result<()> {
+        self.exchange_frames(Vec::new(), &[]).map(|_| ())
+    }
     /// The framing state (sequence numbers, byte counters).
     fn framing(&mut self) -> &mut Framing;
     /// Read-only framing state.
@@ -101,6 +123,20 @@ pub trait Communicator {
         Ok(out)
     }
 
+    /// Send payloads without receiving, framed; see [`Communicator::post_frames`] for
+    /// when they travel. Peers must not be this rank.
+    fn post(&mut self, sends: Vec<(usize, Vec<u8>)>) -> Result<()> {
+        let (rank, world) = (self.rank(), self.world_size());
+        let mut frames = Vec::with_capacity(sends.len());
+        for (peer, payload) in sends {
+            if peer >= world || peer == rank {
+                return Err(AttnError::InvalidArgument(format!("rank {rank} cannot post to rank {peer} of {world}")));
+            }
+            frames.push((peer, self.framing().seal(peer, payload)));
+        }
+        self.post_frames(frames)
+    }
+
     /// Paired send/receive: send `payload` to `dest`, receive from `src`.
     fn sendrecv(&mut self, dest: usize, payload: Vec<u8>, src: usize) -> Result<Vec<u8>> {
         let mut v = self.exchange(vec![(dest, payload)], &[src])?;
@@ -148,6 +184,12 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
     }
     fn exchange_frames(&mut self, sends: Vec<(usize, Vec<u8>)>, recv_from: &[usize]) -> Result<Vec<Vec<u8>>> {
         (**self).exchange_frames(sends, recv_from)
+    }
+    fn post_frames(&mut self, sends: Vec<(usize, Vec<u8>)>) -> Result<()> {
+        (**self).post_frames(sends)
+    }
+    fn flush(&mut self) -> Result<()> {
+        (**self).flush()
     }
     fn framing(&mut self) -> &mut Framing {
         (**self).framing()

@@ -1,6 +1,11 @@
 //! `NcclComm`: ranks are GPUs joined by NCCL (cudarc, dynamic loading, feature
-//! `nccl`). Frames travel in two grouped NCCL rounds (lengths, then bytes) and
-//! completion is polled with a CUDA event until the timeout. Without the feature,
+//! `nccl`). `NcclP2p` runs one grouped NCCL round (`ncclGroupStart`, sends,
+//! receives, `ncclGroupEnd`, then a CUDA event polled until the timeout) and
+//! `NcclComm` is the [`GroupedComm`](super::GroupedComm) protocol over it: every
+//! exchange is a round of lengths then a round of frames, and frames posted without
+//! a receive travel with the rank's next exchange (NCCL sends complete only when the
+//! peer posts the matching receive; see `grouped` for why this cannot deadlock and
+//! `nccl_emu` for the GPU-free model it is tested on). Without the feature,
 //! or on a machine without a CUDA driver, NCCL library or GPU, construction is a
 //! typed error, never a panic.
 //!
@@ -53,7 +58,8 @@ mod imp {
     use cudarc::nccl::{Comm, Id, result as nccl};
 
     use super::*;
-    use crate::comm::{Communicator, DEFAULT_TIMEOUT, Framing};
+    use crate::comm::DEFAULT_TIMEOUT;
+    use crate::comm::grouped::{GroupedComm, GroupedP2p};
 
     fn unavailable(reason: impl Into<String>) -> AttnError {
         AttnError::BackendUnavailable { backend: "NCCL", reason: reason.into() }
@@ -79,23 +85,26 @@ mod imp {
         Ok(n as usize)
     }
 
-    /// One GPU rank of an NCCL communicator.
-    pub struct NcclComm {
+    /// One GPU rank of an NCCL communicator, seen as blocking grouped p2p rounds.
+    pub struct NcclP2p {
         comm: Comm,
         stream: Arc<CudaStream>,
         rank: usize,
         world: usize,
         timeout: Duration,
-        framing: Framing,
     }
 
-    impl std::fmt::Debug for NcclComm {
+    /// One GPU rank of an NCCL communicator (see [`GroupedComm`] for the protocol:
+    /// frames posted with `post` travel with this rank's next exchange).
+    pub type NcclComm = GroupedComm<NcclP2p>;
+
+    impl std::fmt::Debug for NcclP2p {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.debug_struct("NcclComm").field("rank", &self.rank).field("world", &self.world).finish_non_exhaustive()
+            f.debug_struct("NcclP2p").field("rank", &self.rank).field("world", &self.world).finish_non_exhaustive()
         }
     }
 
-    impl NcclComm {
+    impl GroupedComm<NcclP2p> {
         /// A fresh NCCL unique id (create on one rank, send to the others out of band).
         pub fn unique_id() -> Result<[u8; NCCL_ID_BYTES]> {
             available()?;
@@ -103,6 +112,13 @@ mod imp {
             Ok(id.internal().map(|c| c as u8))
         }
 
+        /// Join the communicator `id` as `rank` of `world`, on GPU `device`.
+        pub fn new(rank: usize, world: usize, device: usize, id: &[u8; NCCL_ID_BYTES]) -> Result<Self> {
+            Ok(GroupedComm::with_transport(NcclP2p::new(rank, world, device, id)?))
+        }
+    }
+
+    impl NcclP2p {
         /// Join the communicator `id` as `rank` of `world`, on GPU `device`.
         pub fn new(rank: usize, world: usize, device: usize, id: &[u8; NCCL_ID_BYTES]) -> Result<Self> {
             let n = available()?;
@@ -115,12 +131,7 @@ mod imp {
             let stream = ctx.new_stream().map_err(|e| unavailable(format!("CUDA stream: {e:?}")))?;
             let id = Id::uninit(id.map(|b| b as std::ffi::c_char));
             let comm = Comm::from_rank(stream.clone(), rank, world, id).map_err(|e| nccl_err(rank, "init", e))?;
-            Ok(NcclComm { comm, stream, rank, world, timeout: DEFAULT_TIMEOUT, framing: Framing::new(rank, world) })
-        }
-
-        /// Change the timeout.
-        pub fn set_timeout(&mut self, timeout: Duration) {
-            self.timeout = timeout;
+            Ok(NcclP2p { comm, stream, rank, world, timeout: DEFAULT_TIMEOUT })
         }
 
         /// Wait for the stream's queued NCCL work, polling an event until the timeout.
@@ -136,45 +147,9 @@ mod imp {
             }
             Ok(())
         }
-
-        /// One grouped round: send `out[i]` to `to[i]`, receive `lens[j]` bytes from `from[j]`.
-        fn round(&self, out: &[(usize, &[u8])], from: &[usize], lens: &[usize]) -> Result<Vec<Vec<u8>>> {
-            let r = self.rank;
-            let s = &self.stream;
-            let dev_out: Vec<CudaSlice<u8>> = out
-                .iter()
-                .map(|(_, b)| s.clone_htod(if b.is_empty() { &[0u8][..] } else { b }))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e| nccl_err(r, "copy to device", e))?;
-            let mut dev_in: Vec<CudaSlice<u8>> = lens
-                .iter()
-                .map(|&n| s.alloc_zeros::<u8>(n.max(1)))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e| nccl_err(r, "alloc", e))?;
-            nccl::group_start().map_err(|e| nccl_err(r, "group start", e))?;
-            for ((peer, _), buf) in out.iter().zip(&dev_out) {
-                self.comm.send(buf, *peer as i32).map_err(|e| nccl_err(r, "send", e))?;
-            }
-            for (peer, buf) in from.iter().zip(dev_in.iter_mut()) {
-                self.comm.recv(buf, *peer as i32).map_err(|e| nccl_err(r, "recv", e))?;
-            }
-            nccl::group_end().map_err(|e| nccl_err(r, "group end", e))?;
-            self.wait(from.first().copied().unwrap_or(r))?;
-            dev_in
-                .iter()
-                .zip(lens)
-                .map(|(d, &n)| {
-                    s.clone_dtoh(d).map(|mut v| {
-                        v.truncate(n);
-                        v
-                    })
-                })
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e| nccl_err(r, "copy to host", e))
-        }
     }
 
-    impl Communicator for NcclComm {
+    impl GroupedP2p for NcclP2p {
         fn rank(&self) -> usize {
             self.rank
         }
@@ -184,33 +159,53 @@ mod imp {
         fn timeout(&self) -> Duration {
             self.timeout
         }
+        fn set_timeout(&mut self, timeout: Duration) {
+            self.timeout = timeout;
+        }
 
-        fn exchange_frames(&mut self, sends: Vec<(usize, Vec<u8>)>, recv_from: &[usize]) -> Result<Vec<Vec<u8>>> {
-            // Round 1: lengths (8 bytes each); round 2: the frames, padded to at least one byte.
-            let lens: Vec<[u8; 8]> = sends.iter().map(|(_, f)| (f.len() as u64).to_le_bytes()).collect();
-            let out: Vec<(usize, &[u8])> = sends.iter().zip(&lens).map(|((p, _), l)| (*p, &l[..])).collect();
-            let got = self.round(&out, recv_from, &vec![8; recv_from.len()])?;
-            let sizes: Vec<usize> =
-                got.iter().map(|b| u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as usize).collect();
-            let out: Vec<(usize, &[u8])> = sends.iter().map(|(p, f)| (*p, &f[..])).collect();
-            let padded: Vec<usize> = sizes.iter().map(|&n| n.max(1)).collect();
-            let mut frames = self.round(&out, recv_from, &padded)?;
-            for (f, &n) in frames.iter_mut().zip(&sizes) {
-                f.truncate(n);
+        /// One grouped round. Empty buffers travel as one byte on both sides (both know
+        /// the length), since a matched pair must have equal counts.
+        fn group(&mut self, sends: &[(usize, &[u8])], recvs: &[(usize, usize)]) -> Result<Vec<Vec<u8>>> {
+            let r = self.rank;
+            let s = &self.stream;
+            let dev_out: Vec<CudaSlice<u8>> = sends
+                .iter()
+                .map(|(_, b)| s.clone_htod(if b.is_empty() { &[0u8][..] } else { b }))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| nccl_err(r, "copy to device", e))?;
+            let mut dev_in: Vec<CudaSlice<u8>> = recvs
+                .iter()
+                .map(|&(_, n)| s.alloc_zeros::<u8>(n.max(1)))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| nccl_err(r, "alloc", e))?;
+            nccl::group_start().map_err(|e| nccl_err(r, "group start", e))?;
+            for ((peer, _), buf) in sends.iter().zip(&dev_out) {
+                self.comm.send(buf, *peer as i32).map_err(|e| nccl_err(r, "send", e))?;
             }
-            Ok(frames)
-        }
-
-        fn framing(&mut self) -> &mut Framing {
-            &mut self.framing
-        }
-        fn framing_ref(&self) -> &Framing {
-            &self.framing
+            for ((peer, _), buf) in recvs.iter().zip(dev_in.iter_mut()) {
+                self.comm.recv(buf, *peer as i32).map_err(|e| nccl_err(r, "recv", e))?;
+            }
+            nccl::group_end().map_err(|e| nccl_err(r, "group end", e))?;
+            let first_peer = recvs.first().map(|x| x.0).or(sends.first().map(|x| x.0)).unwrap_or(r);
+            self.wait(first_peer)?;
+            dev_in
+                .iter()
+                .zip(recvs)
+                .map(|(d, &(_, n))| {
+                    s.clone_dtoh(d).map(|mut v| {
+                        v.truncate(n);
+                        v
+                    })
+                })
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| nccl_err(r, "copy to host", e))
         }
     }
 }
 
 pub use imp::NcclComm;
+#[cfg(feature = "nccl")]
+pub use imp::NcclP2p;
 
 #[cfg(test)]
 mod tests {
@@ -230,14 +225,19 @@ mod tests {
         }
     }
 
-    /// On a GPU machine: a one-rank communicator moves frames through NCCL (to itself).
+    /// On a GPU machine: one NCCL round to itself through `NcclP2p`, then a one-rank
+    /// communicator (frames to itself stay local).
     #[cfg(feature = "nccl")]
     fn gpu_round_trip() {
-        use crate::comm::Communicator;
+        use crate::comm::{Communicator, GroupedP2p, NcclP2p};
         let id = NcclComm::unique_id().expect("unique id");
-        let mut c = NcclComm::new(0, 1, 0, &id).expect("one-rank NCCL communicator");
+        let mut p2p = NcclP2p::new(0, 1, 0, &id).expect("one-rank NCCL transport");
+        let big: Vec<u8> = (0..=255).collect();
+        let got = p2p.group(&[(0, &[1u8, 2, 3, 250][..]), (0, &big[..]), (0, &[][..])], &[(0, 4), (0, 256), (0, 0)]);
+        assert_eq!(got.expect("NCCL self round"), vec![vec![1, 2, 3, 250], big, vec![]]);
+        let mut c = NcclComm::new(0, 1, 0, &NcclComm::unique_id().expect("unique id")).expect("communicator");
         let frames = vec![(0, vec![1u8, 2, 3, 250]), (0, (0..=255).collect::<Vec<u8>>())];
-        let got = c.exchange_frames(frames.clone(), &[0, 0]).expect("NCCL self exchange");
+        let got = c.exchange_frames(frames.clone(), &[0, 0]).expect("self exchange");
         assert_eq!(got, frames.into_iter().map(|(_, f)| f).collect::<Vec<_>>());
         assert_eq!(c.all_gather(vec![9, 8]).expect("all_gather"), vec![vec![9, 8]]);
     }
