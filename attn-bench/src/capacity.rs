@@ -196,7 +196,8 @@ pub fn confirmation(row: &CapacityRow, base: &CaseSpec, size: SuiteSize, measure
     let why = match (target, size) {
         (None, _) => "this machine's available memory is unknown".to_string(),
         (Some(n), SuiteSize::Quick) => {
-            format!("--quick confirms a smaller suite case; the default suite runs {}", int(n))
+            let by = if p == 1 { "the default suite" } else { "--full" };
+            format!("--quick confirms a smaller suite case; {by} runs {}", int(n))
         }
         (Some(n), _) => {
             format!("suite's largest case; a run at {} takes too long for the default suite (--full runs it)", int(n))
@@ -383,6 +384,10 @@ mod tests {
         };
         assert_eq!(spec.seq_len, 65536);
         assert!(why.contains("--quick") && why.contains(&int(one)), "{why}");
+        let Confirmation::Reuse(_, why) = confirmation(&rows[1], &base, SuiteSize::Quick, &suite) else {
+            panic!("--quick reuses a suite ring case");
+        };
+        assert!(why.contains("--full runs"), "{why}");
         assert!(matches!(confirmation(&rows[1], &base, SuiteSize::Quick, &[]), Confirmation::Skip(_)));
         // The rendered row reports measured against predicted at the confirmed length.
         let mut row = rows[0].clone();
