@@ -16,8 +16,14 @@ USAGE (one case, prints one JSON object):
   attn-bench --json --case dilated|ring|multihead|hilbert --seq-len N --batch B --heads H
              --head-dim D --segments LIST --dilations LIST [--mixing head_groups|longnet]
              [--causal] [--dtype f32|bf16|f16] [--backward] [--threads T] [--impl NAME]
-             [--world-size P --strategy S --layout L] [--runs N]
+             [--world-size P --strategy S --layout L] [--runs N] [--torch PYTHON]
 
+--backward  time forward+backward (multihead: gradients of the input and every weight,
+            accumulated into buffers allocated once, as torch's .grad; no re-initialisation)
+--torch     suite: add the PyTorch rows; --json (dilated, multihead; any --seq-len, 65536
+            included): also run the PyTorch script with the same flags and runs and print
+            `torch` and `torch_median_over_ours` (> 1: this implementation is faster); the
+            script needs head_groups and segments dividing n (segments > n are passed as n)
 --quick     the < 1 minute suite (2 quiet cores)  --full   the long suite (ring tables to 256K)
 --budget    per-rank memory budget of the capacity table (default 8GiB; accepts KiB/MiB/GiB); the
             default suite runs world size 1 at the longest sequence fitting min(budget, usable
@@ -36,6 +42,8 @@ pub enum Command {
     Single {
         spec: CaseSpec,
         runs: Option<usize>,
+        /// `--torch PYTHON`: also run the PyTorch script of the case.
+        torch: Option<PathBuf>,
     },
     /// `--case hilbert` without `--json`: the Hilbert order report (best of `reps`).
     Hilbert {
@@ -175,7 +183,10 @@ pub fn parse(args: &[String]) -> Result<Command> {
     if spec.kind == CaseKind::Ring && !impl_set {
         spec.implementation = format!("ring-{}", spec.strategy.as_deref().unwrap_or("default"));
     }
-    Ok(Command::Single { spec, runs })
+    if suite.torch.is_some() && !matches!(spec.kind, CaseKind::Dilated | CaseKind::Multihead) {
+        return Err(bad(format!("--torch with --json runs dilated and multihead cases, not {}", spec.kind.as_str())));
+    }
+    Ok(Command::Single { spec, runs, torch: suite.torch })
 }
 
 #[cfg(test)]
@@ -198,6 +209,19 @@ mod tests {
         assert_eq!((spec.segments.as_slice(), spec.dilations.as_slice()), (&[512, 1024][..], &[1, 2][..]));
         assert!(spec.causal && spec.dtype == "bf16" && spec.world_size == 4 && spec.threads == 2);
         assert_eq!(spec.implementation, "ring-zigzag");
+    }
+
+    #[test]
+    fn multihead_json_takes_backward_any_length_and_torch() {
+        let c = parse(&args("--json --case multihead --seq-len 65536 --backward --torch /usr/bin/python3")).unwrap();
+        let Command::Single { spec, torch, .. } = c else { panic!("expected a single case") };
+        assert_eq!((spec.kind, spec.seq_len, spec.backward), (CaseKind::Multihead, 65536, true));
+        assert_eq!(torch.as_deref(), Some(std::path::Path::new("/usr/bin/python3")));
+        let Command::Single { torch, .. } = parse(&args("--json --case multihead")).unwrap() else { panic!() };
+        assert!(torch.is_none());
+        let e = parse(&args("--json --case ring --torch py")).unwrap_err().to_string();
+        assert!(e.contains("--torch") && e.contains("ring"), "{e}");
+        assert!(USAGE.contains("--backward") && USAGE.contains("--torch PYTHON]"));
     }
 
     #[test]

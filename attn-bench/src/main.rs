@@ -42,11 +42,16 @@ fn main() -> std::process::ExitCode {
             println!("{}", cli::USAGE);
             Ok(())
         }
-        Ok(cli::Command::Single { spec, runs }) => {
-            let obj = single::run(&spec, runs);
+        Ok(cli::Command::Single { spec, runs, torch }) => {
+            let obj = single::run(&spec, runs, torch.as_deref());
             println!("{obj}");
-            let status = obj["status"].as_str().unwrap_or_default().to_string();
-            if status.starts_with("error") { Err(attn_core::AttnError::InvalidArgument(status)) } else { Ok(()) }
+            // Our status, then (when asked for) PyTorch's: either error fails the command.
+            let failed = [&obj["status"], &obj["torch"]["status"]]
+                .into_iter()
+                .filter_map(|s| s.as_str())
+                .find(|s| s.starts_with("error"))
+                .map(str::to_string);
+            failed.map_or(Ok(()), |status| Err(attn_core::AttnError::InvalidArgument(status)))
         }
         Ok(cli::Command::Hilbert { reps }) => hilbert_orders::report(reps).map(|md| print!("{md}")),
         Ok(cli::Command::Suite(opts)) => suite::run(&opts),

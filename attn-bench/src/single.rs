@@ -1,6 +1,8 @@
 //! `--json` single-case mode: measure one case and print one JSON object.
 
 use crate::gemm_rate::GEMM_N;
+use std::path::Path;
+
 use indicatif::ProgressBar;
 use serde_json::{Value, json};
 
@@ -9,9 +11,10 @@ use crate::gemm_rate;
 use crate::machine::Machine;
 use crate::measure::{self, Repetitions};
 
-/// Measure `spec` (plus, for ring cases, the same case on one rank) and return the
-/// JSON object printed by `--json`.
-pub fn run(spec: &CaseSpec, runs: Option<usize>) -> Value {
+/// Measure `spec` (plus, for ring cases, the same case on one rank; with `torch`, the
+/// PyTorch script of dilated and multihead cases under that interpreter) and return
+/// the JSON object printed by `--json`.
+pub fn run(spec: &CaseSpec, runs: Option<usize>, torch: Option<&Path>) -> Value {
     let machine = Machine::probe();
     let gemm = gemm_rate::measure(GEMM_N, spec.threads, 5);
     let reps = match runs {
@@ -58,5 +61,84 @@ pub fn run(spec: &CaseSpec, runs: Option<usize>) -> Value {
             "peak_bytes": single.peak_bytes,
         });
     }
+    if let Some(python) = torch {
+        let torch_runs = runs.unwrap_or(m.runs.max(1));
+        let (t, ratio) = torch_peer_json(python, spec, torch_runs, &machine.git_commit, m.median_ms, m.ok());
+        obj["torch"] = t;
+        obj["torch_median_over_ours"] = ratio;
+    }
     obj
+}
+
+/// The PyTorch measurement of `spec` as JSON, and `torch median / our median` (how
+/// many times faster this implementation is; `null` unless both ran). Segments longer
+/// than the sequence are passed as `seq_len`: SPEC.md makes `w > n` one segment of
+/// length `n`, and the script needs `w | n`.
+fn torch_peer_json(
+    python: &Path,
+    spec: &CaseSpec,
+    runs: usize,
+    git: &str,
+    ours_ms: f64,
+    ours_ok: bool,
+) -> (Value, Value) {
+    let mut peer = spec.clone();
+    peer.segments = spec.segments.iter().map(|&w| w.min(spec.seq_len)).collect();
+    match crate::torch_peer::run(python, &peer, runs, git) {
+        Ok(t) => {
+            let ratio = (ours_ok && ours_ms > 0.0 && t.median_ms > 0.0).then(|| t.median_ms / ours_ms);
+            let obj = json!({
+                "status": t.status,
+                "median_ms": t.median_ms,
+                "runs": t.runs,
+                "gflop_per_s": t.gflop_per_s,
+                "tokens_per_s": t.tokens_per_s,
+                "segments": peer.segments,
+            });
+            (obj, json!(ratio))
+        }
+        Err(e) => (json!({ "status": format!("error: {e}") }), Value::Null),
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    /// A fake interpreter logging its arguments and printing the scripts' JSON line
+    /// (median 50 ms), or failing.
+    fn fake_python(dir: &Path, fail: bool) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let body = if fail {
+            "echo 'ModuleNotFoundError: No module named torch' >&2\nexit 1\n"
+        } else {
+            "echo '{\"impl\": \"torch\", \"torch\": \"9.9.9+fake\", \"median_ms\": 50.0, \
+             \"gflop_per_s\": 12.5, \"tokens_per_s\": 1280.0}'\n"
+        };
+        let path = dir.join(if fail { "broken-python" } else { "fake-python" });
+        let log = dir.join("argv.log");
+        std::fs::write(&path, format!("#!/bin/sh\necho \"$@\" >> '{}'\n{body}", log.display())).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[test]
+    fn torch_json_runs_the_multihead_script_with_the_case_flags_and_gives_the_ratio() {
+        let dir = std::env::temp_dir().join(format!("attn-bench-single-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut spec = CaseSpec::dilated("cpu", 64, &[32, 128], &[1, 2]);
+        (spec.kind, spec.backward, spec.heads) = (CaseKind::Multihead, true, 2);
+        let (t, ratio) = torch_peer_json(&fake_python(&dir, false), &spec, 3, "git", 20.0, true);
+        assert!(t["status"].as_str().unwrap().starts_with("ok (9.9.9+fake"), "{t}");
+        assert_eq!((t["median_ms"].as_f64(), t["runs"].as_u64(), ratio.as_f64()), (Some(50.0), Some(3), Some(2.5)));
+        let log = std::fs::read_to_string(dir.join("argv.log")).unwrap();
+        // The multihead script, forward+backward, segments longer than n passed as n (SPEC: one segment).
+        assert!(log.contains("torch_multihead.py") && log.contains("--backward"), "{log}");
+        assert!(log.contains("--seq-len 64") && log.contains("--segments 32,64") && log.contains("--runs 3"), "{log}");
+        // Our failure gives no ratio; the interpreter's failure is an error status.
+        assert!(torch_peer_json(&fake_python(&dir, false), &spec, 1, "git", 20.0, false).1.is_null());
+        let (bad, ratio) = torch_peer_json(&fake_python(&dir, true), &spec, 1, "git", 20.0, true);
+        assert!(bad["status"].as_str().unwrap().starts_with("error:") && ratio.is_null(), "{bad}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
