@@ -4,8 +4,9 @@
 use attn_core::error::TensorName;
 use attn_core::{Element, Result, TensorView, TensorViewMut};
 
-use crate::block_math::{KEY_ROWS_PER_CALL, KeyBlock, attend_forward, attend_forward_chunked};
+use crate::block_math::{KeyBlock, attend_forward};
 use crate::comm::Communicator;
+use crate::direct::{forward_direct, gather_partials};
 use crate::entry::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
 use crate::local::{Block, Local, RawBlock, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
@@ -64,68 +65,6 @@ fn gather_blocks<C: Communicator + ?Sized, T: Element>(
     Ok(blocks)
 }
 
-/// Query rows per accumulator chunk in [`forward_direct`].
-pub(crate) const ROW_CHUNK: usize = 256;
-
-/// Without ring patterns every block is here before any compute: after the
-/// completion round, each (batch, head) is computed in chunks of rows with a small
-/// f32 accumulator and written straight to the caller's output (no full-size buffer).
-fn forward_direct<T: Element>(
-    plan: &Plan,
-    local: &Local<'_, T>,
-    gathered: &[RawBlock],
-    out: &mut TensorViewMut<'_, T>,
-    lse: &mut [f32],
-) -> Result<()> {
-    let (nl, h, d) = (local.rows(), local.heads, local.d);
-    let pr = &plan.problem;
-    let (mut o, mut l) = (vec![0.0f32; ROW_CHUNK * d], vec![0.0f32; ROW_CHUNK]);
-    let (mut kbuf, mut vbuf) = (Vec::<T>::new(), Vec::<T>::new());
-    for b in 0..local.batch {
-        for head in 0..h {
-            let bh = local.bh(b, head);
-            let hp = pr.cfg.head_patterns(pr.heads, head);
-            // This head's received parts: (pair, block, index of the pair in the block).
-            let mut parts = Vec::new();
-            for (i, ph) in plan.gather_heads.iter().enumerate().filter(|(_, ph)| ph.head == head) {
-                for blk in gathered {
-                    parts.push((*ph, blk, i));
-                }
-            }
-            let scale = hp.out_scale as f32;
-            for c0 in (0..nl).step_by(ROW_CHUNK) {
-                let c1 = (c0 + ROW_CHUNK).min(nl);
-                let (o, l) = (&mut o[..(c1 - c0) * d], &mut l[..c1 - c0]);
-                o.iter_mut().for_each(|x| *x = 0.0);
-                l.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
-                let q = local.q_rows_range(bh, c0..c1);
-                // Keys go to the kernel KEY_ROWS_PER_CALL selected rows at a time (bounded
-                // kernel scratch); received rows are decoded just as far as each call needs.
-                for &(pattern, pat) in &hp.patterns {
-                    let m = mask_of(plan, &PatternHead { pattern, head, pat });
-                    attend_forward_chunked(q, local.own_keys(bh), m, o, l, KEY_ROWS_PER_CALL * pat.r)?;
-                }
-                for &(ph, blk, i) in &parts {
-                    let pos = &blk.pos[i];
-                    for a in (0..pos.len()).step_by(KEY_ROWS_PER_CALL) {
-                        let z = (a + KEY_ROWS_PER_CALL).min(pos.len());
-                        blk.part_rows::<T>(b, i, d, a..z, &mut kbuf, &mut vbuf);
-                        let keys = KeyBlock { pos: &pos[a..z], k: &kbuf, v: &vbuf, stride: d };
-                        attend_forward(q, keys, mask_of(plan, &ph), o, l)?;
-                    }
-                }
-                for i in c0..c1 {
-                    let row = out.row_mut(b, i, head);
-                    let src = &o[(i - c0) * d..(i - c0 + 1) * d];
-                    row.iter_mut().zip(src).for_each(|(x, &y)| *x = T::from_f32(y * scale));
-                    lse[(b * nl + i) * h + head] = l[i - c0];
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The forward on this rank: every message of the plan, every block merged.
 pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
@@ -175,6 +114,13 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
         }
         posted = false;
         let bytes = comm.exchange(Vec::new(), &[comm.prev()])?.pop().unwrap_or_default();
+        if t == plan.hops[owner] && plan.ring_need(owner, r) {
+            // Last hop: no copy, one (batch, pair) of the message decoded at a time.
+            let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
+            let raw = RawBlock::new::<T>(bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?;
+            merge_raw(plan, local, &raw, &mut o, &mut lse)?;
+            continue;
+        }
         // Decode, pass the bytes on at once (the next rank's transfer overlaps this compute), then compute.
         let blk = if plan.ring_need(owner, r) {
             let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
@@ -203,6 +149,26 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
         }
     }
     Ok(Partial { o, lse })
+}
+
+/// [`merge_block`] straight from a ring message, decoding one (batch, pair) at a time.
+fn merge_raw<T: Element>(
+    plan: &Plan,
+    local: &Local<'_, T>,
+    raw: &RawBlock,
+    o: &mut [Vec<f32>],
+    lse: &mut [Vec<f32>],
+) -> Result<()> {
+    let (mut k, mut v) = (Vec::<T>::new(), Vec::<T>::new());
+    for (i, ph) in plan.ring_heads.iter().enumerate() {
+        for b in 0..local.batch {
+            let bh = local.bh(b, ph.head);
+            raw.part_rows::<T>(b, i, local.d, 0..raw.pos[i].len(), &mut k, &mut v);
+            let keys = KeyBlock { pos: &raw.pos[i], k: &k, v: &v, stride: local.d };
+            attend_forward(local.q_rows(bh), keys, mask_of(plan, ph), &mut o[bh], &mut lse[bh])?;
+        }
+    }
+    Ok(())
 }
 
 fn merge_block<T: Element>(
@@ -261,9 +227,9 @@ pub fn ring_forward_with<C: Communicator + ?Sized, T: Element>(
     let extra = check_out(problem, comm.rank(), &[(TensorName::Output, out.shape())], lse.len());
     let Prepared { plan, local, start } = prepare(comm, "forward", problem, opts, [q, k, v], None, extra)?;
     if plan.ring_heads.is_empty() {
-        let gathered = gather_blocks(comm, &plan, &local)?;
+        let partials = gather_partials(comm, &plan, &local)?;
         let stats = finish(comm, start)?;
-        forward_direct(&plan, &local, &gathered, out, lse)?;
+        forward_direct(&plan, &local, &partials, out, lse)?;
         return Ok(stats);
     }
     let part = forward_core::<C, T>(comm, &plan, &local)?;

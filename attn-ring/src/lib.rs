@@ -26,6 +26,7 @@ mod backward;
 mod block_math;
 pub mod comm;
 mod completion;
+mod direct;
 mod entry;
 mod forward;
 mod handshake;

@@ -63,6 +63,11 @@ impl<'a, T: Element> Local<'a, T> {
         Rows { pos: &self.pos, data, stride }
     }
 
+    /// The caller's q data of (batch, head) from its first row, and the row stride.
+    pub fn q_strided(&self, bh: usize) -> (&'a [T], usize) {
+        self.rows_of(&self.q, bh)
+    }
+
     /// Query rows `range` of (batch, head).
     pub fn q_rows_range(&self, bh: usize, range: std::ops::Range<usize>) -> Rows<'_, T> {
         let (data, stride) = self.rows_of(&self.q, bh);

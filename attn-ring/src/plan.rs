@@ -219,7 +219,7 @@ impl Plan {
         self.ring_regions[ph.pattern][o].iter().flat_map(|r| ph.pat.selected_in_range(r.clone())).collect()
     }
 
-    fn gather_regions(&self, o: usize, r: usize, pattern: usize) -> Vec<Range<usize>> {
+    pub(crate) fn gather_regions(&self, o: usize, r: usize, pattern: usize) -> Vec<Range<usize>> {
         if !self.need[pattern][o][r] {
             return Vec::new();
         }
@@ -251,7 +251,8 @@ pub const MSG_HEADER_BYTES: u64 = 9;
 /// closed-form counts of selected rows (`count_in_range`), not by running anything.
 ///
 /// Forward: all-gather sends `batch * sum_(pattern, head) selected(o -> r) * 2 * d * elem`
-/// to each rank that needs them; a ring block of owner `o` (`batch * sum selected(o) * 2 * d *
+/// to each rank that needs them (in one message, or, when no pattern uses the ring, in
+/// pieces of at most 256 rows of one (pattern, head), each with its header); a ring block of owner `o` (`batch * sum selected(o) * 2 * d *
 /// elem`) is sent once by each of the first `hops[o]` ranks on its way. Backward adds the
 /// same for the recomputed forward, the k/v pass, and the f32 dk/dv coming back (for the
 /// ring: once per hop after the first, plus the trip home). Every message carries a
@@ -260,11 +261,14 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
     let RingProblem { batch, head_dim: d, world: p, .. } = plan.problem;
     let (b, d, e) = (batch as u64, d as u64, dtype.size() as u64);
     let mut fwd = vec![0u64; p];
+    let mut direct = vec![0u64; p];
     let mut bwd_extra = vec![0u64; p];
     for o in 0..p {
         for r in (0..p).filter(|&r| plan.gather_need(o, r)) {
             let rows: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(o, r, ph) as u64).sum();
             fwd[o] += MSG_HEADER_BYTES + b * rows * 2 * d * e;
+            let pieces = crate::direct::pieces(plan, o, r).len() as u64;
+            direct[o] += pieces * MSG_HEADER_BYTES + b * rows * 2 * d * e;
             // dk/dv (f32) go back from r to o.
             bwd_extra[r] += MSG_HEADER_BYTES + b * rows * 2 * d * 4;
         }
@@ -279,21 +283,38 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
             bwd_extra[(o + t) % p] += MSG_HEADER_BYTES + b * rows * 2 * d * 4;
         }
     }
-    if backward { fwd.iter().zip(&bwd_extra).map(|(f, x)| 2 * f + x).collect() } else { fwd }
+    if backward {
+        fwd.iter().zip(&bwd_extra).map(|(f, x)| 2 * f + x).collect()
+    } else if plan.ring_heads.is_empty() {
+        direct
+    } else {
+        fwd
+    }
 }
 
-/// Upper bound of the bytes one rank allocates during a forward beyond the caller's
-/// buffers (q, k, v, out, lse): the f32 accumulators `B*L*H*(D+1)*4` (only
-/// `min(L, 256)*(D+1)*4` when no pattern uses the ring: then every block is in before
-/// compute); for the ring, its
-/// own encoded block plus, at one step, one received message and its decoded copy
-/// (`2 * max block`); for all-gather, every message it sends, and every message it
-/// receives with its decoded copy. Position lists (8 bytes per travelling row per
-/// (pattern, head), shared across the batch) are included.
+/// The buffers one rank's forward holds at its peak, beyond the caller's tensors (q, k,
+/// v, out, lse), charged to the rank that allocated them (a message counts against its
+/// sender until its last receiver drops it), without kernel scratch and bookkeeping
+/// (bounded by [`Plan::workspace_bytes`], not proportional to the sequence):
+/// - with ring patterns: the f32 accumulators of every (batch, head), `B*L*H*(D+1)*4`;
+///   this rank's own ring message (`9 + B*rows*2*D*e`, alive while it travels); one
+///   visiting block at a time, decoded whole when it is passed on (`B*rows*2*D*e`),
+///   at its last hop read from the message one (batch, pair) at a time
+///   (`rows_pair*2*D*e`), plus 8 bytes per position; the kernel's f32 packing of one
+///   call's keys and values (`2*K*D*4`, `K` the larger of `L` and a visiting part,
+///   whole tiles of 64 rows); every
+///   all-gather message it sends and every received one decoded;
+/// - without ring patterns (the direct all-gather forward): f32 partials `(o, lse)` for
+///   the selected query rows that see remote keys, `B*rows*(D+1)*4`, and this rank's
+///   pieces (at most 128 rows of one pair each, `B*rows*2*D*e`) of two rounds, the
+///   current one and the previous one (its receiver may be one round behind); a
+///   received piece is dropped as soon as it is attended.
 ///
-/// For plain ring attention (one pattern, `w >= n`, `r = 1`) with `L = n/p` rows this is
-/// `B*L*H*(D+1)*4 + 3 * (B*L*H*2*D*e + 9) + H*L*8*2`, i.e. about `(4 + 6e) * B*L*H*D`:
-/// proportional to `n/p`.
+/// Plain ring attention (one pattern, `w >= n`, `r = 1`, strategy ring, `L = n/p`
+/// rows): `B*L*H*(D+1)*4 + (9 + B*L*H*2*D*e) + (B*L*H*2*D*e + 8*L*H) + 2*L*D*4` for
+/// p >= 3, about `(4 + 4e) * B*L*H*D` (at p = 2 the visitor is at its last hop: `L*2*D*e +
+/// 8*L*H` instead of the decoded block); all-gather (auto at p = 2): `B*L*H*(D+1)*4 + 2*B*128*2*D*e`. Both proportional to `n/p`; `attn-reliability`'s `full_attention_memory`
+/// test measures them.
 pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
     let RingProblem { batch, heads, head_dim: d, world: p, seq: n, layout, .. } = plan.problem;
     let (b, h, d, e) = (batch as u64, heads as u64, d as u64, dtype.size() as u64);
@@ -301,30 +322,48 @@ pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
         return 0;
     }
     let rows = layout.rows(n, p, rank) as u64;
-    // Without ring patterns the forward keeps one chunk of at most 256 rows of one
-    // (batch, head) accumulator at a time.
-    let acc = if plan.ring_heads.is_empty() { rows.min(256) * (d + 1) * 4 } else { b * rows * h * (d + 1) * 4 };
-    let ring_rows = |o: usize| -> u64 { plan.ring_heads.iter().map(|ph| plan.ring_count(o, ph) as u64).sum() };
-    let block = |rows: u64| MSG_HEADER_BYTES + b * rows * 2 * d * e + rows * 8;
-    let mut total = acc;
-    if plan.hops[rank] >= 1 {
-        total += block(ring_rows(rank));
+    if plan.ring_heads.is_empty() {
+        // This rank's pieces of the current and the previous round (a receiver may be
+        // one round behind).
+        let sent: u64 = (0..p)
+            .filter(|&x| x != rank)
+            .map(|x| crate::direct::pieces(plan, rank, x).iter().take(2).map(|(_, rg)| rg.len() as u64).sum::<u64>())
+            .sum();
+        return crate::direct::partial_rows(plan, rank) * b * (d + 1) * 4 + sent * b * 2 * d * e;
     }
+    let ring_rows = |o: usize| -> u64 { plan.ring_heads.iter().map(|ph| plan.ring_count(o, ph) as u64).sum() };
+    let mut total = b * rows * h * (d + 1) * 4;
+    if plan.hops[rank] >= 1 {
+        total += MSG_HEADER_BYTES + b * ring_rows(rank) * 2 * d * e;
+    }
+    // A block passed on is decoded whole; at its last hop one (batch, pair) at a time.
+    let part = |o: usize| plan.ring_heads.iter().map(|ph| plan.ring_count(o, ph) as u64).max().unwrap_or(0);
     let visiting = (1..=plan.ring_steps())
         .map(|t| (rank + p - t % p) % p)
-        .filter(|&o| o != rank && plan.hops[o] >= (rank + p - o) % p)
-        .map(|o| block(ring_rows(o)))
+        .filter(|&o| o != rank && plan.hops[o] >= (rank + p - o) % p && plan.ring_need(o, rank))
+        .map(|o| {
+            if plan.hops[o] > (rank + p - o) % p {
+                b * ring_rows(o) * 2 * d * e + 8 * ring_rows(o)
+            } else {
+                part(o) * 2 * d * e + 8 * ring_rows(o)
+            }
+        })
         .max()
         .unwrap_or(0);
-    total += 2 * visiting;
+    total += visiting;
+    // The block kernel packs one call's keys and values as f32 (whole key tiles of 64
+    // rows, D rounded up to 16), and forward_core calls it with all own rows or a whole
+    // visiting part: kept as per-thread scratch.
+    let k_rows = (0..p).filter(|&o| o != rank && plan.ring_need(o, rank)).map(part).fold(rows, u64::max);
+    total += 2 * k_rows.div_ceil(64) * 64 * d.next_multiple_of(16) * 4;
     for x in (0..p).filter(|&x| x != rank) {
         let out: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(rank, x, ph) as u64).sum();
         let inc: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(x, rank, ph) as u64).sum();
         if plan.gather_need(rank, x) {
-            total += block(out);
+            total += MSG_HEADER_BYTES + b * out * 2 * d * e;
         }
         if plan.gather_need(x, rank) {
-            total += 2 * block(inc);
+            total += b * inc * 2 * d * e + 8 * inc;
         }
     }
     total

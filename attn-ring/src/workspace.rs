@@ -27,7 +27,7 @@ use attn_core::{DType, Result};
 
 use crate::block_math::KEY_ROWS_PER_CALL;
 use crate::comm::HEADER_BYTES;
-use crate::forward::ROW_CHUNK;
+use crate::direct::{PIECE_ROWS, ROW_CHUNK, partial_bytes, pieces};
 use crate::plan::{MSG_HEADER_BYTES, Plan, RingProblem};
 
 /// A `Vec` header (pointer, capacity, length) stored inside another `Vec`.
@@ -187,15 +187,30 @@ impl Plan {
         let small = self.bookkeeping_bytes() + 16 * nl;
 
         if !backward && self.ring_heads.is_empty() {
-            // Direct all-gather forward: raw blocks kept, decoded 256 rows at a time.
+            // Direct all-gather forward: pieces of at most PIECE_ROWS rows, one round at a
+            // time; f32 partials for the query rows that see remote keys; then chunks of
+            // ROW_CHUNK rows over the own keys.
             let rows = ROW_CHUNK as u64;
             let (sq, sk) = (sel_own.min(rows + 2), sel_k.min(KEY_ROWS_PER_CALL as u64 + 2));
             // Received rows are decoded into two reused buffers (up to 2x by growth).
-            let kv_bufs = if recvs.is_empty() { 0 } else { 2 * 2 * KEY_ROWS_PER_CALL as u64 * d * x.e };
+            let kv_bufs = if recvs.is_empty() { 0 } else { 2 * 2 * PIECE_ROWS as u64 * d * x.e };
             let acc = nl.min(rows) * (d + 1) * 4 + kv_bufs;
-            let parts = 2 * 56 * ng * recvs.len() as u64;
+            let piece_pos = positions(PIECE_ROWS as u64, 1);
+            // Every piece sent may still be held by its receiver (a rank that only sends
+            // can run rounds ahead), plus the positions of the piece being encoded.
+            let (mut sent, mut listed) = (piece_pos, 0u64);
+            for &y in &sends {
+                let n = pieces(self, rank, y).len() as u64;
+                sent += x.kv_msg(gather(rank, y).0) + FRAME * n.saturating_sub(1);
+                listed += n;
+            }
+            // One round received: a piece from each source with its positions and offsets.
+            let piece = x.kv_msg(PIECE_ROWS as u64) + 2 * piece_pos + 8 * x.b + 2 * VEC;
+            let round = recvs.len() as u64 * piece;
+            listed += recvs.iter().map(|&y| pieces(self, y, rank).len() as u64).sum::<u64>();
+            let lists = 2 * 24 * listed + 4 * VEC * p as u64 + 8 * ng;
             let kernel = x.kernel_forward(sq.min(cap), sk.min(cap)) + groups(sq, segs_q) + groups(sk, segs_k);
-            return acc + gsend + graw + parts + kernel + small;
+            return acc + sent + round + partial_bytes(self, rank) + lists + kernel + small;
         }
 
         let acc = bh * nl * (d + 1) * 4 + 2 * VEC * bh;

@@ -1,0 +1,244 @@
+//! The forward when no pattern uses the ring (every spanning pattern is all-gathered):
+//! received k/v rows never outlive one round. Each message `o -> r` is cut into
+//! pieces of at most [`PIECE_ROWS`] rows of one (pattern, head) pair; round `k` sends
+//! piece `k` of every message, and each received piece is decoded, attended by the
+//! query rows that can see it into a compact f32 partial `(o, lse)` kept only for
+//! the selected query rows of segments holding remote keys, and dropped at once.
+//! After the completion round (nothing is written to the caller's output before),
+//! each (batch, head) is computed in chunks of rows over the rank's own keys, merged
+//! with the partials by their LSE, and written out.
+
+use std::ops::Range;
+
+use attn_core::{Element, LseMerge, Result, TensorViewMut};
+
+use crate::block_math::{KeyBlock, Rows, attend_forward, attend_forward_chunked};
+use crate::comm::Communicator;
+use crate::local::{Local, RawBlock, mask_of};
+use crate::plan::{PatternHead, Plan, RingProblem};
+use crate::wire::MsgKind;
+
+/// Key rows per piece and per kernel call (bounds the per-thread kernel scratch).
+pub(crate) const PIECE_ROWS: usize = 128;
+
+/// Query rows per accumulator chunk (and at most per kernel call).
+pub(crate) const ROW_CHUNK: usize = 128;
+
+/// One piece: (pair index in `plan.gather_heads`, range of that pair's positions).
+pub(crate) type Piece = (usize, Range<usize>);
+
+/// The pieces of the all-gather message `o -> r`, in wire order: (pair index in
+/// `plan.gather_heads`, range of that pair's positions). Empty when `r` needs nothing of `o`.
+pub(crate) fn pieces(plan: &Plan, o: usize, r: usize) -> Vec<Piece> {
+    if !plan.gather_need(o, r) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (i, ph) in plan.gather_heads.iter().enumerate() {
+        let n = plan.gather_count(o, r, ph);
+        out.extend((0..n).step_by(PIECE_ROWS).map(|a| (i, a..(a + PIECE_ROWS).min(n))));
+    }
+    out
+}
+
+/// Positions `range` of owner `o`'s rows sent to `r` for pair `ph` (only those collected).
+fn piece_positions(plan: &Plan, o: usize, r: usize, ph: &PatternHead, range: &Range<usize>) -> Vec<usize> {
+    plan.gather_regions(o, r, ph.pattern)
+        .into_iter()
+        .flat_map(|rg| ph.pat.selected_in_range(rg))
+        .skip(range.start)
+        .take(range.len())
+        .collect()
+}
+
+/// Selected query rows `li0, li0 + r, ...` (local indices) of one segment, `len` of
+/// them, stored at partial rows `at..at + len`.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    at: usize,
+    len: usize,
+    li0: usize,
+    seg: usize,
+}
+
+/// The remote share of one all-gather pair: f32 `(o, lse)` per batch for the
+/// selected query rows of the segments that hold keys of other ranks.
+#[derive(Debug)]
+pub(crate) struct PairPartial {
+    pair: PatternHead,
+    pos: Vec<usize>,
+    runs: Vec<Run>,
+    o: Vec<f32>,
+    l: Vec<f32>,
+}
+
+/// Segments of pair `ph` that hold keys this rank receives, and the rank's selected
+/// query rows in them, as runs of at most [`ROW_CHUNK`] rows.
+fn query_runs(plan: &Plan, rank: usize, ph: &PatternHead) -> (Vec<usize>, Vec<Run>) {
+    let RingProblem { seq: n, world: p, layout, .. } = plan.problem;
+    let w = ph.pat.w;
+    let mut segs: Vec<usize> = (0..p)
+        .filter(|&x| x != rank)
+        .flat_map(|x| plan.gather_regions(x, rank, ph.pattern))
+        .filter(|rg| ph.pat.count_in_range(rg.clone()) > 0)
+        .flat_map(|rg| rg.start / w..=(rg.end - 1) / w)
+        .collect();
+    segs.sort_unstable();
+    segs.dedup();
+    let (mut pos, mut runs, mut base) = (Vec::new(), Vec::new(), 0);
+    for range in layout.ranges(n, p, rank) {
+        for &s in segs.iter().filter(|&&s| s * w < range.end && (s + 1) * w > range.start) {
+            let lo = range.start.max(s * w);
+            let hi = range.end.min((s + 1) * w);
+            let sel: Vec<usize> = ph.pat.selected_in_range(lo..hi).collect();
+            for c in sel.chunks(ROW_CHUNK) {
+                runs.push(Run { at: pos.len(), len: c.len(), li0: base + c[0] - range.start, seg: s });
+                pos.extend_from_slice(c);
+            }
+        }
+        base += range.len();
+    }
+    (pos, runs)
+}
+
+/// The all-gather rounds: every piece sent, received, attended into the partials and
+/// dropped. Returns the partials (one per all-gather pair with remote keys).
+pub(crate) fn gather_partials<C: Communicator + ?Sized, T: Element>(
+    comm: &mut C,
+    plan: &Plan,
+    local: &Local<'_, T>,
+) -> Result<Vec<PairPartial>> {
+    let (r, p, d, batch) = (comm.rank(), plan.problem.world, local.d, local.batch);
+    let gh = &plan.gather_heads;
+    let mut parts: Vec<Option<PairPartial>> = gh
+        .iter()
+        .map(|ph| {
+            let (pos, runs) = query_runs(plan, r, ph);
+            (!runs.is_empty()).then(|| PairPartial {
+                pair: *ph,
+                o: vec![0.0; batch * pos.len() * d],
+                l: vec![f32::NEG_INFINITY; batch * pos.len()],
+                pos,
+                runs,
+            })
+        })
+        .collect();
+    let outgoing: Vec<(usize, Vec<Piece>)> =
+        (0..p).filter(|&x| x != r).map(|x| (x, pieces(plan, r, x))).filter(|(_, v)| !v.is_empty()).collect();
+    let incoming: Vec<(usize, Vec<Piece>)> =
+        (0..p).filter(|&x| x != r).map(|x| (x, pieces(plan, x, r))).filter(|(_, v)| !v.is_empty()).collect();
+    let rounds = outgoing.iter().chain(&incoming).map(|(_, v)| v.len()).max().unwrap_or(0);
+    let (mut kbuf, mut vbuf) = (Vec::<T>::new(), Vec::<T>::new());
+    for k in 0..rounds {
+        let sends = outgoing
+            .iter()
+            .filter_map(|(x, v)| v.get(k).map(|(i, rg)| (*x, *i, rg)))
+            .map(|(x, i, rg)| {
+                let pos = piece_positions(plan, r, x, &gh[i], rg);
+                (x, local.encode_rows(&gh[i..=i], &[pos], MsgKind::GatherKv, r, k))
+            })
+            .collect();
+        let srcs: Vec<(usize, usize, Range<usize>)> =
+            incoming.iter().filter_map(|(x, v)| v.get(k).map(|(i, rg)| (*x, *i, rg.clone()))).collect();
+        let from: Vec<usize> = srcs.iter().map(|s| s.0).collect();
+        let got = comm.exchange(sends, &from)?;
+        for ((src, i, rg), bytes) in srcs.into_iter().zip(got) {
+            let pos = piece_positions(plan, src, r, &gh[i], &rg);
+            let raw = RawBlock::new::<T>(bytes, MsgKind::GatherKv, src, k, r, batch, d, vec![pos])?;
+            let Some(part) = parts[i].as_mut() else { continue };
+            let pat = part.pair.pat;
+            let (k0, k1) = (raw.pos[0][0] / pat.w, raw.pos[0][raw.pos[0].len() - 1] / pat.w);
+            let n = part.pos.len();
+            for b in 0..batch {
+                raw.part_rows::<T>(b, 0, d, 0..raw.pos[0].len(), &mut kbuf, &mut vbuf);
+                let keys = KeyBlock { pos: &raw.pos[0], k: &kbuf, v: &vbuf, stride: d };
+                let (qd, qs) = local.q_strided(local.bh(b, part.pair.head));
+                for run in part.runs.iter().filter(|u| (k0..=k1).contains(&u.seg)) {
+                    let q = Rows {
+                        pos: &part.pos[run.at..run.at + run.len],
+                        data: &qd[run.li0 * qs..],
+                        stride: pat.r * qs,
+                    };
+                    let (o, l) = (b * n + run.at, b * n + run.at + run.len);
+                    attend_forward(q, keys, mask_of(plan, &part.pair), &mut part.o[o * d..l * d], &mut part.l[o..l])?;
+                }
+            }
+        }
+    }
+    Ok(parts.into_iter().flatten().collect())
+}
+
+/// After the completion round: each (batch, head) in chunks of rows over this rank's
+/// own keys, merged with the partials, written to `out` and `lse`.
+pub(crate) fn forward_direct<T: Element>(
+    plan: &Plan,
+    local: &Local<'_, T>,
+    partials: &[PairPartial],
+    out: &mut TensorViewMut<'_, T>,
+    lse: &mut [f32],
+) -> Result<()> {
+    let (nl, h, d) = (local.rows(), local.heads, local.d);
+    let pr = &plan.problem;
+    let (mut o, mut l) = (vec![0.0f32; ROW_CHUNK * d], vec![0.0f32; ROW_CHUNK]);
+    for b in 0..local.batch {
+        for head in 0..h {
+            let bh = local.bh(b, head);
+            let hp = pr.cfg.head_patterns(pr.heads, head);
+            let scale = hp.out_scale as f32;
+            let mine: Vec<&PairPartial> = partials.iter().filter(|x| x.pair.head == head).collect();
+            for c0 in (0..nl).step_by(ROW_CHUNK) {
+                let c1 = (c0 + ROW_CHUNK).min(nl);
+                let (o, l) = (&mut o[..(c1 - c0) * d], &mut l[..c1 - c0]);
+                o.iter_mut().for_each(|x| *x = 0.0);
+                l.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+                let q = local.q_rows_range(bh, c0..c1);
+                // Own keys go to the kernel PIECE_ROWS selected rows at a time (small kernel scratch).
+                for &(pattern, pat) in &hp.patterns {
+                    let m = mask_of(plan, &PatternHead { pattern, head, pat });
+                    attend_forward_chunked(q, local.own_keys(bh), m, o, l, PIECE_ROWS * pat.r)?;
+                }
+                for part in &mine {
+                    let (n, r) = (part.pos.len(), part.pair.pat.r);
+                    for run in &part.runs {
+                        for j in 0..run.len {
+                            let li = run.li0 + j * r;
+                            if (c0..c1).contains(&li) {
+                                let at = b * n + run.at + j;
+                                let row = &mut o[(li - c0) * d..(li - c0 + 1) * d];
+                                LseMerge::merge_into(row, &mut l[li - c0], &part.o[at * d..(at + 1) * d], part.l[at]);
+                            }
+                        }
+                    }
+                }
+                for i in c0..c1 {
+                    let row = out.row_mut(b, i, head);
+                    let src = &o[(i - c0) * d..(i - c0 + 1) * d];
+                    row.iter_mut().zip(src).for_each(|(x, &y)| *x = T::from_f32(y * scale));
+                    lse[(b * nl + i) * h + head] = l[i - c0];
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Query rows (summed over all-gather pairs) for which rank `rank` keeps a partial.
+pub(crate) fn partial_rows(plan: &Plan, rank: usize) -> u64 {
+    plan.gather_heads.iter().map(|ph| query_runs(plan, rank, ph).0.len() as u64).sum()
+}
+
+/// Bound of the bytes of the partials rank `rank` keeps (f32 o and lse, positions,
+/// runs) and of the lists that build them, from the plan.
+pub(crate) fn partial_bytes(plan: &Plan, rank: usize) -> u64 {
+    let (b, d) = (plan.problem.batch as u64, plan.problem.head_dim as u64);
+    plan.gather_heads
+        .iter()
+        .map(|ph| {
+            let (pos, runs) = query_runs(plan, rank, ph);
+            let n = pos.len() as u64;
+            // Positions are pushed (up to 2x) from a per-segment list; runs likewise.
+            let segs = (plan.problem.seq / ph.pat.w + 2) as u64;
+            if runs.is_empty() { 0 } else { b * n * (d + 1) * 4 + 24 * n + 64 * runs.len() as u64 + 16 * segs + 256 }
+        })
+        .sum()
+}
