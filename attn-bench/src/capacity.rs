@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::case::{CaseKind, CaseSpec, Measurement};
 use crate::cli::SuiteSize;
+use crate::report::{int, mb};
 
 /// One row of "sequence length capabilities".
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -219,22 +220,6 @@ pub fn record(row: &mut CapacityRow, spec: &CaseSpec, m: &Measurement, note: Str
     } else {
         row.confirm_note = format!("{} at {}: {}", spec.label(), int(spec.seq_len), m.status);
     }
-}
-
-fn mb(b: u64) -> f64 {
-    b as f64 / 1048576.0
-}
-
-fn int(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// The "Sequence length capabilities" section of the report (markdown).

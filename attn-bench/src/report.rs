@@ -47,11 +47,13 @@ impl<'a> Selection<'a> {
     }
 }
 
-fn mb(b: u64) -> f64 {
+/// Bytes as MiB (the report's "MB").
+pub(crate) fn mb(b: u64) -> f64 {
     b as f64 / 1048576.0
 }
 
-fn int(n: usize) -> String {
+/// `n` with thousands separators.
+pub(crate) fn int(n: usize) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {

@@ -10,6 +10,7 @@ use indicatif::ProgressDrawTarget;
 
 use crate::gemm_rate::GemmRate;
 use crate::memory::TEST_WINDOW_LOCK;
+use crate::report::int;
 use crate::suite_plan::{SMALL_SEGMENTS, ring_case};
 
 const GIT: &str = "0123456789abcdef0123456789abcdef01234567";
@@ -114,19 +115,6 @@ fn synthetic(extra: Vec<Measurement>) -> RunResults {
         cuda: "not compiled in".into(),
         rss_check_rule: rss_check::RULE.into(),
     }
-}
-
-/// `n` with thousands separators, as the report writes it.
-fn int(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// The table rows (lines starting with `|`) right after the first line containing `heading`.
