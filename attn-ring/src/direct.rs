@@ -200,13 +200,13 @@ pub(crate) fn forward_direct<T: Element>(
                 for part in &mine {
                     let (n, r) = (part.pos.len(), part.pair.pat.r);
                     for run in &part.runs {
-                        for j in 0..run.len {
-                            let li = run.li0 + j * r;
-                            if (c0..c1).contains(&li) {
-                                let at = b * n + run.at + j;
-                                let row = &mut o[(li - c0) * d..(li - c0 + 1) * d];
-                                LseMerge::merge_into(row, &mut l[li - c0], &part.o[at * d..(at + 1) * d], part.l[at]);
-                            }
+                        // The run's rows li0, li0 + r, ... that fall in this chunk.
+                        let first = c0.saturating_sub(run.li0).div_ceil(r);
+                        let end = c1.saturating_sub(run.li0).div_ceil(r).min(run.len);
+                        for j in first..end {
+                            let (li, at) = (run.li0 + j * r, b * n + run.at + j);
+                            let row = &mut o[(li - c0) * d..(li - c0 + 1) * d];
+                            LseMerge::merge_into(row, &mut l[li - c0], &part.o[at * d..(at + 1) * d], part.l[at]);
                         }
                     }
                 }

@@ -152,11 +152,22 @@ pub fn run_in_process_with_timeout<T: Element>(
     qkv: [TensorView<'_, T>; 3],
     timeout: Duration,
 ) -> Result<ForwardResult<T>> {
+    layout.check(qkv[0].shape().seq, world)?;
+    run_on(ThreadComm::world_with_timeout(world, timeout)?, cfg, layout, strategy, qkv)
+}
+
+/// Forward over the given communicators (one thread per rank, any transport),
+/// reassembled into global tensors; the first rank's error if any rank fails.
+pub fn run_on<C: Communicator + Send, T: Element>(
+    comms: Vec<C>,
+    cfg: &DilatedConfig,
+    layout: Layout,
+    strategy: Strategy,
+    qkv: [TensorView<'_, T>; 3],
+) -> Result<ForwardResult<T>> {
     let [q, k, v] = qkv;
-    let shape = q.shape();
+    let (shape, world) = (q.shape(), comms.len());
     let problem = problem_for(cfg, shape, layout, strategy, world);
-    layout.check(shape.seq, world)?;
-    let comms = ThreadComm::world_with_timeout(world, timeout)?;
     let results = forward_on(comms, &problem, q, k, v);
     let mut out = vec![T::default(); shape.numel()];
     let mut lse = vec![0.0f32; shape.lse_len()];
@@ -239,10 +250,22 @@ pub fn run_in_process_backward<T: Element>(
     qkv: [TensorView<'_, T>; 3],
     grad_out: TensorView<'_, T>,
 ) -> Result<BackwardResult<T>> {
-    let shape = qkv[0].shape();
+    layout.check(qkv[0].shape().seq, world)?;
+    run_backward_on(ThreadComm::world_with_timeout(world, DEFAULT_TIMEOUT)?, cfg, layout, strategy, qkv, grad_out)
+}
+
+/// Gradients over the given communicators (one thread per rank, any transport),
+/// reassembled into global tensors; the first rank's error if any rank fails.
+pub fn run_backward_on<C: Communicator + Send, T: Element>(
+    comms: Vec<C>,
+    cfg: &DilatedConfig,
+    layout: Layout,
+    strategy: Strategy,
+    qkv: [TensorView<'_, T>; 3],
+    grad_out: TensorView<'_, T>,
+) -> Result<BackwardResult<T>> {
+    let (shape, world) = (qkv[0].shape(), comms.len());
     let problem = problem_for(cfg, shape, layout, strategy, world);
-    layout.check(shape.seq, world)?;
-    let comms = ThreadComm::world_with_timeout(world, DEFAULT_TIMEOUT)?;
     let results = backward_on(comms, &problem, qkv, grad_out);
     let row = shape.heads * shape.head_dim;
     let mut res = BackwardResult {

@@ -43,7 +43,8 @@ pub use entry::{RingOptions, RingStats};
 pub use forward::{ring_forward, ring_forward_with};
 pub use in_process::{
     BackwardResult, ForwardResult, RankBackward, RankForward, backward_on, backward_on_with, forward_on,
-    forward_on_with, local_rows, problem_for, run_in_process, run_in_process_backward, run_in_process_with_timeout,
+    forward_on_with, local_rows, problem_for, run_backward_on, run_in_process, run_in_process_backward,
+    run_in_process_with_timeout, run_on,
 };
 pub use layout::Layout;
 pub use plan::{PatternStrategy, Plan, RingProblem, Strategy, expected_bytes, forward_buffer_bytes};

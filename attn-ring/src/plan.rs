@@ -252,7 +252,7 @@ pub const MSG_HEADER_BYTES: u64 = 9;
 ///
 /// Forward: all-gather sends `batch * sum_(pattern, head) selected(o -> r) * 2 * d * elem`
 /// to each rank that needs them (in one message, or, when no pattern uses the ring, in
-/// pieces of at most 256 rows of one (pattern, head), each with its header); a ring block of owner `o` (`batch * sum selected(o) * 2 * d *
+/// pieces of at most `direct::PIECE_ROWS` (128) rows of one (pattern, head), each with its header); a ring block of owner `o` (`batch * sum selected(o) * 2 * d *
 /// elem`) is sent once by each of the first `hops[o]` ranks on its way. Backward adds the
 /// same for the recomputed forward, the k/v pass, and the f32 dk/dv coming back (for the
 /// ring: once per hop after the first, plus the trip home). Every message carries a

@@ -9,9 +9,9 @@ mod common;
 use std::time::Duration;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnShape, DilatedConfig, Element, Result, TensorView};
+use attn_core::{AttnShape, DilatedConfig, Result, TensorView};
 use attn_ring::comm::EmulatedNccl;
-use attn_ring::{Layout, Plan, Strategy, backward_on, forward_on, problem_for};
+use attn_ring::{Layout, Plan, Strategy, problem_for, run_backward_on, run_on};
 use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, check_case, golden_dir, load_dir};
 use common::views;
 
@@ -26,38 +26,15 @@ struct EmulatedNcclBackend {
     strategy: Strategy,
 }
 
-/// Write each rank's contiguous rows back into a global `[batch, seq, row]` buffer.
-fn assemble<T: Element>(parts: &[Vec<T>], layout: Layout, batch: usize, seq: usize, row: usize) -> Vec<T> {
-    let mut global = vec![T::default(); batch * seq * row];
-    for (rank, local) in parts.iter().enumerate() {
-        let pos = layout.positions(seq, parts.len(), rank);
-        for b in 0..batch {
-            for (i, &p) in pos.iter().enumerate() {
-                let src = &local[(b * pos.len() + i) * row..(b * pos.len() + i + 1) * row];
-                global[(b * seq + p) * row..(b * seq + p + 1) * row].copy_from_slice(src);
-            }
-        }
-    }
-    global
-}
-
 impl DilatedBackend for EmulatedNcclBackend {
     fn name(&self) -> String {
         format!("emulated-nccl ring(p={}, {}, {})", self.world, self.layout.as_str(), self.strategy.as_str())
     }
 
     fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32> {
-        let [q, k, v] = views(shape, q, k, v)?;
-        let s = q.shape();
-        let problem = problem_for(cfg, s, self.layout, self.strategy, self.world);
         let comms = EmulatedNccl::world_with_timeout(self.world, TIMEOUT)?;
-        let ranks = forward_on(comms, &problem, q, k, v).into_iter().collect::<Result<Vec<_>>>()?;
-        let outs: Vec<Vec<f32>> = ranks.iter().map(|r| r.0.clone()).collect();
-        let lses: Vec<Vec<f32>> = ranks.iter().map(|r| r.1.clone()).collect();
-        Ok(Forward32 {
-            out: assemble(&outs, self.layout, s.batch, s.seq, s.heads * s.head_dim),
-            lse: assemble(&lses, self.layout, s.batch, s.seq, s.heads),
-        })
+        let r = run_on(comms, cfg, self.layout, self.strategy, views(shape, q, k, v)?)?;
+        Ok(Forward32 { out: r.out, lse: r.lse })
     }
 
     fn backward(
@@ -69,17 +46,10 @@ impl DilatedBackend for EmulatedNcclBackend {
         v: &[f32],
         grad_out: &[f32],
     ) -> Result<Gradients32> {
-        let qkv = views(shape, q, k, v)?;
         let go = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
-        let s = shape.q;
-        let problem = problem_for(cfg, s, self.layout, self.strategy, self.world);
         let comms = EmulatedNccl::world_with_timeout(self.world, TIMEOUT)?;
-        let ranks = backward_on(comms, &problem, qkv, go).into_iter().collect::<Result<Vec<_>>>()?;
-        let grad = |i: usize| {
-            let parts: Vec<Vec<f32>> = ranks.iter().map(|r| r.0[i].clone()).collect();
-            assemble(&parts, self.layout, s.batch, s.seq, s.heads * s.head_dim)
-        };
-        Ok(Gradients32 { dq: grad(0), dk: grad(1), dv: grad(2) })
+        let r = run_backward_on(comms, cfg, self.layout, self.strategy, views(shape, q, k, v)?, go)?;
+        Ok(Gradients32 { dq: r.dq, dk: r.dk, dv: r.dv })
     }
 }
 

@@ -69,7 +69,13 @@ impl<C: Communicator> FaultyComm<C> {
     }
 
     fn dead(&self) -> AttnError {
-        AttnError::Comm { rank: self.rank, message: "rank was killed by fault injection".into() }
+        killed(self.rank)
+    }
+
+    /// The wrapped communicator, or the killed-rank error.
+    fn live(&mut self) -> Result<&mut C> {
+        let (rank, inner) = (self.rank, self.inner.as_mut());
+        inner.ok_or_else(|| killed(rank))
     }
 
     /// The frames that actually go out for `sends` (faults applied, in order).
@@ -123,6 +129,11 @@ impl<C: Communicator> FaultyComm<C> {
     }
 }
 
+/// The error of a rank that fault injection killed.
+fn killed(rank: usize) -> AttnError {
+    AttnError::Comm { rank, message: "rank was killed by fault injection".into() }
+}
+
 impl<C: Communicator> Communicator for FaultyComm<C> {
     fn rank(&self) -> usize {
         self.rank
@@ -136,18 +147,18 @@ impl<C: Communicator> Communicator for FaultyComm<C> {
 
     fn exchange_frames(&mut self, sends: Vec<(usize, Vec<u8>)>, recv_from: &[usize]) -> Result<Vec<Vec<u8>>> {
         let out = self.inject(sends)?;
-        let inner = self.inner.as_mut().ok_or_else(|| AttnError::Comm { rank: self.rank, message: "dead".into() })?;
+        let inner = self.live()?;
         inner.exchange_frames(out, recv_from)
     }
 
     fn post_frames(&mut self, sends: Vec<(usize, Vec<u8>)>) -> Result<()> {
         let out = self.inject(sends)?;
-        let inner = self.inner.as_mut().ok_or_else(|| AttnError::Comm { rank: self.rank, message: "dead".into() })?;
+        let inner = self.live()?;
         inner.post_frames(out)
     }
 
     fn flush(&mut self) -> Result<()> {
-        let inner = self.inner.as_mut().ok_or_else(|| AttnError::Comm { rank: self.rank, message: "dead".into() })?;
+        let inner = self.live()?;
         inner.flush()
     }
 
