@@ -43,3 +43,7 @@ pub use backend::CpuBackend;
 pub use block::{BlockRows, attend_block, attend_block_backward};
 pub use flops::model_flops;
 pub use isa::Isa;
+
+/// Keys per tile of the f32 forward kernel: a forward call packs its keys and values
+/// as f32 in whole tiles of this many rows (what the ring's buffer formula counts).
+pub const FORWARD_KEY_TILE: usize = ops::FORWARD_KEY_TILE;

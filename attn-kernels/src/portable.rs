@@ -53,18 +53,13 @@ pub(crate) fn gemm(
     }
 }
 
-/// Coefficients (highest degree first) of the degree-7 Taylor polynomial of `2^f`
-/// (`ln2^k / k!`), used on `f` in `[-0.5, 0.5]`: relative error below 1e-8.
-pub(crate) const EXP2_POLY: [f32; 8] = [
-    1.525_273_4e-5,
-    1.540_353_1e-4,
-    1.333_355_8e-3,
-    9.618_129e-3,
-    5.550_411e-2,
-    0.240_226_5,
-    std::f32::consts::LN_2,
-    1.0,
-];
+/// Coefficients (highest degree first) of a degree-5 polynomial for `2^f` on
+/// `f` in `[-0.5, 0.5]`, fitted for minimax relative error (iteratively reweighted
+/// least squares): at most 2.2e-7 (3.7 ulp) evaluated in f32 with FMA, against
+/// 8.4e-8 for degree 6; two fewer FMAs per score than the degree-7 Taylor series
+/// used before, and 45 times inside the f32 tolerance (1e-5).
+pub(crate) const EXP2_POLY: [f32; 6] =
+    [1.327_646_7e-3, 9.675_541e-3, 5.550_713_5e-2, 0.240_221_2, 0.693_146_94, 1.000_000_1];
 
 /// `2^x` for one value (`0` below -150, so `-inf` gives `0`; clamped at 127).
 #[inline]

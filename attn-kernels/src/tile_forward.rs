@@ -5,7 +5,7 @@
 use attn_core::Element;
 
 use crate::isa::Isa;
-use crate::ops::{self, KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::ops::{self, FORWARD_KEY_TILE as KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
 use crate::pack::{PieceRows, pack_rows, pack_transposed};
 
 /// Reusable buffers of the forward kernel (one per worker).
@@ -60,8 +60,11 @@ pub(crate) fn forward_piece<T: Element>(
         pack_rows(v, k0, kn, d, dp, 1.0, &mut vt[t * KEY_TILE * dp..]);
     }
     let c2 = scale * std::f32::consts::LOG2_E;
-    for q0 in (0..nq).step_by(QUERY_CHUNK) {
-        let qn = (nq - q0).min(QUERY_CHUNK);
+    // Whole row blocks per chunk: a short block runs the micro-kernel at a fraction of
+    // its rate (a 2-row block is latency-bound), so only the piece's last chunk has one.
+    let chunk = QUERY_CHUNK / ROW_BLOCK * ROW_BLOCK;
+    for q0 in (0..nq).step_by(chunk) {
+        let qn = (nq - q0).min(chunk);
         let qbuf = scratch(&mut ws.q, qn * dp);
         pack_rows(q, q0, qn, d, dp, c2, qbuf);
         let o = scratch(&mut ws.o, qn * dp);
@@ -95,23 +98,14 @@ pub(crate) fn forward_piece<T: Element>(
                     let qp = qpos[r0 + i];
                     let visible = if causal && kpos[kn - 1] > qp { kpos.partition_point(|&p| p <= qp) } else { kn };
                     ranges[i] = (0, visible);
-                    row[visible..].fill(f32::NEG_INFINITY);
                     let (mi, li) = (&mut m[r0 + i], &mut l[r0 + i]);
-                    let m_new = mi.max(ops::max(isa, row));
-                    if m_new == f32::NEG_INFINITY {
-                        // Nothing visible yet, or only NaN scores: a NaN poisons the row.
-                        if row[..visible].iter().any(|x| x.is_nan()) {
-                            *li = f32::NAN;
-                        }
-                        row.fill(0.0);
-                        continue;
-                    }
-                    let corr = if m_new == *mi { 1.0 } else { crate::portable::exp2(*mi - m_new) };
-                    let sum = ops::exp2_sub(isa, row, m_new, None);
-                    *li = *li * corr + sum;
-                    *mi = m_new;
-                    if corr != 1.0 {
-                        o[(r0 + i) * dp..(r0 + i + 1) * dp].iter_mut().for_each(|x| *x *= corr);
+                    let orow = &mut o[(r0 + i) * dp..(r0 + i + 1) * dp];
+                    let fast =
+                        if isa == Isa::Avx2 { crate::avx2::softmax_row(row, visible, mi, li, orow) } else { None };
+                    match fast {
+                        Some(true) => {}
+                        Some(false) => nothing_visible(row, visible, li),
+                        None => softmax_row(isa, row, visible, mi, li, orow),
                     }
                 }
                 // Each row reads only the values it sees (a masked NaN/Inf value stays out).
@@ -131,4 +125,31 @@ pub(crate) fn forward_piece<T: Element>(
             }
         }
     }
+}
+
+/// One online-softmax step on a score row: columns from `visible` on are masked, the
+/// running maximum `m` and sum `l` advance, the row becomes its weights and the row's
+/// accumulators `o` are rescaled.
+fn softmax_row(isa: Isa, row: &mut [f32], visible: usize, m: &mut f32, l: &mut f32, o: &mut [f32]) {
+    row[visible..].fill(f32::NEG_INFINITY);
+    let m_new = m.max(ops::max(isa, row));
+    if m_new == f32::NEG_INFINITY {
+        return nothing_visible(row, visible, l);
+    }
+    let corr = if m_new == *m { 1.0 } else { crate::portable::exp2(*m - m_new) };
+    let sum = ops::exp2_sub(isa, row, m_new, None);
+    *l = *l * corr + sum;
+    *m = m_new;
+    if corr != 1.0 {
+        o.iter_mut().for_each(|x| *x *= corr);
+    }
+}
+
+/// The row's maximum is still `-inf`: nothing visible yet, or only NaN scores (a NaN
+/// poisons the row). The row's weights are all zero.
+fn nothing_visible(row: &mut [f32], visible: usize, l: &mut f32) {
+    if row[..visible].iter().any(|x| x.is_nan()) {
+        *l = f32::NAN;
+    }
+    row.fill(0.0);
 }

@@ -351,11 +351,12 @@ pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
         .max()
         .unwrap_or(0);
     total += visiting;
-    // The block kernel packs one call's keys and values as f32 (whole key tiles of 64
-    // rows, D rounded up to 16), and forward_core calls it with all own rows or a whole
+    // The block kernel packs one call's keys and values as f32 (whole key tiles of
+    // FORWARD_KEY_TILE rows, D rounded up to 16), and forward_core calls it with all own rows or a whole
     // visiting part: kept as per-thread scratch.
     let k_rows = (0..p).filter(|&o| o != rank && plan.ring_need(o, rank)).map(part).fold(rows, u64::max);
-    total += 2 * k_rows.div_ceil(64) * 64 * d.next_multiple_of(16) * 4;
+    let tile = attn_kernels::FORWARD_KEY_TILE as u64;
+    total += 2 * k_rows.div_ceil(tile) * tile * d.next_multiple_of(16) * 4;
     for x in (0..p).filter(|&x| x != rank) {
         let out: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(rank, x, ph) as u64).sum();
         let inc: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(x, rank, ph) as u64).sum();
