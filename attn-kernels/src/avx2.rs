@@ -382,7 +382,7 @@ fn f16c_supported() -> bool {
 /// the generic one.
 pub(crate) fn softmax_row(row: &mut [f32], visible: usize, m: &mut f32, l: &mut f32, o: &mut [f32]) -> Option<bool> {
     #[cfg(target_arch = "x86_64")]
-    if row.len() % 8 == 0 && o.len() % 8 == 0 && Isa::Avx2.is_supported() {
+    if row.len().is_multiple_of(8) && o.len().is_multiple_of(8) && Isa::Avx2.is_supported() {
         // SAFETY: avx2 and fma are present; `row` holds `row.len()` floats and `o`
         // holds `o.len()`, both multiples of 8.
         return Some(unsafe { imp::softmax_row(row.as_mut_ptr(), row.len(), visible, m, l, o.as_mut_ptr(), o.len()) });
