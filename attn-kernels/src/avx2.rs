@@ -98,11 +98,13 @@ mod imp {
         ldc: usize,
         acc: bool,
     ) {
-        let mut r0 = 0;
-        while r0 < m {
-            let rows = (m - r0).min(6);
-            let mut j0 = 0;
-            while j0 < n {
+        // Column panels outside, row blocks inside: one 16-column panel of B stays in L1
+        // while every row block of A passes over it.
+        let mut j0 = 0;
+        while j0 < n {
+            let mut r0 = 0;
+            while r0 < m {
+                let rows = (m - r0).min(6);
                 // SAFETY: offsets stay inside the caller's bounds (r0 + rows <= m, j0 + 16 <= n).
                 let (ap, bp, cp) = unsafe { (a.add(r0 * lda), b.add(j0), c.add(r0 * ldc + j0)) };
                 // SAFETY: forwarded contract of `gemm` for this 6 x 16 (or smaller) block.
@@ -116,9 +118,9 @@ mod imp {
                         _ => micro::<6>(k, ap, lda, bp, ldb, cp, ldc, acc),
                     }
                 }
-                j0 += 16;
+                r0 += rows;
             }
-            r0 += rows;
+            j0 += 16;
         }
     }
 

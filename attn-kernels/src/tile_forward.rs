@@ -6,6 +6,10 @@ use attn_core::Element;
 
 use crate::isa::Isa;
 use crate::ops::{self, FORWARD_KEY_TILE as KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+
+/// Query rows whose scores are computed together against one key tile: several
+/// register blocks, so each 16-key panel of the tile is reused from L1 by all of them.
+const ROW_GROUP: usize = 4 * ROW_BLOCK;
 use crate::pack::{PieceRows, pack_rows, pack_transposed};
 
 /// Reusable buffers of the forward kernel (one per worker).
@@ -19,6 +23,7 @@ pub(crate) struct ForwardScratch {
     m: Vec<f32>,
     l: Vec<f32>,
     s: Vec<f32>,
+    finite: Vec<bool>,
 }
 
 /// Number of keys (ascending positions) that some query up to `last_q` can see.
@@ -54,10 +59,15 @@ pub(crate) fn forward_piece<T: Element>(
     // Pack every needed key tile once (transposed K, row-major V).
     let kt = scratch(&mut ws.kt, tiles * dp * KEY_TILE);
     let vt = scratch(&mut ws.v, tiles * KEY_TILE * dp);
+    // Whether each value tile is all finite: then a masked weight (exactly 0) times a
+    // value adds exactly 0, and causal rows can share one product over the widest range.
+    ws.finite.clear();
     for t in 0..tiles {
         let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
         pack_transposed(k, k0, kn, d, dp, KEY_TILE, 1.0, &mut kt[t * dp * KEY_TILE..]);
-        pack_rows(v, k0, kn, d, dp, 1.0, &mut vt[t * KEY_TILE * dp..]);
+        let vtile = &mut vt[t * KEY_TILE * dp..(t + 1) * KEY_TILE * dp];
+        pack_rows(v, k0, kn, d, dp, 1.0, vtile);
+        ws.finite.push(vtile[..kn * dp].iter().all(|x| x.is_finite()));
     }
     let c2 = scale * std::f32::consts::LOG2_E;
     // Whole row blocks per chunk: a short block runs the micro-kernel at a fraction of
@@ -73,7 +83,7 @@ pub(crate) fn forward_piece<T: Element>(
         m.fill(f32::NEG_INFINITY);
         let l = scratch(&mut ws.l, qn);
         l.fill(0.0);
-        let s = scratch(&mut ws.s, ROW_BLOCK * KEY_TILE);
+        let s = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
         let qpos = &q.pos[q0..q0 + qn];
         for t in 0..tiles {
             let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
@@ -83,8 +93,8 @@ pub(crate) fn forward_piece<T: Element>(
             }
             let ktile = &kt[t * dp * KEY_TILE..(t + 1) * dp * KEY_TILE];
             let vtile = &vt[t * KEY_TILE * dp..(t + 1) * KEY_TILE * dp];
-            for r0 in (0..qn).step_by(ROW_BLOCK) {
-                let rn = (qn - r0).min(ROW_BLOCK);
+            for r0 in (0..qn).step_by(ROW_GROUP) {
+                let rn = (qn - r0).min(ROW_GROUP);
                 if causal && kpos[0] > qpos[r0 + rn - 1] {
                     continue; // every row of this block precedes the tile
                 }
@@ -92,9 +102,9 @@ pub(crate) fn forward_piece<T: Element>(
                 let cols = if causal { kpos.partition_point(|&p| p <= qpos[r0 + rn - 1]) } else { kn };
                 let cols = cols.next_multiple_of(16).min(KEY_TILE);
                 ops::gemm(isa, rn, dp, &qbuf[r0 * dp..], dp, ktile, KEY_TILE, cols, s, KEY_TILE, false);
-                let mut ranges = [(0, 0); ROW_BLOCK];
+                let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
-                    let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
+                    let row = &mut s[i * KEY_TILE..i * KEY_TILE + cols];
                     let qp = qpos[r0 + i];
                     let visible = if causal && kpos[kn - 1] > qp { kpos.partition_point(|&p| p <= qp) } else { kn };
                     ranges[i] = (0, visible);
@@ -108,8 +118,15 @@ pub(crate) fn forward_piece<T: Element>(
                         None => softmax_row(isa, row, visible, mi, li, orow),
                     }
                 }
-                // Each row reads only the values it sees (a masked NaN/Inf value stays out).
-                ops::gemm_ranges(isa, &ranges[..rn], s, KEY_TILE, vtile, dp, dp, &mut o[r0 * dp..], dp);
+                if ws.finite[t] {
+                    // Finite values: masked weights (0) add exactly 0, so one product over
+                    // the widest row's range gives every row the same sums as its own range.
+                    let widest = ranges[..rn].iter().map(|r| r.1).max().unwrap_or(0);
+                    ops::gemm(isa, rn, widest, s, KEY_TILE, vtile, dp, dp, &mut o[r0 * dp..], dp, true);
+                } else {
+                    // Each row reads only the values it sees (a masked NaN/Inf value stays out).
+                    ops::gemm_ranges(isa, &ranges[..rn], s, KEY_TILE, vtile, dp, dp, &mut o[r0 * dp..], dp);
+                }
             }
         }
         for i in 0..qn {
