@@ -126,9 +126,17 @@ mod imp {
 
     #[target_feature(enable = "avx2,fma")]
     fn exp2_vec(x: __m256) -> __m256 {
+        // Above 127 the result is 2^127 * p (no wrap of the exponent field).
+        // Constant first: `min` returns the second operand on NaN, so NaN propagates.
+        exp2_nonpos(_mm256_min_ps(_mm256_set1_ps(127.0), x))
+    }
+
+    /// `2^x` for `x <= 127` or NaN (a softmax weight `s - max` is never positive).
+    #[target_feature(enable = "avx2,fma")]
+    fn exp2_nonpos(x: __m256) -> __m256 {
         // Below -127 the result is 0 (exponent field 0, mantissa 0 after the shift).
-        // Constant first: `max`/`min` return the second operand on NaN, so NaN propagates.
-        let x = _mm256_min_ps(_mm256_set1_ps(127.0), _mm256_max_ps(_mm256_set1_ps(-127.0), x));
+        // Constant first: `max` returns the second operand on NaN, so NaN propagates.
+        let x = _mm256_max_ps(_mm256_set1_ps(-127.0), x);
         // Round to nearest by adding 1.5 * 2^23 (+ the exponent bias): the low mantissa
         // bits of `t` are then `n + 127`, which the shift below moves into the exponent
         // field (the higher bits shift out). Cheaper than round + convert.
@@ -249,11 +257,11 @@ mod imp {
         while j < len {
             // SAFETY: j + 16 <= len or j + 8 <= len (len is a multiple of 8).
             unsafe {
-                let e = exp2_vec(_mm256_sub_ps(_mm256_loadu_ps(row.add(j)), sub));
+                let e = exp2_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row.add(j)), sub));
                 s0 = _mm256_add_ps(s0, e);
                 _mm256_storeu_ps(row.add(j), e);
                 if j + 16 <= len {
-                    let e = exp2_vec(_mm256_sub_ps(_mm256_loadu_ps(row.add(j + 8)), sub));
+                    let e = exp2_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row.add(j + 8)), sub));
                     s1 = _mm256_add_ps(s1, e);
                     _mm256_storeu_ps(row.add(j + 8), e);
                 }

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 use crate::disjoint::DisjointSlice;
 use crate::isa::Isa;
-use crate::ops::{FORWARD_KEY_TILE, KEY_TILE, QUERY_CHUNK, padded};
+use crate::ops::{FORWARD_KEY_TILE, FORWARD_QUERY_CHUNK, KEY_TILE, QUERY_CHUNK, padded};
 use crate::units::{
     Grads, Plan, Scratch, Unit, chunk_len, dkv_unit, dq_unit, forward_chunk_lens, forward_unit, forward_units,
     fused_unit, fused_unit_len, fused_units, units,
@@ -445,10 +445,11 @@ impl CpuBackend {
             .map(|(&w, &r)| w.min(shape.seq).div_ceil(r))
             .max()
             .unwrap_or(0);
-        let key_tile = if backward { KEY_TILE } else { FORWARD_KEY_TILE };
+        let (key_tile, q_chunk) =
+            if backward { (KEY_TILE, QUERY_CHUNK) } else { (FORWARD_KEY_TILE, FORWARD_QUERY_CHUNK) };
         let tiles = m.div_ceil(key_tile) * key_tile * dp;
-        let chunk = QUERY_CHUNK * dp;
-        let small = 3 * QUERY_CHUNK * key_tile + 2 * QUERY_CHUNK;
+        let chunk = q_chunk * dp;
+        let small = 3 * q_chunk * key_tile + 2 * q_chunk;
         let f32s = if backward {
             // 4 packed tile sets + dq accumulator, 3 unit accumulators, 3 piece outputs.
             4 * tiles + m * dp + 4 * chunk + tiles / dp + 3 * unit * d + unit + 3 * m * d + 2 * m + small

@@ -5,7 +5,7 @@
 use attn_core::Element;
 
 use crate::isa::Isa;
-use crate::ops::{self, FORWARD_KEY_TILE as KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::ops::{self, FORWARD_KEY_TILE as KEY_TILE, FORWARD_QUERY_CHUNK, ROW_BLOCK, padded, scratch};
 
 /// Query rows whose scores are computed together against one key tile: several
 /// register blocks, so each 16-key panel of the tile is reused from L1 by all of them.
@@ -70,9 +70,7 @@ pub(crate) fn forward_piece<T: Element>(
         ws.finite.push(vtile[..kn * dp].iter().all(|x| x.is_finite()));
     }
     let c2 = scale * std::f32::consts::LOG2_E;
-    // Whole row blocks per chunk: a short block runs the micro-kernel at a fraction of
-    // its rate (a 2-row block is latency-bound), so only the piece's last chunk has one.
-    let chunk = QUERY_CHUNK / ROW_BLOCK * ROW_BLOCK;
+    let chunk = FORWARD_QUERY_CHUNK;
     for q0 in (0..nq).step_by(chunk) {
         let qn = (nq - q0).min(chunk);
         let qbuf = scratch(&mut ws.q, qn * dp);
