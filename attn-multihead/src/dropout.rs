@@ -81,11 +81,11 @@ pub(crate) fn dropout_mask<F: LayerFloat>(
     Some(mask)
 }
 
-/// `x * mask` elementwise (a no-op copy when there is no mask).
-pub(crate) fn apply_mask<F: LayerFloat>(x: &[F], mask: Option<&[F]>) -> Vec<F> {
+/// `x * mask` elementwise (`x` itself, borrowed, when there is no mask).
+pub(crate) fn apply_mask<'a, F: LayerFloat>(x: &'a [F], mask: Option<&[F]>) -> std::borrow::Cow<'a, [F]> {
     match mask {
         Some(m) => x.iter().zip(m).map(|(&a, &b)| a * b).collect(),
-        None => x.to_vec(),
+        None => std::borrow::Cow::Borrowed(x),
     }
 }
 

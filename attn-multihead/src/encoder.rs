@@ -197,12 +197,12 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         let r: Vec<F> = f1.iter().map(|&v| v.max(F::zero())).collect();
         let (p, ff) = (self.config.dropout, self.config.dim_feedforward);
         let mask_hidden = dropout_mask(mode, p, SITE_FFN_HIDDEN, at, ff);
-        let r_d = apply_mask(&r, mask_hidden.as_deref());
+        let r_d = apply_mask(&r, mask_hidden.as_deref()).into_owned();
         drop(r);
         let (h3, stats3) = self.norm3.forward(&r_d)?;
         let f2 = self.linear2.forward(&h3, rows)?;
         let mask_out = dropout_mask(mode, p, SITE_FFN_RESIDUAL, at, self.config.d_model);
-        let y = apply_mask(&f2, mask_out.as_deref());
+        let y = apply_mask(&f2, mask_out.as_deref()).into_owned();
         let kept = keep.then_some(FfnCache { stats2, h2, f1, mask_hidden, r_d, stats3, h3, mask_out });
         Ok((y, kept))
     }
@@ -246,7 +246,7 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         let g_f2 = apply_mask(grad_out, f.mask_out.as_deref());
         let dh3 = self.linear2.backward(&f.h3, rows, &g_f2, &mut grads.linear2)?;
         let dr_d = self.norm3.backward(&f.r_d, &f.stats3, &dh3, &mut grads.norm3)?;
-        let mut df1 = apply_mask(&dr_d, f.mask_hidden.as_deref());
+        let mut df1 = apply_mask(&dr_d, f.mask_hidden.as_deref()).into_owned();
         df1.iter_mut().zip(&f.f1).for_each(|(g, &pre)| {
             if pre <= F::zero() {
                 *g = F::zero();

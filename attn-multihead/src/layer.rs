@@ -11,6 +11,7 @@ use crate::dropout::{MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
 use crate::layer_norm::NormStats;
 use crate::projection::{linear_backward_input, linear_backward_params, linear_forward};
+use crate::sparse_projection::{project_qkv, project_qkv_backward};
 use crate::weights::MultiheadWeights;
 
 /// Dropout site id of the attention output (keeps masks of different sites independent).
@@ -175,7 +176,16 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let shape = self.shape(batch, seq)?;
         let w = &self.weights.in_proj;
         let mut qkv = vec![F::zero(); batch * seq * 3 * e];
-        linear_forward(x, batch * seq, e, &w.weight, w.bias.as_deref(), 3 * e, &mut qkv, 3 * e)?;
+        if self.backend.query_positions(seq)?.is_none() {
+            // The whole sequence on one device: each head group projects only the rows
+            // its pattern selects.
+            let heads = self.config.num_heads;
+            let (weight, bias) = (&w.weight, w.bias.as_deref());
+            project_qkv(&self.dilated, heads, self.config.head_dim(), x, batch, seq, weight, bias, &mut qkv)?;
+        } else {
+            // A ring rank's rows (their global positions decide the selection): dense.
+            linear_forward(x, batch * seq, e, &w.weight, w.bias.as_deref(), 3 * e, &mut qkv, 3 * e)?;
+        }
         let inputs = if keep { Inputs::SelfAttn(x.to_vec()) } else { Inputs::NotKept };
         self.finish_forward(shape, shape, inputs, Projected::Fused(qkv), mode)
     }
@@ -247,7 +257,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
                 let (y, st) = norm.forward(&apply_mask(&attn, mask.as_deref()))?;
                 (y, Some(st))
             }
-            None => (apply_mask(&attn, mask.as_deref()), None),
+            None => (apply_mask(&attn, mask.as_deref()).into_owned(), None),
         };
         let y = self.weights.out_proj.forward(&pre_out, rows)?;
         let cache =
@@ -301,6 +311,19 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         // Input projections: weight rows i*E..(i+1)*E belong to q, k, v.
         let w = &self.weights.in_proj.weight;
         let g = &mut grads.in_proj;
+        if let Inputs::SelfAttn(x) = &cache.inputs
+            && self.backend.query_positions(qs.seq)?.is_none()
+        {
+            // The whole sequence on one device: only each head group's selected rows
+            // carry gradient, so only they enter the products.
+            let mut dx = vec![F::zero(); rows * e];
+            let (heads, hd) = (self.config.num_heads, self.config.head_dim());
+            let (dw, db) = (&mut g.weight, g.bias.as_deref_mut());
+            if project_qkv_backward(&self.dilated, heads, hd, x, qs.batch, qs.seq, w, [&dq, &dk, &dv], dw, db, &mut dx)?
+            {
+                return Ok(InputGrads { query: dx, key: None, value: None });
+            }
+        }
         let mut gb: Vec<Option<&mut [F]>> = match &mut g.bias {
             Some(b) => b.chunks_mut(e).map(Some).collect(),
             None => vec![None, None, None],

@@ -20,6 +20,7 @@ mod matmul;
 pub mod ordered_ring;
 pub mod projection;
 pub mod ring_layer;
+mod sparse_projection;
 pub mod token_order;
 pub mod weights;
 pub mod weights_io;
