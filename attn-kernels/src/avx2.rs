@@ -280,6 +280,34 @@ mod imp {
         true
     }
 
+    /// `dp[j] = p[j] == 0 ? 0 : p[j] * (dp[j] - delta_j)` for the whole groups of 8
+    /// (`delta_j` from `dv` when given, else `delta`), returning the count done.
+    ///
+    /// # Safety
+    /// The CPU supports avx2 and fma; `p`, `dp` (and `dv`) are valid for `len` elements.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn ds_row(p: *const f32, dp: *mut f32, len: usize, dv: Option<*const f32>, delta: f32) -> usize {
+        let zero = _mm256_setzero_ps();
+        let dl = _mm256_set1_ps(delta);
+        let mut j = 0;
+        while j + 8 <= len {
+            // SAFETY: j + 8 <= len for every pointer.
+            unsafe {
+                let pv = _mm256_loadu_ps(p.add(j));
+                let d = match dv {
+                    Some(dv) => _mm256_loadu_ps(dv.add(j)),
+                    None => dl,
+                };
+                let v = _mm256_mul_ps(pv, _mm256_sub_ps(_mm256_loadu_ps(dp.add(j)), d));
+                // Exactly 0 where p == 0 (a masked weight), whatever dp holds.
+                let keep = _mm256_cmp_ps::<_CMP_NEQ_UQ>(pv, zero);
+                _mm256_storeu_ps(dp.add(j), _mm256_and_ps(keep, v));
+            }
+            j += 8;
+        }
+        j
+    }
+
     /// `out[j] = mul * f32(h[j])` for the whole groups of 8 of `len` f16 bit patterns
     /// (F16C, exact), returning the count done.
     ///
@@ -399,6 +427,22 @@ pub(crate) fn softmax_row(row: &mut [f32], visible: usize, m: &mut f32, l: &mut 
     }
     let _ = (row, visible, m, l, o);
     None
+}
+
+/// `dp[j] = p[j] == 0 ? 0 : p[j] * (dp[j] - delta_j)` for `j < dp.len()`, where
+/// `delta_j = dv[j]` when given, else `delta`.
+pub(crate) fn ds_row(p: &[f32], dp: &mut [f32], dv: Option<&[f32]>, delta: f32) {
+    assert!(p.len() >= dp.len() && dv.is_none_or(|v| v.len() >= dp.len()), "ds_row: short input");
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.is_supported() {
+        // SAFETY: avx2 and fma are present; `p` and `dv` hold at least `dp.len()` floats.
+        done = unsafe { imp::ds_row(p.as_ptr(), dp.as_mut_ptr(), dp.len(), dv.map(|v| v.as_ptr()), delta) };
+    }
+    for j in done..dp.len() {
+        let d = dv.map_or(delta, |v| v[j]);
+        dp[j] = if p[j] == 0.0 { 0.0 } else { p[j] * (dp[j] - d) };
+    }
 }
 
 /// Largest element of `x` (AVX2).

@@ -7,6 +7,13 @@ use attn_core::Element;
 
 use crate::isa::Isa;
 use crate::ops::{self, KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+
+/// Rows whose products against one tile run together: several register blocks, so each
+/// 16-column panel of the tile is reused from L1 by all of them (as in the forward).
+const ROW_GROUP: usize = 4 * ROW_BLOCK;
+/// Rows per query chunk (dq) or key chunk (dk, dv): whole register blocks, so no
+/// latency-bound 2-row block in the middle of a piece (buffers stay `QUERY_CHUNK` wide).
+const CHUNK: usize = QUERY_CHUNK / ROW_BLOCK * ROW_BLOCK;
 use crate::pack::{PieceRows, pack_rows, pack_transposed};
 use crate::tile_forward::keys_needed;
 
@@ -81,16 +88,16 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
         pack_rows(k, k0, kn, d, dp, 1.0, &mut kr[t * tile..]);
     }
     let c2 = scale * std::f32::consts::LOG2_E;
-    for q0 in (0..nq).step_by(QUERY_CHUNK) {
-        let qn = (nq - q0).min(QUERY_CHUNK);
+    for q0 in (0..nq).step_by(CHUNK) {
+        let qn = (nq - q0).min(CHUNK);
         let qbuf = scratch(&mut ws.e, qn * dp);
         pack_rows(q, q0, qn, d, dp, c2, qbuf);
         let gbuf = scratch(&mut ws.f, qn * dp);
         pack_rows(&g.go, q0, qn, d, dp, g.go_scale, gbuf);
         let acc = scratch(&mut ws.acc1, qn * dp);
         acc.fill(0.0);
-        let s = scratch(&mut ws.s, ROW_BLOCK * KEY_TILE);
-        let dpb = scratch(&mut ws.dp, ROW_BLOCK * KEY_TILE);
+        let s = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
+        let dpb = scratch(&mut ws.dp, ROW_GROUP * KEY_TILE);
         let qpos = &q.pos[q0..q0 + qn];
         for t in 0..tiles {
             let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
@@ -98,14 +105,14 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
             if causal && kpos[0] > qpos[qn - 1] {
                 break;
             }
-            for r0 in (0..qn).step_by(ROW_BLOCK) {
-                let rn = (qn - r0).min(ROW_BLOCK);
+            for r0 in (0..qn).step_by(ROW_GROUP) {
+                let rn = (qn - r0).min(ROW_GROUP);
                 if causal && kpos[0] > qpos[r0 + rn - 1] {
                     continue;
                 }
                 ops::gemm(isa, rn, dp, &qbuf[r0 * dp..], dp, &kt[t * tile..], KEY_TILE, KEY_TILE, s, KEY_TILE, false);
                 ops::gemm(isa, rn, dp, &gbuf[r0 * dp..], dp, &vt[t * tile..], KEY_TILE, KEY_TILE, dpb, KEY_TILE, false);
-                let mut ranges = [(0, 0); ROW_BLOCK];
+                let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
                     let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
                     let qp = qpos[r0 + i];
@@ -114,8 +121,15 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                     row[visible..].fill(f32::NEG_INFINITY);
                     ops::exp2_sub(isa, row, lse2(g.lse[q0 + r0 + i]), None);
                     let delta = g.delta[q0 + r0 + i];
-                    for (p, dpv) in row.iter_mut().zip(&dpb[i * KEY_TILE..(i + 1) * KEY_TILE]) {
-                        *p = ds(*p, *dpv, delta);
+                    if isa == Isa::Avx2 {
+                        // dS into the score row: dp <- ds(p, dp), then swap roles by copy.
+                        let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
+                        crate::avx2::ds_row(row, dprow, None, delta);
+                        row.copy_from_slice(dprow);
+                    } else {
+                        for (p, dpv) in row.iter_mut().zip(&dpb[i * KEY_TILE..(i + 1) * KEY_TILE]) {
+                            *p = ds(*p, *dpv, delta);
+                        }
                     }
                 }
                 ops::gemm_ranges(isa, &ranges[..rn], s, KEY_TILE, &kr[t * tile..], dp, dp, &mut acc[r0 * dp..], dp);
@@ -174,15 +188,15 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
             sub[t * KEY_TILE + j] = lse2(g.lse[i0 + j]);
         }
     }
-    let s = scratch(&mut ws.s, ROW_BLOCK * KEY_TILE);
+    let s = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
     // dS^T of a whole key chunk x query tile (rows are keys), and its transpose for dq.
     let ds_all = scratch(&mut ws.dp, QUERY_CHUNK * KEY_TILE);
     let ds_t = scratch(&mut ws.dst, KEY_TILE * QUERY_CHUNK);
     let dq_acc = scratch(&mut ws.acc2, if dq.is_some() { nq * dp } else { 0 });
     let mut q_ranges = [(0, 0); KEY_TILE];
     dq_acc.fill(0.0);
-    for k0 in (0..nk).step_by(QUERY_CHUNK) {
-        let kn = (nk - k0).min(QUERY_CHUNK);
+    for k0 in (0..nk).step_by(CHUNK) {
+        let kn = (nk - k0).min(CHUNK);
         let kbuf = scratch(&mut ws.f, 2 * kn * dp);
         let (kbuf, vbuf) = kbuf.split_at_mut(kn * dp);
         pack_rows(k, k0, kn, d, dp, 1.0, kbuf);
@@ -198,8 +212,8 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 continue;
             }
             let mut rows_done = 0;
-            for r0 in (0..kn).step_by(ROW_BLOCK) {
-                let rn = (kn - r0).min(ROW_BLOCK);
+            for r0 in (0..kn).step_by(ROW_GROUP) {
+                let rn = (kn - r0).min(ROW_GROUP);
                 if causal && qpos[n - 1] < kpos[r0] {
                     break; // this and later key rows come after every query of the tile
                 }
@@ -207,7 +221,7 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 let dpb = &mut ds_all[r0 * KEY_TILE..(r0 + rn) * KEY_TILE];
                 ops::gemm(isa, rn, dp, &kbuf[r0 * dp..], dp, &qt[t * tile..], KEY_TILE, KEY_TILE, s, KEY_TILE, false);
                 ops::gemm(isa, rn, dp, &vbuf[r0 * dp..], dp, &gt[t * tile..], KEY_TILE, KEY_TILE, dpb, KEY_TILE, false);
-                let mut ranges = [(0, 0); ROW_BLOCK];
+                let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
                     let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
                     let kp = kpos[r0 + i];
@@ -217,8 +231,12 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                     row[n..].fill(f32::NEG_INFINITY);
                     ops::exp2_sub(isa, row, 0.0, Some(&sub[t * KEY_TILE..(t + 1) * KEY_TILE]));
                     let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
-                    for (j, (dpv, p)) in dprow.iter_mut().zip(row.iter()).enumerate().take(n) {
-                        *dpv = ds(*p, *dpv, g.delta[i0 + j]);
+                    if isa == Isa::Avx2 {
+                        crate::avx2::ds_row(row, &mut dprow[..n], Some(&g.delta[i0..i0 + n]), 0.0);
+                    } else {
+                        for (j, (dpv, p)) in dprow.iter_mut().zip(row.iter()).enumerate().take(n) {
+                            *dpv = ds(*p, *dpv, g.delta[i0 + j]);
+                        }
                     }
                 }
                 // dV += P^T GO, dK += dS^T Q (rows here are keys), each key row over the
