@@ -19,6 +19,9 @@ fn convert_row<T: Element>(row: &[T], mul: f32, out: &mut [f32]) {
     }
 }
 
+/// Rows ahead of the one being packed that [`pack_rows`] prefetches.
+const PREFETCH_AHEAD: usize = 4;
+
 /// Longest row [`pack_transposed`] converts through a stack buffer (f16 only).
 const STACK_ROW: usize = 256;
 
@@ -53,6 +56,9 @@ pub(crate) fn pack_rows<T: Element>(
     dst: &mut [f32],
 ) {
     for i in 0..len {
+        if i + PREFETCH_AHEAD < len {
+            crate::avx2::prefetch_row(rows.row(start + i + PREFETCH_AHEAD, d));
+        }
         let out = &mut dst[i * dp..(i + 1) * dp];
         convert_row(rows.row(start + i, d), mul, out);
         out[d..].fill(0.0);
@@ -80,6 +86,9 @@ pub(crate) fn pack_transposed<T: Element>(
     }
     let mut j0 = 0;
     while j0 + G <= len {
+        for jj in j0 + G..(j0 + 2 * G).min(len) {
+            crate::avx2::prefetch_row(rows.row(start + jj, d));
+        }
         let src: [&[T]; G] = std::array::from_fn(|jj| rows.row(start + j0 + jj, d));
         if TypeId::of::<T>() == TypeId::of::<f16>() && d <= STACK_ROW {
             // Convert the 8 rows first (vector conversion), then transpose.
