@@ -94,12 +94,15 @@ mod imp {
         ldc: usize,
         acc: bool,
     ) {
-        let mut r0 = 0;
-        while r0 < m {
-            let rows = (m - r0).min(6);
-            let mut j0 = 0;
-            while j0 < n {
-                let cols = (n - j0).min(64);
+        // Column panels outside, row blocks inside (as in the AVX2 path): one 64-column
+        // panel of B stays in L1 while every row block of A passes over it. Each block
+        // of C is computed the same way in either order, so results do not change.
+        let mut j0 = 0;
+        while j0 < n {
+            let cols = (n - j0).min(64);
+            let mut r0 = 0;
+            while r0 < m {
+                let rows = (m - r0).min(6);
                 // SAFETY: offsets stay inside the caller's bounds (r0 + rows <= m, j0 + cols <= n).
                 let (ap, bp, cp) = unsafe { (a.add(r0 * lda), b.add(j0), c.add(r0 * ldc + j0)) };
                 match cols / 16 {
@@ -108,9 +111,9 @@ mod imp {
                     3 => rows_dispatch!(rows, 3, k, ap, lda, bp, ldb, cp, ldc, acc),
                     _ => rows_dispatch!(rows, 4, k, ap, lda, bp, ldb, cp, ldc, acc),
                 }
-                j0 += cols;
+                r0 += rows;
             }
-            r0 += rows;
+            j0 += cols;
         }
     }
 

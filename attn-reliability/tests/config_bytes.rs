@@ -99,3 +99,12 @@ proptest! {
         prop_assert!(config_shape(&scaled_problem_bytes(10f64.powf(exp))));
     }
 }
+
+/// Found by the fuzzer (2026-11-24, after `exp2` became a fitted polynomial): one key,
+/// explicit scale 4.7e-23. The LSE is the lone score (about 1e-23), so `exp2(0)` must be
+/// exactly 1: a polynomial with constant term 1.0000001 put `log2(l)` = 1.7e-7 into the
+/// LSE, a relative error of 5e16 against the reference.
+#[test]
+fn a_lone_key_gets_weight_exactly_one() {
+    assert!(config_shape(&[174, 7, 17, 0, 0, 0, 0, 0, 0, 0, 174, 174, 174, 76, 59, 234, 118]));
+}
