@@ -35,21 +35,48 @@ mod imp {
                 }
             }
         }
-        for kk in 0..k {
-            // SAFETY: in bounds by the function contract.
-            let brow = unsafe { b.add(kk * ldb) };
+        // Row pointers of A, advanced four elements per iteration: the broadcasts use
+        // constant displacements, so the loop issues few integer ops (which would
+        // compete with the FMAs for ports 0 and 5).
+        // SAFETY: in bounds by the function contract (r < R).
+        let mut ap: [*const f32; R] = std::array::from_fn(|r| unsafe { a.add(r * lda) });
+        let mut bp = b;
+        for _ in 0..k / 4 {
+            for u in 0..4 {
+                let mut bv = [_mm512_setzero_ps(); V];
+                for (v, x) in bv.iter_mut().enumerate() {
+                    // SAFETY: `bp + u*ldb` points at row kk + u < k of B (16V readable elements).
+                    *x = unsafe { _mm512_loadu_ps(bp.add(u * ldb + 16 * v)) };
+                }
+                for (row, p) in cr.iter_mut().zip(ap.iter()) {
+                    // SAFETY: `p + u` points at A[r, kk + u], kk + u < k.
+                    let av = _mm512_set1_ps(unsafe { *p.add(u) });
+                    for (x, bx) in row.iter_mut().zip(&bv) {
+                        *x = _mm512_fmadd_ps(av, *bx, *x);
+                    }
+                }
+            }
+            // At most one past A[r, k - 1] / one row past B's last row; read only while kk < k.
+            ap.iter_mut().for_each(|p| *p = p.wrapping_add(4));
+            bp = bp.wrapping_add(4 * ldb);
+        }
+        for _ in 0..k % 4 {
             let mut bv = [_mm512_setzero_ps(); V];
             for (v, x) in bv.iter_mut().enumerate() {
-                // SAFETY: in bounds by the function contract.
-                *x = unsafe { _mm512_loadu_ps(brow.add(16 * v)) };
+                // SAFETY: `bp` points at row kk < k of B (16V readable elements).
+                *x = unsafe { _mm512_loadu_ps(bp.add(16 * v)) };
             }
-            for (r, row) in cr.iter_mut().enumerate() {
-                // SAFETY: in bounds by the function contract.
-                let av = _mm512_set1_ps(unsafe { *a.add(r * lda + kk) });
+            for (row, p) in cr.iter_mut().zip(ap.iter_mut()) {
+                // SAFETY: `p` points at A[r, kk], in bounds by the function contract.
+                let av = _mm512_set1_ps(unsafe { **p });
                 for (x, bx) in row.iter_mut().zip(&bv) {
                     *x = _mm512_fmadd_ps(av, *bx, *x);
                 }
+                // One past A[r, kk] at most; read only while kk < k.
+                *p = p.wrapping_add(1);
             }
+            // At most one row past the last row of B, never read.
+            bp = bp.wrapping_add(ldb);
         }
         for (r, row) in cr.iter().enumerate() {
             for (v, x) in row.iter().enumerate() {
@@ -178,6 +205,120 @@ mod imp {
         }
         _mm512_reduce_max_ps(m)
     }
+
+    /// `2^x` for `x <= 127` or NaN (a softmax weight `s - max` is never positive);
+    /// 0 below -127 (no subnormal results there, so no microcode assists on masked lanes).
+    #[target_feature(enable = "avx512f")]
+    fn exp2_nonpos(x: __m512) -> __m512 {
+        // Constant first: `max` returns the second operand on NaN, so NaN propagates.
+        let x = _mm512_max_ps(_mm512_set1_ps(-127.0), x);
+        // Round to nearest by adding 1.5 * 2^23 (+ the exponent bias): the low mantissa
+        // bits of `t` are then `n + 127`, which the shift moves into the exponent field.
+        const MAGIC: f32 = 12_582_912.0 + 127.0;
+        let t = _mm512_add_ps(x, _mm512_set1_ps(MAGIC));
+        let f = _mm512_sub_ps(x, _mm512_sub_ps(t, _mm512_set1_ps(MAGIC)));
+        let mut p = _mm512_set1_ps(EXP2_POLY[0]);
+        for c in EXP2_POLY[1..].iter().copied() {
+            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+        }
+        let bits = _mm512_slli_epi32::<23>(_mm512_castps_si512(t));
+        _mm512_mul_ps(p, _mm512_castsi512_ps(bits))
+    }
+
+    /// One online-softmax step on a row of `len` scores (a multiple of 16): lanes from
+    /// `visible` on become `-inf`; the running maximum `*m` takes the row's maximum;
+    /// the row becomes `exp2(s - m_new)`, `*l` is rescaled and adds its sum, and the
+    /// `dp` accumulators at `o` are rescaled by `exp2(m_old - m_new)`. Returns false,
+    /// having changed only the masked lanes, when the new maximum is `-inf` (nothing
+    /// visible, or only NaN).
+    ///
+    /// # Safety
+    /// The CPU supports avx512f; `row` is valid for `len` reads and writes, `o` for `dp`
+    /// (a multiple of 16) reads and writes.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn softmax_row(
+        row: *mut f32,
+        len: usize,
+        visible: usize,
+        m: &mut f32,
+        l: &mut f32,
+        o: *mut f32,
+        dp: usize,
+    ) -> bool {
+        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let vis = visible.min(len);
+        let full = vis / 16 * 16;
+        let (mut m0, mut m1) = (ninf, ninf);
+        let mut j = 0;
+        while j + 32 <= full {
+            // SAFETY: j + 32 <= full <= len.
+            unsafe {
+                m0 = _mm512_max_ps(m0, _mm512_loadu_ps(row.add(j)));
+                m1 = _mm512_max_ps(m1, _mm512_loadu_ps(row.add(j + 16)));
+            }
+            j += 32;
+        }
+        if j < full {
+            // SAFETY: j + 16 <= full <= len.
+            m0 = _mm512_max_ps(m0, unsafe { _mm512_loadu_ps(row.add(j)) });
+        }
+        if full < len {
+            // The group holding `visible` keeps its visible lanes; later groups are masked.
+            let keep: __mmask16 = (1u16 << (vis - full)) - 1;
+            // SAFETY: full + 16 <= len.
+            let x = unsafe { _mm512_mask_loadu_ps(ninf, keep, row.add(full)) };
+            m1 = _mm512_max_ps(m1, x);
+            // SAFETY: full + 16 <= len; later groups: j + 16 <= len.
+            unsafe { _mm512_storeu_ps(row.add(full), x) };
+            let mut j = full + 16;
+            while j < len {
+                // SAFETY: as above.
+                unsafe { _mm512_storeu_ps(row.add(j), ninf) };
+                j += 16;
+            }
+        }
+        let m_new = m.max(_mm512_reduce_max_ps(_mm512_max_ps(m0, m1)));
+        if m_new == f32::NEG_INFINITY {
+            return false;
+        }
+        let corr = if m_new == *m { 1.0 } else { crate::portable::exp2(*m - m_new) };
+        let sub = _mm512_set1_ps(m_new);
+        let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        // Only groups that hold a visible lane: later ones are all `-inf` and become 0.
+        let live = vis.next_multiple_of(16);
+        let mut j = 0;
+        while j < live {
+            // SAFETY: j + 16 <= live <= len (and j + 32 <= live for the second group).
+            unsafe {
+                let e = exp2_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row.add(j)), sub));
+                s0 = _mm512_add_ps(s0, e);
+                _mm512_storeu_ps(row.add(j), e);
+                if j + 32 <= live {
+                    let e = exp2_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row.add(j + 16)), sub));
+                    s1 = _mm512_add_ps(s1, e);
+                    _mm512_storeu_ps(row.add(j + 16), e);
+                }
+            }
+            j += 32;
+        }
+        let zero = _mm512_setzero_ps();
+        let mut j = live;
+        while j < len {
+            // SAFETY: j + 16 <= len.
+            unsafe { _mm512_storeu_ps(row.add(j), zero) };
+            j += 16;
+        }
+        *l = *l * corr + _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+        *m = m_new;
+        if corr != 1.0 {
+            let c = _mm512_set1_ps(corr);
+            for j in (0..dp).step_by(16) {
+                // SAFETY: j + 16 <= dp reads and writes of `o`.
+                unsafe { _mm512_storeu_ps(o.add(j), _mm512_mul_ps(c, _mm512_loadu_ps(o.add(j)))) };
+            }
+        }
+        true
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -229,4 +370,18 @@ pub(crate) fn max(x: &[f32]) -> f32 {
         return unsafe { imp::max(x.as_ptr(), x.len()) };
     }
     crate::portable::max(x)
+}
+
+/// One online-softmax step on a score row (see `imp::softmax_row`); `None` when this
+/// path does not apply (no AVX-512, a row length not a multiple of 16), so the caller
+/// runs the generic one.
+pub(crate) fn softmax_row(row: &mut [f32], visible: usize, m: &mut f32, l: &mut f32, o: &mut [f32]) -> Option<bool> {
+    #[cfg(target_arch = "x86_64")]
+    if row.len().is_multiple_of(16) && o.len().is_multiple_of(16) && Isa::Avx512.is_supported() {
+        // SAFETY: avx512f is present; `row` holds `row.len()` floats and `o` holds
+        // `o.len()`, both multiples of 16.
+        return Some(unsafe { imp::softmax_row(row.as_mut_ptr(), row.len(), visible, m, l, o.as_mut_ptr(), o.len()) });
+    }
+    let _ = (row, visible, m, l, o);
+    None
 }

@@ -108,8 +108,11 @@ pub(crate) fn forward_piece<T: Element>(
                     ranges[i] = (0, visible);
                     let (mi, li) = (&mut m[r0 + i], &mut l[r0 + i]);
                     let orow = &mut o[(r0 + i) * dp..(r0 + i + 1) * dp];
-                    let fast =
-                        if isa == Isa::Avx2 { crate::avx2::softmax_row(row, visible, mi, li, orow) } else { None };
+                    let fast = match isa {
+                        Isa::Avx2 => crate::avx2::softmax_row(row, visible, mi, li, orow),
+                        Isa::Avx512 | Isa::Amx => crate::avx512::softmax_row(row, visible, mi, li, orow),
+                        Isa::Portable => None,
+                    };
                     match fast {
                         Some(true) => {}
                         Some(false) => nothing_visible(row, visible, li),
