@@ -87,29 +87,30 @@ mod imp {
     }
 
     macro_rules! rows_dispatch {
-        ($rows:expr, $v:literal, $($args:expr),*) => {
+        ($micro:ident, $rows:expr, $v:literal, $($args:expr),*) => {
             // SAFETY: forwarded contract of `gemm` for this block of at most 6 rows.
             unsafe {
                 match $rows {
-                    1 => micro::<1, $v>($($args),*),
-                    2 => micro::<2, $v>($($args),*),
-                    3 => micro::<3, $v>($($args),*),
-                    4 => micro::<4, $v>($($args),*),
-                    5 => micro::<5, $v>($($args),*),
-                    _ => micro::<6, $v>($($args),*),
+                    1 => $micro::<1, $v>($($args),*),
+                    2 => $micro::<2, $v>($($args),*),
+                    3 => $micro::<3, $v>($($args),*),
+                    4 => $micro::<4, $v>($($args),*),
+                    5 => $micro::<5, $v>($($args),*),
+                    _ => $micro::<6, $v>($($args),*),
                 }
             }
         };
     }
 
-    /// `C[m x n] (=|+=) A[m x k] * B[k x n]`, `n` a multiple of 16.
+    /// `C[m x n] (=|+=) A[m x k] * B[k x n]`, `n` a multiple of 16; A row-major, or
+    /// column-major (`A[r, kk]` at `a[kk*lda + r]`) with `TN`.
     ///
     /// # Safety
     /// The CPU supports avx512f and the slices cover every index the shapes reach
     /// (checked by the safe wrapper).
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm(
+    pub unsafe fn gemm<const TN: bool>(
         m: usize,
         k: usize,
         a: *const f32,
@@ -130,17 +131,75 @@ mod imp {
             let mut r0 = 0;
             while r0 < m {
                 let rows = (m - r0).min(6);
+                let a_off = if TN { r0 } else { r0 * lda };
                 // SAFETY: offsets stay inside the caller's bounds (r0 + rows <= m, j0 + cols <= n).
-                let (ap, bp, cp) = unsafe { (a.add(r0 * lda), b.add(j0), c.add(r0 * ldc + j0)) };
-                match cols / 16 {
-                    1 => rows_dispatch!(rows, 1, k, ap, lda, bp, ldb, cp, ldc, acc),
-                    2 => rows_dispatch!(rows, 2, k, ap, lda, bp, ldb, cp, ldc, acc),
-                    3 => rows_dispatch!(rows, 3, k, ap, lda, bp, ldb, cp, ldc, acc),
-                    _ => rows_dispatch!(rows, 4, k, ap, lda, bp, ldb, cp, ldc, acc),
+                let (ap, bp, cp) = unsafe { (a.add(a_off), b.add(j0), c.add(r0 * ldc + j0)) };
+                match (TN, cols / 16) {
+                    (false, 1) => rows_dispatch!(micro, rows, 1, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    (false, 2) => rows_dispatch!(micro, rows, 2, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    (false, 3) => rows_dispatch!(micro, rows, 3, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    (false, _) => rows_dispatch!(micro, rows, 4, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    (true, 1) => rows_dispatch!(micro_tn, rows, 1, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    (true, 2) => rows_dispatch!(micro_tn, rows, 2, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    (true, 3) => rows_dispatch!(micro_tn, rows, 3, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    (true, _) => rows_dispatch!(micro_tn, rows, 4, k, ap, lda, bp, ldb, cp, ldc, acc),
                 }
                 r0 += rows;
             }
             j0 += cols;
+        }
+    }
+
+    /// `C[R x 16V] (=|+=) A[R x k] * B[k x 16V]` with A stored column-major
+    /// (`A[r, kk]` at `a[kk*lda + r]`), all of C kept in registers.
+    ///
+    /// # Safety
+    /// The CPU supports avx512f; `a` is valid for reads at `kk*lda + r` (r < R, kk < k),
+    /// `b` at `kk*ldb + j` (j < 16V), `c` valid for reads and writes at `r*ldc + j`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn micro_tn<const R: usize, const V: usize>(
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+    ) {
+        let mut cr = [[_mm512_setzero_ps(); V]; R];
+        if acc {
+            for (r, row) in cr.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    // SAFETY: in bounds by the function contract.
+                    *x = unsafe { _mm512_loadu_ps(c.add(r * ldc + 16 * v)) };
+                }
+            }
+        }
+        let (mut ap, mut bp) = (a, b);
+        for _ in 0..k {
+            let mut bv = [_mm512_setzero_ps(); V];
+            for (v, x) in bv.iter_mut().enumerate() {
+                // SAFETY: `bp` points at row kk < k of B (16V readable elements).
+                *x = unsafe { _mm512_loadu_ps(bp.add(16 * v)) };
+            }
+            for (r, row) in cr.iter_mut().enumerate() {
+                // SAFETY: `ap + r` is A[r, kk] (kk < k, r < R).
+                let av = _mm512_set1_ps(unsafe { *ap.add(r) });
+                for (x, bx) in row.iter_mut().zip(&bv) {
+                    *x = _mm512_fmadd_ps(av, *bx, *x);
+                }
+            }
+            // At most one column / one row past the last, never read.
+            ap = ap.wrapping_add(lda);
+            bp = bp.wrapping_add(ldb);
+        }
+        for (r, row) in cr.iter().enumerate() {
+            for (v, x) in row.iter().enumerate() {
+                // SAFETY: in bounds by the function contract.
+                unsafe { _mm512_storeu_ps(c.add(r * ldc + 16 * v), *x) };
+            }
         }
     }
 
@@ -343,10 +402,68 @@ pub(crate) fn gemm(
     if Isa::Avx512.is_supported() {
         // SAFETY: avx512f is present and `check_gemm` proved every index in bounds
         // (with k == 0 no A or B element is read).
-        unsafe { imp::gemm(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
+        unsafe { imp::gemm::<false>(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
         return;
     }
     crate::portable::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc)
+}
+
+/// `C[m x n] (=|+=) A[m x k] * B[k x n]` with A stored column-major (`A[r, kk]` at
+/// `a[kk*lda + r]`), `n` a multiple of 16: AVX-512 where the CPU has it, else a plain loop.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_tn(
+    m: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    n: usize,
+    c: &mut [f32],
+    ldc: usize,
+    acc: bool,
+) {
+    assert!(n.is_multiple_of(16), "gemm_tn: n = {n} is not a multiple of 16");
+    if m > 0 && k > 0 {
+        assert!((k - 1) * lda + m <= a.len(), "gemm_tn: A out of bounds");
+        assert!((k - 1) * ldb + n <= b.len(), "gemm_tn: B out of bounds");
+    }
+    if m > 0 {
+        assert!((m - 1) * ldc + n <= c.len(), "gemm_tn: C out of bounds");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx512.is_supported() {
+        // SAFETY: avx512f is present and the asserts above proved every index in bounds
+        // (with k == 0 no A or B element is read).
+        unsafe { imp::gemm::<true>(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
+        return;
+    }
+    plain_gemm_tn(m, k, a, lda, b, ldb, n, c, ldc, acc)
+}
+
+/// [`gemm_tn`] without SIMD (CPUs without AVX-512; bounds checked by the caller).
+#[allow(clippy::too_many_arguments)]
+fn plain_gemm_tn(
+    m: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    n: usize,
+    c: &mut [f32],
+    ldc: usize,
+    acc: bool,
+) {
+    for r in 0..m {
+        for j in 0..n {
+            let mut x = if acc { c[r * ldc + j] } else { 0.0 };
+            for kk in 0..k {
+                x = a[kk * lda + r].mul_add(b[kk * ldb + j], x);
+            }
+            c[r * ldc + j] = x;
+        }
+    }
 }
 
 /// `x[j] = exp2(x[j] - s - sv[j])`, returning the sum (AVX-512).
@@ -384,4 +501,44 @@ pub(crate) fn softmax_row(row: &mut [f32], visible: usize, m: &mut f32, l: &mut 
     }
     let _ = (row, visible, m, l, o);
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / 16_777_216.0 - 0.5)
+            .collect()
+    }
+
+    /// The column-major product equals the row-major one on an explicit transpose (bit for
+    /// bit on AVX-512: the same fused multiply-adds in the same order), ragged row blocks
+    /// and column panels included; the plain fallback agrees within rounding.
+    #[test]
+    fn gemm_tn_equals_gemm_on_the_transpose() {
+        for (m, k, n, acc) in [(1, 1, 16, false), (5, 7, 48, true), (13, 64, 64, false), (64, 130, 80, true)] {
+            let (lda, ldb, ldc) = (m + 3, n + 16, n + 32);
+            let a_cols = values(k * lda, 1);
+            let mut a_rows = vec![0.0; m * k];
+            for r in 0..m {
+                for kk in 0..k {
+                    a_rows[r * k + kk] = a_cols[kk * lda + r];
+                }
+            }
+            let b = values(k * ldb, 2);
+            let c0 = values(m * ldc, 3);
+            let (mut want, mut got, mut plain) = (c0.clone(), c0.clone(), c0.clone());
+            gemm(m, k, &a_rows, k, &b, ldb, n, &mut want, ldc, acc);
+            gemm_tn(m, k, &a_cols, lda, &b, ldb, n, &mut got, ldc, acc);
+            plain_gemm_tn(m, k, &a_cols, lda, &b, ldb, n, &mut plain, ldc, acc);
+            if crate::isa::Isa::Avx512.is_supported() {
+                assert_eq!(got, want, "m={m} k={k} n={n}");
+            }
+            for (i, (x, y)) in plain.iter().zip(&want).enumerate() {
+                assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "plain m={m} k={k} n={n} at {i}: {x} vs {y}");
+            }
+        }
+    }
 }

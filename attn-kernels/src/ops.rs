@@ -26,6 +26,16 @@ pub(crate) fn gemm(
     }
 }
 
+/// How the left operand of [`gemm_ranges`] is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ALayout {
+    /// `A[i, kk]` at `a[i*lda + kk]`.
+    RowMajor,
+    /// `A[i, kk]` at `a[kk*lda + i]` (a transposed buffer read in place; the AVX-512
+    /// product reads it directly, other paths through a plain loop).
+    ColMajor,
+}
+
 /// `C[i] += sum_{kk in ranges[i]} A[i, kk] * B[kk]` for `m = ranges.len()` rows: each row
 /// reads only its own range of the inner dimension, so a masked entry (weight 0) never
 /// multiplies a value it must not see (`0 * NaN` would leak the NaN). The part common to
@@ -33,6 +43,7 @@ pub(crate) fn gemm(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_ranges(
     isa: Isa,
+    layout: ALayout,
     ranges: &[(usize, usize)],
     a: &[f32],
     lda: usize,
@@ -42,15 +53,24 @@ pub(crate) fn gemm_ranges(
     c: &mut [f32],
     ldc: usize,
 ) {
+    // Offset of A[i, kk] and the product of `m` rows from there.
+    let at = |i: usize, kk: usize| match layout {
+        ALayout::RowMajor => i * lda + kk,
+        ALayout::ColMajor => kk * lda + i,
+    };
+    let product = |m: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]| match layout {
+        ALayout::RowMajor => gemm(isa, m, k, a, lda, b, ldb, n, c, ldc, true),
+        ALayout::ColMajor => avx512::gemm_tn(m, k, a, lda, b, ldb, n, c, ldc, true),
+    };
     let lo = ranges.iter().map(|r| r.0).max().unwrap_or(0);
     let hi = ranges.iter().map(|r| r.1).min().unwrap_or(0);
     let row = |c: &mut [f32], i: usize, from: usize, to: usize| {
         if from < to {
-            gemm(isa, 1, to - from, &a[i * lda + from..], lda, &b[from * ldb..], ldb, n, &mut c[i * ldc..], ldc, true);
+            product(1, to - from, &a[at(i, from)..], &b[from * ldb..], &mut c[i * ldc..]);
         }
     };
     if lo < hi {
-        gemm(isa, ranges.len(), hi - lo, &a[lo..], lda, &b[lo * ldb..], ldb, n, c, ldc, true);
+        product(ranges.len(), hi - lo, &a[at(0, lo)..], &b[lo * ldb..], c);
         for (i, &(from, to)) in ranges.iter().enumerate() {
             row(c, i, from, lo);
             row(c, i, hi, to);

@@ -6,7 +6,7 @@
 use attn_core::Element;
 
 use crate::isa::Isa;
-use crate::ops::{self, KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::ops::{self, ALayout, KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
 
 /// Rows whose products against one tile run together: several register blocks, so each
 /// 16-column panel of the tile is reused from L1 by all of them (as in the forward).
@@ -121,7 +121,7 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                     row[visible..].fill(f32::NEG_INFINITY);
                     ops::exp2_sub(isa, row, lse2(g.lse[q0 + r0 + i]), None);
                     let delta = g.delta[q0 + r0 + i];
-                    if isa == Isa::Avx2 {
+                    if isa != Isa::Portable {
                         // dS into the score row: dp <- ds(p, dp), then swap roles by copy.
                         let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
                         crate::avx2::ds_row(row, dprow, None, delta);
@@ -132,7 +132,18 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                         }
                     }
                 }
-                ops::gemm_ranges(isa, &ranges[..rn], s, KEY_TILE, &kr[t * tile..], dp, dp, &mut acc[r0 * dp..], dp);
+                ops::gemm_ranges(
+                    isa,
+                    ALayout::RowMajor,
+                    &ranges[..rn],
+                    s,
+                    KEY_TILE,
+                    &kr[t * tile..],
+                    dp,
+                    dp,
+                    &mut acc[r0 * dp..],
+                    dp,
+                );
             }
         }
         for i in 0..qn {
@@ -231,7 +242,7 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                     row[n..].fill(f32::NEG_INFINITY);
                     ops::exp2_sub(isa, row, 0.0, Some(&sub[t * KEY_TILE..(t + 1) * KEY_TILE]));
                     let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
-                    if isa == Isa::Avx2 {
+                    if isa != Isa::Portable {
                         crate::avx2::ds_row(row, &mut dprow[..n], Some(&g.delta[i0..i0 + n]), 0.0);
                     } else {
                         for (j, (dpv, p)) in dprow.iter_mut().zip(row.iter()).enumerate().take(n) {
@@ -242,23 +253,52 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 // dV += P^T GO, dK += dS^T Q (rows here are keys), each key row over the
                 // queries that see it only.
                 let rg = &ranges[..rn];
-                ops::gemm_ranges(isa, rg, s, KEY_TILE, &gr[t * tile..], dp, dp, &mut dv_acc[r0 * dp..], dp);
-                ops::gemm_ranges(isa, rg, dpb, KEY_TILE, &qr[t * tile..], dp, dp, &mut dk_acc[r0 * dp..], dp);
+                ops::gemm_ranges(
+                    isa,
+                    ALayout::RowMajor,
+                    rg,
+                    s,
+                    KEY_TILE,
+                    &gr[t * tile..],
+                    dp,
+                    dp,
+                    &mut dv_acc[r0 * dp..],
+                    dp,
+                );
+                ops::gemm_ranges(
+                    isa,
+                    ALayout::RowMajor,
+                    rg,
+                    dpb,
+                    KEY_TILE,
+                    &qr[t * tile..],
+                    dp,
+                    dp,
+                    &mut dk_acc[r0 * dp..],
+                    dp,
+                );
             }
             if dq.is_some() && rows_done > 0 {
                 // dQ[tile] += dS (queries x keys) * K[chunk], one product of depth `rows_done`.
-                for i in 0..rows_done {
-                    for j in 0..n {
-                        ds_t[j * QUERY_CHUNK + i] = ds_all[i * KEY_TILE + j];
-                    }
-                }
                 // Query j reads only the keys at or before it.
                 for (j, r) in q_ranges[..n].iter_mut().enumerate() {
                     let visible = if causal { kpos[..rows_done].partition_point(|&p| p <= qpos[j]) } else { rows_done };
                     *r = (0, visible);
                 }
                 let c = &mut dq_acc[t * KEY_TILE * dp..];
-                ops::gemm_ranges(isa, &q_ranges[..n], ds_t, QUERY_CHUNK, kbuf, dp, dp, c, dp);
+                if matches!(isa, Isa::Avx512 | Isa::Amx) {
+                    // dS^T read in place (its rows are keys): no transposed copy.
+                    let layout = ALayout::ColMajor;
+                    ops::gemm_ranges(isa, layout, &q_ranges[..n], ds_all, KEY_TILE, kbuf, dp, dp, c, dp);
+                } else {
+                    for i in 0..rows_done {
+                        for j in 0..n {
+                            ds_t[j * QUERY_CHUNK + i] = ds_all[i * KEY_TILE + j];
+                        }
+                    }
+                    let layout = ALayout::RowMajor;
+                    ops::gemm_ranges(isa, layout, &q_ranges[..n], ds_t, QUERY_CHUNK, kbuf, dp, dp, c, dp);
+                }
             }
         }
         for j in 0..kn {
