@@ -79,14 +79,64 @@ mod imp {
         }
     }
 
-    /// `C[m x n] (=|+=) A[m x k] * B[k x n]`, `n` a multiple of 16.
+    /// `C[R x 16] (=|+=) A[R x k] * B[k x 16]` with A column-major (`A[r, kk]` at
+    /// `a[kk*lda + r]`): the R broadcasts of a step are contiguous.
+    ///
+    /// # Safety
+    /// The CPU supports avx2 and fma; `a` is valid for reads at `kk*lda + r` (r < R,
+    /// kk < k), `b` at `kk*ldb + j` (j < 16), `c` for reads and writes at `r*ldc + j`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn micro_tn<const R: usize>(
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+    ) {
+        let mut cr = [[_mm256_setzero_ps(); 2]; R];
+        if acc {
+            for (r, row) in cr.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    // SAFETY: in bounds by the function contract.
+                    *x = unsafe { _mm256_loadu_ps(c.add(r * ldc + 8 * v)) };
+                }
+            }
+        }
+        let (mut ap, mut bp) = (a, b);
+        for _ in 0..k {
+            // SAFETY: `bp` points at row kk < k of B (16 readable elements).
+            let (b0, b1) = unsafe { (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8))) };
+            for (r, row) in cr.iter_mut().enumerate() {
+                // SAFETY: `ap + r` is A[r, kk] (kk < k, r < R).
+                let av = _mm256_broadcast_ss(unsafe { &*ap.add(r) });
+                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+            }
+            // At most one column / one row past the last, never read.
+            ap = ap.wrapping_add(lda);
+            bp = bp.wrapping_add(ldb);
+        }
+        for (r, row) in cr.iter().enumerate() {
+            for (v, x) in row.iter().enumerate() {
+                // SAFETY: in bounds by the function contract.
+                unsafe { _mm256_storeu_ps(c.add(r * ldc + 8 * v), *x) };
+            }
+        }
+    }
+
+    /// `C[m x n] (=|+=) A[m x k] * B[k x n]`, `n` a multiple of 16; A row-major, or
+    /// column-major (`A[r, kk]` at `a[kk*lda + r]`) with `TN`.
     ///
     /// # Safety
     /// The CPU supports avx2 and fma and the slices cover every index the shapes reach
     /// (checked by the safe wrapper).
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm(
+    pub unsafe fn gemm<const TN: bool>(
         m: usize,
         k: usize,
         a: *const f32,
@@ -105,17 +155,24 @@ mod imp {
             let mut r0 = 0;
             while r0 < m {
                 let rows = (m - r0).min(6);
+                let a_off = if TN { r0 } else { r0 * lda };
                 // SAFETY: offsets stay inside the caller's bounds (r0 + rows <= m, j0 + 16 <= n).
-                let (ap, bp, cp) = unsafe { (a.add(r0 * lda), b.add(j0), c.add(r0 * ldc + j0)) };
+                let (ap, bp, cp) = unsafe { (a.add(a_off), b.add(j0), c.add(r0 * ldc + j0)) };
                 // SAFETY: forwarded contract of `gemm` for this 6 x 16 (or smaller) block.
                 unsafe {
-                    match rows {
-                        1 => micro::<1>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        2 => micro::<2>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        3 => micro::<3>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        4 => micro::<4>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        5 => micro::<5>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        _ => micro::<6>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                    match (TN, rows) {
+                        (false, 1) => micro::<1>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        (false, 2) => micro::<2>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        (false, 3) => micro::<3>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        (false, 4) => micro::<4>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        (false, 5) => micro::<5>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        (false, _) => micro::<6>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        (true, 1) => micro_tn::<1>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        (true, 2) => micro_tn::<2>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        (true, 3) => micro_tn::<3>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        (true, 4) => micro_tn::<4>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        (true, 5) => micro_tn::<5>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        (true, _) => micro_tn::<6>(k, ap, lda, bp, ldb, cp, ldc, acc),
                     }
                 }
                 r0 += rows;
@@ -349,9 +406,10 @@ mod imp {
 use crate::isa::Isa;
 use crate::portable;
 
-/// `C[m x n] (=|+=) A[m x k] * B[k x n]` with AVX2+FMA (`n` a multiple of 16).
+/// `C[m x n] (=|+=) A[m x k] * B[k x n]` with AVX2+FMA (`n` a multiple of 16); A
+/// row-major, or column-major (`A[r, kk]` at `a[kk*lda + r]`) with `TN`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
+pub(crate) fn gemm<const TN: bool>(
     m: usize,
     k: usize,
     a: &[f32],
@@ -363,15 +421,15 @@ pub(crate) fn gemm(
     ldc: usize,
     acc: bool,
 ) {
-    portable::check_gemm(m, k, a, lda, b, ldb, n, c, ldc);
+    portable::check_gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc);
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx2.is_supported() {
         // SAFETY: avx2 and fma are present and `check_gemm` proved every index in bounds
         // (with k == 0 no A or B element is read).
-        unsafe { imp::gemm(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
+        unsafe { imp::gemm::<TN>(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
         return;
     }
-    portable::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc)
+    portable::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc)
 }
 
 /// `x[j] = exp2(x[j] - s - sv[j])`, returning the sum (AVX2).

@@ -285,11 +285,11 @@ mod imp {
     }
 
     /// One online-softmax step on a row of `len` scores (a multiple of 16): lanes from
-    /// `visible` on become `-inf`; the running maximum `*m` takes the row's maximum;
-    /// the row becomes `exp2(s - m_new)`, `*l` is rescaled and adds its sum, and the
-    /// `dp` accumulators at `o` are rescaled by `exp2(m_old - m_new)`. Returns false,
-    /// having changed only the masked lanes, when the new maximum is `-inf` (nothing
-    /// visible, or only NaN).
+    /// `visible` on are masked; the running maximum `*m` takes the row's maximum; the
+    /// row becomes `exp2(s - m_new)` (0 on masked lanes), `*l` is rescaled and adds its
+    /// sum, and the `dp` accumulators at `o` are rescaled by `exp2(m_old - m_new)`.
+    /// Returns false, having changed only masked lanes of the visible group, when the
+    /// new maximum is `-inf` (nothing visible, or only NaN): the caller zeroes the row.
     ///
     /// # Safety
     /// The CPU supports avx512f; `row` is valid for `len` reads and writes, `o` for `dp`
@@ -321,20 +321,15 @@ mod imp {
             // SAFETY: j + 16 <= full <= len.
             m0 = _mm512_max_ps(m0, unsafe { _mm512_loadu_ps(row.add(j)) });
         }
-        if full < len {
-            // The group holding `visible` keeps its visible lanes; later groups are masked.
+        if full < vis {
+            // The group holding `visible` keeps its visible lanes, the rest become `-inf`
+            // (so 0 below); groups after it are zeroed below without being read.
             let keep: __mmask16 = (1u16 << (vis - full)) - 1;
-            // SAFETY: full + 16 <= len.
+            // SAFETY: full + 16 <= len (full < vis <= len, len a multiple of 16).
             let x = unsafe { _mm512_mask_loadu_ps(ninf, keep, row.add(full)) };
             m1 = _mm512_max_ps(m1, x);
-            // SAFETY: full + 16 <= len; later groups: j + 16 <= len.
+            // SAFETY: as above.
             unsafe { _mm512_storeu_ps(row.add(full), x) };
-            let mut j = full + 16;
-            while j < len {
-                // SAFETY: as above.
-                unsafe { _mm512_storeu_ps(row.add(j), ninf) };
-                j += 16;
-            }
         }
         let m_new = m.max(_mm512_reduce_max_ps(_mm512_max_ps(m0, m1)));
         if m_new == f32::NEG_INFINITY {
@@ -383,9 +378,10 @@ mod imp {
 #[cfg(target_arch = "x86_64")]
 use crate::isa::Isa;
 
-/// `C[m x n] (=|+=) A[m x k] * B[k x n]` with AVX-512 (`n` a multiple of 16).
+/// `C[m x n] (=|+=) A[m x k] * B[k x n]` with AVX-512 (`n` a multiple of 16); A
+/// row-major, or column-major (`A[r, kk]` at `a[kk*lda + r]`) with `TN`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
+pub(crate) fn gemm<const TN: bool>(
     m: usize,
     k: usize,
     a: &[f32],
@@ -397,73 +393,15 @@ pub(crate) fn gemm(
     ldc: usize,
     acc: bool,
 ) {
-    crate::portable::check_gemm(m, k, a, lda, b, ldb, n, c, ldc);
+    crate::portable::check_gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc);
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx512.is_supported() {
         // SAFETY: avx512f is present and `check_gemm` proved every index in bounds
         // (with k == 0 no A or B element is read).
-        unsafe { imp::gemm::<false>(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
+        unsafe { imp::gemm::<TN>(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
         return;
     }
-    crate::portable::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc)
-}
-
-/// `C[m x n] (=|+=) A[m x k] * B[k x n]` with A stored column-major (`A[r, kk]` at
-/// `a[kk*lda + r]`), `n` a multiple of 16: AVX-512 where the CPU has it, else a plain loop.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_tn(
-    m: usize,
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    n: usize,
-    c: &mut [f32],
-    ldc: usize,
-    acc: bool,
-) {
-    assert!(n.is_multiple_of(16), "gemm_tn: n = {n} is not a multiple of 16");
-    if m > 0 && k > 0 {
-        assert!((k - 1) * lda + m <= a.len(), "gemm_tn: A out of bounds");
-        assert!((k - 1) * ldb + n <= b.len(), "gemm_tn: B out of bounds");
-    }
-    if m > 0 {
-        assert!((m - 1) * ldc + n <= c.len(), "gemm_tn: C out of bounds");
-    }
-    #[cfg(target_arch = "x86_64")]
-    if Isa::Avx512.is_supported() {
-        // SAFETY: avx512f is present and the asserts above proved every index in bounds
-        // (with k == 0 no A or B element is read).
-        unsafe { imp::gemm::<true>(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
-        return;
-    }
-    plain_gemm_tn(m, k, a, lda, b, ldb, n, c, ldc, acc)
-}
-
-/// [`gemm_tn`] without SIMD (CPUs without AVX-512; bounds checked by the caller).
-#[allow(clippy::too_many_arguments)]
-fn plain_gemm_tn(
-    m: usize,
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    n: usize,
-    c: &mut [f32],
-    ldc: usize,
-    acc: bool,
-) {
-    for r in 0..m {
-        for j in 0..n {
-            let mut x = if acc { c[r * ldc + j] } else { 0.0 };
-            for kk in 0..k {
-                x = a[kk * lda + r].mul_add(b[kk * ldb + j], x);
-            }
-            c[r * ldc + j] = x;
-        }
-    }
+    crate::portable::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc)
 }
 
 /// `x[j] = exp2(x[j] - s - sv[j])`, returning the sum (AVX-512).
@@ -501,44 +439,4 @@ pub(crate) fn softmax_row(row: &mut [f32], visible: usize, m: &mut f32, l: &mut 
     }
     let _ = (row, visible, m, l, o);
     None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / 16_777_216.0 - 0.5)
-            .collect()
-    }
-
-    /// The column-major product equals the row-major one on an explicit transpose (bit for
-    /// bit on AVX-512: the same fused multiply-adds in the same order), ragged row blocks
-    /// and column panels included; the plain fallback agrees within rounding.
-    #[test]
-    fn gemm_tn_equals_gemm_on_the_transpose() {
-        for (m, k, n, acc) in [(1, 1, 16, false), (5, 7, 48, true), (13, 64, 64, false), (64, 130, 80, true)] {
-            let (lda, ldb, ldc) = (m + 3, n + 16, n + 32);
-            let a_cols = values(k * lda, 1);
-            let mut a_rows = vec![0.0; m * k];
-            for r in 0..m {
-                for kk in 0..k {
-                    a_rows[r * k + kk] = a_cols[kk * lda + r];
-                }
-            }
-            let b = values(k * ldb, 2);
-            let c0 = values(m * ldc, 3);
-            let (mut want, mut got, mut plain) = (c0.clone(), c0.clone(), c0.clone());
-            gemm(m, k, &a_rows, k, &b, ldb, n, &mut want, ldc, acc);
-            gemm_tn(m, k, &a_cols, lda, &b, ldb, n, &mut got, ldc, acc);
-            plain_gemm_tn(m, k, &a_cols, lda, &b, ldb, n, &mut plain, ldc, acc);
-            if crate::isa::Isa::Avx512.is_supported() {
-                assert_eq!(got, want, "m={m} k={k} n={n}");
-            }
-            for (i, (x, y)) in plain.iter().zip(&want).enumerate() {
-                assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "plain m={m} k={k} n={n} at {i}: {x} vs {y}");
-            }
-        }
-    }
 }

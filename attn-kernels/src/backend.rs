@@ -449,7 +449,9 @@ impl CpuBackend {
             if backward { (KEY_TILE, QUERY_CHUNK) } else { (FORWARD_KEY_TILE, FORWARD_QUERY_CHUNK) };
         let tiles = m.div_ceil(key_tile) * key_tile * dp;
         let chunk = q_chunk * dp;
-        let small = 3 * q_chunk * key_tile + 2 * q_chunk;
+        // Score-sized tiles: the backward's scores and dS (dq reads dS in place), three in
+        // the forward.
+        let small = if backward { 2 } else { 3 } * q_chunk * key_tile + 2 * q_chunk;
         let f32s = if backward {
             // 4 packed tile sets + dq accumulator, 3 unit accumulators, 3 piece outputs.
             4 * tiles + m * dp + 4 * chunk + tiles / dp + 3 * unit * d + unit + 3 * m * d + 2 * m + small

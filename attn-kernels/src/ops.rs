@@ -19,31 +19,41 @@ pub(crate) fn gemm(
     ldc: usize,
     acc: bool,
 ) {
+    product::<false>(isa, m, k, a, lda, b, ldb, n, c, ldc, acc)
+}
+
+/// [`gemm`] on the chosen flavour, A row-major or (`TN`) column-major (`A[i, kk]` at
+/// `a[kk*lda + i]`).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn product<const TN: bool>(
+    isa: Isa,
+    m: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    n: usize,
+    c: &mut [f32],
+    ldc: usize,
+    acc: bool,
+) {
     match isa {
-        Isa::Avx512 | Isa::Amx => avx512::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc),
-        Isa::Avx2 => avx2::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc),
-        Isa::Portable => portable::gemm(m, k, a, lda, b, ldb, n, c, ldc, acc),
+        Isa::Avx512 | Isa::Amx => avx512::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc),
+        Isa::Avx2 => avx2::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc),
+        Isa::Portable => portable::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc),
     }
 }
 
-/// How the left operand of [`gemm_ranges`] is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ALayout {
-    /// `A[i, kk]` at `a[i*lda + kk]`.
-    RowMajor,
-    /// `A[i, kk]` at `a[kk*lda + i]` (a transposed buffer read in place; the AVX-512
-    /// product reads it directly, other paths through a plain loop).
-    ColMajor,
-}
-
-/// `C[i] += sum_{kk in ranges[i]} A[i, kk] * B[kk]` for `m = ranges.len()` rows: each row
-/// reads only its own range of the inner dimension, so a masked entry (weight 0) never
-/// multiplies a value it must not see (`0 * NaN` would leak the NaN). The part common to
-/// all rows runs as one product; the rest row by row.
+/// `C[i] += sum_{kk in ranges[i]} A[i, kk] * B[kk]` for `m = ranges.len()` rows, A
+/// row-major or (`TN`) column-major (`A[i, kk]` at `a[kk*lda + i]`, a transposed buffer
+/// read in place): each row reads only its own range of the inner dimension, so a masked
+/// entry (weight 0) never multiplies a value it must not see (`0 * NaN` would leak the
+/// NaN). The part common to all rows runs as one product; the rest row by row.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_ranges(
+pub(crate) fn gemm_ranges<const TN: bool>(
     isa: Isa,
-    layout: ALayout,
     ranges: &[(usize, usize)],
     a: &[f32],
     lda: usize,
@@ -53,24 +63,18 @@ pub(crate) fn gemm_ranges(
     c: &mut [f32],
     ldc: usize,
 ) {
-    // Offset of A[i, kk] and the product of `m` rows from there.
-    let at = |i: usize, kk: usize| match layout {
-        ALayout::RowMajor => i * lda + kk,
-        ALayout::ColMajor => kk * lda + i,
-    };
-    let product = |m: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]| match layout {
-        ALayout::RowMajor => gemm(isa, m, k, a, lda, b, ldb, n, c, ldc, true),
-        ALayout::ColMajor => avx512::gemm_tn(m, k, a, lda, b, ldb, n, c, ldc, true),
-    };
+    // Offset of A[i, kk] in either layout.
+    let at = |i: usize, kk: usize| if TN { kk * lda + i } else { i * lda + kk };
     let lo = ranges.iter().map(|r| r.0).max().unwrap_or(0);
     let hi = ranges.iter().map(|r| r.1).min().unwrap_or(0);
     let row = |c: &mut [f32], i: usize, from: usize, to: usize| {
         if from < to {
-            product(1, to - from, &a[at(i, from)..], &b[from * ldb..], &mut c[i * ldc..]);
+            let (a, b, c) = (&a[at(i, from)..], &b[from * ldb..], &mut c[i * ldc..]);
+            product::<TN>(isa, 1, to - from, a, lda, b, ldb, n, c, ldc, true);
         }
     };
     if lo < hi {
-        product(ranges.len(), hi - lo, &a[at(0, lo)..], &b[lo * ldb..], c);
+        product::<TN>(isa, ranges.len(), hi - lo, &a[at(0, lo)..], lda, &b[lo * ldb..], ldb, n, c, ldc, true);
         for (i, &(from, to)) in ranges.iter().enumerate() {
             row(c, i, from, lo);
             row(c, i, hi, to);
@@ -132,4 +136,40 @@ pub(crate) fn scratch(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
         v.resize(len, 0.0);
     }
     &mut v[..len]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / 16_777_216.0 - 0.5)
+            .collect()
+    }
+
+    /// On every kernel flavour this CPU runs, the column-major product equals the
+    /// row-major one on an explicit transpose bit for bit (the same multiply-adds in the
+    /// same order), ragged row blocks and column panels included.
+    #[test]
+    fn column_major_product_equals_product_on_the_transpose() {
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            for (m, k, n, acc) in [(1, 1, 16, false), (5, 7, 48, true), (13, 64, 64, false), (64, 130, 80, true)] {
+                let (lda, ldb, ldc) = (m + 3, n + 16, n + 32);
+                let a_cols = values(k * lda, 1);
+                let mut a_rows = vec![0.0; m * k];
+                for r in 0..m {
+                    for kk in 0..k {
+                        a_rows[r * k + kk] = a_cols[kk * lda + r];
+                    }
+                }
+                let b = values(k * ldb, 2);
+                let c0 = values(m * ldc, 3);
+                let (mut want, mut got) = (c0.clone(), c0);
+                gemm(isa, m, k, &a_rows, k, &b, ldb, n, &mut want, ldc, acc);
+                product::<true>(isa, m, k, &a_cols, lda, &b, ldb, n, &mut got, ldc, acc);
+                assert_eq!(got, want, "{isa:?} m={m} k={k} n={n}");
+            }
+        }
+    }
 }

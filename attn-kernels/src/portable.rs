@@ -1,9 +1,10 @@
 //! Portable tile primitives (plain Rust, every target): matrix product, `exp2`, max.
 //! Same contracts as the AVX-512 versions; results agree within f32 rounding.
 
-/// Bounds of a `gemm` call (internal invariant: a violation is a bug, so it panics).
+/// Bounds of a `gemm` call, A row-major or (`TN`) column-major (internal invariant: a
+/// violation is a bug, so it panics).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn check_gemm(
+pub(crate) fn check_gemm<const TN: bool>(
     m: usize,
     k: usize,
     a: &[f32],
@@ -16,7 +17,8 @@ pub(crate) fn check_gemm(
 ) {
     assert!(n.is_multiple_of(16), "gemm: n = {n} is not a multiple of 16");
     if m > 0 && k > 0 {
-        assert!((m - 1) * lda + k <= a.len(), "gemm: A out of bounds");
+        let a_end = if TN { (k - 1) * lda + m } else { (m - 1) * lda + k };
+        assert!(a_end <= a.len(), "gemm: A out of bounds");
         assert!((k - 1) * ldb + n <= b.len(), "gemm: B out of bounds");
     }
     if m > 0 {
@@ -24,9 +26,10 @@ pub(crate) fn check_gemm(
     }
 }
 
-/// `C[m x n] (=|+=) A[m x k] * B[k x n]`.
+/// `C[m x n] (=|+=) A[m x k] * B[k x n]`; A row-major (`A[i, kk]` at `a[i*lda + kk]`),
+/// or column-major (`a[kk*lda + i]`) with `TN`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
+pub(crate) fn gemm<const TN: bool>(
     m: usize,
     k: usize,
     a: &[f32],
@@ -44,7 +47,7 @@ pub(crate) fn gemm(
             crow.fill(0.0);
         }
         for kk in 0..k {
-            let aik = a[i * lda + kk];
+            let aik = if TN { a[kk * lda + i] } else { a[i * lda + kk] };
             let brow = &b[kk * ldb..kk * ldb + n];
             for (cv, bv) in crow.iter_mut().zip(brow) {
                 *cv += aik * bv;

@@ -6,7 +6,7 @@
 use attn_core::Element;
 
 use crate::isa::Isa;
-use crate::ops::{self, ALayout, KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::ops::{self, KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
 
 /// Rows whose products against one tile run together: several register blocks, so each
 /// 16-column panel of the tile is reused from L1 by all of them (as in the forward).
@@ -39,7 +39,6 @@ pub(crate) struct BackwardScratch {
     acc1: Vec<f32>,
     acc2: Vec<f32>,
     s: Vec<f32>,
-    dst: Vec<f32>,
     dp: Vec<f32>,
     sub: Vec<f32>,
 }
@@ -132,9 +131,8 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                         }
                     }
                 }
-                ops::gemm_ranges(
+                ops::gemm_ranges::<false>(
                     isa,
-                    ALayout::RowMajor,
                     &ranges[..rn],
                     s,
                     KEY_TILE,
@@ -200,9 +198,8 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
         }
     }
     let s = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
-    // dS^T of a whole key chunk x query tile (rows are keys), and its transpose for dq.
+    // dS^T of a whole key chunk x query tile (rows are keys).
     let ds_all = scratch(&mut ws.dp, QUERY_CHUNK * KEY_TILE);
-    let ds_t = scratch(&mut ws.dst, KEY_TILE * QUERY_CHUNK);
     let dq_acc = scratch(&mut ws.acc2, if dq.is_some() { nq * dp } else { 0 });
     let mut q_ranges = [(0, 0); KEY_TILE];
     dq_acc.fill(0.0);
@@ -253,30 +250,8 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 // dV += P^T GO, dK += dS^T Q (rows here are keys), each key row over the
                 // queries that see it only.
                 let rg = &ranges[..rn];
-                ops::gemm_ranges(
-                    isa,
-                    ALayout::RowMajor,
-                    rg,
-                    s,
-                    KEY_TILE,
-                    &gr[t * tile..],
-                    dp,
-                    dp,
-                    &mut dv_acc[r0 * dp..],
-                    dp,
-                );
-                ops::gemm_ranges(
-                    isa,
-                    ALayout::RowMajor,
-                    rg,
-                    dpb,
-                    KEY_TILE,
-                    &qr[t * tile..],
-                    dp,
-                    dp,
-                    &mut dk_acc[r0 * dp..],
-                    dp,
-                );
+                ops::gemm_ranges::<false>(isa, rg, s, KEY_TILE, &gr[t * tile..], dp, dp, &mut dv_acc[r0 * dp..], dp);
+                ops::gemm_ranges::<false>(isa, rg, dpb, KEY_TILE, &qr[t * tile..], dp, dp, &mut dk_acc[r0 * dp..], dp);
             }
             if dq.is_some() && rows_done > 0 {
                 // dQ[tile] += dS (queries x keys) * K[chunk], one product of depth `rows_done`.
@@ -286,19 +261,8 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                     *r = (0, visible);
                 }
                 let c = &mut dq_acc[t * KEY_TILE * dp..];
-                if matches!(isa, Isa::Avx512 | Isa::Amx) {
-                    // dS^T read in place (its rows are keys): no transposed copy.
-                    let layout = ALayout::ColMajor;
-                    ops::gemm_ranges(isa, layout, &q_ranges[..n], ds_all, KEY_TILE, kbuf, dp, dp, c, dp);
-                } else {
-                    for i in 0..rows_done {
-                        for j in 0..n {
-                            ds_t[j * QUERY_CHUNK + i] = ds_all[i * KEY_TILE + j];
-                        }
-                    }
-                    let layout = ALayout::RowMajor;
-                    ops::gemm_ranges(isa, layout, &q_ranges[..n], ds_t, QUERY_CHUNK, kbuf, dp, dp, c, dp);
-                }
+                // dS^T read in place (its rows are keys): no transposed copy.
+                ops::gemm_ranges::<true>(isa, &q_ranges[..n], ds_all, KEY_TILE, kbuf, dp, dp, c, dp);
             }
         }
         for j in 0..kn {

@@ -5,7 +5,7 @@
 use attn_core::Element;
 
 use crate::isa::Isa;
-use crate::ops::{self, ALayout, FORWARD_KEY_TILE as KEY_TILE, FORWARD_QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::ops::{self, FORWARD_KEY_TILE as KEY_TILE, FORWARD_QUERY_CHUNK, ROW_BLOCK, padded, scratch};
 
 /// Query rows whose scores are computed together against one key tile: several
 /// register blocks, so each 16-key panel of the tile is reused from L1 by all of them.
@@ -126,18 +126,7 @@ pub(crate) fn forward_piece<T: Element>(
                     ops::gemm(isa, rn, widest, s, KEY_TILE, vtile, dp, dp, &mut o[r0 * dp..], dp, true);
                 } else {
                     // Each row reads only the values it sees (a masked NaN/Inf value stays out).
-                    ops::gemm_ranges(
-                        isa,
-                        ALayout::RowMajor,
-                        &ranges[..rn],
-                        s,
-                        KEY_TILE,
-                        vtile,
-                        dp,
-                        dp,
-                        &mut o[r0 * dp..],
-                        dp,
-                    );
+                    ops::gemm_ranges::<false>(isa, &ranges[..rn], s, KEY_TILE, vtile, dp, dp, &mut o[r0 * dp..], dp);
                 }
             }
         }
