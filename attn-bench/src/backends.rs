@@ -27,7 +27,7 @@ pub trait Runner {
 }
 
 /// The implementations this build knows, for `--list` and the report.
-pub const IMPLEMENTATIONS: &[&str] = &["reference", "cpu", "cuda", "ring-<strategy>"];
+pub const IMPLEMENTATIONS: &[&str] = &["reference", "cpu", "cpu-workspace (multihead)", "cuda", "ring-<strategy>"];
 
 /// Allocate inputs and build the runner for `spec`. `BackendUnavailable` and
 /// `NotCompiled` mean "skip"; other errors are failures.
@@ -40,7 +40,7 @@ pub fn prepare(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
         (CaseKind::Dilated, "cpu") => cpu_runner::dilated(spec),
         (CaseKind::Dilated, "cuda") => cuda(spec),
         (CaseKind::Ring, imp) if imp.starts_with("ring") => ring_runner::ring(spec),
-        (CaseKind::Multihead, "cpu") => multihead_runner::multihead(spec),
+        (CaseKind::Multihead, "cpu" | "cpu-workspace") => multihead_runner::multihead(spec),
         (CaseKind::Hilbert, "cpu") => cpu_runner::hilbert(spec),
         (kind, other) => Err(AttnError::InvalidArgument(format!(
             "no implementation `{other}` for case `{}` (known: {})",

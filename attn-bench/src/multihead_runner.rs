@@ -5,12 +5,16 @@
 //! `m(x).backward(go)`: the forward keeping activations, the backward to the input
 //! and every weight, accumulated into gradient buffers allocated once before the
 //! timed runs (as `.grad` is after torch's warm-up call), never re-initialised per run.
+//!
+//! `--impl cpu` times `forward`, which allocates its output and intermediates on every
+//! call as torch does; `--impl cpu-workspace` times `forward_with` on one
+//! `MultiheadWorkspace` and output buffer kept across runs (repeated inference).
 
 use std::sync::Arc;
 
 use attn_core::{AttnError, Mixing, Result};
 use attn_kernels::CpuBackend;
-use attn_multihead::{Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights};
+use attn_multihead::{Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, MultiheadWorkspace};
 
 use crate::backends::{RunStats, Runner};
 use crate::case::CaseSpec;
@@ -22,6 +26,8 @@ struct MultiheadRunner {
     grad_out: Vec<f32>,
     /// Weight gradients (`Some` for forward+backward), accumulated over runs like torch's `.grad`.
     grads: Option<MultiheadWeights<f32>>,
+    /// `--impl cpu-workspace`: the workspace and output buffer kept across forward runs.
+    reuse: Option<(MultiheadWorkspace<f32>, Vec<f32>)>,
     batch: usize,
     seq: usize,
 }
@@ -49,11 +55,21 @@ impl MultiheadRunner {
             AttnError::InvalidArgument(format!("batch {} x seq {} x embed {e} overflows", spec.batch, spec.seq_len))
         })?;
         let grads = spec.backward.then(|| layer.zero_grads());
+        let reuse = match (spec.implementation.as_str(), spec.backward) {
+            ("cpu-workspace", true) => {
+                return Err(AttnError::InvalidArgument(
+                    "--impl cpu-workspace times the inference forward (forward_with); drop --backward".into(),
+                ));
+            }
+            ("cpu-workspace", false) => Some((MultiheadWorkspace::new(), vec![0.0; n])),
+            _ => None,
+        };
         Ok(MultiheadRunner {
             layer,
             x: normal_vec(11, n),
             grad_out: if spec.backward { normal_vec(12, n) } else { Vec::new() },
             grads,
+            reuse,
             batch: spec.batch,
             seq: spec.seq_len,
         })
@@ -66,6 +82,9 @@ impl Runner for MultiheadRunner {
             let (y, cache) = self.layer.forward_train(&self.x, self.batch, self.seq, Mode::Eval)?;
             let gx = self.layer.backward(&cache, &self.grad_out, grads)?;
             std::hint::black_box((y, gx));
+        } else if let Some((ws, y)) = self.reuse.as_mut() {
+            self.layer.forward_with(&self.x, self.batch, self.seq, Mode::Eval, ws, y)?;
+            std::hint::black_box(y);
         } else {
             let y = self.layer.forward(&self.x, self.batch, self.seq, Mode::Eval)?;
             std::hint::black_box(y);
@@ -107,7 +126,24 @@ mod tests {
                 assert!((2.0 * x - y).abs() <= 1e-5 * scale, "d {}: {x} then {y}", a.name);
             }
         }
-        let fwd = MultiheadRunner::build(&CaseSpec { backward: false, ..spec }).unwrap();
+        let fwd = MultiheadRunner::build(&CaseSpec { backward: false, ..spec.clone() }).unwrap();
         assert!(fwd.grads.is_none());
+    }
+
+    /// `--impl cpu-workspace` runs `forward_with` on buffers kept across runs and gives
+    /// the output `forward` gives; it refuses `--backward`.
+    #[test]
+    fn the_workspace_runner_reuses_its_buffers_and_matches_forward() {
+        let mut spec = CaseSpec::dilated("cpu-workspace", 48, &[16, 32], &[1, 2]);
+        (spec.kind, spec.heads, spec.head_dim, spec.threads) = (crate::case::CaseKind::Multihead, 2, 8, 1);
+        let mut r = MultiheadRunner::build(&spec).unwrap();
+        r.run().unwrap();
+        let ptr = r.reuse.as_ref().unwrap().1.as_ptr();
+        r.run().unwrap();
+        let (ws, y) = r.reuse.as_ref().unwrap();
+        assert_eq!(y.as_ptr(), ptr, "output buffer replaced");
+        assert!(ws.bytes() > 0);
+        assert_eq!(*y, r.layer.forward(&r.x, 1, 48, Mode::Eval).unwrap());
+        assert!(MultiheadRunner::build(&CaseSpec { backward: true, ..spec }).is_err());
     }
 }

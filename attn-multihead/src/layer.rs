@@ -13,6 +13,7 @@ use crate::layer_norm::NormStats;
 use crate::projection::{linear_backward_input, linear_backward_params, linear_forward};
 use crate::sparse_projection::{project_qkv, project_qkv_backward};
 use crate::weights::MultiheadWeights;
+use crate::workspace::{MultiheadWorkspace, SelectionKey, sized};
 
 /// Dropout site id of the attention output (keeps masks of different sites independent).
 const ATTN_DROPOUT_SITE: u64 = 1;
@@ -25,16 +26,59 @@ enum Projected<F> {
     Split { q: Vec<F>, kv: Vec<F> },
 }
 
+/// A borrowed [`Projected`].
+#[derive(Debug, Clone, Copy)]
+enum ProjectedRef<'a, F> {
+    Fused(&'a [F]),
+    Split { q: &'a [F], kv: &'a [F] },
+}
+
+impl<F> Projected<F> {
+    fn as_ref(&self) -> ProjectedRef<'_, F> {
+        match self {
+            Projected::Fused(qkv) => ProjectedRef::Fused(qkv),
+            Projected::Split { q, kv } => ProjectedRef::Split { q, kv },
+        }
+    }
+}
+
+/// What a forward pass made besides the buffers of its workspace.
+struct Kept<F> {
+    mask: Option<Vec<F>>,
+    norm_stats: Option<NormStats<F>>,
+    /// Whether the output projection read `ws.pre_out` (else `ws.attn`).
+    pre_out_used: bool,
+}
+
+impl<F> Kept<F> {
+    /// The backward's cache, taking the buffers of a workspace made for this pass.
+    fn into_cache(
+        self,
+        q_shape: Shape4,
+        kv_shape: Shape4,
+        inputs: Inputs<F>,
+        ws: MultiheadWorkspace<F>,
+        fused: bool,
+    ) -> MultiheadCache<F> {
+        let projected = if fused { Projected::Fused(ws.qkv) } else { Projected::Split { q: ws.qkv, kv: ws.kv } };
+        MultiheadCache {
+            q_shape,
+            kv_shape,
+            inputs,
+            projected,
+            attn: ws.attn,
+            lse: ws.lse,
+            mask: self.mask,
+            norm_stats: self.norm_stats,
+            pre_out: self.pre_out_used.then_some(ws.pre_out),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Inputs<F> {
-    /// Not kept (an inference forward); `backward` refuses such a cache.
-    NotKept,
     SelfAttn(Vec<F>),
-    Cross {
-        query: Vec<F>,
-        key: Vec<F>,
-        value: Vec<F>,
-    },
+    Cross { query: Vec<F>, key: Vec<F>, value: Vec<F> },
 }
 
 /// What `backward` needs from a training forward pass.
@@ -48,7 +92,8 @@ pub struct MultiheadCache<F> {
     lse: Vec<f32>,
     mask: Option<Vec<F>>,
     norm_stats: Option<NormStats<F>>,
-    pre_out: Vec<F>,
+    /// Input of the output projection; `None` when it is `attn` itself (no dropout, no sub-LN).
+    pre_out: Option<Vec<F>>,
 }
 
 /// Gradients of the layer inputs. For self-attention `key` and `value` are `None`
@@ -155,39 +200,62 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
 
     /// Self-attention over `x: [batch, seq, embed]`; returns the output only.
     pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
-        Ok(self.forward_self(x, batch, seq, mode, false)?.0)
+        let mut ws = MultiheadWorkspace::new();
+        let shape = self.project_self(x, batch, seq, &mut ws)?;
+        let mut y = vec![F::zero(); x.len()];
+        self.finish_forward(shape, shape, true, mode, &mut ws, &mut y)?;
+        Ok(y)
     }
 
-    /// Self-attention, keeping what [`MultiheadDilatedAttention::backward`] needs.
-    pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
-        self.forward_self(x, batch, seq, mode, true)
-    }
-
-    fn forward_self(
+    /// [`MultiheadDilatedAttention::forward`] into the caller's `out` (`[batch, seq,
+    /// embed]`), with every intermediate buffer in `ws`: repeated calls with the same
+    /// shapes allocate nothing (dropout masks in training mode aside).
+    pub fn forward_with(
         &self,
         x: &[F],
         batch: usize,
         seq: usize,
         mode: Mode,
-        keep: bool,
-    ) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        ws: &mut MultiheadWorkspace<F>,
+        out: &mut [F],
+    ) -> Result<()> {
+        let shape = self.project_self(x, batch, seq, ws)?;
+        self.finish_forward(shape, shape, true, mode, ws, out)?;
+        Ok(())
+    }
+
+    /// Self-attention, keeping what [`MultiheadDilatedAttention::backward`] needs.
+    pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        let mut ws = MultiheadWorkspace::new();
+        let shape = self.project_self(x, batch, seq, &mut ws)?;
+        let mut y = vec![F::zero(); x.len()];
+        let kept = self.finish_forward(shape, shape, true, mode, &mut ws, &mut y)?;
+        Ok((y, kept.into_cache(shape, shape, Inputs::SelfAttn(x.to_vec()), ws, true)))
+    }
+
+    /// The fused q/k/v projection of `x` into `ws.qkv`.
+    fn project_self(&self, x: &[F], batch: usize, seq: usize, ws: &mut MultiheadWorkspace<F>) -> Result<Shape4> {
         let e = self.config.embed_dim;
         check_input("query", x, batch, seq, e)?;
         let shape = self.shape(batch, seq)?;
+        let len = shape
+            .numel()
+            .checked_mul(3)
+            .ok_or(AttnError::ShapeOverflow { tensor: TensorName::Other("qkv"), dims: vec![batch, seq, 3, e] })?;
         let w = &self.weights.in_proj;
-        let mut qkv = vec![F::zero(); batch * seq * 3 * e];
+        let (heads, head_dim) = (self.config.num_heads, self.config.head_dim());
         if self.backend.query_positions(seq)?.is_none() {
             // The whole sequence on one device: each head group projects only the rows
             // its pattern selects.
-            let heads = self.config.num_heads;
-            let (weight, bias) = (&w.weight, w.bias.as_deref());
-            project_qkv(&self.dilated, heads, self.config.head_dim(), x, batch, seq, weight, bias, &mut qkv)?;
+            let key = SelectionKey { cfg: self.dilated.clone(), heads, head_dim, batch, seq };
+            let qkv = ws.projection_buffer(len, Some(key));
+            project_qkv(&self.dilated, heads, head_dim, x, batch, seq, &w.weight, w.bias.as_deref(), qkv)?;
         } else {
             // A ring rank's rows (their global positions decide the selection): dense.
-            linear_forward(x, batch * seq, e, &w.weight, w.bias.as_deref(), 3 * e, &mut qkv, 3 * e)?;
+            let qkv = ws.projection_buffer(len, None);
+            linear_forward(x, batch * seq, e, &w.weight, w.bias.as_deref(), 3 * e, qkv, 3 * e)?;
         }
-        let inputs = if keep { Inputs::SelfAttn(x.to_vec()) } else { Inputs::NotKept };
-        self.finish_forward(shape, shape, inputs, Projected::Fused(qkv), mode)
+        Ok(shape)
     }
 
     /// Cross-attention: `query: [batch, q_seq, embed]`, `key`/`value: [batch, kv_seq, embed]`.
@@ -210,19 +278,22 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let w = &self.weights.in_proj;
         let bias = |i: usize| w.bias.as_ref().map(|b| &b[i * e..(i + 1) * e]);
         let wpart = |i: usize| &w.weight[i * e * e..(i + 1) * e * e];
-        let mut q = vec![F::zero(); batch * q_seq * e];
-        linear_forward(query, batch * q_seq, e, wpart(0), bias(0), e, &mut q, e)?;
-        let mut kv = vec![F::zero(); batch * kv_seq * 2 * e];
-        linear_forward(key, batch * kv_seq, e, wpart(1), bias(1), e, &mut kv, 2 * e)?;
+        let mut ws = MultiheadWorkspace::new();
+        let q = ws.projection_buffer(batch * q_seq * e, None);
+        linear_forward(query, batch * q_seq, e, wpart(0), bias(0), e, q, e)?;
+        let kv = sized(&mut ws.kv, batch * kv_seq * 2 * e);
+        linear_forward(key, batch * kv_seq, e, wpart(1), bias(1), e, kv, 2 * e)?;
         linear_forward(value, batch * kv_seq, e, wpart(2), bias(2), e, &mut kv[e..], 2 * e)?;
+        let mut y = vec![F::zero(); query.len()];
+        let kept = self.finish_forward(qs, kvs, false, mode, &mut ws, &mut y)?;
         let inputs = Inputs::Cross { query: query.to_vec(), key: key.to_vec(), value: value.to_vec() };
-        self.finish_forward(qs, kvs, inputs, Projected::Split { q, kv }, mode)
+        Ok((y, kept.into_cache(qs, kvs, inputs, ws, false)))
     }
 
-    fn views<'a>(&self, projected: &'a Projected<F>, qs: Shape4, kvs: Shape4) -> Result<[TensorView<'a, F>; 3]> {
+    fn views<'a>(&self, projected: ProjectedRef<'a, F>, qs: Shape4, kvs: Shape4) -> Result<[TensorView<'a, F>; 3]> {
         match projected {
-            Projected::Fused(qkv) => TensorView::fused_qkv(qkv, qs),
-            Projected::Split { q, kv } => {
+            ProjectedRef::Fused(qkv) => TensorView::fused_qkv(qkv, qs),
+            ProjectedRef::Split { q, kv } => {
                 let e = self.config.embed_dim;
                 let strides = [kvs.seq * 2 * e, 2 * e, kvs.head_dim, 1];
                 Ok([
@@ -234,35 +305,54 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         }
     }
 
+    /// Attention over the projections in `ws` (`ws.qkv` fused, or q in `ws.qkv` and kv
+    /// in `ws.kv`), dropout, sub-LN and the output projection into `out`.
     fn finish_forward(
         &self,
         qs: Shape4,
         kvs: Shape4,
-        inputs: Inputs<F>,
-        projected: Projected<F>,
+        fused: bool,
         mode: Mode,
-    ) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        ws: &mut MultiheadWorkspace<F>,
+        out: &mut [F],
+    ) -> Result<Kept<F>> {
         let rows = qs.batch * qs.seq;
-        let mut attn = vec![F::zero(); qs.numel()];
-        let mut lse = vec![0f32; qs.lse_len()];
+        let e = self.config.embed_dim;
+        if out.len() != qs.numel() {
+            return Err(AttnError::ShapeMismatch {
+                tensor: TensorName::Output,
+                expected: vec![qs.batch, qs.seq, e],
+                got: vec![out.len()],
+            });
+        }
+        let attn = sized(&mut ws.attn, qs.numel());
+        let lse = sized(&mut ws.lse, qs.lse_len());
         {
-            let [q, k, v] = self.views(&projected, qs, kvs)?;
-            let mut out = TensorViewMut::contiguous(TensorName::Output, &mut attn, qs)?;
-            self.backend.forward(&self.dilated, q, k, v, &mut out, &mut lse)?;
+            let projected =
+                if fused { ProjectedRef::Fused(&ws.qkv) } else { ProjectedRef::Split { q: &ws.qkv, kv: &ws.kv } };
+            let [q, k, v] = self.views(projected, qs, kvs)?;
+            let mut attn_view = TensorViewMut::contiguous(TensorName::Output, attn, qs)?;
+            self.backend.forward(&self.dilated, q, k, v, &mut attn_view, lse)?;
         }
         let rows_at = self.mask_rows(mode, qs.batch, qs.seq)?;
-        let mask = dropout_mask(mode, self.config.dropout, ATTN_DROPOUT_SITE, &rows_at, self.config.embed_dim);
-        let (pre_out, norm_stats) = match &self.weights.norm {
+        let mask = dropout_mask(mode, self.config.dropout, ATTN_DROPOUT_SITE, &rows_at, e);
+        let norm_stats = match &self.weights.norm {
             Some(norm) => {
-                let (y, st) = norm.forward(&apply_mask(&attn, mask.as_deref()))?;
-                (y, Some(st))
+                let src = apply_mask(&ws.attn, mask.as_deref());
+                Some(norm.forward_into(&src, sized(&mut ws.pre_out, qs.numel()))?)
             }
-            None => (apply_mask(&attn, mask.as_deref()).into_owned(), None),
+            None => {
+                if let Some(m) = &mask {
+                    let dst = sized(&mut ws.pre_out, qs.numel());
+                    dst.iter_mut().zip(&ws.attn).zip(m).for_each(|((d, &a), &k)| *d = a * k);
+                }
+                None
+            }
         };
-        let y = self.weights.out_proj.forward(&pre_out, rows)?;
-        let cache =
-            MultiheadCache { q_shape: qs, kv_shape: kvs, inputs, projected, attn, lse, mask, norm_stats, pre_out };
-        Ok((y, cache))
+        let pre_out_used = norm_stats.is_some() || mask.is_some();
+        let pre_out = if pre_out_used { &ws.pre_out } else { &ws.attn };
+        self.weights.out_proj.forward_into(pre_out, rows, out)?;
+        Ok(Kept { mask, norm_stats, pre_out_used })
     }
 
     /// Gradients of `sum(out * grad_out)`: accumulates every weight gradient into
@@ -278,14 +368,12 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let rows = qs.batch * qs.seq;
         let kv_rows = kvs.batch * kvs.seq;
         check_input("grad_out", grad_out, qs.batch, qs.seq, e)?;
-        if matches!(cache.inputs, Inputs::NotKept) {
-            return Err(AttnError::InvalidArgument("backward needs a cache from `forward_train`".into()));
-        }
         if grads.embed_dim != e || grads.norm.is_some() != self.weights.norm.is_some() {
             return Err(AttnError::InvalidArgument("gradient accumulator does not match the layer".into()));
         }
         // Output projection, sub-LN, dropout.
-        let d_pre = self.weights.out_proj.backward(&cache.pre_out, rows, grad_out, &mut grads.out_proj)?;
+        let pre_out = cache.pre_out.as_deref().unwrap_or(&cache.attn);
+        let d_pre = self.weights.out_proj.backward(pre_out, rows, grad_out, &mut grads.out_proj)?;
         let mut d_attn = match (&self.weights.norm, &cache.norm_stats, &mut grads.norm) {
             (Some(norm), Some(st), Some(gn)) => {
                 norm.backward(&apply_mask(&cache.attn, cache.mask.as_deref()), st, &d_pre, gn)?
@@ -300,7 +388,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let mut dk = vec![F::zero(); kvs.numel()];
         let mut dv = vec![F::zero(); kvs.numel()];
         {
-            let [q, k, v] = self.views(&cache.projected, qs, kvs)?;
+            let [q, k, v] = self.views(cache.projected.as_ref(), qs, kvs)?;
             let out = TensorView::contiguous(TensorName::Output, &cache.attn, qs)?;
             let go = TensorView::contiguous(TensorName::GradOutput, &d_attn, qs)?;
             let mut dqv = TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, qs)?;
@@ -330,9 +418,6 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         };
         let grads_out = [(&dq, rows), (&dk, kv_rows), (&dv, kv_rows)];
         let inputs: [&[F]; 3] = match &cache.inputs {
-            Inputs::NotKept => {
-                return Err(AttnError::InvalidArgument("backward needs a cache from `forward_train`".into()));
-            }
             Inputs::SelfAttn(x) => [x, x, x],
             Inputs::Cross { query, key, value } => [query, key, value],
         };
@@ -348,7 +433,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
                 }
                 Ok(InputGrads { query: dx, key: None, value: None })
             }
-            Inputs::NotKept | Inputs::Cross { .. } => {
+            Inputs::Cross { .. } => {
                 let mut out = [vec![F::zero(); rows * e], vec![F::zero(); kv_rows * e], vec![F::zero(); kv_rows * e]];
                 for (i, ((dy, r), dx)) in grads_out.iter().zip(out.iter_mut()).enumerate() {
                     linear_backward_input(dy, e, *r, wpart(i), e, e, dx, false)?;

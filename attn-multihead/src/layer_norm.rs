@@ -65,9 +65,22 @@ impl<F: LayerFloat> LayerNorm<F> {
 
     /// Normalise every row of `x` (`[rows, dim]`); returns the output and the statistics.
     pub fn forward(&self, x: &[F]) -> Result<(Vec<F>, NormStats<F>)> {
-        let rows = self.check(x.len())?;
-        let d = self.dim;
         let mut y = vec![F::zero(); x.len()];
+        let stats = self.forward_into(x, &mut y)?;
+        Ok((y, stats))
+    }
+
+    /// Normalise every row of `x` into `y` (same length); returns the statistics.
+    pub fn forward_into(&self, x: &[F], y: &mut [F]) -> Result<NormStats<F>> {
+        let rows = self.check(x.len())?;
+        if y.len() != x.len() {
+            return Err(AttnError::InvalidArgument(format!(
+                "layer norm output: buffer of {} elements for an input of {}",
+                y.len(),
+                x.len()
+            )));
+        }
+        let d = self.dim;
         let mut mean = vec![F::zero(); rows];
         let mut rstd = vec![F::zero(); rows];
         let eps = F::of(self.eps);
@@ -87,7 +100,7 @@ impl<F: LayerFloat> LayerNorm<F> {
                     *rs = r;
                 }
             });
-        Ok((y, NormStats { mean, rstd }))
+        Ok(NormStats { mean, rstd })
     }
 
     /// Gradient of the input; accumulates the weight and bias gradients into `grads`.

@@ -24,6 +24,7 @@ mod sparse_projection;
 pub mod token_order;
 pub mod weights;
 pub mod weights_io;
+pub mod workspace;
 
 pub use backend::{AttentionBackend, ReferenceBackend};
 pub use config::MultiheadConfig;
@@ -43,3 +44,4 @@ pub use weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 pub use weights_io::{
     ExtraTensors, F32Tensors, TensorSource, load_bytes, load_file, load_params, save_bytes, save_file,
 };
+pub use workspace::MultiheadWorkspace;

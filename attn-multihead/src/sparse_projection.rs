@@ -13,7 +13,7 @@ use attn_core::{DilatedConfig, HeadGroups, Mixing, Result, SegmentPattern};
 
 use crate::float::LayerFloat;
 use crate::matmul::{Mat, matmul};
-use crate::projection::linear_forward;
+use crate::projection::{biased_product, linear_forward};
 
 /// Rows `start, start + step, ...` (`count` of them) of one sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,14 +75,8 @@ pub(crate) fn project_qkv<F: LayerFloat>(
                     // Output columns (and weight rows) of this group's heads in q, k or v.
                     let c0 = part * e + hs.start * head_dim;
                     let dst = &mut qkv[row0 * 3 * e + c0..];
-                    let dst_rs = run.step * 3 * e;
-                    if let Some(bias) = bias {
-                        for i in 0..run.count {
-                            dst[i * dst_rs..i * dst_rs + cols].copy_from_slice(&bias[c0..c0 + cols]);
-                        }
-                    }
                     let rhs = Mat::transposed(&weight[c0 * e..], cols, e, e);
-                    matmul(dst, dst_rs, bias.is_some(), lhs, rhs)?;
+                    biased_product(dst, run.step * 3 * e, lhs, rhs, bias.map(|b| &b[c0..c0 + cols]))?;
                 }
             }
         }
