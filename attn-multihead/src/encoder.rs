@@ -13,6 +13,7 @@ use crate::layer::{MultiheadCache, MultiheadDilatedAttention};
 use crate::layer_norm::{LayerNorm, NormStats};
 use crate::projection::Linear;
 use crate::weights::{MultiheadWeights, NamedParams, Param, ParamMut};
+use crate::workspace::MultiheadWorkspace;
 
 /// Dropout sites of an encoder layer (the attention output inside the layer is site 1).
 const SITE_ATTN_RESIDUAL: u64 = 2;
@@ -176,8 +177,22 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
 
     /// Forward over `x: [batch, seq, d_model]` (nothing kept for backward).
     pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
+        self.forward_with(x, batch, seq, mode, &mut MultiheadWorkspace::new())
+    }
+
+    /// [`LongNetEncoderLayer::forward`] with the attention's intermediate buffers in
+    /// `ws`, which can serve every layer of a stack and every call.
+    pub fn forward_with(
+        &self,
+        x: &[F],
+        batch: usize,
+        seq: usize,
+        mode: Mode,
+        ws: &mut MultiheadWorkspace<F>,
+    ) -> Result<Vec<F>> {
         let h1 = self.norm1.forward(x)?.0;
-        let a = self.self_attn.forward(&h1, batch, seq, mode)?;
+        let mut a = vec![F::zero(); x.len()];
+        self.self_attn.forward_with(&h1, batch, seq, mode, ws, &mut a)?;
         drop(h1);
         let rows = self.self_attn.mask_rows(mode, batch, seq)?;
         let mask = dropout_mask(mode, self.config.dropout, SITE_ATTN_RESIDUAL, &rows, self.config.d_model);
@@ -356,9 +371,22 @@ impl<F: LayerFloat> LongNetEncoder<F> {
 
     /// Forward through every layer (nothing kept).
     pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
+        self.forward_with(x, batch, seq, mode, &mut MultiheadWorkspace::new())
+    }
+
+    /// [`LongNetEncoder::forward`] with one attention workspace for every layer (and
+    /// for later calls with the same shapes).
+    pub fn forward_with(
+        &self,
+        x: &[F],
+        batch: usize,
+        seq: usize,
+        mode: Mode,
+        ws: &mut MultiheadWorkspace<F>,
+    ) -> Result<Vec<F>> {
         let mut h = x.to_vec();
         for (i, l) in self.layers.iter().enumerate() {
-            h = l.forward(&h, batch, seq, layer_mode(mode, i))?;
+            h = l.forward_with(&h, batch, seq, layer_mode(mode, i), ws)?;
         }
         Ok(h)
     }
@@ -397,13 +425,14 @@ impl<F: LayerFloat> LongNetEncoder<F> {
             }
         }
         let mut y = vec![F::zero(); x.len()];
+        let mut ws = MultiheadWorkspace::new();
         let mut done = 0;
         for b in 0..batch {
             let mut start = 0;
             while start < seq {
                 let len = window.min(seq - start);
                 let rows = (b * seq + start) * e..(b * seq + start + len) * e;
-                let out = self.forward(&x[rows.clone()], 1, len, Mode::Eval)?;
+                let out = self.forward_with(&x[rows.clone()], 1, len, Mode::Eval, &mut ws)?;
                 y[rows].copy_from_slice(&out);
                 start += len;
                 done += len;
