@@ -31,8 +31,12 @@ fn selected_runs(p: &SegmentPattern, seq: usize) -> Vec<RowRun> {
         return vec![RowRun { start: 0, step: 1, count: seq }];
     }
     if p.w.is_multiple_of(p.r) {
-        let count = if p.off < seq { (seq - p.off).div_ceil(p.r) } else { 0 };
-        return vec![RowRun { start: p.off, step: p.r, count }];
+        // No run at all when the offset lies past a short sequence (a run with no rows
+        // would still start past the buffers' ends).
+        return match seq.checked_sub(p.off) {
+            Some(rest) if rest > 0 => vec![RowRun { start: p.off, step: p.r, count: rest.div_ceil(p.r) }],
+            _ => Vec::new(),
+        };
     }
     (0..p.num_segments(seq))
         .map(|s| RowRun { start: p.segment_bounds(s, seq).start + p.off, step: p.r, count: p.count_in_segment(s, seq) })
@@ -164,34 +168,38 @@ mod tests {
     /// and LongNet mixing (dense) too.
     #[test]
     fn selected_rows_equal_the_dense_projection_and_the_rest_are_zero() {
-        let (heads, hd, batch, seq) = (5usize, 3usize, 2usize, 23usize);
-        let e = heads * hd;
-        let x: Vec<f64> = (0..batch * seq * e).map(|i| ((i * 37 % 101) as f64 - 50.0) / 17.0).collect();
-        let weight: Vec<f64> = (0..3 * e * e).map(|i| ((i * 53 % 97) as f64 - 48.0) / 41.0).collect();
-        let bias: Vec<f64> = (0..3 * e).map(|i| i as f64 / 7.0 - 1.0).collect();
-        for (segments, rates, mixing) in [
-            (vec![6, 9, 12], vec![1, 2, 4], Mixing::HeadGroups),
-            (vec![8, 16], vec![2, 4], Mixing::HeadGroups),
-            (vec![5, 10], vec![1, 3], Mixing::LongNet),
-        ] {
-            let cfg = DilatedConfig::builder().segments(&segments).dilations(&rates).mixing(mixing).build().unwrap();
-            for b in [None, Some(&bias[..])] {
-                let mut dense = vec![0.0; batch * seq * 3 * e];
-                linear_forward(&x, batch * seq, e, &weight, b, 3 * e, &mut dense, 3 * e).unwrap();
-                let mut sparse = vec![0.0; batch * seq * 3 * e];
-                project_qkv(&cfg, heads, hd, &x, batch, seq, &weight, b, &mut sparse).unwrap();
-                for bi in 0..batch {
-                    for p in 0..seq {
-                        for h in 0..heads {
-                            let pats = cfg.head_patterns(heads, h).patterns;
-                            let used = mixing == Mixing::LongNet || pats.iter().any(|(_, pat)| pat.is_selected(p));
-                            for part in 0..3 {
-                                for j in 0..hd {
-                                    let at = (bi * seq + p) * 3 * e + part * e + h * hd + j;
-                                    if used {
-                                        assert!((sparse[at] - dense[at]).abs() <= 1e-9 * dense[at].abs().max(1.0));
-                                    } else {
-                                        assert_eq!(sparse[at], 0.0, "row {p} head {h} not selected");
+        let (heads, hd, batch) = (5usize, 3usize, 2usize);
+        // 1, 2, 3: sequences shorter than some group offsets (no rows selected there).
+        for seq in [23usize, 1, 2, 3] {
+            let e = heads * hd;
+            let x: Vec<f64> = (0..batch * seq * e).map(|i| ((i * 37 % 101) as f64 - 50.0) / 17.0).collect();
+            let weight: Vec<f64> = (0..3 * e * e).map(|i| ((i * 53 % 97) as f64 - 48.0) / 41.0).collect();
+            let bias: Vec<f64> = (0..3 * e).map(|i| i as f64 / 7.0 - 1.0).collect();
+            for (segments, rates, mixing) in [
+                (vec![6, 9, 12], vec![1, 2, 4], Mixing::HeadGroups),
+                (vec![8, 16], vec![2, 4], Mixing::HeadGroups),
+                (vec![5, 10], vec![1, 3], Mixing::LongNet),
+            ] {
+                let cfg =
+                    DilatedConfig::builder().segments(&segments).dilations(&rates).mixing(mixing).build().unwrap();
+                for b in [None, Some(&bias[..])] {
+                    let mut dense = vec![0.0; batch * seq * 3 * e];
+                    linear_forward(&x, batch * seq, e, &weight, b, 3 * e, &mut dense, 3 * e).unwrap();
+                    let mut sparse = vec![0.0; batch * seq * 3 * e];
+                    project_qkv(&cfg, heads, hd, &x, batch, seq, &weight, b, &mut sparse).unwrap();
+                    for bi in 0..batch {
+                        for p in 0..seq {
+                            for h in 0..heads {
+                                let pats = cfg.head_patterns(heads, h).patterns;
+                                let used = mixing == Mixing::LongNet || pats.iter().any(|(_, pat)| pat.is_selected(p));
+                                for part in 0..3 {
+                                    for j in 0..hd {
+                                        let at = (bi * seq + p) * 3 * e + part * e + h * hd + j;
+                                        if used {
+                                            assert!((sparse[at] - dense[at]).abs() <= 1e-9 * dense[at].abs().max(1.0));
+                                        } else {
+                                            assert_eq!(sparse[at], 0.0, "row {p} head {h} not selected");
+                                        }
                                     }
                                 }
                             }
@@ -208,50 +216,56 @@ mod tests {
     #[test]
     fn sparse_backward_equals_the_dense_products() {
         use crate::projection::{linear_backward_input, linear_backward_params};
-        let (heads, hd, batch, seq) = (5usize, 3usize, 2usize, 23usize);
-        let e = heads * hd;
-        let x: Vec<f64> = (0..batch * seq * e).map(|i| ((i * 37 % 101) as f64 - 50.0) / 17.0).collect();
-        let weight: Vec<f64> = (0..3 * e * e).map(|i| ((i * 53 % 97) as f64 - 48.0) / 41.0).collect();
-        for (segments, rates) in [(vec![6, 9, 12], vec![1, 2, 4]), (vec![8, 16], vec![2, 4])] {
-            let cfg = DilatedConfig::builder().segments(&segments).dilations(&rates).build().unwrap();
-            // dq, dk, dv: arbitrary on selected rows, zero elsewhere.
-            let grads: Vec<Vec<f64>> = (0..3)
-                .map(|part| {
-                    (0..batch * seq * e)
-                        .map(|i| {
-                            let (p, h) = ((i / e) % seq, (i % e) / hd);
-                            let sel = cfg.head_patterns(heads, h).patterns.iter().any(|(_, pat)| pat.is_selected(p));
-                            if sel { ((i * 31 + part * 7) % 89) as f64 / 13.0 - 3.0 } else { 0.0 }
-                        })
-                        .collect()
-                })
-                .collect();
-            let (mut dw_dense, mut db_dense, mut dx_dense) =
-                (vec![0.5; 3 * e * e], vec![0.25; 3 * e], vec![0.0; batch * seq * e]);
-            for part in 0..3 {
-                let (dw, db) =
-                    (&mut dw_dense[part * e * e..(part + 1) * e * e], &mut db_dense[part * e..(part + 1) * e]);
-                linear_backward_params(&grads[part], e, batch * seq, &x, e, e, dw, Some(db)).unwrap();
-                let wpart = &weight[part * e * e..(part + 1) * e * e];
-                linear_backward_input(&grads[part], e, batch * seq, wpart, e, e, &mut dx_dense, part > 0).unwrap();
-            }
-            let (mut dw, mut db, mut dx) = (vec![0.5; 3 * e * e], vec![0.25; 3 * e], vec![0.0; batch * seq * e]);
-            let g3 = [&grads[0][..], &grads[1][..], &grads[2][..]];
-            let done =
-                project_qkv_backward(&cfg, heads, hd, &x, batch, seq, &weight, g3, &mut dw, Some(&mut db), &mut dx);
-            assert!(done.unwrap());
-            for (got, want) in [(&dw, &dw_dense), (&db, &db_dense), (&dx, &dx_dense)] {
-                for (a, b) in got.iter().zip(want.iter()) {
-                    assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} vs {b}");
+        let (heads, hd, batch) = (5usize, 3usize, 2usize);
+        // 1, 2, 3: sequences shorter than some group offsets (no rows selected there).
+        for seq in [23usize, 1, 2, 3] {
+            let e = heads * hd;
+            let x: Vec<f64> = (0..batch * seq * e).map(|i| ((i * 37 % 101) as f64 - 50.0) / 17.0).collect();
+            let weight: Vec<f64> = (0..3 * e * e).map(|i| ((i * 53 % 97) as f64 - 48.0) / 41.0).collect();
+            for (segments, rates) in [(vec![6, 9, 12], vec![1, 2, 4]), (vec![8, 16], vec![2, 4])] {
+                let cfg = DilatedConfig::builder().segments(&segments).dilations(&rates).build().unwrap();
+                // dq, dk, dv: arbitrary on selected rows, zero elsewhere.
+                let grads: Vec<Vec<f64>> = (0..3)
+                    .map(|part| {
+                        (0..batch * seq * e)
+                            .map(|i| {
+                                let (p, h) = ((i / e) % seq, (i % e) / hd);
+                                let sel =
+                                    cfg.head_patterns(heads, h).patterns.iter().any(|(_, pat)| pat.is_selected(p));
+                                if sel { ((i * 31 + part * 7) % 89) as f64 / 13.0 - 3.0 } else { 0.0 }
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let (mut dw_dense, mut db_dense, mut dx_dense) =
+                    (vec![0.5; 3 * e * e], vec![0.25; 3 * e], vec![0.0; batch * seq * e]);
+                for part in 0..3 {
+                    let (dw, db) =
+                        (&mut dw_dense[part * e * e..(part + 1) * e * e], &mut db_dense[part * e..(part + 1) * e]);
+                    linear_backward_params(&grads[part], e, batch * seq, &x, e, e, dw, Some(db)).unwrap();
+                    let wpart = &weight[part * e * e..(part + 1) * e * e];
+                    linear_backward_input(&grads[part], e, batch * seq, wpart, e, e, &mut dx_dense, part > 0).unwrap();
+                }
+                let (mut dw, mut db, mut dx) = (vec![0.5; 3 * e * e], vec![0.25; 3 * e], vec![0.0; batch * seq * e]);
+                let g3 = [&grads[0][..], &grads[1][..], &grads[2][..]];
+                let done =
+                    project_qkv_backward(&cfg, heads, hd, &x, batch, seq, &weight, g3, &mut dw, Some(&mut db), &mut dx);
+                assert!(done.unwrap());
+                for (got, want) in [(&dw, &dw_dense), (&db, &db_dense), (&dx, &dx_dense)] {
+                    for (a, b) in got.iter().zip(want.iter()) {
+                        assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} vs {b}");
+                    }
                 }
             }
+            let longnet =
+                DilatedConfig::builder().segments(&[4]).dilations(&[2]).mixing(Mixing::LongNet).build().unwrap();
+            let (mut dw, mut dx) = (vec![0.0; 3 * e * e], vec![0.0; batch * seq * e]);
+            let zeros = vec![0.0; batch * seq * e];
+            let g3 = [&zeros[..], &zeros[..], &zeros[..]];
+            assert!(
+                !project_qkv_backward(&longnet, heads, hd, &x, batch, seq, &weight, g3, &mut dw, None, &mut dx)
+                    .unwrap()
+            );
         }
-        let longnet = DilatedConfig::builder().segments(&[4]).dilations(&[2]).mixing(Mixing::LongNet).build().unwrap();
-        let (mut dw, mut dx) = (vec![0.0; 3 * e * e], vec![0.0; batch * seq * e]);
-        let zeros = vec![0.0; batch * seq * e];
-        let g3 = [&zeros[..], &zeros[..], &zeros[..]];
-        assert!(
-            !project_qkv_backward(&longnet, heads, hd, &x, batch, seq, &weight, g3, &mut dw, None, &mut dx).unwrap()
-        );
     }
 }
