@@ -10,14 +10,15 @@ mod imp {
 
     use crate::portable::EXP2_POLY;
 
-    /// `C[R x 16] (=|+=) A[R x k] * B[k x 16]` with all of C kept in registers.
+    /// `C[R x 16] (=|+=) A[R x k] * B[k x 16]` with all of C kept in registers; A
+    /// row-major (`A[r, kk]` at `a[r*lda + kk]`), or column-major (`a[kk*lda + r]`) with `TN`.
     ///
     /// # Safety
-    /// The CPU supports avx2 and fma; `a` is valid for reads at `r*lda + kk` (r < R,
+    /// The CPU supports avx2 and fma; `a` is valid for reads at every `A[r, kk]` (r < R,
     /// kk < k), `b` at `kk*ldb + j` (j < 16), `c` for reads and writes at `r*ldc + j`.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn micro<const R: usize>(
+    unsafe fn micro<const R: usize, const TN: bool>(
         k: usize,
         a: *const f32,
         lda: usize,
@@ -36,25 +37,28 @@ mod imp {
                 }
             }
         }
-        // Row pointers of A, advanced one element per step of k.
+        // Strides of A between rows and between steps of k.
+        let (rs, ks) = if TN { (1, lda) } else { (lda, 1) };
+        // Row pointers of A, advanced one step of k at a time.
         // SAFETY: in bounds by the function contract (r < R).
-        let mut ap: [*const f32; R] = std::array::from_fn(|r| unsafe { a.add(r * lda) });
+        let mut ap: [*const f32; R] = std::array::from_fn(|r| unsafe { a.add(r * rs) });
         let mut bp = b;
         // Four steps of k per iteration: the row pointers advance once per four
-        // broadcasts (constant displacements), so the loop issues few integer ops.
+        // broadcasts (constant displacements when row-major), so the loop issues few
+        // integer ops.
         for _ in 0..k / 4 {
             for u in 0..4 {
                 // SAFETY: `bp + u*ldb` points at row kk + u < k of B (16 readable elements).
                 let (b0, b1) = unsafe { (_mm256_loadu_ps(bp.add(u * ldb)), _mm256_loadu_ps(bp.add(u * ldb + 8))) };
                 for (row, p) in cr.iter_mut().zip(ap.iter()) {
-                    // SAFETY: `p + u` points at A[r, kk + u], kk + u < k.
-                    let av = _mm256_broadcast_ss(unsafe { &*p.add(u) });
+                    // SAFETY: `p + u*ks` points at A[r, kk + u], kk + u < k.
+                    let av = _mm256_broadcast_ss(unsafe { &*p.add(u * ks) });
                     row[0] = _mm256_fmadd_ps(av, b0, row[0]);
                     row[1] = _mm256_fmadd_ps(av, b1, row[1]);
                 }
             }
-            // At most one past A[r, k - 1] / one row past B's last row; read only while kk < k.
-            ap.iter_mut().for_each(|p| *p = p.wrapping_add(4));
+            // At most one step past A[r, k - 1] / one row past B's last row; read only while kk < k.
+            ap.iter_mut().for_each(|p| *p = p.wrapping_add(4 * ks));
             bp = bp.wrapping_add(4 * ldb);
         }
         for _ in 0..k % 4 {
@@ -65,59 +69,10 @@ mod imp {
                 let av = _mm256_broadcast_ss(unsafe { &**p });
                 row[0] = _mm256_fmadd_ps(av, b0, row[0]);
                 row[1] = _mm256_fmadd_ps(av, b1, row[1]);
-                // One past A[r, kk] at most; read only while kk < k.
-                *p = p.wrapping_add(1);
+                // One step past A[r, kk] at most; read only while kk < k.
+                *p = p.wrapping_add(ks);
             }
             // At most one row past the last row of B, never read.
-            bp = bp.wrapping_add(ldb);
-        }
-        for (r, row) in cr.iter().enumerate() {
-            for (v, x) in row.iter().enumerate() {
-                // SAFETY: in bounds by the function contract.
-                unsafe { _mm256_storeu_ps(c.add(r * ldc + 8 * v), *x) };
-            }
-        }
-    }
-
-    /// `C[R x 16] (=|+=) A[R x k] * B[k x 16]` with A column-major (`A[r, kk]` at
-    /// `a[kk*lda + r]`): the R broadcasts of a step are contiguous.
-    ///
-    /// # Safety
-    /// The CPU supports avx2 and fma; `a` is valid for reads at `kk*lda + r` (r < R,
-    /// kk < k), `b` at `kk*ldb + j` (j < 16), `c` for reads and writes at `r*ldc + j`.
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn micro_tn<const R: usize>(
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        acc: bool,
-    ) {
-        let mut cr = [[_mm256_setzero_ps(); 2]; R];
-        if acc {
-            for (r, row) in cr.iter_mut().enumerate() {
-                for (v, x) in row.iter_mut().enumerate() {
-                    // SAFETY: in bounds by the function contract.
-                    *x = unsafe { _mm256_loadu_ps(c.add(r * ldc + 8 * v)) };
-                }
-            }
-        }
-        let (mut ap, mut bp) = (a, b);
-        for _ in 0..k {
-            // SAFETY: `bp` points at row kk < k of B (16 readable elements).
-            let (b0, b1) = unsafe { (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8))) };
-            for (r, row) in cr.iter_mut().enumerate() {
-                // SAFETY: `ap + r` is A[r, kk] (kk < k, r < R).
-                let av = _mm256_broadcast_ss(unsafe { &*ap.add(r) });
-                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
-                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
-            }
-            // At most one column / one row past the last, never read.
-            ap = ap.wrapping_add(lda);
             bp = bp.wrapping_add(ldb);
         }
         for (r, row) in cr.iter().enumerate() {
@@ -160,19 +115,13 @@ mod imp {
                 let (ap, bp, cp) = unsafe { (a.add(a_off), b.add(j0), c.add(r0 * ldc + j0)) };
                 // SAFETY: forwarded contract of `gemm` for this 6 x 16 (or smaller) block.
                 unsafe {
-                    match (TN, rows) {
-                        (false, 1) => micro::<1>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        (false, 2) => micro::<2>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        (false, 3) => micro::<3>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        (false, 4) => micro::<4>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        (false, 5) => micro::<5>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        (false, _) => micro::<6>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        (true, 1) => micro_tn::<1>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        (true, 2) => micro_tn::<2>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        (true, 3) => micro_tn::<3>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        (true, 4) => micro_tn::<4>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        (true, 5) => micro_tn::<5>(k, ap, lda, bp, ldb, cp, ldc, acc),
-                        (true, _) => micro_tn::<6>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                    match rows {
+                        1 => micro::<1, TN>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        2 => micro::<2, TN>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        3 => micro::<3, TN>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        4 => micro::<4, TN>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        5 => micro::<5, TN>(k, ap, lda, bp, ldb, cp, ldc, acc),
+                        _ => micro::<6, TN>(k, ap, lda, bp, ldb, cp, ldc, acc),
                     }
                 }
                 r0 += rows;

@@ -9,14 +9,15 @@ mod imp {
 
     use crate::portable::EXP2_POLY;
 
-    /// `C[R x 16V] (=|+=) A[R x k] * B[k x 16V]` with all of C kept in registers.
+    /// `C[R x 16V] (=|+=) A[R x k] * B[k x 16V]` with all of C kept in registers; A
+    /// row-major (`A[r, kk]` at `a[r*lda + kk]`), or column-major (`a[kk*lda + r]`) with `TN`.
     ///
     /// # Safety
-    /// The CPU supports avx512f; `a` is valid for reads at `r*lda + kk` (r < R, kk < k),
-    /// `b` at `kk*ldb + j` (j < 16V), `c` valid for reads and writes at `r*ldc + j`.
+    /// The CPU supports avx512f; `a` is valid for reads at every `A[r, kk]` (r < R,
+    /// kk < k), `b` at `kk*ldb + j` (j < 16V), `c` valid for reads and writes at `r*ldc + j`.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn micro<const R: usize, const V: usize>(
+    unsafe fn micro<const R: usize, const V: usize, const TN: bool>(
         k: usize,
         a: *const f32,
         lda: usize,
@@ -35,11 +36,13 @@ mod imp {
                 }
             }
         }
-        // Row pointers of A, advanced four elements per iteration: the broadcasts use
-        // constant displacements, so the loop issues few integer ops (which would
-        // compete with the FMAs for ports 0 and 5).
+        // Strides of A between rows and between steps of k.
+        let (rs, ks) = if TN { (1, lda) } else { (lda, 1) };
+        // Row pointers of A, advanced four steps of k per iteration: row-major, the
+        // broadcasts use constant displacements, so the loop issues few integer ops
+        // (which would compete with the FMAs for ports 0 and 5).
         // SAFETY: in bounds by the function contract (r < R).
-        let mut ap: [*const f32; R] = std::array::from_fn(|r| unsafe { a.add(r * lda) });
+        let mut ap: [*const f32; R] = std::array::from_fn(|r| unsafe { a.add(r * rs) });
         let mut bp = b;
         for _ in 0..k / 4 {
             for u in 0..4 {
@@ -49,15 +52,15 @@ mod imp {
                     *x = unsafe { _mm512_loadu_ps(bp.add(u * ldb + 16 * v)) };
                 }
                 for (row, p) in cr.iter_mut().zip(ap.iter()) {
-                    // SAFETY: `p + u` points at A[r, kk + u], kk + u < k.
-                    let av = _mm512_set1_ps(unsafe { *p.add(u) });
+                    // SAFETY: `p + u*ks` points at A[r, kk + u], kk + u < k.
+                    let av = _mm512_set1_ps(unsafe { *p.add(u * ks) });
                     for (x, bx) in row.iter_mut().zip(&bv) {
                         *x = _mm512_fmadd_ps(av, *bx, *x);
                     }
                 }
             }
-            // At most one past A[r, k - 1] / one row past B's last row; read only while kk < k.
-            ap.iter_mut().for_each(|p| *p = p.wrapping_add(4));
+            // At most one step past A[r, k - 1] / one row past B's last row; read only while kk < k.
+            ap.iter_mut().for_each(|p| *p = p.wrapping_add(4 * ks));
             bp = bp.wrapping_add(4 * ldb);
         }
         for _ in 0..k % 4 {
@@ -72,8 +75,8 @@ mod imp {
                 for (x, bx) in row.iter_mut().zip(&bv) {
                     *x = _mm512_fmadd_ps(av, *bx, *x);
                 }
-                // One past A[r, kk] at most; read only while kk < k.
-                *p = p.wrapping_add(1);
+                // One step past A[r, kk] at most; read only while kk < k.
+                *p = p.wrapping_add(ks);
             }
             // At most one row past the last row of B, never read.
             bp = bp.wrapping_add(ldb);
@@ -87,16 +90,16 @@ mod imp {
     }
 
     macro_rules! rows_dispatch {
-        ($micro:ident, $rows:expr, $v:literal, $($args:expr),*) => {
+        ($tn:ident, $rows:expr, $v:literal, $($args:expr),*) => {
             // SAFETY: forwarded contract of `gemm` for this block of at most 6 rows.
             unsafe {
                 match $rows {
-                    1 => $micro::<1, $v>($($args),*),
-                    2 => $micro::<2, $v>($($args),*),
-                    3 => $micro::<3, $v>($($args),*),
-                    4 => $micro::<4, $v>($($args),*),
-                    5 => $micro::<5, $v>($($args),*),
-                    _ => $micro::<6, $v>($($args),*),
+                    1 => micro::<1, $v, $tn>($($args),*),
+                    2 => micro::<2, $v, $tn>($($args),*),
+                    3 => micro::<3, $v, $tn>($($args),*),
+                    4 => micro::<4, $v, $tn>($($args),*),
+                    5 => micro::<5, $v, $tn>($($args),*),
+                    _ => micro::<6, $v, $tn>($($args),*),
                 }
             }
         };
@@ -134,72 +137,15 @@ mod imp {
                 let a_off = if TN { r0 } else { r0 * lda };
                 // SAFETY: offsets stay inside the caller's bounds (r0 + rows <= m, j0 + cols <= n).
                 let (ap, bp, cp) = unsafe { (a.add(a_off), b.add(j0), c.add(r0 * ldc + j0)) };
-                match (TN, cols / 16) {
-                    (false, 1) => rows_dispatch!(micro, rows, 1, k, ap, lda, bp, ldb, cp, ldc, acc),
-                    (false, 2) => rows_dispatch!(micro, rows, 2, k, ap, lda, bp, ldb, cp, ldc, acc),
-                    (false, 3) => rows_dispatch!(micro, rows, 3, k, ap, lda, bp, ldb, cp, ldc, acc),
-                    (false, _) => rows_dispatch!(micro, rows, 4, k, ap, lda, bp, ldb, cp, ldc, acc),
-                    (true, 1) => rows_dispatch!(micro_tn, rows, 1, k, ap, lda, bp, ldb, cp, ldc, acc),
-                    (true, 2) => rows_dispatch!(micro_tn, rows, 2, k, ap, lda, bp, ldb, cp, ldc, acc),
-                    (true, 3) => rows_dispatch!(micro_tn, rows, 3, k, ap, lda, bp, ldb, cp, ldc, acc),
-                    (true, _) => rows_dispatch!(micro_tn, rows, 4, k, ap, lda, bp, ldb, cp, ldc, acc),
+                match cols / 16 {
+                    1 => rows_dispatch!(TN, rows, 1, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    2 => rows_dispatch!(TN, rows, 2, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    3 => rows_dispatch!(TN, rows, 3, k, ap, lda, bp, ldb, cp, ldc, acc),
+                    _ => rows_dispatch!(TN, rows, 4, k, ap, lda, bp, ldb, cp, ldc, acc),
                 }
                 r0 += rows;
             }
             j0 += cols;
-        }
-    }
-
-    /// `C[R x 16V] (=|+=) A[R x k] * B[k x 16V]` with A stored column-major
-    /// (`A[r, kk]` at `a[kk*lda + r]`), all of C kept in registers.
-    ///
-    /// # Safety
-    /// The CPU supports avx512f; `a` is valid for reads at `kk*lda + r` (r < R, kk < k),
-    /// `b` at `kk*ldb + j` (j < 16V), `c` valid for reads and writes at `r*ldc + j`.
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn micro_tn<const R: usize, const V: usize>(
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        acc: bool,
-    ) {
-        let mut cr = [[_mm512_setzero_ps(); V]; R];
-        if acc {
-            for (r, row) in cr.iter_mut().enumerate() {
-                for (v, x) in row.iter_mut().enumerate() {
-                    // SAFETY: in bounds by the function contract.
-                    *x = unsafe { _mm512_loadu_ps(c.add(r * ldc + 16 * v)) };
-                }
-            }
-        }
-        let (mut ap, mut bp) = (a, b);
-        for _ in 0..k {
-            let mut bv = [_mm512_setzero_ps(); V];
-            for (v, x) in bv.iter_mut().enumerate() {
-                // SAFETY: `bp` points at row kk < k of B (16V readable elements).
-                *x = unsafe { _mm512_loadu_ps(bp.add(16 * v)) };
-            }
-            for (r, row) in cr.iter_mut().enumerate() {
-                // SAFETY: `ap + r` is A[r, kk] (kk < k, r < R).
-                let av = _mm512_set1_ps(unsafe { *ap.add(r) });
-                for (x, bx) in row.iter_mut().zip(&bv) {
-                    *x = _mm512_fmadd_ps(av, *bx, *x);
-                }
-            }
-            // At most one column / one row past the last, never read.
-            ap = ap.wrapping_add(lda);
-            bp = bp.wrapping_add(ldb);
-        }
-        for (r, row) in cr.iter().enumerate() {
-            for (v, x) in row.iter().enumerate() {
-                // SAFETY: in bounds by the function contract.
-                unsafe { _mm512_storeu_ps(c.add(r * ldc + 16 * v), *x) };
-            }
         }
     }
 
