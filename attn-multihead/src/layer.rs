@@ -46,11 +46,16 @@ impl<F> Projected<F> {
 struct Kept<F> {
     mask: Option<Vec<F>>,
     norm_stats: Option<NormStats<F>>,
-    /// Whether the output projection read `ws.pre_out` (else `ws.attn`).
-    pre_out_used: bool,
+    /// `ws.qkv` holds the fused q/k/v (self-attention), else q with kv in `ws.kv`.
+    fused: bool,
 }
 
 impl<F> Kept<F> {
+    /// Whether the output projection read `ws.pre_out` (dropout or sub-LN applied), else `ws.attn`.
+    fn pre_out_used(&self) -> bool {
+        self.mask.is_some() || self.norm_stats.is_some()
+    }
+
     /// The backward's cache, taking the buffers of a workspace made for this pass.
     fn into_cache(
         self,
@@ -58,9 +63,9 @@ impl<F> Kept<F> {
         kv_shape: Shape4,
         inputs: Inputs<F>,
         ws: MultiheadWorkspace<F>,
-        fused: bool,
     ) -> MultiheadCache<F> {
-        let projected = if fused { Projected::Fused(ws.qkv) } else { Projected::Split { q: ws.qkv, kv: ws.kv } };
+        let pre_out = self.pre_out_used().then_some(ws.pre_out);
+        let projected = if self.fused { Projected::Fused(ws.qkv) } else { Projected::Split { q: ws.qkv, kv: ws.kv } };
         MultiheadCache {
             q_shape,
             kv_shape,
@@ -70,7 +75,7 @@ impl<F> Kept<F> {
             lse: ws.lse,
             mask: self.mask,
             norm_stats: self.norm_stats,
-            pre_out: self.pre_out_used.then_some(ws.pre_out),
+            pre_out,
         }
     }
 }
@@ -230,7 +235,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let shape = self.project_self(x, batch, seq, &mut ws)?;
         let mut y = vec![F::zero(); x.len()];
         let kept = self.finish_forward(shape, shape, true, mode, &mut ws, &mut y)?;
-        Ok((y, kept.into_cache(shape, shape, Inputs::SelfAttn(x.to_vec()), ws, true)))
+        Ok((y, kept.into_cache(shape, shape, Inputs::SelfAttn(x.to_vec()), ws)))
     }
 
     /// The fused q/k/v projection of `x` into `ws.qkv`.
@@ -287,7 +292,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let mut y = vec![F::zero(); query.len()];
         let kept = self.finish_forward(qs, kvs, false, mode, &mut ws, &mut y)?;
         let inputs = Inputs::Cross { query: query.to_vec(), key: key.to_vec(), value: value.to_vec() };
-        Ok((y, kept.into_cache(qs, kvs, inputs, ws, false)))
+        Ok((y, kept.into_cache(qs, kvs, inputs, ws)))
     }
 
     fn views<'a>(&self, projected: ProjectedRef<'a, F>, qs: Shape4, kvs: Shape4) -> Result<[TensorView<'a, F>; 3]> {
@@ -349,10 +354,10 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
                 None
             }
         };
-        let pre_out_used = norm_stats.is_some() || mask.is_some();
-        let pre_out = if pre_out_used { &ws.pre_out } else { &ws.attn };
+        let kept = Kept { mask, norm_stats, fused };
+        let pre_out = if kept.pre_out_used() { &ws.pre_out } else { &ws.attn };
         self.weights.out_proj.forward_into(pre_out, rows, out)?;
-        Ok(Kept { mask, norm_stats, pre_out_used })
+        Ok(kept)
     }
 
     /// Gradients of `sum(out * grad_out)`: accumulates every weight gradient into

@@ -51,7 +51,8 @@ fn biased_product_in_blocks<F: LayerFloat>(
     let mut r0 = 0;
     while r0 < lhs.rows {
         let rows = block_rows.max(1).min(lhs.rows - r0);
-        // Offsets below are within the slices: `matmul` checks each block's extent.
+        // A block starting past a buffer's end is an error here (slicing would panic);
+        // `matmul` checks the rest of each block's extent.
         let (lo, yo) = (r0 * lhs.rs, r0 * y_rs);
         if lo >= lhs.data.len() || yo >= y.len() {
             return Err(AttnError::InvalidArgument(format!("linear: row {r0} lies past the end of a buffer")));
@@ -59,7 +60,8 @@ fn biased_product_in_blocks<F: LayerFloat>(
         let block = Mat { data: &lhs.data[lo..], rows, ..lhs };
         let dst = &mut y[yo..];
         matmul(dst, y_rs, false, block, rhs)?;
-        let span = ((rows - 1) * y_rs + n).min(dst.len());
+        // Within `dst`: `matmul` checked this block's extent.
+        let span = (rows - 1) * y_rs + n;
         dst[..span].par_chunks_mut(y_rs.max(1)).for_each(|row| {
             for (o, &b) in row[..n].iter_mut().zip(&bias[..n]) {
                 *o += b;

@@ -55,14 +55,7 @@ pub(crate) fn sized<F: LayerFloat>(buf: &mut Vec<F>, len: usize) -> &mut [F] {
 impl<F: LayerFloat> MultiheadWorkspace<F> {
     /// An empty workspace; the first forward pass sizes it.
     pub fn new() -> Self {
-        MultiheadWorkspace {
-            qkv: Vec::new(),
-            zero_outside: None,
-            kv: Vec::new(),
-            attn: Vec::new(),
-            lse: Vec::new(),
-            pre_out: Vec::new(),
-        }
+        Self::default()
     }
 
     /// Bytes the workspace holds now.
