@@ -319,6 +319,78 @@ mod imp {
     ///
     /// # Safety
     /// The CPU supports avx2 and f16c; `h` is valid for `len` reads, `out` for `len` writes.
+    /// One online-softmax step on a score tile with queries in lanes (the AVX2 form of
+    /// `avx512::imp::softmax_lanes`, 8 lanes per group; same contract).
+    ///
+    /// # Safety
+    /// The CPU supports avx2 and fma; `s` is valid for `rows * lanes` reads and writes
+    /// (`lanes` a multiple of 8), `m` and `l` for `lanes`, `o` for `dp * lanes`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn softmax_lanes(
+        s: *mut f32,
+        rows: usize,
+        lanes: usize,
+        tau: f32,
+        m: *mut f32,
+        l: *mut f32,
+        o: *mut f32,
+        dp: usize,
+    ) {
+        let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+        for g in (0..lanes).step_by(8) {
+            // SAFETY: in this whole block, every offset is `r * lanes + g + 0..8` with r < rows,
+            // `g + 0..8` < lanes, or `e * lanes + g + 0..8` with e < dp.
+            unsafe {
+                let (mut x0, mut x1) = (ninf, ninf);
+                let mut r = 0;
+                while r + 2 <= rows {
+                    x0 = _mm256_max_ps(x0, _mm256_loadu_ps(s.add(r * lanes + g)));
+                    x1 = _mm256_max_ps(x1, _mm256_loadu_ps(s.add((r + 1) * lanes + g)));
+                    r += 2;
+                }
+                if r < rows {
+                    x0 = _mm256_max_ps(x0, _mm256_loadu_ps(s.add(r * lanes + g)));
+                }
+                let tile_max = _mm256_max_ps(x0, x1);
+                let m_old = _mm256_loadu_ps(m.add(g));
+                // Ordered compare: a NaN maximum raises nothing (its weights poison `l`).
+                let raise = _mm256_cmp_ps::<_CMP_GT_OQ>(tile_max, _mm256_add_ps(m_old, _mm256_set1_ps(tau)));
+                let m_new = _mm256_blendv_ps(m_old, tile_max, raise);
+                _mm256_storeu_ps(m.add(g), m_new);
+                let corr = _mm256_blendv_ps(_mm256_set1_ps(1.0), exp2_nonpos(_mm256_sub_ps(m_old, m_new)), raise);
+                let none = _mm256_cmp_ps::<_CMP_EQ_OQ>(m_new, ninf);
+                let base = _mm256_blendv_ps(m_new, _mm256_setzero_ps(), none);
+                let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let mut r = 0;
+                while r + 2 <= rows {
+                    let (p0, p1) = (s.add(r * lanes + g), s.add((r + 1) * lanes + g));
+                    let e0 = exp2_nonpos(_mm256_sub_ps(_mm256_loadu_ps(p0), base));
+                    let e1 = exp2_nonpos(_mm256_sub_ps(_mm256_loadu_ps(p1), base));
+                    s0 = _mm256_add_ps(s0, e0);
+                    s1 = _mm256_add_ps(s1, e1);
+                    _mm256_storeu_ps(p0, e0);
+                    _mm256_storeu_ps(p1, e1);
+                    r += 2;
+                }
+                if r < rows {
+                    let p0 = s.add(r * lanes + g);
+                    let e0 = exp2_nonpos(_mm256_sub_ps(_mm256_loadu_ps(p0), base));
+                    s0 = _mm256_add_ps(s0, e0);
+                    _mm256_storeu_ps(p0, e0);
+                }
+                let l_old = _mm256_loadu_ps(l.add(g));
+                _mm256_storeu_ps(l.add(g), _mm256_fmadd_ps(l_old, corr, _mm256_add_ps(s0, s1)));
+                if _mm256_movemask_ps(raise) != 0 {
+                    for e in 0..dp {
+                        let p = o.add(e * lanes + g);
+                        _mm256_storeu_ps(p, _mm256_mul_ps(corr, _mm256_loadu_ps(p)));
+                    }
+                }
+            }
+        }
+    }
+
     #[target_feature(enable = "avx2,f16c")]
     pub unsafe fn f16_to_f32(h: *const u16, len: usize, mul: f32, out: *mut f32) -> usize {
         let m = _mm256_set1_ps(mul);
@@ -412,6 +484,56 @@ pub(crate) fn f16_row_to_f32<T: attn_core::Element>(row: &[T], mul: f32, out: &m
         return true;
     }
     let _ = (row, mul, out);
+    false
+}
+
+/// [`crate::score_bound::fold_row`] compiled with AVX2 where the CPU has it (its plain
+/// loops then vectorise 256 bits wide; SSE2 has no 32-bit maximum).
+pub(crate) fn fold_row<T: attn_core::Element>(
+    row: &[T],
+    abs_mask: i32,
+    inf: i32,
+    acc: &mut [i32; 16],
+    acc16: &mut [i16; 32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn run<T: attn_core::Element>(row: &[T], abs_mask: i32, inf: i32, acc: &mut [i32; 16], acc16: &mut [i16; 32]) {
+            crate::score_bound::fold_row(row, abs_mask, inf, acc, acc16)
+        }
+        if Isa::Avx2.is_supported() {
+            // SAFETY: the CPU has avx2 (checked on this line); `run` only calls the safe fold.
+            return unsafe { run(row, abs_mask, inf, acc, acc16) };
+        }
+    }
+    crate::score_bound::fold_row(row, abs_mask, inf, acc, acc16)
+}
+
+/// One online-softmax step on a score tile with queries in lanes (see
+/// `imp::softmax_lanes`); false when AVX2 is absent (the caller runs the portable one).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn softmax_lanes(
+    s: &mut [f32],
+    rows: usize,
+    lanes: usize,
+    tau: f32,
+    m: &mut [f32],
+    l: &mut [f32],
+    o: &mut [f32],
+    dp: usize,
+) -> bool {
+    assert!(lanes.is_multiple_of(8) && s.len() >= rows * lanes, "softmax_lanes: tile out of bounds");
+    assert!(m.len() >= lanes && l.len() >= lanes && o.len() >= dp * lanes, "softmax_lanes: state out of bounds");
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.is_supported() {
+        // SAFETY: avx2 and fma are present; the asserts above cover every index reached.
+        unsafe {
+            imp::softmax_lanes(s.as_mut_ptr(), rows, lanes, tau, m.as_mut_ptr(), l.as_mut_ptr(), o.as_mut_ptr(), dp)
+        };
+        return true;
+    }
+    let _ = (s, rows, lanes, tau, m, l, o, dp);
     false
 }
 

@@ -319,6 +319,85 @@ mod imp {
         }
         true
     }
+
+    /// One online-softmax step on a tile of scores with queries in lanes: `rows` key rows
+    /// of `lanes` scores (a multiple of 16, also the row stride). Per lane, the running
+    /// maximum `m` is raised to the tile's maximum only where that exceeds it by more than
+    /// `tau` (so weights stay at most `2^tau` and most tiles rescale nothing); the tile
+    /// becomes its weights `exp2(s - m)` (0 for `-inf`), `l` is rescaled and adds the
+    /// column sums, and the raised lanes of the `dp` accumulator rows `o` (stride `lanes`)
+    /// are rescaled by `exp2(m_old - m_new)`.
+    ///
+    /// # Safety
+    /// The CPU supports avx512f; `s` is valid for `rows * lanes` reads and writes, `m` and
+    /// `l` for `lanes`, `o` for `dp * lanes`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn softmax_lanes(
+        s: *mut f32,
+        rows: usize,
+        lanes: usize,
+        tau: f32,
+        m: *mut f32,
+        l: *mut f32,
+        o: *mut f32,
+        dp: usize,
+    ) {
+        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+        for g in (0..lanes).step_by(16) {
+            // SAFETY: in this whole block, every offset below is `r * lanes + g + 0..16` with
+            // r < rows, `g + 0..16` < lanes, or `e * lanes + g + 0..16` with e < dp.
+            unsafe {
+                let (mut x0, mut x1) = (ninf, ninf);
+                let mut r = 0;
+                while r + 2 <= rows {
+                    x0 = _mm512_max_ps(x0, _mm512_loadu_ps(s.add(r * lanes + g)));
+                    x1 = _mm512_max_ps(x1, _mm512_loadu_ps(s.add((r + 1) * lanes + g)));
+                    r += 2;
+                }
+                if r < rows {
+                    x0 = _mm512_max_ps(x0, _mm512_loadu_ps(s.add(r * lanes + g)));
+                }
+                let tile_max = _mm512_max_ps(x0, x1);
+                let m_old = _mm512_loadu_ps(m.add(g));
+                // Ordered compare: a NaN maximum raises nothing (its weights poison `l`).
+                let raise = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(tile_max, _mm512_add_ps(m_old, _mm512_set1_ps(tau)));
+                let m_new = _mm512_mask_mov_ps(m_old, raise, tile_max);
+                _mm512_storeu_ps(m.add(g), m_new);
+                // exp2(-inf) = 0 where nothing was visible before.
+                let corr = _mm512_mask_mov_ps(_mm512_set1_ps(1.0), raise, exp2_nonpos(_mm512_sub_ps(m_old, m_new)));
+                // Lanes with nothing visible yet subtract 0, so their `-inf` scores give 0.
+                let none = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_new, ninf);
+                let base = _mm512_mask_mov_ps(m_new, none, _mm512_setzero_ps());
+                let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                let mut r = 0;
+                while r + 2 <= rows {
+                    let (p0, p1) = (s.add(r * lanes + g), s.add((r + 1) * lanes + g));
+                    let e0 = exp2_nonpos(_mm512_sub_ps(_mm512_loadu_ps(p0), base));
+                    let e1 = exp2_nonpos(_mm512_sub_ps(_mm512_loadu_ps(p1), base));
+                    s0 = _mm512_add_ps(s0, e0);
+                    s1 = _mm512_add_ps(s1, e1);
+                    _mm512_storeu_ps(p0, e0);
+                    _mm512_storeu_ps(p1, e1);
+                    r += 2;
+                }
+                if r < rows {
+                    let p0 = s.add(r * lanes + g);
+                    let e0 = exp2_nonpos(_mm512_sub_ps(_mm512_loadu_ps(p0), base));
+                    s0 = _mm512_add_ps(s0, e0);
+                    _mm512_storeu_ps(p0, e0);
+                }
+                let l_old = _mm512_loadu_ps(l.add(g));
+                _mm512_storeu_ps(l.add(g), _mm512_fmadd_ps(l_old, corr, _mm512_add_ps(s0, s1)));
+                if raise != 0 {
+                    for e in 0..dp {
+                        let p = o.add(e * lanes + g);
+                        _mm512_storeu_ps(p, _mm512_mul_ps(corr, _mm512_loadu_ps(p)));
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -385,4 +464,31 @@ pub(crate) fn softmax_row(row: &mut [f32], visible: usize, m: &mut f32, l: &mut 
     }
     let _ = (row, visible, m, l, o);
     None
+}
+
+/// One online-softmax step on a score tile with queries in lanes (see
+/// `imp::softmax_lanes`); false when AVX-512 is absent (the caller runs the portable one).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn softmax_lanes(
+    s: &mut [f32],
+    rows: usize,
+    lanes: usize,
+    tau: f32,
+    m: &mut [f32],
+    l: &mut [f32],
+    o: &mut [f32],
+    dp: usize,
+) -> bool {
+    assert!(lanes.is_multiple_of(16) && s.len() >= rows * lanes, "softmax_lanes: tile out of bounds");
+    assert!(m.len() >= lanes && l.len() >= lanes && o.len() >= dp * lanes, "softmax_lanes: state out of bounds");
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx512.is_supported() {
+        // SAFETY: avx512f is present; the asserts above cover every index the step reaches.
+        unsafe {
+            imp::softmax_lanes(s.as_mut_ptr(), rows, lanes, tau, m.as_mut_ptr(), l.as_mut_ptr(), o.as_mut_ptr(), dp)
+        };
+        return true;
+    }
+    let _ = (s, rows, lanes, tau, m, l, o, dp);
+    false
 }

@@ -13,13 +13,14 @@
 #![allow(unsafe_code)]
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Element, Result, Shape4};
+use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, Shape4};
 use attn_core::{MemoryBudget, TensorView, TensorViewMut, check_finite};
 use rayon::prelude::*;
 
 use crate::disjoint::DisjointSlice;
 use crate::isa::Isa;
 use crate::ops::{FORWARD_KEY_TILE, FORWARD_QUERY_CHUNK, KEY_TILE, QUERY_CHUNK, padded};
+use crate::score_bound::max_finite_abs;
 use crate::units::{
     Grads, Plan, Scratch, Unit, chunk_len, dkv_unit, dq_unit, forward_chunk_lens, forward_unit, forward_units,
     fused_unit, fused_unit_len, fused_units, units,
@@ -33,80 +34,6 @@ pub struct CpuBackend {
     isa: Isa,
     budget: MemoryBudget,
     check_finite: bool,
-}
-
-/// The largest finite `|x|` of a view (NaN and infinities are left to the kernels, which
-/// confine them to the rows that read them).
-fn max_finite_abs<T: Element>(pool: &rayon::ThreadPool, x: &TensorView<'_, T>) -> f64 {
-    // For f32, f16 and bf16, |x| orders like the bits without the sign, and the finite
-    // values are exactly those below the infinity pattern: a u32 maximum the compiler
-    // vectorises. f64 (the reference's type, rarely run here) compares as f64.
-    let (abs_mask, inf) = match T::DTYPE {
-        DType::F32 => (0x7fff_ffffu32, 0x7f80_0000u32),
-        DType::F16 => (0x7fff, 0x7c00),
-        DType::BF16 => (0x7fff, 0x7f80),
-        DType::F64 => {
-            let m = (0..x.shape().batch * x.shape().seq)
-                .flat_map(|r| (0..x.shape().heads).map(move |h| (r, h)))
-                .flat_map(|(r, h)| x.row(r / x.shape().seq, r % x.shape().seq, h))
-                .map(|e| e.to_f64().abs())
-                .filter(|a| a.is_finite())
-                .fold(0.0, f64::max);
-            return m;
-        }
-    };
-    // Sign-cleared bits are non-negative as i32 (and as i16 for the 16-bit formats,
-    // which the narrow lanes below keep: SSE2 has a 16-bit signed maximum).
-    let (abs_mask, inf) = (abs_mask as i32, inf as i32);
-    let narrow = T::DTYPE.size() == 2;
-    let lanes = |row: &[T], acc: &mut [i32; 16], acc16: &mut [i16; 32]| {
-        if narrow {
-            let (m, f) = (abs_mask as i16, inf as i16);
-            let mut chunks = row.chunks_exact(32);
-            let step = |acc: &mut [i16; 32], c: &[T]| {
-                for (a, e) in acc.iter_mut().zip(c) {
-                    let b = (e.to_bits() as u16 as i16) & m;
-                    *a = (*a).max(if b < f { b } else { 0 });
-                }
-            };
-            for c in &mut chunks {
-                step(acc16, c);
-            }
-            step(acc16, chunks.remainder());
-        } else {
-            let mut chunks = row.chunks_exact(16);
-            let step = |acc: &mut [i32; 16], c: &[T]| {
-                for (a, e) in acc.iter_mut().zip(c) {
-                    let b = (e.to_bits() as u32 as i32) & abs_mask;
-                    *a = (*a).max(if b < inf { b } else { 0 });
-                }
-            };
-            for c in &mut chunks {
-                step(acc, c);
-            }
-            step(acc, chunks.remainder());
-        }
-    };
-    let s = x.shape();
-    let bits = pool.install(|| {
-        (0..s.batch * s.seq)
-            .into_par_iter()
-            .with_min_len(64)
-            .map(|r| {
-                let (mut acc, mut acc16) = ([0i32; 16], [0i16; 32]);
-                for h in 0..s.heads {
-                    lanes(x.row(r / s.seq, r % s.seq, h), &mut acc, &mut acc16);
-                }
-                let wide = acc.into_iter().max().unwrap_or(0);
-                wide.max(i32::from(acc16.into_iter().max().unwrap_or(0))) as u32
-            })
-            .reduce(|| 0, u32::max)
-    });
-    match T::DTYPE {
-        DType::F16 => f64::from(half::f16::from_bits(bits as u16)),
-        DType::BF16 => f64::from(half::bf16::from_bits(bits as u16)),
-        _ => f64::from(f32::from_bits(bits)),
-    }
 }
 
 /// Backward work: a query chunk (dq), a key chunk (dk, dv), or (single-pattern heads) a

@@ -46,6 +46,51 @@ fn product<const TN: bool>(
     }
 }
 
+/// [`gemm`] with A column-major (`A[i, kk]` at `a[kk*lda + i]`): a row-major buffer read
+/// in place as its transpose.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn gemm_tn(
+    isa: Isa,
+    m: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    n: usize,
+    c: &mut [f32],
+    ldc: usize,
+    acc: bool,
+) {
+    product::<true>(isa, m, k, a, lda, b, ldb, n, c, ldc, acc)
+}
+
+/// One online-softmax step on a score tile whose columns are queries (`lanes` of them,
+/// a multiple of 16) and whose `rows` rows are keys; see `portable::softmax_lanes`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn softmax_lanes(
+    isa: Isa,
+    s: &mut [f32],
+    rows: usize,
+    lanes: usize,
+    tau: f32,
+    m: &mut [f32],
+    l: &mut [f32],
+    o: &mut [f32],
+    dp: usize,
+) {
+    let done = match isa {
+        Isa::Avx512 | Isa::Amx => avx512::softmax_lanes(s, rows, lanes, tau, m, l, o, dp),
+        Isa::Avx2 => avx2::softmax_lanes(s, rows, lanes, tau, m, l, o, dp),
+        Isa::Portable => false,
+    };
+    if !done {
+        portable::softmax_lanes(s, rows, lanes, tau, m, l, o, dp)
+    }
+}
+
 /// `C[i] += sum_{kk in ranges[i]} A[i, kk] * B[kk]` for `m = ranges.len()` rows, A
 /// row-major or (`TN`) column-major (`A[i, kk]` at `a[kk*lda + i]`, a transposed buffer
 /// read in place): each row reads only its own range of the inner dimension, so a masked

@@ -105,3 +105,45 @@ pub(crate) fn exp2_sub(x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
 pub(crate) fn max(x: &[f32]) -> f32 {
     x.iter().copied().fold(f32::NEG_INFINITY, f32::max)
 }
+
+/// One online-softmax step on a score tile with queries in lanes (`rows` key rows of
+/// `lanes` scores, also the row stride): per lane, `m` rises to the tile's maximum only
+/// where that exceeds it by more than `tau`; the tile becomes `exp2(s - m)` (0 for
+/// `-inf`), `l` is rescaled and adds the column sums, and the raised lanes of the `dp`
+/// accumulator rows `o` are rescaled by `exp2(m_old - m_new)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn softmax_lanes(
+    s: &mut [f32],
+    rows: usize,
+    lanes: usize,
+    tau: f32,
+    m: &mut [f32],
+    l: &mut [f32],
+    o: &mut [f32],
+    dp: usize,
+) {
+    for j in 0..lanes {
+        let tile_max = (0..rows).map(|r| s[r * lanes + j]).fold(f32::NEG_INFINITY, f32::max);
+        let m_old = m[j];
+        // A NaN maximum raises nothing (its weights poison `l`).
+        let raise = tile_max > m_old + tau;
+        let corr = if raise { exp2(m_old - tile_max) } else { 1.0 };
+        if raise {
+            m[j] = tile_max;
+        }
+        // Lanes with nothing visible yet subtract 0, so their `-inf` scores give 0.
+        let base = if m[j] == f32::NEG_INFINITY { 0.0 } else { m[j] };
+        let mut sum = 0.0;
+        for r in 0..rows {
+            let e = exp2(s[r * lanes + j] - base);
+            s[r * lanes + j] = e;
+            sum += e;
+        }
+        l[j] = l[j] * corr + sum;
+        if raise {
+            for e in 0..dp {
+                o[e * lanes + j] *= corr;
+            }
+        }
+    }
+}

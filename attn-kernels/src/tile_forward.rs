@@ -14,15 +14,17 @@ use crate::pack::{PieceRows, pack_rows, pack_transposed};
 
 /// Reusable buffers of the forward kernel (one per worker).
 #[derive(Debug, Default)]
+/// The lane kernel (`lane_forward`) borrows the same buffers, so a piece it hands back
+/// reuses them and the scratch bound covers both.
 pub(crate) struct ForwardScratch {
     amx: crate::amx::AmxScratch,
-    kt: Vec<f32>,
-    v: Vec<f32>,
-    q: Vec<f32>,
-    o: Vec<f32>,
-    m: Vec<f32>,
-    l: Vec<f32>,
-    s: Vec<f32>,
+    pub(crate) kt: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+    pub(crate) q: Vec<f32>,
+    pub(crate) o: Vec<f32>,
+    pub(crate) m: Vec<f32>,
+    pub(crate) l: Vec<f32>,
+    pub(crate) s: Vec<f32>,
     finite: Vec<bool>,
 }
 
@@ -47,11 +49,35 @@ pub(crate) fn forward_piece<T: Element>(
     out: &mut [f32],
     lse: &mut [f32],
 ) {
-    let (nq, dp) = (q.len(), padded(d));
-    if nq == 0 {
+    if q.len() == 0 {
         return;
     }
     if isa == Isa::Amx && crate::amx::forward_piece(scale, d, causal, q, k, v, &mut ws.amx, out, lse) {
+        return;
+    }
+    if lanes_first(isa) && crate::lane_forward::forward_piece(isa, scale, d, causal, q, k, v, ws, out, lse) {
+        return;
+    }
+    forward_piece_rows(isa, scale, d, causal, q, k, v, ws, out, lse)
+}
+
+/// [`forward_piece`] with one query per score row (the lane kernel's fallback, and the
+/// portable path).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_piece_rows<T: Element>(
+    isa: Isa,
+    scale: f32,
+    d: usize,
+    causal: bool,
+    q: &PieceRows<'_, T>,
+    k: &PieceRows<'_, T>,
+    v: &PieceRows<'_, T>,
+    ws: &mut ForwardScratch,
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    let (nq, dp) = (q.len(), padded(d));
+    if nq == 0 {
         return;
     }
     let nk = keys_needed(k.pos, causal, q.pos[nq - 1]);
@@ -143,6 +169,11 @@ pub(crate) fn forward_piece<T: Element>(
             }
         }
     }
+}
+
+/// Whether the lane kernel runs first on this flavour (measured faster there).
+fn lanes_first(isa: Isa) -> bool {
+    matches!(isa, Isa::Avx512 | Isa::Amx | Isa::Avx2)
 }
 
 /// One online-softmax step on a score row: columns from `visible` on are masked, the
