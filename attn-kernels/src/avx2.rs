@@ -198,94 +198,6 @@ mod imp {
         (hsum(sum), j)
     }
 
-    /// All-lanes maximum of `v` (every lane holds it).
-    #[target_feature(enable = "avx2,fma")]
-    fn splat_max(v: __m256) -> __m256 {
-        let v = _mm256_max_ps(v, _mm256_permute2f128_ps::<1>(v, v));
-        let v = _mm256_max_ps(v, _mm256_permute_ps::<0b0100_1110>(v));
-        _mm256_max_ps(v, _mm256_permute_ps::<0b1011_0001>(v))
-    }
-
-    /// One online-softmax step on a row of `len` scores (a multiple of 8): lanes from
-    /// `visible` on become `-inf`; the running maximum `*m` takes the row's maximum;
-    /// the row becomes `exp2(s - m_new)`, `*l` is rescaled and adds its sum, and the
-    /// `dp` accumulators at `o` are rescaled by `exp2(m_old - m_new)`. Returns false,
-    /// having changed only the masked lanes, when the new maximum is `-inf` (nothing
-    /// visible, or only NaN).
-    ///
-    /// # Safety
-    /// The CPU supports avx2 and fma; `row` is valid for `len` reads and writes, `o`
-    /// for `dp` (a multiple of 8) reads and writes.
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn softmax_row(
-        row: *mut f32,
-        len: usize,
-        visible: usize,
-        m: &mut f32,
-        l: &mut f32,
-        o: *mut f32,
-        dp: usize,
-    ) -> bool {
-        let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-        let mut mx = ninf;
-        let full = visible.min(len) / 8 * 8;
-        let mut j = 0;
-        while j < full {
-            // SAFETY: j + 8 <= len.
-            mx = _mm256_max_ps(mx, unsafe { _mm256_loadu_ps(row.add(j)) });
-            j += 8;
-        }
-        if full < len {
-            // The group holding `visible` keeps its visible lanes; later groups are masked.
-            let lim = _mm256_set1_epi32((visible.min(len) - full) as i32);
-            let keep = _mm256_cmpgt_epi32(lim, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            // SAFETY: full + 8 <= len.
-            let x = unsafe { _mm256_blendv_ps(ninf, _mm256_loadu_ps(row.add(full)), _mm256_castsi256_ps(keep)) };
-            mx = _mm256_max_ps(mx, x);
-            // SAFETY: full + 8 <= len; later groups: j + 8 <= len.
-            unsafe { _mm256_storeu_ps(row.add(full), x) };
-            let mut j = full + 8;
-            while j < len {
-                // SAFETY: as above.
-                unsafe { _mm256_storeu_ps(row.add(j), ninf) };
-                j += 8;
-            }
-        }
-        let m_new = m.max(_mm256_cvtss_f32(splat_max(mx)));
-        if m_new == f32::NEG_INFINITY {
-            return false;
-        }
-        let corr = if m_new == *m { 1.0 } else { crate::portable::exp2(*m - m_new) };
-        let sub = _mm256_set1_ps(m_new);
-        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut j = 0;
-        while j < len {
-            // SAFETY: j + 16 <= len or j + 8 <= len (len is a multiple of 8).
-            unsafe {
-                let e = exp2_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row.add(j)), sub));
-                s0 = _mm256_add_ps(s0, e);
-                _mm256_storeu_ps(row.add(j), e);
-                if j + 16 <= len {
-                    let e = exp2_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row.add(j + 8)), sub));
-                    s1 = _mm256_add_ps(s1, e);
-                    _mm256_storeu_ps(row.add(j + 8), e);
-                }
-            }
-            j += 16;
-        }
-        *l = *l * corr + hsum(_mm256_add_ps(s0, s1));
-        *m = m_new;
-        if corr != 1.0 {
-            let c = _mm256_set1_ps(corr);
-            for j in (0..dp).step_by(8) {
-                // SAFETY: j + 8 <= dp reads and writes of `o`.
-                unsafe { _mm256_storeu_ps(o.add(j), _mm256_mul_ps(c, _mm256_loadu_ps(o.add(j)))) };
-            }
-        }
-        true
-    }
-
     /// `dp[j] = p[j] == 0 ? 0 : p[j] * (dp[j] - delta_j)` for the whole groups of 8
     /// (`delta_j` from `dv` when given, else `delta`), returning the count done.
     ///
@@ -542,20 +454,6 @@ pub(crate) fn softmax_lanes(
 fn f16c_supported() -> bool {
     static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *F16C.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c"))
-}
-
-/// One online-softmax step on a score row (see `imp::softmax_row`); `None` when this
-/// path does not apply (no AVX2, a row length not a multiple of 8), so the caller runs
-/// the generic one.
-pub(crate) fn softmax_row(row: &mut [f32], visible: usize, m: &mut f32, l: &mut f32, o: &mut [f32]) -> Option<bool> {
-    #[cfg(target_arch = "x86_64")]
-    if row.len().is_multiple_of(8) && o.len().is_multiple_of(8) && Isa::Avx2.is_supported() {
-        // SAFETY: avx2 and fma are present; `row` holds `row.len()` floats and `o`
-        // holds `o.len()`, both multiples of 8.
-        return Some(unsafe { imp::softmax_row(row.as_mut_ptr(), row.len(), visible, m, l, o.as_mut_ptr(), o.len()) });
-    }
-    let _ = (row, visible, m, l, o);
-    None
 }
 
 /// `dp[j] = p[j] == 0 ? 0 : p[j] * (dp[j] - delta_j)` for `j < dp.len()`, where

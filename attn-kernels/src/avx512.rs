@@ -230,96 +230,6 @@ mod imp {
         _mm512_mul_ps(p, _mm512_castsi512_ps(bits))
     }
 
-    /// One online-softmax step on a row of `len` scores (a multiple of 16): lanes from
-    /// `visible` on are masked; the running maximum `*m` takes the row's maximum; the
-    /// row becomes `exp2(s - m_new)` (0 on masked lanes), `*l` is rescaled and adds its
-    /// sum, and the `dp` accumulators at `o` are rescaled by `exp2(m_old - m_new)`.
-    /// Returns false, having changed only masked lanes of the visible group, when the
-    /// new maximum is `-inf` (nothing visible, or only NaN): the caller zeroes the row.
-    ///
-    /// # Safety
-    /// The CPU supports avx512f; `row` is valid for `len` reads and writes, `o` for `dp`
-    /// (a multiple of 16) reads and writes.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn softmax_row(
-        row: *mut f32,
-        len: usize,
-        visible: usize,
-        m: &mut f32,
-        l: &mut f32,
-        o: *mut f32,
-        dp: usize,
-    ) -> bool {
-        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-        let vis = visible.min(len);
-        let full = vis / 16 * 16;
-        let (mut m0, mut m1) = (ninf, ninf);
-        let mut j = 0;
-        while j + 32 <= full {
-            // SAFETY: j + 32 <= full <= len.
-            unsafe {
-                m0 = _mm512_max_ps(m0, _mm512_loadu_ps(row.add(j)));
-                m1 = _mm512_max_ps(m1, _mm512_loadu_ps(row.add(j + 16)));
-            }
-            j += 32;
-        }
-        if j < full {
-            // SAFETY: j + 16 <= full <= len.
-            m0 = _mm512_max_ps(m0, unsafe { _mm512_loadu_ps(row.add(j)) });
-        }
-        if full < vis {
-            // The group holding `visible` keeps its visible lanes, the rest become `-inf`
-            // (so 0 below); groups after it are zeroed below without being read.
-            let keep: __mmask16 = (1u16 << (vis - full)) - 1;
-            // SAFETY: full + 16 <= len (full < vis <= len, len a multiple of 16).
-            let x = unsafe { _mm512_mask_loadu_ps(ninf, keep, row.add(full)) };
-            m1 = _mm512_max_ps(m1, x);
-            // SAFETY: as above.
-            unsafe { _mm512_storeu_ps(row.add(full), x) };
-        }
-        let m_new = m.max(_mm512_reduce_max_ps(_mm512_max_ps(m0, m1)));
-        if m_new == f32::NEG_INFINITY {
-            return false;
-        }
-        let corr = if m_new == *m { 1.0 } else { crate::portable::exp2(*m - m_new) };
-        let sub = _mm512_set1_ps(m_new);
-        let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        // Only groups that hold a visible lane: later ones are all `-inf` and become 0.
-        let live = vis.next_multiple_of(16);
-        let mut j = 0;
-        while j < live {
-            // SAFETY: j + 16 <= live <= len (and j + 32 <= live for the second group).
-            unsafe {
-                let e = exp2_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row.add(j)), sub));
-                s0 = _mm512_add_ps(s0, e);
-                _mm512_storeu_ps(row.add(j), e);
-                if j + 32 <= live {
-                    let e = exp2_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row.add(j + 16)), sub));
-                    s1 = _mm512_add_ps(s1, e);
-                    _mm512_storeu_ps(row.add(j + 16), e);
-                }
-            }
-            j += 32;
-        }
-        let zero = _mm512_setzero_ps();
-        let mut j = live;
-        while j < len {
-            // SAFETY: j + 16 <= len.
-            unsafe { _mm512_storeu_ps(row.add(j), zero) };
-            j += 16;
-        }
-        *l = *l * corr + _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-        *m = m_new;
-        if corr != 1.0 {
-            let c = _mm512_set1_ps(corr);
-            for j in (0..dp).step_by(16) {
-                // SAFETY: j + 16 <= dp reads and writes of `o`.
-                unsafe { _mm512_storeu_ps(o.add(j), _mm512_mul_ps(c, _mm512_loadu_ps(o.add(j)))) };
-            }
-        }
-        true
-    }
-
     /// One online-softmax step on a tile of scores with queries in lanes: `rows` key rows
     /// of `lanes` scores (a multiple of 16, also the row stride). Per lane, the running
     /// maximum `m` is raised to the tile's maximum only where that exceeds it by more than
@@ -450,20 +360,6 @@ pub(crate) fn max(x: &[f32]) -> f32 {
         return unsafe { imp::max(x.as_ptr(), x.len()) };
     }
     crate::portable::max(x)
-}
-
-/// One online-softmax step on a score row (see `imp::softmax_row`); `None` when this
-/// path does not apply (no AVX-512, a row length not a multiple of 16), so the caller
-/// runs the generic one.
-pub(crate) fn softmax_row(row: &mut [f32], visible: usize, m: &mut f32, l: &mut f32, o: &mut [f32]) -> Option<bool> {
-    #[cfg(target_arch = "x86_64")]
-    if row.len().is_multiple_of(16) && o.len().is_multiple_of(16) && Isa::Avx512.is_supported() {
-        // SAFETY: avx512f is present; `row` holds `row.len()` floats and `o` holds
-        // `o.len()`, both multiples of 16.
-        return Some(unsafe { imp::softmax_row(row.as_mut_ptr(), row.len(), visible, m, l, o.as_mut_ptr(), o.len()) });
-    }
-    let _ = (row, visible, m, l, o);
-    None
 }
 
 /// One online-softmax step on a score tile with queries in lanes (see

@@ -82,7 +82,7 @@ pub(crate) fn forward_piece<T: Element>(
             }
             ops::softmax_lanes(isa, tile, kn, lanes, LAZY_MAX, m, l, ot, dp);
             // Oᵀ += Vᵀ Pᵀ: the packed value rows read in place as a column-major A.
-            ops::gemm_tn(isa, dp, kn, &vb[k0 * dp..], dp, tile, lanes, lanes, ot, lanes, true);
+            ops::product::<true>(isa, dp, kn, &vb[k0 * dp..], dp, tile, lanes, lanes, ot, lanes, true);
         }
         for (i, &li) in l[..qn].iter().enumerate() {
             let dst = &mut out[(q0 + i) * d..(q0 + i + 1) * d];

@@ -23,10 +23,10 @@ pub(crate) fn gemm(
 }
 
 /// [`gemm`] on the chosen flavour, A row-major or (`TN`) column-major (`A[i, kk]` at
-/// `a[kk*lda + i]`).
+/// `a[kk*lda + i]`: a row-major buffer read in place as its transpose).
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn product<const TN: bool>(
+pub(crate) fn product<const TN: bool>(
     isa: Isa,
     m: usize,
     k: usize,
@@ -44,26 +44,6 @@ fn product<const TN: bool>(
         Isa::Avx2 => avx2::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc),
         Isa::Portable => portable::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc),
     }
-}
-
-/// [`gemm`] with A column-major (`A[i, kk]` at `a[kk*lda + i]`): a row-major buffer read
-/// in place as its transpose.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-pub(crate) fn gemm_tn(
-    isa: Isa,
-    m: usize,
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    n: usize,
-    c: &mut [f32],
-    ldc: usize,
-    acc: bool,
-) {
-    product::<true>(isa, m, k, a, lda, b, ldb, n, c, ldc, acc)
 }
 
 /// One online-softmax step on a score tile whose columns are queries (`lanes` of them,

@@ -53,30 +53,24 @@ pub(crate) fn max_finite_abs<T: Element>(pool: &rayon::ThreadPool, x: &TensorVie
 /// 16-bit formats). Always inlined, so it vectorises for the caller's target features.
 #[inline(always)]
 pub(crate) fn fold_row<T: Element>(row: &[T], abs_mask: i32, inf: i32, acc: &mut [i32; 16], acc16: &mut [i16; 32]) {
+    // Whole chunks of the lane width (fixed trip count: they vectorise), then the rest.
+    #[inline(always)]
+    fn fold<T: Element, L: Copy + Ord, const N: usize>(row: &[T], acc: &mut [L; N], lane: impl Fn(&T) -> L) {
+        let mut chunks = row.chunks_exact(N);
+        let mut step = |c: &[T]| acc.iter_mut().zip(c).for_each(|(a, e)| *a = (*a).max(lane(e)));
+        (&mut chunks).for_each(&mut step);
+        step(chunks.remainder());
+    }
     if T::DTYPE.size() == 2 {
         let (m, f) = (abs_mask as i16, inf as i16);
-        let mut chunks = row.chunks_exact(32);
-        for c in &mut chunks {
-            for (a, e) in acc16.iter_mut().zip(c) {
-                let b = (e.to_bits() as u16 as i16) & m;
-                *a = (*a).max(if b < f { b } else { 0 });
-            }
-        }
-        for (a, e) in acc16.iter_mut().zip(chunks.remainder()) {
+        fold(row, acc16, |e| {
             let b = (e.to_bits() as u16 as i16) & m;
-            *a = (*a).max(if b < f { b } else { 0 });
-        }
+            if b < f { b } else { 0 }
+        })
     } else {
-        let mut chunks = row.chunks_exact(16);
-        for c in &mut chunks {
-            for (a, e) in acc.iter_mut().zip(c) {
-                let b = (e.to_bits() as u32 as i32) & abs_mask;
-                *a = (*a).max(if b < inf { b } else { 0 });
-            }
-        }
-        for (a, e) in acc.iter_mut().zip(chunks.remainder()) {
+        fold(row, acc, |e| {
             let b = (e.to_bits() as u32 as i32) & abs_mask;
-            *a = (*a).max(if b < inf { b } else { 0 });
-        }
+            if b < inf { b } else { 0 }
+        })
     }
 }

@@ -12,10 +12,10 @@ use crate::ops::{self, FORWARD_KEY_TILE as KEY_TILE, FORWARD_QUERY_CHUNK, ROW_BL
 const ROW_GROUP: usize = 4 * ROW_BLOCK;
 use crate::pack::{PieceRows, pack_rows, pack_transposed};
 
-/// Reusable buffers of the forward kernel (one per worker).
+/// Reusable buffers of the forward kernel (one per worker). The lane kernel
+/// (`lane_forward`) borrows the same buffers, so a piece it hands back reuses them and the
+/// scratch bound covers both.
 #[derive(Debug, Default)]
-/// The lane kernel (`lane_forward`) borrows the same buffers, so a piece it hands back
-/// reuses them and the scratch bound covers both.
 pub(crate) struct ForwardScratch {
     amx: crate::amx::AmxScratch,
     pub(crate) kt: Vec<f32>,
@@ -134,16 +134,7 @@ pub(crate) fn forward_piece_rows<T: Element>(
                     ranges[i] = (0, visible);
                     let (mi, li) = (&mut m[r0 + i], &mut l[r0 + i]);
                     let orow = &mut o[(r0 + i) * dp..(r0 + i + 1) * dp];
-                    let fast = match isa {
-                        Isa::Avx2 => crate::avx2::softmax_row(row, visible, mi, li, orow),
-                        Isa::Avx512 | Isa::Amx => crate::avx512::softmax_row(row, visible, mi, li, orow),
-                        Isa::Portable => None,
-                    };
-                    match fast {
-                        Some(true) => {}
-                        Some(false) => nothing_visible(row, visible, li),
-                        None => softmax_row(isa, row, visible, mi, li, orow),
-                    }
+                    softmax_row(isa, row, visible, mi, li, orow);
                 }
                 if ws.finite[t] {
                     // Finite values: masked weights (0) add exactly 0, so one product over
