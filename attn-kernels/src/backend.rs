@@ -388,10 +388,10 @@ impl CpuBackend {
         let usizes = 6 * m;
         // The work list: at most two units per 64 rows of every (batch, head).
         let work = 2 * shape.batch * shape.heads * (shape.seq / 64 + 1) * std::mem::size_of::<[usize; 5]>();
-        // The AMX forward keeps its own packed bf16 tiles beside the f32 scratch (a piece
-        // it hands back to the f32 kernel uses both).
-        let amx = if self.isa == Isa::Amx { crate::amx::scratch_bytes(d, m) } else { 0 };
-        self.threads() * (4 * f32s + 8 * usizes + amx) + work
+        // The bf16 pair forward (AMX or AVX512-BF16) keeps its own packed bf16 tiles
+        // beside the f32 scratch (a piece it hands back to the f32 kernel uses both).
+        let pairs = if self.isa.bf16_engine().is_some() { crate::bf16_pairs::scratch_bytes(d, m) } else { 0 };
+        self.threads() * (4 * f32s + 8 * usizes + pairs) + work
     }
 
     /// Forward on contiguous buffers, returning `(out, lse)`.

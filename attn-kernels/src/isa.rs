@@ -2,8 +2,8 @@
 
 use std::sync::OnceLock;
 
-/// The kernel flavour: AMX-BF16 + AVX-512, AVX-512, AVX2+FMA (x86-64, detected at run
-/// time) or portable Rust.
+/// The kernel flavour: AMX-BF16 + AVX-512, AVX512-BF16 + AVX-512, AVX-512, AVX2+FMA
+/// (x86-64, detected at run time) or portable Rust.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
     /// Plain Rust loops; compiles and runs everywhere.
@@ -12,13 +12,17 @@ pub enum Isa {
     Avx2,
     /// AVX-512F FMA kernels (x86-64 only, chosen when the CPU has avx512f).
     Avx512,
+    /// The AVX-512 kernels, plus AVX512-BF16 dot products (`vdpbf16ps`) for the bf16
+    /// forward's `q·kᵀ` and `p·v` (x86-64 with avx512f and avx512bf16, e.g. Zen 4 and
+    /// later, Cooper Lake, Sapphire Rapids).
+    Avx512Bf16,
     /// The AVX-512 kernels, plus AMX-BF16 tile products for the bf16 forward (x86-64
     /// Linux with AMX-TILE and AMX-BF16, once the OS grants the tile state).
     Amx,
 }
 
 impl Isa {
-    /// The flavour to use, chosen once and cached: `ATTN_CPU_ISA=portable|avx2|avx512|amx` if
+    /// The flavour to use, chosen once and cached: `ATTN_CPU_ISA=portable|avx2|avx512|avx512bf16|amx` if
     /// set and supported, else the best flavour this CPU supports.
     pub fn detect() -> Isa {
         static DETECTED: OnceLock<Isa> = OnceLock::new();
@@ -33,7 +37,7 @@ impl Isa {
         Isa::ALL.into_iter().find(|i| i.is_supported()).unwrap_or(Isa::Portable)
     }
 
-    /// Parse `portable`, `avx2`, `avx512` or `amx`.
+    /// Parse `portable`, `avx2`, `avx512`, `avx512bf16` or `amx`.
     pub fn parse(s: &str) -> Option<Isa> {
         Isa::ALL.into_iter().find(|i| i.as_str().eq_ignore_ascii_case(s.trim()))
     }
@@ -44,18 +48,29 @@ impl Isa {
             Isa::Portable => true,
             Isa::Avx2 => avx2_supported(),
             Isa::Avx512 => avx512_supported(),
-            Isa::Amx => crate::amx::supported(),
+            Isa::Avx512Bf16 => crate::bf16_pairs::Engine::Dot.supported(),
+            Isa::Amx => crate::bf16_pairs::Engine::Tiles.supported(),
         }
     }
 
     /// All flavours, best first.
-    pub const ALL: [Isa; 4] = [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Portable];
+    pub const ALL: [Isa; 5] = [Isa::Amx, Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::Portable];
+
+    /// The bf16 pair-product engine this flavour runs the bf16 forward on, if any.
+    pub(crate) fn bf16_engine(self) -> Option<crate::bf16_pairs::Engine> {
+        match self {
+            Isa::Amx => Some(crate::bf16_pairs::Engine::Tiles),
+            Isa::Avx512Bf16 => Some(crate::bf16_pairs::Engine::Dot),
+            _ => None,
+        }
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Avx512Bf16 => "avx512bf16",
             Isa::Amx => "amx",
         }
     }

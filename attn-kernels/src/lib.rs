@@ -8,18 +8,19 @@
 //! packing) with the `ops` primitives, which dispatch to `avx512`, `avx2` or `portable`
 //! ([`Isa`], detected once at run time, `ATTN_CPU_ISA` to override).
 //!
-//! With AMX-BF16 ([`Isa::Amx`]) the bf16 forward runs its products on the tile unit
-//! (`amx`); everything else uses the AVX-512 kernels.
+//! With AMX-BF16 ([`Isa::Amx`]) or AVX512-BF16 ([`Isa::Avx512Bf16`]) the bf16 forward
+//! runs its products on bf16 pairs (`bf16_pairs`: the tile unit or `vdpbf16ps`);
+//! everything else uses the AVX-512 kernels.
 //!
-//! Unsafe code lives only in `avx512`, `avx2` and `amx::arch` (intrinsics and tile instructions behind bounds-checked safe
+//! Unsafe code lives only in `avx512`, `avx2` and `bf16_pairs::arch` (intrinsics and tile instructions behind bounds-checked safe
 //! wrappers), `disjoint` (shared output buffer, disjoint rows) and `backend` (the
 //! disjoint row writes of work units).
 #![deny(unsafe_code)]
 
-mod amx;
 mod avx2;
 mod avx512;
 mod backend;
+mod bf16_pairs;
 pub mod block;
 pub mod isa;
 mod lane_forward;

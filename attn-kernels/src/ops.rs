@@ -40,7 +40,7 @@ pub(crate) fn product<const TN: bool>(
     acc: bool,
 ) {
     match isa {
-        Isa::Avx512 | Isa::Amx => avx512::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc),
+        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => avx512::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc),
         Isa::Avx2 => avx2::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc),
         Isa::Portable => portable::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc),
     }
@@ -62,7 +62,7 @@ pub(crate) fn softmax_lanes(
     dp: usize,
 ) {
     let done = match isa {
-        Isa::Avx512 | Isa::Amx => avx512::softmax_lanes(s, rows, lanes, tau, m, l, o, dp),
+        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => avx512::softmax_lanes(s, rows, lanes, tau, m, l, o, dp),
         Isa::Avx2 => avx2::softmax_lanes(s, rows, lanes, tau, m, l, o, dp),
         Isa::Portable => false,
     };
@@ -115,7 +115,7 @@ pub(crate) fn gemm_ranges<const TN: bool>(
 #[inline]
 pub(crate) fn exp2_sub(isa: Isa, x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
     match isa {
-        Isa::Avx512 | Isa::Amx => avx512::exp2_sub(x, s, sv),
+        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => avx512::exp2_sub(x, s, sv),
         Isa::Avx2 => avx2::exp2_sub(x, s, sv),
         Isa::Portable => portable::exp2_sub(x, s, sv),
     }
@@ -125,7 +125,7 @@ pub(crate) fn exp2_sub(isa: Isa, x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f
 #[inline]
 pub(crate) fn max(isa: Isa, x: &[f32]) -> f32 {
     match isa {
-        Isa::Avx512 | Isa::Amx => avx512::max(x),
+        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => avx512::max(x),
         Isa::Avx2 => avx2::max(x),
         Isa::Portable => portable::max(x),
     }

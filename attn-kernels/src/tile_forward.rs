@@ -17,7 +17,7 @@ use crate::pack::{PieceRows, pack_rows, pack_transposed};
 /// scratch bound covers both.
 #[derive(Debug, Default)]
 pub(crate) struct ForwardScratch {
-    amx: crate::amx::AmxScratch,
+    pairs: crate::bf16_pairs::PairScratch,
     pub(crate) kt: Vec<f32>,
     pub(crate) v: Vec<f32>,
     pub(crate) q: Vec<f32>,
@@ -52,7 +52,9 @@ pub(crate) fn forward_piece<T: Element>(
     if q.len() == 0 {
         return;
     }
-    if isa == Isa::Amx && crate::amx::forward_piece(scale, d, causal, q, k, v, &mut ws.amx, out, lse) {
+    if let Some(engine) = isa.bf16_engine()
+        && crate::bf16_pairs::forward_piece(engine, scale, d, causal, q, k, v, &mut ws.pairs, out, lse)
+    {
         return;
     }
     if lanes_first(isa) && crate::lane_forward::forward_piece(isa, scale, d, causal, q, k, v, ws, out, lse) {
@@ -164,7 +166,7 @@ pub(crate) fn forward_piece_rows<T: Element>(
 
 /// Whether the lane kernel runs first on this flavour (measured faster there).
 fn lanes_first(isa: Isa) -> bool {
-    matches!(isa, Isa::Avx512 | Isa::Amx | Isa::Avx2)
+    matches!(isa, Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx | Isa::Avx2)
 }
 
 /// One online-softmax step on a score row: columns from `visible` on are masked, the

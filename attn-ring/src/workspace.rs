@@ -68,7 +68,7 @@ impl Dims {
     }
 
     /// Forward kernel scratch and piece outputs for pieces of up to `mq` query and `mk`
-    /// key rows (f32 tiles; for bf16 also the AMX tiles), doubled for `Vec` growth.
+    /// key rows (f32 tiles; for bf16 also the bf16 pair tiles), doubled for `Vec` growth.
     fn kernel_forward(&self, mq: u64, mk: u64) -> u64 {
         let f32s = 2 * tiles(mk) * self.dp
             + 2 * mq.min(QUERY_CHUNK) * self.dp

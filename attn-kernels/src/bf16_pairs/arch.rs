@@ -1,17 +1,34 @@
-//! The x86-64 Linux half of the AMX path: CPU and OS detection, the tile
+//! The x86-64 half of the bf16 pair forward: CPU and OS detection, the tile
 //! configuration, the tile instructions (inline assembly) behind bounds-checked safe
-//! wrappers, and the AVX-512 softmax rows.
+//! wrappers, and the AVX-512 softmax rows; the `vdpbf16ps` products live in `dot`.
 #![allow(unsafe_code)]
+
+pub(super) mod dot;
 
 use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::{Geometry, KC, KS, QB, RowState, TILE};
 
-pub(super) fn detect() -> bool {
+/// AVX-512F and AVX512-BF16 (the Dot engine and the softmax rows).
+pub(super) fn detect_dot() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bf16")
+}
+
+/// AMX tiles: the Dot engine's features, AMX-TILE and AMX-BF16, and Linux's permission
+/// to use the tile state (other systems: never).
+#[cfg(not(target_os = "linux"))]
+pub(super) fn detect_tiles() -> bool {
+    false
+}
+
+/// AMX tiles: the Dot engine's features, AMX-TILE and AMX-BF16, and Linux's permission
+/// to use the tile state.
+#[cfg(target_os = "linux")]
+pub(super) fn detect_tiles() -> bool {
     const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
     const XFEATURE_XTILEDATA: libc::c_long = 18;
-    if !(std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bf16")) {
+    if !detect_dot() {
         return false;
     }
     // CPUID leaf 7, sub-leaf 0, EDX: bit 22 AMX-BF16, bit 24 AMX-TILE.
@@ -236,7 +253,7 @@ pub(super) fn values(g: &Geometry, t: usize, chunks: usize, p: &[u16], vb: &[u32
 /// row's output accumulator must be multiplied by.
 pub(super) fn softmax_row(s: &[f32], vis: usize, c2: f32, st: &mut RowState, p: &mut [u16]) -> f32 {
     assert!(s.len() >= KS && p.len() >= KS && vis <= KS, "amx softmax: row too short");
-    // SAFETY: AVX-512F and AVX512-BF16 are present (part of `supported()`); the slices
+    // SAFETY: AVX-512F and AVX512-BF16 are present (both engines' `supported()`); the slices
     // hold KS values.
     unsafe { softmax_row_avx512(s.as_ptr(), vis, c2, st, p.as_mut_ptr()) }
 }

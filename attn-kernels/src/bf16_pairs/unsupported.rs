@@ -1,10 +1,18 @@
-//! The AMX path where it cannot exist (not x86-64 Linux): never supported, so none of
-//! these is ever reached.
+//! The bf16 pair forward where it cannot exist (not x86-64): neither engine is ever
+//! supported, so none of these is ever reached.
 
 use super::{Geometry, RowState};
 
-pub(super) fn detect() -> bool {
+pub(super) fn detect_tiles() -> bool {
     false
+}
+pub(super) fn detect_dot() -> bool {
+    false
+}
+pub(super) mod dot {
+    use super::super::Geometry;
+    pub(in super::super) fn scores(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u32], _: &mut [f32]) {}
+    pub(in super::super) fn values(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u32], _: &mut [f32]) {}
 }
 pub(super) fn prefetch(_: *const i8, _: usize) {}
 pub(super) fn with_tiles<R>(_f: impl FnOnce() -> R) -> R {
