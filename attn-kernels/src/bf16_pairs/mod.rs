@@ -411,7 +411,9 @@ mod tests {
     use half::bf16;
 
     fn bf(n: usize, seed: u32) -> Vec<bf16> {
-        (0..n).map(|i| bf16::from_f32((((i as u32 * 2_654_435_761) ^ seed) % 2001) as f32 / 500.0 - 2.0)).collect()
+        (0..n)
+            .map(|i| bf16::from_f32((((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2001) as f32 / 500.0 - 2.0))
+            .collect()
     }
 
     /// The Dot engine's scores and value products on the packed layouts equal the same
