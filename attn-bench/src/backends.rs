@@ -27,7 +27,8 @@ pub trait Runner {
 }
 
 /// The implementations this build knows, for `--list` and the report.
-pub const IMPLEMENTATIONS: &[&str] = &["reference", "cpu", "cpu-workspace (multihead)", "cuda", "ring-<strategy>"];
+pub const IMPLEMENTATIONS: &[&str] =
+    &["reference", "cpu", "cpu-workspace (dilated, multihead)", "cuda", "ring-<strategy>"];
 
 /// Allocate inputs and build the runner for `spec`. `BackendUnavailable` and
 /// `NotCompiled` mean "skip"; other errors are failures.
@@ -37,7 +38,7 @@ pub fn prepare(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
     spec.shape()?;
     match (spec.kind, spec.implementation.as_str()) {
         (CaseKind::Dilated, "reference") => Ok(Box::new(ReferenceRunner::new(spec)?)),
-        (CaseKind::Dilated, "cpu") => cpu_runner::dilated(spec),
+        (CaseKind::Dilated, "cpu" | "cpu-workspace") => cpu_runner::dilated(spec),
         (CaseKind::Dilated, "cuda") => cuda(spec),
         (CaseKind::Ring, imp) if imp.starts_with("ring") => ring_runner::ring(spec),
         (CaseKind::Multihead, "cpu" | "cpu-workspace") => multihead_runner::multihead(spec),

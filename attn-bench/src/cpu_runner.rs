@@ -1,6 +1,9 @@
 //! Runners for `attn_kernels::CpuBackend`: whole-tensor dilated attention (f32, bf16,
 //! f16; forward or forward + backward), and the same on a Hilbert-ordered 2D grid
-//! (permute in, attend, permute back) through `attn-hilbert`.
+//! (permute in, attend, permute back) through `attn-hilbert`. `--impl cpu` allocates
+//! the output (and gradient) buffers on every call, as torch does; `--impl
+//! cpu-workspace` keeps them across calls (the caller-buffer API as a server uses it),
+//! so its time holds no first-touch page faults of fresh output memory.
 
 use std::sync::Arc;
 
@@ -14,7 +17,7 @@ use crate::backends::{RunStats, Runner};
 use crate::case::CaseSpec;
 use crate::inputs::normal_vec;
 
-/// Build the CPU runner for `spec` in its dtype.
+/// Build the CPU runner for `spec` in its dtype (`--impl cpu` or `cpu-workspace`).
 pub fn dilated(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
     match spec.dtype.as_str() {
         "f32" => Ok(Box::new(CpuRunner::<f32>::new(spec, None)?)),
@@ -59,6 +62,25 @@ struct CpuRunner<T> {
     grad_out: Vec<T>,
     /// Hilbert order: inputs are permuted into it on every call, outputs permuted back.
     perm: Option<Arc<Permutation>>,
+    /// `--impl cpu-workspace`: the output buffers kept between calls (None before the
+    /// first call, and always for `--impl cpu`).
+    keep: bool,
+    kept: Option<Buffers<T>>,
+}
+
+/// A call's output, LSE and (backward) gradient buffers.
+struct Buffers<T> {
+    out: Vec<T>,
+    lse: Vec<f32>,
+    grads: [Vec<T>; 3],
+}
+
+impl<T: Element> Buffers<T> {
+    fn new(s: Shape4, backward: bool) -> Self {
+        let n = s.numel();
+        let grad = || if backward { vec![T::default(); n] } else { Vec::new() };
+        Buffers { out: vec![T::default(); n], lse: vec![0.0; s.lse_len()], grads: [grad(), grad(), grad()] }
+    }
 }
 
 impl<T: Element> CpuRunner<T> {
@@ -75,56 +97,45 @@ impl<T: Element> CpuRunner<T> {
             v: normal_vec(3, n),
             grad_out: if spec.backward { normal_vec(4, n) } else { Vec::new() },
             perm,
+            keep: spec.implementation == "cpu-workspace",
+            kept: None,
         })
     }
 
-    fn attend(&self, q: &[T], k: &[T], v: &[T]) -> Result<()> {
+    /// One call into `bufs` (fresh, or kept from the last call).
+    fn attend(&self, q: &[T], k: &[T], v: &[T], bufs: &mut Buffers<T>) -> Result<()> {
         let s = self.shape;
         let view = |name, x| TensorView::contiguous(name, x, s);
         let (qv, kv, vv) = (view(TensorName::Query, q)?, view(TensorName::Key, k)?, view(TensorName::Value, v)?);
-        let mut out = vec![T::default(); s.numel()];
-        let mut lse = vec![0.0f32; s.lse_len()];
-        self.backend.forward(
-            &self.cfg,
-            qv,
-            kv,
-            vv,
-            TensorViewMut::contiguous(TensorName::Output, &mut out, s)?,
-            &mut lse,
-        )?;
+        let Buffers { out, lse, grads: [dq, dk, dv] } = bufs;
+        self.backend.forward(&self.cfg, qv, kv, vv, TensorViewMut::contiguous(TensorName::Output, out, s)?, lse)?;
         if self.backward {
-            let n = s.numel();
-            let (mut dq, mut dk, mut dv) = (vec![T::default(); n], vec![T::default(); n], vec![T::default(); n]);
             self.backend.backward(
                 &self.cfg,
                 qv,
                 kv,
                 vv,
-                view(TensorName::Output, &out)?,
-                &lse,
+                view(TensorName::Output, out)?,
+                lse,
                 view(TensorName::GradOutput, &self.grad_out)?,
-                TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, s)?,
-                TensorViewMut::contiguous(TensorName::GradKey, &mut dk, s)?,
-                TensorViewMut::contiguous(TensorName::GradValue, &mut dv, s)?,
+                TensorViewMut::contiguous(TensorName::GradQuery, dq, s)?,
+                TensorViewMut::contiguous(TensorName::GradKey, dk, s)?,
+                TensorViewMut::contiguous(TensorName::GradValue, dv, s)?,
             )?;
-            std::hint::black_box((dq, dk, dv));
         }
-        match &self.perm {
-            Some(p) => {
-                let mut back = vec![T::default(); s.numel()];
-                p.unapply(&TokenLayout::bshd(s), &out, &mut back)?;
-                std::hint::black_box(back);
-            }
-            None => {
-                std::hint::black_box(out);
-            }
+        if let Some(p) = &self.perm {
+            let mut back = vec![T::default(); s.numel()];
+            p.unapply(&TokenLayout::bshd(s), out, &mut back)?;
+            std::hint::black_box(back);
         }
+        std::hint::black_box(&bufs);
         Ok(())
     }
 }
 
 impl<T: Element> Runner for CpuRunner<T> {
     fn run(&mut self) -> Result<RunStats> {
+        let mut bufs = self.kept.take().unwrap_or_else(|| Buffers::new(self.shape, self.backward));
         match &self.perm {
             Some(p) => {
                 let layout = TokenLayout::bshd(self.shape);
@@ -134,9 +145,12 @@ impl<T: Element> Runner for CpuRunner<T> {
                     Ok(y)
                 };
                 let (q, k, v) = (permute(&self.q)?, permute(&self.k)?, permute(&self.v)?);
-                self.attend(&q, &k, &v)?;
+                self.attend(&q, &k, &v, &mut bufs)?;
             }
-            None => self.attend(&self.q, &self.k, &self.v)?,
+            None => self.attend(&self.q, &self.k, &self.v, &mut bufs)?,
+        }
+        if self.keep {
+            self.kept = Some(bufs);
         }
         Ok(RunStats::default())
     }
@@ -155,6 +169,31 @@ pub fn workspace_query(spec: &CaseSpec) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--impl cpu-workspace` keeps one set of buffers across calls (the same
+    /// allocation, refilled), and its output equals a fresh-buffer call's bit for bit.
+    #[test]
+    fn the_workspace_runner_reuses_its_buffers() {
+        for backward in [false, true] {
+            let mut spec = CaseSpec::dilated("cpu-workspace", 96, &[32, 64], &[1, 2]);
+            spec.backward = backward;
+            let mut kept = CpuRunner::<f32>::new(&spec, None).unwrap();
+            kept.run().unwrap();
+            let first = kept.kept.as_ref().map(|b| b.out.as_ptr()).expect("buffers kept");
+            kept.run().unwrap();
+            let again = kept.kept.as_ref().unwrap();
+            assert_eq!(again.out.as_ptr(), first, "same allocation");
+            spec.implementation = "cpu".into();
+            let fresh = CpuRunner::<f32>::new(&spec, None).unwrap();
+            let mut bufs = Buffers::new(fresh.shape, backward);
+            fresh.attend(&fresh.q, &fresh.k, &fresh.v, &mut bufs).unwrap();
+            assert!(fresh.kept.is_none() && !fresh.keep);
+            assert_eq!(bufs.out, again.out);
+            assert_eq!(bufs.lse, again.lse);
+            assert_eq!(bufs.grads, again.grads);
+            assert_eq!(bufs.grads[0].len(), if backward { bufs.out.len() } else { 0 });
+        }
+    }
 
     #[test]
     fn grids_are_as_square_as_possible() {
