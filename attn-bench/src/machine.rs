@@ -1,4 +1,5 @@
-//! What machine and build a run measured: CPU, cores, memory, rustc, git commit, time.
+//! What machine and build a run measured: CPU, the CPU kernel flavour, cores, memory,
+//! rustc, git commit, time.
 
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -9,6 +10,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Machine {
     pub cpu: String,
+    /// The CPU kernel flavour the run used (`attn_kernels::Isa`: `amx`, `avx512bf16`,
+    /// `avx512`, `avx2` or `portable`; `ATTN_CPU_ISA` overrides). Empty in results
+    /// written before it was recorded.
+    #[serde(default)]
+    pub cpu_kernels: String,
     pub logical_cores: usize,
     pub memory_bytes: u64,
     pub os: String,
@@ -62,6 +68,7 @@ impl Machine {
         let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
         Machine {
             cpu: cpu_model(),
+            cpu_kernels: attn_kernels::Isa::detect().as_str().into(),
             logical_cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             memory_bytes: memory_bytes(),
             os: format!(

@@ -203,7 +203,7 @@ pub fn render(
     let _ = writeln!(o, "# attn benchmark report ({} suite)\n", r.suite);
     let _ = writeln!(
         o,
-        "- **Machine**: {} ({} logical cores, {:.1} GiB){}\n- **Build**: {}, commit `{}`{}\n- **Run**: {} UTC, {} threads, took {:.0} s\n- **Measured f32 GEMM rate** (gemm crate, {n}x{n}x{n}) at the start: {:.1} GFLOP/s median, {:.1} best; \
+        "- **Machine**: {} ({} logical cores, {:.1} GiB){}{}\n- **Build**: {}, commit `{}`{}\n- **Run**: {} UTC, {} threads, took {:.0} s\n- **Measured f32 GEMM rate** (gemm crate, {n}x{n}x{n}) at the start: {:.1} GFLOP/s median, {:.1} best; \
          \"% of f32 GEMM\" divides by the best GEMM rate seen during the run ({:.1} GFLOP/s; \
          re-measured next to every case, see results.json); bf16 and f16 rows are divided by this f32 rate \
          too (no bf16 GEMM is measured), so they can exceed 100%",
@@ -211,6 +211,7 @@ pub fn render(
         m.logical_cores,
         m.memory_bytes as f64 / (1u64 << 30) as f64,
         m.gpu.as_ref().map_or(String::new(), |g| format!(", GPU {g}")),
+        if m.cpu_kernels.is_empty() { String::new() } else { format!("; CPU kernels `{}`", m.cpu_kernels) },
         m.rustc,
         m.git_commit,
         if m.git_dirty { " (with uncommitted changes)" } else { "" },

@@ -46,6 +46,7 @@ fn ok(section: &str, spec: CaseSpec, ms: f64, kb_per_token: f64) -> Measurement 
 fn machine() -> Machine {
     Machine {
         cpu: "Test CPU".into(),
+        cpu_kernels: "avx2".into(),
         logical_cores: 2,
         memory_bytes: 16 << 30,
         os: "linux test".into(),

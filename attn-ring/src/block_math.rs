@@ -23,6 +23,17 @@ pub(crate) struct KeyBlock<'a, T> {
     pub stride: usize,
 }
 
+impl<'a, T> KeyBlock<'a, T> {
+    /// The rows whose positions lie in `lo..hi`, for a block whose positions ascend (a
+    /// binary search; callers check the order once).
+    pub(crate) fn positions_within(&self, lo: usize, hi: usize) -> KeyBlock<'a, T> {
+        let a = self.pos.partition_point(|&p| p < lo);
+        let b = self.pos.partition_point(|&p| p < hi).max(a);
+        let at = (a * self.stride).min(self.k.len()).min(self.v.len());
+        KeyBlock { pos: &self.pos[a..b], k: &self.k[at..], v: &self.v[at..], stride: self.stride }
+    }
+}
+
 /// Mask parameters of one call.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Mask {

@@ -186,6 +186,10 @@ pub(crate) fn forward_direct<T: Element>(
             let hp = pr.cfg.head_patterns(pr.heads, head);
             let scale = hp.out_scale as f32;
             let mine: Vec<&PairPartial> = partials.iter().filter(|x| x.pair.head == head).collect();
+            let keys = local.own_keys(bh);
+            // Ascending positions (every layout's): each row chunk then hands the kernel only
+            // the keys of its own segments, so the work stays linear in the rows.
+            let ascending = keys.pos.windows(2).all(|w| w[0] < w[1]);
             for c0 in (0..nl).step_by(ROW_CHUNK) {
                 let c1 = (c0 + ROW_CHUNK).min(nl);
                 let (o, l) = (&mut o[..(c1 - c0) * d], &mut l[..c1 - c0]);
@@ -195,7 +199,15 @@ pub(crate) fn forward_direct<T: Element>(
                 // Own keys go to the kernel PIECE_ROWS selected rows at a time (small kernel scratch).
                 for &(pattern, pat) in &hp.patterns {
                     let m = mask_of(plan, &PatternHead { pattern, head, pat });
-                    attend_forward_chunked(q, local.own_keys(bh), m, o, l, PIECE_ROWS * pat.r)?;
+                    let keys = match (ascending, q.pos.first(), q.pos.last()) {
+                        (true, Some(&first), Some(&last)) => {
+                            let lo = pat.segment_of(first).saturating_mul(pat.w);
+                            let hi = (pat.segment_of(last) + 1).saturating_mul(pat.w);
+                            keys.positions_within(lo, if m.causal { hi.min(last + 1) } else { hi })
+                        }
+                        _ => keys,
+                    };
+                    attend_forward_chunked(q, keys, m, o, l, PIECE_ROWS * pat.r)?;
                 }
                 for part in &mine {
                     let (n, r) = (part.pos.len(), part.pair.pat.r);
