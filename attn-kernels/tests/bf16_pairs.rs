@@ -59,6 +59,8 @@ fn pair_engines_match_reference_on_ragged_shapes() {
             (&[300][..], &[1][..], Mixing::HeadGroups, false, 301, 1, 96),
             (&[160, 320][..], &[1, 2][..], Mixing::LongNet, true, 480, 2, 136),
             (&[1024][..], &[1][..], Mixing::HeadGroups, true, 1000, 1, 128),
+            (&[96, 192][..], &[1, 2][..], Mixing::LongNet, true, 200, 1, 256),
+            (&[128][..], &[1][..], Mixing::HeadGroups, false, 150, 1, 512),
         ];
         for (i, (w, r, mixing, causal, n, h, d)) in cases.into_iter().enumerate() {
             let cfg = DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causal(causal).build().unwrap();
