@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use attn_core::{Element, LseMerge, Result, TensorViewMut};
 
-use crate::block_math::{KeyBlock, Rows, attend_forward, attend_forward_chunked};
+use crate::block_math::{KEY_ROWS_PER_CALL, KeyBlock, Rows, attend_forward, attend_forward_chunked};
 use crate::comm::Communicator;
 use crate::local::{Local, RawBlock, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
@@ -22,7 +22,7 @@ use crate::wire::MsgKind;
 pub(crate) const PIECE_ROWS: usize = 128;
 
 /// Query rows per accumulator chunk (and at most per kernel call).
-pub(crate) const ROW_CHUNK: usize = 128;
+pub(crate) const ROW_CHUNK: usize = 512;
 
 /// One piece: (pair index in `plan.gather_heads`, range of that pair's positions).
 pub(crate) type Piece = (usize, Range<usize>);
@@ -196,7 +196,8 @@ pub(crate) fn forward_direct<T: Element>(
                 o.iter_mut().for_each(|x| *x = 0.0);
                 l.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
                 let q = local.q_rows_range(bh, c0..c1);
-                // Own keys go to the kernel PIECE_ROWS selected rows at a time (small kernel scratch).
+                // Own keys go to the kernel KEY_ROWS_PER_CALL selected rows at a time (bounded
+                // kernel scratch).
                 for &(pattern, pat) in &hp.patterns {
                     let m = mask_of(plan, &PatternHead { pattern, head, pat });
                     let keys = match (ascending, q.pos.first(), q.pos.last()) {
@@ -207,7 +208,7 @@ pub(crate) fn forward_direct<T: Element>(
                         }
                         _ => keys,
                     };
-                    attend_forward_chunked(q, keys, m, o, l, PIECE_ROWS * pat.r)?;
+                    attend_forward_chunked(q, keys, m, o, l, KEY_ROWS_PER_CALL * pat.r)?;
                 }
                 for part in &mine {
                     let (n, r) = (part.pos.len(), part.pair.pat.r);
