@@ -1,9 +1,10 @@
 //! The x86-64 half of the bf16 pair forward: CPU and OS detection, the tile
 //! configuration, the tile instructions (inline assembly) behind bounds-checked safe
-//! wrappers, and the AVX-512 softmax rows; the `vdpbf16ps` products live in `dot`.
+//! wrappers, and the AVX-512 softmax rows; the `vdpbf16ps` products live in `dot`, the AVX-512 packing in `pack`.
 #![allow(unsafe_code)]
 
 pub(super) mod dot;
+pub(super) mod pack;
 
 use std::arch::asm;
 use std::arch::x86_64::*;

@@ -9,6 +9,24 @@ pub(super) fn detect_tiles() -> bool {
 pub(super) fn detect_dot() -> bool {
     false
 }
+pub(super) mod pack {
+    use attn_core::Element;
+    pub(in super::super) fn available() -> bool {
+        false
+    }
+    pub(in super::super) fn key_group<T: Element>(_: &[&[T]], _: usize, _: usize, _: &mut [u32], _: usize) -> bool {
+        unreachable!("never available on this target")
+    }
+    pub(in super::super) fn value_pair<T: Element>(
+        _: &[T],
+        _: Option<&[T]>,
+        _: usize,
+        _: usize,
+        _: &mut [u32],
+    ) -> bool {
+        unreachable!("never available on this target")
+    }
+}
 pub(super) mod dot {
     use super::super::Geometry;
     pub(in super::super) fn scores(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u32], _: &mut [f32]) {}
