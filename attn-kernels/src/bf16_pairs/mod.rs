@@ -155,7 +155,11 @@ pub(crate) fn forward_piece<T: Element>(
     }
     let nk = keys_needed(k.pos, causal, q.pos[nq - 1]);
     let g = Geometry::new(d, nk);
-    if !(all_finite(q, nq, d) && pack_keys(k, nk, d, &g, &mut ws.kb) && pack_values(v, nk, d, &g, &mut ws.vb)) {
+    let vector = arch::pack::available();
+    if !(all_finite(q, nq, d)
+        && pack_keys(vector, k, nk, d, &g, &mut ws.kb)
+        && pack_values(vector, v, nk, d, &g, &mut ws.vb))
+    {
         return false;
     }
     assert!(out.len() >= nq * d && lse.len() >= nq, "bf16 pair forward: output too short");
@@ -325,7 +329,11 @@ mod tests {
             let (off, pos): (Vec<usize>, Vec<usize>) = (0..nk).map(|j| (j * d, j)).unzip();
             let rows = |x| PieceRows { data: x, offsets: &off, pos: &pos };
             let (mut kb, mut vb) = (Vec::new(), Vec::new());
-            assert!(pack_keys(&rows(&kd), nk, d, &g, &mut kb) && pack_values(&rows(&vd), nk, d, &g, &mut vb));
+            let vector = arch::pack::available();
+            assert!(
+                pack_keys(vector, &rows(&kd), nk, d, &g, &mut kb)
+                    && pack_values(vector, &rows(&vd), nk, d, &g, &mut vb)
+            );
             let mut q = vec![0u16; QB * g.dq];
             for i in 0..QB {
                 for e in 0..d {

@@ -55,19 +55,9 @@ fn nonfinite_pair(x: u32) -> u32 {
 
 /// Keys in the tile unit's pair layout: pair `p` of tile (t, c, g), column `j` holds
 /// `k[t*64 + g*16 + j][c*32 + 2p ..= c*32 + 2p + 1]` (zero past `nk` or `d`). Returns
-/// whether every packed value is finite.
+/// whether every packed value is finite. `vector`: AVX-512 (only where
+/// `arch::pack::available()`), else scalar code.
 pub(super) fn pack_keys<T: Element>(
-    k: &PieceRows<'_, T>,
-    nk: usize,
-    d: usize,
-    g: &Geometry,
-    dst: &mut Vec<u32>,
-) -> bool {
-    keys_with(arch::pack::available(), k, nk, d, g, dst)
-}
-
-/// [`pack_keys`] with AVX-512 (`vector`, where available) or scalar code.
-fn keys_with<T: Element>(
     vector: bool,
     k: &PieceRows<'_, T>,
     nk: usize,
@@ -113,19 +103,8 @@ fn keys_with<T: Element>(
 
 /// Values in the pair layout: pair `j` of row `p` of tile (t, kc, e) holds
 /// `v[k][e*16 + j]` and `v[k+1][e*16 + j]` for `k = t*64 + kc*32 + 2p` (zero past `nk`
-/// or `d`). Returns whether every packed value is finite.
+/// or `d`). Returns whether every packed value is finite. `vector` as in [`pack_keys`].
 pub(super) fn pack_values<T: Element>(
-    v: &PieceRows<'_, T>,
-    nk: usize,
-    d: usize,
-    g: &Geometry,
-    dst: &mut Vec<u32>,
-) -> bool {
-    values_with(arch::pack::available(), v, nk, d, g, dst)
-}
-
-/// [`pack_values`] with AVX-512 (`vector`, where available) or scalar code.
-fn values_with<T: Element>(
     vector: bool,
     v: &PieceRows<'_, T>,
     nk: usize,
@@ -202,11 +181,11 @@ mod tests {
                 }
                 let rows = PieceRows { data: &data, offsets: &offsets, pos: &pos };
                 let (mut a, mut b) = (Vec::new(), Vec::new());
-                let (fa, fb) = (keys_with(true, &rows, nk, d, &g, &mut a), keys_with(false, &rows, nk, d, &g, &mut b));
+                let (fa, fb) = (pack_keys(true, &rows, nk, d, &g, &mut a), pack_keys(false, &rows, nk, d, &g, &mut b));
                 assert_eq!((fa, &a), (fb, &b), "keys d={d} nk={nk} poison={poison:?}");
                 assert_eq!(fa, poison.is_none());
                 let (fa, fb) =
-                    (values_with(true, &rows, nk, d, &g, &mut a), values_with(false, &rows, nk, d, &g, &mut b));
+                    (pack_values(true, &rows, nk, d, &g, &mut a), pack_values(false, &rows, nk, d, &g, &mut b));
                 assert_eq!((fa, &a), (fb, &b), "values d={d} nk={nk} poison={poison:?}");
                 assert_eq!(fa, poison.is_none());
             }
