@@ -1,6 +1,7 @@
 //! The x86-64 half of the bf16 pair forward: CPU and OS detection, the tile
 //! configuration, the tile instructions (inline assembly) behind bounds-checked safe
-//! wrappers, and the AVX-512 softmax rows; the `vdpbf16ps` products live in `dot`, the AVX-512 packing in `pack`.
+//! wrappers, and the AVX-512 softmax rows; the `vdpbf16ps` products live in `dot`, the
+//! AVX-512 packing in `pack`.
 #![allow(unsafe_code)]
 
 pub(super) mod dot;
