@@ -10,7 +10,7 @@ use std::sync::Arc;
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Element, Result, Shape4, TensorView, TensorViewMut};
 use attn_hilbert::{Permutation, TokenLayout, TokenOrder};
-use attn_kernels::CpuBackend;
+use attn_kernels::{CpuBackend, zeroed_buffer};
 use half::{bf16, f16};
 
 use crate::backends::{RunStats, Runner};
@@ -78,8 +78,8 @@ struct Buffers<T> {
 impl<T: Element> Buffers<T> {
     fn new(s: Shape4, backward: bool) -> Self {
         let n = s.numel();
-        let grad = || if backward { vec![T::default(); n] } else { Vec::new() };
-        Buffers { out: vec![T::default(); n], lse: vec![0.0; s.lse_len()], grads: [grad(), grad(), grad()] }
+        let grad = || if backward { zeroed_buffer(n) } else { Vec::new() };
+        Buffers { out: zeroed_buffer(n), lse: zeroed_buffer(s.lse_len()), grads: [grad(), grad(), grad()] }
     }
 }
 

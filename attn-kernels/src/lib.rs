@@ -13,8 +13,8 @@
 //! everything else uses the AVX-512 kernels.
 //!
 //! Unsafe code lives only in `avx512`, `avx2` and `bf16_pairs::arch` (intrinsics and tile instructions behind bounds-checked safe
-//! wrappers), `disjoint` (shared output buffer, disjoint rows) and `backend` (the
-//! disjoint row writes of work units).
+//! wrappers), `disjoint` (shared output buffer, disjoint rows), `backend` (the
+//! disjoint row writes of work units) and `huge_pages` (`madvise` on fresh buffers).
 #![deny(unsafe_code)]
 
 mod avx2;
@@ -36,6 +36,7 @@ pub mod cuda;
 pub mod cuda;
 mod disjoint;
 mod flops;
+mod huge_pages;
 mod portable;
 mod score_bound;
 mod tile_backward;
@@ -45,6 +46,7 @@ mod units;
 pub use backend::CpuBackend;
 pub use block::{BlockRows, attend_block, attend_block_backward};
 pub use flops::model_flops;
+pub use huge_pages::zeroed_buffer;
 pub use isa::Isa;
 
 /// Keys per tile of the f32 forward kernel: a forward call packs its keys and values

@@ -207,7 +207,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
         let mut ws = MultiheadWorkspace::new();
         let shape = self.project_self(x, batch, seq, &mut ws)?;
-        let mut y = vec![F::zero(); x.len()];
+        let mut y = attn_kernels::zeroed_buffer(x.len());
         self.finish_forward(shape, shape, true, mode, &mut ws, &mut y)?;
         Ok(y)
     }
@@ -233,7 +233,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
         let mut ws = MultiheadWorkspace::new();
         let shape = self.project_self(x, batch, seq, &mut ws)?;
-        let mut y = vec![F::zero(); x.len()];
+        let mut y = attn_kernels::zeroed_buffer(x.len());
         let kept = self.finish_forward(shape, shape, true, mode, &mut ws, &mut y)?;
         Ok((y, kept.into_cache(shape, shape, Inputs::SelfAttn(x.to_vec()), ws)))
     }
@@ -289,7 +289,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let kv = sized(&mut ws.kv, batch * kv_seq * 2 * e);
         linear_forward(key, batch * kv_seq, e, wpart(1), bias(1), e, kv, 2 * e)?;
         linear_forward(value, batch * kv_seq, e, wpart(2), bias(2), e, &mut kv[e..], 2 * e)?;
-        let mut y = vec![F::zero(); query.len()];
+        let mut y = attn_kernels::zeroed_buffer(query.len());
         let kept = self.finish_forward(qs, kvs, false, mode, &mut ws, &mut y)?;
         let inputs = Inputs::Cross { query: query.to_vec(), key: key.to_vec(), value: value.to_vec() };
         Ok((y, kept.into_cache(qs, kvs, inputs, ws)))

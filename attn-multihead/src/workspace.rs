@@ -47,7 +47,7 @@ pub struct MultiheadWorkspace<F> {
 /// caller to overwrite, a fresh buffer comes zeroed from the allocator.
 pub(crate) fn sized<F: LayerFloat>(buf: &mut Vec<F>, len: usize) -> &mut [F] {
     if buf.len() != len {
-        *buf = vec![F::zero(); len];
+        *buf = attn_kernels::zeroed_buffer(len);
     }
     buf
 }
@@ -75,7 +75,7 @@ impl<F: LayerFloat> MultiheadWorkspace<F> {
             }
             Some(key) => {
                 if self.qkv.len() != len {
-                    self.qkv = vec![F::zero(); len];
+                    self.qkv = attn_kernels::zeroed_buffer(len);
                 } else if self.zero_outside.as_ref() != Some(&key) {
                     self.qkv.fill(F::zero());
                 }
