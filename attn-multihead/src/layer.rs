@@ -389,9 +389,9 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             d_attn.iter_mut().zip(m).for_each(|(g, &k)| *g *= k);
         }
         // Attention.
-        let mut dq = vec![F::zero(); qs.numel()];
-        let mut dk = vec![F::zero(); kvs.numel()];
-        let mut dv = vec![F::zero(); kvs.numel()];
+        let mut dq = attn_kernels::zeroed_buffer(qs.numel());
+        let mut dk = attn_kernels::zeroed_buffer(kvs.numel());
+        let mut dv = attn_kernels::zeroed_buffer(kvs.numel());
         {
             let [q, k, v] = self.views(cache.projected.as_ref(), qs, kvs)?;
             let out = TensorView::contiguous(TensorName::Output, &cache.attn, qs)?;
@@ -409,7 +409,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         {
             // The whole sequence on one device: only each head group's selected rows
             // carry gradient, so only they enter the products.
-            let mut dx = vec![F::zero(); rows * e];
+            let mut dx = attn_kernels::zeroed_buffer(rows * e);
             let (heads, hd) = (self.config.num_heads, self.config.head_dim());
             let (dw, db) = (&mut g.weight, g.bias.as_deref_mut());
             if project_qkv_backward(&self.dilated, heads, hd, x, qs.batch, qs.seq, w, [&dq, &dk, &dv], dw, db, &mut dx)?
@@ -432,14 +432,18 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let wpart = |i: usize| &w[i * e * e..(i + 1) * e * e];
         match &cache.inputs {
             Inputs::SelfAttn(_) => {
-                let mut dx = vec![F::zero(); rows * e];
+                let mut dx = attn_kernels::zeroed_buffer(rows * e);
                 for (i, (dy, r)) in grads_out.iter().enumerate() {
                     linear_backward_input(dy, e, *r, wpart(i), e, e, &mut dx, i > 0)?;
                 }
                 Ok(InputGrads { query: dx, key: None, value: None })
             }
             Inputs::Cross { .. } => {
-                let mut out = [vec![F::zero(); rows * e], vec![F::zero(); kv_rows * e], vec![F::zero(); kv_rows * e]];
+                let mut out = [
+                    attn_kernels::zeroed_buffer(rows * e),
+                    attn_kernels::zeroed_buffer(kv_rows * e),
+                    attn_kernels::zeroed_buffer(kv_rows * e),
+                ];
                 for (i, ((dy, r), dx)) in grads_out.iter().zip(out.iter_mut()).enumerate() {
                     linear_backward_input(dy, e, *r, wpart(i), e, e, dx, false)?;
                 }
