@@ -308,12 +308,16 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
 ///   the selected query rows that see remote keys, `B*rows*(D+1)*4`, and this rank's
 ///   pieces (at most 128 rows of one pair each, `B*rows*2*D*e`) of two rounds, the
 ///   current one and the previous one (its receiver may be one round behind); a
-///   received piece is dropped as soon as it is attended.
+///   received piece is dropped as soon as it is attended; after the completion round
+///   one row chunk's f32 `(o, lse)` (`min(1024, rows)*(D+1)*4`) and the kernel's f32
+///   copy of one call's own keys and values (`min(1024, rows)*2*D16*4`).
 ///
 /// Plain ring attention (one pattern, `w >= n`, `r = 1`, strategy ring, `L = n/p`
 /// rows): `B*L*H*(D+1)*4 + (9 + B*L*H*2*D*e) + (B*L*H*2*D*e + 8*L*H) + 2*L*D*4` for
 /// p >= 3, about `(4 + 4e) * B*L*H*D` (at p = 2 the visitor is at its last hop: `L*2*D*e +
-/// 8*L*H` instead of the decoded block); all-gather (auto at p = 2): `B*L*H*(D+1)*4 + 2*B*128*2*D*e`. Both proportional to `n/p`; `attn-reliability`'s `full_attention_memory`
+/// 8*L*H` instead of the decoded block); all-gather (auto at p = 2): `B*L*H*(D+1)*4 + 2*B*128*2*D*e + min(1024, L)*(D+1)*4 +
+/// min(1024, L)*2*D16*4` (partials, two rounds of pieces, one row chunk, one kernel call's f32 keys and
+/// values; `D16` = D rounded up to 16). Both proportional to `n/p`; `attn-reliability`'s `full_attention_memory`
 /// test measures them.
 pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
     let RingProblem { batch, heads, head_dim: d, world: p, seq: n, layout, .. } = plan.problem;
@@ -329,7 +333,11 @@ pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
             .filter(|&x| x != rank)
             .map(|x| crate::direct::pieces(plan, rank, x).iter().take(2).map(|(_, rg)| rg.len() as u64).sum::<u64>())
             .sum();
-        return crate::direct::partial_rows(plan, rank) * b * (d + 1) * 4 + sent * b * 2 * d * e;
+        // After the completion round: one chunk's f32 (o, lse) and the kernel's f32 copy of
+        // one call's own keys and values (head dim rounded up to 16).
+        let chunk = (crate::direct::ROW_CHUNK as u64).min(rows) * (d + 1) * 4;
+        let keys = (crate::block_math::KEY_ROWS_PER_CALL as u64).min(rows) * 2 * d.next_multiple_of(16) * 4;
+        return crate::direct::partial_rows(plan, rank) * b * (d + 1) * 4 + sent * b * 2 * d * e + chunk + keys;
     }
     let ring_rows = |o: usize| -> u64 { plan.ring_heads.iter().map(|ph| plan.ring_count(o, ph) as u64).sum() };
     let mut total = b * rows * h * (d + 1) * 4;
