@@ -9,7 +9,7 @@ use crate::block_math::{GradRows, attend_backward};
 use crate::comm::Communicator;
 use crate::entry::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
 use crate::forward::{Partial, all_pairs, forward_core, restep};
-use crate::local::{Block, Local, mask_of, split_heads};
+use crate::local::{Block, Local, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::wire::{MsgKind, Reader, begin, put_f32s};
 
@@ -111,35 +111,39 @@ impl<T: Element> Ctx<'_, T> {
     }
 }
 
-/// The backward on this rank, given the forward's output and lse.
+/// The backward on this rank, given the forward's output and lse. The forward's f32
+/// output is needed only for `delta = grad_out . out`: it is dropped before the f32
+/// dq, dk and dv accumulators exist, and grad_out is read from the caller's view.
 pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     plan: &Plan,
     local: &Local<'_, T>,
-    fwd: &Partial,
-    grad_out: &[Vec<f32>],
+    fwd: Partial,
+    grad_out: &TensorView<'_, T>,
 ) -> Result<Grads> {
     let (r, p) = (comm.rank(), plan.problem.world);
     let (nl, d, batch) = (local.rows(), local.d, local.batch);
     let pr = &plan.problem;
-    let mut g = Vec::with_capacity(grad_out.len());
-    let mut delta = Vec::with_capacity(grad_out.len());
+    let Partial { o, lse } = fwd;
+    let mut g = Vec::with_capacity(o.len());
+    let mut delta = Vec::with_capacity(o.len());
+    let mut row = vec![0.0f32; d];
     for b in 0..batch {
         for head in 0..local.heads {
             let bh = local.bh(b, head);
             let s = pr.cfg.head_patterns(pr.heads, head).out_scale as f32;
-            g.push(grad_out[bh].iter().map(|x| x * s).collect::<Vec<f32>>());
-            delta.push(
-                (0..nl)
-                    .map(|i| {
-                        let (a, o) = (&grad_out[bh][i * d..(i + 1) * d], &fwd.o[bh][i * d..(i + 1) * d]);
-                        a.iter().zip(o).map(|(x, y)| x * y).sum::<f32>()
-                    })
-                    .collect::<Vec<f32>>(),
-            );
+            let (mut gb, mut db) = (Vec::with_capacity(nl * d), Vec::with_capacity(nl));
+            for i in 0..nl {
+                row.iter_mut().zip(grad_out.row(b, i, head)).for_each(|(x, e)| *x = e.to_f32());
+                db.push(row.iter().zip(&o[bh][i * d..(i + 1) * d]).map(|(x, y)| x * y).sum::<f32>());
+                gb.extend(row.iter().map(|x| x * s));
+            }
+            g.push(gb);
+            delta.push(db);
         }
     }
-    let ctx = Ctx { plan, local, lse: &fwd.lse, g, delta };
+    drop(o);
+    let ctx = Ctx { plan, local, lse: &lse, g, delta };
     let zeros = || vec![vec![0.0f32; nl * d]; batch * local.heads];
     let mut grads = Grads { dq: zeros(), dk: zeros(), dv: zeros() };
 
@@ -288,8 +292,7 @@ pub fn ring_backward_with<C: Communicator + ?Sized, T: Element>(
     let extra = check_out(problem, comm.rank(), &outs, usize::MAX);
     let Prepared { plan, local, start } = prepare(comm, "backward", problem, opts, [q, k, v], Some(grad_out), extra)?;
     let fwd = forward_core::<C, T>(comm, &plan, &local)?;
-    let go = split_heads(&grad_out);
-    let g = backward_core::<C, T>(comm, &plan, &local, &fwd, &go)?;
+    let g = backward_core::<C, T>(comm, &plan, &local, fwd, &grad_out)?;
     let stats = finish(comm, start)?;
     let d = local.d;
     for (dst, src) in [(dq, &g.dq), (dk, &g.dk), (dv, &g.dv)] {

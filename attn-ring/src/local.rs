@@ -20,22 +20,6 @@ pub(crate) struct Local<'a, T> {
     v: TensorView<'a, T>,
 }
 
-/// One `[rows, d]` f32 buffer per (batch, head) of a view.
-pub(crate) fn split_heads<T: Element>(x: &TensorView<'_, T>) -> Vec<Vec<f32>> {
-    let s = x.shape();
-    let mut out = Vec::with_capacity(s.batch * s.heads);
-    for b in 0..s.batch {
-        for h in 0..s.heads {
-            let mut buf = Vec::with_capacity(s.seq * s.head_dim);
-            for i in 0..s.seq {
-                buf.extend(x.row(b, i, h).iter().map(|e| e.to_f32()));
-            }
-            out.push(buf);
-        }
-    }
-    out
-}
-
 impl<'a, T: Element> Local<'a, T> {
     /// This rank's views (already checked against the plan).
     pub fn new(pos: Vec<usize>, q: TensorView<'a, T>, k: TensorView<'a, T>, v: TensorView<'a, T>) -> Self {

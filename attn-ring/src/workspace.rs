@@ -10,8 +10,9 @@
 //! ahead of a slow neighbour, so every dk/dv partial it sends is counted), and a frame
 //! it received counts while it holds it. The terms, per rank with `L` rows:
 //! - f32 accumulators: out and lse of every (batch, head), `B*L*H*(D+1)*4` (only one
-//!   chunk of 256 rows when a forward has no ring pattern); the backward adds
-//!   grad_out, its scaled copy, dq, dk, dv and delta, `B*L*H*(5D+1)*4`;
+//!   chunk of 1024 rows when a forward has no ring pattern); the backward adds the
+//!   scaled grad_out, dq, dk, dv and delta, `B*L*H*(4D+1)*4`, and drops the f32 out
+//!   once delta is computed (before dq, dk and dv exist);
 //! - messages: every all-gather block sent and received, this rank's ring block, one
 //!   visiting ring block with its decoded copy, and in the backward the f32 dk/dv
 //!   messages, each with its frame and message headers and position lists;
@@ -234,7 +235,9 @@ impl Plan {
 
         // Backward: state, the all-gather k/v out and dk/dv back, the ring pass with
         // dk/dv partials travelling on and home, and the backward kernels.
-        let state = 5 * bh * nl * d * 4 + bh * nl * 4 + 6 * VEC * bh;
+        // g (scaled grad_out), dq, dk, dv and delta; the forward's f32 output is dropped
+        // once delta is computed, before dq, dk and dv are allocated.
+        let state = 4 * bh * nl * d * 4 + bh * nl * 4 + 5 * VEC * bh;
         let (_, dec_max) = sum_max(recvs.iter().map(|&y| {
             let rows = gather(y, rank).0;
             x.decoded(rows, ng) + x.grads(rows, ng)
@@ -275,7 +278,8 @@ impl Plan {
         };
         let kern_b = x.kernel_backward(mq, mk) + grp;
         let bwd = state + gsend + recv_b + dec_max + ret_b + own_ring + step + outgoing + home + kern_b;
-        persist + fwd_transient.max(bwd) + small
+        let out_f32 = bh * nl * d * 4;
+        (persist + fwd_transient).max(persist - out_f32 + bwd) + small
     }
 
     /// Plan tables, handshake and completion messages and channel bookkeeping: small,
