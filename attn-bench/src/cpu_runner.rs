@@ -76,10 +76,10 @@ struct Buffers<T> {
 }
 
 impl<T: Element> Buffers<T> {
-    fn new(s: Shape4, backward: bool) -> Self {
+    fn new(s: Shape4, backward: bool) -> Result<Self> {
         let n = s.numel();
-        let grad = || if backward { zeroed_buffer(n) } else { Vec::new() };
-        Buffers { out: zeroed_buffer(n), lse: zeroed_buffer(s.lse_len()), grads: [grad(), grad(), grad()] }
+        let grad = || if backward { zeroed_buffer(n) } else { Ok(Vec::new()) };
+        Ok(Buffers { out: zeroed_buffer(n)?, lse: zeroed_buffer(s.lse_len())?, grads: [grad()?, grad()?, grad()?] })
     }
 }
 
@@ -135,7 +135,10 @@ impl<T: Element> CpuRunner<T> {
 
 impl<T: Element> Runner for CpuRunner<T> {
     fn run(&mut self) -> Result<RunStats> {
-        let mut bufs = self.kept.take().unwrap_or_else(|| Buffers::new(self.shape, self.backward));
+        let mut bufs = match self.kept.take() {
+            Some(b) => b,
+            None => Buffers::new(self.shape, self.backward)?,
+        };
         match &self.perm {
             Some(p) => {
                 let layout = TokenLayout::bshd(self.shape);
@@ -185,7 +188,7 @@ mod tests {
             assert_eq!(again.out.as_ptr(), first, "same allocation");
             spec.implementation = "cpu".into();
             let fresh = CpuRunner::<f32>::new(&spec, None).unwrap();
-            let mut bufs = Buffers::new(fresh.shape, backward);
+            let mut bufs = Buffers::new(fresh.shape, backward).unwrap();
             fresh.attend(&fresh.q, &fresh.k, &fresh.v, &mut bufs).unwrap();
             assert!(fresh.kept.is_none() && !fresh.keep);
             assert_eq!(bufs.out, again.out);

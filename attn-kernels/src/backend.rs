@@ -430,8 +430,8 @@ impl CpuBackend {
         cross: bool,
     ) -> Result<(Vec<T>, Vec<f32>)> {
         let views = contiguous3(shape, q, k, v)?;
-        let mut out = zeroed_buffer(shape.q.numel());
-        let mut lse = zeroed_buffer(shape.q.lse_len());
+        let mut out = zeroed_buffer(shape.q.numel())?;
+        let mut lse = zeroed_buffer(shape.q.lse_len())?;
         let ov = TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?;
         self.forward_impl(cfg, views[0], views[1], views[2], ov, &mut lse, cross)?;
         Ok((out, lse))
@@ -484,7 +484,7 @@ impl CpuBackend {
         let ov = TensorView::contiguous(TensorName::Output, out, shape.q)?;
         let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
         let (mut dq, mut dk, mut dv) =
-            (zeroed_buffer(shape.q.numel()), zeroed_buffer(shape.kv.numel()), zeroed_buffer(shape.kv.numel()));
+            (zeroed_buffer(shape.q.numel())?, zeroed_buffer(shape.kv.numel())?, zeroed_buffer(shape.kv.numel())?);
         let dqv = TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, shape.q)?;
         let dkv = TensorViewMut::contiguous(TensorName::GradKey, &mut dk, shape.kv)?;
         let dvv = TensorViewMut::contiguous(TensorName::GradValue, &mut dv, shape.kv)?;

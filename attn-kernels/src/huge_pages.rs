@@ -4,6 +4,8 @@
 //! thousands. Elsewhere, or when the kernel declines, it is a plain zeroed `Vec`.
 #![allow(unsafe_code)]
 
+use attn_core::{AttnError, Result};
+
 /// Buffers below this many bytes are left to the allocator as they are.
 const MIN_ADVISED_BYTES: usize = 4 << 20;
 
@@ -15,15 +17,17 @@ const HUGE_PAGE: usize = 2 << 20;
 /// from [`MIN_ADVISED_BYTES`] on, the whole 2 MiB pages inside it are advised as huge
 /// pages before anything touches them. Meant for outputs and gradients that a call
 /// then overwrites: `CpuBackend::forward_vec` allocates with it, and callers who
-/// bring their own buffers can too.
-pub fn zeroed_buffer<T: Copy + Default>(n: usize) -> Vec<T> {
-    let mut v = Vec::<T>::with_capacity(n);
+/// bring their own buffers can too. A size the allocator refuses is
+/// `AttnError::OverBudget`, not an abort.
+pub fn zeroed_buffer<T: Copy + Default>(n: usize) -> Result<Vec<T>> {
     let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    let mut v = Vec::<T>::new();
+    v.try_reserve_exact(n).map_err(|_| AttnError::OverBudget { needed: bytes, budget: isize::MAX as usize })?;
     if bytes >= MIN_ADVISED_BYTES {
         advise_huge(v.as_mut_ptr().cast::<u8>() as usize, bytes);
     }
     v.resize(n, T::default());
-    v
+    Ok(v)
 }
 
 /// Advise the whole huge pages of `[addr, addr + len)` (a range this process owns).
@@ -50,11 +54,21 @@ mod tests {
     #[test]
     fn buffers_are_zeroed_at_every_size() {
         for n in [0, 1, 1000, (MIN_ADVISED_BYTES / 4) + 3, 3 * (MIN_ADVISED_BYTES / 4)] {
-            let f: Vec<f32> = zeroed_buffer(n);
+            let f: Vec<f32> = zeroed_buffer(n).unwrap();
             assert_eq!(f.len(), n);
             assert!(f.iter().all(|x| x.to_bits() == 0));
-            let h: Vec<half::bf16> = zeroed_buffer(n);
+            let h: Vec<half::bf16> = zeroed_buffer(n).unwrap();
             assert!(h.len() == n && h.iter().all(|x| x.to_bits() == 0));
+        }
+    }
+
+    #[test]
+    fn impossible_sizes_are_typed_errors() {
+        for n in [usize::MAX / 4, usize::MAX / 8 + 1, 1 << 60] {
+            match zeroed_buffer::<f32>(n) {
+                Err(AttnError::OverBudget { needed, .. }) => assert!(needed >= n),
+                other => panic!("n = {n}: {:?}", other.map(|v| v.len())),
+            }
         }
     }
 }

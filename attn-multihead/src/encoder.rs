@@ -191,7 +191,7 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         ws: &mut MultiheadWorkspace<F>,
     ) -> Result<Vec<F>> {
         let h1 = self.norm1.forward(x)?.0;
-        let mut a = attn_kernels::zeroed_buffer(x.len());
+        let mut a = attn_kernels::zeroed_buffer(x.len())?;
         self.self_attn.forward_with(&h1, batch, seq, mode, ws, &mut a)?;
         drop(h1);
         let rows = self.self_attn.mask_rows(mode, batch, seq)?;
@@ -424,7 +424,7 @@ impl<F: LayerFloat> LongNetEncoder<F> {
                 }
             }
         }
-        let mut y = attn_kernels::zeroed_buffer(x.len());
+        let mut y = attn_kernels::zeroed_buffer(x.len())?;
         let mut ws = MultiheadWorkspace::new();
         let mut done = 0;
         for b in 0..batch {

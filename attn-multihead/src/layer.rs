@@ -207,7 +207,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
         let mut ws = MultiheadWorkspace::new();
         let shape = self.project_self(x, batch, seq, &mut ws)?;
-        let mut y = attn_kernels::zeroed_buffer(x.len());
+        let mut y = attn_kernels::zeroed_buffer(x.len())?;
         self.finish_forward(shape, shape, true, mode, &mut ws, &mut y)?;
         Ok(y)
     }
@@ -233,7 +233,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
         let mut ws = MultiheadWorkspace::new();
         let shape = self.project_self(x, batch, seq, &mut ws)?;
-        let mut y = attn_kernels::zeroed_buffer(x.len());
+        let mut y = attn_kernels::zeroed_buffer(x.len())?;
         let kept = self.finish_forward(shape, shape, true, mode, &mut ws, &mut y)?;
         Ok((y, kept.into_cache(shape, shape, Inputs::SelfAttn(x.to_vec()), ws)))
     }
@@ -253,11 +253,11 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             // The whole sequence on one device: each head group projects only the rows
             // its pattern selects.
             let key = SelectionKey { cfg: self.dilated.clone(), heads, head_dim, batch, seq };
-            let qkv = ws.projection_buffer(len, Some(key));
+            let qkv = ws.projection_buffer(len, Some(key))?;
             project_qkv(&self.dilated, heads, head_dim, x, batch, seq, &w.weight, w.bias.as_deref(), qkv)?;
         } else {
             // A ring rank's rows (their global positions decide the selection): dense.
-            let qkv = ws.projection_buffer(len, None);
+            let qkv = ws.projection_buffer(len, None)?;
             linear_forward(x, batch * seq, e, &w.weight, w.bias.as_deref(), 3 * e, qkv, 3 * e)?;
         }
         Ok(shape)
@@ -284,12 +284,12 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let bias = |i: usize| w.bias.as_ref().map(|b| &b[i * e..(i + 1) * e]);
         let wpart = |i: usize| &w.weight[i * e * e..(i + 1) * e * e];
         let mut ws = MultiheadWorkspace::new();
-        let q = ws.projection_buffer(batch * q_seq * e, None);
+        let q = ws.projection_buffer(batch * q_seq * e, None)?;
         linear_forward(query, batch * q_seq, e, wpart(0), bias(0), e, q, e)?;
-        let kv = sized(&mut ws.kv, batch * kv_seq * 2 * e);
+        let kv = sized(&mut ws.kv, batch * kv_seq * 2 * e)?;
         linear_forward(key, batch * kv_seq, e, wpart(1), bias(1), e, kv, 2 * e)?;
         linear_forward(value, batch * kv_seq, e, wpart(2), bias(2), e, &mut kv[e..], 2 * e)?;
-        let mut y = attn_kernels::zeroed_buffer(query.len());
+        let mut y = attn_kernels::zeroed_buffer(query.len())?;
         let kept = self.finish_forward(qs, kvs, false, mode, &mut ws, &mut y)?;
         let inputs = Inputs::Cross { query: query.to_vec(), key: key.to_vec(), value: value.to_vec() };
         Ok((y, kept.into_cache(qs, kvs, inputs, ws)))
@@ -330,8 +330,8 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
                 got: vec![out.len()],
             });
         }
-        let attn = sized(&mut ws.attn, qs.numel());
-        let lse = sized(&mut ws.lse, qs.lse_len());
+        let attn = sized(&mut ws.attn, qs.numel())?;
+        let lse = sized(&mut ws.lse, qs.lse_len())?;
         {
             let projected =
                 if fused { ProjectedRef::Fused(&ws.qkv) } else { ProjectedRef::Split { q: &ws.qkv, kv: &ws.kv } };
@@ -344,11 +344,11 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let norm_stats = match &self.weights.norm {
             Some(norm) => {
                 let src = apply_mask(&ws.attn, mask.as_deref());
-                Some(norm.forward_into(&src, sized(&mut ws.pre_out, qs.numel()))?)
+                Some(norm.forward_into(&src, sized(&mut ws.pre_out, qs.numel())?)?)
             }
             None => {
                 if let Some(m) = &mask {
-                    let dst = sized(&mut ws.pre_out, qs.numel());
+                    let dst = sized(&mut ws.pre_out, qs.numel())?;
                     dst.iter_mut().zip(&ws.attn).zip(m).for_each(|((d, &a), &k)| *d = a * k);
                 }
                 None
@@ -389,9 +389,9 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             d_attn.iter_mut().zip(m).for_each(|(g, &k)| *g *= k);
         }
         // Attention.
-        let mut dq = attn_kernels::zeroed_buffer(qs.numel());
-        let mut dk = attn_kernels::zeroed_buffer(kvs.numel());
-        let mut dv = attn_kernels::zeroed_buffer(kvs.numel());
+        let mut dq = attn_kernels::zeroed_buffer(qs.numel())?;
+        let mut dk = attn_kernels::zeroed_buffer(kvs.numel())?;
+        let mut dv = attn_kernels::zeroed_buffer(kvs.numel())?;
         {
             let [q, k, v] = self.views(cache.projected.as_ref(), qs, kvs)?;
             let out = TensorView::contiguous(TensorName::Output, &cache.attn, qs)?;
@@ -409,7 +409,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         {
             // The whole sequence on one device: only each head group's selected rows
             // carry gradient, so only they enter the products.
-            let mut dx = attn_kernels::zeroed_buffer(rows * e);
+            let mut dx = attn_kernels::zeroed_buffer(rows * e)?;
             let (heads, hd) = (self.config.num_heads, self.config.head_dim());
             let (dw, db) = (&mut g.weight, g.bias.as_deref_mut());
             if project_qkv_backward(&self.dilated, heads, hd, x, qs.batch, qs.seq, w, [&dq, &dk, &dv], dw, db, &mut dx)?
@@ -432,7 +432,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let wpart = |i: usize| &w[i * e * e..(i + 1) * e * e];
         match &cache.inputs {
             Inputs::SelfAttn(_) => {
-                let mut dx = attn_kernels::zeroed_buffer(rows * e);
+                let mut dx = attn_kernels::zeroed_buffer(rows * e)?;
                 for (i, (dy, r)) in grads_out.iter().enumerate() {
                     linear_backward_input(dy, e, *r, wpart(i), e, e, &mut dx, i > 0)?;
                 }
@@ -440,9 +440,9 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             }
             Inputs::Cross { .. } => {
                 let mut out = [
-                    attn_kernels::zeroed_buffer(rows * e),
-                    attn_kernels::zeroed_buffer(kv_rows * e),
-                    attn_kernels::zeroed_buffer(kv_rows * e),
+                    attn_kernels::zeroed_buffer(rows * e)?,
+                    attn_kernels::zeroed_buffer(kv_rows * e)?,
+                    attn_kernels::zeroed_buffer(kv_rows * e)?,
                 ];
                 for (i, ((dy, r), dx)) in grads_out.iter().zip(out.iter_mut()).enumerate() {
                     linear_backward_input(dy, e, *r, wpart(i), e, e, dx, false)?;

@@ -65,7 +65,7 @@ impl<F: LayerFloat> LayerNorm<F> {
 
     /// Normalise every row of `x` (`[rows, dim]`); returns the output and the statistics.
     pub fn forward(&self, x: &[F]) -> Result<(Vec<F>, NormStats<F>)> {
-        let mut y = attn_kernels::zeroed_buffer(x.len());
+        let mut y = attn_kernels::zeroed_buffer(x.len())?;
         let stats = self.forward_into(x, &mut y)?;
         Ok((y, stats))
     }
@@ -111,7 +111,7 @@ impl<F: LayerFloat> LayerNorm<F> {
         }
         let d = self.dim;
         let inv_d = F::of(1.0 / d as f64);
-        let mut dx = attn_kernels::zeroed_buffer(x.len());
+        let mut dx = attn_kernels::zeroed_buffer(x.len())?;
         // Each task returns its partial weight/bias gradients; they are summed in task order.
         let partials: Vec<(Vec<F>, Vec<F>)> = dx
             .par_chunks_mut(d * ROWS_PER_TASK)

@@ -7,7 +7,7 @@
 //! forward). A workspace passed to [`crate::MultiheadDilatedAttention::forward_with`]
 //! keeps them between calls (faer's style: scratch memory as an explicit parameter).
 
-use attn_core::DilatedConfig;
+use attn_core::{DilatedConfig, Result};
 
 use crate::float::LayerFloat;
 
@@ -44,12 +44,12 @@ pub struct MultiheadWorkspace<F> {
 }
 
 /// `buf` resized to `len` elements; on reuse its old contents are left for the
-/// caller to overwrite, a fresh buffer comes zeroed from the allocator.
-pub(crate) fn sized<F: LayerFloat>(buf: &mut Vec<F>, len: usize) -> &mut [F] {
+/// caller to overwrite, a fresh buffer comes zeroed (`attn_kernels::zeroed_buffer`).
+pub(crate) fn sized<F: LayerFloat>(buf: &mut Vec<F>, len: usize) -> Result<&mut [F]> {
     if buf.len() != len {
-        *buf = attn_kernels::zeroed_buffer(len);
+        *buf = attn_kernels::zeroed_buffer(len)?;
     }
-    buf
+    Ok(buf)
 }
 
 impl<F: LayerFloat> MultiheadWorkspace<F> {
@@ -67,7 +67,7 @@ impl<F: LayerFloat> MultiheadWorkspace<F> {
     /// The fused projection buffer of `len` elements for a projection that writes the
     /// elements `selection` decides (`None`: it writes every element). Elements it does
     /// not write are zero on return.
-    pub(crate) fn projection_buffer(&mut self, len: usize, selection: Option<SelectionKey>) -> &mut [F] {
+    pub(crate) fn projection_buffer(&mut self, len: usize, selection: Option<SelectionKey>) -> Result<&mut [F]> {
         match selection {
             None => {
                 self.zero_outside = None;
@@ -75,12 +75,12 @@ impl<F: LayerFloat> MultiheadWorkspace<F> {
             }
             Some(key) => {
                 if self.qkv.len() != len {
-                    self.qkv = attn_kernels::zeroed_buffer(len);
+                    self.qkv = attn_kernels::zeroed_buffer(len)?;
                 } else if self.zero_outside.as_ref() != Some(&key) {
                     self.qkv.fill(F::zero());
                 }
                 self.zero_outside = Some(key);
-                &mut self.qkv
+                Ok(&mut self.qkv)
             }
         }
     }
@@ -100,13 +100,16 @@ mod tests {
     #[test]
     fn a_sparse_projection_buffer_is_zero_outside_its_selection() {
         let mut ws = MultiheadWorkspace::<f32>::new();
-        ws.projection_buffer(6, Some(key(8))).fill(1.0); // stands for the written elements
-        ws.projection_buffer(6, Some(key(8)))[0] = 2.0;
+        ws.projection_buffer(6, Some(key(8))).unwrap().fill(1.0); // stands for the written elements
+        ws.projection_buffer(6, Some(key(8))).unwrap()[0] = 2.0;
         assert_eq!(ws.qkv[..2], [2.0, 1.0], "same selection: left as the projection wrote it");
-        assert!(ws.projection_buffer(6, Some(key(16))).iter().all(|&x| x == 0.0), "new selection: re-zeroed");
-        ws.projection_buffer(6, None).fill(f32::NAN); // a dense projection writes everything
-        assert!(ws.projection_buffer(6, Some(key(16))).iter().all(|&x| x == 0.0), "after a dense write: re-zeroed");
-        assert_eq!(ws.projection_buffer(9, Some(key(16))).len(), 9);
+        assert!(ws.projection_buffer(6, Some(key(16))).unwrap().iter().all(|&x| x == 0.0), "new selection: re-zeroed");
+        ws.projection_buffer(6, None).unwrap().fill(f32::NAN); // a dense projection writes everything
+        assert!(
+            ws.projection_buffer(6, Some(key(16))).unwrap().iter().all(|&x| x == 0.0),
+            "after a dense write: re-zeroed"
+        );
+        assert_eq!(ws.projection_buffer(9, Some(key(16))).unwrap().len(), 9);
     }
 
     /// Garbage in every reused buffer (NaN) cannot reach the output: each is fully
