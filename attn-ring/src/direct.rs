@@ -22,7 +22,7 @@ use crate::wire::MsgKind;
 pub(crate) const PIECE_ROWS: usize = 128;
 
 /// Query rows per accumulator chunk (and at most per kernel call).
-pub(crate) const ROW_CHUNK: usize = 1024;
+pub(crate) const ROW_CHUNK: usize = 512;
 
 /// One piece: (pair index in `plan.gather_heads`, range of that pair's positions).
 pub(crate) type Piece = (usize, Range<usize>);

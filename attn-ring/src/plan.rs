@@ -309,13 +309,13 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
 ///   pieces (at most 128 rows of one pair each, `B*rows*2*D*e`) of two rounds, the
 ///   current one and the previous one (its receiver may be one round behind); a
 ///   received piece is dropped as soon as it is attended; after the completion round
-///   one row chunk's f32 `(o, lse)` (`min(1024, rows)*(D+1)*4`) and the kernel's f32
+///   one row chunk's f32 `(o, lse)` (`min(512, rows)*(D+1)*4`) and the kernel's f32
 ///   copy of one call's own keys and values (`min(1024, rows)*2*D16*4`).
 ///
 /// Plain ring attention (one pattern, `w >= n`, `r = 1`, strategy ring, `L = n/p`
 /// rows): `B*L*H*(D+1)*4 + (9 + B*L*H*2*D*e) + (B*L*H*2*D*e + 8*L*H) + 2*L*D*4` for
 /// p >= 3, about `(4 + 4e) * B*L*H*D` (at p = 2 the visitor is at its last hop: `L*2*D*e +
-/// 8*L*H` instead of the decoded block); all-gather (auto at p = 2): `B*L*H*(D+1)*4 + 2*B*128*2*D*e + min(1024, L)*(D+1)*4 +
+/// 8*L*H` instead of the decoded block); all-gather (auto at p = 2): `B*L*H*(D+1)*4 + 2*B*128*2*D*e + min(512, L)*(D+1)*4 +
 /// min(1024, L)*2*D16*4` (partials, two rounds of pieces, one row chunk, one kernel call's f32 keys and
 /// values; `D16` = D rounded up to 16). Both proportional to `n/p`; `attn-reliability`'s `full_attention_memory`
 /// test measures them.

@@ -10,7 +10,7 @@
 //! ahead of a slow neighbour, so every dk/dv partial it sends is counted), and a frame
 //! it received counts while it holds it. The terms, per rank with `L` rows:
 //! - f32 accumulators: out and lse of every (batch, head), `B*L*H*(D+1)*4` (only one
-//!   chunk of 1024 rows when a forward has no ring pattern); the backward adds the
+//!   chunk of 512 rows when a forward has no ring pattern); the backward adds the
 //!   scaled grad_out, dq, dk, dv and delta, `B*L*H*(4D+1)*4`, and drops the f32 out
 //!   once delta is computed (before dq, dk and dv exist);
 //! - messages: every all-gather block sent and received, this rank's ring block, one
