@@ -124,7 +124,7 @@ impl<T: Element> CpuRunner<T> {
             )?;
         }
         if let Some(p) = &self.perm {
-            let mut back = vec![T::default(); s.numel()];
+            let mut back = zeroed_buffer(s.numel())?;
             p.unapply(&TokenLayout::bshd(s), out, &mut back)?;
             std::hint::black_box(back);
         }
@@ -143,7 +143,7 @@ impl<T: Element> Runner for CpuRunner<T> {
             Some(p) => {
                 let layout = TokenLayout::bshd(self.shape);
                 let permute = |x: &[T]| -> Result<Vec<T>> {
-                    let mut y = vec![T::default(); x.len()];
+                    let mut y = zeroed_buffer(x.len())?;
                     p.apply(&layout, x, &mut y)?;
                     Ok(y)
                 };

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, Shape4, TensorView, TensorViewMut};
+use attn_kernels::zeroed_buffer;
 use attn_ring::{BackwardOutputs, Layout, RingProblem, RingStats, Strategy, ThreadComm, problem_for};
 use half::{bf16, f16};
 
@@ -66,7 +67,7 @@ impl<T: Element> Rank<T> {
             (view(TensorName::Query, &self.q)?, view(TensorName::Key, &self.k)?, view(TensorName::Value, &self.v)?);
         if self.backward {
             let n = s.numel();
-            let (mut dq, mut dk, mut dv) = (vec![T::default(); n], vec![T::default(); n], vec![T::default(); n]);
+            let (mut dq, mut dk, mut dv) = (zeroed_buffer(n)?, zeroed_buffer(n)?, zeroed_buffer(n)?);
             let outs = BackwardOutputs {
                 dq: &mut TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, s)?,
                 dk: &mut TensorViewMut::contiguous(TensorName::GradKey, &mut dk, s)?,
@@ -75,7 +76,7 @@ impl<T: Element> Rank<T> {
             let g = view(TensorName::GradOutput, &self.grad_out)?;
             attn_ring::ring_backward(&mut self.comm, &self.problem, [q, k, v], g, outs)
         } else {
-            let mut out = vec![T::default(); s.numel()];
+            let mut out = zeroed_buffer(s.numel())?;
             let mut lse = vec![0.0f32; s.lse_len()];
             let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, s)?;
             attn_ring::ring_forward(&mut self.comm, &self.problem, q, k, v, &mut ov, &mut lse)

@@ -114,7 +114,7 @@ impl<F: LayerFloat> OrderedAttention<F> {
                 order.grid()
             )));
         }
-        let mut out = vec![F::zero(); x.len()];
+        let mut out = attn_kernels::zeroed_buffer(x.len())?;
         let perm = order.permutation();
         if forward {
             perm.apply(&layout, x, &mut out)?
