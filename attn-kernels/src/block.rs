@@ -12,7 +12,8 @@
 //!   the attention over the union of those keys. The caller applies the head's
 //!   `out_scale` when writing the final output.
 //! - [`attend_block_backward`] accumulates (`+=`) f32 gradients of one block given the
-//!   head's FINAL lse per query row, `grad_out_eff = out_scale * grad_out` and
+//!   head's FINAL lse per query row, the grad_out rows (any [`Element`], read in place)
+//!   with the factor that makes them `grad_out_eff = out_scale * grad_out`, and
 //!   `delta = dot(grad_out, out)` per query row (final, scaled output).
 //!
 //! All arithmetic is f32 (inputs of any [`Element`] are converted on load).
@@ -132,12 +133,14 @@ pub fn attend_block<T: Element>(
     Ok(())
 }
 
-/// Accumulate (`+=`) the gradients of one block. `grad_out_eff = out_scale * grad_out`
-/// rows (`[q_rows * d]`), `lse` the head's FINAL lse per q row, `delta` per q row
-/// `dot(grad_out, out)` of the final (scaled) output; `dq` is `[q_rows * d]`, `dk` and
-/// `dv` are `[k_rows * d]`.
+/// Accumulate (`+=`) the gradients of one block. `grad_out` holds one row per q row
+/// (its positions are not read) and `grad_scale * grad_out` is the effective output
+/// gradient (`grad_scale` = the head's `out_scale`), so a caller's grad_out tensor is
+/// read in place, in its own dtype; `lse` the head's FINAL lse per q row, `delta` per q
+/// row `dot(grad_out, out)` of the final (scaled) output; `dq` is `[q_rows * d]`, `dk`
+/// and `dv` are `[k_rows * d]`.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_block_backward<T: Element>(
+pub fn attend_block_backward<T: Element, G: Element>(
     pattern: &SegmentPattern,
     causal: bool,
     scale: f32,
@@ -145,7 +148,8 @@ pub fn attend_block_backward<T: Element>(
     q: &BlockRows<'_, T>,
     k: &BlockRows<'_, T>,
     v: &BlockRows<'_, T>,
-    grad_out_eff: &[f32],
+    grad_out: &BlockRows<'_, G>,
+    grad_scale: f32,
     lse: &[f32],
     delta: &[f32],
     dq: &mut [f32],
@@ -155,14 +159,24 @@ pub fn attend_block_backward<T: Element>(
     check_pattern(pattern)?;
     check_common(scale, d, q, k, v)?;
     let (nq, nk) = (q.rows(), k.rows());
-    check_f32(TensorName::GradOutput, grad_out_eff.len(), nq * d)?;
+    grad_out.check(TensorName::GradOutput, d)?;
+    if grad_out.rows() != nq {
+        return Err(AttnError::ShapeMismatch {
+            tensor: TensorName::GradOutput,
+            expected: vec![nq, d],
+            got: vec![grad_out.rows(), d],
+        });
+    }
+    if !grad_scale.is_finite() {
+        return Err(AttnError::InvalidScale(grad_scale as f64));
+    }
     check_f32(TensorName::Lse, lse.len(), nq)?;
     check_f32(TensorName::Other("delta"), delta.len(), nq)?;
     check_f32(TensorName::GradQuery, dq.len(), nq * d)?;
     check_f32(TensorName::GradKey, dk.len(), nk * d)?;
     check_f32(TensorName::GradValue, dv.len(), nk * d)?;
     let (q, k, v) = (q.strided(), k.strided(), v.strided());
-    let grads = BlockGrads { grad_out_eff, lse, delta, dq, dk, dv };
+    let grads = BlockGrads { grad_out: grad_out.strided(), grad_scale, lse, delta, dq, dk, dv };
     piece::backward_block(Isa::detect(), pattern, causal, scale, d, &q, &k, &v, grads);
     Ok(())
 }

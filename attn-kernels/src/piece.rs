@@ -110,8 +110,10 @@ fn forward_groups<T: Element>(
 
 /// Gradient buffers of one block call (see `attend_block_backward`).
 #[derive(Debug)]
-pub(crate) struct BlockGrads<'a> {
-    pub grad_out_eff: &'a [f32],
+pub(crate) struct BlockGrads<'a, G> {
+    /// grad_out rows (one per q row) and the factor that makes them effective.
+    pub grad_out: Strided<'a, G>,
+    pub grad_scale: f32,
     pub lse: &'a [f32],
     pub delta: &'a [f32],
     pub dq: &'a mut [f32],
@@ -121,7 +123,7 @@ pub(crate) struct BlockGrads<'a> {
 
 /// Backward of a block, accumulated into `dq`, `dk`, `dv`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn backward_block<T: Element>(
+pub(crate) fn backward_block<T: Element, G: Element>(
     isa: Isa,
     pattern: &SegmentPattern,
     causal: bool,
@@ -130,14 +132,14 @@ pub(crate) fn backward_block<T: Element>(
     q: &Strided<'_, T>,
     k: &Strided<'_, T>,
     v: &Strided<'_, T>,
-    grads: BlockGrads<'_>,
+    grads: BlockGrads<'_, G>,
 ) {
     let (qg, kg) = (groups(pattern, q.pos, q.stride), groups(pattern, k.pos, k.stride));
     BACKWARD_SCRATCH.with_borrow_mut(|ws| backward_groups(isa, causal, scale, d, q, k, v, &qg, &kg, ws, grads));
 }
 
 #[allow(clippy::too_many_arguments)]
-fn backward_groups<T: Element>(
+fn backward_groups<T: Element, G: Element>(
     isa: Isa,
     causal: bool,
     scale: f32,
@@ -148,16 +150,16 @@ fn backward_groups<T: Element>(
     qg: &[Group],
     kg: &[Group],
     ws: &mut BackwardScratch,
-    grads: BlockGrads<'_>,
+    grads: BlockGrads<'_, G>,
 ) {
     let (mut dq, mut dk, mut dv) = (Vec::new(), Vec::new(), Vec::new());
     for (g, h) in matched(qg, kg) {
-        let go_offsets: Vec<usize> = g.rows.iter().map(|&r| r * d).collect();
+        let go_offsets: Vec<usize> = g.rows.iter().map(|&r| r * grads.grad_out.stride).collect();
         let lse: Vec<f32> = g.rows.iter().map(|&r| grads.lse[r]).collect();
         let delta: Vec<f32> = g.rows.iter().map(|&r| grads.delta[r]).collect();
         let qg = QueryGrads {
-            go: PieceRows { data: grads.grad_out_eff, offsets: &go_offsets, pos: &g.pos },
-            go_scale: 1.0,
+            go: PieceRows { data: grads.grad_out.data, offsets: &go_offsets, pos: &g.pos },
+            go_scale: grads.grad_scale,
             lse: &lse,
             delta: &delta,
         };

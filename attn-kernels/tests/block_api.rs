@@ -71,7 +71,8 @@ fn check_blocks(n: usize, d: usize, segs: &[usize], rates: &[usize], causal: boo
                     &qb,
                     &kb,
                     &vb,
-                    &go[qlo * d..qhi * d],
+                    &BlockRows::new(&go[qlo * d..qhi * d], d, &pos[qlo..qhi]),
+                    1.0,
                     &lse[qlo..qhi],
                     &delta[qlo..qhi],
                     &mut dqb,
@@ -133,4 +134,34 @@ fn bad_block_inputs_are_typed_errors() {
     let empty = BlockRows::new(&data[..0], 4, &[]);
     attend_block(&p, false, 0.5, 4, &ok, &empty, &empty, &mut out, &mut lse).unwrap();
     assert!(lse.iter().all(|l| *l == f32::NEG_INFINITY) && out.iter().all(|o| *o == 0.0));
+}
+
+/// grad_out read in place (strided, any stride) with its scale gives bit for bit the
+/// gradients of the pre-scaled contiguous copy; bad grad_out inputs are typed errors.
+#[test]
+fn backward_reads_grad_out_in_place_with_its_scale() {
+    let (n, d, s) = (40, 16, 0.37f32);
+    let p = SegmentPattern::new(16, 2, 1);
+    let pos: Vec<usize> = (0..n).collect();
+    let (q, k, v) = (random_vec(1, n * d), random_vec(2, n * d), random_vec(3, n * d));
+    // grad_out interleaved with junk: row i at 2*d*i.
+    let wide = random_vec(4, n * 2 * d);
+    let eff: Vec<f32> = (0..n).flat_map(|i| wide[2 * d * i..2 * d * i + d].iter().map(|x| x * s)).collect();
+    let lse = random_vec(5, n);
+    let delta = random_vec(6, n);
+    let qb = BlockRows::new(&q, d, &pos);
+    let (kb, vb) = (BlockRows::new(&k, d, &pos), BlockRows::new(&v, d, &pos));
+    let run = |go: &BlockRows<'_, f32>, scale: f32| {
+        let (mut dq, mut dk, mut dv) = (vec![0.0f32; n * d], vec![0.0f32; n * d], vec![0.0f32; n * d]);
+        attend_block_backward(&p, true, 0.25, d, &qb, &kb, &vb, go, scale, &lse, &delta, &mut dq, &mut dk, &mut dv)
+            .map(|()| (dq, dk, dv))
+    };
+    let want = run(&BlockRows::new(&eff, d, &pos), 1.0).unwrap();
+    let got = run(&BlockRows::new(&wide, 2 * d, &pos), s).unwrap();
+    assert!(want.0.iter().any(|x| *x != 0.0), "gradients are not all zero");
+    assert_eq!(got, want);
+    // A grad_out with fewer rows than q, a short buffer, or a non-finite scale.
+    assert!(matches!(run(&BlockRows::new(&eff, d, &pos[..n - 1]), 1.0), Err(AttnError::ShapeMismatch { .. })));
+    assert!(matches!(run(&BlockRows::new(&eff[..n * d - 1], d, &pos), 1.0), Err(AttnError::BufferTooSmall { .. })));
+    assert!(matches!(run(&BlockRows::new(&eff, d, &pos), f32::NAN), Err(AttnError::InvalidScale(_))));
 }

@@ -9,7 +9,7 @@ use crate::block_math::{GradRows, attend_backward};
 use crate::comm::Communicator;
 use crate::entry::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
 use crate::forward::{Partial, all_pairs, forward_core, restep};
-use crate::local::{Block, Local, mask_of};
+use crate::local::{Block, Local, head_rows, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::wire::{MsgKind, Reader, begin, put_f32s};
 
@@ -72,13 +72,17 @@ struct Ctx<'a, T> {
     plan: &'a Plan,
     local: &'a Local<'a, T>,
     lse: &'a [Vec<f32>],
-    g: Vec<Vec<f32>>,
+    grad_out: &'a TensorView<'a, T>,
+    /// `out_scale` per head.
+    scales: Vec<f32>,
     delta: Vec<Vec<f32>>,
 }
 
 impl<T: Element> Ctx<'_, T> {
-    fn grad_rows(&self, bh: usize) -> GradRows<'_> {
-        GradRows { lse: &self.lse[bh], g: &self.g[bh], delta: &self.delta[bh] }
+    fn grad_rows(&self, bh: usize) -> GradRows<'_, T> {
+        let (b, h) = (bh / self.local.heads, bh % self.local.heads);
+        let (go, go_stride) = head_rows(self.grad_out, b, h);
+        GradRows { lse: &self.lse[bh], go, go_stride, go_scale: self.scales[h], delta: &self.delta[bh] }
     }
 
     /// This rank's share of the gradients of `blk`; dq accumulates in place.
@@ -113,7 +117,8 @@ impl<T: Element> Ctx<'_, T> {
 
 /// The backward on this rank, given the forward's output and lse. The forward's f32
 /// output is needed only for `delta = grad_out . out`: it is dropped before the f32
-/// dq, dk and dv accumulators exist, and grad_out is read from the caller's view.
+/// dq, dk and dv accumulators exist. grad_out is read in place from the caller's view
+/// (the kernels apply the head's `out_scale`).
 pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     plan: &Plan,
@@ -125,25 +130,20 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     let (nl, d, batch) = (local.rows(), local.d, local.batch);
     let pr = &plan.problem;
     let Partial { o, lse } = fwd;
-    let mut g = Vec::with_capacity(o.len());
     let mut delta = Vec::with_capacity(o.len());
-    let mut row = vec![0.0f32; d];
     for b in 0..batch {
         for head in 0..local.heads {
             let bh = local.bh(b, head);
-            let s = pr.cfg.head_patterns(pr.heads, head).out_scale as f32;
-            let (mut gb, mut db) = (Vec::with_capacity(nl * d), Vec::with_capacity(nl));
-            for i in 0..nl {
-                row.iter_mut().zip(grad_out.row(b, i, head)).for_each(|(x, e)| *x = e.to_f32());
-                db.push(row.iter().zip(&o[bh][i * d..(i + 1) * d]).map(|(x, y)| x * y).sum::<f32>());
-                gb.extend(row.iter().map(|x| x * s));
-            }
-            g.push(gb);
-            delta.push(db);
+            let row_delta = |i: usize| {
+                let (go, o) = (grad_out.row(b, i, head), &o[bh][i * d..(i + 1) * d]);
+                go.iter().zip(o).map(|(x, y)| x.to_f32() * y).sum::<f32>()
+            };
+            delta.push((0..nl).map(row_delta).collect::<Vec<f32>>());
         }
     }
     drop(o);
-    let ctx = Ctx { plan, local, lse: &lse, g, delta };
+    let scales = (0..local.heads).map(|h| pr.cfg.head_patterns(pr.heads, h).out_scale as f32).collect();
+    let ctx = Ctx { plan, local, lse: &lse, grad_out, scales, delta };
     let zeros = || vec![vec![0.0f32; nl * d]; batch * local.heads];
     let mut grads = Grads { dq: zeros(), dk: zeros(), dv: zeros() };
 

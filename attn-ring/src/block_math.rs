@@ -43,11 +43,14 @@ pub(crate) struct Mask {
     pub d: usize,
 }
 
-/// Per-query inputs of the backward: final lse, `g = out_scale * grad_out`, `delta = grad_out . out`.
+/// Per-query inputs of the backward: final lse, the caller's grad_out rows (`data`,
+/// `stride`, read in place) with `go_scale = out_scale`, `delta = grad_out . out`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct GradRows<'a> {
+pub(crate) struct GradRows<'a, T> {
     pub lse: &'a [f32],
-    pub g: &'a [f32],
+    pub go: &'a [T],
+    pub go_stride: usize,
+    pub go_scale: f32,
     pub delta: &'a [f32],
 }
 
@@ -99,7 +102,7 @@ pub(crate) fn attend_backward<T: Element>(
     q: Rows<'_, T>,
     keys: KeyBlock<'_, T>,
     m: Mask,
-    gr: GradRows<'_>,
+    gr: GradRows<'_, T>,
     dq: &mut [f32],
     dk: &mut [f32],
     dv: &mut [f32],
@@ -110,5 +113,6 @@ pub(crate) fn attend_backward<T: Element>(
     let d = m.d;
     let qr = BlockRows::new(q.data, q.stride, q.pos);
     let (kr, vr) = (BlockRows::new(keys.k, keys.stride, keys.pos), BlockRows::new(keys.v, keys.stride, keys.pos));
-    attend_block_backward(&m.pat, m.causal, m.scale, d, &qr, &kr, &vr, gr.g, gr.lse, gr.delta, dq, dk, dv)
+    let go = BlockRows::new(gr.go, gr.go_stride, q.pos);
+    attend_block_backward(&m.pat, m.causal, m.scale, d, &qr, &kr, &vr, &go, gr.go_scale, gr.lse, gr.delta, dq, dk, dv)
 }

@@ -20,6 +20,11 @@ pub(crate) struct Local<'a, T> {
     v: TensorView<'a, T>,
 }
 
+/// The data of `(b, h)` of a `[batch, seq, heads, d]` view from its first row, and the row stride.
+pub(crate) fn head_rows<'v, T: Element>(x: &TensorView<'v, T>, b: usize, h: usize) -> (&'v [T], usize) {
+    (&x.data()[x.offset(b, 0, h)..], x.strides()[1])
+}
+
 impl<'a, T: Element> Local<'a, T> {
     /// This rank's views (already checked against the plan).
     pub fn new(pos: Vec<usize>, q: TensorView<'a, T>, k: TensorView<'a, T>, v: TensorView<'a, T>) -> Self {
@@ -37,8 +42,7 @@ impl<'a, T: Element> Local<'a, T> {
     }
 
     fn rows_of<'s>(&'s self, x: &TensorView<'a, T>, bh: usize) -> (&'a [T], usize) {
-        let (b, h) = (bh / self.heads, bh % self.heads);
-        (&x.data()[x.offset(b, 0, h)..], x.strides()[1])
+        head_rows(x, bh / self.heads, bh % self.heads)
     }
 
     /// Query rows of (batch, head).

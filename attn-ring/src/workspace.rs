@@ -10,8 +10,8 @@
 //! ahead of a slow neighbour, so every dk/dv partial it sends is counted), and a frame
 //! it received counts while it holds it. The terms, per rank with `L` rows:
 //! - f32 accumulators: out and lse of every (batch, head), `B*L*H*(D+1)*4` (only one
-//!   chunk of 512 rows when a forward has no ring pattern); the backward adds the
-//!   scaled grad_out, dq, dk, dv and delta, `B*L*H*(4D+1)*4`, and drops the f32 out
+//!   chunk of 512 rows when a forward has no ring pattern); the backward adds dq, dk,
+//!   dv and delta, `B*L*H*(3D+1)*4` (grad_out is read in place), and drops the f32 out
 //!   once delta is computed (before dq, dk and dv exist);
 //! - messages: every all-gather block sent and received, this rank's ring block, one
 //!   visiting ring block with its decoded copy, and in the backward the f32 dk/dv
@@ -235,9 +235,9 @@ impl Plan {
 
         // Backward: state, the all-gather k/v out and dk/dv back, the ring pass with
         // dk/dv partials travelling on and home, and the backward kernels.
-        // g (scaled grad_out), dq, dk, dv and delta; the forward's f32 output is dropped
-        // once delta is computed, before dq, dk and dv are allocated.
-        let state = 4 * bh * nl * d * 4 + bh * nl * 4 + 5 * VEC * bh;
+        // dq, dk, dv and delta (grad_out is read in place); the forward's f32 output is
+        // dropped once delta is computed, before dq, dk and dv are allocated.
+        let state = 3 * bh * nl * d * 4 + bh * nl * 4 + 4 * VEC * bh;
         let (_, dec_max) = sum_max(recvs.iter().map(|&y| {
             let rows = gather(y, rank).0;
             x.decoded(rows, ng) + x.grads(rows, ng)
