@@ -1,13 +1,14 @@
 //! Rough timing: full causal attention over `p` in-process ranks (zigzag, one
-//! thread per rank) against the single-device CPU backend with `p` threads.
-//! `cargo run --release -p attn-ring --example ring_timing -- SEQ HEADS HEAD_DIM P [ring|allgather|auto] [bwd]`
+//! thread per rank unless RANK_THREADS is given) against the single-device CPU
+//! backend with `p * RANK_THREADS` threads.
+//! `cargo run --release -p attn-ring --example ring_timing -- SEQ HEADS HEAD_DIM P [ring|allgather|auto] [bwd|fwd] [RANK_THREADS]`
 
 use std::time::Instant;
 
 use attn_core::error::TensorName;
 use attn_core::{DilatedConfig, Shape4, TensorView};
 use attn_kernels::CpuBackend;
-use attn_ring::{Layout, Strategy, run_in_process, run_in_process_backward};
+use attn_ring::{Layout, RingOptions, Strategy, ThreadComm, forward_on_with, problem_for, run_in_process_backward};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().skip(1).collect();
@@ -15,11 +16,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (seq, heads, d, p) = (num(0, 8192), num(1, 4), num(2, 64), num(3, 2));
     let strategy = Strategy::parse(a.get(4).map(String::as_str).unwrap_or("ring"))?;
     let bwd = a.get(5).is_some_and(|s| s == "bwd");
+    let rank_threads = num(6, 1).max(1);
     let shape = Shape4::new(1, seq, heads, d)?;
     let cfg = DilatedConfig::builder().segments(&[seq]).dilations(&[1]).causal(true).build()?;
     let x: Vec<f32> = (0..shape.numel()).map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0).collect();
     let v = TensorView::contiguous(TensorName::Query, &x, shape)?;
-    let cpu = CpuBackend::new(p)?;
+    let cpu = CpuBackend::new(p * rank_threads)?;
     for rep in 0..3 {
         let t = Instant::now();
         let (out, lse) = cpu.forward_vec(&cfg, shape, &x, &x, &x)?;
@@ -31,11 +33,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if bwd {
             run_in_process_backward(p, &cfg, Layout::Zigzag, strategy, [v, v, v], v)?;
         } else {
-            run_in_process(p, &cfg, Layout::Zigzag, strategy, v, v, v)?;
+            let problem = problem_for(&cfg, shape, Layout::Zigzag, strategy, p);
+            let opts = RingOptions::default().with_threads(rank_threads);
+            for r in forward_on_with(ThreadComm::world(p)?, &problem, &opts, [v, v, v]) {
+                r?;
+            }
         }
         let ring = t.elapsed().as_secs_f64() * 1e3;
         println!(
-            "rep {rep}: seq {seq} heads {heads} d {d} p {p}: single-device {p} threads {single:.1} ms, ring {ring:.1} ms, ratio {:.2}",
+            "rep {rep}: seq {seq} heads {heads} d {d} p {p} x {rank_threads} threads: single-device {} threads {single:.1} ms, ring {ring:.1} ms, ratio {:.2}",
+            p * rank_threads,
             ring / single
         );
     }

@@ -9,6 +9,8 @@
 //! with the partials by their LSE, and written out.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::sync_channel;
 
 use attn_core::{Element, LseMerge, Result, TensorViewMut};
 
@@ -169,66 +171,127 @@ pub(crate) fn gather_partials<C: Communicator + ?Sized, T: Element>(
 }
 
 /// After the completion round: each (batch, head) in chunks of rows over this rank's
-/// own keys, merged with the partials, written to `out` and `lse`.
+/// own keys, merged with the partials, written to `out` and `lse`. With `threads > 1`
+/// scoped workers compute chunks (each into its own buffers, handed back through a
+/// bounded channel) and this thread writes them; every chunk is computed the same way
+/// on any thread, so the result does not depend on `threads`.
 pub(crate) fn forward_direct<T: Element>(
     plan: &Plan,
     local: &Local<'_, T>,
     partials: &[PairPartial],
     out: &mut TensorViewMut<'_, T>,
     lse: &mut [f32],
+    threads: usize,
 ) -> Result<()> {
     let (nl, h, d) = (local.rows(), local.heads, local.d);
     let pr = &plan.problem;
-    let (mut o, mut l) = (vec![0.0f32; ROW_CHUNK * d], vec![0.0f32; ROW_CHUNK]);
-    for b in 0..local.batch {
-        for head in 0..h {
-            let bh = local.bh(b, head);
-            let hp = pr.cfg.head_patterns(pr.heads, head);
-            let scale = hp.out_scale as f32;
-            let mine: Vec<&PairPartial> = partials.iter().filter(|x| x.pair.head == head).collect();
-            let keys = local.own_keys(bh);
-            // Ascending positions (every layout's): each row chunk then hands the kernel only
-            // the keys of its own segments, so the work stays linear in the rows.
-            let ascending = keys.pos.windows(2).all(|w| w[0] < w[1]);
-            for c0 in (0..nl).step_by(ROW_CHUNK) {
-                let c1 = (c0 + ROW_CHUNK).min(nl);
-                let (o, l) = (&mut o[..(c1 - c0) * d], &mut l[..c1 - c0]);
-                o.iter_mut().for_each(|x| *x = 0.0);
-                l.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
-                let q = local.q_rows_range(bh, c0..c1);
-                // Own keys go to the kernel KEY_ROWS_PER_CALL selected rows at a time (bounded
-                // kernel scratch).
-                for &(pattern, pat) in &hp.patterns {
-                    let m = mask_of(plan, &PatternHead { pattern, head, pat });
-                    let keys = match (ascending, q.pos.first(), q.pos.last()) {
-                        (true, Some(&first), Some(&last)) => {
-                            let lo = pat.segment_of(first).saturating_mul(pat.w);
-                            let hi = (pat.segment_of(last) + 1).saturating_mul(pat.w);
-                            keys.positions_within(lo, if m.causal { hi.min(last + 1) } else { hi })
-                        }
-                        _ => keys,
-                    };
-                    attend_forward_chunked(q, keys, m, o, l, KEY_ROWS_PER_CALL * pat.r)?;
-                }
-                for part in &mine {
-                    let (n, r) = (part.pos.len(), part.pair.pat.r);
-                    for run in &part.runs {
-                        // The run's rows li0, li0 + r, ... that fall in this chunk.
-                        let first = c0.saturating_sub(run.li0).div_ceil(r);
-                        let end = c1.saturating_sub(run.li0).div_ceil(r).min(run.len);
-                        for j in first..end {
-                            let (li, at) = (run.li0 + j * r, b * n + run.at + j);
-                            let row = &mut o[(li - c0) * d..(li - c0 + 1) * d];
-                            LseMerge::merge_into(row, &mut l[li - c0], &part.o[at * d..(at + 1) * d], part.l[at]);
-                        }
+    let scales: Vec<f32> = (0..h).map(|head| pr.cfg.head_patterns(pr.heads, head).out_scale as f32).collect();
+    let tasks: Vec<Chunk> = (0..local.batch)
+        .flat_map(|b| (0..h).flat_map(move |head| (0..nl).step_by(ROW_CHUNK).map(move |c0| (b, head, c0))))
+        .map(|(b, head, c0)| Chunk { b, head, rows: c0..(c0 + ROW_CHUNK).min(nl) })
+        .collect();
+    let mut write = |c: &Chunk, o: &[f32], l: &[f32]| {
+        for i in c.rows.clone() {
+            let row = out.row_mut(c.b, i, c.head);
+            let src = &o[(i - c.rows.start) * d..(i - c.rows.start + 1) * d];
+            row.iter_mut().zip(src).for_each(|(x, &y)| *x = T::from_f32(y * scales[c.head]));
+            lse[(c.b * nl + i) * h + c.head] = l[i - c.rows.start];
+        }
+    };
+    // Ascending positions (every layout's): each row chunk then hands the kernel only the
+    // keys of its own segments, so the work stays linear in the rows.
+    let ascending = local.own_keys(0).pos.windows(2).all(|w| w[0] < w[1]);
+    let workers = threads.min(tasks.len());
+    if workers <= 1 {
+        let (mut o, mut l) = (vec![0.0f32; ROW_CHUNK * d], vec![0.0f32; ROW_CHUNK]);
+        for c in &tasks {
+            let (o, l) = (&mut o[..c.rows.len() * d], &mut l[..c.rows.len()]);
+            chunk_forward(plan, local, partials, c, ascending, o, l)?;
+            write(c, o, l);
+        }
+        return Ok(());
+    }
+    let next = AtomicUsize::new(0);
+    let (next, tasks) = (&next, &tasks);
+    std::thread::scope(|scope| {
+        let (tx, rx) = sync_channel::<Result<(usize, Vec<f32>, Vec<f32>)>>(workers);
+        for _ in 0..workers {
+            let tx = tx.clone();
+            scope.spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(c) = tasks.get(i) else { break };
+                    let (mut o, mut l) = (vec![0.0f32; c.rows.len() * d], vec![0.0f32; c.rows.len()]);
+                    let done = chunk_forward(plan, local, partials, c, ascending, &mut o, &mut l).map(|()| (i, o, l));
+                    let failed = done.is_err();
+                    if tx.send(done).is_err() || failed {
+                        break;
                     }
                 }
-                for i in c0..c1 {
-                    let row = out.row_mut(b, i, head);
-                    let src = &o[(i - c0) * d..(i - c0 + 1) * d];
-                    row.iter_mut().zip(src).for_each(|(x, &y)| *x = T::from_f32(y * scale));
-                    lse[(b * nl + i) * h + head] = l[i - c0];
-                }
+            });
+        }
+        drop(tx);
+        // An error returns at once; dropping `rx` stops the workers at their next send.
+        for done in rx {
+            let (i, o, l) = done?;
+            write(&tasks[i], &o, &l);
+        }
+        Ok(())
+    })
+}
+
+/// Rows `rows` of (batch `b`, head `head`): one unit of [`forward_direct`].
+#[derive(Debug, Clone)]
+struct Chunk {
+    b: usize,
+    head: usize,
+    rows: Range<usize>,
+}
+
+/// One chunk over this rank's own keys of every pattern of its head, merged with the
+/// partials, into `o` (`[rows, d]`, normalised, before `out_scale`) and `l`; with
+/// `ascending` key positions only the keys of the chunk's segments are attended.
+fn chunk_forward<T: Element>(
+    plan: &Plan,
+    local: &Local<'_, T>,
+    partials: &[PairPartial],
+    c: &Chunk,
+    ascending: bool,
+    o: &mut [f32],
+    l: &mut [f32],
+) -> Result<()> {
+    let (d, head, (c0, c1)) = (local.d, c.head, (c.rows.start, c.rows.end));
+    let pr = &plan.problem;
+    let hp = pr.cfg.head_patterns(pr.heads, head);
+    let bh = local.bh(c.b, head);
+    let keys = local.own_keys(bh);
+    o.iter_mut().for_each(|x| *x = 0.0);
+    l.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+    let q = local.q_rows_range(bh, c0..c1);
+    // Own keys go to the kernel KEY_ROWS_PER_CALL selected rows at a time (bounded
+    // kernel scratch).
+    for &(pattern, pat) in &hp.patterns {
+        let m = mask_of(plan, &PatternHead { pattern, head, pat });
+        let keys = match (ascending, q.pos.first(), q.pos.last()) {
+            (true, Some(&first), Some(&last)) => {
+                let lo = pat.segment_of(first).saturating_mul(pat.w);
+                let hi = (pat.segment_of(last) + 1).saturating_mul(pat.w);
+                keys.positions_within(lo, if m.causal { hi.min(last + 1) } else { hi })
+            }
+            _ => keys,
+        };
+        attend_forward_chunked(q, keys, m, o, l, KEY_ROWS_PER_CALL * pat.r)?;
+    }
+    for part in partials.iter().filter(|x| x.pair.head == head) {
+        let (n, r) = (part.pos.len(), part.pair.pat.r);
+        for run in &part.runs {
+            // The run's rows li0, li0 + r, ... that fall in this chunk.
+            let first = c0.saturating_sub(run.li0).div_ceil(r);
+            let end = c1.saturating_sub(run.li0).div_ceil(r).min(run.len);
+            for j in first..end {
+                let (li, at) = (run.li0 + j * r, c.b * n + run.at + j);
+                let row = &mut o[(li - c0) * d..(li - c0 + 1) * d];
+                LseMerge::merge_into(row, &mut l[li - c0], &part.o[at * d..(at + 1) * d], part.l[at]);
             }
         }
     }

@@ -21,6 +21,11 @@ pub struct RingOptions {
     /// anywhere is `AttnError::NonFinite` on every rank, naming the tensor and the flat
     /// index of the value in the GLOBAL `[batch, seq, heads, head_dim]` tensor.
     pub check_finite: bool,
+    /// Threads this rank computes with after the completion round of the all-gather
+    /// forward (its own keys, chunk by chunk; the bulk of the work when most segments
+    /// sit inside one rank). 0 or 1: the calling thread only. A local choice (ranks may
+    /// differ); results are bit-identical for any value.
+    pub threads: usize,
 }
 
 impl RingOptions {
@@ -32,6 +37,11 @@ impl RingOptions {
     /// Switch the finite-input check on or off.
     pub fn with_check_finite(mut self, on: bool) -> Self {
         self.check_finite = on;
+        self
+    }
+    /// Set the compute threads of this rank (see [`RingOptions::threads`]).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
         self
     }
 }

@@ -229,7 +229,7 @@ pub fn ring_forward_with<C: Communicator + ?Sized, T: Element>(
     if plan.ring_heads.is_empty() {
         let partials = gather_partials(comm, &plan, &local)?;
         let stats = finish(comm, start)?;
-        forward_direct(&plan, &local, &partials, out, lse)?;
+        forward_direct(&plan, &local, &partials, out, lse, opts.threads)?;
         return Ok(stats);
     }
     let part = forward_core::<C, T>(comm, &plan, &local)?;
