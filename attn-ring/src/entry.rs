@@ -24,7 +24,9 @@ pub struct RingOptions {
     /// Threads this rank computes with after the completion round of the all-gather
     /// forward (its own keys, chunk by chunk; the bulk of the work when most segments
     /// sit inside one rank). 0 or 1: the calling thread only. A local choice (ranks may
-    /// differ); results are bit-identical for any value.
+    /// differ); results are bit-identical for any value. Each worker beyond the first
+    /// adds its own chunk buffers and kernel scratch (about `3 * 512 * (D + 1) * 4 +
+    /// 2 * 1024 * D * 4` bytes), which [`crate::Plan::workspace_bytes`] does not count.
     pub threads: usize,
 }
 
