@@ -128,7 +128,6 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
 ) -> Result<Grads> {
     let (r, p) = (comm.rank(), plan.problem.world);
     let (nl, d, batch) = (local.rows(), local.d, local.batch);
-    let pr = &plan.problem;
     let Partial { o, lse } = fwd;
     let mut delta = Vec::with_capacity(o.len());
     for b in 0..batch {
@@ -142,7 +141,7 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
         }
     }
     drop(o);
-    let scales = (0..local.heads).map(|h| pr.cfg.head_patterns(pr.heads, h).out_scale as f32).collect();
+    let scales = plan.out_scales();
     let ctx = Ctx { plan, local, lse: &lse, grad_out, scales, delta };
     let zeros = || vec![vec![0.0f32; nl * d]; batch * local.heads];
     let mut grads = Grads { dq: zeros(), dk: zeros(), dv: zeros() };

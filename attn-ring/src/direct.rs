@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::sync_channel;
 
-use attn_core::{Element, LseMerge, Result, TensorViewMut};
+use attn_core::{Element, HeadPatterns, LseMerge, Result, TensorViewMut};
 
 use crate::block_math::{KEY_ROWS_PER_CALL, KeyBlock, Rows, attend_forward, attend_forward_chunked};
 use crate::comm::Communicator;
@@ -184,8 +184,8 @@ pub(crate) fn forward_direct<T: Element>(
     threads: usize,
 ) -> Result<()> {
     let (nl, h, d) = (local.rows(), local.heads, local.d);
-    let pr = &plan.problem;
-    let scales: Vec<f32> = (0..h).map(|head| pr.cfg.head_patterns(pr.heads, head).out_scale as f32).collect();
+    // Per head, once: its patterns (every chunk's) and out_scale (every write's).
+    let hps = plan.head_patterns();
     let tasks: Vec<Chunk> = (0..local.batch)
         .flat_map(|b| (0..h).flat_map(move |head| (0..nl).step_by(ROW_CHUNK).map(move |c0| (b, head, c0))))
         .map(|(b, head, c0)| Chunk { b, head, rows: c0..(c0 + ROW_CHUNK).min(nl) })
@@ -194,7 +194,7 @@ pub(crate) fn forward_direct<T: Element>(
         for i in c.rows.clone() {
             let row = out.row_mut(c.b, i, c.head);
             let src = &o[(i - c.rows.start) * d..(i - c.rows.start + 1) * d];
-            row.iter_mut().zip(src).for_each(|(x, &y)| *x = T::from_f32(y * scales[c.head]));
+            row.iter_mut().zip(src).for_each(|(x, &y)| *x = T::from_f32(y * hps[c.head].out_scale as f32));
             lse[(c.b * nl + i) * h + c.head] = l[i - c.rows.start];
         }
     };
@@ -206,13 +206,13 @@ pub(crate) fn forward_direct<T: Element>(
         let (mut o, mut l) = (vec![0.0f32; ROW_CHUNK * d], vec![0.0f32; ROW_CHUNK]);
         for c in &tasks {
             let (o, l) = (&mut o[..c.rows.len() * d], &mut l[..c.rows.len()]);
-            chunk_forward(plan, local, partials, c, ascending, o, l)?;
+            chunk_forward(plan, local, partials, &hps[c.head], c, ascending, o, l)?;
             write(c, o, l);
         }
         return Ok(());
     }
     let next = AtomicUsize::new(0);
-    let (next, tasks) = (&next, &tasks);
+    let (next, tasks, hps) = (&next, &tasks, &hps);
     std::thread::scope(|scope| {
         let (tx, rx) = sync_channel::<Result<(usize, Vec<f32>, Vec<f32>)>>(workers);
         for _ in 0..workers {
@@ -222,7 +222,8 @@ pub(crate) fn forward_direct<T: Element>(
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(c) = tasks.get(i) else { break };
                     let (mut o, mut l) = (vec![0.0f32; c.rows.len() * d], vec![0.0f32; c.rows.len()]);
-                    let done = chunk_forward(plan, local, partials, c, ascending, &mut o, &mut l).map(|()| (i, o, l));
+                    let done = chunk_forward(plan, local, partials, &hps[c.head], c, ascending, &mut o, &mut l)
+                        .map(|()| (i, o, l));
                     let failed = done.is_err();
                     if tx.send(done).is_err() || failed {
                         break;
@@ -251,18 +252,18 @@ struct Chunk {
 /// One chunk over this rank's own keys of every pattern of its head, merged with the
 /// partials, into `o` (`[rows, d]`, normalised, before `out_scale`) and `l`; with
 /// `ascending` key positions only the keys of the chunk's segments are attended.
+#[allow(clippy::too_many_arguments)]
 fn chunk_forward<T: Element>(
     plan: &Plan,
     local: &Local<'_, T>,
     partials: &[PairPartial],
+    hp: &HeadPatterns,
     c: &Chunk,
     ascending: bool,
     o: &mut [f32],
     l: &mut [f32],
 ) -> Result<()> {
     let (d, head, (c0, c1)) = (local.d, c.head, (c.rows.start, c.rows.end));
-    let pr = &plan.problem;
-    let hp = pr.cfg.head_patterns(pr.heads, head);
     let bh = local.bh(c.b, head);
     let keys = local.own_keys(bh);
     o.iter_mut().for_each(|x| *x = 0.0);

@@ -141,9 +141,7 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     }
 
     // out = out_scale * merged o.
-    let pr = &plan.problem;
-    for head in 0..local.heads {
-        let scale = pr.cfg.head_patterns(pr.heads, head).out_scale as f32;
+    for (head, scale) in plan.out_scales().into_iter().enumerate() {
         for b in 0..batch {
             o[local.bh(b, head)].iter_mut().for_each(|x| *x *= scale);
         }

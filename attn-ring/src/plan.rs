@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use attn_core::{AttnError, DType, DilatedConfig, Result, SegmentPattern};
+use attn_core::{AttnError, DType, DilatedConfig, HeadPatterns, Result, SegmentPattern};
 
 use crate::layout::Layout;
 
@@ -118,6 +118,17 @@ fn merge_ranges(mut v: Vec<Range<usize>>) -> Vec<Range<usize>> {
 }
 
 impl Plan {
+    /// Every head's patterns (and `out_scale`), in head order.
+    pub(crate) fn head_patterns(&self) -> Vec<HeadPatterns> {
+        let pr = &self.problem;
+        (0..pr.heads).map(|head| pr.cfg.head_patterns(pr.heads, head)).collect()
+    }
+
+    /// Every head's `out_scale` as f32, in head order.
+    pub(crate) fn out_scales(&self) -> Vec<f32> {
+        self.head_patterns().iter().map(|hp| hp.out_scale as f32).collect()
+    }
+
     /// Derive the plan; fails on an invalid config, shape or layout.
     pub fn new(problem: RingProblem) -> Result<Self> {
         let RingProblem { ref cfg, seq: n, heads, layout, strategy, world: p, .. } = problem;
