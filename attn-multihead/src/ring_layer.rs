@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Result, TensorView, TensorViewMut};
-use attn_ring::{BackwardOutputs, Communicator, Layout, RingProblem, Strategy, ring_backward, ring_forward};
+use attn_ring::{
+    BackwardOutputs, Communicator, Layout, RingOptions, RingProblem, Strategy, ring_backward_with, ring_forward_with,
+};
 
 use crate::backend::{AttentionBackend, reborrow};
 use crate::config::MultiheadConfig;
@@ -26,20 +28,33 @@ use crate::weights::{MultiheadWeights, NamedParams};
 
 /// Attention over a sequence of `seq` global positions split across the ranks of a
 /// communicator. The communicator sits behind a mutex because the backend interface
-/// takes `&self`; calls on one rank are sequential anyway.
+/// takes `&self`; calls on one rank are sequential anyway. [`RingBackend::with_options`]
+/// sets the ring's [`RingOptions`] (memory budget, finite check, compute threads).
 #[derive(Debug)]
 pub struct RingBackend<C> {
     comm: Mutex<C>,
     seq: usize,
     layout: Layout,
     strategy: Strategy,
+    options: RingOptions,
 }
 
 impl<C: Communicator> RingBackend<C> {
     /// `seq` is the GLOBAL sequence length; every rank must use the same values.
     pub fn new(comm: C, seq: usize, layout: Layout, strategy: Strategy) -> Result<Self> {
         layout.check(seq, comm.world_size())?;
-        Ok(RingBackend { comm: Mutex::new(comm), seq, layout, strategy })
+        Ok(RingBackend { comm: Mutex::new(comm), seq, layout, strategy, options: RingOptions::default() })
+    }
+
+    /// Run every call with `options` (the budget and finite check must agree on all
+    /// ranks, as in `ring_forward_with`; threads are this rank's choice).
+    pub fn with_options(mut self, options: RingOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    pub fn options(&self) -> &RingOptions {
+        &self.options
     }
 
     /// The GLOBAL sequence length.
@@ -124,7 +139,7 @@ impl<C: Communicator + Send + std::fmt::Debug, F: LayerFloat> AttentionBackend<F
         let problem = self.problem(cfg, &q, comm.world_size());
         let (qn, kn) = (q.shape().seq, k.shape().seq);
         // The ring refuses mismatched inputs collectively (every rank returns); name the cause here.
-        ring_forward(&mut *comm, &problem, q, k, v, out, lse)
+        ring_forward_with(&mut *comm, &problem, &self.options, q, k, v, out, lse)
             .map(|_| ())
             .map_err(|e| if kn != qn { Self::cross_error(qn, kn) } else { e })
     }
@@ -150,7 +165,7 @@ impl<C: Communicator + Send + std::fmt::Debug, F: LayerFloat> AttentionBackend<F
         let mut dv = reborrow(TensorName::GradValue, dv)?;
         let outs = BackwardOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv };
         let (qn, kn) = (q.shape().seq, k.shape().seq);
-        ring_backward(&mut *comm, &problem, [q, k, v], grad_out, outs)
+        ring_backward_with(&mut *comm, &problem, &self.options, [q, k, v], grad_out, outs)
             .map(|_| ())
             .map_err(|e| if kn != qn { Self::cross_error(qn, kn) } else { e })
     }

@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use attn_core::{DType, Mixing};
+use attn_core::{AttnError, DType, MemoryBudget, Mixing};
 use attn_multihead::{
     EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend, RingBackend, all_reduce_grads, ring_layer,
 };
-use attn_ring::{Layout, Strategy, ThreadComm};
+use attn_ring::{Layout, RingOptions, Strategy, ThreadComm, problem_for, ring_workspace_bytes};
 use attn_testkit::rng::random_vec;
 use attn_testkit::tolerance::{Tolerance, rel_l2_error};
 
@@ -208,4 +208,69 @@ fn check_encoder(cfg: EncoderConfig, batch: usize, seq: usize, e: usize, world: 
     let bound = Tolerance::for_dtype(DType::F32).rel_l2;
     assert!(rel_l2_error(&y, &y_want) <= bound, "{mode:?} out {:.2e}", rel_l2_error(&y, &y_want));
     assert!(rel_l2_error(&dx, &dx_want) <= bound, "{mode:?} dx {:.2e}", rel_l2_error(&dx, &dx_want));
+}
+
+/// Every rank's `(y, dx)` and all-reduced weight gradients with the backend's
+/// `options` (`dx` empty and gradients zero without `backward`).
+type RankRun = attn_core::Result<(Vec<f32>, Vec<f32>, MultiheadWeights<f32>)>;
+
+fn run_ranks(cfg: &MultiheadConfig, world: usize, seq: usize, options: RingOptions, backward: bool) -> Vec<RankRun> {
+    let (batch, e) = (1, cfg.embed_dim);
+    let (x, g) = (random_vec(5, batch * seq * e), random_vec(6, batch * seq * e));
+    let comms = ThreadComm::world(world).unwrap();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let (cfg, x, g) = (cfg.clone(), &x, &g);
+                s.spawn(move || -> RankRun {
+                    let backend = RingBackend::new(comm, seq, Layout::Zigzag, Strategy::Ring)?.with_options(options);
+                    let backend = Arc::new(backend);
+                    let pos = backend.positions()?;
+                    let layer = ring_layer(cfg.clone(), MultiheadWeights::<f32>::magneto(&cfg, 9), backend.clone())?;
+                    let (y, c) = layer.forward_train(&gather(x, batch, seq, e, &pos), batch, pos.len(), Mode::Eval)?;
+                    let mut grads = layer.weights.zeros_like();
+                    if !backward {
+                        return Ok((y, Vec::new(), grads));
+                    }
+                    let dx = layer.backward(&c, &gather(g, batch, seq, e, &pos), &mut grads)?.query;
+                    backend.with_comm(|c| all_reduce_grads(c, &mut grads))?;
+                    Ok((y, dx, grads))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// `RingBackend::with_options`: compute threads leave outputs and gradients bit for bit
+/// unchanged; a memory budget is checked by the forward and by the backward (each
+/// `OverBudget` on every rank when no rank can meet it).
+#[test]
+fn ring_layer_options_reach_the_ring() {
+    let cfg = MultiheadConfig::new(32, 4, &[16, 64], &[1, 2]).with_mixing(Mixing::LongNet).with_causal(true);
+    let (world, seq) = (2, 64);
+    let one = run_ranks(&cfg, world, seq, RingOptions::default(), true);
+    let one: Vec<_> = one.into_iter().map(Result::unwrap).collect();
+    assert!(one.iter().all(|(y, dx, _)| y.iter().any(|v| *v != 0.0) && dx.iter().any(|v| *v != 0.0)));
+    for threads in [2, 5] {
+        let got = run_ranks(&cfg, world, seq, RingOptions::default().with_threads(threads), true);
+        for (a, b) in got.into_iter().map(Result::unwrap).zip(&one) {
+            assert!(a.0 == b.0 && a.1 == b.1, "threads={threads}: y/dx differ");
+            assert_eq!(a.2, b.2, "threads={threads}: weight gradients differ");
+        }
+    }
+    let over = |r: &RankRun| matches!(r, Err(AttnError::OverBudget { .. }));
+    let tiny = RingOptions::default().with_budget(MemoryBudget::bytes(64));
+    assert!(run_ranks(&cfg, world, seq, tiny, false).iter().all(over), "the forward checks the budget");
+    // Enough for the forward's workspace, not for the backward's.
+    let shape = attn_core::Shape4::new(1, seq, cfg.num_heads, cfg.embed_dim / cfg.num_heads).unwrap();
+    let problem = problem_for(&cfg.validate().unwrap(), shape, Layout::Zigzag, Strategy::Ring, world);
+    let (fwd, bwd) =
+        (ring_workspace_bytes(&problem, DType::F32, false), ring_workspace_bytes(&problem, DType::F32, true));
+    let (fwd, bwd) = (fwd.unwrap() as usize, bwd.unwrap() as usize);
+    assert!(fwd < bwd, "{fwd} {bwd}");
+    let between = RingOptions::default().with_budget(MemoryBudget::bytes(fwd));
+    assert!(run_ranks(&cfg, world, seq, between, false).iter().all(Result::is_ok), "the forward fits");
+    assert!(run_ranks(&cfg, world, seq, between, true).iter().all(over), "the backward checks the budget");
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use attn_core::error::TensorName;
 use attn_core::{DilatedConfig, Shape4, TensorView};
 use attn_kernels::CpuBackend;
-use attn_ring::{Layout, RingOptions, Strategy, ThreadComm, forward_on_with, problem_for, run_in_process_backward};
+use attn_ring::{Layout, RingOptions, Strategy, ThreadComm, backward_on_with, forward_on_with, problem_for};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().skip(1).collect();
@@ -30,11 +30,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let single = t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
+        let problem = problem_for(&cfg, shape, Layout::Zigzag, strategy, p);
+        let opts = RingOptions::default().with_threads(rank_threads);
         if bwd {
-            run_in_process_backward(p, &cfg, Layout::Zigzag, strategy, [v, v, v], v)?;
+            for r in backward_on_with(ThreadComm::world(p)?, &problem, &opts, [v, v, v], v) {
+                r?;
+            }
         } else {
-            let problem = problem_for(&cfg, shape, Layout::Zigzag, strategy, p);
-            let opts = RingOptions::default().with_threads(rank_threads);
             for r in forward_on_with(ThreadComm::world(p)?, &problem, &opts, [v, v, v]) {
                 r?;
             }

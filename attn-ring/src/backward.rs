@@ -9,6 +9,7 @@ use crate::block_math::{GradRows, attend_backward};
 use crate::comm::Communicator;
 use crate::entry::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
 use crate::forward::{Partial, all_pairs, forward_core, restep};
+use crate::head_work::for_each_item;
 use crate::local::{Block, Local, head_rows, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::wire::{MsgKind, Reader, begin, put_f32s};
@@ -62,6 +63,9 @@ impl BlockGrads {
     }
 }
 
+/// One pair's dk/dv of a block: (pair index, dk, dv).
+type PairGrads<'a> = (usize, &'a mut Vec<f32>, &'a mut Vec<f32>);
+
 fn scatter_add(dst: &mut [f32], idx: &[usize], src: &[f32], d: usize) {
     for (n, &j) in idx.iter().enumerate() {
         dst[j * d..(j + 1) * d].iter_mut().zip(&src[n * d..(n + 1) * d]).for_each(|(a, b)| *a += b);
@@ -76,6 +80,7 @@ struct Ctx<'a, T> {
     /// `out_scale` per head.
     scales: Vec<f32>,
     delta: Vec<Vec<f32>>,
+    threads: usize,
 }
 
 impl<T: Element> Ctx<'_, T> {
@@ -85,19 +90,24 @@ impl<T: Element> Ctx<'_, T> {
         GradRows { lse: &self.lse[bh], go, go_stride, go_scale: self.scales[h], delta: &self.delta[bh] }
     }
 
-    /// This rank's share of the gradients of `blk`; dq accumulates in place.
+    /// This rank's share of the gradients of `blk`; dq accumulates in place. Work items
+    /// are (batch, head)s: dq of the head and dk/dv of its pairs in the block.
     fn block_backward(&self, pairs: &[PatternHead], blk: &Block<T>, dq: &mut [Vec<f32>]) -> Result<BlockGrads> {
         let local = self.local;
         let mut bg = BlockGrads::zeros(blk, local.d, local.batch);
-        for (i, ph) in pairs.iter().enumerate() {
-            for b in 0..local.batch {
-                let bh = local.bh(b, ph.head);
-                let j = b * pairs.len() + i;
-                let m = mask_of(self.plan, ph);
-                let (dk, dv) = (&mut bg.dk[j], &mut bg.dv[j]);
-                attend_backward(local.q_rows(bh), blk.keys(b, i, local.d), m, self.grad_rows(bh), &mut dq[bh], dk, dv)?;
-            }
+        let mut slots: Vec<Vec<PairGrads<'_>>> = dq.iter().map(|_| Vec::new()).collect();
+        for (j, (dk, dv)) in bg.dk.iter_mut().zip(bg.dv.iter_mut()).enumerate() {
+            let (b, i) = (j / pairs.len(), j % pairs.len());
+            slots[local.bh(b, pairs[i].head)].push((i, dk, dv));
         }
+        let items = dq.iter_mut().zip(slots).enumerate().filter(|(_, (_, s))| !s.is_empty()).collect();
+        for_each_item(self.threads, items, |(bh, (dq, slots))| {
+            for (i, dk, dv) in slots {
+                let (b, m) = (bh / local.heads, mask_of(self.plan, &pairs[i]));
+                attend_backward(local.q_rows(bh), blk.keys(b, i, local.d), m, self.grad_rows(bh), dq, dk, dv)?;
+            }
+            Ok(())
+        })?;
         Ok(bg)
     }
 
@@ -118,13 +128,15 @@ impl<T: Element> Ctx<'_, T> {
 /// The backward on this rank, given the forward's output and lse. The forward's f32
 /// output is needed only for `delta = grad_out . out`: it is dropped before the f32
 /// dq, dk and dv accumulators exist. grad_out is read in place from the caller's view
-/// (the kernels apply the head's `out_scale`).
+/// (the kernels apply the head's `out_scale`). Blocks' compute is split by (batch,
+/// head) over `threads`.
 pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     plan: &Plan,
     local: &Local<'_, T>,
     fwd: Partial,
     grad_out: &TensorView<'_, T>,
+    threads: usize,
 ) -> Result<Grads> {
     let (r, p) = (comm.rank(), plan.problem.world);
     let (nl, d, batch) = (local.rows(), local.d, local.batch);
@@ -142,7 +154,7 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     }
     drop(o);
     let scales = plan.out_scales();
-    let ctx = Ctx { plan, local, lse: &lse, grad_out, scales, delta };
+    let ctx = Ctx { plan, local, lse: &lse, grad_out, scales, delta, threads };
     let zeros = || vec![vec![0.0f32; nl * d]; batch * local.heads];
     let mut grads = Grads { dq: zeros(), dk: zeros(), dv: zeros() };
 
@@ -187,15 +199,16 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
         posted = true;
     }
 
-    // Own rows, every pattern of every head.
-    for (ph, _) in all_pairs(plan) {
-        for b in 0..batch {
-            let bh = local.bh(b, ph.head);
-            let m = mask_of(plan, &ph);
-            let (dq, dk, dv) = (&mut grads.dq[bh], &mut grads.dk[bh], &mut grads.dv[bh]);
-            attend_backward(local.q_rows(bh), local.own_keys(bh), m, ctx.grad_rows(bh), dq, dk, dv)?;
+    // Own rows, every pattern of every head, one (batch, head) per work item.
+    let pairs = all_pairs(plan);
+    let Grads { dq, dk, dv } = &mut grads;
+    let items = dq.iter_mut().zip(dk.iter_mut()).zip(dv.iter_mut()).enumerate().collect();
+    for_each_item(threads, items, |(bh, ((dq, dk), dv))| {
+        for (ph, _) in pairs.iter().filter(|(ph, _)| ph.head == bh % local.heads) {
+            attend_backward(local.q_rows(bh), local.own_keys(bh), mask_of(plan, ph), ctx.grad_rows(bh), dq, dk, dv)?;
         }
-    }
+        Ok(())
+    })?;
 
     let mut home = Vec::new();
     for t in 1..=plan.ring_steps() {
@@ -290,8 +303,8 @@ pub fn ring_backward_with<C: Communicator + ?Sized, T: Element>(
     ];
     let extra = check_out(problem, comm.rank(), &outs, usize::MAX);
     let Prepared { plan, local, start } = prepare(comm, "backward", problem, opts, [q, k, v], Some(grad_out), extra)?;
-    let fwd = forward_core::<C, T>(comm, &plan, &local)?;
-    let g = backward_core::<C, T>(comm, &plan, &local, fwd, &grad_out)?;
+    let fwd = forward_core::<C, T>(comm, &plan, &local, opts.threads)?;
+    let g = backward_core::<C, T>(comm, &plan, &local, fwd, &grad_out, opts.threads)?;
     let stats = finish(comm, start)?;
     let d = local.d;
     for (dst, src) in [(dq, &g.dq), (dk, &g.dk), (dv, &g.dv)] {

@@ -8,6 +8,7 @@ use crate::block_math::{KeyBlock, attend_forward};
 use crate::comm::Communicator;
 use crate::direct::{forward_direct, gather_partials};
 use crate::entry::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
+use crate::head_work::for_each_item;
 use crate::local::{Block, Local, RawBlock, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::wire::{MsgKind, Reader};
@@ -65,11 +66,13 @@ fn gather_blocks<C: Communicator + ?Sized, T: Element>(
     Ok(blocks)
 }
 
-/// The forward on this rank: every message of the plan, every block merged.
+/// The forward on this rank: every message of the plan, every block merged; the
+/// blocks' compute split by (batch, head) over `threads`.
 pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     plan: &Plan,
     local: &Local<'_, T>,
+    threads: usize,
 ) -> Result<Partial> {
     let (r, p) = (comm.rank(), plan.problem.world);
     let (nl, d, batch) = (local.rows(), local.d, local.batch);
@@ -92,15 +95,16 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     }
 
     // Own rows, every pattern of every head.
-    for (ph, _) in all_pairs(plan) {
-        for b in 0..batch {
-            let bh = local.bh(b, ph.head);
-            attend_forward(local.q_rows(bh), local.own_keys(bh), mask_of(plan, &ph), &mut o[bh], &mut lse[bh])?;
+    let pairs = all_pairs(plan);
+    for_each_item(threads, head_accs(&mut o, &mut lse), |(bh, o, lse)| {
+        for (ph, _) in pairs.iter().filter(|(ph, _)| ph.head == bh % local.heads) {
+            attend_forward(local.q_rows(bh), local.own_keys(bh), mask_of(plan, ph), o, lse)?;
         }
-    }
+        Ok(())
+    })?;
 
     for blk in &gathered {
-        merge_block(plan, local, gh, blk, &mut o, &mut lse)?;
+        merge_block(plan, local, gh, blk, &mut o, &mut lse, threads)?;
     }
     drop(gathered);
 
@@ -118,7 +122,7 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
             // Last hop: no copy, one (batch, pair) of the message decoded at a time.
             let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
             let raw = RawBlock::new::<T>(bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?;
-            merge_raw(plan, local, &raw, &mut o, &mut lse)?;
+            merge_raw(plan, local, &raw, &mut o, &mut lse, threads)?;
             continue;
         }
         // Decode, pass the bytes on at once (the next rank's transfer overlaps this compute), then compute.
@@ -136,7 +140,7 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
             drop(bytes);
         }
         if let Some(blk) = blk {
-            merge_block(plan, local, &plan.ring_heads, &blk, &mut o, &mut lse)?;
+            merge_block(plan, local, &plan.ring_heads, &blk, &mut o, &mut lse, threads)?;
         }
     }
 
@@ -149,24 +153,31 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     Ok(Partial { o, lse })
 }
 
-/// [`merge_block`] straight from a ring message, decoding one (batch, pair) at a time.
+/// Each (batch, head)'s accumulators `(bh, o, lse)`, one work item each.
+fn head_accs<'a>(o: &'a mut [Vec<f32>], lse: &'a mut [Vec<f32>]) -> Vec<(usize, &'a mut [f32], &'a mut [f32])> {
+    o.iter_mut().zip(lse.iter_mut()).enumerate().map(|(bh, (o, l))| (bh, o.as_mut_slice(), l.as_mut_slice())).collect()
+}
+
+/// [`merge_block`] straight from a ring message, decoding one (batch, pair) at a time
+/// (per thread).
 fn merge_raw<T: Element>(
     plan: &Plan,
     local: &Local<'_, T>,
     raw: &RawBlock,
     o: &mut [Vec<f32>],
     lse: &mut [Vec<f32>],
+    threads: usize,
 ) -> Result<()> {
-    let (mut k, mut v) = (Vec::<T>::new(), Vec::<T>::new());
-    for (i, ph) in plan.ring_heads.iter().enumerate() {
-        for b in 0..local.batch {
-            let bh = local.bh(b, ph.head);
-            raw.part_rows::<T>(b, i, local.d, 0..raw.pos[i].len(), &mut k, &mut v);
+    let b_of = |bh: usize| bh / local.heads;
+    for_each_item(threads, head_accs(o, lse), |(bh, o, lse)| {
+        let (mut k, mut v) = (Vec::<T>::new(), Vec::<T>::new());
+        for (i, ph) in plan.ring_heads.iter().enumerate().filter(|(_, ph)| ph.head == bh % local.heads) {
+            raw.part_rows::<T>(b_of(bh), i, local.d, 0..raw.pos[i].len(), &mut k, &mut v);
             let keys = KeyBlock { pos: &raw.pos[i], k: &k, v: &v, stride: local.d };
-            attend_forward(local.q_rows(bh), keys, mask_of(plan, ph), &mut o[bh], &mut lse[bh])?;
+            attend_forward(local.q_rows(bh), keys, mask_of(plan, ph), o, lse)?;
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 fn merge_block<T: Element>(
@@ -176,14 +187,15 @@ fn merge_block<T: Element>(
     blk: &Block<T>,
     o: &mut [Vec<f32>],
     lse: &mut [Vec<f32>],
+    threads: usize,
 ) -> Result<()> {
-    for (i, ph) in pairs.iter().enumerate() {
-        for b in 0..local.batch {
-            let bh = local.bh(b, ph.head);
-            attend_forward(local.q_rows(bh), blk.keys(b, i, local.d), mask_of(plan, ph), &mut o[bh], &mut lse[bh])?;
+    for_each_item(threads, head_accs(o, lse), |(bh, o, lse)| {
+        let b = bh / local.heads;
+        for (i, ph) in pairs.iter().enumerate().filter(|(_, ph)| ph.head == bh % local.heads) {
+            attend_forward(local.q_rows(bh), blk.keys(b, i, local.d), mask_of(plan, ph), o, lse)?;
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Forward of dilated attention with the sequence split over the ranks of `comm`.
@@ -230,7 +242,7 @@ pub fn ring_forward_with<C: Communicator + ?Sized, T: Element>(
         forward_direct(&plan, &local, &partials, out, lse, opts.threads)?;
         return Ok(stats);
     }
-    let part = forward_core::<C, T>(comm, &plan, &local)?;
+    let part = forward_core::<C, T>(comm, &plan, &local, opts.threads)?;
     let stats = finish(comm, start)?;
     let (nl, h, d) = (local.rows(), local.heads, local.d);
     for b in 0..local.batch {

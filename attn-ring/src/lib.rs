@@ -30,6 +30,7 @@ mod direct;
 mod entry;
 mod forward;
 mod handshake;
+mod head_work;
 mod in_process;
 pub mod layout;
 mod local;
