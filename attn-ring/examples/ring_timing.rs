@@ -1,4 +1,4 @@
-//! Rough timing: full causal attention over `p` in-process ranks (zigzag, one
+//! Rough timing: full causal attention (non-causal with RING_TIMING_CAUSAL=0) over `p` in-process ranks (zigzag, one
 //! thread per rank unless RANK_THREADS is given) against the single-device CPU
 //! backend with `p * RANK_THREADS` threads.
 //! `cargo run --release -p attn-ring --example ring_timing -- SEQ HEADS HEAD_DIM P [ring|allgather|auto] [bwd|fwd] [RANK_THREADS]`
@@ -18,7 +18,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bwd = a.get(5).is_some_and(|s| s == "bwd");
     let rank_threads = num(6, 1).max(1);
     let shape = Shape4::new(1, seq, heads, d)?;
-    let cfg = DilatedConfig::builder().segments(&[seq]).dilations(&[1]).causal(true).build()?;
+    let causal = std::env::var("RING_TIMING_CAUSAL").map_or(true, |v| v != "0");
+    let cfg = DilatedConfig::builder().segments(&[seq]).dilations(&[1]).causal(causal).build()?;
     let x: Vec<f32> = (0..shape.numel()).map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0).collect();
     let v = TensorView::contiguous(TensorName::Query, &x, shape)?;
     let cpu = CpuBackend::new(p * rank_threads)?;

@@ -21,11 +21,12 @@ pub struct RingOptions {
     /// anywhere is `AttnError::NonFinite` on every rank, naming the tensor and the flat
     /// index of the value in the GLOBAL `[batch, seq, heads, head_dim]` tensor.
     pub check_finite: bool,
-    /// Threads this rank computes with: the all-gather forward's own keys after the
-    /// completion round (chunk by chunk; the bulk of the work when most segments sit
-    /// inside one rank), and in the ring-pass forward and in the backward every block
-    /// (own rows, gathered and visiting blocks) split by (batch, head). The message
-    /// rounds stay on the calling thread. 0 or 1: the calling thread only. A local
+    /// Threads this rank computes with: in the all-gather forward each received piece
+    /// (split by runs of query rows) and its own keys after the completion round
+    /// (chunk by chunk; the bulk of the work when most segments sit inside one rank),
+    /// and in the ring-pass forward and in the backward every block (own rows,
+    /// gathered and visiting blocks) split by (batch, head). Messages are sent and
+    /// received by the calling thread. 0 or 1: the calling thread only. A local
     /// choice (ranks may differ); results are bit-identical for any value. Each worker
     /// beyond the first adds its own kernel scratch (about `2 * 1024 * D * 4` bytes)
     /// and, in the all-gather forward, chunk buffers (`3 * 512 * (D + 1) * 4` bytes),

@@ -237,7 +237,7 @@ pub fn ring_forward_with<C: Communicator + ?Sized, T: Element>(
     let extra = check_out(problem, comm.rank(), &[(TensorName::Output, out.shape())], lse.len());
     let Prepared { plan, local, start } = prepare(comm, "forward", problem, opts, [q, k, v], None, extra)?;
     if plan.ring_heads.is_empty() {
-        let partials = gather_partials(comm, &plan, &local)?;
+        let partials = gather_partials(comm, &plan, &local, opts.threads)?;
         let stats = finish(comm, start)?;
         forward_direct(&plan, &local, &partials, out, lse, opts.threads)?;
         return Ok(stats);

@@ -263,7 +263,8 @@ pub const MSG_HEADER_BYTES: u64 = 9;
 ///
 /// Forward: all-gather sends `batch * sum_(pattern, head) selected(o -> r) * 2 * d * elem`
 /// to each rank that needs them (in one message, or, when no pattern uses the ring, in
-/// pieces of at most `direct::PIECE_ROWS` (128) rows of one (pattern, head), each with its header); a ring block of owner `o` (`batch * sum selected(o) * 2 * d *
+/// pieces of at most `direct::piece_rows` (128 to 1024) rows of one (pattern, head),
+/// each with its header); a ring block of owner `o` (`batch * sum selected(o) * 2 * d *
 /// elem`) is sent once by each of the first `hops[o]` ranks on its way. Backward adds the
 /// same for the recomputed forward, the k/v pass, and the f32 dk/dv coming back (for the
 /// ring: once per hop after the first, plus the trip home). Every message carries a
@@ -317,8 +318,8 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
 ///   all-gather message it sends and every received one decoded;
 /// - without ring patterns (the direct all-gather forward): f32 partials `(o, lse)` for
 ///   the selected query rows that see remote keys, `B*rows*(D+1)*4`, and this rank's
-///   pieces (at most 128 rows of one pair each, `B*rows*2*D*e`) of two rounds, the
-///   current one and the previous one (its receiver may be one round behind); a
+///   pieces (at most `seq / p / 32` rows, clamped to 128..=1024, of one pair each,
+///   `B*rows*2*D*e`) of two rounds, the current one and the previous one (its receiver may be one round behind); a
 ///   received piece is dropped as soon as it is attended; after the completion round
 ///   one row chunk's f32 `(o, lse)` (`min(512, rows)*(D+1)*4`) and the kernel's f32
 ///   copy of one call's own keys and values (`min(1024, rows)*2*D16*4`).

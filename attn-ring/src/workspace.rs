@@ -28,7 +28,7 @@ use attn_core::{DType, Result};
 
 use crate::block_math::KEY_ROWS_PER_CALL;
 use crate::comm::HEADER_BYTES;
-use crate::direct::{PIECE_ROWS, ROW_CHUNK, partial_bytes, pieces};
+use crate::direct::{ROW_CHUNK, partial_bytes, piece_rows, pieces};
 use crate::plan::{MSG_HEADER_BYTES, Plan, RingProblem};
 
 /// A `Vec` header (pointer, capacity, length) stored inside another `Vec`.
@@ -188,15 +188,16 @@ impl Plan {
         let small = self.bookkeeping_bytes() + 16 * nl;
 
         if !backward && self.ring_heads.is_empty() {
-            // Direct all-gather forward: pieces of at most PIECE_ROWS rows, one round at a
+            // Direct all-gather forward: pieces of at most piece_rows rows, one round at a
             // time; f32 partials for the query rows that see remote keys; then chunks of
             // ROW_CHUNK rows over the own keys.
             let rows = ROW_CHUNK as u64;
             let (sq, sk) = (sel_own.min(rows + 2), sel_k.min(KEY_ROWS_PER_CALL as u64 + 2));
             // Received rows are decoded into two reused buffers (up to 2x by growth).
-            let kv_bufs = if recvs.is_empty() { 0 } else { 2 * 2 * PIECE_ROWS as u64 * d * x.e };
+            let piece_rows = piece_rows(self) as u64;
+            let kv_bufs = if recvs.is_empty() { 0 } else { 2 * 2 * piece_rows * d * x.e };
             let acc = nl.min(rows) * (d + 1) * 4 + kv_bufs;
-            let piece_pos = positions(PIECE_ROWS as u64, 1);
+            let piece_pos = positions(piece_rows, 1);
             // Every piece sent may still be held by its receiver (a rank that only sends
             // can run rounds ahead), plus the positions of the piece being encoded.
             let (mut sent, mut listed) = (piece_pos, 0u64);
@@ -206,7 +207,7 @@ impl Plan {
                 listed += n;
             }
             // One round received: a piece from each source with its positions and offsets.
-            let piece = x.kv_msg(PIECE_ROWS as u64) + 2 * piece_pos + 8 * x.b + 2 * VEC;
+            let piece = x.kv_msg(piece_rows) + 2 * piece_pos + 8 * x.b + 2 * VEC;
             let round = recvs.len() as u64 * piece;
             listed += recvs.iter().map(|&y| pieces(self, y, rank).len() as u64).sum::<u64>();
             let lists = 2 * 24 * listed + 4 * VEC * p as u64 + 8 * ng;
