@@ -51,6 +51,39 @@ pub(crate) fn pieces(plan: &Plan, o: usize, r: usize) -> Vec<Piece> {
     out
 }
 
+/// The pieces of one all-gather message spread evenly over the rounds of the pair of
+/// ranks (the larger piece count of its two directions), at most one per round: piece
+/// `j` of `m` travels in round `floor(j * rounds / m)`. Both directions of a pair thus
+/// move the same share of their pieces per round; sending pieces back to back instead
+/// left the rank with the shorter message waiting while its peer worked through the
+/// longer one, and then idle (full causal attention, 2 ranks, zigzag).
+#[derive(Debug)]
+struct Spread {
+    peer: usize,
+    pieces: Vec<Piece>,
+    rounds: usize,
+}
+
+impl Spread {
+    /// Message `o -> r`, exchanged with `peer` (the rank that is not this one).
+    fn new(plan: &Plan, o: usize, r: usize, peer: usize) -> Self {
+        let pieces = pieces(plan, o, r);
+        let rounds = pieces.len().max(self::pieces(plan, r, o).len());
+        Spread { peer, pieces, rounds }
+    }
+
+    fn any(&self) -> bool {
+        !self.pieces.is_empty()
+    }
+
+    /// The piece that travels in round `k`, if any.
+    fn at(&self, k: usize) -> Option<&Piece> {
+        let m = self.pieces.len();
+        let j = (k * m).div_ceil(self.rounds.max(1));
+        (j < m && j * self.rounds / m == k).then(|| &self.pieces[j])
+    }
+}
+
 /// Positions `range` of owner `o`'s rows sent to `r` for pair `ph` (only those collected).
 fn piece_positions(plan: &Plan, o: usize, r: usize, ph: &PatternHead, range: &Range<usize>) -> Vec<usize> {
     plan.gather_regions(o, r, ph.pattern)
@@ -155,25 +188,30 @@ pub(crate) fn gather_partials<C: Communicator + ?Sized, T: Element>(
             })
         })
         .collect();
-    let outgoing: Vec<(usize, Vec<Piece>)> =
-        (0..p).filter(|&x| x != r).map(|x| (x, pieces(plan, r, x))).filter(|(_, v)| !v.is_empty()).collect();
-    let incoming: Vec<(usize, Vec<Piece>)> =
-        (0..p).filter(|&x| x != r).map(|x| (x, pieces(plan, x, r))).filter(|(_, v)| !v.is_empty()).collect();
-    let rounds = outgoing.iter().chain(&incoming).map(|(_, v)| v.len()).max().unwrap_or(0);
+    let spread = |o: usize, x: usize, peer: usize| Spread::new(plan, o, x, peer);
+    let outgoing: Vec<Spread> = (0..p).filter(|&x| x != r).map(|x| spread(r, x, x)).filter(Spread::any).collect();
+    let incoming: Vec<Spread> = (0..p).filter(|&x| x != r).map(|x| spread(x, r, x)).filter(Spread::any).collect();
+    let rounds = outgoing.iter().chain(&incoming).map(|s| s.rounds).max().unwrap_or(0);
+    let encode = |k: usize| -> Vec<(usize, Vec<u8>)> {
+        let due = outgoing.iter().filter_map(|s| s.at(k).map(|(i, rg)| (s.peer, *i, rg)));
+        due.map(|(x, i, rg)| {
+            (x, local.encode_rows(&gh[i..=i], &[piece_positions(plan, r, x, &gh[i], rg)], MsgKind::GatherKv, r, k))
+        })
+        .collect()
+    };
     let (mut kbuf, mut vbuf) = (Vec::<T>::new(), Vec::<T>::new());
     for k in 0..rounds {
-        let sends = outgoing
-            .iter()
-            .filter_map(|(x, v)| v.get(k).map(|(i, rg)| (*x, *i, rg)))
-            .map(|(x, i, rg)| {
-                let pos = piece_positions(plan, r, x, &gh[i], rg);
-                (x, local.encode_rows(&gh[i..=i], &[pos], MsgKind::GatherKv, r, k))
-            })
-            .collect();
+        let sends = if k == 0 { encode(0) } else { Vec::new() };
         let srcs: Vec<(usize, usize, Range<usize>)> =
-            incoming.iter().filter_map(|(x, v)| v.get(k).map(|(i, rg)| (*x, *i, rg.clone()))).collect();
+            incoming.iter().filter_map(|s| s.at(k).map(|(i, rg)| (s.peer, *i, rg.clone()))).collect();
         let from: Vec<usize> = srcs.iter().map(|s| s.0).collect();
         let got = comm.exchange(sends, &from)?;
+        // The next round's pieces leave now (they travel with the next exchange), so a
+        // peer that finishes its round early finds them waiting.
+        let next = if k + 1 < rounds { encode(k + 1) } else { Vec::new() };
+        if !next.is_empty() {
+            comm.post(next)?;
+        }
         for ((src, i, rg), bytes) in srcs.into_iter().zip(got) {
             let pos = piece_positions(plan, src, r, &gh[i], &rg);
             let raw = RawBlock::new::<T>(bytes, MsgKind::GatherKv, src, k, r, batch, d, vec![pos])?;
@@ -346,4 +384,39 @@ pub(crate) fn partial_bytes(plan: &Plan, rank: usize) -> u64 {
             if runs.is_empty() { 0 } else { b * n * (d + 1) * 4 + 24 * n + 64 * runs.len() as u64 + 16 * segs + 256 }
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Layout, Strategy, problem_for};
+    use attn_core::{DilatedConfig, Shape4};
+
+    /// Every piece of every message travels exactly once, in order, spread over the
+    /// rounds its pair shares with the reverse message.
+    #[test]
+    fn spread_sends_every_piece_once_in_order() {
+        let cfg = DilatedConfig::builder().segments(&[8192]).dilations(&[1]).causal(true).build().unwrap();
+        let shape = Shape4::new(1, 8192, 2, 8).unwrap();
+        let mut uneven = 0;
+        for (world, layout) in [(2, Layout::Zigzag), (3, Layout::Contiguous), (4, Layout::Zigzag)] {
+            let plan = Plan::new(problem_for(&cfg, shape, layout, Strategy::AllGather, world)).unwrap();
+            for o in 0..world {
+                for r in (0..world).filter(|&r| r != o) {
+                    let (s, back) = (Spread::new(&plan, o, r, r), Spread::new(&plan, r, o, o));
+                    assert_eq!(s.rounds, back.rounds);
+                    assert!(s.rounds >= s.pieces.len());
+                    let sent: Vec<&Piece> = (0..s.rounds + 3).filter_map(|k| s.at(k)).collect();
+                    assert!(sent.iter().copied().eq(s.pieces.iter()), "p={world} {layout:?} {o}->{r}");
+                    if s.any() && s.pieces.len() < s.rounds {
+                        uneven += 1;
+                        // Spread out: the last piece goes in the last half of the rounds.
+                        let last = (0..s.rounds).rev().find(|&k| s.at(k).is_some()).unwrap();
+                        assert!(2 * last >= s.rounds, "p={world} {layout:?} {o}->{r}: last piece in round {last}");
+                    }
+                }
+            }
+        }
+        assert!(uneven > 0, "causal splits give messages of different lengths");
+    }
 }

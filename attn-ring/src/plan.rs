@@ -319,7 +319,9 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
 /// - without ring patterns (the direct all-gather forward): f32 partials `(o, lse)` for
 ///   the selected query rows that see remote keys, `B*rows*(D+1)*4`, and this rank's
 ///   pieces (at most `seq / p / 32` rows, clamped to 128..=1024, of one pair each,
-///   `B*rows*2*D*e`) of two rounds, the current one and the previous one (its receiver may be one round behind); a
+///   `B*rows*2*D*e`) of three rounds: the next one (posted before the current one is
+///   attended), the current one and the previous one (its receiver may be one round
+///   behind); a
 ///   received piece is dropped as soon as it is attended; after the completion round
 ///   one row chunk's f32 `(o, lse)` (`min(512, rows)*(D+1)*4`) and the kernel's f32
 ///   copy of one call's own keys and values (`min(1024, rows)*2*D16*4`).
@@ -339,11 +341,11 @@ pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
     }
     let rows = layout.rows(n, p, rank) as u64;
     if plan.ring_heads.is_empty() {
-        // This rank's pieces of the current and the previous round (a receiver may be
-        // one round behind).
+        // This rank's pieces of the next, the current and the previous round (posted
+        // one round ahead; a receiver may be one round behind).
         let sent: u64 = (0..p)
             .filter(|&x| x != rank)
-            .map(|x| crate::direct::pieces(plan, rank, x).iter().take(2).map(|(_, rg)| rg.len() as u64).sum::<u64>())
+            .map(|x| crate::direct::pieces(plan, rank, x).iter().take(3).map(|(_, rg)| rg.len() as u64).sum::<u64>())
             .sum();
         // After the completion round: one chunk's f32 (o, lse) and the kernel's f32 copy of
         // one call's own keys and values (head dim rounded up to 16).
