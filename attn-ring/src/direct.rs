@@ -65,11 +65,12 @@ struct Spread {
 }
 
 impl Spread {
-    /// Message `o -> r`, exchanged with `peer` (the rank that is not this one).
-    fn new(plan: &Plan, o: usize, r: usize, peer: usize) -> Self {
-        let pieces = pieces(plan, o, r);
-        let rounds = pieces.len().max(self::pieces(plan, r, o).len());
-        Spread { peer, pieces, rounds }
+    /// The messages `r -> x` and `x -> r` of one pair of ranks (the first sent by `r`,
+    /// the second received), over the rounds they share.
+    fn pair(plan: &Plan, r: usize, x: usize) -> [Spread; 2] {
+        let (out, inc) = (pieces(plan, r, x), pieces(plan, x, r));
+        let rounds = out.len().max(inc.len());
+        [Spread { peer: x, pieces: out, rounds }, Spread { peer: x, pieces: inc, rounds }]
     }
 
     fn any(&self) -> bool {
@@ -188,9 +189,11 @@ pub(crate) fn gather_partials<C: Communicator + ?Sized, T: Element>(
             })
         })
         .collect();
-    let spread = |o: usize, x: usize, peer: usize| Spread::new(plan, o, x, peer);
-    let outgoing: Vec<Spread> = (0..p).filter(|&x| x != r).map(|x| spread(r, x, x)).filter(Spread::any).collect();
-    let incoming: Vec<Spread> = (0..p).filter(|&x| x != r).map(|x| spread(x, r, x)).filter(Spread::any).collect();
+    let (mut outgoing, mut incoming) = (Vec::new(), Vec::new());
+    for [out, inc] in (0..p).filter(|&x| x != r).map(|x| Spread::pair(plan, r, x)) {
+        outgoing.extend(out.any().then_some(out));
+        incoming.extend(inc.any().then_some(inc));
+    }
     let rounds = outgoing.iter().chain(&incoming).map(|s| s.rounds).max().unwrap_or(0);
     let encode = |k: usize| -> Vec<(usize, Vec<u8>)> {
         let due = outgoing.iter().filter_map(|s| s.at(k).map(|(i, rg)| (s.peer, *i, rg)));
@@ -403,8 +406,9 @@ mod tests {
             let plan = Plan::new(problem_for(&cfg, shape, layout, Strategy::AllGather, world)).unwrap();
             for o in 0..world {
                 for r in (0..world).filter(|&r| r != o) {
-                    let (s, back) = (Spread::new(&plan, o, r, r), Spread::new(&plan, r, o, o));
+                    let [s, back] = Spread::pair(&plan, o, r);
                     assert_eq!(s.rounds, back.rounds);
+                    assert!(back.pieces == pieces(&plan, r, o) && s.pieces == pieces(&plan, o, r));
                     assert!(s.rounds >= s.pieces.len());
                     let sent: Vec<&Piece> = (0..s.rounds + 3).filter_map(|k| s.at(k)).collect();
                     assert!(sent.iter().copied().eq(s.pieces.iter()), "p={world} {layout:?} {o}->{r}");

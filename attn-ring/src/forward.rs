@@ -95,16 +95,11 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     }
 
     // Own rows, every pattern of every head.
-    let pairs = all_pairs(plan);
-    for_each_item(threads, head_accs(&mut o, &mut lse), |(bh, o, lse)| {
-        for (ph, _) in pairs.iter().filter(|(ph, _)| ph.head == bh % local.heads) {
-            attend_forward(local.q_rows(bh), local.own_keys(bh), mask_of(plan, ph), o, lse)?;
-        }
-        Ok(())
-    })?;
+    let own: Vec<PatternHead> = all_pairs(plan).into_iter().map(|(ph, _)| ph).collect();
+    merge_pairs(plan, local, &own, &mut o, &mut lse, threads, |bh, _| local.own_keys(bh))?;
 
     for blk in &gathered {
-        merge_block(plan, local, gh, blk, &mut o, &mut lse, threads)?;
+        merge_pairs(plan, local, gh, &mut o, &mut lse, threads, |bh, i| blk.keys(bh / local.heads, i, d))?;
     }
     drop(gathered);
 
@@ -140,7 +135,8 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
             drop(bytes);
         }
         if let Some(blk) = blk {
-            merge_block(plan, local, &plan.ring_heads, &blk, &mut o, &mut lse, threads)?;
+            let keys = |bh: usize, i| blk.keys(bh / local.heads, i, d);
+            merge_pairs(plan, local, &plan.ring_heads, &mut o, &mut lse, threads, keys)?;
         }
     }
 
@@ -158,7 +154,7 @@ fn head_accs<'a>(o: &'a mut [Vec<f32>], lse: &'a mut [Vec<f32>]) -> Vec<(usize, 
     o.iter_mut().zip(lse.iter_mut()).enumerate().map(|(bh, (o, l))| (bh, o.as_mut_slice(), l.as_mut_slice())).collect()
 }
 
-/// [`merge_block`] straight from a ring message, decoding one (batch, pair) at a time
+/// [`merge_pairs`] straight from a ring message, decoding one (batch, pair) at a time
 /// (per thread).
 fn merge_raw<T: Element>(
     plan: &Plan,
@@ -180,19 +176,22 @@ fn merge_raw<T: Element>(
     })
 }
 
-fn merge_block<T: Element>(
+/// Merge the attention of each (batch, head)'s query rows onto `keys(bh, i)`, for every
+/// pair `i` of `pairs` that belongs to the head, into its accumulators; the (batch,
+/// head)s are split over `threads`.
+#[allow(clippy::too_many_arguments)]
+fn merge_pairs<'k, T: Element + 'k>(
     plan: &Plan,
     local: &Local<'_, T>,
     pairs: &[PatternHead],
-    blk: &Block<T>,
     o: &mut [Vec<f32>],
     lse: &mut [Vec<f32>],
     threads: usize,
+    keys: impl Fn(usize, usize) -> KeyBlock<'k, T> + Sync,
 ) -> Result<()> {
     for_each_item(threads, head_accs(o, lse), |(bh, o, lse)| {
-        let b = bh / local.heads;
         for (i, ph) in pairs.iter().enumerate().filter(|(_, ph)| ph.head == bh % local.heads) {
-            attend_forward(local.q_rows(bh), blk.keys(b, i, local.d), mask_of(plan, ph), o, lse)?;
+            attend_forward(local.q_rows(bh), keys(bh, i), mask_of(plan, ph), o, lse)?;
         }
         Ok(())
     })

@@ -4,8 +4,23 @@
 
 use attn_core::error::TensorName;
 use attn_core::{DilatedConfig, Mixing, Shape4, TensorView};
-use attn_ring::{Layout, RingOptions, Strategy, ThreadComm, backward_on_with, forward_on_with, problem_for};
+use attn_ring::{
+    Layout, RingOptions, RingProblem, Strategy, ThreadComm, backward_on_with, forward_on_with, problem_for,
+};
 use attn_testkit::random_vec;
+
+fn config(segments: &[usize], mixing: Mixing, causal: bool) -> DilatedConfig {
+    DilatedConfig::builder().segments(segments).dilations(&[1, 2, 3]).mixing(mixing).causal(causal).build().unwrap()
+}
+
+/// Every rank's (out, lse) with `threads` compute threads per rank.
+fn forward_results(problem: &RingProblem, threads: usize, qkv: [TensorView<'_, f32>; 3]) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let opts = RingOptions::default().with_threads(threads);
+    forward_on_with(ThreadComm::world(problem.world).unwrap(), problem, &opts, qkv)
+        .into_iter()
+        .map(|r| r.map(|(out, lse, _)| (out, lse)).unwrap())
+        .collect()
+}
 
 #[test]
 fn rank_threads_do_not_change_the_result() {
@@ -14,24 +29,11 @@ fn rank_threads_do_not_change_the_result() {
     let (q, k, v) = (random_vec(31, shape.numel()), random_vec(32, shape.numel()), random_vec(33, shape.numel()));
     let view = |x| TensorView::contiguous(TensorName::Query, x, shape).unwrap();
     for (mixing, causal) in [(Mixing::HeadGroups, false), (Mixing::LongNet, true)] {
-        let cfg = DilatedConfig::builder()
-            .segments(&[300, 700, 1500])
-            .dilations(&[1, 2, 3])
-            .mixing(mixing)
-            .causal(causal)
-            .build()
-            .unwrap();
+        let cfg = config(&[300, 700, 1500], mixing, causal);
         for world in [1, 2, 3] {
             for layout in [Layout::Contiguous, Layout::Zigzag] {
                 let problem = problem_for(&cfg, shape, layout, Strategy::AllGather, world);
-                let run = |threads: usize| {
-                    let comms = ThreadComm::world(world).unwrap();
-                    let opts = RingOptions::default().with_threads(threads);
-                    forward_on_with(comms, &problem, &opts, [view(&q), view(&k), view(&v)])
-                        .into_iter()
-                        .map(|r| r.map(|(out, lse, _)| (out, lse)).unwrap())
-                        .collect::<Vec<_>>()
-                };
+                let run = |threads: usize| forward_results(&problem, threads, [view(&q), view(&k), view(&v)]);
                 let one = run(1);
                 assert!(one.iter().all(|(o, _)| o.iter().any(|x| *x != 0.0)), "outputs are written");
                 for threads in [2, 3, 16] {
@@ -51,13 +53,7 @@ fn rank_threads_do_not_change_ring_pass_forward_or_backward() {
     let (q, k, v, g) = (random_vec(41, n), random_vec(42, n), random_vec(43, n), random_vec(44, n));
     let view = |x| TensorView::contiguous(TensorName::Query, x, shape).unwrap();
     for (mixing, causal) in [(Mixing::HeadGroups, true), (Mixing::LongNet, false)] {
-        let cfg = DilatedConfig::builder()
-            .segments(&[200, 450, 900])
-            .dilations(&[1, 2, 3])
-            .mixing(mixing)
-            .causal(causal)
-            .build()
-            .unwrap();
+        let cfg = config(&[200, 450, 900], mixing, causal);
         for (world, layout, strategy) in [
             (1, Layout::Contiguous, Strategy::Ring),
             (2, Layout::Zigzag, Strategy::Ring),
@@ -65,13 +61,7 @@ fn rank_threads_do_not_change_ring_pass_forward_or_backward() {
             (3, Layout::Zigzag, Strategy::AllGather),
         ] {
             let problem = problem_for(&cfg, shape, layout, strategy, world);
-            let fwd = |threads: usize| {
-                let opts = RingOptions::default().with_threads(threads);
-                forward_on_with(ThreadComm::world(world).unwrap(), &problem, &opts, [view(&q), view(&k), view(&v)])
-                    .into_iter()
-                    .map(|r| r.map(|(out, lse, _)| (out, lse)).unwrap())
-                    .collect::<Vec<_>>()
-            };
+            let fwd = |threads: usize| forward_results(&problem, threads, [view(&q), view(&k), view(&v)]);
             let bwd = |threads: usize| {
                 let opts = RingOptions::default().with_threads(threads);
                 let comms = ThreadComm::world(world).unwrap();
