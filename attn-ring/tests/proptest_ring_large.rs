@@ -1,0 +1,119 @@
+//! proptest at sizes past the ring's internal granularity (pieces of 128..=1024 rows,
+//! 512-row chunks, 1024-key slices): random configs (rates up to 8, ragged tails, both
+//! mixing modes, causal), world sizes 1..=8 or 16, both layouts, every strategy and
+//! 1..=3 compute threads per rank; forward and gradients equal the single-device CPU
+//! backend within f32 tolerance.
+
+use attn_core::error::TensorName;
+use attn_core::{DType, DilatedConfig, Mixing, Shape4, TensorView};
+use attn_kernels::CpuBackend;
+use attn_ring::{Layout, RingOptions, Strategy as Split, ThreadComm, backward_on_with, forward_on_with, problem_for};
+use attn_testkit::random_vec;
+use attn_testkit::tolerance::{Tolerance, rel_l2_error};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct Case {
+    cfg: DilatedConfig,
+    shape: Shape4,
+    world: usize,
+    layout: Layout,
+    strategy: Split,
+    threads: usize,
+    seed: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let pattern = (1usize..=3000).prop_flat_map(|w| (Just(w), 1..=w.min(8)));
+    (prop::collection::vec(pattern, 1..=3), any::<bool>(), any::<bool>(), 300usize..=3000)
+        .prop_flat_map(|(pats, longnet, causal, seq)| {
+            let g = pats.len();
+            let (w, r): (Vec<usize>, Vec<usize>) = pats.into_iter().unzip();
+            let mixing = if longnet { Mixing::LongNet } else { Mixing::HeadGroups };
+            let cfg =
+                DilatedConfig::builder().segments(&w).dilations(&r).mixing(mixing).causal(causal).build().unwrap();
+            let min_h = if longnet { 1 } else { g };
+            (
+                Just(cfg),
+                1usize..=2,
+                Just(seq),
+                min_h..=min_h + 1,
+                prop::sample::select(vec![4usize, 8, 16]),
+                prop::sample::select(vec![1usize, 2, 3, 4, 5, 6, 7, 8, 16]),
+                prop::sample::select(vec![Layout::Contiguous, Layout::Zigzag]),
+                prop::sample::select(vec![Split::Auto, Split::Ring, Split::AllGather]),
+                1usize..=3,
+                any::<u64>(),
+            )
+        })
+        .prop_map(|(cfg, b, n, h, d, world, layout, strategy, threads, seed)| Case {
+            cfg,
+            shape: Shape4::new(b, n, h, d).unwrap(),
+            world,
+            layout,
+            strategy,
+            threads,
+            seed,
+        })
+}
+
+fn scatter(global: &mut [f32], local: &[f32], pos: &[usize], batch: usize, seq: usize, row: usize) {
+    for b in 0..batch {
+        for (i, &p) in pos.iter().enumerate() {
+            let src = &local[(b * pos.len() + i) * row..][..row];
+            global[(b * seq + p) * row..][..row].copy_from_slice(src);
+        }
+    }
+}
+
+fn gradient_error(got: &[f32], want: &[f32], scale: f64) -> f64 {
+    let norm = |x: &mut dyn Iterator<Item = f32>| x.map(|w| f64::from(w) * f64::from(w)).sum::<f64>().sqrt();
+    let diff = norm(&mut got.iter().zip(want).map(|(a, b)| a - b));
+    let den = norm(&mut want.iter().copied()).max(scale);
+    if den == 0.0 { diff } else { diff / den }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, max_shrink_iters: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn ring_equals_single_device_past_its_granularity(c in case()) {
+        prop_assume!(c.layout.check(c.shape.seq, c.world).is_ok());
+        let s = c.shape;
+        let n = s.numel();
+        let [q, k, v, go] = [0u64, 1, 2, 3].map(|i| random_vec(c.seed.wrapping_mul(4).wrapping_add(i), n));
+        let cpu = CpuBackend::new(2).unwrap();
+        let (want_out, want_lse) = cpu.forward_vec(&c.cfg, s, &q, &k, &v).unwrap();
+        let (dq, dk, dv) = cpu.backward_vec(&c.cfg, s, &q, &k, &v, &want_out, &want_lse, &go).unwrap();
+        let view = |x| TensorView::contiguous(TensorName::Query, x, s).unwrap();
+        let problem = problem_for(&c.cfg, s, c.layout, c.strategy, c.world);
+        let opts = RingOptions::default().with_threads(c.threads);
+        let row = s.heads * s.head_dim;
+        let (mut out, mut lse) = (vec![0.0f32; n], vec![0.0f32; s.lse_len()]);
+        let fwd = forward_on_with(ThreadComm::world(c.world).unwrap(), &problem, &opts, [view(&q), view(&k), view(&v)]);
+        for (rank, r) in fwd.into_iter().enumerate() {
+            let (o, l, _) = r.unwrap();
+            let pos = c.layout.positions(s.seq, c.world, rank);
+            scatter(&mut out, &o, &pos, s.batch, s.seq, row);
+            scatter(&mut lse, &l, &pos, s.batch, s.seq, s.heads);
+        }
+        let tol = Tolerance::for_dtype(DType::F32);
+        let (e_out, e_lse) = (rel_l2_error(&out, &want_out), rel_l2_error(&lse, &want_lse));
+        prop_assert!(tol.accepts(e_out) && tol.accepts(e_lse), "out {e_out:e} lse {e_lse:e}");
+
+        let bwd = backward_on_with(ThreadComm::world(c.world).unwrap(), &problem, &opts, [view(&q), view(&k), view(&v)], view(&go));
+        let mut g = [vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]];
+        for (rank, r) in bwd.into_iter().enumerate() {
+            let (local, _) = r.unwrap();
+            let pos = c.layout.positions(s.seq, c.world, rank);
+            for (global, l) in g.iter_mut().zip(&local) {
+                scatter(global, l, &pos, s.batch, s.seq, row);
+            }
+        }
+        let dv_norm = dv.iter().map(|&w| f64::from(w) * f64::from(w)).sum::<f64>().sqrt();
+        for (name, got, want) in [("dq", &g[0], &dq), ("dk", &g[1], &dk), ("dv", &g[2], &dv)] {
+            let e = gradient_error(got, want, dv_norm);
+            prop_assert!(got.iter().all(|x| x.is_finite()) && tol.accepts(e), "{name} {e:e}");
+        }
+    }
+}
