@@ -21,14 +21,36 @@ use crate::local::{Local, RawBlock, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::wire::MsgKind;
 
-/// Key rows per piece and per kernel call: 1/32 of the rows per rank (bounded memory,
-/// about 0.2% of the rank's q/k/v/out per piece at 8 heads), at least 128 (a kernel call
-/// re-packs its query rows, so small pieces cost time: full non-causal attention, seq
-/// 16384, 2 ranks ran 1.44x the single-device time with 128-row pieces, 1.08x with
-/// 384), at most 1024.
-/// From the plan alone, so every rank cuts a message the same way.
+/// Key rows per piece (and per kernel call on it), fixed by the plan so every rank cuts
+/// a message alike: an eighth of the smallest all-gather message of one (pattern,
+/// head) pair, 128 to 1024 rows ([`KEY_ROWS_PER_CALL`]). Every message thus travels in
+/// at least about 8 pieces (the next piece's transfer overlaps this one's compute, and
+/// [`Spread`] has rounds to balance), while each piece is as large as that allows: a
+/// kernel call re-packs the query rows it serves and merges its result into their
+/// partials, so small pieces cost time (full causal attention, seq 32768, 2 ranks of
+/// one thread on a 2-core Zen 4, medians of 8 against one rank with 2 threads: 512-row
+/// pieces 1.03x, 1024-row 1.00x, 2048-row 0.97x). Where partials are small (dilated,
+/// seq 65536 over 8 or 16 ranks) messages are too, and pieces stay at 128-256 rows.
 pub(crate) fn piece_rows(plan: &Plan) -> usize {
-    (plan.problem.seq / plan.problem.world.max(1) / 32).clamp(128, 1024)
+    plan.piece_rows
+}
+
+/// [`piece_rows`] from the plan's message sizes (computed once, in `Plan::new`).
+pub(crate) fn piece_rows_of(plan: &Plan) -> usize {
+    let p = plan.problem.world;
+    let mut patterns: Vec<&PatternHead> = Vec::new();
+    for ph in &plan.gather_heads {
+        if patterns.iter().all(|x| x.pattern != ph.pattern) {
+            patterns.push(ph);
+        }
+    }
+    let smallest = (0..p)
+        .flat_map(|o| (0..p).filter(move |&r| r != o).map(move |r| (o, r)))
+        .flat_map(|(o, r)| patterns.iter().map(move |ph| plan.gather_count(o, r, ph)))
+        .filter(|&n| n > 0)
+        .min()
+        .unwrap_or(0);
+    (smallest / 8).clamp(128, KEY_ROWS_PER_CALL)
 }
 
 /// Query rows per accumulator chunk (and at most per kernel call).
@@ -176,19 +198,18 @@ pub(crate) fn gather_partials<C: Communicator + ?Sized, T: Element>(
 ) -> Result<Vec<PairPartial>> {
     let (r, p, d, batch) = (comm.rank(), plan.problem.world, local.d, local.batch);
     let gh = &plan.gather_heads;
+    // The partials fault in huge pages where large (every row is written by the merges).
     let mut parts: Vec<Option<PairPartial>> = gh
         .iter()
         .map(|ph| {
             let (pos, runs) = query_runs(plan, r, ph);
-            (!runs.is_empty()).then(|| PairPartial {
-                pair: *ph,
-                o: vec![0.0; batch * pos.len() * d],
-                l: vec![f32::NEG_INFINITY; batch * pos.len()],
-                pos,
-                runs,
-            })
+            if runs.is_empty() {
+                return Ok(None);
+            }
+            let o = attn_kernels::zeroed_buffer(batch * pos.len() * d)?;
+            Ok(Some(PairPartial { pair: *ph, o, l: vec![f32::NEG_INFINITY; batch * pos.len()], pos, runs }))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let (mut outgoing, mut incoming) = (Vec::new(), Vec::new());
     for [out, inc] in (0..p).filter(|&x| x != r).map(|x| Spread::pair(plan, r, x)) {
         outgoing.extend(out.any().then_some(out));
@@ -394,6 +415,34 @@ mod tests {
     use super::*;
     use crate::{Layout, Strategy, problem_for};
     use attn_core::{DilatedConfig, Shape4};
+
+    /// Pieces are an eighth of the smallest one-pair message, 128 to 1024 rows.
+    #[test]
+    fn piece_rows_follow_the_smallest_message() {
+        let full = DilatedConfig::builder().segments(&[32768]).dilations(&[1]).causal(true).build().unwrap();
+        let dilated = DilatedConfig::builder().segments(&[2048, 4096, 8192]).dilations(&[1, 2, 4]).build().unwrap();
+        for (cfg, seq, world, layout, want) in [
+            // Causal zigzag: rank 1 needs only rank 0's first chunk (8192 rows).
+            (&full, 32768, 2, Layout::Zigzag, 1024),
+            (&full, 16384, 2, Layout::Zigzag, 512),
+            (&full, 2048, 2, Layout::Zigzag, 128),
+            (&dilated, 65536, 8, Layout::Zigzag, 256),
+            (&dilated, 65536, 16, Layout::Contiguous, 128),
+            (&dilated, 65536, 16, Layout::Zigzag, 128),
+        ] {
+            let shape = Shape4::new(1, seq, 8, 64).unwrap();
+            let plan = Plan::new(problem_for(cfg, shape, layout, Strategy::AllGather, world)).unwrap();
+            assert_eq!(piece_rows(&plan), want, "seq {seq} p={world} {layout:?}");
+            for o in 0..world {
+                for r in (0..world).filter(|&r| r != o) {
+                    for ph in &plan.gather_heads {
+                        let n = plan.gather_count(o, r, ph);
+                        assert!(n == 0 || want == 128 || n.div_ceil(want) >= 8, "{o}->{r}: {n} rows");
+                    }
+                }
+            }
+        }
+    }
 
     /// Every piece of every message travels exactly once, in order, spread over the
     /// rounds its pair shares with the reverse message.

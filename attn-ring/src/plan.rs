@@ -89,6 +89,8 @@ pub struct Plan {
     /// Ring and all-gather (pattern, head) pairs, in wire order.
     pub ring_heads: Vec<PatternHead>,
     pub gather_heads: Vec<PatternHead>,
+    /// Key rows per piece of the direct all-gather forward (`direct::piece_rows`).
+    pub(crate) piece_rows: usize,
 }
 
 /// Positions of range `a` (owner) in the segment it shares with range `b`
@@ -206,7 +208,9 @@ impl Plan {
                 }
             }
         }
-        Ok(Plan { problem, strategies, need, hops, ring_regions, ring_heads, gather_heads })
+        let mut plan = Plan { problem, strategies, need, hops, ring_regions, ring_heads, gather_heads, piece_rows: 0 };
+        plan.piece_rows = crate::direct::piece_rows_of(&plan);
+        Ok(plan)
     }
 
     /// Number of ring steps (the farthest any block travels).
@@ -318,8 +322,8 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
 ///   all-gather message it sends and every received one decoded;
 /// - without ring patterns (the direct all-gather forward): f32 partials `(o, lse)` for
 ///   the selected query rows that see remote keys, `B*rows*(D+1)*4`, and this rank's
-///   pieces (at most `seq / p / 32` rows, clamped to 128..=1024, of one pair each,
-///   `B*rows*2*D*e`) of three rounds: the next one (posted before the current one is
+///   pieces (`R` rows of one pair each, an eighth of the smallest one-pair message
+///   clamped to 128..=1024, `B*R*2*D*e`) of three rounds: the next one (posted before the current one is
 ///   attended), the current one and the previous one (its receiver may be one round
 ///   behind); a
 ///   received piece is dropped as soon as it is attended; after the completion round
@@ -329,9 +333,9 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
 /// Plain ring attention (one pattern, `w >= n`, `r = 1`, strategy ring, `L = n/p`
 /// rows): `B*L*H*(D+1)*4 + (9 + B*L*H*2*D*e) + (B*L*H*2*D*e + 8*L*H) + 2*L*D*4` for
 /// p >= 3, about `(4 + 4e) * B*L*H*D` (at p = 2 the visitor is at its last hop: `L*2*D*e +
-/// 8*L*H` instead of the decoded block); all-gather (auto at p = 2): `B*L*H*(D+1)*4 + 2*B*128*2*D*e + min(512, L)*(D+1)*4 +
-/// min(1024, L)*2*D16*4` (partials, two rounds of pieces, one row chunk, one kernel call's f32 keys and
-/// values; `D16` = D rounded up to 16). Both proportional to `n/p`; `attn-reliability`'s `full_attention_memory`
+/// 8*L*H` instead of the decoded block); all-gather (auto at p = 2): `B*L*H*(D+1)*4 + 3*B*R*2*D*e + min(512, L)*(D+1)*4 +
+/// min(1024, L)*2*D16*4` (partials, three rounds of sent pieces of `R = clamp(L/8, 128, 1024)` rows, one row
+/// chunk, one kernel call's f32 keys and values; `D16` = D rounded up to 16). Both proportional to `n/p`; `attn-reliability`'s `full_attention_memory`
 /// test measures them.
 pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
     let RingProblem { batch, heads, head_dim: d, world: p, seq: n, layout, .. } = plan.problem;
