@@ -23,7 +23,8 @@ use crate::wire::MsgKind;
 
 /// Key rows per piece (and per kernel call on it), fixed by the plan so every rank cuts
 /// a message alike: an eighth of the smallest all-gather message of one (pattern,
-/// head) pair, 128 to 1024 rows ([`KEY_ROWS_PER_CALL`]). Every message thus travels in
+/// head) pair (counted for each pattern's first all-gathered head; the others differ
+/// by their offsets only), 128 to 1024 rows ([`KEY_ROWS_PER_CALL`]). Every message thus travels in
 /// at least about 8 pieces (the next piece's transfer overlaps this one's compute, and
 /// [`Spread`] has rounds to balance), while each piece is as large as that allows: a
 /// kernel call re-packs the query rows it serves and merges its result into their
