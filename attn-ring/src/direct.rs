@@ -32,12 +32,8 @@ use crate::wire::MsgKind;
 /// one thread on a 2-core Zen 4, medians of 8 against one rank with 2 threads: 512-row
 /// pieces 1.03x, 1024-row 1.00x, 2048-row 0.97x). Where partials are small (dilated,
 /// seq 65536 over 8 or 16 ranks) messages are too, and pieces stay at 128-256 rows.
+/// Computed once, in `Plan::new`; read as `plan.piece_rows`.
 pub(crate) fn piece_rows(plan: &Plan) -> usize {
-    plan.piece_rows
-}
-
-/// [`piece_rows`] from the plan's message sizes (computed once, in `Plan::new`).
-pub(crate) fn piece_rows_of(plan: &Plan) -> usize {
     let p = plan.problem.world;
     let mut patterns: Vec<&PatternHead> = Vec::new();
     for ph in &plan.gather_heads {
@@ -66,7 +62,7 @@ pub(crate) fn pieces(plan: &Plan, o: usize, r: usize) -> Vec<Piece> {
     if !plan.gather_need(o, r) {
         return Vec::new();
     }
-    let (mut out, rows) = (Vec::new(), piece_rows(plan));
+    let (mut out, rows) = (Vec::new(), plan.piece_rows);
     for (i, ph) in plan.gather_heads.iter().enumerate() {
         let n = plan.gather_count(o, r, ph);
         out.extend((0..n).step_by(rows).map(|a| (i, a..(a + rows).min(n))));
@@ -433,7 +429,7 @@ mod tests {
         ] {
             let shape = Shape4::new(1, seq, 8, 64).unwrap();
             let plan = Plan::new(problem_for(cfg, shape, layout, Strategy::AllGather, world)).unwrap();
-            assert_eq!(piece_rows(&plan), want, "seq {seq} p={world} {layout:?}");
+            assert_eq!(plan.piece_rows, want, "seq {seq} p={world} {layout:?}");
             for o in 0..world {
                 for r in (0..world).filter(|&r| r != o) {
                     for ph in &plan.gather_heads {

@@ -209,7 +209,7 @@ impl Plan {
             }
         }
         let mut plan = Plan { problem, strategies, need, hops, ring_regions, ring_heads, gather_heads, piece_rows: 0 };
-        plan.piece_rows = crate::direct::piece_rows_of(&plan);
+        plan.piece_rows = crate::direct::piece_rows(&plan);
         Ok(plan)
     }
 

@@ -28,7 +28,7 @@ use attn_core::{DType, Result};
 
 use crate::block_math::KEY_ROWS_PER_CALL;
 use crate::comm::HEADER_BYTES;
-use crate::direct::{ROW_CHUNK, partial_bytes, piece_rows, pieces};
+use crate::direct::{ROW_CHUNK, partial_bytes, pieces};
 use crate::plan::{MSG_HEADER_BYTES, Plan, RingProblem};
 
 /// A `Vec` header (pointer, capacity, length) stored inside another `Vec`.
@@ -194,7 +194,7 @@ impl Plan {
             let rows = ROW_CHUNK as u64;
             let (sq, sk) = (sel_own.min(rows + 2), sel_k.min(KEY_ROWS_PER_CALL as u64 + 2));
             // Received rows are decoded into two reused buffers (up to 2x by growth).
-            let piece_rows = piece_rows(self) as u64;
+            let piece_rows = self.piece_rows as u64;
             let kv_bufs = if recvs.is_empty() { 0 } else { 2 * 2 * piece_rows * d * x.e };
             let acc = nl.min(rows) * (d + 1) * 4 + kv_bufs;
             let piece_pos = positions(piece_rows, 1);
