@@ -96,6 +96,21 @@ proptest! {
     }
 
     /// LSE merge: commutative, associative, and merging a split key set equals the whole.
+    /// Magnitudes bound their results elementwise and equal them where nothing can
+    /// cancel: non-negative values give `|out|`, a non-negative grad_out gives `|dv|`.
+    #[test]
+    fn magnitudes_bound_their_results(case in dilated_case()) {
+        let [q, k, v, go] = case.inputs().map(|x| f64s(&x));
+        let s = case.attn_shape();
+        let (fwd, g, m) = reference::dilated_backward_with_magnitudes(&case.cfg, s, &q, &k, &v, &go).unwrap();
+        for (name, x, mx) in [("out", &fwd.out, &m.out), ("dq", &g.dq, &m.dq), ("dk", &g.dk, &m.dk), ("dv", &g.dv, &m.dv)] {
+            prop_assert!(x.iter().zip(mx).all(|(a, b)| a.abs() <= b * (1.0 + 1e-12) + 1e-300), "{name}");
+        }
+        let (va, ga) = (v.iter().map(|x| x.abs()).collect::<Vec<_>>(), go.iter().map(|x| x.abs()).collect::<Vec<_>>());
+        let (fa, gpos, ma) = reference::dilated_backward_with_magnitudes(&case.cfg, s, &q, &k, &va, &ga).unwrap();
+        prop_assert!(rel(&fa.out, &ma.out) < 1e-12 && rel(&gpos.dv, &ma.dv) < 1e-12);
+    }
+
     #[test]
     fn lse_merge_laws(d in 1..9usize, sizes in prop::collection::vec(0..6usize, 3), seed: u64) {
         let mut rng = SeededRng::new(seed);

@@ -10,4 +10,4 @@ pub mod tolerance;
 pub use golden::{CaseReport, DilatedBackend, Forward32, GoldenCase, Gradients32, MultiheadBackend, ReferenceBackend};
 pub use rng::{SeededRng, random_vec};
 pub use strategies::{DilatedCase, InvalidInput};
-pub use tolerance::{Tolerance, max_abs_error, rel_l2_error};
+pub use tolerance::{Tolerance, max_abs_error, mixed_error, rel_l2_error};

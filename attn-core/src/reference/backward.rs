@@ -1,6 +1,7 @@
-//! Exact float64 backward of the reference: dq, dk, dv of `sum(out * grad_out)`.
+//! Exact float64 backward of the reference: dq, dk, dv of `sum(out * grad_out)`, and
+//! the magnitudes (sums of absolute terms) that a low-precision result is judged by.
 
-use super::{Forward, Gradients, Rows, check_len, dot, forward_impl, keys_for, softmax};
+use super::{Forward, Gradients, Magnitudes, Rows, check_len, dot, forward_impl, keys_for, softmax};
 use crate::config::DilatedConfig;
 use crate::error::{AttnError, Result, TensorName};
 use crate::shape::AttnShape;
@@ -15,7 +16,7 @@ fn backward_impl(
     k: &[f64],
     v: &[f64],
     grad_out: &[f64],
-) -> Result<(Forward, Gradients)> {
+) -> Result<(Forward, Gradients, Magnitudes)> {
     let fwd = forward_impl(cfg, causal, scale, shape, q, k, v)?;
     check_len(TensorName::GradOutput, grad_out.len(), shape.q.numel())?;
     let (qs, kvs) = (shape.q, shape.kv);
@@ -25,6 +26,13 @@ fn backward_impl(
     let mut dq = vec![0.0; qs.numel()];
     let mut dk = vec![0.0; kvs.numel()];
     let mut dv = vec![0.0; kvs.numel()];
+    let mut mag = Magnitudes {
+        out: vec![0.0; qs.numel()],
+        dq: vec![0.0; qs.numel()],
+        dk: vec![0.0; kvs.numel()],
+        dv: vec![0.0; kvs.numel()],
+    };
+    let abs_dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x * y).abs()).sum::<f64>();
     for b in 0..qs.batch {
         for h in 0..qs.heads {
             for i in 0..qs.seq {
@@ -36,19 +44,27 @@ fn backward_impl(
                 let go: Vec<f64> = grad_out[qr.at(b, i, h)..][..d].iter().map(|g| g * out_scale).collect();
                 let dp: Vec<f64> = keys.iter().map(|&j| dot(&go, &v[kr.at(b, j, h)..][..d])).collect();
                 let big_d: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
-                for ((&j, &pj), &dpj) in keys.iter().zip(&p).zip(&dp) {
+                // |dp_j| and |D| bounded by their sums of absolute terms.
+                let dp_abs: Vec<f64> = keys.iter().map(|&j| abs_dot(&go, &v[kr.at(b, j, h)..][..d])).collect();
+                let d_abs: f64 = p.iter().zip(&dp_abs).map(|(a, b)| a * b).sum();
+                for (((&j, &pj), &dpj), &dpj_abs) in keys.iter().zip(&p).zip(&dp).zip(&dp_abs) {
                     let ds = pj * (dpj - big_d) * scale;
+                    let ds_abs = pj * (dpj_abs + d_abs) * scale;
                     let (ko, qo) = (kr.at(b, j, h), qr.at(b, i, h));
                     for e in 0..d {
                         dv[ko + e] += pj * go[e];
                         dq[qo + e] += ds * k[ko + e];
                         dk[ko + e] += ds * q[qo + e];
+                        mag.out[qo + e] += out_scale.abs() * pj * v[ko + e].abs();
+                        mag.dv[ko + e] += pj * go[e].abs();
+                        mag.dq[qo + e] += ds_abs * k[ko + e].abs();
+                        mag.dk[ko + e] += ds_abs * q[qo + e].abs();
                     }
                 }
             }
         }
     }
-    Ok((fwd, Gradients { dq, dk, dv }))
+    Ok((fwd, Gradients { dq, dk, dv }, mag))
 }
 
 /// Forward and gradients of dilated attention in float64.
@@ -60,6 +76,19 @@ pub fn dilated_backward(
     v: &[f64],
     grad_out: &[f64],
 ) -> Result<(Forward, Gradients)> {
+    let (fwd, grads, _) = dilated_backward_with_magnitudes(cfg, shape, q, k, v, grad_out)?;
+    Ok((fwd, grads))
+}
+
+/// [`dilated_backward`] plus the [`Magnitudes`] of the output and each gradient.
+pub fn dilated_backward_with_magnitudes(
+    cfg: &DilatedConfig,
+    shape: AttnShape,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    grad_out: &[f64],
+) -> Result<(Forward, Gradients, Magnitudes)> {
     cfg.validate_heads(shape.q.heads)?;
     backward_impl(Some(cfg), cfg.causal(), cfg.scale_for(shape.q.head_dim), shape, q, k, v, grad_out)
 }
@@ -77,5 +106,6 @@ pub fn dense_backward(
     if !(scale.is_finite() && scale > 0.0) {
         return Err(AttnError::InvalidScale(scale));
     }
-    backward_impl(None, causal, scale, shape, q, k, v, grad_out)
+    let (fwd, grads, _) = backward_impl(None, causal, scale, shape, q, k, v, grad_out)?;
+    Ok((fwd, grads))
 }

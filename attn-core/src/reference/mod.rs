@@ -6,7 +6,7 @@
 
 mod backward;
 
-pub use backward::{dense_backward, dilated_backward};
+pub use backward::{dense_backward, dilated_backward, dilated_backward_with_magnitudes};
 
 use crate::config::DilatedConfig;
 use crate::error::{AttnError, Result, TensorName};
@@ -22,6 +22,23 @@ pub struct Forward {
 /// Gradients of `sum(out * grad_out)` with respect to q, k and v.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gradients {
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
+}
+
+/// Each result's sum of absolute terms: `out_scale * sum_j p_j |v_j|` for the output,
+/// `sum_i p_ij |grad_out_i|` for dv, and for dq (dk likewise with |q|)
+/// `scale * sum_j p_j (|dp|_j + |D|) |k_j|` where `|dp|_j = sum_e |grad_out_e v_je|` and
+/// `|D| = sum_j p_j |dp|_j` bound the terms of `ds_j = p_j (dp_j - D)`.
+///
+/// A kernel that rounds each product term once to a dtype with unit roundoff `u` (the
+/// softmax weights before `P V`, `ds` before `dS K`, the stored output inside `D`) is
+/// off by at most about `u` times these, however much the terms cancel: the scale of a
+/// low-precision error where the result itself is near zero.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Magnitudes {
+    pub out: Vec<f64>,
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,
     pub dv: Vec<f64>,
