@@ -6,8 +6,8 @@
 
 mod cuda_support;
 
-use attn_core::reference;
 use attn_core::DType;
+use attn_core::reference;
 use attn_kernels::cuda::{DevicePartial, DeviceTensor, finish_forward, forward_block};
 use attn_testkit::strategies::dilated_case;
 use attn_testkit::{DilatedBackend, Tolerance, mixed_error, rel_l2_error};
