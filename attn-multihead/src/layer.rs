@@ -9,6 +9,7 @@ use crate::backend::AttentionBackend;
 use crate::config::MultiheadConfig;
 use crate::dropout::{MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
+use crate::inference_window::{DEFAULT_WINDOW_ROWS, window_rows, windows};
 use crate::layer_norm::NormStats;
 use crate::projection::{linear_backward_input, linear_backward_params, linear_forward};
 use crate::sparse_projection::{project_qkv, project_qkv_backward};
@@ -117,6 +118,8 @@ pub struct MultiheadDilatedAttention<F: LayerFloat> {
     dilated: DilatedConfig,
     pub weights: MultiheadWeights<F>,
     backend: Arc<dyn AttentionBackend<F>>,
+    /// Target rows of the inference window (`inference_window`); 0 walks the whole sequence at once.
+    window_rows: usize,
 }
 
 fn check_input<F>(name: &'static str, x: &[F], batch: usize, seq: usize, embed: usize) -> Result<()> {
@@ -165,7 +168,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
                 config.bias, config.layer_norm
             )));
         }
-        Ok(MultiheadDilatedAttention { config, dilated, weights, backend })
+        Ok(MultiheadDilatedAttention { config, dilated, weights, backend, window_rows: DEFAULT_WINDOW_ROWS })
     }
 
     /// Zero gradients with this layer's weight layout.
@@ -188,6 +191,25 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         self
     }
 
+    /// Walk inference passes ([`Self::forward`] and [`Self::forward_with`] in
+    /// [`Mode::Eval`] on one device) over the sequence in windows of at least `rows`
+    /// rows, rounded up to a multiple of every segment length (default
+    /// [`DEFAULT_WINDOW_ROWS`]; 0 makes one pass over the whole sequence). The result is
+    /// the same function (see [`crate::inference_window`]); the intermediate buffers
+    /// hold one window. Training passes keep every row for the backward.
+    pub fn with_inference_window(mut self, rows: usize) -> Self {
+        self.window_rows = rows;
+        self
+    }
+
+    /// The rows an inference pass over `seq` rows walks at a time, if it walks in windows.
+    fn inference_window(&self, seq: usize, mode: Mode) -> Result<Option<usize>> {
+        if mode != Mode::Eval || self.backend.query_positions(seq)?.is_some() {
+            return Ok(None);
+        }
+        Ok(window_rows(&self.config.segment_lengths, seq, self.window_rows))
+    }
+
     /// The rows of a `[batch, seq, ..]` activation for dropout masks: their global
     /// positions come from the backend (a ring rank's rows), and are only looked up
     /// in training mode.
@@ -205,10 +227,9 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
 
     /// Self-attention over `x: [batch, seq, embed]`; returns the output only.
     pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
-        let mut ws = MultiheadWorkspace::new();
-        let shape = self.project_self(x, batch, seq, &mut ws)?;
+        check_input("query", x, batch, seq, self.config.embed_dim)?;
         let mut y = attn_kernels::zeroed_buffer(x.len())?;
-        self.finish_forward(shape, shape, true, mode, &mut ws, &mut y)?;
+        self.forward_with(x, batch, seq, mode, &mut MultiheadWorkspace::new(), &mut y)?;
         Ok(y)
     }
 
@@ -224,8 +245,21 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         ws: &mut MultiheadWorkspace<F>,
         out: &mut [F],
     ) -> Result<()> {
-        let shape = self.project_self(x, batch, seq, ws)?;
-        self.finish_forward(shape, shape, true, mode, ws, out)?;
+        let e = self.config.embed_dim;
+        check_input("query", x, batch, seq, e)?;
+        let Some(window) = self.inference_window(seq, mode)? else {
+            let shape = self.project_self(x, batch, seq, ws)?;
+            self.finish_forward(shape, shape, true, mode, ws, out)?;
+            return Ok(());
+        };
+        check_input("output", out, batch, seq, e)?;
+        for b in 0..batch {
+            for (start, len) in windows(seq, window) {
+                let rows = (b * seq + start) * e..(b * seq + start + len) * e;
+                let shape = self.project_self(&x[rows.clone()], 1, len, ws)?;
+                self.finish_forward(shape, shape, true, mode, ws, &mut out[rows])?;
+            }
+        }
         Ok(())
     }
 

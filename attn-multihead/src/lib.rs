@@ -12,6 +12,7 @@ pub mod dropout;
 pub mod encoder;
 pub mod float;
 pub mod golden_case;
+pub mod inference_window;
 pub mod init;
 pub mod layer;
 pub mod layer_norm;
@@ -33,6 +34,7 @@ pub use encoder::{
     EncoderCache, EncoderConfig, EncoderLayerCache, EncoderLayerGrads, LongNetEncoder, LongNetEncoderLayer,
 };
 pub use float::LayerFloat;
+pub use inference_window::DEFAULT_WINDOW_ROWS;
 pub use init::{MagnetoGains, SeededRng};
 pub use layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};
 pub use layer_norm::{LayerNorm, NormStats};

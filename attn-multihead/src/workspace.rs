@@ -47,9 +47,21 @@ pub struct MultiheadWorkspace<F> {
 /// caller to overwrite, a fresh buffer comes zeroed (`attn_kernels::zeroed_buffer`).
 pub(crate) fn sized<F: LayerFloat>(buf: &mut Vec<F>, len: usize) -> Result<&mut [F]> {
     if buf.len() != len {
-        *buf = attn_kernels::zeroed_buffer(len)?;
+        resize_or_fresh(buf, len)?;
     }
     Ok(buf)
+}
+
+/// `buf` holding `len` elements: within its capacity when that suffices (an inference
+/// pass's shorter last window, then the full windows of the next call, allocate
+/// nothing), otherwise a fresh zeroed buffer. Elements past the old length are zero.
+fn resize_or_fresh<F: LayerFloat>(buf: &mut Vec<F>, len: usize) -> Result<()> {
+    if buf.capacity() >= len {
+        buf.resize(len, F::zero());
+    } else {
+        *buf = attn_kernels::zeroed_buffer(len)?;
+    }
+    Ok(())
 }
 
 impl<F: LayerFloat> MultiheadWorkspace<F> {
@@ -58,10 +70,11 @@ impl<F: LayerFloat> MultiheadWorkspace<F> {
         Self::default()
     }
 
-    /// Bytes the workspace holds now.
+    /// Bytes the workspace holds now (its buffers' capacities).
     pub fn bytes(&self) -> usize {
         let f = std::mem::size_of::<F>();
-        (self.qkv.len() + self.kv.len() + self.attn.len() + self.pre_out.len()) * f + self.lse.len() * 4
+        (self.qkv.capacity() + self.kv.capacity() + self.attn.capacity() + self.pre_out.capacity()) * f
+            + self.lse.capacity() * 4
     }
 
     /// The fused projection buffer of `len` elements for a projection that writes the
@@ -75,7 +88,11 @@ impl<F: LayerFloat> MultiheadWorkspace<F> {
             }
             Some(key) => {
                 if self.qkv.len() != len {
-                    self.qkv = attn_kernels::zeroed_buffer(len)?;
+                    let reused = self.qkv.capacity() >= len;
+                    resize_or_fresh(&mut self.qkv, len)?;
+                    if reused {
+                        self.qkv.fill(F::zero());
+                    }
                 } else if self.zero_outside.as_ref() != Some(&key) {
                     self.qkv.fill(F::zero());
                 }

@@ -1,0 +1,131 @@
+//! Inference in windows (`with_inference_window`): the same function as one pass over
+//! the whole sequence, with buffers for one window.
+
+use std::sync::Arc;
+
+use attn_core::{DType, Mixing};
+use attn_kernels::CpuBackend;
+use attn_multihead::{
+    DEFAULT_WINDOW_ROWS, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWorkspace, NamedParams,
+    ReferenceBackend,
+};
+use attn_testkit::rng::random_vec;
+use attn_testkit::tolerance::{Tolerance, rel_l2_error};
+
+/// A float64 reference layer with random biases and LayerNorm gains (so that every
+/// per-token step shows), and its f32 twin on the CPU kernels.
+fn layers(cfg: &MultiheadConfig, seed: u64) -> (MultiheadDilatedAttention<f64>, MultiheadDilatedAttention<f32>) {
+    let mut l64 = MultiheadDilatedAttention::<f64>::new(cfg.clone(), seed, Arc::new(ReferenceBackend)).unwrap();
+    for (i, p) in l64.weights.params_mut().into_iter().enumerate() {
+        let r = random_vec(40 + seed * 16 + i as u64, p.data.len());
+        p.data.iter_mut().zip(r).for_each(|(d, x)| *d += 0.3 * x as f64);
+    }
+    let mut l32 = MultiheadDilatedAttention::<f32>::new(cfg.clone(), 0, Arc::new(CpuBackend::new(2).unwrap())).unwrap();
+    for (d, s) in l32.weights.params_mut().into_iter().zip(l64.weights.params()) {
+        d.data.iter_mut().zip(s.data).for_each(|(a, &b)| *a = b as f32);
+    }
+    (l64, l32)
+}
+
+fn configs() -> Vec<MultiheadConfig> {
+    let base = MultiheadConfig::new(32, 4, &[4, 8, 16], &[1, 2, 4]);
+    vec![
+        base.clone(),
+        base.clone().with_causal(true).with_mixing(Mixing::LongNet),
+        // lcm 12: windows are multiples of 12, not powers of two.
+        MultiheadConfig::new(32, 4, &[6, 4], &[2, 1]).with_causal(true),
+        MultiheadConfig::new(32, 4, &[6, 4], &[3, 2]).with_mixing(Mixing::LongNet).with_layer_norm(false),
+    ]
+}
+
+/// For every config, batch 1 and 2, sequence lengths that are and are not multiples
+/// of the window, and several window sizes: the windowed forward equals one pass.
+#[test]
+fn windowed_inference_equals_one_pass() {
+    let f64_bound = Tolerance::for_dtype(DType::F64).rel_l2;
+    let f32_bound = Tolerance::for_dtype(DType::F32).rel_l2;
+    for (c, cfg) in configs().into_iter().enumerate() {
+        let (l64, l32) = layers(&cfg, c as u64);
+        for (batch, seq) in [(1, 37), (2, 48), (2, 17), (1, 100)] {
+            let x = random_vec(7 * c as u64 + seq as u64, batch * seq * 32);
+            let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            let whole64 = l64.clone().with_inference_window(0).forward(&x64, batch, seq, Mode::Eval).unwrap();
+            let (train64, _) = l64.forward_train(&x64, batch, seq, Mode::Eval).unwrap();
+            assert_eq!(whole64, train64, "window 0 is the one-pass forward");
+            for target in [1, 10, 24, 40] {
+                let what = format!("config {c}, batch {batch}, seq {seq}, window target {target}");
+                let got64 = l64.clone().with_inference_window(target).forward(&x64, batch, seq, Mode::Eval).unwrap();
+                let err = rel_l2_error(&got64, &whole64);
+                assert!(err <= f64_bound, "{what}: f64 windowed {err:.2e} from one pass");
+                let got32 = l32.clone().with_inference_window(target).forward(&x, batch, seq, Mode::Eval).unwrap();
+                let err = rel_l2_error(&got32, &whole64);
+                assert!(err <= f32_bound, "{what}: f32 windowed {err:.2e} from the f64 one pass");
+            }
+        }
+    }
+}
+
+/// A workspace reused by windowed passes holds one window's buffers, not the
+/// sequence's, and repeated calls (a shorter last window in between) give the same
+/// output as a fresh forward.
+#[test]
+fn a_windowed_workspace_holds_one_window() {
+    let cfg = MultiheadConfig::new(32, 4, &[4, 8, 16], &[1, 2, 4]);
+    let (_, l32) = layers(&cfg, 5);
+    let (batch, seq, e, heads) = (2, 100, 32, 4);
+    let l32 = l32.with_inference_window(20); // rounds up to 32 rows (lcm 16)
+    let x = random_vec(11, batch * seq * e);
+    let fresh = l32.forward(&x, batch, seq, Mode::Eval).unwrap();
+    let mut ws = MultiheadWorkspace::new();
+    let mut out = vec![f32::NAN; fresh.len()];
+    for call in 0..3 {
+        out.fill(f32::NAN);
+        l32.forward_with(&x, batch, seq, Mode::Eval, &mut ws, &mut out).unwrap();
+        assert_eq!(out, fresh, "call {call}");
+    }
+    // q/k/v, attention output and sub-LN output of 32 rows (f32), and the LSE.
+    let window_bytes = 32 * (5 * e * 4 + heads * 4);
+    assert!(ws.bytes() <= window_bytes, "workspace holds {} bytes, one window is {window_bytes}", ws.bytes());
+    let mut whole_ws = MultiheadWorkspace::new();
+    let one_pass = l32.clone().with_inference_window(0);
+    one_pass.forward_with(&x, batch, seq, Mode::Eval, &mut whole_ws, &mut out).unwrap();
+    assert!(whole_ws.bytes() >= 5 * batch * seq * e * 4, "one pass holds {} bytes", whole_ws.bytes());
+    let err = rel_l2_error(&out, &fresh.iter().map(|&v| v as f64).collect::<Vec<_>>());
+    assert!(err <= Tolerance::for_dtype(DType::F32).rel_l2, "one pass {err:.2e} from windowed");
+}
+
+/// Training passes are not windowed (the backward needs every row), and short
+/// sequences make one pass under the default window.
+#[test]
+fn training_and_short_sequences_make_one_pass() {
+    let cfg = MultiheadConfig::new(32, 4, &[4, 8], &[1, 2]).with_dropout(0.25);
+    let (_, l32) = layers(&cfg, 2);
+    let l32 = l32.with_inference_window(8);
+    let x = random_vec(3, 64 * 32);
+    let mode = Mode::Train { seed: 4 };
+    let (want, _) = l32.forward_train(&x, 1, 64, mode).unwrap();
+    let mut ws = MultiheadWorkspace::new();
+    let mut out = vec![0f32; want.len()];
+    l32.forward_with(&x, 1, 64, mode, &mut ws, &mut out).unwrap();
+    assert_eq!(out, want, "a training pass walks the whole sequence");
+    assert!(ws.bytes() >= 5 * 64 * 32 * 4);
+    let default = l32.with_inference_window(DEFAULT_WINDOW_ROWS);
+    let mut ws = MultiheadWorkspace::new();
+    default.forward_with(&x, 1, 64, Mode::Eval, &mut ws, &mut out).unwrap();
+    assert!(ws.bytes() >= 5 * 64 * 32 * 4, "64 rows fit in one default window");
+}
+
+/// A wrong output length under windowing is the same typed error, not a panic.
+#[test]
+fn a_wrong_output_buffer_is_an_error_when_windowed() {
+    let cfg = MultiheadConfig::new(32, 4, &[4, 8], &[1, 2]);
+    let (_, l32) = layers(&cfg, 1);
+    let l32 = l32.with_inference_window(8);
+    let x = random_vec(5, 64 * 32);
+    let mut ws = MultiheadWorkspace::new();
+    for len in [0, 64 * 32 - 1, 64 * 32 + 32] {
+        let mut out = vec![0f32; len];
+        let err = l32.forward_with(&x, 1, 64, Mode::Eval, &mut ws, &mut out).unwrap_err();
+        assert!(err.to_string().contains("output"), "{err}");
+    }
+}
