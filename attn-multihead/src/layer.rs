@@ -9,12 +9,14 @@ use crate::backend::AttentionBackend;
 use crate::config::MultiheadConfig;
 use crate::dropout::{MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
-use crate::inference_window::{DEFAULT_WINDOW_ROWS, window_rows, windows};
 use crate::layer_norm::NormStats;
-use crate::projection::{linear_backward_input, linear_backward_params, linear_forward};
-use crate::sparse_projection::{project_qkv, project_qkv_backward};
+use crate::projection::linear_forward;
+use crate::segment_window::{DEFAULT_WINDOW_ROWS, window_rows, windows};
+use crate::sparse_projection::project_qkv;
 use crate::weights::MultiheadWeights;
 use crate::workspace::{MultiheadWorkspace, SelectionKey, sized};
+
+mod backward;
 
 /// Dropout site id of the attention output (keeps masks of different sites independent).
 const ATTN_DROPOUT_SITE: u64 = 1;
@@ -118,7 +120,7 @@ pub struct MultiheadDilatedAttention<F: LayerFloat> {
     dilated: DilatedConfig,
     pub weights: MultiheadWeights<F>,
     backend: Arc<dyn AttentionBackend<F>>,
-    /// Target rows of the inference window (`inference_window`); 0 walks the whole sequence at once.
+    /// Target rows of a segment window (`segment_window`); 0 walks the whole sequence at once.
     window_rows: usize,
 }
 
@@ -191,19 +193,20 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         self
     }
 
-    /// Walk inference passes ([`Self::forward`] and [`Self::forward_with`] in
-    /// [`Mode::Eval`] on one device) over the sequence in windows of at least `rows`
-    /// rows, rounded up to a multiple of every segment length (default
-    /// [`DEFAULT_WINDOW_ROWS`]; 0 makes one pass over the whole sequence). The result is
-    /// the same function (see [`crate::inference_window`]); the intermediate buffers
-    /// hold one window. Training passes keep every row for the backward.
-    pub fn with_inference_window(mut self, rows: usize) -> Self {
+    /// Walk long sequences in windows of at least `rows` rows, rounded up to a multiple
+    /// of every segment length (default [`DEFAULT_WINDOW_ROWS`]; 0 makes one pass over
+    /// the whole sequence): inference passes ([`Self::forward`] and
+    /// [`Self::forward_with`] in [`Mode::Eval`]) and the backward of self-attention, on
+    /// one device. The result is the same function (see [`crate::segment_window`]); the
+    /// intermediate and gradient buffers hold one window. [`Self::forward_train`] keeps
+    /// every row, since the backward reads them.
+    pub fn with_window_rows(mut self, rows: usize) -> Self {
         self.window_rows = rows;
         self
     }
 
     /// The rows an inference pass over `seq` rows walks at a time, if it walks in windows.
-    fn inference_window(&self, seq: usize, mode: Mode) -> Result<Option<usize>> {
+    fn forward_window(&self, seq: usize, mode: Mode) -> Result<Option<usize>> {
         if mode != Mode::Eval || self.backend.query_positions(seq)?.is_some() {
             return Ok(None);
         }
@@ -247,7 +250,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     ) -> Result<()> {
         let e = self.config.embed_dim;
         check_input("query", x, batch, seq, e)?;
-        let Some(window) = self.inference_window(seq, mode)? else {
+        let Some(window) = self.forward_window(seq, mode)? else {
             let shape = self.project_self(x, batch, seq, ws)?;
             self.finish_forward(shape, shape, true, mode, ws, out)?;
             return Ok(());
@@ -392,98 +395,5 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let pre_out = if kept.pre_out_used() { &ws.pre_out } else { &ws.attn };
         self.weights.out_proj.forward_into(pre_out, rows, out)?;
         Ok(kept)
-    }
-
-    /// Gradients of `sum(out * grad_out)`: accumulates every weight gradient into
-    /// `grads` (same layout as the weights) and returns the input gradients.
-    pub fn backward(
-        &self,
-        cache: &MultiheadCache<F>,
-        grad_out: &[F],
-        grads: &mut MultiheadWeights<F>,
-    ) -> Result<InputGrads<F>> {
-        let (qs, kvs) = (cache.q_shape, cache.kv_shape);
-        let e = self.config.embed_dim;
-        let rows = qs.batch * qs.seq;
-        let kv_rows = kvs.batch * kvs.seq;
-        check_input("grad_out", grad_out, qs.batch, qs.seq, e)?;
-        if grads.embed_dim != e || grads.norm.is_some() != self.weights.norm.is_some() {
-            return Err(AttnError::InvalidArgument("gradient accumulator does not match the layer".into()));
-        }
-        // Output projection, sub-LN, dropout.
-        let pre_out = cache.pre_out.as_deref().unwrap_or(&cache.attn);
-        let d_pre = self.weights.out_proj.backward(pre_out, rows, grad_out, &mut grads.out_proj)?;
-        let mut d_attn = match (&self.weights.norm, &cache.norm_stats, &mut grads.norm) {
-            (Some(norm), Some(st), Some(gn)) => {
-                norm.backward(&apply_mask(&cache.attn, cache.mask.as_deref()), st, &d_pre, gn)?
-            }
-            _ => d_pre,
-        };
-        if let Some(m) = &cache.mask {
-            d_attn.iter_mut().zip(m).for_each(|(g, &k)| *g *= k);
-        }
-        // Attention.
-        let mut dq = attn_kernels::zeroed_buffer(qs.numel())?;
-        let mut dk = attn_kernels::zeroed_buffer(kvs.numel())?;
-        let mut dv = attn_kernels::zeroed_buffer(kvs.numel())?;
-        {
-            let [q, k, v] = self.views(cache.projected.as_ref(), qs, kvs)?;
-            let out = TensorView::contiguous(TensorName::Output, &cache.attn, qs)?;
-            let go = TensorView::contiguous(TensorName::GradOutput, &d_attn, qs)?;
-            let mut dqv = TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, qs)?;
-            let mut dkv = TensorViewMut::contiguous(TensorName::GradKey, &mut dk, kvs)?;
-            let mut dvv = TensorViewMut::contiguous(TensorName::GradValue, &mut dv, kvs)?;
-            self.backend.backward(&self.dilated, q, k, v, out, &cache.lse, go, &mut dqv, &mut dkv, &mut dvv)?;
-        }
-        // Input projections: weight rows i*E..(i+1)*E belong to q, k, v.
-        let w = &self.weights.in_proj.weight;
-        let g = &mut grads.in_proj;
-        if let Inputs::SelfAttn(x) = &cache.inputs
-            && self.backend.query_positions(qs.seq)?.is_none()
-        {
-            // The whole sequence on one device: only each head group's selected rows
-            // carry gradient, so only they enter the products.
-            let mut dx = attn_kernels::zeroed_buffer(rows * e)?;
-            let (heads, hd) = (self.config.num_heads, self.config.head_dim());
-            let (dw, db) = (&mut g.weight, g.bias.as_deref_mut());
-            if project_qkv_backward(&self.dilated, heads, hd, x, qs.batch, qs.seq, w, [&dq, &dk, &dv], dw, db, &mut dx)?
-            {
-                return Ok(InputGrads { query: dx, key: None, value: None });
-            }
-        }
-        let mut gb: Vec<Option<&mut [F]>> = match &mut g.bias {
-            Some(b) => b.chunks_mut(e).map(Some).collect(),
-            None => vec![None, None, None],
-        };
-        let grads_out = [(&dq, rows), (&dk, kv_rows), (&dv, kv_rows)];
-        let inputs: [&[F]; 3] = match &cache.inputs {
-            Inputs::SelfAttn(x) => [x, x, x],
-            Inputs::Cross { query, key, value } => [query, key, value],
-        };
-        for (i, (gw, (dy, r))) in g.weight.chunks_mut(e * e).zip(grads_out).enumerate() {
-            linear_backward_params(dy, e, r, inputs[i], e, e, gw, gb[i].take())?;
-        }
-        let wpart = |i: usize| &w[i * e * e..(i + 1) * e * e];
-        match &cache.inputs {
-            Inputs::SelfAttn(_) => {
-                let mut dx = attn_kernels::zeroed_buffer(rows * e)?;
-                for (i, (dy, r)) in grads_out.iter().enumerate() {
-                    linear_backward_input(dy, e, *r, wpart(i), e, e, &mut dx, i > 0)?;
-                }
-                Ok(InputGrads { query: dx, key: None, value: None })
-            }
-            Inputs::Cross { .. } => {
-                let mut out = [
-                    attn_kernels::zeroed_buffer(rows * e)?,
-                    attn_kernels::zeroed_buffer(kv_rows * e)?,
-                    attn_kernels::zeroed_buffer(kv_rows * e)?,
-                ];
-                for (i, ((dy, r), dx)) in grads_out.iter().zip(out.iter_mut()).enumerate() {
-                    linear_backward_input(dy, e, *r, wpart(i), e, e, dx, false)?;
-                }
-                let [query, key, value] = out;
-                Ok(InputGrads { query, key: Some(key), value: Some(value) })
-            }
-        }
     }
 }

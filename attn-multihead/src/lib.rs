@@ -12,7 +12,6 @@ pub mod dropout;
 pub mod encoder;
 pub mod float;
 pub mod golden_case;
-pub mod inference_window;
 pub mod init;
 pub mod layer;
 pub mod layer_norm;
@@ -21,6 +20,7 @@ mod matmul;
 pub mod ordered_ring;
 pub mod projection;
 pub mod ring_layer;
+pub mod segment_window;
 mod sparse_projection;
 pub mod token_order;
 pub mod weights;
@@ -34,13 +34,13 @@ pub use encoder::{
     EncoderCache, EncoderConfig, EncoderLayerCache, EncoderLayerGrads, LongNetEncoder, LongNetEncoderLayer,
 };
 pub use float::LayerFloat;
-pub use inference_window::DEFAULT_WINDOW_ROWS;
 pub use init::{MagnetoGains, SeededRng};
 pub use layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};
 pub use layer_norm::{LayerNorm, NormStats};
 pub use ordered_ring::OrderedRing;
 pub use projection::Linear;
 pub use ring_layer::{RingBackend, all_reduce_grads, ring_layer};
+pub use segment_window::DEFAULT_WINDOW_ROWS;
 pub use token_order::{OrderedAttention, OrderedCrossCache};
 pub use weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 pub use weights_io::{

@@ -62,7 +62,7 @@ proptest! {
         let s = case.shape;
         let e = s.heads * s.head_dim;
         let (r64, c32) = twin_layers(&case);
-        let c32 = c32.with_inference_window(target);
+        let c32 = c32.with_window_rows(target);
         let x = random_vec(case.seed, s.batch * s.seq * e);
         let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
         let (want, _) = r64.forward_train(&x64, s.batch, s.seq, Mode::Eval).unwrap();

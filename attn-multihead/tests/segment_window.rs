@@ -1,4 +1,4 @@
-//! Inference in windows (`with_inference_window`): the same function as one pass over
+//! Inference in windows (`with_window_rows`): the same function as one pass over
 //! the whole sequence, with buffers for one window.
 
 use std::sync::Arc;
@@ -49,15 +49,15 @@ fn windowed_inference_equals_one_pass() {
         for (batch, seq) in [(1, 37), (2, 48), (2, 17), (1, 100)] {
             let x = random_vec(7 * c as u64 + seq as u64, batch * seq * 32);
             let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
-            let whole64 = l64.clone().with_inference_window(0).forward(&x64, batch, seq, Mode::Eval).unwrap();
+            let whole64 = l64.clone().with_window_rows(0).forward(&x64, batch, seq, Mode::Eval).unwrap();
             let (train64, _) = l64.forward_train(&x64, batch, seq, Mode::Eval).unwrap();
             assert_eq!(whole64, train64, "window 0 is the one-pass forward");
             for target in [1, 10, 24, 40] {
                 let what = format!("config {c}, batch {batch}, seq {seq}, window target {target}");
-                let got64 = l64.clone().with_inference_window(target).forward(&x64, batch, seq, Mode::Eval).unwrap();
+                let got64 = l64.clone().with_window_rows(target).forward(&x64, batch, seq, Mode::Eval).unwrap();
                 let err = rel_l2_error(&got64, &whole64);
                 assert!(err <= f64_bound, "{what}: f64 windowed {err:.2e} from one pass");
-                let got32 = l32.clone().with_inference_window(target).forward(&x, batch, seq, Mode::Eval).unwrap();
+                let got32 = l32.clone().with_window_rows(target).forward(&x, batch, seq, Mode::Eval).unwrap();
                 let err = rel_l2_error(&got32, &whole64);
                 assert!(err <= f32_bound, "{what}: f32 windowed {err:.2e} from the f64 one pass");
             }
@@ -73,7 +73,7 @@ fn a_windowed_workspace_holds_one_window() {
     let cfg = MultiheadConfig::new(32, 4, &[4, 8, 16], &[1, 2, 4]);
     let (_, l32) = layers(&cfg, 5);
     let (batch, seq, e, heads) = (2, 100, 32, 4);
-    let l32 = l32.with_inference_window(20); // rounds up to 32 rows (lcm 16)
+    let l32 = l32.with_window_rows(20); // rounds up to 32 rows (lcm 16)
     let x = random_vec(11, batch * seq * e);
     let fresh = l32.forward(&x, batch, seq, Mode::Eval).unwrap();
     let mut ws = MultiheadWorkspace::new();
@@ -87,7 +87,7 @@ fn a_windowed_workspace_holds_one_window() {
     let window_bytes = 32 * (5 * e * 4 + heads * 4);
     assert!(ws.bytes() <= window_bytes, "workspace holds {} bytes, one window is {window_bytes}", ws.bytes());
     let mut whole_ws = MultiheadWorkspace::new();
-    let one_pass = l32.clone().with_inference_window(0);
+    let one_pass = l32.clone().with_window_rows(0);
     one_pass.forward_with(&x, batch, seq, Mode::Eval, &mut whole_ws, &mut out).unwrap();
     assert!(whole_ws.bytes() >= 5 * batch * seq * e * 4, "one pass holds {} bytes", whole_ws.bytes());
     let err = rel_l2_error(&out, &fresh.iter().map(|&v| v as f64).collect::<Vec<_>>());
@@ -100,7 +100,7 @@ fn a_windowed_workspace_holds_one_window() {
 fn training_and_short_sequences_make_one_pass() {
     let cfg = MultiheadConfig::new(32, 4, &[4, 8], &[1, 2]).with_dropout(0.25);
     let (_, l32) = layers(&cfg, 2);
-    let l32 = l32.with_inference_window(8);
+    let l32 = l32.with_window_rows(8);
     let x = random_vec(3, 64 * 32);
     let mode = Mode::Train { seed: 4 };
     let (want, _) = l32.forward_train(&x, 1, 64, mode).unwrap();
@@ -109,7 +109,7 @@ fn training_and_short_sequences_make_one_pass() {
     l32.forward_with(&x, 1, 64, mode, &mut ws, &mut out).unwrap();
     assert_eq!(out, want, "a training pass walks the whole sequence");
     assert!(ws.bytes() >= 5 * 64 * 32 * 4);
-    let default = l32.with_inference_window(DEFAULT_WINDOW_ROWS);
+    let default = l32.with_window_rows(DEFAULT_WINDOW_ROWS);
     let mut ws = MultiheadWorkspace::new();
     default.forward_with(&x, 1, 64, Mode::Eval, &mut ws, &mut out).unwrap();
     assert!(ws.bytes() >= 5 * 64 * 32 * 4, "64 rows fit in one default window");
@@ -120,12 +120,75 @@ fn training_and_short_sequences_make_one_pass() {
 fn a_wrong_output_buffer_is_an_error_when_windowed() {
     let cfg = MultiheadConfig::new(32, 4, &[4, 8], &[1, 2]);
     let (_, l32) = layers(&cfg, 1);
-    let l32 = l32.with_inference_window(8);
+    let l32 = l32.with_window_rows(8);
     let x = random_vec(5, 64 * 32);
     let mut ws = MultiheadWorkspace::new();
     for len in [0, 64 * 32 - 1, 64 * 32 + 32] {
         let mut out = vec![0f32; len];
         let err = l32.forward_with(&x, 1, 64, Mode::Eval, &mut ws, &mut out).unwrap_err();
         assert!(err.to_string().contains("output"), "{err}");
+    }
+}
+
+/// Every parameter gradient and the input gradient of `layer` for `x`, `g`.
+fn gradients<F: attn_multihead::LayerFloat>(
+    layer: &MultiheadDilatedAttention<F>,
+    x: &[F],
+    g: &[F],
+    (batch, seq): (usize, usize),
+    mode: Mode,
+) -> (Vec<(String, Vec<F>)>, Vec<F>) {
+    let (_, cache) = layer.forward_train(x, batch, seq, mode).unwrap();
+    let mut grads = layer.zero_grads();
+    let dx = layer.backward(&cache, g, &mut grads).unwrap().query;
+    (grads.params().into_iter().map(|p| (p.name.clone(), p.data.to_vec())).collect(), dx)
+}
+
+/// The backward of self-attention in windows equals the one-pass backward: in f64 on
+/// the reference, and in f32 on the CPU kernels against the f64 one pass; with
+/// training dropout (masks sliced per window), sub-LN and biases on and off, head
+/// groups (row-sparse input projections) and LongNet (dense ones).
+#[test]
+fn windowed_backward_equals_one_pass() {
+    let f64_bound = Tolerance::for_dtype(DType::F64).rel_l2;
+    let f32_bound = Tolerance::for_dtype(DType::F32).rel_l2;
+    let mut cfgs = configs();
+    cfgs.push(MultiheadConfig::new(32, 4, &[4, 8, 16], &[1, 2, 4]).with_dropout(0.2).with_bias(false));
+    for (c, cfg) in cfgs.into_iter().enumerate() {
+        let (l64, l32) = layers(&cfg, 10 + c as u64);
+        let mode = if cfg.dropout > 0.0 { Mode::Train { seed: 3 } } else { Mode::Eval };
+        for (batch, seq) in [(1, 37), (2, 48)] {
+            let x = random_vec(50 + c as u64, batch * seq * 32);
+            let g = random_vec(60 + c as u64, batch * seq * 32);
+            let to64 = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<_>>();
+            let (x64, g64) = (to64(&x), to64(&g));
+            let whole = l64.clone().with_window_rows(0);
+            let (want, want_dx) = gradients(&whole, &x64, &g64, (batch, seq), mode);
+            for target in [1, 24] {
+                let what = format!("config {c}, batch {batch}, seq {seq}, window target {target}");
+                let (got, got_dx) = gradients(&l64.clone().with_window_rows(target), &x64, &g64, (batch, seq), mode);
+                let (got32, got32_dx) = gradients(&l32.clone().with_window_rows(target), &x, &g, (batch, seq), mode);
+                assert!(rel_l2_error(&got_dx, &want_dx) <= f64_bound, "{what}: f64 dx");
+                let err = rel_l2_error(&got32_dx, &want_dx);
+                assert!(err <= f32_bound, "{what}: f32 dx {err:.2e}");
+                for (((name, w), (_, a)), (_, a32)) in want.iter().zip(&got).zip(&got32) {
+                    if name.ends_with("k_proj.bias") {
+                        // Zero in exact arithmetic (softmax ignores a per-row constant): only
+                        // round-off, measured against its sibling v_proj.bias gradient, which
+                        // sums rows of the same size.
+                        let v_bias = &want.iter().find(|p| p.0.ends_with("v_proj.bias")).unwrap().1;
+                        let scale = v_bias.iter().map(|v| v * v).sum::<f64>().sqrt();
+                        let max = |v: &mut dyn Iterator<Item = f64>| v.fold(0.0f64, |m, x| m.max(x.abs()));
+                        assert!(max(&mut a.iter().copied()) < 1e-12 * scale, "{what}: f64 d {name} not zero");
+                        let err = max(&mut a32.iter().map(|&v| v as f64));
+                        assert!(err < 1e-5 * scale, "{what}: f32 d {name} {err:.2e} against {scale:.2e}");
+                        continue;
+                    }
+                    assert!(rel_l2_error(a, w) <= f64_bound, "{what}: f64 d {name} {:.2e}", rel_l2_error(a, w));
+                    let err = rel_l2_error(a32, w);
+                    assert!(err <= f32_bound, "{what}: f32 d {name} {err:.2e}");
+                }
+            }
+        }
     }
 }

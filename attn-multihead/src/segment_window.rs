@@ -1,10 +1,10 @@
-//! `InferenceWindow`: the row window an inference forward pass walks a long sequence in,
-//! so its intermediate buffers hold one window instead of the whole sequence.
+//! Segment windows: the rows an inference pass or a self-attention backward walks a
+//! long sequence in, so their buffers hold one window instead of the whole sequence.
 //!
 //! Every segment of every pattern starts at a multiple of its length (SPEC.md "One
 //! pattern"), so a window whose length is a multiple of every segment length, placed at a
 //! multiple of its length, holds whole segments: attention never crosses its edges, and
-//! the projections, dropout-free eval and sub-LayerNorm act per token. Running the layer
+//! the projections, dropout and sub-LayerNorm act per token. Running the layer
 //! window by window therefore computes the same function; the last window's shorter
 //! segments are the sequence's own shorter last segments, and positions inside a window
 //! keep their order, so causal masks agree. What changes is memory: at seq 65536 and
@@ -13,10 +13,10 @@
 //! windows is faulted in (zeroed by the kernel) once instead of for every row.
 
 /// Rows per window unless the layer says otherwise
-/// ([`crate::MultiheadDilatedAttention::with_inference_window`]).
+/// ([`crate::MultiheadDilatedAttention::with_window_rows`]).
 pub const DEFAULT_WINDOW_ROWS: usize = 8192;
 
-/// Rows the inference forward pass walks `seq` rows in: the smallest multiple of every
+/// Rows a windowed pass walks `seq` rows in: the smallest multiple of every
 /// segment length that is at least `target`. `None` (one pass over the whole sequence)
 /// when `target` is 0, when the common multiple overflows, or when one window would
 /// cover the whole sequence.
