@@ -12,6 +12,7 @@ use crate::init::{MagnetoGains, SeededRng};
 use crate::layer::{MultiheadCache, MultiheadDilatedAttention};
 use crate::layer_norm::{LayerNorm, NormStats};
 use crate::projection::Linear;
+use crate::segment_window::windows;
 use crate::weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 use crate::workspace::MultiheadWorkspace;
 
@@ -428,13 +429,10 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         let mut ws = MultiheadWorkspace::new();
         let mut done = 0;
         for b in 0..batch {
-            let mut start = 0;
-            while start < seq {
-                let len = window.min(seq - start);
+            for (start, len) in windows(seq, window) {
                 let rows = (b * seq + start) * e..(b * seq + start + len) * e;
                 let out = self.forward_with(&x[rows.clone()], 1, len, Mode::Eval, &mut ws)?;
                 y[rows].copy_from_slice(&out);
-                start += len;
                 done += len;
                 progress(done);
             }
