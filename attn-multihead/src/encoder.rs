@@ -12,7 +12,7 @@ use crate::init::{MagnetoGains, SeededRng};
 use crate::layer::{MultiheadCache, MultiheadDilatedAttention};
 use crate::layer_norm::{LayerNorm, NormStats};
 use crate::projection::Linear;
-use crate::segment_window::windows;
+use crate::segment_window::{window_rows, windows};
 use crate::weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 use crate::workspace::MultiheadWorkspace;
 
@@ -370,9 +370,35 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         Ok(LongNetEncoder { layers })
     }
 
-    /// Forward through every layer (nothing kept).
+    /// Forward through every layer (nothing kept). An eval pass on one device walks
+    /// long sequences in segment windows ([`LongNetEncoder::forward_windows`] with a
+    /// window that is a multiple of every layer's segment lengths, at least the
+    /// attention's `window_rows`, default [`crate::DEFAULT_WINDOW_ROWS`]): the same
+    /// function with one window's activations (the feed-forward's included).
     pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
+        if let Some(window) = self.eval_window(seq, mode)? {
+            return self.forward_windows(x, batch, seq, window, |_| {});
+        }
         self.forward_with(x, batch, seq, mode, &mut MultiheadWorkspace::new())
+    }
+
+    /// Set every layer's window target ([`MultiheadDilatedAttention::with_window_rows`];
+    /// 0 makes [`LongNetEncoder::forward`] one pass over the whole sequence).
+    pub fn with_window_rows(mut self, rows: usize) -> Self {
+        for l in &mut self.layers {
+            l.self_attn.set_window_rows(rows);
+        }
+        self
+    }
+
+    /// The window an eval pass over `seq` rows walks, if any (not on a ring, not in training).
+    fn eval_window(&self, seq: usize, mode: Mode) -> Result<Option<usize>> {
+        let attn = &self.layers[0].self_attn;
+        if mode != Mode::Eval || attn.backend().query_positions(seq)?.is_some() {
+            return Ok(None);
+        }
+        let segments: Vec<usize> = self.layers.iter().flat_map(|l| l.config.segment_lengths.iter().copied()).collect();
+        Ok(window_rows(&segments, seq, attn.window_rows()))
     }
 
     /// [`LongNetEncoder::forward`] with one attention workspace for every layer (and

@@ -201,8 +201,18 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     /// intermediate and gradient buffers hold one window. [`Self::forward_train`] keeps
     /// every row, since the backward reads them.
     pub fn with_window_rows(mut self, rows: usize) -> Self {
-        self.window_rows = rows;
+        self.set_window_rows(rows);
         self
+    }
+
+    /// [`Self::with_window_rows`] in place.
+    pub fn set_window_rows(&mut self, rows: usize) {
+        self.window_rows = rows;
+    }
+
+    /// The window target set by [`Self::with_window_rows`] (0: one pass).
+    pub fn window_rows(&self) -> usize {
+        self.window_rows
     }
 
     /// The rows an inference pass over `seq` rows walks at a time, if it walks in windows.

@@ -192,3 +192,29 @@ fn windowed_backward_equals_one_pass() {
         }
     }
 }
+
+/// `LongNetEncoder::forward` in eval walks segment windows (feed-forward included):
+/// the same function as one pass; training passes and `with_window_rows(0)` make one pass.
+#[test]
+fn encoder_eval_forward_walks_segment_windows() {
+    use attn_multihead::{EncoderConfig, LongNetEncoder};
+    let mut cfg = EncoderConfig::new(8, 2, &[4, 6], &[1, 2], 12);
+    cfg.causal = true;
+    let enc = LongNetEncoder::<f64>::new(cfg, 2, 7, Arc::new(ReferenceBackend)).unwrap();
+    let (b, n) = (2, 53);
+    let x: Vec<f64> = random_vec(9, b * n * 8).into_iter().map(|v| v as f64).collect();
+    let one_pass = enc.forward_with(&x, b, n, Mode::Eval, &mut MultiheadWorkspace::new()).unwrap();
+    let whole = enc.clone().with_window_rows(0).forward(&x, b, n, Mode::Eval).unwrap();
+    assert_eq!(whole, one_pass, "window 0 is one pass");
+    let windowed = enc.clone().with_window_rows(10).forward(&x, b, n, Mode::Eval).unwrap();
+    // Windows of 12 rows (lcm of 4 and 6): the same as forward_windows with 12.
+    assert_eq!(windowed, enc.forward_windows(&x, b, n, 12, |_| {}).unwrap());
+    let err = rel_l2_error(&windowed, &one_pass);
+    assert!(err <= Tolerance::for_dtype(DType::F64).rel_l2, "windowed {err:.2e} from one pass");
+    let mut dropout = EncoderConfig::new(8, 2, &[4, 6], &[1, 2], 12);
+    dropout.dropout = 0.3;
+    let enc = LongNetEncoder::<f64>::new(dropout, 2, 7, Arc::new(ReferenceBackend)).unwrap().with_window_rows(10);
+    let mode = Mode::Train { seed: 5 };
+    let want = enc.forward_with(&x, b, n, mode, &mut MultiheadWorkspace::new()).unwrap();
+    assert_eq!(enc.forward(&x, b, n, mode).unwrap(), want, "a training pass is one pass");
+}
