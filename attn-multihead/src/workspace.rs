@@ -87,13 +87,11 @@ impl<F: LayerFloat> MultiheadWorkspace<F> {
                 sized(&mut self.qkv, len)
             }
             Some(key) => {
-                if self.qkv.len() != len {
-                    let reused = self.qkv.capacity() >= len;
-                    resize_or_fresh(&mut self.qkv, len)?;
-                    if reused {
-                        self.qkv.fill(F::zero());
-                    }
-                } else if self.zero_outside.as_ref() != Some(&key) {
+                // Reused memory is re-zeroed unless it already holds this very selection.
+                let stale = self.qkv.len() != len || self.zero_outside.as_ref() != Some(&key);
+                let reused = self.qkv.capacity() >= len;
+                resize_or_fresh(&mut self.qkv, len)?;
+                if stale && reused {
                     self.qkv.fill(F::zero());
                 }
                 self.zero_outside = Some(key);
