@@ -19,6 +19,9 @@ pub mod grouped;
 pub mod mpi_comm;
 pub mod nccl_comm;
 pub mod nccl_emu;
+#[cfg(feature = "nccl")]
+mod nccl_handle;
+mod nccl_progress;
 pub mod thread_comm;
 
 use std::time::Duration;

@@ -1,7 +1,8 @@
 //! `NcclComm`: ranks are GPUs joined by NCCL (cudarc, dynamic loading, feature
-//! `nccl`). `NcclP2p` runs one grouped NCCL round (`ncclGroupStart`, sends,
-//! receives, `ncclGroupEnd`, then a CUDA event polled until the timeout) and
-//! `NcclComm` is the [`GroupedComm`](super::GroupedComm) protocol over it: every
+//! `nccl`). `NcclP2p` runs one grouped NCCL round on a non-blocking communicator
+//! (`nccl_handle`: `ncclGroupStart`, sends, receives, `ncclGroupEnd`, then NCCL's
+//! asynchronous state and a CUDA event polled against one deadline; a failure or a
+//! missed deadline aborts the communicator) and `NcclComm` is the [`GroupedComm`](super::GroupedComm) protocol over it: every
 //! exchange is a round of lengths then a round of frames, and frames posted without
 //! a receive travel with the rank's next exchange (NCCL sends complete only when the
 //! peer posts the matching receive; see `grouped` for why this cannot deadlock and
@@ -9,7 +10,8 @@
 //! or on a machine without a CUDA driver, NCCL library or GPU, construction is a
 //! typed error, never a panic.
 //!
-//! The only `unsafe` here is probing for the CUDA and NCCL libraries.
+//! The only `unsafe` here is probing for the CUDA and NCCL libraries; the NCCL calls
+//! themselves are in `nccl_handle`.
 #![cfg_attr(feature = "nccl", allow(unsafe_code))]
 
 use attn_core::{AttnError, Result};
@@ -46,20 +48,31 @@ mod imp {
         pub fn new(_rank: usize, _world: usize, _device: usize, _id: &[u8; NCCL_ID_BYTES]) -> Result<Self> {
             Err(AttnError::NotCompiled { backend: "NCCL", feature: "nccl" })
         }
+        /// Always an error in this build.
+        pub fn with_timeout(
+            _rank: usize,
+            _world: usize,
+            _device: usize,
+            _id: &[u8; NCCL_ID_BYTES],
+            _timeout: std::time::Duration,
+        ) -> Result<Self> {
+            Err(AttnError::NotCompiled { backend: "NCCL", feature: "nccl" })
+        }
     }
 }
 
 #[cfg(feature = "nccl")]
 mod imp {
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-    use cudarc::nccl::{Comm, Id, result as nccl};
+    use cudarc::nccl::Id;
 
     use super::*;
     use crate::comm::DEFAULT_TIMEOUT;
     use crate::comm::grouped::{GroupedComm, GroupedP2p};
+    use crate::comm::nccl_handle::{NcclHandle, describe};
 
     fn unavailable(reason: impl Into<String>) -> AttnError {
         AttnError::BackendUnavailable { backend: "NCCL", reason: reason.into() }
@@ -85,9 +98,10 @@ mod imp {
         Ok(n as usize)
     }
 
-    /// One GPU rank of an NCCL communicator, seen as blocking grouped p2p rounds.
+    /// One GPU rank of a non-blocking NCCL communicator, seen as grouped p2p rounds
+    /// that return within the timeout (see `nccl_handle`).
     pub struct NcclP2p {
-        comm: Comm,
+        handle: NcclHandle,
         stream: Arc<CudaStream>,
         rank: usize,
         world: usize,
@@ -100,7 +114,11 @@ mod imp {
 
     impl std::fmt::Debug for NcclP2p {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.debug_struct("NcclP2p").field("rank", &self.rank).field("world", &self.world).finish_non_exhaustive()
+            f.debug_struct("NcclP2p")
+                .field("rank", &self.rank)
+                .field("world", &self.world)
+                .field("handle", &self.handle)
+                .finish_non_exhaustive()
         }
     }
 
@@ -108,19 +126,39 @@ mod imp {
         /// A fresh NCCL unique id (create on one rank, send to the others out of band).
         pub fn unique_id() -> Result<[u8; NCCL_ID_BYTES]> {
             available()?;
-            let id = Id::new().map_err(|e| nccl_err(0, "get unique id", e))?;
+            let id = Id::new().map_err(|e| nccl_err(0, "get unique id", describe(&e)))?;
             Ok(id.internal().map(|c| c as u8))
         }
 
-        /// Join the communicator `id` as `rank` of `world`, on GPU `device`.
+        /// Join the communicator `id` as `rank` of `world`, on GPU `device`, with the
+        /// default timeout.
         pub fn new(rank: usize, world: usize, device: usize, id: &[u8; NCCL_ID_BYTES]) -> Result<Self> {
-            Ok(GroupedComm::with_transport(NcclP2p::new(rank, world, device, id)?))
+            Self::with_timeout(rank, world, device, id, DEFAULT_TIMEOUT)
+        }
+
+        /// Join the communicator `id` as `rank` of `world`, on GPU `device`; joining and
+        /// every later round wait at most `timeout`.
+        pub fn with_timeout(
+            rank: usize,
+            world: usize,
+            device: usize,
+            id: &[u8; NCCL_ID_BYTES],
+            timeout: Duration,
+        ) -> Result<Self> {
+            Ok(GroupedComm::with_transport(NcclP2p::new(rank, world, device, id, timeout)?))
         }
     }
 
     impl NcclP2p {
-        /// Join the communicator `id` as `rank` of `world`, on GPU `device`.
-        pub fn new(rank: usize, world: usize, device: usize, id: &[u8; NCCL_ID_BYTES]) -> Result<Self> {
+        /// Join the communicator `id` as `rank` of `world`, on GPU `device`, waiting at
+        /// most `timeout` for the other ranks to join (`Timeout` if one never does).
+        pub fn new(
+            rank: usize,
+            world: usize,
+            device: usize,
+            id: &[u8; NCCL_ID_BYTES],
+            timeout: Duration,
+        ) -> Result<Self> {
             let n = available()?;
             if device >= n || rank >= world {
                 return Err(AttnError::InvalidArgument(format!(
@@ -129,23 +167,9 @@ mod imp {
             }
             let ctx = CudaContext::new(device).map_err(|e| unavailable(format!("CUDA context: {e:?}")))?;
             let stream = ctx.new_stream().map_err(|e| unavailable(format!("CUDA stream: {e:?}")))?;
-            let id = Id::uninit(id.map(|b| b as std::ffi::c_char));
-            let comm = Comm::from_rank(stream.clone(), rank, world, id).map_err(|e| nccl_err(rank, "init", e))?;
-            Ok(NcclP2p { comm, stream, rank, world, timeout: DEFAULT_TIMEOUT })
-        }
-
-        /// Wait for the stream's queued NCCL work, polling an event until the timeout.
-        fn wait(&self, peer: usize) -> Result<()> {
-            let ev = self.stream.record_event(None).map_err(|e| nccl_err(self.rank, "record event", e))?;
-            let deadline = Instant::now() + self.timeout;
-            while !ev.is_complete() {
-                if Instant::now() > deadline {
-                    let timeout_ms = self.timeout.as_millis() as u64;
-                    return Err(AttnError::Timeout { rank: self.rank, peer, timeout_ms });
-                }
-                std::thread::sleep(Duration::from_micros(20));
-            }
-            Ok(())
+            ctx.bind_to_thread().map_err(|e| nccl_err(rank, "bind the CUDA context", e))?;
+            let handle = NcclHandle::join(rank, world, id, timeout)?;
+            Ok(NcclP2p { handle, stream, rank, world, timeout })
         }
     }
 
@@ -167,38 +191,38 @@ mod imp {
         /// the length), since a matched pair must have equal counts.
         fn group(&mut self, sends: &[(usize, &[u8])], recvs: &[(usize, usize)]) -> Result<Vec<Vec<u8>>> {
             let r = self.rank;
+            self.handle.usable()?;
             let s = &self.stream;
-            let dev_out: Vec<CudaSlice<u8>> = sends
+            s.context().bind_to_thread().map_err(|e| nccl_err(r, "bind the CUDA context", e))?;
+            let dev_out: Vec<(usize, CudaSlice<u8>)> = sends
                 .iter()
-                .map(|(_, b)| s.clone_htod(if b.is_empty() { &[0u8][..] } else { b }))
+                .map(|&(peer, b)| s.clone_htod(if b.is_empty() { &[0u8][..] } else { b }).map(|d| (peer, d)))
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|e| nccl_err(r, "copy to device", e))?;
-            let mut dev_in: Vec<CudaSlice<u8>> = recvs
+            let mut dev_in: Vec<(usize, CudaSlice<u8>)> = recvs
                 .iter()
-                .map(|&(_, n)| s.alloc_zeros::<u8>(n.max(1)))
+                .map(|&(peer, n)| s.alloc_zeros::<u8>(n.max(1)).map(|d| (peer, d)))
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|e| nccl_err(r, "alloc", e))?;
-            nccl::group_start().map_err(|e| nccl_err(r, "group start", e))?;
-            for ((peer, _), buf) in sends.iter().zip(&dev_out) {
-                self.comm.send(buf, *peer as i32).map_err(|e| nccl_err(r, "send", e))?;
-            }
-            for ((peer, _), buf) in recvs.iter().zip(dev_in.iter_mut()) {
-                self.comm.recv(buf, *peer as i32).map_err(|e| nccl_err(r, "recv", e))?;
-            }
-            nccl::group_end().map_err(|e| nccl_err(r, "group end", e))?;
+            let out_refs: Vec<(usize, &CudaSlice<u8>)> = dev_out.iter().map(|(p, d)| (*p, d)).collect();
             let first_peer = recvs.first().map(|x| x.0).or(sends.first().map(|x| x.0)).unwrap_or(r);
-            self.wait(first_peer)?;
-            dev_in
+            self.handle.round(s, &out_refs, &mut dev_in, first_peer, self.timeout)?;
+            let received = dev_in
                 .iter()
                 .zip(recvs)
-                .map(|(d, &(_, n))| {
+                .map(|((_, d), &(_, n))| {
                     s.clone_dtoh(d).map(|mut v| {
                         v.truncate(n);
                         v
                     })
                 })
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e| nccl_err(r, "copy to host", e))
+                .collect::<std::result::Result<_, _>>();
+            // A failed copy leaves the communicator in an unknown state: abort it, so no
+            // later round waits on it.
+            received.map_err(|e| {
+                self.handle.abort();
+                nccl_err(r, "copy to host", e)
+            })
         }
     }
 }
@@ -226,12 +250,16 @@ mod tests {
     }
 
     /// On a GPU machine: one NCCL round to itself through `NcclP2p`, then a one-rank
-    /// communicator (frames to itself stay local).
+    /// communicator (frames to itself stay local), then a two-rank communicator whose
+    /// other rank never joins: a `Timeout` within the timeout, not a hang (a blocking
+    /// `ncclCommInitRank` waits for it forever). Two real ranks need two GPUs.
     #[cfg(feature = "nccl")]
     fn gpu_round_trip() {
+        use std::time::{Duration, Instant};
+
         use crate::comm::{Communicator, GroupedP2p, NcclP2p};
         let id = NcclComm::unique_id().expect("unique id");
-        let mut p2p = NcclP2p::new(0, 1, 0, &id).expect("one-rank NCCL transport");
+        let mut p2p = NcclP2p::new(0, 1, 0, &id, Duration::from_secs(30)).expect("one-rank NCCL transport");
         let big: Vec<u8> = (0..=255).collect();
         let got = p2p.group(&[(0, &[1u8, 2, 3, 250][..]), (0, &big[..]), (0, &[][..])], &[(0, 4), (0, 256), (0, 0)]);
         assert_eq!(got.expect("NCCL self round"), vec![vec![1, 2, 3, 250], big, vec![]]);
@@ -240,6 +268,16 @@ mod tests {
         let got = c.exchange_frames(frames.clone(), &[0, 0]).expect("self exchange");
         assert_eq!(got, frames.into_iter().map(|(_, f)| f).collect::<Vec<_>>());
         assert_eq!(c.all_gather(vec![9, 8]).expect("all_gather"), vec![vec![9, 8]]);
+
+        let timeout = Duration::from_secs(3);
+        let start = Instant::now();
+        let lonely = NcclComm::with_timeout(0, 2, 0, &NcclComm::unique_id().expect("unique id"), timeout);
+        let waited = start.elapsed();
+        assert!(
+            matches!(lonely, Err(AttnError::Timeout { rank: 0, peer: 1, timeout_ms: 3000 })),
+            "a peer that never joins: {lonely:?}"
+        );
+        assert!(waited < timeout + Duration::from_secs(10), "gave up only after {waited:?}");
     }
 
     #[cfg(not(feature = "nccl"))]

@@ -1,10 +1,13 @@
-//! Test helpers: the ring as a golden-file backend, and f32 view helpers.
+//! Test helpers: the ring as a golden-file backend (in-process, or over any
+//! communicator), the golden sweep over worlds x layouts x strategies, f32 views.
 #![allow(dead_code)]
+
+use std::ops::RangeInclusive;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnShape, DilatedConfig, Result, TensorView};
-use attn_ring::{Layout, Strategy, run_in_process, run_in_process_backward};
-use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32};
+use attn_ring::{Communicator, Layout, Strategy, run_backward_on, run_in_process, run_in_process_backward, run_on};
+use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, check_case, golden_dir, load_dir};
 
 /// The ring over `world` in-process ranks, seen as one device.
 #[derive(Debug, Clone, Copy)]
@@ -47,4 +50,84 @@ impl DilatedBackend for RingBackend {
         let r = run_in_process_backward(self.world, cfg, self.layout, self.strategy, qkv, go)?;
         Ok(Gradients32 { dq: r.dq, dk: r.dk, dv: r.dv })
     }
+}
+
+/// The ring over `world` ranks whose communicators `join(world)` makes (a fresh set per
+/// call), seen as one device.
+pub struct CommBackend<F> {
+    pub label: &'static str,
+    pub world: usize,
+    pub layout: Layout,
+    pub strategy: Strategy,
+    pub join: F,
+}
+
+impl<C: Communicator + Send, F: Fn(usize) -> Result<Vec<C>>> DilatedBackend for CommBackend<F> {
+    fn name(&self) -> String {
+        format!("{} ring(p={}, {}, {})", self.label, self.world, self.layout.as_str(), self.strategy.as_str())
+    }
+
+    fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32> {
+        let comms = (self.join)(self.world)?;
+        let r = run_on(comms, cfg, self.layout, self.strategy, views(shape, q, k, v)?)?;
+        Ok(Forward32 { out: r.out, lse: r.lse })
+    }
+
+    fn backward(
+        &self,
+        cfg: &DilatedConfig,
+        shape: AttnShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        grad_out: &[f32],
+    ) -> Result<Gradients32> {
+        let go = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
+        let comms = (self.join)(self.world)?;
+        let r = run_backward_on(comms, cfg, self.layout, self.strategy, views(shape, q, k, v)?, go)?;
+        Ok(Gradients32 { dq: r.dq, dk: r.dk, dv: r.dv })
+    }
+}
+
+/// One run of a golden sweep.
+pub struct SweepRun {
+    pub cfg: DilatedConfig,
+    pub shape: AttnShape,
+    pub world: usize,
+    pub layout: Layout,
+    pub strategy: Strategy,
+}
+
+/// Every golden file in `../shared/golden/dilated` (at least 9) through
+/// `backend(world, layout, strategy)` for every world in `worlds` and layout the
+/// sequence allows, and every strategy, forward and gradients. Panics listing every
+/// failed run; returns the runs.
+pub fn golden_sweep<B: DilatedBackend>(
+    worlds: RangeInclusive<usize>,
+    backend: impl Fn(usize, Layout, Strategy) -> B,
+) -> Vec<SweepRun> {
+    let dir = golden_dir().join("dilated");
+    let cases = load_dir(&dir).expect("golden dir");
+    assert!(cases.len() >= 9, "expected the dilated golden files in {}", dir.display());
+    let (mut runs, mut failures) = (Vec::new(), Vec::new());
+    for (path, case) in cases {
+        let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let (shape, cfg) = (case.attn_shape().unwrap(), case.config().unwrap());
+        for world in worlds.clone() {
+            for layout in [Layout::Contiguous, Layout::Zigzag] {
+                if layout.check(shape.q.seq, world).is_err() {
+                    continue;
+                }
+                for strategy in [Strategy::Auto, Strategy::Ring, Strategy::AllGather] {
+                    let report = check_case(&case, Some(&backend(world, layout, strategy)), None);
+                    if !report.passed() {
+                        failures.push(report.to_string());
+                    }
+                    runs.push(SweepRun { cfg: cfg.clone(), shape, world, layout, strategy });
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} runs failed:\n{}", failures.len(), runs.len(), failures.join("\n"));
+    runs
 }

@@ -1,0 +1,262 @@
+//! `NcclHandle`: one rank's NCCL communicator created *non-blocking*
+//! (`ncclCommInitRankConfig` with `blocking = 0`), the only place attn-ring calls NCCL
+//! through raw handles. No NCCL call can then block the calling thread: creation and
+//! the launch of a grouped round return at once (or with `ncclInProgress`) and are
+//! finished by polling `ncclCommGetAsyncError`, the round itself by polling a CUDA
+//! event, all through [`await_progress`](super::nccl_progress::await_progress) against
+//! one deadline. A failure or a missed deadline aborts the communicator
+//! (`ncclCommAbort`, which also stops NCCL kernels spinning on a peer), and the handle
+//! refuses further rounds. A blocking communicator could hang: its lazy connection
+//! setup inside `ncclGroupEnd`, and its creation, wait on every peer with no timeout.
+//! `Drop` aborts rather than destroys (`ncclCommDestroy` waits for pending work).
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, c_int, c_void};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use attn_core::{AttnError, Result};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::nccl::result::{self as nccl, NcclError, NcclStatus};
+use cudarc::nccl::sys;
+
+use super::nccl_progress::{Progress, await_progress};
+
+/// `NCCL_VERSION(2, 30, 0)`: the `ncclConfig_t` layout cudarc's `nccl-02030` bindings
+/// declare. An older library reads the prefix it knows (NCCL copies
+/// `min(config.size, its own size)` bytes) and every field here is "undefined" except
+/// `blocking`, so the same config is valid for NCCL 2.17 and later.
+const CONFIG_VERSION: u32 = 2 * 10_000 + 30 * 100;
+/// `NCCL_CONFIG_UNDEF_INT`: let NCCL choose.
+const UNDEF: c_int = c_int::MIN;
+
+/// A non-blocking NCCL communicator of one rank (see the module docs).
+pub(crate) struct NcclHandle {
+    comm: sys::ncclComm_t,
+    rank: usize,
+    /// Set once the communicator has been aborted; every later round is refused.
+    aborted: bool,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are
+// not concurrent; `NcclHandle` is only used through `&mut self` (or dropped).
+unsafe impl Send for NcclHandle {}
+
+impl std::fmt::Debug for NcclHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclHandle").field("rank", &self.rank).field("aborted", &self.aborted).finish()
+    }
+}
+
+/// The config of `NCCL_CONFIG_INITIALIZER` with `blocking = 0`.
+fn nonblocking_config() -> sys::ncclConfig_t {
+    sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        version: CONFIG_VERSION,
+        blocking: 0,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+        graphUsageMode: UNDEF,
+        numRmaCtx: UNDEF,
+        maxP2pPeers: UNDEF,
+    }
+}
+
+/// The name of an NCCL result code (cudarc's `NcclError` prints no more than its type).
+pub(crate) fn describe(e: &NcclError) -> String {
+    format!("{:?}", e.0)
+}
+
+fn to_c_int(rank: usize, what: &str, n: usize) -> Result<c_int> {
+    c_int::try_from(n)
+        .map_err(|_| AttnError::Comm { rank, message: format!("NCCL {what} {n} exceeds the C int range") })
+}
+
+impl NcclHandle {
+    /// Join communicator `id` as `rank` of `world` on the calling thread's current CUDA
+    /// device, waiting at most `timeout` for every rank to join. A rank that never
+    /// joins is `Timeout` naming rank 0 (the id's root; rank 1 on rank 0): which rank
+    /// is missing cannot be known from here.
+    pub(crate) fn join(rank: usize, world: usize, id: &[u8; 128], timeout: Duration) -> Result<Self> {
+        let deadline = Instant::now() + timeout;
+        let (nranks, me) = (to_c_int(rank, "world size", world)?, to_c_int(rank, "rank", rank)?);
+        let unique = sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
+        let mut config = nonblocking_config();
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `comm` and `config` are live locals that NCCL only reads (`config`) or
+        // writes (`comm`, the new handle, set also when the call returns InProgress).
+        let started = unsafe { nccl::comm_init_rank_config(&mut comm, nranks, unique, me, &mut config) };
+        if comm.is_null() {
+            let why = started.err().map_or_else(|| "no communicator returned".into(), |e| describe(&e));
+            return Err(AttnError::Comm { rank, message: format!("NCCL init: {why}") });
+        }
+        let mut handle = NcclHandle { comm, rank, aborted: false };
+        if let Err(e) = started {
+            handle.abort();
+            return Err(AttnError::Comm { rank, message: format!("NCCL init: {}", describe(&e)) });
+        }
+        let root = if rank == 0 { 1 } else { 0 };
+        handle.settle(root, timeout, deadline)?;
+        Ok(handle)
+    }
+
+    /// Error unless the communicator can still run rounds.
+    pub(crate) fn usable(&self) -> Result<()> {
+        if self.aborted {
+            return Err(AttnError::Comm {
+                rank: self.rank,
+                message: "the NCCL communicator was aborted after an earlier failure or timeout".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// One grouped round on `stream`: every send and receive posted between
+    /// `ncclGroupStart` and `ncclGroupEnd`, then polled until the stream has run them
+    /// (or the deadline passes: `Timeout` naming `peer`). Counts are bytes; matched
+    /// pairs must agree on them.
+    pub(crate) fn round(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        sends: &[(usize, &CudaSlice<u8>)],
+        recvs: &mut [(usize, CudaSlice<u8>)],
+        peer: usize,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.usable()?;
+        let deadline = Instant::now() + timeout;
+        let cu_stream = stream.cu_stream() as sys::cudaStream_t;
+        let to: Vec<c_int> = sends.iter().map(|(p, _)| to_c_int(self.rank, "peer", *p)).collect::<Result<_>>()?;
+        let from: Vec<c_int> = recvs.iter().map(|(p, _)| to_c_int(self.rank, "peer", *p)).collect::<Result<_>>()?;
+        let mut failed: Option<String> = None;
+        if let Err(e) = nccl::group_start() {
+            return Err(self.fail(format!("ncclGroupStart: {}", describe(&e))));
+        }
+        for ((_, buf), &to) in sends.iter().zip(&to) {
+            let (ptr, _sync) = buf.device_ptr(stream);
+            // SAFETY: `ptr` addresses `buf.len()` live device bytes that `buf` keeps
+            // allocated until this round's event has completed or the communicator is
+            // aborted (the caller owns `buf` past `round`); `comm` is live.
+            let posted = unsafe {
+                nccl::send(ptr as *const c_void, buf.len(), sys::ncclDataType_t::ncclUint8, to, self.comm, cu_stream)
+            };
+            if let Err(e) = posted {
+                failed.get_or_insert(format!("ncclSend to {to}: {}", describe(&e)));
+            }
+        }
+        for ((_, buf), &from) in recvs.iter_mut().zip(&from) {
+            let len = buf.len();
+            let (ptr, _sync) = buf.device_ptr_mut(stream);
+            // SAFETY: as for the sends; `buf` is not read until the round has completed.
+            let posted = unsafe {
+                nccl::recv(ptr as *mut c_void, len, sys::ncclDataType_t::ncclUint8, from, self.comm, cu_stream)
+            };
+            if let Err(e) = posted {
+                failed.get_or_insert(format!("ncclRecv from {from}: {}", describe(&e)));
+            }
+        }
+        // The group is closed even after a failed post, so this thread's group depth stays 0.
+        if let Err(e) = nccl::group_end() {
+            failed.get_or_insert(format!("ncclGroupEnd: {}", describe(&e)));
+        }
+        if let Some(why) = failed {
+            return Err(self.fail(why));
+        }
+        // Launch: until NCCL says the operations are enqueued, an event would mean nothing.
+        self.settle(peer, timeout, deadline)?;
+        let event = match stream.record_event(None) {
+            Ok(ev) => ev,
+            Err(e) => return Err(self.fail(format!("record event: {e:?}"))),
+        };
+        let comm = self.comm;
+        let rank = self.rank;
+        let aborted = &mut self.aborted;
+        await_progress(
+            rank,
+            peer,
+            timeout,
+            deadline,
+            || match event.is_complete() {
+                true => Progress::Done,
+                // NCCL has no error: the work is still running on the stream.
+                false => match poll_async_error(comm) {
+                    Progress::Done => Progress::Pending,
+                    other => other,
+                },
+            },
+            || abort_raw(comm, aborted),
+        )
+    }
+
+    /// Poll the asynchronous state until no operation is in progress.
+    fn settle(&mut self, peer: usize, timeout: Duration, deadline: Instant) -> Result<()> {
+        let comm = self.comm;
+        let aborted = &mut self.aborted;
+        await_progress(self.rank, peer, timeout, deadline, || poll_async_error(comm), || abort_raw(comm, aborted))
+    }
+
+    /// Abort and describe the failure as this rank's `Comm` error.
+    fn fail(&mut self, message: String) -> AttnError {
+        self.abort();
+        AttnError::Comm { rank: self.rank, message: format!("NCCL {message}") }
+    }
+
+    /// Abort the communicator (once): its pending operations are cancelled, so buffers
+    /// they use can be freed, and every later round is refused.
+    pub(crate) fn abort(&mut self) {
+        abort_raw(self.comm, &mut self.aborted);
+    }
+}
+
+/// `ncclCommGetAsyncError` as a [`Progress`]: `Pending` while an operation is in
+/// progress, `Done` when none is (for a launched round that only means "enqueued": its
+/// completion is the stream event's), `Failed` with NCCL's own message on an error.
+fn poll_async_error(comm: sys::ncclComm_t) -> Progress {
+    let mut state = sys::ncclResult_t::ncclSuccess;
+    // SAFETY: `comm` is a live, not yet aborted communicator (callers poll only before
+    // aborting) and `state` is a live local.
+    let asked = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) }.result();
+    match asked.and_then(|_| state.result()) {
+        Ok(NcclStatus::InProgress) => Progress::Pending,
+        Ok(_) => Progress::Done,
+        Err(e) => Progress::Failed(format!("NCCL asynchronous error {}: {}", describe(&e), last_error(comm))),
+    }
+}
+
+/// NCCL's text for the last error on `comm` (empty when it has none).
+fn last_error(comm: sys::ncclComm_t) -> String {
+    // SAFETY: `comm` is live; NCCL returns null or a NUL-terminated string it owns,
+    // copied here before any other NCCL call.
+    unsafe {
+        let text = sys::ncclGetLastError(comm);
+        if text.is_null() { String::new() } else { CStr::from_ptr(text).to_string_lossy().into_owned() }
+    }
+}
+
+/// Abort `comm` once; later calls do nothing.
+fn abort_raw(comm: sys::ncclComm_t, aborted: &mut bool) {
+    if !*aborted {
+        *aborted = true;
+        // SAFETY: `comm` is live and, with `aborted` now set, never used again. The
+        // result is ignored: nothing more can be done with a communicator being torn down.
+        let _ = unsafe { nccl::comm_abort(comm) };
+    }
+}
+
+impl Drop for NcclHandle {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}

@@ -1,0 +1,205 @@
+//! The real NCCL transport (`NcclComm`: cudarc's dynamic loading, the non-blocking
+//! communicator of `nccl_handle`, `GroupedComm` on top) run end to end on a machine
+//! without a GPU. `tests/stand_in_gpu/stand_in_gpu.c` is compiled into one shared
+//! object reached as `libcuda.so` and `libnccl.so` (its header says what it models),
+//! and this test binary runs itself again with that directory first on
+//! `LD_LIBRARY_PATH` (the loader reads it at start-up only). In the child: every
+//! golden file through the ring over 2..=4 NCCL ranks on threads, forward and
+//! gradients; a rank that never joins, two ranks on one GPU, a stalled and a dead
+//! peer: typed errors within the timeout. The stand-in is a model: this proves our
+//! side of the NCCL calls, not NCCL's behaviour on a GPU.
+#![cfg(all(feature = "nccl", target_os = "linux"))]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, DilatedConfig, Mixing, Result, Shape4, TensorView};
+use attn_ring::comm::{NcclComm, nccl_available};
+use attn_ring::{Communicator, Fault, FaultyComm, Layout, Strategy, forward_on, problem_for};
+use attn_testkit::random_vec;
+use common::{CommBackend, golden_sweep};
+
+/// Set in the child process, which sees the stand-in libraries.
+const CHILD: &str = "ATTN_NCCL_STAND_IN_CHILD";
+/// Well above any healthy round; a deadlock fails a run with `Timeout`.
+const TIMEOUT: Duration = Duration::from_secs(20);
+/// The child takes a few seconds; one that runs this long hangs and is killed.
+const CHILD_LIMIT: Duration = Duration::from_secs(300);
+
+/// Compile the stand-in into `dir` and link it there as libcuda.so and libnccl.so.
+fn build_stand_in(dir: &Path) {
+    std::fs::create_dir_all(dir).expect("stand-in directory");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/stand_in_gpu/stand_in_gpu.c");
+    let object = dir.join("libattn_stand_in_gpu.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-pthread", "-o"])
+        .arg(&object)
+        .arg(&source)
+        .status()
+        .unwrap_or_else(|e| panic!("could not run the C compiler `{cc}` (set CC): {e}"));
+    assert!(status.success(), "compiling {} failed", source.display());
+    for name in ["libcuda.so", "libnccl.so"] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&object, &link).expect("symlink");
+    }
+}
+
+#[test]
+fn nccl_transport_runs_against_stand_in_libraries() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("stand_in_gpu-{}", std::process::id()));
+    build_stand_in(&dir);
+    let mut path = dir.clone().into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    let me = std::env::current_exe().expect("test binary");
+    let mut child = Command::new(me)
+        .args(["--ignored", "--exact", "stand_in_child", "--nocapture", "--test-threads=1"])
+        .env("LD_LIBRARY_PATH", path)
+        .env(CHILD, "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the child");
+    let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("child status") {
+            break Some(status);
+        }
+        if start.elapsed() > CHILD_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    let (stdout, stderr) = (stdout.join().expect("stdout"), stderr.join().expect("stderr"));
+    println!("--- child stdout ---\n{stdout}\n--- child stderr ---\n{stderr}");
+    let status = status.unwrap_or_else(|| panic!("the child hung: killed after {CHILD_LIMIT:?}"));
+    assert!(status.success(), "the child failed: {status:?}");
+    assert!(stdout.contains("test result: ok. 1 passed"), "the child ran no test");
+}
+
+/// Read a child's pipe to the end on a thread (so a full pipe cannot block the child).
+fn drain(pipe: Option<impl std::io::Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_string(&mut text);
+        }
+        text
+    })
+}
+
+/// Join `world` NCCL ranks (GPU i for rank i), each on its own thread, as creation
+/// waits for every rank.
+fn nccl_world(world: usize, timeout: Duration) -> Result<Vec<NcclComm>> {
+    let id = NcclComm::unique_id()?;
+    std::thread::scope(|s| {
+        let joins: Vec<_> =
+            (0..world).map(|rank| s.spawn(move || NcclComm::with_timeout(rank, world, rank, &id, timeout))).collect();
+        joins.into_iter().map(|h| h.join().expect("join thread")).collect()
+    })
+}
+
+fn golden_files_pass() {
+    let runs = golden_sweep(2..=4, |world, layout, strategy| CommBackend {
+        label: "stand-in nccl",
+        world,
+        layout,
+        strategy,
+        join: |p| nccl_world(p, TIMEOUT),
+    });
+    assert_eq!(runs.len(), 9 * 3 * 2 * 3);
+    println!("golden: {} runs over stand-in NCCL passed (forward and gradients)", runs.len());
+}
+
+fn frames_of_every_size_round_trip() {
+    let mut comms = nccl_world(2, TIMEOUT).expect("two ranks");
+    let big: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+    let (b, a) = (comms.pop().unwrap(), comms.pop().unwrap());
+    let got = std::thread::scope(|s| {
+        let send = |mut c: NcclComm, peer: usize, frames: Vec<Vec<u8>>| {
+            s.spawn(move || {
+                let n = frames.len();
+                c.exchange_frames(frames.into_iter().map(|f| (peer, f)).collect(), &vec![peer; n])
+            })
+        };
+        let ha = send(a, 1, vec![Vec::new(), vec![1, 2, 3], big.clone()]);
+        let hb = send(b, 0, vec![vec![9], Vec::new(), Vec::new()]);
+        (ha.join().unwrap().expect("rank 0"), hb.join().unwrap().expect("rank 1"))
+    });
+    assert_eq!(got.0, vec![vec![9], Vec::new(), Vec::new()]);
+    assert_eq!(got.1, vec![Vec::new(), vec![1, 2, 3], big]);
+}
+
+fn a_rank_that_never_joins_is_a_timeout() {
+    let timeout = Duration::from_millis(300);
+    let start = Instant::now();
+    let got = NcclComm::with_timeout(0, 2, 0, &NcclComm::unique_id().unwrap(), timeout);
+    let waited = start.elapsed();
+    assert!(matches!(got, Err(AttnError::Timeout { rank: 0, peer: 1, timeout_ms: 300 })), "{got:?}");
+    assert!(waited >= timeout && waited < Duration::from_secs(5), "gave up after {waited:?}");
+    let id = NcclComm::unique_id().unwrap();
+    let same_gpu = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2).map(|r| s.spawn(move || NcclComm::with_timeout(r, 2, 0, &id, timeout))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    });
+    assert!(same_gpu.iter().all(|r| matches!(r, Err(AttnError::Comm { .. } | AttnError::Timeout { .. }))));
+    assert!(
+        same_gpu
+            .iter()
+            .any(|r| matches!(r, Err(AttnError::Comm { message, .. }) if message.contains("ncclInvalidUsage")))
+    );
+}
+
+/// A stalled rank (its frame held past the others' timeout) and a dead rank (its
+/// communicator aborted mid-ring): every rank ends in a typed error, quickly.
+fn stalled_and_dead_peers_are_errors_everywhere() {
+    let cfg = DilatedConfig::builder().segments(&[8, 30]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal(true);
+    let (cfg, shape) = (cfg.build().unwrap(), Shape4::new(1, 30, 2, 4).unwrap());
+    let x = [11, 12, 13].map(|seed| random_vec(seed, shape.numel()));
+    let view = |x| TensorView::contiguous(TensorName::Query, x, shape).unwrap();
+    let problem = problem_for(&cfg, shape, Layout::Zigzag, Strategy::Ring, 3);
+    for fault in [Fault::Delay { nth: 3, delay: Duration::from_millis(900) }, Fault::Kill { nth: 3 }] {
+        let comms = nccl_world(3, Duration::from_millis(300)).expect("three ranks");
+        let comms: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                let faults = if c.rank() == 1 { vec![fault] } else { Vec::new() };
+                FaultyComm::new(c, faults)
+            })
+            .collect();
+        let start = Instant::now();
+        let res = forward_on(comms, &problem, view(&x[0]), view(&x[1]), view(&x[2]));
+        assert!(start.elapsed() < Duration::from_secs(5), "{fault:?} took {:?}", start.elapsed());
+        let typed = |r: &attn_ring::RankForward<f32>| {
+            matches!(r, Err(AttnError::Comm { .. } | AttnError::Timeout { .. } | AttnError::RankDisagreement(_)))
+        };
+        assert!(res.iter().all(typed), "{fault:?}: {res:?}");
+        assert!(res.iter().any(|r| matches!(r, Err(AttnError::Timeout { .. }))), "{fault:?}: {res:?}");
+    }
+}
+
+#[test]
+#[ignore = "runs in the child process of nccl_transport_runs_against_stand_in_libraries"]
+fn stand_in_child() {
+    if std::env::var_os(CHILD).is_none() {
+        eprintln!("stand_in_child only runs under nccl_transport_runs_against_stand_in_libraries");
+        return;
+    }
+    assert_eq!(nccl_available().expect("the stand-in libraries are loaded"), 8);
+    frames_of_every_size_round_trip();
+    a_rank_that_never_joins_is_a_timeout();
+    stalled_and_dead_peers_are_errors_everywhere();
+    golden_files_pass();
+}
