@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Mixing, Result, Shape4, TensorView};
 use attn_ring::comm::{NcclComm, nccl_available};
-use attn_ring::{Communicator, Fault, FaultyComm, Layout, Strategy, forward_on, problem_for};
+use attn_ring::{Communicator, Fault, FaultyComm, Layout, Strategy, ThreadComm, forward_on, problem_for};
 use attn_testkit::random_vec;
 use common::{CommBackend, golden_sweep};
 
@@ -142,6 +142,27 @@ fn frames_of_every_size_round_trip() {
     assert_eq!(got.1, vec![Vec::new(), vec![1, 2, 3], big]);
 }
 
+/// The unique id travels over another communicator (here threads; MPI in a real job).
+fn bootstrap_over_another_communicator() {
+    let threads = ThreadComm::world_with_timeout(3, TIMEOUT).unwrap();
+    let gathered = std::thread::scope(|s| {
+        let hs: Vec<_> = threads
+            .into_iter()
+            .map(|mut over| {
+                s.spawn(move || {
+                    let device = over.rank();
+                    let mut nccl = NcclComm::bootstrap(&mut over, device, TIMEOUT)?;
+                    nccl.all_gather(vec![device as u8; device + 1])
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    });
+    for got in gathered {
+        assert_eq!(got.expect("NCCL all_gather"), vec![vec![0], vec![1, 1], vec![2, 2, 2]]);
+    }
+}
+
 fn a_rank_that_never_joins_is_a_timeout() {
     let timeout = Duration::from_millis(300);
     let start = Instant::now();
@@ -199,6 +220,7 @@ fn stand_in_child() {
     }
     assert_eq!(nccl_available().expect("the stand-in libraries are loaded"), 8);
     frames_of_every_size_round_trip();
+    bootstrap_over_another_communicator();
     a_rank_that_never_joins_is_a_timeout();
     stalled_and_dead_peers_are_errors_everywhere();
     golden_files_pass();

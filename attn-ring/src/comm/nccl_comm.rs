@@ -49,6 +49,14 @@ mod imp {
             Err(AttnError::NotCompiled { backend: "NCCL", feature: "nccl" })
         }
         /// Always an error in this build.
+        pub fn bootstrap<C: crate::comm::Communicator + ?Sized>(
+            _over: &mut C,
+            _device: usize,
+            _timeout: std::time::Duration,
+        ) -> Result<Self> {
+            Err(AttnError::NotCompiled { backend: "NCCL", feature: "nccl" })
+        }
+        /// Always an error in this build.
         pub fn with_timeout(
             _rank: usize,
             _world: usize,
@@ -134,6 +142,32 @@ mod imp {
         /// default timeout.
         pub fn new(rank: usize, world: usize, device: usize, id: &[u8; NCCL_ID_BYTES]) -> Result<Self> {
             Self::with_timeout(rank, world, device, id, DEFAULT_TIMEOUT)
+        }
+
+        /// Join an NCCL communicator with the ranks of `over` (e.g. an `MpiComm`, one
+        /// process per GPU), this rank on GPU `device`: rank 0 makes the unique id and
+        /// sends it to the others through `over`. When rank 0 cannot make one, every rank
+        /// gets the same typed error (no rank waits for a communicator that never forms).
+        pub fn bootstrap<C: crate::comm::Communicator + ?Sized>(
+            over: &mut C,
+            device: usize,
+            timeout: Duration,
+        ) -> Result<Self> {
+            let (rank, world) = (over.rank(), over.world_size());
+            let made = if rank == 0 { Some(Self::unique_id()) } else { None };
+            let offer = match &made {
+                Some(Ok(id)) => id.to_vec(),
+                _ => Vec::new(),
+            };
+            let ids = over.all_gather(offer)?;
+            if let Some(Err(e)) = made {
+                return Err(e);
+            }
+            let id: [u8; NCCL_ID_BYTES] = ids[0].as_slice().try_into().map_err(|_| AttnError::Comm {
+                rank,
+                message: "rank 0 could not make an NCCL unique id (see its error)".into(),
+            })?;
+            Self::with_timeout(rank, world, device, &id, timeout)
         }
 
         /// Join the communicator `id` as `rank` of `world`, on GPU `device`; joining and
@@ -245,6 +279,24 @@ mod tests {
                 let err = NcclComm::new(0, 1, 0, &id).unwrap_err();
                 assert!(matches!(err, AttnError::NotCompiled { .. } | AttnError::BackendUnavailable { .. }), "{err}");
                 assert!(NcclComm::unique_id().is_err());
+                // Bootstrapped over threads: rank 0 has no id to give, every rank fails.
+                let over = crate::comm::ThreadComm::world(2).expect("thread world");
+                let got: Vec<Result<NcclComm>> = std::thread::scope(|s| {
+                    let hs: Vec<_> = over
+                        .into_iter()
+                        .map(|mut c| s.spawn(move || NcclComm::bootstrap(&mut c, 0, std::time::Duration::from_secs(5))))
+                        .collect();
+                    hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+                });
+                let typed = |r: &Result<NcclComm>| {
+                    matches!(
+                        r,
+                        Err(AttnError::NotCompiled { .. }
+                            | AttnError::BackendUnavailable { .. }
+                            | AttnError::Comm { .. })
+                    )
+                };
+                assert!(got.iter().all(typed), "{got:?}");
             }
         }
     }
