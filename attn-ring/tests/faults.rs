@@ -13,6 +13,7 @@ use attn_ring::{
     ring_forward,
 };
 use attn_testkit::random_vec;
+use common::faults_at;
 
 const P: usize = 3;
 
@@ -51,16 +52,7 @@ fn every_fault_on_every_frame_is_an_error_or_the_right_answer() {
             // Handshake (P-1 frames), data, completion tables and verdicts (P-1 frames each).
             let frames = clean[faulty].2.data_messages + 3 * (P as u64 - 1);
             for nth in 0..=frames {
-                let faults = [
-                    Fault::Drop { nth },
-                    Fault::Duplicate { nth },
-                    Fault::Reorder { nth },
-                    Fault::Truncate { nth },
-                    Fault::Corrupt { nth },
-                    Fault::Kill { nth },
-                    Fault::Delay { nth, delay: Duration::from_millis(300) },
-                ];
-                for fault in faults {
+                for fault in faults_at(nth, Duration::from_millis(300)) {
                     let start = Instant::now();
                     let res = run(faulty, vec![fault], Duration::from_millis(150), strategy);
                     assert!(start.elapsed() < Duration::from_secs(5), "{fault:?} took {:?}", start.elapsed());

@@ -1,12 +1,16 @@
 //! Test helpers: the ring as a golden-file backend (in-process, or over any
-//! communicator), the golden sweep over worlds x layouts x strategies, f32 views.
+//! communicator), the golden sweep over worlds x layouts x strategies, the list of
+//! injected faults, f32 views.
 #![allow(dead_code)]
 
 use std::ops::RangeInclusive;
+use std::time::Duration;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnShape, DilatedConfig, Result, TensorView};
-use attn_ring::{Communicator, Layout, Strategy, run_backward_on, run_in_process, run_in_process_backward, run_on};
+use attn_ring::{
+    Communicator, Fault, Layout, Strategy, run_backward_on, run_in_process, run_in_process_backward, run_on,
+};
 use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, check_case, golden_dir, load_dir};
 
 /// The ring over `world` in-process ranks, seen as one device.
@@ -130,4 +134,17 @@ pub fn golden_sweep<B: DilatedBackend>(
     }
     assert!(failures.is_empty(), "{} of {} runs failed:\n{}", failures.len(), runs.len(), failures.join("\n"));
     runs
+}
+
+/// Every kind of injected fault at frame `nth` of the faulty rank (a delay of `delay`).
+pub fn faults_at(nth: u64, delay: Duration) -> [Fault; 7] {
+    [
+        Fault::Drop { nth },
+        Fault::Duplicate { nth },
+        Fault::Reorder { nth },
+        Fault::Truncate { nth },
+        Fault::Corrupt { nth },
+        Fault::Kill { nth },
+        Fault::Delay { nth, delay },
+    ]
 }
