@@ -109,6 +109,8 @@ mod imp {
     /// One GPU rank of a non-blocking NCCL communicator, seen as grouped p2p rounds
     /// that return within the timeout (see `nccl_handle`).
     pub struct NcclP2p {
+        /// Declared before `stream`, so it is dropped (aborted, cancelling any pending
+        /// operation) before the stream it used goes away.
         handle: NcclHandle,
         stream: Arc<CudaStream>,
         rank: usize,

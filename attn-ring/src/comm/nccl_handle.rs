@@ -188,13 +188,15 @@ impl NcclHandle {
             peer,
             timeout,
             deadline,
-            || match event.is_complete() {
-                true => Progress::Done,
-                // NCCL has no error: the work is still running on the stream.
-                false => match poll_async_error(comm) {
+            || {
+                if event.is_complete() {
+                    return Progress::Done;
+                }
+                match poll_async_error(comm) {
+                    // NCCL has no error: the work is still running on the stream.
                     Progress::Done => Progress::Pending,
                     other => other,
-                },
+                }
             },
             || abort_raw(comm, aborted),
         )
