@@ -5,8 +5,9 @@
 //! and this test binary runs itself again with that directory first on
 //! `LD_LIBRARY_PATH` (the loader reads it at start-up only). In the child: every
 //! golden file through the ring over 2..=4 NCCL ranks on threads, forward and
-//! gradients; a rank that never joins, two ranks on one GPU, a stalled and a dead
-//! peer: typed errors within the timeout. The stand-in is a model: this proves our
+//! gradients; the unique id sent over another communicator; a rank that never joins,
+//! two ranks on one GPU, an error NCCL reports, every fault at every frame: typed
+//! errors within the timeout. The stand-in is a model: this proves our
 //! side of the NCCL calls, not NCCL's behaviour on a GPU.
 #![cfg(all(feature = "nccl", target_os = "linux"))]
 
@@ -163,6 +164,44 @@ fn bootstrap_over_another_communicator() {
     }
 }
 
+/// NCCL reports a failed connection (`ncclRemoteError`, injected by the stand-in on each
+/// rank's third group): a `Comm` error naming it, the communicator aborted, and every
+/// later exchange refused at once.
+fn an_error_nccl_reports_aborts_the_communicator() {
+    let mut id = [0u8; 128];
+    id[..20].copy_from_slice(b"remote-error-after 2");
+    let ranks: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                s.spawn(move || {
+                    let mut c = NcclComm::with_timeout(rank, 2, rank, &id, Duration::from_secs(5)).expect("join");
+                    let peer = 1 - rank;
+                    // One exchange is two groups (lengths, then frames); the third group fails.
+                    let first = c.exchange_frames(vec![(peer, vec![rank as u8; 3])], &[peer]);
+                    let start = Instant::now();
+                    let second = c.exchange_frames(vec![(peer, vec![7])], &[peer]);
+                    let waited = start.elapsed();
+                    let third = c.exchange_frames(vec![(peer, vec![8])], &[peer]);
+                    (first, second, waited, third)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, (first, second, waited, third)) in ranks.into_iter().enumerate() {
+        assert_eq!(first.expect("first exchange"), vec![vec![(1 - rank) as u8; 3]]);
+        match second {
+            Err(AttnError::Comm { message, .. }) => assert!(message.contains("ncclRemoteError"), "{message}"),
+            other => panic!("rank {rank}: expected NCCL's error, got {other:?}"),
+        }
+        assert!(waited < Duration::from_secs(2), "rank {rank} noticed only after {waited:?}");
+        match third {
+            Err(AttnError::Comm { message, .. }) => assert!(message.contains("aborted"), "{message}"),
+            other => panic!("rank {rank}: expected the aborted communicator's error, got {other:?}"),
+        }
+    }
+}
+
 fn a_rank_that_never_joins_is_a_timeout() {
     let timeout = Duration::from_millis(300);
     let start = Instant::now();
@@ -247,6 +286,7 @@ fn stand_in_child() {
     frames_of_every_size_round_trip();
     bootstrap_over_another_communicator();
     a_rank_that_never_joins_is_a_timeout();
+    an_error_nccl_reports_aborts_the_communicator();
     every_fault_on_every_frame_is_an_error_or_the_right_answer();
     golden_files_pass();
 }

@@ -18,6 +18,9 @@
  *   completes only when its receive is posted. Matched counts must agree.
  * - ncclCommAbort cancels the rank's pending operations (their stream events
  *   complete) and frees it; its peers see nothing and wait, as with a dead process.
+ * - A network failure that NCCL notices: in a world whose unique id is the text
+ *   "remote-error-after N", every rank's (N+1)-th ncclGroupEnd leaves
+ *   ncclRemoteError as its asynchronous error.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -30,7 +33,7 @@ typedef int CUresult;
 typedef int CUdevice;
 typedef uint64_t CUdeviceptr;
 enum { CU_OK = 0, CU_INVALID_VALUE = 1, CU_NOT_READY = 600, CU_LAUNCH_TIMEOUT = 702, CU_NOT_SUPPORTED = 801 };
-enum { nccl_ok = 0, nccl_invalid_argument = 4, nccl_invalid_usage = 5, nccl_in_progress = 7 };
+enum { nccl_ok = 0, nccl_invalid_argument = 4, nccl_invalid_usage = 5, nccl_remote_error = 6, nccl_in_progress = 7 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static char last_error[256] = "";
@@ -212,13 +215,14 @@ typedef struct World {
   struct World *next;
   char id[128];
   int nranks, joined, alive;
+  int fail_after; /* groups each rank completes before ncclRemoteError; -1: never */
   struct Comm **ranks;
   Pending **sends, **recvs; /* per ordered pair src * nranks + dst, issue order */
 } World;
 
 typedef struct Comm {
   World *world;
-  int rank, device, launch_polls, async_error;
+  int rank, device, launch_polls, async_error, groups;
 } Comm;
 
 /* ncclUniqueId: 128 bytes, passed by value to ncclCommInitRankConfig. */
@@ -285,6 +289,7 @@ int ncclCommInitRankConfig(Comm **out, int nranks, UniqueId id, int rank, void *
     w = calloc(1, sizeof(World));
     memcpy(w->id, id.internal, 128);
     w->nranks = nranks;
+    w->fail_after = strncmp(id.internal, "remote-error-after ", 19) == 0 ? atoi(id.internal + 19) : -1;
     w->ranks = calloc((size_t)nranks, sizeof(Comm *));
     w->sends = calloc((size_t)nranks * (size_t)nranks, sizeof(Pending *));
     w->recvs = calloc((size_t)nranks * (size_t)nranks, sizeof(Pending *));
@@ -372,6 +377,15 @@ int ncclGroupEnd(void) {
     }
     q.comm->launch_polls = 2;
     match_pair(q.comm->world, pair);
+  }
+  for (size_t i = 0; i < n_queued; i++) {
+    Comm *c = queued[i].comm;
+    if (i > 0 && queued[i - 1].comm == c) continue;
+    c->groups += 1;
+    if (c->world->fail_after >= 0 && c->groups > c->world->fail_after) {
+      c->async_error = nccl_remote_error;
+      say("remote-error-after: a peer's connection failed (injected)");
+    }
   }
   n_queued = 0;
   pthread_mutex_unlock(&mu);
