@@ -4,7 +4,7 @@
 //!   `attn-bench` binary in release mode, with the `cuda` feature when asked or when a
 //!   GPU is listed; see `cargo xtask bench --help`).
 //! - `cargo xtask test [--skip-golden] [--only GROUP]`: fmt, clippy, every test, the golden runner for
-//!   each available backend and strategy, MPI and GPU tests, `ptx --emulate`, fuzzing and
+//!   each available backend and strategy, MPI, NCCL (stand-in libraries) and GPU tests, `ptx --emulate`, fuzzing and
 //!   valgrind where their tools exist (SKIP with the reason otherwise).
 //! - `cargo xtask tidy`: module docs, file length, no todo!/unimplemented!/dbg!,
 //!   `// SAFETY:` above every `unsafe` block.
@@ -21,7 +21,7 @@ use std::process::ExitCode;
 
 const USAGE: &str = "usage: cargo xtask <bench|test|tidy|ptx> [ARGS]
   bench [--quick|--full] [--cuda|--no-cuda] [--torch PYTHON] [--baseline results.json] [--budget 8GiB] [--out DIR] [--json ...]
-  test  [--skip-golden] [--only fmt|clippy|tests|tidy|golden|mpi|gpu|ptx|fuzz|valgrind|bench]
+  test  [--skip-golden] [--only fmt|clippy|tests|tidy|golden|mpi|nccl|gpu|ptx|fuzz|valgrind|bench]
   tidy
   ptx   [--arch 80,90] [--out DIR]";
 
