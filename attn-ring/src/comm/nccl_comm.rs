@@ -2,7 +2,8 @@
 //! `nccl`). `NcclP2p` runs one grouped NCCL round on a non-blocking communicator
 //! (`nccl_handle`: `ncclGroupStart`, sends, receives, `ncclGroupEnd`, then NCCL's
 //! asynchronous state and a CUDA event polled against one deadline; a failure or a
-//! missed deadline aborts the communicator) and `NcclComm` is the [`GroupedComm`](super::GroupedComm) protocol over it: every
+//! missed deadline aborts the communicator) and `NcclComm` is the
+//! [`GroupedComm`](super::GroupedComm) protocol over it: every
 //! exchange is a round of lengths then a round of frames, and frames posted without
 //! a receive travel with the rank's next exchange (NCCL sends complete only when the
 //! peer posts the matching receive; see `grouped` for why this cannot deadlock and
