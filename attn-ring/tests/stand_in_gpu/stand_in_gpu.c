@@ -388,6 +388,9 @@ int ncclGroupEnd(void) {
     }
   }
   n_queued = 0;
+  free(queued); /* thread-local: freed here, or each rank thread would leak it at exit */
+  queued = NULL;
+  cap_queued = 0;
   pthread_mutex_unlock(&mu);
   return nccl_in_progress;
 }
