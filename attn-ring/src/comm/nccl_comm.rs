@@ -241,9 +241,8 @@ mod imp {
                 .map(|&(peer, n)| s.alloc_zeros::<u8>(n.max(1)).map(|d| (peer, d)))
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|e| nccl_err(r, "alloc", e))?;
-            let out_refs: Vec<(usize, &CudaSlice<u8>)> = dev_out.iter().map(|(p, d)| (*p, d)).collect();
             let first_peer = recvs.first().map(|x| x.0).or(sends.first().map(|x| x.0)).unwrap_or(r);
-            self.handle.round(s, &out_refs, &mut dev_in, first_peer, self.timeout)?;
+            self.handle.round(s, &dev_out, &mut dev_in, first_peer, self.timeout)?;
             let received = dev_in
                 .iter()
                 .zip(recvs)

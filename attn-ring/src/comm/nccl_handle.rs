@@ -130,7 +130,7 @@ impl NcclHandle {
     pub(crate) fn round(
         &mut self,
         stream: &Arc<CudaStream>,
-        sends: &[(usize, &CudaSlice<u8>)],
+        sends: &[(usize, CudaSlice<u8>)],
         recvs: &mut [(usize, CudaSlice<u8>)],
         peer: usize,
         timeout: Duration,
