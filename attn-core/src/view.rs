@@ -15,8 +15,10 @@ fn check_extent(tensor: TensorName, len: usize, shape: &Shape4, strides: &[usize
     // Largest offset + 1, computed with checked arithmetic.
     let mut last = 0usize;
     for (d, s) in shape.dims().iter().zip(strides) {
-        let step = (d - 1).checked_mul(*s).ok_or(AttnError::ShapeOverflow { tensor, dims: shape.dims().to_vec() })?;
-        last = last.checked_add(step).ok_or(AttnError::ShapeOverflow { tensor, dims: shape.dims().to_vec() })?;
+        let step =
+            (d - 1).checked_mul(*s).ok_or_else(|| AttnError::ShapeOverflow { tensor, dims: shape.dims().to_vec() })?;
+        last =
+            last.checked_add(step).ok_or_else(|| AttnError::ShapeOverflow { tensor, dims: shape.dims().to_vec() })?;
     }
     let needed = last + 1;
     if needed > len {
@@ -52,9 +54,10 @@ impl<'a, T: Element> TensorView<'a, T> {
     /// (the output of one fused projection GEMM), without copying.
     pub fn fused_qkv(data: &'a [T], shape: Shape4) -> Result<[Self; 3]> {
         let (h, d) = (shape.heads, shape.head_dim);
-        let row = 3usize
-            .checked_mul(h * d)
-            .ok_or(AttnError::ShapeOverflow { tensor: TensorName::Other("qkv"), dims: shape.dims().to_vec() })?;
+        let row = 3usize.checked_mul(h * d).ok_or_else(|| AttnError::ShapeOverflow {
+            tensor: TensorName::Other("qkv"),
+            dims: shape.dims().to_vec(),
+        })?;
         let strides = [shape.seq * row, row, d, 1];
         let part = |i: usize, name| {
             let start = (i * h * d).min(data.len());

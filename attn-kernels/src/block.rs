@@ -57,7 +57,7 @@ impl<'a, T: Element> BlockRows<'a, T> {
         let needed = (n - 1)
             .checked_mul(self.stride)
             .and_then(|x| x.checked_add(d))
-            .ok_or(AttnError::ShapeOverflow { tensor, dims: vec![n, self.stride, d] })?;
+            .ok_or_else(|| AttnError::ShapeOverflow { tensor, dims: vec![n, self.stride, d] })?;
         if needed > self.data.len() {
             return Err(AttnError::BufferTooSmall { tensor, len: self.data.len(), needed });
         }

@@ -1,6 +1,7 @@
 //! Block calls split into pieces: the selected rows of each segment, found from global
 //! positions (sorted if the caller's were not), handed to the tile kernels and
-//! scattered back (forward: LSE merge; backward: `+=`).
+//! scattered back (forward: LSE merge; backward: `+=`). Every list and buffer lives in
+//! a per-thread [`BlockScratch`], so a warm thread's block calls allocate nothing.
 
 use std::cell::RefCell;
 
@@ -12,9 +13,8 @@ use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece};
 use crate::tile_forward::{ForwardScratch, forward_piece};
 
 thread_local! {
-    /// Kernel buffers reused across block calls on one thread (the ring calls often).
-    static FORWARD_SCRATCH: RefCell<ForwardScratch> = RefCell::new(ForwardScratch::default());
-    static BACKWARD_SCRATCH: RefCell<BackwardScratch> = RefCell::new(BackwardScratch::default());
+    /// Buffers reused across block calls on one thread (the ring calls often).
+    static SCRATCH: RefCell<BlockScratch> = RefCell::new(BlockScratch::default());
 }
 
 /// A block's rows as `(data, stride, positions)`.
@@ -34,24 +34,72 @@ struct Group {
     pos: Vec<usize>,
 }
 
-/// Selected rows of the block grouped by segment, ascending by position.
-fn groups(pattern: &SegmentPattern, pos: &[usize], stride: usize) -> Vec<Group> {
-    let mut idx: Vec<usize> = (0..pos.len()).filter(|&i| pattern.is_selected(pos[i])).collect();
-    if !idx.windows(2).all(|w| pos[w[0]] <= pos[w[1]]) {
-        idx.sort_by_key(|&i| pos[i]);
-    }
-    let mut out: Vec<Group> = Vec::new();
-    for i in idx {
-        let seg = pattern.segment_of(pos[i]);
-        if out.last().is_none_or(|g| g.segment != seg) {
-            out.push(Group { segment: seg, ..Group::default() });
+/// Selected rows of a block grouped by segment, ascending by position; the groups (and
+/// their vectors) of earlier calls are kept and refilled.
+#[derive(Debug, Default)]
+struct GroupList {
+    groups: Vec<Group>,
+    len: usize,
+}
+
+impl GroupList {
+    fn fill(&mut self, pattern: &SegmentPattern, pos: &[usize], stride: usize, idx: &mut Vec<usize>) {
+        idx.clear();
+        idx.extend((0..pos.len()).filter(|&i| pattern.is_selected(pos[i])));
+        if !idx.windows(2).all(|w| pos[w[0]] <= pos[w[1]]) {
+            // Unstable sort (no buffer); ties keep the caller's order through the index.
+            idx.sort_unstable_by_key(|&i| (pos[i], i));
         }
-        let g = out.last_mut().expect("just pushed");
-        g.rows.push(i);
-        g.offsets.push(i * stride);
-        g.pos.push(pos[i]);
+        self.len = 0;
+        for &i in idx.iter() {
+            let seg = pattern.segment_of(pos[i]);
+            if self.len == 0 || self.groups[self.len - 1].segment != seg {
+                if self.len == self.groups.len() {
+                    self.groups.push(Group::default());
+                }
+                let g = &mut self.groups[self.len];
+                g.segment = seg;
+                g.rows.clear();
+                g.offsets.clear();
+                g.pos.clear();
+                self.len += 1;
+            }
+            let g = &mut self.groups[self.len - 1];
+            g.rows.push(i);
+            g.offsets.push(i * stride);
+            g.pos.push(pos[i]);
+        }
     }
-    out
+
+    fn as_slice(&self) -> &[Group] {
+        &self.groups[..self.len]
+    }
+}
+
+/// Everything a block call needs besides the caller's buffers.
+#[derive(Debug, Default)]
+struct BlockScratch {
+    idx: Vec<usize>,
+    qg: GroupList,
+    kg: GroupList,
+    /// One piece's output, lse, gradients and gathered per-row inputs.
+    o: Vec<f32>,
+    l: Vec<f32>,
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    go_offsets: Vec<usize>,
+    lse: Vec<f32>,
+    delta: Vec<f32>,
+    forward: ForwardScratch,
+    backward: BackwardScratch,
+}
+
+impl BlockScratch {
+    fn group(&mut self, pattern: &SegmentPattern, q: (&[usize], usize), k: (&[usize], usize)) {
+        self.qg.fill(pattern, q.0, q.1, &mut self.idx);
+        self.kg.fill(pattern, k.0, k.1, &mut self.idx);
+    }
 }
 
 /// Pairs of (query group, key group) of the same segment.
@@ -77,35 +125,19 @@ pub(crate) fn forward_block<T: Element>(
     out: &mut [f32],
     lse: &mut [f32],
 ) {
-    let (qg, kg) = (groups(pattern, q.pos, q.stride), groups(pattern, k.pos, k.stride));
-    FORWARD_SCRATCH.with_borrow_mut(|ws| forward_groups(isa, causal, scale, d, q, k, v, &qg, &kg, ws, out, lse));
-}
-
-#[allow(clippy::too_many_arguments)]
-fn forward_groups<T: Element>(
-    isa: Isa,
-    causal: bool,
-    scale: f32,
-    d: usize,
-    q: &Strided<'_, T>,
-    k: &Strided<'_, T>,
-    v: &Strided<'_, T>,
-    qg: &[Group],
-    kg: &[Group],
-    ws: &mut ForwardScratch,
-    out: &mut [f32],
-    lse: &mut [f32],
-) {
-    let (mut o, mut l) = (Vec::new(), Vec::new());
-    for (g, h) in matched(qg, kg) {
-        let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
-        o.resize(g.rows.len() * d, 0.0);
-        l.resize(g.rows.len(), 0.0);
-        forward_piece(isa, scale, d, causal, &rows(q, g), &rows(k, h), &vr, ws, &mut o, &mut l);
-        for (i, &r) in g.rows.iter().enumerate() {
-            LseMerge::merge_into(&mut out[r * d..(r + 1) * d], &mut lse[r], &o[i * d..(i + 1) * d], l[i]);
+    SCRATCH.with_borrow_mut(|ws| {
+        ws.group(pattern, (q.pos, q.stride), (k.pos, k.stride));
+        let BlockScratch { qg, kg, o, l, forward, .. } = ws;
+        for (g, h) in matched(qg.as_slice(), kg.as_slice()) {
+            let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
+            o.resize(g.rows.len() * d, 0.0);
+            l.resize(g.rows.len(), 0.0);
+            forward_piece(isa, scale, d, causal, &rows(q, g), &rows(k, h), &vr, forward, o, l);
+            for (i, &r) in g.rows.iter().enumerate() {
+                LseMerge::merge_into(&mut out[r * d..(r + 1) * d], &mut lse[r], &o[i * d..(i + 1) * d], l[i]);
+            }
         }
-    }
+    });
 }
 
 /// Gradient buffers of one block call (see `attend_block_backward`).
@@ -134,51 +166,37 @@ pub(crate) fn backward_block<T: Element, G: Element>(
     v: &Strided<'_, T>,
     grads: BlockGrads<'_, G>,
 ) {
-    let (qg, kg) = (groups(pattern, q.pos, q.stride), groups(pattern, k.pos, k.stride));
-    BACKWARD_SCRATCH.with_borrow_mut(|ws| backward_groups(isa, causal, scale, d, q, k, v, &qg, &kg, ws, grads));
-}
-
-#[allow(clippy::too_many_arguments)]
-fn backward_groups<T: Element, G: Element>(
-    isa: Isa,
-    causal: bool,
-    scale: f32,
-    d: usize,
-    q: &Strided<'_, T>,
-    k: &Strided<'_, T>,
-    v: &Strided<'_, T>,
-    qg: &[Group],
-    kg: &[Group],
-    ws: &mut BackwardScratch,
-    grads: BlockGrads<'_, G>,
-) {
-    let (mut dq, mut dk, mut dv) = (Vec::new(), Vec::new(), Vec::new());
-    for (g, h) in matched(qg, kg) {
-        let go_offsets: Vec<usize> = g.rows.iter().map(|&r| r * grads.grad_out.stride).collect();
-        let lse: Vec<f32> = g.rows.iter().map(|&r| grads.lse[r]).collect();
-        let delta: Vec<f32> = g.rows.iter().map(|&r| grads.delta[r]).collect();
-        let qg = QueryGrads {
-            go: PieceRows { data: grads.grad_out.data, offsets: &go_offsets, pos: &g.pos },
-            go_scale: grads.grad_scale,
-            lse: &lse,
-            delta: &delta,
-        };
-        let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
-        let (qr, kr) = (rows(q, g), rows(k, h));
-        dq.clear();
-        dq.resize(g.rows.len() * d, 0.0);
-        dk.clear();
-        dk.resize(h.rows.len() * d, 0.0);
-        dv.clear();
-        dv.resize(h.rows.len() * d, 0.0);
-        // The piece owns all its rows here, so dq, dk and dv come from one fused pass.
-        dkv_piece(isa, scale, d, causal, &qr, &kr, &vr, &qg, ws, &mut dk, &mut dv, Some(&mut dq));
-        for (i, &r) in g.rows.iter().enumerate() {
-            grads.dq[r * d..(r + 1) * d].iter_mut().zip(&dq[i * d..]).for_each(|(a, b)| *a += b);
+    SCRATCH.with_borrow_mut(|ws| {
+        ws.group(pattern, (q.pos, q.stride), (k.pos, k.stride));
+        let BlockScratch { qg, kg, dq, dk, dv, go_offsets, lse, delta, backward, .. } = ws;
+        for (g, h) in matched(qg.as_slice(), kg.as_slice()) {
+            go_offsets.clear();
+            go_offsets.extend(g.rows.iter().map(|&r| r * grads.grad_out.stride));
+            lse.clear();
+            lse.extend(g.rows.iter().map(|&r| grads.lse[r]));
+            delta.clear();
+            delta.extend(g.rows.iter().map(|&r| grads.delta[r]));
+            let qgrads = QueryGrads {
+                go: PieceRows { data: grads.grad_out.data, offsets: go_offsets, pos: &g.pos },
+                go_scale: grads.grad_scale,
+                lse,
+                delta,
+            };
+            let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
+            let (qr, kr) = (rows(q, g), rows(k, h));
+            for (buf, n) in [(&mut *dq, g.rows.len()), (&mut *dk, h.rows.len()), (&mut *dv, h.rows.len())] {
+                buf.clear();
+                buf.resize(n * d, 0.0);
+            }
+            // The piece owns all its rows here, so dq, dk and dv come from one fused pass.
+            dkv_piece(isa, scale, d, causal, &qr, &kr, &vr, &qgrads, backward, dk, dv, Some(dq));
+            for (i, &r) in g.rows.iter().enumerate() {
+                grads.dq[r * d..(r + 1) * d].iter_mut().zip(&dq[i * d..]).for_each(|(a, b)| *a += b);
+            }
+            for (j, &r) in h.rows.iter().enumerate() {
+                grads.dk[r * d..(r + 1) * d].iter_mut().zip(&dk[j * d..]).for_each(|(a, b)| *a += b);
+                grads.dv[r * d..(r + 1) * d].iter_mut().zip(&dv[j * d..]).for_each(|(a, b)| *a += b);
+            }
         }
-        for (j, &r) in h.rows.iter().enumerate() {
-            grads.dk[r * d..(r + 1) * d].iter_mut().zip(&dk[j * d..]).for_each(|(a, b)| *a += b);
-            grads.dv[r * d..(r + 1) * d].iter_mut().zip(&dv[j * d..]).for_each(|(a, b)| *a += b);
-        }
-    }
+    });
 }

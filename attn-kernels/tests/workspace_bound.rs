@@ -1,14 +1,16 @@
 //! `CpuBackend::workspace_bytes` is a true upper bound: a counting allocator measures the
-//! peak bytes a forward or backward call allocates beyond the caller's buffers.
+//! peak bytes a forward or backward call allocates beyond the caller's buffers. The same
+//! allocator shows that the ring's block calls allocate nothing once their thread is warm.
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use attn_core::error::TensorName;
 use attn_core::{DilatedConfig, Mixing, Shape4, TensorView, TensorViewMut};
-use attn_kernels::CpuBackend;
+use attn_kernels::{BlockRows, CpuBackend, attend_block, attend_block_backward};
 use attn_testkit::random_vec;
 
 struct Counting;
@@ -18,11 +20,17 @@ static PEAK: AtomicUsize = AtomicUsize::new(0);
 /// Tests in this file run one at a time (the counters are global).
 static SERIAL: Mutex<()> = Mutex::new(());
 
+thread_local! {
+    /// Allocations made by this thread (a const-initialised `Cell` never allocates itself).
+    static THREAD_ALLOCS: Cell<usize> = const { Cell::new(0) };
+}
+
 // SAFETY: forwards to the system allocator unchanged; only counts sizes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let now = CURRENT.fetch_add(layout.size(), Ordering::SeqCst) + layout.size();
         PEAK.fetch_max(now, Ordering::SeqCst);
+        THREAD_ALLOCS.with(|c| c.set(c.get() + 1));
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -75,4 +83,53 @@ fn workspace_bytes_bounds_the_allocations() {
     check(&ln, Shape4::new(2, 900, 2, 40).unwrap());
     let big = DilatedConfig::builder().segments(&[4096]).dilations(&[1]).build().unwrap();
     check(&big, Shape4::new(1, 4096, 1, 32).unwrap());
+}
+
+/// Number of allocations (reallocations included) `f` makes on this thread.
+fn allocs_during(f: impl FnOnce()) -> usize {
+    let before = THREAD_ALLOCS.with(Cell::get);
+    f();
+    THREAD_ALLOCS.with(Cell::get) - before
+}
+
+#[test]
+fn warm_block_calls_allocate_nothing() {
+    let cfg = DilatedConfig::builder()
+        .segments(&[64, 128, 256])
+        .dilations(&[1, 2, 4])
+        .mixing(Mixing::LongNet)
+        .causal(true)
+        .build()
+        .unwrap();
+    let (n, d) = (300, 40);
+    let scale = cfg.scale_for(d) as f32;
+    let (q, k, v, go) = (random_vec(5, n * d), random_vec(6, n * d), random_vec(7, n * d), random_vec(8, n * d));
+    let ascending: Vec<usize> = (0..n).collect();
+    // A zigzag-like block: two runs out of order, so the grouping sorts.
+    let shuffled: Vec<usize> = (150..n).chain(0..150).collect();
+    let patterns: Vec<_> = cfg.head_patterns(1, 0).patterns.into_iter().map(|(_, p)| p).collect();
+    let (lse, delta) = (random_vec(9, n), random_vec(10, n));
+    let mut out = vec![0.0f32; n * d];
+    let mut partial_lse = vec![f32::NEG_INFINITY; n];
+    let (mut dq, mut dk, mut dv) = (vec![0.0f32; n * d], vec![0.0f32; n * d], vec![0.0f32; n * d]);
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut calls = |pos: &[usize]| {
+        let rows = |data| BlockRows::new(data, d, pos);
+        let (qb, kb, vb, gb) = (rows(&q[..]), rows(&k[..]), rows(&v[..]), rows(&go[..]));
+        // Keys split into two blocks, the way a ring step sees them.
+        let (k1, k2) = (BlockRows::new(&k[..], d, &pos[..n / 2]), BlockRows::new(&k[n / 2 * d..], d, &pos[n / 2..]));
+        let (v1, v2) = (BlockRows::new(&v[..], d, &pos[..n / 2]), BlockRows::new(&v[n / 2 * d..], d, &pos[n / 2..]));
+        for p in &patterns {
+            attend_block(p, true, scale, d, &qb, &kb, &vb, &mut out, &mut partial_lse).unwrap();
+            attend_block(p, true, scale, d, &qb, &k1, &v1, &mut out, &mut partial_lse).unwrap();
+            attend_block(p, true, scale, d, &qb, &k2, &v2, &mut out, &mut partial_lse).unwrap();
+            attend_block_backward(p, true, scale, d, &qb, &kb, &vb, &gb, 1.0, &lse, &delta, &mut dq, &mut dk, &mut dv)
+                .unwrap();
+        }
+    };
+    for pos in [&ascending, &shuffled] {
+        calls(pos);
+        let allocs = allocs_during(|| calls(pos));
+        assert_eq!(allocs, 0, "a warm thread's block calls made {allocs} allocations");
+    }
 }

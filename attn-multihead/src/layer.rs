@@ -134,7 +134,7 @@ fn check_input<F>(name: &'static str, x: &[F], batch: usize, seq: usize, embed: 
     let n = batch
         .checked_mul(seq)
         .and_then(|r| r.checked_mul(embed))
-        .ok_or(AttnError::ShapeOverflow { tensor, dims: vec![batch, seq, embed] })?;
+        .ok_or_else(|| AttnError::ShapeOverflow { tensor, dims: vec![batch, seq, embed] })?;
     if x.len() != n {
         return Err(AttnError::ShapeMismatch { tensor, expected: vec![batch, seq, embed], got: vec![x.len()] });
     }
@@ -156,20 +156,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         backend: Arc<dyn AttentionBackend<F>>,
     ) -> Result<Self> {
         let dilated = config.validate()?;
-        let e = config.embed_dim;
-        let want = MultiheadWeights::<F>::magneto(&config, 0);
-        let layout = |w: &MultiheadWeights<F>| {
-            crate::weights::NamedParams::params(w)
-                .into_iter()
-                .map(|p| (p.name, p.shape, p.data.len()))
-                .collect::<Vec<_>>()
-        };
-        if weights.embed_dim != e || layout(&weights) != layout(&want) {
-            return Err(AttnError::InvalidArgument(format!(
-                "weights do not match the config (embed_dim {e}, bias {}, layer_norm {})",
-                config.bias, config.layer_norm
-            )));
-        }
+        weights.check_layout(&config, "weights")?;
         Ok(MultiheadDilatedAttention { config, dilated, weights, backend, window_rows: DEFAULT_WINDOW_ROWS })
     }
 
@@ -288,11 +275,12 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     fn project_self(&self, x: &[F], batch: usize, seq: usize, ws: &mut MultiheadWorkspace<F>) -> Result<Shape4> {
         let e = self.config.embed_dim;
         check_input("query", x, batch, seq, e)?;
+        self.weights.check_layout(&self.config, "weights")?;
         let shape = self.shape(batch, seq)?;
-        let len = shape
-            .numel()
-            .checked_mul(3)
-            .ok_or(AttnError::ShapeOverflow { tensor: TensorName::Other("qkv"), dims: vec![batch, seq, 3, e] })?;
+        let len = shape.numel().checked_mul(3).ok_or_else(|| AttnError::ShapeOverflow {
+            tensor: TensorName::Other("qkv"),
+            dims: vec![batch, seq, 3, e],
+        })?;
         let w = &self.weights.in_proj;
         let (heads, head_dim) = (self.config.num_heads, self.config.head_dim());
         if self.backend.query_positions(seq)?.is_none() {
@@ -325,6 +313,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         check_input("query", query, batch, q_seq, e)?;
         check_input("key", key, batch, kv_seq, e)?;
         check_input("value", value, batch, kv_seq, e)?;
+        self.weights.check_layout(&self.config, "weights")?;
         let (qs, kvs) = (self.shape(batch, q_seq)?, self.shape(batch, kv_seq)?);
         let w = &self.weights.in_proj;
         let bias = |i: usize| w.bias.as_ref().map(|b| &b[i * e..(i + 1) * e]);
