@@ -8,7 +8,14 @@ use crate::element::Element;
 use crate::error::{AttnError, Result, TensorName};
 use crate::shape::Shape4;
 
+/// `Shape4` has public fields: a view re-checks what [`Shape4::named`] guarantees (no
+/// zero dimension, no overflow) before computing sizes and offsets from it.
+fn checked(tensor: TensorName, shape: Shape4) -> Result<Shape4> {
+    Shape4::named(tensor, shape.dims())
+}
+
 fn check_extent(tensor: TensorName, len: usize, shape: &Shape4, strides: &[usize; 4]) -> Result<()> {
+    let shape = &checked(tensor, *shape)?;
     if strides[3] != 1 {
         return Err(AttnError::NonUnitInnerStride { tensor, stride: strides[3] });
     }
@@ -38,6 +45,7 @@ pub struct TensorView<'a, T> {
 impl<'a, T: Element> TensorView<'a, T> {
     /// A row-major view; `data.len()` must equal the element count.
     pub fn contiguous(tensor: TensorName, data: &'a [T], shape: Shape4) -> Result<Self> {
+        let shape = checked(tensor, shape)?;
         if data.len() != shape.numel() {
             return Err(AttnError::ShapeMismatch { tensor, expected: vec![shape.numel()], got: vec![data.len()] });
         }
@@ -53,6 +61,7 @@ impl<'a, T: Element> TensorView<'a, T> {
     /// The q, k and v views of a fused `[batch, seq, 3, heads, head_dim]` buffer
     /// (the output of one fused projection GEMM), without copying.
     pub fn fused_qkv(data: &'a [T], shape: Shape4) -> Result<[Self; 3]> {
+        let shape = checked(TensorName::Other("qkv"), shape)?;
         let (h, d) = (shape.heads, shape.head_dim);
         let row = 3usize.checked_mul(h * d).ok_or_else(|| AttnError::ShapeOverflow {
             tensor: TensorName::Other("qkv"),
@@ -115,6 +124,7 @@ pub struct TensorViewMut<'a, T> {
 
 impl<'a, T: Element> TensorViewMut<'a, T> {
     pub fn contiguous(tensor: TensorName, data: &'a mut [T], shape: Shape4) -> Result<Self> {
+        let shape = checked(tensor, shape)?;
         if data.len() != shape.numel() {
             return Err(AttnError::ShapeMismatch { tensor, expected: vec![shape.numel()], got: vec![data.len()] });
         }

@@ -64,9 +64,14 @@ pub fn shifted_neighbour_in_segment_fraction(order: &TokenOrder, segment_len: us
     let grid = order.grid();
     let pos = order.permutation().inverse_order();
     let w = segment_len;
-    let mut total = 0.0f64;
-    for offset in 0..w {
-        let seg = |p: usize| (p + w - offset) / w;
+    // An offset at or past the last position puts every token in the head `[0, offset)`:
+    // every neighbour is inside (fraction 1). Only the first `len` offsets need a walk,
+    // so a huge `segment_len` costs `O(len^2)`, not `O(segment_len * len)`.
+    let walked = w.min(pos.len());
+    let mut total = (w - walked) as f64;
+    for offset in 0..walked {
+        // `(p + w - offset) / w` without overflow: 0 in the head, then 1, 2, ...
+        let seg = |p: usize| if p < offset { 0 } else { (p - offset) / w + 1 };
         let (mut sum, mut counted) = (0.0f64, 0usize);
         for (t, &p) in pos.iter().enumerate() {
             let (mut inside, mut all) = (0u32, 0u32);

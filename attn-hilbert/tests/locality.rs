@@ -93,3 +93,44 @@ fn hilbert_beats_z_order_at_every_segment_offset_on_average() {
         }
     }
 }
+
+/// The shifted average straight from its definition (every offset in `0..w`, the
+/// segment index `(p + w - offset) / w` in u128 so nothing overflows).
+fn shifted_by_definition(order: &TokenOrder, w: usize) -> f64 {
+    let (grid, pos) = (order.grid(), order.permutation().inverse_order());
+    let seg = |p: usize, offset: usize| (p as u128 + w as u128 - offset as u128) / w as u128;
+    let mut total = 0.0;
+    for offset in 0..w {
+        let (mut sum, mut counted) = (0.0f64, 0usize);
+        for (t, &p) in pos.iter().enumerate() {
+            let (mut inside, mut all) = (0u32, 0u32);
+            grid.for_each_neighbour(t, |u| {
+                all += 1;
+                inside += u32::from(seg(pos[u], offset) == seg(p, offset));
+            });
+            if all > 0 {
+                sum += f64::from(inside) / f64::from(all);
+                counted += 1;
+            }
+        }
+        total += if counted == 0 { 1.0 } else { sum / counted as f64 };
+    }
+    total / w as f64
+}
+
+/// A segment length far beyond the sequence used to walk every one of its offsets
+/// (`usize::MAX` of them: a hang) and overflowed `p + w`; it now walks only the
+/// offsets inside the sequence and returns at once, equal to the definition.
+#[test]
+fn shifted_fraction_with_a_huge_segment_length_is_exact_and_fast() {
+    let order = TokenOrder::hilbert_2d(5, 7).unwrap();
+    let n = order.len();
+    for w in [1, 7, n - 1, n, n + 1, n + 9, 3 * n] {
+        let (got, want) = (shifted_neighbour_in_segment_fraction(&order, w).unwrap(), shifted_by_definition(&order, w));
+        assert!((got - want).abs() < 1e-12, "segment {w}: {got} vs {want}");
+    }
+    let t = std::time::Instant::now();
+    let huge = shifted_neighbour_in_segment_fraction(&order, usize::MAX).unwrap();
+    assert!(t.elapsed().as_secs() < 5, "took {:?}", t.elapsed());
+    assert!((huge - 1.0).abs() < 1e-12 && huge <= 1.0, "{huge}");
+}

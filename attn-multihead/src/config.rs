@@ -1,6 +1,6 @@
 //! `MultiheadConfig`: the hyper-parameters of `MultiheadDilatedAttention`, validated as PyTorch users expect.
 
-use attn_core::{AttnError, DilatedConfig, Mixing, Result};
+use attn_core::{AttnError, DilatedConfig, Mixing, Result, TensorName};
 
 /// Hyper-parameters of a multihead dilated attention layer (names as in
 /// `dilated-attention-pytorch`'s `MultiheadDilatedAttention`).
@@ -94,6 +94,11 @@ impl MultiheadConfig {
                 "embed_dim ({}) must be divisible by num_heads ({})",
                 self.embed_dim, self.num_heads
             )));
+        }
+        // The four `embed_dim x embed_dim` projections must be addressable in 8-byte floats.
+        let e = self.embed_dim;
+        if e.checked_mul(e).and_then(|n| n.checked_mul(4 * 8)).is_none_or(|b| b > isize::MAX as usize) {
+            return Err(AttnError::ShapeOverflow { tensor: TensorName::Other("weights"), dims: vec![4, e, e] });
         }
         if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps > 0.0) {
             return Err(AttnError::InvalidArgument(format!(

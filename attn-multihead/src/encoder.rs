@@ -77,6 +77,14 @@ impl EncoderConfig {
         if self.dim_feedforward == 0 {
             return Err(AttnError::InvalidArgument("dim_feedforward must be positive".into()));
         }
+        // `linear1` and `linear2` are `d_model x dim_feedforward`, in floats of up to 8 bytes.
+        let (e, ff) = (self.d_model, self.dim_feedforward);
+        if e.checked_mul(ff).and_then(|n| n.checked_mul(8)).is_none_or(|b| b > isize::MAX as usize) {
+            return Err(AttnError::ShapeOverflow {
+                tensor: attn_core::TensorName::Other("linear1"),
+                dims: vec![ff, e],
+            });
+        }
         Ok(())
     }
 }
@@ -250,6 +258,13 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         grad_out: &[F],
         grads: &mut EncoderLayerGrads<F>,
     ) -> Result<Vec<F>> {
+        // The fields are public: gradients of another layout would be accumulated into
+        // the wrong elements (or partly dropped) without an error.
+        let layout =
+            |ps: Vec<Param<'_, F>>| ps.into_iter().map(|p| (p.name, p.shape, p.data.len())).collect::<Vec<_>>();
+        if layout(self.params()) != layout(grads.params()) {
+            return Err(AttnError::InvalidArgument("gradient accumulator does not match the layer".into()));
+        }
         let rows = cache.batch * cache.seq;
         if grad_out.len() != cache.x.len() {
             return Err(AttnError::InvalidArgument(format!(
@@ -393,12 +408,17 @@ impl<F: LayerFloat> LongNetEncoder<F> {
 
     /// The window an eval pass over `seq` rows walks, if any (not on a ring, not in training).
     fn eval_window(&self, seq: usize, mode: Mode) -> Result<Option<usize>> {
-        let attn = &self.layers[0].self_attn;
+        let attn = &self.first_layer()?.self_attn;
         if mode != Mode::Eval || attn.backend().query_positions(seq)?.is_some() {
             return Ok(None);
         }
         let segments: Vec<usize> = self.layers.iter().flat_map(|l| l.config.segment_lengths.iter().copied()).collect();
         Ok(window_rows(&segments, seq, attn.window_rows()))
+    }
+
+    /// The first layer (`layers` is public: an empty stack is an error, not a panic).
+    fn first_layer(&self) -> Result<&LongNetEncoderLayer<F>> {
+        self.layers.first().ok_or_else(|| AttnError::InvalidArgument("an encoder needs at least one layer".into()))
     }
 
     /// [`LongNetEncoder::forward`] with one attention workspace for every layer (and
@@ -431,7 +451,7 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         window: usize,
         mut progress: impl FnMut(usize),
     ) -> Result<Vec<F>> {
-        let e = self.layers[0].config.d_model;
+        let e = self.first_layer()?.config.d_model;
         if batch == 0
             || seq == 0
             || window == 0

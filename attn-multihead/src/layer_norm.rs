@@ -50,6 +50,12 @@ impl<F: LayerFloat> LayerNorm<F> {
     }
 
     fn check(&self, len: usize) -> Result<usize> {
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(AttnError::InvalidArgument(format!(
+                "layer norm eps must be finite and positive, got {}",
+                self.eps
+            )));
+        }
         if self.dim == 0
             || !len.is_multiple_of(self.dim)
             || self.weight.len() != self.dim

@@ -1,6 +1,6 @@
 //! Linear projections (`nn.Linear`: `y = x W^T + b`, `W: [out, in]`) and their gradients, as GEMMs.
 
-use attn_core::{AttnError, Result};
+use attn_core::{AttnError, Result, TensorName};
 
 use crate::float::LayerFloat;
 use crate::init::{SeededRng, xavier_normal};
@@ -12,6 +12,12 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
         return Err(AttnError::InvalidArgument(format!("{what}: buffer of {got} elements, {want} needed")));
     }
     Ok(())
+}
+
+/// `rows * cols` elements of `what`, checked for overflow (`rows` is the caller's).
+fn elems(what: &'static str, rows: usize, cols: usize) -> Result<usize> {
+    rows.checked_mul(cols)
+        .ok_or_else(|| AttnError::ShapeOverflow { tensor: TensorName::Other(what), dims: vec![rows, cols] })
 }
 
 /// Rows per block of a biased product. Each block's product is followed by its bias
@@ -85,10 +91,11 @@ pub(crate) fn linear_forward<F: LayerFloat>(
     y: &mut [F],
     y_rs: usize,
 ) -> Result<()> {
-    check_len("linear input", x.len(), rows * in_dim)?;
-    check_len("linear weight", weight.len(), out_dim * in_dim)?;
+    check_len("linear input", x.len(), elems("linear input", rows, in_dim)?)?;
+    check_len("linear weight", weight.len(), elems("linear weight", out_dim, in_dim)?)?;
     if rows > 0 {
-        check_len("linear output", y.len(), (rows - 1) * y_rs + out_dim)?;
+        let span = elems("linear output", rows - 1, y_rs)?.checked_add(out_dim);
+        check_len("linear output", y.len(), span.unwrap_or(usize::MAX))?;
     }
     biased_product(y, y_rs, Mat::rows(x, rows, in_dim, in_dim), Mat::transposed(weight, out_dim, in_dim, in_dim), bias)
 }
@@ -105,7 +112,7 @@ pub(crate) fn linear_backward_input<F: LayerFloat>(
     dx: &mut [F],
     accumulate: bool,
 ) -> Result<()> {
-    check_len("linear grad input", dx.len(), rows * in_dim)?;
+    check_len("linear grad input", dx.len(), elems("linear grad input", rows, in_dim)?)?;
     matmul(dx, in_dim, accumulate, Mat::rows(dy, rows, out_dim, dy_rs), Mat::rows(weight, out_dim, in_dim, in_dim))
 }
 
@@ -121,7 +128,7 @@ pub(crate) fn linear_backward_params<F: LayerFloat>(
     dweight: &mut [F],
     dbias: Option<&mut [F]>,
 ) -> Result<()> {
-    check_len("linear grad weight", dweight.len(), out_dim * in_dim)?;
+    check_len("linear grad weight", dweight.len(), elems("linear grad weight", out_dim, in_dim)?)?;
     matmul(dweight, in_dim, true, Mat::transposed(dy, rows, out_dim, dy_rs), Mat::rows(x, rows, in_dim, in_dim))?;
     if let Some(db) = dbias {
         // db += dy^T 1, as a matrix-vector product.
@@ -162,13 +169,15 @@ impl<F: LayerFloat> Linear<F> {
     }
     /// `y = x W^T + b` for `x: [rows, in]`.
     pub fn forward(&self, x: &[F], rows: usize) -> Result<Vec<F>> {
-        let mut y = vec![F::zero(); rows * self.out_dim];
+        // The input first: `rows` sizes the allocation below.
+        check_len("linear input", x.len(), elems("linear input", rows, self.in_dim)?)?;
+        let mut y = vec![F::zero(); elems("linear output", rows, self.out_dim)?];
         self.forward_into(x, rows, &mut y)?;
         Ok(y)
     }
     /// `y = x W^T + b` into the caller's `y: [rows, out]`.
     pub fn forward_into(&self, x: &[F], rows: usize, y: &mut [F]) -> Result<()> {
-        if y.len() != rows * self.out_dim {
+        if Some(y.len()) != rows.checked_mul(self.out_dim) {
             return Err(AttnError::InvalidArgument(format!(
                 "linear output: buffer of {} elements for {rows} rows of {}",
                 y.len(),
@@ -179,7 +188,7 @@ impl<F: LayerFloat> Linear<F> {
     }
     /// Accumulate parameter gradients into `grads` and return `dx`.
     pub fn backward(&self, x: &[F], rows: usize, dy: &[F], grads: &mut Linear<F>) -> Result<Vec<F>> {
-        check_len("linear grad output", dy.len(), rows * self.out_dim)?;
+        check_len("linear grad output", dy.len(), elems("linear grad output", rows, self.out_dim)?)?;
         linear_backward_params(
             dy,
             self.out_dim,
@@ -190,7 +199,7 @@ impl<F: LayerFloat> Linear<F> {
             &mut grads.weight,
             grads.bias.as_deref_mut(),
         )?;
-        let mut dx = vec![F::zero(); rows * self.in_dim];
+        let mut dx = vec![F::zero(); elems("linear grad input", rows, self.in_dim)?];
         linear_backward_input(dy, self.out_dim, rows, &self.weight, self.out_dim, self.in_dim, &mut dx, false)?;
         Ok(dx)
     }

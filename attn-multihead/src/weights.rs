@@ -1,5 +1,7 @@
 //! Parameter containers with PyTorch names: `MultiheadWeights` and the `NamedParams` walk used for I/O and checks.
 
+use attn_core::{AttnError, Result};
+
 use crate::config::MultiheadConfig;
 use crate::float::LayerFloat;
 use crate::init::SeededRng;
@@ -122,13 +124,45 @@ impl<F: LayerFloat> MultiheadWeights<F> {
     }
 }
 
+impl<F> MultiheadWeights<F> {
+    /// Whether every buffer has the size `cfg` implies (the fields are public and the
+    /// layer indexes by these sizes); otherwise a typed error naming `what`.
+    pub(crate) fn check_layout(&self, cfg: &MultiheadConfig, what: &str) -> Result<()> {
+        let e = cfg.embed_dim;
+        let linear_ok = |l: &Linear<F>, out: usize| {
+            l.in_dim == e
+                && l.out_dim == out
+                && Some(l.weight.len()) == out.checked_mul(e)
+                && l.bias.as_ref().map(Vec::len) == cfg.bias.then_some(out)
+        };
+        let norm_ok = match &self.norm {
+            None => !cfg.layer_norm,
+            Some(n) => cfg.layer_norm && n.dim == e && n.weight.len() == e && n.bias.len() == e,
+        };
+        if self.embed_dim != e
+            || !linear_ok(&self.in_proj, e.saturating_mul(3))
+            || !linear_ok(&self.out_proj, e)
+            || !norm_ok
+        {
+            return Err(AttnError::InvalidArgument(format!(
+                "{what} do not match the config (embed_dim {e}, bias {}, layer_norm {})",
+                cfg.bias, cfg.layer_norm
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl<F> NamedParams<F> for MultiheadWeights<F> {
     fn params_with_prefix<'a>(&'a self, prefix: &str, out: &mut Vec<Param<'a, F>>) {
+        // Chunked as `params_mut_with_prefix` is: a zero `embed_dim` or a short buffer
+        // (the fields are public) lists fewer or shorter parameters instead of panicking.
         let e = self.embed_dim;
-        for (i, part) in self.in_proj.weight.chunks(e * e).enumerate().take(3) {
+        let mut biases = self.in_proj.bias.as_ref().map(|b| b.chunks(e.max(1)));
+        for (i, part) in self.in_proj.weight.chunks(e.saturating_mul(e).max(1)).enumerate().take(3) {
             out.push(Param { name: format!("{prefix}{}weight", QKV[i]), shape: vec![e, e], data: part });
-            if let Some(b) = &self.in_proj.bias {
-                out.push(Param { name: format!("{prefix}{}bias", QKV[i]), shape: vec![e], data: &b[i * e..][..e] });
+            if let Some(b) = biases.as_mut().and_then(Iterator::next) {
+                out.push(Param { name: format!("{prefix}{}bias", QKV[i]), shape: vec![e], data: b });
             }
         }
         if let Some(n) = &self.norm {
@@ -142,7 +176,7 @@ impl<F> NamedParams<F> for MultiheadWeights<F> {
             Some(b) => b.chunks_mut(e.max(1)).map(Some).collect(),
             None => vec![None, None, None],
         };
-        for (i, part) in self.in_proj.weight.chunks_mut((e * e).max(1)).enumerate().take(3) {
+        for (i, part) in self.in_proj.weight.chunks_mut(e.saturating_mul(e).max(1)).enumerate().take(3) {
             out.push(ParamMut { name: format!("{prefix}{}weight", QKV[i]), shape: vec![e, e], data: part });
             if let Some(b) = biases.get_mut(i).and_then(Option::take) {
                 out.push(ParamMut { name: format!("{prefix}{}bias", QKV[i]), shape: vec![e], data: b });

@@ -65,7 +65,11 @@ pub trait TensorSource {
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| AttnError::Format(format!("tensor `{name}`: shape {shape:?} overflows")))?;
-        let mut v = vec![F::zero(); n];
+        // A shape no buffer can hold (the source's own claim) is an error, not an abort.
+        let mut v = Vec::new();
+        v.try_reserve_exact(n)
+            .map_err(|_| AttnError::Format(format!("tensor `{name}`: shape {shape:?} is too large to allocate")))?;
+        v.resize(n, F::zero());
         self.read_into(name, &mut v)?;
         Ok((shape, v))
     }

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use attn_core::AttnError;
 use attn_multihead::{
-    EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, ReferenceBackend,
+    AttentionBackend, EncoderConfig, LayerNorm, Linear, LongNetEncoder, LongNetEncoderLayer, Mode, MultiheadConfig,
+    MultiheadDilatedAttention, ReferenceBackend, SeededRng,
 };
 
 #[test]
@@ -82,4 +83,98 @@ fn ring_cross_attention_with_other_kv_length_is_a_typed_error() {
         assert!(matches!(err, AttnError::InvalidArgument(_)), "{msg}");
         assert!(msg.contains("kv_seq != q_seq") && msg.contains("ring"), "{msg}");
     }
+}
+
+/// The layer's `weights` field is public: weights resized by hand (a q/k/v bias of
+/// `embed_dim` instead of `3 * embed_dim`, a truncated in_proj) used to panic inside
+/// the projection (slice out of range); every pass now checks the layout first.
+#[test]
+fn hand_resized_weights_are_a_typed_error() {
+    let cfg = MultiheadConfig::new(8, 2, &[4], &[1]);
+    let layer = MultiheadDilatedAttention::<f32>::new(cfg, 1, Arc::new(ReferenceBackend)).unwrap();
+    let x = vec![0.1f32; 64];
+    let (_, cache) = layer.forward_train(&x, 1, 8, Mode::Eval).unwrap();
+    let mut short_bias = layer.clone();
+    short_bias.weights.in_proj.bias = Some(vec![0.0; 8]);
+    let mut short_weight = layer.clone();
+    short_weight.weights.in_proj.weight.truncate(64);
+    for bad in [short_bias, short_weight] {
+        let layout =
+            |r: attn_core::Result<()>| matches!(r, Err(AttnError::InvalidArgument(m)) if m.contains("do not match"));
+        assert!(layout(bad.forward(&x, 1, 8, Mode::Eval).map(drop)));
+        assert!(layout(bad.forward_train(&x, 1, 8, Mode::Eval).map(drop)));
+        assert!(layout(bad.forward_cross(&x, &x, &x, 1, 8, 8, Mode::Eval).map(drop)));
+        let mut grads = layer.zero_grads();
+        assert!(layout(bad.backward(&cache, &x, &mut grads).map(drop)));
+        let mut bad_grads = bad.weights.clone();
+        assert!(layout(layer.backward(&cache, &x, &mut bad_grads).map(drop)), "gradient accumulator layout");
+    }
+}
+
+/// An `embed_dim` whose `embed_dim^2` weights overflow `usize` (2^32) used to panic
+/// building the layer (a wrapped, empty weight chunked by zero); a
+/// `dim_feedforward` as large panicked with a capacity overflow.
+#[test]
+fn overflowing_layer_sizes_are_typed_errors() {
+    let cfg = MultiheadConfig::new(1 << 32, 1, &[4], &[1]).with_bias(false).with_layer_norm(false);
+    assert!(matches!(cfg.validate(), Err(AttnError::ShapeOverflow { .. })));
+    let r = MultiheadDilatedAttention::<f32>::new(cfg, 0, Arc::new(ReferenceBackend));
+    assert!(matches!(r, Err(AttnError::ShapeOverflow { .. })));
+    let enc = EncoderConfig::new(8, 2, &[4], &[1], usize::MAX / 4);
+    assert!(matches!(enc.validate(), Err(AttnError::ShapeOverflow { .. })));
+    let r = LongNetEncoderLayer::<f32>::new(enc, 1, Arc::new(ReferenceBackend));
+    assert!(matches!(r, Err(AttnError::ShapeOverflow { .. })));
+}
+
+/// A NaN or negative LayerNorm eps (public field, unchecked `LayerNorm::new`) made
+/// every output NaN without an error.
+#[test]
+fn layer_norm_eps_must_be_finite_and_positive() {
+    let x = [1.0f32, 1.0, 2.0, 3.0];
+    for eps in [f64::NAN, -1.0, 0.0, f64::INFINITY] {
+        let r = LayerNorm::<f32>::new(4, eps).forward(&x);
+        assert!(matches!(&r, Err(AttnError::InvalidArgument(m)) if m.contains("eps")), "eps {eps}: {r:?}");
+    }
+    let mut layer =
+        MultiheadDilatedAttention::<f32>::new(MultiheadConfig::new(8, 2, &[4], &[1]), 1, Arc::new(ReferenceBackend))
+            .unwrap();
+    layer.weights.norm.as_mut().unwrap().eps = f64::NAN;
+    assert!(matches!(layer.forward(&[0.1; 64], 1, 8, Mode::Eval), Err(AttnError::InvalidArgument(_))));
+}
+
+/// `Linear::forward` sized its output `rows * out_dim` before looking at the input:
+/// a wrapping product panicked (debug) and a huge `rows` aborted on allocation.
+#[test]
+fn linear_rows_are_checked_before_allocating() {
+    let lin = Linear::<f32>::xavier(&mut SeededRng::new(1), 2, 2, 1.0, true);
+    assert!(matches!(lin.forward(&[], usize::MAX / 2 + 1), Err(AttnError::ShapeOverflow { .. })));
+    assert!(matches!(lin.forward(&[], 1 << 40), Err(AttnError::InvalidArgument(_))));
+    let mut g = lin.zeros_like();
+    assert!(matches!(lin.backward(&[], usize::MAX / 2 + 1, &[], &mut g), Err(AttnError::ShapeOverflow { .. })));
+}
+
+/// `LongNetEncoder::layers` is public: an empty stack panicked (`layers[0]`) in
+/// `forward` and `forward_windows`.
+#[test]
+fn an_empty_encoder_stack_is_a_typed_error() {
+    let empty = LongNetEncoder::<f32> { layers: vec![] };
+    let x = [0.0f32; 16];
+    assert!(matches!(empty.forward(&x, 1, 2, Mode::Eval), Err(AttnError::InvalidArgument(_))));
+    assert!(matches!(empty.forward_windows(&x, 1, 2, 2, |_| {}), Err(AttnError::InvalidArgument(_))));
+}
+
+/// Gradients made for another encoder layer (another `dim_feedforward`) were
+/// accumulated into the wrong elements (or partly dropped) and backward returned Ok.
+#[test]
+fn encoder_gradients_of_another_layout_are_refused() {
+    let be: Arc<dyn AttentionBackend<f64>> = Arc::new(ReferenceBackend);
+    let a = LongNetEncoderLayer::<f64>::new(EncoderConfig::new(8, 2, &[4], &[1], 16), 1, be.clone()).unwrap();
+    let b = LongNetEncoderLayer::<f64>::new(EncoderConfig::new(8, 2, &[4], &[1], 32), 1, be).unwrap();
+    let x = vec![0.3; 64];
+    let (y, cache) = a.forward_train(&x, 1, 8, Mode::Eval).unwrap();
+    let mut wrong = b.zero_grads();
+    let r = a.backward(&cache, &y, &mut wrong);
+    assert!(matches!(&r, Err(AttnError::InvalidArgument(m)) if m.contains("does not match")), "{r:?}");
+    assert!(wrong == b.zero_grads(), "refused gradients are left untouched");
+    assert!(a.backward(&cache, &y, &mut a.zero_grads()).is_ok());
 }

@@ -128,3 +128,30 @@ fn encoder_checkpoints_round_trip_with_layer_prefixes() {
     let b: Vec<Vec<f32>> = other.params().iter().map(|p| p.data.to_vec()).collect();
     assert_eq!(a, b);
 }
+
+/// `MultiheadWeights` fields are public: a zero `embed_dim` (e.g. `magneto` of an
+/// unvalidated config) or a q/k/v bias shorter than `3 * embed_dim` panicked in
+/// `params()` (chunks of zero, slice out of range); saving such weights is now a
+/// typed error and listing them does not panic.
+#[test]
+fn params_of_hand_built_weights_do_not_panic() {
+    let zero = MultiheadWeights::<f32>::magneto(&MultiheadConfig::new(0, 1, &[4], &[1]), 0);
+    assert_eq!(zero.params().len(), zero.clone().params_mut().len());
+    let mut short = MultiheadWeights::<f32>::magneto(&cfg(), 0);
+    short.in_proj.bias = Some(vec![0.0; 12]); // q's 8, then only 4 of k's
+    let listed: Vec<String> = short.params().into_iter().map(|p| p.name).collect();
+    assert_eq!(listed, short.clone().params_mut().into_iter().map(|p| p.name).collect::<Vec<_>>());
+    assert!(listed.iter().any(|n| n == "k_proj.bias") && !listed.iter().any(|n| n == "v_proj.bias"));
+    assert!(matches!(save_bytes(&short, None), Err(AttnError::Format(_))), "k_proj.bias: 4 values for shape [8]");
+}
+
+/// `F32Tensors` is caller-built: a shape no buffer can hold made `read_tensor`
+/// panic with a capacity overflow before the data length was ever compared.
+#[test]
+fn read_tensor_refuses_a_shape_too_large_to_allocate() {
+    use attn_multihead::{F32Tensors, TensorSource};
+    let shape = [1usize << 62];
+    let mut t = F32Tensors::default();
+    t.tensors.insert("x".into(), (&shape[..], &[][..]));
+    assert!(matches!(t.read_tensor::<f32>("x"), Err(AttnError::Format(m)) if m.contains("too large")));
+}

@@ -123,6 +123,9 @@ pub(crate) fn forward_impl(
     k: &[f64],
     v: &[f64],
 ) -> Result<Forward> {
+    // `AttnShape` has public fields: re-check what `AttnShape::check` guarantees (valid
+    // dims, k/v matching q in batch, heads and head_dim) before indexing by it.
+    let shape = AttnShape::check(&shape.q.dims(), &shape.kv.dims(), &shape.kv.dims(), true)?;
     check_qkv(&shape, q, k, v)?;
     let (qs, kvs) = (shape.q, shape.kv);
     let d = qs.head_dim;

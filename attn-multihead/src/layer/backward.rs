@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, Result, Shape4, TensorView, TensorViewMut};
+use attn_core::{Result, Shape4, TensorView, TensorViewMut};
 
 use super::{InputGrads, Inputs, MultiheadCache, MultiheadDilatedAttention, Projected, ProjectedRef, check_input};
 use crate::dropout::apply_mask;
@@ -31,9 +31,8 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let rows = qs.batch * qs.seq;
         let kv_rows = kvs.batch * kvs.seq;
         check_input("grad_out", grad_out, qs.batch, qs.seq, e)?;
-        if grads.embed_dim != e || grads.norm.is_some() != self.weights.norm.is_some() {
-            return Err(AttnError::InvalidArgument("gradient accumulator does not match the layer".into()));
-        }
+        self.weights.check_layout(&self.config, "weights")?;
+        grads.check_layout(&self.config, "gradient accumulator")?;
         let one_device = self.backend.query_positions(qs.seq)?.is_none();
         if let (Inputs::SelfAttn(x), Projected::Fused(qkv), true) = (&cache.inputs, &cache.projected, one_device)
             && let Some(window) = window_rows(&self.config.segment_lengths, qs.seq, self.window_rows)
