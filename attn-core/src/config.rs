@@ -86,6 +86,7 @@ impl DilatedConfig {
     }
 
     /// Pattern `i` with offset `off` (HeadGroups uses `i mod r_i`, LongNet `head mod r_i`).
+    /// Panics, like slice indexing, when `i >= num_patterns()`.
     pub fn pattern(&self, i: usize, off: usize) -> SegmentPattern {
         SegmentPattern::new(self.segment_lengths[i], self.dilation_rates[i], off)
     }

@@ -50,13 +50,13 @@ impl SegmentPattern {
     /// The selected positions of segment `s` in a sequence of length `n`, ascending.
     pub fn selected_in_segment(&self, s: usize, n: usize) -> impl Iterator<Item = usize> + use<> {
         let b = self.segment_bounds(s, n);
-        (b.start + self.off..b.end).step_by(self.r)
+        (b.start.saturating_add(self.off)..b.end).step_by(self.r)
     }
 
     /// Number of selected positions in segment `s` of a sequence of length `n`.
     pub fn count_in_segment(&self, s: usize, n: usize) -> usize {
         let b = self.segment_bounds(s, n);
-        let start = b.start + self.off;
+        let start = b.start.saturating_add(self.off);
         if start >= b.end { 0 } else { (b.end - start).div_ceil(self.r) }
     }
 
@@ -66,7 +66,7 @@ impl SegmentPattern {
         let first_seg = range.start / self.w;
         let last_seg = if range.end == 0 { 0 } else { (range.end - 1) / self.w + 1 };
         (first_seg..last_seg.max(first_seg)).flat_map(move |s| {
-            let lo = s * this.w + this.off;
+            let lo = (s * this.w).saturating_add(this.off);
             let hi = ((s + 1) * this.w).min(range.end);
             // First selected position >= range.start in this segment.
             let start = if range.start > lo { lo + (range.start - lo).div_ceil(this.r) * this.r } else { lo };
@@ -79,7 +79,8 @@ impl SegmentPattern {
         // count(selected < x) summed per segment, in O(1).
         let below = |x: usize| -> usize {
             let full = x / self.w;
-            let per_seg = (self.w - self.off).div_ceil(self.r);
+            // An offset at or past `w` selects nothing (SPEC: positions stay inside the segment).
+            let per_seg = self.w.saturating_sub(self.off).div_ceil(self.r);
             let rem = x % self.w;
             let tail = if rem > self.off { (rem - self.off).div_ceil(self.r) } else { 0 };
             full * per_seg + tail
@@ -115,6 +116,9 @@ pub struct HeadGroups {
 }
 
 impl HeadGroups {
+    /// The split of `heads` into `groups`. `groups >= 1` is the caller's business (a
+    /// validated config guarantees it, see `DilatedConfig::validate_heads`): `range` and
+    /// `group_of` divide by it and panic on zero.
     pub fn new(heads: usize, groups: usize) -> Self {
         HeadGroups { heads, groups }
     }
@@ -180,7 +184,9 @@ mod tests {
 
     #[test]
     fn range_selection_matches_brute_force() {
-        for (w, r, off) in [(8, 3, 1), (5, 1, 0), (7, 7, 6), (16, 4, 3)] {
+        // The last four: a rate wider than the segment, and offsets at or past `w`
+        // (nothing selected; `count_in_range` used to wrap around here).
+        for (w, r, off) in [(8, 3, 1), (5, 1, 0), (7, 7, 6), (16, 4, 3), (3, 5, 2), (4, 1, 4), (4, 1, 5), (4, 2, 9)] {
             let p = SegmentPattern::new(w, r, off);
             for lo in 0..30 {
                 for hi in lo..40 {
@@ -189,7 +195,15 @@ mod tests {
                     assert_eq!(p.count_in_range(lo..hi), brute.len());
                 }
             }
+            for seg in 0..8 {
+                let brute: Vec<_> = p.segment_bounds(seg, 30).filter(|&x| p.is_selected(x)).collect();
+                assert_eq!(p.selected_in_segment(seg, 30).collect::<Vec<_>>(), brute, "{p:?} segment {seg}");
+                assert_eq!(p.count_in_segment(seg, 30), brute.len());
+            }
         }
+        let far = SegmentPattern::new(4, 1, usize::MAX);
+        assert_eq!((far.count_in_range(0..100), far.selected_in_range(0..100).count()), (0, 0));
+        assert_eq!((far.count_in_segment(3, 100), far.selected_in_segment(3, 100).count()), (0, 0));
     }
 
     #[test]
