@@ -148,11 +148,15 @@ pub(crate) fn prepare<'a, C: Communicator + ?Sized, T: Element>(
     extra: Option<String>,
 ) -> Result<Prepared<'a, T>> {
     let before = comm.stats();
-    let rank = comm.rank();
+    let (rank, world) = (comm.rank(), comm.world_size());
+    if rank >= world {
+        // No handshake is possible: the communicator itself is invalid.
+        return Err(AttnError::InvalidArgument(format!("communicator has rank {rank} in a world of {world} ranks")));
+    }
     let want = local_shape(problem, rank);
     let mut err = extra;
-    if problem.world != comm.world_size() {
-        err = Some(format!("problem is for {} ranks but the communicator has {}", problem.world, comm.world_size()));
+    if problem.world != world {
+        err = Some(format!("problem is for {} ranks but the communicator has {world}", problem.world));
     }
     let mut inputs = vec![(TensorName::Query, qkv[0]), (TensorName::Key, qkv[1]), (TensorName::Value, qkv[2])];
     for (name, t) in &inputs {
@@ -162,8 +166,14 @@ pub(crate) fn prepare<'a, C: Communicator + ?Sized, T: Element>(
     }
     inputs.extend(grad_out.map(|g| (TensorName::GradOutput, g)));
     // The plan is derived from `problem` alone (identical on every rank, which the
-    // handshake confirms); its error, if any, is returned after the handshake.
-    let plan = Plan::new(problem.clone());
+    // handshake confirms); its error, if any, is returned after the handshake. Not for
+    // a world other than the communicator's (its tables grow as world^2): that refusal
+    // is already shared, so the placeholder error is never returned.
+    let plan = if problem.world == world {
+        Plan::new(problem.clone())
+    } else {
+        Err(AttnError::InvalidArgument("problem and communicator disagree on the world size".into()))
+    };
     let refusal = local_refusal(problem, rank, &plan, opts, &inputs, grad_out.is_some(), err);
     handshake(comm, &fingerprint(op, problem, T::DTYPE), refusal)?;
     let plan = plan?;

@@ -99,8 +99,8 @@ pub fn forward_on_with<C: Communicator + Send, T: Element>(
 ) -> Vec<RankForward<T>> {
     let [q, k, v] = qkv;
     let p = comms.len();
-    if let Err(e) = problem.layout.check(problem.seq, p) {
-        return (0..p).map(|_| Err(AttnError::InvalidArgument(e.to_string()))).collect();
+    if let Some(errs) = refuse(p, || check_world(&comms, problem, &[q, k, v])) {
+        return errs;
     }
     std::thread::scope(|scope| {
         let handles: Vec<_> = comms
@@ -124,6 +124,41 @@ pub fn forward_on_with<C: Communicator + Send, T: Element>(
             .collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect()
     })
+}
+
+/// What the rank threads rely on, checked before any is spawned: the layout gives
+/// each of the `p` ranks a row, the communicators are ranks `0..p` of one world of `p`
+/// in rank order (results are returned, and reassembled, by index), and every global
+/// tensor (q, k, v, then grad_out) has the problem's shape.
+fn check_world<C: Communicator, T: Element>(
+    comms: &[C],
+    problem: &RingProblem,
+    tensors: &[TensorView<'_, T>],
+) -> Result<()> {
+    let p = comms.len();
+    problem.layout.check(problem.seq, p)?;
+    if let Some((i, c)) = comms.iter().enumerate().find(|(i, c)| c.rank() != *i || c.world_size() != p) {
+        return Err(AttnError::InvalidArgument(format!(
+            "communicator {i} of {p} is rank {} of a world of {}: pass one communicator per rank, in rank order",
+            c.rank(),
+            c.world_size()
+        )));
+    }
+    let expected = vec![problem.batch, problem.seq, problem.heads, problem.head_dim];
+    let names = [TensorName::Query, TensorName::Key, TensorName::Value, TensorName::GradOutput];
+    for (t, tensor) in tensors.iter().zip(names) {
+        let got = t.shape().dims().to_vec();
+        if got != expected {
+            return Err(AttnError::ShapeMismatch { tensor, expected, got });
+        }
+    }
+    Ok(())
+}
+
+/// The same error for each of `p` ranks when `check` fails (it is deterministic).
+fn refuse<R>(p: usize, check: impl Fn() -> Result<()>) -> Option<Vec<Result<R>>> {
+    check().err()?;
+    Some((0..p).filter_map(|_| check().err()).map(Err).collect())
 }
 
 fn panicked() -> AttnError {
@@ -205,10 +240,10 @@ pub fn backward_on_with<C: Communicator + Send, T: Element>(
     grad_out: TensorView<'_, T>,
 ) -> Vec<RankBackward<T>> {
     let p = comms.len();
-    if let Err(e) = problem.layout.check(problem.seq, p) {
-        return (0..p).map(|_| Err(AttnError::InvalidArgument(e.to_string()))).collect();
-    }
     let [q, k, v] = qkv;
+    if let Some(errs) = refuse(p, || check_world(&comms, problem, &[q, k, v, grad_out])) {
+        return errs;
+    }
     std::thread::scope(|scope| {
         let handles: Vec<_> = comms
             .into_iter()

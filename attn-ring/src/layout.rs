@@ -16,10 +16,12 @@ pub enum Layout {
     Zigzag,
 }
 
-/// Start of chunk `c` of `k` balanced chunks of `n`.
-fn chunk_start(n: usize, k: usize, c: usize) -> usize {
-    // c*n/k without overflow for any realistic n (n < 2^48, k < 2^16).
-    ((c as u128 * n as u128) / k as u128) as usize
+/// Start of chunk `h` of `2p` balanced chunks of `n` (`h <= 2p`): `floor(h*n / 2p)`,
+/// computed as `floor((h/2*n + h%2*floor(n/2)) / p)` in `u128`, which cannot overflow
+/// for any `n` and `p` (a zigzag split's `2p` itself may exceed `usize`).
+fn chunk_start(n: usize, p: usize, h: u128) -> usize {
+    let (n, p) = (n as u128, p as u128);
+    ((h / 2 * n + h % 2 * (n / 2)) / p) as usize
 }
 
 impl Layout {
@@ -46,16 +48,14 @@ impl Layout {
             return Vec::new();
         }
         let r: Vec<Range<usize>> = match self {
+            // Rank `i`'s chunk of `p` is chunks `2i` and `2i + 1` of `2p`.
             Layout::Contiguous => {
-                let r = chunk_start(n, p, rank)..chunk_start(n, p, rank + 1);
-                std::iter::once(r).collect()
+                let h = 2 * rank as u128;
+                std::iter::once(chunk_start(n, p, h)..chunk_start(n, p, h + 2)).collect()
             }
             Layout::Zigzag => {
-                let (a, b) = (rank, 2 * p - 1 - rank);
-                vec![
-                    chunk_start(n, 2 * p, a)..chunk_start(n, 2 * p, a + 1),
-                    chunk_start(n, 2 * p, b)..chunk_start(n, 2 * p, b + 1),
-                ]
+                let (a, b) = (rank as u128, 2 * p as u128 - 1 - rank as u128);
+                vec![chunk_start(n, p, a)..chunk_start(n, p, a + 1), chunk_start(n, p, b)..chunk_start(n, p, b + 1)]
             }
         };
         let mut out: Vec<Range<usize>> = Vec::with_capacity(2);

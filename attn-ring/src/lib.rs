@@ -48,5 +48,5 @@ pub use in_process::{
     run_in_process_with_timeout, run_on,
 };
 pub use layout::Layout;
-pub use plan::{PatternStrategy, Plan, RingProblem, Strategy, expected_bytes, forward_buffer_bytes};
+pub use plan::{MAX_WORLD, PatternStrategy, Plan, RingProblem, Strategy, expected_bytes, forward_buffer_bytes};
 pub use workspace::ring_workspace_bytes;

@@ -134,10 +134,26 @@ impl Plan {
     /// Derive the plan; fails on an invalid config, shape or layout.
     pub fn new(problem: RingProblem) -> Result<Self> {
         let RingProblem { ref cfg, seq: n, heads, layout, strategy, world: p, .. } = problem;
-        attn_core::Shape4::new(problem.batch, n, heads, problem.head_dim)?;
+        let shape = attn_core::Shape4::new(problem.batch, n, heads, problem.head_dim)?;
         cfg.validate_heads(heads)?;
+        if p > MAX_WORLD {
+            return Err(AttnError::InvalidArgument(format!(
+                "world of {p} ranks: at most {MAX_WORLD} are supported (the plan's tables grow as world^2)"
+            )));
+        }
         layout.check(n, p)?;
         let g = cfg.num_patterns();
+        // Every byte figure the plan reports (`expected_bytes`, `workspace_bytes`,
+        // `io_bytes`, `forward_buffer_bytes`) is below `BYTES_BOUND` times elements x
+        // patterns x world; refuse a problem where that leaves u64 (exabytes) instead of
+        // letting those figures wrap.
+        let bound = shape.numel() as u128 * g.max(1) as u128 * p.max(1) as u128 * BYTES_BOUND;
+        if bound > u64::MAX as u128 {
+            return Err(AttnError::ShapeOverflow {
+                tensor: attn_core::TensorName::Other("ring problem (elements x patterns x world)"),
+                dims: vec![problem.batch, n, heads, problem.head_dim, g, p],
+            });
+        }
         let ranges: Vec<Vec<Range<usize>>> = (0..p).map(|r| layout.ranges(n, p, r)).collect();
         let mut need = vec![vec![vec![false; p]; p]; g];
         // Selected rows each pattern's heads would receive by all-gather, and the rank's own rows of those heads.
@@ -261,6 +277,17 @@ impl Plan {
 
 /// Size of the small header at the front of every data message.
 pub const MSG_HEADER_BYTES: u64 = 9;
+
+/// The most ranks a [`Plan`] accepts: its need/count tables hold `patterns * world^2`
+/// entries (48 MB for 3 patterns at 4096 ranks).
+pub const MAX_WORLD: usize = 4096;
+
+/// A generous multiple of `elements * patterns * world` above every byte figure of a
+/// plan. The largest, a backward's `expected_bytes`, stays under 128 times it: a rank
+/// sends at most every pattern's rows of its k and v (8-byte elements at most) to each
+/// other rank, twice (the forward is recomputed), f32 gradients come back, and each
+/// message's 9-byte header covers at least one row.
+const BYTES_BOUND: u128 = 1024;
 
 /// Payload bytes each rank sends during one forward (or backward) call, by
 /// closed-form counts of selected rows (`count_in_range`), not by running anything.
