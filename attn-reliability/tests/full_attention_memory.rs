@@ -39,7 +39,9 @@ fn measure<T: Element>(problem: &RingProblem) -> Vec<usize> {
                     let ls = s.with_seq(pos.len()).unwrap();
                     let local: Vec<Vec<T>> = global
                         .iter()
-                        .map(|g| local_rows(&TensorView::contiguous(TensorName::Other("g"), g, s).unwrap(), &pos))
+                        .map(|g| {
+                            local_rows(&TensorView::contiguous(TensorName::Other("g"), g, s).unwrap(), &pos).unwrap()
+                        })
                         .collect();
                     let view = |i: usize| TensorView::contiguous(TensorName::Other("in"), &local[i], ls).unwrap();
                     let mut out = vec![T::default(); ls.numel()];

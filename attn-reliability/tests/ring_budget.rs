@@ -68,7 +68,9 @@ fn run<T: Element>(problem: &RingProblem, opts: &[RingOptions], backward: bool, 
                     let ls = s.with_seq(pos.len()).unwrap();
                     let local: Vec<Vec<T>> = global
                         .iter()
-                        .map(|g| local_rows(&TensorView::contiguous(TensorName::Other("g"), g, s).unwrap(), &pos))
+                        .map(|g| {
+                            local_rows(&TensorView::contiguous(TensorName::Other("g"), g, s).unwrap(), &pos).unwrap()
+                        })
                         .collect();
                     let view = |i: usize| TensorView::contiguous(TensorName::Other("in"), &local[i], ls).unwrap();
                     let qkv = [view(0), view(1), view(2)];

@@ -30,10 +30,16 @@ pub struct BackwardResult<T> {
     pub stats: Vec<RingStats>,
 }
 
-/// This rank's rows of a global tensor, contiguous.
-pub fn local_rows<T: Element>(x: &TensorView<'_, T>, positions: &[usize]) -> Vec<T> {
+/// This rank's rows of a global tensor, contiguous (`[batch, positions, heads, head_dim]`).
+/// A position outside the tensor's sequence is an `InvalidArgument`.
+pub fn local_rows<T: Element>(x: &TensorView<'_, T>, positions: &[usize]) -> Result<Vec<T>> {
     let s = x.shape();
-    let mut out = Vec::with_capacity(s.batch * positions.len() * s.heads * s.head_dim);
+    if let Some(&p) = positions.iter().find(|&&p| p >= s.seq) {
+        return Err(AttnError::InvalidArgument(format!("position {p} is outside a sequence of {}", s.seq)));
+    }
+    // Within the tensor's own size when positions are distinct; checked when they repeat.
+    let len = s.with_seq(positions.len().max(1))?.numel();
+    let mut out = Vec::with_capacity(if positions.is_empty() { 0 } else { len });
     for b in 0..s.batch {
         for &p in positions {
             for h in 0..s.heads {
@@ -41,7 +47,7 @@ pub fn local_rows<T: Element>(x: &TensorView<'_, T>, positions: &[usize]) -> Vec
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// Write a rank's contiguous rows back into a global `[batch, seq, heads, inner]` buffer.
@@ -110,7 +116,7 @@ pub fn forward_on_with<C: Communicator + Send, T: Element>(
                     let rank = comm.rank();
                     let pos = problem.layout.positions(problem.seq, p, rank);
                     let shape = q.shape().with_seq(pos.len().max(1))?;
-                    let (lq, lk, lv) = (local_rows(&q, &pos), local_rows(&k, &pos), local_rows(&v, &pos));
+                    let (lq, lk, lv) = (local_rows(&q, &pos)?, local_rows(&k, &pos)?, local_rows(&v, &pos)?);
                     let mut out = vec![T::default(); shape.numel()];
                     let mut lse = vec![0.0f32; shape.lse_len()];
                     let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, shape)?;
@@ -251,7 +257,8 @@ pub fn backward_on_with<C: Communicator + Send, T: Element>(
                 scope.spawn(move || -> RankBackward<T> {
                     let pos = problem.layout.positions(problem.seq, p, comm.rank());
                     let ls = q.shape().with_seq(pos.len().max(1))?;
-                    let bufs: Vec<Vec<T>> = [&q, &k, &v, &grad_out].iter().map(|x| local_rows(x, &pos)).collect();
+                    let bufs =
+                        [&q, &k, &v, &grad_out].iter().map(|x| local_rows(x, &pos)).collect::<Result<Vec<Vec<T>>>>()?;
                     let views = bufs
                         .iter()
                         .map(|b| TensorView::contiguous(TensorName::Other("local"), b, ls))

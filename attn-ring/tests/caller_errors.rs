@@ -11,8 +11,8 @@ use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Result, Shape4, TensorView, TensorViewMut};
 use attn_ring::comm::Framing;
 use attn_ring::{
-    Communicator, Layout, MAX_WORLD, Plan, Strategy, ThreadComm, backward_on, expected_bytes, forward_on, problem_for,
-    ring_forward, ring_workspace_bytes, run_in_process, run_in_process_backward, run_on,
+    Communicator, Layout, MAX_WORLD, Plan, Strategy, ThreadComm, backward_on, expected_bytes, forward_on, local_rows,
+    problem_for, ring_forward, ring_workspace_bytes, run_in_process, run_in_process_backward, run_on,
 };
 use attn_testkit::random_vec;
 
@@ -206,4 +206,17 @@ fn worlds_beyond_max_world_are_refused() {
     let r = Plan::new(problem);
     assert!(matches!(&r, Err(AttnError::InvalidArgument(m)) if m.contains("at most")), "{r:?}");
     assert!(t.elapsed() < Duration::from_secs(1), "took {:?}", t.elapsed());
+}
+
+#[test]
+fn local_rows_outside_the_sequence_are_refused() {
+    let x = random_vec(3, shape(8).numel());
+    let v = view(&x, shape(8));
+    // A position past the sequence used to panic (an index out of range).
+    let r = local_rows(&v, &[0, 8]);
+    assert!(matches!(&r, Err(AttnError::InvalidArgument(m)) if m.contains("position 8")), "{r:?}");
+    let rows = local_rows(&v, &[7, 2]).unwrap();
+    let row = |p: usize, h: usize| x[(p * 2 + h) * 4..(p * 2 + h + 1) * 4].to_vec();
+    assert_eq!(rows, [row(7, 0), row(7, 1), row(2, 0), row(2, 1)].concat());
+    assert!(local_rows(&v, &[]).unwrap().is_empty());
 }

@@ -37,9 +37,9 @@ fn run(strategy: Strategy, faults: &[Fault], timeout: Duration) -> Vec<(Result<u
                 s.spawn(move || {
                     let pos = Layout::Zigzag.positions(SEQ, P, comm.rank());
                     let ls = shape.with_seq(pos.len()).unwrap();
-                    let [lq, lk, lv] = qkv
-                        .each_ref()
-                        .map(|x| local_rows(&TensorView::contiguous(TensorName::Query, x, shape).unwrap(), &pos));
+                    let [lq, lk, lv] = qkv.each_ref().map(|x| {
+                        local_rows(&TensorView::contiguous(TensorName::Query, x, shape).unwrap(), &pos).unwrap()
+                    });
                     let view = |x| TensorView::contiguous(TensorName::Query, x, ls).unwrap();
                     let mut out = vec![SENTINEL; ls.numel()];
                     let mut lse = vec![SENTINEL; ls.lse_len()];

@@ -52,7 +52,7 @@ fn run_case(
     let global = |name: &str| -> Result<Vec<f32>, AttnError> {
         let t = case.tensor(name)?;
         let v = TensorView::contiguous(TensorName::Other("golden"), &t.data, shape)?;
-        Ok(local_rows(&v, &pos))
+        local_rows(&v, &pos)
     };
     let (q, k, v) = (global("q")?, global("k")?, global("v")?);
     let qv = TensorView::contiguous(TensorName::Query, &q, ls)?;
@@ -73,7 +73,7 @@ fn run_case(
     if let Some(want) = case.tensors.get("lse") {
         let wv =
             TensorView::contiguous(TensorName::Lse, &want.data, Shape4::new(shape.batch, shape.seq, shape.heads, 1)?)?;
-        errs.push(("lse".into(), global_rel_l2(comm, &lse, &local_rows(&wv, &pos))?));
+        errs.push(("lse".into(), global_rel_l2(comm, &lse, &local_rows(&wv, &pos)?)?));
     }
     if case.tensors.contains_key("grad_out") {
         let go = global("grad_out")?;

@@ -56,8 +56,7 @@ impl RingCase {
         let pr = &self.problem;
         let pos = pr.layout.positions(s.seq, pr.world, comm.rank());
         let ls = s.with_seq(pos.len().max(1))?;
-        let global =
-            |name, x: &[f32]| -> Result<Vec<f32>> { Ok(local_rows(&TensorView::contiguous(name, x, s)?, &pos)) };
+        let global = |name, x: &[f32]| -> Result<Vec<f32>> { local_rows(&TensorView::contiguous(name, x, s)?, &pos) };
         let (lq, lk, lv) = (
             global(TensorName::Query, &self.q)?,
             global(TensorName::Key, &self.k)?,
