@@ -24,7 +24,7 @@ use crate::ops::{FORWARD_KEY_TILE, FORWARD_QUERY_CHUNK, KEY_TILE, QUERY_CHUNK, p
 use crate::score_bound::max_finite_abs;
 use crate::units::{
     Grads, Plan, Scratch, Unit, chunk_len, dkv_unit, dq_unit, forward_chunk_lens, forward_unit, forward_units,
-    fused_unit, fused_unit_len, fused_units, units,
+    fused_unit, fused_unit_len, fused_units, max_forward_chunk_len, units,
 };
 
 /// The CPU backend: a thread pool (built once), the kernel flavour, a memory budget
@@ -73,8 +73,15 @@ fn check_len(tensor: TensorName, got: usize, want: usize) -> Result<()> {
 
 impl CpuBackend {
     /// A backend with `threads` worker threads (0 = one per core) and the best kernels
-    /// this CPU supports.
+    /// this CPU supports. More threads than a rayon pool can hold
+    /// (`rayon::max_num_threads()`) is [`AttnError::InvalidArgument`].
     pub fn new(threads: usize) -> Result<Self> {
+        if threads > rayon::max_num_threads() {
+            return Err(AttnError::InvalidArgument(format!(
+                "{threads} CPU threads requested; a pool holds at most {}",
+                rayon::max_num_threads()
+            )));
+        }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("attn-cpu-{i}"))
@@ -206,10 +213,12 @@ impl CpuBackend {
         lse: &mut [f32],
         cross: bool,
     ) -> Result<()> {
-        let plan = self.plan(cfg, q, k, v, cross, false)?;
+        // Outputs first: a broadcast (zero-stride) q may claim any shape, and `plan`
+        // sizes and scans the inputs.
         let s = q.shape();
         check_same(TensorName::Output, out.shape(), s)?;
         check_len(TensorName::Lse, lse.len(), s.lse_len())?;
+        let plan = self.plan(cfg, q, k, v, cross, false)?;
         let work = forward_units(s.batch, s.seq, &forward_chunk_lens(cfg, s.batch, s.heads, s.seq));
         let out_geom = (out.shape(), out.strides());
         let out_rows = DisjointSlice::new(out.data_mut());
@@ -284,7 +293,7 @@ impl CpuBackend {
     ) -> Result<()> {
         let [q, k, v, out, grad_out] = inputs;
         let [mut dq, mut dk, mut dv] = grads_out;
-        let plan = self.plan(cfg, q, k, v, cross, true)?;
+        // Shapes first, as in the forward (the gradients are the caller's own memory).
         let s = q.shape();
         check_same(TensorName::Output, out.shape(), s)?;
         check_same(TensorName::GradOutput, grad_out.shape(), s)?;
@@ -292,6 +301,7 @@ impl CpuBackend {
         check_same(TensorName::GradQuery, dq.shape(), s)?;
         check_same(TensorName::GradKey, dk.shape(), k.shape())?;
         check_same(TensorName::GradValue, dv.shape(), k.shape())?;
+        let plan = self.plan(cfg, q, k, v, cross, true)?;
         if self.check_finite {
             check_finite(TensorName::GradOutput, &grad_out)?;
         }
@@ -355,16 +365,24 @@ impl CpuBackend {
     }
 
     /// [`CpuBackend::workspace_bytes`] of a cross-attention call (an upper bound: the
-    /// bound of the longer of the two sequences).
+    /// bound of the longer of the two sequences). Saturates at `usize::MAX`, which is
+    /// also the answer for a shape no call accepts (`Shape4`'s fields are public: a zero
+    /// or overflowing dimension), so a budget check refuses it.
     pub fn workspace_bytes_cross(&self, cfg: &DilatedConfig, shape: AttnShape, backward: bool) -> usize {
-        let shape = if shape.kv.seq > shape.q.seq { shape.kv } else { shape.q };
+        let (Ok(q), Ok(kv)) =
+            (Shape4::named(TensorName::Query, shape.q.dims()), Shape4::named(TensorName::Key, shape.kv.dims()))
+        else {
+            return usize::MAX;
+        };
+        let shape = if kv.seq > q.seq { kv } else { q };
         let (d, dp) = (shape.head_dim, padded(shape.head_dim));
-        // Rows of the longest unit and the most selected rows of one segment.
+        // Rows of the longest unit and the most selected rows of one segment (O(patterns),
+        // never O(heads)).
         let unit = if backward {
             chunk_len(cfg, shape.batch, shape.heads, shape.seq)
                 .max(fused_unit_len(cfg, shape.heads, shape.seq).unwrap_or(0))
         } else {
-            forward_chunk_lens(cfg, shape.batch, shape.heads, shape.seq).into_iter().max().unwrap_or(0)
+            max_forward_chunk_len(cfg, shape.batch, shape.heads, shape.seq)
         };
         let m = cfg
             .segment_lengths()
@@ -375,6 +393,9 @@ impl CpuBackend {
             .unwrap_or(0);
         let (key_tile, q_chunk) =
             if backward { (KEY_TILE, QUERY_CHUNK) } else { (FORWARD_KEY_TILE, FORWARD_QUERY_CHUNK) };
+        // The sizes below (each a few products of dimensions of a valid shape) fit in
+        // u128; the total saturates to usize.
+        let [d, dp, unit, m, key_tile, q_chunk] = [d, dp, unit, m, key_tile, q_chunk].map(|x| x as u128);
         let tiles = m.div_ceil(key_tile) * key_tile * dp;
         let chunk = q_chunk * dp;
         // Score-sized tiles: the backward's scores and dS (dq reads dS in place), three in
@@ -388,11 +409,17 @@ impl CpuBackend {
         };
         let usizes = 6 * m;
         // The work list: at most two units per 64 rows of every (batch, head).
-        let work = 2 * shape.batch * shape.heads * (shape.seq / 64 + 1) * std::mem::size_of::<[usize; 5]>();
+        let work = 2
+            * (shape.batch as u128 * shape.heads as u128 * (shape.seq as u128 / 64 + 1))
+            * std::mem::size_of::<[usize; 5]>() as u128;
         // The bf16 pair forward (AMX or AVX512-BF16) keeps its own packed bf16 tiles
         // beside the f32 scratch (a piece it hands back to the f32 kernel uses both).
-        let pairs = if self.isa.bf16_engine().is_some() { crate::bf16_pairs::scratch_bytes(d, m) } else { 0 };
-        self.threads() * (4 * f32s + 8 * usizes + pairs) + work
+        let pairs = match self.isa.bf16_engine() {
+            Some(_) => crate::bf16_pairs::scratch_bytes(shape.head_dim, m as usize),
+            None => 0,
+        };
+        let total = self.threads() as u128 * (4 * f32s + 8 * usizes + pairs) + work;
+        usize::try_from(total).unwrap_or(usize::MAX)
     }
 
     /// Forward on contiguous buffers, returning `(out, lse)`.

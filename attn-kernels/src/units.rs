@@ -4,7 +4,7 @@
 //! the head, LSE-merged), the two-kernel backward (query chunks for dq, key chunks for
 //! dk/dv) and the fused one-pass backward over whole segments.
 
-use attn_core::{DilatedConfig, Element, HeadPatterns, LseMerge, TensorView};
+use attn_core::{DilatedConfig, Element, HeadGroups, HeadPatterns, LseMerge, Mixing, TensorView};
 
 use crate::isa::Isa;
 use crate::ops::QUERY_CHUNK;
@@ -86,17 +86,40 @@ const FORWARD_ROWS: usize = 2048;
 /// the shape only (never the thread count); per-row results do not depend on it either
 /// (every row walks the same key tiles in the same order).
 pub(crate) fn forward_chunk_lens(cfg: &DilatedConfig, batch: usize, heads: usize, seq: usize) -> Vec<usize> {
-    let mut lens: Vec<usize> = (0..heads)
-        .map(|h| {
-            let max_r = cfg.head_patterns(heads, h).patterns.iter().map(|(_, p)| p.r).max().unwrap_or(1);
-            FORWARD_ROWS.saturating_mul(max_r).clamp(1, seq)
-        })
-        .collect();
+    let mut lens: Vec<usize> = (0..heads).map(|h| forward_len(cfg, heads, h, seq)).collect();
     let count = |lens: &[usize]| lens.iter().map(|&l| batch.saturating_mul(seq.div_ceil(l))).sum::<usize>();
     while count(&lens) < 16 && lens.iter().any(|&l| l > 64) {
         lens.iter_mut().filter(|l| **l > 64).for_each(|l| *l = l.div_ceil(2));
     }
     lens
+}
+
+/// Head `h`'s forward unit length before any halving.
+fn forward_len(cfg: &DilatedConfig, heads: usize, h: usize, seq: usize) -> usize {
+    let max_r = cfg.head_patterns(heads, h).patterns.iter().map(|(_, p)| p.r).max().unwrap_or(1);
+    FORWARD_ROWS.saturating_mul(max_r).clamp(1, seq)
+}
+
+/// The longest of [`forward_chunk_lens`], in O(patterns) from 16 `(batch, head)` pairs
+/// on (each gives at least one unit, so nothing is halved): for size queries, where
+/// `heads` comes from the caller and may be absurd.
+pub(crate) fn max_forward_chunk_len(cfg: &DilatedConfig, batch: usize, heads: usize, seq: usize) -> usize {
+    if batch.saturating_mul(heads) < 16 {
+        return forward_chunk_lens(cfg, batch, heads, seq).into_iter().max().unwrap_or(0);
+    }
+    head_kinds(cfg, heads).map(|h| forward_len(cfg, heads, h, seq)).max().unwrap_or(0)
+}
+
+/// The first head of each head group (LongNet: head 0, every head runs every pattern):
+/// all heads of a group run patterns with the same segment lengths and rates, the only
+/// things unit lengths depend on, so these heads stand for all `heads`.
+fn head_kinds(cfg: &DilatedConfig, heads: usize) -> impl Iterator<Item = usize> {
+    let groups = match cfg.mixing() {
+        Mixing::LongNet => 1,
+        Mixing::HeadGroups => cfg.num_patterns(),
+    };
+    let split = HeadGroups::new(heads, groups);
+    (0..groups).map(move |g| split.range(g)).filter(|r| !r.is_empty()).map(|r| r.start)
 }
 
 /// Forward work units: rows `c0..c1` of each (batch, head) in runs of the head's length.
@@ -157,7 +180,7 @@ fn head_unit_len(hp: &HeadPatterns, seq: usize) -> Option<usize> {
 
 /// The longest fused unit of any head (`None` if the fused backward is not used).
 pub(crate) fn fused_unit_len(cfg: &DilatedConfig, heads: usize, seq: usize) -> Option<usize> {
-    (0..heads).map(|h| head_unit_len(&cfg.head_patterns(heads, h), seq)).try_fold(0, |m, l| Some(m.max(l?)))
+    head_kinds(cfg, heads).map(|h| head_unit_len(&cfg.head_patterns(heads, h), seq)).try_fold(0, |m, l| Some(m.max(l?)))
 }
 
 pub(crate) fn units(batch: usize, heads: usize, seq: usize, ch: usize) -> Vec<Unit> {
@@ -361,6 +384,31 @@ pub(crate) fn fused_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Un
                 add(&mut ws.acc_a, pdk);
                 add(&mut ws.acc_b, pdv);
                 add(&mut ws.acc_c, pdq);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The O(patterns) size helpers equal their per-head definitions.
+    #[test]
+    fn size_helpers_equal_the_per_head_definitions() {
+        for mixing in [Mixing::LongNet, Mixing::HeadGroups] {
+            for (segs, rates) in [(&[64, 128, 256][..], &[1, 2, 4][..]), (&[4096, 300], &[8, 3]), (&[20000], &[1])] {
+                let cfg = DilatedConfig::builder().segments(segs).dilations(rates).mixing(mixing).build().unwrap();
+                for heads in 1..40 {
+                    for (batch, seq) in [(1, 1), (1, 700), (3, 5000), (2, 40000)] {
+                        let want = forward_chunk_lens(&cfg, batch, heads, seq).into_iter().max();
+                        assert_eq!(Some(max_forward_chunk_len(&cfg, batch, heads, seq)), want);
+                        let per_head = (0..heads)
+                            .map(|h| head_unit_len(&cfg.head_patterns(heads, h), seq))
+                            .try_fold(0, |m, l| Some(m.max(l?)));
+                        assert_eq!(fused_unit_len(&cfg, heads, seq), per_head, "{segs:?} {heads} {seq}");
+                    }
+                }
             }
         }
     }

@@ -103,10 +103,13 @@ impl Engine {
 /// Upper bound of the bytes a [`PairScratch`] grows to for pieces of at most `m` keys and
 /// head dim `d` (packed keys and values, one query block, double-buffered scores and
 /// probabilities, the output block), doubled for the slack a growing `Vec` may keep.
-pub(crate) fn scratch_bytes(d: usize, m: usize) -> usize {
+/// In u128: `d` and `m` come from a caller's shape and may be huge.
+pub(crate) fn scratch_bytes(d: usize, m: usize) -> u128 {
     let g = Geometry::new(d, m);
-    let (keys, values) = (g.steps * g.qc() * 4 * TILE, g.steps * 2 * g.ne() * TILE);
-    2 * (4 * (keys + values) + 2 * QB * g.dq + 4 * 2 * QB * KS + 2 * 2 * QB * KS + 4 * QB * g.dv)
+    let [steps, qc, ne, dq, dv] = [g.steps, g.qc(), g.ne(), g.dq, g.dv].map(|x| x as u128);
+    let [qb, ks, tile] = [QB, KS, TILE].map(|x| x as u128);
+    let (keys, values) = (steps * qc * 4 * tile, steps * 2 * ne * tile);
+    2 * (4 * (keys + values) + 2 * qb * dq + 4 * 2 * qb * ks + 2 * 2 * qb * ks + 4 * qb * dv)
 }
 
 /// Reusable buffers of the bf16 pair forward (one per worker).
