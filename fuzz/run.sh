@@ -12,7 +12,7 @@ export RUSTC_BOOTSTRAP=1
 if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
-TARGETS=(golden_reader weights_reader config_shape)
+TARGETS=(golden_reader weights_reader config_shape ring_plan)
 for t in "${TARGETS[@]}"; do
     mkdir -p "corpus/$t"
     if [ -d "seeds/$t" ]; then cp -f seeds/"$t"/* "corpus/$t/"; fi

@@ -7,4 +7,5 @@ pub mod byte_cursor;
 pub mod counting_alloc;
 pub mod fuzz_targets;
 pub mod readers;
+pub mod ring_fuzz;
 pub mod watchdog;

@@ -30,6 +30,7 @@ mod direct;
 mod entry;
 mod forward;
 mod handshake;
+mod head_counts;
 mod head_work;
 mod in_process;
 pub mod layout;
@@ -48,5 +49,7 @@ pub use in_process::{
     run_in_process_with_timeout, run_on,
 };
 pub use layout::Layout;
-pub use plan::{MAX_WORLD, PatternStrategy, Plan, RingProblem, Strategy, expected_bytes, forward_buffer_bytes};
+pub use plan::{
+    MAX_PAIRS, MAX_WORLD, PatternStrategy, Plan, RingProblem, Strategy, expected_bytes, forward_buffer_bytes,
+};
 pub use workspace::ring_workspace_bytes;

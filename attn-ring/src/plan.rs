@@ -7,6 +7,7 @@ use std::ops::Range;
 
 use attn_core::{AttnError, DType, DilatedConfig, HeadPatterns, Result, SegmentPattern};
 
+use crate::head_counts::PatternHeads;
 use crate::layout::Layout;
 
 /// Strategy override for patterns whose segments span ranks.
@@ -143,6 +144,11 @@ impl Plan {
         }
         layout.check(n, p)?;
         let g = cfg.num_patterns();
+        if heads.saturating_mul(g) > MAX_PAIRS {
+            return Err(AttnError::InvalidArgument(format!(
+                "{heads} heads x {g} patterns: at most {MAX_PAIRS} (pattern, head) pairs are supported (the plan lists each)"
+            )));
+        }
         // Every byte figure the plan reports (`expected_bytes`, `workspace_bytes`,
         // `io_bytes`, `forward_buffer_bytes`) is below `BYTES_BOUND` times elements x
         // patterns x world; refuse a problem where that leaves u64 (exabytes) instead of
@@ -156,9 +162,9 @@ impl Plan {
         }
         let ranges: Vec<Vec<Range<usize>>> = (0..p).map(|r| layout.ranges(n, p, r)).collect();
         let mut need = vec![vec![vec![false; p]; p]; g];
-        // Selected rows each pattern's heads would receive by all-gather, and the rank's own rows of those heads.
-        let pairs: Vec<(usize, SegmentPattern)> =
-            (0..heads).flat_map(|h| cfg.head_patterns(heads, h).patterns).collect();
+        // Selected rows each pattern's heads would receive by all-gather, and the rank's own
+        // rows of those heads (counted per pattern in O(1), never per head).
+        let pattern_heads: Vec<PatternHeads> = (0..g).map(|i| PatternHeads::new(cfg, heads, i)).collect();
         let mut gathered = vec![vec![0usize; p]; g];
         let mut own = vec![vec![0usize; p]; g];
         let mut ring_regions = vec![vec![Vec::new(); p]; g];
@@ -169,9 +175,7 @@ impl Plan {
                         for b in &ranges[r] {
                             if let Some(reg) = shared_region(a, b, w, cfg.causal()) {
                                 need[i][o][r] = true;
-                                for (_, pat) in pairs.iter().filter(|(j, _)| *j == i) {
-                                    gathered[i][r] += pat.count_in_range(reg.clone());
-                                }
+                                gathered[i][r] += pattern_heads[i].selected(reg.clone());
                                 ring_regions[i][o].push(reg);
                             }
                         }
@@ -180,9 +184,9 @@ impl Plan {
                 ring_regions[i][o] = merge_ranges(std::mem::take(&mut ring_regions[i][o]));
             }
         }
-        for (i, _) in &pairs {
-            for (r, rows) in own[*i].iter_mut().enumerate() {
-                *rows += layout.rows(n, p, r);
+        for (i, ph) in pattern_heads.iter().enumerate() {
+            for (r, rows) in own[i].iter_mut().enumerate() {
+                *rows = ph.heads() * layout.rows(n, p, r);
             }
         }
         let strategies: Vec<PatternStrategy> = (0..g)
@@ -281,6 +285,9 @@ pub const MSG_HEADER_BYTES: u64 = 9;
 /// The most ranks a [`Plan`] accepts: its need/count tables hold `patterns * world^2`
 /// entries (48 MB for 3 patterns at 4096 ranks).
 pub const MAX_WORLD: usize = 4096;
+
+/// The most (pattern, head) pairs a [`Plan`] accepts (it lists each in wire order).
+pub const MAX_PAIRS: usize = 1 << 20;
 
 /// A generous multiple of `elements * patterns * world` above every byte figure of a
 /// plan. The largest, a backward's `expected_bytes`, stays under 128 times it: a rank

@@ -159,7 +159,8 @@ impl Plan {
         for head in 0..pr.heads {
             for (_, pat) in pr.cfg.head_patterns(pr.heads, head).patterns {
                 sel_own = sel_own.max(ranges.iter().map(|r| pat.count_in_range(r.clone()) as u64).sum());
-                cap = cap.max(pat.w.div_ceil(pat.r) as u64 + 1);
+                // A segment holds at most the whole sequence (`w > n` is one segment).
+                cap = cap.max(pat.w.min(pr.seq).div_ceil(pat.r) as u64 + 1);
                 w_min = w_min.min(pat.w as u64);
             }
         }

@@ -220,3 +220,21 @@ fn local_rows_outside_the_sequence_are_refused() {
     assert_eq!(rows, [row(7, 0), row(7, 1), row(2, 0), row(2, 1)].concat());
     assert!(local_rows(&v, &[]).unwrap().is_empty());
 }
+
+#[test]
+fn a_segment_longer_than_the_sequence_sizes_like_one_segment() {
+    // Every `w > n` is one segment of length n (SPEC), so every such `w` has the same
+    // workspace bound; with `w = usize::MAX` its per-segment row cap overflowed (wrapped
+    // to 1: an underestimate).
+    let s = Shape4::new(1, 64, 2, 8).unwrap();
+    for (layout, strategy) in [(Layout::Contiguous, Strategy::Ring), (Layout::Zigzag, Strategy::AllGather)] {
+        for backward in [false, true] {
+            let bytes = |w: usize| {
+                let cfg = DilatedConfig::new(&[w], &[1]).unwrap();
+                ring_workspace_bytes(&problem_for(&cfg, s, layout, strategy, 4), attn_core::DType::F32, backward)
+                    .unwrap()
+            };
+            assert_eq!(bytes(usize::MAX), bytes(65), "{layout:?} {strategy:?} backward {backward}");
+        }
+    }
+}

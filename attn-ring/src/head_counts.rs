@@ -1,0 +1,103 @@
+//! Rows selected by all of one pattern's heads, in O(1): the planner's all-gather sizes
+//! without a walk over every head (`heads` comes from the caller and may be huge).
+//!
+//! HeadGroups gives pattern `i` to one group of heads, all at offset `i mod r`; LongNet
+//! gives it to every head `h` at offset `h mod r`, so offset `o < r` is used by
+//! `heads / r` heads, plus one when `o < heads % r`. A position at offset `j` in its
+//! segment is selected by exactly one offset, `j mod r` (a validated config has
+//! `r <= w`), which turns the sum over heads into counts of positions.
+
+use std::ops::Range;
+
+use attn_core::{DilatedConfig, HeadGroups, Mixing};
+
+/// Pattern `i`'s heads, as the planner needs them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PatternHeads {
+    w: usize,
+    r: usize,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// `count` heads, all at offset `off`.
+    Group { off: usize, count: usize },
+    /// Every offset `o < r` used `base` times, plus once more for `o < extra`.
+    Every { base: usize, extra: usize },
+}
+
+impl PatternHeads {
+    pub(crate) fn new(cfg: &DilatedConfig, heads: usize, i: usize) -> Self {
+        let (w, r) = (cfg.segment_lengths()[i], cfg.dilation_rates()[i]);
+        let kind = match cfg.mixing() {
+            Mixing::HeadGroups => {
+                Kind::Group { off: i % r, count: HeadGroups::new(heads, cfg.num_patterns()).range(i).len() }
+            }
+            Mixing::LongNet => Kind::Every { base: heads / r, extra: heads % r },
+        };
+        PatternHeads { w, r, kind }
+    }
+
+    /// Number of heads that run this pattern.
+    pub(crate) fn heads(&self) -> usize {
+        match self.kind {
+            Kind::Group { count, .. } => count,
+            Kind::Every { base, extra } => base * self.r + extra,
+        }
+    }
+
+    /// Sum over this pattern's heads of the selected positions in `range`.
+    pub(crate) fn selected(&self, range: Range<usize>) -> usize {
+        if range.end <= range.start {
+            return 0;
+        }
+        match self.kind {
+            Kind::Group { off, count } => {
+                count * attn_core::SegmentPattern::new(self.w, self.r, off).count_in_range(range)
+            }
+            Kind::Every { base, extra } => {
+                base * range.len() + self.low_offsets_below(range.end, extra)
+                    - self.low_offsets_below(range.start, extra)
+            }
+        }
+    }
+
+    /// Positions `p < x` whose offset `(p mod w) mod r` is below `t`.
+    fn low_offsets_below(&self, x: usize, t: usize) -> usize {
+        let (w, r) = (self.w, self.r);
+        let in_prefix = |len: usize| (len / r) * t + (len % r).min(t);
+        (x / w) * in_prefix(w) + in_prefix(x % w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_equal_the_walk_over_heads() {
+        for mixing in [Mixing::HeadGroups, Mixing::LongNet] {
+            for (segs, rates) in [(&[8, 12, 30][..], &[1, 3, 4][..]), (&[5, 7], &[5, 2]), (&[16], &[16])] {
+                let cfg = DilatedConfig::builder().segments(segs).dilations(rates).mixing(mixing).build().unwrap();
+                for heads in cfg.num_patterns()..23 {
+                    for i in 0..cfg.num_patterns() {
+                        let ph = PatternHeads::new(&cfg, heads, i);
+                        let pats: Vec<_> = (0..heads)
+                            .flat_map(|h| cfg.head_patterns(heads, h).patterns)
+                            .filter(|(j, _)| *j == i)
+                            .map(|(_, p)| p)
+                            .collect();
+                        assert_eq!(ph.heads(), pats.len(), "{segs:?} {heads} pattern {i}");
+                        for lo in 0..40 {
+                            for hi in lo..70 {
+                                let want: usize = pats.iter().map(|p| p.count_in_range(lo..hi)).sum();
+                                assert_eq!(ph.selected(lo..hi), want, "{mixing:?} {segs:?} {heads} {i} {lo}..{hi}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
