@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run every attn fuzz target for SECONDS each (default 60) with cargo-fuzz (libFuzzer +
-# AddressSanitizer) on the stable toolchain. Idempotent: the corpus is kept in
+# AddressSanitizer, optimised, with debug assertions and overflow checks: `-O -a`, so a
+# size computation that wraps is a crash, not a silently wrong number) on the stable toolchain. Idempotent: the corpus is kept in
 # fuzz/corpus/ between runs (git-ignored) and re-seeded from fuzz/seeds/ each time.
 # Exits non-zero if any target finds a crash (the input is left in fuzz/artifacts/).
 #   usage: fuzz/run.sh [SECONDS]
@@ -17,12 +18,12 @@ for t in "${TARGETS[@]}"; do
     mkdir -p "corpus/$t"
     if [ -d "seeds/$t" ]; then cp -f seeds/"$t"/* "corpus/$t/"; fi
 done
-cargo fuzz build -O
+cargo fuzz build -O -a
 status=0
 for t in "${TARGETS[@]}"; do
     echo "=== fuzz $t for ${SECS}s ==="
     # -rss_limit_mb: a reader that allocated a declared (huge) size would trip it.
-    if ! cargo fuzz run -O "$t" "corpus/$t" -- \
+    if ! cargo fuzz run -O -a "$t" "corpus/$t" -- \
         -max_total_time="$SECS" -max_len=8192 -rss_limit_mb=2048 -malloc_limit_mb=512 -timeout=10 \
         -print_final_stats=1 2>"corpus/$t.log"; then
         status=1
