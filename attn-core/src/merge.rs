@@ -2,6 +2,8 @@
 
 use num_traits::Float;
 
+use crate::error::{AttnError, Result, TensorName};
+
 /// Merging partial results `(o, lse)` over disjoint key sets (SPEC.md).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LseMerge;
@@ -45,16 +47,32 @@ impl LseMerge {
         *lse_a = lse;
     }
 
-    /// Merge whole row-major blocks: `o` is `[rows, d]`, `lse` is `[rows]`.
-    pub fn merge_rows<F: Float>(o_a: &mut [F], lse_a: &mut [F], o_b: &[F], lse_b: &[F]) {
+    /// Merge whole row-major blocks: `o` is `[rows, d]`, `lse` is `[rows]`. Blocks of
+    /// unequal size, or an `o` that is not `rows` rows, are a `ShapeMismatch`.
+    pub fn merge_rows<F: Float>(o_a: &mut [F], lse_a: &mut [F], o_b: &[F], lse_b: &[F]) -> Result<()> {
         let rows = lse_a.len();
+        let mismatch = |tensor, expected: usize, got: usize| AttnError::ShapeMismatch {
+            tensor,
+            expected: vec![expected],
+            got: vec![got],
+        };
+        if lse_b.len() != rows {
+            return Err(mismatch(TensorName::Lse, rows, lse_b.len()));
+        }
+        if o_b.len() != o_a.len() {
+            return Err(mismatch(TensorName::Output, o_a.len(), o_b.len()));
+        }
         if rows == 0 {
-            return;
+            return if o_a.is_empty() { Ok(()) } else { Err(mismatch(TensorName::Output, 0, o_a.len())) };
+        }
+        if !o_a.len().is_multiple_of(rows) {
+            return Err(mismatch(TensorName::Output, o_a.len().next_multiple_of(rows), o_a.len()));
         }
         let d = o_a.len() / rows;
         for (i, (la, &lb)) in lse_a.iter_mut().zip(lse_b).enumerate() {
             Self::merge_into(&mut o_a[i * d..(i + 1) * d], la, &o_b[i * d..(i + 1) * d], lb);
         }
+        Ok(())
     }
 }
 
@@ -130,6 +148,23 @@ mod tests {
         let mut l = f64::NEG_INFINITY;
         LseMerge::merge_into(&mut o, &mut l, &[3.0, 4.0], 1.5);
         assert_eq!((o, l), ([3.0, 4.0], 1.5));
+    }
+
+    #[test]
+    fn merge_rows_merges_each_row_and_refuses_unequal_blocks() {
+        let (mut o, mut l) = ([1.0f64, 2.0, 5.0, 6.0], [0.0, f64::NEG_INFINITY]);
+        LseMerge::merge_rows(&mut o, &mut l, &[3.0, 4.0, 7.0, 8.0], &[0.0, 1.0]).unwrap();
+        // Row 0: equal weights; row 1: the accumulator was empty.
+        assert_eq!((o, l), ([2.0, 3.0, 7.0, 8.0], [2f64.ln(), 1.0]));
+        let mut o = [0.0f32; 4];
+        let mut l = [0.0f32; 2];
+        let bad = |r: Result<()>| matches!(r, Err(AttnError::ShapeMismatch { .. }));
+        // Each of these used to index out of bounds or silently merge a prefix.
+        assert!(bad(LseMerge::merge_rows(&mut o, &mut l, &[0.0; 3], &[0.0; 2])));
+        assert!(bad(LseMerge::merge_rows(&mut o, &mut l, &[0.0; 4], &[0.0; 1])));
+        assert!(bad(LseMerge::merge_rows(&mut o[..3], &mut l, &[0.0; 3], &[0.0; 2])));
+        assert!(bad(LseMerge::merge_rows(&mut o, &mut [], &[0.0; 4], &[])));
+        assert!(LseMerge::merge_rows::<f32>(&mut [], &mut [], &[], &[]).is_ok());
     }
 
     #[test]
