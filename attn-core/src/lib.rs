@@ -20,6 +20,6 @@ pub use element::{DType, Element};
 pub use error::{AttnError, Result, TensorName};
 pub use guard::{MemoryBudget, check_finite};
 pub use merge::{LseMerge, OnlineSoftmax};
-pub use pattern::{HeadGroups, HeadPatterns, SegmentPattern};
+pub use pattern::{HeadGroups, HeadPatterns, OffsetHeads, SegmentPattern};
 pub use shape::{AttnShape, Shape4};
 pub use view::{TensorView, TensorViewMut};

@@ -146,7 +146,49 @@ pub struct HeadPatterns {
     pub out_scale: f64,
 }
 
+/// Which heads run one pattern, by offset, without listing them: the rule of
+/// [`DilatedConfig::head_patterns`] seen from the pattern's side, for counts whose cost
+/// must not grow with `heads`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetHeads {
+    /// HeadGroups: the pattern's group of `count` heads, all at offset `off`.
+    One { off: usize, count: usize },
+    /// LongNet: head `h` at offset `h mod r`, so offset `o < r` is used by `base` heads,
+    /// plus one more when `o < extra`.
+    Every { r: usize, base: usize, extra: usize },
+}
+
+impl OffsetHeads {
+    /// Number of heads that run the pattern.
+    pub fn heads(&self) -> usize {
+        match *self {
+            OffsetHeads::One { count, .. } => count,
+            OffsetHeads::Every { r, base, extra } => base * r + extra,
+        }
+    }
+
+    /// `(offset, heads at that offset)` for every offset some head uses.
+    pub fn offsets(&self) -> impl Iterator<Item = (usize, usize)> + use<> {
+        let (range, base, extra) = match *self {
+            OffsetHeads::One { off, count } => (off..off + 1, count, 0),
+            OffsetHeads::Every { r, base, extra } => (0..r.min(self.heads()), base, extra),
+        };
+        range.map(move |o| (o, base + usize::from(o < extra))).filter(|&(_, n)| n > 0)
+    }
+}
+
 impl DilatedConfig {
+    /// Which of `heads` heads run pattern `i`, and at which offsets.
+    pub fn offset_heads(&self, heads: usize, i: usize) -> OffsetHeads {
+        let r = self.dilation_rates()[i];
+        match self.mixing() {
+            Mixing::HeadGroups => {
+                OffsetHeads::One { off: i % r, count: HeadGroups::new(heads, self.num_patterns()).range(i).len() }
+            }
+            Mixing::LongNet => OffsetHeads::Every { r, base: heads / r, extra: heads % r },
+        }
+    }
+
     /// The patterns head `head` of `heads` runs (pairs of pattern index and pattern).
     pub fn head_patterns(&self, heads: usize, head: usize) -> HeadPatterns {
         let g = self.num_patterns();
@@ -204,6 +246,31 @@ mod tests {
         let far = SegmentPattern::new(4, 1, usize::MAX);
         assert_eq!((far.count_in_range(0..100), far.selected_in_range(0..100).count()), (0, 0));
         assert_eq!((far.count_in_segment(3, 100), far.selected_in_segment(3, 100).count()), (0, 0));
+    }
+
+    #[test]
+    fn offset_heads_follow_head_patterns() {
+        for mixing in [Mixing::HeadGroups, Mixing::LongNet] {
+            let cfg =
+                DilatedConfig::builder().segments(&[8, 12, 30]).dilations(&[1, 3, 5]).mixing(mixing).build().unwrap();
+            for heads in 3..17 {
+                for i in 0..3 {
+                    let mut want = std::collections::BTreeMap::new();
+                    for h in 0..heads {
+                        for (_, p) in cfg.head_patterns(heads, h).patterns.into_iter().filter(|(j, _)| *j == i) {
+                            *want.entry(p.off).or_insert(0usize) += 1;
+                        }
+                    }
+                    let oh = cfg.offset_heads(heads, i);
+                    assert_eq!(
+                        oh.offsets().collect::<std::collections::BTreeMap<_, _>>(),
+                        want,
+                        "{mixing:?} {heads} {i}"
+                    );
+                    assert_eq!(oh.heads(), want.values().sum::<usize>());
+                }
+            }
+        }
     }
 
     #[test]

@@ -2,33 +2,16 @@
 //! head and pattern (two products of `m x m x d`), halved when causal; the backward
 //! counts 2.5x the forward (five products), as FlashAttention reports it.
 
-use attn_core::{DilatedConfig, HeadGroups, Mixing, SegmentPattern, Shape4};
+use attn_core::{DilatedConfig, SegmentPattern, Shape4};
 
 /// Model FLOPs of one forward (or, with `backward`, one backward) call on `shape`.
 /// Closed form over segments and head offsets, so any valid shape answers at once.
 pub fn model_flops(cfg: &DilatedConfig, shape: Shape4, backward: bool) -> f64 {
     let (heads, n) = (shape.heads, shape.seq);
-    let g = cfg.num_patterns();
     let mut squares = 0.0f64;
-    match cfg.mixing() {
-        Mixing::HeadGroups => {
-            // Every head of group `i` runs pattern `i` with offset `i mod r_i`.
-            let split = HeadGroups::new(heads, g);
-            for i in 0..g {
-                let r = cfg.dilation_rates()[i];
-                squares += split.range(i).len() as f64 * segment_squares(&cfg.pattern(i, i % r), n);
-            }
-        }
-        Mixing::LongNet => {
-            // Head `h` runs pattern `i` with offset `h mod r_i`: offset `o` has
-            // `heads / r_i` heads, one more when `o < heads % r_i`.
-            for i in 0..g {
-                let r = cfg.dilation_rates()[i];
-                for off in 0..r.min(heads) {
-                    let count = heads / r + usize::from(off < heads % r);
-                    squares += count as f64 * segment_squares(&cfg.pattern(i, off), n);
-                }
-            }
+    for i in 0..cfg.num_patterns() {
+        for (off, count) in cfg.offset_heads(heads, i).offsets() {
+            squares += count as f64 * segment_squares(&cfg.pattern(i, off), n);
         }
     }
     let causal = if cfg.causal() { 0.5 } else { 1.0 };
@@ -47,6 +30,8 @@ fn segment_squares(p: &SegmentPattern, n: usize) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    use attn_core::Mixing;
+
     use super::*;
 
     /// The per-head, per-segment definition the closed form replaces.

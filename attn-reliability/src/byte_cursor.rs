@@ -57,3 +57,16 @@ impl<'a> ByteCursor<'a> {
         self.bytes.get(self.at..).unwrap_or(&[])
     }
 }
+
+/// How many of `cases` seeded random byte strings (lengths `0..max_len`) a fuzz body
+/// says reached its deep checks: what keeps a bytes-driven proptest from being vacuous.
+pub fn seeded_hits(seed: u64, cases: usize, max_len: usize, body: impl Fn(&[u8]) -> bool) -> usize {
+    let mut rng = attn_testkit::rng::SeededRng::new(seed);
+    (0..cases)
+        .filter(|_| {
+            let len = rng.range(0, max_len);
+            let bytes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+            body(&bytes)
+        })
+        .count()
+}

@@ -20,14 +20,7 @@ proptest! {
 fn random_bytes_reach_the_backends_often_enough() {
     // The proptest above is only worth something if random bytes often make a valid
     // problem: count how many of 2000 seeded byte strings run on both backends.
-    let mut rng = attn_testkit::rng::SeededRng::new(9);
-    let ran = (0..2000)
-        .filter(|_| {
-            let len = rng.range(0, 96);
-            let bytes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
-            config_shape(&bytes)
-        })
-        .count();
+    let ran = attn_reliability::byte_cursor::seeded_hits(9, 2000, 96, config_shape);
     eprintln!("{ran} of 2000 random byte strings ran on the reference and the CPU backend");
     assert!(ran >= 100, "only {ran} of 2000 reached the backends");
 }

@@ -18,14 +18,7 @@ proptest! {
 fn random_bytes_reach_the_ring_often_enough() {
     // The proptest above is only worth something if random bytes often make a problem
     // that runs: count how many of 1000 seeded byte strings do.
-    let mut rng = attn_testkit::rng::SeededRng::new(21);
-    let ran = (0..1000)
-        .filter(|_| {
-            let len = rng.range(0, 64);
-            let bytes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
-            ring_plan(&bytes)
-        })
-        .count();
+    let ran = attn_reliability::byte_cursor::seeded_hits(21, 1000, 64, ring_plan);
     println!("{ran} of 1000 byte strings ran on the ring");
     assert!(ran >= 100, "only {ran} of 1000 random byte strings ran on the ring");
 }

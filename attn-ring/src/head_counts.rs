@@ -1,50 +1,32 @@
 //! Rows selected by all of one pattern's heads, in O(1): the planner's all-gather sizes
 //! without a walk over every head (`heads` comes from the caller and may be huge).
 //!
-//! HeadGroups gives pattern `i` to one group of heads, all at offset `i mod r`; LongNet
-//! gives it to every head `h` at offset `h mod r`, so offset `o < r` is used by
-//! `heads / r` heads, plus one when `o < heads % r`. A position at offset `j` in its
-//! segment is selected by exactly one offset, `j mod r` (a validated config has
-//! `r <= w`), which turns the sum over heads into counts of positions.
+//! Which heads run a pattern at which offset is `DilatedConfig::offset_heads`. A
+//! position at offset `j` in its segment is selected by exactly one offset, `j mod r`
+//! (a validated config has `r <= w`), which turns LongNet's sum over every offset into
+//! counts of positions.
 
 use std::ops::Range;
 
-use attn_core::{DilatedConfig, HeadGroups, Mixing};
+use attn_core::{DilatedConfig, OffsetHeads, SegmentPattern};
 
 /// Pattern `i`'s heads, as the planner needs them.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PatternHeads {
     w: usize,
     r: usize,
-    kind: Kind,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    /// `count` heads, all at offset `off`.
-    Group { off: usize, count: usize },
-    /// Every offset `o < r` used `base` times, plus once more for `o < extra`.
-    Every { base: usize, extra: usize },
+    heads: OffsetHeads,
 }
 
 impl PatternHeads {
     pub(crate) fn new(cfg: &DilatedConfig, heads: usize, i: usize) -> Self {
         let (w, r) = (cfg.segment_lengths()[i], cfg.dilation_rates()[i]);
-        let kind = match cfg.mixing() {
-            Mixing::HeadGroups => {
-                Kind::Group { off: i % r, count: HeadGroups::new(heads, cfg.num_patterns()).range(i).len() }
-            }
-            Mixing::LongNet => Kind::Every { base: heads / r, extra: heads % r },
-        };
-        PatternHeads { w, r, kind }
+        PatternHeads { w, r, heads: cfg.offset_heads(heads, i) }
     }
 
     /// Number of heads that run this pattern.
     pub(crate) fn heads(&self) -> usize {
-        match self.kind {
-            Kind::Group { count, .. } => count,
-            Kind::Every { base, extra } => base * self.r + extra,
-        }
+        self.heads.heads()
     }
 
     /// Sum over this pattern's heads of the selected positions in `range`.
@@ -52,11 +34,9 @@ impl PatternHeads {
         if range.end <= range.start {
             return 0;
         }
-        match self.kind {
-            Kind::Group { off, count } => {
-                count * attn_core::SegmentPattern::new(self.w, self.r, off).count_in_range(range)
-            }
-            Kind::Every { base, extra } => {
+        match self.heads {
+            OffsetHeads::One { off, count } => count * SegmentPattern::new(self.w, self.r, off).count_in_range(range),
+            OffsetHeads::Every { base, extra, .. } => {
                 base * range.len() + self.low_offsets_below(range.end, extra)
                     - self.low_offsets_below(range.start, extra)
             }
@@ -73,6 +53,8 @@ impl PatternHeads {
 
 #[cfg(test)]
 mod tests {
+    use attn_core::Mixing;
+
     use super::*;
 
     #[test]
