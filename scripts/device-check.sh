@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# The prepared GPU check for a session whose task is lent a device machine (15 minutes of
-# device time, no Rust toolchain there, and ../shared does not travel; see the device
-# tool's README). Two steps:
+# The prepared GPU check for a GPU machine that has no Rust toolchain (15 minutes of device
+# time; the working tree travels, conformance/ and the PyTorch script included). Two steps:
 #
 #   scripts/device-check.sh pack    # here: build the CUDA and NCCL test binaries and the
-#                                   # CUDA bench, strip them, copy the golden files and the
-#                                   # PyTorch peer into device-pack/ (git-ignored)
+#                                   # CUDA bench and strip them into device-pack/
+#                                   # (git-ignored)
 #   device run: command "bash scripts/device-check.sh run", carry ["device-pack"],
 #               timeout_s 540
 #
@@ -41,8 +40,6 @@ pack() {
     cargo build --release -p attn-kernels --features cuda --bin attn-cuda-bench
     cp target/release/attn-cuda-bench "$PACK/"
     strip "$PACK"/bin/* "$PACK/attn-cuda-bench"
-    cp -r ../shared/golden "$PACK/golden"
-    cp ../shared/peer/torch_dilated.py "$PACK/"
     ls "$PACK/bin"
     du -sh "$PACK"
 }
@@ -69,7 +66,7 @@ run() {
     export LD_LIBRARY_PATH="/tmp/attn-libs:${LD_LIBRARY_PATH:-}"
     link_lib libnccl.so 'libnccl.so.2*'
     link_lib libnvrtc.so 'libnvrtc.so.1[0-9]*'
-    export ATTN_GOLDEN_DIR="$PWD/$PACK/golden"
+    export ATTN_GOLDEN_DIR="$PWD/conformance"
     local t rc failed=0
     for t in "$PACK"/bin/*; do
         echo "=== $(basename "$t")" >>"$OUT/tests.log"
@@ -84,7 +81,7 @@ run() {
     # The same problem in PyTorch (the baseline), one line per sequence length.
     local seq
     for seq in 65536 262144; do
-        timeout 120 python3 "$PACK/torch_dilated.py" --device cuda --dtype bf16 --seq-len "$seq" --heads 16 \
+        timeout 120 python3 attn-bench/torch/torch_dilated.py --device cuda --dtype bf16 --seq-len "$seq" --heads 16 \
             --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16 >>"$OUT/bench.log" 2>&1
         echo "torch peer seq $seq: rc $?"
     done

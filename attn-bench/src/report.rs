@@ -319,7 +319,7 @@ pub fn render(
     }
     let _ = writeln!(
         o,
-        "\n## Implementation comparison\n\nSpeedups are time ratios against the named implementation in the same table (PyTorch: `../shared/peer/torch_dilated.py`; n/m: not measured). \
+        "\n## Implementation comparison\n\nSpeedups are time ratios against the named implementation in the same table (PyTorch: `attn-bench/torch/torch_dilated.py`; n/m: not measured). \
          \"% of f32 GEMM\" divides every row, bf16 and f16 included, by the f32 GEMM rate."
     );
     comparison_tables(&mut o, r, "comparison");

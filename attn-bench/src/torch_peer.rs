@@ -1,5 +1,5 @@
-//! The PyTorch comparison: runs `../shared/peer/torch_dilated.py` (and this crate's
-//! `torch/torch_multihead.py`) under the interpreter given by `--torch PYTHON`.
+//! The PyTorch comparison: runs this crate's `torch/torch_dilated.py` or
+//! `torch/torch_multihead.py` under the interpreter given by `--torch PYTHON`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,7 +25,7 @@ pub fn repo_root() -> PathBuf {
 /// The script that implements `spec` in PyTorch, if there is one.
 pub fn script_for(spec: &CaseSpec) -> Option<PathBuf> {
     match spec.kind {
-        CaseKind::Dilated => Some(repo_root().join("../shared/peer/torch_dilated.py")),
+        CaseKind::Dilated => Some(repo_root().join("attn-bench/torch/torch_dilated.py")),
         CaseKind::Multihead => Some(repo_root().join("attn-bench/torch/torch_multihead.py")),
         CaseKind::Ring | CaseKind::Hilbert => None,
     }

@@ -1,8 +1,8 @@
 """PyTorch (CPU) MultiheadDilatedAttention (MAGNETO / LongNet layout): the multihead baseline.
 
-q/k/v = x W^T + b, split into heads, head-group dilated attention (the peer script's
-`dilated_attention`), merge heads, LayerNorm (eps 1e-5), out = x W_o^T + b_o. Same
-flags and JSON line as ../../../shared/peer/torch_dilated.py; flops add the four
+q/k/v = x W^T + b, split into heads, head-group dilated attention (`dilated_attention`
+of torch_dilated.py), merge heads, LayerNorm (eps 1e-5), out = x W_o^T + b_o. Same
+flags and JSON line as torch_dilated.py (beside this file); flops add the four
 projections (2 flops per multiply-add), backward counts 3x for them.
 
 Run:  ~/.cache/torch-venv/bin/python torch_multihead.py --seq-len 8192 --heads 8 --head-dim 64
@@ -12,7 +12,7 @@ import argparse, json, os, statistics, sys, time
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "peer"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_dilated import dilated_attention, flops  # noqa: E402
 
 

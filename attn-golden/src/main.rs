@@ -1,7 +1,8 @@
-//! `attn-golden DIR [--backend NAME] [--dtype T] [--world-size N --strategy S --layout L]`:
-//! runs every `*.safetensors` conformance case in DIR through one backend, prints
-//! one line per case and `N passed, M failed`, and exits non-zero on any failure
-//! or when DIR holds no case.
+//! `attn-golden DIR [--backend NAME] [--dtype T] [--world-size N --strategy S --layout L]
+//! [--expect N]`: runs every `*.safetensors` conformance case in DIR through one backend,
+//! prints one line per case and `N passed, M failed`, and exits with one of the
+//! [`exit`] statuses: non-zero on any failure, when DIR holds no case or not the
+//! expected number, and a status of its own when the backend cannot run here.
 #![forbid(unsafe_code)]
 
 mod backends;
@@ -9,28 +10,51 @@ mod options;
 
 use std::process::ExitCode;
 
+use attn_core::AttnError;
 use attn_testkit::golden::{CaseReport, check_case, load_dir};
+
+/// The runner's exit statuses.
+pub mod exit {
+    /// Every case passed, and as many as `--expect` asked for.
+    pub const PASSED: u8 = 0;
+    /// A case failed, the directory held no case, or a count other than `--expect`.
+    pub const FAILED: u8 = 1;
+    /// Bad options or an unreadable directory.
+    pub const USAGE: u8 = 2;
+    /// The backend is compiled in but cannot run here (no GPU, driver or library).
+    pub const UNAVAILABLE: u8 = 3;
+    /// The backend is not compiled into this binary (a cargo feature is off).
+    pub const NOT_COMPILED: u8 = 4;
+}
 
 fn main() -> ExitCode {
     let opts = match options::Options::parse(std::env::args().skip(1)) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("attn-golden: {e}\n\n{}", options::USAGE);
-            return ExitCode::from(2);
+            return ExitCode::from(exit::USAGE);
         }
     };
     let backends = match backends::select(&opts) {
         Ok(b) => b,
-        Err(e) => {
+        Err(backends::Refusal::Usage(e)) => {
             eprintln!("attn-golden: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(exit::USAGE);
+        }
+        Err(backends::Refusal::Backend(e)) => {
+            eprintln!("attn-golden: {e}");
+            return ExitCode::from(match e {
+                AttnError::NotCompiled { .. } => exit::NOT_COMPILED,
+                AttnError::BackendUnavailable { .. } => exit::UNAVAILABLE,
+                _ => exit::USAGE,
+            });
         }
     };
     let cases = match load_dir(&opts.dir) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("attn-golden: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(exit::USAGE);
         }
     };
     let (mut passed, mut failed) = (0usize, 0usize);
@@ -52,7 +76,11 @@ fn main() -> ExitCode {
     println!("{passed} passed, {failed} failed");
     if passed + failed == 0 {
         eprintln!("attn-golden: no *.safetensors case in {}", opts.dir.display());
-        return ExitCode::FAILURE;
+        return ExitCode::from(exit::FAILED);
     }
-    if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+    if let Some(expect) = opts.expect.filter(|&n| n != passed + failed) {
+        eprintln!("attn-golden: {} case(s) in {}, expected {expect}", passed + failed, opts.dir.display());
+        return ExitCode::from(exit::FAILED);
+    }
+    ExitCode::from(if failed > 0 { exit::FAILED } else { exit::PASSED })
 }

@@ -3,7 +3,10 @@
 use std::path::PathBuf;
 
 pub const USAGE: &str = "usage: attn-golden DIR [--backend reference|cpu|ring|cuda] [--dtype f32|bf16|f16]
-                   [--threads T] [--world-size N] [--strategy ring|allgather|auto] [--layout contiguous|zigzag]";
+                   [--threads T] [--world-size N] [--strategy ring|allgather|auto] [--layout contiguous|zigzag]
+                   [--expect N]   (fail unless DIR holds exactly N cases)
+exit status: 0 passed, 1 a case failed or the count is off, 2 usage, 3 backend unavailable here,
+             4 backend not compiled in";
 
 /// Parsed options.
 #[derive(Debug, Clone)]
@@ -15,6 +18,8 @@ pub struct Options {
     pub world_size: Option<usize>,
     pub strategy: String,
     pub layout: String,
+    /// The number of cases DIR must hold (`--expect N`).
+    pub expect: Option<usize>,
 }
 
 impl Options {
@@ -28,6 +33,7 @@ impl Options {
             world_size: None,
             strategy: "auto".into(),
             layout: "contiguous".into(),
+            expect: None,
         };
         while let Some(a) = args.next() {
             let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
@@ -38,6 +44,7 @@ impl Options {
                 "--world-size" => o.world_size = Some(parse_num(&value("--world-size")?)?),
                 "--strategy" => o.strategy = value("--strategy")?,
                 "--layout" => o.layout = value("--layout")?,
+                "--expect" => o.expect = Some(parse_num(&value("--expect")?)?),
                 "-h" | "--help" => return Err("help".into()),
                 s if s.starts_with('-') => return Err(format!("unknown option `{s}`")),
                 s if dir.is_none() => dir = Some(PathBuf::from(s)),

@@ -14,7 +14,7 @@ const MIN_ADVISED_BYTES: usize = 4 << 20;
 const HUGE_PAGE: usize = 2 << 20;
 
 /// `n` copies of `T::default()` (zero for the float types) in a fresh allocation;
-/// from [`MIN_ADVISED_BYTES`] on, the whole 2 MiB pages inside it are advised as huge
+/// from 4 MiB on, the whole 2 MiB pages inside it are advised as huge
 /// pages before anything touches them. Meant for outputs and gradients that a call
 /// then overwrites: `CpuBackend::forward_vec` allocates with it, and callers who
 /// bring their own buffers can too. A size the allocator refuses is

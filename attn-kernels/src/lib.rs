@@ -1,5 +1,22 @@
-//! CPU backend of `attn`: flash-style fused dilated attention (forward and backward,
-//! f32/bf16/f16 with f32 accumulation) and the block-level entry points the ring uses.
+//! Backends of `attn`: flash-style fused dilated attention on the CPU (forward and
+//! backward, f32/bf16/f16 with f32 accumulation), the block-level entry points the ring
+//! uses, and CUDA kernels behind the `cuda` feature.
+//!
+//! ```
+//! use attn_core::{DilatedConfig, Shape4};
+//! use attn_kernels::CpuBackend;
+//! # fn main() -> attn_core::Result<()> {
+//! let cfg = DilatedConfig::builder().segments(&[16, 32]).dilations(&[1, 2]).causal(true).build()?;
+//! let shape = Shape4::new(1, 64, 4, 16)?; // [batch, seq, heads, head_dim]
+//! let q: Vec<f32> = (0..shape.numel()).map(|i| (i as f32 * 0.11).sin()).collect();
+//! let (k, v) = (q.iter().map(|x| x * 0.5).collect::<Vec<_>>(), q.iter().rev().copied().collect::<Vec<_>>());
+//! let cpu = CpuBackend::new(2)?; // threads are an explicit parameter
+//! let (out, lse) = cpu.forward_vec(&cfg, shape, &q, &k, &v)?;
+//! let grad_out = vec![1.0f32; out.len()];
+//! let (dq, dk, dv) = cpu.backward_vec(&cfg, shape, &q, &k, &v, &out, &lse, &grad_out)?;
+//! assert_eq!((dq.len(), dk.len(), dv.len()), (q.len(), k.len(), v.len()));
+//! # Ok(()) }
+//! ```
 //!
 //! Layers: [`block`] (public block API, via `piece`) and [`CpuBackend`] (whole tensors,
 //! via `units`) find pieces (the selected rows of one pattern segment) from global

@@ -1,4 +1,4 @@
-//! Golden conformance on the GPU: every file in `../shared/golden/dilated` through the
+//! Golden conformance on the GPU: every file in `conformance/dilated` through the
 //! CUDA backend in f32, bf16 and f16 (forward, lse, dq/dk/dv). Skips, printing the reason,
 //! when no driver, NVRTC or GPU is present.
 #![cfg(feature = "cuda")]

@@ -1,10 +1,12 @@
 //! Without a GPU (or NVRTC) every CUDA entry point returns a typed error instead of
-//! panicking; with one, bad inputs are typed errors too. Runs on every machine.
+//! panicking; with one, bad inputs are typed errors too. Runs on every machine; with
+//! `ATTN_REQUIRE_GPU=1` a missing GPU or library is a failure naming it.
 #![cfg(feature = "cuda")]
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Shape4, TensorView, TensorViewMut};
 use attn_kernels::cuda::{CudaDevice, check_available, forward};
+use attn_testkit::gpu_policy::{gpu_required, required_failure, skip_gpu_test};
 
 #[test]
 fn missing_device_is_a_typed_error() {
@@ -14,16 +16,21 @@ fn missing_device_is_a_typed_error() {
     }
     match CudaDevice::new(0) {
         Ok(dev) => println!("GPU present: sm_{}{}", dev.compute_capability().0, dev.compute_capability().1),
-        Err(AttnError::BackendUnavailable { backend: "cuda", reason }) => println!("no GPU: {reason}"),
+        Err(AttnError::BackendUnavailable { backend: "cuda", reason }) => {
+            println!("no GPU: {reason}");
+            if let Some(msg) = required_failure("missing_device_is_a_typed_error", &reason, gpu_required()) {
+                panic!("{msg}");
+            }
+        }
         Err(e) => panic!("unexpected error kind: {e}"),
     }
 }
 
 #[test]
 fn bad_inputs_are_typed_errors_on_a_gpu() {
-    let Ok(dev) = CudaDevice::new(0) else {
-        println!("SKIP bad_inputs_are_typed_errors_on_a_gpu: no GPU");
-        return;
+    let dev = match CudaDevice::new(0) {
+        Ok(dev) => dev,
+        Err(e) => return skip_gpu_test("bad_inputs_are_typed_errors_on_a_gpu", e),
     };
     let cfg = DilatedConfig::new(&[4, 8], &[1, 2]).unwrap();
     let s = Shape4::new(1, 8, 1, 300).unwrap();

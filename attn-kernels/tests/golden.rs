@@ -1,4 +1,4 @@
-//! Every golden file in `../shared/golden/dilated` (forward, lse where present, dq/dk/dv)
+//! Every golden file in `conformance/dilated` (forward, lse where present, dq/dk/dv)
 //! through the CPU backend: f32 on both kernel paths, bf16 and f16 with the testkit's
 //! looser per-dtype bounds.
 

@@ -4,6 +4,27 @@
 //! LongNet encoder layer and stack, a ring-parallel layer, and the Hilbert option
 //! (curve-ordered grid tokens) on one device and on the ring, reached from the layer
 //! with `with_token_order` / `with_ring_token_order`.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use attn_kernels::CpuBackend;
+//! use attn_multihead::{Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, load_file, save_file};
+//! # fn main() -> attn_core::Result<()> {
+//! let config = MultiheadConfig::new(32, 4, &[8, 16], &[1, 2]); // embed 32, 4 heads
+//! // A checkpoint with PyTorch names (`q_proj.weight`, ..., `out_proj.bias`).
+//! let path = std::env::temp_dir().join(format!("attn-doc-{}.safetensors", std::process::id()));
+//! save_file(&MultiheadWeights::<f32>::magneto(&config, 7), &path, None)?;
+//!
+//! let mut weights = MultiheadWeights::<f32>::magneto(&config, 0);
+//! load_file(&mut weights, &path)?;
+//! let layer = MultiheadDilatedAttention::from_weights(config, weights, Arc::new(CpuBackend::new(1)?))?;
+//! let (batch, seq) = (1, 16);
+//! let x: Vec<f32> = (0..batch * seq * 32).map(|i| (i as f32 * 0.05).sin()).collect();
+//! let y = layer.forward(&x, batch, seq, Mode::Eval)?; // [batch, seq, embed]
+//! assert_eq!(y.len(), x.len());
+//! # std::fs::remove_file(&path).ok();
+//! # Ok(()) }
+//! ```
 #![deny(unsafe_code)]
 
 pub mod backend;

@@ -17,6 +17,23 @@
 //! [`ring_backward_with`] take [`RingOptions`]: a memory budget and a finite-input
 //! check, decided by all ranks together in the handshake, so a refused call fails
 //! every rank alike (`OverBudget`, `NonFinite`) before anything large is allocated or sent.
+//!
+//! ```
+//! use attn_core::{DilatedConfig, Shape4, TensorName, TensorView};
+//! use attn_kernels::CpuBackend;
+//! use attn_ring::{Layout, Strategy, run_in_process};
+//! # fn main() -> attn_core::Result<()> {
+//! let cfg = DilatedConfig::builder().segments(&[8, 32]).dilations(&[1, 4]).build()?;
+//! let shape = Shape4::new(1, 40, 2, 8)?;
+//! let x: Vec<f32> = (0..shape.numel()).map(|i| (i as f32 * 0.3).cos()).collect();
+//! let view = || TensorView::contiguous(TensorName::Query, &x, shape);
+//! // Three in-process ranks, zigzag layout; the result is the single-device result.
+//! let ring = run_in_process(3, &cfg, Layout::Zigzag, Strategy::Auto, view()?, view()?, view()?)?;
+//! let (out, _lse) = CpuBackend::new(1)?.forward_vec(&cfg, shape, &x, &x, &x)?;
+//! let worst = ring.out.iter().zip(&out).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+//! assert!(worst < 1e-5, "{worst}");
+//! # Ok(()) }
+//! ```
 // Without MPI/NCCL there is no unsafe code at all; with them, only the
 // `comm::mpi_comm` and `comm::nccl_comm` modules may opt in.
 #![cfg_attr(not(any(feature = "mpi", feature = "nccl")), forbid(unsafe_code))]

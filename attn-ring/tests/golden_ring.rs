@@ -1,4 +1,4 @@
-//! Every golden file in `../shared/golden/dilated` through the ring: every
+//! Every golden file in `conformance/dilated` through the ring: every
 //! strategy x layout x world size 1..=8, forward (out, lse) and gradients.
 
 mod common;

@@ -1,5 +1,5 @@
 //! MPI integration test (feature `mpi`, `harness = false`): every golden file in
-//! `../shared/golden/dilated`, every layout and strategy, forward and gradients,
+//! `conformance/dilated`, every layout and strategy, forward and gradients,
 //! with this process as one rank. Run under
 //! `mpirun --allow-run-as-root --oversubscribe -np N target/.../mpi_ring-*`.
 //! Also checks that a mismatched config is the same typed error on every rank.

@@ -1,6 +1,6 @@
 //! The ring forward and backward over the emulated NCCL transport (blocking grouped
 //! rounds, a send completes only when the peer posts its receive): every golden file in
-//! `../shared/golden/dilated`, world sizes 2..=5, every strategy and layout, checked
+//! `conformance/dilated`, world sizes 2..=5, every strategy and layout, checked
 //! with the same tolerances as `golden_ring.rs`. A protocol step that relied on
 //! buffered sends would time out here instead of passing.
 

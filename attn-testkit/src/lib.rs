@@ -3,11 +3,13 @@
 #![forbid(unsafe_code)]
 
 pub mod golden;
+pub mod gpu_policy;
 pub mod rng;
 pub mod strategies;
 pub mod tolerance;
 
 pub use golden::{CaseReport, DilatedBackend, Forward32, GoldenCase, Gradients32, MultiheadBackend, ReferenceBackend};
+pub use gpu_policy::{gpu_required, skip_gpu_test};
 pub use rng::{SeededRng, random_vec};
 pub use strategies::{DilatedCase, InvalidInput};
 pub use tolerance::{Tolerance, max_abs_error, mixed_error, rel_l2_error};

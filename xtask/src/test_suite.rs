@@ -2,6 +2,11 @@
 //! failed, or was skipped and why (fmt, clippy, tests, tidy, golden runner per
 //! backend and strategy as `.ci/run` runs it, MPI ranks under `mpirun`, GPU tests, the
 //! CUDA emulation and PTX check, fuzzing, valgrind, a bench smoke run).
+//!
+//! When `nvidia-smi -L` lists a GPU, the golden runner is built with `--features cuda`
+//! and the GPU steps run with `ATTN_REQUIRE_GPU=1`: a CUDA backend that is not compiled
+//! in or cannot open the GPU (the runner's exit statuses 4 and 3) is a failure, never a
+//! skip. `--plan` prints the commands without running them.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -21,20 +26,48 @@ struct Step {
     secs: f64,
 }
 
+/// Whether commands run, or are only printed (`--plan`).
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Run,
+    Plan,
+}
+
+/// The variable that turns GPU skips into failures (read by the GPU tests).
+const REQUIRE_GPU: &str = "ATTN_REQUIRE_GPU";
+
+/// The runner's exit statuses for a backend that cannot run (see `attn-golden --help`).
+const GOLDEN_UNAVAILABLE: i32 = 3;
+const GOLDEN_NOT_COMPILED: i32 = 4;
+
+/// A command as a line: its environment changes, program and arguments.
+fn describe(cmd: &Command) -> String {
+    let env = cmd.get_envs().filter_map(|(k, v)| Some(format!("{}={} ", k.to_string_lossy(), v?.to_string_lossy())));
+    let args = std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(|a| a.to_string_lossy().into_owned());
+    env.collect::<String>() + &args.collect::<Vec<_>>().join(" ")
+}
+
 /// Run a command with inherited output; Ok if it exits with success.
-fn run_cmd(cmd: &mut Command) -> Result<(), String> {
+fn run_cmd(mode: Mode, cmd: &mut Command) -> Result<(), String> {
+    if mode == Mode::Plan {
+        println!("plan: {}", describe(cmd));
+        return Ok(());
+    }
     let status = cmd.current_dir(repo_root()).status().map_err(|e| format!("could not start: {e}"))?;
     if status.success() { Ok(()) } else { Err(format!("exited with {status}")) }
 }
 
-/// Run a command capturing output (printed afterwards); returns (success, output).
-fn run_captured(cmd: &mut Command) -> (bool, String) {
+/// Run a command capturing output (printed afterwards); returns (exit code, output).
+fn run_captured(mode: Mode, cmd: &mut Command) -> (Option<i32>, String) {
+    if mode == Mode::Plan {
+        return (Some(0), format!("plan: {}\n", describe(cmd)));
+    }
     match cmd.current_dir(repo_root()).stdin(Stdio::null()).output() {
         Ok(o) => {
             let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-            (o.status.success(), text)
+            (o.status.code(), text)
         }
-        Err(e) => (false, format!("could not start: {e}")),
+        Err(e) => (None, format!("could not start: {e}")),
     }
 }
 
@@ -50,12 +83,29 @@ pub(crate) fn gpu_present() -> Option<String> {
 }
 
 fn golden_root() -> PathBuf {
-    std::env::var_os("ATTN_GOLDEN_DIR").map_or_else(|| repo_root().join("../shared/golden"), PathBuf::from)
+    std::env::var_os("ATTN_GOLDEN_DIR").map_or_else(|| repo_root().join("conformance"), PathBuf::from)
 }
 
-/// Output that means "this backend is not available here" rather than a failure.
-fn says_unavailable(out: &str) -> bool {
-    ["not yet available", "not compiled", "unavailable on this machine", "NotCompiled"].iter().any(|s| out.contains(s))
+/// The outcome of one golden run from the runner's exit status. Only CUDA runs can meet
+/// an unavailable or missing backend, and they are scheduled only where a GPU is listed,
+/// so both are failures that say which.
+fn golden_outcome(code: Option<i32>, out: &str) -> Outcome {
+    let last = out.lines().last().unwrap_or_default().trim().to_string();
+    match code {
+        Some(0) => Outcome::Passed,
+        Some(GOLDEN_UNAVAILABLE) => Outcome::Failed(format!("backend unavailable on a GPU machine: {last}")),
+        Some(GOLDEN_NOT_COMPILED) => Outcome::Failed(format!("backend not compiled in: {last}")),
+        _ => Outcome::Failed(last),
+    }
+}
+
+/// `cargo build` arguments of the golden runner: with the CUDA backend where a GPU is.
+fn golden_build_args(gpu: bool) -> Vec<&'static str> {
+    let mut args = vec!["build", "--release", "--bin", "attn-golden"];
+    if gpu {
+        args.extend(["--features", "attn-golden/cuda"]);
+    }
+    args
 }
 
 /// The golden runner configurations: (label, dir, args).
@@ -90,14 +140,18 @@ fn golden_runs(gpu: bool) -> Vec<(String, &'static str, Vec<String>)> {
     runs
 }
 
-fn golden_steps(steps: &mut Vec<Step>, gpu: bool) {
+fn golden_steps(mode: Mode, steps: &mut Vec<Step>, gpu: bool) {
     let root = golden_root();
     if !root.is_dir() {
-        steps.push(skip("golden", format!("no golden directory at {} (set ATTN_GOLDEN_DIR)", root.display())));
+        steps.push(Step {
+            name: "golden".into(),
+            outcome: Outcome::Failed(format!("no conformance directory at {}", root.display())),
+            secs: 0.0,
+        });
         return;
     }
     let t = Instant::now();
-    if let Err(e) = run_cmd(Command::new(cargo()).args(["build", "--release", "--bin", "attn-golden"])) {
+    if let Err(e) = run_cmd(mode, Command::new(cargo()).args(golden_build_args(gpu))) {
         steps.push(Step { name: "golden: build".into(), outcome: Outcome::Failed(e), secs: t.elapsed().as_secs_f64() });
         return;
     }
@@ -105,16 +159,18 @@ fn golden_steps(steps: &mut Vec<Step>, gpu: bool) {
     for (label, dir, args) in golden_runs(gpu) {
         let t = Instant::now();
         println!("\n=== golden: {label} ===");
-        let (ok, out) = run_captured(Command::new(&exe).arg(root.join(dir)).args(&args));
+        let mut cmd = Command::new(&exe);
+        cmd.arg(root.join(dir)).args(&args);
+        if gpu {
+            cmd.env(REQUIRE_GPU, "1");
+        }
+        let (code, out) = run_captured(mode, &mut cmd);
         print!("{out}");
-        let outcome = if ok {
-            Outcome::Passed
-        } else if says_unavailable(&out) {
-            Outcome::Skipped(out.lines().last().unwrap_or("backend unavailable").trim().to_string())
-        } else {
-            Outcome::Failed(out.lines().last().unwrap_or_default().trim().to_string())
-        };
-        steps.push(Step { name: format!("golden: {label}"), outcome, secs: t.elapsed().as_secs_f64() });
+        steps.push(Step {
+            name: format!("golden: {label}"),
+            outcome: golden_outcome(code, &out),
+            secs: t.elapsed().as_secs_f64(),
+        });
     }
 }
 
@@ -126,24 +182,31 @@ fn test_executable(json_lines: &str, test_name: &str) -> Option<PathBuf> {
     })
 }
 
-fn mpi_steps(steps: &mut Vec<Step>) {
+fn mpi_steps(mode: Mode, steps: &mut Vec<Step>) {
     if !on_path("mpirun") {
         steps.push(skip("mpi", "mpirun not found (apt-get install libopenmpi-dev openmpi-bin libclang-dev)".into()));
         return;
     }
     let t = Instant::now();
-    let (ok, out) = run_captured(Command::new(cargo()).args([
-        "test",
-        "-p",
-        "attn-ring",
-        "--features",
-        "mpi",
-        "--test",
-        "mpi_ring",
-        "--no-run",
-        "--message-format=json",
-    ]));
-    let Some(exe) = test_executable(&out, "mpi_ring").filter(|_| ok) else {
+    let (code, out) = run_captured(
+        mode,
+        Command::new(cargo()).args([
+            "test",
+            "-p",
+            "attn-ring",
+            "--features",
+            "mpi",
+            "--test",
+            "mpi_ring",
+            "--no-run",
+            "--message-format=json",
+        ]),
+    );
+    let exe = match mode {
+        Mode::Plan => Some(PathBuf::from("MPI_RING_TEST_BINARY")),
+        Mode::Run => test_executable(&out, "mpi_ring").filter(|_| code == Some(0)),
+    };
+    let Some(exe) = exe else {
         let why = out.lines().rev().find(|l| !l.starts_with('{')).unwrap_or("no executable").to_string();
         steps.push(Step { name: "mpi: build".into(), outcome: Outcome::Failed(why), secs: t.elapsed().as_secs_f64() });
         return;
@@ -151,7 +214,8 @@ fn mpi_steps(steps: &mut Vec<Step>) {
     for np in ["2", "3", "4"] {
         let t = Instant::now();
         println!("\n=== mpi: {np} ranks ===");
-        let r = run_cmd(Command::new("mpirun").args(["--allow-run-as-root", "--oversubscribe", "-np", np]).arg(&exe));
+        let r =
+            run_cmd(mode, Command::new("mpirun").args(["--allow-run-as-root", "--oversubscribe", "-np", np]).arg(&exe));
         let outcome = r.map_or_else(Outcome::Failed, |()| Outcome::Passed);
         steps.push(Step { name: format!("mpi: mpirun -np {np} mpi_ring"), outcome, secs: t.elapsed().as_secs_f64() });
     }
@@ -174,27 +238,40 @@ fn tool_step(steps: &mut Vec<Step>, name: &str, missing: Option<String>, body: i
 }
 
 /// The reliability scripts: 60 s per fuzz target (cargo-fuzz) and valgrind memcheck.
-fn reliability_steps(steps: &mut Vec<Step>, wants: impl Fn(&str) -> bool) {
+fn reliability_steps(mode: Mode, steps: &mut Vec<Step>, wants: impl Fn(&str) -> bool) {
     if wants("fuzz") {
-        let has_fuzz = run_captured(Command::new(cargo()).args(["fuzz", "--version"])).0;
+        let has_fuzz = run_captured(Mode::Run, Command::new(cargo()).args(["fuzz", "--version"])).0 == Some(0);
         let missing = (!has_fuzz).then(|| "cargo-fuzz not installed (cargo install cargo-fuzz --locked)".to_string());
         tool_step(steps, "fuzz: fuzz/run.sh 60", missing, || {
-            run_cmd(Command::new(repo_root().join("fuzz/run.sh")).arg("60"))
+            run_cmd(mode, Command::new(repo_root().join("fuzz/run.sh")).arg("60"))
         });
     }
     if wants("valgrind") {
         let missing = (!on_path("valgrind")).then(|| "valgrind not installed (apt-get install valgrind)".to_string());
         tool_step(steps, "valgrind: attn-reliability/valgrind.sh", missing, || {
-            run_cmd(&mut Command::new(repo_root().join("attn-reliability/valgrind.sh")))
+            run_cmd(mode, &mut Command::new(repo_root().join("attn-reliability/valgrind.sh")))
         });
     }
 }
 
-fn cargo_step(steps: &mut Vec<Step>, name: &str, args: &[&str]) {
+/// A cargo command as a step; `require_gpu` sets `ATTN_REQUIRE_GPU=1` for it.
+fn cargo_step(mode: Mode, steps: &mut Vec<Step>, name: &str, args: &[&str], require_gpu: GpuSkips) {
     println!("\n=== {name}: cargo {} ===", args.join(" "));
     let t = Instant::now();
-    let outcome = run_cmd(Command::new(cargo()).args(args)).map_or_else(Outcome::Failed, |()| Outcome::Passed);
+    let mut cmd = Command::new(cargo());
+    cmd.args(args);
+    if require_gpu == GpuSkips::Fail {
+        cmd.env(REQUIRE_GPU, "1");
+    }
+    let outcome = run_cmd(mode, &mut cmd).map_or_else(Outcome::Failed, |()| Outcome::Passed);
     steps.push(Step { name: name.to_string(), outcome, secs: t.elapsed().as_secs_f64() });
+}
+
+/// Whether a missing GPU may skip the GPU tests of a step.
+#[derive(Clone, Copy, PartialEq)]
+enum GpuSkips {
+    Allowed,
+    Fail,
 }
 
 /// The step groups, in order; `--only GROUP` runs one of them.
@@ -203,11 +280,12 @@ const GROUPS: [&str; 11] =
 
 /// Run everything (or `--only GROUP`); fail if any step failed.
 pub fn run(args: &[String]) -> Result<(), String> {
-    let (mut skip_golden, mut only) = (false, None);
+    let (mut skip_golden, mut only, mut mode) = (false, None, Mode::Run);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--skip-golden" => skip_golden = true,
+            "--plan" => mode = Mode::Plan,
             "--only" => {
                 let g = it.next().ok_or("--only needs a group")?;
                 if !GROUPS.contains(&g.as_str()) && g != "bench" {
@@ -215,60 +293,68 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 }
                 only = Some(g.clone());
             }
-            other => return Err(format!("unknown option `{other}` (test [--skip-golden] [--only GROUP])")),
+            other => return Err(format!("unknown option `{other}` (test [--skip-golden] [--plan] [--only GROUP])")),
         }
     }
     let wants = |g: &str| only.as_deref().is_none_or(|o| o == g);
     let mut steps = Vec::new();
+    let cpu_only = GpuSkips::Allowed;
     if wants("fmt") {
-        cargo_step(&mut steps, "fmt", &["fmt", "--all", "--check"]);
+        cargo_step(mode, &mut steps, "fmt", &["fmt", "--all", "--check"], cpu_only);
     }
     if wants("clippy") {
-        cargo_step(&mut steps, "clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]);
+        let args = ["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"];
+        cargo_step(mode, &mut steps, "clippy", &args, cpu_only);
     }
     if wants("tests") {
-        cargo_step(&mut steps, "tests", &["test", "--workspace"]);
+        cargo_step(mode, &mut steps, "tests", &["test", "--workspace"], cpu_only);
     }
     if wants("tidy") {
-        tool_step(&mut steps, "tidy", None, || tidy::run(&[]));
+        tool_step(&mut steps, "tidy", None, || if mode == Mode::Plan { Ok(()) } else { tidy::run(&[]) });
     }
     let gpu = gpu_present();
+    let gpu_skips = if gpu.is_some() { GpuSkips::Fail } else { GpuSkips::Allowed };
+    if let Some(name) = &gpu {
+        println!("\n=== GPU listed: {name}; GPU tests run with {REQUIRE_GPU}=1 ===");
+    }
     if wants("golden") {
         if skip_golden {
             steps.push(skip("golden", "--skip-golden".into()));
         } else {
-            golden_steps(&mut steps, gpu.is_some());
+            golden_steps(mode, &mut steps, gpu.is_some());
         }
     }
     if wants("mpi") {
-        mpi_steps(&mut steps);
+        mpi_steps(mode, &mut steps);
     }
     if wants("nccl") {
         // No GPU needed: the emulated transport, and the real NcclComm against stand-in
         // libcuda/libnccl (a C compiler builds them); on a GPU also the real library.
-        cargo_step(&mut steps, "nccl: attn-ring --features nccl", &["test", "-p", "attn-ring", "--features", "nccl"]);
+        let args = ["test", "-p", "attn-ring", "--features", "nccl"];
+        cargo_step(mode, &mut steps, "nccl: attn-ring --features nccl", &args, gpu_skips);
     }
     if wants("gpu") {
         match &gpu {
-            Some(name) => {
-                println!("\n=== GPU: {name} ===");
+            Some(_) => {
                 let kernels = ["test", "-p", "attn-kernels", "--features", "cuda"];
-                cargo_step(&mut steps, "gpu: attn-kernels --features cuda", &kernels);
+                cargo_step(mode, &mut steps, "gpu: attn-kernels --features cuda", &kernels, gpu_skips);
             }
             None => steps.push(skip("gpu", "no GPU (nvidia-smi lists none); CUDA/NCCL tests need one".into())),
         }
     }
     if wants("ptx") {
         let emulate = ["--emulate".to_string()];
-        tool_step(&mut steps, "ptx --emulate", ptx::missing_default_tools(), || ptx::run(&emulate));
+        tool_step(&mut steps, "ptx --emulate", ptx::missing_default_tools(), || {
+            if mode == Mode::Plan { Ok(()) } else { ptx::run(&emulate) }
+        });
     }
-    reliability_steps(&mut steps, wants);
+    reliability_steps(mode, &mut steps, wants);
     if wants("bench") {
         let smoke = ["run", "--quiet", "--release", "-p", "attn-bench", "--", "--json", "--impl", "reference"];
         let case =
             ["--seq-len", "256", "--heads", "2", "--head-dim", "16", "--segments", "64,128", "--dilations", "1,2"];
         let args: Vec<&str> = smoke.into_iter().chain(case).chain(["--runs", "1"]).collect();
-        cargo_step(&mut steps, "bench smoke (--json, reference)", &args);
+        cargo_step(mode, &mut steps, "bench smoke (--json, reference)", &args, cpu_only);
     }
     summarize(&steps)
 }
@@ -322,6 +408,16 @@ mod tests {
         assert_eq!(runs.iter().filter(|(n, _, _)| n.contains(" ring P=")).count(), 8 * 7);
         assert!(!runs.iter().any(|(n, _, _)| n.contains("cuda")));
         assert!(golden_runs(true).iter().any(|(n, _, _)| n.contains("cuda")));
-        assert!(says_unavailable("unknown or not yet available backend `cpu`"));
+    }
+
+    #[test]
+    fn on_a_gpu_the_runner_is_built_with_cuda_and_an_absent_backend_fails() {
+        assert!(!golden_build_args(false).contains(&"--features"));
+        assert!(golden_build_args(true).ends_with(&["--features", "attn-golden/cuda"]));
+        assert!(matches!(golden_outcome(Some(0), "9 passed, 0 failed"), Outcome::Passed));
+        for code in [GOLDEN_UNAVAILABLE, GOLDEN_NOT_COMPILED, 1] {
+            assert!(matches!(golden_outcome(Some(code), "x"), Outcome::Failed(_)), "exit {code}");
+        }
+        assert!(matches!(golden_outcome(None, "killed"), Outcome::Failed(_)));
     }
 }

@@ -1,26 +1,29 @@
 //! `cargo xtask tidy`: source hygiene checks over every `.rs` file of the repository:
 //! opens with `//!` module docs, under 700 lines, no todo!/unimplemented!/dbg!, and a
-//! `// SAFETY:` comment directly above every `unsafe` block or impl.
+//! `// SAFETY:` comment directly above every `unsafe` block or impl; project text
+//! (`.rs`, `.md`, `.sh`) describes the project, not the work history; and the in-repo
+//! conformance vectors hold every upstream file (`vectors`).
 
 use std::path::{Path, PathBuf};
 
-use crate::repo_root;
+use crate::{repo_root, vectors};
 
 /// Longest allowed file, in lines.
 pub const MAX_LINES: usize = 700;
 
-/// Every `.rs` file under `dir`, skipping `target/` and hidden directories.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+/// Every file under `dir` whose name ends with one of `exts`, skipping `target/` and
+/// hidden directories.
+fn files_with(dir: &Path, exts: &[&str], out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
     entries.sort();
     for p in entries {
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         if p.is_dir() {
-            if name != "target" && !name.starts_with('.') {
-                rust_files(&p, out);
+            if name != "target" && name != "device-pack" && !name.starts_with('.') {
+                files_with(&p, exts, out);
             }
-        } else if name.ends_with(".rs") {
+        } else if exts.iter().any(|e| name.ends_with(e)) {
             out.push(p);
         }
     }
@@ -74,6 +77,29 @@ pub fn check_text(text: &str) -> Vec<(usize, String)> {
     problems
 }
 
+/// The word for a unit of work history, spelled in pieces so this file passes its own check.
+const HISTORY_WORD: &str = concat!("sess", "ion");
+
+/// Lines of `text` that use the history word (singular or plural, any case, as a whole
+/// word), as `(line number, message)`: project files describe the project as it is.
+pub fn check_history_words(text: &str) -> Vec<(usize, String)> {
+    let is_word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+    let mut problems = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let lower = line.to_lowercase();
+        let hit = lower.match_indices(HISTORY_WORD).any(|(at, w)| {
+            let before = lower[..at].chars().next_back();
+            let rest = &lower[at + w.len()..];
+            let rest = rest.strip_prefix('s').unwrap_or(rest);
+            !is_word(before) && !is_word(rest.chars().next())
+        });
+        if hit {
+            problems.push((i + 1, format!("uses the word `{HISTORY_WORD}`: describe the project, not its history")));
+        }
+    }
+    problems
+}
+
 /// Check every file; fail listing the problems.
 pub fn run(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
@@ -81,13 +107,27 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let root = repo_root();
     let mut files = Vec::new();
-    rust_files(&root, &mut files);
+    files_with(&root, &[".rs", ".md", ".sh"], &mut files);
     let mut count = 0;
     for f in &files {
         let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
-        for (line, msg) in check_text(&text) {
+        let mut problems = check_history_words(&text);
+        if f.extension().is_some_and(|e| e == "rs") {
+            problems.extend(check_text(&text));
+        }
+        for (line, msg) in problems {
             println!("{}:{line}: {msg}", f.strip_prefix(&root).unwrap_or(f).display());
             count += 1;
+        }
+    }
+    match vectors::check(&root)? {
+        None => println!("tidy: no ../shared/golden beside the repository; conformance/ not compared"),
+        Some(missing) => {
+            for m in &missing {
+                println!("conformance: {m}");
+            }
+            println!("tidy: conformance/ compared with ../shared/golden, {} problem(s)", missing.len());
+            count += missing.len();
         }
     }
     println!("tidy: {} files checked, {count} problem(s)", files.len());
@@ -102,6 +142,14 @@ mod tests {
     fn clean_file_passes() {
         let src = "//! Docs.\n\nfn f() {\n    // SAFETY: the pointer is valid.\n    unsafe { g() }\n}\n";
         assert!(check_text(src).is_empty(), "{:?}", check_text(src));
+    }
+
+    #[test]
+    fn the_history_word_is_found_as_a_word_only() {
+        let w = HISTORY_WORD;
+        let text = format!("ok line\nthe {w} ended\n{}S here\nthe {w}al flag and sub{w}\n", w.to_uppercase());
+        let lines: Vec<usize> = check_history_words(&text).into_iter().map(|(l, _)| l).collect();
+        assert_eq!(lines, vec![2, 3]);
     }
 
     #[test]

@@ -6,7 +6,7 @@ mod cuda;
 mod multihead;
 mod ring;
 
-use attn_core::DType;
+use attn_core::{AttnError, DType};
 use attn_testkit::{DilatedBackend, MultiheadBackend, ReferenceBackend};
 
 use crate::options::Options;
@@ -18,15 +18,35 @@ pub struct Selected {
     pub multihead: Option<Box<dyn MultiheadBackend>>,
 }
 
-pub fn select(o: &Options) -> Result<Selected, String> {
+/// Why no backend was selected: a usage mistake, or a typed error from opening it
+/// (`NotCompiled`, `BackendUnavailable`), which the runner reports by its own exit code.
+#[derive(Debug)]
+pub enum Refusal {
+    Usage(String),
+    Backend(AttnError),
+}
+
+impl From<String> for Refusal {
+    fn from(s: String) -> Self {
+        Refusal::Usage(s)
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(s: &str) -> Self {
+        Refusal::Usage(s.to_string())
+    }
+}
+
+pub fn select(o: &Options) -> Result<Selected, Refusal> {
     let dtype = DType::parse(&o.dtype).ok_or_else(|| format!("unknown dtype `{}`", o.dtype))?;
     if o.world_size.is_some() && o.backend != "ring" {
         return Err("--world-size needs --backend ring".into());
     }
     if o.backend != "cpu" && o.backend != "cuda" && dtype != DType::F32 {
-        return Err(format!("--dtype {} is only for --backend cpu|cuda", o.dtype));
+        return Err(format!("--dtype {} is only for --backend cpu|cuda", o.dtype).into());
     }
-    let err = |e: attn_core::AttnError| e.to_string();
+    let err = |e: AttnError| e.to_string();
     let sel = match o.backend.as_str() {
         "reference" => Selected {
             label: "reference".into(),
@@ -49,19 +69,19 @@ pub fn select(o: &Options) -> Result<Selected, String> {
             let m = multihead::MultiheadRunner::ring(r.world, r.layout, r.strategy);
             Selected { label: r.name(), dilated: Some(Box::new(r)), multihead: Some(Box::new(m)) }
         }
-        "cuda" => cuda_backend(dtype)?,
-        other => return Err(format!("unknown backend `{other}` (reference|cpu|ring|cuda)")),
+        "cuda" => cuda_backend(dtype).map_err(Refusal::Backend)?,
+        other => return Err(format!("unknown backend `{other}` (reference|cpu|ring|cuda)").into()),
     };
     Ok(sel)
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_backend(dtype: DType) -> Result<Selected, String> {
-    let b = cuda::open(dtype).map_err(|e| e.to_string())?;
+fn cuda_backend(dtype: DType) -> Result<Selected, AttnError> {
+    let b = cuda::open(dtype)?;
     Ok(Selected { label: b.name(), dilated: Some(b), multihead: None })
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_backend(_dtype: DType) -> Result<Selected, String> {
-    Err(attn_core::AttnError::NotCompiled { backend: "cuda", feature: "cuda" }.to_string())
+fn cuda_backend(_dtype: DType) -> Result<Selected, AttnError> {
+    Err(AttnError::NotCompiled { backend: "cuda", feature: "cuda" })
 }

@@ -98,7 +98,7 @@ fn grid(rows: usize, per_block: usize, heads: usize, batch: usize) -> Result<Opt
 
 /// Attend q rows `q_start..` to k/v rows `k_start..` (global positions) with every
 /// pattern of `cfg` and LSE-merge into `partial` (shape of q). Calling it for every key
-/// block, in any order, gives the attention over all of them; then [`finish_forward`].
+/// block, in any order, gives the attention over all of them; then [`finish_forward`](crate::cuda::finish_forward).
 #[allow(clippy::too_many_arguments)]
 pub fn forward_block<T: CudaElement>(
     dev: &CudaDevice,

@@ -1,12 +1,12 @@
 //! CUDA backend (feature `cuda`): fused dilated attention forward and backward on NVIDIA
 //! GPUs, kernels in `kernels/*.cu` compiled by NVRTC at run time (once per device).
 //!
-//! - [`CudaDevice::new`] checks libcuda, libnvrtc and the device first and returns
+//! - [`CudaDevice::new`](crate::cuda::CudaDevice::new) checks libcuda, libnvrtc and the device first and returns
 //!   `AttnError::BackendUnavailable` (never a panic) when any is missing; sm_80+ only.
-//! - Whole calls from host views: [`forward`] (out + f32 LSE) and [`backward`].
-//! - Ring steps: [`forward_block`] LSE-merges a (q block, k block) pair into a
-//!   [`DevicePartial`], [`finish_forward`] applies the heads' `out_scale`;
-//!   [`backward_block`] accumulates f32 gradients given the final LSE and [`delta`].
+//! - Whole calls from host views: [`forward`](crate::cuda::forward) (out + f32 LSE) and [`backward`](crate::cuda::backward).
+//! - Ring steps: [`forward_block`](crate::cuda::forward_block) LSE-merges a (q block, k block) pair into a
+//!   [`DevicePartial`](crate::cuda::DevicePartial), [`finish_forward`](crate::cuda::finish_forward) applies the heads' `out_scale`;
+//!   [`backward_block`](crate::cuda::backward_block) accumulates f32 gradients given the final LSE and [`delta`](crate::cuda::delta).
 //! - Kernels: f16/bf16 forward on tensor cores (`mma.sync.m16n8k16`, f32 accumulation,
 //!   dilation gather fused into the tile loads); f32 forward and every backward use the
 //!   warp-per-row kernels (f32 accumulation, no tensor cores yet).

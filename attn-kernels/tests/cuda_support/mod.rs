@@ -4,15 +4,16 @@
 
 use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Result};
 use attn_kernels::cuda::{CudaDevice, CudaElement, backward_vec, forward_vec};
-use attn_testkit::DilatedBackend;
 use attn_testkit::golden::{Forward32, Gradients32};
+use attn_testkit::{DilatedBackend, skip_gpu_test};
 
-/// The GPU, or `None` after printing the skip reason (no driver, no NVRTC, no device).
+/// The GPU, or `None` after printing the skip reason (no driver, no NVRTC, no device);
+/// with `ATTN_REQUIRE_GPU=1` a missing GPU or library fails the test instead.
 pub fn device_or_skip(test: &str) -> Option<CudaDevice> {
     match CudaDevice::new(0) {
         Ok(dev) => Some(dev),
         Err(e @ AttnError::BackendUnavailable { .. }) => {
-            println!("SKIP {test}: {e}");
+            skip_gpu_test(test, e);
             None
         }
         Err(e) => panic!("{test}: opening the GPU failed with an unexpected error: {e}"),

@@ -102,7 +102,7 @@ pub struct SweepRun {
     pub strategy: Strategy,
 }
 
-/// Every golden file in `../shared/golden/dilated` (at least 9) through
+/// Every golden file in `conformance/dilated` (at least 9) through
 /// `backend(world, layout, strategy)` for every world in `worlds` and layout the
 /// sequence allows, and every strategy, forward and gradients. Panics listing every
 /// failed run; returns the runs.

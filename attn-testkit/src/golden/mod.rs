@@ -1,4 +1,4 @@
-//! Golden conformance files (`../shared/golden/**.safetensors`): loading and metadata.
+//! Golden conformance files (`conformance/**.safetensors`): loading and metadata.
 //!
 //! A malformed file is an [`AttnError::Format`] naming the file and the problem;
 //! nothing here panics or allocates a size a header merely declares.
@@ -17,6 +17,17 @@ use safetensors::{Dtype, SafeTensors};
 
 /// Files larger than this are refused before reading (the conformance files are KBs).
 pub const MAX_GOLDEN_BYTES: u64 = 256 << 20;
+
+/// The loosest `rel_tol` a file may declare: a file cannot make its own check lax.
+pub const MAX_REL_TOL: f64 = 1e-3;
+
+/// The tensors every `kind=dilated` file must hold (`lse` too for LongNet and window
+/// mixing, see [`GoldenCase::required_tensors`]).
+const DILATED_TENSORS: [&str; 8] = ["q", "k", "v", "out", "grad_out", "dq", "dk", "dv"];
+
+/// The tensors every `kind=multihead` file must hold besides its weights (`key` and
+/// `value` too for cross-attention).
+const MULTIHEAD_TENSORS: [&str; 2] = ["query", "out"];
 
 /// A float32 tensor from a golden file.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,7 +80,9 @@ impl GoldenCase {
             tensors.insert(tname, Tensor { shape, data });
         }
         let case = GoldenCase { name: name.to_string(), meta, tensors };
-        case.kind()?;
+        for t in case.required_tensors()? {
+            case.tensor(t)?;
+        }
         Ok(case)
     }
 
@@ -109,11 +122,35 @@ impl GoldenCase {
         }
     }
 
-    /// The file's relative-error bound.
+    /// The tensors the definition lists for this case's kind: every input, output and
+    /// gradient, and `lse` where the mixing makes it part of the result (LongNet, window).
+    pub fn required_tensors(&self) -> Result<Vec<&'static str>> {
+        Ok(match self.kind()? {
+            "dilated" => {
+                let mut t = DILATED_TENSORS.to_vec();
+                if matches!(self.meta("mixing")?, "longnet" | "window") {
+                    t.push("lse");
+                }
+                t
+            }
+            _ => {
+                let mut t = MULTIHEAD_TENSORS.to_vec();
+                if self.meta.contains_key("cross_attention") && self.meta_bool("cross_attention")? {
+                    t.extend(["key", "value"]);
+                }
+                t
+            }
+        })
+    }
+
+    /// The file's relative-error bound, positive and at most [`MAX_REL_TOL`].
     pub fn rel_tol(&self) -> Result<f64> {
         let t: f64 = self.meta("rel_tol")?.parse().map_err(|e| fmt_err(&self.name, format!("rel_tol: {e}")))?;
         if !(t.is_finite() && t > 0.0) {
             return Err(fmt_err(&self.name, format!("rel_tol {t} is not positive")));
+        }
+        if t > MAX_REL_TOL {
+            return Err(fmt_err(&self.name, format!("rel_tol {t} is looser than the cap {MAX_REL_TOL}")));
         }
         Ok(t)
     }
@@ -162,22 +199,26 @@ impl GoldenCase {
     }
 }
 
-/// The directory `shared/golden` next to the repository (found from this crate's
-/// manifest dir, or `ATTN_GOLDEN_DIR`).
+/// The repository's conformance vectors, `conformance/` (found from this crate's
+/// manifest dir), or the directory named by `ATTN_GOLDEN_DIR`.
 pub fn golden_dir() -> PathBuf {
     if let Ok(d) = std::env::var("ATTN_GOLDEN_DIR") {
         return PathBuf::from(d);
     }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance")
 }
 
-/// Every `*.safetensors` file in `dir` (sorted), each loaded or with its error.
+/// Every `*.safetensors` file in `dir` (sorted), each loaded or with its error. A
+/// directory entry that cannot be read is an error, never silently dropped.
 pub fn load_dir(dir: &Path) -> Result<Vec<(PathBuf, Result<GoldenCase>)>> {
-    let rd = std::fs::read_dir(dir).map_err(|e| AttnError::Format(format!("{}: {e}", dir.display())))?;
-    let mut paths: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
+    let dir_err = |e: std::io::Error| AttnError::Format(format!("{}: {e}", dir.display()));
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(dir_err)? {
+        let path = entry.map_err(dir_err)?.path();
+        if path.extension().is_some_and(|x| x == "safetensors") {
+            paths.push(path);
+        }
+    }
     paths.sort();
     Ok(paths.into_iter().map(|p| (p.clone(), GoldenCase::load(&p))).collect())
 }

@@ -1,0 +1,40 @@
+//! Whether a missing GPU, driver or GPU library may skip a test: with `ATTN_REQUIRE_GPU=1`
+//! (set by `scripts/device-check.sh`, and by `cargo xtask test` for its GPU steps when
+//! `nvidia-smi` lists a GPU) every such skip is a failure that names what is missing.
+
+use std::fmt::Display;
+
+/// The environment variable that turns GPU skips into failures.
+pub const REQUIRE_GPU_VAR: &str = "ATTN_REQUIRE_GPU";
+
+/// Whether `ATTN_REQUIRE_GPU=1` is set.
+pub fn gpu_required() -> bool {
+    std::env::var(REQUIRE_GPU_VAR).is_ok_and(|v| v == "1")
+}
+
+/// The message of a GPU test that cannot run, or `None` where it may skip.
+pub fn required_failure(test: &str, reason: &dyn Display, required: bool) -> Option<String> {
+    required.then(|| format!("{test}: {REQUIRE_GPU_VAR}=1 but the GPU test cannot run: {reason}"))
+}
+
+/// Skip the GPU test `test` for `reason` (printing `SKIP test: reason`), or panic with the
+/// reason when `ATTN_REQUIRE_GPU=1`.
+pub fn skip_gpu_test(test: &str, reason: impl Display) {
+    if let Some(msg) = required_failure(test, &reason, gpu_required()) {
+        panic!("{msg}");
+    }
+    println!("SKIP {test}: {reason}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_required_gpu_turns_the_skip_into_a_failure_naming_the_reason() {
+        let reason = "libcuda (the NVIDIA driver library) was not found";
+        let msg = required_failure("cuda_golden", &reason, true).expect("required: a failure");
+        assert!(msg.contains("cuda_golden") && msg.contains("libcuda") && msg.contains(REQUIRE_GPU_VAR), "{msg}");
+        assert_eq!(required_failure("cuda_golden", &reason, false), None);
+    }
+}
