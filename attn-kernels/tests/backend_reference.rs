@@ -4,12 +4,13 @@
 
 mod common;
 
-use attn_core::reference::dilated_backward_with_magnitudes;
 use attn_core::{DType, DilatedConfig, Element, Mixing, Shape4};
 use attn_kernels::{CpuBackend, Isa};
+use attn_testkit::judge::judge;
+use attn_testkit::judge::{Expected, check_rows};
 use attn_testkit::strategies::{DilatedCase, dilated_case, dilated_case_with};
-use attn_testkit::{Tolerance, mixed_error, random_vec, rel_l2_error};
-use common::{back, conv, judge, to64};
+use attn_testkit::{random_vec, rel_l2_error};
+use common::conv;
 use half::{bf16, f16};
 use proptest::prelude::*;
 
@@ -99,24 +100,21 @@ fn simd_paths_agree_with_portable() {
     }
 }
 
-/// The mixed bound still separates rounding from a wrong answer: bf16 outputs of the
+/// The row bound still separates rounding from a wrong answer: bf16 outputs of the
 /// non-causal function, or with two query rows swapped, are judged against the causal
-/// reference and land far outside it, while the right answer sits well inside.
+/// reference and land far outside it, while the right answer sits inside.
 #[test]
-fn mixed_bound_rejects_wrong_answers() {
+fn row_bound_rejects_wrong_answers() {
     let causal = DilatedConfig::builder().segments(&[16, 32]).dilations(&[1, 2]).causal(true).build().unwrap();
     let open = DilatedConfig::builder().segments(&[16, 32]).dilations(&[1, 2]).causal(false).build().unwrap();
     let shape = Shape4::new(1, 64, 2, 16).unwrap();
     let be = backend(Isa::detect());
-    let tol = Tolerance::for_dtype(DType::BF16);
     for seed in 0..4 {
         let case = DilatedCase { cfg: causal.clone(), shape, seed };
         let [q, k, v, go] = case.inputs().map(|x| conv::<bf16>(&x));
-        let r = |x: &[bf16]| to64(&back(x));
-        let (q64, k64, v64, g64) = (r(&q), r(&k), r(&v), r(&go));
-        let (want, _, mag) =
-            dilated_backward_with_magnitudes(&causal, case.attn_shape(), &q64, &k64, &v64, &g64).unwrap();
-        let err = |out: &[bf16]| mixed_error(out, &want.out, &mag.out, tol, DType::BF16);
+        let want = Expected::of(&causal, case.attn_shape(), [&q, &k, &v], Some(&go)).unwrap();
+        let err =
+            |out: &[bf16]| check_rows("out", out, &want.fwd.out, &want.mag.out, shape.head_dim, DType::BF16).worst;
         let (right, _) = be.forward_vec(&causal, shape, &q, &k, &v).unwrap();
         let (wrong, _) = be.forward_vec(&open, shape, &q, &k, &v).unwrap();
         let mut swapped = right.clone();
@@ -124,7 +122,7 @@ fn mixed_bound_rejects_wrong_answers() {
         let (a, b) = swapped.split_at_mut(11 * row);
         a[10 * row..].swap_with_slice(&mut b[..row]);
         let (e_right, e_wrong, e_swapped) = (err(&right), err(&wrong), err(&swapped));
-        assert!(e_right < 0.25, "seed {seed}: right answer at {e_right:.3} of the bound");
-        assert!(e_wrong > 5.0 && e_swapped > 1.0, "seed {seed}: wrong {e_wrong:.3}, swapped {e_swapped:.3}");
+        assert!(e_right <= 1.0, "seed {seed}: right answer at {e_right:.3} of the bound");
+        assert!(e_wrong > 5.0 && e_swapped > 5.0, "seed {seed}: wrong {e_wrong:.3}, swapped {e_swapped:.3}");
     }
 }

@@ -6,10 +6,10 @@
 
 mod common;
 
-use attn_core::reference::dilated_forward;
-use attn_core::{AttnShape, DilatedConfig, Mixing, Shape4};
+use attn_core::{AttnShape, DType, DilatedConfig, Mixing, Shape4};
 use attn_kernels::{CpuBackend, Isa};
-use attn_testkit::{Tolerance, random_vec, rel_l2_error};
+use attn_testkit::judge::{Expected, judge_forward, verdict};
+use attn_testkit::{random_vec, rel_l2_error};
 use common::{back, conv, to64};
 use half::bf16;
 
@@ -66,20 +66,13 @@ fn pair_engines_match_reference_on_ragged_shapes() {
             let cfg = DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causal(causal).build().unwrap();
             let shape = Shape4::new(1, n, h, d).unwrap();
             let [q, k, v] = inputs(shape, 40 + 3 * i as u64);
-            let want = dilated_forward(
-                &cfg,
-                AttnShape::self_attn(shape),
-                &to64(&back(&q)),
-                &to64(&back(&k)),
-                &to64(&back(&v)),
-            )
-            .unwrap();
+            let want = Expected::of(&cfg, AttnShape::self_attn(shape), [&q, &k, &v], None).unwrap();
             let (out, lse) = be.forward_vec(&cfg, shape, &q, &k, &v).unwrap();
-            let err = rel_l2_error(&back(&out), &want.out);
-            let tol = Tolerance::for_dtype(attn_core::DType::BF16).rel_l2;
-            assert!(err < tol, "{} case {i} (d={d}): out rel err {err:.3e} > {tol:.0e}", isa.as_str());
-            let lse_err = rel_l2_error(&lse, &want.lse);
-            assert!(lse_err < tol, "{} case {i}: lse rel err {lse_err:.3e}", isa.as_str());
+            let checks = judge_forward(&want, &out, &lse, DType::BF16);
+            if let Err(e) = verdict(&checks) {
+                panic!("{} case {i} (d={d}): {e}", isa.as_str());
+            }
+            let err = checks[0].rel_l2;
             // The tile path and the f32 path differ only by the bf16 rounding of p.
             let (alt, _) = avx512(2).forward_vec(&cfg, shape, &q, &k, &v).unwrap();
             let gap = rel_l2_error(&back(&out), &to64(&back(&alt)));

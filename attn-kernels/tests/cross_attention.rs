@@ -7,9 +7,10 @@ mod common;
 
 use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Mixing, Shape4};
 use attn_kernels::{CpuBackend, Isa};
+use attn_testkit::judge::judge;
 use attn_testkit::random_vec;
 use attn_testkit::strategies::{DilatedCase, dilated_case, dilated_case_with};
-use common::{conv, judge};
+use common::conv;
 use half::bf16;
 use proptest::prelude::*;
 

@@ -1,139 +1,61 @@
 //! Property tests on the GPU: random valid configs (both mixing modes, causal, ragged
-//! tails, `w > n`) against the float64 reference and against the CPU backend (f16, bf16),
-//! and the block API (LSE-merging key blocks in any order) against the whole call. Skips
-//! with a printed reason without a GPU.
+//! tails, `w > n`) in f32, bf16 and f16, judged row by row against the float64 reference
+//! on the same rounded inputs, and the block API (LSE-merging key blocks in any order)
+//! against the reference. Without a GPU they skip with the reason, or fail under
+//! `ATTN_REQUIRE_GPU=1`.
 #![cfg(feature = "cuda")]
 
 mod cuda_support;
 
-use attn_core::DType;
-use attn_core::reference;
+use attn_core::{AttnShape, DType, DilatedConfig};
 use attn_kernels::cuda::{DevicePartial, DeviceTensor, finish_forward, forward_block};
+use attn_testkit::DilatedBackend;
+use attn_testkit::judge::{Expected, check_rows, judge_backward, judge_forward, round_to, verdict};
 use attn_testkit::strategies::dilated_case;
-use attn_testkit::{DilatedBackend, Tolerance, mixed_error, rel_l2_error};
 use cuda_support::{Gpu, conv, device_or_skip};
 use half::bf16;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-fn to64(x: &[f32]) -> Vec<f64> {
-    x.iter().map(|&v| v as f64).collect()
-}
-
 fn runner() -> TestRunner {
     TestRunner::new(Config { cases: 48, max_shrink_iters: 64, ..Config::default() })
+}
+
+/// The float64 reference on the inputs `[q, k, v, grad_out]` rounded to `dtype`.
+fn rounded_reference(cfg: &DilatedConfig, shape: AttnShape, inputs: [&[f32]; 4], dtype: DType) -> Expected {
+    let [q, k, v, go] = inputs.map(|x| round_to(dtype, x).into_iter().map(f64::from).collect::<Vec<f64>>());
+    Expected::compute(cfg, shape, [&q, &k, &v], Some(&go)).expect("valid case")
 }
 
 #[test]
 fn forward_and_backward_match_the_reference() {
     let Some(dev) = device_or_skip("forward_and_backward_match_the_reference") else { return };
-    let (f32_gpu, bf16_gpu) = (Gpu::<f32>::new(dev.clone()), Gpu::<bf16>::new(dev));
+    let gpus: [Box<dyn DilatedBackend>; 3] = [
+        Box::new(Gpu::<f32>::new(dev.clone())),
+        Box::new(Gpu::<bf16>::new(dev.clone())),
+        Box::new(Gpu::<half::f16>::new(dev)),
+    ];
     runner()
         .run(&dilated_case(), |case| {
             let shape = case.attn_shape();
             let [q, k, v, go] = case.inputs();
-            let (fwd, grads) =
-                reference::dilated_backward(&case.cfg, shape, &to64(&q), &to64(&k), &to64(&v), &to64(&go))
-                    .expect("valid case");
-            let tol32 = Tolerance::for_dtype(attn_core::DType::F32).rel_l2;
-            let got = f32_gpu.forward(&case.cfg, shape, &q, &k, &v).expect("gpu f32 forward");
-            prop_assert!(rel_l2_error(&got.out, &fwd.out) <= tol32, "out {:?}", case);
-            let lse_ok = got.lse.iter().zip(&fwd.lse).all(|(a, b)| {
-                (a.is_infinite() && b.is_infinite()) || ((*a as f64) - b).abs() <= 1e-4 * (1.0 + b.abs())
-            });
-            prop_assert!(lse_ok, "lse {:?}", case);
-            let g = f32_gpu.backward(&case.cfg, shape, &q, &k, &v, &go).expect("gpu f32 backward");
-            for (name, a, b) in [("dq", &g.dq, &grads.dq), ("dk", &g.dk, &grads.dk), ("dv", &g.dv, &grads.dv)] {
-                prop_assert!(rel_l2_error(a, b) <= tol32, "{name}: {} {:?}", rel_l2_error(a, b), case);
-            }
-            // bf16: against the reference on the bf16-rounded inputs, by the mixed bound
-            // (an output whose terms cancel is judged by their magnitudes).
-            let (want, mag) = rounded_reference::<bf16>(&case.cfg, shape, [&q, &k, &v, &go]);
-            let got = bf16_gpu.forward(&case.cfg, shape, &q, &k, &v).expect("gpu bf16 forward");
-            let tol16 = Tolerance::for_dtype(DType::BF16);
-            let err = mixed_error(&got.out, &want.out, &mag.out, tol16, DType::BF16);
-            prop_assert!(err <= 1.0, "bf16 out at {err:.3} of the bound: {:?}", case);
-            Ok(())
-        })
-        .unwrap();
-}
-
-/// The GPU and the CPU backend agree in f16 and bf16 (forward and gradients). Each is
-/// within the dtype's mixed bound of the exact result, so they are within twice of each
-/// other: twice the relative tolerance plus twice the magnitudes' term.
-#[test]
-fn half_precision_matches_the_cpu_backend() {
-    let Some(dev) = device_or_skip("half_precision_matches_the_cpu_backend") else { return };
-    let cpu = attn_kernels::CpuBackend::new(2).expect("cpu backend");
-    let (g16, gb16) = (Gpu::<half::f16>::new(dev.clone()), Gpu::<bf16>::new(dev));
-    runner()
-        .run(&dilated_case(), |case| {
-            let shape = case.attn_shape();
-            let [q, k, v, go] = case.inputs();
-            for (gpu, dtype) in [(&g16 as &dyn DilatedBackend, attn_core::DType::F16), (&gb16, attn_core::DType::BF16)]
-            {
-                let bound = Tolerance { rel_l2: 2.0 * Tolerance::for_dtype(dtype).rel_l2 };
-                let ((cpu_out, cpu_grads), (_, mag)) = match dtype {
-                    DType::F16 => (
-                        cpu_run::<half::f16>(&cpu, &case.cfg, shape.q, &q, &k, &v, &go),
-                        rounded_reference::<half::f16>(&case.cfg, shape, [&q, &k, &v, &go]),
-                    ),
-                    _ => (
-                        cpu_run::<bf16>(&cpu, &case.cfg, shape.q, &q, &k, &v, &go),
-                        rounded_reference::<bf16>(&case.cfg, shape, [&q, &k, &v, &go]),
-                    ),
-                };
-                let twice = |m: &[f64]| m.iter().map(|x| 2.0 * x).collect::<Vec<f64>>();
+            for gpu in &gpus {
+                let dtype = gpu.dtype();
+                let want = rounded_reference(&case.cfg, shape, [&q, &k, &v, &go], dtype);
                 let got = gpu.forward(&case.cfg, shape, &q, &k, &v).expect("gpu forward");
-                let err = mixed_error(&got.out, &to64(&cpu_out), &twice(&mag.out), bound, dtype);
-                prop_assert!(err <= 1.0, "{dtype:?} out at {err:.3} of the bound: {:?}", case);
                 let g = gpu.backward(&case.cfg, shape, &q, &k, &v, &go).expect("gpu backward");
-                for (name, a, b, m) in [
-                    ("dq", &g.dq, &cpu_grads[0], &mag.dq),
-                    ("dk", &g.dk, &cpu_grads[1], &mag.dk),
-                    ("dv", &g.dv, &cpu_grads[2], &mag.dv),
-                ] {
-                    let err = mixed_error(a, &to64(b), &twice(m), bound, dtype);
-                    prop_assert!(err <= 1.0, "{dtype:?} {name} at {err:.3} of the bound: {:?}", case);
-                }
+                let mut checks = judge_forward(&want, &got.out, &got.lse, dtype);
+                checks.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], dtype));
+                let v = verdict(&checks);
+                prop_assert!(v.is_ok(), "{}: {} {:?}", gpu.name(), v.unwrap_err(), case);
             }
             Ok(())
         })
         .unwrap();
-}
-
-/// The float64 reference and its magnitudes on the inputs `[q, k, v, grad_out]` rounded
-/// to `T`, so that only a kernel's own error is measured.
-fn rounded_reference<T: attn_core::Element>(
-    cfg: &attn_core::DilatedConfig,
-    shape: attn_core::AttnShape,
-    inputs: [&[f32]; 4],
-) -> (reference::Forward, reference::Magnitudes) {
-    let [q, k, v, go] = inputs.map(|x| x.iter().map(|&y| T::from_f32(y).to_f64()).collect::<Vec<f64>>());
-    let (fwd, _, mag) = reference::dilated_backward_with_magnitudes(cfg, shape, &q, &k, &v, &go).expect("valid case");
-    (fwd, mag)
-}
-
-/// CPU backend in dtype `T`: (out, [dq, dk, dv]) as f32.
-fn cpu_run<T: attn_core::Element>(
-    cpu: &attn_kernels::CpuBackend,
-    cfg: &attn_core::DilatedConfig,
-    shape: attn_core::Shape4,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    go: &[f32],
-) -> (Vec<f32>, [Vec<f32>; 3]) {
-    let c = |x: &[f32]| -> Vec<T> { x.iter().map(|&y| T::from_f32(y)).collect() };
-    let b = |x: &[T]| -> Vec<f32> { x.iter().map(|y| y.to_f32()).collect() };
-    let (q, k, v, go) = (c(q), c(k), c(v), c(go));
-    let (out, lse) = cpu.forward_vec::<T>(cfg, shape, &q, &k, &v).expect("cpu forward");
-    let (dq, dk, dv) = cpu.backward_vec::<T>(cfg, shape, &q, &k, &v, &out, &lse, &go).expect("cpu backward");
-    (b(&out), [b(&dq), b(&dk), b(&dv)])
 }
 
 /// Splitting the keys into blocks at arbitrary points and merging them in reverse order
-/// gives the whole-call result (global positions carry the mask across blocks).
+/// gives the function (global positions carry the mask across blocks), as the whole call does.
 #[test]
 fn key_blocks_merge_to_the_whole_call() {
     let Some(dev) = device_or_skip("key_blocks_merge_to_the_whole_call") else { return };
@@ -169,12 +91,13 @@ fn key_blocks_merge_to_the_whole_call() {
             let mut out = DeviceTensor::<bf16>::zeros(&dev, shape.q).unwrap();
             finish_forward(&dev, &case.cfg, &partial, &mut out).unwrap();
             let got = out.to_host_contiguous(&dev).unwrap();
-            // Both round p to bf16 in a different order of blocks: 1e-2 relative plus the
-            // magnitudes' term, so a whole result whose terms cancel is judged by them.
-            let (_, mag) = rounded_reference::<bf16>(&case.cfg, shape, inputs.each_ref().map(|x| x.as_slice()));
-            let whole64: Vec<f64> = whole.iter().map(|x| x.to_f64()).collect();
-            let err = mixed_error(&got, &whole64, &mag.out, Tolerance { rel_l2: 1e-2 }, DType::BF16);
-            prop_assert!(err <= 1.0, "block merge at {err:.3} of the bound: {:?}", case);
+            // Blocks merged in reverse order, and the whole call, both within the row bound.
+            let want = rounded_reference(&case.cfg, shape, inputs.each_ref().map(|x| x.as_slice()), DType::BF16);
+            let d = shape.q.head_dim;
+            for (what, out) in [("blocks", &got), ("whole", &whole)] {
+                let c = check_rows("out", out, &want.fwd.out, &want.mag.out, d, DType::BF16);
+                prop_assert!(c.passed(), "{what}: {c} {:?}", case);
+            }
             Ok(())
         })
         .unwrap();

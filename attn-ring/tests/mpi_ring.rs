@@ -15,6 +15,9 @@ use attn_ring::{
 use attn_testkit::golden::{GoldenCase, golden_dir, load_dir};
 use attn_testkit::tolerance::Tolerance;
 
+/// The files in `conformance/dilated`: a file missing or added changes the count.
+const EXPECTED_CASES: usize = 9;
+
 /// Global relative L2 error from every rank's local sums.
 fn global_rel_l2(comm: &mut MpiComm, got: &[f32], want: &[f32]) -> Result<f64, AttnError> {
     let (mut e, mut w) = (0.0f64, 0.0f64);
@@ -106,6 +109,10 @@ fn main() -> ExitCode {
         }
     };
     let (mut runs, mut failures) = (0, 0);
+    if cases.len() != EXPECTED_CASES {
+        eprintln!("rank {rank}: {} golden files, expected {EXPECTED_CASES}", cases.len());
+        failures += 1;
+    }
     for (path, case) in cases {
         let Ok(case) = case else {
             eprintln!("rank {rank}: cannot load {}", path.display());
@@ -162,6 +169,12 @@ fn main() -> ExitCode {
             failures += 1;
             eprintln!("rank {rank}: mismatched config gave {other:?}");
         }
+    }
+    // Every file, both layouts (any length splits), every strategy: nothing skipped.
+    let expected_runs = EXPECTED_CASES * 2 * 3;
+    if runs != expected_runs {
+        eprintln!("rank {rank}: {runs} golden runs, expected {expected_runs}");
+        failures += 1;
     }
     if rank == 0 {
         println!("mpi_ring: world {p}: {runs} golden runs, {failures} failures on rank 0");

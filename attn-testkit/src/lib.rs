@@ -4,6 +4,7 @@
 
 pub mod golden;
 pub mod gpu_policy;
+pub mod judge;
 pub mod rng;
 pub mod strategies;
 pub mod tolerance;

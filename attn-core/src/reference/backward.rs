@@ -27,6 +27,7 @@ fn backward_impl(
     let mut dk = vec![0.0; kvs.numel()];
     let mut dv = vec![0.0; kvs.numel()];
     let mut mag = Magnitudes {
+        lse: vec![0.0; qs.lse_len()],
         out: vec![0.0; qs.numel()],
         dq: vec![0.0; qs.numel()],
         dk: vec![0.0; kvs.numel()],
@@ -40,6 +41,11 @@ fn backward_impl(
                 let qi = &q[qr.at(b, i, h)..][..d];
                 let scores: Vec<f64> = keys.iter().map(|&j| scale * dot(qi, &k[kr.at(b, j, h)..][..d])).collect();
                 let (p, _) = softmax(&scores);
+                if !keys.is_empty() {
+                    let largest =
+                        keys.iter().map(|&j| scale * abs_dot(qi, &k[kr.at(b, j, h)..][..d])).fold(0.0, f64::max);
+                    mag.lse[(b * qs.seq + i) * qs.heads + h] = largest + (keys.len() as f64).ln();
+                }
                 // out = out_scale * sum_j p_j v_j, so d(out)/d(p_j) = out_scale * v_j.
                 let go: Vec<f64> = grad_out[qr.at(b, i, h)..][..d].iter().map(|g| g * out_scale).collect();
                 let dp: Vec<f64> = keys.iter().map(|&j| dot(&go, &v[kr.at(b, j, h)..][..d])).collect();

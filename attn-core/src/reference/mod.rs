@@ -38,6 +38,10 @@ pub struct Gradients {
 /// low-precision error where the result itself is near zero.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Magnitudes {
+    /// Per `[batch, seq, heads]` row: the largest `scale * sum_i |q_i k_i|` over the
+    /// row's keys plus `ln` of their count (0 where the row has no key). A kernel that
+    /// scores and sums in f32 gets the LSE right to a few f32 ulps of this.
+    pub lse: Vec<f64>,
     pub out: Vec<f64>,
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,

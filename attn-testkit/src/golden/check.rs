@@ -1,4 +1,7 @@
-//! Checking a golden case against a backend: every tensor within its bound, one report line.
+//! Checking a golden case against a backend, one report line: in f32 every tensor within
+//! the file's `rel_tol` of the file's values; in every dtype every row within its bound
+//! against the float64 reference on the inputs rounded as the backend rounds them
+//! ([`crate::judge`]), so a low-precision backend is compared like with like.
 
 use std::fmt;
 
@@ -6,6 +9,7 @@ use attn_core::reference;
 use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Result};
 
 use super::GoldenCase;
+use crate::judge::{Expected, RowCheck, judge_backward, judge_forward, round_to};
 use crate::tolerance::{Tolerance, max_abs_error, rel_l2_error};
 
 /// Forward results in f32: out `[b, n, h, d]`, lse `[b, n, h]`.
@@ -100,26 +104,37 @@ impl TensorCheck {
     }
 }
 
-/// The outcome of one case: per-tensor errors, or the error that stopped it. Displayed as
-/// one line: `PASS|FAIL case [backend] out=REL (abs MAX) ... (bound B)`, `!` after a
-/// tensor name marking one over its bound.
+/// The outcome of one case: per-tensor errors against the file, per-row verdicts
+/// against the reference, or the error that stopped it. Displayed as one line:
+/// `PASS|FAIL case [backend] out=REL (abs MAX) ... (bound B) rows: out=... (row R at F
+/// of its bound) ...`, `!` after a tensor name marking one over its bound.
 #[derive(Debug, Clone)]
 pub struct CaseReport {
     pub case: String,
     pub backend: String,
     pub checks: Vec<TensorCheck>,
+    pub rows: Vec<RowCheck>,
     pub error: Option<String>,
 }
 
 impl CaseReport {
     /// Passed: no error, at least one tensor checked, all within bounds.
     pub fn passed(&self) -> bool {
-        self.error.is_none() && !self.checks.is_empty() && self.checks.iter().all(TensorCheck::passed)
+        self.error.is_none()
+            && !(self.checks.is_empty() && self.rows.is_empty())
+            && self.checks.iter().all(TensorCheck::passed)
+            && self.rows.iter().all(RowCheck::passed)
     }
 
     /// A report for a case that could not be run.
     pub fn failed(case: &str, backend: &str, err: impl fmt::Display) -> Self {
-        CaseReport { case: case.into(), backend: backend.into(), checks: vec![], error: Some(err.to_string()) }
+        CaseReport {
+            case: case.into(),
+            backend: backend.into(),
+            checks: vec![],
+            rows: vec![],
+            error: Some(err.to_string()),
+        }
     }
 }
 
@@ -138,6 +153,13 @@ impl fmt::Display for CaseReport {
         if let Some(c) = self.checks.first() {
             write!(f, " (bound {:.0e})", c.bound)?;
         }
+        if !self.rows.is_empty() {
+            write!(f, " rows:")?;
+            for r in &self.rows {
+                let mark = if r.passed() { "" } else { "!" };
+                write!(f, " {}{mark}={:.2}", r.tensor, r.worst)?;
+            }
+        }
         Ok(())
     }
 }
@@ -146,29 +168,39 @@ fn check(name: &str, got: &[f32], want: &[f32], bound: f64) -> TensorCheck {
     TensorCheck { tensor: name.into(), rel_l2: rel_l2_error(got, want), max_abs: max_abs_error(got, want), bound }
 }
 
-fn run_dilated(case: &GoldenCase, backend: &dyn DilatedBackend) -> Result<Vec<TensorCheck>> {
+/// Every tensor the file lists (the loader requires them all): in f32 against the file
+/// within its `rel_tol`, and in every dtype row by row against the reference on the
+/// inputs rounded to the backend's dtype.
+fn run_dilated(case: &GoldenCase, backend: &dyn DilatedBackend) -> Result<(Vec<TensorCheck>, Vec<RowCheck>)> {
     let cfg = case.config()?;
     let shape = case.attn_shape()?;
-    let bound = Tolerance::golden(backend.dtype(), case.rel_tol()?).rel_l2;
-    let (q, k, v) = (&case.tensor("q")?.data, &case.tensor("k")?.data, &case.tensor("v")?.data);
+    let dtype = backend.dtype();
+    let [q, k, v, go] = ["q", "k", "v", "grad_out"].map(|t| case.tensor(t).map(|x| &x.data));
+    let (q, k, v, go) = (q?, k?, v?, go?);
     let fwd = backend.forward(&cfg, shape, q, k, v)?;
-    let mut checks = vec![check("out", &fwd.out, &case.tensor("out")?.data, bound)];
-    if let Some(lse) = case.tensors.get("lse") {
-        checks.push(check("lse", &fwd.lse, &lse.data, bound));
-    }
-    if let Some(go) = case.tensors.get("grad_out") {
-        let g = backend.backward(&cfg, shape, q, k, v, &go.data)?;
+    let g = backend.backward(&cfg, shape, q, k, v, go)?;
+    let mut checks = Vec::new();
+    if dtype == DType::F32 {
+        let bound = case.rel_tol()?;
+        checks.push(check("out", &fwd.out, &case.tensor("out")?.data, bound));
+        if case.tensors.contains_key("lse") {
+            checks.push(check("lse", &fwd.lse, &case.tensor("lse")?.data, bound));
+        }
         for (name, got) in [("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)] {
             checks.push(check(name, got, &case.tensor(name)?.data, bound));
         }
     }
-    Ok(checks)
+    let [q, k, v, go] = [q, k, v, go].map(|x| round_to(dtype, x).into_iter().map(f64::from).collect::<Vec<_>>());
+    let want = Expected::compute(&cfg, shape, [&q, &k, &v], Some(&go))?;
+    let mut rows = judge_forward(&want, &fwd.out, &fwd.lse, dtype);
+    rows.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], dtype));
+    Ok((checks, rows))
 }
 
-fn run_multihead(case: &GoldenCase, backend: &dyn MultiheadBackend) -> Result<Vec<TensorCheck>> {
+fn run_multihead(case: &GoldenCase, backend: &dyn MultiheadBackend) -> Result<(Vec<TensorCheck>, Vec<RowCheck>)> {
     let bound = Tolerance::golden(backend.dtype(), case.rel_tol()?).rel_l2;
     let out = backend.forward(case)?;
-    Ok(vec![check("out", &out, &case.tensor("out")?.data, bound)])
+    Ok((vec![check("out", &out, &case.tensor("out")?.data, bound)], vec![]))
 }
 
 /// Check a case: `kind=dilated` with `dilated`, `kind=multihead` with `multihead`.
@@ -188,7 +220,7 @@ pub fn check_case(
         (k, _, _) => ("-".to_string(), Err(AttnError::InvalidArgument(format!("no backend for kind={k}")))),
     };
     match result {
-        Ok(checks) => CaseReport { case: case.name.clone(), backend, checks, error: None },
+        Ok((checks, rows)) => CaseReport { case: case.name.clone(), backend, checks, rows, error: None },
         Err(e) => CaseReport::failed(&case.name, &backend, e),
     }
 }
@@ -203,6 +235,7 @@ mod tests {
             case: "hg_basic".into(),
             backend: "cpu".into(),
             checks: vec![check("out", &[1.0, 2.0], &[1.0, 2.5], 1e-4), check("lse", &[3.0], &[3.0], 1e-4)],
+            rows: vec![],
             error: None,
         };
         let line = r.to_string();
