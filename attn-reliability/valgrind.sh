@@ -12,15 +12,26 @@ command -v valgrind >/dev/null || { echo "valgrind not installed" >&2; exit 2; }
 FILTER="${1:-}"
 # Small property-test sizes under valgrind (it runs ~30x slower).
 export PROPTEST_CASES="${PROPTEST_CASES:-4}" PROPTEST_MAX_SHRINK_ITERS=0 RUST_BACKTRACE=0
+# The test executables `cargo test ARGS --no-run` builds, into the file $OUT_LIST; a
+# failed build fails the script (it is not a run of fewer binaries).
 executables() {
-    cargo test "$@" --no-run --message-format=json 2>/dev/null | python3 -c 'import sys, json
-for line in sys.stdin:
+    cargo test "$@" --no-run --message-format=json >"$JSON"
+    python3 -c 'import sys, json
+for line in open(sys.argv[1]):
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] != "attn-ptx":
-        print(m["executable"])'
+        print(m["executable"])' "$JSON" >>"$OUT_LIST"
 }
-BINS="$(executables -p attn-kernels --lib --test block_api --test backend_properties --test backend_reference)
-$(executables -p attn-reliability --test numerics --test nan_locality)"
+JSON=$(mktemp) OUT_LIST=$(mktemp)
+trap 'rm -f "$JSON" "$OUT_LIST"' EXIT
+executables -p attn-kernels --lib --test block_api --test backend_properties --test backend_reference
+executables -p attn-reliability --test numerics --test nan_locality
+BINS=$(cat "$OUT_LIST")
+# Six binaries: the kernels' unit tests, three kernel test files, two attack files.
+if [ "$(wc -l <"$OUT_LIST")" -ne 6 ]; then
+    echo "expected 6 test binaries, built: $BINS" >&2
+    exit 1
+fi
 SKIP="--skip multi_tile_cases_match_reference --skip results_are_bit_identical_for_any_thread_count"
 status=0
 for bin in $BINS; do

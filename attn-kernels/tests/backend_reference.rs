@@ -8,7 +8,7 @@ use attn_core::{DType, DilatedConfig, Element, Mixing, Shape4};
 use attn_kernels::{CpuBackend, Isa};
 use attn_testkit::judge::judge;
 use attn_testkit::judge::{Expected, check_rows};
-use attn_testkit::strategies::{DilatedCase, dilated_case, dilated_case_with};
+use attn_testkit::strategies::{DilatedCase, dilated_case, dilated_case_in, dilated_case_with};
 use attn_testkit::{random_vec, rel_l2_error};
 use common::conv;
 use half::{bf16, f16};
@@ -58,6 +58,21 @@ proptest! {
     fn f16_matches_reference(case in dilated_case()) {
         let be = backend(Isa::detect());
         check_case::<f16>(&be, &case).map_err(TestCaseError::fail)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 50, ..ProptestConfig::default() })]
+
+    /// bf16 and f16 forward and backward past one 64-key tile and one 128-row chunk, with
+    /// head dims that are not multiples of the SIMD width.
+    #[test]
+    fn half_precision_long_sequences_match_reference(
+        case in dilated_case_in(100..=400, 160, vec![20, 40, 72, 128])
+    ) {
+        let be = backend(Isa::detect());
+        check_case::<bf16>(&be, &case).map_err(|e| TestCaseError::fail(format!("bf16: {e}")))?;
+        check_case::<f16>(&be, &case).map_err(|e| TestCaseError::fail(format!("f16: {e}")))?;
     }
 }
 

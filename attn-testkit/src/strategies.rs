@@ -28,10 +28,24 @@ fn patterns(max_g: usize, max_w: usize) -> impl Strategy<Value = Vec<(usize, usi
     prop::collection::vec((1..=max_w).prop_flat_map(|w| (Just(w), 1..=w.min(4))), 1..=max_g)
 }
 
+/// Head dims of the default cases: below, at and between SIMD widths.
+const SMALL_HEAD_DIMS: [usize; 6] = [1, 4, 5, 8, 16, 20];
+
 /// Valid configs with sizes up to `max_seq` tokens (ragged tails, `w > n`, any mixing).
 pub fn dilated_case_with(max_seq: usize, max_w: usize) -> impl Strategy<Value = DilatedCase> {
+    dilated_case_in(1..=max_seq, max_w, SMALL_HEAD_DIMS.to_vec())
+}
+
+/// Valid configs with a sequence length in `seq`, segments up to `max_w` and a head dim
+/// drawn from `head_dims`.
+pub fn dilated_case_in(
+    seq: std::ops::RangeInclusive<usize>,
+    max_w: usize,
+    head_dims: Vec<usize>,
+) -> impl Strategy<Value = DilatedCase> {
     (patterns(3, max_w), any::<bool>(), any::<bool>(), prop::option::weighted(0.2, 0.05f64..2.0))
         .prop_flat_map(move |(pats, longnet, causal, scale)| {
+            let (seq, head_dims) = (seq.clone(), head_dims.clone());
             let g = pats.len();
             let mixing = if longnet { Mixing::LongNet } else { Mixing::HeadGroups };
             let min_heads = if longnet { 1 } else { g };
@@ -44,14 +58,7 @@ pub fn dilated_case_with(max_seq: usize, max_w: usize) -> impl Strategy<Value = 
                 .maybe_scale(scale)
                 .build()
                 .expect("strategy builds valid configs");
-            (
-                Just(cfg),
-                1..=2usize,
-                1..=max_seq,
-                min_heads..=min_heads + 2,
-                prop::sample::select(vec![1, 4, 8, 16]),
-                any::<u64>(),
-            )
+            (Just(cfg), 1..=2usize, seq, min_heads..=min_heads + 2, prop::sample::select(head_dims), any::<u64>())
         })
         .prop_map(|(cfg, b, n, h, d, seed)| DilatedCase {
             cfg,

@@ -37,7 +37,7 @@ fn a_listed_gpu_builds_cuda_and_forbids_skips() {
     let golden = plan(&gpu, "golden");
     assert!(golden.contains("build --release --bin attn-golden --features attn-golden/cuda"), "{golden}");
     for dt in ["f32", "bf16", "f16"] {
-        let run = golden.lines().find(|l| l.contains("--backend cuda") && l.ends_with(&format!("--dtype {dt}")));
+        let run = golden.lines().find(|l| l.contains(&format!("--backend cuda --dtype {dt} --expect 9")));
         assert!(run.is_some_and(|l| l.starts_with("plan: ATTN_REQUIRE_GPU=1 ")), "cuda {dt}:\n{golden}");
     }
     let kernels = plan(&gpu, "gpu");
