@@ -8,6 +8,7 @@ use attn_kernels::{BlockRows, CpuBackend, attend_block};
 use attn_reliability::readers::{has_keys, row_index};
 use attn_testkit::rng::random_vec;
 use attn_testkit::strategies::{DilatedCase, dilated_case};
+use attn_testkit::judge::{self, Expected};
 use attn_testkit::tolerance::{Tolerance, rel_l2_error};
 use half::f16;
 use proptest::prelude::*;
@@ -219,9 +220,9 @@ fn subnormal_inputs_stay_finite_and_accurate() {
     let to16 = |x: &[f32], sc: f32| x.iter().map(|&a| f16::from_f32(a * sc)).collect::<Vec<_>>();
     let (q, k, v) = (to16(&q0, 1e-6), to16(&k0, 1e-6), to16(&v0, 1.0));
     assert!(q.iter().any(|x| x.to_f32() != 0.0 && x.to_f32().abs() < 6.1e-5), "no f16 subnormals");
-    let (out, _) = cpu.forward_vec(&cfg, s, &q, &k, &v).unwrap();
-    let want = reference::dilated_forward(&cfg, AttnShape::self_attn(s), &to64(&q), &to64(&k), &to64(&v)).unwrap();
+    let (out, lse) = cpu.forward_vec(&cfg, s, &q, &k, &v).unwrap();
+    let want = Expected::of(&cfg, AttnShape::self_attn(s), [&q, &k, &v], None).unwrap();
     assert!(out.iter().all(|x| x.is_finite()));
-    let err = rel_l2_error(&out, &want.out);
-    assert!(Tolerance::for_dtype(attn_core::DType::F16).accepts(err), "f16 subnormal q/k: rel error {err:e}");
+    let verdict = judge::verdict(&judge::judge_forward(&want, &out, &lse, attn_core::DType::F16));
+    assert!(verdict.is_ok(), "f16 subnormal q/k: {}", verdict.unwrap_err());
 }

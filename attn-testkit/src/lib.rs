@@ -13,4 +13,4 @@ pub use golden::{CaseReport, DilatedBackend, Forward32, GoldenCase, Gradients32,
 pub use gpu_policy::{gpu_required, skip_gpu_test};
 pub use rng::{SeededRng, random_vec};
 pub use strategies::{DilatedCase, InvalidInput};
-pub use tolerance::{Tolerance, max_abs_error, mixed_error, rel_l2_error};
+pub use tolerance::{Tolerance, max_abs_error, rel_l2_error};
