@@ -8,7 +8,8 @@
 use std::sync::Arc;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, DilatedConfig, Element, Result, Shape4, TensorView, TensorViewMut};
+use attn_core::{Attention, AttnError, AttnInputs, DilatedConfig, Element, Grads, Pass, Result, Saved, Shape4};
+use attn_core::{TensorView, TensorViewMut};
 use attn_hilbert::{Permutation, TokenLayout, TokenOrder};
 use attn_kernels::{CpuBackend, zeroed_buffer};
 use half::{bf16, f16};
@@ -108,20 +109,16 @@ impl<T: Element> CpuRunner<T> {
         let view = |name, x| TensorView::contiguous(name, x, s);
         let (qv, kv, vv) = (view(TensorName::Query, q)?, view(TensorName::Key, k)?, view(TensorName::Value, v)?);
         let Buffers { out, lse, grads: [dq, dk, dv] } = bufs;
-        self.backend.forward(&self.cfg, qv, kv, vv, TensorViewMut::contiguous(TensorName::Output, out, s)?, lse)?;
+        let inputs = AttnInputs::new(&self.cfg, qv, kv, vv);
+        self.backend.forward(&inputs, TensorViewMut::contiguous(TensorName::Output, out, s)?, lse)?;
         if self.backward {
-            self.backend.backward(
-                &self.cfg,
-                qv,
-                kv,
-                vv,
-                view(TensorName::Output, out)?,
-                lse,
-                view(TensorName::GradOutput, &self.grad_out)?,
-                TensorViewMut::contiguous(TensorName::GradQuery, dq, s)?,
-                TensorViewMut::contiguous(TensorName::GradKey, dk, s)?,
-                TensorViewMut::contiguous(TensorName::GradValue, dv, s)?,
-            )?;
+            let grads = Grads {
+                dq: TensorViewMut::contiguous(TensorName::GradQuery, dq, s)?,
+                dk: TensorViewMut::contiguous(TensorName::GradKey, dk, s)?,
+                dv: TensorViewMut::contiguous(TensorName::GradValue, dv, s)?,
+            };
+            let saved = Saved { out: view(TensorName::Output, out)?, lse };
+            self.backend.backward(&inputs, saved, view(TensorName::GradOutput, &self.grad_out)?, grads)?;
         }
         if let Some(p) = &self.perm {
             let mut back = zeroed_buffer(s.numel())?;
@@ -160,13 +157,14 @@ impl<T: Element> Runner for CpuRunner<T> {
 }
 
 /// The library's workspace-size query for a single-rank case: inputs, outputs and
-/// LSE (and gradients for backward) plus `CpuBackend::workspace_bytes`.
+/// LSE (and gradients for backward) plus the backend's `Attention::workspace_bytes`.
 pub fn workspace_query(spec: &CaseSpec) -> Option<u64> {
     let (cfg, shape, dtype) = (spec.config().ok()?, spec.shape().ok()?, spec.dtype().ok()?);
     let backend = CpuBackend::new(spec.threads).ok()?;
     let tensors = if spec.backward { 8 } else { 4 };
     let bytes = tensors * shape.numel() * dtype.size() + shape.lse_len() * 4;
-    Some((bytes + backend.workspace_bytes(&cfg, shape, spec.backward)) as u64)
+    let pass = if spec.backward { Pass::Backward } else { Pass::Forward };
+    Some((bytes + backend.workspace_bytes(&cfg, shape, pass)) as u64)
 }
 
 #[cfg(test)]

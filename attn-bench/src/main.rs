@@ -11,7 +11,6 @@ mod baseline;
 mod capacity;
 mod case;
 mod cli;
-mod counting_alloc;
 mod cpu_runner;
 #[cfg(feature = "cuda")]
 mod cuda_runner;
@@ -33,7 +32,7 @@ mod suite_plan;
 mod torch_peer;
 
 #[global_allocator]
-static ALLOC: counting_alloc::CountingAlloc = counting_alloc::CountingAlloc;
+static ALLOC: attn_reliability::counting_alloc::CountingAlloc = attn_reliability::counting_alloc::CountingAlloc;
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

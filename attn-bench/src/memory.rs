@@ -8,7 +8,7 @@
 //! to the sender until freed. The process peak RSS (VmHWM, reset through
 //! /proc/self/clear_refs where the kernel allows it) is the cross-check.
 
-use crate::counting_alloc;
+use attn_reliability::counting_alloc;
 
 /// One measurement window over the counting allocator.
 #[derive(Debug)]
@@ -37,16 +37,17 @@ pub struct MemoryReading {
 impl MemoryWindow {
     /// Start a window: reset the allocator peaks and (best effort) the RSS peak.
     pub fn start() -> Self {
+        counting_alloc::new_thread_epoch();
         counting_alloc::reset_peaks();
         trim_heap();
         let rss_reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
         let rss_base = status_kb("VmRSS:");
-        MemoryWindow { base_live: counting_alloc::live_bytes(), rss_reset, rss_base }
+        MemoryWindow { base_live: counting_alloc::snapshot().live, rss_reset, rss_base }
     }
 
     /// Read the window (it stays open; read again for a later peak).
     pub fn read(&self) -> MemoryReading {
-        let peak = counting_alloc::peak_bytes() - self.base_live;
+        let peak = counting_alloc::snapshot().peak - self.base_live;
         MemoryReading {
             peak_bytes: peak.max(0) as u64,
             slot_peaks: counting_alloc::slot_peaks().into_iter().map(|p| p.max(0) as u64).collect(),

@@ -22,6 +22,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod attention;
 pub mod config;
 pub mod element;
 pub mod error;
@@ -29,14 +30,18 @@ pub mod guard;
 pub mod merge;
 pub mod pattern;
 pub mod reference;
+pub mod rng;
 pub mod shape;
 pub mod view;
 
+pub use attention::{Attention, AttnInputs, Grads, Pass, Placement, Saved};
 pub use config::{DilatedConfig, DilatedConfigBuilder, Mixing};
 pub use element::{DType, Element};
 pub use error::{AttnError, Result, TensorName};
 pub use guard::{MemoryBudget, check_finite};
 pub use merge::{LseMerge, OnlineSoftmax};
 pub use pattern::{HeadGroups, HeadPatterns, OffsetHeads, SegmentPattern};
+pub use reference::ReferenceBackend;
+pub use rng::SeededRng;
 pub use shape::{AttnShape, Shape4};
 pub use view::{TensorView, TensorViewMut};

@@ -68,6 +68,13 @@ pub struct AttnShape {
     pub kv: Shape4,
 }
 
+impl From<Shape4> for AttnShape {
+    /// Self-attention: k and v have q's shape.
+    fn from(q: Shape4) -> Self {
+        AttnShape::self_attn(q)
+    }
+}
+
 impl AttnShape {
     /// Self-attention: k and v have q's shape.
     pub fn self_attn(q: Shape4) -> Self {

@@ -165,6 +165,10 @@ impl<'a, T: Element> TensorViewMut<'a, T> {
     pub fn data_mut(&mut self) -> &mut [T] {
         self.data
     }
+    /// Reborrow mutably for a shorter lifetime (to pass the view on and keep it).
+    pub fn reborrow(&mut self) -> TensorViewMut<'_, T> {
+        TensorViewMut { data: &mut *self.data, shape: self.shape, strides: self.strides }
+    }
     /// Reborrow as read-only.
     pub fn as_view(&self) -> TensorView<'_, T> {
         TensorView { data: self.data, shape: self.shape, strides: self.strides }

@@ -13,6 +13,7 @@
 #![allow(unsafe_code)]
 
 use attn_core::error::TensorName;
+use attn_core::{Attention, AttnInputs, Grads as AttnGrads, Pass, Saved};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, Shape4};
 use attn_core::{MemoryBudget, TensorView, TensorViewMut, check_finite};
 use rayon::prelude::*;
@@ -91,7 +92,7 @@ impl CpuBackend {
     }
 
     /// Refuse (with [`AttnError::OverBudget`], before allocating anything) any call whose
-    /// scratch ([`CpuBackend::workspace_bytes_cross`]) exceeds `budget`.
+    /// scratch ([`CpuBackend::workspace_bytes`]) exceeds `budget`.
     pub fn with_budget(mut self, budget: MemoryBudget) -> Self {
         self.budget = budget;
         self
@@ -137,19 +138,12 @@ impl CpuBackend {
         self.isa
     }
 
-    fn plan<'a, T: Element>(
-        &self,
-        cfg: &DilatedConfig,
-        q: TensorView<'a, T>,
-        k: TensorView<'a, T>,
-        v: TensorView<'a, T>,
-        cross: bool,
-        backward: bool,
-    ) -> Result<Plan<'a, T>> {
-        let shape = AttnShape::check(&q.shape().dims(), &k.shape().dims(), &v.shape().dims(), cross)?;
+    fn plan<'a, T: Element>(&self, inputs: &AttnInputs<'a, T>, pass: Pass) -> Result<Plan<'a, T>> {
+        let (cfg, q, k, v) = (inputs.cfg, inputs.q, inputs.k, inputs.v);
+        let shape = inputs.shape()?;
         cfg.validate_heads(shape.q.heads)?;
         // Before anything is allocated.
-        self.budget.check(self.workspace_bytes_cross(cfg, shape, backward))?;
+        self.budget.check(CpuBackend::workspace_bytes(self, cfg, shape, pass))?;
         if self.check_finite {
             check_finite(TensorName::Query, &q)?;
             check_finite(TensorName::Key, &k)?;
@@ -170,55 +164,22 @@ impl CpuBackend {
         Ok(Plan { isa: self.isa, causal: cfg.causal(), scale, d, heads, q, k, v })
     }
 
-    /// Forward (self-attention: q, k, v of one shape): `out` (`[batch, seq, heads,
-    /// head_dim]`, any row strides) and `lse` (`[batch, seq, heads]`, natural log, `-inf`
-    /// where a position is selected by none of its head's patterns).
-    pub fn forward<T: Element>(
-        &self,
-        cfg: &DilatedConfig,
-        q: TensorView<'_, T>,
-        k: TensorView<'_, T>,
-        v: TensorView<'_, T>,
-        out: TensorViewMut<'_, T>,
-        lse: &mut [f32],
-    ) -> Result<()> {
-        self.forward_impl(cfg, q, k, v, out, lse, false)
-    }
-
-    /// Cross-attention forward: k and v `[batch, kv_seq, heads, head_dim]` with their own
-    /// sequence length. Key positions are their own global indices `0..kv_seq`: segments,
-    /// patterns and the causal mask apply to them as to query positions (a query whose
-    /// segment holds no key gets `out = 0`, `lse = -inf`). With `kv_seq == seq` this is
-    /// [`CpuBackend::forward`], bit for bit.
-    pub fn forward_cross<T: Element>(
-        &self,
-        cfg: &DilatedConfig,
-        q: TensorView<'_, T>,
-        k: TensorView<'_, T>,
-        v: TensorView<'_, T>,
-        out: TensorViewMut<'_, T>,
-        lse: &mut [f32],
-    ) -> Result<()> {
-        self.forward_impl(cfg, q, k, v, out, lse, true)
-    }
-
-    #[allow(clippy::too_many_arguments)]
+    /// The forward behind [`Attention::forward`]: `out` (any row strides) and `lse`
+    /// (natural log, `-inf` where a position is selected by none of its head's patterns).
+    /// Keys with their own sequence length (cross-attention) sit at their own global
+    /// indices `0..kv_seq`, under the same segments, patterns and causal mask.
     fn forward_impl<T: Element>(
         &self,
-        cfg: &DilatedConfig,
-        q: TensorView<'_, T>,
-        k: TensorView<'_, T>,
-        v: TensorView<'_, T>,
+        inputs: &AttnInputs<'_, T>,
         mut out: TensorViewMut<'_, T>,
         lse: &mut [f32],
-        cross: bool,
     ) -> Result<()> {
         // Outputs first: a broadcast (zero-stride) q may claim any shape, and `plan`
         // sizes and scans the inputs.
-        let s = q.shape();
+        let (cfg, s) = (inputs.cfg, inputs.q.shape());
         check_same(TensorName::Output, out.shape(), s)?;
         check_len(TensorName::Lse, lse.len(), s.lse_len())?;
-        let plan = self.plan(cfg, q, k, v, cross, false)?;
+        let plan = self.plan(inputs, Pass::Forward)?;
         let work = forward_units(s.batch, s.seq, &forward_chunk_lens(cfg, s.batch, s.heads, s.seq));
         let out_geom = (out.shape(), out.strides());
         let out_rows = DisjointSlice::new(out.data_mut());
@@ -244,55 +205,18 @@ impl CpuBackend {
         Ok(())
     }
 
-    /// Backward (self-attention): `dq`, `dk`, `dv` (overwritten) of `sum(out * grad_out)`
-    /// from the forward's `out` and `lse`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward<T: Element>(
-        &self,
-        cfg: &DilatedConfig,
-        q: TensorView<'_, T>,
-        k: TensorView<'_, T>,
-        v: TensorView<'_, T>,
-        out: TensorView<'_, T>,
-        lse: &[f32],
-        grad_out: TensorView<'_, T>,
-        dq: TensorViewMut<'_, T>,
-        dk: TensorViewMut<'_, T>,
-        dv: TensorViewMut<'_, T>,
-    ) -> Result<()> {
-        self.backward_impl(cfg, [q, k, v, out, grad_out], lse, [dq, dk, dv], false)
-    }
-
-    /// Cross-attention backward (see [`CpuBackend::forward_cross`]): `dq` has q's shape,
-    /// `dk` and `dv` k's.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward_cross<T: Element>(
-        &self,
-        cfg: &DilatedConfig,
-        q: TensorView<'_, T>,
-        k: TensorView<'_, T>,
-        v: TensorView<'_, T>,
-        out: TensorView<'_, T>,
-        lse: &[f32],
-        grad_out: TensorView<'_, T>,
-        dq: TensorViewMut<'_, T>,
-        dk: TensorViewMut<'_, T>,
-        dv: TensorViewMut<'_, T>,
-    ) -> Result<()> {
-        self.backward_impl(cfg, [q, k, v, out, grad_out], lse, [dq, dk, dv], true)
-    }
-
-    /// Backward of `[q, k, v, out, grad_out]` into `[dq, dk, dv]`.
+    /// The backward behind [`Attention::backward`]: `dq`, `dk`, `dv` (overwritten) of
+    /// `sum(out * grad_out)` from the forward's `out` and `lse`.
     fn backward_impl<T: Element>(
         &self,
-        cfg: &DilatedConfig,
-        inputs: [TensorView<'_, T>; 5],
-        lse: &[f32],
-        grads_out: [TensorViewMut<'_, T>; 3],
-        cross: bool,
+        inputs: &AttnInputs<'_, T>,
+        saved: Saved<'_, T>,
+        grad_out: TensorView<'_, T>,
+        grads: AttnGrads<'_, T>,
     ) -> Result<()> {
-        let [q, k, v, out, grad_out] = inputs;
-        let [mut dq, mut dk, mut dv] = grads_out;
+        let (cfg, q, k) = (inputs.cfg, inputs.q, inputs.k);
+        let (out, lse) = (saved.out, saved.lse);
+        let AttnGrads { mut dq, mut dk, mut dv } = grads;
         // Shapes first, as in the forward (the gradients are the caller's own memory).
         let s = q.shape();
         check_same(TensorName::Output, out.shape(), s)?;
@@ -301,7 +225,7 @@ impl CpuBackend {
         check_same(TensorName::GradQuery, dq.shape(), s)?;
         check_same(TensorName::GradKey, dk.shape(), k.shape())?;
         check_same(TensorName::GradValue, dv.shape(), k.shape())?;
-        let plan = self.plan(cfg, q, k, v, cross, true)?;
+        let plan = self.plan(inputs, Pass::Backward)?;
         if self.check_finite {
             check_finite(TensorName::GradOutput, &grad_out)?;
         }
@@ -359,16 +283,12 @@ impl CpuBackend {
     }
 
     /// Bytes of scratch memory a call on `shape` allocates (all workers together, an upper
-    /// bound), for memory budgets. Inputs and outputs are the caller's and not counted.
-    pub fn workspace_bytes(&self, cfg: &DilatedConfig, shape: Shape4, backward: bool) -> usize {
-        self.workspace_bytes_cross(cfg, AttnShape::self_attn(shape), backward)
-    }
-
-    /// [`CpuBackend::workspace_bytes`] of a cross-attention call (an upper bound: the
-    /// bound of the longer of the two sequences). Saturates at `usize::MAX`, which is
-    /// also the answer for a shape no call accepts (`Shape4`'s fields are public: a zero
-    /// or overflowing dimension), so a budget check refuses it.
-    pub fn workspace_bytes_cross(&self, cfg: &DilatedConfig, shape: AttnShape, backward: bool) -> usize {
+    /// bound: for cross-attention, the bound of the longer of the two sequences), for
+    /// memory budgets. Inputs and outputs are the caller's and not counted. Saturates at
+    /// `usize::MAX`, which is also the answer for a shape no call accepts (`Shape4`'s
+    /// fields are public: a zero or overflowing dimension), so a budget check refuses it.
+    pub fn workspace_bytes(&self, cfg: &DilatedConfig, shape: impl Into<AttnShape>, pass: Pass) -> usize {
+        let (shape, backward) = (shape.into(), pass == Pass::Backward);
         let (Ok(q), Ok(kv)) =
             (Shape4::named(TensorName::Query, shape.q.dims()), Shape4::named(TensorName::Key, shape.kv.dims()))
         else {
@@ -422,54 +342,31 @@ impl CpuBackend {
         usize::try_from(total).unwrap_or(usize::MAX)
     }
 
-    /// Forward on contiguous buffers, returning `(out, lse)`.
+    /// Forward on contiguous buffers (q of `shape.q`, k and v of `shape.kv`: a [`Shape4`]
+    /// is self-attention), returning `(out, lse)`.
     pub fn forward_vec<T: Element>(
         &self,
         cfg: &DilatedConfig,
-        shape: Shape4,
+        shape: impl Into<AttnShape>,
         q: &[T],
         k: &[T],
         v: &[T],
     ) -> Result<(Vec<T>, Vec<f32>)> {
-        self.forward_vec_impl(cfg, AttnShape::self_attn(shape), q, k, v, false)
-    }
-
-    /// Cross-attention forward on contiguous buffers (q of `shape.q`, k and v of
-    /// `shape.kv`), returning `(out, lse)` of `shape.q`.
-    pub fn forward_cross_vec<T: Element>(
-        &self,
-        cfg: &DilatedConfig,
-        shape: AttnShape,
-        q: &[T],
-        k: &[T],
-        v: &[T],
-    ) -> Result<(Vec<T>, Vec<f32>)> {
-        self.forward_vec_impl(cfg, shape, q, k, v, true)
-    }
-
-    fn forward_vec_impl<T: Element>(
-        &self,
-        cfg: &DilatedConfig,
-        shape: AttnShape,
-        q: &[T],
-        k: &[T],
-        v: &[T],
-        cross: bool,
-    ) -> Result<(Vec<T>, Vec<f32>)> {
-        let views = contiguous3(shape, q, k, v)?;
+        let shape = shape.into();
+        let inputs = AttnInputs::contiguous(cfg, shape, [q, k, v])?;
         let mut out = zeroed_buffer(shape.q.numel())?;
         let mut lse = zeroed_buffer(shape.q.lse_len())?;
-        let ov = TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?;
-        self.forward_impl(cfg, views[0], views[1], views[2], ov, &mut lse, cross)?;
+        self.forward_impl(&inputs, TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?, &mut lse)?;
         Ok((out, lse))
     }
 
-    /// Backward on contiguous buffers, returning `(dq, dk, dv)`.
+    /// Backward on contiguous buffers, returning `(dq, dk, dv)` (`dq` of `shape.q`, `dk`
+    /// and `dv` of `shape.kv`).
     #[allow(clippy::too_many_arguments)]
     pub fn backward_vec<T: Element>(
         &self,
         cfg: &DilatedConfig,
-        shape: Shape4,
+        shape: impl Into<AttnShape>,
         q: &[T],
         k: &[T],
         v: &[T],
@@ -477,55 +374,41 @@ impl CpuBackend {
         lse: &[f32],
         grad_out: &[T],
     ) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
-        self.backward_vec_impl(cfg, AttnShape::self_attn(shape), [q, k, v, out, grad_out], lse, false)
-    }
-
-    /// Cross-attention backward on contiguous buffers, returning `(dq, dk, dv)` (`dq` of
-    /// `shape.q`, `dk` and `dv` of `shape.kv`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward_cross_vec<T: Element>(
-        &self,
-        cfg: &DilatedConfig,
-        shape: AttnShape,
-        q: &[T],
-        k: &[T],
-        v: &[T],
-        out: &[T],
-        lse: &[f32],
-        grad_out: &[T],
-    ) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
-        self.backward_vec_impl(cfg, shape, [q, k, v, out, grad_out], lse, true)
-    }
-
-    /// Backward of contiguous `[q, k, v, out, grad_out]`.
-    fn backward_vec_impl<T: Element>(
-        &self,
-        cfg: &DilatedConfig,
-        shape: AttnShape,
-        inputs: [&[T]; 5],
-        lse: &[f32],
-        cross: bool,
-    ) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
-        let [q, k, v, out, grad_out] = inputs;
-        let [qv, kv, vv] = contiguous3(shape, q, k, v)?;
-        let ov = TensorView::contiguous(TensorName::Output, out, shape.q)?;
+        let shape = shape.into();
+        let inputs = AttnInputs::contiguous(cfg, shape, [q, k, v])?;
+        let saved = Saved { out: TensorView::contiguous(TensorName::Output, out, shape.q)?, lse };
         let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
         let (mut dq, mut dk, mut dv) =
             (zeroed_buffer(shape.q.numel())?, zeroed_buffer(shape.kv.numel())?, zeroed_buffer(shape.kv.numel())?);
-        let dqv = TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, shape.q)?;
-        let dkv = TensorViewMut::contiguous(TensorName::GradKey, &mut dk, shape.kv)?;
-        let dvv = TensorViewMut::contiguous(TensorName::GradValue, &mut dv, shape.kv)?;
-        self.backward_impl(cfg, [qv, kv, vv, ov, gv], lse, [dqv, dkv, dvv], cross)?;
+        self.backward_impl(&inputs, saved, gv, AttnGrads::contiguous(shape, [&mut dq, &mut dk, &mut dv])?)?;
         Ok((dq, dk, dv))
     }
 }
 
-fn contiguous3<'a, T: Element>(shape: AttnShape, q: &'a [T], k: &'a [T], v: &'a [T]) -> Result<[TensorView<'a, T>; 3]> {
-    Ok([
-        TensorView::contiguous(TensorName::Query, q, shape.q)?,
-        TensorView::contiguous(TensorName::Key, k, shape.kv)?,
-        TensorView::contiguous(TensorName::Value, v, shape.kv)?,
-    ])
+/// The CPU kernels behind the shared interface. Keys and values with their own
+/// sequence length are cross-attention (see `forward_impl`).
+impl<T: Element> Attention<T> for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn forward(&self, inputs: &AttnInputs<'_, T>, out: TensorViewMut<'_, T>, lse: &mut [f32]) -> Result<()> {
+        self.forward_impl(inputs, out, lse)
+    }
+
+    fn backward(
+        &self,
+        inputs: &AttnInputs<'_, T>,
+        saved: Saved<'_, T>,
+        grad_out: TensorView<'_, T>,
+        grads: AttnGrads<'_, T>,
+    ) -> Result<()> {
+        self.backward_impl(inputs, saved, grad_out, grads)
+    }
+
+    fn workspace_bytes(&self, cfg: &DilatedConfig, shape: AttnShape, pass: Pass) -> usize {
+        CpuBackend::workspace_bytes(self, cfg, shape, pass)
+    }
 }
 
 #[inline]

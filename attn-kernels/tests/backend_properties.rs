@@ -3,7 +3,9 @@
 //! bad shapes and configs (never a panic).
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, DilatedConfig, Mixing, Shape4, TensorView, TensorViewMut};
+use attn_core::{
+    Attention, AttnError, AttnInputs, DilatedConfig, Grads, Mixing, Saved, Shape4, TensorView, TensorViewMut,
+};
 use attn_kernels::CpuBackend;
 use attn_testkit::random_vec;
 
@@ -87,7 +89,7 @@ fn fused_qkv_and_strided_output_equal_contiguous() {
     let mut out_buf = vec![f32::NAN; b * s * row];
     let mut lse2 = vec![0.0f32; shape.lse_len()];
     let ov = TensorViewMut::strided(TensorName::Output, &mut out_buf, shape, strides).unwrap();
-    be.forward(&cfg, qv, kv, vv, ov, &mut lse2).unwrap();
+    be.forward(&AttnInputs::new(&cfg, qv, kv, vv), ov, &mut lse2).unwrap();
     let ov = TensorView::strided(TensorName::Output, &out_buf, shape, strides).unwrap();
     assert_eq!(bits(&ov.to_f64_vec().iter().map(|&x| x as f32).collect::<Vec<_>>()), bits(&out));
     assert_eq!(bits(&lse2), bits(&lse));
@@ -105,7 +107,8 @@ fn fused_qkv_and_strided_output_equal_contiguous() {
     let dqv = TensorViewMut::strided(TensorName::GradQuery, &mut gq_buf, shape, gstrides).unwrap();
     let dkv = TensorViewMut::strided(TensorName::GradKey, &mut gk_buf[h * d..], shape, gstrides).unwrap();
     let dvv = TensorViewMut::strided(TensorName::GradValue, &mut gv_buf[2 * h * d..], shape, gstrides).unwrap();
-    be.backward(&cfg, qv, kv, vv, ov, &lse2, gov, dqv, dkv, dvv).unwrap();
+    let grads = Grads { dq: dqv, dk: dkv, dv: dvv };
+    be.backward(&AttnInputs::new(&cfg, qv, kv, vv), Saved { out: ov, lse: &lse2 }, gov, grads).unwrap();
     let gather = |buf: &[f32], p: usize| -> Vec<f32> {
         let mut out = Vec::new();
         for bs in 0..b * s {
@@ -129,19 +132,26 @@ fn bad_shapes_are_typed_errors() {
     assert!(matches!(be.forward_vec(&cfg, s1, &x[..32], &x[..32], &x[..32]), Err(AttnError::TooFewHeads { .. })));
     // Buffer length disagrees with the shape.
     assert!(matches!(be.forward_vec(&cfg, s, &x[..63], &x, &x), Err(AttnError::ShapeMismatch { .. })));
-    // k with another sequence length (self-attention).
+    // k and v of different sequence lengths (k and v always share a shape).
     let qv = TensorView::contiguous(TensorName::Query, &x, s).unwrap();
     let s2 = Shape4::new(1, 4, 2, 4).unwrap();
     let kv = TensorView::contiguous(TensorName::Key, &x[..32], s2).unwrap();
     let mut out = vec![0.0f32; s.numel()];
     let mut lse = vec![0.0f32; s.lse_len()];
     let ov = TensorViewMut::contiguous(TensorName::Output, &mut out, s).unwrap();
-    assert!(matches!(be.forward(&cfg, qv, kv, kv, ov, &mut lse), Err(AttnError::ShapeMismatch { .. })));
+    assert!(matches!(
+        be.forward(&AttnInputs::new(&cfg, qv, kv, qv), ov, &mut lse),
+        Err(AttnError::ShapeMismatch { .. })
+    ));
     // Output of another shape, LSE of the wrong length.
     let ov = TensorViewMut::contiguous(TensorName::Output, &mut out[..32], s2).unwrap();
-    assert!(matches!(be.forward(&cfg, qv, qv, qv, ov, &mut lse), Err(AttnError::ShapeMismatch { .. })));
+    assert!(matches!(
+        be.forward(&AttnInputs::new(&cfg, qv, qv, qv), ov, &mut lse),
+        Err(AttnError::ShapeMismatch { .. })
+    ));
     let ov = TensorViewMut::contiguous(TensorName::Output, &mut out, s).unwrap();
-    assert!(matches!(be.forward(&cfg, qv, qv, qv, ov, &mut lse[..15]), Err(AttnError::ShapeMismatch { .. })));
+    let r = be.forward(&AttnInputs::new(&cfg, qv, qv, qv), ov, &mut lse[..15]);
+    assert!(matches!(r, Err(AttnError::ShapeMismatch { .. })));
     // Backward: wrong LSE length and grad_out shape.
     let (o, l) = be.forward_vec(&cfg, s, &x, &x, &x).unwrap();
     assert!(be.backward_vec(&cfg, s, &x, &x, &x, &o, &l[..15], &x).is_err());

@@ -5,7 +5,8 @@
 //! size that slips under a memory budget.
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, AttnShape, DilatedConfig, MemoryBudget, Mixing, Shape4, TensorView, TensorViewMut};
+use attn_core::{Attention, AttnError, AttnInputs, AttnShape, DilatedConfig, Grads, MemoryBudget, Mixing, Pass, Saved};
+use attn_core::{Shape4, TensorView, TensorViewMut};
 use attn_kernels::CpuBackend;
 
 fn cfg(mixing: Mixing) -> DilatedConfig {
@@ -38,14 +39,14 @@ fn workspace_of_unchecked_shapes_saturates() {
     ];
     for mixing in [Mixing::LongNet, Mixing::HeadGroups] {
         for s in shapes {
-            for backward in [false, true] {
-                assert_eq!(be.workspace_bytes(&cfg(mixing), s, backward), usize::MAX, "{s:?} {backward}");
+            for pass in [Pass::Forward, Pass::Backward] {
+                assert_eq!(be.workspace_bytes(&cfg(mixing), s, pass), usize::MAX, "{s:?} {pass:?}");
             }
         }
     }
     let ok = Shape4::new(1, 8, 2, 4).unwrap();
     let bad = AttnShape { q: ok, kv: Shape4 { seq: 0, ..ok } };
-    assert_eq!(be.workspace_bytes_cross(&cfg(Mixing::LongNet), bad, true), usize::MAX);
+    assert_eq!(be.workspace_bytes(&cfg(Mixing::LongNet), bad, Pass::Backward), usize::MAX);
 }
 
 /// A valid shape with 2^56 heads: the forward's size query used to allocate a length
@@ -56,10 +57,10 @@ fn workspace_of_absurd_head_counts_returns_at_once() {
     let be = CpuBackend::new(1).unwrap();
     for mixing in [Mixing::LongNet, Mixing::HeadGroups] {
         let s = Shape4::new(1, 1, 1 << 56, 1).unwrap();
-        for backward in [false, true] {
-            let w = be.workspace_bytes(&cfg(mixing), s, backward);
+        for pass in [Pass::Forward, Pass::Backward] {
+            let w = be.workspace_bytes(&cfg(mixing), s, pass);
             // At least the work list: two 40-byte units per (batch, head).
-            assert!(w >= 80 << 56, "{mixing:?} {backward}: {w}");
+            assert!(w >= 80 << 56, "{mixing:?} {pass:?}: {w}");
         }
     }
 }
@@ -71,8 +72,8 @@ fn workspace_beyond_usize_saturates() {
     let be = CpuBackend::new(8).unwrap();
     let cfg = DilatedConfig::new(&[1 << 40], &[1]).unwrap();
     let s = Shape4::new(1, 1 << 40, 1, 1 << 19).unwrap();
-    assert_eq!(be.workspace_bytes(&cfg, s, false), usize::MAX);
-    assert_eq!(be.workspace_bytes(&cfg, s, true), usize::MAX);
+    assert_eq!(be.workspace_bytes(&cfg, s, Pass::Forward), usize::MAX);
+    assert_eq!(be.workspace_bytes(&cfg, s, Pass::Backward), usize::MAX);
 }
 
 /// Cross-attention with broadcast (zero-stride) k and v claiming 2^40 positions: the
@@ -91,7 +92,7 @@ fn wrapped_workspace_cannot_slip_under_a_budget() {
     let mut o = vec![0.0f32; d];
     let mut lse = vec![0.0f32; 1];
     let ov = TensorViewMut::contiguous(TensorName::Output, &mut o, qs).unwrap();
-    let r = be.forward_cross(&cfg, q, kv, kv, ov, &mut lse);
+    let r = be.forward(&AttnInputs::new(&cfg, q, kv, kv), ov, &mut lse);
     assert!(matches!(r, Err(AttnError::OverBudget { needed: usize::MAX, .. })), "{r:?}");
 }
 
@@ -107,15 +108,17 @@ fn outputs_are_checked_before_broadcast_inputs_are_planned() {
     let small = Shape4::new(1, 1, 1, 4).unwrap();
     let (mut o, mut lse) = (vec![0.0f32; 4], vec![0.0f32; 1]);
     let ov = TensorViewMut::contiguous(TensorName::Output, &mut o, small).unwrap();
-    let r = be.forward(&cfg, q, q, q, ov, &mut lse);
+    let r = be.forward(&AttnInputs::new(&cfg, q, q, q), ov, &mut lse);
     assert!(matches!(r, Err(AttnError::ShapeMismatch { tensor: TensorName::Output, .. })), "{r:?}");
 
     // Backward: out and grad_out broadcast too (they are read-only), dq the caller's.
     let l = vec![0.0f32; 1];
     let (mut dq, mut dk, mut dv) = (vec![0.0f32; 4], vec![0.0f32; 4], vec![0.0f32; 4]);
-    let dqv = TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, small).unwrap();
-    let dkv = TensorViewMut::contiguous(TensorName::GradKey, &mut dk, small).unwrap();
-    let dvv = TensorViewMut::contiguous(TensorName::GradValue, &mut dv, small).unwrap();
-    let r = be.backward(&cfg, q, q, q, q, &l, q, dqv, dkv, dvv);
+    let grads = Grads {
+        dq: TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, small).unwrap(),
+        dk: TensorViewMut::contiguous(TensorName::GradKey, &mut dk, small).unwrap(),
+        dv: TensorViewMut::contiguous(TensorName::GradValue, &mut dv, small).unwrap(),
+    };
+    let r = be.backward(&AttnInputs::new(&cfg, q, q, q), Saved { out: q, lse: &l }, q, grads);
     assert!(matches!(r, Err(AttnError::ShapeMismatch { .. })), "{r:?}");
 }

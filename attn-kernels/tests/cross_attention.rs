@@ -41,9 +41,8 @@ fn cross(case: &DilatedCase, kv_seq: usize) -> Cross {
 /// Forward and backward of `c` in dtype `T` against the reference.
 fn check<T: Element>(be: &CpuBackend, c: &Cross) -> Result<(), String> {
     let [q, k, v, go] = [&c.q, &c.k, &c.v, &c.go].map(|x| conv::<T>(x));
-    let (out, lse) = be.forward_cross_vec::<T>(&c.cfg, c.shape, &q, &k, &v).map_err(|e| e.to_string())?;
-    let (dq, dk, dv) =
-        be.backward_cross_vec::<T>(&c.cfg, c.shape, &q, &k, &v, &out, &lse, &go).map_err(|e| e.to_string())?;
+    let (out, lse) = be.forward_vec::<T>(&c.cfg, c.shape, &q, &k, &v).map_err(|e| e.to_string())?;
+    let (dq, dk, dv) = be.backward_vec::<T>(&c.cfg, c.shape, &q, &k, &v, &out, &lse, &go).map_err(|e| e.to_string())?;
     judge(&c.cfg, c.shape, [&q, &k, &v, &go], &out, &lse, [&dq, &dk, &dv])
 }
 
@@ -105,10 +104,10 @@ fn equal_lengths_equal_self_attention_bitwise() {
     let be = backend(2, Isa::detect());
     let s = c.shape.q;
     let (o1, l1) = be.forward_vec(&c.cfg, s, &c.q, &c.k, &c.v).unwrap();
-    let (o2, l2) = be.forward_cross_vec(&c.cfg, c.shape, &c.q, &c.k, &c.v).unwrap();
+    let (o2, l2) = be.forward_vec(&c.cfg, c.shape, &c.q, &c.k, &c.v).unwrap();
     assert_eq!((o1.clone(), l1.clone()), (o2, l2));
     let g1 = be.backward_vec(&c.cfg, s, &c.q, &c.k, &c.v, &o1, &l1, &c.go).unwrap();
-    let g2 = be.backward_cross_vec(&c.cfg, c.shape, &c.q, &c.k, &c.v, &o1, &l1, &c.go).unwrap();
+    let g2 = be.backward_vec(&c.cfg, c.shape, &c.q, &c.k, &c.v, &o1, &l1, &c.go).unwrap();
     assert_eq!(g1, g2);
 }
 
@@ -120,8 +119,8 @@ fn cross_is_thread_count_independent() {
     let c = cross(&case, 450);
     let run = |threads| {
         let be = backend(threads, Isa::detect());
-        let (o, l) = be.forward_cross_vec(&c.cfg, c.shape, &c.q, &c.k, &c.v).unwrap();
-        let g = be.backward_cross_vec(&c.cfg, c.shape, &c.q, &c.k, &c.v, &o, &l, &c.go).unwrap();
+        let (o, l) = be.forward_vec(&c.cfg, c.shape, &c.q, &c.k, &c.v).unwrap();
+        let g = be.backward_vec(&c.cfg, c.shape, &c.q, &c.k, &c.v, &o, &l, &c.go).unwrap();
         (o, l, g)
     };
     assert_eq!(run(1), run(2));
@@ -138,13 +137,13 @@ fn cross_shape_errors() {
     let bad = [Shape4::new(2, 8, 2, 4).unwrap(), Shape4::new(1, 8, 1, 4).unwrap(), Shape4::new(1, 8, 2, 8).unwrap()];
     for kv in bad {
         let shape = AttnShape { q, kv };
-        let r = be.forward_cross_vec(&cfg, shape, &x[..q.numel()], &x[..kv.numel()], &x[..kv.numel()]);
+        let r = be.forward_vec(&cfg, shape, &x[..q.numel()], &x[..kv.numel()], &x[..kv.numel()]);
         assert!(matches!(r, Err(AttnError::ShapeMismatch { .. })), "{kv:?}");
     }
     let shape = AttnShape { q, kv: q.with_seq(5).unwrap() };
-    let (o, l) = be.forward_cross_vec(&cfg, shape, &x[..64], &x[..40], &x[..40]).unwrap();
+    let (o, l) = be.forward_vec(&cfg, shape, &x[..64], &x[..40], &x[..40]).unwrap();
     // dk of the query's length instead of the keys'.
-    let r = be.backward_cross_vec(&cfg, shape, &x[..64], &x[..40], &x[..40], &o, &l, &x[..60]);
+    let r = be.backward_vec(&cfg, shape, &x[..64], &x[..40], &x[..40], &o, &l, &x[..60]);
     assert!(matches!(r, Err(AttnError::ShapeMismatch { .. })));
-    assert!(be.forward_cross_vec(&cfg, shape, &x[..64], &x[..40], &x[..41]).is_err());
+    assert!(be.forward_vec(&cfg, shape, &x[..64], &x[..40], &x[..41]).is_err());
 }

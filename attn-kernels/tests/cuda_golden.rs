@@ -7,15 +7,15 @@ mod cuda_support;
 
 use attn_kernels::cuda::CudaElement;
 use attn_testkit::golden::{check_case, golden_dir, load_dir};
-use cuda_support::{Gpu, device_or_skip};
+use cuda_support::{device_or_skip, gpu};
 use half::{bf16, f16};
 
 fn run_all<T: CudaElement>(test: &str) {
     let Some(dev) = device_or_skip(test) else { return };
     let dir = golden_dir().join("dilated");
     let cases = load_dir(&dir).unwrap();
-    assert!(!cases.is_empty(), "no golden files in {}", dir.display());
-    let backend = Gpu::<T>::new(dev);
+    assert_eq!(cases.len(), 9, "the 9 golden files in {}", dir.display());
+    let backend = gpu::<T>(&dev);
     let mut failed = Vec::new();
     for (path, case) in cases {
         let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));

@@ -12,7 +12,7 @@ use attn_kernels::cuda::{DevicePartial, DeviceTensor, finish_forward, forward_bl
 use attn_testkit::DilatedBackend;
 use attn_testkit::judge::{Expected, check_rows, judge_backward, judge_forward, round_to, verdict};
 use attn_testkit::strategies::dilated_case;
-use cuda_support::{Gpu, conv, device_or_skip};
+use cuda_support::{conv, device_or_skip, gpu};
 use half::bf16;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -30,11 +30,8 @@ fn rounded_reference(cfg: &DilatedConfig, shape: AttnShape, inputs: [&[f32]; 4],
 #[test]
 fn forward_and_backward_match_the_reference() {
     let Some(dev) = device_or_skip("forward_and_backward_match_the_reference") else { return };
-    let gpus: [Box<dyn DilatedBackend>; 3] = [
-        Box::new(Gpu::<f32>::new(dev.clone())),
-        Box::new(Gpu::<bf16>::new(dev.clone())),
-        Box::new(Gpu::<half::f16>::new(dev)),
-    ];
+    let gpus: [Box<dyn DilatedBackend>; 3] =
+        [Box::new(gpu::<f32>(&dev)), Box::new(gpu::<bf16>(&dev)), Box::new(gpu::<half::f16>(&dev))];
     runner()
         .run(&dilated_case(), |case| {
             let shape = case.attn_shape();
@@ -59,14 +56,14 @@ fn forward_and_backward_match_the_reference() {
 #[test]
 fn key_blocks_merge_to_the_whole_call() {
     let Some(dev) = device_or_skip("key_blocks_merge_to_the_whole_call") else { return };
-    let gpu = Gpu::<bf16>::new(dev.clone());
+    let gpu = gpu::<bf16>(&dev);
     runner()
         .run(&(dilated_case(), 0.0f64..1.0), |(case, cut)| {
             let shape = case.attn_shape();
             let inputs = case.inputs();
             let [q, k, v, _] = &inputs;
             let (q, k, v) = (conv::<bf16>(q), conv::<bf16>(k), conv::<bf16>(v));
-            let (whole, _) = gpu.forward_t(&case.cfg, shape, &q, &k, &v).expect("whole");
+            let (whole, _) = gpu.forward_t(&case.cfg, shape, [&q, &k, &v]).expect("whole");
             let n = shape.q.seq;
             let split = ((n as f64) * cut) as usize;
             let up = |x: &[bf16], s: attn_core::Shape4| -> DeviceTensor<bf16> {

@@ -4,8 +4,9 @@
 #![cfg(feature = "cuda")]
 
 use attn_core::error::TensorName;
+use attn_core::{Attention, AttnInputs};
 use attn_core::{AttnError, DilatedConfig, Shape4, TensorView, TensorViewMut};
-use attn_kernels::cuda::{CudaDevice, check_available, forward};
+use attn_kernels::cuda::{CudaBackend, CudaDevice, check_available};
 use attn_testkit::gpu_policy::{gpu_required, required_failure, skip_gpu_test};
 
 #[test]
@@ -37,10 +38,15 @@ fn bad_inputs_are_typed_errors_on_a_gpu() {
     let x = vec![0.0f32; s.numel()];
     let v = TensorView::contiguous(TensorName::Query, &x, s).unwrap();
     let mut o = vec![0.0f32; s.numel()];
-    let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut o, s).unwrap();
+    let mut lse = vec![0.0f32; s.lse_len()];
+    let gpu = CudaBackend::on(dev);
     // 1 head < 2 head groups, then head_dim 300 > 256 with LongNet.
-    assert!(matches!(forward(&dev, &cfg, &v, &v, &v, &mut ov), Err(AttnError::TooFewHeads { .. })));
+    let ov = TensorViewMut::contiguous(TensorName::Output, &mut o, s).unwrap();
+    let r = gpu.forward(&AttnInputs::new(&cfg, v, v, v), ov, &mut lse);
+    assert!(matches!(r, Err(AttnError::TooFewHeads { .. })), "{r:?}");
     let ln =
         DilatedConfig::builder().segments(&[4]).dilations(&[1]).mixing(attn_core::Mixing::LongNet).build().unwrap();
-    assert!(matches!(forward(&dev, &ln, &v, &v, &v, &mut ov), Err(AttnError::InvalidArgument(_))));
+    let ov = TensorViewMut::contiguous(TensorName::Output, &mut o, s).unwrap();
+    let r = gpu.forward(&AttnInputs::new(&ln, v, v, v), ov, &mut lse);
+    assert!(matches!(r, Err(AttnError::InvalidArgument(_))), "{r:?}");
 }

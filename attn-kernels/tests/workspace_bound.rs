@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use attn_core::error::TensorName;
-use attn_core::{DilatedConfig, Mixing, Shape4, TensorView, TensorViewMut};
+use attn_core::{Attention, AttnInputs, DilatedConfig, Grads, Mixing, Pass, Saved, Shape4, TensorView, TensorViewMut};
 use attn_kernels::{BlockRows, CpuBackend, attend_block, attend_block_backward};
 use attn_testkit::random_vec;
 
@@ -62,14 +62,15 @@ fn check(cfg: &DilatedConfig, shape: Shape4) {
     let view = |x| TensorView::contiguous(TensorName::Query, x, shape).unwrap();
     let fwd = peak_during(|| {
         let o = TensorViewMut::contiguous(TensorName::Output, &mut out, shape).unwrap();
-        be.forward(cfg, view(&q), view(&k), view(&v), o, &mut lse).unwrap();
+        be.forward(&AttnInputs::new(cfg, view(&q), view(&k), view(&v)), o, &mut lse).unwrap();
     });
     let bwd = peak_during(|| {
         let m = |x| TensorViewMut::contiguous(TensorName::GradQuery, x, shape).unwrap();
-        be.backward(cfg, view(&q), view(&k), view(&v), view(&out), &lse, view(&go), m(&mut dq), m(&mut dk), m(&mut dv))
-            .unwrap();
+        let grads = Grads { dq: m(&mut dq), dk: m(&mut dk), dv: m(&mut dv) };
+        let inputs = AttnInputs::new(cfg, view(&q), view(&k), view(&v));
+        be.backward(&inputs, Saved { out: view(&out), lse: &lse }, view(&go), grads).unwrap();
     });
-    let (wf, wb) = (be.workspace_bytes(cfg, shape, false), be.workspace_bytes(cfg, shape, true));
+    let (wf, wb) = (be.workspace_bytes(cfg, shape, Pass::Forward), be.workspace_bytes(cfg, shape, Pass::Backward));
     println!("{shape:?}: forward peak {fwd} <= {wf}, backward peak {bwd} <= {wb}");
     assert!(fwd <= wf, "forward allocated {fwd} bytes, workspace_bytes says {wf}");
     assert!(bwd <= wb, "backward allocated {bwd} bytes, workspace_bytes says {wb}");

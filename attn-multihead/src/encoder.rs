@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use attn_core::{AttnError, Mixing, Result};
 
-use crate::backend::AttentionBackend;
 use crate::config::MultiheadConfig;
 use crate::dropout::{MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
@@ -15,6 +14,7 @@ use crate::projection::Linear;
 use crate::segment_window::{window_rows, windows};
 use crate::weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 use crate::workspace::MultiheadWorkspace;
+use attn_core::Attention;
 
 /// Dropout sites of an encoder layer (the attention output inside the layer is site 1).
 const SITE_ATTN_RESIDUAL: u64 = 2;
@@ -149,7 +149,7 @@ where
 
 impl<F: LayerFloat> LongNetEncoderLayer<F> {
     /// A layer initialised as the library does (MAGNETO gains from `config.gamma_init`).
-    pub fn new(config: EncoderConfig, seed: u64, backend: Arc<dyn AttentionBackend<F>>) -> Result<Self> {
+    pub fn new(config: EncoderConfig, seed: u64, backend: Arc<dyn Attention<F>>) -> Result<Self> {
         config.validate()?;
         let (e, ff) = (config.d_model, config.dim_feedforward);
         let eps = config.layer_norm_eps;
@@ -358,12 +358,7 @@ fn layer_mode(mode: Mode, i: usize) -> Mode {
 impl<F: LayerFloat> LongNetEncoder<F> {
     /// `num_layers` layers with the encoder-only MAGNETO gain `sqrt(log(2 * num_layers))`
     /// (overriding `config.gamma_init`); layer `i` is initialised from a seed derived from `seed`.
-    pub fn new(
-        config: EncoderConfig,
-        num_layers: usize,
-        seed: u64,
-        backend: Arc<dyn AttentionBackend<F>>,
-    ) -> Result<Self> {
+    pub fn new(config: EncoderConfig, num_layers: usize, seed: u64, backend: Arc<dyn Attention<F>>) -> Result<Self> {
         Self::with_gains(config, num_layers, MagnetoGains::encoder_only(num_layers), seed, backend)
     }
 
@@ -373,7 +368,7 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         num_layers: usize,
         gains: MagnetoGains,
         seed: u64,
-        backend: Arc<dyn AttentionBackend<F>>,
+        backend: Arc<dyn Attention<F>>,
     ) -> Result<Self> {
         if num_layers == 0 {
             return Err(AttnError::InvalidArgument("an encoder needs at least one layer".into()));
@@ -409,7 +404,7 @@ impl<F: LayerFloat> LongNetEncoder<F> {
     /// The window an eval pass over `seq` rows walks, if any (not on a ring, not in training).
     fn eval_window(&self, seq: usize, mode: Mode) -> Result<Option<usize>> {
         let attn = &self.first_layer()?.self_attn;
-        if mode != Mode::Eval || attn.backend().query_positions(seq)?.is_some() {
+        if mode != Mode::Eval || !attn.backend().placement().is_whole() {
             return Ok(None);
         }
         let segments: Vec<usize> = self.layers.iter().flat_map(|l| l.config.segment_lengths.iter().copied()).collect();

@@ -3,15 +3,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use attn_core::{AttnError, Mixing, Result};
-use attn_ring::{Layout, Strategy, ThreadComm};
+use attn_core::{Attention, AttnError, Mixing, Result};
+#[cfg(feature = "ring")]
+use attn_ring::{Layout, RingBackend, Strategy, ThreadComm};
 
-use crate::backend::AttentionBackend;
 use crate::config::MultiheadConfig;
 use crate::dropout::Mode;
 use crate::float::LayerFloat;
 use crate::layer::MultiheadDilatedAttention;
-use crate::ring_layer::RingBackend;
 use crate::weights::MultiheadWeights;
 use crate::weights_io::{ExtraTensors, TensorSource, load_params};
 
@@ -122,7 +121,7 @@ pub fn prepare_case<F: LayerFloat>(
 pub fn forward_case<F: LayerFloat>(
     m: &BTreeMap<String, String>,
     tensors: &impl TensorSource,
-    backend: Arc<dyn AttentionBackend<F>>,
+    backend: Arc<dyn Attention<F>>,
 ) -> Result<Vec<F>> {
     let c = prepare_case::<F>(m, tensors)?;
     let layer = MultiheadDilatedAttention::from_weights(c.config, c.weights, backend)?;
@@ -133,6 +132,7 @@ pub fn forward_case<F: LayerFloat>(
 }
 
 /// Rows `positions` of every batch of a `[batch, seq, e]` buffer.
+#[cfg(feature = "ring")]
 fn gather_rows<F: Copy>(x: &[F], seq: usize, e: usize, positions: &[usize]) -> Vec<F> {
     let batch = x.len() / (seq * e).max(1);
     let mut out = Vec::with_capacity(batch * positions.len() * e);
@@ -144,9 +144,10 @@ fn gather_rows<F: Copy>(x: &[F], seq: usize, e: usize, positions: &[usize]) -> V
     out
 }
 
-/// Run a `kind=multihead` case on `world` in-process ranks ([`ThreadComm`]) with the
+/// Run a `kind=multihead` case (feature `ring`) on `world` in-process ranks ([`ThreadComm`]) with the
 /// sequence split by `layout` and attention by `strategy`; returns the assembled output.
 /// Cross-attention needs keys as long as the queries (one split for both).
+#[cfg(feature = "ring")]
 pub fn forward_case_ring(
     m: &BTreeMap<String, String>,
     tensors: &impl TensorSource,
@@ -170,7 +171,7 @@ pub fn forward_case_ring(
                 let c = &c;
                 s.spawn(move || -> Result<(Vec<usize>, Vec<f32>)> {
                     let backend = Arc::new(RingBackend::new(comm, seq, layout, strategy)?);
-                    let pos = backend.positions()?;
+                    let pos = backend.positions();
                     let layer = MultiheadDilatedAttention::from_weights(c.config.clone(), c.weights.clone(), backend)?;
                     let q = gather_rows(&c.query, seq, e, &pos);
                     let y = match &c.key_value {

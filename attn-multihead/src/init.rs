@@ -2,36 +2,7 @@
 
 use crate::float::LayerFloat;
 
-/// A small deterministic generator (SplitMix64) so that a seed fixes every weight
-/// and every dropout mask on every platform.
-#[derive(Debug, Clone)]
-pub struct SeededRng {
-    state: u64,
-}
-
-impl SeededRng {
-    pub fn new(seed: u64) -> Self {
-        SeededRng { state: seed ^ 0x9E37_79B9_7F4A_7C15 }
-    }
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `[0, 1)` with 53 random bits.
-    pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-    /// Standard normal (Box-Muller).
-    pub fn normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.uniform(); // (0, 1]
-        let u2 = self.uniform();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
-}
+pub use attn_core::SeededRng;
 
 /// `torch.nn.init.xavier_normal_` for an `[fan_out, fan_in]` weight: normal with
 /// std `gain * sqrt(2 / (fan_in + fan_out))`.

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Result, Shape4, TensorView, TensorViewMut};
 
-use crate::backend::AttentionBackend;
 use crate::config::MultiheadConfig;
 use crate::dropout::{MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
@@ -15,6 +14,7 @@ use crate::segment_window::{DEFAULT_WINDOW_ROWS, window_rows, windows};
 use crate::sparse_projection::project_qkv;
 use crate::weights::MultiheadWeights;
 use crate::workspace::{MultiheadWorkspace, SelectionKey, sized};
+use attn_core::{Attention, AttnInputs};
 
 mod backward;
 
@@ -119,7 +119,7 @@ pub struct MultiheadDilatedAttention<F: LayerFloat> {
     config: MultiheadConfig,
     dilated: DilatedConfig,
     pub weights: MultiheadWeights<F>,
-    backend: Arc<dyn AttentionBackend<F>>,
+    backend: Arc<dyn Attention<F>>,
     /// Target rows of a segment window (`segment_window`); 0 walks the whole sequence at once.
     window_rows: usize,
 }
@@ -143,7 +143,7 @@ fn check_input<F>(name: &'static str, x: &[F], batch: usize, seq: usize, embed: 
 
 impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     /// A layer with MAGNETO-initialised weights from `seed`.
-    pub fn new(config: MultiheadConfig, seed: u64, backend: Arc<dyn AttentionBackend<F>>) -> Result<Self> {
+    pub fn new(config: MultiheadConfig, seed: u64, backend: Arc<dyn Attention<F>>) -> Result<Self> {
         config.validate()?;
         let weights = MultiheadWeights::magneto(&config, seed);
         Self::from_weights(config, weights, backend)
@@ -153,7 +153,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     pub fn from_weights(
         config: MultiheadConfig,
         weights: MultiheadWeights<F>,
-        backend: Arc<dyn AttentionBackend<F>>,
+        backend: Arc<dyn Attention<F>>,
     ) -> Result<Self> {
         let dilated = config.validate()?;
         weights.check_layout(&config, "weights")?;
@@ -171,11 +171,11 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     pub fn dilated_config(&self) -> &DilatedConfig {
         &self.dilated
     }
-    pub fn backend(&self) -> &Arc<dyn AttentionBackend<F>> {
+    pub fn backend(&self) -> &Arc<dyn Attention<F>> {
         &self.backend
     }
     /// Run on another attention backend (same weights).
-    pub fn with_backend(mut self, backend: Arc<dyn AttentionBackend<F>>) -> Self {
+    pub fn with_backend(mut self, backend: Arc<dyn Attention<F>>) -> Self {
         self.backend = backend;
         self
     }
@@ -204,7 +204,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
 
     /// The rows an inference pass over `seq` rows walks at a time, if it walks in windows.
     fn forward_window(&self, seq: usize, mode: Mode) -> Result<Option<usize>> {
-        if mode != Mode::Eval || self.backend.query_positions(seq)?.is_some() {
+        if mode != Mode::Eval || !self.backend.placement().is_whole() {
             return Ok(None);
         }
         Ok(window_rows(&self.config.segment_lengths, seq, self.window_rows))
@@ -216,7 +216,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     pub(crate) fn mask_rows(&self, mode: Mode, batch: usize, seq: usize) -> Result<MaskRows> {
         let positions = match mode {
             Mode::Eval => Vec::new(),
-            Mode::Train { .. } => self.backend.query_positions(seq)?.unwrap_or_else(|| (0..seq).collect()),
+            Mode::Train { .. } => self.backend.query_positions(seq)?,
         };
         Ok(MaskRows { batch, positions })
     }
@@ -283,7 +283,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         })?;
         let w = &self.weights.in_proj;
         let (heads, head_dim) = (self.config.num_heads, self.config.head_dim());
-        if self.backend.query_positions(seq)?.is_none() {
+        if self.backend.placement().is_whole() {
             // The whole sequence on one device: each head group projects only the rows
             // its pattern selects.
             let key = SelectionKey { cfg: self.dilated.clone(), heads, head_dim, batch, seq };
@@ -371,8 +371,8 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             let projected =
                 if fused { ProjectedRef::Fused(&ws.qkv) } else { ProjectedRef::Split { q: &ws.qkv, kv: &ws.kv } };
             let [q, k, v] = self.views(projected, qs, kvs)?;
-            let mut attn_view = TensorViewMut::contiguous(TensorName::Output, attn, qs)?;
-            self.backend.forward(&self.dilated, q, k, v, &mut attn_view, lse)?;
+            let attn_view = TensorViewMut::contiguous(TensorName::Output, attn, qs)?;
+            self.backend.forward(&AttnInputs::new(&self.dilated, q, k, v), attn_view, lse)?;
         }
         let rows_at = self.mask_rows(mode, qs.batch, qs.seq)?;
         let mask = dropout_mask(mode, self.config.dropout, ATTN_DROPOUT_SITE, &rows_at, e);

@@ -27,7 +27,6 @@
 //! ```
 #![deny(unsafe_code)]
 
-pub mod backend;
 pub mod config;
 pub mod dropout;
 pub mod encoder;
@@ -38,8 +37,10 @@ pub mod layer;
 pub mod layer_norm;
 #[allow(unsafe_code)]
 mod matmul;
+#[cfg(feature = "ring")]
 pub mod ordered_ring;
 pub mod projection;
+#[cfg(feature = "ring")]
 pub mod ring_layer;
 pub mod segment_window;
 mod sparse_projection;
@@ -48,7 +49,7 @@ pub mod weights;
 pub mod weights_io;
 pub mod workspace;
 
-pub use backend::{AttentionBackend, ReferenceBackend};
+pub use attn_core::{Attention, ReferenceBackend};
 pub use config::MultiheadConfig;
 pub use dropout::Mode;
 pub use encoder::{
@@ -58,9 +59,11 @@ pub use float::LayerFloat;
 pub use init::{MagnetoGains, SeededRng};
 pub use layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};
 pub use layer_norm::{LayerNorm, NormStats};
+#[cfg(feature = "ring")]
 pub use ordered_ring::OrderedRing;
 pub use projection::Linear;
-pub use ring_layer::{RingBackend, all_reduce_grads, ring_layer};
+#[cfg(feature = "ring")]
+pub use ring_layer::{all_reduce_grads, ring_layer};
 pub use segment_window::DEFAULT_WINDOW_ROWS;
 pub use token_order::{OrderedAttention, OrderedCrossCache};
 pub use weights::{MultiheadWeights, NamedParams, Param, ParamMut};

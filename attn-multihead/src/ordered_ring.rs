@@ -28,8 +28,8 @@
 //! ```
 //! use std::sync::Arc;
 //! use attn_hilbert::{Grid, OrderKind};
-//! use attn_multihead::{Mode, MultiheadConfig, MultiheadWeights, RingBackend, ring_layer};
-//! use attn_ring::{Layout, Strategy, ThreadComm};
+//! use attn_multihead::{Mode, MultiheadConfig, MultiheadWeights, ring_layer};
+//! use attn_ring::{Layout, RingBackend, Strategy, ThreadComm};
 //! # fn main() -> attn_core::Result<()> {
 //! let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
 //! let grid = Grid::new_2d(6, 10)?; // 60 row-major tokens
@@ -66,8 +66,9 @@ use crate::config::MultiheadConfig;
 use crate::dropout::Mode;
 use crate::float::LayerFloat;
 use crate::layer::{MultiheadCache, MultiheadDilatedAttention};
-use crate::ring_layer::{RingBackend, all_reduce_grads, ring_layer};
+use crate::ring_layer::{all_reduce_grads, ring_layer};
 use crate::weights::MultiheadWeights;
+use attn_ring::RingBackend;
 
 /// A ring-parallel [`MultiheadDilatedAttention`] over the tokens of a 2D/3D grid in curve order.
 #[derive(Debug)]

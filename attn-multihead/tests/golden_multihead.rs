@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use attn_multihead::golden_case::forward_case;
-use attn_multihead::{AttentionBackend, F32Tensors, LayerFloat, ReferenceBackend};
+use attn_multihead::{Attention, F32Tensors, LayerFloat, ReferenceBackend};
 use attn_testkit::golden::{GoldenCase, golden_dir, load_dir};
 use attn_testkit::tolerance::rel_l2_error;
 
@@ -21,7 +21,7 @@ fn source(case: &GoldenCase) -> F32Tensors<'_> {
     F32Tensors { tensors }
 }
 
-fn run<F: LayerFloat>(backend: Arc<dyn AttentionBackend<F>>, bound_floor: f64) {
+fn run<F: LayerFloat>(backend: Arc<dyn Attention<F>>, bound_floor: f64) {
     for case in cases() {
         let out = forward_case(&case.meta, &source(&case), backend.clone()).unwrap();
         let want = &case.tensor("out").unwrap().data;
@@ -50,6 +50,7 @@ fn golden_files_pass_on_the_cpu_kernels() {
 }
 
 #[test]
+#[cfg(feature = "ring")]
 fn golden_files_pass_on_the_ring_layer_for_every_strategy_and_layout() {
     use attn_multihead::golden_case::forward_case_ring;
     use attn_ring::{Layout, Strategy};

@@ -6,9 +6,9 @@ use attn_core::{DType, Mixing};
 use attn_hilbert::{Grid, OrderKind};
 use attn_multihead::{
     Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, OrderedAttention, OrderedRing,
-    ReferenceBackend, RingBackend, ring_layer,
+    ReferenceBackend, ring_layer,
 };
-use attn_ring::{Layout, Strategy, ThreadComm};
+use attn_ring::{Layout, RingBackend, Strategy, ThreadComm};
 use attn_testkit::rng::random_vec;
 use attn_testkit::tolerance::{Tolerance, rel_l2_error};
 

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use attn_core::{AttnError, DType, MemoryBudget, Mixing};
 use attn_multihead::{
     EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
-    ReferenceBackend, RingBackend, all_reduce_grads, ring_layer,
+    ReferenceBackend, all_reduce_grads, ring_layer,
 };
-use attn_ring::{Layout, RingOptions, Strategy, ThreadComm, problem_for, ring_workspace_bytes};
+use attn_ring::{Layout, RingBackend, RingOptions, Strategy, ThreadComm, problem_for, ring_workspace_bytes};
 use attn_testkit::rng::random_vec;
 use attn_testkit::tolerance::{Tolerance, rel_l2_error};
 
@@ -88,7 +88,7 @@ fn check_mode(
                 let (cfg, w32, x, g) = (cfg.clone(), w32.clone(), &x, &g);
                 s.spawn(move || {
                     let backend = Arc::new(RingBackend::new(comm, seq, layout, strategy).unwrap());
-                    let pos = backend.positions().unwrap();
+                    let pos = backend.positions();
                     let layer = ring_layer(cfg, w32, backend.clone()).unwrap();
                     let xl = gather(x, batch, seq, e, &pos);
                     let (y, c) = layer.forward_train(&xl, batch, pos.len(), mode).unwrap();
@@ -189,7 +189,7 @@ fn check_encoder(cfg: EncoderConfig, batch: usize, seq: usize, e: usize, world: 
                 let (cfg, x, g) = (cfg.clone(), &x, &g);
                 s.spawn(move || {
                     let backend = Arc::new(RingBackend::new(comm, seq, Layout::Zigzag, Strategy::Auto).unwrap());
-                    let pos = backend.positions().unwrap();
+                    let pos = backend.positions();
                     let enc = LongNetEncoder::<f32>::new(cfg, 2, 5, backend).unwrap();
                     let (y, c) = enc.forward_train(&gather(x, batch, seq, e, &pos), batch, pos.len(), mode).unwrap();
                     let mut grads = enc.zero_grads();
@@ -226,7 +226,7 @@ fn run_ranks(cfg: &MultiheadConfig, world: usize, seq: usize, options: RingOptio
                 s.spawn(move || -> RankRun {
                     let backend = RingBackend::new(comm, seq, Layout::Zigzag, Strategy::Ring)?.with_options(options);
                     let backend = Arc::new(backend);
-                    let pos = backend.positions()?;
+                    let pos = backend.positions();
                     let layer = ring_layer(cfg.clone(), MultiheadWeights::<f32>::magneto(&cfg, 9), backend.clone())?;
                     let (y, c) = layer.forward_train(&gather(x, batch, seq, e, &pos), batch, pos.len(), Mode::Eval)?;
                     let mut grads = layer.weights.zeros_like();

@@ -7,7 +7,7 @@
 //! thread epoch, so a free on another thread (a message handed to the next ring rank)
 //! is charged back to the allocating thread: a thread's figure is "bytes it allocated
 //! that nobody has freed yet", the per-rank figure when ranks are in-process threads
-//! (the bench's allocator counts the same way). This is the only module of the crate
+//! (the bench reads it per rank). This is the only module of the crate
 //! with `unsafe` (the `GlobalAlloc` impl and the header reads and writes); every block
 //! comes from [`System`].
 #![allow(unsafe_code)]
@@ -221,6 +221,17 @@ pub fn new_thread_epoch() {
         s.peak.store(0, Ordering::SeqCst);
     }
     NEXT_SLOT.store(0, Ordering::SeqCst);
+}
+
+/// The calling thread's slot in the current thread epoch (assigning one if needed).
+pub fn my_slot() -> usize {
+    (current_tag() & 0xffff_ffff) as usize
+}
+
+/// Peak bytes of every slot assigned in the current thread epoch, by slot index.
+pub fn slot_peaks() -> Vec<i64> {
+    let n = NEXT_SLOT.load(Ordering::SeqCst).min(MAX_SLOTS);
+    SLOTS[..n].iter().map(|s| s.peak.load(Ordering::SeqCst)).collect()
 }
 
 /// Run `f` on the calling thread and return its result with the peak bytes this thread

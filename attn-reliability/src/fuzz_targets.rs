@@ -8,7 +8,8 @@ use attn_core::reference;
 use attn_core::{AttnShape, DilatedConfig, Mixing, Shape4};
 use attn_kernels::CpuBackend;
 use attn_multihead::{MultiheadConfig, MultiheadWeights, NamedParams, load_bytes, save_bytes};
-use attn_testkit::golden::{GoldenCase, ReferenceBackend, check_case};
+use attn_testkit::golden::{GoldenCase, check_case};
+use attn_testkit::reference;
 use attn_testkit::rng::random_vec;
 use attn_testkit::tolerance::rel_l2_error;
 
@@ -28,7 +29,7 @@ pub fn golden_reader(bytes: &[u8]) {
     if let Ok(shape) = case.attn_shape() {
         assert_eq!(case.tensor("q").map(|t| t.data.len()).ok(), Some(shape.q.numel()));
         // Running a case that parsed must not panic either (a report, pass or fail).
-        let _ = check_case(&case, Some(&ReferenceBackend), None);
+        let _ = check_case(&case, Some(&reference()), None);
     }
 }
 

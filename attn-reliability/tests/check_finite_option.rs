@@ -5,7 +5,9 @@
 //! index). Off by default: the same inputs then compute as before.
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, DilatedConfig, Mixing, Shape4, TensorView, TensorViewMut};
+use attn_core::{
+    Attention, AttnError, AttnInputs, DilatedConfig, Grads, Mixing, Saved, Shape4, TensorView, TensorViewMut,
+};
 use attn_kernels::CpuBackend;
 use attn_ring::{Layout, RingOptions, Strategy, ThreadComm, backward_on_with, forward_on_with, problem_for};
 use attn_testkit::rng::random_vec;
@@ -59,7 +61,7 @@ fn the_cpu_backend_names_the_tensor_and_first_index_only_when_asked() {
                 let mut lse = vec![7.0f32; s.lse_len()];
                 let (clean, clean_lse) = plain.forward_vec(&cfg, s, &x[0], &x[1], &x[2]).unwrap();
                 let ov = TensorViewMut::contiguous(TensorName::Output, &mut out, s).unwrap();
-                let fwd = checked.forward(&cfg, v(&x2[0]), v(&x2[1]), v(&x2[2]), ov, &mut lse);
+                let fwd = checked.forward(&AttnInputs::new(&cfg, v(&x2[0]), v(&x2[1]), v(&x2[2])), ov, &mut lse);
                 if which < 3 {
                     assert!(
                         matches!(fwd, Err(AttnError::NonFinite { tensor, index }) if tensor == NAMES[which] && index == at),
@@ -73,18 +75,9 @@ fn the_cpu_backend_names_the_tensor_and_first_index_only_when_asked() {
                 let [mut dq, mut dk, mut dv] = [0; 3].map(|_| vec![7.0f32; s.numel()]);
                 let m = |x| TensorViewMut::contiguous(TensorName::Other("grad"), x, s).unwrap();
                 let (o, go) = (v(&clean), v(&x2[3]));
-                let bwd = checked.backward(
-                    &cfg,
-                    v(&x2[0]),
-                    v(&x2[1]),
-                    v(&x2[2]),
-                    o,
-                    &clean_lse,
-                    go,
-                    m(&mut dq),
-                    m(&mut dk),
-                    m(&mut dv),
-                );
+                let grads = Grads { dq: m(&mut dq), dk: m(&mut dk), dv: m(&mut dv) };
+                let inputs = AttnInputs::new(&cfg, v(&x2[0]), v(&x2[1]), v(&x2[2]));
+                let bwd = checked.backward(&inputs, Saved { out: o, lse: &clean_lse }, go, grads);
                 assert!(
                     matches!(bwd, Err(AttnError::NonFinite { tensor, index }) if tensor == NAMES[which] && index == at),
                     "backward: {bad} in {} at {at}: {bwd:?}",

@@ -9,7 +9,8 @@ use attn_core::reference;
 use attn_core::{AttnShape, DilatedConfig, Mixing, Shape4};
 use attn_multihead::save_bytes;
 use attn_reliability::fuzz_targets::{golden_reader, small_weights, weights_reader};
-use attn_testkit::golden::{GoldenCase, ReferenceBackend, check_case};
+use attn_testkit::golden::{GoldenCase, check_case};
+use attn_testkit::reference;
 use attn_testkit::rng::random_vec;
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
@@ -82,7 +83,7 @@ fn fuzz_seeds_are_current_and_valid() {
     // its metadata order is a HashMap's); the weights seed is exactly the test module's
     // weights. Both pass their fuzz targets.
     let case = GoldenCase::from_bytes("seed", &files[0]).unwrap();
-    let report = check_case(&case, Some(&ReferenceBackend), None);
+    let report = check_case(&case, Some(&reference()), None);
     assert!(report.passed(), "{report}");
     assert!(files[1] == seeds[1].1, "weights seed is stale (run with ATTN_WRITE_SEEDS=1)");
     golden_reader(&files[0]);

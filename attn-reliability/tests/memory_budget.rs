@@ -1,10 +1,11 @@
-//! Memory budgets: `CpuBackend::workspace_bytes(cfg, shape, backward)` is a true upper
+//! Memory budgets: `CpuBackend::workspace_bytes(cfg, shape, pass)` is a true upper
 //! bound on what a forward or backward call allocates (measured by the counting
 //! allocator), so a caller can refuse a call up front with `MemoryBudget` before any
 //! allocation, and a budget of exactly `workspace_bytes` is enough.
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, DilatedConfig, MemoryBudget, Mixing, Shape4, TensorView, TensorViewMut};
+use attn_core::{Attention, AttnError, AttnInputs, DilatedConfig, Grads, MemoryBudget, Mixing, Pass, Saved, Shape4};
+use attn_core::{TensorView, TensorViewMut};
 use attn_kernels::CpuBackend;
 use attn_reliability::counting_alloc::{self, CountingAlloc, measure};
 use attn_testkit::rng::random_vec;
@@ -34,13 +35,19 @@ fn measured(cpu: &CpuBackend, cfg: &DilatedConfig, s: Shape4) -> (usize, usize) 
     let mut lse = vec![0.0f32; s.lse_len()];
     let (r, fwd) = measure(|| {
         let ov = TensorViewMut::contiguous(TensorName::Output, &mut out, s).unwrap();
-        cpu.forward(cfg, view(&q), view(&k), view(&v), ov, &mut lse)
+        cpu.forward(&AttnInputs::new(cfg, view(&q), view(&k), view(&v)), ov, &mut lse)
     });
     r.unwrap();
     let [mut dq, mut dk, mut dv] = [0; 3].map(|_| vec![0.0f32; n]);
     let (r, bwd) = measure(|| {
         let m = |x| TensorViewMut::contiguous(TensorName::Other("grad"), x, s).unwrap();
-        cpu.backward(cfg, view(&q), view(&k), view(&v), view(&out), &lse, view(&go), m(&mut dq), m(&mut dk), m(&mut dv))
+        let grads = Grads { dq: m(&mut dq), dk: m(&mut dk), dv: m(&mut dv) };
+        cpu.backward(
+            &AttnInputs::new(cfg, view(&q), view(&k), view(&v)),
+            Saved { out: view(&out), lse: &lse },
+            view(&go),
+            grads,
+        )
     });
     r.unwrap();
     (fwd.peak_extra, bwd.peak_extra)
@@ -55,7 +62,7 @@ fn workspace_bytes_bounds_what_calls_allocate() {
             // Twice, so lazily initialised state does not count as workspace.
             measured(&cpu, &cfg, s);
             let (fwd, bwd) = measured(&cpu, &cfg, s);
-            let (wf, wb) = (cpu.workspace_bytes(&cfg, s, false), cpu.workspace_bytes(&cfg, s, true));
+            let (wf, wb) = (cpu.workspace_bytes(&cfg, s, Pass::Forward), cpu.workspace_bytes(&cfg, s, Pass::Backward));
             eprintln!("threads={threads} {:?}: forward {fwd} <= {wf}, backward {bwd} <= {wb}", s.dims());
             assert!(
                 fwd <= wf,
@@ -83,19 +90,25 @@ fn a_budget_below_the_workspace_is_refused_before_allocating() {
         let mut out = vec![0.0f32; n];
         let mut lse = vec![0.0f32; s.lse_len()];
         let [mut dq, mut dk, mut dv] = [0; 3].map(|_| vec![0.0f32; n]);
-        for backward in [false, true] {
-            let need = free.workspace_bytes(&cfg, s, backward);
+        for pass in [Pass::Forward, Pass::Backward] {
+            let need = free.workspace_bytes(&cfg, s, pass);
             let tight = CpuBackend::new(2).unwrap().with_budget(MemoryBudget::bytes(need - 1));
-            let (r, m) = if backward {
+            let (r, m) = if pass == Pass::Backward {
                 measure(|| {
                     let g = |x| TensorViewMut::contiguous(TensorName::Other("grad"), x, s).unwrap();
                     let (o, gq, gk, gv) = (input(s, &out), g(&mut dq), g(&mut dk), g(&mut dv));
-                    tight.backward(&cfg, input(s, &q), input(s, &k), input(s, &v), o, &lse, input(s, &go), gq, gk, gv)
+                    let inputs = AttnInputs::new(&cfg, input(s, &q), input(s, &k), input(s, &v));
+                    tight.backward(
+                        &inputs,
+                        Saved { out: o, lse: &lse },
+                        input(s, &go),
+                        Grads { dq: gq, dk: gk, dv: gv },
+                    )
                 })
             } else {
                 measure(|| {
                     let ov = TensorViewMut::contiguous(TensorName::Output, &mut out, s).unwrap();
-                    tight.forward(&cfg, input(s, &q), input(s, &k), input(s, &v), ov, &mut lse)
+                    tight.forward(&AttnInputs::new(&cfg, input(s, &q), input(s, &k), input(s, &v)), ov, &mut lse)
                 })
             };
             assert!(
@@ -106,7 +119,8 @@ fn a_budget_below_the_workspace_is_refused_before_allocating() {
             assert!(m.peak_extra <= 4096, "refusing a call allocated {} bytes (scratch {need})", m.peak_extra);
         }
         // With the budget at exactly the workspace both calls run and their real peaks fit.
-        let (need_f, need_b) = (free.workspace_bytes(&cfg, s, false), free.workspace_bytes(&cfg, s, true));
+        let (need_f, need_b) =
+            (free.workspace_bytes(&cfg, s, Pass::Forward), free.workspace_bytes(&cfg, s, Pass::Backward));
         let exact = CpuBackend::new(2).unwrap().with_budget(MemoryBudget::bytes(need_f.max(need_b)));
         let (fwd, bwd) = measured(&exact, &cfg, s);
         assert!(fwd <= need_f && bwd <= need_b, "{fwd} > {need_f} or {bwd} > {need_b}");
@@ -122,7 +136,7 @@ proptest::proptest! {
         let cpu = CpuBackend::new(2).unwrap();
         measured(&cpu, &case.cfg, case.shape);
         let (fwd, bwd) = measured(&cpu, &case.cfg, case.shape);
-        proptest::prop_assert!(fwd <= cpu.workspace_bytes(&case.cfg, case.shape, false), "forward {fwd}");
-        proptest::prop_assert!(bwd <= cpu.workspace_bytes(&case.cfg, case.shape, true), "backward {bwd}");
+        proptest::prop_assert!(fwd <= cpu.workspace_bytes(&case.cfg, case.shape, Pass::Forward), "forward {fwd}");
+        proptest::prop_assert!(bwd <= cpu.workspace_bytes(&case.cfg, case.shape, Pass::Backward), "backward {bwd}");
     }
 }

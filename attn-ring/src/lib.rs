@@ -39,6 +39,7 @@
 #![cfg_attr(not(any(feature = "mpi", feature = "nccl")), forbid(unsafe_code))]
 #![cfg_attr(any(feature = "mpi", feature = "nccl"), deny(unsafe_code))]
 
+mod backend;
 mod backward;
 mod block_math;
 pub mod comm;
@@ -56,6 +57,7 @@ pub mod plan;
 mod wire;
 mod workspace;
 
+pub use backend::RingBackend;
 pub use backward::{BackwardOutputs, ring_backward, ring_backward_with};
 pub use comm::{CommStats, Communicator, Fault, FaultyComm, NcclComm, ThreadComm};
 pub use entry::{RingOptions, RingStats};

@@ -8,9 +8,11 @@ pub mod judge;
 pub mod rng;
 pub mod strategies;
 pub mod tolerance;
+pub mod typed;
 
-pub use golden::{CaseReport, DilatedBackend, Forward32, GoldenCase, Gradients32, MultiheadBackend, ReferenceBackend};
+pub use golden::{CaseReport, DilatedBackend, Forward32, GoldenCase, Gradients32, MultiheadBackend};
 pub use gpu_policy::{gpu_required, skip_gpu_test};
 pub use rng::{SeededRng, random_vec};
 pub use strategies::{DilatedCase, InvalidInput};
 pub use tolerance::{Tolerance, max_abs_error, rel_l2_error};
+pub use typed::{Typed, reference};

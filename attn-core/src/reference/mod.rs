@@ -4,8 +4,10 @@
 //! multiplicity across LongNet patterns), takes one softmax over them, and sums.
 //! Every backend and ring strategy is judged against this module.
 
+mod backend;
 mod backward;
 
+pub use backend::ReferenceBackend;
 pub use backward::{dense_backward, dilated_backward, dilated_backward_with_magnitudes};
 
 use crate::config::DilatedConfig;

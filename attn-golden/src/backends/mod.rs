@@ -1,13 +1,13 @@
 //! Backend selection: maps `--backend`, `--dtype` and the ring options to implementations.
 
-mod cpu;
-#[cfg(feature = "cuda")]
-mod cuda;
 mod multihead;
 mod ring;
 
-use attn_core::{AttnError, DType};
-use attn_testkit::{DilatedBackend, MultiheadBackend, ReferenceBackend};
+use attn_core::{Attention, AttnError, DType};
+use attn_kernels::CpuBackend;
+use attn_kernels::cuda::CudaBackend;
+use attn_testkit::{DilatedBackend, MultiheadBackend, Typed, reference};
+use half::{bf16, f16};
 
 use crate::options::Options;
 
@@ -50,14 +50,16 @@ pub fn select(o: &Options) -> Result<Selected, Refusal> {
     let sel = match o.backend.as_str() {
         "reference" => Selected {
             label: "reference".into(),
-            dilated: Some(Box::new(ReferenceBackend)),
+            dilated: Some(Box::new(reference())),
             multihead: Some(Box::new(multihead::MultiheadRunner::reference())),
         },
         "cpu" => {
-            let cpu = cpu::CpuDilated::new(o.threads, dtype).map_err(err)?;
+            let cpu = CpuBackend::new(o.threads).map_err(err)?;
+            let label = format!("cpu {} {}t {:?}", dtype.as_str(), cpu.threads(), cpu.isa());
+            let cpu = typed(cpu, dtype, label.clone()).map_err(err)?;
             Selected {
-                label: cpu.name(),
-                dilated: Some(Box::new(cpu)),
+                label,
+                dilated: Some(cpu),
                 multihead: (dtype == DType::F32)
                     .then(|| multihead::MultiheadRunner::cpu(o.threads).map_err(err))
                     .transpose()?
@@ -75,13 +77,22 @@ pub fn select(o: &Options) -> Result<Selected, Refusal> {
     Ok(sel)
 }
 
-#[cfg(feature = "cuda")]
+/// The CUDA backend on device 0 (without the `cuda` feature: `NotCompiled`).
 fn cuda_backend(dtype: DType) -> Result<Selected, AttnError> {
-    let b = cuda::open(dtype)?;
-    Ok(Selected { label: b.name(), dilated: Some(b), multihead: None })
+    let gpu = CudaBackend::new(0)?;
+    let label = format!("cuda {}", dtype.as_str());
+    Ok(Selected { label: label.clone(), dilated: Some(typed(gpu, dtype, label)?), multihead: None })
 }
 
-#[cfg(not(feature = "cuda"))]
-fn cuda_backend(_dtype: DType) -> Result<Selected, AttnError> {
-    Err(AttnError::NotCompiled { backend: "cuda", feature: "cuda" })
+/// `backend` computing in `dtype` behind the golden interface.
+fn typed<A>(backend: A, dtype: DType, label: String) -> Result<Box<dyn DilatedBackend>, AttnError>
+where
+    A: Attention<f32> + Attention<bf16> + Attention<f16> + 'static,
+{
+    Ok(match dtype {
+        DType::F32 => Box::new(Typed::<A, f32>::new(backend).labeled(label)),
+        DType::BF16 => Box::new(Typed::<A, bf16>::new(backend).labeled(label)),
+        DType::F16 => Box::new(Typed::<A, f16>::new(backend).labeled(label)),
+        DType::F64 => return Err(AttnError::InvalidArgument(format!("{label}: runs f32, bf16 or f16"))),
+    })
 }

@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use attn_core::Result;
+use attn_core::{Attention, ReferenceBackend};
+use attn_multihead::F32Tensors;
 use attn_multihead::golden_case::{forward_case, forward_case_ring};
-use attn_multihead::{AttentionBackend, F32Tensors, ReferenceBackend};
 use attn_ring::{Layout, Strategy};
 use attn_testkit::{GoldenCase, MultiheadBackend};
 
@@ -48,11 +49,11 @@ impl MultiheadBackend for MultiheadRunner {
         let meta: &BTreeMap<String, String> = &case.meta;
         match &self.engine {
             Engine::Reference => {
-                let backend: Arc<dyn AttentionBackend<f64>> = Arc::new(ReferenceBackend);
+                let backend: Arc<dyn Attention<f64>> = Arc::new(ReferenceBackend);
                 Ok(forward_case::<f64>(meta, &tensors, backend)?.into_iter().map(|x| x as f32).collect())
             }
             Engine::Cpu(cpu) => {
-                let backend: Arc<dyn AttentionBackend<f32>> = cpu.clone();
+                let backend: Arc<dyn Attention<f32>> = cpu.clone();
                 forward_case::<f32>(meta, &tensors, backend)
             }
             Engine::Ring { world, layout, strategy } => forward_case_ring(meta, &tensors, *world, *layout, *strategy),

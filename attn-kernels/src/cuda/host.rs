@@ -1,17 +1,15 @@
-//! Whole-call dilated attention on the GPU from host views: upload, run the block entry
-//! points over the full sequence (one block each for q and k/v), download.
+//! [`CudaBackend`]: whole-call dilated attention on the GPU from host views behind the
+//! shared [`Attention`] interface: upload, run the block entry points over the full
+//! sequence (one block each for q and k/v), download.
 
 use attn_core::error::TensorName;
+use attn_core::{Attention, AttnInputs, Grads, Pass, Saved};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Result, TensorView, TensorViewMut};
 
 use super::block::{backward_block, forward_block};
 use super::device::{CudaDevice, cuda_err};
 use super::epilogue::{delta, finish_forward, store_scaled};
 use super::tensor::{CudaElement, DeviceGrads, DevicePartial, DeviceTensor};
-
-fn shapes<T: CudaElement>(q: &TensorView<'_, T>, k: &TensorView<'_, T>, v: &TensorView<'_, T>) -> Result<AttnShape> {
-    AttnShape::check(&q.shape().dims(), &k.shape().dims(), &v.shape().dims(), true)
-}
 
 fn write_rows<T: CudaElement>(dst: &mut TensorViewMut<'_, T>, contiguous: &[T]) {
     let s = dst.shape();
@@ -38,78 +36,137 @@ fn check_out<T: CudaElement>(tensor: TensorName, dst: &TensorViewMut<'_, T>, wan
     Ok(())
 }
 
-/// Dilated attention forward: writes `out` and returns the LSE `[batch, seq, heads]` (f32).
-/// k/v may have their own sequence length (cross-attention: positions start at 0 for both).
-pub fn forward<T: CudaElement>(
-    dev: &CudaDevice,
-    cfg: &DilatedConfig,
-    q: &TensorView<'_, T>,
-    k: &TensorView<'_, T>,
-    v: &TensorView<'_, T>,
-    out: &mut TensorViewMut<'_, T>,
-) -> Result<Vec<f32>> {
-    let shape = shapes(q, k, v)?;
-    cfg.validate_heads(shape.q.heads)?;
-    check_out(TensorName::Output, out, shape.q)?;
-    let (dq, dk, dv) =
-        (DeviceTensor::from_view(dev, q)?, DeviceTensor::from_view(dev, k)?, DeviceTensor::from_view(dev, v)?);
-    let mut partial = DevicePartial::empty(dev, shape.q)?;
-    forward_block(dev, cfg, &dq, 0, &dk, &dv, 0, &mut partial)?;
-    let mut dout = DeviceTensor::<T>::zeros(dev, shape.q)?;
-    let lse = finish_forward(dev, cfg, &partial, &mut dout)?;
-    let lse = dev.stream.clone_dtoh(lse).map_err(cuda_err)?;
-    dev.synchronize()?;
-    write_rows(out, &dout.to_host_contiguous(dev)?);
-    Ok(lse)
+/// The GPU behind the shared interface: one device, kernels compiled by NVRTC for it on
+/// first use. k/v may have their own sequence length (cross-attention: positions start
+/// at 0 for both).
+#[derive(Debug, Clone)]
+pub struct CudaBackend {
+    dev: CudaDevice,
 }
 
-/// Dilated attention backward: gradients of `sum(out * grad_out)` given the forward's
-/// `out` and `lse`; writes `dq`, `dk`, `dv` in `T` (accumulated in f32).
-#[allow(clippy::too_many_arguments)]
-pub fn backward<T: CudaElement>(
-    dev: &CudaDevice,
-    cfg: &DilatedConfig,
-    q: &TensorView<'_, T>,
-    k: &TensorView<'_, T>,
-    v: &TensorView<'_, T>,
-    out: &TensorView<'_, T>,
-    lse: &[f32],
-    grad_out: &TensorView<'_, T>,
-    dq: &mut TensorViewMut<'_, T>,
-    dk: &mut TensorViewMut<'_, T>,
-    dv: &mut TensorViewMut<'_, T>,
-) -> Result<()> {
-    let shape = shapes(q, k, v)?;
-    cfg.validate_heads(shape.q.heads)?;
-    for (t, s) in [(TensorName::Output, out.shape()), (TensorName::GradOutput, grad_out.shape())] {
-        if s != shape.q {
+impl CudaBackend {
+    /// Open device `ordinal` ([`CudaDevice::new`]: a typed error without a driver,
+    /// NVRTC or the device).
+    pub fn new(ordinal: usize) -> Result<Self> {
+        Ok(CudaBackend { dev: CudaDevice::new(ordinal)? })
+    }
+
+    /// A backend on an already opened device.
+    pub fn on(dev: CudaDevice) -> Self {
+        CudaBackend { dev }
+    }
+
+    pub fn device(&self) -> &CudaDevice {
+        &self.dev
+    }
+
+    /// Forward on contiguous buffers (a [`attn_core::Shape4`] is self-attention):
+    /// `(out, lse)`.
+    pub fn forward_vec<T: CudaElement>(
+        &self,
+        cfg: &DilatedConfig,
+        shape: impl Into<AttnShape>,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+    ) -> Result<(Vec<T>, Vec<f32>)> {
+        let shape = shape.into();
+        let inputs = AttnInputs::contiguous(cfg, shape, [q, k, v])?;
+        let mut out = vec![T::default(); shape.q.numel()];
+        let mut lse = vec![0.0f32; shape.q.lse_len()];
+        self.forward_impl(&inputs, TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?, &mut lse)?;
+        Ok((out, lse))
+    }
+
+    /// Forward, then backward, on contiguous buffers: `[dq, dk, dv]`.
+    pub fn backward_vec<T: CudaElement>(
+        &self,
+        cfg: &DilatedConfig,
+        shape: impl Into<AttnShape>,
+        [q, k, v]: [&[T]; 3],
+        grad_out: &[T],
+    ) -> Result<[Vec<T>; 3]> {
+        let shape = shape.into();
+        let (out, lse) = self.forward_vec(cfg, shape, q, k, v)?;
+        let inputs = AttnInputs::contiguous(cfg, shape, [q, k, v])?;
+        let saved = Saved { out: TensorView::contiguous(TensorName::Output, &out, shape.q)?, lse: &lse };
+        let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
+        let mut dq = vec![T::default(); shape.q.numel()];
+        let (mut dk, mut dv) = (vec![T::default(); shape.kv.numel()], vec![T::default(); shape.kv.numel()]);
+        self.backward_impl(&inputs, saved, gv, Grads::contiguous(shape, [&mut dq, &mut dk, &mut dv])?)?;
+        Ok([dq, dk, dv])
+    }
+
+    fn forward_impl<T: CudaElement>(
+        &self,
+        inputs: &AttnInputs<'_, T>,
+        mut out: TensorViewMut<'_, T>,
+        lse: &mut [f32],
+    ) -> Result<()> {
+        let (dev, cfg) = (&self.dev, inputs.cfg);
+        let shape = inputs.shape()?;
+        cfg.validate_heads(shape.q.heads)?;
+        check_out(TensorName::Output, &out, shape.q)?;
+        if lse.len() != shape.q.lse_len() {
             return Err(AttnError::ShapeMismatch {
-                tensor: t,
-                expected: shape.q.dims().to_vec(),
-                got: s.dims().to_vec(),
+                tensor: TensorName::Lse,
+                expected: vec![shape.q.lse_len()],
+                got: vec![lse.len()],
             });
         }
+        let up = |x: &TensorView<'_, T>| DeviceTensor::from_view(dev, x);
+        let (dq, dk, dv) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
+        let mut partial = DevicePartial::empty(dev, shape.q)?;
+        forward_block(dev, cfg, &dq, 0, &dk, &dv, 0, &mut partial)?;
+        let mut dout = DeviceTensor::<T>::zeros(dev, shape.q)?;
+        let dlse = finish_forward(dev, cfg, &partial, &mut dout)?;
+        let host_lse = dev.stream.clone_dtoh(dlse).map_err(cuda_err)?;
+        dev.synchronize()?;
+        write_rows(&mut out, &dout.to_host_contiguous(dev)?);
+        lse.copy_from_slice(&host_lse);
+        Ok(())
     }
-    if lse.len() != shape.q.lse_len() {
-        return Err(AttnError::ShapeMismatch {
-            tensor: TensorName::Lse,
-            expected: vec![shape.q.lse_len()],
-            got: vec![lse.len()],
-        });
+
+    fn backward_impl<T: CudaElement>(
+        &self,
+        inputs: &AttnInputs<'_, T>,
+        saved: Saved<'_, T>,
+        grad_out: TensorView<'_, T>,
+        mut grads: Grads<'_, T>,
+    ) -> Result<()> {
+        let (dev, cfg) = (&self.dev, inputs.cfg);
+        let shape = inputs.shape()?;
+        cfg.validate_heads(shape.q.heads)?;
+        for (t, s) in [(TensorName::Output, saved.out.shape()), (TensorName::GradOutput, grad_out.shape())] {
+            if s != shape.q {
+                return Err(AttnError::ShapeMismatch {
+                    tensor: t,
+                    expected: shape.q.dims().to_vec(),
+                    got: s.dims().to_vec(),
+                });
+            }
+        }
+        if saved.lse.len() != shape.q.lse_len() {
+            return Err(AttnError::ShapeMismatch {
+                tensor: TensorName::Lse,
+                expected: vec![shape.q.lse_len()],
+                got: vec![saved.lse.len()],
+            });
+        }
+        check_out(TensorName::GradQuery, &grads.dq, shape.q)?;
+        check_out(TensorName::GradKey, &grads.dk, shape.kv)?;
+        check_out(TensorName::GradValue, &grads.dv, shape.kv)?;
+        let up = |x: &TensorView<'_, T>| DeviceTensor::from_view(dev, x);
+        let (tq, tk, tv) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
+        let (tout, tgo) = (up(&saved.out)?, up(&grad_out)?);
+        let dlse = dev.stream.clone_htod(saved.lse).map_err(cuda_err)?;
+        let ddelta = delta(dev, &tgo, &tout)?;
+        let mut acc = DeviceGrads::zeros(dev, shape.q, shape.kv)?;
+        backward_block(dev, cfg, &tq, 0, &tk, &tv, 0, &tgo, &dlse, &ddelta, &mut acc)?;
+        store_grad(dev, &acc.dq, &mut grads.dq, TensorName::GradQuery)?;
+        store_grad(dev, &acc.dk, &mut grads.dk, TensorName::GradKey)?;
+        store_grad(dev, &acc.dv, &mut grads.dv, TensorName::GradValue)
     }
-    check_out(TensorName::GradQuery, dq, shape.q)?;
-    check_out(TensorName::GradKey, dk, shape.kv)?;
-    check_out(TensorName::GradValue, dv, shape.kv)?;
-    let up = |x: &TensorView<'_, T>| DeviceTensor::from_view(dev, x);
-    let (tq, tk, tv, tout, tgo) = (up(q)?, up(k)?, up(v)?, up(out)?, up(grad_out)?);
-    let dlse = dev.stream.clone_htod(lse).map_err(cuda_err)?;
-    let ddelta = delta(dev, &tgo, &tout)?;
-    let mut grads = DeviceGrads::zeros(dev, shape.q, shape.kv)?;
-    backward_block(dev, cfg, &tq, 0, &tk, &tv, 0, &tgo, &dlse, &ddelta, &mut grads)?;
-    store_grad(dev, &grads.dq, dq, TensorName::GradQuery)?;
-    store_grad(dev, &grads.dk, dk, TensorName::GradKey)?;
-    store_grad(dev, &grads.dv, dv, TensorName::GradValue)?;
-    Ok(())
 }
 
 fn store_grad<T: CudaElement>(
@@ -124,52 +181,34 @@ fn store_grad<T: CudaElement>(
     Ok(())
 }
 
-/// [`forward`] on contiguous buffers: returns `(out, lse)`.
-pub fn forward_vec<T: CudaElement>(
-    dev: &CudaDevice,
-    cfg: &DilatedConfig,
-    shape: AttnShape,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-) -> Result<(Vec<T>, Vec<f32>)> {
-    let qv = TensorView::contiguous(TensorName::Query, q, shape.q)?;
-    let kv = TensorView::contiguous(TensorName::Key, k, shape.kv)?;
-    let vv = TensorView::contiguous(TensorName::Value, v, shape.kv)?;
-    let mut out = vec![T::default(); shape.q.numel()];
-    let lse = forward(dev, cfg, &qv, &kv, &vv, &mut TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?)?;
-    Ok((out, lse))
-}
+impl<T: CudaElement> Attention<T> for CudaBackend {
+    fn name(&self) -> &str {
+        "cuda"
+    }
 
-/// Forward then [`backward`] on contiguous buffers: returns `(dq, dk, dv)`.
-pub fn backward_vec<T: CudaElement>(
-    dev: &CudaDevice,
-    cfg: &DilatedConfig,
-    shape: AttnShape,
-    [q, k, v]: [&[T]; 3],
-    grad_out: &[T],
-) -> Result<[Vec<T>; 3]> {
-    let (out, lse) = forward_vec(dev, cfg, shape, q, k, v)?;
-    let qv = TensorView::contiguous(TensorName::Query, q, shape.q)?;
-    let kv = TensorView::contiguous(TensorName::Key, k, shape.kv)?;
-    let vv = TensorView::contiguous(TensorName::Value, v, shape.kv)?;
-    let ov = TensorView::contiguous(TensorName::Output, &out, shape.q)?;
-    let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
-    let mut dq = vec![T::default(); shape.q.numel()];
-    let mut dk = vec![T::default(); shape.kv.numel()];
-    let mut dv = vec![T::default(); shape.kv.numel()];
-    backward(
-        dev,
-        cfg,
-        &qv,
-        &kv,
-        &vv,
-        &ov,
-        &lse,
-        &gv,
-        &mut TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, shape.q)?,
-        &mut TensorViewMut::contiguous(TensorName::GradKey, &mut dk, shape.kv)?,
-        &mut TensorViewMut::contiguous(TensorName::GradValue, &mut dv, shape.kv)?,
-    )?;
-    Ok([dq, dk, dv])
+    fn forward(&self, inputs: &AttnInputs<'_, T>, out: TensorViewMut<'_, T>, lse: &mut [f32]) -> Result<()> {
+        self.forward_impl(inputs, out, lse)
+    }
+
+    fn backward(
+        &self,
+        inputs: &AttnInputs<'_, T>,
+        saved: Saved<'_, T>,
+        grad_out: TensorView<'_, T>,
+        grads: Grads<'_, T>,
+    ) -> Result<()> {
+        self.backward_impl(inputs, saved, grad_out, grads)
+    }
+
+    /// Device memory: the uploaded inputs and outputs in `T`, and the f32 partial output,
+    /// LSE and gradient accumulators.
+    fn workspace_bytes(&self, _cfg: &DilatedConfig, shape: AttnShape, pass: Pass) -> usize {
+        let (q, kv, lse) = (shape.q.numel() as u128, shape.kv.numel() as u128, shape.q.lse_len() as u128);
+        let elem = std::mem::size_of::<T>() as u128;
+        let bytes = match pass {
+            Pass::Forward => elem * (2 * q + 2 * kv) + 4 * (q + 3 * lse),
+            Pass::Backward => elem * (4 * q + 4 * kv) + 4 * (q + 2 * kv + 2 * lse) + elem * (q + 2 * kv),
+        };
+        usize::try_from(bytes).unwrap_or(usize::MAX)
+    }
 }

@@ -3,7 +3,8 @@
 //!
 //! - [`CudaDevice::new`](crate::cuda::CudaDevice::new) checks libcuda, libnvrtc and the device first and returns
 //!   `AttnError::BackendUnavailable` (never a panic) when any is missing; sm_80+ only.
-//! - Whole calls from host views: [`forward`](crate::cuda::forward) (out + f32 LSE) and [`backward`](crate::cuda::backward).
+//! - Whole calls from host views: [`CudaBackend`](crate::cuda::CudaBackend), the shared
+//!   `Attention` interface (out + f32 LSE, exact backward).
 //! - Ring steps: [`forward_block`](crate::cuda::forward_block) LSE-merges a (q block, k block) pair into a
 //!   [`DevicePartial`](crate::cuda::DevicePartial), [`finish_forward`](crate::cuda::finish_forward) applies the heads' `out_scale`;
 //!   [`backward_block`](crate::cuda::backward_block) accumulates f32 gradients given the final LSE and [`delta`](crate::cuda::delta).
@@ -26,5 +27,5 @@ pub use bench::{GpuTiming, attended_pairs, bench_forward};
 pub use block::{backward_block, forward_block};
 pub use device::{CudaDevice, check_available, nvrtc_present};
 pub use epilogue::{delta, finish_forward, store_scaled};
-pub use host::{backward, backward_vec, forward, forward_vec};
+pub use host::CudaBackend;
 pub use tensor::{CudaElement, DeviceGrads, DevicePartial, DeviceTensor};

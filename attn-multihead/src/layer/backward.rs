@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use attn_core::error::TensorName;
-use attn_core::{Result, Shape4, TensorView, TensorViewMut};
+use attn_core::{AttnInputs, Grads, Result, Saved, Shape4, TensorView, TensorViewMut};
 
 use super::{InputGrads, Inputs, MultiheadCache, MultiheadDilatedAttention, Projected, ProjectedRef, check_input};
 use crate::dropout::apply_mask;
@@ -33,7 +33,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         check_input("grad_out", grad_out, qs.batch, qs.seq, e)?;
         self.weights.check_layout(&self.config, "weights")?;
         grads.check_layout(&self.config, "gradient accumulator")?;
-        let one_device = self.backend.query_positions(qs.seq)?.is_none();
+        let one_device = self.backend.placement().is_whole();
         if let (Inputs::SelfAttn(x), Projected::Fused(qkv), true) = (&cache.inputs, &cache.projected, one_device)
             && let Some(window) = window_rows(&self.config.segment_lengths, qs.seq, self.window_rows)
         {
@@ -145,10 +145,12 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let [q, k, v] = self.views(projected, qs, kvs)?;
         let out = TensorView::contiguous(TensorName::Output, attn, qs)?;
         let go = TensorView::contiguous(TensorName::GradOutput, grad_attn, qs)?;
-        let mut dqv = TensorViewMut::contiguous(TensorName::GradQuery, dq, qs)?;
-        let mut dkv = TensorViewMut::contiguous(TensorName::GradKey, dk, kvs)?;
-        let mut dvv = TensorViewMut::contiguous(TensorName::GradValue, dv, kvs)?;
-        self.backend.backward(&self.dilated, q, k, v, out, lse, go, &mut dqv, &mut dkv, &mut dvv)
+        let grads = Grads {
+            dq: TensorViewMut::contiguous(TensorName::GradQuery, dq, qs)?,
+            dk: TensorViewMut::contiguous(TensorName::GradKey, dk, kvs)?,
+            dv: TensorViewMut::contiguous(TensorName::GradValue, dv, kvs)?,
+        };
+        self.backend.backward(&AttnInputs::new(&self.dilated, q, k, v), Saved { out, lse }, go, grads)
     }
 
     /// Input projection backward of self-attention over `x: [batch, seq, embed]` into

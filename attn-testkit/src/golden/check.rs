@@ -5,7 +5,6 @@
 
 use std::fmt;
 
-use attn_core::reference;
 use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Result};
 
 use super::GoldenCase;
@@ -54,39 +53,6 @@ pub trait MultiheadBackend {
         DType::F32
     }
     fn forward(&self, case: &GoldenCase) -> Result<Vec<f32>>;
-}
-
-/// The float64 reference of `attn-core` behind the f32 interface.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ReferenceBackend;
-
-fn to64(x: &[f32]) -> Vec<f64> {
-    x.iter().map(|&v| v as f64).collect()
-}
-fn to32(x: &[f64]) -> Vec<f32> {
-    x.iter().map(|&v| v as f32).collect()
-}
-
-impl DilatedBackend for ReferenceBackend {
-    fn name(&self) -> String {
-        "reference".into()
-    }
-    fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32> {
-        let f = reference::dilated_forward(cfg, shape, &to64(q), &to64(k), &to64(v))?;
-        Ok(Forward32 { out: to32(&f.out), lse: to32(&f.lse) })
-    }
-    fn backward(
-        &self,
-        cfg: &DilatedConfig,
-        shape: AttnShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        grad_out: &[f32],
-    ) -> Result<Gradients32> {
-        let (_, g) = reference::dilated_backward(cfg, shape, &to64(q), &to64(k), &to64(v), &to64(grad_out))?;
-        Ok(Gradients32 { dq: to32(&g.dq), dk: to32(&g.dk), dv: to32(&g.dv) })
-    }
 }
 
 /// One tensor's measured error against its bound.
@@ -168,7 +134,7 @@ fn check(name: &str, got: &[f32], want: &[f32], bound: f64) -> TensorCheck {
     TensorCheck { tensor: name.into(), rel_l2: rel_l2_error(got, want), max_abs: max_abs_error(got, want), bound }
 }
 
-/// Every tensor the file lists (the loader requires them all): in f32 against the file
+/// Every tensor the file lists (the loader requires them all): in f32 (or f64) against the file
 /// within its `rel_tol`, and in every dtype row by row against the reference on the
 /// inputs rounded to the backend's dtype.
 fn run_dilated(case: &GoldenCase, backend: &dyn DilatedBackend) -> Result<(Vec<TensorCheck>, Vec<RowCheck>)> {
@@ -180,7 +146,7 @@ fn run_dilated(case: &GoldenCase, backend: &dyn DilatedBackend) -> Result<(Vec<T
     let fwd = backend.forward(&cfg, shape, q, k, v)?;
     let g = backend.backward(&cfg, shape, q, k, v, go)?;
     let mut checks = Vec::new();
-    if dtype == DType::F32 {
+    if matches!(dtype, DType::F32 | DType::F64) {
         let bound = case.rel_tol()?;
         checks.push(check("out", &fwd.out, &case.tensor("out")?.data, bound));
         if case.tensors.contains_key("lse") {

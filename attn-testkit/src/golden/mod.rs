@@ -5,9 +5,7 @@
 
 mod check;
 
-pub use check::{
-    CaseReport, DilatedBackend, Forward32, Gradients32, MultiheadBackend, ReferenceBackend, TensorCheck, check_case,
-};
+pub use check::{CaseReport, DilatedBackend, Forward32, Gradients32, MultiheadBackend, TensorCheck, check_case};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,143 @@
+//! The attention interface every backend implements: [`Attention`] computes dilated
+//! attention (forward and exact backward) over strided views, for self- and
+//! cross-attention, and says where its query rows sit in the global sequence.
+//!
+//! The float64 [`ReferenceBackend`](crate::reference::ReferenceBackend) implements it
+//! here; the CPU and CUDA kernels implement it in `attn-kernels` and the ring in
+//! `attn-ring`, so a layer, a conformance runner or a binding written against
+//! `&dyn Attention<T>` runs on any of them.
+
+use std::fmt::Debug;
+
+use crate::config::DilatedConfig;
+use crate::element::Element;
+use crate::error::{Result, TensorName};
+use crate::shape::AttnShape;
+use crate::view::{TensorView, TensorViewMut};
+
+/// Where the query rows of a call sit in the global sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The rows are the whole sequence, positions `0..seq`, on this device.
+    Whole,
+    /// The rows are rank `rank`'s share of a sequence split over `world` ranks; their
+    /// global positions come from [`Attention::query_positions`].
+    Shard { rank: usize, world: usize },
+}
+
+impl Placement {
+    /// Whether the call sees the whole sequence.
+    pub fn is_whole(self) -> bool {
+        self == Placement::Whole
+    }
+}
+
+/// Which pass a workspace query is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    Forward,
+    /// The backward pass (which also recomputes what it needs of the forward).
+    Backward,
+}
+
+/// The inputs of one call: the config and the q, k, v views (`[batch, seq, heads,
+/// head_dim]`; k and v may have their own sequence length for cross-attention). Inputs
+/// that later features add arrive as fields with constructors, not as new methods.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct AttnInputs<'a, T> {
+    pub cfg: &'a DilatedConfig,
+    pub q: TensorView<'a, T>,
+    pub k: TensorView<'a, T>,
+    pub v: TensorView<'a, T>,
+}
+
+impl<'a, T: Element> AttnInputs<'a, T> {
+    pub fn new(cfg: &'a DilatedConfig, q: TensorView<'a, T>, k: TensorView<'a, T>, v: TensorView<'a, T>) -> Self {
+        AttnInputs { cfg, q, k, v }
+    }
+
+    /// Inputs from row-major buffers: q of `shape.q`, k and v of `shape.kv`.
+    pub fn contiguous(cfg: &'a DilatedConfig, shape: AttnShape, [q, k, v]: [&'a [T]; 3]) -> Result<Self> {
+        Ok(AttnInputs {
+            cfg,
+            q: TensorView::contiguous(TensorName::Query, q, shape.q)?,
+            k: TensorView::contiguous(TensorName::Key, k, shape.kv)?,
+            v: TensorView::contiguous(TensorName::Value, v, shape.kv)?,
+        })
+    }
+
+    /// Whether k and v have their own sequence length (cross-attention).
+    pub fn is_cross(&self) -> bool {
+        self.k.shape().seq != self.q.shape().seq
+    }
+
+    /// The checked shapes of q, k and v.
+    pub fn shape(&self) -> Result<AttnShape> {
+        let dims = |v: &TensorView<'a, T>| v.shape().dims();
+        AttnShape::check(&dims(&self.q), &dims(&self.k), &dims(&self.v), self.is_cross())
+    }
+}
+
+/// What the forward produced that the backward reads: the output and its LSE
+/// (`[batch, q_seq, heads]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Saved<'a, T> {
+    pub out: TensorView<'a, T>,
+    pub lse: &'a [f32],
+}
+
+/// The gradient views a backward writes (it overwrites, never accumulates): `dq` of q's
+/// shape, `dk` and `dv` of k's.
+#[derive(Debug)]
+pub struct Grads<'a, T> {
+    pub dq: TensorViewMut<'a, T>,
+    pub dk: TensorViewMut<'a, T>,
+    pub dv: TensorViewMut<'a, T>,
+}
+
+impl<'a, T: Element> Grads<'a, T> {
+    /// Gradient views over row-major buffers: `dq` of `shape.q`, `dk` and `dv` of `shape.kv`.
+    pub fn contiguous(shape: AttnShape, [dq, dk, dv]: [&'a mut [T]; 3]) -> Result<Self> {
+        Ok(Grads {
+            dq: TensorViewMut::contiguous(TensorName::GradQuery, dq, shape.q)?,
+            dk: TensorViewMut::contiguous(TensorName::GradKey, dk, shape.kv)?,
+            dv: TensorViewMut::contiguous(TensorName::GradValue, dv, shape.kv)?,
+        })
+    }
+}
+
+/// Dilated attention as the definition gives it, forward and exact backward.
+///
+/// `forward` writes `out` (q's shape) and `lse` (`[batch, q_seq, heads]`); `backward`
+/// writes the gradients of `sum(out * grad_out)`. Bad input is an `AttnError`, and a
+/// call that fails writes nothing a caller should read.
+pub trait Attention<T: Element>: Send + Sync + Debug {
+    /// A short name for reports (`reference`, `cpu`, `cuda`, `ring`).
+    fn name(&self) -> &str;
+
+    /// Where this backend's query rows sit in the global sequence.
+    fn placement(&self) -> Placement {
+        Placement::Whole
+    }
+
+    /// The global positions of the `local_seq` query rows a caller passes (ascending),
+    /// which position-dependent steps such as dropout masks use.
+    fn query_positions(&self, local_seq: usize) -> Result<Vec<usize>> {
+        Ok((0..local_seq).collect())
+    }
+
+    fn forward(&self, inputs: &AttnInputs<'_, T>, out: TensorViewMut<'_, T>, lse: &mut [f32]) -> Result<()>;
+
+    fn backward(
+        &self,
+        inputs: &AttnInputs<'_, T>,
+        saved: Saved<'_, T>,
+        grad_out: TensorView<'_, T>,
+        grads: Grads<'_, T>,
+    ) -> Result<()>;
+
+    /// An upper bound on the bytes a call of `pass` on `shape` allocates beyond its
+    /// inputs and outputs (saturating at `usize::MAX`).
+    fn workspace_bytes(&self, cfg: &DilatedConfig, shape: AttnShape, pass: Pass) -> usize;
+}

@@ -1,0 +1,103 @@
+//! [`Typed`]: any [`Attention`] backend behind the f32 test interface
+//! ([`DilatedBackend`]), computing in the element type `T`: inputs are rounded to `T`,
+//! results converted back. One adapter for the reference, the CPU and CUDA kernels and a
+//! ring rank alike.
+
+use std::marker::PhantomData;
+
+use attn_core::error::TensorName;
+use attn_core::{
+    Attention, AttnInputs, AttnShape, DType, DilatedConfig, Element, Grads, ReferenceBackend, Result, Saved,
+};
+use attn_core::{TensorView, TensorViewMut};
+
+use crate::golden::{DilatedBackend, Forward32, Gradients32};
+
+/// Backend `A` computing in `T`.
+#[derive(Debug)]
+pub struct Typed<A, T> {
+    pub backend: A,
+    label: Option<String>,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<A, T> Typed<A, T> {
+    pub fn new(backend: A) -> Self {
+        Typed { backend, label: None, _t: PhantomData }
+    }
+
+    /// Report as `label` instead of the backend's name and the dtype.
+    pub fn labeled(mut self, label: String) -> Self {
+        self.label = Some(label);
+        self
+    }
+}
+
+/// The float64 reference behind the f32 test interface.
+pub fn reference() -> Typed<ReferenceBackend, f64> {
+    Typed::new(ReferenceBackend)
+}
+
+fn to_t<T: Element>(x: &[f32]) -> Vec<T> {
+    x.iter().map(|&v| T::from_f32(v)).collect()
+}
+
+fn to_f32<T: Element>(x: &[T]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+impl<A: Attention<T>, T: Element> Typed<A, T> {
+    /// Forward in `T` on contiguous buffers: `(out, lse)`.
+    pub fn forward_t(&self, cfg: &DilatedConfig, shape: AttnShape, qkv: [&[T]; 3]) -> Result<(Vec<T>, Vec<f32>)> {
+        let inputs = AttnInputs::contiguous(cfg, shape, qkv)?;
+        let mut out = vec![T::default(); shape.q.numel()];
+        let mut lse = vec![0.0f32; shape.q.lse_len()];
+        self.backend.forward(&inputs, TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?, &mut lse)?;
+        Ok((out, lse))
+    }
+
+    /// Forward then backward in `T` on contiguous buffers: `[dq, dk, dv]`.
+    pub fn backward_t(
+        &self,
+        cfg: &DilatedConfig,
+        shape: AttnShape,
+        qkv: [&[T]; 3],
+        grad_out: &[T],
+    ) -> Result<[Vec<T>; 3]> {
+        let (out, lse) = self.forward_t(cfg, shape, qkv)?;
+        let inputs = AttnInputs::contiguous(cfg, shape, qkv)?;
+        let saved = Saved { out: TensorView::contiguous(TensorName::Output, &out, shape.q)?, lse: &lse };
+        let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
+        let mut dq = vec![T::default(); shape.q.numel()];
+        let (mut dk, mut dv) = (vec![T::default(); shape.kv.numel()], vec![T::default(); shape.kv.numel()]);
+        self.backend.backward(&inputs, saved, gv, Grads::contiguous(shape, [&mut dq, &mut dk, &mut dv])?)?;
+        Ok([dq, dk, dv])
+    }
+}
+
+impl<A: Attention<T>, T: Element> DilatedBackend for Typed<A, T> {
+    fn name(&self) -> String {
+        self.label.clone().unwrap_or_else(|| format!("{} {}", self.backend.name(), T::DTYPE.as_str()))
+    }
+    fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+    fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32> {
+        let (q, k, v) = (to_t::<T>(q), to_t::<T>(k), to_t::<T>(v));
+        let (out, lse) = self.forward_t(cfg, shape, [&q, &k, &v])?;
+        Ok(Forward32 { out: to_f32(&out), lse })
+    }
+    fn backward(
+        &self,
+        cfg: &DilatedConfig,
+        shape: AttnShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        grad_out: &[f32],
+    ) -> Result<Gradients32> {
+        let (q, k, v, go) = (to_t::<T>(q), to_t::<T>(k), to_t::<T>(v), to_t::<T>(grad_out));
+        let [dq, dk, dv] = self.backward_t(cfg, shape, [&q, &k, &v], &go)?;
+        Ok(Gradients32 { dq: to_f32(&dq), dk: to_f32(&dk), dv: to_f32(&dv) })
+    }
+}
