@@ -336,7 +336,7 @@ mod imp {
 }
 
 #[cfg(target_arch = "x86_64")]
-use crate::isa::Isa;
+use crate::cpu_features;
 use crate::portable;
 
 /// `C[m x n] (=|+=) A[m x k] * B[k x n]` with AVX2+FMA (`n` a multiple of 16); A
@@ -356,7 +356,7 @@ pub(crate) fn gemm<const TN: bool>(
 ) {
     portable::check_gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc);
     #[cfg(target_arch = "x86_64")]
-    if Isa::Avx2.is_supported() {
+    if cpu_features::avx2_fma() {
         // SAFETY: avx2 and fma are present and `check_gemm` proved every index in bounds
         // (with k == 0 no A or B element is read).
         unsafe { imp::gemm::<TN>(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
@@ -371,7 +371,7 @@ pub(crate) fn exp2_sub(x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
         assert!(sv.len() >= x.len(), "exp2_sub: sv too short");
     }
     #[cfg(target_arch = "x86_64")]
-    if Isa::Avx2.is_supported() {
+    if cpu_features::avx2_fma() {
         // SAFETY: avx2 and fma are present; `x` and `sv` hold at least `x.len()` elements.
         let (sum, done) = unsafe { imp::exp2_sub(x.as_mut_ptr(), x.len(), s, sv.map(|v| v.as_ptr())) };
         return sum + portable::exp2_sub(&mut x[done..], s, sv.map(|v| &v[done..]));
@@ -384,7 +384,7 @@ pub(crate) fn exp2_sub(x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
 /// false, converting nothing, when this path does not apply (other dtypes, no F16C).
 pub(crate) fn f16_row_to_f32<T: attn_core::Element>(row: &[T], mul: f32, out: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<half::f16>() && f16c_supported() {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<half::f16>() && cpu_features::f16c() {
         assert!(out.len() >= row.len(), "f16_row_to_f32: out too short");
         // SAFETY: T is half::f16 (same TypeId), a `#[repr(transparent)]` u16, so the row
         // is `row.len()` valid u16 values; avx2 and f16c are present; `out` holds
@@ -399,7 +399,7 @@ pub(crate) fn f16_row_to_f32<T: attn_core::Element>(row: &[T], mul: f32, out: &m
     false
 }
 
-/// [`crate::score_bound::fold_row`] compiled with AVX2 where the CPU has it (its plain
+/// [`crate::portable::fold_row`] compiled with AVX2 where the CPU has it (its plain
 /// loops then vectorise 256 bits wide; SSE2 has no 32-bit maximum).
 pub(crate) fn fold_row<T: attn_core::Element>(
     row: &[T],
@@ -412,14 +412,14 @@ pub(crate) fn fold_row<T: attn_core::Element>(
     {
         #[target_feature(enable = "avx2")]
         fn run<T: attn_core::Element>(row: &[T], abs_mask: i32, inf: i32, acc: &mut [i32; 16], acc16: &mut [i16; 32]) {
-            crate::score_bound::fold_row(row, abs_mask, inf, acc, acc16)
+            crate::portable::fold_row(row, abs_mask, inf, acc, acc16)
         }
-        if Isa::Avx2.is_supported() {
+        if cpu_features::avx2_fma() {
             // SAFETY: the CPU has avx2 (checked on this line); `run` only calls the safe fold.
             return unsafe { run(row, abs_mask, inf, acc, acc16) };
         }
     }
-    crate::score_bound::fold_row(row, abs_mask, inf, acc, acc16)
+    crate::portable::fold_row(row, abs_mask, inf, acc, acc16)
 }
 
 /// One online-softmax step on a score tile with queries in lanes (see
@@ -438,7 +438,7 @@ pub(crate) fn softmax_lanes(
     assert!(lanes.is_multiple_of(8) && s.len() >= rows * lanes, "softmax_lanes: tile out of bounds");
     assert!(m.len() >= lanes && l.len() >= lanes && o.len() >= dp * lanes, "softmax_lanes: state out of bounds");
     #[cfg(target_arch = "x86_64")]
-    if Isa::Avx2.is_supported() {
+    if cpu_features::avx2_fma() {
         // SAFETY: avx2 and fma are present; the asserts above cover every index reached.
         unsafe {
             imp::softmax_lanes(s.as_mut_ptr(), rows, lanes, tau, m.as_mut_ptr(), l.as_mut_ptr(), o.as_mut_ptr(), dp)
@@ -449,20 +449,13 @@ pub(crate) fn softmax_lanes(
     false
 }
 
-/// Whether the CPU has AVX2 and F16C (detected once).
-#[cfg(target_arch = "x86_64")]
-fn f16c_supported() -> bool {
-    static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F16C.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c"))
-}
-
 /// `dp[j] = p[j] == 0 ? 0 : p[j] * (dp[j] - delta_j)` for `j < dp.len()`, where
 /// `delta_j = dv[j]` when given, else `delta`.
 pub(crate) fn ds_row(p: &[f32], dp: &mut [f32], dv: Option<&[f32]>, delta: f32) {
     assert!(p.len() >= dp.len() && dv.is_none_or(|v| v.len() >= dp.len()), "ds_row: short input");
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if Isa::Avx2.is_supported() {
+    if cpu_features::avx2_fma() {
         // SAFETY: avx2 and fma are present; `p` and `dv` hold at least `dp.len()` floats.
         done = unsafe { imp::ds_row(p.as_ptr(), dp.as_mut_ptr(), dp.len(), dv.map(|v| v.as_ptr()), delta) };
     }
@@ -494,7 +487,7 @@ pub(crate) fn prefetch_row<T>(row: &[T]) {
 /// Largest element of `x` (AVX2).
 pub(crate) fn max(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if Isa::Avx2.is_supported() {
+    if cpu_features::avx2_fma() {
         // SAFETY: avx2 and fma are present; `x` holds `x.len()` elements.
         let (m, done) = unsafe { imp::max(x.as_ptr(), x.len()) };
         return m.max(portable::max(&x[done..]));

@@ -311,7 +311,7 @@ mod imp {
 }
 
 #[cfg(target_arch = "x86_64")]
-use crate::isa::Isa;
+use crate::cpu_features;
 
 /// `C[m x n] (=|+=) A[m x k] * B[k x n]` with AVX-512 (`n` a multiple of 16); A
 /// row-major, or column-major (`A[r, kk]` at `a[kk*lda + r]`) with `TN`.
@@ -330,7 +330,7 @@ pub(crate) fn gemm<const TN: bool>(
 ) {
     crate::portable::check_gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc);
     #[cfg(target_arch = "x86_64")]
-    if Isa::Avx512.is_supported() {
+    if cpu_features::avx512f() {
         // SAFETY: avx512f is present and `check_gemm` proved every index in bounds
         // (with k == 0 no A or B element is read).
         unsafe { imp::gemm::<TN>(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
@@ -345,7 +345,7 @@ pub(crate) fn exp2_sub(x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
         assert!(sv.len() >= x.len(), "exp2_sub: sv too short");
     }
     #[cfg(target_arch = "x86_64")]
-    if Isa::Avx512.is_supported() {
+    if cpu_features::avx512f() {
         // SAFETY: avx512f is present; `x` and `sv` hold at least `x.len()` elements.
         return unsafe { imp::exp2_sub(x.as_mut_ptr(), x.len(), s, sv.map(|v| v.as_ptr())) };
     }
@@ -355,7 +355,7 @@ pub(crate) fn exp2_sub(x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
 /// Largest element of `x` (AVX-512).
 pub(crate) fn max(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if Isa::Avx512.is_supported() {
+    if cpu_features::avx512f() {
         // SAFETY: avx512f is present; `x` holds `x.len()` elements.
         return unsafe { imp::max(x.as_ptr(), x.len()) };
     }
@@ -378,7 +378,7 @@ pub(crate) fn softmax_lanes(
     assert!(lanes.is_multiple_of(16) && s.len() >= rows * lanes, "softmax_lanes: tile out of bounds");
     assert!(m.len() >= lanes && l.len() >= lanes && o.len() >= dp * lanes, "softmax_lanes: state out of bounds");
     #[cfg(target_arch = "x86_64")]
-    if Isa::Avx512.is_supported() {
+    if cpu_features::avx512f() {
         // SAFETY: avx512f is present; the asserts above cover every index the step reaches.
         unsafe {
             imp::softmax_lanes(s.as_mut_ptr(), rows, lanes, tau, m.as_mut_ptr(), l.as_mut_ptr(), o.as_mut_ptr(), dp)

@@ -334,10 +334,7 @@ impl CpuBackend {
             * std::mem::size_of::<[usize; 5]>() as u128;
         // The bf16 pair forward (AMX or AVX512-BF16) keeps its own packed bf16 tiles
         // beside the f32 scratch (a piece it hands back to the f32 kernel uses both).
-        let pairs = match self.isa.bf16_engine() {
-            Some(_) => crate::bf16_pairs::scratch_bytes(shape.head_dim, m as usize),
-            None => 0,
-        };
+        let pairs = crate::ops::pair_scratch_bytes(self.isa, shape.head_dim, m as usize);
         let total = self.threads() as u128 * (4 * f32s + 8 * usizes + pairs) + work;
         usize::try_from(total).unwrap_or(usize::MAX)
     }

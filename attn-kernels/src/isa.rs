@@ -2,6 +2,8 @@
 
 use std::sync::OnceLock;
 
+use crate::cpu_features;
+
 /// The kernel flavour: AMX-BF16 + AVX-512, AVX512-BF16 + AVX-512, AVX-512, AVX2+FMA
 /// (x86-64, detected at run time) or portable Rust.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,24 +48,15 @@ impl Isa {
     pub fn is_supported(self) -> bool {
         match self {
             Isa::Portable => true,
-            Isa::Avx2 => avx2_supported(),
-            Isa::Avx512 => avx512_supported(),
-            Isa::Avx512Bf16 => crate::bf16_pairs::Engine::Dot.supported(),
-            Isa::Amx => crate::bf16_pairs::Engine::Tiles.supported(),
+            Isa::Avx2 => cpu_features::avx2_fma(),
+            Isa::Avx512 => cpu_features::avx512f(),
+            Isa::Avx512Bf16 => cpu_features::avx512_bf16(),
+            Isa::Amx => cpu_features::amx_bf16(),
         }
     }
 
     /// All flavours, best first.
     pub const ALL: [Isa; 5] = [Isa::Amx, Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::Portable];
-
-    /// The bf16 pair-product engine this flavour runs the bf16 forward on, if any.
-    pub(crate) fn bf16_engine(self) -> Option<crate::bf16_pairs::Engine> {
-        match self {
-            Isa::Amx => Some(crate::bf16_pairs::Engine::Tiles),
-            Isa::Avx512Bf16 => Some(crate::bf16_pairs::Engine::Dot),
-            _ => None,
-        }
-    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -74,26 +67,4 @@ impl Isa {
             Isa::Amx => "amx",
         }
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx512_supported() -> bool {
-    static S: OnceLock<bool> = OnceLock::new();
-    *S.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx2_supported() -> bool {
-    static S: OnceLock<bool> = OnceLock::new();
-    *S.get_or_init(|| std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn avx2_supported() -> bool {
-    false
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn avx512_supported() -> bool {
-    false
 }

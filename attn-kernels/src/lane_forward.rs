@@ -7,10 +7,12 @@
 
 use attn_core::Element;
 
+use crate::forward_scratch::ForwardScratch;
 use crate::isa::Isa;
 use crate::ops::{self, padded, scratch};
-use crate::pack::{PieceRows, pack_rows, pack_transposed};
-use crate::tile_forward::{ForwardScratch, keys_needed};
+use crate::pack::{pack_rows, pack_transposed};
+use crate::rows::PieceRows;
+use crate::rows::keys_needed;
 
 /// Queries per block (the lanes of four 16-wide vectors: one micro-kernel row block).
 pub(crate) const LANE_QUERIES: usize = 64;

@@ -29,9 +29,12 @@
 //! runs its products on bf16 pairs (`bf16_pairs`: the tile unit or `vdpbf16ps`);
 //! everything else uses the AVX-512 kernels.
 //!
-//! Unsafe code lives only in `avx512`, `avx2` and `bf16_pairs::arch` (intrinsics and tile instructions behind bounds-checked safe
-//! wrappers), `disjoint` (shared output buffer, disjoint rows), `backend` (the
-//! disjoint row writes of work units) and `huge_pages` (`madvise` on fresh buffers).
+//! Unsafe code lives only in `avx512`, `avx2` and `bf16_pairs::arch` (intrinsics and tile
+//! instructions behind bounds-checked safe wrappers), `cpu_features` (the AMX permission
+//! request), `disjoint` (shared output buffer, disjoint rows), `backend` (the disjoint
+//! row writes of work units) and `huge_pages` (`madvise` on fresh buffers). Only `ops`,
+//! the dispatch module, calls into `avx512`, `avx2`, `portable` and `bf16_pairs`; every
+//! CPU feature check is in `cpu_features`.
 #![deny(unsafe_code)]
 
 mod avx2;
@@ -39,6 +42,7 @@ mod avx512;
 mod backend;
 mod bf16_pairs;
 pub mod block;
+mod cpu_features;
 pub mod isa;
 mod lane_forward;
 mod ops;
@@ -53,8 +57,10 @@ pub mod cuda;
 pub mod cuda;
 mod disjoint;
 mod flops;
+mod forward_scratch;
 mod huge_pages;
 mod portable;
+mod rows;
 mod score_bound;
 mod tile_backward;
 mod tile_forward;

@@ -1,7 +1,18 @@
-//! Tile primitives dispatched on the chosen [`Isa`]: matrix product, `exp2`, row max.
+//! The dispatch module: every call from the kernels into an instruction-set module
+//! (`avx512`, `avx2`, `portable`) or the bf16 pair engines (`bf16_pairs`) goes through
+//! here, chosen by the [`Isa`] picked once at run time: matrix products, `exp2`, row
+//! maxima, the backward's `dS` rows, row conversion and prefetch, the score-bound scan,
+//! and the bf16 pair forward of a piece.
 
+use attn_core::Element;
+
+use crate::bf16_pairs::Engine;
 use crate::isa::Isa;
-use crate::{avx2, avx512, portable};
+use crate::rows::PieceRows;
+use crate::{avx2, avx512, bf16_pairs, portable};
+
+/// The bf16 pair forward's per-thread scratch.
+pub(crate) type PairScratch = bf16_pairs::PairScratch;
 
 /// `C[m x n] (=|+=) A[m x k] * B[k x n]` (`n` a multiple of 16, row strides `ld*`).
 #[allow(clippy::too_many_arguments)]
@@ -129,6 +140,72 @@ pub(crate) fn max(isa: Isa, x: &[f32]) -> f32 {
         Isa::Avx2 => avx2::max(x),
         Isa::Portable => portable::max(x),
     }
+}
+
+/// `2^x` (scalar).
+#[inline]
+pub(crate) fn exp2(x: f32) -> f32 {
+    portable::exp2(x)
+}
+
+/// `dp[j] = p[j] == 0 ? 0 : p[j] * (dp[j] - delta_j)` for `j < dp.len()`, where
+/// `delta_j = dv[j]` when given, else `delta` (AVX2 wherever the CPU has it, whatever
+/// the flavour: the result is the same element-wise arithmetic).
+#[inline]
+pub(crate) fn ds_row(p: &[f32], dp: &mut [f32], dv: Option<&[f32]>, delta: f32) {
+    avx2::ds_row(p, dp, dv, delta)
+}
+
+/// `out[e] = mul * row[e]` with F16C for f16 rows where the CPU has it; false (nothing
+/// converted) where this path does not apply.
+#[inline]
+pub(crate) fn f16_row_to_f32<T: Element>(row: &[T], mul: f32, out: &mut [f32]) -> bool {
+    avx2::f16_row_to_f32(row, mul, out)
+}
+
+/// Prefetch the cache lines of `row` (a hint; nothing on other architectures).
+#[inline]
+pub(crate) fn prefetch_row<T>(row: &[T]) {
+    avx2::prefetch_row(row)
+}
+
+/// The score-bound scan of one row (see `score_bound`): AVX2 where the CPU has it.
+#[inline]
+pub(crate) fn fold_row<T: Element>(row: &[T], abs_mask: i32, inf: i32, acc: &mut [i32; 16], acc16: &mut [i16; 32]) {
+    avx2::fold_row(row, abs_mask, inf, acc, acc16)
+}
+
+/// The bf16 pair engine `isa` runs the bf16 forward on, if any.
+#[inline]
+pub(crate) fn pair_engine(isa: Isa) -> Option<Engine> {
+    match isa {
+        Isa::Amx => Some(Engine::Tiles),
+        Isa::Avx512Bf16 => Some(Engine::Dot),
+        _ => None,
+    }
+}
+
+/// The bf16 pair forward of a piece on `isa`'s engine; false (nothing written) where it
+/// does not apply and the f32 kernel must run the piece (see `bf16_pairs`).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn pair_forward_piece<T: Element>(
+    isa: Isa,
+    scale: f32,
+    d: usize,
+    causal: bool,
+    qkv: [&PieceRows<'_, T>; 3],
+    ws: &mut PairScratch,
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> bool {
+    let [q, k, v] = qkv;
+    pair_engine(isa).is_some_and(|e| bf16_pairs::forward_piece(e, scale, d, causal, q, k, v, ws, out, lse))
+}
+
+/// Bytes of the bf16 pair forward's scratch on `isa` for head dim `d` and `m` keys.
+pub(crate) fn pair_scratch_bytes(isa: Isa, d: usize, m: usize) -> u128 {
+    if pair_engine(isa).is_some() { bf16_pairs::scratch_bytes(d, m) } else { 0 }
 }
 
 /// Keys per tile of the backward kernel.

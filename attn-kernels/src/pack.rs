@@ -1,17 +1,19 @@
 //! Packing: gather rows (any dtype, any stride, dilation already resolved to row
 //! offsets) into contiguous f32 tiles, optionally scaled and/or transposed. f16 rows
-//! convert with F16C where the CPU has it (`avx2::f16_row_to_f32`, detected at run
+//! convert with F16C where the CPU has it (`ops::f16_row_to_f32`, detected at run
 //! time); the conversion is exact, so every path packs the same bits.
 
 use std::any::TypeId;
 
 use attn_core::Element;
+
+use crate::rows::PieceRows;
 use half::f16;
 
 /// `out[e] = mul * row[e]` for `e < row.len()` (`out` at least as long).
 #[inline]
 fn convert_row<T: Element>(row: &[T], mul: f32, out: &mut [f32]) {
-    if crate::avx2::f16_row_to_f32(row, mul, out) {
+    if crate::ops::f16_row_to_f32(row, mul, out) {
         return;
     }
     for (o, x) in out.iter_mut().zip(row) {
@@ -25,26 +27,6 @@ const PREFETCH_AHEAD: usize = 4;
 /// Longest row [`pack_transposed`] converts through a stack buffer (f16 only).
 const STACK_ROW: usize = 256;
 
-/// Rows addressed by element offsets into `data`, with their global positions
-/// (ascending inside a piece).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PieceRows<'a, T> {
-    pub data: &'a [T],
-    pub offsets: &'a [usize],
-    pub pos: &'a [usize],
-}
-
-impl<T: Element> PieceRows<'_, T> {
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.offsets.len()
-    }
-    #[inline]
-    pub fn row(&self, i: usize, d: usize) -> &[T] {
-        &self.data[self.offsets[i]..self.offsets[i] + d]
-    }
-}
-
 /// `dst[i*dp + e] = mul * rows[start + i][e]` for `i < len`, zero for `d <= e < dp`.
 pub(crate) fn pack_rows<T: Element>(
     rows: &PieceRows<'_, T>,
@@ -57,7 +39,7 @@ pub(crate) fn pack_rows<T: Element>(
 ) {
     for i in 0..len {
         if i + PREFETCH_AHEAD < len {
-            crate::avx2::prefetch_row(rows.row(start + i + PREFETCH_AHEAD, d));
+            crate::ops::prefetch_row(rows.row(start + i + PREFETCH_AHEAD, d));
         }
         let out = &mut dst[i * dp..(i + 1) * dp];
         convert_row(rows.row(start + i, d), mul, out);
@@ -87,7 +69,7 @@ pub(crate) fn pack_transposed<T: Element>(
     let mut j0 = 0;
     while j0 + G <= len {
         for jj in j0 + G..(j0 + 2 * G).min(len) {
-            crate::avx2::prefetch_row(rows.row(start + jj, d));
+            crate::ops::prefetch_row(rows.row(start + jj, d));
         }
         let src: [&[T]; G] = std::array::from_fn(|jj| rows.row(start + j0 + jj, d));
         if TypeId::of::<T>() == TypeId::of::<f16>() && d <= STACK_ROW {

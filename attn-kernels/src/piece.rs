@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use attn_core::{Element, LseMerge, SegmentPattern};
 
 use crate::isa::Isa;
-use crate::pack::PieceRows;
+use crate::rows::PieceRows;
 use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece};
 use crate::tile_forward::{ForwardScratch, forward_piece};
 

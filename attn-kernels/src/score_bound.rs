@@ -33,7 +33,7 @@ pub(crate) fn max_finite_abs<T: Element>(pool: &rayon::ThreadPool, x: &TensorVie
             .map(|r| {
                 let (mut acc, mut acc16) = ([0i32; 16], [0i16; 32]);
                 for h in 0..s.heads {
-                    crate::avx2::fold_row(x.row(r / s.seq, r % s.seq, h), abs_mask, inf, &mut acc, &mut acc16);
+                    crate::ops::fold_row(x.row(r / s.seq, r % s.seq, h), abs_mask, inf, &mut acc, &mut acc16);
                 }
                 let wide = acc.into_iter().max().unwrap_or(0);
                 wide.max(i32::from(acc16.into_iter().max().unwrap_or(0))) as u32
@@ -44,33 +44,5 @@ pub(crate) fn max_finite_abs<T: Element>(pool: &rayon::ThreadPool, x: &TensorVie
         DType::F16 => f64::from(half::f16::from_bits(bits as u16)),
         DType::BF16 => f64::from(half::bf16::from_bits(bits as u16)),
         _ => f64::from(f32::from_bits(bits)),
-    }
-}
-
-/// Folds one row into lane maxima of its sign-cleared bits (`& abs_mask`), counting
-/// non-finite values (bits at or above `inf`) as 0: 32-bit formats into `acc`, 16-bit
-/// ones into `acc16` (sign-cleared bits are non-negative as i32, and as i16 for the
-/// 16-bit formats). Always inlined, so it vectorises for the caller's target features.
-#[inline(always)]
-pub(crate) fn fold_row<T: Element>(row: &[T], abs_mask: i32, inf: i32, acc: &mut [i32; 16], acc16: &mut [i16; 32]) {
-    // Whole chunks of the lane width (fixed trip count: they vectorise), then the rest.
-    #[inline(always)]
-    fn fold<T: Element, L: Copy + Ord, const N: usize>(row: &[T], acc: &mut [L; N], lane: impl Fn(&T) -> L) {
-        let mut chunks = row.chunks_exact(N);
-        let mut step = |c: &[T]| acc.iter_mut().zip(c).for_each(|(a, e)| *a = (*a).max(lane(e)));
-        (&mut chunks).for_each(&mut step);
-        step(chunks.remainder());
-    }
-    if T::DTYPE.size() == 2 {
-        let (m, f) = (abs_mask as i16, inf as i16);
-        fold(row, acc16, |e| {
-            let b = (e.to_bits() as u16 as i16) & m;
-            if b < f { b } else { 0 }
-        })
-    } else {
-        fold(row, acc, |e| {
-            let b = (e.to_bits() as u32 as i32) & abs_mask;
-            if b < inf { b } else { 0 }
-        })
     }
 }

@@ -14,8 +14,9 @@ const ROW_GROUP: usize = 4 * ROW_BLOCK;
 /// Rows per query chunk (dq) or key chunk (dk, dv): whole register blocks, so no
 /// latency-bound 2-row block in the middle of a piece (buffers stay `QUERY_CHUNK` wide).
 const CHUNK: usize = QUERY_CHUNK / ROW_BLOCK * ROW_BLOCK;
-use crate::pack::{PieceRows, pack_rows, pack_transposed};
-use crate::tile_forward::keys_needed;
+use crate::pack::{pack_rows, pack_transposed};
+use crate::rows::PieceRows;
+use crate::rows::keys_needed;
 
 /// Per-query inputs of the backward: upstream gradient rows (multiplied by `go_scale`
 /// on load, i.e. `grad_out_eff = out_scale * grad_out`), the head's final LSE (natural
@@ -123,7 +124,7 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                     if isa != Isa::Portable {
                         // dS into the score row: dp <- ds(p, dp), then swap roles by copy.
                         let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
-                        crate::avx2::ds_row(row, dprow, None, delta);
+                        crate::ops::ds_row(row, dprow, None, delta);
                         row.copy_from_slice(dprow);
                     } else {
                         for (p, dpv) in row.iter_mut().zip(&dpb[i * KEY_TILE..(i + 1) * KEY_TILE]) {
@@ -240,7 +241,7 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                     ops::exp2_sub(isa, row, 0.0, Some(&sub[t * KEY_TILE..(t + 1) * KEY_TILE]));
                     let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
                     if isa != Isa::Portable {
-                        crate::avx2::ds_row(row, &mut dprow[..n], Some(&g.delta[i0..i0 + n]), 0.0);
+                        crate::ops::ds_row(row, &mut dprow[..n], Some(&g.delta[i0..i0 + n]), 0.0);
                     } else {
                         for (j, (dpv, p)) in dprow.iter_mut().zip(row.iter()).enumerate().take(n) {
                             *dpv = ds(*p, *dpv, g.delta[i0 + j]);

@@ -4,34 +4,15 @@
 
 use attn_core::Element;
 
+pub(crate) use crate::forward_scratch::ForwardScratch;
 use crate::isa::Isa;
 use crate::ops::{self, FORWARD_KEY_TILE as KEY_TILE, FORWARD_QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::pack::{pack_rows, pack_transposed};
+use crate::rows::{PieceRows, keys_needed};
 
 /// Query rows whose scores are computed together against one key tile: several
 /// register blocks, so each 16-key panel of the tile is reused from L1 by all of them.
 const ROW_GROUP: usize = 4 * ROW_BLOCK;
-use crate::pack::{PieceRows, pack_rows, pack_transposed};
-
-/// Reusable buffers of the forward kernel (one per worker). The lane kernel
-/// (`lane_forward`) borrows the same buffers, so a piece it hands back reuses them and the
-/// scratch bound covers both.
-#[derive(Debug, Default)]
-pub(crate) struct ForwardScratch {
-    pairs: crate::bf16_pairs::PairScratch,
-    pub(crate) kt: Vec<f32>,
-    pub(crate) v: Vec<f32>,
-    pub(crate) q: Vec<f32>,
-    pub(crate) o: Vec<f32>,
-    pub(crate) m: Vec<f32>,
-    pub(crate) l: Vec<f32>,
-    pub(crate) s: Vec<f32>,
-    finite: Vec<bool>,
-}
-
-/// Number of keys (ascending positions) that some query up to `last_q` can see.
-pub(crate) fn keys_needed(kpos: &[usize], causal: bool, last_q: usize) -> usize {
-    if causal { kpos.partition_point(|&p| p <= last_q) } else { kpos.len() }
-}
 
 /// Attention of the piece's queries over its keys: writes the normalised output
 /// (`out[i*d..]`, f32) and the natural-log LSE (`-inf` where no key is visible).
@@ -52,9 +33,7 @@ pub(crate) fn forward_piece<T: Element>(
     if q.len() == 0 {
         return;
     }
-    if let Some(engine) = isa.bf16_engine()
-        && crate::bf16_pairs::forward_piece(engine, scale, d, causal, q, k, v, &mut ws.pairs, out, lse)
-    {
+    if crate::ops::pair_forward_piece(isa, scale, d, causal, [q, k, v], &mut ws.pairs, out, lse) {
         return;
     }
     if lanes_first(isa) && crate::lane_forward::forward_piece(isa, scale, d, causal, q, k, v, ws, out, lse) {
@@ -178,7 +157,7 @@ fn softmax_row(isa: Isa, row: &mut [f32], visible: usize, m: &mut f32, l: &mut f
     if m_new == f32::NEG_INFINITY {
         return nothing_visible(row, visible, l);
     }
-    let corr = if m_new == *m { 1.0 } else { crate::portable::exp2(*m - m_new) };
+    let corr = if m_new == *m { 1.0 } else { crate::ops::exp2(*m - m_new) };
     let sum = ops::exp2_sub(isa, row, m_new, None);
     *l = *l * corr + sum;
     *m = m_new;

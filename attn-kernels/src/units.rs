@@ -8,7 +8,7 @@ use attn_core::{DilatedConfig, Element, HeadGroups, HeadPatterns, LseMerge, Mixi
 
 use crate::isa::Isa;
 use crate::ops::QUERY_CHUNK;
-use crate::pack::PieceRows;
+use crate::rows::PieceRows;
 use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece, dq_piece};
 use crate::tile_forward::{ForwardScratch, forward_piece};
 

@@ -1,8 +1,10 @@
 //! `cargo xtask tidy`: source hygiene checks over every `.rs` file of the repository:
 //! opens with `//!` module docs, under 700 lines, no todo!/unimplemented!/dbg!, and a
 //! `// SAFETY:` comment directly above every `unsafe` block or impl; project text
-//! (`.rs`, `.md`, `.sh`) describes the project, not the work history; and the in-repo
-//! conformance vectors hold every upstream file (`vectors`).
+//! (`.rs`, `.md`, `.sh`) describes the project, not the work history; in attn-kernels
+//! only the dispatch module names an instruction-set module and only `cpu_features`
+//! checks CPU features; and the in-repo conformance vectors hold every upstream file
+//! (`vectors`).
 
 use std::path::{Path, PathBuf};
 
@@ -100,6 +102,36 @@ pub fn check_history_words(text: &str) -> Vec<(usize, String)> {
     problems
 }
 
+/// The kernels' instruction-set modules: only the dispatch module (`ops`) and the
+/// modules of this family itself may name them.
+const ISA_MODULES: [&str; 4] = ["avx2", "avx512", "portable", "bf16_pairs"];
+
+/// Problems of one attn-kernels source file (`rel`: its path under `src/`) against the
+/// dispatch rule: outside `ops` and the ISA modules no `crate::<isa module>` path, and
+/// CPU feature checks only in `cpu_features`.
+pub fn check_dispatch(rel: &str, text: &str) -> Vec<(usize, String)> {
+    let stem = rel.split(['/', '.']).next().unwrap_or_default();
+    let in_family = stem == "ops" || ISA_MODULES.contains(&stem);
+    let mut problems = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or_default();
+        if !in_family {
+            for m in ISA_MODULES {
+                let named = code.contains(&format!("crate::{m}"))
+                    || (code.contains("use crate::{") && code.split(['{', ',', '}', ' ']).any(|w| w == m));
+                if named {
+                    problems.push((i + 1, format!("names the ISA module `{m}`: go through the dispatch module `ops`")));
+                }
+            }
+        }
+        let detect = concat!("is_x86_feature", "_detected");
+        if stem != "cpu_features" && code.contains(detect) {
+            problems.push((i + 1, "checks a CPU feature outside `cpu_features`".to_string()));
+        }
+    }
+    problems
+}
+
 /// Check every file; fail listing the problems.
 pub fn run(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
@@ -114,6 +146,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let mut problems = check_history_words(&text);
         if f.extension().is_some_and(|e| e == "rs") {
             problems.extend(check_text(&text));
+            if let Ok(rel) = f.strip_prefix(root.join("attn-kernels/src")) {
+                problems.extend(check_dispatch(&rel.to_string_lossy(), &text));
+            }
         }
         for (line, msg) in problems {
             println!("{}:{line}: {msg}", f.strip_prefix(&root).unwrap_or(f).display());
@@ -142,6 +177,19 @@ mod tests {
     fn clean_file_passes() {
         let src = "//! Docs.\n\nfn f() {\n    // SAFETY: the pointer is valid.\n    unsafe { g() }\n}\n";
         assert!(check_text(src).is_empty(), "{:?}", check_text(src));
+    }
+
+    #[test]
+    fn only_the_dispatch_module_names_an_isa_module() {
+        let call = format!("    {}::ds_row(p, dp, None, 0.0);\n", concat!("crate::av", "x2"));
+        assert_eq!(check_dispatch("tile_backward.rs", &call).len(), 1);
+        assert!(check_dispatch("ops.rs", &call).is_empty());
+        assert!(check_dispatch("bf16_pairs/arch.rs", &call).is_empty());
+        let import = format!("use crate::{{{}, portable}};\n", concat!("av", "x512"));
+        assert_eq!(check_dispatch("units.rs", &import).len(), 2);
+        let detect = format!("let ok = std::arch::{}!(\"avx2\");\n", concat!("is_x86_feature", "_detected"));
+        assert_eq!(check_dispatch("avx2.rs", &detect).len(), 1);
+        assert!(check_dispatch("cpu_features.rs", &detect).is_empty());
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The x86-64 half of the bf16 pair forward: CPU and OS detection, the tile
-//! configuration, the tile instructions (inline assembly) behind bounds-checked safe
+//! The x86-64 half of the bf16 pair forward (CPU and OS detection: `cpu_features`): the
+//! tile configuration, the tile instructions (inline assembly) behind bounds-checked safe
 //! wrappers, and the AVX-512 softmax rows; the `vdpbf16ps` products live in `dot`, the
 //! AVX-512 packing in `pack`.
 #![allow(unsafe_code)]
@@ -11,37 +11,6 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::{Geometry, KC, KS, QB, RowState, TILE};
-
-/// AVX-512F and AVX512-BF16 (the Dot engine and the softmax rows).
-pub(super) fn detect_dot() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bf16")
-}
-
-/// AMX tiles: the Dot engine's features, AMX-TILE and AMX-BF16, and Linux's permission
-/// to use the tile state (other systems: never).
-#[cfg(not(target_os = "linux"))]
-pub(super) fn detect_tiles() -> bool {
-    false
-}
-
-/// AMX tiles: the Dot engine's features, AMX-TILE and AMX-BF16, and Linux's permission
-/// to use the tile state.
-#[cfg(target_os = "linux")]
-pub(super) fn detect_tiles() -> bool {
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    if !detect_dot() {
-        return false;
-    }
-    // CPUID leaf 7, sub-leaf 0, EDX: bit 22 AMX-BF16, bit 24 AMX-TILE.
-    let edx = __cpuid_count(7, 0).edx;
-    if edx & (1 << 22) == 0 || edx & (1 << 24) == 0 {
-        return false;
-    }
-    // SAFETY: arch_prctl with ARCH_REQ_XCOMP_PERM takes two integers and touches no
-    // memory of ours; it fails (non-zero) where the kernel does not offer AMX.
-    unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
-}
 
 /// Prefetch the cache lines of `bytes` bytes from `p` (a hint: never faults).
 #[inline(always)]

@@ -23,8 +23,8 @@ mod packing;
 
 use attn_core::{DType, Element};
 
-use crate::pack::PieceRows;
-use crate::tile_forward::keys_needed;
+use crate::rows::PieceRows;
+use crate::rows::keys_needed;
 use packing::{all_finite, pack_keys, pack_values};
 
 /// Queries per block (tile rows).
@@ -51,13 +51,11 @@ pub(crate) enum Engine {
 impl Engine {
     /// Tiles: the CPU has AMX-TILE, AMX-BF16, AVX-512F and AVX512-BF16 and the OS lets
     /// this process use the tile registers (Linux `arch_prctl(ARCH_REQ_XCOMP_PERM)`).
-    /// Dot: the CPU has AVX-512F and AVX512-BF16. Asked once.
+    /// Dot: the CPU has AVX-512F and AVX512-BF16 (`cpu_features`, asked once).
     pub(crate) fn supported(self) -> bool {
-        static TILES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        static DOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         match self {
-            Engine::Tiles => *TILES.get_or_init(arch::detect_tiles),
-            Engine::Dot => *DOT.get_or_init(arch::detect_dot),
+            Engine::Tiles => crate::cpu_features::amx_bf16(),
+            Engine::Dot => crate::cpu_features::avx512_bf16(),
         }
     }
 

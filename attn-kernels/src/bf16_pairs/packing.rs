@@ -5,7 +5,7 @@
 use attn_core::Element;
 
 use super::{Geometry, KC, KS, MAX_HEAD_DIM, TILE, arch, bits};
-use crate::pack::PieceRows;
+use crate::rows::PieceRows;
 
 /// Whether every value of the rows is finite: a bf16 is NaN or infinite exactly when
 /// its exponent bits are all ones, i.e. when `(bits & 0x7f80) + 0x80` reaches bit 15

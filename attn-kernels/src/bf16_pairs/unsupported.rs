@@ -3,12 +3,6 @@
 
 use super::{Geometry, RowState};
 
-pub(super) fn detect_tiles() -> bool {
-    false
-}
-pub(super) fn detect_dot() -> bool {
-    false
-}
 pub(super) mod pack {
     use attn_core::Element;
     pub(in super::super) fn available() -> bool {

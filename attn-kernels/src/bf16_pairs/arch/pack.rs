@@ -11,12 +11,7 @@ use super::super::{KC, TILE};
 
 /// AVX-512F, BW and VL (every CPU with AVX512-BF16 has them; asked once).
 pub(in super::super) fn available() -> bool {
-    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *S.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-    })
+    crate::cpu_features::avx512bw_vl()
 }
 
 /// Keys `rows[j]` (j < 16, each at least `d` bf16) into the key tiles of one 16-key
