@@ -7,10 +7,10 @@
 
 use attn_core::Element;
 
+use crate::f32_tiles::{pack_rows, pack_transposed};
 use crate::forward_scratch::ForwardScratch;
 use crate::isa::Isa;
 use crate::ops::{self, padded, scratch};
-use crate::pack::{pack_rows, pack_transposed};
 use crate::rows::PieceRows;
 use crate::rows::keys_needed;
 

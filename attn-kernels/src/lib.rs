@@ -21,7 +21,7 @@
 //! Layers: [`block`] (public block API, via `piece`) and [`CpuBackend`] (whole tensors,
 //! via `units`) find pieces (the selected rows of one pattern segment) from global
 //! positions; `tile_forward` and `tile_backward` run them flash-style, tile by tile, on
-//! packed f32 tiles (`pack`: the dilation gather and dtype conversion fused into
+//! packed f32 tiles (`f32_tiles`: the dilation gather and dtype conversion fused into
 //! packing) with the `ops` primitives, which dispatch to `avx512`, `avx2` or `portable`
 //! ([`Isa`], detected once at run time, `ATTN_CPU_ISA` to override).
 //!
@@ -43,10 +43,10 @@ mod backend;
 mod bf16_pairs;
 pub mod block;
 mod cpu_features;
+mod f32_tiles;
 pub mod isa;
 mod lane_forward;
 mod ops;
-mod pack;
 mod piece;
 
 /// CUDA backend (feature `cuda`; without it, a stub returning `AttnError::NotCompiled`).

@@ -14,7 +14,7 @@ const ROW_GROUP: usize = 4 * ROW_BLOCK;
 /// Rows per query chunk (dq) or key chunk (dk, dv): whole register blocks, so no
 /// latency-bound 2-row block in the middle of a piece (buffers stay `QUERY_CHUNK` wide).
 const CHUNK: usize = QUERY_CHUNK / ROW_BLOCK * ROW_BLOCK;
-use crate::pack::{pack_rows, pack_transposed};
+use crate::f32_tiles::{pack_rows, pack_transposed};
 use crate::rows::PieceRows;
 use crate::rows::keys_needed;
 

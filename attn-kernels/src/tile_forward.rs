@@ -4,10 +4,10 @@
 
 use attn_core::Element;
 
+use crate::f32_tiles::{pack_rows, pack_transposed};
 pub(crate) use crate::forward_scratch::ForwardScratch;
 use crate::isa::Isa;
 use crate::ops::{self, FORWARD_KEY_TILE as KEY_TILE, FORWARD_QUERY_CHUNK, ROW_BLOCK, padded, scratch};
-use crate::pack::{pack_rows, pack_transposed};
 use crate::rows::{PieceRows, keys_needed};
 
 /// Query rows whose scores are computed together against one key tile: several

@@ -13,12 +13,12 @@ use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs, Grads, Pass, Placement, Saved};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, TensorView, TensorViewMut};
 
-use crate::backward::{BackwardOutputs, ring_backward_with};
 use crate::comm::Communicator;
-use crate::entry::RingOptions;
-use crate::forward::ring_forward_with;
-use crate::layout::Layout;
+use crate::compute::backward::{BackwardOutputs, ring_backward_with};
+use crate::compute::forward::ring_forward_with;
+use crate::plan::layout::Layout;
 use crate::plan::{Plan, RingProblem, Strategy};
+use crate::protocol::call::RingOptions;
 
 /// Attention over a sequence of `seq` global positions split across the ranks of a
 /// communicator. The communicator sits behind a mutex because the interface takes

@@ -6,12 +6,12 @@ use std::time::Duration;
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Element, Result, Shape4, TensorView, TensorViewMut};
 
-use crate::backward::{BackwardOutputs, ring_backward_with};
 use crate::comm::{Communicator, DEFAULT_TIMEOUT, ThreadComm};
-use crate::entry::{RingOptions, RingStats};
-use crate::forward::ring_forward_with;
-use crate::layout::Layout;
+use crate::compute::backward::{BackwardOutputs, ring_backward_with};
+use crate::compute::forward::ring_forward_with;
+use crate::plan::layout::Layout;
 use crate::plan::{RingProblem, Strategy};
+use crate::protocol::call::{RingOptions, RingStats};
 
 /// Global output `[batch, seq, heads, head_dim]`, lse `[batch, seq, heads]`, and per-rank stats.
 #[derive(Debug, Clone)]

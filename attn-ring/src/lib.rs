@@ -40,35 +40,24 @@
 #![cfg_attr(any(feature = "mpi", feature = "nccl"), deny(unsafe_code))]
 
 mod backend;
-mod backward;
-mod block_math;
 pub mod comm;
-mod completion;
-mod direct;
-mod entry;
-mod forward;
-mod handshake;
-mod head_counts;
-mod head_work;
+mod compute;
 mod in_process;
-pub mod layout;
-mod local;
 pub mod plan;
-mod wire;
-mod workspace;
+mod protocol;
 
 pub use backend::RingBackend;
-pub use backward::{BackwardOutputs, ring_backward, ring_backward_with};
 pub use comm::{CommStats, Communicator, Fault, FaultyComm, NcclComm, ThreadComm};
-pub use entry::{RingOptions, RingStats};
-pub use forward::{ring_forward, ring_forward_with};
+pub use compute::backward::{BackwardOutputs, ring_backward, ring_backward_with};
+pub use compute::forward::{ring_forward, ring_forward_with};
 pub use in_process::{
     BackwardResult, ForwardResult, RankBackward, RankForward, backward_on, backward_on_with, forward_on,
     forward_on_with, local_rows, problem_for, run_backward_on, run_in_process, run_in_process_backward,
     run_in_process_with_timeout, run_on,
 };
-pub use layout::Layout;
+pub use plan::layout::Layout;
+pub use plan::workspace::ring_workspace_bytes;
 pub use plan::{
     MAX_PAIRS, MAX_WORLD, PatternStrategy, Plan, RingProblem, Strategy, expected_bytes, forward_buffer_bytes,
 };
-pub use workspace::ring_workspace_bytes;
+pub use protocol::call::{RingOptions, RingStats};

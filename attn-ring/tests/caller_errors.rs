@@ -100,10 +100,10 @@ impl Communicator for Claims {
             Some(&peer) => Err(AttnError::Timeout { rank: self.rank, peer, timeout_ms: 50 }),
         }
     }
-    fn framing(&mut self) -> &mut Framing {
+    fn framing_mut(&mut self) -> &mut Framing {
         &mut self.framing
     }
-    fn framing_ref(&self) -> &Framing {
+    fn framing(&self) -> &Framing {
         &self.framing
     }
 }

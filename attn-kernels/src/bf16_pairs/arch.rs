@@ -1,11 +1,11 @@
 //! The x86-64 half of the bf16 pair forward (CPU and OS detection: `cpu_features`): the
 //! tile configuration, the tile instructions (inline assembly) behind bounds-checked safe
 //! wrappers, and the AVX-512 softmax rows; the `vdpbf16ps` products live in `dot`, the
-//! AVX-512 packing in `pack`.
+//! AVX-512 packing in `pair_tiles_avx512`.
 #![allow(unsafe_code)]
 
 pub(super) mod dot;
-pub(super) mod pack;
+pub(super) mod pair_tiles_avx512;
 
 use std::arch::asm;
 use std::arch::x86_64::*;

@@ -19,13 +19,13 @@ mod arch;
 #[cfg(not(target_arch = "x86_64"))]
 #[path = "unsupported.rs"]
 mod arch;
-mod packing;
+mod pair_tiles;
 
 use attn_core::{DType, Element};
 
 use crate::rows::PieceRows;
 use crate::rows::keys_needed;
-use packing::{all_finite, pack_keys, pack_values};
+use pair_tiles::{all_finite, pack_keys, pack_values};
 
 /// Queries per block (tile rows).
 const QB: usize = 16;
@@ -156,7 +156,7 @@ pub(crate) fn forward_piece<T: Element>(
     }
     let nk = keys_needed(k.pos, causal, q.pos[nq - 1]);
     let g = Geometry::new(d, nk);
-    let vector = arch::pack::available();
+    let vector = arch::pair_tiles_avx512::available();
     if !(all_finite(q, nq, d)
         && pack_keys(vector, k, nk, d, &g, &mut ws.kb)
         && pack_values(vector, v, nk, d, &g, &mut ws.vb))
@@ -330,7 +330,7 @@ mod tests {
             let (off, pos): (Vec<usize>, Vec<usize>) = (0..nk).map(|j| (j * d, j)).unzip();
             let rows = |x| PieceRows { data: x, offsets: &off, pos: &pos };
             let (mut kb, mut vb) = (Vec::new(), Vec::new());
-            let vector = arch::pack::available();
+            let vector = arch::pair_tiles_avx512::available();
             assert!(
                 pack_keys(vector, &rows(&kd), nk, d, &g, &mut kb)
                     && pack_values(vector, &rows(&vd), nk, d, &g, &mut vb)

@@ -3,7 +3,7 @@
 
 use super::{Geometry, RowState};
 
-pub(super) mod pack {
+pub(super) mod pair_tiles_avx512 {
     use attn_core::Element;
     pub(in super::super) fn available() -> bool {
         false

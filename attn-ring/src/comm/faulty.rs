@@ -59,7 +59,7 @@ impl<C: Communicator> FaultyComm<C> {
     /// Wrap `inner`; `faults` apply to this rank's outgoing frames.
     pub fn new(inner: C, faults: Vec<Fault>) -> Self {
         let (rank, world, timeout) = (inner.rank(), inner.world_size(), inner.timeout());
-        let framing = inner.framing_ref().clone();
+        let framing = inner.framing().clone();
         FaultyComm { inner: Some(inner), rank, world, timeout, faults, sent: 0, held: None, framing }
     }
 
@@ -169,10 +169,10 @@ impl<C: Communicator> Communicator for FaultyComm<C> {
         }
     }
 
-    fn framing(&mut self) -> &mut Framing {
+    fn framing_mut(&mut self) -> &mut Framing {
         &mut self.framing
     }
-    fn framing_ref(&self) -> &Framing {
+    fn framing(&self) -> &Framing {
         &self.framing
     }
 }

@@ -164,10 +164,10 @@ impl<G: GroupedP2p> Communicator for GroupedComm<G> {
         Ok(())
     }
 
-    fn framing(&mut self) -> &mut Framing {
+    fn framing_mut(&mut self) -> &mut Framing {
         &mut self.framing
     }
-    fn framing_ref(&self) -> &Framing {
+    fn framing(&self) -> &Framing {
         &self.framing
     }
 }

@@ -64,9 +64,9 @@ pub trait Communicator {
         self.exchange_frames(Vec::new(), &[]).map(|_| ())
     }
     /// The framing state (sequence numbers, byte counters).
-    fn framing(&mut self) -> &mut Framing;
+    fn framing_mut(&mut self) -> &mut Framing;
     /// Read-only framing state.
-    fn framing_ref(&self) -> &Framing;
+    fn framing(&self) -> &Framing;
     /// Non-blocking look at the next raw frame already waiting from `peer`; the frame
     /// stays queued for the next receive. Transports that cannot look ahead return
     /// `None` (the default), which only weakens duplicate detection at completion.
@@ -76,7 +76,7 @@ pub trait Communicator {
 
     /// Bytes and messages this rank has sent so far.
     fn stats(&self) -> CommStats {
-        self.framing_ref().stats()
+        self.framing().stats()
     }
 
     /// Rank that follows this one on the ring.
@@ -102,7 +102,7 @@ pub trait Communicator {
             if peer == rank {
                 local.push_back(payload);
             } else {
-                frames.push((peer, self.framing().seal(peer, payload)));
+                frames.push((peer, self.framing_mut().seal(peer, payload)));
             }
         }
         if let Some(&p) = recv_from.iter().find(|&&p| p >= world) {
@@ -120,7 +120,7 @@ pub trait Communicator {
                 out.push(payload);
             } else {
                 let frame = got.next().ok_or_else(|| AttnError::Comm { rank, message: "missing frame".into() })?;
-                out.push(self.framing().open(p, frame)?);
+                out.push(self.framing_mut().open(p, frame)?);
             }
         }
         Ok(out)
@@ -135,7 +135,7 @@ pub trait Communicator {
             if peer >= world || peer == rank {
                 return Err(AttnError::InvalidArgument(format!("rank {rank} cannot post to rank {peer} of {world}")));
             }
-            frames.push((peer, self.framing().seal(peer, payload)));
+            frames.push((peer, self.framing_mut().seal(peer, payload)));
         }
         self.post_frames(frames)
     }
@@ -194,11 +194,11 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
     fn flush(&mut self) -> Result<()> {
         (**self).flush()
     }
-    fn framing(&mut self) -> &mut Framing {
-        (**self).framing()
+    fn framing_mut(&mut self) -> &mut Framing {
+        (**self).framing_mut()
     }
-    fn framing_ref(&self) -> &Framing {
-        (**self).framing_ref()
+    fn framing(&self) -> &Framing {
+        (**self).framing()
     }
     fn peek_frame(&mut self, peer: usize) -> Result<Option<&[u8]>> {
         (**self).peek_frame(peer)

@@ -155,10 +155,10 @@ impl Communicator for MpiComm {
         Ok(self.early[peer].front().map(Vec::as_slice))
     }
 
-    fn framing(&mut self) -> &mut Framing {
+    fn framing_mut(&mut self) -> &mut Framing {
         &mut self.framing
     }
-    fn framing_ref(&self) -> &Framing {
+    fn framing(&self) -> &Framing {
         &self.framing
     }
 }

@@ -5,10 +5,10 @@ use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, MemoryBudget, Result, Shape4, TensorView, check_finite};
 
 use crate::comm::{CommStats, Communicator};
-use crate::completion::complete;
-use crate::handshake::{Refusal, fingerprint, handshake};
-use crate::local::Local;
+use crate::compute::rank_rows::Local;
 use crate::plan::{Plan, RingProblem};
+use crate::protocol::completion::complete;
+use crate::protocol::handshake::{Refusal, fingerprint, handshake};
 
 /// Opt-in checks of a ring call, decided by every rank together in the handshake
 /// (before anything proportional to the problem is allocated or sent).
@@ -184,7 +184,7 @@ pub(crate) fn prepare<'a, C: Communicator + ?Sized, T: Element>(
     Ok(Prepared { plan, local, start: (before, start) })
 }
 
-/// Completion rounds ([`crate::completion`]): every rank confirms success before anyone writes outputs.
+/// Completion rounds ([`crate::protocol::completion`]): every rank confirms success before anyone writes outputs.
 pub(crate) fn finish<C: Communicator + ?Sized>(comm: &mut C, start: (CommStats, CommStats)) -> Result<RingStats> {
     let data_end = comm.stats();
     complete(comm)?;

@@ -5,14 +5,14 @@
 use attn_core::error::TensorName;
 use attn_core::{Element, Result, TensorView, TensorViewMut};
 
-use crate::block_math::{GradRows, attend_backward};
 use crate::comm::Communicator;
-use crate::entry::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
-use crate::forward::{Partial, all_pairs, forward_core, restep};
-use crate::head_work::for_each_item;
-use crate::local::{Block, Local, head_rows, mask_of};
+use crate::compute::forward::{Partial, all_pairs, forward_core, restep};
+use crate::compute::head_work::for_each_item;
+use crate::compute::kernel_bridge::{GradRows, attend_backward};
+use crate::compute::rank_rows::{Block, Local, head_rows, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
-use crate::wire::{MsgKind, Reader, begin, put_f32s};
+use crate::protocol::call::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
+use crate::protocol::wire::{MsgKind, Reader, begin, put_f32s};
 
 /// dq, dk, dv per (batch, head), `[rows, d]` each.
 #[derive(Debug)]

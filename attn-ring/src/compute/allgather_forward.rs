@@ -14,12 +14,12 @@ use std::sync::mpsc::sync_channel;
 
 use attn_core::{Element, HeadPatterns, LseMerge, Result, TensorViewMut};
 
-use crate::block_math::{KEY_ROWS_PER_CALL, KeyBlock, Rows, attend_forward, attend_forward_chunked};
 use crate::comm::Communicator;
-use crate::head_work::for_each_item;
-use crate::local::{Local, RawBlock, mask_of};
+use crate::compute::head_work::for_each_item;
+use crate::compute::kernel_bridge::{KEY_ROWS_PER_CALL, KeyBlock, Rows, attend_forward, attend_forward_chunked};
+use crate::compute::rank_rows::{Local, RawBlock, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
-use crate::wire::MsgKind;
+use crate::protocol::wire::MsgKind;
 
 /// Key rows per piece (and per kernel call on it), fixed by the plan so every rank cuts
 /// a message alike: an eighth of the smallest all-gather message of one (pattern,

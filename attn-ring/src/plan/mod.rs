@@ -3,12 +3,16 @@
 //! which owner each rank needs, how far ring blocks travel, and the exact bytes
 //! each rank sends (the formula [`expected_bytes`] checks against).
 
+mod head_counts;
+pub mod layout;
+pub(crate) mod workspace;
+
 use std::ops::Range;
 
 use attn_core::{AttnError, DType, DilatedConfig, HeadPatterns, Result, SegmentPattern};
 
-use crate::head_counts::PatternHeads;
-use crate::layout::Layout;
+use crate::plan::head_counts::PatternHeads;
+use crate::plan::layout::Layout;
 
 /// Strategy override for patterns whose segments span ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -229,7 +233,7 @@ impl Plan {
             }
         }
         let mut plan = Plan { problem, strategies, need, hops, ring_regions, ring_heads, gather_heads, piece_rows: 0 };
-        plan.piece_rows = crate::direct::piece_rows(&plan);
+        plan.piece_rows = crate::compute::allgather_forward::piece_rows(&plan);
         Ok(plan)
     }
 
@@ -317,7 +321,7 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
         for r in (0..p).filter(|&r| plan.gather_need(o, r)) {
             let rows: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(o, r, ph) as u64).sum();
             fwd[o] += MSG_HEADER_BYTES + b * rows * 2 * d * e;
-            let pieces = crate::direct::pieces(plan, o, r).len() as u64;
+            let pieces = crate::compute::allgather_forward::pieces(plan, o, r).len() as u64;
             direct[o] += pieces * MSG_HEADER_BYTES + b * rows * 2 * d * e;
             // dk/dv (f32) go back from r to o.
             bwd_extra[r] += MSG_HEADER_BYTES + b * rows * 2 * d * 4;
@@ -383,13 +387,22 @@ pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
         // one round ahead; a receiver may be one round behind).
         let sent: u64 = (0..p)
             .filter(|&x| x != rank)
-            .map(|x| crate::direct::pieces(plan, rank, x).iter().take(3).map(|(_, rg)| rg.len() as u64).sum::<u64>())
+            .map(|x| {
+                crate::compute::allgather_forward::pieces(plan, rank, x)
+                    .iter()
+                    .take(3)
+                    .map(|(_, rg)| rg.len() as u64)
+                    .sum::<u64>()
+            })
             .sum();
         // After the completion round: one chunk's f32 (o, lse) and the kernel's f32 copy of
         // one call's own keys and values (head dim rounded up to 16).
-        let chunk = (crate::direct::ROW_CHUNK as u64).min(rows) * (d + 1) * 4;
-        let keys = (crate::block_math::KEY_ROWS_PER_CALL as u64).min(rows) * 2 * d.next_multiple_of(16) * 4;
-        return crate::direct::partial_rows(plan, rank) * b * (d + 1) * 4 + sent * b * 2 * d * e + chunk + keys;
+        let chunk = (crate::compute::allgather_forward::ROW_CHUNK as u64).min(rows) * (d + 1) * 4;
+        let keys = (crate::compute::kernel_bridge::KEY_ROWS_PER_CALL as u64).min(rows) * 2 * d.next_multiple_of(16) * 4;
+        return crate::compute::allgather_forward::partial_rows(plan, rank) * b * (d + 1) * 4
+            + sent * b * 2 * d * e
+            + chunk
+            + keys;
     }
     let ring_rows = |o: usize| -> u64 { plan.ring_heads.iter().map(|ph| plan.ring_count(o, ph) as u64).sum() };
     let mut total = b * rows * h * (d + 1) * 4;

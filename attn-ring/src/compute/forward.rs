@@ -4,14 +4,14 @@
 use attn_core::error::TensorName;
 use attn_core::{Element, Result, TensorView, TensorViewMut};
 
-use crate::block_math::{KeyBlock, attend_forward};
 use crate::comm::Communicator;
-use crate::direct::{forward_direct, gather_partials};
-use crate::entry::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
-use crate::head_work::for_each_item;
-use crate::local::{Block, Local, RawBlock, mask_of};
+use crate::compute::allgather_forward::{forward_direct, gather_partials};
+use crate::compute::head_work::for_each_item;
+use crate::compute::kernel_bridge::{KeyBlock, attend_forward};
+use crate::compute::rank_rows::{Block, Local, RawBlock, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
-use crate::wire::{MsgKind, Reader};
+use crate::protocol::call::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
+use crate::protocol::wire::{MsgKind, Reader};
 
 /// Final output (already scaled by the head's `out_scale`) and lse per (batch, head).
 #[derive(Debug)]

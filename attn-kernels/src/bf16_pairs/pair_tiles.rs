@@ -56,7 +56,7 @@ fn nonfinite_pair(x: u32) -> u32 {
 /// Keys in the tile unit's pair layout: pair `p` of tile (t, c, g), column `j` holds
 /// `k[t*64 + g*16 + j][c*32 + 2p ..= c*32 + 2p + 1]` (zero past `nk` or `d`). Returns
 /// whether every packed value is finite. `vector`: AVX-512 (only where
-/// `arch::pack::available()`), else scalar code.
+/// `arch::pair_tiles_avx512::available()`), else scalar code.
 pub(super) fn pack_keys<T: Element>(
     vector: bool,
     k: &PieceRows<'_, T>,
@@ -76,7 +76,7 @@ pub(super) fn pack_keys<T: Element>(
             }
             let rows: [&[T]; 16] = std::array::from_fn(|j| if j < n { k.row(key0 + j, d) } else { &[] });
             let at = g.k_tile(key0 / KS, 0, (key0 % KS) / 16);
-            finite &= arch::pack::key_group(&rows[..n], d, g.qc(), &mut dst[at..], 4 * TILE);
+            finite &= arch::pair_tiles_avx512::key_group(&rows[..n], d, g.qc(), &mut dst[at..], 4 * TILE);
         }
         return finite;
     }
@@ -122,7 +122,7 @@ pub(super) fn pack_values<T: Element>(
             let (t, kc, p) = (key / KS, (key % KS) / KC, (key % KC) / 2);
             let r1 = if key + 1 < nk { Some(v.row(key + 1, d)) } else { None };
             let at = g.v_tile(t, kc, 0) + p * 16;
-            finite &= arch::pack::value_pair(v.row(key, d), r1, d, g.ne(), &mut dst[at..]);
+            finite &= arch::pair_tiles_avx512::value_pair(v.row(key, d), r1, d, g.ne(), &mut dst[at..]);
         }
         return finite;
     }
@@ -165,7 +165,7 @@ mod tests {
     /// 16-key groups and steps) and for a NaN or an infinity anywhere in the rows.
     #[test]
     fn vector_packing_equals_scalar() {
-        if !arch::pack::available() {
+        if !arch::pair_tiles_avx512::available() {
             println!("skipped: no AVX512-BW/VL");
             return;
         }

@@ -24,18 +24,18 @@ pub(crate) fn complete<C: Communicator + ?Sized>(comm: &mut C) -> Result<()> {
         return Ok(());
     }
     let peers: Vec<usize> = (0..world).filter(|&p| p != rank).collect();
-    let sent = comm.framing_ref().sent_counts().to_vec();
-    let received = comm.framing_ref().received_counts().to_vec();
+    let sent = comm.framing().sent_counts().to_vec();
+    let received = comm.framing().received_counts().to_vec();
 
     // Round 1: the count tables. A transport failure ends the call here (peers then
     // miss this rank's verdict and fail too); framing failures become this rank's verdict.
     let table = encode_table(&sent, &received);
-    let frames: Vec<(usize, Vec<u8>)> = peers.iter().map(|&p| (p, comm.framing().seal(p, table.clone()))).collect();
+    let frames: Vec<(usize, Vec<u8>)> = peers.iter().map(|&p| (p, comm.framing_mut().seal(p, table.clone()))).collect();
     let raw = comm.exchange_frames(frames, &peers)?;
     let mut tables = vec![(sent, received)];
     let mut verdict: Result<()> = Ok(());
     for (&p, frame) in peers.iter().zip(raw) {
-        match comm.framing().open(p, frame).and_then(|b| decode_table(rank, p, world, &b)) {
+        match comm.framing_mut().open(p, frame).and_then(|b| decode_table(rank, p, world, &b)) {
             Ok(t) => tables.push(t),
             Err(e) => {
                 verdict = verdict.and(Err(e));
@@ -108,7 +108,7 @@ fn check_no_extra<C: Communicator + ?Sized>(comm: &mut C, peers: &[usize]) -> Re
     let rank = comm.rank();
     for &p in peers {
         let head = comm.peek_frame(p)?.map(|f| f[..f.len().min(HEADER_BYTES)].to_vec());
-        let stale = head.is_some_and(|h| comm.framing_ref().is_stale(p, &h));
+        let stale = head.is_some_and(|h| comm.framing().is_stale(p, &h));
         if stale {
             return Err(AttnError::Comm { rank, message: format!("extra (duplicated) frame waiting from rank {p}") });
         }

@@ -26,9 +26,9 @@
 
 use attn_core::{DType, Result};
 
-use crate::block_math::KEY_ROWS_PER_CALL;
 use crate::comm::HEADER_BYTES;
-use crate::direct::{ROW_CHUNK, partial_bytes, pieces};
+use crate::compute::allgather_forward::{ROW_CHUNK, partial_bytes, pieces};
+use crate::compute::kernel_bridge::KEY_ROWS_PER_CALL;
 use crate::plan::{MSG_HEADER_BYTES, Plan, RingProblem};
 
 /// A `Vec` header (pointer, capacity, length) stored inside another `Vec`.

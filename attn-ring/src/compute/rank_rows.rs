@@ -4,9 +4,9 @@
 
 use attn_core::{Element, Result, TensorView};
 
-use crate::block_math::{KeyBlock, Mask, Rows};
+use crate::compute::kernel_bridge::{KeyBlock, Mask, Rows};
 use crate::plan::{PatternHead, Plan};
-use crate::wire::{MsgKind, Reader, begin, get_elems, put_elems};
+use crate::protocol::wire::{MsgKind, Reader, begin, get_elems, put_elems};
 
 /// This rank's q/k/v rows (the caller's views, not copied) with their global positions.
 #[derive(Debug)]
