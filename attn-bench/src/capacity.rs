@@ -71,7 +71,7 @@ fn ring_query(spec: &CaseSpec) -> Option<u64> {
     let dtype = spec.dtype().ok()?;
     let plan = attn_ring::Plan::new(problem).ok()?;
     (0..spec.world_size)
-        .map(|r| plan.workspace_bytes(dtype, r, spec.backward) + plan.io_bytes(dtype, r, spec.backward))
+        .map(|r| plan.workspace_bytes(dtype, r, spec.pass()) + plan.io_bytes(dtype, r, spec.pass()))
         .max()
 }
 

@@ -1,6 +1,6 @@
 //! One benchmark case (what runs, on which shape and config) and its measured result.
 
-use attn_core::{AttnError, DType, DilatedConfig, Mixing, Result, Shape4};
+use attn_core::{AttnError, DType, DilatedConfig, Mixing, Pass, Result, Shape4};
 use serde::{Deserialize, Serialize};
 
 use crate::rss_check::RssCheck;
@@ -123,6 +123,11 @@ impl CaseSpec {
         Shape4::new(self.batch, self.seq_len, self.heads, self.head_dim)
     }
 
+    /// The pass a measurement times the end of: forward, or forward + backward.
+    pub fn pass(&self) -> Pass {
+        if self.backward { Pass::Backward } else { Pass::Forward }
+    }
+
     pub fn dtype(&self) -> Result<DType> {
         DType::parse(&self.dtype).ok_or_else(|| AttnError::InvalidArgument(format!("unknown dtype `{}`", self.dtype)))
     }
@@ -139,8 +144,8 @@ impl CaseSpec {
     /// backward when asked); it equals the peer script's count when `w` divides `n`.
     pub fn attention_flops(&self) -> Result<f64> {
         let (cfg, shape) = (self.config()?, self.shape()?);
-        let fwd = attn_kernels::model_flops(&cfg, shape, false);
-        Ok(if self.backward { fwd + attn_kernels::model_flops(&cfg, shape, true) } else { fwd })
+        let fwd = attn_kernels::model_flops(&cfg, shape, Pass::Forward);
+        Ok(if self.backward { fwd + attn_kernels::model_flops(&cfg, shape, Pass::Backward) } else { fwd })
     }
 
     /// Extra flops of the multihead projections: 4 linear maps of `e x e`, 2 flops per MAC.

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use attn_core::{DilatedConfig, Element, Shape4};
+use attn_core::{DilatedConfig, Element, Pass, Shape4};
 use attn_kernels::{CpuBackend, model_flops};
 use attn_testkit::random_vec;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -26,7 +26,7 @@ fn forward<T: Element>(c: &mut Criterion, be: &CpuBackend, seq: usize, causal: b
     let shape = Shape4::new(1, seq, 8, 64).unwrap();
     let (q, k, v) = (inputs::<T>(shape, 1), inputs::<T>(shape, 2), inputs::<T>(shape, 3));
     let mut g = c.benchmark_group(format!("forward_{}{}", T::DTYPE.as_str(), if causal { "_causal" } else { "" }));
-    g.throughput(Throughput::Elements(model_flops(&cfg, shape, false) as u64));
+    g.throughput(Throughput::Elements(model_flops(&cfg, shape, Pass::Forward) as u64));
     g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
     g.bench_function(BenchmarkId::from_parameter(seq), |b| {
         b.iter(|| std::hint::black_box(be.forward_vec(&cfg, shape, &q, &k, &v).unwrap()))
@@ -40,7 +40,9 @@ fn backward(c: &mut Criterion, be: &CpuBackend, seq: usize) {
     let (q, k, v, go) =
         (inputs::<f32>(shape, 1), inputs::<f32>(shape, 2), inputs::<f32>(shape, 3), inputs::<f32>(shape, 4));
     let mut g = c.benchmark_group("forward_backward_f32");
-    g.throughput(Throughput::Elements((model_flops(&cfg, shape, false) + model_flops(&cfg, shape, true)) as u64));
+    g.throughput(Throughput::Elements(
+        (model_flops(&cfg, shape, Pass::Forward) + model_flops(&cfg, shape, Pass::Backward)) as u64,
+    ));
     g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
     g.bench_function(BenchmarkId::from_parameter(seq), |b| {
         b.iter(|| {

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use attn_core::{DilatedConfig, Element, Shape4};
+use attn_core::{DilatedConfig, Element, Pass, Shape4};
 use attn_kernels::{CpuBackend, Isa, model_flops};
 use half::{bf16, f16};
 
@@ -38,7 +38,7 @@ fn run<T: Element>(seq: usize, threads: usize, causal: bool, backward: bool, isa
     if let Some(isa) = isa {
         be = be.with_isa(isa).unwrap();
     }
-    let flops = model_flops(&cfg, shape, backward);
+    let flops = model_flops(&cfg, shape, if backward { Pass::Backward } else { Pass::Forward });
     let mut times = Vec::new();
     let (out, lse) = be.forward_vec(&cfg, shape, &q, &k, &v).unwrap();
     // After the warm-up call: CPU time of the timed calls only.

@@ -8,6 +8,8 @@
 mod imp {
     use std::arch::x86_64::*;
 
+    use crate::mat::{RawLaneState, RawMatMul};
+
     use crate::portable::EXP2_POLY;
 
     /// `C[R x 16] (=|+=) A[R x k] * B[k x 16]` with all of C kept in registers; A
@@ -90,19 +92,8 @@ mod imp {
     /// The CPU supports avx2 and fma and the slices cover every index the shapes reach
     /// (checked by the safe wrapper).
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm<const TN: bool>(
-        m: usize,
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
-        n: usize,
-        c: *mut f32,
-        ldc: usize,
-        acc: bool,
-    ) {
+    pub unsafe fn gemm<const TN: bool>(mm: RawMatMul, c: *mut f32, ldc: usize, acc: bool) {
+        let RawMatMul { m, k, n, a, lda, b, ldb } = mm;
         // Column panels outside, row blocks inside: one 16-column panel of B stays in L1
         // while every row block of A passes over it.
         let mut j0 = 0;
@@ -238,17 +229,8 @@ mod imp {
     /// The CPU supports avx2 and fma; `s` is valid for `rows * lanes` reads and writes
     /// (`lanes` a multiple of 8), `m` and `l` for `lanes`, `o` for `dp * lanes`.
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn softmax_lanes(
-        s: *mut f32,
-        rows: usize,
-        lanes: usize,
-        tau: f32,
-        m: *mut f32,
-        l: *mut f32,
-        o: *mut f32,
-        dp: usize,
-    ) {
+    pub unsafe fn softmax_lanes(s: *mut f32, rows: usize, lanes: usize, tau: f32, st: RawLaneState) {
+        let RawLaneState { m, l, o, dp } = st;
         let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
         for g in (0..lanes).step_by(8) {
             // SAFETY: in this whole block, every offset is `r * lanes + g + 0..8` with r < rows,
@@ -337,32 +319,21 @@ mod imp {
 
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_features;
+use crate::mat::{LaneState, MatMul};
 use crate::portable;
 
 /// `C[m x n] (=|+=) A[m x k] * B[k x n]` with AVX2+FMA (`n` a multiple of 16); A
 /// row-major, or column-major (`A[r, kk]` at `a[kk*lda + r]`) with `TN`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm<const TN: bool>(
-    m: usize,
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    n: usize,
-    c: &mut [f32],
-    ldc: usize,
-    acc: bool,
-) {
-    portable::check_gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc);
+pub(crate) fn gemm<const TN: bool>(mm: &MatMul<'_>, c: &mut [f32], ldc: usize, acc: bool) {
+    portable::check_gemm::<TN>(mm, c, ldc);
     #[cfg(target_arch = "x86_64")]
     if cpu_features::avx2_fma() {
         // SAFETY: avx2 and fma are present and `check_gemm` proved every index in bounds
         // (with k == 0 no A or B element is read).
-        unsafe { imp::gemm::<TN>(m, k, a.as_ptr(), lda, b.as_ptr(), ldb, n, c.as_mut_ptr(), ldc, acc) };
+        unsafe { imp::gemm::<TN>(mm.raw(), c.as_mut_ptr(), ldc, acc) };
         return;
     }
-    portable::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc)
+    portable::gemm::<TN>(mm, c, ldc, acc)
 }
 
 /// `x[j] = exp2(x[j] - s - sv[j])`, returning the sum (AVX2).
@@ -424,28 +395,17 @@ pub(crate) fn fold_row<T: attn_core::Element>(
 
 /// One online-softmax step on a score tile with queries in lanes (see
 /// `imp::softmax_lanes`); false when AVX2 is absent (the caller runs the portable one).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn softmax_lanes(
-    s: &mut [f32],
-    rows: usize,
-    lanes: usize,
-    tau: f32,
-    m: &mut [f32],
-    l: &mut [f32],
-    o: &mut [f32],
-    dp: usize,
-) -> bool {
+pub(crate) fn softmax_lanes(s: &mut [f32], rows: usize, lanes: usize, tau: f32, st: &mut LaneState<'_>) -> bool {
+    let (m, l, o, dp) = (&*st.m, &*st.l, &*st.o, st.dp);
     assert!(lanes.is_multiple_of(8) && s.len() >= rows * lanes, "softmax_lanes: tile out of bounds");
     assert!(m.len() >= lanes && l.len() >= lanes && o.len() >= dp * lanes, "softmax_lanes: state out of bounds");
     #[cfg(target_arch = "x86_64")]
     if cpu_features::avx2_fma() {
         // SAFETY: avx2 and fma are present; the asserts above cover every index reached.
-        unsafe {
-            imp::softmax_lanes(s.as_mut_ptr(), rows, lanes, tau, m.as_mut_ptr(), l.as_mut_ptr(), o.as_mut_ptr(), dp)
-        };
+        unsafe { imp::softmax_lanes(s.as_mut_ptr(), rows, lanes, tau, st.raw()) };
         return true;
     }
-    let _ = (s, rows, lanes, tau, m, l, o, dp);
+    let _ = (s, rows, lanes, tau, st);
     false
 }
 

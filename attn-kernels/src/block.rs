@@ -5,16 +5,18 @@
 //! - A [`BlockRows`] is the rows of one `(batch, head)` slice of q, k or v: row `i` is
 //!   `data[i*stride .. i*stride + d]`, at global position `pos[i]`. Positions should be
 //!   ascending (any order is accepted; ascending is fastest).
-//! - The mask is exactly [`SegmentPattern::attends`]`(qpos, kpos, causal)`.
+//! - A [`Block`] is one pattern's query rows against key/value rows; its mask is
+//!   exactly [`SegmentPattern::attends`]`(qpos, kpos, causal)`.
 //! - [`attend_block`] merges its result into an f32 partial `(out, lse)` with the LSE
 //!   merge (`out` normalised, `lse = -inf` meaning "nothing yet"), so calling it for
 //!   several key blocks, or for several patterns of one LongNet head, in any order gives
 //!   the attention over the union of those keys. The caller applies the head's
 //!   `out_scale` when writing the final output.
-//! - [`attend_block_backward`] accumulates (`+=`) f32 gradients of one block given the
-//!   head's FINAL lse per query row, the grad_out rows (any [`Element`], read in place)
-//!   with the factor that makes them `grad_out_eff = out_scale * grad_out`, and
-//!   `delta = dot(grad_out, out)` per query row (final, scaled output).
+//! - [`attend_block_backward`] accumulates (`+=`) f32 gradients of one block into
+//!   [`BlockGradients`] given the [`Upstream`] of its query rows: the head's FINAL lse,
+//!   the grad_out rows (any [`Element`], read in place) with the factor that makes them
+//!   `grad_out_eff = out_scale * grad_out`, and `delta = dot(grad_out, out)` (final,
+//!   scaled output).
 //!
 //! All arithmetic is f32 (inputs of any [`Element`] are converted on load).
 
@@ -69,30 +71,66 @@ impl<'a, T: Element> BlockRows<'a, T> {
     }
 }
 
-fn check_common<T: Element>(
-    scale: f32,
-    d: usize,
-    q: &BlockRows<'_, T>,
-    k: &BlockRows<'_, T>,
-    v: &BlockRows<'_, T>,
-) -> Result<()> {
-    if !(scale.is_finite() && scale > 0.0) {
-        return Err(AttnError::InvalidScale(scale as f64));
+/// One pattern's attention of a block of query rows onto a block of key/value rows.
+#[derive(Debug, Clone, Copy)]
+pub struct Block<'a, T> {
+    pub pattern: &'a SegmentPattern,
+    /// Whether a query sees only keys at positions `<=` its own.
+    pub causal: bool,
+    pub scale: f32,
+    pub head_dim: usize,
+    pub q: BlockRows<'a, T>,
+    pub k: BlockRows<'a, T>,
+    pub v: BlockRows<'a, T>,
+}
+
+impl<T: Element> Block<'_, T> {
+    fn check(&self) -> Result<()> {
+        let (scale, d) = (self.scale, self.head_dim);
+        if self.pattern.w == 0 || self.pattern.r == 0 {
+            return Err(AttnError::InvalidArgument(format!(
+                "pattern {:?} has a zero segment length or rate",
+                self.pattern
+            )));
+        }
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(AttnError::InvalidScale(scale as f64));
+        }
+        if d == 0 {
+            return Err(AttnError::ZeroDim { tensor: TensorName::Query, dim: "head_dim" });
+        }
+        self.q.check(TensorName::Query, d)?;
+        self.k.check(TensorName::Key, d)?;
+        self.v.check(TensorName::Value, d)?;
+        if self.v.rows() != self.k.rows() || self.v.pos != self.k.pos {
+            return Err(AttnError::ShapeMismatch {
+                tensor: TensorName::Value,
+                expected: vec![self.k.rows()],
+                got: vec![self.v.rows()],
+            });
+        }
+        Ok(())
     }
-    if d == 0 {
-        return Err(AttnError::ZeroDim { tensor: TensorName::Query, dim: "head_dim" });
-    }
-    q.check(TensorName::Query, d)?;
-    k.check(TensorName::Key, d)?;
-    v.check(TensorName::Value, d)?;
-    if v.rows() != k.rows() || v.pos != k.pos {
-        return Err(AttnError::ShapeMismatch {
-            tensor: TensorName::Value,
-            expected: vec![k.rows()],
-            got: vec![v.rows()],
-        });
-    }
-    Ok(())
+}
+
+/// What the backward of a block reads for its query rows besides the block: the
+/// upstream gradient rows (any dtype, read in place; `grad_scale` makes them the head's
+/// `out_scale * grad_out`), the head's final LSE and `delta = grad_out . out`.
+#[derive(Debug, Clone, Copy)]
+pub struct Upstream<'a, G> {
+    pub grad_out: BlockRows<'a, G>,
+    pub grad_scale: f32,
+    pub lse: &'a [f32],
+    pub delta: &'a [f32],
+}
+
+/// The f32 gradient accumulators of a block (added to): `dq` of the query rows, `dk`
+/// and `dv` of the key rows, each `rows * head_dim`.
+#[derive(Debug)]
+pub struct BlockGradients<'a> {
+    pub dq: &'a mut [f32],
+    pub dk: &'a mut [f32],
+    pub dv: &'a mut [f32],
 }
 
 fn check_f32(tensor: TensorName, got: usize, expected: usize) -> Result<()> {
@@ -102,63 +140,31 @@ fn check_f32(tensor: TensorName, got: usize, expected: usize) -> Result<()> {
     Ok(())
 }
 
-fn check_pattern(pattern: &SegmentPattern) -> Result<()> {
-    if pattern.w == 0 || pattern.r == 0 {
-        return Err(AttnError::InvalidArgument(format!("pattern {pattern:?} has a zero segment length or rate")));
-    }
-    Ok(())
-}
-
 /// Attend the q rows to the k/v rows admitted by `pattern.attends(qpos, kpos, causal)` and
 /// LSE-merge the result into the f32 partial `out` (`[q_rows * d]`, normalised) and `lse`
 /// (`[q_rows]`, `-inf` = nothing yet).
-#[allow(clippy::too_many_arguments)]
-pub fn attend_block<T: Element>(
-    pattern: &SegmentPattern,
-    causal: bool,
-    scale: f32,
-    d: usize,
-    q: &BlockRows<'_, T>,
-    k: &BlockRows<'_, T>,
-    v: &BlockRows<'_, T>,
-    out: &mut [f32],
-    lse: &mut [f32],
-) -> Result<()> {
-    check_pattern(pattern)?;
-    check_common(scale, d, q, k, v)?;
-    check_f32(TensorName::Output, out.len(), q.rows() * d)?;
-    check_f32(TensorName::Lse, lse.len(), q.rows())?;
-    let (q, k, v) = (q.strided(), k.strided(), v.strided());
-    piece::forward_block(Isa::detect(), pattern, causal, scale, d, &q, &k, &v, out, lse);
+pub fn attend_block<T: Element>(block: &Block<'_, T>, out: &mut [f32], lse: &mut [f32]) -> Result<()> {
+    block.check()?;
+    let d = block.head_dim;
+    check_f32(TensorName::Output, out.len(), block.q.rows() * d)?;
+    check_f32(TensorName::Lse, lse.len(), block.q.rows())?;
+    let (q, k, v) = (block.q.strided(), block.k.strided(), block.v.strided());
+    piece::forward_block(Isa::detect(), block.pattern, block.causal, block.scale, d, &q, &k, &v, out, lse);
     Ok(())
 }
 
-/// Accumulate (`+=`) the gradients of one block. `grad_out` holds one row per q row
-/// (its positions are not read) and `grad_scale * grad_out` is the effective output
-/// gradient (`grad_scale` = the head's `out_scale`), so a caller's grad_out tensor is
-/// read in place, in its own dtype; `lse` the head's FINAL lse per q row, `delta` per q
-/// row `dot(grad_out, out)` of the final (scaled) output; `dq` is `[q_rows * d]`, `dk`
-/// and `dv` are `[k_rows * d]`.
-#[allow(clippy::too_many_arguments)]
+/// Accumulate (`+=`) the gradients of one block into `grads`, given the [`Upstream`] of
+/// its query rows (the grad_out rows' positions are not read; a caller's grad_out tensor
+/// is read in place, in its own dtype).
 pub fn attend_block_backward<T: Element, G: Element>(
-    pattern: &SegmentPattern,
-    causal: bool,
-    scale: f32,
-    d: usize,
-    q: &BlockRows<'_, T>,
-    k: &BlockRows<'_, T>,
-    v: &BlockRows<'_, T>,
-    grad_out: &BlockRows<'_, G>,
-    grad_scale: f32,
-    lse: &[f32],
-    delta: &[f32],
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
+    block: &Block<'_, T>,
+    upstream: &Upstream<'_, G>,
+    grads: BlockGradients<'_>,
 ) -> Result<()> {
-    check_pattern(pattern)?;
-    check_common(scale, d, q, k, v)?;
-    let (nq, nk) = (q.rows(), k.rows());
+    block.check()?;
+    let d = block.head_dim;
+    let (nq, nk) = (block.q.rows(), block.k.rows());
+    let Upstream { grad_out, grad_scale, lse, delta } = *upstream;
     grad_out.check(TensorName::GradOutput, d)?;
     if grad_out.rows() != nq {
         return Err(AttnError::ShapeMismatch {
@@ -170,13 +176,14 @@ pub fn attend_block_backward<T: Element, G: Element>(
     if !grad_scale.is_finite() {
         return Err(AttnError::InvalidScale(grad_scale as f64));
     }
+    let BlockGradients { dq, dk, dv } = grads;
     check_f32(TensorName::Lse, lse.len(), nq)?;
     check_f32(TensorName::Other("delta"), delta.len(), nq)?;
     check_f32(TensorName::GradQuery, dq.len(), nq * d)?;
     check_f32(TensorName::GradKey, dk.len(), nk * d)?;
     check_f32(TensorName::GradValue, dv.len(), nk * d)?;
-    let (q, k, v) = (q.strided(), k.strided(), v.strided());
+    let (q, k, v) = (block.q.strided(), block.k.strided(), block.v.strided());
     let grads = BlockGrads { grad_out: grad_out.strided(), grad_scale, lse, delta, dq, dk, dv };
-    piece::backward_block(Isa::detect(), pattern, causal, scale, d, &q, &k, &v, grads);
+    piece::backward_block(Isa::detect(), block.pattern, block.causal, block.scale, d, &q, &k, &v, grads);
     Ok(())
 }

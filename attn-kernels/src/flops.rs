@@ -2,11 +2,12 @@
 //! head and pattern (two products of `m x m x d`), halved when causal; the backward
 //! counts 2.5x the forward (five products), as FlashAttention reports it.
 
-use attn_core::{DilatedConfig, SegmentPattern, Shape4};
+use attn_core::{DilatedConfig, Pass, SegmentPattern, Shape4};
 
 /// Model FLOPs of one forward (or, with `backward`, one backward) call on `shape`.
 /// Closed form over segments and head offsets, so any valid shape answers at once.
-pub fn model_flops(cfg: &DilatedConfig, shape: Shape4, backward: bool) -> f64 {
+pub fn model_flops(cfg: &DilatedConfig, shape: Shape4, pass: Pass) -> f64 {
+    let backward = pass == Pass::Backward;
     let (heads, n) = (shape.heads, shape.seq);
     let mut squares = 0.0f64;
     for i in 0..cfg.num_patterns() {
@@ -64,8 +65,9 @@ mod tests {
                     for heads in cfg.num_patterns()..12 {
                         for seq in [1, 4, 5, 31, 32, 33, 99, 250] {
                             let shape = Shape4::new(2, seq, heads, 3).unwrap();
-                            for bwd in [false, true] {
-                                let (got, want) = (model_flops(&cfg, shape, bwd), walked(&cfg, shape, bwd));
+                            for pass in [Pass::Forward, Pass::Backward] {
+                                let bwd = pass == Pass::Backward;
+                                let (got, want) = (model_flops(&cfg, shape, pass), walked(&cfg, shape, bwd));
                                 assert!((got - want).abs() <= 1e-12 * want.max(1.0), "{segs:?} {heads} {seq}");
                             }
                         }
@@ -75,7 +77,7 @@ mod tests {
         }
         // Absurd sizes answer at once (the walk took hours: 2^40 segments).
         let cfg = DilatedConfig::new(&[1], &[1]).unwrap();
-        let f = model_flops(&cfg, Shape4::new(1, 1 << 40, 1 << 8, 1).unwrap(), false);
+        let f = model_flops(&cfg, Shape4::new(1, 1 << 40, 1 << 8, 1).unwrap(), Pass::Forward);
         assert_eq!(f, 4.0 * (1u64 << 48) as f64);
     }
 }

@@ -10,6 +10,7 @@ use attn_core::Element;
 use crate::f32_tiles::{pack_rows, pack_transposed};
 use crate::forward_scratch::ForwardScratch;
 use crate::isa::Isa;
+use crate::mat::{LaneState, MatMul};
 use crate::ops::{self, padded, scratch};
 use crate::rows::PieceRows;
 use crate::rows::keys_needed;
@@ -74,7 +75,13 @@ pub(crate) fn forward_piece<T: Element>(
             let kn = (last - k0).min(LANE_KEY_TILE);
             let kpos = &k.pos[k0..k0 + kn];
             let tile = &mut s[..kn * lanes];
-            ops::gemm(isa, kn, dp, &kb[k0 * dp..], dp, qt, lanes, lanes, tile, lanes, false);
+            ops::gemm(
+                isa,
+                &MatMul { m: kn, k: dp, n: lanes, a: &kb[k0 * dp..], lda: dp, b: qt, ldb: lanes },
+                tile,
+                lanes,
+                false,
+            );
             if causal && kpos[kn - 1] > qpos[0] {
                 // The diagonal: each key row hides the lanes whose query precedes it.
                 for (row, &kp) in tile.chunks_exact_mut(lanes).zip(kpos) {
@@ -82,9 +89,15 @@ pub(crate) fn forward_piece<T: Element>(
                     row[..hidden].fill(f32::NEG_INFINITY);
                 }
             }
-            ops::softmax_lanes(isa, tile, kn, lanes, LAZY_MAX, m, l, ot, dp);
+            ops::softmax_lanes(isa, tile, kn, lanes, LAZY_MAX, &mut LaneState { m, l, o: ot, dp });
             // Oᵀ += Vᵀ Pᵀ: the packed value rows read in place as a column-major A.
-            ops::product::<true>(isa, dp, kn, &vb[k0 * dp..], dp, tile, lanes, lanes, ot, lanes, true);
+            ops::product::<true>(
+                isa,
+                &MatMul { m: dp, k: kn, n: lanes, a: &vb[k0 * dp..], lda: dp, b: tile, ldb: lanes },
+                ot,
+                lanes,
+                true,
+            );
         }
         for (i, &li) in l[..qn].iter().enumerate() {
             let dst = &mut out[(q0 + i) * d..(q0 + i + 1) * d];

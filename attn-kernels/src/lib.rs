@@ -46,6 +46,7 @@ mod cpu_features;
 mod f32_tiles;
 pub mod isa;
 mod lane_forward;
+mod mat;
 mod ops;
 mod piece;
 
@@ -67,7 +68,7 @@ mod tile_forward;
 mod units;
 
 pub use backend::CpuBackend;
-pub use block::{BlockRows, attend_block, attend_block_backward};
+pub use block::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
 pub use flops::model_flops;
 pub use huge_pages::zeroed_buffer;
 pub use isa::Isa;

@@ -8,6 +8,7 @@ use attn_core::Element;
 
 use crate::bf16_pairs::Engine;
 use crate::isa::Isa;
+use crate::mat::{LaneState, MatMul};
 use crate::rows::PieceRows;
 use crate::{avx2, avx512, bf16_pairs, portable};
 
@@ -15,70 +16,33 @@ use crate::{avx2, avx512, bf16_pairs, portable};
 pub(crate) type PairScratch = bf16_pairs::PairScratch;
 
 /// `C[m x n] (=|+=) A[m x k] * B[k x n]` (`n` a multiple of 16, row strides `ld*`).
-#[allow(clippy::too_many_arguments)]
 #[inline]
-pub(crate) fn gemm(
-    isa: Isa,
-    m: usize,
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    n: usize,
-    c: &mut [f32],
-    ldc: usize,
-    acc: bool,
-) {
-    product::<false>(isa, m, k, a, lda, b, ldb, n, c, ldc, acc)
+pub(crate) fn gemm(isa: Isa, mm: &MatMul<'_>, c: &mut [f32], ldc: usize, acc: bool) {
+    product::<false>(isa, mm, c, ldc, acc)
 }
 
 /// [`gemm`] on the chosen flavour, A row-major or (`TN`) column-major (`A[i, kk]` at
 /// `a[kk*lda + i]`: a row-major buffer read in place as its transpose).
-#[allow(clippy::too_many_arguments)]
 #[inline]
-pub(crate) fn product<const TN: bool>(
-    isa: Isa,
-    m: usize,
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    n: usize,
-    c: &mut [f32],
-    ldc: usize,
-    acc: bool,
-) {
+pub(crate) fn product<const TN: bool>(isa: Isa, mm: &MatMul<'_>, c: &mut [f32], ldc: usize, acc: bool) {
     match isa {
-        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => avx512::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc),
-        Isa::Avx2 => avx2::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc),
-        Isa::Portable => portable::gemm::<TN>(m, k, a, lda, b, ldb, n, c, ldc, acc),
+        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => avx512::gemm::<TN>(mm, c, ldc, acc),
+        Isa::Avx2 => avx2::gemm::<TN>(mm, c, ldc, acc),
+        Isa::Portable => portable::gemm::<TN>(mm, c, ldc, acc),
     }
 }
 
 /// One online-softmax step on a score tile whose columns are queries (`lanes` of them,
 /// a multiple of 16) and whose `rows` rows are keys; see `portable::softmax_lanes`.
-#[allow(clippy::too_many_arguments)]
 #[inline]
-pub(crate) fn softmax_lanes(
-    isa: Isa,
-    s: &mut [f32],
-    rows: usize,
-    lanes: usize,
-    tau: f32,
-    m: &mut [f32],
-    l: &mut [f32],
-    o: &mut [f32],
-    dp: usize,
-) {
+pub(crate) fn softmax_lanes(isa: Isa, s: &mut [f32], rows: usize, lanes: usize, tau: f32, st: &mut LaneState<'_>) {
     let done = match isa {
-        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => avx512::softmax_lanes(s, rows, lanes, tau, m, l, o, dp),
-        Isa::Avx2 => avx2::softmax_lanes(s, rows, lanes, tau, m, l, o, dp),
+        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => avx512::softmax_lanes(s, rows, lanes, tau, st),
+        Isa::Avx2 => avx2::softmax_lanes(s, rows, lanes, tau, st),
         Isa::Portable => false,
     };
     if !done {
-        portable::softmax_lanes(s, rows, lanes, tau, m, l, o, dp)
+        portable::softmax_lanes(s, rows, lanes, tau, st)
     }
 }
 
@@ -87,14 +51,11 @@ pub(crate) fn softmax_lanes(
 /// read in place): each row reads only its own range of the inner dimension, so a masked
 /// entry (weight 0) never multiplies a value it must not see (`0 * NaN` would leak the
 /// NaN). The part common to all rows runs as one product; the rest row by row.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_ranges<const TN: bool>(
     isa: Isa,
     ranges: &[(usize, usize)],
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
+    (a, lda): (&[f32], usize),
+    (b, ldb): (&[f32], usize),
     n: usize,
     c: &mut [f32],
     ldc: usize,
@@ -106,11 +67,12 @@ pub(crate) fn gemm_ranges<const TN: bool>(
     let row = |c: &mut [f32], i: usize, from: usize, to: usize| {
         if from < to {
             let (a, b, c) = (&a[at(i, from)..], &b[from * ldb..], &mut c[i * ldc..]);
-            product::<TN>(isa, 1, to - from, a, lda, b, ldb, n, c, ldc, true);
+            product::<TN>(isa, &MatMul { m: 1, k: to - from, n, a, lda, b, ldb }, c, ldc, true);
         }
     };
     if lo < hi {
-        product::<TN>(isa, ranges.len(), hi - lo, &a[at(0, lo)..], lda, &b[lo * ldb..], ldb, n, c, ldc, true);
+        let common = MatMul { m: ranges.len(), k: hi - lo, n, a: &a[at(0, lo)..], lda, b: &b[lo * ldb..], ldb };
+        product::<TN>(isa, &common, c, ldc, true);
         for (i, &(from, to)) in ranges.iter().enumerate() {
             row(c, i, from, lo);
             row(c, i, hi, to);
@@ -268,8 +230,8 @@ mod tests {
                 let b = values(k * ldb, 2);
                 let c0 = values(m * ldc, 3);
                 let (mut want, mut got) = (c0.clone(), c0);
-                gemm(isa, m, k, &a_rows, k, &b, ldb, n, &mut want, ldc, acc);
-                product::<true>(isa, m, k, &a_cols, lda, &b, ldb, n, &mut got, ldc, acc);
+                gemm(isa, &MatMul { m, k, n, a: &a_rows, lda: k, b: &b, ldb }, &mut want, ldc, acc);
+                product::<true>(isa, &MatMul { m, k, n, a: &a_cols, lda, b: &b, ldb }, &mut got, ldc, acc);
                 assert_eq!(got, want, "{isa:?} m={m} k={k} n={n}");
             }
         }

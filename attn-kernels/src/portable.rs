@@ -1,20 +1,12 @@
 //! Portable tile primitives (plain Rust, every target): matrix product, `exp2`, max.
 //! Same contracts as the AVX-512 versions; results agree within f32 rounding.
 
+use crate::mat::{LaneState, MatMul};
+
 /// Bounds of a `gemm` call, A row-major or (`TN`) column-major (internal invariant: a
 /// violation is a bug, so it panics).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn check_gemm<const TN: bool>(
-    m: usize,
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    n: usize,
-    c: &[f32],
-    ldc: usize,
-) {
+pub(crate) fn check_gemm<const TN: bool>(mm: &MatMul<'_>, c: &[f32], ldc: usize) {
+    let MatMul { m, k, n, a, lda, b, ldb } = *mm;
     assert!(n.is_multiple_of(16), "gemm: n = {n} is not a multiple of 16");
     if m > 0 && k > 0 {
         let a_end = if TN { (k - 1) * lda + m } else { (m - 1) * lda + k };
@@ -28,19 +20,8 @@ pub(crate) fn check_gemm<const TN: bool>(
 
 /// `C[m x n] (=|+=) A[m x k] * B[k x n]`; A row-major (`A[i, kk]` at `a[i*lda + kk]`),
 /// or column-major (`a[kk*lda + i]`) with `TN`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm<const TN: bool>(
-    m: usize,
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    n: usize,
-    c: &mut [f32],
-    ldc: usize,
-    acc: bool,
-) {
+pub(crate) fn gemm<const TN: bool>(mm: &MatMul<'_>, c: &mut [f32], ldc: usize, acc: bool) {
+    let MatMul { m, k, n, a, lda, b, ldb } = *mm;
     for i in 0..m {
         let crow = &mut c[i * ldc..i * ldc + n];
         if !acc {
@@ -111,17 +92,8 @@ pub(crate) fn max(x: &[f32]) -> f32 {
 /// where that exceeds it by more than `tau`; the tile becomes `exp2(s - m)` (0 for
 /// `-inf`), `l` is rescaled and adds the column sums, and the raised lanes of the `dp`
 /// accumulator rows `o` are rescaled by `exp2(m_old - m_new)`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn softmax_lanes(
-    s: &mut [f32],
-    rows: usize,
-    lanes: usize,
-    tau: f32,
-    m: &mut [f32],
-    l: &mut [f32],
-    o: &mut [f32],
-    dp: usize,
-) {
+pub(crate) fn softmax_lanes(s: &mut [f32], rows: usize, lanes: usize, tau: f32, st: &mut LaneState<'_>) {
+    let (m, l, o, dp) = (&mut *st.m, &mut *st.l, &mut *st.o, st.dp);
     for j in 0..lanes {
         let tile_max = (0..rows).map(|r| s[r * lanes + j]).fold(f32::NEG_INFINITY, f32::max);
         let m_old = m[j];

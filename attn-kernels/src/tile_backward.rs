@@ -6,6 +6,7 @@
 use attn_core::Element;
 
 use crate::isa::Isa;
+use crate::mat::MatMul;
 use crate::ops::{self, KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
 
 /// Rows whose products against one tile run together: several register blocks, so each
@@ -110,8 +111,36 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                 if causal && kpos[0] > qpos[r0 + rn - 1] {
                     continue;
                 }
-                ops::gemm(isa, rn, dp, &qbuf[r0 * dp..], dp, &kt[t * tile..], KEY_TILE, KEY_TILE, s, KEY_TILE, false);
-                ops::gemm(isa, rn, dp, &gbuf[r0 * dp..], dp, &vt[t * tile..], KEY_TILE, KEY_TILE, dpb, KEY_TILE, false);
+                ops::gemm(
+                    isa,
+                    &MatMul {
+                        m: rn,
+                        k: dp,
+                        n: KEY_TILE,
+                        a: &qbuf[r0 * dp..],
+                        lda: dp,
+                        b: &kt[t * tile..],
+                        ldb: KEY_TILE,
+                    },
+                    s,
+                    KEY_TILE,
+                    false,
+                );
+                ops::gemm(
+                    isa,
+                    &MatMul {
+                        m: rn,
+                        k: dp,
+                        n: KEY_TILE,
+                        a: &gbuf[r0 * dp..],
+                        lda: dp,
+                        b: &vt[t * tile..],
+                        ldb: KEY_TILE,
+                    },
+                    dpb,
+                    KEY_TILE,
+                    false,
+                );
                 let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
                     let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
@@ -135,10 +164,8 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                 ops::gemm_ranges::<false>(
                     isa,
                     &ranges[..rn],
-                    s,
-                    KEY_TILE,
-                    &kr[t * tile..],
-                    dp,
+                    (s, KEY_TILE),
+                    (&kr[t * tile..], dp),
                     dp,
                     &mut acc[r0 * dp..],
                     dp,
@@ -228,8 +255,36 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 }
                 rows_done = r0 + rn;
                 let dpb = &mut ds_all[r0 * KEY_TILE..(r0 + rn) * KEY_TILE];
-                ops::gemm(isa, rn, dp, &kbuf[r0 * dp..], dp, &qt[t * tile..], KEY_TILE, KEY_TILE, s, KEY_TILE, false);
-                ops::gemm(isa, rn, dp, &vbuf[r0 * dp..], dp, &gt[t * tile..], KEY_TILE, KEY_TILE, dpb, KEY_TILE, false);
+                ops::gemm(
+                    isa,
+                    &MatMul {
+                        m: rn,
+                        k: dp,
+                        n: KEY_TILE,
+                        a: &kbuf[r0 * dp..],
+                        lda: dp,
+                        b: &qt[t * tile..],
+                        ldb: KEY_TILE,
+                    },
+                    s,
+                    KEY_TILE,
+                    false,
+                );
+                ops::gemm(
+                    isa,
+                    &MatMul {
+                        m: rn,
+                        k: dp,
+                        n: KEY_TILE,
+                        a: &vbuf[r0 * dp..],
+                        lda: dp,
+                        b: &gt[t * tile..],
+                        ldb: KEY_TILE,
+                    },
+                    dpb,
+                    KEY_TILE,
+                    false,
+                );
                 let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
                     let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
@@ -251,8 +306,24 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 // dV += P^T GO, dK += dS^T Q (rows here are keys), each key row over the
                 // queries that see it only.
                 let rg = &ranges[..rn];
-                ops::gemm_ranges::<false>(isa, rg, s, KEY_TILE, &gr[t * tile..], dp, dp, &mut dv_acc[r0 * dp..], dp);
-                ops::gemm_ranges::<false>(isa, rg, dpb, KEY_TILE, &qr[t * tile..], dp, dp, &mut dk_acc[r0 * dp..], dp);
+                ops::gemm_ranges::<false>(
+                    isa,
+                    rg,
+                    (s, KEY_TILE),
+                    (&gr[t * tile..], dp),
+                    dp,
+                    &mut dv_acc[r0 * dp..],
+                    dp,
+                );
+                ops::gemm_ranges::<false>(
+                    isa,
+                    rg,
+                    (dpb, KEY_TILE),
+                    (&qr[t * tile..], dp),
+                    dp,
+                    &mut dk_acc[r0 * dp..],
+                    dp,
+                );
             }
             if dq.is_some() && rows_done > 0 {
                 // dQ[tile] += dS (queries x keys) * K[chunk], one product of depth `rows_done`.
@@ -263,7 +334,7 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 }
                 let c = &mut dq_acc[t * KEY_TILE * dp..];
                 // dS^T read in place (its rows are keys): no transposed copy.
-                ops::gemm_ranges::<true>(isa, &q_ranges[..n], ds_all, KEY_TILE, kbuf, dp, dp, c, dp);
+                ops::gemm_ranges::<true>(isa, &q_ranges[..n], (ds_all, KEY_TILE), (kbuf, dp), dp, c, dp);
             }
         }
         for j in 0..kn {

@@ -7,6 +7,7 @@ use attn_core::Element;
 use crate::f32_tiles::{pack_rows, pack_transposed};
 pub(crate) use crate::forward_scratch::ForwardScratch;
 use crate::isa::Isa;
+use crate::mat::MatMul;
 use crate::ops::{self, FORWARD_KEY_TILE as KEY_TILE, FORWARD_QUERY_CHUNK, ROW_BLOCK, padded, scratch};
 use crate::rows::{PieceRows, keys_needed};
 
@@ -106,7 +107,13 @@ pub(crate) fn forward_piece_rows<T: Element>(
                 // Score columns any row of the block can see (fewer on the causal diagonal).
                 let cols = if causal { kpos.partition_point(|&p| p <= qpos[r0 + rn - 1]) } else { kn };
                 let cols = cols.next_multiple_of(16).min(KEY_TILE);
-                ops::gemm(isa, rn, dp, &qbuf[r0 * dp..], dp, ktile, KEY_TILE, cols, s, KEY_TILE, false);
+                ops::gemm(
+                    isa,
+                    &MatMul { m: rn, k: dp, n: cols, a: &qbuf[r0 * dp..], lda: dp, b: ktile, ldb: KEY_TILE },
+                    s,
+                    KEY_TILE,
+                    false,
+                );
                 let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
                     let row = &mut s[i * KEY_TILE..i * KEY_TILE + cols];
@@ -121,10 +128,24 @@ pub(crate) fn forward_piece_rows<T: Element>(
                     // Finite values: masked weights (0) add exactly 0, so one product over
                     // the widest row's range gives every row the same sums as its own range.
                     let widest = ranges[..rn].iter().map(|r| r.1).max().unwrap_or(0);
-                    ops::gemm(isa, rn, widest, s, KEY_TILE, vtile, dp, dp, &mut o[r0 * dp..], dp, true);
+                    ops::gemm(
+                        isa,
+                        &MatMul { m: rn, k: widest, n: dp, a: s, lda: KEY_TILE, b: vtile, ldb: dp },
+                        &mut o[r0 * dp..],
+                        dp,
+                        true,
+                    );
                 } else {
                     // Each row reads only the values it sees (a masked NaN/Inf value stays out).
-                    ops::gemm_ranges::<false>(isa, &ranges[..rn], s, KEY_TILE, vtile, dp, dp, &mut o[r0 * dp..], dp);
+                    ops::gemm_ranges::<false>(
+                        isa,
+                        &ranges[..rn],
+                        (s, KEY_TILE),
+                        (vtile, dp),
+                        dp,
+                        &mut o[r0 * dp..],
+                        dp,
+                    );
                 }
             }
         }

@@ -3,7 +3,7 @@
 
 use attn_core::reference::{dilated_backward, dilated_forward};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Mixing, SegmentPattern, Shape4};
-use attn_kernels::{BlockRows, attend_block, attend_block_backward};
+use attn_kernels::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
 use attn_testkit::{random_vec, rel_l2_error};
 
 fn to64(x: &[f32]) -> Vec<f64> {
@@ -44,7 +44,8 @@ fn check_blocks(n: usize, d: usize, segs: &[usize], rates: &[usize], causal: boo
         let kb = BlockRows::new(&k[lo * d..], d, &pos[lo..hi]);
         let vb = BlockRows::new(&v[lo * d..], d, &pos[lo..hi]);
         for (_, p) in &hp.patterns {
-            attend_block(p, causal, scale, d, &qb, &kb, &vb, &mut out, &mut lse).unwrap();
+            attend_block(&Block { pattern: p, causal, scale, head_dim: d, q: qb, k: kb, v: vb }, &mut out, &mut lse)
+                .unwrap();
         }
     }
     let err = rel_l2_error(&out, &fwd.out);
@@ -64,20 +65,14 @@ fn check_blocks(n: usize, d: usize, segs: &[usize], rates: &[usize], causal: boo
             let (mut dkb, mut dvb) = (vec![0.0f32; (hi - lo) * d], vec![0.0f32; (hi - lo) * d]);
             for (_, p) in &hp.patterns {
                 attend_block_backward(
-                    p,
-                    causal,
-                    scale,
-                    d,
-                    &qb,
-                    &kb,
-                    &vb,
-                    &BlockRows::new(&go[qlo * d..qhi * d], d, &pos[qlo..qhi]),
-                    1.0,
-                    &lse[qlo..qhi],
-                    &delta[qlo..qhi],
-                    &mut dqb,
-                    &mut dkb,
-                    &mut dvb,
+                    &Block { pattern: p, causal, scale, head_dim: d, q: qb, k: kb, v: vb },
+                    &Upstream {
+                        grad_out: BlockRows::new(&go[qlo * d..qhi * d], d, &pos[qlo..qhi]),
+                        grad_scale: 1.0,
+                        lse: &lse[qlo..qhi],
+                        delta: &delta[qlo..qhi],
+                    },
+                    BlockGradients { dq: &mut dqb, dk: &mut dkb, dv: &mut dvb },
                 )
                 .unwrap();
             }
@@ -111,28 +106,63 @@ fn bad_block_inputs_are_typed_errors() {
     let short = BlockRows::new(&data[..10], 4, &pos);
     let (mut out, mut lse) = (vec![0.0f32; 16], vec![f32::NEG_INFINITY; 4]);
     assert!(matches!(
-        attend_block(&p, false, 0.5, 4, &short, &ok, &ok, &mut out, &mut lse),
+        attend_block(
+            &Block { pattern: &p, causal: false, scale: 0.5, head_dim: 4, q: short, k: ok, v: ok },
+            &mut out,
+            &mut lse
+        ),
         Err(AttnError::BufferTooSmall { .. })
     ));
     assert!(matches!(
-        attend_block(&p, false, f32::NAN, 4, &ok, &ok, &ok, &mut out, &mut lse),
+        attend_block(
+            &Block { pattern: &p, causal: false, scale: f32::NAN, head_dim: 4, q: ok, k: ok, v: ok },
+            &mut out,
+            &mut lse
+        ),
         Err(AttnError::InvalidScale(_))
     ));
     assert!(matches!(
-        attend_block(&p, false, 0.5, 4, &ok, &ok, &ok, &mut out[..15], &mut lse),
+        attend_block(
+            &Block { pattern: &p, causal: false, scale: 0.5, head_dim: 4, q: ok, k: ok, v: ok },
+            &mut out[..15],
+            &mut lse
+        ),
         Err(AttnError::ShapeMismatch { .. })
     ));
     assert!(matches!(
-        attend_block(&p, false, 0.5, 0, &ok, &ok, &ok, &mut out, &mut lse),
+        attend_block(
+            &Block { pattern: &p, causal: false, scale: 0.5, head_dim: 0, q: ok, k: ok, v: ok },
+            &mut out,
+            &mut lse
+        ),
         Err(AttnError::ZeroDim { .. })
     ));
     let overlapping = BlockRows::new(&data, 2, &pos);
-    assert!(attend_block(&p, false, 0.5, 4, &overlapping, &ok, &ok, &mut out, &mut lse).is_err());
+    assert!(
+        attend_block(
+            &Block { pattern: &p, causal: false, scale: 0.5, head_dim: 4, q: overlapping, k: ok, v: ok },
+            &mut out,
+            &mut lse
+        )
+        .is_err()
+    );
     let bad = SegmentPattern { w: 0, r: 1, off: 0 };
-    assert!(attend_block(&bad, false, 0.5, 4, &ok, &ok, &ok, &mut out, &mut lse).is_err());
+    assert!(
+        attend_block(
+            &Block { pattern: &bad, causal: false, scale: 0.5, head_dim: 4, q: ok, k: ok, v: ok },
+            &mut out,
+            &mut lse
+        )
+        .is_err()
+    );
     // Empty blocks are fine and change nothing.
     let empty = BlockRows::new(&data[..0], 4, &[]);
-    attend_block(&p, false, 0.5, 4, &ok, &empty, &empty, &mut out, &mut lse).unwrap();
+    attend_block(
+        &Block { pattern: &p, causal: false, scale: 0.5, head_dim: 4, q: ok, k: empty, v: empty },
+        &mut out,
+        &mut lse,
+    )
+    .unwrap();
     assert!(lse.iter().all(|l| *l == f32::NEG_INFINITY) && out.iter().all(|o| *o == 0.0));
 }
 
@@ -153,8 +183,12 @@ fn backward_reads_grad_out_in_place_with_its_scale() {
     let (kb, vb) = (BlockRows::new(&k, d, &pos), BlockRows::new(&v, d, &pos));
     let run = |go: &BlockRows<'_, f32>, scale: f32| {
         let (mut dq, mut dk, mut dv) = (vec![0.0f32; n * d], vec![0.0f32; n * d], vec![0.0f32; n * d]);
-        attend_block_backward(&p, true, 0.25, d, &qb, &kb, &vb, go, scale, &lse, &delta, &mut dq, &mut dk, &mut dv)
-            .map(|()| (dq, dk, dv))
+        attend_block_backward(
+            &Block { pattern: &p, causal: true, scale: 0.25, head_dim: d, q: qb, k: kb, v: vb },
+            &Upstream { grad_out: *go, grad_scale: scale, lse: &lse, delta: &delta },
+            BlockGradients { dq: &mut dq, dk: &mut dk, dv: &mut dv },
+        )
+        .map(|()| (dq, dk, dv))
     };
     let want = run(&BlockRows::new(&eff, d, &pos), 1.0).unwrap();
     let got = run(&BlockRows::new(&wide, 2 * d, &pos), s).unwrap();

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs, DilatedConfig, Grads, Mixing, Pass, Saved, Shape4, TensorView, TensorViewMut};
-use attn_kernels::{BlockRows, CpuBackend, attend_block, attend_block_backward};
+use attn_kernels::{Block, BlockGradients, BlockRows, CpuBackend, Upstream, attend_block, attend_block_backward};
 use attn_testkit::random_vec;
 
 struct Counting;
@@ -121,11 +121,30 @@ fn warm_block_calls_allocate_nothing() {
         let (k1, k2) = (BlockRows::new(&k[..], d, &pos[..n / 2]), BlockRows::new(&k[n / 2 * d..], d, &pos[n / 2..]));
         let (v1, v2) = (BlockRows::new(&v[..], d, &pos[..n / 2]), BlockRows::new(&v[n / 2 * d..], d, &pos[n / 2..]));
         for p in &patterns {
-            attend_block(p, true, scale, d, &qb, &kb, &vb, &mut out, &mut partial_lse).unwrap();
-            attend_block(p, true, scale, d, &qb, &k1, &v1, &mut out, &mut partial_lse).unwrap();
-            attend_block(p, true, scale, d, &qb, &k2, &v2, &mut out, &mut partial_lse).unwrap();
-            attend_block_backward(p, true, scale, d, &qb, &kb, &vb, &gb, 1.0, &lse, &delta, &mut dq, &mut dk, &mut dv)
-                .unwrap();
+            attend_block(
+                &Block { pattern: p, causal: true, scale, head_dim: d, q: qb, k: kb, v: vb },
+                &mut out,
+                &mut partial_lse,
+            )
+            .unwrap();
+            attend_block(
+                &Block { pattern: p, causal: true, scale, head_dim: d, q: qb, k: k1, v: v1 },
+                &mut out,
+                &mut partial_lse,
+            )
+            .unwrap();
+            attend_block(
+                &Block { pattern: p, causal: true, scale, head_dim: d, q: qb, k: k2, v: v2 },
+                &mut out,
+                &mut partial_lse,
+            )
+            .unwrap();
+            attend_block_backward(
+                &Block { pattern: p, causal: true, scale, head_dim: d, q: qb, k: kb, v: vb },
+                &Upstream { grad_out: gb, grad_scale: 1.0, lse: &lse, delta: &delta },
+                BlockGradients { dq: &mut dq, dk: &mut dk, dv: &mut dv },
+            )
+            .unwrap();
         }
     };
     for pos in [&ascending, &shuffled] {

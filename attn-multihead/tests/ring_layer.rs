@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use attn_core::{AttnError, DType, MemoryBudget, Mixing};
+use attn_core::{AttnError, DType, MemoryBudget, Mixing, Pass};
 use attn_multihead::{
     EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend, all_reduce_grads, ring_layer,
@@ -266,8 +266,10 @@ fn ring_layer_options_reach_the_ring() {
     // Enough for the forward's workspace, not for the backward's.
     let shape = attn_core::Shape4::new(1, seq, cfg.num_heads, cfg.embed_dim / cfg.num_heads).unwrap();
     let problem = problem_for(&cfg.validate().unwrap(), shape, Layout::Zigzag, Strategy::Ring, world);
-    let (fwd, bwd) =
-        (ring_workspace_bytes(&problem, DType::F32, false), ring_workspace_bytes(&problem, DType::F32, true));
+    let (fwd, bwd) = (
+        ring_workspace_bytes(&problem, DType::F32, Pass::Forward),
+        ring_workspace_bytes(&problem, DType::F32, Pass::Backward),
+    );
     let (fwd, bwd) = (fwd.unwrap() as usize, bwd.unwrap() as usize);
     assert!(fwd < bwd, "{fwd} {bwd}");
     let between = RingOptions::default().with_budget(MemoryBudget::bytes(fwd));

@@ -5,7 +5,7 @@
 //! panicking, and a small accepted problem run over in-process ranks equals the
 //! float64 reference and sends exactly `expected_bytes`.
 
-use attn_core::{DType, DilatedConfig, Mixing, Shape4, reference};
+use attn_core::{DType, DilatedConfig, Mixing, Pass, Shape4, reference};
 use attn_ring::{
     Layout, MAX_PAIRS, MAX_WORLD, Plan, Strategy, expected_bytes, forward_buffer_bytes, problem_for, run_in_process,
 };
@@ -43,7 +43,7 @@ pub fn ring_plan(bytes: &[u8]) -> bool {
     // legitimately large problem, not a hang, so they are asked only of moderate ones.
     let figures = heads.saturating_mul(segs.len()).saturating_mul(world.saturating_mul(world)) <= 1 << 16;
     if figures || plan.is_err() {
-        assert_eq!(plan.is_ok(), attn_ring::ring_workspace_bytes(&problem, DType::F32, false).is_ok());
+        assert_eq!(plan.is_ok(), attn_ring::ring_workspace_bytes(&problem, DType::F32, Pass::Forward).is_ok());
     }
     let Ok(plan) = plan else { return false };
     assert!((1..=MAX_WORLD).contains(&world), "a plan for {world} ranks");
@@ -60,10 +60,10 @@ pub fn ring_plan(bytes: &[u8]) -> bool {
     if !figures {
         return false;
     }
-    for backward in [false, true] {
-        assert_eq!(expected_bytes(&plan, DType::F32, backward).len(), world);
+    for pass in [Pass::Forward, Pass::Backward] {
+        assert_eq!(expected_bytes(&plan, DType::F32, pass).len(), world);
         for r in 0..world {
-            let _ = (plan.workspace_bytes(DType::BF16, r, backward), plan.io_bytes(DType::F64, r, backward));
+            let _ = (plan.workspace_bytes(DType::BF16, r, pass), plan.io_bytes(DType::F64, r, pass));
         }
     }
     let _ = forward_buffer_bytes(&plan, DType::F32, world - 1);
@@ -81,6 +81,10 @@ pub fn ring_plan(bytes: &[u8]) -> bool {
     let err = rel_l2_error(&got.out, &want.out);
     assert!(err <= 1e-5, "ring differs from the reference by {err:e}: {cfg:?} {shape:?} p={world} {layout:?}");
     let sent: Vec<u64> = got.stats.iter().map(|s| s.data_bytes_sent).collect();
-    assert_eq!(sent, expected_bytes(&plan, DType::F32, false), "{cfg:?} {shape:?} p={world} {layout:?} {strategy:?}");
+    assert_eq!(
+        sent,
+        expected_bytes(&plan, DType::F32, Pass::Forward),
+        "{cfg:?} {shape:?} p={world} {layout:?} {strategy:?}"
+    );
     true
 }

@@ -4,7 +4,7 @@
 
 use attn_core::reference;
 use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Mixing, SegmentPattern, Shape4};
-use attn_kernels::{BlockRows, CpuBackend, attend_block};
+use attn_kernels::{Block, BlockRows, CpuBackend, attend_block};
 use attn_reliability::readers::{has_keys, row_index};
 use attn_testkit::judge::{self, Expected};
 use attn_testkit::rng::random_vec;
@@ -179,15 +179,17 @@ fn block_with_every_key_masked_leaves_the_partial_untouched() {
     let (q, k, v) = (BlockRows::new(&qd, d, &qp), BlockRows::new(&kd, d, &kp), BlockRows::new(&vd, d, &kp));
     let mut out = vec![0.0f32; 4 * d];
     let mut lse = vec![f32::NEG_INFINITY; 4];
-    attend_block(&p, true, 0.5, d, &q, &k, &v, &mut out, &mut lse).unwrap();
+    attend_block(&Block { pattern: &p, causal: true, scale: 0.5, head_dim: d, q, k, v }, &mut out, &mut lse).unwrap();
     assert!(out.iter().all(|&x| x == 0.0) && lse.iter().all(|&l| l == f32::NEG_INFINITY));
     // An empty key block, and a block in another segment, change nothing either.
     let none: [usize; 0] = [];
     let e = BlockRows::new(&kd[..0], d, &none);
-    attend_block(&p, false, 0.5, d, &q, &e, &e, &mut out, &mut lse).unwrap();
+    attend_block(&Block { pattern: &p, causal: false, scale: 0.5, head_dim: d, q, k: e, v: e }, &mut out, &mut lse)
+        .unwrap();
     let far = [16usize, 17, 18, 19];
     let (kf, vf) = (BlockRows::new(&kd, d, &far), BlockRows::new(&vd, d, &far));
-    attend_block(&p, false, 0.5, d, &q, &kf, &vf, &mut out, &mut lse).unwrap();
+    attend_block(&Block { pattern: &p, causal: false, scale: 0.5, head_dim: d, q, k: kf, v: vf }, &mut out, &mut lse)
+        .unwrap();
     assert!(out.iter().all(|&x| x == 0.0) && lse.iter().all(|&l| l == f32::NEG_INFINITY));
 }
 

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use attn_core::TensorViewMut;
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DType, DilatedConfig, Element, MemoryBudget, Mixing, Result, Shape4, TensorView};
+use attn_core::{Pass, TensorViewMut};
 use attn_reliability::counting_alloc::{self, CountingAlloc, measure_thread, new_thread_epoch};
 use attn_reliability::watchdog::within;
 use attn_ring::{BackwardOutputs, Communicator, Layout, Plan, RingOptions, RingProblem, Strategy, ThreadComm};
@@ -137,10 +137,11 @@ fn check_bound<T: Element>(dtype: DType, worlds: &[usize], ratios: &mut Ratios) 
                 let problem = problem_for(&cfg, shape, layout, strategy, world);
                 let plan = Plan::new(problem.clone()).unwrap();
                 for backward in [false, true] {
+                    let pass = if backward { Pass::Backward } else { Pass::Forward };
                     let res = run::<T>(&problem, &vec![RingOptions::default(); world], backward, 5);
                     for (rank, (r, got)) in res.into_iter().enumerate() {
                         r.unwrap_or_else(|e| panic!("{problem:?} rank {rank}: {e}"));
-                        let bound = plan.workspace_bytes(dtype, rank, backward);
+                        let bound = plan.workspace_bytes(dtype, rank, pass);
                         assert!(
                             got as u64 <= bound,
                             "{} rank {rank} of {world} ({layout:?}, {strategy:?}, {:?}, {dtype:?}): allocated {got} \
@@ -182,7 +183,8 @@ fn a_ring_call_over_budget_is_refused_on_every_rank() {
                 }
                 let problem = problem_for(&cfg, shape, layout, strategy, world);
                 for backward in [false, true] {
-                    let need = ring_workspace_bytes(&problem, DType::F32, backward).unwrap() as usize;
+                    let pass = if backward { Pass::Backward } else { Pass::Forward };
+                    let need = ring_workspace_bytes(&problem, DType::F32, pass).unwrap() as usize;
                     let budget = |b: usize| RingOptions::default().with_budget(MemoryBudget::bytes(b));
                     let free = run::<f32>(&problem, &vec![RingOptions::default(); world], backward, 9);
                     // Every rank one byte short, then only rank 1 short: every rank refuses alike.

@@ -156,6 +156,6 @@ impl<C: Communicator + Send + std::fmt::Debug, T: Element> Attention<T> for Ring
     /// batch, heads and head dim; `usize::MAX` where no plan exists for the problem.
     fn workspace_bytes(&self, cfg: &DilatedConfig, shape: AttnShape, pass: Pass) -> usize {
         let Ok(plan) = Plan::new(self.problem(cfg, shape.q)) else { return usize::MAX };
-        usize::try_from(plan.workspace_bytes(T::DTYPE, self.rank, pass == Pass::Backward)).unwrap_or(usize::MAX)
+        usize::try_from(plan.workspace_bytes(T::DTYPE, self.rank, pass)).unwrap_or(usize::MAX)
     }
 }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use attn_core::{DType, DilatedConfig, Mixing, Shape4};
+use attn_core::{DType, DilatedConfig, Mixing, Pass, Shape4};
 use attn_ring::{
     Layout, PatternStrategy, Plan, Strategy, expected_bytes, problem_for, run_in_process, run_in_process_backward,
 };
@@ -36,7 +36,7 @@ fn measured_bytes_equal_the_formula() {
                     let got: Vec<u64> = f.stats.iter().map(|s| s.data_bytes_sent).collect();
                     assert_eq!(
                         got,
-                        expected_bytes(&plan, DType::F32, false),
+                        expected_bytes(&plan, DType::F32, Pass::Forward),
                         "{cfg:?} p={world} {layout:?} {strategy:?}"
                     );
                     let gov = attn_core::TensorView::contiguous(attn_core::error::TensorName::GradOutput, &go, shape)
@@ -45,7 +45,7 @@ fn measured_bytes_equal_the_formula() {
                     let got: Vec<u64> = b.stats.iter().map(|s| s.data_bytes_sent).collect();
                     assert_eq!(
                         got,
-                        expected_bytes(&plan, DType::F32, true),
+                        expected_bytes(&plan, DType::F32, Pass::Backward),
                         "bwd {cfg:?} p={world} {layout:?} {strategy:?}"
                     );
                 }
@@ -61,7 +61,7 @@ fn segment_local_patterns_send_nothing_and_plain_ring_sends_everything() {
     let shape = Shape4::new(1, 64, 2, 8).unwrap();
     let plan = Plan::new(problem_for(&local, shape, Layout::Contiguous, Strategy::Ring, 4)).unwrap();
     assert_eq!(plan.strategies, vec![PatternStrategy::Local, PatternStrategy::Local]);
-    assert_eq!(expected_bytes(&plan, DType::F32, false), vec![0; 4]);
+    assert_eq!(expected_bytes(&plan, DType::F32, Pass::Forward), vec![0; 4]);
     // Plain ring attention: one pattern, w >= n, r = 1, non-causal: every block visits every rank.
     let dense = cfg(&[64], &[1], Mixing::HeadGroups, false);
     let plan = Plan::new(problem_for(&dense, shape, Layout::Contiguous, Strategy::Ring, 4)).unwrap();
@@ -69,11 +69,11 @@ fn segment_local_patterns_send_nothing_and_plain_ring_sends_everything() {
     assert_eq!(plan.hops, vec![3; 4]);
     // Each rank forwards 3 blocks of 16 rows x 2 heads x (k + v) x 8 floats x 4 bytes, plus headers.
     let per_block = 9 + 16 * 2 * 2 * 8 * 4;
-    assert_eq!(expected_bytes(&plan, DType::F32, false), vec![3 * per_block; 4]);
+    assert_eq!(expected_bytes(&plan, DType::F32, Pass::Forward), vec![3 * per_block; 4]);
     // Dilation r = 4 on the same segment: a quarter of the rows travel.
     let dil = cfg(&[64], &[4], Mixing::HeadGroups, false);
     let plan = Plan::new(problem_for(&dil, shape, Layout::Contiguous, Strategy::Ring, 4)).unwrap();
-    assert_eq!(expected_bytes(&plan, DType::F32, false), vec![3 * (9 + 4 * 2 * 2 * 8 * 4); 4]);
+    assert_eq!(expected_bytes(&plan, DType::F32, Pass::Forward), vec![3 * (9 + 4 * 2 * 2 * 8 * 4); 4]);
 }
 
 #[test]
@@ -104,18 +104,17 @@ fn the_workspace_bound_covers_the_buffers_and_shrinks_with_the_world_size() {
     use attn_ring::{forward_buffer_bytes, ring_workspace_bytes};
     let dense = cfg(&[4096], &[1], Mixing::HeadGroups, false);
     let shape = Shape4::new(1, 4096, 4, 64).unwrap();
-    let at = |p: usize, backward: bool| {
-        ring_workspace_bytes(&problem_for(&dense, shape, Layout::Zigzag, Strategy::Ring, p), DType::F32, backward)
-            .unwrap()
+    let at = |p: usize, pass: Pass| {
+        ring_workspace_bytes(&problem_for(&dense, shape, Layout::Zigzag, Strategy::Ring, p), DType::F32, pass).unwrap()
     };
-    let (f2, b2) = (at(2, false), at(2, true));
+    let (f2, b2) = (at(2, Pass::Forward), at(2, Pass::Backward));
     for p in [2usize, 4, 8, 16] {
         let plan = Plan::new(problem_for(&dense, shape, Layout::Zigzag, Strategy::Ring, p)).unwrap();
-        let (f, b) = (at(p, false), at(p, true));
+        let (f, b) = (at(p, Pass::Forward), at(p, Pass::Backward));
         for r in 0..p {
-            let w = plan.workspace_bytes(DType::F32, r, false);
+            let w = plan.workspace_bytes(DType::F32, r, Pass::Forward);
             assert!(w >= forward_buffer_bytes(&plan, DType::F32, r) && w <= f, "p={p} rank {r}");
-            assert!(plan.workspace_bytes(DType::F32, r, true) <= b);
+            assert!(plan.workspace_bytes(DType::F32, r, Pass::Backward) <= b);
         }
         // Per-rank bytes proportional to n/p (within 20% of the p = 2 figure: kernel tiles
         // and bookkeeping do not shrink). The backward bound shrinks too, less than n/p:
@@ -126,9 +125,13 @@ fn the_workspace_bound_covers_the_buffers_and_shrinks_with_the_world_size() {
     }
     // Unknown ranks need nothing; an invalid problem is the plan's error.
     let plan = Plan::new(problem_for(&dense, shape, Layout::Zigzag, Strategy::Ring, 4)).unwrap();
-    assert_eq!(plan.workspace_bytes(DType::F32, 4, false), 0);
+    assert_eq!(plan.workspace_bytes(DType::F32, 4, Pass::Forward), 0);
     assert!(
-        ring_workspace_bytes(&problem_for(&dense, shape, Layout::Zigzag, Strategy::Ring, 5000), DType::F32, false)
-            .is_err()
+        ring_workspace_bytes(
+            &problem_for(&dense, shape, Layout::Zigzag, Strategy::Ring, 5000),
+            DType::F32,
+            Pass::Forward
+        )
+        .is_err()
     );
 }

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, DilatedConfig, Result, Shape4, TensorView, TensorViewMut};
+use attn_core::{AttnError, DilatedConfig, Pass, Result, Shape4, TensorView, TensorViewMut};
 use attn_ring::comm::Framing;
 use attn_ring::{
     Communicator, Layout, MAX_WORLD, Plan, Strategy, ThreadComm, backward_on, expected_bytes, forward_on, local_rows,
@@ -175,7 +175,7 @@ fn byte_figures_that_would_leave_u64_are_refused() {
     let problem =
         problem_for(&DilatedConfig::new(&[1 << 20], &[1]).unwrap(), big, Layout::Contiguous, Strategy::Auto, 2);
     assert!(matches!(Plan::new(problem.clone()), Err(AttnError::ShapeOverflow { .. })));
-    let r = ring_workspace_bytes(&problem, attn_core::DType::F64, true);
+    let r = ring_workspace_bytes(&problem, attn_core::DType::F64, Pass::Backward);
     assert!(matches!(r, Err(AttnError::ShapeOverflow { .. })), "{r:?}");
     let segs: Vec<usize> = (0..64).map(|i| 1 << (10 + i % 8)).collect();
     let longnet = DilatedConfig::builder()
@@ -194,7 +194,7 @@ fn byte_figures_that_would_leave_u64_are_refused() {
         problem_for(&DilatedConfig::new(&[1 << 40], &[1]).unwrap(), edge, Layout::Contiguous, Strategy::Ring, 2);
     let plan = Plan::new(problem).unwrap();
     let half = (1u64 << 39) * 2 * (1 << 10) * 4;
-    assert_eq!(expected_bytes(&plan, attn_core::DType::F32, false), vec![9 + half, 9 + half]);
+    assert_eq!(expected_bytes(&plan, attn_core::DType::F32, Pass::Forward), vec![9 + half, 9 + half]);
 }
 
 #[test]
@@ -229,10 +229,10 @@ fn a_segment_longer_than_the_sequence_sizes_like_one_segment() {
     let s = Shape4::new(1, 64, 2, 8).unwrap();
     for (layout, strategy) in [(Layout::Contiguous, Strategy::Ring), (Layout::Zigzag, Strategy::AllGather)] {
         for backward in [false, true] {
+            let pass = if backward { Pass::Backward } else { Pass::Forward };
             let bytes = |w: usize| {
                 let cfg = DilatedConfig::new(&[w], &[1]).unwrap();
-                ring_workspace_bytes(&problem_for(&cfg, s, layout, strategy, 4), attn_core::DType::F32, backward)
-                    .unwrap()
+                ring_workspace_bytes(&problem_for(&cfg, s, layout, strategy, 4), attn_core::DType::F32, pass).unwrap()
             };
             assert_eq!(bytes(usize::MAX), bytes(65), "{layout:?} {strategy:?} backward {backward}");
         }

@@ -4,7 +4,7 @@
 //! accumulated (`+=`) backward, in f32.
 
 use attn_core::{Element, Result, SegmentPattern};
-use attn_kernels::block::{BlockRows, attend_block, attend_block_backward};
+use attn_kernels::block::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
 
 /// Rows of one (batch, head): row `i` is `data[i * stride..][..d]` at global position `pos[i]`.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +54,19 @@ pub(crate) struct GradRows<'a, T> {
     pub delta: &'a [f32],
 }
 
+/// The kernels' view of query rows `q` against `keys` under `m`.
+fn block<'a, T: Element>(q: Rows<'a, T>, keys: KeyBlock<'a, T>, m: &'a Mask) -> Block<'a, T> {
+    Block {
+        pattern: &m.pat,
+        causal: m.causal,
+        scale: m.scale,
+        head_dim: m.d,
+        q: BlockRows::new(q.data, q.stride, q.pos),
+        k: BlockRows::new(keys.k, keys.stride, keys.pos),
+        v: BlockRows::new(keys.v, keys.stride, keys.pos),
+    }
+}
+
 /// Merge the attention of every selected query row onto `keys` into `acc_o`/`acc_lse`.
 pub(crate) fn attend_forward<T: Element>(
     q: Rows<'_, T>,
@@ -65,10 +78,7 @@ pub(crate) fn attend_forward<T: Element>(
     if keys.pos.is_empty() {
         return Ok(());
     }
-    let d = m.d;
-    let qr = BlockRows::new(q.data, q.stride, q.pos);
-    let (kr, vr) = (BlockRows::new(keys.k, keys.stride, keys.pos), BlockRows::new(keys.v, keys.stride, keys.pos));
-    attend_block(&m.pat, m.causal, m.scale, d, &qr, &kr, &vr, acc_o, acc_lse)
+    attend_block(&block(q, keys, &m), acc_o, acc_lse)
 }
 
 /// Selected key rows handed to the kernel per call by [`attend_forward_chunked`]: the
@@ -110,9 +120,7 @@ pub(crate) fn attend_backward<T: Element>(
     if keys.pos.is_empty() {
         return Ok(());
     }
-    let d = m.d;
-    let qr = BlockRows::new(q.data, q.stride, q.pos);
-    let (kr, vr) = (BlockRows::new(keys.k, keys.stride, keys.pos), BlockRows::new(keys.v, keys.stride, keys.pos));
     let go = BlockRows::new(gr.go, gr.go_stride, q.pos);
-    attend_block_backward(&m.pat, m.causal, m.scale, d, &qr, &kr, &vr, &go, gr.go_scale, gr.lse, gr.delta, dq, dk, dv)
+    let upstream = Upstream { grad_out: go, grad_scale: gr.go_scale, lse: gr.lse, delta: gr.delta };
+    attend_block_backward(&block(q, keys, &m), &upstream, BlockGradients { dq, dk, dv })
 }

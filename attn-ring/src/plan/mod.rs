@@ -9,7 +9,7 @@ pub(crate) mod workspace;
 
 use std::ops::Range;
 
-use attn_core::{AttnError, DType, DilatedConfig, HeadPatterns, Result, SegmentPattern};
+use attn_core::{AttnError, DType, DilatedConfig, HeadPatterns, Pass, Result, SegmentPattern};
 
 use crate::plan::head_counts::PatternHeads;
 use crate::plan::layout::Layout;
@@ -311,7 +311,8 @@ const BYTES_BOUND: u128 = 1024;
 /// same for the recomputed forward, the k/v pass, and the f32 dk/dv coming back (for the
 /// ring: once per hop after the first, plus the trip home). Every message carries a
 /// [`MSG_HEADER_BYTES`] header; handshake and completion rounds are not counted.
-pub fn expected_bytes(plan: &Plan, dtype: DType, backward: bool) -> Vec<u64> {
+pub fn expected_bytes(plan: &Plan, dtype: DType, pass: Pass) -> Vec<u64> {
+    let backward = pass == Pass::Backward;
     let RingProblem { batch, head_dim: d, world: p, .. } = plan.problem;
     let (b, d, e) = (batch as u64, d as u64, dtype.size() as u64);
     let mut fwd = vec![0u64; p];

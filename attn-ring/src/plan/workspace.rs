@@ -24,7 +24,7 @@
 //! The tile sizes below mirror attn-kernels' block kernels; `attn-reliability`'s
 //! `ring_budget` test checks the bound against a counting allocator.
 
-use attn_core::{DType, Result};
+use attn_core::{DType, Pass, Result};
 
 use crate::comm::HEADER_BYTES;
 use crate::compute::allgather_forward::{ROW_CHUNK, partial_bytes, pieces};
@@ -124,7 +124,8 @@ impl Plan {
     /// (`backward = false`) or `ring_backward` call with inputs of `dtype`, beyond the
     /// caller's tensors ([`Plan::io_bytes`]); 0 for a rank outside the world. See the
     /// module documentation for what is counted.
-    pub fn workspace_bytes(&self, dtype: DType, rank: usize, backward: bool) -> u64 {
+    pub fn workspace_bytes(&self, dtype: DType, rank: usize, pass: Pass) -> u64 {
+        let backward = pass == Pass::Backward;
         let pr = &self.problem;
         let p = pr.world;
         if rank >= p {
@@ -299,7 +300,8 @@ impl Plan {
 
     /// Bytes of the caller's tensors on rank `rank`: q, k, v, out and lse for a forward;
     /// q, k, v, grad_out, dq, dk and dv for a backward.
-    pub fn io_bytes(&self, dtype: DType, rank: usize, backward: bool) -> u64 {
+    pub fn io_bytes(&self, dtype: DType, rank: usize, pass: Pass) -> u64 {
+        let backward = pass == Pass::Backward;
         let pr = &self.problem;
         if rank >= pr.world {
             return 0;
@@ -311,14 +313,14 @@ impl Plan {
 
     /// The largest [`Plan::workspace_bytes`] of any rank: what every rank checks a
     /// budget against, so all ranks of a call decide alike.
-    pub fn max_workspace_bytes(&self, dtype: DType, backward: bool) -> u64 {
-        (0..self.problem.world).map(|r| self.workspace_bytes(dtype, r, backward)).max().unwrap_or(0)
+    pub fn max_workspace_bytes(&self, dtype: DType, pass: Pass) -> u64 {
+        (0..self.problem.world).map(|r| self.workspace_bytes(dtype, r, pass)).max().unwrap_or(0)
     }
 }
 
 /// Upper bound of the bytes any one rank allocates during a `ring_forward`
 /// (`backward = false`) or `ring_backward` of `problem` with inputs of `dtype`, beyond
 /// the caller's tensors: [`Plan::max_workspace_bytes`]. Errors as [`Plan::new`].
-pub fn ring_workspace_bytes(problem: &RingProblem, dtype: DType, backward: bool) -> Result<u64> {
-    Ok(Plan::new(problem.clone())?.max_workspace_bytes(dtype, backward))
+pub fn ring_workspace_bytes(problem: &RingProblem, dtype: DType, pass: Pass) -> Result<u64> {
+    Ok(Plan::new(problem.clone())?.max_workspace_bytes(dtype, pass))
 }

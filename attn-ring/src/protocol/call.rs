@@ -2,7 +2,7 @@
 //! the plan, conversion of this rank's rows, and the completion round.
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, Element, MemoryBudget, Result, Shape4, TensorView, check_finite};
+use attn_core::{AttnError, Element, MemoryBudget, Pass, Result, Shape4, TensorView, check_finite};
 
 use crate::comm::{CommStats, Communicator};
 use crate::compute::rank_rows::Local;
@@ -121,7 +121,8 @@ fn local_refusal<T: Element>(
     }
     let plan = plan.as_ref().ok()?;
     if let Some(budget) = opts.budget.bytes {
-        let needed = plan.max_workspace_bytes(T::DTYPE, backward);
+        let pass = if backward { Pass::Backward } else { Pass::Forward };
+        let needed = plan.max_workspace_bytes(T::DTYPE, pass);
         if needed > budget as u64 {
             return Some(Refusal::OverBudget { needed, budget: budget as u64 });
         }
