@@ -25,6 +25,7 @@ use attn_core::{AttnError, Element, Result, SegmentPattern};
 
 use crate::isa::Isa;
 use crate::piece::{self, BlockGrads, Strided};
+use crate::rows::PieceSpec;
 
 /// Rows of one `(batch, head)` slice of q, k or v, with their global positions.
 #[derive(Debug, Clone, Copy)]
@@ -85,6 +86,10 @@ pub struct Block<'a, T> {
 }
 
 impl<T: Element> Block<'_, T> {
+    fn spec(&self) -> PieceSpec {
+        PieceSpec { isa: Isa::detect(), scale: self.scale, d: self.head_dim, causal: self.causal }
+    }
+
     fn check(&self) -> Result<()> {
         let (scale, d) = (self.scale, self.head_dim);
         if self.pattern.w == 0 || self.pattern.r == 0 {
@@ -149,7 +154,7 @@ pub fn attend_block<T: Element>(block: &Block<'_, T>, out: &mut [f32], lse: &mut
     check_f32(TensorName::Output, out.len(), block.q.rows() * d)?;
     check_f32(TensorName::Lse, lse.len(), block.q.rows())?;
     let (q, k, v) = (block.q.strided(), block.k.strided(), block.v.strided());
-    piece::forward_block(Isa::detect(), block.pattern, block.causal, block.scale, d, &q, &k, &v, out, lse);
+    piece::forward_block(block.spec(), block.pattern, [&q, &k, &v], out, lse);
     Ok(())
 }
 
@@ -184,6 +189,6 @@ pub fn attend_block_backward<T: Element, G: Element>(
     check_f32(TensorName::GradValue, dv.len(), nk * d)?;
     let (q, k, v) = (block.q.strided(), block.k.strided(), block.v.strided());
     let grads = BlockGrads { grad_out: grad_out.strided(), grad_scale, lse, delta, dq, dk, dv };
-    piece::backward_block(Isa::detect(), block.pattern, block.causal, block.scale, d, &q, &k, &v, grads);
+    piece::backward_block(block.spec(), block.pattern, [&q, &k, &v], grads);
     Ok(())
 }

@@ -47,20 +47,19 @@ pub(crate) fn pack_rows<T: Element>(
     }
 }
 
-/// `dst[e*width + j] = mul * rows[start + j][e]` for `j < len`; zero for `len <= j < width`
-/// and for `d <= e < dp`. Works on groups of 8 rows so that every store run is 8
-/// contiguous floats.
-#[allow(clippy::too_many_arguments)]
+/// `dst[e*width + j] = mul * rows[span.start + j][e]` for `j < span.len()`; zero for
+/// `span.len() <= j < width` and for `d <= e < dp`. Works on groups of 8 rows so that
+/// every store run is 8 contiguous floats.
 pub(crate) fn pack_transposed<T: Element>(
     rows: &PieceRows<'_, T>,
-    start: usize,
-    len: usize,
+    span: std::ops::Range<usize>,
     d: usize,
     dp: usize,
     width: usize,
     mul: f32,
     dst: &mut [f32],
 ) {
+    let (start, len) = (span.start, span.len());
     const G: usize = 8;
     let dst = &mut dst[..dp * width];
     if len < width || d < dp {
@@ -117,7 +116,7 @@ mod tests {
             let dp = d.next_multiple_of(16);
             let (mut rowwise, mut trans) = (vec![0.0f32; n * dp], vec![0.0f32; dp * 16]);
             pack_rows(&rows, 0, n, d, dp, 0.5, &mut rowwise);
-            pack_transposed(&rows, 0, n.min(16), d, dp, 16, 0.5, &mut trans);
+            pack_transposed(&rows, 0..n.min(16), d, dp, 16, 0.5, &mut trans);
             for i in 0..n {
                 for e in 0..d {
                     let want = 0.5 * data[i * d + e].to_f32();

@@ -9,11 +9,10 @@ use attn_core::Element;
 
 use crate::f32_tiles::{pack_rows, pack_transposed};
 use crate::forward_scratch::ForwardScratch;
-use crate::isa::Isa;
 use crate::mat::{LaneState, MatMul};
 use crate::ops::{self, padded, scratch};
-use crate::rows::PieceRows;
 use crate::rows::keys_needed;
+use crate::rows::{Piece, PieceSpec};
 
 /// Queries per block (the lanes of four 16-wide vectors: one micro-kernel row block).
 pub(crate) const LANE_QUERIES: usize = 64;
@@ -29,19 +28,15 @@ const LAZY_MAX: f32 = 8.0;
 /// visible), or false with nothing written when the piece is causal and holds a
 /// non-finite value: a causally masked weight is 0 here too, but one product serves all
 /// lanes, so `0 * NaN` would reach queries that must not see that value.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_piece<T: Element>(
-    isa: Isa,
-    scale: f32,
-    d: usize,
-    causal: bool,
-    q: &PieceRows<'_, T>,
-    k: &PieceRows<'_, T>,
-    v: &PieceRows<'_, T>,
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
     ws: &mut ForwardScratch,
     out: &mut [f32],
     lse: &mut [f32],
 ) -> bool {
+    let PieceSpec { isa, scale, d, causal } = spec;
+    let Piece { q, k, v } = *piece;
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
         return true;
@@ -61,7 +56,7 @@ pub(crate) fn forward_piece<T: Element>(
         let qpos = &q.pos[q0..q0 + qn];
         // Qᵀ in base-2 score units; lanes past `qn` are zero (their results are dropped).
         let qt = scratch(&mut ws.q, dp * lanes);
-        pack_transposed(q, q0, qn, d, dp, lanes, c2, qt);
+        pack_transposed(q, q0..q0 + qn, d, dp, lanes, c2, qt);
         let ot = scratch(&mut ws.o, dp * lanes);
         ot.fill(0.0);
         let m = scratch(&mut ws.m, lanes);
@@ -120,6 +115,8 @@ pub(crate) fn forward_piece<T: Element>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::isa::Isa;
+    use crate::rows::PieceRows;
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -164,8 +161,20 @@ mod tests {
                 let (mut o1, mut l1) = (vec![0.0; nq * d], vec![0.0; nq]);
                 let (mut o2, mut l2) = (vec![0.0; nq * d], vec![0.0; nq]);
                 let mut ws = ForwardScratch::default();
-                assert!(forward_piece(isa, scale, d, causal, &q, &k, &v, &mut ws, &mut o1, &mut l1));
-                crate::tile_forward::forward_piece_rows(isa, scale, d, causal, &q, &k, &v, &mut ws, &mut o2, &mut l2);
+                assert!(forward_piece(
+                    PieceSpec { isa, scale, d, causal },
+                    &Piece { q: &q, k: &k, v: &v },
+                    &mut ws,
+                    &mut o1,
+                    &mut l1
+                ));
+                crate::tile_forward::forward_piece_rows(
+                    PieceSpec { isa, scale, d, causal },
+                    &Piece { q: &q, k: &k, v: &v },
+                    &mut ws,
+                    &mut o2,
+                    &mut l2,
+                );
                 let case = format!("{} nq={nq} nk={nk} causal={causal}", isa.as_str());
                 for i in 0..nq {
                     let (a, b) = (&o1[i * d..(i + 1) * d], &o2[i * d..(i + 1) * d]);
@@ -199,8 +208,20 @@ mod tests {
         let (mut o, mut l) = (vec![7.0; 32 * d], vec![7.0; 32]);
         let mut ws = ForwardScratch::default();
         let isa = Isa::detect();
-        assert!(!forward_piece(isa, 0.25, d, true, &rows(&qd), &rows(&kd), &rows(&vd), &mut ws, &mut o, &mut l));
+        assert!(!forward_piece(
+            PieceSpec { isa, scale: 0.25, d, causal: true },
+            &Piece { q: &rows(&qd), k: &rows(&kd), v: &rows(&vd) },
+            &mut ws,
+            &mut o,
+            &mut l
+        ));
         assert!(o.iter().chain(&l).all(|&x| x == 7.0), "nothing written");
-        assert!(forward_piece(isa, 0.25, d, false, &rows(&qd), &rows(&kd), &rows(&vd), &mut ws, &mut o, &mut l));
+        assert!(forward_piece(
+            PieceSpec { isa, scale: 0.25, d, causal: false },
+            &Piece { q: &rows(&qd), k: &rows(&kd), v: &rows(&vd) },
+            &mut ws,
+            &mut o,
+            &mut l
+        ));
     }
 }

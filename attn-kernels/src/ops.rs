@@ -9,7 +9,7 @@ use attn_core::Element;
 use crate::bf16_pairs::Engine;
 use crate::isa::Isa;
 use crate::mat::{LaneState, MatMul};
-use crate::rows::PieceRows;
+use crate::rows::{Piece, PieceSpec};
 use crate::{avx2, avx512, bf16_pairs, portable};
 
 /// The bf16 pair forward's per-thread scratch.
@@ -147,22 +147,17 @@ pub(crate) fn pair_engine(isa: Isa) -> Option<Engine> {
     }
 }
 
-/// The bf16 pair forward of a piece on `isa`'s engine; false (nothing written) where it
-/// does not apply and the f32 kernel must run the piece (see `bf16_pairs`).
-#[allow(clippy::too_many_arguments)]
+/// The bf16 pair forward of a piece on its flavour's engine; false (nothing written)
+/// where it does not apply and the f32 kernel must run the piece (see `bf16_pairs`).
 #[inline]
 pub(crate) fn pair_forward_piece<T: Element>(
-    isa: Isa,
-    scale: f32,
-    d: usize,
-    causal: bool,
-    qkv: [&PieceRows<'_, T>; 3],
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
     ws: &mut PairScratch,
     out: &mut [f32],
     lse: &mut [f32],
 ) -> bool {
-    let [q, k, v] = qkv;
-    pair_engine(isa).is_some_and(|e| bf16_pairs::forward_piece(e, scale, d, causal, q, k, v, ws, out, lse))
+    pair_engine(spec.isa).is_some_and(|e| bf16_pairs::forward_piece(e, spec, piece, ws, out, lse))
 }
 
 /// Bytes of the bf16 pair forward's scratch on `isa` for head dim `d` and `m` keys.

@@ -7,8 +7,7 @@ use std::cell::RefCell;
 
 use attn_core::{Element, LseMerge, SegmentPattern};
 
-use crate::isa::Isa;
-use crate::rows::PieceRows;
+use crate::rows::{Piece, PieceRows, PieceSpec};
 use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece};
 use crate::tile_forward::{ForwardScratch, forward_piece};
 
@@ -111,20 +110,15 @@ fn rows<'a, T>(s: &Strided<'a, T>, g: &'a Group) -> PieceRows<'a, T> {
     PieceRows { data: s.data, offsets: &g.offsets, pos: &g.pos }
 }
 
-/// Forward of a block, LSE-merged into `(out, lse)`.
-#[allow(clippy::too_many_arguments)]
+/// Forward of a block of `pattern`, LSE-merged into `(out, lse)`.
 pub(crate) fn forward_block<T: Element>(
-    isa: Isa,
+    spec: PieceSpec,
     pattern: &SegmentPattern,
-    causal: bool,
-    scale: f32,
-    d: usize,
-    q: &Strided<'_, T>,
-    k: &Strided<'_, T>,
-    v: &Strided<'_, T>,
+    [q, k, v]: [&Strided<'_, T>; 3],
     out: &mut [f32],
     lse: &mut [f32],
 ) {
+    let d = spec.d;
     SCRATCH.with_borrow_mut(|ws| {
         ws.group(pattern, (q.pos, q.stride), (k.pos, k.stride));
         let BlockScratch { qg, kg, o, l, forward, .. } = ws;
@@ -132,7 +126,7 @@ pub(crate) fn forward_block<T: Element>(
             let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
             o.resize(g.rows.len() * d, 0.0);
             l.resize(g.rows.len(), 0.0);
-            forward_piece(isa, scale, d, causal, &rows(q, g), &rows(k, h), &vr, forward, o, l);
+            forward_piece(spec, &Piece { q: &rows(q, g), k: &rows(k, h), v: &vr }, forward, o, l);
             for (i, &r) in g.rows.iter().enumerate() {
                 LseMerge::merge_into(&mut out[r * d..(r + 1) * d], &mut lse[r], &o[i * d..(i + 1) * d], l[i]);
             }
@@ -153,19 +147,14 @@ pub(crate) struct BlockGrads<'a, G> {
     pub dv: &'a mut [f32],
 }
 
-/// Backward of a block, accumulated into `dq`, `dk`, `dv`.
-#[allow(clippy::too_many_arguments)]
+/// Backward of a block of `pattern`, accumulated into `dq`, `dk`, `dv`.
 pub(crate) fn backward_block<T: Element, G: Element>(
-    isa: Isa,
+    spec: PieceSpec,
     pattern: &SegmentPattern,
-    causal: bool,
-    scale: f32,
-    d: usize,
-    q: &Strided<'_, T>,
-    k: &Strided<'_, T>,
-    v: &Strided<'_, T>,
+    [q, k, v]: [&Strided<'_, T>; 3],
     grads: BlockGrads<'_, G>,
 ) {
+    let d = spec.d;
     SCRATCH.with_borrow_mut(|ws| {
         ws.group(pattern, (q.pos, q.stride), (k.pos, k.stride));
         let BlockScratch { qg, kg, dq, dk, dv, go_offsets, lse, delta, backward, .. } = ws;
@@ -189,7 +178,7 @@ pub(crate) fn backward_block<T: Element, G: Element>(
                 buf.resize(n * d, 0.0);
             }
             // The piece owns all its rows here, so dq, dk and dv come from one fused pass.
-            dkv_piece(isa, scale, d, causal, &qr, &kr, &vr, &qgrads, backward, dk, dv, Some(dq));
+            dkv_piece(spec, &Piece { q: &qr, k: &kr, v: &vr }, &qgrads, backward, dk, dv, Some(dq));
             for (i, &r) in g.rows.iter().enumerate() {
                 grads.dq[r * d..(r + 1) * d].iter_mut().zip(&dq[i * d..]).for_each(|(a, b)| *a += b);
             }

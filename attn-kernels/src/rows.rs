@@ -1,7 +1,27 @@
 //! The rows a piece works on: selected rows of one segment addressed by element offsets,
-//! with their global positions (plain data, shared by every kernel of a piece).
+//! with their global positions, and what the kernels of a piece share (plain data).
 
 use attn_core::Element;
+
+use crate::isa::Isa;
+
+/// What every kernel of a piece shares: the kernel flavour, the softmax scale, the head
+/// dim and causality.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PieceSpec {
+    pub isa: Isa,
+    pub scale: f32,
+    pub d: usize,
+    pub causal: bool,
+}
+
+/// A piece's query, key and value rows (the selected rows of one pattern segment).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Piece<'p, 'a, T> {
+    pub q: &'p PieceRows<'a, T>,
+    pub k: &'p PieceRows<'a, T>,
+    pub v: &'p PieceRows<'a, T>,
+}
 
 /// Rows addressed by element offsets into `data`, with their global positions
 /// (ascending inside a piece).

@@ -16,8 +16,8 @@ const ROW_GROUP: usize = 4 * ROW_BLOCK;
 /// latency-bound 2-row block in the middle of a piece (buffers stay `QUERY_CHUNK` wide).
 const CHUNK: usize = QUERY_CHUNK / ROW_BLOCK * ROW_BLOCK;
 use crate::f32_tiles::{pack_rows, pack_transposed};
-use crate::rows::PieceRows;
 use crate::rows::keys_needed;
+use crate::rows::{Piece, PieceRows, PieceSpec};
 
 /// Per-query inputs of the backward: upstream gradient rows (multiplied by `go_scale`
 /// on load, i.e. `grad_out_eff = out_scale * grad_out`), the head's final LSE (natural
@@ -59,19 +59,15 @@ fn ds(p: f32, dp: f32, delta: f32) -> f32 {
 }
 
 /// `dq[i*d..] += scale * sum_j dS_ij k_j` for the piece's queries (all keys of the piece).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn dq_piece<T: Element, G: Element>(
-    isa: Isa,
-    scale: f32,
-    d: usize,
-    causal: bool,
-    q: &PieceRows<'_, T>,
-    k: &PieceRows<'_, T>,
-    v: &PieceRows<'_, T>,
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
     g: &QueryGrads<'_, G>,
     ws: &mut BackwardScratch,
     dq: &mut [f32],
 ) {
+    let PieceSpec { isa, scale, d, causal } = spec;
+    let Piece { q, k, v } = *piece;
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
         return;
@@ -84,8 +80,8 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
     let kr = scratch(&mut ws.c, tiles * tile);
     for t in 0..tiles {
         let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
-        pack_transposed(k, k0, kn, d, dp, KEY_TILE, 1.0, &mut kt[t * tile..]);
-        pack_transposed(v, k0, kn, d, dp, KEY_TILE, 1.0, &mut vt[t * tile..]);
+        pack_transposed(k, k0..k0 + kn, d, dp, KEY_TILE, 1.0, &mut kt[t * tile..]);
+        pack_transposed(v, k0..k0 + kn, d, dp, KEY_TILE, 1.0, &mut vt[t * tile..]);
         pack_rows(k, k0, kn, d, dp, 1.0, &mut kr[t * tile..]);
     }
     let c2 = scale * std::f32::consts::LOG2_E;
@@ -183,21 +179,17 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
 /// piece's keys (all queries of the piece). With `dq`, also `dq[i*d..] += scale * sum_j
 /// dS_ij k_j` for the piece's queries (fused backward: valid when the caller owns all
 /// keys the queries see, i.e. the piece is a whole segment of a single-pattern head).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn dkv_piece<T: Element, G: Element>(
-    isa: Isa,
-    scale: f32,
-    d: usize,
-    causal: bool,
-    q: &PieceRows<'_, T>,
-    k: &PieceRows<'_, T>,
-    v: &PieceRows<'_, T>,
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
     g: &QueryGrads<'_, G>,
     ws: &mut BackwardScratch,
     dk: &mut [f32],
     dv: &mut [f32],
     dq: Option<&mut [f32]>,
 ) {
+    let PieceSpec { isa, scale, d, causal } = spec;
+    let Piece { q, k, v } = *piece;
     let (nk, dp) = (k.len(), padded(d));
     if nk == 0 {
         return;
@@ -217,8 +209,8 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
     sub.fill(f32::INFINITY);
     for t in 0..tiles {
         let (i0, n) = (first_q + t * KEY_TILE, (nq - t * KEY_TILE).min(KEY_TILE));
-        pack_transposed(q, i0, n, d, dp, KEY_TILE, c2, &mut qt[t * tile..]);
-        pack_transposed(&g.go, i0, n, d, dp, KEY_TILE, g.go_scale, &mut gt[t * tile..]);
+        pack_transposed(q, i0..i0 + n, d, dp, KEY_TILE, c2, &mut qt[t * tile..]);
+        pack_transposed(&g.go, i0..i0 + n, d, dp, KEY_TILE, g.go_scale, &mut gt[t * tile..]);
         pack_rows(q, i0, n, d, dp, 1.0, &mut qr[t * tile..]);
         pack_rows(&g.go, i0, n, d, dp, g.go_scale, &mut gr[t * tile..]);
         for j in 0..n {

@@ -9,7 +9,7 @@ pub(crate) use crate::forward_scratch::ForwardScratch;
 use crate::isa::Isa;
 use crate::mat::MatMul;
 use crate::ops::{self, FORWARD_KEY_TILE as KEY_TILE, FORWARD_QUERY_CHUNK, ROW_BLOCK, padded, scratch};
-use crate::rows::{PieceRows, keys_needed};
+use crate::rows::{Piece, PieceSpec, keys_needed};
 
 /// Query rows whose scores are computed together against one key tile: several
 /// register blocks, so each 16-key panel of the tile is reused from L1 by all of them.
@@ -18,46 +18,36 @@ const ROW_GROUP: usize = 4 * ROW_BLOCK;
 /// Attention of the piece's queries over its keys: writes the normalised output
 /// (`out[i*d..]`, f32) and the natural-log LSE (`-inf` where no key is visible).
 /// Queries and keys are selected rows of one segment, positions ascending.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_piece<T: Element>(
-    isa: Isa,
-    scale: f32,
-    d: usize,
-    causal: bool,
-    q: &PieceRows<'_, T>,
-    k: &PieceRows<'_, T>,
-    v: &PieceRows<'_, T>,
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
     ws: &mut ForwardScratch,
     out: &mut [f32],
     lse: &mut [f32],
 ) {
-    if q.len() == 0 {
+    if piece.q.len() == 0 {
         return;
     }
-    if crate::ops::pair_forward_piece(isa, scale, d, causal, [q, k, v], &mut ws.pairs, out, lse) {
+    if crate::ops::pair_forward_piece(spec, piece, &mut ws.pairs, out, lse) {
         return;
     }
-    if lanes_first(isa) && crate::lane_forward::forward_piece(isa, scale, d, causal, q, k, v, ws, out, lse) {
+    if lanes_first(spec.isa) && crate::lane_forward::forward_piece(spec, piece, ws, out, lse) {
         return;
     }
-    forward_piece_rows(isa, scale, d, causal, q, k, v, ws, out, lse)
+    forward_piece_rows(spec, piece, ws, out, lse)
 }
 
 /// [`forward_piece`] with one query per score row (the lane kernel's fallback, and the
 /// portable path).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_piece_rows<T: Element>(
-    isa: Isa,
-    scale: f32,
-    d: usize,
-    causal: bool,
-    q: &PieceRows<'_, T>,
-    k: &PieceRows<'_, T>,
-    v: &PieceRows<'_, T>,
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
     ws: &mut ForwardScratch,
     out: &mut [f32],
     lse: &mut [f32],
 ) {
+    let PieceSpec { isa, scale, d, causal } = spec;
+    let Piece { q, k, v } = *piece;
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
         return;
@@ -72,7 +62,7 @@ pub(crate) fn forward_piece_rows<T: Element>(
     ws.finite.clear();
     for t in 0..tiles {
         let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
-        pack_transposed(k, k0, kn, d, dp, KEY_TILE, 1.0, &mut kt[t * dp * KEY_TILE..]);
+        pack_transposed(k, k0..k0 + kn, d, dp, KEY_TILE, 1.0, &mut kt[t * dp * KEY_TILE..]);
         let vtile = &mut vt[t * KEY_TILE * dp..(t + 1) * KEY_TILE * dp];
         pack_rows(v, k0, kn, d, dp, 1.0, vtile);
         ws.finite.push(vtile[..kn * dp].iter().all(|x| x.is_finite()));

@@ -8,7 +8,7 @@ use attn_core::{DilatedConfig, Element, HeadGroups, HeadPatterns, LseMerge, Mixi
 
 use crate::isa::Isa;
 use crate::ops::QUERY_CHUNK;
-use crate::rows::PieceRows;
+use crate::rows::{Piece, PieceRows, PieceSpec};
 use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece, dq_piece};
 use crate::tile_forward::{ForwardScratch, forward_piece};
 
@@ -235,7 +235,13 @@ pub(crate) fn forward_unit<T: Element>(plan: &Plan<'_, T>, u: Unit, ws: &mut Scr
             let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
             let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
             let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
-            forward_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &mut ws.fwd, po, pl);
+            forward_piece(
+                PieceSpec { isa: plan.isa, scale: plan.scale, d, causal: plan.causal },
+                &Piece { q: &qr, k: &kr, v: &vr },
+                &mut ws.fwd,
+                po,
+                pl,
+            );
             for (i, &qp) in ws.qpos.iter().enumerate() {
                 let t = qp - u.c0;
                 LseMerge::merge_into(
@@ -290,7 +296,13 @@ pub(crate) fn dq_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit,
             let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
             let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
             let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
-            dq_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &qg, &mut ws.bwd, pdq);
+            dq_piece(
+                PieceSpec { isa: plan.isa, scale: plan.scale, d, causal: plan.causal },
+                &Piece { q: &qr, k: &kr, v: &vr },
+                &qg,
+                &mut ws.bwd,
+                pdq,
+            );
             for (i, &qp) in ws.qpos.iter().enumerate() {
                 let t = qp - u.c0;
                 ws.acc_a[t * d..(t + 1) * d].iter_mut().zip(&pdq[i * d..]).for_each(|(a, b)| *a += b);
@@ -332,7 +344,15 @@ pub(crate) fn dkv_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit
             let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
             let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
             let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
-            dkv_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &qg, &mut ws.bwd, pdk, pdv, None);
+            dkv_piece(
+                PieceSpec { isa: plan.isa, scale: plan.scale, d, causal: plan.causal },
+                &Piece { q: &qr, k: &kr, v: &vr },
+                &qg,
+                &mut ws.bwd,
+                pdk,
+                pdv,
+                None,
+            );
             for (j, &kp) in ws.kpos.iter().enumerate() {
                 let t = kp - u.c0;
                 ws.acc_a[t * d..(t + 1) * d].iter_mut().zip(&pdk[j * d..]).for_each(|(a, b)| *a += b);
@@ -375,7 +395,15 @@ pub(crate) fn fused_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Un
             let qr = PieceRows { data: plan.q.data(), offsets: &ws.qoff, pos: &ws.qpos };
             let kr = PieceRows { data: plan.k.data(), offsets: &ws.koff, pos: &ws.kpos };
             let vr = PieceRows { data: plan.v.data(), offsets: &ws.voff, pos: &ws.kpos };
-            dkv_piece(plan.isa, plan.scale, d, plan.causal, &qr, &kr, &vr, &qg, &mut ws.bwd, pdk, pdv, Some(pdq));
+            dkv_piece(
+                PieceSpec { isa: plan.isa, scale: plan.scale, d, causal: plan.causal },
+                &Piece { q: &qr, k: &kr, v: &vr },
+                &qg,
+                &mut ws.bwd,
+                pdk,
+                pdv,
+                Some(pdq),
+            );
             for (i, &pos) in ws.qpos.iter().enumerate() {
                 let t = pos - u.c0;
                 let add = |acc: &mut [f32], src: &[f32]| {

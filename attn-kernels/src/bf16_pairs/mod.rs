@@ -23,8 +23,8 @@ mod pair_tiles;
 
 use attn_core::{DType, Element};
 
-use crate::rows::PieceRows;
 use crate::rows::keys_needed;
+use crate::rows::{Piece, PieceSpec};
 use pair_tiles::{all_finite, pack_keys, pack_values};
 
 /// Queries per block (tile rows).
@@ -131,19 +131,16 @@ fn bits<T: Element>(x: T) -> u16 {
 /// [`crate::tile_forward::forward_piece`]'s contract. Returns `false` (and writes
 /// nothing) when the piece is not bf16, holds a non-finite value or the engine is
 /// unavailable: the caller then runs the f32 kernel.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_piece<T: Element>(
     engine: Engine,
-    scale: f32,
-    d: usize,
-    causal: bool,
-    q: &PieceRows<'_, T>,
-    k: &PieceRows<'_, T>,
-    v: &PieceRows<'_, T>,
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
     ws: &mut PairScratch,
     out: &mut [f32],
     lse: &mut [f32],
 ) -> bool {
+    let PieceSpec { scale, d, causal, .. } = spec;
+    let Piece { q, k, v } = *piece;
     let nq = q.len();
     // The softmax scales after the maximum (needs c2 > 0, which validation ensures).
     if T::DTYPE != DType::BF16
@@ -307,6 +304,7 @@ impl Geometry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rows::PieceRows;
     use half::bf16;
 
     fn bf(n: usize, seed: u32) -> Vec<bf16> {
