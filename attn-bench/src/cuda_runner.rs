@@ -75,14 +75,16 @@ impl<T: CudaElement> Runner for CudaRunner<T> {
     fn run(&mut self) -> Result<RunStats> {
         let dev = &self.dev;
         let mut partial = DevicePartial::empty(dev, self.shape)?;
-        cuda::forward_block(dev, &self.cfg, &self.q, 0, &self.k, &self.v, 0, &mut partial)?;
+        let block = cuda::DeviceBlock { cfg: &self.cfg, q: &self.q, q_start: 0, k: &self.k, v: &self.v, k_start: 0 };
+        cuda::forward_block(dev, &block, &mut partial)?;
         let mut out = DeviceTensor::<T>::zeros(dev, self.shape)?;
         let lse = cuda::finish_forward(dev, &self.cfg, &partial, &mut out)?;
         let grads = match &self.grad_out {
             Some(go) => {
                 let delta = cuda::delta(dev, go, &out)?;
                 let mut grads = DeviceGrads::zeros(dev, self.shape, self.shape)?;
-                cuda::backward_block(dev, &self.cfg, &self.q, 0, &self.k, &self.v, 0, go, lse, &delta, &mut grads)?;
+                let upstream = cuda::DeviceUpstream { grad_out: go, lse, delta: &delta };
+                cuda::backward_block(dev, &block, &upstream, &mut grads)?;
                 Some((delta, grads))
             }
             None => None,

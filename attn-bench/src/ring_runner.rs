@@ -79,7 +79,7 @@ impl<T: Element> Rank<T> {
             let mut out = zeroed_buffer(s.numel())?;
             let mut lse = vec![0.0f32; s.lse_len()];
             let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, s)?;
-            attn_ring::ring_forward(&mut self.comm, &self.problem, q, k, v, &mut ov, &mut lse)
+            attn_ring::ring_forward(&mut self.comm, &self.problem, [q, k, v], &mut ov, &mut lse)
         }
     }
 }

@@ -47,7 +47,7 @@ fn backward(c: &mut Criterion, be: &CpuBackend, seq: usize) {
     g.bench_function(BenchmarkId::from_parameter(seq), |b| {
         b.iter(|| {
             let (out, lse) = be.forward_vec(&cfg, shape, &q, &k, &v).unwrap();
-            std::hint::black_box(be.backward_vec(&cfg, shape, &q, &k, &v, &out, &lse, &go).unwrap())
+            std::hint::black_box(be.backward_vec(&cfg, shape, [&q, &k, &v], &out, &lse, &go).unwrap())
         })
     });
     g.finish();

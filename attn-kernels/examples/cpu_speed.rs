@@ -46,7 +46,7 @@ fn run<T: Element>(seq: usize, threads: usize, causal: bool, backward: bool, isa
     for _ in 0..5 {
         let t = Instant::now();
         if backward {
-            be.backward_vec(&cfg, shape, &q, &k, &v, &out, &lse, &go).unwrap();
+            be.backward_vec(&cfg, shape, [&q, &k, &v], &out, &lse, &go).unwrap();
         } else {
             be.forward_vec(&cfg, shape, &q, &k, &v).unwrap();
         }

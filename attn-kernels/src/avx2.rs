@@ -19,6 +19,7 @@ mod imp {
     /// The CPU supports avx2 and fma; `a` is valid for reads at every `A[r, kk]` (r < R,
     /// kk < k), `b` at `kk*ldb + j` (j < 16), `c` for reads and writes at `r*ldc + j`.
     #[target_feature(enable = "avx2,fma")]
+    // The register-blocked micro-kernel: each argument is a register or a stride of its loop.
     #[allow(clippy::too_many_arguments)]
     unsafe fn micro<const R: usize, const TN: bool>(
         k: usize,

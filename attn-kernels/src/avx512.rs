@@ -18,6 +18,7 @@ mod imp {
     /// The CPU supports avx512f; `a` is valid for reads at every `A[r, kk]` (r < R,
     /// kk < k), `b` at `kk*ldb + j` (j < 16V), `c` valid for reads and writes at `r*ldc + j`.
     #[target_feature(enable = "avx512f")]
+    // The register-blocked micro-kernel: each argument is a register or a stride of its loop.
     #[allow(clippy::too_many_arguments)]
     unsafe fn micro<const R: usize, const V: usize, const TN: bool>(
         k: usize,

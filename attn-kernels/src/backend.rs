@@ -359,14 +359,11 @@ impl CpuBackend {
 
     /// Backward on contiguous buffers, returning `(dq, dk, dv)` (`dq` of `shape.q`, `dk`
     /// and `dv` of `shape.kv`).
-    #[allow(clippy::too_many_arguments)]
     pub fn backward_vec<T: Element>(
         &self,
         cfg: &DilatedConfig,
         shape: impl Into<AttnShape>,
-        q: &[T],
-        k: &[T],
-        v: &[T],
+        [q, k, v]: [&[T]; 3],
         out: &[T],
         lse: &[f32],
         grad_out: &[T],

@@ -13,7 +13,7 @@
 //! let cpu = CpuBackend::new(2)?; // threads are an explicit parameter
 //! let (out, lse) = cpu.forward_vec(&cfg, shape, &q, &k, &v)?;
 //! let grad_out = vec![1.0f32; out.len()];
-//! let (dq, dk, dv) = cpu.backward_vec(&cfg, shape, &q, &k, &v, &out, &lse, &grad_out)?;
+//! let (dq, dk, dv) = cpu.backward_vec(&cfg, shape, [&q, &k, &v], &out, &lse, &grad_out)?;
 //! assert_eq!((dq.len(), dk.len(), dv.len()), (q.len(), k.len(), v.len()));
 //! # Ok(()) }
 //! ```

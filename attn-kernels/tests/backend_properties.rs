@@ -30,7 +30,7 @@ fn run_all(threads: usize, cfg: &DilatedConfig, shape: Shape4) -> Run {
     let (q, k, v, go) = (random_vec(11, n), random_vec(12, n), random_vec(13, n), random_vec(14, n));
     let be = CpuBackend::new(threads).unwrap();
     let (out, lse) = be.forward_vec(cfg, shape, &q, &k, &v).unwrap();
-    let (dq, dk, dv) = be.backward_vec(cfg, shape, &q, &k, &v, &out, &lse, &go).unwrap();
+    let (dq, dk, dv) = be.backward_vec(cfg, shape, [&q, &k, &v], &out, &lse, &go).unwrap();
     (out, lse, dq, dk, dv)
 }
 
@@ -80,7 +80,7 @@ fn fused_qkv_and_strided_output_equal_contiguous() {
     let cfg = cfg(true);
     let be = CpuBackend::new(2).unwrap();
     let (out, lse) = be.forward_vec(&cfg, shape, &q, &k, &v).unwrap();
-    let (dq, dk, dv) = be.backward_vec(&cfg, shape, &q, &k, &v, &out, &lse, &go).unwrap();
+    let (dq, dk, dv) = be.backward_vec(&cfg, shape, [&q, &k, &v], &out, &lse, &go).unwrap();
 
     let [qv, kv, vv] = TensorView::fused_qkv(&fused, shape).unwrap();
     // Output into a padded buffer: rows of `h * d + 8` elements.
@@ -154,8 +154,8 @@ fn bad_shapes_are_typed_errors() {
     assert!(matches!(r, Err(AttnError::ShapeMismatch { .. })));
     // Backward: wrong LSE length and grad_out shape.
     let (o, l) = be.forward_vec(&cfg, s, &x, &x, &x).unwrap();
-    assert!(be.backward_vec(&cfg, s, &x, &x, &x, &o, &l[..15], &x).is_err());
-    assert!(be.backward_vec(&cfg, s, &x, &x, &x, &o, &l, &x[..60]).is_err());
+    assert!(be.backward_vec(&cfg, s, [&x, &x, &x], &o, &l[..15], &x).is_err());
+    assert!(be.backward_vec(&cfg, s, [&x, &x, &x], &o, &l, &x[..60]).is_err());
     // A scale that is positive in f64 but zero in f32.
     let tiny = DilatedConfig::builder().segments(&[4]).dilations(&[1]).scale(1e-300).build().unwrap();
     assert!(matches!(be.forward_vec(&tiny, s, &x, &x, &x), Err(AttnError::InvalidScale(_))));
@@ -173,7 +173,7 @@ fn poison_stays_in_the_rows_that_read_it() {
     let be = CpuBackend::new(2).unwrap();
     let run = |q: &[f32], v: &[f32]| {
         let (out, lse) = be.forward_vec(&cfg, shape, q, &k, v).unwrap();
-        let (dq, dk, dv) = be.backward_vec(&cfg, shape, q, &k, v, &out, &lse, &go).unwrap();
+        let (dq, dk, dv) = be.backward_vec(&cfg, shape, [q, &k, v], &out, &lse, &go).unwrap();
         (out, dq, dk, dv)
     };
     let clean = run(&q, &v);

@@ -19,7 +19,7 @@ fn check_case<T: Element>(be: &CpuBackend, case: &DilatedCase) -> Result<(), Str
     let [q, k, v, go] = case.inputs().map(|x| conv::<T>(&x));
     let (out, lse) = be.forward_vec::<T>(&case.cfg, case.shape, &q, &k, &v).map_err(|e| e.to_string())?;
     let (dq, dk, dv) =
-        be.backward_vec::<T>(&case.cfg, case.shape, &q, &k, &v, &out, &lse, &go).map_err(|e| e.to_string())?;
+        be.backward_vec::<T>(&case.cfg, case.shape, [&q, &k, &v], &out, &lse, &go).map_err(|e| e.to_string())?;
     judge(&case.cfg, case.attn_shape(), [&q, &k, &v, &go], &out, &lse, [&dq, &dk, &dv])
 }
 

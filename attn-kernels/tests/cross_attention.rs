@@ -42,7 +42,8 @@ fn cross(case: &DilatedCase, kv_seq: usize) -> Cross {
 fn check<T: Element>(be: &CpuBackend, c: &Cross) -> Result<(), String> {
     let [q, k, v, go] = [&c.q, &c.k, &c.v, &c.go].map(|x| conv::<T>(x));
     let (out, lse) = be.forward_vec::<T>(&c.cfg, c.shape, &q, &k, &v).map_err(|e| e.to_string())?;
-    let (dq, dk, dv) = be.backward_vec::<T>(&c.cfg, c.shape, &q, &k, &v, &out, &lse, &go).map_err(|e| e.to_string())?;
+    let (dq, dk, dv) =
+        be.backward_vec::<T>(&c.cfg, c.shape, [&q, &k, &v], &out, &lse, &go).map_err(|e| e.to_string())?;
     judge(&c.cfg, c.shape, [&q, &k, &v, &go], &out, &lse, [&dq, &dk, &dv])
 }
 
@@ -106,8 +107,8 @@ fn equal_lengths_equal_self_attention_bitwise() {
     let (o1, l1) = be.forward_vec(&c.cfg, s, &c.q, &c.k, &c.v).unwrap();
     let (o2, l2) = be.forward_vec(&c.cfg, c.shape, &c.q, &c.k, &c.v).unwrap();
     assert_eq!((o1.clone(), l1.clone()), (o2, l2));
-    let g1 = be.backward_vec(&c.cfg, s, &c.q, &c.k, &c.v, &o1, &l1, &c.go).unwrap();
-    let g2 = be.backward_vec(&c.cfg, c.shape, &c.q, &c.k, &c.v, &o1, &l1, &c.go).unwrap();
+    let g1 = be.backward_vec(&c.cfg, s, [&c.q, &c.k, &c.v], &o1, &l1, &c.go).unwrap();
+    let g2 = be.backward_vec(&c.cfg, c.shape, [&c.q, &c.k, &c.v], &o1, &l1, &c.go).unwrap();
     assert_eq!(g1, g2);
 }
 
@@ -120,7 +121,7 @@ fn cross_is_thread_count_independent() {
     let run = |threads| {
         let be = backend(threads, Isa::detect());
         let (o, l) = be.forward_vec(&c.cfg, c.shape, &c.q, &c.k, &c.v).unwrap();
-        let g = be.backward_vec(&c.cfg, c.shape, &c.q, &c.k, &c.v, &o, &l, &c.go).unwrap();
+        let g = be.backward_vec(&c.cfg, c.shape, [&c.q, &c.k, &c.v], &o, &l, &c.go).unwrap();
         (o, l, g)
     };
     assert_eq!(run(1), run(2));
@@ -143,7 +144,7 @@ fn cross_shape_errors() {
     let shape = AttnShape { q, kv: q.with_seq(5).unwrap() };
     let (o, l) = be.forward_vec(&cfg, shape, &x[..64], &x[..40], &x[..40]).unwrap();
     // dk of the query's length instead of the keys'.
-    let r = be.backward_vec(&cfg, shape, &x[..64], &x[..40], &x[..40], &o, &l, &x[..60]);
+    let r = be.backward_vec(&cfg, shape, [&x[..64], &x[..40], &x[..40]], &o, &l, &x[..60]);
     assert!(matches!(r, Err(AttnError::ShapeMismatch { .. })));
     assert!(be.forward_vec(&cfg, shape, &x[..64], &x[..40], &x[..41]).is_err());
 }

@@ -8,7 +8,7 @@
 mod cuda_support;
 
 use attn_core::{AttnShape, DType, DilatedConfig};
-use attn_kernels::cuda::{DevicePartial, DeviceTensor, finish_forward, forward_block};
+use attn_kernels::cuda::{DeviceBlock, DevicePartial, DeviceTensor, finish_forward, forward_block};
 use attn_testkit::DilatedBackend;
 use attn_testkit::judge::{Expected, check_rows, judge_backward, judge_forward, round_to, verdict};
 use attn_testkit::strategies::dilated_case;
@@ -83,7 +83,8 @@ fn key_blocks_merge_to_the_whole_call() {
                     (0..shape.q.batch).flat_map(|b| x[(b * n + lo) * row..(b * n + hi) * row].to_vec()).collect()
                 };
                 let (tk, tv) = (up(&pick(&k), s), up(&pick(&v), s));
-                forward_block(&dev, &case.cfg, &tq, 0, &tk, &tv, lo, &mut partial).unwrap();
+                let block = DeviceBlock { cfg: &case.cfg, q: &tq, q_start: 0, k: &tk, v: &tv, k_start: lo };
+                forward_block(&dev, &block, &mut partial).unwrap();
             }
             let mut out = DeviceTensor::<bf16>::zeros(&dev, shape.q).unwrap();
             finish_forward(&dev, &case.cfg, &partial, &mut out).unwrap();

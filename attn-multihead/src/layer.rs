@@ -9,9 +9,9 @@ use crate::config::MultiheadConfig;
 use crate::dropout::{MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
 use crate::layer_norm::NormStats;
-use crate::projection::linear_forward;
+use crate::projection::{LinearRef, linear_forward};
 use crate::segment_window::{DEFAULT_WINDOW_ROWS, window_rows, windows};
-use crate::sparse_projection::project_qkv;
+use crate::sparse_projection::{QkvInput, project_qkv};
 use crate::weights::MultiheadWeights;
 use crate::workspace::{MultiheadWorkspace, SelectionKey, sized};
 use attn_core::{Attention, AttnInputs};
@@ -288,16 +288,24 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             // its pattern selects.
             let key = SelectionKey { cfg: self.dilated.clone(), heads, head_dim, batch, seq };
             let qkv = ws.projection_buffer(len, Some(key))?;
-            project_qkv(&self.dilated, heads, head_dim, x, batch, seq, &w.weight, w.bias.as_deref(), qkv)?;
+            let input = QkvInput { cfg: &self.dilated, heads, head_dim, x, batch, seq };
+            project_qkv(&input, &w.weight, w.bias.as_deref(), qkv)?;
         } else {
             // A ring rank's rows (their global positions decide the selection): dense.
             let qkv = ws.projection_buffer(len, None)?;
-            linear_forward(x, batch * seq, e, &w.weight, w.bias.as_deref(), 3 * e, qkv, 3 * e)?;
+            linear_forward(
+                LinearRef { weight: &w.weight, bias: w.bias.as_deref(), in_dim: e, out_dim: 3 * e },
+                x,
+                batch * seq,
+                qkv,
+                3 * e,
+            )?;
         }
         Ok(shape)
     }
 
     /// Cross-attention: `query: [batch, q_seq, embed]`, `key`/`value: [batch, kv_seq, embed]`.
+    // The layer's public cross-attention call: PyTorch's query/key/value with their lengths.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_cross(
         &self,
@@ -320,10 +328,28 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let wpart = |i: usize| &w.weight[i * e * e..(i + 1) * e * e];
         let mut ws = MultiheadWorkspace::new();
         let q = ws.projection_buffer(batch * q_seq * e, None)?;
-        linear_forward(query, batch * q_seq, e, wpart(0), bias(0), e, q, e)?;
+        linear_forward(
+            LinearRef { weight: wpart(0), bias: bias(0), in_dim: e, out_dim: e },
+            query,
+            batch * q_seq,
+            q,
+            e,
+        )?;
         let kv = sized(&mut ws.kv, batch * kv_seq * 2 * e)?;
-        linear_forward(key, batch * kv_seq, e, wpart(1), bias(1), e, kv, 2 * e)?;
-        linear_forward(value, batch * kv_seq, e, wpart(2), bias(2), e, &mut kv[e..], 2 * e)?;
+        linear_forward(
+            LinearRef { weight: wpart(1), bias: bias(1), in_dim: e, out_dim: e },
+            key,
+            batch * kv_seq,
+            kv,
+            2 * e,
+        )?;
+        linear_forward(
+            LinearRef { weight: wpart(2), bias: bias(2), in_dim: e, out_dim: e },
+            value,
+            batch * kv_seq,
+            &mut kv[e..],
+            2 * e,
+        )?;
         let mut y = attn_kernels::zeroed_buffer(query.len())?;
         let kept = self.finish_forward(qs, kvs, false, mode, &mut ws, &mut y)?;
         let inputs = Inputs::Cross { query: query.to_vec(), key: key.to_vec(), value: value.to_vec() };

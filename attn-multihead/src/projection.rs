@@ -78,19 +78,35 @@ fn biased_product_in_blocks<F: LayerFloat>(
     Ok(())
 }
 
+/// A linear map's parameters as the kernels read them: `weight` `[out_dim, in_dim]`
+/// (PyTorch layout) and an optional `bias` `[out_dim]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LinearRef<'a, F> {
+    pub weight: &'a [F],
+    pub bias: Option<&'a [F]>,
+    pub in_dim: usize,
+    pub out_dim: usize,
+}
+
+/// A linear map's gradient accumulators: `dweight` `[out_dim, in_dim]`, optional `dbias`.
+#[derive(Debug)]
+pub(crate) struct LinearGrad<'a, F> {
+    pub dweight: &'a mut [F],
+    pub dbias: Option<&'a mut [F]>,
+    pub in_dim: usize,
+    pub out_dim: usize,
+}
+
 /// `y[r, ..out] = x[r] W^T + b` for `rows` rows of `x` (`[rows, in]` contiguous); rows
 /// of `y` are `y_rs` apart, so the output can be a slice of a fused buffer.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn linear_forward<F: LayerFloat>(
+    lin: LinearRef<'_, F>,
     x: &[F],
     rows: usize,
-    in_dim: usize,
-    weight: &[F],
-    bias: Option<&[F]>,
-    out_dim: usize,
     y: &mut [F],
     y_rs: usize,
 ) -> Result<()> {
+    let LinearRef { weight, bias, in_dim, out_dim } = lin;
     check_len("linear input", x.len(), elems("linear input", rows, in_dim)?)?;
     check_len("linear weight", weight.len(), elems("linear weight", out_dim, in_dim)?)?;
     if rows > 0 {
@@ -100,34 +116,28 @@ pub(crate) fn linear_forward<F: LayerFloat>(
     biased_product(y, y_rs, Mat::rows(x, rows, in_dim, in_dim), Mat::transposed(weight, out_dim, in_dim, in_dim), bias)
 }
 
-/// `dx (+)= dy W` where `dy` is `[rows, out]` with row stride `dy_rs`.
-#[allow(clippy::too_many_arguments)]
+/// `dx (+)= dy W` where `dy` is `[rows, out]` with row stride `dy_rs` (the bias is not
+/// read); `accumulate` adds to `dx` instead of overwriting it.
 pub(crate) fn linear_backward_input<F: LayerFloat>(
-    dy: &[F],
-    dy_rs: usize,
+    lin: LinearRef<'_, F>,
+    (dy, dy_rs): (&[F], usize),
     rows: usize,
-    weight: &[F],
-    out_dim: usize,
-    in_dim: usize,
     dx: &mut [F],
     accumulate: bool,
 ) -> Result<()> {
+    let LinearRef { weight, in_dim, out_dim, .. } = lin;
     check_len("linear grad input", dx.len(), elems("linear grad input", rows, in_dim)?)?;
     matmul(dx, in_dim, accumulate, Mat::rows(dy, rows, out_dim, dy_rs), Mat::rows(weight, out_dim, in_dim, in_dim))
 }
 
 /// `dW += dy^T x` and `db += sum_rows dy`.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn linear_backward_params<F: LayerFloat>(
-    dy: &[F],
-    dy_rs: usize,
+    grad: LinearGrad<'_, F>,
+    (dy, dy_rs): (&[F], usize),
     rows: usize,
     x: &[F],
-    in_dim: usize,
-    out_dim: usize,
-    dweight: &mut [F],
-    dbias: Option<&mut [F]>,
 ) -> Result<()> {
+    let LinearGrad { dweight, dbias, in_dim, out_dim } = grad;
     check_len("linear grad weight", dweight.len(), elems("linear grad weight", out_dim, in_dim)?)?;
     matmul(dweight, in_dim, true, Mat::transposed(dy, rows, out_dim, dy_rs), Mat::rows(x, rows, in_dim, in_dim))?;
     if let Some(db) = dbias {
@@ -184,23 +194,36 @@ impl<F: LayerFloat> Linear<F> {
                 self.out_dim
             )));
         }
-        linear_forward(x, rows, self.in_dim, &self.weight, self.bias.as_deref(), self.out_dim, y, self.out_dim)
+        linear_forward(
+            LinearRef { weight: &self.weight, bias: self.bias.as_deref(), in_dim: self.in_dim, out_dim: self.out_dim },
+            x,
+            rows,
+            y,
+            self.out_dim,
+        )
     }
     /// Accumulate parameter gradients into `grads` and return `dx`.
     pub fn backward(&self, x: &[F], rows: usize, dy: &[F], grads: &mut Linear<F>) -> Result<Vec<F>> {
         check_len("linear grad output", dy.len(), elems("linear grad output", rows, self.out_dim)?)?;
         linear_backward_params(
-            dy,
-            self.out_dim,
+            LinearGrad {
+                dweight: &mut grads.weight,
+                dbias: grads.bias.as_deref_mut(),
+                in_dim: self.in_dim,
+                out_dim: self.out_dim,
+            },
+            (dy, self.out_dim),
             rows,
             x,
-            self.in_dim,
-            self.out_dim,
-            &mut grads.weight,
-            grads.bias.as_deref_mut(),
         )?;
         let mut dx = vec![F::zero(); elems("linear grad input", rows, self.in_dim)?];
-        linear_backward_input(dy, self.out_dim, rows, &self.weight, self.out_dim, self.in_dim, &mut dx, false)?;
+        linear_backward_input(
+            LinearRef { weight: &self.weight, bias: None, in_dim: self.in_dim, out_dim: self.out_dim },
+            (dy, self.out_dim),
+            rows,
+            &mut dx,
+            false,
+        )?;
         Ok(dx)
     }
 }

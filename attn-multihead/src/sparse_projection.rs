@@ -13,7 +13,7 @@ use attn_core::{DilatedConfig, HeadGroups, Mixing, Result, SegmentPattern};
 
 use crate::float::LayerFloat;
 use crate::matmul::{Mat, matmul};
-use crate::projection::{biased_product, linear_forward};
+use crate::projection::{LinearGrad, LinearRef, biased_product, linear_forward};
 
 /// Rows `start, start + step, ...` (`count` of them) of one sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,24 +44,40 @@ fn selected_runs(p: &SegmentPattern, seq: usize) -> Vec<RowRun> {
         .collect()
 }
 
-/// `qkv = x W^T + b` (`[batch, seq, 3, heads, head_dim]`, pre-zeroed), projecting for
-/// each head group only the rows its pattern selects. Other mixings (every head runs
-/// a pattern with rate 1, LongNet) take the dense product.
-#[allow(clippy::too_many_arguments)]
+/// The input of a self-attention projection: the config and head layout of the layer
+/// and `x` `[batch, seq, heads * head_dim]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QkvInput<'a, F> {
+    pub cfg: &'a DilatedConfig,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub x: &'a [F],
+    pub batch: usize,
+    pub seq: usize,
+}
+
+/// Whether [`project_qkv_backward`] ran, or left the work to the dense products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SparseBackward {
+    Done,
+    /// Not head-group mixing: nothing was touched.
+    NotApplicable,
+}
+
+/// `qkv = x W^T + b` (`[batch, seq, 3, heads, head_dim]`, pre-zeroed; `weight` is
+/// `[3 * embed, embed]`), projecting for each head group only the rows its pattern
+/// selects. Other mixings (every head runs a pattern with rate 1, LongNet) take the
+/// dense product.
 pub(crate) fn project_qkv<F: LayerFloat>(
-    cfg: &DilatedConfig,
-    heads: usize,
-    head_dim: usize,
-    x: &[F],
-    batch: usize,
-    seq: usize,
+    input: &QkvInput<'_, F>,
     weight: &[F],
     bias: Option<&[F]>,
     qkv: &mut [F],
 ) -> Result<()> {
+    let QkvInput { cfg, heads, head_dim, x, batch, seq } = *input;
     let e = heads * head_dim;
     if cfg.mixing() != Mixing::HeadGroups {
-        return linear_forward(x, batch * seq, e, weight, bias, 3 * e, qkv, 3 * e);
+        return linear_forward(LinearRef { weight, bias, in_dim: e, out_dim: 3 * e }, x, batch * seq, qkv, 3 * e);
     }
     let groups = HeadGroups::new(heads, cfg.num_patterns());
     for g in 0..cfg.num_patterns() {
@@ -92,24 +108,20 @@ pub(crate) fn project_qkv<F: LayerFloat>(
 /// `dweight += dy^T x`, `dbias += sum dy`, `dx += dy W` over only the rows each group
 /// selects (its rows of `dq`, `dk`, `dv` elsewhere are zero: attention never read
 /// them). `grads` are `dq`, `dk`, `dv` (`[batch, seq, heads, head_dim]`); `dx` is
-/// `[batch, seq, embed]` and accumulated into. Returns false, touching nothing, for
-/// other mixings (the caller runs the dense products).
-#[allow(clippy::too_many_arguments)]
+/// `[batch, seq, embed]` and accumulated into; `grad` holds `dweight` and `dbias`.
+/// Other mixings touch nothing and return `NotApplicable` (the caller runs the dense
+/// products).
 pub(crate) fn project_qkv_backward<F: LayerFloat>(
-    cfg: &DilatedConfig,
-    heads: usize,
-    head_dim: usize,
-    x: &[F],
-    batch: usize,
-    seq: usize,
+    input: &QkvInput<'_, F>,
     weight: &[F],
     grads: [&[F]; 3],
-    dweight: &mut [F],
-    mut dbias: Option<&mut [F]>,
+    grad: LinearGrad<'_, F>,
     dx: &mut [F],
-) -> Result<bool> {
+) -> Result<SparseBackward> {
+    let QkvInput { cfg, heads, head_dim, x, batch, seq } = *input;
+    let LinearGrad { dweight, mut dbias, .. } = grad;
     if cfg.mixing() != Mixing::HeadGroups {
-        return Ok(false);
+        return Ok(SparseBackward::NotApplicable);
     }
     let e = heads * head_dim;
     let groups = HeadGroups::new(heads, cfg.num_patterns());
@@ -139,7 +151,7 @@ pub(crate) fn project_qkv_backward<F: LayerFloat>(
             }
         }
     }
-    Ok(true)
+    Ok(SparseBackward::Done)
 }
 
 #[cfg(test)]
@@ -184,9 +196,17 @@ mod tests {
                     DilatedConfig::builder().segments(&segments).dilations(&rates).mixing(mixing).build().unwrap();
                 for b in [None, Some(&bias[..])] {
                     let mut dense = vec![0.0; batch * seq * 3 * e];
-                    linear_forward(&x, batch * seq, e, &weight, b, 3 * e, &mut dense, 3 * e).unwrap();
+                    linear_forward(
+                        LinearRef { weight: &weight, bias: b, in_dim: e, out_dim: 3 * e },
+                        &x,
+                        batch * seq,
+                        &mut dense,
+                        3 * e,
+                    )
+                    .unwrap();
                     let mut sparse = vec![0.0; batch * seq * 3 * e];
-                    project_qkv(&cfg, heads, hd, &x, batch, seq, &weight, b, &mut sparse).unwrap();
+                    let input = QkvInput { cfg: &cfg, heads, head_dim: hd, x: &x, batch, seq };
+                    project_qkv(&input, &weight, b, &mut sparse).unwrap();
                     for bi in 0..batch {
                         for p in 0..seq {
                             for h in 0..heads {
@@ -215,7 +235,7 @@ mod tests {
     /// produces); LongNet mixing is declined.
     #[test]
     fn sparse_backward_equals_the_dense_products() {
-        use crate::projection::{linear_backward_input, linear_backward_params};
+        use crate::projection::{LinearGrad, linear_backward_input, linear_backward_params};
         let (heads, hd, batch) = (5usize, 3usize, 2usize);
         // 1, 2, 3: sequences shorter than some group offsets (no rows selected there).
         for seq in [23usize, 1, 2, 3] {
@@ -242,15 +262,29 @@ mod tests {
                 for part in 0..3 {
                     let (dw, db) =
                         (&mut dw_dense[part * e * e..(part + 1) * e * e], &mut db_dense[part * e..(part + 1) * e]);
-                    linear_backward_params(&grads[part], e, batch * seq, &x, e, e, dw, Some(db)).unwrap();
+                    linear_backward_params(
+                        LinearGrad { dweight: dw, dbias: Some(db), in_dim: e, out_dim: e },
+                        (&grads[part], e),
+                        batch * seq,
+                        &x,
+                    )
+                    .unwrap();
                     let wpart = &weight[part * e * e..(part + 1) * e * e];
-                    linear_backward_input(&grads[part], e, batch * seq, wpart, e, e, &mut dx_dense, part > 0).unwrap();
+                    linear_backward_input(
+                        LinearRef { weight: wpart, bias: None, in_dim: e, out_dim: e },
+                        (&grads[part], e),
+                        batch * seq,
+                        &mut dx_dense,
+                        part > 0,
+                    )
+                    .unwrap();
                 }
                 let (mut dw, mut db, mut dx) = (vec![0.5; 3 * e * e], vec![0.25; 3 * e], vec![0.0; batch * seq * e]);
                 let g3 = [&grads[0][..], &grads[1][..], &grads[2][..]];
-                let done =
-                    project_qkv_backward(&cfg, heads, hd, &x, batch, seq, &weight, g3, &mut dw, Some(&mut db), &mut dx);
-                assert!(done.unwrap());
+                let input = QkvInput { cfg: &cfg, heads, head_dim: hd, x: &x, batch, seq };
+                let grad = LinearGrad { dweight: &mut dw, dbias: Some(&mut db), in_dim: e, out_dim: 3 * e };
+                let done = project_qkv_backward(&input, &weight, g3, grad, &mut dx);
+                assert_eq!(done.unwrap(), SparseBackward::Done);
                 for (got, want) in [(&dw, &dw_dense), (&db, &db_dense), (&dx, &dx_dense)] {
                     for (a, b) in got.iter().zip(want.iter()) {
                         assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} vs {b}");
@@ -262,10 +296,10 @@ mod tests {
             let (mut dw, mut dx) = (vec![0.0; 3 * e * e], vec![0.0; batch * seq * e]);
             let zeros = vec![0.0; batch * seq * e];
             let g3 = [&zeros[..], &zeros[..], &zeros[..]];
-            assert!(
-                !project_qkv_backward(&longnet, heads, hd, &x, batch, seq, &weight, g3, &mut dw, None, &mut dx)
-                    .unwrap()
-            );
+            let input = QkvInput { cfg: &longnet, heads, head_dim: hd, x: &x, batch, seq };
+            let grad = LinearGrad { dweight: &mut dw, dbias: None, in_dim: e, out_dim: 3 * e };
+            let done = project_qkv_backward(&input, &weight, g3, grad, &mut dx).unwrap();
+            assert_eq!(done, SparseBackward::NotApplicable);
         }
     }
 }

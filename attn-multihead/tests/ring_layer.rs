@@ -52,15 +52,12 @@ fn single_rank(
 }
 
 fn check(cfg: MultiheadConfig, world: usize, layout: Layout, strategy: Strategy, batch: usize, seq: usize) {
-    check_mode(cfg, world, layout, strategy, batch, seq, Mode::Eval);
+    check_mode(cfg, (world, layout, strategy), batch, seq, Mode::Eval);
 }
 
-#[allow(clippy::too_many_arguments)]
 fn check_mode(
     cfg: MultiheadConfig,
-    world: usize,
-    layout: Layout,
-    strategy: Strategy,
+    (world, layout, strategy): (usize, Layout, Strategy),
     batch: usize,
     seq: usize,
     mode: Mode,
@@ -153,13 +150,13 @@ fn ring_layer_in_training_with_dropout_equals_one_rank() {
     let cfg = MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]).with_dropout(0.3);
     for world in 2..=4 {
         for layout in [Layout::Contiguous, Layout::Zigzag] {
-            check_mode(cfg.clone(), world, layout, Strategy::Auto, 2, 37, Mode::Train { seed: 17 + world as u64 });
+            check_mode(cfg.clone(), (world, layout, Strategy::Auto), 2, 37, Mode::Train { seed: 17 + world as u64 });
         }
     }
     let causal =
         MultiheadConfig::new(16, 2, &[8, 32], &[1, 4]).with_mixing(Mixing::LongNet).with_causal(true).with_dropout(0.5);
-    check_mode(causal.clone(), 3, Layout::Zigzag, Strategy::Ring, 1, 45, Mode::Train { seed: 3 });
-    check_mode(causal, 4, Layout::Contiguous, Strategy::AllGather, 1, 33, Mode::Train { seed: 4 });
+    check_mode(causal.clone(), (3, Layout::Zigzag, Strategy::Ring), 1, 45, Mode::Train { seed: 3 });
+    check_mode(causal, (4, Layout::Contiguous, Strategy::AllGather), 1, 33, Mode::Train { seed: 4 });
 }
 
 #[test]

@@ -85,7 +85,7 @@ fn the_cpu_backend_names_the_tensor_and_first_index_only_when_asked() {
                 );
                 assert!(dq.iter().chain(&dk).chain(&dv).all(|&x| x == 7.0), "backward wrote before refusing");
                 // Unchecked, the same call computes (the poison stays in the rows that read it).
-                assert!(plain.backward_vec(&cfg, s, &x[0], &x[1], &x[2], &clean, &clean_lse, &x[3]).is_ok());
+                assert!(plain.backward_vec(&cfg, s, [&x[0], &x[1], &x[2]], &clean, &clean_lse, &x[3]).is_ok());
                 cases += 1;
             }
         }

@@ -49,7 +49,7 @@ fn measure<T: Element>(problem: &RingProblem) -> Vec<usize> {
                     let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, ls).unwrap();
                     let opts = RingOptions::default();
                     let (r, peak) = measure_thread(|| {
-                        ring_forward_with(&mut comm, problem, &opts, view(0), view(1), view(2), &mut ov, &mut lse)
+                        ring_forward_with(&mut comm, problem, &opts, [view(0), view(1), view(2)], &mut ov, &mut lse)
                     });
                     r.unwrap_or_else(|e| panic!("rank {}: {e}", comm.rank()));
                     peak

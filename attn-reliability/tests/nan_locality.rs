@@ -208,7 +208,7 @@ fn value_poison_reaches_only_the_gradients_that_read_it() {
     let x = [random_vec(51, n), random_vec(52, n), random_vec(53, n), random_vec(54, n)];
     let grads = |cfg: &DilatedConfig, v: &[f32]| {
         let (out, lse) = cpu.forward_vec(cfg, s, &x[0], &x[1], v).unwrap();
-        cpu.backward_vec(cfg, s, &x[0], &x[1], v, &out, &lse, &x[3]).unwrap()
+        cpu.backward_vec(cfg, s, [&x[0], &x[1], v], &out, &lse, &x[3]).unwrap()
     };
     let (mut leaks, mut reached) = (Vec::new(), 0);
     for cfg in configs() {

@@ -34,8 +34,9 @@ fn check_finite_case(case: &DilatedCase, mag: f32) -> Result<(), TestCaseError> 
     let s = case.shape;
     let cpu = cpu();
     let (out, lse) = cpu.forward_vec(&case.cfg, s, &q, &k, &v).map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let (dq, dk, dv) =
-        cpu.backward_vec(&case.cfg, s, &q, &k, &v, &out, &lse, &go).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let (dq, dk, dv) = cpu
+        .backward_vec(&case.cfg, s, [&q, &k, &v], &out, &lse, &go)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
     prop_assert!(out.iter().all(|x| x.is_finite()), "non-finite out at mag {mag}");
     prop_assert!(dq.iter().chain(&dk).chain(&dv).all(|x| x.is_finite()), "non-finite gradient at mag {mag}");
     let vmax = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
@@ -144,7 +145,7 @@ fn rows_without_keys_are_exact_zeros_with_neg_inf_lse() {
     let cpu = cpu();
     for cfg in &cfgs {
         let (out, lse) = cpu.forward_vec(cfg, s, &q, &k, &v).unwrap();
-        let (dq, _, _) = cpu.backward_vec(cfg, s, &q, &k, &v, &out, &lse, &go).unwrap();
+        let (dq, _, _) = cpu.backward_vec(cfg, s, [&q, &k, &v], &out, &lse, &go).unwrap();
         let want = reference::dilated_forward(cfg, AttnShape::self_attn(s), &to64(&q), &to64(&k), &to64(&v)).unwrap();
         let mut empty = 0;
         for b in 0..s.batch {
@@ -211,7 +212,7 @@ fn subnormal_inputs_stay_finite_and_accurate() {
         let (q, k, v) = (scaled(&q0, qs), scaled(&k0, qs), scaled(&v0, vs));
         assert!(q.iter().chain(&v).any(|x| x.is_subnormal()), "fixture has no subnormals");
         let (out, lse) = cpu.forward_vec(&cfg, s, &q, &k, &v).unwrap();
-        let (dq, dk, dv) = cpu.backward_vec(&cfg, s, &q, &k, &v, &out, &lse, &go).unwrap();
+        let (dq, dk, dv) = cpu.backward_vec(&cfg, s, [&q, &k, &v], &out, &lse, &go).unwrap();
         assert!(out.iter().chain(&lse).chain(&dq).chain(&dk).chain(&dv).all(|x| x.is_finite()));
         let want = reference::dilated_forward(&cfg, AttnShape::self_attn(s), &to64(&q), &to64(&k), &to64(&v)).unwrap();
         // Relative to the size of v: a subnormal v may lose its low bits (flush-to-zero).

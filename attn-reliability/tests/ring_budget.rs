@@ -85,7 +85,7 @@ fn run<T: Element>(problem: &RingProblem, opts: &[RingOptions], backward: bool, 
                     } else {
                         let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut outs[0], ls).unwrap();
                         let [q, k, v] = qkv;
-                        measure_thread(|| ring_forward_with(&mut comm, problem, &opts, q, k, v, &mut ov, &mut lse))
+                        measure_thread(|| ring_forward_with(&mut comm, problem, &opts, [q, k, v], &mut ov, &mut lse))
                     };
                     let n = if backward { 3 } else { 1 };
                     let mut flat: Vec<f32> = outs[..n].iter().flatten().map(|x| x.to_f32()).collect();

@@ -27,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let (out, lse) = cpu.forward_vec(&cfg, shape, &x, &x, &x)?;
         if bwd {
-            cpu.backward_vec(&cfg, shape, &x, &x, &x, &out, &lse, &x)?;
+            cpu.backward_vec(&cfg, shape, [&x, &x, &x], &out, &lse, &x)?;
         }
         let single = t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();

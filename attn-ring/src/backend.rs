@@ -130,7 +130,7 @@ impl<C: Communicator + Send + std::fmt::Debug, T: Element> Attention<T> for Ring
         let problem = self.problem(inputs.cfg, inputs.q.shape());
         let (qn, kn) = (inputs.q.shape().seq, inputs.k.shape().seq);
         // The ring refuses mismatched inputs collectively (every rank returns); name the cause here.
-        ring_forward_with(&mut *comm, &problem, &self.options, inputs.q, inputs.k, inputs.v, &mut out, lse)
+        ring_forward_with(&mut *comm, &problem, &self.options, [inputs.q, inputs.k, inputs.v], &mut out, lse)
             .map(|_| ())
             .map_err(|e| if kn != qn { Self::cross_error(qn, kn) } else { e })
     }

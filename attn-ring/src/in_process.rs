@@ -123,7 +123,7 @@ pub fn forward_on_with<C: Communicator + Send, T: Element>(
                     let qv = TensorView::contiguous(TensorName::Query, &lq, shape)?;
                     let kv = TensorView::contiguous(TensorName::Key, &lk, shape)?;
                     let vv = TensorView::contiguous(TensorName::Value, &lv, shape)?;
-                    let stats = ring_forward_with(&mut comm, problem, opts, qv, kv, vv, &mut ov, &mut lse)?;
+                    let stats = ring_forward_with(&mut comm, problem, opts, [qv, kv, vv], &mut ov, &mut lse)?;
                     Ok((out, lse, stats))
                 })
             })

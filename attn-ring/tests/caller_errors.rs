@@ -119,7 +119,7 @@ fn a_communicator_with_no_world_or_a_rank_outside_it_is_refused() {
         let problem = problem_for(&cfg(), s, Layout::Contiguous, Strategy::Auto, world.max(1));
         let (mut out, mut lse) = (vec![7.0f32; s.numel()], vec![7.0f32; s.lse_len()]);
         let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, s).unwrap();
-        let r = ring_forward(&mut comm, &problem, view(&q, s), view(&q, s), view(&q, s), &mut ov, &mut lse);
+        let r = ring_forward(&mut comm, &problem, [view(&q, s), view(&q, s), view(&q, s)], &mut ov, &mut lse);
         assert!(matches!(r, Err(AttnError::InvalidArgument(_))), "rank {rank} of {world}: {r:?}");
         assert!(out.iter().chain(&lse).all(|&x| x == 7.0), "output written despite an error");
     }
@@ -145,7 +145,7 @@ fn a_zigzag_world_beyond_half_of_usize_is_an_error() {
     let (mut out, mut lse) = (vec![0.0f32; q.len()], vec![0.0f32; shape(16).lse_len()]);
     let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, shape(16)).unwrap();
     let qv = view(&q, shape(16));
-    let r = ring_forward(&mut comm, &problem, qv, qv, qv, &mut ov, &mut lse);
+    let r = ring_forward(&mut comm, &problem, [qv, qv, qv], &mut ov, &mut lse);
     assert!(matches!(r, Err(AttnError::RankDisagreement(_))), "{r:?}");
 }
 
@@ -161,7 +161,7 @@ fn a_problem_for_a_far_larger_world_fails_at_once() {
     let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, ls).unwrap();
     let mut comm = ThreadComm::world(1).unwrap().remove(0);
     let t = Instant::now();
-    let r = ring_forward(&mut comm, &problem, view(&x, ls), view(&x, ls), view(&x, ls), &mut ov, &mut lse);
+    let r = ring_forward(&mut comm, &problem, [view(&x, ls), view(&x, ls), view(&x, ls)], &mut ov, &mut lse);
     assert!(matches!(r, Err(AttnError::RankDisagreement(ref m)) if m.contains("ranks")), "{r:?}");
     assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
 }

@@ -32,7 +32,7 @@ fn check_dtype<T: Element>() {
     // Blocks compute in f32 (attn_kernels::block), so f64 results are judged as f32 ones.
     let cpu = CpuBackend::new(1).unwrap();
     let (out, lse) = cpu.forward_vec(&cfg(), shape, &q, &k, &v).unwrap();
-    let (dq, dk, dv) = cpu.backward_vec(&cfg(), shape, &q, &k, &v, &out, &lse, &go).unwrap();
+    let (dq, dk, dv) = cpu.backward_vec(&cfg(), shape, [&q, &k, &v], &out, &lse, &go).unwrap();
     if let Err(e) = judge(&cfg(), attn, [&q, &k, &v, &go], &out, &lse, [&dq, &dk, &dv]) {
         panic!("{:?} single device: {e}", T::DTYPE);
     }
@@ -87,7 +87,7 @@ fn fused_qkv_views_feed_the_ring_without_copies() {
                     let mut out = vec![0.0f32; ls.numel()];
                     let mut lse = vec![0.0f32; ls.lse_len()];
                     let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, ls).unwrap();
-                    ring_forward(&mut c, problem, lq, lk, lv, &mut ov, &mut lse).unwrap();
+                    ring_forward(&mut c, problem, [lq, lk, lv], &mut ov, &mut lse).unwrap();
                     out
                 })
             })

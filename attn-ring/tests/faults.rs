@@ -156,7 +156,7 @@ fn run_mixed(cfgs: Vec<DilatedConfig>, seqs: Vec<usize>) -> Vec<(Result<(), Attn
                     let mut out = vec![7.0f32; ls.numel()];
                     let mut lse = vec![7.0f32; ls.lse_len()];
                     let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, ls).unwrap();
-                    let r = ring_forward(&mut c, &problem, xv, xv, xv, &mut ov, &mut lse).map(|_| ());
+                    let r = ring_forward(&mut c, &problem, [xv, xv, xv], &mut ov, &mut lse).map(|_| ());
                     (r, out.iter().chain(&lse).all(|&x| x == 7.0))
                 })
             })

@@ -44,8 +44,14 @@ fn run(strategy: Strategy, faults: &[Fault], timeout: Duration) -> Vec<(Result<u
                     let mut out = vec![SENTINEL; ls.numel()];
                     let mut lse = vec![SENTINEL; ls.lse_len()];
                     let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, ls).unwrap();
-                    let res =
-                        ring_forward_with(&mut comm, problem, opts, view(&lq), view(&lk), view(&lv), &mut ov, &mut lse);
+                    let res = ring_forward_with(
+                        &mut comm,
+                        problem,
+                        opts,
+                        [view(&lq), view(&lk), view(&lv)],
+                        &mut ov,
+                        &mut lse,
+                    );
                     (res.map(|st| st.data_messages), out.iter().chain(&lse).all(|&x| x == SENTINEL))
                 })
             })

@@ -66,9 +66,7 @@ fn run_case(
     ring_forward(
         comm,
         &problem,
-        qv,
-        kv,
-        vv,
+        [qv, kv, vv],
         &mut TensorViewMut::contiguous(TensorName::Output, &mut out, ls)?,
         &mut lse,
     )?;
@@ -153,7 +151,7 @@ fn main() -> ExitCode {
         let mut out = vec![7.0f32; ls.numel()];
         let mut lse = vec![7.0f32; ls.lse_len()];
         let r = match (xv, TensorViewMut::contiguous(TensorName::Output, &mut out, ls)) {
-            (Ok(xv), Ok(mut ov)) => ring_forward(&mut comm, &problem, xv, xv, xv, &mut ov, &mut lse).map(|_| ()),
+            (Ok(xv), Ok(mut ov)) => ring_forward(&mut comm, &problem, [xv, xv, xv], &mut ov, &mut lse).map(|_| ()),
             _ => Ok(()),
         };
         (r, out.iter().chain(&lse).all(|&x| x == 7.0))

@@ -6,15 +6,12 @@ use crate::config::DilatedConfig;
 use crate::error::{AttnError, Result, TensorName};
 use crate::shape::AttnShape;
 
-#[allow(clippy::too_many_arguments)]
 fn backward_impl(
     cfg: Option<&DilatedConfig>,
     causal: bool,
     scale: f64,
     shape: AttnShape,
-    q: &[f64],
-    k: &[f64],
-    v: &[f64],
+    [q, k, v]: [&[f64]; 3],
     grad_out: &[f64],
 ) -> Result<(Forward, Gradients, Magnitudes)> {
     let fwd = forward_impl(cfg, causal, scale, shape, q, k, v)?;
@@ -96,7 +93,7 @@ pub fn dilated_backward_with_magnitudes(
     grad_out: &[f64],
 ) -> Result<(Forward, Gradients, Magnitudes)> {
     cfg.validate_heads(shape.q.heads)?;
-    backward_impl(Some(cfg), cfg.causal(), cfg.scale_for(shape.q.head_dim), shape, q, k, v, grad_out)
+    backward_impl(Some(cfg), cfg.causal(), cfg.scale_for(shape.q.head_dim), shape, [q, k, v], grad_out)
 }
 
 /// Forward and gradients of dense attention in float64.
@@ -112,6 +109,6 @@ pub fn dense_backward(
     if !(scale.is_finite() && scale > 0.0) {
         return Err(AttnError::InvalidScale(scale));
     }
-    let (fwd, grads, _) = backward_impl(None, causal, scale, shape, q, k, v, grad_out)?;
+    let (fwd, grads, _) = backward_impl(None, causal, scale, shape, [q, k, v], grad_out)?;
     Ok((fwd, grads))
 }

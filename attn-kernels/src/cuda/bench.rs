@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use attn_core::{DilatedConfig, Result, SegmentPattern, Shape4};
 
-use super::block::forward_block;
+use super::block::{DeviceBlock, forward_block};
 use super::device::{CudaDevice, cuda_err};
 use super::plan::{SelectedIndex, pattern_launches};
 use super::tensor::{CudaElement, DevicePartial, DeviceTensor};
@@ -64,7 +64,7 @@ pub fn bench_forward<T: CudaElement>(
         let mut partial = DevicePartial::empty(dev, shape)?;
         dev.synchronize()?;
         let t0 = Instant::now();
-        forward_block(dev, cfg, &q, 0, &k, &v, 0, &mut partial)?;
+        forward_block(dev, &DeviceBlock { cfg, q: &q, q_start: 0, k: &k, v: &v, k_start: 0 }, &mut partial)?;
         dev.synchronize()?;
         if i > 0 {
             times.push(t0.elapsed().as_secs_f64() * 1e3);

@@ -96,20 +96,36 @@ fn grid(rows: usize, per_block: usize, heads: usize, batch: usize) -> Result<Opt
     Ok(Some(LaunchConfig { grid_dim: (gx, gy, gz), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }))
 }
 
-/// Attend q rows `q_start..` to k/v rows `k_start..` (global positions) with every
-/// pattern of `cfg` and LSE-merge into `partial` (shape of q). Calling it for every key
-/// block, in any order, gives the attention over all of them; then [`finish_forward`](crate::cuda::finish_forward).
-#[allow(clippy::too_many_arguments)]
+/// A block on the device: q rows starting at global position `q_start`, k/v rows at
+/// `k_start`, under every pattern of `cfg`.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceBlock<'a, T: CudaElement> {
+    pub cfg: &'a DilatedConfig,
+    pub q: &'a DeviceTensor<T>,
+    pub q_start: usize,
+    pub k: &'a DeviceTensor<T>,
+    pub v: &'a DeviceTensor<T>,
+    pub k_start: usize,
+}
+
+/// What the backward of a block reads for its q rows: `grad_out` (q's shape), the heads'
+/// FINAL lse and `delta = dot(grad_out, out)` (both f32 `[batch, q_rows, heads]`).
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceUpstream<'a, T: CudaElement> {
+    pub grad_out: &'a DeviceTensor<T>,
+    pub lse: &'a CudaSlice<f32>,
+    pub delta: &'a CudaSlice<f32>,
+}
+
+/// Attend the block's q rows to its k/v rows (global positions) with every pattern of
+/// its config and LSE-merge into `partial` (shape of q). Calling it for every key block,
+/// in any order, gives the attention over all of them; then [`finish_forward`](crate::cuda::finish_forward).
 pub fn forward_block<T: CudaElement>(
     dev: &CudaDevice,
-    cfg: &DilatedConfig,
-    q: &DeviceTensor<T>,
-    q_start: usize,
-    k: &DeviceTensor<T>,
-    v: &DeviceTensor<T>,
-    k_start: usize,
+    block: &DeviceBlock<'_, T>,
     partial: &mut DevicePartial,
 ) -> Result<()> {
+    let DeviceBlock { cfg, q, q_start, k, v, k_start } = *block;
     check_block(cfg, q, k, v, q_start, k_start)?;
     check_partial(partial, q.shape)?;
     let (kernel, per_block, smem) = match forward_kernel(T::DTYPE, T::SUFFIX, q.shape.head_dim) {
@@ -144,23 +160,16 @@ fn check_partial(partial: &DevicePartial, q: Shape4) -> Result<()> {
     check_len(TensorName::Lse, partial.lse.len(), q.lse_len())
 }
 
-/// Accumulate the gradients of one (q block, k block) pair into `grads` (f32). `lse` is
-/// the heads' FINAL lse of the q rows and `delta = dot(grad_out, out)` per q row (both
-/// f32 `[batch, q_rows, heads]`); `grad_out` has q's shape.
-#[allow(clippy::too_many_arguments)]
+/// Accumulate the gradients of one (q block, k block) pair into `grads` (f32), given the
+/// [`DeviceUpstream`] of its q rows.
 pub fn backward_block<T: CudaElement>(
     dev: &CudaDevice,
-    cfg: &DilatedConfig,
-    q: &DeviceTensor<T>,
-    q_start: usize,
-    k: &DeviceTensor<T>,
-    v: &DeviceTensor<T>,
-    k_start: usize,
-    grad_out: &DeviceTensor<T>,
-    lse: &CudaSlice<f32>,
-    delta: &CudaSlice<f32>,
+    block: &DeviceBlock<'_, T>,
+    upstream: &DeviceUpstream<'_, T>,
     grads: &mut DeviceGrads,
 ) -> Result<()> {
+    let DeviceBlock { cfg, q, q_start, k, v, k_start } = *block;
+    let DeviceUpstream { grad_out, lse, delta } = *upstream;
     check_block(cfg, q, k, v, q_start, k_start)?;
     if grad_out.shape != q.shape || grad_out.strides[3] != 1 {
         return Err(AttnError::ShapeMismatch {

@@ -6,7 +6,7 @@ use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs, Grads, Pass, Saved};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Result, TensorView, TensorViewMut};
 
-use super::block::{backward_block, forward_block};
+use super::block::{DeviceBlock, DeviceUpstream, backward_block, forward_block};
 use super::device::{CudaDevice, cuda_err};
 use super::epilogue::{delta, finish_forward, store_scaled};
 use super::tensor::{CudaElement, DeviceGrads, DevicePartial, DeviceTensor};
@@ -117,7 +117,7 @@ impl CudaBackend {
         let up = |x: &TensorView<'_, T>| DeviceTensor::from_view(dev, x);
         let (dq, dk, dv) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
         let mut partial = DevicePartial::empty(dev, shape.q)?;
-        forward_block(dev, cfg, &dq, 0, &dk, &dv, 0, &mut partial)?;
+        forward_block(dev, &DeviceBlock { cfg, q: &dq, q_start: 0, k: &dk, v: &dv, k_start: 0 }, &mut partial)?;
         let mut dout = DeviceTensor::<T>::zeros(dev, shape.q)?;
         let dlse = finish_forward(dev, cfg, &partial, &mut dout)?;
         let host_lse = dev.stream.clone_dtoh(dlse).map_err(cuda_err)?;
@@ -162,7 +162,9 @@ impl CudaBackend {
         let dlse = dev.stream.clone_htod(saved.lse).map_err(cuda_err)?;
         let ddelta = delta(dev, &tgo, &tout)?;
         let mut acc = DeviceGrads::zeros(dev, shape.q, shape.kv)?;
-        backward_block(dev, cfg, &tq, 0, &tk, &tv, 0, &tgo, &dlse, &ddelta, &mut acc)?;
+        let block = DeviceBlock { cfg, q: &tq, q_start: 0, k: &tk, v: &tv, k_start: 0 };
+        let upstream = DeviceUpstream { grad_out: &tgo, lse: &dlse, delta: &ddelta };
+        backward_block(dev, &block, &upstream, &mut acc)?;
         store_grad(dev, &acc.dq, &mut grads.dq, TensorName::GradQuery)?;
         store_grad(dev, &acc.dk, &mut grads.dk, TensorName::GradKey)?;
         store_grad(dev, &acc.dv, &mut grads.dv, TensorName::GradValue)

@@ -24,7 +24,7 @@ pub mod source;
 mod tensor;
 
 pub use bench::{GpuTiming, attended_pairs, bench_forward};
-pub use block::{backward_block, forward_block};
+pub use block::{DeviceBlock, DeviceUpstream, backward_block, forward_block};
 pub use device::{CudaDevice, check_available, nvrtc_present};
 pub use epilogue::{delta, finish_forward, store_scaled};
 pub use host::CudaBackend;

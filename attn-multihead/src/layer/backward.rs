@@ -11,9 +11,9 @@ use super::{InputGrads, Inputs, MultiheadCache, MultiheadDilatedAttention, Proje
 use crate::dropout::apply_mask;
 use crate::float::LayerFloat;
 use crate::layer_norm::NormStats;
-use crate::projection::{linear_backward_input, linear_backward_params};
+use crate::projection::{LinearGrad, LinearRef, linear_backward_input, linear_backward_params};
 use crate::segment_window::{window_rows, windows};
-use crate::sparse_projection::project_qkv_backward;
+use crate::sparse_projection::{QkvInput, SparseBackward, project_qkv_backward};
 use crate::weights::MultiheadWeights;
 use crate::workspace::sized;
 
@@ -60,7 +60,13 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
                     attn_kernels::zeroed_buffer(kv_rows * e)?,
                 ];
                 for (i, ((dy, r), dx)) in d.iter().zip([rows, kv_rows, kv_rows]).zip(out.iter_mut()).enumerate() {
-                    linear_backward_input(dy, e, r, self.in_proj_part(i), e, e, dx, false)?;
+                    linear_backward_input(
+                        LinearRef { weight: self.in_proj_part(i), bias: None, in_dim: e, out_dim: e },
+                        (dy, e),
+                        r,
+                        dx,
+                        false,
+                    )?;
                 }
                 let [query, key, value] = out;
                 Ok(InputGrads { query, key: Some(key), value: Some(value) })
@@ -168,14 +174,23 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let (e, heads, hd) = (self.config.embed_dim, self.config.num_heads, self.config.head_dim());
         let w = &self.weights.in_proj.weight;
         let g = &mut grads.in_proj;
-        let (dw, db) = (&mut g.weight, g.bias.as_deref_mut());
-        if one_device && project_qkv_backward(&self.dilated, heads, hd, x, batch, seq, w, d, dw, db, dx)? {
-            return Ok(());
+        if one_device {
+            let input = QkvInput { cfg: &self.dilated, heads, head_dim: hd, x, batch, seq };
+            let grad = LinearGrad { dweight: &mut g.weight, dbias: g.bias.as_deref_mut(), in_dim: e, out_dim: 3 * e };
+            if project_qkv_backward(&input, w, d, grad, dx)? == SparseBackward::Done {
+                return Ok(());
+            }
         }
         let rows = batch * seq;
         self.in_proj_param_grads([x, x, x], [rows; 3], d, grads)?;
         for (i, dy) in d.iter().enumerate() {
-            linear_backward_input(dy, e, rows, self.in_proj_part(i), e, e, dx, i > 0)?;
+            linear_backward_input(
+                LinearRef { weight: self.in_proj_part(i), bias: None, in_dim: e, out_dim: e },
+                (dy, e),
+                rows,
+                dx,
+                i > 0,
+            )?;
         }
         Ok(())
     }
@@ -196,7 +211,12 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             None => vec![None, None, None],
         };
         for (i, gw) in g.weight.chunks_mut(e * e).enumerate() {
-            linear_backward_params(d[i], e, rows[i], inputs[i], e, e, gw, gb[i].take())?;
+            linear_backward_params(
+                LinearGrad { dweight: gw, dbias: gb[i].take(), in_dim: e, out_dim: e },
+                (d[i], e),
+                rows[i],
+                inputs[i],
+            )?;
         }
         Ok(())
     }

@@ -69,7 +69,7 @@ impl RingCase {
                 let mut out = vec![0.0f32; ls.numel()];
                 let mut lse = vec![0.0f32; ls.lse_len()];
                 let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, ls)?;
-                ring_forward(comm, pr, qv, kv, vv, &mut ov, &mut lse)?;
+                ring_forward(comm, pr, [qv, kv, vv], &mut ov, &mut lse)?;
                 out.extend_from_slice(&lse);
                 Ok(out)
             }

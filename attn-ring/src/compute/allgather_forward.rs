@@ -19,7 +19,7 @@ use crate::compute::head_work::for_each_item;
 use crate::compute::kernel_bridge::{KEY_ROWS_PER_CALL, KeyBlock, Rows, attend_forward, attend_forward_chunked};
 use crate::compute::rank_rows::{Local, RawBlock, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
-use crate::protocol::wire::MsgKind;
+use crate::protocol::wire::{Expected, MsgKind};
 
 /// Key rows per piece (and per kernel call on it), fixed by the plan so every rank cuts
 /// a message alike: an eighth of the smallest all-gather message of one (pattern,
@@ -235,7 +235,13 @@ pub(crate) fn gather_partials<C: Communicator + ?Sized, T: Element>(
         }
         for ((src, i, rg), bytes) in srcs.into_iter().zip(got) {
             let pos = piece_positions(plan, src, r, &gh[i], &rg);
-            let raw = RawBlock::new::<T>(bytes, MsgKind::GatherKv, src, k, r, batch, d, vec![pos])?;
+            let raw = RawBlock::new::<T>(
+                bytes,
+                Expected { kind: MsgKind::GatherKv, owner: src, step: k, rank: r },
+                batch,
+                d,
+                vec![pos],
+            )?;
             let Some(part) = parts[i].as_mut() else { continue };
             let pat = part.pair.pat;
             let (k0, k1) = (raw.pos[0][0] / pat.w, raw.pos[0][raw.pos[0].len() - 1] / pat.w);
@@ -287,13 +293,13 @@ pub(crate) fn forward_direct<T: Element>(
     };
     // Ascending positions (every layout's): each row chunk then hands the kernel only the
     // keys of its own segments, so the work stays linear in the rows.
-    let ascending = local.own_keys(0).pos.windows(2).all(|w| w[0] < w[1]);
+    let order = if local.own_keys(0).pos.windows(2).all(|w| w[0] < w[1]) { KeyOrder::Ascending } else { KeyOrder::Any };
     let workers = threads.min(tasks.len());
     if workers <= 1 {
         let (mut o, mut l) = (vec![0.0f32; ROW_CHUNK * d], vec![0.0f32; ROW_CHUNK]);
         for c in &tasks {
             let (o, l) = (&mut o[..c.rows.len() * d], &mut l[..c.rows.len()]);
-            chunk_forward(plan, local, partials, &hps[c.head], c, ascending, o, l)?;
+            chunk_forward((plan, local, partials), &hps[c.head], c, order, o, l)?;
             write(c, o, l);
         }
         return Ok(());
@@ -309,7 +315,7 @@ pub(crate) fn forward_direct<T: Element>(
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(c) = tasks.get(i) else { break };
                     let (mut o, mut l) = (vec![0.0f32; c.rows.len() * d], vec![0.0f32; c.rows.len()]);
-                    let done = chunk_forward(plan, local, partials, &hps[c.head], c, ascending, &mut o, &mut l)
+                    let done = chunk_forward((plan, local, partials), &hps[c.head], c, order, &mut o, &mut l)
                         .map(|()| (i, o, l));
                     let failed = done.is_err();
                     if tx.send(done).is_err() || failed {
@@ -336,17 +342,21 @@ struct Chunk {
     rows: Range<usize>,
 }
 
+/// Whether this rank's own key positions ascend (then a chunk attends only the keys of
+/// its segments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyOrder {
+    Ascending,
+    Any,
+}
+
 /// One chunk over this rank's own keys of every pattern of its head, merged with the
-/// partials, into `o` (`[rows, d]`, normalised, before `out_scale`) and `l`; with
-/// `ascending` key positions only the keys of the chunk's segments are attended.
-#[allow(clippy::too_many_arguments)]
+/// partials, into `o` (`[rows, d]`, normalised, before `out_scale`) and `l`.
 fn chunk_forward<T: Element>(
-    plan: &Plan,
-    local: &Local<'_, T>,
-    partials: &[PairPartial],
+    (plan, local, partials): (&Plan, &Local<'_, T>, &[PairPartial]),
     hp: &HeadPatterns,
     c: &Chunk,
-    ascending: bool,
+    order: KeyOrder,
     o: &mut [f32],
     l: &mut [f32],
 ) -> Result<()> {
@@ -360,8 +370,8 @@ fn chunk_forward<T: Element>(
     // kernel scratch).
     for &(pattern, pat) in &hp.patterns {
         let m = mask_of(plan, &PatternHead { pattern, head, pat });
-        let keys = match (ascending, q.pos.first(), q.pos.last()) {
-            (true, Some(&first), Some(&last)) => {
+        let keys = match (order, q.pos.first(), q.pos.last()) {
+            (KeyOrder::Ascending, Some(&first), Some(&last)) => {
                 let lo = pat.segment_of(first).saturating_mul(pat.w);
                 let hi = (pat.segment_of(last) + 1).saturating_mul(pat.w);
                 keys.positions_within(lo, if m.causal { hi.min(last + 1) } else { hi })

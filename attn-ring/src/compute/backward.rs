@@ -12,7 +12,7 @@ use crate::compute::kernel_bridge::{GradRows, attend_backward};
 use crate::compute::rank_rows::{Block, Local, head_rows, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::protocol::call::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
-use crate::protocol::wire::{MsgKind, Reader, begin, put_f32s};
+use crate::protocol::wire::{Expected, MsgKind, Reader, begin, put_f32s};
 
 /// dq, dk, dv per (batch, head), `[rows, d]` each.
 #[derive(Debug)]
@@ -50,7 +50,7 @@ impl BlockGrads {
 
     /// Add a received message's dk/dv into these.
     fn add_from(&mut self, bytes: &[u8], kind: MsgKind, owner: usize, step: usize, rank: usize) -> Result<()> {
-        let mut rd = Reader::open(bytes, kind, owner, step, rank)?;
+        let mut rd = Reader::open(bytes, Expected { kind, owner, step, rank })?;
         let mut buf = Vec::new();
         for (k, v) in self.dk.iter_mut().zip(self.dv.iter_mut()) {
             for dst in [k, v] {
@@ -173,7 +173,13 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     let mut back = Vec::with_capacity(srcs.len());
     for (&src, bytes) in srcs.iter().zip(gathered) {
         let pos = gh.iter().map(|ph| plan.gather_positions(src, r, ph)).collect();
-        let blk = Block::<T>::decode(&bytes, MsgKind::GatherKv, src, 0, r, batch, d, pos)?;
+        let blk = Block::<T>::decode(
+            &bytes,
+            Expected { kind: MsgKind::GatherKv, owner: src, step: 0, rank: r },
+            batch,
+            d,
+            pos,
+        )?;
         let bg = ctx.block_backward(gh, &blk, &mut grads.dq)?;
         back.push((src, bg.encode(MsgKind::GatherGrad, src, 0)));
     }
@@ -226,7 +232,8 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
         let mut got = comm.exchange(Vec::new(), &from[..if t >= 2 { 2 } else { 1 }])?.into_iter();
         let bytes = got.next().unwrap_or_default();
         let pos = rh.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
-        let blk = Block::<T>::decode(&bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?;
+        let blk =
+            Block::<T>::decode(&bytes, Expected { kind: MsgKind::RingKv, owner, step: t, rank: r }, batch, d, pos)?;
         if t < hops {
             comm.post(vec![(comm.next(), restep(bytes, t + 1))])?;
             posted = true;

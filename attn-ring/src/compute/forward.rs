@@ -11,7 +11,7 @@ use crate::compute::kernel_bridge::{KeyBlock, attend_forward};
 use crate::compute::rank_rows::{Block, Local, RawBlock, mask_of};
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::protocol::call::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
-use crate::protocol::wire::{MsgKind, Reader};
+use crate::protocol::wire::{Expected, MsgKind, Reader};
 
 /// Final output (already scaled by the head's `out_scale`) and lse per (batch, head).
 #[derive(Debug)]
@@ -61,7 +61,13 @@ fn gather_blocks<C: Communicator + ?Sized, T: Element>(
     let mut blocks = Vec::with_capacity(srcs.len());
     for (&src, bytes) in srcs.iter().zip(gathered) {
         let pos = gh.iter().map(|ph| plan.gather_positions(src, r, ph)).collect();
-        blocks.push(RawBlock::new::<T>(bytes, MsgKind::GatherKv, src, 0, r, local.batch, local.d, pos)?);
+        blocks.push(RawBlock::new::<T>(
+            bytes,
+            Expected { kind: MsgKind::GatherKv, owner: src, step: 0, rank: r },
+            local.batch,
+            local.d,
+            pos,
+        )?);
     }
     Ok(blocks)
 }
@@ -96,10 +102,10 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
 
     // Own rows, every pattern of every head.
     let own: Vec<PatternHead> = all_pairs(plan).into_iter().map(|(ph, _)| ph).collect();
-    merge_pairs(plan, local, &own, &mut o, &mut lse, threads, |bh, _| local.own_keys(bh))?;
+    merge_pairs(plan, local, &own, (&mut o, &mut lse), threads, |bh, _| local.own_keys(bh))?;
 
     for blk in &gathered {
-        merge_pairs(plan, local, gh, &mut o, &mut lse, threads, |bh, i| blk.keys(bh / local.heads, i, d))?;
+        merge_pairs(plan, local, gh, (&mut o, &mut lse), threads, |bh, i| blk.keys(bh / local.heads, i, d))?;
     }
     drop(gathered);
 
@@ -116,16 +122,23 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
         if t == plan.hops[owner] && plan.ring_need(owner, r) {
             // Last hop: no copy, one (batch, pair) of the message decoded at a time.
             let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
-            let raw = RawBlock::new::<T>(bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?;
+            let raw =
+                RawBlock::new::<T>(bytes, Expected { kind: MsgKind::RingKv, owner, step: t, rank: r }, batch, d, pos)?;
             merge_raw(plan, local, &raw, &mut o, &mut lse, threads)?;
             continue;
         }
         // Decode, pass the bytes on at once (the next rank's transfer overlaps this compute), then compute.
         let blk = if plan.ring_need(owner, r) {
             let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
-            Some(Block::<T>::decode(&bytes, MsgKind::RingKv, owner, t, r, batch, d, pos)?)
+            Some(Block::<T>::decode(
+                &bytes,
+                Expected { kind: MsgKind::RingKv, owner, step: t, rank: r },
+                batch,
+                d,
+                pos,
+            )?)
         } else {
-            Reader::open(&bytes, MsgKind::RingKv, owner, t, r)?;
+            Reader::open(&bytes, Expected { kind: MsgKind::RingKv, owner, step: t, rank: r })?;
             None
         };
         if t < plan.hops[owner] {
@@ -136,7 +149,7 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
         }
         if let Some(blk) = blk {
             let keys = |bh: usize, i| blk.keys(bh / local.heads, i, d);
-            merge_pairs(plan, local, &plan.ring_heads, &mut o, &mut lse, threads, keys)?;
+            merge_pairs(plan, local, &plan.ring_heads, (&mut o, &mut lse), threads, keys)?;
         }
     }
 
@@ -179,13 +192,11 @@ fn merge_raw<T: Element>(
 /// Merge the attention of each (batch, head)'s query rows onto `keys(bh, i)`, for every
 /// pair `i` of `pairs` that belongs to the head, into its accumulators; the (batch,
 /// head)s are split over `threads`.
-#[allow(clippy::too_many_arguments)]
 fn merge_pairs<'k, T: Element + 'k>(
     plan: &Plan,
     local: &Local<'_, T>,
     pairs: &[PatternHead],
-    o: &mut [Vec<f32>],
-    lse: &mut [Vec<f32>],
+    (o, lse): (&mut [Vec<f32>], &mut [Vec<f32>]),
     threads: usize,
     keys: impl Fn(usize, usize) -> KeyBlock<'k, T> + Sync,
 ) -> Result<()> {
@@ -208,13 +219,11 @@ fn merge_pairs<'k, T: Element + 'k>(
 pub fn ring_forward<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     problem: &RingProblem,
-    q: TensorView<'_, T>,
-    k: TensorView<'_, T>,
-    v: TensorView<'_, T>,
+    qkv: [TensorView<'_, T>; 3],
     out: &mut TensorViewMut<'_, T>,
     lse: &mut [f32],
 ) -> Result<RingStats> {
-    ring_forward_with(comm, problem, &RingOptions::default(), q, k, v, out, lse)
+    ring_forward_with(comm, problem, &RingOptions::default(), qkv, out, lse)
 }
 
 /// [`ring_forward`] with opt-in checks, decided by all ranks together in the handshake
@@ -222,19 +231,16 @@ pub fn ring_forward<C: Communicator + ?Sized, T: Element>(
 /// ([`crate::Plan::max_workspace_bytes`]) over `opts.budget` is `OverBudget` on every
 /// rank, a NaN or infinity in q, k or v (with `opts.check_finite`) is `NonFinite` on
 /// every rank; `out` and `lse` are then untouched.
-#[allow(clippy::too_many_arguments)]
 pub fn ring_forward_with<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     problem: &RingProblem,
     opts: &RingOptions,
-    q: TensorView<'_, T>,
-    k: TensorView<'_, T>,
-    v: TensorView<'_, T>,
+    qkv: [TensorView<'_, T>; 3],
     out: &mut TensorViewMut<'_, T>,
     lse: &mut [f32],
 ) -> Result<RingStats> {
     let extra = check_out(problem, comm.rank(), &[(TensorName::Output, out.shape())], lse.len());
-    let Prepared { plan, local, start } = prepare(comm, "forward", problem, opts, [q, k, v], None, extra)?;
+    let Prepared { plan, local, start } = prepare(comm, "forward", problem, opts, qkv, None, extra)?;
     if plan.ring_heads.is_empty() {
         let partials = gather_partials(comm, &plan, &local, opts.threads)?;
         let stats = finish(comm, start)?;

@@ -6,7 +6,7 @@ use attn_core::{Element, Result, TensorView};
 
 use crate::compute::kernel_bridge::{KeyBlock, Mask, Rows};
 use crate::plan::{PatternHead, Plan};
-use crate::protocol::wire::{MsgKind, Reader, begin, get_elems, put_elems};
+use crate::protocol::wire::{Expected, MsgKind, Reader, begin, get_elems, put_elems};
 
 /// This rank's q/k/v rows (the caller's views, not copied) with their global positions.
 #[derive(Debug)]
@@ -128,19 +128,9 @@ impl<T: Element> Block<T> {
         Block { pos: raw.pos.clone(), k, v }
     }
 
-    /// Decode a message of `kind` whose pairs have positions `pos`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn decode(
-        bytes: &[u8],
-        kind: MsgKind,
-        owner: usize,
-        step: usize,
-        rank: usize,
-        batch: usize,
-        d: usize,
-        pos: Vec<Vec<usize>>,
-    ) -> Result<Self> {
-        let mut rd = Reader::open(bytes, kind, owner, step, rank)?;
+    /// Decode a message (`want`: its kind, owner and step) whose pairs have positions `pos`.
+    pub fn decode(bytes: &[u8], want: Expected, batch: usize, d: usize, pos: Vec<Vec<usize>>) -> Result<Self> {
+        let mut rd = Reader::open(bytes, want)?;
         let (mut k, mut v) = (Vec::new(), Vec::new());
         for _ in 0..batch {
             for p in &pos {
@@ -174,18 +164,14 @@ pub(crate) struct RawBlock {
 
 impl RawBlock {
     /// Check the header and the length against the plan's positions.
-    #[allow(clippy::too_many_arguments)]
     pub fn new<T: Element>(
         bytes: Vec<u8>,
-        kind: MsgKind,
-        owner: usize,
-        step: usize,
-        rank: usize,
+        want: Expected,
         batch: usize,
         d: usize,
         pos: Vec<Vec<usize>>,
     ) -> Result<Self> {
-        let mut rd = Reader::open(&bytes, kind, owner, step, rank)?;
+        let mut rd = Reader::open(&bytes, want)?;
         let mut offsets = Vec::with_capacity(batch * pos.len());
         for _ in 0..batch {
             for p in &pos {

@@ -27,6 +27,16 @@ pub(crate) fn begin(kind: MsgKind, owner: usize, step: usize, payload_hint: usiz
     v
 }
 
+/// What a received message must be: its kind, owner and step (checked against its
+/// header), for the receiving `rank` (named in errors).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Expected {
+    pub kind: MsgKind,
+    pub owner: usize,
+    pub step: usize,
+    pub rank: usize,
+}
+
 /// A reader over one received message whose header has been checked.
 #[derive(Debug)]
 pub(crate) struct Reader<'a> {
@@ -37,7 +47,8 @@ pub(crate) struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     /// Check the header against what the plan says must arrive.
-    pub fn open(bytes: &'a [u8], kind: MsgKind, owner: usize, step: usize, rank: usize) -> Result<Self> {
+    pub fn open(bytes: &'a [u8], want: Expected) -> Result<Self> {
+        let Expected { kind, owner, step, rank } = want;
         let h = MSG_HEADER_BYTES as usize;
         let want = begin(kind, owner, step, 0);
         if bytes.len() < h || bytes[..h] != want[..] {

@@ -52,6 +52,7 @@ pub(in super::super) fn values(g: &Geometry, t: usize, chunks: usize, p: &[u16],
 ///
 /// # Safety
 /// As for [`block_n`] with `N = n`.
+// The vdpbf16ps register-block kernel: each argument is a pointer or stride of its loop.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 unsafe fn block(
@@ -116,6 +117,7 @@ unsafe fn row(p: *const u32) -> __m512bh {
 /// AVX-512F and AVX512-BF16; A rows r < R readable for `32 * chunks` bf16; those tiles
 /// of B readable (256 pairs each); C rows r < R readable (with `acc`) and writable for
 /// `16 * N` floats.
+// The vdpbf16ps register-block kernel: each argument is a pointer or stride of its loop.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn block_n<const N: usize>(
