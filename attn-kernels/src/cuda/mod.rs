@@ -8,9 +8,10 @@
 //! - Ring steps: [`forward_block`](crate::cuda::forward_block) LSE-merges a (q block, k block) pair into a
 //!   [`DevicePartial`](crate::cuda::DevicePartial), [`finish_forward`](crate::cuda::finish_forward) applies the heads' `out_scale`;
 //!   [`backward_block`](crate::cuda::backward_block) accumulates f32 gradients given the final LSE and [`delta`](crate::cuda::delta).
-//! - Kernels: f16/bf16 forward on tensor cores (`mma.sync.m16n8k16`, f32 accumulation,
-//!   dilation gather fused into the tile loads); f32 forward and every backward use the
-//!   warp-per-row kernels (f32 accumulation, no tensor cores yet).
+//! - Kernels: f16/bf16 forward (head dims up to 256) and backward (up to 128) on tensor
+//!   cores (`mma.sync.m16n8k16`, f32 accumulation, dilation gather fused into the tile
+//!   loads); f32, and the backward of wider heads, use the warp-per-row kernels (f32
+//!   accumulation).
 
 mod bench;
 mod block;

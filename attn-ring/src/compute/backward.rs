@@ -266,7 +266,8 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     Ok(grads)
 }
 
-/// Output, lse and gradients of one rank.
+/// This rank's gradient views (its rows of dq, dk and dv), written only once every rank
+/// has agreed in the completion step.
 #[derive(Debug)]
 pub struct BackwardOutputs<'a, 'b, T> {
     pub dq: &'a mut TensorViewMut<'b, T>,
