@@ -74,8 +74,8 @@ impl<'a, T: Element> AttnInputs<'a, T> {
 
     /// The checked shapes of q, k and v.
     pub fn shape(&self) -> Result<AttnShape> {
-        let dims = |v: &TensorView<'a, T>| v.shape().dims();
-        AttnShape::check(&dims(&self.q), &dims(&self.k), &dims(&self.v), self.is_cross())
+        let [q, k, v] = [&self.q, &self.k, &self.v].map(|x| x.shape().dims());
+        if self.is_cross() { AttnShape::check_cross(&q, &k, &v) } else { AttnShape::check(&q, &k, &v) }
     }
 }
 

@@ -3,6 +3,29 @@
 use crate::error::{AttnError, Result};
 use crate::pattern::SegmentPattern;
 
+/// Whether a query also sees keys at later positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Causality {
+    /// Every key the pattern selects in the query's segment.
+    #[default]
+    Full,
+    /// Only keys at positions `<=` the query's.
+    Causal,
+}
+
+impl Causality {
+    pub fn is_causal(self) -> bool {
+        self == Causality::Causal
+    }
+}
+
+impl From<bool> for Causality {
+    /// `true` is [`Causality::Causal`] (the config and file fields are booleans).
+    fn from(causal: bool) -> Self {
+        if causal { Causality::Causal } else { Causality::Full }
+    }
+}
+
 /// How the patterns of a config are combined (see SPEC.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Mixing {
@@ -70,6 +93,10 @@ impl DilatedConfig {
     }
     pub fn causal(&self) -> bool {
         self.causal
+    }
+    /// [`Self::causal`] as a [`Causality`].
+    pub fn causality(&self) -> Causality {
+        self.causal.into()
     }
     /// The explicit scale, if the caller set one.
     pub fn explicit_scale(&self) -> Option<f64> {

@@ -35,7 +35,7 @@ pub mod shape;
 pub mod view;
 
 pub use attention::{Attention, AttnInputs, Grads, Pass, Placement, Saved};
-pub use config::{DilatedConfig, DilatedConfigBuilder, Mixing};
+pub use config::{Causality, DilatedConfig, DilatedConfigBuilder, Mixing};
 pub use element::{DType, Element};
 pub use error::{AttnError, Result, TensorName};
 pub use guard::{MemoryBudget, check_finite};

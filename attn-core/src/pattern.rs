@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use crate::config::{DilatedConfig, Mixing};
+use crate::config::{Causality, DilatedConfig, Mixing};
 
 /// One dilated pattern: segments of length `w`, every `r`-th position from `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,18 +91,18 @@ impl SegmentPattern {
     /// The mask: query at global `qp` attends key at global `kp` (both selected,
     /// same segment, and `kp <= qp` when causal).
     #[inline(always)]
-    pub fn attends(&self, qp: usize, kp: usize, causal: bool) -> bool {
+    pub fn attends(&self, qp: usize, kp: usize, causality: Causality) -> bool {
         self.is_selected(qp)
             && self.is_selected(kp)
             && self.segment_of(qp) == self.segment_of(kp)
-            && (!causal || kp <= qp)
+            && (!causality.is_causal() || kp <= qp)
     }
 
     /// The keys query `qp` attends among `kv_len` key positions, ascending.
-    pub fn keys_of(&self, qp: usize, kv_len: usize, causal: bool) -> impl Iterator<Item = usize> + use<> {
+    pub fn keys_of(&self, qp: usize, kv_len: usize, causality: Causality) -> impl Iterator<Item = usize> + use<> {
         let selected = self.is_selected(qp);
         let s = self.segment_of(qp);
-        let upper = if causal { qp.saturating_add(1) } else { usize::MAX };
+        let upper = if causality.is_causal() { qp.saturating_add(1) } else { usize::MAX };
         self.selected_in_segment(s, kv_len).take_while(move |&k| selected && k < upper)
     }
 }
@@ -218,10 +218,11 @@ mod tests {
         // Ragged tail: segment 2 covers [16, 20).
         assert_eq!(p.selected_in_segment(2, 20).collect::<Vec<_>>(), vec![17]);
         assert_eq!(p.count_in_segment(2, 20), 1);
-        assert!(p.attends(12, 9, true) && !p.attends(9, 12, true) && p.attends(9, 12, false));
-        assert!(!p.attends(17, 15, false));
-        assert_eq!(p.keys_of(12, 20, true).collect::<Vec<_>>(), vec![9, 12]);
-        assert_eq!(p.keys_of(10, 20, false).count(), 0);
+        let (causal, full) = (Causality::Causal, Causality::Full);
+        assert!(p.attends(12, 9, causal) && !p.attends(9, 12, causal) && p.attends(9, 12, full));
+        assert!(!p.attends(17, 15, full));
+        assert_eq!(p.keys_of(12, 20, causal).collect::<Vec<_>>(), vec![9, 12]);
+        assert_eq!(p.keys_of(10, 20, full).count(), 0);
     }
 
     #[test]

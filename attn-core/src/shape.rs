@@ -68,6 +68,13 @@ pub struct AttnShape {
     pub kv: Shape4,
 }
 
+/// Whether k and v must have q's sequence length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyLength {
+    OfQuery,
+    Own,
+}
+
 impl From<Shape4> for AttnShape {
     /// Self-attention: k and v have q's shape.
     fn from(q: Shape4) -> Self {
@@ -81,9 +88,20 @@ impl AttnShape {
         AttnShape { q, kv: q }
     }
 
-    /// Check q, k, v dims. k and v must agree exactly; they must match q in batch,
-    /// heads and head_dim; their sequence may differ only when `cross` is true.
-    pub fn check(q: &[usize], k: &[usize], v: &[usize], cross: bool) -> Result<Self> {
+    /// Check self-attention q, k, v dims: k and v agree exactly and match q in every
+    /// dimension.
+    pub fn check(q: &[usize], k: &[usize], v: &[usize]) -> Result<Self> {
+        Self::check_dims(q, k, v, KeyLength::OfQuery)
+    }
+
+    /// Check cross-attention q, k, v dims: k and v agree exactly and match q in batch,
+    /// heads and head_dim; their sequence length is their own.
+    pub fn check_cross(q: &[usize], k: &[usize], v: &[usize]) -> Result<Self> {
+        Self::check_dims(q, k, v, KeyLength::Own)
+    }
+
+    fn check_dims(q: &[usize], k: &[usize], v: &[usize], kv_len: KeyLength) -> Result<Self> {
+        let cross = kv_len == KeyLength::Own;
         let qs = Shape4::from_dims(TensorName::Query, q)?;
         let ks = Shape4::from_dims(TensorName::Key, k)?;
         let vs = Shape4::from_dims(TensorName::Value, v)?;
@@ -118,18 +136,18 @@ mod tests {
     #[test]
     fn qkv_checks() {
         let q = [1, 8, 2, 4];
-        assert!(AttnShape::check(&q, &q, &q, false).is_ok());
+        assert!(AttnShape::check(&q, &q, &q).is_ok());
         assert!(matches!(
-            AttnShape::check(&q, &[1, 9, 2, 4], &[1, 9, 2, 4], false),
+            AttnShape::check(&q, &[1, 9, 2, 4], &[1, 9, 2, 4]),
             Err(AttnError::ShapeMismatch { tensor: TensorName::Key, .. })
         ));
-        assert!(AttnShape::check(&q, &[1, 9, 2, 4], &[1, 9, 2, 4], true).is_ok());
+        assert!(AttnShape::check_cross(&q, &[1, 9, 2, 4], &[1, 9, 2, 4]).is_ok());
         assert!(matches!(
-            AttnShape::check(&q, &q, &[1, 8, 2, 5], false),
+            AttnShape::check(&q, &q, &[1, 8, 2, 5]),
             Err(AttnError::ShapeMismatch { tensor: TensorName::Value, .. })
         ));
         assert!(matches!(
-            AttnShape::check(&[1, 8, 2], &q, &q, false),
+            AttnShape::check(&[1, 8, 2], &q, &q),
             Err(AttnError::RankMismatch { expected: 4, got: 3, .. })
         ));
     }

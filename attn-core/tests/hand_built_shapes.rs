@@ -4,7 +4,7 @@
 //! views overflowed `usize`).
 
 use attn_core::reference::{dense_backward, dense_forward, dilated_backward, dilated_forward};
-use attn_core::{AttnError, AttnShape, DilatedConfig, Shape4, TensorName, TensorView, TensorViewMut};
+use attn_core::{AttnError, AttnShape, Causality, DilatedConfig, Shape4, TensorName, TensorView, TensorViewMut};
 
 fn s(b: usize, n: usize, h: usize, d: usize) -> Shape4 {
     Shape4::new(b, n, h, d).unwrap()
@@ -20,13 +20,13 @@ fn reference_refuses_kv_shapes_that_disagree_with_q() {
         let mismatch =
             |r: Result<(), AttnError>| matches!(r, Err(AttnError::ShapeMismatch { tensor: TensorName::Key, .. }));
         assert!(mismatch(dilated_forward(&cfg, shape, &x, &y, &y).map(drop)), "{q:?} / {kv:?}");
-        assert!(mismatch(dense_forward(shape, &x, &y, &y, 1.0, false).map(drop)), "{q:?} / {kv:?}");
+        assert!(mismatch(dense_forward(shape, &x, &y, &y, 1.0, Causality::Full).map(drop)), "{q:?} / {kv:?}");
         assert!(mismatch(dilated_backward(&cfg, shape, &x, &y, &y, &x).map(drop)), "{q:?} / {kv:?}");
-        assert!(mismatch(dense_backward(shape, &x, &y, &y, &x, 1.0, true).map(drop)), "{q:?} / {kv:?}");
+        assert!(mismatch(dense_backward(shape, &x, &y, &y, &x, 1.0, Causality::Causal).map(drop)), "{q:?} / {kv:?}");
     }
     // Cross-attention (another kv length) is still fine.
     let shape = AttnShape { q: s(1, 4, 1, 4), kv: s(1, 6, 1, 4) };
-    assert!(dense_forward(shape, &[0.1; 16], &[0.1; 24], &[0.1; 24], 1.0, false).is_ok());
+    assert!(dense_forward(shape, &[0.1; 16], &[0.1; 24], &[0.1; 24], 1.0, Causality::Full).is_ok());
 }
 
 #[test]

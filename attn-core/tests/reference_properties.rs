@@ -1,7 +1,7 @@
 //! Properties of the float64 reference and the LSE merge (proptest, small sizes).
 
 use attn_core::reference::{self, Forward};
-use attn_core::{AttnShape, DilatedConfig, LseMerge, Mixing, OnlineSoftmax, Shape4};
+use attn_core::{AttnShape, Causality, DilatedConfig, LseMerge, Mixing, OnlineSoftmax, Shape4};
 use attn_testkit::strategies::{dilated_case, invalid_input};
 use attn_testkit::{SeededRng, random_vec};
 use proptest::prelude::*;
@@ -26,7 +26,7 @@ proptest! {
         let [q, k, v] = [0, 1, 2].map(|i| f64s(&random_vec(seed ^ i, shape.numel())));
         let cfg = DilatedConfig::builder().segments(&[n + extra]).dilations(&[1]).causal(causal).build().unwrap();
         let dil = reference::dilated_forward(&cfg, s, &q, &k, &v).unwrap();
-        let dense = reference::dense_forward(s, &q, &k, &v, cfg.scale_for(d), causal).unwrap();
+        let dense = reference::dense_forward(s, &q, &k, &v, cfg.scale_for(d), causal.into()).unwrap();
         // HeadGroups with G = 1 divides by 1: identical.
         prop_assert!(rel(&dil.out, &dense.out) < 1e-12);
         prop_assert!(rel(&dil.lse, &dense.lse) < 1e-12);
@@ -178,7 +178,7 @@ fn longnet_merges_patterns_by_their_denominators() {
         let mut l = vec![f64::NEG_INFINITY; 12];
         let p = attn_core::SegmentPattern::new(w, r, h % r);
         for i in 0..12 {
-            let keys: Vec<usize> = p.keys_of(i, 12, false).collect();
+            let keys: Vec<usize> = p.keys_of(i, 12, Causality::Full).collect();
             let at = |t: &[f64], j: usize| t[(j * 2 + h) * 4..(j * 2 + h) * 4 + 4].to_vec();
             let sc: Vec<f64> =
                 keys.iter().map(|&j| 0.5 * at(&q, i).iter().zip(at(&k, j)).map(|(a, b)| a * b).sum::<f64>()).collect();

@@ -46,7 +46,7 @@ fn attention_at_positions(
             for t in 0..n {
                 let mut keys = vec![];
                 for (_, p) in &hp.patterns {
-                    keys.extend((0..n).filter(|&u| p.attends(pos[t], pos[u], cfg.causal())));
+                    keys.extend((0..n).filter(|&u| p.attends(pos[t], pos[u], cfg.causality())));
                 }
                 if keys.is_empty() {
                     continue;

@@ -122,7 +122,9 @@ fn a_non_finite_value_stays_in_the_rows_that_read_it() {
             for h in 0..shape.heads {
                 let row = (t * shape.heads + h) * d;
                 let (got, want) = (&out[row..row + d], &clean[row..row + d]);
-                let in_piece = |causal| hp.patterns.iter().any(|(_, p)| p.attends(t, poisoned_pos, causal));
+                let in_piece = |causal| {
+                    hp.patterns.iter().any(|(_, p)| p.attends(t, poisoned_pos, attn_core::Causality::from(causal)))
+                };
                 if h == head && in_piece(true) {
                     readers += 1;
                     assert!(got.iter().any(|x| !x.to_f32().is_finite()), "{}: row {t} reads the NaN", isa.as_str());

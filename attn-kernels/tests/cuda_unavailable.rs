@@ -7,7 +7,7 @@ use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs};
 use attn_core::{AttnError, DilatedConfig, Shape4, TensorView, TensorViewMut};
 use attn_kernels::cuda::{CudaBackend, CudaDevice, check_available};
-use attn_testkit::gpu_policy::{gpu_required, required_failure, skip_gpu_test};
+use attn_testkit::gpu_policy::{GpuPolicy, required_failure, skip_gpu_test};
 
 #[test]
 fn missing_device_is_a_typed_error() {
@@ -19,7 +19,7 @@ fn missing_device_is_a_typed_error() {
         Ok(dev) => println!("GPU present: sm_{}{}", dev.compute_capability().0, dev.compute_capability().1),
         Err(AttnError::BackendUnavailable { backend: "cuda", reason }) => {
             println!("no GPU: {reason}");
-            if let Some(msg) = required_failure("missing_device_is_a_typed_error", &reason, gpu_required()) {
+            if let Some(msg) = required_failure("missing_device_is_a_typed_error", &reason, GpuPolicy::from_env()) {
                 panic!("{msg}");
             }
         }

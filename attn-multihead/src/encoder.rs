@@ -10,7 +10,7 @@ use crate::float::LayerFloat;
 use crate::init::{MagnetoGains, SeededRng};
 use crate::layer::{MultiheadCache, MultiheadDilatedAttention};
 use crate::layer_norm::{LayerNorm, NormStats};
-use crate::projection::Linear;
+use crate::projection::{Bias, Linear};
 use crate::segment_window::{window_rows, windows};
 use crate::weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 use crate::workspace::MultiheadWorkspace;
@@ -155,8 +155,8 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         let eps = config.layer_norm_eps;
         let self_attn = MultiheadDilatedAttention::new(config.attention(), seed, backend)?;
         let mut rng = SeededRng::new(seed ^ 0x5EED_F00D);
-        let linear1 = Linear::xavier(&mut rng, e, ff, 1.0, true);
-        let linear2 = Linear::xavier(&mut rng, ff, e, config.gamma_init, true);
+        let linear1 = Linear::xavier(&mut rng, e, ff, 1.0, Bias::Zeros);
+        let linear2 = Linear::xavier(&mut rng, ff, e, config.gamma_init, Bias::Zeros);
         Ok(LongNetEncoderLayer {
             norm1: LayerNorm::new(e, eps),
             self_attn,

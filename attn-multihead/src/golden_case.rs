@@ -11,6 +11,7 @@ use crate::config::MultiheadConfig;
 use crate::dropout::Mode;
 use crate::float::LayerFloat;
 use crate::layer::MultiheadDilatedAttention;
+use crate::projection::Bias;
 use crate::weights::MultiheadWeights;
 use crate::weights_io::{ExtraTensors, TensorSource, load_params};
 
@@ -43,8 +44,8 @@ fn parse_list(m: &BTreeMap<String, String>, key: &str) -> Result<Vec<usize>> {
 
 /// The layer config a golden file describes (`embed_dim`, `num_heads`, `segment_lengths`,
 /// `dilation_rates`, `mixing`, `causal`, `layer_norm`, optional `layer_norm_eps` and `scale`).
-/// Biases are present when the file has `q_proj.bias`.
-pub fn config_from_metadata(m: &BTreeMap<String, String>, has_bias: bool) -> Result<MultiheadConfig> {
+/// `bias` says whether the file has biases (`q_proj.bias`).
+pub fn config_from_metadata(m: &BTreeMap<String, String>, bias: Bias) -> Result<MultiheadConfig> {
     let mut cfg = MultiheadConfig::new(
         parse(m, "embed_dim")?,
         parse(m, "num_heads")?,
@@ -54,7 +55,7 @@ pub fn config_from_metadata(m: &BTreeMap<String, String>, has_bias: bool) -> Res
     .with_mixing(Mixing::parse(meta(m, "mixing")?)?)
     .with_causal(parse_bool(m, "causal")?)
     .with_layer_norm(parse_bool(m, "layer_norm")?)
-    .with_bias(has_bias);
+    .with_bias(bias == Bias::Zeros);
     if m.contains_key("layer_norm_eps") {
         cfg.layer_norm_eps = parse(m, "layer_norm_eps")?;
     }
@@ -90,7 +91,7 @@ pub fn prepare_case<F: LayerFloat>(
     if kind != "multihead" {
         return Err(AttnError::Format(format!("kind=`{kind}` is not a multihead case")));
     }
-    let config = config_from_metadata(m, tensors.tensor_shape("q_proj.bias").is_some())?;
+    let config = config_from_metadata(m, tensors.tensor_shape("q_proj.bias").is_some().into())?;
     let mut weights = MultiheadWeights::<F>::magneto(&config, 0);
     load_params(&mut weights, tensors, ExtraTensors::Ignore)?;
     let (qshape, query) = tensors.read_tensor::<F>("query")?;

@@ -61,7 +61,7 @@ pub use layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};
 pub use layer_norm::{LayerNorm, NormStats};
 #[cfg(feature = "ring")]
 pub use ordered_ring::OrderedRing;
-pub use projection::Linear;
+pub use projection::{Bias, Linear};
 #[cfg(feature = "ring")]
 pub use ring_layer::{all_reduce_grads, ring_layer};
 pub use segment_window::DEFAULT_WINDOW_ROWS;

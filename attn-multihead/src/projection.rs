@@ -149,6 +149,20 @@ pub(crate) fn linear_backward_params<F: LayerFloat>(
     Ok(())
 }
 
+/// Whether a linear map has a bias (initialised to zeros) or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bias {
+    Zeros,
+    Absent,
+}
+
+impl From<bool> for Bias {
+    /// `true` (the configs' and PyTorch's `bias=True`) is [`Bias::Zeros`].
+    fn from(bias: bool) -> Self {
+        if bias { Bias::Zeros } else { Bias::Absent }
+    }
+}
+
 /// An `nn.Linear`: `weight [out, in]`, optional `bias [out]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Linear<F> {
@@ -159,8 +173,9 @@ pub struct Linear<F> {
 }
 
 impl<F: LayerFloat> Linear<F> {
-    /// Xavier-normal weight with `gain`, zero bias (MAGNETO / library init).
-    pub fn xavier(rng: &mut SeededRng, in_dim: usize, out_dim: usize, gain: f64, bias: bool) -> Self {
+    /// Xavier-normal weight with `gain`, zero bias or none (MAGNETO / library init).
+    pub fn xavier(rng: &mut SeededRng, in_dim: usize, out_dim: usize, gain: f64, bias: Bias) -> Self {
+        let bias = bias == Bias::Zeros;
         Linear {
             in_dim,
             out_dim,
@@ -263,7 +278,7 @@ mod tests {
         let mut rng = SeededRng::new(3);
         let lin: Linear<f64> = Linear {
             bias: Some((0..3).map(|i| i as f64 * 0.5).collect()),
-            ..Linear::xavier(&mut rng, 4, 3, 1.0, true)
+            ..Linear::xavier(&mut rng, 4, 3, 1.0, Bias::Zeros)
         };
         let x: Vec<f64> = (0..8).map(|_| rng.normal()).collect();
         let y = lin.forward(&x, 2).unwrap();

@@ -99,10 +99,10 @@ impl<F: LayerFloat> MultiheadWeights<F> {
     pub fn magneto(cfg: &MultiheadConfig, seed: u64) -> Self {
         let e = cfg.embed_dim;
         let mut rng = SeededRng::new(seed);
-        let q = Linear::<F>::xavier(&mut rng, e, e, 1.0, cfg.bias);
-        let k = Linear::<F>::xavier(&mut rng, e, e, 1.0, cfg.bias);
-        let v = Linear::<F>::xavier(&mut rng, e, e, cfg.gamma_init, cfg.bias);
-        let out_proj = Linear::xavier(&mut rng, e, e, cfg.gamma_init, cfg.bias);
+        let q = Linear::<F>::xavier(&mut rng, e, e, 1.0, cfg.bias.into());
+        let k = Linear::<F>::xavier(&mut rng, e, e, 1.0, cfg.bias.into());
+        let v = Linear::<F>::xavier(&mut rng, e, e, cfg.gamma_init, cfg.bias.into());
+        let out_proj = Linear::xavier(&mut rng, e, e, cfg.gamma_init, cfg.bias.into());
         let weight = [q.weight, k.weight, v.weight].concat();
         let bias = cfg.bias.then(|| vec![F::zero(); 3 * e]);
         MultiheadWeights {

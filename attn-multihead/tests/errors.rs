@@ -147,7 +147,7 @@ fn layer_norm_eps_must_be_finite_and_positive() {
 /// a wrapping product panicked (debug) and a huge `rows` aborted on allocation.
 #[test]
 fn linear_rows_are_checked_before_allocating() {
-    let lin = Linear::<f32>::xavier(&mut SeededRng::new(1), 2, 2, 1.0, true);
+    let lin = Linear::<f32>::xavier(&mut SeededRng::new(1), 2, 2, 1.0, attn_multihead::Bias::Zeros);
     assert!(matches!(lin.forward(&[], usize::MAX / 2 + 1), Err(AttnError::ShapeOverflow { .. })));
     assert!(matches!(lin.forward(&[], 1 << 40), Err(AttnError::InvalidArgument(_))));
     let mut g = lin.zeros_like();

@@ -129,7 +129,11 @@ pub fn config_shape(bytes: &[u8]) -> bool {
         _ => dims.clone(),
     };
     let cross = c.bool();
-    let shape = AttnShape::check(&dims, &kv_dims, &kv_dims, cross);
+    let shape = if cross {
+        AttnShape::check_cross(&dims, &kv_dims, &kv_dims)
+    } else {
+        AttnShape::check(&dims, &kv_dims, &kv_dims)
+    };
     if let Ok(s) = &shape {
         assert_eq!(s.q.dims().to_vec(), dims);
         assert_eq!(s.kv.dims().to_vec(), kv_dims);

@@ -15,14 +15,14 @@ pub fn queries_reading_key(
     kv_pos: usize,
 ) -> BTreeSet<usize> {
     let hp = cfg.head_patterns(heads, head);
-    (0..seq).filter(|&i| hp.patterns.iter().any(|(_, p)| p.attends(i, kv_pos, cfg.causal()))).collect()
+    (0..seq).filter(|&i| hp.patterns.iter().any(|(_, p)| p.attends(i, kv_pos, cfg.causality()))).collect()
 }
 
 /// Whether head `head` at query position `pos` has at least one key (some pattern of the
 /// head selects it; a selected query always attends itself).
 pub fn has_keys(cfg: &DilatedConfig, heads: usize, head: usize, pos: usize, kv_len: usize) -> bool {
     let hp = cfg.head_patterns(heads, head);
-    hp.patterns.iter().any(|(_, p)| p.keys_of(pos, kv_len, cfg.causal()).next().is_some())
+    hp.patterns.iter().any(|(_, p)| p.keys_of(pos, kv_len, cfg.causality()).next().is_some())
 }
 
 /// Flat row index `(b * seq + s) * heads + h` of a `[batch, seq, heads, _]` tensor.

@@ -48,16 +48,13 @@ fn hand_picked_hostile_values_are_typed_errors() {
     let (out, _) = attn_kernels::CpuBackend::new(1).unwrap().forward_vec(&cfg, sh, &x, &x, &x).unwrap();
     assert!(out.iter().all(|v| v.is_finite()));
     // Shapes: overflow, zero and rank errors.
-    assert!(matches!(AttnShape::check(&[huge, 2, 1, 1], &[1; 4], &[1; 4], true), Err(AttnError::ShapeOverflow { .. })));
+    assert!(matches!(AttnShape::check_cross(&[huge, 2, 1, 1], &[1; 4], &[1; 4]), Err(AttnError::ShapeOverflow { .. })));
     assert!(matches!(
-        AttnShape::check(&[1, 1 << 40, 1 << 20, 1 << 3], &[1; 4], &[1; 4], true),
+        AttnShape::check_cross(&[1, 1 << 40, 1 << 20, 1 << 3], &[1; 4], &[1; 4]),
         Err(AttnError::ShapeOverflow { .. })
     ));
-    assert!(matches!(AttnShape::check(&[], &[], &[], false), Err(AttnError::RankMismatch { .. })));
-    assert!(matches!(
-        AttnShape::check(&[1, 0, 1, 1], &[1, 0, 1, 1], &[1, 0, 1, 1], false),
-        Err(AttnError::ZeroDim { .. })
-    ));
+    assert!(matches!(AttnShape::check(&[], &[], &[]), Err(AttnError::RankMismatch { .. })));
+    assert!(matches!(AttnShape::check(&[1, 0, 1, 1], &[1, 0, 1, 1], &[1, 0, 1, 1]), Err(AttnError::ZeroDim { .. })));
 }
 
 /// Bytes for one segment (w 8, r 1), HeadGroups, non-causal, the given explicit scale and

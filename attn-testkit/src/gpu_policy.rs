@@ -7,20 +7,36 @@ use std::fmt::Display;
 /// The environment variable that turns GPU skips into failures.
 pub const REQUIRE_GPU_VAR: &str = "ATTN_REQUIRE_GPU";
 
+/// Whether a GPU test may skip where it cannot run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuPolicy {
+    /// `ATTN_REQUIRE_GPU=1`: a test that cannot run fails.
+    Required,
+    MaySkip,
+}
+
+impl GpuPolicy {
+    /// The policy `ATTN_REQUIRE_GPU` sets.
+    pub fn from_env() -> Self {
+        if std::env::var(REQUIRE_GPU_VAR).is_ok_and(|v| v == "1") { GpuPolicy::Required } else { GpuPolicy::MaySkip }
+    }
+}
+
 /// Whether `ATTN_REQUIRE_GPU=1` is set.
 pub fn gpu_required() -> bool {
-    std::env::var(REQUIRE_GPU_VAR).is_ok_and(|v| v == "1")
+    GpuPolicy::from_env() == GpuPolicy::Required
 }
 
 /// The message of a GPU test that cannot run, or `None` where it may skip.
-pub fn required_failure(test: &str, reason: &dyn Display, required: bool) -> Option<String> {
-    required.then(|| format!("{test}: {REQUIRE_GPU_VAR}=1 but the GPU test cannot run: {reason}"))
+pub fn required_failure(test: &str, reason: &dyn Display, policy: GpuPolicy) -> Option<String> {
+    (policy == GpuPolicy::Required)
+        .then(|| format!("{test}: {REQUIRE_GPU_VAR}=1 but the GPU test cannot run: {reason}"))
 }
 
 /// Skip the GPU test `test` for `reason` (printing `SKIP test: reason`), or panic with the
 /// reason when `ATTN_REQUIRE_GPU=1`.
 pub fn skip_gpu_test(test: &str, reason: impl Display) {
-    if let Some(msg) = required_failure(test, &reason, gpu_required()) {
+    if let Some(msg) = required_failure(test, &reason, GpuPolicy::from_env()) {
         panic!("{msg}");
     }
     println!("SKIP {test}: {reason}");
@@ -33,8 +49,8 @@ mod tests {
     #[test]
     fn a_required_gpu_turns_the_skip_into_a_failure_naming_the_reason() {
         let reason = "libcuda (the NVIDIA driver library) was not found";
-        let msg = required_failure("cuda_golden", &reason, true).expect("required: a failure");
+        let msg = required_failure("cuda_golden", &reason, GpuPolicy::Required).expect("required: a failure");
         assert!(msg.contains("cuda_golden") && msg.contains("libcuda") && msg.contains(REQUIRE_GPU_VAR), "{msg}");
-        assert_eq!(required_failure("cuda_golden", &reason, false), None);
+        assert_eq!(required_failure("cuda_golden", &reason, GpuPolicy::MaySkip), None);
     }
 }

@@ -146,7 +146,7 @@ impl InvalidInput {
                 cfg.validate_heads(*heads)
             }
             InvalidInput::Shape { dims } => Shape4::new(dims[0], dims[1], dims[2], dims[3]).map(|_| ()),
-            InvalidInput::Qkv { q, k, v } => AttnShape::check(q, k, v, false).map(|_| ()),
+            InvalidInput::Qkv { q, k, v } => AttnShape::check(q, k, v).map(|_| ()),
         }
     }
 }

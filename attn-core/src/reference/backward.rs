@@ -2,7 +2,7 @@
 //! the magnitudes (sums of absolute terms) that a low-precision result is judged by.
 
 use super::{Forward, Gradients, Magnitudes, Rows, check_len, dot, forward_impl, keys_for, softmax};
-use crate::config::DilatedConfig;
+use crate::config::{Causality, DilatedConfig};
 use crate::error::{AttnError, Result, TensorName};
 use crate::shape::AttnShape;
 
@@ -104,11 +104,11 @@ pub fn dense_backward(
     v: &[f64],
     grad_out: &[f64],
     scale: f64,
-    causal: bool,
+    causality: Causality,
 ) -> Result<(Forward, Gradients)> {
     if !(scale.is_finite() && scale > 0.0) {
         return Err(AttnError::InvalidScale(scale));
     }
-    let (fwd, grads, _) = backward_impl(None, causal, scale, shape, [q, k, v], grad_out)?;
+    let (fwd, grads, _) = backward_impl(None, causality.is_causal(), scale, shape, [q, k, v], grad_out)?;
     Ok((fwd, grads))
 }

@@ -10,7 +10,7 @@ mod backward;
 pub use backend::ReferenceBackend;
 pub use backward::{dense_backward, dilated_backward, dilated_backward_with_magnitudes};
 
-use crate::config::DilatedConfig;
+use crate::config::{Causality, DilatedConfig};
 use crate::error::{AttnError, Result, TensorName};
 use crate::shape::AttnShape;
 
@@ -99,7 +99,7 @@ pub(crate) fn keys_for(
         }
         Some(cfg) => {
             let hp = cfg.head_patterns(heads, h);
-            let keys = hp.patterns.iter().flat_map(|(_, p)| p.keys_of(i, kv_len, causal)).collect();
+            let keys = hp.patterns.iter().flat_map(|(_, p)| p.keys_of(i, kv_len, causal.into())).collect();
             (keys, hp.out_scale)
         }
     }
@@ -131,7 +131,7 @@ pub(crate) fn forward_impl(
 ) -> Result<Forward> {
     // `AttnShape` has public fields: re-check what `AttnShape::check` guarantees (valid
     // dims, k/v matching q in batch, heads and head_dim) before indexing by it.
-    let shape = AttnShape::check(&shape.q.dims(), &shape.kv.dims(), &shape.kv.dims(), true)?;
+    let shape = AttnShape::check_cross(&shape.q.dims(), &shape.kv.dims(), &shape.kv.dims())?;
     check_qkv(&shape, q, k, v)?;
     let (qs, kvs) = (shape.q, shape.kv);
     let d = qs.head_dim;
@@ -167,9 +167,16 @@ pub fn dilated_forward(cfg: &DilatedConfig, shape: AttnShape, q: &[f64], k: &[f6
 }
 
 /// Plain softmax attention over all keys (causal: keys at positions `<=` the query's).
-pub fn dense_forward(shape: AttnShape, q: &[f64], k: &[f64], v: &[f64], scale: f64, causal: bool) -> Result<Forward> {
+pub fn dense_forward(
+    shape: AttnShape,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    scale: f64,
+    causality: Causality,
+) -> Result<Forward> {
     if !(scale.is_finite() && scale > 0.0) {
         return Err(AttnError::InvalidScale(scale));
     }
-    forward_impl(None, causal, scale, shape, q, k, v)
+    forward_impl(None, causality.is_causal(), scale, shape, q, k, v)
 }

@@ -95,7 +95,7 @@ mod tests {
                 for h in 0..3 {
                     for (_, p) in cfg.head_patterns(3, h).patterns {
                         for qp in 0..11 {
-                            brute += (0..11).filter(|&kp| p.attends(qp, kp, causal)).count() as u64;
+                            brute += (0..11).filter(|&kp| p.attends(qp, kp, causal.into())).count() as u64;
                         }
                     }
                 }

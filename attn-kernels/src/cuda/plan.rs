@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use attn_core::{DType, DilatedConfig, HeadGroups, Mixing, SegmentPattern};
+use attn_core::{Causality, DType, DilatedConfig, HeadGroups, Mixing, SegmentPattern};
 
 use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_kernel_name, mma_kernel_name};
 
@@ -44,11 +44,11 @@ impl SelectedIndex {
         self.below(start)..self.below(start + rows)
     }
     /// The key indices (of a k block) a query index `t` attends, as the kernels bound them.
-    pub fn keys_of(&self, t: usize, k_block: Range<usize>, causal: bool) -> Range<usize> {
+    pub fn keys_of(&self, t: usize, k_block: Range<usize>, causality: Causality) -> Range<usize> {
         let seg = t / self.per_seg;
         let lo = k_block.start.max(seg * self.per_seg);
         let mut hi = k_block.end.min((seg + 1) * self.per_seg);
-        if causal {
+        if causality.is_causal() {
             hi = hi.min(t + 1);
         }
         lo..hi.max(lo)
@@ -232,11 +232,11 @@ mod tests {
                             if p.is_selected(qp) {
                                 let t = s.below(qp);
                                 assert_eq!(s.pos(t), qp);
-                                for tk in s.keys_of(t, s.range(k0, k1 - k0), causal) {
+                                for tk in s.keys_of(t, s.range(k0, k1 - k0), causal.into()) {
                                     got.push(s.pos(tk));
                                 }
                             }
-                            let want: Vec<usize> = (k0..k1).filter(|&kp| p.attends(qp, kp, causal)).collect();
+                            let want: Vec<usize> = (k0..k1).filter(|&kp| p.attends(qp, kp, causal.into())).collect();
                             assert_eq!(got, want, "{p:?} n={n} q={q0}..{q1} k={k0}..{k1} causal={causal} qp={qp}");
                         }
                     }

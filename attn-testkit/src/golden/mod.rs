@@ -193,7 +193,7 @@ impl GoldenCase {
     /// The q/k/v shapes of a `kind=dilated` file (checked against each other).
     pub fn attn_shape(&self) -> Result<AttnShape> {
         let (q, k, v) = (self.tensor("q")?, self.tensor("k")?, self.tensor("v")?);
-        AttnShape::check(&q.shape, &k.shape, &v.shape, false)
+        AttnShape::check(&q.shape, &k.shape, &v.shape)
     }
 }
 
