@@ -1,75 +1,37 @@
-//! `CpuBackend::workspace_bytes` is a true upper bound: a counting allocator measures the
-//! peak bytes a forward or backward call allocates beyond the caller's buffers. The same
-//! allocator shows that the ring's block calls allocate nothing once their thread is warm.
-#![allow(unsafe_code)]
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+//! The CPU kernels' memory: `CpuBackend::workspace_bytes` is a true upper bound on the
+//! peak bytes a forward or backward call allocates beyond the caller's buffers, and the
+//! ring's block calls allocate nothing once their thread is warm (measured by the
+//! workspace's counting allocator).
 
 use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs, DilatedConfig, Grads, Mixing, Pass, Saved, Shape4, TensorView, TensorViewMut};
 use attn_kernels::{Block, BlockGradients, BlockRows, CpuBackend, Upstream, attend_block, attend_block_backward};
+use attn_reliability::counting_alloc::{self, CountingAlloc, measure};
 use attn_testkit::random_vec;
 
-struct Counting;
-
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-/// Tests in this file run one at a time (the counters are global).
-static SERIAL: Mutex<()> = Mutex::new(());
-
-thread_local! {
-    /// Allocations made by this thread (a const-initialised `Cell` never allocates itself).
-    static THREAD_ALLOCS: Cell<usize> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards to the system allocator unchanged; only counts sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let now = CURRENT.fetch_add(layout.size(), Ordering::SeqCst) + layout.size();
-        PEAK.fetch_max(now, Ordering::SeqCst);
-        THREAD_ALLOCS.with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        CURRENT.fetch_sub(layout.size(), Ordering::SeqCst);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Peak bytes allocated by `f` above what was live when it started.
-fn peak_during(f: impl FnOnce()) -> usize {
-    let base = CURRENT.load(Ordering::SeqCst);
-    PEAK.store(base, Ordering::SeqCst);
-    f();
-    PEAK.load(Ordering::SeqCst) - base
-}
+static ALLOC: CountingAlloc = CountingAlloc;
 
 fn check(cfg: &DilatedConfig, shape: Shape4) {
-    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = counting_alloc::exclusive();
     let n = shape.numel();
     let (q, k, v, go) = (random_vec(1, n), random_vec(2, n), random_vec(3, n), random_vec(4, n));
     let (mut out, mut lse) = (vec![0.0f32; n], vec![0.0f32; shape.lse_len()]);
     let (mut dq, mut dk, mut dv) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
     let be = CpuBackend::new(2).unwrap();
     let view = |x| TensorView::contiguous(TensorName::Query, x, shape).unwrap();
-    let fwd = peak_during(|| {
+    let ((), fwd) = measure(|| {
         let o = TensorViewMut::contiguous(TensorName::Output, &mut out, shape).unwrap();
         be.forward(&AttnInputs::new(cfg, view(&q), view(&k), view(&v)), o, &mut lse).unwrap();
     });
-    let bwd = peak_during(|| {
+    let fwd = fwd.peak_extra;
+    let ((), bwd) = measure(|| {
         let m = |x| TensorViewMut::contiguous(TensorName::GradQuery, x, shape).unwrap();
         let grads = Grads { dq: m(&mut dq), dk: m(&mut dk), dv: m(&mut dv) };
         let inputs = AttnInputs::new(cfg, view(&q), view(&k), view(&v));
         be.backward(&inputs, Saved { out: view(&out), lse: &lse }, view(&go), grads).unwrap();
     });
+    let bwd = bwd.peak_extra;
     let (wf, wb) = (be.workspace_bytes(cfg, shape, Pass::Forward), be.workspace_bytes(cfg, shape, Pass::Backward));
     println!("{shape:?}: forward peak {fwd} <= {wf}, backward peak {bwd} <= {wb}");
     assert!(fwd <= wf, "forward allocated {fwd} bytes, workspace_bytes says {wf}");
@@ -86,11 +48,10 @@ fn workspace_bytes_bounds_the_allocations() {
     check(&big, Shape4::new(1, 4096, 1, 32).unwrap());
 }
 
-/// Number of allocations (reallocations included) `f` makes on this thread.
+/// Number of allocations (reallocations included) `f` makes; the tests of this binary
+/// run one at a time, so they are the calling thread's.
 fn allocs_during(f: impl FnOnce()) -> usize {
-    let before = THREAD_ALLOCS.with(Cell::get);
-    f();
-    THREAD_ALLOCS.with(Cell::get) - before
+    measure(f).1.allocations
 }
 
 #[test]
@@ -113,7 +74,7 @@ fn warm_block_calls_allocate_nothing() {
     let mut out = vec![0.0f32; n * d];
     let mut partial_lse = vec![f32::NEG_INFINITY; n];
     let (mut dq, mut dk, mut dv) = (vec![0.0f32; n * d], vec![0.0f32; n * d], vec![0.0f32; n * d]);
-    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = counting_alloc::exclusive();
     let mut calls = |pos: &[usize]| {
         let rows = |data| BlockRows::new(data, d, pos);
         let (qb, kb, vb, gb) = (rows(&q[..]), rows(&k[..]), rows(&v[..]), rows(&go[..]));
