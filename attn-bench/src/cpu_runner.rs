@@ -53,7 +53,8 @@ fn grid_for(n: usize) -> Result<(usize, usize)> {
 }
 
 struct CpuRunner<T> {
-    backend: CpuBackend,
+    /// The attention under test (the CPU kernels), through the shared interface.
+    backend: Box<dyn Attention<T>>,
     cfg: DilatedConfig,
     shape: Shape4,
     backward: bool,
@@ -89,7 +90,7 @@ impl<T: Element> CpuRunner<T> {
         let shape = spec.shape()?;
         let n = shape.numel();
         Ok(CpuRunner {
-            backend: CpuBackend::new(spec.threads)?,
+            backend: Box::new(CpuBackend::new(spec.threads)?),
             cfg: spec.config()?,
             shape,
             backward: spec.backward,
