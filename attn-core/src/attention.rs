@@ -11,7 +11,8 @@ use std::fmt::Debug;
 
 use crate::config::DilatedConfig;
 use crate::element::Element;
-use crate::error::{Result, TensorName};
+use crate::error::{AttnError, Result, TensorName};
+use crate::masks::{KeyPadding, Masks, PackedSequences};
 use crate::shape::AttnShape;
 use crate::view::{TensorView, TensorViewMut};
 
@@ -40,9 +41,10 @@ pub enum Pass {
     Backward,
 }
 
-/// The inputs of one call: the config and the q, k, v views (`[batch, seq, heads,
-/// head_dim]`; k and v may have their own sequence length for cross-attention). Inputs
-/// that later features add arrive as fields with constructors, not as new methods.
+/// The inputs of one call: the config, the q, k, v views (`[batch, seq, heads,
+/// head_dim]`; k and v may have their own sequence length for cross-attention and
+/// fewer heads for grouped-query attention) and the call's [`Masks`] (key padding,
+/// packed sequences; none by default).
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct AttnInputs<'a, T> {
@@ -50,11 +52,30 @@ pub struct AttnInputs<'a, T> {
     pub q: TensorView<'a, T>,
     pub k: TensorView<'a, T>,
     pub v: TensorView<'a, T>,
+    pub masks: Masks<'a>,
 }
 
 impl<'a, T: Element> AttnInputs<'a, T> {
     pub fn new(cfg: &'a DilatedConfig, q: TensorView<'a, T>, k: TensorView<'a, T>, v: TensorView<'a, T>) -> Self {
-        AttnInputs { cfg, q, k, v }
+        AttnInputs { cfg, q, k, v, masks: Masks::default() }
+    }
+
+    /// These inputs with a key padding mask (`[batch, key_seq]`, `true` = padding).
+    pub fn with_key_padding(mut self, mask: KeyPadding<'a>) -> Self {
+        self.masks.key_padding = Some(mask);
+        self
+    }
+
+    /// These inputs as packed variable-length sequences (batch 1, self-attention).
+    pub fn with_packing(mut self, packing: PackedSequences<'a>) -> Self {
+        self.masks.packing = Some(packing);
+        self
+    }
+
+    /// These inputs with the given masks.
+    pub fn with_masks(mut self, masks: Masks<'a>) -> Self {
+        self.masks = masks;
+        self
     }
 
     /// Inputs from row-major buffers: q of `shape.q`, k and v of `shape.kv`.
@@ -64,6 +85,7 @@ impl<'a, T: Element> AttnInputs<'a, T> {
             q: TensorView::contiguous(TensorName::Query, q, shape.q)?,
             k: TensorView::contiguous(TensorName::Key, k, shape.kv)?,
             v: TensorView::contiguous(TensorName::Value, v, shape.kv)?,
+            masks: Masks::default(),
         })
     }
 
@@ -72,10 +94,49 @@ impl<'a, T: Element> AttnInputs<'a, T> {
         self.k.shape().seq != self.q.shape().seq
     }
 
-    /// The checked shapes of q, k and v.
+    /// The checked shapes of q, k and v, with the config's head rule and the masks
+    /// checked against them.
     pub fn shape(&self) -> Result<AttnShape> {
         let [q, k, v] = [&self.q, &self.k, &self.v].map(|x| x.shape().dims());
-        if self.is_cross() { AttnShape::check_cross(&q, &k, &v) } else { AttnShape::check(&q, &k, &v) }
+        let shape = if self.is_cross() { AttnShape::check_cross(&q, &k, &v)? } else { AttnShape::check(&q, &k, &v)? };
+        self.cfg.validate_heads(shape.q.heads)?;
+        self.masks.check(&shape)?;
+        Ok(shape)
+    }
+}
+
+/// The features a backend computes beyond dilated attention over whole batch rows;
+/// inputs that use another are [`AttnError::Unsupported`] naming it, never computed
+/// as something else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Supported {
+    pub grouped_kv: bool,
+    pub key_padding: bool,
+    pub packing: bool,
+    pub window: bool,
+}
+
+impl Supported {
+    /// Dilated attention only.
+    pub const NONE: Supported = Supported { grouped_kv: false, key_padding: false, packing: false, window: false };
+    /// Every feature.
+    pub const ALL: Supported = Supported { grouped_kv: true, key_padding: true, packing: true, window: true };
+}
+
+impl<T: Element> AttnInputs<'_, T> {
+    /// [`AttnInputs::shape`], refusing the features `backend` does not compute.
+    pub fn shape_for(&self, backend: &'static str, supported: Supported) -> Result<AttnShape> {
+        let shape = self.shape()?;
+        let used = [
+            (shape.is_grouped() && !supported.grouped_kv, "grouped key/value heads"),
+            (self.masks.key_padding.is_some() && !supported.key_padding, "key padding masks"),
+            (self.masks.packing.is_some() && !supported.packing, "packed sequences"),
+            (self.cfg.window().is_some() && !supported.window, "sliding windows"),
+        ];
+        match used.into_iter().find(|(refused, _)| *refused) {
+            Some((_, feature)) => Err(AttnError::Unsupported { backend, feature }),
+            None => Ok(shape),
+        }
     }
 }
 

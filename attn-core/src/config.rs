@@ -1,5 +1,7 @@
-//! `DilatedConfig`: which patterns run, how they mix, causal, scale; with validation.
+//! `DilatedConfig`: which patterns run (dilated segments or a sliding window), how they
+//! mix, causal, scale; with validation.
 
+use crate::band::Band;
 use crate::error::{AttnError, Result};
 use crate::pattern::SegmentPattern;
 
@@ -36,6 +38,17 @@ pub enum Mixing {
     /// Every head runs every pattern; the patterns are merged by their softmax
     /// denominators (LongNet, arXiv 2307.02486 eq. 10).
     LongNet,
+    /// One sliding window `(left, right)` that every head runs, over the whole sequence
+    /// (no segments, no dilation, no 1/G factor).
+    Window,
+}
+
+/// A sliding window: query `p` sees the keys `p - left ..= p + right` (and none after
+/// `p` when causal), so at most `left + right + 1` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Window {
+    pub left: usize,
+    pub right: usize,
 }
 
 impl Mixing {
@@ -44,29 +57,34 @@ impl Mixing {
         match self {
             Mixing::HeadGroups => "head_groups",
             Mixing::LongNet => "longnet",
+            Mixing::Window => "window",
         }
     }
 
-    /// Parse `head_groups` / `longnet` (also `headgroups`, `long_net`).
+    /// Parse `head_groups` / `longnet` / `window` (also `headgroups`, `long_net`).
     pub fn parse(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
             "headgroups" => Ok(Mixing::HeadGroups),
             "longnet" => Ok(Mixing::LongNet),
+            "window" => Ok(Mixing::Window),
             _ => Err(AttnError::InvalidArgument(format!("unknown mixing mode `{s}`"))),
         }
     }
 }
 
-/// A validated dilated-attention configuration.
+/// A validated attention configuration: dilated patterns mixed by head groups or
+/// LongNet, or one sliding window.
 ///
-/// Built with [`DilatedConfig::builder`] or [`DilatedConfig::new`]; both validate,
-/// so a value of this type always satisfies SPEC.md's rules except the
-/// head-count rule, which needs the tensor shape ([`DilatedConfig::validate_heads`]).
+/// Built with [`DilatedConfig::builder`], [`DilatedConfig::new`] or
+/// [`DilatedConfig::sliding_window`]; all validate, so a value of this type always
+/// satisfies the definition's rules except the head-count rule, which needs the tensor
+/// shape ([`DilatedConfig::validate_heads`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DilatedConfig {
     segment_lengths: Vec<usize>,
     dilation_rates: Vec<usize>,
     mixing: Mixing,
+    window: Option<Window>,
     causal: bool,
     scale: Option<f64>,
 }
@@ -77,19 +95,39 @@ impl DilatedConfig {
         Self::builder().segments(segment_lengths).dilations(dilation_rates).build()
     }
 
+    /// A sliding window `(left, right)`, non-causal, default scale.
+    pub fn sliding_window(left: usize, right: usize) -> Result<Self> {
+        Self::builder().window(left, right).build()
+    }
+
     /// Start building a config.
     pub fn builder() -> DilatedConfigBuilder {
         DilatedConfigBuilder::default()
     }
 
+    /// The dilated segment lengths (empty in window mode).
     pub fn segment_lengths(&self) -> &[usize] {
         &self.segment_lengths
     }
+    /// The dilation rates (empty in window mode).
     pub fn dilation_rates(&self) -> &[usize] {
         &self.dilation_rates
     }
     pub fn mixing(&self) -> Mixing {
         self.mixing
+    }
+    /// The sliding window (window mode only).
+    pub fn window(&self) -> Option<Window> {
+        self.window
+    }
+    /// Which keys a query may see by distance: the window, or (dilated) every key, or
+    /// none after the query when causal.
+    pub fn band(&self) -> Band {
+        let (left, right) = match self.window {
+            Some(w) => (w.left, w.right),
+            None => (usize::MAX, usize::MAX),
+        };
+        Band::new(left, if self.causal { 0 } else { right })
     }
     pub fn causal(&self) -> bool {
         self.causal
@@ -102,9 +140,9 @@ impl DilatedConfig {
     pub fn explicit_scale(&self) -> Option<f64> {
         self.scale
     }
-    /// Number of patterns G.
+    /// Number of patterns G (1 in window mode: the window's one whole-sequence pattern).
     pub fn num_patterns(&self) -> usize {
-        self.segment_lengths.len()
+        if self.window.is_some() { 1 } else { self.segment_lengths.len() }
     }
 
     /// Softmax scale for a head dimension: the explicit one or `1/sqrt(head_dim)`.
@@ -112,10 +150,20 @@ impl DilatedConfig {
         self.scale.unwrap_or_else(|| 1.0 / (head_dim as f64).sqrt())
     }
 
-    /// Pattern `i` with offset `off` (HeadGroups uses `i mod r_i`, LongNet `head mod r_i`).
-    /// Panics, like slice indexing, when `i >= num_patterns()`.
+    /// Pattern `i` with offset `off` (HeadGroups uses `i mod r_i`, LongNet `head mod r_i`;
+    /// window mode has the one [`SegmentPattern::whole`]). Panics, like slice indexing,
+    /// when `i >= num_patterns()`.
     pub fn pattern(&self, i: usize, off: usize) -> SegmentPattern {
+        if self.window.is_some() {
+            assert!(i == 0, "window mode has one pattern, asked for pattern {i}");
+            return SegmentPattern::whole();
+        }
         SegmentPattern::new(self.segment_lengths[i], self.dilation_rates[i], off)
+    }
+
+    /// Dilation rate of pattern `i` (1 in window mode).
+    pub fn rate(&self, i: usize) -> usize {
+        if self.window.is_some() { 1 } else { self.dilation_rates[i] }
     }
 
     /// A copy with another causal flag.
@@ -137,6 +185,16 @@ impl DilatedConfig {
 
     fn validate(&self) -> Result<()> {
         let (segs, rates) = (&self.segment_lengths, &self.dilation_rates);
+        match (self.window, self.mixing) {
+            (Some(_), Mixing::Window) if !(segs.is_empty() && rates.is_empty()) => {
+                return Err(AttnError::WindowWithSegments);
+            }
+            (Some(_), Mixing::Window) => return self.validate_scale(),
+            (Some(_), mixing) | (None, mixing @ Mixing::Window) => {
+                return Err(AttnError::WindowMixing { mixing: mixing.as_str() });
+            }
+            (None, _) => {}
+        }
         if segs.is_empty() && rates.is_empty() {
             return Err(AttnError::EmptyPatterns);
         }
@@ -154,6 +212,10 @@ impl DilatedConfig {
                 return Err(AttnError::RateExceedsSegment { index, rate: r, segment: w });
             }
         }
+        self.validate_scale()
+    }
+
+    fn validate_scale(&self) -> Result<()> {
         if let Some(s) = self.scale
             && !(s.is_finite() && s > 0.0)
         {
@@ -169,6 +231,7 @@ pub struct DilatedConfigBuilder {
     segment_lengths: Vec<usize>,
     dilation_rates: Vec<usize>,
     mixing: Mixing,
+    window: Option<Window>,
     causal: bool,
     scale: Option<f64>,
 }
@@ -184,6 +247,13 @@ impl DilatedConfigBuilder {
     }
     pub fn mixing(mut self, m: Mixing) -> Self {
         self.mixing = m;
+        self
+    }
+    /// A sliding window `(left, right)`: sets the mixing to [`Mixing::Window`] (segments
+    /// and rates must then stay empty).
+    pub fn window(mut self, left: usize, right: usize) -> Self {
+        self.window = Some(Window { left, right });
+        self.mixing = Mixing::Window;
         self
     }
     pub fn causal(mut self, c: bool) -> Self {
@@ -205,6 +275,7 @@ impl DilatedConfigBuilder {
             segment_lengths: self.segment_lengths,
             dilation_rates: self.dilation_rates,
             mixing: self.mixing,
+            window: self.window,
             causal: self.causal,
             scale: self.scale,
         };
@@ -242,6 +313,23 @@ mod tests {
         assert!(cfg.validate_heads(3).is_ok());
         let ln = DilatedConfig::builder().segments(&[4, 8, 16]).dilations(&[1, 2, 4]).mixing(Mixing::LongNet);
         assert!(ln.build().unwrap().validate_heads(1).is_ok());
+    }
+
+    #[test]
+    fn window_mode_rules() {
+        let b = || DilatedConfig::builder();
+        assert!(matches!(b().window(3, 1).segments(&[4]).dilations(&[1]).build(), Err(AttnError::WindowWithSegments)));
+        assert!(matches!(b().window(3, 1).mixing(Mixing::LongNet).build(), Err(AttnError::WindowMixing { .. })));
+        assert!(matches!(b().mixing(Mixing::Window).build(), Err(AttnError::WindowMixing { .. })));
+        assert!(matches!(b().window(3, 1).scale(-1.0).build(), Err(AttnError::InvalidScale(_))));
+        let cfg = DilatedConfig::sliding_window(4095, 0).unwrap();
+        assert_eq!((cfg.num_patterns(), cfg.pattern(0, 0), cfg.rate(0)), (1, SegmentPattern::whole(), 1));
+        assert!(cfg.validate_heads(1).is_ok() && cfg.segment_lengths().is_empty());
+        assert_eq!(cfg.band(), Band::new(4095, 0));
+        assert_eq!(cfg.clone().with_causal(true).band(), Band::new(4095, 0));
+        assert_eq!(DilatedConfig::sliding_window(2, 5).unwrap().with_causal(true).band(), Band::new(2, 0));
+        assert_eq!(DilatedConfig::new(&[4], &[1]).unwrap().band(), Band::new(usize::MAX, usize::MAX));
+        assert_eq!(Mixing::parse("window").unwrap(), Mixing::Window);
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub enum TensorName {
     GradQuery,
     GradKey,
     GradValue,
+    KeyPaddingMask,
+    CuSeqlens,
     Other(&'static str),
 }
 
@@ -36,6 +38,8 @@ impl fmt::Display for TensorName {
             TensorName::GradQuery => "dq",
             TensorName::GradKey => "dk",
             TensorName::GradValue => "dv",
+            TensorName::KeyPaddingMask => "key_padding_mask",
+            TensorName::CuSeqlens => "cu_seqlens",
             TensorName::Other(s) => s,
         };
         f.write_str(s)
@@ -58,6 +62,22 @@ pub enum AttnError {
     RateExceedsSegment { index: usize, rate: usize, segment: usize },
     #[error("{heads} heads cannot be split into {groups} head groups (need heads >= groups)")]
     TooFewHeads { heads: usize, groups: usize },
+    #[error("a sliding window and segment lengths or dilation rates were both given: window mode has no segments")]
+    WindowWithSegments,
+    #[error(
+        "mixing `{mixing}` does not match the window setting: a window needs mixing `window` and mixing `window` needs a window"
+    )]
+    WindowMixing { mixing: &'static str },
+    #[error("{heads} query heads cannot share {kv_heads} key/value heads: kv_heads must divide heads")]
+    KvHeadsNotDividing { heads: usize, kv_heads: usize },
+    #[error("cu_seqlens is invalid: {0}")]
+    InvalidCuSeqlens(String),
+    #[error("packed sequences need batch 1, got batch {batch}")]
+    PackedBatch { batch: usize },
+    #[error("packed sequences need self-attention: k and v have their own sequence length")]
+    PackedCrossAttention,
+    #[error("{backend} does not support {feature} yet")]
+    Unsupported { backend: &'static str, feature: &'static str },
     #[error("softmax scale {0} is not finite and positive")]
     InvalidScale(f64),
     #[error("dimension `{dim}` of {tensor} is zero")]

@@ -23,10 +23,12 @@
 #![forbid(unsafe_code)]
 
 pub mod attention;
+pub mod band;
 pub mod config;
 pub mod element;
 pub mod error;
 pub mod guard;
+pub mod masks;
 pub mod merge;
 pub mod pattern;
 pub mod reference;
@@ -34,11 +36,13 @@ pub mod rng;
 pub mod shape;
 pub mod view;
 
-pub use attention::{Attention, AttnInputs, Grads, Pass, Placement, Saved};
-pub use config::{Causality, DilatedConfig, DilatedConfigBuilder, Mixing};
+pub use attention::{Attention, AttnInputs, Grads, Pass, Placement, Saved, Supported};
+pub use band::Band;
+pub use config::{Causality, DilatedConfig, DilatedConfigBuilder, Mixing, Window};
 pub use element::{DType, Element};
 pub use error::{AttnError, Result, TensorName};
 pub use guard::{MemoryBudget, check_finite};
+pub use masks::{KeyPadding, Masks, PackedSequences};
 pub use merge::{LseMerge, OnlineSoftmax};
 pub use pattern::{HeadGroups, HeadPatterns, OffsetHeads, SegmentPattern};
 pub use reference::ReferenceBackend;

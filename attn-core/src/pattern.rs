@@ -23,6 +23,11 @@ impl SegmentPattern {
         SegmentPattern { w, r, off }
     }
 
+    /// The pattern of window mode: one segment that is the whole sequence, every position.
+    pub const fn whole() -> Self {
+        SegmentPattern { w: usize::MAX, r: 1, off: 0 }
+    }
+
     /// Segment index of global position `p`.
     #[inline(always)]
     pub fn segment_of(&self, p: usize) -> usize {
@@ -180,8 +185,9 @@ impl OffsetHeads {
 impl DilatedConfig {
     /// Which of `heads` heads run pattern `i`, and at which offsets.
     pub fn offset_heads(&self, heads: usize, i: usize) -> OffsetHeads {
-        let r = self.dilation_rates()[i];
+        let r = self.rate(i);
         match self.mixing() {
+            Mixing::Window => OffsetHeads::One { off: 0, count: heads },
             Mixing::HeadGroups => {
                 OffsetHeads::One { off: i % r, count: HeadGroups::new(heads, self.num_patterns()).range(i).len() }
             }
@@ -193,6 +199,7 @@ impl DilatedConfig {
     pub fn head_patterns(&self, heads: usize, head: usize) -> HeadPatterns {
         let g = self.num_patterns();
         match self.mixing() {
+            Mixing::Window => HeadPatterns { patterns: vec![(0, SegmentPattern::whole())], out_scale: 1.0 },
             Mixing::HeadGroups => {
                 let i = HeadGroups::new(heads, g).group_of(head);
                 let r = self.dilation_rates()[i];
@@ -244,6 +251,11 @@ mod tests {
                 assert_eq!(p.count_in_segment(seg, 30), brute.len());
             }
         }
+        let whole = SegmentPattern::whole();
+        assert_eq!((whole.segment_of(1 << 40), whole.segment_bounds(0, 77), whole.num_segments(77)), (0, 0..77, 1));
+        assert_eq!(whole.selected_in_range(5..77).collect::<Vec<_>>(), (5..77).collect::<Vec<_>>());
+        assert_eq!((whole.count_in_range(5..77), whole.count_in_segment(0, 77)), (72, 77));
+        assert!(whole.is_selected(usize::MAX - 1));
         let far = SegmentPattern::new(4, 1, usize::MAX);
         assert_eq!((far.count_in_range(0..100), far.selected_in_range(0..100).count()), (0, 0));
         assert_eq!((far.count_in_segment(3, 100), far.selected_in_segment(3, 100).count()), (0, 0));

@@ -88,14 +88,31 @@ impl AttnShape {
         AttnShape { q, kv: q }
     }
 
-    /// Check self-attention q, k, v dims: k and v agree exactly and match q in every
-    /// dimension.
+    /// Number of query heads that share one key/value head (1 without GQA).
+    pub fn group_size(&self) -> usize {
+        self.q.heads / self.kv.heads
+    }
+
+    /// The key/value head query head `h` reads (PyTorch's `repeat_interleave` order).
+    #[inline]
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / self.group_size()
+    }
+
+    /// Whether k and v have fewer heads than q (grouped-query attention).
+    pub fn is_grouped(&self) -> bool {
+        self.kv.heads != self.q.heads
+    }
+
+    /// Check self-attention q, k, v dims: k and v agree exactly and match q in batch,
+    /// sequence length and head_dim; their head count divides q's (grouped-query
+    /// attention when smaller).
     pub fn check(q: &[usize], k: &[usize], v: &[usize]) -> Result<Self> {
         Self::check_dims(q, k, v, KeyLength::OfQuery)
     }
 
-    /// Check cross-attention q, k, v dims: k and v agree exactly and match q in batch,
-    /// heads and head_dim; their sequence length is their own.
+    /// Check cross-attention q, k, v dims: k and v agree exactly and match q in batch
+    /// and head_dim, their head count divides q's; their sequence length is their own.
     pub fn check_cross(q: &[usize], k: &[usize], v: &[usize]) -> Result<Self> {
         Self::check_dims(q, k, v, KeyLength::Own)
     }
@@ -108,7 +125,7 @@ impl AttnShape {
         if vs != ks {
             return Err(AttnError::ShapeMismatch { tensor: TensorName::Value, expected: k.to_vec(), got: v.to_vec() });
         }
-        let expect_k = [qs.batch, if cross { ks.seq } else { qs.seq }, qs.heads, qs.head_dim];
+        let expect_k = [qs.batch, if cross { ks.seq } else { qs.seq }, ks.heads, qs.head_dim];
         if ks.dims() != expect_k {
             return Err(AttnError::ShapeMismatch {
                 tensor: TensorName::Key,
@@ -116,7 +133,15 @@ impl AttnShape {
                 got: k.to_vec(),
             });
         }
+        if !qs.heads.is_multiple_of(ks.heads) {
+            return Err(AttnError::KvHeadsNotDividing { heads: qs.heads, kv_heads: ks.heads });
+        }
         Ok(AttnShape { q: qs, kv: ks })
+    }
+
+    /// Re-check a hand-built shape (public fields) as [`AttnShape::check_cross`] does.
+    pub fn rechecked(&self) -> Result<Self> {
+        Self::check_cross(&self.q.dims(), &self.kv.dims(), &self.kv.dims())
     }
 }
 
@@ -145,6 +170,12 @@ mod tests {
         assert!(matches!(
             AttnShape::check(&q, &q, &[1, 8, 2, 5]),
             Err(AttnError::ShapeMismatch { tensor: TensorName::Value, .. })
+        ));
+        let gqa = AttnShape::check(&[1, 8, 6, 4], &[1, 8, 2, 4], &[1, 8, 2, 4]).unwrap();
+        assert_eq!((gqa.group_size(), gqa.kv_head(2), gqa.kv_head(3), gqa.is_grouped()), (3, 0, 1, true));
+        assert!(matches!(
+            AttnShape::check(&[1, 8, 6, 4], &[1, 8, 4, 4], &[1, 8, 4, 4]),
+            Err(AttnError::KvHeadsNotDividing { heads: 6, kv_heads: 4 })
         ));
         assert!(matches!(
             AttnShape::check(&[1, 8, 2], &q, &q),

@@ -1,12 +1,12 @@
-//! The float64 reference passes every dilated conformance file (forward, LSE, gradients).
+//! The float64 reference passes every dilated and feature conformance file (forward,
+//! LSE, gradients): grouped key/value heads, key padding, packed sequences and windows.
 
 use attn_testkit::golden::{check_case, golden_dir, load_dir};
 use attn_testkit::reference;
 
-#[test]
-fn reference_passes_every_dilated_golden_file() {
-    let cases = load_dir(&golden_dir().join("dilated")).expect("golden dir readable");
-    assert!(cases.len() == 9, "expected the 9 conformance files, found {}", cases.len());
+fn passes_every_file_in(dir: &str, expected: usize) {
+    let cases = load_dir(&golden_dir().join(dir)).expect("golden dir readable");
+    assert!(cases.len() == expected, "expected the {expected} files of {dir}/, found {}", cases.len());
     let mut failures = vec![];
     for (path, case) in cases {
         let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -19,4 +19,14 @@ fn reference_passes_every_dilated_golden_file() {
         }
     }
     assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn reference_passes_every_dilated_golden_file() {
+    passes_every_file_in("dilated", 9);
+}
+
+#[test]
+fn reference_passes_every_feature_golden_file() {
+    passes_every_file_in("features", 9);
 }

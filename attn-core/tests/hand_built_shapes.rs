@@ -13,18 +13,25 @@ fn s(b: usize, n: usize, h: usize, d: usize) -> Shape4 {
 #[test]
 fn reference_refuses_kv_shapes_that_disagree_with_q() {
     let cfg = DilatedConfig::new(&[4], &[1]).unwrap();
-    // Batch, head_dim and heads of k/v differ from q; buffer lengths match each shape.
-    for (q, kv) in [(s(2, 4, 1, 4), s(1, 4, 1, 4)), (s(1, 4, 1, 4), s(1, 4, 1, 2)), (s(1, 4, 2, 2), s(1, 4, 1, 2))] {
+    // Batch and head_dim of k/v differ from q, or k/v heads do not divide q's; buffer
+    // lengths match each shape.
+    for (q, kv) in [(s(2, 4, 1, 4), s(1, 4, 1, 4)), (s(1, 4, 1, 4), s(1, 4, 1, 2)), (s(1, 4, 3, 2), s(1, 4, 2, 2))] {
         let shape = AttnShape { q, kv };
         let (x, y) = (vec![0.1; q.numel()], vec![0.1; kv.numel()]);
-        let mismatch =
-            |r: Result<(), AttnError>| matches!(r, Err(AttnError::ShapeMismatch { tensor: TensorName::Key, .. }));
+        let mismatch = |r: Result<(), AttnError>| {
+            matches!(
+                r,
+                Err(AttnError::ShapeMismatch { tensor: TensorName::Key, .. } | AttnError::KvHeadsNotDividing { .. })
+            )
+        };
         assert!(mismatch(dilated_forward(&cfg, shape, &x, &y, &y).map(drop)), "{q:?} / {kv:?}");
         assert!(mismatch(dense_forward(shape, &x, &y, &y, 1.0, Causality::Full).map(drop)), "{q:?} / {kv:?}");
         assert!(mismatch(dilated_backward(&cfg, shape, &x, &y, &y, &x).map(drop)), "{q:?} / {kv:?}");
         assert!(mismatch(dense_backward(shape, &x, &y, &y, &x, 1.0, Causality::Causal).map(drop)), "{q:?} / {kv:?}");
     }
-    // Cross-attention (another kv length) is still fine.
+    // Cross-attention (another kv length) and grouped heads (2 query heads on 1) are fine.
+    let gqa = AttnShape { q: s(1, 4, 2, 2), kv: s(1, 4, 1, 2) };
+    assert!(dilated_forward(&cfg, gqa, &[0.1; 16], &[0.1; 8], &[0.1; 8]).is_ok());
     let shape = AttnShape { q: s(1, 4, 1, 4), kv: s(1, 6, 1, 4) };
     assert!(dense_forward(shape, &[0.1; 16], &[0.1; 24], &[0.1; 24], 1.0, Causality::Full).is_ok());
 }

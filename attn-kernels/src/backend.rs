@@ -13,7 +13,7 @@
 #![allow(unsafe_code)]
 
 use attn_core::error::TensorName;
-use attn_core::{Attention, AttnInputs, Grads as AttnGrads, Pass, Saved};
+use attn_core::{Attention, AttnInputs, Grads as AttnGrads, Pass, Saved, Supported};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, Shape4};
 use attn_core::{MemoryBudget, TensorView, TensorViewMut, check_finite};
 use rayon::prelude::*;
@@ -140,8 +140,7 @@ impl CpuBackend {
 
     fn plan<'a, T: Element>(&self, inputs: &AttnInputs<'a, T>, pass: Pass) -> Result<Plan<'a, T>> {
         let (cfg, q, k, v) = (inputs.cfg, inputs.q, inputs.k, inputs.v);
-        let shape = inputs.shape()?;
-        cfg.validate_heads(shape.q.heads)?;
+        let shape = inputs.shape_for("cpu", Supported::NONE)?;
         // Before anything is allocated.
         self.budget.check(CpuBackend::workspace_bytes(self, cfg, shape, pass))?;
         if self.check_finite {

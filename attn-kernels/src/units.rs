@@ -115,7 +115,7 @@ pub(crate) fn max_forward_chunk_len(cfg: &DilatedConfig, batch: usize, heads: us
 /// things unit lengths depend on, so these heads stand for all `heads`.
 fn head_kinds(cfg: &DilatedConfig, heads: usize) -> impl Iterator<Item = usize> {
     let groups = match cfg.mixing() {
-        Mixing::LongNet => 1,
+        Mixing::LongNet | Mixing::Window => 1,
         Mixing::HeadGroups => cfg.num_patterns(),
     };
     let split = HeadGroups::new(heads, groups);

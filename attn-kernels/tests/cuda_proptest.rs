@@ -10,6 +10,7 @@ mod cuda_support;
 use attn_core::{AttnShape, DType, DilatedConfig};
 use attn_kernels::cuda::{DeviceBlock, DevicePartial, DeviceTensor, finish_forward, forward_block};
 use attn_testkit::DilatedBackend;
+use attn_testkit::golden::Problem;
 use attn_testkit::judge::{Expected, check_rows, judge_backward, judge_forward, round_to, verdict};
 use attn_testkit::strategies::dilated_case;
 use cuda_support::{conv, device_or_skip, gpu};
@@ -39,8 +40,9 @@ fn forward_and_backward_match_the_reference() {
             for gpu in &gpus {
                 let dtype = gpu.dtype();
                 let want = rounded_reference(&case.cfg, shape, [&q, &k, &v, &go], dtype);
-                let got = gpu.forward(&case.cfg, shape, &q, &k, &v).expect("gpu forward");
-                let g = gpu.backward(&case.cfg, shape, &q, &k, &v, &go).expect("gpu backward");
+                let problem = Problem::new(&case.cfg, shape);
+                let got = gpu.forward(&problem, [&q, &k, &v]).expect("gpu forward");
+                let g = gpu.backward(&problem, [&q, &k, &v], &go).expect("gpu backward");
                 let mut checks = judge_forward(&want, &got.out, &got.lse, dtype);
                 checks.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], dtype));
                 let v = verdict(&checks);

@@ -10,7 +10,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use attn_core::error::TensorName;
-use attn_core::{Attention, AttnInputs, Grads, Pass, Placement, Saved};
+use attn_core::{Attention, AttnInputs, Grads, Pass, Placement, Saved, Supported};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, TensorView, TensorViewMut};
 
 use crate::comm::Communicator;
@@ -83,6 +83,12 @@ impl<C: Communicator> RingBackend<C> {
 
     /// The error for keys/values whose length differs from the queries' (cross-attention
     /// with its own sequence length, which the ring does not split).
+    /// The features the ring does not compute yet, refused on every rank alike (each
+    /// rank sees the same config and masks) before any message is sent.
+    fn refuse_features<T: Element>(inputs: &AttnInputs<'_, T>) -> Result<()> {
+        inputs.shape_for("ring", Supported::NONE).map(|_| ())
+    }
+
     fn cross_error(q: usize, kv: usize) -> AttnError {
         AttnError::InvalidArgument(format!(
             "the ring backend needs keys/values with the queries' rows: cross-attention with kv_seq != \
@@ -126,6 +132,7 @@ impl<C: Communicator + Send + std::fmt::Debug, T: Element> Attention<T> for Ring
     }
 
     fn forward(&self, inputs: &AttnInputs<'_, T>, mut out: TensorViewMut<'_, T>, lse: &mut [f32]) -> Result<()> {
+        Self::refuse_features(inputs)?;
         let mut comm = self.lock()?;
         let problem = self.problem(inputs.cfg, inputs.q.shape());
         let (qn, kn) = (inputs.q.shape().seq, inputs.k.shape().seq);
@@ -142,6 +149,7 @@ impl<C: Communicator + Send + std::fmt::Debug, T: Element> Attention<T> for Ring
         grad_out: TensorView<'_, T>,
         grads: Grads<'_, T>,
     ) -> Result<()> {
+        Self::refuse_features(inputs)?;
         let mut comm = self.lock()?;
         let problem = self.problem(inputs.cfg, inputs.q.shape());
         let Grads { mut dq, mut dk, mut dv } = grads;

@@ -14,8 +14,10 @@
 
 use std::fmt;
 
-use attn_core::reference::{Forward, Gradients, Magnitudes, dilated_backward_with_magnitudes};
+use attn_core::reference::{Forward, Gradients, Magnitudes, dilated_backward_masked};
 use attn_core::{AttnShape, DType, DilatedConfig, Element, Result};
+
+use crate::golden::Problem;
 
 use crate::tolerance::Tolerance;
 
@@ -75,6 +77,12 @@ impl Expected {
     /// The float64 reference on `q, k, v` and `grad_out` (zeros where `None`: forward only),
     /// which should be the inputs exactly as the backend saw them (rounded to its dtype).
     pub fn compute(cfg: &DilatedConfig, shape: AttnShape, qkv: [&[f64]; 3], grad_out: Option<&[f64]>) -> Result<Self> {
+        Self::for_problem(&Problem::new(cfg, shape), qkv, grad_out)
+    }
+
+    /// [`Expected::compute`] for a problem with masks.
+    pub fn for_problem(problem: &Problem<'_>, qkv: [&[f64]; 3], grad_out: Option<&[f64]>) -> Result<Self> {
+        let shape = problem.shape;
         let zeros;
         let go = match grad_out {
             Some(g) => g,
@@ -83,7 +91,7 @@ impl Expected {
                 &zeros
             }
         };
-        let (fwd, grads, mag) = dilated_backward_with_magnitudes(cfg, shape, qkv[0], qkv[1], qkv[2], go)?;
+        let (fwd, grads, mag) = dilated_backward_masked(problem.cfg, shape, problem.masks, qkv, go)?;
         Ok(Expected { fwd, grads, mag, shape })
     }
 

@@ -11,7 +11,7 @@ use attn_core::{
 };
 use attn_core::{TensorView, TensorViewMut};
 
-use crate::golden::{DilatedBackend, Forward32, Gradients32};
+use crate::golden::{DilatedBackend, Forward32, Gradients32, Problem};
 
 /// Backend `A` computing in `T`.
 #[derive(Debug)]
@@ -49,7 +49,13 @@ fn to_f32<T: Element>(x: &[T]) -> Vec<f32> {
 impl<A: Attention<T>, T: Element> Typed<A, T> {
     /// Forward in `T` on contiguous buffers: `(out, lse)`.
     pub fn forward_t(&self, cfg: &DilatedConfig, shape: AttnShape, qkv: [&[T]; 3]) -> Result<(Vec<T>, Vec<f32>)> {
-        let inputs = AttnInputs::contiguous(cfg, shape, qkv)?;
+        self.forward_problem(&Problem::new(cfg, shape), qkv)
+    }
+
+    /// [`Typed::forward_t`] for a problem with masks.
+    pub fn forward_problem(&self, problem: &Problem<'_>, qkv: [&[T]; 3]) -> Result<(Vec<T>, Vec<f32>)> {
+        let shape = problem.shape;
+        let inputs = AttnInputs::contiguous(problem.cfg, shape, qkv)?.with_masks(problem.masks);
         let mut out = vec![T::default(); shape.q.numel()];
         let mut lse = vec![0.0f32; shape.q.lse_len()];
         self.backend.forward(&inputs, TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?, &mut lse)?;
@@ -64,8 +70,14 @@ impl<A: Attention<T>, T: Element> Typed<A, T> {
         qkv: [&[T]; 3],
         grad_out: &[T],
     ) -> Result<[Vec<T>; 3]> {
-        let (out, lse) = self.forward_t(cfg, shape, qkv)?;
-        let inputs = AttnInputs::contiguous(cfg, shape, qkv)?;
+        self.backward_problem(&Problem::new(cfg, shape), qkv, grad_out)
+    }
+
+    /// [`Typed::backward_t`] for a problem with masks.
+    pub fn backward_problem(&self, problem: &Problem<'_>, qkv: [&[T]; 3], grad_out: &[T]) -> Result<[Vec<T>; 3]> {
+        let shape = problem.shape;
+        let (out, lse) = self.forward_problem(problem, qkv)?;
+        let inputs = AttnInputs::contiguous(problem.cfg, shape, qkv)?.with_masks(problem.masks);
         let saved = Saved { out: TensorView::contiguous(TensorName::Output, &out, shape.q)?, lse: &lse };
         let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
         let mut dq = vec![T::default(); shape.q.numel()];
@@ -82,22 +94,15 @@ impl<A: Attention<T>, T: Element> DilatedBackend for Typed<A, T> {
     fn dtype(&self) -> DType {
         T::DTYPE
     }
-    fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32> {
-        let (q, k, v) = (to_t::<T>(q), to_t::<T>(k), to_t::<T>(v));
-        let (out, lse) = self.forward_t(cfg, shape, [&q, &k, &v])?;
+    fn forward(&self, problem: &Problem<'_>, qkv: [&[f32]; 3]) -> Result<Forward32> {
+        let [q, k, v] = qkv.map(to_t::<T>);
+        let (out, lse) = self.forward_problem(problem, [&q, &k, &v])?;
         Ok(Forward32 { out: to_f32(&out), lse })
     }
-    fn backward(
-        &self,
-        cfg: &DilatedConfig,
-        shape: AttnShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        grad_out: &[f32],
-    ) -> Result<Gradients32> {
-        let (q, k, v, go) = (to_t::<T>(q), to_t::<T>(k), to_t::<T>(v), to_t::<T>(grad_out));
-        let [dq, dk, dv] = self.backward_t(cfg, shape, [&q, &k, &v], &go)?;
+    fn backward(&self, problem: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+        let [q, k, v] = qkv.map(to_t::<T>);
+        let go = to_t::<T>(grad_out);
+        let [dq, dk, dv] = self.backward_problem(problem, [&q, &k, &v], &go)?;
         Ok(Gradients32 { dq: to_f32(&dq), dk: to_f32(&dk), dv: to_f32(&dv) })
     }
 }

@@ -6,7 +6,7 @@
 //! golden checker (`check_case`, used by `attn-golden` and the ring sweeps).
 
 use attn_core::{AttnShape, DType, DilatedConfig, Mixing, Result, Shape4};
-use attn_testkit::golden::{DilatedBackend, Forward32, GoldenCase, Gradients32, check_case, golden_dir};
+use attn_testkit::golden::{DilatedBackend, Forward32, GoldenCase, Gradients32, Problem, check_case, golden_dir};
 use attn_testkit::judge::{Expected, RowBound, judge_backward, judge_forward, round_to, verdict};
 use attn_testkit::random_vec;
 
@@ -144,21 +144,13 @@ impl DilatedBackend for Planted {
     fn dtype(&self) -> DType {
         self.dtype
     }
-    fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32> {
-        let c = self.run(cfg, shape, q, k, v, &vec![0.0; q.len()]);
+    fn forward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3]) -> Result<Forward32> {
+        let c = self.run(p.cfg, p.shape, q, k, v, &vec![0.0; q.len()]);
         let (out, lse, _) = plant(&c, self.dtype, self.what);
         Ok(Forward32 { out, lse })
     }
-    fn backward(
-        &self,
-        cfg: &DilatedConfig,
-        shape: AttnShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        grad_out: &[f32],
-    ) -> Result<Gradients32> {
-        let c = self.run(cfg, shape, q, k, v, grad_out);
+    fn backward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+        let c = self.run(p.cfg, p.shape, q, k, v, grad_out);
         let (_, _, [dq, dk, dv]) = plant(&c, self.dtype, self.what);
         Ok(Gradients32 { dq, dk, dv })
     }

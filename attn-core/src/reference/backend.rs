@@ -8,7 +8,7 @@ use crate::error::{AttnError, Result, TensorName};
 use crate::shape::AttnShape;
 use crate::view::{TensorView, TensorViewMut};
 
-use super::{dilated_backward, dilated_forward};
+use super::{dilated_backward_masked, dilated_forward_masked};
 
 /// The float64 reference as a backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -63,7 +63,7 @@ impl<T: Element> Attention<T> for ReferenceBackend {
             });
         }
         let (q, k, v) = (inputs.q.to_f64_vec(), inputs.k.to_f64_vec(), inputs.v.to_f64_vec());
-        let f = dilated_forward(inputs.cfg, shape, &q, &k, &v)?;
+        let f = dilated_forward_masked(inputs.cfg, shape, inputs.masks, [&q, &k, &v])?;
         write_rows(&mut out, &f.out, TensorName::Output)?;
         for (l, &x) in lse.iter_mut().zip(&f.lse) {
             *l = x as f32;
@@ -83,7 +83,7 @@ impl<T: Element> Attention<T> for ReferenceBackend {
         expect_shape(&grads.dk, shape.kv, TensorName::GradKey)?;
         expect_shape(&grads.dv, shape.kv, TensorName::GradValue)?;
         let (q, k, v) = (inputs.q.to_f64_vec(), inputs.k.to_f64_vec(), inputs.v.to_f64_vec());
-        let (_, g) = dilated_backward(inputs.cfg, shape, &q, &k, &v, &grad_out.to_f64_vec())?;
+        let (_, g, _) = dilated_backward_masked(inputs.cfg, shape, inputs.masks, [&q, &k, &v], &grad_out.to_f64_vec())?;
         write_rows(&mut grads.dq, &g.dq, TensorName::GradQuery)?;
         write_rows(&mut grads.dk, &g.dk, TensorName::GradKey)?;
         write_rows(&mut grads.dv, &g.dv, TensorName::GradValue)

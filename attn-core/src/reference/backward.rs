@@ -1,20 +1,21 @@
 //! Exact float64 backward of the reference: dq, dk, dv of `sum(out * grad_out)`, and
 //! the magnitudes (sums of absolute terms) that a low-precision result is judged by.
 
-use super::{Forward, Gradients, Magnitudes, Rows, check_len, dot, forward_impl, keys_for, softmax};
+use super::{Forward, Gradients, KeyRule, Magnitudes, Rows, check_len, dot, forward_impl, softmax};
+use crate::band::Band;
 use crate::config::{Causality, DilatedConfig};
 use crate::error::{AttnError, Result, TensorName};
+use crate::masks::Masks;
 use crate::shape::AttnShape;
 
 fn backward_impl(
-    cfg: Option<&DilatedConfig>,
-    causal: bool,
+    rule: KeyRule<'_>,
     scale: f64,
-    shape: AttnShape,
     [q, k, v]: [&[f64]; 3],
     grad_out: &[f64],
 ) -> Result<(Forward, Gradients, Magnitudes)> {
-    let fwd = forward_impl(cfg, causal, scale, shape, q, k, v)?;
+    let fwd = forward_impl(rule, scale, [q, k, v])?;
+    let shape = rule.shape;
     check_len(TensorName::GradOutput, grad_out.len(), shape.q.numel())?;
     let (qs, kvs) = (shape.q, shape.kv);
     let d = qs.head_dim;
@@ -33,27 +34,28 @@ fn backward_impl(
     let abs_dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x * y).abs()).sum::<f64>();
     for b in 0..qs.batch {
         for h in 0..qs.heads {
+            let hk = shape.kv_head(h);
             for i in 0..qs.seq {
-                let (keys, out_scale) = keys_for(cfg, causal, qs.heads, h, i, kvs.seq);
+                let (keys, out_scale) = rule.keys(b, h, i);
                 let qi = &q[qr.at(b, i, h)..][..d];
-                let scores: Vec<f64> = keys.iter().map(|&j| scale * dot(qi, &k[kr.at(b, j, h)..][..d])).collect();
+                let scores: Vec<f64> = keys.iter().map(|&j| scale * dot(qi, &k[kr.at(b, j, hk)..][..d])).collect();
                 let (p, _) = softmax(&scores);
                 if !keys.is_empty() {
                     let largest =
-                        keys.iter().map(|&j| scale * abs_dot(qi, &k[kr.at(b, j, h)..][..d])).fold(0.0, f64::max);
+                        keys.iter().map(|&j| scale * abs_dot(qi, &k[kr.at(b, j, hk)..][..d])).fold(0.0, f64::max);
                     mag.lse[(b * qs.seq + i) * qs.heads + h] = largest + (keys.len() as f64).ln();
                 }
                 // out = out_scale * sum_j p_j v_j, so d(out)/d(p_j) = out_scale * v_j.
                 let go: Vec<f64> = grad_out[qr.at(b, i, h)..][..d].iter().map(|g| g * out_scale).collect();
-                let dp: Vec<f64> = keys.iter().map(|&j| dot(&go, &v[kr.at(b, j, h)..][..d])).collect();
+                let dp: Vec<f64> = keys.iter().map(|&j| dot(&go, &v[kr.at(b, j, hk)..][..d])).collect();
                 let big_d: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
                 // |dp_j| and |D| bounded by their sums of absolute terms.
-                let dp_abs: Vec<f64> = keys.iter().map(|&j| abs_dot(&go, &v[kr.at(b, j, h)..][..d])).collect();
+                let dp_abs: Vec<f64> = keys.iter().map(|&j| abs_dot(&go, &v[kr.at(b, j, hk)..][..d])).collect();
                 let d_abs: f64 = p.iter().zip(&dp_abs).map(|(a, b)| a * b).sum();
                 for (((&j, &pj), &dpj), &dpj_abs) in keys.iter().zip(&p).zip(&dp).zip(&dp_abs) {
                     let ds = pj * (dpj - big_d) * scale;
                     let ds_abs = pj * (dpj_abs + d_abs) * scale;
-                    let (ko, qo) = (kr.at(b, j, h), qr.at(b, i, h));
+                    let (ko, qo) = (kr.at(b, j, hk), qr.at(b, i, h));
                     for e in 0..d {
                         dv[ko + e] += pj * go[e];
                         dq[qo + e] += ds * k[ko + e];
@@ -92,8 +94,20 @@ pub fn dilated_backward_with_magnitudes(
     v: &[f64],
     grad_out: &[f64],
 ) -> Result<(Forward, Gradients, Magnitudes)> {
+    dilated_backward_masked(cfg, shape, Masks::NONE, [q, k, v], grad_out)
+}
+
+/// [`dilated_backward_with_magnitudes`] with key padding and packed sequences.
+pub fn dilated_backward_masked(
+    cfg: &DilatedConfig,
+    shape: AttnShape,
+    masks: Masks<'_>,
+    qkv: [&[f64]; 3],
+    grad_out: &[f64],
+) -> Result<(Forward, Gradients, Magnitudes)> {
     cfg.validate_heads(shape.q.heads)?;
-    backward_impl(Some(cfg), cfg.causal(), cfg.scale_for(shape.q.head_dim), shape, [q, k, v], grad_out)
+    let rule = KeyRule { cfg: Some(cfg), band: cfg.band(), masks, shape };
+    backward_impl(rule, cfg.scale_for(shape.q.head_dim), qkv, grad_out)
 }
 
 /// Forward and gradients of dense attention in float64.
@@ -109,6 +123,8 @@ pub fn dense_backward(
     if !(scale.is_finite() && scale > 0.0) {
         return Err(AttnError::InvalidScale(scale));
     }
-    let (fwd, grads, _) = backward_impl(None, causality.is_causal(), scale, shape, [q, k, v], grad_out)?;
+    let band = if causality.is_causal() { Band::CAUSAL } else { Band::FULL };
+    let rule = KeyRule { cfg: None, band, masks: Masks::NONE, shape };
+    let (fwd, grads, _) = backward_impl(rule, scale, [q, k, v], grad_out)?;
     Ok((fwd, grads))
 }

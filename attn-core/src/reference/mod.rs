@@ -8,10 +8,12 @@ mod backend;
 mod backward;
 
 pub use backend::ReferenceBackend;
-pub use backward::{dense_backward, dilated_backward, dilated_backward_with_magnitudes};
+pub use backward::{dense_backward, dilated_backward, dilated_backward_masked, dilated_backward_with_magnitudes};
 
+use crate::band::Band;
 use crate::config::{Causality, DilatedConfig};
 use crate::error::{AttnError, Result, TensorName};
+use crate::masks::Masks;
 use crate::shape::AttnShape;
 
 /// Output `[batch, seq, heads, head_dim]` and LSE `[batch, seq, heads]`.
@@ -76,32 +78,41 @@ pub(crate) fn check_len(tensor: TensorName, got: usize, expected: usize) -> Resu
     Ok(())
 }
 
-fn check_qkv(shape: &AttnShape, q: &[f64], k: &[f64], v: &[f64]) -> Result<()> {
+fn check_qkv(shape: &AttnShape, [q, k, v]: [&[f64]; 3]) -> Result<()> {
     check_len(TensorName::Query, q.len(), shape.q.numel())?;
     check_len(TensorName::Key, k.len(), shape.kv.numel())?;
     check_len(TensorName::Value, v.len(), shape.kv.numel())
 }
 
-/// The keys (with multiplicity) that query `i` of head `h` attends, and the output scale.
-/// `None` as the config means dense attention over all `kv_len` keys.
-pub(crate) fn keys_for(
-    cfg: Option<&DilatedConfig>,
-    causal: bool,
-    heads: usize,
-    h: usize,
-    i: usize,
-    kv_len: usize,
-) -> (Vec<usize>, f64) {
-    match cfg {
-        None => {
-            let end = if causal { (i + 1).min(kv_len) } else { kv_len };
-            ((0..end).collect(), 1.0)
-        }
-        Some(cfg) => {
-            let hp = cfg.head_patterns(heads, h);
-            let keys = hp.patterns.iter().flat_map(|(_, p)| p.keys_of(i, kv_len, causal.into())).collect();
-            (keys, hp.out_scale)
-        }
+/// Who attends to whom: the config's patterns (`None`: dense attention), its band,
+/// and the call's masks, over the call's shapes.
+#[derive(Clone, Copy)]
+pub(crate) struct KeyRule<'a> {
+    pub cfg: Option<&'a DilatedConfig>,
+    pub band: Band,
+    pub masks: Masks<'a>,
+    pub shape: AttnShape,
+}
+
+impl KeyRule<'_> {
+    /// The keys (with multiplicity across LongNet patterns) that query `i` of head `h`
+    /// of batch `b` attends, as global key positions, and the head's output scale.
+    /// Patterns, causality and windows apply to positions inside the query's packed
+    /// sequence; padded keys are dropped.
+    pub fn keys(&self, b: usize, h: usize, i: usize) -> (Vec<usize>, f64) {
+        let kv_len = self.shape.kv.seq;
+        let seq = self.masks.sequence_bounds(i, kv_len);
+        let (start, n, rel) = (seq.start, seq.len(), i - seq.start);
+        let admitted = |k: &usize| self.band.admits(rel, *k) && !self.masks.is_padding(b, start + k);
+        let (rel_keys, out_scale): (Vec<usize>, f64) = match self.cfg {
+            None => ((0..n).filter(admitted).collect(), 1.0),
+            Some(cfg) => {
+                let hp = cfg.head_patterns(self.shape.q.heads, h);
+                let keys = hp.patterns.iter().flat_map(|(_, p)| p.keys_of(rel, n, Causality::Full).filter(admitted));
+                (keys.collect(), hp.out_scale)
+            }
+        };
+        (rel_keys.into_iter().map(|k| start + k).collect(), out_scale)
     }
 }
 
@@ -120,19 +131,14 @@ pub(crate) fn softmax(scores: &[f64]) -> (Vec<f64>, f64) {
     (scores.iter().map(|s| (s - lse).exp()).collect(), lse)
 }
 
-pub(crate) fn forward_impl(
-    cfg: Option<&DilatedConfig>,
-    causal: bool,
-    scale: f64,
-    shape: AttnShape,
-    q: &[f64],
-    k: &[f64],
-    v: &[f64],
-) -> Result<Forward> {
+pub(crate) fn forward_impl(rule: KeyRule<'_>, scale: f64, [q, k, v]: [&[f64]; 3]) -> Result<Forward> {
     // `AttnShape` has public fields: re-check what `AttnShape::check` guarantees (valid
-    // dims, k/v matching q in batch, heads and head_dim) before indexing by it.
-    let shape = AttnShape::check_cross(&shape.q.dims(), &shape.kv.dims(), &shape.kv.dims())?;
-    check_qkv(&shape, q, k, v)?;
+    // dims, k/v matching q in batch and head_dim, kv heads dividing heads) before
+    // indexing by it.
+    let shape = rule.shape.rechecked()?;
+    rule.masks.check(&shape)?;
+    let rule = KeyRule { shape, ..rule };
+    check_qkv(&shape, [q, k, v])?;
     let (qs, kvs) = (shape.q, shape.kv);
     let d = qs.head_dim;
     let qr = Rows { seq: qs.seq, heads: qs.heads, d };
@@ -141,15 +147,16 @@ pub(crate) fn forward_impl(
     let mut lse = vec![f64::NEG_INFINITY; qs.lse_len()];
     for b in 0..qs.batch {
         for h in 0..qs.heads {
+            let hk = shape.kv_head(h);
             for i in 0..qs.seq {
-                let (keys, out_scale) = keys_for(cfg, causal, qs.heads, h, i, kvs.seq);
+                let (keys, out_scale) = rule.keys(b, h, i);
                 let qi = &q[qr.at(b, i, h)..][..d];
-                let scores: Vec<f64> = keys.iter().map(|&j| scale * dot(qi, &k[kr.at(b, j, h)..][..d])).collect();
+                let scores: Vec<f64> = keys.iter().map(|&j| scale * dot(qi, &k[kr.at(b, j, hk)..][..d])).collect();
                 let (p, l) = softmax(&scores);
                 lse[(b * qs.seq + i) * qs.heads + h] = l;
                 let o = &mut out[qr.at(b, i, h)..][..d];
                 for (&j, &pj) in keys.iter().zip(&p) {
-                    for (oe, ve) in o.iter_mut().zip(&v[kr.at(b, j, h)..][..d]) {
+                    for (oe, ve) in o.iter_mut().zip(&v[kr.at(b, j, hk)..][..d]) {
                         *oe += out_scale * pj * ve;
                     }
                 }
@@ -159,11 +166,22 @@ pub(crate) fn forward_impl(
     Ok(Forward { out, lse })
 }
 
-/// Dilated attention (both mixing modes) in float64. LSE is per head: for
-/// HeadGroups the LSE of the head's pattern, for LongNet the merged LSE.
+/// Dilated attention (both mixing modes, or a sliding window) in float64. LSE is per
+/// head: for HeadGroups the LSE of the head's pattern, for LongNet the merged LSE.
 pub fn dilated_forward(cfg: &DilatedConfig, shape: AttnShape, q: &[f64], k: &[f64], v: &[f64]) -> Result<Forward> {
+    dilated_forward_masked(cfg, shape, Masks::NONE, [q, k, v])
+}
+
+/// [`dilated_forward`] with key padding and packed sequences.
+pub fn dilated_forward_masked(
+    cfg: &DilatedConfig,
+    shape: AttnShape,
+    masks: Masks<'_>,
+    qkv: [&[f64]; 3],
+) -> Result<Forward> {
     cfg.validate_heads(shape.q.heads)?;
-    forward_impl(Some(cfg), cfg.causal(), cfg.scale_for(shape.q.head_dim), shape, q, k, v)
+    let rule = KeyRule { cfg: Some(cfg), band: cfg.band(), masks, shape };
+    forward_impl(rule, cfg.scale_for(shape.q.head_dim), qkv)
 }
 
 /// Plain softmax attention over all keys (causal: keys at positions `<=` the query's).
@@ -178,5 +196,6 @@ pub fn dense_forward(
     if !(scale.is_finite() && scale > 0.0) {
         return Err(AttnError::InvalidScale(scale));
     }
-    forward_impl(None, causality.is_causal(), scale, shape, q, k, v)
+    let band = if causality.is_causal() { Band::CAUSAL } else { Band::FULL };
+    forward_impl(KeyRule { cfg: None, band, masks: Masks::NONE, shape }, scale, [q, k, v])
 }

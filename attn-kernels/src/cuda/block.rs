@@ -42,6 +42,9 @@ fn check_block<T: CudaElement>(
         return Err(AttnError::ShapeMismatch { tensor: TensorName::Key, expected, got: ks.dims().to_vec() });
     }
     cfg.validate_heads(qs.heads)?;
+    if cfg.window().is_some() {
+        return Err(AttnError::Unsupported { backend: "cuda", feature: "sliding windows" });
+    }
     if qs.head_dim > MAX_HEAD_DIM {
         return Err(AttnError::InvalidArgument(format!(
             "the cuda backend supports head_dim <= {MAX_HEAD_DIM}, got {}",

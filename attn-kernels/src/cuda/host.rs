@@ -3,7 +3,7 @@
 //! sequence (one block each for q and k/v), download.
 
 use attn_core::error::TensorName;
-use attn_core::{Attention, AttnInputs, Grads, Pass, Saved};
+use attn_core::{Attention, AttnInputs, Grads, Pass, Saved, Supported};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Result, TensorView, TensorViewMut};
 
 use super::block::{DeviceBlock, DeviceUpstream, backward_block, forward_block};
@@ -104,8 +104,7 @@ impl CudaBackend {
         lse: &mut [f32],
     ) -> Result<()> {
         let (dev, cfg) = (&self.dev, inputs.cfg);
-        let shape = inputs.shape()?;
-        cfg.validate_heads(shape.q.heads)?;
+        let shape = inputs.shape_for("cuda", Supported::NONE)?;
         check_out(TensorName::Output, &out, shape.q)?;
         if lse.len() != shape.q.lse_len() {
             return Err(AttnError::ShapeMismatch {
@@ -135,8 +134,7 @@ impl CudaBackend {
         mut grads: Grads<'_, T>,
     ) -> Result<()> {
         let (dev, cfg) = (&self.dev, inputs.cfg);
-        let shape = inputs.shape()?;
-        cfg.validate_heads(shape.q.heads)?;
+        let shape = inputs.shape_for("cuda", Supported::NONE)?;
         for (t, s) in [(TensorName::Output, saved.out.shape()), (TensorName::GradOutput, grad_out.shape())] {
             if s != shape.q {
                 return Err(AttnError::ShapeMismatch {

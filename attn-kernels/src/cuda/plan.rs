@@ -97,21 +97,23 @@ pub fn pattern_launches(cfg: &DilatedConfig, heads: usize) -> Vec<PatternLaunch>
     let g = cfg.num_patterns();
     (0..g)
         .filter_map(|i| {
-            let (w, r) = (cfg.segment_lengths()[i], cfg.dilation_rates()[i]);
+            let (w, r) = (cfg.pattern(i, 0).w, cfg.rate(i));
             let (fixed_off, range) = match cfg.mixing() {
                 Mixing::HeadGroups => (Some(i % r), HeadGroups::new(heads, g).range(i)),
                 Mixing::LongNet => (None, 0..heads),
+                Mixing::Window => (Some(0), 0..heads),
             };
             (!range.is_empty()).then_some(PatternLaunch { index: i, w, r, fixed_off, heads: range })
         })
         .collect()
 }
 
-/// The output scale of every head of a config (1/G for HeadGroups, 1 for LongNet).
+/// The output scale of every head of a config (1/G for HeadGroups, 1 for LongNet and
+/// windows).
 pub fn out_scale(cfg: &DilatedConfig) -> f32 {
     match cfg.mixing() {
         Mixing::HeadGroups => 1.0 / cfg.num_patterns() as f32,
-        Mixing::LongNet => 1.0,
+        Mixing::LongNet | Mixing::Window => 1.0,
     }
 }
 

@@ -141,6 +141,9 @@ impl Plan {
         let RingProblem { ref cfg, seq: n, heads, layout, strategy, world: p, .. } = problem;
         let shape = attn_core::Shape4::new(problem.batch, n, heads, problem.head_dim)?;
         cfg.validate_heads(heads)?;
+        if cfg.window().is_some() {
+            return Err(AttnError::Unsupported { backend: "ring", feature: "sliding windows" });
+        }
         if p > MAX_WORLD {
             return Err(AttnError::InvalidArgument(format!(
                 "world of {p} ranks: at most {MAX_WORLD} are supported (the plan's tables grow as world^2)"

@@ -7,11 +7,11 @@ use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnShape, DilatedConfig, Result, TensorView};
+use attn_core::{AttnError, AttnShape, DilatedConfig, Result, TensorView};
 use attn_ring::{
     Communicator, Fault, Layout, Strategy, run_backward_on, run_in_process, run_in_process_backward, run_on,
 };
-use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, check_case, golden_dir, load_dir};
+use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem, check_case, golden_dir, load_dir};
 
 /// The ring over `world` in-process ranks, seen as one device.
 #[derive(Debug, Clone, Copy)]
@@ -29,29 +29,33 @@ pub fn views<'a>(shape: AttnShape, q: &'a [f32], k: &'a [f32], v: &'a [f32]) -> 
     ])
 }
 
+/// The problem's views, refusing masks (which the in-process runners do not take).
+fn unmasked<'a>(p: &Problem<'_>, [q, k, v]: [&'a [f32]; 3]) -> Result<[TensorView<'a, f32>; 3]> {
+    if !p.masks.is_none() {
+        return Err(AttnError::Unsupported { backend: "ring", feature: "key padding masks and packed sequences" });
+    }
+    Ok([
+        TensorView::contiguous(TensorName::Query, q, p.shape.q)?,
+        TensorView::contiguous(TensorName::Key, k, p.shape.kv)?,
+        TensorView::contiguous(TensorName::Value, v, p.shape.kv)?,
+    ])
+}
+
 impl DilatedBackend for RingBackend {
     fn name(&self) -> String {
         format!("ring(p={}, {}, {})", self.world, self.layout.as_str(), self.strategy.as_str())
     }
 
-    fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32> {
-        let [q, k, v] = views(shape, q, k, v)?;
-        let r = run_in_process(self.world, cfg, self.layout, self.strategy, q, k, v)?;
+    fn forward(&self, p: &Problem<'_>, qkv: [&[f32]; 3]) -> Result<Forward32> {
+        let [q, k, v] = unmasked(p, qkv)?;
+        let r = run_in_process(self.world, p.cfg, self.layout, self.strategy, q, k, v)?;
         Ok(Forward32 { out: r.out, lse: r.lse })
     }
 
-    fn backward(
-        &self,
-        cfg: &DilatedConfig,
-        shape: AttnShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        grad_out: &[f32],
-    ) -> Result<Gradients32> {
-        let qkv = views(shape, q, k, v)?;
-        let go = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
-        let r = run_in_process_backward(self.world, cfg, self.layout, self.strategy, qkv, go)?;
+    fn backward(&self, p: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+        let qkv = unmasked(p, qkv)?;
+        let go = TensorView::contiguous(TensorName::GradOutput, grad_out, p.shape.q)?;
+        let r = run_in_process_backward(self.world, p.cfg, self.layout, self.strategy, qkv, go)?;
         Ok(Gradients32 { dq: r.dq, dk: r.dk, dv: r.dv })
     }
 }
@@ -71,24 +75,18 @@ impl<C: Communicator + Send, F: Fn(usize) -> Result<Vec<C>>> DilatedBackend for 
         format!("{} ring(p={}, {}, {})", self.label, self.world, self.layout.as_str(), self.strategy.as_str())
     }
 
-    fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32> {
+    fn forward(&self, p: &Problem<'_>, qkv: [&[f32]; 3]) -> Result<Forward32> {
+        let views = unmasked(p, qkv)?;
         let comms = (self.join)(self.world)?;
-        let r = run_on(comms, cfg, self.layout, self.strategy, views(shape, q, k, v)?)?;
+        let r = run_on(comms, p.cfg, self.layout, self.strategy, views)?;
         Ok(Forward32 { out: r.out, lse: r.lse })
     }
 
-    fn backward(
-        &self,
-        cfg: &DilatedConfig,
-        shape: AttnShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        grad_out: &[f32],
-    ) -> Result<Gradients32> {
-        let go = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
+    fn backward(&self, p: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+        let go = TensorView::contiguous(TensorName::GradOutput, grad_out, p.shape.q)?;
+        let views = unmasked(p, qkv)?;
         let comms = (self.join)(self.world)?;
-        let r = run_backward_on(comms, cfg, self.layout, self.strategy, views(shape, q, k, v)?, go)?;
+        let r = run_backward_on(comms, p.cfg, self.layout, self.strategy, views, go)?;
         Ok(Gradients32 { dq: r.dq, dk: r.dk, dv: r.dv })
     }
 }

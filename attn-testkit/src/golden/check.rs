@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Result};
+use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Masks, Result};
 
 use super::GoldenCase;
 use crate::judge::{Expected, RowCheck, judge_backward, judge_forward, round_to};
@@ -26,23 +26,36 @@ pub struct Gradients32 {
     pub dv: Vec<f32>,
 }
 
-/// A dilated-attention implementation under test. Inputs and outputs are f32;
-/// a backend computing in another dtype converts and reports it in `dtype`.
+/// One attention problem: the config, the q/kv shapes and the masks.
+#[derive(Debug, Clone, Copy)]
+pub struct Problem<'a> {
+    pub cfg: &'a DilatedConfig,
+    pub shape: AttnShape,
+    pub masks: Masks<'a>,
+}
+
+impl<'a> Problem<'a> {
+    /// A problem without masks.
+    pub fn new(cfg: &'a DilatedConfig, shape: AttnShape) -> Self {
+        Problem { cfg, shape, masks: Masks::default() }
+    }
+
+    /// The same problem with `masks`.
+    pub fn with_masks(self, masks: Masks<'a>) -> Self {
+        Problem { masks, ..self }
+    }
+}
+
+/// A dilated-attention implementation under test. Inputs (`[q, k, v]`, row-major) and
+/// outputs are f32; a backend computing in another dtype converts and reports it in
+/// `dtype`.
 pub trait DilatedBackend {
     fn name(&self) -> String;
     fn dtype(&self) -> DType {
         DType::F32
     }
-    fn forward(&self, cfg: &DilatedConfig, shape: AttnShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Forward32>;
-    fn backward(
-        &self,
-        cfg: &DilatedConfig,
-        shape: AttnShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        grad_out: &[f32],
-    ) -> Result<Gradients32>;
+    fn forward(&self, problem: &Problem<'_>, qkv: [&[f32]; 3]) -> Result<Forward32>;
+    fn backward(&self, problem: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32>;
 }
 
 /// A multihead layer implementation under test: given a `kind=multihead` case
@@ -139,12 +152,12 @@ fn check(name: &str, got: &[f32], want: &[f32], bound: f64) -> TensorCheck {
 /// inputs rounded to the backend's dtype.
 fn run_dilated(case: &GoldenCase, backend: &dyn DilatedBackend) -> Result<(Vec<TensorCheck>, Vec<RowCheck>)> {
     let cfg = case.config()?;
-    let shape = case.attn_shape()?;
+    let problem = Problem { cfg: &cfg, shape: case.attn_shape()?, masks: case.masks()? };
     let dtype = backend.dtype();
     let [q, k, v, go] = ["q", "k", "v", "grad_out"].map(|t| case.tensor(t).map(|x| &x.data));
     let (q, k, v, go) = (q?, k?, v?, go?);
-    let fwd = backend.forward(&cfg, shape, q, k, v)?;
-    let g = backend.backward(&cfg, shape, q, k, v, go)?;
+    let fwd = backend.forward(&problem, [q, k, v])?;
+    let g = backend.backward(&problem, [q, k, v], go)?;
     let mut checks = Vec::new();
     if matches!(dtype, DType::F32 | DType::F64) {
         let bound = case.rel_tol()?;
@@ -157,7 +170,7 @@ fn run_dilated(case: &GoldenCase, backend: &dyn DilatedBackend) -> Result<(Vec<T
         }
     }
     let [q, k, v, go] = [q, k, v, go].map(|x| round_to(dtype, x).into_iter().map(f64::from).collect::<Vec<_>>());
-    let want = Expected::compute(&cfg, shape, [&q, &k, &v], Some(&go))?;
+    let want = Expected::for_problem(&problem, [&q, &k, &v], Some(&go))?;
     let mut rows = judge_forward(&want, &fwd.out, &fwd.lse, dtype);
     rows.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], dtype));
     Ok((checks, rows))

@@ -5,12 +5,15 @@
 
 mod check;
 
-pub use check::{CaseReport, DilatedBackend, Forward32, Gradients32, MultiheadBackend, TensorCheck, check_case};
+pub use check::{
+    CaseReport, DilatedBackend, Forward32, Gradients32, MultiheadBackend, Problem, TensorCheck, check_case,
+};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use attn_core::{AttnError, AttnShape, DilatedConfig, Mixing, Result};
+use attn_core::{AttnError, AttnShape, DilatedConfig, KeyPadding, Masks, Mixing, PackedSequences, Result};
+use safetensors::tensor::TensorView as StView;
 use safetensors::{Dtype, SafeTensors};
 
 /// Files larger than this are refused before reading (the conformance files are KBs).
@@ -34,12 +37,16 @@ pub struct Tensor {
     pub data: Vec<f32>,
 }
 
-/// One conformance case: metadata strings and float32 tensors.
+/// One conformance case: metadata strings, float32 tensors, and the masks of the
+/// feature files (`key_padding_mask` U8 `[batch, key_seq]`, `cu_seqlens` I64).
 #[derive(Debug, Clone)]
 pub struct GoldenCase {
     pub name: String,
     pub meta: BTreeMap<String, String>,
     pub tensors: BTreeMap<String, Tensor>,
+    /// `key_padding_mask` as `[batch, key_seq]` flags, `true` = padding.
+    pub key_padding: Option<(usize, usize, Vec<bool>)>,
+    pub cu_seqlens: Option<Vec<usize>>,
 }
 
 fn fmt_err(name: &str, msg: impl std::fmt::Display) -> AttnError {
@@ -60,28 +67,51 @@ impl GoldenCase {
             .as_ref()
             .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
             .unwrap_or_default();
-        let mut tensors = BTreeMap::new();
+        let mut case =
+            GoldenCase { name: name.to_string(), meta, tensors: BTreeMap::new(), key_padding: None, cu_seqlens: None };
         for (tname, view) in st.tensors() {
-            if view.dtype() != Dtype::F32 {
-                return Err(fmt_err(name, format!("tensor `{tname}` has dtype {:?}, expected F32", view.dtype())));
-            }
-            let shape = view.shape().to_vec();
-            let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-            let raw = view.data();
-            if numel.and_then(|n| n.checked_mul(4)) != Some(raw.len()) {
-                return Err(fmt_err(
-                    name,
-                    format!("tensor `{tname}`: shape {shape:?} disagrees with {} bytes", raw.len()),
-                ));
-            }
-            let data = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            tensors.insert(tname, Tensor { shape, data });
+            case.add_tensor(tname, &view)?;
         }
-        let case = GoldenCase { name: name.to_string(), meta, tensors };
         for t in case.required_tensors()? {
             case.tensor(t)?;
         }
         Ok(case)
+    }
+
+    /// Store one tensor: F32 data, or the U8 `key_padding_mask` (`[batch, key_seq]`, 0/1)
+    /// or the I64 `cu_seqlens` (non-negative); anything else is a format error.
+    fn add_tensor(&mut self, tname: String, view: &StView<'_>) -> Result<()> {
+        let name = &self.name;
+        let shape = view.shape().to_vec();
+        let width = match (tname.as_str(), view.dtype()) {
+            (_, Dtype::F32) => 4,
+            ("key_padding_mask", Dtype::U8) if shape.len() == 2 => 1,
+            ("cu_seqlens", Dtype::I64) if shape.len() == 1 => 8,
+            (_, dt) => return Err(fmt_err(name, format!("tensor `{tname}` has dtype {dt:?} and shape {shape:?}"))),
+        };
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let raw = view.data();
+        if numel.and_then(|n| n.checked_mul(width)) != Some(raw.len()) {
+            return Err(fmt_err(name, format!("tensor `{tname}`: shape {shape:?} disagrees with {} bytes", raw.len())));
+        }
+        match width {
+            1 => {
+                if let Some(x) = raw.iter().find(|&&x| x > 1) {
+                    return Err(fmt_err(name, format!("key_padding_mask holds {x}, not 0 or 1")));
+                }
+                self.key_padding = Some((shape[0], shape[1], raw.iter().map(|&x| x == 1).collect()));
+            }
+            8 => {
+                let vals = raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()));
+                let cu: std::result::Result<Vec<usize>, _> = vals.map(usize::try_from).collect();
+                self.cu_seqlens = Some(cu.map_err(|_| fmt_err(name, "cu_seqlens holds a negative entry"))?);
+            }
+            _ => {
+                let data = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                self.tensors.insert(tname, Tensor { shape, data });
+            }
+        }
+        Ok(())
     }
 
     /// Read and parse one file (refusing files over [`MAX_GOLDEN_BYTES`]).
@@ -167,15 +197,19 @@ impl GoldenCase {
         self.meta_bool(key)
     }
 
-    /// The dilated-attention config the file was made with.
+    /// The attention config the file was made with (dilated patterns, or a window).
     pub fn config(&self) -> Result<DilatedConfig> {
-        let segs = parse_list(&self.name, "segment_lengths", self.meta("segment_lengths")?)?;
-        let rates = parse_list(&self.name, "dilation_rates", self.meta("dilation_rates")?)?;
-        let mixing = Mixing::parse(self.meta("mixing")?)?;
         let scale = match self.meta.get("scale") {
             Some(s) => Some(s.parse::<f64>().map_err(|e| fmt_err(&self.name, format!("scale: {e}")))?),
             None => None,
         };
+        if Mixing::parse(self.meta("mixing")?)? == Mixing::Window {
+            let (left, right) = (self.meta_usize("window_left")?, self.meta_usize("window_right")?);
+            return DilatedConfig::builder().window(left, right).causal(self.causal()?).maybe_scale(scale).build();
+        }
+        let segs = parse_list(&self.name, "segment_lengths", self.meta("segment_lengths")?)?;
+        let rates = parse_list(&self.name, "dilation_rates", self.meta("dilation_rates")?)?;
+        let mixing = Mixing::parse(self.meta("mixing")?)?;
         DilatedConfig::builder()
             .segments(&segs)
             .dilations(&rates)
@@ -190,10 +224,32 @@ impl GoldenCase {
         self.tensors.get(name).ok_or_else(|| fmt_err(&self.name, format!("missing tensor `{name}`")))
     }
 
-    /// The q/k/v shapes of a `kind=dilated` file (checked against each other).
+    /// The q/k/v shapes of a `kind=dilated` file (checked against each other and
+    /// against `num_kv_heads` where the file gives it).
     pub fn attn_shape(&self) -> Result<AttnShape> {
         let (q, k, v) = (self.tensor("q")?, self.tensor("k")?, self.tensor("v")?);
-        AttnShape::check(&q.shape, &k.shape, &v.shape)
+        let shape = AttnShape::check(&q.shape, &k.shape, &v.shape)?;
+        self.check_kv_heads(shape.kv.heads)?;
+        Ok(shape)
+    }
+
+    /// `num_kv_heads` (where given) must equal the key/value head count the tensors have.
+    pub fn check_kv_heads(&self, kv_heads: usize) -> Result<()> {
+        if self.meta.contains_key("num_kv_heads") && self.meta_usize("num_kv_heads")? != kv_heads {
+            let meta = self.meta_usize("num_kv_heads")?;
+            return Err(fmt_err(&self.name, format!("num_kv_heads = {meta} but the tensors have {kv_heads}")));
+        }
+        Ok(())
+    }
+
+    /// The file's key padding and packed sequences (none for files without them).
+    pub fn masks(&self) -> Result<Masks<'_>> {
+        let key_padding = match &self.key_padding {
+            Some((batch, seq, flags)) => Some(KeyPadding::new(flags, *batch, *seq)?),
+            None => None,
+        };
+        let packing = self.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
+        Ok(Masks { key_padding, packing })
     }
 }
 

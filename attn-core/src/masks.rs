@@ -1,0 +1,212 @@
+//! The position masks a call may add to its pattern: a key padding mask and packed
+//! variable-length sequences (`cu_seqlens`). Both are functions of global positions,
+//! so every split of the sequence applies them with the same kernels.
+
+use std::ops::Range;
+
+use crate::error::{AttnError, Result, TensorName};
+use crate::shape::AttnShape;
+
+/// A `[batch, key_seq]` key padding mask, row-major, `true` = padding: a padded key is
+/// never attended (PyTorch's `key_padding_mask` sense). Queries are not masked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyPadding<'a> {
+    flags: &'a [bool],
+    batch: usize,
+    seq: usize,
+}
+
+impl<'a> KeyPadding<'a> {
+    /// The mask of `batch` rows of `seq` keys; `flags.len()` must be `batch * seq`.
+    pub fn new(flags: &'a [bool], batch: usize, seq: usize) -> Result<Self> {
+        if batch.checked_mul(seq) != Some(flags.len()) {
+            return Err(AttnError::ShapeMismatch {
+                tensor: TensorName::KeyPaddingMask,
+                expected: vec![batch, seq],
+                got: vec![flags.len()],
+            });
+        }
+        Ok(KeyPadding { flags, batch, seq })
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+    pub fn seq(&self) -> usize {
+        self.seq
+    }
+    /// The flags, `[batch, seq]` row-major.
+    pub fn flags(&self) -> &'a [bool] {
+        self.flags
+    }
+    /// The flags of batch `b`, indexed by global key position.
+    pub fn row(&self, b: usize) -> &'a [bool] {
+        &self.flags[b * self.seq..(b + 1) * self.seq]
+    }
+    /// Whether key `pos` of batch `b` is padding.
+    #[inline]
+    pub fn is_padding(&self, b: usize, pos: usize) -> bool {
+        self.flags[b * self.seq + pos]
+    }
+    /// Whether some key is padding.
+    pub fn any(&self) -> bool {
+        self.flags.iter().any(|&f| f)
+    }
+}
+
+/// Packed variable-length sequences: `cu_seqlens = [0, n_0, n_0 + n_1, ..., total]`,
+/// strictly increasing, over a `[1, total, heads, head_dim]` batch. Every sequence is
+/// its own sequence: positions restart at 0 at its first token and no query sees
+/// another sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedSequences<'a> {
+    cu: &'a [usize],
+}
+
+impl<'a> PackedSequences<'a> {
+    /// Check `cu_seqlens`: at least one sequence, starting at 0, strictly increasing.
+    pub fn new(cu_seqlens: &'a [usize]) -> Result<Self> {
+        let bad = |reason: String| Err(AttnError::InvalidCuSeqlens(reason));
+        match cu_seqlens {
+            [] | [_] => return bad(format!("{} entries; at least [0, total] is needed", cu_seqlens.len())),
+            [first, ..] if *first != 0 => return bad(format!("starts at {first}, not 0")),
+            _ => {}
+        }
+        if let Some(i) = cu_seqlens.windows(2).position(|w| w[1] <= w[0]) {
+            return bad(format!(
+                "entry {} ({}) is not greater than entry {i} ({}): every sequence needs a token",
+                i + 1,
+                cu_seqlens[i + 1],
+                cu_seqlens[i]
+            ));
+        }
+        Ok(PackedSequences { cu: cu_seqlens })
+    }
+
+    /// The offsets `[0, ..., total]`.
+    pub fn cu_seqlens(&self) -> &'a [usize] {
+        self.cu
+    }
+    /// Number of sequences.
+    pub fn count(&self) -> usize {
+        self.cu.len() - 1
+    }
+    /// Total tokens.
+    pub fn total(&self) -> usize {
+        self.cu[self.cu.len() - 1]
+    }
+    /// Global positions of sequence `i`.
+    pub fn bounds(&self, i: usize) -> Range<usize> {
+        self.cu[i]..self.cu[i + 1]
+    }
+    /// Index of the sequence holding global position `pos` (`pos < total`).
+    #[inline]
+    pub fn sequence_of(&self, pos: usize) -> usize {
+        self.cu.partition_point(|&c| c <= pos).saturating_sub(1).min(self.count() - 1)
+    }
+    /// Every sequence's global positions, in order.
+    pub fn iter(&self) -> impl Iterator<Item = Range<usize>> + 'a {
+        self.cu.windows(2).map(|w| w[0]..w[1])
+    }
+}
+
+/// The masks of one call besides its pattern: none by default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Masks<'a> {
+    pub key_padding: Option<KeyPadding<'a>>,
+    pub packing: Option<PackedSequences<'a>>,
+}
+
+impl<'a> Masks<'a> {
+    /// No padding, one sequence per batch row.
+    pub const NONE: Masks<'static> = Masks { key_padding: None, packing: None };
+
+    /// Whether neither mask is set.
+    pub fn is_none(&self) -> bool {
+        self.key_padding.is_none() && self.packing.is_none()
+    }
+
+    /// Check the masks against the call's shapes: the padding mask is `[batch, key_seq]`;
+    /// packed sequences need batch 1, self-attention, and end at the sequence length.
+    pub fn check(&self, shape: &AttnShape) -> Result<()> {
+        if let Some(m) = self.key_padding
+            && (m.batch, m.seq) != (shape.kv.batch, shape.kv.seq)
+        {
+            return Err(AttnError::ShapeMismatch {
+                tensor: TensorName::KeyPaddingMask,
+                expected: vec![shape.kv.batch, shape.kv.seq],
+                got: vec![m.batch, m.seq],
+            });
+        }
+        if let Some(p) = self.packing {
+            if shape.q.batch != 1 {
+                return Err(AttnError::PackedBatch { batch: shape.q.batch });
+            }
+            if shape.kv.seq != shape.q.seq {
+                return Err(AttnError::PackedCrossAttention);
+            }
+            if p.total() != shape.q.seq {
+                return Err(AttnError::InvalidCuSeqlens(format!(
+                    "ends at {} but the packed batch has {} tokens",
+                    p.total(),
+                    shape.q.seq
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The global positions of the sequence holding `pos` in a batch row of `n`
+    /// positions: its packed sequence, or the whole row.
+    #[inline]
+    pub fn sequence_bounds(&self, pos: usize, n: usize) -> Range<usize> {
+        match self.packing {
+            Some(p) => p.bounds(p.sequence_of(pos)),
+            None => 0..n,
+        }
+    }
+
+    /// Whether key `pos` of batch `b` is padding.
+    #[inline]
+    pub fn is_padding(&self, b: usize, pos: usize) -> bool {
+        self.key_padding.is_some_and(|m| m.is_padding(b, pos))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shape::{AttnShape, Shape4};
+
+    #[test]
+    fn cu_seqlens_rules() {
+        for bad in [&[][..], &[0], &[1, 4], &[0, 3, 3, 5], &[0, 4, 2]] {
+            assert!(matches!(PackedSequences::new(bad), Err(AttnError::InvalidCuSeqlens(_))), "{bad:?}");
+        }
+        let p = PackedSequences::new(&[0, 3, 4, 9]).unwrap();
+        assert_eq!((p.count(), p.total(), p.bounds(2)), (3, 9, 4..9));
+        let seqs: Vec<usize> = (0..9).map(|x| p.sequence_of(x)).collect();
+        assert_eq!(seqs, [0, 0, 0, 1, 2, 2, 2, 2, 2]);
+        assert_eq!(p.iter().collect::<Vec<_>>(), [0..3, 3..4, 4..9]);
+    }
+
+    #[test]
+    fn masks_check_against_the_shape() {
+        let one = AttnShape::self_attn(Shape4::new(1, 9, 2, 4).unwrap());
+        let cu = [0, 3, 9];
+        let packed = Masks { packing: Some(PackedSequences::new(&cu).unwrap()), ..Masks::NONE };
+        assert!(packed.check(&one).is_ok());
+        assert_eq!(packed.sequence_bounds(5, 9), 3..9);
+        let two = AttnShape::self_attn(Shape4::new(2, 9, 2, 4).unwrap());
+        assert!(matches!(packed.check(&two), Err(AttnError::PackedBatch { batch: 2 })));
+        let cross = AttnShape { q: one.q, kv: Shape4::new(1, 7, 2, 4).unwrap() };
+        assert!(matches!(packed.check(&cross), Err(AttnError::PackedCrossAttention)));
+        let short = AttnShape::self_attn(Shape4::new(1, 10, 2, 4).unwrap());
+        assert!(matches!(packed.check(&short), Err(AttnError::InvalidCuSeqlens(_))));
+        let flags = [false; 18];
+        let pad = Masks { key_padding: Some(KeyPadding::new(&flags, 2, 9).unwrap()), ..Masks::NONE };
+        assert!(pad.check(&two).is_ok());
+        assert!(matches!(pad.check(&one), Err(AttnError::ShapeMismatch { tensor: TensorName::KeyPaddingMask, .. })));
+        assert!(KeyPadding::new(&flags, 2, 8).is_err());
+    }
+}
