@@ -198,7 +198,14 @@ pub trait Attention<T: Element>: Send + Sync + Debug {
         grads: Grads<'_, T>,
     ) -> Result<()>;
 
-    /// An upper bound on the bytes a call of `pass` on `shape` allocates beyond its
-    /// inputs and outputs (saturating at `usize::MAX`).
+    /// An upper bound on the bytes a call of `pass` on `shape` without packed sequences
+    /// allocates beyond its inputs and outputs (saturating at `usize::MAX`).
     fn workspace_bytes(&self, cfg: &DilatedConfig, shape: AttnShape, pass: Pass) -> usize;
+
+    /// [`Attention::workspace_bytes`] for a call with `masks` (packed sequences may add
+    /// per-sequence bookkeeping).
+    fn workspace_bytes_masked(&self, cfg: &DilatedConfig, shape: AttnShape, masks: &Masks<'_>, pass: Pass) -> usize {
+        let _ = masks;
+        self.workspace_bytes(cfg, shape, pass)
+    }
 }

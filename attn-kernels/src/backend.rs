@@ -1,19 +1,23 @@
-//! `CpuBackend`: whole-tensor dilated attention (both mixing modes, causal or not) on a
-//! rayon pool, forward and backward, writing straight into the caller's strided views.
+//! `CpuBackend`: whole-tensor attention (dilated in both mixing modes or a sliding
+//! window, causal or not, with grouped key/value heads, key padding and packed
+//! sequences) on a rayon pool, forward and backward, writing straight into the caller's
+//! strided views.
 //!
-//! Work is split into fixed units `(batch, head, position chunk)` that do not depend on
-//! the thread count; each unit computes all patterns of its head for its rows (LongNet
-//! merged by LSE in a unit-local f32 accumulator) and owns its output rows, so results
-//! are bit-identical for any number of threads. The backward recomputes scores from the
-//! final LSE, either in one fused pass per whole segment (units of `lcm(w_i)` positions
-//! own every row they touch) or, for very long segments or few units, with two kinds of
-//! units: query chunks (own `dq` rows) and key chunks (own `dk`/`dv` rows). See `units`.
+//! Work is split into fixed units `(lane, head, position chunk)` that do not depend on
+//! the thread count (a lane is a batch row or a packed sequence); each unit computes
+//! all patterns of its head for its rows (LongNet merged by LSE in a unit-local f32
+//! accumulator) and owns its output rows, so results are bit-identical for any number
+//! of threads. The backward recomputes scores from the final LSE, either in one fused
+//! pass per whole segment (units of `lcm(w_i)` positions of a key/value head own every
+//! row they touch) or, for very long segments or few units, with two kinds of units:
+//! query chunks (own `dq` rows) and key chunks of a key/value head (own `dk`/`dv` rows,
+//! summed over the query heads reading them). See `units` and `unit_passes`.
 //!
 //! Unsafe here: only the disjoint row writes through [`DisjointSlice`] (see SAFETY notes).
 #![allow(unsafe_code)]
 
 use attn_core::error::TensorName;
-use attn_core::{Attention, AttnInputs, Grads as AttnGrads, Pass, Saved, Supported};
+use attn_core::{Attention, AttnInputs, Grads as AttnGrads, Masks, Pass, Saved, Supported};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, Shape4};
 use attn_core::{MemoryBudget, TensorView, TensorViewMut, check_finite};
 use rayon::prelude::*;
@@ -23,9 +27,10 @@ use crate::huge_pages::zeroed_buffer;
 use crate::isa::Isa;
 use crate::ops::{FORWARD_KEY_TILE, FORWARD_QUERY_CHUNK, KEY_TILE, QUERY_CHUNK, padded};
 use crate::score_bound::max_finite_abs;
+use crate::unit_passes::{Grads, Scratch, dkv_unit, dq_unit, forward_unit, fused_unit};
 use crate::units::{
-    Grads, Plan, Scratch, Unit, chunk_len, dkv_unit, dq_unit, forward_chunk_lens, forward_unit, forward_units,
-    fused_unit, fused_unit_len, fused_units, max_forward_chunk_len, units,
+    FUSED_MAX_UNIT, Lane, Plan, Side, Unit, chunk_len, forward_chunk_lens, forward_units, fused_unit_len, fused_units,
+    lanes, longest, max_forward_chunk_len, split_units,
 };
 
 /// The CPU backend: a thread pool (built once), the kernel flavour, a memory budget
@@ -138,11 +143,11 @@ impl CpuBackend {
         self.isa
     }
 
-    fn plan<'a, T: Element>(&self, inputs: &AttnInputs<'a, T>, pass: Pass) -> Result<Plan<'a, T>> {
+    fn plan<'a, T: Element>(&self, inputs: &AttnInputs<'a, T>, pass: Pass) -> Result<(Plan<'a, T>, Vec<Lane>)> {
         let (cfg, q, k, v) = (inputs.cfg, inputs.q, inputs.k, inputs.v);
-        let shape = inputs.shape_for("cpu", Supported::NONE)?;
+        let shape = inputs.shape_for("cpu", Supported::ALL)?;
         // Before anything is allocated.
-        self.budget.check(CpuBackend::workspace_bytes(self, cfg, shape, pass))?;
+        self.budget.check(self.workspace_bytes_masked(cfg, shape, &inputs.masks, pass))?;
         if self.check_finite {
             check_finite(TensorName::Query, &q)?;
             check_finite(TensorName::Key, &k)?;
@@ -160,7 +165,21 @@ impl CpuBackend {
             return Err(AttnError::ScoreOverflow { bound });
         }
         let heads = (0..shape.q.heads).map(|h| cfg.head_patterns(shape.q.heads, h)).collect();
-        Ok(Plan { isa: self.isa, causal: cfg.causal(), scale, d, heads, q, k, v })
+        let packed = inputs.masks.packing.map(|p| p.cu_seqlens());
+        let lanes = lanes(shape.q.batch, shape.q.seq, shape.kv.seq, packed);
+        let plan = Plan {
+            isa: self.isa,
+            band: cfg.band(),
+            scale,
+            d,
+            heads,
+            group: shape.group_size(),
+            q,
+            k,
+            v,
+            padding: inputs.masks.key_padding,
+        };
+        Ok((plan, lanes))
     }
 
     /// The forward behind [`Attention::forward`]: `out` (any row strides) and `lse`
@@ -178,8 +197,8 @@ impl CpuBackend {
         let (cfg, s) = (inputs.cfg, inputs.q.shape());
         check_same(TensorName::Output, out.shape(), s)?;
         check_len(TensorName::Lse, lse.len(), s.lse_len())?;
-        let plan = self.plan(inputs, Pass::Forward)?;
-        let work = forward_units(s.batch, s.seq, &forward_chunk_lens(cfg, s.batch, s.heads, s.seq));
+        let (plan, lanes) = self.plan(inputs, Pass::Forward)?;
+        let work = forward_units(&lanes, &forward_chunk_lens(cfg, lanes.len(), s.heads, longest(&lanes)));
         let out_geom = (out.shape(), out.strides());
         let out_rows = DisjointSlice::new(out.data_mut());
         let lse_rows = DisjointSlice::new(lse);
@@ -188,15 +207,17 @@ impl CpuBackend {
                 forward_unit(&plan, *u, ws);
                 let n = u.c1 - u.c0;
                 let out_scale = plan.heads[u.h].out_scale as f32;
+                let Lane { b, base, .. } = u.lane;
                 for t in 0..n {
-                    let p = u.c0 + t;
-                    let off = row_offset(out_geom, u.b, p, u.h);
-                    // SAFETY: unit (b, h, c0..c1) is the only writer of rows (b, p, h) for p in
-                    // c0..c1 and of their LSE entries; the view's strides keep rows disjoint.
+                    let p = base + u.c0 + t;
+                    let off = row_offset(out_geom, b, p, u.h);
+                    // SAFETY: unit (lane, h, c0..c1) is the only writer of rows (b, p, h) for p
+                    // in base + c0..c1 and of their LSE entries (lanes are disjoint row
+                    // ranges); the view's strides keep rows disjoint.
                     let row = unsafe { out_rows.range_mut(off, plan.d) };
                     T::from_f32_scaled(row, &ws.acc_a[t * plan.d..(t + 1) * plan.d], out_scale);
                     // SAFETY: as above, one LSE entry per (b, p, h).
-                    let l = unsafe { lse_rows.range_mut((u.b * s.seq + p) * s.heads + u.h, 1) };
+                    let l = unsafe { lse_rows.range_mut((b * s.seq + p) * s.heads + u.h, 1) };
                     l[0] = ws.acc_l[t];
                 }
             })
@@ -224,18 +245,19 @@ impl CpuBackend {
         check_same(TensorName::GradQuery, dq.shape(), s)?;
         check_same(TensorName::GradKey, dk.shape(), k.shape())?;
         check_same(TensorName::GradValue, dv.shape(), k.shape())?;
-        let plan = self.plan(inputs, Pass::Backward)?;
+        let (plan, lanes) = self.plan(inputs, Pass::Backward)?;
         if self.check_finite {
             check_finite(TensorName::GradOutput, &grad_out)?;
         }
         // The fused pass needs queries and keys at the same positions (self-attention shapes).
-        let fused = if k.shape().seq == s.seq { fused_units(&plan, s.batch, s.seq) } else { None };
-        let work: Vec<Task> = match fused {
+        let work: Vec<Task> = match fused_units(&plan, &lanes) {
             Some(f) => f.into_iter().map(Task::Fused).collect(),
             None => {
-                let ch = chunk_len(cfg, s.batch, s.heads, s.seq);
-                let mut w: Vec<Task> = units(s.batch, s.heads, s.seq, ch).into_iter().map(Task::Dq).collect();
-                w.extend(units(s.batch, s.heads, k.shape().seq, ch).into_iter().map(Task::Dkv));
+                let ch = chunk_len(cfg, lanes.len(), s.heads, longest(&lanes));
+                let mut w: Vec<Task> =
+                    split_units(&lanes, s.heads, ch, Side::Queries).into_iter().map(Task::Dq).collect();
+                let kv_heads = k.shape().heads;
+                w.extend(split_units(&lanes, kv_heads, ch, Side::Keys).into_iter().map(Task::Dkv));
                 w
             }
         };
@@ -259,20 +281,33 @@ impl CpuBackend {
                         (u, &[(0, &dq_rows, Acc::C), (1, &dk_rows, Acc::A), (2, &dv_rows, Acc::B)])
                     }
                 };
+                let n = u.c1 - u.c0;
+                let Lane { b, base, .. } = u.lane;
                 for &(which, rows, acc) in targets {
+                    // Fused units hold dq of each query head of their key/value head's group.
+                    let heads = if matches!((task, which), (Task::Fused(_), 0)) {
+                        u.h * plan.group..(u.h + 1) * plan.group
+                    } else {
+                        u.h..u.h + 1
+                    };
                     let acc = match acc {
                         Acc::A => &ws.acc_a,
                         Acc::B => &ws.acc_b,
                         Acc::C => &ws.acc_c,
                     };
-                    for t in 0..u.c1 - u.c0 {
-                        let off = row_offset(geoms[which], u.b, u.c0 + t, u.h);
-                        // SAFETY: this unit is the only writer of rows (b, c0..c1, h) of this
-                        // gradient (dq units own query chunks, dkv units key chunks, fused
-                        // units whole segments; each kind of work list partitions the rows).
-                        let row = unsafe { rows.range_mut(off, plan.d) };
-                        for (o, a) in row.iter_mut().zip(&acc[t * plan.d..]) {
-                            *o = T::from_f32(*a);
+                    for (i, h) in heads.enumerate() {
+                        for t in 0..n {
+                            let off = row_offset(geoms[which], b, base + u.c0 + t, h);
+                            // SAFETY: this unit is the only writer of rows (b, base + c0..c1, h) of
+                            // this gradient (dq units own query chunks of a query head, dkv units
+                            // key chunks of a key/value head, fused units whole segments of a
+                            // key/value head and its query heads; lanes are disjoint row ranges;
+                            // each kind of work list partitions the rows).
+                            let row = unsafe { rows.range_mut(off, plan.d) };
+                            let src = &acc[(i * n + t) * plan.d..(i * n + t + 1) * plan.d];
+                            for (o, a) in row.iter_mut().zip(src) {
+                                *o = T::from_f32(*a);
+                            }
                         }
                     }
                 }
@@ -286,55 +321,78 @@ impl CpuBackend {
     /// memory budgets. Inputs and outputs are the caller's and not counted. Saturates at
     /// `usize::MAX`, which is also the answer for a shape no call accepts (`Shape4`'s
     /// fields are public: a zero or overflowing dimension), so a budget check refuses it.
+    /// A call with packed sequences adds a little per sequence
+    /// ([`CpuBackend::workspace_bytes_masked`]).
     pub fn workspace_bytes(&self, cfg: &DilatedConfig, shape: impl Into<AttnShape>, pass: Pass) -> usize {
-        let (shape, backward) = (shape.into(), pass == Pass::Backward);
+        self.workspace_bytes_masked(cfg, shape.into(), &Masks::NONE, pass)
+    }
+
+    /// [`CpuBackend::workspace_bytes`] for a call with `masks` (packed sequences add
+    /// their lanes' work units).
+    pub fn workspace_bytes_masked(
+        &self,
+        cfg: &DilatedConfig,
+        shape: AttnShape,
+        masks: &Masks<'_>,
+        pass: Pass,
+    ) -> usize {
+        let backward = pass == Pass::Backward;
         let (Ok(q), Ok(kv)) =
             (Shape4::named(TensorName::Query, shape.q.dims()), Shape4::named(TensorName::Key, shape.kv.dims()))
         else {
             return usize::MAX;
         };
+        let group = (q.heads / kv.heads.max(1)).max(1);
         let shape = if kv.seq > q.seq { kv } else { q };
         let (d, dp) = (shape.head_dim, padded(shape.head_dim));
-        // Rows of the longest unit and the most selected rows of one segment (O(patterns),
-        // never O(heads)).
+        // Rows of the longest unit (a fused unit of grouped heads spans their lcm, at most
+        // FUSED_MAX_UNIT) and the most rows of one piece (O(patterns), never O(heads)).
+        let fused = fused_unit_len(cfg, shape.heads, shape.seq)
+            .map(|l| if group > 1 { FUSED_MAX_UNIT.min(shape.seq) } else { l });
         let unit = if backward {
-            chunk_len(cfg, shape.batch, shape.heads, shape.seq)
-                .max(fused_unit_len(cfg, shape.heads, shape.seq).unwrap_or(0))
+            chunk_len(cfg, shape.batch, shape.heads, shape.seq).max(fused.unwrap_or(0))
         } else {
             max_forward_chunk_len(cfg, shape.batch, shape.heads, shape.seq)
         };
-        let m = cfg
-            .segment_lengths()
-            .iter()
-            .zip(cfg.dilation_rates())
-            .map(|(&w, &r)| w.min(shape.seq).div_ceil(r))
-            .max()
-            .unwrap_or(0);
+        let m = match cfg.window() {
+            // A piece: a unit's rows and the window around them.
+            Some(w) => unit.saturating_add(w.left).saturating_add(w.right).min(shape.seq),
+            None => cfg
+                .segment_lengths()
+                .iter()
+                .zip(cfg.dilation_rates())
+                .map(|(&w, &r)| w.min(shape.seq).div_ceil(r))
+                .max()
+                .unwrap_or(0),
+        };
         let (key_tile, q_chunk) =
             if backward { (KEY_TILE, QUERY_CHUNK) } else { (FORWARD_KEY_TILE, FORWARD_QUERY_CHUNK) };
         // The sizes below (each a few products of dimensions of a valid shape) fit in
         // u128; the total saturates to usize.
-        let [d, dp, unit, m, key_tile, q_chunk] = [d, dp, unit, m, key_tile, q_chunk].map(|x| x as u128);
+        let [d, dp, unit, m, key_tile, q_chunk, group] = [d, dp, unit, m, key_tile, q_chunk, group].map(|x| x as u128);
         let tiles = m.div_ceil(key_tile) * key_tile * dp;
         let chunk = q_chunk * dp;
         // Score-sized tiles: the backward's scores and dS (dq reads dS in place), three in
         // the forward.
         let small = if backward { 2 } else { 3 } * q_chunk * key_tile + 2 * q_chunk;
         let f32s = if backward {
-            // 4 packed tile sets + dq accumulator, 3 unit accumulators, 3 piece outputs.
-            4 * tiles + m * dp + 4 * chunk + tiles / dp + 3 * unit * d + unit + 3 * m * d + 2 * m + small
+            // 4 packed tile sets + dq accumulator, unit accumulators (dk, dv and the dq of
+            // each query head of a group), 3 piece outputs.
+            4 * tiles + m * dp + 4 * chunk + tiles / dp + (2 + group) * unit * d + unit + 3 * m * d + 2 * m + small
         } else {
             2 * tiles + 2 * chunk + unit * d + unit + m * d + m + small
         };
         let usizes = 6 * m;
-        // The work list: at most two units per 64 rows of every (batch, head).
-        let work = 2
-            * (shape.batch as u128 * shape.heads as u128 * (shape.seq as u128 / 64 + 1))
-            * std::mem::size_of::<[usize; 5]>() as u128;
+        // The work list: at most two units per 64 rows of every (lane, head), plus one per
+        // packed sequence and head.
+        let sequences = masks.packing.map_or(0, |p| p.count()) as u128;
+        let units = shape.batch as u128 * (shape.seq as u128 / 64 + 1) + sequences;
+        let work = 2 * shape.heads as u128 * units * std::mem::size_of::<Task>() as u128;
         // The bf16 pair forward (AMX or AVX512-BF16) keeps its own packed bf16 tiles
         // beside the f32 scratch (a piece it hands back to the f32 kernel uses both).
         let pairs = crate::ops::pair_scratch_bytes(self.isa, shape.head_dim, m as usize);
-        let total = self.threads() as u128 * (4 * f32s + 8 * usizes + pairs) + work;
+        let lanes = (shape.batch as u128 + sequences) * std::mem::size_of::<Lane>() as u128;
+        let total = self.threads() as u128 * (4 * f32s + 8 * usizes + pairs) + work + lanes;
         usize::try_from(total).unwrap_or(usize::MAX)
     }
 
@@ -401,6 +459,10 @@ impl<T: Element> Attention<T> for CpuBackend {
 
     fn workspace_bytes(&self, cfg: &DilatedConfig, shape: AttnShape, pass: Pass) -> usize {
         CpuBackend::workspace_bytes(self, cfg, shape, pass)
+    }
+
+    fn workspace_bytes_masked(&self, cfg: &DilatedConfig, shape: AttnShape, masks: &Masks<'_>, pass: Pass) -> usize {
+        CpuBackend::workspace_bytes_masked(self, cfg, shape, masks, pass)
     }
 }
 

@@ -5,8 +5,10 @@
 //! - A [`BlockRows`] is the rows of one `(batch, head)` slice of q, k or v: row `i` is
 //!   `data[i*stride .. i*stride + d]`, at global position `pos[i]`. Positions should be
 //!   ascending (any order is accepted; ascending is fastest).
-//! - A [`Block`] is one pattern's query rows against key/value rows; its mask is
-//!   exactly [`SegmentPattern::attends`]`(qpos, kpos, causal)`.
+//! - A [`Block`] is one pattern's query rows against key/value rows; query `qp` sees key
+//!   `kp` exactly when both are selected by the pattern in the same segment, the band
+//!   admits the pair, the key is not padding, and (packed sequences) both lie in the
+//!   same sequence, the pattern then applying to positions relative to its start.
 //! - [`attend_block`] merges its result into an f32 partial `(out, lse)` with the LSE
 //!   merge (`out` normalised, `lse = -inf` meaning "nothing yet"), so calling it for
 //!   several key blocks, or for several patterns of one LongNet head, in any order gives
@@ -21,7 +23,7 @@
 //! All arithmetic is f32 (inputs of any [`Element`] are converted on load).
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, Element, Result, SegmentPattern};
+use attn_core::{AttnError, Band, Element, PackedSequences, Result, SegmentPattern};
 
 use crate::isa::Isa;
 use crate::piece::{self, BlockGrads, Strided};
@@ -76,18 +78,41 @@ impl<'a, T: Element> BlockRows<'a, T> {
 #[derive(Debug, Clone, Copy)]
 pub struct Block<'a, T> {
     pub pattern: &'a SegmentPattern,
-    /// Whether a query sees only keys at positions `<=` its own.
-    pub causal: bool,
+    /// Which keys a query sees by distance: [`Band::CAUSAL`], [`Band::FULL`] or a window
+    /// (`DilatedConfig::band`).
+    pub band: Band,
     pub scale: f32,
     pub head_dim: usize,
     pub q: BlockRows<'a, T>,
     pub k: BlockRows<'a, T>,
     pub v: BlockRows<'a, T>,
+    /// The key padding of the block's batch row, indexed by global key position (`true`
+    /// = padding: never attended). It must cover every key position of the block.
+    pub key_padding: Option<&'a [bool]>,
+    /// Packed sequences over the global positions: a row's pattern position is relative
+    /// to its sequence, and no query sees another sequence.
+    pub packing: Option<PackedSequences<'a>>,
 }
 
-impl<T: Element> Block<'_, T> {
+impl<'a, T: Element> Block<'a, T> {
+    /// A block without padding or packing.
+    pub fn new(
+        pattern: &'a SegmentPattern,
+        band: Band,
+        scale: f32,
+        head_dim: usize,
+        [q, k, v]: [BlockRows<'a, T>; 3],
+    ) -> Self {
+        Block { pattern, band, scale, head_dim, q, k, v, key_padding: None, packing: None }
+    }
+
     fn spec(&self) -> PieceSpec {
-        PieceSpec { isa: Isa::detect(), scale: self.scale, d: self.head_dim, causal: self.causal }
+        PieceSpec { isa: Isa::detect(), scale: self.scale, d: self.head_dim, band: self.band }
+    }
+
+    /// Where rows sit: the pattern, the packing and the padding the grouping applies.
+    fn rule(&self) -> piece::RowRule<'a> {
+        piece::RowRule { pattern: *self.pattern, packing: self.packing, key_padding: self.key_padding }
     }
 
     fn check(&self) -> Result<()> {
@@ -113,6 +138,25 @@ impl<T: Element> Block<'_, T> {
                 expected: vec![self.k.rows()],
                 got: vec![self.v.rows()],
             });
+        }
+        let past = |pos: &[usize], len: usize| pos.iter().copied().find(|&p| p >= len);
+        if let Some(mask) = self.key_padding
+            && let Some(p) = past(self.k.pos, mask.len())
+        {
+            return Err(AttnError::InvalidArgument(format!(
+                "key position {p} is past the key padding mask's {} positions",
+                mask.len()
+            )));
+        }
+        if let Some(packing) = self.packing {
+            for (rows, tensor) in [(self.q.pos, TensorName::Query), (self.k.pos, TensorName::Key)] {
+                if let Some(p) = past(rows, packing.total()) {
+                    return Err(AttnError::InvalidArgument(format!(
+                        "{tensor} position {p} is past the {} packed positions",
+                        packing.total()
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -145,7 +189,7 @@ fn check_f32(tensor: TensorName, got: usize, expected: usize) -> Result<()> {
     Ok(())
 }
 
-/// Attend the q rows to the k/v rows admitted by `pattern.attends(qpos, kpos, causal)` and
+/// Attend the q rows to the k/v rows the block's mask admits (see the module docs) and
 /// LSE-merge the result into the f32 partial `out` (`[q_rows * d]`, normalised) and `lse`
 /// (`[q_rows]`, `-inf` = nothing yet).
 pub fn attend_block<T: Element>(block: &Block<'_, T>, out: &mut [f32], lse: &mut [f32]) -> Result<()> {
@@ -154,7 +198,7 @@ pub fn attend_block<T: Element>(block: &Block<'_, T>, out: &mut [f32], lse: &mut
     check_f32(TensorName::Output, out.len(), block.q.rows() * d)?;
     check_f32(TensorName::Lse, lse.len(), block.q.rows())?;
     let (q, k, v) = (block.q.strided(), block.k.strided(), block.v.strided());
-    piece::forward_block(block.spec(), block.pattern, [&q, &k, &v], out, lse);
+    piece::forward_block(block.spec(), &block.rule(), [&q, &k, &v], out, lse);
     Ok(())
 }
 
@@ -189,6 +233,6 @@ pub fn attend_block_backward<T: Element, G: Element>(
     check_f32(TensorName::GradValue, dv.len(), nk * d)?;
     let (q, k, v) = (block.q.strided(), block.k.strided(), block.v.strided());
     let grads = BlockGrads { grad_out: grad_out.strided(), grad_scale, lse, delta, dq, dk, dv };
-    piece::backward_block(block.spec(), block.pattern, [&q, &k, &v], grads);
+    piece::backward_block(block.spec(), &block.rule(), [&q, &k, &v], grads);
     Ok(())
 }

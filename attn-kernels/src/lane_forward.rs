@@ -5,14 +5,13 @@
 //! place as Vᵀ. Runs when every weight it forms is one the row kernel would form too;
 //! otherwise it hands the piece back (see [`forward_piece`]).
 
-use attn_core::Element;
+use attn_core::{Band, Element};
 
 use crate::f32_tiles::{pack_rows, pack_transposed};
 use crate::forward_scratch::ForwardScratch;
 use crate::mat::{LaneState, MatMul};
 use crate::ops::{self, padded, scratch};
-use crate::rows::keys_needed;
-use crate::rows::{Piece, PieceSpec};
+use crate::rows::{Piece, PieceSpec, key_span};
 
 /// Queries per block (the lanes of four 16-wide vectors: one micro-kernel row block).
 pub(crate) const LANE_QUERIES: usize = 64;
@@ -25,8 +24,8 @@ const LAZY_MAX: f32 = 8.0;
 
 /// Attention of the piece's queries over its keys, as `tile_forward::forward_piece`
 /// (normalised output rows `out[i*d..]`, natural-log LSE, `-inf` where no key is
-/// visible), or false with nothing written when the piece is causal and holds a
-/// non-finite value: a causally masked weight is 0 here too, but one product serves all
+/// visible), or false with nothing written when the piece's band masks some pairs and a
+/// value is non-finite: a masked weight is 0 here too, but one product serves all
 /// lanes, so `0 * NaN` would reach queries that must not see that value.
 pub(crate) fn forward_piece<T: Element>(
     spec: PieceSpec,
@@ -35,20 +34,23 @@ pub(crate) fn forward_piece<T: Element>(
     out: &mut [f32],
     lse: &mut [f32],
 ) -> bool {
-    let PieceSpec { isa, scale, d, causal } = spec;
+    let PieceSpec { isa, scale, d, band } = spec;
     let Piece { q, k, v } = *piece;
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
         return true;
     }
-    let nk = keys_needed(k.pos, causal, q.pos[nq - 1]);
+    // Keys some query of the piece sees, packed from `k_lo`.
+    let span = key_span(k.pos, band, q.pos[0], q.pos[nq - 1]);
+    let (k_lo, nk) = (span.start, span.len());
     let kb = scratch(&mut ws.kt, nk * dp);
-    pack_rows(k, 0, nk, d, dp, 1.0, kb);
+    pack_rows(k, k_lo, nk, d, dp, 1.0, kb);
     let vb = scratch(&mut ws.v, nk * dp);
-    pack_rows(v, 0, nk, d, dp, 1.0, vb);
-    if causal && !vb.iter().all(|x| x.is_finite()) {
+    pack_rows(v, k_lo, nk, d, dp, 1.0, vb);
+    if band != Band::FULL && !vb.iter().all(|x| x.is_finite()) {
         return false;
     }
+    let kpos_all = &k.pos[k_lo..k_lo + nk];
     let c2 = scale * std::f32::consts::LOG2_E;
     for q0 in (0..nq).step_by(LANE_QUERIES) {
         let qn = (nq - q0).min(LANE_QUERIES);
@@ -65,10 +67,10 @@ pub(crate) fn forward_piece<T: Element>(
         l.fill(0.0);
         let s = scratch(&mut ws.s, LANE_KEY_TILE * lanes);
         // Keys some query of the block can see.
-        let last = keys_needed(k.pos, causal, qpos[qn - 1]);
-        for k0 in (0..last).step_by(LANE_KEY_TILE) {
-            let kn = (last - k0).min(LANE_KEY_TILE);
-            let kpos = &k.pos[k0..k0 + kn];
+        let block = key_span(kpos_all, band, qpos[0], qpos[qn - 1]);
+        for k0 in block.clone().step_by(LANE_KEY_TILE) {
+            let kn = (block.end - k0).min(LANE_KEY_TILE);
+            let kpos = &kpos_all[k0..k0 + kn];
             let tile = &mut s[..kn * lanes];
             ops::gemm(
                 isa,
@@ -77,11 +79,13 @@ pub(crate) fn forward_piece<T: Element>(
                 lanes,
                 false,
             );
-            if causal && kpos[kn - 1] > qpos[0] {
-                // The diagonal: each key row hides the lanes whose query precedes it.
+            if !(band.admits(qpos[0], kpos[kn - 1]) && band.admits(qpos[qn - 1], kpos[0])) {
+                // Some pair is outside the band: each key row hides the lanes whose query
+                // does not see it.
                 for (row, &kp) in tile.chunks_exact_mut(lanes).zip(kpos) {
-                    let hidden = qpos.partition_point(|&p| p < kp);
-                    row[..hidden].fill(f32::NEG_INFINITY);
+                    let seen = band.seen_by(qpos, kp);
+                    row[..seen.start].fill(f32::NEG_INFINITY);
+                    row[seen.end..qn].fill(f32::NEG_INFINITY);
                 }
             }
             ops::softmax_lanes(isa, tile, kn, lanes, LAZY_MAX, &mut LaneState { m, l, o: ot, dp });
@@ -133,19 +137,24 @@ mod tests {
     /// The lane kernel equals the row kernel (`tile_forward`'s own path, run on the same
     /// flavour) within f32 rounding on every supported flavour: query blocks with padded
     /// lanes, several key tiles, causal pieces with interleaved positions (some queries
-    /// see no key), and a query row poisoned with NaN (its own output only).
+    /// see no key), sliding windows (both edges, and causal), and a query row poisoned
+    /// with NaN (its own output only).
     #[test]
     fn lanes_equal_rows() {
         let d = 40;
         for isa in Isa::ALL.into_iter().filter(|i| i.is_supported() && *i != Isa::Amx) {
             // Scale 10: base-2 scores spread over hundreds, so the lazy maximum must rise.
-            for (nq, nk, causal, qstep, kstep, scale) in [
-                (130, 250, false, 1, 1, 0.3),
-                (7, 300, false, 2, 2, 0.3),
-                (150, 260, true, 2, 3, 0.3),
-                (64, 97, true, 1, 1, 0.3),
-                (100, 400, false, 1, 1, 10.0),
-                (80, 200, true, 1, 1, 10.0),
+            let (full, causal) = (Band::FULL, Band::CAUSAL);
+            for (nq, nk, band, qstep, kstep, scale) in [
+                (130, 250, full, 1, 1, 0.3),
+                (7, 300, full, 2, 2, 0.3),
+                (150, 260, causal, 2, 3, 0.3),
+                (64, 97, causal, 1, 1, 0.3),
+                (100, 400, full, 1, 1, 10.0),
+                (80, 200, causal, 1, 1, 10.0),
+                (120, 300, Band::new(20, 5), 2, 1, 0.3),
+                (90, 200, Band::new(0, 40), 1, 2, 10.0),
+                (100, 300, Band::new(3, 0), 1, 1, 0.3),
             ] {
                 let (qd, kd, vd) = (values(nq * d, 1), values(nk * d, 2), values(nk * d, 3));
                 let qoff: Vec<usize> = (0..nq).map(|i| i * d).collect();
@@ -162,20 +171,20 @@ mod tests {
                 let (mut o2, mut l2) = (vec![0.0; nq * d], vec![0.0; nq]);
                 let mut ws = ForwardScratch::default();
                 assert!(forward_piece(
-                    PieceSpec { isa, scale, d, causal },
+                    PieceSpec { isa, scale, d, band },
                     &Piece { q: &q, k: &k, v: &v },
                     &mut ws,
                     &mut o1,
                     &mut l1
                 ));
                 crate::tile_forward::forward_piece_rows(
-                    PieceSpec { isa, scale, d, causal },
+                    PieceSpec { isa, scale, d, band },
                     &Piece { q: &q, k: &k, v: &v },
                     &mut ws,
                     &mut o2,
                     &mut l2,
                 );
-                let case = format!("{} nq={nq} nk={nk} causal={causal}", isa.as_str());
+                let case = format!("{} nq={nq} nk={nk} {band:?}", isa.as_str());
                 for i in 0..nq {
                     let (a, b) = (&o1[i * d..(i + 1) * d], &o2[i * d..(i + 1) * d]);
                     if i == 5 {
@@ -188,7 +197,7 @@ mod tests {
                         assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{case}: out {i}: {x} {y}");
                     }
                 }
-                if causal {
+                if band == causal {
                     assert_eq!(l1[0], f32::NEG_INFINITY, "{case}: query 0 precedes every key");
                     assert!(o1[..d].iter().all(|&x| x == 0.0), "{case}: an unseen row is 0");
                 }
@@ -209,7 +218,7 @@ mod tests {
         let mut ws = ForwardScratch::default();
         let isa = Isa::detect();
         assert!(!forward_piece(
-            PieceSpec { isa, scale: 0.25, d, causal: true },
+            PieceSpec { isa, scale: 0.25, d, band: Band::CAUSAL },
             &Piece { q: &rows(&qd), k: &rows(&kd), v: &rows(&vd) },
             &mut ws,
             &mut o,
@@ -217,7 +226,7 @@ mod tests {
         ));
         assert!(o.iter().chain(&l).all(|&x| x == 7.0), "nothing written");
         assert!(forward_piece(
-            PieceSpec { isa, scale: 0.25, d, causal: false },
+            PieceSpec { isa, scale: 0.25, d, band: Band::FULL },
             &Piece { q: &rows(&qd), k: &rows(&kd), v: &rows(&vd) },
             &mut ws,
             &mut o,

@@ -65,6 +65,7 @@ mod rows;
 mod score_bound;
 mod tile_backward;
 mod tile_forward;
+mod unit_passes;
 mod units;
 
 pub use backend::CpuBackend;

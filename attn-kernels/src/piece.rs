@@ -1,11 +1,12 @@
-//! Block calls split into pieces: the selected rows of each segment, found from global
-//! positions (sorted if the caller's were not), handed to the tile kernels and
-//! scattered back (forward: LSE merge; backward: `+=`). Every list and buffer lives in
-//! a per-thread [`BlockScratch`], so a warm thread's block calls allocate nothing.
+//! Block calls split into pieces: the selected rows of each segment (of each packed
+//! sequence), found from global positions (sorted if the caller's were not), padded keys
+//! left out, handed to the tile kernels and scattered back (forward: LSE merge;
+//! backward: `+=`). Every list and buffer lives in a per-thread [`BlockScratch`], so a
+//! warm thread's block calls allocate nothing.
 
 use std::cell::RefCell;
 
-use attn_core::{Element, LseMerge, SegmentPattern};
+use attn_core::{Element, LseMerge, PackedSequences, SegmentPattern};
 
 use crate::rows::{Piece, PieceRows, PieceSpec};
 use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece};
@@ -24,10 +25,43 @@ pub(crate) struct Strided<'a, T> {
     pub pos: &'a [usize],
 }
 
+/// Where a block's rows sit: the pattern (on positions relative to a row's packed
+/// sequence), the packing, and the key padding (by global position).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowRule<'a> {
+    pub pattern: SegmentPattern,
+    pub packing: Option<PackedSequences<'a>>,
+    pub key_padding: Option<&'a [bool]>,
+}
+
+/// Which rows a group list holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Queries,
+    /// Keys: padded ones are left out.
+    Keys,
+}
+
+impl RowRule<'_> {
+    /// The (sequence, segment) of global position `p` if the pattern selects it.
+    #[inline]
+    fn place(&self, p: usize) -> Option<(usize, usize)> {
+        let (seq, start) = match self.packing {
+            Some(pk) => {
+                let s = pk.sequence_of(p);
+                (s, pk.bounds(s).start)
+            }
+            None => (0, 0),
+        };
+        let rel = p - start;
+        self.pattern.is_selected(rel).then(|| (seq, self.pattern.segment_of(rel)))
+    }
+}
+
 /// The selected rows of one segment: block row indices, offsets, positions (ascending).
 #[derive(Debug, Default)]
 struct Group {
-    segment: usize,
+    segment: (usize, usize),
     rows: Vec<usize>,
     offsets: Vec<usize>,
     pos: Vec<usize>,
@@ -42,16 +76,17 @@ struct GroupList {
 }
 
 impl GroupList {
-    fn fill(&mut self, pattern: &SegmentPattern, pos: &[usize], stride: usize, idx: &mut Vec<usize>) {
+    fn fill(&mut self, rule: &RowRule<'_>, role: Role, (pos, stride): (&[usize], usize), idx: &mut Vec<usize>) {
+        let padded = |p: usize| role == Role::Keys && rule.key_padding.is_some_and(|m| m[p]);
         idx.clear();
-        idx.extend((0..pos.len()).filter(|&i| pattern.is_selected(pos[i])));
+        idx.extend((0..pos.len()).filter(|&i| rule.place(pos[i]).is_some() && !padded(pos[i])));
         if !idx.windows(2).all(|w| pos[w[0]] <= pos[w[1]]) {
             // Unstable sort (no buffer); ties keep the caller's order through the index.
             idx.sort_unstable_by_key(|&i| (pos[i], i));
         }
         self.len = 0;
         for &i in idx.iter() {
-            let seg = pattern.segment_of(pos[i]);
+            let Some(seg) = rule.place(pos[i]) else { continue };
             if self.len == 0 || self.groups[self.len - 1].segment != seg {
                 if self.len == self.groups.len() {
                     self.groups.push(Group::default());
@@ -95,9 +130,9 @@ struct BlockScratch {
 }
 
 impl BlockScratch {
-    fn group(&mut self, pattern: &SegmentPattern, q: (&[usize], usize), k: (&[usize], usize)) {
-        self.qg.fill(pattern, q.0, q.1, &mut self.idx);
-        self.kg.fill(pattern, k.0, k.1, &mut self.idx);
+    fn group(&mut self, rule: &RowRule<'_>, q: (&[usize], usize), k: (&[usize], usize)) {
+        self.qg.fill(rule, Role::Queries, q, &mut self.idx);
+        self.kg.fill(rule, Role::Keys, k, &mut self.idx);
     }
 }
 
@@ -110,17 +145,17 @@ fn rows<'a, T>(s: &Strided<'a, T>, g: &'a Group) -> PieceRows<'a, T> {
     PieceRows { data: s.data, offsets: &g.offsets, pos: &g.pos }
 }
 
-/// Forward of a block of `pattern`, LSE-merged into `(out, lse)`.
+/// Forward of a block under `rule`, LSE-merged into `(out, lse)`.
 pub(crate) fn forward_block<T: Element>(
     spec: PieceSpec,
-    pattern: &SegmentPattern,
+    rule: &RowRule<'_>,
     [q, k, v]: [&Strided<'_, T>; 3],
     out: &mut [f32],
     lse: &mut [f32],
 ) {
     let d = spec.d;
     SCRATCH.with_borrow_mut(|ws| {
-        ws.group(pattern, (q.pos, q.stride), (k.pos, k.stride));
+        ws.group(rule, (q.pos, q.stride), (k.pos, k.stride));
         let BlockScratch { qg, kg, o, l, forward, .. } = ws;
         for (g, h) in matched(qg.as_slice(), kg.as_slice()) {
             let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
@@ -147,16 +182,16 @@ pub(crate) struct BlockGrads<'a, G> {
     pub dv: &'a mut [f32],
 }
 
-/// Backward of a block of `pattern`, accumulated into `dq`, `dk`, `dv`.
+/// Backward of a block under `rule`, accumulated into `dq`, `dk`, `dv`.
 pub(crate) fn backward_block<T: Element, G: Element>(
     spec: PieceSpec,
-    pattern: &SegmentPattern,
+    rule: &RowRule<'_>,
     [q, k, v]: [&Strided<'_, T>; 3],
     grads: BlockGrads<'_, G>,
 ) {
     let d = spec.d;
     SCRATCH.with_borrow_mut(|ws| {
-        ws.group(pattern, (q.pos, q.stride), (k.pos, k.stride));
+        ws.group(rule, (q.pos, q.stride), (k.pos, k.stride));
         let BlockScratch { qg, kg, dq, dk, dv, go_offsets, lse, delta, backward, .. } = ws;
         for (g, h) in matched(qg.as_slice(), kg.as_slice()) {
             go_offsets.clear();

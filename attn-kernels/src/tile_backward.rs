@@ -16,8 +16,7 @@ const ROW_GROUP: usize = 4 * ROW_BLOCK;
 /// latency-bound 2-row block in the middle of a piece (buffers stay `QUERY_CHUNK` wide).
 const CHUNK: usize = QUERY_CHUNK / ROW_BLOCK * ROW_BLOCK;
 use crate::f32_tiles::{pack_rows, pack_transposed};
-use crate::rows::keys_needed;
-use crate::rows::{Piece, PieceRows, PieceSpec};
+use crate::rows::{Piece, PieceRows, PieceSpec, key_span, query_span};
 
 /// Per-query inputs of the backward: upstream gradient rows (multiplied by `go_scale`
 /// on load, i.e. `grad_out_eff = out_scale * grad_out`), the head's final LSE (natural
@@ -66,20 +65,22 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
     ws: &mut BackwardScratch,
     dq: &mut [f32],
 ) {
-    let PieceSpec { isa, scale, d, causal } = spec;
+    let PieceSpec { isa, scale, d, band } = spec;
     let Piece { q, k, v } = *piece;
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
         return;
     }
-    let nk = keys_needed(k.pos, causal, q.pos[nq - 1]);
+    // Keys some query of the piece sees: tile `t` holds keys `k_lo + t * KEY_TILE ..`.
+    let span = key_span(k.pos, band, q.pos[0], q.pos[nq - 1]);
+    let (k_lo, nk) = (span.start, span.len());
     let tiles = nk.div_ceil(KEY_TILE);
     let tile = dp * KEY_TILE;
     let kt = scratch(&mut ws.a, tiles * tile);
     let vt = scratch(&mut ws.b, tiles * tile);
     let kr = scratch(&mut ws.c, tiles * tile);
     for t in 0..tiles {
-        let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
+        let (k0, kn) = (k_lo + t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
         pack_transposed(k, k0..k0 + kn, d, dp, KEY_TILE, 1.0, &mut kt[t * tile..]);
         pack_transposed(v, k0..k0 + kn, d, dp, KEY_TILE, 1.0, &mut vt[t * tile..]);
         pack_rows(k, k0, kn, d, dp, 1.0, &mut kr[t * tile..]);
@@ -97,15 +98,15 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
         let dpb = scratch(&mut ws.dp, ROW_GROUP * KEY_TILE);
         let qpos = &q.pos[q0..q0 + qn];
         for t in 0..tiles {
-            let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
+            let (k0, kn) = (k_lo + t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
             let kpos = &k.pos[k0..k0 + kn];
-            if causal && kpos[0] > qpos[qn - 1] {
-                break;
+            if kpos[0] > qpos[qn - 1].saturating_add(band.right) {
+                break; // this and later tiles come after every key the chunk sees
             }
             for r0 in (0..qn).step_by(ROW_GROUP) {
                 let rn = (qn - r0).min(ROW_GROUP);
-                if causal && kpos[0] > qpos[r0 + rn - 1] {
-                    continue;
+                if key_span(kpos, band, qpos[r0], qpos[r0 + rn - 1]).is_empty() {
+                    continue; // no row of this block sees a key of this tile
                 }
                 ops::gemm(
                     isa,
@@ -140,10 +141,10 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                 let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
                     let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
-                    let qp = qpos[r0 + i];
-                    let visible = if causal { kpos.partition_point(|&p| p <= qp) } else { kn };
-                    ranges[i] = (0, visible);
-                    row[visible..].fill(f32::NEG_INFINITY);
+                    let visible = band.visible(kpos, qpos[r0 + i]);
+                    ranges[i] = (visible.start, visible.end);
+                    row[visible.end..].fill(f32::NEG_INFINITY);
+                    row[..visible.start].fill(f32::NEG_INFINITY);
                     ops::exp2_sub(isa, row, lse2(g.lse[q0 + r0 + i]), None);
                     let delta = g.delta[q0 + r0 + i];
                     if isa != Isa::Portable {
@@ -188,15 +189,15 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
     dv: &mut [f32],
     dq: Option<&mut [f32]>,
 ) {
-    let PieceSpec { isa, scale, d, causal } = spec;
+    let PieceSpec { isa, scale, d, band } = spec;
     let Piece { q, k, v } = *piece;
     let (nk, dp) = (k.len(), padded(d));
     if nk == 0 {
         return;
     }
-    // Queries that can see some key: with causal, those at or after the first key.
-    let first_q = if causal { q.pos.partition_point(|&p| p < k.pos[0]) } else { 0 };
-    let nq = q.len() - first_q;
+    // Queries that can see some key of the piece (causal: those at or after the first key).
+    let span = query_span(q.pos, band, k.pos[0], k.pos[nk - 1]);
+    let (first_q, nq) = (span.start, span.len());
     let tiles = nq.div_ceil(KEY_TILE);
     let tile = dp * KEY_TILE;
     let c2 = scale * std::f32::consts::LOG2_E;
@@ -236,13 +237,13 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
         for t in 0..tiles {
             let (i0, n) = (first_q + t * KEY_TILE, (nq - t * KEY_TILE).min(KEY_TILE));
             let qpos = &q.pos[i0..i0 + n];
-            if causal && qpos[n - 1] < kpos[0] {
-                continue;
+            if query_span(qpos, band, kpos[0], kpos[kn - 1]).is_empty() {
+                continue; // no query of this tile sees a key of this chunk
             }
             let mut rows_done = 0;
             for r0 in (0..kn).step_by(ROW_GROUP) {
                 let rn = (kn - r0).min(ROW_GROUP);
-                if causal && qpos[n - 1] < kpos[r0] {
+                if qpos[n - 1].saturating_add(band.right) < kpos[r0] {
                     break; // this and later key rows come after every query of the tile
                 }
                 rows_done = r0 + rn;
@@ -280,11 +281,10 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
                     let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
-                    let kp = kpos[r0 + i];
-                    let hidden = if causal { qpos.partition_point(|&p| p < kp) } else { 0 };
-                    ranges[i] = (hidden, n);
-                    row[..hidden].fill(f32::NEG_INFINITY);
-                    row[n..].fill(f32::NEG_INFINITY);
+                    let seen = band.seen_by(qpos, kpos[r0 + i]);
+                    ranges[i] = (seen.start, seen.end);
+                    row[..seen.start].fill(f32::NEG_INFINITY);
+                    row[seen.end..].fill(f32::NEG_INFINITY);
                     ops::exp2_sub(isa, row, 0.0, Some(&sub[t * KEY_TILE..(t + 1) * KEY_TILE]));
                     let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
                     if isa != Isa::Portable {
@@ -319,10 +319,10 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
             }
             if dq.is_some() && rows_done > 0 {
                 // dQ[tile] += dS (queries x keys) * K[chunk], one product of depth `rows_done`.
-                // Query j reads only the keys at or before it.
+                // Query j reads only the keys it sees.
                 for (j, r) in q_ranges[..n].iter_mut().enumerate() {
-                    let visible = if causal { kpos[..rows_done].partition_point(|&p| p <= qpos[j]) } else { rows_done };
-                    *r = (0, visible);
+                    let visible = band.visible(&kpos[..rows_done], qpos[j]);
+                    *r = (visible.start, visible.end);
                 }
                 let c = &mut dq_acc[t * KEY_TILE * dp..];
                 // dS^T read in place (its rows are keys): no transposed copy.

@@ -2,6 +2,8 @@
 //! segment): packed key/value tiles, register-blocked score and value products,
 //! online softmax in base 2, never more than a `6 x 64` score tile at a time.
 
+use std::ops::Range;
+
 use attn_core::Element;
 
 use crate::f32_tiles::{pack_rows, pack_transposed};
@@ -9,7 +11,7 @@ pub(crate) use crate::forward_scratch::ForwardScratch;
 use crate::isa::Isa;
 use crate::mat::MatMul;
 use crate::ops::{self, FORWARD_KEY_TILE as KEY_TILE, FORWARD_QUERY_CHUNK, ROW_BLOCK, padded, scratch};
-use crate::rows::{Piece, PieceSpec, keys_needed};
+use crate::rows::{Piece, PieceSpec, key_span};
 
 /// Query rows whose scores are computed together against one key tile: several
 /// register blocks, so each 16-key panel of the tile is reused from L1 by all of them.
@@ -17,7 +19,8 @@ const ROW_GROUP: usize = 4 * ROW_BLOCK;
 
 /// Attention of the piece's queries over its keys: writes the normalised output
 /// (`out[i*d..]`, f32) and the natural-log LSE (`-inf` where no key is visible).
-/// Queries and keys are selected rows of one segment, positions ascending.
+/// Queries and keys are selected rows of one segment, positions ascending; each query
+/// sees the keys its band admits.
 pub(crate) fn forward_piece<T: Element>(
     spec: PieceSpec,
     piece: &Piece<'_, '_, T>,
@@ -46,22 +49,24 @@ pub(crate) fn forward_piece_rows<T: Element>(
     out: &mut [f32],
     lse: &mut [f32],
 ) {
-    let PieceSpec { isa, scale, d, causal } = spec;
+    let PieceSpec { isa, scale, d, band } = spec;
     let Piece { q, k, v } = *piece;
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
         return;
     }
-    let nk = keys_needed(k.pos, causal, q.pos[nq - 1]);
+    // Keys some query of the piece sees: tile `t` holds keys `k_lo + t * KEY_TILE ..`.
+    let span = key_span(k.pos, band, q.pos[0], q.pos[nq - 1]);
+    let (k_lo, nk) = (span.start, span.len());
     let tiles = nk.div_ceil(KEY_TILE);
     // Pack every needed key tile once (transposed K, row-major V).
     let kt = scratch(&mut ws.kt, tiles * dp * KEY_TILE);
     let vt = scratch(&mut ws.v, tiles * KEY_TILE * dp);
     // Whether each value tile is all finite: then a masked weight (exactly 0) times a
-    // value adds exactly 0, and causal rows can share one product over the widest range.
+    // value adds exactly 0, and rows can share one product over the widest range.
     ws.finite.clear();
     for t in 0..tiles {
-        let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
+        let (k0, kn) = (k_lo + t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
         pack_transposed(k, k0..k0 + kn, d, dp, KEY_TILE, 1.0, &mut kt[t * dp * KEY_TILE..]);
         let vtile = &mut vt[t * KEY_TILE * dp..(t + 1) * KEY_TILE * dp];
         pack_rows(v, k0, kn, d, dp, 1.0, vtile);
@@ -82,21 +87,22 @@ pub(crate) fn forward_piece_rows<T: Element>(
         let s = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
         let qpos = &q.pos[q0..q0 + qn];
         for t in 0..tiles {
-            let (k0, kn) = (t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
+            let (k0, kn) = (k_lo + t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
             let kpos = &k.pos[k0..k0 + kn];
-            if causal && kpos[0] > qpos[qn - 1] {
-                break;
+            if kpos[0] > qpos[qn - 1].saturating_add(band.right) {
+                break; // this and later tiles come after every key the chunk sees
             }
             let ktile = &kt[t * dp * KEY_TILE..(t + 1) * dp * KEY_TILE];
             let vtile = &vt[t * KEY_TILE * dp..(t + 1) * KEY_TILE * dp];
             for r0 in (0..qn).step_by(ROW_GROUP) {
                 let rn = (qn - r0).min(ROW_GROUP);
-                if causal && kpos[0] > qpos[r0 + rn - 1] {
-                    continue; // every row of this block precedes the tile
+                let rows = &qpos[r0..r0 + rn];
+                let cols = key_span(kpos, band, rows[0], rows[rn - 1]);
+                if cols.is_empty() {
+                    continue; // no row of this block sees a key of this tile
                 }
-                // Score columns any row of the block can see (fewer on the causal diagonal).
-                let cols = if causal { kpos.partition_point(|&p| p <= qpos[r0 + rn - 1]) } else { kn };
-                let cols = cols.next_multiple_of(16).min(KEY_TILE);
+                // Score columns any row of the block can see, in whole 16-column panels.
+                let cols = cols.end.next_multiple_of(16).min(KEY_TILE);
                 ops::gemm(
                     isa,
                     &MatMul { m: rn, k: dp, n: cols, a: &qbuf[r0 * dp..], lda: dp, b: ktile, ldb: KEY_TILE },
@@ -107,9 +113,8 @@ pub(crate) fn forward_piece_rows<T: Element>(
                 let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
                     let row = &mut s[i * KEY_TILE..i * KEY_TILE + cols];
-                    let qp = qpos[r0 + i];
-                    let visible = if causal && kpos[kn - 1] > qp { kpos.partition_point(|&p| p <= qp) } else { kn };
-                    ranges[i] = (0, visible);
+                    let visible = band.visible(kpos, rows[i]);
+                    ranges[i] = (visible.start, visible.end);
                     let (mi, li) = (&mut m[r0 + i], &mut l[r0 + i]);
                     let orow = &mut o[(r0 + i) * dp..(r0 + i + 1) * dp];
                     softmax_row(isa, row, visible, mi, li, orow);
@@ -159,11 +164,13 @@ fn lanes_first(isa: Isa) -> bool {
     matches!(isa, Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx | Isa::Avx2)
 }
 
-/// One online-softmax step on a score row: columns from `visible` on are masked, the
+/// One online-softmax step on a score row: columns outside `visible` are masked, the
 /// running maximum `m` and sum `l` advance, the row becomes its weights and the row's
 /// accumulators `o` are rescaled.
-fn softmax_row(isa: Isa, row: &mut [f32], visible: usize, m: &mut f32, l: &mut f32, o: &mut [f32]) {
-    row[visible..].fill(f32::NEG_INFINITY);
+fn softmax_row(isa: Isa, row: &mut [f32], visible: Range<usize>, m: &mut f32, l: &mut f32, o: &mut [f32]) {
+    let end = visible.end.min(row.len());
+    row[end..].fill(f32::NEG_INFINITY);
+    row[..visible.start.min(end)].fill(f32::NEG_INFINITY);
     let m_new = m.max(ops::max(isa, row));
     if m_new == f32::NEG_INFINITY {
         return nothing_visible(row, visible, l);
@@ -179,8 +186,9 @@ fn softmax_row(isa: Isa, row: &mut [f32], visible: usize, m: &mut f32, l: &mut f
 
 /// The row's maximum is still `-inf`: nothing visible yet, or only NaN scores (a NaN
 /// poisons the row). The row's weights are all zero.
-fn nothing_visible(row: &mut [f32], visible: usize, l: &mut f32) {
-    if row[..visible].iter().any(|x| x.is_nan()) {
+fn nothing_visible(row: &mut [f32], visible: Range<usize>, l: &mut f32) {
+    let end = visible.end.min(row.len());
+    if row[visible.start.min(end)..end].iter().any(|x| x.is_nan()) {
         *l = f32::NAN;
     }
     row.fill(0.0);

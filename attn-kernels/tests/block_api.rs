@@ -2,7 +2,7 @@
 //! block backward summed over blocks equals the reference gradients; typed errors.
 
 use attn_core::reference::{dilated_backward, dilated_forward};
-use attn_core::{AttnError, AttnShape, DilatedConfig, Mixing, SegmentPattern, Shape4};
+use attn_core::{AttnError, AttnShape, Band, DilatedConfig, Mixing, SegmentPattern, Shape4};
 use attn_kernels::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
 use attn_testkit::{random_vec, rel_l2_error};
 
@@ -11,6 +11,10 @@ fn to64(x: &[f32]) -> Vec<f64> {
 }
 
 /// One head (heads = 1) of LongNet mixing over `patterns`, run block by block.
+fn band(causal: bool) -> Band {
+    if causal { Band::CAUSAL } else { Band::FULL }
+}
+
 fn check_blocks(n: usize, d: usize, segs: &[usize], rates: &[usize], causal: bool, cuts: &[usize], seed: u64) {
     let cfg = DilatedConfig::builder()
         .segments(segs)
@@ -44,8 +48,7 @@ fn check_blocks(n: usize, d: usize, segs: &[usize], rates: &[usize], causal: boo
         let kb = BlockRows::new(&k[lo * d..], d, &pos[lo..hi]);
         let vb = BlockRows::new(&v[lo * d..], d, &pos[lo..hi]);
         for (_, p) in &hp.patterns {
-            attend_block(&Block { pattern: p, causal, scale, head_dim: d, q: qb, k: kb, v: vb }, &mut out, &mut lse)
-                .unwrap();
+            attend_block(&Block::new(p, band(causal), scale, d, [qb, kb, vb]), &mut out, &mut lse).unwrap();
         }
     }
     let err = rel_l2_error(&out, &fwd.out);
@@ -65,7 +68,7 @@ fn check_blocks(n: usize, d: usize, segs: &[usize], rates: &[usize], causal: boo
             let (mut dkb, mut dvb) = (vec![0.0f32; (hi - lo) * d], vec![0.0f32; (hi - lo) * d]);
             for (_, p) in &hp.patterns {
                 attend_block_backward(
-                    &Block { pattern: p, causal, scale, head_dim: d, q: qb, k: kb, v: vb },
+                    &Block::new(p, band(causal), scale, d, [qb, kb, vb]),
                     &Upstream {
                         grad_out: BlockRows::new(&go[qlo * d..qhi * d], d, &pos[qlo..qhi]),
                         grad_scale: 1.0,
@@ -106,63 +109,28 @@ fn bad_block_inputs_are_typed_errors() {
     let short = BlockRows::new(&data[..10], 4, &pos);
     let (mut out, mut lse) = (vec![0.0f32; 16], vec![f32::NEG_INFINITY; 4]);
     assert!(matches!(
-        attend_block(
-            &Block { pattern: &p, causal: false, scale: 0.5, head_dim: 4, q: short, k: ok, v: ok },
-            &mut out,
-            &mut lse
-        ),
+        attend_block(&Block::new(&p, Band::FULL, 0.5, 4, [short, ok, ok]), &mut out, &mut lse),
         Err(AttnError::BufferTooSmall { .. })
     ));
     assert!(matches!(
-        attend_block(
-            &Block { pattern: &p, causal: false, scale: f32::NAN, head_dim: 4, q: ok, k: ok, v: ok },
-            &mut out,
-            &mut lse
-        ),
+        attend_block(&Block::new(&p, Band::FULL, f32::NAN, 4, [ok, ok, ok]), &mut out, &mut lse),
         Err(AttnError::InvalidScale(_))
     ));
     assert!(matches!(
-        attend_block(
-            &Block { pattern: &p, causal: false, scale: 0.5, head_dim: 4, q: ok, k: ok, v: ok },
-            &mut out[..15],
-            &mut lse
-        ),
+        attend_block(&Block::new(&p, Band::FULL, 0.5, 4, [ok, ok, ok]), &mut out[..15], &mut lse),
         Err(AttnError::ShapeMismatch { .. })
     ));
     assert!(matches!(
-        attend_block(
-            &Block { pattern: &p, causal: false, scale: 0.5, head_dim: 0, q: ok, k: ok, v: ok },
-            &mut out,
-            &mut lse
-        ),
+        attend_block(&Block::new(&p, Band::FULL, 0.5, 0, [ok, ok, ok]), &mut out, &mut lse),
         Err(AttnError::ZeroDim { .. })
     ));
     let overlapping = BlockRows::new(&data, 2, &pos);
-    assert!(
-        attend_block(
-            &Block { pattern: &p, causal: false, scale: 0.5, head_dim: 4, q: overlapping, k: ok, v: ok },
-            &mut out,
-            &mut lse
-        )
-        .is_err()
-    );
+    assert!(attend_block(&Block::new(&p, Band::FULL, 0.5, 4, [overlapping, ok, ok]), &mut out, &mut lse).is_err());
     let bad = SegmentPattern { w: 0, r: 1, off: 0 };
-    assert!(
-        attend_block(
-            &Block { pattern: &bad, causal: false, scale: 0.5, head_dim: 4, q: ok, k: ok, v: ok },
-            &mut out,
-            &mut lse
-        )
-        .is_err()
-    );
+    assert!(attend_block(&Block::new(&bad, Band::FULL, 0.5, 4, [ok, ok, ok]), &mut out, &mut lse).is_err());
     // Empty blocks are fine and change nothing.
     let empty = BlockRows::new(&data[..0], 4, &[]);
-    attend_block(
-        &Block { pattern: &p, causal: false, scale: 0.5, head_dim: 4, q: ok, k: empty, v: empty },
-        &mut out,
-        &mut lse,
-    )
-    .unwrap();
+    attend_block(&Block::new(&p, Band::FULL, 0.5, 4, [ok, empty, empty]), &mut out, &mut lse).unwrap();
     assert!(lse.iter().all(|l| *l == f32::NEG_INFINITY) && out.iter().all(|o| *o == 0.0));
 }
 
@@ -184,7 +152,7 @@ fn backward_reads_grad_out_in_place_with_its_scale() {
     let run = |go: &BlockRows<'_, f32>, scale: f32| {
         let (mut dq, mut dk, mut dv) = (vec![0.0f32; n * d], vec![0.0f32; n * d], vec![0.0f32; n * d]);
         attend_block_backward(
-            &Block { pattern: &p, causal: true, scale: 0.25, head_dim: d, q: qb, k: kb, v: vb },
+            &Block::new(&p, Band::CAUSAL, 0.25, d, [qb, kb, vb]),
             &Upstream { grad_out: *go, grad_scale: scale, lse: &lse, delta: &delta },
             BlockGradients { dq: &mut dq, dk: &mut dk, dv: &mut dv },
         )

@@ -127,19 +127,20 @@ fn cross_is_thread_count_independent() {
     assert_eq!(run(1), run(2));
 }
 
-/// Shapes that disagree beyond the sequence length are typed errors; the self-attention
-/// entry points still reject another key length.
+/// Shapes that disagree beyond the sequence length (batch, head_dim, key/value heads not
+/// dividing the query heads) are typed errors; the self-attention entry points still
+/// reject another key length.
 #[test]
 fn cross_shape_errors() {
     let be = backend(1, Isa::detect());
     let cfg = DilatedConfig::new(&[4], &[1]).unwrap();
     let q = Shape4::new(1, 8, 2, 4).unwrap();
     let x = vec![0.5f32; 256];
-    let bad = [Shape4::new(2, 8, 2, 4).unwrap(), Shape4::new(1, 8, 1, 4).unwrap(), Shape4::new(1, 8, 2, 8).unwrap()];
+    let bad = [Shape4::new(2, 8, 2, 4).unwrap(), Shape4::new(1, 8, 3, 4).unwrap(), Shape4::new(1, 8, 2, 8).unwrap()];
     for kv in bad {
         let shape = AttnShape { q, kv };
         let r = be.forward_vec(&cfg, shape, &x[..q.numel()], &x[..kv.numel()], &x[..kv.numel()]);
-        assert!(matches!(r, Err(AttnError::ShapeMismatch { .. })), "{kv:?}");
+        assert!(matches!(r, Err(AttnError::ShapeMismatch { .. } | AttnError::KvHeadsNotDividing { .. })), "{kv:?}");
     }
     let shape = AttnShape { q, kv: q.with_seq(5).unwrap() };
     let (o, l) = be.forward_vec(&cfg, shape, &x[..64], &x[..40], &x[..40]).unwrap();

@@ -4,7 +4,9 @@
 //! workspace's counting allocator).
 
 use attn_core::error::TensorName;
-use attn_core::{Attention, AttnInputs, DilatedConfig, Grads, Mixing, Pass, Saved, Shape4, TensorView, TensorViewMut};
+use attn_core::{
+    Attention, AttnInputs, Band, DilatedConfig, Grads, Mixing, Pass, Saved, Shape4, TensorView, TensorViewMut,
+};
 use attn_kernels::{Block, BlockGradients, BlockRows, CpuBackend, Upstream, attend_block, attend_block_backward};
 use attn_reliability::counting_alloc::{self, CountingAlloc, measure};
 use attn_testkit::random_vec;
@@ -82,26 +84,11 @@ fn warm_block_calls_allocate_nothing() {
         let (k1, k2) = (BlockRows::new(&k[..], d, &pos[..n / 2]), BlockRows::new(&k[n / 2 * d..], d, &pos[n / 2..]));
         let (v1, v2) = (BlockRows::new(&v[..], d, &pos[..n / 2]), BlockRows::new(&v[n / 2 * d..], d, &pos[n / 2..]));
         for p in &patterns {
-            attend_block(
-                &Block { pattern: p, causal: true, scale, head_dim: d, q: qb, k: kb, v: vb },
-                &mut out,
-                &mut partial_lse,
-            )
-            .unwrap();
-            attend_block(
-                &Block { pattern: p, causal: true, scale, head_dim: d, q: qb, k: k1, v: v1 },
-                &mut out,
-                &mut partial_lse,
-            )
-            .unwrap();
-            attend_block(
-                &Block { pattern: p, causal: true, scale, head_dim: d, q: qb, k: k2, v: v2 },
-                &mut out,
-                &mut partial_lse,
-            )
-            .unwrap();
+            attend_block(&Block::new(p, Band::CAUSAL, scale, d, [qb, kb, vb]), &mut out, &mut partial_lse).unwrap();
+            attend_block(&Block::new(p, Band::CAUSAL, scale, d, [qb, k1, v1]), &mut out, &mut partial_lse).unwrap();
+            attend_block(&Block::new(p, Band::CAUSAL, scale, d, [qb, k2, v2]), &mut out, &mut partial_lse).unwrap();
             attend_block_backward(
-                &Block { pattern: p, causal: true, scale, head_dim: d, q: qb, k: kb, v: vb },
+                &Block::new(p, Band::CAUSAL, scale, d, [qb, kb, vb]),
                 &Upstream { grad_out: gb, grad_scale: 1.0, lse: &lse, delta: &delta },
                 BlockGradients { dq: &mut dq, dk: &mut dk, dv: &mut dv },
             )

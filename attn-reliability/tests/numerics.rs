@@ -3,7 +3,7 @@
 //! are exactly zero with `lse = -inf`, and subnormal inputs stay finite and accurate.
 
 use attn_core::reference;
-use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Mixing, SegmentPattern, Shape4};
+use attn_core::{AttnError, AttnShape, Band, DilatedConfig, Element, Mixing, SegmentPattern, Shape4};
 use attn_kernels::{Block, BlockRows, CpuBackend, attend_block};
 use attn_reliability::readers::{has_keys, row_index};
 use attn_testkit::judge::{self, Expected};
@@ -180,17 +180,15 @@ fn block_with_every_key_masked_leaves_the_partial_untouched() {
     let (q, k, v) = (BlockRows::new(&qd, d, &qp), BlockRows::new(&kd, d, &kp), BlockRows::new(&vd, d, &kp));
     let mut out = vec![0.0f32; 4 * d];
     let mut lse = vec![f32::NEG_INFINITY; 4];
-    attend_block(&Block { pattern: &p, causal: true, scale: 0.5, head_dim: d, q, k, v }, &mut out, &mut lse).unwrap();
+    attend_block(&Block::new(&p, Band::CAUSAL, 0.5, d, [q, k, v]), &mut out, &mut lse).unwrap();
     assert!(out.iter().all(|&x| x == 0.0) && lse.iter().all(|&l| l == f32::NEG_INFINITY));
     // An empty key block, and a block in another segment, change nothing either.
     let none: [usize; 0] = [];
     let e = BlockRows::new(&kd[..0], d, &none);
-    attend_block(&Block { pattern: &p, causal: false, scale: 0.5, head_dim: d, q, k: e, v: e }, &mut out, &mut lse)
-        .unwrap();
+    attend_block(&Block::new(&p, Band::FULL, 0.5, d, [q, e, e]), &mut out, &mut lse).unwrap();
     let far = [16usize, 17, 18, 19];
     let (kf, vf) = (BlockRows::new(&kd, d, &far), BlockRows::new(&vd, d, &far));
-    attend_block(&Block { pattern: &p, causal: false, scale: 0.5, head_dim: d, q, k: kf, v: vf }, &mut out, &mut lse)
-        .unwrap();
+    attend_block(&Block::new(&p, Band::FULL, 0.5, d, [q, kf, vf]), &mut out, &mut lse).unwrap();
     assert!(out.iter().all(|&x| x == 0.0) && lse.iter().all(|&l| l == f32::NEG_INFINITY));
 }
 

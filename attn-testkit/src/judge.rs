@@ -147,31 +147,38 @@ fn ratio(err: f64, bound: f64) -> f64 {
 }
 
 /// Rows of `row_len` values of `got` against `want`, each within the [`RowBound`] of
-/// `dtype`. A length mismatch or a non-finite value fails.
+/// `dtype` given the row's `[magnitude, flushable]` terms (see the module docs). A length
+/// mismatch or a non-finite value fails.
 pub fn check_rows<T: Element>(
     tensor: &str,
     got: &[T],
     want: &[f64],
-    magnitude: &[f64],
+    [magnitude, flushable]: [&[f64]; 2],
     row_len: usize,
     dtype: DType,
 ) -> RowCheck {
     let rel_l2 = crate::tolerance::rel_l2_error(got, want);
     let mut check = RowCheck { tensor: tensor.to_string(), worst: 0.0, worst_row: 0, rel_l2 };
-    if got.len() != want.len() || want.len() != magnitude.len() || row_len == 0 || !want.len().is_multiple_of(row_len) {
+    let n = want.len();
+    if got.len() != n || magnitude.len() != n || flushable.len() != n || row_len == 0 || !n.is_multiple_of(row_len) {
         check.worst = f64::INFINITY;
         return check;
     }
     let b = RowBound::for_dtype(dtype);
     let floor = b.floor * (row_len as f64).sqrt();
     let norm = |x: &mut dyn Iterator<Item = f64>| x.map(|v| v * v).sum::<f64>().sqrt();
-    for (r, ((g, w), m)) in got.chunks(row_len).zip(want.chunks(row_len)).zip(magnitude.chunks(row_len)).enumerate() {
+    let rows =
+        got.chunks(row_len).zip(want.chunks(row_len)).zip(magnitude.chunks(row_len).zip(flushable.chunks(row_len)));
+    for (r, ((g, w), (m, fl))) in rows.enumerate() {
         let err = if g.iter().all(|x| x.to_f64().is_finite()) {
             norm(&mut g.iter().zip(w).map(|(g, w)| g.to_f64() - w))
         } else {
             f64::INFINITY
         };
-        let bound = b.rel * norm(&mut w.iter().copied()) + b.mag * norm(&mut m.iter().copied()) + floor;
+        let bound = b.rel * norm(&mut w.iter().copied())
+            + b.mag * norm(&mut m.iter().copied())
+            + norm(&mut fl.iter().copied())
+            + floor;
         let q = ratio(err, bound);
         if q > check.worst || q.is_nan() {
             (check.worst, check.worst_row) = (if q.is_nan() { f64::INFINITY } else { q }, r);
@@ -209,7 +216,11 @@ pub fn check_lse(got: &[f32], want: &[f64], magnitude: &[f64]) -> RowCheck {
 /// The forward's `out` and f32 `lse` against `want`, `out` having been stored in `dtype`.
 pub fn judge_forward<T: Element>(want: &Expected, out: &[T], lse: &[f32], dtype: DType) -> Vec<RowCheck> {
     let d = want.shape.q.head_dim;
-    vec![check_rows("out", out, &want.fwd.out, &want.mag.out, d, dtype), check_lse(lse, &want.fwd.lse, &want.mag.lse)]
+    let mag = &want.mag;
+    vec![
+        check_rows("out", out, &want.fwd.out, [&mag.out, &mag.flushable.out], d, dtype),
+        check_lse(lse, &want.fwd.lse, &mag.lse),
+    ]
 }
 
 /// The gradients (stored in `dtype`) against `want`, each by its own tensor's rows.
@@ -218,9 +229,9 @@ pub fn judge_backward<T: Element>(want: &Expected, grads: [&[T]; 3], dtype: DTyp
     let (g, m) = (&want.grads, &want.mag);
     let [dq, dk, dv] = grads;
     vec![
-        check_rows("dq", dq, &g.dq, &m.dq, d, dtype),
-        check_rows("dk", dk, &g.dk, &m.dk, d, dtype),
-        check_rows("dv", dv, &g.dv, &m.dv, d, dtype),
+        check_rows("dq", dq, &g.dq, [&m.dq, &m.flushable.dq], d, dtype),
+        check_rows("dk", dk, &g.dk, [&m.dk, &m.flushable.dk], d, dtype),
+        check_rows("dv", dv, &g.dv, [&m.dv, &m.flushable.dv], d, dtype),
     ]
 }
 
@@ -266,14 +277,31 @@ mod tests {
         let want: Vec<f64> = (0..4000).map(|i| (i as f64 * 0.37).sin()).collect();
         let mag: Vec<f64> = want.iter().map(|w| w.abs()).collect();
         let mut got: Vec<f32> = want.iter().map(|&w| w as f32).collect();
-        assert!(check_rows("out", &got, &want, &mag, 4, DType::F32).passed());
+        let none = vec![0.0; mag.len()];
+        assert!(check_rows("out", &got, &want, [&mag, &none], 4, DType::F32).passed());
         for x in &mut got[400..404] {
             *x *= 1.001;
         }
-        let c = check_rows("out", &got, &want, &mag, 4, DType::F32);
+        let c = check_rows("out", &got, &want, [&mag, &none], 4, DType::F32);
         assert!(!c.passed() && c.worst_row == 100, "{c}");
         // The whole tensor is within 1e-5: only the row check sees it.
         assert!(c.rel_l2 < 1e-4, "{c}");
+    }
+
+    /// A row made only of terms with flushed weights (a dk row of about 5e-39 from weights
+    /// near 1e-36) may come out as 0, as the kernels compute it; twice its value may not.
+    #[test]
+    fn rows_of_flushed_weights_may_be_zero_and_nothing_else() {
+        let want = [5.4e-39, -2.0e-39, 1.0e-39, 0.0];
+        let mag = [1.2e-37, 0.4e-37, 0.3e-37, 0.1e-37];
+        let got_zero = [0.0f32; 4];
+        let got_double: Vec<f32> = want.iter().map(|w| (2.0 * w) as f32).collect();
+        for dtype in [DType::F32, DType::BF16] {
+            assert!(!check_rows("dk", &got_zero, &want, [&mag, &[0.0; 4]], 4, dtype).passed());
+            assert!(check_rows("dk", &got_zero, &want, [&mag, &mag], 4, dtype).passed());
+            let wrong = check_rows("dk", &got_double, &want, [&[0.0; 4], &[0.0; 4]], 4, dtype);
+            assert!(!wrong.passed(), "{wrong}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Test kit for `attn` (a dev-dependency only): seeded tensors, proptest
-//! strategies, per-dtype tolerances, and the golden-file loader and checker.
+//! strategies (plain and with the attention features), per-dtype tolerances, and the golden-file loader and checker.
 #![forbid(unsafe_code)]
 
+pub mod feature_case;
 pub mod golden;
 pub mod gpu_policy;
 pub mod judge;
@@ -10,6 +11,7 @@ pub mod strategies;
 pub mod tolerance;
 pub mod typed;
 
+pub use feature_case::{FeatureCase, feature_case};
 pub use golden::{CaseReport, DilatedBackend, Forward32, GoldenCase, Gradients32, MultiheadBackend};
 pub use gpu_policy::{gpu_required, skip_gpu_test};
 pub use rng::{SeededRng, random_vec};

@@ -1,7 +1,9 @@
 //! Exact float64 backward of the reference: dq, dk, dv of `sum(out * grad_out)`, and
 //! the magnitudes (sums of absolute terms) that a low-precision result is judged by.
 
-use super::{Forward, Gradients, KeyRule, Magnitudes, Rows, check_len, dot, forward_impl, softmax};
+use super::{
+    FLUSHED_WEIGHT, Flushable, Forward, Gradients, KeyRule, Magnitudes, Rows, check_len, dot, forward_impl, softmax,
+};
 use crate::band::Band;
 use crate::config::{Causality, DilatedConfig};
 use crate::error::{AttnError, Result, TensorName};
@@ -30,6 +32,12 @@ fn backward_impl(
         dq: vec![0.0; qs.numel()],
         dk: vec![0.0; kvs.numel()],
         dv: vec![0.0; kvs.numel()],
+        flushable: Flushable {
+            out: vec![0.0; qs.numel()],
+            dq: vec![0.0; qs.numel()],
+            dk: vec![0.0; kvs.numel()],
+            dv: vec![0.0; kvs.numel()],
+        },
     };
     let abs_dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x * y).abs()).sum::<f64>();
     for b in 0..qs.batch {
@@ -60,10 +68,23 @@ fn backward_impl(
                         dv[ko + e] += pj * go[e];
                         dq[qo + e] += ds * k[ko + e];
                         dk[ko + e] += ds * q[qo + e];
-                        mag.out[qo + e] += out_scale.abs() * pj * v[ko + e].abs();
-                        mag.dv[ko + e] += pj * go[e].abs();
-                        mag.dq[qo + e] += ds_abs * k[ko + e].abs();
-                        mag.dk[ko + e] += ds_abs * q[qo + e].abs();
+                        let terms = [
+                            out_scale.abs() * pj * v[ko + e].abs(),
+                            pj * go[e].abs(),
+                            ds_abs * k[ko + e].abs(),
+                            ds_abs * q[qo + e].abs(),
+                        ];
+                        mag.out[qo + e] += terms[0];
+                        mag.dv[ko + e] += terms[1];
+                        mag.dq[qo + e] += terms[2];
+                        mag.dk[ko + e] += terms[3];
+                        if pj < FLUSHED_WEIGHT {
+                            let fl = &mut mag.flushable;
+                            fl.out[qo + e] += terms[0];
+                            fl.dv[ko + e] += terms[1];
+                            fl.dq[qo + e] += terms[2];
+                            fl.dk[ko + e] += terms[3];
+                        }
                     }
                 }
             }

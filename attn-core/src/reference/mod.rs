@@ -50,6 +50,24 @@ pub struct Magnitudes {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,
     pub dv: Vec<f64>,
+    /// The part of `out`, `dq`, `dk`, `dv` from softmax weights below [`FLUSHED_WEIGHT`]:
+    /// terms a kernel computing weights in f32 may drop (never a subnormal weight).
+    pub flushable: Flushable,
+}
+
+/// Softmax weights below `2^-125` lie under f32's normal range (with headroom for the
+/// running maximum): the kernels compute them as 0, and a result made only of such
+/// terms is a result of 0 (see [`Magnitudes::flushable`]).
+pub const FLUSHED_WEIGHT: f64 = 2.350_988_701_644_575e-38;
+
+/// Sums of absolute terms of pairs whose softmax weight is below [`FLUSHED_WEIGHT`], per
+/// result element.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Flushable {
+    pub out: Vec<f64>,
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
 }
 
 /// Row-major index helper for `[batch, seq, heads, head_dim]`.

@@ -9,6 +9,7 @@ pub(super) mod pair_tiles_avx512;
 
 use std::arch::asm;
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::{Geometry, KC, KS, QB, RowState, TILE};
 
@@ -219,11 +220,11 @@ pub(super) fn values(g: &Geometry, t: usize, chunks: usize, p: &[u16], vb: &[u32
     }
 }
 
-/// One row of a step: scaled, masked past `vis`, online-softmax update of `st`, the
-/// probabilities written as bf16 to `p` (zero past `vis`). Returns the factor the
+/// One row of a step: scaled, masked outside `vis`, online-softmax update of `st`, the
+/// probabilities written as bf16 to `p` (zero outside `vis`). Returns the factor the
 /// row's output accumulator must be multiplied by.
-pub(super) fn softmax_row(s: &[f32], vis: usize, c2: f32, st: &mut RowState, p: &mut [u16]) -> f32 {
-    assert!(s.len() >= KS && p.len() >= KS && vis <= KS, "amx softmax: row too short");
+pub(super) fn softmax_row(s: &[f32], vis: Range<usize>, c2: f32, st: &mut RowState, p: &mut [u16]) -> f32 {
+    assert!(s.len() >= KS && p.len() >= KS && vis.end <= KS, "amx softmax: row too short");
     // SAFETY: AVX-512F and AVX512-BF16 are present (both engines' `supported()`); the slices
     // hold KS values.
     unsafe { softmax_row_avx512(s.as_ptr(), vis, c2, st, p.as_mut_ptr()) }
@@ -250,20 +251,21 @@ fn exp2_vec(x: __m512) -> __m512 {
 
 /// # Safety
 /// AVX-512F and AVX512-BF16 are present; `s` readable and `p` writable for `KS`
-/// elements; `vis <= KS`.
+/// elements; `vis.end <= KS`.
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn softmax_row_avx512(s: *const f32, vis: usize, c2: f32, st: &mut RowState, p: *mut u16) -> f32 {
+unsafe fn softmax_row_avx512(s: *const f32, vis: Range<usize>, c2: f32, st: &mut RowState, p: *mut u16) -> f32 {
     const V: usize = KS / 16;
-    let lane_mask = |v: usize| -> __mmask16 {
-        let lo = 16 * v;
-        if vis >= lo + 16 {
+    // Lanes of vector `v` inside `vis`: the bits from `vis.start` up to `vis.end`.
+    let below = |x: usize, lo: usize| -> u32 {
+        if x >= lo + 16 {
             0xffff
-        } else if vis <= lo {
+        } else if x <= lo {
             0
         } else {
-            (1u16 << (vis - lo)) - 1
+            (1 << (x - lo)) - 1
         }
     };
+    let lane_mask = |v: usize| -> __mmask16 { (below(vis.end, 16 * v) & !below(vis.start, 16 * v)) as __mmask16 };
     let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
     // Raw scores, -inf past `vis`; scaled later (c2 > 0, so max(c2 x) = c2 max(x)).
     let mut x = [ninf; V];

@@ -23,8 +23,7 @@ mod pair_tiles;
 
 use attn_core::{DType, Element};
 
-use crate::rows::keys_needed;
-use crate::rows::{Piece, PieceSpec};
+use crate::rows::{Piece, PieceSpec, key_span};
 use pair_tiles::{all_finite, pack_keys, pack_values};
 
 /// Queries per block (tile rows).
@@ -139,7 +138,7 @@ pub(crate) fn forward_piece<T: Element>(
     out: &mut [f32],
     lse: &mut [f32],
 ) -> bool {
-    let PieceSpec { scale, d, causal, .. } = spec;
+    let PieceSpec { scale, d, band, .. } = spec;
     let Piece { q, k, v } = *piece;
     let nq = q.len();
     // The softmax scales after the maximum (needs c2 > 0, which validation ensures).
@@ -151,12 +150,15 @@ pub(crate) fn forward_piece<T: Element>(
     {
         return false;
     }
-    let nk = keys_needed(k.pos, causal, q.pos[nq - 1]);
+    // Only the keys some query of the piece sees are packed.
+    let span = key_span(k.pos, band, q.pos[0], q.pos[nq - 1]);
+    let (k, v) = (k.slice(span.clone()), v.slice(span));
+    let nk = k.len();
     let g = Geometry::new(d, nk);
     let vector = arch::pair_tiles_avx512::available();
     if !(all_finite(q, nq, d)
-        && pack_keys(vector, k, nk, d, &g, &mut ws.kb)
-        && pack_values(vector, v, nk, d, &g, &mut ws.vb))
+        && pack_keys(vector, &k, nk, d, &g, &mut ws.kb)
+        && pack_values(vector, &v, nk, d, &g, &mut ws.vb))
     {
         return false;
     }
@@ -183,33 +185,29 @@ pub(crate) fn forward_piece<T: Element>(
             let mut corr = [1.0f32; QB];
             ws.o.fill(0.0);
             engine.load_output(&g, &ws.o);
-            // Steps this block needs (causal: up to the first key after its last query).
-            let steps = if causal { keys_needed(k.pos, true, qpos[qn - 1]).div_ceil(KS) } else { g.steps };
+            // Steps this block needs: those holding a key some query of the block sees.
+            let block = key_span(k.pos, band, qpos[0], qpos[qn - 1]);
+            let steps = if block.is_empty() { 0..0 } else { block.start / KS..block.end.div_ceil(KS) };
             let (s_len, p_len) = (QB * KS, QB * KS);
             // Software pipeline: the scores of step t+1 go to the other half of the
             // double-buffered `s` before the softmax of step t, so the tile unit works
             // while the vector units do the softmax (with Dot, the same order).
-            if steps > 0 {
-                engine.scores(&g, 0, (nk).min(KS), &ws.q, &ws.kb, &mut ws.s[..s_len]);
+            if !steps.is_empty() {
+                let t = steps.start;
+                engine.scores(&g, t, (nk - t * KS).min(KS), &ws.q, &ws.kb, &mut ws.s[..s_len]);
             }
-            for t in 0..steps {
+            for t in steps.clone() {
                 let k0 = t * KS;
                 let kn = (nk - k0).min(KS);
                 let kpos = &k.pos[k0..k0 + kn];
-                let (cur, next) = if t % 2 == 0 { (0, s_len) } else { (s_len, 0) };
-                if t + 1 < steps {
+                let (cur, next) = if (t - steps.start) % 2 == 0 { (0, s_len) } else { (s_len, 0) };
+                if t + 1 < steps.end {
                     let kn_next = (nk - k0 - KS).min(KS);
                     engine.scores(&g, t + 1, kn_next, &ws.q, &ws.kb, &mut ws.s[next..next + s_len]);
                 }
                 let pb = &mut ws.p[(t % 2) * p_len..(t % 2 + 1) * p_len];
                 for (i, row) in rows.iter_mut().enumerate() {
-                    let vis = if i >= qn {
-                        0
-                    } else if causal && kpos[kn - 1] > qpos[i] {
-                        kpos.partition_point(|&p| p <= qpos[i])
-                    } else {
-                        kn
-                    };
+                    let vis = if i < qn { band.visible(kpos, qpos[i]) } else { 0..0 };
                     let p = &mut pb[i * KS..(i + 1) * KS];
                     corr[i] = arch::softmax_row(&ws.s[cur + i * KS..cur + (i + 1) * KS], vis, c2, row, p);
                 }

@@ -34,6 +34,6 @@ pub(super) fn scores(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u32], _: 
 pub(super) fn load_output(_: &Geometry, _: &[f32]) {}
 pub(super) fn store_output(_: &Geometry, _: &mut [f32]) {}
 pub(super) fn values(_: &Geometry, _: usize, _: usize, _: &[u16], _: &[u32], _: &mut [f32]) {}
-pub(super) fn softmax_row(_: &[f32], _: usize, _: f32, _: &mut RowState, _: &mut [u16]) -> f32 {
+pub(super) fn softmax_row(_: &[f32], _: std::ops::Range<usize>, _: f32, _: &mut RowState, _: &mut [u16]) -> f32 {
     1.0
 }

@@ -374,7 +374,7 @@ fn chunk_forward<T: Element>(
             (KeyOrder::Ascending, Some(&first), Some(&last)) => {
                 let lo = pat.segment_of(first).saturating_mul(pat.w);
                 let hi = (pat.segment_of(last) + 1).saturating_mul(pat.w);
-                keys.positions_within(lo, if m.causal { hi.min(last + 1) } else { hi })
+                keys.positions_within(lo, hi.min(last.saturating_add(m.band.right).saturating_add(1)))
             }
             _ => keys,
         };

@@ -1,9 +1,9 @@
 //! The bridge to `attn_kernels::block`: attention of one rank's query rows onto
 //! one key block, all rows carrying global positions (the kernel applies the
-//! pattern's selection, segment and causal mask), LSE-merged forward and
+//! pattern's selection, segment and band), LSE-merged forward and
 //! accumulated (`+=`) backward, in f32.
 
-use attn_core::{Element, Result, SegmentPattern};
+use attn_core::{Band, Element, Result, SegmentPattern};
 use attn_kernels::block::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
 
 /// Rows of one (batch, head): row `i` is `data[i * stride..][..d]` at global position `pos[i]`.
@@ -38,7 +38,7 @@ impl<'a, T> KeyBlock<'a, T> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Mask {
     pub pat: SegmentPattern,
-    pub causal: bool,
+    pub band: Band,
     pub scale: f32,
     pub d: usize,
 }
@@ -56,15 +56,9 @@ pub(crate) struct GradRows<'a, T> {
 
 /// The kernels' view of query rows `q` against `keys` under `m`.
 fn block<'a, T: Element>(q: Rows<'a, T>, keys: KeyBlock<'a, T>, m: &'a Mask) -> Block<'a, T> {
-    Block {
-        pattern: &m.pat,
-        causal: m.causal,
-        scale: m.scale,
-        head_dim: m.d,
-        q: BlockRows::new(q.data, q.stride, q.pos),
-        k: BlockRows::new(keys.k, keys.stride, keys.pos),
-        v: BlockRows::new(keys.v, keys.stride, keys.pos),
-    }
+    let k = BlockRows::new(keys.k, keys.stride, keys.pos);
+    let v = BlockRows::new(keys.v, keys.stride, keys.pos);
+    Block::new(&m.pat, m.band, m.scale, m.d, [BlockRows::new(q.data, q.stride, q.pos), k, v])
 }
 
 /// Merge the attention of every selected query row onto `keys` into `acc_o`/`acc_lse`.

@@ -217,5 +217,5 @@ impl RawBlock {
 /// The mask of a pair.
 pub(crate) fn mask_of(plan: &Plan, ph: &PatternHead) -> Mask {
     let pr = &plan.problem;
-    Mask { pat: ph.pat, causal: pr.cfg.causal(), scale: pr.cfg.scale_for(pr.head_dim) as f32, d: pr.head_dim }
+    Mask { pat: ph.pat, band: pr.cfg.band(), scale: pr.cfg.scale_for(pr.head_dim) as f32, d: pr.head_dim }
 }

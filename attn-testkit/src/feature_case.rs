@@ -1,0 +1,142 @@
+//! proptest strategy for the attention features: grouped key/value heads, key padding,
+//! packed sequences and sliding windows, mixed with every mode, causal or not.
+
+use attn_core::{AttnShape, DilatedConfig, KeyPadding, Masks, Mixing, PackedSequences, Shape4};
+use proptest::prelude::*;
+
+use crate::golden::Problem;
+use crate::rng::random_vec;
+
+/// A valid feature case: config, shapes (k/v may have fewer heads), an optional key
+/// padding mask (`[batch, seq]`), optional packed sequences, and an input seed.
+#[derive(Debug, Clone)]
+pub struct FeatureCase {
+    pub cfg: DilatedConfig,
+    pub shape: AttnShape,
+    pub padding: Option<Vec<bool>>,
+    pub cu_seqlens: Option<Vec<usize>>,
+    pub seed: u64,
+}
+
+impl FeatureCase {
+    /// The case's masks (borrowing its mask data).
+    pub fn masks(&self) -> Masks<'_> {
+        let s = self.shape.kv;
+        let key_padding = self.padding.as_deref().map(|f| KeyPadding::new(f, s.batch, s.seq).expect("sized mask"));
+        let packing = self.cu_seqlens.as_deref().map(|c| PackedSequences::new(c).expect("valid cu_seqlens"));
+        Masks { key_padding, packing }
+    }
+
+    /// The problem the case describes.
+    pub fn problem(&self) -> Problem<'_> {
+        Problem::new(&self.cfg, self.shape).with_masks(self.masks())
+    }
+
+    /// Seeded q, k, v (k and v of the key/value shape), grad_out (standard normal).
+    pub fn inputs(&self) -> [Vec<f32>; 4] {
+        let (nq, nk) = (self.shape.q.numel(), self.shape.kv.numel());
+        [nq, nk, nk, nq]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| random_vec(self.seed.wrapping_mul(4) + i as u64, n))
+            .collect::<Vec<_>>()
+            .try_into()
+            .expect("four inputs")
+    }
+}
+
+/// Which attention a case runs.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Dilated(Mixing),
+    Window(usize, usize),
+}
+
+fn mode(max_w: usize) -> impl Strategy<Value = (Mode, Vec<(usize, usize)>)> {
+    let pats = prop::collection::vec((1..=max_w).prop_flat_map(|w| (Just(w), 1..=w.min(4))), 1..=3);
+    prop_oneof![
+        (pats.clone(), any::<bool>())
+            .prop_map(|(p, ln)| { (Mode::Dilated(if ln { Mixing::LongNet } else { Mixing::HeadGroups }), p) }),
+        (0..=max_w, 0..=max_w).prop_map(|(l, r)| (Mode::Window(l, r), vec![])),
+    ]
+}
+
+/// `n` tokens split into 1 to 4 sequences at the drawn cut points.
+fn cu_seqlens(n: usize, cuts: &[usize]) -> Vec<usize> {
+    let mut cu: Vec<usize> = cuts.iter().map(|c| 1 + c % n.max(1)).filter(|&c| c < n).collect();
+    cu.extend([0, n]);
+    cu.sort_unstable();
+    cu.dedup();
+    cu
+}
+
+/// Valid feature cases with a sequence length in `seq`, segments and windows up to
+/// `max_w`, head dims from `head_dims`. Each feature is drawn independently (so cases
+/// mix them): grouped heads (1-3 query heads per key/value head), a key padding mask
+/// (each key padded with probability 0.1-0.6, so some rows see no key), packed
+/// sequences (1-4, batch 1), causal, an explicit scale.
+pub fn feature_case(
+    seq: std::ops::RangeInclusive<usize>,
+    max_w: usize,
+    head_dims: Vec<usize>,
+) -> impl Strategy<Value = FeatureCase> {
+    (mode(max_w), any::<bool>(), prop::option::weighted(0.2, 0.05f64..2.0), 1..=3usize, 1..=3usize)
+        .prop_flat_map(move |((mode, pats), causal, scale, kv_heads, group)| {
+            let builder = DilatedConfig::builder().causal(causal).maybe_scale(scale);
+            let (cfg, g) = match mode {
+                Mode::Dilated(mixing) => {
+                    let (w, r): (Vec<usize>, Vec<usize>) = pats.iter().copied().unzip();
+                    (
+                        builder.segments(&w).dilations(&r).mixing(mixing).build(),
+                        if mixing == Mixing::HeadGroups { pats.len() } else { 1 },
+                    )
+                }
+                Mode::Window(l, r) => (builder.window(l, r).build(), 1),
+            };
+            let cfg = cfg.expect("strategy builds valid configs");
+            // Enough query heads for every head group, a whole number per key/value head.
+            let kv_heads = kv_heads.max(g.div_ceil(group));
+            let packed = any::<bool>();
+            let padded = prop::option::weighted(0.5, 0.1f64..0.6);
+            (
+                Just(cfg),
+                Just((kv_heads, group)),
+                seq.clone(),
+                prop::sample::select(head_dims.clone()),
+                packed,
+                padded,
+                1..=2usize,
+                prop::collection::vec(any::<usize>(), 0..4),
+                any::<u64>(),
+            )
+        })
+        .prop_map(|(cfg, (kv_heads, group), n, d, packed, padded, batch, cuts, seed)| {
+            let batch = if packed { 1 } else { batch };
+            let q = Shape4::new(batch, n, kv_heads * group, d).expect("small shape");
+            let kv = Shape4::new(batch, n, kv_heads, d).expect("small shape");
+            let shape = AttnShape { q, kv };
+            let cu_seqlens = packed.then(|| cu_seqlens(n, &cuts));
+            let padding = padded.map(|p| {
+                let u = random_vec(seed ^ 0x5eed, batch * n);
+                // A standard normal below the p-quantile, roughly: pad when |x| > z.
+                let z = (1.0 - p) * 1.6;
+                u.iter().map(|x| f64::from(x.abs()) > z).collect()
+            });
+            FeatureCase { cfg, shape, padding, cu_seqlens, seed }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cu_seqlens_are_valid() {
+        for n in 1..20 {
+            for cuts in [vec![], vec![3], vec![0, 7, 7, 100]] {
+                let cu = cu_seqlens(n, &cuts);
+                assert!(PackedSequences::new(&cu).is_ok() && cu[cu.len() - 1] == n, "{n} {cuts:?} {cu:?}");
+            }
+        }
+    }
+}
