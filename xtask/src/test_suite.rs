@@ -109,14 +109,15 @@ fn golden_build_args(gpu: bool) -> Vec<&'static str> {
 }
 
 /// The number of conformance files in each directory the runs read.
-const EXPECTED_CASES: [(&str, &str); 2] = [("dilated", "9"), ("multihead", "2")];
+const EXPECTED_CASES: [(&str, &str); 3] = [("dilated", "9"), ("features", "9"), ("multihead", "2")];
 
 /// The golden runner configurations: (label, dir, args).
 fn golden_runs(gpu: bool) -> Vec<(String, &'static str, Vec<String>)> {
     let mut runs = Vec::new();
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-    // The multihead layer runs f32 (and f64) only; the dilated kernels also bf16 and f16.
-    for (dir, dtypes) in [("dilated", &["f32", "bf16", "f16"][..]), ("multihead", &["f32"][..])] {
+    // The multihead layer runs f32 (and f64) only; the attention kernels also bf16 and f16.
+    let kernels = &["f32", "bf16", "f16"][..];
+    for (dir, dtypes) in [("dilated", kernels), ("features", kernels), ("multihead", &["f32"][..])] {
         runs.push((format!("{dir} reference"), dir, s(&["--backend", "reference"])));
         for dt in dtypes {
             runs.push((format!("{dir} cpu {dt}"), dir, s(&["--backend", "cpu", "--dtype", dt])));
@@ -399,7 +400,7 @@ mod tests {
         let runs = golden_runs(false);
         let has = |label: &str| runs.iter().any(|(n, _, _)| n == label);
         for dt in ["f32", "bf16", "f16"] {
-            assert!(has(&format!("dilated cpu {dt}")), "{dt}");
+            assert!(has(&format!("dilated cpu {dt}")) && has(&format!("features cpu {dt}")), "{dt}");
         }
         for p in 1..=8 {
             assert!(has(&format!("multihead ring P={p} auto zigzag")), "multihead P={p}");
