@@ -3,21 +3,24 @@
 //! ascending global order) and gets exactly the single-device rows back, so a layer
 //! written against `&dyn Attention<T>` runs sequence-parallel unchanged.
 //!
-//! Keys and values must have the queries' rows: cross-attention with `kv_seq != q_seq`
-//! is not split over ranks and is an `InvalidArgument` error on the ranks whose lengths
-//! differ (the others get the ring's `RankDisagreement`).
+//! Keys and values must have the queries' rows (they may have fewer heads):
+//! cross-attention with `kv_seq != q_seq` is not split over ranks and is an
+//! `InvalidArgument` error on the ranks whose lengths differ (the others get the ring's
+//! `RankDisagreement`). A key padding mask covers this rank's rows (`[batch, rows]`,
+//! the ranks' masks are gathered into the global one); packed sequences
+//! (`cu_seqlens`) are over the GLOBAL sequence.
 
 use std::sync::{Mutex, MutexGuard};
 
 use attn_core::error::TensorName;
-use attn_core::{Attention, AttnInputs, Grads, Pass, Placement, Saved, Supported};
+use attn_core::{Attention, AttnInputs, Grads, Pass, Placement, Saved};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, TensorView, TensorViewMut};
 
 use crate::comm::Communicator;
 use crate::compute::backward::{BackwardOutputs, ring_backward_with};
 use crate::compute::forward::ring_forward_with;
 use crate::plan::layout::Layout;
-use crate::plan::{Plan, RingProblem, Strategy};
+use crate::plan::{Plan, RingMasks, RingProblem, Strategy};
 use crate::protocol::call::RingOptions;
 
 /// Attention over a sequence of `seq` global positions split across the ranks of a
@@ -83,12 +86,6 @@ impl<C: Communicator> RingBackend<C> {
 
     /// The error for keys/values whose length differs from the queries' (cross-attention
     /// with its own sequence length, which the ring does not split).
-    /// The features the ring does not compute yet, refused on every rank alike (each
-    /// rank sees the same config and masks) before any message is sent.
-    fn refuse_features<T: Element>(inputs: &AttnInputs<'_, T>) -> Result<()> {
-        inputs.shape_for("ring", Supported::NONE).map(|_| ())
-    }
-
     fn cross_error(q: usize, kv: usize) -> AttnError {
         AttnError::InvalidArgument(format!(
             "the ring backend needs keys/values with the queries' rows: cross-attention with kv_seq != \
@@ -96,17 +93,54 @@ impl<C: Communicator> RingBackend<C> {
         ))
     }
 
-    fn problem(&self, cfg: &DilatedConfig, shape: attn_core::Shape4) -> RingProblem {
-        RingProblem {
-            cfg: cfg.clone(),
-            seq: self.seq,
-            batch: shape.batch,
-            heads: shape.heads,
-            head_dim: shape.head_dim,
-            layout: self.layout,
-            strategy: self.strategy,
-            world: self.world,
+    /// The global problem of a call whose q has `q` and k has `kv` (this rank's shapes).
+    fn problem(&self, cfg: &DilatedConfig, q: attn_core::Shape4, kv: attn_core::Shape4) -> RingProblem {
+        let global = |s: attn_core::Shape4| attn_core::Shape4 { seq: self.seq, ..s };
+        RingProblem::new(cfg, AttnShape { q: global(q), kv: global(kv) }, self.layout, self.strategy, self.world)
+    }
+
+    /// The call's global problem with its masks: every rank's key padding rows gathered
+    /// into the global mask (a collective step: a rank whose mask does not fit its rows
+    /// makes every rank fail alike), the packed sequences as given.
+    fn problem_with_masks<T: Element>(&self, comm: &mut C, inputs: &AttnInputs<'_, T>) -> Result<RingProblem> {
+        let (q, kv) = (inputs.q.shape(), inputs.k.shape());
+        let mut masks =
+            RingMasks { key_padding: None, cu_seqlens: inputs.masks.packing.map(|p| p.cu_seqlens().to_vec()) };
+        // Status byte: 0 no mask, 1 a mask of this rank's rows follows, 2 a mask of the wrong shape.
+        let mine = match inputs.masks.key_padding {
+            None => vec![0u8],
+            Some(m) if (m.batch(), m.seq()) == (q.batch, q.seq) => {
+                std::iter::once(1u8).chain(m.flags().iter().map(|&f| u8::from(f))).collect()
+            }
+            Some(_) => vec![2u8],
+        };
+        let all = comm.all_gather(mine)?;
+        let status: Vec<u8> = all.iter().map(|m| m.first().copied().unwrap_or(2)).collect();
+        if let Some(r) = status.iter().position(|&st| st == 2) {
+            return Err(AttnError::RankDisagreement(format!(
+                "rank {r}'s key padding mask is not [batch, its rows] ({} x its rows on this rank)",
+                q.batch
+            )));
         }
+        if status.iter().any(|&st| st != status[0]) {
+            return Err(AttnError::RankDisagreement("some ranks pass a key padding mask and others do not".into()));
+        }
+        if status[0] == 1 {
+            let mut global = vec![false; q.batch * self.seq];
+            for (r, flags) in all.iter().enumerate() {
+                let pos = self.layout.positions(self.seq, self.world, r);
+                if flags.len() != 1 + q.batch * pos.len() {
+                    return Err(AttnError::RankDisagreement(format!("rank {r}'s key padding mask has another batch")));
+                }
+                for b in 0..q.batch {
+                    for (i, &p) in pos.iter().enumerate() {
+                        global[b * self.seq + p] = flags[1 + b * pos.len() + i] == 1;
+                    }
+                }
+            }
+            masks.key_padding = Some(global);
+        }
+        Ok(self.problem(inputs.cfg, q, kv).with_masks(masks))
     }
 }
 
@@ -132,9 +166,8 @@ impl<C: Communicator + Send + std::fmt::Debug, T: Element> Attention<T> for Ring
     }
 
     fn forward(&self, inputs: &AttnInputs<'_, T>, mut out: TensorViewMut<'_, T>, lse: &mut [f32]) -> Result<()> {
-        Self::refuse_features(inputs)?;
         let mut comm = self.lock()?;
-        let problem = self.problem(inputs.cfg, inputs.q.shape());
+        let problem = self.problem_with_masks(&mut *comm, inputs)?;
         let (qn, kn) = (inputs.q.shape().seq, inputs.k.shape().seq);
         // The ring refuses mismatched inputs collectively (every rank returns); name the cause here.
         ring_forward_with(&mut *comm, &problem, &self.options, [inputs.q, inputs.k, inputs.v], &mut out, lse)
@@ -149,9 +182,8 @@ impl<C: Communicator + Send + std::fmt::Debug, T: Element> Attention<T> for Ring
         grad_out: TensorView<'_, T>,
         grads: Grads<'_, T>,
     ) -> Result<()> {
-        Self::refuse_features(inputs)?;
         let mut comm = self.lock()?;
-        let problem = self.problem(inputs.cfg, inputs.q.shape());
+        let problem = self.problem_with_masks(&mut *comm, inputs)?;
         let Grads { mut dq, mut dk, mut dv } = grads;
         let outs = BackwardOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv };
         let (qn, kn) = (inputs.q.shape().seq, inputs.k.shape().seq);
@@ -163,7 +195,7 @@ impl<C: Communicator + Send + std::fmt::Debug, T: Element> Attention<T> for Ring
     /// This rank's bound from the plan (`Plan::workspace_bytes`), for the GLOBAL shape's
     /// batch, heads and head dim; `usize::MAX` where no plan exists for the problem.
     fn workspace_bytes(&self, cfg: &DilatedConfig, shape: AttnShape, pass: Pass) -> usize {
-        let Ok(plan) = Plan::new(self.problem(cfg, shape.q)) else { return usize::MAX };
+        let Ok(plan) = Plan::new(self.problem(cfg, shape.q, shape.kv)) else { return usize::MAX };
         usize::try_from(plan.workspace_bytes(T::DTYPE, self.rank, pass)).unwrap_or(usize::MAX)
     }
 }

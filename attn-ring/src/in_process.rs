@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, DilatedConfig, Element, Result, Shape4, TensorView, TensorViewMut};
+use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, Shape4, TensorView, TensorViewMut};
 
 use crate::comm::{Communicator, DEFAULT_TIMEOUT, ThreadComm};
 use crate::compute::backward::{BackwardOutputs, ring_backward_with};
@@ -61,7 +61,7 @@ fn put_rows<T: Copy>(global: &mut [T], local: &[T], positions: &[usize], batch: 
     }
 }
 
-/// The problem for global tensors of shape `shape`.
+/// The problem for global tensors of shape `shape` (self-attention shapes, no masks).
 pub fn problem_for(
     cfg: &DilatedConfig,
     shape: Shape4,
@@ -69,16 +69,12 @@ pub fn problem_for(
     strategy: Strategy,
     world: usize,
 ) -> RingProblem {
-    RingProblem {
-        cfg: cfg.clone(),
-        seq: shape.seq,
-        batch: shape.batch,
-        heads: shape.heads,
-        head_dim: shape.head_dim,
-        layout,
-        strategy,
-        world,
-    }
+    RingProblem::new(cfg, AttnShape::self_attn(shape), layout, strategy, world)
+}
+
+/// The global shapes of q and k (k and v may have fewer heads).
+fn global_shape<T: Element>(q: &TensorView<'_, T>, k: &TensorView<'_, T>) -> AttnShape {
+    AttnShape { q: q.shape(), kv: k.shape() }
 }
 
 /// One rank's forward result.
@@ -116,13 +112,14 @@ pub fn forward_on_with<C: Communicator + Send, T: Element>(
                     let rank = comm.rank();
                     let pos = problem.layout.positions(problem.seq, p, rank);
                     let shape = q.shape().with_seq(pos.len().max(1))?;
+                    let kv_shape = k.shape().with_seq(pos.len().max(1))?;
                     let (lq, lk, lv) = (local_rows(&q, &pos)?, local_rows(&k, &pos)?, local_rows(&v, &pos)?);
                     let mut out = vec![T::default(); shape.numel()];
                     let mut lse = vec![0.0f32; shape.lse_len()];
                     let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut out, shape)?;
                     let qv = TensorView::contiguous(TensorName::Query, &lq, shape)?;
-                    let kv = TensorView::contiguous(TensorName::Key, &lk, shape)?;
-                    let vv = TensorView::contiguous(TensorName::Value, &lv, shape)?;
+                    let kv = TensorView::contiguous(TensorName::Key, &lk, kv_shape)?;
+                    let vv = TensorView::contiguous(TensorName::Value, &lv, kv_shape)?;
                     let stats = ring_forward_with(&mut comm, problem, opts, [qv, kv, vv], &mut ov, &mut lse)?;
                     Ok((out, lse, stats))
                 })
@@ -150,9 +147,11 @@ fn check_world<C: Communicator, T: Element>(
             c.world_size()
         )));
     }
-    let expected = vec![problem.batch, problem.seq, problem.heads, problem.head_dim];
     let names = [TensorName::Query, TensorName::Key, TensorName::Value, TensorName::GradOutput];
     for (t, tensor) in tensors.iter().zip(names) {
+        let heads =
+            if matches!(tensor, TensorName::Key | TensorName::Value) { problem.kv_heads } else { problem.heads };
+        let expected = vec![problem.batch, problem.seq, heads, problem.head_dim];
         let got = t.shape().dims().to_vec();
         if got != expected {
             return Err(AttnError::ShapeMismatch { tensor, expected, got });
@@ -206,10 +205,19 @@ pub fn run_on<C: Communicator + Send, T: Element>(
     strategy: Strategy,
     qkv: [TensorView<'_, T>; 3],
 ) -> Result<ForwardResult<T>> {
+    let problem = RingProblem::new(cfg, global_shape(&qkv[0], &qkv[1]), layout, strategy, comms.len());
+    run_problem_on(comms, &problem, qkv)
+}
+
+/// [`run_on`] for a whole [`RingProblem`] (masks included).
+pub fn run_problem_on<C: Communicator + Send, T: Element>(
+    comms: Vec<C>,
+    problem: &RingProblem,
+    qkv: [TensorView<'_, T>; 3],
+) -> Result<ForwardResult<T>> {
     let [q, k, v] = qkv;
-    let (shape, world) = (q.shape(), comms.len());
-    let problem = problem_for(cfg, shape, layout, strategy, world);
-    let results = forward_on(comms, &problem, q, k, v);
+    let (shape, world, layout) = (q.shape(), comms.len(), problem.layout);
+    let results = forward_on(comms, problem, q, k, v);
     let mut out = vec![T::default(); shape.numel()];
     let mut lse = vec![0.0f32; shape.lse_len()];
     let mut stats = Vec::with_capacity(world);
@@ -257,21 +265,23 @@ pub fn backward_on_with<C: Communicator + Send, T: Element>(
                 scope.spawn(move || -> RankBackward<T> {
                     let pos = problem.layout.positions(problem.seq, p, comm.rank());
                     let ls = q.shape().with_seq(pos.len().max(1))?;
+                    let lkv = k.shape().with_seq(pos.len().max(1))?;
                     let bufs =
                         [&q, &k, &v, &grad_out].iter().map(|x| local_rows(x, &pos)).collect::<Result<Vec<Vec<T>>>>()?;
                     let views = bufs
                         .iter()
-                        .map(|b| TensorView::contiguous(TensorName::Other("local"), b, ls))
+                        .zip([ls, lkv, lkv, ls])
+                        .map(|(b, s)| TensorView::contiguous(TensorName::Other("local"), b, s))
                         .collect::<Result<Vec<_>>>()?;
                     let mut g = [
                         vec![T::default(); ls.numel()],
-                        vec![T::default(); ls.numel()],
-                        vec![T::default(); ls.numel()],
+                        vec![T::default(); lkv.numel()],
+                        vec![T::default(); lkv.numel()],
                     ];
                     let [gq, gk, gv] = &mut g;
                     let mut dq = TensorViewMut::contiguous(TensorName::GradQuery, gq, ls)?;
-                    let mut dk = TensorViewMut::contiguous(TensorName::GradKey, gk, ls)?;
-                    let mut dv = TensorViewMut::contiguous(TensorName::GradValue, gv, ls)?;
+                    let mut dk = TensorViewMut::contiguous(TensorName::GradKey, gk, lkv)?;
+                    let mut dv = TensorViewMut::contiguous(TensorName::GradValue, gv, lkv)?;
                     let outs = BackwardOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv };
                     let stats =
                         ring_backward_with(&mut comm, problem, opts, [views[0], views[1], views[2]], views[3], outs)?;
@@ -306,22 +316,32 @@ pub fn run_backward_on<C: Communicator + Send, T: Element>(
     qkv: [TensorView<'_, T>; 3],
     grad_out: TensorView<'_, T>,
 ) -> Result<BackwardResult<T>> {
-    let (shape, world) = (qkv[0].shape(), comms.len());
-    let problem = problem_for(cfg, shape, layout, strategy, world);
-    let results = backward_on(comms, &problem, qkv, grad_out);
-    let row = shape.heads * shape.head_dim;
+    let problem = RingProblem::new(cfg, global_shape(&qkv[0], &qkv[1]), layout, strategy, comms.len());
+    run_problem_backward_on(comms, &problem, qkv, grad_out)
+}
+
+/// [`run_backward_on`] for a whole [`RingProblem`] (masks included).
+pub fn run_problem_backward_on<C: Communicator + Send, T: Element>(
+    comms: Vec<C>,
+    problem: &RingProblem,
+    qkv: [TensorView<'_, T>; 3],
+    grad_out: TensorView<'_, T>,
+) -> Result<BackwardResult<T>> {
+    let (shape, kv, world, layout) = (qkv[0].shape(), qkv[1].shape(), comms.len(), problem.layout);
+    let results = backward_on(comms, problem, qkv, grad_out);
+    let (row, kv_row) = (shape.heads * shape.head_dim, kv.heads * kv.head_dim);
     let mut res = BackwardResult {
         dq: vec![T::default(); shape.numel()],
-        dk: vec![T::default(); shape.numel()],
-        dv: vec![T::default(); shape.numel()],
+        dk: vec![T::default(); kv.numel()],
+        dv: vec![T::default(); kv.numel()],
         stats: Vec::with_capacity(world),
     };
     for (rank, r) in results.into_iter().enumerate() {
         let ([gq, gk, gv], st) = r?;
         let pos = layout.positions(shape.seq, world, rank);
         put_rows(&mut res.dq, &gq, &pos, shape.batch, shape.seq, row);
-        put_rows(&mut res.dk, &gk, &pos, shape.batch, shape.seq, row);
-        put_rows(&mut res.dv, &gv, &pos, shape.batch, shape.seq, row);
+        put_rows(&mut res.dk, &gk, &pos, shape.batch, shape.seq, kv_row);
+        put_rows(&mut res.dv, &gv, &pos, shape.batch, shape.seq, kv_row);
         res.stats.push(st);
     }
     Ok(res)

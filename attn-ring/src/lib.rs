@@ -53,11 +53,11 @@ pub use compute::forward::{ring_forward, ring_forward_with};
 pub use in_process::{
     BackwardResult, ForwardResult, RankBackward, RankForward, backward_on, backward_on_with, forward_on,
     forward_on_with, local_rows, problem_for, run_backward_on, run_in_process, run_in_process_backward,
-    run_in_process_with_timeout, run_on,
+    run_in_process_with_timeout, run_on, run_problem_backward_on, run_problem_on,
 };
 pub use plan::layout::Layout;
 pub use plan::workspace::ring_workspace_bytes;
 pub use plan::{
-    MAX_PAIRS, MAX_WORLD, PatternStrategy, Plan, RingProblem, Strategy, expected_bytes, forward_buffer_bytes,
+    MAX_PAIRS, MAX_WORLD, PatternStrategy, Plan, RingMasks, RingProblem, Strategy, expected_bytes, forward_buffer_bytes,
 };
 pub use protocol::call::{RingOptions, RingStats};

@@ -17,7 +17,7 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 
 #[test]
 fn ring_over_emulated_nccl_matches_every_golden_file() {
-    let runs = golden_sweep(2..=5, |world, layout, strategy| CommBackend {
+    let runs = golden_sweep("dilated", 2..=5, |world, layout, strategy| CommBackend {
         label: "emulated-nccl",
         world,
         layout,

@@ -113,7 +113,7 @@ fn nccl_world(world: usize, timeout: Duration) -> Result<Vec<NcclComm>> {
 }
 
 fn golden_files_pass() {
-    let runs = golden_sweep(2..=4, |world, layout, strategy| CommBackend {
+    let runs = golden_sweep("dilated", 2..=4, |world, layout, strategy| CommBackend {
         label: "stand-in nccl",
         world,
         layout,

@@ -106,16 +106,17 @@ impl Spread {
 
 /// Positions `range` of owner `o`'s rows sent to `r` for pair `ph` (only those collected).
 fn piece_positions(plan: &Plan, o: usize, r: usize, ph: &PatternHead, range: &Range<usize>) -> Vec<usize> {
+    let placed = plan.placed(ph.pat);
     plan.gather_regions(o, r, ph.pattern)
         .into_iter()
-        .flat_map(|rg| ph.pat.selected_in_range(rg))
+        .flat_map(|rg| placed.selected_in_range(rg).collect::<Vec<_>>())
         .skip(range.start)
         .take(range.len())
         .collect()
 }
 
-/// Selected query rows `li0, li0 + r, ...` (local indices) of one segment, `len` of
-/// them, stored at partial rows `at..at + len`.
+/// Selected query rows `li0, li0 + r, ...` (local indices) of one segment (named by its
+/// first global position, `seg`), `len` of them, stored at partial rows `at..at + len`.
 #[derive(Debug, Clone, Copy)]
 struct Run {
     at: usize,
@@ -124,38 +125,57 @@ struct Run {
     seg: usize,
 }
 
-/// The remote share of one all-gather pair: f32 `(o, lse)` per batch for the
-/// selected query rows of the segments that hold keys of other ranks.
+/// The remote share of one all-gather pair (wire pair `wire`, read by query head
+/// `query_head`): f32 `(o, lse)` per batch for the selected query rows of the segments
+/// that hold keys of other ranks.
 #[derive(Debug)]
 pub(crate) struct PairPartial {
     pair: PatternHead,
+    wire: usize,
+    query_head: usize,
     pos: Vec<usize>,
     runs: Vec<Run>,
     o: Vec<f32>,
     l: Vec<f32>,
 }
 
-/// Segments of pair `ph` that hold keys this rank receives, and the rank's selected
-/// query rows in them, as runs of at most [`ROW_CHUNK`] rows.
+/// The rank's selected query rows of pair `ph` that may see keys this rank receives
+/// (in the segments holding such keys, within the band's reach of them), as runs of at
+/// most [`ROW_CHUNK`] rows inside one segment.
 fn query_runs(plan: &Plan, rank: usize, ph: &PatternHead) -> (Vec<usize>, Vec<Run>) {
-    let RingProblem { seq: n, world: p, layout, .. } = plan.problem;
-    let w = ph.pat.w;
-    let mut segs: Vec<usize> = (0..p)
-        .filter(|&x| x != rank)
-        .flat_map(|x| plan.gather_regions(x, rank, ph.pattern))
-        .filter(|rg| ph.pat.count_in_range(rg.clone()) > 0)
-        .flat_map(|rg| rg.start / w..=(rg.end - 1) / w)
-        .collect();
-    segs.sort_unstable();
-    segs.dedup();
+    let RingProblem { seq: n, world: p, layout, ref cfg, .. } = plan.problem;
+    let (placed, band) = (plan.placed(ph.pat), cfg.band());
+    // (segment start, query interval) of every segment holding received keys.
+    let mut reach: Vec<(usize, Range<usize>)> = Vec::new();
+    for rg in (0..p).filter(|&x| x != rank).flat_map(|x| plan.gather_regions(x, rank, ph.pattern)) {
+        if placed.count_in_range(rg.clone()) == 0 {
+            continue;
+        }
+        let queries = band.queries_of_keys(rg.start, rg.end - 1);
+        let mut at = rg.start;
+        while at < rg.end {
+            let span = placed.segment_span(at);
+            let (lo, hi) = (span.start.max(queries.start), span.end.min(queries.end));
+            if lo < hi {
+                reach.push((span.start, lo..hi));
+            }
+            at = span.end;
+        }
+    }
+    reach.sort_by_key(|(s, r)| (*s, r.start));
+    let mut merged: Vec<(usize, Range<usize>)> = Vec::new();
+    for (s, r) in reach {
+        match merged.last_mut() {
+            Some((ls, lr)) if *ls == s && r.start <= lr.end => lr.end = lr.end.max(r.end),
+            _ => merged.push((s, r)),
+        }
+    }
     let (mut pos, mut runs, mut base) = (Vec::new(), Vec::new(), 0);
     for range in layout.ranges(n, p, rank) {
-        for &s in segs.iter().filter(|&&s| s * w < range.end && (s + 1) * w > range.start) {
-            let lo = range.start.max(s * w);
-            let hi = range.end.min((s + 1) * w);
-            let sel: Vec<usize> = ph.pat.selected_in_range(lo..hi).collect();
+        for (s, r) in merged.iter().filter(|(_, r)| r.start < range.end && r.end > range.start) {
+            let sel: Vec<usize> = placed.selected_in_range(range.start.max(r.start)..range.end.min(r.end)).collect();
             for c in sel.chunks(ROW_CHUNK) {
-                runs.push(Run { at: pos.len(), len: c.len(), li0: base + c[0] - range.start, seg: s });
+                runs.push(Run { at: pos.len(), len: c.len(), li0: base + c[0] - range.start, seg: *s });
                 pos.extend_from_slice(c);
             }
         }
@@ -195,18 +215,20 @@ pub(crate) fn gather_partials<C: Communicator + ?Sized, T: Element>(
 ) -> Result<Vec<PairPartial>> {
     let (r, p, d, batch) = (comm.rank(), plan.problem.world, local.d, local.batch);
     let gh = &plan.gather_heads;
-    // The partials fault in huge pages where large (every row is written by the merges).
-    let mut parts: Vec<Option<PairPartial>> = gh
-        .iter()
-        .map(|ph| {
-            let (pos, runs) = query_runs(plan, r, ph);
-            if runs.is_empty() {
-                return Ok(None);
-            }
+    // One partial per (wire pair, query head reading it). The partials fault in huge
+    // pages where large (every row is written by the merges).
+    let mut parts: Vec<PairPartial> = Vec::new();
+    for (wire, ph) in gh.iter().enumerate() {
+        let (pos, runs) = query_runs(plan, r, ph);
+        if runs.is_empty() {
+            continue;
+        }
+        for query_head in (0..local.heads).filter(|&h| plan.reads(h, ph)) {
             let o = attn_kernels::zeroed_buffer(batch * pos.len() * d)?;
-            Ok(Some(PairPartial { pair: *ph, o, l: vec![f32::NEG_INFINITY; batch * pos.len()], pos, runs }))
-        })
-        .collect::<Result<_>>()?;
+            let l = vec![f32::NEG_INFINITY; batch * pos.len()];
+            parts.push(PairPartial { pair: *ph, wire, query_head, o, l, pos: pos.clone(), runs: runs.clone() });
+        }
+    }
     let (mut outgoing, mut incoming) = (Vec::new(), Vec::new());
     for [out, inc] in (0..p).filter(|&x| x != r).map(|x| Spread::pair(plan, r, x)) {
         outgoing.extend(out.any().then_some(out));
@@ -242,25 +264,28 @@ pub(crate) fn gather_partials<C: Communicator + ?Sized, T: Element>(
                 d,
                 vec![pos],
             )?;
-            let Some(part) = parts[i].as_mut() else { continue };
-            let pat = part.pair.pat;
-            let (k0, k1) = (raw.pos[0][0] / pat.w, raw.pos[0][raw.pos[0].len() - 1] / pat.w);
-            let (n, m) = (part.pos.len(), mask_of(plan, &part.pair));
-            let (pos, runs) = (&part.pos, &part.runs);
-            let batches = part.o.chunks_mut(n * d).zip(part.l.chunks_mut(n)).enumerate();
-            for (b, (bo, bl)) in batches {
+            for b in 0..batch {
                 raw.part_rows::<T>(b, 0, d, 0..raw.pos[0].len(), &mut kbuf, &mut vbuf);
                 let keys = KeyBlock { pos: &raw.pos[0], k: &kbuf, v: &vbuf, stride: d };
-                let (qd, qs) = local.q_strided(local.bh(b, part.pair.head));
-                let items = run_rows(runs.iter().filter(|u| (k0..=k1).contains(&u.seg)), d, bo, bl);
-                for_each_item(threads, items, |(run, o, l)| {
-                    let q = Rows { pos: &pos[run.at..run.at + run.len], data: &qd[run.li0 * qs..], stride: pat.r * qs };
-                    attend_forward(q, keys, m, o, l)
-                })?;
+                for part in parts.iter_mut().filter(|x| x.wire == i) {
+                    let (pat, placed) = (part.pair.pat, plan.placed(part.pair.pat));
+                    let last = raw.pos[0][raw.pos[0].len() - 1];
+                    let (k0, k1) = (placed.segment_span(raw.pos[0][0]).start, placed.segment_span(last).start);
+                    let (n, m) = (part.pos.len(), mask_of(plan, &part.pair, b));
+                    let (pos, runs) = (&part.pos, &part.runs);
+                    let (bo, bl) = (&mut part.o[b * n * d..(b + 1) * n * d], &mut part.l[b * n..(b + 1) * n]);
+                    let (qd, qs) = local.q_strided(local.bh(b, part.query_head));
+                    let items = run_rows(runs.iter().filter(|u| (k0..=k1).contains(&u.seg)), d, bo, bl);
+                    for_each_item(threads, items, |(run, o, l)| {
+                        let q =
+                            Rows { pos: &pos[run.at..run.at + run.len], data: &qd[run.li0 * qs..], stride: pat.r * qs };
+                        attend_forward(q, keys, m, o, l)
+                    })?;
+                }
             }
         }
     }
-    Ok(parts.into_iter().flatten().collect())
+    Ok(parts)
 }
 
 /// After the completion round: each (batch, head) in chunks of rows over this rank's
@@ -369,18 +394,19 @@ fn chunk_forward<T: Element>(
     // Own keys go to the kernel KEY_ROWS_PER_CALL selected rows at a time (bounded
     // kernel scratch).
     for &(pattern, pat) in &hp.patterns {
-        let m = mask_of(plan, &PatternHead { pattern, head, pat });
+        let m = mask_of(plan, &PatternHead { pattern, head, pat }, c.b);
         let keys = match (order, q.pos.first(), q.pos.last()) {
             (KeyOrder::Ascending, Some(&first), Some(&last)) => {
-                let lo = pat.segment_of(first).saturating_mul(pat.w);
-                let hi = (pat.segment_of(last) + 1).saturating_mul(pat.w);
-                keys.positions_within(lo, hi.min(last.saturating_add(m.band.right).saturating_add(1)))
+                // The keys of the chunk's segments within the band's reach of its rows.
+                let (placed, reach) = (plan.placed(pat), m.band.keys_of_queries(first, last));
+                let lo = placed.segment_span(first).start.max(reach.start);
+                keys.positions_within(lo, placed.segment_span(last).end.min(reach.end))
             }
             _ => keys,
         };
         attend_forward_chunked(q, keys, m, o, l, KEY_ROWS_PER_CALL * pat.r)?;
     }
-    for part in partials.iter().filter(|x| x.pair.head == head) {
+    for part in partials.iter().filter(|x| x.query_head == head) {
         let (n, r) = (part.pos.len(), part.pair.pat.r);
         for run in &part.runs {
             // The run's rows li0, li0 + r, ... that fall in this chunk.
@@ -396,9 +422,15 @@ fn chunk_forward<T: Element>(
     Ok(())
 }
 
-/// Query rows (summed over all-gather pairs) for which rank `rank` keeps a partial.
+/// Query heads that read wire pair `ph`.
+fn readers(plan: &Plan, ph: &PatternHead) -> u64 {
+    (0..plan.problem.heads).filter(|&h| plan.reads(h, ph)).count() as u64
+}
+
+/// Query rows (summed over all-gather pairs and the query heads reading them) for which
+/// rank `rank` keeps a partial.
 pub(crate) fn partial_rows(plan: &Plan, rank: usize) -> u64 {
-    plan.gather_heads.iter().map(|ph| query_runs(plan, rank, ph).0.len() as u64).sum()
+    plan.gather_heads.iter().map(|ph| readers(plan, ph) * query_runs(plan, rank, ph).0.len() as u64).sum()
 }
 
 /// Bound of the bytes of the partials rank `rank` keeps (f32 o and lse, positions,
@@ -411,8 +443,9 @@ pub(crate) fn partial_bytes(plan: &Plan, rank: usize) -> u64 {
             let (pos, runs) = query_runs(plan, rank, ph);
             let n = pos.len() as u64;
             // Positions are pushed (up to 2x) from a per-segment list; runs likewise.
-            let segs = (plan.problem.seq / ph.pat.w + 2) as u64;
-            if runs.is_empty() { 0 } else { b * n * (d + 1) * 4 + 24 * n + 64 * runs.len() as u64 + 16 * segs + 256 }
+            let segs = (plan.problem.seq / ph.pat.w.min(plan.problem.seq.max(1)) + 2) as u64;
+            let one = b * n * (d + 1) * 4 + 24 * n + 64 * runs.len() as u64;
+            if runs.is_empty() { 0 } else { readers(plan, ph) * one + 16 * segs + 256 }
         })
         .sum()
 }

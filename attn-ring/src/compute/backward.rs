@@ -14,7 +14,7 @@ use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::protocol::call::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
 use crate::protocol::wire::{Expected, MsgKind, Reader, begin, put_f32s};
 
-/// dq, dk, dv per (batch, head), `[rows, d]` each.
+/// dq per (batch, query head), dk and dv per (batch, key/value head), `[rows, d]` each.
 #[derive(Debug)]
 pub(crate) struct Grads {
     pub dq: Vec<Vec<f32>>,
@@ -90,21 +90,27 @@ impl<T: Element> Ctx<'_, T> {
         GradRows { lse: &self.lse[bh], go, go_stride, go_scale: self.scales[h], delta: &self.delta[bh] }
     }
 
-    /// This rank's share of the gradients of `blk`; dq accumulates in place. Work items
-    /// are (batch, head)s: dq of the head and dk/dv of its pairs in the block.
+    /// This rank's share of the gradients of `blk` (wire pairs `pairs`); dq accumulates
+    /// in place. Work items are (batch, key/value head)s: dk/dv of its pairs in the block
+    /// and dq of the query heads reading them.
     fn block_backward(&self, pairs: &[PatternHead], blk: &Block<T>, dq: &mut [Vec<f32>]) -> Result<BlockGrads> {
         let local = self.local;
-        let mut bg = BlockGrads::zeros(blk, local.d, local.batch);
-        let mut slots: Vec<Vec<PairGrads<'_>>> = dq.iter().map(|_| Vec::new()).collect();
+        let (group, d) = (local.group(), local.d);
+        let mut bg = BlockGrads::zeros(blk, d, local.batch);
+        let mut slots: Vec<Vec<PairGrads<'_>>> = (0..local.batch * local.kv_heads).map(|_| Vec::new()).collect();
         for (j, (dk, dv)) in bg.dk.iter_mut().zip(bg.dv.iter_mut()).enumerate() {
             let (b, i) = (j / pairs.len(), j % pairs.len());
-            slots[local.bh(b, pairs[i].head)].push((i, dk, dv));
+            slots[local.kv_bh(b, pairs[i].head)].push((i, dk, dv));
         }
-        let items = dq.iter_mut().zip(slots).enumerate().filter(|(_, (_, s))| !s.is_empty()).collect();
-        for_each_item(self.threads, items, |(bh, (dq, slots))| {
+        let items = dq.chunks_mut(group).zip(slots).enumerate().filter(|(_, (_, s))| !s.is_empty()).collect();
+        for_each_item(self.threads, items, |(kbh, (dqs, slots))| {
+            let (b, kvh) = (kbh / local.kv_heads, kbh % local.kv_heads);
             for (i, dk, dv) in slots {
-                let (b, m) = (bh / local.heads, mask_of(self.plan, &pairs[i]));
-                attend_backward(local.q_rows(bh), blk.keys(b, i, local.d), m, self.grad_rows(bh), dq, dk, dv)?;
+                let m = mask_of(self.plan, &pairs[i], b);
+                for (g, dq) in dqs.iter_mut().enumerate().filter(|(g, _)| self.plan.reads(kvh * group + g, &pairs[i])) {
+                    let bh = local.bh(b, kvh * group + g);
+                    attend_backward(local.q_rows(bh), blk.keys(b, i, d), m, self.grad_rows(bh), dq, dk, dv)?;
+                }
             }
             Ok(())
         })?;
@@ -117,9 +123,9 @@ impl<T: Element> Ctx<'_, T> {
         for (i, ph) in pairs.iter().enumerate() {
             let idx = local.indices(&pos[i]);
             for b in 0..local.batch {
-                let (bh, j) = (local.bh(b, ph.head), b * pairs.len() + i);
-                scatter_add(&mut grads.dk[bh], &idx, &bg.dk[j], local.d);
-                scatter_add(&mut grads.dv[bh], &idx, &bg.dv[j], local.d);
+                let (kbh, j) = (local.kv_bh(b, ph.head), b * pairs.len() + i);
+                scatter_add(&mut grads.dk[kbh], &idx, &bg.dk[j], local.d);
+                scatter_add(&mut grads.dv[kbh], &idx, &bg.dv[j], local.d);
             }
         }
     }
@@ -155,8 +161,8 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     drop(o);
     let scales = plan.out_scales();
     let ctx = Ctx { plan, local, lse: &lse, grad_out, scales, delta, threads };
-    let zeros = || vec![vec![0.0f32; nl * d]; batch * local.heads];
-    let mut grads = Grads { dq: zeros(), dk: zeros(), dv: zeros() };
+    let zeros = |heads: usize| vec![vec![0.0f32; nl * d]; batch * heads];
+    let mut grads = Grads { dq: zeros(local.heads), dk: zeros(local.kv_heads), dv: zeros(local.kv_heads) };
 
     // All-gather patterns: k/v out, dk/dv back.
     let gh = &plan.gather_heads;
@@ -205,13 +211,20 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
         posted = true;
     }
 
-    // Own rows, every pattern of every head, one (batch, head) per work item.
+    // Own rows, every pattern of every head, one (batch, key/value head) per work item:
+    // its dk/dv and the dq of the query heads reading it.
     let pairs = all_pairs(plan);
+    let group = local.group();
     let Grads { dq, dk, dv } = &mut grads;
-    let items = dq.iter_mut().zip(dk.iter_mut()).zip(dv.iter_mut()).enumerate().collect();
-    for_each_item(threads, items, |(bh, ((dq, dk), dv))| {
-        for (ph, _) in pairs.iter().filter(|(ph, _)| ph.head == bh % local.heads) {
-            attend_backward(local.q_rows(bh), local.own_keys(bh), mask_of(plan, ph), ctx.grad_rows(bh), dq, dk, dv)?;
+    let items = dq.chunks_mut(group).zip(dk.iter_mut()).zip(dv.iter_mut()).enumerate().collect();
+    for_each_item(threads, items, |(kbh, ((dqs, dk), dv))| {
+        let (b, kvh) = (kbh / local.kv_heads, kbh % local.kv_heads);
+        for (g, dq) in dqs.iter_mut().enumerate() {
+            let (h, bh) = (kvh * group + g, local.bh(b, kvh * group + g));
+            for (ph, _) in pairs.iter().filter(|(ph, _)| ph.head == h) {
+                let m = mask_of(plan, ph, b);
+                attend_backward(local.q_rows(bh), local.own_keys(bh), m, ctx.grad_rows(bh), dq, dk, dv)?;
+            }
         }
         Ok(())
     })?;
@@ -315,10 +328,10 @@ pub fn ring_backward_with<C: Communicator + ?Sized, T: Element>(
     let g = backward_core::<C, T>(comm, &plan, &local, fwd, &grad_out, opts.threads)?;
     let stats = finish(comm, start)?;
     let d = local.d;
-    for (dst, src) in [(dq, &g.dq), (dk, &g.dk), (dv, &g.dv)] {
+    for (dst, src, heads) in [(dq, &g.dq, local.heads), (dk, &g.dk, local.kv_heads), (dv, &g.dv, local.kv_heads)] {
         for b in 0..local.batch {
-            for head in 0..local.heads {
-                let bh = local.bh(b, head);
+            for head in 0..heads {
+                let bh = b * heads + head;
                 for i in 0..local.rows() {
                     let row = dst.row_mut(b, i, head);
                     row.iter_mut().zip(&src[bh][i * d..(i + 1) * d]).for_each(|(x, &y)| *x = T::from_f32(y));

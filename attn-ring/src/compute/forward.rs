@@ -102,10 +102,12 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
 
     // Own rows, every pattern of every head.
     let own: Vec<PatternHead> = all_pairs(plan).into_iter().map(|(ph, _)| ph).collect();
-    merge_pairs(plan, local, &own, (&mut o, &mut lse), threads, |bh, _| local.own_keys(bh))?;
+    let accs = (&mut o[..], &mut lse[..]);
+    merge_pairs(plan, local, (&own, Pairs::Query), accs, threads, |bh, _| local.own_keys(bh))?;
 
     for blk in &gathered {
-        merge_pairs(plan, local, gh, (&mut o, &mut lse), threads, |bh, i| blk.keys(bh / local.heads, i, d))?;
+        let keys = |bh: usize, i| blk.keys(bh / local.heads, i, d);
+        merge_pairs(plan, local, (gh, Pairs::Wire), (&mut o, &mut lse), threads, keys)?;
     }
     drop(gathered);
 
@@ -149,7 +151,7 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
         }
         if let Some(blk) = blk {
             let keys = |bh: usize, i| blk.keys(bh / local.heads, i, d);
-            merge_pairs(plan, local, &plan.ring_heads, (&mut o, &mut lse), threads, keys)?;
+            merge_pairs(plan, local, (&plan.ring_heads, Pairs::Wire), (&mut o, &mut lse), threads, keys)?;
         }
     }
 
@@ -180,29 +182,41 @@ fn merge_raw<T: Element>(
     let b_of = |bh: usize| bh / local.heads;
     for_each_item(threads, head_accs(o, lse), |(bh, o, lse)| {
         let (mut k, mut v) = (Vec::<T>::new(), Vec::<T>::new());
-        for (i, ph) in plan.ring_heads.iter().enumerate().filter(|(_, ph)| ph.head == bh % local.heads) {
+        let h = bh % local.heads;
+        for (i, ph) in plan.ring_heads.iter().enumerate().filter(|(_, ph)| plan.reads(h, ph)) {
             raw.part_rows::<T>(b_of(bh), i, local.d, 0..raw.pos[i].len(), &mut k, &mut v);
             let keys = KeyBlock { pos: &raw.pos[i], k: &k, v: &v, stride: local.d };
-            attend_forward(local.q_rows(bh), keys, mask_of(plan, ph), o, lse)?;
+            attend_forward(local.q_rows(bh), keys, mask_of(plan, ph, b_of(bh)), o, lse)?;
         }
         Ok(())
     })
 }
 
+/// Which heads a pair list names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pairs {
+    /// Query heads ([`all_pairs`]).
+    Query,
+    /// Key/value heads (the plan's wire lists): every query head reading one attends it.
+    Wire,
+}
+
 /// Merge the attention of each (batch, head)'s query rows onto `keys(bh, i)`, for every
-/// pair `i` of `pairs` that belongs to the head, into its accumulators; the (batch,
-/// head)s are split over `threads`.
+/// pair `i` of `pairs` the head attends, into its accumulators; the (batch, head)s are
+/// split over `threads`.
 fn merge_pairs<'k, T: Element + 'k>(
     plan: &Plan,
     local: &Local<'_, T>,
-    pairs: &[PatternHead],
+    (pairs, side): (&[PatternHead], Pairs),
     (o, lse): (&mut [Vec<f32>], &mut [Vec<f32>]),
     threads: usize,
     keys: impl Fn(usize, usize) -> KeyBlock<'k, T> + Sync,
 ) -> Result<()> {
     for_each_item(threads, head_accs(o, lse), |(bh, o, lse)| {
-        for (i, ph) in pairs.iter().enumerate().filter(|(_, ph)| ph.head == bh % local.heads) {
-            attend_forward(local.q_rows(bh), keys(bh, i), mask_of(plan, ph), o, lse)?;
+        let h = bh % local.heads;
+        let attends = |ph: &PatternHead| if side == Pairs::Query { ph.head == h } else { plan.reads(h, ph) };
+        for (i, ph) in pairs.iter().enumerate().filter(|(_, ph)| attends(ph)) {
+            attend_forward(local.q_rows(bh), keys(bh, i), mask_of(plan, ph, bh / local.heads), o, lse)?;
         }
         Ok(())
     })

@@ -3,7 +3,7 @@
 //! pattern's selection, segment and band), LSE-merged forward and
 //! accumulated (`+=`) backward, in f32.
 
-use attn_core::{Band, Element, Result, SegmentPattern};
+use attn_core::{Band, Element, PackedSequences, Result, SegmentPattern};
 use attn_kernels::block::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
 
 /// Rows of one (batch, head): row `i` is `data[i * stride..][..d]` at global position `pos[i]`.
@@ -34,13 +34,16 @@ impl<'a, T> KeyBlock<'a, T> {
     }
 }
 
-/// Mask parameters of one call.
+/// Mask parameters of one call: the pattern, the band, the key padding of the batch
+/// row (by global position), the packed sequences.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Mask {
+pub(crate) struct Mask<'a> {
     pub pat: SegmentPattern,
     pub band: Band,
     pub scale: f32,
     pub d: usize,
+    pub key_padding: Option<&'a [bool]>,
+    pub packing: Option<PackedSequences<'a>>,
 }
 
 /// Per-query inputs of the backward: final lse, the caller's grad_out rows (`data`,
@@ -55,17 +58,20 @@ pub(crate) struct GradRows<'a, T> {
 }
 
 /// The kernels' view of query rows `q` against `keys` under `m`.
-fn block<'a, T: Element>(q: Rows<'a, T>, keys: KeyBlock<'a, T>, m: &'a Mask) -> Block<'a, T> {
+fn block<'a, T: Element>(q: Rows<'a, T>, keys: KeyBlock<'a, T>, m: &'a Mask<'a>) -> Block<'a, T> {
     let k = BlockRows::new(keys.k, keys.stride, keys.pos);
     let v = BlockRows::new(keys.v, keys.stride, keys.pos);
-    Block::new(&m.pat, m.band, m.scale, m.d, [BlockRows::new(q.data, q.stride, q.pos), k, v])
+    let mut blk = Block::new(&m.pat, m.band, m.scale, m.d, [BlockRows::new(q.data, q.stride, q.pos), k, v]);
+    blk.key_padding = m.key_padding;
+    blk.packing = m.packing;
+    blk
 }
 
 /// Merge the attention of every selected query row onto `keys` into `acc_o`/`acc_lse`.
 pub(crate) fn attend_forward<T: Element>(
     q: Rows<'_, T>,
     keys: KeyBlock<'_, T>,
-    m: Mask,
+    m: Mask<'_>,
     acc_o: &mut [f32],
     acc_lse: &mut [f32],
 ) -> Result<()> {
@@ -85,7 +91,7 @@ pub(crate) const KEY_ROWS_PER_CALL: usize = 1024;
 pub(crate) fn attend_forward_chunked<T: Element>(
     q: Rows<'_, T>,
     keys: KeyBlock<'_, T>,
-    m: Mask,
+    m: Mask<'_>,
     acc_o: &mut [f32],
     acc_lse: &mut [f32],
     rows_per_call: usize,
@@ -105,7 +111,7 @@ pub(crate) fn attend_forward_chunked<T: Element>(
 pub(crate) fn attend_backward<T: Element>(
     q: Rows<'_, T>,
     keys: KeyBlock<'_, T>,
-    m: Mask,
+    m: Mask<'_>,
     gr: GradRows<'_, T>,
     dq: &mut [f32],
     dk: &mut [f32],

@@ -9,11 +9,13 @@ use crate::plan::{PatternHead, Plan};
 use crate::protocol::wire::{Expected, MsgKind, Reader, begin, get_elems, put_elems};
 
 /// This rank's q/k/v rows (the caller's views, not copied) with their global positions.
+/// k and v have `kv_heads` heads, each read by `heads / kv_heads` query heads.
 #[derive(Debug)]
 pub(crate) struct Local<'a, T> {
     pub pos: Vec<usize>,
     pub batch: usize,
     pub heads: usize,
+    pub kv_heads: usize,
     pub d: usize,
     q: TensorView<'a, T>,
     k: TensorView<'a, T>,
@@ -29,7 +31,22 @@ impl<'a, T: Element> Local<'a, T> {
     /// This rank's views (already checked against the plan).
     pub fn new(pos: Vec<usize>, q: TensorView<'a, T>, k: TensorView<'a, T>, v: TensorView<'a, T>) -> Self {
         let s = q.shape();
-        Local { pos, batch: s.batch, heads: s.heads, d: s.head_dim, q, k, v }
+        Local { pos, batch: s.batch, heads: s.heads, kv_heads: k.shape().heads, d: s.head_dim, q, k, v }
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// Buffer index of (batch, key/value head).
+    pub fn kv_bh(&self, b: usize, kvh: usize) -> usize {
+        b * self.kv_heads + kvh
+    }
+
+    /// The (batch, key/value head) buffer index that (batch, query head) `bh` reads.
+    pub fn kv_of(&self, bh: usize) -> usize {
+        self.kv_bh(bh / self.heads, (bh % self.heads) / self.group())
     }
 
     pub fn rows(&self) -> usize {
@@ -41,24 +58,30 @@ impl<'a, T: Element> Local<'a, T> {
         b * self.heads + h
     }
 
-    fn rows_of<'s>(&'s self, x: &TensorView<'a, T>, bh: usize) -> (&'a [T], usize) {
-        head_rows(x, bh / self.heads, bh % self.heads)
+    /// Rows of q's (batch, query head) `bh`.
+    fn q_rows_of(&self, bh: usize) -> (&'a [T], usize) {
+        head_rows(&self.q, bh / self.heads, bh % self.heads)
+    }
+
+    /// Rows of k's or v's (batch, key/value head) `kbh`.
+    fn kv_rows_of(&self, x: &TensorView<'a, T>, kbh: usize) -> (&'a [T], usize) {
+        head_rows(x, kbh / self.kv_heads, kbh % self.kv_heads)
     }
 
     /// Query rows of (batch, head).
     pub fn q_rows(&self, bh: usize) -> Rows<'_, T> {
-        let (data, stride) = self.rows_of(&self.q, bh);
+        let (data, stride) = self.q_rows_of(bh);
         Rows { pos: &self.pos, data, stride }
     }
 
     /// The caller's q data of (batch, head) from its first row, and the row stride.
     pub fn q_strided(&self, bh: usize) -> (&'a [T], usize) {
-        self.rows_of(&self.q, bh)
+        self.q_rows_of(bh)
     }
 
     /// Query rows `range` of (batch, head).
     pub fn q_rows_range(&self, bh: usize, range: std::ops::Range<usize>) -> Rows<'_, T> {
-        let (data, stride) = self.rows_of(&self.q, bh);
+        let (data, stride) = self.q_rows_of(bh);
         let start = (range.start * stride).min(data.len());
         Rows { pos: &self.pos[range], data: &data[start..], stride }
     }
@@ -68,15 +91,17 @@ impl<'a, T: Element> Local<'a, T> {
         positions.iter().map(|p| self.pos.partition_point(|&x| x < *p)).collect()
     }
 
-    /// All of this rank's k/v rows of (batch, head) as a key block (the kernel selects).
+    /// All of this rank's k/v rows that (batch, query head) `bh` reads, as a key block
+    /// (the kernel selects).
     pub fn own_keys(&self, bh: usize) -> KeyBlock<'_, T> {
-        let ((k, stride), (v, _)) = (self.rows_of(&self.k, bh), self.rows_of(&self.v, bh));
+        let kbh = self.kv_of(bh);
+        let ((k, stride), (v, _)) = (self.kv_rows_of(&self.k, kbh), self.kv_rows_of(&self.v, kbh));
         KeyBlock { pos: &self.pos, k, v, stride }
     }
 
-    /// Encode this rank's k/v rows at global positions `pos[i]` of pair `i`, for
-    /// every batch, as a message of `kind` (the layout [`Block::decode`] reads),
-    /// straight from the caller's buffers.
+    /// Encode this rank's k/v rows at global positions `pos[i]` of wire pair `i` (its
+    /// key/value head), for every batch, as a message of `kind` (the layout
+    /// [`Block::decode`] reads), straight from the caller's buffers.
     pub fn encode_rows(
         &self,
         pairs: &[PatternHead],
@@ -91,9 +116,9 @@ impl<'a, T: Element> Local<'a, T> {
         for b in 0..self.batch {
             for (ph, p) in pairs.iter().zip(pos) {
                 let idx = self.indices(p);
-                let bh = self.bh(b, ph.head);
+                let kbh = self.kv_bh(b, ph.head);
                 for x in [&self.k, &self.v] {
-                    let (data, stride) = self.rows_of(x, bh);
+                    let (data, stride) = self.kv_rows_of(x, kbh);
                     for &j in &idx {
                         put_elems(&mut out, &data[j * stride..j * stride + d]);
                     }
@@ -214,8 +239,15 @@ impl RawBlock {
     }
 }
 
-/// The mask of a pair.
-pub(crate) fn mask_of(plan: &Plan, ph: &PatternHead) -> Mask {
+/// The mask of a pair in batch row `b`.
+pub(crate) fn mask_of<'p>(plan: &'p Plan, ph: &PatternHead, b: usize) -> Mask<'p> {
     let pr = &plan.problem;
-    Mask { pat: ph.pat, band: pr.cfg.band(), scale: pr.cfg.scale_for(pr.head_dim) as f32, d: pr.head_dim }
+    Mask {
+        pat: ph.pat,
+        band: pr.cfg.band(),
+        scale: pr.cfg.scale_for(pr.head_dim) as f32,
+        d: pr.head_dim,
+        key_padding: pr.padding_row(b),
+        packing: plan.placed(ph.pat).packing,
+    }
 }

@@ -1,5 +1,7 @@
 //! Rows selected by all of one pattern's heads, in O(1): the planner's all-gather sizes
-//! without a walk over every head (`heads` comes from the caller and may be huge).
+//! without a walk over every head (`heads` comes from the caller and may be huge). With
+//! packed sequences the counts treat positions as unpacked: an estimate for the auto
+//! strategy's choice, which every rank makes alike.
 //!
 //! Which heads run a pattern at which offset is `DilatedConfig::offset_heads`. A
 //! position at offset `j` in its segment is selected by exactly one offset, `j mod r`
@@ -20,7 +22,7 @@ pub(crate) struct PatternHeads {
 
 impl PatternHeads {
     pub(crate) fn new(cfg: &DilatedConfig, heads: usize, i: usize) -> Self {
-        let (w, r) = (cfg.segment_lengths()[i], cfg.dilation_rates()[i]);
+        let (w, r) = (cfg.pattern(i, 0).w, cfg.rate(i));
         PatternHeads { w, r, heads: cfg.offset_heads(heads, i) }
     }
 

@@ -9,7 +9,10 @@ pub(crate) mod workspace;
 
 use std::ops::Range;
 
-use attn_core::{AttnError, DType, DilatedConfig, HeadPatterns, Pass, Result, SegmentPattern};
+use attn_core::{
+    AttnError, AttnShape, Band, DType, DilatedConfig, HeadPatterns, KeyPadding, Masks, PackedSequences, Pass,
+    PlacedPattern, Result, SegmentPattern,
+};
 
 use crate::plan::head_counts::PatternHeads;
 use crate::plan::layout::Layout;
@@ -65,15 +68,84 @@ pub struct RingProblem {
     /// Global sequence length.
     pub seq: usize,
     pub batch: usize,
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads (dividing `heads`; fewer for grouped-query attention).
+    pub kv_heads: usize,
     pub head_dim: usize,
     pub layout: Layout,
     pub strategy: Strategy,
     pub world: usize,
+    /// Key padding and packed sequences over the GLOBAL positions.
+    pub masks: RingMasks,
 }
 
-/// One (pattern, head) pair: the head's pattern with its offset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The masks of a ring problem over the global sequence, owned (every rank holds the
+/// same): the key padding mask `[batch, seq]` (`true` = padding) and `cu_seqlens`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RingMasks {
+    pub key_padding: Option<Vec<bool>>,
+    pub cu_seqlens: Option<Vec<usize>>,
+}
+
+impl From<Masks<'_>> for RingMasks {
+    /// Owned copies of global masks.
+    fn from(m: Masks<'_>) -> Self {
+        RingMasks {
+            key_padding: m.key_padding.map(|k| k.flags().to_vec()),
+            cu_seqlens: m.packing.map(|p| p.cu_seqlens().to_vec()),
+        }
+    }
+}
+
+impl RingProblem {
+    /// The problem for global shapes `shape` (k and v may have fewer heads), no masks.
+    pub fn new(cfg: &DilatedConfig, shape: AttnShape, layout: Layout, strategy: Strategy, world: usize) -> Self {
+        RingProblem {
+            cfg: cfg.clone(),
+            seq: shape.q.seq,
+            batch: shape.q.batch,
+            heads: shape.q.heads,
+            kv_heads: shape.kv.heads,
+            head_dim: shape.q.head_dim,
+            layout,
+            strategy,
+            world,
+            masks: RingMasks::default(),
+        }
+    }
+
+    /// The same problem with `masks`.
+    pub fn with_masks(mut self, masks: RingMasks) -> Self {
+        self.masks = masks;
+        self
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads.max(1)
+    }
+
+    /// The masks as `attn_core` views (checked).
+    pub fn core_masks(&self) -> Result<Masks<'_>> {
+        let key_padding = match &self.masks.key_padding {
+            Some(f) => Some(KeyPadding::new(f, self.batch, self.seq)?),
+            None => None,
+        };
+        let packing = self.masks.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
+        Ok(Masks { key_padding, packing })
+    }
+
+    /// The key padding of batch row `b`, by global position.
+    pub(crate) fn padding_row(&self, b: usize) -> Option<&[bool]> {
+        self.masks.key_padding.as_deref().map(|f| &f[b * self.seq..(b + 1) * self.seq])
+    }
+}
+
+/// One (pattern, head) pair: the head's pattern with its offset. In the plan's wire
+/// lists ([`Plan::ring_heads`], [`Plan::gather_heads`]) `head` is a key/value head: its
+/// selected rows travel once, whatever number of query heads read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PatternHead {
     pub pattern: usize,
     pub head: usize,
@@ -91,25 +163,23 @@ pub struct Plan {
     pub hops: Vec<usize>,
     /// `ring_regions[i][o]`: the global ranges of `o`'s rows that travel on the ring for pattern `i`.
     ring_regions: Vec<Vec<Vec<Range<usize>>>>,
-    /// Ring and all-gather (pattern, head) pairs, in wire order.
+    /// Ring and all-gather (pattern, key/value head) pairs, in wire order.
     pub ring_heads: Vec<PatternHead>,
     pub gather_heads: Vec<PatternHead>,
+    /// Every query head's patterns.
+    pub(crate) query_patterns: Vec<HeadPatterns>,
     /// Key rows per piece of the direct all-gather forward (`direct::piece_rows`).
     pub(crate) piece_rows: usize,
 }
 
-/// Positions of range `a` (owner) in the segment it shares with range `b`
-/// (receiver), excluding keys after every query of `b` when causal.
-fn shared_region(a: &Range<usize>, b: &Range<usize>, w: usize, causal: bool) -> Option<Range<usize>> {
-    if a.end <= b.start {
-        let s = (a.end - 1) / w;
-        (s == b.start / w).then(|| a.start.max(s * w)..a.end)
-    } else if b.end <= a.start && !causal {
-        let s = a.start / w;
-        (s == (b.end - 1) / w).then(|| a.start..a.end.min((s + 1) * w))
-    } else {
-        None
-    }
+/// Positions of range `a` (owner) that share a segment (of `seg`'s pattern, in the
+/// same packed sequence) with some position of range `b` (receiver) and lie within
+/// `band`'s reach of `b`'s queries: the keys `b` may need (causal: none after `b`).
+fn shared_region(a: &Range<usize>, b: &Range<usize>, seg: &PlacedPattern<'_>, band: Band) -> Option<Range<usize>> {
+    let span = seg.segment_span(b.start).start..seg.segment_span(b.end - 1).end;
+    let reach = band.keys_of_queries(b.start, b.end - 1);
+    let (lo, hi) = (a.start.max(span.start).max(reach.start), a.end.min(span.end).min(reach.end));
+    (lo < hi).then_some(lo..hi)
 }
 
 fn merge_ranges(mut v: Vec<Range<usize>>) -> Vec<Range<usize>> {
@@ -127,23 +197,31 @@ fn merge_ranges(mut v: Vec<Range<usize>>) -> Vec<Range<usize>> {
 impl Plan {
     /// Every head's patterns (and `out_scale`), in head order.
     pub(crate) fn head_patterns(&self) -> Vec<HeadPatterns> {
-        let pr = &self.problem;
-        (0..pr.heads).map(|head| pr.cfg.head_patterns(pr.heads, head)).collect()
+        self.query_patterns.clone()
     }
 
     /// Every head's `out_scale` as f32, in head order.
     pub(crate) fn out_scales(&self) -> Vec<f32> {
-        self.head_patterns().iter().map(|hp| hp.out_scale as f32).collect()
+        self.query_patterns.iter().map(|hp| hp.out_scale as f32).collect()
+    }
+
+    /// Whether query head `h` reads the wire pair `ph` (its key/value head, one of its
+    /// patterns at the same offset).
+    pub(crate) fn reads(&self, h: usize, ph: &PatternHead) -> bool {
+        h / self.problem.group() == ph.head
+            && self.query_patterns[h].patterns.iter().any(|&(i, pat)| i == ph.pattern && pat == ph.pat)
     }
 
     /// Derive the plan; fails on an invalid config, shape or layout.
     pub fn new(problem: RingProblem) -> Result<Self> {
-        let RingProblem { ref cfg, seq: n, heads, layout, strategy, world: p, .. } = problem;
+        let RingProblem { ref cfg, seq: n, heads, kv_heads, layout, strategy, world: p, .. } = problem;
         let shape = attn_core::Shape4::new(problem.batch, n, heads, problem.head_dim)?;
+        let kv_shape =
+            attn_core::Shape4::named(attn_core::TensorName::Key, [problem.batch, n, kv_heads, problem.head_dim])?;
+        let attn_shape = AttnShape::check(&shape.dims(), &kv_shape.dims(), &kv_shape.dims())?;
         cfg.validate_heads(heads)?;
-        if cfg.window().is_some() {
-            return Err(AttnError::Unsupported { backend: "ring", feature: "sliding windows" });
-        }
+        problem.core_masks()?.check(&attn_shape)?;
+
         if p > MAX_WORLD {
             return Err(AttnError::InvalidArgument(format!(
                 "world of {p} ranks: at most {MAX_WORLD} are supported (the plan's tables grow as world^2)"
@@ -175,12 +253,14 @@ impl Plan {
         let mut gathered = vec![vec![0usize; p]; g];
         let mut own = vec![vec![0usize; p]; g];
         let mut ring_regions = vec![vec![Vec::new(); p]; g];
-        for (i, &w) in cfg.segment_lengths().iter().enumerate() {
+        let packing = problem.core_masks()?.packing;
+        for i in 0..g {
+            let seg = PlacedPattern { pat: cfg.pattern(i, 0), packing, n };
             for o in 0..p {
                 for r in (0..p).filter(|&r| r != o) {
                     for a in &ranges[o] {
                         for b in &ranges[r] {
-                            if let Some(reg) = shared_region(a, b, w, cfg.causal()) {
+                            if let Some(reg) = shared_region(a, b, &seg, cfg.band()) {
                                 need[i][o][r] = true;
                                 gathered[i][r] += pattern_heads[i].selected(reg.clone());
                                 ring_regions[i][o].push(reg);
@@ -223,19 +303,36 @@ impl Plan {
                 }
             }
         }
+        // Wire pairs: each (pattern, key/value head, offset) once, in first-use order.
+        let query_patterns: Vec<HeadPatterns> = (0..heads).map(|head| cfg.head_patterns(heads, head)).collect();
+        let group = problem.group();
         let mut ring_heads = Vec::new();
         let mut gather_heads = Vec::new();
-        for head in 0..heads {
-            for (pattern, pat) in cfg.head_patterns(heads, head).patterns {
-                let ph = PatternHead { pattern, head, pat };
-                match strategies[pattern] {
-                    PatternStrategy::Ring => ring_heads.push(ph),
-                    PatternStrategy::AllGather => gather_heads.push(ph),
-                    PatternStrategy::Local => {}
+        let mut listed = std::collections::HashSet::new();
+        for (head, hp) in query_patterns.iter().enumerate() {
+            for &(pattern, pat) in &hp.patterns {
+                let ph = PatternHead { pattern, head: head / group, pat };
+                let list = match strategies[pattern] {
+                    PatternStrategy::Ring => &mut ring_heads,
+                    PatternStrategy::AllGather => &mut gather_heads,
+                    PatternStrategy::Local => continue,
+                };
+                if listed.insert(ph) {
+                    list.push(ph);
                 }
             }
         }
-        let mut plan = Plan { problem, strategies, need, hops, ring_regions, ring_heads, gather_heads, piece_rows: 0 };
+        let mut plan = Plan {
+            problem,
+            strategies,
+            need,
+            hops,
+            ring_regions,
+            ring_heads,
+            gather_heads,
+            query_patterns,
+            piece_rows: 0,
+        };
         plan.piece_rows = crate::compute::allgather_forward::piece_rows(&plan);
         Ok(plan)
     }
@@ -256,9 +353,16 @@ impl Plan {
             && self.strategies.iter().enumerate().any(|(i, s)| *s == PatternStrategy::AllGather && self.need[i][o][r])
     }
 
+    /// `pat` on the global positions (relative to each packed sequence).
+    pub(crate) fn placed(&self, pat: SegmentPattern) -> PlacedPattern<'_> {
+        let packing = self.problem.masks.cu_seqlens.as_deref().and_then(|c| PackedSequences::new(c).ok());
+        PlacedPattern { pat, packing, n: self.problem.seq }
+    }
+
     /// Global positions of owner `o`'s rows that travel on the ring for `ph`.
     pub(crate) fn ring_positions(&self, o: usize, ph: &PatternHead) -> Vec<usize> {
-        self.ring_regions[ph.pattern][o].iter().flat_map(|r| ph.pat.selected_in_range(r.clone())).collect()
+        let placed = self.placed(ph.pat);
+        self.ring_regions[ph.pattern][o].iter().flat_map(|r| placed.selected_in_range(r.clone())).collect()
     }
 
     pub(crate) fn gather_regions(&self, o: usize, r: usize, pattern: usize) -> Vec<Range<usize>> {
@@ -266,23 +370,29 @@ impl Plan {
             return Vec::new();
         }
         let RingProblem { seq: n, layout, world: p, ref cfg, .. } = self.problem;
-        let w = cfg.segment_lengths()[pattern];
+        let seg = self.placed(cfg.pattern(pattern, 0));
         let (ro, rr) = (layout.ranges(n, p, o), layout.ranges(n, p, r));
-        let regs = ro.iter().flat_map(|a| rr.iter().filter_map(|b| shared_region(a, b, w, cfg.causal()))).collect();
+        let regs = ro.iter().flat_map(|a| rr.iter().filter_map(|b| shared_region(a, b, &seg, cfg.band()))).collect();
         merge_ranges(regs)
     }
 
     /// Global positions of owner `o`'s rows sent directly to `r` for all-gather pair `ph`.
     pub(crate) fn gather_positions(&self, o: usize, r: usize, ph: &PatternHead) -> Vec<usize> {
-        self.gather_regions(o, r, ph.pattern).into_iter().flat_map(|rg| ph.pat.selected_in_range(rg)).collect()
+        let placed = self.placed(ph.pat);
+        self.gather_regions(o, r, ph.pattern)
+            .into_iter()
+            .flat_map(|rg| placed.selected_in_range(rg).collect::<Vec<_>>())
+            .collect()
     }
 
     pub(crate) fn ring_count(&self, o: usize, ph: &PatternHead) -> usize {
-        self.ring_regions[ph.pattern][o].iter().map(|r| ph.pat.count_in_range(r.clone())).sum()
+        let placed = self.placed(ph.pat);
+        self.ring_regions[ph.pattern][o].iter().map(|r| placed.count_in_range(r.clone())).sum()
     }
 
     pub(crate) fn gather_count(&self, o: usize, r: usize, ph: &PatternHead) -> usize {
-        self.gather_regions(o, r, ph.pattern).into_iter().map(|rg| ph.pat.count_in_range(rg)).sum()
+        let placed = self.placed(ph.pat);
+        self.gather_regions(o, r, ph.pattern).into_iter().map(|rg| placed.count_in_range(rg)).sum()
     }
 }
 

@@ -159,7 +159,8 @@ impl Plan {
         let (mut cap, mut w_min) = (1u64, u64::MAX);
         for head in 0..pr.heads {
             for (_, pat) in pr.cfg.head_patterns(pr.heads, head).patterns {
-                sel_own = sel_own.max(ranges.iter().map(|r| pat.count_in_range(r.clone()) as u64).sum());
+                let placed = self.placed(pat);
+                sel_own = sel_own.max(ranges.iter().map(|r| placed.count_in_range(r.clone()) as u64).sum());
                 // A segment holds at most the whole sequence (`w > n` is one segment).
                 cap = cap.max(pat.w.min(pr.seq).div_ceil(pat.r) as u64 + 1);
                 w_min = w_min.min(pat.w as u64);
@@ -168,8 +169,10 @@ impl Plan {
         let received = visitors.iter().map(|&o| ring(o).1).chain(recvs.iter().map(|&y| gather(y, rank).1));
         let sel_k = received.fold(sel_own, u64::max);
         let n_max = (0..p).map(|r| pr.layout.rows(pr.seq, p, r) as u64).max().unwrap_or(0);
-        let segs_q = nl / w_min.max(1) + 4;
-        let segs_k = n_max / w_min.max(1) + 4;
+        // Every packed sequence may start a segment of its own.
+        let sequences = pr.masks.cu_seqlens.as_ref().map_or(0, |c| c.len() as u64);
+        let segs_q = nl / w_min.max(1) + 4 + sequences;
+        let segs_k = n_max / w_min.max(1) + 4 + sequences;
 
         // Messages of the all-gather and ring passes of a forward.
         let own_ring = if self.hops[rank] >= 1 {

@@ -70,10 +70,12 @@ pub(crate) struct Prepared<'a, T> {
     pub start: (CommStats, CommStats),
 }
 
-/// The local shape every input of `rank` must have.
-pub(crate) fn local_shape(problem: &RingProblem, rank: usize) -> [usize; 4] {
+/// The local shape a tensor of `rank` must have: q, out, grad_out and dq with the query
+/// heads, k, v, dk and dv with the key/value heads.
+pub(crate) fn local_shape(problem: &RingProblem, rank: usize, tensor: TensorName) -> [usize; 4] {
     let rows = problem.layout.rows(problem.seq, problem.world, rank);
-    [problem.batch, rows, problem.heads, problem.head_dim]
+    let kv = matches!(tensor, TensorName::Key | TensorName::Value | TensorName::GradKey | TensorName::GradValue);
+    [problem.batch, rows, if kv { problem.kv_heads } else { problem.heads }, problem.head_dim]
 }
 
 /// Check output shapes against `q`; the message is shared through the handshake.
@@ -83,12 +85,13 @@ pub(crate) fn check_out(
     outs: &[(TensorName, Shape4)],
     lse_len: usize,
 ) -> Option<String> {
-    let want = local_shape(problem, rank);
     for (name, s) in outs {
+        let want = local_shape(problem, rank, *name);
         if s.dims() != want {
             return Some(format!("{name} has shape {:?}, expected {want:?}", s.dims()));
         }
     }
+    let want = local_shape(problem, rank, TensorName::Output);
     let lse_want = want[0] * want[1] * want[2];
     if lse_len != lse_want && lse_len != usize::MAX {
         return Some(format!("lse has {lse_len} elements, expected {lse_want}"));
@@ -154,13 +157,13 @@ pub(crate) fn prepare<'a, C: Communicator + ?Sized, T: Element>(
         // No handshake is possible: the communicator itself is invalid.
         return Err(AttnError::InvalidArgument(format!("communicator has rank {rank} in a world of {world} ranks")));
     }
-    let want = local_shape(problem, rank);
     let mut err = extra;
     if problem.world != world {
         err = Some(format!("problem is for {} ranks but the communicator has {world}", problem.world));
     }
     let mut inputs = vec![(TensorName::Query, qkv[0]), (TensorName::Key, qkv[1]), (TensorName::Value, qkv[2])];
     for (name, t) in &inputs {
+        let want = local_shape(problem, rank, *name);
         if err.is_none() && t.shape().dims() != want {
             err = Some(format!("{name} has shape {:?}, expected {want:?}", t.shape().dims()));
         }

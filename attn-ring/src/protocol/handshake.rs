@@ -59,21 +59,40 @@ impl Refusal {
     }
 }
 
+/// FNV-1a of the masks, so ranks holding different masks disagree in the handshake.
+fn masks_hash(problem: &RingProblem) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut eat = |x: u64| {
+        for byte in x.to_le_bytes() {
+            h = (h ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    let m = &problem.masks;
+    eat(u64::from(m.key_padding.is_some()));
+    m.key_padding.iter().flatten().for_each(|&f| eat(u64::from(f)));
+    eat(u64::from(m.cu_seqlens.is_some()));
+    m.cu_seqlens.iter().flatten().for_each(|&c| eat(c as u64));
+    h
+}
+
 /// Fingerprint of what a rank is about to compute.
 pub(crate) fn fingerprint(op: &str, problem: &RingProblem, dtype: DType) -> String {
     let c = &problem.cfg;
     format!(
-        "op={op} segments={:?} rates={:?} mixing={} causal={} scale={:?} seq={} batch={} heads={} head_dim={} \
-         dtype={} layout={} strategy={} world={}",
+        "op={op} segments={:?} rates={:?} mixing={} window={:?} causal={} scale={:?} seq={} batch={} heads={} \
+         kv_heads={} head_dim={} masks={:016x} dtype={} layout={} strategy={} world={}",
         c.segment_lengths(),
         c.dilation_rates(),
         c.mixing().as_str(),
+        c.window().map(|w| (w.left, w.right)),
         c.causal(),
         c.explicit_scale(),
         problem.seq,
         problem.batch,
         problem.heads,
+        problem.kv_heads,
         problem.head_dim,
+        masks_hash(problem),
         dtype.as_str(),
         problem.layout.as_str(),
         problem.strategy.as_str(),

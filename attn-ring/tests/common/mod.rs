@@ -7,9 +7,10 @@ use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, AttnShape, DilatedConfig, Result, TensorView};
+use attn_core::{AttnShape, DilatedConfig, Result, TensorView};
+use attn_ring::comm::DEFAULT_TIMEOUT;
 use attn_ring::{
-    Communicator, Fault, Layout, Strategy, run_backward_on, run_in_process, run_in_process_backward, run_on,
+    Communicator, Fault, Layout, RingProblem, Strategy, ThreadComm, run_problem_backward_on, run_problem_on,
 };
 use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem, check_case, golden_dir, load_dir};
 
@@ -29,16 +30,14 @@ pub fn views<'a>(shape: AttnShape, q: &'a [f32], k: &'a [f32], v: &'a [f32]) -> 
     ])
 }
 
-/// The problem's views, refusing masks (which the in-process runners do not take).
-fn unmasked<'a>(p: &Problem<'_>, [q, k, v]: [&'a [f32]; 3]) -> Result<[TensorView<'a, f32>; 3]> {
-    if !p.masks.is_none() {
-        return Err(AttnError::Unsupported { backend: "ring", feature: "key padding masks and packed sequences" });
-    }
-    Ok([
-        TensorView::contiguous(TensorName::Query, q, p.shape.q)?,
-        TensorView::contiguous(TensorName::Key, k, p.shape.kv)?,
-        TensorView::contiguous(TensorName::Value, v, p.shape.kv)?,
-    ])
+/// The ring problem of a test problem on `world` ranks.
+fn ring_problem(p: &Problem<'_>, world: usize, layout: Layout, strategy: Strategy) -> RingProblem {
+    RingProblem::new(p.cfg, p.shape, layout, strategy, world).with_masks(p.masks.into())
+}
+
+/// The problem's global views.
+fn problem_views<'a>(p: &Problem<'_>, [q, k, v]: [&'a [f32]; 3]) -> Result<[TensorView<'a, f32>; 3]> {
+    views(p.shape, q, k, v)
 }
 
 impl DilatedBackend for RingBackend {
@@ -47,15 +46,17 @@ impl DilatedBackend for RingBackend {
     }
 
     fn forward(&self, p: &Problem<'_>, qkv: [&[f32]; 3]) -> Result<Forward32> {
-        let [q, k, v] = unmasked(p, qkv)?;
-        let r = run_in_process(self.world, p.cfg, self.layout, self.strategy, q, k, v)?;
+        let comms = ThreadComm::world_with_timeout(self.world, DEFAULT_TIMEOUT)?;
+        let r =
+            run_problem_on(comms, &ring_problem(p, self.world, self.layout, self.strategy), problem_views(p, qkv)?)?;
         Ok(Forward32 { out: r.out, lse: r.lse })
     }
 
     fn backward(&self, p: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
-        let qkv = unmasked(p, qkv)?;
         let go = TensorView::contiguous(TensorName::GradOutput, grad_out, p.shape.q)?;
-        let r = run_in_process_backward(self.world, p.cfg, self.layout, self.strategy, qkv, go)?;
+        let comms = ThreadComm::world_with_timeout(self.world, DEFAULT_TIMEOUT)?;
+        let problem = ring_problem(p, self.world, self.layout, self.strategy);
+        let r = run_problem_backward_on(comms, &problem, problem_views(p, qkv)?, go)?;
         Ok(Gradients32 { dq: r.dq, dk: r.dk, dv: r.dv })
     }
 }
@@ -76,17 +77,17 @@ impl<C: Communicator + Send, F: Fn(usize) -> Result<Vec<C>>> DilatedBackend for 
     }
 
     fn forward(&self, p: &Problem<'_>, qkv: [&[f32]; 3]) -> Result<Forward32> {
-        let views = unmasked(p, qkv)?;
+        let views = problem_views(p, qkv)?;
         let comms = (self.join)(self.world)?;
-        let r = run_on(comms, p.cfg, self.layout, self.strategy, views)?;
+        let r = run_problem_on(comms, &ring_problem(p, self.world, self.layout, self.strategy), views)?;
         Ok(Forward32 { out: r.out, lse: r.lse })
     }
 
     fn backward(&self, p: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
         let go = TensorView::contiguous(TensorName::GradOutput, grad_out, p.shape.q)?;
-        let views = unmasked(p, qkv)?;
+        let views = problem_views(p, qkv)?;
         let comms = (self.join)(self.world)?;
-        let r = run_backward_on(comms, p.cfg, self.layout, self.strategy, views, go)?;
+        let r = run_problem_backward_on(comms, &ring_problem(p, self.world, self.layout, self.strategy), views, go)?;
         Ok(Gradients32 { dq: r.dq, dk: r.dk, dv: r.dv })
     }
 }
@@ -100,17 +101,18 @@ pub struct SweepRun {
     pub strategy: Strategy,
 }
 
-/// Every golden file in `conformance/dilated` (at least 9) through
+/// Every golden file in `conformance/<dir>` (at least 9) through
 /// `backend(world, layout, strategy)` for every world in `worlds` and layout the
 /// sequence allows, and every strategy, forward and gradients. Panics listing every
 /// failed run; returns the runs.
 pub fn golden_sweep<B: DilatedBackend>(
+    dir: &str,
     worlds: RangeInclusive<usize>,
     backend: impl Fn(usize, Layout, Strategy) -> B,
 ) -> Vec<SweepRun> {
-    let dir = golden_dir().join("dilated");
+    let dir = golden_dir().join(dir);
     let cases = load_dir(&dir).expect("golden dir");
-    assert!(cases.len() >= 9, "expected the dilated golden files in {}", dir.display());
+    assert!(cases.len() >= 9, "expected the golden files in {}", dir.display());
     let (mut runs, mut failures) = (Vec::new(), Vec::new());
     for (path, case) in cases {
         let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
