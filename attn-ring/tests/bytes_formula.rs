@@ -3,9 +3,11 @@
 
 mod common;
 
-use attn_core::{DType, DilatedConfig, Mixing, Pass, Shape4};
+use attn_core::error::TensorName;
+use attn_core::{AttnShape, DType, DilatedConfig, Mixing, Pass, Shape4, TensorView};
 use attn_ring::{
-    Layout, PatternStrategy, Plan, Strategy, expected_bytes, problem_for, run_in_process, run_in_process_backward,
+    Layout, PatternStrategy, Plan, RingMasks, RingProblem, Strategy, ThreadComm, expected_bytes, problem_for,
+    run_in_process, run_in_process_backward, run_problem_backward_on, run_problem_on,
 };
 use attn_testkit::random_vec;
 use common::views;
@@ -134,4 +136,114 @@ fn the_workspace_bound_covers_the_buffers_and_shrinks_with_the_world_size() {
         )
         .is_err()
     );
+}
+
+/// The ring problem of a feature case (grouped heads, padding, packing, windows).
+fn feature_problem(
+    cfg: &DilatedConfig,
+    kv_heads: usize,
+    masks: RingMasks,
+    world: usize,
+    layout: Layout,
+    strategy: Strategy,
+) -> (RingProblem, AttnShape) {
+    let q = Shape4::new(if masks.cu_seqlens.is_some() { 1 } else { 2 }, 61, 4, 4).unwrap();
+    let shape = AttnShape { q, kv: Shape4 { heads: kv_heads, ..q } };
+    (RingProblem::new(cfg, shape, layout, strategy, world).with_masks(masks), shape)
+}
+
+/// With the features too, every rank sends exactly `expected_bytes`, forward and backward.
+#[test]
+fn feature_bytes_equal_the_formula() {
+    let pad: Vec<bool> = (0..2 * 61).map(|i| i % 5 == 2).collect();
+    let cases = [
+        (cfg(&[8, 16, 64], &[1, 2, 4], Mixing::HeadGroups, false), 2, RingMasks::default()),
+        (cfg(&[16, 64], &[1, 2], Mixing::LongNet, true), 1, RingMasks { key_padding: Some(pad), cu_seqlens: None }),
+        (
+            cfg(&[8, 32], &[1, 2], Mixing::LongNet, false),
+            2,
+            RingMasks { key_padding: None, cu_seqlens: Some(vec![0, 7, 30, 61]) },
+        ),
+        (DilatedConfig::builder().window(6, 3).build().unwrap(), 4, RingMasks::default()),
+        (
+            DilatedConfig::builder().window(9, 0).causal(true).build().unwrap(),
+            2,
+            RingMasks { key_padding: None, cu_seqlens: Some(vec![0, 20, 61]) },
+        ),
+    ];
+    for (cfg, kv_heads, masks) in &cases {
+        for world in [1, 2, 3, 5] {
+            for layout in [Layout::Contiguous, Layout::Zigzag] {
+                for strategy in [Strategy::Auto, Strategy::Ring, Strategy::AllGather] {
+                    let (problem, shape) = feature_problem(cfg, *kv_heads, masks.clone(), world, layout, strategy);
+                    let (nq, nk) = (shape.q.numel(), shape.kv.numel());
+                    let (q, k, v, go) = (random_vec(1, nq), random_vec(2, nk), random_vec(3, nk), random_vec(4, nq));
+                    let qkv = views(shape, &q, &k, &v).unwrap();
+                    let plan = Plan::new(problem.clone()).unwrap();
+                    let comms = ThreadComm::world(world).unwrap();
+                    let f = run_problem_on(comms, &problem, qkv).unwrap();
+                    let got: Vec<u64> = f.stats.iter().map(|s| s.data_bytes_sent).collect();
+                    let case = format!("{cfg:?} kv={kv_heads} p={world} {layout:?} {strategy:?}");
+                    assert_eq!(got, expected_bytes(&plan, DType::F32, Pass::Forward), "{case}");
+                    let gov = TensorView::contiguous(TensorName::GradOutput, &go, shape.q).unwrap();
+                    let b = run_problem_backward_on(ThreadComm::world(world).unwrap(), &problem, qkv, gov).unwrap();
+                    let got: Vec<u64> = b.stats.iter().map(|s| s.data_bytes_sent).collect();
+                    assert_eq!(got, expected_bytes(&plan, DType::F32, Pass::Backward), "bwd {case}");
+                }
+            }
+        }
+    }
+}
+
+/// Grouped heads: the k/v bytes scale with the key/value heads (a pair's rows travel
+/// once however many query heads read them): 8 query heads on 1 key/value head send an
+/// eighth of what 8 key/value heads send, headers aside.
+#[test]
+fn grouped_heads_send_their_key_value_heads_once() {
+    let cfg = cfg(&[4096], &[1], Mixing::HeadGroups, true);
+    let q = Shape4::new(1, 4096, 8, 64).unwrap();
+    for strategy in [Strategy::Ring, Strategy::AllGather] {
+        let bytes = |kv_heads: usize| {
+            let shape = AttnShape { q, kv: Shape4 { heads: kv_heads, ..q } };
+            let plan = Plan::new(RingProblem::new(&cfg, shape, Layout::Zigzag, strategy, 4)).unwrap();
+            let data: u64 = expected_bytes(&plan, DType::BF16, Pass::Forward).iter().sum();
+            let messages = plan.ring_heads.len().max(1) as u64;
+            (data, messages)
+        };
+        let ((full, _), (one, _)) = (bytes(8), bytes(1));
+        // Headers (9 bytes per message) aside, exactly an eighth.
+        assert!(one * 8 >= full - 8 * 9 * 64 && one * 8 <= full + 8 * 9 * 64, "{strategy:?}: {one} x 8 vs {full}");
+    }
+}
+
+/// A window sends a rank only the keys within the window of its queries: at most `left +
+/// right` rows per contiguous chunk it holds (two under zigzag), times key/value heads
+/// and batch, whatever the sequence length; `expected_bytes` says so.
+#[test]
+fn a_window_sends_only_keys_within_reach() {
+    let (left, right, kv_heads, d) = (40usize, 8usize, 2usize, 8usize);
+    for causal in [false, true] {
+        let cfg = DilatedConfig::builder().window(left, right).causal(causal).build().unwrap();
+        let reach = left + if causal { 0 } else { right };
+        for seq in [1024, 8192, 65536] {
+            for (layout, chunks) in [(Layout::Contiguous, 1), (Layout::Zigzag, 2)] {
+                let q = Shape4::new(1, seq, 4, d).unwrap();
+                let shape = AttnShape { q, kv: Shape4 { heads: kv_heads, ..q } };
+                let plan = Plan::new(RingProblem::new(&cfg, shape, layout, Strategy::Auto, 4)).unwrap();
+                let per_row = (2 * d * 2) as u64; // k and v rows of bf16
+                let bound = (chunks * reach * kv_heads) as u64 * per_row;
+                // What each rank receives is what the others send it: sum the messages to
+                // each rank from the plan's per-pair counts.
+                for r in 0..4 {
+                    let rows: u64 = (0..4)
+                        .filter(|&o| o != r)
+                        .map(|o| plan.gather_heads.iter().map(|ph| plan.gather_count(o, r, ph) as u64).sum::<u64>())
+                        .sum();
+                    assert!(rows * per_row <= bound, "seq {seq} {layout:?} causal={causal} rank {r}: {rows} rows");
+                }
+                let sent: u64 = expected_bytes(&plan, DType::BF16, Pass::Forward).iter().sum();
+                assert!(sent <= 4 * (bound + 2 * 3 * 9 * 64), "seq {seq}: {sent} bytes in all");
+            }
+        }
+    }
 }

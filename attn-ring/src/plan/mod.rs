@@ -385,12 +385,14 @@ impl Plan {
             .collect()
     }
 
-    pub(crate) fn ring_count(&self, o: usize, ph: &PatternHead) -> usize {
+    /// Selected rows of wire pair `ph` in owner `o`'s ring block.
+    pub fn ring_count(&self, o: usize, ph: &PatternHead) -> usize {
         let placed = self.placed(ph.pat);
         self.ring_regions[ph.pattern][o].iter().map(|r| placed.count_in_range(r.clone())).sum()
     }
 
-    pub(crate) fn gather_count(&self, o: usize, r: usize, ph: &PatternHead) -> usize {
+    /// Selected rows of wire pair `ph` that owner `o` sends straight to rank `r`.
+    pub fn gather_count(&self, o: usize, r: usize, ph: &PatternHead) -> usize {
         let placed = self.placed(ph.pat);
         self.gather_regions(o, r, ph.pattern).into_iter().map(|rg| placed.count_in_range(rg)).sum()
     }
