@@ -8,6 +8,9 @@ use attn_core::{AttnError, DilatedConfig, Mixing, Result, TensorName};
 pub struct MultiheadConfig {
     pub embed_dim: usize,
     pub num_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `num_heads`; must divide
+    /// it): `k_proj` and `v_proj` have `num_kv_heads * head_dim` rows.
+    pub num_kv_heads: usize,
     pub segment_lengths: Vec<usize>,
     pub dilation_rates: Vec<usize>,
     pub mixing: Mixing,
@@ -33,6 +36,7 @@ impl MultiheadConfig {
         MultiheadConfig {
             embed_dim,
             num_heads,
+            num_kv_heads: num_heads,
             segment_lengths: segment_lengths.to_vec(),
             dilation_rates: dilation_rates.to_vec(),
             mixing: Mixing::HeadGroups,
@@ -46,6 +50,11 @@ impl MultiheadConfig {
         }
     }
 
+    /// Grouped-query attention: `num_kv_heads` key/value heads (dividing `num_heads`).
+    pub fn with_num_kv_heads(mut self, num_kv_heads: usize) -> Self {
+        self.num_kv_heads = num_kv_heads;
+        self
+    }
     pub fn with_mixing(mut self, mixing: Mixing) -> Self {
         self.mixing = mixing;
         self
@@ -81,6 +90,11 @@ impl MultiheadConfig {
         self.embed_dim / self.num_heads.max(1)
     }
 
+    /// Rows of `k_proj` and `v_proj`: `num_kv_heads * head_dim` (after `validate`).
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim()
+    }
+
     /// Check every field; returns the attention config the layer runs.
     pub fn validate(&self) -> Result<DilatedConfig> {
         if self.embed_dim == 0 {
@@ -94,6 +108,9 @@ impl MultiheadConfig {
                 "embed_dim ({}) must be divisible by num_heads ({})",
                 self.embed_dim, self.num_heads
             )));
+        }
+        if self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return Err(AttnError::KvHeadsNotDividing { heads: self.num_heads, kv_heads: self.num_kv_heads });
         }
         // The four `embed_dim x embed_dim` projections must be addressable in 8-byte floats.
         let e = self.embed_dim;
@@ -159,5 +176,13 @@ mod tests {
             MultiheadConfig::new(8, 2, &[8], &[1]).with_scale(Some(-1.0)).validate(),
             Err(AttnError::InvalidScale(_))
         ));
+        let gqa = MultiheadConfig::new(32, 4, &[8], &[1]).with_num_kv_heads(2);
+        assert!(gqa.validate().is_ok() && gqa.kv_dim() == 16);
+        for kv in [0, 3] {
+            assert!(matches!(
+                MultiheadConfig::new(32, 4, &[8], &[1]).with_num_kv_heads(kv).validate(),
+                Err(AttnError::KvHeadsNotDividing { heads: 4, kv_heads: _ })
+            ));
+        }
     }
 }

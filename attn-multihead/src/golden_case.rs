@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use attn_core::{Attention, AttnError, Mixing, Result};
+use attn_core::{Attention, AttnError, KeyPadding, Masks, Mixing, Result};
 #[cfg(feature = "ring")]
 use attn_ring::{Layout, RingBackend, Strategy, ThreadComm};
 
@@ -43,7 +43,8 @@ fn parse_list(m: &BTreeMap<String, String>, key: &str) -> Result<Vec<usize>> {
 }
 
 /// The layer config a golden file describes (`embed_dim`, `num_heads`, `segment_lengths`,
-/// `dilation_rates`, `mixing`, `causal`, `layer_norm`, optional `layer_norm_eps` and `scale`).
+/// `dilation_rates`, `mixing`, `causal`, `layer_norm`, optional `num_kv_heads`,
+/// `layer_norm_eps` and `scale`).
 /// `bias` says whether the file has biases (`q_proj.bias`).
 pub fn config_from_metadata(m: &BTreeMap<String, String>, bias: Bias) -> Result<MultiheadConfig> {
     let mut cfg = MultiheadConfig::new(
@@ -58,6 +59,9 @@ pub fn config_from_metadata(m: &BTreeMap<String, String>, bias: Bias) -> Result<
     .with_bias(bias == Bias::Zeros);
     if m.contains_key("layer_norm_eps") {
         cfg.layer_norm_eps = parse(m, "layer_norm_eps")?;
+    }
+    if m.contains_key("num_kv_heads") {
+        cfg.num_kv_heads = parse(m, "num_kv_heads")?;
     }
     match m.get("scale").map(|s| s.trim().to_ascii_lowercase()) {
         None => {}
@@ -118,23 +122,43 @@ pub fn prepare_case<F: LayerFloat>(
     Ok(PreparedCase { config, weights, query, key_value, batch, q_seq, kv_seq })
 }
 
-/// Run a `kind=multihead` case on `backend`; returns the output `[batch, seq, embed]`.
+/// Run a `kind=multihead` case on `backend` with the file's key padding mask
+/// (`[batch, seq]` flags, `true` = padding; self-attention files); returns the output
+/// `[batch, seq, embed]`.
 pub fn forward_case<F: LayerFloat>(
     m: &BTreeMap<String, String>,
     tensors: &impl TensorSource,
+    key_padding: Option<&[bool]>,
     backend: Arc<dyn Attention<F>>,
 ) -> Result<Vec<F>> {
     let c = prepare_case::<F>(m, tensors)?;
     let layer = MultiheadDilatedAttention::from_weights(c.config, c.weights, backend)?;
-    match &c.key_value {
-        None => layer.forward(&c.query, c.batch, c.q_seq, Mode::Eval),
-        Some((k, v)) => Ok(layer.forward_cross(&c.query, k, v, c.batch, c.q_seq, c.kv_seq, Mode::Eval)?.0),
+    match (&c.key_value, key_padding) {
+        (None, None) => layer.forward(&c.query, c.batch, c.q_seq, Mode::Eval),
+        (None, Some(flags)) => {
+            let masks = Masks { key_padding: Some(KeyPadding::new(flags, c.batch, c.q_seq)?), packing: None };
+            layer.forward_masked(&c.query, c.batch, c.q_seq, masks, Mode::Eval)
+        }
+        (Some((k, v)), None) => Ok(layer.forward_cross(&c.query, k, v, c.batch, c.q_seq, c.kv_seq, Mode::Eval)?.0),
+        (Some(_), Some(_)) => Err(AttnError::Unsupported {
+            backend: "multihead cases",
+            feature: "key padding masks with cross-attention",
+        }),
     }
+}
+
+/// How a ring run splits a case: `world` in-process ranks, the layout, the strategy.
+#[cfg(feature = "ring")]
+#[derive(Debug, Clone, Copy)]
+pub struct RingSplit {
+    pub world: usize,
+    pub layout: Layout,
+    pub strategy: Strategy,
 }
 
 /// Rows `positions` of every batch of a `[batch, seq, e]` buffer.
 #[cfg(feature = "ring")]
-fn gather_rows<F: Copy>(x: &[F], seq: usize, e: usize, positions: &[usize]) -> Vec<F> {
+fn gather_rows<T: Copy>(x: &[T], seq: usize, e: usize, positions: &[usize]) -> Vec<T> {
     let batch = x.len() / (seq * e).max(1);
     let mut out = Vec::with_capacity(batch * positions.len() * e);
     for b in 0..batch {
@@ -145,17 +169,18 @@ fn gather_rows<F: Copy>(x: &[F], seq: usize, e: usize, positions: &[usize]) -> V
     out
 }
 
-/// Run a `kind=multihead` case (feature `ring`) on `world` in-process ranks ([`ThreadComm`]) with the
-/// sequence split by `layout` and attention by `strategy`; returns the assembled output.
+/// Run a `kind=multihead` case (feature `ring`) on `split.world` in-process ranks
+/// ([`ThreadComm`]) with the sequence split by the layout and attention by the strategy,
+/// each rank passing its rows of the key padding mask; returns the assembled output.
 /// Cross-attention needs keys as long as the queries (one split for both).
 #[cfg(feature = "ring")]
 pub fn forward_case_ring(
     m: &BTreeMap<String, String>,
     tensors: &impl TensorSource,
-    world: usize,
-    layout: Layout,
-    strategy: Strategy,
+    key_padding: Option<&[bool]>,
+    split: RingSplit,
 ) -> Result<Vec<f32>> {
+    let RingSplit { world, layout, strategy } = split;
     let c = prepare_case::<f32>(m, tensors)?;
     if c.kv_seq != c.q_seq {
         return Err(AttnError::InvalidArgument(format!(
@@ -175,11 +200,23 @@ pub fn forward_case_ring(
                     let pos = backend.positions();
                     let layer = MultiheadDilatedAttention::from_weights(c.config.clone(), c.weights.clone(), backend)?;
                     let q = gather_rows(&c.query, seq, e, &pos);
-                    let y = match &c.key_value {
-                        None => layer.forward(&q, batch, pos.len(), Mode::Eval)?,
-                        Some((k, v)) => {
+                    let y = match (&c.key_value, key_padding) {
+                        (None, None) => layer.forward(&q, batch, pos.len(), Mode::Eval)?,
+                        (None, Some(flags)) => {
+                            let rows = gather_rows(flags, seq, 1, &pos);
+                            let masks =
+                                Masks { key_padding: Some(KeyPadding::new(&rows, batch, pos.len())?), packing: None };
+                            layer.forward_masked(&q, batch, pos.len(), masks, Mode::Eval)?
+                        }
+                        (Some((k, v)), None) => {
                             let (k, v) = (gather_rows(k, seq, e, &pos), gather_rows(v, seq, e, &pos));
                             layer.forward_cross(&q, &k, &v, batch, pos.len(), pos.len(), Mode::Eval)?.0
+                        }
+                        (Some(_), Some(_)) => {
+                            return Err(AttnError::Unsupported {
+                                backend: "multihead cases",
+                                feature: "key padding masks with cross-attention",
+                            });
                         }
                     };
                     Ok((pos, y))

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, DilatedConfig, Result, Shape4, TensorView, TensorViewMut};
+use attn_core::{
+    AttnError, DilatedConfig, KeyPadding, Masks, PackedSequences, Result, Shape4, TensorView, TensorViewMut,
+};
 
 use crate::config::MultiheadConfig;
 use crate::dropout::{MaskRows, Mode, apply_mask, dropout_mask};
@@ -21,8 +23,8 @@ mod backward;
 /// Dropout site id of the attention output (keeps masks of different sites independent).
 const ATTN_DROPOUT_SITE: u64 = 1;
 
-/// The projected q, k, v: one fused `[b, s, 3, h, d]` buffer for self-attention,
-/// or q `[b, n, h, d]` and a fused kv `[b, m, 2, h, d]` for cross-attention.
+/// The projected q, k, v: one fused `[b, s, h + 2 kv_h, d]` buffer for self-attention,
+/// or q `[b, n, h, d]` and a fused kv `[b, m, 2 kv_h, d]` for cross-attention.
 #[derive(Debug, Clone)]
 enum Projected<F> {
     Fused(Vec<F>),
@@ -45,12 +47,56 @@ impl<F> Projected<F> {
     }
 }
 
+/// Where a pass's projections are: `ws.qkv` holds the fused q/k/v (self-attention),
+/// or q with k/v in `ws.kv` (cross-attention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProjLayout {
+    Fused,
+    Split,
+}
+
+/// One attention pass of the layer: q and k/v shapes, where the projections are, the
+/// mode and the call's masks.
+#[derive(Debug, Clone, Copy)]
+struct AttnPass<'a> {
+    qs: Shape4,
+    kvs: Shape4,
+    layout: ProjLayout,
+    mode: Mode,
+    masks: Masks<'a>,
+}
+
+/// The masks of a call, owned by a training cache for its backward.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct OwnedMasks {
+    /// `(batch, key_seq, flags)`.
+    key_padding: Option<(usize, usize, Vec<bool>)>,
+    cu_seqlens: Option<Vec<usize>>,
+}
+
+impl OwnedMasks {
+    fn of(m: &Masks<'_>) -> Self {
+        OwnedMasks {
+            key_padding: m.key_padding.map(|k| (k.batch(), k.seq(), k.flags().to_vec())),
+            cu_seqlens: m.packing.map(|p| p.cu_seqlens().to_vec()),
+        }
+    }
+
+    pub(crate) fn view(&self) -> Result<Masks<'_>> {
+        let key_padding = match &self.key_padding {
+            Some((b, n, f)) => Some(KeyPadding::new(f, *b, *n)?),
+            None => None,
+        };
+        Ok(Masks { key_padding, packing: self.cu_seqlens.as_deref().map(PackedSequences::new).transpose()? })
+    }
+}
+
 /// What a forward pass made besides the buffers of its workspace.
 struct Kept<F> {
     mask: Option<Vec<F>>,
     norm_stats: Option<NormStats<F>>,
-    /// `ws.qkv` holds the fused q/k/v (self-attention), else q with kv in `ws.kv`.
-    fused: bool,
+    layout: ProjLayout,
+    masks: OwnedMasks,
 }
 
 impl<F> Kept<F> {
@@ -68,7 +114,10 @@ impl<F> Kept<F> {
         ws: MultiheadWorkspace<F>,
     ) -> MultiheadCache<F> {
         let pre_out = self.pre_out_used().then_some(ws.pre_out);
-        let projected = if self.fused { Projected::Fused(ws.qkv) } else { Projected::Split { q: ws.qkv, kv: ws.kv } };
+        let projected = match self.layout {
+            ProjLayout::Fused => Projected::Fused(ws.qkv),
+            ProjLayout::Split => Projected::Split { q: ws.qkv, kv: ws.kv },
+        };
         MultiheadCache {
             q_shape,
             kv_shape,
@@ -79,6 +128,7 @@ impl<F> Kept<F> {
             mask: self.mask,
             norm_stats: self.norm_stats,
             pre_out,
+            masks: self.masks,
         }
     }
 }
@@ -102,6 +152,8 @@ pub struct MultiheadCache<F> {
     norm_stats: Option<NormStats<F>>,
     /// Input of the output projection; `None` when it is `attn` itself (no dropout, no sub-LN).
     pre_out: Option<Vec<F>>,
+    /// The key padding and packed sequences of the pass.
+    masks: OwnedMasks,
 }
 
 /// Gradients of the layer inputs. For self-attention `key` and `value` are `None`
@@ -202,9 +254,14 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         self.window_rows
     }
 
-    /// The rows an inference pass over `seq` rows walks at a time, if it walks in windows.
-    fn forward_window(&self, seq: usize, mode: Mode) -> Result<Option<usize>> {
-        if mode != Mode::Eval || !self.backend.placement().is_whole() {
+    /// The rows an inference pass over `seq` rows walks at a time, if it walks in windows
+    /// (not with masks, which cover the whole sequence, nor with a sliding window).
+    fn forward_window(&self, seq: usize, mode: Mode, masks: &Masks<'_>) -> Result<Option<usize>> {
+        if mode != Mode::Eval
+            || !self.backend.placement().is_whole()
+            || !masks.is_none()
+            || self.dilated.window().is_some()
+        {
             return Ok(None);
         }
         Ok(window_rows(&self.config.segment_lengths, seq, self.window_rows))
@@ -225,11 +282,48 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         Shape4::new(batch, seq, self.config.num_heads, self.config.head_dim())
     }
 
+    /// The key/value shape: `num_kv_heads` heads.
+    fn kv_shape(&self, batch: usize, seq: usize) -> Result<Shape4> {
+        Shape4::new(batch, seq, self.config.num_kv_heads, self.config.head_dim())
+    }
+
     /// Self-attention over `x: [batch, seq, embed]`; returns the output only.
     pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
         let mut y = attn_kernels::zeroed_buffer(x.len())?;
         self.forward_with(x, batch, seq, mode, &mut MultiheadWorkspace::new(), &mut y)?;
         Ok(y)
+    }
+
+    /// [`Self::forward`] with masks: a key padding mask `[batch, seq]` (`true` = padding,
+    /// as `torch.nn.MultiheadAttention`'s `key_padding_mask`; with a ring backend, this
+    /// rank's rows) and packed sequences (`cu_seqlens`, batch 1).
+    pub fn forward_masked(&self, x: &[F], batch: usize, seq: usize, masks: Masks<'_>, mode: Mode) -> Result<Vec<F>> {
+        let mut y = attn_kernels::zeroed_buffer(x.len())?;
+        check_input("query", x, batch, seq, self.config.embed_dim)?;
+        let mut ws = MultiheadWorkspace::new();
+        let shape = self.project_self_masked(x, [batch, seq], &masks, &mut ws)?;
+        let pass = AttnPass { qs: shape, kvs: self.kv_shape(batch, seq)?, layout: ProjLayout::Fused, mode, masks };
+        self.finish_forward(pass, &mut ws, &mut y)?;
+        Ok(y)
+    }
+
+    /// [`Self::forward_train`] with masks (see [`Self::forward_masked`]); the cache keeps
+    /// them for the backward.
+    pub fn forward_train_masked(
+        &self,
+        x: &[F],
+        batch: usize,
+        seq: usize,
+        masks: Masks<'_>,
+        mode: Mode,
+    ) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        let mut ws = MultiheadWorkspace::new();
+        let shape = self.project_self_masked(x, [batch, seq], &masks, &mut ws)?;
+        let kvs = self.kv_shape(batch, seq)?;
+        let mut y = attn_kernels::zeroed_buffer(x.len())?;
+        let kept =
+            self.finish_forward(AttnPass { qs: shape, kvs, layout: ProjLayout::Fused, mode, masks }, &mut ws, &mut y)?;
+        Ok((y, kept.into_cache(shape, kvs, Inputs::SelfAttn(x.to_vec()), ws)))
     }
 
     /// [`MultiheadDilatedAttention::forward`] into the caller's `out` (`[batch, seq,
@@ -246,9 +340,13 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     ) -> Result<()> {
         let e = self.config.embed_dim;
         check_input("query", x, batch, seq, e)?;
-        let Some(window) = self.forward_window(seq, mode)? else {
+        let pass = |qs: Shape4| -> Result<AttnPass<'static>> {
+            let kvs = self.kv_shape(qs.batch, qs.seq)?;
+            Ok(AttnPass { qs, kvs, layout: ProjLayout::Fused, mode, masks: Masks::NONE })
+        };
+        let Some(window) = self.forward_window(seq, mode, &Masks::NONE)? else {
             let shape = self.project_self(x, batch, seq, ws)?;
-            self.finish_forward(shape, shape, true, mode, ws, out)?;
+            self.finish_forward(pass(shape)?, ws, out)?;
             return Ok(());
         };
         check_input("output", out, batch, seq, e)?;
@@ -256,7 +354,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             for (start, len) in windows(seq, window) {
                 let rows = (b * seq + start) * e..(b * seq + start + len) * e;
                 let shape = self.project_self(&x[rows.clone()], 1, len, ws)?;
-                self.finish_forward(shape, shape, true, mode, ws, &mut out[rows])?;
+                self.finish_forward(pass(shape)?, ws, &mut out[rows])?;
             }
         }
         Ok(())
@@ -264,26 +362,53 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
 
     /// Self-attention, keeping what [`MultiheadDilatedAttention::backward`] needs.
     pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
-        let mut ws = MultiheadWorkspace::new();
-        let shape = self.project_self(x, batch, seq, &mut ws)?;
-        let mut y = attn_kernels::zeroed_buffer(x.len())?;
-        let kept = self.finish_forward(shape, shape, true, mode, &mut ws, &mut y)?;
-        Ok((y, kept.into_cache(shape, shape, Inputs::SelfAttn(x.to_vec()), ws)))
+        self.forward_train_masked(x, batch, seq, Masks::NONE, mode)
+    }
+
+    /// Whether k and v have fewer heads than q.
+    fn grouped(&self) -> bool {
+        self.config.num_kv_heads != self.config.num_heads
+    }
+
+    /// Columns of the fused projection: q, k and v together.
+    fn qkv_dim(&self) -> usize {
+        self.config.embed_dim + 2 * self.config.kv_dim()
     }
 
     /// The fused q/k/v projection of `x` into `ws.qkv`.
     fn project_self(&self, x: &[F], batch: usize, seq: usize, ws: &mut MultiheadWorkspace<F>) -> Result<Shape4> {
+        self.project_self_masked(x, [batch, seq], &Masks::NONE, ws)
+    }
+
+    /// Whether the input projection may project only the rows each head group selects:
+    /// the whole sequence on one device, without grouped heads, windows or packing (whose
+    /// selection is relative to each sequence).
+    fn sparse_projection(&self, masks: &Masks<'_>) -> bool {
+        self.backend.placement().is_whole()
+            && !self.grouped()
+            && self.dilated.window().is_none()
+            && masks.packing.is_none()
+    }
+
+    /// The fused q/k/v projection of `x` into `ws.qkv`, for a call with `masks`.
+    fn project_self_masked(
+        &self,
+        x: &[F],
+        [batch, seq]: [usize; 2],
+        masks: &Masks<'_>,
+        ws: &mut MultiheadWorkspace<F>,
+    ) -> Result<Shape4> {
         let e = self.config.embed_dim;
         check_input("query", x, batch, seq, e)?;
         self.weights.check_layout(&self.config, "weights")?;
         let shape = self.shape(batch, seq)?;
-        let len = shape.numel().checked_mul(3).ok_or_else(|| AttnError::ShapeOverflow {
+        let len = (batch * seq).checked_mul(self.qkv_dim()).ok_or_else(|| AttnError::ShapeOverflow {
             tensor: TensorName::Other("qkv"),
-            dims: vec![batch, seq, 3, e],
+            dims: vec![batch, seq, self.qkv_dim()],
         })?;
         let w = &self.weights.in_proj;
         let (heads, head_dim) = (self.config.num_heads, self.config.head_dim());
-        if self.backend.placement().is_whole() {
+        if self.sparse_projection(masks) {
             // The whole sequence on one device: each head group projects only the rows
             // its pattern selects.
             let key = SelectionKey { cfg: self.dilated.clone(), heads, head_dim, batch, seq };
@@ -291,14 +416,15 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             let input = QkvInput { cfg: &self.dilated, heads, head_dim, x, batch, seq };
             project_qkv(&input, &w.weight, w.bias.as_deref(), qkv)?;
         } else {
-            // A ring rank's rows (their global positions decide the selection): dense.
-            let qkv = ws.projection_buffer(len, None)?;
+            // A ring rank's rows (their global positions decide the selection), grouped
+            // heads or a window: dense.
+            let (qkv, cols) = (ws.projection_buffer(len, None)?, self.qkv_dim());
             linear_forward(
-                LinearRef { weight: &w.weight, bias: w.bias.as_deref(), in_dim: e, out_dim: 3 * e },
+                LinearRef { weight: &w.weight, bias: w.bias.as_deref(), in_dim: e, out_dim: cols },
                 x,
                 batch * seq,
                 qkv,
-                3 * e,
+                cols,
             )?;
         }
         Ok(shape)
@@ -322,50 +448,56 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         check_input("key", key, batch, kv_seq, e)?;
         check_input("value", value, batch, kv_seq, e)?;
         self.weights.check_layout(&self.config, "weights")?;
-        let (qs, kvs) = (self.shape(batch, q_seq)?, self.shape(batch, kv_seq)?);
-        let w = &self.weights.in_proj;
-        let bias = |i: usize| w.bias.as_ref().map(|b| &b[i * e..(i + 1) * e]);
-        let wpart = |i: usize| &w.weight[i * e * e..(i + 1) * e * e];
+        let (qs, kvs) = (self.shape(batch, q_seq)?, self.kv_shape(batch, kv_seq)?);
+        let kvd = self.config.kv_dim();
         let mut ws = MultiheadWorkspace::new();
         let q = ws.projection_buffer(batch * q_seq * e, None)?;
-        linear_forward(
-            LinearRef { weight: wpart(0), bias: bias(0), in_dim: e, out_dim: e },
-            query,
-            batch * q_seq,
-            q,
-            e,
-        )?;
-        let kv = sized(&mut ws.kv, batch * kv_seq * 2 * e)?;
-        linear_forward(
-            LinearRef { weight: wpart(1), bias: bias(1), in_dim: e, out_dim: e },
-            key,
-            batch * kv_seq,
-            kv,
-            2 * e,
-        )?;
-        linear_forward(
-            LinearRef { weight: wpart(2), bias: bias(2), in_dim: e, out_dim: e },
-            value,
-            batch * kv_seq,
-            &mut kv[e..],
-            2 * e,
-        )?;
+        linear_forward(self.in_proj_part(0), query, batch * q_seq, q, e)?;
+        let kv = sized(&mut ws.kv, batch * kv_seq * 2 * kvd)?;
+        linear_forward(self.in_proj_part(1), key, batch * kv_seq, kv, 2 * kvd)?;
+        linear_forward(self.in_proj_part(2), value, batch * kv_seq, &mut kv[kvd..], 2 * kvd)?;
         let mut y = attn_kernels::zeroed_buffer(query.len())?;
-        let kept = self.finish_forward(qs, kvs, false, mode, &mut ws, &mut y)?;
+        let pass = AttnPass { qs, kvs, layout: ProjLayout::Split, mode, masks: Masks::NONE };
+        let kept = self.finish_forward(pass, &mut ws, &mut y)?;
         let inputs = Inputs::Cross { query: query.to_vec(), key: key.to_vec(), value: value.to_vec() };
         Ok((y, kept.into_cache(qs, kvs, inputs, ws)))
     }
 
+    /// Part `i` (q, k or v) of the input projection as a linear map.
+    pub(crate) fn in_proj_part(&self, i: usize) -> LinearRef<'_, F> {
+        let (e, w) = (self.config.embed_dim, &self.weights.in_proj);
+        let rows = self.weights.part_rows();
+        let start: usize = rows[..i].iter().sum();
+        let (lo, hi) = (start, start + rows[i]);
+        LinearRef {
+            weight: &w.weight[(lo * e).min(w.weight.len())..(hi * e).min(w.weight.len())],
+            bias: w.bias.as_ref().map(|b| &b[lo.min(b.len())..hi.min(b.len())]),
+            in_dim: e,
+            out_dim: rows[i],
+        }
+    }
+
     fn views<'a>(&self, projected: ProjectedRef<'a, F>, qs: Shape4, kvs: Shape4) -> Result<[TensorView<'a, F>; 3]> {
+        let (e, kvd) = (self.config.embed_dim, self.config.kv_dim());
+        let at = |x: &'a [F], start: usize| &x[start.min(x.len())..];
         match projected {
-            ProjectedRef::Fused(qkv) => TensorView::fused_qkv(qkv, qs),
+            ProjectedRef::Fused(qkv) if !self.grouped() => TensorView::fused_qkv(qkv, qs),
+            ProjectedRef::Fused(qkv) => {
+                // Rows of `[q (e) | k (kvd) | v (kvd)]`.
+                let row = e + 2 * kvd;
+                let (qst, kst) = ([qs.seq * row, row, qs.head_dim, 1], [kvs.seq * row, row, kvs.head_dim, 1]);
+                Ok([
+                    TensorView::strided(TensorName::Query, qkv, qs, qst)?,
+                    TensorView::strided(TensorName::Key, at(qkv, e), kvs, kst)?,
+                    TensorView::strided(TensorName::Value, at(qkv, e + kvd), kvs, kst)?,
+                ])
+            }
             ProjectedRef::Split { q, kv } => {
-                let e = self.config.embed_dim;
-                let strides = [kvs.seq * 2 * e, 2 * e, kvs.head_dim, 1];
+                let strides = [kvs.seq * 2 * kvd, 2 * kvd, kvs.head_dim, 1];
                 Ok([
                     TensorView::contiguous(TensorName::Query, q, qs)?,
                     TensorView::strided(TensorName::Key, kv, kvs, strides)?,
-                    TensorView::strided(TensorName::Value, &kv[e.min(kv.len())..], kvs, strides)?,
+                    TensorView::strided(TensorName::Value, at(kv, kvd), kvs, strides)?,
                 ])
             }
         }
@@ -373,15 +505,8 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
 
     /// Attention over the projections in `ws` (`ws.qkv` fused, or q in `ws.qkv` and kv
     /// in `ws.kv`), dropout, sub-LN and the output projection into `out`.
-    fn finish_forward(
-        &self,
-        qs: Shape4,
-        kvs: Shape4,
-        fused: bool,
-        mode: Mode,
-        ws: &mut MultiheadWorkspace<F>,
-        out: &mut [F],
-    ) -> Result<Kept<F>> {
+    fn finish_forward(&self, pass: AttnPass<'_>, ws: &mut MultiheadWorkspace<F>, out: &mut [F]) -> Result<Kept<F>> {
+        let AttnPass { qs, kvs, layout, mode, masks } = pass;
         let rows = qs.batch * qs.seq;
         let e = self.config.embed_dim;
         if out.len() != qs.numel() {
@@ -394,11 +519,13 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let attn = sized(&mut ws.attn, qs.numel())?;
         let lse = sized(&mut ws.lse, qs.lse_len())?;
         {
-            let projected =
-                if fused { ProjectedRef::Fused(&ws.qkv) } else { ProjectedRef::Split { q: &ws.qkv, kv: &ws.kv } };
+            let projected = match layout {
+                ProjLayout::Fused => ProjectedRef::Fused(&ws.qkv),
+                ProjLayout::Split => ProjectedRef::Split { q: &ws.qkv, kv: &ws.kv },
+            };
             let [q, k, v] = self.views(projected, qs, kvs)?;
             let attn_view = TensorViewMut::contiguous(TensorName::Output, attn, qs)?;
-            self.backend.forward(&AttnInputs::new(&self.dilated, q, k, v), attn_view, lse)?;
+            self.backend.forward(&AttnInputs::new(&self.dilated, q, k, v).with_masks(masks), attn_view, lse)?;
         }
         let rows_at = self.mask_rows(mode, qs.batch, qs.seq)?;
         let mask = dropout_mask(mode, self.config.dropout, ATTN_DROPOUT_SITE, &rows_at, e);
@@ -415,7 +542,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
                 None
             }
         };
-        let kept = Kept { mask, norm_stats, fused };
+        let kept = Kept { mask, norm_stats, layout, masks: OwnedMasks::of(&masks) };
         let pre_out = if kept.pre_out_used() { &ws.pre_out } else { &ws.attn };
         self.weights.out_proj.forward_into(pre_out, rows, out)?;
         Ok(kept)

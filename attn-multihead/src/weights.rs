@@ -79,13 +79,16 @@ impl<F> NamedParams<F> for LayerNorm<F> {
 
 /// Weights of one `MultiheadDilatedAttention`.
 ///
-/// The q, k and v projections are stored stacked in `in_proj` (`[3E, E]`, rows
-/// `0..E` are `q_proj.weight`, then k, then v; same for the biases) so that self-
-/// attention projects with ONE GEMM into a `[batch, seq, 3, heads, head_dim]` buffer.
-/// Names on disk stay PyTorch's: `q_proj.weight`, `k_proj.bias`, ...
+/// The q, k and v projections are stored stacked in `in_proj` (`[E + 2K, E]` with `K =
+/// kv_dim`: rows `0..E` are `q_proj.weight`, then k's `K` rows, then v's; same for the
+/// biases) so that self-attention projects with ONE GEMM into a `[batch, seq, heads +
+/// 2 kv_heads, head_dim]` buffer. Names on disk stay PyTorch's: `q_proj.weight`,
+/// `k_proj.bias`, ...
 #[derive(Debug, Clone, PartialEq)]
 pub struct MultiheadWeights<F> {
     pub embed_dim: usize,
+    /// Rows of the k and v projections (`embed_dim` without grouped heads).
+    pub kv_dim: usize,
     pub in_proj: Linear<F>,
     pub out_proj: Linear<F>,
     pub norm: Option<LayerNorm<F>>,
@@ -97,17 +100,18 @@ impl<F: LayerFloat> MultiheadWeights<F> {
     /// MAGNETO init (SPEC.md): xavier-normal gain 1 for q and k, `gamma_init` for v and
     /// out, zero biases, LayerNorm weight 1 and bias 0.
     pub fn magneto(cfg: &MultiheadConfig, seed: u64) -> Self {
-        let e = cfg.embed_dim;
+        let (e, kv) = (cfg.embed_dim, cfg.kv_dim());
         let mut rng = SeededRng::new(seed);
         let q = Linear::<F>::xavier(&mut rng, e, e, 1.0, cfg.bias.into());
-        let k = Linear::<F>::xavier(&mut rng, e, e, 1.0, cfg.bias.into());
-        let v = Linear::<F>::xavier(&mut rng, e, e, cfg.gamma_init, cfg.bias.into());
+        let k = Linear::<F>::xavier(&mut rng, e, kv, 1.0, cfg.bias.into());
+        let v = Linear::<F>::xavier(&mut rng, e, kv, cfg.gamma_init, cfg.bias.into());
         let out_proj = Linear::xavier(&mut rng, e, e, cfg.gamma_init, cfg.bias.into());
         let weight = [q.weight, k.weight, v.weight].concat();
-        let bias = cfg.bias.then(|| vec![F::zero(); 3 * e]);
+        let bias = cfg.bias.then(|| vec![F::zero(); e + 2 * kv]);
         MultiheadWeights {
             embed_dim: e,
-            in_proj: Linear { in_dim: e, out_dim: 3 * e, weight, bias },
+            kv_dim: kv,
+            in_proj: Linear { in_dim: e, out_dim: e + 2 * kv, weight, bias },
             out_proj,
             norm: cfg.layer_norm.then(|| LayerNorm::new(e, cfg.layer_norm_eps)),
         }
@@ -117,6 +121,7 @@ impl<F: LayerFloat> MultiheadWeights<F> {
     pub fn zeros_like(&self) -> Self {
         MultiheadWeights {
             embed_dim: self.embed_dim,
+            kv_dim: self.kv_dim,
             in_proj: self.in_proj.zeros_like(),
             out_proj: self.out_proj.zeros_like(),
             norm: self.norm.as_ref().map(LayerNorm::zeros_like),
@@ -125,6 +130,11 @@ impl<F: LayerFloat> MultiheadWeights<F> {
 }
 
 impl<F> MultiheadWeights<F> {
+    /// Rows of the q, k and v parts of `in_proj`.
+    pub fn part_rows(&self) -> [usize; 3] {
+        [self.embed_dim, self.kv_dim, self.kv_dim]
+    }
+
     /// Whether every buffer has the size `cfg` implies (the fields are public and the
     /// layer indexes by these sizes); otherwise a typed error naming `what`.
     pub(crate) fn check_layout(&self, cfg: &MultiheadConfig, what: &str) -> Result<()> {
@@ -139,13 +149,15 @@ impl<F> MultiheadWeights<F> {
             None => !cfg.layer_norm,
             Some(n) => cfg.layer_norm && n.dim == e && n.weight.len() == e && n.bias.len() == e,
         };
+        let kv = cfg.kv_dim();
         if self.embed_dim != e
-            || !linear_ok(&self.in_proj, e.saturating_mul(3))
+            || self.kv_dim != kv
+            || !linear_ok(&self.in_proj, e.saturating_add(kv.saturating_mul(2)))
             || !linear_ok(&self.out_proj, e)
             || !norm_ok
         {
             return Err(AttnError::InvalidArgument(format!(
-                "{what} do not match the config (embed_dim {e}, bias {}, layer_norm {})",
+                "{what} do not match the config (embed_dim {e}, kv_dim {kv}, bias {}, layer_norm {})",
                 cfg.bias, cfg.layer_norm
             )));
         }
@@ -153,16 +165,45 @@ impl<F> MultiheadWeights<F> {
     }
 }
 
+/// Split `data` into consecutive parts of `sizes` elements; a part `data` has run out
+/// for is `None`, one it covers only in part is shorter (the fields are public, so a
+/// walk never panics on a bad buffer).
+fn split_parts<T>(data: &[T], sizes: [usize; 3]) -> Vec<Option<&[T]>> {
+    let mut rest = data;
+    sizes
+        .iter()
+        .map(|&n| {
+            let (a, b) = rest.split_at(n.min(rest.len()));
+            rest = b;
+            (!a.is_empty() || n == 0).then_some(a)
+        })
+        .collect()
+}
+
+/// [`split_parts`] for a mutable buffer.
+fn split_parts_mut<T>(data: &mut [T], sizes: [usize; 3]) -> Vec<Option<&mut [T]>> {
+    let mut rest = data;
+    sizes
+        .iter()
+        .map(|&n| {
+            let k = n.min(rest.len());
+            let (a, b) = std::mem::take(&mut rest).split_at_mut(k);
+            rest = b;
+            (!a.is_empty() || n == 0).then_some(a)
+        })
+        .collect()
+}
+
 impl<F> NamedParams<F> for MultiheadWeights<F> {
     fn params_with_prefix<'a>(&'a self, prefix: &str, out: &mut Vec<Param<'a, F>>) {
-        // Chunked as `params_mut_with_prefix` is: a zero `embed_dim` or a short buffer
-        // (the fields are public) lists fewer or shorter parameters instead of panicking.
-        let e = self.embed_dim;
-        let mut biases = self.in_proj.bias.as_ref().map(|b| b.chunks(e.max(1)));
-        for (i, part) in self.in_proj.weight.chunks(e.saturating_mul(e).max(1)).enumerate().take(3) {
-            out.push(Param { name: format!("{prefix}{}weight", QKV[i]), shape: vec![e, e], data: part });
-            if let Some(b) = biases.as_mut().and_then(Iterator::next) {
-                out.push(Param { name: format!("{prefix}{}bias", QKV[i]), shape: vec![e], data: b });
+        let (e, rows) = (self.embed_dim, self.part_rows());
+        let weights = split_parts(&self.in_proj.weight, rows.map(|r| r.saturating_mul(e)));
+        let biases = self.in_proj.bias.as_deref().map(|b| split_parts(b, rows));
+        for (i, part) in weights.into_iter().enumerate() {
+            let Some(part) = part else { continue };
+            out.push(Param { name: format!("{prefix}{}weight", QKV[i]), shape: vec![rows[i], e], data: part });
+            if let Some(b) = biases.as_ref().and_then(|b| b[i]) {
+                out.push(Param { name: format!("{prefix}{}bias", QKV[i]), shape: vec![rows[i]], data: b });
             }
         }
         if let Some(n) = &self.norm {
@@ -171,15 +212,17 @@ impl<F> NamedParams<F> for MultiheadWeights<F> {
         self.out_proj.params_with_prefix(&format!("{prefix}out_proj."), out);
     }
     fn params_mut_with_prefix<'a>(&'a mut self, prefix: &str, out: &mut Vec<ParamMut<'a, F>>) {
-        let e = self.embed_dim;
+        let (e, rows) = (self.embed_dim, self.part_rows());
+        let weights = split_parts_mut(&mut self.in_proj.weight, rows.map(|r| r.saturating_mul(e)));
         let mut biases: Vec<Option<&'a mut [F]>> = match &mut self.in_proj.bias {
-            Some(b) => b.chunks_mut(e.max(1)).map(Some).collect(),
+            Some(b) => split_parts_mut(b, rows),
             None => vec![None, None, None],
         };
-        for (i, part) in self.in_proj.weight.chunks_mut(e.saturating_mul(e).max(1)).enumerate().take(3) {
-            out.push(ParamMut { name: format!("{prefix}{}weight", QKV[i]), shape: vec![e, e], data: part });
+        for (i, part) in weights.into_iter().enumerate() {
+            let Some(part) = part else { continue };
+            out.push(ParamMut { name: format!("{prefix}{}weight", QKV[i]), shape: vec![rows[i], e], data: part });
             if let Some(b) = biases.get_mut(i).and_then(Option::take) {
-                out.push(ParamMut { name: format!("{prefix}{}bias", QKV[i]), shape: vec![e], data: b });
+                out.push(ParamMut { name: format!("{prefix}{}bias", QKV[i]), shape: vec![rows[i]], data: b });
             }
         }
         if let Some(n) = &mut self.norm {

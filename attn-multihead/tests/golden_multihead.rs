@@ -1,4 +1,6 @@
-//! The `kind=multihead` conformance files through the layer on every available backend.
+//! The `kind=multihead` conformance files (`multihead/` and `multihead_features/`:
+//! grouped key/value heads and a key padding mask) through the layer on every available
+//! backend.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,10 +11,18 @@ use attn_testkit::golden::{GoldenCase, golden_dir, load_dir};
 use attn_testkit::tolerance::rel_l2_error;
 
 fn cases() -> Vec<GoldenCase> {
-    let dir = golden_dir().join("multihead");
-    let cases: Vec<GoldenCase> = load_dir(&dir).unwrap().into_iter().map(|(_, c)| c.unwrap()).collect();
-    assert_eq!(cases.len(), 2, "expected both multihead files in {}", dir.display());
-    cases
+    let mut all = Vec::new();
+    for (dir, count) in [("multihead", 2), ("multihead_features", 1)] {
+        let dir = golden_dir().join(dir);
+        let cases: Vec<GoldenCase> = load_dir(&dir).unwrap().into_iter().map(|(_, c)| c.unwrap()).collect();
+        assert_eq!(cases.len(), count, "expected the {count} files in {}", dir.display());
+        all.extend(cases);
+    }
+    all
+}
+
+fn padding(case: &GoldenCase) -> Option<&[bool]> {
+    case.key_padding.as_ref().map(|(_, _, f)| f.as_slice())
 }
 
 fn source(case: &GoldenCase) -> F32Tensors<'_> {
@@ -23,7 +33,7 @@ fn source(case: &GoldenCase) -> F32Tensors<'_> {
 
 fn run<F: LayerFloat>(backend: Arc<dyn Attention<F>>, bound_floor: f64) {
     for case in cases() {
-        let out = forward_case(&case.meta, &source(&case), backend.clone()).unwrap();
+        let out = forward_case(&case.meta, &source(&case), padding(&case), backend.clone()).unwrap();
         let want = &case.tensor("out").unwrap().data;
         let err = rel_l2_error(&out, want);
         let bound = case.rel_tol().unwrap().max(bound_floor);
@@ -52,7 +62,7 @@ fn golden_files_pass_on_the_cpu_kernels() {
 #[test]
 #[cfg(feature = "ring")]
 fn golden_files_pass_on_the_ring_layer_for_every_strategy_and_layout() {
-    use attn_multihead::golden_case::forward_case_ring;
+    use attn_multihead::golden_case::{RingSplit, forward_case_ring};
     use attn_ring::{Layout, Strategy};
     for case in cases() {
         let want = &case.tensor("out").unwrap().data;
@@ -63,7 +73,8 @@ fn golden_files_pass_on_the_ring_layer_for_every_strategy_and_layout() {
             (2, Layout::Zigzag, Strategy::AllGather),
             (4, Layout::Zigzag, Strategy::Ring),
         ] {
-            let out = forward_case_ring(&case.meta, &source(&case), world, layout, strategy).unwrap();
+            let split = RingSplit { world, layout, strategy };
+            let out = forward_case_ring(&case.meta, &source(&case), padding(&case), split).unwrap();
             let err = rel_l2_error(&out, want);
             assert!(err <= bound, "{} p={world} {layout:?} {strategy:?}: {err:.2e}", case.name);
         }

@@ -1,9 +1,10 @@
 //! Finite-difference gradient checks (float64, reference backend) of `MultiheadDilatedAttention`:
-//! every input and every weight, self- and cross-attention, both mixing modes, causal, dropout.
+//! every input and every weight, self- and cross-attention, both mixing modes, causal, dropout,
+//! grouped key/value heads, key padding and packed sequences.
 
 use std::sync::Arc;
 
-use attn_core::Mixing;
+use attn_core::{KeyPadding, Masks, Mixing, PackedSequences};
 use attn_multihead::{
     InputGrads, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend,
 };
@@ -43,6 +44,15 @@ struct Case {
     q_seq: usize,
     kv_seq: Option<usize>,
     mode: Mode,
+    /// Key padding flags `[batch, seq]` and packed sequences (self-attention).
+    padding: Option<Vec<bool>>,
+    cu_seqlens: Option<Vec<usize>>,
+}
+
+impl Case {
+    fn plain(cfg: MultiheadConfig, batch: usize, q_seq: usize, kv_seq: Option<usize>, mode: Mode) -> Self {
+        Case { cfg, batch, q_seq, kv_seq, mode, padding: None, cu_seqlens: None }
+    }
 }
 
 fn check(case: Case, seed: u64) {
@@ -62,8 +72,12 @@ fn check(case: Case, seed: u64) {
     let mut value = randn(&mut rng, b * kv_seq * e);
     let g = randn(&mut rng, b * n * e);
     let mode = case.mode;
+    let masks = Masks {
+        key_padding: case.padding.as_deref().map(|f| KeyPadding::new(f, b, n).unwrap()),
+        packing: case.cu_seqlens.as_deref().map(|c| PackedSequences::new(c).unwrap()),
+    };
     let run = |layer: &MultiheadDilatedAttention<f64>, q: &[f64], k: &[f64], v: &[f64]| match case.kv_seq {
-        None => layer.forward_train(q, b, n, mode).unwrap(),
+        None => layer.forward_train_masked(q, b, n, masks, mode).unwrap(),
         Some(m) => layer.forward_cross(q, k, v, b, n, m, mode).unwrap(),
     };
     let (_, cache) = run(&layer, &query, &key, &value);
@@ -120,31 +134,31 @@ fn check(case: Case, seed: u64) {
 #[test]
 fn self_attention_head_groups_with_sub_ln() {
     let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
-    check(Case { cfg, batch: 2, q_seq: 10, kv_seq: None, mode: Mode::Eval }, 1);
+    check(Case::plain(cfg, 2, 10, None, Mode::Eval), 1);
 }
 
 #[test]
 fn self_attention_longnet_causal() {
     let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]).with_mixing(Mixing::LongNet).with_causal(true);
-    check(Case { cfg, batch: 1, q_seq: 9, kv_seq: None, mode: Mode::Eval }, 2);
+    check(Case::plain(cfg, 1, 9, None, Mode::Eval), 2);
 }
 
 #[test]
 fn cross_attention_causal_without_norm() {
     let cfg = MultiheadConfig::new(6, 3, &[3, 6], &[1, 2]).with_causal(true).with_layer_norm(false);
-    check(Case { cfg, batch: 1, q_seq: 7, kv_seq: Some(7), mode: Mode::Eval }, 3);
+    check(Case::plain(cfg, 1, 7, Some(7), Mode::Eval), 3);
 }
 
 #[test]
 fn cross_attention_other_kv_length_longnet_no_bias() {
     let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]).with_mixing(Mixing::LongNet).with_bias(false);
-    check(Case { cfg, batch: 1, q_seq: 5, kv_seq: Some(11), mode: Mode::Eval }, 4);
+    check(Case::plain(cfg, 1, 5, Some(11), Mode::Eval), 4);
 }
 
 #[test]
 fn training_dropout_is_seeded_and_differentiated() {
     let cfg = MultiheadConfig::new(8, 2, &[4], &[1]).with_dropout(0.3);
-    check(Case { cfg: cfg.clone(), batch: 1, q_seq: 8, kv_seq: None, mode: Mode::Train { seed: 9 } }, 5);
+    check(Case::plain(cfg.clone(), 1, 8, None, Mode::Train { seed: 9 }), 5);
     let layer = MultiheadDilatedAttention::<f64>::new(cfg, 0, Arc::new(ReferenceBackend)).unwrap();
     let x: Vec<f64> = (0..64).map(|i| (i as f64 * 0.3).sin()).collect();
     let eval = layer.forward(&x, 1, 8, Mode::Eval).unwrap();
@@ -153,4 +167,26 @@ fn training_dropout_is_seeded_and_differentiated() {
     assert_eq!(t1, layer.forward(&x, 1, 8, Mode::Train { seed: 1 }).unwrap(), "train is seeded");
     assert_ne!(t1, layer.forward(&x, 1, 8, Mode::Train { seed: 2 }).unwrap());
     assert_ne!(t1, eval);
+}
+
+#[test]
+fn grouped_heads_with_key_padding() {
+    let cfg = MultiheadConfig::new(8, 4, &[4, 8], &[1, 2])
+        .with_num_kv_heads(2)
+        .with_mixing(Mixing::LongNet)
+        .with_causal(true);
+    let padding = (0..18).map(|i| i % 4 == 1).collect();
+    check(Case { padding: Some(padding), ..Case::plain(cfg, 2, 9, None, Mode::Eval) }, 6);
+}
+
+#[test]
+fn one_key_value_head_with_cross_attention() {
+    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]).with_num_kv_heads(1);
+    check(Case::plain(cfg, 1, 5, Some(9), Mode::Eval), 7);
+}
+
+#[test]
+fn packed_sequences_with_one_key_value_head() {
+    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]).with_num_kv_heads(1);
+    check(Case { cu_seqlens: Some(vec![0, 3, 10]), ..Case::plain(cfg, 1, 10, None, Mode::Eval) }, 8);
 }

@@ -109,7 +109,8 @@ fn golden_build_args(gpu: bool) -> Vec<&'static str> {
 }
 
 /// The number of conformance files in each directory the runs read.
-const EXPECTED_CASES: [(&str, &str); 3] = [("dilated", "9"), ("features", "9"), ("multihead", "2")];
+const EXPECTED_CASES: [(&str, &str); 4] =
+    [("dilated", "9"), ("features", "9"), ("multihead", "2"), ("multihead_features", "1")];
 
 /// The golden runner configurations: (label, dir, args).
 fn golden_runs(gpu: bool) -> Vec<(String, &'static str, Vec<String>)> {
@@ -117,7 +118,10 @@ fn golden_runs(gpu: bool) -> Vec<(String, &'static str, Vec<String>)> {
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     // The multihead layer runs f32 (and f64) only; the attention kernels also bf16 and f16.
     let kernels = &["f32", "bf16", "f16"][..];
-    for (dir, dtypes) in [("dilated", kernels), ("features", kernels), ("multihead", &["f32"][..])] {
+    let layer = &["f32"][..];
+    for (dir, dtypes) in
+        [("dilated", kernels), ("features", kernels), ("multihead", layer), ("multihead_features", layer)]
+    {
         runs.push((format!("{dir} reference"), dir, s(&["--backend", "reference"])));
         for dt in dtypes {
             runs.push((format!("{dir} cpu {dt}"), dir, s(&["--backend", "cpu", "--dtype", dt])));
@@ -128,7 +132,8 @@ fn golden_runs(gpu: bool) -> Vec<(String, &'static str, Vec<String>)> {
     for p in 1..=8 {
         let ring =
             s(&["--backend", "ring", "--world-size", &p.to_string(), "--strategy", "auto", "--layout", "zigzag"]);
-        runs.push((format!("multihead ring P={p} auto zigzag"), "multihead", ring));
+        runs.push((format!("multihead ring P={p} auto zigzag"), "multihead", ring.clone()));
+        runs.push((format!("multihead_features ring P={p} auto zigzag"), "multihead_features", ring));
     }
     if gpu {
         for dt in ["f32", "bf16", "f16"] {
@@ -406,7 +411,7 @@ mod tests {
             assert!(has(&format!("multihead ring P={p} auto zigzag")), "multihead P={p}");
         }
         assert!(has("dilated reference") && has("multihead reference") && has("multihead cpu f32"));
-        assert_eq!(runs.iter().filter(|(n, _, _)| n.contains(" ring P=")).count(), 8);
+        assert_eq!(runs.iter().filter(|(n, _, _)| n.contains(" ring P=")).count(), 16);
         assert!(runs.iter().all(|(_, _, a)| a.windows(2).any(|w| w[0] == "--expect")), "every run fixes its count");
         assert!(!runs.iter().any(|(n, _, _)| n.contains("cuda")));
         assert!(golden_runs(true).iter().any(|(n, _, _)| n.contains("cuda")));

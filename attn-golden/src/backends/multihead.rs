@@ -6,7 +6,7 @@ use std::sync::Arc;
 use attn_core::Result;
 use attn_core::{Attention, ReferenceBackend};
 use attn_multihead::F32Tensors;
-use attn_multihead::golden_case::{forward_case, forward_case_ring};
+use attn_multihead::golden_case::{RingSplit, forward_case, forward_case_ring};
 use attn_ring::{Layout, Strategy};
 use attn_testkit::{GoldenCase, MultiheadBackend};
 
@@ -47,16 +47,20 @@ impl MultiheadBackend for MultiheadRunner {
             tensors: case.tensors.iter().map(|(k, t)| (k.clone(), (t.shape.as_slice(), t.data.as_slice()))).collect(),
         };
         let meta: &BTreeMap<String, String> = &case.meta;
+        let pad = case.key_padding.as_ref().map(|(_, _, flags)| flags.as_slice());
         match &self.engine {
             Engine::Reference => {
                 let backend: Arc<dyn Attention<f64>> = Arc::new(ReferenceBackend);
-                Ok(forward_case::<f64>(meta, &tensors, backend)?.into_iter().map(|x| x as f32).collect())
+                Ok(forward_case::<f64>(meta, &tensors, pad, backend)?.into_iter().map(|x| x as f32).collect())
             }
             Engine::Cpu(cpu) => {
                 let backend: Arc<dyn Attention<f32>> = cpu.clone();
-                forward_case::<f32>(meta, &tensors, backend)
+                forward_case::<f32>(meta, &tensors, pad, backend)
             }
-            Engine::Ring { world, layout, strategy } => forward_case_ring(meta, &tensors, *world, *layout, *strategy),
+            Engine::Ring { world, layout, strategy } => {
+                let split = RingSplit { world: *world, layout: *layout, strategy: *strategy };
+                forward_case_ring(meta, &tensors, pad, split)
+            }
         }
     }
 }

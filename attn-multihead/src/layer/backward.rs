@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnInputs, Grads, Result, Saved, Shape4, TensorView, TensorViewMut};
+use attn_core::{AttnInputs, Grads, Masks, Result, Saved, Shape4, TensorView, TensorViewMut};
 
 use super::{InputGrads, Inputs, MultiheadCache, MultiheadDilatedAttention, Projected, ProjectedRef, check_input};
 use crate::dropout::apply_mask;
@@ -33,8 +33,11 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         check_input("grad_out", grad_out, qs.batch, qs.seq, e)?;
         self.weights.check_layout(&self.config, "weights")?;
         grads.check_layout(&self.config, "gradient accumulator")?;
-        let one_device = self.backend.placement().is_whole();
-        if let (Inputs::SelfAttn(x), Projected::Fused(qkv), true) = (&cache.inputs, &cache.projected, one_device)
+        let masks = cache.masks.view()?;
+        // Windows of whole segments: one device, no masks (they cover the whole
+        // sequence), no sliding window.
+        let windowed = self.backend.placement().is_whole() && masks.is_none() && self.dilated.window().is_none();
+        if let (Inputs::SelfAttn(x), Projected::Fused(qkv), true) = (&cache.inputs, &cache.projected, windowed)
             && let Some(window) = window_rows(&self.config.segment_lengths, qs.seq, self.window_rows)
         {
             return self.backward_in_windows(cache, x, qkv, grad_out, grads, window);
@@ -43,12 +46,14 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let mut dq = attn_kernels::zeroed_buffer(qs.numel())?;
         let mut dk = attn_kernels::zeroed_buffer(kvs.numel())?;
         let mut dv = attn_kernels::zeroed_buffer(kvs.numel())?;
-        let (attn, lse) = (&cache.attn[..], &cache.lse[..]);
-        self.attention_grads(cache.projected.as_ref(), attn, lse, &d_attn, [qs, kvs], [&mut dq, &mut dk, &mut dv])?;
+        let saved = (&cache.attn[..], &cache.lse[..]);
+        let projected = cache.projected.as_ref();
+        self.attention_grads((projected, masks), saved, &d_attn, [qs, kvs], [&mut dq, &mut dk, &mut dv])?;
         match &cache.inputs {
             Inputs::SelfAttn(x) => {
                 let mut dx = attn_kernels::zeroed_buffer(rows * e)?;
-                self.self_input_grads(x, [qs.batch, qs.seq], one_device, [&dq, &dk, &dv], grads, &mut dx)?;
+                let sparse = self.sparse_projection(&masks);
+                self.self_input_grads(x, [qs.batch, qs.seq], sparse, [&dq, &dk, &dv], grads, &mut dx)?;
                 Ok(InputGrads { query: dx, key: None, value: None })
             }
             Inputs::Cross { query, key, value } => {
@@ -60,13 +65,8 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
                     attn_kernels::zeroed_buffer(kv_rows * e)?,
                 ];
                 for (i, ((dy, r), dx)) in d.iter().zip([rows, kv_rows, kv_rows]).zip(out.iter_mut()).enumerate() {
-                    linear_backward_input(
-                        LinearRef { weight: self.in_proj_part(i), bias: None, in_dim: e, out_dim: e },
-                        (dy, e),
-                        r,
-                        dx,
-                        false,
-                    )?;
+                    let part = LinearRef { bias: None, ..self.in_proj_part(i) };
+                    linear_backward_input(part, (dy, part.out_dim), r, dx, false)?;
                 }
                 let [query, key, value] = out;
                 Ok(InputGrads { query, key: Some(key), value: Some(value) })
@@ -87,24 +87,27 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         window: usize,
     ) -> Result<InputGrads<F>> {
         let qs = cache.q_shape;
-        let (e, heads) = (self.config.embed_dim, self.config.num_heads);
+        let (e, heads, kvd, cols) =
+            (self.config.embed_dim, self.config.num_heads, self.config.kv_dim(), self.qkv_dim());
         let mut dx = attn_kernels::zeroed_buffer(qs.batch * qs.seq * e)?;
         let mut dqkv: [Vec<F>; 3] = Default::default();
+        let sparse = self.sparse_projection(&Masks::NONE);
         for b in 0..qs.batch {
             for (start, len) in windows(qs.seq, window) {
                 let rows = b * qs.seq + start..b * qs.seq + start + len;
                 let el = rows.start * e..rows.end * e;
                 let d_attn = self.attention_output_grad(cache, rows.clone(), &grad_out[el.clone()], grads)?;
                 let shape = Shape4::new(1, len, heads, self.config.head_dim())?;
-                for d in dqkv.iter_mut() {
-                    sized(d, len * e)?.fill(F::zero());
+                let kv_shape = Shape4::new(1, len, self.config.num_kv_heads, self.config.head_dim())?;
+                for (d, width) in dqkv.iter_mut().zip([e, kvd, kvd]) {
+                    sized(d, len * width)?.fill(F::zero());
                 }
                 let [dq, dk, dv] = &mut dqkv;
-                let fused = ProjectedRef::Fused(&qkv[3 * el.start..3 * el.end]);
-                let lse = &cache.lse[rows.start * heads..rows.end * heads];
-                self.attention_grads(fused, &cache.attn[el.clone()], lse, &d_attn, [shape, shape], [dq, dk, dv])?;
+                let fused = ProjectedRef::Fused(&qkv[rows.start * cols..rows.end * cols]);
+                let saved = (&cache.attn[el.clone()], &cache.lse[rows.start * heads..rows.end * heads]);
+                self.attention_grads((fused, Masks::NONE), saved, &d_attn, [shape, kv_shape], [dq, dk, dv])?;
                 let d = [&dqkv[0][..], &dqkv[1][..], &dqkv[2][..]];
-                self.self_input_grads(&x[el.clone()], [1, len], true, d, grads, &mut dx[el])?;
+                self.self_input_grads(&x[el.clone()], [1, len], sparse, d, grads, &mut dx[el])?;
             }
         }
         Ok(InputGrads { query: dx, key: None, value: None })
@@ -138,12 +141,12 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         Ok(d_attn)
     }
 
-    /// Attention backward on the backend into zeroed `d = [dq, dk, dv]`.
+    /// Attention backward on the backend (the projections and the pass's masks; the
+    /// saved output and LSE) into zeroed `d = [dq, dk, dv]`.
     fn attention_grads(
         &self,
-        projected: ProjectedRef<'_, F>,
-        attn: &[F],
-        lse: &[f32],
+        (projected, masks): (ProjectedRef<'_, F>, Masks<'_>),
+        (attn, lse): (&[F], &[f32]),
         grad_attn: &[F],
         [qs, kvs]: [Shape4; 2],
         [dq, dk, dv]: [&mut [F]; 3],
@@ -156,17 +159,19 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             dk: TensorViewMut::contiguous(TensorName::GradKey, dk, kvs)?,
             dv: TensorViewMut::contiguous(TensorName::GradValue, dv, kvs)?,
         };
-        self.backend.backward(&AttnInputs::new(&self.dilated, q, k, v), Saved { out, lse }, go, grads)
+        let inputs = AttnInputs::new(&self.dilated, q, k, v).with_masks(masks);
+        self.backend.backward(&inputs, Saved { out, lse }, go, grads)
     }
 
     /// Input projection backward of self-attention over `x: [batch, seq, embed]` into
-    /// the zeroed `dx`. On one device (`one_device`) with head groups only each group's
-    /// selected rows carry gradient, so only they enter the products.
+    /// the zeroed `dx`. Where the forward projected sparsely (`sparse`, see
+    /// `sparse_projection`) only each head group's selected rows carry gradient, so only
+    /// they enter the products.
     fn self_input_grads(
         &self,
         x: &[F],
         [batch, seq]: [usize; 2],
-        one_device: bool,
+        sparse: bool,
         d: [&[F]; 3],
         grads: &mut MultiheadWeights<F>,
         dx: &mut [F],
@@ -174,7 +179,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let (e, heads, hd) = (self.config.embed_dim, self.config.num_heads, self.config.head_dim());
         let w = &self.weights.in_proj.weight;
         let g = &mut grads.in_proj;
-        if one_device {
+        if sparse {
             let input = QkvInput { cfg: &self.dilated, heads, head_dim: hd, x, batch, seq };
             let grad = LinearGrad { dweight: &mut g.weight, dbias: g.bias.as_deref_mut(), in_dim: e, out_dim: 3 * e };
             if project_qkv_backward(&input, w, d, grad, dx)? == SparseBackward::Done {
@@ -184,13 +189,8 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let rows = batch * seq;
         self.in_proj_param_grads([x, x, x], [rows; 3], d, grads)?;
         for (i, dy) in d.iter().enumerate() {
-            linear_backward_input(
-                LinearRef { weight: self.in_proj_part(i), bias: None, in_dim: e, out_dim: e },
-                (dy, e),
-                rows,
-                dx,
-                i > 0,
-            )?;
+            let part = LinearRef { bias: None, ..self.in_proj_part(i) };
+            linear_backward_input(part, (dy, part.out_dim), rows, dx, i > 0)?;
         }
         Ok(())
     }
@@ -205,25 +205,28 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         grads: &mut MultiheadWeights<F>,
     ) -> Result<()> {
         let e = self.config.embed_dim;
+        let parts = self.weights.part_rows();
         let g = &mut grads.in_proj;
-        let mut gb: Vec<Option<&mut [F]>> = match &mut g.bias {
-            Some(b) => b.chunks_mut(e).map(Some).collect(),
-            None => vec![None, None, None],
-        };
-        for (i, gw) in g.weight.chunks_mut(e * e).enumerate() {
+        let (mut w_rest, mut b_rest) = (&mut g.weight[..], g.bias.as_deref_mut());
+        for (i, &out) in parts.iter().enumerate() {
+            let k = (out * e).min(w_rest.len());
+            let (gw, wr) = std::mem::take(&mut w_rest).split_at_mut(k);
+            w_rest = wr;
+            let gb = match b_rest.take() {
+                Some(b) => {
+                    let (gb, br) = b.split_at_mut(out.min(b.len()));
+                    b_rest = Some(br);
+                    Some(gb)
+                }
+                None => None,
+            };
             linear_backward_params(
-                LinearGrad { dweight: gw, dbias: gb[i].take(), in_dim: e, out_dim: e },
-                (d[i], e),
+                LinearGrad { dweight: gw, dbias: gb, in_dim: e, out_dim: out },
+                (d[i], out),
                 rows[i],
                 inputs[i],
             )?;
         }
         Ok(())
-    }
-
-    /// Rows `i * E..(i + 1) * E` of the input projection weight: q, k or v's.
-    fn in_proj_part(&self, i: usize) -> &[F] {
-        let e = self.config.embed_dim;
-        &self.weights.in_proj.weight[i * e * e..(i + 1) * e * e]
     }
 }
