@@ -113,13 +113,6 @@ pub fn config_shape(bytes: &[u8]) -> bool {
         1 => Some(0.05 + f64::from(c.u8()) / 64.0),
         _ => None,
     };
-    let built = DilatedConfig::builder()
-        .segments(&segs)
-        .dilations(&rates)
-        .mixing(mixing)
-        .causal(causal)
-        .maybe_scale(scale)
-        .build();
     let dims: Vec<usize> = match c.u8() % 16 {
         0 => (0..usize::from(c.u8() % 6)).map(|_| c.size()).collect(),
         _ => vec![c.dim(2), c.dim(48), c.dim(4), c.dim(16)],
@@ -129,6 +122,17 @@ pub fn config_shape(bytes: &[u8]) -> bool {
         _ => dims.clone(),
     };
     let cross = c.bool();
+    // Read last, so earlier byte layouts keep their meaning: one config in eight is a
+    // sliding window (and, one in four of those, also given segments: an error).
+    let window = (c.u8() % 8 == 7).then(|| (c.dim(24).saturating_sub(1), c.dim(24).saturating_sub(1), c.u8() % 4 == 0));
+    let builder = match window {
+        Some((left, right, also_segments)) => {
+            let b = DilatedConfig::builder().window(left, right);
+            if also_segments { b.segments(&segs).dilations(&rates) } else { b }
+        }
+        None => DilatedConfig::builder().segments(&segs).dilations(&rates).mixing(mixing),
+    };
+    let built = builder.causal(causal).maybe_scale(scale).build();
     let shape = if cross {
         AttnShape::check_cross(&dims, &kv_dims, &kv_dims)
     } else {
@@ -138,8 +142,9 @@ pub fn config_shape(bytes: &[u8]) -> bool {
         assert_eq!(s.q.dims().to_vec(), dims);
         assert_eq!(s.kv.dims().to_vec(), kv_dims);
         assert!(s.q.numel().checked_mul(8).is_some_and(|b| b <= isize::MAX as usize));
-        assert!(cross || s.q == s.kv, "self-attention shapes differ");
-        assert!(s.q.batch == s.kv.batch && s.q.heads == s.kv.heads && s.q.head_dim == s.kv.head_dim);
+        assert!(cross || s.q.seq == s.kv.seq, "self-attention lengths differ");
+        // Grouped-query attention: k and v may have fewer heads, dividing q's.
+        assert!(s.q.batch == s.kv.batch && s.q.heads.is_multiple_of(s.kv.heads) && s.q.head_dim == s.kv.head_dim);
     }
     if Shape4::from_dims(attn_core::TensorName::Query, &dims).is_ok()
         != (dims.len() == 4
@@ -154,7 +159,7 @@ pub fn config_shape(bytes: &[u8]) -> bool {
     }
     let Ok(cfg) = built else { return false };
     assert_eq!(cfg.segment_lengths().len(), cfg.dilation_rates().len());
-    assert!(!cfg.segment_lengths().is_empty());
+    assert_eq!(cfg.segment_lengths().is_empty(), cfg.window().is_some(), "a window and only a window has no segments");
     for (&w, &r) in cfg.segment_lengths().iter().zip(cfg.dilation_rates()) {
         assert!(w >= 1 && r >= 1 && r <= w, "validated config has w={w} r={r}");
     }
@@ -166,7 +171,7 @@ pub fn config_shape(bytes: &[u8]) -> bool {
         return false;
     }
     let heads_ok = cfg.validate_heads(s.q.heads);
-    assert_eq!(heads_ok.is_ok(), cfg.mixing() == Mixing::LongNet || s.q.heads >= cfg.num_patterns());
+    assert_eq!(heads_ok.is_ok(), cfg.mixing() != Mixing::HeadGroups || s.q.heads >= cfg.num_patterns());
     for h in 0..s.q.heads.min(8) {
         for (_, p) in cfg.head_patterns(s.q.heads, h).patterns {
             assert!(p.off < p.r, "offset {} not below rate {}", p.off, p.r);

@@ -98,3 +98,27 @@ proptest! {
 fn a_lone_key_gets_weight_exactly_one() {
     assert!(config_shape(&[174, 7, 17, 0, 0, 0, 0, 0, 0, 0, 174, 174, 174, 76, 59, 234, 118]));
 }
+
+/// k and v with one head for q's two (grouped-query attention) are a valid shape, not a
+/// broken invariant (a fuzzer input).
+#[test]
+fn grouped_key_value_heads_are_a_valid_shape() {
+    config_shape(&[238, 3, 126, 107, 107, 3, 126, 3, 0, 0, 10]);
+}
+
+/// Windows, alone or (an error) with segments, validate and run like any config: one
+/// segment (8, 1) bytes, non-causal or causal, no explicit scale, shape [1, 16, 1, 4]
+/// self-attention, then the window bytes (see `config_shape` for the layout).
+#[test]
+fn window_bytes_validate_and_run() {
+    let mut ran = 0;
+    for causal in [0u8, 1] {
+        for (tail, runs) in [([7u8, 3, 2, 1], true), ([7, 9, 0, 1], true), ([7, 5, 5, 0], false)] {
+            let mut bytes = vec![3, 7, 1, 0, 0, causal, 2, 1, 0, 15, 0, 3, 1, 0];
+            bytes.extend_from_slice(&tail);
+            assert_eq!(config_shape(&bytes), runs, "{bytes:?}");
+            ran += usize::from(runs);
+        }
+    }
+    assert_eq!(ran, 4);
+}
