@@ -124,7 +124,8 @@ pub fn config_shape(bytes: &[u8]) -> bool {
     let cross = c.bool();
     // Read last, so earlier byte layouts keep their meaning: one config in eight is a
     // sliding window (and, one in four of those, also given segments: an error).
-    let window = (c.u8() % 8 == 7).then(|| (c.dim(24).saturating_sub(1), c.dim(24).saturating_sub(1), c.u8() % 4 == 0));
+    let window =
+        (c.u8() % 8 == 7).then(|| (c.dim(24).saturating_sub(1), c.dim(24).saturating_sub(1), c.u8().is_multiple_of(4)));
     let builder = match window {
         Some((left, right, also_segments)) => {
             let b = DilatedConfig::builder().window(left, right);
