@@ -5,7 +5,8 @@
 
 use attn_core::error::TensorName;
 use attn_core::{
-    Attention, AttnInputs, Band, DilatedConfig, Grads, Mixing, Pass, Saved, Shape4, TensorView, TensorViewMut,
+    Attention, AttnInputs, AttnShape, Band, DilatedConfig, Grads, KeyPadding, Masks, Mixing, PackedSequences, Pass,
+    Saved, Shape4, TensorView, TensorViewMut,
 };
 use attn_kernels::{Block, BlockGradients, BlockRows, CpuBackend, Upstream, attend_block, attend_block_backward};
 use attn_reliability::counting_alloc::{self, CountingAlloc, measure};
@@ -15,26 +16,31 @@ use attn_testkit::random_vec;
 static ALLOC: CountingAlloc = CountingAlloc;
 
 fn check(cfg: &DilatedConfig, shape: Shape4) {
+    check_masked(cfg, AttnShape::self_attn(shape), Masks::NONE);
+}
+
+fn check_masked(cfg: &DilatedConfig, shape: AttnShape, masks: Masks<'_>) {
     let _guard = counting_alloc::exclusive();
-    let n = shape.numel();
-    let (q, k, v, go) = (random_vec(1, n), random_vec(2, n), random_vec(3, n), random_vec(4, n));
-    let (mut out, mut lse) = (vec![0.0f32; n], vec![0.0f32; shape.lse_len()]);
-    let (mut dq, mut dk, mut dv) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
+    let (n, nk) = (shape.q.numel(), shape.kv.numel());
+    let (q, k, v, go) = (random_vec(1, n), random_vec(2, nk), random_vec(3, nk), random_vec(4, n));
+    let (mut out, mut lse) = (vec![0.0f32; n], vec![0.0f32; shape.q.lse_len()]);
+    let (mut dq, mut dk, mut dv) = (vec![0.0f32; n], vec![0.0f32; nk], vec![0.0f32; nk]);
     let be = CpuBackend::new(2).unwrap();
-    let view = |x| TensorView::contiguous(TensorName::Query, x, shape).unwrap();
+    let view = |x, s| TensorView::contiguous(TensorName::Query, x, s).unwrap();
+    let inputs = || AttnInputs::new(cfg, view(&q, shape.q), view(&k, shape.kv), view(&v, shape.kv)).with_masks(masks);
     let ((), fwd) = measure(|| {
-        let o = TensorViewMut::contiguous(TensorName::Output, &mut out, shape).unwrap();
-        be.forward(&AttnInputs::new(cfg, view(&q), view(&k), view(&v)), o, &mut lse).unwrap();
+        let o = TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q).unwrap();
+        be.forward(&inputs(), o, &mut lse).unwrap();
     });
     let fwd = fwd.peak_extra;
     let ((), bwd) = measure(|| {
-        let m = |x| TensorViewMut::contiguous(TensorName::GradQuery, x, shape).unwrap();
-        let grads = Grads { dq: m(&mut dq), dk: m(&mut dk), dv: m(&mut dv) };
-        let inputs = AttnInputs::new(cfg, view(&q), view(&k), view(&v));
-        be.backward(&inputs, Saved { out: view(&out), lse: &lse }, view(&go), grads).unwrap();
+        let m = |x, s| TensorViewMut::contiguous(TensorName::GradQuery, x, s).unwrap();
+        let grads = Grads { dq: m(&mut dq, shape.q), dk: m(&mut dk, shape.kv), dv: m(&mut dv, shape.kv) };
+        be.backward(&inputs(), Saved { out: view(&out, shape.q), lse: &lse }, view(&go, shape.q), grads).unwrap();
     });
     let bwd = bwd.peak_extra;
-    let (wf, wb) = (be.workspace_bytes(cfg, shape, Pass::Forward), be.workspace_bytes(cfg, shape, Pass::Backward));
+    let wf = be.workspace_bytes_masked(cfg, shape, &masks, Pass::Forward);
+    let wb = be.workspace_bytes_masked(cfg, shape, &masks, Pass::Backward);
     println!("{shape:?}: forward peak {fwd} <= {wf}, backward peak {bwd} <= {wb}");
     assert!(fwd <= wf, "forward allocated {fwd} bytes, workspace_bytes says {wf}");
     assert!(bwd <= wb, "backward allocated {bwd} bytes, workspace_bytes says {wb}");
@@ -48,6 +54,24 @@ fn workspace_bytes_bounds_the_allocations() {
     check(&ln, Shape4::new(2, 900, 2, 40).unwrap());
     let big = DilatedConfig::builder().segments(&[4096]).dilations(&[1]).build().unwrap();
     check(&big, Shape4::new(1, 4096, 1, 32).unwrap());
+}
+
+/// The bound holds with the features: grouped heads (a fused unit holds the dq of every
+/// query head of its group), padding, many packed sequences, a window.
+#[test]
+fn workspace_bytes_bounds_the_allocations_with_features() {
+    let gqa = |q: Shape4, kv_heads| AttnShape { q, kv: Shape4 { heads: kv_heads, ..q } };
+    let hg = DilatedConfig::builder().segments(&[128, 256, 1024]).dilations(&[1, 2, 4]).causal(true).build().unwrap();
+    check_masked(&hg, gqa(Shape4::new(1, 2048, 6, 32).unwrap(), 2), Masks::NONE);
+    let flags: Vec<bool> = (0..2 * 900).map(|i| i % 3 == 0).collect();
+    let ln = DilatedConfig::builder().segments(&[200, 300]).dilations(&[1, 3]).mixing(Mixing::LongNet).build().unwrap();
+    let pad = Masks { key_padding: Some(KeyPadding::new(&flags, 2, 900).unwrap()), packing: None };
+    check_masked(&ln, gqa(Shape4::new(2, 900, 4, 40).unwrap(), 1), pad);
+    let cu: Vec<usize> = (0..=300).map(|i| i * 7).collect();
+    let packed = Masks { key_padding: None, packing: Some(PackedSequences::new(&cu).unwrap()) };
+    check_masked(&hg, gqa(Shape4::new(1, 2100, 3, 16).unwrap(), 3), packed);
+    let window = DilatedConfig::builder().window(700, 100).build().unwrap();
+    check_masked(&window, gqa(Shape4::new(1, 5000, 4, 32).unwrap(), 2), Masks::NONE);
 }
 
 /// Number of allocations (reallocations included) `f` makes; the tests of this binary
