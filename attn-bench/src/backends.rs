@@ -7,13 +7,16 @@ use attn_core::{AttnError, AttnShape, Result, reference};
 
 use crate::case::{CaseKind, CaseSpec};
 use crate::inputs::normal_vec;
-use crate::{cpu_runner, multihead_runner, ring_runner};
+use crate::{cpu_runner, feature_runner, multihead_runner, ring_runner};
 
 /// What one call reports besides its time.
 #[derive(Debug, Clone, Default)]
 pub struct RunStats {
     /// Bytes each rank sent (ring cases).
     pub bytes_sent: Vec<u64>,
+    /// Bytes and count of each rank's attention data messages (ring cases).
+    pub data_bytes_sent: Vec<u64>,
+    pub data_messages: Vec<u64>,
     /// The counting allocator slot of each rank's thread (ring cases).
     pub rank_slots: Vec<usize>,
     /// Device memory the call held (CUDA cases), see `Measurement::device_bytes`.
@@ -35,7 +38,18 @@ pub const IMPLEMENTATIONS: &[&str] =
 pub fn prepare(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
     // Validate config and shape first so bad input is a typed error everywhere.
     spec.config()?;
-    spec.shape()?;
+    spec.attn_shape()?;
+    if spec.uses_features() {
+        return match (spec.kind, spec.implementation.as_str()) {
+            (CaseKind::Dilated, "cpu") => feature_runner::features(spec),
+            (CaseKind::Ring, imp) if imp.starts_with("ring") => ring_runner::ring(spec),
+            (kind, imp) => Err(AttnError::InvalidArgument(format!(
+                "grouped heads, windows and variable-length sequences are benchmarked on `--case dilated --impl \
+                 cpu` and `--case ring`, not `--case {} --impl {imp}`",
+                kind.as_str()
+            ))),
+        };
+    }
     match (spec.kind, spec.implementation.as_str()) {
         (CaseKind::Dilated, "reference") => Ok(Box::new(ReferenceRunner::new(spec)?)),
         (CaseKind::Dilated, "cpu" | "cpu-workspace") => cpu_runner::dilated(spec),

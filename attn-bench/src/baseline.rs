@@ -89,6 +89,7 @@ mod tests {
             hilbert_orders: None,
             cuda: String::new(),
             rss_check_rule: String::new(),
+            sections: Vec::new(),
         };
         assert!(!compare(&old, &[meas(10.9, 100)], 10.0)[0].regression);
         assert!(compare(&old, &[meas(11.5, 100)], 10.0)[0].regression);

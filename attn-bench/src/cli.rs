@@ -11,12 +11,14 @@ attn-bench: the attn benchmark report
 
 USAGE (suite):  attn-bench [--quick|--full] [--out DIR] [--threads T] [--torch PYTHON]
                            [--baseline results.json] [--threshold PCT] [--budget BYTES]
+                           [--section NAME[,NAME...]]
 USAGE (Hilbert orders, prints a markdown report): attn-bench --case hilbert [--runs N]
 USAGE (one case, prints one JSON object):
   attn-bench --json --case dilated|ring|multihead|hilbert --seq-len N --batch B --heads H
              --head-dim D --segments LIST --dilations LIST [--mixing head_groups|longnet]
              [--causal] [--dtype f32|bf16|f16] [--backward] [--threads T] [--impl NAME]
              [--world-size P --strategy S --layout L] [--runs N] [--torch PYTHON]
+             [--kv-heads K] [--window LEFT,RIGHT]
 
 --backward  time forward+backward (multihead: gradients of the input and every weight,
             accumulated into buffers allocated once, as torch's .grad; no re-initialisation)
@@ -24,7 +26,12 @@ USAGE (one case, prints one JSON object):
             included): also run the PyTorch script with the same flags and runs and print
             `torch` and `torch_median_over_ours` (> 1: this implementation is faster); the
             script needs head_groups and segments dividing n (segments > n are passed as n)
---quick     the < 1 minute suite (2 quiet cores)  --full   the long suite (ring tables to 256K)
+--quick     the short suite (2 quiet cores)  --full   the long suite (ring tables to 256K)
+--section   measure only these report sections (scaling, comparison, multihead, variants,
+            features, capacity, hilbert) of the chosen suite; the report holds only them
+--kv-heads  key/value heads (grouped-query attention; they divide --heads)
+--window    a sliding window of LEFT keys before and RIGHT after each query instead of
+            --segments/--dilations (with --causal, none after)
 --budget    per-rank memory budget of the capacity table (default 8GiB; accepts KiB/MiB/GiB); the
             default suite runs world size 1 at the longest sequence fitting min(budget, usable
             memory), --full every world size P at min(budget, usable memory / P)
@@ -40,7 +47,7 @@ USAGE (one case, prints one JSON object):
 pub enum Command {
     Suite(SuiteOptions),
     Single {
-        spec: CaseSpec,
+        spec: Box<CaseSpec>,
         runs: Option<usize>,
         /// `--torch PYTHON`: also run the PyTorch script of the case.
         torch: Option<PathBuf>,
@@ -70,7 +77,13 @@ pub struct SuiteOptions {
     pub baseline: Option<PathBuf>,
     pub threshold_pct: f64,
     pub budget_bytes: u64,
+    /// `--section`: the report sections to measure (empty: all).
+    pub sections: Vec<String>,
 }
+
+/// The report sections `--section` accepts: the planned cases' sections, the capacity
+/// table (with its confirmation runs) and the Hilbert order figures.
+pub const SECTIONS: [&str; 7] = ["scaling", "comparison", "multihead", "variants", "features", "capacity", "hilbert"];
 
 fn bad(msg: impl Into<String>) -> AttnError {
     AttnError::InvalidArgument(msg.into())
@@ -112,6 +125,7 @@ pub fn parse(args: &[String]) -> Result<Command> {
         baseline: None,
         threshold_pct: 10.0,
         budget_bytes: 8 << 30,
+        sections: Vec::new(),
     };
     let mut spec = CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]);
     spec.threads = suite.threads;
@@ -127,6 +141,14 @@ pub fn parse(args: &[String]) -> Result<Command> {
             "--baseline" => suite.baseline = Some(PathBuf::from(value()?)),
             "--threshold" => suite.threshold_pct = num(flag, value()?)?,
             "--budget" => suite.budget_bytes = parse_bytes(value()?)?,
+            "--section" => {
+                for name in value()?.split(',').map(str::trim) {
+                    if !SECTIONS.contains(&name) {
+                        return Err(bad(format!("--section: unknown section `{name}` ({})", SECTIONS.join("|"))));
+                    }
+                    suite.sections.push(name.to_string());
+                }
+            }
             "--threads" => {
                 suite.threads = num(flag, value()?)?;
                 spec.threads = suite.threads;
@@ -147,6 +169,15 @@ pub fn parse(args: &[String]) -> Result<Command> {
             "--head-dim" => spec.head_dim = num(flag, value()?)?,
             "--segments" => spec.segments = list(flag, value()?)?,
             "--dilations" => spec.dilations = list(flag, value()?)?,
+            "--kv-heads" => spec.kv_heads = Some(num(flag, value()?)?),
+            "--window" => match list(flag, value()?)?[..] {
+                [left, right] => {
+                    spec.window = Some([left, right]);
+                    spec.mixing = attn_core::Mixing::Window.as_str().to_string();
+                    (spec.segments, spec.dilations) = (Vec::new(), Vec::new());
+                }
+                _ => return Err(bad("--window takes LEFT,RIGHT")),
+            },
             "--mixing" => spec.mixing = attn_core::Mixing::parse(value()?)?.as_str().to_string(),
             "--causal" => spec.causal = true,
             "--dtype" => spec.dtype = value()?.clone(),
@@ -157,6 +188,9 @@ pub fn parse(args: &[String]) -> Result<Command> {
             "--runs" => runs = Some(num(flag, value()?)?),
             other => return Err(bad(format!("unknown option `{other}` (see --help)"))),
         }
+    }
+    if !suite.sections.is_empty() && json {
+        return Err(bad("--section selects parts of the suite; --json measures one case"));
     }
     if suite.threads == 0 || spec.world_size == 0 {
         return Err(bad("--threads and --world-size must be at least 1"));
@@ -186,7 +220,7 @@ pub fn parse(args: &[String]) -> Result<Command> {
     if suite.torch.is_some() && !matches!(spec.kind, CaseKind::Dilated | CaseKind::Multihead) {
         return Err(bad(format!("--torch with --json runs dilated and multihead cases, not {}", spec.kind.as_str())));
     }
-    Ok(Command::Single { spec, runs, torch: suite.torch })
+    Ok(Command::Single { spec: Box::new(spec), runs, torch: suite.torch })
 }
 
 #[cfg(test)]
@@ -225,6 +259,21 @@ mod tests {
     }
 
     #[test]
+    fn sections_and_feature_flags() {
+        let Command::Suite(s) = parse(&args("--quick --section features")).unwrap() else { panic!("expected a suite") };
+        assert_eq!((s.size, s.sections.as_slice()), (SuiteSize::Quick, &["features".to_string()][..]));
+        let Command::Suite(s) = parse(&args("--section scaling,capacity")).unwrap() else { panic!() };
+        assert_eq!(s.sections, ["scaling", "capacity"]);
+        let Command::Suite(s) = parse(&args("--full")).unwrap() else { panic!() };
+        assert!(s.sections.is_empty());
+        let c = parse(&args("--json --case ring --kv-heads 1 --window 4095,0 --causal --world-size 4")).unwrap();
+        let Command::Single { spec, .. } = c else { panic!("expected a single case") };
+        assert_eq!((spec.kv_heads, spec.window, spec.mixing.as_str()), (Some(1), Some([4095, 0]), "window"));
+        assert!(spec.segments.is_empty() && spec.config().unwrap().window().is_some());
+        assert_eq!(spec.attn_shape().unwrap().kv.heads, 1);
+    }
+
+    #[test]
     fn case_without_json_is_the_hilbert_report_or_an_error() {
         assert!(matches!(parse(&args("--case hilbert")).unwrap(), Command::Hilbert { reps: 5 }));
         assert!(matches!(parse(&args("--case hilbert --runs 2")).unwrap(), Command::Hilbert { reps: 2 }));
@@ -244,6 +293,9 @@ mod tests {
         let e = parse(&args("--json --case dilated --baseline old.json")).unwrap_err().to_string();
         assert!(e.contains("--baseline") && e.contains("--json"), "{e}");
         assert!(matches!(parse(&args("--quick --baseline old.json")).unwrap(), Command::Suite(_)));
+        for a in ["--section nope", "--section features,bogus", "--json --section features", "--window 3"] {
+            assert!(parse(&args(a)).is_err(), "{a}");
+        }
         assert_eq!(parse_bytes("8GiB").unwrap(), 8 << 30);
         assert_eq!(parse_bytes("1.5 KiB").unwrap(), 1536);
     }

@@ -14,6 +14,9 @@ mod cli;
 mod cpu_runner;
 #[cfg(feature = "cuda")]
 mod cuda_runner;
+mod feature_runner;
+mod features;
+mod features_report;
 mod gemm_rate;
 mod hilbert_orders;
 mod inputs;
@@ -24,6 +27,7 @@ mod multihead_runner;
 mod plots;
 mod report;
 mod results;
+mod ring_bytes;
 mod ring_runner;
 mod rss_check;
 mod single;

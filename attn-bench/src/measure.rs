@@ -68,6 +68,8 @@ pub fn measure(spec: &CaseSpec, reps: Repetitions, gemm_gflop_per_s: f64, git: &
                 peak_bytes_per_rank: rank_peaks.iter().copied().max().unwrap_or(done.memory.peak_bytes),
                 rank_peak_bytes: rank_peaks,
                 bytes_sent: done.stats.bytes_sent,
+                data_bytes_sent: done.stats.data_bytes_sent,
+                data_messages: done.stats.data_messages,
                 peak_rss_bytes: done.memory.peak_rss_bytes,
                 rss_windowed: done.memory.rss_windowed,
                 rss_base_bytes: done.memory.rss_base_bytes,
@@ -166,6 +168,41 @@ mod tests {
             assert!(m.status.contains("not compiled"), "{}", m.status);
         }
         assert!(backends::cuda_status().contains("compiled"));
+    }
+
+    /// Feature cases measure through the same path: a grouped-heads case holds at least
+    /// its q, k, v and out; ring rows report data bytes equal to `expected_bytes`, and
+    /// their sent rows equal `ring_bytes`'s counts.
+    #[test]
+    fn feature_cases_report_memory_and_ring_data_bytes() {
+        let _guard = memory::TEST_WINDOW_LOCK.lock();
+        let mut gqa = CaseSpec::dilated("cpu", 512, &[64, 128], &[1, 2]);
+        gqa.kv_heads = Some(2);
+        let m = measure(&gqa, Repetitions::QUICK, 1.0, "test", &ProgressBar::hidden());
+        assert!(m.ok(), "{}", m.status);
+        let tensors = 4 * (2 * 512 * 8 * 64 + 2 * 512 * 2 * 64) as u64;
+        assert!(m.peak_bytes >= tensors, "{} < {tensors}", m.peak_bytes);
+        let window = CaseSpec::window("cpu", 512, 63, 0, true);
+        // Segments of 512 span both ranks' 256 rows.
+        let spanning = CaseSpec { kv_heads: Some(2), ..CaseSpec::dilated("cpu", 512, &[64, 512], &[1, 2]) };
+        for base in [window, spanning] {
+            for layout in ["contiguous", "zigzag"] {
+                let spec = crate::suite_plan::ring_case(&base, 2, "allgather", layout);
+                let m = measure(&spec, Repetitions::MEMORY_CALL_ONLY, 1.0, "test", &ProgressBar::hidden());
+                assert!(m.ok(), "{}: {}", spec.label(), m.status);
+                let problem = crate::ring_runner::problem(&spec).unwrap();
+                let plan = attn_ring::Plan::new(problem.clone()).unwrap();
+                let dtype = attn_core::DType::F32;
+                assert_eq!(m.data_bytes_sent, attn_ring::expected_bytes(&plan, dtype, attn_core::Pass::Forward));
+                let rows: Vec<u64> = m.data_bytes_sent.iter().zip(&m.data_messages).map(|(b, n)| b - 9 * n).collect();
+                assert_eq!(rows, crate::ring_bytes::counted(&problem, dtype).sent, "{}", spec.label());
+                assert!(rows.iter().any(|&b| b > 0), "{}: {rows:?}", spec.label());
+            }
+        }
+        // Features the runners do not take are typed errors, not silently dropped.
+        let mut bad = CaseSpec::dilated("reference", 64, &[16, 32], &[1, 2]);
+        bad.kv_heads = Some(2);
+        assert!(measure(&bad, Repetitions::QUICK, 1.0, "t", &ProgressBar::hidden()).status.starts_with("error:"));
     }
 
     #[test]

@@ -250,6 +250,9 @@ pub fn render(
             int(best.spec.seq_len)
         );
     }
+    for line in crate::features_report::findings(&r.measurements) {
+        let _ = writeln!(o, "- {line}");
+    }
     for c in &r.capacity {
         let _ = writeln!(
             o,
@@ -259,8 +262,70 @@ pub fn render(
             int(c.max_seq_len)
         );
     }
+    if r.includes("scaling") {
+        scaling_sections(&mut o, r, sel);
+    }
+    if r.includes("comparison") {
+        let _ = writeln!(
+            o,
+            "\n## Implementation comparison\n\nSpeedups are time ratios against the named implementation in the same table (PyTorch: `attn-bench/torch/torch_dilated.py`; n/m: not measured). \
+             \"% of f32 GEMM\" divides every row, bf16 and f16 included, by the f32 GEMM rate."
+        );
+        comparison_tables(&mut o, r, "comparison");
+    }
+    if r.includes("multihead") {
+        let _ =
+            writeln!(o, "\n## Multihead (`MultiheadDilatedAttention`: projections + attention + LayerNorm + output)");
+        comparison_tables(&mut o, r, "multihead");
+    }
+    variants_table(&mut o, r);
+    if r.includes(crate::features::SECTION) {
+        crate::features_report::render(&mut o, &r.measurements);
+    }
+    if r.includes("capacity") {
+        crate::capacity::render(&mut o, &r.capacity, r.budget_bytes);
+    }
+    if let Some(h) = &r.hilbert_orders {
+        h.render(&mut o);
+    }
+    if let Some(rows) = baseline {
+        let _ = writeln!(o, "\n## Against the baseline\n\n{}", baseline::table(rows, threshold));
+    }
+    rss_check::render(&mut o, &r.measurements);
+    if !plots.is_empty() {
+        let _ = writeln!(o, "\n## Plots\n");
+    }
+    for p in plots.iter().filter(|p| p.ends_with(".png")) {
+        let _ = writeln!(o, "![{p}]({p})\n");
+    }
+    let skipped: Vec<&Measurement> = r.measurements.iter().filter(|m| !m.status.starts_with("ok")).collect();
+    if !skipped.is_empty() {
+        let _ = writeln!(o, "## Not measured\n");
+        let mut seen = BTreeSet::new();
+        for m in skipped {
+            if seen.insert(m.status.clone()) {
+                let n = r.measurements.iter().filter(|x| x.status == m.status).count();
+                let _ = writeln!(o, "- {n} case(s), e.g. `{}`: {}", m.spec.label(), m.status);
+            }
+        }
+    }
+    let size = match r.suite.as_str() {
+        "quick" => " --quick",
+        "full" => " --full",
+        _ => "",
+    };
+    let sections = if r.sections.is_empty() { String::new() } else { format!(" --section {}", r.sections.join(",")) };
+    let _ = writeln!(
+        o,
+        "\nReproduce: `cargo xtask bench{size}{sections}` (all measurements with their configs are in `results.json`)."
+    );
+    o
+}
+
+/// The scaling tables: one rank, the ring at every world size, memory reduction, the sweep.
+fn scaling_sections(o: &mut String, r: &RunResults, sel: &Selection<'_>) {
     let _ = writeln!(o, "\n## Single rank: CpuBackend ({} threads)\n", r.threads);
-    scaling_table(&mut o, &sel.single, false, peak_gemm(r));
+    scaling_table(o, &sel.single, false, peak_gemm(r));
     let worlds: BTreeSet<usize> = sel.ring.iter().map(|m| m.spec.world_size).collect();
     for &p in &worlds {
         let rows: Vec<&Measurement> = sel.ring.iter().copied().filter(|m| m.spec.world_size == p).collect();
@@ -268,7 +333,7 @@ pub fn render(
             o,
             "\n## Ring (strategy auto, contiguous), world size {p}: one thread per rank, memory per rank\n\nPeak RSS growth is the whole process's (all {p} ranks), the cross-check of their summed allocator peak.\n"
         );
-        scaling_table(&mut o, &rows, true, peak_gemm(r));
+        scaling_table(o, &rows, true, peak_gemm(r));
     }
     let _ = writeln!(
         o,
@@ -317,14 +382,10 @@ pub fn render(
             "\nIn-process ranks share this machine's cores, so time does not fall with more ranks here; memory per rank does."
         );
     }
-    let _ = writeln!(
-        o,
-        "\n## Implementation comparison\n\nSpeedups are time ratios against the named implementation in the same table (PyTorch: `attn-bench/torch/torch_dilated.py`; n/m: not measured). \
-         \"% of f32 GEMM\" divides every row, bf16 and f16 included, by the f32 GEMM rate."
-    );
-    comparison_tables(&mut o, r, "comparison");
-    let _ = writeln!(o, "\n## Multihead (`MultiheadDilatedAttention`: projections + attention + LayerNorm + output)");
-    comparison_tables(&mut o, r, "multihead");
+}
+
+/// The variants table (dtype, causal, backward, mixing, Hilbert order), when measured.
+fn variants_table(o: &mut String, r: &RunResults) {
     let variants: Vec<&Measurement> = r.measurements.iter().filter(|m| m.section == "variants").collect();
     if !variants.is_empty() {
         let _ = writeln!(
@@ -346,37 +407,4 @@ pub fn render(
             );
         }
     }
-    crate::capacity::render(&mut o, &r.capacity, r.budget_bytes);
-    if let Some(h) = &r.hilbert_orders {
-        h.render(&mut o);
-    }
-    if let Some(rows) = baseline {
-        let _ = writeln!(o, "\n## Against the baseline\n\n{}", baseline::table(rows, threshold));
-    }
-    rss_check::render(&mut o, &r.measurements);
-    let _ = writeln!(o, "\n## Plots\n");
-    for p in plots.iter().filter(|p| p.ends_with(".png")) {
-        let _ = writeln!(o, "![{p}]({p})\n");
-    }
-    let skipped: Vec<&Measurement> = r.measurements.iter().filter(|m| !m.status.starts_with("ok")).collect();
-    if !skipped.is_empty() {
-        let _ = writeln!(o, "## Not measured\n");
-        let mut seen = BTreeSet::new();
-        for m in skipped {
-            if seen.insert(m.status.clone()) {
-                let n = r.measurements.iter().filter(|x| x.status == m.status).count();
-                let _ = writeln!(o, "- {n} case(s), e.g. `{}`: {}", m.spec.label(), m.status);
-            }
-        }
-    }
-    let _ = writeln!(
-        o,
-        "\nReproduce: `cargo xtask bench{}` (all measurements with their configs are in `results.json`).",
-        match r.suite.as_str() {
-            "quick" => " --quick",
-            "full" => " --full",
-            _ => "",
-        }
-    );
-    o
 }

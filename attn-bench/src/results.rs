@@ -44,9 +44,17 @@ pub struct RunResults {
     /// The rule of the allocator-vs-RSS cross-check (`rss_check` of each measurement).
     #[serde(default)]
     pub rss_check_rule: String,
+    /// The report sections measured (`--section`); empty: every section.
+    #[serde(default)]
+    pub sections: Vec<String>,
 }
 
 impl RunResults {
+    /// Whether this run measured report section `section`.
+    pub fn includes(&self, section: &str) -> bool {
+        self.sections.is_empty() || self.sections.iter().any(|s| s == section)
+    }
+
     pub fn save(&self, path: &Path) -> Result<()> {
         let s = serde_json::to_string_pretty(self).map_err(|e| AttnError::Format(e.to_string()))?;
         std::fs::write(path, s).map_err(|e| AttnError::InvalidArgument(format!("{}: {e}", path.display())))

@@ -12,7 +12,7 @@ use std::time::Duration;
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, Shape4, TensorView, TensorViewMut};
 use attn_kernels::zeroed_buffer;
-use attn_ring::{BackwardOutputs, Layout, RingProblem, RingStats, Strategy, ThreadComm, problem_for};
+use attn_ring::{BackwardOutputs, Layout, RingProblem, RingStats, Strategy, ThreadComm};
 use half::{bf16, f16};
 
 use crate::backends::{RunStats, Runner};
@@ -32,12 +32,19 @@ pub fn ring(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
     }
 }
 
-/// The ring problem of `spec` (strategy and layout parsed with attn-ring's parsers).
+/// The ring problem of `spec` (strategy and layout parsed with attn-ring's parsers;
+/// k and v with `kv_heads` heads).
 pub fn problem(spec: &CaseSpec) -> Result<RingProblem> {
+    if spec.varlen.is_some() || spec.repeat_kv {
+        return Err(AttnError::InvalidArgument(
+            "ring cases take grouped heads and windows; variable-length sequences and repeated K/V run on one rank"
+                .into(),
+        ));
+    }
     let strategy = Strategy::parse(spec.strategy.as_deref().unwrap_or("auto"))?;
     let layout = Layout::parse(spec.layout.as_deref().unwrap_or("contiguous"))?;
     layout.check(spec.seq_len, spec.world_size)?;
-    Ok(problem_for(&spec.config()?, spec.shape()?, layout, strategy, spec.world_size))
+    Ok(RingProblem::new(&spec.config()?, spec.attn_shape()?, layout, strategy, spec.world_size))
 }
 
 struct RingRunner {
@@ -52,6 +59,8 @@ struct Rank<T> {
     comm: ThreadComm,
     problem: RingProblem,
     shape: Shape4,
+    /// The shape of this rank's k and v rows (`kv_heads` heads).
+    kv_shape: Shape4,
     backward: bool,
     q: Vec<T>,
     k: Vec<T>,
@@ -61,19 +70,22 @@ struct Rank<T> {
 
 impl<T: Element> Rank<T> {
     fn call(&mut self) -> Result<RingStats> {
-        let s = self.shape;
-        let view = |name, x| TensorView::contiguous(name, x, s);
-        let (q, k, v) =
-            (view(TensorName::Query, &self.q)?, view(TensorName::Key, &self.k)?, view(TensorName::Value, &self.v)?);
+        let (s, kvs) = (self.shape, self.kv_shape);
+        let view = |name, x, shape| TensorView::contiguous(name, x, shape);
+        let (q, k, v) = (
+            view(TensorName::Query, &self.q, s)?,
+            view(TensorName::Key, &self.k, kvs)?,
+            view(TensorName::Value, &self.v, kvs)?,
+        );
         if self.backward {
-            let n = s.numel();
-            let (mut dq, mut dk, mut dv) = (zeroed_buffer(n)?, zeroed_buffer(n)?, zeroed_buffer(n)?);
+            let (n, nk) = (s.numel(), kvs.numel());
+            let (mut dq, mut dk, mut dv) = (zeroed_buffer(n)?, zeroed_buffer(nk)?, zeroed_buffer(nk)?);
             let outs = BackwardOutputs {
                 dq: &mut TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, s)?,
-                dk: &mut TensorViewMut::contiguous(TensorName::GradKey, &mut dk, s)?,
-                dv: &mut TensorViewMut::contiguous(TensorName::GradValue, &mut dv, s)?,
+                dk: &mut TensorViewMut::contiguous(TensorName::GradKey, &mut dk, kvs)?,
+                dv: &mut TensorViewMut::contiguous(TensorName::GradValue, &mut dv, kvs)?,
             };
-            let g = view(TensorName::GradOutput, &self.grad_out)?;
+            let g = view(TensorName::GradOutput, &self.grad_out, s)?;
             attn_ring::ring_backward(&mut self.comm, &self.problem, [q, k, v], g, outs)
         } else {
             let mut out = zeroed_buffer(s.numel())?;
@@ -98,22 +110,24 @@ impl RingRunner {
             let (problem, backward) = (problem.clone(), spec.backward);
             let rows = problem.layout.rows(problem.seq, p, rank);
             let shape = spec.shape()?.with_seq(rows)?;
+            let kv_shape = spec.attn_shape()?.kv.with_seq(rows)?;
             let handle = std::thread::Builder::new()
                 .name(format!("attn-rank-{rank}"))
                 .spawn(move || {
                     // The rank's rows are allocated here, on the rank's own thread.
                     let _ = slot_tx.send((rank, crate::memory::my_slot()));
                     drop(slot_tx);
-                    let n = shape.numel();
+                    let (n, nk) = (shape.numel(), kv_shape.numel());
                     let seed = 16 * rank as u64;
                     let mut r = Rank::<T> {
                         comm,
                         problem,
                         shape,
+                        kv_shape,
                         backward,
                         q: normal_vec(seed + 1, n),
-                        k: normal_vec(seed + 2, n),
-                        v: normal_vec(seed + 3, n),
+                        k: normal_vec(seed + 2, nk),
+                        v: normal_vec(seed + 3, nk),
                         grad_out: if backward { normal_vec(seed + 4, n) } else { Vec::new() },
                     };
                     while go_rx.recv().is_ok() {
@@ -161,6 +175,8 @@ impl Runner for RingRunner {
             Some(e) => Err(e),
             None => Ok(RunStats {
                 bytes_sent: stats.iter().map(|s| s.total_bytes_sent).collect(),
+                data_bytes_sent: stats.iter().map(|s| s.data_bytes_sent).collect(),
+                data_messages: stats.iter().map(|s| s.data_messages).collect(),
                 rank_slots: self.slots.clone(),
                 device_bytes: None,
             }),

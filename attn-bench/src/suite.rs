@@ -13,6 +13,7 @@ use crate::baseline;
 use crate::capacity::{self, CapacityRow, Confirmation};
 use crate::case::{CaseKind, CaseSpec, Measurement};
 use crate::cli::{SuiteOptions, SuiteSize};
+use crate::features;
 use crate::gemm_rate;
 use crate::hilbert_orders::HilbertOrders;
 use crate::machine::{self, Machine};
@@ -111,6 +112,9 @@ impl Ctx<'_> {
         let gemm = gemm_rate::measure(GEMM_N, spec.threads, 3).best_gflop_per_s;
         let mut m = measure::measure(spec, reps, gemm, &self.git, &bar);
         m.section = section.to_string();
+        if section == features::SECTION && spec.kind == CaseKind::Dilated {
+            m.workspace_query_bytes = crate::feature_runner::workspace_query(spec);
+        }
         finish(&bar, &m);
         m
     }
@@ -173,21 +177,26 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
         dir.display()
     );
     let reps = if opts.size == SuiteSize::Quick { Repetitions::QUICK } else { Repetitions::FULL };
-    let plan = suite_plan::plan(opts.size, opts.threads);
+    let wanted = |section: &str| opts.sections.is_empty() || opts.sections.iter().any(|s| s == section);
+    let mut plan = suite_plan::plan(opts.size, opts.threads);
+    plan.retain(|p| wanted(p.section));
     let multi = MultiProgress::new();
     let ctx = Ctx {
         multi: &multi,
         git: machine.git_commit.clone(),
         // The capacity confirmations: world size 1 in the default suite, all four in --full.
         total: plan.len()
-            + match opts.size {
-                SuiteSize::Quick => 0,
-                SuiteSize::Default => 1,
-                SuiteSize::Full => 4,
+            + match (wanted("capacity"), opts.size) {
+                (false, _) | (_, SuiteSize::Quick) => 0,
+                (true, SuiteSize::Default) => 1,
+                (true, SuiteSize::Full) => 4,
             },
         done: std::cell::Cell::new(0),
     };
-    let mut measurements: Vec<Measurement> = plan.iter().map(|p| ctx.measure(p.section, &p.spec, reps)).collect();
+    let mut measurements: Vec<Measurement> = plan
+        .iter()
+        .map(|p| ctx.measure(p.section, &p.spec, if p.once { Repetitions::MEMORY_CALL_ONLY } else { reps }))
+        .collect();
     if let Some(python) = &opts.torch {
         let gemm_now = |threads| gemm_rate::measure(GEMM_N, threads, 3).best_gflop_per_s;
         let rows = torch_rows(python, &measurements, reps.min_runs.max(3), &machine.git_commit, &multi, &gemm_now);
@@ -195,16 +204,21 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     }
     let cap_base = CaseSpec { threads: opts.threads, ..CaseSpec::dilated("cpu", 8192, &SEGMENTS, &DILATIONS) };
     let usable = machine::available_memory_bytes().map(capacity::usable_machine_bytes);
-    let mut capacity = capacity::table(&cap_base, &measurements, &[1, 2, 4, 8], opts.budget_bytes, usable);
-    let confirmations = confirm(&mut capacity, &cap_base, opts.size, &ctx, &measurements);
-    measurements.extend(confirmations);
+    let mut capacity = Vec::new();
+    if wanted("capacity") {
+        capacity = capacity::table(&cap_base, &measurements, &[1, 2, 4, 8], opts.budget_bytes, usable);
+        let confirmations = confirm(&mut capacity, &cap_base, opts.size, &ctx, &measurements);
+        measurements.extend(confirmations);
+    }
     let suite = match opts.size {
         SuiteSize::Quick => "quick",
         SuiteSize::Default => "default",
         SuiteSize::Full => "full",
     };
-    eprintln!("attn-bench: Hilbert order generation and permutation ...");
-    let hilbert_orders = HilbertOrders::measure(if opts.size == SuiteSize::Quick { 3 } else { 5 });
+    let hilbert_orders = wanted("hilbert").then(|| {
+        eprintln!("attn-bench: Hilbert order generation and permutation ...");
+        HilbertOrders::measure(if opts.size == SuiteSize::Quick { 3 } else { 5 })
+    });
     let results = RunResults {
         suite: suite.into(),
         threads: opts.threads,
@@ -215,9 +229,10 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
         measurements,
         capacity,
         took_s: started.elapsed().as_secs_f64(),
-        hilbert_orders,
+        hilbert_orders: hilbert_orders.flatten(),
         cuda,
         rss_check_rule: rss_check::RULE.into(),
+        sections: opts.sections.clone(),
     };
     results.save(&dir.join("results.json"))?;
     let comparisons = old.as_ref().map(|o| baseline::compare(o, &results.measurements, opts.threshold_pct));
@@ -226,7 +241,12 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     }
     write_report(&dir, &results, comparisons.as_deref(), opts.threshold_pct)?;
     let mut table = String::new();
-    capacity::render(&mut table, &results.capacity, results.budget_bytes);
+    if results.includes("capacity") {
+        capacity::render(&mut table, &results.capacity, results.budget_bytes);
+    }
+    if results.includes(features::SECTION) {
+        crate::features_report::render(&mut table, &results.measurements);
+    }
     println!("{}", table.trim());
     println!("attn-bench: wrote {} in {:.0} s", dir.display(), started.elapsed().as_secs_f64());
     if comparisons.is_some_and(|c| c.iter().any(|r| r.regression)) {
@@ -244,7 +264,13 @@ fn write_report(
 ) -> Result<()> {
     let sel = report::Selection::of(results);
     let mut plot_files = Vec::new();
-    for chart in plots::standard(&sel.single, &sel.ring, &sel.throughput, &sel.sweep) {
+    // The plots draw the scaling and comparison measurements.
+    let charts = if results.includes("scaling") || results.includes("comparison") {
+        plots::standard(&sel.single, &sel.ring, &sel.throughput, &sel.sweep)
+    } else {
+        Vec::new()
+    };
+    for chart in charts {
         match plots::render(dir, &chart) {
             Ok(files) => plot_files.extend(files),
             Err(e) => eprintln!("attn-bench: plot {} failed: {e}", chart.file_stem),

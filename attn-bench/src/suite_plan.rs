@@ -2,6 +2,7 @@
 
 use crate::case::{CaseKind, CaseSpec};
 use crate::cli::SuiteSize;
+use crate::features;
 
 /// The scaling config: the PyTorch peer script's default (3 head groups, w up to 8192).
 pub const SEGMENTS: [usize; 3] = [2048, 4096, 8192];
@@ -19,6 +20,9 @@ pub const SWEEP_WORLDS: [usize; 5] = [1, 2, 4, 8, 16];
 pub struct Planned {
     pub section: &'static str,
     pub spec: CaseSpec,
+    /// Measured by its first call alone (no timed repetitions): cases whose point is
+    /// what they send, not their time.
+    pub once: bool,
 }
 
 /// The sequence lengths and world sizes of a suite.
@@ -87,10 +91,11 @@ pub fn ring_case(base: &CaseSpec, world: usize, strategy: &str, layout: &str) ->
 pub fn plan(size: SuiteSize, threads: usize) -> Vec<Planned> {
     let shape = SuiteShape::of(size);
     let mut cases = Vec::new();
-    let mut push = |section, mut spec: CaseSpec| {
+    let mut push_case = |section, mut spec: CaseSpec, once| {
         spec.threads = threads;
-        cases.push(Planned { section, spec });
+        cases.push(Planned { section, spec, once });
     };
+    let mut push = |section, spec: CaseSpec| push_case(section, spec, false);
     // Scaling: one rank per sequence length, then the ring over world sizes.
     for &n in &shape.single_seqs {
         push("scaling", CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS));
@@ -151,6 +156,10 @@ pub fn plan(size: SuiteSize, threads: usize) -> Vec<Planned> {
         push("variants", ring_case(&CaseSpec { causal: true, ..v.clone() }, 4, "auto", "zigzag"));
         push("variants", ring_case(&CaseSpec { backward: true, ..v }, 4, "auto", "contiguous"));
     }
+    // Grouped heads, packed sequences, windows (`features` says which).
+    for (spec, once) in features::cases(size) {
+        push_case(features::SECTION, spec, once);
+    }
     cases
 }
 
@@ -164,8 +173,9 @@ mod tests {
             let p = plan(size, 2);
             for c in &p {
                 c.spec.config().unwrap();
-                c.spec.shape().unwrap();
+                c.spec.attn_shape().unwrap();
             }
+            assert!(p.iter().any(|c| c.section == features::SECTION), "{size:?}");
             let sweep = SuiteShape::of(size).sweep_seq;
             for w in SWEEP_WORLDS {
                 let ring = |c: &&Planned| c.spec.kind == CaseKind::Ring && c.spec.seq_len == sweep;

@@ -115,6 +115,7 @@ fn synthetic(extra: Vec<Measurement>) -> RunResults {
         hilbert_orders: None,
         cuda: "not compiled in".into(),
         rss_check_rule: rss_check::RULE.into(),
+        sections: Vec::new(),
     }
 }
 
@@ -302,5 +303,128 @@ fn torch_flag_adds_pytorch_rows_and_speedups_to_the_comparison() {
         "{}",
         rows[0].status
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Synthetic measurements of every `--quick` features case: grouped heads 1.02x their
+/// tensors and 1.2x faster than repeated K/V, padded at half the packed tokens/s, dense
+/// causal 5x the window's time, ring rows sending exactly their counted rows.
+fn feature_measurements() -> Vec<Measurement> {
+    crate::features::cases(SuiteSize::Quick)
+        .into_iter()
+        .map(|(spec, _)| {
+            let ms = match &spec {
+                s if s.repeat_kv => 120.0,
+                s if s.varlen.as_ref().is_some_and(|v| v.layout == crate::case::VarLenLayout::Padded) => 200.0,
+                s if s.window.is_none() && s.segments == [s.seq_len] => 500.0,
+                _ => 100.0,
+            };
+            let mut m = ok(crate::features::SECTION, spec, ms, 1.0);
+            if m.spec.kind == CaseKind::Ring {
+                let problem = crate::ring_runner::problem(&m.spec).unwrap();
+                let counted = crate::ring_bytes::counted(&problem, attn_core::DType::F32);
+                m.data_messages = vec![3; m.spec.world_size];
+                m.data_bytes_sent = counted.sent.iter().map(|b| b + 27).collect();
+            } else if m.spec.kv_heads.is_some() {
+                let s = m.spec.attn_shape().unwrap();
+                let tensors = 4 * (2 * s.q.numel() + 2 * s.kv.numel()) as u64;
+                m.peak_bytes = tensors * if m.spec.repeat_kv { 160 } else { 102 } / 100;
+                m.workspace_query_bytes = Some(tensors + 4 * s.q.lse_len() as u64 + (3 << 20));
+            }
+            m
+        })
+        .collect()
+}
+
+#[test]
+fn the_features_section_pairs_its_rows_and_reports_ratios_and_bytes() {
+    let _guard = TEST_WINDOW_LOCK.lock();
+    let dir = temp_dir("features");
+    let mut results = synthetic(feature_measurements());
+    write_report(&dir, &results, None, 10.0).unwrap();
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("## Attention features") && md.contains("## Single rank"), "{md}");
+    let gqa = table_after(&md, "### Grouped-query attention against repeated K/V");
+    assert_eq!(gqa.len(), 2 + 2, "{gqa:?}");
+    assert!(gqa[2].starts_with("| 8 heads on 1 K/V head(s) | 16,384 | 100.0 | 3 |") && gqa[2].contains("| 1.020 |"));
+    assert!(gqa[3].starts_with("| K/V repeated to 8 heads by the caller |") && gqa[3].contains("| 1.600 |"));
+    assert!(md.contains("Grouped peak / tensors: 1.020, target <= 1.1 met"), "{md}");
+    assert!(md.contains("the kernel's workspace (3.0 MB by its query)") && md.contains("time 1.20x, peak 1.57x"));
+    let lengths = crate::features::draw_lengths(crate::features::LENGTHS_SEED, 8, 4096);
+    assert!(md.contains(&format!("1..=4096 with seed 2026: {lengths:?}")), "{md}");
+    let varlen = table_after(&md, "### Packed against padded sequences");
+    assert_eq!(varlen.len(), 2 + 2, "{varlen:?}");
+    assert!(md.contains("Packed / padded real tokens/s (target >= 1.5x): fwd 2.00x."), "{md}");
+    let window = table_after(&md, "### Causal window against dense causal attention");
+    assert!(window[2].starts_with("| window (4095, 0) causal | 16,384 |") && window[3].starts_with("| dense causal |"));
+    assert!(md.contains("Dense causal / window time: seq 16,384 5.00x."));
+    // 8 ring cases of 4 ranks; the window rows show their bound, the dilated rows none.
+    let ring = table_after(&md, "### Ring bytes per rank");
+    assert_eq!(ring.len(), 2 + 32, "{ring:?}");
+    assert!(
+        ring.iter().filter(|r| r.starts_with("| window (4095, 0) causal, 8 K/V heads | contiguous |")).count() == 4
+    );
+    let bound = int(4095 * 8 * 2 * 64 * 4);
+    assert!(ring.iter().any(|r| r.starts_with("| window (4095, 0) causal, 8 K/V heads | contiguous | 1 |")
+        && r.ends_with(&format!("| {bound} |"))));
+    assert!(ring.iter().any(|r| r.contains("1 of 8 heads | zigzag | 3 |") && r.ends_with("| - |")), "{ring:?}");
+    assert!(
+        md.contains(
+            "Sent rows equal the counts on every rank; what each rank receives under a window stays within the bound."
+        ),
+        "{}",
+        ring.join("\n")
+    );
+    assert!(md.contains("1 K/V heads against 8 (contiguous):"), "{md}");
+    // Key findings.
+    for line in [
+        "- Grouped-query attention 8:1 at seq 16,384: peak 1.020x",
+        "- Packed sequences (fwd): 2.00x",
+        "- Causal window (4095, 0) at seq 16,384: 5.00x faster",
+    ] {
+        assert!(md.contains(line), "{line}");
+    }
+
+    // `--section features`: that section (and the run's header and cross-checks) alone.
+    results.sections = vec!["features".into()];
+    results.suite = "quick".into();
+    results.measurements.retain(|m| m.section == crate::features::SECTION);
+    results.capacity.clear();
+    let dir2 = temp_dir("features-only");
+    write_report(&dir2, &results, None, 10.0).unwrap();
+    let md = std::fs::read_to_string(dir2.join("report.md")).unwrap();
+    assert!(md.contains("## Attention features") && md.contains("--quick --section features`"), "{md}");
+    for absent in ["## Single rank", "## Implementation comparison", "## Multihead", "## Sequence length", "## Plots"] {
+        assert!(!md.contains(absent), "{absent} in\n{md}");
+    }
+    assert!(std::fs::read_dir(&dir2).unwrap().all(|f| !f.unwrap().path().to_string_lossy().ends_with(".png")));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&dir2);
+}
+
+/// A results.json written before the feature fields existed still loads (and renders).
+#[test]
+fn results_without_the_feature_fields_still_load() {
+    let _guard = TEST_WINDOW_LOCK.lock();
+    let dir = temp_dir("old-results");
+    let path = dir.join("results.json");
+    synthetic(Vec::new()).save(&path).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json.as_object_mut().unwrap().remove("sections");
+    for m in json["measurements"].as_array_mut().unwrap() {
+        let m = m.as_object_mut().unwrap();
+        m.remove("data_bytes_sent");
+        m.remove("data_messages");
+        let spec = m.get_mut("spec").unwrap().as_object_mut().unwrap();
+        for key in ["kv_heads", "repeat_kv", "window", "varlen"] {
+            assert!(spec.remove(key).is_some(), "{key} not written");
+        }
+    }
+    std::fs::write(&path, json.to_string()).unwrap();
+    let old = RunResults::load(&path).unwrap();
+    assert!(old.sections.is_empty() && old.includes("features") && old.includes("scaling"));
+    assert!(old.measurements.iter().all(|m| !m.spec.uses_features() && m.data_bytes_sent.is_empty()));
+    rerender(&path).unwrap();
+    assert!(std::fs::read_to_string(dir.join("report.md")).unwrap().contains("## Single rank"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,154 @@
+//! The attention-features section of the suite: which cases it measures at each suite
+//! size, and the seeded sequence lengths of its packed-against-padded rows.
+//!
+//! - Grouped-query attention, 8 query heads on 1 key/value head, against the same
+//!   problem with K/V repeated to 8 heads by the caller (time and peak memory).
+//! - 8 sequences of lengths drawn uniformly from `1..=max_len`, packed into one row
+//!   with `cu_seqlens` against padded to the longest with a key padding mask (real
+//!   tokens per second), forward and, in the default and full suites, forward+backward.
+//! - A causal sliding window `(4095, 0)` against dense causal attention (one segment of
+//!   the whole sequence) of the same length.
+//! - Bytes per rank on the ring (4 in-process ranks, contiguous and zigzag) for a causal
+//!   and a two-sided window and for grouped heads under a dilated config whose segments
+//!   span ranks, one call each, against the counts of `ring_bytes`. The strategy is
+//!   all-gather, so every row goes straight from its owner to each rank that reads it.
+
+use crate::case::{CaseKind, CaseSpec, VarLenLayout};
+use crate::cli::SuiteSize;
+use crate::inputs::SplitMix;
+use crate::suite_plan::{DILATIONS, SEGMENTS, ring_case};
+
+/// The report section of these cases.
+pub const SECTION: &str = "features";
+/// The seed of the packed/padded sequence lengths.
+pub const LENGTHS_SEED: u64 = 2026;
+/// Sequences in the packed/padded batch.
+pub const SEQUENCES: usize = 8;
+/// Query heads per key/value head of the grouped-query rows.
+pub const GQA_GROUP: usize = 8;
+/// The causal window (a causal window of 4096 keys) and the two-sided ring window.
+pub const CAUSAL_WINDOW: [usize; 2] = [4095, 0];
+pub const TWO_SIDED_WINDOW: [usize; 2] = [2048, 2048];
+/// Ranks and strategy of the ring rows.
+pub const RING_WORLD: usize = 4;
+pub const RING_STRATEGY: &str = "allgather";
+
+/// The lengths of one suite size's feature cases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeatureSizes {
+    /// Sequence length of the grouped-query, window and ring rows.
+    pub seq: usize,
+    /// Longest drawn sequence of the packed/padded rows.
+    pub max_len: usize,
+    /// Whether the packed/padded rows also run forward+backward.
+    pub varlen_backward: bool,
+}
+
+impl FeatureSizes {
+    pub fn of(size: SuiteSize) -> Self {
+        match size {
+            // Dense causal attention at 65536 takes tens of seconds a call on 2 cores.
+            SuiteSize::Quick => FeatureSizes { seq: 16 * 1024, max_len: 4096, varlen_backward: false },
+            SuiteSize::Default | SuiteSize::Full => {
+                FeatureSizes { seq: 64 * 1024, max_len: 16 * 1024, varlen_backward: true }
+            }
+        }
+    }
+}
+
+/// `count` lengths drawn uniformly from `1..=max` by the SplitMix stream of `seed`.
+pub fn draw_lengths(seed: u64, count: usize, max: usize) -> Vec<usize> {
+    let mut rng = SplitMix::new(seed);
+    (0..count).map(|_| 1 + rng.below(max as u64) as usize).collect()
+}
+
+/// The ring's grouped-heads config at length `n`: segments `n/8, n/2, n` at rates 2, 8,
+/// 16 (4096 selected rows each at 65536), so two of the three patterns span ranks.
+pub fn ring_dilated(n: usize) -> CaseSpec {
+    CaseSpec::dilated("cpu", n, &[n / 8, n / 2, n], &[2, 8, 16])
+}
+
+/// Every case of the section in run order, each with whether its first call alone
+/// measures it (the ring rows: their point is bytes, not time).
+pub fn cases(size: SuiteSize) -> Vec<(CaseSpec, bool)> {
+    let FeatureSizes { seq: n, max_len, varlen_backward } = FeatureSizes::of(size);
+    let mut out = Vec::new();
+    // Grouped-query attention against K/V repeated by the caller.
+    let gqa = CaseSpec { kv_heads: Some(8 / GQA_GROUP), ..CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS) };
+    out.push((gqa.clone(), false));
+    out.push((CaseSpec { repeat_kv: true, ..gqa }, false));
+    // Packed against padded.
+    let lengths = draw_lengths(LENGTHS_SEED, SEQUENCES, max_len);
+    let causal = CaseSpec { causal: true, ..CaseSpec::dilated("cpu", 1, &SEGMENTS, &DILATIONS) };
+    for backward in if varlen_backward { vec![false, true] } else { vec![false] } {
+        let base = CaseSpec { backward, ..causal.clone() };
+        for layout in [VarLenLayout::Packed, VarLenLayout::Padded] {
+            out.push((CaseSpec::varlen(&base, (LENGTHS_SEED, max_len), &lengths, layout), false));
+        }
+    }
+    // A causal window against dense causal attention.
+    let [left, right] = CAUSAL_WINDOW;
+    out.push((CaseSpec::window("cpu", n, left, right, true), false));
+    out.push((CaseSpec { causal: true, ..CaseSpec::dilated("cpu", n, &[n], &[1]) }, false));
+    // Ring bytes per rank.
+    let windows = [CaseSpec::window("cpu", n, left, right, true), {
+        let [l, r] = TWO_SIDED_WINDOW;
+        CaseSpec::window("cpu", n, l, r, false)
+    }];
+    let grouped = [1, 8].map(|kv| CaseSpec { kv_heads: Some(kv), ..ring_dilated(n) });
+    for base in windows.iter().chain(&grouped) {
+        for layout in ["contiguous", "zigzag"] {
+            out.push((ring_case(base, RING_WORLD, RING_STRATEGY, layout), true));
+        }
+    }
+    debug_assert!(out.iter().all(|(s, _)| s.kind != CaseKind::Ring || s.world_size == RING_WORLD));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_are_seeded_uniform_draws_in_range() {
+        let a = draw_lengths(LENGTHS_SEED, SEQUENCES, 16384);
+        assert_eq!(a, draw_lengths(LENGTHS_SEED, SEQUENCES, 16384));
+        assert_eq!(a.len(), SEQUENCES);
+        assert!(a.iter().all(|&n| (1..=16384).contains(&n)), "{a:?}");
+        assert_ne!(a, draw_lengths(LENGTHS_SEED + 1, SEQUENCES, 16384));
+        // Every value of a small range comes up, none outside it, about equally often.
+        let many = draw_lengths(7, 40_000, 4);
+        let counts: Vec<usize> = (1..=4).map(|v| many.iter().filter(|&&n| n == v).count()).collect();
+        assert_eq!(counts.iter().sum::<usize>(), 40_000);
+        assert!(counts.iter().all(|&c| (9_400..=10_600).contains(&c)), "{counts:?}");
+        assert_eq!(draw_lengths(3, 5, 1), [1; 5]);
+    }
+
+    #[test]
+    fn every_suite_measures_each_row_kind_on_valid_cases() {
+        for size in [SuiteSize::Quick, SuiteSize::Default, SuiteSize::Full] {
+            let cases = cases(size);
+            for (spec, _) in &cases {
+                spec.config().unwrap();
+                spec.attn_shape().unwrap();
+                assert!(spec.uses_features() || spec.segments == [spec.seq_len], "{}", spec.label());
+            }
+            let n = FeatureSizes::of(size).seq;
+            let has = |f: &dyn Fn(&CaseSpec) -> bool| cases.iter().any(|(s, _)| f(s));
+            assert!(has(&|s| s.kv_heads == Some(1) && !s.repeat_kv && s.seq_len == n));
+            assert!(has(&|s| s.kv_heads == Some(1) && s.repeat_kv));
+            for layout in [VarLenLayout::Packed, VarLenLayout::Padded] {
+                assert!(has(&|s| s.varlen.as_ref().is_some_and(|v| v.layout == layout && v.lengths.len() == 8)));
+            }
+            assert!(has(&|s| s.window == Some(CAUSAL_WINDOW) && s.kind == CaseKind::Dilated && s.causal));
+            assert!(has(&|s| s.segments == [n] && s.dilations == [1] && s.causal));
+            // Ring rows are measured by one call; every other row is timed.
+            for (s, once) in &cases {
+                assert_eq!(*once, s.kind == CaseKind::Ring, "{}", s.label());
+            }
+            assert_eq!(cases.iter().filter(|(s, _)| s.kind == CaseKind::Ring).count(), 8);
+            let bwd = cases.iter().filter(|(s, _)| s.varlen.is_some() && s.backward).count();
+            assert_eq!(bwd, if size == SuiteSize::Quick { 0 } else { 2 });
+        }
+    }
+}
