@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use attn_core::{AttnError, Mixing, Result};
+use attn_core::{AttnError, Masks, Mixing, Result};
 
 use crate::config::MultiheadConfig;
 use crate::dropout::{MaskRows, Mode, apply_mask, dropout_mask};
@@ -203,6 +203,21 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         let mut a = attn_kernels::zeroed_buffer(x.len())?;
         self.self_attn.forward_with(&h1, batch, seq, mode, ws, &mut a)?;
         drop(h1);
+        self.after_attention(x, a, [batch, seq], mode)
+    }
+
+    /// [`LongNetEncoderLayer::forward`] with a key padding mask `[batch, seq]` and/or
+    /// packed sequences for the self-attention (see
+    /// [`MultiheadDilatedAttention::forward_masked`]); everything else is per token.
+    pub fn forward_masked(&self, x: &[F], batch: usize, seq: usize, masks: Masks<'_>, mode: Mode) -> Result<Vec<F>> {
+        let h1 = self.norm1.forward(x)?.0;
+        let a = self.self_attn.forward_masked(&h1, batch, seq, masks, mode)?;
+        drop(h1);
+        self.after_attention(x, a, [batch, seq], mode)
+    }
+
+    /// The residual around the attention output `a` and the feed-forward branch.
+    fn after_attention(&self, x: &[F], a: Vec<F>, [batch, seq]: [usize; 2], mode: Mode) -> Result<Vec<F>> {
         let rows = self.self_attn.mask_rows(mode, batch, seq)?;
         let mask = dropout_mask(mode, self.config.dropout, SITE_ATTN_RESIDUAL, &rows, self.config.d_model);
         let x1 = add(x, &apply_mask(&a, mask.as_deref()));
@@ -239,8 +254,21 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         seq: usize,
         mode: Mode,
     ) -> Result<(Vec<F>, EncoderLayerCache<F>)> {
+        self.forward_train_masked(x, batch, seq, Masks::NONE, mode)
+    }
+
+    /// [`LongNetEncoderLayer::forward_train`] with masks (see
+    /// [`LongNetEncoderLayer::forward_masked`]); the cache keeps them for the backward.
+    pub fn forward_train_masked(
+        &self,
+        x: &[F],
+        batch: usize,
+        seq: usize,
+        masks: Masks<'_>,
+        mode: Mode,
+    ) -> Result<(Vec<F>, EncoderLayerCache<F>)> {
         let (h1, stats1) = self.norm1.forward(x)?;
-        let (a, attn) = self.self_attn.forward_train(&h1, batch, seq, mode)?;
+        let (a, attn) = self.self_attn.forward_train_masked(&h1, batch, seq, masks, mode)?;
         let rows = self.self_attn.mask_rows(mode, batch, seq)?;
         let mask_attn = dropout_mask(mode, self.config.dropout, SITE_ATTN_RESIDUAL, &rows, self.config.d_model);
         let x1 = add(x, &apply_mask(&a, mask_attn.as_deref()));
@@ -481,12 +509,35 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         Ok(y)
     }
 
+    /// [`LongNetEncoder::forward`] with a key padding mask `[batch, seq]` and/or packed
+    /// sequences, applied in every layer's self-attention (one pass, no windows).
+    pub fn forward_masked(&self, x: &[F], batch: usize, seq: usize, masks: Masks<'_>, mode: Mode) -> Result<Vec<F>> {
+        self.first_layer()?;
+        let mut h = x.to_vec();
+        for (i, l) in self.layers.iter().enumerate() {
+            h = l.forward_masked(&h, batch, seq, masks, layer_mode(mode, i))?;
+        }
+        Ok(h)
+    }
+
     /// Forward keeping every layer's cache.
     pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, EncoderCache<F>)> {
+        self.forward_train_masked(x, batch, seq, Masks::NONE, mode)
+    }
+
+    /// [`LongNetEncoder::forward_train`] with masks (see [`LongNetEncoder::forward_masked`]).
+    pub fn forward_train_masked(
+        &self,
+        x: &[F],
+        batch: usize,
+        seq: usize,
+        masks: Masks<'_>,
+        mode: Mode,
+    ) -> Result<(Vec<F>, EncoderCache<F>)> {
         let mut h = x.to_vec();
         let mut layers = Vec::with_capacity(self.layers.len());
         for (i, l) in self.layers.iter().enumerate() {
-            let (y, c) = l.forward_train(&h, batch, seq, layer_mode(mode, i))?;
+            let (y, c) = l.forward_train_masked(&h, batch, seq, masks, layer_mode(mode, i))?;
             layers.push(c);
             h = y;
         }

@@ -10,7 +10,7 @@ use attn_ring::{Layout, RingBackend, Strategy, ThreadComm};
 use crate::config::MultiheadConfig;
 use crate::dropout::Mode;
 use crate::float::LayerFloat;
-use crate::layer::MultiheadDilatedAttention;
+use crate::layer::{CrossDims, MultiheadDilatedAttention};
 use crate::projection::Bias;
 use crate::weights::MultiheadWeights;
 use crate::weights_io::{ExtraTensors, TensorSource, load_params};
@@ -139,11 +139,12 @@ pub fn forward_case<F: LayerFloat>(
             let masks = Masks { key_padding: Some(KeyPadding::new(flags, c.batch, c.q_seq)?), packing: None };
             layer.forward_masked(&c.query, c.batch, c.q_seq, masks, Mode::Eval)
         }
-        (Some((k, v)), None) => Ok(layer.forward_cross(&c.query, k, v, c.batch, c.q_seq, c.kv_seq, Mode::Eval)?.0),
-        (Some(_), Some(_)) => Err(AttnError::Unsupported {
-            backend: "multihead cases",
-            feature: "key padding masks with cross-attention",
-        }),
+        (Some((k, v)), flags) => {
+            let key_padding = flags.map(|f| KeyPadding::new(f, c.batch, c.kv_seq)).transpose()?;
+            let dims = CrossDims { batch: c.batch, q_seq: c.q_seq, kv_seq: c.kv_seq };
+            let masks = Masks { key_padding, packing: None };
+            Ok(layer.forward_cross_masked([&c.query, k, v], dims, masks, Mode::Eval)?.0)
+        }
     }
 }
 
@@ -200,23 +201,16 @@ pub fn forward_case_ring(
                     let pos = backend.positions();
                     let layer = MultiheadDilatedAttention::from_weights(c.config.clone(), c.weights.clone(), backend)?;
                     let q = gather_rows(&c.query, seq, e, &pos);
-                    let y = match (&c.key_value, key_padding) {
-                        (None, None) => layer.forward(&q, batch, pos.len(), Mode::Eval)?,
-                        (None, Some(flags)) => {
-                            let rows = gather_rows(flags, seq, 1, &pos);
-                            let masks =
-                                Masks { key_padding: Some(KeyPadding::new(&rows, batch, pos.len())?), packing: None };
-                            layer.forward_masked(&q, batch, pos.len(), masks, Mode::Eval)?
-                        }
-                        (Some((k, v)), None) => {
+                    // This rank's rows of the key padding mask.
+                    let rows = key_padding.map(|flags| gather_rows(flags, seq, 1, &pos));
+                    let key_padding = rows.as_deref().map(|r| KeyPadding::new(r, batch, pos.len())).transpose()?;
+                    let masks = Masks { key_padding, packing: None };
+                    let y = match &c.key_value {
+                        None => layer.forward_masked(&q, batch, pos.len(), masks, Mode::Eval)?,
+                        Some((k, v)) => {
                             let (k, v) = (gather_rows(k, seq, e, &pos), gather_rows(v, seq, e, &pos));
-                            layer.forward_cross(&q, &k, &v, batch, pos.len(), pos.len(), Mode::Eval)?.0
-                        }
-                        (Some(_), Some(_)) => {
-                            return Err(AttnError::Unsupported {
-                                backend: "multihead cases",
-                                feature: "key padding masks with cross-attention",
-                            });
+                            let dims = CrossDims { batch, q_seq: pos.len(), kv_seq: pos.len() };
+                            layer.forward_cross_masked([&q, &k, &v], dims, masks, Mode::Eval)?.0
                         }
                     };
                     Ok((pos, y))

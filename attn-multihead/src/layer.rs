@@ -443,6 +443,20 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         kv_seq: usize,
         mode: Mode,
     ) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        self.forward_cross_masked([query, key, value], CrossDims { batch, q_seq, kv_seq }, Masks::NONE, mode)
+    }
+
+    /// [`Self::forward_cross`] with masks: a key padding mask `[batch, kv_seq]` over the
+    /// keys (`true` = padding, as `torch.nn.MultiheadAttention`); packed sequences are
+    /// self-attention only (`AttnError::PackedCrossAttention`). The cache keeps the masks.
+    pub fn forward_cross_masked(
+        &self,
+        [query, key, value]: [&[F]; 3],
+        dims: CrossDims,
+        masks: Masks<'_>,
+        mode: Mode,
+    ) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        let CrossDims { batch, q_seq, kv_seq } = dims;
         let e = self.config.embed_dim;
         check_input("query", query, batch, q_seq, e)?;
         check_input("key", key, batch, kv_seq, e)?;
@@ -457,7 +471,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         linear_forward(self.in_proj_part(1), key, batch * kv_seq, kv, 2 * kvd)?;
         linear_forward(self.in_proj_part(2), value, batch * kv_seq, &mut kv[kvd..], 2 * kvd)?;
         let mut y = attn_kernels::zeroed_buffer(query.len())?;
-        let pass = AttnPass { qs, kvs, layout: ProjLayout::Split, mode, masks: Masks::NONE };
+        let pass = AttnPass { qs, kvs, layout: ProjLayout::Split, mode, masks };
         let kept = self.finish_forward(pass, &mut ws, &mut y)?;
         let inputs = Inputs::Cross { query: query.to_vec(), key: key.to_vec(), value: value.to_vec() };
         Ok((y, kept.into_cache(qs, kvs, inputs, ws)))
@@ -547,4 +561,12 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         self.weights.out_proj.forward_into(pre_out, rows, out)?;
         Ok(kept)
     }
+}
+
+/// The sizes of a cross-attention call: the batch, the query rows and the key/value rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrossDims {
+    pub batch: usize,
+    pub q_seq: usize,
+    pub kv_seq: usize,
 }

@@ -57,7 +57,7 @@ pub use encoder::{
 };
 pub use float::LayerFloat;
 pub use init::{MagnetoGains, SeededRng};
-pub use layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};
+pub use layer::{CrossDims, InputGrads, MultiheadCache, MultiheadDilatedAttention};
 pub use layer_norm::{LayerNorm, NormStats};
 #[cfg(feature = "ring")]
 pub use ordered_ring::OrderedRing;

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use attn_core::{KeyPadding, Masks, Mixing, PackedSequences};
 use attn_multihead::{
-    InputGrads, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend,
+    CrossDims, InputGrads, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
+    ReferenceBackend,
 };
 use attn_testkit::rng::SeededRng;
 
@@ -44,7 +45,7 @@ struct Case {
     q_seq: usize,
     kv_seq: Option<usize>,
     mode: Mode,
-    /// Key padding flags `[batch, seq]` and packed sequences (self-attention).
+    /// Key padding flags `[batch, key seq]` and packed sequences (self-attention).
     padding: Option<Vec<bool>>,
     cu_seqlens: Option<Vec<usize>>,
 }
@@ -73,12 +74,14 @@ fn check(case: Case, seed: u64) {
     let g = randn(&mut rng, b * n * e);
     let mode = case.mode;
     let masks = Masks {
-        key_padding: case.padding.as_deref().map(|f| KeyPadding::new(f, b, n).unwrap()),
+        key_padding: case.padding.as_deref().map(|f| KeyPadding::new(f, b, case.kv_seq.unwrap_or(n)).unwrap()),
         packing: case.cu_seqlens.as_deref().map(|c| PackedSequences::new(c).unwrap()),
     };
     let run = |layer: &MultiheadDilatedAttention<f64>, q: &[f64], k: &[f64], v: &[f64]| match case.kv_seq {
         None => layer.forward_train_masked(q, b, n, masks, mode).unwrap(),
-        Some(m) => layer.forward_cross(q, k, v, b, n, m, mode).unwrap(),
+        Some(m) => {
+            layer.forward_cross_masked([q, k, v], CrossDims { batch: b, q_seq: n, kv_seq: m }, masks, mode).unwrap()
+        }
     };
     let (_, cache) = run(&layer, &query, &key, &value);
     let mut grads = layer.weights.zeros_like();
@@ -189,4 +192,11 @@ fn one_key_value_head_with_cross_attention() {
 fn packed_sequences_with_one_key_value_head() {
     let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]).with_num_kv_heads(1);
     check(Case { cu_seqlens: Some(vec![0, 3, 10]), ..Case::plain(cfg, 1, 10, None, Mode::Eval) }, 8);
+}
+
+#[test]
+fn cross_attention_with_key_padding_and_grouped_heads() {
+    let cfg = MultiheadConfig::new(8, 4, &[4, 8], &[1, 2]).with_num_kv_heads(2).with_mixing(Mixing::LongNet);
+    let padding = (0..18).map(|i| i % 3 == 2 || i >= 15).collect();
+    check(Case { padding: Some(padding), ..Case::plain(cfg, 2, 7, Some(9), Mode::Eval) }, 9);
 }
