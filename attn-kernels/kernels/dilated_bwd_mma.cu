@@ -6,7 +6,10 @@
 // shared memory with the dilation gather fused into the loads. Per tile, in the keys'
 // frame: S^T = K Q^T, dP^T = V dO^T, P^T = exp(scale S^T - lse_q) (the head's FINAL lse),
 // dS^T = P^T (out_scale dP^T - delta_q); dV += P^T dO, dK += dS^T Q from registers, and
-// dQ += dS K through shared memory with f32 atomics into dq_acc.
+// dQ += dS K through shared memory with f32 atomics into dq_acc. A key's queries are its
+// segment cut by the band (window / causal); padded keys are gathered as row -1 (no
+// gradient). Query head h reads key/value head h / kv_group; dK, dV rows are per
+// key/value head (see the write at the end for why that is race-free).
 // Fragment layouts: see mma_tiles.cu.
 
 template <class E, int D>
@@ -21,26 +24,40 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     u16* sDS = sG + BM * LD;  // dS^T, [BN keys][LDS]
     __shared__ i64 s_krows[BN], s_qrows[BM];
     __shared__ float s_lse[BM], s_delta[BM];
+    __shared__ i64 s_qlo[BN], s_qhi[BN];  // each key row's admitted query indices (shared: fewer registers)
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const i64 h = a.head0 + blockIdx.y, b = blockIdx.z;
+    const i64 h = launch_head(a), kvh = h / a.kv_group, b = blockIdx.z;
     const Pattern p = make_pattern(a, h);
     const i64 k_hi = sel_below(p, a.k_start + a.nk);
     const i64 tk0 = sel_below(p, a.k_start) + (i64)blockIdx.x * BN;
     if (tk0 >= k_hi) return;  // uniform over the block
     const i64 tk_last = min64(tk0 + BN, k_hi) - 1;
-    i64 qb_lo = max64(sel_below(p, a.q_start), (tk0 / p.per_seg) * p.per_seg);
-    if (a.causal) qb_lo = max64(qb_lo, tk0);
-    const i64 qb_hi = min64(sel_below(p, a.q_start + a.nq), (tk_last / p.per_seg + 1) * p.per_seg);
+    i64 band_lo, band_hi, unused;
+    band_queries(a, tk0, &band_lo, &unused);
+    band_queries(a, tk_last, &unused, &band_hi);
+    const i64 qb_lo = max64(max64(sel_below(p, a.q_start), (tk0 / p.per_seg) * p.per_seg), band_lo);
+    const i64 qb_hi = min64(min64(sel_below(p, a.q_start + a.nq), (tk_last / p.per_seg + 1) * p.per_seg), band_hi);
 
-    gather_rows(s_krows, BN, p, tk0, k_hi, a.k_start);
+    gather_keys(s_krows, BN, p, tk0, k_hi, a, b);
     __syncthreads();
-    load_tile<D, LD>(sK, s_krows, BN, k + b * a.k_sb + h * a.k_sh, a.k_ss, a.d, a.vec & 2);
-    load_tile<D, LD>(sV, s_krows, BN, v + b * a.v_sb + h * a.v_sh, a.v_ss, a.d, a.vec & 4);
+    load_tile<D, LD>(sK, s_krows, BN, k + b * a.k_sb + kvh * a.k_sh, a.k_ss, a.d, a.vec & 2);
+    load_tile<D, LD>(sV, s_krows, BN, v + b * a.v_sb + kvh * a.v_sh, a.v_ss, a.d, a.vec & 4);
 
     const int kr0 = warp * 16 + g;
-    const i64 tkr[2] = {tk0 + kr0, tk0 + kr0 + 8};
-    const i64 skr[2] = {tkr[0] / p.per_seg, tkr[1] / p.per_seg};
+    // Each key row's admitted query indices [qlo, qhi): its segment cut by the band
+    // (empty for padded keys and rows past the block). Read after the loop's barriers.
+    for (int i = threadIdx.x; i < BN; i += blockDim.x) {
+        i64 lo = 0, hi = 0;
+        if (s_krows[i] >= 0) {
+            const i64 seg = (tk0 + i) / p.per_seg;
+            band_queries(a, tk0 + i, &lo, &hi);
+            lo = max64(seg * p.per_seg, lo);
+            hi = min64((seg + 1) * p.per_seg, hi);
+        }
+        s_qlo[i] = lo;
+        s_qhi[i] = hi;
+    }
     float dk[NO][4], dv[NO][4];
 #pragma unroll
     for (int j = 0; j < NO; ++j) {
@@ -61,7 +78,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
             s_delta[i] = r >= 0 ? delta[ri] : 0.f;
         }
         __syncthreads();
-        const bool full = full_tile(p, qt0, BM, qb_hi, tk0, BN, k_hi, a.causal);
+        const bool full = full_tile(p, qt0, BM, qb_hi, tk0, BN, k_hi, a);
 
         float st[NQ][4], dpt[NQ][4];
 #pragma unroll
@@ -97,9 +114,9 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
                     const int col = j * 8 + 2 * c + e;
                     const i64 tq = qt0 + col;
                     const float lse_q = s_lse[col];
-                    const bool ok = lse_q != NEG_INF &&
-                                    (full || (tkr[i] <= tk_last && tq < qb_hi && tq / p.per_seg == skr[i] &&
-                                              (!a.causal || tkr[i] <= tq)));
+                    const bool ok =
+                        lse_q != NEG_INF &&
+                        (full || (tq < qb_hi && tq >= s_qlo[kr0 + 8 * i] && tq < s_qhi[kr0 + 8 * i]));
                     const float pt = ok ? expf(st[j][2 * i + e] * a.scale - lse_q) : 0.f;
                     const float ds = pt * (dpt[j][2 * i + e] * a.out_scale - s_delta[col]);
                     st[j][2 * i + e] = pt;
@@ -162,12 +179,14 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         }
     }
 
-    // Each key row belongs to this block only (within one launch): plain read-add-write.
+    // Each key/value head row belongs to this block only within one launch (the host
+    // steps heads by kv_group, so no two blocks of a launch share a key/value head):
+    // plain read-add-write, and the group's launches add in stream order (deterministic).
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const i64 r = s_krows[kr0 + 8 * i];
         if (r < 0) continue;
-        const i64 ri = (b * a.nk + r) * a.heads + h;
+        const i64 ri = (b * a.nk + r) * a.kv_heads + kvh;
 #pragma unroll
         for (int j = 0; j < NO; ++j) {
 #pragma unroll

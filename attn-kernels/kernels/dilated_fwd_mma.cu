@@ -5,7 +5,9 @@
 // shared memory; the dilation gather (sel_pos) is fused into the tile loads, rows are
 // zero-filled past the block or past head_dim (D is head_dim rounded up). S = Q K^T and
 // O += P V use mma.sync.m16n8k16 with the accumulators in registers (FlashAttention-2
-// style online softmax), then the tile is LSE-merged into the f32 partial.
+// style online softmax), then the tile is LSE-merged into the f32 partial. Each row's
+// keys are its segment cut by the band (window / causal), minus padded keys (row -1 in
+// the gathered key rows); query head h reads key/value head h / kv_group.
 // Fragment layouts: see mma_tiles.cu.
 
 template <class E, int D, int BN>
@@ -17,17 +19,20 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     u16* sKs = sQ + BM * LD;
     u16* sVs = sKs + 2 * BN * LD;
     __shared__ i64 s_qrows[BM], s_krows[2][BN];
+    __shared__ i64 s_klo[BM], s_khi[BM];  // each row's admitted key indices (shared: fewer registers)
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const i64 h = a.head0 + blockIdx.y, b = blockIdx.z;
+    const i64 h = launch_head(a), kvh = h / a.kv_group, b = blockIdx.z;
     const Pattern p = make_pattern(a, h);
     const i64 q_hi = sel_below(p, a.q_start + a.nq);
     const i64 t0 = sel_below(p, a.q_start) + (i64)blockIdx.x * BM;
     if (t0 >= q_hi) return;  // uniform over the block
     const i64 t_last = min64(t0 + BM, q_hi) - 1;
-    const i64 kb_lo = max64(sel_below(p, a.k_start), (t0 / p.per_seg) * p.per_seg);
-    i64 kb_hi = min64(sel_below(p, a.k_start + a.nk), (t_last / p.per_seg + 1) * p.per_seg);
-    if (a.causal) kb_hi = min64(kb_hi, t_last + 1);
+    i64 band_lo, band_hi, unused;
+    band_keys(a, t0, &band_lo, &unused);
+    band_keys(a, t_last, &unused, &band_hi);
+    const i64 kb_lo = max64(max64(sel_below(p, a.k_start), (t0 / p.per_seg) * p.per_seg), band_lo);
+    const i64 kb_hi = min64(min64(sel_below(p, a.k_start + a.nk), (t_last / p.per_seg + 1) * p.per_seg), band_hi);
 
     gather_rows(s_qrows, BM, p, t0, q_hi, a.q_start);
     __syncthreads();
@@ -36,7 +41,19 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     // This thread's two query rows (in the tile) and their selected indices / segments.
     const int r0 = warp * 16 + g;
     const i64 tq[2] = {t0 + r0, t0 + r0 + 8};
-    const i64 sq[2] = {tq[0] / p.per_seg, tq[1] / p.per_seg};
+    // Each row's admitted key indices [klo, khi): its segment cut by its band (empty past
+    // t_last). Read after the first barrier of the key loop.
+    for (int i = threadIdx.x; i < BM; i += blockDim.x) {
+        i64 lo = 0, hi = 0;
+        if (t0 + i <= t_last) {
+            const i64 seg = (t0 + i) / p.per_seg;
+            band_keys(a, t0 + i, &lo, &hi);
+            lo = max64(seg * p.per_seg, lo);
+            hi = min64((seg + 1) * p.per_seg, hi);
+        }
+        s_klo[i] = lo;
+        s_khi[i] = hi;
+    }
 
     float o[NO][4];
 #pragma unroll
@@ -45,11 +62,11 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     const float scale_log2 = a.scale * 1.44269504088896341f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
-    const u16* kbase = k + b * a.k_sb + h * a.k_sh;
-    const u16* vbase = v + b * a.v_sb + h * a.v_sh;
+    const u16* kbase = k + b * a.k_sb + kvh * a.k_sh;
+    const u16* vbase = v + b * a.v_sb + kvh * a.v_sh;
     // Stage the first K/V tile.
     if (kb_lo < kb_hi) {
-        gather_rows(s_krows[0], BN, p, kb_lo, kb_hi, a.k_start);
+        gather_keys(s_krows[0], BN, p, kb_lo, kb_hi, a, b);
         __syncthreads();
         load_tile_async<D, LD>(sKs, s_krows[0], BN, kbase, a.k_ss, a.d, a.vec & 2);
         load_tile_async<D, LD>(sVs, s_krows[0], BN, vbase, a.v_ss, a.d, a.vec & 4);
@@ -60,7 +77,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
         const u16* sK = sKs + stage * BN * LD;
         const u16* sV = sVs + stage * BN * LD;
         if (kt0 + BN < kb_hi) {  // start the next tile into the other stage, wait for this one
-            gather_rows(s_krows[stage ^ 1], BN, p, kt0 + BN, kb_hi, a.k_start);
+            gather_keys(s_krows[stage ^ 1], BN, p, kt0 + BN, kb_hi, a, b);
             __syncthreads();
             load_tile_async<D, LD>(sKs + (stage ^ 1) * BN * LD, s_krows[stage ^ 1], BN, kbase, a.k_ss, a.d, a.vec & 2);
             load_tile_async<D, LD>(sVs + (stage ^ 1) * BN * LD, s_krows[stage ^ 1], BN, vbase, a.v_ss, a.d, a.vec & 4);
@@ -70,7 +87,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
             cp_async_wait<0>();
         }
         __syncthreads();  // this stage (and sQ, the first time) visible to every warp
-        const bool full = full_tile(p, t0, BM, q_hi, kt0, BN, kb_hi, a.causal);
+        const bool full = full_tile(p, t0, BM, q_hi, kt0, BN, kb_hi, a);
 
         float s[NS][4];
 #pragma unroll
@@ -88,7 +105,8 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
             }
         }
 
-        // Mask (same segment, inside the key block, causal) and scale; online softmax.
+        // Mask (key row valid and not padding, inside the row's segment and band) and
+        // scale; online softmax.
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             float mx = NEG_INF;
@@ -97,8 +115,9 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const i64 tk = kt0 + j * 8 + 2 * c + e;
-                    const bool ok = full || (tq[i] <= t_last && tk < kb_hi && tk / p.per_seg == sq[i] &&
-                                             (!a.causal || tk <= tq[i]));
+                    const bool ok =
+                        full || (s_krows[stage][j * 8 + 2 * c + e] >= 0 && tk >= s_klo[r0 + 8 * i] &&
+                                 tk < s_khi[r0 + 8 * i]);
                     const float x = ok ? s[j][2 * i + e] * scale_log2 : NEG_INF;
                     s[j][2 * i + e] = x;
                     mx = fmaxf(mx, x);

@@ -2,6 +2,8 @@
 // <= 256. Forward (merge into the f32 partial) for f32, and the backward of every
 // dtype: dq (one warp per query row) and dk/dv (one warp per key row), no atomics.
 // Lane `l` owns head dims l, l+32, ...; the dilation gather is the sel_pos() in each load.
+// Keys a query sees: its segment, the band (window / causal) and not padding; query head
+// h reads key/value head h / kv_group.
 
 template <class E>
 __device__ __forceinline__ void load_row(float* dst, const typename E::S* row, int lane, i64 d) {
@@ -30,16 +32,17 @@ __device__ void fwd_rows(const typename E::S* q, const typename E::S* k, const t
                          float* lse_acc, const AttnParams& a) {
     typedef typename E::S S;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const i64 h = a.head0 + blockIdx.y, b = blockIdx.z;
+    const i64 h = launch_head(a), kvh = h / a.kv_group, b = blockIdx.z;
     const Pattern p = make_pattern(a, h);
     const i64 q_hi = sel_below(p, a.q_start + a.nq);
     const i64 t = sel_below(p, a.q_start) + (i64)blockIdx.x * nw + warp;
     if (t >= q_hi) return;
-    const i64 seg = t / p.per_seg;
-    const i64 k_lo = max64(sel_below(p, a.k_start), seg * p.per_seg);
-    i64 k_hi = min64(sel_below(p, a.k_start + a.nk), (seg + 1) * p.per_seg);
-    if (a.causal) k_hi = min64(k_hi, t + 1);
-    const i64 qrow = sel_pos(p, t) - a.q_start;
+    const i64 seg = t / p.per_seg, qpos = sel_pos(p, t);
+    i64 b_lo, b_hi;
+    band_keys(a, t, &b_lo, &b_hi);
+    const i64 k_lo = max64(max64(sel_below(p, a.k_start), seg * p.per_seg), b_lo);
+    const i64 k_hi = min64(min64(sel_below(p, a.k_start + a.nk), (seg + 1) * p.per_seg), b_hi);
+    const i64 qrow = qpos - a.q_start;
     float qv[ROW_CHUNKS], acc[ROW_CHUNKS];
     load_row<E>(qv, q + b * a.q_sb + qrow * a.q_ss + h * a.q_sh, lane, a.d);
 #pragma unroll
@@ -47,8 +50,9 @@ __device__ void fwd_rows(const typename E::S* q, const typename E::S* k, const t
     float m = NEG_INF, l = 0.f;
     for (i64 tk = k_lo; tk < k_hi; ++tk) {
         const i64 krow = sel_pos(p, tk) - a.k_start;
-        const S* kp = k + b * a.k_sb + krow * a.k_ss + h * a.k_sh;
-        const S* vp = v + b * a.v_sb + krow * a.v_ss + h * a.v_sh;
+        if (key_padded(a, b, krow)) continue;
+        const S* kp = k + b * a.k_sb + krow * a.k_ss + kvh * a.k_sh;
+        const S* vp = v + b * a.v_sb + krow * a.v_ss + kvh * a.v_sh;
         const float s = row_dot<E>(qv, kp, lane, a.d) * a.scale;
         const float m_new = fmaxf(m, s);
         const float alpha = expf(m - m_new);  // m = -inf gives 0
@@ -87,16 +91,17 @@ __device__ void bwd_dq_rows(const typename E::S* q, const typename E::S* k, cons
                             const AttnParams& a) {
     typedef typename E::S S;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const i64 h = a.head0 + blockIdx.y, b = blockIdx.z;
+    const i64 h = launch_head(a), kvh = h / a.kv_group, b = blockIdx.z;
     const Pattern p = make_pattern(a, h);
     const i64 q_hi = sel_below(p, a.q_start + a.nq);
     const i64 t = sel_below(p, a.q_start) + (i64)blockIdx.x * nw + warp;
     if (t >= q_hi) return;
-    const i64 seg = t / p.per_seg;
-    const i64 k_lo = max64(sel_below(p, a.k_start), seg * p.per_seg);
-    i64 k_hi = min64(sel_below(p, a.k_start + a.nk), (seg + 1) * p.per_seg);
-    if (a.causal) k_hi = min64(k_hi, t + 1);
-    const i64 qrow = sel_pos(p, t) - a.q_start;
+    const i64 seg = t / p.per_seg, qpos = sel_pos(p, t);
+    i64 b_lo, b_hi;
+    band_keys(a, t, &b_lo, &b_hi);
+    const i64 k_lo = max64(max64(sel_below(p, a.k_start), seg * p.per_seg), b_lo);
+    const i64 k_hi = min64(min64(sel_below(p, a.k_start + a.nk), (seg + 1) * p.per_seg), b_hi);
+    const i64 qrow = qpos - a.q_start;
     const i64 ri = (b * a.nq + qrow) * a.heads + h;
     const float lse_row = lse[ri], delta_row = delta[ri];
     if (lse_row == NEG_INF) return;  // the row attends nothing: no gradient
@@ -107,8 +112,9 @@ __device__ void bwd_dq_rows(const typename E::S* q, const typename E::S* k, cons
     for (int c = 0; c < ROW_CHUNKS; ++c) acc[c] = 0.f;
     for (i64 tk = k_lo; tk < k_hi; ++tk) {
         const i64 krow = sel_pos(p, tk) - a.k_start;
-        const S* kp = k + b * a.k_sb + krow * a.k_ss + h * a.k_sh;
-        const S* vp = v + b * a.v_sb + krow * a.v_ss + h * a.v_sh;
+        if (key_padded(a, b, krow)) continue;
+        const S* kp = k + b * a.k_sb + krow * a.k_ss + kvh * a.k_sh;
+        const S* vp = v + b * a.v_sb + krow * a.v_ss + kvh * a.v_sh;
         const float pk = expf(row_dot<E>(qv, kp, lane, a.d) * a.scale - lse_row);
         const float dp = row_dot<E>(gv, vp, lane, a.d) * a.out_scale;
         const float ds = pk * (dp - delta_row);
@@ -126,26 +132,31 @@ __device__ void bwd_dq_rows(const typename E::S* q, const typename E::S* k, cons
 }
 
 // Backward, dk and dv: for selected key tk, sum over the queries of its segment in the q
-// block that attend it. Accumulates into dk_acc, dv_acc (f32 [batch, nk, heads, d]).
+// block that attend it. Accumulates into dk_acc, dv_acc (f32 [batch, nk, kv_heads, d]).
+// Plain read-add-write: the host steps heads by kv_group (head_step), so within one launch
+// every key/value head row has one writer; the group's launches run in stream order, which
+// makes the group sum deterministic.
 template <class E>
 __device__ void bwd_dkv_rows(const typename E::S* q, const typename E::S* k, const typename E::S* v,
                              const typename E::S* go, const float* lse, const float* delta, float* dk_acc,
                              float* dv_acc, const AttnParams& a) {
     typedef typename E::S S;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const i64 h = a.head0 + blockIdx.y, b = blockIdx.z;
+    const i64 h = launch_head(a), kvh = h / a.kv_group, b = blockIdx.z;
     const Pattern p = make_pattern(a, h);
     const i64 k_hi = sel_below(p, a.k_start + a.nk);
     const i64 tk = sel_below(p, a.k_start) + (i64)blockIdx.x * nw + warp;
     if (tk >= k_hi) return;
-    const i64 seg = tk / p.per_seg;
-    i64 q_lo = max64(sel_below(p, a.q_start), seg * p.per_seg);
-    const i64 q_hi = min64(sel_below(p, a.q_start + a.nq), (seg + 1) * p.per_seg);
-    if (a.causal) q_lo = max64(q_lo, tk);
-    const i64 krow = sel_pos(p, tk) - a.k_start;
+    const i64 seg = tk / p.per_seg, kpos = sel_pos(p, tk);
+    const i64 krow = kpos - a.k_start;
+    if (key_padded(a, b, krow)) return;  // a padded key has no gradient
+    i64 b_lo, b_hi;
+    band_queries(a, tk, &b_lo, &b_hi);
+    const i64 q_lo = max64(max64(sel_below(p, a.q_start), seg * p.per_seg), b_lo);
+    const i64 q_hi = min64(min64(sel_below(p, a.q_start + a.nq), (seg + 1) * p.per_seg), b_hi);
     float kv[ROW_CHUNKS], vv[ROW_CHUNKS], dk[ROW_CHUNKS], dv[ROW_CHUNKS];
-    load_row<E>(kv, k + b * a.k_sb + krow * a.k_ss + h * a.k_sh, lane, a.d);
-    load_row<E>(vv, v + b * a.v_sb + krow * a.v_ss + h * a.v_sh, lane, a.d);
+    load_row<E>(kv, k + b * a.k_sb + krow * a.k_ss + kvh * a.k_sh, lane, a.d);
+    load_row<E>(vv, v + b * a.v_sb + krow * a.v_ss + kvh * a.v_sh, lane, a.d);
 #pragma unroll
     for (int c = 0; c < ROW_CHUNKS; ++c) dk[c] = dv[c] = 0.f;
     for (i64 t = q_lo; t < q_hi; ++t) {
@@ -167,7 +178,7 @@ __device__ void bwd_dkv_rows(const typename E::S* q, const typename E::S* k, con
             }
         }
     }
-    const i64 ri = (b * a.nk + krow) * a.heads + h;
+    const i64 ri = (b * a.nk + krow) * a.kv_heads + kvh;
 #pragma unroll
     for (int c = 0; c < ROW_CHUNKS; ++c) {
         i64 col = lane + 32 * c;

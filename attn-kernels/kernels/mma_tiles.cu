@@ -129,12 +129,30 @@ __device__ __forceinline__ void load_tile_async(u16* dst, const i64* s_rows, int
     }
 }
 
-// Whether every (row, key) of a tile is attended: rows [t0, t0+m) and keys [k0, k0+n)
-// all valid, all in one segment, and (causal) every key <= every row. Then no mask is needed.
-__device__ __forceinline__ bool full_tile(const Pattern& p, i64 t0, i64 m, i64 t_end, i64 k0, i64 n, i64 k_end,
-                                          bool causal) {
-    const i64 seg = t0 / p.per_seg;
-    return t0 + m <= t_end && k0 + n <= k_end && (t0 + m - 1) / p.per_seg == seg && k0 / p.per_seg == seg &&
-           (k0 + n - 1) / p.per_seg == seg && (!causal || k0 + n - 1 <= t0);
+// gather_rows for key tiles: padded keys get -1 too (zero-filled, masked out like rows
+// past the block).
+__device__ __forceinline__ void gather_keys(i64* s_rows, int rows, const Pattern& p, i64 t0, i64 t_hi,
+                                            const AttnParams& a, i64 b) {
+    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+        const i64 t = t0 + i;
+        const i64 r = t < t_hi ? sel_pos(p, t) - a.k_start : -1;
+        s_rows[i] = r >= 0 && key_padded(a, b, r) ? -1 : r;
+    }
 }
 
+// Whether every (row, key) of a tile is attended: rows [t0, t0+m) and keys [k0, k0+n)
+// all valid, all in one segment, every key inside every row's band, and no padding
+// mask (padded keys need the per-key test). Then no mask is needed.
+__device__ __forceinline__ bool full_tile(const Pattern& p, i64 t0, i64 m, i64 t_end, i64 k0, i64 n, i64 k_end,
+                                          const AttnParams& a) {
+    const i64 seg = t0 / p.per_seg;
+    if (a.kpad != nullptr || !(t0 + m <= t_end && k0 + n <= k_end && (t0 + m - 1) / p.per_seg == seg &&
+                               k0 / p.per_seg == seg && (k0 + n - 1) / p.per_seg == seg))
+        return false;
+    // The band's lower edge grows with the row: the last row's bounds the keys from
+    // below, the first row's upper edge bounds them from above.
+    i64 lo_last, hi_last, lo_first, hi_first;
+    band_keys(a, t0 + m - 1, &lo_last, &hi_last);
+    band_keys(a, t0, &lo_first, &hi_first);
+    return k0 >= lo_last && k0 + n <= hi_first;
+}

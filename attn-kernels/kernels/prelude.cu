@@ -49,20 +49,27 @@ typedef unsigned int u32;
 // src/cuda/params.rs (same field order, `#[repr(C)]`).
 struct AttnParams {
     i64 q_sb, q_ss, q_sh;  // strides (elements) of q: batch, seq, head
-    i64 k_sb, k_ss, k_sh;  // k
+    i64 k_sb, k_ss, k_sh;  // k (head stride between key/value heads)
     i64 v_sb, v_ss, v_sh;  // v
     i64 g_sb, g_ss, g_sh;  // grad_out (backward only)
     i64 nq, nk;            // rows of the q block and of the k/v block
-    i64 q_start, k_start;  // global position of row 0 of each block
-    i64 heads;             // heads of the tensors (layout of the f32 partial / grads)
-    i64 head0;             // first head of this launch (blockIdx.y adds to it)
+    i64 q_start, k_start;  // position of row 0 of each block (relative to its packed sequence)
+    i64 heads;             // query heads (layout of the f32 partial, lse, delta, dq)
+    i64 kv_heads;          // key/value heads (layout of dk, dv)
+    i64 kv_group;          // query heads per key/value head: head h reads kv head h / kv_group
+    i64 head0;             // first head of this launch
+    i64 head_step;         // blockIdx.y steps heads by this (kv_group in the backward: no dk/dv races)
     i64 w, r;              // the pattern
     i64 fixed_off;         // >= 0: offset of every head (HeadGroups); -1: head % r (LongNet)
     i64 d;                 // head_dim
+    i64 band_left;         // the band in selected indices of the pattern (a band (L, R) of
+    i64 band_right;        // positions is (L / r, R / r)): -1 = unbounded side; causal: right 0
+    const unsigned char* kpad;  // key padding flags (1 = padded) of k-block row 0, or null
+    i64 kpad_sb;           // batch stride of kpad
     float scale;           // softmax scale
     float out_scale;       // the head's output scale (backward only)
-    int causal;
     int vec;               // bit 0: q, 1: k, 2: v, 3: grad_out rows allow 16-byte loads
+    int unused;            // keeps the struct free of tail padding
 };
 
 // Parameters of the row-wise epilogue kernels; mirrored by `RowParams`.
@@ -150,6 +157,32 @@ __device__ __forceinline__ i64 sel_pos(const Pattern& p, i64 t) {
 
 __device__ __forceinline__ i64 min64(i64 a, i64 b) { return a < b ? a : b; }
 __device__ __forceinline__ i64 max64(i64 a, i64 b) { return a > b ? a : b; }
+
+#define SEL_UNBOUNDED ((i64)1 << 62)
+
+// The band in selected indices: inside one segment selected positions are r apart, so a
+// query at selected index t sees the keys of its segment with indices t - band_left ..=
+// t + band_right (a position band (L, R) is (L / r, R / r)). Callers always intersect
+// with the segment, which is what makes the index form exact, and it needs no division.
+// Selected key indices [*lo, *hi) the band admits for the query with selected index t.
+__device__ __forceinline__ void band_keys(const AttnParams& a, i64 t, i64* lo, i64* hi) {
+    *lo = a.band_left < 0 ? 0 : max64(t - a.band_left, 0);
+    *hi = a.band_right < 0 ? SEL_UNBOUNDED : t + a.band_right + 1;
+}
+
+// Selected query indices [*lo, *hi) whose band admits the key with selected index tk.
+__device__ __forceinline__ void band_queries(const AttnParams& a, i64 tk, i64* lo, i64* hi) {
+    *lo = a.band_right < 0 ? 0 : max64(tk - a.band_right, 0);
+    *hi = a.band_left < 0 ? SEL_UNBOUNDED : tk + a.band_left + 1;
+}
+
+// Whether row `krow` of the k block of batch b is padding.
+__device__ __forceinline__ bool key_padded(const AttnParams& a, i64 b, i64 krow) {
+    return a.kpad != nullptr && a.kpad[b * a.kpad_sb + krow] != 0;
+}
+
+// The query head of blockIdx.y and the key/value head it reads.
+__device__ __forceinline__ i64 launch_head(const AttnParams& a) { return a.head0 + (i64)blockIdx.y * a.head_step; }
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll

@@ -85,7 +85,7 @@ fn key_blocks_merge_to_the_whole_call() {
                     (0..shape.q.batch).flat_map(|b| x[(b * n + lo) * row..(b * n + hi) * row].to_vec()).collect()
                 };
                 let (tk, tv) = (up(&pick(&k), s), up(&pick(&v), s));
-                let block = DeviceBlock { cfg: &case.cfg, q: &tq, q_start: 0, k: &tk, v: &tv, k_start: lo };
+                let block = DeviceBlock::new(&case.cfg, (&tq, 0), (&tk, &tv, lo));
                 forward_block(&dev, &block, &mut partial).unwrap();
             }
             let mut out = DeviceTensor::<bf16>::zeros(&dev, shape.q).unwrap();

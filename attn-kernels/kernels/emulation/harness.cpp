@@ -1,8 +1,10 @@
 // harness.cpp: checks the CUDA kernels (../*.cu, compiled here as C++ on the CPU through
-// emu_runtime.hpp) against a float64 dilated-attention reference written from SPEC.md:
+// emu_runtime.hpp) against the float64 reference of reference.hpp (docs/definition.md):
 // forward out + lse and dq/dk/dv, f32 (row kernels), f16/bf16 (mma.sync kernels), both
-// mixing modes, causal, ragged tails, w > n, strided (fused-QKV) inputs, and the block
-// API (q block at an offset, key blocks merged in reverse order).
+// mixing modes, causal, ragged tails, w > n, strided (fused-QKV) inputs, the block API
+// (q block at an offset, key blocks merged in reverse order), and the attention features:
+// grouped k/v heads, key padding (padded keys must get exactly zero dk/dv), packed
+// sequences (split into per-sequence launches as src/cuda/block.rs does) and windows.
 //
 // Build and run (no GPU, no CUDA toolkit):
 //   g++ -std=c++20 -O2 -pthread attn-kernels/kernels/emulation/harness.cpp -o /tmp/attn-emu && /tmp/attn-emu
@@ -10,6 +12,7 @@
 // races from a missing __syncthreads / cp.async wait (copies are synchronous and the
 // barriers' shared waiter pool hides races from ThreadSanitizer).
 #include "emu_runtime.hpp"
+#include "reference.hpp"
 
 #include "../prelude.cu"
 #include "../dilated_rows.cu"
@@ -24,107 +27,6 @@
 
 enum class DT { F32, F16, BF16 };
 
-struct Cfg {
-    std::vector<i64> w, r;
-    bool longnet, causal;
-};
-
-// ---- float64 reference (SPEC.md) -------------------------------------------------------
-struct HeadPats {
-    std::vector<Pattern> pats;
-    double out_scale;
-};
-
-static HeadPats head_patterns(const Cfg& c, int heads, int h) {
-    const int G = (int)c.w.size();
-    HeadPats hp;
-    auto mk = [](i64 w, i64 r, i64 off) {
-        Pattern p;
-        p.w = w; p.r = r; p.off = off; p.per_seg = (w - off + r - 1) / r;
-        return p;
-    };
-    if (c.longnet) {
-        for (int i = 0; i < G; ++i) hp.pats.push_back(mk(c.w[i], c.r[i], h % c.r[i]));
-        hp.out_scale = 1.0;
-    } else {
-        const int base = heads / G, extra = heads % G;
-        int g = 0;
-        for (int i = 0; i < G; ++i) {
-            const int start = i * base + std::min(i, extra), end = start + base + (i < extra ? 1 : 0);
-            if (h >= start && h < end) g = i;
-        }
-        hp.pats.push_back(mk(c.w[g], c.r[g], g % c.r[g]));
-        hp.out_scale = 1.0 / G;
-    }
-    return hp;
-}
-
-static bool selected(const Pattern& p, i64 x) {
-    const i64 j = x % p.w;
-    return j >= p.off && (j - p.off) % p.r == 0;
-}
-
-struct Ref {
-    std::vector<double> out, lse, dq, dk, dv;
-};
-
-// q, k, v, go: contiguous [B][N][H][D] doubles (already rounded to the test dtype).
-static Ref reference(const Cfg& c, int B, int N, int H, int D, const std::vector<double>& q,
-                     const std::vector<double>& k, const std::vector<double>& v, const std::vector<double>& go) {
-    Ref r;
-    r.out.assign((size_t)B * N * H * D, 0.0);
-    r.lse.assign((size_t)B * N * H, -INFINITY);
-    r.dq = r.out; r.dk = r.out; r.dv = r.out;
-    const double scale = 1.0 / std::sqrt((double)D);
-    auto at = [&](int b, int s, int h) { return (((size_t)b * N + s) * H + h) * D; };
-    for (int b = 0; b < B; ++b)
-        for (int h = 0; h < H; ++h) {
-            const HeadPats hp = head_patterns(c, H, h);
-            for (int i = 0; i < N; ++i) {
-                std::vector<int> keys;
-                for (const Pattern& p : hp.pats) {
-                    if (!selected(p, i)) continue;
-                    for (int j = 0; j < N; ++j)
-                        if (selected(p, j) && j / p.w == i / p.w && (!c.causal || j <= i)) keys.push_back(j);
-                }
-                if (keys.empty()) continue;
-                std::vector<double> s(keys.size());
-                double m = -INFINITY;
-                for (size_t t = 0; t < keys.size(); ++t) {
-                    double acc = 0;
-                    for (int e = 0; e < D; ++e) acc += q[at(b, i, h) + e] * k[at(b, keys[t], h) + e];
-                    s[t] = acc * scale;
-                    m = std::max(m, s[t]);
-                }
-                double sum = 0;
-                for (double x : s) sum += std::exp(x - m);
-                const double lse = m + std::log(sum);
-                r.lse[((size_t)b * N + i) * H + h] = lse;
-                std::vector<double> p(keys.size()), dp(keys.size());
-                for (size_t t = 0; t < keys.size(); ++t) {
-                    p[t] = std::exp(s[t] - lse);
-                    for (int e = 0; e < D; ++e) r.out[at(b, i, h) + e] += hp.out_scale * p[t] * v[at(b, keys[t], h) + e];
-                }
-                double big = 0;
-                for (size_t t = 0; t < keys.size(); ++t) {
-                    double acc = 0;
-                    for (int e = 0; e < D; ++e) acc += hp.out_scale * go[at(b, i, h) + e] * v[at(b, keys[t], h) + e];
-                    dp[t] = acc;
-                    big += p[t] * acc;
-                }
-                for (size_t t = 0; t < keys.size(); ++t) {
-                    const double ds = p[t] * (dp[t] - big) * scale;
-                    for (int e = 0; e < D; ++e) {
-                        r.dv[at(b, keys[t], h) + e] += p[t] * hp.out_scale * go[at(b, i, h) + e];
-                        r.dq[at(b, i, h) + e] += ds * k[at(b, keys[t], h) + e];
-                        r.dk[at(b, keys[t], h) + e] += ds * q[at(b, i, h) + e];
-                    }
-                }
-            }
-        }
-    return r;
-}
-
 // ---- host side: the launch plan of src/cuda/block.rs -----------------------------------
 struct Launch {
     i64 w, r, fixed_off;
@@ -132,6 +34,7 @@ struct Launch {
 };
 
 static std::vector<Launch> launches(const Cfg& c, int heads) {
+    if (c.window) return {{SEL_UNBOUNDED, 1, 0, 0, heads}};  // one whole-sequence pattern
     const int G = (int)c.w.size();
     std::vector<Launch> v;
     for (int i = 0; i < G; ++i) {
@@ -156,12 +59,29 @@ static i64 max_selected(const Launch& l, i64 start, i64 rows) {
     return best;
 }
 
-// A strided [B][rows][H][D] view of a storage buffer.
+// Head sweeps of a launch: (first head, count, step). The backward steps by the group so
+// that no two blocks of one launch write the same key/value head's dk/dv rows.
+struct Sweep {
+    int head0, count, step;
+};
+
+static std::vector<Sweep> sweeps(const Launch& l, int group) {
+    if (group == 1) return {{l.h0, l.h1 - l.h0, 1}};
+    std::vector<Sweep> v;
+    for (int j = 0; j < group; ++j) {
+        const int first = l.h0 + ((j - l.h0 % group) % group + group) % group;
+        if (first < l.h1) v.push_back({first, (l.h1 - 1 - first) / group + 1, group});
+    }
+    return v;
+}
+
+// A strided [B][rows][heads][D] view of a storage buffer.
 template <class S>
 struct View {
     S* data;
     i64 sb, ss, sh;
     int rows;
+    View at(int row, int n) const { return View{data + (i64)row * ss, sb, ss, sh, n}; }
 };
 
 static int padded(int d, const std::vector<int>& dims) {
@@ -170,82 +90,135 @@ static int padded(int d, const std::vector<int>& dims) {
     return -1;
 }
 
+// A (q block, k block) pair split by packed sequence: block rows [qa, qb) x [ka, kb) of the
+// sequence starting at global position s0 (one piece, s0 = 0, without packing).
+struct Piece {
+    int qa, qb, ka, kb, s0;
+};
+
+static std::vector<Piece> pieces(const Feat& f, int q_start, int nq, int k_start, int nk) {
+    if (f.cu.empty()) return {{0, nq, 0, nk, 0}};
+    std::vector<Piece> v;
+    for (size_t i = 0; i + 1 < f.cu.size(); ++i) {
+        const int c0 = f.cu[i], c1 = f.cu[i + 1];
+        const int q0 = std::max(q_start, c0), q1 = std::min(q_start + nq, c1);
+        const int k0 = std::max(k_start, c0), k1 = std::min(k_start + nk, c1);
+        if (q0 < q1 && k0 < k1) v.push_back({q0 - q_start, q1 - q_start, k0 - k_start, k1 - k_start, c0});
+    }
+    return v;
+}
+
+// The parameters every launch of a piece shares (attn_params in src/cuda/params.rs).
+template <class S>
+static AttnParams piece_params(const Cfg& c, const Feat& f, int B, int N, int H, int D, View<S> q, int q_pos,
+                               View<S> k, View<S> v, int k_pos, const Launch& l) {
+    const int KH = f.kv_heads > 0 ? f.kv_heads : H;
+    AttnParams a{};
+    a.q_sb = q.sb; a.q_ss = q.ss; a.q_sh = q.sh;
+    a.k_sb = k.sb; a.k_ss = k.ss; a.k_sh = k.sh;
+    a.v_sb = v.sb; a.v_ss = v.ss; a.v_sh = v.sh;
+    a.nq = q.rows; a.nk = k.rows;
+    a.heads = H; a.kv_heads = KH; a.kv_group = H / KH; a.head0 = l.h0; a.head_step = 1;
+    a.w = l.w; a.r = l.r; a.fixed_off = l.fixed_off; a.d = D;
+    // The band in selected indices of the launch's pattern (positions / r).
+    a.band_left = c.window ? c.wl / l.r : -1;
+    a.band_right = c.causal ? 0 : c.window ? c.wr / l.r : -1;
+    // The mask is [B][N] over global key positions: row 0 of this k block is k_pos.
+    a.kpad = f.pad.empty() ? nullptr : f.pad.data() + k_pos;
+    a.kpad_sb = N;
+    a.scale = (float)(1.0 / std::sqrt((double)D));
+    a.out_scale = c.longnet || c.window ? 1.f : 1.f / (float)c.w.size();
+    auto vec_ok = [&](i64 sb, i64 ss, i64 sh) { return D % 8 == 0 && sb % 8 == 0 && ss % 8 == 0 && sh % 8 == 0; };
+    a.vec = (vec_ok(q.sb, q.ss, q.sh) ? 1 : 0) | (vec_ok(k.sb, k.ss, k.sh) ? 2 : 0) | (vec_ok(v.sb, v.ss, v.sh) ? 4 : 0);
+    (void)B;
+    return a;
+}
+
+// Forward of a block: q rows at global position q_pos, k/v rows at k_pos, merged into
+// (o_acc, lse_acc) of the q block.
 template <class E>
-static void fwd_launch(DT dt, const Cfg& c, int B, int H, int D, View<typename E::S> q, i64 q_start,
-                       View<typename E::S> k, View<typename E::S> v, i64 k_start, float* o_acc, float* lse_acc) {
+static void fwd_block(DT dt, const Cfg& c, const Feat& f, int B, int N, int H, int D, View<typename E::S> q,
+                      int q_pos, View<typename E::S> k, View<typename E::S> v, int k_pos, float* o_acc, float* lse_acc) {
     typedef typename E::S S;
     const int pd = dt == DT::F32 ? -1 : padded(D, {32, 64, 128, 256});
-    for (const Launch& l : launches(c, H)) {
-        AttnParams a{};
-        a.q_sb = q.sb; a.q_ss = q.ss; a.q_sh = q.sh;
-        a.k_sb = k.sb; a.k_ss = k.ss; a.k_sh = k.sh;
-        a.v_sb = v.sb; a.v_ss = v.ss; a.v_sh = v.sh;
-        a.nq = q.rows; a.nk = k.rows; a.q_start = q_start; a.k_start = k_start;
-        a.heads = H; a.head0 = l.h0; a.w = l.w; a.r = l.r; a.fixed_off = l.fixed_off; a.d = D;
-        a.scale = (float)(1.0 / std::sqrt((double)D)); a.causal = c.causal;
-        auto vec_ok = [&](i64 sb, i64 ss, i64 sh) { return D % 8 == 0 && sb % 8 == 0 && ss % 8 == 0 && sh % 8 == 0; };
-        a.vec = (vec_ok(q.sb, q.ss, q.sh) ? 1 : 0) | (vec_ok(k.sb, k.ss, k.sh) ? 2 : 0) | (vec_ok(v.sb, v.ss, v.sh) ? 4 : 0);
-        const i64 rows = max_selected(l, q_start, q.rows);
-        const int per_block = pd > 0 ? 64 : 4;
-        const Dim3 grid{(unsigned)((rows + per_block - 1) / per_block), (unsigned)(l.h1 - l.h0), (unsigned)B};
-        if (grid.x == 0) continue;
-        const S *qp = q.data, *kp = k.data, *vp = v.data;
-        if constexpr (std::is_same_v<E, F32E>) {
-            emu::launch(grid, 128, [=] { dilated_fwd_rows_f32(qp, kp, vp, o_acc, lse_acc, a); });
-        } else {
-            constexpr bool bf = std::is_same_v<E, BF16E>;
-            emu::launch(grid, 128, [=] {
-                switch (pd) {
-                    case 32: bf ? dilated_fwd_mma_bf16_d32(qp, kp, vp, o_acc, lse_acc, a) : dilated_fwd_mma_f16_d32(qp, kp, vp, o_acc, lse_acc, a); break;
-                    case 64: bf ? dilated_fwd_mma_bf16_d64(qp, kp, vp, o_acc, lse_acc, a) : dilated_fwd_mma_f16_d64(qp, kp, vp, o_acc, lse_acc, a); break;
-                    case 128: bf ? dilated_fwd_mma_bf16_d128(qp, kp, vp, o_acc, lse_acc, a) : dilated_fwd_mma_f16_d128(qp, kp, vp, o_acc, lse_acc, a); break;
-                    default: bf ? dilated_fwd_mma_bf16_d256(qp, kp, vp, o_acc, lse_acc, a) : dilated_fwd_mma_f16_d256(qp, kp, vp, o_acc, lse_acc, a); break;
-                }
-            });
+    for (const Piece& pc : pieces(f, q_pos, q.rows, k_pos, k.rows)) {
+        const View<S> qp = q.at(pc.qa, pc.qb - pc.qa), kp = k.at(pc.ka, pc.kb - pc.ka), vp = v.at(pc.ka, pc.kb - pc.ka);
+        float* o = o_acc + (size_t)pc.qa * H * D;  // packing has batch 1: row offsets suffice
+        float* lse = lse_acc + (size_t)pc.qa * H;
+        for (const Launch& l : launches(c, H)) {
+            AttnParams a = piece_params(c, f, B, N, H, D, qp, q_pos + pc.qa, kp, vp, k_pos + pc.ka, l);
+            a.q_start = q_pos + pc.qa - pc.s0;
+            a.k_start = k_pos + pc.ka - pc.s0;
+            const i64 rows = max_selected(l, a.q_start, qp.rows);
+            const int per_block = pd > 0 ? 64 : 4;
+            const Dim3 grid{(unsigned)((rows + per_block - 1) / per_block), (unsigned)(l.h1 - l.h0), (unsigned)B};
+            if (grid.x == 0) continue;
+            const S *qd = qp.data, *kd = kp.data, *vd = vp.data;
+            if constexpr (std::is_same_v<E, F32E>) {
+                emu::launch(grid, 128, [=] { dilated_fwd_rows_f32(qd, kd, vd, o, lse, a); });
+            } else {
+                constexpr bool bf = std::is_same_v<E, BF16E>;
+                emu::launch(grid, 128, [=] {
+                    switch (pd) {
+                        case 32: bf ? dilated_fwd_mma_bf16_d32(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d32(qd, kd, vd, o, lse, a); break;
+                        case 64: bf ? dilated_fwd_mma_bf16_d64(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d64(qd, kd, vd, o, lse, a); break;
+                        case 128: bf ? dilated_fwd_mma_bf16_d128(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d128(qd, kd, vd, o, lse, a); break;
+                        default: bf ? dilated_fwd_mma_bf16_d256(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d256(qd, kd, vd, o, lse, a); break;
+                    }
+                });
+            }
         }
     }
 }
 
+// Backward of the whole call (q and k/v blocks at position 0).
 template <class E>
-static void bwd_launch(DT dt, const Cfg& c, int B, int H, int D, View<typename E::S> q, View<typename E::S> k,
-                       View<typename E::S> v, View<typename E::S> g, const float* lse, const float* delta, float* dq,
-                       float* dk, float* dv) {
+static void bwd_call(DT dt, const Cfg& c, const Feat& f, int B, int N, int H, int D, View<typename E::S> q,
+                     View<typename E::S> k, View<typename E::S> v, View<typename E::S> g, const float* lse_all,
+                     const float* delta_all, float* dq_all, float* dk_all, float* dv_all) {
     typedef typename E::S S;
     const int pd = dt == DT::F32 ? -1 : padded(D, {32, 64, 128});
-    const float out_scale = c.longnet ? 1.f : 1.f / (float)c.w.size();
-    for (const Launch& l : launches(c, H)) {
-        AttnParams a{};
-        a.q_sb = q.sb; a.q_ss = q.ss; a.q_sh = q.sh;
-        a.k_sb = k.sb; a.k_ss = k.ss; a.k_sh = k.sh;
-        a.v_sb = v.sb; a.v_ss = v.ss; a.v_sh = v.sh;
-        a.g_sb = g.sb; a.g_ss = g.ss; a.g_sh = g.sh;
-        a.nq = q.rows; a.nk = k.rows; a.heads = H; a.head0 = l.h0; a.w = l.w; a.r = l.r; a.fixed_off = l.fixed_off;
-        a.d = D; a.scale = (float)(1.0 / std::sqrt((double)D)); a.out_scale = out_scale; a.causal = c.causal;
-        auto vec_ok = [&](i64 sb, i64 ss, i64 sh) { return D % 8 == 0 && sb % 8 == 0 && ss % 8 == 0 && sh % 8 == 0; };
-        a.vec = (vec_ok(q.sb, q.ss, q.sh) ? 1 : 0) | (vec_ok(k.sb, k.ss, k.sh) ? 2 : 0) |
-                (vec_ok(v.sb, v.ss, v.sh) ? 4 : 0) | (vec_ok(g.sb, g.ss, g.sh) ? 8 : 0);
-        const S *qp = q.data, *kp = k.data, *vp = v.data, *gp = g.data;
-        const i64 qrows = max_selected(l, 0, q.rows), krows = max_selected(l, 0, k.rows);
-        const unsigned hy = (unsigned)(l.h1 - l.h0);
-        if (pd > 0) {
-            constexpr bool bf = std::is_same_v<E, BF16E>;
-            emu::launch(Dim3{(unsigned)((krows + 63) / 64), hy, (unsigned)B}, 128, [=] {
-                if constexpr (!std::is_same_v<E, F32E>) {
-                    switch (pd) {
-                        case 32: bf ? dilated_bwd_mma_bf16_d32(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_f16_d32(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
-                        case 64: bf ? dilated_bwd_mma_bf16_d64(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_f16_d64(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
-                        default: bf ? dilated_bwd_mma_bf16_d128(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_f16_d128(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
-                    }
+    const int KH = f.kv_heads > 0 ? f.kv_heads : H;
+    for (const Piece& pc : pieces(f, 0, q.rows, 0, k.rows)) {
+        const View<S> qv = q.at(pc.qa, pc.qb - pc.qa), kv = k.at(pc.ka, pc.kb - pc.ka), vv = v.at(pc.ka, pc.kb - pc.ka);
+        const View<S> gv = g.at(pc.qa, pc.qb - pc.qa);
+        const float *lse = lse_all + (size_t)pc.qa * H, *delta = delta_all + (size_t)pc.qa * H;
+        float* dq = dq_all + (size_t)pc.qa * H * D;
+        float *dk = dk_all + (size_t)pc.ka * KH * D, *dv = dv_all + (size_t)pc.ka * KH * D;
+        for (const Launch& l : launches(c, H)) {
+            AttnParams a = piece_params(c, f, B, N, H, D, qv, pc.qa, kv, vv, pc.ka, l);
+            a.g_sb = gv.sb; a.g_ss = gv.ss; a.g_sh = gv.sh;
+            a.q_start = pc.qa - pc.s0;
+            a.k_start = pc.ka - pc.s0;
+            const bool g_vec = D % 8 == 0 && gv.sb % 8 == 0 && gv.ss % 8 == 0 && gv.sh % 8 == 0;
+            a.vec |= g_vec ? 8 : 0;
+            const S *qp = qv.data, *kp = kv.data, *vp = vv.data, *gp = gv.data;
+            const i64 qrows = max_selected(l, a.q_start, qv.rows), krows = max_selected(l, a.k_start, kv.rows);
+            for (const Sweep& sw : sweeps(l, H / KH)) {
+                a.head0 = sw.head0;
+                a.head_step = sw.step;
+                const unsigned hy = (unsigned)sw.count;
+                if (pd > 0) {
+                    constexpr bool bf = std::is_same_v<E, BF16E>;
+                    emu::launch(Dim3{(unsigned)((krows + 63) / 64), hy, (unsigned)B}, 128, [=] {
+                        if constexpr (!std::is_same_v<E, F32E>) {
+                            switch (pd) {
+                                case 32: bf ? dilated_bwd_mma_bf16_d32(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_f16_d32(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
+                                case 64: bf ? dilated_bwd_mma_bf16_d64(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_f16_d64(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
+                                default: bf ? dilated_bwd_mma_bf16_d128(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_f16_d128(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
+                            }
+                        }
+                    });
+                } else {
+                    auto dqk = [&](auto f_dq, auto f_dkv) {
+                        emu::launch(Dim3{(unsigned)((qrows + 3) / 4), hy, (unsigned)B}, 128, [=] { f_dq(qp, kp, vp, gp, lse, delta, dq, a); });
+                        emu::launch(Dim3{(unsigned)((krows + 3) / 4), hy, (unsigned)B}, 128, [=] { f_dkv(qp, kp, vp, gp, lse, delta, dk, dv, a); });
+                    };
+                    if constexpr (std::is_same_v<E, F32E>) dqk(dilated_bwd_dq_rows_f32, dilated_bwd_dkv_rows_f32);
+                    else if constexpr (std::is_same_v<E, F16E>) dqk(dilated_bwd_dq_rows_f16, dilated_bwd_dkv_rows_f16);
+                    else dqk(dilated_bwd_dq_rows_bf16, dilated_bwd_dkv_rows_bf16);
                 }
-            });
-        } else {
-            auto dqk = [&](auto f_dq, auto f_dkv) {
-                emu::launch(Dim3{(unsigned)((qrows + 3) / 4), hy, (unsigned)B}, 128, [=] { f_dq(qp, kp, vp, gp, lse, delta, dq, a); });
-                emu::launch(Dim3{(unsigned)((krows + 3) / 4), hy, (unsigned)B}, 128, [=] { f_dkv(qp, kp, vp, gp, lse, delta, dk, dv, a); });
-            };
-            if constexpr (std::is_same_v<E, F32E>) dqk(dilated_bwd_dq_rows_f32, dilated_bwd_dkv_rows_f32);
-            else if constexpr (std::is_same_v<E, F16E>) dqk(dilated_bwd_dq_rows_f16, dilated_bwd_dkv_rows_f16);
-            else dqk(dilated_bwd_dq_rows_bf16, dilated_bwd_dkv_rows_bf16);
+            }
         }
     }
 }
@@ -280,40 +253,44 @@ struct Case {
     bool fused_qkv;   // q, k, v interleaved as [B][N][3][H][D]
     int q_start;      // forward through the block API: q rows [q_start, N), keys in two blocks
     int split;        // key block boundary (merged [split, N) first, then [0, split))
+    Feat feat = {};
 };
 
 template <class E>
 static bool run_case(const Case& t) {
     typedef typename E::S S;
     const int B = t.B, N = t.N, H = t.H, D = t.D;
-    const size_t numel = (size_t)B * N * H * D, rows = (size_t)B * N * H;
+    const Feat& f = t.feat;
+    const int KH = f.kv_heads > 0 ? f.kv_heads : H;
+    const size_t numel = (size_t)B * N * H * D, kv_numel = (size_t)B * N * KH * D, rows = (size_t)B * N * H;
     std::mt19937_64 rng(1234 + N * 7 + D);
     std::normal_distribution<float> nd(0.f, 1.f);
     // Inputs rounded to the dtype; the reference sees the rounded values.
-    std::vector<S> qkv(numel * 3), go(numel);
+    std::vector<S> qkv(t.fused_qkv ? numel * 3 : numel + 2 * kv_numel), go(numel);
     for (auto& x : qkv) x = E::from_f(nd(rng));
     for (auto& x : go) x = E::from_f(nd(rng));
     const i64 row3 = 3LL * H * D;
     auto view = [&](int part) -> View<S> {
         if (t.fused_qkv) return View<S>{qkv.data() + part * H * D, N * row3, row3, D, N};
-        return View<S>{qkv.data() + part * numel, (i64)N * H * D, (i64)H * D, D, N};
+        if (part == 0) return View<S>{qkv.data(), (i64)N * H * D, (i64)H * D, D, N};
+        return View<S>{qkv.data() + numel + (part - 1) * kv_numel, (i64)N * KH * D, (i64)KH * D, D, N};
     };
-    auto to_d = [&](View<S> vw) {
-        std::vector<double> out(numel);
+    auto to_d = [&](View<S> vw, int heads) {
+        std::vector<double> out((size_t)B * N * heads * D);
         for (int b = 0; b < B; ++b)
             for (int s = 0; s < N; ++s)
-                for (int h = 0; h < H; ++h)
+                for (int h = 0; h < heads; ++h)
                     for (int e = 0; e < D; ++e)
-                        out[(((size_t)b * N + s) * H + h) * D + e] = E::to_f(vw.data[b * vw.sb + s * vw.ss + h * vw.sh + e]);
+                        out[(((size_t)b * N + s) * heads + h) * D + e] = E::to_f(vw.data[b * vw.sb + s * vw.ss + h * vw.sh + e]);
         return out;
     };
     const View<S> q = view(0), k = view(1), v = view(2), g{go.data(), (i64)N * H * D, (i64)H * D, D, N};
-    const Ref ref = reference(t.cfg, B, N, H, D, to_d(q), to_d(k), to_d(v), to_d(g));
-    const float out_scale = t.cfg.longnet ? 1.f : 1.f / (float)t.cfg.w.size();
+    const Ref ref = reference(t.cfg, f, B, N, H, D, to_d(q, H), to_d(k, KH), to_d(v, KH), to_d(g, H));
+    const float out_scale = t.cfg.longnet || t.cfg.window ? 1.f : 1.f / (float)t.cfg.w.size();
 
     // Forward, whole call.
     std::vector<float> o_acc(numel, 0.f), lse(rows, -INFINITY);
-    fwd_launch<E>(t.dt, t.cfg, B, H, D, q, 0, k, v, 0, o_acc.data(), lse.data());
+    fwd_block<E>(t.dt, t.cfg, f, B, N, H, D, q, 0, k, v, 0, o_acc.data(), lse.data());
     std::vector<S> out(numel);
     RowParams rp{B, N, H, D, (i64)N * H * D, (i64)H * D, D, (i64)N * H * D, (i64)H * D, D, out_scale, 0};
     emu::launch(Dim3{(unsigned)((numel + 255) / 256), 1, 1}, 256, [&] {
@@ -327,41 +304,62 @@ static bool run_case(const Case& t) {
     // Forward through the block API: q rows [q_start, N), key blocks merged in reverse order.
     const int qs = t.q_start, nq = N - qs;
     std::vector<float> bo((size_t)B * nq * H * D, 0.f), bl((size_t)B * nq * H, -INFINITY);
-    const View<S> qb{q.data + (i64)qs * q.ss, q.sb, q.ss, q.sh, nq};
+    const View<S> qb = q.at(qs, nq);
     for (auto [lo, hi] : {std::pair<int, int>{t.split, N}, std::pair<int, int>{0, t.split}}) {
         if (lo == hi) continue;
-        const View<S> kb{k.data + (i64)lo * k.ss, k.sb, k.ss, k.sh, hi - lo}, vb{v.data + (i64)lo * v.ss, v.sb, v.ss, v.sh, hi - lo};
-        fwd_launch<E>(t.dt, t.cfg, B, H, D, qb, qs, kb, vb, lo, bo.data(), bl.data());
+        fwd_block<E>(t.dt, t.cfg, f, B, N, H, D, qb, qs, k.at(lo, hi - lo), v.at(lo, hi - lo), lo, bo.data(), bl.data());
     }
     double block_err = 0;
     for (int b = 0; b < B; ++b)
         for (int s = qs; s < N; ++s)
-            for (int h = 0; h < H; ++h)
+            for (int h = 0; h < H; ++h) {
+                const float want_l = lse[((size_t)b * N + s) * H + h], got_l = bl[((size_t)b * nq + (s - qs)) * H + h];
+                if (std::isinf(want_l) != std::isinf(got_l)) block_err = INFINITY;
                 for (int e = 0; e < D; ++e) {
                     const double want = o_acc[(((size_t)b * N + s) * H + h) * D + e];
                     const double got = bo[(((size_t)b * nq + (s - qs)) * H + h) * D + e];
                     block_err = std::max(block_err, std::abs(got - want));
                 }
+            }
 
     // Backward: delta, gradients (f32 accumulators), compared before rounding to the dtype.
-    std::vector<float> delta(rows), dq(numel, 0.f), dk(numel, 0.f), dv(numel, 0.f);
+    std::vector<float> delta(rows), dq(numel, 0.f), dk(kv_numel, 0.f), dv(kv_numel, 0.f);
     emu::launch(Dim3{(unsigned)((rows + 7) / 8), 1, 1}, 256, [&] {
         if constexpr (std::is_same_v<E, F32E>) delta_rows_f32(go.data(), out.data(), delta.data(), rp);
         else if constexpr (std::is_same_v<E, F16E>) delta_rows_f16(go.data(), out.data(), delta.data(), rp);
         else delta_rows_bf16(go.data(), out.data(), delta.data(), rp);
     });
-    bwd_launch<E>(t.dt, t.cfg, B, H, D, q, k, v, g, lse.data(), delta.data(), dq.data(), dk.data(), dv.data());
+    bwd_call<E>(t.dt, t.cfg, f, B, N, H, D, q, k, v, g, lse.data(), delta.data(), dq.data(), dk.data(), dv.data());
 
     const double tol = t.dt == DT::F32 ? 1e-5 : t.dt == DT::F16 ? 5e-3 : 4e-2;
     const double e_out = rel_l2(outf, ref.out), e_lse = lse_err(lse, ref.lse);
     const double e_dq = rel_l2(dq, ref.dq), e_dk = rel_l2(dk, ref.dk), e_dv = rel_l2(dv, ref.dv);
+    // Padded keys get exactly zero gradient.
+    bool pad_zero = true;
+    for (int b = 0; b < B && !f.pad.empty(); ++b)
+        for (int s = 0; s < N; ++s)
+            if (f.pad[(size_t)b * N + s])
+                for (size_t i = 0; i < (size_t)KH * D; ++i) {
+                    const size_t at = ((size_t)b * N + s) * KH * D + i;
+                    pad_zero = pad_zero && dk[at] == 0.f && dv[at] == 0.f;
+                }
     // Whole call vs block API differ only by where P is rounded to the dtype (other running
     // maxima): allow 4 unit roundoffs of the dtype on these O(1) values.
     const double block_tol = t.dt == DT::F32 ? 1e-5 : t.dt == DT::F16 ? 4 * 4.9e-4 : 4 * 3.9e-3;
-    const bool ok = e_out <= tol && e_lse <= 1e-4 && e_dq <= tol && e_dk <= tol && e_dv <= tol && block_err <= block_tol;
-    std::printf("%-4s %-44s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e block %.1e (tol %.0e)\n", ok ? "ok" : "FAIL",
-                t.name.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, block_err, tol);
+    const bool ok = e_out <= tol && e_lse <= 1e-4 && e_dq <= tol && e_dk <= tol && e_dv <= tol &&
+                    block_err <= block_tol && pad_zero;
+    std::printf("%-4s %-58s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e block %.1e%s (tol %.0e)\n", ok ? "ok" : "FAIL",
+                t.name.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, block_err, pad_zero ? "" : " PAD-GRAD", tol);
     return ok;
+}
+
+// A [B][N] key padding mask from a rule (true = padded).
+template <class F>
+static std::vector<unsigned char> pad_mask(int B, int N, F padded_at) {
+    std::vector<unsigned char> m((size_t)B * N);
+    for (int b = 0; b < B; ++b)
+        for (int s = 0; s < N; ++s) m[(size_t)b * N + s] = padded_at(b, s) ? 1 : 0;
+    return m;
 }
 
 int main(int argc, char** argv) {
@@ -378,6 +376,27 @@ int main(int argc, char** argv) {
         {"f16 longnet w[130] r[1] d64 full tiles, ragged", DT::F16, {{130}, {1}, true, false}, 1, 150, 1, 64, false, 64, 64},
         {"bf16 headgroups b2 h5 G3 uneven w[16,32,48] r[1,2,4] d32", DT::BF16, {{16, 32, 48}, {1, 2, 4}, false, true}, 2, 61, 5, 32, false, 13, 40},
         {"bf16 longnet causal r4 offsets w[96] r[4] d128 h4", DT::BF16, {{96}, {4}, true, true}, 1, 170, 4, 128, false, 33, 100},
+        // Features: grouped k/v heads, key padding, packed sequences, sliding windows.
+        {"f32 gqa kv1 of h4 longnet causal w[4,8] r[1,2] d8", DT::F32, {{4, 8}, {1, 2}, true, true}, 2, 23, 4, 8, false, 5, 9, {1}},
+        {"bf16 gqa kv2 of h8 headgroups w[8,16] r[1,2] d32", DT::BF16, {{8, 16}, {1, 2}, false, false}, 1, 40, 8, 32, false, 7, 20, {2}},
+        {"f16 gqa kv1 of h8 headgroups causal G3 w[16,32,64] r[1,2,4] d64", DT::F16, {{16, 32, 64}, {1, 2, 4}, false, true}, 1, 90, 8, 64, false, 10, 50, {1}},
+        {"f16 gqa kv2 of h4 longnet w[32] r[2] d128", DT::F16, {{32}, {2}, true, false}, 1, 70, 4, 128, false, 3, 33, {2}},
+        {"f32 padding b2 headgroups w[8,16] r[1,2] d8 (row 1: segment 0 all padded)", DT::F32, {{8, 16}, {1, 2}, false, false}, 2, 21, 2, 8, false, 4, 10, {0, pad_mask(2, 21, [](int b, int s) { return b == 0 ? s % 5 == 3 : s < 8; })}},
+        {"bf16 padding b2 longnet causal w[16,32] r[1,2] d32", DT::BF16, {{16, 32}, {1, 2}, true, true}, 2, 50, 2, 32, false, 6, 25, {0, pad_mask(2, 50, [](int b, int s) { return b == 0 ? s % 7 == 2 || s > 44 : (s >= 16 && s < 32) || s % 3 == 0; })}},
+        {"f16 padding headgroups w[64,128] r[1,2] d64 (full tiles off)", DT::F16, {{64, 128}, {1, 2}, false, false}, 1, 140, 2, 64, false, 30, 64, {0, pad_mask(1, 140, [](int, int s) { return s % 11 == 4 || (s >= 64 && s < 80); })}},
+        {"f32 packed cu[0,3,4,17,30] longnet causal w[8,16] r[1,2] d8", DT::F32, {{8, 16}, {1, 2}, true, true}, 1, 30, 2, 8, false, 2, 15, {0, {}, {0, 3, 4, 17, 30}}},
+        {"f16 packed cu[0,1,70,75,130] headgroups w[32,64] r[1,2] d64", DT::F16, {{32, 64}, {1, 2}, false, false}, 1, 130, 2, 64, false, 40, 72, {0, {}, {0, 1, 70, 75, 130}}},
+        {"bf16 packed cu[0,5,6,40] longnet r3 w[12] r[3] d16", DT::BF16, {{12}, {3}, true, false}, 1, 40, 3, 16, false, 4, 20, {0, {}, {0, 5, 6, 40}}},
+        {"f32 window (3,0) causal d8", DT::F32, {{}, {}, false, true, true, 3, 0}, 2, 30, 2, 8, false, 7, 12},
+        {"f32 window (4,6) two-sided d33", DT::F32, {{}, {}, false, false, true, 4, 6}, 1, 29, 2, 33, false, 3, 14},
+        {"bf16 window (5,2) two-sided d32", DT::BF16, {{}, {}, false, false, true, 5, 2}, 1, 80, 2, 32, false, 20, 41},
+        {"f16 window (40,0) causal d64 (full tiles)", DT::F16, {{}, {}, false, true, true, 40, 0}, 1, 200, 1, 64, false, 70, 120},
+        {"bf16 window (7,3) causal=(7,0) d128 h2", DT::BF16, {{}, {}, false, true, true, 7, 3}, 1, 90, 2, 128, false, 11, 47},
+        {"bf16 window gqa kv1 of h4 + padding + packed (6,3) d32", DT::BF16, {{}, {}, false, false, true, 6, 3}, 1, 70, 4, 32, false, 9, 30, {1, pad_mask(1, 70, [](int, int s) { return s % 9 == 1 || (s >= 20 && s < 24); }), {0, 20, 24, 25, 70}}},
+        {"f16 longnet gqa kv2 of h4 + padding + packed causal w[16,32] r[1,2] d64", DT::F16, {{16, 32}, {1, 2}, true, true}, 1, 100, 4, 64, false, 13, 60, {2, pad_mask(1, 100, [](int, int s) { return s % 6 == 5 || (s >= 40 && s < 56); }), {0, 10, 11, 56, 100}}},
+        {"f32 window (4,4) gqa kv2 of h4 + padding b2 d8", DT::F32, {{}, {}, false, false, true, 4, 4}, 2, 26, 4, 8, false, 5, 13, {2, pad_mask(2, 26, [](int b, int s) { return b == 1 ? s < 9 : s % 4 == 0; })}},
+        {"bf16 gqa kv1 of h2 window (9,0) + padding d160 (bwd rows)", DT::BF16, {{}, {}, false, true, true, 9, 0}, 1, 60, 2, 160, false, 8, 30, {1, pad_mask(1, 60, [](int, int s) { return s % 5 == 0; })}},
+        {"f16 headgroups gqa kv2 of h4 + packed + padding w[8,16] r[2,4] d32", DT::F16, {{8, 16}, {2, 4}, false, false}, 1, 45, 4, 32, false, 6, 19, {2, pad_mask(1, 45, [](int, int s) { return s >= 3 && s < 9; }), {0, 1, 2, 19, 45}}},
     };
     int failed = 0, ran = 0;
     for (const Case& c : cases) {

@@ -64,7 +64,7 @@ pub fn bench_forward<T: CudaElement>(
         let mut partial = DevicePartial::empty(dev, shape)?;
         dev.synchronize()?;
         let t0 = Instant::now();
-        forward_block(dev, &DeviceBlock { cfg, q: &q, q_start: 0, k: &k, v: &v, k_start: 0 }, &mut partial)?;
+        forward_block(dev, &DeviceBlock::new(cfg, (&q, 0), (&k, &v, 0)), &mut partial)?;
         dev.synchronize()?;
         if i > 0 {
             times.push(t0.elapsed().as_secs_f64() * 1e3);

@@ -1,6 +1,8 @@
 //! [`CudaBackend`]: whole-call dilated attention on the GPU from host views behind the
 //! shared [`Attention`] interface: upload, run the block entry points over the full
-//! sequence (one block each for q and k/v), download.
+//! sequence (one block each for q and k/v), download. Every feature is computed: grouped
+//! k/v heads, a key padding mask (uploaded as u8 flags), packed sequences (per-sequence
+//! launches) and sliding windows (the config's band).
 
 use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs, Grads, Pass, Saved, Supported};
@@ -9,7 +11,7 @@ use attn_core::{AttnError, AttnShape, DilatedConfig, Result, TensorView, TensorV
 use super::block::{DeviceBlock, DeviceUpstream, backward_block, forward_block};
 use super::device::{CudaDevice, cuda_err};
 use super::epilogue::{delta, finish_forward, store_scaled};
-use super::tensor::{CudaElement, DeviceGrads, DevicePartial, DeviceTensor};
+use super::tensor::{CudaElement, DeviceGrads, DeviceKeyPadding, DevicePartial, DeviceTensor};
 
 fn write_rows<T: CudaElement>(dst: &mut TensorViewMut<'_, T>, contiguous: &[T]) {
     let s = dst.shape();
@@ -38,7 +40,7 @@ fn check_out<T: CudaElement>(tensor: TensorName, dst: &TensorViewMut<'_, T>, wan
 
 /// The GPU behind the shared interface: one device, kernels compiled by NVRTC for it on
 /// first use. k/v may have their own sequence length (cross-attention: positions start
-/// at 0 for both).
+/// at 0 for both) and fewer heads (grouped); inputs may carry masks and windows.
 #[derive(Debug, Clone)]
 pub struct CudaBackend {
     dev: CudaDevice,
@@ -104,7 +106,7 @@ impl CudaBackend {
         lse: &mut [f32],
     ) -> Result<()> {
         let (dev, cfg) = (&self.dev, inputs.cfg);
-        let shape = inputs.shape_for("cuda", Supported::NONE)?;
+        let shape = inputs.shape_for("cuda", Supported::ALL)?;
         check_out(TensorName::Output, &out, shape.q)?;
         if lse.len() != shape.q.lse_len() {
             return Err(AttnError::ShapeMismatch {
@@ -115,8 +117,14 @@ impl CudaBackend {
         }
         let up = |x: &TensorView<'_, T>| DeviceTensor::from_view(dev, x);
         let (dq, dk, dv) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
+        let mask = inputs.masks.key_padding.map(|m| DeviceKeyPadding::upload(dev, &m)).transpose()?;
         let mut partial = DevicePartial::empty(dev, shape.q)?;
-        forward_block(dev, &DeviceBlock { cfg, q: &dq, q_start: 0, k: &dk, v: &dv, k_start: 0 }, &mut partial)?;
+        let block = DeviceBlock {
+            key_padding: mask.as_ref(),
+            packing: inputs.masks.packing,
+            ..DeviceBlock::new(cfg, (&dq, 0), (&dk, &dv, 0))
+        };
+        forward_block(dev, &block, &mut partial)?;
         let mut dout = DeviceTensor::<T>::zeros(dev, shape.q)?;
         let dlse = finish_forward(dev, cfg, &partial, &mut dout)?;
         let host_lse = dev.stream.clone_dtoh(dlse).map_err(cuda_err)?;
@@ -134,7 +142,7 @@ impl CudaBackend {
         mut grads: Grads<'_, T>,
     ) -> Result<()> {
         let (dev, cfg) = (&self.dev, inputs.cfg);
-        let shape = inputs.shape_for("cuda", Supported::NONE)?;
+        let shape = inputs.shape_for("cuda", Supported::ALL)?;
         for (t, s) in [(TensorName::Output, saved.out.shape()), (TensorName::GradOutput, grad_out.shape())] {
             if s != shape.q {
                 return Err(AttnError::ShapeMismatch {
@@ -160,7 +168,12 @@ impl CudaBackend {
         let dlse = dev.stream.clone_htod(saved.lse).map_err(cuda_err)?;
         let ddelta = delta(dev, &tgo, &tout)?;
         let mut acc = DeviceGrads::zeros(dev, shape.q, shape.kv)?;
-        let block = DeviceBlock { cfg, q: &tq, q_start: 0, k: &tk, v: &tv, k_start: 0 };
+        let mask = inputs.masks.key_padding.map(|m| DeviceKeyPadding::upload(dev, &m)).transpose()?;
+        let block = DeviceBlock {
+            key_padding: mask.as_ref(),
+            packing: inputs.masks.packing,
+            ..DeviceBlock::new(cfg, (&tq, 0), (&tk, &tv, 0))
+        };
         let upstream = DeviceUpstream { grad_out: &tgo, lse: &dlse, delta: &ddelta };
         backward_block(dev, &block, &upstream, &mut acc)?;
         store_grad(dev, &acc.dq, &mut grads.dq, TensorName::GradQuery)?;

@@ -29,4 +29,4 @@ pub use block::{DeviceBlock, DeviceUpstream, backward_block, forward_block};
 pub use device::{CudaDevice, check_available, nvrtc_present};
 pub use epilogue::{delta, finish_forward, store_scaled};
 pub use host::CudaBackend;
-pub use tensor::{CudaElement, DeviceGrads, DevicePartial, DeviceTensor};
+pub use tensor::{CudaElement, DeviceGrads, DeviceKeyPadding, DevicePartial, DeviceTensor};

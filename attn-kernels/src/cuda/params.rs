@@ -2,7 +2,7 @@
 //! `AttnParams` and `RowParams` in `kernels/prelude.cu` (same fields, same order).
 #![allow(unsafe_code)]
 
-use attn_core::{DilatedConfig, Shape4};
+use attn_core::{Band, DilatedConfig, Shape4};
 use cudarc::driver::DeviceRepr;
 
 use super::plan::{PatternLaunch, out_scale, vec_loads_ok};
@@ -28,15 +28,23 @@ pub struct AttnParams {
     pub q_start: i64,
     pub k_start: i64,
     pub heads: i64,
+    pub kv_heads: i64,
+    pub kv_group: i64,
     pub head0: i64,
+    pub head_step: i64,
     pub w: i64,
     pub r: i64,
     pub fixed_off: i64,
     pub d: i64,
+    pub band_left: i64,
+    pub band_right: i64,
+    /// Device address of the key padding flag (u8) of k-block row 0, batch 0; 0 = none.
+    pub kpad: u64,
+    pub kpad_sb: i64,
     pub scale: f32,
     pub out_scale: f32,
-    pub causal: i32,
     pub vec: i32,
+    pub unused: i32,
 }
 
 /// Parameters of the row-wise epilogue kernels (`RowParams` in `prelude.cu`).
@@ -57,8 +65,9 @@ pub struct RowParams {
     pub pad: i32,
 }
 
-// SAFETY: plain `#[repr(C)]` structs of i64/f32/i32 fields with the same field order and
-// types as the CUDA structs, so the kernel reads exactly these bytes; no pointers inside.
+// SAFETY: plain `#[repr(C)]` structs of i64/u64/f32/i32 fields with the same field order
+// and types as the CUDA structs, so the kernel reads exactly these bytes. `kpad` is a
+// device address (or 0) that the launching code keeps alive for the launch.
 unsafe impl DeviceRepr for AttnParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for RowParams {}
@@ -71,13 +80,28 @@ pub struct BlockLayout {
     pub v_strides: [usize; 4],
     /// grad_out strides (backward only).
     pub g_strides: Option<[usize; 4]>,
+    /// Positions of row 0 of each block, relative to the start of their packed sequence.
     pub q_start: usize,
     pub k_start: usize,
+    /// Which keys a query sees by distance (the config's band: window and causal).
+    pub band: Band,
+}
+
+/// Largest segment length and band reach the kernels take: positions stay below
+/// `i64::MAX / 2`, so a longer segment or reach is the same as an unbounded one.
+const UNBOUNDED: usize = 1 << 62;
+
+/// A band side as the kernels take it, in selected indices of a pattern of rate `r`
+/// (selected positions of a segment are `r` apart, so a reach of `x` positions is `x / r`
+/// indices); `-1` when unbounded.
+fn band_side(x: usize, r: usize) -> i64 {
+    if x == usize::MAX { -1 } else { (x / r.max(1)).min(UNBOUNDED) as i64 }
 }
 
 /// The kernel parameters of one pattern launch (what `src/cuda/block.rs` passes).
 pub fn attn_params(cfg: &DilatedConfig, l: &BlockLayout, launch: &PatternLaunch) -> AttnParams {
     let (qs, ks) = (l.q.0, l.k.0);
+    let kv_heads = ks.heads.max(1);
     let d = qs.head_dim;
     let [q_sb, q_ss, q_sh] = strides3(l.q.1);
     let [k_sb, k_ss, k_sh] = strides3(l.k.1);
@@ -105,15 +129,23 @@ pub fn attn_params(cfg: &DilatedConfig, l: &BlockLayout, launch: &PatternLaunch)
         q_start: l.q_start as i64,
         k_start: l.k_start as i64,
         heads: qs.heads as i64,
+        kv_heads: kv_heads as i64,
+        kv_group: (qs.heads / kv_heads).max(1) as i64,
         head0: launch.heads.start as i64,
-        w: launch.w as i64,
+        head_step: 1,
+        // Window mode's whole-sequence pattern has w = usize::MAX.
+        w: launch.w.min(UNBOUNDED) as i64,
         r: launch.r as i64,
         fixed_off: launch.fixed_off.map_or(-1, |o| o as i64),
         d: d as i64,
+        band_left: band_side(l.band.left, launch.r),
+        band_right: band_side(l.band.right, launch.r),
+        kpad: 0,
+        kpad_sb: 0,
         scale: cfg.scale_for(d) as f32,
         out_scale: out_scale(cfg),
-        causal: i32::from(cfg.causal()),
         vec,
+        unused: 0,
     }
 }
 
@@ -128,8 +160,8 @@ mod tests {
 
     #[test]
     fn layouts_match_the_cuda_structs() {
-        // 22 i64 + 2 f32 + 2 i32 = 192 bytes; 10 i64 + f32 + i32 = 88 bytes (no padding).
-        assert_eq!(std::mem::size_of::<AttnParams>(), 192);
+        // 29 8-byte fields + 2 f32 + 2 i32 = 248 bytes; 10 i64 + f32 + i32 = 88 bytes (no padding).
+        assert_eq!(std::mem::size_of::<AttnParams>(), 248);
         assert_eq!(std::mem::size_of::<RowParams>(), 88);
         assert_eq!(std::mem::align_of::<AttnParams>(), 8);
     }
@@ -153,18 +185,42 @@ mod tests {
             g_strides: Some(q.contiguous_strides()),
             q_start: 4,
             k_start: 20,
+            band: cfg.band(),
         };
         let launches = super::super::plan::pattern_launches(&cfg, 3);
         let p = attn_params(&cfg, &layout, &launches[1]);
         assert_eq!((p.q_sb, p.q_ss, p.q_sh, p.k_ss, p.v_ss, p.g_ss), (1440, 144, 16, 48, 51, 48));
         assert_eq!((p.nq, p.nk, p.q_start, p.k_start, p.heads, p.head0), (10, 6, 4, 20, 3, 0));
-        assert_eq!((p.w, p.r, p.fixed_off, p.d, p.causal), (16, 2, -1, 16, 1));
+        assert_eq!((p.w, p.r, p.fixed_off, p.d, p.band_left, p.band_right), (16, 2, -1, 16, -1, 0));
+        assert_eq!((p.kv_heads, p.kv_group, p.head_step, p.kpad), (3, 1, 1, 0));
         assert_eq!((p.scale, p.out_scale), (0.25, 1.0));
         // v rows are 17 elements apart: no 16-byte loads for v (bit 2).
         assert_eq!(p.vec, 0b1011);
         let hg = DilatedConfig::new(&[8, 16], &[1, 2]).unwrap();
         let launches = super::super::plan::pattern_launches(&hg, 3);
-        let p = attn_params(&hg, &layout, &launches[1]);
-        assert_eq!((p.head0, p.fixed_off, p.out_scale, p.causal), (2, 1, 0.5, 0));
+        let p = attn_params(&hg, &BlockLayout { band: hg.band(), ..layout }, &launches[1]);
+        assert_eq!((p.head0, p.fixed_off, p.out_scale, p.band_left, p.band_right), (2, 1, 0.5, -1, -1));
+    }
+
+    #[test]
+    fn params_of_a_grouped_window_launch() {
+        let cfg = DilatedConfig::builder().window(7, 3).causal(true).build().unwrap();
+        let q = Shape4::new(1, 10, 8, 16).unwrap();
+        let k = Shape4::new(1, 10, 2, 16).unwrap();
+        let layout = BlockLayout {
+            q: (q, q.contiguous_strides()),
+            k: (k, k.contiguous_strides()),
+            v_strides: k.contiguous_strides(),
+            g_strides: None,
+            q_start: 0,
+            k_start: 0,
+            band: cfg.band(),
+        };
+        let launches = super::super::plan::pattern_launches(&cfg, 8);
+        let p = attn_params(&cfg, &layout, &launches[0]);
+        assert_eq!((p.heads, p.kv_heads, p.kv_group, p.k_sh), (8, 2, 4, 16));
+        // The window's one pattern: every position in one segment; causal cuts the right side.
+        assert_eq!((p.w, p.r, p.fixed_off, p.band_left, p.band_right), (1 << 62, 1, 0, 7, 0));
+        assert_eq!(p.out_scale, 1.0);
     }
 }

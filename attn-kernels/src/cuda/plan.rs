@@ -108,6 +108,65 @@ pub fn pattern_launches(cfg: &DilatedConfig, heads: usize) -> Vec<PatternLaunch>
         .collect()
 }
 
+/// Heads of one launch as the grid's y axis sees them: `count` heads from `head0`, `step`
+/// apart (`AttnParams::head_step`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadSweep {
+    pub head0: usize,
+    pub count: usize,
+    pub step: usize,
+}
+
+/// The backward's sweeps of a head range when `group` query heads share a key/value
+/// head: one sweep per residue mod `group`, so no two blocks of a launch write the same
+/// dk/dv rows (the sweeps run one after another: a deterministic group sum).
+pub fn head_sweeps(heads: Range<usize>, group: usize) -> Vec<HeadSweep> {
+    if group <= 1 {
+        return vec![HeadSweep { head0: heads.start, count: heads.len(), step: 1 }];
+    }
+    (0..group)
+        .filter_map(|j| {
+            let first = heads.start + (j + group - heads.start % group) % group;
+            (first < heads.end).then(|| HeadSweep {
+                head0: first,
+                count: (heads.end - 1 - first) / group + 1,
+                step: group,
+            })
+        })
+        .collect()
+}
+
+/// One per-sequence part of a (q block, k block) pair: block rows `q` and `k` of the
+/// packed sequence starting at global position `seq_start`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqPiece {
+    pub q: Range<usize>,
+    pub k: Range<usize>,
+    pub seq_start: usize,
+}
+
+/// Split a q block at global positions `q` and a k block at `k` by packed sequence
+/// (`cu_seqlens`); without packing the whole pair is one piece of the sequence at 0.
+pub fn seq_pieces(cu_seqlens: Option<&[usize]>, q: Range<usize>, k: Range<usize>) -> Vec<SeqPiece> {
+    let Some(cu) = cu_seqlens else {
+        return vec![SeqPiece { q: 0..q.len(), k: 0..k.len(), seq_start: 0 }];
+    };
+    let first = cu.partition_point(|&c| c <= q.start).saturating_sub(1);
+    cu[first..]
+        .windows(2)
+        .take_while(|s| s[0] < q.end)
+        .filter_map(|s| {
+            let (qa, qb) = (q.start.max(s[0]), q.end.min(s[1]));
+            let (ka, kb) = (k.start.max(s[0]), k.end.min(s[1]));
+            (qa < qb && ka < kb).then(|| SeqPiece {
+                q: qa - q.start..qb - q.start,
+                k: ka - k.start..kb - k.start,
+                seq_start: s[0],
+            })
+        })
+        .collect()
+}
+
 /// The output scale of every head of a config (1/G for HeadGroups, 1 for LongNet and
 /// windows).
 pub fn out_scale(cfg: &DilatedConfig) -> f32 {
@@ -265,6 +324,52 @@ mod tests {
                 }
             }
             assert_eq!(out_scale(&cfg) as f64, cfg.head_patterns(3, 0).out_scale as f32 as f64);
+        }
+    }
+
+    #[test]
+    fn head_sweeps_write_each_kv_head_once_per_launch() {
+        for (range, group) in [(0..8, 4), (2..7, 2), (3..4, 3), (0..5, 1), (1..9, 8)] {
+            let sweeps = head_sweeps(range.clone(), group);
+            let mut all: Vec<usize> = Vec::new();
+            for s in &sweeps {
+                let heads: Vec<usize> = (0..s.count).map(|i| s.head0 + i * s.step).collect();
+                let mut kv: Vec<usize> = heads.iter().map(|h| h / group).collect();
+                kv.dedup();
+                assert_eq!(kv.len(), heads.len(), "{range:?} / {group}: {s:?} shares a kv head");
+                all.extend(heads);
+            }
+            all.sort_unstable();
+            assert_eq!(all, range.collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn seq_pieces_split_blocks_by_sequence() {
+        let cu = [0, 3, 4, 17, 30];
+        assert_eq!(seq_pieces(None, 5..9, 0..30), [SeqPiece { q: 0..4, k: 0..30, seq_start: 0 }]);
+        let got = seq_pieces(Some(&cu), 2..20, 0..16);
+        assert_eq!(
+            got,
+            [
+                SeqPiece { q: 0..1, k: 0..3, seq_start: 0 },
+                SeqPiece { q: 1..2, k: 3..4, seq_start: 3 },
+                SeqPiece { q: 2..15, k: 4..16, seq_start: 4 },
+            ]
+        );
+        // Every (query, key) pair of one sequence lies in exactly one piece.
+        for (q, k) in [(0..30, 0..30), (10..30, 15..25), (3..4, 0..30), (29..30, 17..30)] {
+            let pieces = seq_pieces(Some(&cu), q.clone(), k.clone());
+            for qp in q.clone() {
+                for kp in k.clone() {
+                    let same = cu.partition_point(|&c| c <= qp) == cu.partition_point(|&c| c <= kp);
+                    let n = pieces
+                        .iter()
+                        .filter(|p| p.q.contains(&(qp - q.start)) && p.k.contains(&(kp - k.start)))
+                        .count();
+                    assert_eq!(n, usize::from(same), "q {qp} k {kp}");
+                }
+            }
         }
     }
 

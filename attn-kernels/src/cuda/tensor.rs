@@ -118,3 +118,21 @@ pub(crate) fn check_len(tensor: TensorName, got: usize, expected: usize) -> Resu
     }
     Ok(())
 }
+
+/// A key padding mask in device memory: u8 flags `[batch, seq]` over GLOBAL key
+/// positions (1 = padding, never attended), as `attn_core::KeyPadding` on the host.
+#[derive(Debug)]
+pub struct DeviceKeyPadding {
+    pub flags: CudaSlice<u8>,
+    pub batch: usize,
+    pub seq: usize,
+}
+
+impl DeviceKeyPadding {
+    /// Upload a host mask.
+    pub fn upload(dev: &CudaDevice, mask: &attn_core::KeyPadding<'_>) -> Result<Self> {
+        let bytes: Vec<u8> = mask.flags().iter().map(|&f| u8::from(f)).collect();
+        let flags = dev.stream.clone_htod(&bytes).map_err(cuda_err)?;
+        Ok(DeviceKeyPadding { flags, batch: mask.batch(), seq: mask.seq() })
+    }
+}

@@ -1,0 +1,139 @@
+// reference.hpp: the float64 reference of the emulation harness, written from
+// docs/definition.md and independent of the kernels: dilated attention (HeadGroups,
+// LongNet), sliding windows, grouped key/value heads, a key padding mask and packed
+// sequences, listing every (query, key) pair explicitly; forward out + lse and the exact
+// gradients dq, dk, dv of sum(out * grad_out).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+// One call's configuration: the patterns (or a window) and the features.
+struct Cfg {
+    std::vector<long long> w, r;
+    bool longnet, causal;
+    bool window = false;          // window mode: one whole-sequence pattern, no 1/G
+    long long wl = 0, wr = 0;     // the window (left, right)
+};
+
+struct Feat {
+    int kv_heads = 0;                 // 0: as many as the query heads
+    std::vector<unsigned char> pad;   // [B][N] key padding (1 = padded); empty: none
+    std::vector<int> cu;              // cu_seqlens (batch 1); empty: one sequence per row
+};
+
+struct RefPattern {
+    long long w, r, off;
+};
+
+// The patterns of query head h (definition: "Combining several patterns") and the
+// head's output scale.
+static std::vector<RefPattern> ref_patterns(const Cfg& c, int heads, int h, double* out_scale) {
+    const int G = (int)c.w.size();
+    std::vector<RefPattern> v;
+    if (c.longnet) {
+        for (int i = 0; i < G; ++i) v.push_back({c.w[i], c.r[i], h % c.r[i]});
+        *out_scale = 1.0;
+        return v;
+    }
+    const int base = heads / G, extra = heads % G;
+    for (int i = 0; i < G; ++i) {
+        const int start = i * base + std::min(i, extra), end = start + base + (i < extra ? 1 : 0);
+        if (h >= start && h < end) v.push_back({c.w[i], c.r[i], i % c.r[i]});
+    }
+    *out_scale = 1.0 / G;
+    return v;
+}
+
+static bool ref_selected(const RefPattern& p, long long x) {
+    const long long j = x % p.w;
+    return j >= p.off && (j - p.off) % p.r == 0;
+}
+
+struct Ref {
+    std::vector<double> out, lse, dq, dk, dv;
+};
+
+// q, go: contiguous [B][N][H][D]; k, v: [B][N][KH][D] (doubles already rounded to the
+// test dtype). The key list of a query is the concatenation over its patterns (LongNet
+// counts a key twice if two patterns select it).
+static Ref reference(const Cfg& c, const Feat& f, int B, int N, int H, int D, const std::vector<double>& q,
+                     const std::vector<double>& k, const std::vector<double>& v, const std::vector<double>& go) {
+    const int KH = f.kv_heads > 0 ? f.kv_heads : H, group = H / KH;
+    Ref r;
+    r.out.assign((size_t)B * N * H * D, 0.0);
+    r.lse.assign((size_t)B * N * H, -INFINITY);
+    r.dq = r.out;
+    r.dk.assign((size_t)B * N * KH * D, 0.0);
+    r.dv = r.dk;
+    const double scale = 1.0 / std::sqrt((double)D);
+    auto qat = [&](int b, int s, int h) { return (((size_t)b * N + s) * H + h) * D; };
+    auto kat = [&](int b, int s, int kh) { return (((size_t)b * N + s) * KH + kh) * D; };
+    auto seq_start = [&](int i) {
+        int s0 = 0;
+        for (size_t j = 0; j + 1 < f.cu.size(); ++j)
+            if (f.cu[j] <= i) s0 = f.cu[j];
+        return s0;
+    };
+    auto seq_end = [&](int i) {
+        for (size_t j = 0; j + 1 < f.cu.size(); ++j)
+            if (f.cu[j] <= i && i < f.cu[j + 1]) return f.cu[j + 1];
+        return N;
+    };
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h) {
+            const int kh = h / group;
+            double out_scale = 1.0;
+            const std::vector<RefPattern> pats = c.window ? std::vector<RefPattern>{} : ref_patterns(c, H, h, &out_scale);
+            for (int i = 0; i < N; ++i) {
+                const int s0 = seq_start(i), s1 = seq_end(i), ip = i - s0;
+                auto usable = [&](int j) { return !(f.pad.size() && f.pad[(size_t)b * N + j]) && (!c.causal || j <= i); };
+                std::vector<int> keys;
+                if (c.window) {
+                    for (int j = s0; j < s1; ++j)
+                        if (usable(j) && j >= i - c.wl && j <= i + c.wr) keys.push_back(j);
+                } else {
+                    for (const RefPattern& p : pats) {
+                        if (!ref_selected(p, ip)) continue;
+                        for (int j = s0; j < s1; ++j)
+                            if (usable(j) && ref_selected(p, j - s0) && (j - s0) / p.w == ip / p.w) keys.push_back(j);
+                    }
+                }
+                if (keys.empty()) continue;
+                std::vector<double> s(keys.size());
+                double m = -INFINITY;
+                for (size_t t = 0; t < keys.size(); ++t) {
+                    double acc = 0;
+                    for (int e = 0; e < D; ++e) acc += q[qat(b, i, h) + e] * k[kat(b, keys[t], kh) + e];
+                    s[t] = acc * scale;
+                    m = std::max(m, s[t]);
+                }
+                double sum = 0;
+                for (double x : s) sum += std::exp(x - m);
+                const double lse = m + std::log(sum);
+                r.lse[((size_t)b * N + i) * H + h] = lse;
+                std::vector<double> p(keys.size()), dp(keys.size());
+                for (size_t t = 0; t < keys.size(); ++t) {
+                    p[t] = std::exp(s[t] - lse);
+                    for (int e = 0; e < D; ++e) r.out[qat(b, i, h) + e] += out_scale * p[t] * v[kat(b, keys[t], kh) + e];
+                }
+                double big = 0;
+                for (size_t t = 0; t < keys.size(); ++t) {
+                    double acc = 0;
+                    for (int e = 0; e < D; ++e) acc += out_scale * go[qat(b, i, h) + e] * v[kat(b, keys[t], kh) + e];
+                    dp[t] = acc;
+                    big += p[t] * acc;
+                }
+                for (size_t t = 0; t < keys.size(); ++t) {
+                    const double ds = p[t] * (dp[t] - big) * scale;
+                    for (int e = 0; e < D; ++e) {
+                        r.dv[kat(b, keys[t], kh) + e] += p[t] * out_scale * go[qat(b, i, h) + e];
+                        r.dq[qat(b, i, h) + e] += ds * k[kat(b, keys[t], kh) + e];
+                        r.dk[kat(b, keys[t], kh) + e] += ds * q[qat(b, i, h) + e];
+                    }
+                }
+            }
+        }
+    return r;
+}
