@@ -1,0 +1,180 @@
+"""`torch.nn.Module`s with the constructor arguments and parameter names of
+dilated-attention-pytorch: `DilatedAttention` (the op as a module) and
+`MultiheadDilatedAttention` (projections, attention, sub-LayerNorm, output projection,
+as docs/definition.md's multihead layer defines them)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._op import CuSeqlens, Window, attention_with_cfg, make_config
+
+
+class DilatedAttention(nn.Module):
+    """Dilated attention of `[batch, seq, heads, head_dim]` tensors.
+
+    `attention_dropout` is accepted for compatibility and, as in dilated-attention-pytorch
+    (which stores it without applying it), not applied: the attention is exact.
+    """
+
+    def __init__(
+        self,
+        segment_lengths: Sequence[int],
+        dilation_rates: Sequence[int],
+        softmax_scale: Optional[float] = None,
+        attention_dropout: float = 0.0,
+        *,
+        mixing: str = "head_groups",
+        window: Optional[Window] = None,
+    ):
+        super().__init__()
+        if not 0.0 <= float(attention_dropout) < 1.0:
+            raise ValueError(f"attention_dropout must be in [0, 1), got {attention_dropout}")
+        self.segment_lengths = list(segment_lengths or ())
+        self.dilation_rates = list(dilation_rates or ())
+        self.softmax_scale = softmax_scale
+        self.dropout_p = float(attention_dropout)
+        self.mixing = mixing
+        self.window = window
+        # Built now so that a bad config raises here, not at the first forward.
+        self._configs = {
+            causal: make_config(self.segment_lengths, self.dilation_rates, causal, softmax_scale, mixing, window)
+            for causal in (False, True)
+        }
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        is_causal: bool = False,
+        *,
+        key_padding_mask: Optional[Tensor] = None,
+        cu_seqlens: Optional[CuSeqlens] = None,
+    ) -> Tensor:
+        cfg = self._configs[bool(is_causal)]
+        out, _ = attention_with_cfg(cfg, query, key, value, key_padding_mask, cu_seqlens)
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"segment_lengths={self.segment_lengths}, dilation_rates={self.dilation_rates}, "
+            f"mixing={self.mixing!r}, window={self.window}, softmax_scale={self.softmax_scale}"
+        )
+
+
+def _positive(name: str, x: float) -> float:
+    x = float(x)
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"{name} must be finite and positive, got {x}")
+    return x
+
+
+class MultiheadDilatedAttention(nn.Module):
+    """The MAGNETO/LongNet multihead layer: `q_proj`, `k_proj`, `v_proj` (nn.Linear),
+    dilated attention, dropout (training only), `norm` (LayerNorm, with `layer_norm`),
+    `out_proj`. A state_dict of dilated-attention-pytorch's module loads unchanged.
+
+    Keyword-only extras: `mixing` (`head_groups` or `longnet`), `num_kv_heads` (grouped
+    K/V: `k_proj` and `v_proj` then have `num_kv_heads * head_dim` outputs), `window`
+    (`(left, right)`; segment_lengths and dilation_rates empty) and `softmax_scale`.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dilation_rates: Sequence[int],
+        segment_lengths: Sequence[int],
+        dropout: float = 0.0,
+        bias: bool = True,
+        layer_norm: bool = True,
+        layer_norm_eps: float = 1e-5,
+        gamma_init: float = 1.0,
+        device: Optional[Union[torch.device, str]] = None,
+        dtype: Optional[torch.dtype] = None,
+        *,
+        mixing: str = "head_groups",
+        num_kv_heads: Optional[int] = None,
+        window: Optional[Window] = None,
+        softmax_scale: Optional[float] = None,
+    ):
+        super().__init__()
+        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim ({embed_dim}) must be a positive multiple of num_heads ({num_heads})")
+        kv_heads = num_heads if num_kv_heads is None else int(num_kv_heads)
+        if kv_heads <= 0 or num_heads % kv_heads != 0:
+            raise ValueError(f"num_kv_heads ({kv_heads}) must divide num_heads ({num_heads})")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, kv_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = float(dropout)
+        self.layer_norm = bool(layer_norm)
+        self.gamma_init = _positive("gamma_init", gamma_init)
+        _positive("layer_norm_eps", layer_norm_eps)
+        self.attention = DilatedAttention(segment_lengths, dilation_rates, softmax_scale, mixing=mixing, window=window)
+        self.attention._configs[False].validate_heads(num_heads)
+        kv_dim = kv_heads * self.head_dim
+        kw = {"device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
+        self.k_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **kw)
+        self.v_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **kw)
+        self.norm: Optional[nn.LayerNorm] = None
+        if self.layer_norm:
+            self.norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps, **kw)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        """MAGNETO initialisation: xavier-normal weights (gain 1 for q/k, `gamma_init` for
+        v and out), zero biases, LayerNorm weight 1 and bias 0."""
+        for proj, gain in ((self.q_proj, 1.0), (self.k_proj, 1.0), (self.v_proj, self.gamma_init), (self.out_proj, self.gamma_init)):
+            nn.init.xavier_normal_(proj.weight, gain=gain)
+            if proj.bias is not None:
+                nn.init.zeros_(proj.bias)
+        if self.norm is not None:
+            self.norm.reset_parameters()
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        key_padding_mask: Optional[Tensor] = None,
+        need_weights: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        is_causal: bool = False,
+        *,
+        cu_seqlens: Optional[CuSeqlens] = None,
+    ) -> Tuple[Tensor, None]:
+        """`query` (and `key`, `value` for cross-attention; `key` defaults to `query`,
+        `value` to `key`) are `[batch, seq, embed_dim]`; returns `(output, None)`."""
+        if need_weights:
+            raise ValueError("need_weights=True is not supported: dilated attention never forms the weight matrix")
+        if attn_mask is not None:
+            raise ValueError("attn_mask is not supported: use is_causal, key_padding_mask, cu_seqlens or window")
+        key = query if key is None else key
+        value = key if value is None else value
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+                raise ValueError(f"{name} must be [batch, seq, {self.embed_dim}], got shape {tuple(x.shape)}")
+        b, n, _ = query.shape
+        m = key.shape[1]
+        q = self.q_proj(query).view(b, n, self.num_heads, self.head_dim)
+        k = self.k_proj(key).view(b, m, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(value).view(b, value.shape[1], self.num_kv_heads, self.head_dim)
+        x = self.attention(q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens)
+        x = x.reshape(b, n, self.embed_dim)
+        if self.training and self.dropout > 0:
+            x = F.dropout(x, self.dropout, training=True)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.out_proj(x), None

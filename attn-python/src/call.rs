@@ -1,0 +1,245 @@
+//! One forward or backward call: the dtype dispatch, the masks, the CPU backend for the
+//! requested thread count, and the computation itself with the interpreter released.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use attn_core::{
+    Attention, AttnError, AttnInputs, DType, DilatedConfig, Element, Grads, KeyPadding, Masks, PackedSequences, Result,
+    Saved, TensorName,
+};
+use attn_kernels::CpuBackend;
+use half::{bf16, f16};
+use pyo3::Python;
+
+use crate::raw::{Access, Checked, RawTensor, check_disjoint, torch_name};
+
+/// The CPU backends built so far, one per thread count (a backend owns a thread pool,
+/// which is too costly to build per call).
+fn backend(threads: usize) -> Result<Arc<CpuBackend>> {
+    static BACKENDS: OnceLock<Mutex<HashMap<usize, Arc<CpuBackend>>>> = OnceLock::new();
+    let map = BACKENDS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map.lock().map_err(|_| AttnError::InvalidArgument("the backend cache is poisoned".into()))?;
+    if let Some(b) = map.get(&threads) {
+        return Ok(Arc::clone(b));
+    }
+    let b = Arc::new(CpuBackend::new(threads)?);
+    map.insert(threads, Arc::clone(&b));
+    Ok(b)
+}
+
+/// The masks of a call as the Python side passes them: a `[batch, key_seq]` bool or
+/// uint8 key padding mask and the `cu_seqlens` of packed sequences.
+#[derive(Debug, Default)]
+pub struct MaskArgs {
+    pub key_padding: Option<RawTensor>,
+    pub cu_seqlens: Option<Vec<i64>>,
+}
+
+/// The masks' owned data, which [`OwnedMasks::masks`] lends to a call.
+#[derive(Debug)]
+struct OwnedMasks {
+    padding: Option<(Vec<bool>, usize, usize)>,
+    cu: Option<Vec<usize>>,
+}
+
+impl OwnedMasks {
+    /// Read the mask bytes (copied: a mask is one byte per key) and check `cu_seqlens`.
+    fn read(args: &MaskArgs, written: &[&Checked]) -> Result<Self> {
+        let padding = match &args.key_padding {
+            Some(raw) => {
+                let name = TensorName::KeyPaddingMask;
+                if !matches!(raw.dtype(), "bool" | "uint8") {
+                    return Err(AttnError::DTypeMismatch { tensor: name, expected: "bool", got: raw.dtype().into() });
+                }
+                let c = raw.check(name, 2, 1, 1)?;
+                let mut all: Vec<(&Checked, Access)> = written.iter().map(|w| (*w, Access::Write)).collect();
+                all.push((&c, Access::Read));
+                check_disjoint(&all)?;
+                Some((c.flags_2d(), c.dims()[0], c.dims()[1]))
+            }
+            None => None,
+        };
+        let cu = match &args.cu_seqlens {
+            Some(cu) => Some(
+                cu.iter()
+                    .map(|&x| usize::try_from(x))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|_| AttnError::InvalidCuSeqlens(format!("{cu:?} holds a negative entry")))?,
+            ),
+            None => None,
+        };
+        Ok(OwnedMasks { padding, cu })
+    }
+
+    fn masks(&self) -> Result<Masks<'_>> {
+        let key_padding = match &self.padding {
+            Some((flags, batch, seq)) => Some(KeyPadding::new(flags, *batch, *seq)?),
+            None => None,
+        };
+        let packing = self.cu.as_deref().map(PackedSequences::new).transpose()?;
+        Ok(Masks { key_padding, packing })
+    }
+}
+
+/// The tensors of a forward call: inputs, then the outputs it writes (`out` like q,
+/// `lse` float32 `[batch, seq, heads]`, both contiguous or strided).
+#[derive(Debug)]
+pub struct ForwardArgs {
+    pub q: RawTensor,
+    pub k: RawTensor,
+    pub v: RawTensor,
+    pub out: RawTensor,
+    pub lse: RawTensor,
+}
+
+/// The tensors of a backward call: the forward's inputs and outputs, `grad_out`, and the
+/// gradients it writes.
+#[derive(Debug)]
+pub struct BackwardArgs {
+    pub q: RawTensor,
+    pub k: RawTensor,
+    pub v: RawTensor,
+    pub out: RawTensor,
+    pub lse: RawTensor,
+    pub grad_out: RawTensor,
+    pub dq: RawTensor,
+    pub dk: RawTensor,
+    pub dv: RawTensor,
+}
+
+/// The element type a call runs in, from q's dtype name.
+fn dtype_of(q: &RawTensor) -> Result<DType> {
+    match q.dtype() {
+        "float32" => Ok(DType::F32),
+        "bfloat16" => Ok(DType::BF16),
+        "float16" => Ok(DType::F16),
+        other => Err(AttnError::DTypeMismatch {
+            tensor: TensorName::Query,
+            expected: "float32, bfloat16 or float16",
+            got: other.into(),
+        }),
+    }
+}
+
+/// q's `[batch, seq, heads]`, the LSE's sizes.
+fn lse_dims(q: &Checked) -> [usize; 3] {
+    let d = q.dims();
+    [d[0], d[1], d[2]]
+}
+
+/// Check the tensors both passes take: q, k, v and out of `T`, and the float32 LSE.
+fn check_common<T: Element>([q, k, v, out, lse]: [&RawTensor; 5]) -> Result<[Checked; 5]> {
+    lse.expect_dtype(TensorName::Lse, torch_name(DType::F32))?;
+    Ok([
+        q.check4::<T>(TensorName::Query)?,
+        k.check4::<T>(TensorName::Key)?,
+        v.check4::<T>(TensorName::Value)?,
+        out.check4::<T>(TensorName::Output)?,
+        lse.check(TensorName::Lse, 3, 4, 4)?,
+    ])
+}
+
+/// Run the forward: writes `out` and `lse`.
+pub fn forward(
+    py: Python<'_>,
+    cfg: &DilatedConfig,
+    args: &ForwardArgs,
+    masks: &MaskArgs,
+    threads: usize,
+) -> Result<()> {
+    match dtype_of(&args.q)? {
+        DType::BF16 => forward_typed::<bf16>(py, cfg, args, masks, threads),
+        DType::F16 => forward_typed::<f16>(py, cfg, args, masks, threads),
+        _ => forward_typed::<f32>(py, cfg, args, masks, threads),
+    }
+}
+
+fn forward_typed<T: Element>(
+    py: Python<'_>,
+    cfg: &DilatedConfig,
+    args: &ForwardArgs,
+    mask_args: &MaskArgs,
+    threads: usize,
+) -> Result<()> {
+    let [q, k, v, out, lse] = check_common::<T>([&args.q, &args.k, &args.v, &args.out, &args.lse])?;
+    use Access::{Read, Write};
+    check_disjoint(&[(&q, Read), (&k, Read), (&v, Read), (&out, Write), (&lse, Write)])?;
+    let owned = OwnedMasks::read(mask_args, &[&out, &lse])?;
+    let masks = owned.masks()?;
+    let inputs = AttnInputs::new(cfg, q.view::<T>()?, k.view::<T>()?, v.view::<T>()?).with_masks(masks);
+    inputs.shape()?;
+    let out_view = out.view_mut::<T>()?;
+    if out_view.shape() != inputs.q.shape() {
+        return Err(AttnError::ShapeMismatch {
+            tensor: TensorName::Output,
+            expected: inputs.q.shape().dims().to_vec(),
+            got: out_view.shape().dims().to_vec(),
+        });
+    }
+    let lse = lse.contiguous_f32_mut(&lse_dims(&q))?;
+    let cpu = backend(threads)?;
+    py.detach(|| cpu.forward(&inputs, out_view, lse))
+}
+
+/// Run the backward: writes `dq`, `dk` and `dv`.
+pub fn backward(
+    py: Python<'_>,
+    cfg: &DilatedConfig,
+    args: &BackwardArgs,
+    masks: &MaskArgs,
+    threads: usize,
+) -> Result<()> {
+    match dtype_of(&args.q)? {
+        DType::BF16 => backward_typed::<bf16>(py, cfg, args, masks, threads),
+        DType::F16 => backward_typed::<f16>(py, cfg, args, masks, threads),
+        _ => backward_typed::<f32>(py, cfg, args, masks, threads),
+    }
+}
+
+fn backward_typed<T: Element>(
+    py: Python<'_>,
+    cfg: &DilatedConfig,
+    args: &BackwardArgs,
+    mask_args: &MaskArgs,
+    threads: usize,
+) -> Result<()> {
+    let [q, k, v, out, lse] = check_common::<T>([&args.q, &args.k, &args.v, &args.out, &args.lse])?;
+    let grad_out = args.grad_out.check4::<T>(TensorName::GradOutput)?;
+    let dq = args.dq.check4::<T>(TensorName::GradQuery)?;
+    let dk = args.dk.check4::<T>(TensorName::GradKey)?;
+    let dv = args.dv.check4::<T>(TensorName::GradValue)?;
+    use Access::{Read, Write};
+    check_disjoint(&[
+        (&q, Read),
+        (&k, Read),
+        (&v, Read),
+        (&out, Read),
+        (&lse, Read),
+        (&grad_out, Read),
+        (&dq, Write),
+        (&dk, Write),
+        (&dv, Write),
+    ])?;
+    let owned = OwnedMasks::read(mask_args, &[&dq, &dk, &dv])?;
+    let masks = owned.masks()?;
+    let inputs = AttnInputs::new(cfg, q.view::<T>()?, k.view::<T>()?, v.view::<T>()?).with_masks(masks);
+    let shape = inputs.shape()?;
+    let saved = Saved { out: out.view::<T>()?, lse: lse.contiguous_f32(&lse_dims(&q))? };
+    let grad_out = grad_out.view::<T>()?;
+    let grads = Grads { dq: dq.view_mut::<T>()?, dk: dk.view_mut::<T>()?, dv: dv.view_mut::<T>()? };
+    let checks = [
+        (TensorName::Output, saved.out.shape(), shape.q),
+        (TensorName::GradOutput, grad_out.shape(), shape.q),
+        (TensorName::GradQuery, grads.dq.shape(), shape.q),
+        (TensorName::GradKey, grads.dk.shape(), shape.kv),
+        (TensorName::GradValue, grads.dv.shape(), shape.kv),
+    ];
+    for (tensor, got, want) in checks {
+        if got != want {
+            return Err(AttnError::ShapeMismatch { tensor, expected: want.dims().to_vec(), got: got.dims().to_vec() });
+        }
+    }
+    let cpu = backend(threads)?;
+    py.detach(|| cpu.backward(&inputs, saved, grad_out, grads))
+}

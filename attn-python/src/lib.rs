@@ -1,0 +1,146 @@
+//! `attn_dilated._native`: the CPU dilated attention of `attn` for PyTorch tensors.
+//!
+//! The Python package (`python/attn_dilated`) is the public API; this module is its
+//! private back end. A call receives each tensor as `(data_ptr, shape, stride, dtype)`
+//! (`raw`), computes in place on the tensors' memory with the interpreter released
+//! (`call`), and turns every `AttnError` into a Python exception (`errors`). Outputs are
+//! tensors the Python side allocated, so nothing is copied on the way out.
+
+mod call;
+mod errors;
+pub mod raw;
+
+use attn_core::{Causality, DilatedConfig, Mixing};
+use pyo3::prelude::*;
+
+use crate::call::{BackwardArgs, ForwardArgs, MaskArgs};
+use crate::errors::to_py;
+use crate::raw::RawTensor;
+
+/// A validated attention config (dilated patterns mixed by head groups or LongNet, or a
+/// sliding window); invalid values raise `ValueError` when it is built.
+#[pyclass(frozen, name = "Config", module = "attn_dilated._native")]
+#[derive(Debug)]
+struct PyConfig {
+    cfg: DilatedConfig,
+}
+
+/// `causal` or `full` (the Python side maps its `is_causal` flag to these names).
+fn parse_causality(s: &str) -> PyResult<Causality> {
+    match s {
+        "causal" => Ok(Causality::Causal),
+        "full" => Ok(Causality::Full),
+        other => Err(pyo3::exceptions::PyValueError::new_err(format!("causality `{other}`: expected causal or full"))),
+    }
+}
+
+#[pymethods]
+impl PyConfig {
+    /// `mixing` is `head_groups`, `longnet` or `window` (None: the default for the
+    /// pattern kind); `window` is `(left, right)` and excludes segments and rates.
+    #[new]
+    #[pyo3(signature = (segment_lengths, dilation_rates, mixing=None, causality="full", scale=None, window=None))]
+    fn new(
+        segment_lengths: Vec<usize>,
+        dilation_rates: Vec<usize>,
+        mixing: Option<&str>,
+        causality: &str,
+        scale: Option<f64>,
+        window: Option<(usize, usize)>,
+    ) -> PyResult<Self> {
+        let mut b = DilatedConfig::builder()
+            .segments(&segment_lengths)
+            .dilations(&dilation_rates)
+            .causal(parse_causality(causality)?.is_causal())
+            .maybe_scale(scale);
+        if let Some((left, right)) = window {
+            b = b.window(left, right);
+        }
+        if let Some(m) = mixing {
+            b = b.mixing(Mixing::parse(m).map_err(to_py)?);
+        }
+        Ok(PyConfig { cfg: b.build().map_err(to_py)? })
+    }
+
+    /// Raise `ValueError` if `heads` query heads do not fit the config (head groups
+    /// need at least one head per pattern).
+    fn validate_heads(&self, heads: usize) -> PyResult<()> {
+        self.cfg.validate_heads(heads).map_err(to_py)
+    }
+
+    #[getter]
+    fn mixing(&self) -> &'static str {
+        self.cfg.mixing().as_str()
+    }
+
+    #[getter]
+    fn causal(&self) -> bool {
+        self.cfg.causal()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.cfg)
+    }
+}
+
+/// Forward: write `out` (q's shape and dtype) and `lse` (float32 `[batch, seq, heads]`).
+#[pyfunction]
+#[pyo3(signature = (cfg, q, k, v, out, lse, key_padding_mask=None, cu_seqlens=None, threads=1))]
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    py: Python<'_>,
+    cfg: &Bound<'_, PyConfig>,
+    q: RawTensor,
+    k: RawTensor,
+    v: RawTensor,
+    out: RawTensor,
+    lse: RawTensor,
+    key_padding_mask: Option<RawTensor>,
+    cu_seqlens: Option<Vec<i64>>,
+    threads: usize,
+) -> PyResult<()> {
+    let args = ForwardArgs { q, k, v, out, lse };
+    let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens };
+    call::forward(py, &cfg.get().cfg, &args, &masks, threads).map_err(to_py)
+}
+
+/// Backward: write `dq`, `dk`, `dv` (the gradients of `sum(out * grad_out)`) from the
+/// inputs, the forward's `out` and `lse`, and `grad_out`.
+#[pyfunction]
+#[pyo3(signature = (cfg, q, k, v, out, lse, grad_out, dq, dk, dv, key_padding_mask=None, cu_seqlens=None, threads=1))]
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    py: Python<'_>,
+    cfg: &Bound<'_, PyConfig>,
+    q: RawTensor,
+    k: RawTensor,
+    v: RawTensor,
+    out: RawTensor,
+    lse: RawTensor,
+    grad_out: RawTensor,
+    dq: RawTensor,
+    dk: RawTensor,
+    dv: RawTensor,
+    key_padding_mask: Option<RawTensor>,
+    cu_seqlens: Option<Vec<i64>>,
+    threads: usize,
+) -> PyResult<()> {
+    let args = BackwardArgs { q, k, v, out, lse, grad_out, dq, dk, dv };
+    let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens };
+    call::backward(py, &cfg.get().cfg, &args, &masks, threads).map_err(to_py)
+}
+
+/// The CPU kernel flavour in use (`avx512`, `avx2`, `portable`, ...), for reports.
+#[pyfunction]
+fn cpu_isa() -> &'static str {
+    attn_kernels::isa::Isa::detect().as_str()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyConfig>()?;
+    m.add_function(wrap_pyfunction!(forward, m)?)?;
+    m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_isa, m)?)?;
+    Ok(())
+}

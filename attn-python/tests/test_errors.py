@@ -1,0 +1,131 @@
+"""Bad input raises ValueError or TypeError carrying the AttnError's message, from the
+Python checks and from the Rust checks alike; nothing crashes the interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attn_dilated as ad
+from attn_dilated import _native, _op
+
+
+def qkv(b=1, n=32, h=4, d=8, dtype=torch.float32):
+    return [torch.randn(b, n, h, d, dtype=dtype) for _ in range(3)]
+
+
+def run(q, k, v, segs=(8, 16), rates=(1, 2), **kw):
+    return ad.dilated_attention(q, k, v, list(segs), list(rates), **kw)
+
+
+@pytest.mark.parametrize(
+    "segs, rates, kw, message",
+    [
+        ((), (), {}, "at least one pattern"),
+        ((8, 16), (1,), {}, "segment_lengths has 2 entries but dilation_rates has 1"),
+        ((8, 0), (1, 1), {}, "segment length 1 is zero"),
+        ((8,), (0,), {}, "dilation rate 0 is zero"),
+        ((4,), (8,), {}, r"dilation rate 0 \(8\) is larger than its segment length \(4\)"),
+        ((8, 16), (1, 2), {"softmax_scale": -1.0}, "not finite and positive"),
+        ((8, 16), (1, 2), {"softmax_scale": float("nan")}, "not finite and positive"),
+        ((8, 16), (1, 2), {"mixing": "dense"}, "mixing must be one of"),
+        ((8, 16), (1, 2), {"window": (3, 1)}, "window and segment lengths"),
+        ((), (), {"window": (3, 1), "mixing": "longnet"}, "does not match the window setting"),
+        ((-8,), (1,), {}, "non-negative"),
+    ],
+)
+def test_bad_configs_raise_value_error(segs, rates, kw, message):
+    with pytest.raises(ValueError, match=message):
+        run(*qkv(), segs, rates, **kw)
+
+
+def test_too_few_heads_for_the_head_groups():
+    with pytest.raises(ValueError, match="3 heads cannot be split into 4 head groups"):
+        run(*qkv(h=3), (8, 8, 8, 8), (1, 1, 1, 1))
+
+
+def test_bad_shapes_raise_value_error():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"\[batch, seq, heads, head_dim\]"):
+        run(q[0], k, v)
+    with pytest.raises(ValueError, match="k has shape"):
+        run(q, k[..., :4], v[..., :4])
+    with pytest.raises(ValueError, match="v has shape"):
+        run(q, k, v[:, :16])
+    with pytest.raises(ValueError, match="dimension `seq` of q is zero"):
+        run(q[:, :0], k[:, :0], v[:, :0])
+    with pytest.raises(ValueError, match="4 query heads cannot share 3 key/value heads"):
+        run(q, k[:, :, :3], v[:, :, :3])
+
+
+def test_bad_dtypes_and_devices():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        run(q.double(), k.double(), v.double())
+    with pytest.raises(TypeError, match="but query has torch.float32"):
+        run(q, k.half(), v)
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        run(q.numpy(), k, v)
+    meta = torch.empty(1, 32, 4, 8, device="meta")
+    with pytest.raises(ValueError, match="on meta"):
+        run(meta, meta, meta)
+
+
+def test_bad_masks():
+    q, k, v = qkv(b=2)
+    with pytest.raises(ValueError, match="key_padding_mask has shape"):
+        run(q, k, v, key_padding_mask=torch.zeros(2, 31, dtype=torch.bool))
+    with pytest.raises(TypeError, match="bool"):
+        run(q, k, v, key_padding_mask=torch.zeros(2, 32))
+    with pytest.raises(ValueError, match="packed sequences need batch 1"):
+        run(q, k, v, cu_seqlens=[0, 10, 32])
+    q1, k1, v1 = qkv()
+    for cu, message in (([0, 10, 10, 32], "not greater"), ([0, 10, 31], "ends at 31"), ([1, 32], "starts at 1")):
+        with pytest.raises(ValueError, match=message):
+            run(q1, k1, v1, cu_seqlens=cu)
+    with pytest.raises(ValueError, match="negative"):
+        run(q1, k1, v1, cu_seqlens=[0, -1, 32])
+    with pytest.raises(ValueError, match="packed sequences need self-attention"):
+        run(q1, k1[:, :16], v1[:, :16], cu_seqlens=[0, 32])
+
+
+def test_the_native_layer_refuses_outputs_sharing_memory_and_bad_descriptions():
+    q, k, v = qkv()
+    cfg = _op.make_config([8, 16], [1, 2])
+    d = _op._describe
+    lse = torch.empty(1, 32, 4)
+    with pytest.raises(ValueError, match="out shares memory with q"):
+        _native.forward(cfg, d(q), d(k), d(v), d(q), d(lse))
+    out = torch.empty_like(q)
+    with pytest.raises(ValueError, match="lse has shape"):
+        _native.forward(cfg, d(q), d(k), d(v), d(out), d(torch.empty(1, 32, 3)))
+    with pytest.raises(TypeError, match="lse: dtype float16"):
+        _native.forward(cfg, d(q), d(k), d(v), d(out), d(lse.half()))
+    bad = (q.data_ptr() + 1, (1, 32, 4, 8), (1024, 32, 8, 1), "float32")
+    with pytest.raises(ValueError, match="not aligned"):
+        _native.forward(cfg, bad, d(k), d(v), d(out), d(lse))
+    with pytest.raises(ValueError, match="negative stride"):
+        _native.forward(cfg, (q.data_ptr(), (1, 32, 4, 8), (1024, -32, 8, 1), "float32"), d(k), d(v), d(out), d(lse))
+    with pytest.raises(ValueError, match="causality"):
+        _native.Config([8], [1], None, "sometimes")
+
+
+def test_layer_arguments():
+    with pytest.raises(ValueError, match="multiple of num_heads"):
+        ad.MultiheadDilatedAttention(30, 4, [1, 2], [8, 16])
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], num_kv_heads=3)
+    with pytest.raises(ValueError, match="dropout"):
+        ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], dropout=1.0)
+    with pytest.raises(ValueError, match="gamma_init"):
+        ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], gamma_init=0.0)
+    with pytest.raises(ValueError, match="2 heads cannot be split into 3 head groups"):
+        ad.MultiheadDilatedAttention(32, 2, [1, 2, 4], [8, 16, 32])
+    layer = ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16])
+    x = torch.randn(1, 32, 32)
+    with pytest.raises(ValueError, match="attn_mask"):
+        layer(x, attn_mask=torch.zeros(32, 32))
+    with pytest.raises(ValueError, match="need_weights"):
+        layer(x, need_weights=True)
+    with pytest.raises(ValueError, match=r"\[batch, seq, 32\]"):
+        layer(torch.randn(1, 32, 16))

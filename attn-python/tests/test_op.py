@@ -1,0 +1,200 @@
+"""The op against the plain-PyTorch composition of the definition: forward, LSE and
+gradients for random configs (both mixings, windows, causal, grouped K/V, key padding,
+packed sequences, cross-attention, strided layouts) in every dtype; tensors read in
+place; results independent of the thread count; the interpreter released meanwhile."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+import attn_dilated as ad
+from attn_dilated import _op
+from checks import BOUND, assert_close, assert_lse, rel_l2, score_gradient_floor
+import composition
+
+
+def make_case(rng: random.Random) -> dict:
+    """A random problem: config, sizes, masks and a memory layout."""
+    mixing = rng.choice(["head_groups", "longnet", "window"])
+    packed = rng.random() < 0.25
+    cross = not packed and rng.random() < 0.2
+    batch = 1 if packed else rng.choice([1, 2])
+    n = rng.randint(1, 100)
+    case = {
+        "mixing": mixing,
+        "causal": rng.random() < 0.5,
+        "batch": batch,
+        "n": n,
+        "m": rng.randint(1, 100) if cross else n,
+        "d": rng.choice([4, 8, 16, 32, 64]),
+        "scale": None if rng.random() < 0.5 else rng.uniform(0.05, 0.5),
+        "segs": [],
+        "rates": [],
+        "win": None,
+        "layout": rng.choice(["contiguous", "bhsd", "fused"]),
+    }
+    if mixing == "window":
+        case["win"] = (rng.randint(0, 20), rng.randint(0, 20))
+        heads = rng.randint(1, 6)
+    else:
+        groups = rng.randint(1, 3)
+        case["segs"] = [rng.randint(1, 64) for _ in range(groups)]
+        case["rates"] = [rng.randint(1, min(4, w)) for w in case["segs"]]
+        heads = rng.randint(groups if mixing == "head_groups" else 1, 6)
+    case["heads"] = heads
+    case["kv_heads"] = rng.choice([x for x in range(1, heads + 1) if heads % x == 0])
+    case["pad_p"] = rng.choice([0.0, 0.0, 0.3, 0.9])
+    if packed and n > 1:
+        cuts = sorted(rng.sample(range(1, n), rng.randint(0, min(3, n - 1))))
+        case["cu"] = [0, *cuts, n]
+    else:
+        case["cu"] = None
+    return case
+
+
+def layout(shape, layout_name: str, gen: torch.Generator, dtype) -> torch.Tensor:
+    """A leaf holding a `[b, s, h, d]` tensor in the given memory layout, and the view."""
+    b, s, h, d = shape
+    if layout_name == "bhsd":
+        base = torch.randn(b, h, s, d, generator=gen).to(dtype).requires_grad_()
+        return base, base.transpose(1, 2)
+    if layout_name == "fused":
+        base = torch.randn(b, s, 2, h, d, generator=gen).to(dtype).requires_grad_()
+        return base, base[:, :, 1]
+    base = torch.randn(b, s, h, d, generator=gen).to(dtype).requires_grad_()
+    return base, base
+
+
+def run_case(case: dict, seed: int, dtype=torch.float32) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    b, n, m, h, kvh, d = (case[x] for x in ("batch", "n", "m", "heads", "kv_heads", "d"))
+    _, q = layout((b, n, h, d), case["layout"], gen, dtype)
+    _, k = layout((b, m, kvh, d), case["layout"], gen, dtype)
+    _, v = layout((b, m, kvh, d), case["layout"], gen, dtype)
+    pad = (torch.rand(b, m, generator=gen) < case["pad_p"]) if case["pad_p"] > 0 else None
+    grad_out = torch.randn(b, n, h, d, generator=gen).to(dtype)
+    kw = dict(key_padding_mask=pad, cu_seqlens=case["cu"], window=case["win"])
+    segs, rates, causal, scale = case["segs"], case["rates"], case["causal"], case["scale"]
+    mixing = case["mixing"] if case["mixing"] != "window" else "head_groups"
+    out, lse = ad.dilated_attention_with_lse(q, k, v, segs, rates, causal, scale, mixing, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+
+    qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ro, rl = composition.dilated(
+        qr, kr, vr, segs, rates, case["mixing"], causal, scale, pad, case["cu"], case["win"]
+    )
+    rgrads = torch.autograd.grad(ro, (qr, kr, vr), grad_out.double())
+    bound = BOUND[dtype]
+    label = f"seed {seed} {case}"
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    try:
+        assert_close("out", out, ro, bound)
+        assert_lse(lse, rl)
+        for name, g, r, other in zip(("dq", "dk", "dv"), grads, rgrads, (k, q, None)):
+            if other is not None and not r.any():
+                # A constant softmax: the exact gradient is zero, the computed one rounding.
+                s = case["scale"] or d**-0.5
+                floor = score_gradient_floor(s, grad_out, v, other)
+                assert g.double().norm().item() <= floor, f"{name}: {g.norm():.3e} above the floor {floor:.3e}"
+            else:
+                assert_close(name, g, r, bound)
+    except AssertionError as e:
+        raise AssertionError(f"{label}: {e}") from None
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_configs_match_the_composition_in_f32(seed):
+    run_case(make_case(random.Random(seed)), seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("seed", range(100, 112))
+def test_random_configs_match_the_composition_in_low_precision(seed, dtype):
+    run_case(make_case(random.Random(seed)), seed, dtype)
+
+
+def test_a_planted_error_fails_the_bound():
+    """The f32 bound bites: a 3e-5 relative change of the output, or a pattern offset
+    moved by one, fails the comparison that the op passes."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 64, 4, 16, generator=gen) for _ in range(3))
+    out = ad.dilated_attention(q, k, v, [16, 32], [1, 2])
+    want, _ = composition.dilated(*(x.double() for x in (q, k, v)), [16, 32], [1, 2])
+    assert rel_l2(out, want) <= BOUND[torch.float32]
+    assert rel_l2(out * (1 + 3e-5), want) > BOUND[torch.float32]
+    qd, kd, vd = (x.double() for x in (q, k, v))
+    wrong, _ = composition.one_sequence(qd, kd, vd, [16, 32], [2, 2], "head_groups", False, 0.25, None, None)
+    assert rel_l2(out, wrong) > BOUND[torch.float32]
+
+
+def test_strided_inputs_are_read_in_place(monkeypatch):
+    """A view with unit inner stride reaches the kernels as its own address and strides
+    (no copy); one whose inner stride is not 1 is made contiguous first."""
+    seen = []
+    real = _op._native.forward
+
+    def spy(cfg, q, k, v, *rest):
+        seen.append((q, k, v))
+        return real(cfg, q, k, v, *rest)
+
+    monkeypatch.setattr(_op._native, "forward", spy)
+    qkv = torch.randn(2, 40, 3, 4, 8)
+    q, k, v = qkv.unbind(2)
+    out = ad.dilated_attention(q, k, v, [8, 16], [1, 2])
+    (rq, rk, rv) = seen[-1]
+    assert rq[0] == q.data_ptr() and rq[2] == q.stride() and rk[0] == k.data_ptr() and rv[2] == v.stride()
+    assert torch.equal(out, ad.dilated_attention(q.contiguous(), k.contiguous(), v.contiguous(), [8, 16], [1, 2]))
+    odd = torch.randn(2, 40, 4, 16)[..., ::2]
+    out2 = ad.dilated_attention(odd, odd, odd, [8, 16], [1, 2])
+    assert seen[-1][0][2][-1] == 1
+    c = odd.contiguous()
+    assert torch.equal(out2, ad.dilated_attention(c, c, c, [8, 16], [1, 2]))
+    expanded = torch.randn(1, 40, 1, 8).expand(3, 40, 4, 8)
+    out3 = ad.dilated_attention(expanded, expanded, expanded, [8, 16], [1, 2])
+    assert seen[-1][0][2][0] == 0
+    e = expanded.contiguous()
+    assert torch.equal(out3, ad.dilated_attention(e, e, e, [8, 16], [1, 2]))
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 300, 4, 32, generator=gen).requires_grad_() for _ in range(3))
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            out = ad.dilated_attention(q, k, v, [64, 128], [1, 2], is_causal=True, mixing="longnet")
+            results.append((out, *torch.autograd.grad(out.sum(), (q, k, v))))
+    finally:
+        torch.set_num_threads(before)
+    for r in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], r))
+
+
+def test_the_interpreter_runs_other_threads_during_a_call():
+    """While one thread computes, another keeps running Python: timestamps taken by the
+    main thread fall inside the middle half of the call."""
+    q = torch.randn(1, 8192, 8, 64)
+    span = {}
+
+    def work():
+        span["t0"] = time.perf_counter()
+        ad.dilated_attention(q, q, q, [4096, 8192], [1, 2])
+        span["t1"] = time.perf_counter()
+
+    t = threading.Thread(target=work)
+    stamps = []
+    t.start()
+    while t.is_alive():
+        stamps.append(time.perf_counter())
+    t.join()
+    t0, t1 = span["t0"], span["t1"]
+    assert t1 - t0 > 0.02, f"call took {t1 - t0:.3f} s, too short to observe"
+    lo, hi = t0 + 0.25 * (t1 - t0), t0 + 0.75 * (t1 - t0)
+    assert sum(lo < s < hi for s in stamps) > 10
