@@ -1,0 +1,185 @@
+"""The modules: `DilatedAttention` equals the op; `MultiheadDilatedAttention` equals the
+definition's layer written in plain PyTorch (forward and every parameter's gradient),
+with grouped K/V, cross-attention, padding, packing and LongNet mixing; its parameter
+names, state_dict round trip, initialisation and dropout."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+import attn_dilated as ad
+from checks import BOUND, U_F32, assert_close
+import composition
+
+F32 = BOUND[torch.float32]
+
+
+def test_dilated_attention_module_equals_the_op():
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 48, 6, 8, generator=gen) for _ in range(3))
+    for causal in (False, True):
+        m = ad.DilatedAttention([16, 48], [1, 3], softmax_scale=0.3)
+        want = ad.dilated_attention(q, k, v, [16, 48], [1, 3], causal, 0.3)
+        assert torch.equal(m(q, k, v, is_causal=causal), want)
+        ref, _ = composition.dilated(q.double(), k.double(), v.double(), [16, 48], [1, 3], causal=causal, scale=0.3)
+        assert_close("out", want, ref, F32)
+    ln = ad.DilatedAttention([16, 48], [1, 3], mixing="longnet")
+    ref, _ = composition.dilated(q.double(), k.double(), v.double(), [16, 48], [1, 3], "longnet")
+    assert_close("out", ln(q, k, v), ref, F32)
+    win = ad.DilatedAttention([], [], window=(5, 2))
+    ref, _ = composition.dilated(q.double(), k.double(), v.double(), mixing="window", win=(5, 2))
+    assert_close("out", win(q, k, v), ref, F32)
+
+
+def reference_layer(layer, query, key, value, pad, cu, causal):
+    """The definition's multihead layer in float64 plain PyTorch, on `layer`'s
+    parameters (float64 copies that require grad); returns (out, params)."""
+    p = {n: x.detach().double().requires_grad_() for n, x in layer.named_parameters()}
+    lin = lambda name, x: F.linear(x, p[f"{name}.weight"], p.get(f"{name}.bias"))
+    b, n, e = query.shape
+    h, kvh, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    q = lin("q_proj", query.double()).view(b, n, h, d)
+    k = lin("k_proj", key.double()).view(b, key.shape[1], kvh, d)
+    v = lin("v_proj", value.double()).view(b, value.shape[1], kvh, d)
+    att = layer.attention
+    x, _ = composition.dilated(
+        q, k, v, att.segment_lengths, att.dilation_rates, att.mixing if att.window is None else "window",
+        causal, att.softmax_scale, pad, cu, att.window,
+    )
+    x = x.reshape(b, n, e)
+    if layer.norm is not None:
+        x = F.layer_norm(x, (e,), p["norm.weight"], p["norm.bias"], layer.norm.eps)
+    return lin("out_proj", x), p, k
+
+
+LAYER_CASES = [
+    dict(heads=4, kv=4, segs=[16, 32], rates=[1, 2], mixing="head_groups", cross=False, pad=False, cu=None),
+    dict(heads=6, kv=2, segs=[8, 24, 48], rates=[1, 2, 3], mixing="longnet", cross=False, pad=True, cu=None),
+    dict(heads=4, kv=1, segs=[16, 32], rates=[1, 2], mixing="head_groups", cross=True, pad=True, cu=None),
+    dict(heads=4, kv=2, segs=[8, 16], rates=[1, 2], mixing="longnet", cross=False, pad=False, cu=[0, 7, 30, 48]),
+    dict(heads=2, kv=2, segs=[], rates=[], mixing="head_groups", cross=False, pad=True, cu=None, window=(6, 3)),
+]
+
+
+@pytest.mark.parametrize("case", LAYER_CASES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_multihead_layer_equals_the_definition(case, causal):
+    torch.manual_seed(5)
+    e, b = 48, 1 if case["cu"] else 2
+    layer = ad.MultiheadDilatedAttention(
+        e, case["heads"], case["rates"], case["segs"], mixing=case["mixing"], num_kv_heads=case["kv"],
+        window=case.get("window"),
+    )
+    with torch.no_grad():  # non-trivial LayerNorm and biases
+        for name, x in layer.named_parameters():
+            if not name.endswith("weight") or name.startswith("norm"):
+                x.add_(0.1 * torch.randn_like(x))
+    query = torch.randn(b, 48, e)
+    key = torch.randn(b, 40, e) if case["cross"] else query
+    value = torch.randn(b, 40, e) if case["cross"] else query
+    pad = torch.rand(b, key.shape[1]) < 0.3 if case["pad"] else None
+    grad = torch.randn(b, 48, e)
+    out, _ = layer(query, key, value, key_padding_mask=pad, is_causal=causal, cu_seqlens=case["cu"])
+    names = [n for n, _ in layer.named_parameters()]
+    grads = torch.autograd.grad(out, [x for _, x in layer.named_parameters()], grad)
+    want, params, k = reference_layer(layer, query, key, value, pad, case["cu"], causal)
+    *want_grads, dk = torch.autograd.grad(want, [params[n] for n in names] + [k], grad.double())
+    assert_close("out", out, want, F32)
+    for name, g, w in zip(names, grads, want_grads):
+        if name == "k_proj.bias":
+            # Exactly zero (a shift of every key leaves each softmax unchanged): the
+            # computed value is the rounding of a sum over key rows of dk.
+            floor = 64 * U_F32 * dk.norm(dim=-1).sum().item()
+            assert w.norm().item() <= 1e-9 * floor and g.norm().item() <= floor, f"{name}: {g.norm():.3e} > {floor:.3e}"
+        else:
+            assert_close(name, g, w, F32)
+
+
+def names(bias=True, layer_norm=True):
+    """The parameter names of dilated-attention-pytorch's MultiheadDilatedAttention."""
+    out = []
+    for p in ("q_proj", "k_proj", "v_proj", "norm", "out_proj"):
+        if p == "norm" and not layer_norm:
+            continue
+        out.append(f"{p}.weight")
+        if bias or p == "norm":
+            out.append(f"{p}.bias")
+    return out
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layer_norm", [True, False])
+def test_state_dict_names_and_round_trip(tmp_path, bias, layer_norm):
+    layer = ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], bias=bias, layer_norm=layer_norm)
+    assert sorted(layer.state_dict()) == sorted(names(bias, layer_norm))
+    # A state_dict as the Python library writes it (same names and shapes) loads strictly.
+    upstream = {n: torch.randn_like(x) for n, x in layer.state_dict().items()}
+    fresh = ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], bias=bias, layer_norm=layer_norm)
+    fresh.load_state_dict(upstream, strict=True)
+    path = tmp_path / "layer.safetensors"
+    save_file(fresh.state_dict(), str(path))
+    again = ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], bias=bias, layer_norm=layer_norm)
+    again.load_state_dict(load_file(str(path)), strict=True)
+    x = torch.randn(2, 32, 32)
+    assert torch.equal(fresh(x)[0], again(x)[0])
+    assert all(torch.equal(upstream[n], again.state_dict()[n]) for n in upstream)
+
+
+def test_grouped_layer_projects_fewer_key_value_rows():
+    layer = ad.MultiheadDilatedAttention(64, 8, [1, 2], [8, 16], num_kv_heads=2)
+    assert layer.k_proj.weight.shape == (16, 64) and layer.v_proj.weight.shape == (16, 64)
+    assert layer.q_proj.weight.shape == (64, 64)
+
+
+def test_magneto_initialisation():
+    torch.manual_seed(0)
+    gamma = 0.5
+    layer = ad.MultiheadDilatedAttention(256, 4, [1, 2], [8, 16], gamma_init=gamma)
+    xavier = math.sqrt(2.0 / (256 + 256))
+    for name, gain in (("q_proj", 1.0), ("k_proj", 1.0), ("v_proj", gamma), ("out_proj", gamma)):
+        proj = getattr(layer, name)
+        std = proj.weight.std().item()
+        assert abs(std / (gain * xavier) - 1) < 0.03, f"{name}: std {std} vs {gain * xavier}"
+        assert not proj.bias.any()
+    assert torch.equal(layer.norm.weight, torch.ones(256)) and not layer.norm.bias.any()
+
+
+def test_dropout_applies_to_the_merged_attention_in_training_only():
+    torch.manual_seed(1)
+    p = 0.25
+    layer = ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], dropout=p, layer_norm=False)
+    with torch.no_grad():
+        layer.out_proj.weight.copy_(torch.eye(32))
+    x = torch.randn(2, 64, 32)
+    layer.eval()
+    clean, _ = layer(x)
+    assert torch.equal(clean, layer(x)[0])
+    layer.train()
+    noisy, _ = layer(x)
+    # Rows a pattern does not select are zero before dropout; count the others.
+    live = clean != 0
+    dropped = (noisy == 0) & live
+    frac = (dropped.sum() / live.sum()).item()
+    assert abs(frac - p) < 0.03, f"dropped fraction {frac}"
+    kept = live & ~dropped
+    assert_close("kept", noisy[kept], clean[kept] / (1 - p), F32)
+
+
+def test_random_layer_configs_in_low_precision():
+    """bf16 and f16 layers (parameters and activations in that dtype) against the
+    float64 definition, within the dtype's bound."""
+    for seed, dtype in ((0, torch.bfloat16), (1, torch.float16)):
+        rng = random.Random(seed)
+        torch.manual_seed(seed)
+        layer = ad.MultiheadDilatedAttention(64, 4, [1, 2], [16, 32], dtype=dtype, mixing=rng.choice(["head_groups", "longnet"]))
+        x = torch.randn(1, 64, 64, dtype=dtype)
+        out, _ = layer(x)
+        assert out.dtype == dtype
+        want, _, _ = reference_layer(layer, x, x, x, None, None, False)
+        assert_close("out", out, want, BOUND[dtype])
