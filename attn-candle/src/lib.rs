@@ -1,0 +1,74 @@
+//! Dilated and ring attention as candle operations and candle-nn modules.
+//!
+//! [`dilated_attention`] computes the function of `docs/definition.md` on candle
+//! tensors `[batch, seq, heads, head_dim]` (f32, bf16, f16) through the workspace's
+//! CPU kernels, and its exact backward is wired into candle's autograd, so
+//! `loss.backward()` yields dq, dk, dv.
+//!
+//! # How the LSE reaches the backward
+//! The op is a [`candle_core::CustomOp3`] ([`DilatedAttentionOp`]). Candle keeps the op
+//! object itself (behind an `Arc`) in the graph node of the output and hands it the
+//! inputs, the output and the upstream gradient in `bwd`. The forward writes the LSE
+//! (`[batch, seq, heads]` f32) into a cell the op object owns, so the backward reads
+//! it from there: no forward is recomputed and no second output is needed. A custom
+//! op has one output tensor, so the alternative, returning the LSE as a second
+//! output, would need a second op and a split; the cell is simpler and costs one
+//! `f32` per (query, head). [`dilated_attention_with_lse`] also hands the LSE to the
+//! caller (detached: no gradient flows through it).
+//!
+//! # Layouts
+//! Any strides candle hands over are accepted. When head_dim has unit stride (a
+//! contiguous BSHD tensor, a transposed BHSD tensor from `.transpose(1, 2)`, a
+//! narrowed fused projection), the kernels read candle's storage in place; otherwise
+//! the input is first made contiguous (a copy, with candle's own gradient).
+//!
+//! # Features
+//! Grouped key/value heads follow from k and v having fewer heads than q; key
+//! padding, packed sequences (`cu_seqlens`), windows, mixing and causality come in
+//! [`AttnOptions`] and its [`attn_core::DilatedConfig`].
+//!
+//! # Errors and devices
+//! Every failure is a candle error wrapping the workspace's [`attn_core::AttnError`]
+//! with its message: mixed dtypes, f64 or integer inputs, a rank other than 4, shapes
+//! that disagree, and tensors on a GPU device (the op computes on the host only).
+//! No panic on bad input.
+
+mod error;
+mod host;
+mod op;
+mod options;
+
+pub use error::to_candle;
+pub use host::{AnyAttention, HostElement};
+pub use op::{AttnOutput, DilatedAttentionOp, LseCell, attention_on};
+pub use options::{AttnOptions, KeyPaddingMask};
+
+use std::sync::Arc;
+
+use candle_core::Tensor;
+
+/// The process-wide CPU backend (one thread per core), built on first use.
+pub fn default_backend() -> candle_core::Result<Arc<dyn AnyAttention>> {
+    static CPU: std::sync::OnceLock<Arc<dyn AnyAttention>> = std::sync::OnceLock::new();
+    if let Some(b) = CPU.get() {
+        return Ok(b.clone());
+    }
+    let backend: Arc<dyn AnyAttention> = Arc::new(attn_kernels::CpuBackend::new(0).map_err(to_candle)?);
+    Ok(CPU.get_or_init(|| backend).clone())
+}
+
+/// Dilated attention of q `[batch, seq, heads, head_dim]` and k, v `[batch, kv_seq,
+/// kv_heads, head_dim]` on the CPU kernels, differentiable in q, k and v.
+pub fn dilated_attention(q: &Tensor, k: &Tensor, v: &Tensor, options: &AttnOptions) -> candle_core::Result<Tensor> {
+    Ok(attention_on(default_backend()?, q, k, v, options)?.out)
+}
+
+/// [`dilated_attention`] returning the LSE too.
+pub fn dilated_attention_with_lse(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttnOptions,
+) -> candle_core::Result<AttnOutput> {
+    attention_on(default_backend()?, q, k, v, options)
+}

@@ -1,0 +1,234 @@
+//! The candle operation: [`DilatedAttentionOp`] is a `CustomOp3` over q, k, v whose
+//! forward runs a backend's forward on candle's host storage in place and keeps the
+//! LSE, and whose `bwd` runs the backend's exact backward from that LSE.
+
+use std::sync::{Arc, Mutex};
+
+use attn_core::{AttnInputs, Grads, Saved, TensorName, TensorView, TensorViewMut};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
+use half::{bf16, f16};
+
+use crate::error::{check_input, fail, to_candle};
+use crate::host::{AnyAttention, HostElement, slice_of, unit_inner, view_of, with_view};
+use crate::options::AttnOptions;
+
+/// The LSE of one forward (`[batch, seq, heads]`, f32), shared by the op (for its
+/// backward) and the caller (to read it).
+#[derive(Debug, Default)]
+pub struct LseCell(Mutex<Option<Vec<f32>>>);
+
+impl LseCell {
+    fn put(&self, lse: Vec<f32>) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(lse);
+        }
+    }
+
+    /// The kept LSE, if the forward has run.
+    pub fn get(&self) -> Option<Vec<f32>> {
+        self.0.lock().ok().and_then(|slot| slot.clone())
+    }
+}
+
+/// One application of dilated attention: the backend, the options, and the LSE its
+/// forward produced. Candle keeps the op object in the graph for the backward, so the
+/// LSE travels with it and the backward never recomputes the forward.
+pub struct DilatedAttentionOp {
+    backend: Arc<dyn AnyAttention>,
+    options: Arc<AttnOptions>,
+    lse: Arc<LseCell>,
+}
+
+impl std::fmt::Debug for DilatedAttentionOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DilatedAttentionOp")
+            .field("backend", &Named::name(self.backend.as_ref()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The name a backend reports (every dtype reports the same one).
+trait Named {
+    fn name(&self) -> &str;
+}
+
+impl Named for dyn AnyAttention {
+    fn name(&self) -> &str {
+        attn_core::Attention::<f32>::name(self)
+    }
+}
+
+impl DilatedAttentionOp {
+    pub fn new(backend: Arc<dyn AnyAttention>, options: Arc<AttnOptions>) -> Self {
+        DilatedAttentionOp { backend, options, lse: Arc::new(LseCell::default()) }
+    }
+
+    /// The cell the forward writes its LSE into.
+    pub fn lse_cell(&self) -> Arc<LseCell> {
+        self.lse.clone()
+    }
+
+    fn forward_t<T: HostElement>(
+        &self,
+        [s1, s2, s3]: [&CpuStorage; 3],
+        [l1, l2, l3]: [&Layout; 3],
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let q = view_of(TensorName::Query, slice_of::<T>(TensorName::Query, s1)?, l1).map_err(to_candle)?;
+        let k = view_of(TensorName::Key, slice_of::<T>(TensorName::Key, s2)?, l2).map_err(to_candle)?;
+        let v = view_of(TensorName::Value, slice_of::<T>(TensorName::Value, s3)?, l3).map_err(to_candle)?;
+        let masks = self.options.masks().map_err(to_candle)?;
+        let inputs = AttnInputs::new(&self.options.config, q, k, v).with_masks(masks);
+        let shape = q.shape();
+        let mut out = vec![T::default(); shape.numel()];
+        let mut lse = vec![0.0f32; shape.lse_len()];
+        let out_view = TensorViewMut::contiguous(TensorName::Output, &mut out, shape).map_err(to_candle)?;
+        T::backend(self.backend.as_ref()).forward(&inputs, out_view, &mut lse).map_err(to_candle)?;
+        self.lse.put(lse);
+        Ok((T::to_cpu_storage_owned(out), Shape::from_dims(&shape.dims())))
+    }
+
+    /// The gradients of `sum(out * grad)` with respect to q, k, v.
+    fn backward_t<T: HostElement>(
+        &self,
+        qkv: [&Tensor; 3],
+        out: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<[Tensor; 3]> {
+        let lse = match self.lse.get() {
+            Some(lse) => lse,
+            // Only reachable when the forward ran elsewhere (another device); recompute it.
+            None => {
+                self.recompute_forward::<T>(qkv)?;
+                self.lse.get().ok_or_else(|| to_candle(attn_core::AttnError::InvalidArgument("no LSE".into())))?
+            }
+        };
+        let grad = unit_inner(grad)?;
+        let [q, k, v] = qkv;
+        let (qd, kd) = (q.dims().to_vec(), k.dims().to_vec());
+        let q_shape = attn_core::Shape4::from_dims(TensorName::Query, &qd).map_err(to_candle)?;
+        let kv_shape = attn_core::Shape4::from_dims(TensorName::Key, &kd).map_err(to_candle)?;
+        let shape = attn_core::AttnShape { q: q_shape, kv: kv_shape };
+        let mut dq = vec![T::default(); q_shape.numel()];
+        let (mut dk, mut dv) = (vec![T::default(); kv_shape.numel()], vec![T::default(); kv_shape.numel()]);
+        with_view::<T, _>(TensorName::Query, q, |qv| {
+            with_view::<T, _>(TensorName::Key, k, |kv| {
+                with_view::<T, _>(TensorName::Value, v, |vv| {
+                    with_view::<T, _>(TensorName::Output, out, |ov| {
+                        with_view::<T, _>(TensorName::GradOutput, &grad, |gv| {
+                            self.run_backward(
+                                [qv, kv, vv],
+                                Saved { out: ov, lse: &lse },
+                                gv,
+                                Grads::contiguous(shape, [&mut dq, &mut dk, &mut dv]).map_err(to_candle)?,
+                            )
+                        })
+                    })
+                })
+            })
+        })?;
+        let dev = q.device();
+        Ok([Tensor::from_vec(dq, qd, dev)?, Tensor::from_vec(dk, kd.clone(), dev)?, Tensor::from_vec(dv, kd, dev)?])
+    }
+
+    fn run_backward<T: HostElement>(
+        &self,
+        [q, k, v]: [TensorView<'_, T>; 3],
+        saved: Saved<'_, T>,
+        grad: TensorView<'_, T>,
+        grads: Grads<'_, T>,
+    ) -> candle_core::Result<()> {
+        let masks = self.options.masks().map_err(to_candle)?;
+        let inputs = AttnInputs::new(&self.options.config, q, k, v).with_masks(masks);
+        T::backend(self.backend.as_ref()).backward(&inputs, saved, grad, grads).map_err(to_candle)
+    }
+
+    fn recompute_forward<T: HostElement>(&self, [q, k, v]: [&Tensor; 3]) -> candle_core::Result<()> {
+        let guards = [q, k, v].map(|t| t.storage_and_layout());
+        let storages: Vec<&CpuStorage> = guards
+            .iter()
+            .map(|(s, _)| match &**s {
+                candle_core::Storage::Cpu(c) => Ok(c),
+                _ => fail(attn_core::AttnError::Unsupported { backend: "candle", feature: "tensors off the host" }),
+            })
+            .collect::<candle_core::Result<_>>()?;
+        self.forward_t::<T>([storages[0], storages[1], storages[2]], [guards[0].1, guards[1].1, guards[2].1])?;
+        Ok(())
+    }
+}
+
+impl CustomOp3 for DilatedAttentionOp {
+    fn name(&self) -> &'static str {
+        "dilated-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (s, l) = ([s1, s2, s3], [l1, l2, l3]);
+        match s1 {
+            CpuStorage::F32(_) => self.forward_t::<f32>(s, l),
+            CpuStorage::BF16(_) => self.forward_t::<bf16>(s, l),
+            CpuStorage::F16(_) => self.forward_t::<f16>(s, l),
+            other => fail(attn_core::AttnError::DTypeMismatch {
+                tensor: TensorName::Query,
+                expected: "f32, bf16 or f16",
+                got: format!("{:?}", other.dtype()).to_lowercase(),
+            }),
+        }
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let [dq, dk, dv] = match q.dtype() {
+            candle_core::DType::F32 => self.backward_t::<f32>([q, k, v], res, grad_res)?,
+            candle_core::DType::BF16 => self.backward_t::<bf16>([q, k, v], res, grad_res)?,
+            _ => self.backward_t::<f16>([q, k, v], res, grad_res)?,
+        };
+        Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}
+
+/// The output and LSE of one call.
+#[derive(Debug, Clone)]
+pub struct AttnOutput {
+    /// `[batch, seq, heads, head_dim]`, q's dtype, differentiable.
+    pub out: Tensor,
+    /// `[batch, seq, heads]`, f32, detached (no gradient flows through it).
+    pub lse: Tensor,
+}
+
+/// Dilated attention of `[batch, seq, heads, head_dim]` tensors through `backend`,
+/// with the LSE.
+pub fn attention_on(
+    backend: Arc<dyn AnyAttention>,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttnOptions,
+) -> candle_core::Result<AttnOutput> {
+    check_input(TensorName::Query, q, None)?;
+    check_input(TensorName::Key, k, Some(q.dtype()))?;
+    check_input(TensorName::Value, v, Some(q.dtype()))?;
+    let [q, k, v] = [q, k, v].map(unit_inner);
+    let (q, k, v) = (q?, k?, v?);
+    let op = DilatedAttentionOp::new(backend, Arc::new(options.clone()));
+    let cell = op.lse_cell();
+    let out = q.apply_op3(&k, &v, op)?;
+    let lse =
+        cell.get().ok_or_else(|| to_candle(attn_core::AttnError::InvalidArgument("forward kept no LSE".into())))?;
+    let (b, s, h, _) = out.dims4()?;
+    Ok(AttnOutput { out, lse: Tensor::from_vec(lse, (b, s, h), q.device())? })
+}

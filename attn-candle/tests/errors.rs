@@ -1,0 +1,82 @@
+//! Bad inputs are candle errors carrying the workspace's `AttnError` message, never
+//! panics; the backward reads the forward's LSE instead of recomputing the forward.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use attn_candle::{AttnOptions, attention_on, dilated_attention};
+use attn_core::{Attention, AttnInputs, DilatedConfig, Element, Grads, Pass, Result, Saved};
+use attn_core::{AttnShape, TensorView, TensorViewMut};
+use attn_kernels::CpuBackend;
+use candle_core::{DType, Device, Tensor, Var};
+
+fn opts() -> AttnOptions {
+    AttnOptions::new(DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).build().expect("config"))
+}
+
+fn randn(dims: &[usize], dtype: DType) -> Tensor {
+    Tensor::randn(0f32, 1.0, dims, &Device::Cpu).and_then(|t| t.to_dtype(dtype)).expect("tensor")
+}
+
+fn message(q: &Tensor, k: &Tensor, v: &Tensor) -> String {
+    match dilated_attention(q, k, v, &opts()) {
+        Ok(_) => panic!("accepted q {:?} {:?}, k {:?} {:?}", q.dims(), q.dtype(), k.dims(), k.dtype()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn wrong_dtype_rank_or_shape_is_an_error_naming_it() {
+    let x = randn(&[1, 8, 2, 4], DType::F32);
+    let f64_x = randn(&[1, 8, 2, 4], DType::F64);
+    let m = message(&f64_x, &f64_x, &f64_x);
+    assert!(m.contains("q") && m.contains("f64"), "{m}");
+    let m = message(&x, &randn(&[1, 8, 2, 4], DType::BF16), &x);
+    assert!(m.contains("k") && m.contains("bf16"), "{m}");
+    let ints = Tensor::zeros((1, 8, 2, 4), DType::U32, &Device::Cpu).expect("ints");
+    assert!(message(&ints, &ints, &ints).contains("u32"));
+    let m = message(&randn(&[8, 2, 4], DType::F32), &x, &x);
+    assert!(m.contains("4") && m.contains("3"), "{m}");
+    let m = message(&x, &randn(&[1, 8, 2, 5], DType::F32), &randn(&[1, 8, 2, 5], DType::F32));
+    assert!(m.contains("shape") || m.contains("mismatch") || m.contains("expected"), "{m}");
+    // Three key/value heads do not divide two query heads.
+    let kv = randn(&[1, 8, 3, 4], DType::F32);
+    assert!(message(&x, &kv, &kv).contains("3"));
+    // Head groups need at least as many heads as patterns.
+    let one = randn(&[1, 8, 1, 4], DType::F32);
+    assert!(message(&one, &one, &one).to_lowercase().contains("head"));
+}
+
+/// The CPU backend, counting forward calls.
+#[derive(Debug)]
+struct Counting {
+    cpu: CpuBackend,
+    forwards: AtomicUsize,
+}
+
+impl<T: Element> Attention<T> for Counting {
+    fn name(&self) -> &str {
+        "counting"
+    }
+    fn forward(&self, inputs: &AttnInputs<'_, T>, out: TensorViewMut<'_, T>, lse: &mut [f32]) -> Result<()> {
+        self.forwards.fetch_add(1, Ordering::SeqCst);
+        self.cpu.forward(inputs, out, lse)
+    }
+    fn backward(&self, i: &AttnInputs<'_, T>, s: Saved<'_, T>, g: TensorView<'_, T>, d: Grads<'_, T>) -> Result<()> {
+        self.cpu.backward(i, s, g, d)
+    }
+    fn workspace_bytes(&self, cfg: &DilatedConfig, shape: AttnShape, pass: Pass) -> usize {
+        Attention::<T>::workspace_bytes(&self.cpu, cfg, shape, pass)
+    }
+}
+
+#[test]
+fn the_backward_reads_the_kept_lse_without_a_second_forward() {
+    let counting = Arc::new(Counting { cpu: CpuBackend::new(1).expect("cpu"), forwards: AtomicUsize::new(0) });
+    let [q, k, v] = [0, 1, 2].map(|_| Var::from_tensor(&randn(&[2, 16, 2, 8], DType::F32)).expect("var"));
+    let r = attention_on(counting.clone(), q.as_tensor(), k.as_tensor(), v.as_tensor(), &opts()).expect("forward");
+    let grads = r.out.sqr().and_then(|x| x.sum_all()).and_then(|l| l.backward()).expect("backward");
+    assert!(grads.get(q.as_tensor()).is_some() && grads.get(v.as_tensor()).is_some());
+    assert_eq!(counting.forwards.load(Ordering::SeqCst), 1);
+    assert_eq!(r.lse.dims(), &[2, 16, 2]);
+}

@@ -1,0 +1,102 @@
+//! The candle op against a plain candle composition of the definition (forward, LSE and
+//! candle-autograd gradients) on random feature cases in both layouts, f32 tight and
+//! bf16/f16 row by row against the float64 reference; a planted error fails the bound.
+
+mod common;
+
+use attn_core::DType as AttnDType;
+use attn_testkit::FeatureCase;
+use attn_testkit::feature_case;
+use attn_testkit::judge::{Expected, judge_backward, judge_forward, round_to, verdict};
+use candle_core::DType;
+use common::compose::{Masking, compose};
+use common::{Layout, Run, run_op, run_with};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+
+/// The composition's run on the case (f32, one layout).
+fn composed(case: &FeatureCase, layout: Layout) -> Run {
+    let [q, k, v, go] = case.inputs();
+    let masking = Masking { padding: case.padding.clone(), cu_seqlens: case.cu_seqlens.clone() };
+    let dims = [case.shape.q.dims(), case.shape.kv.dims()];
+    run_with(|q, k, v| compose(q, k, v, &case.cfg, &masking), [&q, &k, &v], dims, &go, DType::F32, layout)
+        .expect("composition runs")
+}
+
+/// The op's run against the composition's, row by row within the f32 row bound (the
+/// repository's: f32 noise times each row's norm and its magnitude's norm), magnitudes
+/// from the float64 reference.
+fn agree(case: &FeatureCase, got: &Run, want: &Run) -> Result<(), String> {
+    let [q, k, v, go] = case.inputs().map(|x| x.into_iter().map(f64::from).collect::<Vec<_>>());
+    let mut expected = Expected::for_problem(&case.problem(), [&q, &k, &v], Some(&go)).map_err(|e| e.to_string())?;
+    let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+    expected.fwd.out = wide(&want.out);
+    expected.fwd.lse = wide(&want.lse);
+    [expected.grads.dq, expected.grads.dk, expected.grads.dv] = want.grads.each_ref().map(|g| wide(g));
+    let mut rows = judge_forward(&expected, &got.out, &got.lse, AttnDType::F32);
+    let [dq, dk, dv] = &got.grads;
+    rows.extend(judge_backward(&expected, [dq, dk, dv], AttnDType::F32));
+    verdict(&rows)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// f32: the op equals the composition, forward, LSE and gradients, in both layouts.
+    #[test]
+    fn f32_op_equals_the_candle_composition(case in feature_case(1..=24, 8, vec![1, 4, 8]), bhsd in any::<bool>()) {
+        let layout = if bhsd { Layout::Bhsd } else { Layout::Bshd };
+        let [q, k, v, go] = case.inputs();
+        let got = run_op(&case.problem(), [&q, &k, &v], &go, DType::F32, layout).expect("op runs");
+        let verdict = agree(&case, &got, &composed(&case, layout));
+        prop_assert!(verdict.is_ok(), "{:?}", verdict);
+    }
+
+    /// bf16 and f16: every row of out, LSE and gradients within the dtype's row bound of
+    /// the float64 reference on the rounded inputs.
+    #[test]
+    fn half_precision_rows_are_within_their_bounds(case in feature_case(1..=24, 8, vec![4, 8]), half in any::<bool>(), bhsd in any::<bool>()) {
+        let (dtype, attn_dtype) = if half { (DType::F16, AttnDType::F16) } else { (DType::BF16, AttnDType::BF16) };
+        let layout = if bhsd { Layout::Bhsd } else { Layout::Bshd };
+        let [q, k, v, go] = case.inputs();
+        let got = run_op(&case.problem(), [&q, &k, &v], &go, dtype, layout).expect("op runs");
+        let [q, k, v, go] = [&q, &k, &v, &go].map(|x| round_to(attn_dtype, x).into_iter().map(f64::from).collect::<Vec<_>>());
+        let want = Expected::for_problem(&case.problem(), [&q, &k, &v], Some(&go)).expect("reference");
+        let mut rows = judge_forward(&want, &got.out, &got.lse, attn_dtype);
+        let [dq, dk, dv] = &got.grads;
+        rows.extend(judge_backward(&want, [dq, dk, dv], attn_dtype));
+        prop_assert!(verdict(&rows).is_ok(), "{:?}", verdict(&rows));
+    }
+}
+
+/// The comparison bites: one output row scaled by 1.01, one dq row by 1.05 or one LSE
+/// moved by 0.01 fails it.
+#[test]
+fn a_planted_error_fails_the_comparison() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = feature_case(16..=16, 8, vec![4]);
+    let case = strategy.new_tree(&mut runner).expect("a case").current();
+    let [q, k, v, go] = case.inputs();
+    let got = run_op(&case.problem(), [&q, &k, &v], &go, DType::F32, Layout::Bshd).expect("op runs");
+    let want = composed(&case, Layout::Bshd);
+    assert_eq!(agree(&case, &got, &want), Ok(()));
+    let d = case.shape.q.head_dim;
+    // The row with the largest norm, so the planted change is not lost in a zero row.
+    let largest = |x: &[f32]| {
+        let norm = |r: &[f32]| r.iter().map(|v| v * v).sum::<f32>();
+        x.chunks(d).enumerate().max_by(|a, b| norm(a.1).total_cmp(&norm(b.1))).map(|(i, _)| i).unwrap_or(0)
+    };
+    let plant = |f: &dyn Fn(&mut Run)| {
+        let mut bad = got.clone();
+        f(&mut bad);
+        agree(&case, &bad, &want)
+    };
+    let scale_row = |x: &mut [f32], by: f32| {
+        let r = largest(x);
+        x[r * d..(r + 1) * d].iter_mut().for_each(|v| *v *= by);
+    };
+    assert!(plant(&|r: &mut Run| scale_row(&mut r.out, 1.01)).is_err(), "a planted output error passed");
+    assert!(plant(&|r: &mut Run| scale_row(&mut r.grads[0], 1.05)).is_err(), "a planted dq error passed");
+    let lse_at = got.lse.iter().position(|x| x.is_finite()).expect("a finite LSE");
+    assert!(plant(&|r: &mut Run| r.lse[lse_at] += 0.01).is_err(), "a planted LSE error passed");
+}
