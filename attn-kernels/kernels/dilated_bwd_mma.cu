@@ -27,7 +27,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     __shared__ i64 s_qlo[BN], s_qhi[BN];  // each key row's admitted query indices (shared: fewer registers)
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const i64 h = launch_head(a), kvh = h / a.kv_group, b = blockIdx.z;
+    const i64 h = launch_head(a), kvh = kv_head_of(a, h), b = blockIdx.z;
     const Pattern p = make_pattern(a, h);
     const i64 k_hi = sel_below(p, a.k_start + a.nk);
     const i64 tk0 = sel_below(p, a.k_start) + (i64)blockIdx.x * BN;
@@ -36,8 +36,8 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     i64 band_lo, band_hi, unused;
     band_queries(a, tk0, &band_lo, &unused);
     band_queries(a, tk_last, &unused, &band_hi);
-    const i64 qb_lo = max64(max64(sel_below(p, a.q_start), (tk0 / p.per_seg) * p.per_seg), band_lo);
-    const i64 qb_hi = min64(min64(sel_below(p, a.q_start + a.nq), (tk_last / p.per_seg + 1) * p.per_seg), band_hi);
+    const i64 qb_lo = max64(max64(sel_below(p, a.q_start), div32(tk0, p.per_seg) * p.per_seg), band_lo);
+    const i64 qb_hi = min64(min64(sel_below(p, a.q_start + a.nq), (div32(tk_last, p.per_seg) + 1) * p.per_seg), band_hi);
 
     gather_keys(s_krows, BN, p, tk0, k_hi, a, b);
     __syncthreads();
@@ -50,7 +50,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     for (int i = threadIdx.x; i < BN; i += blockDim.x) {
         i64 lo = 0, hi = 0;
         if (s_krows[i] >= 0) {
-            const i64 seg = (tk0 + i) / p.per_seg;
+            const i64 seg = div32(tk0 + i, p.per_seg);
             band_queries(a, tk0 + i, &lo, &hi);
             lo = max64(seg * p.per_seg, lo);
             hi = min64((seg + 1) * p.per_seg, hi);

@@ -22,7 +22,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     __shared__ i64 s_klo[BM], s_khi[BM];  // each row's admitted key indices (shared: fewer registers)
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const i64 h = launch_head(a), kvh = h / a.kv_group, b = blockIdx.z;
+    const i64 h = launch_head(a), kvh = kv_head_of(a, h), b = blockIdx.z;
     const Pattern p = make_pattern(a, h);
     const i64 q_hi = sel_below(p, a.q_start + a.nq);
     const i64 t0 = sel_below(p, a.q_start) + (i64)blockIdx.x * BM;
@@ -31,8 +31,8 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     i64 band_lo, band_hi, unused;
     band_keys(a, t0, &band_lo, &unused);
     band_keys(a, t_last, &unused, &band_hi);
-    const i64 kb_lo = max64(max64(sel_below(p, a.k_start), (t0 / p.per_seg) * p.per_seg), band_lo);
-    const i64 kb_hi = min64(min64(sel_below(p, a.k_start + a.nk), (t_last / p.per_seg + 1) * p.per_seg), band_hi);
+    const i64 kb_lo = max64(max64(sel_below(p, a.k_start), div32(t0, p.per_seg) * p.per_seg), band_lo);
+    const i64 kb_hi = min64(min64(sel_below(p, a.k_start + a.nk), (div32(t_last, p.per_seg) + 1) * p.per_seg), band_hi);
 
     gather_rows(s_qrows, BM, p, t0, q_hi, a.q_start);
     __syncthreads();
@@ -46,7 +46,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     for (int i = threadIdx.x; i < BM; i += blockDim.x) {
         i64 lo = 0, hi = 0;
         if (t0 + i <= t_last) {
-            const i64 seg = (t0 + i) / p.per_seg;
+            const i64 seg = div32(t0 + i, p.per_seg);
             band_keys(a, t0 + i, &lo, &hi);
             lo = max64(seg * p.per_seg, lo);
             hi = min64((seg + 1) * p.per_seg, hi);
@@ -123,8 +123,8 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
                     mx = fmaxf(mx, x);
                 }
             }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx = fmaxf(mx, shfl_xor<1>(mx));
+            mx = fmaxf(mx, shfl_xor<2>(mx));
             const float m_new = fmaxf(m[i], mx);
             const float m_use = m_new == NEG_INF ? 0.f : m_new;
             const float alpha = exp2f(m[i] - m_use);
@@ -169,8 +169,8 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
     i64 ri[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        l[i] += shfl_xor<1>(l[i]);
+        l[i] += shfl_xor<2>(l[i]);
         lse[i] = l[i] > 0.f ? (m[i] + log2f(l[i])) * 0.69314718055994531f : NEG_INF;  // back to natural log
         inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
         ri[i] = -1;

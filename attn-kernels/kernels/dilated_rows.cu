@@ -32,12 +32,12 @@ __device__ void fwd_rows(const typename E::S* q, const typename E::S* k, const t
                          float* lse_acc, const AttnParams& a) {
     typedef typename E::S S;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const i64 h = launch_head(a), kvh = h / a.kv_group, b = blockIdx.z;
+    const i64 h = launch_head(a), kvh = kv_head_of(a, h), b = blockIdx.z;
     const Pattern p = make_pattern(a, h);
     const i64 q_hi = sel_below(p, a.q_start + a.nq);
     const i64 t = sel_below(p, a.q_start) + (i64)blockIdx.x * nw + warp;
     if (t >= q_hi) return;
-    const i64 seg = t / p.per_seg, qpos = sel_pos(p, t);
+    const i64 seg = div32(t, p.per_seg), qpos = sel_pos(p, t);
     i64 b_lo, b_hi;
     band_keys(a, t, &b_lo, &b_hi);
     const i64 k_lo = max64(max64(sel_below(p, a.k_start), seg * p.per_seg), b_lo);
@@ -91,12 +91,12 @@ __device__ void bwd_dq_rows(const typename E::S* q, const typename E::S* k, cons
                             const AttnParams& a) {
     typedef typename E::S S;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const i64 h = launch_head(a), kvh = h / a.kv_group, b = blockIdx.z;
+    const i64 h = launch_head(a), kvh = kv_head_of(a, h), b = blockIdx.z;
     const Pattern p = make_pattern(a, h);
     const i64 q_hi = sel_below(p, a.q_start + a.nq);
     const i64 t = sel_below(p, a.q_start) + (i64)blockIdx.x * nw + warp;
     if (t >= q_hi) return;
-    const i64 seg = t / p.per_seg, qpos = sel_pos(p, t);
+    const i64 seg = div32(t, p.per_seg), qpos = sel_pos(p, t);
     i64 b_lo, b_hi;
     band_keys(a, t, &b_lo, &b_hi);
     const i64 k_lo = max64(max64(sel_below(p, a.k_start), seg * p.per_seg), b_lo);
@@ -142,12 +142,12 @@ __device__ void bwd_dkv_rows(const typename E::S* q, const typename E::S* k, con
                              float* dv_acc, const AttnParams& a) {
     typedef typename E::S S;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const i64 h = launch_head(a), kvh = h / a.kv_group, b = blockIdx.z;
+    const i64 h = launch_head(a), kvh = kv_head_of(a, h), b = blockIdx.z;
     const Pattern p = make_pattern(a, h);
     const i64 k_hi = sel_below(p, a.k_start + a.nk);
     const i64 tk = sel_below(p, a.k_start) + (i64)blockIdx.x * nw + warp;
     if (tk >= k_hi) return;
-    const i64 seg = tk / p.per_seg, kpos = sel_pos(p, tk);
+    const i64 seg = div32(tk, p.per_seg), kpos = sel_pos(p, tk);
     const i64 krow = kpos - a.k_start;
     if (key_padded(a, b, krow)) return;  // a padded key has no gradient
     i64 b_lo, b_hi;
@@ -163,10 +163,12 @@ __device__ void bwd_dkv_rows(const typename E::S* q, const typename E::S* k, con
         const i64 qrow = sel_pos(p, t) - a.q_start;
         const i64 ri = (b * a.nq + qrow) * a.heads + h;
         const float lse_row = lse[ri];
-        if (lse_row == NEG_INF) continue;
         const S* qp = q + b * a.q_sb + qrow * a.q_ss + h * a.q_sh;
         const S* gp = go + b * a.g_sb + qrow * a.g_ss + h * a.g_sh;
-        const float pk = expf(row_dot<E>(kv, qp, lane, a.d) * a.scale - lse_row);
+        // A row that attends nothing (lse -inf) adds nothing; masked rather than skipped,
+        // so the warp's shuffles stay outside any branch.
+        const float qk = row_dot<E>(kv, qp, lane, a.d);
+        const float pk = lse_row == NEG_INF ? 0.f : expf(qk * a.scale - lse_row);
         const float dp = row_dot<E>(vv, gp, lane, a.d) * a.out_scale;
         const float ds = pk * (dp - delta[ri]);
 #pragma unroll

@@ -145,9 +145,9 @@ __device__ __forceinline__ void gather_keys(i64* s_rows, int rows, const Pattern
 // mask (padded keys need the per-key test). Then no mask is needed.
 __device__ __forceinline__ bool full_tile(const Pattern& p, i64 t0, i64 m, i64 t_end, i64 k0, i64 n, i64 k_end,
                                           const AttnParams& a) {
-    const i64 seg = t0 / p.per_seg;
-    if (a.kpad != nullptr || !(t0 + m <= t_end && k0 + n <= k_end && (t0 + m - 1) / p.per_seg == seg &&
-                               k0 / p.per_seg == seg && (k0 + n - 1) / p.per_seg == seg))
+    const i64 seg = div32(t0, p.per_seg);
+    if (a.kpad != nullptr || !(t0 + m <= t_end && k0 + n <= k_end && div32(t0 + m - 1, p.per_seg) == seg &&
+                               div32(k0, p.per_seg) == seg && div32(k0 + n - 1, p.per_seg) == seg))
         return false;
     // The band's lower edge grows with the row: the last row's bounds the keys from
     // below, the first row's upper edge bounds them from above.

@@ -133,26 +133,32 @@ struct Pattern {
     i64 w, r, off, per_seg;
 };
 
+// Positions, selected indices, segment lengths and rates are below 2^31 (the host checks
+// and caps them), so their divisions run in 32 bits: a 64-bit division is a called
+// routine whose registers spill around every call.
+__device__ __forceinline__ i64 div32(i64 a, i64 b) { return (i64)((unsigned)a / (unsigned)b); }
+__device__ __forceinline__ i64 mod32(i64 a, i64 b) { return (i64)((unsigned)a % (unsigned)b); }
+
 __device__ __forceinline__ Pattern make_pattern(const AttnParams& a, i64 head) {
     Pattern p;
     p.w = a.w;
     p.r = a.r;
-    p.off = a.fixed_off >= 0 ? a.fixed_off : head % a.r;
+    p.off = a.fixed_off >= 0 ? a.fixed_off : mod32(head, a.r);
     // off < r <= w, so every full segment selects at least one position.
-    p.per_seg = (a.w - p.off + a.r - 1) / a.r;
+    p.per_seg = div32(a.w - p.off + a.r - 1, a.r);
     return p;
 }
 
 // Number of selected positions < x.
 __device__ __forceinline__ i64 sel_below(const Pattern& p, i64 x) {
-    i64 full = x / p.w, rem = x % p.w;
-    i64 tail = rem > p.off ? (rem - p.off + p.r - 1) / p.r : 0;
+    i64 full = div32(x, p.w), rem = mod32(x, p.w);
+    i64 tail = rem > p.off ? div32(rem - p.off + p.r - 1, p.r) : 0;
     return full * p.per_seg + tail;
 }
 
 // Global position of the t-th selected position.
 __device__ __forceinline__ i64 sel_pos(const Pattern& p, i64 t) {
-    return (t / p.per_seg) * p.w + p.off + (t % p.per_seg) * p.r;
+    return div32(t, p.per_seg) * p.w + p.off + mod32(t, p.per_seg) * p.r;
 }
 
 __device__ __forceinline__ i64 min64(i64 a, i64 b) { return a < b ? a : b; }
@@ -184,10 +190,30 @@ __device__ __forceinline__ bool key_padded(const AttnParams& a, i64 b, i64 krow)
 // The query head of blockIdx.y and the key/value head it reads.
 __device__ __forceinline__ i64 launch_head(const AttnParams& a) { return a.head0 + (i64)blockIdx.y * a.head_step; }
 
+// Key/value head of query head h (heads index gridDim.y: at most 65535).
+__device__ __forceinline__ i64 kv_head_of(const AttnParams& a, i64 h) {
+    return div32(h, a.kv_group);
+}
+
+// x from lane (lane ^ O) of a full warp. Inline PTX with immediate operands: the
+// intrinsic with a register mask becomes a called routine whose registers spill.
+template <int O>
+__device__ __forceinline__ float shfl_xor(float x) {
+#ifdef ATTN_CPU_EMULATION
+    return __shfl_xor_sync(0xffffffffu, x, O);
+#else
+    float y;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(y) : "f"(x), "n"(O));
+    return y;
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
+    x += shfl_xor<16>(x);
+    x += shfl_xor<8>(x);
+    x += shfl_xor<4>(x);
+    x += shfl_xor<2>(x);
+    return x + shfl_xor<1>(x);
 }
 
 // LSE merge of two partials (SPEC.md): merged lse and the weights of each side.

@@ -34,7 +34,9 @@ struct Launch {
 };
 
 static std::vector<Launch> launches(const Cfg& c, int heads) {
-    if (c.window) return {{SEL_UNBOUNDED, 1, 0, 0, heads}};  // one whole-sequence pattern
+    // One whole-sequence pattern, its length capped at 2^31 - 1 as params.rs does (the
+    // kernels' index divisions run in 32 bits).
+    if (c.window) return {{0x7fffffff, 1, 0, 0, heads}};
     const int G = (int)c.w.size();
     std::vector<Launch> v;
     for (int i = 0; i < G; ++i) {

@@ -16,7 +16,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::device::CudaDevice;
 use super::launch::launch;
-use super::params::{AttnParams, BlockLayout, attn_params};
+use super::params::{AttnParams, BlockLayout, MAX_INDEX, attn_params};
 use super::plan::{
     BackwardKernel, ForwardKernel, MMA_BLOCK_M, PatternLaunch, SeqPiece, THREADS, backward_kernel, forward_kernel,
     head_sweeps, pattern_launches, seq_pieces,
@@ -50,9 +50,17 @@ fn check_block<T: CudaElement>(block: &DeviceBlock<'_, T>) -> Result<()> {
             qs.head_dim
         )));
     }
-    let fits = |start: usize, rows: usize| start.checked_add(rows).is_some_and(|e| e <= i64::MAX as usize / 2);
+    let fits = |start: usize, rows: usize| start.checked_add(rows).is_some_and(|e| e <= MAX_INDEX);
     if !fits(q_start, qs.seq) || !fits(k_start, ks.seq) {
-        return Err(AttnError::InvalidArgument("block positions overflow".into()));
+        return Err(AttnError::InvalidArgument(format!(
+            "the cuda kernels take positions up to {MAX_INDEX}: queries {q_start}+{}, keys {k_start}+{}",
+            qs.seq, ks.seq
+        )));
+    }
+    if let Some(r) = (0..cfg.num_patterns()).map(|i| cfg.rate(i)).find(|&r| r > MAX_INDEX) {
+        return Err(AttnError::InvalidArgument(format!(
+            "the cuda kernels take dilation rates up to {MAX_INDEX}, got {r}"
+        )));
     }
     for (t, name) in [(q, TensorName::Query), (k, TensorName::Key), (v, TensorName::Value)] {
         if t.strides[3] != 1 {

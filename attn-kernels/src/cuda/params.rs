@@ -87,7 +87,11 @@ pub struct BlockLayout {
     pub band: Band,
 }
 
-/// Largest segment length and band reach the kernels take: positions stay below
+/// Positions, segment lengths and dilation rates the kernels take are at most this: their
+/// index divisions run in 32 bits (`div32` in `prelude.cu`).
+pub(crate) const MAX_INDEX: usize = i32::MAX as usize;
+
+/// Largest band reach the kernels take: positions stay below
 /// `i64::MAX / 2`, so a longer segment or reach is the same as an unbounded one.
 const UNBOUNDED: usize = 1 << 62;
 
@@ -133,8 +137,9 @@ pub fn attn_params(cfg: &DilatedConfig, l: &BlockLayout, launch: &PatternLaunch)
         kv_group: (qs.heads / kv_heads).max(1) as i64,
         head0: launch.heads.start as i64,
         head_step: 1,
-        // Window mode's whole-sequence pattern has w = usize::MAX.
-        w: launch.w.min(UNBOUNDED) as i64,
+        // Window mode's whole-sequence pattern has w = usize::MAX; positions are below
+        // MAX_INDEX, so a longer segment is the same as one of MAX_INDEX.
+        w: launch.w.min(MAX_INDEX) as i64,
         r: launch.r as i64,
         fixed_off: launch.fixed_off.map_or(-1, |o| o as i64),
         d: d as i64,
@@ -220,7 +225,7 @@ mod tests {
         let p = attn_params(&cfg, &layout, &launches[0]);
         assert_eq!((p.heads, p.kv_heads, p.kv_group, p.k_sh), (8, 2, 4, 16));
         // The window's one pattern: every position in one segment; causal cuts the right side.
-        assert_eq!((p.w, p.r, p.fixed_off, p.band_left, p.band_right), (1 << 62, 1, 0, 7, 0));
+        assert_eq!((p.w, p.r, p.fixed_off, p.band_left, p.band_right), (MAX_INDEX as i64, 1, 0, 7, 0));
         assert_eq!(p.out_scale, 1.0);
     }
 }
