@@ -1,6 +1,7 @@
 //! Property tests on the GPU: random valid configs (both mixing modes, causal, ragged
-//! tails, `w > n`) in f32, bf16 and f16, judged row by row against the float64 reference
-//! on the same rounded inputs, and the block API (LSE-merging key blocks in any order)
+//! tails, `w > n`) and the attention features (grouped key/value heads, key padding,
+//! packed sequences, windows) in f32, bf16 and f16, judged row by row against the float64
+//! reference on the same rounded inputs, and the block API (LSE-merging key blocks in any order)
 //! against the reference. Without a GPU they skip with the reason, or fail under
 //! `ATTN_REQUIRE_GPU=1`.
 #![cfg(feature = "cuda")]
@@ -13,13 +14,16 @@ use attn_testkit::DilatedBackend;
 use attn_testkit::golden::Problem;
 use attn_testkit::judge::{Expected, check_rows, judge_backward, judge_forward, round_to, verdict};
 use attn_testkit::strategies::dilated_case;
+use attn_testkit::{FeatureCase, feature_case};
 use cuda_support::{conv, device_or_skip, gpu};
 use half::bf16;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
+/// Cases per property: 48, or `ATTN_CUDA_CASES` (the device check bounds its run with it).
 fn runner() -> TestRunner {
-    TestRunner::new(Config { cases: 48, max_shrink_iters: 64, ..Config::default() })
+    let cases = std::env::var("ATTN_CUDA_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(48);
+    TestRunner::new(Config { cases, max_shrink_iters: 64, ..Config::default() })
 }
 
 /// The float64 reference on the inputs `[q, k, v, grad_out]` rounded to `dtype`.
@@ -51,6 +55,36 @@ fn forward_and_backward_match_the_reference() {
             Ok(())
         })
         .unwrap();
+}
+
+/// Forward and backward of a feature case on every dtype against the reference on the
+/// inputs rounded to that dtype.
+fn check_features(gpus: &[Box<dyn DilatedBackend>], case: &FeatureCase) -> Result<(), TestCaseError> {
+    let problem = case.problem();
+    let [q, k, v, go] = case.inputs();
+    for gpu in gpus {
+        let dtype = gpu.dtype();
+        let got = gpu.forward(&problem, [&q, &k, &v]).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let g = gpu.backward(&problem, [&q, &k, &v], &go).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let [rq, rk, rv, rgo] =
+            [&q, &k, &v, &go].map(|x| round_to(dtype, x).into_iter().map(f64::from).collect::<Vec<f64>>());
+        let want = Expected::for_problem(&problem, [&rq, &rk, &rv], Some(&rgo)).expect("valid case");
+        let mut checks = judge_forward(&want, &got.out, &got.lse, dtype);
+        checks.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], dtype));
+        let v = verdict(&checks);
+        prop_assert!(v.is_ok(), "{}: {} {:?}", gpu.name(), v.unwrap_err(), case);
+    }
+    Ok(())
+}
+
+#[test]
+fn features_match_the_reference() {
+    let Some(dev) = device_or_skip("features_match_the_reference") else { return };
+    let gpus: [Box<dyn DilatedBackend>; 3] =
+        [Box::new(gpu::<f32>(&dev)), Box::new(gpu::<bf16>(&dev)), Box::new(gpu::<half::f16>(&dev))];
+    runner().run(&feature_case(1..=48, 24, vec![1, 4, 5, 8, 16, 20]), |case| check_features(&gpus, &case)).unwrap();
+    // Long enough for several key tiles and query blocks per segment.
+    runner().run(&feature_case(100..=400, 200, vec![8, 20, 40, 72]), |case| check_features(&gpus, &case)).unwrap();
 }
 
 /// Splitting the keys into blocks at arbitrary points and merging them in reverse order
