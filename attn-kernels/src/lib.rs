@@ -32,7 +32,9 @@
 //! Unsafe code lives only in `avx512`, `avx2` and `bf16_pairs::arch` (intrinsics and tile
 //! instructions behind bounds-checked safe wrappers), `cpu_features` (the AMX permission
 //! request), `disjoint` (shared output buffer, disjoint rows), `backend` (the disjoint
-//! row writes of work units) and `huge_pages` (`madvise` on fresh buffers). Only `ops`,
+//! row writes of work units), `huge_pages` (`madvise` on fresh buffers) and, with the
+//! `cuda` feature, `cuda::device`, `cuda::launch`, `cuda::params` and `cuda::nvrtc` (the
+//! driver and NVRTC calls). Only `ops`,
 //! the dispatch module, calls into `avx512`, `avx2`, `portable` and `bf16_pairs`; every
 //! CPU feature check is in `cpu_features`.
 #![deny(unsafe_code)]

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use attn_core::{AttnError, Result};
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
-use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
-use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source, nvrtc_options};
+use super::nvrtc::{ImageKind, compile_for_device};
+use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source};
 
 const BACKEND: &str = "cuda";
 
@@ -49,8 +49,8 @@ pub fn check_available(ordinal: usize) -> Result<()> {
     Ok(())
 }
 
-/// Compiled modules by (device ordinal, dtype suffix).
-type ModuleCache = Mutex<HashMap<(usize, &'static str), Arc<CudaModule>>>;
+/// Compiled modules by (device ordinal, dtype suffix), with the kind of image loaded.
+type ModuleCache = Mutex<HashMap<(usize, &'static str), (Arc<CudaModule>, ImageKind)>>;
 
 fn module_cache() -> &'static ModuleCache {
     static CACHE: OnceLock<ModuleCache> = OnceLock::new();
@@ -67,8 +67,8 @@ pub struct CudaDevice {
 
 impl CudaDevice {
     /// Open device `ordinal`: check libraries and device and require sm_80+. Kernels are
-    /// compiled by NVRTC for this device on first use, one module per dtype, cached for
-    /// the process.
+    /// compiled by NVRTC for this device's architecture on first use, one module per
+    /// dtype, cached for the process.
     pub fn new(ordinal: usize) -> Result<Self> {
         check_available(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
@@ -81,21 +81,32 @@ impl CudaDevice {
     }
 
     /// The module holding the kernels of dtype `suffix` (`f32`, `f16`, `bf16`), compiled
-    /// on first use.
+    /// on first use: a cubin for this device's architecture, PTX where NVRTC cannot.
     fn module(&self, suffix: &'static str) -> Result<Arc<CudaModule>> {
+        Ok(self.module_and_kind(suffix)?.0)
+    }
+
+    /// [`Self::module`] and whether it was loaded from a cubin or from PTX.
+    fn module_and_kind(&self, suffix: &'static str) -> Result<(Arc<CudaModule>, ImageKind)> {
         let key = (self.ctx.ordinal(), suffix);
         let mut cache = module_cache().lock().map_err(|_| unavailable("kernel cache lock poisoned"))?;
         if let Some(m) = cache.get(&key) {
             return Ok(m.clone());
         }
-        let arch = format!("compute_{}{}", self.compute_capability.0, self.compute_capability.1);
-        let mut options = nvrtc_options(&arch);
-        options.push(dtype_define(suffix)?);
-        let opts = CompileOptions { options, ..Default::default() };
-        let ptx = compile_ptx_with_opts(full_source(), opts).map_err(cuda_err)?;
-        let m = self.ctx.load_module(ptx).map_err(cuda_err)?;
-        cache.insert(key, m.clone());
-        Ok(m)
+        let (image, kind) = compile_for_device(&full_source(), self.compute_capability, &[dtype_define(suffix)?])?;
+        let m = self.ctx.load_module(image).map_err(cuda_err)?;
+        cache.insert(key, (m.clone(), kind));
+        Ok((m, kind))
+    }
+
+    /// How the kernels of dtype `suffix` reach this device (compiling them if needed):
+    /// `"cubin sm_XX"` or `"ptx compute_XX"`.
+    pub fn kernel_image(&self, suffix: &'static str) -> Result<String> {
+        let (major, minor) = self.compute_capability;
+        Ok(match self.module_and_kind(suffix)?.1 {
+            ImageKind::Cubin => format!("cubin sm_{major}{minor}"),
+            ImageKind::Ptx => format!("ptx compute_{major}{minor}"),
+        })
     }
 
     /// `(major, minor)` compute capability.

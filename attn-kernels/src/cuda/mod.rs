@@ -19,6 +19,7 @@ mod device;
 mod epilogue;
 mod host;
 mod launch;
+pub mod nvrtc;
 pub mod params;
 pub mod plan;
 pub mod source;
