@@ -1,14 +1,16 @@
-//! `attn-cuda-bench`: time the CUDA forward on the target shapes (LongNet-style
-//! head groups, segments 2048..32768, heads 16, head_dim 128) and print one JSON line
-//! per case with milliseconds and TFLOP/s. Build here with `--features cuda`, carry the
-//! binary to a GPU machine, run it there (it exits with a typed error without a GPU).
+//! `attn-cuda-bench`: time the CUDA forward (or forward+backward) on the benchmark shapes
+//! (head groups, segments 2048..32768 with rates 1..16, heads 16, head_dim 128) with CUDA
+//! events after a warm-up call, and print one JSON line per case with milliseconds,
+//! TFLOP/s and how the kernels were loaded (cubin or PTX). Build here with `--features
+//! cuda`, carry the binary to a GPU machine, run it there (a typed error without a GPU).
 //!
 //! Usage: attn-cuda-bench [--seq 65536,262144] [--dtype bf16|f16|f32] [--iters 10] [--causal]
+//!        [--backward]
 
 use std::process::ExitCode;
 
-use attn_core::{DilatedConfig, Shape4};
-use attn_kernels::cuda::{CudaDevice, CudaElement, GpuTiming, bench_forward};
+use attn_core::{DilatedConfig, Pass, Shape4};
+use attn_kernels::cuda::{CudaDevice, CudaElement, GpuTiming, bench_pass};
 use half::{bf16, f16};
 
 struct Args {
@@ -16,10 +18,12 @@ struct Args {
     dtype: String,
     iters: usize,
     causal: bool,
+    pass: Pass,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a = Args { seqs: vec![65_536, 262_144], dtype: "bf16".into(), iters: 10, causal: false };
+    let mut a =
+        Args { seqs: vec![65_536, 262_144], dtype: "bf16".into(), iters: 10, causal: false, pass: Pass::Forward };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -33,6 +37,7 @@ fn parse() -> Result<Args, String> {
             "--dtype" => a.dtype = val()?,
             "--iters" => a.iters = val()?.parse().map_err(|e| format!("--iters: {e}"))?,
             "--causal" => a.causal = true,
+            "--backward" => a.pass = Pass::Backward,
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -43,11 +48,12 @@ fn run_one<T: CudaElement>(
     dev: &CudaDevice,
     cfg: &DilatedConfig,
     shape: Shape4,
-    iters: usize,
-) -> Result<GpuTiming, String> {
+    a: &Args,
+) -> Result<(GpuTiming, String), String> {
     // Deterministic pseudo-random inputs in [-1, 1).
     let fill = |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 2001) as f32 / 1000.0 - 1.0;
-    bench_forward::<T>(dev, cfg, shape, iters, fill).map_err(|e| e.to_string())
+    let t = bench_pass::<T>(dev, cfg, shape, a.pass, a.iters, fill).map_err(|e| e.to_string())?;
+    Ok((t, dev.kernel_image(T::SUFFIX).map_err(|e| e.to_string())?))
 }
 
 fn run() -> Result<(), String> {
@@ -62,16 +68,17 @@ fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     for &seq in &a.seqs {
         let shape = Shape4::new(1, seq, 16, 128).map_err(|e| e.to_string())?;
-        let t = match a.dtype.as_str() {
-            "bf16" => run_one::<bf16>(&dev, &cfg, shape, a.iters)?,
-            "f16" => run_one::<f16>(&dev, &cfg, shape, a.iters)?,
-            "f32" => run_one::<f32>(&dev, &cfg, shape, a.iters)?,
+        let (t, image) = match a.dtype.as_str() {
+            "bf16" => run_one::<bf16>(&dev, &cfg, shape, &a)?,
+            "f16" => run_one::<f16>(&dev, &cfg, shape, &a)?,
+            "f32" => run_one::<f32>(&dev, &cfg, shape, &a)?,
             other => return Err(format!("unknown dtype `{other}`")),
         };
         println!(
-            "{{\"device\":\"sm_{major}{minor}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":16,\"head_dim\":128,\"causal\":{},\"median_ms\":{:.4},\"tflops\":{:.2}}}",
+            "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":16,\"head_dim\":128,\"causal\":{},\"backward\":{},\"median_ms\":{:.4},\"tflops\":{:.2}}}",
             a.dtype,
             a.causal,
+            a.pass == Pass::Backward,
             t.median_ms,
             t.tflops()
         );

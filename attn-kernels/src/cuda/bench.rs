@@ -1,21 +1,24 @@
-//! A small GPU timing entry for the bench harness: forward of random inputs on the
-//! device, timed around stream synchronisation, with the attended FLOP count.
+//! GPU timing entries for the bench harness: forward (and forward+backward) of random
+//! inputs on the device, timed with CUDA events around each call after a warm-up call,
+//! including the epilogues that write the caller's output (and gradients), with the
+//! attended FLOP count.
 
-use std::time::Instant;
+use attn_core::{DilatedConfig, Pass, Result, SegmentPattern, Shape4};
+use cudarc::driver::sys::CUevent_flags;
 
-use attn_core::{DilatedConfig, Result, SegmentPattern, Shape4};
-
-use super::block::{DeviceBlock, forward_block};
+use super::block::{DeviceBlock, DeviceUpstream, backward_block, forward_block};
 use super::device::{CudaDevice, cuda_err};
+use super::epilogue::{delta, finish_forward, store_scaled};
 use super::plan::{SelectedIndex, pattern_launches};
-use super::tensor::{CudaElement, DevicePartial, DeviceTensor};
+use super::tensor::{CudaElement, DeviceGrads, DevicePartial, DeviceTensor};
 
-/// Result of [`bench_forward`].
+/// Result of [`bench_forward`] / [`bench_pass`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuTiming {
-    /// Median milliseconds per forward (attention kernels only, no transfers).
+    /// Median milliseconds per call (CUDA events; kernels and epilogues, no transfers).
     pub median_ms: f64,
-    /// Useful FLOPs per forward: `4 * head_dim` per attended (query, key) pair.
+    /// Useful FLOPs per call: `4 * head_dim` per attended (query, key) pair, times 2.5
+    /// more for the backward (five products where the forward has two).
     pub flops: f64,
 }
 
@@ -45,11 +48,25 @@ pub fn attended_pairs(cfg: &DilatedConfig, shape: Shape4) -> u64 {
     pairs * shape.batch as u64
 }
 
-/// Time `iters` forwards (after one warm-up) on inputs of `shape` filled with `fill(i)`.
+/// [`bench_pass`] of the forward.
 pub fn bench_forward<T: CudaElement>(
     dev: &CudaDevice,
     cfg: &DilatedConfig,
     shape: Shape4,
+    iters: usize,
+    fill: impl Fn(usize) -> f32,
+) -> Result<GpuTiming> {
+    bench_pass::<T>(dev, cfg, shape, Pass::Forward, iters, fill)
+}
+
+/// Time `iters` calls (after one warm-up call) of `pass` on inputs of `shape` filled with
+/// `fill(i)`: the forward writes `out` and the LSE; `Pass::Backward` times the forward
+/// and the backward together (delta, dq/dk/dv accumulation, the gradients written).
+pub fn bench_pass<T: CudaElement>(
+    dev: &CudaDevice,
+    cfg: &DilatedConfig,
+    shape: Shape4,
+    pass: Pass,
     iters: usize,
     fill: impl Fn(usize) -> f32,
 ) -> Result<GpuTiming> {
@@ -58,20 +75,40 @@ pub fn bench_forward<T: CudaElement>(
         let data = dev.stream.clone_htod(&host).map_err(cuda_err)?;
         Ok(DeviceTensor { data, shape, strides: shape.contiguous_strides() })
     };
-    let (q, k, v) = (upload()?, upload()?, upload()?);
-    let mut times = Vec::with_capacity(iters.max(1));
-    for i in 0..=iters.max(1) {
+    let (q, k, v, go) = (upload()?, upload()?, upload()?, upload()?);
+    let mut out = DeviceTensor::<T>::zeros(dev, shape)?;
+    let mut grads =
+        [DeviceTensor::<T>::zeros(dev, shape)?, DeviceTensor::zeros(dev, shape)?, DeviceTensor::zeros(dev, shape)?];
+    let block = DeviceBlock::new(cfg, (&q, 0), (&k, &v, 0));
+    let mut call = || -> Result<()> {
         let mut partial = DevicePartial::empty(dev, shape)?;
-        dev.synchronize()?;
-        let t0 = Instant::now();
-        forward_block(dev, &DeviceBlock::new(cfg, (&q, 0), (&k, &v, 0)), &mut partial)?;
-        dev.synchronize()?;
-        if i > 0 {
-            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        forward_block(dev, &block, &mut partial)?;
+        let lse = finish_forward(dev, cfg, &partial, &mut out)?;
+        if pass == Pass::Backward {
+            let d = delta(dev, &go, &out)?;
+            let mut acc = DeviceGrads::zeros(dev, shape, shape)?;
+            backward_block(dev, &block, &DeviceUpstream { grad_out: &go, lse, delta: &d }, &mut acc)?;
+            let names =
+                [attn_core::TensorName::GradQuery, attn_core::TensorName::GradKey, attn_core::TensorName::GradValue];
+            for ((src, dst), name) in [&acc.dq, &acc.dk, &acc.dv].into_iter().zip(grads.iter_mut()).zip(names) {
+                store_scaled(dev, name, src, 1.0, dst)?;
+            }
         }
+        Ok(())
+    };
+    call()?;
+    dev.synchronize()?;
+    let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let mut times = Vec::with_capacity(iters.max(1));
+    for _ in 0..iters.max(1) {
+        let start = dev.stream.record_event(timing).map_err(cuda_err)?;
+        call()?;
+        let end = dev.stream.record_event(timing).map_err(cuda_err)?;
+        times.push(f64::from(start.elapsed_ms(&end).map_err(cuda_err)?));
     }
     times.sort_by(f64::total_cmp);
-    let flops = 4.0 * shape.head_dim as f64 * attended_pairs(cfg, shape) as f64;
+    let factor = if pass == Pass::Backward { 3.5 } else { 1.0 };
+    let flops = factor * 4.0 * shape.head_dim as f64 * attended_pairs(cfg, shape) as f64;
     Ok(GpuTiming { median_ms: times[times.len() / 2], flops })
 }
 

@@ -25,7 +25,7 @@ pub mod plan;
 pub mod source;
 mod tensor;
 
-pub use bench::{GpuTiming, attended_pairs, bench_forward};
+pub use bench::{GpuTiming, attended_pairs, bench_forward, bench_pass};
 pub use block::{DeviceBlock, DeviceUpstream, backward_block, forward_block};
 pub use device::{CudaDevice, check_available, nvrtc_present};
 pub use epilogue::{delta, finish_forward, store_scaled};
