@@ -33,11 +33,13 @@
 //! that disagree, and tensors on a GPU device (the op computes on the host only).
 //! No panic on bad input.
 
+mod buffers;
 mod error;
 mod host;
 mod op;
 mod options;
 
+pub use buffers::{BufferRun, InputLayout, leaf, run_buffers};
 pub use error::to_candle;
 pub use host::{AnyAttention, HostElement};
 pub use op::{AttnOutput, DilatedAttentionOp, LseCell, attention_on};

@@ -4,13 +4,14 @@
 
 mod common;
 
+use attn_candle::run_buffers;
 use attn_core::DType as AttnDType;
 use attn_testkit::FeatureCase;
 use attn_testkit::feature_case;
 use attn_testkit::judge::{Expected, judge_backward, judge_forward, round_to, verdict};
 use candle_core::DType;
 use common::compose::{Masking, compose};
-use common::{Layout, Run, run_op, run_with};
+use common::{Layout, Run, run_op};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 
@@ -19,7 +20,7 @@ fn composed(case: &FeatureCase, layout: Layout) -> Run {
     let [q, k, v, go] = case.inputs();
     let masking = Masking { padding: case.padding.clone(), cu_seqlens: case.cu_seqlens.clone() };
     let dims = [case.shape.q.dims(), case.shape.kv.dims()];
-    run_with(|q, k, v| compose(q, k, v, &case.cfg, &masking), [&q, &k, &v], dims, &go, DType::F32, layout)
+    run_buffers(|q, k, v| compose(q, k, v, &case.cfg, &masking), [&q, &k, &v], dims, &go, (DType::F32, layout))
         .expect("composition runs")
 }
 

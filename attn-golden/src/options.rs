@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-pub const USAGE: &str = "usage: attn-golden DIR [--backend reference|cpu|ring|cuda] [--dtype f32|bf16|f16]
+pub const USAGE: &str = "usage: attn-golden DIR [--backend reference|cpu|ring|cuda|candle] [--dtype f32|bf16|f16]
                    [--threads T] [--world-size N] [--strategy ring|allgather|auto] [--layout contiguous|zigzag]
                    [--expect N]   (fail unless DIR holds exactly N cases)
 exit status: 0 passed, 1 a case failed or the count is off, 2 usage, 3 backend unavailable here,

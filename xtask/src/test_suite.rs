@@ -99,13 +99,11 @@ fn golden_outcome(code: Option<i32>, out: &str) -> Outcome {
     }
 }
 
-/// `cargo build` arguments of the golden runner: with the CUDA backend where a GPU is.
+/// `cargo build` arguments of the golden runner: with the candle op, and with the CUDA
+/// backend where a GPU is.
 fn golden_build_args(gpu: bool) -> Vec<&'static str> {
-    let mut args = vec!["build", "--release", "--bin", "attn-golden"];
-    if gpu {
-        args.extend(["--features", "attn-golden/cuda"]);
-    }
-    args
+    let features = if gpu { "attn-golden/candle,attn-golden/cuda" } else { "attn-golden/candle" };
+    vec!["build", "--release", "--bin", "attn-golden", "--features", features]
 }
 
 /// The number of conformance files in each directory the runs read.
@@ -125,6 +123,11 @@ fn golden_runs(gpu: bool) -> Vec<(String, &'static str, Vec<String>)> {
         runs.push((format!("{dir} reference"), dir, s(&["--backend", "reference"])));
         for dt in dtypes {
             runs.push((format!("{dir} cpu {dt}"), dir, s(&["--backend", "cpu", "--dtype", dt])));
+        }
+        if dtypes == kernels {
+            for dt in dtypes {
+                runs.push((format!("{dir} candle {dt}"), dir, s(&["--backend", "candle", "--dtype", dt])));
+            }
         }
     }
     // The multihead files on P = 1..8 ring ranks, as `.ci/run` runs them (the dilated
@@ -419,8 +422,8 @@ mod tests {
 
     #[test]
     fn on_a_gpu_the_runner_is_built_with_cuda_and_an_absent_backend_fails() {
-        assert!(!golden_build_args(false).contains(&"--features"));
-        assert!(golden_build_args(true).ends_with(&["--features", "attn-golden/cuda"]));
+        assert!(golden_build_args(false).ends_with(&["--features", "attn-golden/candle"]));
+        assert!(golden_build_args(true).ends_with(&["--features", "attn-golden/candle,attn-golden/cuda"]));
         assert!(matches!(golden_outcome(Some(0), "9 passed, 0 failed"), Outcome::Passed));
         for code in [GOLDEN_UNAVAILABLE, GOLDEN_NOT_COMPILED, 1] {
             assert!(matches!(golden_outcome(Some(code), "x"), Outcome::Failed(_)), "exit {code}");

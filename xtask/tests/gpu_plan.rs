@@ -35,7 +35,7 @@ fn plan(dir: &Path, group: &str) -> String {
 fn a_listed_gpu_builds_cuda_and_forbids_skips() {
     let gpu = stand_in("gpu", "echo 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-stand-in)'");
     let golden = plan(&gpu, "golden");
-    assert!(golden.contains("build --release --bin attn-golden --features attn-golden/cuda"), "{golden}");
+    assert!(golden.contains("build --release --bin attn-golden --features attn-golden/candle,attn-golden/cuda"), "{golden}");
     for dt in ["f32", "bf16", "f16"] {
         let run = golden.lines().find(|l| l.contains(&format!("--backend cuda --dtype {dt} --expect 9")));
         assert!(run.is_some_and(|l| l.starts_with("plan: ATTN_REQUIRE_GPU=1 ")), "cuda {dt}:\n{golden}");
@@ -53,7 +53,7 @@ fn a_listed_gpu_builds_cuda_and_forbids_skips() {
 fn no_listed_gpu_plans_no_cuda_run() {
     let none = stand_in("nogpu", "echo 'NVIDIA-SMI has failed' >&2; exit 9");
     let golden = plan(&none, "golden");
-    assert!(golden.contains("build --release --bin attn-golden\n"), "{golden}");
+    assert!(golden.contains("build --release --bin attn-golden --features attn-golden/candle\n"), "{golden}");
     assert!(!golden.contains("cuda") && !golden.contains("ATTN_REQUIRE_GPU"), "{golden}");
     assert!(plan(&none, "gpu").contains("SKIP"), "the GPU step is skipped, and says so");
     assert!(!plan(&none, "nccl").contains("ATTN_REQUIRE_GPU"));

@@ -1,5 +1,7 @@
 //! Backend selection: maps `--backend`, `--dtype` and the ring options to implementations.
 
+#[cfg(feature = "candle")]
+mod candle;
 mod multihead;
 mod ring;
 
@@ -43,8 +45,8 @@ pub fn select(o: &Options) -> Result<Selected, Refusal> {
     if o.world_size.is_some() && o.backend != "ring" {
         return Err("--world-size needs --backend ring".into());
     }
-    if o.backend != "cpu" && o.backend != "cuda" && dtype != DType::F32 {
-        return Err(format!("--dtype {} is only for --backend cpu|cuda", o.dtype).into());
+    if !["cpu", "cuda", "candle"].contains(&o.backend.as_str()) && dtype != DType::F32 {
+        return Err(format!("--dtype {} is only for --backend cpu|cuda|candle", o.dtype).into());
     }
     let err = |e: AttnError| e.to_string();
     let sel = match o.backend.as_str() {
@@ -72,7 +74,8 @@ pub fn select(o: &Options) -> Result<Selected, Refusal> {
             Selected { label: r.name(), dilated: Some(Box::new(r)), multihead: Some(Box::new(m)) }
         }
         "cuda" => cuda_backend(dtype).map_err(Refusal::Backend)?,
-        other => return Err(format!("unknown backend `{other}` (reference|cpu|ring|cuda)").into()),
+        "candle" => candle_backend(dtype).map_err(Refusal::Backend)?,
+        other => return Err(format!("unknown backend `{other}` (reference|cpu|ring|cuda|candle)").into()),
     };
     Ok(sel)
 }
@@ -82,6 +85,21 @@ fn cuda_backend(dtype: DType) -> Result<Selected, AttnError> {
     let gpu = CudaBackend::new(0)?;
     let label = format!("cuda {}", dtype.as_str());
     Ok(Selected { label: label.clone(), dilated: Some(typed(gpu, dtype, label)?), multihead: None })
+}
+
+/// The candle op (feature `candle`; without it, `NotCompiled`). Dilated files only: the
+/// candle-nn layer is tested in attn-candle against the multihead files.
+fn candle_backend(dtype: DType) -> Result<Selected, AttnError> {
+    #[cfg(feature = "candle")]
+    {
+        let label = format!("candle {}", dtype.as_str());
+        Ok(Selected { label, dilated: Some(Box::new(candle::CandleDilated { dtype })), multihead: None })
+    }
+    #[cfg(not(feature = "candle"))]
+    {
+        let _ = dtype;
+        Err(AttnError::NotCompiled { backend: "candle", feature: "candle" })
+    }
 }
 
 /// `backend` computing in `dtype` behind the golden interface.
