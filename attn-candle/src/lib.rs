@@ -27,6 +27,14 @@
 //! padding, packed sequences (`cu_seqlens`), windows, mixing and causality come in
 //! [`AttnOptions`] and its [`attn_core::DilatedConfig`].
 //!
+//! # Ring attention
+//! [`attention_on`] takes any backend computing f32, bf16 and f16 ([`AnyAttention`]).
+//! With an `attn_ring::RingBackend` (one per rank, over any communicator: in-process
+//! `ThreadComm`, MPI, NCCL) each rank passes its own rows (`RingBackend::positions`)
+//! and gets the single-device rows back, gradients included: the backward is the
+//! ring's collective backward, so every rank calls `backward()` on its loss. A key
+//! padding mask then covers the rank's rows; `cu_seqlens` are global.
+//!
 //! # Errors and devices
 //! Every failure is a candle error wrapping the workspace's [`attn_core::AttnError`]
 //! with its message: mixed dtypes, f64 or integer inputs, a rank other than 4, shapes
