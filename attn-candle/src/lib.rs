@@ -44,6 +44,7 @@
 mod buffers;
 mod error;
 mod host;
+pub mod nn;
 mod op;
 mod options;
 

@@ -1,0 +1,12 @@
+//! candle-nn modules over the op: the MAGNETO/LongNet [`MultiheadDilatedAttention`]
+//! layer and the [`LongNetEncoder`] stack, built from a `VarBuilder` under the same
+//! PyTorch names as `attn-multihead` (`q_proj.weight` `[out, in]`, ..., `norm.*`;
+//! `layers.{i}.norm1.*`, `self_attn.*`, `norm2.*`, `linear1.*`, `norm3.*`, `linear2.*`),
+//! so a checkpoint saved from the Python library loads unchanged. Dropout is not
+//! applied (the modules compute the eval function; training uses no dropout).
+
+mod encoder;
+mod multihead;
+
+pub use encoder::{LongNetEncoder, LongNetEncoderLayer};
+pub use multihead::MultiheadDilatedAttention;
