@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# The prepared GPU check for a GPU machine that has no Rust toolchain (15 minutes of device
-# time; the working tree travels, conformance/ and the PyTorch script included). Two steps:
+# The prepared check for a GPU machine that has no Rust toolchain: one command, at most 5
+# minutes, that reports every step truthfully.
 #
-#   scripts/device-check.sh pack    # here: build the CUDA and NCCL test binaries and the
-#                                   # CUDA bench and strip them into device-pack/
-#                                   # (git-ignored)
-#   device run: command "bash scripts/device-check.sh run", carry ["device-pack"],
-#               timeout_s 540
+#   scripts/device-check.sh pack       # here: build the binaries into device-pack/ (git-ignored,
+#                                      # self-contained: binaries, conformance/, the PyTorch peer)
+#   scripts/device-check.sh rehearse   # here: pack, copy the pack into a clean directory and run
+#                                      # it there; GPU steps report `not run (no GPU)`
+#   device run: command "bash device-pack/device-check.sh run", carry ["device-pack"], timeout_s 420
+#               (each step has a budget, 300 s in all; `run --only STEP` reruns one step)
 #
-# `run` (on the GPU machine) runs the CUDA tests (attn-kernels: lib, cuda_*), the NCCL
-# tests (attn-ring lib: a one-rank round trip and a rank that never joins; two NCCL ranks
-# need two GPUs), then the CUDA bench and the PyTorch peer on the GPU. Everything goes to
-# $OUT/tests.log and $OUT/bench.log; a summary line per step goes to stdout.
+# Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
+# conformance directory on the CUDA backend, f32/bf16/f16, forward and gradients), tests (the
+# CUDA test binaries, proptests at a bounded case count), bench (CUDA against the PyTorch peer
+# on the same GPU), sanitizer (compute-sanitizer memcheck and racecheck on a small bf16
+# forward+backward), nccl (a one-rank round trip and a peer that never joins). Each step writes
+# `STEP: passed|FAILED|not run (why)` to $OUT/device-report.md (JSON twin device-report.json)
+# and its output to $OUT/STEP.log. ATTN_REQUIRE_GPU=1: no GPU test may skip.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-PACK=device-pack
+STEPS="env golden tests bench sanitizer nccl"
+
+# ---- pack (here) ----------------------------------------------------------------------------
 
 # Executables of the test targets named in $TARGETS that `cargo test --no-run ARGS` builds.
 test_binaries() {
@@ -29,70 +34,283 @@ for line in sys.stdin:
 
 pack() {
     set -e
-    rm -rf "$PACK"
-    mkdir -p "$PACK/bin"
-    local exe
+    cd "$(dirname "$0")/.."
+    local pack=device-pack exe
+    rm -rf "$pack"
+    mkdir -p "$pack/bin" "$pack/torch"
     for exe in $(TARGETS="attn_kernels cuda_golden cuda_nvrtc cuda_proptest cuda_unavailable" \
         test_binaries -p attn-kernels --features cuda) \
         $(TARGETS="attn_ring" test_binaries -p attn-ring --features nccl); do
-        cp "$exe" "$PACK/bin/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
+        cp "$exe" "$pack/bin/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
     done
-    cargo build --release -p attn-kernels --features cuda --bin attn-cuda-bench
-    cp target/release/attn-cuda-bench "$PACK/"
-    strip "$PACK"/bin/* "$PACK/attn-cuda-bench"
-    ls "$PACK/bin"
-    du -sh "$PACK"
+    cargo build -q --release -p attn-kernels --features cuda --bin attn-cuda-bench
+    cargo build -q --release -p attn-golden --features cuda --bin attn-golden
+    cp target/release/attn-cuda-bench target/release/attn-golden "$pack/bin/"
+    strip "$pack"/bin/*
+    cp -r conformance "$pack/"
+    cp attn-bench/torch/torch_dilated.py "$pack/torch/"
+    cp scripts/device-check.sh "$pack/"
+    git rev-parse --short HEAD >"$pack/COMMIT" 2>/dev/null || echo unknown >"$pack/COMMIT"
+    local n
+    n=$(ls "$pack/bin" | wc -l)
+    [ "$n" -eq 8 ] || { echo "pack: expected 8 binaries, got $n: $(ls "$pack/bin")" >&2; exit 1; }
+    echo "pack: $(du -sh "$pack" | cut -f1) in $pack ($n binaries, commit $(cat "$pack/COMMIT"))"
 }
 
-# Link the first library matching $2 found under / as $1 in the private library dir, and
-# put its own directory on the library path too (libnvrtc opens libnvrtc-builtins there).
-link_lib() {
-    local found
-    found=$(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name "$2" -print 2>/dev/null | head -1)
-    if [ -n "$found" ]; then
-        ln -sf "$found" "/tmp/attn-libs/$1"
-        LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"
-        echo "$1 -> $found"
+# ---- run (there) ----------------------------------------------------------------------------
+
+REPORT_LINES=()
+JSON_STEPS=()
+
+# record STEP RESULT SECONDS
+record() {
+    REPORT_LINES+=("- $1: $2 (${3} s)")
+    local r=${2//\"/\'}
+    JSON_STEPS+=("\"$1\": {\"result\": \"$r\", \"seconds\": $3, \"log\": \"$1.log\"}")
+    echo "$1: $2 (${3} s)"
+}
+
+# The first file matching $1 (a glob) in the library directories, in search order.
+find_lib() {
+    local d f
+    for d in "${LIB_DIRS[@]}"; do
+        for f in "$d"/$1; do
+            [ -e "$f" ] && { echo "$f"; return 0; }
+        done
+    done
+    return 1
+}
+
+# Library directories: the loader's cache and path, the CUDA toolkits, and the `nvidia`
+# packages of the python3 found here (two levels: nvidia/X/lib and nvidia/cuNN/lib).
+library_dirs() {
+    LIB_DIRS=()
+    local d p
+    IFS=: read -ra p <<<"${LD_LIBRARY_PATH:-}"
+    for d in "${p[@]}"; do [ -d "$d" ] && LIB_DIRS+=("$d"); done
+    while read -r d; do LIB_DIRS+=("$d"); done < <(ldconfig -p 2>/dev/null | awk -F'=> ' '/=>/ {print $2}' |
+        xargs -r -n1 dirname 2>/dev/null | sort -u)
+    for d in /usr/local/cuda*/lib64 /usr/local/cuda*/targets/x86_64-linux/lib; do
+        [ -d "$d" ] && LIB_DIRS+=("$d")
+    done
+    while read -r d; do
+        for p in "$d"/*/lib "$d"/*/*/lib; do [ -d "$p" ] && LIB_DIRS+=("$p"); done
+    done < <(python3 -c 'import nvidia; print("\n".join(nvidia.__path__))' 2>/dev/null)
+}
+
+# Link the library matching $2 as $1 (the name cudarc opens) and put its directory on the path.
+use_lib() {
+    local f
+    if f=$(find_lib "$2"); then
+        ln -sf "$f" "$LIBS/$1"
+        LD_LIBRARY_PATH="$LIBS:$(dirname "$f"):$LD_LIBRARY_PATH"
+        echo "$1 -> $(readlink -f "$f")"
     else
-        echo "$1: none found"
+        echo "$1: not found (searched ${#LIB_DIRS[@]} directories)"
+        return 1
     fi
 }
 
-run() {
-    : "${OUT:=/tmp/device-out}"
-    mkdir -p "$OUT" /tmp/attn-libs
-    nvidia-smi -L
-    # cudarc opens libnccl.so and libnvrtc.so; wheels and toolkits ship numbered names.
-    export LD_LIBRARY_PATH="/tmp/attn-libs:${LD_LIBRARY_PATH:-}"
-    link_lib libnccl.so 'libnccl.so.2*'
-    link_lib libnvrtc.so 'libnvrtc.so.1[0-9]*'
-    export ATTN_GOLDEN_DIR="$PWD/conformance"
-    # On the GPU machine nothing may skip: a missing library fails the test, naming it.
-    export ATTN_REQUIRE_GPU=1
-    local t rc failed=0
-    for t in "$PACK"/bin/*; do
-        echo "=== $(basename "$t")" >>"$OUT/tests.log"
-        timeout 240 "$t" --test-threads=1 >>"$OUT/tests.log" 2>&1
-        rc=$?
-        [ "$rc" -eq 0 ] || failed=1
-        echo "$(basename "$t"): rc $rc; $(grep -a 'test result' "$OUT/tests.log" | tail -1)"
+have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
+
+# Seconds each step may take (300 in all, so a whole run fits 5 minutes).
+budget() {
+    case $1 in
+    env) echo 30 ;; golden) echo 70 ;; tests) echo 80 ;; bench) echo 60 ;; sanitizer) echo 40 ;; nccl) echo 20 ;;
+    esac
+}
+
+# Run "$@" for at most $1 seconds and what is left of the step's budget, appending its
+# output to the step log; 124 = timed out.
+logged() {
+    local t=$1 left=$((STEP_END - $(date +%s)))
+    shift
+    [ "$left" -lt "$t" ] && t=$left
+    echo "\$ $* (timeout ${t} s)" >>"$LOG"
+    if [ "$t" -le 0 ]; then
+        echo "the step's budget is spent" >>"$LOG"
+        return 124
+    fi
+    timeout "$t" "$@" >>"$LOG" 2>&1
+}
+
+step_env() {
+    local ok=0
+    if have_gpu; then
+        nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv >>"$LOG" 2>&1 || ok=1
+    else
+        echo "no GPU (nvidia-smi absent or lists none)" >>"$LOG"
+    fi
+    cat "$LIBS/found" >>"$LOG"
+    [ "$LIB_MISSING" -eq 1 ] && have_gpu && ok=1
+    echo "python3: $(command -v python3) $(python3 -c 'import torch; print("torch", torch.__version__)' 2>&1 | tail -1)" >>"$LOG"
+    # The pack's binaries run here (a broken pack fails this step, GPU or not).
+    logged 30 "$PACK/bin/attn-golden" "$PACK/conformance/dilated" --backend cpu --expect 9 || ok=1
+    logged 30 "$PACK/bin/cuda_unavailable" --test-threads=1 || ok=1
+    have_gpu || { [ "$ok" -eq 0 ] && return 3; }
+    return "$ok"
+}
+
+step_golden() {
+    have_gpu || return 2
+    local dir dt ok=0
+    for dir in dilated features; do
+        for dt in f32 bf16 f16; do
+            logged 40 "$PACK/bin/attn-golden" "$PACK/conformance/$dir" --backend cuda --dtype "$dt" --expect 9 || ok=1
+        done
     done
-    grep -a -E "panicked|FAILED|^test .*(cuda|gpu|nccl).* ok$" "$OUT/tests.log" | tail -40
-    timeout 120 "$PACK/attn-cuda-bench" --seq 65536,262144 --dtype bf16 >"$OUT/bench.log" 2>&1
-    echo "attn-cuda-bench: rc $?"
-    # The same problem in PyTorch (the baseline), one line per sequence length.
-    local seq
+    return "$ok"
+}
+
+step_tests() {
+    have_gpu || return 2
+    # cuda_golden repeats the golden step's files; it runs where the budget is left.
+    local t ok=0
+    for t in cuda_proptest attn_kernels cuda_nvrtc cuda_golden; do
+        ATTN_CUDA_CASES=16 logged 60 "$PACK/bin/$t" --test-threads=1 $([ "$t" = attn_kernels ] && echo cuda) || ok=1
+    done
+    return "$ok"
+}
+
+step_bench() {
+    have_gpu || return 2
+    local seq ok=0 shape=(--heads 16 --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16)
+    logged 60 "$PACK/bin/attn-cuda-bench" --seq 65536,262144 --dtype bf16 || ok=1
+    logged 40 "$PACK/bin/attn-cuda-bench" --seq 65536 --dtype bf16 --backward || ok=1
     for seq in 65536 262144; do
-        timeout 120 python3 attn-bench/torch/torch_dilated.py --device cuda --dtype bf16 --seq-len "$seq" --heads 16 \
-            --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16 >>"$OUT/bench.log" 2>&1
-        echo "torch peer seq $seq: rc $?"
+        logged 40 python3 "$PACK/torch/torch_dilated.py" --device cuda --dtype bf16 --seq-len "$seq" "${shape[@]}" || ok=1
     done
-    tail -20 "$OUT/bench.log"
+    logged 40 python3 "$PACK/torch/torch_dilated.py" --device cuda --dtype bf16 --seq-len 65536 --backward "${shape[@]}" ||
+        ok=1
+    return "$ok"
+}
+
+step_sanitizer() {
+    have_gpu || return 2
+    command -v compute-sanitizer >/dev/null || return 4
+    local tool ok=0
+    for tool in memcheck racecheck; do
+        logged 60 compute-sanitizer --tool "$tool" --error-exitcode 9 "$PACK/bin/attn-cuda-bench" --seq 4096 \
+            --dtype bf16 --backward --iters 1 || ok=1
+    done
+    grep -qE 'Device not supported|not supported on this' "$LOG" && return 4
+    return "$ok"
+}
+
+step_nccl() {
+    have_gpu || return 2
+    logged 60 "$PACK/bin/attn_ring" nccl --test-threads=1
+}
+
+run_step() {
+    local s=$1 t0 rc why
+    LOG="$OUT/$s.log"
+    : >"$LOG"
+    t0=$(date +%s)
+    STEP_END=$((t0 + $(budget "$s")))
+    "step_$s"
+    rc=$?
+    local secs=$(($(date +%s) - t0))
+    case $rc in
+    0) record "$s" passed "$secs" ;;
+    2) record "$s" "not run (no GPU)" "$secs" ;;
+    3) record "$s" "passed (no GPU: the pack's binaries and library search only)" "$secs" ;;
+    4) record "$s" "not run (unsupported runtime)" "$secs" ;;
+    124) record "$s" "FAILED (timed out)" "$secs" ;;
+    *)
+        why=$(grep -aE 'panicked|FAILED|[Ee]rror|No such file|budget is spent' "$LOG" | grep -vE ' 0 failed|^python3:' | head -1 |
+            cut -c1-160)
+        record "$s" "FAILED (${why:-rc $rc})" "$secs"
+        ;;
+    esac
+}
+
+run() {
+    local only=""
+    [ "${1:-}" = "--only" ] && only=${2:-}
+    if [ -n "$only" ] && ! [[ " $STEPS " == *" $only "* ]]; then
+        echo "unknown step '$only' (one of: $STEPS)" >&2
+        return 2
+    fi
+    PACK=$(cd "$(dirname "$0")" && pwd)
+    : "${OUT:=/tmp/device-out}"
+    LIBS=$(mktemp -d /tmp/attn-libs.XXXX)
+    mkdir -p "$OUT"
+    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}" ATTN_GOLDEN_DIR="$PACK/conformance" ATTN_REQUIRE_GPU=1
+    have_gpu || export ATTN_REQUIRE_GPU=0
+    library_dirs
+    # The libraries cudarc opens, found once per run (the env step reports them).
+    LIB_MISSING=0
+    {
+        use_lib libnvrtc.so 'libnvrtc.so.1[0-9]*' || LIB_MISSING=1
+        use_lib libnccl.so 'libnccl.so.2*' || LIB_MISSING=1
+        use_lib libcudnn.so 'libcudnn.so.[0-9]*' || true
+    } >"$LIBS/found" 2>&1
+    export LD_LIBRARY_PATH
+    local s started
+    started=$(date +%s)
+    for s in $STEPS; do
+        [ -z "$only" ] || [ "$s" = "$only" ] || continue
+        run_step "$s"
+    done
+    local total=$(($(date +%s) - started)) failed=0
+    printf '%s\n' "${REPORT_LINES[@]}" | grep -q ': FAILED' && failed=1
+    {
+        echo "# Device check, $(date -u +%Y-%m-%d) (commit $(cat "$PACK/COMMIT" 2>/dev/null))"
+        echo
+        echo "Device: $( (have_gpu && nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader) || echo none)"
+        echo
+        printf '%s\n' "${REPORT_LINES[@]}"
+        echo
+        echo "Total: ${total} s."
+    } >"$OUT/device-report.md"
+    local IFS=,
+    echo "{\"commit\": \"$(cat "$PACK/COMMIT" 2>/dev/null)\", \"seconds\": $total, \"steps\": {${JSON_STEPS[*]}}}" \
+        >"$OUT/device-report.json"
+    cat "$OUT/device-report.md"
     return "$failed"
+}
+
+# ---- rehearse (here) ------------------------------------------------------------------------
+
+rehearse() {
+    set -e
+    pack
+    local dir
+    dir=$(mktemp -d /tmp/attn-rehearse.XXXX)
+    cp -r "$(cd "$(dirname "$0")/.." && pwd)/device-pack" "$dir/"
+    set +e
+    # A clean directory, no GPU: every GPU step must say `not run (no GPU)`, the env step passes.
+    (cd "$dir" && OUT="$dir/out" bash device-pack/device-check.sh run)
+    local rc=$? s
+    for s in $STEPS; do
+        grep -q "^- $s: " "$dir/out/device-report.md" || { echo "rehearse: no line for $s" >&2; rc=1; }
+    done
+    python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$dir/out/device-report.json" || rc=1
+    if ! have_gpu; then
+        grep -q '^- env: passed' "$dir/out/device-report.md" || { echo "rehearse: env did not pass" >&2; rc=1; }
+        [ "$(grep -c 'not run (no GPU)' "$dir/out/device-report.md")" -eq 5 ] || {
+            echo "rehearse: expected 5 GPU steps not run" >&2
+            rc=1
+        }
+    fi
+    local size
+    size=$(du -sm "$dir/device-pack" | cut -f1)
+    [ "$size" -le 40 ] || { echo "rehearse: the pack is ${size} MB (over 40)" >&2; rc=1; }
+    rm -rf "$dir"
+    [ "$rc" -eq 0 ] && echo "rehearse: passed (pack ${size} MB)"
+    return "$rc"
 }
 
 case "${1:-}" in
 pack) pack ;;
-run) run ;;
-*) echo "usage: $0 pack|run" >&2; exit 2 ;;
+run)
+    shift
+    run "$@"
+    ;;
+rehearse) rehearse ;;
+*)
+    echo "usage: $0 pack|rehearse|run [--only STEP]   (steps: $STEPS)" >&2
+    exit 2
+    ;;
 esac
