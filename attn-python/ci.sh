@@ -39,7 +39,7 @@ echo "ci.sh: environment ready after $((SECONDS - start)) s"
 "$py" -m pip install --quiet --no-build-isolation --no-deps --force-reinstall "$here"
 echo "ci.sh: wheel built and installed after $((SECONDS - start)) s"
 
-CARGO_TARGET_DIR="$CARGO_TARGET_DIR/unit" PYO3_PYTHON="$py" cargo test --quiet --release --manifest-path "$here/Cargo.toml" --lib
+CARGO_TARGET_DIR="$CARGO_TARGET_DIR/unit" PYO3_PYTHON="$py" cargo test --quiet --manifest-path "$here/Cargo.toml" --lib
 
 cd "$here"
 "$py" -m pytest -q -p no:cacheprovider tests
