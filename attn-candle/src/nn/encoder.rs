@@ -4,9 +4,9 @@
 
 use attn_multihead::EncoderConfig;
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{LayerNorm, LayerNormConfig, Linear, VarBuilder};
+use candle_nn::{Linear, VarBuilder};
 
-use super::MultiheadDilatedAttention;
+use super::{LayerNorm, MultiheadDilatedAttention};
 
 /// One pre-LN LongNet encoder layer.
 #[derive(Debug, Clone)]
@@ -23,13 +23,13 @@ impl LongNetEncoderLayer {
     pub fn new(config: &EncoderConfig, vb: VarBuilder<'_>) -> Result<Self> {
         config.validate().map_err(crate::to_candle)?;
         let (e, ff) = (config.d_model, config.dim_feedforward);
-        let ln = LayerNormConfig { eps: config.layer_norm_eps, ..LayerNormConfig::default() };
+        let eps = config.layer_norm_eps;
         Ok(LongNetEncoderLayer {
-            norm1: candle_nn::layer_norm(e, ln, vb.pp("norm1"))?,
+            norm1: LayerNorm::new(e, eps, vb.pp("norm1"))?,
             self_attn: MultiheadDilatedAttention::new(config.attention(), vb.pp("self_attn"))?,
-            norm2: candle_nn::layer_norm(e, ln, vb.pp("norm2"))?,
+            norm2: LayerNorm::new(e, eps, vb.pp("norm2"))?,
             linear1: candle_nn::linear(e, ff, vb.pp("linear1"))?,
-            norm3: candle_nn::layer_norm(ff, ln, vb.pp("norm3"))?,
+            norm3: LayerNorm::new(ff, eps, vb.pp("norm3"))?,
             linear2: candle_nn::linear(ff, e, vb.pp("linear2"))?,
         })
     }

@@ -2,11 +2,14 @@
 //! layer and the [`LongNetEncoder`] stack, built from a `VarBuilder` under the same
 //! PyTorch names as `attn-multihead` (`q_proj.weight` `[out, in]`, ..., `norm.*`;
 //! `layers.{i}.norm1.*`, `self_attn.*`, `norm2.*`, `linear1.*`, `norm3.*`, `linear2.*`),
-//! so a checkpoint saved from the Python library loads unchanged. Dropout is not
+//! so a checkpoint saved from the Python library loads unchanged. Their [`LayerNorm`]
+//! is differentiable (candle-nn's fused one has no backward). Dropout is not
 //! applied (the modules compute the eval function; training uses no dropout).
 
 mod encoder;
+mod layer_norm;
 mod multihead;
 
 pub use encoder::{LongNetEncoder, LongNetEncoderLayer};
+pub use layer_norm::LayerNorm;
 pub use multihead::MultiheadDilatedAttention;

@@ -4,8 +4,9 @@
 
 use attn_multihead::MultiheadConfig;
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{LayerNorm, LayerNormConfig, Linear, VarBuilder};
+use candle_nn::{Linear, VarBuilder};
 
+use super::LayerNorm;
 use crate::error::to_candle;
 use crate::options::AttnOptions;
 
@@ -31,10 +32,7 @@ impl MultiheadDilatedAttention {
             false => candle_nn::linear_no_bias(e, out, vb.pp(name)),
         };
         let norm = match config.layer_norm {
-            true => {
-                let c = LayerNormConfig { eps: config.layer_norm_eps, ..LayerNormConfig::default() };
-                Some(candle_nn::layer_norm(e, c, vb.pp("norm"))?)
-            }
+            true => Some(LayerNorm::new(e, config.layer_norm_eps, vb.pp("norm"))?),
             false => None,
         };
         Ok(MultiheadDilatedAttention {
