@@ -124,10 +124,9 @@ fn golden_runs(gpu: bool) -> Vec<(String, &'static str, Vec<String>)> {
         for dt in dtypes {
             runs.push((format!("{dir} cpu {dt}"), dir, s(&["--backend", "cpu", "--dtype", dt])));
         }
-        if dtypes == kernels {
-            for dt in dtypes {
-                runs.push((format!("{dir} candle {dt}"), dir, s(&["--backend", "candle", "--dtype", dt])));
-            }
+        // The candle op (every dtype) and its candle-nn layer (f32).
+        for dt in dtypes {
+            runs.push((format!("{dir} candle {dt}"), dir, s(&["--backend", "candle", "--dtype", dt])));
         }
     }
     // The multihead files on P = 1..8 ring ranks, as `.ci/run` runs them (the dilated
@@ -139,8 +138,10 @@ fn golden_runs(gpu: bool) -> Vec<(String, &'static str, Vec<String>)> {
         runs.push((format!("multihead_features ring P={p} auto zigzag"), "multihead_features", ring));
     }
     if gpu {
-        for dt in ["f32", "bf16", "f16"] {
-            runs.push((format!("dilated cuda {dt}"), "dilated", s(&["--backend", "cuda", "--dtype", dt])));
+        for dir in ["dilated", "features"] {
+            for dt in ["f32", "bf16", "f16"] {
+                runs.push((format!("{dir} cuda {dt}"), dir, s(&["--backend", "cuda", "--dtype", dt])));
+            }
         }
     }
     // Each directory's case count is fixed: a file removed or unreadable fails the run.

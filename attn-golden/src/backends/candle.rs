@@ -1,9 +1,12 @@
 //! The candle op of `attn-candle` (feature `candle`) behind the f32 golden interface:
 //! inputs rounded to the chosen dtype as candle tensors, the forward through the op and
-//! the gradients through candle's `backward()`.
+//! the gradients through candle's `backward()`; multihead cases through its candle-nn layer.
 
+use attn_candle::nn::MultiheadDilatedAttention;
 use attn_candle::{AttnOptions, InputLayout, KeyPaddingMask, dilated_attention_with_lse, run_buffers};
 use attn_core::{AttnError, DType, Result};
+use attn_multihead::Bias;
+use attn_multihead::golden_case::config_from_metadata;
 use attn_testkit::golden::Problem;
 use attn_testkit::{DilatedBackend, Forward32, Gradients32};
 use candle_core::Tensor;
@@ -54,5 +57,43 @@ impl DilatedBackend for CandleDilated {
     fn backward(&self, p: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
         let [dq, dk, dv] = self.run(p, qkv, grad_out)?.grads;
         Ok(Gradients32 { dq, dk, dv })
+    }
+}
+
+/// `kind=multihead` cases through the candle-nn layer of `attn-candle`: the case's
+/// PyTorch-named weights through a `VarBuilder`, the forward in f32 on the CPU kernels.
+pub struct CandleMultihead;
+
+impl attn_testkit::MultiheadBackend for CandleMultihead {
+    fn name(&self) -> String {
+        "multihead candle f32".into()
+    }
+    fn forward(&self, case: &attn_testkit::GoldenCase) -> Result<Vec<f32>> {
+        let err = |e: candle_core::Error| AttnError::backend("candle", e.to_string());
+        let device = candle_core::Device::Cpu;
+        let tensor = |name: &str| -> Result<Tensor> {
+            let t = case.tensor(name)?;
+            Tensor::from_slice(&t.data, t.shape.as_slice(), &device).map_err(err)
+        };
+        let mut weights = std::collections::HashMap::new();
+        for name in case.tensors.keys().filter(|k| k.ends_with(".weight") || k.ends_with(".bias")) {
+            weights.insert(name.clone(), tensor(name)?);
+        }
+        let bias = if weights.contains_key("q_proj.bias") { Bias::Zeros } else { Bias::Absent };
+        let config = config_from_metadata(&case.meta, bias)?;
+        let vb = candle_nn::VarBuilder::from_tensors(weights, candle_core::DType::F32, &device);
+        let layer = MultiheadDilatedAttention::new(config.clone(), vb).map_err(err)?;
+        let mut opts = AttnOptions::new(config.validate()?);
+        if let Some((b, s, flags)) = &case.key_padding {
+            opts = opts.with_key_padding(KeyPaddingMask::new(flags.clone(), *b, *s)?);
+        }
+        let query = tensor("query")?;
+        let out = if case.bool_meta("cross_attention").unwrap_or(false) {
+            layer.forward_cross(&query, &tensor("key")?, &tensor("value")?, &opts)
+        } else {
+            layer.forward_masked(&query, &opts)
+        }
+        .map_err(err)?;
+        out.flatten_all().and_then(|t| t.to_vec1()).map_err(err)
     }
 }

@@ -87,13 +87,15 @@ fn cuda_backend(dtype: DType) -> Result<Selected, AttnError> {
     Ok(Selected { label: label.clone(), dilated: Some(typed(gpu, dtype, label)?), multihead: None })
 }
 
-/// The candle op (feature `candle`; without it, `NotCompiled`). Dilated files only: the
-/// candle-nn layer is tested in attn-candle against the multihead files.
+/// The candle op (feature `candle`; without it, `NotCompiled`), and in f32 its candle-nn
+/// layer for the multihead files.
 fn candle_backend(dtype: DType) -> Result<Selected, AttnError> {
     #[cfg(feature = "candle")]
     {
         let label = format!("candle {}", dtype.as_str());
-        Ok(Selected { label, dilated: Some(Box::new(candle::CandleDilated { dtype })), multihead: None })
+        let multihead: Option<Box<dyn MultiheadBackend>> =
+            (dtype == DType::F32).then(|| Box::new(candle::CandleMultihead) as Box<dyn MultiheadBackend>);
+        Ok(Selected { label, dilated: Some(Box::new(candle::CandleDilated { dtype })), multihead })
     }
     #[cfg(not(feature = "candle"))]
     {
