@@ -35,7 +35,10 @@ fn plan(dir: &Path, group: &str) -> String {
 fn a_listed_gpu_builds_cuda_and_forbids_skips() {
     let gpu = stand_in("gpu", "echo 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-stand-in)'");
     let golden = plan(&gpu, "golden");
-    assert!(golden.contains("build --release --bin attn-golden --features attn-golden/candle,attn-golden/cuda"), "{golden}");
+    assert!(
+        golden.contains("build --release --bin attn-golden --features attn-golden/candle,attn-golden/cuda"),
+        "{golden}"
+    );
     for dt in ["f32", "bf16", "f16"] {
         let run = golden.lines().find(|l| l.contains(&format!("--backend cuda --dtype {dt} --expect 9")));
         assert!(run.is_some_and(|l| l.starts_with("plan: ATTN_REQUIRE_GPU=1 ")), "cuda {dt}:\n{golden}");
