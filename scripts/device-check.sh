@@ -45,7 +45,8 @@ pack() {
     done
     cargo build -q --release -p attn-kernels --features cuda --bin attn-cuda-bench
     cargo build -q --release -p attn-golden --features cuda --bin attn-golden
-    cp target/release/attn-cuda-bench target/release/attn-golden "$pack/bin/"
+    local out="${CARGO_TARGET_DIR:-target}/release"
+    cp "$out/attn-cuda-bench" "$out/attn-golden" "$pack/bin/"
     strip "$pack"/bin/*
     cp -r conformance "$pack/"
     cp attn-bench/torch/torch_dilated.py "$pack/torch/"
