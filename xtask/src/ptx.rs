@@ -98,7 +98,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
 fn run_emulation() -> Result<(), String> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let harness = root.join("attn-kernels/kernels/emulation/harness.cpp");
-    let exe = root.join("target/attn-cuda-emulation");
+    // The cargo target folder (CARGO_TARGET_DIR where set), created if no build made it yet.
+    let dir = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), std::path::PathBuf::from);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let exe = dir.join("attn-cuda-emulation");
     let cxx = cxx();
     let built = Command::new(&cxx)
         .args(["-std=c++20", "-O2", "-pthread"])
