@@ -8,31 +8,13 @@
 mod cuda_support;
 
 use attn_kernels::cuda::CudaElement;
-use attn_testkit::golden::{check_case, golden_dir, load_dir};
+use attn_testkit::golden::assert_attention_dirs_pass;
 use cuda_support::{device_or_skip, gpu};
 use half::{bf16, f16};
 
-/// The directories and their file counts.
-const DIRS: [(&str, usize); 2] = [("dilated", 9), ("features", 9)];
-
 fn run_all<T: CudaElement>(test: &str) {
     let Some(dev) = device_or_skip(test) else { return };
-    let backend = gpu::<T>(&dev);
-    let mut failed = Vec::new();
-    for (dir, count) in DIRS {
-        let dir = golden_dir().join(dir);
-        let cases = load_dir(&dir).unwrap();
-        assert_eq!(cases.len(), count, "the {count} golden files in {}", dir.display());
-        for (path, case) in cases {
-            let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let report = check_case(&case, Some(&backend), None);
-            println!("{report}");
-            if !report.passed() {
-                failed.push(report.to_string());
-            }
-        }
-    }
-    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
+    assert_attention_dirs_pass(&gpu::<T>(&dev));
 }
 
 #[test]

@@ -7,29 +7,11 @@
 use attn_core::Element;
 use attn_kernels::{CpuBackend, Isa};
 use attn_testkit::Typed;
-use attn_testkit::golden::{check_case, golden_dir, load_dir};
+use attn_testkit::golden::assert_attention_dirs_pass;
 use half::{bf16, f16};
 
-/// The directories and their file counts.
-const DIRS: [(&str, usize); 2] = [("dilated", 9), ("features", 9)];
-
 fn run_all<T: Element>(isa: Isa) {
-    let backend = Typed::<_, T>::new(CpuBackend::new(2).unwrap().with_isa(isa).unwrap());
-    let mut failed = Vec::new();
-    for (dir, count) in DIRS {
-        let dir = golden_dir().join(dir);
-        let cases = load_dir(&dir).unwrap();
-        assert_eq!(cases.len(), count, "the {count} golden files in {}", dir.display());
-        for (path, case) in cases {
-            let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let report = check_case(&case, Some(&backend), None);
-            println!("{report}");
-            if !report.passed() {
-                failed.push(report.to_string());
-            }
-        }
-    }
-    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
+    assert_attention_dirs_pass(&Typed::<_, T>::new(CpuBackend::new(2).unwrap().with_isa(isa).unwrap()));
 }
 
 #[test]
