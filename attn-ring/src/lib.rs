@@ -40,6 +40,7 @@
 #![cfg_attr(any(feature = "mpi", feature = "nccl"), deny(unsafe_code))]
 
 mod backend;
+pub mod chunk_ring;
 pub mod comm;
 mod compute;
 mod in_process;

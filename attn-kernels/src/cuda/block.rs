@@ -22,7 +22,9 @@ use super::plan::{
     head_sweeps, pattern_launches, seq_pieces,
 };
 use super::source::MAX_HEAD_DIM;
-use super::tensor::{CudaElement, DeviceGrads, DeviceKeyPadding, DevicePartial, DeviceTensor, check_len};
+use super::tensor::{
+    CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor, check_len,
+};
 
 /// Check that q, k, v agree (batch, head_dim; k and v identical; k/v heads dividing the
 /// query heads), the config fits, and the masks cover the block.
@@ -239,7 +241,7 @@ fn check_partial(partial: &DevicePartial, q: Shape4) -> Result<()> {
 fn check_backward<T: CudaElement>(
     block: &DeviceBlock<'_, T>,
     upstream: &DeviceUpstream<'_, T>,
-    grads: &DeviceGrads,
+    grads: &DeviceGradsMut<'_>,
 ) -> Result<()> {
     let DeviceBlock { q, k, .. } = *block;
     let DeviceUpstream { grad_out, lse, delta } = *upstream;
@@ -278,9 +280,20 @@ pub fn backward_block<T: CudaElement>(
     upstream: &DeviceUpstream<'_, T>,
     grads: &mut DeviceGrads,
 ) -> Result<()> {
+    backward_block_into(dev, block, upstream, grads.as_mut())
+}
+
+/// [`backward_block`] into accumulators borrowed one by one (a ring keeps dq and moves
+/// dk/dv between steps).
+pub fn backward_block_into<T: CudaElement>(
+    dev: &CudaDevice,
+    block: &DeviceBlock<'_, T>,
+    upstream: &DeviceUpstream<'_, T>,
+    grads: DeviceGradsMut<'_>,
+) -> Result<()> {
     let DeviceBlock { cfg, q, k, v, .. } = *block;
     let DeviceUpstream { grad_out, lse, delta } = *upstream;
-    check_backward(block, upstream, grads)?;
+    check_backward(block, upstream, &grads)?;
     let kernel = backward_kernel(T::DTYPE, T::SUFFIX, q.shape.head_dim);
     let warps = (THREADS / 32) as usize;
     let kpad = block.key_padding.map(|m| m.flags.device_ptr(&dev.stream));

@@ -26,8 +26,8 @@ pub mod source;
 mod tensor;
 
 pub use bench::{GpuTiming, attended_pairs, bench_forward, bench_pass};
-pub use block::{DeviceBlock, DeviceUpstream, backward_block, forward_block};
+pub use block::{DeviceBlock, DeviceUpstream, backward_block, backward_block_into, forward_block};
 pub use device::{CudaDevice, check_available, nvrtc_present};
 pub use epilogue::{delta, finish_forward, store_scaled};
 pub use host::CudaBackend;
-pub use tensor::{CudaElement, DeviceGrads, DeviceKeyPadding, DevicePartial, DeviceTensor};
+pub use tensor::{CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor};

@@ -112,6 +112,24 @@ impl DeviceGrads {
     }
 }
 
+/// Gradient accumulators borrowed one by one, with the shapes they hold.
+#[derive(Debug)]
+pub struct DeviceGradsMut<'a> {
+    pub dq: &'a mut CudaSlice<f32>,
+    pub dk: &'a mut CudaSlice<f32>,
+    pub dv: &'a mut CudaSlice<f32>,
+    pub q_shape: Shape4,
+    pub kv_shape: Shape4,
+}
+
+impl DeviceGrads {
+    /// The accumulators borrowed one by one.
+    pub fn as_mut(&mut self) -> DeviceGradsMut<'_> {
+        let (q_shape, kv_shape) = (self.q_shape, self.kv_shape);
+        DeviceGradsMut { dq: &mut self.dq, dk: &mut self.dk, dv: &mut self.dv, q_shape, kv_shape }
+    }
+}
+
 pub(crate) fn check_len(tensor: TensorName, got: usize, expected: usize) -> Result<()> {
     if got != expected {
         return Err(AttnError::ShapeMismatch { tensor, expected: vec![expected], got: vec![got] });

@@ -15,6 +15,9 @@ pub(crate) enum MsgKind {
     RingGradHome = 3,
     GatherKv = 4,
     GatherGrad = 5,
+    ChunkKv = 6,
+    ChunkKvGrad = 7,
+    ChunkGradHome = 8,
 }
 
 /// Start a message with its header.
@@ -75,6 +78,11 @@ impl<'a> Reader<'a> {
         let bytes = self.take(n * T::DTYPE.size())?;
         get_elems(bytes, out);
         Ok(())
+    }
+
+    /// The next `n` bytes.
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
+        self.take(n)
     }
 
     /// Bytes read so far (the header included).

@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnShape, DilatedConfig, Result, TensorView};
+use attn_ring::chunk_ring::{
+    ChunkCompute, CpuChunks, HostRowStats, HostRows, HostTransport, chunk_backward, chunk_forward, rank_pieces,
+};
 use attn_ring::comm::DEFAULT_TIMEOUT;
 use attn_ring::{
     Communicator, Fault, Layout, RingProblem, Strategy, ThreadComm, run_problem_backward_on, run_problem_on,
@@ -147,4 +150,166 @@ pub fn faults_at(nth: u64, delay: Duration) -> [Fault; 7] {
         Fault::Kill { nth },
         Fault::Delay { nth, delay },
     ]
+}
+
+/// The chunk ring on the CPU compute over `world` ranks whose communicators `join(world)`
+/// makes, in dtype `T`, seen as one device.
+pub struct ChunkBackend<T, F, X = CpuChunks> {
+    pub label: &'static str,
+    pub world: usize,
+    pub layout: Layout,
+    pub join: F,
+    pub compute: X,
+    pub dtype: std::marker::PhantomData<T>,
+}
+
+/// A host compute the chunk-ring test backend can run.
+pub trait HostCompute<T: attn_core::Element>:
+    ChunkCompute<T, Rows = HostRows<T>, RowStats = HostRowStats> + Sync
+{
+}
+impl<T: attn_core::Element, X: ChunkCompute<T, Rows = HostRows<T>, RowStats = HostRowStats> + Sync> HostCompute<T>
+    for X
+{
+}
+
+impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C>>, X: HostCompute<T>>
+    ChunkBackend<T, F, X>
+{
+    fn problem(&self, p: &Problem<'_>) -> RingProblem {
+        ring_problem(p, self.world, self.layout, Strategy::Auto)
+    }
+
+    /// Run `rank_work(comm, pieces of q, k, v, grad_out)` on every rank; each returns its
+    /// per-piece results, which are put back at their global rows.
+    fn run<const N: usize>(
+        &self,
+        p: &Problem<'_>,
+        inputs: &[(&[f32], attn_core::Shape4)],
+        heads_of: [usize; N],
+        rank_work: impl Fn(&mut C, &RingProblem, Vec<Vec<HostRows<T>>>) -> Result<[Vec<HostRows<T>>; N]> + Sync,
+    ) -> Result<[Vec<f32>; N]> {
+        let problem = self.problem(p);
+        let comms = (self.join)(self.world)?;
+        let conv: Vec<(Vec<T>, attn_core::Shape4)> =
+            inputs.iter().map(|(x, s)| (x.iter().map(|&v| T::from_f32(v)).collect(), *s)).collect();
+        let results: Vec<Result<[Vec<HostRows<T>>; N]>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .enumerate()
+                .map(|(rank, mut comm)| {
+                    let (problem, conv, rank_work) = (&problem, &conv, &rank_work);
+                    scope.spawn(move || {
+                        let pieces = conv
+                            .iter()
+                            .map(|(x, s)| {
+                                let view = TensorView::contiguous(TensorName::Query, x, *s)?;
+                                rank_pieces(problem, rank)
+                                    .into_iter()
+                                    .map(|r| HostRows::from_view_rows(&view, r))
+                                    .collect::<Result<Vec<_>>>()
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        rank_work(&mut comm, problem, pieces)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        });
+        let (b, seq, d) = (p.shape.q.batch, p.shape.q.seq, p.shape.q.head_dim);
+        let mut outs: [Vec<f32>; N] = std::array::from_fn(|i| vec![0.0; b * seq * heads_of[i] * d.max(1)]);
+        for (rank, res) in results.into_iter().enumerate() {
+            let res = res?;
+            for (i, pieces) in res.iter().enumerate() {
+                for (piece, range) in pieces.iter().zip(rank_pieces(&problem, rank)) {
+                    let row = piece.shape.heads * piece.shape.head_dim;
+                    for bb in 0..b {
+                        let src = &piece.data[bb * range.len() * row..(bb + 1) * range.len() * row];
+                        let at = (bb * seq + range.start) * row;
+                        outs[i][at..at + src.len()].iter_mut().zip(src).for_each(|(o, x)| *o = x.to_f32());
+                    }
+                }
+            }
+        }
+        Ok(outs)
+    }
+}
+
+impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C>>, X: HostCompute<T>> DilatedBackend
+    for ChunkBackend<T, F, X>
+{
+    fn name(&self) -> String {
+        format!("{} chunk ring(p={}, {}, {})", self.label, self.world, self.layout.as_str(), T::DTYPE.as_str())
+    }
+
+    fn dtype(&self) -> attn_core::DType {
+        T::DTYPE
+    }
+
+    fn forward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3]) -> Result<Forward32> {
+        let (sq, skv) = (p.shape.q, p.shape.kv);
+        let lse = std::sync::Mutex::new(vec![0.0f32; sq.lse_len()]);
+        let compute = &self.compute;
+        let [out] = self.run(p, &[(q, sq), (k, skv), (v, skv)], [sq.heads], |comm, problem, pieces| {
+            let r =
+                chunk_forward(&mut HostTransport::new(comm), compute, problem, [&pieces[0], &pieces[1], &pieces[2]])?;
+            let mut all = lse.lock().expect("lse");
+            for (stats, range) in r.lse.iter().zip(rank_pieces(problem, comm.rank())) {
+                let flat = stats.to_bsh();
+                let row = sq.heads;
+                for bb in 0..sq.batch {
+                    let src = &flat[bb * range.len() * row..(bb + 1) * range.len() * row];
+                    let at = (bb * sq.seq + range.start) * row;
+                    all[at..at + src.len()].copy_from_slice(src);
+                }
+            }
+            Ok([r.out])
+        })?;
+        Ok(Forward32 { out, lse: lse.into_inner().expect("lse") })
+    }
+
+    fn backward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+        let (sq, skv) = (p.shape.q, p.shape.kv);
+        let inputs = [(q, sq), (k, skv), (v, skv), (grad_out, sq)];
+        let compute = &self.compute;
+        let [dq, dk, dv] = self.run(p, &inputs, [sq.heads, skv.heads, skv.heads], |comm, problem, pieces| {
+            let qkv = [&pieces[0][..], &pieces[1][..], &pieces[2][..]];
+            let g = chunk_backward(&mut HostTransport::new(comm), compute, problem, qkv, &pieces[3])?;
+            Ok([g.dq, g.dk, g.dv])
+        })?;
+        Ok(Gradients32 { dq, dk, dv })
+    }
+}
+
+/// Every file of `conformance/<dir>` (`count` of them) through `backend(world, layout)` for
+/// every world in `worlds` and layout the sequence allows; panics listing every failed
+/// run; returns the number of runs.
+pub fn chunk_sweep<B: DilatedBackend>(
+    dir: &str,
+    count: usize,
+    worlds: RangeInclusive<usize>,
+    backend: impl Fn(usize, Layout) -> B,
+) -> usize {
+    let dir = golden_dir().join(dir);
+    let cases = load_dir(&dir).expect("golden dir");
+    assert_eq!(cases.len(), count, "the golden files in {}", dir.display());
+    let (mut runs, mut failures) = (0, Vec::new());
+    for (path, case) in cases {
+        let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let seq = case.attn_shape().unwrap().q.seq;
+        for world in worlds.clone() {
+            for layout in [Layout::Contiguous, Layout::Zigzag] {
+                if layout.check(seq, world).is_err() {
+                    continue;
+                }
+                let report = check_case(&case, Some(&backend(world, layout)), None);
+                if !report.passed() {
+                    failures.push(report.to_string());
+                }
+                runs += 1;
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {runs} runs failed:\n{}", failures.len(), failures.join("\n"));
+    runs
 }

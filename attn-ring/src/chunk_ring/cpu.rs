@@ -1,0 +1,349 @@
+//! [`CpuChunks`]: the chunk ring's blocks on the CPU kernels (`attn_kernels::block`), with
+//! host tensors ([`HostRows`]) and f32 accumulators per (batch, head).
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, Element, PackedSequences, Result, Shape4, TensorView};
+use attn_kernels::block::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
+
+use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, rank_pieces};
+use crate::compute::head_work::for_each_item;
+use crate::plan::RingProblem;
+use crate::protocol::wire::{get_elems, put_elems, put_f32s};
+
+/// Contiguous `[batch, rows, heads, head_dim]` rows in host memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostRows<T> {
+    pub shape: Shape4,
+    pub data: Vec<T>,
+}
+
+impl<T: Element> HostRows<T> {
+    /// Rows `rows` of a `[batch, seq, heads, head_dim]` view, copied contiguously.
+    pub fn from_view_rows(view: &TensorView<'_, T>, rows: std::ops::Range<usize>) -> Result<Self> {
+        let s = view.shape();
+        if rows.end > s.seq || rows.is_empty() {
+            return Err(AttnError::InvalidArgument(format!("rows {rows:?} of a view with {} rows", s.seq)));
+        }
+        let shape = Shape4::new(s.batch, rows.len(), s.heads, s.head_dim)?;
+        let mut data = Vec::with_capacity(shape.numel());
+        for b in 0..s.batch {
+            for i in rows.clone() {
+                for h in 0..s.heads {
+                    data.extend_from_slice(view.row(b, i, h));
+                }
+            }
+        }
+        Ok(HostRows { shape, data })
+    }
+
+    /// This rank's pieces of its local rows `local` (`[batch, layout rows, heads, head_dim]`,
+    /// ascending global order, as the plan ring takes them).
+    pub fn rank_pieces(problem: &RingProblem, rank: usize, local: &TensorView<'_, T>) -> Result<Vec<Self>> {
+        let mut at = 0;
+        rank_pieces(problem, rank)
+            .into_iter()
+            .map(|r| {
+                let piece = Self::from_view_rows(local, at..at + r.len());
+                at += r.len();
+                piece
+            })
+            .collect()
+    }
+
+    /// Pieces joined back into one `[batch, rows, heads, head_dim]` buffer.
+    pub fn join(pieces: &[Self]) -> Vec<T> {
+        let Some(first) = pieces.first() else { return Vec::new() };
+        let row = first.shape.heads * first.shape.head_dim;
+        let mut out = Vec::with_capacity(pieces.iter().map(|p| p.data.len()).sum());
+        for b in 0..first.shape.batch {
+            for p in pieces {
+                let n = p.shape.seq * row;
+                out.extend_from_slice(&p.data[b * n..(b + 1) * n]);
+            }
+        }
+        out
+    }
+
+    /// Element offset of row 0 of (batch, head).
+    fn offset(&self, b: usize, h: usize) -> usize {
+        (b * self.shape.seq * self.shape.heads + h) * self.shape.head_dim
+    }
+
+    fn stride(&self) -> usize {
+        self.shape.heads * self.shape.head_dim
+    }
+}
+
+/// The forward's f32 accumulators of one query piece, per (batch, head): `o` (`rows *
+/// head_dim`, normalised) and `lse` (`rows`, `-inf` = nothing yet).
+#[derive(Debug, Clone)]
+pub struct HostPartial {
+    pub shape: Shape4,
+    pub o: Vec<Vec<f32>>,
+    pub lse: Vec<Vec<f32>>,
+}
+
+/// f32 gradient accumulators per (batch, head), `rows * head_dim` each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostAcc {
+    pub shape: Shape4,
+    pub data: Vec<Vec<f32>>,
+}
+
+/// f32 per-row values per (batch, head), `rows` each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostRowStats {
+    pub shape: Shape4,
+    pub data: Vec<Vec<f32>>,
+}
+
+impl HostRowStats {
+    /// As a `[batch, rows, heads]` buffer (the plan ring's lse layout).
+    pub fn to_bsh(&self) -> Vec<f32> {
+        let Shape4 { batch, seq, heads, .. } = self.shape;
+        let mut out = vec![0.0; batch * seq * heads];
+        for (bh, rows) in self.data.iter().enumerate() {
+            let (b, h) = (bh / heads, bh % heads);
+            for (i, &x) in rows.iter().enumerate() {
+                out[(b * seq + i) * heads + h] = x;
+            }
+        }
+        out
+    }
+}
+
+/// The packed sequences the blocks apply (key padding rows come from the problem).
+#[derive(Debug, Clone)]
+pub struct CpuMasks {
+    cu_seqlens: Option<Vec<usize>>,
+}
+
+impl CpuMasks {
+    fn packing(&self) -> Result<Option<PackedSequences<'_>>> {
+        self.cu_seqlens.as_deref().map(PackedSequences::new).transpose()
+    }
+}
+
+/// The chunk ring's blocks on the CPU kernels; work split by (batch, head) (by key/value
+/// head in the backward) over `threads` (0 or 1: the calling thread), bit-identical for
+/// any count.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuChunks {
+    pub threads: usize,
+}
+
+fn shape_error(tensor: TensorName, expected: Shape4, got: Shape4) -> AttnError {
+    AttnError::ShapeMismatch { tensor, expected: expected.dims().to_vec(), got: got.dims().to_vec() }
+}
+
+/// Check a block's shapes: k and v alike, batch and head_dim as q's, k/v heads dividing q's.
+fn check_block<T>(q: &HostRows<T>, k: &HostRows<T>, v: &HostRows<T>) -> Result<usize> {
+    let (qs, ks) = (q.shape, k.shape);
+    if v.shape != ks {
+        return Err(shape_error(TensorName::Value, ks, v.shape));
+    }
+    if (ks.batch, ks.head_dim) != (qs.batch, qs.head_dim) {
+        return Err(shape_error(TensorName::Key, Shape4 { seq: ks.seq, heads: ks.heads, ..qs }, ks));
+    }
+    if !qs.heads.is_multiple_of(ks.heads) {
+        return Err(AttnError::KvHeadsNotDividing { heads: qs.heads, kv_heads: ks.heads });
+    }
+    Ok(qs.heads / ks.heads)
+}
+
+/// The rows of (batch `b`, head `h`) of `x` at positions `pos`.
+fn head_rows<'a, T: Element>(x: &'a HostRows<T>, b: usize, h: usize, pos: &'a [usize]) -> BlockRows<'a, T> {
+    BlockRows::new(&x.data[x.offset(b, h)..], x.stride(), pos)
+}
+
+fn positions(start: usize, n: usize) -> Vec<usize> {
+    (start..start + n).collect()
+}
+
+impl<T: Element> ChunkCompute<T> for CpuChunks {
+    type Rows = HostRows<T>;
+    type Partial = HostPartial;
+    type Acc = HostAcc;
+    type RowStats = HostRowStats;
+    type Masks = CpuMasks;
+
+    fn shape_of(&self, rows: &HostRows<T>) -> Shape4 {
+        rows.shape
+    }
+
+    fn masks(&self, problem: &RingProblem) -> Result<CpuMasks> {
+        let masks = CpuMasks { cu_seqlens: problem.masks.cu_seqlens.clone() };
+        masks.packing()?;
+        Ok(masks)
+    }
+
+    fn empty_partial(&self, q: Shape4) -> Result<HostPartial> {
+        let bh = q.batch * q.heads;
+        Ok(HostPartial {
+            shape: q,
+            o: vec![vec![0.0; q.seq * q.head_dim]; bh],
+            lse: vec![vec![f32::NEG_INFINITY; q.seq]; bh],
+        })
+    }
+
+    fn zero_acc(&self, shape: Shape4) -> Result<HostAcc> {
+        Ok(HostAcc { shape, data: vec![vec![0.0; shape.seq * shape.head_dim]; shape.batch * shape.heads] })
+    }
+
+    fn forward_block(&self, block: &ChunkBlock<'_, HostRows<T>, CpuMasks>, partial: &mut HostPartial) -> Result<()> {
+        let ChunkBlock { problem, masks, q, q_start, k, v, k_start } = *block;
+        let group = check_block(q, k, v)?;
+        if partial.shape != q.shape {
+            return Err(shape_error(TensorName::Output, q.shape, partial.shape));
+        }
+        let (qs, cfg) = (q.shape, &problem.cfg);
+        let (qpos, kpos) = (positions(q_start, qs.seq), positions(k_start, k.shape.seq));
+        let (d, band, scale) = (qs.head_dim, cfg.band(), cfg.scale_for(qs.head_dim) as f32);
+        let packing = masks.packing()?;
+        let items: Vec<_> =
+            partial.o.iter_mut().zip(partial.lse.iter_mut()).enumerate().map(|(bh, (o, l))| (bh, o, l)).collect();
+        for_each_item(self.threads, items, |(bh, o, lse)| {
+            let (b, h) = (bh / qs.heads, bh % qs.heads);
+            let qkv = [head_rows(q, b, h, &qpos), head_rows(k, b, h / group, &kpos), head_rows(v, b, h / group, &kpos)];
+            for (_, pat) in cfg.head_patterns(qs.heads, h).patterns {
+                let mut blk = Block::new(&pat, band, scale, d, qkv);
+                blk.key_padding = problem.padding_row(b);
+                blk.packing = packing;
+                attend_block(&blk, o, lse)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn finish_forward(&self, problem: &RingProblem, partial: &HostPartial) -> Result<(HostRows<T>, HostRowStats)> {
+        let s = partial.shape;
+        let mut data = vec![T::default(); s.numel()];
+        for (bh, o) in partial.o.iter().enumerate() {
+            let (b, h) = (bh / s.heads, bh % s.heads);
+            let scale = problem.cfg.head_patterns(s.heads, h).out_scale as f32;
+            for (i, row) in o.chunks_exact(s.head_dim).enumerate() {
+                let at = ((b * s.seq + i) * s.heads + h) * s.head_dim;
+                for (x, &y) in data[at..at + s.head_dim].iter_mut().zip(row) {
+                    *x = T::from_f32(y * scale);
+                }
+            }
+        }
+        Ok((HostRows { shape: s, data }, HostRowStats { shape: s, data: partial.lse.clone() }))
+    }
+
+    fn delta(&self, grad_out: &HostRows<T>, out: &HostRows<T>) -> Result<HostRowStats> {
+        let s = out.shape;
+        if grad_out.shape != s {
+            return Err(shape_error(TensorName::GradOutput, s, grad_out.shape));
+        }
+        let mut data = vec![vec![0.0f32; s.seq]; s.batch * s.heads];
+        for (row, (g, o)) in grad_out.data.chunks_exact(s.head_dim).zip(out.data.chunks_exact(s.head_dim)).enumerate() {
+            let (h, i, b) = (row % s.heads, (row / s.heads) % s.seq, row / (s.heads * s.seq));
+            data[b * s.heads + h][i] = g.iter().zip(o).map(|(g, o)| g.to_f32() * o.to_f32()).sum();
+        }
+        Ok(HostRowStats { shape: s, data })
+    }
+
+    fn backward_block(
+        &self,
+        block: &ChunkBlock<'_, HostRows<T>, CpuMasks>,
+        upstream: &ChunkUpstream<'_, HostRows<T>, HostRowStats>,
+        grads: ChunkGrads<'_, HostAcc>,
+    ) -> Result<()> {
+        let ChunkBlock { problem, masks, q, q_start, k, v, k_start } = *block;
+        let ChunkUpstream { grad_out, lse, delta } = *upstream;
+        let group = check_block(q, k, v)?;
+        let (qs, ks, cfg) = (q.shape, k.shape, &problem.cfg);
+        for (name, got, want) in [
+            (TensorName::GradOutput, grad_out.shape, qs),
+            (TensorName::Lse, lse.shape, qs),
+            (TensorName::Other("delta"), delta.shape, qs),
+            (TensorName::GradQuery, grads.dq.shape, qs),
+            (TensorName::GradKey, grads.dk.shape, ks),
+            (TensorName::GradValue, grads.dv.shape, ks),
+        ] {
+            if got != want {
+                return Err(shape_error(name, want, got));
+            }
+        }
+        let (qpos, kpos) = (positions(q_start, qs.seq), positions(k_start, ks.seq));
+        let (d, band, scale) = (qs.head_dim, cfg.band(), cfg.scale_for(qs.head_dim) as f32);
+        let packing = masks.packing()?;
+        // One item per (batch, k/v head): its dk and dv, and the dq of the query heads reading it.
+        let items: Vec<_> = grads
+            .dq
+            .data
+            .chunks_mut(group)
+            .zip(grads.dk.data.iter_mut().zip(grads.dv.data.iter_mut()))
+            .enumerate()
+            .collect();
+        for_each_item(self.threads, items, |(kbh, (dqs, (dk, dv)))| {
+            let (b, kvh) = (kbh / ks.heads, kbh % ks.heads);
+            for (j, dq) in dqs.iter_mut().enumerate() {
+                let h = kvh * group + j;
+                let bh = b * qs.heads + h;
+                let qkv = [head_rows(q, b, h, &qpos), head_rows(k, b, kvh, &kpos), head_rows(v, b, kvh, &kpos)];
+                let hp = cfg.head_patterns(qs.heads, h);
+                let up = Upstream {
+                    grad_out: head_rows(grad_out, b, h, &qpos),
+                    grad_scale: hp.out_scale as f32,
+                    lse: &lse.data[bh],
+                    delta: &delta.data[bh],
+                };
+                for (_, pat) in hp.patterns {
+                    let mut blk = Block::new(&pat, band, scale, d, qkv);
+                    blk.key_padding = problem.padding_row(b);
+                    blk.packing = packing;
+                    let g = BlockGradients { dq: dq.as_mut_slice(), dk: dk.as_mut_slice(), dv: dv.as_mut_slice() };
+                    attend_block_backward(&blk, &up, g)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn store_acc(&self, acc: &HostAcc) -> Result<HostRows<T>> {
+        let s = acc.shape;
+        let mut data = vec![T::default(); s.numel()];
+        for (bh, rows) in acc.data.iter().enumerate() {
+            let (b, h) = (bh / s.heads, bh % s.heads);
+            for (i, row) in rows.chunks_exact(s.head_dim).enumerate() {
+                let at = ((b * s.seq + i) * s.heads + h) * s.head_dim;
+                data[at..at + s.head_dim].iter_mut().zip(row).for_each(|(x, &y)| *x = T::from_f32(y));
+            }
+        }
+        Ok(HostRows { shape: s, data })
+    }
+
+    fn rows_to_bytes(&self, rows: &HostRows<T>, out: &mut Vec<u8>) -> Result<()> {
+        put_elems(out, &rows.data);
+        Ok(())
+    }
+
+    fn rows_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<HostRows<T>> {
+        let want = shape.numel() * T::DTYPE.size();
+        if bytes.len() != want {
+            return Err(AttnError::InvalidArgument(format!("{} bytes for {want} bytes of rows", bytes.len())));
+        }
+        let mut data = Vec::new();
+        get_elems(bytes, &mut data);
+        Ok(HostRows { shape, data })
+    }
+
+    fn acc_to_bytes(&self, acc: &HostAcc, out: &mut Vec<u8>) -> Result<()> {
+        acc.data.iter().for_each(|x| put_f32s(out, x));
+        Ok(())
+    }
+
+    fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<HostAcc> {
+        let n = shape.seq * shape.head_dim;
+        if bytes.len() != shape.numel() * 4 {
+            return Err(AttnError::InvalidArgument(format!("{} bytes for {} f32 values", bytes.len(), shape.numel())));
+        }
+        let data = bytes
+            .chunks_exact(n * 4)
+            .map(|c| c.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect())
+            .collect();
+        Ok(HostAcc { shape, data })
+    }
+}

@@ -1,0 +1,178 @@
+//! [`CudaChunks`]: the chunk ring's blocks on the CUDA kernels. Pieces, partials, lse,
+//! delta and gradient accumulators stay in device memory; the LSE merge is the forward
+//! kernels' own. Host bytes are made only where a host-staged transport asks for them.
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, PackedSequences, Result, Shape4};
+use attn_kernels::cuda::{
+    CudaDevice, CudaElement, DeviceBlock, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor,
+    DeviceUpstream, backward_block_into, delta, finish_forward, forward_block, store_scaled,
+};
+use cudarc::driver::CudaSlice;
+
+use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream};
+use crate::plan::RingProblem;
+use crate::protocol::wire::{get_elems, put_elems, put_f32s};
+
+fn cuda_err(e: impl std::error::Error + Send + Sync + 'static) -> AttnError {
+    AttnError::backend("cuda", e)
+}
+
+/// f32 values in device memory with the shape they belong to (`[batch, rows, heads,
+/// head_dim]` for accumulators, `[batch, rows, heads]` of `shape` for per-row values).
+#[derive(Debug)]
+pub struct DeviceRowStats {
+    pub data: CudaSlice<f32>,
+    pub shape: Shape4,
+}
+
+/// The problem's masks on the device: the key padding flags and the packed sequences.
+#[derive(Debug)]
+pub struct DeviceMasks {
+    key_padding: Option<DeviceKeyPadding>,
+    cu_seqlens: Option<Vec<usize>>,
+}
+
+/// The chunk ring's blocks on one CUDA device (every launch on its stream).
+#[derive(Debug, Clone)]
+pub struct CudaChunks {
+    pub dev: CudaDevice,
+}
+
+impl CudaChunks {
+    pub fn new(dev: CudaDevice) -> Self {
+        CudaChunks { dev }
+    }
+
+    fn device_block<'a, T: CudaElement>(
+        block: &ChunkBlock<'a, DeviceTensor<T>, DeviceMasks>,
+        packing: Option<PackedSequences<'a>>,
+    ) -> DeviceBlock<'a, T> {
+        let ChunkBlock { problem, masks, q, q_start, k, v, k_start } = *block;
+        DeviceBlock {
+            cfg: &problem.cfg,
+            q,
+            q_start,
+            k,
+            v,
+            k_start,
+            band: problem.cfg.band(),
+            key_padding: masks.key_padding.as_ref(),
+            packing,
+        }
+    }
+
+    fn f32s_from(&self, shape: Shape4, n: usize, bytes: &[u8]) -> Result<DeviceRowStats> {
+        if bytes.len() != n * 4 {
+            return Err(AttnError::InvalidArgument(format!("{} bytes for {n} f32 values", bytes.len())));
+        }
+        let host: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        Ok(DeviceRowStats { data: self.dev.stream().clone_htod(&host).map_err(cuda_err)?, shape })
+    }
+}
+
+impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
+    type Rows = DeviceTensor<T>;
+    type Partial = DevicePartial;
+    type Acc = DeviceRowStats;
+    type RowStats = DeviceRowStats;
+    type Masks = DeviceMasks;
+
+    fn shape_of(&self, rows: &DeviceTensor<T>) -> Shape4 {
+        rows.shape
+    }
+
+    fn masks(&self, problem: &RingProblem) -> Result<DeviceMasks> {
+        let m = problem.core_masks()?;
+        let key_padding = m.key_padding.map(|k| DeviceKeyPadding::upload(&self.dev, &k)).transpose()?;
+        Ok(DeviceMasks { key_padding, cu_seqlens: problem.masks.cu_seqlens.clone() })
+    }
+
+    fn empty_partial(&self, q: Shape4) -> Result<DevicePartial> {
+        DevicePartial::empty(&self.dev, q)
+    }
+
+    fn zero_acc(&self, shape: Shape4) -> Result<DeviceRowStats> {
+        let data = self.dev.stream().alloc_zeros::<f32>(shape.numel()).map_err(cuda_err)?;
+        Ok(DeviceRowStats { data, shape })
+    }
+
+    fn forward_block(
+        &self,
+        block: &ChunkBlock<'_, DeviceTensor<T>, DeviceMasks>,
+        partial: &mut DevicePartial,
+    ) -> Result<()> {
+        let packing = block.masks.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
+        forward_block(&self.dev, &Self::device_block(block, packing), partial)
+    }
+
+    fn finish_forward(
+        &self,
+        problem: &RingProblem,
+        partial: &DevicePartial,
+    ) -> Result<(DeviceTensor<T>, DeviceRowStats)> {
+        let mut out = DeviceTensor::<T>::zeros(&self.dev, partial.shape)?;
+        let lse = finish_forward(&self.dev, &problem.cfg, partial, &mut out)?;
+        let lse = self.dev.stream().clone_dtod(lse).map_err(cuda_err)?;
+        Ok((out, DeviceRowStats { data: lse, shape: partial.shape }))
+    }
+
+    fn delta(&self, grad_out: &DeviceTensor<T>, out: &DeviceTensor<T>) -> Result<DeviceRowStats> {
+        Ok(DeviceRowStats { data: delta(&self.dev, grad_out, out)?, shape: out.shape })
+    }
+
+    fn backward_block(
+        &self,
+        block: &ChunkBlock<'_, DeviceTensor<T>, DeviceMasks>,
+        upstream: &ChunkUpstream<'_, DeviceTensor<T>, DeviceRowStats>,
+        grads: ChunkGrads<'_, DeviceRowStats>,
+    ) -> Result<()> {
+        let packing = block.masks.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
+        let up = DeviceUpstream { grad_out: upstream.grad_out, lse: &upstream.lse.data, delta: &upstream.delta.data };
+        let (q_shape, kv_shape) = (grads.dq.shape, grads.dk.shape);
+        if grads.dv.shape != kv_shape {
+            let (expected, got) = (kv_shape.dims().to_vec(), grads.dv.shape.dims().to_vec());
+            return Err(AttnError::ShapeMismatch { tensor: TensorName::GradValue, expected, got });
+        }
+        let g = DeviceGradsMut {
+            dq: &mut grads.dq.data,
+            dk: &mut grads.dk.data,
+            dv: &mut grads.dv.data,
+            q_shape,
+            kv_shape,
+        };
+        backward_block_into(&self.dev, &Self::device_block(block, packing), &up, g)
+    }
+
+    fn store_acc(&self, acc: &DeviceRowStats) -> Result<DeviceTensor<T>> {
+        let mut t = DeviceTensor::<T>::zeros(&self.dev, acc.shape)?;
+        store_scaled(&self.dev, TensorName::Other("gradient"), &acc.data, 1.0, &mut t)?;
+        Ok(t)
+    }
+
+    fn rows_to_bytes(&self, rows: &DeviceTensor<T>, out: &mut Vec<u8>) -> Result<()> {
+        put_elems(out, &rows.to_host_contiguous(&self.dev)?);
+        Ok(())
+    }
+
+    fn rows_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<DeviceTensor<T>> {
+        if bytes.len() != shape.numel() * T::DTYPE.size() {
+            return Err(AttnError::InvalidArgument(format!("{} bytes for {} values", bytes.len(), shape.numel())));
+        }
+        let mut host = Vec::new();
+        get_elems::<T>(bytes, &mut host);
+        let data = self.dev.stream().clone_htod(&host).map_err(cuda_err)?;
+        Ok(DeviceTensor { data, shape, strides: shape.contiguous_strides() })
+    }
+
+    fn acc_to_bytes(&self, acc: &DeviceRowStats, out: &mut Vec<u8>) -> Result<()> {
+        let host = self.dev.stream().clone_dtoh(&acc.data).map_err(cuda_err)?;
+        self.dev.synchronize()?;
+        put_f32s(out, &host);
+        Ok(())
+    }
+
+    fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<DeviceRowStats> {
+        self.f32s_from(shape, shape.numel(), bytes)
+    }
+}

@@ -1,0 +1,125 @@
+//! The chunk ring: each rank's whole k/v rows travel once around the ring and every
+//! block (a rank's queries against one owner's keys) is computed where its queries live.
+//! One protocol, generic over where blocks are computed ([`ChunkCompute`]: the CPU
+//! kernels ([`CpuChunks`]) or, with feature `cuda`, the CUDA kernels on device buffers)
+//! and how rows move ([`ChunkTransport`]: [`HostTransport`] over any [`Communicator`]).
+//! The handshake, the completion rounds, timeouts and typed errors are the plan ring's,
+//! on the transport's control communicator.
+//!
+//! A rank's rows are pieces, one per contiguous range of global positions its layout gives
+//! it ([`rank_pieces`]: one under the contiguous layout, up to two under zigzag). Masks are
+//! functions of global positions, so a block is the kernels' block call on two ranges.
+//!
+//! [`Communicator`]: crate::Communicator
+
+mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod protocol;
+mod transport;
+
+use std::ops::Range;
+
+use attn_core::{Element, Result, Shape4};
+
+use crate::plan::RingProblem;
+
+pub use cpu::{CpuChunks, HostAcc, HostPartial, HostRowStats, HostRows};
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaChunks, DeviceMasks, DeviceRowStats};
+pub use protocol::{ChunkForward, ChunkGradients, chunk_backward, chunk_forward};
+pub use transport::{Arrived, ChunkTransport, HostTransport, Travel};
+
+/// The global position ranges of `rank`'s pieces (empty ranges omitted).
+pub fn rank_pieces(problem: &RingProblem, rank: usize) -> Vec<Range<usize>> {
+    problem.layout.ranges(problem.seq, problem.world, rank)
+}
+
+/// The shapes of `rank`'s pieces with `heads` heads.
+pub(crate) fn piece_shapes(problem: &RingProblem, rank: usize, heads: usize) -> Result<Vec<Shape4>> {
+    rank_pieces(problem, rank)
+        .into_iter()
+        .map(|r| Shape4::new(problem.batch, r.len(), heads, problem.head_dim))
+        .collect()
+}
+
+/// One block: the query rows of one piece (global positions `q_start..`) against the
+/// key/value rows of one piece (`k_start..`), under every pattern of the problem's config,
+/// its band and its masks (`masks`: as [`ChunkCompute::masks`] prepared them).
+#[derive(Debug)]
+pub struct ChunkBlock<'a, R, M> {
+    pub problem: &'a RingProblem,
+    pub masks: &'a M,
+    pub q: &'a R,
+    pub q_start: usize,
+    pub k: &'a R,
+    pub v: &'a R,
+    pub k_start: usize,
+}
+
+/// What the backward of a block reads for its query rows: `grad_out` (q's shape), the
+/// FINAL lse and `delta = grad_out . out` of the forward.
+#[derive(Debug)]
+pub struct ChunkUpstream<'a, R, S> {
+    pub grad_out: &'a R,
+    pub lse: &'a S,
+    pub delta: &'a S,
+}
+
+/// The f32 accumulators a block's backward adds to: dq of its query piece, dk and dv of
+/// its key piece.
+#[derive(Debug)]
+pub struct ChunkGrads<'a, A> {
+    pub dq: &'a mut A,
+    pub dk: &'a mut A,
+    pub dv: &'a mut A,
+}
+
+/// Where the blocks of a chunk ring are computed: tensors live in this compute's memory,
+/// every block is a call on them, and accumulators never leave it except through a
+/// transport.
+pub trait ChunkCompute<T: Element> {
+    /// Rows `[batch, rows, heads, head_dim]` of `T`, contiguous.
+    type Rows;
+    /// The forward's f32 accumulators of one query piece: output (normalised) and lse.
+    type Partial;
+    /// f32 gradient accumulators `[batch, rows, heads, head_dim]`.
+    type Acc;
+    /// f32 per-row values `[batch, rows, heads]` (lse, delta).
+    type RowStats;
+    /// The problem's masks in this compute's memory (prepared once per call).
+    type Masks;
+
+    /// The shape of `rows`.
+    fn shape_of(&self, rows: &Self::Rows) -> Shape4;
+    /// Prepare the problem's masks.
+    fn masks(&self, problem: &RingProblem) -> Result<Self::Masks>;
+    /// An empty forward partial for a query piece (`out = 0`, `lse = -inf`).
+    fn empty_partial(&self, q: Shape4) -> Result<Self::Partial>;
+    /// Zeroed gradient accumulators.
+    fn zero_acc(&self, shape: Shape4) -> Result<Self::Acc>;
+    /// LSE-merge the block into `partial` (the query piece's).
+    fn forward_block(&self, block: &ChunkBlock<'_, Self::Rows, Self::Masks>, partial: &mut Self::Partial)
+    -> Result<()>;
+    /// The output (each head's `out_scale` applied, in `T`) and lse of a finished partial.
+    fn finish_forward(&self, problem: &RingProblem, partial: &Self::Partial) -> Result<(Self::Rows, Self::RowStats)>;
+    /// `delta = dot(grad_out, out)` per row.
+    fn delta(&self, grad_out: &Self::Rows, out: &Self::Rows) -> Result<Self::RowStats>;
+    /// Add the block's gradients to `grads`.
+    fn backward_block(
+        &self,
+        block: &ChunkBlock<'_, Self::Rows, Self::Masks>,
+        upstream: &ChunkUpstream<'_, Self::Rows, Self::RowStats>,
+        grads: ChunkGrads<'_, Self::Acc>,
+    ) -> Result<()>;
+    /// An accumulator converted to `T`.
+    fn store_acc(&self, acc: &Self::Acc) -> Result<Self::Rows>;
+    /// Append `rows` as little-endian `T` values (for host-staged transports).
+    fn rows_to_bytes(&self, rows: &Self::Rows, out: &mut Vec<u8>) -> Result<()>;
+    /// Rows of `shape` from little-endian `T` values.
+    fn rows_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Self::Rows>;
+    /// Append an accumulator as little-endian f32 values.
+    fn acc_to_bytes(&self, acc: &Self::Acc, out: &mut Vec<u8>) -> Result<()>;
+    /// An accumulator of `shape` from little-endian f32 values.
+    fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Self::Acc>;
+}

@@ -1,0 +1,213 @@
+//! The chunk ring (whole k/v pieces travelling, CPU compute) against every golden file of
+//! `conformance/dilated` and `conformance/features`: threads at world sizes 1..=8 in f32,
+//! 2..=4 in bf16 and f16, the emulated NCCL transport at 2..=4; a fault or a disagreeing
+//! rank is a typed error on every rank.
+
+mod common;
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, DilatedConfig, Shape4, TensorView};
+use attn_ring::chunk_ring::{
+    ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, CpuChunks, HostAcc, HostPartial, HostRowStats, HostRows,
+    HostTransport, chunk_backward, chunk_forward,
+};
+use attn_ring::comm::EmulatedNccl;
+use attn_ring::{Communicator, FaultyComm, Layout, RingProblem, Strategy, ThreadComm};
+use common::{ChunkBackend, chunk_sweep};
+use half::{bf16, f16};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn threads<T>(world: usize, layout: Layout) -> ChunkBackend<T, impl Fn(usize) -> attn_core::Result<Vec<ThreadComm>>> {
+    let join = |p| ThreadComm::world_with_timeout(p, TIMEOUT);
+    ChunkBackend { label: "threads", world, layout, join, compute: CpuChunks::default(), dtype: PhantomData }
+}
+
+#[test]
+fn chunk_ring_matches_every_golden_file_f32() {
+    for dir in ["dilated", "features"] {
+        let runs = chunk_sweep(dir, 9, 1..=8, threads::<f32>);
+        assert_eq!(runs, 9 * 8 * 2, "{dir}");
+    }
+}
+
+#[test]
+fn chunk_ring_matches_every_golden_file_bf16_f16() {
+    for dir in ["dilated", "features"] {
+        assert_eq!(chunk_sweep(dir, 9, 2..=4, threads::<bf16>), 9 * 3 * 2, "{dir}");
+        assert_eq!(chunk_sweep(dir, 9, 2..=4, threads::<f16>), 9 * 3 * 2, "{dir}");
+    }
+}
+
+#[test]
+fn chunk_ring_over_emulated_nccl_matches_every_golden_file() {
+    for dir in ["dilated", "features"] {
+        let runs = chunk_sweep(dir, 9, 2..=4, |world, layout| ChunkBackend::<f32, _> {
+            label: "emulated-nccl",
+            world,
+            layout,
+            join: |p| EmulatedNccl::world_with_timeout(p, TIMEOUT),
+            compute: CpuChunks::default(),
+            dtype: PhantomData,
+        });
+        assert_eq!(runs, 9 * 3 * 2, "{dir}");
+    }
+}
+
+/// A small causal problem on `world` ranks and every rank's q/k/v pieces.
+fn small_problem(world: usize) -> (RingProblem, Vec<[Vec<HostRows<f32>>; 3]>) {
+    let cfg = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).causal(true).build().unwrap();
+    let shape = Shape4::new(1, 16, 2, 4).unwrap();
+    let problem = RingProblem::new(&cfg, shape.into(), Layout::Zigzag, Strategy::Auto, world);
+    let x: Vec<f32> = (0..shape.numel()).map(|i| (i as f32 * 0.37).sin()).collect();
+    let view = TensorView::contiguous(TensorName::Query, &x, shape).unwrap();
+    let pieces = (0..world)
+        .map(|r| {
+            let p = |view| {
+                attn_ring::chunk_ring::rank_pieces(&problem, r)
+                    .into_iter()
+                    .map(|range| HostRows::from_view_rows(view, range).unwrap())
+                    .collect::<Vec<_>>()
+            };
+            [p(&view), p(&view), p(&view)]
+        })
+        .collect();
+    (problem, pieces)
+}
+
+/// Run the forward and backward on every rank with its communicator; the results per rank.
+fn run_all<C: Communicator + Send>(
+    comms: Vec<C>,
+    problem: &RingProblem,
+    pieces: &[[Vec<HostRows<f32>>; 3]],
+) -> Vec<attn_core::Result<()>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .zip(pieces)
+            .map(|(mut comm, [q, k, v])| {
+                s.spawn(move || {
+                    let mut t = HostTransport::new(&mut comm);
+                    chunk_forward(&mut t, &CpuChunks::default(), problem, [q, k, v])?;
+                    chunk_backward(&mut t, &CpuChunks::default(), problem, [q, k, v], q).map(|_| ())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn every_injected_fault_fails_every_rank() {
+    let (problem, pieces) = small_problem(3);
+    for fault in common::faults_at(3, Duration::from_millis(1500)) {
+        let comms: Vec<_> = ThreadComm::world_with_timeout(3, Duration::from_millis(800))
+            .unwrap()
+            .into_iter()
+            .enumerate()
+            .map(|(r, c)| FaultyComm::new(c, if r == 1 { vec![fault] } else { vec![] }))
+            .collect();
+        let res = run_all(comms, &problem, &pieces);
+        assert!(res.iter().all(|r| r.is_err()), "{fault:?}: {res:?}");
+    }
+}
+
+#[test]
+fn a_wrong_piece_on_one_rank_is_the_same_error_on_every_rank() {
+    let (problem, mut pieces) = small_problem(3);
+    pieces[2][1].pop();
+    let res = run_all(ThreadComm::world_with_timeout(3, TIMEOUT).unwrap(), &problem, &pieces);
+    for r in &res {
+        match r {
+            Err(AttnError::RankDisagreement(m)) => assert!(m.contains("k pieces have shapes [], expected"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// The CPU compute with one planted error: blocks whose keys start at position 0 are
+/// dropped unless the queries start there too.
+struct DropFirstKeys(CpuChunks);
+
+impl ChunkCompute<f32> for DropFirstKeys {
+    type Rows = HostRows<f32>;
+    type Partial = HostPartial;
+    type Acc = HostAcc;
+    type RowStats = HostRowStats;
+    type Masks = <CpuChunks as ChunkCompute<f32>>::Masks;
+
+    fn shape_of(&self, rows: &HostRows<f32>) -> Shape4 {
+        rows.shape
+    }
+    fn masks(&self, problem: &RingProblem) -> attn_core::Result<Self::Masks> {
+        ChunkCompute::<f32>::masks(&self.0, problem)
+    }
+    fn empty_partial(&self, q: Shape4) -> attn_core::Result<HostPartial> {
+        ChunkCompute::<f32>::empty_partial(&self.0, q)
+    }
+    fn zero_acc(&self, shape: Shape4) -> attn_core::Result<HostAcc> {
+        ChunkCompute::<f32>::zero_acc(&self.0, shape)
+    }
+    fn forward_block(
+        &self,
+        b: &ChunkBlock<'_, HostRows<f32>, Self::Masks>,
+        p: &mut HostPartial,
+    ) -> attn_core::Result<()> {
+        if b.k_start == 0 && b.q_start != 0 {
+            return Ok(());
+        }
+        self.0.forward_block(b, p)
+    }
+    fn finish_forward(&self, pr: &RingProblem, p: &HostPartial) -> attn_core::Result<(HostRows<f32>, HostRowStats)> {
+        self.0.finish_forward(pr, p)
+    }
+    fn delta(&self, g: &HostRows<f32>, o: &HostRows<f32>) -> attn_core::Result<HostRowStats> {
+        self.0.delta(g, o)
+    }
+    fn backward_block(
+        &self,
+        b: &ChunkBlock<'_, HostRows<f32>, Self::Masks>,
+        u: &ChunkUpstream<'_, HostRows<f32>, HostRowStats>,
+        g: ChunkGrads<'_, HostAcc>,
+    ) -> attn_core::Result<()> {
+        self.0.backward_block(b, u, g)
+    }
+    fn store_acc(&self, a: &HostAcc) -> attn_core::Result<HostRows<f32>> {
+        self.0.store_acc(a)
+    }
+    fn rows_to_bytes(&self, r: &HostRows<f32>, out: &mut Vec<u8>) -> attn_core::Result<()> {
+        self.0.rows_to_bytes(r, out)
+    }
+    fn rows_from_bytes(&self, s: Shape4, b: &[u8]) -> attn_core::Result<HostRows<f32>> {
+        self.0.rows_from_bytes(s, b)
+    }
+    fn acc_to_bytes(&self, a: &HostAcc, out: &mut Vec<u8>) -> attn_core::Result<()> {
+        ChunkCompute::<f32>::acc_to_bytes(&self.0, a, out)
+    }
+    fn acc_from_bytes(&self, s: Shape4, b: &[u8]) -> attn_core::Result<HostAcc> {
+        ChunkCompute::<f32>::acc_from_bytes(&self.0, s, b)
+    }
+}
+
+#[test]
+fn the_golden_check_catches_a_dropped_block() {
+    let dir = attn_testkit::golden::golden_dir().join("dilated");
+    let cases = attn_testkit::golden::load_dir(&dir).unwrap();
+    let planted = ChunkBackend::<f32, _, _> {
+        label: "planted",
+        world: 2,
+        layout: Layout::Contiguous,
+        join: |p| ThreadComm::world_with_timeout(p, TIMEOUT),
+        compute: DropFirstKeys(CpuChunks::default()),
+        dtype: PhantomData,
+    };
+    let failed = cases
+        .iter()
+        .filter(|(_, c)| !attn_testkit::golden::check_case(c.as_ref().unwrap(), Some(&planted), None).passed())
+        .count();
+    // Files whose segments all fit inside one rank's rows never cross ranks.
+    assert!(failed >= 3, "only {failed} of {} golden files failed with a dropped block", cases.len());
+}

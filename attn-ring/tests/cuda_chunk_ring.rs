@@ -1,0 +1,188 @@
+//! The chunk ring with its blocks on the GPU ([`CudaChunks`]): ranks are threads sharing
+//! one device, k/v pieces staged through the host over [`ThreadComm`]; every golden file of
+//! `conformance/dilated` and `conformance/features` at world sizes 1, 2, 4 and 8, both
+//! layouts, f32/bf16/f16, forward and gradients. Skips, printing the reason, without a
+//! driver, NVRTC or GPU (fails instead with `ATTN_REQUIRE_GPU=1`).
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, DType, Result, Shape4, TensorView};
+use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceTensor};
+use attn_ring::chunk_ring::{CudaChunks, HostTransport, chunk_backward, chunk_forward, rank_pieces};
+use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
+use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem};
+use attn_testkit::skip_gpu_test;
+use half::{bf16, f16};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn device_or_skip(test: &str) -> Option<CudaDevice> {
+    match CudaDevice::new(0) {
+        Ok(dev) => Some(dev),
+        Err(e @ AttnError::BackendUnavailable { .. }) => {
+            skip_gpu_test(test, e);
+            None
+        }
+        Err(e) => panic!("{test}: opening the GPU failed with an unexpected error: {e}"),
+    }
+}
+
+struct CudaChunkBackend<T> {
+    dev: CudaDevice,
+    world: usize,
+    layout: Layout,
+    dtype: PhantomData<T>,
+}
+
+/// The rows of `range` of a global f32 tensor, uploaded in `T`.
+fn upload<T: CudaElement>(
+    dev: &CudaDevice,
+    x: &[f32],
+    s: Shape4,
+    range: std::ops::Range<usize>,
+) -> Result<DeviceTensor<T>> {
+    let conv: Vec<T> = x.iter().map(|&v| T::from_f32(v)).collect();
+    let view = TensorView::contiguous(TensorName::Query, &conv, s)?;
+    let rows = attn_ring::chunk_ring::HostRows::from_view_rows(&view, range)?;
+    DeviceTensor::from_view(dev, &TensorView::contiguous(TensorName::Query, &rows.data, rows.shape)?)
+}
+
+/// Put a rank's piece (`[batch, rows, row]` values) back at its global rows.
+fn put(global: &mut [f32], piece: &[f32], range: &std::ops::Range<usize>, batch: usize, seq: usize, row: usize) {
+    for b in 0..batch {
+        let src = &piece[b * range.len() * row..(b + 1) * range.len() * row];
+        let at = (b * seq + range.start) * row;
+        global[at..at + src.len()].copy_from_slice(src);
+    }
+}
+
+fn f32s<T: CudaElement>(x: &[T]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+impl<T: CudaElement> CudaChunkBackend<T> {
+    fn problem(&self, p: &Problem<'_>) -> RingProblem {
+        RingProblem::new(p.cfg, p.shape, self.layout, Strategy::Auto, self.world).with_masks(p.masks.into())
+    }
+
+    /// Every rank's per-piece host results of `work`.
+    fn ranks<R: Send>(&self, work: impl Fn(&mut ThreadComm, usize) -> Result<R> + Sync) -> Result<Vec<R>> {
+        let comms = ThreadComm::world_with_timeout(self.world, TIMEOUT)?;
+        std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .enumerate()
+                .map(|(r, mut c)| {
+                    let work = &work;
+                    s.spawn(move || work(&mut c, r))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("rank thread")).collect::<Result<Vec<R>>>()
+        })
+    }
+}
+
+impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
+    fn name(&self) -> String {
+        format!("cuda chunk ring(p={}, {}, {})", self.world, self.layout.as_str(), T::DTYPE.as_str())
+    }
+
+    fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+
+    fn forward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3]) -> Result<Forward32> {
+        let (problem, (sq, skv)) = (self.problem(p), (p.shape.q, p.shape.kv));
+        let x = CudaChunks::new(self.dev.clone());
+        let per_rank = self.ranks(|comm, r| {
+            let up = |t: &[f32], s| {
+                rank_pieces(&problem, r)
+                    .into_iter()
+                    .map(|g| upload::<T>(&self.dev, t, s, g))
+                    .collect::<Result<Vec<_>>>()
+            };
+            let (qp, kp, vp) = (up(q, sq)?, up(k, skv)?, up(v, skv)?);
+            let f = chunk_forward(&mut HostTransport::new(comm), &x, &problem, [&qp, &kp, &vp])?;
+            let out =
+                f.out.iter().map(|o| o.to_host_contiguous(&self.dev).map(|h| f32s(&h))).collect::<Result<Vec<_>>>()?;
+            let lse = f
+                .lse
+                .iter()
+                .map(|l| self.dev.stream().clone_dtoh(&l.data).map_err(|e| AttnError::backend("cuda", e)))
+                .collect::<Result<Vec<_>>>()?;
+            self.dev.synchronize()?;
+            Ok((out, lse))
+        })?;
+        let (mut out, mut lse) = (vec![0.0; sq.numel()], vec![0.0; sq.lse_len()]);
+        for (r, (o, l)) in per_rank.into_iter().enumerate() {
+            for ((o, l), range) in o.iter().zip(&l).zip(rank_pieces(&problem, r)) {
+                put(&mut out, o, &range, sq.batch, sq.seq, sq.heads * sq.head_dim);
+                put(&mut lse, l, &range, sq.batch, sq.seq, sq.heads);
+            }
+        }
+        Ok(Forward32 { out, lse })
+    }
+
+    fn backward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+        let (problem, (sq, skv)) = (self.problem(p), (p.shape.q, p.shape.kv));
+        let x = CudaChunks::new(self.dev.clone());
+        let per_rank = self.ranks(|comm, r| {
+            let up = |t: &[f32], s| {
+                rank_pieces(&problem, r)
+                    .into_iter()
+                    .map(|g| upload::<T>(&self.dev, t, s, g))
+                    .collect::<Result<Vec<_>>>()
+            };
+            let (qp, kp, vp, gp) = (up(q, sq)?, up(k, skv)?, up(v, skv)?, up(grad_out, sq)?);
+            let g = chunk_backward(&mut HostTransport::new(comm), &x, &problem, [&qp, &kp, &vp], &gp)?;
+            let host = |ts: &[DeviceTensor<T>]| {
+                ts.iter().map(|t| t.to_host_contiguous(&self.dev).map(|h| f32s(&h))).collect::<Result<Vec<_>>>()
+            };
+            Ok([host(&g.dq)?, host(&g.dk)?, host(&g.dv)?])
+        })?;
+        let mut res = [vec![0.0; sq.numel()], vec![0.0; skv.numel()], vec![0.0; skv.numel()]];
+        for (r, grads) in per_rank.into_iter().enumerate() {
+            for (i, pieces) in grads.iter().enumerate() {
+                let row = if i == 0 { sq.heads } else { skv.heads } * sq.head_dim;
+                for (piece, range) in pieces.iter().zip(rank_pieces(&problem, r)) {
+                    put(&mut res[i], piece, &range, sq.batch, sq.seq, row);
+                }
+            }
+        }
+        let [dq, dk, dv] = res;
+        Ok(Gradients32 { dq, dk, dv })
+    }
+}
+
+fn run_all<T: CudaElement>(test: &str) {
+    let Some(dev) = device_or_skip(test) else { return };
+    for dir in ["dilated", "features"] {
+        let runs = common::chunk_sweep(dir, 9, 1..=8, |world, layout| CudaChunkBackend::<T> {
+            dev: dev.clone(),
+            world,
+            layout,
+            dtype: PhantomData,
+        });
+        println!("{test}: {dir}: {runs} runs passed");
+    }
+}
+
+#[test]
+fn cuda_chunk_ring_golden_f32() {
+    run_all::<f32>("cuda_chunk_ring_golden_f32");
+}
+
+#[test]
+fn cuda_chunk_ring_golden_bf16() {
+    run_all::<bf16>("cuda_chunk_ring_golden_bf16");
+}
+
+#[test]
+fn cuda_chunk_ring_golden_f16() {
+    run_all::<f16>("cuda_chunk_ring_golden_f16");
+}
