@@ -12,12 +12,12 @@
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
 # conformance directory on the CUDA backend, f32/bf16/f16, forward and gradients), tests (the
 # CUDA test binaries, proptests at a bounded case count), bench (CUDA against the PyTorch peer
-# on the same GPU), sanitizer (compute-sanitizer memcheck and racecheck on a small bf16
+# on the same GPU), ring (the chunk ring's golden files with CUDA block compute), sanitizer (compute-sanitizer memcheck and racecheck on a small bf16
 # forward+backward), nccl (a one-rank round trip and a peer that never joins). Each step writes
 # `STEP: passed|FAILED|not run (why)` to $OUT/device-report.md (JSON twin device-report.json)
 # and its output to $OUT/STEP.log. ATTN_REQUIRE_GPU=1: no GPU test may skip.
 set -uo pipefail
-STEPS="env golden tests bench sanitizer nccl"
+STEPS="env golden tests bench ring sanitizer nccl"
 
 # ---- pack (here) ----------------------------------------------------------------------------
 
@@ -40,7 +40,7 @@ pack() {
     mkdir -p "$pack/bin" "$pack/torch"
     for exe in $(TARGETS="attn_kernels cuda_golden cuda_nvrtc cuda_proptest cuda_unavailable" \
         test_binaries -p attn-kernels --features cuda) \
-        $(TARGETS="attn_ring" test_binaries -p attn-ring --features nccl); do
+        $(TARGETS="attn_ring cuda_chunk_ring" test_binaries -p attn-ring --features nccl,cuda); do
         cp "$exe" "$pack/bin/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
     done
     cargo build -q --release -p attn-kernels --features cuda --bin attn-cuda-bench
@@ -54,7 +54,7 @@ pack() {
     git rev-parse --short HEAD >"$pack/COMMIT" 2>/dev/null || echo unknown >"$pack/COMMIT"
     local n
     n=$(ls "$pack/bin" | wc -l)
-    [ "$n" -eq 8 ] || { echo "pack: expected 8 binaries, got $n: $(ls "$pack/bin")" >&2; exit 1; }
+    [ "$n" -eq 9 ] || { echo "pack: expected 9 binaries, got $n: $(ls "$pack/bin")" >&2; exit 1; }
     echo "pack: $(du -sh "$pack" | cut -f1) in $pack ($n binaries, commit $(cat "$pack/COMMIT"))"
 }
 
@@ -117,7 +117,8 @@ have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | gre
 # Seconds each step may take (300 in all, so a whole run fits 5 minutes).
 budget() {
     case $1 in
-    env) echo 30 ;; golden) echo 70 ;; tests) echo 80 ;; bench) echo 60 ;; sanitizer) echo 40 ;; nccl) echo 20 ;;
+    env) echo 30 ;; golden) echo 60 ;; tests) echo 60 ;; bench) echo 60 ;; ring) echo 30 ;; sanitizer) echo 40 ;;
+    nccl) echo 20 ;;
     esac
 }
 
@@ -184,6 +185,12 @@ step_bench() {
     logged 40 python3 "$PACK/torch/torch_dilated.py" --device cuda --dtype bf16 --seq-len 65536 --backward "${shape[@]}" ||
         ok=1
     return "$ok"
+}
+
+step_ring() {
+    have_gpu || return 2
+    # The chunk ring with CUDA block compute: ranks as threads sharing the GPU, every golden file.
+    logged 30 "$PACK/bin/cuda_chunk_ring" --test-threads=1
 }
 
 step_sanitizer() {
@@ -290,8 +297,8 @@ rehearse() {
     python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$dir/out/device-report.json" || rc=1
     if ! have_gpu; then
         grep -q '^- env: passed' "$dir/out/device-report.md" || { echo "rehearse: env did not pass" >&2; rc=1; }
-        [ "$(grep -c 'not run (no GPU)' "$dir/out/device-report.md")" -eq 5 ] || {
-            echo "rehearse: expected 5 GPU steps not run" >&2
+        [ "$(grep -c 'not run (no GPU)' "$dir/out/device-report.md")" -eq 6 ] || {
+            echo "rehearse: expected 6 GPU steps not run" >&2
             rc=1
         }
     fi

@@ -1,6 +1,7 @@
 //! MPI integration test (feature `mpi`, `harness = false`): every golden file in
 //! `conformance/dilated`, every layout and strategy, forward and gradients,
-//! with this process as one rank. Run under
+//! with this process as one rank; and the chunk ring (CPU compute, host transport) on
+//! every file and layout. Run under
 //! `mpirun --allow-run-as-root --oversubscribe -np N target/.../mpi_ring-*`.
 //! Also checks that a mismatched config is the same typed error on every rank.
 
@@ -8,6 +9,7 @@ use std::process::ExitCode;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Shape4, TensorView, TensorViewMut};
+use attn_ring::chunk_ring::{CpuChunks, HostRows, HostTransport, chunk_backward, chunk_forward, rank_pieces};
 use attn_ring::comm::MpiComm;
 use attn_ring::{
     BackwardOutputs, Communicator, Layout, Strategy, local_rows, problem_for, ring_backward, ring_forward,
@@ -92,6 +94,44 @@ fn run_case(
     Ok(errs)
 }
 
+/// The chunk ring (CPU compute, host transport over MPI) on `case`: errors of out, lse,
+/// dq, dk, dv.
+fn run_chunk_case(comm: &mut MpiComm, case: &GoldenCase, layout: Layout) -> Result<Vec<(String, f64)>, AttnError> {
+    let cfg = case.config()?;
+    let shape = case.attn_shape()?.q;
+    let problem = problem_for(&cfg, shape, layout, Strategy::Auto, comm.world_size());
+    let rank = comm.rank();
+    let pos = layout.positions(shape.seq, problem.world, rank);
+    let pieces = |name: &str| -> Result<Vec<HostRows<f32>>, AttnError> {
+        let t = case.tensor(name)?;
+        let v = TensorView::contiguous(TensorName::Other("golden"), &t.data, shape)?;
+        rank_pieces(&problem, rank).into_iter().map(|r| HostRows::from_view_rows(&v, r)).collect()
+    };
+    let want = |name: &str| -> Result<Vec<f32>, AttnError> {
+        let t = case.tensor(name)?;
+        local_rows(&TensorView::contiguous(TensorName::Other("golden"), &t.data, shape)?, &pos)
+    };
+    let (q, k, v) = (pieces("q")?, pieces("k")?, pieces("v")?);
+    let x = CpuChunks::default();
+    let f = chunk_forward(&mut HostTransport::new(comm), &x, &problem, [&q, &k, &v])?;
+    let mut errs = vec![("out".to_string(), global_rel_l2(comm, &HostRows::join(&f.out), &want("out")?)?)];
+    if let Some(w) = case.tensors.get("lse") {
+        let wv =
+            TensorView::contiguous(TensorName::Lse, &w.data, Shape4::new(shape.batch, shape.seq, shape.heads, 1)?)?;
+        let lse: Vec<HostRows<f32>> =
+            f.lse.iter().map(|l| HostRows { shape: Shape4 { head_dim: 1, ..l.shape }, data: l.to_bsh() }).collect();
+        errs.push(("lse".into(), global_rel_l2(comm, &HostRows::join(&lse), &local_rows(&wv, &pos)?)?));
+    }
+    if case.tensors.contains_key("grad_out") {
+        let go = pieces("grad_out")?;
+        let g = chunk_backward(&mut HostTransport::new(comm), &x, &problem, [&q, &k, &v], &go)?;
+        for (name, got) in [("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)] {
+            errs.push((name.into(), global_rel_l2(comm, &HostRows::join(got), &want(name)?)?));
+        }
+    }
+    Ok(errs)
+}
+
 fn main() -> ExitCode {
     let Some(universe) = mpi::initialize() else {
         eprintln!("MPI could not be initialised");
@@ -123,19 +163,23 @@ fn main() -> ExitCode {
             if layout.check(seq, p).is_err() {
                 continue;
             }
+            // One line per failed run; the count of failures.
+            let mut tally = |label: String, res: Result<Vec<(String, f64)>, AttnError>| match res {
+                Ok(errs) if errs.iter().all(|(_, e)| *e <= bound) => {}
+                Ok(errs) => {
+                    failures += 1;
+                    eprintln!("rank {rank}: {label}: {errs:?} > {bound}");
+                }
+                Err(e) => {
+                    failures += 1;
+                    eprintln!("rank {rank}: {label}: {e}");
+                }
+            };
+            runs += 1;
+            tally(format!("chunk ring {} {layout:?}", case.name), run_chunk_case(&mut comm, &case, layout));
             for strategy in [Strategy::Auto, Strategy::Ring, Strategy::AllGather] {
                 runs += 1;
-                match run_case(&mut comm, &case, layout, strategy) {
-                    Ok(errs) if errs.iter().all(|(_, e)| *e <= bound) => {}
-                    Ok(errs) => {
-                        failures += 1;
-                        eprintln!("rank {rank}: {} {layout:?} {strategy:?}: {errs:?} > {bound}", case.name);
-                    }
-                    Err(e) => {
-                        failures += 1;
-                        eprintln!("rank {rank}: {} {layout:?} {strategy:?}: {e}", case.name);
-                    }
-                }
+                tally(format!("{} {layout:?} {strategy:?}", case.name), run_case(&mut comm, &case, layout, strategy));
             }
         }
     }
@@ -169,7 +213,8 @@ fn main() -> ExitCode {
         }
     }
     // Every file, both layouts (any length splits), every strategy: nothing skipped.
-    let expected_runs = EXPECTED_CASES * 2 * 3;
+    // Per file and layout: the chunk ring and the three strategies.
+    let expected_runs = EXPECTED_CASES * 2 * (1 + 3);
     if runs != expected_runs {
         eprintln!("rank {rank}: {runs} golden runs, expected {expected_runs}");
         failures += 1;

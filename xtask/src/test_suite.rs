@@ -342,7 +342,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if wants("nccl") {
         // No GPU needed: the emulated transport, and the real NcclComm against stand-in
         // libcuda/libnccl (a C compiler builds them); on a GPU also the real library.
-        let args = ["test", "-p", "attn-ring", "--features", "nccl"];
+        let args = ["test", "-p", "attn-ring", "--features", "nccl,cuda"];
         cargo_step(mode, &mut steps, "nccl: attn-ring --features nccl", &args, gpu_skips);
     }
     if wants("gpu") {

@@ -287,7 +287,7 @@ impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C
 pub fn chunk_sweep<B: DilatedBackend>(
     dir: &str,
     count: usize,
-    worlds: RangeInclusive<usize>,
+    worlds: &[usize],
     backend: impl Fn(usize, Layout) -> B,
 ) -> usize {
     let dir = golden_dir().join(dir);
@@ -297,7 +297,7 @@ pub fn chunk_sweep<B: DilatedBackend>(
     for (path, case) in cases {
         let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let seq = case.attn_shape().unwrap().q.seq;
-        for world in worlds.clone() {
+        for &world in worlds {
             for layout in [Layout::Contiguous, Layout::Zigzag] {
                 if layout.check(seq, world).is_err() {
                     continue;
