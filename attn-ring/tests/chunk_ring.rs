@@ -11,19 +11,20 @@ use std::time::Duration;
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Shape4, TensorView};
 use attn_ring::chunk_ring::{
-    ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, CpuChunks, HostAcc, HostPartial, HostRowStats, HostRows,
-    HostTransport, chunk_backward, chunk_forward,
+    ChunkBlock, ChunkCompute, ChunkGrads, ChunkTransport, ChunkUpstream, CpuChunks, HostAcc, HostPartial, HostRowStats,
+    HostRows, HostTransport, InProcessTransport, chunk_backward, chunk_forward,
 };
 use attn_ring::comm::EmulatedNccl;
 use attn_ring::{Communicator, FaultyComm, Layout, RingProblem, Strategy, ThreadComm};
-use common::{ChunkBackend, chunk_sweep};
+use common::{ChunkBackend, Moves, chunk_sweep};
 use half::{bf16, f16};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
 fn threads<T>(world: usize, layout: Layout) -> ChunkBackend<T, impl Fn(usize) -> attn_core::Result<Vec<ThreadComm>>> {
     let join = |p| ThreadComm::world_with_timeout(p, TIMEOUT);
-    ChunkBackend { label: "threads", world, layout, join, compute: CpuChunks::default(), dtype: PhantomData }
+    let (moves, compute) = (Moves::HostStaged, CpuChunks::default());
+    ChunkBackend { label: "threads", world, layout, join, moves, compute, dtype: PhantomData }
 }
 
 #[test]
@@ -43,6 +44,17 @@ fn chunk_ring_matches_every_golden_file_bf16_f16() {
 }
 
 #[test]
+fn chunk_ring_in_process_matches_every_golden_file() {
+    for dir in ["dilated", "features"] {
+        let runs = chunk_sweep(dir, 9, &[1, 2, 3, 4, 5, 6, 7, 8], |world, layout| ChunkBackend::<f32, _> {
+            moves: Moves::InProcess,
+            ..threads::<f32>(world, layout)
+        });
+        assert_eq!(runs, 9 * 8 * 2, "{dir}");
+    }
+}
+
+#[test]
 fn chunk_ring_over_emulated_nccl_matches_every_golden_file() {
     for dir in ["dilated", "features"] {
         let runs = chunk_sweep(dir, 9, &[2, 3, 4], |world, layout| ChunkBackend::<f32, _> {
@@ -50,6 +62,7 @@ fn chunk_ring_over_emulated_nccl_matches_every_golden_file() {
             world,
             layout,
             join: |p| EmulatedNccl::world_with_timeout(p, TIMEOUT),
+            moves: Moves::HostStaged,
             compute: CpuChunks::default(),
             dtype: PhantomData,
         });
@@ -128,11 +141,19 @@ fn a_wrong_piece_on_one_rank_is_the_same_error_on_every_rank() {
     }
 }
 
-/// The CPU compute with one planted error: blocks whose keys start at position 0 are
-/// dropped unless the queries start there too.
-struct DropFirstKeys(CpuChunks);
+/// The CPU compute with one planted fault in blocks whose keys start at position 0 and
+/// whose queries do not.
+#[derive(Clone, Copy)]
+enum Plant {
+    /// The block is dropped (a wrong answer the golden check must catch).
+    Drop,
+    /// The block fails (an error every rank must report).
+    Fail,
+}
 
-impl ChunkCompute<f32> for DropFirstKeys {
+struct Planted(CpuChunks, Plant);
+
+impl ChunkCompute<f32> for Planted {
     type Rows = HostRows<f32>;
     type Partial = HostPartial;
     type Acc = HostAcc;
@@ -157,7 +178,10 @@ impl ChunkCompute<f32> for DropFirstKeys {
         p: &mut HostPartial,
     ) -> attn_core::Result<()> {
         if b.k_start == 0 && b.q_start != 0 {
-            return Ok(());
+            return match self.1 {
+                Plant::Drop => Ok(()),
+                Plant::Fail => Err(AttnError::InvalidArgument("planted block failure".into())),
+            };
         }
         self.0.forward_block(b, p)
     }
@@ -190,6 +214,15 @@ impl ChunkCompute<f32> for DropFirstKeys {
     fn acc_from_bytes(&self, s: Shape4, b: &[u8]) -> attn_core::Result<HostAcc> {
         ChunkCompute::<f32>::acc_from_bytes(&self.0, s, b)
     }
+    fn copy_rows(&self, r: &HostRows<f32>) -> attn_core::Result<HostRows<f32>> {
+        self.0.copy_rows(r)
+    }
+    fn copy_acc(&self, a: &HostAcc) -> attn_core::Result<HostAcc> {
+        ChunkCompute::<f32>::copy_acc(&self.0, a)
+    }
+    fn sync(&self) -> attn_core::Result<()> {
+        ChunkCompute::<f32>::sync(&self.0)
+    }
 }
 
 #[test]
@@ -201,7 +234,8 @@ fn the_golden_check_catches_a_dropped_block() {
         world: 2,
         layout: Layout::Contiguous,
         join: |p| ThreadComm::world_with_timeout(p, TIMEOUT),
-        compute: DropFirstKeys(CpuChunks::default()),
+        moves: Moves::HostStaged,
+        compute: Planted(CpuChunks::default(), Plant::Drop),
         dtype: PhantomData,
     };
     let failed = cases
@@ -210,4 +244,33 @@ fn the_golden_check_catches_a_dropped_block() {
         .count();
     // Files whose segments all fit inside one rank's rows never cross ranks.
     assert!(failed >= 3, "only {failed} of {} golden files failed with a dropped block", cases.len());
+}
+
+#[test]
+fn a_block_failing_on_some_ranks_fails_every_rank_on_both_transports() {
+    let (problem, pieces) = small_problem(3);
+    let x = Planted(CpuChunks::default(), Plant::Fail);
+    let comms = || ThreadComm::world_with_timeout(3, Duration::from_secs(5)).unwrap();
+    let run = |t: &mut dyn ChunkTransport<f32, Planted, Control = ThreadComm>, [q, k, v]: &[Vec<HostRows<f32>>; 3]| {
+        chunk_forward(t, &x, &problem, [q, k, v]).map(|_| ())
+    };
+    let host: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms()
+            .into_iter()
+            .zip(&pieces)
+            .map(|(mut c, p)| s.spawn(move || run(&mut HostTransport::new(&mut c), p)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let in_process: Vec<_> = std::thread::scope(|s| {
+        let ends = InProcessTransport::world(comms()).unwrap();
+        let hs: Vec<_> = ends.into_iter().zip(&pieces).map(|(mut t, p)| s.spawn(move || run(&mut t, p))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (label, res) in [("host-staged", host), ("in-process", in_process)] {
+        assert!(res.iter().all(|r| r.is_err()), "{label}: {res:?}");
+        // A rank meets its failing block or a peer that has gone; the first to fail names the plant.
+        let planted = |r: &&attn_core::Result<()>| matches!(r, Err(AttnError::InvalidArgument(m)) if m == "planted block failure");
+        assert!(res.iter().any(|r| planted(&r)), "{label}: {res:?}");
+    }
 }

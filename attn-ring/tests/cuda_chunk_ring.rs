@@ -1,5 +1,6 @@
 //! The chunk ring with its blocks on the GPU ([`CudaChunks`]): ranks are threads sharing
-//! one device, k/v pieces staged through the host over [`ThreadComm`]; every golden file of
+//! one device, k/v pieces handed on device to device (each rank on a stream of its own)
+//! or staged through the host over [`ThreadComm`]; every golden file of
 //! `conformance/dilated` and `conformance/features` at world sizes 1, 2, 4 and 8, both
 //! layouts, f32/bf16/f16, forward and gradients. Skips, printing the reason, without a
 //! driver, NVRTC or GPU (fails instead with `ATTN_REQUIRE_GPU=1`).
@@ -7,13 +8,18 @@
 
 mod common;
 
+use common::Moves;
+
 use std::marker::PhantomData;
 use std::time::Duration;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DType, Result, Shape4, TensorView};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceTensor};
-use attn_ring::chunk_ring::{CudaChunks, HostTransport, chunk_backward, chunk_forward, rank_pieces};
+use attn_ring::chunk_ring::{
+    ChunkTransport, CudaChunks, DeviceRowStats, HostTransport, InProcessTransport, chunk_backward, chunk_forward,
+    rank_pieces,
+};
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
 use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem};
 use attn_testkit::skip_gpu_test;
@@ -36,7 +42,15 @@ struct CudaChunkBackend<T> {
     dev: CudaDevice,
     world: usize,
     layout: Layout,
+    moves: Moves,
     dtype: PhantomData<T>,
+}
+
+/// A rank's compute and end of the ring: the shared stream and host staging, or a stream
+/// of its own and device-to-device copies.
+enum RankEnd<T: CudaElement> {
+    Staged(CudaChunks, ThreadComm),
+    Device(CudaChunks, InProcessTransport<ThreadComm, DeviceTensor<T>, DeviceRowStats>),
 }
 
 /// The rows of `range` of a global f32 tensor, uploaded in `T`.
@@ -70,16 +84,27 @@ impl<T: CudaElement> CudaChunkBackend<T> {
         RingProblem::new(p.cfg, p.shape, self.layout, Strategy::Auto, self.world).with_masks(p.masks.into())
     }
 
-    /// Every rank's per-piece host results of `work`.
-    fn ranks<R: Send>(&self, work: impl Fn(&mut ThreadComm, usize) -> Result<R> + Sync) -> Result<Vec<R>> {
+    /// Every rank's per-piece host results of `work(transport, compute, rank)`.
+    fn ranks<R: Send>(&self, work: &RankWork<'_, T, R>) -> Result<Vec<R>> {
         let comms = ThreadComm::world_with_timeout(self.world, TIMEOUT)?;
+        let ends: Vec<RankEnd<T>> = match self.moves {
+            Moves::HostStaged => {
+                comms.into_iter().map(|c| RankEnd::Staged(CudaChunks::new(self.dev.clone()), c)).collect()
+            }
+            Moves::InProcess => InProcessTransport::world(comms)?
+                .into_iter()
+                .map(|t| Ok(RankEnd::Device(CudaChunks::new(self.dev.with_own_stream()?), t)))
+                .collect::<Result<_>>()?,
+        };
         std::thread::scope(|s| {
-            let hs: Vec<_> = comms
+            let hs: Vec<_> = ends
                 .into_iter()
                 .enumerate()
-                .map(|(r, mut c)| {
-                    let work = &work;
-                    s.spawn(move || work(&mut c, r))
+                .map(|(r, end)| {
+                    s.spawn(move || match end {
+                        RankEnd::Staged(x, mut c) => work(&mut HostTransport::new(&mut c), &x, r),
+                        RankEnd::Device(x, mut t) => work(&mut t, &x, r),
+                    })
                 })
                 .collect();
             hs.into_iter().map(|h| h.join().expect("rank thread")).collect::<Result<Vec<R>>>()
@@ -87,9 +112,14 @@ impl<T: CudaElement> CudaChunkBackend<T> {
     }
 }
 
+/// A rank's work on its transport and compute.
+type RankWork<'w, T, R> =
+    dyn Fn(&mut dyn ChunkTransport<T, CudaChunks, Control = ThreadComm>, &CudaChunks, usize) -> Result<R> + Sync + 'w;
+
 impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
     fn name(&self) -> String {
-        format!("cuda chunk ring(p={}, {}, {})", self.world, self.layout.as_str(), T::DTYPE.as_str())
+        let (p, layout, dt) = (self.world, self.layout.as_str(), T::DTYPE.as_str());
+        format!("cuda chunk ring(p={p}, {layout}, {dt}, {:?})", self.moves)
     }
 
     fn dtype(&self) -> DType {
@@ -98,24 +128,20 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
 
     fn forward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3]) -> Result<Forward32> {
         let (problem, (sq, skv)) = (self.problem(p), (p.shape.q, p.shape.kv));
-        let x = CudaChunks::new(self.dev.clone());
-        let per_rank = self.ranks(|comm, r| {
+        let per_rank = self.ranks(&|t, x, r| {
             let up = |t: &[f32], s| {
-                rank_pieces(&problem, r)
-                    .into_iter()
-                    .map(|g| upload::<T>(&self.dev, t, s, g))
-                    .collect::<Result<Vec<_>>>()
+                rank_pieces(&problem, r).into_iter().map(|g| upload::<T>(&x.dev, t, s, g)).collect::<Result<Vec<_>>>()
             };
             let (qp, kp, vp) = (up(q, sq)?, up(k, skv)?, up(v, skv)?);
-            let f = chunk_forward(&mut HostTransport::new(comm), &x, &problem, [&qp, &kp, &vp])?;
+            let f = chunk_forward(t, x, &problem, [&qp, &kp, &vp])?;
             let out =
-                f.out.iter().map(|o| o.to_host_contiguous(&self.dev).map(|h| f32s(&h))).collect::<Result<Vec<_>>>()?;
+                f.out.iter().map(|o| o.to_host_contiguous(&x.dev).map(|h| f32s(&h))).collect::<Result<Vec<_>>>()?;
             let lse = f
                 .lse
                 .iter()
-                .map(|l| self.dev.stream().clone_dtoh(&l.data).map_err(|e| AttnError::backend("cuda", e)))
+                .map(|l| x.dev.stream().clone_dtoh(&l.data).map_err(|e| AttnError::backend("cuda", e)))
                 .collect::<Result<Vec<_>>>()?;
-            self.dev.synchronize()?;
+            x.dev.synchronize()?;
             Ok((out, lse))
         })?;
         let (mut out, mut lse) = (vec![0.0; sq.numel()], vec![0.0; sq.lse_len()]);
@@ -130,18 +156,14 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
 
     fn backward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
         let (problem, (sq, skv)) = (self.problem(p), (p.shape.q, p.shape.kv));
-        let x = CudaChunks::new(self.dev.clone());
-        let per_rank = self.ranks(|comm, r| {
+        let per_rank = self.ranks(&|t, x, r| {
             let up = |t: &[f32], s| {
-                rank_pieces(&problem, r)
-                    .into_iter()
-                    .map(|g| upload::<T>(&self.dev, t, s, g))
-                    .collect::<Result<Vec<_>>>()
+                rank_pieces(&problem, r).into_iter().map(|g| upload::<T>(&x.dev, t, s, g)).collect::<Result<Vec<_>>>()
             };
             let (qp, kp, vp, gp) = (up(q, sq)?, up(k, skv)?, up(v, skv)?, up(grad_out, sq)?);
-            let g = chunk_backward(&mut HostTransport::new(comm), &x, &problem, [&qp, &kp, &vp], &gp)?;
+            let g = chunk_backward(t, x, &problem, [&qp, &kp, &vp], &gp)?;
             let host = |ts: &[DeviceTensor<T>]| {
-                ts.iter().map(|t| t.to_host_contiguous(&self.dev).map(|h| f32s(&h))).collect::<Result<Vec<_>>>()
+                ts.iter().map(|t| t.to_host_contiguous(&x.dev).map(|h| f32s(&h))).collect::<Result<Vec<_>>>()
             };
             Ok([host(&g.dq)?, host(&g.dk)?, host(&g.dv)?])
         })?;
@@ -161,14 +183,17 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
 
 fn run_all<T: CudaElement>(test: &str) {
     let Some(dev) = device_or_skip(test) else { return };
-    for dir in ["dilated", "features"] {
-        let runs = common::chunk_sweep(dir, 9, &[1, 2, 4, 8], |world, layout| CudaChunkBackend::<T> {
-            dev: dev.clone(),
-            world,
-            layout,
-            dtype: PhantomData,
-        });
-        println!("{test}: {dir}: {runs} runs passed");
+    for moves in [Moves::InProcess, Moves::HostStaged] {
+        for dir in ["dilated", "features"] {
+            let runs = common::chunk_sweep(dir, 9, &[1, 2, 4, 8], |world, layout| CudaChunkBackend::<T> {
+                dev: dev.clone(),
+                world,
+                layout,
+                moves,
+                dtype: PhantomData,
+            });
+            println!("{test}: {dir} {moves:?}: {runs} runs passed");
+        }
     }
 }
 

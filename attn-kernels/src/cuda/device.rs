@@ -109,6 +109,13 @@ impl CudaDevice {
         })
     }
 
+    /// A handle on the same device and context whose launches go to a new stream of its
+    /// own (ranks sharing one GPU each take one).
+    pub fn with_own_stream(&self) -> Result<Self> {
+        let stream = self.ctx.new_stream().map_err(cuda_err)?;
+        Ok(CudaDevice { stream, ..self.clone() })
+    }
+
     /// `(major, minor)` compute capability.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.compute_capability

@@ -346,4 +346,16 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
             .collect();
         Ok(HostAcc { shape, data })
     }
+
+    fn copy_rows(&self, rows: &HostRows<T>) -> Result<HostRows<T>> {
+        Ok(rows.clone())
+    }
+
+    fn copy_acc(&self, acc: &HostAcc) -> Result<HostAcc> {
+        Ok(acc.clone())
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
 }

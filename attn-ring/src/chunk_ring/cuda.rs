@@ -175,4 +175,17 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
     fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<DeviceRowStats> {
         self.f32s_from(shape, shape.numel(), bytes)
     }
+
+    fn copy_rows(&self, rows: &DeviceTensor<T>) -> Result<DeviceTensor<T>> {
+        let data = self.dev.stream().clone_dtod(&rows.data).map_err(cuda_err)?;
+        Ok(DeviceTensor { data, shape: rows.shape, strides: rows.strides })
+    }
+
+    fn copy_acc(&self, acc: &DeviceRowStats) -> Result<DeviceRowStats> {
+        Ok(DeviceRowStats { data: self.dev.stream().clone_dtod(&acc.data).map_err(cuda_err)?, shape: acc.shape })
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.dev.synchronize()
+    }
 }

@@ -2,7 +2,9 @@
 //! block (a rank's queries against one owner's keys) is computed where its queries live.
 //! One protocol, generic over where blocks are computed ([`ChunkCompute`]: the CPU
 //! kernels ([`CpuChunks`]) or, with feature `cuda`, the CUDA kernels on device buffers)
-//! and how rows move ([`ChunkTransport`]: [`HostTransport`] over any [`Communicator`]).
+//! and how rows move ([`ChunkTransport`]: [`HostTransport`] stages them as bytes over any
+//! [`Communicator`]; [`InProcessTransport`] hands copies to the next rank's thread, device
+//! to device for device buffers).
 //! The handshake, the completion rounds, timeouts and typed errors are the plan ring's,
 //! on the transport's control communicator.
 //!
@@ -15,6 +17,7 @@
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod in_process;
 mod protocol;
 mod transport;
 
@@ -27,6 +30,7 @@ use crate::plan::RingProblem;
 pub use cpu::{CpuChunks, HostAcc, HostPartial, HostRowStats, HostRows};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaChunks, DeviceMasks, DeviceRowStats};
+pub use in_process::InProcessTransport;
 pub use protocol::{ChunkForward, ChunkGradients, chunk_backward, chunk_forward};
 pub use transport::{Arrived, ChunkTransport, HostTransport, Travel};
 
@@ -122,4 +126,11 @@ pub trait ChunkCompute<T: Element> {
     fn acc_to_bytes(&self, acc: &Self::Acc, out: &mut Vec<u8>) -> Result<()>;
     /// An accumulator of `shape` from little-endian f32 values.
     fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Self::Acc>;
+    /// A copy of `rows` in this compute's memory (for in-process transports).
+    fn copy_rows(&self, rows: &Self::Rows) -> Result<Self::Rows>;
+    /// A copy of an accumulator.
+    fn copy_acc(&self, acc: &Self::Acc) -> Result<Self::Acc>;
+    /// Wait until every copy and block queued so far has finished (a no-op where calls are
+    /// synchronous).
+    fn sync(&self) -> Result<()>;
 }

@@ -92,7 +92,7 @@ pub fn chunk_forward<T, X, Tr>(
 where
     T: Element,
     X: ChunkCompute<T>,
-    Tr: ChunkTransport<T, X>,
+    Tr: ChunkTransport<T, X> + ?Sized,
 {
     let rank = transport.control().rank();
     let (h, kvh) = (problem.heads, problem.kv_heads);
@@ -118,7 +118,7 @@ fn forward_pass<T, X, Tr>(
 where
     T: Element,
     X: ChunkCompute<T>,
-    Tr: ChunkTransport<T, X>,
+    Tr: ChunkTransport<T, X> + ?Sized,
 {
     let (r, p) = (transport.control().rank(), problem.world);
     let q_starts = starts(problem, r);
@@ -158,7 +158,7 @@ pub fn chunk_backward<T, X, Tr>(
 where
     T: Element,
     X: ChunkCompute<T>,
-    Tr: ChunkTransport<T, X>,
+    Tr: ChunkTransport<T, X> + ?Sized,
 {
     let rank = transport.control().rank();
     let (h, kvh) = (problem.heads, problem.kv_heads);

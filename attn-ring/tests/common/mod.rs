@@ -9,7 +9,8 @@ use std::time::Duration;
 use attn_core::error::TensorName;
 use attn_core::{AttnShape, DilatedConfig, Result, TensorView};
 use attn_ring::chunk_ring::{
-    ChunkCompute, CpuChunks, HostRowStats, HostRows, HostTransport, chunk_backward, chunk_forward, rank_pieces,
+    ChunkCompute, ChunkTransport, CpuChunks, HostAcc, HostRowStats, HostRows, HostTransport, InProcessTransport,
+    chunk_backward, chunk_forward, rank_pieces,
 };
 use attn_ring::comm::DEFAULT_TIMEOUT;
 use attn_ring::{
@@ -159,22 +160,34 @@ pub struct ChunkBackend<T, F, X = CpuChunks> {
     pub world: usize,
     pub layout: Layout,
     pub join: F,
+    pub moves: Moves,
     pub compute: X,
     pub dtype: std::marker::PhantomData<T>,
 }
 
-/// A host compute the chunk-ring test backend can run.
-pub trait HostCompute<T: attn_core::Element>:
-    ChunkCompute<T, Rows = HostRows<T>, RowStats = HostRowStats> + Sync
-{
-}
-impl<T: attn_core::Element, X: ChunkCompute<T, Rows = HostRows<T>, RowStats = HostRowStats> + Sync> HostCompute<T>
-    for X
-{
+/// How the chunk-ring test backend moves pieces between ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moves {
+    /// `HostTransport`: bytes over the communicators.
+    HostStaged,
+    /// `InProcessTransport`: buffers handed to the next rank's thread.
+    InProcess,
 }
 
-impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C>>, X: HostCompute<T>>
-    ChunkBackend<T, F, X>
+/// A rank's end of the ring: its communicator (host-staged) or its in-process transport.
+enum RankEnd<C, R, A> {
+    Comm(C),
+    InProcess(InProcessTransport<C, R, A>),
+}
+
+/// A rank's work on its transport.
+type RankWork<'w, T, X, C, const N: usize> = dyn Fn(&mut dyn ChunkTransport<T, X, Control = C>, &RingProblem, Vec<Vec<HostRows<T>>>) -> Result<[Vec<HostRows<T>>; N]>
+    + Sync
+    + 'w;
+
+impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C>>, X> ChunkBackend<T, F, X>
+where
+    X: ChunkCompute<T, Rows = HostRows<T>, RowStats = HostRowStats, Acc = HostAcc> + Sync,
 {
     fn problem(&self, p: &Problem<'_>) -> RingProblem {
         ring_problem(p, self.world, self.layout, Strategy::Auto)
@@ -187,18 +200,22 @@ impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C
         p: &Problem<'_>,
         inputs: &[(&[f32], attn_core::Shape4)],
         heads_of: [usize; N],
-        rank_work: impl Fn(&mut C, &RingProblem, Vec<Vec<HostRows<T>>>) -> Result<[Vec<HostRows<T>>; N]> + Sync,
+        rank_work: &RankWork<'_, T, X, C, N>,
     ) -> Result<[Vec<f32>; N]> {
         let problem = self.problem(p);
         let comms = (self.join)(self.world)?;
+        let ends: Vec<RankEnd<C, HostRows<T>, HostAcc>> = match self.moves {
+            Moves::HostStaged => comms.into_iter().map(RankEnd::Comm).collect(),
+            Moves::InProcess => InProcessTransport::world(comms)?.into_iter().map(RankEnd::InProcess).collect(),
+        };
         let conv: Vec<(Vec<T>, attn_core::Shape4)> =
             inputs.iter().map(|(x, s)| (x.iter().map(|&v| T::from_f32(v)).collect(), *s)).collect();
         let results: Vec<Result<[Vec<HostRows<T>>; N]>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = comms
+            let handles: Vec<_> = ends
                 .into_iter()
                 .enumerate()
-                .map(|(rank, mut comm)| {
-                    let (problem, conv, rank_work) = (&problem, &conv, &rank_work);
+                .map(|(rank, end)| {
+                    let (problem, conv) = (&problem, &conv);
                     scope.spawn(move || {
                         let pieces = conv
                             .iter()
@@ -210,7 +227,10 @@ impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C
                                     .collect::<Result<Vec<_>>>()
                             })
                             .collect::<Result<Vec<_>>>()?;
-                        rank_work(&mut comm, problem, pieces)
+                        match end {
+                            RankEnd::Comm(mut comm) => rank_work(&mut HostTransport::new(&mut comm), problem, pieces),
+                            RankEnd::InProcess(mut t) => rank_work(&mut t, problem, pieces),
+                        }
                     })
                 })
                 .collect();
@@ -235,11 +255,14 @@ impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C
     }
 }
 
-impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C>>, X: HostCompute<T>> DilatedBackend
+impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C>>, X> DilatedBackend
     for ChunkBackend<T, F, X>
+where
+    X: ChunkCompute<T, Rows = HostRows<T>, RowStats = HostRowStats, Acc = HostAcc> + Sync,
 {
     fn name(&self) -> String {
-        format!("{} chunk ring(p={}, {}, {})", self.label, self.world, self.layout.as_str(), T::DTYPE.as_str())
+        let (p, layout, dt) = (self.world, self.layout.as_str(), T::DTYPE.as_str());
+        format!("{} chunk ring(p={p}, {layout}, {dt}, {:?})", self.label, self.moves)
     }
 
     fn dtype(&self) -> attn_core::DType {
@@ -250,11 +273,11 @@ impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C
         let (sq, skv) = (p.shape.q, p.shape.kv);
         let lse = std::sync::Mutex::new(vec![0.0f32; sq.lse_len()]);
         let compute = &self.compute;
-        let [out] = self.run(p, &[(q, sq), (k, skv), (v, skv)], [sq.heads], |comm, problem, pieces| {
-            let r =
-                chunk_forward(&mut HostTransport::new(comm), compute, problem, [&pieces[0], &pieces[1], &pieces[2]])?;
+        let [out] = self.run(p, &[(q, sq), (k, skv), (v, skv)], [sq.heads], &|t, problem, pieces| {
+            let rank = t.control().rank();
+            let r = chunk_forward(t, compute, problem, [&pieces[0], &pieces[1], &pieces[2]])?;
             let mut all = lse.lock().expect("lse");
-            for (stats, range) in r.lse.iter().zip(rank_pieces(problem, comm.rank())) {
+            for (stats, range) in r.lse.iter().zip(rank_pieces(problem, rank)) {
                 let flat = stats.to_bsh();
                 let row = sq.heads;
                 for bb in 0..sq.batch {
@@ -272,9 +295,9 @@ impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C
         let (sq, skv) = (p.shape.q, p.shape.kv);
         let inputs = [(q, sq), (k, skv), (v, skv), (grad_out, sq)];
         let compute = &self.compute;
-        let [dq, dk, dv] = self.run(p, &inputs, [sq.heads, skv.heads, skv.heads], |comm, problem, pieces| {
+        let [dq, dk, dv] = self.run(p, &inputs, [sq.heads, skv.heads, skv.heads], &|t, problem, pieces| {
             let qkv = [&pieces[0][..], &pieces[1][..], &pieces[2][..]];
-            let g = chunk_backward(&mut HostTransport::new(comm), compute, problem, qkv, &pieces[3])?;
+            let g = chunk_backward(t, compute, problem, qkv, &pieces[3])?;
             Ok([g.dq, g.dk, g.dv])
         })?;
         Ok(Gradients32 { dq, dk, dv })

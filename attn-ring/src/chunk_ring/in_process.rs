@@ -1,0 +1,105 @@
+//! [`InProcessTransport`]: ranks as threads of one process passing a step's buffers to the
+//! next rank by channel, each buffer copied by the compute (a device-to-device copy for
+//! device buffers), so ranks sharing one GPU never stage rows through the host.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+
+use attn_core::{AttnError, Element, Result};
+
+use super::{Arrived, ChunkCompute, ChunkTransport, Travel};
+use crate::comm::Communicator;
+use crate::plan::RingProblem;
+
+/// One step's buffers with what they are: (owner, step, has k/v, has dk/dv).
+type Msg<R, A> = ((usize, usize, bool, bool), Arrived<R, A>);
+
+/// One rank's end of an in-process ring: its control communicator, a channel to the next
+/// rank and one from the previous.
+#[derive(Debug)]
+pub struct InProcessTransport<C, R, A> {
+    comm: C,
+    to_next: Sender<Msg<R, A>>,
+    from_prev: Receiver<Msg<R, A>>,
+}
+
+impl<C: Communicator, R, A> InProcessTransport<C, R, A> {
+    /// Endpoints for the ranks of `comms` (rank `i` at index `i`).
+    pub fn world(comms: Vec<C>) -> Result<Vec<Self>> {
+        let p = comms.len();
+        if let Some((i, c)) = comms.iter().enumerate().find(|(i, c)| c.rank() != *i || c.world_size() != p) {
+            return Err(AttnError::InvalidArgument(format!(
+                "communicator {i} is rank {} of {} in a list of {p}",
+                c.rank(),
+                c.world_size()
+            )));
+        }
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..p).map(|_| channel()).unzip();
+        // Rank i sends on channel i + 1 (received by rank i + 1) and receives on channel i.
+        let mut senders: Vec<Option<Sender<Msg<R, A>>>> = senders.into_iter().map(Some).collect();
+        Ok(comms
+            .into_iter()
+            .zip(receivers)
+            .enumerate()
+            .map(|(i, (comm, from_prev))| {
+                let to_next = senders[(i + 1) % p].take().unwrap_or_else(|| channel().0);
+                InProcessTransport { comm, to_next, from_prev }
+            })
+            .collect())
+    }
+}
+
+impl<T, X, C> ChunkTransport<T, X> for InProcessTransport<C, X::Rows, X::Acc>
+where
+    T: Element,
+    X: ChunkCompute<T>,
+    C: Communicator,
+{
+    type Control = C;
+
+    fn control(&mut self) -> &mut C {
+        &mut self.comm
+    }
+
+    fn shift(
+        &mut self,
+        compute: &X,
+        _problem: &RingProblem,
+        travel: &Travel<'_, X::Rows, X::Acc>,
+    ) -> Result<Arrived<X::Rows, X::Acc>> {
+        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        let copy_rows = |xs: &[X::Rows]| xs.iter().map(|x| compute.copy_rows(x)).collect::<Result<Vec<_>>>();
+        let copy_accs = |xs: &[X::Acc]| xs.iter().map(|x| compute.copy_acc(x)).collect::<Result<Vec<_>>>();
+        let out = Arrived {
+            k: copy_rows(travel.k)?,
+            v: copy_rows(travel.v)?,
+            dk: copy_accs(travel.dk)?,
+            dv: copy_accs(travel.dv)?,
+        };
+        compute.sync()?;
+        let what = (travel.owner, travel.step, !travel.k.is_empty(), !travel.dk.is_empty());
+        let next = (rank + 1) % world;
+        self.to_next
+            .send((what, out))
+            .map_err(|_| AttnError::Comm { rank, message: format!("rank {next} has left the ring") })?;
+        let prev = (rank + world - 1) % world;
+        let timeout = self.comm.timeout();
+        let (got, arrived) = self.from_prev.recv_timeout(timeout).map_err(|e| match e {
+            RecvTimeoutError::Timeout => {
+                AttnError::Timeout { rank, peer: prev, timeout_ms: timeout.as_millis().try_into().unwrap_or(u64::MAX) }
+            }
+            RecvTimeoutError::Disconnected => {
+                AttnError::Comm { rank, message: format!("rank {prev} has left the ring") }
+            }
+        })?;
+        let want = ((travel.owner + world - 1) % world, travel.step, what.2, what.3);
+        if got != want {
+            return Err(AttnError::Comm {
+                rank,
+                message: format!(
+                    "unexpected buffers from rank {prev}: {got:?} (owner, step, k/v, dk/dv), wanted {want:?}"
+                ),
+            });
+        }
+        Ok(arrived)
+    }
+}
