@@ -117,7 +117,7 @@ have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | gre
 # Seconds each step may take (300 in all, so a whole run fits 5 minutes).
 budget() {
     case $1 in
-    env) echo 30 ;; golden) echo 60 ;; tests) echo 60 ;; bench) echo 60 ;; ring) echo 30 ;; sanitizer) echo 40 ;;
+    env) echo 30 ;; golden) echo 60 ;; tests) echo 60 ;; bench) echo 60 ;; ring) echo 40 ;; sanitizer) echo 30 ;;
     nccl) echo 20 ;;
     esac
 }
@@ -190,7 +190,7 @@ step_bench() {
 step_ring() {
     have_gpu || return 2
     # The chunk ring with CUDA block compute: ranks as threads sharing the GPU, every golden file.
-    logged 30 "$PACK/bin/cuda_chunk_ring" --test-threads=1
+    logged 40 "$PACK/bin/cuda_chunk_ring" --test-threads=1
 }
 
 step_sanitizer() {

@@ -156,6 +156,46 @@ inline void emu_cp_async16(unsigned short* dst, const unsigned short* src, int s
 }
 
 namespace emu {
+// One OS thread per CUDA thread of a block, kept across blocks and launches (thread creation
+// would dominate otherwise): `start` releases the workers on a block, `done` collects them.
+struct Pool {
+    unsigned n = 0;
+    std::vector<std::thread> ts;
+    std::unique_ptr<std::barrier<>> start, done;
+    std::function<void()> job;
+    Dim3 block;
+    bool quit = false;
+    ~Pool() { stop(); }
+    void stop() {
+        if (n == 0) return;
+        quit = true;
+        start->arrive_and_wait();
+        for (auto& t : ts) t.join();
+        ts.clear();
+        n = 0;
+        quit = false;
+    }
+    void ensure(unsigned threads) {
+        if (n == threads) return;
+        stop();
+        n = threads;
+        start = std::make_unique<std::barrier<>>(threads + 1);
+        done = std::make_unique<std::barrier<>>(threads + 1);
+        for (unsigned t = 0; t < threads; ++t)
+            ts.emplace_back([this, t] {
+                t_thread = Dim3{t, 0, 0};
+                for (;;) {
+                    start->arrive_and_wait();
+                    if (quit) return;
+                    t_block = block;
+                    job();
+                    done->arrive_and_wait();
+                }
+            });
+    }
+};
+inline Pool g_pool;
+
 // Launch `kernel(args...)` over grid x block (block.x a multiple of 32, y = z = 1).
 template <class F>
 inline void launch(Dim3 grid, unsigned threads, F kernel) {
@@ -163,19 +203,16 @@ inline void launch(Dim3 grid, unsigned threads, F kernel) {
     g_grid_dim = grid;
     g_warps.clear();
     for (unsigned i = 0; i < threads / 32; ++i) g_warps.push_back(std::make_unique<Warp>());
+    g_pool.ensure(threads);
+    g_pool.job = kernel;
     for (unsigned bz = 0; bz < grid.z; ++bz)
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
                 g_block_barrier = std::make_unique<std::barrier<>>(threads);
                 std::fill(g_smem.begin(), g_smem.end(), 0xAB);  // garbage, like real shared memory
-                std::vector<std::thread> ts;
-                for (unsigned t = 0; t < threads; ++t)
-                    ts.emplace_back([=] {
-                        t_thread = Dim3{t, 0, 0};
-                        t_block = Dim3{bx, by, bz};
-                        kernel();
-                    });
-                for (auto& th : ts) th.join();
+                g_pool.block = Dim3{bx, by, bz};
+                g_pool.start->arrive_and_wait();
+                g_pool.done->arrive_and_wait();
             }
 }
 }  // namespace emu

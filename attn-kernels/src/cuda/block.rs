@@ -16,11 +16,8 @@ use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::device::CudaDevice;
 use super::launch::launch;
-use super::params::{AttnParams, BlockLayout, MAX_INDEX, attn_params};
-use super::plan::{
-    BackwardKernel, ForwardKernel, MMA_BLOCK_M, PatternLaunch, SeqPiece, THREADS, backward_kernel, forward_kernel,
-    head_sweeps, pattern_launches, seq_pieces,
-};
+use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward};
+use super::params::MAX_INDEX;
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{
     CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor, check_len,
@@ -97,52 +94,6 @@ fn check_block<T: CudaElement>(block: &DeviceBlock<'_, T>) -> Result<()> {
     Ok(())
 }
 
-/// The parameters of one (sequence piece, pattern) launch: the blocks' strides, the
-/// piece's rows with positions relative to its sequence, the band, and the address of
-/// the padding flag of the piece's first key (`kpad_base` is the mask's, 0 = none).
-fn piece_params<T: CudaElement>(
-    block: &DeviceBlock<'_, T>,
-    piece: &SeqPiece,
-    g_strides: Option<[usize; 4]>,
-    launch: &PatternLaunch,
-    kpad_base: u64,
-) -> Result<AttnParams> {
-    let DeviceBlock { cfg, q, k, v, .. } = *block;
-    let layout = BlockLayout {
-        q: (q.shape.with_seq(piece.q.len())?, q.strides),
-        k: (k.shape.with_seq(piece.k.len())?, k.strides),
-        v_strides: v.strides,
-        g_strides,
-        q_start: block.q_start + piece.q.start - piece.seq_start,
-        k_start: block.k_start + piece.k.start - piece.seq_start,
-        band: block.band,
-    };
-    let mut p = attn_params(cfg, &layout, launch);
-    if let Some(m) = block.key_padding {
-        p.kpad = kpad_base + (block.k_start + piece.k.start) as u64;
-        p.kpad_sb = m.seq as i64;
-    }
-    Ok(p)
-}
-
-/// The block's per-sequence pieces (one piece without packing).
-fn pieces<T: CudaElement>(block: &DeviceBlock<'_, T>) -> Vec<SeqPiece> {
-    let (q, k) = (block.q_start..block.q_start + block.q.shape.seq, block.k_start..block.k_start + block.k.shape.seq);
-    seq_pieces(block.packing.map(|p| p.cu_seqlens()), q, k)
-}
-
-fn grid(rows: usize, per_block: usize, heads: usize, batch: usize) -> Result<Option<LaunchConfig>> {
-    let x = rows.div_ceil(per_block);
-    if x == 0 {
-        return Ok(None);
-    }
-    let too_big = || AttnError::InvalidArgument(format!("launch grid too large ({x} x {heads} x {batch})"));
-    let gx = u32::try_from(x).ok().filter(|&g| g < i32::MAX as u32).ok_or_else(too_big)?;
-    let gy = u32::try_from(heads).ok().filter(|&g| g <= 65_535).ok_or_else(too_big)?;
-    let gz = u32::try_from(batch).ok().filter(|&g| g <= 65_535).ok_or_else(too_big)?;
-    Ok(Some(LaunchConfig { grid_dim: (gx, gy, gz), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }))
-}
-
 /// A block on the device: q rows starting at global position `q_start`, k/v rows at
 /// `k_start` (k/v may have fewer heads, dividing q's), under every pattern of `cfg`.
 #[derive(Debug, Clone, Copy)]
@@ -190,37 +141,99 @@ pub fn forward_block<T: CudaElement>(
     block: &DeviceBlock<'_, T>,
     partial: &mut DevicePartial,
 ) -> Result<()> {
-    let DeviceBlock { cfg, q, k, v, .. } = *block;
     check_block(block)?;
-    check_partial(partial, q.shape)?;
-    let (kernel, per_block, smem) = match forward_kernel(T::DTYPE, T::SUFFIX, q.shape.head_dim) {
-        ForwardKernel::Mma { name, smem_bytes, .. } => (name, MMA_BLOCK_M, smem_bytes),
-        ForwardKernel::Rows { name } => (name, (THREADS / 32) as usize, 0),
-    };
-    let f = dev.function(T::SUFFIX, &kernel, smem)?;
-    // The mask's address stays valid (and ordered after its upload) until `_kpad` drops.
-    let kpad = block.key_padding.map(|m| m.flags.device_ptr(&dev.stream));
+    check_partial(partial, block.q.shape)?;
+    let plan = plan_forward(&geometry(block, None), T::DTYPE, T::SUFFIX)?;
+    let DeviceBlock { q, k, v, .. } = *block;
+    let DevicePartial { out, lse, .. } = partial;
+    let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
+    execute(dev, &plan, &bufs, block.key_padding, Accs { q_acc: out, lse: Some(lse), dk: None, dv: None })
+}
+
+/// The planning view of a block (`g_strides`: grad_out's, in the backward).
+fn geometry<'a, T: CudaElement>(block: &DeviceBlock<'a, T>, g_strides: Option<[usize; 4]>) -> BlockGeometry<'a> {
+    BlockGeometry {
+        cfg: block.cfg,
+        q: (block.q.shape, block.q.strides),
+        q_start: block.q_start,
+        k: (block.k.shape, block.k.strides),
+        v_strides: block.v.strides,
+        k_start: block.k_start,
+        g_strides,
+        band: block.band,
+        kpad_seq: block.key_padding.map(|m| m.seq),
+        packing: block.packing,
+    }
+}
+
+/// The inputs of a block's launches.
+struct DeviceArgs<'a, T> {
+    q: &'a CudaSlice<T>,
+    k: &'a CudaSlice<T>,
+    v: &'a CudaSlice<T>,
+    g: Option<&'a CudaSlice<T>>,
+    lse: Option<&'a CudaSlice<f32>>,
+    delta: Option<&'a CudaSlice<f32>>,
+}
+
+/// The accumulators of a block's launches: out or dq, the forward's lse, dk and dv.
+struct Accs<'a> {
+    q_acc: &'a mut CudaSlice<f32>,
+    lse: Option<&'a mut CudaSlice<f32>>,
+    dk: Option<&'a mut CudaSlice<f32>>,
+    dv: Option<&'a mut CudaSlice<f32>>,
+}
+
+fn missing(what: &str) -> AttnError {
+    AttnError::InvalidArgument(format!("a planned launch needs {what}, which the call does not have"))
+}
+
+/// Launch every planned kernel on the device, arguments at the planned offsets.
+fn execute<T: CudaElement>(
+    dev: &CudaDevice,
+    plan: &[Planned],
+    bufs: &DeviceArgs<'_, T>,
+    key_padding: Option<&DeviceKeyPadding>,
+    accs: Accs<'_>,
+) -> Result<()> {
+    // The mask's address stays valid (and ordered after its upload) until `kpad` drops.
+    let kpad = key_padding.map(|m| m.flags.device_ptr(&dev.stream));
     let kpad_base = kpad.as_ref().map_or(0, |(p, _)| *p);
-    let (heads, d) = (q.shape.heads, q.shape.head_dim);
-    let launches = pattern_launches(cfg, heads);
-    for piece in pieces(block) {
-        // Packing has batch 1, so a piece is a row offset into every tensor.
-        let qv = q.data.slice(piece.q.start * q.strides[1]..);
-        let (kv, vv) = (k.data.slice(piece.k.start * k.strides[1]..), v.data.slice(piece.k.start * v.strides[1]..));
-        let mut out = partial.out.slice_mut(piece.q.start * heads * d..);
-        let mut lse = partial.lse.slice_mut(piece.q.start * heads..);
-        for pl in &launches {
-            let params = piece_params(block, &piece, None, pl, kpad_base)?;
-            let rows = pl.max_selected(params.q_start as usize, piece.q.len());
-            let Some(mut lc) = grid(rows, per_block, pl.heads.len(), q.shape.batch)? else {
-                continue;
-            };
-            lc.shared_mem_bytes = smem as u32;
-            // Signature: (q, k, v, o_acc, lse_acc, AttnParams) for both forward kernels.
-            let mut args = dev.stream.launch_builder(&f);
-            args.arg(&qv).arg(&kv).arg(&vv).arg(&mut out).arg(&mut lse).arg(&params);
-            launch(args, lc)?;
+    let Accs { q_acc, mut lse, mut dk, mut dv } = accs;
+    for p in plan {
+        let f = dev.function(T::SUFFIX, &p.kernel, p.smem_bytes as usize)?;
+        let mut params = p.params;
+        if p.kpad {
+            params.kpad += kpad_base;
         }
+        let lc = LaunchConfig { grid_dim: p.grid, block_dim: (p.threads, 1, 1), shared_mem_bytes: p.smem_bytes };
+        let o = p.offsets;
+        let (qv, kv, vv) = (bufs.q.slice(o.q..), bufs.k.slice(o.k..), bufs.v.slice(o.v..));
+        let mut args = dev.stream.launch_builder(&f);
+        args.arg(&qv).arg(&kv).arg(&vv);
+        if p.signature == Signature::Forward {
+            let mut out = q_acc.slice_mut(o.q_acc..);
+            let mut lse = lse.as_deref_mut().ok_or_else(|| missing("an lse accumulator"))?.slice_mut(o.q_rows..);
+            args.arg(&mut out).arg(&mut lse).arg(&params);
+            launch(args, lc)?;
+            continue;
+        }
+        let gv = bufs.g.ok_or_else(|| missing("grad_out"))?.slice(o.g..);
+        let lv = bufs.lse.ok_or_else(|| missing("the lse"))?.slice(o.q_rows..);
+        let dl = bufs.delta.ok_or_else(|| missing("delta"))?.slice(o.q_rows..);
+        args.arg(&gv).arg(&lv).arg(&dl);
+        let mut dq = q_acc.slice_mut(o.q_acc..);
+        if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDq) {
+            args.arg(&mut dq);
+        }
+        let (mut dkv, mut dvv);
+        if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDkv) {
+            dkv = dk.as_deref_mut().ok_or_else(|| missing("dk"))?.slice_mut(o.k_acc..);
+            dvv = dv.as_deref_mut().ok_or_else(|| missing("dv"))?.slice_mut(o.k_acc..);
+            args.arg(&mut dkv).arg(&mut dvv);
+        }
+        args.arg(&params);
+        launch(args, lc)?;
     }
     drop(kpad);
     Ok(())
@@ -291,68 +304,12 @@ pub fn backward_block_into<T: CudaElement>(
     upstream: &DeviceUpstream<'_, T>,
     grads: DeviceGradsMut<'_>,
 ) -> Result<()> {
-    let DeviceBlock { cfg, q, k, v, .. } = *block;
-    let DeviceUpstream { grad_out, lse, delta } = *upstream;
     check_backward(block, upstream, &grads)?;
-    let kernel = backward_kernel(T::DTYPE, T::SUFFIX, q.shape.head_dim);
-    let warps = (THREADS / 32) as usize;
-    let kpad = block.key_padding.map(|m| m.flags.device_ptr(&dev.stream));
-    let kpad_base = kpad.as_ref().map_or(0, |(p, _)| *p);
-    let (heads, kv_heads, d) = (q.shape.heads, k.shape.heads, q.shape.head_dim);
-    let group = heads / kv_heads;
-    let launches = pattern_launches(cfg, heads);
-    for piece in pieces(block) {
-        let (qo, ko) = (piece.q.start, piece.k.start);
-        let (qv, gv) = (q.data.slice(qo * q.strides[1]..), grad_out.data.slice(qo * grad_out.strides[1]..));
-        let (kv, vv) = (k.data.slice(ko * k.strides[1]..), v.data.slice(ko * v.strides[1]..));
-        let (lv, dl) = (lse.slice(qo * heads..), delta.slice(qo * heads..));
-        let mut dq = grads.dq.slice_mut(qo * heads * d..);
-        let mut dk = grads.dk.slice_mut(ko * kv_heads * d..);
-        let mut dv = grads.dv.slice_mut(ko * kv_heads * d..);
-        for pl in &launches {
-            let base = piece_params(block, &piece, Some(grad_out.strides), pl, kpad_base)?;
-            let q_rows = pl.max_selected(base.q_start as usize, piece.q.len());
-            let k_rows = pl.max_selected(base.k_start as usize, piece.k.len());
-            // dk/dv writes: one sweep per residue of the group (see `head_sweeps`).
-            for sw in head_sweeps(pl.heads.clone(), group) {
-                let params = AttnParams { head0: sw.head0 as i64, head_step: sw.step as i64, ..base };
-                match &kernel {
-                    BackwardKernel::Mma { name, block_n, smem_bytes } => {
-                        let f = dev.function(T::SUFFIX, name, *smem_bytes)?;
-                        if let Some(mut lc) = grid(k_rows, *block_n, sw.count, q.shape.batch)? {
-                            lc.shared_mem_bytes = *smem_bytes as u32;
-                            // Signature: (q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, AttnParams).
-                            let mut args = dev.stream.launch_builder(&f);
-                            args.arg(&qv).arg(&kv).arg(&vv).arg(&gv).arg(&lv).arg(&dl);
-                            args.arg(&mut dq).arg(&mut dk).arg(&mut dv).arg(&params);
-                            launch(args, lc)?;
-                        }
-                    }
-                    BackwardKernel::Rows { dkv, .. } => {
-                        let f_dkv = dev.function(T::SUFFIX, dkv, 0)?;
-                        if let Some(lc) = grid(k_rows, warps, sw.count, q.shape.batch)? {
-                            // Signature: (q, k, v, go, lse, delta, dk_acc, dv_acc, AttnParams).
-                            let mut args = dev.stream.launch_builder(&f_dkv);
-                            args.arg(&qv).arg(&kv).arg(&vv).arg(&gv).arg(&lv).arg(&dl);
-                            args.arg(&mut dk).arg(&mut dv).arg(&params);
-                            launch(args, lc)?;
-                        }
-                    }
-                }
-            }
-            // dq rows are per query head: one launch over the whole head range.
-            if let BackwardKernel::Rows { dq: dq_name, .. } = &kernel {
-                let f_dq = dev.function(T::SUFFIX, dq_name, 0)?;
-                if let Some(lc) = grid(q_rows, warps, pl.heads.len(), q.shape.batch)? {
-                    // Signature: (q, k, v, go, lse, delta, dq_acc, AttnParams).
-                    let mut args = dev.stream.launch_builder(&f_dq);
-                    args.arg(&qv).arg(&kv).arg(&vv).arg(&gv).arg(&lv).arg(&dl);
-                    args.arg(&mut dq).arg(&base);
-                    launch(args, lc)?;
-                }
-            }
-        }
-    }
-    drop(kpad);
-    Ok(())
+    let DeviceUpstream { grad_out, lse, delta } = *upstream;
+    let plan = plan_backward(&geometry(block, Some(grad_out.strides)), T::DTYPE, T::SUFFIX)?;
+    let DeviceBlock { q, k, v, .. } = *block;
+    let bufs =
+        DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: Some(&grad_out.data), lse: Some(lse), delta: Some(delta) };
+    let accs = Accs { q_acc: grads.dq, lse: None, dk: Some(grads.dk), dv: Some(grads.dv) };
+    execute(dev, &plan, &bufs, block.key_padding, accs)
 }

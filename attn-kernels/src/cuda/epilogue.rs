@@ -12,7 +12,7 @@ use super::params::{RowParams, strides3};
 use super::plan::out_scale;
 use super::tensor::{CudaElement, DevicePartial, DeviceTensor, check_len};
 
-fn row_params(shape: Shape4, a: [usize; 4], b: [usize; 4], scale: f32) -> RowParams {
+pub(crate) fn row_params(shape: Shape4, a: [usize; 4], b: [usize; 4], scale: f32) -> RowParams {
     let [a_sb, a_ss, a_sh] = strides3(a);
     let [b_sb, b_ss, b_sh] = strides3(b);
     RowParams {
@@ -29,6 +29,20 @@ fn row_params(shape: Shape4, a: [usize; 4], b: [usize; 4], scale: f32) -> RowPar
         scale,
         pad: 0,
     }
+}
+
+/// The launch of `store_rows_*` over a tensor of `shape` (a grid-stride loop, 256 threads a block).
+pub(crate) fn store_launch(shape: Shape4) -> LaunchConfig {
+    let blocks = shape.numel().div_ceil(256).clamp(1, 65_535) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// The launch of `delta_rows_*` over the rows of `shape` (a warp a row, 8 warps a block).
+pub(crate) fn delta_launch(shape: Shape4) -> Result<LaunchConfig> {
+    let warps_per_block = 8usize;
+    let blocks = u32::try_from(shape.lse_len().div_ceil(warps_per_block))
+        .map_err(|_| AttnError::InvalidArgument("too many rows for one launch".into()))?;
+    Ok(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps_per_block as u32, 1, 1), shared_mem_bytes: 0 })
 }
 
 fn check_dst<T: CudaElement>(tensor: TensorName, dst: &DeviceTensor<T>, shape: Shape4) -> Result<()> {
@@ -59,8 +73,7 @@ pub fn store_scaled<T: CudaElement>(
     check_len(tensor, src.len(), shape.numel())?;
     let p = row_params(shape, dst.strides, dst.strides, scale);
     let f = dev.function(T::SUFFIX, &format!("store_rows_{}", T::SUFFIX), 0)?;
-    let blocks = shape.numel().div_ceil(256).clamp(1, 65_535) as u32;
-    let lc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let lc = store_launch(shape);
     // Signature: (const float* src, T* dst, RowParams).
     let mut args = dev.stream.launch_builder(&f);
     args.arg(src).arg(&mut dst.data).arg(&p);
@@ -98,11 +111,7 @@ pub fn delta<T: CudaElement>(
     let mut delta = dev.stream.alloc_zeros::<f32>(shape.lse_len()).map_err(cuda_err)?;
     let p = row_params(shape, grad_out.strides, out.strides, 1.0);
     let f = dev.function(T::SUFFIX, &format!("delta_rows_{}", T::SUFFIX), 0)?;
-    let warps_per_block = 8usize;
-    let blocks = u32::try_from(shape.lse_len().div_ceil(warps_per_block))
-        .map_err(|_| AttnError::InvalidArgument("too many rows for one launch".into()))?;
-    let lc =
-        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps_per_block as u32, 1, 1), shared_mem_bytes: 0 };
+    let lc = delta_launch(shape)?;
     // Signature: (const T* go, const T* out, float* delta, RowParams).
     let mut args = dev.stream.launch_builder(&f);
     args.arg(&grad_out.data).arg(&out.data).arg(&mut delta).arg(&p);

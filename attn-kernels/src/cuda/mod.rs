@@ -16,9 +16,11 @@
 mod bench;
 mod block;
 mod device;
+pub mod emulation;
 mod epilogue;
 mod host;
 mod launch;
+pub mod launch_plan;
 pub mod nvrtc;
 pub mod params;
 pub mod plan;

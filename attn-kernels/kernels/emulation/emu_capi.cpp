@@ -1,0 +1,71 @@
+// emu_capi.cpp: the CUDA kernels of ../*.cu on the CPU (emu_runtime.hpp) behind one C entry,
+// so Rust code (attn_kernels::cuda::emulation) can run its own launch plans against them.
+//
+// Build (no GPU, no CUDA toolkit):
+//   g++ -std=c++20 -O2 -pthread -shared -fPIC attn-kernels/kernels/emulation/emu_capi.cpp -o libattn_cuda_emu.so
+//
+// attn_emu_launch(name, gx, gy, gz, threads, args): runs kernel `name` over the grid, `args`
+// pointing at each argument's value in order (as cuLaunchKernel's kernelParams). Returns 0,
+// or 1 for an unknown kernel name. Launches are serialised (the emulator has one block state).
+#include "emu_runtime.hpp"
+
+#include "../prelude.cu"
+#include "../dilated_rows.cu"
+#include "../mma_tiles.cu"
+#include "../dilated_fwd_mma.cu"
+#include "../dilated_bwd_mma.cu"
+#include "../epilogue.cu"
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace {
+
+template <class... P, std::size_t... I>
+std::tuple<P...> unpack(void** a, std::index_sequence<I...>) {
+    return std::tuple<P...>{*static_cast<std::remove_reference_t<P>*>(a[I])...};
+}
+
+// Run a kernel whose parameters are read from `args` by its own signature.
+template <class... P>
+int run(void (*kernel)(P...), Dim3 grid, unsigned threads, void** args) {
+    const std::tuple<P...> vals = unpack<P...>(args, std::index_sequence_for<P...>{});
+    emu::launch(grid, threads, [=] { std::apply(kernel, vals); });
+    return 0;
+}
+
+using Entry = int (*)(Dim3, unsigned, void**);
+#define ATTN_EMU_ENTRY(f) {#f, [](Dim3 g, unsigned t, void** a) { return run(&f, g, t, a); }}
+#define ATTN_EMU_DTYPE(T)                                                                               \
+    ATTN_EMU_ENTRY(dilated_fwd_rows_##T), ATTN_EMU_ENTRY(dilated_bwd_dq_rows_##T),                       \
+        ATTN_EMU_ENTRY(dilated_bwd_dkv_rows_##T), ATTN_EMU_ENTRY(store_rows_##T), ATTN_EMU_ENTRY(delta_rows_##T)
+#define ATTN_EMU_MMA(T)                                                                                 \
+    ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d64),                \
+        ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d256),          \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d64),            \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d128)
+
+const std::map<std::string, Entry>& table() {
+    static const std::map<std::string, Entry> t = {
+        ATTN_EMU_DTYPE(f32), ATTN_EMU_DTYPE(f16), ATTN_EMU_DTYPE(bf16), ATTN_EMU_MMA(f16), ATTN_EMU_MMA(bf16),
+    };
+    return t;
+}
+
+}  // namespace
+
+extern "C" int attn_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+                               void** args) {
+    static std::mutex serial;
+    const std::lock_guard<std::mutex> lock(serial);
+    const auto it = table().find(name);
+    if (it == table().end()) return 1;
+    return it->second(Dim3{gx, gy, gz}, threads, args);
+}
+
+// The number of kernels this library runs (a Rust test checks it against the kernel list).
+extern "C" int attn_emu_kernel_count() { return (int)table().size(); }

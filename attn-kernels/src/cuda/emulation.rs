@@ -1,0 +1,262 @@
+//! The CUDA kernels run on the CPU as an executor of this crate's own launch plans:
+//! `kernels/emulation/emu_capi.cpp` (the `.cu` files over `emu_runtime.hpp`) built into a
+//! shared library by the host C++ compiler and loaded at run time. Host slices stand in for
+//! device buffers; the launches are the plans of [`super::launch_plan`] and the epilogue
+//! launches the device runs, so a test here covers the Rust planning and the kernels
+//! together. For tests: one OS thread per CUDA thread, launches serialised, slow.
+#![allow(unsafe_code)]
+
+use std::ffi::{CString, c_char, c_int, c_void};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use attn_core::error::TensorName;
+use attn_core::{AttnError, Result, Shape4};
+use libloading::Library;
+
+use super::epilogue::{delta_launch, row_params, store_launch};
+use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward};
+use super::source::MAX_HEAD_DIM;
+use super::tensor::{CudaElement, extent};
+
+type LaunchFn = unsafe extern "C" fn(*const c_char, u32, u32, u32, u32, *mut *mut c_void) -> c_int;
+type CountFn = unsafe extern "C" fn() -> c_int;
+
+fn emu_err(message: impl Into<String>) -> AttnError {
+    AttnError::BackendUnavailable { backend: "cuda-emulation", reason: message.into() }
+}
+
+/// The loaded emulation library.
+#[derive(Debug)]
+pub struct Emulator {
+    lib: Library,
+}
+
+/// A block's inputs in host memory (as the device call's buffers): q, k, v, grad_out in
+/// their geometry's strides, the final lse and delta `[batch, q rows, heads]`, the key
+/// padding flags `[batch, kpad_seq]`.
+#[derive(Debug, Clone, Copy)]
+pub struct HostArgs<'a, T> {
+    pub q: &'a [T],
+    pub k: &'a [T],
+    pub v: &'a [T],
+    pub g: Option<&'a [T]>,
+    pub lse: Option<&'a [f32]>,
+    pub delta: Option<&'a [f32]>,
+    pub kpad: Option<&'a [u8]>,
+}
+
+/// A block's f32 accumulators in host memory: out (forward) or dq (backward) like q, the
+/// forward's lse, dk and dv like k.
+#[derive(Debug)]
+pub struct HostAccs<'a> {
+    pub q_acc: &'a mut [f32],
+    pub lse: Option<&'a mut [f32]>,
+    pub dk: Option<&'a mut [f32]>,
+    pub dv: Option<&'a mut [f32]>,
+}
+
+fn too_small(tensor: TensorName, len: usize, needed: usize) -> AttnError {
+    AttnError::BufferTooSmall { tensor, len, needed }
+}
+
+fn need(tensor: TensorName, len: usize, needed: usize) -> Result<()> {
+    if len < needed { Err(too_small(tensor, len, needed)) } else { Ok(()) }
+}
+
+/// Check that every buffer covers what the block's launches index.
+fn check_buffers<T>(g: &BlockGeometry<'_>, a: &HostArgs<'_, T>, acc: &HostAccs<'_>) -> Result<()> {
+    let ((qs, qst), (ks, kst)) = (g.q, g.k);
+    if qs.head_dim > MAX_HEAD_DIM || ks.head_dim != qs.head_dim || ks.batch != qs.batch {
+        return Err(AttnError::InvalidArgument(format!("emulated block of q {:?} and k {:?}", qs.dims(), ks.dims())));
+    }
+    need(TensorName::Query, a.q.len(), extent(qs, qst))?;
+    need(TensorName::Key, a.k.len(), extent(ks, kst))?;
+    need(TensorName::Value, a.v.len(), extent(ks, g.v_strides))?;
+    if let (Some(gs), Some(go)) = (g.g_strides, a.g) {
+        need(TensorName::GradOutput, go.len(), extent(qs, gs))?;
+    }
+    for (name, x) in [(TensorName::Lse, a.lse), (TensorName::Other("delta"), a.delta)] {
+        need(name, x.map_or(usize::MAX, <[f32]>::len), qs.lse_len())?;
+    }
+    need(TensorName::Output, acc.q_acc.len(), qs.numel())?;
+    for (name, x) in [(TensorName::GradKey, &acc.dk), (TensorName::GradValue, &acc.dv)] {
+        need(name, x.as_ref().map_or(usize::MAX, |x| x.len()), ks.numel())?;
+    }
+    need(TensorName::Lse, acc.lse.as_ref().map_or(usize::MAX, |x| x.len()), qs.lse_len())?;
+    if let Some(seq) = g.kpad_seq {
+        let flags = a.kpad.ok_or_else(|| emu_err("the plan reads a key padding mask the call does not have"))?;
+        need(TensorName::KeyPaddingMask, flags.len(), ks.batch * seq)?;
+        if g.k_start + ks.seq > seq {
+            return Err(AttnError::InvalidArgument(format!("the mask's {seq} keys end before the block's")));
+        }
+    }
+    Ok(())
+}
+
+/// The address of element `at` of `x`, or an error naming `tensor` when it lies beyond.
+fn at<T>(tensor: TensorName, x: &[T], at: usize) -> Result<*const T> {
+    x.get(at..).map(<[T]>::as_ptr).ok_or_else(|| too_small(tensor, x.len(), at))
+}
+
+fn at_mut<T>(tensor: TensorName, x: &mut [T], at: usize) -> Result<*mut T> {
+    let len = x.len();
+    x.get_mut(at..).map(<[T]>::as_mut_ptr).ok_or_else(|| too_small(tensor, len, at))
+}
+
+fn missing(what: &str) -> AttnError {
+    AttnError::InvalidArgument(format!("a planned launch needs {what}, which the call does not have"))
+}
+
+impl Emulator {
+    /// The C++ source of the library.
+    pub fn source() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/emulation/emu_capi.cpp")
+    }
+
+    /// Build the library at `out` with the C++ compiler `cxx` (C++20, pthreads).
+    pub fn build(cxx: &str, out: &Path) -> Result<()> {
+        let status = Command::new(cxx)
+            .args(["-std=c++20", "-O2", "-pthread", "-shared", "-fPIC"])
+            .arg(Self::source())
+            .arg("-o")
+            .arg(out)
+            .status()
+            .map_err(|e| emu_err(format!("running {cxx}: {e}")))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(emu_err(format!("{cxx} failed to build {} ({status})", out.display())))
+        }
+    }
+
+    /// Build the library into `dir` with the C++ compiler `$CXX` (default `g++`) and load it.
+    pub fn build_and_load(dir: &Path) -> Result<Self> {
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+        let out = dir.join("libattn_cuda_emu.so");
+        Self::build(&cxx, &out)?;
+        Self::load(&out)
+    }
+
+    /// Load a library [`Emulator::build`] made.
+    pub fn load(path: &Path) -> Result<Self> {
+        // SAFETY: the library is ours (emu_capi.cpp); loading runs its static initialisers only.
+        let lib = unsafe { Library::new(path) }.map_err(|e| emu_err(format!("loading {}: {e}", path.display())))?;
+        Ok(Emulator { lib })
+    }
+
+    /// How many kernels the library runs.
+    pub fn kernel_count(&self) -> Result<usize> {
+        // SAFETY: `attn_emu_kernel_count` has this signature in emu_capi.cpp.
+        let f = unsafe { self.lib.get::<CountFn>(b"attn_emu_kernel_count") }.map_err(|e| emu_err(e.to_string()))?;
+        // SAFETY: no arguments; reads a static table.
+        Ok(unsafe { f() } as usize)
+    }
+
+    /// Run kernel `name`; `args` point at each argument's value, in the kernel's order.
+    fn launch(&self, name: &str, grid: (u32, u32, u32), threads: u32, args: &mut [*mut c_void]) -> Result<()> {
+        // SAFETY: `attn_emu_launch` has this signature in emu_capi.cpp.
+        let f = unsafe { self.lib.get::<LaunchFn>(b"attn_emu_launch") }.map_err(|e| emu_err(e.to_string()))?;
+        let cname = CString::new(name).map_err(|_| emu_err("kernel name with a NUL byte"))?;
+        // SAFETY: the callers pass one pointer per argument of the kernel's signature, each to
+        // a live value of the argument's type, buffers checked against what the launch indexes.
+        let rc = unsafe { f(cname.as_ptr(), grid.0, grid.1, grid.2, threads, args.as_mut_ptr()) };
+        if rc == 0 { Ok(()) } else { Err(emu_err(format!("the emulation has no kernel `{name}`"))) }
+    }
+
+    /// Run planned launches on host buffers.
+    fn execute<T: CudaElement>(&self, plan: &[Planned], a: &HostArgs<'_, T>, acc: HostAccs<'_>) -> Result<()> {
+        let HostAccs { q_acc, mut lse, mut dk, mut dv } = acc;
+        for p in plan {
+            let o = p.offsets;
+            let mut params = p.params;
+            if p.kpad {
+                params.kpad += a.kpad.ok_or_else(|| missing("a key padding mask"))?.as_ptr() as u64;
+            }
+            let (mut q, mut k, mut v) =
+                (at(TensorName::Query, a.q, o.q)?, at(TensorName::Key, a.k, o.k)?, at(TensorName::Value, a.v, o.v)?);
+            let mut args: Vec<*mut c_void> =
+                vec![(&raw mut q).cast::<c_void>(), (&raw mut k).cast::<c_void>(), (&raw mut v).cast::<c_void>()];
+            let (mut out, mut lse_acc);
+            let (mut g, mut l, mut dl, mut dq, mut dkp, mut dvp);
+            if p.signature == Signature::Forward {
+                out = at_mut(TensorName::Output, q_acc, o.q_acc)?;
+                let lse = lse.as_deref_mut().ok_or_else(|| missing("an lse accumulator"))?;
+                lse_acc = at_mut(TensorName::Lse, lse, o.q_rows)?;
+                args.push((&raw mut out).cast());
+                args.push((&raw mut lse_acc).cast());
+            } else {
+                g = at(TensorName::GradOutput, a.g.ok_or_else(|| missing("grad_out"))?, o.g)?;
+                l = at(TensorName::Lse, a.lse.ok_or_else(|| missing("the lse"))?, o.q_rows)?;
+                dl = at(TensorName::Other("delta"), a.delta.ok_or_else(|| missing("delta"))?, o.q_rows)?;
+                args.extend([(&raw mut g).cast(), (&raw mut l).cast(), (&raw mut dl).cast()]);
+                if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDq) {
+                    dq = at_mut(TensorName::GradQuery, q_acc, o.q_acc)?;
+                    args.push((&raw mut dq).cast());
+                }
+                if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDkv) {
+                    dkp = at_mut(TensorName::GradKey, dk.as_deref_mut().ok_or_else(|| missing("dk"))?, o.k_acc)?;
+                    dvp = at_mut(TensorName::GradValue, dv.as_deref_mut().ok_or_else(|| missing("dv"))?, o.k_acc)?;
+                    args.extend([(&raw mut dkp).cast(), (&raw mut dvp).cast()]);
+                }
+            }
+            args.push((&raw mut params).cast());
+            self.launch(&p.kernel, p.grid, p.threads, &mut args)?;
+        }
+        Ok(())
+    }
+
+    /// [`crate::cuda::forward_block`] on host buffers: LSE-merge the block into `acc.q_acc`
+    /// (out) and `acc.lse`.
+    pub fn forward_block<T: CudaElement>(
+        &self,
+        g: &BlockGeometry<'_>,
+        a: &HostArgs<'_, T>,
+        acc: HostAccs<'_>,
+    ) -> Result<()> {
+        check_buffers(g, a, &acc)?;
+        self.execute(&plan_forward(g, T::DTYPE, T::SUFFIX)?, a, acc)
+    }
+
+    /// [`crate::cuda::backward_block`] on host buffers: add the block's gradients to
+    /// `acc.q_acc` (dq), `acc.dk` and `acc.dv`.
+    pub fn backward_block<T: CudaElement>(
+        &self,
+        g: &BlockGeometry<'_>,
+        a: &HostArgs<'_, T>,
+        acc: HostAccs<'_>,
+    ) -> Result<()> {
+        if g.g_strides.is_none() {
+            return Err(missing("grad_out strides"));
+        }
+        check_buffers(g, a, &acc)?;
+        self.execute(&plan_backward(g, T::DTYPE, T::SUFFIX)?, a, acc)
+    }
+
+    /// [`crate::cuda::store_scaled`] into a contiguous host tensor: `dst = scale * src` in `T`.
+    pub fn store_scaled<T: CudaElement>(&self, shape: Shape4, src: &[f32], scale: f32, dst: &mut [T]) -> Result<()> {
+        need(TensorName::Other("f32 source"), src.len(), shape.numel())?;
+        need(TensorName::Output, dst.len(), shape.numel())?;
+        let strides = shape.contiguous_strides();
+        let mut p = row_params(shape, strides, strides, scale);
+        let lc = store_launch(shape);
+        let (mut s, mut d) = (src.as_ptr(), dst.as_mut_ptr());
+        let mut args: Vec<*mut c_void> = vec![(&raw mut s).cast(), (&raw mut d).cast(), (&raw mut p).cast()];
+        self.launch(&format!("store_rows_{}", T::SUFFIX), lc.grid_dim, lc.block_dim.0, &mut args)
+    }
+
+    /// [`crate::cuda::delta`] of contiguous host tensors: `dot(grad_out, out)` per row.
+    pub fn delta<T: CudaElement>(&self, shape: Shape4, grad_out: &[T], out: &[T]) -> Result<Vec<f32>> {
+        need(TensorName::GradOutput, grad_out.len(), shape.numel())?;
+        need(TensorName::Output, out.len(), shape.numel())?;
+        let strides = shape.contiguous_strides();
+        let mut p = row_params(shape, strides, strides, 1.0);
+        let lc = delta_launch(shape)?;
+        let mut delta = vec![0.0f32; shape.lse_len()];
+        let (mut g, mut o, mut dl) = (grad_out.as_ptr(), out.as_ptr(), delta.as_mut_ptr());
+        let mut args: Vec<*mut c_void> =
+            vec![(&raw mut g).cast(), (&raw mut o).cast(), (&raw mut dl).cast(), (&raw mut p).cast()];
+        self.launch(&format!("delta_rows_{}", T::SUFFIX), lc.grid_dim, lc.block_dim.0, &mut args)?;
+        Ok(delta)
+    }
+}

@@ -1,0 +1,209 @@
+//! A block's kernel launches as data ([`Planned`]: kernel, grid, shared memory, argument
+//! offsets and parameters), planned once from the block's geometry, so the device
+//! ([`super::block`]) and the CPU emulation of the kernels ([`super::emulation`]) execute the
+//! same plan.
+
+use attn_core::{AttnError, Band, DType, DilatedConfig, PackedSequences, Result, Shape4};
+
+use super::params::{AttnParams, BlockLayout, attn_params};
+use super::plan::{
+    BackwardKernel, ForwardKernel, MMA_BLOCK_M, PatternLaunch, SeqPiece, THREADS, backward_kernel, forward_kernel,
+    head_sweeps, pattern_launches, seq_pieces,
+};
+
+/// Shapes, strides and positions of a block (what planning needs of its tensors).
+#[derive(Debug, Clone, Copy)]
+pub struct BlockGeometry<'a> {
+    pub cfg: &'a DilatedConfig,
+    pub q: (Shape4, [usize; 4]),
+    pub q_start: usize,
+    pub k: (Shape4, [usize; 4]),
+    pub v_strides: [usize; 4],
+    pub k_start: usize,
+    /// grad_out's strides (the backward; q's shape).
+    pub g_strides: Option<[usize; 4]>,
+    pub band: Band,
+    /// The key padding mask's row length (`[batch, seq]` flags), where there is one.
+    pub kpad_seq: Option<usize>,
+    pub packing: Option<PackedSequences<'a>>,
+}
+
+/// The argument list a kernel takes (the signatures in `kernels/*.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signature {
+    /// `(q, k, v, o_acc, lse_acc, AttnParams)`.
+    Forward,
+    /// `(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, AttnParams)`.
+    BackwardAll,
+    /// `(q, k, v, go, lse, delta, dk_acc, dv_acc, AttnParams)`.
+    BackwardDkv,
+    /// `(q, k, v, go, lse, delta, dq_acc, AttnParams)`.
+    BackwardDq,
+}
+
+/// Element offsets of a launch's arguments into the block's buffers: q, k, v, grad_out (in
+/// their strides), the f32 `[rows, heads, d]` accumulators of q rows (out or dq) and of k
+/// rows (dk, dv), and the f32 `[rows, heads]` values of q rows (lse, delta).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArgOffsets {
+    pub q: usize,
+    pub k: usize,
+    pub v: usize,
+    pub g: usize,
+    pub q_acc: usize,
+    pub k_acc: usize,
+    pub q_rows: usize,
+}
+
+/// One kernel launch of a block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub kernel: String,
+    pub signature: Signature,
+    pub grid: (u32, u32, u32),
+    pub threads: u32,
+    pub smem_bytes: u32,
+    pub offsets: ArgOffsets,
+    /// `params.kpad` holds the element offset of the launch's first padding flag into the
+    /// mask (the executor adds the mask's address) where `kpad` is set.
+    pub params: AttnParams,
+    pub kpad: bool,
+}
+
+/// The parameters of one (sequence piece, pattern) launch: the blocks' strides, the
+/// piece's rows with positions relative to its sequence, the band, and the offset of the
+/// padding flag of the piece's first key.
+fn piece_params(g: &BlockGeometry<'_>, piece: &SeqPiece, launch: &PatternLaunch) -> Result<AttnParams> {
+    let layout = BlockLayout {
+        q: (g.q.0.with_seq(piece.q.len())?, g.q.1),
+        k: (g.k.0.with_seq(piece.k.len())?, g.k.1),
+        v_strides: g.v_strides,
+        g_strides: g.g_strides,
+        q_start: g.q_start + piece.q.start - piece.seq_start,
+        k_start: g.k_start + piece.k.start - piece.seq_start,
+        band: g.band,
+    };
+    let mut p = attn_params(g.cfg, &layout, launch);
+    if let Some(seq) = g.kpad_seq {
+        p.kpad = (g.k_start + piece.k.start) as u64;
+        p.kpad_sb = seq as i64;
+    }
+    Ok(p)
+}
+
+/// The block's per-sequence pieces (one piece without packing).
+fn pieces(g: &BlockGeometry<'_>) -> Vec<SeqPiece> {
+    let (q, k) = (g.q_start..g.q_start + g.q.0.seq, g.k_start..g.k_start + g.k.0.seq);
+    seq_pieces(g.packing.map(|p| p.cu_seqlens()), q, k)
+}
+
+/// The grid of `rows` rows, `per_block` a block, over `heads` and `batch`; `None` when empty.
+fn grid(rows: usize, per_block: usize, heads: usize, batch: usize) -> Result<Option<(u32, u32, u32)>> {
+    let x = rows.div_ceil(per_block);
+    if x == 0 {
+        return Ok(None);
+    }
+    let too_big = || AttnError::InvalidArgument(format!("launch grid too large ({x} x {heads} x {batch})"));
+    let gx = u32::try_from(x).ok().filter(|&g| g < i32::MAX as u32).ok_or_else(too_big)?;
+    let gy = u32::try_from(heads).ok().filter(|&g| g <= 65_535).ok_or_else(too_big)?;
+    let gz = u32::try_from(batch).ok().filter(|&g| g <= 65_535).ok_or_else(too_big)?;
+    Ok(Some((gx, gy, gz)))
+}
+
+/// The offsets of a piece's arguments.
+fn offsets(g: &BlockGeometry<'_>, piece: &SeqPiece) -> ArgOffsets {
+    // Packing has batch 1, so a piece is a row offset into every tensor.
+    let (qo, ko) = (piece.q.start, piece.k.start);
+    let (heads, kv_heads, d) = (g.q.0.heads, g.k.0.heads, g.q.0.head_dim);
+    ArgOffsets {
+        q: qo * g.q.1[1],
+        k: ko * g.k.1[1],
+        v: ko * g.v_strides[1],
+        g: g.g_strides.map_or(0, |s| qo * s[1]),
+        q_acc: qo * heads * d,
+        k_acc: ko * kv_heads * d,
+        q_rows: qo * heads,
+    }
+}
+
+/// The forward launches of a block of dtype `dtype` (kernel suffix `suffix`).
+pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str) -> Result<Vec<Planned>> {
+    let (kernel, per_block, smem) = match forward_kernel(dtype, suffix, g.q.0.head_dim) {
+        ForwardKernel::Mma { name, smem_bytes, .. } => (name, MMA_BLOCK_M, smem_bytes),
+        ForwardKernel::Rows { name } => (name, (THREADS / 32) as usize, 0),
+    };
+    let smem_bytes = u32::try_from(smem).map_err(|_| AttnError::InvalidArgument("shared memory size".into()))?;
+    let mut out = Vec::new();
+    let launches = pattern_launches(g.cfg, g.q.0.heads);
+    for piece in pieces(g) {
+        for pl in &launches {
+            let params = piece_params(g, &piece, pl)?;
+            let rows = pl.max_selected(params.q_start as usize, piece.q.len());
+            let Some(grid) = grid(rows, per_block, pl.heads.len(), g.q.0.batch)? else { continue };
+            out.push(Planned {
+                kernel: kernel.clone(),
+                signature: Signature::Forward,
+                grid,
+                threads: THREADS,
+                smem_bytes,
+                offsets: offsets(g, &piece),
+                params,
+                kpad: g.kpad_seq.is_some(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The backward launches of a block (`g.g_strides` set).
+pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str) -> Result<Vec<Planned>> {
+    let kernel = backward_kernel(dtype, suffix, g.q.0.head_dim);
+    let warps = (THREADS / 32) as usize;
+    let group = g.q.0.heads / g.k.0.heads.max(1);
+    let batch = g.q.0.batch;
+    let mut out = Vec::new();
+    let launches = pattern_launches(g.cfg, g.q.0.heads);
+    for piece in pieces(g) {
+        let offsets = offsets(g, &piece);
+        let planned = |kernel: &str, signature, grid, smem_bytes, params| Planned {
+            kernel: kernel.to_string(),
+            signature,
+            grid,
+            threads: THREADS,
+            smem_bytes,
+            offsets,
+            params,
+            kpad: g.kpad_seq.is_some(),
+        };
+        for pl in &launches {
+            let base = piece_params(g, &piece, pl)?;
+            let q_rows = pl.max_selected(base.q_start as usize, piece.q.len());
+            let k_rows = pl.max_selected(base.k_start as usize, piece.k.len());
+            // dk/dv writes: one sweep per residue of the group (see `head_sweeps`).
+            for sw in head_sweeps(pl.heads.clone(), group) {
+                let params = AttnParams { head0: sw.head0 as i64, head_step: sw.step as i64, ..base };
+                match &kernel {
+                    BackwardKernel::Mma { name, block_n, smem_bytes } => {
+                        let smem = u32::try_from(*smem_bytes)
+                            .map_err(|_| AttnError::InvalidArgument("shared memory size".into()))?;
+                        if let Some(grid) = grid(k_rows, *block_n, sw.count, batch)? {
+                            out.push(planned(name, Signature::BackwardAll, grid, smem, params));
+                        }
+                    }
+                    BackwardKernel::Rows { dkv, .. } => {
+                        if let Some(grid) = grid(k_rows, warps, sw.count, batch)? {
+                            out.push(planned(dkv, Signature::BackwardDkv, grid, 0, params));
+                        }
+                    }
+                }
+            }
+            // dq rows are per query head: one launch over the whole head range.
+            if let BackwardKernel::Rows { dq, .. } = &kernel
+                && let Some(grid) = grid(q_rows, warps, pl.heads.len(), batch)?
+            {
+                out.push(planned(dq, Signature::BackwardDq, grid, 0, base));
+            }
+        }
+    }
+    Ok(out)
+}

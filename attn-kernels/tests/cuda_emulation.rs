@@ -1,0 +1,127 @@
+//! The CUDA path without a GPU: every golden file of `conformance/dilated` and
+//! `conformance/features` through this crate's launch plans (`cuda::launch_plan`) and
+//! epilogue launches, executed by the CPU emulation of the `.cu` kernels
+//! (`cuda::emulation`), in f32, bf16 and f16, forward and gradients. Needs a C++20
+//! compiler (`$CXX`, default `g++`); without one the test fails, naming it.
+#![cfg(feature = "cuda")]
+
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+
+use attn_core::{DType, Result, Shape4};
+use attn_kernels::cuda::CudaElement;
+use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
+use attn_kernels::cuda::launch_plan::BlockGeometry;
+use attn_kernels::cuda::plan::out_scale;
+use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem, assert_attention_dirs_pass};
+use half::{bf16, f16};
+
+fn emulator() -> &'static Emulator {
+    static EMU: OnceLock<Emulator> = OnceLock::new();
+    EMU.get_or_init(|| {
+        Emulator::build_and_load(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")))
+            .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
+    })
+}
+
+/// The whole-sequence CUDA call (`CudaBackend`'s steps) on the emulation, in `T`.
+struct Emulated<T>(PhantomData<T>);
+
+fn conv<T: CudaElement>(x: &[f32]) -> Vec<T> {
+    x.iter().map(|&v| T::from_f32(v)).collect()
+}
+
+fn geometry<'a>(p: &Problem<'a>, g_strides: Option<[usize; 4]>) -> BlockGeometry<'a> {
+    let (sq, skv) = (p.shape.q, p.shape.kv);
+    BlockGeometry {
+        cfg: p.cfg,
+        q: (sq, sq.contiguous_strides()),
+        q_start: 0,
+        k: (skv, skv.contiguous_strides()),
+        v_strides: skv.contiguous_strides(),
+        k_start: 0,
+        g_strides,
+        band: p.cfg.band(),
+        kpad_seq: p.masks.key_padding.map(|m| m.seq()),
+        packing: p.masks.packing,
+    }
+}
+
+fn flags(p: &Problem<'_>) -> Option<Vec<u8>> {
+    p.masks.key_padding.map(|m| m.flags().iter().map(|&f| u8::from(f)).collect())
+}
+
+impl<T: CudaElement> Emulated<T> {
+    /// out (in `T`) and lse.
+    fn run_forward(&self, p: &Problem<'_>, q: &[T], k: &[T], v: &[T]) -> Result<(Vec<T>, Vec<f32>)> {
+        let emu = emulator();
+        let sq = p.shape.q;
+        let kpad = flags(p);
+        let args = HostArgs { q, k, v, g: None, lse: None, delta: None, kpad: kpad.as_deref() };
+        let (mut o, mut lse) = (vec![0.0f32; sq.numel()], vec![f32::NEG_INFINITY; sq.lse_len()]);
+        let acc = HostAccs { q_acc: &mut o, lse: Some(&mut lse), dk: None, dv: None };
+        emu.forward_block(&geometry(p, None), &args, acc)?;
+        let mut out = vec![T::default(); sq.numel()];
+        emu.store_scaled(sq, &o, out_scale(p.cfg), &mut out)?;
+        Ok((out, lse))
+    }
+}
+
+fn f32s<T: CudaElement>(x: &[T]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+impl<T: CudaElement> DilatedBackend for Emulated<T> {
+    fn name(&self) -> String {
+        format!("cuda-emulation {}", T::DTYPE.as_str())
+    }
+
+    fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+
+    fn forward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3]) -> Result<Forward32> {
+        let (out, lse) = self.run_forward(p, &conv(q), &conv(k), &conv(v))?;
+        Ok(Forward32 { out: f32s(&out), lse })
+    }
+
+    fn backward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+        let emu = emulator();
+        let (sq, skv) = (p.shape.q, p.shape.kv);
+        let (q, k, v, go): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (conv(q), conv(k), conv(v), conv(grad_out));
+        let (out, lse) = self.run_forward(p, &q, &k, &v)?;
+        let delta = emu.delta(sq, &go, &out)?;
+        let kpad = flags(p);
+        let args =
+            HostArgs { q: &q, k: &k, v: &v, g: Some(&go), lse: Some(&lse), delta: Some(&delta), kpad: kpad.as_deref() };
+        let (mut dq, mut dk, mut dv) = (vec![0.0f32; sq.numel()], vec![0.0f32; skv.numel()], vec![0.0f32; skv.numel()]);
+        let acc = HostAccs { q_acc: &mut dq, lse: None, dk: Some(&mut dk), dv: Some(&mut dv) };
+        emu.backward_block(&geometry(p, Some(sq.contiguous_strides())), &args, acc)?;
+        let store = |s: Shape4, x: &[f32]| -> Result<Vec<f32>> {
+            let mut t = vec![T::default(); s.numel()];
+            emu.store_scaled(s, x, 1.0, &mut t)?;
+            Ok(f32s(&t))
+        };
+        Ok(Gradients32 { dq: store(sq, &dq)?, dk: store(skv, &dk)?, dv: store(skv, &dv)? })
+    }
+}
+
+#[test]
+fn the_emulation_runs_every_kernel_of_the_source() {
+    assert_eq!(emulator().kernel_count().unwrap(), attn_kernels::cuda::source::kernel_names().len());
+}
+
+#[test]
+fn emulated_cuda_golden_f32() {
+    assert_attention_dirs_pass(&Emulated::<f32>(PhantomData));
+}
+
+#[test]
+fn emulated_cuda_golden_bf16() {
+    assert_attention_dirs_pass(&Emulated::<bf16>(PhantomData));
+}
+
+#[test]
+fn emulated_cuda_golden_f16() {
+    assert_attention_dirs_pass(&Emulated::<f16>(PhantomData));
+}
