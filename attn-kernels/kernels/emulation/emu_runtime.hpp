@@ -1,6 +1,7 @@
-// emu_runtime.hpp: runs the CUDA kernels of ../*.cu on the CPU, one OS thread per CUDA
-// thread and one block at a time, so their logic (gathers, masks, fragment layouts,
-// online softmax, LSE merges) can be checked without a GPU.
+// emu_runtime.hpp: runs the CUDA kernels of ../*.cu on the CPU, one fiber (ucontext) per
+// CUDA thread and one block at a time on the calling OS thread, so their logic (gathers,
+// masks, fragment layouts, online softmax, LSE merges) can be checked without a GPU. A
+// barrier switches to the next fiber until every member has arrived.
 //
 // Emulated: threadIdx/blockIdx/blockDim/gridDim, __syncthreads (block barrier),
 // __syncwarp and __shfl_xor_sync (per-warp barrier + exchange buffer), atomicAdd(float),
@@ -11,8 +12,10 @@
 // fragment layout in the PTX ISA. Not emulated: timing, memory-model races, ptxas.
 #pragma once
 
+#include <setjmp.h>
+#include <ucontext.h>
+
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -38,22 +41,59 @@ struct uint4 {
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 
 namespace emu {
-inline thread_local Dim3 t_thread, t_block;
+// One fiber per CUDA thread of the block being run; `run_block` resumes them in turn.
+// A fiber starts on its own stack through ucontext once per block, then switches with
+// _setjmp/_longjmp (no signal-mask system call per switch).
+struct Fiber {
+    ucontext_t ctx;
+    jmp_buf jb;
+    std::unique_ptr<char[]> stack;
+    Dim3 thread;
+    bool started = false, done = false;
+};
+inline constexpr std::size_t kFiberStack = 256 * 1024;
+inline std::vector<Fiber> g_fibers;
+inline ucontext_t g_main;
+inline jmp_buf g_main_jb;
+inline unsigned g_current = 0;
+inline std::function<void()> g_job;
+inline Dim3 t_block;
+inline Fiber& current() { return g_fibers[g_current]; }
+// Back to the scheduler; it resumes this fiber on its next round.
+inline void yield() {
+    if (!_setjmp(current().jb)) _longjmp(g_main_jb, 1);
+}
+
+// A barrier of `size` fibers: the last to arrive opens it, the others yield until it opens.
+struct Barrier {
+    unsigned size, count = 0, generation = 0;
+    explicit Barrier(unsigned n) : size(n) {}
+    void arrive_and_wait() {
+        const unsigned gen = generation;
+        if (++count == size) {
+            count = 0;
+            ++generation;
+            return;
+        }
+        while (generation == gen) yield();
+    }
+};
+
 inline Dim3 g_block_dim, g_grid_dim;
 inline std::vector<unsigned char> g_smem(256 * 1024);
-inline std::unique_ptr<std::barrier<>> g_block_barrier;
+inline std::unique_ptr<Barrier> g_block_barrier;
 struct Warp {
-    std::barrier<> bar{32};
+    Barrier bar{32};
     float f[32];
     unsigned u[32][10];
     const unsigned short* ptr[32];
 };
 inline std::vector<std::unique_ptr<Warp>> g_warps;
 inline unsigned char* dyn_smem() { return g_smem.data(); }
-inline Warp& warp() { return *g_warps[t_thread.x / 32]; }
+inline Warp& warp() { return *g_warps[current().thread.x / 32]; }
 }  // namespace emu
 
-#define threadIdx (emu::t_thread)
+#define threadIdx (emu::current().thread)
 #define blockIdx (emu::t_block)
 #define blockDim (emu::g_block_dim)
 #define gridDim (emu::g_grid_dim)
@@ -156,45 +196,46 @@ inline void emu_cp_async16(unsigned short* dst, const unsigned short* src, int s
 }
 
 namespace emu {
-// One OS thread per CUDA thread of a block, kept across blocks and launches (thread creation
-// would dominate otherwise): `start` releases the workers on a block, `done` collects them.
-struct Pool {
-    unsigned n = 0;
-    std::vector<std::thread> ts;
-    std::unique_ptr<std::barrier<>> start, done;
-    std::function<void()> job;
-    Dim3 block;
-    bool quit = false;
-    ~Pool() { stop(); }
-    void stop() {
-        if (n == 0) return;
-        quit = true;
-        start->arrive_and_wait();
-        for (auto& t : ts) t.join();
-        ts.clear();
-        n = 0;
-        quit = false;
+inline void fiber_main() {
+    g_job();
+    current().done = true;
+    _longjmp(g_main_jb, 1);
+}
+
+// Run one block: every fiber from the start of the job, round by round until all are done.
+inline void run_block(unsigned threads) {
+    if (g_fibers.size() != threads) {
+        g_fibers = std::vector<Fiber>(threads);
+        for (auto& f : g_fibers) f.stack = std::make_unique<char[]>(kFiberStack);
     }
-    void ensure(unsigned threads) {
-        if (n == threads) return;
-        stop();
-        n = threads;
-        start = std::make_unique<std::barrier<>>(threads + 1);
-        done = std::make_unique<std::barrier<>>(threads + 1);
-        for (unsigned t = 0; t < threads; ++t)
-            ts.emplace_back([this, t] {
-                t_thread = Dim3{t, 0, 0};
-                for (;;) {
-                    start->arrive_and_wait();
-                    if (quit) return;
-                    t_block = block;
-                    job();
-                    done->arrive_and_wait();
+    for (unsigned t = 0; t < threads; ++t) {
+        Fiber& f = g_fibers[t];
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack.get();
+        f.ctx.uc_stack.ss_size = kFiberStack;
+        f.ctx.uc_link = &g_main;
+        f.thread = Dim3{t, 0, 0};
+        f.started = f.done = false;
+        makecontext(&f.ctx, fiber_main, 0);
+    }
+    for (unsigned left = threads; left > 0;) {
+        left = 0;
+        for (unsigned t = 0; t < threads; ++t) {
+            Fiber& f = g_fibers[t];
+            if (f.done) continue;
+            g_current = t;
+            if (!_setjmp(g_main_jb)) {
+                if (!f.started) {
+                    f.started = true;
+                    swapcontext(&g_main, &f.ctx);
+                } else {
+                    _longjmp(f.jb, 1);
                 }
-            });
+            }
+            left += f.done ? 0 : 1;
+        }
     }
-};
-inline Pool g_pool;
+}
 
 // Launch `kernel(args...)` over grid x block (block.x a multiple of 32, y = z = 1).
 template <class F>
@@ -203,16 +244,14 @@ inline void launch(Dim3 grid, unsigned threads, F kernel) {
     g_grid_dim = grid;
     g_warps.clear();
     for (unsigned i = 0; i < threads / 32; ++i) g_warps.push_back(std::make_unique<Warp>());
-    g_pool.ensure(threads);
-    g_pool.job = kernel;
+    g_job = kernel;
     for (unsigned bz = 0; bz < grid.z; ++bz)
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
-                g_block_barrier = std::make_unique<std::barrier<>>(threads);
+                g_block_barrier = std::make_unique<Barrier>(threads);
                 std::fill(g_smem.begin(), g_smem.end(), 0xAB);  // garbage, like real shared memory
-                g_pool.block = Dim3{bx, by, bz};
-                g_pool.start->arrive_and_wait();
-                g_pool.done->arrive_and_wait();
+                t_block = Dim3{bx, by, bz};
+                run_block(threads);
             }
 }
 }  // namespace emu
