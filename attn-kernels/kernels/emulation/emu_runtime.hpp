@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -42,7 +43,7 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 
 namespace emu {
 // One fiber per CUDA thread of the block being run; `run_block` resumes them in turn.
-// A fiber starts on its own stack through ucontext once per block, then switches with
+// A fiber starts on its own stack through ucontext once, then switches with
 // _setjmp/_longjmp (no signal-mask system call per switch).
 struct Fiber {
     ucontext_t ctx;
@@ -52,7 +53,7 @@ struct Fiber {
     bool started = false, done = false;
 };
 inline constexpr std::size_t kFiberStack = 256 * 1024;
-inline std::vector<Fiber> g_fibers;
+inline std::deque<Fiber> g_fibers;  // grows only: fibers keep their stacks and addresses
 inline ucontext_t g_main;
 inline jmp_buf g_main_jb;
 inline unsigned g_current = 0;
@@ -196,28 +197,23 @@ inline void emu_cp_async16(unsigned short* dst, const unsigned short* src, int s
 }
 
 namespace emu {
+// A fiber runs one job per block it is resumed for, for the life of the process.
 inline void fiber_main() {
-    g_job();
-    current().done = true;
-    _longjmp(g_main_jb, 1);
+    for (;;) {
+        g_job();
+        current().done = true;
+        if (!_setjmp(current().jb)) _longjmp(g_main_jb, 1);
+    }
 }
 
-// Run one block: every fiber from the start of the job, round by round until all are done.
+// Run one block: `threads` fibers from the start of the job, round by round until all are done.
 inline void run_block(unsigned threads) {
-    if (g_fibers.size() != threads) {
-        g_fibers = std::vector<Fiber>(threads);
-        for (auto& f : g_fibers) f.stack = std::make_unique<char[]>(kFiberStack);
+    while (g_fibers.size() < threads) {
+        Fiber& f = g_fibers.emplace_back();
+        f.stack = std::make_unique<char[]>(kFiberStack);
+        f.thread = Dim3{(unsigned)g_fibers.size() - 1, 0, 0};
     }
-    for (unsigned t = 0; t < threads; ++t) {
-        Fiber& f = g_fibers[t];
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = f.stack.get();
-        f.ctx.uc_stack.ss_size = kFiberStack;
-        f.ctx.uc_link = &g_main;
-        f.thread = Dim3{t, 0, 0};
-        f.started = f.done = false;
-        makecontext(&f.ctx, fiber_main, 0);
-    }
+    for (unsigned t = 0; t < threads; ++t) g_fibers[t].done = false;
     for (unsigned left = threads; left > 0;) {
         left = 0;
         for (unsigned t = 0; t < threads; ++t) {
@@ -227,6 +223,11 @@ inline void run_block(unsigned threads) {
             if (!_setjmp(g_main_jb)) {
                 if (!f.started) {
                     f.started = true;
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = f.stack.get();
+                    f.ctx.uc_stack.ss_size = kFiberStack;
+                    f.ctx.uc_link = &g_main;
+                    makecontext(&f.ctx, fiber_main, 0);
                     swapcontext(&g_main, &f.ctx);
                 } else {
                     _longjmp(f.jb, 1);

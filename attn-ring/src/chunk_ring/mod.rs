@@ -19,6 +19,7 @@ mod cpu;
 mod cuda;
 mod in_process;
 mod protocol;
+mod reach;
 mod transport;
 
 use std::ops::Range;

@@ -5,6 +5,7 @@
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result};
 
+use super::reach::may_attend;
 use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkTransport, ChunkUpstream, Travel, piece_shapes, rank_pieces};
 use crate::comm::{CommStats, Communicator};
 use crate::plan::{Plan, RingProblem};
@@ -72,6 +73,18 @@ fn open_call<T: Element, C: Communicator + ?Sized>(
     Ok((before, comm.stats()))
 }
 
+/// Whether the block of query piece `q` and key piece `k` (each with its first position)
+/// can hold an attended pair.
+fn reaches<T: Element, X: ChunkCompute<T>>(
+    compute: &X,
+    problem: &RingProblem,
+    (q, q_start): (&X::Rows, usize),
+    (k, k_start): (&X::Rows, usize),
+) -> bool {
+    let (qn, kn) = (compute.shape_of(q).seq, compute.shape_of(k).seq);
+    may_attend(problem, &(q_start..q_start + qn), &(k_start..k_start + kn))
+}
+
 /// The k/v pieces received at the last shift (`None`: the rank's own).
 type Held<R> = Option<(Vec<R>, Vec<R>)>;
 
@@ -132,6 +145,9 @@ where
         };
         for (partial, (qt, &q_start)) in partials.iter_mut().zip(q.iter().zip(&q_starts)) {
             for ((kt, vt), k_start) in ks.iter().zip(vs).zip(starts(problem, owner)) {
+                if !reaches(compute, problem, (qt, q_start), (kt, k_start)) {
+                    continue;
+                }
                 let blk = ChunkBlock { problem, masks, q: qt, q_start, k: kt, v: vt, k_start };
                 compute.forward_block(&blk, partial)?;
             }
@@ -194,6 +210,9 @@ where
         for (qi, (qt, &q_start)) in q.iter().zip(&q_starts).enumerate() {
             let up = ChunkUpstream { grad_out: &grad_out[qi], lse: &lse[qi], delta: &delta[qi] };
             for (j, ((kt, vt), k_start)) in ks.iter().zip(vs).zip(starts(problem, owner)).enumerate() {
+                if !reaches(compute, problem, (qt, q_start), (kt, k_start)) {
+                    continue;
+                }
                 let blk = ChunkBlock { problem, masks: &masks, q: qt, q_start, k: kt, v: vt, k_start };
                 let grads = ChunkGrads { dq: &mut dq[qi], dk: &mut dk[j], dv: &mut dv[j] };
                 compute.backward_block(&blk, &up, grads)?;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use attn_core::error::TensorName;
 use attn_core::{AttnShape, DilatedConfig, Result, TensorView};
 use attn_ring::chunk_ring::{
-    ChunkCompute, ChunkTransport, CpuChunks, HostAcc, HostRowStats, HostRows, HostTransport, InProcessTransport,
-    chunk_backward, chunk_forward, rank_pieces,
+    ChunkCompute, ChunkTransport, CpuChunks, HostRowStats, HostRows, HostTransport, InProcessTransport, chunk_backward,
+    chunk_forward, rank_pieces,
 };
 use attn_ring::comm::DEFAULT_TIMEOUT;
 use attn_ring::{
@@ -174,6 +174,17 @@ pub enum Moves {
     InProcess,
 }
 
+/// Per-row values a chunk-ring compute returns as the lse, as `[batch, rows, heads]`.
+pub trait LseRows {
+    fn to_bsh(&self) -> Vec<f32>;
+}
+
+impl LseRows for HostRowStats {
+    fn to_bsh(&self) -> Vec<f32> {
+        HostRowStats::to_bsh(self)
+    }
+}
+
 /// A rank's end of the ring: its communicator (host-staged) or its in-process transport.
 enum RankEnd<C, R, A> {
     Comm(C),
@@ -187,7 +198,9 @@ type RankWork<'w, T, X, C, const N: usize> = dyn Fn(&mut dyn ChunkTransport<T, X
 
 impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C>>, X> ChunkBackend<T, F, X>
 where
-    X: ChunkCompute<T, Rows = HostRows<T>, RowStats = HostRowStats, Acc = HostAcc> + Sync,
+    X: ChunkCompute<T, Rows = HostRows<T>> + Sync,
+    X::Acc: Send,
+    X::RowStats: LseRows,
 {
     fn problem(&self, p: &Problem<'_>) -> RingProblem {
         ring_problem(p, self.world, self.layout, Strategy::Auto)
@@ -204,7 +217,7 @@ where
     ) -> Result<[Vec<f32>; N]> {
         let problem = self.problem(p);
         let comms = (self.join)(self.world)?;
-        let ends: Vec<RankEnd<C, HostRows<T>, HostAcc>> = match self.moves {
+        let ends: Vec<RankEnd<C, HostRows<T>, X::Acc>> = match self.moves {
             Moves::HostStaged => comms.into_iter().map(RankEnd::Comm).collect(),
             Moves::InProcess => InProcessTransport::world(comms)?.into_iter().map(RankEnd::InProcess).collect(),
         };
@@ -258,7 +271,9 @@ where
 impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C>>, X> DilatedBackend
     for ChunkBackend<T, F, X>
 where
-    X: ChunkCompute<T, Rows = HostRows<T>, RowStats = HostRowStats, Acc = HostAcc> + Sync,
+    X: ChunkCompute<T, Rows = HostRows<T>> + Sync,
+    X::Acc: Send,
+    X::RowStats: LseRows,
 {
     fn name(&self) -> String {
         let (p, layout, dt) = (self.world, self.layout.as_str(), T::DTYPE.as_str());

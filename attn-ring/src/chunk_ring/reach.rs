@@ -1,0 +1,108 @@
+//! Which blocks of the chunk ring can hold an attended (query, key) pair. None can when the
+//! band keeps the keys out of every query's reach, when no packed sequence holds rows of
+//! both, or when no pattern has a segment holding rows of both; the protocol skips such
+//! blocks (their result is empty), so a causal or segment-local ring computes only the
+//! blocks that matter.
+
+use std::ops::Range;
+
+use crate::plan::RingProblem;
+
+fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// Whether some query in `q` may attend some key in `k` (global positions); `false` only
+/// when no pair is admitted by any pattern, head or mask.
+pub(crate) fn may_attend(problem: &RingProblem, q: &Range<usize>, k: &Range<usize>) -> bool {
+    if q.is_empty() || k.is_empty() {
+        return false;
+    }
+    let reach = problem.cfg.band().keys_of_queries(q.start, q.end - 1);
+    if !overlaps(&reach, k) {
+        return false;
+    }
+    let whole = 0..problem.seq;
+    let seqs: Vec<Range<usize>> = match &problem.masks.cu_seqlens {
+        Some(cu) => cu.windows(2).map(|w| w[0]..w[1]).filter(|s| overlaps(s, q) && overlaps(s, k)).collect(),
+        None => vec![whole],
+    };
+    if problem.cfg.window().is_some() {
+        return !seqs.is_empty();
+    }
+    // Segments restart at each sequence: compare segment indices of relative positions.
+    seqs.iter().any(|s| {
+        let rel = |r: &Range<usize>| (r.start.max(s.start) - s.start, r.end.min(s.end) - s.start - 1);
+        let ((qa, qb), (ka, kb)) = (rel(q), rel(k));
+        problem.cfg.segment_lengths().iter().any(|&w| qa / w <= kb / w && ka / w <= qb / w)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use attn_core::{DilatedConfig, Shape4};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::Layout;
+    use crate::plan::{RingMasks, Strategy};
+
+    /// Brute force: a pair in one sequence, admitted by the band, in one segment of some
+    /// pattern (selection aside, so a superset of the attended pairs).
+    fn some_pair(problem: &RingProblem, q: &Range<usize>, k: &Range<usize>) -> bool {
+        let cfg = &problem.cfg;
+        let seq_of = |p: usize| match &problem.masks.cu_seqlens {
+            Some(cu) => cu.partition_point(|&c| c <= p) - 1,
+            None => 0,
+        };
+        let start = |p: usize| problem.masks.cu_seqlens.as_ref().map_or(0, |cu| cu[seq_of(p)]);
+        q.clone().any(|qp| {
+            k.clone().any(|kp| {
+                seq_of(qp) == seq_of(kp)
+                    && cfg.band().admits(qp, kp)
+                    && (cfg.window().is_some()
+                        || cfg.segment_lengths().iter().any(|&w| (qp - start(qp)) / w == (kp - start(kp)) / w))
+            })
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn a_skipped_block_holds_no_admitted_pair(
+            seq in 8usize..80,
+            segs in prop::sample::select(vec![vec![4usize], vec![4, 8], vec![6, 12, 24], vec![16, 40]]),
+            causal: bool,
+            window in prop::option::of((0usize..12, 0usize..12)),
+            cuts in prop::collection::vec(1usize..80, 0..4),
+            (qa, qn, ka, kn) in (0usize..80, 1usize..30, 0usize..80, 1usize..30),
+        ) {
+            let mut b = DilatedConfig::builder();
+            b = match window {
+                Some((l, r)) => b.window(l, if causal { 0 } else { r }),
+                None => b.segments(&segs).dilations(&vec![1; segs.len()]).causal(causal),
+            };
+            let cfg = b.build().unwrap();
+            let shape = Shape4::new(1, seq, 2, 4).unwrap();
+            let mut cu: Vec<usize> = cuts.into_iter().filter(|&c| c < seq).collect();
+            cu.extend([0, seq]);
+            cu.sort_unstable();
+            cu.dedup();
+            let masks = RingMasks { key_padding: None, cu_seqlens: (cu.len() > 2).then_some(cu) };
+            let problem = RingProblem::new(&cfg, shape.into(), Layout::Contiguous, Strategy::Auto, 1).with_masks(masks);
+            let (q, k) = (qa.min(seq)..(qa + qn).min(seq), ka.min(seq)..(ka + kn).min(seq));
+            if some_pair(&problem, &q, &k) {
+                prop_assert!(may_attend(&problem, &q, &k), "{q:?} {k:?} {:?}", problem.masks);
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_out_of_reach_are_skipped() {
+        let cfg = DilatedConfig::builder().segments(&[8]).dilations(&[1]).causal(true).build().unwrap();
+        let problem =
+            RingProblem::new(&cfg, Shape4::new(1, 32, 1, 4).unwrap().into(), Layout::Contiguous, Strategy::Auto, 4);
+        assert!(!may_attend(&problem, &(0..8), &(8..16)), "keys after every query");
+        assert!(!may_attend(&problem, &(16..24), &(0..8)), "another segment");
+        assert!(may_attend(&problem, &(8..16), &(8..16)));
+    }
+}

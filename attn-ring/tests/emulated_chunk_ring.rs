@@ -1,0 +1,207 @@
+//! The chunk ring with its blocks on the CUDA path without a GPU: the CUDA launch plans
+//! (`attn_kernels::cuda::launch_plan`) of every block, epilogue and backward executed by the
+//! CPU emulation of the `.cu` kernels (`attn_kernels::cuda::emulation`), host buffers
+//! standing in for device memory. Every golden file of `conformance/dilated` and
+//! `conformance/features`, both layouts: bf16 at world sizes 2..=4 handing buffers on in
+//! process, f32 and f16 at world size 2 staged as bytes (the emulation runs a 128-thread
+//! block per tile on one core, so the sweep is sized to stay within minutes). Needs a C++20 compiler (`$CXX`, default `g++`); without one
+//! the test fails, naming it.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use attn_core::{AttnError, PackedSequences, Result, Shape4};
+use attn_kernels::cuda::CudaElement;
+use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
+use attn_kernels::cuda::launch_plan::BlockGeometry;
+use attn_kernels::cuda::plan::out_scale;
+use attn_ring::chunk_ring::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, HostRows};
+use attn_ring::{RingProblem, ThreadComm};
+use common::{ChunkBackend, LseRows, Moves, chunk_sweep};
+use half::{bf16, f16};
+
+fn emulator() -> &'static Emulator {
+    static EMU: OnceLock<Emulator> = OnceLock::new();
+    EMU.get_or_init(|| {
+        Emulator::build_and_load(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")))
+            .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
+    })
+}
+
+/// f32 values `[batch, rows, heads, d]` (accumulators) or `[batch, rows, heads]` (per row)
+/// of a piece of `shape`, as the CUDA compute keeps them.
+#[derive(Debug, Clone)]
+struct Flat {
+    shape: Shape4,
+    data: Vec<f32>,
+}
+
+impl LseRows for Flat {
+    fn to_bsh(&self) -> Vec<f32> {
+        self.data.clone()
+    }
+}
+
+/// The forward partial: out and lse, flat.
+#[derive(Debug)]
+struct Partial {
+    out: Flat,
+    lse: Vec<f32>,
+}
+
+/// Key padding flags and packed sequences.
+struct Masks {
+    kpad: Option<Vec<u8>>,
+    cu_seqlens: Option<Vec<usize>>,
+}
+
+/// The CUDA chunk compute's steps on the emulation (`CudaChunks` on host buffers).
+struct EmulatedChunks;
+
+fn geometry<'a, T>(
+    b: &ChunkBlock<'a, HostRows<T>, Masks>,
+    g_strides: Option<[usize; 4]>,
+    packing: Option<PackedSequences<'a>>,
+) -> BlockGeometry<'a> {
+    let (qs, ks) = (b.q.shape, b.k.shape);
+    BlockGeometry {
+        cfg: &b.problem.cfg,
+        q: (qs, qs.contiguous_strides()),
+        q_start: b.q_start,
+        k: (ks, ks.contiguous_strides()),
+        v_strides: ks.contiguous_strides(),
+        k_start: b.k_start,
+        g_strides,
+        band: b.problem.cfg.band(),
+        kpad_seq: b.masks.kpad.as_ref().map(|_| b.problem.seq),
+        packing,
+    }
+}
+
+fn bytes_to_f32(shape: Shape4, bytes: &[u8]) -> Result<Flat> {
+    if bytes.len() != shape.numel() * 4 {
+        return Err(AttnError::InvalidArgument(format!("{} bytes for {} f32 values", bytes.len(), shape.numel())));
+    }
+    Ok(Flat { shape, data: bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() })
+}
+
+impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
+    type Rows = HostRows<T>;
+    type Partial = Partial;
+    type Acc = Flat;
+    type RowStats = Flat;
+    type Masks = Masks;
+
+    fn shape_of(&self, rows: &HostRows<T>) -> Shape4 {
+        rows.shape
+    }
+    fn masks(&self, problem: &RingProblem) -> Result<Masks> {
+        let kpad = problem.masks.key_padding.as_ref().map(|f| f.iter().map(|&x| u8::from(x)).collect());
+        Ok(Masks { kpad, cu_seqlens: problem.masks.cu_seqlens.clone() })
+    }
+    fn empty_partial(&self, q: Shape4) -> Result<Partial> {
+        Ok(Partial { out: Flat { shape: q, data: vec![0.0; q.numel()] }, lse: vec![f32::NEG_INFINITY; q.lse_len()] })
+    }
+    fn zero_acc(&self, shape: Shape4) -> Result<Flat> {
+        Ok(Flat { shape, data: vec![0.0; shape.numel()] })
+    }
+    fn forward_block(&self, b: &ChunkBlock<'_, HostRows<T>, Masks>, p: &mut Partial) -> Result<()> {
+        let packing = b.masks.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
+        let args = HostArgs {
+            q: &b.q.data,
+            k: &b.k.data,
+            v: &b.v.data,
+            g: None,
+            lse: None,
+            delta: None,
+            kpad: b.masks.kpad.as_deref(),
+        };
+        let acc = HostAccs { q_acc: &mut p.out.data, lse: Some(&mut p.lse), dk: None, dv: None };
+        emulator().forward_block(&geometry(b, None, packing), &args, acc)
+    }
+    fn finish_forward(&self, problem: &RingProblem, p: &Partial) -> Result<(HostRows<T>, Flat)> {
+        let shape = p.out.shape;
+        let mut out = vec![T::default(); shape.numel()];
+        emulator().store_scaled(shape, &p.out.data, out_scale(&problem.cfg), &mut out)?;
+        Ok((HostRows { shape, data: out }, Flat { shape, data: p.lse.clone() }))
+    }
+    fn delta(&self, grad_out: &HostRows<T>, out: &HostRows<T>) -> Result<Flat> {
+        Ok(Flat { shape: out.shape, data: emulator().delta(out.shape, &grad_out.data, &out.data)? })
+    }
+    fn backward_block(
+        &self,
+        b: &ChunkBlock<'_, HostRows<T>, Masks>,
+        up: &ChunkUpstream<'_, HostRows<T>, Flat>,
+        g: ChunkGrads<'_, Flat>,
+    ) -> Result<()> {
+        let packing = b.masks.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
+        let args = HostArgs {
+            q: &b.q.data,
+            k: &b.k.data,
+            v: &b.v.data,
+            g: Some(&up.grad_out.data),
+            lse: Some(&up.lse.data),
+            delta: Some(&up.delta.data),
+            kpad: b.masks.kpad.as_deref(),
+        };
+        let acc = HostAccs { q_acc: &mut g.dq.data, lse: None, dk: Some(&mut g.dk.data), dv: Some(&mut g.dv.data) };
+        emulator().backward_block(&geometry(b, Some(b.q.shape.contiguous_strides()), packing), &args, acc)
+    }
+    fn store_acc(&self, acc: &Flat) -> Result<HostRows<T>> {
+        let mut data = vec![T::default(); acc.shape.numel()];
+        emulator().store_scaled(acc.shape, &acc.data, 1.0, &mut data)?;
+        Ok(HostRows { shape: acc.shape, data })
+    }
+    fn rows_to_bytes(&self, rows: &HostRows<T>, out: &mut Vec<u8>) -> Result<()> {
+        ChunkCompute::<T>::rows_to_bytes(&attn_ring::chunk_ring::CpuChunks::default(), rows, out)
+    }
+    fn rows_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<HostRows<T>> {
+        ChunkCompute::<T>::rows_from_bytes(&attn_ring::chunk_ring::CpuChunks::default(), shape, bytes)
+    }
+    fn acc_to_bytes(&self, acc: &Flat, out: &mut Vec<u8>) -> Result<()> {
+        acc.data.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+        Ok(())
+    }
+    fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Flat> {
+        bytes_to_f32(shape, bytes)
+    }
+    fn copy_rows(&self, rows: &HostRows<T>) -> Result<HostRows<T>> {
+        Ok(rows.clone())
+    }
+    fn copy_acc(&self, acc: &Flat) -> Result<Flat> {
+        Ok(acc.clone())
+    }
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn sweep<T: CudaElement>(moves: Moves, worlds: &[usize]) {
+    for dir in ["dilated", "features"] {
+        let runs = chunk_sweep(dir, 9, worlds, |world, layout| ChunkBackend::<T, _, _> {
+            label: "emulated cuda",
+            world,
+            layout,
+            join: |p| ThreadComm::world_with_timeout(p, Duration::from_secs(120)),
+            moves,
+            compute: EmulatedChunks,
+            dtype: PhantomData,
+        });
+        assert_eq!(runs, 9 * worlds.len() * 2, "{dir}");
+    }
+}
+
+#[test]
+fn emulated_cuda_chunk_ring_bf16_worlds_2_to_4() {
+    sweep::<bf16>(Moves::InProcess, &[2, 3, 4]);
+}
+
+#[test]
+fn emulated_cuda_chunk_ring_f32_f16_host_staged() {
+    sweep::<f32>(Moves::HostStaged, &[2]);
+    sweep::<f16>(Moves::HostStaged, &[2]);
+}
