@@ -7,7 +7,7 @@
 //! finds them, puts libnvrtc on `LD_LIBRARY_PATH` and runs the `attn-ptx` binary of
 //! `attn-kernels` (feature `cuda`), which does the work and fails on any error or spill.
 //! Extra arguments (`--arch 80,90`, `--out DIR`) are passed through. [`run_emulation`]
-//! runs the same kernels on the CPU (C++ threads) against a float64 reference.
+//! runs the same kernels on the CPU (a fiber per CUDA thread) against a float64 reference.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -94,7 +94,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
 /// `cargo xtask ptx --emulate`: build `attn-kernels/kernels/emulation/harness.cpp` with
 /// the host C++ compiler (`CXX`, default `g++`, C++20) and run it: the CUDA kernels run
-/// as CPU threads (mma.sync, shuffles and barriers emulated) against a float64 reference.
+/// as fibers on the CPU (mma.sync, shuffles and barriers emulated) against a float64 reference.
 fn run_emulation() -> Result<(), String> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let harness = root.join("attn-kernels/kernels/emulation/harness.cpp");

@@ -9,8 +9,8 @@
 // Build and run (no GPU, no CUDA toolkit):
 //   g++ -std=c++20 -O2 -pthread attn-kernels/kernels/emulation/harness.cpp -o /tmp/attn-emu && /tmp/attn-emu
 // An optional argument runs only the cases whose name contains it. Not detected here:
-// races from a missing __syncthreads / cp.async wait (copies are synchronous and the
-// barriers' shared waiter pool hides races from ThreadSanitizer).
+// races from a missing __syncthreads / cp.async wait (copies are synchronous and the CUDA
+// threads are fibers that run one at a time, switching only at barriers).
 #include "emu_runtime.hpp"
 #include "reference.hpp"
 
