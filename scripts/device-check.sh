@@ -12,7 +12,8 @@
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
 # conformance directory on the CUDA backend, f32/bf16/f16, forward and gradients), tests (the
 # CUDA test binaries, proptests at a bounded case count), bench (CUDA against the PyTorch peer
-# on the same GPU), ring (the chunk ring's golden files with CUDA block compute), sanitizer (compute-sanitizer memcheck and racecheck on a small bf16
+# on the same GPU), ring (the chunk ring's golden files with CUDA block compute, per-rank
+# memory and time for P = 1, 2, 4, 8 on one GPU), sanitizer (compute-sanitizer memcheck and racecheck on a small bf16
 # forward+backward), nccl (a one-rank round trip and a peer that never joins). Each step writes
 # `STEP: passed|FAILED|not run (why)` to $OUT/device-report.md (JSON twin device-report.json)
 # and its output to $OUT/STEP.log. ATTN_REQUIRE_GPU=1: no GPU test may skip.
@@ -45,8 +46,9 @@ pack() {
     done
     cargo build -q --release -p attn-kernels --features cuda --bin attn-cuda-bench
     cargo build -q --release -p attn-golden --features cuda --bin attn-golden
+    cargo build -q --release -p attn-ring --features cuda --example cuda_ring_bench
     local out="${CARGO_TARGET_DIR:-target}/release"
-    cp "$out/attn-cuda-bench" "$out/attn-golden" "$pack/bin/"
+    cp "$out/attn-cuda-bench" "$out/attn-golden" "$out/examples/cuda_ring_bench" "$pack/bin/"
     strip "$pack"/bin/*
     cp -r conformance "$pack/"
     cp attn-bench/torch/torch_dilated.py "$pack/torch/"
@@ -54,7 +56,7 @@ pack() {
     git rev-parse --short HEAD >"$pack/COMMIT" 2>/dev/null || echo unknown >"$pack/COMMIT"
     local n
     n=$(ls "$pack/bin" | wc -l)
-    [ "$n" -eq 9 ] || { echo "pack: expected 9 binaries, got $n: $(ls "$pack/bin")" >&2; exit 1; }
+    [ "$n" -eq 10 ] || { echo "pack: expected 10 binaries, got $n: $(ls "$pack/bin")" >&2; exit 1; }
     echo "pack: $(du -sh "$pack" | cut -f1) in $pack ($n binaries, commit $(cat "$pack/COMMIT"))"
 }
 
@@ -117,7 +119,7 @@ have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | gre
 # Seconds each step may take (300 in all, so a whole run fits 5 minutes).
 budget() {
     case $1 in
-    env) echo 30 ;; golden) echo 60 ;; tests) echo 60 ;; bench) echo 60 ;; ring) echo 40 ;; sanitizer) echo 30 ;;
+    env) echo 25 ;; golden) echo 55 ;; tests) echo 55 ;; bench) echo 55 ;; ring) echo 45 ;; sanitizer) echo 45 ;;
     nccl) echo 20 ;;
     esac
 }
@@ -189,8 +191,12 @@ step_bench() {
 
 step_ring() {
     have_gpu || return 2
-    # The chunk ring with CUDA block compute: ranks as threads sharing the GPU, every golden file.
-    logged 40 "$PACK/bin/cuda_chunk_ring" --test-threads=1
+    # The chunk ring with CUDA block compute: ranks as threads sharing the GPU, every golden
+    # file; then per-rank memory and time at seq 262144 for P = 1, 2, 4, 8.
+    local ok=0
+    logged 20 "$PACK/bin/cuda_chunk_ring" --test-threads=1 || ok=1
+    logged 25 "$PACK/bin/cuda_ring_bench" --seq 262144 --worlds 1,2,4,8 --iters 3 || ok=1
+    return "$ok"
 }
 
 step_sanitizer() {

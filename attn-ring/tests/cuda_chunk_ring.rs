@@ -17,8 +17,8 @@ use attn_core::error::TensorName;
 use attn_core::{AttnError, DType, Result, Shape4, TensorView};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceTensor};
 use attn_ring::chunk_ring::{
-    ChunkTransport, CudaChunks, DeviceRowStats, HostTransport, InProcessTransport, chunk_backward, chunk_forward,
-    rank_pieces,
+    ChunkTransport, CudaChunks, DeviceRowStats, HostTransport, InProcessTransport, Metered, chunk_backward,
+    chunk_forward, rank_pieces,
 };
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
 use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem};
@@ -50,7 +50,7 @@ struct CudaChunkBackend<T> {
 /// of its own and device-to-device copies.
 enum RankEnd<T: CudaElement> {
     Staged(CudaChunks, ThreadComm),
-    Device(CudaChunks, InProcessTransport<ThreadComm, DeviceTensor<T>, DeviceRowStats>),
+    Device(CudaChunks, InProcessTransport<ThreadComm, Metered<DeviceTensor<T>>, Metered<DeviceRowStats>>),
 }
 
 /// The rows of `range` of a global f32 tensor, uploaded in `T`.
@@ -130,7 +130,10 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
         let (problem, (sq, skv)) = (self.problem(p), (p.shape.q, p.shape.kv));
         let per_rank = self.ranks(&|t, x, r| {
             let up = |t: &[f32], s| {
-                rank_pieces(&problem, r).into_iter().map(|g| upload::<T>(&x.dev, t, s, g)).collect::<Result<Vec<_>>>()
+                rank_pieces(&problem, r)
+                    .into_iter()
+                    .map(|g| upload::<T>(&x.dev, t, s, g).map(|t| x.adopt(t)))
+                    .collect::<Result<Vec<_>>>()
             };
             let (qp, kp, vp) = (up(q, sq)?, up(k, skv)?, up(v, skv)?);
             let f = chunk_forward(t, x, &problem, [&qp, &kp, &vp])?;
@@ -158,11 +161,14 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
         let (problem, (sq, skv)) = (self.problem(p), (p.shape.q, p.shape.kv));
         let per_rank = self.ranks(&|t, x, r| {
             let up = |t: &[f32], s| {
-                rank_pieces(&problem, r).into_iter().map(|g| upload::<T>(&x.dev, t, s, g)).collect::<Result<Vec<_>>>()
+                rank_pieces(&problem, r)
+                    .into_iter()
+                    .map(|g| upload::<T>(&x.dev, t, s, g).map(|t| x.adopt(t)))
+                    .collect::<Result<Vec<_>>>()
             };
             let (qp, kp, vp, gp) = (up(q, sq)?, up(k, skv)?, up(v, skv)?, up(grad_out, sq)?);
             let g = chunk_backward(t, x, &problem, [&qp, &kp, &vp], &gp)?;
-            let host = |ts: &[DeviceTensor<T>]| {
+            let host = |ts: &[Metered<DeviceTensor<T>>]| {
                 ts.iter().map(|t| t.to_host_contiguous(&x.dev).map(|h| f32s(&h))).collect::<Result<Vec<_>>>()
             };
             Ok([host(&g.dq)?, host(&g.dk)?, host(&g.dv)?])

@@ -1,6 +1,9 @@
 //! [`CudaChunks`]: the chunk ring's blocks on the CUDA kernels. Pieces, partials, lse,
-//! delta and gradient accumulators stay in device memory; the LSE merge is the forward
-//! kernels' own. Host bytes are made only where a host-staged transport asks for them.
+//! delta and gradient accumulators stay in device memory, each counted in the rank's
+//! [`DeviceMeter`]; the LSE merge is the forward kernels' own. Host bytes are made only
+//! where a host-staged transport asks for them.
+
+use std::sync::Arc;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, PackedSequences, Result, Shape4};
@@ -10,6 +13,7 @@ use attn_kernels::cuda::{
 };
 use cudarc::driver::CudaSlice;
 
+use super::device_meter::{DeviceMeter, Metered};
 use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream};
 use crate::plan::RingProblem;
 use crate::protocol::wire::{get_elems, put_elems, put_f32s};
@@ -29,23 +33,44 @@ pub struct DeviceRowStats {
 /// The problem's masks on the device: the key padding flags and the packed sequences.
 #[derive(Debug)]
 pub struct DeviceMasks {
-    key_padding: Option<DeviceKeyPadding>,
+    key_padding: Option<Metered<DeviceKeyPadding>>,
     cu_seqlens: Option<Vec<usize>>,
 }
 
-/// The chunk ring's blocks on one CUDA device (every launch on its stream).
+/// The chunk ring's blocks on one CUDA device (every launch on its stream); the device
+/// memory the rank holds is counted in `meter`.
 #[derive(Debug, Clone)]
 pub struct CudaChunks {
     pub dev: CudaDevice,
+    pub meter: Arc<DeviceMeter>,
+}
+
+type Rows<T> = Metered<DeviceTensor<T>>;
+type Stats = Metered<DeviceRowStats>;
+
+fn f32_bytes(n: usize) -> u64 {
+    n as u64 * 4
 }
 
 impl CudaChunks {
+    /// A compute on `dev` with a fresh meter.
     pub fn new(dev: CudaDevice) -> Self {
-        CudaChunks { dev }
+        CudaChunks { dev, meter: Arc::new(DeviceMeter::default()) }
+    }
+
+    /// A caller's tensor (an input piece) as this rank's rows, counted in its meter.
+    pub fn adopt<T: CudaElement>(&self, t: DeviceTensor<T>) -> Rows<T> {
+        let bytes = (t.data.len() * T::DTYPE.size()) as u64;
+        Metered::new(t, bytes, &self.meter)
+    }
+
+    fn stats(&self, data: CudaSlice<f32>, shape: Shape4) -> Stats {
+        let bytes = f32_bytes(data.len());
+        Metered::new(DeviceRowStats { data, shape }, bytes, &self.meter)
     }
 
     fn device_block<'a, T: CudaElement>(
-        block: &ChunkBlock<'a, DeviceTensor<T>, DeviceMasks>,
+        block: &ChunkBlock<'a, Rows<T>, DeviceMasks>,
         packing: Option<PackedSequences<'a>>,
     ) -> DeviceBlock<'a, T> {
         let ChunkBlock { problem, masks, q, q_start, k, v, k_start } = *block;
@@ -57,75 +82,68 @@ impl CudaChunks {
             v,
             k_start,
             band: problem.cfg.band(),
-            key_padding: masks.key_padding.as_ref(),
+            key_padding: masks.key_padding.as_deref(),
             packing,
         }
-    }
-
-    fn f32s_from(&self, shape: Shape4, n: usize, bytes: &[u8]) -> Result<DeviceRowStats> {
-        if bytes.len() != n * 4 {
-            return Err(AttnError::InvalidArgument(format!("{} bytes for {n} f32 values", bytes.len())));
-        }
-        let host: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        Ok(DeviceRowStats { data: self.dev.stream().clone_htod(&host).map_err(cuda_err)?, shape })
     }
 }
 
 impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
-    type Rows = DeviceTensor<T>;
-    type Partial = DevicePartial;
-    type Acc = DeviceRowStats;
-    type RowStats = DeviceRowStats;
+    type Rows = Rows<T>;
+    type Partial = Metered<DevicePartial>;
+    type Acc = Stats;
+    type RowStats = Stats;
     type Masks = DeviceMasks;
 
-    fn shape_of(&self, rows: &DeviceTensor<T>) -> Shape4 {
+    fn shape_of(&self, rows: &Rows<T>) -> Shape4 {
         rows.shape
     }
 
     fn masks(&self, problem: &RingProblem) -> Result<DeviceMasks> {
         let m = problem.core_masks()?;
-        let key_padding = m.key_padding.map(|k| DeviceKeyPadding::upload(&self.dev, &k)).transpose()?;
+        let key_padding = match m.key_padding {
+            Some(k) => {
+                Some(Metered::new(DeviceKeyPadding::upload(&self.dev, &k)?, k.flags().len() as u64, &self.meter))
+            }
+            None => None,
+        };
         Ok(DeviceMasks { key_padding, cu_seqlens: problem.masks.cu_seqlens.clone() })
     }
 
-    fn empty_partial(&self, q: Shape4) -> Result<DevicePartial> {
-        DevicePartial::empty(&self.dev, q)
+    fn empty_partial(&self, q: Shape4) -> Result<Metered<DevicePartial>> {
+        let bytes = f32_bytes(q.numel() + q.lse_len());
+        Ok(Metered::new(DevicePartial::empty(&self.dev, q)?, bytes, &self.meter))
     }
 
-    fn zero_acc(&self, shape: Shape4) -> Result<DeviceRowStats> {
-        let data = self.dev.stream().alloc_zeros::<f32>(shape.numel()).map_err(cuda_err)?;
-        Ok(DeviceRowStats { data, shape })
+    fn zero_acc(&self, shape: Shape4) -> Result<Stats> {
+        Ok(self.stats(self.dev.stream().alloc_zeros::<f32>(shape.numel()).map_err(cuda_err)?, shape))
     }
 
     fn forward_block(
         &self,
-        block: &ChunkBlock<'_, DeviceTensor<T>, DeviceMasks>,
-        partial: &mut DevicePartial,
+        block: &ChunkBlock<'_, Rows<T>, DeviceMasks>,
+        partial: &mut Metered<DevicePartial>,
     ) -> Result<()> {
         let packing = block.masks.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
         forward_block(&self.dev, &Self::device_block(block, packing), partial)
     }
 
-    fn finish_forward(
-        &self,
-        problem: &RingProblem,
-        partial: &DevicePartial,
-    ) -> Result<(DeviceTensor<T>, DeviceRowStats)> {
+    fn finish_forward(&self, problem: &RingProblem, partial: &Metered<DevicePartial>) -> Result<(Rows<T>, Stats)> {
         let mut out = DeviceTensor::<T>::zeros(&self.dev, partial.shape)?;
         let lse = finish_forward(&self.dev, &problem.cfg, partial, &mut out)?;
         let lse = self.dev.stream().clone_dtod(lse).map_err(cuda_err)?;
-        Ok((out, DeviceRowStats { data: lse, shape: partial.shape }))
+        Ok((self.adopt(out), self.stats(lse, partial.shape)))
     }
 
-    fn delta(&self, grad_out: &DeviceTensor<T>, out: &DeviceTensor<T>) -> Result<DeviceRowStats> {
-        Ok(DeviceRowStats { data: delta(&self.dev, grad_out, out)?, shape: out.shape })
+    fn delta(&self, grad_out: &Rows<T>, out: &Rows<T>) -> Result<Stats> {
+        Ok(self.stats(delta(&self.dev, grad_out, out)?, out.shape))
     }
 
     fn backward_block(
         &self,
-        block: &ChunkBlock<'_, DeviceTensor<T>, DeviceMasks>,
-        upstream: &ChunkUpstream<'_, DeviceTensor<T>, DeviceRowStats>,
-        grads: ChunkGrads<'_, DeviceRowStats>,
+        block: &ChunkBlock<'_, Rows<T>, DeviceMasks>,
+        upstream: &ChunkUpstream<'_, Rows<T>, Stats>,
+        grads: ChunkGrads<'_, Stats>,
     ) -> Result<()> {
         let packing = block.masks.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
         let up = DeviceUpstream { grad_out: upstream.grad_out, lse: &upstream.lse.data, delta: &upstream.delta.data };
@@ -144,45 +162,49 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
         backward_block_into(&self.dev, &Self::device_block(block, packing), &up, g)
     }
 
-    fn store_acc(&self, acc: &DeviceRowStats) -> Result<DeviceTensor<T>> {
+    fn store_acc(&self, acc: &Stats) -> Result<Rows<T>> {
         let mut t = DeviceTensor::<T>::zeros(&self.dev, acc.shape)?;
         store_scaled(&self.dev, TensorName::Other("gradient"), &acc.data, 1.0, &mut t)?;
-        Ok(t)
+        Ok(self.adopt(t))
     }
 
-    fn rows_to_bytes(&self, rows: &DeviceTensor<T>, out: &mut Vec<u8>) -> Result<()> {
+    fn rows_to_bytes(&self, rows: &Rows<T>, out: &mut Vec<u8>) -> Result<()> {
         put_elems(out, &rows.to_host_contiguous(&self.dev)?);
         Ok(())
     }
 
-    fn rows_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<DeviceTensor<T>> {
+    fn rows_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Rows<T>> {
         if bytes.len() != shape.numel() * T::DTYPE.size() {
             return Err(AttnError::InvalidArgument(format!("{} bytes for {} values", bytes.len(), shape.numel())));
         }
         let mut host = Vec::new();
         get_elems::<T>(bytes, &mut host);
         let data = self.dev.stream().clone_htod(&host).map_err(cuda_err)?;
-        Ok(DeviceTensor { data, shape, strides: shape.contiguous_strides() })
+        Ok(self.adopt(DeviceTensor { data, shape, strides: shape.contiguous_strides() }))
     }
 
-    fn acc_to_bytes(&self, acc: &DeviceRowStats, out: &mut Vec<u8>) -> Result<()> {
+    fn acc_to_bytes(&self, acc: &Stats, out: &mut Vec<u8>) -> Result<()> {
         let host = self.dev.stream().clone_dtoh(&acc.data).map_err(cuda_err)?;
         self.dev.synchronize()?;
         put_f32s(out, &host);
         Ok(())
     }
 
-    fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<DeviceRowStats> {
-        self.f32s_from(shape, shape.numel(), bytes)
+    fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Stats> {
+        if bytes.len() != shape.numel() * 4 {
+            return Err(AttnError::InvalidArgument(format!("{} bytes for {} f32 values", bytes.len(), shape.numel())));
+        }
+        let host: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        Ok(self.stats(self.dev.stream().clone_htod(&host).map_err(cuda_err)?, shape))
     }
 
-    fn copy_rows(&self, rows: &DeviceTensor<T>) -> Result<DeviceTensor<T>> {
+    fn copy_rows(&self, rows: &Rows<T>) -> Result<Rows<T>> {
         let data = self.dev.stream().clone_dtod(&rows.data).map_err(cuda_err)?;
-        Ok(DeviceTensor { data, shape: rows.shape, strides: rows.strides })
+        Ok(self.adopt(DeviceTensor { data, shape: rows.shape, strides: rows.strides }))
     }
 
-    fn copy_acc(&self, acc: &DeviceRowStats) -> Result<DeviceRowStats> {
-        Ok(DeviceRowStats { data: self.dev.stream().clone_dtod(&acc.data).map_err(cuda_err)?, shape: acc.shape })
+    fn copy_acc(&self, acc: &Stats) -> Result<Stats> {
+        Ok(self.stats(self.dev.stream().clone_dtod(&acc.data).map_err(cuda_err)?, acc.shape))
     }
 
     fn sync(&self) -> Result<()> {

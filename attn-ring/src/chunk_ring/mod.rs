@@ -17,6 +17,7 @@
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod device_meter;
 mod in_process;
 mod protocol;
 mod reach;
@@ -31,6 +32,7 @@ use crate::plan::RingProblem;
 pub use cpu::{CpuChunks, HostAcc, HostPartial, HostRowStats, HostRows};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaChunks, DeviceMasks, DeviceRowStats};
+pub use device_meter::{DeviceMeter, Metered};
 pub use in_process::InProcessTransport;
 pub use protocol::{ChunkForward, ChunkGradients, chunk_backward, chunk_forward};
 pub use transport::{Arrived, ChunkTransport, HostTransport, Travel};
