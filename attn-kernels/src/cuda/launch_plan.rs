@@ -1,7 +1,7 @@
 //! A block's kernel launches as data ([`Planned`]: kernel, grid, shared memory, argument
 //! offsets and parameters), planned once from the block's geometry, so the device
-//! ([`super::block`]) and the CPU emulation of the kernels ([`super::emulation`]) execute the
-//! same plan.
+//! ([`crate::cuda::forward_block`], [`crate::cuda::backward_block`]) and the CPU emulation
+//! of the kernels ([`super::emulation`]) execute the same plan.
 
 use attn_core::{AttnError, Band, DType, DilatedConfig, PackedSequences, Result, Shape4};
 
