@@ -6,7 +6,6 @@
 #![cfg(feature = "cuda")]
 
 use std::marker::PhantomData;
-use std::sync::OnceLock;
 
 use attn_core::{DType, Result, Shape4};
 use attn_kernels::cuda::CudaElement;
@@ -17,11 +16,8 @@ use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem, asse
 use half::{bf16, f16};
 
 fn emulator() -> &'static Emulator {
-    static EMU: OnceLock<Emulator> = OnceLock::new();
-    EMU.get_or_init(|| {
-        Emulator::build_and_load(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")))
-            .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
-    })
+    Emulator::shared(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
 }
 
 /// The whole-sequence CUDA call (`CudaBackend`'s steps) on the emulation, in `T`.

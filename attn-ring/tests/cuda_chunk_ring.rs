@@ -53,17 +53,26 @@ enum RankEnd<T: CudaElement> {
     Device(CudaChunks, InProcessTransport<ThreadComm, Metered<DeviceTensor<T>>, Metered<DeviceRowStats>>),
 }
 
-/// The rows of `range` of a global f32 tensor, uploaded in `T`.
-fn upload<T: CudaElement>(
-    dev: &CudaDevice,
-    x: &[f32],
+/// Rank `rank`'s pieces of a global f32 tensor of shape `s`, uploaded in `T` and counted in
+/// its compute's meter.
+fn rank_uploads<T: CudaElement>(
+    x: &CudaChunks,
+    problem: &RingProblem,
+    rank: usize,
+    data: &[f32],
     s: Shape4,
-    range: std::ops::Range<usize>,
-) -> Result<DeviceTensor<T>> {
-    let conv: Vec<T> = x.iter().map(|&v| T::from_f32(v)).collect();
+) -> Result<Vec<Metered<DeviceTensor<T>>>> {
+    let conv: Vec<T> = data.iter().map(|&v| T::from_f32(v)).collect();
     let view = TensorView::contiguous(TensorName::Query, &conv, s)?;
-    let rows = attn_ring::chunk_ring::HostRows::from_view_rows(&view, range)?;
-    DeviceTensor::from_view(dev, &TensorView::contiguous(TensorName::Query, &rows.data, rows.shape)?)
+    rank_pieces(problem, rank)
+        .into_iter()
+        .map(|range| {
+            let rows = attn_ring::chunk_ring::HostRows::from_view_rows(&view, range)?;
+            let t =
+                DeviceTensor::from_view(&x.dev, &TensorView::contiguous(TensorName::Query, &rows.data, rows.shape)?)?;
+            Ok(x.adopt(t))
+        })
+        .collect()
 }
 
 /// Put a rank's piece (`[batch, rows, row]` values) back at its global rows.
@@ -129,12 +138,7 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
     fn forward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3]) -> Result<Forward32> {
         let (problem, (sq, skv)) = (self.problem(p), (p.shape.q, p.shape.kv));
         let per_rank = self.ranks(&|t, x, r| {
-            let up = |t: &[f32], s| {
-                rank_pieces(&problem, r)
-                    .into_iter()
-                    .map(|g| upload::<T>(&x.dev, t, s, g).map(|t| x.adopt(t)))
-                    .collect::<Result<Vec<_>>>()
-            };
+            let up = |data: &[f32], shape| rank_uploads::<T>(x, &problem, r, data, shape);
             let (qp, kp, vp) = (up(q, sq)?, up(k, skv)?, up(v, skv)?);
             let f = chunk_forward(t, x, &problem, [&qp, &kp, &vp])?;
             let out =
@@ -160,12 +164,7 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
     fn backward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
         let (problem, (sq, skv)) = (self.problem(p), (p.shape.q, p.shape.kv));
         let per_rank = self.ranks(&|t, x, r| {
-            let up = |t: &[f32], s| {
-                rank_pieces(&problem, r)
-                    .into_iter()
-                    .map(|g| upload::<T>(&x.dev, t, s, g).map(|t| x.adopt(t)))
-                    .collect::<Result<Vec<_>>>()
-            };
+            let up = |data: &[f32], shape| rank_uploads::<T>(x, &problem, r, data, shape);
             let (qp, kp, vp, gp) = (up(q, sq)?, up(k, skv)?, up(v, skv)?, up(grad_out, sq)?);
             let g = chunk_backward(t, x, &problem, [&qp, &kp, &vp], &gp)?;
             let host = |ts: &[Metered<DeviceTensor<T>>]| {

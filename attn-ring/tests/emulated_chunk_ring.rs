@@ -11,7 +11,6 @@
 mod common;
 
 use std::marker::PhantomData;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use attn_core::{AttnError, PackedSequences, Result, Shape4};
@@ -25,11 +24,8 @@ use common::{ChunkBackend, LseRows, Moves, chunk_sweep};
 use half::{bf16, f16};
 
 fn emulator() -> &'static Emulator {
-    static EMU: OnceLock<Emulator> = OnceLock::new();
-    EMU.get_or_init(|| {
-        Emulator::build_and_load(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")))
-            .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
-    })
+    Emulator::shared(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
 }
 
 /// f32 values `[batch, rows, heads, d]` (accumulators) or `[batch, rows, heads]` (per row)

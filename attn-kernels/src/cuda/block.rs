@@ -12,7 +12,7 @@
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Band, DilatedConfig, PackedSequences, Result, Shape4};
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::device::CudaDevice;
 use super::launch::launch;
@@ -200,8 +200,13 @@ fn execute<T: CudaElement>(
     let kpad = key_padding.map(|m| m.flags.device_ptr(&dev.stream));
     let kpad_base = kpad.as_ref().map_or(0, |(p, _)| *p);
     let Accs { q_acc, mut lse, mut dk, mut dv } = accs;
+    // A plan's launches mostly share one kernel: load each function once per run of it.
+    let mut loaded: Option<(&str, CudaFunction)> = None;
     for p in plan {
-        let f = dev.function(T::SUFFIX, &p.kernel, p.smem_bytes as usize)?;
+        if loaded.as_ref().is_none_or(|(name, _)| *name != p.kernel) {
+            loaded = Some((&p.kernel, dev.function(T::SUFFIX, &p.kernel, p.smem_bytes as usize)?));
+        }
+        let Some((_, f)) = &loaded else { continue };
         let mut params = p.params;
         if p.kpad {
             params.kpad += kpad_base;
@@ -209,7 +214,7 @@ fn execute<T: CudaElement>(
         let lc = LaunchConfig { grid_dim: p.grid, block_dim: (p.threads, 1, 1), shared_mem_bytes: p.smem_bytes };
         let o = p.offsets;
         let (qv, kv, vv) = (bufs.q.slice(o.q..), bufs.k.slice(o.k..), bufs.v.slice(o.v..));
-        let mut args = dev.stream.launch_builder(&f);
+        let mut args = dev.stream.launch_builder(f);
         args.arg(&qv).arg(&kv).arg(&vv);
         if p.signature == Signature::Forward {
             let mut out = q_acc.slice_mut(o.q_acc..);

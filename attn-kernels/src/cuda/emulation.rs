@@ -9,6 +9,7 @@
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Result, Shape4};
@@ -136,6 +137,16 @@ impl Emulator {
         let out = dir.join("libattn_cuda_emu.so");
         Self::build(&cxx, &out)?;
         Self::load(&out)
+    }
+
+    /// The process's emulator: built into `dir` and loaded by the first call, the same (or
+    /// the same error) for every later call.
+    pub fn shared(dir: &Path) -> Result<&'static Emulator> {
+        static SHARED: OnceLock<std::result::Result<Emulator, String>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| Self::build_and_load(dir).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| emu_err(e.clone()))
     }
 
     /// Load a library [`Emulator::build`] made.

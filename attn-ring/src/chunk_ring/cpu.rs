@@ -8,7 +8,7 @@ use attn_kernels::block::{Block, BlockGradients, BlockRows, Upstream, attend_blo
 use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, rank_pieces};
 use crate::compute::head_work::for_each_item;
 use crate::plan::RingProblem;
-use crate::protocol::wire::{get_elems, put_elems, put_f32s};
+use crate::protocol::wire::{elems_exact, f32s_exact, put_elems, put_f32s};
 
 /// Contiguous `[batch, rows, heads, head_dim]` rows in host memory.
 #[derive(Debug, Clone, PartialEq)]
@@ -321,13 +321,7 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
     }
 
     fn rows_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<HostRows<T>> {
-        let want = shape.numel() * T::DTYPE.size();
-        if bytes.len() != want {
-            return Err(AttnError::InvalidArgument(format!("{} bytes for {want} bytes of rows", bytes.len())));
-        }
-        let mut data = Vec::new();
-        get_elems(bytes, &mut data);
-        Ok(HostRows { shape, data })
+        Ok(HostRows { shape, data: elems_exact(bytes, shape.numel())? })
     }
 
     fn acc_to_bytes(&self, acc: &HostAcc, out: &mut Vec<u8>) -> Result<()> {
@@ -336,14 +330,8 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
     }
 
     fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<HostAcc> {
-        let n = shape.seq * shape.head_dim;
-        if bytes.len() != shape.numel() * 4 {
-            return Err(AttnError::InvalidArgument(format!("{} bytes for {} f32 values", bytes.len(), shape.numel())));
-        }
-        let data = bytes
-            .chunks_exact(n * 4)
-            .map(|c| c.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect())
-            .collect();
+        let flat = f32s_exact(bytes, shape.numel())?;
+        let data = flat.chunks_exact(shape.seq * shape.head_dim).map(<[f32]>::to_vec).collect();
         Ok(HostAcc { shape, data })
     }
 

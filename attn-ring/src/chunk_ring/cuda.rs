@@ -16,7 +16,7 @@ use cudarc::driver::CudaSlice;
 use super::device_meter::{DeviceMeter, Metered};
 use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream};
 use crate::plan::RingProblem;
-use crate::protocol::wire::{get_elems, put_elems, put_f32s};
+use crate::protocol::wire::{elems_exact, f32s_exact, put_elems, put_f32s};
 
 fn cuda_err(e: impl std::error::Error + Send + Sync + 'static) -> AttnError {
     AttnError::backend("cuda", e)
@@ -174,11 +174,7 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
     }
 
     fn rows_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Rows<T>> {
-        if bytes.len() != shape.numel() * T::DTYPE.size() {
-            return Err(AttnError::InvalidArgument(format!("{} bytes for {} values", bytes.len(), shape.numel())));
-        }
-        let mut host = Vec::new();
-        get_elems::<T>(bytes, &mut host);
+        let host: Vec<T> = elems_exact(bytes, shape.numel())?;
         let data = self.dev.stream().clone_htod(&host).map_err(cuda_err)?;
         Ok(self.adopt(DeviceTensor { data, shape, strides: shape.contiguous_strides() }))
     }
@@ -191,10 +187,7 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
     }
 
     fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Stats> {
-        if bytes.len() != shape.numel() * 4 {
-            return Err(AttnError::InvalidArgument(format!("{} bytes for {} f32 values", bytes.len(), shape.numel())));
-        }
-        let host: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let host = f32s_exact(bytes, shape.numel())?;
         Ok(self.stats(self.dev.stream().clone_htod(&host).map_err(cuda_err)?, shape))
     }
 

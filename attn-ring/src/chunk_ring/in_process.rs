@@ -6,12 +6,14 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 
 use attn_core::{AttnError, Element, Result};
 
+use super::transport::kind_of;
 use super::{Arrived, ChunkCompute, ChunkTransport, Travel};
 use crate::comm::Communicator;
 use crate::plan::RingProblem;
+use crate::protocol::wire::MsgKind;
 
-/// One step's buffers with what they are: (owner, step, has k/v, has dk/dv).
-type Msg<R, A> = ((usize, usize, bool, bool), Arrived<R, A>);
+/// One step's buffers with what they are: (kind, owner, step).
+type Msg<R, A> = ((MsgKind, usize, usize), Arrived<R, A>);
 
 /// One rank's end of an in-process ring: its control communicator, a channel to the next
 /// rank and one from the previous.
@@ -67,6 +69,7 @@ where
         travel: &Travel<'_, X::Rows, X::Acc>,
     ) -> Result<Arrived<X::Rows, X::Acc>> {
         let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        let kind = kind_of(travel, rank)?;
         let copy_rows = |xs: &[X::Rows]| xs.iter().map(|x| compute.copy_rows(x)).collect::<Result<Vec<_>>>();
         let copy_accs = |xs: &[X::Acc]| xs.iter().map(|x| compute.copy_acc(x)).collect::<Result<Vec<_>>>();
         let out = Arrived {
@@ -76,7 +79,7 @@ where
             dv: copy_accs(travel.dv)?,
         };
         compute.sync()?;
-        let what = (travel.owner, travel.step, !travel.k.is_empty(), !travel.dk.is_empty());
+        let what = (kind, travel.owner, travel.step);
         let next = (rank + 1) % world;
         self.to_next
             .send((what, out))
@@ -91,13 +94,11 @@ where
                 AttnError::Comm { rank, message: format!("rank {prev} has left the ring") }
             }
         })?;
-        let want = ((travel.owner + world - 1) % world, travel.step, what.2, what.3);
+        let want = (kind, (travel.owner + world - 1) % world, travel.step);
         if got != want {
             return Err(AttnError::Comm {
                 rank,
-                message: format!(
-                    "unexpected buffers from rank {prev}: {got:?} (owner, step, k/v, dk/dv), wanted {want:?}"
-                ),
+                message: format!("unexpected buffers from rank {prev}: {got:?} (kind, owner, step), wanted {want:?}"),
             });
         }
         Ok(arrived)

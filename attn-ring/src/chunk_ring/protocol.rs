@@ -88,6 +88,14 @@ fn reaches<T: Element, X: ChunkCompute<T>>(
 /// The k/v pieces received at the last shift (`None`: the rank's own).
 type Held<R> = Option<(Vec<R>, Vec<R>)>;
 
+/// The k/v pieces a step computes with: those received at the last shift, or the rank's own.
+fn held_or_own<'a, R>(held: &'a Held<R>, k: &'a [R], v: &'a [R]) -> (&'a [R], &'a [R]) {
+    match held {
+        Some((hk, hv)) => (hk, hv),
+        None => (k, v),
+    }
+}
+
 fn starts(problem: &RingProblem, rank: usize) -> Vec<usize> {
     rank_pieces(problem, rank).into_iter().map(|r| r.start).collect()
 }
@@ -139,12 +147,10 @@ where
     let mut held: Held<X::Rows> = None;
     for t in 0..p {
         let owner = (r + p - t) % p;
-        let (ks, vs): (&[X::Rows], &[X::Rows]) = match &held {
-            Some((hk, hv)) => (hk, hv),
-            None => (k, v),
-        };
+        let (ks, vs) = held_or_own(&held, k, v);
+        let k_starts = starts(problem, owner);
         for (partial, (qt, &q_start)) in partials.iter_mut().zip(q.iter().zip(&q_starts)) {
-            for ((kt, vt), k_start) in ks.iter().zip(vs).zip(starts(problem, owner)) {
+            for ((kt, vt), &k_start) in ks.iter().zip(vs).zip(&k_starts) {
                 if !reaches(compute, problem, (qt, q_start), (kt, k_start)) {
                     continue;
                 }
@@ -203,13 +209,11 @@ where
     let mut held: Held<X::Rows> = None;
     for t in 0..p {
         let owner = (r + p - t) % p;
-        let (ks, vs): (&[X::Rows], &[X::Rows]) = match &held {
-            Some((hk, hv)) => (hk, hv),
-            None => (k, v),
-        };
+        let (ks, vs) = held_or_own(&held, k, v);
+        let k_starts = starts(problem, owner);
         for (qi, (qt, &q_start)) in q.iter().zip(&q_starts).enumerate() {
             let up = ChunkUpstream { grad_out: &grad_out[qi], lse: &lse[qi], delta: &delta[qi] };
-            for (j, ((kt, vt), k_start)) in ks.iter().zip(vs).zip(starts(problem, owner)).enumerate() {
+            for (j, ((kt, vt), &k_start)) in ks.iter().zip(vs).zip(&k_starts).enumerate() {
                 if !reaches(compute, problem, (qt, q_start), (kt, k_start)) {
                     continue;
                 }

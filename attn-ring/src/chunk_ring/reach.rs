@@ -22,20 +22,18 @@ pub(crate) fn may_attend(problem: &RingProblem, q: &Range<usize>, k: &Range<usiz
     if !overlaps(&reach, k) {
         return false;
     }
-    let whole = 0..problem.seq;
-    let seqs: Vec<Range<usize>> = match &problem.masks.cu_seqlens {
-        Some(cu) => cu.windows(2).map(|w| w[0]..w[1]).filter(|s| overlaps(s, q) && overlaps(s, k)).collect(),
-        None => vec![whole],
-    };
-    if problem.cfg.window().is_some() {
-        return !seqs.is_empty();
-    }
+    let both = |s: &Range<usize>| overlaps(s, q) && overlaps(s, k);
+    let windowed = problem.cfg.window().is_some();
     // Segments restart at each sequence: compare segment indices of relative positions.
-    seqs.iter().any(|s| {
+    let shares_segment = |s: &Range<usize>| {
         let rel = |r: &Range<usize>| (r.start.max(s.start) - s.start, r.end.min(s.end) - s.start - 1);
         let ((qa, qb), (ka, kb)) = (rel(q), rel(k));
-        problem.cfg.segment_lengths().iter().any(|&w| qa / w <= kb / w && ka / w <= qb / w)
-    })
+        windowed || problem.cfg.segment_lengths().iter().any(|&w| qa / w <= kb / w && ka / w <= qb / w)
+    };
+    match &problem.masks.cu_seqlens {
+        Some(cu) => cu.windows(2).map(|w| w[0]..w[1]).any(|s| both(&s) && shares_segment(&s)),
+        None => shares_segment(&(0..problem.seq)),
+    }
 }
 
 #[cfg(test)]

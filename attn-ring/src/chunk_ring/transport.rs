@@ -60,7 +60,7 @@ impl<'c, C: Communicator + ?Sized> HostTransport<'c, C> {
 }
 
 /// The message kind of a travel: k/v alone, k/v with their gradients, or gradients going home.
-fn kind_of<R, A>(t: &Travel<'_, R, A>, rank: usize) -> Result<MsgKind> {
+pub(crate) fn kind_of<R, A>(t: &Travel<'_, R, A>, rank: usize) -> Result<MsgKind> {
     match (t.k.is_empty(), t.dk.is_empty()) {
         (false, true) => Ok(MsgKind::ChunkKv),
         (false, false) => Ok(MsgKind::ChunkKvGrad),

@@ -97,8 +97,7 @@ impl<'a> Reader<'a> {
 
     /// Read `n` f32 values.
     pub fn f32s(&mut self, n: usize, out: &mut Vec<f32>) -> Result<()> {
-        let bytes = self.take(n * 4)?;
-        out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+        out.extend(f32s_exact(self.take(n * 4)?, n)?);
         Ok(())
     }
 
@@ -128,6 +127,27 @@ pub(crate) fn get_elems<T: Element>(bytes: &[u8], out: &mut Vec<T>) {
         DType::F16 => out.extend(bytes.chunks_exact(2).map(|c| T::from_f32(f16::from_bits(half_bits(c)).to_f32()))),
         DType::BF16 => out.extend(bytes.chunks_exact(2).map(|c| T::from_f32(bf16::from_bits(half_bits(c)).to_f32()))),
     }
+}
+
+/// Exactly `n` values of dtype `T` from `bytes` (an error when the length differs).
+pub(crate) fn elems_exact<T: Element>(bytes: &[u8], n: usize) -> Result<Vec<T>> {
+    check_len(bytes, n, T::DTYPE.size())?;
+    let mut out = Vec::new();
+    get_elems(bytes, &mut out);
+    Ok(out)
+}
+
+/// Exactly `n` f32 values from `bytes` (an error when the length differs).
+pub(crate) fn f32s_exact(bytes: &[u8], n: usize) -> Result<Vec<f32>> {
+    check_len(bytes, n, 4)?;
+    Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+fn check_len(bytes: &[u8], n: usize, size: usize) -> Result<()> {
+    if bytes.len() != n * size {
+        return Err(AttnError::InvalidArgument(format!("{} bytes for {n} values of {size} bytes", bytes.len())));
+    }
+    Ok(())
 }
 
 /// Append values of dtype `T`, little endian, exactly.
