@@ -40,6 +40,14 @@ static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
 thread_local! {
     /// `(epoch << 32) | slot` of this thread; a stale epoch means "no slot yet".
     static TAG: Cell<u64> = const { Cell::new(0) };
+    /// Allocations (reallocations included) this thread has made since it started.
+    static THREAD_ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn count_thread_allocation() {
+    // A thread being torn down has no locals left; its allocations go uncounted here
+    // (they still count in the process counters).
+    let _ = THREAD_ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
 }
 
 /// The allocator: `#[global_allocator] static A: CountingAlloc = CountingAlloc;`.
@@ -104,6 +112,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         }
         let tag = current_tag();
         charge(tag, layout.size() as i64);
+        count_thread_allocation();
         // SAFETY: `base` is valid for at least 16 bytes and 16-aligned, so the u64 tag
         // at its start is in bounds and aligned; `base + header` stays inside the block.
         unsafe {
@@ -143,6 +152,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
             }
             charge(tag, -(layout.size() as i64));
             charge(tag, new_size as i64);
+            count_thread_allocation();
             nb.add(h)
         }
     }
@@ -197,6 +207,17 @@ pub fn measure<R>(f: impl FnOnce() -> R) -> (R, Measured) {
         allocations: after.allocations - before.allocations,
     };
     (r, m)
+}
+
+/// Run `f` on the calling thread and return its result with the number of allocations
+/// (reallocations included) this thread made during `f`. Unlike
+/// [`Measured::allocations`], other threads (a test harness printing a finished test's
+/// result) cannot add to it.
+pub fn thread_allocations_during<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    let count = || THREAD_ALLOCATIONS.try_with(Cell::get).unwrap_or(0);
+    let start = count();
+    let r = f();
+    (r, count() - start)
 }
 
 /// What [`measure`] saw.

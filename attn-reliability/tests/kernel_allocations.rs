@@ -74,10 +74,10 @@ fn workspace_bytes_bounds_the_allocations_with_features() {
     check_masked(&window, gqa(Shape4::new(1, 5000, 4, 32).unwrap(), 2), Masks::NONE);
 }
 
-/// Number of allocations (reallocations included) `f` makes; the tests of this binary
-/// run one at a time, so they are the calling thread's.
+/// Number of allocations (reallocations included) the calling thread makes in `f`: the
+/// block calls run on it, and the harness's own allocations on other threads stay out.
 fn allocs_during(f: impl FnOnce()) -> usize {
-    measure(f).1.allocations
+    counting_alloc::thread_allocations_during(f).1
 }
 
 #[test]
