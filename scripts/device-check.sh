@@ -192,10 +192,10 @@ step_bench() {
 step_ring() {
     have_gpu || return 2
     # The chunk ring with CUDA block compute: ranks as threads sharing the GPU, every golden
-    # file; then per-rank memory and time at seq 262144 for P = 1, 2, 4, 8.
+    # file; then per-rank memory and time at seq 262144 for P = 1, 2, 4, 8 (k/v in 8 rounds).
     local ok=0
     logged 20 "$PACK/bin/cuda_chunk_ring" --test-threads=1 || ok=1
-    logged 25 "$PACK/bin/cuda_ring_bench" --seq 262144 --worlds 1,2,4,8 --iters 3 || ok=1
+    logged 25 "$PACK/bin/cuda_ring_bench" --seq 262144 --worlds 1,2,4,8 --iters 3 --rounds 8 || ok=1
     return "$ok"
 }
 

@@ -4,14 +4,14 @@
 //! world size and the two checks: per-rank memory falls by at least 0.95·P from P = 1, and
 //! P = 4 runs within 1.25x of P = 1; exits 1 when a check fails.
 //!
-//! `cargo run --release -p attn-ring --features cuda --example cuda_ring_bench -- --seq 262144`
+//! `cargo run --release -p attn-ring --features cuda --example cuda_ring_bench -- --seq 262144 --rounds 8`
 
 use std::time::{Duration, Instant};
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Result, Shape4, TensorView};
 use attn_kernels::cuda::{CudaDevice, DeviceTensor};
-use attn_ring::chunk_ring::{CudaChunks, InProcessTransport, chunk_forward, rank_pieces};
+use attn_ring::chunk_ring::{ChunkOptions, CudaChunks, InProcessTransport, chunk_forward, rank_pieces};
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
 use half::bf16;
 
@@ -21,10 +21,11 @@ struct Args {
     heads: usize,
     head_dim: usize,
     iters: usize,
+    rounds: usize,
 }
 
 fn parse() -> std::result::Result<Args, String> {
-    let mut a = Args { seq: 262_144, worlds: vec![1, 2, 4, 8], heads: 16, head_dim: 128, iters: 3 };
+    let mut a = Args { seq: 262_144, worlds: vec![1, 2, 4, 8], heads: 16, head_dim: 128, iters: 3, rounds: 8 };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -35,14 +36,16 @@ fn parse() -> std::result::Result<Args, String> {
             "--heads" => a.heads = num(&value)?,
             "--head-dim" => a.head_dim = num(&value)?,
             "--iters" => a.iters = num(&value)?.max(1),
-            other => return Err(format!("unknown flag {other} (--seq --worlds --heads --head-dim --iters)")),
+            "--rounds" => a.rounds = num(&value)?,
+            other => return Err(format!("unknown flag {other} (--seq --worlds --heads --head-dim --iters --rounds)")),
         }
     }
     Ok(a)
 }
 
 /// One world size: each rank's peak bytes and the median forward time.
-fn run_world(base: &CudaDevice, cfg: &DilatedConfig, shape: Shape4, world: usize, iters: usize) -> Result<(u64, f64)> {
+fn run_world(base: &CudaDevice, cfg: &DilatedConfig, shape: Shape4, world: usize, a: &Args) -> Result<(u64, f64)> {
+    let (iters, opts) = (a.iters, ChunkOptions::with_rounds(a.rounds)?);
     let problem = RingProblem::new(cfg, shape.into(), Layout::Zigzag, Strategy::Auto, world);
     let tile: Vec<bf16> = (0..4096).map(|i| bf16::from_f32(((i * 37 % 101) as f32 / 101.0) - 0.5)).collect();
     let ends = InProcessTransport::world(ThreadComm::world_with_timeout(world, Duration::from_secs(300))?)?;
@@ -67,13 +70,13 @@ fn run_world(base: &CudaDevice, cfg: &DilatedConfig, shape: Shape4, world: usize
                         .map(|_| ranges.iter().map(|r| piece(r.len())).collect::<Result<Vec<_>>>())
                         .collect::<Result<_>>()?;
                     // Warm-up (kernel compilation), then timed calls from the inputs' footprint.
-                    drop(chunk_forward(&mut t, &x, problem, [&qkv[0], &qkv[1], &qkv[2]])?);
+                    drop(chunk_forward(&mut t, &x, problem, opts, [&qkv[0], &qkv[1], &qkv[2]])?);
                     x.dev.synchronize()?;
                     x.meter.reset_peak();
                     let mut times = Vec::with_capacity(iters);
                     for _ in 0..iters {
                         let t0 = Instant::now();
-                        let f = chunk_forward(&mut t, &x, problem, [&qkv[0], &qkv[1], &qkv[2]])?;
+                        let f = chunk_forward(&mut t, &x, problem, opts, [&qkv[0], &qkv[1], &qkv[2]])?;
                         x.dev.synchronize()?;
                         times.push(t0.elapsed().as_secs_f64() * 1e3);
                         drop(f);
@@ -122,12 +125,12 @@ fn bench(a: &Args) -> Result<bool> {
         DilatedConfig::builder().segments(&[2048, 4096, 8192, 16384, 32768]).dilations(&[1, 2, 4, 8, 16]).build()?;
     let shape = Shape4::new(1, a.seq, a.heads, a.head_dim)?;
     println!(
-        "chunk ring on one GPU (bf16, seq {}, heads {}, head_dim {}, zigzag), median of {}",
-        a.seq, a.heads, a.head_dim, a.iters
+        "chunk ring on one GPU (bf16, seq {}, heads {}, head_dim {}, zigzag, {} rounds), median of {}",
+        a.seq, a.heads, a.head_dim, a.rounds, a.iters
     );
     let mut rows = Vec::new();
     for &p in &a.worlds {
-        let (peak, ms) = run_world(&dev, &cfg, shape, p, a.iters)?;
+        let (peak, ms) = run_world(&dev, &cfg, shape, p, a)?;
         println!("P={p}: per-rank peak {:.1} MiB, forward {ms:.2} ms", peak as f64 / (1 << 20) as f64);
         rows.push((p, peak, ms));
     }

@@ -1,7 +1,8 @@
-//! The chunk ring (whole k/v pieces travelling, CPU compute) against every golden file of
-//! `conformance/dilated` and `conformance/features`: threads at world sizes 1..=8 in f32,
-//! 2..=4 in bf16 and f16, the emulated NCCL transport at 2..=4; a fault or a disagreeing
-//! rank is a typed error on every rank.
+//! The chunk ring (CPU compute) against every golden file of `conformance/dilated` and
+//! `conformance/features`: whole pieces travelling over threads at world sizes 1..=8 in
+//! f32, 2..=4 in bf16 and f16, the emulated NCCL transport at 2..=4; slices in 3 rounds
+//! (both transports, 2..=5) and in more rounds than rows; a fault or a disagreeing rank is
+//! a typed error on every rank.
 
 mod common;
 
@@ -11,8 +12,8 @@ use std::time::Duration;
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Shape4, TensorView};
 use attn_ring::chunk_ring::{
-    ChunkBlock, ChunkCompute, ChunkGrads, ChunkTransport, ChunkUpstream, CpuChunks, HostAcc, HostPartial, HostRowStats,
-    HostRows, HostTransport, InProcessTransport, chunk_backward, chunk_forward,
+    ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkTransport, ChunkUpstream, CpuChunks, HostAcc, HostPartial,
+    HostRowStats, HostRows, HostTransport, InProcessTransport, chunk_backward, chunk_forward,
 };
 use attn_ring::comm::EmulatedNccl;
 use attn_ring::{Communicator, FaultyComm, Layout, RingProblem, Strategy, ThreadComm};
@@ -24,7 +25,8 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 fn threads<T>(world: usize, layout: Layout) -> ChunkBackend<T, impl Fn(usize) -> attn_core::Result<Vec<ThreadComm>>> {
     let join = |p| ThreadComm::world_with_timeout(p, TIMEOUT);
     let (moves, compute) = (Moves::HostStaged, CpuChunks::default());
-    ChunkBackend { label: "threads", world, layout, join, moves, compute, dtype: PhantomData }
+    let opts = ChunkOptions::default();
+    ChunkBackend { label: "threads", world, layout, join, moves, opts, compute, dtype: PhantomData }
 }
 
 #[test]
@@ -55,6 +57,57 @@ fn chunk_ring_in_process_matches_every_golden_file() {
 }
 
 #[test]
+fn chunk_ring_in_rounds_matches_every_golden_file() {
+    let rounds = |n| ChunkOptions::with_rounds(n).unwrap();
+    for dir in ["dilated", "features"] {
+        for moves in [Moves::HostStaged, Moves::InProcess] {
+            let runs = chunk_sweep(dir, 9, &[2, 3, 4, 5], |world, layout| ChunkBackend::<f32, _> {
+                moves,
+                opts: rounds(3),
+                ..threads::<f32>(world, layout)
+            });
+            assert_eq!(runs, 9 * 4 * 2, "{dir} {moves:?}");
+        }
+        // More rounds than a piece has rows: some rounds carry nothing of some ranks.
+        let runs = chunk_sweep(dir, 9, &[3], |world, layout| ChunkBackend::<f32, _> {
+            opts: rounds(64),
+            ..threads::<f32>(world, layout)
+        });
+        assert_eq!(runs, 9 * 2, "{dir}");
+    }
+}
+
+#[test]
+fn zero_rounds_is_an_error() {
+    assert!(matches!(ChunkOptions::with_rounds(0), Err(AttnError::InvalidArgument(_))));
+}
+
+#[test]
+fn ranks_disagreeing_on_rounds_fail_every_rank() {
+    let (problem, pieces) = small_problem(3);
+    let res: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = ThreadComm::world_with_timeout(3, TIMEOUT)
+            .unwrap()
+            .into_iter()
+            .zip(&pieces)
+            .enumerate()
+            .map(|(r, (mut comm, [q, k, v]))| {
+                let problem = &problem;
+                s.spawn(move || {
+                    let opts = ChunkOptions::with_rounds(if r == 2 { 2 } else { 1 }).unwrap();
+                    let mut t = HostTransport::new(&mut comm);
+                    chunk_forward(&mut t, &CpuChunks::default(), problem, opts, [q, k, v]).map(|_| ())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &res {
+        assert!(matches!(r, Err(AttnError::RankDisagreement(_))), "{res:?}");
+    }
+}
+
+#[test]
 fn chunk_ring_over_emulated_nccl_matches_every_golden_file() {
     for dir in ["dilated", "features"] {
         let runs = chunk_sweep(dir, 9, &[2, 3, 4], |world, layout| ChunkBackend::<f32, _> {
@@ -63,6 +116,7 @@ fn chunk_ring_over_emulated_nccl_matches_every_golden_file() {
             layout,
             join: |p| EmulatedNccl::world_with_timeout(p, TIMEOUT),
             moves: Moves::HostStaged,
+            opts: ChunkOptions::default(),
             compute: CpuChunks::default(),
             dtype: PhantomData,
         });
@@ -104,8 +158,9 @@ fn run_all<C: Communicator + Send>(
             .map(|(mut comm, [q, k, v])| {
                 s.spawn(move || {
                     let mut t = HostTransport::new(&mut comm);
-                    chunk_forward(&mut t, &CpuChunks::default(), problem, [q, k, v])?;
-                    chunk_backward(&mut t, &CpuChunks::default(), problem, [q, k, v], q).map(|_| ())
+                    chunk_forward(&mut t, &CpuChunks::default(), problem, ChunkOptions::default(), [q, k, v])?;
+                    chunk_backward(&mut t, &CpuChunks::default(), problem, ChunkOptions::default(), [q, k, v], q)
+                        .map(|_| ())
                 })
             })
             .collect();
@@ -149,6 +204,8 @@ enum Plant {
     Drop,
     /// The block fails (an error every rank must report).
     Fail,
+    /// A round's slice of k/v is copied from one row too far on (a wrong answer).
+    SliceShift,
 }
 
 struct Planted(CpuChunks, Plant);
@@ -181,6 +238,7 @@ impl ChunkCompute<f32> for Planted {
             return match self.1 {
                 Plant::Drop => Ok(()),
                 Plant::Fail => Err(AttnError::InvalidArgument("planted block failure".into())),
+                Plant::SliceShift => self.0.forward_block(b, p),
             };
         }
         self.0.forward_block(b, p)
@@ -214,36 +272,58 @@ impl ChunkCompute<f32> for Planted {
     fn acc_from_bytes(&self, s: Shape4, b: &[u8]) -> attn_core::Result<HostAcc> {
         ChunkCompute::<f32>::acc_from_bytes(&self.0, s, b)
     }
-    fn copy_rows(&self, r: &HostRows<f32>) -> attn_core::Result<HostRows<f32>> {
-        self.0.copy_rows(r)
+    fn slice_rows(&self, r: &HostRows<f32>, rows: std::ops::Range<usize>) -> attn_core::Result<HostRows<f32>> {
+        match self.1 {
+            Plant::SliceShift if rows.end < r.shape.seq => r.slice_rows(rows.start + 1..rows.end + 1),
+            _ => r.slice_rows(rows),
+        }
     }
-    fn copy_acc(&self, a: &HostAcc) -> attn_core::Result<HostAcc> {
-        ChunkCompute::<f32>::copy_acc(&self.0, a)
+    fn zero_rows(&self, s: Shape4) -> attn_core::Result<HostRows<f32>> {
+        ChunkCompute::<f32>::zero_rows(&self.0, s)
+    }
+    fn write_rows(&self, d: &mut HostRows<f32>, at: usize, r: &HostRows<f32>) -> attn_core::Result<()> {
+        d.write_rows(at, r)
     }
     fn sync(&self) -> attn_core::Result<()> {
         ChunkCompute::<f32>::sync(&self.0)
     }
 }
 
-#[test]
-fn the_golden_check_catches_a_dropped_block() {
+/// How many of the `conformance/dilated` files (of how many) fail on 2 ranks with `plant`.
+fn planted_failures(layout: Layout, moves: Moves, opts: ChunkOptions, plant: Plant) -> (usize, usize) {
     let dir = attn_testkit::golden::golden_dir().join("dilated");
     let cases = attn_testkit::golden::load_dir(&dir).unwrap();
+    let join = |p| ThreadComm::world_with_timeout(p, TIMEOUT);
+    let compute = Planted(CpuChunks::default(), plant);
     let planted = ChunkBackend::<f32, _, _> {
         label: "planted",
         world: 2,
-        layout: Layout::Contiguous,
-        join: |p| ThreadComm::world_with_timeout(p, TIMEOUT),
-        moves: Moves::HostStaged,
-        compute: Planted(CpuChunks::default(), Plant::Drop),
+        layout,
+        join,
+        moves,
+        opts,
+        compute,
         dtype: PhantomData,
     };
     let failed = cases
         .iter()
         .filter(|(_, c)| !attn_testkit::golden::check_case(c.as_ref().unwrap(), Some(&planted), None).passed())
         .count();
+    (failed, cases.len())
+}
+
+#[test]
+fn the_golden_check_catches_a_dropped_block() {
+    let (failed, of) = planted_failures(Layout::Contiguous, Moves::HostStaged, ChunkOptions::default(), Plant::Drop);
     // Files whose segments all fit inside one rank's rows never cross ranks.
-    assert!(failed >= 3, "only {failed} of {} golden files failed with a dropped block", cases.len());
+    assert!(failed >= 3, "only {failed} of {of} golden files failed with a dropped block");
+}
+
+#[test]
+fn the_golden_check_catches_a_slice_off_by_one_row() {
+    let opts = ChunkOptions::with_rounds(3).unwrap();
+    let (failed, of) = planted_failures(Layout::Zigzag, Moves::InProcess, opts, Plant::SliceShift);
+    assert!(failed >= 3, "only {failed} of {of} golden files failed with shifted slices");
 }
 
 #[test]
@@ -252,7 +332,7 @@ fn a_block_failing_on_some_ranks_fails_every_rank_on_both_transports() {
     let x = Planted(CpuChunks::default(), Plant::Fail);
     let comms = || ThreadComm::world_with_timeout(3, Duration::from_secs(5)).unwrap();
     let run = |t: &mut dyn ChunkTransport<f32, Planted, Control = ThreadComm>, [q, k, v]: &[Vec<HostRows<f32>>; 3]| {
-        chunk_forward(t, &x, &problem, [q, k, v]).map(|_| ())
+        chunk_forward(t, &x, &problem, ChunkOptions::default(), [q, k, v]).map(|_| ())
     };
     let host: Vec<_> = std::thread::scope(|s| {
         let hs: Vec<_> = comms()

@@ -1,6 +1,6 @@
 //! The chunk ring with its blocks on the GPU ([`CudaChunks`]): ranks are threads sharing
-//! one device, k/v pieces handed on device to device (each rank on a stream of its own)
-//! or staged through the host over [`ThreadComm`]; every golden file of
+//! one device, k/v slices handed on device to device (each rank on a stream of its own)
+//! in three rounds, or staged through the host over [`ThreadComm`] in one; every golden file of
 //! `conformance/dilated` and `conformance/features` at world sizes 1, 2, 4 and 8, both
 //! layouts, f32/bf16/f16, forward and gradients. Skips, printing the reason, without a
 //! driver, NVRTC or GPU (fails instead with `ATTN_REQUIRE_GPU=1`).
@@ -17,8 +17,8 @@ use attn_core::error::TensorName;
 use attn_core::{AttnError, DType, Result, Shape4, TensorView};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceTensor};
 use attn_ring::chunk_ring::{
-    ChunkTransport, CudaChunks, DeviceRowStats, HostTransport, InProcessTransport, Metered, chunk_backward,
-    chunk_forward, rank_pieces,
+    ChunkOptions, ChunkTransport, CudaChunks, DeviceRowStats, HostTransport, InProcessTransport, Metered,
+    chunk_backward, chunk_forward, rank_pieces,
 };
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
 use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem};
@@ -43,11 +43,12 @@ struct CudaChunkBackend<T> {
     world: usize,
     layout: Layout,
     moves: Moves,
+    opts: ChunkOptions,
     dtype: PhantomData<T>,
 }
 
 /// A rank's compute and end of the ring: the shared stream and host staging, or a stream
-/// of its own and device-to-device copies.
+/// of its own and its buffers handed on in process.
 enum RankEnd<T: CudaElement> {
     Staged(CudaChunks, ThreadComm),
     Device(CudaChunks, InProcessTransport<ThreadComm, Metered<DeviceTensor<T>>, Metered<DeviceRowStats>>),
@@ -128,7 +129,7 @@ type RankWork<'w, T, R> =
 impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
     fn name(&self) -> String {
         let (p, layout, dt) = (self.world, self.layout.as_str(), T::DTYPE.as_str());
-        format!("cuda chunk ring(p={p}, {layout}, {dt}, {:?})", self.moves)
+        format!("cuda chunk ring(p={p}, {layout}, {dt}, {:?}, rounds {})", self.moves, self.opts.rounds())
     }
 
     fn dtype(&self) -> DType {
@@ -140,7 +141,7 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
         let per_rank = self.ranks(&|t, x, r| {
             let up = |data: &[f32], shape| rank_uploads::<T>(x, &problem, r, data, shape);
             let (qp, kp, vp) = (up(q, sq)?, up(k, skv)?, up(v, skv)?);
-            let f = chunk_forward(t, x, &problem, [&qp, &kp, &vp])?;
+            let f = chunk_forward(t, x, &problem, self.opts, [&qp, &kp, &vp])?;
             let out =
                 f.out.iter().map(|o| o.to_host_contiguous(&x.dev).map(|h| f32s(&h))).collect::<Result<Vec<_>>>()?;
             let lse = f
@@ -166,7 +167,7 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
         let per_rank = self.ranks(&|t, x, r| {
             let up = |data: &[f32], shape| rank_uploads::<T>(x, &problem, r, data, shape);
             let (qp, kp, vp, gp) = (up(q, sq)?, up(k, skv)?, up(v, skv)?, up(grad_out, sq)?);
-            let g = chunk_backward(t, x, &problem, [&qp, &kp, &vp], &gp)?;
+            let g = chunk_backward(t, x, &problem, self.opts, [&qp, &kp, &vp], &gp)?;
             let host = |ts: &[Metered<DeviceTensor<T>>]| {
                 ts.iter().map(|t| t.to_host_contiguous(&x.dev).map(|h| f32s(&h))).collect::<Result<Vec<_>>>()
             };
@@ -188,13 +189,16 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
 
 fn run_all<T: CudaElement>(test: &str) {
     let Some(dev) = device_or_skip(test) else { return };
-    for moves in [Moves::InProcess, Moves::HostStaged] {
+    // Device to device in three rounds (slices of every piece), host-staged in one.
+    for (moves, rounds) in [(Moves::InProcess, 3), (Moves::HostStaged, 1)] {
+        let opts = ChunkOptions::with_rounds(rounds).expect("rounds");
         for dir in ["dilated", "features"] {
             let runs = common::chunk_sweep(dir, 9, &[1, 2, 4, 8], |world, layout| CudaChunkBackend::<T> {
                 dev: dev.clone(),
                 world,
                 layout,
                 moves,
+                opts,
                 dtype: PhantomData,
             });
             println!("{test}: {dir} {moves:?}: {runs} runs passed");

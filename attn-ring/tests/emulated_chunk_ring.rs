@@ -18,7 +18,7 @@ use attn_kernels::cuda::CudaElement;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::BlockGeometry;
 use attn_kernels::cuda::plan::out_scale;
-use attn_ring::chunk_ring::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, HostRows};
+use attn_ring::chunk_ring::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkUpstream, HostRows};
 use attn_ring::{RingProblem, ThreadComm};
 use common::{ChunkBackend, LseRows, Moves, chunk_sweep};
 use half::{bf16, f16};
@@ -165,18 +165,21 @@ impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
     fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Flat> {
         bytes_to_f32(shape, bytes)
     }
-    fn copy_rows(&self, rows: &HostRows<T>) -> Result<HostRows<T>> {
-        Ok(rows.clone())
+    fn slice_rows(&self, src: &HostRows<T>, rows: std::ops::Range<usize>) -> Result<HostRows<T>> {
+        src.slice_rows(rows)
     }
-    fn copy_acc(&self, acc: &Flat) -> Result<Flat> {
-        Ok(acc.clone())
+    fn zero_rows(&self, shape: Shape4) -> Result<HostRows<T>> {
+        Ok(HostRows::zeros(shape))
+    }
+    fn write_rows(&self, dst: &mut HostRows<T>, at: usize, src: &HostRows<T>) -> Result<()> {
+        dst.write_rows(at, src)
     }
     fn sync(&self) -> Result<()> {
         Ok(())
     }
 }
 
-fn sweep<T: CudaElement>(moves: Moves, worlds: &[usize]) {
+fn sweep<T: CudaElement>(moves: Moves, opts: ChunkOptions, worlds: &[usize]) {
     for dir in ["dilated", "features"] {
         let runs = chunk_sweep(dir, 9, worlds, |world, layout| ChunkBackend::<T, _, _> {
             label: "emulated cuda",
@@ -184,6 +187,7 @@ fn sweep<T: CudaElement>(moves: Moves, worlds: &[usize]) {
             layout,
             join: |p| ThreadComm::world_with_timeout(p, Duration::from_secs(120)),
             moves,
+            opts,
             compute: EmulatedChunks,
             dtype: PhantomData,
         });
@@ -193,11 +197,11 @@ fn sweep<T: CudaElement>(moves: Moves, worlds: &[usize]) {
 
 #[test]
 fn emulated_cuda_chunk_ring_bf16_worlds_2_to_4() {
-    sweep::<bf16>(Moves::InProcess, &[2, 3, 4]);
+    sweep::<bf16>(Moves::InProcess, ChunkOptions::with_rounds(3).unwrap(), &[2, 3, 4]);
 }
 
 #[test]
 fn emulated_cuda_chunk_ring_f32_f16_host_staged() {
-    sweep::<f32>(Moves::HostStaged, &[2]);
-    sweep::<f16>(Moves::HostStaged, &[2]);
+    sweep::<f32>(Moves::HostStaged, ChunkOptions::default(), &[2]);
+    sweep::<f16>(Moves::HostStaged, ChunkOptions::default(), &[2]);
 }

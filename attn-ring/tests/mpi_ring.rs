@@ -9,7 +9,9 @@ use std::process::ExitCode;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Shape4, TensorView, TensorViewMut};
-use attn_ring::chunk_ring::{CpuChunks, HostRows, HostTransport, chunk_backward, chunk_forward, rank_pieces};
+use attn_ring::chunk_ring::{
+    ChunkOptions, CpuChunks, HostRows, HostTransport, chunk_backward, chunk_forward, rank_pieces,
+};
 use attn_ring::comm::MpiComm;
 use attn_ring::{
     BackwardOutputs, Communicator, Layout, Strategy, local_rows, problem_for, ring_backward, ring_forward,
@@ -113,7 +115,9 @@ fn run_chunk_case(comm: &mut MpiComm, case: &GoldenCase, layout: Layout) -> Resu
     };
     let (q, k, v) = (pieces("q")?, pieces("k")?, pieces("v")?);
     let x = CpuChunks::default();
-    let f = chunk_forward(&mut HostTransport::new(comm), &x, &problem, [&q, &k, &v])?;
+    // One round under the contiguous layout, three (slices of a piece) under zigzag.
+    let opts = ChunkOptions::with_rounds(if layout == Layout::Zigzag { 3 } else { 1 })?;
+    let f = chunk_forward(&mut HostTransport::new(comm), &x, &problem, opts, [&q, &k, &v])?;
     let mut errs = vec![("out".to_string(), global_rel_l2(comm, &HostRows::join(&f.out), &want("out")?)?)];
     if let Some(w) = case.tensors.get("lse") {
         let wv =
@@ -124,7 +128,7 @@ fn run_chunk_case(comm: &mut MpiComm, case: &GoldenCase, layout: Layout) -> Resu
     }
     if case.tensors.contains_key("grad_out") {
         let go = pieces("grad_out")?;
-        let g = chunk_backward(&mut HostTransport::new(comm), &x, &problem, [&q, &k, &v], &go)?;
+        let g = chunk_backward(&mut HostTransport::new(comm), &x, &problem, opts, [&q, &k, &v], &go)?;
         for (name, got) in [("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)] {
             errs.push((name.into(), global_rel_l2(comm, &HostRows::join(got), &want(name)?)?));
         }

@@ -64,6 +64,44 @@ impl<T: Element> HostRows<T> {
         out
     }
 
+    /// Zeroed rows of `shape`.
+    pub fn zeros(shape: Shape4) -> Self {
+        HostRows { shape, data: vec![T::default(); shape.numel()] }
+    }
+
+    /// A copy of rows `rows` (every batch).
+    pub fn slice_rows(&self, rows: std::ops::Range<usize>) -> Result<Self> {
+        let s = self.shape;
+        if rows.end > s.seq || rows.start > rows.end {
+            return Err(AttnError::InvalidArgument(format!("rows {rows:?} of a piece with {} rows", s.seq)));
+        }
+        let shape = Shape4 { seq: rows.len(), ..s };
+        let row = self.stride();
+        let mut data = Vec::with_capacity(shape.numel());
+        for b in 0..s.batch {
+            let base = b * s.seq * row;
+            data.extend_from_slice(&self.data[base + rows.start * row..base + rows.end * row]);
+        }
+        Ok(HostRows { shape, data })
+    }
+
+    /// Overwrite rows `at..at + src rows` (every batch) with `src`.
+    pub fn write_rows(&mut self, at: usize, src: &Self) -> Result<()> {
+        let (s, o) = (self.shape, src.shape);
+        if (o.batch, o.heads, o.head_dim) != (s.batch, s.heads, s.head_dim) || at + o.seq > s.seq {
+            let got = o.dims().to_vec();
+            let expected = Shape4 { seq: s.seq.saturating_sub(at).min(o.seq), ..s }.dims().to_vec();
+            return Err(AttnError::ShapeMismatch { tensor: TensorName::Other("rows written"), expected, got });
+        }
+        let row = self.stride();
+        for b in 0..s.batch {
+            let dst = b * s.seq * row + at * row;
+            let src_rows = &src.data[b * o.seq * row..(b + 1) * o.seq * row];
+            self.data[dst..dst + src_rows.len()].copy_from_slice(src_rows);
+        }
+        Ok(())
+    }
+
     /// Element offset of row 0 of (batch, head).
     fn offset(&self, b: usize, h: usize) -> usize {
         (b * self.shape.seq * self.shape.heads + h) * self.shape.head_dim
@@ -335,12 +373,16 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
         Ok(HostAcc { shape, data })
     }
 
-    fn copy_rows(&self, rows: &HostRows<T>) -> Result<HostRows<T>> {
-        Ok(rows.clone())
+    fn slice_rows(&self, src: &HostRows<T>, rows: std::ops::Range<usize>) -> Result<HostRows<T>> {
+        src.slice_rows(rows)
     }
 
-    fn copy_acc(&self, acc: &HostAcc) -> Result<HostAcc> {
-        Ok(acc.clone())
+    fn zero_rows(&self, shape: Shape4) -> Result<HostRows<T>> {
+        Ok(HostRows::zeros(shape))
+    }
+
+    fn write_rows(&self, dst: &mut HostRows<T>, at: usize, src: &HostRows<T>) -> Result<()> {
+        dst.write_rows(at, src)
     }
 
     fn sync(&self) -> Result<()> {

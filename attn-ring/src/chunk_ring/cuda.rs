@@ -3,6 +3,7 @@
 //! [`DeviceMeter`]; the LSE merge is the forward kernels' own. Host bytes are made only
 //! where a host-staged transport asks for them.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use attn_core::error::TensorName;
@@ -86,6 +87,36 @@ impl CudaChunks {
             packing,
         }
     }
+}
+
+/// The shape of a contiguous tensor (the chunk ring's rows always are).
+fn contiguous<T>(t: &DeviceTensor<T>) -> Result<Shape4> {
+    if t.strides != t.shape.contiguous_strides() {
+        return Err(AttnError::InvalidArgument(format!("rows with strides {:?} are not contiguous", t.strides)));
+    }
+    Ok(t.shape)
+}
+
+/// Copy `n` rows of every batch from `(src, its rows, first row)` to `(dst, its rows,
+/// first row)`, device to device; `shape` gives batch and the row size.
+fn copy_row_runs<T: CudaElement>(
+    dev: &CudaDevice,
+    (src, src_seq, from): (&CudaSlice<T>, usize, usize),
+    (dst, dst_seq, to): (&mut CudaSlice<T>, usize, usize),
+    n: usize,
+    shape: Shape4,
+) -> Result<()> {
+    let row = shape.heads * shape.head_dim;
+    if n == 0 {
+        return Ok(());
+    }
+    for b in 0..shape.batch {
+        let s = (b * src_seq + from) * row;
+        let d = (b * dst_seq + to) * row;
+        let mut view = dst.slice_mut(d..d + n * row);
+        dev.stream().memcpy_dtod(&src.slice(s..s + n * row), &mut view).map_err(cuda_err)?;
+    }
+    Ok(())
 }
 
 impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
@@ -191,13 +222,27 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
         Ok(self.stats(self.dev.stream().clone_htod(&host).map_err(cuda_err)?, shape))
     }
 
-    fn copy_rows(&self, rows: &Rows<T>) -> Result<Rows<T>> {
-        let data = self.dev.stream().clone_dtod(&rows.data).map_err(cuda_err)?;
-        Ok(self.adopt(DeviceTensor { data, shape: rows.shape, strides: rows.strides }))
+    fn slice_rows(&self, src: &Rows<T>, rows: Range<usize>) -> Result<Rows<T>> {
+        let s = contiguous(src)?;
+        if rows.end > s.seq || rows.start > rows.end {
+            return Err(AttnError::InvalidArgument(format!("rows {rows:?} of a piece with {} rows", s.seq)));
+        }
+        let mut dst = DeviceTensor::<T>::zeros(&self.dev, Shape4 { seq: rows.len(), ..s })?;
+        copy_row_runs(&self.dev, (&src.data, s.seq, rows.start), (&mut dst.data, rows.len(), 0), rows.len(), s)?;
+        Ok(self.adopt(dst))
     }
 
-    fn copy_acc(&self, acc: &Stats) -> Result<Stats> {
-        Ok(self.stats(self.dev.stream().clone_dtod(&acc.data).map_err(cuda_err)?, acc.shape))
+    fn zero_rows(&self, shape: Shape4) -> Result<Rows<T>> {
+        Ok(self.adopt(DeviceTensor::<T>::zeros(&self.dev, shape)?))
+    }
+
+    fn write_rows(&self, dst: &mut Rows<T>, at: usize, src: &Rows<T>) -> Result<()> {
+        let (s, o) = (contiguous(dst)?, contiguous(src)?);
+        if (o.batch, o.heads, o.head_dim) != (s.batch, s.heads, s.head_dim) || at + o.seq > s.seq {
+            let (expected, got) = (Shape4 { seq: o.seq, ..s }.dims().to_vec(), o.dims().to_vec());
+            return Err(AttnError::ShapeMismatch { tensor: TensorName::Other("rows written"), expected, got });
+        }
+        copy_row_runs(&self.dev, (&src.data, o.seq, 0), (&mut dst.data, s.seq, at), o.seq, s)
     }
 
     fn sync(&self) -> Result<()> {

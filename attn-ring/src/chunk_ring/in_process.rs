@@ -1,12 +1,12 @@
-//! [`InProcessTransport`]: ranks as threads of one process passing a step's buffers to the
-//! next rank by channel, each buffer copied by the compute (a device-to-device copy for
-//! device buffers), so ranks sharing one GPU never stage rows through the host.
+//! [`InProcessTransport`]: ranks as threads of one process handing a step's buffers
+//! themselves to the next rank by channel (no copy; device buffers stay where they are),
+//! so ranks sharing one GPU never stage rows through the host.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 
 use attn_core::{AttnError, Element, Result};
 
-use super::transport::kind_of;
+use super::transport::check_travel;
 use super::{Arrived, ChunkCompute, ChunkTransport, Travel};
 use crate::comm::Communicator;
 use crate::plan::RingProblem;
@@ -66,23 +66,17 @@ where
         &mut self,
         compute: &X,
         _problem: &RingProblem,
-        travel: &Travel<'_, X::Rows, X::Acc>,
+        travel: Travel<X::Rows, X::Acc>,
     ) -> Result<Arrived<X::Rows, X::Acc>> {
         let (rank, world) = (self.comm.rank(), self.comm.world_size());
-        let kind = kind_of(travel, rank)?;
-        let copy_rows = |xs: &[X::Rows]| xs.iter().map(|x| compute.copy_rows(x)).collect::<Result<Vec<_>>>();
-        let copy_accs = |xs: &[X::Acc]| xs.iter().map(|x| compute.copy_acc(x)).collect::<Result<Vec<_>>>();
-        let out = Arrived {
-            k: copy_rows(travel.k)?,
-            v: copy_rows(travel.v)?,
-            dk: copy_accs(travel.dk)?,
-            dv: copy_accs(travel.dv)?,
-        };
+        check_travel(&travel, rank)?;
+        let Travel { kind, owner, step, k, v, dk, dv, arriving } = travel;
+        // The next rank reads the buffers on its own stream: what was queued on them here
+        // (the copy that made them, the blocks that read them) finishes first.
         compute.sync()?;
-        let what = (kind, travel.owner, travel.step);
         let next = (rank + 1) % world;
         self.to_next
-            .send((what, out))
+            .send(((kind.msg_kind(), owner, step), Arrived { k, v, dk, dv }))
             .map_err(|_| AttnError::Comm { rank, message: format!("rank {next} has left the ring") })?;
         let prev = (rank + world - 1) % world;
         let timeout = self.comm.timeout();
@@ -94,11 +88,23 @@ where
                 AttnError::Comm { rank, message: format!("rank {prev} has left the ring") }
             }
         })?;
-        let want = (kind, (travel.owner + world - 1) % world, travel.step);
+        let want = (kind.msg_kind(), (owner + world - 1) % world, step);
         if got != want {
             return Err(AttnError::Comm {
                 rank,
                 message: format!("unexpected buffers from rank {prev}: {got:?} (kind, owner, step), wanted {want:?}"),
+            });
+        }
+        let shapes: Vec<_> = arrived.k.iter().map(|x| compute.shape_of(x)).collect();
+        let rows_ok = !kind.has_rows() || shapes == arriving;
+        let grads_ok = !kind.has_grads() || arrived.dk.len() == arriving.len();
+        if !(rows_ok && grads_ok) {
+            return Err(AttnError::Comm {
+                rank,
+                message: format!(
+                    "rank {prev} sent k/v slices {shapes:?} and {} dk slices, wanted {arriving:?}",
+                    arrived.dk.len()
+                ),
             });
         }
         Ok(arrived)

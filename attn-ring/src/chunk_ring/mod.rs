@@ -1,16 +1,19 @@
-//! The chunk ring: each rank's whole k/v rows travel once around the ring and every
-//! block (a rank's queries against one owner's keys) is computed where its queries live.
-//! One protocol, generic over where blocks are computed ([`ChunkCompute`]: the CPU
-//! kernels ([`CpuChunks`]) or, with feature `cuda`, the CUDA kernels on device buffers)
-//! and how rows move ([`ChunkTransport`]: [`HostTransport`] stages them as bytes over any
-//! [`Communicator`]; [`InProcessTransport`] hands copies to the next rank's thread, device
-//! to device for device buffers).
+//! The chunk ring: each rank's k/v rows travel around the ring and every block (a rank's
+//! queries against the keys of one slice of another rank's rows) is computed where its
+//! queries live. One protocol, generic over where blocks are computed ([`ChunkCompute`]:
+//! the CPU kernels ([`CpuChunks`]) or, with feature `cuda`, the CUDA kernels on device
+//! buffers) and how rows move ([`ChunkTransport`]: [`HostTransport`] stages them as bytes
+//! over any [`Communicator`]; [`InProcessTransport`] hands the buffers themselves to the
+//! next rank's thread, device buffers staying on the device).
 //! The handshake, the completion rounds, timeouts and typed errors are the plan ring's,
 //! on the transport's control communicator.
 //!
 //! A rank's rows are pieces, one per contiguous range of global positions its layout gives
 //! it ([`rank_pieces`]: one under the contiguous layout, up to two under zigzag). Masks are
 //! functions of global positions, so a block is the kernels' block call on two ranges.
+//! The k/v rows travel in [`ChunkOptions::rounds`] rounds, each a full trip of the ring
+//! carrying one slice of every piece, so a rank holds one slice of other ranks' rows at a
+//! time instead of a whole chunk.
 //!
 //! [`Communicator`]: crate::Communicator
 
@@ -25,7 +28,7 @@ mod transport;
 
 use std::ops::Range;
 
-use attn_core::{Element, Result, Shape4};
+use attn_core::{AttnError, Element, Result, Shape4};
 
 use crate::plan::RingProblem;
 
@@ -35,11 +38,68 @@ pub use cuda::{CudaChunks, DeviceMasks, DeviceRowStats};
 pub use device_meter::{DeviceMeter, Metered};
 pub use in_process::InProcessTransport;
 pub use protocol::{ChunkForward, ChunkGradients, chunk_backward, chunk_forward};
-pub use transport::{Arrived, ChunkTransport, HostTransport, Travel};
+pub use transport::{Arrived, ChunkTransport, HostTransport, Travel, TravelKind};
 
 /// The global position ranges of `rank`'s pieces (empty ranges omitted).
 pub fn rank_pieces(problem: &RingProblem, rank: usize) -> Vec<Range<usize>> {
     problem.layout.ranges(problem.seq, problem.world, rank)
+}
+
+/// How the k/v rows travel: in `rounds` rounds (at least 1), round `s` carrying rows
+/// `len·s/rounds .. len·(s+1)/rounds` of every piece. More rounds hold less of other
+/// ranks' rows at once (one slice of `1/rounds` of a chunk) for more, smaller messages and
+/// blocks. A world of one rank has nothing to move and computes its blocks in one round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkOptions {
+    rounds: usize,
+}
+
+impl Default for ChunkOptions {
+    /// One round: each rank's whole chunk travels at once.
+    fn default() -> Self {
+        ChunkOptions { rounds: 1 }
+    }
+}
+
+impl ChunkOptions {
+    /// `rounds` rounds; 0 is [`AttnError::InvalidArgument`].
+    pub fn with_rounds(rounds: usize) -> Result<Self> {
+        if rounds == 0 {
+            return Err(AttnError::InvalidArgument("a chunk ring needs at least 1 round".into()));
+        }
+        Ok(ChunkOptions { rounds })
+    }
+
+    /// The number of rounds.
+    pub fn rounds(&self) -> usize {
+        self.rounds
+    }
+}
+
+/// The rows of one of a rank's pieces that travel in one round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RoundSlice {
+    /// Index of the piece among the rank's pieces.
+    pub piece: usize,
+    /// Rows within the piece.
+    pub rows: Range<usize>,
+    /// Global position of the slice's first row.
+    pub start: usize,
+    /// Whether the slice is the whole piece.
+    pub whole: bool,
+}
+
+/// The slices of `rank`'s pieces in round `round` of `rounds` (empty slices omitted).
+pub(crate) fn round_slices(problem: &RingProblem, rank: usize, round: usize, rounds: usize) -> Vec<RoundSlice> {
+    rank_pieces(problem, rank)
+        .into_iter()
+        .enumerate()
+        .filter_map(|(piece, r)| {
+            let n = r.len();
+            let rows = n * round / rounds..n * (round + 1) / rounds;
+            (!rows.is_empty()).then(|| RoundSlice { piece, start: r.start + rows.start, whole: rows.len() == n, rows })
+        })
+        .collect()
 }
 
 /// The shapes of `rank`'s pieces with `heads` heads.
@@ -129,10 +189,12 @@ pub trait ChunkCompute<T: Element> {
     fn acc_to_bytes(&self, acc: &Self::Acc, out: &mut Vec<u8>) -> Result<()>;
     /// An accumulator of `shape` from little-endian f32 values.
     fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Self::Acc>;
-    /// A copy of `rows` in this compute's memory (for in-process transports).
-    fn copy_rows(&self, rows: &Self::Rows) -> Result<Self::Rows>;
-    /// A copy of an accumulator.
-    fn copy_acc(&self, acc: &Self::Acc) -> Result<Self::Acc>;
+    /// A copy of rows `rows` (within the sequence axis, every batch) of `src`.
+    fn slice_rows(&self, src: &Self::Rows, rows: Range<usize>) -> Result<Self::Rows>;
+    /// Zeroed rows of `shape`.
+    fn zero_rows(&self, shape: Shape4) -> Result<Self::Rows>;
+    /// Overwrite rows `at..at + src rows` of `dst` (every batch) with `src`.
+    fn write_rows(&self, dst: &mut Self::Rows, at: usize, src: &Self::Rows) -> Result<()>;
     /// Wait until every copy and block queued so far has finished (a no-op where calls are
     /// synchronous).
     fn sync(&self) -> Result<()>;

@@ -1,12 +1,15 @@
-//! The chunk ring's calls: local checks and the handshake, `world` steps in which each
-//! rank computes its queries against the k/v pieces it holds and shifts them on, the
-//! backward's dk/dv travelling with their k/v and then home, and the completion rounds.
+//! The chunk ring's calls: local checks and the handshake; per round, `world` steps in
+//! which each rank computes its queries against the k/v slices it holds and hands them on
+//! (the backward's dk/dv travelling with their k/v, then home); the completion rounds.
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, Element, Result};
+use attn_core::{AttnError, Element, Result, Shape4};
 
 use super::reach::may_attend;
-use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkTransport, ChunkUpstream, Travel, piece_shapes, rank_pieces};
+use super::{
+    ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkTransport, ChunkUpstream, RoundSlice, Travel, TravelKind,
+    piece_shapes, rank_pieces, round_slices,
+};
 use crate::comm::{CommStats, Communicator};
 use crate::plan::{Plan, RingProblem};
 use crate::protocol::call::{RingStats, finish};
@@ -85,29 +88,43 @@ fn reaches<T: Element, X: ChunkCompute<T>>(
     may_attend(problem, &(q_start..q_start + qn), &(k_start..k_start + kn))
 }
 
-/// The k/v pieces received at the last shift (`None`: the rank's own).
-type Held<R> = Option<(Vec<R>, Vec<R>)>;
-
-/// The k/v pieces a step computes with: those received at the last shift, or the rank's own.
-fn held_or_own<'a, R>(held: &'a Held<R>, k: &'a [R], v: &'a [R]) -> (&'a [R], &'a [R]) {
-    match held {
-        Some((hk, hv)) => (hk, hv),
-        None => (k, v),
-    }
-}
-
 fn starts(problem: &RingProblem, rank: usize) -> Vec<usize> {
     rank_pieces(problem, rank).into_iter().map(|r| r.start).collect()
 }
 
+/// The rounds a call runs: a single rank moves nothing.
+fn rounds_of(problem: &RingProblem, opts: ChunkOptions) -> usize {
+    if problem.world == 1 { 1 } else { opts.rounds() }
+}
+
+fn shapes_of(problem: &RingProblem, slices: &[RoundSlice]) -> Result<Vec<Shape4>> {
+    slices.iter().map(|s| Shape4::new(problem.batch, s.rows.len(), problem.kv_heads, problem.head_dim)).collect()
+}
+
+/// A round's k and v slices.
+type KvSlices<R> = (Vec<R>, Vec<R>);
+
+/// Copies of the round's slices of the rank's own k and v.
+fn own_slices<T: Element, X: ChunkCompute<T>>(
+    compute: &X,
+    slices: &[RoundSlice],
+    [k, v]: [&[X::Rows]; 2],
+) -> Result<KvSlices<X::Rows>> {
+    let copy = |xs: &[X::Rows]| {
+        slices.iter().map(|s| compute.slice_rows(&xs[s.piece], s.rows.clone())).collect::<Result<Vec<_>>>()
+    };
+    Ok((copy(k)?, copy(v)?))
+}
+
 /// Forward of the chunk ring on this rank: `q`, `k`, `v` are its pieces ([`rank_pieces`]
 /// order, `[batch, rows, heads or kv_heads, head_dim]`). Every rank calls it with the same
-/// problem; a disagreement, bad shape, dead or stalled peer or corrupted message is an
-/// error on every rank.
+/// problem and options; a disagreement, bad shape, dead or stalled peer or corrupted
+/// message is an error on every rank.
 pub fn chunk_forward<T, X, Tr>(
     transport: &mut Tr,
     compute: &X,
     problem: &RingProblem,
+    opts: ChunkOptions,
     [q, k, v]: [&[X::Rows]; 3],
 ) -> Result<ChunkForward<X::Rows, X::RowStats>>
 where
@@ -119,20 +136,23 @@ where
     let (h, kvh) = (problem.heads, problem.kv_heads);
     let tensors = [(TensorName::Query, q, h), (TensorName::Key, k, kvh), (TensorName::Value, v, kvh)];
     let err = check_pieces(compute, problem, rank, &tensors);
-    let start = open_call::<T, _>(transport.control(), "chunk-forward", problem, err)?;
+    let op = format!("chunk-forward rounds={}", opts.rounds());
+    let start = open_call::<T, _>(transport.control(), &op, problem, err)?;
     let masks = compute.masks(problem)?;
-    let partials = forward_pass(transport, compute, problem, &masks, [q, k, v])?;
+    let partials = forward_pass(transport, compute, problem, opts, &masks, [q, k, v])?;
     let stats = finish(transport.control(), start)?;
     let (out, lse) =
         partials.iter().map(|p| compute.finish_forward(problem, p)).collect::<Result<Vec<_>>>()?.into_iter().unzip();
     Ok(ChunkForward { out, lse, stats })
 }
 
-/// `world` steps: the blocks of the k/v pieces held (own first), then shift them on.
+/// Every round: `world` steps, each the blocks of the k/v slices held (the rank's own
+/// first), then a shift of them to the next rank (none after the last step).
 fn forward_pass<T, X, Tr>(
     transport: &mut Tr,
     compute: &X,
     problem: &RingProblem,
+    opts: ChunkOptions,
     masks: &X::Masks,
     [q, k, v]: [&[X::Rows]; 3],
 ) -> Result<Vec<X::Partial>>
@@ -144,13 +164,9 @@ where
     let (r, p) = (transport.control().rank(), problem.world);
     let q_starts = starts(problem, r);
     let mut partials = q.iter().map(|t| compute.empty_partial(compute.shape_of(t))).collect::<Result<Vec<_>>>()?;
-    let mut held: Held<X::Rows> = None;
-    for t in 0..p {
-        let owner = (r + p - t) % p;
-        let (ks, vs) = held_or_own(&held, k, v);
-        let k_starts = starts(problem, owner);
+    let mut attend = |ks: &[X::Rows], vs: &[X::Rows], k_starts: &[usize]| -> Result<()> {
         for (partial, (qt, &q_start)) in partials.iter_mut().zip(q.iter().zip(&q_starts)) {
-            for ((kt, vt), &k_start) in ks.iter().zip(vs).zip(&k_starts) {
+            for ((kt, vt), &k_start) in ks.iter().zip(vs).zip(k_starts) {
                 if !reaches(compute, problem, (qt, q_start), (kt, k_start)) {
                     continue;
                 }
@@ -158,22 +174,41 @@ where
                 compute.forward_block(&blk, partial)?;
             }
         }
-        if t + 1 < p {
-            let travel = Travel { owner, step: t + 1, k: ks, v: vs, dk: &[], dv: &[] };
-            let a = transport.shift(compute, problem, &travel)?;
-            held = Some((a.k, a.v));
+        Ok(())
+    };
+    if p == 1 {
+        attend(k, v, &starts(problem, r))?;
+        return Ok(partials);
+    }
+    let rounds = rounds_of(problem, opts);
+    for round in 0..rounds {
+        let mut slices = round_slices(problem, r, round, rounds);
+        let (mut ks, mut vs) = own_slices(compute, &slices, [k, v])?;
+        for t in 0..p {
+            let owner = (r + p - t) % p;
+            attend(&ks, &vs, &slices.iter().map(|s| s.start).collect::<Vec<_>>())?;
+            if t + 1 < p {
+                let next = round_slices(problem, (owner + p - 1) % p, round, rounds);
+                let arriving = shapes_of(problem, &next)?;
+                let (dk, dv) = (Vec::new(), Vec::new());
+                let step = round * p + t + 1;
+                let travel = Travel { kind: TravelKind::Kv, owner, step, k: ks, v: vs, dk, dv, arriving };
+                let a = transport.shift(compute, problem, travel)?;
+                (ks, vs, slices) = (a.k, a.v, next);
+            }
         }
     }
     Ok(partials)
 }
 
 /// Exact backward of the chunk ring on this rank: the forward recomputed for the final lse
-/// and `delta`, then `world` steps in which k/v pieces travel with their dk/dv, which
-/// a last shift brings home. Inputs as [`chunk_forward`], `grad_out` like `q`.
+/// and `delta`, then per round `world` steps in which k/v slices travel with their dk/dv,
+/// which a last shift brings home. Inputs as [`chunk_forward`], `grad_out` like `q`.
 pub fn chunk_backward<T, X, Tr>(
     transport: &mut Tr,
     compute: &X,
     problem: &RingProblem,
+    opts: ChunkOptions,
     [q, k, v]: [&[X::Rows]; 3],
     grad_out: &[X::Rows],
 ) -> Result<ChunkGradients<X::Rows>>
@@ -191,9 +226,10 @@ where
         (TensorName::GradOutput, grad_out, h),
     ];
     let err = check_pieces(compute, problem, rank, &tensors);
-    let start = open_call::<T, _>(transport.control(), "chunk-backward", problem, err)?;
+    let op = format!("chunk-backward rounds={}", opts.rounds());
+    let start = open_call::<T, _>(transport.control(), &op, problem, err)?;
     let masks = compute.masks(problem)?;
-    let partials = forward_pass(transport, compute, problem, &masks, [q, k, v])?;
+    let partials = forward_pass(transport, compute, problem, opts, &masks, [q, k, v])?;
     let (mut lse, mut delta) = (Vec::new(), Vec::new());
     for (partial, go) in partials.iter().zip(grad_out) {
         let (out, l) = compute.finish_forward(problem, partial)?;
@@ -204,36 +240,94 @@ where
 
     let (r, p) = (rank, problem.world);
     let q_starts = starts(problem, r);
-    let zeros = |xs: &[X::Rows]| xs.iter().map(|x| compute.zero_acc(compute.shape_of(x))).collect::<Result<Vec<_>>>();
-    let (mut dq, mut dk, mut dv) = (zeros(q)?, zeros(k)?, zeros(k)?);
-    let mut held: Held<X::Rows> = None;
-    for t in 0..p {
-        let owner = (r + p - t) % p;
-        let (ks, vs) = held_or_own(&held, k, v);
-        let k_starts = starts(problem, owner);
+    let mut dq = q.iter().map(|x| compute.zero_acc(compute.shape_of(x))).collect::<Result<Vec<_>>>()?;
+    let ups: Vec<_> = grad_out
+        .iter()
+        .zip(lse.iter().zip(&delta))
+        .map(|(grad_out, (lse, delta))| ChunkUpstream { grad_out, lse, delta })
+        .collect();
+    let mut attend = |ks: &[X::Rows], vs: &[X::Rows], k_starts: &[usize], dks: &mut [X::Acc], dvs: &mut [X::Acc]| {
         for (qi, (qt, &q_start)) in q.iter().zip(&q_starts).enumerate() {
-            let up = ChunkUpstream { grad_out: &grad_out[qi], lse: &lse[qi], delta: &delta[qi] };
-            for (j, ((kt, vt), &k_start)) in ks.iter().zip(vs).zip(&k_starts).enumerate() {
+            for (j, ((kt, vt), &k_start)) in ks.iter().zip(vs).zip(k_starts).enumerate() {
                 if !reaches(compute, problem, (qt, q_start), (kt, k_start)) {
                     continue;
                 }
                 let blk = ChunkBlock { problem, masks: &masks, q: qt, q_start, k: kt, v: vt, k_start };
-                let grads = ChunkGrads { dq: &mut dq[qi], dk: &mut dk[j], dv: &mut dv[j] };
-                compute.backward_block(&blk, &up, grads)?;
+                let grads = ChunkGrads { dq: &mut dq[qi], dk: &mut dks[j], dv: &mut dvs[j] };
+                compute.backward_block(&blk, &ups[qi], grads)?;
             }
         }
-        if p > 1 {
+        Ok::<_, AttnError>(())
+    };
+    // The rank's dk/dv per piece, in `T`, filled slice by slice as they come home.
+    let mut dk_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
+    let mut dv_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
+    let rounds = rounds_of(problem, opts);
+    for round in 0..rounds {
+        let own = round_slices(problem, r, round, rounds);
+        let mut slices = own.clone();
+        let (mut ks, mut vs) = if p == 1 { (Vec::new(), Vec::new()) } else { own_slices(compute, &own, [k, v])? };
+        let zeros = |s: &[RoundSlice]| {
+            shapes_of(problem, s)?.into_iter().map(|x| compute.zero_acc(x)).collect::<Result<Vec<_>>>()
+        };
+        let (mut dks, mut dvs) = (zeros(&own)?, zeros(&own)?);
+        for t in 0..p {
+            let owner = (r + p - t) % p;
+            let k_starts: Vec<_> = slices.iter().map(|s| s.start).collect();
+            if p == 1 {
+                attend(k, v, &k_starts, &mut dks, &mut dvs)?;
+                break;
+            }
+            attend(&ks, &vs, &k_starts, &mut dks, &mut dvs)?;
             // The last shift carries only the gradients, home to their owner.
             let last = t + 1 == p;
-            let (tk, tv) = if last { (&[][..], &[][..]) } else { (ks, vs) };
-            let travel = Travel { owner, step: t + 1, k: tk, v: tv, dk: &dk, dv: &dv };
-            let a = transport.shift(compute, problem, &travel)?;
-            (dk, dv) = (a.dk, a.dv);
-            held = Some((a.k, a.v));
+            let (kind, next) = if last {
+                (TravelKind::GradHome, own.clone())
+            } else {
+                (TravelKind::KvGrad, round_slices(problem, (owner + p - 1) % p, round, rounds))
+            };
+            let (tk, tv) = if last { (Vec::new(), Vec::new()) } else { (ks, vs) };
+            let arriving = shapes_of(problem, &next)?;
+            let step = round * p + t + 1;
+            let travel = Travel { kind, owner, step, k: tk, v: tv, dk: dks, dv: dvs, arriving };
+            let a = transport.shift(compute, problem, travel)?;
+            (ks, vs, dks, dvs, slices) = (a.k, a.v, a.dk, a.dv, next);
+        }
+        for (s, (dk, dv)) in own.iter().zip(dks.iter().zip(&dvs)) {
+            store_home(compute, problem, r, s, dk, &mut dk_home)?;
+            store_home(compute, problem, r, s, dv, &mut dv_home)?;
         }
     }
-    drop(held);
     let stats = finish(transport.control(), start)?;
     let store = |xs: &[X::Acc]| xs.iter().map(|a| compute.store_acc(a)).collect::<Result<Vec<_>>>();
-    Ok(ChunkGradients { dq: store(&dq)?, dk: store(&dk)?, dv: store(&dv)?, stats })
+    let home = |xs: Vec<Option<X::Rows>>| {
+        xs.into_iter()
+            .map(|x| x.ok_or_else(|| AttnError::InvalidArgument("a k/v piece whose gradient never came home".into())))
+            .collect::<Result<Vec<_>>>()
+    };
+    Ok(ChunkGradients { dq: store(&dq)?, dk: home(dk_home)?, dv: home(dv_home)?, stats })
+}
+
+/// Store a slice's finished gradient (in `T`) into its piece's rows.
+fn store_home<T: Element, X: ChunkCompute<T>>(
+    compute: &X,
+    problem: &RingProblem,
+    rank: usize,
+    slice: &RoundSlice,
+    acc: &X::Acc,
+    home: &mut [Option<X::Rows>],
+) -> Result<()> {
+    let rows = compute.store_acc(acc)?;
+    if slice.whole {
+        home[slice.piece] = Some(rows);
+        return Ok(());
+    }
+    let dst = match &mut home[slice.piece] {
+        Some(d) => d,
+        empty => {
+            let shape = piece_shapes(problem, rank, problem.kv_heads)?[slice.piece];
+            empty.insert(compute.zero_rows(shape)?)
+        }
+    };
+    compute.write_rows(dst, slice.rows.start, &rows)
 }

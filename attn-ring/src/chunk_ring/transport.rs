@@ -4,21 +4,57 @@
 
 use attn_core::{AttnError, Element, Result, Shape4};
 
-use super::{ChunkCompute, piece_shapes};
+use super::ChunkCompute;
 use crate::comm::Communicator;
 use crate::plan::RingProblem;
 use crate::protocol::wire::{Expected, MsgKind, Reader, begin};
 
-/// What a rank sends at one step: the pieces of `owner`'s k/v rows and/or their dk/dv
-/// accumulators (empty slices: not sent). `step` counts from 1 within a pass.
+/// What a step's message carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TravelKind {
+    /// k/v rows.
+    Kv,
+    /// k/v rows with their dk/dv accumulators.
+    KvGrad,
+    /// dk/dv accumulators going home to their owner.
+    GradHome,
+}
+
+impl TravelKind {
+    pub(crate) fn msg_kind(self) -> MsgKind {
+        match self {
+            TravelKind::Kv => MsgKind::ChunkKv,
+            TravelKind::KvGrad => MsgKind::ChunkKvGrad,
+            TravelKind::GradHome => MsgKind::ChunkGradHome,
+        }
+    }
+
+    /// Whether the message carries k/v rows.
+    pub fn has_rows(self) -> bool {
+        self != TravelKind::GradHome
+    }
+
+    /// Whether the message carries dk/dv accumulators.
+    pub fn has_grads(self) -> bool {
+        self != TravelKind::Kv
+    }
+}
+
+/// What a rank sends at one step, handed over to the transport: slices of `owner`'s k/v
+/// rows and/or their dk/dv accumulators, as `kind` says (a round can hold no rows of a
+/// rank: every vector empty). `step` counts from 1 within a pass. `arriving` are the
+/// shapes of the slices the previous rank sends at the same step (for its k/v and dk/dv
+/// alike).
 #[derive(Debug)]
-pub struct Travel<'a, R, A> {
+pub struct Travel<R, A> {
+    pub kind: TravelKind,
     pub owner: usize,
     pub step: usize,
-    pub k: &'a [R],
-    pub v: &'a [R],
-    pub dk: &'a [A],
-    pub dv: &'a [A],
+    pub k: Vec<R>,
+    pub v: Vec<R>,
+    pub dk: Vec<A>,
+    pub dv: Vec<A>,
+    pub arriving: Vec<Shape4>,
 }
 
 /// What arrives from the previous rank at the same step: its travel (owner one rank back).
@@ -28,6 +64,24 @@ pub struct Arrived<R, A> {
     pub v: Vec<R>,
     pub dk: Vec<A>,
     pub dv: Vec<A>,
+}
+
+/// A travel's vectors against its kind: rows iff the kind has rows, as many k as v, dk as dv.
+pub(crate) fn check_travel<R, A>(t: &Travel<R, A>, rank: usize) -> Result<()> {
+    let rows_ok = t.k.len() == t.v.len() && (t.kind.has_rows() || t.k.is_empty());
+    let grads_ok = t.dk.len() == t.dv.len() && (t.kind.has_grads() || t.dk.is_empty());
+    if rows_ok && grads_ok {
+        return Ok(());
+    }
+    let message = format!(
+        "a {:?} travel with {} k, {} v, {} dk and {} dv slices",
+        t.kind,
+        t.k.len(),
+        t.v.len(),
+        t.dk.len(),
+        t.dv.len()
+    );
+    Err(AttnError::Comm { rank, message })
 }
 
 /// How a chunk ring moves a step's buffers: every rank sends its travel to the next rank
@@ -42,7 +96,7 @@ pub trait ChunkTransport<T: Element, X: ChunkCompute<T>> {
         &mut self,
         compute: &X,
         problem: &RingProblem,
-        travel: &Travel<'_, X::Rows, X::Acc>,
+        travel: Travel<X::Rows, X::Acc>,
     ) -> Result<Arrived<X::Rows, X::Acc>>;
 }
 
@@ -59,16 +113,6 @@ impl<'c, C: Communicator + ?Sized> HostTransport<'c, C> {
     }
 }
 
-/// The message kind of a travel: k/v alone, k/v with their gradients, or gradients going home.
-pub(crate) fn kind_of<R, A>(t: &Travel<'_, R, A>, rank: usize) -> Result<MsgKind> {
-    match (t.k.is_empty(), t.dk.is_empty()) {
-        (false, true) => Ok(MsgKind::ChunkKv),
-        (false, false) => Ok(MsgKind::ChunkKvGrad),
-        (true, false) => Ok(MsgKind::ChunkGradHome),
-        (true, true) => Err(AttnError::Comm { rank, message: "a chunk ring step with nothing to send".into() }),
-    }
-}
-
 impl<T: Element, X: ChunkCompute<T>, C: Communicator + ?Sized> ChunkTransport<T, X> for HostTransport<'_, C> {
     type Control = C;
 
@@ -79,34 +123,38 @@ impl<T: Element, X: ChunkCompute<T>, C: Communicator + ?Sized> ChunkTransport<T,
     fn shift(
         &mut self,
         compute: &X,
-        problem: &RingProblem,
-        travel: &Travel<'_, X::Rows, X::Acc>,
+        _problem: &RingProblem,
+        travel: Travel<X::Rows, X::Acc>,
     ) -> Result<Arrived<X::Rows, X::Acc>> {
         let (rank, world) = (self.comm.rank(), self.comm.world_size());
-        let kind = kind_of(travel, rank)?;
+        check_travel(&travel, rank)?;
+        let kind = travel.kind.msg_kind();
         let mut msg = begin(kind, travel.owner, travel.step, 0);
-        for r in travel.k.iter().chain(travel.v) {
+        for r in travel.k.iter().chain(&travel.v) {
             compute.rows_to_bytes(r, &mut msg)?;
         }
-        for a in travel.dk.iter().chain(travel.dv) {
+        for a in travel.dk.iter().chain(&travel.dv) {
             compute.acc_to_bytes(a, &mut msg)?;
         }
+        drop(travel.k);
+        drop(travel.v);
+        drop(travel.dk);
+        drop(travel.dv);
         let (next, prev) = (self.comm.next(), self.comm.prev());
         let got = self.comm.sendrecv(next, msg, prev)?;
         let owner = (travel.owner + world - 1) % world;
         let mut rd = Reader::open(&got, Expected { kind, owner, step: travel.step, rank })?;
-        let shapes = piece_shapes(problem, owner, problem.kv_heads)?;
         let mut arrived = Arrived { k: Vec::new(), v: Vec::new(), dk: Vec::new(), dv: Vec::new() };
         let size = T::DTYPE.size();
         let rows = |rd: &mut Reader<'_>, s: &Shape4| compute.rows_from_bytes(*s, rd.bytes(s.numel() * size)?);
         let accs = |rd: &mut Reader<'_>, s: &Shape4| compute.acc_from_bytes(*s, rd.bytes(s.numel() * 4)?);
-        if !travel.k.is_empty() {
-            arrived.k = shapes.iter().map(|s| rows(&mut rd, s)).collect::<Result<_>>()?;
-            arrived.v = shapes.iter().map(|s| rows(&mut rd, s)).collect::<Result<_>>()?;
+        if travel.kind.has_rows() {
+            arrived.k = travel.arriving.iter().map(|s| rows(&mut rd, s)).collect::<Result<_>>()?;
+            arrived.v = travel.arriving.iter().map(|s| rows(&mut rd, s)).collect::<Result<_>>()?;
         }
-        if !travel.dk.is_empty() {
-            arrived.dk = shapes.iter().map(|s| accs(&mut rd, s)).collect::<Result<_>>()?;
-            arrived.dv = shapes.iter().map(|s| accs(&mut rd, s)).collect::<Result<_>>()?;
+        if travel.kind.has_grads() {
+            arrived.dk = travel.arriving.iter().map(|s| accs(&mut rd, s)).collect::<Result<_>>()?;
+            arrived.dv = travel.arriving.iter().map(|s| accs(&mut rd, s)).collect::<Result<_>>()?;
         }
         rd.finish()?;
         Ok(arrived)

@@ -9,8 +9,8 @@ use std::time::Duration;
 use attn_core::error::TensorName;
 use attn_core::{AttnShape, DilatedConfig, Result, TensorView};
 use attn_ring::chunk_ring::{
-    ChunkCompute, ChunkTransport, CpuChunks, HostRowStats, HostRows, HostTransport, InProcessTransport, chunk_backward,
-    chunk_forward, rank_pieces,
+    ChunkCompute, ChunkOptions, ChunkTransport, CpuChunks, HostRowStats, HostRows, HostTransport, InProcessTransport,
+    chunk_backward, chunk_forward, rank_pieces,
 };
 use attn_ring::comm::DEFAULT_TIMEOUT;
 use attn_ring::{
@@ -161,6 +161,8 @@ pub struct ChunkBackend<T, F, X = CpuChunks> {
     pub layout: Layout,
     pub join: F,
     pub moves: Moves,
+    /// How many rounds the k/v rows travel in.
+    pub opts: ChunkOptions,
     pub compute: X,
     pub dtype: std::marker::PhantomData<T>,
 }
@@ -277,7 +279,8 @@ where
 {
     fn name(&self) -> String {
         let (p, layout, dt) = (self.world, self.layout.as_str(), T::DTYPE.as_str());
-        format!("{} chunk ring(p={p}, {layout}, {dt}, {:?})", self.label, self.moves)
+        let rounds = self.opts.rounds();
+        format!("{} chunk ring(p={p}, {layout}, {dt}, {:?}, rounds {rounds})", self.label, self.moves)
     }
 
     fn dtype(&self) -> attn_core::DType {
@@ -287,10 +290,10 @@ where
     fn forward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3]) -> Result<Forward32> {
         let (sq, skv) = (p.shape.q, p.shape.kv);
         let lse = std::sync::Mutex::new(vec![0.0f32; sq.lse_len()]);
-        let compute = &self.compute;
+        let (compute, opts) = (&self.compute, self.opts);
         let [out] = self.run(p, &[(q, sq), (k, skv), (v, skv)], [sq.heads], &|t, problem, pieces| {
             let rank = t.control().rank();
-            let r = chunk_forward(t, compute, problem, [&pieces[0], &pieces[1], &pieces[2]])?;
+            let r = chunk_forward(t, compute, problem, opts, [&pieces[0], &pieces[1], &pieces[2]])?;
             let mut all = lse.lock().expect("lse");
             for (stats, range) in r.lse.iter().zip(rank_pieces(problem, rank)) {
                 let flat = stats.to_bsh();
@@ -309,10 +312,10 @@ where
     fn backward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
         let (sq, skv) = (p.shape.q, p.shape.kv);
         let inputs = [(q, sq), (k, skv), (v, skv), (grad_out, sq)];
-        let compute = &self.compute;
+        let (compute, opts) = (&self.compute, self.opts);
         let [dq, dk, dv] = self.run(p, &inputs, [sq.heads, skv.heads, skv.heads], &|t, problem, pieces| {
             let qkv = [&pieces[0][..], &pieces[1][..], &pieces[2][..]];
-            let g = chunk_backward(t, compute, problem, qkv, &pieces[3])?;
+            let g = chunk_backward(t, compute, problem, opts, qkv, &pieces[3])?;
             Ok([g.dq, g.dk, g.dv])
         })?;
         Ok(Gradients32 { dq, dk, dv })
