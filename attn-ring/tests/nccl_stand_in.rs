@@ -12,6 +12,9 @@
 #![cfg(all(feature = "nccl", target_os = "linux"))]
 
 mod common;
+#[cfg(feature = "cuda")]
+#[path = "stand_in_gpu/device_ring.rs"]
+mod device_ring;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -289,4 +292,6 @@ fn stand_in_child() {
     an_error_nccl_reports_aborts_the_communicator();
     every_fault_on_every_frame_is_an_error_or_the_right_answer();
     golden_files_pass();
+    #[cfg(feature = "cuda")]
+    device_ring::device_transport_matches_host_staging();
 }

@@ -4,7 +4,8 @@
 //! the CPU kernels ([`CpuChunks`]) or, with feature `cuda`, the CUDA kernels on device
 //! buffers) and how rows move ([`ChunkTransport`]: [`HostTransport`] stages them as bytes
 //! over any [`Communicator`]; [`InProcessTransport`] hands the buffers themselves to the
-//! next rank's thread, device buffers staying on the device).
+//! next rank's thread, device buffers staying on the device; with features `nccl` and
+//! `cuda`, `NcclDeviceTransport` sends device buffers by NCCL without host staging).
 //! The handshake, the completion rounds, timeouts and typed errors are the plan ring's,
 //! on the transport's control communicator.
 //!
@@ -22,6 +23,8 @@ mod cpu;
 mod cuda;
 mod device_meter;
 mod in_process;
+#[cfg(all(feature = "nccl", feature = "cuda"))]
+mod nccl_device;
 mod protocol;
 mod reach;
 mod transport;
@@ -37,6 +40,8 @@ pub use cpu::{CpuChunks, HostAcc, HostPartial, HostRowStats, HostRows};
 pub use cuda::{CudaChunks, DeviceMasks, DeviceRowStats};
 pub use device_meter::{DeviceMeter, Metered};
 pub use in_process::InProcessTransport;
+#[cfg(all(feature = "nccl", feature = "cuda"))]
+pub use nccl_device::{DeviceBuffers, NcclDeviceTransport};
 pub use protocol::{ChunkForward, ChunkGradients, chunk_backward, chunk_forward};
 pub use transport::{Arrived, ChunkTransport, HostTransport, Travel, TravelKind};
 

@@ -20,7 +20,7 @@ pub mod mpi_comm;
 pub mod nccl_comm;
 pub mod nccl_emu;
 #[cfg(feature = "nccl")]
-mod nccl_handle;
+pub(crate) mod nccl_handle;
 mod nccl_progress;
 pub mod thread_comm;
 

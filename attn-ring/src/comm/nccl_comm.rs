@@ -242,7 +242,10 @@ mod imp {
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|e| nccl_err(r, "alloc", e))?;
             let first_peer = recvs.first().map(|x| x.0).or(sends.first().map(|x| x.0)).unwrap_or(r);
-            self.handle.round(s, &dev_out, &mut dev_in, first_peer, self.timeout)?;
+            let out_views: Vec<_> = dev_out.iter().map(|(p, d)| (*p, d.as_view())).collect();
+            let mut in_views: Vec<_> = dev_in.iter_mut().map(|(p, d)| (*p, d.as_view_mut())).collect();
+            self.handle.round(s, &out_views, &mut in_views, first_peer, self.timeout)?;
+            drop((out_views, in_views));
             let received = dev_in
                 .iter()
                 .zip(recvs)

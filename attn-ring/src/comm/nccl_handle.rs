@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use attn_core::{AttnError, Result};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+#[cfg(feature = "cuda")]
+use cudarc::driver::{CudaSlice, DeviceRepr};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use cudarc::nccl::result::{self as nccl, NcclError, NcclStatus};
 use cudarc::nccl::sys;
 
@@ -79,6 +81,24 @@ pub(crate) fn describe(e: &NcclError) -> String {
     format!("{:?}", e.0)
 }
 
+#[cfg(feature = "cuda")]
+/// The bytes of a device buffer, for a round (every bit pattern is a valid `u8`).
+pub(crate) fn bytes_of<T: DeviceRepr>(buf: &CudaSlice<T>) -> Option<CudaView<'_, u8>> {
+    let n = buf.num_bytes();
+    // SAFETY: the view covers exactly the buffer's bytes and `u8` has no invalid values
+    // and alignment 1 (`transmute` returns `None` only for a longer view).
+    unsafe { buf.transmute::<u8>(n) }
+}
+
+#[cfg(feature = "cuda")]
+/// The bytes of a device buffer to receive into.
+pub(crate) fn bytes_of_mut<T: DeviceRepr>(buf: &mut CudaSlice<T>) -> Option<CudaViewMut<'_, u8>> {
+    let n = buf.num_bytes();
+    // SAFETY: as in `bytes_of`; any bytes written make valid `T` values only for the
+    // plain numeric `T` the chunk ring sends (f32, f16, bf16).
+    unsafe { buf.transmute_mut::<u8>(n) }
+}
+
 fn to_c_int(rank: usize, what: &str, n: usize) -> Result<c_int> {
     c_int::try_from(n)
         .map_err(|_| AttnError::Comm { rank, message: format!("NCCL {what} {n} exceeds the C int range") })
@@ -130,8 +150,8 @@ impl NcclHandle {
     pub(crate) fn round(
         &mut self,
         stream: &Arc<CudaStream>,
-        sends: &[(usize, CudaSlice<u8>)],
-        recvs: &mut [(usize, CudaSlice<u8>)],
+        sends: &[(usize, CudaView<'_, u8>)],
+        recvs: &mut [(usize, CudaViewMut<'_, u8>)],
         peer: usize,
         timeout: Duration,
     ) -> Result<()> {
@@ -146,9 +166,9 @@ impl NcclHandle {
         }
         for ((_, buf), &to) in sends.iter().zip(&to) {
             let (ptr, _sync) = buf.device_ptr(stream);
-            // SAFETY: `ptr` addresses `buf.len()` live device bytes that `buf` keeps
-            // allocated until this round's event has completed or the communicator is
-            // aborted (the caller owns `buf` past `round`); `comm` is live.
+            // SAFETY: `ptr` addresses `buf.len()` live device bytes that the buffer behind
+            // the view keeps allocated until this round's event has completed or the
+            // communicator is aborted (the caller borrows it past `round`); `comm` is live.
             let posted = unsafe {
                 nccl::send(ptr as *const c_void, buf.len(), sys::ncclDataType_t::ncclUint8, to, self.comm, cu_stream)
             };
