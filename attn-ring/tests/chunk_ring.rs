@@ -13,7 +13,7 @@ use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Shape4, TensorView};
 use attn_ring::chunk_ring::{
     ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkTransport, ChunkUpstream, CpuChunks, HostAcc, HostPartial,
-    HostRowStats, HostRows, HostTransport, InProcessTransport, chunk_backward, chunk_forward,
+    HostRowStats, HostRows, HostTransport, InProcessTransport, Travel, TravelKind, chunk_backward, chunk_forward,
 };
 use attn_ring::comm::EmulatedNccl;
 use attn_ring::{Communicator, FaultyComm, Layout, RingProblem, Strategy, ThreadComm};
@@ -353,4 +353,33 @@ fn a_block_failing_on_some_ranks_fails_every_rank_on_both_transports() {
         let planted = |r: &&attn_core::Result<()>| matches!(r, Err(AttnError::InvalidArgument(m)) if m == "planted block failure");
         assert!(res.iter().any(|r| planted(&r)), "{label}: {res:?}");
     }
+}
+
+#[test]
+fn a_transport_refuses_a_second_start_and_a_finish_without_one() {
+    let (problem, _) = small_problem(1);
+    let x = CpuChunks::default();
+    let travel = || Travel::<HostRows<f32>, HostAcc> {
+        kind: TravelKind::Kv,
+        owner: 0,
+        step: 1,
+        k: Vec::new(),
+        v: Vec::new(),
+        dk: Vec::new(),
+        dv: Vec::new(),
+        arriving: Vec::new(),
+    };
+    let check = |t: &mut dyn ChunkTransport<f32, CpuChunks, Control = ThreadComm>| {
+        let refused = |r: attn_core::Result<()>| matches!(r, Err(AttnError::Comm { .. }));
+        assert!(refused(t.finish(&x, &problem).map(|_| ())), "a finish with nothing started");
+        t.start(&x, &problem, travel()).unwrap();
+        assert!(refused(t.start(&x, &problem, travel())), "a second start");
+        let arrived = t.finish(&x, &problem).unwrap();
+        assert!(arrived.k.is_empty() && arrived.dk.is_empty());
+        assert!(refused(t.finish(&x, &problem).map(|_| ())), "a second finish");
+    };
+    let mut comm = ThreadComm::world_with_timeout(1, TIMEOUT).unwrap().pop().unwrap();
+    check(&mut HostTransport::new(&mut comm));
+    let mut ends = InProcessTransport::world(ThreadComm::world_with_timeout(1, TIMEOUT).unwrap()).unwrap();
+    check(&mut ends[0]);
 }

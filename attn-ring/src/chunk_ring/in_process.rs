@@ -1,12 +1,13 @@
 //! [`InProcessTransport`]: ranks as threads of one process handing a step's buffers
-//! themselves to the next rank by channel (no copy; device buffers stay where they are),
-//! so ranks sharing one GPU never stage rows through the host.
+//! themselves to the next rank by channel (no copy; device buffers stay where they are,
+//! k/v shared while the sender still computes with them), so ranks sharing one GPU never
+//! stage rows through the host.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 
 use attn_core::{AttnError, Element, Result};
 
-use super::transport::check_travel;
+use super::transport::{Awaited, check_travel, out_of_order};
 use super::{Arrived, ChunkCompute, ChunkTransport, Travel};
 use crate::comm::Communicator;
 use crate::plan::RingProblem;
@@ -22,6 +23,7 @@ pub struct InProcessTransport<C, R, A> {
     comm: C,
     to_next: Sender<Msg<R, A>>,
     from_prev: Receiver<Msg<R, A>>,
+    awaited: Option<Awaited>,
 }
 
 impl<C: Communicator, R, A> InProcessTransport<C, R, A> {
@@ -44,7 +46,7 @@ impl<C: Communicator, R, A> InProcessTransport<C, R, A> {
             .enumerate()
             .map(|(i, (comm, from_prev))| {
                 let to_next = senders[(i + 1) % p].take().unwrap_or_else(|| channel().0);
-                InProcessTransport { comm, to_next, from_prev }
+                InProcessTransport { comm, to_next, from_prev, awaited: None }
             })
             .collect())
     }
@@ -62,22 +64,28 @@ where
         &mut self.comm
     }
 
-    fn shift(
-        &mut self,
-        compute: &X,
-        _problem: &RingProblem,
-        travel: Travel<X::Rows, X::Acc>,
-    ) -> Result<Arrived<X::Rows, X::Acc>> {
+    fn start(&mut self, compute: &X, _problem: &RingProblem, travel: Travel<X::Rows, X::Acc>) -> Result<()> {
         let (rank, world) = (self.comm.rank(), self.comm.world_size());
         check_travel(&travel, rank)?;
-        let Travel { kind, owner, step, k, v, dk, dv, arriving } = travel;
+        if self.awaited.is_some() {
+            return Err(out_of_order(rank, "a shift started while another is in flight"));
+        }
+        let awaited = Awaited::of(&travel, world);
+        let Travel { kind, owner, step, k, v, dk, dv, .. } = travel;
         // The next rank reads the buffers on its own stream: what was queued on them here
-        // (the copy that made them, the blocks that read them) finishes first.
+        // (the copy that made them, the blocks that wrote dk/dv) finishes first.
         compute.sync()?;
         let next = (rank + 1) % world;
         self.to_next
             .send(((kind.msg_kind(), owner, step), Arrived { k, v, dk, dv }))
             .map_err(|_| AttnError::Comm { rank, message: format!("rank {next} has left the ring") })?;
+        self.awaited = Some(awaited);
+        Ok(())
+    }
+
+    fn finish(&mut self, compute: &X, _problem: &RingProblem) -> Result<Arrived<X::Rows, X::Acc>> {
+        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        let want = self.awaited.take().ok_or_else(|| out_of_order(rank, "a finish with no shift started"))?;
         let prev = (rank + world - 1) % world;
         let timeout = self.comm.timeout();
         let (got, arrived) = self.from_prev.recv_timeout(timeout).map_err(|e| match e {
@@ -88,22 +96,25 @@ where
                 AttnError::Comm { rank, message: format!("rank {prev} has left the ring") }
             }
         })?;
-        let want = (kind.msg_kind(), (owner + world - 1) % world, step);
-        if got != want {
+        let expected = (want.kind.msg_kind(), want.owner, want.step);
+        if got != expected {
             return Err(AttnError::Comm {
                 rank,
-                message: format!("unexpected buffers from rank {prev}: {got:?} (kind, owner, step), wanted {want:?}"),
+                message: format!(
+                    "unexpected buffers from rank {prev}: {got:?} (kind, owner, step), wanted {expected:?}"
+                ),
             });
         }
         let shapes: Vec<_> = arrived.k.iter().map(|x| compute.shape_of(x)).collect();
-        let rows_ok = !kind.has_rows() || shapes == arriving;
-        let grads_ok = !kind.has_grads() || arrived.dk.len() == arriving.len();
+        let rows_ok = !want.kind.has_rows() || shapes == want.arriving;
+        let grads_ok = !want.kind.has_grads() || arrived.dk.len() == want.arriving.len();
         if !(rows_ok && grads_ok) {
             return Err(AttnError::Comm {
                 rank,
                 message: format!(
-                    "rank {prev} sent k/v slices {shapes:?} and {} dk slices, wanted {arriving:?}",
-                    arrived.dk.len()
+                    "rank {prev} sent k/v slices {shapes:?} and {} dk slices, wanted {:?}",
+                    arrived.dk.len(),
+                    want.arriving
                 ),
             });
         }

@@ -3,16 +3,18 @@
 //! (no host staging). Each step first swaps a small checked header over the control
 //! communicator (kind, owner, step and every buffer's byte count), so a rank out of step
 //! or a wrong size is a typed error before any NCCL call; the data round itself is
-//! `nccl_handle`'s, with its deadline and abort.
+//! `nccl_handle`'s, with its deadline and abort, posted on an NCCL stream of the
+//! transport's own when the shift starts and awaited when it finishes, so the rank's
+//! blocks run meanwhile.
 
 use std::sync::Arc;
 
 use attn_core::{AttnError, Result, Shape4};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
-use super::transport::check_travel;
+use super::transport::{Awaited, check_travel, out_of_order};
 use super::{Arrived, ChunkCompute, ChunkTransport, Travel};
-use crate::comm::nccl_handle::{NcclHandle, bytes_of, bytes_of_mut};
+use crate::comm::nccl_handle::{NcclHandle, PostedRound, bytes_of, bytes_of_mut};
 use crate::comm::{Communicator, NcclComm};
 use crate::plan::RingProblem;
 use crate::protocol::wire::{Expected, Reader, begin};
@@ -33,20 +35,35 @@ pub trait DeviceBuffers<T: CudaElement>: ChunkCompute<T> {
     fn acc_buffer_mut<'a>(&self, acc: &'a mut Self::Acc) -> &'a mut CudaSlice<f32>;
 }
 
-/// One rank's end of a chunk ring whose data moves by NCCL between device buffers;
+/// One rank's end of a chunk ring whose data moves by NCCL between device buffers, on
+/// an NCCL stream of its own so that a step's blocks run while its slices move;
 /// `control` carries the handshake, the completion rounds and each step's header.
-pub struct NcclDeviceTransport<C> {
-    control: C,
+pub struct NcclDeviceTransport<C, R, A> {
+    /// Declared first: dropped (aborted, cancelling a round in flight) before the buffers
+    /// of that round.
     data: NcclHandle,
+    in_flight: Option<InFlight<R, A>>,
+    control: C,
+    stream: Arc<CudaStream>,
 }
 
-impl<C> std::fmt::Debug for NcclDeviceTransport<C> {
+/// A started shift: its posted round, the buffers it sends and those it receives into.
+struct InFlight<R, A> {
+    posted: Option<PostedRound>,
+    _sent: Travel<R, A>,
+    arrived: Arrived<R, A>,
+}
+
+impl<C, R, A> std::fmt::Debug for NcclDeviceTransport<C, R, A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NcclDeviceTransport").field("data", &self.data).finish_non_exhaustive()
+        f.debug_struct("NcclDeviceTransport")
+            .field("data", &self.data)
+            .field("in_flight", &self.in_flight.is_some())
+            .finish_non_exhaustive()
     }
 }
 
-impl<C: Communicator> NcclDeviceTransport<C> {
+impl<C: Communicator, R, A> NcclDeviceTransport<C, R, A> {
     /// Join an NCCL communicator for the ring's data with the ranks of `control`, this
     /// rank on the device of `ctx` (one device per rank): rank 0 makes the unique id and
     /// sends it over `control`; when it cannot, every rank gets a typed error.
@@ -65,9 +82,12 @@ impl<C: Communicator> NcclDeviceTransport<C> {
             rank,
             message: "rank 0 could not make an NCCL unique id (see its error)".into(),
         })?;
-        ctx.bind_to_thread().map_err(|e| AttnError::Comm { rank, message: format!("bind the CUDA context: {e:?}") })?;
+        let cuda =
+            |what: &str, e: cudarc::driver::DriverError| AttnError::Comm { rank, message: format!("{what}: {e:?}") };
+        let stream = ctx.new_stream().map_err(|e| cuda("NCCL stream", e))?;
+        ctx.bind_to_thread().map_err(|e| cuda("bind the CUDA context", e))?;
         let data = NcclHandle::join(rank, world, &id, control.timeout())?;
-        Ok(NcclDeviceTransport { control, data })
+        Ok(NcclDeviceTransport { data, in_flight: None, control, stream })
     }
 }
 
@@ -83,7 +103,7 @@ fn byte_counts(kind_rows: bool, kind_grads: bool, shapes: &[Shape4], elem: usize
     out
 }
 
-impl<T, X, C> ChunkTransport<T, X> for NcclDeviceTransport<C>
+impl<T, X, C> ChunkTransport<T, X> for NcclDeviceTransport<C, X::Rows, X::Acc>
 where
     T: CudaElement,
     X: DeviceBuffers<T>,
@@ -95,15 +115,14 @@ where
         &mut self.control
     }
 
-    fn shift(
-        &mut self,
-        compute: &X,
-        _problem: &RingProblem,
-        travel: Travel<X::Rows, X::Acc>,
-    ) -> Result<Arrived<X::Rows, X::Acc>> {
+    fn start(&mut self, compute: &X, _problem: &RingProblem, travel: Travel<X::Rows, X::Acc>) -> Result<()> {
         let (rank, world) = (self.control.rank(), self.control.world_size());
         check_travel(&travel, rank)?;
-        let (has_rows, has_grads) = (travel.kind.has_rows(), travel.kind.has_grads());
+        if self.in_flight.is_some() {
+            return Err(out_of_order(rank, "a shift started while another is in flight"));
+        }
+        let want = Awaited::of(&travel, world);
+        let (has_rows, has_grads) = (want.kind.has_rows(), want.kind.has_grads());
         let elem = T::DTYPE.size();
         // The header: what this rank sends, checked by the next rank against what it expects.
         let sent: Vec<u64> = travel
@@ -113,37 +132,42 @@ where
             .map(|r| (compute.rows_buffer(r).len() * elem) as u64)
             .chain(travel.dk.iter().chain(&travel.dv).map(|a| (compute.acc_buffer(a).len() * 4) as u64))
             .collect();
-        let kind = travel.kind.msg_kind();
+        let kind = want.kind.msg_kind();
         let mut header = begin(kind, travel.owner, travel.step, sent.len() * 8);
         sent.iter().for_each(|n| header.extend_from_slice(&n.to_le_bytes()));
         let (next, prev) = (self.control.next(), self.control.prev());
         let got = self.control.sendrecv(next, header, prev)?;
-        let owner = (travel.owner + world - 1) % world;
-        let mut rd = Reader::open(&got, Expected { kind, owner, step: travel.step, rank })?;
-        let want = byte_counts(has_rows, has_grads, &travel.arriving, elem);
-        let mut theirs = Vec::with_capacity(want.len());
-        for _ in &want {
+        let mut rd = Reader::open(&got, Expected { kind, owner: want.owner, step: want.step, rank })?;
+        let expected = byte_counts(has_rows, has_grads, &want.arriving, elem);
+        let mut theirs = Vec::with_capacity(expected.len());
+        for _ in &expected {
             let b = rd.bytes(8)?;
             theirs.push(u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
         }
         rd.finish()?;
-        if theirs != want {
+        if theirs != expected {
             return Err(AttnError::Comm {
                 rank,
-                message: format!("rank {prev} sends buffers of {theirs:?} bytes, this rank expects {want:?}"),
+                message: format!("rank {prev} sends buffers of {theirs:?} bytes, this rank expects {expected:?}"),
             });
         }
-        let mut arrived = Arrived { k: Vec::new(), v: Vec::new(), dk: Vec::new(), dv: Vec::new() };
-        if has_rows {
-            arrived.k = travel.arriving.iter().map(|s| compute.zero_rows(*s)).collect::<Result<_>>()?;
-            arrived.v = travel.arriving.iter().map(|s| compute.zero_rows(*s)).collect::<Result<_>>()?;
-        }
-        if has_grads {
-            arrived.dk = travel.arriving.iter().map(|s| compute.zero_acc(*s)).collect::<Result<_>>()?;
-            arrived.dv = travel.arriving.iter().map(|s| compute.zero_acc(*s)).collect::<Result<_>>()?;
-        }
+        let rows = |on: bool| -> Result<Vec<X::Rows>> {
+            if !on {
+                return Ok(Vec::new());
+            }
+            want.arriving.iter().map(|s| compute.zero_rows(*s)).collect()
+        };
+        let accs = |on: bool| -> Result<Vec<X::Acc>> {
+            if !on {
+                return Ok(Vec::new());
+            }
+            want.arriving.iter().map(|s| compute.zero_acc(*s)).collect()
+        };
+        let (mut k, mut v, mut dk, mut dv) = (rows(has_rows)?, rows(has_rows)?, accs(has_grads)?, accs(has_grads)?);
+        // Sent and received buffers are complete and allocated before NCCL's stream touches them.
+        compute.sync()?;
         let unviewable = || AttnError::Comm { rank, message: "a device buffer could not be viewed as bytes".into() };
-        {
+        let posted = {
             let sends = travel
                 .k
                 .iter()
@@ -152,7 +176,6 @@ where
                 .chain(travel.dk.iter().chain(&travel.dv).map(|a| bytes_of(compute.acc_buffer(a))))
                 .map(|b| b.map(|b| (next, b)).ok_or_else(unviewable))
                 .collect::<Result<Vec<_>>>()?;
-            let Arrived { k, v, dk, dv } = &mut arrived;
             let mut recvs = k
                 .iter_mut()
                 .chain(v.iter_mut())
@@ -160,12 +183,26 @@ where
                 .chain(dk.iter_mut().chain(dv.iter_mut()).map(|a| bytes_of_mut(compute.acc_buffer_mut(a))))
                 .map(|b| b.map(|b| (prev, b)).ok_or_else(unviewable))
                 .collect::<Result<Vec<_>>>()?;
-            if !sends.is_empty() || !recvs.is_empty() {
-                self.data.round(compute.stream(), &sends, &mut recvs, prev, self.control.timeout())?;
+            if sends.is_empty() && recvs.is_empty() {
+                None
+            } else {
+                Some(self.data.post(&self.stream, &sends, &mut recvs, prev, self.control.timeout())?)
             }
+        };
+        let wrap = |xs: Vec<X::Rows>| xs.into_iter().map(Arc::new).collect();
+        let arrived = Arrived { k: wrap(k), v: wrap(v), dk, dv };
+        self.in_flight = Some(InFlight { posted, _sent: travel, arrived });
+        Ok(())
+    }
+
+    fn finish(&mut self, _compute: &X, _problem: &RingProblem) -> Result<Arrived<X::Rows, X::Acc>> {
+        let rank = self.control.rank();
+        let flight = self.in_flight.take().ok_or_else(|| out_of_order(rank, "a finish with no shift started"))?;
+        if let Some(posted) = flight.posted {
+            // On failure the communicator is aborted before `flight`'s buffers drop.
+            self.data.wait(posted)?;
         }
-        // The round has completed on the stream: the sent buffers (`travel`) can go.
-        Ok(arrived)
+        Ok(flight.arrived)
     }
 }
 

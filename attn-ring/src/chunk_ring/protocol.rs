@@ -2,6 +2,8 @@
 //! which each rank computes its queries against the k/v slices it holds and hands them on
 //! (the backward's dk/dv travelling with their k/v, then home); the completion rounds.
 
+use std::sync::Arc;
+
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, Shape4};
 
@@ -101,8 +103,12 @@ fn shapes_of(problem: &RingProblem, slices: &[RoundSlice]) -> Result<Vec<Shape4>
     slices.iter().map(|s| Shape4::new(problem.batch, s.rows.len(), problem.kv_heads, problem.head_dim)).collect()
 }
 
-/// A round's k and v slices.
-type KvSlices<R> = (Vec<R>, Vec<R>);
+/// A round's k and v slices (shared with the transport while they move).
+type KvSlices<R> = (Vec<Arc<R>>, Vec<Arc<R>>);
+
+fn refs<R>(xs: &[Arc<R>]) -> Vec<&R> {
+    xs.iter().map(|x| &**x).collect()
+}
 
 /// Copies of the round's slices of the rank's own k and v.
 fn own_slices<T: Element, X: ChunkCompute<T>>(
@@ -111,7 +117,10 @@ fn own_slices<T: Element, X: ChunkCompute<T>>(
     [k, v]: [&[X::Rows]; 2],
 ) -> Result<KvSlices<X::Rows>> {
     let copy = |xs: &[X::Rows]| {
-        slices.iter().map(|s| compute.slice_rows(&xs[s.piece], s.rows.clone())).collect::<Result<Vec<_>>>()
+        slices
+            .iter()
+            .map(|s| compute.slice_rows(&xs[s.piece], s.rows.clone()).map(Arc::new))
+            .collect::<Result<Vec<_>>>()
     };
     Ok((copy(k)?, copy(v)?))
 }
@@ -164,9 +173,9 @@ where
     let (r, p) = (transport.control().rank(), problem.world);
     let q_starts = starts(problem, r);
     let mut partials = q.iter().map(|t| compute.empty_partial(compute.shape_of(t))).collect::<Result<Vec<_>>>()?;
-    let mut attend = |ks: &[X::Rows], vs: &[X::Rows], k_starts: &[usize]| -> Result<()> {
+    let mut attend = |ks: &[&X::Rows], vs: &[&X::Rows], k_starts: &[usize]| -> Result<()> {
         for (partial, (qt, &q_start)) in partials.iter_mut().zip(q.iter().zip(&q_starts)) {
-            for ((kt, vt), &k_start) in ks.iter().zip(vs).zip(k_starts) {
+            for ((&kt, &vt), &k_start) in ks.iter().zip(vs).zip(k_starts) {
                 if !reaches(compute, problem, (qt, q_start), (kt, k_start)) {
                     continue;
                 }
@@ -177,7 +186,7 @@ where
         Ok(())
     };
     if p == 1 {
-        attend(k, v, &starts(problem, r))?;
+        attend(&k.iter().collect::<Vec<_>>(), &v.iter().collect::<Vec<_>>(), &starts(problem, r))?;
         return Ok(partials);
     }
     let rounds = rounds_of(problem, opts);
@@ -186,16 +195,23 @@ where
         let (mut ks, mut vs) = own_slices(compute, &slices, [k, v])?;
         for t in 0..p {
             let owner = (r + p - t) % p;
-            attend(&ks, &vs, &slices.iter().map(|s| s.start).collect::<Vec<_>>())?;
-            if t + 1 < p {
-                let next = round_slices(problem, (owner + p - 1) % p, round, rounds);
-                let arriving = shapes_of(problem, &next)?;
-                let (dk, dv) = (Vec::new(), Vec::new());
-                let step = round * p + t + 1;
-                let travel = Travel { kind: TravelKind::Kv, owner, step, k: ks, v: vs, dk, dv, arriving };
-                let a = transport.shift(compute, problem, travel)?;
-                (ks, vs, slices) = (a.k, a.v, next);
+            let k_starts: Vec<_> = slices.iter().map(|s| s.start).collect();
+            if t + 1 == p {
+                attend(&refs(&ks), &refs(&vs), &k_starts)?;
+                break;
             }
+            // The slices move to the next rank while this rank computes with them.
+            let next = round_slices(problem, (owner + p - 1) % p, round, rounds);
+            let arriving = shapes_of(problem, &next)?;
+            let (k, v, dk, dv) = (ks.clone(), vs.clone(), Vec::new(), Vec::new());
+            let step = round * p + t + 1;
+            transport.start(compute, problem, Travel { kind: TravelKind::Kv, owner, step, k, v, dk, dv, arriving })?;
+            let done = attend(&refs(&ks), &refs(&vs), &k_starts);
+            // Finished even after a failed block, so nothing is in flight when the error returns.
+            let arrived = transport.finish(compute, problem);
+            done?;
+            let a = arrived?;
+            (ks, vs, slices) = (a.k, a.v, next);
         }
     }
     Ok(partials)
@@ -246,9 +262,9 @@ where
         .zip(lse.iter().zip(&delta))
         .map(|(grad_out, (lse, delta))| ChunkUpstream { grad_out, lse, delta })
         .collect();
-    let mut attend = |ks: &[X::Rows], vs: &[X::Rows], k_starts: &[usize], dks: &mut [X::Acc], dvs: &mut [X::Acc]| {
+    let mut attend = |ks: &[&X::Rows], vs: &[&X::Rows], k_starts: &[usize], dks: &mut [X::Acc], dvs: &mut [X::Acc]| {
         for (qi, (qt, &q_start)) in q.iter().zip(&q_starts).enumerate() {
-            for (j, ((kt, vt), &k_start)) in ks.iter().zip(vs).zip(k_starts).enumerate() {
+            for (j, ((&kt, &vt), &k_start)) in ks.iter().zip(vs).zip(k_starts).enumerate() {
                 if !reaches(compute, problem, (qt, q_start), (kt, k_start)) {
                     continue;
                 }
@@ -275,10 +291,11 @@ where
             let owner = (r + p - t) % p;
             let k_starts: Vec<_> = slices.iter().map(|s| s.start).collect();
             if p == 1 {
-                attend(k, v, &k_starts, &mut dks, &mut dvs)?;
+                let (k, v): (Vec<_>, Vec<_>) = (k.iter().collect(), v.iter().collect());
+                attend(&k, &v, &k_starts, &mut dks, &mut dvs)?;
                 break;
             }
-            attend(&ks, &vs, &k_starts, &mut dks, &mut dvs)?;
+            attend(&refs(&ks), &refs(&vs), &k_starts, &mut dks, &mut dvs)?;
             // The last shift carries only the gradients, home to their owner.
             let last = t + 1 == p;
             let (kind, next) = if last {

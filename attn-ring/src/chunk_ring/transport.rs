@@ -2,6 +2,8 @@
 //! buffers to the next rank; [`HostTransport`] stages them as bytes through any
 //! [`Communicator`] (framed, checksummed, with its timeouts).
 
+use std::sync::Arc;
+
 use attn_core::{AttnError, Element, Result, Shape4};
 
 use super::ChunkCompute;
@@ -41,17 +43,17 @@ impl TravelKind {
 }
 
 /// What a rank sends at one step, handed over to the transport: slices of `owner`'s k/v
-/// rows and/or their dk/dv accumulators, as `kind` says (a round can hold no rows of a
-/// rank: every vector empty). `step` counts from 1 within a pass. `arriving` are the
-/// shapes of the slices the previous rank sends at the same step (for its k/v and dk/dv
-/// alike).
+/// rows (shared: the rank may still compute with them while they move) and/or their dk/dv
+/// accumulators, as `kind` says (a round can hold no rows of a rank: every vector empty).
+/// `step` counts from 1 within a pass. `arriving` are the shapes of the slices the
+/// previous rank sends at the same step (for its k/v and dk/dv alike).
 #[derive(Debug)]
 pub struct Travel<R, A> {
     pub kind: TravelKind,
     pub owner: usize,
     pub step: usize,
-    pub k: Vec<R>,
-    pub v: Vec<R>,
+    pub k: Vec<Arc<R>>,
+    pub v: Vec<Arc<R>>,
     pub dk: Vec<A>,
     pub dv: Vec<A>,
     pub arriving: Vec<Shape4>,
@@ -60,10 +62,40 @@ pub struct Travel<R, A> {
 /// What arrives from the previous rank at the same step: its travel (owner one rank back).
 #[derive(Debug)]
 pub struct Arrived<R, A> {
-    pub k: Vec<R>,
-    pub v: Vec<R>,
+    pub k: Vec<Arc<R>>,
+    pub v: Vec<Arc<R>>,
     pub dk: Vec<A>,
     pub dv: Vec<A>,
+}
+
+impl<R, A> Arrived<R, A> {
+    fn empty() -> Self {
+        Arrived { k: Vec::new(), v: Vec::new(), dk: Vec::new(), dv: Vec::new() }
+    }
+}
+
+/// What a started shift must check on arrival: (kind, owner and step the previous rank
+/// sends, the arriving shapes).
+#[derive(Debug, Clone)]
+pub(crate) struct Awaited {
+    pub kind: TravelKind,
+    pub owner: usize,
+    pub step: usize,
+    pub arriving: Vec<Shape4>,
+}
+
+impl Awaited {
+    /// What the previous rank sends at the step of `travel` on a ring of `world`.
+    pub(crate) fn of<R, A>(travel: &Travel<R, A>, world: usize) -> Self {
+        let owner = (travel.owner + world - 1) % world;
+        Awaited { kind: travel.kind, owner, step: travel.step, arriving: travel.arriving.clone() }
+    }
+}
+
+/// The error for a second shift started before the first has finished, or a finish
+/// without a start.
+pub(crate) fn out_of_order(rank: usize, what: &str) -> AttnError {
+    AttnError::Comm { rank, message: format!("chunk ring transport: {what}") }
 }
 
 /// A travel's vectors against its kind: rows iff the kind has rows, as many k as v, dk as dv.
@@ -85,31 +117,44 @@ pub(crate) fn check_travel<R, A>(t: &Travel<R, A>, rank: usize) -> Result<()> {
 }
 
 /// How a chunk ring moves a step's buffers: every rank sends its travel to the next rank
-/// and receives the previous rank's, all ranks at the same step with the same kind.
+/// and receives the previous rank's, all ranks at the same step with the same kind. A
+/// shift is started and then finished; between the two the rank computes with the k/v it
+/// is sending, which a transport that can overlap moves meanwhile. One shift is in
+/// flight at a time.
 pub trait ChunkTransport<T: Element, X: ChunkCompute<T>> {
     /// The communicator of the handshake and the completion rounds.
     type Control: Communicator + ?Sized;
     /// The control communicator.
     fn control(&mut self) -> &mut Self::Control;
-    /// Send `travel` to the next rank; return what the previous rank sent.
+    /// Start sending `travel` to the next rank and receiving the previous rank's.
+    fn start(&mut self, compute: &X, problem: &RingProblem, travel: Travel<X::Rows, X::Acc>) -> Result<()>;
+    /// Finish the started shift: what the previous rank sent.
+    fn finish(&mut self, compute: &X, problem: &RingProblem) -> Result<Arrived<X::Rows, X::Acc>>;
+    /// Start and finish a shift.
     fn shift(
         &mut self,
         compute: &X,
         problem: &RingProblem,
         travel: Travel<X::Rows, X::Acc>,
-    ) -> Result<Arrived<X::Rows, X::Acc>>;
+    ) -> Result<Arrived<X::Rows, X::Acc>> {
+        self.start(compute, problem, travel)?;
+        self.finish(compute, problem)
+    }
 }
 
 /// Host-staged transport: a step's buffers as one data message (header with kind, owner
-/// and step, checked on receipt) over the communicator's paired exchange.
+/// and step, checked on receipt) over the communicator's paired exchange. `start` stages
+/// the message; `finish` exchanges it (a paired exchange cannot deadlock where separate
+/// blocking sends could).
 #[derive(Debug)]
 pub struct HostTransport<'c, C: Communicator + ?Sized> {
     comm: &'c mut C,
+    staged: Option<(Vec<u8>, Awaited)>,
 }
 
 impl<'c, C: Communicator + ?Sized> HostTransport<'c, C> {
     pub fn new(comm: &'c mut C) -> Self {
-        HostTransport { comm }
+        HostTransport { comm, staged: None }
     }
 }
 
@@ -120,41 +165,42 @@ impl<T: Element, X: ChunkCompute<T>, C: Communicator + ?Sized> ChunkTransport<T,
         self.comm
     }
 
-    fn shift(
-        &mut self,
-        compute: &X,
-        _problem: &RingProblem,
-        travel: Travel<X::Rows, X::Acc>,
-    ) -> Result<Arrived<X::Rows, X::Acc>> {
+    fn start(&mut self, compute: &X, _problem: &RingProblem, travel: Travel<X::Rows, X::Acc>) -> Result<()> {
         let (rank, world) = (self.comm.rank(), self.comm.world_size());
         check_travel(&travel, rank)?;
-        let kind = travel.kind.msg_kind();
-        let mut msg = begin(kind, travel.owner, travel.step, 0);
+        if self.staged.is_some() {
+            return Err(out_of_order(rank, "a shift started while another is in flight"));
+        }
+        let mut msg = begin(travel.kind.msg_kind(), travel.owner, travel.step, 0);
         for r in travel.k.iter().chain(&travel.v) {
             compute.rows_to_bytes(r, &mut msg)?;
         }
         for a in travel.dk.iter().chain(&travel.dv) {
             compute.acc_to_bytes(a, &mut msg)?;
         }
-        drop(travel.k);
-        drop(travel.v);
-        drop(travel.dk);
-        drop(travel.dv);
+        self.staged = Some((msg, Awaited::of(&travel, world)));
+        Ok(())
+    }
+
+    fn finish(&mut self, compute: &X, _problem: &RingProblem) -> Result<Arrived<X::Rows, X::Acc>> {
+        let rank = self.comm.rank();
+        let (msg, want) = self.staged.take().ok_or_else(|| out_of_order(rank, "a finish with no shift started"))?;
         let (next, prev) = (self.comm.next(), self.comm.prev());
         let got = self.comm.sendrecv(next, msg, prev)?;
-        let owner = (travel.owner + world - 1) % world;
-        let mut rd = Reader::open(&got, Expected { kind, owner, step: travel.step, rank })?;
-        let mut arrived = Arrived { k: Vec::new(), v: Vec::new(), dk: Vec::new(), dv: Vec::new() };
+        let kind = want.kind.msg_kind();
+        let mut rd = Reader::open(&got, Expected { kind, owner: want.owner, step: want.step, rank })?;
+        let mut arrived = Arrived::empty();
         let size = T::DTYPE.size();
-        let rows = |rd: &mut Reader<'_>, s: &Shape4| compute.rows_from_bytes(*s, rd.bytes(s.numel() * size)?);
+        let rows =
+            |rd: &mut Reader<'_>, s: &Shape4| compute.rows_from_bytes(*s, rd.bytes(s.numel() * size)?).map(Arc::new);
         let accs = |rd: &mut Reader<'_>, s: &Shape4| compute.acc_from_bytes(*s, rd.bytes(s.numel() * 4)?);
-        if travel.kind.has_rows() {
-            arrived.k = travel.arriving.iter().map(|s| rows(&mut rd, s)).collect::<Result<_>>()?;
-            arrived.v = travel.arriving.iter().map(|s| rows(&mut rd, s)).collect::<Result<_>>()?;
+        if want.kind.has_rows() {
+            arrived.k = want.arriving.iter().map(|s| rows(&mut rd, s)).collect::<Result<_>>()?;
+            arrived.v = want.arriving.iter().map(|s| rows(&mut rd, s)).collect::<Result<_>>()?;
         }
-        if travel.kind.has_grads() {
-            arrived.dk = travel.arriving.iter().map(|s| accs(&mut rd, s)).collect::<Result<_>>()?;
-            arrived.dv = travel.arriving.iter().map(|s| accs(&mut rd, s)).collect::<Result<_>>()?;
+        if want.kind.has_grads() {
+            arrived.dk = want.arriving.iter().map(|s| accs(&mut rd, s)).collect::<Result<_>>()?;
+            arrived.dv = want.arriving.iter().map(|s| accs(&mut rd, s)).collect::<Result<_>>()?;
         }
         rd.finish()?;
         Ok(arrived)

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use attn_core::{AttnError, Result};
+use cudarc::driver::{CudaEvent, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 #[cfg(feature = "cuda")]
 use cudarc::driver::{CudaSlice, DeviceRepr};
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use cudarc::nccl::result::{self as nccl, NcclError, NcclStatus};
 use cudarc::nccl::sys;
 
@@ -31,6 +31,14 @@ use super::nccl_progress::{Progress, await_progress};
 const CONFIG_VERSION: u32 = 2 * 10_000 + 30 * 100;
 /// `NCCL_CONFIG_UNDEF_INT`: let NCCL choose.
 const UNDEF: c_int = c_int::MIN;
+
+/// A round NCCL has enqueued: the event after its operations and its deadline.
+pub(crate) struct PostedRound {
+    event: CudaEvent,
+    peer: usize,
+    timeout: Duration,
+    deadline: Instant,
+}
 
 /// A non-blocking NCCL communicator of one rank (see the module docs).
 pub(crate) struct NcclHandle {
@@ -155,6 +163,21 @@ impl NcclHandle {
         peer: usize,
         timeout: Duration,
     ) -> Result<()> {
+        let posted = self.post(stream, sends, recvs, peer, timeout)?;
+        self.wait(posted)
+    }
+
+    /// Post a round (as [`Self::round`]) and return once NCCL has enqueued it on
+    /// `stream`; [`Self::wait`] finishes it. Every buffer must stay allocated and
+    /// unchanged until then (or until the communicator is aborted).
+    pub(crate) fn post(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        sends: &[(usize, CudaView<'_, u8>)],
+        recvs: &mut [(usize, CudaViewMut<'_, u8>)],
+        peer: usize,
+        timeout: Duration,
+    ) -> Result<PostedRound> {
         self.usable()?;
         let deadline = Instant::now() + timeout;
         let cu_stream = stream.cu_stream() as sys::cudaStream_t;
@@ -200,6 +223,14 @@ impl NcclHandle {
             Ok(ev) => ev,
             Err(e) => return Err(self.fail(format!("record event: {e:?}"))),
         };
+        Ok(PostedRound { event, peer, timeout, deadline })
+    }
+
+    /// Wait until a posted round has run (or its deadline passes: `Timeout`, and the
+    /// communicator is aborted).
+    pub(crate) fn wait(&mut self, round: PostedRound) -> Result<()> {
+        self.usable()?;
+        let PostedRound { event, peer, timeout, deadline } = round;
         let comm = self.comm;
         let rank = self.rank;
         let aborted = &mut self.aborted;
