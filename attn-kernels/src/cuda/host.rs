@@ -5,7 +5,7 @@
 //! launches) and sliding windows (the config's band).
 
 use attn_core::error::TensorName;
-use attn_core::{Attention, AttnInputs, Grads, Pass, Saved, Supported};
+use attn_core::{Attention, AttnInputs, Grads, Masks, Pass, Saved, Supported};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Result, TensorView, TensorViewMut};
 
 use super::block::{DeviceBlock, DeviceUpstream, backward_block, forward_block};
@@ -223,5 +223,12 @@ impl<T: CudaElement> Attention<T> for CudaBackend {
             Pass::Backward => elem * (4 * q + 4 * kv) + 4 * (q + 2 * kv + 2 * lse) + elem * (q + 2 * kv),
         };
         usize::try_from(bytes).unwrap_or(usize::MAX)
+    }
+
+    /// As [`Attention::workspace_bytes`], plus the key padding mask uploaded as one byte
+    /// per key (packed sequences run per sequence on the same buffers).
+    fn workspace_bytes_masked(&self, cfg: &DilatedConfig, shape: AttnShape, masks: &Masks<'_>, pass: Pass) -> usize {
+        let flags = masks.key_padding.map_or(0, |m| m.flags().len());
+        Attention::<T>::workspace_bytes(self, cfg, shape, pass).saturating_add(flags)
     }
 }
