@@ -294,4 +294,6 @@ fn stand_in_child() {
     golden_files_pass();
     #[cfg(feature = "cuda")]
     device_ring::device_transport_matches_host_staging();
+    #[cfg(feature = "cuda")]
+    device_ring::ranks_out_of_step_fail_at_the_header();
 }

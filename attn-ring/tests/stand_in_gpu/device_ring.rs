@@ -12,8 +12,9 @@ use attn_core::error::TensorName;
 use attn_core::{DilatedConfig, Element, Result, Shape4, TensorView};
 use attn_kernels::cuda::CudaElement;
 use attn_ring::chunk_ring::{
-    ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkUpstream, CpuChunks, DeviceBuffers, HostAcc, HostPartial,
-    HostRowStats, HostRows, HostTransport, NcclDeviceTransport, chunk_backward, chunk_forward, rank_pieces,
+    ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkTransport, ChunkUpstream, CpuChunks, DeviceBuffers,
+    HostAcc, HostPartial, HostRowStats, HostRows, HostTransport, NcclDeviceTransport, Travel, TravelKind,
+    chunk_backward, chunk_forward, rank_pieces,
 };
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
@@ -249,4 +250,46 @@ pub fn device_transport_matches_host_staging() {
         }
     }
     println!("device ring: {runs} runs over NCCL between device buffers equal host staging bit for bit");
+}
+
+/// Ranks out of step (rank 1 sends step 2 where rank 0 sends step 1): the header check
+/// fails both before any NCCL call, with a typed error.
+pub fn ranks_out_of_step_fail_at_the_header() {
+    let cfg = DilatedConfig::builder().segments(&[8]).dilations(&[1]).build().expect("config");
+    let shape = Shape4::new(1, 16, 1, 4).expect("shape");
+    let problem = RingProblem::new(&cfg, shape.into(), Layout::Contiguous, Strategy::Auto, 2);
+    let comms = ThreadComm::world_with_timeout(2, Duration::from_secs(5)).expect("threads");
+    let res: Vec<Result<()>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let problem = &problem;
+                s.spawn(move || -> Result<()> {
+                    let ctx = CudaContext::new(rank).map_err(dev_err)?;
+                    let x = StandInChunks { stream: ctx.new_stream().map_err(dev_err)?, cpu: CpuChunks::default() };
+                    let mut t = NcclDeviceTransport::bootstrap(comm, &ctx)?;
+                    let rows = Shape4 { seq: 8, ..shape };
+                    let k: Dev<bf16> = ChunkCompute::<bf16>::zero_rows(&x, rows)?;
+                    let v: Dev<bf16> = ChunkCompute::<bf16>::zero_rows(&x, rows)?;
+                    let travel = Travel {
+                        kind: TravelKind::Kv,
+                        owner: rank,
+                        step: rank + 1,
+                        k: vec![Arc::new(k)],
+                        v: vec![Arc::new(v)],
+                        dk: Vec::new(),
+                        dv: Vec::new(),
+                        arriving: vec![rows],
+                    };
+                    ChunkTransport::<bf16, StandInChunks>::start(&mut t, &x, problem, travel)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    });
+    for r in &res {
+        assert!(matches!(r, Err(attn_core::AttnError::Comm { .. })), "{res:?}");
+    }
+    println!("device ring: ranks out of step fail at the header: {res:?}");
 }
