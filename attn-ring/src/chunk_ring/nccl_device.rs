@@ -14,8 +14,9 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 use super::transport::{Awaited, check_travel, out_of_order};
 use super::{Arrived, ChunkCompute, ChunkTransport, Travel};
+use crate::comm::Communicator;
+use crate::comm::nccl_comm::share_unique_id;
 use crate::comm::nccl_handle::{NcclHandle, PostedRound, bytes_of, bytes_of_mut};
-use crate::comm::{Communicator, NcclComm};
 use crate::plan::RingProblem;
 use crate::protocol::wire::{Expected, Reader, begin};
 use attn_kernels::cuda::CudaElement;
@@ -69,19 +70,7 @@ impl<C: Communicator, R, A> NcclDeviceTransport<C, R, A> {
     /// sends it over `control`; when it cannot, every rank gets a typed error.
     pub fn bootstrap(mut control: C, ctx: &Arc<CudaContext>) -> Result<Self> {
         let (rank, world) = (control.rank(), control.world_size());
-        let made = if rank == 0 { Some(NcclComm::unique_id()) } else { None };
-        let offer = match &made {
-            Some(Ok(id)) => id.to_vec(),
-            _ => Vec::new(),
-        };
-        let ids = control.all_gather(offer)?;
-        if let Some(Err(e)) = made {
-            return Err(e);
-        }
-        let id: [u8; 128] = ids[0].as_slice().try_into().map_err(|_| AttnError::Comm {
-            rank,
-            message: "rank 0 could not make an NCCL unique id (see its error)".into(),
-        })?;
+        let id = share_unique_id(&mut control)?;
         let cuda =
             |what: &str, e: cudarc::driver::DriverError| AttnError::Comm { rank, message: format!("{what}: {e:?}") };
         let stream = ctx.new_stream().map_err(|e| cuda("NCCL stream", e))?;

@@ -157,19 +157,7 @@ mod imp {
             timeout: Duration,
         ) -> Result<Self> {
             let (rank, world) = (over.rank(), over.world_size());
-            let made = if rank == 0 { Some(Self::unique_id()) } else { None };
-            let offer = match &made {
-                Some(Ok(id)) => id.to_vec(),
-                _ => Vec::new(),
-            };
-            let ids = over.all_gather(offer)?;
-            if let Some(Err(e)) = made {
-                return Err(e);
-            }
-            let id: [u8; NCCL_ID_BYTES] = ids[0].as_slice().try_into().map_err(|_| AttnError::Comm {
-                rank,
-                message: "rank 0 could not make an NCCL unique id (see its error)".into(),
-            })?;
+            let id = share_unique_id(over)?;
             Self::with_timeout(rank, world, device, &id, timeout)
         }
 
@@ -184,6 +172,26 @@ mod imp {
         ) -> Result<Self> {
             Ok(GroupedComm::with_transport(NcclP2p::new(rank, world, device, id, timeout)?))
         }
+    }
+
+    /// A unique id made on rank 0 of `over` and sent to every rank through it; when rank 0
+    /// cannot make one, every rank gets a typed error (no rank waits for a communicator
+    /// that never forms).
+    pub(crate) fn share_unique_id<C: crate::comm::Communicator + ?Sized>(over: &mut C) -> Result<[u8; NCCL_ID_BYTES]> {
+        let rank = over.rank();
+        let made = if rank == 0 { Some(NcclComm::unique_id()) } else { None };
+        let offer = match &made {
+            Some(Ok(id)) => id.to_vec(),
+            _ => Vec::new(),
+        };
+        let ids = over.all_gather(offer)?;
+        if let Some(Err(e)) = made {
+            return Err(e);
+        }
+        ids[0].as_slice().try_into().map_err(|_| AttnError::Comm {
+            rank,
+            message: "rank 0 could not make an NCCL unique id (see its error)".into(),
+        })
     }
 
     impl NcclP2p {
@@ -269,6 +277,8 @@ mod imp {
 pub use imp::NcclComm;
 #[cfg(feature = "nccl")]
 pub use imp::NcclP2p;
+#[cfg(all(feature = "nccl", feature = "cuda"))]
+pub(crate) use imp::share_unique_id;
 
 #[cfg(test)]
 mod tests {

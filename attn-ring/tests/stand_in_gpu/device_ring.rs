@@ -57,8 +57,15 @@ impl StandInChunks {
     fn put_acc(&self, h: &HostAcc, a: &mut Dev<f32>) -> Result<()> {
         self.stream.memcpy_htod(&h.data.concat(), &mut a.data).map_err(dev_err)
     }
-    fn block<T: CudaElement>(&self, b: &ChunkBlock<'_, Dev<T>, Masks<T>>) -> Result<[HostRows<T>; 3]> {
-        Ok([self.host(b.q)?, self.host(b.k)?, self.host(b.v)?])
+    /// `f` on the host copy of block `b`.
+    fn on_host<T: CudaElement, R>(
+        &self,
+        b: &ChunkBlock<'_, Dev<T>, Masks<T>>,
+        f: impl FnOnce(&ChunkBlock<'_, HostRows<T>, Masks<T>>) -> Result<R>,
+    ) -> Result<R> {
+        let (q, k, v) = (self.host(b.q)?, self.host(b.k)?, self.host(b.v)?);
+        let (problem, masks, q_start, k_start) = (b.problem, b.masks, b.q_start, b.k_start);
+        f(&ChunkBlock { problem, masks, q: &q, q_start, k: &k, v: &v, k_start })
     }
 }
 
@@ -84,17 +91,7 @@ impl<T: CudaElement> ChunkCompute<T> for StandInChunks {
         Ok(Dev { data: self.stream.alloc_zeros(shape.numel()).map_err(dev_err)?, shape })
     }
     fn forward_block(&self, b: &ChunkBlock<'_, Dev<T>, Self::Masks>, p: &mut HostPartial) -> Result<()> {
-        let [q, k, v] = self.block(b)?;
-        let hb = ChunkBlock {
-            problem: b.problem,
-            masks: b.masks,
-            q: &q,
-            q_start: b.q_start,
-            k: &k,
-            v: &v,
-            k_start: b.k_start,
-        };
-        self.cpu.forward_block(&hb, p)
+        self.on_host(b, |hb| self.cpu.forward_block(hb, p))
     }
     fn finish_forward(&self, problem: &RingProblem, p: &HostPartial) -> Result<(Dev<T>, HostRowStats)> {
         let (out, lse) = ChunkCompute::<T>::finish_forward(&self.cpu, problem, p)?;
@@ -109,20 +106,10 @@ impl<T: CudaElement> ChunkCompute<T> for StandInChunks {
         up: &ChunkUpstream<'_, Dev<T>, HostRowStats>,
         g: ChunkGrads<'_, Dev<f32>>,
     ) -> Result<()> {
-        let [q, k, v] = self.block(b)?;
-        let hb = ChunkBlock {
-            problem: b.problem,
-            masks: b.masks,
-            q: &q,
-            q_start: b.q_start,
-            k: &k,
-            v: &v,
-            k_start: b.k_start,
-        };
         let go = self.host(up.grad_out)?;
         let hup = ChunkUpstream { grad_out: &go, lse: up.lse, delta: up.delta };
         let (mut dq, mut dk, mut dv) = (self.host_acc(g.dq)?, self.host_acc(g.dk)?, self.host_acc(g.dv)?);
-        self.cpu.backward_block(&hb, &hup, ChunkGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv })?;
+        self.on_host(b, |hb| self.cpu.backward_block(hb, &hup, ChunkGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }))?;
         self.put_acc(&dq, g.dq)?;
         self.put_acc(&dk, g.dk)?;
         self.put_acc(&dv, g.dv)
