@@ -5,6 +5,7 @@ mod common;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnShape, DType, DilatedConfig, Mixing, Pass, Shape4, TensorView};
+use attn_ring::plan::ring_route::Way;
 use attn_ring::{
     Layout, PatternStrategy, Plan, RingMasks, RingProblem, Strategy, ThreadComm, expected_bytes, problem_for,
     run_in_process, run_in_process_backward, run_problem_backward_on, run_problem_on,
@@ -68,7 +69,7 @@ fn segment_local_patterns_send_nothing_and_plain_ring_sends_everything() {
     let dense = cfg(&[64], &[1], Mixing::HeadGroups, false);
     let plan = Plan::new(problem_for(&dense, shape, Layout::Contiguous, Strategy::Ring, 4)).unwrap();
     assert_eq!(plan.strategies, vec![PatternStrategy::Ring]);
-    assert_eq!(plan.hops, vec![3; 4]);
+    assert_eq!(plan.hops, [vec![3; 4], vec![0; 4]]);
     // Each rank forwards 3 blocks of 16 rows x 2 heads x (k + v) x 8 floats x 4 bytes, plus headers.
     let per_block = 9 + 16 * 2 * 2 * 8 * 4;
     assert_eq!(expected_bytes(&plan, DType::F32, Pass::Forward), vec![3 * per_block; 4]);
@@ -218,7 +219,8 @@ fn grouped_heads_send_their_key_value_heads_once() {
 
 /// A window sends a rank only the keys within the window of its queries: at most `left +
 /// right` rows per contiguous chunk it holds (two under zigzag), times key/value heads
-/// and batch, whatever the sequence length; `expected_bytes` says so.
+/// and batch, whatever the sequence length and the strategy (a ring block goes both ways,
+/// one hop each, instead of around the ring); `expected_bytes` says so.
 #[test]
 fn a_window_sends_only_keys_within_reach() {
     let (left, right, kv_heads, d) = (40usize, 8usize, 2usize, 8usize);
@@ -227,23 +229,56 @@ fn a_window_sends_only_keys_within_reach() {
         let reach = left + if causal { 0 } else { right };
         for seq in [1024, 8192, 65536] {
             for (layout, chunks) in [(Layout::Contiguous, 1), (Layout::Zigzag, 2)] {
-                let q = Shape4::new(1, seq, 4, d).unwrap();
-                let shape = AttnShape { q, kv: Shape4 { heads: kv_heads, ..q } };
-                let plan = Plan::new(RingProblem::new(&cfg, shape, layout, Strategy::Auto, 4)).unwrap();
-                let per_row = (2 * d * 2) as u64; // k and v rows of bf16
-                let bound = (chunks * reach * kv_heads) as u64 * per_row;
-                // What each rank receives is what the others send it: sum the messages to
-                // each rank from the plan's per-pair counts.
-                for r in 0..4 {
-                    let rows: u64 = (0..4)
-                        .filter(|&o| o != r)
-                        .map(|o| plan.gather_heads.iter().map(|ph| plan.gather_count(o, r, ph) as u64).sum::<u64>())
-                        .sum();
-                    assert!(rows * per_row <= bound, "seq {seq} {layout:?} causal={causal} rank {r}: {rows} rows");
+                for strategy in [Strategy::Auto, Strategy::Ring, Strategy::AllGather] {
+                    let q = Shape4::new(1, seq, 4, d).unwrap();
+                    let shape = AttnShape { q, kv: Shape4 { heads: kv_heads, ..q } };
+                    let plan = Plan::new(RingProblem::new(&cfg, shape, layout, strategy, 4)).unwrap();
+                    let per_row = (2 * d * 2) as u64; // k and v rows of bf16
+                    let bound = (chunks * reach * kv_heads) as u64 * per_row;
+                    let case = format!("seq {seq} {layout:?} {strategy:?} causal={causal}");
+                    for r in 0..4 {
+                        let rows = received_rows(&plan, r);
+                        assert!(rows * per_row <= bound, "{case} rank {r}: {rows} rows");
+                    }
+                    let sent: u64 = expected_bytes(&plan, DType::BF16, Pass::Forward).iter().sum();
+                    assert!(sent <= 4 * (bound + 2 * 3 * 9 * 64), "{case}: {sent} bytes in all");
                 }
-                let sent: u64 = expected_bytes(&plan, DType::BF16, Pass::Forward).iter().sum();
-                assert!(sent <= 4 * (bound + 2 * 3 * 9 * 64), "seq {seq}: {sent} bytes in all");
             }
+        }
+    }
+}
+
+/// The k/v rows rank `r` receives in a forward, from the plan's per-pair counts: every
+/// all-gather message to it and every ring block that visits it (either way).
+fn received_rows(plan: &Plan, r: usize) -> u64 {
+    let p = plan.problem.world;
+    let gathered: u64 = (0..p)
+        .filter(|&o| o != r)
+        .map(|o| plan.gather_heads.iter().map(|ph| plan.gather_count(o, r, ph) as u64).sum::<u64>())
+        .sum();
+    let ring: u64 = Way::BOTH
+        .into_iter()
+        .flat_map(|way| (0..p).filter(move |&o| plan.ring_visits(way, o, r)).map(move |o| (way, o)))
+        .map(|(way, o)| plan.ring_heads.iter().map(|ph| plan.ring_count(way, o, ph) as u64).sum::<u64>())
+        .sum();
+    gathered + ring
+}
+
+/// The ring strategy's blocks go the way that reaches their receivers in the fewest hops:
+/// a rank needing only the rank before it (a two-sided window) gets that block in one hop
+/// back; every block still visits only its receivers.
+#[test]
+fn ring_blocks_take_the_shorter_way() {
+    let cfg = DilatedConfig::builder().window(6, 3).build().unwrap();
+    let shape = AttnShape::self_attn(Shape4::new(1, 64, 2, 4).unwrap());
+    let plan = Plan::new(RingProblem::new(&cfg, shape, Layout::Contiguous, Strategy::Ring, 4)).unwrap();
+    // Owner 0 feeds rank 1 (next); owner 3 feeds rank 2 (back); inner owners both.
+    assert_eq!(plan.hops, [vec![1, 1, 1, 0], vec![0, 1, 1, 1]]);
+    assert_eq!(plan.ring_steps(), 1);
+    for way in Way::BOTH {
+        for o in 0..4 {
+            let visited: Vec<usize> = (0..4).filter(|&r| plan.ring_visits(way, o, r)).collect();
+            assert!(visited.iter().all(|&r| r.abs_diff(o) == 1), "{way:?} owner {o}: {visited:?}");
         }
     }
 }

@@ -10,6 +10,7 @@ use crate::compute::forward::{Partial, all_pairs, forward_core, restep};
 use crate::compute::head_work::for_each_item;
 use crate::compute::kernel_bridge::{GradRows, attend_backward};
 use crate::compute::rank_rows::{Block, Local, head_rows, mask_of};
+use crate::plan::ring_route::Way;
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::protocol::call::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
 use crate::protocol::wire::{Expected, MsgKind, Reader, begin, put_f32s};
@@ -204,10 +205,10 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     // at step t carries; gradients going home travel at one extra level after the loop.
     let rh = &plan.ring_heads;
     let mut posted = false;
-    if plan.hops[r] >= 1 {
-        let pos: Vec<Vec<usize>> = rh.iter().map(|ph| plan.ring_positions(r, ph)).collect();
+    for way in Way::BOTH.into_iter().filter(|&w| plan.hops_of(w, r) >= 1) {
+        let pos: Vec<Vec<usize>> = rh.iter().map(|ph| plan.ring_positions(way, r, ph)).collect();
         let blk = local.encode_rows(rh, &pos, MsgKind::RingKv, r, 1);
-        comm.post(vec![(comm.next(), blk)])?;
+        comm.post(vec![(way.step(r, 1, p), blk)])?;
         posted = true;
     }
 
@@ -231,49 +232,60 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
 
     let mut home = Vec::new();
     for t in 1..=plan.ring_steps() {
-        let owner = (r + p - t) % p;
-        let hops = plan.hops[owner];
-        if t > hops {
+        let arriving: Vec<(Way, usize)> = Way::BOTH
+            .into_iter()
+            .map(|way| (way, way.owner_at(r, t, p)))
+            .filter(|&(way, owner)| plan.ring_visits(way, owner, r))
+            .collect();
+        if arriving.is_empty() {
             if std::mem::take(&mut posted) {
                 comm.flush()?;
             }
             continue;
         }
         posted = false;
-        // The block, and from step 2 on the partial gradients of the ranks it has passed.
-        let from = [comm.prev(); 2];
-        let mut got = comm.exchange(Vec::new(), &from[..if t >= 2 { 2 } else { 1 }])?.into_iter();
-        let bytes = got.next().unwrap_or_default();
-        let pos = rh.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
-        let blk =
-            Block::<T>::decode(&bytes, Expected { kind: MsgKind::RingKv, owner, step: t, rank: r }, batch, d, pos)?;
-        if t < hops {
-            comm.post(vec![(comm.next(), restep(bytes, t + 1))])?;
-            posted = true;
-        } else {
-            drop(bytes);
-        }
-        let mut bg = if plan.ring_need(owner, r) {
-            ctx.block_backward(rh, &blk, &mut grads.dq)?
-        } else {
-            BlockGrads::zeros(&blk, d, batch)
-        };
-        if let Some(partial) = got.next() {
-            bg.add_from(&partial, MsgKind::RingGrad, owner, t, r)?;
-        }
-        if t < hops {
-            comm.post(vec![(comm.next(), bg.encode(MsgKind::RingGrad, owner, t + 1))])?;
-        } else {
-            home.push((owner, bg.encode(MsgKind::RingGradHome, owner, t)));
+        // Each block, and from step 2 on the partial gradients of the ranks it has passed.
+        let frames = if t >= 2 { 2 } else { 1 };
+        let from: Vec<usize> =
+            arriving.iter().flat_map(|&(way, _)| std::iter::repeat_n(way.owner_at(r, 1, p), frames)).collect();
+        let mut got = comm.exchange(Vec::new(), &from)?.into_iter();
+        for &(way, owner) in &arriving {
+            let hops = plan.hops_of(way, owner);
+            let bytes = got.next().unwrap_or_default();
+            let pos = rh.iter().map(|ph| plan.ring_positions(way, owner, ph)).collect();
+            let expected = Expected { kind: MsgKind::RingKv, owner, step: t, rank: r };
+            let blk = Block::<T>::decode(&bytes, expected, batch, d, pos)?;
+            let onward = way.step(r, 1, p);
+            if t < hops {
+                comm.post(vec![(onward, restep(bytes, t + 1))])?;
+                posted = true;
+            } else {
+                drop(bytes);
+            }
+            let mut bg = if plan.ring_need(owner, r) {
+                ctx.block_backward(rh, &blk, &mut grads.dq)?
+            } else {
+                BlockGrads::zeros(&blk, d, batch)
+            };
+            if t >= 2 {
+                bg.add_from(&got.next().unwrap_or_default(), MsgKind::RingGrad, owner, t, r)?;
+            }
+            if t < hops {
+                comm.post(vec![(onward, bg.encode(MsgKind::RingGrad, owner, t + 1))])?;
+            } else {
+                home.push((owner, bg.encode(MsgKind::RingGradHome, owner, t)));
+            }
         }
     }
-    let from: Vec<usize> = if plan.hops[r] >= 1 { vec![(r + plan.hops[r]) % p] } else { Vec::new() };
+    // Gradients come home from the last holder of each way's block.
+    let ways: Vec<Way> = Way::BOTH.into_iter().filter(|&w| plan.hops_of(w, r) >= 1).collect();
+    let from: Vec<usize> = ways.iter().map(|&w| w.step(r, plan.hops_of(w, r), p)).collect();
     let got = comm.exchange(home, &from)?;
-    if let Some(bytes) = got.into_iter().next() {
-        let pos: Vec<Vec<usize>> = rh.iter().map(|ph| plan.ring_positions(r, ph)).collect();
+    for (&way, bytes) in ways.iter().zip(got) {
+        let pos: Vec<Vec<usize>> = rh.iter().map(|ph| plan.ring_positions(way, r, ph)).collect();
         let shape = Block::<T> { pos: pos.clone(), k: Vec::new(), v: Vec::new() };
         let mut bg = BlockGrads::zeros(&shape, d, batch);
-        bg.add_from(&bytes, MsgKind::RingGradHome, r, plan.hops[r], r)?;
+        bg.add_from(&bytes, MsgKind::RingGradHome, r, plan.hops_of(way, r), r)?;
         ctx.scatter_home(rh, &pos, &bg, &mut grads);
     }
     Ok(grads)

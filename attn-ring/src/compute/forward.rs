@@ -9,6 +9,7 @@ use crate::compute::allgather_forward::{forward_direct, gather_partials};
 use crate::compute::head_work::for_each_item;
 use crate::compute::kernel_bridge::{KeyBlock, attend_forward};
 use crate::compute::rank_rows::{Block, Local, RawBlock, mask_of};
+use crate::plan::ring_route::Way;
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::protocol::call::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
 use crate::protocol::wire::{Expected, MsgKind, Reader};
@@ -89,17 +90,17 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     let gathered: Vec<Block<T>> =
         gather_blocks(comm, plan, local)?.into_iter().map(|raw| Block::from_raw(&raw, local.batch, local.d)).collect();
 
-    // Ring: post this rank's block before computing anything. Every frame posted
-    // before step t is received by the next rank at step t, and this rank's exchange
-    // (or flush) at step t carries it: one level per step (see `comm::grouped`).
+    // Ring: post this rank's blocks (one per way it travels) before computing anything.
+    // Every frame posted before step t is received by its neighbour at step t, and this
+    // rank's exchange (or flush) at step t carries it: one level per step (see
+    // `comm::grouped`).
     let mut posted = false;
-    if plan.hops[r] >= 1 {
-        let pos: Vec<Vec<usize>> = plan.ring_heads.iter().map(|ph| plan.ring_positions(r, ph)).collect();
+    for way in Way::BOTH.into_iter().filter(|&w| plan.hops_of(w, r) >= 1) {
+        let pos: Vec<Vec<usize>> = plan.ring_heads.iter().map(|ph| plan.ring_positions(way, r, ph)).collect();
         let blk = local.encode_rows(&plan.ring_heads, &pos, MsgKind::RingKv, r, 1);
-        comm.post(vec![(comm.next(), blk)])?;
+        comm.post(vec![(way.step(r, 1, p), blk)])?;
         posted = true;
     }
-
     // Own rows, every pattern of every head.
     let own: Vec<PatternHead> = all_pairs(plan).into_iter().map(|(ph, _)| ph).collect();
     let accs = (&mut o[..], &mut lse[..]);
@@ -112,46 +113,50 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     drop(gathered);
 
     for t in 1..=plan.ring_steps() {
-        let owner = (r + p - t) % p;
-        if t > plan.hops[owner] {
+        // The blocks reaching this rank at step t: from the previous rank going next, from
+        // the next rank going back.
+        let arriving: Vec<(Way, usize)> = Way::BOTH
+            .into_iter()
+            .map(|way| (way, way.owner_at(r, t, p)))
+            .filter(|&(way, owner)| plan.ring_visits(way, owner, r))
+            .collect();
+        if arriving.is_empty() {
             if std::mem::take(&mut posted) {
                 comm.flush()?;
             }
             continue;
         }
         posted = false;
-        let bytes = comm.exchange(Vec::new(), &[comm.prev()])?.pop().unwrap_or_default();
-        if t == plan.hops[owner] && plan.ring_need(owner, r) {
-            // Last hop: no copy, one (batch, pair) of the message decoded at a time.
-            let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
-            let raw =
-                RawBlock::new::<T>(bytes, Expected { kind: MsgKind::RingKv, owner, step: t, rank: r }, batch, d, pos)?;
-            merge_raw(plan, local, &raw, &mut o, &mut lse, threads)?;
-            continue;
-        }
-        // Decode, pass the bytes on at once (the next rank's transfer overlaps this compute), then compute.
-        let blk = if plan.ring_need(owner, r) {
-            let pos = plan.ring_heads.iter().map(|ph| plan.ring_positions(owner, ph)).collect();
-            Some(Block::<T>::decode(
-                &bytes,
-                Expected { kind: MsgKind::RingKv, owner, step: t, rank: r },
-                batch,
-                d,
-                pos,
-            )?)
-        } else {
-            Reader::open(&bytes, Expected { kind: MsgKind::RingKv, owner, step: t, rank: r })?;
-            None
-        };
-        if t < plan.hops[owner] {
-            comm.post(vec![(comm.next(), restep(bytes, t + 1))])?;
-            posted = true;
-        } else {
-            drop(bytes);
-        }
-        if let Some(blk) = blk {
-            let keys = |bh: usize, i| blk.keys(bh / local.heads, i, d);
-            merge_pairs(plan, local, (&plan.ring_heads, Pairs::Wire), (&mut o, &mut lse), threads, keys)?;
+        let from: Vec<usize> = arriving.iter().map(|&(way, _)| way.owner_at(r, 1, p)).collect();
+        let received = comm.exchange(Vec::new(), &from)?;
+        for (&(way, owner), bytes) in arriving.iter().zip(received) {
+            let hops = plan.hops_of(way, owner);
+            let expected = Expected { kind: MsgKind::RingKv, owner, step: t, rank: r };
+            let pos = || plan.ring_heads.iter().map(|ph| plan.ring_positions(way, owner, ph)).collect();
+            if t == hops && plan.ring_need(owner, r) {
+                // Last hop: no copy, one (batch, pair) of the message decoded at a time.
+                let raw = RawBlock::new::<T>(bytes, expected, batch, d, pos())?;
+                merge_raw(plan, local, &raw, &mut o, &mut lse, threads)?;
+                continue;
+            }
+            // Decode, pass the bytes on at once (the neighbour's transfer overlaps this
+            // compute), then compute.
+            let blk = if plan.ring_need(owner, r) {
+                Some(Block::<T>::decode(&bytes, expected, batch, d, pos())?)
+            } else {
+                Reader::open(&bytes, expected)?;
+                None
+            };
+            if t < hops {
+                comm.post(vec![(way.step(r, 1, p), restep(bytes, t + 1))])?;
+                posted = true;
+            } else {
+                drop(bytes);
+            }
+            if let Some(blk) = blk {
+                let keys = |bh: usize, i| blk.keys(bh / local.heads, i, d);
+                merge_pairs(plan, local, (&plan.ring_heads, Pairs::Wire), (&mut o, &mut lse), threads, keys)?;
+            }
         }
     }
 

@@ -5,17 +5,21 @@
 
 mod head_counts;
 pub mod layout;
+pub mod ring_route;
+mod traffic;
 pub(crate) mod workspace;
 
 use std::ops::Range;
 
 use attn_core::{
-    AttnError, AttnShape, Band, DType, DilatedConfig, HeadPatterns, KeyPadding, Masks, PackedSequences, Pass,
-    PlacedPattern, Result, SegmentPattern,
+    AttnError, AttnShape, Band, DilatedConfig, HeadPatterns, KeyPadding, Masks, PackedSequences, PlacedPattern, Result,
+    SegmentPattern,
 };
 
 use crate::plan::head_counts::PatternHeads;
 use crate::plan::layout::Layout;
+use crate::plan::ring_route::{Way, route};
+pub use crate::plan::traffic::{expected_bytes, forward_buffer_bytes};
 
 /// Strategy override for patterns whose segments span ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -25,7 +29,9 @@ pub enum Strategy {
     /// heads, ring pass otherwise (e.g. full attention on 3 or more ranks).
     #[default]
     Auto,
-    /// Every spanning pattern passes its selected k/v rows around the ring.
+    /// Every spanning pattern passes its selected k/v rows from neighbour to neighbour,
+    /// each owner's block going the way (or both ways) that reaches the ranks needing it
+    /// in the fewest hops.
     Ring,
     /// Every spanning pattern sends its selected rows straight to the ranks that need them.
     AllGather,
@@ -55,7 +61,7 @@ impl Strategy {
 pub enum PatternStrategy {
     /// Segments never span ranks: no traffic.
     Local,
-    /// Selected rows of spanning segments travel around the ring.
+    /// Selected rows of spanning segments travel from neighbour to neighbour.
     Ring,
     /// Selected rows go directly to each rank that needs them.
     AllGather,
@@ -159,10 +165,12 @@ pub struct Plan {
     pub strategies: Vec<PatternStrategy>,
     /// `need[i][o][r]`: rank `r` has queries that attend rows of owner `o` under pattern `i`.
     need: Vec<Vec<Vec<bool>>>,
-    /// `hops[o]`: how many ring steps owner `o`'s block travels.
-    pub hops: Vec<usize>,
-    /// `ring_regions[i][o]`: the global ranges of `o`'s rows that travel on the ring for pattern `i`.
-    ring_regions: Vec<Vec<Vec<Range<usize>>>>,
+    /// `hops[w][o]`: how many ring steps owner `o`'s block travels going way `w`
+    /// ([`Way::index`]).
+    pub hops: [Vec<usize>; 2],
+    /// `ring_regions[w][i][o]`: the global ranges of `o`'s rows that travel way `w` for
+    /// pattern `i`.
+    ring_regions: [Vec<Vec<Vec<Range<usize>>>>; 2],
     /// Ring and all-gather (pattern, key/value head) pairs, in wire order.
     pub ring_heads: Vec<PatternHead>,
     pub gather_heads: Vec<PatternHead>,
@@ -252,7 +260,6 @@ impl Plan {
         let pattern_heads: Vec<PatternHeads> = (0..g).map(|i| PatternHeads::new(cfg, heads, i)).collect();
         let mut gathered = vec![vec![0usize; p]; g];
         let mut own = vec![vec![0usize; p]; g];
-        let mut ring_regions = vec![vec![Vec::new(); p]; g];
         let packing = problem.core_masks()?.packing;
         for i in 0..g {
             let seg = PlacedPattern { pat: cfg.pattern(i, 0), packing, n };
@@ -262,13 +269,11 @@ impl Plan {
                         for b in &ranges[r] {
                             if let Some(reg) = shared_region(a, b, &seg, cfg.band()) {
                                 need[i][o][r] = true;
-                                gathered[i][r] += pattern_heads[i].selected(reg.clone());
-                                ring_regions[i][o].push(reg);
+                                gathered[i][r] += pattern_heads[i].selected(reg);
                             }
                         }
                     }
                 }
-                ring_regions[i][o] = merge_ranges(std::mem::take(&mut ring_regions[i][o]));
             }
         }
         for (i, ph) in pattern_heads.iter().enumerate() {
@@ -294,12 +299,32 @@ impl Plan {
                 }
             })
             .collect();
-        let mut hops = vec![0usize; p];
-        for (i, s) in strategies.iter().enumerate() {
-            if *s == PatternStrategy::Ring {
-                for (o, h) in hops.iter_mut().enumerate() {
-                    let far = (0..p).filter(|&r| need[i][o][r]).map(|r| (r + p - o) % p).max().unwrap_or(0);
-                    *h = (*h).max(far);
+        // Each owner's ring receivers split between the two ways; the rows going each way
+        // are those its receivers on that way share with the owner.
+        let mut hops = [vec![0usize; p], vec![0usize; p]];
+        let mut ring_regions = [vec![vec![Vec::new(); p]; g], vec![vec![Vec::new(); p]; g]];
+        let ring_patterns: Vec<usize> = (0..g).filter(|&i| strategies[i] == PatternStrategy::Ring).collect();
+        for o in 0..p {
+            let mut dists: Vec<usize> = (0..p)
+                .filter(|&r| ring_patterns.iter().any(|&i| need[i][o][r]))
+                .map(|r| Way::Next.distance(o, r, p))
+                .collect();
+            dists.sort_unstable();
+            let rt = route(&dists, p);
+            for way in Way::BOTH {
+                hops[way.index()][o] = rt.hops(way);
+            }
+            for &i in &ring_patterns {
+                let seg = PlacedPattern { pat: cfg.pattern(i, 0), packing, n };
+                let mut regs = [Vec::new(), Vec::new()];
+                for r in (0..p).filter(|&r| need[i][o][r]) {
+                    let w = rt.way_of(Way::Next.distance(o, r, p)).index();
+                    for a in &ranges[o] {
+                        regs[w].extend(ranges[r].iter().filter_map(|b| shared_region(a, b, &seg, cfg.band())));
+                    }
+                }
+                for (w, v) in regs.into_iter().enumerate() {
+                    ring_regions[w][i][o] = merge_ranges(v);
                 }
             }
         }
@@ -337,9 +362,20 @@ impl Plan {
         Ok(plan)
     }
 
-    /// Number of ring steps (the farthest any block travels).
+    /// Number of ring steps (the farthest any block travels either way).
     pub fn ring_steps(&self) -> usize {
-        self.hops.iter().copied().max().unwrap_or(0)
+        self.hops.iter().flatten().copied().max().unwrap_or(0)
+    }
+
+    /// How many steps owner `o`'s block travels going `way`.
+    pub fn hops_of(&self, way: Way, o: usize) -> usize {
+        self.hops[way.index()][o]
+    }
+
+    /// Whether owner `o`'s block going `way` visits `rank` (`rank` may only pass it on).
+    pub fn ring_visits(&self, way: Way, o: usize, rank: usize) -> bool {
+        let t = way.distance(o, rank, self.problem.world);
+        t >= 1 && t <= self.hops_of(way, o)
     }
 
     /// Whether rank `r` needs owner `o`'s rows for some ring pattern.
@@ -359,10 +395,10 @@ impl Plan {
         PlacedPattern { pat, packing, n: self.problem.seq }
     }
 
-    /// Global positions of owner `o`'s rows that travel on the ring for `ph`.
-    pub(crate) fn ring_positions(&self, o: usize, ph: &PatternHead) -> Vec<usize> {
+    /// Global positions of owner `o`'s rows that travel `way` for `ph`.
+    pub(crate) fn ring_positions(&self, way: Way, o: usize, ph: &PatternHead) -> Vec<usize> {
         let placed = self.placed(ph.pat);
-        self.ring_regions[ph.pattern][o].iter().flat_map(|r| placed.selected_in_range(r.clone())).collect()
+        self.ring_regions[way.index()][ph.pattern][o].iter().flat_map(|r| placed.selected_in_range(r.clone())).collect()
     }
 
     pub(crate) fn gather_regions(&self, o: usize, r: usize, pattern: usize) -> Vec<Range<usize>> {
@@ -385,10 +421,10 @@ impl Plan {
             .collect()
     }
 
-    /// Selected rows of wire pair `ph` in owner `o`'s ring block.
-    pub fn ring_count(&self, o: usize, ph: &PatternHead) -> usize {
+    /// Selected rows of wire pair `ph` in owner `o`'s ring block going `way`.
+    pub fn ring_count(&self, way: Way, o: usize, ph: &PatternHead) -> usize {
         let placed = self.placed(ph.pat);
-        self.ring_regions[ph.pattern][o].iter().map(|r| placed.count_in_range(r.clone())).sum()
+        self.ring_regions[way.index()][ph.pattern][o].iter().map(|r| placed.count_in_range(r.clone())).sum()
     }
 
     /// Selected rows of wire pair `ph` that owner `o` sends straight to rank `r`.
@@ -414,147 +450,3 @@ pub const MAX_PAIRS: usize = 1 << 20;
 /// other rank, twice (the forward is recomputed), f32 gradients come back, and each
 /// message's 9-byte header covers at least one row.
 const BYTES_BOUND: u128 = 1024;
-
-/// Payload bytes each rank sends during one forward (or backward) call, by
-/// closed-form counts of selected rows (`count_in_range`), not by running anything.
-///
-/// Forward: all-gather sends `batch * sum_(pattern, head) selected(o -> r) * 2 * d * elem`
-/// to each rank that needs them (in one message, or, when no pattern uses the ring, in
-/// pieces of at most `direct::piece_rows` (128 to 1024) rows of one (pattern, head),
-/// each with its header); a ring block of owner `o` (`batch * sum selected(o) * 2 * d *
-/// elem`) is sent once by each of the first `hops[o]` ranks on its way. Backward adds the
-/// same for the recomputed forward, the k/v pass, and the f32 dk/dv coming back (for the
-/// ring: once per hop after the first, plus the trip home). Every message carries a
-/// [`MSG_HEADER_BYTES`] header; handshake and completion rounds are not counted.
-pub fn expected_bytes(plan: &Plan, dtype: DType, pass: Pass) -> Vec<u64> {
-    let backward = pass == Pass::Backward;
-    let RingProblem { batch, head_dim: d, world: p, .. } = plan.problem;
-    let (b, d, e) = (batch as u64, d as u64, dtype.size() as u64);
-    let mut fwd = vec![0u64; p];
-    let mut direct = vec![0u64; p];
-    let mut bwd_extra = vec![0u64; p];
-    for o in 0..p {
-        for r in (0..p).filter(|&r| plan.gather_need(o, r)) {
-            let rows: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(o, r, ph) as u64).sum();
-            fwd[o] += MSG_HEADER_BYTES + b * rows * 2 * d * e;
-            let pieces = crate::compute::allgather_forward::pieces(plan, o, r).len() as u64;
-            direct[o] += pieces * MSG_HEADER_BYTES + b * rows * 2 * d * e;
-            // dk/dv (f32) go back from r to o.
-            bwd_extra[r] += MSG_HEADER_BYTES + b * rows * 2 * d * 4;
-        }
-        let rows: u64 = plan.ring_heads.iter().map(|ph| plan.ring_count(o, ph) as u64).sum();
-        let h = plan.hops[o];
-        for t in 0..h {
-            let sender = (o + t) % p;
-            fwd[sender] += MSG_HEADER_BYTES + b * rows * 2 * d * e;
-        }
-        for t in 1..=h {
-            // The holder at step t sends dk/dv on (t < h) or home (t == h).
-            bwd_extra[(o + t) % p] += MSG_HEADER_BYTES + b * rows * 2 * d * 4;
-        }
-    }
-    if backward {
-        fwd.iter().zip(&bwd_extra).map(|(f, x)| 2 * f + x).collect()
-    } else if plan.ring_heads.is_empty() {
-        direct
-    } else {
-        fwd
-    }
-}
-
-/// The buffers one rank's forward holds at its peak, beyond the caller's tensors (q, k,
-/// v, out, lse), charged to the rank that allocated them (a message counts against its
-/// sender until its last receiver drops it), without kernel scratch and bookkeeping
-/// (bounded by [`Plan::workspace_bytes`], not proportional to the sequence):
-/// - with ring patterns: the f32 accumulators of every (batch, head), `B*L*H*(D+1)*4`;
-///   this rank's own ring message (`9 + B*rows*2*D*e`, alive while it travels); one
-///   visiting block at a time, decoded whole when it is passed on (`B*rows*2*D*e`),
-///   at its last hop read from the message one (batch, pair) at a time
-///   (`rows_pair*2*D*e`), plus 8 bytes per position; the kernel's f32 packing of one
-///   call's keys and values (`2*K*D*4`, `K` the larger of `L` and a visiting part,
-///   whole tiles of 64 rows); every
-///   all-gather message it sends and every received one decoded;
-/// - without ring patterns (the direct all-gather forward): f32 partials `(o, lse)` for
-///   the selected query rows that see remote keys, `B*rows*(D+1)*4`, and this rank's
-///   pieces (`R` rows of one pair each, an eighth of the smallest one-pair message
-///   clamped to 128..=1024, `B*R*2*D*e`) of three rounds: the next one (posted before the current one is
-///   attended), the current one and the previous one (its receiver may be one round
-///   behind); a
-///   received piece is dropped as soon as it is attended; after the completion round
-///   one row chunk's f32 `(o, lse)` (`min(512, rows)*(D+1)*4`) and the kernel's f32
-///   copy of one call's own keys and values (`min(1024, rows)*2*D16*4`).
-///
-/// Plain ring attention (one pattern, `w >= n`, `r = 1`, strategy ring, `L = n/p`
-/// rows): `B*L*H*(D+1)*4 + (9 + B*L*H*2*D*e) + (B*L*H*2*D*e + 8*L*H) + 2*L*D*4` for
-/// p >= 3, about `(4 + 4e) * B*L*H*D` (at p = 2 the visitor is at its last hop: `L*2*D*e +
-/// 8*L*H` instead of the decoded block); all-gather (auto at p = 2): `B*L*H*(D+1)*4 + 3*B*R*2*D*e + min(512, L)*(D+1)*4 +
-/// min(1024, L)*2*D16*4` (partials, three rounds of sent pieces of `R = clamp(L/8, 128, 1024)` rows, one row
-/// chunk, one kernel call's f32 keys and values; `D16` = D rounded up to 16). Both proportional to `n/p`; `attn-reliability`'s `full_attention_memory`
-/// test measures them.
-pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
-    let RingProblem { batch, heads, head_dim: d, world: p, seq: n, layout, .. } = plan.problem;
-    let (b, h, d, e) = (batch as u64, heads as u64, d as u64, dtype.size() as u64);
-    if rank >= p {
-        return 0;
-    }
-    let rows = layout.rows(n, p, rank) as u64;
-    if plan.ring_heads.is_empty() {
-        // This rank's pieces of the next, the current and the previous round (posted
-        // one round ahead; a receiver may be one round behind).
-        let sent: u64 = (0..p)
-            .filter(|&x| x != rank)
-            .map(|x| {
-                crate::compute::allgather_forward::pieces(plan, rank, x)
-                    .iter()
-                    .take(3)
-                    .map(|(_, rg)| rg.len() as u64)
-                    .sum::<u64>()
-            })
-            .sum();
-        // After the completion round: one chunk's f32 (o, lse) and the kernel's f32 copy of
-        // one call's own keys and values (head dim rounded up to 16).
-        let chunk = (crate::compute::allgather_forward::ROW_CHUNK as u64).min(rows) * (d + 1) * 4;
-        let keys = (crate::compute::kernel_bridge::KEY_ROWS_PER_CALL as u64).min(rows) * 2 * d.next_multiple_of(16) * 4;
-        return crate::compute::allgather_forward::partial_rows(plan, rank) * b * (d + 1) * 4
-            + sent * b * 2 * d * e
-            + chunk
-            + keys;
-    }
-    let ring_rows = |o: usize| -> u64 { plan.ring_heads.iter().map(|ph| plan.ring_count(o, ph) as u64).sum() };
-    let mut total = b * rows * h * (d + 1) * 4;
-    if plan.hops[rank] >= 1 {
-        total += MSG_HEADER_BYTES + b * ring_rows(rank) * 2 * d * e;
-    }
-    // A block passed on is decoded whole; at its last hop one (batch, pair) at a time.
-    let part = |o: usize| plan.ring_heads.iter().map(|ph| plan.ring_count(o, ph) as u64).max().unwrap_or(0);
-    let visiting = (1..=plan.ring_steps())
-        .map(|t| (rank + p - t % p) % p)
-        .filter(|&o| o != rank && plan.hops[o] >= (rank + p - o) % p && plan.ring_need(o, rank))
-        .map(|o| {
-            if plan.hops[o] > (rank + p - o) % p {
-                b * ring_rows(o) * 2 * d * e + 8 * ring_rows(o)
-            } else {
-                part(o) * 2 * d * e + 8 * ring_rows(o)
-            }
-        })
-        .max()
-        .unwrap_or(0);
-    total += visiting;
-    // The block kernel packs one call's keys and values as f32 (whole key tiles of
-    // FORWARD_KEY_TILE rows, D rounded up to 16), and forward_core calls it with all own rows or a whole
-    // visiting part: kept as per-thread scratch.
-    let k_rows = (0..p).filter(|&o| o != rank && plan.ring_need(o, rank)).map(part).fold(rows, u64::max);
-    let tile = attn_kernels::FORWARD_KEY_TILE as u64;
-    total += 2 * k_rows.div_ceil(tile) * tile * d.next_multiple_of(16) * 4;
-    for x in (0..p).filter(|&x| x != rank) {
-        let out: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(rank, x, ph) as u64).sum();
-        let inc: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(x, rank, ph) as u64).sum();
-        if plan.gather_need(rank, x) {
-            total += MSG_HEADER_BYTES + b * out * 2 * d * e;
-        }
-        if plan.gather_need(x, rank) {
-            total += b * inc * 2 * d * e + 8 * inc;
-        }
-    }
-    total
-}

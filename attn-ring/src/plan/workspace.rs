@@ -29,6 +29,7 @@ use attn_core::{DType, Pass, Result};
 use crate::comm::HEADER_BYTES;
 use crate::compute::allgather_forward::{ROW_CHUNK, partial_bytes, pieces};
 use crate::compute::kernel_bridge::KEY_ROWS_PER_CALL;
+use crate::plan::ring_route::Way;
 use crate::plan::{MSG_HEADER_BYTES, Plan, RingProblem};
 
 /// A `Vec` header (pointer, capacity, length) stored inside another `Vec`.
@@ -142,15 +143,23 @@ impl Plan {
         let nl = pr.layout.rows(pr.seq, p, rank) as u64;
         let bh = x.b * pr.heads as u64;
         let (nr, ng) = (self.ring_heads.len() as u64, self.gather_heads.len() as u64);
-        let ring = |o: usize| sum_max(self.ring_heads.iter().map(|ph| self.ring_count(o, ph) as u64));
+        let ring = |way: Way, o: usize| sum_max(self.ring_heads.iter().map(|ph| self.ring_count(way, o, ph) as u64));
         let gather =
             |o: usize, r: usize| sum_max(self.gather_heads.iter().map(|ph| self.gather_count(o, r, ph) as u64));
         let sends: Vec<usize> = (0..p).filter(|&y| self.gather_need(rank, y)).collect();
         let recvs: Vec<usize> = (0..p).filter(|&y| self.gather_need(y, rank)).collect();
-        let visitors: Vec<usize> = (1..=self.ring_steps())
-            .map(|t| (rank + p - t) % p)
-            .filter(|&o| self.hops[o] >= (rank + p - o) % p)
-            .collect();
+        // Blocks visiting this rank, by way (at most one from each way at a step).
+        let visitors: [Vec<(Way, usize)>; 2] = Way::BOTH.map(|way| {
+            (1..=self.ring_steps())
+                .map(|t| (way, way.owner_at(rank, t, p)))
+                .filter(|&(way, o)| self.ring_visits(way, o, rank))
+                .collect()
+        });
+        let all_visitors = || visitors.iter().flatten().copied();
+        // The larger of the two ways' per-visitor figure `f`, for each way, summed.
+        let per_step = |f: &dyn Fn(Way, usize) -> u64| -> u64 {
+            visitors.iter().map(|v| v.iter().map(|&(w, o)| f(w, o)).max().unwrap_or(0)).sum()
+        };
 
         // Largest selected rows a kernel call sees: this rank's own rows (queries, own
         // keys) and any received part; pieces are at most one segment's selection.
@@ -166,7 +175,7 @@ impl Plan {
                 w_min = w_min.min(pat.w as u64);
             }
         }
-        let received = visitors.iter().map(|&o| ring(o).1).chain(recvs.iter().map(|&y| gather(y, rank).1));
+        let received = all_visitors().map(|(w, o)| ring(w, o).1).chain(recvs.iter().map(|&y| gather(y, rank).1));
         let sel_k = received.fold(sel_own, u64::max);
         let n_max = (0..p).map(|r| pr.layout.rows(pr.seq, p, r) as u64).max().unwrap_or(0);
         // Every packed sequence may start a segment of its own.
@@ -175,12 +184,14 @@ impl Plan {
         let segs_k = n_max / w_min.max(1) + 4 + sequences;
 
         // Messages of the all-gather and ring passes of a forward.
-        let own_ring = if self.hops[rank] >= 1 {
-            let (rows, pair) = ring(rank);
-            x.kv_msg(rows) + positions(rows, nr) + 8 * pair
-        } else {
-            0
-        };
+        let own_ring: u64 = Way::BOTH
+            .into_iter()
+            .filter(|&w| self.hops_of(w, rank) >= 1)
+            .map(|w| {
+                let (rows, pair) = ring(w, rank);
+                x.kv_msg(rows) + positions(rows, nr) + 8 * pair
+            })
+            .sum();
         let gsend: u64 = sends
             .iter()
             .map(|&y| {
@@ -222,14 +233,10 @@ impl Plan {
 
         let acc = bh * nl * (d + 1) * 4 + 2 * VEC * bh;
         let gdecoded: u64 = recvs.iter().map(|&y| x.decoded(gather(y, rank).0, ng)).sum();
-        let visit = visitors
-            .iter()
-            .map(|&o| {
-                let rows = ring(o).0;
-                x.kv_msg(rows) + x.decoded(rows, nr) + positions(rows, nr)
-            })
-            .max()
-            .unwrap_or(0);
+        let visit = per_step(&|w, o| {
+            let rows = ring(w, o).0;
+            x.kv_msg(rows) + x.decoded(rows, nr) + positions(rows, nr)
+        });
         let (mq, mk) = (sel_own.min(cap), sel_k.min(cap));
         let kern_f = x.kernel_forward(mq, mk);
         let grp = groups(sel_own, segs_q) + groups(sel_k, segs_k);
@@ -262,26 +269,24 @@ impl Plan {
                 x.grad_msg(rows) + x.grads(rows, ng) + 2 * positions(rows, ng) + 8 * pair * (d + 1)
             })
             .sum();
-        let step = visitors
-            .iter()
-            .map(|&o| {
-                let (rows, pair) = ring(o);
-                x.kv_msg(rows)
-                    + x.decoded(rows, nr)
-                    + positions(rows, nr)
-                    + x.grads(rows, nr)
-                    + x.grad_msg(rows)
-                    + 8 * pair * d
+        let step = per_step(&|w, o| {
+            let (rows, pair) = ring(w, o);
+            x.kv_msg(rows)
+                + x.decoded(rows, nr)
+                + positions(rows, nr)
+                + x.grads(rows, nr)
+                + x.grad_msg(rows)
+                + 8 * pair * d
+        });
+        let outgoing: u64 = all_visitors().map(|(w, o)| x.grad_msg(ring(w, o).0)).sum();
+        let home: u64 = Way::BOTH
+            .into_iter()
+            .filter(|&w| self.hops_of(w, rank) >= 1)
+            .map(|w| {
+                let (rows, pair) = ring(w, rank);
+                x.grad_msg(rows) + x.grads(rows, nr) + 2 * positions(rows, nr) + 8 * pair * (d + 1)
             })
-            .max()
-            .unwrap_or(0);
-        let outgoing: u64 = visitors.iter().map(|&o| x.grad_msg(ring(o).0)).sum();
-        let home = if self.hops[rank] >= 1 {
-            let (rows, pair) = ring(rank);
-            x.grad_msg(rows) + x.grads(rows, nr) + 2 * positions(rows, nr) + 8 * pair * (d + 1)
-        } else {
-            0
-        };
+            .sum();
         let kern_b = x.kernel_backward(mq, mk) + grp;
         let bwd = state + gsend + recv_b + dec_max + ret_b + own_ring + step + outgoing + home + kern_b;
         let out_f32 = bh * nl * d * 4;

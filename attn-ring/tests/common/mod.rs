@@ -103,6 +103,8 @@ pub struct SweepRun {
     pub world: usize,
     pub layout: Layout,
     pub strategy: Strategy,
+    /// The run's ring problem, masks included.
+    pub problem: RingProblem,
 }
 
 /// Every golden file in `conformance/<dir>` (at least 9) through
@@ -131,7 +133,9 @@ pub fn golden_sweep<B: DilatedBackend>(
                     if !report.passed() {
                         failures.push(report.to_string());
                     }
-                    runs.push(SweepRun { cfg: cfg.clone(), shape, world, layout, strategy });
+                    let masks = case.masks().unwrap();
+                    let problem = RingProblem::new(&cfg, shape, layout, strategy, world).with_masks(masks.into());
+                    runs.push(SweepRun { cfg: cfg.clone(), shape, world, layout, strategy, problem });
                 }
             }
         }
