@@ -232,11 +232,7 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
 
     let mut home = Vec::new();
     for t in 1..=plan.ring_steps() {
-        let arriving: Vec<(Way, usize)> = Way::BOTH
-            .into_iter()
-            .map(|way| (way, way.owner_at(r, t, p)))
-            .filter(|&(way, owner)| plan.ring_visits(way, owner, r))
-            .collect();
+        let arriving = plan.ring_arrivals(r, t);
         if arriving.is_empty() {
             if std::mem::take(&mut posted) {
                 comm.flush()?;

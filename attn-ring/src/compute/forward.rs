@@ -113,13 +113,7 @@ pub(crate) fn forward_core<C: Communicator + ?Sized, T: Element>(
     drop(gathered);
 
     for t in 1..=plan.ring_steps() {
-        // The blocks reaching this rank at step t: from the previous rank going next, from
-        // the next rank going back.
-        let arriving: Vec<(Way, usize)> = Way::BOTH
-            .into_iter()
-            .map(|way| (way, way.owner_at(r, t, p)))
-            .filter(|&(way, owner)| plan.ring_visits(way, owner, r))
-            .collect();
+        let arriving = plan.ring_arrivals(r, t);
         if arriving.is_empty() {
             if std::mem::take(&mut posted) {
                 comm.flush()?;

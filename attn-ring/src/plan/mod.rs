@@ -378,6 +378,17 @@ impl Plan {
         t >= 1 && t <= self.hops_of(way, o)
     }
 
+    /// The blocks reaching `rank` at ring step `t`, as (way, owner), in [`Way::BOTH`]
+    /// order: from the previous rank going next, from the next rank going back.
+    pub fn ring_arrivals(&self, rank: usize, t: usize) -> Vec<(Way, usize)> {
+        let p = self.problem.world;
+        Way::BOTH
+            .into_iter()
+            .map(|way| (way, way.owner_at(rank, t, p)))
+            .filter(|&(way, owner)| self.ring_visits(way, owner, rank))
+            .collect()
+    }
+
     /// Whether rank `r` needs owner `o`'s rows for some ring pattern.
     pub(crate) fn ring_need(&self, o: usize, r: usize) -> bool {
         self.strategies.iter().enumerate().any(|(i, s)| *s == PatternStrategy::Ring && self.need[i][o][r])
