@@ -22,20 +22,13 @@ use attn_ring::chunk_ring::{
 };
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
 use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem};
-use attn_testkit::skip_gpu_test;
+use attn_testkit::gpu_or_skip;
 use half::{bf16, f16};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn device_or_skip(test: &str) -> Option<CudaDevice> {
-    match CudaDevice::new(0) {
-        Ok(dev) => Some(dev),
-        Err(e @ AttnError::BackendUnavailable { .. }) => {
-            skip_gpu_test(test, e);
-            None
-        }
-        Err(e) => panic!("{test}: opening the GPU failed with an unexpected error: {e}"),
-    }
+    gpu_or_skip(test, CudaDevice::new(0))
 }
 
 struct CudaChunkBackend<T> {

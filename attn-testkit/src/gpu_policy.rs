@@ -4,6 +4,8 @@
 
 use std::fmt::Display;
 
+use attn_core::AttnError;
+
 /// The environment variable that turns GPU skips into failures.
 pub const REQUIRE_GPU_VAR: &str = "ATTN_REQUIRE_GPU";
 
@@ -40,6 +42,20 @@ pub fn skip_gpu_test(test: &str, reason: impl Display) {
         panic!("{msg}");
     }
     println!("SKIP {test}: {reason}");
+}
+
+/// What opening a GPU resource (`opened`, e.g. `CudaDevice::new(0)`) gave: the resource, or
+/// `None` after [`skip_gpu_test`] where the backend is unavailable (no driver, NVRTC or
+/// device); any other error is a bug and panics.
+pub fn gpu_or_skip<T>(test: &str, opened: Result<T, AttnError>) -> Option<T> {
+    match opened {
+        Ok(x) => Some(x),
+        Err(e @ AttnError::BackendUnavailable { .. }) => {
+            skip_gpu_test(test, e);
+            None
+        }
+        Err(e) => panic!("{test}: opening the GPU failed with an unexpected error: {e}"),
+    }
 }
 
 #[cfg(test)]

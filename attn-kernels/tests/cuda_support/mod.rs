@@ -2,21 +2,13 @@
 //! backend behind the testkit's f32 interface in any dtype.
 #![allow(dead_code)]
 
-use attn_core::AttnError;
 use attn_kernels::cuda::{CudaBackend, CudaDevice, CudaElement};
-use attn_testkit::{Typed, skip_gpu_test};
+use attn_testkit::{Typed, gpu_or_skip};
 
 /// The GPU, or `None` after printing the skip reason (no driver, no NVRTC, no device);
 /// with `ATTN_REQUIRE_GPU=1` a missing GPU or library fails the test instead.
 pub fn device_or_skip(test: &str) -> Option<CudaDevice> {
-    match CudaDevice::new(0) {
-        Ok(dev) => Some(dev),
-        Err(e @ AttnError::BackendUnavailable { .. }) => {
-            skip_gpu_test(test, e);
-            None
-        }
-        Err(e) => panic!("{test}: opening the GPU failed with an unexpected error: {e}"),
-    }
+    gpu_or_skip(test, CudaDevice::new(0))
 }
 
 /// The CUDA backend on `dev` computing in `T`.
