@@ -1,7 +1,7 @@
-//! Rows selected by all of one pattern's heads, in O(1): the planner's all-gather sizes
-//! without a walk over every head (`heads` comes from the caller and may be huge). With
-//! packed sequences the counts treat positions as unpacked: an estimate for the auto
-//! strategy's choice, which every rank makes alike.
+//! Rows selected by all of one pattern's heads, in O(1) per packed sequence: the
+//! planner's all-gather sizes for the auto strategy's choice without a walk over every
+//! head (`heads` comes from the caller and may be huge). Segments restart at every packed
+//! sequence, so positions count relative to their sequence's start.
 //!
 //! Which heads run a pattern at which offset is `DilatedConfig::offset_heads`. A
 //! position at offset `j` in its segment is selected by exactly one offset, `j mod r`
@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use attn_core::{DilatedConfig, OffsetHeads, SegmentPattern};
+use attn_core::{DilatedConfig, OffsetHeads, PackedSequences, SegmentPattern};
 
 /// Pattern `i`'s heads, as the planner needs them.
 #[derive(Debug, Clone, Copy)]
@@ -45,6 +45,22 @@ impl PatternHeads {
         }
     }
 
+    /// [`PatternHeads::selected`] over global positions `range`, the pattern restarting at
+    /// every sequence of `packing`.
+    pub(crate) fn selected_placed(&self, range: Range<usize>, packing: Option<PackedSequences<'_>>) -> usize {
+        match packing {
+            None => self.selected(range),
+            Some(_) if range.is_empty() => 0,
+            Some(pk) => (pk.sequence_of(range.start)..=pk.sequence_of(range.end - 1))
+                .map(|i| {
+                    let s = pk.bounds(i);
+                    let (lo, hi) = (range.start.max(s.start), range.end.min(s.end));
+                    self.selected(lo.min(hi) - s.start..hi - s.start)
+                })
+                .sum(),
+        }
+    }
+
     /// Positions `p < x` whose offset `(p mod w) mod r` is below `t`.
     fn low_offsets_below(&self, x: usize, t: usize) -> usize {
         let (w, r) = (self.w, self.r);
@@ -55,7 +71,7 @@ impl PatternHeads {
 
 #[cfg(test)]
 mod tests {
-    use attn_core::Mixing;
+    use attn_core::{Mixing, PlacedPattern};
 
     use super::*;
 
@@ -78,6 +94,31 @@ mod tests {
                                 let want: usize = pats.iter().map(|p| p.count_in_range(lo..hi)).sum();
                                 assert_eq!(ph.selected(lo..hi), want, "{mixing:?} {segs:?} {heads} {i} {lo}..{hi}");
                             }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn packed_counts_restart_at_every_sequence() {
+        let cu = [0, 5, 6, 17, 40];
+        let packing = PackedSequences::new(&cu).unwrap();
+        for mixing in [Mixing::HeadGroups, Mixing::LongNet] {
+            let cfg = DilatedConfig::builder().segments(&[4, 12]).dilations(&[1, 3]).mixing(mixing).build().unwrap();
+            for heads in 2..7 {
+                for i in 0..cfg.num_patterns() {
+                    let ph = PatternHeads::new(&cfg, heads, i);
+                    let pats: Vec<_> = (0..heads)
+                        .flat_map(|h| cfg.head_patterns(heads, h).patterns)
+                        .filter(|(j, _)| *j == i)
+                        .map(|(_, p)| PlacedPattern { pat: p, packing: Some(packing), n: 40 })
+                        .collect();
+                    for lo in 0..40 {
+                        for hi in lo..=40 {
+                            let want: usize = pats.iter().map(|p| p.count_in_range(lo..hi)).sum();
+                            assert_eq!(ph.selected_placed(lo..hi, Some(packing)), want, "{heads} {i} {lo}..{hi}");
                         }
                     }
                 }

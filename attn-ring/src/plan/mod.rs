@@ -269,7 +269,7 @@ impl Plan {
                         for b in &ranges[r] {
                             if let Some(reg) = shared_region(a, b, &seg, cfg.band()) {
                                 need[i][o][r] = true;
-                                gathered[i][r] += pattern_heads[i].selected(reg);
+                                gathered[i][r] += pattern_heads[i].selected_placed(reg, packing);
                             }
                         }
                     }
