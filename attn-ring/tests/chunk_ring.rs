@@ -356,12 +356,13 @@ fn a_block_failing_on_some_ranks_fails_every_rank_on_both_transports() {
 }
 
 #[test]
-fn a_transport_refuses_a_second_start_and_a_finish_without_one() {
+fn a_transport_refuses_a_second_start_a_finish_without_one_and_a_hop_off_the_ring() {
     let (problem, _) = small_problem(1);
     let x = CpuChunks::default();
-    let travel = || Travel::<HostRows<f32>, HostAcc> {
+    let hop_travel = |hop| Travel::<HostRows<f32>, HostAcc> {
         kind: TravelKind::Kv,
         owner: 0,
+        hop,
         step: 1,
         k: Vec::new(),
         v: Vec::new(),
@@ -369,9 +370,12 @@ fn a_transport_refuses_a_second_start_and_a_finish_without_one() {
         dv: Vec::new(),
         arriving: Vec::new(),
     };
+    let travel = || hop_travel(1);
     let check = |t: &mut dyn ChunkTransport<f32, CpuChunks, Control = ThreadComm>| {
         let refused = |r: attn_core::Result<()>| matches!(r, Err(AttnError::Comm { .. }));
         assert!(refused(t.finish(&x, &problem).map(|_| ())), "a finish with nothing started");
+        assert!(refused(t.start(&x, &problem, hop_travel(0))), "a hop of no rank");
+        assert!(refused(t.start(&x, &problem, hop_travel(2))), "a hop past the ring");
         t.start(&x, &problem, travel()).unwrap();
         assert!(refused(t.start(&x, &problem, travel())), "a second start");
         let arrived = t.finish(&x, &problem).unwrap();

@@ -1,5 +1,5 @@
 //! [`InProcessTransport`]: ranks as threads of one process handing a step's buffers
-//! themselves to the next rank by channel (no copy; device buffers stay where they are,
+//! themselves to their receiver by channel (no copy; device buffers stay where they are,
 //! k/v shared while the sender still computes with them), so ranks sharing one GPU never
 //! stage rows through the host.
 
@@ -16,13 +16,13 @@ use crate::protocol::wire::MsgKind;
 /// One step's buffers with what they are: (kind, owner, step).
 type Msg<R, A> = ((MsgKind, usize, usize), Arrived<R, A>);
 
-/// One rank's end of an in-process ring: its control communicator, a channel to the next
-/// rank and one from the previous.
+/// One rank's end of an in-process ring: its control communicator, a channel to every
+/// rank and one from every rank (indexed by that rank).
 #[derive(Debug)]
 pub struct InProcessTransport<C, R, A> {
     comm: C,
-    to_next: Sender<Msg<R, A>>,
-    from_prev: Receiver<Msg<R, A>>,
+    to: Vec<Sender<Msg<R, A>>>,
+    from: Vec<Receiver<Msg<R, A>>>,
     awaited: Option<Awaited>,
 }
 
@@ -37,17 +37,20 @@ impl<C: Communicator, R, A> InProcessTransport<C, R, A> {
                 c.world_size()
             )));
         }
-        let (senders, receivers): (Vec<_>, Vec<_>) = (0..p).map(|_| channel()).unzip();
-        // Rank i sends on channel i + 1 (received by rank i + 1) and receives on channel i.
-        let mut senders: Vec<Option<Sender<Msg<R, A>>>> = senders.into_iter().map(Some).collect();
+        // Channel (i, j) carries rank i's travels to rank j.
+        let mut to: Vec<Vec<Sender<Msg<R, A>>>> = (0..p).map(|_| Vec::with_capacity(p)).collect();
+        let mut from: Vec<Vec<Receiver<Msg<R, A>>>> = (0..p).map(|_| Vec::with_capacity(p)).collect();
+        for senders in to.iter_mut() {
+            for receivers in from.iter_mut() {
+                let (tx, rx) = channel();
+                senders.push(tx);
+                receivers.push(rx);
+            }
+        }
         Ok(comms
             .into_iter()
-            .zip(receivers)
-            .enumerate()
-            .map(|(i, (comm, from_prev))| {
-                let to_next = senders[(i + 1) % p].take().unwrap_or_else(|| channel().0);
-                InProcessTransport { comm, to_next, from_prev, awaited: None }
-            })
+            .zip(to.into_iter().zip(from))
+            .map(|(comm, (to, from))| InProcessTransport { comm, to, from, awaited: None })
             .collect())
     }
 }
@@ -70,25 +73,25 @@ where
         if self.awaited.is_some() {
             return Err(out_of_order(rank, "a shift started while another is in flight"));
         }
-        let awaited = Awaited::of(&travel, world);
+        let awaited = Awaited::of(&travel, rank, world)?;
         let Travel { kind, owner, step, k, v, dk, dv, .. } = travel;
-        // The next rank reads the buffers on its own stream: what was queued on them here
+        // The receiver reads the buffers on its own stream: what was queued on them here
         // (the copy that made them, the blocks that wrote dk/dv) finishes first.
         compute.sync()?;
-        let next = (rank + 1) % world;
-        self.to_next
+        let to = awaited.to;
+        self.to[to]
             .send(((kind.msg_kind(), owner, step), Arrived { k, v, dk, dv }))
-            .map_err(|_| AttnError::Comm { rank, message: format!("rank {next} has left the ring") })?;
+            .map_err(|_| AttnError::Comm { rank, message: format!("rank {to} has left the ring") })?;
         self.awaited = Some(awaited);
         Ok(())
     }
 
     fn finish(&mut self, compute: &X, _problem: &RingProblem) -> Result<Arrived<X::Rows, X::Acc>> {
-        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        let rank = self.comm.rank();
         let want = self.awaited.take().ok_or_else(|| out_of_order(rank, "a finish with no shift started"))?;
-        let prev = (rank + world - 1) % world;
+        let prev = want.from;
         let timeout = self.comm.timeout();
-        let (got, arrived) = self.from_prev.recv_timeout(timeout).map_err(|e| match e {
+        let (got, arrived) = self.from[prev].recv_timeout(timeout).map_err(|e| match e {
             RecvTimeoutError::Timeout => {
                 AttnError::Timeout { rank, peer: prev, timeout_ms: timeout.as_millis().try_into().unwrap_or(u64::MAX) }
             }

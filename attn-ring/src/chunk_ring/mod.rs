@@ -12,9 +12,11 @@
 //! A rank's rows are pieces, one per contiguous range of global positions its layout gives
 //! it ([`rank_pieces`]: one under the contiguous layout, up to two under zigzag). Masks are
 //! functions of global positions, so a block is the kernels' block call on two ranges.
-//! The k/v rows travel in [`ChunkOptions::rounds`] rounds, each a full trip of the ring
-//! carrying one slice of every piece, so a rank holds one slice of other ranks' rows at a
-//! time instead of a whole chunk.
+//! The k/v rows travel in [`ChunkOptions::rounds`] rounds, each carrying one slice of
+//! every piece, so a rank holds one slice of other ranks' rows at a time instead of a
+//! whole chunk. A slice goes only as many steps as the farthest rank whose queries reach
+//! it (none when segments sit inside ranks, one for a causal window under the contiguous
+//! layout); the backward's dk/dv then go straight home.
 //!
 //! [`Communicator`]: crate::Communicator
 

@@ -110,10 +110,10 @@ where
         if self.in_flight.is_some() {
             return Err(out_of_order(rank, "a shift started while another is in flight"));
         }
-        let want = Awaited::of(&travel, world);
+        let want = Awaited::of(&travel, rank, world)?;
         let (has_rows, has_grads) = (want.kind.has_rows(), want.kind.has_grads());
         let elem = T::DTYPE.size();
-        // The header: what this rank sends, checked by the next rank against what it expects.
+        // The header: what this rank sends, checked by its receiver against what it expects.
         let sent: Vec<u64> = travel
             .k
             .iter()
@@ -124,8 +124,8 @@ where
         let kind = want.kind.msg_kind();
         let mut header = begin(kind, travel.owner, travel.step, sent.len() * 8);
         sent.iter().for_each(|n| header.extend_from_slice(&n.to_le_bytes()));
-        let (next, prev) = (self.control.next(), self.control.prev());
-        let got = self.control.sendrecv(next, header, prev)?;
+        let (to, from) = (want.to, want.from);
+        let got = self.control.sendrecv(to, header, from)?;
         let mut rd = Reader::open(&got, Expected { kind, owner: want.owner, step: want.step, rank })?;
         let expected = byte_counts(has_rows, has_grads, &want.arriving, elem);
         let mut theirs = Vec::with_capacity(expected.len());
@@ -137,7 +137,7 @@ where
         if theirs != expected {
             return Err(AttnError::Comm {
                 rank,
-                message: format!("rank {prev} sends buffers of {theirs:?} bytes, this rank expects {expected:?}"),
+                message: format!("rank {from} sends buffers of {theirs:?} bytes, this rank expects {expected:?}"),
             });
         }
         let rows = |on: bool| -> Result<Vec<X::Rows>> {
@@ -163,19 +163,19 @@ where
                 .chain(&travel.v)
                 .map(|r| bytes_of(compute.rows_buffer(r)))
                 .chain(travel.dk.iter().chain(&travel.dv).map(|a| bytes_of(compute.acc_buffer(a))))
-                .map(|b| b.map(|b| (next, b)).ok_or_else(unviewable))
+                .map(|b| b.map(|b| (to, b)).ok_or_else(unviewable))
                 .collect::<Result<Vec<_>>>()?;
             let mut recvs = k
                 .iter_mut()
                 .chain(v.iter_mut())
                 .map(|r| bytes_of_mut(compute.rows_buffer_mut(r)))
                 .chain(dk.iter_mut().chain(dv.iter_mut()).map(|a| bytes_of_mut(compute.acc_buffer_mut(a))))
-                .map(|b| b.map(|b| (prev, b)).ok_or_else(unviewable))
+                .map(|b| b.map(|b| (from, b)).ok_or_else(unviewable))
                 .collect::<Result<Vec<_>>>()?;
             if sends.is_empty() && recvs.is_empty() {
                 None
             } else {
-                Some(self.data.post(&self.stream, &sends, &mut recvs, prev, self.control.timeout())?)
+                Some(self.data.post(&self.stream, &sends, &mut recvs, from, self.control.timeout())?)
             }
         };
         let wrap = |xs: Vec<X::Rows>| xs.into_iter().map(Arc::new).collect();

@@ -1,13 +1,14 @@
-//! The chunk ring's calls: local checks and the handshake; per round, `world` steps in
-//! which each rank computes its queries against the k/v slices it holds and hands them on
-//! (the backward's dk/dv travelling with their k/v, then home); the completion rounds.
+//! The chunk ring's calls: local checks and the handshake; per round, steps in which each
+//! rank computes its queries against the k/v slices it holds and hands them on, as far as
+//! the farthest rank whose queries reach them (the backward's dk/dv travelling with their
+//! k/v, then straight home); the completion rounds.
 
 use std::sync::Arc;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, Shape4};
 
-use super::reach::may_attend;
+use super::reach::{farthest_reach, may_attend};
 use super::{
     ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkTransport, ChunkUpstream, RoundSlice, Travel, TravelKind,
     piece_shapes, rank_pieces, round_slices,
@@ -155,8 +156,9 @@ where
     Ok(ChunkForward { out, lse, stats })
 }
 
-/// Every round: `world` steps, each the blocks of the k/v slices held (the rank's own
-/// first), then a shift of them to the next rank (none after the last step).
+/// Every round: steps `0..=reach` ([`farthest_reach`]), each the blocks of the k/v slices
+/// held (the rank's own first), then a shift of them to the next rank (none after the last
+/// step).
 fn forward_pass<T, X, Tr>(
     transport: &mut Tr,
     compute: &X,
@@ -189,14 +191,14 @@ where
         attend(&k.iter().collect::<Vec<_>>(), &v.iter().collect::<Vec<_>>(), &starts(problem, r))?;
         return Ok(partials);
     }
-    let rounds = rounds_of(problem, opts);
+    let (rounds, reach) = (rounds_of(problem, opts), farthest_reach(problem));
     for round in 0..rounds {
         let mut slices = round_slices(problem, r, round, rounds);
         let (mut ks, mut vs) = own_slices(compute, &slices, [k, v])?;
         for t in 0..p {
             let owner = (r + p - t) % p;
             let k_starts: Vec<_> = slices.iter().map(|s| s.start).collect();
-            if t + 1 == p {
+            if t == reach {
                 attend(&refs(&ks), &refs(&vs), &k_starts)?;
                 break;
             }
@@ -205,7 +207,8 @@ where
             let arriving = shapes_of(problem, &next)?;
             let (k, v, dk, dv) = (ks.clone(), vs.clone(), Vec::new(), Vec::new());
             let step = round * p + t + 1;
-            transport.start(compute, problem, Travel { kind: TravelKind::Kv, owner, step, k, v, dk, dv, arriving })?;
+            let kind = TravelKind::Kv;
+            transport.start(compute, problem, Travel { kind, owner, hop: 1, step, k, v, dk, dv, arriving })?;
             let done = attend(&refs(&ks), &refs(&vs), &k_starts);
             // Finished even after a failed block, so nothing is in flight when the error returns.
             let arrived = transport.finish(compute, problem);
@@ -218,8 +221,9 @@ where
 }
 
 /// Exact backward of the chunk ring on this rank: the forward recomputed for the final lse
-/// and `delta`, then per round `world` steps in which k/v slices travel with their dk/dv,
-/// which a last shift brings home. Inputs as [`chunk_forward`], `grad_out` like `q`.
+/// and `delta`, then per round the forward's steps, k/v slices travelling with their
+/// dk/dv, which a last travel brings straight home. Inputs as [`chunk_forward`],
+/// `grad_out` like `q`.
 pub fn chunk_backward<T, X, Tr>(
     transport: &mut Tr,
     compute: &X,
@@ -278,7 +282,7 @@ where
     // The rank's dk/dv per piece, in `T`, filled slice by slice as they come home.
     let mut dk_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
     let mut dv_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
-    let rounds = rounds_of(problem, opts);
+    let (rounds, reach) = (rounds_of(problem, opts), farthest_reach(problem));
     for round in 0..rounds {
         let own = round_slices(problem, r, round, rounds);
         let mut slices = own.clone();
@@ -296,19 +300,26 @@ where
                 break;
             }
             attend(&refs(&ks), &refs(&vs), &k_starts, &mut dks, &mut dvs)?;
-            // The last shift carries only the gradients, home to their owner.
-            let last = t + 1 == p;
-            let (kind, next) = if last {
-                (TravelKind::GradHome, own.clone())
+            let last = t == reach;
+            if last && t == 0 {
+                // Nothing left the rank: its own dk/dv are home.
+                break;
+            }
+            // The last travel carries only the gradients, `t` ranks back, home to their owner.
+            let (kind, hop, next) = if last {
+                (TravelKind::GradHome, p - t, own.clone())
             } else {
-                (TravelKind::KvGrad, round_slices(problem, (owner + p - 1) % p, round, rounds))
+                (TravelKind::KvGrad, 1, round_slices(problem, (owner + p - 1) % p, round, rounds))
             };
             let (tk, tv) = if last { (Vec::new(), Vec::new()) } else { (ks, vs) };
             let arriving = shapes_of(problem, &next)?;
             let step = round * p + t + 1;
-            let travel = Travel { kind, owner, step, k: tk, v: tv, dk: dks, dv: dvs, arriving };
+            let travel = Travel { kind, owner, hop, step, k: tk, v: tv, dk: dks, dv: dvs, arriving };
             let a = transport.shift(compute, problem, travel)?;
             (ks, vs, dks, dvs, slices) = (a.k, a.v, a.dk, a.dv, next);
+            if last {
+                break;
+            }
         }
         for (s, (dk, dv)) in own.iter().zip(dks.iter().zip(&dvs)) {
             store_home(compute, problem, r, s, dk, &mut dk_home)?;

@@ -2,10 +2,11 @@
 //! band keeps the keys out of every query's reach, when no packed sequence holds rows of
 //! both, or when no pattern has a segment holding rows of both; the protocol skips such
 //! blocks (their result is empty), so a causal or segment-local ring computes only the
-//! blocks that matter.
+//! blocks that matter, and its k/v travel only as far as the farthest rank reaching them.
 
 use std::ops::Range;
 
+use super::rank_pieces;
 use crate::plan::RingProblem;
 
 fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
@@ -34,6 +35,16 @@ pub(crate) fn may_attend(problem: &RingProblem, q: &Range<usize>, k: &Range<usiz
         Some(cu) => cu.windows(2).map(|w| w[0]..w[1]).any(|s| both(&s) && shares_segment(&s)),
         None => shares_segment(&(0..problem.seq)),
     }
+}
+
+/// The farthest ring distance `t` at which some rank's queries may attend keys of the
+/// rank `t` before it (0 when every rank's queries reach only its own rows): the k/v
+/// slices travel that many steps, no farther.
+pub(crate) fn farthest_reach(problem: &RingProblem) -> usize {
+    let p = problem.world;
+    let pieces: Vec<Vec<Range<usize>>> = (0..p).map(|r| rank_pieces(problem, r)).collect();
+    let reaches = |r: usize, o: usize| pieces[r].iter().any(|q| pieces[o].iter().any(|k| may_attend(problem, q, k)));
+    (1..p).rev().find(|&t| (0..p).any(|r| reaches(r, (r + p - t) % p))).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -92,6 +103,22 @@ mod tests {
                 prop_assert!(may_attend(&problem, &q, &k), "{q:?} {k:?} {:?}", problem.masks);
             }
         }
+    }
+
+    #[test]
+    fn keys_travel_as_far_as_the_farthest_reach() {
+        let problem = |cfg: DilatedConfig, layout| {
+            RingProblem::new(&cfg, Shape4::new(1, 64, 1, 4).unwrap().into(), layout, Strategy::Auto, 4)
+        };
+        let local = DilatedConfig::builder().segments(&[16]).dilations(&[1]).build().unwrap();
+        assert_eq!(farthest_reach(&problem(local, Layout::Contiguous)), 0, "segments inside ranks");
+        let window = DilatedConfig::builder().window(5, 0).causal(true).build().unwrap();
+        assert_eq!(farthest_reach(&problem(window.clone(), Layout::Contiguous)), 1, "causal window");
+        assert_eq!(farthest_reach(&problem(window, Layout::Zigzag)), 3, "zigzag: the later chunk's keys");
+        let two_sided = DilatedConfig::builder().window(5, 5).build().unwrap();
+        assert_eq!(farthest_reach(&problem(two_sided, Layout::Contiguous)), 3, "the next rank is 3 steps on");
+        let dense = DilatedConfig::builder().segments(&[64]).dilations(&[1]).causal(true).build().unwrap();
+        assert_eq!(farthest_reach(&problem(dense, Layout::Contiguous)), 3);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! How the chunk ring moves rows: [`ChunkTransport`] shifts one step's travelling
-//! buffers to the next rank; [`HostTransport`] stages them as bytes through any
-//! [`Communicator`] (framed, checksummed, with its timeouts).
+//! buffers [`Travel::hop`] ranks on (the next rank, or straight home); [`HostTransport`]
+//! stages them as bytes through any [`Communicator`] (framed, checksummed, with its
+//! timeouts).
 
 use std::sync::Arc;
 
@@ -45,12 +46,15 @@ impl TravelKind {
 /// What a rank sends at one step, handed over to the transport: slices of `owner`'s k/v
 /// rows (shared: the rank may still compute with them while they move) and/or their dk/dv
 /// accumulators, as `kind` says (a round can hold no rows of a rank: every vector empty).
-/// `step` counts from 1 within a pass. `arriving` are the shapes of the slices the
-/// previous rank sends at the same step (for its k/v and dk/dv alike).
+/// Every rank sends to the rank `hop` after it and receives from the rank `hop` before
+/// it (`1..world`: 1 is the next rank). `step` counts from 1 within a pass. `arriving`
+/// are the shapes of the slices the sending rank sends at the same step (for its k/v and
+/// dk/dv alike).
 #[derive(Debug)]
 pub struct Travel<R, A> {
     pub kind: TravelKind,
     pub owner: usize,
+    pub hop: usize,
     pub step: usize,
     pub k: Vec<Arc<R>>,
     pub v: Vec<Arc<R>>,
@@ -59,7 +63,8 @@ pub struct Travel<R, A> {
     pub arriving: Vec<Shape4>,
 }
 
-/// What arrives from the previous rank at the same step: its travel (owner one rank back).
+/// What arrives from the rank `hop` back at the same step: its travel (owner `hop` ranks
+/// back).
 #[derive(Debug)]
 pub struct Arrived<R, A> {
     pub k: Vec<Arc<R>>,
@@ -74,21 +79,38 @@ impl<R, A> Arrived<R, A> {
     }
 }
 
-/// What a started shift must check on arrival: (kind, owner and step the previous rank
-/// sends, the arriving shapes).
+/// What a started shift must check on arrival: (kind, owner and step the sending rank
+/// sends, the arriving shapes), and the two peers.
 #[derive(Debug, Clone)]
 pub(crate) struct Awaited {
     pub kind: TravelKind,
     pub owner: usize,
     pub step: usize,
     pub arriving: Vec<Shape4>,
+    /// The rank this one sends to.
+    pub to: usize,
+    /// The rank this one receives from.
+    pub from: usize,
 }
 
 impl Awaited {
-    /// What the previous rank sends at the step of `travel` on a ring of `world`.
-    pub(crate) fn of<R, A>(travel: &Travel<R, A>, world: usize) -> Self {
-        let owner = (travel.owner + world - 1) % world;
-        Awaited { kind: travel.kind, owner, step: travel.step, arriving: travel.arriving.clone() }
+    /// What rank `rank` receives at the step of its `travel` on a ring of `world`: the
+    /// travel of the rank `hop` back; a hop outside `1..world` is an error (a single rank
+    /// may send itself a hop of 1).
+    pub(crate) fn of<R, A>(travel: &Travel<R, A>, rank: usize, world: usize) -> Result<Self> {
+        let hop = travel.hop;
+        if hop == 0 || hop >= world.max(2) {
+            let message = format!("a travel of {hop} ranks on a ring of {world}");
+            return Err(AttnError::Comm { rank, message });
+        }
+        Ok(Awaited {
+            kind: travel.kind,
+            owner: (travel.owner + world - hop) % world,
+            step: travel.step,
+            arriving: travel.arriving.clone(),
+            to: (rank + hop) % world,
+            from: (rank + world - hop) % world,
+        })
     }
 }
 
@@ -116,8 +138,9 @@ pub(crate) fn check_travel<R, A>(t: &Travel<R, A>, rank: usize) -> Result<()> {
     Err(AttnError::Comm { rank, message })
 }
 
-/// How a chunk ring moves a step's buffers: every rank sends its travel to the next rank
-/// and receives the previous rank's, all ranks at the same step with the same kind. A
+/// How a chunk ring moves a step's buffers: every rank sends its travel [`Travel::hop`]
+/// ranks on and receives the travel of the rank as far back, all ranks at the same step
+/// with the same kind and hop. A
 /// shift is started and then finished; between the two the rank computes with the k/v it
 /// is sending, which a transport that can overlap moves meanwhile. One shift is in
 /// flight at a time.
@@ -126,9 +149,10 @@ pub trait ChunkTransport<T: Element, X: ChunkCompute<T>> {
     type Control: Communicator + ?Sized;
     /// The control communicator.
     fn control(&mut self) -> &mut Self::Control;
-    /// Start sending `travel` to the next rank and receiving the previous rank's.
+    /// Start sending `travel` `travel.hop` ranks on and receiving the travel of the rank
+    /// as far back.
     fn start(&mut self, compute: &X, problem: &RingProblem, travel: Travel<X::Rows, X::Acc>) -> Result<()>;
-    /// Finish the started shift: what the previous rank sent.
+    /// Finish the started shift: what the sending rank sent.
     fn finish(&mut self, compute: &X, problem: &RingProblem) -> Result<Arrived<X::Rows, X::Acc>>;
     /// Start and finish a shift.
     fn shift(
@@ -178,15 +202,14 @@ impl<T: Element, X: ChunkCompute<T>, C: Communicator + ?Sized> ChunkTransport<T,
         for a in travel.dk.iter().chain(&travel.dv) {
             compute.acc_to_bytes(a, &mut msg)?;
         }
-        self.staged = Some((msg, Awaited::of(&travel, world)));
+        self.staged = Some((msg, Awaited::of(&travel, rank, world)?));
         Ok(())
     }
 
     fn finish(&mut self, compute: &X, _problem: &RingProblem) -> Result<Arrived<X::Rows, X::Acc>> {
         let rank = self.comm.rank();
         let (msg, want) = self.staged.take().ok_or_else(|| out_of_order(rank, "a finish with no shift started"))?;
-        let (next, prev) = (self.comm.next(), self.comm.prev());
-        let got = self.comm.sendrecv(next, msg, prev)?;
+        let got = self.comm.sendrecv(want.to, msg, want.from)?;
         let kind = want.kind.msg_kind();
         let mut rd = Reader::open(&got, Expected { kind, owner: want.owner, step: want.step, rank })?;
         let mut arrived = Arrived::empty();
