@@ -14,9 +14,10 @@
 //! functions of global positions, so a block is the kernels' block call on two ranges.
 //! The k/v rows travel in [`ChunkOptions::rounds`] rounds, each carrying one slice of
 //! every piece, so a rank holds one slice of other ranks' rows at a time instead of a
-//! whole chunk. A slice goes only as many steps as the farthest rank whose queries reach
-//! it (none when segments sit inside ranks, one for a causal window under the contiguous
-//! layout); the backward's dk/dv then go straight home.
+//! whole chunk. A slice goes to the next rank, the previous one or both ways, only as far
+//! as the ranks whose queries reach it (none when segments sit inside ranks, one step for
+//! a causal window under the contiguous layout, one each way for a two-sided window); the
+//! backward's dk/dv then go straight home.
 //!
 //! [`Communicator`]: crate::Communicator
 

@@ -1,19 +1,20 @@
-//! The chunk ring's calls: local checks and the handshake; per round, steps in which each
-//! rank computes its queries against the k/v slices it holds and hands them on, as far as
-//! the farthest rank whose queries reach them (the backward's dk/dv travelling with their
-//! k/v, then straight home); the completion rounds.
+//! The chunk ring's calls: local checks and the handshake; per round, a trip each way
+//! ([`chunk_route`]): steps in which each rank computes its queries against the k/v
+//! slices it holds and hands them on, as far as the ranks whose queries reach them (the
+//! backward's dk/dv travelling with their k/v, then straight home); the completion rounds.
 
 use std::sync::Arc;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, Shape4};
 
-use super::reach::{farthest_reach, may_attend};
+use super::reach::{chunk_route, may_attend};
 use super::{
     ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkTransport, ChunkUpstream, RoundSlice, Travel, TravelKind,
     piece_shapes, rank_pieces, round_slices,
 };
 use crate::comm::{CommStats, Communicator};
+use crate::plan::ring_route::Way;
 use crate::plan::{Plan, RingProblem};
 use crate::protocol::call::{RingStats, finish};
 use crate::protocol::handshake::{Refusal, fingerprint, handshake};
@@ -95,6 +96,11 @@ fn starts(problem: &RingProblem, rank: usize) -> Vec<usize> {
     rank_pieces(problem, rank).into_iter().map(|r| r.start).collect()
 }
 
+/// The step number of step `t` of `way`'s trip in `round` (from 1, distinct within a pass).
+fn step_of(round: usize, way: Way, t: usize, world: usize) -> usize {
+    (2 * round + way.index()) * world + t + 1
+}
+
 /// The rounds a call runs: a single rank moves nothing.
 fn rounds_of(problem: &RingProblem, opts: ChunkOptions) -> usize {
     if problem.world == 1 { 1 } else { opts.rounds() }
@@ -156,9 +162,9 @@ where
     Ok(ChunkForward { out, lse, stats })
 }
 
-/// Every round: steps `0..=reach` ([`farthest_reach`]), each the blocks of the k/v slices
-/// held (the rank's own first), then a shift of them to the next rank (none after the last
-/// step).
+/// Every round, a trip each way ([`chunk_route`]; the next way first): steps `0..=hops`,
+/// each the blocks of the k/v slices held (the rank's own on the next way only), then a
+/// shift of them one rank on that way (none after the last step).
 fn forward_pass<T, X, Tr>(
     transport: &mut Tr,
     compute: &X,
@@ -191,38 +197,47 @@ where
         attend(&k.iter().collect::<Vec<_>>(), &v.iter().collect::<Vec<_>>(), &starts(problem, r))?;
         return Ok(partials);
     }
-    let (rounds, reach) = (rounds_of(problem, opts), farthest_reach(problem));
+    let (rounds, route) = (rounds_of(problem, opts), chunk_route(problem));
     for round in 0..rounds {
-        let mut slices = round_slices(problem, r, round, rounds);
-        let (mut ks, mut vs) = own_slices(compute, &slices, [k, v])?;
-        for t in 0..p {
-            let owner = (r + p - t) % p;
-            let k_starts: Vec<_> = slices.iter().map(|s| s.start).collect();
-            if t == reach {
-                attend(&refs(&ks), &refs(&vs), &k_starts)?;
-                break;
+        for way in Way::BOTH {
+            let hops = route.hops(way);
+            if way == Way::Prev && hops == 0 {
+                continue;
             }
-            // The slices move to the next rank while this rank computes with them.
-            let next = round_slices(problem, (owner + p - 1) % p, round, rounds);
-            let arriving = shapes_of(problem, &next)?;
-            let (k, v, dk, dv) = (ks.clone(), vs.clone(), Vec::new(), Vec::new());
-            let step = round * p + t + 1;
-            let kind = TravelKind::Kv;
-            transport.start(compute, problem, Travel { kind, owner, hop: 1, step, k, v, dk, dv, arriving })?;
-            let done = attend(&refs(&ks), &refs(&vs), &k_starts);
-            // Finished even after a failed block, so nothing is in flight when the error returns.
-            let arrived = transport.finish(compute, problem);
-            done?;
-            let a = arrived?;
-            (ks, vs, slices) = (a.k, a.v, next);
+            let mut slices = round_slices(problem, r, round, rounds);
+            let (mut ks, mut vs) = own_slices(compute, &slices, [k, v])?;
+            for t in 0..=hops {
+                let owner = way.owner_at(r, t, p);
+                let k_starts: Vec<_> = slices.iter().map(|s| s.start).collect();
+                // The rank's own rows are attended once, on the next way's first step.
+                let mut here = |ks: &[Arc<X::Rows>], vs: &[Arc<X::Rows>]| {
+                    if way == Way::Prev && t == 0 { Ok(()) } else { attend(&refs(ks), &refs(vs), &k_starts) }
+                };
+                if t == hops {
+                    here(&ks, &vs)?;
+                    break;
+                }
+                // The slices move one rank on while this rank computes with them.
+                let next = round_slices(problem, way.owner_at(r, t + 1, p), round, rounds);
+                let arriving = shapes_of(problem, &next)?;
+                let (k, v, dk, dv) = (ks.clone(), vs.clone(), Vec::new(), Vec::new());
+                let (kind, hop, step) = (TravelKind::Kv, way.step(0, 1, p), step_of(round, way, t, p));
+                transport.start(compute, problem, Travel { kind, owner, hop, step, k, v, dk, dv, arriving })?;
+                let done = here(&ks, &vs);
+                // Finished even after a failed block, so nothing is in flight when the error returns.
+                let arrived = transport.finish(compute, problem);
+                done?;
+                let a = arrived?;
+                (ks, vs, slices) = (a.k, a.v, next);
+            }
         }
     }
     Ok(partials)
 }
 
 /// Exact backward of the chunk ring on this rank: the forward recomputed for the final lse
-/// and `delta`, then per round the forward's steps, k/v slices travelling with their
-/// dk/dv, which a last travel brings straight home. Inputs as [`chunk_forward`],
+/// and `delta`, then per round the forward's trips, k/v slices travelling with their
+/// dk/dv, which a last travel of each trip brings straight home. Inputs as [`chunk_forward`],
 /// `grad_out` like `q`.
 pub fn chunk_backward<T, X, Tr>(
     transport: &mut Tr,
@@ -282,43 +297,58 @@ where
     // The rank's dk/dv per piece, in `T`, filled slice by slice as they come home.
     let mut dk_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
     let mut dv_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
-    let (rounds, reach) = (rounds_of(problem, opts), farthest_reach(problem));
+    let (rounds, route) = (rounds_of(problem, opts), chunk_route(problem));
     for round in 0..rounds {
         let own = round_slices(problem, r, round, rounds);
-        let mut slices = own.clone();
-        let (mut ks, mut vs) = if p == 1 { (Vec::new(), Vec::new()) } else { own_slices(compute, &own, [k, v])? };
         let zeros = |s: &[RoundSlice]| {
             shapes_of(problem, s)?.into_iter().map(|x| compute.zero_acc(x)).collect::<Result<Vec<_>>>()
         };
         let (mut dks, mut dvs) = (zeros(&own)?, zeros(&own)?);
-        for t in 0..p {
-            let owner = (r + p - t) % p;
-            let k_starts: Vec<_> = slices.iter().map(|s| s.start).collect();
-            if p == 1 {
-                let (k, v): (Vec<_>, Vec<_>) = (k.iter().collect(), v.iter().collect());
-                attend(&k, &v, &k_starts, &mut dks, &mut dvs)?;
-                break;
+        if p == 1 {
+            let (k, v): (Vec<_>, Vec<_>) = (k.iter().collect(), v.iter().collect());
+            let k_starts: Vec<_> = own.iter().map(|s| s.start).collect();
+            attend(&k, &v, &k_starts, &mut dks, &mut dvs)?;
+        }
+        // The next way's trip, then the previous way's, each starting from home with the
+        // dk/dv accumulated so far.
+        for way in Way::BOTH.into_iter().filter(|_| p > 1) {
+            let hops = route.hops(way);
+            if way == Way::Prev && hops == 0 {
+                continue;
             }
-            attend(&refs(&ks), &refs(&vs), &k_starts, &mut dks, &mut dvs)?;
-            let last = t == reach;
-            if last && t == 0 {
-                // Nothing left the rank: its own dk/dv are home.
-                break;
-            }
-            // The last travel carries only the gradients, `t` ranks back, home to their owner.
-            let (kind, hop, next) = if last {
-                (TravelKind::GradHome, p - t, own.clone())
-            } else {
-                (TravelKind::KvGrad, 1, round_slices(problem, (owner + p - 1) % p, round, rounds))
-            };
-            let (tk, tv) = if last { (Vec::new(), Vec::new()) } else { (ks, vs) };
-            let arriving = shapes_of(problem, &next)?;
-            let step = round * p + t + 1;
-            let travel = Travel { kind, owner, hop, step, k: tk, v: tv, dk: dks, dv: dvs, arriving };
-            let a = transport.shift(compute, problem, travel)?;
-            (ks, vs, dks, dvs, slices) = (a.k, a.v, a.dk, a.dv, next);
-            if last {
-                break;
+            let mut slices = own.clone();
+            let (mut ks, mut vs) = own_slices(compute, &own, [k, v])?;
+            for t in 0..=hops {
+                let owner = way.owner_at(r, t, p);
+                let k_starts: Vec<_> = slices.iter().map(|s| s.start).collect();
+                // The rank's own rows are attended once, on the next way's first step.
+                if !(way == Way::Prev && t == 0) {
+                    attend(&refs(&ks), &refs(&vs), &k_starts, &mut dks, &mut dvs)?;
+                }
+                let last = t == hops;
+                if last && t == 0 {
+                    // Nothing left the rank: its dk/dv are home.
+                    break;
+                }
+                // The last travel carries only the gradients, straight home to their owner.
+                let (kind, hop, next) = if last {
+                    (TravelKind::GradHome, p - way.step(0, t, p), own.clone())
+                } else {
+                    (
+                        TravelKind::KvGrad,
+                        way.step(0, 1, p),
+                        round_slices(problem, way.owner_at(r, t + 1, p), round, rounds),
+                    )
+                };
+                let (tk, tv) = if last { (Vec::new(), Vec::new()) } else { (ks, vs) };
+                let arriving = shapes_of(problem, &next)?;
+                let step = step_of(round, way, t, p);
+                let travel = Travel { kind, owner, hop, step, k: tk, v: tv, dk: dks, dv: dvs, arriving };
+                let a = transport.shift(compute, problem, travel)?;
+                (ks, vs, dks, dvs, slices) = (a.k, a.v, a.dk, a.dv, next);
+                if last {
+                    break;
+                }
             }
         }
         for (s, (dk, dv)) in own.iter().zip(dks.iter().zip(&dvs)) {

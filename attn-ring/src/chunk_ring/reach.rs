@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use super::rank_pieces;
 use crate::plan::RingProblem;
+use crate::plan::ring_route::{Route, route};
 
 fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
     a.start < b.end && b.start < a.end
@@ -37,14 +38,17 @@ pub(crate) fn may_attend(problem: &RingProblem, q: &Range<usize>, k: &Range<usiz
     }
 }
 
-/// The farthest ring distance `t` at which some rank's queries may attend keys of the
-/// rank `t` before it (0 when every rank's queries reach only its own rows): the k/v
-/// slices travel that many steps, no farther.
-pub(crate) fn farthest_reach(problem: &RingProblem) -> usize {
+/// How far a rank's k/v slices travel each way: the ring distances `d` at which some
+/// rank's queries may attend keys of the rank `d` before it, routed as the plan ring
+/// routes a block ([`route`]): the nearer ones reached going to the next rank, the
+/// farther ones going back (a two-sided window: one step each way; segments inside ranks:
+/// no step).
+pub(crate) fn chunk_route(problem: &RingProblem) -> Route {
     let p = problem.world;
     let pieces: Vec<Vec<Range<usize>>> = (0..p).map(|r| rank_pieces(problem, r)).collect();
     let reaches = |r: usize, o: usize| pieces[r].iter().any(|q| pieces[o].iter().any(|k| may_attend(problem, q, k)));
-    (1..p).rev().find(|&t| (0..p).any(|r| reaches(r, (r + p - t) % p))).unwrap_or(0)
+    let dists: Vec<usize> = (1..p).filter(|&d| (0..p).any(|r| reaches(r, (r + p - d) % p))).collect();
+    route(&dists, p)
 }
 
 #[cfg(test)]
@@ -106,19 +110,21 @@ mod tests {
     }
 
     #[test]
-    fn keys_travel_as_far_as_the_farthest_reach() {
-        let problem = |cfg: DilatedConfig, layout| {
-            RingProblem::new(&cfg, Shape4::new(1, 64, 1, 4).unwrap().into(), layout, Strategy::Auto, 4)
+    fn keys_travel_only_as_far_as_the_queries_reaching_them() {
+        let route_of = |cfg: DilatedConfig, layout| {
+            let problem = RingProblem::new(&cfg, Shape4::new(1, 64, 1, 4).unwrap().into(), layout, Strategy::Auto, 4);
+            let r = chunk_route(&problem);
+            (r.next, r.prev)
         };
         let local = DilatedConfig::builder().segments(&[16]).dilations(&[1]).build().unwrap();
-        assert_eq!(farthest_reach(&problem(local, Layout::Contiguous)), 0, "segments inside ranks");
+        assert_eq!(route_of(local, Layout::Contiguous), (0, 0), "segments inside ranks");
         let window = DilatedConfig::builder().window(5, 0).causal(true).build().unwrap();
-        assert_eq!(farthest_reach(&problem(window.clone(), Layout::Contiguous)), 1, "causal window");
-        assert_eq!(farthest_reach(&problem(window, Layout::Zigzag)), 3, "zigzag: the later chunk's keys");
+        assert_eq!(route_of(window.clone(), Layout::Contiguous), (1, 0), "causal window");
+        assert_eq!(route_of(window, Layout::Zigzag), (1, 1), "zigzag: the later chunk's keys are on the next rank");
         let two_sided = DilatedConfig::builder().window(5, 5).build().unwrap();
-        assert_eq!(farthest_reach(&problem(two_sided, Layout::Contiguous)), 3, "the next rank is 3 steps on");
+        assert_eq!(route_of(two_sided, Layout::Contiguous), (1, 1), "both neighbours");
         let dense = DilatedConfig::builder().segments(&[64]).dilations(&[1]).causal(true).build().unwrap();
-        assert_eq!(farthest_reach(&problem(dense, Layout::Contiguous)), 3);
+        assert_eq!(route_of(dense, Layout::Contiguous), (3, 0), "every rank before: one way round");
     }
 
     #[test]

@@ -215,19 +215,23 @@ fn run<T: CudaElement>(
 
 /// Forward and gradients over NCCL between device buffers equal the host-staged ring's,
 /// bit for bit: grouped heads, causal, both layouts, one and three rounds, 2 and 3 ranks,
-/// dilated segments and a causal window (whose k/v go one step and whose dk/dv come home
-/// from there, two ranks on at 3 ranks).
+/// dilated segments, a causal window (whose k/v go one step and whose dk/dv come home
+/// from there, two ranks on at 3 ranks) and, at 4 ranks, a two-sided window (k/v one
+/// step each way).
 pub fn device_transport_matches_host_staging() {
     let segments = DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal(true).build();
     let window = DilatedConfig::builder().window(10, 0).causal(true).build();
+    let two_sided = DilatedConfig::builder().window(5, 4).build();
     let (q_shape, kv_shape) = (Shape4::new(2, 48, 4, 8).expect("q"), Shape4::new(2, 48, 2, 8).expect("kv"));
     let make = |seed: usize, s: Shape4| -> (Vec<bf16>, Shape4) {
         ((0..s.numel()).map(|i| bf16::from_f32(((i * 7 + seed * 13) % 23) as f32 / 11.0 - 1.0)).collect(), s)
     };
     let inputs = [make(1, q_shape), make(2, kv_shape), make(3, kv_shape), make(4, q_shape)];
     let mut runs = 0;
-    for cfg in [segments.expect("segments"), window.expect("window")] {
-        for world in [2, 3] {
+    let cases =
+        [(segments.expect("segments"), 2..=3), (window.expect("window"), 2..=3), (two_sided.expect("w"), 4..=4)];
+    for (cfg, worlds) in cases {
+        for world in worlds {
             for layout in [Layout::Contiguous, Layout::Zigzag] {
                 for rounds in [1, 3] {
                     let shape = AttnShape { q: q_shape, kv: kv_shape };
