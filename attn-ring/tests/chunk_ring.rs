@@ -1,8 +1,9 @@
 //! The chunk ring (CPU compute) against every golden file of `conformance/dilated` and
 //! `conformance/features`: whole pieces travelling over threads at world sizes 1..=8 in
 //! f32, 2..=4 in bf16 and f16, the emulated NCCL transport at 2..=4; slices in 3 rounds
-//! (both transports, 2..=5) and in more rounds than rows; a fault or a disagreeing rank is
-//! a typed error on every rank.
+//! (both transports, 2..=5) and in more rounds than rows; the ring and all-gather
+//! strategies in 2 rounds (both transports, 2..=5); a fault or a disagreeing rank is a
+//! typed error on every rank.
 
 mod common;
 
@@ -26,7 +27,8 @@ fn threads<T>(world: usize, layout: Layout) -> ChunkBackend<T, impl Fn(usize) ->
     let join = |p| ThreadComm::world_with_timeout(p, TIMEOUT);
     let (moves, compute) = (Moves::HostStaged, CpuChunks::default());
     let opts = ChunkOptions::default();
-    ChunkBackend { label: "threads", world, layout, join, moves, opts, compute, dtype: PhantomData }
+    let strategy = Strategy::Auto;
+    ChunkBackend { label: "threads", world, layout, strategy, join, moves, opts, compute, dtype: PhantomData }
 }
 
 #[test]
@@ -53,6 +55,25 @@ fn chunk_ring_in_process_matches_every_golden_file() {
             ..threads::<f32>(world, layout)
         });
         assert_eq!(runs, 9 * 8 * 2, "{dir}");
+    }
+}
+
+/// Along the ring (both ways) and straight to each rank: the strategies the chunk ring
+/// honours, over both transports, in 2 rounds.
+#[test]
+fn chunk_ring_every_strategy_matches_every_golden_file() {
+    for dir in ["dilated", "features"] {
+        for strategy in [Strategy::Ring, Strategy::AllGather] {
+            for moves in [Moves::HostStaged, Moves::InProcess] {
+                let runs = chunk_sweep(dir, 9, &[2, 3, 4, 5], |world, layout| ChunkBackend::<f32, _> {
+                    strategy,
+                    moves,
+                    opts: ChunkOptions::with_rounds(2).unwrap(),
+                    ..threads::<f32>(world, layout)
+                });
+                assert_eq!(runs, 9 * 4 * 2, "{dir} {strategy:?} {moves:?}");
+            }
+        }
     }
 }
 
@@ -114,6 +135,7 @@ fn chunk_ring_over_emulated_nccl_matches_every_golden_file() {
             label: "emulated-nccl",
             world,
             layout,
+            strategy: Strategy::Auto,
             join: |p| EmulatedNccl::world_with_timeout(p, TIMEOUT),
             moves: Moves::HostStaged,
             opts: ChunkOptions::default(),
@@ -299,6 +321,7 @@ fn planted_failures(layout: Layout, moves: Moves, opts: ChunkOptions, plant: Pla
         label: "planted",
         world: 2,
         layout,
+        strategy: Strategy::Auto,
         join,
         moves,
         opts,

@@ -14,8 +14,8 @@ const WORLD: usize = 4;
 const SHAPE: Shape4 = Shape4 { batch: 1, seq: 64, heads: 2, head_dim: 4 };
 
 /// Every rank's forward and backward statistics for `cfg` over host-staged threads.
-fn stats(cfg: &DilatedConfig, layout: Layout) -> Vec<(RingStats, RingStats)> {
-    let problem = RingProblem::new(cfg, SHAPE.into(), layout, Strategy::Auto, WORLD);
+fn stats(cfg: &DilatedConfig, layout: Layout, strategy: Strategy) -> Vec<(RingStats, RingStats)> {
+    let problem = RingProblem::new(cfg, SHAPE.into(), layout, strategy, WORLD);
     let x: Vec<f32> = (0..SHAPE.numel()).map(|i| (i as f32 * 0.37).sin()).collect();
     let view = TensorView::contiguous(TensorName::Query, &x, SHAPE).unwrap();
     let comms = ThreadComm::world(WORLD).unwrap();
@@ -70,7 +70,30 @@ fn keys_travel_only_as_far_as_the_queries_reaching_them() {
     ];
     for (name, cfg, layout, (next, prev)) in cases {
         let (fwd, bwd) = bytes_for(next, prev);
-        for (r, (f, b)) in stats(&cfg.unwrap(), layout).iter().enumerate() {
+        for (r, (f, b)) in stats(&cfg.unwrap(), layout, Strategy::Ring).iter().enumerate() {
+            assert_eq!(f.data_bytes_sent, fwd, "{name}: rank {r} forward");
+            assert_eq!(b.data_bytes_sent, bwd, "{name}: rank {r} backward");
+        }
+    }
+}
+
+/// All-gather: k/v straight to the rank each distance on, its dk/dv with them, and back
+/// home from there: one k/v message per distance (the recomputed forward's too) and, per
+/// distance, k/v with dk/dv out and dk/dv home.
+#[test]
+fn all_gather_sends_each_distance_once() {
+    let b = DilatedConfig::builder;
+    let cases = [
+        ("window (5, 5)", b().window(5, 5).build(), Layout::Contiguous, 2),
+        ("dense causal", b().segments(&[64]).dilations(&[1]).causal(true).build(), Layout::Contiguous, 3),
+        ("segments inside ranks", b().segments(&[16]).dilations(&[1]).build(), Layout::Contiguous, 0),
+    ];
+    let rows = (SHAPE.seq / WORLD * SHAPE.heads * SHAPE.head_dim) as u64;
+    let (kv, grads) = (MSG_HEADER_BYTES + 2 * rows * 4, MSG_HEADER_BYTES + 2 * rows * 4);
+    let kv_grads = MSG_HEADER_BYTES + 4 * rows * 4;
+    for (name, cfg, layout, distances) in cases {
+        let (fwd, bwd) = (distances * kv, distances * (kv + kv_grads + grads));
+        for (r, (f, b)) in stats(&cfg.unwrap(), layout, Strategy::AllGather).iter().enumerate() {
             assert_eq!(f.data_bytes_sent, fwd, "{name}: rank {r} forward");
             assert_eq!(b.data_bytes_sent, bwd, "{name}: rank {r} backward");
         }

@@ -20,7 +20,7 @@ use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::BlockGeometry;
 use attn_kernels::cuda::plan::out_scale;
 use attn_ring::chunk_ring::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkUpstream, HostRows};
-use attn_ring::{RingProblem, ThreadComm};
+use attn_ring::{RingProblem, Strategy, ThreadComm};
 use common::{ChunkBackend, LseRows, Moves, chunk_sweep};
 use half::{bf16, f16};
 
@@ -186,6 +186,7 @@ fn sweep<T: CudaElement>(moves: Moves, opts: ChunkOptions, worlds: &[usize]) {
             label: "emulated cuda",
             world,
             layout,
+            strategy: Strategy::Auto,
             join: |p| ThreadComm::world_with_timeout(p, Duration::from_secs(120)),
             moves,
             opts,

@@ -14,10 +14,11 @@
 //! functions of global positions, so a block is the kernels' block call on two ranges.
 //! The k/v rows travel in [`ChunkOptions::rounds`] rounds, each carrying one slice of
 //! every piece, so a rank holds one slice of other ranks' rows at a time instead of a
-//! whole chunk. A slice goes to the next rank, the previous one or both ways, only as far
-//! as the ranks whose queries reach it (none when segments sit inside ranks, one step for
-//! a causal window under the contiguous layout, one each way for a two-sided window); the
-//! backward's dk/dv then go straight home.
+//! whole chunk. A slice goes only to the ranks whose queries reach it: under the ring
+//! strategy from neighbour to neighbour, to the next rank, the previous one or both ways
+//! (none when segments sit inside ranks, one step for a causal window under the contiguous
+//! layout, one each way for a two-sided window); under all-gather straight to each rank;
+//! the backward's dk/dv then go straight home.
 //!
 //! [`Communicator`]: crate::Communicator
 

@@ -1,14 +1,15 @@
-//! The chunk ring's calls: local checks and the handshake; per round, a trip each way
-//! ([`chunk_route`]): steps in which each rank computes its queries against the k/v
-//! slices it holds and hands them on, as far as the ranks whose queries reach them (the
-//! backward's dk/dv travelling with their k/v, then straight home); the completion rounds.
+//! The chunk ring's calls: local checks and the handshake; per round, the moves of the
+//! problem's schedule ([`chunk_schedule`]: a trip each way along the ring, or straight to
+//! each rank that needs them), each rank computing its queries against the k/v slices it
+//! holds while they move on (the backward's dk/dv travelling with their k/v, then straight
+//! home); the completion rounds.
 
 use std::sync::Arc;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, Shape4};
 
-use super::reach::{chunk_route, may_attend};
+use super::reach::{Schedule, chunk_schedule, may_attend};
 use super::{
     ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkTransport, ChunkUpstream, RoundSlice, Travel, TravelKind,
     piece_shapes, rank_pieces, round_slices,
@@ -101,6 +102,12 @@ fn step_of(round: usize, way: Way, t: usize, world: usize) -> usize {
     (2 * round + way.index()) * world + t + 1
 }
 
+/// The step number of distance `i`'s message in `round` of a direct schedule (its
+/// gradients going home take the next number).
+fn direct_step(round: usize, i: usize, world: usize) -> usize {
+    2 * (round * world + i) + 1
+}
+
 /// The rounds a call runs: a single rank moves nothing.
 fn rounds_of(problem: &RingProblem, opts: ChunkOptions) -> usize {
     if problem.world == 1 { 1 } else { opts.rounds() }
@@ -162,9 +169,10 @@ where
     Ok(ChunkForward { out, lse, stats })
 }
 
-/// Every round, a trip each way ([`chunk_route`]; the next way first): steps `0..=hops`,
-/// each the blocks of the k/v slices held (the rank's own on the next way only), then a
-/// shift of them one rank on that way (none after the last step).
+/// Every round, the schedule's moves: the own slices out to each distance in turn, each
+/// arrival attended while the next travels; or a trip each way (the next way first), steps
+/// `0..=hops`, each the blocks of the k/v slices held (the rank's own on the next way
+/// only), then a shift of them one rank on that way (none after the last step).
 fn forward_pass<T, X, Tr>(
     transport: &mut Tr,
     compute: &X,
@@ -197,8 +205,35 @@ where
         attend(&k.iter().collect::<Vec<_>>(), &v.iter().collect::<Vec<_>>(), &starts(problem, r))?;
         return Ok(partials);
     }
-    let (rounds, route) = (rounds_of(problem, opts), chunk_route(problem));
+    let (rounds, schedule) = (rounds_of(problem, opts), chunk_schedule(problem));
     for round in 0..rounds {
+        let route = match &schedule {
+            Schedule::Ring(route) => route,
+            Schedule::Direct(dists) => {
+                // Own slices attended while the first go out; each arrival while the next travels.
+                let own = round_slices(problem, r, round, rounds);
+                let (ks, vs) = own_slices(compute, &own, [k, v])?;
+                let mut held = (ks.clone(), vs.clone(), own.iter().map(|s| s.start).collect::<Vec<_>>());
+                for (i, &d) in dists.iter().enumerate() {
+                    let from = round_slices(problem, (r + p - d) % p, round, rounds);
+                    let arriving = shapes_of(problem, &from)?;
+                    let (k, v, dk, dv) = (ks.clone(), vs.clone(), Vec::new(), Vec::new());
+                    let (kind, step) = (TravelKind::Kv, direct_step(round, i, p));
+                    transport.start(
+                        compute,
+                        problem,
+                        Travel { kind, owner: r, hop: d, step, k, v, dk, dv, arriving },
+                    )?;
+                    let done = attend(&refs(&held.0), &refs(&held.1), &held.2);
+                    let arrived = transport.finish(compute, problem);
+                    done?;
+                    let a = arrived?;
+                    held = (a.k, a.v, from.iter().map(|s| s.start).collect());
+                }
+                attend(&refs(&held.0), &refs(&held.1), &held.2)?;
+                continue;
+            }
+        };
         for way in Way::BOTH {
             let hops = route.hops(way);
             if way == Way::Prev && hops == 0 {
@@ -297,21 +332,56 @@ where
     // The rank's dk/dv per piece, in `T`, filled slice by slice as they come home.
     let mut dk_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
     let mut dv_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
-    let (rounds, route) = (rounds_of(problem, opts), chunk_route(problem));
+    let (rounds, schedule) = (rounds_of(problem, opts), chunk_schedule(problem));
     for round in 0..rounds {
         let own = round_slices(problem, r, round, rounds);
+        let own_starts: Vec<_> = own.iter().map(|s| s.start).collect();
         let zeros = |s: &[RoundSlice]| {
             shapes_of(problem, s)?.into_iter().map(|x| compute.zero_acc(x)).collect::<Result<Vec<_>>>()
         };
         let (mut dks, mut dvs) = (zeros(&own)?, zeros(&own)?);
         if p == 1 {
             let (k, v): (Vec<_>, Vec<_>) = (k.iter().collect(), v.iter().collect());
-            let k_starts: Vec<_> = own.iter().map(|s| s.start).collect();
-            attend(&k, &v, &k_starts, &mut dks, &mut dvs)?;
+            attend(&k, &v, &own_starts, &mut dks, &mut dvs)?;
         }
+        let route = match &schedule {
+            _ if p == 1 => None,
+            Schedule::Ring(route) => Some(route),
+            Schedule::Direct(dists) => {
+                // Own k/v and dk/dv go to the rank each distance on, which adds its blocks'
+                // gradients and sends them straight home.
+                let (ks, vs) = own_slices(compute, &own, [k, v])?;
+                attend(&refs(&ks), &refs(&vs), &own_starts, &mut dks, &mut dvs)?;
+                for (i, &d) in dists.iter().enumerate() {
+                    let from = round_slices(problem, (r + p - d) % p, round, rounds);
+                    let (arriving, step) = (shapes_of(problem, &from)?, direct_step(round, i, p));
+                    let (k, v, dk, dv) = (ks.clone(), vs.clone(), dks, dvs);
+                    let out = Travel { kind: TravelKind::KvGrad, owner: r, hop: d, step, k, v, dk, dv, arriving };
+                    let mut a = transport.shift(compute, problem, out)?;
+                    let starts: Vec<_> = from.iter().map(|s| s.start).collect();
+                    attend(&refs(&a.k), &refs(&a.v), &starts, &mut a.dk, &mut a.dv)?;
+                    let (owner, arriving) = ((r + p - d) % p, shapes_of(problem, &own)?);
+                    let (k, v, dk, dv) = (Vec::new(), Vec::new(), a.dk, a.dv);
+                    let home = Travel {
+                        kind: TravelKind::GradHome,
+                        owner,
+                        hop: p - d,
+                        step: step + 1,
+                        k,
+                        v,
+                        dk,
+                        dv,
+                        arriving,
+                    };
+                    let b = transport.shift(compute, problem, home)?;
+                    (dks, dvs) = (b.dk, b.dv);
+                }
+                None
+            }
+        };
         // The next way's trip, then the previous way's, each starting from home with the
         // dk/dv accumulated so far.
-        for way in Way::BOTH.into_iter().filter(|_| p > 1) {
+        for (way, route) in route.iter().flat_map(|rt| Way::BOTH.map(|w| (w, rt))) {
             let hops = route.hops(way);
             if way == Way::Prev && hops == 0 {
                 continue;

@@ -7,8 +7,8 @@
 use std::ops::Range;
 
 use super::rank_pieces;
-use crate::plan::RingProblem;
 use crate::plan::ring_route::{Route, route};
+use crate::plan::{RingProblem, Strategy};
 
 fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
     a.start < b.end && b.start < a.end
@@ -38,17 +38,41 @@ pub(crate) fn may_attend(problem: &RingProblem, q: &Range<usize>, k: &Range<usiz
     }
 }
 
-/// How far a rank's k/v slices travel each way: the ring distances `d` at which some
-/// rank's queries may attend keys of the rank `d` before it, routed as the plan ring
-/// routes a block ([`route`]): the nearer ones reached going to the next rank, the
-/// farther ones going back (a two-sided window: one step each way; segments inside ranks:
-/// no step).
-pub(crate) fn chunk_route(problem: &RingProblem) -> Route {
+/// The ring distances `d` (`1..world`, ascending) at which some rank's queries may attend
+/// keys of the rank `d` before it.
+pub(crate) fn reach_distances(problem: &RingProblem) -> Vec<usize> {
     let p = problem.world;
     let pieces: Vec<Vec<Range<usize>>> = (0..p).map(|r| rank_pieces(problem, r)).collect();
     let reaches = |r: usize, o: usize| pieces[r].iter().any(|q| pieces[o].iter().any(|k| may_attend(problem, q, k)));
-    let dists: Vec<usize> = (1..p).filter(|&d| (0..p).any(|r| reaches(r, (r + p - d) % p))).collect();
-    route(&dists, p)
+    (1..p).filter(|&d| (0..p).any(|r| reaches(r, (r + p - d) % p))).collect()
+}
+
+/// How a round's k/v slices reach the ranks that need them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Schedule {
+    /// Along the ring, a trip each way, routed as the plan ring routes a block ([`route`]):
+    /// the nearer distances reached going to the next rank, the farther ones going back (a
+    /// two-sided window: one step each way; segments inside ranks: no step).
+    Ring(Route),
+    /// Straight to the rank each distance away, one distance at a time.
+    Direct(Vec<usize>),
+}
+
+/// The schedule of `problem`'s strategy: [`Strategy::Ring`] and [`Strategy::AllGather`]
+/// as named; [`Strategy::Auto`] sends straight where that takes fewer messages than the
+/// ring's steps (distances with gaps), else along the ring.
+pub(crate) fn chunk_schedule(problem: &RingProblem) -> Schedule {
+    schedule_for(problem.strategy, reach_distances(problem), problem.world)
+}
+
+fn schedule_for(strategy: Strategy, dists: Vec<usize>, world: usize) -> Schedule {
+    let rt = route(&dists, world);
+    match strategy {
+        Strategy::Ring => Schedule::Ring(rt),
+        Strategy::AllGather => Schedule::Direct(dists),
+        Strategy::Auto if dists.len() < rt.next + rt.prev => Schedule::Direct(dists),
+        Strategy::Auto => Schedule::Ring(rt),
+    }
 }
 
 #[cfg(test)]
@@ -111,10 +135,12 @@ mod tests {
 
     #[test]
     fn keys_travel_only_as_far_as_the_queries_reaching_them() {
-        let route_of = |cfg: DilatedConfig, layout| {
-            let problem = RingProblem::new(&cfg, Shape4::new(1, 64, 1, 4).unwrap().into(), layout, Strategy::Auto, 4);
-            let r = chunk_route(&problem);
-            (r.next, r.prev)
+        let problem = |cfg: &DilatedConfig, layout, strategy| {
+            RingProblem::new(cfg, Shape4::new(1, 64, 1, 4).unwrap().into(), layout, strategy, 4)
+        };
+        let route_of = |cfg: DilatedConfig, layout| match chunk_schedule(&problem(&cfg, layout, Strategy::Ring)) {
+            Schedule::Ring(r) => (r.next, r.prev),
+            other => panic!("{other:?}"),
         };
         let local = DilatedConfig::builder().segments(&[16]).dilations(&[1]).build().unwrap();
         assert_eq!(route_of(local, Layout::Contiguous), (0, 0), "segments inside ranks");
@@ -122,9 +148,17 @@ mod tests {
         assert_eq!(route_of(window.clone(), Layout::Contiguous), (1, 0), "causal window");
         assert_eq!(route_of(window, Layout::Zigzag), (1, 1), "zigzag: the later chunk's keys are on the next rank");
         let two_sided = DilatedConfig::builder().window(5, 5).build().unwrap();
-        assert_eq!(route_of(two_sided, Layout::Contiguous), (1, 1), "both neighbours");
+        assert_eq!(route_of(two_sided.clone(), Layout::Contiguous), (1, 1), "both neighbours");
         let dense = DilatedConfig::builder().segments(&[64]).dilations(&[1]).causal(true).build().unwrap();
-        assert_eq!(route_of(dense, Layout::Contiguous), (3, 0), "every rank before: one way round");
+        assert_eq!(route_of(dense.clone(), Layout::Contiguous), (3, 0), "every rank before: one way round");
+        // All-gather: straight to each distance; auto takes it only where it saves steps.
+        let direct = |cfg: &DilatedConfig, s| chunk_schedule(&problem(cfg, Layout::Contiguous, s));
+        assert_eq!(direct(&two_sided, Strategy::AllGather), Schedule::Direct(vec![1, 3]));
+        assert_eq!(direct(&two_sided, Strategy::Auto), Schedule::Ring(route(&[1, 3], 4)));
+        assert_eq!(direct(&dense, Strategy::Auto), Schedule::Ring(route(&[1, 2, 3], 4)));
+        // Keys two ranks back only: one straight message instead of two ring steps.
+        assert_eq!(schedule_for(Strategy::Auto, vec![2], 4), Schedule::Direct(vec![2]));
+        assert_eq!(schedule_for(Strategy::Ring, vec![2], 4), Schedule::Ring(route(&[2], 4)));
     }
 
     #[test]

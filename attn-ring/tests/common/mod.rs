@@ -163,6 +163,8 @@ pub struct ChunkBackend<T, F, X = CpuChunks> {
     pub label: &'static str,
     pub world: usize,
     pub layout: Layout,
+    /// How the chunk ring moves k/v: along the ring, straight, or as `Auto` chooses.
+    pub strategy: Strategy,
     pub join: F,
     pub moves: Moves,
     /// How many rounds the k/v rows travel in.
@@ -209,7 +211,7 @@ where
     X::RowStats: LseRows,
 {
     fn problem(&self, p: &Problem<'_>) -> RingProblem {
-        ring_problem(p, self.world, self.layout, Strategy::Auto)
+        ring_problem(p, self.world, self.layout, self.strategy)
     }
 
     /// Run `rank_work(comm, pieces of q, k, v, grad_out)` on every rank; each returns its

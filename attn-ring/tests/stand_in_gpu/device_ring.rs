@@ -217,7 +217,7 @@ fn run<T: CudaElement>(
 /// bit for bit: grouped heads, causal, both layouts, one and three rounds, 2 and 3 ranks,
 /// dilated segments, a causal window (whose k/v go one step and whose dk/dv come home
 /// from there, two ranks on at 3 ranks) and, at 4 ranks, a two-sided window (k/v one
-/// step each way).
+/// step each way, or straight to each rank under all-gather).
 pub fn device_transport_matches_host_staging() {
     let segments = DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal(true).build();
     let window = DilatedConfig::builder().window(10, 0).causal(true).build();
@@ -228,18 +228,19 @@ pub fn device_transport_matches_host_staging() {
     };
     let inputs = [make(1, q_shape), make(2, kv_shape), make(3, kv_shape), make(4, q_shape)];
     let mut runs = 0;
+    let (auto, both) = (&[Strategy::Auto][..], &[Strategy::Ring, Strategy::AllGather][..]);
     let cases =
-        [(segments.expect("segments"), 2..=3), (window.expect("window"), 2..=3), (two_sided.expect("w"), 4..=4)];
-    for (cfg, worlds) in cases {
-        for world in worlds {
+        [(segments.expect("s"), 2..=3, auto), (window.expect("w"), 2..=3, auto), (two_sided.expect("t"), 4..=4, both)];
+    for (cfg, worlds, strategies) in cases {
+        for (world, &strategy) in worlds.flat_map(|w| strategies.iter().map(move |s| (w, s))) {
             for layout in [Layout::Contiguous, Layout::Zigzag] {
                 for rounds in [1, 3] {
                     let shape = AttnShape { q: q_shape, kv: kv_shape };
-                    let problem = RingProblem::new(&cfg, shape, layout, Strategy::Auto, world);
+                    let problem = RingProblem::new(&cfg, shape, layout, strategy, world);
                     let opts = ChunkOptions::with_rounds(rounds).expect("rounds");
                     let dev = run(&problem, opts, &inputs, true);
                     let host = run(&problem, opts, &inputs, false);
-                    let case = format!("{cfg:?} world {world} {layout:?} rounds {rounds}");
+                    let case = format!("{cfg:?} world {world} {strategy:?} {layout:?} rounds {rounds}");
                     assert!(dev == host, "{case}: device NCCL differs from host staging");
                     runs += 1;
                 }
