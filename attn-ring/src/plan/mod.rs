@@ -21,7 +21,9 @@ use crate::plan::layout::Layout;
 use crate::plan::ring_route::{Way, route};
 pub use crate::plan::traffic::{expected_bytes, forward_buffer_bytes};
 
-/// Strategy override for patterns whose segments span ranks.
+/// Strategy override for patterns whose segments span ranks. The chunk ring reads the
+/// same three for its whole k/v slices (see [`crate::chunk_ring`]): along the ring, straight
+/// to each rank that needs them, or straight where that takes fewer messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Strategy {
     /// Per pattern: no traffic when segments sit inside ranks, all-gather when the
