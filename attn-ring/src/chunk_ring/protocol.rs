@@ -1,5 +1,5 @@
-//! The chunk ring's calls: local checks and the handshake; per round, the moves of the
-//! problem's schedule ([`chunk_schedule`]: a trip each way along the ring, or straight to
+//! The chunk ring's calls: local checks and the handshake; per round, the trips of the
+//! problem's strategy ([`chunk_trips`]: a trip each way along the ring, or straight to
 //! each rank that needs them), each rank computing its queries against the k/v slices it
 //! holds while they move on (the backward's dk/dv travelling with their k/v, then straight
 //! home); the completion rounds.
@@ -9,13 +9,12 @@ use std::sync::Arc;
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, Shape4};
 
-use super::reach::{Schedule, chunk_schedule, may_attend};
+use super::reach::{chunk_trips, may_attend};
 use super::{
     ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkTransport, ChunkUpstream, RoundSlice, Travel, TravelKind,
     piece_shapes, rank_pieces, round_slices,
 };
 use crate::comm::{CommStats, Communicator};
-use crate::plan::ring_route::Way;
 use crate::plan::{Plan, RingProblem};
 use crate::protocol::call::{RingStats, finish};
 use crate::protocol::handshake::{Refusal, fingerprint, handshake};
@@ -97,17 +96,6 @@ fn starts(problem: &RingProblem, rank: usize) -> Vec<usize> {
     rank_pieces(problem, rank).into_iter().map(|r| r.start).collect()
 }
 
-/// The step number of step `t` of `way`'s trip in `round` (from 1, distinct within a pass).
-fn step_of(round: usize, way: Way, t: usize, world: usize) -> usize {
-    (2 * round + way.index()) * world + t + 1
-}
-
-/// The step number of distance `i`'s message in `round` of a direct schedule (its
-/// gradients going home take the next number).
-fn direct_step(round: usize, i: usize, world: usize) -> usize {
-    2 * (round * world + i) + 1
-}
-
 /// The rounds a call runs: a single rank moves nothing.
 fn rounds_of(problem: &RingProblem, opts: ChunkOptions) -> usize {
     if problem.world == 1 { 1 } else { opts.rounds() }
@@ -119,6 +107,20 @@ fn shapes_of(problem: &RingProblem, slices: &[RoundSlice]) -> Result<Vec<Shape4>
 
 /// A round's k and v slices (shared with the transport while they move).
 type KvSlices<R> = (Vec<Arc<R>>, Vec<Arc<R>>);
+
+/// Slices of `owner`'s k/v held by a rank, with their first global positions.
+struct Held<R> {
+    owner: usize,
+    k: Vec<Arc<R>>,
+    v: Vec<Arc<R>>,
+    starts: Vec<usize>,
+}
+
+impl<R> Clone for Held<R> {
+    fn clone(&self) -> Self {
+        Held { owner: self.owner, k: self.k.clone(), v: self.v.clone(), starts: self.starts.clone() }
+    }
+}
 
 fn refs<R>(xs: &[Arc<R>]) -> Vec<&R> {
     xs.iter().map(|x| &**x).collect()
@@ -169,10 +171,9 @@ where
     Ok(ChunkForward { out, lse, stats })
 }
 
-/// Every round, the schedule's moves: the own slices out to each distance in turn, each
-/// arrival attended while the next travels; or a trip each way (the next way first), steps
-/// `0..=hops`, each the blocks of the k/v slices held (the rank's own on the next way
-/// only), then a shift of them one rank on that way (none after the last step).
+/// Every round, the trips of [`chunk_trips`], each starting from the rank's own slices and
+/// passing on what it holds; every slice held (the own ones once) is attended while the
+/// next travel moves.
 fn forward_pass<T, X, Tr>(
     transport: &mut Tr,
     compute: &X,
@@ -205,66 +206,34 @@ where
         attend(&k.iter().collect::<Vec<_>>(), &v.iter().collect::<Vec<_>>(), &starts(problem, r))?;
         return Ok(partials);
     }
-    let (rounds, schedule) = (rounds_of(problem, opts), chunk_schedule(problem));
+    let (rounds, trips) = (rounds_of(problem, opts), chunk_trips(problem));
+    let mut step = 0;
     for round in 0..rounds {
-        let route = match &schedule {
-            Schedule::Ring(route) => route,
-            Schedule::Direct(dists) => {
-                // Own slices attended while the first go out; each arrival while the next travels.
-                let own = round_slices(problem, r, round, rounds);
-                let (ks, vs) = own_slices(compute, &own, [k, v])?;
-                let mut held = (ks.clone(), vs.clone(), own.iter().map(|s| s.start).collect::<Vec<_>>());
-                for (i, &d) in dists.iter().enumerate() {
-                    let from = round_slices(problem, (r + p - d) % p, round, rounds);
-                    let arriving = shapes_of(problem, &from)?;
-                    let (k, v, dk, dv) = (ks.clone(), vs.clone(), Vec::new(), Vec::new());
-                    let (kind, step) = (TravelKind::Kv, direct_step(round, i, p));
-                    transport.start(
-                        compute,
-                        problem,
-                        Travel { kind, owner: r, hop: d, step, k, v, dk, dv, arriving },
-                    )?;
-                    let done = attend(&refs(&held.0), &refs(&held.1), &held.2);
-                    let arrived = transport.finish(compute, problem);
-                    done?;
-                    let a = arrived?;
-                    held = (a.k, a.v, from.iter().map(|s| s.start).collect());
-                }
-                attend(&refs(&held.0), &refs(&held.1), &held.2)?;
-                continue;
-            }
-        };
-        for way in Way::BOTH {
-            let hops = route.hops(way);
-            if way == Way::Prev && hops == 0 {
-                continue;
-            }
-            let mut slices = round_slices(problem, r, round, rounds);
-            let (mut ks, mut vs) = own_slices(compute, &slices, [k, v])?;
-            for t in 0..=hops {
-                let owner = way.owner_at(r, t, p);
-                let k_starts: Vec<_> = slices.iter().map(|s| s.start).collect();
-                // The rank's own rows are attended once, on the next way's first step.
-                let mut here = |ks: &[Arc<X::Rows>], vs: &[Arc<X::Rows>]| {
-                    if way == Way::Prev && t == 0 { Ok(()) } else { attend(&refs(ks), &refs(vs), &k_starts) }
-                };
-                if t == hops {
-                    here(&ks, &vs)?;
-                    break;
-                }
-                // The slices move one rank on while this rank computes with them.
-                let next = round_slices(problem, way.owner_at(r, t + 1, p), round, rounds);
-                let arriving = shapes_of(problem, &next)?;
-                let (k, v, dk, dv) = (ks.clone(), vs.clone(), Vec::new(), Vec::new());
-                let (kind, hop, step) = (TravelKind::Kv, way.step(0, 1, p), step_of(round, way, t, p));
+        let mine = round_slices(problem, r, round, rounds);
+        let (ks, vs) = own_slices(compute, &mine, [k, v])?;
+        let own = Held { owner: r, k: ks, v: vs, starts: mine.iter().map(|s| s.start).collect() };
+        // Each arrival (the own slices first) is attended while the next travel moves.
+        let mut pending = Some(own.clone());
+        for trip in &trips {
+            let mut held = own.clone();
+            for _ in 0..trip.steps {
+                step += 1;
+                let from_owner = (held.owner + p - trip.hop) % p;
+                let from = round_slices(problem, from_owner, round, rounds);
+                let (kind, owner, hop, arriving) = (TravelKind::Kv, held.owner, trip.hop, shapes_of(problem, &from)?);
+                let (k, v, dk, dv) = (held.k, held.v, Vec::new(), Vec::new());
                 transport.start(compute, problem, Travel { kind, owner, hop, step, k, v, dk, dv, arriving })?;
-                let done = here(&ks, &vs);
+                let done = pending.take().map_or(Ok(()), |x| attend(&refs(&x.k), &refs(&x.v), &x.starts));
                 // Finished even after a failed block, so nothing is in flight when the error returns.
                 let arrived = transport.finish(compute, problem);
                 done?;
                 let a = arrived?;
-                (ks, vs, slices) = (a.k, a.v, next);
+                held = Held { owner: from_owner, k: a.k, v: a.v, starts: from.iter().map(|s| s.start).collect() };
+                pending = Some(held.clone());
             }
+        }
+        if let Some(x) = pending {
+            attend(&refs(&x.k), &refs(&x.v), &x.starts)?;
         }
     }
     Ok(partials)
@@ -332,7 +301,8 @@ where
     // The rank's dk/dv per piece, in `T`, filled slice by slice as they come home.
     let mut dk_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
     let mut dv_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
-    let (rounds, schedule) = (rounds_of(problem, opts), chunk_schedule(problem));
+    let (rounds, trips) = (rounds_of(problem, opts), chunk_trips(problem));
+    let mut step = 0;
     for round in 0..rounds {
         let own = round_slices(problem, r, round, rounds);
         let own_starts: Vec<_> = own.iter().map(|s| s.start).collect();
@@ -343,82 +313,31 @@ where
         if p == 1 {
             let (k, v): (Vec<_>, Vec<_>) = (k.iter().collect(), v.iter().collect());
             attend(&k, &v, &own_starts, &mut dks, &mut dvs)?;
-        }
-        let route = match &schedule {
-            _ if p == 1 => None,
-            Schedule::Ring(route) => Some(route),
-            Schedule::Direct(dists) => {
-                // Own k/v and dk/dv go to the rank each distance on, which adds its blocks'
-                // gradients and sends them straight home.
-                let (ks, vs) = own_slices(compute, &own, [k, v])?;
-                attend(&refs(&ks), &refs(&vs), &own_starts, &mut dks, &mut dvs)?;
-                for (i, &d) in dists.iter().enumerate() {
-                    let from = round_slices(problem, (r + p - d) % p, round, rounds);
-                    let (arriving, step) = (shapes_of(problem, &from)?, direct_step(round, i, p));
-                    let (k, v, dk, dv) = (ks.clone(), vs.clone(), dks, dvs);
-                    let out = Travel { kind: TravelKind::KvGrad, owner: r, hop: d, step, k, v, dk, dv, arriving };
-                    let mut a = transport.shift(compute, problem, out)?;
+        } else {
+            let (ks, vs) = own_slices(compute, &own, [k, v])?;
+            attend(&refs(&ks), &refs(&vs), &own_starts, &mut dks, &mut dvs)?;
+            // Each trip carries the k/v with the dk/dv accumulated so far, every rank on the
+            // way adding its blocks' gradients, then the dk/dv alone straight home.
+            for trip in &trips {
+                let (mut hk, mut hv, mut owner) = (ks.clone(), vs.clone(), r);
+                for _ in 0..trip.steps {
+                    step += 1;
+                    let from_owner = (owner + p - trip.hop) % p;
+                    let from = round_slices(problem, from_owner, round, rounds);
+                    let (kind, hop, arriving) = (TravelKind::KvGrad, trip.hop, shapes_of(problem, &from)?);
+                    let travel = Travel { kind, owner, hop, step, k: hk, v: hv, dk: dks, dv: dvs, arriving };
+                    let mut a = transport.shift(compute, problem, travel)?;
                     let starts: Vec<_> = from.iter().map(|s| s.start).collect();
                     attend(&refs(&a.k), &refs(&a.v), &starts, &mut a.dk, &mut a.dv)?;
-                    let (owner, arriving) = ((r + p - d) % p, shapes_of(problem, &own)?);
-                    let (k, v, dk, dv) = (Vec::new(), Vec::new(), a.dk, a.dv);
-                    let home = Travel {
-                        kind: TravelKind::GradHome,
-                        owner,
-                        hop: p - d,
-                        step: step + 1,
-                        k,
-                        v,
-                        dk,
-                        dv,
-                        arriving,
-                    };
-                    let b = transport.shift(compute, problem, home)?;
-                    (dks, dvs) = (b.dk, b.dv);
+                    (hk, hv, dks, dvs, owner) = (a.k, a.v, a.dk, a.dv, from_owner);
                 }
-                None
-            }
-        };
-        // The next way's trip, then the previous way's, each starting from home with the
-        // dk/dv accumulated so far.
-        for (way, route) in route.iter().flat_map(|rt| Way::BOTH.map(|w| (w, rt))) {
-            let hops = route.hops(way);
-            if way == Way::Prev && hops == 0 {
-                continue;
-            }
-            let mut slices = own.clone();
-            let (mut ks, mut vs) = own_slices(compute, &own, [k, v])?;
-            for t in 0..=hops {
-                let owner = way.owner_at(r, t, p);
-                let k_starts: Vec<_> = slices.iter().map(|s| s.start).collect();
-                // The rank's own rows are attended once, on the next way's first step.
-                if !(way == Way::Prev && t == 0) {
-                    attend(&refs(&ks), &refs(&vs), &k_starts, &mut dks, &mut dvs)?;
-                }
-                let last = t == hops;
-                if last && t == 0 {
-                    // Nothing left the rank: its dk/dv are home.
-                    break;
-                }
-                // The last travel carries only the gradients, straight home to their owner.
-                let (kind, hop, next) = if last {
-                    (TravelKind::GradHome, p - way.step(0, t, p), own.clone())
-                } else {
-                    (
-                        TravelKind::KvGrad,
-                        way.step(0, 1, p),
-                        round_slices(problem, way.owner_at(r, t + 1, p), round, rounds),
-                    )
-                };
-                let (tk, tv) = if last { (Vec::new(), Vec::new()) } else { (ks, vs) };
-                let arriving = shapes_of(problem, &next)?;
-                let step = step_of(round, way, t, p);
-                let travel = Travel { kind, owner, hop, step, k: tk, v: tv, dk: dks, dv: dvs, arriving };
+                step += 1;
+                let (kind, hop, arriving) =
+                    (TravelKind::GradHome, p - trip.hop * trip.steps % p, shapes_of(problem, &own)?);
+                let travel =
+                    Travel { kind, owner, hop, step, k: Vec::new(), v: Vec::new(), dk: dks, dv: dvs, arriving };
                 let a = transport.shift(compute, problem, travel)?;
-                (ks, vs, dks, dvs, slices) = (a.k, a.v, a.dk, a.dv, next);
-                if last {
-                    break;
-                }
+                (dks, dvs) = (a.dk, a.dv);
             }
         }
         for (s, (dk, dv)) in own.iter().zip(dks.iter().zip(&dvs)) {

@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use super::rank_pieces;
-use crate::plan::ring_route::{Route, route};
+use crate::plan::ring_route::route;
 use crate::plan::{RingProblem, Strategy};
 
 fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
@@ -47,31 +47,35 @@ pub(crate) fn reach_distances(problem: &RingProblem) -> Vec<usize> {
     (1..p).filter(|&d| (0..p).any(|r| reaches(r, (r + p - d) % p))).collect()
 }
 
-/// How a round's k/v slices reach the ranks that need them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Schedule {
-    /// Along the ring, a trip each way, routed as the plan ring routes a block ([`route`]):
-    /// the nearer distances reached going to the next rank, the farther ones going back (a
-    /// two-sided window: one step each way; segments inside ranks: no step).
-    Ring(Route),
-    /// Straight to the rank each distance away, one distance at a time.
-    Direct(Vec<usize>),
+/// One trip of a round's k/v slices from their owner: `steps` travels of `hop` ranks each
+/// (1: to the next rank; `world - 1`: to the previous one), every rank on the way passing
+/// on what it holds; the backward's dk/dv then go straight home.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Trip {
+    pub hop: usize,
+    pub steps: usize,
 }
 
-/// The schedule of `problem`'s strategy: [`Strategy::Ring`] and [`Strategy::AllGather`]
-/// as named; [`Strategy::Auto`] sends straight where that takes fewer messages than the
-/// ring's steps (distances with gaps), else along the ring.
-pub(crate) fn chunk_schedule(problem: &RingProblem) -> Schedule {
-    schedule_for(problem.strategy, reach_distances(problem), problem.world)
+/// The trips of `problem`'s strategy. [`Strategy::Ring`]: a trip each way, routed as the
+/// plan ring routes a block ([`route`]: the nearer distances reached going to the next
+/// rank, the farther ones going back; a two-sided window one step each way, segments
+/// inside ranks no step). [`Strategy::AllGather`]: one step straight to the rank each
+/// needed distance away. [`Strategy::Auto`]: straight where that takes fewer travels than
+/// the ring's steps (distances with gaps), else along the ring.
+pub(crate) fn chunk_trips(problem: &RingProblem) -> Vec<Trip> {
+    trips_for(problem.strategy, &reach_distances(problem), problem.world)
 }
 
-fn schedule_for(strategy: Strategy, dists: Vec<usize>, world: usize) -> Schedule {
-    let rt = route(&dists, world);
+fn trips_for(strategy: Strategy, dists: &[usize], world: usize) -> Vec<Trip> {
+    let rt = route(dists, world);
+    let ring = [Trip { hop: 1, steps: rt.next }, Trip { hop: world.saturating_sub(1), steps: rt.prev }];
+    let ring = ring.into_iter().filter(|t| t.steps > 0).collect();
+    let direct = dists.iter().map(|&d| Trip { hop: d, steps: 1 }).collect();
     match strategy {
-        Strategy::Ring => Schedule::Ring(rt),
-        Strategy::AllGather => Schedule::Direct(dists),
-        Strategy::Auto if dists.len() < rt.next + rt.prev => Schedule::Direct(dists),
-        Strategy::Auto => Schedule::Ring(rt),
+        Strategy::Ring => ring,
+        Strategy::AllGather => direct,
+        Strategy::Auto if dists.len() < rt.next + rt.prev => direct,
+        Strategy::Auto => ring,
     }
 }
 
@@ -135,12 +139,15 @@ mod tests {
 
     #[test]
     fn keys_travel_only_as_far_as_the_queries_reaching_them() {
-        let problem = |cfg: &DilatedConfig, layout, strategy| {
-            RingProblem::new(cfg, Shape4::new(1, 64, 1, 4).unwrap().into(), layout, strategy, 4)
+        let trips = |cfg: &DilatedConfig, layout, strategy| {
+            let shape = Shape4::new(1, 64, 1, 4).unwrap().into();
+            chunk_trips(&RingProblem::new(cfg, shape, layout, strategy, 4))
         };
-        let route_of = |cfg: DilatedConfig, layout| match chunk_schedule(&problem(&cfg, layout, Strategy::Ring)) {
-            Schedule::Ring(r) => (r.next, r.prev),
-            other => panic!("{other:?}"),
+        // (steps to the next rank, steps back) under the ring strategy.
+        let route_of = |cfg: DilatedConfig, layout| {
+            let t = trips(&cfg, layout, Strategy::Ring);
+            let steps = |hop| t.iter().filter(|x| x.hop == hop).map(|x| x.steps).sum::<usize>();
+            (steps(1), steps(3))
         };
         let local = DilatedConfig::builder().segments(&[16]).dilations(&[1]).build().unwrap();
         assert_eq!(route_of(local, Layout::Contiguous), (0, 0), "segments inside ranks");
@@ -152,13 +159,13 @@ mod tests {
         let dense = DilatedConfig::builder().segments(&[64]).dilations(&[1]).causal(true).build().unwrap();
         assert_eq!(route_of(dense.clone(), Layout::Contiguous), (3, 0), "every rank before: one way round");
         // All-gather: straight to each distance; auto takes it only where it saves steps.
-        let direct = |cfg: &DilatedConfig, s| chunk_schedule(&problem(cfg, Layout::Contiguous, s));
-        assert_eq!(direct(&two_sided, Strategy::AllGather), Schedule::Direct(vec![1, 3]));
-        assert_eq!(direct(&two_sided, Strategy::Auto), Schedule::Ring(route(&[1, 3], 4)));
-        assert_eq!(direct(&dense, Strategy::Auto), Schedule::Ring(route(&[1, 2, 3], 4)));
-        // Keys two ranks back only: one straight message instead of two ring steps.
-        assert_eq!(schedule_for(Strategy::Auto, vec![2], 4), Schedule::Direct(vec![2]));
-        assert_eq!(schedule_for(Strategy::Ring, vec![2], 4), Schedule::Ring(route(&[2], 4)));
+        let one = |hop| Trip { hop, steps: 1 };
+        assert_eq!(trips(&two_sided, Layout::Contiguous, Strategy::AllGather), vec![one(1), one(3)]);
+        assert_eq!(trips(&two_sided, Layout::Contiguous, Strategy::Auto), vec![one(1), one(3)]);
+        assert_eq!(trips(&dense, Layout::Contiguous, Strategy::Auto), vec![Trip { hop: 1, steps: 3 }]);
+        // Keys two ranks back only: one straight travel instead of two ring steps.
+        assert_eq!(trips_for(Strategy::Auto, &[2], 4), vec![one(2)]);
+        assert_eq!(trips_for(Strategy::Ring, &[2], 4), vec![Trip { hop: 1, steps: 2 }]);
     }
 
     #[test]
