@@ -1,15 +1,15 @@
 //! CUDA cases (feature `cuda`): `attn_kernels::cuda` on device 0, inputs uploaded once.
 //!
-//! A timed call allocates the f32 partial and the output on the device, runs
-//! `forward_block` over the whole sequence and `finish_forward` (then `delta` and
-//! `backward_block` for forward + backward) and synchronises the stream, so no host
-//! transfer is timed. The counting allocator sees only host memory; the device memory a
+//! A timed call allocates the output on the device, runs `forward_call` over the whole
+//! sequence (the output straight from the kernel where every head has one pattern,
+//! through an f32 partial otherwise; then `delta` and `backward_block` for forward +
+//! backward) and synchronises the stream, so no host transfer is timed. The counting allocator sees only host memory; the device memory a
 //! call holds is read with `cuMemGetInfo` at the end of the first call and reported as
 //! `device_bytes` (device-wide, so other processes on the GPU would show up in it).
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Result, Shape4, TensorView};
-use attn_kernels::cuda::{self, CudaDevice, CudaElement, DeviceGrads, DevicePartial, DeviceTensor};
+use attn_kernels::cuda::{self, CudaDevice, CudaElement, DeviceGrads, DeviceTensor, ForwardPath};
 use half::{bf16, f16};
 
 use crate::backends::{RunStats, Runner};
@@ -74,16 +74,14 @@ impl<T: CudaElement> CudaRunner<T> {
 impl<T: CudaElement> Runner for CudaRunner<T> {
     fn run(&mut self) -> Result<RunStats> {
         let dev = &self.dev;
-        let mut partial = DevicePartial::empty(dev, self.shape)?;
-        let block = cuda::DeviceBlock { cfg: &self.cfg, q: &self.q, q_start: 0, k: &self.k, v: &self.v, k_start: 0 };
-        cuda::forward_block(dev, &block, &mut partial)?;
+        let block = cuda::DeviceBlock::new(&self.cfg, (&self.q, 0), (&self.k, &self.v, 0));
         let mut out = DeviceTensor::<T>::zeros(dev, self.shape)?;
-        let lse = cuda::finish_forward(dev, &self.cfg, &partial, &mut out)?;
+        let lse = cuda::forward_call(dev, &block, &mut out, ForwardPath::Direct)?;
         let grads = match &self.grad_out {
             Some(go) => {
                 let delta = cuda::delta(dev, go, &out)?;
                 let mut grads = DeviceGrads::zeros(dev, self.shape, self.shape)?;
-                let upstream = cuda::DeviceUpstream { grad_out: go, lse, delta: &delta };
+                let upstream = cuda::DeviceUpstream { grad_out: go, lse: &lse, delta: &delta };
                 cuda::backward_block(dev, &block, &upstream, &mut grads)?;
                 Some((delta, grads))
             }
@@ -95,7 +93,7 @@ impl<T: CudaElement> Runner for CudaRunner<T> {
             Some(before) => Some(device_used(dev)?.saturating_sub(before)),
             None => None,
         };
-        drop((grads, out, partial));
+        drop((grads, out, lse));
         Ok(RunStats { device_bytes, ..RunStats::default() })
     }
 }

@@ -5,13 +5,41 @@
 // shared memory; the dilation gather (sel_pos) is fused into the tile loads, rows are
 // zero-filled past the block or past head_dim (D is head_dim rounded up). S = Q K^T and
 // O += P V use mma.sync.m16n8k16 with the accumulators in registers (FlashAttention-2
-// style online softmax), then the tile is LSE-merged into the f32 partial. Each row's
+// style online softmax), then the tile is LSE-merged into the f32 partial at `o_dst`, or,
+// with `a.out_direct` (the only launch covering its rows: one pattern per head, a whole
+// call), written straight to the output at `o_dst` (E, times out_scale) and lse. Each row's
 // keys are its segment cut by the band (window / causal), minus padded keys (row -1 in
 // the gathered key rows); query head h reads key/value head h / kv_group.
 // Fragment layouts: see mma_tiles.cu.
 
+// The direct epilogue: this thread's two rows (selected index row `rows[0]`, `rows[8]` in the
+// tile; ri < 0 past the block) written as E = out_scale * o / l at the output's strides
+// (g_*), with their lse. Adjacent column pairs go as one 32-bit store where rows allow it.
+template <class E, int NO>
+__device__ __forceinline__ void direct_store(u16* out, float* lse_out, const float (*o)[4], const float* lse,
+                                             const float* inv, const i64* ri, const i64* rows, i64 b, i64 h, int c,
+                                             const AttnParams& a) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (ri[i] < 0) continue;
+        u16* orow = out + b * a.g_sb + rows[8 * i] * a.g_ss + h * a.g_sh;
+#pragma unroll
+        for (int j = 0; j < NO; ++j) {
+            const i64 col = j * 8 + 2 * c;
+            const float x0 = a.out_scale * (o[j][2 * i] * inv[i]), x1 = a.out_scale * (o[j][2 * i + 1] * inv[i]);
+            if ((a.vec & 8) && col + 1 < a.d) {
+                *reinterpret_cast<u32*>(orow + col) = pack2<E>(x0, x1);
+            } else {
+                if (col < a.d) orow[col] = E::from_f(x0);
+                if (col + 1 < a.d) orow[col + 1] = E::from_f(x1);
+            }
+        }
+        if (c == 0) lse_out[ri[i]] = lse[i];
+    }
+}
+
 template <class E, int D, int BN>
-__device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, float* lse_acc, const AttnParams& a) {
+__device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a) {
     constexpr int BM = 64, LD = D + 8, NS = BN / 8, NO = D / 8;
     ATTN_DYNAMIC_SMEM(smem_raw);
     // Q tile, then two K/V stages (double buffering: the next tile loads while this one runs).
@@ -164,7 +192,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
         __syncthreads();  // every warp is done with this stage before it is refilled
     }
 
-    // Row sums live in the 4 threads of a group; merge the tile into the partial.
+    // Row sums live in the 4 threads of a group.
     float lse[2], inv[2], wa[2] = {0.f, 0.f}, wb[2] = {0.f, 0.f}, merged[2] = {NEG_INF, NEG_INF};
     i64 ri[2];
 #pragma unroll
@@ -173,12 +201,17 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
         l[i] += shfl_xor<2>(l[i]);
         lse[i] = l[i] > 0.f ? (m[i] + log2f(l[i])) * 0.69314718055994531f : NEG_INF;  // back to natural log
         inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
-        ri[i] = -1;
-        if (tq[i] <= t_last) {
-            ri[i] = (b * a.nq + s_qrows[r0 + 8 * i]) * a.heads + h;
-            lse_merge(lse_acc[ri[i]], lse[i], &merged[i], &wa[i], &wb[i]);
-        }
+        ri[i] = tq[i] <= t_last ? (b * a.nq + s_qrows[r0 + 8 * i]) * a.heads + h : -1;
     }
+    if (a.out_direct) {
+        direct_store<E, NO>(static_cast<u16*>(o_dst), lse_acc, o, lse, inv, ri, s_qrows + r0, b, h, c, a);
+        return;
+    }
+    // Merge the tile into the partial.
+    float* o_acc = static_cast<float*>(o_dst);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+        if (ri[i] >= 0) lse_merge(lse_acc[ri[i]], lse[i], &merged[i], &wa[i], &wb[i]);
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -201,8 +234,8 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, float* o_acc, 
 
 #define ATTN_MMA_KERNEL(NAME, E, D, BN)                                                                    \
     extern "C" __global__ void __launch_bounds__(128) dilated_fwd_mma_##NAME##_d##D(                       \
-        const u16* q, const u16* k, const u16* v, float* o_acc, float* lse_acc, AttnParams a) {            \
-        fwd_mma<E, D, BN>(q, k, v, o_acc, lse_acc, a);                                                     \
+        const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, AttnParams a) {             \
+        fwd_mma<E, D, BN>(q, k, v, o_dst, lse_acc, a);                                                     \
     }
 
 #if ATTN_WANT_F16

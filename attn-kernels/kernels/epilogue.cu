@@ -1,6 +1,7 @@
 // epilogue.cu: row-wise helper kernels around the attention kernels: write an f32
-// accumulator as the output dtype (times a scale) into a strided tensor, and
-// delta = dot(grad_out, out) per row for the backward.
+// accumulator as the output dtype (times a scale) into a strided tensor,
+// delta = dot(grad_out, out) per row for the backward, and fill an f32 buffer with one
+// value (the -inf lse of rows no pattern selects, before a direct forward).
 
 // dst(b, s, h, :) = from_f(scale * src[((b*seq + s)*heads + h)*d + :]); dst strides a_*.
 template <class E>
@@ -30,13 +31,19 @@ __device__ void delta_rows(const typename E::S* go, const typename E::S* out, fl
     if (lane == 0) delta[row] = acc;
 }
 
+// dst[0..n) = value.
+__device__ void fill_f32(float* dst, float value, i64 n) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) dst[i] = value;
+}
+
 #define ATTN_EPILOGUE_KERNELS(NAME, E)                                                                      \
     extern "C" __global__ void store_rows_##NAME(const float* src, E::S* dst, RowParams p) {                \
         store_rows<E>(src, dst, p);                                                                         \
     }                                                                                                       \
     extern "C" __global__ void delta_rows_##NAME(const E::S* go, const E::S* out, float* delta, RowParams p) { \
         delta_rows<E>(go, out, delta, p);                                                                   \
-    }
+    }                                                                                                       \
+    extern "C" __global__ void fill_lse_##NAME(float* dst, float value, i64 n) { fill_f32(dst, value, n); }
 
 #if ATTN_WANT_F32
 ATTN_EPILOGUE_KERNELS(f32, F32E)

@@ -51,7 +51,7 @@ struct AttnParams {
     i64 q_sb, q_ss, q_sh;  // strides (elements) of q: batch, seq, head
     i64 k_sb, k_ss, k_sh;  // k (head stride between key/value heads)
     i64 v_sb, v_ss, v_sh;  // v
-    i64 g_sb, g_ss, g_sh;  // grad_out (backward only)
+    i64 g_sb, g_ss, g_sh;  // grad_out (backward), or the output (a forward with out_direct)
     i64 nq, nk;            // rows of the q block and of the k/v block
     i64 q_start, k_start;  // position of row 0 of each block (relative to its packed sequence)
     i64 heads;             // query heads (layout of the f32 partial, lse, delta, dq)
@@ -67,9 +67,10 @@ struct AttnParams {
     const unsigned char* kpad;  // key padding flags (1 = padded) of k-block row 0, or null
     i64 kpad_sb;           // batch stride of kpad
     float scale;           // softmax scale
-    float out_scale;       // the head's output scale (backward only)
-    int vec;               // bit 0: q, 1: k, 2: v, 3: grad_out rows allow 16-byte loads
-    int unused;            // keeps the struct free of tail padding
+    float out_scale;       // the head's output scale (backward, and a forward with out_direct)
+    int vec;               // bit 0: q, 1: k, 2: v, 3: grad_out (or direct output) rows allow 16-byte access
+    int out_direct;        // forward: 1 = write the output (times out_scale) and lse of the rows it
+                           // computes (the only launch covering them); 0 = LSE-merge into the f32 partial
 };
 
 // Parameters of the row-wise epilogue kernels; mirrored by `RowParams`.

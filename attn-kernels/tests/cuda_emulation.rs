@@ -1,18 +1,21 @@
 //! The CUDA path without a GPU: every golden file of `conformance/dilated` and
 //! `conformance/features` through this crate's launch plans (`cuda::launch_plan`) and
 //! epilogue launches, executed by the CPU emulation of the `.cu` kernels
-//! (`cuda::emulation`), in f32, bf16 and f16, forward and gradients. Needs a C++20
-//! compiler (`$CXX`, default `g++`); without one the test fails, naming it.
+//! (`cuda::emulation`), in f32, bf16 and f16, forward and gradients; the forward's direct
+//! path (output straight from the kernel) against its partial path, bit for bit. Needs a
+//! C++20 compiler (`$CXX`, default `g++`); without one the test fails, naming it.
 #![cfg(feature = "cuda")]
 
 use std::marker::PhantomData;
 
 use attn_core::{DType, Result, Shape4};
 use attn_kernels::cuda::CudaElement;
+use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
-use attn_kernels::cuda::launch_plan::BlockGeometry;
-use attn_kernels::cuda::plan::out_scale;
-use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem, assert_attention_dirs_pass};
+use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_forward_direct};
+use attn_testkit::golden::{
+    ATTENTION_DIRS, DilatedBackend, Forward32, Gradients32, Problem, assert_attention_dirs_pass, golden_dir, load_dir,
+};
 use half::{bf16, f16};
 
 fn emulator() -> &'static Emulator {
@@ -22,6 +25,11 @@ fn emulator() -> &'static Emulator {
 
 /// The whole-sequence CUDA call (`CudaBackend`'s steps) on the emulation, in `T`.
 struct Emulated<T>(PhantomData<T>);
+
+/// The geometry of a whole call whose output is contiguous.
+fn call_geometry<'a>(p: &Problem<'a>) -> BlockGeometry<'a> {
+    geometry(p, Some(p.shape.q.contiguous_strides()))
+}
 
 fn conv<T: CudaElement>(x: &[f32]) -> Vec<T> {
     x.iter().map(|&v| T::from_f32(v)).collect()
@@ -50,16 +58,24 @@ fn flags(p: &Problem<'_>) -> Option<Vec<u8>> {
 impl<T: CudaElement> Emulated<T> {
     /// out (in `T`) and lse.
     fn run_forward(&self, p: &Problem<'_>, q: &[T], k: &[T], v: &[T]) -> Result<(Vec<T>, Vec<f32>)> {
-        let emu = emulator();
-        let sq = p.shape.q;
-        let kpad = flags(p);
-        let args = HostArgs { q, k, v, g: None, lse: None, delta: None, kpad: kpad.as_deref() };
-        let (mut o, mut lse) = (vec![0.0f32; sq.numel()], vec![f32::NEG_INFINITY; sq.lse_len()]);
-        let acc = HostAccs { q_acc: &mut o, lse: Some(&mut lse), dk: None, dv: None };
-        emu.forward_block(&geometry(p, None), &args, acc)?;
-        let mut out = vec![T::default(); sq.numel()];
-        emu.store_scaled(sq, &o, out_scale(p.cfg), &mut out)?;
-        Ok((out, lse))
+        forward_on(p, [q, k, v], ForwardPath::Direct)
+    }
+}
+
+/// The whole-call forward on `path`: out (in `T`) and lse.
+fn forward_on<T: CudaElement>(p: &Problem<'_>, [q, k, v]: [&[T]; 3], path: ForwardPath) -> Result<(Vec<T>, Vec<f32>)> {
+    let sq = p.shape.q;
+    let kpad = flags(p);
+    let args = HostArgs { q, k, v, g: None, lse: None, delta: None, kpad: kpad.as_deref() };
+    let (mut out, mut lse) = (vec![T::default(); sq.numel()], vec![0.0f32; sq.lse_len()]);
+    emulator().forward_call(&call_geometry(p), &args, path, (&mut out, &mut lse))?;
+    Ok((out, lse))
+}
+
+impl<T: CudaElement> Emulated<T> {
+    /// Whether the direct path applies to `p` (one pattern per head, the tensor-core kernel).
+    fn direct_applies(p: &Problem<'_>) -> bool {
+        plan_forward_direct(&call_geometry(p), T::DTYPE, T::SUFFIX).is_ok_and(|x| x.is_some())
     }
 }
 
@@ -105,6 +121,55 @@ impl<T: CudaElement> DilatedBackend for Emulated<T> {
 #[test]
 fn the_emulation_runs_every_kernel_of_the_source() {
     assert_eq!(emulator().kernel_count().unwrap(), attn_kernels::cuda::source::kernel_names().len());
+}
+
+/// Every golden file where the direct path applies: its output and lse equal the partial
+/// path's bit for bit (the same arithmetic, without the f32 round trip's merge), in bf16
+/// and f16. Also counts the files, so the check cannot pass by finding none.
+fn direct_equals_partial<T: CudaElement>() {
+    let mut compared = Vec::new();
+    for (dir, _) in ATTENTION_DIRS {
+        for (path, case) in load_dir(&golden_dir().join(dir)).unwrap() {
+            let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let cfg = case.config().unwrap();
+            let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks().unwrap() };
+            if !Emulated::<T>::direct_applies(&p) {
+                continue;
+            }
+            let [q, k, v]: [Vec<T>; 3] = ["q", "k", "v"].map(|t| conv(&case.tensor(t).unwrap().data));
+            let direct = forward_on(&p, [&q, &k, &v], ForwardPath::Direct).unwrap();
+            let partial = forward_on(&p, [&q, &k, &v], ForwardPath::Partial).unwrap();
+            let out_bits = |x: &[T]| x.iter().map(|v| v.to_f32().to_bits()).collect::<Vec<_>>();
+            let lse_bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            for (what, d, p) in [
+                ("output", out_bits(&direct.0), out_bits(&partial.0)),
+                ("lse", lse_bits(&direct.1), lse_bits(&partial.1)),
+            ] {
+                let differ: Vec<usize> = (0..d.len()).filter(|&i| d[i] != p[i]).collect();
+                assert!(
+                    differ.is_empty() && d.len() == p.len(),
+                    "{}: {what}: {} of {} values differ, the first at {:?}",
+                    case.name,
+                    differ.len(),
+                    d.len(),
+                    differ.first()
+                );
+            }
+            compared.push(case.name.clone());
+        }
+    }
+    println!("direct = partial bit for bit: {} files ({})", compared.len(), compared.join(", "));
+    assert!(compared.len() >= 12, "only {} golden files take the direct path", compared.len());
+}
+
+#[test]
+fn direct_forward_equals_the_partial_path_bf16() {
+    direct_equals_partial::<bf16>();
+}
+
+#[test]
+fn direct_forward_equals_the_partial_path_f16() {
+    direct_equals_partial::<f16>();
 }
 
 #[test]

@@ -42,7 +42,8 @@ using Entry = int (*)(Dim3, unsigned, void**);
 #define ATTN_EMU_ENTRY(f) {#f, [](Dim3 g, unsigned t, void** a) { return run(&f, g, t, a); }}
 #define ATTN_EMU_DTYPE(T)                                                                               \
     ATTN_EMU_ENTRY(dilated_fwd_rows_##T), ATTN_EMU_ENTRY(dilated_bwd_dq_rows_##T),                       \
-        ATTN_EMU_ENTRY(dilated_bwd_dkv_rows_##T), ATTN_EMU_ENTRY(store_rows_##T), ATTN_EMU_ENTRY(delta_rows_##T)
+        ATTN_EMU_ENTRY(dilated_bwd_dkv_rows_##T), ATTN_EMU_ENTRY(store_rows_##T), ATTN_EMU_ENTRY(delta_rows_##T), \
+        ATTN_EMU_ENTRY(fill_lse_##T)
 #define ATTN_EMU_MMA(T)                                                                                 \
     ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d64),                \
         ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d256),          \

@@ -4,13 +4,16 @@
 //! TFLOP/s and how the kernels were loaded (cubin or PTX). Build here with `--features
 //! cuda`, carry the binary to a GPU machine, run it there (a typed error without a GPU).
 //!
+//! `--paths direct,partial` times both ways the forward reaches its output (straight from
+//! the kernel, or through the f32 partial and its epilogue) in one process.
+//!
 //! Usage: attn-cuda-bench [--seq 65536,262144] [--dtype bf16|f16|f32] [--iters 10] [--causal]
-//!        [--backward]
+//!        [--backward] [--paths direct|partial|direct,partial]
 
 use std::process::ExitCode;
 
 use attn_core::{DilatedConfig, Pass, Shape4};
-use attn_kernels::cuda::{CudaDevice, CudaElement, GpuTiming, bench_pass};
+use attn_kernels::cuda::{BenchRun, CudaDevice, CudaElement, ForwardPath, GpuTiming, bench_pass};
 use half::{bf16, f16};
 
 struct Args {
@@ -19,11 +22,25 @@ struct Args {
     iters: usize,
     causal: bool,
     pass: Pass,
+    paths: Vec<ForwardPath>,
+}
+
+fn path_name(p: ForwardPath) -> &'static str {
+    match p {
+        ForwardPath::Direct => "direct",
+        ForwardPath::Partial => "partial",
+    }
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a =
-        Args { seqs: vec![65_536, 262_144], dtype: "bf16".into(), iters: 10, causal: false, pass: Pass::Forward };
+    let mut a = Args {
+        seqs: vec![65_536, 262_144],
+        dtype: "bf16".into(),
+        iters: 10,
+        causal: false,
+        pass: Pass::Forward,
+        paths: vec![ForwardPath::Direct],
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -38,6 +55,16 @@ fn parse() -> Result<Args, String> {
             "--iters" => a.iters = val()?.parse().map_err(|e| format!("--iters: {e}"))?,
             "--causal" => a.causal = true,
             "--backward" => a.pass = Pass::Backward,
+            "--paths" => {
+                a.paths = val()?
+                    .split(',')
+                    .map(|p| match p.trim() {
+                        "direct" => Ok(ForwardPath::Direct),
+                        "partial" => Ok(ForwardPath::Partial),
+                        other => Err(format!("--paths: unknown path `{other}` (direct, partial)")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -49,10 +76,12 @@ fn run_one<T: CudaElement>(
     cfg: &DilatedConfig,
     shape: Shape4,
     a: &Args,
+    path: ForwardPath,
 ) -> Result<(GpuTiming, String), String> {
     // Deterministic pseudo-random inputs in [-1, 1).
     let fill = |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 2001) as f32 / 1000.0 - 1.0;
-    let t = bench_pass::<T>(dev, cfg, shape, a.pass, a.iters, fill).map_err(|e| e.to_string())?;
+    let run = BenchRun { pass: a.pass, iters: a.iters, path };
+    let t = bench_pass::<T>(dev, cfg, shape, run, fill).map_err(|e| e.to_string())?;
     Ok((t, dev.kernel_image(T::SUFFIX).map_err(|e| e.to_string())?))
 }
 
@@ -68,20 +97,23 @@ fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     for &seq in &a.seqs {
         let shape = Shape4::new(1, seq, 16, 128).map_err(|e| e.to_string())?;
-        let (t, image) = match a.dtype.as_str() {
-            "bf16" => run_one::<bf16>(&dev, &cfg, shape, &a)?,
-            "f16" => run_one::<f16>(&dev, &cfg, shape, &a)?,
-            "f32" => run_one::<f32>(&dev, &cfg, shape, &a)?,
-            other => return Err(format!("unknown dtype `{other}`")),
-        };
-        println!(
-            "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":16,\"head_dim\":128,\"causal\":{},\"backward\":{},\"median_ms\":{:.4},\"tflops\":{:.2}}}",
-            a.dtype,
-            a.causal,
-            a.pass == Pass::Backward,
-            t.median_ms,
-            t.tflops()
-        );
+        for &path in &a.paths {
+            let (t, image) = match a.dtype.as_str() {
+                "bf16" => run_one::<bf16>(&dev, &cfg, shape, &a, path)?,
+                "f16" => run_one::<f16>(&dev, &cfg, shape, &a, path)?,
+                "f32" => run_one::<f32>(&dev, &cfg, shape, &a, path)?,
+                other => return Err(format!("unknown dtype `{other}`")),
+            };
+            println!(
+                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":16,\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2}}}",
+                a.dtype,
+                a.causal,
+                a.pass == Pass::Backward,
+                path_name(path),
+                t.median_ms,
+                t.tflops()
+            );
+        }
     }
     Ok(())
 }

@@ -6,11 +6,11 @@
 use attn_core::{DilatedConfig, Pass, Result, SegmentPattern, Shape4};
 use cudarc::driver::sys::CUevent_flags;
 
-use super::block::{DeviceBlock, DeviceUpstream, backward_block, forward_block};
+use super::block::{DeviceBlock, DeviceUpstream, ForwardPath, backward_block, forward_call};
 use super::device::{CudaDevice, cuda_err};
-use super::epilogue::{delta, finish_forward, store_scaled};
+use super::epilogue::{delta, store_scaled};
 use super::plan::{SelectedIndex, pattern_launches};
-use super::tensor::{CudaElement, DeviceGrads, DevicePartial, DeviceTensor};
+use super::tensor::{CudaElement, DeviceGrads, DeviceTensor};
 
 /// Result of [`bench_forward`] / [`bench_pass`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -48,7 +48,16 @@ pub fn attended_pairs(cfg: &DilatedConfig, shape: Shape4) -> u64 {
     pairs * shape.batch as u64
 }
 
-/// [`bench_pass`] of the forward.
+/// What [`bench_pass`] times: the pass, the timed calls (after one warm-up call) and the
+/// forward's [`ForwardPath`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BenchRun {
+    pub pass: Pass,
+    pub iters: usize,
+    pub path: ForwardPath,
+}
+
+/// [`bench_pass`] of the forward on its direct path.
 pub fn bench_forward<T: CudaElement>(
     dev: &CudaDevice,
     cfg: &DilatedConfig,
@@ -56,20 +65,20 @@ pub fn bench_forward<T: CudaElement>(
     iters: usize,
     fill: impl Fn(usize) -> f32,
 ) -> Result<GpuTiming> {
-    bench_pass::<T>(dev, cfg, shape, Pass::Forward, iters, fill)
+    bench_pass::<T>(dev, cfg, shape, BenchRun { pass: Pass::Forward, iters, path: ForwardPath::Direct }, fill)
 }
 
-/// Time `iters` calls (after one warm-up call) of `pass` on inputs of `shape` filled with
-/// `fill(i)`: the forward writes `out` and the LSE; `Pass::Backward` times the forward
-/// and the backward together (delta, dq/dk/dv accumulation, the gradients written).
+/// Time `run.iters` calls (after one warm-up call) of `run.pass` on inputs of `shape`
+/// filled with `fill(i)`: the forward writes `out` and the LSE; `Pass::Backward` times the
+/// forward and the backward together (delta, dq/dk/dv accumulation, the gradients written).
 pub fn bench_pass<T: CudaElement>(
     dev: &CudaDevice,
     cfg: &DilatedConfig,
     shape: Shape4,
-    pass: Pass,
-    iters: usize,
+    run: BenchRun,
     fill: impl Fn(usize) -> f32,
 ) -> Result<GpuTiming> {
+    let BenchRun { pass, iters, path } = run;
     let host: Vec<T> = (0..shape.numel()).map(|i| T::from_f32(fill(i))).collect();
     let upload = || -> Result<DeviceTensor<T>> {
         let data = dev.stream.clone_htod(&host).map_err(cuda_err)?;
@@ -81,13 +90,11 @@ pub fn bench_pass<T: CudaElement>(
         [DeviceTensor::<T>::zeros(dev, shape)?, DeviceTensor::zeros(dev, shape)?, DeviceTensor::zeros(dev, shape)?];
     let block = DeviceBlock::new(cfg, (&q, 0), (&k, &v, 0));
     let mut call = || -> Result<()> {
-        let mut partial = DevicePartial::empty(dev, shape)?;
-        forward_block(dev, &block, &mut partial)?;
-        let lse = finish_forward(dev, cfg, &partial, &mut out)?;
+        let lse = forward_call(dev, &block, &mut out, path)?;
         if pass == Pass::Backward {
             let d = delta(dev, &go, &out)?;
             let mut acc = DeviceGrads::zeros(dev, shape, shape)?;
-            backward_block(dev, &block, &DeviceUpstream { grad_out: &go, lse, delta: &d }, &mut acc)?;
+            backward_block(dev, &block, &DeviceUpstream { grad_out: &go, lse: &lse, delta: &d }, &mut acc)?;
             let names =
                 [attn_core::TensorName::GradQuery, attn_core::TensorName::GradKey, attn_core::TensorName::GradValue];
             for ((src, dst), name) in [&acc.dq, &acc.dk, &acc.dv].into_iter().zip(grads.iter_mut()).zip(names) {

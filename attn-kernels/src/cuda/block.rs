@@ -14,9 +14,10 @@ use attn_core::error::TensorName;
 use attn_core::{AttnError, Band, DilatedConfig, PackedSequences, Result, Shape4};
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
-use super::device::CudaDevice;
+use super::device::{CudaDevice, cuda_err};
+use super::epilogue::{fill_lse, finish_forward};
 use super::launch::launch;
-use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward};
+use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward, plan_forward_direct};
 use super::params::MAX_INDEX;
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{
@@ -147,7 +148,56 @@ pub fn forward_block<T: CudaElement>(
     let DeviceBlock { q, k, v, .. } = *block;
     let DevicePartial { out, lse, .. } = partial;
     let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
-    execute(dev, &plan, &bufs, block.key_padding, Accs { q_acc: out, lse: Some(lse), dk: None, dv: None })
+    let accs = Accs { q_acc: Some(out), out: None, lse: Some(lse), dk: None, dv: None };
+    execute(dev, &plan, &bufs, block.key_padding, accs)
+}
+
+/// How a whole-call forward ([`forward_call`]) reaches its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardPath {
+    /// Straight into the output where every head has one pattern and the tensor-core
+    /// kernel runs (no f32 partial, no epilogue); through the partial otherwise.
+    Direct,
+    /// Always through an f32 partial and [`finish_forward`](crate::cuda::finish_forward),
+    /// as a ring step does.
+    Partial,
+}
+
+/// The forward of a whole call (the block holds every query and key): `out` (contiguous,
+/// q's shape) written in `T` with the heads' output scale; returns the lse `[batch, rows,
+/// heads]`. `path` chooses [`ForwardPath::Direct`] where it applies.
+pub fn forward_call<T: CudaElement>(
+    dev: &CudaDevice,
+    block: &DeviceBlock<'_, T>,
+    out: &mut DeviceTensor<T>,
+    path: ForwardPath,
+) -> Result<CudaSlice<f32>> {
+    check_block(block)?;
+    let shape = block.q.shape;
+    if out.shape != shape || out.strides != shape.contiguous_strides() || out.data.len() != shape.numel() {
+        return Err(AttnError::ShapeMismatch {
+            tensor: TensorName::Output,
+            expected: shape.dims().to_vec(),
+            got: out.shape.dims().to_vec(),
+        });
+    }
+    let direct = match path {
+        ForwardPath::Direct => plan_forward_direct(&geometry(block, Some(out.strides)), T::DTYPE, T::SUFFIX)?,
+        ForwardPath::Partial => None,
+    };
+    let Some(plan) = direct else {
+        let mut partial = DevicePartial::empty(dev, shape)?;
+        forward_block(dev, block, &mut partial)?;
+        finish_forward(dev, block.cfg, &partial, out)?;
+        return Ok(partial.lse);
+    };
+    dev.stream.memset_zeros(&mut out.data).map_err(cuda_err)?;
+    let mut lse = fill_lse::<T>(dev, shape.lse_len(), f32::NEG_INFINITY)?;
+    let DeviceBlock { q, k, v, .. } = *block;
+    let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
+    let accs = Accs { q_acc: None, out: Some(&mut out.data), lse: Some(&mut lse), dk: None, dv: None };
+    execute(dev, &plan, &bufs, block.key_padding, accs)?;
+    Ok(lse)
 }
 
 /// The planning view of a block (`g_strides`: grad_out's, in the backward).
@@ -176,9 +226,11 @@ struct DeviceArgs<'a, T> {
     delta: Option<&'a CudaSlice<f32>>,
 }
 
-/// The accumulators of a block's launches: out or dq, the forward's lse, dk and dv.
-struct Accs<'a> {
-    q_acc: &'a mut CudaSlice<f32>,
+/// The accumulators of a block's launches: out or dq, the output of a direct forward, the
+/// forward's lse, dk and dv.
+struct Accs<'a, T> {
+    q_acc: Option<&'a mut CudaSlice<f32>>,
+    out: Option<&'a mut CudaSlice<T>>,
     lse: Option<&'a mut CudaSlice<f32>>,
     dk: Option<&'a mut CudaSlice<f32>>,
     dv: Option<&'a mut CudaSlice<f32>>,
@@ -194,12 +246,12 @@ fn execute<T: CudaElement>(
     plan: &[Planned],
     bufs: &DeviceArgs<'_, T>,
     key_padding: Option<&DeviceKeyPadding>,
-    accs: Accs<'_>,
+    accs: Accs<'_, T>,
 ) -> Result<()> {
     // The mask's address stays valid (and ordered after its upload) until `kpad` drops.
     let kpad = key_padding.map(|m| m.flags.device_ptr(&dev.stream));
     let kpad_base = kpad.as_ref().map_or(0, |(p, _)| *p);
-    let Accs { q_acc, mut lse, mut dk, mut dv } = accs;
+    let Accs { mut q_acc, mut out, mut lse, mut dk, mut dv } = accs;
     // A plan's launches mostly share one kernel: load each function once per run of it.
     let mut loaded: Option<(&str, CudaFunction)> = None;
     for p in plan {
@@ -216,10 +268,17 @@ fn execute<T: CudaElement>(
         let (qv, kv, vv) = (bufs.q.slice(o.q..), bufs.k.slice(o.k..), bufs.v.slice(o.v..));
         let mut args = dev.stream.launch_builder(f);
         args.arg(&qv).arg(&kv).arg(&vv);
-        if p.signature == Signature::Forward {
-            let mut out = q_acc.slice_mut(o.q_acc..);
+        if matches!(p.signature, Signature::Forward | Signature::ForwardDirect) {
             let mut lse = lse.as_deref_mut().ok_or_else(|| missing("an lse accumulator"))?.slice_mut(o.q_rows..);
-            args.arg(&mut out).arg(&mut lse).arg(&params);
+            let (mut acc, mut direct);
+            if p.signature == Signature::Forward {
+                acc = q_acc.as_deref_mut().ok_or_else(|| missing("an f32 partial"))?.slice_mut(o.q_acc..);
+                args.arg(&mut acc);
+            } else {
+                direct = out.as_deref_mut().ok_or_else(|| missing("an output"))?.slice_mut(o.g..);
+                args.arg(&mut direct);
+            }
+            args.arg(&mut lse).arg(&params);
             launch(args, lc)?;
             continue;
         }
@@ -227,8 +286,9 @@ fn execute<T: CudaElement>(
         let lv = bufs.lse.ok_or_else(|| missing("the lse"))?.slice(o.q_rows..);
         let dl = bufs.delta.ok_or_else(|| missing("delta"))?.slice(o.q_rows..);
         args.arg(&gv).arg(&lv).arg(&dl);
-        let mut dq = q_acc.slice_mut(o.q_acc..);
+        let mut dq;
         if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDq) {
+            dq = q_acc.as_deref_mut().ok_or_else(|| missing("dq"))?.slice_mut(o.q_acc..);
             args.arg(&mut dq);
         }
         let (mut dkv, mut dvv);
@@ -315,6 +375,6 @@ pub fn backward_block_into<T: CudaElement>(
     let DeviceBlock { q, k, v, .. } = *block;
     let bufs =
         DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: Some(&grad_out.data), lse: Some(lse), delta: Some(delta) };
-    let accs = Accs { q_acc: grads.dq, lse: None, dk: Some(grads.dk), dv: Some(grads.dv) };
+    let accs = Accs { q_acc: Some(grads.dq), out: None, lse: None, dk: Some(grads.dk), dv: Some(grads.dv) };
     execute(dev, &plan, &bufs, block.key_padding, accs)
 }

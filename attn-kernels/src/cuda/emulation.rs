@@ -15,8 +15,10 @@ use attn_core::error::TensorName;
 use attn_core::{AttnError, Result, Shape4};
 use libloading::Library;
 
+use super::block::ForwardPath;
 use super::epilogue::{delta_launch, row_params, store_launch};
-use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward};
+use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward, plan_forward_direct};
+use super::plan::out_scale;
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{CudaElement, extent};
 
@@ -175,8 +177,14 @@ impl Emulator {
         if rc == 0 { Ok(()) } else { Err(emu_err(format!("the emulation has no kernel `{name}`"))) }
     }
 
-    /// Run planned launches on host buffers.
-    fn execute<T: CudaElement>(&self, plan: &[Planned], a: &HostArgs<'_, T>, acc: HostAccs<'_>) -> Result<()> {
+    /// Run planned launches on host buffers (`direct`: the output of a direct forward).
+    fn execute<T: CudaElement>(
+        &self,
+        plan: &[Planned],
+        a: &HostArgs<'_, T>,
+        acc: HostAccs<'_>,
+        mut direct: Option<&mut [T]>,
+    ) -> Result<()> {
         let HostAccs { q_acc, mut lse, mut dk, mut dv } = acc;
         for p in plan {
             let o = p.offsets;
@@ -190,11 +198,18 @@ impl Emulator {
                 vec![(&raw mut q).cast::<c_void>(), (&raw mut k).cast::<c_void>(), (&raw mut v).cast::<c_void>()];
             let (mut out, mut lse_acc);
             let (mut g, mut l, mut dl, mut dq, mut dkp, mut dvp);
-            if p.signature == Signature::Forward {
-                out = at_mut(TensorName::Output, q_acc, o.q_acc)?;
+            let mut out_t;
+            if matches!(p.signature, Signature::Forward | Signature::ForwardDirect) {
+                if p.signature == Signature::Forward {
+                    out = at_mut(TensorName::Output, q_acc, o.q_acc)?;
+                    args.push((&raw mut out).cast());
+                } else {
+                    let dst = direct.as_deref_mut().ok_or_else(|| missing("an output"))?;
+                    out_t = at_mut(TensorName::Output, dst, o.g)?;
+                    args.push((&raw mut out_t).cast());
+                }
                 let lse = lse.as_deref_mut().ok_or_else(|| missing("an lse accumulator"))?;
                 lse_acc = at_mut(TensorName::Lse, lse, o.q_rows)?;
-                args.push((&raw mut out).cast());
                 args.push((&raw mut lse_acc).cast());
             } else {
                 g = at(TensorName::GradOutput, a.g.ok_or_else(|| missing("grad_out"))?, o.g)?;
@@ -226,7 +241,39 @@ impl Emulator {
         acc: HostAccs<'_>,
     ) -> Result<()> {
         check_buffers(g, a, &acc)?;
-        self.execute(&plan_forward(g, T::DTYPE, T::SUFFIX)?, a, acc)
+        self.execute(&plan_forward(g, T::DTYPE, T::SUFFIX)?, a, acc, None)
+    }
+
+    /// [`crate::cuda::forward_call`] on host buffers: the forward of a whole call (`g`
+    /// without packing offsets past the call, `g.g_strides` the output's contiguous
+    /// strides) written into `out` (in `T`, q's shape) and `lse`, straight from the kernel
+    /// under [`ForwardPath::Direct`] where that applies, through a partial otherwise.
+    pub fn forward_call<T: CudaElement>(
+        &self,
+        g: &BlockGeometry<'_>,
+        a: &HostArgs<'_, T>,
+        path: ForwardPath,
+        (out, lse): (&mut [T], &mut [f32]),
+    ) -> Result<()> {
+        let shape = g.q.0;
+        if g.g_strides != Some(shape.contiguous_strides()) {
+            return Err(AttnError::InvalidArgument("a whole-call forward writes a contiguous output".into()));
+        }
+        need(TensorName::Output, out.len(), shape.numel())?;
+        let direct = match path {
+            ForwardPath::Direct => plan_forward_direct(g, T::DTYPE, T::SUFFIX)?,
+            ForwardPath::Partial => None,
+        };
+        let mut partial = vec![0.0f32; shape.numel()];
+        lse.fill(f32::NEG_INFINITY);
+        let acc = HostAccs { q_acc: &mut partial, lse: Some(lse), dk: None, dv: None };
+        let Some(plan) = direct else {
+            self.forward_block(g, a, acc)?;
+            return self.store_scaled(shape, &partial, out_scale(g.cfg), out);
+        };
+        check_buffers(g, a, &acc)?;
+        out.fill(T::default());
+        self.execute(&plan, a, acc, Some(out))
     }
 
     /// [`crate::cuda::backward_block`] on host buffers: add the block's gradients to
@@ -241,7 +288,7 @@ impl Emulator {
             return Err(missing("grad_out strides"));
         }
         check_buffers(g, a, &acc)?;
-        self.execute(&plan_backward(g, T::DTYPE, T::SUFFIX)?, a, acc)
+        self.execute(&plan_backward(g, T::DTYPE, T::SUFFIX)?, a, acc, None)
     }
 
     /// [`crate::cuda::store_scaled`] into a contiguous host tensor: `dst = scale * src` in `T`.

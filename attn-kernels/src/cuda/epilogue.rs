@@ -99,6 +99,21 @@ pub fn finish_forward<'a, T: CudaElement>(
     Ok(&partial.lse)
 }
 
+/// A new f32 buffer of `len` values, each `value` (filled by `T`'s module: a call
+/// compiles no other dtype's kernels).
+pub(crate) fn fill_lse<T: CudaElement>(dev: &CudaDevice, len: usize, value: f32) -> Result<CudaSlice<f32>> {
+    let mut dst = dev.stream.alloc_zeros::<f32>(len).map_err(cuda_err)?;
+    let blocks = len.div_ceil(256).clamp(1, 65_535) as u32;
+    let lc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let f = dev.function(T::SUFFIX, &format!("fill_lse_{}", T::SUFFIX), 0)?;
+    let n = len as i64;
+    // Signature: (float* dst, float value, long long n).
+    let mut args = dev.stream.launch_builder(&f);
+    args.arg(&mut dst).arg(&value).arg(&n);
+    launch(args, lc)?;
+    Ok(dst)
+}
+
 /// `delta[b, s, h] = dot(grad_out[b, s, h, :], out[b, s, h, :])` in f32.
 pub fn delta<T: CudaElement>(
     dev: &CudaDevice,

@@ -8,10 +8,10 @@ use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs, Grads, Masks, Pass, Saved, Supported};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Result, TensorView, TensorViewMut};
 
-use super::block::{DeviceBlock, DeviceUpstream, backward_block, forward_block};
+use super::block::{DeviceBlock, DeviceUpstream, ForwardPath, backward_block, forward_call};
 use super::device::{CudaDevice, cuda_err};
-use super::epilogue::{delta, finish_forward, store_scaled};
-use super::tensor::{CudaElement, DeviceGrads, DeviceKeyPadding, DevicePartial, DeviceTensor};
+use super::epilogue::{delta, store_scaled};
+use super::tensor::{CudaElement, DeviceGrads, DeviceKeyPadding, DeviceTensor};
 
 fn write_rows<T: CudaElement>(dst: &mut TensorViewMut<'_, T>, contiguous: &[T]) {
     let s = dst.shape();
@@ -118,16 +118,14 @@ impl CudaBackend {
         let up = |x: &TensorView<'_, T>| DeviceTensor::from_view(dev, x);
         let (dq, dk, dv) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
         let mask = inputs.masks.key_padding.map(|m| DeviceKeyPadding::upload(dev, &m)).transpose()?;
-        let mut partial = DevicePartial::empty(dev, shape.q)?;
         let block = DeviceBlock {
             key_padding: mask.as_ref(),
             packing: inputs.masks.packing,
             ..DeviceBlock::new(cfg, (&dq, 0), (&dk, &dv, 0))
         };
-        forward_block(dev, &block, &mut partial)?;
         let mut dout = DeviceTensor::<T>::zeros(dev, shape.q)?;
-        let dlse = finish_forward(dev, cfg, &partial, &mut dout)?;
-        let host_lse = dev.stream.clone_dtoh(dlse).map_err(cuda_err)?;
+        let dlse = forward_call(dev, &block, &mut dout, ForwardPath::Direct)?;
+        let host_lse = dev.stream.clone_dtoh(&dlse).map_err(cuda_err)?;
         dev.synchronize()?;
         write_rows(&mut out, &dout.to_host_contiguous(dev)?);
         lse.copy_from_slice(&host_lse);

@@ -3,7 +3,7 @@
 //! ([`crate::cuda::forward_block`], [`crate::cuda::backward_block`]) and the CPU emulation
 //! of the kernels ([`super::emulation`]) execute the same plan.
 
-use attn_core::{AttnError, Band, DType, DilatedConfig, PackedSequences, Result, Shape4};
+use attn_core::{AttnError, Band, DType, DilatedConfig, Mixing, PackedSequences, Result, Shape4};
 
 use super::params::{AttnParams, BlockLayout, attn_params};
 use super::plan::{
@@ -20,7 +20,8 @@ pub struct BlockGeometry<'a> {
     pub k: (Shape4, [usize; 4]),
     pub v_strides: [usize; 4],
     pub k_start: usize,
-    /// grad_out's strides (the backward; q's shape).
+    /// grad_out's strides (the backward; q's shape), or the output's (a direct forward,
+    /// [`plan_forward_direct`]).
     pub g_strides: Option<[usize; 4]>,
     pub band: Band,
     /// The key padding mask's row length (`[batch, seq]` flags), where there is one.
@@ -31,8 +32,11 @@ pub struct BlockGeometry<'a> {
 /// The argument list a kernel takes (the signatures in `kernels/*.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signature {
-    /// `(q, k, v, o_acc, lse_acc, AttnParams)`.
+    /// `(q, k, v, o_acc, lse_acc, AttnParams)`: LSE-merge into the f32 partial.
     Forward,
+    /// `(q, k, v, out, lse, AttnParams)` with `out_direct`: write the output (in the input
+    /// dtype, at `ArgOffsets::g` in the `g_strides`) and the lse of the rows computed.
+    ForwardDirect,
     /// `(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, AttnParams)`.
     BackwardAll,
     /// `(q, k, v, go, lse, delta, dk_acc, dv_acc, AttnParams)`.
@@ -153,6 +157,35 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str) -> Result
         }
     }
     Ok(out)
+}
+
+/// Whether every head of `cfg` has exactly one pattern (head groups, a window, or a
+/// single pattern), so one launch covers each (row, head) of a whole call.
+pub fn one_pattern_per_head(cfg: &DilatedConfig) -> bool {
+    cfg.mixing() != Mixing::LongNet || cfg.num_patterns() == 1
+}
+
+/// The forward launches of a whole call written straight into the output (strides
+/// `g.g_strides`, offsets `ArgOffsets::g`) and the lse, with no f32 partial and no
+/// epilogue: planned where every head has one pattern and the tensor-core kernel runs;
+/// `None` otherwise (then [`plan_forward`] and a partial). The caller zeroes the output and
+/// fills the lse with `-inf` first (rows no pattern selects keep those).
+pub fn plan_forward_direct(g: &BlockGeometry<'_>, dtype: DType, suffix: &str) -> Result<Option<Vec<Planned>>> {
+    if g.g_strides.is_none() {
+        return Ok(None);
+    }
+    let mma = matches!(forward_kernel(dtype, suffix, g.q.0.head_dim), ForwardKernel::Mma { .. });
+    if !mma || !one_pattern_per_head(g.cfg) {
+        return Ok(None);
+    }
+    let out_scale = super::plan::out_scale(g.cfg);
+    let mut plan = plan_forward(g, dtype, suffix)?;
+    for p in &mut plan {
+        p.signature = Signature::ForwardDirect;
+        p.params.out_direct = 1;
+        p.params.out_scale = out_scale;
+    }
+    Ok(Some(plan))
 }
 
 /// The backward launches of a block (`g.g_strides` set).

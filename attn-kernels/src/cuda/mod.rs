@@ -4,7 +4,9 @@
 //! - [`CudaDevice::new`](crate::cuda::CudaDevice::new) checks libcuda, libnvrtc and the device first and returns
 //!   `AttnError::BackendUnavailable` (never a panic) when any is missing; sm_80+ only.
 //! - Whole calls from host views: [`CudaBackend`](crate::cuda::CudaBackend), the shared
-//!   `Attention` interface (out + f32 LSE, exact backward).
+//!   `Attention` interface (out + f32 LSE, exact backward); on device buffers
+//!   [`forward_call`](crate::cuda::forward_call), which writes the output straight from
+//!   the kernel where every head has one pattern.
 //! - Ring steps: [`forward_block`](crate::cuda::forward_block) LSE-merges a (q block, k block) pair into a
 //!   [`DevicePartial`](crate::cuda::DevicePartial), [`finish_forward`](crate::cuda::finish_forward) applies the heads' `out_scale`;
 //!   [`backward_block`](crate::cuda::backward_block) accumulates f32 gradients given the final LSE and [`delta`](crate::cuda::delta).
@@ -27,8 +29,10 @@ pub mod plan;
 pub mod source;
 mod tensor;
 
-pub use bench::{GpuTiming, attended_pairs, bench_forward, bench_pass};
-pub use block::{DeviceBlock, DeviceUpstream, backward_block, backward_block_into, forward_block};
+pub use bench::{BenchRun, GpuTiming, attended_pairs, bench_forward, bench_pass};
+pub use block::{
+    DeviceBlock, DeviceUpstream, ForwardPath, backward_block, backward_block_into, forward_block, forward_call,
+};
 pub use device::{CudaDevice, check_available, nvrtc_present};
 pub use epilogue::{delta, finish_forward, store_scaled};
 pub use host::CudaBackend;

@@ -44,7 +44,8 @@ pub struct AttnParams {
     pub scale: f32,
     pub out_scale: f32,
     pub vec: i32,
-    pub unused: i32,
+    /// 1: the forward writes the output and lse of its rows (`Signature::ForwardDirect`).
+    pub out_direct: i32,
 }
 
 /// Parameters of the row-wise epilogue kernels (`RowParams` in `prelude.cu`).
@@ -150,7 +151,7 @@ pub fn attn_params(cfg: &DilatedConfig, l: &BlockLayout, launch: &PatternLaunch)
         scale: cfg.scale_for(d) as f32,
         out_scale: out_scale(cfg),
         vec,
-        unused: 0,
+        out_direct: 0,
     }
 }
 

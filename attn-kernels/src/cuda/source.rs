@@ -78,7 +78,9 @@ pub fn dtype_suffix(dtype: DType) -> Option<&'static str> {
 pub fn kernel_names() -> Vec<String> {
     let mut names = Vec::new();
     for t in ["f32", "f16", "bf16"] {
-        for k in ["dilated_fwd_rows", "dilated_bwd_dq_rows", "dilated_bwd_dkv_rows", "store_rows", "delta_rows"] {
+        for k in
+            ["dilated_fwd_rows", "dilated_bwd_dq_rows", "dilated_bwd_dkv_rows", "store_rows", "delta_rows", "fill_lse"]
+        {
             names.push(format!("{k}_{t}"));
         }
     }
