@@ -180,8 +180,10 @@ step_bench() {
     have_gpu || return 2
     local seq ok=0 shape=(--heads 16 --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16)
     # Both ways the forward reaches its output (straight from the kernel, or through the
-    # f32 partial and its epilogue), so the direct path is measured against the one it replaces.
-    logged 60 "$PACK/bin/attn-cuda-bench" --seq 65536,262144 --dtype bf16 --paths direct,partial || ok=1
+    # f32 partial and its epilogue) and both query rows a block (64 over 4 warps, 128 over 8),
+    # so each kernel change is measured against what it would replace.
+    logged 60 "$PACK/bin/attn-cuda-bench" --seq 65536,262144 --dtype bf16 --paths direct,partial --rows 64,128 ||
+        ok=1
     logged 40 "$PACK/bin/attn-cuda-bench" --seq 65536 --dtype bf16 --backward || ok=1
     for seq in 65536 262144; do
         logged 40 python3 "$PACK/torch/torch_dilated.py" --device cuda --dtype bf16 --seq-len "$seq" "${shape[@]}" || ok=1

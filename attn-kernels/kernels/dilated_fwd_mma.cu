@@ -1,7 +1,8 @@
 // dilated_fwd_mma.cu: tensor-core forward (sm_80+) for f16/bf16, f32 accumulation.
 //
-// A block of 4 warps owns 64 consecutive SELECTED query indices of one (batch, head,
-// pattern); warp w owns 16 of them. Key tiles of BN selected indices stream through
+// A block of BM / 16 warps (4 or 8) owns BM (64 or 128) consecutive SELECTED query indices
+// of one (batch, head, pattern); warp w owns 16 of them. Q is loaded once, asynchronously,
+// beside the first K/V tile. Key tiles of BN selected indices stream through
 // shared memory; the dilation gather (sel_pos) is fused into the tile loads, rows are
 // zero-filled past the block or past head_dim (D is head_dim rounded up). S = Q K^T and
 // O += P V use mma.sync.m16n8k16 with the accumulators in registers (FlashAttention-2
@@ -38,9 +39,9 @@ __device__ __forceinline__ void direct_store(u16* out, float* lse_out, const flo
     }
 }
 
-template <class E, int D, int BN>
+template <class E, int D, int BN, int BM>
 __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a) {
-    constexpr int BM = 64, LD = D + 8, NS = BN / 8, NO = D / 8;
+    constexpr int LD = D + 8, NS = BN / 8, NO = D / 8;
     ATTN_DYNAMIC_SMEM(smem_raw);
     // Q tile, then two K/V stages (double buffering: the next tile loads while this one runs).
     u16* sQ = reinterpret_cast<u16*>(smem_raw);
@@ -64,7 +65,8 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
 
     gather_rows(s_qrows, BM, p, t0, q_hi, a.q_start);
     __syncthreads();
-    load_tile<D, LD>(sQ, s_qrows, BM, q + b * a.q_sb + h * a.q_sh, a.q_ss, a.d, a.vec & 1);
+    load_tile_async<D, LD>(sQ, s_qrows, BM, q + b * a.q_sb + h * a.q_sh, a.q_ss, a.d, a.vec & 1);
+    cp_async_commit();  // its own group, waited for with the first K/V tile's
 
     // This thread's two query rows (in the tile) and their selected indices / segments.
     const int r0 = warp * 16 + g;
@@ -191,6 +193,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
         }
         __syncthreads();  // every warp is done with this stage before it is refilled
     }
+    cp_async_wait<0>();  // no copy outlives the block (Q's, where no key tile ran)
 
     // Row sums live in the 4 threads of a group.
     float lse[2], inv[2], wa[2] = {0.f, 0.f}, wb[2] = {0.f, 0.f}, merged[2] = {NEG_INF, NEG_INF};
@@ -230,12 +233,20 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
 }
 
 // Shared memory of one block (bytes); mirrored by `mma_smem_bytes` in src/cuda/plan.rs.
-#define MMA_SMEM(D, BN) ((64 + 4 * (BN)) * ((D) + 8) * 2)  // dynamic; plus static row indices
+#define MMA_SMEM(BM, D, BN) (((BM) + 4 * (BN)) * ((D) + 8) * 2)  // dynamic; plus static row indices
 
+// 64 query rows over 4 warps: dilated_fwd_mma_<dtype>_d<D>.
 #define ATTN_MMA_KERNEL(NAME, E, D, BN)                                                                    \
     extern "C" __global__ void __launch_bounds__(128) dilated_fwd_mma_##NAME##_d##D(                       \
         const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, AttnParams a) {             \
-        fwd_mma<E, D, BN>(q, k, v, o_dst, lse_acc, a);                                                     \
+        fwd_mma<E, D, BN, 64>(q, k, v, o_dst, lse_acc, a);                                                 \
+    }
+
+// 128 query rows over 8 warps (each K/V tile serves twice the rows): dilated_fwd_mma_m128_<dtype>_d<D>.
+#define ATTN_MMA_KERNEL_M128(NAME, E, D, BN)                                                               \
+    extern "C" __global__ void __launch_bounds__(256) dilated_fwd_mma_m128_##NAME##_d##D(                  \
+        const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, AttnParams a) {             \
+        fwd_mma<E, D, BN, 128>(q, k, v, o_dst, lse_acc, a);                                                \
     }
 
 #if ATTN_WANT_F16
@@ -243,10 +254,18 @@ ATTN_MMA_KERNEL(f16, F16E, 32, 64)
 ATTN_MMA_KERNEL(f16, F16E, 64, 64)
 ATTN_MMA_KERNEL(f16, F16E, 128, 64)
 ATTN_MMA_KERNEL(f16, F16E, 256, 32)
+ATTN_MMA_KERNEL_M128(f16, F16E, 32, 64)
+ATTN_MMA_KERNEL_M128(f16, F16E, 64, 64)
+ATTN_MMA_KERNEL_M128(f16, F16E, 128, 64)
+ATTN_MMA_KERNEL_M128(f16, F16E, 256, 32)
 #endif
 #if ATTN_WANT_BF16
 ATTN_MMA_KERNEL(bf16, BF16E, 32, 64)
 ATTN_MMA_KERNEL(bf16, BF16E, 64, 64)
 ATTN_MMA_KERNEL(bf16, BF16E, 128, 64)
 ATTN_MMA_KERNEL(bf16, BF16E, 256, 32)
+ATTN_MMA_KERNEL_M128(bf16, BF16E, 32, 64)
+ATTN_MMA_KERNEL_M128(bf16, BF16E, 64, 64)
+ATTN_MMA_KERNEL_M128(bf16, BF16E, 128, 64)
+ATTN_MMA_KERNEL_M128(bf16, BF16E, 256, 32)
 #endif

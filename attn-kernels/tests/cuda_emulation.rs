@@ -2,29 +2,54 @@
 //! `conformance/features` through this crate's launch plans (`cuda::launch_plan`) and
 //! epilogue launches, executed by the CPU emulation of the `.cu` kernels
 //! (`cuda::emulation`), in f32, bf16 and f16, forward and gradients; the forward's direct
-//! path (output straight from the kernel) against its partial path, bit for bit. Needs a
-//! C++20 compiler (`$CXX`, default `g++`); without one the test fails, naming it.
+//! path (output straight from the kernel) against its partial path, bit for bit; the
+//! forward with 64 and with 128 query rows a block. Needs a C++20 compiler (`$CXX`,
+//! default `g++`); without one the test fails, naming it.
 #![cfg(feature = "cuda")]
 
 use std::marker::PhantomData;
+use std::path::Path;
+use std::sync::OnceLock;
 
 use attn_core::{DType, Result, Shape4};
 use attn_kernels::cuda::CudaElement;
 use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_forward_direct};
+use attn_kernels::cuda::plan::ForwardRows;
 use attn_testkit::golden::{
     ATTENTION_DIRS, DilatedBackend, Forward32, Gradients32, Problem, assert_attention_dirs_pass, golden_dir, load_dir,
 };
 use half::{bf16, f16};
 
 fn emulator() -> &'static Emulator {
-    Emulator::shared(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")))
+    Emulator::shared(Path::new(env!("CARGO_TARGET_TMPDIR")))
         .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
 }
 
-/// The whole-sequence CUDA call (`CudaBackend`'s steps) on the emulation, in `T`.
-struct Emulated<T>(PhantomData<T>);
+/// The emulator with the forward's tensor-core blocks of `rows` query rows (the shared
+/// library, loaded again, whatever `ATTN_CUDA_FWD_ROWS` says).
+fn emulator_with(rows: ForwardRows) -> &'static Emulator {
+    static EMULATORS: [OnceLock<Emulator>; 2] = [OnceLock::new(), OnceLock::new()];
+    EMULATORS[usize::from(rows == ForwardRows::M128)].get_or_init(|| {
+        emulator();
+        let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
+        Emulator::load(&lib).unwrap().with_forward_rows(rows)
+    })
+}
+
+/// The whole-sequence CUDA call (`CudaBackend`'s steps) on the emulation, in `T`, the
+/// forward's tensor-core blocks taking `rows` query rows.
+struct Emulated<T> {
+    rows: ForwardRows,
+    dtype: PhantomData<T>,
+}
+
+impl<T> Emulated<T> {
+    fn new(rows: ForwardRows) -> Self {
+        Emulated { rows, dtype: PhantomData }
+    }
+}
 
 /// The geometry of a whole call whose output is contiguous.
 fn call_geometry<'a>(p: &Problem<'a>) -> BlockGeometry<'a> {
@@ -58,24 +83,22 @@ fn flags(p: &Problem<'_>) -> Option<Vec<u8>> {
 impl<T: CudaElement> Emulated<T> {
     /// out (in `T`) and lse.
     fn run_forward(&self, p: &Problem<'_>, q: &[T], k: &[T], v: &[T]) -> Result<(Vec<T>, Vec<f32>)> {
-        forward_on(p, [q, k, v], ForwardPath::Direct)
+        self.forward_on(p, [q, k, v], ForwardPath::Direct)
     }
-}
 
-/// The whole-call forward on `path`: out (in `T`) and lse.
-fn forward_on<T: CudaElement>(p: &Problem<'_>, [q, k, v]: [&[T]; 3], path: ForwardPath) -> Result<(Vec<T>, Vec<f32>)> {
-    let sq = p.shape.q;
-    let kpad = flags(p);
-    let args = HostArgs { q, k, v, g: None, lse: None, delta: None, kpad: kpad.as_deref() };
-    let (mut out, mut lse) = (vec![T::default(); sq.numel()], vec![0.0f32; sq.lse_len()]);
-    emulator().forward_call(&call_geometry(p), &args, path, (&mut out, &mut lse))?;
-    Ok((out, lse))
-}
+    /// The whole-call forward on `path`: out (in `T`) and lse.
+    fn forward_on(&self, p: &Problem<'_>, [q, k, v]: [&[T]; 3], path: ForwardPath) -> Result<(Vec<T>, Vec<f32>)> {
+        let sq = p.shape.q;
+        let kpad = flags(p);
+        let args = HostArgs { q, k, v, g: None, lse: None, delta: None, kpad: kpad.as_deref() };
+        let (mut out, mut lse) = (vec![T::default(); sq.numel()], vec![0.0f32; sq.lse_len()]);
+        emulator_with(self.rows).forward_call(&call_geometry(p), &args, path, (&mut out, &mut lse))?;
+        Ok((out, lse))
+    }
 
-impl<T: CudaElement> Emulated<T> {
     /// Whether the direct path applies to `p` (one pattern per head, the tensor-core kernel).
-    fn direct_applies(p: &Problem<'_>) -> bool {
-        plan_forward_direct(&call_geometry(p), T::DTYPE, T::SUFFIX).is_ok_and(|x| x.is_some())
+    fn direct_applies(&self, p: &Problem<'_>) -> bool {
+        plan_forward_direct(&call_geometry(p), T::DTYPE, T::SUFFIX, self.rows).is_ok_and(|x| x.is_some())
     }
 }
 
@@ -85,7 +108,7 @@ fn f32s<T: CudaElement>(x: &[T]) -> Vec<f32> {
 
 impl<T: CudaElement> DilatedBackend for Emulated<T> {
     fn name(&self) -> String {
-        format!("cuda-emulation {}", T::DTYPE.as_str())
+        format!("cuda-emulation {} rows {}", T::DTYPE.as_str(), self.rows.rows())
     }
 
     fn dtype(&self) -> DType {
@@ -126,19 +149,19 @@ fn the_emulation_runs_every_kernel_of_the_source() {
 /// Every golden file where the direct path applies: its output and lse equal the partial
 /// path's bit for bit (the same arithmetic, without the f32 round trip's merge), in bf16
 /// and f16. Also counts the files, so the check cannot pass by finding none.
-fn direct_equals_partial<T: CudaElement>() {
+fn direct_equals_partial<T: CudaElement>(emulated: &Emulated<T>) {
     let mut compared = Vec::new();
     for (dir, _) in ATTENTION_DIRS {
         for (path, case) in load_dir(&golden_dir().join(dir)).unwrap() {
             let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let cfg = case.config().unwrap();
             let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks().unwrap() };
-            if !Emulated::<T>::direct_applies(&p) {
+            if !emulated.direct_applies(&p) {
                 continue;
             }
             let [q, k, v]: [Vec<T>; 3] = ["q", "k", "v"].map(|t| conv(&case.tensor(t).unwrap().data));
-            let direct = forward_on(&p, [&q, &k, &v], ForwardPath::Direct).unwrap();
-            let partial = forward_on(&p, [&q, &k, &v], ForwardPath::Partial).unwrap();
+            let direct = emulated.forward_on(&p, [&q, &k, &v], ForwardPath::Direct).unwrap();
+            let partial = emulated.forward_on(&p, [&q, &k, &v], ForwardPath::Partial).unwrap();
             let out_bits = |x: &[T]| x.iter().map(|v| v.to_f32().to_bits()).collect::<Vec<_>>();
             let lse_bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             for (what, d, p) in [
@@ -164,25 +187,34 @@ fn direct_equals_partial<T: CudaElement>() {
 
 #[test]
 fn direct_forward_equals_the_partial_path_bf16() {
-    direct_equals_partial::<bf16>();
+    direct_equals_partial(&Emulated::<bf16>::new(ForwardRows::M64));
 }
 
 #[test]
 fn direct_forward_equals_the_partial_path_f16() {
-    direct_equals_partial::<f16>();
+    direct_equals_partial(&Emulated::<f16>::new(ForwardRows::M64));
+}
+
+/// The 128-row forward: every golden file (its direct path where it applies, the partial
+/// path for the rest), and direct equal to partial.
+#[test]
+fn emulated_cuda_golden_bf16_rows_128() {
+    let emulated = Emulated::<bf16>::new(ForwardRows::M128);
+    direct_equals_partial(&emulated);
+    assert_attention_dirs_pass(&emulated);
 }
 
 #[test]
 fn emulated_cuda_golden_f32() {
-    assert_attention_dirs_pass(&Emulated::<f32>(PhantomData));
+    assert_attention_dirs_pass(&Emulated::<f32>::new(ForwardRows::M64));
 }
 
 #[test]
 fn emulated_cuda_golden_bf16() {
-    assert_attention_dirs_pass(&Emulated::<bf16>(PhantomData));
+    assert_attention_dirs_pass(&Emulated::<bf16>::new(ForwardRows::M64));
 }
 
 #[test]
 fn emulated_cuda_golden_f16() {
-    assert_attention_dirs_pass(&Emulated::<f16>(PhantomData));
+    assert_attention_dirs_pass(&Emulated::<f16>::new(ForwardRows::M64));
 }

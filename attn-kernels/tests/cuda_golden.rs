@@ -1,15 +1,17 @@
 //! Golden conformance on the GPU: every file in `conformance/dilated` and
 //! `conformance/features` (grouped key/value heads, key padding, packed sequences,
 //! sliding windows) through the CUDA backend in f32, bf16 and f16 (forward, lse where
-//! present, dq/dk/dv), judged like the CPU golden tests; and the forward's direct path
-//! against its partial path, bit for bit. Skips, printing the reason, when no driver,
-//! NVRTC or GPU is present (fails instead with `ATTN_REQUIRE_GPU=1`).
+//! present, dq/dk/dv), judged like the CPU golden tests, bf16 also with 128 query rows a
+//! forward block; and the forward's direct path against its partial path, bit for bit.
+//! Skips, printing the reason, when no driver, NVRTC or GPU is present (fails instead with
+//! `ATTN_REQUIRE_GPU=1`).
 #![cfg(feature = "cuda")]
 
 mod cuda_support;
 
 use attn_core::TensorName;
 use attn_core::TensorView;
+use attn_kernels::cuda::plan::ForwardRows;
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceTensor, ForwardPath};
 use attn_kernels::cuda::{forward_call, launch_plan::one_pattern_per_head};
 use attn_testkit::golden::{ATTENTION_DIRS, assert_attention_dirs_pass, golden_dir, load_dir};
@@ -68,6 +70,16 @@ fn direct_forward_equals_the_partial_path_on_the_gpu() {
 fn run_all<T: CudaElement>(test: &str) {
     let Some(dev) = device_or_skip(test) else { return };
     assert_attention_dirs_pass(&gpu::<T>(&dev));
+}
+
+/// The tensor-core forward with 128 query rows a block (8 warps): every golden file, and
+/// its direct path equal to its partial path.
+#[test]
+fn golden_cuda_bf16_rows_128() {
+    let Some(dev) = device_or_skip("golden_cuda_bf16_rows_128") else { return };
+    let dev = dev.with_forward_rows(ForwardRows::M128);
+    direct_equals_partial::<bf16>(&dev);
+    assert_attention_dirs_pass(&gpu::<bf16>(&dev));
 }
 
 #[test]

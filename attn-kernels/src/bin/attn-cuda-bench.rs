@@ -5,14 +5,16 @@
 //! cuda`, carry the binary to a GPU machine, run it there (a typed error without a GPU).
 //!
 //! `--paths direct,partial` times both ways the forward reaches its output (straight from
-//! the kernel, or through the f32 partial and its epilogue) in one process.
+//! the kernel, or through the f32 partial and its epilogue), `--rows 64,128` both query
+//! rows a block of the tensor-core forward, in one process.
 //!
 //! Usage: attn-cuda-bench [--seq 65536,262144] [--dtype bf16|f16|f32] [--iters 10] [--causal]
-//!        [--backward] [--paths direct|partial|direct,partial]
+//!        [--backward] [--paths direct|partial|direct,partial] [--rows 64|128|64,128]
 
 use std::process::ExitCode;
 
 use attn_core::{DilatedConfig, Pass, Shape4};
+use attn_kernels::cuda::plan::ForwardRows;
 use attn_kernels::cuda::{BenchRun, CudaDevice, CudaElement, ForwardPath, GpuTiming, bench_pass};
 use half::{bf16, f16};
 
@@ -23,6 +25,8 @@ struct Args {
     causal: bool,
     pass: Pass,
     paths: Vec<ForwardPath>,
+    /// `None`: the device's own choice (`ATTN_CUDA_FWD_ROWS`).
+    rows: Option<Vec<ForwardRows>>,
 }
 
 fn path_name(p: ForwardPath) -> &'static str {
@@ -40,6 +44,7 @@ fn parse() -> Result<Args, String> {
         causal: false,
         pass: Pass::Forward,
         paths: vec![ForwardPath::Direct],
+        rows: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -64,6 +69,13 @@ fn parse() -> Result<Args, String> {
                         other => Err(format!("--paths: unknown path `{other}` (direct, partial)")),
                     })
                     .collect::<Result<_, _>>()?
+            }
+            "--rows" => {
+                let rows = val()?
+                    .split(',')
+                    .map(|r| ForwardRows::parse(r).ok_or_else(|| format!("--rows: `{r}` is not 64 or 128")))
+                    .collect::<Result<_, _>>()?;
+                a.rows = Some(rows);
             }
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -95,9 +107,11 @@ fn run() -> Result<(), String> {
         .causal(a.causal)
         .build()
         .map_err(|e| e.to_string())?;
+    let rows = a.rows.clone().unwrap_or_else(|| vec![dev.forward_rows()]);
     for &seq in &a.seqs {
         let shape = Shape4::new(1, seq, 16, 128).map_err(|e| e.to_string())?;
-        for &path in &a.paths {
+        for (&r, &path) in rows.iter().flat_map(|r| a.paths.iter().map(move |p| (r, p))) {
+            let dev = dev.with_forward_rows(r);
             let (t, image) = match a.dtype.as_str() {
                 "bf16" => run_one::<bf16>(&dev, &cfg, shape, &a, path)?,
                 "f16" => run_one::<f16>(&dev, &cfg, shape, &a, path)?,
@@ -105,11 +119,12 @@ fn run() -> Result<(), String> {
                 other => return Err(format!("unknown dtype `{other}`")),
             };
             println!(
-                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":16,\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2}}}",
+                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":16,\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":{},\"median_ms\":{:.4},\"tflops\":{:.2}}}",
                 a.dtype,
                 a.causal,
                 a.pass == Pass::Backward,
                 path_name(path),
+                r.rows(),
                 t.median_ms,
                 t.tflops()
             );

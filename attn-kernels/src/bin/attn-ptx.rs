@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use attn_kernels::cuda::nvrtc_present;
-use attn_kernels::cuda::plan::{mma_bwd_smem_bytes, mma_smem_bytes};
+use attn_kernels::cuda::plan::{ForwardRows, mma_bwd_smem_bytes, mma_smem_bytes};
 use attn_kernels::cuda::source::{
     MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, dtype_define, full_source, kernel_names_for, mma_bwd_kernel_name,
     mma_kernel_name, nvrtc_options,
@@ -90,9 +90,11 @@ fn parse_ptxas(text: &str) -> Vec<(String, KernelReport)> {
 /// Dynamic shared memory a kernel is launched with (0 for the row kernels).
 fn dynamic_smem(name: &str) -> usize {
     for t in ["f16", "bf16"] {
-        for d in MMA_HEAD_DIMS {
-            if name == mma_kernel_name(t, d) {
-                return mma_smem_bytes(d);
+        for rows in [ForwardRows::M64, ForwardRows::M128] {
+            for d in MMA_HEAD_DIMS {
+                if name == mma_kernel_name(t, d, rows) {
+                    return mma_smem_bytes(rows, d);
+                }
             }
         }
         for d in MMA_BWD_HEAD_DIMS {

@@ -10,6 +10,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 use super::nvrtc::{ImageKind, compile_for_device};
+use super::plan::ForwardRows;
 use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source};
 
 const BACKEND: &str = "cuda";
@@ -63,13 +64,16 @@ pub struct CudaDevice {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     compute_capability: (i32, i32),
+    forward_rows: ForwardRows,
 }
 
 impl CudaDevice {
     /// Open device `ordinal`: check libraries and device and require sm_80+. Kernels are
     /// compiled by NVRTC for this device's architecture on first use, one module per
-    /// dtype, cached for the process.
+    /// dtype, cached for the process. The forward's rows a block come from
+    /// `ATTN_CUDA_FWD_ROWS` ([`ForwardRows::from_env`]; an unknown value is an error).
     pub fn new(ordinal: usize) -> Result<Self> {
+        let forward_rows = ForwardRows::from_env()?;
         check_available(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
         let cc = ctx.compute_capability().map_err(cuda_err)?;
@@ -77,7 +81,19 @@ impl CudaDevice {
             return Err(unavailable(format!("device {ordinal} is sm_{}{}; sm_80 or newer is required", cc.0, cc.1)));
         }
         let stream = ctx.default_stream();
-        Ok(CudaDevice { ctx, stream, compute_capability: cc })
+        Ok(CudaDevice { ctx, stream, compute_capability: cc, forward_rows })
+    }
+
+    /// The same device and stream with the tensor-core forward taking `rows` query rows a
+    /// block (128 needs more shared memory a block than some sm_86/sm_89 parts allow: their
+    /// launches then fail with a typed error).
+    pub fn with_forward_rows(&self, rows: ForwardRows) -> Self {
+        CudaDevice { forward_rows: rows, ..self.clone() }
+    }
+
+    /// Query rows a block of the tensor-core forward.
+    pub fn forward_rows(&self) -> ForwardRows {
+        self.forward_rows
     }
 
     /// The module holding the kernels of dtype `suffix` (`f32`, `f16`, `bf16`), compiled

@@ -18,7 +18,7 @@ use libloading::Library;
 use super::block::ForwardPath;
 use super::epilogue::{delta_launch, row_params, store_launch};
 use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward, plan_forward_direct};
-use super::plan::out_scale;
+use super::plan::{ForwardRows, out_scale};
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{CudaElement, extent};
 
@@ -29,10 +29,11 @@ fn emu_err(message: impl Into<String>) -> AttnError {
     AttnError::BackendUnavailable { backend: "cuda-emulation", reason: message.into() }
 }
 
-/// The loaded emulation library.
+/// The loaded emulation library, planning the forward with its [`ForwardRows`].
 #[derive(Debug)]
 pub struct Emulator {
     lib: Library,
+    forward_rows: ForwardRows,
 }
 
 /// A block's inputs in host memory (as the device call's buffers): q, k, v, grad_out in
@@ -133,10 +134,15 @@ impl Emulator {
         }
     }
 
+    /// Where [`Emulator::build_and_load`] puts the library in `dir`.
+    pub fn library_path(dir: &Path) -> PathBuf {
+        dir.join("libattn_cuda_emu.so")
+    }
+
     /// Build the library into `dir` with the C++ compiler `$CXX` (default `g++`) and load it.
     pub fn build_and_load(dir: &Path) -> Result<Self> {
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-        let out = dir.join("libattn_cuda_emu.so");
+        let out = Self::library_path(dir);
         Self::build(&cxx, &out)?;
         Self::load(&out)
     }
@@ -151,11 +157,18 @@ impl Emulator {
             .map_err(|e| emu_err(e.clone()))
     }
 
-    /// Load a library [`Emulator::build`] made.
+    /// Load a library [`Emulator::build`] made (the forward taking
+    /// [`ForwardRows::from_env`] rows a block).
     pub fn load(path: &Path) -> Result<Self> {
+        let forward_rows = ForwardRows::from_env()?;
         // SAFETY: the library is ours (emu_capi.cpp); loading runs its static initialisers only.
         let lib = unsafe { Library::new(path) }.map_err(|e| emu_err(format!("loading {}: {e}", path.display())))?;
-        Ok(Emulator { lib })
+        Ok(Emulator { lib, forward_rows })
+    }
+
+    /// This emulator planning the tensor-core forward with `rows` query rows a block.
+    pub fn with_forward_rows(self, rows: ForwardRows) -> Self {
+        Emulator { forward_rows: rows, ..self }
     }
 
     /// How many kernels the library runs.
@@ -241,7 +254,7 @@ impl Emulator {
         acc: HostAccs<'_>,
     ) -> Result<()> {
         check_buffers(g, a, &acc)?;
-        self.execute(&plan_forward(g, T::DTYPE, T::SUFFIX)?, a, acc, None)
+        self.execute(&plan_forward(g, T::DTYPE, T::SUFFIX, self.forward_rows)?, a, acc, None)
     }
 
     /// [`crate::cuda::forward_call`] on host buffers: the forward of a whole call (`g`
@@ -261,7 +274,7 @@ impl Emulator {
         }
         need(TensorName::Output, out.len(), shape.numel())?;
         let direct = match path {
-            ForwardPath::Direct => plan_forward_direct(g, T::DTYPE, T::SUFFIX)?,
+            ForwardPath::Direct => plan_forward_direct(g, T::DTYPE, T::SUFFIX, self.forward_rows)?,
             ForwardPath::Partial => None,
         };
         let mut partial = vec![0.0f32; shape.numel()];

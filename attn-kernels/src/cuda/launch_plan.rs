@@ -7,7 +7,7 @@ use attn_core::{AttnError, Band, DType, DilatedConfig, Mixing, PackedSequences, 
 
 use super::params::{AttnParams, BlockLayout, attn_params};
 use super::plan::{
-    BackwardKernel, ForwardKernel, MMA_BLOCK_M, PatternLaunch, SeqPiece, THREADS, backward_kernel, forward_kernel,
+    BackwardKernel, ForwardKernel, ForwardRows, PatternLaunch, SeqPiece, THREADS, backward_kernel, forward_kernel,
     head_sweeps, pattern_launches, seq_pieces,
 };
 
@@ -130,11 +130,12 @@ fn offsets(g: &BlockGeometry<'_>, piece: &SeqPiece) -> ArgOffsets {
     }
 }
 
-/// The forward launches of a block of dtype `dtype` (kernel suffix `suffix`).
-pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str) -> Result<Vec<Planned>> {
-    let (kernel, per_block, smem) = match forward_kernel(dtype, suffix, g.q.0.head_dim) {
-        ForwardKernel::Mma { name, smem_bytes, .. } => (name, MMA_BLOCK_M, smem_bytes),
-        ForwardKernel::Rows { name } => (name, (THREADS / 32) as usize, 0),
+/// The forward launches of a block of dtype `dtype` (kernel suffix `suffix`), the
+/// tensor-core kernel taking `rows` query rows a block.
+pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, rows: ForwardRows) -> Result<Vec<Planned>> {
+    let (kernel, per_block, threads, smem) = match forward_kernel(dtype, suffix, g.q.0.head_dim, rows) {
+        ForwardKernel::Mma { name, rows, smem_bytes, .. } => (name, rows.rows(), rows.threads(), smem_bytes),
+        ForwardKernel::Rows { name } => (name, (THREADS / 32) as usize, THREADS, 0),
     };
     let smem_bytes = u32::try_from(smem).map_err(|_| AttnError::InvalidArgument("shared memory size".into()))?;
     let mut out = Vec::new();
@@ -148,7 +149,7 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str) -> Result
                 kernel: kernel.clone(),
                 signature: Signature::Forward,
                 grid,
-                threads: THREADS,
+                threads,
                 smem_bytes,
                 offsets: offsets(g, &piece),
                 params,
@@ -170,16 +171,21 @@ pub fn one_pattern_per_head(cfg: &DilatedConfig) -> bool {
 /// epilogue: planned where every head has one pattern and the tensor-core kernel runs;
 /// `None` otherwise (then [`plan_forward`] and a partial). The caller zeroes the output and
 /// fills the lse with `-inf` first (rows no pattern selects keep those).
-pub fn plan_forward_direct(g: &BlockGeometry<'_>, dtype: DType, suffix: &str) -> Result<Option<Vec<Planned>>> {
+pub fn plan_forward_direct(
+    g: &BlockGeometry<'_>,
+    dtype: DType,
+    suffix: &str,
+    rows: ForwardRows,
+) -> Result<Option<Vec<Planned>>> {
     if g.g_strides.is_none() {
         return Ok(None);
     }
-    let mma = matches!(forward_kernel(dtype, suffix, g.q.0.head_dim), ForwardKernel::Mma { .. });
+    let mma = matches!(forward_kernel(dtype, suffix, g.q.0.head_dim, rows), ForwardKernel::Mma { .. });
     if !mma || !one_pattern_per_head(g.cfg) {
         return Ok(None);
     }
     let out_scale = super::plan::out_scale(g.cfg);
-    let mut plan = plan_forward(g, dtype, suffix)?;
+    let mut plan = plan_forward(g, dtype, suffix, rows)?;
     for p in &mut plan {
         p.signature = Signature::ForwardDirect;
         p.params.out_direct = 1;

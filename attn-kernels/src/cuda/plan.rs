@@ -9,10 +9,52 @@ use attn_core::{Causality, DType, DilatedConfig, HeadGroups, Mixing, SegmentPatt
 
 use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_kernel_name, mma_kernel_name};
 
-/// Threads per block of every attention kernel (4 warps).
+/// Threads per block of the row kernels and the tensor-core backward (4 warps).
 pub const THREADS: u32 = 128;
-/// Query rows (selected indices) per block of the tensor-core forward.
-pub const MMA_BLOCK_M: usize = 64;
+
+/// Query rows (selected indices) per block of the tensor-core forward: 64 over 4 warps,
+/// or 128 over 8 warps (each K/V tile in shared memory serves twice the rows; more shared
+/// memory a block). A device's choice comes from `ATTN_CUDA_FWD_ROWS=64|128`, 64 without it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ForwardRows {
+    #[default]
+    M64,
+    M128,
+}
+
+impl ForwardRows {
+    /// Rows per block.
+    pub fn rows(self) -> usize {
+        match self {
+            ForwardRows::M64 => 64,
+            ForwardRows::M128 => 128,
+        }
+    }
+
+    /// Threads per block (a warp per 16 rows).
+    pub fn threads(self) -> u32 {
+        (self.rows() / 16 * 32) as u32
+    }
+
+    /// `"64"` or `"128"` as `ATTN_CUDA_FWD_ROWS` spells it.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim() {
+            "64" => Some(ForwardRows::M64),
+            "128" => Some(ForwardRows::M128),
+            _ => None,
+        }
+    }
+
+    /// The choice of `ATTN_CUDA_FWD_ROWS` (64 when unset); an unknown value is a typed error.
+    pub fn from_env() -> attn_core::Result<Self> {
+        match std::env::var("ATTN_CUDA_FWD_ROWS") {
+            Err(_) => Ok(ForwardRows::M64),
+            Ok(v) => Self::parse(&v).ok_or_else(|| {
+                attn_core::AttnError::InvalidArgument(format!("ATTN_CUDA_FWD_ROWS must be 64 or 128, got `{v}`"))
+            }),
+        }
+    }
+}
 
 /// The selected-index view of a pattern, exactly as `prelude.cu` computes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,8 +221,9 @@ pub fn out_scale(cfg: &DilatedConfig) -> f32 {
 /// Which forward kernel runs a dtype and head dim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ForwardKernel {
-    /// Tensor-core kernel: name, padded head dim, key tile, dynamic shared memory.
-    Mma { name: String, padded_d: usize, block_n: usize, smem_bytes: usize },
+    /// Tensor-core kernel: name, padded head dim, query rows and key tile a block, dynamic
+    /// shared memory.
+    Mma { name: String, padded_d: usize, rows: ForwardRows, block_n: usize, smem_bytes: usize },
     /// One warp per query row (f32, or head dims the MMA path has no instance for).
     Rows { name: String },
 }
@@ -192,19 +235,21 @@ pub fn mma_block_n(padded_d: usize) -> usize {
 
 /// Dynamic shared memory of the tensor-core forward (`MMA_SMEM` in `dilated_fwd_mma.cu`):
 /// the Q tile and two K/V stages.
-pub fn mma_smem_bytes(padded_d: usize) -> usize {
-    (MMA_BLOCK_M + 4 * mma_block_n(padded_d)) * (padded_d + 8) * 2
+pub fn mma_smem_bytes(rows: ForwardRows, padded_d: usize) -> usize {
+    (rows.rows() + 4 * mma_block_n(padded_d)) * (padded_d + 8) * 2
 }
 
-/// Pick the forward kernel (`suffix` is `f32`, `f16` or `bf16`).
-pub fn forward_kernel(dtype: DType, suffix: &str, head_dim: usize) -> ForwardKernel {
+/// Pick the forward kernel (`suffix` is `f32`, `f16` or `bf16`; `rows` the tensor-core
+/// kernel's query rows a block).
+pub fn forward_kernel(dtype: DType, suffix: &str, head_dim: usize, rows: ForwardRows) -> ForwardKernel {
     let padded = MMA_HEAD_DIMS.iter().copied().find(|&p| p >= head_dim);
     match (dtype, padded) {
         (DType::F16 | DType::BF16, Some(p)) => ForwardKernel::Mma {
-            name: mma_kernel_name(suffix, p),
+            name: mma_kernel_name(suffix, p, rows),
             padded_d: p,
+            rows,
             block_n: mma_block_n(p),
-            smem_bytes: mma_smem_bytes(p),
+            smem_bytes: mma_smem_bytes(rows, p),
         },
         _ => ForwardKernel::Rows { name: format!("dilated_fwd_rows_{suffix}") },
     }
@@ -382,13 +427,26 @@ mod tests {
 
     #[test]
     fn kernel_choice_and_shared_memory() {
-        assert!(matches!(forward_kernel(DType::F32, "f32", 64), ForwardKernel::Rows { .. }));
-        assert!(matches!(forward_kernel(DType::BF16, "bf16", 300), ForwardKernel::Rows { .. }));
-        let ForwardKernel::Mma { name, padded_d, smem_bytes, .. } = forward_kernel(DType::BF16, "bf16", 96) else {
+        let m64 = ForwardRows::M64;
+        assert!(matches!(forward_kernel(DType::F32, "f32", 64, m64), ForwardKernel::Rows { .. }));
+        assert!(matches!(forward_kernel(DType::BF16, "bf16", 300, m64), ForwardKernel::Rows { .. }));
+        let ForwardKernel::Mma { name, padded_d, smem_bytes, .. } = forward_kernel(DType::BF16, "bf16", 96, m64) else {
             panic!("expected the MMA kernel")
         };
         assert_eq!((name.as_str(), padded_d, smem_bytes), ("dilated_fwd_mma_bf16_d128", 128, 320 * 136 * 2));
-        assert!(mma_smem_bytes(256) <= 163 * 1024, "must fit sm_80's opt-in shared memory");
+        let ForwardKernel::Mma { name, rows, smem_bytes, .. } =
+            forward_kernel(DType::F16, "f16", 128, ForwardRows::M128)
+        else {
+            panic!("expected the MMA kernel")
+        };
+        assert_eq!((name.as_str(), rows.threads(), smem_bytes), ("dilated_fwd_mma_m128_f16_d128", 256, 384 * 136 * 2));
+        for rows in [ForwardRows::M64, ForwardRows::M128] {
+            assert!(mma_smem_bytes(rows, 256) <= 163 * 1024, "must fit sm_80's opt-in shared memory");
+        }
+        assert_eq!(
+            ["64", "128", "96"].map(ForwardRows::parse),
+            [Some(ForwardRows::M64), Some(ForwardRows::M128), None]
+        );
         assert!(mma_bwd_smem_bytes(128) <= 163 * 1024);
         assert!(matches!(backward_kernel(DType::F16, "f16", 200), BackwardKernel::Rows { .. }));
         assert!(matches!(backward_kernel(DType::F32, "f32", 64), BackwardKernel::Rows { .. }));

@@ -6,6 +6,8 @@
 
 use attn_core::DType;
 
+use super::plan::ForwardRows;
+
 /// Shared definitions, compiled first.
 pub const PRELUDE: &str = include_str!("../../kernels/prelude.cu");
 
@@ -85,8 +87,10 @@ pub fn kernel_names() -> Vec<String> {
         }
     }
     for t in ["f16", "bf16"] {
-        for d in MMA_HEAD_DIMS {
-            names.push(mma_kernel_name(t, d));
+        for rows in [ForwardRows::M64, ForwardRows::M128] {
+            for d in MMA_HEAD_DIMS {
+                names.push(mma_kernel_name(t, d, rows));
+            }
         }
         for d in MMA_BWD_HEAD_DIMS {
             names.push(mma_bwd_kernel_name(t, d));
@@ -100,9 +104,12 @@ pub fn mma_bwd_kernel_name(suffix: &str, padded_d: usize) -> String {
     format!("dilated_bwd_mma_{suffix}_d{padded_d}")
 }
 
-/// Name of the tensor-core forward for a dtype suffix and padded head dim.
-pub fn mma_kernel_name(suffix: &str, padded_d: usize) -> String {
-    format!("dilated_fwd_mma_{suffix}_d{padded_d}")
+/// Name of the tensor-core forward for a dtype suffix, padded head dim and rows a block.
+pub fn mma_kernel_name(suffix: &str, padded_d: usize, rows: ForwardRows) -> String {
+    match rows {
+        ForwardRows::M64 => format!("dilated_fwd_mma_{suffix}_d{padded_d}"),
+        ForwardRows::M128 => format!("dilated_fwd_mma_m128_{suffix}_d{padded_d}"),
+    }
 }
 
 #[cfg(test)]
@@ -115,9 +122,13 @@ mod tests {
         for name in kernel_names() {
             // Kernels are defined by macros: check the macro invocation or the literal name.
             let found = if let Some(rest) = name.strip_prefix("dilated_fwd_mma_") {
+                let (rest, mac) = match rest.strip_prefix("m128_") {
+                    Some(r) => (r, "ATTN_MMA_KERNEL_M128"),
+                    None => (rest, "ATTN_MMA_KERNEL"),
+                };
                 let (t, d) = rest.split_once("_d").unwrap();
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
-                src.contains(&format!("ATTN_MMA_KERNEL({t}, {e}, {d},"))
+                src.contains(&format!("{mac}({t}, {e}, {d},"))
             } else if let Some(rest) = name.strip_prefix("dilated_bwd_mma_") {
                 let (t, d) = rest.split_once("_d").unwrap();
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
