@@ -1,6 +1,6 @@
 //! The chunk ring's calls: local checks and the handshake; per round, the trips of the
-//! problem's strategy ([`chunk_trips`]: a trip each way along the ring, or straight to
-//! each rank that needs them), each rank computing its queries against the k/v slices it
+//! problem's strategy for that round's slices ([`chunk_trips`]: a trip each way along the
+//! ring, or straight to each rank that needs them), each rank computing its queries against the k/v slices it
 //! holds while they move on (the backward's dk/dv travelling with their k/v, then straight
 //! home); the completion rounds.
 
@@ -206,9 +206,10 @@ where
         attend(&k.iter().collect::<Vec<_>>(), &v.iter().collect::<Vec<_>>(), &starts(problem, r))?;
         return Ok(partials);
     }
-    let (rounds, trips) = (rounds_of(problem, opts), chunk_trips(problem));
+    let rounds = rounds_of(problem, opts);
     let mut step = 0;
     for round in 0..rounds {
+        let trips = chunk_trips(problem, round, rounds);
         let mine = round_slices(problem, r, round, rounds);
         let (ks, vs) = own_slices(compute, &mine, [k, v])?;
         let own = Held { owner: r, k: ks, v: vs, starts: mine.iter().map(|s| s.start).collect() };
@@ -301,9 +302,10 @@ where
     // The rank's dk/dv per piece, in `T`, filled slice by slice as they come home.
     let mut dk_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
     let mut dv_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
-    let (rounds, trips) = (rounds_of(problem, opts), chunk_trips(problem));
+    let rounds = rounds_of(problem, opts);
     let mut step = 0;
     for round in 0..rounds {
+        let trips = chunk_trips(problem, round, rounds);
         let own = round_slices(problem, r, round, rounds);
         let own_starts: Vec<_> = own.iter().map(|s| s.start).collect();
         let zeros = |s: &[RoundSlice]| {

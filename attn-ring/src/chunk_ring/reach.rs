@@ -2,11 +2,12 @@
 //! band keeps the keys out of every query's reach, when no packed sequence holds rows of
 //! both, or when no pattern has a segment holding rows of both; the protocol skips such
 //! blocks (their result is empty), so a causal or segment-local ring computes only the
-//! blocks that matter, and its k/v travel only as far as the farthest rank reaching them.
+//! blocks that matter, and each round's k/v slices travel only as far as the farthest rank
+//! reaching them (a window's slices away from the chunk's edge not at all).
 
 use std::ops::Range;
 
-use super::rank_pieces;
+use super::{rank_pieces, round_slices};
 use crate::plan::ring_route::route;
 use crate::plan::{RingProblem, Strategy};
 
@@ -39,11 +40,11 @@ pub(crate) fn may_attend(problem: &RingProblem, q: &Range<usize>, k: &Range<usiz
 }
 
 /// The ring distances `d` (`1..world`, ascending) at which some rank's queries may attend
-/// keys of the rank `d` before it.
-pub(crate) fn reach_distances(problem: &RingProblem) -> Vec<usize> {
+/// the keys `keys[o]` of the rank `o` that is `d` before it.
+fn reach_distances(problem: &RingProblem, keys: &[Vec<Range<usize>>]) -> Vec<usize> {
     let p = problem.world;
-    let pieces: Vec<Vec<Range<usize>>> = (0..p).map(|r| rank_pieces(problem, r)).collect();
-    let reaches = |r: usize, o: usize| pieces[r].iter().any(|q| pieces[o].iter().any(|k| may_attend(problem, q, k)));
+    let queries: Vec<Vec<Range<usize>>> = (0..p).map(|r| rank_pieces(problem, r)).collect();
+    let reaches = |r: usize, o: usize| queries[r].iter().any(|q| keys[o].iter().any(|k| may_attend(problem, q, k)));
     (1..p).filter(|&d| (0..p).any(|r| reaches(r, (r + p - d) % p))).collect()
 }
 
@@ -56,14 +57,19 @@ pub(crate) struct Trip {
     pub steps: usize,
 }
 
-/// The trips of `problem`'s strategy. [`Strategy::Ring`]: a trip each way, routed as the
-/// plan ring routes a block ([`route`]: the nearer distances reached going to the next
-/// rank, the farther ones going back; a two-sided window one step each way, segments
-/// inside ranks no step). [`Strategy::AllGather`]: one step straight to the rank each
-/// needed distance away. [`Strategy::Auto`]: straight where that takes fewer travels than
-/// the ring's steps (distances with gaps), else along the ring.
-pub(crate) fn chunk_trips(problem: &RingProblem) -> Vec<Trip> {
-    trips_for(problem.strategy, &reach_distances(problem), problem.world)
+/// The trips of round `round` (of `rounds`) under `problem`'s strategy, for the distances
+/// at which some rank's queries reach that round's k/v slices. [`Strategy::Ring`]: a trip
+/// each way, routed as the plan ring routes a block ([`route`]: the nearer distances
+/// reached going to the next rank, the farther ones going back; a two-sided window one
+/// step each way, segments inside ranks no step). [`Strategy::AllGather`]: one step
+/// straight to the rank each needed distance away. [`Strategy::Auto`]: straight where that
+/// takes fewer travels than the ring's steps (distances with gaps), else along the ring.
+/// Every rank computes the same trips from the problem alone.
+pub(crate) fn chunk_trips(problem: &RingProblem, round: usize, rounds: usize) -> Vec<Trip> {
+    let keys: Vec<Vec<Range<usize>>> = (0..problem.world)
+        .map(|o| round_slices(problem, o, round, rounds).iter().map(|s| s.start..s.start + s.rows.len()).collect())
+        .collect();
+    trips_for(problem.strategy, &reach_distances(problem, &keys), problem.world)
 }
 
 fn trips_for(strategy: Strategy, dists: &[usize], world: usize) -> Vec<Trip> {
@@ -141,7 +147,7 @@ mod tests {
     fn keys_travel_only_as_far_as_the_queries_reaching_them() {
         let trips = |cfg: &DilatedConfig, layout, strategy| {
             let shape = Shape4::new(1, 64, 1, 4).unwrap().into();
-            chunk_trips(&RingProblem::new(cfg, shape, layout, strategy, 4))
+            chunk_trips(&RingProblem::new(cfg, shape, layout, strategy, 4), 0, 1)
         };
         // (steps to the next rank, steps back) under the ring strategy.
         let route_of = |cfg: DilatedConfig, layout| {
@@ -166,6 +172,23 @@ mod tests {
         // Keys two ranks back only: one straight travel instead of two ring steps.
         assert_eq!(trips_for(Strategy::Auto, &[2], 4), vec![one(2)]);
         assert_eq!(trips_for(Strategy::Ring, &[2], 4), vec![Trip { hop: 1, steps: 2 }]);
+    }
+
+    /// In rounds, a slice travels only where queries reach it: a causal window of 3 over
+    /// 16-row chunks in 4 rounds reaches the previous rank's last slice only.
+    #[test]
+    fn each_round_travels_as_far_as_its_own_slices_are_reached() {
+        let shape = Shape4::new(1, 64, 1, 4).unwrap().into();
+        let window = DilatedConfig::builder().window(3, 0).causal(true).build().unwrap();
+        let problem = RingProblem::new(&window, shape, Layout::Contiguous, Strategy::Ring, 4);
+        let per_round: Vec<Vec<Trip>> = (0..4).map(|round| chunk_trips(&problem, round, 4)).collect();
+        assert_eq!(per_round, [vec![], vec![], vec![], vec![Trip { hop: 1, steps: 1 }]]);
+        // Dense causal attention needs every slice on every later rank.
+        let dense = DilatedConfig::builder().segments(&[64]).dilations(&[1]).causal(true).build().unwrap();
+        let problem = RingProblem::new(&dense, shape, Layout::Contiguous, Strategy::Ring, 4);
+        for round in 0..4 {
+            assert_eq!(chunk_trips(&problem, round, 4), [Trip { hop: 1, steps: 3 }], "round {round}");
+        }
     }
 
     #[test]
