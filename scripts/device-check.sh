@@ -12,7 +12,7 @@
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
 # conformance directory on the CUDA backend, f32/bf16/f16, forward and gradients), tests (the
 # CUDA test binaries, proptests at a bounded case count), bench (CUDA against the PyTorch peer
-# on the same GPU), ring (the chunk ring's golden files with CUDA block compute, per-rank
+# on the same GPU and the GPU's matmul rate, a table of both against their targets), ring (the chunk ring's golden files with CUDA block compute, per-rank
 # memory and time for P = 1, 2, 4, 8 on one GPU), sanitizer (compute-sanitizer memcheck and racecheck on a small bf16
 # forward+backward), nccl (a one-rank round trip and a peer that never joins). Each step writes
 # `STEP: passed|FAILED|not run (why)` to $OUT/device-report.md (JSON twin device-report.json)
@@ -51,7 +51,8 @@ pack() {
     cp "$out/attn-cuda-bench" "$out/attn-golden" "$out/examples/cuda_ring_bench" "$pack/bin/"
     strip "$pack"/bin/*
     cp -r conformance "$pack/"
-    cp attn-bench/torch/torch_dilated.py "$pack/torch/"
+    cp attn-bench/torch/torch_dilated.py attn-bench/torch/gpu_matmul.py attn-bench/torch/device_bench_summary.py \
+        "$pack/torch/"
     cp scripts/device-check.sh "$pack/"
     git rev-parse --short HEAD >"$pack/COMMIT" 2>/dev/null || echo unknown >"$pack/COMMIT"
     local n
@@ -190,6 +191,9 @@ step_bench() {
     done
     logged 40 python3 "$PACK/torch/torch_dilated.py" --device cuda --dtype bf16 --seq-len 65536 --backward "${shape[@]}" ||
         ok=1
+    logged 20 python3 "$PACK/torch/gpu_matmul.py" --dtype bf16 || ok=1
+    # Speed-ups over PyTorch and fractions of the matmul rate, against their targets.
+    python3 "$PACK/torch/device_bench_summary.py" "$LOG" >"$OUT/bench-summary.md" 2>>"$LOG" || ok=1
     return "$ok"
 }
 
@@ -281,6 +285,10 @@ run() {
         printf '%s\n' "${REPORT_LINES[@]}"
         echo
         echo "Total: ${total} s."
+        if [ -s "$OUT/bench-summary.md" ]; then
+            echo
+            cat "$OUT/bench-summary.md"
+        fi
     } >"$OUT/device-report.md"
     local IFS=,
     echo "{\"commit\": \"$(cat "$PACK/COMMIT" 2>/dev/null)\", \"seconds\": $total, \"steps\": {${JSON_STEPS[*]}}}" \
@@ -305,6 +313,7 @@ rehearse() {
         grep -q "^- $s: " "$dir/out/device-report.md" || { echo "rehearse: no line for $s" >&2; rc=1; }
     done
     python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$dir/out/device-report.json" || rc=1
+    python3 "$dir/device-pack/torch/device_bench_summary.py" --check || rc=1
     if ! have_gpu; then
         grep -q '^- env: passed' "$dir/out/device-report.md" || { echo "rehearse: env did not pass" >&2; rc=1; }
         [ "$(grep -c 'not run (no GPU)' "$dir/out/device-report.md")" -eq 6 ] || {
