@@ -107,7 +107,7 @@ fn key_blocks_merge_to_the_whole_call() {
                 DeviceTensor::from_view(&dev, &view).unwrap()
             };
             let tq = up(&q, shape.q);
-            let mut partial = DevicePartial::empty(&dev, shape.q).unwrap();
+            let mut partial = DevicePartial::empty::<bf16>(&dev, shape.q).unwrap();
             // Key rows [split, n) first, then [0, split).
             let row = shape.q.heads * shape.q.head_dim;
             for (lo, hi) in [(split, n), (0, split)] {

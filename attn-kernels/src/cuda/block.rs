@@ -188,7 +188,7 @@ pub fn forward_call<T: CudaElement>(
         ForwardPath::Partial => None,
     };
     let Some(plan) = direct else {
-        let mut partial = DevicePartial::empty(dev, shape)?;
+        let mut partial = DevicePartial::empty::<T>(dev, shape)?;
         forward_block(dev, block, &mut partial)?;
         finish_forward(dev, block.cfg, &partial, out)?;
         return Ok(partial.lse);

@@ -16,7 +16,7 @@ use attn_core::{AttnError, Result, Shape4};
 use libloading::Library;
 
 use super::block::ForwardPath;
-use super::epilogue::{delta_launch, row_params, store_launch};
+use super::epilogue::{delta_launch, fill_launch, row_params, store_launch};
 use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward, plan_forward_direct};
 use super::plan::{ForwardRows, out_scale};
 use super::source::MAX_HEAD_DIM;
@@ -278,7 +278,7 @@ impl Emulator {
             ForwardPath::Partial => None,
         };
         let mut partial = vec![0.0f32; shape.numel()];
-        lse.fill(f32::NEG_INFINITY);
+        self.fill_lse::<T>(lse, f32::NEG_INFINITY)?;
         let acc = HostAccs { q_acc: &mut partial, lse: Some(lse), dk: None, dv: None };
         let Some(plan) = direct else {
             self.forward_block(g, a, acc)?;
@@ -314,6 +314,14 @@ impl Emulator {
         let (mut s, mut d) = (src.as_ptr(), dst.as_mut_ptr());
         let mut args: Vec<*mut c_void> = vec![(&raw mut s).cast(), (&raw mut d).cast(), (&raw mut p).cast()];
         self.launch(&format!("store_rows_{}", T::SUFFIX), lc.grid_dim, lc.block_dim.0, &mut args)
+    }
+
+    /// The device's lse fill (`fill_lse_*` of `T`'s module): every value of `dst` set to `value`.
+    pub fn fill_lse<T: CudaElement>(&self, dst: &mut [f32], value: f32) -> Result<()> {
+        let (mut d, mut v, mut n) = (dst.as_mut_ptr(), value, dst.len() as i64);
+        let mut args: Vec<*mut c_void> = vec![(&raw mut d).cast(), (&raw mut v).cast(), (&raw mut n).cast()];
+        let lc = fill_launch(dst.len());
+        self.launch(&format!("fill_lse_{}", T::SUFFIX), lc.grid_dim, lc.block_dim.0, &mut args)
     }
 
     /// [`crate::cuda::delta`] of contiguous host tensors: `dot(grad_out, out)` per row.

@@ -81,10 +81,11 @@ pub struct DevicePartial {
 }
 
 impl DevicePartial {
-    /// An empty partial: `out = 0`, `lse = -inf`.
-    pub fn empty(dev: &CudaDevice, shape: Shape4) -> Result<Self> {
+    /// An empty partial for inputs of dtype `T`: `out = 0`, `lse = -inf` (filled on the
+    /// device by `T`'s kernel module, so no host copy and no other module's compile).
+    pub fn empty<T: CudaElement>(dev: &CudaDevice, shape: Shape4) -> Result<Self> {
         let out = dev.stream.alloc_zeros::<f32>(shape.numel()).map_err(cuda_err)?;
-        let lse = dev.stream.clone_htod(&vec![f32::NEG_INFINITY; shape.lse_len()]).map_err(cuda_err)?;
+        let lse = super::epilogue::fill_lse::<T>(dev, shape.lse_len(), f32::NEG_INFINITY)?;
         Ok(DevicePartial { out, lse, shape })
     }
 }

@@ -143,7 +143,7 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
 
     fn empty_partial(&self, q: Shape4) -> Result<Metered<DevicePartial>> {
         let bytes = f32_bytes(q.numel() + q.lse_len());
-        Ok(Metered::new(DevicePartial::empty(&self.dev, q)?, bytes, &self.meter))
+        Ok(Metered::new(DevicePartial::empty::<T>(&self.dev, q)?, bytes, &self.meter))
     }
 
     fn zero_acc(&self, shape: Shape4) -> Result<Stats> {
