@@ -13,6 +13,7 @@ use crate::case::{CaseKind, CaseSpec, Measurement, VarLenLayout};
 use crate::features::SECTION;
 use crate::report::{int, mb};
 use crate::ring_bytes::{self, RankBytes};
+use crate::varlen_pairs::varlen_pairs;
 
 /// The section's measurements.
 fn rows(ms: &[Measurement]) -> Vec<&Measurement> {
@@ -170,6 +171,17 @@ fn varlen(o: &mut String, ms: &[&Measurement]) {
         ratios.push(format!("{pass} {}", ratio(ok_tok(Some(p)), padded.filter(|m| m.ok()).map(|m| m.tokens_per_s))));
     }
     let _ = writeln!(o, "\nPacked / padded real tokens/s (target >= 1.5x): {}.", ratios.join(", "));
+    let pairs = s.config().ok().and_then(|cfg| varlen_pairs(&cfg, s.heads, &v.lengths));
+    if let Some(c) = pairs {
+        let _ = writeln!(
+            o,
+            "\nAttended (query, key) pairs, padded / packed: {:.3} ({} / {}): the speed-up of packing for a kernel \
+             whose time follows the attended pairs.",
+            c.ratio(),
+            int(c.padded as usize),
+            int(c.packed as usize),
+        );
+    }
 }
 
 /// The padded measurement of a packed one's sequences and config.

@@ -34,6 +34,7 @@ mod single;
 mod suite;
 mod suite_plan;
 mod torch_peer;
+mod varlen_pairs;
 
 #[global_allocator]
 static ALLOC: attn_reliability::counting_alloc::CountingAlloc = attn_reliability::counting_alloc::CountingAlloc;

@@ -355,6 +355,10 @@ fn the_features_section_pairs_its_rows_and_reports_ratios_and_bytes() {
     let varlen = table_after(&md, "### Packed against padded sequences");
     assert_eq!(varlen.len(), 2 + 2, "{varlen:?}");
     assert!(md.contains("Packed / padded real tokens/s (target >= 1.5x): fwd 2.00x."), "{md}");
+    let packed = results.measurements.iter().find(|m| m.spec.varlen.is_some()).unwrap();
+    let pairs = crate::varlen_pairs::varlen_pairs(&packed.spec.config().unwrap(), packed.spec.heads, &lengths).unwrap();
+    assert!(pairs.ratio() > 1.0 && pairs.ratio() < 1.35, "{pairs:?}");
+    assert!(md.contains(&format!("Attended (query, key) pairs, padded / packed: {:.3} (", pairs.ratio())), "{md}");
     let window = table_after(&md, "### Causal window against dense causal attention");
     assert!(window[2].starts_with("| window (4095, 0) causal | 16,384 |") && window[3].starts_with("| dense causal |"));
     assert!(md.contains("Dense causal / window time: seq 16,384 5.00x."));
