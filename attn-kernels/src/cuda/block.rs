@@ -8,7 +8,8 @@
 //! Difference from the CPU block API: positions are one contiguous range per block
 //! (ring chunks; zigzag = two calls), not an arbitrary position list. Packed sequences
 //! become one launch per (sequence, pattern) with the blocks' pointers offset to the
-//! sequence's rows and positions relative to its start.
+//! sequence's rows and positions relative to its start. A block holding the whole call
+//! ([`forward_call`]) may write its output straight from the kernel instead.
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Band, DilatedConfig, PackedSequences, Result, Shape4};
