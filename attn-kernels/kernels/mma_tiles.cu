@@ -94,12 +94,15 @@ __device__ __forceinline__ void load_tile(u16* dst, const i64* s_rows, int rows,
 }
 
 // cp.async (sm_80+): 16-byte global -> shared copies that complete in the background;
-// `src_bytes = 0` writes zeros. commit/wait group them (the emulator copies at once).
+// `src_bytes = 0` writes zeros. commit/wait group them (the emulator holds each copy
+// until its wait).
 #ifdef ATTN_CPU_EMULATION
 __device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int src_bytes) { emu_cp_async16(dst, src, src_bytes); }
-__device__ __forceinline__ void cp_async_commit() {}
+__device__ __forceinline__ void cp_async_commit() { emu_cp_async_commit(); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() {}
+__device__ __forceinline__ void cp_async_wait() {
+    emu_cp_async_wait(N);
+}
 #else
 __device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));

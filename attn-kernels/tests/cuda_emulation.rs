@@ -204,6 +204,36 @@ fn emulated_cuda_golden_bf16_rows_128() {
     assert_attention_dirs_pass(&emulated);
 }
 
+/// A block whose keys no query may attend (causal, keys after every query): each
+/// tensor-core block issues its Q copy, runs no key tile and must still wait for the copy
+/// before it ends (the emulator fails a launch that leaves one in flight); the partial
+/// stays empty.
+#[test]
+fn a_block_with_no_key_tile_waits_for_its_q_copy() {
+    let cfg = attn_core::DilatedConfig::builder().segments(&[128]).dilations(&[1]).causal(true).build().unwrap();
+    let (sq, sk) = (Shape4::new(1, 64, 2, 32).unwrap(), Shape4::new(1, 64, 2, 32).unwrap());
+    let g = BlockGeometry {
+        cfg: &cfg,
+        q: (sq, sq.contiguous_strides()),
+        q_start: 0,
+        k: (sk, sk.contiguous_strides()),
+        v_strides: sk.contiguous_strides(),
+        k_start: 64,
+        g_strides: None,
+        band: cfg.band(),
+        kpad_seq: None,
+        packing: None,
+    };
+    let x: Vec<bf16> = (0..sq.numel()).map(|i| bf16::from_f32((i % 7) as f32 * 0.1)).collect();
+    let args = HostArgs { q: &x, k: &x, v: &x, g: None, lse: None, delta: None, kpad: None };
+    for rows in [ForwardRows::M64, ForwardRows::M128] {
+        let (mut o, mut lse) = (vec![0.0f32; sq.numel()], vec![f32::NEG_INFINITY; sq.lse_len()]);
+        let acc = HostAccs { q_acc: &mut o, lse: Some(&mut lse), dk: None, dv: None };
+        emulator_with(rows).forward_block(&g, &args, acc).unwrap();
+        assert!(o.iter().all(|&v| v == 0.0) && lse.iter().all(|&l| l == f32::NEG_INFINITY), "{rows:?}");
+    }
+}
+
 #[test]
 fn emulated_cuda_golden_f32() {
     assert_attention_dirs_pass(&Emulated::<f32>::new(ForwardRows::M64));

@@ -6,7 +6,7 @@
 //
 // attn_emu_launch(name, gx, gy, gz, threads, args): runs kernel `name` over the grid, `args`
 // pointing at each argument's value in order (as cuLaunchKernel's kernelParams). Returns 0,
-// or 1 for an unknown kernel name. Launches are serialised (the emulator has one block state).
+// 1 for an unknown kernel name, or 2 when a block left cp.async copies unwaited. Launches are serialised (the emulator has one block state).
 #include "emu_runtime.hpp"
 
 #include "../prelude.cu"
@@ -30,12 +30,14 @@ std::tuple<P...> unpack(void** a, std::index_sequence<I...>) {
     return std::tuple<P...>{*static_cast<std::remove_reference_t<P>*>(a[I])...};
 }
 
-// Run a kernel whose parameters are read from `args` by its own signature.
+// Run a kernel whose parameters are read from `args` by its own signature; 2 when a block
+// ended with cp.async copies never waited for.
 template <class... P>
 int run(void (*kernel)(P...), Dim3 grid, unsigned threads, void** args) {
     const std::tuple<P...> vals = unpack<P...>(args, std::index_sequence_for<P...>{});
+    emu::g_unwaited_blocks = 0;
     emu::launch(grid, threads, [=] { std::apply(kernel, vals); });
-    return 0;
+    return emu::g_unwaited_blocks == 0 ? 0 : 2;
 }
 
 using Entry = int (*)(Dim3, unsigned, void**);

@@ -6,7 +6,9 @@
 // Emulated: threadIdx/blockIdx/blockDim/gridDim, __syncthreads (block barrier),
 // __syncwarp and __shfl_xor_sync (per-warp barrier + exchange buffer), atomicAdd(float),
 // static and dynamic shared memory (blocks run one after another), ldmatrix (.trans),
-// cp.async (copied at once, so missing waits are NOT detected),
+// cp.async (held per thread until its wait_group lets it land, so a missing or early wait
+// reads stale shared memory; copies still in flight when a block ends are counted in
+// emu::g_unwaited_blocks),
 // bf16/f16 conversions
 // with round-to-nearest-even, and mma.sync.m16n8k16 (row.col, f32 accumulate) from the
 // fragment layout in the PTX ISA. Not emulated: timing, memory-model races, ptxas.
@@ -45,12 +47,19 @@ namespace emu {
 // One fiber per CUDA thread of the block being run; `run_block` resumes them in turn.
 // A fiber starts on its own stack through ucontext once, then switches with
 // _setjmp/_longjmp (no signal-mask system call per switch).
+// A cp.async copy in flight: its 16 bytes (read at issue) and where they land.
+struct AsyncCopy {
+    unsigned short* dst;
+    unsigned char bytes[16];
+};
 struct Fiber {
     ucontext_t ctx;
     jmp_buf jb;
     std::unique_ptr<char[]> stack;
     Dim3 thread;
     bool started = false, done = false;
+    std::vector<AsyncCopy> open;                 // issued, not yet committed
+    std::deque<std::vector<AsyncCopy>> groups;  // committed, oldest first
 };
 inline constexpr std::size_t kFiberStack = 256 * 1024;
 inline std::deque<Fiber> g_fibers;  // grows only: fibers keep their stacks and addresses
@@ -59,6 +68,7 @@ inline jmp_buf g_main_jb;
 inline unsigned g_current = 0;
 inline std::function<void()> g_job;
 inline Dim3 t_block;
+inline unsigned g_unwaited_blocks = 0;  // blocks that ended with cp.async copies in flight
 inline Fiber& current() { return g_fibers[g_current]; }
 // Back to the scheduler; it resumes this fiber on its next round.
 inline void yield() {
@@ -190,10 +200,25 @@ inline void emu_ldmatrix_x4(unsigned* r, const unsigned short* p, bool trans) {
     w.bar.arrive_and_wait();
 }
 
-// cp.async: the emulator copies at once (src_bytes 0 = zero fill).
+// cp.async: the source is read at issue (src_bytes 0 = zero fill) and lands in shared
+// memory only when a wait_group covers its group.
 inline void emu_cp_async16(unsigned short* dst, const unsigned short* src, int src_bytes) {
-    if (src_bytes == 16) std::memcpy(dst, src, 16);
-    else std::memset(dst, 0, 16);
+    emu::AsyncCopy c{dst, {}};
+    if (src_bytes == 16) std::memcpy(c.bytes, src, 16);
+    emu::current().open.push_back(c);
+}
+inline void emu_cp_async_commit() {
+    auto& f = emu::current();
+    f.groups.push_back(std::move(f.open));
+    f.open.clear();
+}
+// cp.async.wait_group n: every committed group but the newest n lands.
+inline void emu_cp_async_wait(unsigned n) {
+    auto& f = emu::current();
+    while (f.groups.size() > n) {
+        for (const auto& c : f.groups.front()) std::memcpy(c.dst, c.bytes, 16);
+        f.groups.pop_front();
+    }
 }
 
 namespace emu {
@@ -201,7 +226,13 @@ namespace emu {
 inline void fiber_main() {
     for (;;) {
         g_job();
-        current().done = true;
+        Fiber& f = current();
+        if (!f.open.empty() || !f.groups.empty()) {
+            ++g_unwaited_blocks;
+            f.open.clear();
+            f.groups.clear();
+        }
+        f.done = true;
         if (!_setjmp(current().jb)) _longjmp(g_main_jb, 1);
     }
 }

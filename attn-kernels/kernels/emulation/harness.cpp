@@ -412,6 +412,10 @@ int main(int argc, char** argv) {
         }
         failed += ok ? 0 : 1;
     }
+    if (emu::g_unwaited_blocks != 0) {
+        std::printf("FAILED: %u blocks ended with cp.async copies never waited for\n", emu::g_unwaited_blocks);
+        return 1;
+    }
     std::printf("%s: %d of %d cases failed\n", failed ? "FAILED" : "PASSED", failed, ran);
     return failed ? 1 : 0;
 }

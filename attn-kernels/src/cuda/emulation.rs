@@ -187,7 +187,13 @@ impl Emulator {
         // SAFETY: the callers pass one pointer per argument of the kernel's signature, each to
         // a live value of the argument's type, buffers checked against what the launch indexes.
         let rc = unsafe { f(cname.as_ptr(), grid.0, grid.1, grid.2, threads, args.as_mut_ptr()) };
-        if rc == 0 { Ok(()) } else { Err(emu_err(format!("the emulation has no kernel `{name}`"))) }
+        match rc {
+            0 => Ok(()),
+            2 => Err(emu_err(format!(
+                "kernel `{name}` left cp.async copies in flight at a block's end (a missing wait)"
+            ))),
+            _ => Err(emu_err(format!("the emulation has no kernel `{name}`"))),
+        }
     }
 
     /// Run planned launches on host buffers (`direct`: the output of a direct forward).
