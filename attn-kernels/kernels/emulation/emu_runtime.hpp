@@ -11,7 +11,9 @@
 // emu::g_unwaited_blocks),
 // bf16/f16 conversions
 // with round-to-nearest-even, and mma.sync.m16n8k16 (row.col, f32 accumulate) from the
-// fragment layout in the PTX ISA. Not emulated: timing, memory-model races, ptxas.
+// fragment layout in the PTX ISA. Threads run in order between barriers, alternately first
+// to last and last to first over a grid's blocks. Not emulated: timing, memory-model races
+// beyond that, ptxas.
 #pragma once
 
 #include <setjmp.h>
@@ -237,8 +239,10 @@ inline void fiber_main() {
     }
 }
 
-// Run one block: `threads` fibers from the start of the job, round by round until all are done.
-inline void run_block(unsigned threads) {
+// Run one block: `threads` fibers from the start of the job, round by round until all are
+// done; `reversed` resumes them last thread first, so a read that a missing barrier leaves
+// racing with another thread's write sees the old value in one order or the other.
+inline void run_block(unsigned threads, bool reversed) {
     while (g_fibers.size() < threads) {
         Fiber& f = g_fibers.emplace_back();
         f.stack = std::make_unique<char[]>(kFiberStack);
@@ -247,7 +251,8 @@ inline void run_block(unsigned threads) {
     for (unsigned t = 0; t < threads; ++t) g_fibers[t].done = false;
     for (unsigned left = threads; left > 0;) {
         left = 0;
-        for (unsigned t = 0; t < threads; ++t) {
+        for (unsigned i = 0; i < threads; ++i) {
+            const unsigned t = reversed ? threads - 1 - i : i;
             Fiber& f = g_fibers[t];
             if (f.done) continue;
             g_current = t;
@@ -283,7 +288,7 @@ inline void launch(Dim3 grid, unsigned threads, F kernel) {
                 g_block_barrier = std::make_unique<Barrier>(threads);
                 std::fill(g_smem.begin(), g_smem.end(), 0xAB);  // garbage, like real shared memory
                 t_block = Dim3{bx, by, bz};
-                run_block(threads);
+                run_block(threads, (bx + by + bz) % 2 == 1);  // both orders over a grid's blocks
             }
 }
 }  // namespace emu
