@@ -4,9 +4,10 @@
 // Build (no GPU, no CUDA toolkit):
 //   g++ -std=c++20 -O2 -pthread -shared -fPIC attn-kernels/kernels/emulation/emu_capi.cpp -o libattn_cuda_emu.so
 //
-// attn_emu_launch(name, gx, gy, gz, threads, args): runs kernel `name` over the grid, `args`
-// pointing at each argument's value in order (as cuLaunchKernel's kernelParams). Returns 0,
-// 1 for an unknown kernel name, or 2 when a block left cp.async copies unwaited. Launches are serialised (the emulator has one block state).
+// attn_emu_launch(name, gx, gy, gz, threads, smem, args): runs kernel `name` over the grid
+// with `smem` bytes of dynamic shared memory, `args` pointing at each argument's value in
+// order (as cuLaunchKernel's kernelParams). Returns 0, 1 for an unknown kernel name, 2 when
+// a block left cp.async copies unwaited, 3 when a block wrote past its dynamic shared memory. Launches are serialised (the emulator has one block state).
 #include "emu_runtime.hpp"
 
 #include "../prelude.cu"
@@ -30,18 +31,20 @@ std::tuple<P...> unpack(void** a, std::index_sequence<I...>) {
     return std::tuple<P...>{*static_cast<std::remove_reference_t<P>*>(a[I])...};
 }
 
-// Run a kernel whose parameters are read from `args` by its own signature; 2 when a block
-// ended with cp.async copies never waited for.
+// Run a kernel whose parameters are read from `args` by its own signature, with `smem`
+// bytes of dynamic shared memory; 2 when a block ended with cp.async copies never waited
+// for, 3 when a block wrote past its dynamic shared memory.
 template <class... P>
-int run(void (*kernel)(P...), Dim3 grid, unsigned threads, void** args) {
+int run(void (*kernel)(P...), Dim3 grid, unsigned threads, unsigned smem, void** args) {
     const std::tuple<P...> vals = unpack<P...>(args, std::index_sequence_for<P...>{});
     emu::g_unwaited_blocks = 0;
-    emu::launch(grid, threads, [=] { std::apply(kernel, vals); });
-    return emu::g_unwaited_blocks == 0 ? 0 : 2;
+    emu::g_smem_overruns = 0;
+    emu::launch(grid, threads, [=] { std::apply(kernel, vals); }, smem);
+    return emu::g_unwaited_blocks != 0 ? 2 : emu::g_smem_overruns != 0 ? 3 : 0;
 }
 
-using Entry = int (*)(Dim3, unsigned, void**);
-#define ATTN_EMU_ENTRY(f) {#f, [](Dim3 g, unsigned t, void** a) { return run(&f, g, t, a); }}
+using Entry = int (*)(Dim3, unsigned, unsigned, void**);
+#define ATTN_EMU_ENTRY(f) {#f, [](Dim3 g, unsigned t, unsigned m, void** a) { return run(&f, g, t, m, a); }}
 #define ATTN_EMU_DTYPE(T)                                                                               \
     ATTN_EMU_ENTRY(dilated_fwd_rows_##T), ATTN_EMU_ENTRY(dilated_bwd_dq_rows_##T),                       \
         ATTN_EMU_ENTRY(dilated_bwd_dkv_rows_##T), ATTN_EMU_ENTRY(store_rows_##T), ATTN_EMU_ENTRY(delta_rows_##T), \
@@ -64,12 +67,12 @@ const std::map<std::string, Entry>& table() {
 }  // namespace
 
 extern "C" int attn_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned threads,
-                               void** args) {
+                               unsigned smem, void** args) {
     static std::mutex serial;
     const std::lock_guard<std::mutex> lock(serial);
     const auto it = table().find(name);
     if (it == table().end()) return 1;
-    return it->second(Dim3{gx, gy, gz}, threads, args);
+    return it->second(Dim3{gx, gy, gz}, threads, smem, args);
 }
 
 // The number of kernels this library runs (a Rust test checks it against the kernel list).

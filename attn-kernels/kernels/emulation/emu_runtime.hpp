@@ -5,7 +5,8 @@
 //
 // Emulated: threadIdx/blockIdx/blockDim/gridDim, __syncthreads (block barrier),
 // __syncwarp and __shfl_xor_sync (per-warp barrier + exchange buffer), atomicAdd(float),
-// static and dynamic shared memory (blocks run one after another), ldmatrix (.trans),
+// static and dynamic shared memory (blocks run one after another; a write past the
+// launch's dynamic bytes is counted in emu::g_smem_overruns), ldmatrix (.trans),
 // cp.async (held per thread until its wait_group lets it land, so a missing or early wait
 // reads stale shared memory; copies still in flight when a block ends are counted in
 // emu::g_unwaited_blocks),
@@ -19,6 +20,7 @@
 #include <setjmp.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -71,6 +73,7 @@ inline unsigned g_current = 0;
 inline std::function<void()> g_job;
 inline Dim3 t_block;
 inline unsigned g_unwaited_blocks = 0;  // blocks that ended with cp.async copies in flight
+inline unsigned g_smem_overruns = 0;    // blocks that wrote past their dynamic shared memory
 inline Fiber& current() { return g_fibers[g_current]; }
 // Back to the scheduler; it resumes this fiber on its next round.
 inline void yield() {
@@ -274,9 +277,11 @@ inline void run_block(unsigned threads, bool reversed) {
     }
 }
 
-// Launch `kernel(args...)` over grid x block (block.x a multiple of 32, y = z = 1).
+// Launch `kernel(args...)` over grid x block (block.x a multiple of 32, y = z = 1) with
+// `dyn_bytes` of dynamic shared memory: a block that changes a byte past them (still the
+// fill value) counts in g_smem_overruns.
 template <class F>
-inline void launch(Dim3 grid, unsigned threads, F kernel) {
+inline void launch(Dim3 grid, unsigned threads, F kernel, std::size_t dyn_bytes = 256 * 1024) {
     g_block_dim = Dim3{threads, 1, 1};
     g_grid_dim = grid;
     g_warps.clear();
@@ -289,6 +294,9 @@ inline void launch(Dim3 grid, unsigned threads, F kernel) {
                 std::fill(g_smem.begin(), g_smem.end(), 0xAB);  // garbage, like real shared memory
                 t_block = Dim3{bx, by, bz};
                 run_block(threads, (bx + by + bz) % 2 == 1);  // both orders over a grid's blocks
+                if (dyn_bytes < g_smem.size() &&
+                    std::any_of(g_smem.begin() + dyn_bytes, g_smem.end(), [](unsigned char c) { return c != 0xAB; }))
+                    ++g_smem_overruns;
             }
 }
 }  // namespace emu

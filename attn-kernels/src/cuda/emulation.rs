@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Result, Shape4};
+use cudarc::driver::LaunchConfig;
 use libloading::Library;
 
 use super::block::ForwardPath;
@@ -22,7 +23,7 @@ use super::plan::{ForwardRows, out_scale};
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{CudaElement, extent};
 
-type LaunchFn = unsafe extern "C" fn(*const c_char, u32, u32, u32, u32, *mut *mut c_void) -> c_int;
+type LaunchFn = unsafe extern "C" fn(*const c_char, u32, u32, u32, u32, u32, *mut *mut c_void) -> c_int;
 type CountFn = unsafe extern "C" fn() -> c_int;
 
 fn emu_err(message: impl Into<String>) -> AttnError {
@@ -179,18 +180,24 @@ impl Emulator {
         Ok(unsafe { f() } as usize)
     }
 
-    /// Run kernel `name`; `args` point at each argument's value, in the kernel's order.
-    fn launch(&self, name: &str, grid: (u32, u32, u32), threads: u32, args: &mut [*mut c_void]) -> Result<()> {
+    /// Run kernel `name` over `lc` (grid, `block_dim.0` threads, dynamic shared memory);
+    /// `args` point at each argument's value, in the kernel's order.
+    fn launch(&self, name: &str, lc: LaunchConfig, args: &mut [*mut c_void]) -> Result<()> {
         // SAFETY: `attn_emu_launch` has this signature in emu_capi.cpp.
         let f = unsafe { self.lib.get::<LaunchFn>(b"attn_emu_launch") }.map_err(|e| emu_err(e.to_string()))?;
         let cname = CString::new(name).map_err(|_| emu_err("kernel name with a NUL byte"))?;
+        let ((gx, gy, gz), threads) = (lc.grid_dim, lc.block_dim.0);
         // SAFETY: the callers pass one pointer per argument of the kernel's signature, each to
         // a live value of the argument's type, buffers checked against what the launch indexes.
-        let rc = unsafe { f(cname.as_ptr(), grid.0, grid.1, grid.2, threads, args.as_mut_ptr()) };
+        let rc = unsafe { f(cname.as_ptr(), gx, gy, gz, threads, lc.shared_mem_bytes, args.as_mut_ptr()) };
         match rc {
             0 => Ok(()),
             2 => Err(emu_err(format!(
                 "kernel `{name}` left cp.async copies in flight at a block's end (a missing wait)"
+            ))),
+            3 => Err(emu_err(format!(
+                "kernel `{name}` wrote past the {} bytes of dynamic shared memory it was launched with",
+                lc.shared_mem_bytes
             ))),
             _ => Err(emu_err(format!("the emulation has no kernel `{name}`"))),
         }
@@ -246,7 +253,8 @@ impl Emulator {
                 }
             }
             args.push((&raw mut params).cast());
-            self.launch(&p.kernel, p.grid, p.threads, &mut args)?;
+            let lc = LaunchConfig { grid_dim: p.grid, block_dim: (p.threads, 1, 1), shared_mem_bytes: p.smem_bytes };
+            self.launch(&p.kernel, lc, &mut args)?;
         }
         Ok(())
     }
@@ -319,7 +327,7 @@ impl Emulator {
         let lc = store_launch(shape);
         let (mut s, mut d) = (src.as_ptr(), dst.as_mut_ptr());
         let mut args: Vec<*mut c_void> = vec![(&raw mut s).cast(), (&raw mut d).cast(), (&raw mut p).cast()];
-        self.launch(&format!("store_rows_{}", T::SUFFIX), lc.grid_dim, lc.block_dim.0, &mut args)
+        self.launch(&format!("store_rows_{}", T::SUFFIX), lc, &mut args)
     }
 
     /// The device's lse fill (`fill_lse_*` of `T`'s module): every value of `dst` set to `value`.
@@ -327,7 +335,7 @@ impl Emulator {
         let (mut d, mut v, mut n) = (dst.as_mut_ptr(), value, dst.len() as i64);
         let mut args: Vec<*mut c_void> = vec![(&raw mut d).cast(), (&raw mut v).cast(), (&raw mut n).cast()];
         let lc = fill_launch(dst.len());
-        self.launch(&format!("fill_lse_{}", T::SUFFIX), lc.grid_dim, lc.block_dim.0, &mut args)
+        self.launch(&format!("fill_lse_{}", T::SUFFIX), lc, &mut args)
     }
 
     /// [`crate::cuda::delta`] of contiguous host tensors: `dot(grad_out, out)` per row.
@@ -341,7 +349,7 @@ impl Emulator {
         let (mut g, mut o, mut dl) = (grad_out.as_ptr(), out.as_ptr(), delta.as_mut_ptr());
         let mut args: Vec<*mut c_void> =
             vec![(&raw mut g).cast(), (&raw mut o).cast(), (&raw mut dl).cast(), (&raw mut p).cast()];
-        self.launch(&format!("delta_rows_{}", T::SUFFIX), lc.grid_dim, lc.block_dim.0, &mut args)?;
+        self.launch(&format!("delta_rows_{}", T::SUFFIX), lc, &mut args)?;
         Ok(delta)
     }
 }
