@@ -3,9 +3,10 @@
 //! A timed call allocates the output on the device, runs `forward_call` over the whole
 //! sequence (the output straight from the kernel where every head has one pattern,
 //! through an f32 partial otherwise; then `delta` and `backward_block` for forward +
-//! backward) and synchronises the stream, so no host transfer is timed. The counting allocator sees only host memory; the device memory a
-//! call holds is read with `cuMemGetInfo` at the end of the first call and reported as
-//! `device_bytes` (device-wide, so other processes on the GPU would show up in it).
+//! backward) and synchronises the stream, so no host transfer is timed. The counting
+//! allocator sees only host memory; the device memory a call holds is read with
+//! `cuMemGetInfo` at the end of the first call and reported as `device_bytes`
+//! (device-wide, so other processes on the GPU would show up in it).
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Result, Shape4, TensorView};

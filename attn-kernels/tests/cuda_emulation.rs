@@ -18,7 +18,7 @@ use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_forward_direct};
 use attn_kernels::cuda::plan::ForwardRows;
 use attn_testkit::golden::{
-    ATTENTION_DIRS, DilatedBackend, Forward32, Gradients32, Problem, assert_attention_dirs_pass, golden_dir, load_dir,
+    DilatedBackend, Forward32, Gradients32, Problem, assert_attention_dirs_pass, attention_cases,
 };
 use half::{bf16, f16};
 
@@ -151,35 +151,31 @@ fn the_emulation_runs_every_kernel_of_the_source() {
 /// and f16. Also counts the files, so the check cannot pass by finding none.
 fn direct_equals_partial<T: CudaElement>(emulated: &Emulated<T>) {
     let mut compared = Vec::new();
-    for (dir, _) in ATTENTION_DIRS {
-        for (path, case) in load_dir(&golden_dir().join(dir)).unwrap() {
-            let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let cfg = case.config().unwrap();
-            let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks().unwrap() };
-            if !emulated.direct_applies(&p) {
-                continue;
-            }
-            let [q, k, v]: [Vec<T>; 3] = ["q", "k", "v"].map(|t| conv(&case.tensor(t).unwrap().data));
-            let direct = emulated.forward_on(&p, [&q, &k, &v], ForwardPath::Direct).unwrap();
-            let partial = emulated.forward_on(&p, [&q, &k, &v], ForwardPath::Partial).unwrap();
-            let out_bits = |x: &[T]| x.iter().map(|v| v.to_f32().to_bits()).collect::<Vec<_>>();
-            let lse_bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            for (what, d, p) in [
-                ("output", out_bits(&direct.0), out_bits(&partial.0)),
-                ("lse", lse_bits(&direct.1), lse_bits(&partial.1)),
-            ] {
-                let differ: Vec<usize> = (0..d.len()).filter(|&i| d[i] != p[i]).collect();
-                assert!(
-                    differ.is_empty() && d.len() == p.len(),
-                    "{}: {what}: {} of {} values differ, the first at {:?}",
-                    case.name,
-                    differ.len(),
-                    d.len(),
-                    differ.first()
-                );
-            }
-            compared.push(case.name.clone());
+    for case in attention_cases() {
+        let cfg = case.config().unwrap();
+        let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks().unwrap() };
+        if !emulated.direct_applies(&p) {
+            continue;
         }
+        let [q, k, v]: [Vec<T>; 3] = ["q", "k", "v"].map(|t| conv(&case.tensor(t).unwrap().data));
+        let direct = emulated.forward_on(&p, [&q, &k, &v], ForwardPath::Direct).unwrap();
+        let partial = emulated.forward_on(&p, [&q, &k, &v], ForwardPath::Partial).unwrap();
+        let out_bits = |x: &[T]| x.iter().map(|v| v.to_f32().to_bits()).collect::<Vec<_>>();
+        let lse_bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for (what, d, p) in
+            [("output", out_bits(&direct.0), out_bits(&partial.0)), ("lse", lse_bits(&direct.1), lse_bits(&partial.1))]
+        {
+            let differ: Vec<usize> = (0..d.len()).filter(|&i| d[i] != p[i]).collect();
+            assert!(
+                differ.is_empty() && d.len() == p.len(),
+                "{}: {what}: {} of {} values differ, the first at {:?}",
+                case.name,
+                differ.len(),
+                d.len(),
+                differ.first()
+            );
+        }
+        compared.push(case.name.clone());
     }
     println!("direct = partial bit for bit: {} files ({})", compared.len(), compared.join(", "));
     assert!(compared.len() >= 12, "only {} golden files take the direct path", compared.len());
@@ -226,7 +222,7 @@ fn a_block_with_no_key_tile_waits_for_its_q_copy() {
     };
     let x: Vec<bf16> = (0..sq.numel()).map(|i| bf16::from_f32((i % 7) as f32 * 0.1)).collect();
     let args = HostArgs { q: &x, k: &x, v: &x, g: None, lse: None, delta: None, kpad: None };
-    for rows in [ForwardRows::M64, ForwardRows::M128] {
+    for rows in ForwardRows::ALL {
         let (mut o, mut lse) = (vec![0.0f32; sq.numel()], vec![f32::NEG_INFINITY; sq.lse_len()]);
         let acc = HostAccs { q_acc: &mut o, lse: Some(&mut lse), dk: None, dv: None };
         emulator_with(rows).forward_block(&g, &args, acc).unwrap();

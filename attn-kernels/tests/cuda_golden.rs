@@ -14,7 +14,7 @@ use attn_core::TensorView;
 use attn_kernels::cuda::plan::ForwardRows;
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceTensor, ForwardPath};
 use attn_kernels::cuda::{forward_call, launch_plan::one_pattern_per_head};
-use attn_testkit::golden::{ATTENTION_DIRS, assert_attention_dirs_pass, golden_dir, load_dir};
+use attn_testkit::golden::{assert_attention_dirs_pass, attention_cases};
 use cuda_support::{conv, device_or_skip, gpu};
 use half::{bf16, f16};
 
@@ -22,40 +22,34 @@ use half::{bf16, f16};
 /// kernel equals the forward through the f32 partial bit for bit (output and lse).
 fn direct_equals_partial<T: CudaElement>(dev: &CudaDevice) {
     let mut compared = 0;
-    for (dir, _) in ATTENTION_DIRS {
-        for (path, case) in load_dir(&golden_dir().join(dir)).unwrap() {
-            let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let cfg = case.config().unwrap();
-            if !one_pattern_per_head(&cfg) {
-                continue;
-            }
-            let (shape, masks) = (case.attn_shape().unwrap(), case.masks().unwrap());
-            let [q, k, v]: [Vec<T>; 3] = ["q", "k", "v"].map(|t| conv(&case.tensor(t).unwrap().data));
-            let up = |x: &[T], s| {
-                DeviceTensor::from_view(dev, &TensorView::contiguous(TensorName::Query, x, s).unwrap()).unwrap()
-            };
-            let (dq, dk, dv) = (up(&q, shape.q), up(&k, shape.kv), up(&v, shape.kv));
-            let mask = masks.key_padding.map(|m| DeviceKeyPadding::upload(dev, &m).unwrap());
-            let block = DeviceBlock {
-                key_padding: mask.as_ref(),
-                packing: masks.packing,
-                ..DeviceBlock::new(&cfg, (&dq, 0), (&dk, &dv, 0))
-            };
-            let run = |path| {
-                let mut out = DeviceTensor::<T>::zeros(dev, shape.q).unwrap();
-                let lse = forward_call(dev, &block, &mut out, path).unwrap();
-                let lse = dev.stream().clone_dtoh(&lse).unwrap();
-                let out = out.to_host_contiguous(dev).unwrap();
-                (
-                    out.iter().map(|x| x.to_f32().to_bits()).collect::<Vec<_>>(),
-                    lse.iter().map(|x| x.to_bits()).collect(),
-                )
-            };
-            let (direct, partial): ((Vec<u32>, Vec<u32>), _) = (run(ForwardPath::Direct), run(ForwardPath::Partial));
-            assert!(direct.0 == partial.0, "{}: the direct output differs from the partial path's", case.name);
-            assert!(direct.1 == partial.1, "{}: the direct lse differs from the partial path's", case.name);
-            compared += 1;
+    for case in attention_cases() {
+        let cfg = case.config().unwrap();
+        if !one_pattern_per_head(&cfg) {
+            continue;
         }
+        let (shape, masks) = (case.attn_shape().unwrap(), case.masks().unwrap());
+        let [q, k, v]: [Vec<T>; 3] = ["q", "k", "v"].map(|t| conv(&case.tensor(t).unwrap().data));
+        let up = |x: &[T], s| {
+            DeviceTensor::from_view(dev, &TensorView::contiguous(TensorName::Query, x, s).unwrap()).unwrap()
+        };
+        let (dq, dk, dv) = (up(&q, shape.q), up(&k, shape.kv), up(&v, shape.kv));
+        let mask = masks.key_padding.map(|m| DeviceKeyPadding::upload(dev, &m).unwrap());
+        let block = DeviceBlock {
+            key_padding: mask.as_ref(),
+            packing: masks.packing,
+            ..DeviceBlock::new(&cfg, (&dq, 0), (&dk, &dv, 0))
+        };
+        let run = |path| {
+            let mut out = DeviceTensor::<T>::zeros(dev, shape.q).unwrap();
+            let lse = forward_call(dev, &block, &mut out, path).unwrap();
+            let lse = dev.stream().clone_dtoh(&lse).unwrap();
+            let out = out.to_host_contiguous(dev).unwrap();
+            (out.iter().map(|x| x.to_f32().to_bits()).collect::<Vec<_>>(), lse.iter().map(|x| x.to_bits()).collect())
+        };
+        let (direct, partial): ((Vec<u32>, Vec<u32>), _) = (run(ForwardPath::Direct), run(ForwardPath::Partial));
+        assert!(direct.0 == partial.0, "{}: the direct output differs from the partial path's", case.name);
+        assert!(direct.1 == partial.1, "{}: the direct lse differs from the partial path's", case.name);
+        compared += 1;
     }
     assert!(compared >= 12, "only {compared} golden files have one pattern per head");
 }

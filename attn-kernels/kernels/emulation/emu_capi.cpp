@@ -7,7 +7,8 @@
 // attn_emu_launch(name, gx, gy, gz, threads, smem, args): runs kernel `name` over the grid
 // with `smem` bytes of dynamic shared memory, `args` pointing at each argument's value in
 // order (as cuLaunchKernel's kernelParams). Returns 0, 1 for an unknown kernel name, 2 when
-// a block left cp.async copies unwaited, 3 when a block wrote past its dynamic shared memory. Launches are serialised (the emulator has one block state).
+// a block left cp.async copies unwaited, 3 when a block wrote past its dynamic shared
+// memory. Launches are serialised (the emulator has one block state).
 #include "emu_runtime.hpp"
 
 #include "../prelude.cu"

@@ -96,7 +96,8 @@ struct Barrier {
 };
 
 inline Dim3 g_block_dim, g_grid_dim;
-inline std::vector<unsigned char> g_smem(256 * 1024);
+inline constexpr std::size_t kSmemBytes = 256 * 1024;  // every block's shared memory
+inline std::vector<unsigned char> g_smem(kSmemBytes);
 inline std::unique_ptr<Barrier> g_block_barrier;
 struct Warp {
     Barrier bar{32};
@@ -281,7 +282,7 @@ inline void run_block(unsigned threads, bool reversed) {
 // `dyn_bytes` of dynamic shared memory: a block that changes a byte past them (still the
 // fill value) counts in g_smem_overruns.
 template <class F>
-inline void launch(Dim3 grid, unsigned threads, F kernel, std::size_t dyn_bytes = 256 * 1024) {
+inline void launch(Dim3 grid, unsigned threads, F kernel, std::size_t dyn_bytes = kSmemBytes) {
     g_block_dim = Dim3{threads, 1, 1};
     g_grid_dim = grid;
     g_warps.clear();

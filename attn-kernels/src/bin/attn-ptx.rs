@@ -90,7 +90,7 @@ fn parse_ptxas(text: &str) -> Vec<(String, KernelReport)> {
 /// Dynamic shared memory a kernel is launched with (0 for the row kernels).
 fn dynamic_smem(name: &str) -> usize {
     for t in ["f16", "bf16"] {
-        for rows in [ForwardRows::M64, ForwardRows::M128] {
+        for rows in ForwardRows::ALL {
             for d in MMA_HEAD_DIMS {
                 if name == mma_kernel_name(t, d, rows) {
                     return mma_smem_bytes(rows, d);

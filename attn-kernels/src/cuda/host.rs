@@ -11,8 +11,8 @@ use attn_core::{AttnError, AttnShape, DilatedConfig, Result, TensorView, TensorV
 use super::block::{DeviceBlock, DeviceUpstream, ForwardPath, backward_block, forward_call};
 use super::device::{CudaDevice, cuda_err};
 use super::epilogue::{delta, store_scaled};
-use super::launch_plan::one_pattern_per_head;
-use super::plan::{ForwardKernel, forward_kernel};
+use super::launch_plan::writes_direct;
+use super::plan::forward_kernel;
 use super::tensor::{CudaElement, DeviceGrads, DeviceKeyPadding, DeviceTensor};
 
 fn write_rows<T: CudaElement>(dst: &mut TensorViewMut<'_, T>, contiguous: &[T]) {
@@ -219,11 +219,8 @@ impl<T: CudaElement> Attention<T> for CudaBackend {
     fn workspace_bytes(&self, cfg: &DilatedConfig, shape: AttnShape, pass: Pass) -> usize {
         let (q, kv, lse) = (shape.q.numel() as u128, shape.kv.numel() as u128, shape.q.lse_len() as u128);
         let elem = std::mem::size_of::<T>() as u128;
-        let direct = one_pattern_per_head(cfg)
-            && matches!(
-                forward_kernel(T::DTYPE, T::SUFFIX, shape.q.head_dim, self.dev.forward_rows()),
-                ForwardKernel::Mma { .. }
-            );
+        let direct =
+            writes_direct(cfg, &forward_kernel(T::DTYPE, T::SUFFIX, shape.q.head_dim, self.dev.forward_rows()));
         let bytes = match pass {
             Pass::Forward => elem * (2 * q + 2 * kv) + 4 * (lse + if direct { 0 } else { q }),
             Pass::Backward => elem * (4 * q + 4 * kv) + 4 * (q + 2 * kv + 2 * lse) + elem * (q + 2 * kv),

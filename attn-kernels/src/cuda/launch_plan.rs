@@ -166,6 +166,12 @@ pub fn one_pattern_per_head(cfg: &DilatedConfig) -> bool {
     cfg.mixing() != Mixing::LongNet || cfg.num_patterns() == 1
 }
 
+/// Whether a whole call's forward writes its output straight from the kernel: every head
+/// has one pattern and the tensor-core kernel runs.
+pub fn writes_direct(cfg: &DilatedConfig, kernel: &ForwardKernel) -> bool {
+    matches!(kernel, ForwardKernel::Mma { .. }) && one_pattern_per_head(cfg)
+}
+
 /// The forward launches of a whole call written straight into the output (strides
 /// `g.g_strides`, offsets `ArgOffsets::g`) and the lse, with no f32 partial and no
 /// epilogue: planned where every head has one pattern and the tensor-core kernel runs;
@@ -180,16 +186,14 @@ pub fn plan_forward_direct(
     if g.g_strides.is_none() {
         return Ok(None);
     }
-    let mma = matches!(forward_kernel(dtype, suffix, g.q.0.head_dim, rows), ForwardKernel::Mma { .. });
-    if !mma || !one_pattern_per_head(g.cfg) {
+    if !writes_direct(g.cfg, &forward_kernel(dtype, suffix, g.q.0.head_dim, rows)) {
         return Ok(None);
     }
-    let out_scale = super::plan::out_scale(g.cfg);
+    // `attn_params` already carries the heads' output scale.
     let mut plan = plan_forward(g, dtype, suffix, rows)?;
     for p in &mut plan {
         p.signature = Signature::ForwardDirect;
         p.params.out_direct = 1;
-        p.params.out_scale = out_scale;
     }
     Ok(Some(plan))
 }

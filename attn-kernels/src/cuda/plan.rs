@@ -23,6 +23,9 @@ pub enum ForwardRows {
 }
 
 impl ForwardRows {
+    /// Every block height, as the kernel source instantiates them.
+    pub const ALL: [ForwardRows; 2] = [ForwardRows::M64, ForwardRows::M128];
+
     /// Rows per block.
     pub fn rows(self) -> usize {
         match self {
@@ -440,7 +443,7 @@ mod tests {
             panic!("expected the MMA kernel")
         };
         assert_eq!((name.as_str(), rows.threads(), smem_bytes), ("dilated_fwd_mma_m128_f16_d128", 256, 384 * 136 * 2));
-        for rows in [ForwardRows::M64, ForwardRows::M128] {
+        for rows in ForwardRows::ALL {
             assert!(mma_smem_bytes(rows, 256) <= 163 * 1024, "must fit sm_80's opt-in shared memory");
         }
         assert_eq!(

@@ -87,7 +87,7 @@ pub fn kernel_names() -> Vec<String> {
         }
     }
     for t in ["f16", "bf16"] {
-        for rows in [ForwardRows::M64, ForwardRows::M128] {
+        for rows in ForwardRows::ALL {
             for d in MMA_HEAD_DIMS {
                 names.push(mma_kernel_name(t, d, rows));
             }

@@ -280,21 +280,28 @@ pub fn load_dir(dir: &Path) -> Result<Vec<(PathBuf, Result<GoldenCase>)>> {
 /// The attention conformance directories of `conformance/` and their file counts.
 pub const ATTENTION_DIRS: [(&str, usize); 2] = [("dilated", 9), ("features", 9)];
 
-/// Every file of [`ATTENTION_DIRS`] through `backend`, each report printed; panics with
-/// the failed reports (or a wrong file count) after running them all.
-pub fn assert_attention_dirs_pass(backend: &dyn DilatedBackend) {
-    let mut failed = Vec::new();
+/// Every file of [`ATTENTION_DIRS`], loaded; panics naming a directory without its file
+/// count or a file that does not load.
+pub fn attention_cases() -> Vec<GoldenCase> {
+    let mut out = Vec::new();
     for (dir, count) in ATTENTION_DIRS {
         let dir = golden_dir().join(dir);
         let cases = load_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         assert_eq!(cases.len(), count, "the {count} golden files in {}", dir.display());
-        for (path, case) in cases {
-            let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let report = check_case(&case, Some(backend), None);
-            println!("{report}");
-            if !report.passed() {
-                failed.push(report.to_string());
-            }
+        out.extend(cases.into_iter().map(|(path, case)| case.unwrap_or_else(|e| panic!("{}: {e}", path.display()))));
+    }
+    out
+}
+
+/// Every file of [`ATTENTION_DIRS`] through `backend`, each report printed; panics with
+/// the failed reports (or a wrong file count) after running them all.
+pub fn assert_attention_dirs_pass(backend: &dyn DilatedBackend) {
+    let mut failed = Vec::new();
+    for case in attention_cases() {
+        let report = check_case(&case, Some(backend), None);
+        println!("{report}");
+        if !report.passed() {
+            failed.push(report.to_string());
         }
     }
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
