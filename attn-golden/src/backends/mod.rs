@@ -80,11 +80,15 @@ pub fn select(o: &Options) -> Result<Selected, Refusal> {
     Ok(sel)
 }
 
-/// The CUDA backend on device 0 (without the `cuda` feature: `NotCompiled`).
+/// The CUDA backend on device 0 (without the `cuda` feature: `NotCompiled`); in f32 the
+/// multihead files run their layer on it too.
 fn cuda_backend(dtype: DType) -> Result<Selected, AttnError> {
     let gpu = CudaBackend::new(0)?;
     let label = format!("cuda {}", dtype.as_str());
-    Ok(Selected { label: label.clone(), dilated: Some(typed(gpu, dtype, label)?), multihead: None })
+    let multihead = (dtype == DType::F32).then(|| {
+        Box::new(multihead::MultiheadRunner::cuda(std::sync::Arc::new(gpu.clone()))) as Box<dyn MultiheadBackend>
+    });
+    Ok(Selected { label: label.clone(), dilated: Some(typed(gpu, dtype, label)?), multihead })
 }
 
 /// The candle op (feature `candle`; without it, `NotCompiled`), and in f32 its candle-nn

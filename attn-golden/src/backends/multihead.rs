@@ -1,4 +1,4 @@
-//! `kind=multihead` cases through `attn-multihead` on the reference, CPU or ring backend.
+//! `kind=multihead` cases through `attn-multihead` on the reference, CPU, CUDA or ring backend.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,8 +12,13 @@ use attn_testkit::{GoldenCase, MultiheadBackend};
 
 enum Engine {
     Reference,
-    Cpu(Arc<attn_kernels::CpuBackend>),
-    Ring { world: usize, layout: Layout, strategy: Strategy },
+    /// A single-device f32 backend (CPU or CUDA) and its name.
+    Device(Arc<dyn Attention<f32>>, &'static str),
+    Ring {
+        world: usize,
+        layout: Layout,
+        strategy: Strategy,
+    },
 }
 
 pub struct MultiheadRunner {
@@ -25,7 +30,10 @@ impl MultiheadRunner {
         MultiheadRunner { engine: Engine::Reference }
     }
     pub fn cpu(threads: usize) -> Result<Self> {
-        Ok(MultiheadRunner { engine: Engine::Cpu(Arc::new(attn_kernels::CpuBackend::new(threads)?)) })
+        Ok(MultiheadRunner { engine: Engine::Device(Arc::new(attn_kernels::CpuBackend::new(threads)?), "cpu") })
+    }
+    pub fn cuda(gpu: Arc<attn_kernels::cuda::CudaBackend>) -> Self {
+        MultiheadRunner { engine: Engine::Device(gpu, "cuda") }
     }
     pub fn ring(world: usize, layout: Layout, strategy: Strategy) -> Self {
         MultiheadRunner { engine: Engine::Ring { world, layout, strategy } }
@@ -36,7 +44,7 @@ impl MultiheadBackend for MultiheadRunner {
     fn name(&self) -> String {
         match &self.engine {
             Engine::Reference => "multihead reference f64".into(),
-            Engine::Cpu(_) => "multihead cpu f32".into(),
+            Engine::Device(_, name) => format!("multihead {name} f32"),
             Engine::Ring { world, layout, strategy } => {
                 format!("multihead ring p={world} {strategy:?} {layout:?}").to_lowercase()
             }
@@ -53,10 +61,7 @@ impl MultiheadBackend for MultiheadRunner {
                 let backend: Arc<dyn Attention<f64>> = Arc::new(ReferenceBackend);
                 Ok(forward_case::<f64>(meta, &tensors, pad, backend)?.into_iter().map(|x| x as f32).collect())
             }
-            Engine::Cpu(cpu) => {
-                let backend: Arc<dyn Attention<f32>> = cpu.clone();
-                forward_case::<f32>(meta, &tensors, pad, backend)
-            }
+            Engine::Device(backend, _) => forward_case::<f32>(meta, &tensors, pad, backend.clone()),
             Engine::Ring { world, layout, strategy } => {
                 let split = RingSplit { world: *world, layout: *layout, strategy: *strategy };
                 forward_case_ring(meta, &tensors, pad, split)

@@ -8,8 +8,11 @@
 //! the kernel, or through the f32 partial and its epilogue), `--rows 64,128` both query
 //! rows a block of the tensor-core forward, in one process.
 //!
-//! Usage: attn-cuda-bench [--seq 65536,262144] [--dtype bf16|f16|f32] [--iters 10] [--causal]
-//!        [--backward] [--paths direct|partial|direct,partial] [--rows 64|128|64,128]
+//! Usage: attn-cuda-bench [--seq 65536,262144] [--heads 16] [--dtype bf16|f16|f32] [--iters 10]
+//!        [--causal] [--backward] [--paths direct|partial|direct,partial] [--rows 64|128|64,128]
+//!
+//! `--heads` (at least 5, one a pattern) shrinks the work, e.g. for a run under
+//! compute-sanitizer.
 
 use std::process::ExitCode;
 
@@ -20,6 +23,7 @@ use half::{bf16, f16};
 
 struct Args {
     seqs: Vec<usize>,
+    heads: usize,
     dtype: String,
     iters: usize,
     causal: bool,
@@ -39,6 +43,7 @@ fn path_name(p: ForwardPath) -> &'static str {
 fn parse() -> Result<Args, String> {
     let mut a = Args {
         seqs: vec![65_536, 262_144],
+        heads: 16,
         dtype: "bf16".into(),
         iters: 10,
         causal: false,
@@ -56,6 +61,7 @@ fn parse() -> Result<Args, String> {
                     .map(|s| s.trim().parse().map_err(|e| format!("--seq: {e}")))
                     .collect::<Result<_, _>>()?
             }
+            "--heads" => a.heads = val()?.parse().map_err(|e| format!("--heads: {e}"))?,
             "--dtype" => a.dtype = val()?,
             "--iters" => a.iters = val()?.parse().map_err(|e| format!("--iters: {e}"))?,
             "--causal" => a.causal = true,
@@ -109,7 +115,7 @@ fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let rows = a.rows.clone().unwrap_or_else(|| vec![dev.forward_rows()]);
     for &seq in &a.seqs {
-        let shape = Shape4::new(1, seq, 16, 128).map_err(|e| e.to_string())?;
+        let shape = Shape4::new(1, seq, a.heads, 128).map_err(|e| e.to_string())?;
         for (&r, &path) in rows.iter().flat_map(|r| a.paths.iter().map(move |p| (r, p))) {
             let dev = dev.with_forward_rows(r);
             let (t, image) = match a.dtype.as_str() {
@@ -119,8 +125,9 @@ fn run() -> Result<(), String> {
                 other => return Err(format!("unknown dtype `{other}`")),
             };
             println!(
-                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":16,\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":{},\"median_ms\":{:.4},\"tflops\":{:.2}}}",
+                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":{},\"median_ms\":{:.4},\"tflops\":{:.2}}}",
                 a.dtype,
+                a.heads,
                 a.causal,
                 a.pass == Pass::Backward,
                 path_name(path),

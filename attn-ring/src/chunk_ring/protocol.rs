@@ -96,9 +96,16 @@ fn starts(problem: &RingProblem, rank: usize) -> Vec<usize> {
     rank_pieces(problem, rank).into_iter().map(|r| r.start).collect()
 }
 
-/// The rounds a call runs: a single rank moves nothing.
+/// Whether no rank's queries reach another rank's keys (one rank, or every segment and
+/// band inside a rank's pieces): then nothing travels and each rank attends its own
+/// pieces whole, without slicing them into rounds.
+fn stays_home(problem: &RingProblem) -> bool {
+    problem.world == 1 || chunk_trips(problem, 0, 1).is_empty()
+}
+
+/// The rounds a call runs: where nothing travels, one.
 fn rounds_of(problem: &RingProblem, opts: ChunkOptions) -> usize {
-    if problem.world == 1 { 1 } else { opts.rounds() }
+    if stays_home(problem) { 1 } else { opts.rounds() }
 }
 
 fn shapes_of(problem: &RingProblem, slices: &[RoundSlice]) -> Result<Vec<Shape4>> {
@@ -202,7 +209,7 @@ where
         }
         Ok(())
     };
-    if p == 1 {
+    if stays_home(problem) {
         attend(&k.iter().collect::<Vec<_>>(), &v.iter().collect::<Vec<_>>(), &starts(problem, r))?;
         return Ok(partials);
     }
@@ -312,7 +319,7 @@ where
             shapes_of(problem, s)?.into_iter().map(|x| compute.zero_acc(x)).collect::<Result<Vec<_>>>()
         };
         let (mut dks, mut dvs) = (zeros(&own)?, zeros(&own)?);
-        if p == 1 {
+        if stays_home(problem) {
             let (k, v): (Vec<_>, Vec<_>) = (k.iter().collect(), v.iter().collect());
             attend(&k, &v, &own_starts, &mut dks, &mut dvs)?;
         } else {

@@ -285,7 +285,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn construction_is_a_typed_error_without_nccl_or_a_gpu() {
+    fn one_rank_round_trip_on_a_gpu_else_a_typed_error() {
         match nccl_available() {
             Ok(_) => gpu_round_trip(),
             Err(e) => {
@@ -293,7 +293,7 @@ mod tests {
                 // Built with `nccl` but no GPU or library: a skip of the GPU half, which
                 // `ATTN_REQUIRE_GPU=1` turns into a failure naming what is missing.
                 if matches!(e, AttnError::BackendUnavailable { .. }) {
-                    let test = "construction_is_a_typed_error_without_nccl_or_a_gpu (GPU round trip)";
+                    let test = "one_rank_round_trip_on_a_gpu_else_a_typed_error (GPU round trip)";
                     attn_testkit::skip_gpu_test(test, &e);
                 }
                 let id = [0u8; NCCL_ID_BYTES];
