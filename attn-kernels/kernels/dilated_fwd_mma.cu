@@ -10,7 +10,9 @@
 // with `a.out_direct` (the only launch covering its rows: one pattern per head, a whole
 // call), written straight to the output at `o_dst` (E, times out_scale) and lse. Each row's
 // keys are its segment cut by the band (window / causal), minus padded keys (row -1 in
-// the gathered key rows); query head h reads key/value head h / kv_group.
+// the gathered key rows); query head h reads key/value head h / kv_group. A tile inside
+// one segment, all rows valid and unpadded, is affine (rows sel_pos(t0) + i * r) and loads
+// by stepped pointers, without the gather; only tiles that are not full run the mask.
 // Fragment layouts: see mma_tiles.cu.
 
 // The direct epilogue: this thread's two rows (selected index row `rows[0]`, `rows[8]` in the
@@ -39,9 +41,40 @@ __device__ __forceinline__ void direct_store(u16* out, float* lse_out, const flo
     }
 }
 
+// 2^x by the hardware approximation alone (what exp2f uses, without its fix-up for
+// results below 2^-126: they flush to 0, far below the f32 resolution of the row sums).
+__device__ __forceinline__ float exp2_approx(float x) {
+#ifdef ATTN_CPU_EMULATION
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
+// Sets to -inf this thread's scores of keys outside each of its rows' tile columns
+// [lo, hi) and, given the tile's gathered key rows (padding), of padded keys (row -1).
+template <int NS>
+__device__ __forceinline__ void mask_scores(float (*s)[4], const int* lo, const int* hi, int c, const i64* krows) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = j * 8 + 2 * c + e;
+                bool ok = (col >= lo[i]) & (col < hi[i]);
+                if (krows != nullptr) ok &= krows[col] >= 0;
+                if (!ok) s[j][2 * i + e] = NEG_INF;
+            }
+        }
+    }
+}
+
 template <class E, int D, int BN, int BM>
 __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a) {
-    constexpr int LD = D + 8, NS = BN / 8, NO = D / 8;
+    constexpr int LD = D + 8, NS = BN / 8, NO = D / 8, NT = 2 * BM;  // NT: threads of the block
     ATTN_DYNAMIC_SMEM(smem_raw);
     // Q tile, then two K/V stages (double buffering: the next tile loads while this one runs).
     u16* sQ = reinterpret_cast<u16*>(smem_raw);
@@ -63,9 +96,14 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
     const i64 kb_lo = max64(max64(sel_below(p, a.k_start), div32(t0, p.per_seg) * p.per_seg), band_lo);
     const i64 kb_hi = min64(min64(sel_below(p, a.k_start + a.nk), (div32(t_last, p.per_seg) + 1) * p.per_seg), band_hi);
 
-    gather_rows(s_qrows, BM, p, t0, q_hi, a.q_start);
+    const u16* qbase = q + b * a.q_sb + h * a.q_sh;
+    gather_rows(s_qrows, BM, p, t0, q_hi, a.q_start);  // the epilogue's rows, in any case
     __syncthreads();
-    load_tile_async<D, LD>(sQ, s_qrows, BM, q + b * a.q_sb + h * a.q_sh, a.q_ss, a.d, a.vec & 1);
+    const i64 q_row0 = (a.vec & 1) ? affine_row0(p, t0, BM, q_hi, a.q_start) : -1;
+    if (q_row0 >= 0)
+        load_tile_affine_async<D, LD, NT, BM>(sQ, qbase + q_row0 * a.q_ss, p.r * a.q_ss, a.d);
+    else
+        load_tile_async<D, LD>(sQ, s_qrows, BM, qbase, a.q_ss, a.d, a.vec & 1);
     cp_async_commit();  // its own group, waited for with the first K/V tile's
 
     // This thread's two query rows (in the tile) and their selected indices / segments.
@@ -88,30 +126,40 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
     float o[NO][4];
 #pragma unroll
     for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    // Scores live in the log2 domain (scale * log2(e) folded in) so the softmax uses exp2.
+    // Scores stay raw; m lives in the scaled log2 domain and each exponent is one FMA
+    // (scale * log2(e) folded in). scale > 0, so the raw row max gives the scaled one.
     const float scale_log2 = a.scale * 1.44269504088896341f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
     const u16* kbase = k + b * a.k_sb + kvh * a.k_sh;
     const u16* vbase = v + b * a.v_sb + kvh * a.v_sh;
-    // Stage the first K/V tile.
-    if (kb_lo < kb_hi) {
-        gather_keys(s_krows[0], BN, p, kb_lo, kb_hi, a, b);
-        __syncthreads();
-        load_tile_async<D, LD>(sKs, s_krows[0], BN, kbase, a.k_ss, a.d, a.vec & 2);
-        load_tile_async<D, LD>(sVs, s_krows[0], BN, vbase, a.v_ss, a.d, a.vec & 4);
+    // First row of key tile kt if it is affine (uniform over the block; no gather into
+    // s_krows), else -1.
+    const bool kv_vec = (a.vec & 6) == 6 && a.kpad == nullptr;
+    auto affine_keys = [&](i64 kt) { return kv_vec ? affine_row0(p, kt, BN, kb_hi, a.k_start) : -1; };
+    // Start the copy of key tile kt into stage st (one cp.async group).
+    auto load_keys = [&](int st, i64 kt) {
+        u16* dK = sKs + st * BN * LD;
+        u16* dV = sVs + st * BN * LD;
+        const i64 row0 = affine_keys(kt);
+        if (row0 >= 0) {
+            load_tile_affine_async<D, LD, NT, BN>(dK, kbase + row0 * a.k_ss, p.r * a.k_ss, a.d);
+            load_tile_affine_async<D, LD, NT, BN>(dV, vbase + row0 * a.v_ss, p.r * a.v_ss, a.d);
+        } else {
+            gather_keys(s_krows[st], BN, p, kt, kb_hi, a, b);
+            __syncthreads();
+            load_tile_async<D, LD>(dK, s_krows[st], BN, kbase, a.k_ss, a.d, a.vec & 2);
+            load_tile_async<D, LD>(dV, s_krows[st], BN, vbase, a.v_ss, a.d, a.vec & 4);
+        }
         cp_async_commit();
-    }
+    };
+    if (kb_lo < kb_hi) load_keys(0, kb_lo);  // stage the first K/V tile
     int stage = 0;
     for (i64 kt0 = kb_lo; kt0 < kb_hi; kt0 += BN, stage ^= 1) {
         const u16* sK = sKs + stage * BN * LD;
         const u16* sV = sVs + stage * BN * LD;
         if (kt0 + BN < kb_hi) {  // start the next tile into the other stage, wait for this one
-            gather_keys(s_krows[stage ^ 1], BN, p, kt0 + BN, kb_hi, a, b);
-            __syncthreads();
-            load_tile_async<D, LD>(sKs + (stage ^ 1) * BN * LD, s_krows[stage ^ 1], BN, kbase, a.k_ss, a.d, a.vec & 2);
-            load_tile_async<D, LD>(sVs + (stage ^ 1) * BN * LD, s_krows[stage ^ 1], BN, vbase, a.v_ss, a.d, a.vec & 4);
-            cp_async_commit();
+            load_keys(stage ^ 1, kt0 + BN);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -135,35 +183,37 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
             }
         }
 
-        // Mask (key row valid and not padding, inside the row's segment and band) and
-        // scale; online softmax.
+        // Mask (key valid and not padding, inside the row's segment and band) only where
+        // the tile is not full; then the online softmax. Keys past kb_hi are cut by
+        // column; s_krows is read only for padding, whose tiles are never affine.
+        if (!full) {
+            int lo[2], hi[2];  // each row's admitted keys as tile columns, clamped to [0, BN]
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                lo[i] = (int)min64(max64(s_klo[r0 + 8 * i] - kt0, 0), BN);
+                hi[i] = (int)min64(max64(min64(s_khi[r0 + 8 * i], kb_hi) - kt0, 0), BN);
+            }
+            if (a.kpad == nullptr)
+                mask_scores<NS>(s, lo, hi, c, nullptr);
+            else
+                mask_scores<NS>(s, lo, hi, c, s_krows[stage]);
+        }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             float mx = NEG_INF;
 #pragma unroll
-            for (int j = 0; j < NS; ++j) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const i64 tk = kt0 + j * 8 + 2 * c + e;
-                    const bool ok =
-                        full || (s_krows[stage][j * 8 + 2 * c + e] >= 0 && tk >= s_klo[r0 + 8 * i] &&
-                                 tk < s_khi[r0 + 8 * i]);
-                    const float x = ok ? s[j][2 * i + e] * scale_log2 : NEG_INF;
-                    s[j][2 * i + e] = x;
-                    mx = fmaxf(mx, x);
-                }
-            }
+            for (int j = 0; j < NS; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
             mx = fmaxf(mx, shfl_xor<1>(mx));
             mx = fmaxf(mx, shfl_xor<2>(mx));
-            const float m_new = fmaxf(m[i], mx);
+            const float m_new = fmaxf(m[i], mx * scale_log2);
             const float m_use = m_new == NEG_INF ? 0.f : m_new;
-            const float alpha = exp2f(m[i] - m_use);
+            const float alpha = exp2_approx(m[i] - m_use);
             float rs = 0.f;
 #pragma unroll
             for (int j = 0; j < NS; ++j) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float pe = exp2f(s[j][2 * i + e] - m_use);
+                    const float pe = exp2_approx(fmaf(s[j][2 * i + e], scale_log2, -m_use));
                     s[j][2 * i + e] = pe;
                     rs += pe;
                 }

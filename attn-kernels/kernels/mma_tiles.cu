@@ -1,6 +1,7 @@
 // mma_tiles.cu: tensor-core building blocks shared by the MMA forward and backward:
 // mma.sync.m16n8k16 (f16/bf16 in, f32 accumulate), packing, and the gathered tile loads
-// (the dilation gather happens here: row t of a tile is block row sel_pos(t) - start).
+// (the dilation gather happens here: row t of a tile is block row sel_pos(t) - start),
+// with a gather-free path for tiles inside one segment, whose rows are affine in t.
 //
 // Fragment layout of mma.m16n8k16 (g = lane / 4, c = lane % 4):
 //   A (16x16, row): a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g, 2c+8..), a3 = (g+8, 2c+8..)
@@ -98,6 +99,9 @@ __device__ __forceinline__ void load_tile(u16* dst, const i64* s_rows, int rows,
 // until its wait).
 #ifdef ATTN_CPU_EMULATION
 __device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int src_bytes) { emu_cp_async16(dst, src, src_bytes); }
+__device__ __forceinline__ void cp_async16_at(u16* dst, int off, const u16* src, int src_bytes) {
+    emu_cp_async16(dst + off, src, src_bytes);
+}
 __device__ __forceinline__ void cp_async_commit() { emu_cp_async_commit(); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -106,6 +110,12 @@ __device__ __forceinline__ void cp_async_wait() {
 #else
 __device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
+}
+// cp_async16 to dst + off (elements): with a constant off the 32-bit shared address of
+// dst is shared and off folds into the instruction.
+__device__ __forceinline__ void cp_async16_at(u16* dst, int off, const u16* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst) + 2 * off), "l"(src),
+                 "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
@@ -130,6 +140,28 @@ __device__ __forceinline__ void load_tile_async(u16* dst, const i64* s_rows, int
     } else {
         load_tile<D, LD>(dst, s_rows, rows, base, row_stride, d, false);
     }
+}
+
+// A tile [t0, t0 + n) of selected indices inside one segment and below t_end has rows
+// row0 + i * r (affine, no gather needed): row0 = sel_pos(t0) - pos0 (>= 0), else -1.
+__device__ __forceinline__ i64 affine_row0(const Pattern& p, i64 t0, i64 n, i64 t_end, i64 pos0) {
+    const i64 seg = div32(t0, p.per_seg), j = t0 - seg * p.per_seg;
+    return t0 + n <= t_end && j + n <= p.per_seg ? seg * p.w + p.off + j * p.r - pos0 : -1;
+}
+
+// load_tile_async (16-byte path) of an affine tile: row i at src0 + i * step. With NT
+// threads each thread keeps one chunk column and steps its pointers by a constant: no
+// row table, no barrier before, no per-chunk index math.
+template <int D, int LD, int NT, int ROWS>
+__device__ __forceinline__ void load_tile_affine_async(u16* dst, const u16* src0, i64 step, i64 d) {
+    constexpr int CH = D / 8, RS = NT / CH;
+    static_assert(NT % CH == 0 && ROWS % RS == 0, "whole passes of the block over the tile");
+    const int ch = threadIdx.x % CH, row = threadIdx.x / CH;
+    const int n = ch * 8 < d ? 16 : 0;  // columns past d: zero-filled, from a valid address
+    const u16* src = src0 + row * step + (n ? ch * 8 : 0);
+    u16* out = dst + row * LD + ch * 8;
+#pragma unroll
+    for (int it = 0; it < ROWS / RS; ++it, src += RS * step) cp_async16_at(out, it * RS * LD, src, n);
 }
 
 // gather_rows for key tiles: padded keys get -1 too (zero-filled, masked out like rows

@@ -244,3 +244,29 @@ fn emulated_cuda_golden_bf16() {
 fn emulated_cuda_golden_f16() {
     assert_attention_dirs_pass(&Emulated::<f16>::new(ForwardRows::M64));
 }
+
+/// Key tiles the forward loads by stepped pointers (inside one segment, no padding) with
+/// dilation rates 2 and 4 and 128 selected keys a segment, and a ragged last segment whose
+/// final key tile is cut at the end of the keys (no padding, not causal): forward and
+/// gradients against the float64 reference, both block heights, bf16.
+#[test]
+fn dilated_affine_tiles_and_a_ragged_end_match_the_reference() {
+    use attn_testkit::judge::{Expected, judge_backward, judge_forward, round_to, verdict};
+    let cfg = attn_core::DilatedConfig::builder().segments(&[256, 512]).dilations(&[2, 4]).build().unwrap();
+    let shape = attn_core::AttnShape::self_attn(Shape4::new(1, 1000, 2, 128).unwrap());
+    let n = shape.q.numel();
+    let [q, k, v, go] = [0, 1, 2, 3].map(|i| attn_testkit::rng::random_vec(2026 + i, n));
+    let problem = Problem::new(&cfg, shape);
+    let rounded = [&q, &k, &v, &go].map(|x| round_to(DType::BF16, x).into_iter().map(f64::from).collect::<Vec<_>>());
+    let want = Expected::compute(&cfg, shape, [&rounded[0], &rounded[1], &rounded[2]], Some(&rounded[3])).unwrap();
+    for rows in ForwardRows::ALL {
+        let emulated = Emulated::<bf16>::new(rows);
+        let got = emulated.forward(&problem, [&q, &k, &v]).unwrap();
+        let g = emulated.backward(&problem, [&q, &k, &v], &go).unwrap();
+        let mut checks = judge_forward(&want, &got.out, &got.lse, DType::BF16);
+        checks.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], DType::BF16));
+        if let Err(e) = verdict(&checks) {
+            panic!("{}: {e}", emulated.name());
+        }
+    }
+}

@@ -14,11 +14,12 @@ pub const THREADS: u32 = 128;
 
 /// Query rows (selected indices) per block of the tensor-core forward: 64 over 4 warps,
 /// or 128 over 8 warps (each K/V tile in shared memory serves twice the rows; more shared
-/// memory a block). A device's choice comes from `ATTN_CUDA_FWD_ROWS=64|128`, 64 without it.
+/// memory a block). A device's choice comes from `ATTN_CUDA_FWD_ROWS=64|128`, 128 without
+/// it (the faster on an H200, BENCHMARKS.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ForwardRows {
-    #[default]
     M64,
+    #[default]
     M128,
 }
 
@@ -48,10 +49,11 @@ impl ForwardRows {
         }
     }
 
-    /// The choice of `ATTN_CUDA_FWD_ROWS` (64 when unset); an unknown value is a typed error.
+    /// The choice of `ATTN_CUDA_FWD_ROWS` (the default, 128, when unset); an unknown value
+    /// is a typed error.
     pub fn from_env() -> attn_core::Result<Self> {
         match std::env::var("ATTN_CUDA_FWD_ROWS") {
-            Err(_) => Ok(ForwardRows::M64),
+            Err(_) => Ok(ForwardRows::default()),
             Ok(v) => Self::parse(&v).ok_or_else(|| {
                 attn_core::AttnError::InvalidArgument(format!("ATTN_CUDA_FWD_ROWS must be 64 or 128, got `{v}`"))
             }),
