@@ -148,8 +148,15 @@ fn row_bound_rejects_wrong_answers() {
         let [q, k, v, go] = case.inputs().map(|x| conv::<bf16>(&x));
         let want = Expected::of(&causal, case.attn_shape(), [&q, &k, &v], Some(&go)).unwrap();
         let err = |out: &[bf16]| {
-            check_rows("out", out, &want.fwd.out, [&want.mag.out, &want.mag.flushable.out], shape.head_dim, DType::BF16)
-                .worst
+            check_rows(
+                "out",
+                out,
+                &want.fwd.out,
+                [&want.mag.out, &want.mag.flushable.out, &want.mag.quantum.out],
+                shape.head_dim,
+                DType::BF16,
+            )
+            .worst
         };
         let (right, _) = be.forward_vec(&causal, shape, &q, &k, &v).unwrap();
         let (wrong, _) = be.forward_vec(&open, shape, &q, &k, &v).unwrap();

@@ -66,12 +66,12 @@ fn run_all<T: CudaElement>(test: &str) {
     assert_attention_dirs_pass(&gpu::<T>(&dev));
 }
 
-/// The tensor-core forward with 64 query rows a block (4 warps; the default is 128): every
+/// The tensor-core forward with 128 query rows a block (8 warps; the default is 64): every
 /// golden file, and its direct path equal to its partial path.
 #[test]
-fn golden_cuda_bf16_rows_64() {
-    let Some(dev) = device_or_skip("golden_cuda_bf16_rows_64") else { return };
-    let dev = dev.with_forward_rows(ForwardRows::M64);
+fn golden_cuda_bf16_rows_128() {
+    let Some(dev) = device_or_skip("golden_cuda_bf16_rows_128") else { return };
+    let dev = dev.with_forward_rows(ForwardRows::M128);
     direct_equals_partial::<bf16>(&dev);
     assert_attention_dirs_pass(&gpu::<bf16>(&dev));
 }

@@ -129,7 +129,14 @@ fn key_blocks_merge_to_the_whole_call() {
             let want = rounded_reference(&case.cfg, shape, inputs.each_ref().map(|x| x.as_slice()), DType::BF16);
             let d = shape.q.head_dim;
             for (what, out) in [("blocks", &got), ("whole", &whole)] {
-                let c = check_rows("out", out, &want.fwd.out, [&want.mag.out, &want.mag.flushable.out], d, DType::BF16);
+                let c = check_rows(
+                    "out",
+                    out,
+                    &want.fwd.out,
+                    [&want.mag.out, &want.mag.flushable.out, &want.mag.quantum.out],
+                    d,
+                    DType::BF16,
+                );
                 prop_assert!(c.passed(), "{what}: {c} {:?}", case);
             }
             Ok(())

@@ -4,10 +4,12 @@
 //!
 //! A row is one `[head_dim]` vector of `out`, `dq`, `dk` or `dv` (one (batch, position,
 //! head)), or one LSE value. An output or gradient row passes when
-//! `||got - want|| <= rel * ||want|| + mag * ||magnitude|| + floor * sqrt(head_dim)`,
-//! `magnitude` being the row of the reference's sums of absolute terms ([`Magnitudes`]),
-//! so a row whose terms cancel is judged by its conditioning ([`RowBound`] gives the
-//! constants per dtype). An LSE passes when `|got - want| <= lse * (magnitude + 1)` with
+//! `||got - want|| <= rel * ||want|| + mag * ||magnitude|| + ||flushable|| +
+//! quantum * ||quantum_terms|| + floor * sqrt(head_dim)`, `magnitude` being the row of
+//! the reference's sums of absolute terms ([`Magnitudes`]), so a row whose terms cancel is
+//! judged by its conditioning, and `quantum_terms` the sums of the factors of softmax
+//! weights and score gradients, which a tensor-core kernel rounds to the dtype, where
+//! they can fall to its subnormals ([`RowBound`] gives the constants per dtype). An LSE passes when `|got - want| <= lse * (magnitude + 1)` with
 //! the row's LSE magnitude (largest `|score|` term sum plus `ln` of the key count):
 //! scores and sums are f32 in every backend, whatever the input dtype. Both `-inf` (a row
 //! with no key) is exact agreement; anything else non-finite fails.
@@ -30,6 +32,9 @@ pub struct RowBound {
     pub mag: f64,
     pub floor: f64,
     pub lse: f64,
+    /// Half the dtype's smallest subnormal: the largest rounding error of a weight or
+    /// score gradient rounded to it below its normal range (0 for f32).
+    pub quantum: f64,
 }
 
 /// f32 computation noise, in f32 unit roundoffs: every backend scores, exponentiates
@@ -53,12 +58,12 @@ impl RowBound {
         let noise = F32_NOISE_ULPS * Tolerance::unit_roundoff(DType::F32);
         let lse = LSE_ULPS * Tolerance::unit_roundoff(DType::F32);
         match dtype {
-            DType::F64 | DType::F32 => RowBound { rel: noise, mag: noise, floor: 0.0, lse },
+            DType::F64 | DType::F32 => RowBound { rel: noise, mag: noise, floor: 0.0, lse, quantum: 0.0 },
             DType::F16 | DType::BF16 => {
                 let u = Tolerance::unit_roundoff(dtype);
                 // Smallest positive subnormals: 2^-24 (f16), 2^-133 (bf16).
                 let floor = if dtype == DType::F16 { 2f64.powi(-24) } else { 2f64.powi(-133) };
-                RowBound { rel: u + noise, mag: u + noise, floor, lse }
+                RowBound { rel: u + noise, mag: u + noise, floor, lse, quantum: floor / 2.0 }
             }
         }
     }
@@ -147,29 +152,30 @@ fn ratio(err: f64, bound: f64) -> f64 {
 }
 
 /// Rows of `row_len` values of `got` against `want`, each within the [`RowBound`] of
-/// `dtype` given the row's `[magnitude, flushable]` terms (see the module docs). A length
-/// mismatch or a non-finite value fails.
+/// `dtype` given the row's `[magnitude, flushable, quantum]` terms (see the module docs). A
+/// length mismatch or a non-finite value fails.
 pub fn check_rows<T: Element>(
     tensor: &str,
     got: &[T],
     want: &[f64],
-    [magnitude, flushable]: [&[f64]; 2],
+    [magnitude, flushable, quantum]: [&[f64]; 3],
     row_len: usize,
     dtype: DType,
 ) -> RowCheck {
     let rel_l2 = crate::tolerance::rel_l2_error(got, want);
     let mut check = RowCheck { tensor: tensor.to_string(), worst: 0.0, worst_row: 0, rel_l2 };
     let n = want.len();
-    if got.len() != n || magnitude.len() != n || flushable.len() != n || row_len == 0 || !n.is_multiple_of(row_len) {
+    let sized = [magnitude, flushable, quantum].iter().all(|x| x.len() == n);
+    if got.len() != n || !sized || row_len == 0 || !n.is_multiple_of(row_len) {
         check.worst = f64::INFINITY;
         return check;
     }
     let b = RowBound::for_dtype(dtype);
     let floor = b.floor * (row_len as f64).sqrt();
     let norm = |x: &mut dyn Iterator<Item = f64>| x.map(|v| v * v).sum::<f64>().sqrt();
-    let rows =
-        got.chunks(row_len).zip(want.chunks(row_len)).zip(magnitude.chunks(row_len).zip(flushable.chunks(row_len)));
-    for (r, ((g, w), (m, fl))) in rows.enumerate() {
+    let terms = magnitude.chunks(row_len).zip(flushable.chunks(row_len)).zip(quantum.chunks(row_len));
+    let rows = got.chunks(row_len).zip(want.chunks(row_len)).zip(terms);
+    for (r, ((g, w), ((m, fl), qu))) in rows.enumerate() {
         let err = if g.iter().all(|x| x.to_f64().is_finite()) {
             norm(&mut g.iter().zip(w).map(|(g, w)| g.to_f64() - w))
         } else {
@@ -178,6 +184,7 @@ pub fn check_rows<T: Element>(
         let bound = b.rel * norm(&mut w.iter().copied())
             + b.mag * norm(&mut m.iter().copied())
             + norm(&mut fl.iter().copied())
+            + b.quantum * norm(&mut qu.iter().copied())
             + floor;
         let q = ratio(err, bound);
         if q > check.worst || q.is_nan() {
@@ -218,7 +225,7 @@ pub fn judge_forward<T: Element>(want: &Expected, out: &[T], lse: &[f32], dtype:
     let d = want.shape.q.head_dim;
     let mag = &want.mag;
     vec![
-        check_rows("out", out, &want.fwd.out, [&mag.out, &mag.flushable.out], d, dtype),
+        check_rows("out", out, &want.fwd.out, [&mag.out, &mag.flushable.out, &mag.quantum.out], d, dtype),
         check_lse(lse, &want.fwd.lse, &mag.lse),
     ]
 }
@@ -229,9 +236,9 @@ pub fn judge_backward<T: Element>(want: &Expected, grads: [&[T]; 3], dtype: DTyp
     let (g, m) = (&want.grads, &want.mag);
     let [dq, dk, dv] = grads;
     vec![
-        check_rows("dq", dq, &g.dq, [&m.dq, &m.flushable.dq], d, dtype),
-        check_rows("dk", dk, &g.dk, [&m.dk, &m.flushable.dk], d, dtype),
-        check_rows("dv", dv, &g.dv, [&m.dv, &m.flushable.dv], d, dtype),
+        check_rows("dq", dq, &g.dq, [&m.dq, &m.flushable.dq, &m.quantum.dq], d, dtype),
+        check_rows("dk", dk, &g.dk, [&m.dk, &m.flushable.dk, &m.quantum.dk], d, dtype),
+        check_rows("dv", dv, &g.dv, [&m.dv, &m.flushable.dv, &m.quantum.dv], d, dtype),
     ]
 }
 
@@ -278,11 +285,11 @@ mod tests {
         let mag: Vec<f64> = want.iter().map(|w| w.abs()).collect();
         let mut got: Vec<f32> = want.iter().map(|&w| w as f32).collect();
         let none = vec![0.0; mag.len()];
-        assert!(check_rows("out", &got, &want, [&mag, &none], 4, DType::F32).passed());
+        assert!(check_rows("out", &got, &want, [&mag, &none, &none], 4, DType::F32).passed());
         for x in &mut got[400..404] {
             *x *= 1.001;
         }
-        let c = check_rows("out", &got, &want, [&mag, &none], 4, DType::F32);
+        let c = check_rows("out", &got, &want, [&mag, &none, &none], 4, DType::F32);
         assert!(!c.passed() && c.worst_row == 100, "{c}");
         // The whole tensor is within 1e-5: only the row check sees it.
         assert!(c.rel_l2 < 1e-4, "{c}");
@@ -297,9 +304,9 @@ mod tests {
         let got_zero = [0.0f32; 4];
         let got_double: Vec<f32> = want.iter().map(|w| (2.0 * w) as f32).collect();
         for dtype in [DType::F32, DType::BF16] {
-            assert!(!check_rows("dk", &got_zero, &want, [&mag, &[0.0; 4]], 4, dtype).passed());
-            assert!(check_rows("dk", &got_zero, &want, [&mag, &mag], 4, dtype).passed());
-            let wrong = check_rows("dk", &got_double, &want, [&[0.0; 4], &[0.0; 4]], 4, dtype);
+            assert!(!check_rows("dk", &got_zero, &want, [&mag, &[0.0; 4], &[0.0; 4]], 4, dtype).passed());
+            assert!(check_rows("dk", &got_zero, &want, [&mag, &mag, &[0.0; 4]], 4, dtype).passed());
+            let wrong = check_rows("dk", &got_double, &want, [&[0.0; 4], &[0.0; 4], &[0.0; 4]], 4, dtype);
             assert!(!wrong.passed(), "{wrong}");
         }
     }

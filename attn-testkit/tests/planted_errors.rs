@@ -62,10 +62,10 @@ fn row_to_scale(want: &Expected, dtype: DType) -> usize {
         .fwd
         .out
         .chunks(d)
-        .zip(want.mag.out.chunks(d))
+        .zip(want.mag.out.chunks(d).zip(want.mag.quantum.out.chunks(d)))
         .enumerate()
         .filter(|(_, (w, _))| norm(w) > 0.0)
-        .map(|(r, (w, m))| (r, (b.rel * norm(w) + b.mag * norm(m)) / norm(w)))
+        .map(|(r, (w, (m, qu)))| (r, (b.rel * norm(w) + b.mag * norm(m) + b.quantum * norm(qu)) / norm(w)))
         .collect();
     let determined: Vec<&(usize, f64)> = rows.iter().filter(|(_, rel)| *rel < 0.01 / 1.25).collect();
     if dtype != DType::BF16 {

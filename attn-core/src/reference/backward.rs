@@ -38,6 +38,12 @@ fn backward_impl(
             dk: vec![0.0; kvs.numel()],
             dv: vec![0.0; kvs.numel()],
         },
+        quantum: Flushable {
+            out: vec![0.0; qs.numel()],
+            dq: vec![0.0; qs.numel()],
+            dk: vec![0.0; kvs.numel()],
+            dv: vec![0.0; kvs.numel()],
+        },
     };
     let abs_dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x * y).abs()).sum::<f64>();
     for b in 0..qs.batch {
@@ -74,6 +80,11 @@ fn backward_impl(
                             ds_abs * k[ko + e].abs(),
                             ds_abs * q[qo + e].abs(),
                         ];
+                        let qu = &mut mag.quantum;
+                        qu.out[qo + e] += out_scale.abs() * v[ko + e].abs();
+                        qu.dv[ko + e] += go[e].abs();
+                        qu.dq[qo + e] += scale * k[ko + e].abs();
+                        qu.dk[ko + e] += scale * q[qo + e].abs();
                         mag.out[qo + e] += terms[0];
                         mag.dv[ko + e] += terms[1];
                         mag.dq[qo + e] += terms[2];

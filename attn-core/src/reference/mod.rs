@@ -53,6 +53,12 @@ pub struct Magnitudes {
     /// The part of `out`, `dq`, `dk`, `dv` from softmax weights below [`FLUSHED_WEIGHT`]:
     /// terms a kernel computing weights in f32 may drop (never a subnormal weight).
     pub flushable: Flushable,
+    /// Per result element, the sum over its attended pairs of the factor that multiplies
+    /// a softmax weight or a score gradient (`out_scale |v|` for the output, `|grad_out|`
+    /// for dv, `scale |k|` for dq, `scale |q|` for dk): a kernel that rounds those weights
+    /// to a format whose smallest step is `eta` (f16's subnormals: `2^-24`) is off by at
+    /// most `eta / 2` times this, on top of the relative rounding the magnitudes bound.
+    pub quantum: Flushable,
 }
 
 /// Softmax weights below `2^-125` lie under f32's normal range (with headroom for the
@@ -60,8 +66,9 @@ pub struct Magnitudes {
 /// terms is a result of 0 (see [`Magnitudes::flushable`]).
 pub const FLUSHED_WEIGHT: f64 = 2.350_988_701_644_575e-38;
 
-/// Sums of absolute terms of pairs whose softmax weight is below [`FLUSHED_WEIGHT`], per
-/// result element.
+/// Per-result-element sums for `out`, `dq`, `dk`, `dv`: of absolute terms of pairs whose
+/// softmax weight is below [`FLUSHED_WEIGHT`] ([`Magnitudes::flushable`]), or of the
+/// factors of rounded weights ([`Magnitudes::quantum`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Flushable {
     pub out: Vec<f64>,

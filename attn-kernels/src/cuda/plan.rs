@@ -14,12 +14,12 @@ pub const THREADS: u32 = 128;
 
 /// Query rows (selected indices) per block of the tensor-core forward: 64 over 4 warps,
 /// or 128 over 8 warps (each K/V tile in shared memory serves twice the rows; more shared
-/// memory a block). A device's choice comes from `ATTN_CUDA_FWD_ROWS=64|128`, 128 without
+/// memory a block). A device's choice comes from `ATTN_CUDA_FWD_ROWS=64|128`, 64 without
 /// it (the faster on an H200, BENCHMARKS.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ForwardRows {
-    M64,
     #[default]
+    M64,
     M128,
 }
 
@@ -49,7 +49,7 @@ impl ForwardRows {
         }
     }
 
-    /// The choice of `ATTN_CUDA_FWD_ROWS` (the default, 128, when unset); an unknown value
+    /// The choice of `ATTN_CUDA_FWD_ROWS` (the default, 64, when unset); an unknown value
     /// is a typed error.
     pub fn from_env() -> attn_core::Result<Self> {
         match std::env::var("ATTN_CUDA_FWD_ROWS") {
