@@ -6,8 +6,9 @@
 #                                      # self-contained: binaries, conformance/, the PyTorch peer)
 #   scripts/device-check.sh rehearse   # here: pack, copy the pack into a clean directory and run
 #                                      # it there; GPU steps report `not run (no GPU)`
-#   device run: command "bash device-pack/device-check.sh run", carry ["device-pack"], timeout_s 420
-#               (each step has a budget, 300 s in all; `run --only STEP` reruns one step)
+#   device run: command "bash device-pack/device-check.sh run; cd $OUT && tar czf logs.tgz *.log &&
+#               rm *.log", carry ["device-pack"], timeout_s 420 (each step has a budget, 300 s in
+#               all; `run --only STEP` reruns one step; the tool returns at most 8 files)
 #
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
 # conformance directory on the CUDA backend, f32/bf16/f16, forward and gradients; the

@@ -57,7 +57,8 @@ pub fn rank_pieces(problem: &RingProblem, rank: usize) -> Vec<Range<usize>> {
 /// How the k/v rows travel: in `rounds` rounds (at least 1), round `s` carrying rows
 /// `len·s/rounds .. len·(s+1)/rounds` of every piece. More rounds hold less of other
 /// ranks' rows at once (one slice of `1/rounds` of a chunk) for more, smaller messages and
-/// blocks. A world of one rank has nothing to move and computes its blocks in one round.
+/// blocks. Where nothing travels (one rank, or every segment and band inside a rank's
+/// pieces) a rank attends its own pieces whole, in one round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkOptions {
     rounds: usize,
