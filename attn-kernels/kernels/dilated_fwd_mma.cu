@@ -133,15 +133,13 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
 
     const u16* kbase = k + b * a.k_sb + kvh * a.k_sh;
     const u16* vbase = v + b * a.v_sb + kvh * a.v_sh;
-    // First row of key tile kt if it is affine (uniform over the block; no gather into
-    // s_krows), else -1.
+    // Start the copy of key tile kt into stage st (one cp.async group): by stepped
+    // pointers where the tile is affine (uniform over the block; no gather into s_krows).
     const bool kv_vec = (a.vec & 6) == 6 && a.kpad == nullptr;
-    auto affine_keys = [&](i64 kt) { return kv_vec ? affine_row0(p, kt, BN, kb_hi, a.k_start) : -1; };
-    // Start the copy of key tile kt into stage st (one cp.async group).
     auto load_keys = [&](int st, i64 kt) {
         u16* dK = sKs + st * BN * LD;
         u16* dV = sVs + st * BN * LD;
-        const i64 row0 = affine_keys(kt);
+        const i64 row0 = kv_vec ? affine_row0(p, kt, BN, kb_hi, a.k_start) : -1;
         if (row0 >= 0) {
             load_tile_affine_async<D, LD, NT, BN>(dK, kbase + row0 * a.k_ss, p.r * a.k_ss, a.d);
             load_tile_affine_async<D, LD, NT, BN>(dV, vbase + row0 * a.v_ss, p.r * a.v_ss, a.d);

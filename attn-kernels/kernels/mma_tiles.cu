@@ -96,9 +96,9 @@ __device__ __forceinline__ void load_tile(u16* dst, const i64* s_rows, int rows,
 
 // cp.async (sm_80+): 16-byte global -> shared copies that complete in the background;
 // `src_bytes = 0` writes zeros. commit/wait group them (the emulator holds each copy
-// until its wait).
+// until its wait). cp_async16_at copies to dst + off (elements): with a constant off the
+// 32-bit shared address of dst is shared and off folds into the instruction.
 #ifdef ATTN_CPU_EMULATION
-__device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int src_bytes) { emu_cp_async16(dst, src, src_bytes); }
 __device__ __forceinline__ void cp_async16_at(u16* dst, int off, const u16* src, int src_bytes) {
     emu_cp_async16(dst + off, src, src_bytes);
 }
@@ -108,11 +108,6 @@ __device__ __forceinline__ void cp_async_wait() {
     emu_cp_async_wait(N);
 }
 #else
-__device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
-}
-// cp_async16 to dst + off (elements): with a constant off the 32-bit shared address of
-// dst is shared and off folds into the instruction.
 __device__ __forceinline__ void cp_async16_at(u16* dst, int off, const u16* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst) + 2 * off), "l"(src),
                  "r"(src_bytes));
@@ -123,6 +118,9 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 #endif
+__device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int src_bytes) {
+    cp_async16_at(dst, 0, src, src_bytes);
+}
 
 // Like load_tile, but the 16-byte path goes through cp.async (call cp_async_commit after,
 // and cp_async_wait + __syncthreads before reading). Needs a barrier after gather_rows.
@@ -145,8 +143,7 @@ __device__ __forceinline__ void load_tile_async(u16* dst, const i64* s_rows, int
 // A tile [t0, t0 + n) of selected indices inside one segment and below t_end has rows
 // row0 + i * r (affine, no gather needed): row0 = sel_pos(t0) - pos0 (>= 0), else -1.
 __device__ __forceinline__ i64 affine_row0(const Pattern& p, i64 t0, i64 n, i64 t_end, i64 pos0) {
-    const i64 seg = div32(t0, p.per_seg), j = t0 - seg * p.per_seg;
-    return t0 + n <= t_end && j + n <= p.per_seg ? seg * p.w + p.off + j * p.r - pos0 : -1;
+    return t0 + n <= t_end && mod32(t0, p.per_seg) + n <= p.per_seg ? sel_pos(p, t0) - pos0 : -1;
 }
 
 // load_tile_async (16-byte path) of an affine tile: row i at src0 + i * step. With NT

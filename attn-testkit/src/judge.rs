@@ -9,10 +9,11 @@
 //! the reference's sums of absolute terms ([`Magnitudes`]), so a row whose terms cancel is
 //! judged by its conditioning, and `quantum_terms` the sums of the factors of softmax
 //! weights and score gradients, which a tensor-core kernel rounds to the dtype, where
-//! they can fall to its subnormals ([`RowBound`] gives the constants per dtype). An LSE passes when `|got - want| <= lse * (magnitude + 1)` with
-//! the row's LSE magnitude (largest `|score|` term sum plus `ln` of the key count):
-//! scores and sums are f32 in every backend, whatever the input dtype. Both `-inf` (a row
-//! with no key) is exact agreement; anything else non-finite fails.
+//! they can fall to its subnormals ([`RowBound`] gives the constants per dtype). An LSE
+//! passes when `|got - want| <= lse * (magnitude + 1)` with the row's LSE magnitude
+//! (largest `|score|` term sum plus `ln` of the key count): scores and sums are f32 in
+//! every backend, whatever the input dtype. Both `-inf` (a row with no key) is exact
+//! agreement; anything else non-finite fails.
 
 use std::fmt;
 

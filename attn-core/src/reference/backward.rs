@@ -32,18 +32,8 @@ fn backward_impl(
         dq: vec![0.0; qs.numel()],
         dk: vec![0.0; kvs.numel()],
         dv: vec![0.0; kvs.numel()],
-        flushable: Flushable {
-            out: vec![0.0; qs.numel()],
-            dq: vec![0.0; qs.numel()],
-            dk: vec![0.0; kvs.numel()],
-            dv: vec![0.0; kvs.numel()],
-        },
-        quantum: Flushable {
-            out: vec![0.0; qs.numel()],
-            dq: vec![0.0; qs.numel()],
-            dk: vec![0.0; kvs.numel()],
-            dv: vec![0.0; kvs.numel()],
-        },
+        flushable: Flushable::zeros(qs.numel(), kvs.numel()),
+        quantum: Flushable::zeros(qs.numel(), kvs.numel()),
     };
     let abs_dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x * y).abs()).sum::<f64>();
     for b in 0..qs.batch {

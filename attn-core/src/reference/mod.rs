@@ -77,6 +77,13 @@ pub struct Flushable {
     pub dv: Vec<f64>,
 }
 
+impl Flushable {
+    /// Zeros for results of `q` (out, dq) and `kv` (dk, dv) element counts.
+    pub(crate) fn zeros(q: usize, kv: usize) -> Self {
+        Flushable { out: vec![0.0; q], dq: vec![0.0; q], dk: vec![0.0; kv], dv: vec![0.0; kv] }
+    }
+}
+
 /// Row-major index helper for `[batch, seq, heads, head_dim]`.
 #[derive(Clone, Copy)]
 pub(crate) struct Rows {

@@ -103,11 +103,6 @@ fn stays_home(problem: &RingProblem) -> bool {
     problem.world == 1 || chunk_trips(problem, 0, 1).is_empty()
 }
 
-/// The rounds a call runs: where nothing travels, one.
-fn rounds_of(problem: &RingProblem, opts: ChunkOptions) -> usize {
-    if stays_home(problem) { 1 } else { opts.rounds() }
-}
-
 fn shapes_of(problem: &RingProblem, slices: &[RoundSlice]) -> Result<Vec<Shape4>> {
     slices.iter().map(|s| Shape4::new(problem.batch, s.rows.len(), problem.kv_heads, problem.head_dim)).collect()
 }
@@ -213,7 +208,7 @@ where
         attend(&k.iter().collect::<Vec<_>>(), &v.iter().collect::<Vec<_>>(), &starts(problem, r))?;
         return Ok(partials);
     }
-    let rounds = rounds_of(problem, opts);
+    let rounds = opts.rounds();
     let mut step = 0;
     for round in 0..rounds {
         let trips = chunk_trips(problem, round, rounds);
@@ -309,7 +304,9 @@ where
     // The rank's dk/dv per piece, in `T`, filled slice by slice as they come home.
     let mut dk_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
     let mut dv_home: Vec<Option<X::Rows>> = k.iter().map(|_| None).collect();
-    let rounds = rounds_of(problem, opts);
+    // Where nothing travels, one round over the own pieces whole.
+    let home = stays_home(problem);
+    let rounds = if home { 1 } else { opts.rounds() };
     let mut step = 0;
     for round in 0..rounds {
         let trips = chunk_trips(problem, round, rounds);
@@ -319,7 +316,7 @@ where
             shapes_of(problem, s)?.into_iter().map(|x| compute.zero_acc(x)).collect::<Result<Vec<_>>>()
         };
         let (mut dks, mut dvs) = (zeros(&own)?, zeros(&own)?);
-        if stays_home(problem) {
+        if home {
             let (k, v): (Vec<_>, Vec<_>) = (k.iter().collect(), v.iter().collect());
             attend(&k, &v, &own_starts, &mut dks, &mut dvs)?;
         } else {
