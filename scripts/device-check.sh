@@ -123,7 +123,7 @@ have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | gre
 # Seconds each step may take (300 in all, so a whole run fits 5 minutes).
 budget() {
     case $1 in
-    env) echo 15 ;; golden) echo 45 ;; tests) echo 45 ;; bench) echo 45 ;; ring) echo 35 ;; sanitizer) echo 100 ;;
+    env) echo 15 ;; golden) echo 45 ;; tests) echo 45 ;; bench) echo 55 ;; ring) echo 35 ;; sanitizer) echo 90 ;;
     nccl) echo 15 ;;
     esac
 }
@@ -191,6 +191,9 @@ step_bench() {
     # so each kernel change is measured against what it would replace.
     logged 60 "$PACK/bin/attn-cuda-bench" --seq 65536,262144 --dtype bf16 --paths direct,partial --rows 64,128 ||
         ok=1
+    # The patterns of a call in one launch (the 64-row fused kernel) against one a pattern.
+    logged 30 "$PACK/bin/attn-cuda-bench" --seq 65536,262144 --dtype bf16 --paths direct,partial --rows 64 \
+        --launch fused || ok=1
     logged 40 "$PACK/bin/attn-cuda-bench" --seq 65536 --dtype bf16 --backward || ok=1
     for seq in 65536 262144; do
         logged 40 python3 "$PACK/torch/torch_dilated.py" --device cuda --dtype bf16 --seq-len "$seq" "${shape[@]}" || ok=1
@@ -219,7 +222,8 @@ step_sanitizer() {
     # One head a pattern keeps racecheck's slowed kernels inside the budget; a machine's first
     # compute-sanitizer call can take longer than the ones after it.
     local ok=0 small=(--seq 4096 --heads 5 --dtype bf16 --backward --iters 1)
-    logged 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" || ok=1
+    logged 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
+        --launch per-pattern,fused || ok=1
     # Shared-memory races of both forward block heights (64 rows over 4 warps, 128 over 8).
     logged 80 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
         --rows 64,128 || ok=1

@@ -1,9 +1,10 @@
 // dilated_fwd_mma.cu: tensor-core forward (sm_80+) for f16/bf16, f32 accumulation.
 //
 // A block of BM / 16 warps (4 or 8) owns BM (64 or 128) consecutive SELECTED query indices
-// of one (batch, head, pattern); warp w owns 16 of them. Q is loaded once, asynchronously,
-// beside the first K/V tile. Key tiles of BN selected indices stream through
-// shared memory; the dilation gather (sel_pos) is fused into the tile loads, rows are
+// of one (batch, head, pattern); warp w owns 16 of them. A launch runs one pattern, or, in
+// the fused kernel, the patterns of disjoint head ranges (fused_block in prelude.cu). Q is
+// loaded once, asynchronously, beside the first K/V tile. Key tiles of BN selected indices
+// stream through shared memory; the dilation gather (sel_pos) is fused into the tile loads, rows are
 // zero-filled past the block or past head_dim (D is head_dim rounded up). S = Q K^T and
 // O += P V use mma.sync.m16n8k16 with the accumulators in registers (FlashAttention-2
 // style online softmax), then the tile is LSE-merged into the f32 partial at `o_dst`, or,
@@ -73,7 +74,8 @@ __device__ __forceinline__ void mask_scores(float (*s)[4], const int* lo, const 
 }
 
 template <class E, int D, int BN, int BM>
-__device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a) {
+__device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a,
+                        i64 bx, i64 h) {
     constexpr int LD = D + 8, NS = BN / 8, NO = D / 8, NT = 2 * BM;  // NT: threads of the block
     ATTN_DYNAMIC_SMEM(smem_raw);
     // Q tile, then two K/V stages (double buffering: the next tile loads while this one runs).
@@ -84,10 +86,10 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
     __shared__ i64 s_klo[BM], s_khi[BM];  // each row's admitted key indices (shared: fewer registers)
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const i64 h = launch_head(a), kvh = kv_head_of(a, h), b = blockIdx.z;
+    const i64 kvh = kv_head_of(a, h), b = blockIdx.z;
     const Pattern p = make_pattern(a, h);
     const i64 q_hi = sel_below(p, a.q_start + a.nq);
-    const i64 t0 = sel_below(p, a.q_start) + (i64)blockIdx.x * BM;
+    const i64 t0 = sel_below(p, a.q_start) + bx * BM;
     if (t0 >= q_hi) return;  // uniform over the block
     const i64 t_last = min64(t0 + BM, q_hi) - 1;
     i64 band_lo, band_hi, unused;
@@ -287,14 +289,25 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
 #define ATTN_MMA_KERNEL(NAME, E, D, BN)                                                                    \
     extern "C" __global__ void __launch_bounds__(128) dilated_fwd_mma_##NAME##_d##D(                       \
         const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, AttnParams a) {             \
-        fwd_mma<E, D, BN, 64>(q, k, v, o_dst, lse_acc, a);                                                 \
+        fwd_mma<E, D, BN, 64>(q, k, v, o_dst, lse_acc, a, blockIdx.x, launch_head(a));                     \
     }
 
 // 128 query rows over 8 warps (each K/V tile serves twice the rows): dilated_fwd_mma_m128_<dtype>_d<D>.
 #define ATTN_MMA_KERNEL_M128(NAME, E, D, BN)                                                               \
     extern "C" __global__ void __launch_bounds__(256) dilated_fwd_mma_m128_##NAME##_d##D(                  \
         const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, AttnParams a) {             \
-        fwd_mma<E, D, BN, 128>(q, k, v, o_dst, lse_acc, a);                                                \
+        fwd_mma<E, D, BN, 128>(q, k, v, o_dst, lse_acc, a, blockIdx.x, launch_head(a));                    \
+    }
+
+// 64 query rows over 4 warps, the patterns of a fused launch (fused_block):
+// dilated_fwd_mma_fused_<dtype>_d<D>. Its own kernel, so the per-pattern kernels keep
+// the pattern in the launch's parameters rather than in registers.
+#define ATTN_MMA_KERNEL_FUSED(NAME, E, D, BN)                                                              \
+    extern "C" __global__ void __launch_bounds__(128) dilated_fwd_mma_fused_##NAME##_d##D(                 \
+        const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, AttnParams a) {             \
+        i64 bx, h;                                                                                         \
+        fused_block(a, &bx, &h);                                                                           \
+        fwd_mma<E, D, BN, 64>(q, k, v, o_dst, lse_acc, a, bx, h);                                          \
     }
 
 #if ATTN_WANT_F16
@@ -306,6 +319,10 @@ ATTN_MMA_KERNEL_M128(f16, F16E, 32, 64)
 ATTN_MMA_KERNEL_M128(f16, F16E, 64, 64)
 ATTN_MMA_KERNEL_M128(f16, F16E, 128, 64)
 ATTN_MMA_KERNEL_M128(f16, F16E, 256, 32)
+ATTN_MMA_KERNEL_FUSED(f16, F16E, 32, 64)
+ATTN_MMA_KERNEL_FUSED(f16, F16E, 64, 64)
+ATTN_MMA_KERNEL_FUSED(f16, F16E, 128, 64)
+ATTN_MMA_KERNEL_FUSED(f16, F16E, 256, 32)
 #endif
 #if ATTN_WANT_BF16
 ATTN_MMA_KERNEL(bf16, BF16E, 32, 64)
@@ -316,4 +333,8 @@ ATTN_MMA_KERNEL_M128(bf16, BF16E, 32, 64)
 ATTN_MMA_KERNEL_M128(bf16, BF16E, 64, 64)
 ATTN_MMA_KERNEL_M128(bf16, BF16E, 128, 64)
 ATTN_MMA_KERNEL_M128(bf16, BF16E, 256, 32)
+ATTN_MMA_KERNEL_FUSED(bf16, BF16E, 32, 64)
+ATTN_MMA_KERNEL_FUSED(bf16, BF16E, 64, 64)
+ATTN_MMA_KERNEL_FUSED(bf16, BF16E, 128, 64)
+ATTN_MMA_KERNEL_FUSED(bf16, BF16E, 256, 32)
 #endif

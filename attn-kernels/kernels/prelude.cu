@@ -47,6 +47,16 @@ typedef unsigned int u32;
 
 // Launch parameters of the attention kernels; mirrored by `AttnParams` in
 // src/cuda/params.rs (same field order, `#[repr(C)]`).
+// One pattern of a fused forward launch: its blocks are grid.x indices [first, first +
+// heads * blocks), `blocks` row blocks for each of the heads from head0 (disjoint from
+// every other pattern's heads, so no two blocks write the same rows).
+#define MAX_FUSED 8
+struct FusedPattern {
+    i64 first, blocks, heads, head0;
+    i64 w, r, fixed_off;
+    i64 band_left, band_right;
+};
+
 struct AttnParams {
     i64 q_sb, q_ss, q_sh;  // strides (elements) of q: batch, seq, head
     i64 k_sb, k_ss, k_sh;  // k (head stride between key/value heads)
@@ -71,6 +81,9 @@ struct AttnParams {
     int vec;               // bit 0: q, 1: k, 2: v, 3: grad_out (or direct output) rows allow 16-byte access
     int out_direct;        // forward: 1 = write the output (times out_scale) and lse of the rows it
                            // computes (the only launch covering them); 0 = LSE-merge into the f32 partial
+    int fused;             // the fused tensor-core forward: this launch runs fuse[0..fused] (fused_block)
+    int fused_pad;
+    FusedPattern fuse[MAX_FUSED];
 };
 
 // Parameters of the row-wise epilogue kernels; mirrored by `RowParams`.
@@ -190,6 +203,33 @@ __device__ __forceinline__ bool key_padded(const AttnParams& a, i64 b, i64 krow)
 
 // The query head of blockIdx.y and the key/value head it reads.
 __device__ __forceinline__ i64 launch_head(const AttnParams& a) { return a.head0 + (i64)blockIdx.y * a.head_step; }
+
+// The pattern, row block and head of this block: `a` as launched, or, in a fused launch,
+// `a` with the pattern fields of the entry whose grid.x range holds blockIdx.x. The
+// entries are read at constant indices (a dynamic index would copy them to local memory).
+__device__ __forceinline__ void fused_block(AttnParams& a, i64* bx, i64* h) {
+    *bx = blockIdx.x;
+    *h = launch_head(a);
+    if (a.fused <= 0) return;
+    const i64 x = blockIdx.x;
+    i64 first = 0, blocks = 1;
+#pragma unroll
+    for (int j = 0; j < MAX_FUSED; ++j) {
+        if (j < a.fused && x >= a.fuse[j].first) {
+            first = a.fuse[j].first;
+            blocks = a.fuse[j].blocks;
+            a.head0 = a.fuse[j].head0;
+            a.w = a.fuse[j].w;
+            a.r = a.fuse[j].r;
+            a.fixed_off = a.fuse[j].fixed_off;
+            a.band_left = a.fuse[j].band_left;
+            a.band_right = a.fuse[j].band_right;
+        }
+    }
+    a.head_step = 1;
+    *h = a.head0 + div32(x - first, blocks);
+    *bx = mod32(x - first, blocks);
+}
 
 // Key/value head of query head h (heads index gridDim.y: at most 65535).
 __device__ __forceinline__ i64 kv_head_of(const AttnParams& a, i64 h) {

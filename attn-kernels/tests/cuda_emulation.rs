@@ -3,8 +3,9 @@
 //! epilogue launches, executed by the CPU emulation of the `.cu` kernels
 //! (`cuda::emulation`), in f32, bf16 and f16, forward and gradients; the forward's direct
 //! path (output straight from the kernel) against its partial path, bit for bit; the
-//! forward with 64 and with 128 query rows a block. Needs a C++20 compiler (`$CXX`,
-//! default `g++`); without one the test fails, naming it.
+//! forward with 64 and with 128 query rows a block; the patterns in one launch against
+//! one launch each, bit for bit. Needs a C++20 compiler (`$CXX`, default `g++`); without
+//! one the test fails, naming it.
 #![cfg(feature = "cuda")]
 
 use std::marker::PhantomData;
@@ -15,8 +16,8 @@ use attn_core::{DType, Result, Shape4};
 use attn_kernels::cuda::CudaElement;
 use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
-use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_forward_direct};
-use attn_kernels::cuda::plan::ForwardRows;
+use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_forward, plan_forward_direct};
+use attn_kernels::cuda::plan::{ForwardOptions, ForwardRows, PatternFusion};
 use attn_testkit::golden::{
     DilatedBackend, Forward32, Gradients32, Problem, assert_attention_dirs_pass, attention_cases,
 };
@@ -27,27 +28,32 @@ fn emulator() -> &'static Emulator {
         .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
 }
 
-/// The emulator with the forward's tensor-core blocks of `rows` query rows (the shared
-/// library, loaded again, whatever `ATTN_CUDA_FWD_ROWS` says).
-fn emulator_with(rows: ForwardRows) -> &'static Emulator {
-    static EMULATORS: [OnceLock<Emulator>; 2] = [OnceLock::new(), OnceLock::new()];
-    EMULATORS[usize::from(rows == ForwardRows::M128)].get_or_init(|| {
+/// The emulator with the forward's `opts` (the shared library, loaded again, whatever
+/// `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH` say).
+fn emulator_with(opts: ForwardOptions) -> &'static Emulator {
+    static EMULATORS: [OnceLock<Emulator>; 4] = [const { OnceLock::new() }; 4];
+    let slot = usize::from(opts.rows == ForwardRows::M128) + 2 * usize::from(opts.fusion == PatternFusion::Fused);
+    EMULATORS[slot].get_or_init(|| {
         emulator();
         let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
-        Emulator::load(&lib).unwrap().with_forward_rows(rows)
+        Emulator::load(&lib).unwrap().with_forward_rows(opts.rows).with_pattern_fusion(opts.fusion)
     })
 }
 
 /// The whole-sequence CUDA call (`CudaBackend`'s steps) on the emulation, in `T`, the
-/// forward's tensor-core blocks taking `rows` query rows.
+/// forward's tensor-core blocks planned with `opts`.
 struct Emulated<T> {
-    rows: ForwardRows,
+    opts: ForwardOptions,
     dtype: PhantomData<T>,
 }
 
 impl<T> Emulated<T> {
     fn new(rows: ForwardRows) -> Self {
-        Emulated { rows, dtype: PhantomData }
+        Emulated { opts: ForwardOptions { rows, fusion: PatternFusion::PerPattern }, dtype: PhantomData }
+    }
+
+    fn fused(rows: ForwardRows) -> Self {
+        Emulated { opts: ForwardOptions { rows, fusion: PatternFusion::Fused }, dtype: PhantomData }
     }
 }
 
@@ -92,13 +98,13 @@ impl<T: CudaElement> Emulated<T> {
         let kpad = flags(p);
         let args = HostArgs { q, k, v, g: None, lse: None, delta: None, kpad: kpad.as_deref() };
         let (mut out, mut lse) = (vec![T::default(); sq.numel()], vec![0.0f32; sq.lse_len()]);
-        emulator_with(self.rows).forward_call(&call_geometry(p), &args, path, (&mut out, &mut lse))?;
+        emulator_with(self.opts).forward_call(&call_geometry(p), &args, path, (&mut out, &mut lse))?;
         Ok((out, lse))
     }
 
     /// Whether the direct path applies to `p` (one pattern per head, the tensor-core kernel).
     fn direct_applies(&self, p: &Problem<'_>) -> bool {
-        plan_forward_direct(&call_geometry(p), T::DTYPE, T::SUFFIX, self.rows).is_ok_and(|x| x.is_some())
+        plan_forward_direct(&call_geometry(p), T::DTYPE, T::SUFFIX, self.opts).is_ok_and(|x| x.is_some())
     }
 }
 
@@ -108,7 +114,7 @@ fn f32s<T: CudaElement>(x: &[T]) -> Vec<f32> {
 
 impl<T: CudaElement> DilatedBackend for Emulated<T> {
     fn name(&self) -> String {
-        format!("cuda-emulation {} rows {}", T::DTYPE.as_str(), self.rows.rows())
+        format!("cuda-emulation {} rows {} {:?}", T::DTYPE.as_str(), self.opts.rows.rows(), self.opts.fusion)
     }
 
     fn dtype(&self) -> DType {
@@ -200,6 +206,47 @@ fn emulated_cuda_golden_bf16_rows_128() {
     assert_attention_dirs_pass(&emulated);
 }
 
+/// Every golden file whose forward fuses its patterns into fewer launches (the 64-row
+/// fused kernel): the fused forward equals one launch a pattern bit for bit (each row is
+/// still computed by one block with the same arithmetic), on the direct and the partial
+/// path. Counts the files, so it cannot pass by fusing none.
+fn fused_equals_per_pattern<T: CudaElement>() {
+    let (fused, apart) = (Emulated::<T>::fused(ForwardRows::M64), Emulated::<T>::new(ForwardRows::M64));
+    let mut compared = Vec::new();
+    for case in attention_cases() {
+        let cfg = case.config().unwrap();
+        let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks().unwrap() };
+        let launches = |e: &Emulated<T>| plan_forward(&call_geometry(&p), T::DTYPE, T::SUFFIX, e.opts).unwrap();
+        let (nf, na) = (launches(&fused), launches(&apart));
+        if nf.len() == na.len() {
+            continue;
+        }
+        assert!(nf.iter().any(|l| l.params.fused > 1), "{}: fewer launches without a fused one", case.name);
+        let [q, k, v]: [Vec<T>; 3] = ["q", "k", "v"].map(|t| conv(&case.tensor(t).unwrap().data));
+        for path in [ForwardPath::Direct, ForwardPath::Partial] {
+            let a = fused.forward_on(&p, [&q, &k, &v], path).unwrap();
+            let b = apart.forward_on(&p, [&q, &k, &v], path).unwrap();
+            let bits = |x: &[T]| x.iter().map(|v| v.to_f32().to_bits()).collect::<Vec<_>>();
+            let lbits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&a.0) == bits(&b.0), "{} {path:?}: fused output differs", case.name);
+            assert!(lbits(&a.1) == lbits(&b.1), "{} {path:?}: fused lse differs", case.name);
+        }
+        compared.push(format!("{} ({} -> {} launches)", case.name, na.len(), nf.len()));
+    }
+    println!("fused = per pattern bit for bit: {}", compared.join(", "));
+    assert!(compared.len() >= 8, "only {} golden files fuse their patterns", compared.len());
+}
+
+#[test]
+fn fused_patterns_equal_one_launch_a_pattern_bf16() {
+    fused_equals_per_pattern::<bf16>();
+}
+
+#[test]
+fn fused_patterns_equal_one_launch_a_pattern_f16() {
+    fused_equals_per_pattern::<f16>();
+}
+
 /// A block whose keys no query may attend (causal, keys after every query): each
 /// tensor-core block issues its Q copy, runs no key tile and must still wait for the copy
 /// before it ends (the emulator fails a launch that leaves one in flight); the partial
@@ -225,7 +272,9 @@ fn a_block_with_no_key_tile_waits_for_its_q_copy() {
     for rows in ForwardRows::ALL {
         let (mut o, mut lse) = (vec![0.0f32; sq.numel()], vec![f32::NEG_INFINITY; sq.lse_len()]);
         let acc = HostAccs { q_acc: &mut o, lse: Some(&mut lse), dk: None, dv: None };
-        emulator_with(rows).forward_block(&g, &args, acc).unwrap();
+        emulator_with(ForwardOptions { rows, fusion: PatternFusion::PerPattern })
+            .forward_block(&g, &args, acc)
+            .unwrap();
         assert!(o.iter().all(|&v| v == 0.0) && lse.iter().all(|&l| l == f32::NEG_INFINITY), "{rows:?}");
     }
 }

@@ -2,7 +2,8 @@
 //! `conformance/features` (grouped key/value heads, key padding, packed sequences,
 //! sliding windows) through the CUDA backend in f32, bf16 and f16 (forward, lse where
 //! present, dq/dk/dv), judged like the CPU golden tests, bf16 also with 128 query rows a
-//! forward block; and the forward's direct path against its partial path, bit for bit.
+//! forward block and with the patterns of a call in one launch; and the forward's direct
+//! path against its partial path, and fused launches against one a pattern, bit for bit.
 //! Skips, printing the reason, when no driver, NVRTC or GPU is present (fails instead with
 //! `ATTN_REQUIRE_GPU=1`).
 #![cfg(feature = "cuda")]
@@ -11,42 +12,44 @@ mod cuda_support;
 
 use attn_core::TensorName;
 use attn_core::TensorView;
-use attn_kernels::cuda::plan::ForwardRows;
+use attn_kernels::cuda::plan::{ForwardRows, PatternFusion};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceTensor, ForwardPath};
 use attn_kernels::cuda::{forward_call, launch_plan::one_pattern_per_head};
-use attn_testkit::golden::{assert_attention_dirs_pass, attention_cases};
+use attn_testkit::golden::{GoldenCase, assert_attention_dirs_pass, attention_cases};
 use cuda_support::{conv, device_or_skip, gpu};
 use half::{bf16, f16};
+
+/// The forward of golden case `case` on `dev` by `path`: output and lse bits.
+fn forward_bits<T: CudaElement>(dev: &CudaDevice, case: &GoldenCase, path: ForwardPath) -> (Vec<u32>, Vec<u32>) {
+    let cfg = case.config().unwrap();
+    let (shape, masks) = (case.attn_shape().unwrap(), case.masks().unwrap());
+    let [q, k, v]: [Vec<T>; 3] = ["q", "k", "v"].map(|t| conv(&case.tensor(t).unwrap().data));
+    let up =
+        |x: &[T], s| DeviceTensor::from_view(dev, &TensorView::contiguous(TensorName::Query, x, s).unwrap()).unwrap();
+    let (dq, dk, dv) = (up(&q, shape.q), up(&k, shape.kv), up(&v, shape.kv));
+    let mask = masks.key_padding.map(|m| DeviceKeyPadding::upload(dev, &m).unwrap());
+    let block = DeviceBlock {
+        key_padding: mask.as_ref(),
+        packing: masks.packing,
+        ..DeviceBlock::new(&cfg, (&dq, 0), (&dk, &dv, 0))
+    };
+    let mut out = DeviceTensor::<T>::zeros(dev, shape.q).unwrap();
+    let lse = forward_call(dev, &block, &mut out, path).unwrap();
+    let lse = dev.stream().clone_dtoh(&lse).unwrap();
+    let out = out.to_host_contiguous(dev).unwrap();
+    (out.iter().map(|x| x.to_f32().to_bits()).collect(), lse.iter().map(|x| x.to_bits()).collect())
+}
 
 /// Every golden file whose heads have one pattern: the forward written straight from the
 /// kernel equals the forward through the f32 partial bit for bit (output and lse).
 fn direct_equals_partial<T: CudaElement>(dev: &CudaDevice) {
     let mut compared = 0;
     for case in attention_cases() {
-        let cfg = case.config().unwrap();
-        if !one_pattern_per_head(&cfg) {
+        if !one_pattern_per_head(&case.config().unwrap()) {
             continue;
         }
-        let (shape, masks) = (case.attn_shape().unwrap(), case.masks().unwrap());
-        let [q, k, v]: [Vec<T>; 3] = ["q", "k", "v"].map(|t| conv(&case.tensor(t).unwrap().data));
-        let up = |x: &[T], s| {
-            DeviceTensor::from_view(dev, &TensorView::contiguous(TensorName::Query, x, s).unwrap()).unwrap()
-        };
-        let (dq, dk, dv) = (up(&q, shape.q), up(&k, shape.kv), up(&v, shape.kv));
-        let mask = masks.key_padding.map(|m| DeviceKeyPadding::upload(dev, &m).unwrap());
-        let block = DeviceBlock {
-            key_padding: mask.as_ref(),
-            packing: masks.packing,
-            ..DeviceBlock::new(&cfg, (&dq, 0), (&dk, &dv, 0))
-        };
-        let run = |path| {
-            let mut out = DeviceTensor::<T>::zeros(dev, shape.q).unwrap();
-            let lse = forward_call(dev, &block, &mut out, path).unwrap();
-            let lse = dev.stream().clone_dtoh(&lse).unwrap();
-            let out = out.to_host_contiguous(dev).unwrap();
-            (out.iter().map(|x| x.to_f32().to_bits()).collect::<Vec<_>>(), lse.iter().map(|x| x.to_bits()).collect())
-        };
-        let (direct, partial): ((Vec<u32>, Vec<u32>), _) = (run(ForwardPath::Direct), run(ForwardPath::Partial));
+        let (direct, partial) =
+            (forward_bits::<T>(dev, &case, ForwardPath::Direct), forward_bits::<T>(dev, &case, ForwardPath::Partial));
         assert!(direct.0 == partial.0, "{}: the direct output differs from the partial path's", case.name);
         assert!(direct.1 == partial.1, "{}: the direct lse differs from the partial path's", case.name);
         compared += 1;
@@ -74,6 +77,28 @@ fn golden_cuda_bf16_rows_128() {
     let dev = dev.with_forward_rows(ForwardRows::M128);
     direct_equals_partial::<bf16>(&dev);
     assert_attention_dirs_pass(&gpu::<bf16>(&dev));
+}
+
+/// The patterns of a call in one launch (the 64-row fused kernel): every golden file, and
+/// its forward equal to one launch a pattern bit for bit on both paths.
+#[test]
+fn golden_cuda_bf16_fused_patterns() {
+    let Some(dev) = device_or_skip("golden_cuda_bf16_fused_patterns") else { return };
+    let (apart, fused) =
+        (dev.with_pattern_fusion(PatternFusion::PerPattern), dev.with_pattern_fusion(PatternFusion::Fused));
+    let mut compared = 0;
+    for case in attention_cases() {
+        if !one_pattern_per_head(&case.config().unwrap()) {
+            continue;
+        }
+        for path in [ForwardPath::Direct, ForwardPath::Partial] {
+            let (a, b) = (forward_bits::<bf16>(&fused, &case, path), forward_bits::<bf16>(&apart, &case, path));
+            assert!(a == b, "{} {path:?}: the fused forward differs from one launch a pattern", case.name);
+        }
+        compared += 1;
+    }
+    assert!(compared >= 12, "only {compared} golden files have one pattern per head");
+    assert_attention_dirs_pass(&gpu::<bf16>(&fused));
 }
 
 #[test]

@@ -6,10 +6,12 @@
 //!
 //! `--paths direct,partial` times both ways the forward reaches its output (straight from
 //! the kernel, or through the f32 partial and its epilogue), `--rows 64,128` both query
-//! rows a block of the tensor-core forward, in one process.
+//! rows a block of the tensor-core forward, `--launch per-pattern,fused` both ways its
+//! patterns launch, in one process.
 //!
 //! Usage: attn-cuda-bench [--seq 65536,262144] [--heads 16] [--dtype bf16|f16|f32] [--iters 10]
 //!        [--causal] [--backward] [--paths direct|partial|direct,partial] [--rows 64|128|64,128]
+//!        [--launch per-pattern|fused|per-pattern,fused]
 //!
 //! `--heads` (at least 5, one a pattern) shrinks the work, e.g. for a run under
 //! compute-sanitizer.
@@ -17,7 +19,7 @@
 use std::process::ExitCode;
 
 use attn_core::{DilatedConfig, Pass, Shape4};
-use attn_kernels::cuda::plan::ForwardRows;
+use attn_kernels::cuda::plan::{ForwardRows, PatternFusion};
 use attn_kernels::cuda::{BenchRun, CudaDevice, CudaElement, ForwardPath, GpuTiming, bench_pass};
 use half::{bf16, f16};
 
@@ -31,6 +33,15 @@ struct Args {
     paths: Vec<ForwardPath>,
     /// `None`: the device's own choice (`ATTN_CUDA_FWD_ROWS`).
     rows: Option<Vec<ForwardRows>>,
+    /// `None`: the device's own choice (`ATTN_CUDA_FWD_LAUNCH`).
+    launches: Option<Vec<PatternFusion>>,
+}
+
+fn fusion_name(f: PatternFusion) -> &'static str {
+    match f {
+        PatternFusion::PerPattern => "per-pattern",
+        PatternFusion::Fused => "fused",
+    }
 }
 
 fn path_name(p: ForwardPath) -> &'static str {
@@ -50,6 +61,7 @@ fn parse() -> Result<Args, String> {
         pass: Pass::Forward,
         paths: vec![ForwardPath::Direct],
         rows: None,
+        launches: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -83,6 +95,15 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?;
                 a.rows = Some(rows);
             }
+            "--launch" => {
+                let launches = val()?
+                    .split(',')
+                    .map(|l| {
+                        PatternFusion::parse(l).ok_or_else(|| format!("--launch: `{l}` is not per-pattern or fused"))
+                    })
+                    .collect::<Result<_, _>>()?;
+                a.launches = Some(launches);
+            }
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -114,10 +135,17 @@ fn run() -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let rows = a.rows.clone().unwrap_or_else(|| vec![dev.forward_rows()]);
+    let launches = a.launches.clone().unwrap_or_else(|| vec![dev.forward_options().fusion]);
+    let mut cases = Vec::new();
+    for &r in &rows {
+        for &f in &launches {
+            cases.extend(a.paths.iter().map(|&p| (r, f, p)));
+        }
+    }
     for &seq in &a.seqs {
         let shape = Shape4::new(1, seq, a.heads, 128).map_err(|e| e.to_string())?;
-        for (&r, &path) in rows.iter().flat_map(|r| a.paths.iter().map(move |p| (r, p))) {
-            let dev = dev.with_forward_rows(r);
+        for &(r, fusion, path) in &cases {
+            let dev = dev.with_forward_rows(r).with_pattern_fusion(fusion);
             let (t, image) = match a.dtype.as_str() {
                 "bf16" => run_one::<bf16>(&dev, &cfg, shape, &a, path)?,
                 "f16" => run_one::<f16>(&dev, &cfg, shape, &a, path)?,
@@ -125,13 +153,14 @@ fn run() -> Result<(), String> {
                 other => return Err(format!("unknown dtype `{other}`")),
             };
             println!(
-                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":{},\"median_ms\":{:.4},\"tflops\":{:.2}}}",
+                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":{},\"launch\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2}}}",
                 a.dtype,
                 a.heads,
                 a.causal,
                 a.pass == Pass::Backward,
                 path_name(path),
                 r.rows(),
+                fusion_name(fusion),
                 t.median_ms,
                 t.tflops()
             );

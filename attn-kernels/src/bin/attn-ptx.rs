@@ -12,7 +12,7 @@ use attn_kernels::cuda::nvrtc_present;
 use attn_kernels::cuda::plan::{ForwardRows, mma_bwd_smem_bytes, mma_smem_bytes};
 use attn_kernels::cuda::source::{
     MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, dtype_define, full_source, kernel_names_for, mma_bwd_kernel_name,
-    mma_kernel_name, nvrtc_options,
+    mma_fused_kernel_name, mma_kernel_name, nvrtc_options,
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
@@ -95,6 +95,11 @@ fn dynamic_smem(name: &str) -> usize {
                 if name == mma_kernel_name(t, d, rows) {
                     return mma_smem_bytes(rows, d);
                 }
+            }
+        }
+        for d in MMA_HEAD_DIMS {
+            if name == mma_fused_kernel_name(t, d) {
+                return mma_smem_bytes(ForwardRows::M64, d);
             }
         }
         for d in MMA_BWD_HEAD_DIMS {

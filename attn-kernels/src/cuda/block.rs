@@ -145,7 +145,7 @@ pub fn forward_block<T: CudaElement>(
 ) -> Result<()> {
     check_block(block)?;
     check_partial(partial, block.q.shape)?;
-    let plan = plan_forward(&geometry(block, None), T::DTYPE, T::SUFFIX, dev.forward_rows())?;
+    let plan = plan_forward(&geometry(block, None), T::DTYPE, T::SUFFIX, dev.forward_options())?;
     let DeviceBlock { q, k, v, .. } = *block;
     let DevicePartial { out, lse, .. } = partial;
     let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
@@ -184,7 +184,7 @@ pub fn forward_call<T: CudaElement>(
     }
     let direct = match path {
         ForwardPath::Direct => {
-            plan_forward_direct(&geometry(block, Some(out.strides)), T::DTYPE, T::SUFFIX, dev.forward_rows())?
+            plan_forward_direct(&geometry(block, Some(out.strides)), T::DTYPE, T::SUFFIX, dev.forward_options())?
         }
         ForwardPath::Partial => None,
     };

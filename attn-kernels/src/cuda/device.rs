@@ -10,7 +10,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 use super::nvrtc::{ImageKind, compile_for_device};
-use super::plan::ForwardRows;
+use super::plan::{ForwardOptions, ForwardRows, PatternFusion};
 use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source};
 
 const BACKEND: &str = "cuda";
@@ -64,16 +64,17 @@ pub struct CudaDevice {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     compute_capability: (i32, i32),
-    forward_rows: ForwardRows,
+    forward: ForwardOptions,
 }
 
 impl CudaDevice {
     /// Open device `ordinal`: check libraries and device and require sm_80+. Kernels are
     /// compiled by NVRTC for this device's architecture on first use, one module per
-    /// dtype, cached for the process. The forward's rows a block come from
-    /// `ATTN_CUDA_FWD_ROWS` ([`ForwardRows::from_env`]; an unknown value is an error).
+    /// dtype, cached for the process. The forward's rows a block and pattern fusion come
+    /// from `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH` ([`ForwardOptions::from_env`];
+    /// an unknown value is an error).
     pub fn new(ordinal: usize) -> Result<Self> {
-        let forward_rows = ForwardRows::from_env()?;
+        let forward = ForwardOptions::from_env()?;
         check_available(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
         let cc = ctx.compute_capability().map_err(cuda_err)?;
@@ -81,19 +82,30 @@ impl CudaDevice {
             return Err(unavailable(format!("device {ordinal} is sm_{}{}; sm_80 or newer is required", cc.0, cc.1)));
         }
         let stream = ctx.default_stream();
-        Ok(CudaDevice { ctx, stream, compute_capability: cc, forward_rows })
+        Ok(CudaDevice { ctx, stream, compute_capability: cc, forward })
     }
 
     /// The same device and stream with the tensor-core forward taking `rows` query rows a
     /// block (128 needs more shared memory a block than some sm_86/sm_89 parts allow: their
     /// launches then fail with a typed error).
     pub fn with_forward_rows(&self, rows: ForwardRows) -> Self {
-        CudaDevice { forward_rows: rows, ..self.clone() }
+        CudaDevice { forward: ForwardOptions { rows, ..self.forward }, ..self.clone() }
+    }
+
+    /// The same device and stream with the tensor-core forward's patterns launched as
+    /// `fusion` says.
+    pub fn with_pattern_fusion(&self, fusion: PatternFusion) -> Self {
+        CudaDevice { forward: ForwardOptions { fusion, ..self.forward }, ..self.clone() }
     }
 
     /// Query rows a block of the tensor-core forward.
     pub fn forward_rows(&self) -> ForwardRows {
-        self.forward_rows
+        self.forward.rows
+    }
+
+    /// The tensor-core forward's rows a block and pattern fusion.
+    pub fn forward_options(&self) -> ForwardOptions {
+        self.forward
     }
 
     /// The module holding the kernels of dtype `suffix` (`f32`, `f16`, `bf16`), compiled

@@ -19,7 +19,7 @@ use libloading::Library;
 use super::block::ForwardPath;
 use super::epilogue::{delta_launch, fill_launch, row_params, store_launch};
 use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward, plan_forward_direct};
-use super::plan::{ForwardRows, out_scale};
+use super::plan::{ForwardOptions, ForwardRows, PatternFusion, out_scale};
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{CudaElement, extent};
 
@@ -30,11 +30,11 @@ fn emu_err(message: impl Into<String>) -> AttnError {
     AttnError::BackendUnavailable { backend: "cuda-emulation", reason: message.into() }
 }
 
-/// The loaded emulation library, planning the forward with its [`ForwardRows`].
+/// The loaded emulation library, planning the forward with its [`ForwardOptions`].
 #[derive(Debug)]
 pub struct Emulator {
     lib: Library,
-    forward_rows: ForwardRows,
+    forward: ForwardOptions,
 }
 
 /// A block's inputs in host memory (as the device call's buffers): q, k, v, grad_out in
@@ -159,17 +159,22 @@ impl Emulator {
     }
 
     /// Load a library [`Emulator::build`] made (the forward taking
-    /// [`ForwardRows::from_env`] rows a block).
+    /// [`ForwardOptions::from_env`] rows a block and pattern fusion).
     pub fn load(path: &Path) -> Result<Self> {
-        let forward_rows = ForwardRows::from_env()?;
+        let forward = ForwardOptions::from_env()?;
         // SAFETY: the library is ours (emu_capi.cpp); loading runs its static initialisers only.
         let lib = unsafe { Library::new(path) }.map_err(|e| emu_err(format!("loading {}: {e}", path.display())))?;
-        Ok(Emulator { lib, forward_rows })
+        Ok(Emulator { lib, forward })
     }
 
     /// This emulator planning the tensor-core forward with `rows` query rows a block.
     pub fn with_forward_rows(self, rows: ForwardRows) -> Self {
-        Emulator { forward_rows: rows, ..self }
+        Emulator { forward: ForwardOptions { rows, ..self.forward }, ..self }
+    }
+
+    /// This emulator planning the tensor-core forward's patterns as `fusion` says.
+    pub fn with_pattern_fusion(self, fusion: PatternFusion) -> Self {
+        Emulator { forward: ForwardOptions { fusion, ..self.forward }, ..self }
     }
 
     /// How many kernels the library runs.
@@ -268,7 +273,7 @@ impl Emulator {
         acc: HostAccs<'_>,
     ) -> Result<()> {
         check_buffers(g, a, &acc)?;
-        self.execute(&plan_forward(g, T::DTYPE, T::SUFFIX, self.forward_rows)?, a, acc, None)
+        self.execute(&plan_forward(g, T::DTYPE, T::SUFFIX, self.forward)?, a, acc, None)
     }
 
     /// [`crate::cuda::forward_call`] on host buffers: the forward of a whole call (`g`
@@ -288,7 +293,7 @@ impl Emulator {
         }
         need(TensorName::Output, out.len(), shape.numel())?;
         let direct = match path {
-            ForwardPath::Direct => plan_forward_direct(g, T::DTYPE, T::SUFFIX, self.forward_rows)?,
+            ForwardPath::Direct => plan_forward_direct(g, T::DTYPE, T::SUFFIX, self.forward)?,
             ForwardPath::Partial => None,
         };
         let mut partial = vec![0.0f32; shape.numel()];

@@ -5,11 +5,12 @@
 
 use attn_core::{AttnError, Band, DType, DilatedConfig, Mixing, PackedSequences, Result, Shape4};
 
-use super::params::{AttnParams, BlockLayout, attn_params};
+use super::params::{AttnParams, BlockLayout, FusedPattern, MAX_FUSED, attn_params};
 use super::plan::{
-    BackwardKernel, ForwardKernel, ForwardRows, PatternLaunch, SeqPiece, THREADS, backward_kernel, forward_kernel,
-    head_sweeps, pattern_launches, seq_pieces,
+    BackwardKernel, ForwardKernel, ForwardOptions, ForwardRows, PatternFusion, PatternLaunch, SeqPiece, THREADS,
+    backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
 };
+use super::source::mma_fused_kernel_name;
 
 /// Shapes, strides and positions of a block (what planning needs of its tensors).
 #[derive(Debug, Clone, Copy)]
@@ -131,9 +132,20 @@ fn offsets(g: &BlockGeometry<'_>, piece: &SeqPiece) -> ArgOffsets {
 }
 
 /// The forward launches of a block of dtype `dtype` (kernel suffix `suffix`), the
-/// tensor-core kernel taking `rows` query rows a block.
-pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, rows: ForwardRows) -> Result<Vec<Planned>> {
-    let (kernel, per_block, threads, smem) = match forward_kernel(dtype, suffix, g.q.0.head_dim, rows) {
+/// tensor-core kernel taking `opts.rows` query rows a block and, with 64 rows where every
+/// head has one pattern, fusing the patterns' launches as `opts.fusion` says.
+pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: ForwardOptions) -> Result<Vec<Planned>> {
+    let kernel = forward_kernel(dtype, suffix, g.q.0.head_dim, opts.rows);
+    // The fused kernel: 64 rows a block, where every head has one pattern.
+    let fused_kernel = match &kernel {
+        ForwardKernel::Mma { padded_d, rows: ForwardRows::M64, .. }
+            if opts.fusion == PatternFusion::Fused && one_pattern_per_head(g.cfg) =>
+        {
+            Some(mma_fused_kernel_name(suffix, *padded_d))
+        }
+        _ => None,
+    };
+    let (kernel, per_block, threads, smem) = match kernel {
         ForwardKernel::Mma { name, rows, smem_bytes, .. } => (name, rows.rows(), rows.threads(), smem_bytes),
         ForwardKernel::Rows { name } => (name, (THREADS / 32) as usize, THREADS, 0),
     };
@@ -141,12 +153,29 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, rows: For
     let mut out = Vec::new();
     let launches = pattern_launches(g.cfg, g.q.0.heads);
     for piece in pieces(g) {
+        let mut parts = Vec::new();
         for pl in &launches {
             let params = piece_params(g, &piece, pl)?;
-            let rows = pl.max_selected(params.q_start as usize, piece.q.len());
-            let Some(grid) = grid(rows, per_block, pl.heads.len(), g.q.0.batch)? else { continue };
+            let blocks = pl.max_selected(params.q_start as usize, piece.q.len()).div_ceil(per_block);
+            if blocks > 0 {
+                parts.push(FusePart { params, blocks, heads: pl.heads.len() });
+            }
+        }
+        let groups = if fused_kernel.is_some() {
+            // Heaviest blocks first: a launch's last wave is then its lightest blocks.
+            parts.sort_by_key(|p| std::cmp::Reverse(p.keys_a_row()));
+            parts.chunks(MAX_FUSED).map(<[FusePart]>::to_vec).collect()
+        } else {
+            parts.into_iter().map(|p| vec![p]).collect::<Vec<_>>()
+        };
+        for group in groups {
+            let (params, grid) = fused_launch(&group, g.q.0.batch)?;
+            let name = match &fused_kernel {
+                Some(fused) if params.fused > 1 => fused.clone(),
+                _ => kernel.clone(),
+            };
             out.push(Planned {
-                kernel: kernel.clone(),
+                kernel: name,
                 signature: Signature::Forward,
                 grid,
                 threads,
@@ -158,6 +187,65 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, rows: For
         }
     }
     Ok(out)
+}
+
+/// One pattern's launch of a piece: its parameters, row blocks a head, and heads.
+#[derive(Debug, Clone, Copy)]
+struct FusePart {
+    params: AttnParams,
+    blocks: usize,
+    heads: usize,
+}
+
+impl FusePart {
+    /// Keys a query row attends at most (selected indices): the segment's, cut by the band.
+    fn keys_a_row(&self) -> i64 {
+        let p = &self.params;
+        let seg = (p.w - p.fixed_off.max(0) + p.r - 1) / p.r;
+        if p.band_left < 0 || p.band_right < 0 { seg } else { seg.min(p.band_left + p.band_right + 1) }
+    }
+}
+
+/// The parameters and grid of one launch running `group`: a part alone is a plain launch
+/// (grid y = heads); several are a fused one (`AttnParams::fused`, grid x enumerating each
+/// part's (head, row block) pairs in turn).
+fn fused_launch(group: &[FusePart], batch: usize) -> Result<(AttnParams, (u32, u32, u32))> {
+    let empty = || AttnError::InvalidArgument("a forward launch with no rows".into());
+    let first = group.first().ok_or_else(empty)?;
+    if group.len() == 1 {
+        let grid = grid(first.blocks, 1, first.heads, batch)?.ok_or_else(empty)?;
+        return Ok((first.params, grid));
+    }
+    if group.len() > MAX_FUSED {
+        return Err(AttnError::InvalidArgument(format!(
+            "{} patterns in one launch (at most {MAX_FUSED})",
+            group.len()
+        )));
+    }
+    let mut params = first.params;
+    params.fused = group.len() as i32;
+    let mut next = 0usize;
+    for (slot, part) in params.fuse.iter_mut().zip(group) {
+        let p = &part.params;
+        *slot = FusedPattern {
+            first: next as i64,
+            blocks: part.blocks as i64,
+            heads: part.heads as i64,
+            head0: p.head0,
+            w: p.w,
+            r: p.r,
+            fixed_off: p.fixed_off,
+            band_left: p.band_left,
+            band_right: p.band_right,
+        };
+        next = part
+            .blocks
+            .checked_mul(part.heads)
+            .and_then(|n| n.checked_add(next))
+            .ok_or_else(|| AttnError::InvalidArgument("launch grid too large".into()))?;
+    }
+    let grid = grid(next, 1, 1, batch)?.ok_or_else(empty)?;
+    Ok((params, grid))
 }
 
 /// Whether every head of `cfg` has exactly one pattern (head groups, a window, or a
@@ -181,16 +269,16 @@ pub fn plan_forward_direct(
     g: &BlockGeometry<'_>,
     dtype: DType,
     suffix: &str,
-    rows: ForwardRows,
+    opts: ForwardOptions,
 ) -> Result<Option<Vec<Planned>>> {
     if g.g_strides.is_none() {
         return Ok(None);
     }
-    if !writes_direct(g.cfg, &forward_kernel(dtype, suffix, g.q.0.head_dim, rows)) {
+    if !writes_direct(g.cfg, &forward_kernel(dtype, suffix, g.q.0.head_dim, opts.rows)) {
         return Ok(None);
     }
     // `attn_params` already carries the heads' output scale.
-    let mut plan = plan_forward(g, dtype, suffix, rows)?;
+    let mut plan = plan_forward(g, dtype, suffix, opts)?;
     for p in &mut plan {
         p.signature = Signature::ForwardDirect;
         p.params.out_direct = 1;
@@ -249,4 +337,97 @@ pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str) -> Resul
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use attn_core::{DilatedConfig, Mixing, Shape4};
+
+    use super::*;
+
+    fn geometry(cfg: &DilatedConfig, s: Shape4) -> BlockGeometry<'_> {
+        BlockGeometry {
+            cfg,
+            q: (s, s.contiguous_strides()),
+            q_start: 0,
+            k: (s, s.contiguous_strides()),
+            v_strides: s.contiguous_strides(),
+            k_start: 0,
+            g_strides: None,
+            band: cfg.band(),
+            kpad_seq: None,
+            packing: None,
+        }
+    }
+
+    fn plan(cfg: &DilatedConfig, s: Shape4, fusion: PatternFusion) -> Vec<Planned> {
+        let opts = ForwardOptions { rows: ForwardRows::M64, fusion };
+        plan_forward(&geometry(cfg, s), DType::BF16, "bf16", opts).unwrap()
+    }
+
+    /// Every (pattern, head, row block) a plan's blocks run, decoded as `fused_block` does.
+    fn blocks(plan: &[Planned]) -> BTreeSet<(i64, i64, i64, i64)> {
+        let mut out = BTreeSet::new();
+        for l in plan {
+            let p = &l.params;
+            for x in 0..i64::from(l.grid.0) {
+                if p.fused == 0 {
+                    for y in 0..i64::from(l.grid.1) {
+                        out.insert((p.w, p.r, p.head0 + y * p.head_step, x));
+                    }
+                    continue;
+                }
+                let f = p.fuse[..p.fused as usize].iter().rfind(|f| x >= f.first).unwrap();
+                out.insert((f.w, f.r, f.head0 + (x - f.first) / f.blocks, (x - f.first) % f.blocks));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn head_groups_fuse_into_one_launch_covering_the_same_blocks() {
+        let cfg = DilatedConfig::new(&[2048, 4096, 8192, 16384, 32768], &[1, 2, 4, 8, 16]).unwrap();
+        let s = Shape4::new(1, 65_536, 16, 128).unwrap();
+        let (apart, fused) = (plan(&cfg, s, PatternFusion::PerPattern), plan(&cfg, s, PatternFusion::Fused));
+        assert_eq!((apart.len(), fused.len()), (5, 1));
+        let f = &fused[0];
+        assert_eq!((f.params.fused, f.grid.1, f.grid.2), (5, 1, 1));
+        // Each pattern: 2048 keys a row; heads 4, 3, 3, 3, 3; 65536 / r rows of 64 a block.
+        let parts: Vec<_> = f.params.fuse[..5].iter().map(|p| (p.r, p.heads, p.blocks, p.first)).collect();
+        assert_eq!(
+            parts,
+            [(1, 4, 1024, 0), (2, 3, 512, 4096), (4, 3, 256, 5632), (8, 3, 128, 6400), (16, 3, 64, 6784)]
+        );
+        assert_eq!(f.grid.0, 6784 + 3 * 64);
+        assert_eq!(blocks(&apart), blocks(&fused));
+    }
+
+    #[test]
+    fn heavier_patterns_come_first_and_at_most_max_fused_share_a_launch() {
+        let segs: Vec<usize> = (0..9).map(|i| 64 << (i % 3)).collect();
+        let rates: Vec<usize> = (0..9).map(|i| 1 + i / 3).collect();
+        let cfg = DilatedConfig::new(&segs, &rates).unwrap();
+        let s = Shape4::new(2, 1000, 9, 64).unwrap();
+        let (apart, fused) = (plan(&cfg, s, PatternFusion::PerPattern), plan(&cfg, s, PatternFusion::Fused));
+        assert_eq!((apart.len(), fused.len()), (9, 2));
+        assert_eq!((fused[0].params.fused, fused[1].params.fused), (MAX_FUSED as i32, 0));
+        let keys: Vec<i64> = fused[0].params.fuse.iter().map(|p| (p.w + p.r - 1) / p.r).collect();
+        assert!(keys.windows(2).all(|w| w[0] >= w[1]), "{keys:?}");
+        assert!(fused.iter().all(|l| l.grid.2 == 2));
+        assert_eq!(blocks(&apart), blocks(&fused));
+    }
+
+    #[test]
+    fn longnet_heads_and_row_kernels_are_not_fused() {
+        let s = Shape4::new(1, 512, 4, 64).unwrap();
+        let longnet = DilatedConfig::builder().segments(&[64, 128]).dilations(&[1, 2]).mixing(Mixing::LongNet);
+        let cfg = longnet.build().unwrap();
+        assert_eq!(plan(&cfg, s, PatternFusion::Fused), plan(&cfg, s, PatternFusion::PerPattern));
+        let hg = DilatedConfig::new(&[64, 128], &[1, 2]).unwrap();
+        let opts = ForwardOptions { rows: ForwardRows::M64, fusion: PatternFusion::Fused };
+        let rows = plan_forward(&geometry(&hg, s), DType::F32, "f32", opts).unwrap();
+        assert!(rows.len() == 2 && rows.iter().all(|l| l.params.fused == 0));
+    }
 }

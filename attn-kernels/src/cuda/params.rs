@@ -46,6 +46,30 @@ pub struct AttnParams {
     pub vec: i32,
     /// 1: the forward writes the output and lse of its rows (`Signature::ForwardDirect`).
     pub out_direct: i32,
+    /// The tensor-core forward: `> 0` = this launch runs the patterns `fuse[..fused]`.
+    pub fused: i32,
+    pub fused_pad: i32,
+    pub fuse: [FusedPattern; MAX_FUSED],
+}
+
+/// Patterns one fused forward launch runs at most (`MAX_FUSED` in `prelude.cu`).
+pub const MAX_FUSED: usize = 8;
+
+/// One pattern of a fused forward launch (`FusedPattern` in `prelude.cu`): its blocks are
+/// grid x indices `first..first + heads * blocks`, `blocks` row blocks for each of the
+/// heads from `head0`; the other fields replace the launch's own.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FusedPattern {
+    pub first: i64,
+    pub blocks: i64,
+    pub heads: i64,
+    pub head0: i64,
+    pub w: i64,
+    pub r: i64,
+    pub fixed_off: i64,
+    pub band_left: i64,
+    pub band_right: i64,
 }
 
 /// Parameters of the row-wise epilogue kernels (`RowParams` in `prelude.cu`).
@@ -152,6 +176,9 @@ pub fn attn_params(cfg: &DilatedConfig, l: &BlockLayout, launch: &PatternLaunch)
         out_scale: out_scale(cfg),
         vec,
         out_direct: 0,
+        fused: 0,
+        fused_pad: 0,
+        fuse: [FusedPattern::default(); MAX_FUSED],
     }
 }
 
@@ -166,8 +193,10 @@ mod tests {
 
     #[test]
     fn layouts_match_the_cuda_structs() {
-        // 29 8-byte fields + 2 f32 + 2 i32 = 248 bytes; 10 i64 + f32 + i32 = 88 bytes (no padding).
-        assert_eq!(std::mem::size_of::<AttnParams>(), 248);
+        // 29 8-byte fields + 2 f32 + 4 i32 + 8 fused patterns of 9 i64 = 832 bytes;
+        // 10 i64 + f32 + i32 = 88 bytes (no padding).
+        assert_eq!(std::mem::size_of::<FusedPattern>(), 72);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 832);
         assert_eq!(std::mem::size_of::<RowParams>(), 88);
         assert_eq!(std::mem::align_of::<AttnParams>(), 8);
     }

@@ -52,12 +52,62 @@ impl ForwardRows {
     /// The choice of `ATTN_CUDA_FWD_ROWS` (the default, 64, when unset); an unknown value
     /// is a typed error.
     pub fn from_env() -> attn_core::Result<Self> {
-        match std::env::var("ATTN_CUDA_FWD_ROWS") {
-            Err(_) => Ok(ForwardRows::default()),
-            Ok(v) => Self::parse(&v).ok_or_else(|| {
-                attn_core::AttnError::InvalidArgument(format!("ATTN_CUDA_FWD_ROWS must be 64 or 128, got `{v}`"))
-            }),
+        choice_from_env("ATTN_CUDA_FWD_ROWS", Self::parse, "64 or 128")
+    }
+}
+
+/// The value of environment variable `var` parsed by `parse`, the default when unset; a
+/// value `parse` refuses is a typed error naming what `expected` says.
+fn choice_from_env<T: Default>(var: &str, parse: fn(&str) -> Option<T>, expected: &str) -> attn_core::Result<T> {
+    match std::env::var(var) {
+        Err(_) => Ok(T::default()),
+        Ok(v) => parse(&v)
+            .ok_or_else(|| attn_core::AttnError::InvalidArgument(format!("{var} must be {expected}, got `{v}`"))),
+    }
+}
+
+/// How the tensor-core forward launches the patterns of a call whose heads each have one
+/// pattern (head groups): one launch per pattern, or `Fused`, the patterns (of disjoint
+/// head ranges) in one launch of the 64-row fused kernel, up to
+/// [`MAX_FUSED`](super::params::MAX_FUSED) a launch, the patterns with the most keys a
+/// row first, so no launch ends with a partial wave of one pattern's blocks (128 rows a
+/// block stay one launch a pattern). A device's choice comes from
+/// `ATTN_CUDA_FWD_LAUNCH=per-pattern|fused`, per pattern without it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PatternFusion {
+    #[default]
+    PerPattern,
+    Fused,
+}
+
+impl PatternFusion {
+    /// `"per-pattern"` or `"fused"` as `ATTN_CUDA_FWD_LAUNCH` spells it.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim() {
+            "per-pattern" => Some(PatternFusion::PerPattern),
+            "fused" => Some(PatternFusion::Fused),
+            _ => None,
         }
+    }
+
+    /// The choice of `ATTN_CUDA_FWD_LAUNCH` (per pattern when unset); an unknown value is
+    /// a typed error.
+    pub fn from_env() -> attn_core::Result<Self> {
+        choice_from_env("ATTN_CUDA_FWD_LAUNCH", Self::parse, "per-pattern or fused")
+    }
+}
+
+/// The tensor-core forward's shape choices: query rows a block and pattern fusion.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ForwardOptions {
+    pub rows: ForwardRows,
+    pub fusion: PatternFusion,
+}
+
+impl ForwardOptions {
+    /// `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH`.
+    pub fn from_env() -> attn_core::Result<Self> {
+        Ok(ForwardOptions { rows: ForwardRows::from_env()?, fusion: PatternFusion::from_env()? })
     }
 }
 

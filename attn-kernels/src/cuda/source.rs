@@ -92,11 +92,20 @@ pub fn kernel_names() -> Vec<String> {
                 names.push(mma_kernel_name(t, d, rows));
             }
         }
+        for d in MMA_HEAD_DIMS {
+            names.push(mma_fused_kernel_name(t, d));
+        }
         for d in MMA_BWD_HEAD_DIMS {
             names.push(mma_bwd_kernel_name(t, d));
         }
     }
     names
+}
+
+/// Name of the fused tensor-core forward (64 query rows a block, several patterns a
+/// launch: `AttnParams::fused`) for a dtype suffix and padded head dim.
+pub fn mma_fused_kernel_name(suffix: &str, padded_d: usize) -> String {
+    format!("dilated_fwd_mma_fused_{suffix}_d{padded_d}")
 }
 
 /// Name of the tensor-core backward for a dtype suffix and padded head dim.
@@ -122,9 +131,12 @@ mod tests {
         for name in kernel_names() {
             // Kernels are defined by macros: check the macro invocation or the literal name.
             let found = if let Some(rest) = name.strip_prefix("dilated_fwd_mma_") {
-                let (rest, mac) = match rest.strip_prefix("m128_") {
-                    Some(r) => (r, "ATTN_MMA_KERNEL_M128"),
-                    None => (rest, "ATTN_MMA_KERNEL"),
+                let (rest, mac) = if let Some(r) = rest.strip_prefix("m128_") {
+                    (r, "ATTN_MMA_KERNEL_M128")
+                } else if let Some(r) = rest.strip_prefix("fused_") {
+                    (r, "ATTN_MMA_KERNEL_FUSED")
+                } else {
+                    (rest, "ATTN_MMA_KERNEL")
                 };
                 let (t, d) = rest.split_once("_d").unwrap();
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
