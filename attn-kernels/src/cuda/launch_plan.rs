@@ -419,6 +419,43 @@ mod tests {
         assert_eq!(blocks(&apart), blocks(&fused));
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+        /// Any head-group config, shape and block offsets (a ring block): the fused plan runs
+        /// exactly the (pattern, head, row block) triples of one launch a pattern, in fewer
+        /// launches where there are several patterns.
+        #[test]
+        fn fused_plans_cover_what_one_launch_a_pattern_covers(
+            patterns in proptest::collection::vec((1usize..300, 1usize..9), 1..13),
+            heads in 1usize..24,
+            (nq, nk, q_start, k_start) in (1usize..700, 1usize..700, 0usize..900, 0usize..900),
+            (batch, causal) in (1usize..3, proptest::bool::ANY),
+        ) {
+            let (segs, rates): (Vec<usize>, Vec<usize>) = patterns.iter().map(|&(w, r)| (w.max(r), r)).unzip();
+            let Ok(cfg) = DilatedConfig::builder().segments(&segs).dilations(&rates).causal(causal).build() else {
+                return Ok(());
+            };
+            let (sq, sk) = (Shape4::new(batch, nq, heads, 64).unwrap(), Shape4::new(batch, nk, heads, 64).unwrap());
+            let g = BlockGeometry {
+                q: (sq, sq.contiguous_strides()),
+                q_start,
+                k: (sk, sk.contiguous_strides()),
+                v_strides: sk.contiguous_strides(),
+                k_start,
+                ..geometry(&cfg, sq)
+            };
+            let run = |fusion| {
+                let opts = ForwardOptions { rows: ForwardRows::M64, fusion };
+                plan_forward(&g, DType::BF16, "bf16", opts).unwrap()
+            };
+            let (apart, fused) = (run(PatternFusion::PerPattern), run(PatternFusion::Fused));
+            proptest::prop_assert_eq!(blocks(&apart), blocks(&fused));
+            proptest::prop_assert_eq!(fused.len(), apart.len().div_ceil(MAX_FUSED));
+            proptest::prop_assert!(fused.iter().all(|l| (l.params.fused > 1) == l.kernel.contains("fused")));
+        }
+    }
+
     #[test]
     fn longnet_heads_and_row_kernels_are_not_fused() {
         let s = Shape4::new(1, 512, 4, 64).unwrap();
