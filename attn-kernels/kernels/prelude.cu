@@ -45,18 +45,19 @@ typedef unsigned int u32;
 
 #define NEG_INF __int_as_float(0xff800000)
 
-// Launch parameters of the attention kernels; mirrored by `AttnParams` in
-// src/cuda/params.rs (same field order, `#[repr(C)]`).
-// One pattern of a fused forward launch: its blocks are grid.x indices [first, first +
-// heads * blocks), `blocks` row blocks for each of the heads from head0 (disjoint from
-// every other pattern's heads, so no two blocks write the same rows).
+// One pattern of a fused forward launch: its blocks are grid.x indices from `first` up to
+// the next entry's, `blocks` row blocks for each of its heads from head0 (disjoint from
+// every other pattern's heads, so no two blocks write the same rows). Mirrored by
+// `FusedPattern` in src/cuda/params.rs.
 #define MAX_FUSED 8
 struct FusedPattern {
-    i64 first, blocks, heads, head0;
+    i64 first, blocks, head0;
     i64 w, r, fixed_off;
     i64 band_left, band_right;
 };
 
+// Launch parameters of the attention kernels; mirrored by `AttnParams` in
+// src/cuda/params.rs (same field order, `#[repr(C)]`).
 struct AttnParams {
     i64 q_sb, q_ss, q_sh;  // strides (elements) of q: batch, seq, head
     i64 k_sb, k_ss, k_sh;  // k (head stride between key/value heads)
@@ -226,7 +227,6 @@ __device__ __forceinline__ void fused_block(AttnParams& a, i64* bx, i64* h) {
             a.band_right = a.fuse[j].band_right;
         }
     }
-    a.head_step = 1;
     *h = a.head0 + div32(x - first, blocks);
     *bx = mod32(x - first, blocks);
 }

@@ -37,13 +37,6 @@ struct Args {
     launches: Option<Vec<PatternFusion>>,
 }
 
-fn fusion_name(f: PatternFusion) -> &'static str {
-    match f {
-        PatternFusion::PerPattern => "per-pattern",
-        PatternFusion::Fused => "fused",
-    }
-}
-
 fn path_name(p: ForwardPath) -> &'static str {
     match p {
         ForwardPath::Direct => "direct",
@@ -160,7 +153,7 @@ fn run() -> Result<(), String> {
                 a.pass == Pass::Backward,
                 path_name(path),
                 r.rows(),
-                fusion_name(fusion),
+                fusion.name(),
                 t.median_ms,
                 t.tflops()
             );

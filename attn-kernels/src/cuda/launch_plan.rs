@@ -3,12 +3,12 @@
 //! ([`crate::cuda::forward_block`], [`crate::cuda::backward_block`]) and the CPU emulation
 //! of the kernels ([`super::emulation`]) execute the same plan.
 
-use attn_core::{AttnError, Band, DType, DilatedConfig, Mixing, PackedSequences, Result, Shape4};
+use attn_core::{AttnError, Band, DType, DilatedConfig, Mixing, PackedSequences, Result, SegmentPattern, Shape4};
 
 use super::params::{AttnParams, BlockLayout, FusedPattern, MAX_FUSED, attn_params};
 use super::plan::{
-    BackwardKernel, ForwardKernel, ForwardOptions, ForwardRows, PatternFusion, PatternLaunch, SeqPiece, THREADS,
-    backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
+    BackwardKernel, ForwardKernel, ForwardOptions, ForwardRows, PatternFusion, PatternLaunch, SelectedIndex, SeqPiece,
+    THREADS, backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
 };
 use super::source::mma_fused_kernel_name;
 
@@ -201,7 +201,8 @@ impl FusePart {
     /// Keys a query row attends at most (selected indices): the segment's, cut by the band.
     fn keys_a_row(&self) -> i64 {
         let p = &self.params;
-        let seg = (p.w - p.fixed_off.max(0) + p.r - 1) / p.r;
+        let pattern = SegmentPattern::new(p.w as usize, p.r as usize, p.fixed_off.max(0) as usize);
+        let seg = SelectedIndex::new(&pattern).per_seg as i64;
         if p.band_left < 0 || p.band_right < 0 { seg } else { seg.min(p.band_left + p.band_right + 1) }
     }
 }
@@ -230,7 +231,6 @@ fn fused_launch(group: &[FusePart], batch: usize) -> Result<(AttnParams, (u32, u
         *slot = FusedPattern {
             first: next as i64,
             blocks: part.blocks as i64,
-            heads: part.heads as i64,
             head0: p.head0,
             w: p.w,
             r: p.r,
@@ -395,7 +395,13 @@ mod tests {
         let f = &fused[0];
         assert_eq!((f.params.fused, f.grid.1, f.grid.2), (5, 1, 1));
         // Each pattern: 2048 keys a row; heads 4, 3, 3, 3, 3; 65536 / r rows of 64 a block.
-        let parts: Vec<_> = f.params.fuse[..5].iter().map(|p| (p.r, p.heads, p.blocks, p.first)).collect();
+        // Heads of entry i: its grid x range (to the next entry's first) over its blocks.
+        let ends: Vec<i64> = f.params.fuse[1..5].iter().map(|p| p.first).chain([i64::from(f.grid.0)]).collect();
+        let parts: Vec<_> = f.params.fuse[..5]
+            .iter()
+            .zip(ends)
+            .map(|(p, end)| (p.r, (end - p.first) / p.blocks, p.blocks, p.first))
+            .collect();
         assert_eq!(
             parts,
             [(1, 4, 1024, 0), (2, 3, 512, 4096), (4, 3, 256, 5632), (8, 3, 128, 6400), (16, 3, 64, 6784)]

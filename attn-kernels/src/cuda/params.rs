@@ -56,14 +56,13 @@ pub struct AttnParams {
 pub const MAX_FUSED: usize = 8;
 
 /// One pattern of a fused forward launch (`FusedPattern` in `prelude.cu`): its blocks are
-/// grid x indices `first..first + heads * blocks`, `blocks` row blocks for each of the
+/// grid x indices from `first` up to the next entry's, `blocks` row blocks for each of its
 /// heads from `head0`; the other fields replace the launch's own.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FusedPattern {
     pub first: i64,
     pub blocks: i64,
-    pub heads: i64,
     pub head0: i64,
     pub w: i64,
     pub r: i64,
@@ -193,10 +192,10 @@ mod tests {
 
     #[test]
     fn layouts_match_the_cuda_structs() {
-        // 29 8-byte fields + 2 f32 + 4 i32 + 8 fused patterns of 9 i64 = 832 bytes;
+        // 29 8-byte fields + 2 f32 + 4 i32 + 8 fused patterns of 8 i64 = 768 bytes;
         // 10 i64 + f32 + i32 = 88 bytes (no padding).
-        assert_eq!(std::mem::size_of::<FusedPattern>(), 72);
-        assert_eq!(std::mem::size_of::<AttnParams>(), 832);
+        assert_eq!(std::mem::size_of::<FusedPattern>(), 64);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 768);
         assert_eq!(std::mem::size_of::<RowParams>(), 88);
         assert_eq!(std::mem::align_of::<AttnParams>(), 8);
     }

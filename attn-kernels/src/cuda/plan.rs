@@ -81,13 +81,20 @@ pub enum PatternFusion {
 }
 
 impl PatternFusion {
-    /// `"per-pattern"` or `"fused"` as `ATTN_CUDA_FWD_LAUNCH` spells it.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s.trim() {
-            "per-pattern" => Some(PatternFusion::PerPattern),
-            "fused" => Some(PatternFusion::Fused),
-            _ => None,
+    /// Every choice.
+    pub const ALL: [PatternFusion; 2] = [PatternFusion::PerPattern, PatternFusion::Fused];
+
+    /// `"per-pattern"` or `"fused"`, as `ATTN_CUDA_FWD_LAUNCH` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PatternFusion::PerPattern => "per-pattern",
+            PatternFusion::Fused => "fused",
         }
+    }
+
+    /// The choice [`name`](Self::name) spells `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == s.trim())
     }
 
     /// The choice of `ATTN_CUDA_FWD_LAUNCH` (per pattern when unset); an unknown value is
