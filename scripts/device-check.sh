@@ -269,6 +269,8 @@ run() {
     PACK=$(cd "$(dirname "$0")" && pwd)
     : "${OUT:=/tmp/device-out}"
     LIBS=$(mktemp -d /tmp/attn-libs.XXXX)
+    # The links live as long as the steps that load through them: removed when the run ends.
+    trap 'rm -rf "$LIBS"' EXIT
     mkdir -p "$OUT"
     export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}" ATTN_GOLDEN_DIR="$PACK/conformance" ATTN_REQUIRE_GPU=1
     have_gpu || export ATTN_REQUIRE_GPU=0

@@ -320,8 +320,8 @@ mod tests {
         // Allocates and frees megabytes: kept out of the measuring tests' windows, whose
         // process-wide live-byte figures another thread's frees would lower.
         let _guard = crate::memory::TEST_WINDOW_LOCK.lock();
-        let dir = std::env::temp_dir().join(format!("attn-bench-plot-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let chart = Chart {
             file_stem: "t".into(),
             title: "t".into(),
@@ -332,13 +332,12 @@ mod tests {
             legend_lower_right: false,
             series: vec![Series { name: "a".into(), points: vec![(2048.0, 10.0), (65536.0, 320.0)] }],
         };
-        let files = render(&dir, &chart).unwrap();
+        let files = render(dir, &chart).unwrap();
         assert_eq!(files, vec!["t.png".to_string(), "t.svg".to_string()]);
         for f in files {
             assert!(std::fs::metadata(dir.join(f)).unwrap().len() > 1000);
         }
         let empty = Chart { series: vec![], ..chart };
-        assert!(render(&dir, &empty).unwrap().is_empty());
-        std::fs::remove_dir_all(&dir).ok();
+        assert!(render(dir, &empty).unwrap().is_empty());
     }
 }

@@ -124,11 +124,11 @@ mod tests {
 
     #[test]
     fn torch_json_runs_the_multihead_script_with_the_case_flags_and_gives_the_ratio() {
-        let dir = std::env::temp_dir().join(format!("attn-bench-single-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let mut spec = CaseSpec::dilated("cpu", 64, &[32, 128], &[1, 2]);
         (spec.kind, spec.backward, spec.heads) = (CaseKind::Multihead, true, 2);
-        let (t, ratio) = torch_peer_json(&fake_python(&dir, false), &spec, 3, "git", 20.0, true);
+        let (t, ratio) = torch_peer_json(&fake_python(dir, false), &spec, 3, "git", 20.0, true);
         assert!(t["status"].as_str().unwrap().starts_with("ok (9.9.9+fake"), "{t}");
         assert_eq!((t["median_ms"].as_f64(), t["runs"].as_u64(), ratio.as_f64()), (Some(50.0), Some(3), Some(2.5)));
         let log = std::fs::read_to_string(dir.join("argv.log")).unwrap();
@@ -136,9 +136,8 @@ mod tests {
         assert!(log.contains("torch_multihead.py") && log.contains("--backward"), "{log}");
         assert!(log.contains("--seq-len 64") && log.contains("--segments 32,64") && log.contains("--runs 3"), "{log}");
         // Our failure gives no ratio; the interpreter's failure is an error status.
-        assert!(torch_peer_json(&fake_python(&dir, false), &spec, 1, "git", 20.0, false).1.is_null());
-        let (bad, ratio) = torch_peer_json(&fake_python(&dir, true), &spec, 1, "git", 20.0, true);
+        assert!(torch_peer_json(&fake_python(dir, false), &spec, 1, "git", 20.0, false).1.is_null());
+        let (bad, ratio) = torch_peer_json(&fake_python(dir, true), &spec, 1, "git", 20.0, true);
         assert!(bad["status"].as_str().unwrap().starts_with("error:") && ratio.is_null(), "{bad}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -17,12 +17,9 @@ const GIT: &str = "0123456789abcdef0123456789abcdef01234567";
 const PLOTS: [&str; 5] =
     ["memory_vs_seq", "memory_reduction", "throughput_vs_seq", "memory_per_token", "ring_size_sweep"];
 
-/// A fresh empty folder under the system temp dir.
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("attn-bench-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh empty folder under the system temp dir, removed when the guard drops.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("attn-bench-{name}-")).tempdir().unwrap()
 }
 
 /// An ok measurement of `spec` in `section`: `ms` per call, a per-rank peak of
@@ -129,10 +126,11 @@ fn table_after<'a>(md: &'a str, heading: &str) -> Vec<&'a str> {
 fn report_json_and_plots_hold_every_table_the_issue_lists() {
     // Renders bitmaps (megabytes): kept out of the measuring tests' memory windows.
     let _guard = TEST_WINDOW_LOCK.lock();
-    let dir = temp_dir("report");
+    let dir_tmp = temp_dir("report");
+    let dir = dir_tmp.path();
     let results = synthetic(Vec::new());
     results.save(&dir.join("results.json")).unwrap();
-    write_report(&dir, &results, None, 10.0).unwrap();
+    write_report(dir, &results, None, 10.0).unwrap();
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
 
     // Per sequence length: time, peak MB, tokens/s, KB/token, % of the f32 GEMM.
@@ -235,7 +233,6 @@ fn report_json_and_plots_hold_every_table_the_issue_lists() {
     }
     assert_eq!(json["capacity"].as_array().unwrap().len(), 4);
     assert_eq!(RunResults::load(&dir.join("results.json")).unwrap().measurements.len(), ms.len());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A fake interpreter: logs its arguments (the script path first) and prints a
@@ -264,8 +261,9 @@ fn fake_python(dir: &Path, fail: bool) -> PathBuf {
 #[test]
 fn torch_flag_adds_pytorch_rows_and_speedups_to_the_comparison() {
     let _guard = TEST_WINDOW_LOCK.lock();
-    let dir = temp_dir("torch");
-    let python = fake_python(&dir, false);
+    let dir_tmp = temp_dir("torch");
+    let dir = dir_tmp.path();
+    let python = fake_python(dir, false);
     let results = synthetic(Vec::new());
     let multi = MultiProgress::with_draw_target(ProgressDrawTarget::hidden());
     let rows = torch_rows(&python, &results.measurements, 3, GIT, &multi, &|threads| 50.0 * threads as f64);
@@ -287,7 +285,7 @@ fn torch_flag_adds_pytorch_rows_and_speedups_to_the_comparison() {
 
     // Rendered: the torch row and the cpu row's speedup against it (50 ms / 100 ms).
     let with_torch = synthetic(rows);
-    write_report(&dir, &with_torch, None, 10.0).unwrap();
+    write_report(dir, &with_torch, None, 10.0).unwrap();
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     let cmp = table_after(&md, "**dilated, seq 8,192, segments [2048, 4096, 8192]");
     assert!(cmp.iter().any(|r| r.starts_with("| torch |") && r.contains("| n/m |")), "{cmp:?}");
@@ -295,7 +293,7 @@ fn torch_flag_adds_pytorch_rows_and_speedups_to_the_comparison() {
     assert!(cmp.iter().any(|r| r.starts_with("| cpu bf16 |") && r.ends_with("| 2.50x |")), "{cmp:?}");
 
     // A broken interpreter: error rows saying why, not a failed suite.
-    let broken = fake_python(&dir, true);
+    let broken = fake_python(dir, true);
     let rows = torch_rows(&broken, &results.measurements, 3, GIT, &multi, &|_| 1.0);
     assert_eq!(rows.len(), 5);
     assert!(
@@ -303,7 +301,6 @@ fn torch_flag_adds_pytorch_rows_and_speedups_to_the_comparison() {
         "{}",
         rows[0].status
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Synthetic measurements of every `--quick` features case: grouped heads 1.02x their
@@ -339,9 +336,10 @@ fn feature_measurements() -> Vec<Measurement> {
 #[test]
 fn the_features_section_pairs_its_rows_and_reports_ratios_and_bytes() {
     let _guard = TEST_WINDOW_LOCK.lock();
-    let dir = temp_dir("features");
+    let dir_tmp = temp_dir("features");
+    let dir = dir_tmp.path();
     let mut results = synthetic(feature_measurements());
-    write_report(&dir, &results, None, 10.0).unwrap();
+    write_report(dir, &results, None, 10.0).unwrap();
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(md.contains("## Attention features") && md.contains("## Single rank"), "{md}");
     let gqa = table_after(&md, "### Grouped-query attention against repeated K/V");
@@ -394,23 +392,23 @@ fn the_features_section_pairs_its_rows_and_reports_ratios_and_bytes() {
     results.suite = "quick".into();
     results.measurements.retain(|m| m.section == crate::features::SECTION);
     results.capacity.clear();
-    let dir2 = temp_dir("features-only");
-    write_report(&dir2, &results, None, 10.0).unwrap();
+    let dir2_tmp = temp_dir("features-only");
+    let dir2 = dir2_tmp.path();
+    write_report(dir2, &results, None, 10.0).unwrap();
     let md = std::fs::read_to_string(dir2.join("report.md")).unwrap();
     assert!(md.contains("## Attention features") && md.contains("--quick --section features`"), "{md}");
     for absent in ["## Single rank", "## Implementation comparison", "## Multihead", "## Sequence length", "## Plots"] {
         assert!(!md.contains(absent), "{absent} in\n{md}");
     }
-    assert!(std::fs::read_dir(&dir2).unwrap().all(|f| !f.unwrap().path().to_string_lossy().ends_with(".png")));
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_dir_all(&dir2);
+    assert!(std::fs::read_dir(dir2).unwrap().all(|f| !f.unwrap().path().to_string_lossy().ends_with(".png")));
 }
 
 /// A results.json written before the feature fields existed still loads (and renders).
 #[test]
 fn results_without_the_feature_fields_still_load() {
     let _guard = TEST_WINDOW_LOCK.lock();
-    let dir = temp_dir("old-results");
+    let dir_tmp = temp_dir("old-results");
+    let dir = dir_tmp.path();
     let path = dir.join("results.json");
     synthetic(Vec::new()).save(&path).unwrap();
     let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -430,5 +428,4 @@ fn results_without_the_feature_fields_still_load() {
     assert!(old.measurements.iter().all(|m| !m.spec.uses_features() && m.data_bytes_sent.is_empty()));
     rerender(&path).unwrap();
     assert!(std::fs::read_to_string(dir.join("report.md")).unwrap().contains("## Single rank"));
-    let _ = std::fs::remove_dir_all(&dir);
 }

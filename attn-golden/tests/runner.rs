@@ -33,11 +33,9 @@ fn rewrite(src: &[u8], drop: Option<&str>, meta: Option<(&str, &str)>) -> Vec<u8
     safetensors::serialize(views, Some(md)).unwrap()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("attn-golden-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// An empty directory, removed when the returned guard drops (also when an assertion fails).
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("attn-golden-{name}-")).tempdir().unwrap()
 }
 
 #[test]
@@ -69,7 +67,8 @@ fn ring_options_reach_the_ring() {
 
 #[test]
 fn malformed_file_fails_its_case_and_the_run() {
-    let d = scratch("bad");
+    let tmp = scratch("bad");
+    let d = tmp.path();
     let good = std::fs::read(golden().join("dilated/hg_basic.safetensors")).unwrap();
     std::fs::write(d.join("a_good.safetensors"), &good).unwrap();
     std::fs::write(d.join("b_truncated.safetensors"), &good[..good.len() / 2]).unwrap();
@@ -88,7 +87,8 @@ fn expect_fixes_the_case_count() {
     assert_eq!(code, Some(1), "{out}");
     assert!(out.ends_with("9 passed, 0 failed\n"), "every case still runs: {out}");
     // One file removed: 8 of 9 pass, and the count fails the run.
-    let s = scratch("expect");
+    let tmp = scratch("expect");
+    let s = tmp.path();
     for f in
         std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| !p.ends_with("hg_dense.safetensors"))
     {
@@ -109,14 +109,16 @@ fn a_missing_required_tensor_or_a_lax_rel_tol_fails_the_case() {
         ("no_dk", rewrite(&hg, Some("dk"), None), "missing tensor `dk`"),
         ("lax_tol", rewrite(&hg, None, Some(("rel_tol", "0.5"))), "looser than the cap"),
     ] {
-        let d = scratch(label);
+        let tmp = scratch(label);
+        let d = tmp.path();
         std::fs::write(d.join(format!("{label}.safetensors")), bytes).unwrap();
         let (code, out) = run_status(&[d.to_str().unwrap(), "--backend", "cpu"]);
         assert_eq!(code, Some(1), "{label}: {out}");
         assert!(out.contains(&format!("FAIL {label}")) && out.contains(want), "{label}: {out}");
     }
     // The untouched file passes, so the failures above are the edits'.
-    let d = scratch("untouched");
+    let tmp = scratch("untouched");
+    let d = tmp.path();
     std::fs::write(d.join("ln.safetensors"), rewrite(&ln, None, None)).unwrap();
     assert_eq!(run_status(&[d.to_str().unwrap()]).0, Some(0));
 }
@@ -132,7 +134,8 @@ fn a_backend_that_cannot_run_has_its_own_exit_status() {
 
 #[test]
 fn empty_directory_is_a_failure() {
-    let d = scratch("empty");
+    let tmp = scratch("empty");
+    let d = tmp.path();
     let (ok, out) = run(&[d.to_str().unwrap()]);
     assert!(!ok);
     assert!(out.contains("0 passed, 0 failed"));

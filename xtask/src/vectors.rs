@@ -61,26 +61,29 @@ pub fn check(root: &Path) -> Result<Option<Vec<String>>, String> {
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("attn-xtask-vectors-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+    /// An upstream and a local copy holding one identical file, removed when the guard drops.
+    fn scratch() -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
         std::fs::create_dir_all(d.join("up/dilated")).unwrap();
         std::fs::create_dir_all(d.join("local/dilated")).unwrap();
         std::fs::write(d.join("up/dilated/a.safetensors"), b"aaa").unwrap();
         std::fs::write(d.join("local/dilated/a.safetensors"), b"aaa").unwrap();
-        d
+        tmp
     }
 
     #[test]
     fn an_identical_copy_passes_and_extra_local_files_are_allowed() {
-        let d = scratch("same");
+        let tmp = scratch();
+        let d = tmp.path();
         std::fs::write(d.join("local/dilated/extra.safetensors"), b"x").unwrap();
         assert_eq!(compare(&d.join("up"), &d.join("local")).unwrap(), Vec::<String>::new());
     }
 
     #[test]
     fn a_missing_or_changed_file_fails() {
-        let d = scratch("diff");
+        let tmp = scratch();
+        let d = tmp.path();
         std::fs::create_dir_all(d.join("up/features")).unwrap();
         std::fs::write(d.join("up/features/new.safetensors"), b"n").unwrap();
         let p = compare(&d.join("up"), &d.join("local")).unwrap();

@@ -2,15 +2,15 @@
 //! a GPU, the golden runner is built with the CUDA backend, CUDA golden runs are planned
 //! and every GPU step runs with `ATTN_REQUIRE_GPU=1`; where it lists none, none of that.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-/// A directory holding an executable `nvidia-smi` with `body` as its shell script.
-fn stand_in(name: &str, body: &str) -> PathBuf {
+/// A directory holding an executable `nvidia-smi` with `body` as its shell script, removed
+/// when the guard drops.
+fn stand_in(body: &str) -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("attn-xtask-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("nvidia-smi");
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("nvidia-smi");
     std::fs::write(&exe, format!("#!/bin/sh\n{body}\n")).unwrap();
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
     dir
@@ -33,8 +33,9 @@ fn plan(dir: &Path, group: &str) -> String {
 
 #[test]
 fn a_listed_gpu_builds_cuda_and_forbids_skips() {
-    let gpu = stand_in("gpu", "echo 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-stand-in)'");
-    let golden = plan(&gpu, "golden");
+    let gpu_dir = stand_in("echo 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-stand-in)'");
+    let gpu = gpu_dir.path();
+    let golden = plan(gpu, "golden");
     assert!(
         golden.contains("build --release --bin attn-golden --features attn-golden/candle,attn-golden/cuda"),
         "{golden}"
@@ -43,21 +44,22 @@ fn a_listed_gpu_builds_cuda_and_forbids_skips() {
         let run = golden.lines().find(|l| l.contains(&format!("--backend cuda --dtype {dt} --expect 9")));
         assert!(run.is_some_and(|l| l.starts_with("plan: ATTN_REQUIRE_GPU=1 ")), "cuda {dt}:\n{golden}");
     }
-    let kernels = plan(&gpu, "gpu");
+    let kernels = plan(gpu, "gpu");
     assert!(
         kernels.contains("ATTN_REQUIRE_GPU=1 ") && kernels.contains("test -p attn-kernels --features cuda"),
         "{kernels}"
     );
-    let nccl = plan(&gpu, "nccl");
+    let nccl = plan(gpu, "nccl");
     assert!(nccl.contains("ATTN_REQUIRE_GPU=1 ") && nccl.contains("test -p attn-ring --features nccl"), "{nccl}");
 }
 
 #[test]
 fn no_listed_gpu_plans_no_cuda_run() {
-    let none = stand_in("nogpu", "echo 'NVIDIA-SMI has failed' >&2; exit 9");
-    let golden = plan(&none, "golden");
+    let none_dir = stand_in("echo 'NVIDIA-SMI has failed' >&2; exit 9");
+    let none = none_dir.path();
+    let golden = plan(none, "golden");
     assert!(golden.contains("build --release --bin attn-golden --features attn-golden/candle\n"), "{golden}");
     assert!(!golden.contains("cuda") && !golden.contains("ATTN_REQUIRE_GPU"), "{golden}");
-    assert!(plan(&none, "gpu").contains("SKIP"), "the GPU step is skipped, and says so");
-    assert!(!plan(&none, "nccl").contains("ATTN_REQUIRE_GPU"));
+    assert!(plan(none, "gpu").contains("SKIP"), "the GPU step is skipped, and says so");
+    assert!(!plan(none, "nccl").contains("ATTN_REQUIRE_GPU"));
 }
