@@ -41,7 +41,7 @@ fn agree(case: &FeatureCase, got: &Run, want: &Run) -> Result<(), String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(48), ..ProptestConfig::default() })]
 
     /// f32: the op equals the composition, forward, LSE and gradients, in both layouts.
     #[test]

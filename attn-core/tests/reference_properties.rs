@@ -15,7 +15,7 @@ fn rel(a: &[f64], b: &[f64]) -> f64 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(64), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     /// One pattern with w >= n and r = 1 is dense attention.
     #[test]

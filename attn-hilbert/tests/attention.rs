@@ -98,7 +98,7 @@ fn through_order(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 100, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(48), max_shrink_iters: 100, ..ProptestConfig::default() })]
 
     #[test]
     fn attention_through_an_order_is_attention_at_the_curve_positions(

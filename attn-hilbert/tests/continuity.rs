@@ -97,7 +97,7 @@ fn power_of_two_squares_are_the_classic_hilbert_curve() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(64), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
     fn random_2d_grids_are_continuous(h in 1usize..300, w in 1usize..300) {
@@ -136,7 +136,7 @@ fn tiles_whole(o: &TokenOrder, t: usize) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 100, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(64), max_shrink_iters: 100, ..ProptestConfig::default() })]
 
     #[test]
     fn tiles_of_the_common_power_of_two_are_visited_whole_2d(h in 1usize..16, w in 1usize..16) {

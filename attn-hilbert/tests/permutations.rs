@@ -18,7 +18,7 @@ fn kind_strategy() -> impl Strategy<Value = OrderKind> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(128), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
     fn every_order_is_a_permutation(kind in kind_strategy(), grid in grid_strategy()) {
@@ -141,7 +141,7 @@ fn bad_inputs_are_typed_errors() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 100, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(64), max_shrink_iters: 100, ..ProptestConfig::default() })]
 
     /// Splitting the permuted sequence into `world` contiguous chunks (ring ranks)
     /// and scattering each back rebuilds the input; each chunk equals the same

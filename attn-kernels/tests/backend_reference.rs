@@ -28,7 +28,7 @@ fn backend(isa: Isa) -> CpuBackend {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(96), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
     fn f32_matches_reference(case in dilated_case()) {
@@ -62,7 +62,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 50, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(24), max_shrink_iters: 50, ..ProptestConfig::default() })]
 
     /// bf16 and f16 forward and backward past one 64-key tile and one 128-row chunk, with
     /// head dims that are not multiples of the SIMD width.

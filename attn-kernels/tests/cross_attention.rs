@@ -52,7 +52,7 @@ fn backend(threads: usize, isa: Isa) -> CpuBackend {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(96), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
     fn f32_cross_matches_reference(case in dilated_case(), kv_seq in 1..=60usize) {

@@ -45,7 +45,7 @@ fn check_all(case: &FeatureCase) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 100, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(96), max_shrink_iters: 100, ..ProptestConfig::default() })]
 
     #[test]
     fn small_feature_cases_match_the_reference(case in feature_case(1..=48, 24, vec![1, 4, 5, 8, 16, 20])) {
@@ -54,7 +54,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 40, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(24), max_shrink_iters: 40, ..ProptestConfig::default() })]
 
     #[test]
     fn longer_feature_cases_match_the_reference(case in feature_case(100..=400, 200, vec![8, 20, 40, 72])) {

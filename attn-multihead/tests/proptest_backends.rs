@@ -35,7 +35,7 @@ fn twin_layers(case: &DilatedCase) -> (MultiheadDilatedAttention<f64>, Multihead
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 50, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(24), max_shrink_iters: 50, ..ProptestConfig::default() })]
 
     #[test]
     fn cpu_layer_matches_reference_layer(case in dilated_case()) {

@@ -8,7 +8,7 @@ use attn_testkit::rng::random_vec;
 use proptest::prelude::*;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, max_shrink_iters: 500, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(2000), max_shrink_iters: 500, ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_bytes_validate_or_fail_cleanly(bytes in prop::collection::vec(any::<u8>(), 0..96)) {
@@ -82,7 +82,7 @@ fn huge_scale_is_refused_as_score_overflow_not_a_disagreement() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(64), ..ProptestConfig::default() })]
 
     #[test]
     fn any_large_scale_runs_or_is_refused_typed(exp in 30.0f64..38.5) {

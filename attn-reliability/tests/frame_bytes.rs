@@ -47,7 +47,7 @@ fn every_truncation_and_extension_is_detected() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(2000), ..ProptestConfig::default() })]
 
     #[test]
     fn random_frames_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..160), peer in 0..4usize) {

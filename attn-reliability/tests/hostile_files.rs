@@ -158,7 +158,7 @@ fn weights_with_wrong_names_or_shapes_leave_the_module_unchanged() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(1000), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
     fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..600)) {

@@ -128,7 +128,7 @@ fn a_budget_below_the_workspace_is_refused_before_allocating() {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, max_shrink_iters: 50, ..Default::default() })]
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: attn_testkit::proptest_cases(48), max_shrink_iters: 50, ..Default::default() })]
 
     #[test]
     fn workspace_bound_holds_on_random_cases(case in attn_testkit::strategies::dilated_case_with(200, 96)) {

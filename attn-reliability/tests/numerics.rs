@@ -73,7 +73,7 @@ fn check_finite_case(case: &DilatedCase, mag: f32) -> Result<(), TestCaseError> 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(64), max_shrink_iters: 64, ..ProptestConfig::default() })]
 
     #[test]
     fn finite_inputs_give_finite_outputs(case in dilated_case(), big in any::<bool>()) {

@@ -6,7 +6,7 @@ use attn_reliability::ring_fuzz::ring_plan;
 use proptest::prelude::*;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, max_shrink_iters: 500, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(1000), max_shrink_iters: 500, ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_bytes_plan_or_fail_cleanly(bytes in prop::collection::vec(any::<u8>(), 0..64)) {

@@ -23,7 +23,7 @@ fn strategies() -> impl proptest::strategy::Strategy<Value = Strategy> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(96), max_shrink_iters: 64, ..ProptestConfig::default() })]
 
     #[test]
     fn ring_equals_single_device(case in dilated_case(), world in 1usize..=8, layout in layouts(), strategy in strategies()) {
@@ -41,7 +41,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(96), max_shrink_iters: 64, ..ProptestConfig::default() })]
 
     /// The features (grouped heads, key padding, packed sequences, windows, mixed with
     /// every mode and causal) on every world size, layout and strategy.

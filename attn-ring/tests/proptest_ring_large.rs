@@ -66,7 +66,7 @@ fn scatter(global: &mut [f32], local: &[f32], pos: &[usize], batch: usize, seq: 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, max_shrink_iters: 32, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(12), max_shrink_iters: 32, ..ProptestConfig::default() })]
 
     #[test]
     fn ring_equals_single_device_past_its_granularity(c in case()) {

@@ -15,6 +15,6 @@ pub use feature_case::{FeatureCase, feature_case};
 pub use golden::{CaseReport, DilatedBackend, Forward32, GoldenCase, Gradients32, MultiheadBackend};
 pub use gpu_policy::{gpu_or_skip, gpu_required, skip_gpu_test};
 pub use rng::{SeededRng, random_vec};
-pub use strategies::{DilatedCase, InvalidInput};
+pub use strategies::{DilatedCase, InvalidInput, proptest_cases};
 pub use tolerance::{Tolerance, max_abs_error, rel_l2_error};
 pub use typed::{Typed, reference};

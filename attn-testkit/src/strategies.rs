@@ -5,6 +5,13 @@ use proptest::prelude::*;
 
 use crate::rng::random_vec;
 
+/// A property test's case count: `cases`, or `PROPTEST_CASES` where it is set. proptest's
+/// default config reads that variable, but an explicit count would hide it; the valgrind
+/// run sets a few cases, a deeper run sets many.
+pub fn proptest_cases(cases: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases)
+}
+
 /// A valid case: config, query shape (self-attention) and an input seed.
 #[derive(Debug, Clone)]
 pub struct DilatedCase {

@@ -57,7 +57,7 @@ fn unknown_kind_and_bad_metadata_are_errors() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(512), ..ProptestConfig::default() })]
     #[test]
     fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
         // Random bytes are (overwhelmingly) not a safetensors file with `kind` metadata.

@@ -426,7 +426,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: attn_testkit::proptest_cases(256), ..Default::default() })]
 
         /// Any head-group config, shape and block offsets (a ring block): the fused plan runs
         /// exactly the (pattern, head, row block) triples of one launch a pattern, in fewer
