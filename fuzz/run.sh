@@ -19,16 +19,31 @@ for t in "${TARGETS[@]}"; do
     if [ -d "seeds/$t" ]; then cp -f seeds/"$t"/* "corpus/$t/"; fi
 done
 cargo fuzz build -O -a
-status=0
-for t in "${TARGETS[@]}"; do
-    echo "=== fuzz $t for ${SECS}s ==="
-    # -rss_limit_mb: a reader that allocated a declared (huge) size would trip it.
-    if ! cargo fuzz run -O -a "$t" "corpus/$t" -- \
+# One target a core: each still fuzzes for SECS seconds on a core of its own, and the
+# targets of a batch run side by side (their reports are printed in order after it).
+JOBS=$(nproc)
+# -rss_limit_mb: a reader that allocated a declared (huge) size would trip it.
+fuzz_one() {
+    cargo fuzz run -O -a "$1" "corpus/$1" -- \
         -max_total_time="$SECS" -max_len=8192 -rss_limit_mb=2048 -malloc_limit_mb=512 -timeout=10 \
-        -print_final_stats=1 2>"corpus/$t.log"; then
-        status=1
-        tail -40 "corpus/$t.log"
-    fi
-    grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb|^Done [0-9]+ runs" "corpus/$t.log" | sed "s/^/$t: /" || true
+        -print_final_stats=1 2>"corpus/$1.log"
+}
+status=0
+for ((i = 0; i < ${#TARGETS[@]}; i += JOBS)); do
+    batch=("${TARGETS[@]:i:JOBS}")
+    pids=()
+    for t in "${batch[@]}"; do
+        fuzz_one "$t" &
+        pids+=($!)
+    done
+    for j in "${!batch[@]}"; do
+        t=${batch[j]}
+        echo "=== fuzz $t for ${SECS}s ==="
+        if ! wait "${pids[j]}"; then
+            status=1
+            tail -40 "corpus/$t.log"
+        fi
+        grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb|^Done [0-9]+ runs" "corpus/$t.log" | sed "s/^/$t: /" || true
+    done
 done
 exit "$status"
