@@ -10,20 +10,25 @@
 // segment cut by the band (window / causal); padded keys are gathered as row -1 (no
 // gradient). Query head h reads key/value head h / kv_group; dK, dV rows are per
 // key/value head (see the write at the end for why that is race-free).
+// PIPE: the query tiles load by cp.async into two stages (the next tile's Q, dO, lse and
+// delta load while this one runs; tiles inside one segment by stepped pointers, without
+// the gather), K/V with the first tile; without it, each tile loads before its compute.
+// Both give the same bits.
 // Fragment layouts: see mma_tiles.cu.
 
-template <class E, int D>
+template <class E, int D, bool PIPE>
 __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,
                         float* dq_acc, float* dk_acc, float* dv_acc, const AttnParams& a) {
-    constexpr int BN = 64, BM = 32, LD = D + 8, LDS = BM + 8, NQ = BM / 8, NO = D / 8;
+    constexpr int BN = 64, BM = 32, LD = D + 8, LDS = BM + 8, NQ = BM / 8, NO = D / 8, NT = 128;
+    constexpr int ST = PIPE ? 2 : 1;  // query-tile stages
     ATTN_DYNAMIC_SMEM(smem_raw);
     u16* sK = reinterpret_cast<u16*>(smem_raw);
     u16* sV = sK + BN * LD;
-    u16* sQ = sV + BN * LD;
-    u16* sG = sQ + BM * LD;
-    u16* sDS = sG + BM * LD;  // dS^T, [BN keys][LDS]
-    __shared__ i64 s_krows[BN], s_qrows[BM];
-    __shared__ float s_lse[BM], s_delta[BM];
+    u16* sQs = sV + BN * LD;
+    u16* sGs = sQs + ST * BM * LD;
+    u16* sDS = sGs + ST * BM * LD;  // dS^T, [BN keys][LDS]
+    __shared__ i64 s_krows[BN], s_qrows[ST][BM];
+    __shared__ float s_lse[ST][BM], s_delta[ST][BM];
     __shared__ i64 s_qlo[BN], s_qhi[BN];  // each key row's admitted query indices (shared: fewer registers)
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
@@ -41,8 +46,14 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
 
     gather_keys(s_krows, BN, p, tk0, k_hi, a, b);
     __syncthreads();
-    load_tile<D, LD>(sK, s_krows, BN, k + b * a.k_sb + kvh * a.k_sh, a.k_ss, a.d, a.vec & 2);
-    load_tile<D, LD>(sV, s_krows, BN, v + b * a.v_sb + kvh * a.v_sh, a.v_ss, a.d, a.vec & 4);
+    if (PIPE) {  // its own cp.async group, waited for with the first query tile's
+        load_tile_async<D, LD>(sK, s_krows, BN, k + b * a.k_sb + kvh * a.k_sh, a.k_ss, a.d, a.vec & 2);
+        load_tile_async<D, LD>(sV, s_krows, BN, v + b * a.v_sb + kvh * a.v_sh, a.v_ss, a.d, a.vec & 4);
+        cp_async_commit();
+    } else {
+        load_tile<D, LD>(sK, s_krows, BN, k + b * a.k_sb + kvh * a.k_sh, a.k_ss, a.d, a.vec & 2);
+        load_tile<D, LD>(sV, s_krows, BN, v + b * a.v_sb + kvh * a.v_sh, a.v_ss, a.d, a.vec & 4);
+    }
 
     const int kr0 = warp * 16 + g;
     // Each key row's admitted query indices [qlo, qhi): its segment cut by the band
@@ -65,19 +76,77 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
     }
 
-    for (i64 qt0 = qb_lo; qt0 < qb_hi; qt0 += BM) {
-        __syncthreads();  // K/V loaded (first time); sQ, sG, sDS of the previous tile consumed
-        gather_rows(s_qrows, BM, p, qt0, qb_hi, a.q_start);
-        __syncthreads();
-        load_tile<D, LD>(sQ, s_qrows, BM, q + b * a.q_sb + h * a.q_sh, a.q_ss, a.d, a.vec & 1);
-        load_tile<D, LD>(sG, s_qrows, BM, go + b * a.g_sb + h * a.g_sh, a.g_ss, a.d, a.vec & 8);
-        for (int i = threadIdx.x; i < BM; i += blockDim.x) {
-            const i64 r = s_qrows[i];
-            const i64 ri = (b * a.nq + r) * a.heads + h;
-            s_lse[i] = r >= 0 ? lse[ri] : NEG_INF;
-            s_delta[i] = r >= 0 ? delta[ri] : 0.f;
+    const u16* qbase = q + b * a.q_sb + h * a.q_sh;
+    const u16* gbase = go + b * a.g_sb + h * a.g_sh;
+    static_assert(NT >= BM, "a thread a query row of the tile");
+    // PIPE: start the copies of query tile qt into stage st (one cp.async group) and load
+    // thread i's row lse / delta into *pl / *pd (stored to shared memory after this tile's
+    // compute, so their latency hides behind it).
+    auto load_queries = [&](int st, i64 qt, float* pl, float* pd) {
+        *pl = NEG_INF;
+        *pd = 0.f;
+        if (threadIdx.x < BM) {
+            const i64 t = qt + threadIdx.x;
+            const i64 r = t < qb_hi ? sel_pos(p, t) - a.q_start : -1;
+            s_qrows[st][threadIdx.x] = r;
+            if (r >= 0) {
+                const i64 ri = (b * a.nq + r) * a.heads + h;
+                *pl = lse[ri];
+                *pd = delta[ri];
+            }
         }
-        __syncthreads();
+        u16* dQ = sQs + st * BM * LD;
+        u16* dG = sGs + st * BM * LD;
+        const i64 row0 = (a.vec & 9) == 9 ? affine_row0(p, qt, BM, qb_hi, a.q_start) : -1;
+        if (row0 >= 0) {
+            load_tile_affine_async<D, LD, NT, BM>(dQ, qbase + row0 * a.q_ss, p.r * a.q_ss, a.d);
+            load_tile_affine_async<D, LD, NT, BM>(dG, gbase + row0 * a.g_ss, p.r * a.g_ss, a.d);
+        } else {
+            __syncthreads();  // s_qrows[st] complete
+            load_tile_async<D, LD>(dQ, s_qrows[st], BM, qbase, a.q_ss, a.d, a.vec & 1);
+            load_tile_async<D, LD>(dG, s_qrows[st], BM, gbase, a.g_ss, a.d, a.vec & 8);
+        }
+        cp_async_commit();
+    };
+    float next_lse = NEG_INF, next_delta = 0.f;
+    if (PIPE && qb_lo < qb_hi) {
+        load_queries(0, qb_lo, &next_lse, &next_delta);
+        if (threadIdx.x < BM) {
+            s_lse[0][threadIdx.x] = next_lse;
+            s_delta[0][threadIdx.x] = next_delta;
+        }
+    }
+
+    int stage = 0;
+    for (i64 qt0 = qb_lo; qt0 < qb_hi; qt0 += BM, stage ^= (PIPE ? 1 : 0)) {
+        const bool more = PIPE && qt0 + BM < qb_hi;
+        if (PIPE) {  // start the next tile into the other stage, wait for this one
+            if (more) {
+                load_queries(stage ^ 1, qt0 + BM, &next_lse, &next_delta);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();  // this stage (and K/V, the first time) visible to every warp
+        } else {
+            __syncthreads();  // K/V loaded (first time); sQ, sG, sDS of the previous tile consumed
+            gather_rows(s_qrows[0], BM, p, qt0, qb_hi, a.q_start);
+            __syncthreads();
+            load_tile<D, LD>(sQs, s_qrows[0], BM, qbase, a.q_ss, a.d, a.vec & 1);
+            load_tile<D, LD>(sGs, s_qrows[0], BM, gbase, a.g_ss, a.d, a.vec & 8);
+            for (int i = threadIdx.x; i < BM; i += blockDim.x) {
+                const i64 r = s_qrows[0][i];
+                const i64 ri = (b * a.nq + r) * a.heads + h;
+                s_lse[0][i] = r >= 0 ? lse[ri] : NEG_INF;
+                s_delta[0][i] = r >= 0 ? delta[ri] : 0.f;
+            }
+            __syncthreads();
+        }
+        const u16* sQ = sQs + stage * BM * LD;
+        const u16* sG = sGs + stage * BM * LD;
+        const i64* qrows = s_qrows[stage];
+        const float* tile_lse = s_lse[stage];
+        const float* tile_delta = s_delta[stage];
         const bool full = full_tile(p, qt0, BM, qb_hi, tk0, BN, k_hi, a);
 
         float st[NQ][4], dpt[NQ][4];
@@ -113,12 +182,12 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
                 for (int e = 0; e < 2; ++e) {
                     const int col = j * 8 + 2 * c + e;
                     const i64 tq = qt0 + col;
-                    const float lse_q = s_lse[col];
+                    const float lse_q = tile_lse[col];
                     const bool ok =
                         lse_q != NEG_INF &&
                         (full || (tq < qb_hi && tq >= s_qlo[kr0 + 8 * i] && tq < s_qhi[kr0 + 8 * i]));
                     const float pt = ok ? expf(st[j][2 * i + e] * a.scale - lse_q) : 0.f;
-                    const float ds = pt * (dpt[j][2 * i + e] * a.out_scale - s_delta[col]);
+                    const float ds = pt * (dpt[j][2 * i + e] * a.out_scale - tile_delta[col]);
                     st[j][2 * i + e] = pt;
                     dpt[j][2 * i + e] = ds;
                     sDS[(kr0 + 8 * i) * LDS + col] = E::from_f(ds);
@@ -171,13 +240,21 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
                 for (int e = 0; e < 4; ++e) {
                     const int row = qr0 + g + (e >> 1) * 8;
                     const i64 col = (j + n) * 8 + 2 * c + (e & 1);
-                    const i64 r = s_qrows[row];
+                    const i64 r = qrows[row];
                     if (r >= 0 && col < a.d)
                         atomicAdd(dq_acc + ((b * a.nq + r) * a.heads + h) * a.d + col, a.scale * acc[n][e]);
                 }
             }
         }
+        if (more) {
+            if (threadIdx.x < BM) {
+                s_lse[stage ^ 1][threadIdx.x] = next_lse;
+                s_delta[stage ^ 1][threadIdx.x] = next_delta;
+            }
+            __syncthreads();  // every warp is done with this stage before it is refilled
+        }
     }
+    if (PIPE) cp_async_wait<0>();  // no copy outlives the block (K/V's, where no query tile ran)
 
     // Each key/value head row belongs to this block only within one launch (the host
     // steps heads by kv_group, so no two blocks of a launch share a key/value head):
@@ -201,14 +278,22 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     }
 }
 
-// Dynamic shared memory (bytes); mirrored by `mma_bwd_smem_bytes` in src/cuda/plan.rs.
-#define MMA_BWD_SMEM(D) ((2 * 64 + 2 * 32) * ((D) + 8) * 2 + 64 * (32 + 8) * 2)
+// Dynamic shared memory (bytes) with ST query-tile stages; mirrored by
+// `mma_bwd_smem_bytes` in src/cuda/plan.rs.
+#define MMA_BWD_SMEM(D, ST) ((2 * 64 + (ST) * 2 * 32) * ((D) + 8) * 2 + 64 * (32 + 8) * 2)
 
+// dilated_bwd_mma_<dtype>_d<D> (each query tile loads before its compute) and
+// dilated_bwd_mma_pipelined_<dtype>_d<D> (two stages).
 #define ATTN_MMA_BWD_KERNEL(NAME, E, D)                                                                      \
     extern "C" __global__ void __launch_bounds__(128) dilated_bwd_mma_##NAME##_d##D(                         \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
-        bwd_mma<E, D>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                                   \
+        bwd_mma<E, D, false>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                            \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) dilated_bwd_mma_pipelined_##NAME##_d##D(               \
+        const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
+        float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
+        bwd_mma<E, D, true>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                             \
     }
 
 #if ATTN_WANT_F16

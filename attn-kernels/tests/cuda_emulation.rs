@@ -4,7 +4,8 @@
 //! (`cuda::emulation`), in f32, bf16 and f16, forward and gradients; the forward's direct
 //! path (output straight from the kernel) against its partial path, bit for bit; the
 //! forward with 64 and with 128 query rows a block; the patterns in one launch against
-//! one launch each, bit for bit. Needs a C++20 compiler (`$CXX`, default `g++`); without
+//! one launch each, bit for bit; the backward's pipelined query tiles against its
+//! synchronous ones, bit for bit. Needs a C++20 compiler (`$CXX`, default `g++`); without
 //! one the test fails, naming it.
 #![cfg(feature = "cuda")]
 
@@ -17,7 +18,9 @@ use attn_kernels::cuda::CudaElement;
 use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_forward, plan_forward_direct};
-use attn_kernels::cuda::plan::{ForwardOptions, ForwardRows, PatternFusion};
+use attn_kernels::cuda::plan::{
+    BackwardKernel, BackwardLoads, ForwardOptions, ForwardRows, PatternFusion, backward_kernel,
+};
 use attn_testkit::golden::{
     DilatedBackend, Forward32, Gradients32, Problem, assert_attention_dirs_pass, attention_cases,
 };
@@ -28,16 +31,32 @@ fn emulator() -> &'static Emulator {
         .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
 }
 
-/// The emulator with the forward's `opts` (the shared library, loaded again, whatever
-/// `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH` say).
-fn emulator_with(opts: ForwardOptions) -> &'static Emulator {
-    static EMULATORS: [OnceLock<Emulator>; 4] = [const { OnceLock::new() }; 4];
-    let slot = usize::from(opts.rows == ForwardRows::M128) + 2 * usize::from(opts.fusion == PatternFusion::Fused);
+/// The emulator planning the forward with `opts` and the backward with `loads` (the shared
+/// library, loaded again, whatever `ATTN_CUDA_FWD_*` and `ATTN_CUDA_BWD_LOADS` say).
+fn emulator_for(opts: ForwardOptions, loads: BackwardLoads) -> &'static Emulator {
+    static EMULATORS: [OnceLock<Emulator>; 8] = [const { OnceLock::new() }; 8];
+    let slot = usize::from(opts.rows == ForwardRows::M128)
+        + 2 * usize::from(opts.fusion == PatternFusion::Fused)
+        + 4 * usize::from(loads == BackwardLoads::Pipelined);
     EMULATORS[slot].get_or_init(|| {
         emulator();
         let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
-        Emulator::load(&lib).unwrap().with_forward_rows(opts.rows).with_pattern_fusion(opts.fusion)
+        Emulator::load(&lib)
+            .unwrap()
+            .with_forward_rows(opts.rows)
+            .with_pattern_fusion(opts.fusion)
+            .with_backward_loads(loads)
     })
+}
+
+/// The emulator with the forward's `opts` and synchronous backward loads.
+fn emulator_with(opts: ForwardOptions) -> &'static Emulator {
+    emulator_for(opts, BackwardLoads::Sync)
+}
+
+/// The emulator with the default forward and the backward's query-tile `loads`.
+fn emulator_loading(loads: BackwardLoads) -> &'static Emulator {
+    emulator_for(ForwardOptions::default(), loads)
 }
 
 /// The whole-sequence CUDA call (`CudaBackend`'s steps) on the emulation, in `T`, the
@@ -102,6 +121,27 @@ impl<T: CudaElement> Emulated<T> {
         Ok((out, lse))
     }
 
+    /// The backward's f32 accumulators dq, dk, dv on `emu` (inputs rounded to `T`).
+    fn backward_accs(
+        &self,
+        emu: &Emulator,
+        p: &Problem<'_>,
+        [q, k, v]: [&[f32]; 3],
+        grad_out: &[f32],
+    ) -> Result<[Vec<f32>; 3]> {
+        let (sq, skv) = (p.shape.q, p.shape.kv);
+        let (q, k, v, go): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (conv(q), conv(k), conv(v), conv(grad_out));
+        let (out, lse) = self.run_forward(p, &q, &k, &v)?;
+        let delta = emu.delta(sq, &go, &out)?;
+        let kpad = flags(p);
+        let args =
+            HostArgs { q: &q, k: &k, v: &v, g: Some(&go), lse: Some(&lse), delta: Some(&delta), kpad: kpad.as_deref() };
+        let (mut dq, mut dk, mut dv) = (vec![0.0f32; sq.numel()], vec![0.0f32; skv.numel()], vec![0.0f32; skv.numel()]);
+        let acc = HostAccs { q_acc: &mut dq, lse: None, dk: Some(&mut dk), dv: Some(&mut dv) };
+        emu.backward_block(&geometry(p, Some(sq.contiguous_strides())), &args, acc)?;
+        Ok([dq, dk, dv])
+    }
+
     /// Whether the direct path applies to `p` (one pattern per head, the tensor-core kernel).
     fn direct_applies(&self, p: &Problem<'_>) -> bool {
         plan_forward_direct(&call_geometry(p), T::DTYPE, T::SUFFIX, self.opts).is_ok_and(|x| x.is_some())
@@ -129,15 +169,7 @@ impl<T: CudaElement> DilatedBackend for Emulated<T> {
     fn backward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
         let emu = emulator();
         let (sq, skv) = (p.shape.q, p.shape.kv);
-        let (q, k, v, go): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (conv(q), conv(k), conv(v), conv(grad_out));
-        let (out, lse) = self.run_forward(p, &q, &k, &v)?;
-        let delta = emu.delta(sq, &go, &out)?;
-        let kpad = flags(p);
-        let args =
-            HostArgs { q: &q, k: &k, v: &v, g: Some(&go), lse: Some(&lse), delta: Some(&delta), kpad: kpad.as_deref() };
-        let (mut dq, mut dk, mut dv) = (vec![0.0f32; sq.numel()], vec![0.0f32; skv.numel()], vec![0.0f32; skv.numel()]);
-        let acc = HostAccs { q_acc: &mut dq, lse: None, dk: Some(&mut dk), dv: Some(&mut dv) };
-        emu.backward_block(&geometry(p, Some(sq.contiguous_strides())), &args, acc)?;
+        let [dq, dk, dv] = self.backward_accs(emu, p, [q, k, v], grad_out)?;
         let store = |s: Shape4, x: &[f32]| -> Result<Vec<f32>> {
             let mut t = vec![T::default(); s.numel()];
             emu.store_scaled(s, x, 1.0, &mut t)?;
@@ -247,6 +279,79 @@ fn fused_patterns_equal_one_launch_a_pattern_f16() {
     fused_equals_per_pattern::<f16>();
 }
 
+/// The backward of `p` with pipelined query tiles: its dq, dk and dv accumulators equal the
+/// synchronous loads' bit for bit (the same arithmetic in the same order; only when the
+/// tiles arrive differs).
+fn assert_pipelined_equals_sync<T: CudaElement>(name: &str, p: &Problem<'_>, [q, k, v, go]: [&[f32]; 4]) {
+    let emulated = Emulated::<T>::new(ForwardRows::M64);
+    let run = |loads| emulated.backward_accs(emulator_loading(loads), p, [q, k, v], go).unwrap();
+    let (a, b) = (run(BackwardLoads::Pipelined), run(BackwardLoads::Sync));
+    for (grad, x, y) in [("dq", &a[0], &b[0]), ("dk", &a[1], &b[1]), ("dv", &a[2], &b[2])] {
+        let bits = |z: &[f32]| z.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert!(bits(x) == bits(y), "{name}: pipelined {grad} differs");
+    }
+}
+
+/// Every golden file whose backward runs the tensor-core kernel: pipelined = sync, bit for
+/// bit. Counts the files, so it cannot pass by comparing none.
+fn pipelined_equals_sync<T: CudaElement>() {
+    let mut compared = Vec::new();
+    for case in attention_cases() {
+        let cfg = case.config().unwrap();
+        let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks().unwrap() };
+        let kernel = backward_kernel(T::DTYPE, T::SUFFIX, p.shape.q.head_dim, BackwardLoads::Pipelined);
+        if !matches!(kernel, BackwardKernel::Mma { .. }) {
+            continue;
+        }
+        let [q, k, v, go] = ["q", "k", "v", "grad_out"].map(|t| case.tensor(t).unwrap().data.clone());
+        assert_pipelined_equals_sync::<T>(&case.name, &p, [&q, &k, &v, &go]);
+        compared.push(case.name.clone());
+    }
+    println!("pipelined backward = sync bit for bit: {}", compared.join(", "));
+    assert!(compared.len() >= 12, "only {} golden files run the tensor-core backward", compared.len());
+}
+
+#[test]
+fn pipelined_backward_equals_sync_bf16() {
+    pipelined_equals_sync::<bf16>();
+}
+
+#[test]
+fn pipelined_backward_equals_sync_f16() {
+    pipelined_equals_sync::<f16>();
+}
+
+/// A backward block whose keys no query of the block attends (causal, keys after every
+/// query): with pipelined loads it issues its K/V copy, runs no query tile and must still
+/// wait for the copy (the emulator fails a launch that leaves one in flight); the
+/// gradients stay zero.
+#[test]
+fn a_backward_block_with_no_query_tile_waits_for_its_kv_copy() {
+    let cfg = attn_core::DilatedConfig::builder().segments(&[128]).dilations(&[1]).causal(true).build().unwrap();
+    let s = Shape4::new(1, 64, 2, 32).unwrap();
+    let g = BlockGeometry {
+        cfg: &cfg,
+        q: (s, s.contiguous_strides()),
+        q_start: 0,
+        k: (s, s.contiguous_strides()),
+        v_strides: s.contiguous_strides(),
+        k_start: 64,
+        g_strides: Some(s.contiguous_strides()),
+        band: cfg.band(),
+        kpad_seq: None,
+        packing: None,
+    };
+    let x: Vec<bf16> = (0..s.numel()).map(|i| bf16::from_f32((i % 7) as f32 * 0.1)).collect();
+    let (lse, delta) = (vec![0.5f32; s.lse_len()], vec![0.25f32; s.lse_len()]);
+    let args = HostArgs { q: &x, k: &x, v: &x, g: Some(&x), lse: Some(&lse), delta: Some(&delta), kpad: None };
+    for loads in BackwardLoads::ALL {
+        let (mut dq, mut dk, mut dv) = (vec![0.0f32; s.numel()], vec![0.0f32; s.numel()], vec![0.0f32; s.numel()]);
+        let acc = HostAccs { q_acc: &mut dq, lse: None, dk: Some(&mut dk), dv: Some(&mut dv) };
+        emulator_loading(loads).backward_block(&g, &args, acc).unwrap();
+        assert!([&dq, &dk, &dv].iter().all(|x| x.iter().all(|&v| v == 0.0)), "{loads:?}");
+    }
+}
+
 /// A block whose keys no query may attend (causal, keys after every query): each
 /// tensor-core block issues its Q copy, runs no key tile and must still wait for the copy
 /// before it ends (the emulator fails a launch that leaves one in flight); the partial
@@ -319,17 +424,20 @@ fn judge_both_heights<T: CudaElement>(
     (want, runs)
 }
 
-/// Key tiles the forward loads by stepped pointers (inside one segment, no padding) with
-/// dilation rates 2 and 4 and 128 selected keys a segment, and a ragged last segment whose
-/// final key tile is cut at the end of the keys (no padding, not causal): forward and
-/// gradients against the float64 reference, both block heights, bf16.
+/// Key tiles the forward loads (and query tiles the pipelined backward loads) by stepped
+/// pointers (inside one segment, no padding) with dilation rates 2 and 4 and 128 selected
+/// keys a segment, and a ragged last segment whose final key tile is cut at the end of
+/// the keys (no padding, not causal): forward and gradients against the float64
+/// reference, both block heights, bf16; the pipelined backward equal to the synchronous.
 #[test]
 fn dilated_affine_tiles_and_a_ragged_end_match_the_reference() {
     let cfg = attn_core::DilatedConfig::builder().segments(&[256, 512]).dilations(&[2, 4]).build().unwrap();
     let shape = attn_core::AttnShape::self_attn(Shape4::new(1, 1000, 2, 128).unwrap());
     let n = shape.q.numel();
     let [q, k, v, go] = [0, 1, 2, 3].map(|i| attn_testkit::rng::random_vec(2026 + i, n));
-    judge_both_heights::<bf16>(&Problem::new(&cfg, shape), [&q, &k, &v, &go]);
+    let p = Problem::new(&cfg, shape);
+    judge_both_heights::<bf16>(&p, [&q, &k, &v, &go]);
+    assert_pipelined_equals_sync::<bf16>("affine tiles", &p, [&q, &k, &v, &go]);
 }
 
 /// f16 gradients near f16's subnormals (a proptest case the H200 failed under the old

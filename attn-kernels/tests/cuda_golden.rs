@@ -2,8 +2,9 @@
 //! `conformance/features` (grouped key/value heads, key padding, packed sequences,
 //! sliding windows) through the CUDA backend in f32, bf16 and f16 (forward, lse where
 //! present, dq/dk/dv), judged like the CPU golden tests, bf16 also with 128 query rows a
-//! forward block and with the patterns of a call in one launch; and the forward's direct
-//! path against its partial path, and fused launches against one a pattern, bit for bit.
+//! forward block and with the patterns of a call in one launch, bf16 and f16 also with the
+//! backward's pipelined query tiles; and the forward's direct path against its partial
+//! path, and fused launches against one a pattern, bit for bit.
 //! Skips, printing the reason, when no driver, NVRTC or GPU is present (fails instead with
 //! `ATTN_REQUIRE_GPU=1`).
 #![cfg(feature = "cuda")]
@@ -12,7 +13,7 @@ mod cuda_support;
 
 use attn_core::TensorName;
 use attn_core::TensorView;
-use attn_kernels::cuda::plan::{ForwardRows, PatternFusion};
+use attn_kernels::cuda::plan::{BackwardLoads, ForwardRows, PatternFusion};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceTensor, ForwardPath};
 use attn_kernels::cuda::{forward_call, launch_plan::one_pattern_per_head};
 use attn_testkit::golden::{GoldenCase, assert_attention_dirs_pass, attention_cases};
@@ -99,6 +100,17 @@ fn golden_cuda_bf16_fused_patterns() {
     }
     assert!(compared >= 12, "only {compared} golden files have one pattern per head");
     assert_attention_dirs_pass(&gpu::<bf16>(&fused));
+}
+
+/// The backward loading its query tiles in two stages: every golden file in bf16 and f16
+/// (dq adds with atomics in any order on a GPU, so bit equality with the synchronous loads
+/// is checked on the emulation, `cuda_emulation`).
+#[test]
+fn golden_cuda_pipelined_backward() {
+    let Some(dev) = device_or_skip("golden_cuda_pipelined_backward") else { return };
+    let dev = dev.with_backward_loads(BackwardLoads::Pipelined);
+    assert_attention_dirs_pass(&gpu::<bf16>(&dev));
+    assert_attention_dirs_pass(&gpu::<f16>(&dev));
 }
 
 #[test]

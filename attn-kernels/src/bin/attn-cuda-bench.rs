@@ -7,11 +7,12 @@
 //! `--paths direct,partial` times both ways the forward reaches its output (straight from
 //! the kernel, or through the f32 partial and its epilogue), `--rows 64,128` both query
 //! rows a block of the tensor-core forward, `--launch per-pattern,fused` both ways its
-//! patterns launch, in one process.
+//! patterns launch, `--bwd-loads sync,pipelined` both ways the backward loads its query
+//! tiles, in one process.
 //!
 //! Usage: attn-cuda-bench [--seq 65536,262144] [--heads 16] [--dtype bf16|f16|f32] [--iters 10]
 //!        [--causal] [--backward] [--paths direct|partial|direct,partial] [--rows 64|128|64,128]
-//!        [--launch per-pattern|fused|per-pattern,fused]
+//!        [--launch per-pattern|fused|per-pattern,fused] [--bwd-loads sync|pipelined|sync,pipelined]
 //!
 //! `--heads` (at least 5, one a pattern) shrinks the work, e.g. for a run under
 //! compute-sanitizer.
@@ -19,7 +20,7 @@
 use std::process::ExitCode;
 
 use attn_core::{DilatedConfig, Pass, Shape4};
-use attn_kernels::cuda::plan::{ForwardRows, PatternFusion};
+use attn_kernels::cuda::plan::{BackwardLoads, ForwardRows, PatternFusion};
 use attn_kernels::cuda::{BenchRun, CudaDevice, CudaElement, ForwardPath, GpuTiming, bench_pass};
 use half::{bf16, f16};
 
@@ -35,6 +36,8 @@ struct Args {
     rows: Option<Vec<ForwardRows>>,
     /// `None`: the device's own choice (`ATTN_CUDA_FWD_LAUNCH`).
     launches: Option<Vec<PatternFusion>>,
+    /// `None`: the device's own choice (`ATTN_CUDA_BWD_LOADS`).
+    bwd_loads: Option<Vec<BackwardLoads>>,
 }
 
 fn path_name(p: ForwardPath) -> &'static str {
@@ -55,6 +58,7 @@ fn parse() -> Result<Args, String> {
         paths: vec![ForwardPath::Direct],
         rows: None,
         launches: None,
+        bwd_loads: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -97,6 +101,15 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?;
                 a.launches = Some(launches);
             }
+            "--bwd-loads" => {
+                let loads = val()?
+                    .split(',')
+                    .map(|l| {
+                        BackwardLoads::parse(l).ok_or_else(|| format!("--bwd-loads: `{l}` is not sync or pipelined"))
+                    })
+                    .collect::<Result<_, _>>()?;
+                a.bwd_loads = Some(loads);
+            }
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -129,16 +142,19 @@ fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let rows = a.rows.clone().unwrap_or_else(|| vec![dev.forward_rows()]);
     let launches = a.launches.clone().unwrap_or_else(|| vec![dev.forward_options().fusion]);
+    let bwd_loads = a.bwd_loads.clone().unwrap_or_else(|| vec![dev.backward_loads()]);
     let mut cases = Vec::new();
     for &r in &rows {
         for &f in &launches {
-            cases.extend(a.paths.iter().map(|&p| (r, f, p)));
+            for &l in &bwd_loads {
+                cases.extend(a.paths.iter().map(|&p| (r, f, l, p)));
+            }
         }
     }
     for &seq in &a.seqs {
         let shape = Shape4::new(1, seq, a.heads, 128).map_err(|e| e.to_string())?;
-        for &(r, fusion, path) in &cases {
-            let dev = dev.with_forward_rows(r).with_pattern_fusion(fusion);
+        for &(r, fusion, loads, path) in &cases {
+            let dev = dev.with_forward_rows(r).with_pattern_fusion(fusion).with_backward_loads(loads);
             let (t, image) = match a.dtype.as_str() {
                 "bf16" => run_one::<bf16>(&dev, &cfg, shape, &a, path)?,
                 "f16" => run_one::<f16>(&dev, &cfg, shape, &a, path)?,
@@ -146,7 +162,7 @@ fn run() -> Result<(), String> {
                 other => return Err(format!("unknown dtype `{other}`")),
             };
             println!(
-                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":{},\"launch\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2}}}",
+                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":{},\"launch\":\"{}\",\"bwd_loads\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2}}}",
                 a.dtype,
                 a.heads,
                 a.causal,
@@ -154,6 +170,7 @@ fn run() -> Result<(), String> {
                 path_name(path),
                 r.rows(),
                 fusion.name(),
+                loads.name(),
                 t.median_ms,
                 t.tflops()
             );

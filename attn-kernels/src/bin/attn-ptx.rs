@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use attn_kernels::cuda::nvrtc_present;
-use attn_kernels::cuda::plan::{ForwardRows, mma_bwd_smem_bytes, mma_smem_bytes};
+use attn_kernels::cuda::plan::{BackwardLoads, ForwardRows, mma_bwd_smem_bytes, mma_smem_bytes};
 use attn_kernels::cuda::source::{
     MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, dtype_define, full_source, kernel_names_for, mma_bwd_kernel_name,
     mma_fused_kernel_name, mma_kernel_name, nvrtc_options,
@@ -102,9 +102,11 @@ fn dynamic_smem(name: &str) -> usize {
                 return mma_smem_bytes(ForwardRows::M64, d);
             }
         }
-        for d in MMA_BWD_HEAD_DIMS {
-            if name == mma_bwd_kernel_name(t, d) {
-                return mma_bwd_smem_bytes(d);
+        for loads in BackwardLoads::ALL {
+            for d in MMA_BWD_HEAD_DIMS {
+                if name == mma_bwd_kernel_name(t, d, loads) {
+                    return mma_bwd_smem_bytes(d, loads);
+                }
             }
         }
     }

@@ -10,7 +10,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 use super::nvrtc::{ImageKind, compile_for_device};
-use super::plan::{ForwardOptions, ForwardRows, PatternFusion};
+use super::plan::{BackwardLoads, ForwardOptions, ForwardRows, PatternFusion};
 use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source};
 
 const BACKEND: &str = "cuda";
@@ -65,16 +65,19 @@ pub struct CudaDevice {
     pub(crate) stream: Arc<CudaStream>,
     compute_capability: (i32, i32),
     forward: ForwardOptions,
+    backward: BackwardLoads,
 }
 
 impl CudaDevice {
     /// Open device `ordinal`: check libraries and device and require sm_80+. Kernels are
     /// compiled by NVRTC for this device's architecture on first use, one module per
     /// dtype, cached for the process. The forward's rows a block and pattern fusion come
-    /// from `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH` ([`ForwardOptions::from_env`];
-    /// an unknown value is an error).
+    /// from `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH` ([`ForwardOptions::from_env`]),
+    /// the backward's query-tile loads from `ATTN_CUDA_BWD_LOADS`
+    /// ([`BackwardLoads::from_env`]); an unknown value is an error.
     pub fn new(ordinal: usize) -> Result<Self> {
         let forward = ForwardOptions::from_env()?;
+        let backward = BackwardLoads::from_env()?;
         check_available(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
         let cc = ctx.compute_capability().map_err(cuda_err)?;
@@ -82,7 +85,7 @@ impl CudaDevice {
             return Err(unavailable(format!("device {ordinal} is sm_{}{}; sm_80 or newer is required", cc.0, cc.1)));
         }
         let stream = ctx.default_stream();
-        Ok(CudaDevice { ctx, stream, compute_capability: cc, forward })
+        Ok(CudaDevice { ctx, stream, compute_capability: cc, forward, backward })
     }
 
     /// The same device and stream with the tensor-core forward taking `rows` query rows a
@@ -96,6 +99,17 @@ impl CudaDevice {
     /// `fusion` says.
     pub fn with_pattern_fusion(&self, fusion: PatternFusion) -> Self {
         CudaDevice { forward: ForwardOptions { fusion, ..self.forward }, ..self.clone() }
+    }
+
+    /// The same device and stream with the tensor-core backward loading its query tiles as
+    /// `loads` says.
+    pub fn with_backward_loads(&self, loads: BackwardLoads) -> Self {
+        CudaDevice { backward: loads, ..self.clone() }
+    }
+
+    /// How the tensor-core backward loads its query tiles.
+    pub fn backward_loads(&self) -> BackwardLoads {
+        self.backward
     }
 
     /// Query rows a block of the tensor-core forward.

@@ -19,7 +19,7 @@ use libloading::Library;
 use super::block::ForwardPath;
 use super::epilogue::{delta_launch, fill_launch, row_params, store_launch};
 use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward, plan_forward_direct};
-use super::plan::{ForwardOptions, ForwardRows, PatternFusion, out_scale};
+use super::plan::{BackwardLoads, ForwardOptions, ForwardRows, PatternFusion, out_scale};
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{CudaElement, extent};
 
@@ -30,11 +30,13 @@ fn emu_err(message: impl Into<String>) -> AttnError {
     AttnError::BackendUnavailable { backend: "cuda-emulation", reason: message.into() }
 }
 
-/// The loaded emulation library, planning the forward with its [`ForwardOptions`].
+/// The loaded emulation library, planning the forward with its [`ForwardOptions`] and the
+/// backward with its [`BackwardLoads`].
 #[derive(Debug)]
 pub struct Emulator {
     lib: Library,
     forward: ForwardOptions,
+    backward: BackwardLoads,
 }
 
 /// A block's inputs in host memory (as the device call's buffers): q, k, v, grad_out in
@@ -159,12 +161,19 @@ impl Emulator {
     }
 
     /// Load a library [`Emulator::build`] made (the forward taking
-    /// [`ForwardOptions::from_env`] rows a block and pattern fusion).
+    /// [`ForwardOptions::from_env`] rows a block and pattern fusion, the backward
+    /// [`BackwardLoads::from_env`] query-tile loads).
     pub fn load(path: &Path) -> Result<Self> {
         let forward = ForwardOptions::from_env()?;
+        let backward = BackwardLoads::from_env()?;
         // SAFETY: the library is ours (emu_capi.cpp); loading runs its static initialisers only.
         let lib = unsafe { Library::new(path) }.map_err(|e| emu_err(format!("loading {}: {e}", path.display())))?;
-        Ok(Emulator { lib, forward })
+        Ok(Emulator { lib, forward, backward })
+    }
+
+    /// This emulator planning the tensor-core backward's query-tile loads as `loads` says.
+    pub fn with_backward_loads(self, loads: BackwardLoads) -> Self {
+        Emulator { backward: loads, ..self }
     }
 
     /// This emulator planning the tensor-core forward with `rows` query rows a block.
@@ -320,7 +329,7 @@ impl Emulator {
             return Err(missing("grad_out strides"));
         }
         check_buffers(g, a, &acc)?;
-        self.execute(&plan_backward(g, T::DTYPE, T::SUFFIX)?, a, acc, None)
+        self.execute(&plan_backward(g, T::DTYPE, T::SUFFIX, self.backward)?, a, acc, None)
     }
 
     /// [`crate::cuda::store_scaled`] into a contiguous host tensor: `dst = scale * src` in `T`.

@@ -7,8 +7,8 @@ use attn_core::{AttnError, Band, DType, DilatedConfig, Mixing, PackedSequences, 
 
 use super::params::{AttnParams, BlockLayout, FusedPattern, MAX_FUSED, attn_params};
 use super::plan::{
-    BackwardKernel, ForwardKernel, ForwardOptions, ForwardRows, PatternFusion, PatternLaunch, SelectedIndex, SeqPiece,
-    THREADS, backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
+    BackwardKernel, BackwardLoads, ForwardKernel, ForwardOptions, ForwardRows, PatternFusion, PatternLaunch,
+    SelectedIndex, SeqPiece, THREADS, backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
 };
 use super::source::mma_fused_kernel_name;
 
@@ -286,9 +286,10 @@ pub fn plan_forward_direct(
     Ok(Some(plan))
 }
 
-/// The backward launches of a block (`g.g_strides` set).
-pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str) -> Result<Vec<Planned>> {
-    let kernel = backward_kernel(dtype, suffix, g.q.0.head_dim);
+/// The backward launches of a block (`g.g_strides` set), the tensor-core kernel loading
+/// its query tiles as `loads` says.
+pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, loads: BackwardLoads) -> Result<Vec<Planned>> {
+    let kernel = backward_kernel(dtype, suffix, g.q.0.head_dim, loads);
     let warps = (THREADS / 32) as usize;
     let group = g.q.0.heads / g.k.0.heads.max(1);
     let batch = g.q.0.batch;

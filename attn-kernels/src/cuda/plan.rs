@@ -104,6 +104,49 @@ impl PatternFusion {
     }
 }
 
+/// How the tensor-core backward loads its query tiles (Q, dO, lse, delta): `Sync`, each
+/// tile before its compute, or `Pipelined`, by `cp.async` into two stages, the next tile
+/// loading while this one computes (more shared memory a block). Both give the same bits.
+/// A device's choice comes from `ATTN_CUDA_BWD_LOADS=sync|pipelined`, sync without it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackwardLoads {
+    #[default]
+    Sync,
+    Pipelined,
+}
+
+impl BackwardLoads {
+    /// Every choice.
+    pub const ALL: [BackwardLoads; 2] = [BackwardLoads::Sync, BackwardLoads::Pipelined];
+
+    /// `"sync"` or `"pipelined"`, as `ATTN_CUDA_BWD_LOADS` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackwardLoads::Sync => "sync",
+            BackwardLoads::Pipelined => "pipelined",
+        }
+    }
+
+    /// The choice [`name`](Self::name) spells `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == s.trim())
+    }
+
+    /// The choice of `ATTN_CUDA_BWD_LOADS` (sync when unset); an unknown value is a typed
+    /// error.
+    pub fn from_env() -> attn_core::Result<Self> {
+        choice_from_env("ATTN_CUDA_BWD_LOADS", Self::parse, "sync or pipelined")
+    }
+
+    /// Query-tile stages in shared memory.
+    pub fn stages(self) -> usize {
+        match self {
+            BackwardLoads::Sync => 1,
+            BackwardLoads::Pipelined => 2,
+        }
+    }
+}
+
 /// The tensor-core forward's shape choices: query rows a block and pattern fusion.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ForwardOptions {
@@ -321,8 +364,8 @@ pub fn forward_kernel(dtype: DType, suffix: &str, head_dim: usize, rows: Forward
 pub const MMA_BWD_BLOCK_N: usize = 64;
 
 /// Dynamic shared memory of the tensor-core backward (`MMA_BWD_SMEM` in `dilated_bwd_mma.cu`).
-pub fn mma_bwd_smem_bytes(padded_d: usize) -> usize {
-    (2 * 64 + 2 * 32) * (padded_d + 8) * 2 + 64 * (32 + 8) * 2
+pub fn mma_bwd_smem_bytes(padded_d: usize, loads: BackwardLoads) -> usize {
+    (2 * 64 + loads.stages() * 2 * 32) * (padded_d + 8) * 2 + 64 * (32 + 8) * 2
 }
 
 /// Which backward kernels run a dtype and head dim.
@@ -334,14 +377,15 @@ pub enum BackwardKernel {
     Rows { dq: String, dkv: String },
 }
 
-/// Pick the backward kernels (`suffix` is `f32`, `f16` or `bf16`).
-pub fn backward_kernel(dtype: DType, suffix: &str, head_dim: usize) -> BackwardKernel {
+/// Pick the backward kernels (`suffix` is `f32`, `f16` or `bf16`; `loads` the
+/// tensor-core kernel's query-tile loads).
+pub fn backward_kernel(dtype: DType, suffix: &str, head_dim: usize, loads: BackwardLoads) -> BackwardKernel {
     let padded = MMA_BWD_HEAD_DIMS.iter().copied().find(|&p| p >= head_dim);
     match (dtype, padded) {
         (DType::F16 | DType::BF16, Some(p)) => BackwardKernel::Mma {
-            name: mma_bwd_kernel_name(suffix, p),
+            name: mma_bwd_kernel_name(suffix, p, loads),
             block_n: MMA_BWD_BLOCK_N,
-            smem_bytes: mma_bwd_smem_bytes(p),
+            smem_bytes: mma_bwd_smem_bytes(p, loads),
         },
         _ => BackwardKernel::Rows {
             dq: format!("dilated_bwd_dq_rows_{suffix}"),
@@ -509,11 +553,23 @@ mod tests {
             ["64", "128", "96"].map(ForwardRows::parse),
             [Some(ForwardRows::M64), Some(ForwardRows::M128), None]
         );
-        assert!(mma_bwd_smem_bytes(128) <= 163 * 1024);
-        assert!(matches!(backward_kernel(DType::F16, "f16", 200), BackwardKernel::Rows { .. }));
-        assert!(matches!(backward_kernel(DType::F32, "f32", 64), BackwardKernel::Rows { .. }));
-        let BackwardKernel::Mma { name, .. } = backward_kernel(DType::BF16, "bf16", 64) else { panic!("expected MMA") };
+        for loads in BackwardLoads::ALL {
+            assert!(mma_bwd_smem_bytes(128, loads) <= 163 * 1024);
+            assert!(matches!(backward_kernel(DType::F16, "f16", 200, loads), BackwardKernel::Rows { .. }));
+            assert!(matches!(backward_kernel(DType::F32, "f32", 64, loads), BackwardKernel::Rows { .. }));
+            assert_eq!(BackwardLoads::parse(loads.name()), Some(loads));
+        }
+        let BackwardKernel::Mma { name, .. } = backward_kernel(DType::BF16, "bf16", 64, BackwardLoads::Sync) else {
+            panic!("expected MMA")
+        };
         assert_eq!(name, "dilated_bwd_mma_bf16_d64");
+        let BackwardKernel::Mma { name, smem_bytes, .. } =
+            backward_kernel(DType::BF16, "bf16", 128, BackwardLoads::Pipelined)
+        else {
+            panic!("expected MMA")
+        };
+        assert_eq!((name.as_str(), smem_bytes), ("dilated_bwd_mma_pipelined_bf16_d128", 256 * 136 * 2 + 64 * 40 * 2));
+        assert_eq!(BackwardLoads::parse("async"), None);
         assert!(vec_loads_ok(64, [1024, 128, 64, 1]) && !vec_loads_ok(60, [960, 120, 60, 1]));
     }
 }

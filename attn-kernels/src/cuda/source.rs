@@ -6,7 +6,7 @@
 
 use attn_core::DType;
 
-use super::plan::ForwardRows;
+use super::plan::{BackwardLoads, ForwardRows};
 
 /// Shared definitions, compiled first.
 pub const PRELUDE: &str = include_str!("../../kernels/prelude.cu");
@@ -95,8 +95,10 @@ pub fn kernel_names() -> Vec<String> {
         for d in MMA_HEAD_DIMS {
             names.push(mma_fused_kernel_name(t, d));
         }
-        for d in MMA_BWD_HEAD_DIMS {
-            names.push(mma_bwd_kernel_name(t, d));
+        for loads in BackwardLoads::ALL {
+            for d in MMA_BWD_HEAD_DIMS {
+                names.push(mma_bwd_kernel_name(t, d, loads));
+            }
         }
     }
     names
@@ -108,9 +110,12 @@ pub fn mma_fused_kernel_name(suffix: &str, padded_d: usize) -> String {
     format!("dilated_fwd_mma_fused_{suffix}_d{padded_d}")
 }
 
-/// Name of the tensor-core backward for a dtype suffix and padded head dim.
-pub fn mma_bwd_kernel_name(suffix: &str, padded_d: usize) -> String {
-    format!("dilated_bwd_mma_{suffix}_d{padded_d}")
+/// Name of the tensor-core backward for a dtype suffix, padded head dim and query-tile loads.
+pub fn mma_bwd_kernel_name(suffix: &str, padded_d: usize, loads: BackwardLoads) -> String {
+    match loads {
+        BackwardLoads::Sync => format!("dilated_bwd_mma_{suffix}_d{padded_d}"),
+        BackwardLoads::Pipelined => format!("dilated_bwd_mma_pipelined_{suffix}_d{padded_d}"),
+    }
 }
 
 /// Name of the tensor-core forward for a dtype suffix, padded head dim and rows a block.
@@ -142,6 +147,7 @@ mod tests {
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
                 src.contains(&format!("{mac}({t}, {e}, {d},"))
             } else if let Some(rest) = name.strip_prefix("dilated_bwd_mma_") {
+                let rest = rest.strip_prefix("pipelined_").unwrap_or(rest);
                 let (t, d) = rest.split_once("_d").unwrap();
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
                 src.contains(&format!("ATTN_MMA_BWD_KERNEL({t}, {e}, {d})"))
