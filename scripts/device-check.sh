@@ -178,7 +178,7 @@ step_tests() {
     # cuda_golden repeats the golden step's files; it runs where the budget is left.
     local t ok=0
     for t in cuda_proptest attn_kernels cuda_nvrtc cuda_golden; do
-        ATTN_CUDA_CASES=16 logged 60 "$PACK/bin/$t" --test-threads=1 $([ "$t" = attn_kernels ] && echo cuda) || ok=1
+        PROPTEST_CASES=16 logged 60 "$PACK/bin/$t" --test-threads=1 $([ "$t" = attn_kernels ] && echo cuda) || ok=1
     done
     return "$ok"
 }

@@ -20,10 +20,9 @@ use half::bf16;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-/// Cases per property: 48, or `ATTN_CUDA_CASES` (the device check bounds its run with it).
+/// Cases per property: 48, or `PROPTEST_CASES` (the device check bounds its run with it).
 fn runner() -> TestRunner {
-    let cases = std::env::var("ATTN_CUDA_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(48);
-    TestRunner::new(Config { cases, max_shrink_iters: 64, ..Config::default() })
+    TestRunner::new(Config { cases: attn_testkit::proptest_cases(48), max_shrink_iters: 64, ..Config::default() })
 }
 
 /// The float64 reference on the inputs `[q, k, v, grad_out]` rounded to `dtype`.
