@@ -47,6 +47,11 @@ fn path_name(p: ForwardPath) -> &'static str {
     }
 }
 
+/// A comma-separated list of kernel choices for `flag`, each spelled as `parse` reads it.
+fn choices<T>(flag: &str, list: &str, parse: fn(&str) -> Option<T>, expected: &str) -> Result<Vec<T>, String> {
+    list.split(',').map(|c| parse(c).ok_or_else(|| format!("{flag}: `{c}` is not {expected}"))).collect()
+}
+
 fn parse() -> Result<Args, String> {
     let mut a = Args {
         seqs: vec![65_536, 262_144],
@@ -85,31 +90,9 @@ fn parse() -> Result<Args, String> {
                     })
                     .collect::<Result<_, _>>()?
             }
-            "--rows" => {
-                let rows = val()?
-                    .split(',')
-                    .map(|r| ForwardRows::parse(r).ok_or_else(|| format!("--rows: `{r}` is not 64 or 128")))
-                    .collect::<Result<_, _>>()?;
-                a.rows = Some(rows);
-            }
-            "--launch" => {
-                let launches = val()?
-                    .split(',')
-                    .map(|l| {
-                        PatternFusion::parse(l).ok_or_else(|| format!("--launch: `{l}` is not per-pattern or fused"))
-                    })
-                    .collect::<Result<_, _>>()?;
-                a.launches = Some(launches);
-            }
-            "--bwd-loads" => {
-                let loads = val()?
-                    .split(',')
-                    .map(|l| {
-                        BackwardLoads::parse(l).ok_or_else(|| format!("--bwd-loads: `{l}` is not sync or pipelined"))
-                    })
-                    .collect::<Result<_, _>>()?;
-                a.bwd_loads = Some(loads);
-            }
+            "--rows" => a.rows = Some(choices(&flag, &val()?, ForwardRows::parse, "64 or 128")?),
+            "--launch" => a.launches = Some(choices(&flag, &val()?, PatternFusion::parse, "per-pattern or fused")?),
+            "--bwd-loads" => a.bwd_loads = Some(choices(&flag, &val()?, BackwardLoads::parse, "sync or pipelined")?),
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
