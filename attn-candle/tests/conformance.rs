@@ -2,7 +2,7 @@
 //! candle op, forward and candle-autograd gradients, in f32, bf16 and f16 and in both
 //! layouts (BSHD, and BHSD handed over transposed).
 
-mod common;
+use crate::common;
 
 use attn_testkit::golden::assert_attention_dirs_pass;
 use candle_core::DType;

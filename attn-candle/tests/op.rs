@@ -2,7 +2,7 @@
 //! candle-autograd gradients) on random feature cases in both layouts, f32 tight and
 //! bf16/f16 row by row against the float64 reference; a planted error fails the bound.
 
-mod common;
+use crate::common;
 
 use attn_candle::run_buffers;
 use attn_core::DType as AttnDType;

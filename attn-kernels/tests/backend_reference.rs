@@ -2,7 +2,7 @@
 //! causal, both mixings, ragged lengths; f32 tight, bf16/f16 with the testkit's bounds),
 //! plus larger fixed cases that span several tiles, chunks and units.
 
-mod common;
+use crate::common;
 
 use attn_core::{DType, DilatedConfig, Element, Mixing, Shape4};
 use attn_kernels::{CpuBackend, Isa};

@@ -4,7 +4,7 @@
 //! and the fallbacks (a non-finite piece, heads wider than 512) that hand a piece to the
 //! f32 kernel. An engine this CPU lacks is skipped, with the reason printed.
 
-mod common;
+use crate::common;
 
 use attn_core::{AttnShape, DType, DilatedConfig, Mixing, Shape4};
 use attn_kernels::{CpuBackend, Isa};

@@ -3,7 +3,7 @@
 //! longer key sequences; plus exact identities (equal lengths = self-attention bit for
 //! bit, thread-count independence) and typed errors.
 
-mod common;
+use crate::common;
 
 use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Mixing, Shape4};
 use attn_kernels::{CpuBackend, Isa};

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use crate::common;
 use attn_core::{AttnError, DilatedConfig, Mixing, Result, Shape4};
-mod common;
 
 use attn_reliability::watchdog::within;
 use attn_ring::{Fault, Layout, Strategy};

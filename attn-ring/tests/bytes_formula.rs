@@ -1,7 +1,7 @@
 //! Bytes sent per rank equal the closed-form formula of each strategy, and
 //! only selected rows travel (segment-local patterns send nothing).
 
-mod common;
+use crate::common;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnShape, DType, DilatedConfig, Mixing, Pass, Shape4, TensorView};

@@ -5,7 +5,7 @@
 //! strategies in 2 rounds (both transports, 2..=5); a fault or a disagreeing rank is a
 //! typed error on every rank.
 
-mod common;
+use crate::common;
 
 use std::marker::PhantomData;
 use std::time::Duration;

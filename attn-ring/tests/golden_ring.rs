@@ -1,7 +1,7 @@
 //! Every golden file in `conformance/dilated` and `conformance/features` through the
 //! ring: every strategy x layout x world size 1..=8, forward (out, lse) and gradients.
 
-mod common;
+use crate::common;
 
 use common::{RingBackend, golden_sweep};
 

@@ -4,7 +4,7 @@
 //! and layout, checked with the same tolerances as `golden_ring.rs`. A protocol step
 //! that relied on buffered sends would time out here instead of passing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

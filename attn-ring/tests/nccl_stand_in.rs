@@ -11,7 +11,7 @@
 //! side of the NCCL calls, not NCCL's behaviour on a GPU.
 #![cfg(all(feature = "nccl", target_os = "linux"))]
 
-mod common;
+use crate::common;
 #[cfg(feature = "cuda")]
 #[path = "stand_in_gpu/device_ring.rs"]
 mod device_ring;
@@ -65,7 +65,7 @@ fn nccl_transport_runs_against_stand_in_libraries() {
     }
     let me = std::env::current_exe().expect("test binary");
     let mut child = Command::new(me)
-        .args(["--ignored", "--exact", "stand_in_child", "--nocapture", "--test-threads=1"])
+        .args(["--ignored", "--exact", &child_test_name(), "--nocapture", "--test-threads=1"])
         .env("LD_LIBRARY_PATH", path)
         .env(CHILD, "1")
         .stdout(Stdio::piped())
@@ -91,6 +91,14 @@ fn nccl_transport_runs_against_stand_in_libraries() {
     let status = status.unwrap_or_else(|| panic!("the child hung: killed after {CHILD_LIMIT:?}"));
     assert!(status.success(), "the child failed: {status:?}");
     assert!(stdout.contains("test result: ok. 1 passed"), "the child ran no test");
+}
+
+/// The child test's name as the harness lists it: its path below the crate root.
+fn child_test_name() -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::stand_in_child"),
+        None => "stand_in_child".into(),
+    }
 }
 
 /// Read a child's pipe to the end on a thread (so a full pipe cannot block the child).

@@ -2,7 +2,7 @@
 //! computes the function: every row of the forward and the gradients within its f32
 //! bound of the float64 reference (`attn_testkit::judge`).
 
-mod common;
+use crate::common;
 
 use attn_core::error::TensorName;
 use attn_core::{DType, TensorView};

@@ -7,14 +7,16 @@
 //!   each available backend and strategy, MPI, NCCL (stand-in libraries) and GPU tests, `ptx --emulate`, fuzzing and
 //!   valgrind where their tools exist (SKIP with the reason otherwise).
 //! - `cargo xtask tidy`: module docs, file length, no todo!/unimplemented!/dbg!,
-//!   `// SAFETY:` above every `unsafe` block, no work-history wording, and
-//!   `conformance/` holding every file of `../shared/golden` when that exists.
+//!   `// SAFETY:` above every `unsafe` block, no work-history wording, one integration
+//!   test binary a crate, and `conformance/` holding every file of `../shared/golden`
+//!   when that exists.
 //! - `cargo xtask ptx [ARGS]`: NVRTC + ptxas check of the CUDA kernels.
 #![forbid(unsafe_code)]
 
 mod bench;
 mod ptx;
 mod test_suite;
+mod test_targets;
 mod tidy;
 mod vectors;
 

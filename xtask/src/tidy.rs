@@ -3,12 +3,13 @@
 //! `// SAFETY:` comment directly above every `unsafe` block or impl; project text
 //! (`.rs`, `.md`, `.sh`) describes the project, not the work history; in attn-kernels
 //! only the dispatch module names an instruction-set module and only `cpu_features`
-//! checks CPU features; and the in-repo conformance vectors hold every upstream file
+//! checks CPU features; each crate's integration tests build into one binary
+//! (`test_targets`); and the in-repo conformance vectors hold every upstream file
 //! (`vectors`).
 
 use std::path::{Path, PathBuf};
 
-use crate::{repo_root, vectors};
+use crate::{repo_root, test_targets, vectors};
 
 /// Longest allowed file, in lines.
 pub const MAX_LINES: usize = 700;
@@ -154,6 +155,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
             println!("{}:{line}: {msg}", f.strip_prefix(&root).unwrap_or(f).display());
             count += 1;
         }
+    }
+    for (krate, msg) in test_targets::check(&root)? {
+        println!("{krate}: {msg}");
+        count += 1;
     }
     match vectors::check(&root)? {
         None => println!("tidy: no ../shared/golden beside the repository; conformance/ not compared"),

@@ -1,0 +1,10 @@
+//! The integration tests of this crate in one binary (one link and one set of generic
+//! instances for all of them); each module is one test file.
+
+mod common;
+mod conformance;
+mod encoder;
+mod errors;
+mod nn;
+mod op;
+mod ring;

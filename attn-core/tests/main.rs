@@ -1,0 +1,6 @@
+//! The integration tests of this crate in one binary (one link and one set of generic
+//! instances for all of them); each module is one test file.
+
+mod golden_reference;
+mod hand_built_shapes;
+mod reference_properties;

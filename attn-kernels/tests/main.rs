@@ -1,0 +1,14 @@
+//! The integration tests of this crate in one binary (one link and one set of generic
+//! instances for all of them); each module is one test file.
+
+mod backend_properties;
+mod backend_reference;
+mod bf16_pairs;
+mod block_api;
+mod caller_errors;
+mod common;
+mod cross_attention;
+mod cuda_emulation;
+mod features_reference;
+mod golden;
+mod isa_choice;
