@@ -3,14 +3,32 @@
 //! instantiates its generic code once; a file that needs its own process (a global
 //! allocator, a harness of its own, a name the GPU pack runs) is a `[[test]]` entry.
 //! Under `autotests = false` an unlisted file would silently never build: this finds it.
+//! With a `tests/main.rs`, proptest keeps a test file's seeds in
+//! `proptest-regressions/<file>.txt` (beside `tests/`): seeds left beside the test file
+//! would never replay.
 
 use std::path::Path;
 
+/// The test files of one crate: the stems of its `tests/*.rs` files and of its
+/// `tests/*.proptest-regressions` seed files.
+pub struct TestFiles {
+    pub sources: Vec<String>,
+    pub seeds: Vec<String>,
+}
+
 /// The problems of one crate's test layout: `manifest` is its Cargo.toml, `main` its
-/// `tests/main.rs` (if any), `files` the stems of its `tests/*.rs` files.
-pub fn check_crate(manifest: &str, main: Option<&str>, files: &[String]) -> Vec<String> {
+/// `tests/main.rs` (if any).
+pub fn check_crate(manifest: &str, main: Option<&str>, files: &TestFiles) -> Vec<String> {
     let autotests_off = manifest.lines().any(|l| l.replace(' ', "") == "autotests=false");
     let mut problems = Vec::new();
+    if main.is_some() {
+        for stem in &files.seeds {
+            problems.push(format!(
+                "tests/{stem}.proptest-regressions never replays: proptest reads proptest-regressions/{stem}.txt"
+            ));
+        }
+    }
+    let files = &files.sources;
     if files.len() > 1 && !autotests_off {
         problems.push(format!(
             "{} test files build {} binaries: set `autotests = false` and declare them in tests/main.rs",
@@ -51,26 +69,33 @@ pub fn check(root: &Path) -> Result<Vec<(String, String)>, String> {
         }
         let text = std::fs::read_to_string(&manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
         let main = std::fs::read_to_string(tests.join("main.rs")).ok();
-        let mut files: Vec<String> = std::fs::read_dir(&tests)
-            .map_err(|e| e.to_string())?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "rs"))
-            .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
-            .collect();
-        files.sort();
+        let files =
+            TestFiles { sources: stems_with(&tests, "rs")?, seeds: stems_with(&tests, "proptest-regressions")? };
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         out.extend(check_crate(&text, main.as_deref(), &files).into_iter().map(|m| (name.clone(), m)));
     }
     Ok(out)
 }
 
+/// The sorted stems of the files in `dir` with extension `ext`.
+fn stems_with(dir: &Path, ext: &str) -> Result<Vec<String>, String> {
+    let mut stems: Vec<String> = std::fs::read_dir(dir)
+        .map_err(|e| e.to_string())?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == ext))
+        .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .collect();
+    stems.sort();
+    Ok(stems)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn stems(s: &[&str]) -> Vec<String> {
-        s.iter().map(|x| x.to_string()).collect()
+    fn stems(s: &[&str]) -> TestFiles {
+        TestFiles { sources: s.iter().map(|x| x.to_string()).collect(), seeds: Vec::new() }
     }
 
     const MANIFEST: &str = "[package]\nname = \"x\"\nautotests = false\n\n[[test]]\nname = \"integration\"\npath = \"tests/main.rs\"\n\n[[test]]\nname = \"alloc\"\npath = \"tests/alloc.rs\"\n";
@@ -92,6 +117,17 @@ mod tests {
         assert!(problems[0].contains("tests/forgotten.rs"), "{problems:?}");
         let unlisted_main = MANIFEST.replace("path = \"tests/main.rs\"\n", "");
         assert!(check_crate(&unlisted_main, Some(main), &stems(&["golden", "main"]))[0].contains("main.rs"));
+    }
+
+    #[test]
+    fn seeds_beside_a_module_are_found() {
+        let main = "//! Tests.\n\nmod golden;\n";
+        let files = TestFiles { seeds: vec!["golden".into()], ..stems(&["golden", "main"]) };
+        let problems = check_crate(MANIFEST, Some(main), &files);
+        assert!(problems.len() == 1 && problems[0].contains("proptest-regressions/golden.txt"), "{problems:?}");
+        // Without tests/main.rs proptest reads seeds beside the file.
+        let single = TestFiles { seeds: vec!["runner".into()], ..stems(&["runner"]) };
+        assert!(check_crate("[package]\nname = \"y\"\n", None, &single).is_empty());
     }
 
     #[test]
