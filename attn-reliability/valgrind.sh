@@ -24,8 +24,9 @@ for line in open(sys.argv[1]):
         name = m["package_id"].split("#")[0].rstrip("/").split("/")[-1]
         print(name + "/" + m["target"]["name"], m["executable"])' "$JSON" >>"$EXES"
 }
-executables -p attn-kernels --lib --test integration
-executables -p attn-reliability --test integration
+# The workspace's own test build (the one `cargo test --workspace` runs, so nothing is
+# rebuilt after it); a package alone would resolve other features and build again.
+executables --workspace
 exe() {
     awk -v t="$1" '$1 == t { print $2 }' "$EXES"
 }
