@@ -5,7 +5,8 @@
 //!   problem with K/V repeated to 8 heads by the caller (time and peak memory).
 //! - 8 sequences of lengths drawn uniformly from `1..=max_len`, packed into one row
 //!   with `cu_seqlens` against padded to the longest with a key padding mask (real
-//!   tokens per second), forward and, in the default and full suites, forward+backward.
+//!   tokens per second), causal, under the suite's dilated patterns and under dense
+//!   attention, forward and, in the default and full suites, forward+backward.
 //! - A causal sliding window `(4095, 0)` against dense causal attention (one segment of
 //!   the whole sequence) of the same length.
 //! - Bytes per rank on the ring (4 in-process ranks, contiguous and zigzag) for a causal
@@ -16,7 +17,7 @@
 use crate::case::{CaseKind, CaseSpec, VarLenLayout};
 use crate::cli::SuiteSize;
 use crate::inputs::SplitMix;
-use crate::suite_plan::{DILATIONS, SEGMENTS, ring_case};
+use crate::suite_plan::{DILATIONS, SEGMENTS, Timing, ring_case};
 
 /// The report section of these cases.
 pub const SECTION: &str = "features";
@@ -62,34 +63,48 @@ pub fn draw_lengths(seed: u64, count: usize, max: usize) -> Vec<usize> {
     (0..count).map(|_| 1 + rng.below(max as u64) as usize).collect()
 }
 
+/// The (segments, dilations) of the packed/padded rows: the suite's dilated patterns,
+/// and dense attention (one segment of `max_len` at rate 1), where a padded query attends
+/// every real key of its sequence.
+pub fn varlen_patterns(max_len: usize) -> [(Vec<usize>, Vec<usize>); 2] {
+    [(SEGMENTS.to_vec(), DILATIONS.to_vec()), (vec![max_len], vec![1])]
+}
+
 /// The ring's grouped-heads config at length `n`: segments `n/8, n/2, n` at rates 2, 8,
 /// 16 (4096 selected rows each at 65536), so two of the three patterns span ranks.
 pub fn ring_dilated(n: usize) -> CaseSpec {
     CaseSpec::dilated("cpu", n, &[n / 8, n / 2, n], &[2, 8, 16])
 }
 
-/// Every case of the section in run order, each with whether its first call alone
-/// measures it (the ring rows: their point is bytes, not time).
-pub fn cases(size: SuiteSize) -> Vec<(CaseSpec, bool)> {
+/// Timed calls at least of each packed/padded row (their ratio has a target).
+pub const VARLEN_RUNS: usize = 3;
+
+/// Every case of the section in run order, each with how it is timed: the ring rows by
+/// their first call alone (their point is bytes, not time), the packed/padded rows at
+/// least `VARLEN_RUNS` times.
+pub fn cases(size: SuiteSize) -> Vec<(CaseSpec, Timing)> {
     let FeatureSizes { seq: n, max_len, varlen_backward } = FeatureSizes::of(size);
     let mut out = Vec::new();
     // Grouped-query attention against K/V repeated by the caller.
     let gqa = CaseSpec { kv_heads: Some(8 / GQA_GROUP), ..CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS) };
-    out.push((gqa.clone(), false));
-    out.push((CaseSpec { repeat_kv: true, ..gqa }, false));
-    // Packed against padded.
+    out.push((gqa.clone(), Timing::Suite));
+    out.push((CaseSpec { repeat_kv: true, ..gqa }, Timing::Suite));
+    // Packed against padded, under the suite's dilated patterns and under dense attention.
     let lengths = draw_lengths(LENGTHS_SEED, SEQUENCES, max_len);
-    let causal = CaseSpec { causal: true, ..CaseSpec::dilated("cpu", 1, &SEGMENTS, &DILATIONS) };
-    for backward in if varlen_backward { vec![false, true] } else { vec![false] } {
-        let base = CaseSpec { backward, ..causal.clone() };
-        for layout in [VarLenLayout::Packed, VarLenLayout::Padded] {
-            out.push((CaseSpec::varlen(&base, (LENGTHS_SEED, max_len), &lengths, layout), false));
+    for (segments, dilations) in varlen_patterns(max_len) {
+        let causal = CaseSpec { causal: true, ..CaseSpec::dilated("cpu", 1, &segments, &dilations) };
+        for backward in if varlen_backward { vec![false, true] } else { vec![false] } {
+            let base = CaseSpec { backward, ..causal.clone() };
+            for layout in [VarLenLayout::Packed, VarLenLayout::Padded] {
+                let spec = CaseSpec::varlen(&base, (LENGTHS_SEED, max_len), &lengths, layout);
+                out.push((spec, Timing::AtLeast(VARLEN_RUNS)));
+            }
         }
     }
     // A causal window against dense causal attention.
     let [left, right] = CAUSAL_WINDOW;
-    out.push((CaseSpec::window("cpu", n, left, right, true), false));
-    out.push((CaseSpec { causal: true, ..CaseSpec::dilated("cpu", n, &[n], &[1]) }, false));
+    out.push((CaseSpec::window("cpu", n, left, right, true), Timing::Suite));
+    out.push((CaseSpec { causal: true, ..CaseSpec::dilated("cpu", n, &[n], &[1]) }, Timing::Suite));
     // Ring bytes per rank.
     let windows = [CaseSpec::window("cpu", n, left, right, true), {
         let [l, r] = TWO_SIDED_WINDOW;
@@ -98,7 +113,7 @@ pub fn cases(size: SuiteSize) -> Vec<(CaseSpec, bool)> {
     let grouped = [1, 8].map(|kv| CaseSpec { kv_heads: Some(kv), ..ring_dilated(n) });
     for base in windows.iter().chain(&grouped) {
         for layout in ["contiguous", "zigzag"] {
-            out.push((ring_case(base, RING_WORLD, RING_STRATEGY, layout), true));
+            out.push((ring_case(base, RING_WORLD, RING_STRATEGY, layout), Timing::FirstCallOnly));
         }
     }
     debug_assert!(out.iter().all(|(s, _)| s.kind != CaseKind::Ring || s.world_size == RING_WORLD));
@@ -138,17 +153,25 @@ mod tests {
             assert!(has(&|s| s.kv_heads == Some(1) && !s.repeat_kv && s.seq_len == n));
             assert!(has(&|s| s.kv_heads == Some(1) && s.repeat_kv));
             for layout in [VarLenLayout::Packed, VarLenLayout::Padded] {
-                assert!(has(&|s| s.varlen.as_ref().is_some_and(|v| v.layout == layout && v.lengths.len() == 8)));
+                for (segments, _) in varlen_patterns(FeatureSizes::of(size).max_len) {
+                    assert!(has(&|s| s.segments == segments
+                        && s.varlen.as_ref().is_some_and(|v| v.layout == layout && v.lengths.len() == 8)));
+                }
             }
             assert!(has(&|s| s.window == Some(CAUSAL_WINDOW) && s.kind == CaseKind::Dilated && s.causal));
             assert!(has(&|s| s.segments == [n] && s.dilations == [1] && s.causal));
-            // Ring rows are measured by one call; every other row is timed.
-            for (s, once) in &cases {
-                assert_eq!(*once, s.kind == CaseKind::Ring, "{}", s.label());
+            // Ring rows are measured by one call, packed/padded rows at least 3 times.
+            for (s, timing) in &cases {
+                let want = match (s.kind, &s.varlen) {
+                    (CaseKind::Ring, _) => Timing::FirstCallOnly,
+                    (_, Some(_)) => Timing::AtLeast(VARLEN_RUNS),
+                    _ => Timing::Suite,
+                };
+                assert_eq!(*timing, want, "{}", s.label());
             }
             assert_eq!(cases.iter().filter(|(s, _)| s.kind == CaseKind::Ring).count(), 8);
             let bwd = cases.iter().filter(|(s, _)| s.varlen.is_some() && s.backward).count();
-            assert_eq!(bwd, if size == SuiteSize::Quick { 0 } else { 2 });
+            assert_eq!(bwd, if size == SuiteSize::Quick { 0 } else { 4 });
         }
     }
 }

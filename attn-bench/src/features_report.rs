@@ -122,6 +122,14 @@ fn gqa(o: &mut String, ms: &[&Measurement]) {
     }
 }
 
+/// A packed row's attention: dense where one rate-1 segment covers every sequence.
+fn varlen_attention(s: &CaseSpec, longest: usize) -> String {
+    match (s.segments.as_slice(), s.dilations.as_slice()) {
+        ([w], [1]) if *w >= longest => format!("dense (segment {w})"),
+        (w, r) => format!("segments {w:?}, dilations {r:?}"),
+    }
+}
+
 fn varlen(o: &mut String, ms: &[&Measurement]) {
     let packed: Vec<&&Measurement> =
         ms.iter().filter(|m| m.spec.varlen.as_ref().is_some_and(|v| v.layout == VarLenLayout::Packed)).collect();
@@ -135,10 +143,11 @@ fn varlen(o: &mut String, ms: &[&Measurement]) {
         "\n### Packed against padded sequences\n\n\
          {} sequences of lengths drawn uniformly from 1..={} with seed {}: {:?}, {} real tokens. Packed: one `[1, {}, {}, \
          {}]` row with `cu_seqlens`; padded: `[{}, {}, {}, {}]` ({} positions, {:.1}% padding) with a key padding mask. \
-         {}segments {:?}, dilations {:?}, {}. Tokens/s counts real tokens only, in both layouts. Positions / real \
-         tokens is {:.2}, but the kernels leave padded keys out of every piece, so a segment holding only padding \
-         costs nothing: the padded row pays for its padding only where it shares a segment with real tokens.\n\n\
-         | Pass | Layout | Time (ms) | Timed runs | Peak (MB) | Real tokens/s |\n|---|---|---|---|---|---|",
+         {}{}. Tokens/s counts real tokens only, in both layouts. Positions / real tokens is {:.2}, but the kernels \
+         leave padded keys out of every piece, so a segment holding only padding costs nothing: the padded row pays \
+         for its padding only where it shares a segment with real tokens. Under dense attention every padded query \
+         shares its one segment with all the real keys of its row.\n\n\
+         | Attention | Pass | Layout | Time (ms) | Timed runs | Peak (MB) | Real tokens/s |\n|---|---|---|---|---|---|---|",
         v.lengths.len(),
         v.max_len,
         v.seed,
@@ -154,33 +163,37 @@ fn varlen(o: &mut String, ms: &[&Measurement]) {
         int(positions),
         100.0 * (positions - total) as f64 / positions.max(1) as f64,
         if s.causal { "Causal, " } else { "" },
-        s.segments,
-        s.dilations,
         s.dtype,
         positions as f64 / total.max(1) as f64,
     );
-    let mut ratios = Vec::new();
+    // One summary line per attention config, in the order the rows ran.
+    let mut summaries: Vec<(String, Vec<String>, &CaseSpec)> = Vec::new();
     for p in &packed {
         let padded = padded_of(ms, p);
         let pass = if p.spec.backward { "fwd+bwd" } else { "fwd" };
+        let attention = varlen_attention(&p.spec, longest);
         for (m, layout) in [(Some(**p), "packed (`cu_seqlens`)"), (padded, "padded + key padding mask")] {
             let Some(m) = m else { continue };
             let tok = if m.ok() { int(m.tokens_per_s as usize) } else { String::new() };
-            let _ = writeln!(o, "| {pass} | {layout} | {} | {tok} |", timed(m));
+            let _ = writeln!(o, "| {attention} | {pass} | {layout} | {} | {tok} |", timed(m));
         }
-        ratios.push(format!("{pass} {}", ratio(ok_tok(Some(p)), padded.filter(|m| m.ok()).map(|m| m.tokens_per_s))));
+        let r = format!("{pass} {}", ratio(ok_tok(Some(p)), padded.filter(|m| m.ok()).map(|m| m.tokens_per_s)));
+        match summaries.iter_mut().find(|(a, _, _)| *a == attention) {
+            Some((_, ratios, _)) => ratios.push(r),
+            None => summaries.push((attention, vec![r], &p.spec)),
+        }
     }
-    let _ = writeln!(o, "\nPacked / padded real tokens/s (target >= 1.5x): {}.", ratios.join(", "));
-    let pairs = s.config().ok().and_then(|cfg| varlen_pairs(&cfg, s.heads, &v.lengths));
-    if let Some(c) = pairs {
-        let _ = writeln!(
-            o,
-            "\nAttended (query, key) pairs, padded / packed: {:.3} ({} / {}): the speed-up of packing for a kernel \
-             whose time follows the attended pairs.",
-            c.ratio(),
-            int(c.padded as usize),
-            int(c.packed as usize),
-        );
+    let _ = writeln!(
+        o,
+        "\nPacked / padded real tokens/s (target >= 1.5x), and the attended (query, key) pairs padded / packed: the \
+         speed-up of packing for a kernel whose time follows the attended pairs.\n"
+    );
+    for (attention, ratios, spec) in summaries {
+        let pairs = spec.config().ok().and_then(|cfg| varlen_pairs(&cfg, spec.heads, &v.lengths));
+        let pairs = pairs.map_or("not counted".into(), |c| {
+            format!("{:.3} ({} / {})", c.ratio(), int(c.padded as usize), int(c.packed as usize))
+        });
+        let _ = writeln!(o, "- {attention}: {}; pairs {pairs}.", ratios.join(", "));
     }
 }
 
@@ -374,8 +387,10 @@ pub fn findings(measurements: &[Measurement]) -> Vec<String> {
     }
     for p in ms.iter().filter(|m| m.ok() && m.spec.varlen.as_ref().is_some_and(|v| v.layout == VarLenLayout::Packed)) {
         let padded = padded_of(&ms, p);
+        let longest = p.spec.varlen.as_ref().and_then(|v| v.lengths.iter().copied().max()).unwrap_or(0);
         out.push(format!(
-            "Packed sequences ({}): {} the real tokens/s of the same sequences padded",
+            "Packed sequences under {}, {}: {} the real tokens/s of the same sequences padded",
+            varlen_attention(&p.spec, longest),
             if p.spec.backward { "fwd+bwd" } else { "fwd" },
             ratio(Some(p.tokens_per_s), padded.filter(|m| m.ok()).map(|m| m.tokens_per_s))
         ));

@@ -16,15 +16,36 @@ pub struct Repetitions {
     pub max_runs: usize,
     /// Stop adding timed calls once this much time went into them (after `min_runs`).
     pub budget: Duration,
+    /// Timed calls of a case whose first call took over half the budget.
+    pub long_case_runs: usize,
 }
 
 impl Repetitions {
-    pub const QUICK: Repetitions = Repetitions { min_runs: 2, max_runs: 5, budget: Duration::from_millis(1500) };
-    pub const FULL: Repetitions = Repetitions { min_runs: 3, max_runs: 10, budget: Duration::from_secs(6) };
+    pub const QUICK: Repetitions =
+        Repetitions { min_runs: 2, max_runs: 5, budget: Duration::from_millis(1500), long_case_runs: 1 };
+    pub const FULL: Repetitions =
+        Repetitions { min_runs: 3, max_runs: 10, budget: Duration::from_secs(6), long_case_runs: 1 };
     /// No timed call after the memory call: its time (cold pages included) is the
     /// case's time. For the capacity confirmation, where memory is the point and one
     /// call at a million tokens takes half a minute or more.
-    pub const MEMORY_CALL_ONLY: Repetitions = Repetitions { min_runs: 0, max_runs: 0, budget: Duration::ZERO };
+    pub const MEMORY_CALL_ONLY: Repetitions =
+        Repetitions { min_runs: 0, max_runs: 0, budget: Duration::ZERO, long_case_runs: 0 };
+
+    /// Exactly `n` timed calls (`--runs N`).
+    pub fn exactly(n: usize) -> Repetitions {
+        Repetitions { min_runs: n, max_runs: n, budget: Duration::ZERO, long_case_runs: n }
+    }
+
+    /// These repetitions with at least `n` timed calls however long a call takes: for
+    /// rows whose ratio to each other is checked against a target.
+    pub fn at_least(self, n: usize) -> Repetitions {
+        Repetitions {
+            min_runs: self.min_runs.max(n),
+            max_runs: self.max_runs.max(n),
+            long_case_runs: self.long_case_runs.max(n),
+            ..self
+        }
+    }
 }
 
 fn median(sorted: &[f64]) -> f64 {
@@ -110,9 +131,9 @@ fn run_case(spec: &CaseSpec, reps: Repetitions, bar: &ProgressBar) -> attn_core:
     } else {
         vec![mem.peak_bytes]
     };
-    // A case whose first call already took half the budget gets one timed call (a zero
-    // budget means "exactly `min_runs`", as `--runs N` asks).
-    let min_runs = if !reps.budget.is_zero() && first * 2 > reps.budget { 1 } else { reps.min_runs };
+    // A case whose first call already took half the budget gets `long_case_runs` timed
+    // calls (a zero budget means "exactly `min_runs`", as `--runs N` asks).
+    let min_runs = if !reps.budget.is_zero() && first * 2 > reps.budget { reps.long_case_runs } else { reps.min_runs };
     let mut times_ms = Vec::new();
     let started = Instant::now();
     while times_ms.len() < reps.max_runs && (times_ms.len() < min_runs || started.elapsed() < reps.budget) {
@@ -151,6 +172,10 @@ mod tests {
         let once = measure(&spec, Repetitions::MEMORY_CALL_ONLY, 1.0, "test", &ProgressBar::hidden());
         assert!(once.ok() && once.runs == 1 && once.median_ms > 0.0, "{once:?}");
         assert!(once.peak_bytes >= 3 * 64 * 8 * 64 * 8, "{}", once.peak_bytes);
+        // A first call over half the budget: one timed call, or as many as `at_least` asks.
+        let tiny = Repetitions { budget: Duration::from_nanos(1), ..Repetitions::QUICK };
+        assert_eq!(measure(&spec, tiny, 1.0, "test", &ProgressBar::hidden()).runs, 1);
+        assert_eq!(measure(&spec, tiny.at_least(3), 1.0, "test", &ProgressBar::hidden()).runs, 3);
         let bad = CaseSpec::dilated("reference", 64, &[16, 32], &[1]);
         assert!(measure(&bad, Repetitions::QUICK, 1.0, "t", &ProgressBar::hidden()).status.starts_with("error:"));
     }

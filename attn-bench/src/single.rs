@@ -18,7 +18,7 @@ pub fn run(spec: &CaseSpec, runs: Option<usize>, torch: Option<&Path>) -> Value 
     let machine = Machine::probe();
     let gemm = gemm_rate::measure(GEMM_N, spec.threads, 5);
     let reps = match runs {
-        Some(n) => Repetitions { min_runs: n.max(1), max_runs: n.max(1), budget: std::time::Duration::ZERO },
+        Some(n) => Repetitions::exactly(n.max(1)),
         None => Repetitions::QUICK,
     };
     let bar = ProgressBar::hidden();

@@ -193,10 +193,8 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
             },
         done: std::cell::Cell::new(0),
     };
-    let mut measurements: Vec<Measurement> = plan
-        .iter()
-        .map(|p| ctx.measure(p.section, &p.spec, if p.once { Repetitions::MEMORY_CALL_ONLY } else { reps }))
-        .collect();
+    let mut measurements: Vec<Measurement> =
+        plan.iter().map(|p| ctx.measure(p.section, &p.spec, p.timing.repetitions(reps))).collect();
     if let Some(python) = &opts.torch {
         let gemm_now = |threads| gemm_rate::measure(GEMM_N, threads, 3).best_gflop_per_s;
         let rows = torch_rows(python, &measurements, reps.min_runs.max(3), &machine.git_commit, &multi, &gemm_now);

@@ -3,6 +3,7 @@
 use crate::case::{CaseKind, CaseSpec};
 use crate::cli::SuiteSize;
 use crate::features;
+use crate::measure::Repetitions;
 
 /// The scaling config: the PyTorch peer script's default (3 head groups, w up to 8192).
 pub const SEGMENTS: [usize; 3] = [2048, 4096, 8192];
@@ -15,14 +16,36 @@ pub const DEFAULT_STRATEGY: &str = "auto";
 /// World sizes of the ring-size sweep.
 pub const SWEEP_WORLDS: [usize; 5] = [1, 2, 4, 8, 16];
 
+/// How a planned case is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timing {
+    /// The suite's repetitions.
+    Suite,
+    /// Its first call alone (no timed repetitions): cases whose point is what they
+    /// send, not their time.
+    FirstCallOnly,
+    /// The suite's repetitions, with at least this many timed calls however long a call
+    /// takes: rows whose ratio to each other is checked against a target.
+    AtLeast(usize),
+}
+
+impl Timing {
+    /// The repetitions of a case timed this way in a suite of `suite` repetitions.
+    pub fn repetitions(self, suite: Repetitions) -> Repetitions {
+        match self {
+            Timing::Suite => suite,
+            Timing::FirstCallOnly => Repetitions::MEMORY_CALL_ONLY,
+            Timing::AtLeast(n) => suite.at_least(n),
+        }
+    }
+}
+
 /// One planned case and the report section it belongs to.
 #[derive(Debug, Clone)]
 pub struct Planned {
     pub section: &'static str,
     pub spec: CaseSpec,
-    /// Measured by its first call alone (no timed repetitions): cases whose point is
-    /// what they send, not their time.
-    pub once: bool,
+    pub timing: Timing,
 }
 
 /// The sequence lengths and world sizes of a suite.
@@ -91,11 +114,11 @@ pub fn ring_case(base: &CaseSpec, world: usize, strategy: &str, layout: &str) ->
 pub fn plan(size: SuiteSize, threads: usize) -> Vec<Planned> {
     let shape = SuiteShape::of(size);
     let mut cases = Vec::new();
-    let mut push_case = |section, mut spec: CaseSpec, once| {
+    let mut push_case = |section, mut spec: CaseSpec, timing| {
         spec.threads = threads;
-        cases.push(Planned { section, spec, once });
+        cases.push(Planned { section, spec, timing });
     };
-    let mut push = |section, spec: CaseSpec| push_case(section, spec, false);
+    let mut push = |section, spec: CaseSpec| push_case(section, spec, Timing::Suite);
     // Scaling: one rank per sequence length, then the ring over world sizes.
     for &n in &shape.single_seqs {
         push("scaling", CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS));
@@ -157,8 +180,8 @@ pub fn plan(size: SuiteSize, threads: usize) -> Vec<Planned> {
         push("variants", ring_case(&CaseSpec { backward: true, ..v }, 4, "auto", "contiguous"));
     }
     // Grouped heads, packed sequences, windows (`features` says which).
-    for (spec, once) in features::cases(size) {
-        push_case(features::SECTION, spec, once);
+    for (spec, timing) in features::cases(size) {
+        push_case(features::SECTION, spec, timing);
     }
     cases
 }

@@ -350,13 +350,24 @@ fn the_features_section_pairs_its_rows_and_reports_ratios_and_bytes() {
     assert!(md.contains("the kernel's workspace (3.0 MB by its query)") && md.contains("time 1.20x, peak 1.57x"));
     let lengths = crate::features::draw_lengths(crate::features::LENGTHS_SEED, 8, 4096);
     assert!(md.contains(&format!("1..=4096 with seed 2026: {lengths:?}")), "{md}");
+    // Two attention configs, dilated and dense, a packed and a padded row each.
     let varlen = table_after(&md, "### Packed against padded sequences");
-    assert_eq!(varlen.len(), 2 + 2, "{varlen:?}");
-    assert!(md.contains("Packed / padded real tokens/s (target >= 1.5x): fwd 2.00x."), "{md}");
-    let packed = results.measurements.iter().find(|m| m.spec.varlen.is_some()).unwrap();
-    let pairs = crate::varlen_pairs::varlen_pairs(&packed.spec.config().unwrap(), packed.spec.heads, &lengths).unwrap();
-    assert!(pairs.ratio() > 1.0 && pairs.ratio() < 1.35, "{pairs:?}");
-    assert!(md.contains(&format!("Attended (query, key) pairs, padded / packed: {:.3} (", pairs.ratio())), "{md}");
+    assert_eq!(varlen.len(), 2 + 4, "{varlen:?}");
+    assert!(varlen[2].starts_with("| segments [2048, 4096, 8192], dilations [1, 2, 4] | fwd | packed"), "{varlen:?}");
+    assert!(varlen[5].starts_with("| dense (segment 4096) | fwd | padded + key padding mask |"), "{varlen:?}");
+    assert!(md.contains("Packed / padded real tokens/s (target >= 1.5x), and the attended"), "{md}");
+    let packed: Vec<&Measurement> = results.measurements.iter().filter(|m| m.spec.varlen.is_some()).collect();
+    let pairs = |m: &Measurement| {
+        crate::varlen_pairs::varlen_pairs(&m.spec.config().unwrap(), m.spec.heads, &lengths).unwrap().ratio()
+    };
+    let (dilated, dense) = (pairs(packed[0]), pairs(packed.last().unwrap()));
+    // Padding costs little where segments end before the longest sequence, its full share under dense attention.
+    assert!(dilated > 1.0 && dilated < 1.35 && dense > 1.35, "{dilated} {dense}");
+    for (attention, ratio) in
+        [("segments [2048, 4096, 8192], dilations [1, 2, 4]", dilated), ("dense (segment 4096)", dense)]
+    {
+        assert!(md.contains(&format!("- {attention}: fwd 2.00x; pairs {ratio:.3} (")), "{md}");
+    }
     let window = table_after(&md, "### Causal window against dense causal attention");
     assert!(window[2].starts_with("| window (4095, 0) causal | 16,384 |") && window[3].starts_with("| dense causal |"));
     assert!(md.contains("Dense causal / window time: seq 16,384 5.00x."));
@@ -381,7 +392,8 @@ fn the_features_section_pairs_its_rows_and_reports_ratios_and_bytes() {
     // Key findings.
     for line in [
         "- Grouped-query attention 8:1 at seq 16,384: peak 1.020x",
-        "- Packed sequences (fwd): 2.00x",
+        "- Packed sequences under segments [2048, 4096, 8192], dilations [1, 2, 4], fwd: 2.00x",
+        "- Packed sequences under dense (segment 4096), fwd: 2.00x",
         "- Causal window (4095, 0) at seq 16,384: 5.00x faster",
     ] {
         assert!(md.contains(line), "{line}");

@@ -26,6 +26,11 @@ fn nvrtc_paths(home: &Path) -> (PathBuf, PathBuf) {
     (home.join("nvidia/cuda_nvrtc/lib"), home.join("nvidia/cuda_nvcc/bin/ptxas"))
 }
 
+/// The cargo target folder: `CARGO_TARGET_DIR` where set, else the workspace's `target`.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| crate::repo_root().join("target"), PathBuf::from)
+}
+
 /// The C++ compiler of the emulation: `CXX`, default `g++`.
 fn cxx() -> String {
     std::env::var("CXX").unwrap_or_else(|_| "g++".into())
@@ -80,11 +85,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ld.push(":");
         ld.push(old);
     }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
+    // PTX goes under the target folder wherever the command runs, unless `--out` says.
+    let out = (!args.iter().any(|a| a == "--out")).then(|| target_dir().join("ptx"));
+    let status = Command::new(crate::cargo())
         .args(["run", "--quiet", "-p", "attn-kernels", "--features", "cuda", "--bin", "attn-ptx", "--"])
         .arg("--ptxas")
         .arg(&ptxas)
+        .args(out.iter().flat_map(|o| [std::ffi::OsStr::new("--out"), o.as_os_str()]))
         .args(&args)
         .env("LD_LIBRARY_PATH", ld)
         .status()
@@ -96,10 +103,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
 /// the host C++ compiler (`CXX`, default `g++`, C++20) and run it: the CUDA kernels run
 /// as fibers on the CPU (mma.sync, shuffles and barriers emulated) against a float64 reference.
 fn run_emulation() -> Result<(), String> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let harness = root.join("attn-kernels/kernels/emulation/harness.cpp");
-    // The cargo target folder (CARGO_TARGET_DIR where set), created if no build made it yet.
-    let dir = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), std::path::PathBuf::from);
+    let harness = crate::repo_root().join("attn-kernels/kernels/emulation/harness.cpp");
+    // Created if no build made it yet.
+    let dir = target_dir();
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let exe = dir.join("attn-cuda-emulation");
     let cxx = cxx();

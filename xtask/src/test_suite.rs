@@ -163,6 +163,7 @@ fn golden_steps(mode: Mode, steps: &mut Vec<Step>, gpu: bool) {
         return;
     }
     let t = Instant::now();
+    println!("\n=== golden: build: cargo {} ===", golden_build_args(gpu).join(" "));
     if let Err(e) = run_cmd(mode, Command::new(cargo()).args(golden_build_args(gpu))) {
         steps.push(Step { name: "golden: build".into(), outcome: Outcome::Failed(e), secs: t.elapsed().as_secs_f64() });
         return;
@@ -322,7 +323,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         cargo_step(mode, &mut steps, "tests", &["test", "--workspace"], cpu_only);
     }
     if wants("tidy") {
-        tool_step(&mut steps, "tidy", None, || if mode == Mode::Plan { Ok(()) } else { tidy::run(&[]) });
+        tool_step(&mut steps, "tidy", None, || match mode {
+            Mode::Plan => {
+                println!("plan: cargo xtask tidy");
+                Ok(())
+            }
+            Mode::Run => tidy::run(&[]),
+        });
     }
     let gpu = gpu_present();
     let gpu_skips = if gpu.is_some() { GpuSkips::Fail } else { GpuSkips::Allowed };
@@ -356,8 +363,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     if wants("ptx") {
         let emulate = ["--emulate".to_string()];
-        tool_step(&mut steps, "ptx --emulate", ptx::missing_default_tools(), || {
-            if mode == Mode::Plan { Ok(()) } else { ptx::run(&emulate) }
+        tool_step(&mut steps, "ptx --emulate", ptx::missing_default_tools(), || match mode {
+            Mode::Plan => {
+                println!("plan: cargo xtask ptx --emulate");
+                Ok(())
+            }
+            Mode::Run => ptx::run(&emulate),
         });
     }
     reliability_steps(mode, &mut steps, wants);
