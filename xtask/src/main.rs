@@ -6,10 +6,10 @@
 //! - `cargo xtask test [--skip-golden] [--only GROUP]`: fmt, clippy, every test, the golden runner for
 //!   each available backend and strategy, MPI, NCCL (stand-in libraries) and GPU tests, `ptx --emulate`, fuzzing and
 //!   valgrind where their tools exist (SKIP with the reason otherwise).
-//! - `cargo xtask tidy`: module docs, file length, no todo!/unimplemented!/dbg!,
-//!   `// SAFETY:` above every `unsafe` block, no work-history wording, one integration
-//!   test binary a crate, and `conformance/` holding every file of `../shared/golden`
-//!   when that exists.
+//! - `cargo xtask tidy [--upstream-golden DIR]`: module docs, file length, no
+//!   todo!/unimplemented!/dbg!, `// SAFETY:` above every `unsafe` block, no work-history
+//!   wording, one integration test binary a crate, and with DIR, `conformance/` holding
+//!   every file of that upstream golden folder.
 //! - `cargo xtask ptx [ARGS]`: NVRTC + ptxas check of the CUDA kernels.
 #![forbid(unsafe_code)]
 
@@ -26,7 +26,7 @@ use std::process::ExitCode;
 const USAGE: &str = "usage: cargo xtask <bench|test|tidy|ptx> [ARGS]
   bench [--quick|--full] [--cuda|--no-cuda] [--torch PYTHON] [--baseline results.json] [--budget 8GiB] [--out DIR] [--json ...]
   test  [--skip-golden] [--only fmt|clippy|tests|tidy|golden|mpi|nccl|gpu|ptx|fuzz|valgrind|bench]
-  tidy
+  tidy  [--upstream-golden DIR]
   ptx   [--arch 80,90] [--out DIR]";
 
 /// The workspace root (xtask lives one level below it).

@@ -135,9 +135,11 @@ pub fn check_dispatch(rel: &str, text: &str) -> Vec<(usize, String)> {
 
 /// Check every file; fail listing the problems.
 pub fn run(args: &[String]) -> Result<(), String> {
-    if let Some(a) = args.first() {
-        return Err(format!("tidy takes no arguments (got `{a}`)"));
-    }
+    let upstream = match args {
+        [] => None,
+        [flag, dir] if flag == "--upstream-golden" => Some(PathBuf::from(dir)),
+        _ => return Err(format!("usage: tidy [--upstream-golden DIR] (got {args:?})")),
+    };
     let root = repo_root();
     let mut files = Vec::new();
     files_with(&root, &[".rs", ".md", ".sh"], &mut files);
@@ -160,13 +162,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
         println!("{krate}: {msg}");
         count += 1;
     }
-    match vectors::check(&root)? {
-        None => println!("tidy: no ../shared/golden beside the repository; conformance/ not compared"),
-        Some(missing) => {
+    match upstream {
+        None => println!("tidy: conformance/ not compared with an upstream (--upstream-golden DIR)"),
+        Some(dir) => {
+            let missing = vectors::check(&root, &dir)?;
             for m in &missing {
                 println!("conformance: {m}");
             }
-            println!("tidy: conformance/ compared with ../shared/golden, {} problem(s)", missing.len());
+            println!("tidy: conformance/ compared with {}, {} problem(s)", dir.display(), missing.len());
             count += missing.len();
         }
     }

@@ -1,6 +1,6 @@
-//! The in-repo conformance vectors against their upstream: when `../shared/golden` sits
-//! beside the repository, every file in it must be in `conformance/` with the same bytes,
-//! so new vectors arrive by a copy and nothing else.
+//! The in-repo conformance vectors against their upstream (`cargo xtask tidy
+//! --upstream-golden DIR`): every file in the upstream golden folder must be in
+//! `conformance/` with the same bytes, so new vectors arrive by a copy and nothing else.
 
 use std::path::{Path, PathBuf};
 
@@ -47,14 +47,12 @@ pub fn compare(upstream: &Path, local: &Path) -> Result<Vec<String>, String> {
     Ok(problems)
 }
 
-/// The check `cargo xtask tidy` runs: `conformance/` against `../shared/golden` when that
-/// directory exists; `Ok(None)` when it does not.
-pub fn check(root: &Path) -> Result<Option<Vec<String>>, String> {
-    let upstream = root.join("../shared/golden");
+/// The check `cargo xtask tidy --upstream-golden DIR` runs: `conformance/` against `upstream`.
+pub fn check(root: &Path, upstream: &Path) -> Result<Vec<String>, String> {
     if !upstream.is_dir() {
-        return Ok(None);
+        return Err(format!("--upstream-golden: {} is not a directory", upstream.display()));
     }
-    compare(&upstream, &root.join("conformance")).map(Some)
+    compare(upstream, &root.join("conformance"))
 }
 
 #[cfg(test)]
@@ -92,5 +90,13 @@ mod tests {
         std::fs::write(d.join("local/dilated/a.safetensors"), b"aab").unwrap();
         let p = compare(&d.join("up"), &d.join("local")).unwrap();
         assert!(p.iter().any(|m| m.contains("a.safetensors") && m.contains("differs")), "{p:?}");
+    }
+
+    #[test]
+    fn an_upstream_that_is_not_a_directory_is_an_error() {
+        let tmp = scratch();
+        let e = check(tmp.path(), &tmp.path().join("nowhere")).unwrap_err();
+        assert!(e.contains("--upstream-golden") && e.contains("nowhere"), "{e}");
+        assert_eq!(check(&tmp.path().join("local/.."), &tmp.path().join("up")).unwrap().len(), 1);
     }
 }
