@@ -8,7 +8,7 @@
 //! in or cannot open the GPU (the runner's exit statuses 4 and 3) is a failure, never a
 //! skip. `--plan` prints the commands without running them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -195,43 +195,59 @@ fn test_executable(json_lines: &str, test_name: &str) -> Option<PathBuf> {
     })
 }
 
+/// The executable named `name` that `cargo ARGS --message-format=json` builds (a
+/// placeholder in a plan), or why there is none.
+fn built_executable(mode: Mode, args: &[&str], name: &str) -> Result<PathBuf, String> {
+    let (code, out) = run_captured(mode, Command::new(cargo()).args(args).arg("--message-format=json"));
+    match mode {
+        Mode::Plan => {
+            print!("{out}");
+            Ok(PathBuf::from(name.to_uppercase()))
+        }
+        Mode::Run => test_executable(&out, name)
+            .filter(|_| code == Some(0))
+            .ok_or_else(|| out.lines().rev().find(|l| !l.starts_with('{')).unwrap_or("no executable").to_string()),
+    }
+}
+
+/// `mpirun -np NP` of `exe` with `args` as step `name`.
+fn mpirun_step(mode: Mode, steps: &mut Vec<Step>, name: String, np: &str, exe: &Path, args: &[&str]) {
+    let t = Instant::now();
+    println!("\n=== {name} ===");
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", np]).arg(exe).args(args);
+    let outcome = run_cmd(mode, &mut cmd).map_or_else(Outcome::Failed, |()| Outcome::Passed);
+    steps.push(Step { name, outcome, secs: t.elapsed().as_secs_f64() });
+}
+
+/// The MPI test over 2, 3 and 4 processes, then the `ring_mpi` example on the CPU compute
+/// over 3, every rank's rows judged on rank 0 against the float64 reference (`--check`).
 fn mpi_steps(mode: Mode, steps: &mut Vec<Step>) {
     if !on_path("mpirun") {
         steps.push(skip("mpi", "mpirun not found (apt-get install libopenmpi-dev openmpi-bin libclang-dev)".into()));
         return;
     }
     let t = Instant::now();
-    let (code, out) = run_captured(
-        mode,
-        Command::new(cargo()).args([
-            "test",
-            "-p",
-            "attn-ring",
-            "--features",
-            "mpi",
-            "--test",
-            "mpi_ring",
-            "--no-run",
-            "--message-format=json",
-        ]),
-    );
-    let exe = match mode {
-        Mode::Plan => Some(PathBuf::from("MPI_RING_TEST_BINARY")),
-        Mode::Run => test_executable(&out, "mpi_ring").filter(|_| code == Some(0)),
-    };
-    let Some(exe) = exe else {
-        let why = out.lines().rev().find(|l| !l.starts_with('{')).unwrap_or("no executable").to_string();
-        steps.push(Step { name: "mpi: build".into(), outcome: Outcome::Failed(why), secs: t.elapsed().as_secs_f64() });
-        return;
+    let test = ["test", "-p", "attn-ring", "--features", "mpi", "--test", "mpi_ring", "--no-run"];
+    let example = ["build", "--release", "-p", "attn-ring", "--features", "mpi", "--example", "ring_mpi"];
+    let built = built_executable(mode, &test, "mpi_ring")
+        .and_then(|test| Ok((test, built_executable(mode, &example, "ring_mpi")?)));
+    let (test, example) = match built {
+        Ok(exes) => exes,
+        Err(why) => {
+            steps.push(Step {
+                name: "mpi: build".into(),
+                outcome: Outcome::Failed(why),
+                secs: t.elapsed().as_secs_f64(),
+            });
+            return;
+        }
     };
     for np in ["2", "3", "4"] {
-        let t = Instant::now();
-        println!("\n=== mpi: {np} ranks ===");
-        let r =
-            run_cmd(mode, Command::new("mpirun").args(["--allow-run-as-root", "--oversubscribe", "-np", np]).arg(&exe));
-        let outcome = r.map_or_else(Outcome::Failed, |()| Outcome::Passed);
-        steps.push(Step { name: format!("mpi: mpirun -np {np} mpi_ring"), outcome, secs: t.elapsed().as_secs_f64() });
+        mpirun_step(mode, steps, format!("mpi: mpirun -np {np} mpi_ring"), np, &test, &[]);
     }
+    let args = ["--compute", "cpu", "--seq", "4096", "--heads", "4", "--head-dim", "32", "--check"];
+    mpirun_step(mode, steps, "mpi: mpirun -np 3 ring_mpi --compute cpu --check".into(), "3", &example, &args);
 }
 
 fn skip(name: &str, why: String) -> Step {
