@@ -34,10 +34,12 @@ fn emulator() -> &'static Emulator {
 /// The emulator planning the forward with `opts` and the backward with `loads` (the shared
 /// library, loaded again, whatever `ATTN_CUDA_FWD_*` and `ATTN_CUDA_BWD_LOADS` say).
 fn emulator_for(opts: ForwardOptions, loads: BackwardLoads) -> &'static Emulator {
-    static EMULATORS: [OnceLock<Emulator>; 8] = [const { OnceLock::new() }; 8];
-    let slot = usize::from(opts.rows == ForwardRows::M128)
-        + 2 * usize::from(opts.fusion == PatternFusion::Fused)
-        + 4 * usize::from(loads == BackwardLoads::Pipelined);
+    const N: usize = ForwardRows::ALL.len();
+    static EMULATORS: [OnceLock<Emulator>; 4 * N] = [const { OnceLock::new() }; 4 * N];
+    let rows = ForwardRows::ALL.iter().position(|&r| r == opts.rows).unwrap_or(0);
+    let slot = rows
+        + N * usize::from(opts.fusion == PatternFusion::Fused)
+        + 2 * N * usize::from(loads == BackwardLoads::Pipelined);
     EMULATORS[slot].get_or_init(|| {
         emulator();
         let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
@@ -238,6 +240,15 @@ fn emulated_cuda_golden_bf16_rows_128() {
     assert_attention_dirs_pass(&emulated);
 }
 
+/// The 128-row forward over 4 warps (two row tiles a warp): every golden file, and direct
+/// equal to partial.
+#[test]
+fn emulated_cuda_golden_f16_rows_128w4() {
+    let emulated = Emulated::<f16>::new(ForwardRows::M128W4);
+    direct_equals_partial(&emulated);
+    assert_attention_dirs_pass(&emulated);
+}
+
 /// Every golden file whose forward fuses its patterns into fewer launches (the 64-row
 /// fused kernel): the fused forward equals one launch a pattern bit for bit (each row is
 /// still computed by one block with the same arithmetic), on the direct and the partial
@@ -399,10 +410,10 @@ fn emulated_cuda_golden_f16() {
     assert_attention_dirs_pass(&Emulated::<f16>::new(ForwardRows::M64));
 }
 
-/// Forward and gradients of `problem` on the emulation in `T` with both block heights,
+/// Forward and gradients of `problem` on the emulation in `T` with every block shape,
 /// judged against the float64 reference on the inputs rounded to `T` (panics naming the
 /// failing check); the reference and each height's gradients for further checks.
-fn judge_both_heights<T: CudaElement>(
+fn judge_every_shape<T: CudaElement>(
     problem: &Problem<'_>,
     [q, k, v, go]: [&[f32]; 4],
 ) -> (attn_testkit::judge::Expected, Vec<Gradients32>) {
@@ -428,7 +439,7 @@ fn judge_both_heights<T: CudaElement>(
 /// pointers (inside one segment, no padding) with dilation rates 2 and 4 and 128 selected
 /// keys a segment, and a ragged last segment whose final key tile is cut at the end of
 /// the keys (no padding, not causal): forward and gradients against the float64
-/// reference, both block heights, bf16; the pipelined backward equal to the synchronous.
+/// reference, every block shape, bf16; the pipelined backward equal to the synchronous.
 #[test]
 fn dilated_affine_tiles_and_a_ragged_end_match_the_reference() {
     let cfg = attn_core::DilatedConfig::builder().segments(&[256, 512]).dilations(&[2, 4]).build().unwrap();
@@ -436,7 +447,7 @@ fn dilated_affine_tiles_and_a_ragged_end_match_the_reference() {
     let n = shape.q.numel();
     let [q, k, v, go] = [0, 1, 2, 3].map(|i| attn_testkit::rng::random_vec(2026 + i, n));
     let p = Problem::new(&cfg, shape);
-    judge_both_heights::<bf16>(&p, [&q, &k, &v, &go]);
+    judge_every_shape::<bf16>(&p, [&q, &k, &v, &go]);
     assert_pipelined_equals_sync::<bf16>("affine tiles", &p, [&q, &k, &v, &go]);
 }
 
@@ -456,7 +467,7 @@ fn f16_gradients_from_subnormal_score_gradients_are_judged_by_their_quantum() {
     let shape = attn_core::AttnShape::self_attn(Shape4::new(1, 100, 3, 8).unwrap());
     let case = attn_testkit::FeatureCase { cfg, shape, padding: None, cu_seqlens: None, seed: 54_300_709_845_078_333 };
     let [q, k, v, go] = case.inputs();
-    let (want, runs) = judge_both_heights::<f16>(&case.problem(), [&q, &k, &v, &go]);
+    let (want, runs) = judge_every_shape::<f16>(&case.problem(), [&q, &k, &v, &go]);
     for g in runs {
         let doubled: Vec<f32> = g.dk.iter().map(|x| 2.0 * x).collect();
         assert!(verdict(&judge_backward(&want, [&g.dq, &doubled, &g.dv], DType::F16)).is_err());

@@ -70,14 +70,25 @@ fn run_all<T: CudaElement>(test: &str) {
     assert_attention_dirs_pass(&gpu::<T>(&dev));
 }
 
-/// The tensor-core forward with 128 query rows a block (8 warps; the default is 64): every
-/// golden file, and its direct path equal to its partial path.
+/// The tensor-core forward with block shape `rows`: every golden file, and its direct path
+/// equal to its partial path.
+fn golden_with_rows<T: CudaElement>(test: &str, rows: ForwardRows) {
+    let Some(dev) = device_or_skip(test) else { return };
+    let dev = dev.with_forward_rows(rows);
+    direct_equals_partial::<T>(&dev);
+    assert_attention_dirs_pass(&gpu::<T>(&dev));
+}
+
+/// 128 query rows a block over 8 warps (the default is 64 over 4).
 #[test]
 fn golden_cuda_bf16_rows_128() {
-    let Some(dev) = device_or_skip("golden_cuda_bf16_rows_128") else { return };
-    let dev = dev.with_forward_rows(ForwardRows::M128);
-    direct_equals_partial::<bf16>(&dev);
-    assert_attention_dirs_pass(&gpu::<bf16>(&dev));
+    golden_with_rows::<bf16>("golden_cuda_bf16_rows_128", ForwardRows::M128);
+}
+
+/// 128 query rows a block over 4 warps (two row tiles a warp).
+#[test]
+fn golden_cuda_f16_rows_128w4() {
+    golden_with_rows::<f16>("golden_cuda_f16_rows_128w4", ForwardRows::M128W4);
 }
 
 /// The patterns of a call in one launch (the 64-row fused kernel): every golden file, and

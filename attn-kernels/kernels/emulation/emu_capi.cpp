@@ -55,6 +55,8 @@ using Entry = int (*)(Dim3, unsigned, unsigned, void**);
         ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d256),          \
         ATTN_EMU_ENTRY(dilated_fwd_mma_m128_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma_m128_##T##_d64),  \
         ATTN_EMU_ENTRY(dilated_fwd_mma_m128_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_m128_##T##_d256), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma_m128w4_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma_m128w4_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma_m128w4_##T##_d128),                                               \
         ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d64),  \
         ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d256), \
         ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d64),            \

@@ -90,7 +90,7 @@ fn parse() -> Result<Args, String> {
                     })
                     .collect::<Result<_, _>>()?
             }
-            "--rows" => a.rows = Some(choices(&flag, &val()?, ForwardRows::parse, "64 or 128")?),
+            "--rows" => a.rows = Some(choices(&flag, &val()?, ForwardRows::parse, "64, 128 or 128w4")?),
             "--launch" => a.launches = Some(choices(&flag, &val()?, PatternFusion::parse, "per-pattern or fused")?),
             "--bwd-loads" => a.bwd_loads = Some(choices(&flag, &val()?, BackwardLoads::parse, "sync or pipelined")?),
             other => return Err(format!("unknown argument `{other}`")),
@@ -145,13 +145,13 @@ fn run() -> Result<(), String> {
                 other => return Err(format!("unknown dtype `{other}`")),
             };
             println!(
-                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":{},\"launch\":\"{}\",\"bwd_loads\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2}}}",
+                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"bwd_loads\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2}}}",
                 a.dtype,
                 a.heads,
                 a.causal,
                 a.pass == Pass::Backward,
                 path_name(path),
-                r.rows(),
+                r.name(),
                 fusion.name(),
                 loads.name(),
                 t.median_ms,

@@ -12,47 +12,69 @@ use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_kernel_name, mma_k
 /// Threads per block of the row kernels and the tensor-core backward (4 warps).
 pub const THREADS: u32 = 128;
 
-/// Query rows (selected indices) per block of the tensor-core forward: 64 over 4 warps,
-/// or 128 over 8 warps (each K/V tile in shared memory serves twice the rows; more shared
-/// memory a block). A device's choice comes from `ATTN_CUDA_FWD_ROWS=64|128`, 64 without
-/// it (the faster on an H200, BENCHMARKS.md).
+/// Query rows (selected indices) per block of the tensor-core forward and how warps share
+/// them: 64 over 4 warps, 128 over 8 warps (each K/V tile in shared memory serves twice
+/// the rows; more shared memory a block), or 128 over 4 warps, 32 a warp (each K/V
+/// fragment read from shared memory feeds two row tiles; twice the accumulator registers,
+/// so head dims above 128 run the 64-row kernel). A device's choice comes from
+/// `ATTN_CUDA_FWD_ROWS=64|128|128w4`, 64 without it (the faster of 64 and 128 on an H200,
+/// BENCHMARKS.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ForwardRows {
     #[default]
     M64,
     M128,
+    M128W4,
 }
 
 impl ForwardRows {
-    /// Every block height, as the kernel source instantiates them.
-    pub const ALL: [ForwardRows; 2] = [ForwardRows::M64, ForwardRows::M128];
+    /// Every block shape, as the kernel source instantiates them.
+    pub const ALL: [ForwardRows; 3] = [ForwardRows::M64, ForwardRows::M128, ForwardRows::M128W4];
 
     /// Rows per block.
     pub fn rows(self) -> usize {
         match self {
             ForwardRows::M64 => 64,
-            ForwardRows::M128 => 128,
+            ForwardRows::M128 | ForwardRows::M128W4 => 128,
         }
     }
 
-    /// Threads per block (a warp per 16 rows).
+    /// Rows per warp (16 per row tile).
+    pub fn rows_per_warp(self) -> usize {
+        match self {
+            ForwardRows::M64 | ForwardRows::M128 => 16,
+            ForwardRows::M128W4 => 32,
+        }
+    }
+
+    /// Threads per block.
     pub fn threads(self) -> u32 {
-        (self.rows() / 16 * 32) as u32
+        (self.rows() / self.rows_per_warp() * 32) as u32
     }
 
-    /// `"64"` or `"128"` as `ATTN_CUDA_FWD_ROWS` spells it.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s.trim() {
-            "64" => Some(ForwardRows::M64),
-            "128" => Some(ForwardRows::M128),
-            _ => None,
+    /// Whether the source has an instance for a padded head dim.
+    pub fn has_head_dim(self, padded_d: usize) -> bool {
+        self != ForwardRows::M128W4 || padded_d <= 128
+    }
+
+    /// `"64"`, `"128"` or `"128w4"` as `ATTN_CUDA_FWD_ROWS` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ForwardRows::M64 => "64",
+            ForwardRows::M128 => "128",
+            ForwardRows::M128W4 => "128w4",
         }
+    }
+
+    /// The block shape [`ForwardRows::name`] spells.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.name() == s.trim())
     }
 
     /// The choice of `ATTN_CUDA_FWD_ROWS` (the default, 64, when unset); an unknown value
     /// is a typed error.
     pub fn from_env() -> attn_core::Result<Self> {
-        choice_from_env("ATTN_CUDA_FWD_ROWS", Self::parse, "64 or 128")
+        choice_from_env("ATTN_CUDA_FWD_ROWS", Self::parse, "64, 128 or 128w4")
     }
 }
 
@@ -333,29 +355,34 @@ pub enum ForwardKernel {
     Rows { name: String },
 }
 
-/// Key tile of the tensor-core forward for a padded head dim (see `ATTN_MMA_KERNEL`).
-pub fn mma_block_n(padded_d: usize) -> usize {
-    if padded_d <= 128 { 64 } else { 32 }
+/// Key tile of the tensor-core forward for a block shape and padded head dim (the `BN` of
+/// the `ATTN_MMA_KERNEL*` instances): 32 where the accumulators are large (head dim 256;
+/// 128 with two row tiles a warp, whose scores would otherwise spill registers), else 64.
+pub fn mma_block_n(rows: ForwardRows, padded_d: usize) -> usize {
+    if padded_d * rows.rows_per_warp() / 16 <= 128 { 64 } else { 32 }
 }
 
 /// Dynamic shared memory of the tensor-core forward (`MMA_SMEM` in `dilated_fwd_mma.cu`):
 /// the Q tile and two K/V stages.
 pub fn mma_smem_bytes(rows: ForwardRows, padded_d: usize) -> usize {
-    (rows.rows() + 4 * mma_block_n(padded_d)) * (padded_d + 8) * 2
+    (rows.rows() + 4 * mma_block_n(rows, padded_d)) * (padded_d + 8) * 2
 }
 
 /// Pick the forward kernel (`suffix` is `f32`, `f16` or `bf16`; `rows` the tensor-core
-/// kernel's query rows a block).
+/// kernel's block shape, the 64-row one where `rows` has no instance for the head dim).
 pub fn forward_kernel(dtype: DType, suffix: &str, head_dim: usize, rows: ForwardRows) -> ForwardKernel {
     let padded = MMA_HEAD_DIMS.iter().copied().find(|&p| p >= head_dim);
     match (dtype, padded) {
-        (DType::F16 | DType::BF16, Some(p)) => ForwardKernel::Mma {
-            name: mma_kernel_name(suffix, p, rows),
-            padded_d: p,
-            rows,
-            block_n: mma_block_n(p),
-            smem_bytes: mma_smem_bytes(rows, p),
-        },
+        (DType::F16 | DType::BF16, Some(p)) => {
+            let rows = if rows.has_head_dim(p) { rows } else { ForwardRows::M64 };
+            ForwardKernel::Mma {
+                name: mma_kernel_name(suffix, p, rows),
+                padded_d: p,
+                rows,
+                block_n: mma_block_n(rows, p),
+                smem_bytes: mma_smem_bytes(rows, p),
+            }
+        }
         _ => ForwardKernel::Rows { name: format!("dilated_fwd_rows_{suffix}") },
     }
 }
@@ -546,12 +573,25 @@ mod tests {
             panic!("expected the MMA kernel")
         };
         assert_eq!((name.as_str(), rows.threads(), smem_bytes), ("dilated_fwd_mma_m128_f16_d128", 256, 384 * 136 * 2));
+        let ForwardKernel::Mma { name, rows, smem_bytes, .. } =
+            forward_kernel(DType::BF16, "bf16", 64, ForwardRows::M128W4)
+        else {
+            panic!("expected the MMA kernel")
+        };
+        assert_eq!((name.as_str(), rows.threads(), smem_bytes), ("dilated_fwd_mma_m128w4_bf16_d64", 128, 384 * 72 * 2));
+        // No 256 instance of 32 rows a warp: the 64-row kernel.
+        let ForwardKernel::Mma { name, rows, .. } = forward_kernel(DType::BF16, "bf16", 200, ForwardRows::M128W4)
+        else {
+            panic!("expected the MMA kernel")
+        };
+        assert_eq!((name.as_str(), rows), ("dilated_fwd_mma_bf16_d256", ForwardRows::M64));
         for rows in ForwardRows::ALL {
             assert!(mma_smem_bytes(rows, 256) <= 163 * 1024, "must fit sm_80's opt-in shared memory");
+            assert_eq!(ForwardRows::parse(rows.name()), Some(rows));
         }
         assert_eq!(
-            ["64", "128", "96"].map(ForwardRows::parse),
-            [Some(ForwardRows::M64), Some(ForwardRows::M128), None]
+            ["64", "128", " 128w4", "96"].map(ForwardRows::parse),
+            [Some(ForwardRows::M64), Some(ForwardRows::M128), Some(ForwardRows::M128W4), None]
         );
         for loads in BackwardLoads::ALL {
             assert!(mma_bwd_smem_bytes(128, loads) <= 163 * 1024);

@@ -88,7 +88,7 @@ pub fn kernel_names() -> Vec<String> {
     }
     for t in ["f16", "bf16"] {
         for rows in ForwardRows::ALL {
-            for d in MMA_HEAD_DIMS {
+            for d in MMA_HEAD_DIMS.into_iter().filter(|&d| rows.has_head_dim(d)) {
                 names.push(mma_kernel_name(t, d, rows));
             }
         }
@@ -123,6 +123,7 @@ pub fn mma_kernel_name(suffix: &str, padded_d: usize, rows: ForwardRows) -> Stri
     match rows {
         ForwardRows::M64 => format!("dilated_fwd_mma_{suffix}_d{padded_d}"),
         ForwardRows::M128 => format!("dilated_fwd_mma_m128_{suffix}_d{padded_d}"),
+        ForwardRows::M128W4 => format!("dilated_fwd_mma_m128w4_{suffix}_d{padded_d}"),
     }
 }
 
@@ -138,6 +139,8 @@ mod tests {
             let found = if let Some(rest) = name.strip_prefix("dilated_fwd_mma_") {
                 let (rest, mac) = if let Some(r) = rest.strip_prefix("m128_") {
                     (r, "ATTN_MMA_KERNEL_M128")
+                } else if let Some(r) = rest.strip_prefix("m128w4_") {
+                    (r, "ATTN_MMA_KERNEL_M128W4")
                 } else if let Some(r) = rest.strip_prefix("fused_") {
                     (r, "ATTN_MMA_KERNEL_FUSED")
                 } else {
