@@ -7,7 +7,7 @@
 #   scripts/device-check.sh rehearse   # here: pack, copy the pack into a clean directory and run
 #                                      # it there; GPU steps report `not run (no GPU)`
 #   device run: command "bash device-pack/device-check.sh run; cd $OUT && tar czf logs.tgz *.log &&
-#               rm *.log", carry ["device-pack"], timeout_s 420 (each step has a budget, 360 s in
+#               rm *.log", carry ["device-pack"], timeout_s 480 (each step has a budget, 380 s in
 #               all; `run --only STEP` reruns one step; the tool returns at most 8 files)
 #
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
@@ -120,10 +120,10 @@ use_lib() {
 
 have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
 
-# Seconds each step may take (360 in all, so a whole run fits 6 minutes).
+# Seconds each step may take (380 in all, so a whole run fits 7 minutes).
 budget() {
     case $1 in
-    env) echo 15 ;; golden) echo 45 ;; tests) echo 45 ;; bench) echo 55 ;; ring) echo 35 ;; sanitizer) echo 150 ;;
+    env) echo 15 ;; golden) echo 45 ;; tests) echo 45 ;; bench) echo 55 ;; ring) echo 35 ;; sanitizer) echo 170 ;;
     nccl) echo 15 ;;
     esac
 }
@@ -194,8 +194,10 @@ step_bench() {
     # The patterns of a call in one launch (the 64-row fused kernel) against one a pattern.
     logged 30 "$PACK/bin/attn-cuda-bench" --seq 65536,262144 --dtype bf16 --paths direct,partial --rows 64 \
         --launch fused || ok=1
-    # The backward's query tiles loaded before each tile's compute, and pipelined.
-    logged 40 "$PACK/bin/attn-cuda-bench" --seq 65536 --dtype bf16 --backward --bwd-loads sync,pipelined || ok=1
+    # The backward's query tiles loaded before each tile's compute, and pipelined; 64 and 128
+    # keys a block.
+    logged 40 "$PACK/bin/attn-cuda-bench" --seq 65536 --dtype bf16 --backward --bwd-loads sync,pipelined \
+        --bwd-keys 64,128 || ok=1
     for seq in 65536 262144; do
         logged 40 python3 "$PACK/torch/torch_dilated.py" --device cuda --dtype bf16 --seq-len "$seq" "${shape[@]}" || ok=1
     done
@@ -224,13 +226,13 @@ step_sanitizer() {
     # compute-sanitizer call can take longer than the ones after it.
     local ok=0 small=(--seq 4096 --heads 5 --dtype bf16 --backward --iters 1)
     logged 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
-        --launch per-pattern,fused --bwd-loads sync,pipelined || ok=1
+        --launch per-pattern,fused --bwd-loads sync,pipelined --bwd-keys 64,128 || ok=1
     # Shared-memory races of every forward block shape (64 rows over 4 warps, 128 over 8, 128
-    # over 4), then of the backward's two query-tile stages.
+    # over 4), then of the backward's two query-tile stages with 64 and 128 keys a block.
     logged 100 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
         --rows 64,128,128w4 || ok=1
-    logged 40 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
-        --bwd-loads pipelined || ok=1
+    logged 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
+        --bwd-loads pipelined --bwd-keys 64,128 || ok=1
     grep -qE 'Device not supported|not supported on this' "$LOG" && return 4
     return "$ok"
 }

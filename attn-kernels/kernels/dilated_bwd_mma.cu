@@ -1,7 +1,7 @@
 // dilated_bwd_mma.cu: tensor-core backward (sm_80+) for f16/bf16, f32 accumulation.
 //
-// A block of 4 warps owns 64 consecutive SELECTED key indices of one (batch, head,
-// pattern); warp w owns 16 keys and keeps their dK, dV in registers. Query tiles of 32
+// A block of BN / 16 warps (4 or 8) owns BN (64 or 128) consecutive SELECTED key indices
+// of one (batch, head, pattern); warp w owns 16 keys and keeps their dK, dV in registers. Query tiles of 32
 // selected indices (the queries of the keys' segments, causal-bounded) stream through
 // shared memory with the dilation gather fused into the loads. Per tile, in the keys'
 // frame: S^T = K Q^T, dP^T = V dO^T, P^T = exp(scale S^T - lse_q) (the head's FINAL lse),
@@ -13,13 +13,17 @@
 // PIPE: the query tiles load by cp.async into two stages (the next tile's Q, dO, lse and
 // delta load while this one runs; tiles inside one segment by stepped pointers, without
 // the gather), K/V with the first tile; without it, each tile loads before its compute.
-// Both give the same bits.
+// Both give the same bits. BN = 128 halves the dQ atomics per query tile and key (each
+// adds the products of twice the keys), FlashAttention-2's backward block.
 // Fragment layouts: see mma_tiles.cu.
 
-template <class E, int D, bool PIPE>
+template <class E, int D, bool PIPE, int BN>
 __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,
                         float* dq_acc, float* dk_acc, float* dv_acc, const AttnParams& a) {
-    constexpr int BN = 64, BM = 32, LD = D + 8, LDS = BM + 8, NQ = BM / 8, NO = D / 8, NT = 128;
+    constexpr int BM = 32, LD = D + 8, LDS = BM + 8, NQ = BM / 8, NO = D / 8, NT = 2 * BN;
+    // dQ: the warps split the tile's 2 row tiles and its head-dim n-blocks, NJ each (even).
+    constexpr int NJ = NO / (NT / 64);
+    static_assert(NJ >= 2 && NJ % 2 == 0, "dQ needs n-block pairs a warp");
     constexpr int ST = PIPE ? 2 : 1;  // query-tile stages
     ATTN_DYNAMIC_SMEM(smem_raw);
     u16* sK = reinterpret_cast<u16*>(smem_raw);
@@ -219,11 +223,11 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         __syncthreads();  // sDS complete
 
         // dQ (BM x D) = dS (BM x BN) K (BN x D): warp w takes query rows (w & 1) * 16 and
-        // half of the head-dim n-blocks; f32 atomics because other key blocks add too.
+        // NJ of the head-dim n-blocks; f32 atomics because other key blocks add too.
         const int qr0 = (warp & 1) * 16;
 #pragma unroll
-        for (int jj = 0; jj < NO / 2; jj += 2) {
-            const int j = (warp >> 1) * (NO / 2) + jj;
+        for (int jj = 0; jj < NJ; jj += 2) {
+            const int j = (warp >> 1) * NJ + jj;
             float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk) {
@@ -278,31 +282,44 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     }
 }
 
-// Dynamic shared memory (bytes) with ST query-tile stages; mirrored by
-// `mma_bwd_smem_bytes` in src/cuda/plan.rs.
-#define MMA_BWD_SMEM(D, ST) ((2 * 64 + (ST) * 2 * 32) * ((D) + 8) * 2 + 64 * (32 + 8) * 2)
+// Dynamic shared memory (bytes) with ST query-tile stages and BN keys a block; mirrored
+// by `mma_bwd_smem_bytes` in src/cuda/plan.rs.
+#define MMA_BWD_SMEM(D, ST, BN) ((2 * (BN) + (ST) * 2 * 32) * ((D) + 8) * 2 + (BN) * (32 + 8) * 2)
 
-// dilated_bwd_mma_<dtype>_d<D> (each query tile loads before its compute) and
-// dilated_bwd_mma_pipelined_<dtype>_d<D> (two stages).
-#define ATTN_MMA_BWD_KERNEL(NAME, E, D)                                                                      \
-    extern "C" __global__ void __launch_bounds__(128) dilated_bwd_mma_##NAME##_d##D(                         \
+// The two kernels of one shape: SYNC (each query tile loads before its compute) and PIPE
+// (two stages), BN keys a block over BN / 16 warps.
+#define ATTN_MMA_BWD_PAIR(SYNC, PIPE, E, D, BN)                                                              \
+    extern "C" __global__ void __launch_bounds__(2 * (BN)) SYNC(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
-        bwd_mma<E, D, false>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                            \
+        bwd_mma<E, D, false, BN>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                        \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) dilated_bwd_mma_pipelined_##NAME##_d##D(               \
+    extern "C" __global__ void __launch_bounds__(2 * (BN)) PIPE(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
-        bwd_mma<E, D, true>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                             \
+        bwd_mma<E, D, true, BN>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                         \
     }
+
+// 64 keys a block: dilated_bwd_mma_<dtype>_d<D>, dilated_bwd_mma_pipelined_<dtype>_d<D>.
+#define ATTN_MMA_BWD_KERNEL(NAME, E, D) \
+    ATTN_MMA_BWD_PAIR(dilated_bwd_mma_##NAME##_d##D, dilated_bwd_mma_pipelined_##NAME##_d##D, E, D, 64)
+
+// 128 keys a block (D >= 64: dQ splits D over 4 warp pairs): dilated_bwd_mma_k128_<dtype>_d<D>,
+// dilated_bwd_mma_pipelined_k128_<dtype>_d<D>.
+#define ATTN_MMA_BWD_KERNEL_K128(NAME, E, D) \
+    ATTN_MMA_BWD_PAIR(dilated_bwd_mma_k128_##NAME##_d##D, dilated_bwd_mma_pipelined_k128_##NAME##_d##D, E, D, 128)
 
 #if ATTN_WANT_F16
 ATTN_MMA_BWD_KERNEL(f16, F16E, 32)
 ATTN_MMA_BWD_KERNEL(f16, F16E, 64)
 ATTN_MMA_BWD_KERNEL(f16, F16E, 128)
+ATTN_MMA_BWD_KERNEL_K128(f16, F16E, 64)
+ATTN_MMA_BWD_KERNEL_K128(f16, F16E, 128)
 #endif
 #if ATTN_WANT_BF16
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 32)
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 64)
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 128)
+ATTN_MMA_BWD_KERNEL_K128(bf16, BF16E, 64)
+ATTN_MMA_BWD_KERNEL_K128(bf16, BF16E, 128)
 #endif

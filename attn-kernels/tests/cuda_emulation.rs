@@ -19,7 +19,8 @@ use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_forward, plan_forward_direct};
 use attn_kernels::cuda::plan::{
-    BackwardKernel, BackwardLoads, ForwardOptions, ForwardRows, PatternFusion, backward_kernel,
+    BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion,
+    backward_kernel,
 };
 use attn_testkit::golden::{
     DilatedBackend, Forward32, Gradients32, Problem, assert_attention_dirs_pass, attention_cases,
@@ -31,15 +32,16 @@ fn emulator() -> &'static Emulator {
         .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
 }
 
-/// The emulator planning the forward with `opts` and the backward with `loads` (the shared
-/// library, loaded again, whatever `ATTN_CUDA_FWD_*` and `ATTN_CUDA_BWD_LOADS` say).
-fn emulator_for(opts: ForwardOptions, loads: BackwardLoads) -> &'static Emulator {
+/// The emulator planning the forward with `opts` and the backward with `bwd` (the shared
+/// library, loaded again, whatever `ATTN_CUDA_FWD_*` and `ATTN_CUDA_BWD_*` say).
+fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'static Emulator {
     const N: usize = ForwardRows::ALL.len();
-    static EMULATORS: [OnceLock<Emulator>; 4 * N] = [const { OnceLock::new() }; 4 * N];
+    static EMULATORS: [OnceLock<Emulator>; 8 * N] = [const { OnceLock::new() }; 8 * N];
     let rows = ForwardRows::ALL.iter().position(|&r| r == opts.rows).unwrap_or(0);
     let slot = rows
         + N * usize::from(opts.fusion == PatternFusion::Fused)
-        + 2 * N * usize::from(loads == BackwardLoads::Pipelined);
+        + 2 * N * usize::from(bwd.loads == BackwardLoads::Pipelined)
+        + 4 * N * usize::from(bwd.keys == BackwardKeys::K128);
     EMULATORS[slot].get_or_init(|| {
         emulator();
         let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
@@ -47,34 +49,42 @@ fn emulator_for(opts: ForwardOptions, loads: BackwardLoads) -> &'static Emulator
             .unwrap()
             .with_forward_rows(opts.rows)
             .with_pattern_fusion(opts.fusion)
-            .with_backward_loads(loads)
+            .with_backward_loads(bwd.loads)
+            .with_backward_keys(bwd.keys)
     })
 }
 
-/// The emulator with the forward's `opts` and synchronous backward loads.
+/// The emulator with the forward's `opts` and the default backward.
 fn emulator_with(opts: ForwardOptions) -> &'static Emulator {
-    emulator_for(opts, BackwardLoads::Sync)
+    emulator_for(opts, BackwardOptions::default())
 }
 
 /// The emulator with the default forward and the backward's query-tile `loads`.
 fn emulator_loading(loads: BackwardLoads) -> &'static Emulator {
-    emulator_for(ForwardOptions::default(), loads)
+    emulator_for(ForwardOptions::default(), BackwardOptions { loads, keys: BackwardKeys::K64 })
 }
 
 /// The whole-sequence CUDA call (`CudaBackend`'s steps) on the emulation, in `T`, the
 /// forward's tensor-core blocks planned with `opts`.
 struct Emulated<T> {
     opts: ForwardOptions,
+    bwd: BackwardOptions,
     dtype: PhantomData<T>,
 }
 
 impl<T> Emulated<T> {
     fn new(rows: ForwardRows) -> Self {
-        Emulated { opts: ForwardOptions { rows, fusion: PatternFusion::PerPattern }, dtype: PhantomData }
+        let opts = ForwardOptions { rows, fusion: PatternFusion::PerPattern };
+        Emulated { opts, bwd: BackwardOptions::default(), dtype: PhantomData }
     }
 
     fn fused(rows: ForwardRows) -> Self {
-        Emulated { opts: ForwardOptions { rows, fusion: PatternFusion::Fused }, dtype: PhantomData }
+        Emulated { opts: ForwardOptions { rows, fusion: PatternFusion::Fused }, ..Self::new(rows) }
+    }
+
+    /// The same forward, the backward planned with `bwd`.
+    fn with_backward(self, bwd: BackwardOptions) -> Self {
+        Emulated { bwd, ..self }
     }
 }
 
@@ -156,7 +166,8 @@ fn f32s<T: CudaElement>(x: &[T]) -> Vec<f32> {
 
 impl<T: CudaElement> DilatedBackend for Emulated<T> {
     fn name(&self) -> String {
-        format!("cuda-emulation {} rows {} {:?}", T::DTYPE.as_str(), self.opts.rows.rows(), self.opts.fusion)
+        let (f, b) = (self.opts, self.bwd);
+        format!("cuda-emulation {} rows {} {:?}, backward {:?}", T::DTYPE.as_str(), f.rows.name(), f.fusion, b)
     }
 
     fn dtype(&self) -> DType {
@@ -169,7 +180,7 @@ impl<T: CudaElement> DilatedBackend for Emulated<T> {
     }
 
     fn backward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
-        let emu = emulator();
+        let emu = emulator_for(self.opts, self.bwd);
         let (sq, skv) = (p.shape.q, p.shape.kv);
         let [dq, dk, dv] = self.backward_accs(emu, p, [q, k, v], grad_out)?;
         let store = |s: Shape4, x: &[f32]| -> Result<Vec<f32>> {
@@ -310,7 +321,8 @@ fn pipelined_equals_sync<T: CudaElement>() {
     for case in attention_cases() {
         let cfg = case.config().unwrap();
         let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks().unwrap() };
-        let kernel = backward_kernel(T::DTYPE, T::SUFFIX, p.shape.q.head_dim, BackwardLoads::Pipelined);
+        let pipelined = BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K64 };
+        let kernel = backward_kernel(T::DTYPE, T::SUFFIX, p.shape.q.head_dim, pipelined);
         if !matches!(kernel, BackwardKernel::Mma { .. }) {
             continue;
         }
@@ -449,6 +461,32 @@ fn dilated_affine_tiles_and_a_ragged_end_match_the_reference() {
     let p = Problem::new(&cfg, shape);
     judge_every_shape::<bf16>(&p, [&q, &k, &v, &go]);
     assert_pipelined_equals_sync::<bf16>("affine tiles", &p, [&q, &k, &v, &go]);
+}
+
+/// The backward with 128 keys a block, whose instances start at head dim 64 (no golden
+/// file has one): gradients against the float64 reference with both query-tile loads,
+/// beside 64 keys a block, on `wide_head_cases` (affine tiles, grouped heads, padding,
+/// packed sequences, a causal window). The plan must name the 128-key kernel, so the
+/// check cannot pass on the 64-key one.
+#[test]
+fn backward_with_128_keys_a_block_matches_the_reference() {
+    for (name, case) in attn_testkit::wide_head_cases() {
+        for loads in BackwardLoads::ALL {
+            for keys in BackwardKeys::ALL {
+                let bwd = BackwardOptions { loads, keys };
+                let BackwardKernel::Mma { name: kernel, .. } =
+                    backward_kernel(DType::BF16, "bf16", case.shape.q.head_dim, bwd)
+                else {
+                    panic!("{name}: expected the tensor-core backward")
+                };
+                assert_eq!(kernel.contains("_k128_"), keys == BackwardKeys::K128, "{name}: {kernel}");
+                let emulated = Emulated::<bf16>::new(ForwardRows::M64).with_backward(bwd);
+                if let Err(e) = attn_testkit::judge_gradients(&emulated, &case) {
+                    panic!("{name}, {kernel}: {e}");
+                }
+            }
+        }
+    }
 }
 
 /// f16 gradients near f16's subnormals (a proptest case the H200 failed under the old

@@ -13,7 +13,7 @@ mod cuda_support;
 
 use attn_core::TensorName;
 use attn_core::TensorView;
-use attn_kernels::cuda::plan::{BackwardLoads, ForwardRows, PatternFusion};
+use attn_kernels::cuda::plan::{BackwardKeys, BackwardLoads, ForwardRows, PatternFusion};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceTensor, ForwardPath};
 use attn_kernels::cuda::{forward_call, launch_plan::one_pattern_per_head};
 use attn_testkit::golden::{GoldenCase, assert_attention_dirs_pass, attention_cases};
@@ -89,6 +89,22 @@ fn golden_cuda_bf16_rows_128() {
 #[test]
 fn golden_cuda_f16_rows_128w4() {
     golden_with_rows::<f16>("golden_cuda_f16_rows_128w4", ForwardRows::M128W4);
+}
+
+/// The backward with 128 keys a block (instances from head dim 64; no golden file has
+/// one), both query-tile loads: gradients against the float64 reference on
+/// `wide_head_cases`.
+#[test]
+fn backward_with_128_keys_a_block_on_the_gpu() {
+    let Some(dev) = device_or_skip("backward_with_128_keys_a_block_on_the_gpu") else { return };
+    for (name, case) in attn_testkit::wide_head_cases() {
+        for loads in BackwardLoads::ALL {
+            let dev = dev.with_backward_keys(BackwardKeys::K128).with_backward_loads(loads);
+            if let Err(e) = attn_testkit::judge_gradients(&gpu::<bf16>(&dev), &case) {
+                panic!("{name}, {loads:?} loads: {e}");
+            }
+        }
+    }
 }
 
 /// The patterns of a call in one launch (the 64-row fused kernel): every golden file, and

@@ -1,7 +1,7 @@
 //! proptest strategy for the attention features: grouped key/value heads, key padding,
 //! packed sequences and sliding windows, mixed with every mode, causal or not.
 
-use attn_core::{AttnShape, DilatedConfig, KeyPadding, Masks, Mixing, PackedSequences, Shape4};
+use attn_core::{AttnShape, DilatedConfig, DilatedConfigBuilder, KeyPadding, Masks, Mixing, PackedSequences, Shape4};
 use proptest::prelude::*;
 
 use crate::golden::Problem;
@@ -124,6 +124,62 @@ pub fn feature_case(
             });
             FeatureCase { cfg, shape, padding, cu_seqlens, seed }
         })
+}
+
+/// Problems with head dims 64 and 128 (the conformance files have 8 to 32), for kernel
+/// instances that start there: dilated affine tiles with a ragged last segment (head dim
+/// 128), causal dilated attention with grouped heads, key padding and packed sequences,
+/// and a causal window with grouped heads and key padding (head dim 64).
+pub fn wide_head_cases() -> Vec<(&'static str, FeatureCase)> {
+    let gqa =
+        AttnShape { q: Shape4::new(1, 300, 4, 64).expect("shape"), kv: Shape4::new(1, 300, 2, 64).expect("shape") };
+    let padding: Vec<bool> = (0..300).map(|i| i % 37 == 5).collect();
+    let config = |b: DilatedConfigBuilder| b.build().expect("valid config");
+    vec![
+        (
+            "affine tiles, d128",
+            FeatureCase {
+                cfg: config(DilatedConfig::builder().segments(&[256, 512]).dilations(&[2, 4])),
+                shape: AttnShape::self_attn(Shape4::new(1, 1000, 2, 128).expect("shape")),
+                padding: None,
+                cu_seqlens: None,
+                seed: 2027,
+            },
+        ),
+        (
+            "causal dilated, gqa, padding, packed, d64",
+            FeatureCase {
+                cfg: config(DilatedConfig::builder().segments(&[64, 128]).dilations(&[1, 2]).causal(true)),
+                shape: gqa,
+                padding: Some(padding.clone()),
+                cu_seqlens: Some(vec![0, 130, 300]),
+                seed: 2026,
+            },
+        ),
+        (
+            "causal window, gqa, padding, d64",
+            FeatureCase {
+                cfg: config(DilatedConfig::builder().window(70, 0).causal(true)),
+                shape: gqa,
+                padding: Some(padding),
+                cu_seqlens: None,
+                seed: 2026,
+            },
+        ),
+    ]
+}
+
+/// `backend`'s gradients on `case` judged row by row against the float64 reference on the
+/// inputs rounded to the backend's dtype.
+pub fn judge_gradients(backend: &dyn crate::golden::DilatedBackend, case: &FeatureCase) -> Result<(), String> {
+    use crate::judge::{Expected, judge_backward, round_to, verdict};
+    let dtype = backend.dtype();
+    let p = case.problem();
+    let [q, k, v, go] = case.inputs();
+    let r = [&q, &k, &v, &go].map(|x| round_to(dtype, x).into_iter().map(f64::from).collect::<Vec<_>>());
+    let want = Expected::for_problem(&p, [&r[0], &r[1], &r[2]], Some(&r[3])).map_err(|e| e.to_string())?;
+    let g = backend.backward(&p, [&q, &k, &v], &go).map_err(|e| e.to_string())?;
+    verdict(&judge_backward(&want, [&g.dq, &g.dk, &g.dv], dtype))
 }
 
 #[cfg(test)]

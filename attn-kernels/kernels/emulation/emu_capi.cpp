@@ -61,7 +61,10 @@ using Entry = int (*)(Dim3, unsigned, unsigned, void**);
         ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d256), \
         ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d64),            \
         ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d32),  \
-        ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d128)
+        ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d128), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_k128_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_k128_##T##_d128),      \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_k128_##T##_d64),                                              \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_k128_##T##_d128)
 
 const std::map<std::string, Entry>& table() {
     static const std::map<std::string, Entry> t = {

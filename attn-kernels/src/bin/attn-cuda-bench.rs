@@ -5,14 +5,15 @@
 //! cuda`, carry the binary to a GPU machine, run it there (a typed error without a GPU).
 //!
 //! `--paths direct,partial` times both ways the forward reaches its output (straight from
-//! the kernel, or through the f32 partial and its epilogue), `--rows 64,128` both query
-//! rows a block of the tensor-core forward, `--launch per-pattern,fused` both ways its
+//! the kernel, or through the f32 partial and its epilogue), `--rows 64,128,128w4` each
+//! block shape of the tensor-core forward, `--launch per-pattern,fused` both ways its
 //! patterns launch, `--bwd-loads sync,pipelined` both ways the backward loads its query
-//! tiles, in one process.
+//! tiles and `--bwd-keys 64,128` both keys a block of the backward, in one process.
 //!
 //! Usage: attn-cuda-bench [--seq 65536,262144] [--heads 16] [--dtype bf16|f16|f32] [--iters 10]
-//!        [--causal] [--backward] [--paths direct|partial|direct,partial] [--rows 64|128|64,128]
-//!        [--launch per-pattern|fused|per-pattern,fused] [--bwd-loads sync|pipelined|sync,pipelined]
+//!        [--causal] [--backward] [--paths direct|partial|direct,partial] [--rows 64,128,128w4]
+//!        [--launch per-pattern,fused] [--bwd-loads sync,pipelined] [--bwd-keys 64,128]
+//!        (each list: one or more of its values)
 //!
 //! `--heads` (at least 5, one a pattern) shrinks the work, e.g. for a run under
 //! compute-sanitizer.
@@ -20,7 +21,7 @@
 use std::process::ExitCode;
 
 use attn_core::{DilatedConfig, Pass, Shape4};
-use attn_kernels::cuda::plan::{BackwardLoads, ForwardRows, PatternFusion};
+use attn_kernels::cuda::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows, PatternFusion};
 use attn_kernels::cuda::{BenchRun, CudaDevice, CudaElement, ForwardPath, GpuTiming, bench_pass};
 use half::{bf16, f16};
 
@@ -38,6 +39,8 @@ struct Args {
     launches: Option<Vec<PatternFusion>>,
     /// `None`: the device's own choice (`ATTN_CUDA_BWD_LOADS`).
     bwd_loads: Option<Vec<BackwardLoads>>,
+    /// `None`: the device's own choice (`ATTN_CUDA_BWD_KEYS`).
+    bwd_keys: Option<Vec<BackwardKeys>>,
 }
 
 fn path_name(p: ForwardPath) -> &'static str {
@@ -64,6 +67,7 @@ fn parse() -> Result<Args, String> {
         rows: None,
         launches: None,
         bwd_loads: None,
+        bwd_keys: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -93,6 +97,7 @@ fn parse() -> Result<Args, String> {
             "--rows" => a.rows = Some(choices(&flag, &val()?, ForwardRows::parse, "64, 128 or 128w4")?),
             "--launch" => a.launches = Some(choices(&flag, &val()?, PatternFusion::parse, "per-pattern or fused")?),
             "--bwd-loads" => a.bwd_loads = Some(choices(&flag, &val()?, BackwardLoads::parse, "sync or pipelined")?),
+            "--bwd-keys" => a.bwd_keys = Some(choices(&flag, &val()?, BackwardKeys::parse, "64 or 128")?),
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -125,19 +130,26 @@ fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let rows = a.rows.clone().unwrap_or_else(|| vec![dev.forward_rows()]);
     let launches = a.launches.clone().unwrap_or_else(|| vec![dev.forward_options().fusion]);
-    let bwd_loads = a.bwd_loads.clone().unwrap_or_else(|| vec![dev.backward_loads()]);
+    let bwd_loads = a.bwd_loads.clone().unwrap_or_else(|| vec![dev.backward_options().loads]);
+    let bwd_keys = a.bwd_keys.clone().unwrap_or_else(|| vec![dev.backward_options().keys]);
     let mut cases = Vec::new();
     for &r in &rows {
         for &f in &launches {
             for &l in &bwd_loads {
-                cases.extend(a.paths.iter().map(|&p| (r, f, l, p)));
+                for &k in &bwd_keys {
+                    cases.extend(a.paths.iter().map(|&p| (r, f, BackwardOptions { loads: l, keys: k }, p)));
+                }
             }
         }
     }
     for &seq in &a.seqs {
         let shape = Shape4::new(1, seq, a.heads, 128).map_err(|e| e.to_string())?;
-        for &(r, fusion, loads, path) in &cases {
-            let dev = dev.with_forward_rows(r).with_pattern_fusion(fusion).with_backward_loads(loads);
+        for &(r, fusion, bwd, path) in &cases {
+            let dev = dev
+                .with_forward_rows(r)
+                .with_pattern_fusion(fusion)
+                .with_backward_loads(bwd.loads)
+                .with_backward_keys(bwd.keys);
             let (t, image) = match a.dtype.as_str() {
                 "bf16" => run_one::<bf16>(&dev, &cfg, shape, &a, path)?,
                 "f16" => run_one::<f16>(&dev, &cfg, shape, &a, path)?,
@@ -145,7 +157,7 @@ fn run() -> Result<(), String> {
                 other => return Err(format!("unknown dtype `{other}`")),
             };
             println!(
-                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"bwd_loads\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2}}}",
+                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"bwd_loads\":\"{}\",\"bwd_keys\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2}}}",
                 a.dtype,
                 a.heads,
                 a.causal,
@@ -153,7 +165,8 @@ fn run() -> Result<(), String> {
                 path_name(path),
                 r.name(),
                 fusion.name(),
-                loads.name(),
+                bwd.loads.name(),
+                bwd.keys.name(),
                 t.median_ms,
                 t.tflops()
             );

@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use attn_kernels::cuda::nvrtc_present;
-use attn_kernels::cuda::plan::{BackwardLoads, ForwardRows, mma_bwd_smem_bytes, mma_smem_bytes};
+use attn_kernels::cuda::plan::{
+    BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows, mma_bwd_smem_bytes, mma_smem_bytes,
+};
 use attn_kernels::cuda::source::{
     MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, dtype_define, full_source, kernel_names_for, mma_bwd_kernel_name,
     mma_fused_kernel_name, mma_kernel_name, nvrtc_options,
@@ -103,9 +105,12 @@ fn dynamic_smem(name: &str) -> usize {
             }
         }
         for loads in BackwardLoads::ALL {
-            for d in MMA_BWD_HEAD_DIMS {
-                if name == mma_bwd_kernel_name(t, d, loads) {
-                    return mma_bwd_smem_bytes(d, loads);
+            for keys in BackwardKeys::ALL {
+                let opts = BackwardOptions { loads, keys };
+                for d in MMA_BWD_HEAD_DIMS {
+                    if name == mma_bwd_kernel_name(t, d, opts) {
+                        return mma_bwd_smem_bytes(d, opts);
+                    }
                 }
             }
         }

@@ -374,7 +374,7 @@ pub fn backward_block_into<T: CudaElement>(
 ) -> Result<()> {
     check_backward(block, upstream, &grads)?;
     let DeviceUpstream { grad_out, lse, delta } = *upstream;
-    let plan = plan_backward(&geometry(block, Some(grad_out.strides)), T::DTYPE, T::SUFFIX, dev.backward_loads())?;
+    let plan = plan_backward(&geometry(block, Some(grad_out.strides)), T::DTYPE, T::SUFFIX, dev.backward_options())?;
     let DeviceBlock { q, k, v, .. } = *block;
     let bufs =
         DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: Some(&grad_out.data), lse: Some(lse), delta: Some(delta) };

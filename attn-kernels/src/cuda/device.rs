@@ -10,7 +10,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 use super::nvrtc::{ImageKind, compile_for_device};
-use super::plan::{BackwardLoads, ForwardOptions, ForwardRows, PatternFusion};
+use super::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
 use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source};
 
 const BACKEND: &str = "cuda";
@@ -65,7 +65,7 @@ pub struct CudaDevice {
     pub(crate) stream: Arc<CudaStream>,
     compute_capability: (i32, i32),
     forward: ForwardOptions,
-    backward: BackwardLoads,
+    backward: BackwardOptions,
 }
 
 impl CudaDevice {
@@ -73,11 +73,11 @@ impl CudaDevice {
     /// compiled by NVRTC for this device's architecture on first use, one module per
     /// dtype, cached for the process. The forward's rows a block and pattern fusion come
     /// from `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH` ([`ForwardOptions::from_env`]),
-    /// the backward's query-tile loads from `ATTN_CUDA_BWD_LOADS`
-    /// ([`BackwardLoads::from_env`]); an unknown value is an error.
+    /// the backward's query-tile loads and keys a block from `ATTN_CUDA_BWD_LOADS` and
+    /// `ATTN_CUDA_BWD_KEYS` ([`BackwardOptions::from_env`]); an unknown value is an error.
     pub fn new(ordinal: usize) -> Result<Self> {
         let forward = ForwardOptions::from_env()?;
-        let backward = BackwardLoads::from_env()?;
+        let backward = BackwardOptions::from_env()?;
         check_available(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
         let cc = ctx.compute_capability().map_err(cuda_err)?;
@@ -104,11 +104,16 @@ impl CudaDevice {
     /// The same device and stream with the tensor-core backward loading its query tiles as
     /// `loads` says.
     pub fn with_backward_loads(&self, loads: BackwardLoads) -> Self {
-        CudaDevice { backward: loads, ..self.clone() }
+        CudaDevice { backward: BackwardOptions { loads, ..self.backward }, ..self.clone() }
     }
 
-    /// How the tensor-core backward loads its query tiles.
-    pub fn backward_loads(&self) -> BackwardLoads {
+    /// The same device and stream with the tensor-core backward taking `keys` keys a block.
+    pub fn with_backward_keys(&self, keys: BackwardKeys) -> Self {
+        CudaDevice { backward: BackwardOptions { keys, ..self.backward }, ..self.clone() }
+    }
+
+    /// The tensor-core backward's query-tile loads and keys a block.
+    pub fn backward_options(&self) -> BackwardOptions {
         self.backward
     }
 

@@ -19,7 +19,9 @@ use libloading::Library;
 use super::block::ForwardPath;
 use super::epilogue::{delta_launch, fill_launch, row_params, store_launch};
 use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward, plan_forward_direct};
-use super::plan::{BackwardLoads, ForwardOptions, ForwardRows, PatternFusion, out_scale};
+use super::plan::{
+    BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion, out_scale,
+};
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{CudaElement, extent};
 
@@ -31,12 +33,12 @@ fn emu_err(message: impl Into<String>) -> AttnError {
 }
 
 /// The loaded emulation library, planning the forward with its [`ForwardOptions`] and the
-/// backward with its [`BackwardLoads`].
+/// backward with its [`BackwardOptions`].
 #[derive(Debug)]
 pub struct Emulator {
     lib: Library,
     forward: ForwardOptions,
-    backward: BackwardLoads,
+    backward: BackwardOptions,
 }
 
 /// A block's inputs in host memory (as the device call's buffers): q, k, v, grad_out in
@@ -162,10 +164,10 @@ impl Emulator {
 
     /// Load a library [`Emulator::build`] made (the forward taking
     /// [`ForwardOptions::from_env`] rows a block and pattern fusion, the backward
-    /// [`BackwardLoads::from_env`] query-tile loads).
+    /// [`BackwardOptions::from_env`] query-tile loads and keys a block).
     pub fn load(path: &Path) -> Result<Self> {
         let forward = ForwardOptions::from_env()?;
-        let backward = BackwardLoads::from_env()?;
+        let backward = BackwardOptions::from_env()?;
         // SAFETY: the library is ours (emu_capi.cpp); loading runs its static initialisers only.
         let lib = unsafe { Library::new(path) }.map_err(|e| emu_err(format!("loading {}: {e}", path.display())))?;
         Ok(Emulator { lib, forward, backward })
@@ -173,7 +175,12 @@ impl Emulator {
 
     /// This emulator planning the tensor-core backward's query-tile loads as `loads` says.
     pub fn with_backward_loads(self, loads: BackwardLoads) -> Self {
-        Emulator { backward: loads, ..self }
+        Emulator { backward: BackwardOptions { loads, ..self.backward }, ..self }
+    }
+
+    /// This emulator planning the tensor-core backward with `keys` keys a block.
+    pub fn with_backward_keys(self, keys: BackwardKeys) -> Self {
+        Emulator { backward: BackwardOptions { keys, ..self.backward }, ..self }
     }
 
     /// This emulator planning the tensor-core forward with `rows` query rows a block.

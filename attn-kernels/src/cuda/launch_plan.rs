@@ -7,7 +7,7 @@ use attn_core::{AttnError, Band, DType, DilatedConfig, Mixing, PackedSequences, 
 
 use super::params::{AttnParams, BlockLayout, FusedPattern, MAX_FUSED, attn_params};
 use super::plan::{
-    BackwardKernel, BackwardLoads, ForwardKernel, ForwardOptions, ForwardRows, PatternFusion, PatternLaunch,
+    BackwardKernel, BackwardOptions, ForwardKernel, ForwardOptions, ForwardRows, PatternFusion, PatternLaunch,
     SelectedIndex, SeqPiece, THREADS, backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
 };
 use super::source::mma_fused_kernel_name;
@@ -287,9 +287,9 @@ pub fn plan_forward_direct(
 }
 
 /// The backward launches of a block (`g.g_strides` set), the tensor-core kernel loading
-/// its query tiles as `loads` says.
-pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, loads: BackwardLoads) -> Result<Vec<Planned>> {
-    let kernel = backward_kernel(dtype, suffix, g.q.0.head_dim, loads);
+/// its query tiles and taking its keys as `opts` says.
+pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: BackwardOptions) -> Result<Vec<Planned>> {
+    let kernel = backward_kernel(dtype, suffix, g.q.0.head_dim, opts);
     let warps = (THREADS / 32) as usize;
     let group = g.q.0.heads / g.k.0.heads.max(1);
     let batch = g.q.0.batch;
@@ -297,11 +297,15 @@ pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, loads: B
     let launches = pattern_launches(g.cfg, g.q.0.heads);
     for piece in pieces(g) {
         let offsets = offsets(g, &piece);
+        let threads = match &kernel {
+            BackwardKernel::Mma { keys, .. } => keys.threads(),
+            BackwardKernel::Rows { .. } => THREADS,
+        };
         let planned = |kernel: &str, signature, grid, smem_bytes, params| Planned {
             kernel: kernel.to_string(),
             signature,
             grid,
-            threads: THREADS,
+            threads,
             smem_bytes,
             offsets,
             params,
@@ -315,10 +319,10 @@ pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, loads: B
             for sw in head_sweeps(pl.heads.clone(), group) {
                 let params = AttnParams { head0: sw.head0 as i64, head_step: sw.step as i64, ..base };
                 match &kernel {
-                    BackwardKernel::Mma { name, block_n, smem_bytes } => {
+                    BackwardKernel::Mma { name, keys, smem_bytes } => {
                         let smem = u32::try_from(*smem_bytes)
                             .map_err(|_| AttnError::InvalidArgument("shared memory size".into()))?;
-                        if let Some(grid) = grid(k_rows, *block_n, sw.count, batch)? {
+                        if let Some(grid) = grid(k_rows, keys.keys(), sw.count, batch)? {
                             out.push(planned(name, Signature::BackwardAll, grid, smem, params));
                         }
                     }

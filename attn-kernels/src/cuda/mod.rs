@@ -17,6 +17,7 @@
 
 mod bench;
 mod block;
+mod choices;
 mod device;
 pub mod emulation;
 mod epilogue;

@@ -7,181 +7,11 @@ use std::ops::Range;
 
 use attn_core::{Causality, DType, DilatedConfig, HeadGroups, Mixing, SegmentPattern};
 
+pub use super::choices::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
 use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_kernel_name, mma_kernel_name};
 
 /// Threads per block of the row kernels and the tensor-core backward (4 warps).
 pub const THREADS: u32 = 128;
-
-/// Query rows (selected indices) per block of the tensor-core forward and how warps share
-/// them: 64 over 4 warps, 128 over 8 warps (each K/V tile in shared memory serves twice
-/// the rows; more shared memory a block), or 128 over 4 warps, 32 a warp (each K/V
-/// fragment read from shared memory feeds two row tiles; twice the accumulator registers,
-/// so head dims above 128 run the 64-row kernel). A device's choice comes from
-/// `ATTN_CUDA_FWD_ROWS=64|128|128w4`, 64 without it (the faster of 64 and 128 on an H200,
-/// BENCHMARKS.md).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum ForwardRows {
-    #[default]
-    M64,
-    M128,
-    M128W4,
-}
-
-impl ForwardRows {
-    /// Every block shape, as the kernel source instantiates them.
-    pub const ALL: [ForwardRows; 3] = [ForwardRows::M64, ForwardRows::M128, ForwardRows::M128W4];
-
-    /// Rows per block.
-    pub fn rows(self) -> usize {
-        match self {
-            ForwardRows::M64 => 64,
-            ForwardRows::M128 | ForwardRows::M128W4 => 128,
-        }
-    }
-
-    /// Rows per warp (16 per row tile).
-    pub fn rows_per_warp(self) -> usize {
-        match self {
-            ForwardRows::M64 | ForwardRows::M128 => 16,
-            ForwardRows::M128W4 => 32,
-        }
-    }
-
-    /// Threads per block.
-    pub fn threads(self) -> u32 {
-        (self.rows() / self.rows_per_warp() * 32) as u32
-    }
-
-    /// Whether the source has an instance for a padded head dim.
-    pub fn has_head_dim(self, padded_d: usize) -> bool {
-        self != ForwardRows::M128W4 || padded_d <= 128
-    }
-
-    /// `"64"`, `"128"` or `"128w4"` as `ATTN_CUDA_FWD_ROWS` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            ForwardRows::M64 => "64",
-            ForwardRows::M128 => "128",
-            ForwardRows::M128W4 => "128w4",
-        }
-    }
-
-    /// The block shape [`ForwardRows::name`] spells.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.name() == s.trim())
-    }
-
-    /// The choice of `ATTN_CUDA_FWD_ROWS` (the default, 64, when unset); an unknown value
-    /// is a typed error.
-    pub fn from_env() -> attn_core::Result<Self> {
-        choice_from_env("ATTN_CUDA_FWD_ROWS", Self::parse, "64, 128 or 128w4")
-    }
-}
-
-/// The value of environment variable `var` parsed by `parse`, the default when unset; a
-/// value `parse` refuses is a typed error naming what `expected` says.
-fn choice_from_env<T: Default>(var: &str, parse: fn(&str) -> Option<T>, expected: &str) -> attn_core::Result<T> {
-    match std::env::var(var) {
-        Err(_) => Ok(T::default()),
-        Ok(v) => parse(&v)
-            .ok_or_else(|| attn_core::AttnError::InvalidArgument(format!("{var} must be {expected}, got `{v}`"))),
-    }
-}
-
-/// How the tensor-core forward launches the patterns of a call whose heads each have one
-/// pattern (head groups): one launch per pattern, or `Fused`, the patterns (of disjoint
-/// head ranges) in one launch of the 64-row fused kernel, up to
-/// [`MAX_FUSED`](super::params::MAX_FUSED) a launch, the patterns with the most keys a
-/// row first, so no launch ends with a partial wave of one pattern's blocks (128 rows a
-/// block stay one launch a pattern). A device's choice comes from
-/// `ATTN_CUDA_FWD_LAUNCH=per-pattern|fused`, per pattern without it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum PatternFusion {
-    #[default]
-    PerPattern,
-    Fused,
-}
-
-impl PatternFusion {
-    /// Every choice.
-    pub const ALL: [PatternFusion; 2] = [PatternFusion::PerPattern, PatternFusion::Fused];
-
-    /// `"per-pattern"` or `"fused"`, as `ATTN_CUDA_FWD_LAUNCH` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            PatternFusion::PerPattern => "per-pattern",
-            PatternFusion::Fused => "fused",
-        }
-    }
-
-    /// The choice [`name`](Self::name) spells `s`.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|f| f.name() == s.trim())
-    }
-
-    /// The choice of `ATTN_CUDA_FWD_LAUNCH` (per pattern when unset); an unknown value is
-    /// a typed error.
-    pub fn from_env() -> attn_core::Result<Self> {
-        choice_from_env("ATTN_CUDA_FWD_LAUNCH", Self::parse, "per-pattern or fused")
-    }
-}
-
-/// How the tensor-core backward loads its query tiles (Q, dO, lse, delta): `Sync`, each
-/// tile before its compute, or `Pipelined`, by `cp.async` into two stages, the next tile
-/// loading while this one computes (more shared memory a block). Both give the same bits.
-/// A device's choice comes from `ATTN_CUDA_BWD_LOADS=sync|pipelined`, sync without it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum BackwardLoads {
-    #[default]
-    Sync,
-    Pipelined,
-}
-
-impl BackwardLoads {
-    /// Every choice.
-    pub const ALL: [BackwardLoads; 2] = [BackwardLoads::Sync, BackwardLoads::Pipelined];
-
-    /// `"sync"` or `"pipelined"`, as `ATTN_CUDA_BWD_LOADS` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            BackwardLoads::Sync => "sync",
-            BackwardLoads::Pipelined => "pipelined",
-        }
-    }
-
-    /// The choice [`name`](Self::name) spells `s`.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|f| f.name() == s.trim())
-    }
-
-    /// The choice of `ATTN_CUDA_BWD_LOADS` (sync when unset); an unknown value is a typed
-    /// error.
-    pub fn from_env() -> attn_core::Result<Self> {
-        choice_from_env("ATTN_CUDA_BWD_LOADS", Self::parse, "sync or pipelined")
-    }
-
-    /// Query-tile stages in shared memory.
-    pub fn stages(self) -> usize {
-        match self {
-            BackwardLoads::Sync => 1,
-            BackwardLoads::Pipelined => 2,
-        }
-    }
-}
-
-/// The tensor-core forward's shape choices: query rows a block and pattern fusion.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ForwardOptions {
-    pub rows: ForwardRows,
-    pub fusion: PatternFusion,
-}
-
-impl ForwardOptions {
-    /// `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH`.
-    pub fn from_env() -> attn_core::Result<Self> {
-        Ok(ForwardOptions { rows: ForwardRows::from_env()?, fusion: PatternFusion::from_env()? })
-    }
-}
 
 /// The selected-index view of a pattern, exactly as `prelude.cu` computes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -387,33 +217,37 @@ pub fn forward_kernel(dtype: DType, suffix: &str, head_dim: usize, rows: Forward
     }
 }
 
-/// Keys per block of the tensor-core backward (queries stream in tiles of 32).
-pub const MMA_BWD_BLOCK_N: usize = 64;
-
-/// Dynamic shared memory of the tensor-core backward (`MMA_BWD_SMEM` in `dilated_bwd_mma.cu`).
-pub fn mma_bwd_smem_bytes(padded_d: usize, loads: BackwardLoads) -> usize {
-    (2 * 64 + loads.stages() * 2 * 32) * (padded_d + 8) * 2 + 64 * (32 + 8) * 2
+/// Dynamic shared memory of the tensor-core backward (`MMA_BWD_SMEM` in `dilated_bwd_mma.cu`;
+/// query tiles of 32).
+pub fn mma_bwd_smem_bytes(padded_d: usize, opts: BackwardOptions) -> usize {
+    let n = opts.keys.keys();
+    (2 * n + opts.loads.stages() * 2 * 32) * (padded_d + 8) * 2 + n * (32 + 8) * 2
 }
 
 /// Which backward kernels run a dtype and head dim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackwardKernel {
-    /// One tensor-core kernel for dq, dk and dv: name, key rows per block, shared memory.
-    Mma { name: String, block_n: usize, smem_bytes: usize },
+    /// One tensor-core kernel for dq, dk and dv: name, keys a block, shared memory.
+    Mma { name: String, keys: BackwardKeys, smem_bytes: usize },
     /// Two warp-per-row kernels (dq per query row; dk, dv per key row).
     Rows { dq: String, dkv: String },
 }
 
-/// Pick the backward kernels (`suffix` is `f32`, `f16` or `bf16`; `loads` the
-/// tensor-core kernel's query-tile loads).
-pub fn backward_kernel(dtype: DType, suffix: &str, head_dim: usize, loads: BackwardLoads) -> BackwardKernel {
+/// Pick the backward kernels (`suffix` is `f32`, `f16` or `bf16`; `opts` the tensor-core
+/// kernel's query-tile loads and keys a block, 64 keys where `opts.keys` has no instance
+/// for the head dim).
+pub fn backward_kernel(dtype: DType, suffix: &str, head_dim: usize, opts: BackwardOptions) -> BackwardKernel {
     let padded = MMA_BWD_HEAD_DIMS.iter().copied().find(|&p| p >= head_dim);
     match (dtype, padded) {
-        (DType::F16 | DType::BF16, Some(p)) => BackwardKernel::Mma {
-            name: mma_bwd_kernel_name(suffix, p, loads),
-            block_n: MMA_BWD_BLOCK_N,
-            smem_bytes: mma_bwd_smem_bytes(p, loads),
-        },
+        (DType::F16 | DType::BF16, Some(p)) => {
+            let keys = if opts.keys.has_head_dim(p) { opts.keys } else { BackwardKeys::K64 };
+            let opts = BackwardOptions { keys, ..opts };
+            BackwardKernel::Mma {
+                name: mma_bwd_kernel_name(suffix, p, opts),
+                keys,
+                smem_bytes: mma_bwd_smem_bytes(p, opts),
+            }
+        }
         _ => BackwardKernel::Rows {
             dq: format!("dilated_bwd_dq_rows_{suffix}"),
             dkv: format!("dilated_bwd_dkv_rows_{suffix}"),
@@ -587,29 +421,38 @@ mod tests {
         assert_eq!((name.as_str(), rows), ("dilated_fwd_mma_bf16_d256", ForwardRows::M64));
         for rows in ForwardRows::ALL {
             assert!(mma_smem_bytes(rows, 256) <= 163 * 1024, "must fit sm_80's opt-in shared memory");
-            assert_eq!(ForwardRows::parse(rows.name()), Some(rows));
         }
-        assert_eq!(
-            ["64", "128", " 128w4", "96"].map(ForwardRows::parse),
-            [Some(ForwardRows::M64), Some(ForwardRows::M128), Some(ForwardRows::M128W4), None]
-        );
         for loads in BackwardLoads::ALL {
-            assert!(mma_bwd_smem_bytes(128, loads) <= 163 * 1024);
-            assert!(matches!(backward_kernel(DType::F16, "f16", 200, loads), BackwardKernel::Rows { .. }));
-            assert!(matches!(backward_kernel(DType::F32, "f32", 64, loads), BackwardKernel::Rows { .. }));
-            assert_eq!(BackwardLoads::parse(loads.name()), Some(loads));
+            for keys in BackwardKeys::ALL {
+                let opts = BackwardOptions { loads, keys };
+                assert!(mma_bwd_smem_bytes(128, opts) <= 163 * 1024);
+                assert!(matches!(backward_kernel(DType::F16, "f16", 200, opts), BackwardKernel::Rows { .. }));
+                assert!(matches!(backward_kernel(DType::F32, "f32", 64, opts), BackwardKernel::Rows { .. }));
+            }
         }
-        let BackwardKernel::Mma { name, .. } = backward_kernel(DType::BF16, "bf16", 64, BackwardLoads::Sync) else {
+        let sync = BackwardOptions::default();
+        let BackwardKernel::Mma { name, .. } = backward_kernel(DType::BF16, "bf16", 64, sync) else {
             panic!("expected MMA")
         };
         assert_eq!(name, "dilated_bwd_mma_bf16_d64");
-        let BackwardKernel::Mma { name, smem_bytes, .. } =
-            backward_kernel(DType::BF16, "bf16", 128, BackwardLoads::Pipelined)
-        else {
+        let pipelined = BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K64 };
+        let BackwardKernel::Mma { name, smem_bytes, .. } = backward_kernel(DType::BF16, "bf16", 128, pipelined) else {
             panic!("expected MMA")
         };
         assert_eq!((name.as_str(), smem_bytes), ("dilated_bwd_mma_pipelined_bf16_d128", 256 * 136 * 2 + 64 * 40 * 2));
-        assert_eq!(BackwardLoads::parse("async"), None);
+        let k128 = BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K128 };
+        let BackwardKernel::Mma { name, keys, smem_bytes } = backward_kernel(DType::BF16, "bf16", 128, k128) else {
+            panic!("expected MMA")
+        };
+        assert_eq!(
+            (name.as_str(), keys.threads(), smem_bytes),
+            ("dilated_bwd_mma_pipelined_k128_bf16_d128", 256, 384 * 136 * 2 + 128 * 40 * 2)
+        );
+        // No 128-key instance below head dim 64: 64 keys.
+        let BackwardKernel::Mma { name, keys, .. } = backward_kernel(DType::F16, "f16", 32, k128) else {
+            panic!("expected MMA")
+        };
+        assert_eq!((name.as_str(), keys), ("dilated_bwd_mma_pipelined_f16_d32", BackwardKeys::K64));
         assert!(vec_loads_ok(64, [1024, 128, 64, 1]) && !vec_loads_ok(60, [960, 120, 60, 1]));
     }
 }

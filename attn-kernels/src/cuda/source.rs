@@ -6,7 +6,7 @@
 
 use attn_core::DType;
 
-use super::plan::{BackwardLoads, ForwardRows};
+use super::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows};
 
 /// Shared definitions, compiled first.
 pub const PRELUDE: &str = include_str!("../../kernels/prelude.cu");
@@ -96,8 +96,10 @@ pub fn kernel_names() -> Vec<String> {
             names.push(mma_fused_kernel_name(t, d));
         }
         for loads in BackwardLoads::ALL {
-            for d in MMA_BWD_HEAD_DIMS {
-                names.push(mma_bwd_kernel_name(t, d, loads));
+            for keys in BackwardKeys::ALL {
+                for d in MMA_BWD_HEAD_DIMS.into_iter().filter(|&d| keys.has_head_dim(d)) {
+                    names.push(mma_bwd_kernel_name(t, d, BackwardOptions { loads, keys }));
+                }
             }
         }
     }
@@ -110,12 +112,18 @@ pub fn mma_fused_kernel_name(suffix: &str, padded_d: usize) -> String {
     format!("dilated_fwd_mma_fused_{suffix}_d{padded_d}")
 }
 
-/// Name of the tensor-core backward for a dtype suffix, padded head dim and query-tile loads.
-pub fn mma_bwd_kernel_name(suffix: &str, padded_d: usize, loads: BackwardLoads) -> String {
-    match loads {
-        BackwardLoads::Sync => format!("dilated_bwd_mma_{suffix}_d{padded_d}"),
-        BackwardLoads::Pipelined => format!("dilated_bwd_mma_pipelined_{suffix}_d{padded_d}"),
-    }
+/// Name of the tensor-core backward for a dtype suffix, padded head dim, query-tile loads
+/// and keys a block.
+pub fn mma_bwd_kernel_name(suffix: &str, padded_d: usize, opts: BackwardOptions) -> String {
+    let loads = match opts.loads {
+        BackwardLoads::Sync => "",
+        BackwardLoads::Pipelined => "pipelined_",
+    };
+    let keys = match opts.keys {
+        BackwardKeys::K64 => "",
+        BackwardKeys::K128 => "k128_",
+    };
+    format!("dilated_bwd_mma_{loads}{keys}{suffix}_d{padded_d}")
 }
 
 /// Name of the tensor-core forward for a dtype suffix, padded head dim and rows a block.
@@ -151,9 +159,13 @@ mod tests {
                 src.contains(&format!("{mac}({t}, {e}, {d},"))
             } else if let Some(rest) = name.strip_prefix("dilated_bwd_mma_") {
                 let rest = rest.strip_prefix("pipelined_").unwrap_or(rest);
+                let (rest, mac) = match rest.strip_prefix("k128_") {
+                    Some(r) => (r, "ATTN_MMA_BWD_KERNEL_K128"),
+                    None => (rest, "ATTN_MMA_BWD_KERNEL"),
+                };
                 let (t, d) = rest.split_once("_d").unwrap();
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
-                src.contains(&format!("ATTN_MMA_BWD_KERNEL({t}, {e}, {d})"))
+                src.contains(&format!("{mac}({t}, {e}, {d})"))
             } else if let Some(t) = ["f32", "f16", "bf16"].iter().find(|t| name.ends_with(&format!("_{t}"))) {
                 let e = match *t {
                     "f32" => "F32E",

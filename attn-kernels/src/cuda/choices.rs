@@ -1,0 +1,222 @@
+//! The kernel shapes a CUDA device chooses between, each read once from an environment
+//! variable when the device opens: the forward's block shape and pattern fusion, the
+//! backward's query-tile loads and keys a block. The defaults are the shapes measured
+//! fastest on a GPU (BENCHMARKS.md); the others wait for a GPU to time them.
+
+use attn_core::{AttnError, Result};
+
+/// The value of environment variable `var` parsed by `parse`, the default when unset; a
+/// value `parse` refuses is a typed error naming what `expected` lists.
+fn choice_from_env<T: Default>(var: &str, parse: fn(&str) -> Option<T>, expected: &str) -> Result<T> {
+    match std::env::var(var) {
+        Err(_) => Ok(T::default()),
+        Ok(v) => {
+            parse(&v).ok_or_else(|| AttnError::InvalidArgument(format!("{var} must be one of {expected}, got `{v}`")))
+        }
+    }
+}
+
+/// `ALL`, `name`, `parse` and `from_env` of a choice read from environment variable `$var`,
+/// each value spelled as its string.
+macro_rules! kernel_choice {
+    ($ty:ident, $var:literal, { $($v:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// Every value.
+            pub const ALL: [$ty; [$(stringify!($v)),+].len()] = [$($ty::$v),+];
+
+            #[doc = concat!("The value as `", $var, "` spells it.")]
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$v => $name),+
+                }
+            }
+
+            /// The value [`name`](Self::name) spells `s` (spaces around it ignored).
+            pub fn parse(s: &str) -> Option<Self> {
+                Self::ALL.into_iter().find(|c| c.name() == s.trim())
+            }
+
+            #[doc = concat!("The choice of `", $var, "` (the default when unset); an unknown value is a typed error.")]
+            pub fn from_env() -> Result<Self> {
+                choice_from_env($var, Self::parse, &Self::ALL.map(Self::name).join(", "))
+            }
+        }
+    };
+}
+
+/// Query rows (selected indices) per block of the tensor-core forward and how warps share
+/// them: 64 over 4 warps, 128 over 8 warps (each K/V tile in shared memory serves twice
+/// the rows; more shared memory a block), or 128 over 4 warps, 32 a warp (each K/V
+/// fragment read from shared memory feeds two row tiles; twice the accumulator registers,
+/// so head dims above 128 run the 64-row kernel). `ATTN_CUDA_FWD_ROWS=64|128|128w4`, 64
+/// without it (the faster of 64 and 128 on an H200).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ForwardRows {
+    #[default]
+    M64,
+    M128,
+    M128W4,
+}
+
+kernel_choice!(ForwardRows, "ATTN_CUDA_FWD_ROWS", { M64 => "64", M128 => "128", M128W4 => "128w4" });
+
+impl ForwardRows {
+    /// Rows per block.
+    pub fn rows(self) -> usize {
+        match self {
+            ForwardRows::M64 => 64,
+            ForwardRows::M128 | ForwardRows::M128W4 => 128,
+        }
+    }
+
+    /// Rows per warp (16 per row tile).
+    pub fn rows_per_warp(self) -> usize {
+        match self {
+            ForwardRows::M64 | ForwardRows::M128 => 16,
+            ForwardRows::M128W4 => 32,
+        }
+    }
+
+    /// Threads per block.
+    pub fn threads(self) -> u32 {
+        (self.rows() / self.rows_per_warp() * 32) as u32
+    }
+
+    /// Whether the source has an instance for a padded head dim.
+    pub fn has_head_dim(self, padded_d: usize) -> bool {
+        self != ForwardRows::M128W4 || padded_d <= 128
+    }
+}
+
+/// How the tensor-core forward launches the patterns of a call whose heads each have one
+/// pattern (head groups): one launch per pattern, or `Fused`, the patterns (of disjoint
+/// head ranges) in one launch of the 64-row fused kernel, up to
+/// [`MAX_FUSED`](super::params::MAX_FUSED) a launch, the patterns with the most keys a
+/// row first, so no launch ends with a partial wave of one pattern's blocks (128 rows a
+/// block stay one launch a pattern). `ATTN_CUDA_FWD_LAUNCH=per-pattern|fused`, per
+/// pattern without it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PatternFusion {
+    #[default]
+    PerPattern,
+    Fused,
+}
+
+kernel_choice!(PatternFusion, "ATTN_CUDA_FWD_LAUNCH", { PerPattern => "per-pattern", Fused => "fused" });
+
+/// How the tensor-core backward loads its query tiles (Q, dO, lse, delta): `Sync`, each
+/// tile before its compute, or `Pipelined`, by `cp.async` into two stages, the next tile
+/// loading while this one computes (more shared memory a block). Both give the same bits.
+/// `ATTN_CUDA_BWD_LOADS=sync|pipelined`, sync without it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackwardLoads {
+    #[default]
+    Sync,
+    Pipelined,
+}
+
+kernel_choice!(BackwardLoads, "ATTN_CUDA_BWD_LOADS", { Sync => "sync", Pipelined => "pipelined" });
+
+impl BackwardLoads {
+    /// Query-tile stages in shared memory.
+    pub fn stages(self) -> usize {
+        match self {
+            BackwardLoads::Sync => 1,
+            BackwardLoads::Pipelined => 2,
+        }
+    }
+}
+
+/// Keys (selected indices) per block of the tensor-core backward: 64 over 4 warps, or 128
+/// over 8 (FlashAttention-2's backward block: half the dQ atomics per key and query tile;
+/// head dims from 64, smaller ones take 64 keys). `ATTN_CUDA_BWD_KEYS=64|128`, 64 without
+/// it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackwardKeys {
+    #[default]
+    K64,
+    K128,
+}
+
+kernel_choice!(BackwardKeys, "ATTN_CUDA_BWD_KEYS", { K64 => "64", K128 => "128" });
+
+impl BackwardKeys {
+    /// Keys a block.
+    pub fn keys(self) -> usize {
+        match self {
+            BackwardKeys::K64 => 64,
+            BackwardKeys::K128 => 128,
+        }
+    }
+
+    /// Threads a block (a warp per 16 keys).
+    pub fn threads(self) -> u32 {
+        (self.keys() / 16 * 32) as u32
+    }
+
+    /// Whether the source has an instance for a padded head dim.
+    pub fn has_head_dim(self, padded_d: usize) -> bool {
+        self == BackwardKeys::K64 || padded_d >= 64
+    }
+}
+
+/// The tensor-core forward's choices: block shape and pattern fusion.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ForwardOptions {
+    pub rows: ForwardRows,
+    pub fusion: PatternFusion,
+}
+
+impl ForwardOptions {
+    /// `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH`.
+    pub fn from_env() -> Result<Self> {
+        Ok(ForwardOptions { rows: ForwardRows::from_env()?, fusion: PatternFusion::from_env()? })
+    }
+}
+
+/// The tensor-core backward's choices: query-tile loads and keys a block.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackwardOptions {
+    pub loads: BackwardLoads,
+    pub keys: BackwardKeys,
+}
+
+impl BackwardOptions {
+    /// `ATTN_CUDA_BWD_LOADS` and `ATTN_CUDA_BWD_KEYS`.
+    pub fn from_env() -> Result<Self> {
+        Ok(BackwardOptions { loads: BackwardLoads::from_env()?, keys: BackwardKeys::from_env()? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_choice_parses_from_its_name_and_nothing_else() {
+        fn round_trip<T: Copy + PartialEq + std::fmt::Debug>(
+            all: &[T],
+            name: fn(T) -> &'static str,
+            parse: fn(&str) -> Option<T>,
+        ) {
+            for &c in all {
+                assert_eq!(parse(name(c)), Some(c));
+                assert_eq!(parse(&format!(" {} ", name(c))), Some(c));
+            }
+            assert_eq!(parse("96"), None);
+        }
+        round_trip(&ForwardRows::ALL, ForwardRows::name, ForwardRows::parse);
+        round_trip(&PatternFusion::ALL, PatternFusion::name, PatternFusion::parse);
+        round_trip(&BackwardLoads::ALL, BackwardLoads::name, BackwardLoads::parse);
+        round_trip(&BackwardKeys::ALL, BackwardKeys::name, BackwardKeys::parse);
+        assert_eq!(ForwardRows::ALL.map(ForwardRows::name), ["64", "128", "128w4"]);
+        assert_eq!(PatternFusion::ALL.map(PatternFusion::name), ["per-pattern", "fused"]);
+    }
+
+    #[test]
+    fn an_unknown_value_is_a_typed_error_that_lists_the_choices() {
+        let e = choice_from_env("PATH", BackwardKeys::parse, "64, 128").unwrap_err();
+        assert!(matches!(e, AttnError::InvalidArgument(ref m) if m.contains("PATH must be one of 64, 128")), "{e}");
+        assert_eq!(choice_from_env("ATTN_TEST_SURELY_UNSET_VAR", BackwardKeys::parse, "").unwrap(), BackwardKeys::K64);
+    }
+}
