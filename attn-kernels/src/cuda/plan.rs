@@ -10,7 +10,8 @@ use attn_core::{Causality, DType, DilatedConfig, HeadGroups, Mixing, SegmentPatt
 pub use super::choices::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
 use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_kernel_name, mma_kernel_name};
 
-/// Threads per block of the row kernels and the tensor-core backward (4 warps).
+/// Threads per block of the row kernels (4 warps; the tensor-core kernels take theirs from
+/// their block shape).
 pub const THREADS: u32 = 128;
 
 /// The selected-index view of a pattern, exactly as `prelude.cu` computes it.
