@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use attn_core::{AttnError, DType, DilatedConfig, Element, Result, Shape4};
 use attn_ring::chunk_ring::{
     ChunkCompute, ChunkOptions, ChunkTransport, CpuChunks, HostRows, HostTransport, chunk_backward, chunk_forward,
-    rank_pieces,
+    place_piece, rank_pieces,
 };
 use attn_ring::comm::MpiComm;
 use attn_ring::{Communicator, Layout, RingProblem, Strategy};
@@ -245,14 +245,7 @@ fn assemble(problem: &RingProblem, s: Shape4, all: &[Vec<u8>]) -> Result<[Vec<f3
         for (t, global) in res.iter_mut().enumerate() {
             let width = if t == 1 { s.heads } else { row };
             for range in rank_pieces(problem, r) {
-                let piece = take()?;
-                if piece.len() != s.batch * range.len() * width {
-                    return Err(bad(r));
-                }
-                for (b, src) in piece.chunks_exact(range.len() * width).enumerate() {
-                    let dst = (b * s.seq + range.start) * width;
-                    global[dst..dst + src.len()].copy_from_slice(src);
-                }
+                place_piece(global, s.seq, &range, width, &take()?)?;
             }
         }
     }

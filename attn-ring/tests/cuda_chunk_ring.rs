@@ -18,7 +18,7 @@ use attn_core::{AttnError, DType, Result, Shape4, TensorView};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceTensor};
 use attn_ring::chunk_ring::{
     ChunkOptions, ChunkTransport, CudaChunks, DeviceRowStats, HostTransport, InProcessTransport, Metered,
-    chunk_backward, chunk_forward, rank_pieces,
+    chunk_backward, chunk_forward, place_piece, rank_pieces,
 };
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
 use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem};
@@ -67,15 +67,6 @@ fn rank_uploads<T: CudaElement>(
             Ok(x.adopt(t))
         })
         .collect()
-}
-
-/// Put a rank's piece (`[batch, rows, row]` values) back at its global rows.
-fn put(global: &mut [f32], piece: &[f32], range: &std::ops::Range<usize>, batch: usize, seq: usize, row: usize) {
-    for b in 0..batch {
-        let src = &piece[b * range.len() * row..(b + 1) * range.len() * row];
-        let at = (b * seq + range.start) * row;
-        global[at..at + src.len()].copy_from_slice(src);
-    }
 }
 
 fn f32s<T: CudaElement>(x: &[T]) -> Vec<f32> {
@@ -148,8 +139,8 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
         let (mut out, mut lse) = (vec![0.0; sq.numel()], vec![0.0; sq.lse_len()]);
         for (r, (o, l)) in per_rank.into_iter().enumerate() {
             for ((o, l), range) in o.iter().zip(&l).zip(rank_pieces(&problem, r)) {
-                put(&mut out, o, &range, sq.batch, sq.seq, sq.heads * sq.head_dim);
-                put(&mut lse, l, &range, sq.batch, sq.seq, sq.heads);
+                place_piece(&mut out, sq.seq, &range, sq.heads * sq.head_dim, o)?;
+                place_piece(&mut lse, sq.seq, &range, sq.heads, l)?;
             }
         }
         Ok(Forward32 { out, lse })
@@ -171,7 +162,7 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
             for (i, pieces) in grads.iter().enumerate() {
                 let row = if i == 0 { sq.heads } else { skv.heads } * sq.head_dim;
                 for (piece, range) in pieces.iter().zip(rank_pieces(&problem, r)) {
-                    put(&mut res[i], piece, &range, sq.batch, sq.seq, row);
+                    place_piece(&mut res[i], sq.seq, &range, row, piece)?;
                 }
             }
         }

@@ -54,6 +54,32 @@ pub fn rank_pieces(problem: &RingProblem, rank: usize) -> Vec<Range<usize>> {
     problem.layout.ranges(problem.seq, problem.world, rank)
 }
 
+/// Copy a piece (`[batch, rows, width]` values, as [`rank_pieces`] cuts a rank's rows) to
+/// rows `range` of a global `[batch, seq, width]` buffer: the inverse of taking the piece.
+/// Sizes that disagree are [`AttnError::InvalidArgument`].
+pub fn place_piece<V: Copy>(
+    global: &mut [V],
+    seq: usize,
+    range: &Range<usize>,
+    width: usize,
+    piece: &[V],
+) -> Result<()> {
+    let n = range.len() * width;
+    let batch = piece.len().checked_div(n).unwrap_or(0);
+    if piece.len() != batch * n || range.end > seq || global.len() < batch * seq * width {
+        return Err(AttnError::InvalidArgument(format!(
+            "a piece of {} values for rows {range:?} of width {width} does not fit a buffer of {} values, {seq} rows",
+            piece.len(),
+            global.len()
+        )));
+    }
+    for (b, src) in piece.chunks_exact(n.max(1)).enumerate() {
+        let at = (b * seq + range.start) * width;
+        global[at..at + src.len()].copy_from_slice(src);
+    }
+    Ok(())
+}
+
 /// How the k/v rows travel: in `rounds` rounds (at least 1), round `s` carrying rows
 /// `len·s/rounds .. len·(s+1)/rounds` of every piece. More rounds hold less of other
 /// ranks' rows at once (one slice of `1/rounds` of a chunk) for more, smaller messages and
@@ -208,4 +234,28 @@ pub trait ChunkCompute<T: Element> {
     /// Wait until every copy and block queued so far has finished (a no-op where calls are
     /// synchronous).
     fn sync(&self) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_placed_piece_lands_at_its_rows_of_every_batch_and_a_misfit_is_an_error() {
+        // [batch 2, seq 5, width 3] with values b*100 + pos*10 + col; the piece is rows 1..3.
+        let global: Vec<u32> = (0..2 * 5 * 3).map(|i| (i / 15) * 100 + (i % 15 / 3) * 10 + i % 3).collect();
+        let piece: Vec<u32> = [0u32, 1]
+            .iter()
+            .flat_map(|&b| (1..3).flat_map(move |p| (0..3).map(move |c| b * 100 + p * 10 + c)))
+            .collect();
+        let mut out = vec![0u32; global.len()];
+        place_piece(&mut out, 5, &(1..3), 3, &piece).unwrap();
+        for (i, (&o, &g)) in out.iter().zip(&global).enumerate() {
+            let pos = i % 15 / 3;
+            assert_eq!(o, if (1..3).contains(&pos) { g } else { 0 }, "value {i}");
+        }
+        assert!(place_piece(&mut out, 5, &(1..3), 3, &piece[1..]).is_err());
+        assert!(place_piece(&mut out, 5, &(4..6), 3, &piece).is_err());
+        assert!(place_piece(&mut out[..20], 5, &(1..3), 3, &piece).is_err());
+    }
 }

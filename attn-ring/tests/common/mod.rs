@@ -10,7 +10,7 @@ use attn_core::error::TensorName;
 use attn_core::{AttnShape, DilatedConfig, Result, TensorView};
 use attn_ring::chunk_ring::{
     ChunkCompute, ChunkOptions, ChunkTransport, CpuChunks, HostRowStats, HostRows, HostTransport, InProcessTransport,
-    chunk_backward, chunk_forward, rank_pieces,
+    chunk_backward, chunk_forward, place_piece, rank_pieces,
 };
 use attn_ring::comm::DEFAULT_TIMEOUT;
 use attn_ring::{
@@ -263,12 +263,8 @@ where
             let res = res?;
             for (i, pieces) in res.iter().enumerate() {
                 for (piece, range) in pieces.iter().zip(rank_pieces(&problem, rank)) {
-                    let row = piece.shape.heads * piece.shape.head_dim;
-                    for bb in 0..b {
-                        let src = &piece.data[bb * range.len() * row..(bb + 1) * range.len() * row];
-                        let at = (bb * seq + range.start) * row;
-                        outs[i][at..at + src.len()].iter_mut().zip(src).for_each(|(o, x)| *o = x.to_f32());
-                    }
+                    let values: Vec<f32> = piece.data.iter().map(|x| x.to_f32()).collect();
+                    place_piece(&mut outs[i], seq, &range, piece.shape.heads * piece.shape.head_dim, &values)?;
                 }
             }
         }
@@ -302,13 +298,7 @@ where
             let r = chunk_forward(t, compute, problem, opts, [&pieces[0], &pieces[1], &pieces[2]])?;
             let mut all = lse.lock().expect("lse");
             for (stats, range) in r.lse.iter().zip(rank_pieces(problem, rank)) {
-                let flat = stats.to_bsh();
-                let row = sq.heads;
-                for bb in 0..sq.batch {
-                    let src = &flat[bb * range.len() * row..(bb + 1) * range.len() * row];
-                    let at = (bb * sq.seq + range.start) * row;
-                    all[at..at + src.len()].copy_from_slice(src);
-                }
+                place_piece(&mut all, sq.seq, &range, sq.heads, &stats.to_bsh())?;
             }
             Ok([r.out])
         })?;
