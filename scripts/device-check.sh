@@ -7,7 +7,7 @@
 #   scripts/device-check.sh rehearse   # here: pack, copy the pack into a clean directory and run
 #                                      # it there; GPU steps report `not run (no GPU)`
 #   device run: command "bash device-pack/device-check.sh run; cd $OUT && tar czf logs.tgz *.log &&
-#               rm *.log", carry ["device-pack"], timeout_s 480 (each step has a budget, 380 s in
+#               rm *.log", carry ["device-pack"], timeout_s 500 (each step has a budget, 430 s in
 #               all; `run --only STEP` reruns one step; the tool returns at most 8 files)
 #
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
@@ -15,13 +15,14 @@
 # multihead layer's in f32), tests (the CUDA test binaries, proptests at a bounded case
 # count), bench (CUDA against the PyTorch peer on the same GPU and the GPU's matmul rate, a
 # table of both against their targets), ring (the chunk ring's golden files with CUDA block
-# compute, per-rank memory and time for P = 1, 2, 4, 8 on one GPU), sanitizer
+# compute, per-rank memory and time for P = 1, 2, 4, 8 on one GPU), python (the `attn_dilated`
+# package's CUDA tests: torch CUDA tensors through the kernels on torch's stream), sanitizer
 # (compute-sanitizer memcheck and racecheck on a small bf16 forward+backward), nccl (a
 # one-rank round trip and a peer that never joins). Each step writes
 # `STEP: passed|FAILED|not run (why)` to $OUT/device-report.md (JSON twin device-report.json)
 # and its output to $OUT/STEP.log. ATTN_REQUIRE_GPU=1: no GPU test may skip.
 set -uo pipefail
-STEPS="env golden tests bench ring sanitizer nccl"
+STEPS="env golden tests bench ring python sanitizer nccl"
 
 # ---- pack (here) ----------------------------------------------------------------------------
 
@@ -42,7 +43,7 @@ pack() {
     local pack=device-pack exe
     rm -rf "$pack"
     mkdir -p "$pack/bin" "$pack/torch"
-    for exe in $(TARGETS="attn_kernels cuda_golden cuda_nvrtc cuda_proptest cuda_unavailable" \
+    for exe in $(TARGETS="attn_kernels cuda_foreign cuda_golden cuda_nvrtc cuda_proptest cuda_unavailable" \
         test_binaries -p attn-kernels --features cuda) \
         $(TARGETS="attn_ring cuda_chunk_ring" test_binaries -p attn-ring --features nccl,cuda); do
         cp "$exe" "$pack/bin/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
@@ -53,6 +54,14 @@ pack() {
     local out="${CARGO_TARGET_DIR:-target}/release"
     cp "$out/attn-cuda-bench" "$out/attn-golden" "$out/examples/cuda_ring_bench" "$pack/bin/"
     strip "$pack"/bin/*
+    # The Python package with its CUDA kernels (an abi3 extension), and its tests.
+    local py_target="${CARGO_TARGET_DIR:-$PWD/target}/python"
+    CARGO_TARGET_DIR="$py_target" cargo build -q --release --manifest-path attn-python/Cargo.toml --features cuda --lib
+    mkdir -p "$pack/python/tests"
+    cp -r attn-python/python/attn_dilated "$pack/python/"
+    cp "$py_target/release/lib_native.so" "$pack/python/attn_dilated/_native.abi3.so"
+    strip "$pack/python/attn_dilated/_native.abi3.so"
+    cp attn-python/tests/*.py "$pack/python/tests/"
     cp -r conformance "$pack/"
     cp attn-bench/torch/torch_dilated.py attn-bench/torch/gpu_matmul.py attn-bench/torch/device_bench_summary.py \
         "$pack/torch/"
@@ -60,7 +69,7 @@ pack() {
     git rev-parse --short HEAD >"$pack/COMMIT" 2>/dev/null || echo unknown >"$pack/COMMIT"
     local n
     n=$(ls "$pack/bin" | wc -l)
-    [ "$n" -eq 10 ] || { echo "pack: expected 10 binaries, got $n: $(ls "$pack/bin")" >&2; exit 1; }
+    [ "$n" -eq 11 ] || { echo "pack: expected 11 binaries, got $n: $(ls "$pack/bin")" >&2; exit 1; }
     echo "pack: $(du -sh "$pack" | cut -f1) in $pack ($n binaries, commit $(cat "$pack/COMMIT"))"
 }
 
@@ -120,11 +129,11 @@ use_lib() {
 
 have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
 
-# Seconds each step may take (380 in all, so a whole run fits 7 minutes).
+# Seconds each step may take (430 in all, so a whole run fits 8 minutes).
 budget() {
     case $1 in
-    env) echo 15 ;; golden) echo 45 ;; tests) echo 45 ;; bench) echo 55 ;; ring) echo 35 ;; sanitizer) echo 170 ;;
-    nccl) echo 15 ;;
+    env) echo 15 ;; golden) echo 45 ;; tests) echo 55 ;; bench) echo 55 ;; ring) echo 35 ;; python) echo 40 ;;
+    sanitizer) echo 170 ;; nccl) echo 15 ;;
     esac
 }
 
@@ -177,7 +186,7 @@ step_tests() {
     have_gpu || return 2
     # cuda_golden repeats the golden step's files; it runs where the budget is left.
     local t ok=0
-    for t in cuda_proptest attn_kernels cuda_nvrtc cuda_golden; do
+    for t in cuda_proptest attn_kernels cuda_nvrtc cuda_foreign cuda_golden; do
         PROPTEST_CASES=16 logged 60 "$PACK/bin/$t" --test-threads=1 $([ "$t" = attn_kernels ] && echo cuda) || ok=1
     done
     return "$ok"
@@ -217,6 +226,13 @@ step_ring() {
     logged 20 "$PACK/bin/cuda_chunk_ring" --test-threads=1 || ok=1
     logged 25 "$PACK/bin/cuda_ring_bench" --seq 262144 --worlds 1,2,4,8 --iters 3 --rounds 8 || ok=1
     return "$ok"
+}
+
+step_python() {
+    have_gpu || return 2
+    # The package's CUDA tests with the python3 that holds PyTorch (ATTN_REQUIRE_GPU=1: none
+    # may skip); the CPU tests run in CI.
+    (cd "$PACK/python" && PYTHONPATH="$PACK/python" logged 40 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py)
 }
 
 step_sanitizer() {
@@ -336,8 +352,8 @@ rehearse() {
     python3 "$dir/device-pack/torch/device_bench_summary.py" --check || rc=1
     if ! have_gpu; then
         grep -q '^- env: passed' "$dir/out/device-report.md" || { echo "rehearse: env did not pass" >&2; rc=1; }
-        [ "$(grep -c 'not run (no GPU)' "$dir/out/device-report.md")" -eq 6 ] || {
-            echo "rehearse: expected 6 GPU steps not run" >&2
+        [ "$(grep -c 'not run (no GPU)' "$dir/out/device-report.md")" -eq 7 ] || {
+            echo "rehearse: expected 7 GPU steps not run" >&2
             rc=1
         }
     fi

@@ -36,6 +36,16 @@ pub struct MaskArgs {
     pub cu_seqlens: Option<Vec<i64>>,
 }
 
+/// `cu_seqlens` as offsets (a negative entry is an error).
+pub(crate) fn cu_seqlens(args: &MaskArgs) -> Result<Option<Vec<usize>>> {
+    let Some(cu) = &args.cu_seqlens else { return Ok(None) };
+    cu.iter()
+        .map(|&x| usize::try_from(x))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map(Some)
+        .map_err(|_| AttnError::InvalidCuSeqlens(format!("{cu:?} holds a negative entry")))
+}
+
 /// The masks' owned data, which [`OwnedMasks::masks`] lends to a call.
 #[derive(Debug)]
 struct OwnedMasks {
@@ -60,16 +70,7 @@ impl OwnedMasks {
             }
             None => None,
         };
-        let cu = match &args.cu_seqlens {
-            Some(cu) => Some(
-                cu.iter()
-                    .map(|&x| usize::try_from(x))
-                    .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(|_| AttnError::InvalidCuSeqlens(format!("{cu:?} holds a negative entry")))?,
-            ),
-            None => None,
-        };
-        Ok(OwnedMasks { padding, cu })
+        Ok(OwnedMasks { padding, cu: cu_seqlens(args)? })
     }
 
     fn masks(&self) -> Result<Masks<'_>> {
@@ -109,7 +110,7 @@ pub struct BackwardArgs {
 }
 
 /// The element type a call runs in, from q's dtype name.
-fn dtype_of(q: &RawTensor) -> Result<DType> {
+pub(crate) fn dtype_of(q: &RawTensor) -> Result<DType> {
     match q.dtype() {
         "float32" => Ok(DType::F32),
         "bfloat16" => Ok(DType::BF16),
@@ -123,7 +124,7 @@ fn dtype_of(q: &RawTensor) -> Result<DType> {
 }
 
 /// q's `[batch, seq, heads]`, the LSE's sizes.
-fn lse_dims(q: &Checked) -> [usize; 3] {
+pub(crate) fn lse_dims(q: &Checked) -> [usize; 3] {
     let d = q.dims();
     [d[0], d[1], d[2]]
 }
@@ -138,6 +139,33 @@ fn check_common<T: Element>([q, k, v, out, lse]: [&RawTensor; 5]) -> Result<[Che
         out.check4::<T>(TensorName::Output)?,
         lse.check(TensorName::Lse, 3, 4, 4)?,
     ])
+}
+
+/// A forward call's tensors checked: `[q, k, v, out, lse]`, the written ones apart from
+/// every other.
+pub(crate) fn checked_forward<T: Element>(args: &ForwardArgs) -> Result<[Checked; 5]> {
+    let c = check_common::<T>([&args.q, &args.k, &args.v, &args.out, &args.lse])?;
+    let [q, k, v, out, lse] = &c;
+    use Access::{Read, Write};
+    check_disjoint(&[(q, Read), (k, Read), (v, Read), (out, Write), (lse, Write)])?;
+    Ok(c)
+}
+
+/// A backward call's tensors checked: `[q, k, v, out, lse]`, `grad_out` and
+/// `[dq, dk, dv]`, the written ones apart from every other.
+pub(crate) fn checked_backward<T: Element>(args: &BackwardArgs) -> Result<([Checked; 5], Checked, [Checked; 3])> {
+    let c = check_common::<T>([&args.q, &args.k, &args.v, &args.out, &args.lse])?;
+    let grad_out = args.grad_out.check4::<T>(TensorName::GradOutput)?;
+    let grads = [
+        args.dq.check4::<T>(TensorName::GradQuery)?,
+        args.dk.check4::<T>(TensorName::GradKey)?,
+        args.dv.check4::<T>(TensorName::GradValue)?,
+    ];
+    use Access::{Read, Write};
+    let mut all: Vec<(&Checked, Access)> = c.iter().chain([&grad_out]).map(|t| (t, Read)).collect();
+    all.extend(grads.iter().map(|t| (t, Write)));
+    check_disjoint(&all)?;
+    Ok((c, grad_out, grads))
 }
 
 /// Run the forward: writes `out` and `lse`.
@@ -162,9 +190,7 @@ fn forward_typed<T: Element>(
     mask_args: &MaskArgs,
     threads: usize,
 ) -> Result<()> {
-    let [q, k, v, out, lse] = check_common::<T>([&args.q, &args.k, &args.v, &args.out, &args.lse])?;
-    use Access::{Read, Write};
-    check_disjoint(&[(&q, Read), (&k, Read), (&v, Read), (&out, Write), (&lse, Write)])?;
+    let [q, k, v, out, lse] = checked_forward::<T>(args)?;
     let owned = OwnedMasks::read(mask_args, &[&out, &lse])?;
     let masks = owned.masks()?;
     let inputs = AttnInputs::new(cfg, q.view::<T>()?, k.view::<T>()?, v.view::<T>()?).with_masks(masks);
@@ -204,23 +230,7 @@ fn backward_typed<T: Element>(
     mask_args: &MaskArgs,
     threads: usize,
 ) -> Result<()> {
-    let [q, k, v, out, lse] = check_common::<T>([&args.q, &args.k, &args.v, &args.out, &args.lse])?;
-    let grad_out = args.grad_out.check4::<T>(TensorName::GradOutput)?;
-    let dq = args.dq.check4::<T>(TensorName::GradQuery)?;
-    let dk = args.dk.check4::<T>(TensorName::GradKey)?;
-    let dv = args.dv.check4::<T>(TensorName::GradValue)?;
-    use Access::{Read, Write};
-    check_disjoint(&[
-        (&q, Read),
-        (&k, Read),
-        (&v, Read),
-        (&out, Read),
-        (&lse, Read),
-        (&grad_out, Read),
-        (&dq, Write),
-        (&dk, Write),
-        (&dv, Write),
-    ])?;
+    let ([q, k, v, out, lse], grad_out, [dq, dk, dv]) = checked_backward::<T>(args)?;
     let owned = OwnedMasks::read(mask_args, &[&dq, &dk, &dv])?;
     let masks = owned.masks()?;
     let inputs = AttnInputs::new(cfg, q.view::<T>()?, k.view::<T>()?, v.view::<T>()?).with_masks(masks);

@@ -1,12 +1,15 @@
-//! `attn_dilated._native`: the CPU dilated attention of `attn` for PyTorch tensors.
+//! `attn_dilated._native`: the dilated attention of `attn` for PyTorch tensors, on the
+//! CPU and (feature `cuda`) on CUDA devices.
 //!
 //! The Python package (`python/attn_dilated`) is the public API; this module is its
 //! private back end. A call receives each tensor as `(data_ptr, shape, stride, dtype)`
 //! (`raw`), computes in place on the tensors' memory with the interpreter released
-//! (`call`), and turns every `AttnError` into a Python exception (`errors`). Outputs are
-//! tensors the Python side allocated, so nothing is copied on the way out.
+//! (`call` on the CPU; `cuda_call` queues the kernels on the caller's CUDA stream), and
+//! turns every `AttnError` into a Python exception (`errors`). Outputs are tensors the
+//! Python side allocated, so nothing is copied on the way out.
 
 mod call;
+mod cuda_call;
 mod errors;
 pub mod raw;
 
@@ -14,6 +17,7 @@ use attn_core::{Causality, DilatedConfig, Mixing};
 use pyo3::prelude::*;
 
 use crate::call::{BackwardArgs, ForwardArgs, MaskArgs};
+use crate::cuda_call::Placement;
 use crate::errors::to_py;
 use crate::raw::RawTensor;
 
@@ -84,8 +88,11 @@ impl PyConfig {
 }
 
 /// Forward: write `out` (q's shape and dtype) and `lse` (float32 `[batch, seq, heads]`).
+/// On the CPU with `threads` threads; with `cuda=(device, stream)` the tensors are CUDA
+/// tensors of `device` and the kernels are queued on the stream whose raw handle is
+/// `stream` (the caller's current stream), without synchronising.
 #[pyfunction]
-#[pyo3(signature = (cfg, q, k, v, out, lse, key_padding_mask=None, cu_seqlens=None, threads=1))]
+#[pyo3(signature = (cfg, q, k, v, out, lse, key_padding_mask=None, cu_seqlens=None, threads=1, cuda=None))]
 #[allow(clippy::too_many_arguments)]
 fn forward(
     py: Python<'_>,
@@ -98,16 +105,23 @@ fn forward(
     key_padding_mask: Option<RawTensor>,
     cu_seqlens: Option<Vec<i64>>,
     threads: usize,
+    cuda: Option<(usize, usize)>,
 ) -> PyResult<()> {
     let args = ForwardArgs { q, k, v, out, lse };
     let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens };
-    call::forward(py, &cfg.get().cfg, &args, &masks, threads).map_err(to_py)
+    let cfg = &cfg.get().cfg;
+    match cuda {
+        Some((device, stream)) => cuda_call::forward(py, cfg, &args, &masks, Placement { device, stream }),
+        None => call::forward(py, cfg, &args, &masks, threads),
+    }
+    .map_err(to_py)
 }
 
 /// Backward: write `dq`, `dk`, `dv` (the gradients of `sum(out * grad_out)`) from the
-/// inputs, the forward's `out` and `lse`, and `grad_out`.
+/// inputs, the forward's `out` and `lse`, and `grad_out`; `threads` and `cuda` as in
+/// [`forward`].
 #[pyfunction]
-#[pyo3(signature = (cfg, q, k, v, out, lse, grad_out, dq, dk, dv, key_padding_mask=None, cu_seqlens=None, threads=1))]
+#[pyo3(signature = (cfg, q, k, v, out, lse, grad_out, dq, dk, dv, key_padding_mask=None, cu_seqlens=None, threads=1, cuda=None))]
 #[allow(clippy::too_many_arguments)]
 fn backward(
     py: Python<'_>,
@@ -124,10 +138,24 @@ fn backward(
     key_padding_mask: Option<RawTensor>,
     cu_seqlens: Option<Vec<i64>>,
     threads: usize,
+    cuda: Option<(usize, usize)>,
 ) -> PyResult<()> {
     let args = BackwardArgs { q, k, v, out, lse, grad_out, dq, dk, dv };
     let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens };
-    call::backward(py, &cfg.get().cfg, &args, &masks, threads).map_err(to_py)
+    let cfg = &cfg.get().cfg;
+    match cuda {
+        Some((device, stream)) => cuda_call::backward(py, cfg, &args, &masks, Placement { device, stream }),
+        None => call::backward(py, cfg, &args, &masks, threads),
+    }
+    .map_err(to_py)
+}
+
+/// Why the CUDA kernels cannot run on device `device` (built without the `cuda` feature,
+/// no driver, NVRTC or device, a device older than sm_80), or `None` where they can.
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn cuda_unavailable_reason(py: Python<'_>, device: usize) -> Option<String> {
+    py.detach(|| cuda_call::unavailable_reason(device))
 }
 
 /// The CPU kernel flavour in use (`avx512`, `avx2`, `portable`, ...), for reports.
@@ -142,5 +170,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_isa, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_unavailable_reason, m)?)?;
     Ok(())
 }

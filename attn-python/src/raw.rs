@@ -1,8 +1,10 @@
 //! Tensors handed over from PyTorch as `(address, shape, strides, dtype)`: every field is
-//! checked here, then turned into attn views over the tensor's own memory, without copies.
+//! checked here, then turned into attn views over the tensor's own memory, without copies
+//! (a CUDA tensor's memory is never read here: its checked span becomes a foreign device
+//! handle, see `cuda_call`).
 //!
 //! The Python wrapper is the only caller: it passes `tensor.data_ptr()`, `tensor.shape`
-//! and `tensor.stride()` of CPU tensors it holds for the whole call, so the address and
+//! and `tensor.stride()` of tensors it holds for the whole call, so the address and
 //! layout describe live memory. Everything else (rank, signs, dtype, alignment, extent,
 //! overlap between written and read buffers) is checked before a slice is formed.
 
@@ -130,6 +132,18 @@ impl Checked {
         Ok((shape, strides))
     }
 
+    /// A device tensor's `(address, elements)`, sizes and strides, for a foreign handle
+    /// over its memory (no host slice is formed).
+    pub fn device_parts4(&self) -> Result<((u64, usize), Shape4, [usize; 4])> {
+        let (shape, strides) = self.shape4()?;
+        Ok(((self.addr as u64, self.len), shape, strides))
+    }
+
+    /// A device tensor's `(address, elements)`.
+    pub fn device_span(&self) -> (u64, usize) {
+        (self.addr as u64, self.len)
+    }
+
     /// The elements as a slice (the tensor's memory, see the module doc).
     fn slice<'a, T>(&self) -> &'a [T] {
         // SAFETY: `check` verified a non-null address aligned for `T` and a byte length
@@ -170,7 +184,8 @@ impl Checked {
         Ok(self.slice())
     }
 
-    fn expect_contiguous(&self, want: &[usize]) -> Result<()> {
+    /// Require exactly `want` sizes with contiguous strides.
+    pub fn expect_contiguous(&self, want: &[usize]) -> Result<()> {
         if self.dims != want {
             return Err(AttnError::ShapeMismatch {
                 tensor: self.tensor,

@@ -13,8 +13,9 @@ LSE_BOUND = 1e-5
 
 
 def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
-    """`||got - want|| / ||want||` in float64 (the absolute norm when `want` is zero)."""
-    got, want = got.double(), want.double()
+    """`||got - want|| / ||want||` in float64 on the CPU (the absolute norm when `want`
+    is zero); either tensor may be on any device."""
+    got, want = got.detach().cpu().double(), want.detach().cpu().double()
     if not torch.isfinite(got).all():
         return float("inf")
     den = want.norm().item()
@@ -44,6 +45,7 @@ def score_gradient_floor(scale: float, grad_out, a, b) -> float:
 def assert_lse(got: torch.Tensor, want: torch.Tensor, bound: float = LSE_BOUND) -> None:
     """Infinities must match exactly (a row that attends nothing is -inf on both sides);
     the finite values within `bound`."""
+    got, want = got.detach().cpu(), want.detach().cpu()
     assert got.shape == want.shape, f"lse: shape {tuple(got.shape)} != {tuple(want.shape)}"
     fin = torch.isfinite(want)
     assert torch.equal(torch.isfinite(got), fin), "lse: finite positions differ"

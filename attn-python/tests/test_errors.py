@@ -69,6 +69,10 @@ def test_bad_dtypes_and_devices():
     meta = torch.empty(1, 32, 4, 8, device="meta")
     with pytest.raises(ValueError, match="on meta"):
         run(meta, meta, meta)
+    with pytest.raises(ValueError, match="key is on meta"):
+        run(q, meta, v)
+    with pytest.raises(ValueError, match="key_padding_mask is on meta but query is on cpu"):
+        run(q, k, v, key_padding_mask=torch.zeros(1, 32, dtype=torch.bool, device="meta"))
 
 
 def test_bad_masks():

@@ -57,32 +57,38 @@ def make_case(rng: random.Random) -> dict:
     return case
 
 
-def layout(shape, layout_name: str, gen: torch.Generator, dtype) -> torch.Tensor:
-    """A leaf holding a `[b, s, h, d]` tensor in the given memory layout, and the view."""
+def layout(shape, layout_name: str, gen: torch.Generator, dtype, device="cpu") -> torch.Tensor:
+    """A leaf on `device` holding a `[b, s, h, d]` tensor in the given memory layout, and
+    the view."""
     b, s, h, d = shape
+    leaf = lambda *dims: torch.randn(*dims, generator=gen).to(dtype).to(device).requires_grad_()
     if layout_name == "bhsd":
-        base = torch.randn(b, h, s, d, generator=gen).to(dtype).requires_grad_()
+        base = leaf(b, h, s, d)
         return base, base.transpose(1, 2)
     if layout_name == "fused":
-        base = torch.randn(b, s, 2, h, d, generator=gen).to(dtype).requires_grad_()
+        base = leaf(b, s, 2, h, d)
         return base, base[:, :, 1]
-    base = torch.randn(b, s, h, d, generator=gen).to(dtype).requires_grad_()
+    base = leaf(b, s, h, d)
     return base, base
 
 
-def run_case(case: dict, seed: int, dtype=torch.float32) -> None:
+def run_case(case: dict, seed: int, dtype=torch.float32, device="cpu") -> None:
+    """The op on `device` against the float64 composition on the CPU: output, LSE and
+    gradients within the dtype's bound."""
     gen = torch.Generator().manual_seed(seed)
     b, n, m, h, kvh, d = (case[x] for x in ("batch", "n", "m", "heads", "kv_heads", "d"))
-    _, q = layout((b, n, h, d), case["layout"], gen, dtype)
-    _, k = layout((b, m, kvh, d), case["layout"], gen, dtype)
-    _, v = layout((b, m, kvh, d), case["layout"], gen, dtype)
+    _, q = layout((b, n, h, d), case["layout"], gen, dtype, device)
+    _, k = layout((b, m, kvh, d), case["layout"], gen, dtype, device)
+    _, v = layout((b, m, kvh, d), case["layout"], gen, dtype, device)
     pad = (torch.rand(b, m, generator=gen) < case["pad_p"]) if case["pad_p"] > 0 else None
     grad_out = torch.randn(b, n, h, d, generator=gen).to(dtype)
-    kw = dict(key_padding_mask=pad, cu_seqlens=case["cu"], window=case["win"])
+    kw = dict(key_padding_mask=None if pad is None else pad.to(device), cu_seqlens=case["cu"], window=case["win"])
     segs, rates, causal, scale = case["segs"], case["rates"], case["causal"], case["scale"]
     mixing = case["mixing"] if case["mixing"] != "window" else "head_groups"
     out, lse = ad.dilated_attention_with_lse(q, k, v, segs, rates, causal, scale, mixing, **kw)
-    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out.to(device))
+    assert out.device == q.device and all(g.device == q.device for g in grads)
+    q, k, v = (x.detach().cpu() for x in (q, k, v))
 
     qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v))
     ro, rl = composition.dilated(

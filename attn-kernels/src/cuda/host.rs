@@ -8,12 +8,12 @@ use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs, Grads, Masks, Pass, Saved, Supported};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Result, TensorView, TensorViewMut};
 
-use super::block::{DeviceBlock, DeviceUpstream, ForwardPath, backward_block, forward_call};
+use super::block::{DeviceBlock, ForwardPath, forward_call};
+use super::call::{DeviceSaved, backward_call};
 use super::device::{CudaDevice, cuda_err};
-use super::epilogue::{delta, store_scaled};
 use super::launch_plan::writes_direct;
 use super::plan::forward_kernel;
-use super::tensor::{CudaElement, DeviceGrads, DeviceKeyPadding, DeviceTensor};
+use super::tensor::{CudaElement, DeviceKeyPadding, DeviceTensor};
 
 fn write_rows<T: CudaElement>(dst: &mut TensorViewMut<'_, T>, contiguous: &[T]) {
     let s = dst.shape();
@@ -166,32 +166,20 @@ impl CudaBackend {
         let (tq, tk, tv) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
         let (tout, tgo) = (up(&saved.out)?, up(&grad_out)?);
         let dlse = dev.stream.clone_htod(saved.lse).map_err(cuda_err)?;
-        let ddelta = delta(dev, &tgo, &tout)?;
-        let mut acc = DeviceGrads::zeros(dev, shape.q, shape.kv)?;
         let mask = inputs.masks.key_padding.map(|m| DeviceKeyPadding::upload(dev, &m)).transpose()?;
         let block = DeviceBlock {
             key_padding: mask.as_ref(),
             packing: inputs.masks.packing,
             ..DeviceBlock::new(cfg, (&tq, 0), (&tk, &tv, 0))
         };
-        let upstream = DeviceUpstream { grad_out: &tgo, lse: &dlse, delta: &ddelta };
-        backward_block(dev, &block, &upstream, &mut acc)?;
-        store_grad(dev, &acc.dq, &mut grads.dq, TensorName::GradQuery)?;
-        store_grad(dev, &acc.dk, &mut grads.dk, TensorName::GradKey)?;
-        store_grad(dev, &acc.dv, &mut grads.dv, TensorName::GradValue)
+        let zeros = |s| DeviceTensor::<T>::zeros(dev, s);
+        let (mut dq, mut dk, mut dv) = (zeros(shape.q)?, zeros(shape.kv)?, zeros(shape.kv)?);
+        backward_call(dev, &block, DeviceSaved { out: &tout, lse: &dlse }, &tgo, [&mut dq, &mut dk, &mut dv])?;
+        write_rows(&mut grads.dq, &dq.to_host_contiguous(dev)?);
+        write_rows(&mut grads.dk, &dk.to_host_contiguous(dev)?);
+        write_rows(&mut grads.dv, &dv.to_host_contiguous(dev)?);
+        Ok(())
     }
-}
-
-fn store_grad<T: CudaElement>(
-    dev: &CudaDevice,
-    acc: &cudarc::driver::CudaSlice<f32>,
-    dst: &mut TensorViewMut<'_, T>,
-    name: TensorName,
-) -> Result<()> {
-    let mut t = DeviceTensor::<T>::zeros(dev, dst.shape())?;
-    store_scaled(dev, name, acc, 1.0, &mut t)?;
-    write_rows(dst, &t.to_host_contiguous(dev)?);
-    Ok(())
 }
 
 impl<T: CudaElement> Attention<T> for CudaBackend {

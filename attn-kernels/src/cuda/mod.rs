@@ -6,7 +6,9 @@
 //! - Whole calls from host views: [`CudaBackend`](crate::cuda::CudaBackend), the shared
 //!   `Attention` interface (out + f32 LSE, exact backward); on device buffers
 //!   [`forward_call`](crate::cuda::forward_call), which writes the output straight from
-//!   the kernel where every head has one pattern.
+//!   the kernel where every head has one pattern, and [`backward_call`](crate::cuda::backward_call).
+//!   A framework's tensors and stream become such buffers without copies through
+//!   [`Foreign`](crate::cuda::Foreign) handles and [`CudaDevice::with_foreign_stream`](crate::cuda::CudaDevice::with_foreign_stream).
 //! - Ring steps: [`forward_block`](crate::cuda::forward_block) LSE-merges a (q block, k block) pair into a
 //!   [`DevicePartial`](crate::cuda::DevicePartial), [`finish_forward`](crate::cuda::finish_forward) applies the heads' `out_scale`;
 //!   [`backward_block`](crate::cuda::backward_block) accumulates f32 gradients given the final LSE and [`delta`](crate::cuda::delta).
@@ -17,10 +19,12 @@
 
 mod bench;
 mod block;
+mod call;
 mod choices;
 mod device;
 pub mod emulation;
 mod epilogue;
+mod foreign;
 mod host;
 mod launch;
 pub mod launch_plan;
@@ -34,7 +38,9 @@ pub use bench::{BenchRun, GpuTiming, attended_pairs, bench_forward, bench_pass};
 pub use block::{
     DeviceBlock, DeviceUpstream, ForwardPath, backward_block, backward_block_into, forward_block, forward_call,
 };
+pub use call::{DeviceSaved, backward_call, forward_call_into};
 pub use device::{CudaDevice, check_available, nvrtc_present};
 pub use epilogue::{delta, finish_forward, store_scaled};
+pub use foreign::{Foreign, Forget, RawStream, foreign_key_padding, foreign_slice, foreign_tensor};
 pub use host::CudaBackend;
 pub use tensor::{CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor};

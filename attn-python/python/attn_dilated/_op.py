@@ -51,13 +51,21 @@ def _describe(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), _DTYPE_NAMES.get(t.dtype, str(t.dtype)[6:]))
 
 
-def _check_tensor(name: str, t: object, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """A CPU strided tensor of a supported dtype (`dtype` when given) whose innermost
-    stride is 1 (copied to contiguous only when it is not)."""
+_DEVICE_TYPES = ("cpu", "cuda")
+
+
+def _check_tensor(
+    name: str, t: object, dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None
+) -> torch.Tensor:
+    """A strided CPU or CUDA tensor of a supported dtype (`dtype` when given) on `device`
+    (when given: query's), whose innermost stride is 1 (copied to contiguous only when it
+    is not)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise ValueError(f"{name} is on {t.device}; attn_dilated computes on CPU tensors")
+    if t.device.type not in _DEVICE_TYPES:
+        raise ValueError(f"{name} is on {t.device}; attn_dilated computes on CPU and CUDA tensors")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but query is on {device}")
     if t.layout != torch.strided:
         raise ValueError(f"{name} has layout {t.layout}; a strided (dense) tensor is required")
     if t.dtype not in _DTYPE_NAMES:
@@ -71,19 +79,27 @@ def _check_tensor(name: str, t: object, dtype: Optional[torch.dtype] = None) -> 
     return t
 
 
-def _check_mask(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The key padding mask as a CPU bool tensor (True = padding)."""
+def _check_mask(mask: Optional[torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:
+    """The key padding mask as a bool tensor (True = padding) on query's device; on a
+    CUDA device it is made contiguous (the kernels read it as `[batch, key_seq]` bytes)."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"key_padding_mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.device.type != "cpu":
-        raise ValueError(f"key_padding_mask is on {mask.device}; attn_dilated computes on CPU tensors")
+    if mask.device != device:
+        raise ValueError(f"key_padding_mask is on {mask.device} but query is on {device}")
     if mask.dtype not in (torch.bool, torch.uint8):
         raise TypeError(f"key_padding_mask has dtype {mask.dtype}; bool (True = padding) is required")
     if mask.dim() != 2:
         raise ValueError(f"key_padding_mask must be [batch, key_seq], got shape {tuple(mask.shape)}")
-    return mask
+    return mask.contiguous() if device.type == "cuda" else mask
+
+
+def cuda_unavailable_reason(device: Union[int, torch.device, str] = 0) -> Optional[str]:
+    """Why the CUDA kernels cannot run on `device` (a wheel built without CUDA, no
+    driver or NVRTC, no such device, a GPU older than sm_80), or None where they can."""
+    index = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    return _native.cuda_unavailable_reason(0 if index.index is None else index.index)
 
 
 def _check_cu(cu_seqlens: Optional[CuSeqlens]) -> Optional[list]:
@@ -96,14 +112,21 @@ def _check_cu(cu_seqlens: Optional[CuSeqlens]) -> Optional[list]:
     return [int(x) for x in cu_seqlens]
 
 
+def _placement(t: torch.Tensor) -> Optional[Tuple[int, int]]:
+    """None for a CPU tensor; for a CUDA tensor its device and that device's current
+    stream, so the kernels are ordered with the caller's work like a torch op."""
+    if not t.is_cuda:
+        return None
+    return (t.get_device(), torch.cuda.current_stream(t.device).cuda_stream)
+
+
 def _forward(cfg, q, k, v, mask, cu) -> Tuple[torch.Tensor, torch.Tensor]:
     b, n, h, _ = q.shape
-    out = torch.empty(q.shape, dtype=q.dtype)
-    lse = torch.empty((b, n, h), dtype=torch.float32)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, n, h), dtype=torch.float32, device=q.device)
     m = None if mask is None else _describe(mask)
-    _native.forward(
-        cfg, _describe(q), _describe(k), _describe(v), _describe(out), _describe(lse), m, cu, torch.get_num_threads()
-    )
+    args = (cfg, _describe(q), _describe(k), _describe(v), _describe(out), _describe(lse), m, cu)
+    _native.forward(*args, torch.get_num_threads(), _placement(q))
     return out, lse
 
 
@@ -123,27 +146,21 @@ class _DilatedAttentionFn(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out, _grad_lse):  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
-        grad_out = _check_tensor("grad_out", grad_out, q.dtype)
-        dq = torch.empty(q.shape, dtype=q.dtype)
-        dk = torch.empty(k.shape, dtype=k.dtype)
-        dv = torch.empty(v.shape, dtype=v.dtype)
+        grad_out = _check_tensor("grad_out", grad_out, q.dtype, q.device)
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         m = None if ctx.mask is None else _describe(ctx.mask)
-        _native.backward(
-            ctx.cfg,
-            *(_describe(t) for t in (q, k, v, out, lse, grad_out, dq, dk, dv)),
-            m,
-            ctx.cu,
-            torch.get_num_threads(),
-        )
+        args = (ctx.cfg, *(_describe(t) for t in (q, k, v, out, lse, grad_out, dq, dk, dv)), m, ctx.cu)
+        _native.backward(*args, torch.get_num_threads(), _placement(q))
         return dq, dk, dv, None, None, None
 
 
 def attention_with_cfg(cfg, query, key, value, key_padding_mask=None, cu_seqlens=None):
     """The op on a prepared config: returns `(out, lse)`."""
     q = _check_tensor("query", query)
-    k = _check_tensor("key", key, q.dtype)
-    v = _check_tensor("value", value, q.dtype)
-    return _DilatedAttentionFn.apply(q, k, v, cfg, _check_mask(key_padding_mask), _check_cu(cu_seqlens))
+    k = _check_tensor("key", key, q.dtype, q.device)
+    v = _check_tensor("value", value, q.dtype, q.device)
+    mask = _check_mask(key_padding_mask, q.device)
+    return _DilatedAttentionFn.apply(q, k, v, cfg, mask, _check_cu(cu_seqlens))
 
 
 def dilated_attention_with_lse(
@@ -180,8 +197,9 @@ def dilated_attention(
     cu_seqlens: Optional[CuSeqlens] = None,
     window: Optional[Window] = None,
 ) -> torch.Tensor:
-    """Dilated attention of CPU tensors `[batch, seq, heads, head_dim]` (float32,
-    bfloat16 or float16), differentiable in query, key and value.
+    """Dilated attention of CPU or CUDA tensors `[batch, seq, heads, head_dim]` (float32,
+    bfloat16 or float16), differentiable in query, key and value. On a CUDA device the
+    kernels run on the current stream (every tensor, the mask too, on query's device).
 
     `mixing` is `head_groups` (equal to dilated-attention-pytorch's DilatedAttention)
     or `longnet` (patterns merged by their softmax denominators). Keys and values may

@@ -1,0 +1,185 @@
+//! Tensors another library owns, computed on its stream: a backend that keeps every
+//! buffer in memory owned by a stream of its own (as PyTorch does), hands the kernels only
+//! the raw addresses (`foreign_tensor`, `foreign_slice`, `foreign_key_padding`) and that
+//! stream's handle (`with_foreign_stream`), and reads the results back from its own
+//! buffers, passes every golden file in f32 and bf16; dropping a foreign handle leaves the
+//! owner's memory allocated and unchanged. Skips without a GPU (fails instead with
+//! `ATTN_REQUIRE_GPU=1`).
+#![cfg(feature = "cuda")]
+#![allow(unsafe_code)]
+
+mod cuda_support;
+
+use attn_core::error::TensorName;
+use attn_core::{Attention, AttnInputs, DilatedConfig, Grads, Masks, Result, Saved, Supported};
+use attn_core::{AttnShape, Pass, TensorView, TensorViewMut};
+use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceSaved, DeviceTensor};
+use attn_kernels::cuda::{
+    Foreign, backward_call, foreign_key_padding, foreign_slice, foreign_tensor, forward_call_into,
+};
+use attn_testkit::Typed;
+use attn_testkit::golden::assert_attention_dirs_pass;
+use cuda_support::device_or_skip;
+use cudarc::driver::{CudaSlice, DevicePtr};
+use half::bf16;
+
+/// The whole-call entry points on foreign handles over buffers that `owner` (a stream of
+/// its own) allocated and filled.
+#[derive(Debug)]
+struct OwnedElsewhere {
+    owner: CudaDevice,
+}
+
+fn addr<T>(owner: &CudaDevice, s: &CudaSlice<T>) -> u64 {
+    s.device_ptr(owner.stream()).0
+}
+
+fn write_rows<T: CudaElement>(dst: &mut TensorViewMut<'_, T>, contiguous: &[T]) {
+    let s = dst.shape();
+    for (i, row) in contiguous.chunks(s.head_dim).enumerate() {
+        let (b, t, h) = (i / (s.seq * s.heads), i / s.heads % s.seq, i % s.heads);
+        dst.row_mut(b, t, h).copy_from_slice(row);
+    }
+}
+
+impl OwnedElsewhere {
+    /// The kernels' handle: the same device, launching on the owner's stream.
+    fn kernels(&self) -> CudaDevice {
+        // SAFETY: the owner's stream belongs to the device's primary context and lives as
+        // long as `self.owner`, which outlives every call's handle.
+        unsafe { self.owner.with_foreign_stream(self.owner.stream().cu_stream()) }
+    }
+
+    fn upload<T: CudaElement>(&self, x: &TensorView<'_, T>) -> Result<DeviceTensor<T>> {
+        DeviceTensor::from_view(&self.owner, x)
+    }
+
+    fn borrow<T: CudaElement>(&self, dev: &CudaDevice, t: &DeviceTensor<T>) -> Result<Foreign<DeviceTensor<T>>> {
+        // SAFETY: `t` is the owner's live allocation of `t.data.len()` elements and outlives
+        // the handle; only work on the owner's stream touches it.
+        unsafe {
+            foreign_tensor(
+                dev,
+                TensorName::Other("borrowed"),
+                (addr(&self.owner, &t.data), t.data.len()),
+                t.shape,
+                t.strides,
+            )
+        }
+    }
+
+    fn borrow_mask(&self, dev: &CudaDevice, m: &DeviceKeyPadding) -> Foreign<DeviceKeyPadding> {
+        // SAFETY: as in `borrow`, for the mask's `batch * seq` bytes.
+        unsafe { foreign_key_padding(dev, addr(&self.owner, &m.flags), m.batch, m.seq) }
+    }
+
+    fn mask(&self, masks: &Masks<'_>) -> Result<Option<DeviceKeyPadding>> {
+        masks.key_padding.map(|m| DeviceKeyPadding::upload(&self.owner, &m)).transpose()
+    }
+}
+
+impl<T: CudaElement> Attention<T> for OwnedElsewhere {
+    fn name(&self) -> &str {
+        "cuda-foreign"
+    }
+
+    fn forward(&self, inputs: &AttnInputs<'_, T>, mut out: TensorViewMut<'_, T>, lse: &mut [f32]) -> Result<()> {
+        let shape = inputs.shape_for("cuda-foreign", Supported::ALL)?;
+        let (q, k, v) = (self.upload(&inputs.q)?, self.upload(&inputs.k)?, self.upload(&inputs.v)?);
+        let mask = self.mask(&inputs.masks)?;
+        let owned_out = DeviceTensor::<T>::zeros(&self.owner, shape.q)?;
+        let owned_lse = self.owner.stream().alloc_zeros::<f32>(shape.q.lse_len()).unwrap();
+        {
+            let dev = self.kernels();
+            let (fq, fk, fv) = (self.borrow(&dev, &q)?, self.borrow(&dev, &k)?, self.borrow(&dev, &v)?);
+            let fmask = mask.as_ref().map(|m| self.borrow_mask(&dev, m));
+            let mut fout = self.borrow(&dev, &owned_out)?;
+            // SAFETY: as in `borrow`, for the owner's lse buffer.
+            let mut flse = unsafe { foreign_slice::<f32>(&dev, addr(&self.owner, &owned_lse), owned_lse.len()) };
+            let block = DeviceBlock {
+                key_padding: fmask.as_deref(),
+                packing: inputs.masks.packing,
+                ..DeviceBlock::new(inputs.cfg, (&*fq, 0), (&*fk, &*fv, 0))
+            };
+            forward_call_into(&dev, &block, &mut fout, &mut flse)?;
+        }
+        write_rows(&mut out, &owned_out.to_host_contiguous(&self.owner)?);
+        lse.copy_from_slice(&self.owner.stream().clone_dtoh(&owned_lse).unwrap());
+        Ok(())
+    }
+
+    fn backward(
+        &self,
+        inputs: &AttnInputs<'_, T>,
+        saved: Saved<'_, T>,
+        grad_out: TensorView<'_, T>,
+        mut grads: Grads<'_, T>,
+    ) -> Result<()> {
+        let shape = inputs.shape_for("cuda-foreign", Supported::ALL)?;
+        let (q, k, v) = (self.upload(&inputs.q)?, self.upload(&inputs.k)?, self.upload(&inputs.v)?);
+        let (out, go) = (self.upload(&saved.out)?, self.upload(&grad_out)?);
+        let lse = self.owner.stream().clone_htod(saved.lse).unwrap();
+        let mask = self.mask(&inputs.masks)?;
+        let zeros = |s| DeviceTensor::<T>::zeros(&self.owner, s);
+        let owned = [zeros(shape.q)?, zeros(shape.kv)?, zeros(shape.kv)?];
+        {
+            let dev = self.kernels();
+            let b = |t| self.borrow(&dev, t);
+            let (fq, fk, fv, fout, fgo) = (b(&q)?, b(&k)?, b(&v)?, b(&out)?, b(&go)?);
+            // SAFETY: as in `borrow`, for the owner's lse buffer.
+            let flse = unsafe { foreign_slice::<f32>(&dev, addr(&self.owner, &lse), lse.len()) };
+            let fmask = mask.as_ref().map(|m| self.borrow_mask(&dev, m));
+            let [mut dq, mut dk, mut dv] = [b(&owned[0])?, b(&owned[1])?, b(&owned[2])?];
+            let block = DeviceBlock {
+                key_padding: fmask.as_deref(),
+                packing: inputs.masks.packing,
+                ..DeviceBlock::new(inputs.cfg, (&*fq, 0), (&*fk, &*fv, 0))
+            };
+            let saved = DeviceSaved { out: &fout, lse: &flse };
+            backward_call(&dev, &block, saved, &fgo, [&mut dq, &mut dk, &mut dv])?;
+        }
+        let [dq, dk, dv] = &owned;
+        write_rows(&mut grads.dq, &dq.to_host_contiguous(&self.owner)?);
+        write_rows(&mut grads.dk, &dk.to_host_contiguous(&self.owner)?);
+        write_rows(&mut grads.dv, &dv.to_host_contiguous(&self.owner)?);
+        Ok(())
+    }
+
+    fn workspace_bytes(&self, _cfg: &DilatedConfig, _shape: AttnShape, _pass: Pass) -> usize {
+        0
+    }
+}
+
+fn owned_elsewhere(test: &str) -> Option<OwnedElsewhere> {
+    let dev = device_or_skip(test)?;
+    Some(OwnedElsewhere { owner: dev.with_own_stream().unwrap() })
+}
+
+#[test]
+fn golden_files_pass_on_foreign_buffers_in_bf16() {
+    let Some(b) = owned_elsewhere("golden_files_pass_on_foreign_buffers_in_bf16") else { return };
+    assert_attention_dirs_pass(&Typed::<_, bf16>::new(b));
+}
+
+#[test]
+fn golden_files_pass_on_foreign_buffers_in_f32() {
+    let Some(b) = owned_elsewhere("golden_files_pass_on_foreign_buffers_in_f32") else { return };
+    assert_attention_dirs_pass(&Typed::<_, f32>::new(b));
+}
+
+#[test]
+fn dropping_a_foreign_handle_leaves_the_owners_memory() {
+    let Some(b) = owned_elsewhere("dropping_a_foreign_handle_leaves_the_owners_memory") else { return };
+    let values: Vec<f32> = (0..4096).map(|i| i as f32 * 0.5).collect();
+    let owned = b.owner.stream().clone_htod(&values).unwrap();
+    for _ in 0..3 {
+        // SAFETY: `owned` is the owner's live allocation of `values.len()` f32s.
+        let handle = unsafe { foreign_slice::<f32>(&b.kernels(), addr(&b.owner, &owned), owned.len()) };
+        drop(handle);
+    }
+    b.owner.synchronize().unwrap();
+    assert_eq!(b.owner.stream().clone_dtoh(&owned).unwrap(), values);
+    drop(owned);
+    b.owner.synchronize().unwrap();
+    b.owner.context().check_err().expect("freeing the owner's memory once, after its foreign handles, is clean");
+}

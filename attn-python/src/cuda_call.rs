@@ -1,0 +1,258 @@
+//! The forward and backward on CUDA tensors (feature `cuda`): every tensor's memory is
+//! wrapped as a foreign device handle (never copied, never freed here) and the kernels
+//! are queued on the caller's current stream, so the call is ordered with the
+//! framework's work like one of its own ops and returns without synchronising.
+
+use attn_core::{DilatedConfig, Result};
+use pyo3::Python;
+
+use crate::call::{BackwardArgs, ForwardArgs, MaskArgs};
+
+/// Where the kernels run: the device ordinal and the raw handle of the stream to queue on
+/// (0: the legacy default stream).
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub struct Placement {
+    pub device: usize,
+    pub stream: usize,
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+
+    use attn_core::{AttnError, DType, DilatedConfig, PackedSequences, Result, TensorName};
+    use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceSaved, DeviceTensor};
+    use attn_kernels::cuda::{Foreign, RawStream, backward_call, forward_call_into};
+    use attn_kernels::cuda::{foreign_key_padding, foreign_slice, foreign_tensor};
+    use half::{bf16, f16};
+    use pyo3::Python;
+
+    use super::Placement;
+    use crate::call::{
+        BackwardArgs, ForwardArgs, MaskArgs, checked_backward, checked_forward, cu_seqlens, dtype_of, lse_dims,
+    };
+    use crate::raw::{Access, Checked, check_disjoint};
+
+    /// The devices opened so far, by ordinal (opening checks the driver, NVRTC and the
+    /// device, and reads the kernel choices from the environment, once).
+    pub fn device(ordinal: usize) -> Result<CudaDevice> {
+        static DEVICES: OnceLock<Mutex<HashMap<usize, CudaDevice>>> = OnceLock::new();
+        let map = DEVICES.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut map = map.lock().map_err(|_| AttnError::InvalidArgument("the device cache is poisoned".into()))?;
+        if let Some(d) = map.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let d = CudaDevice::new(ordinal)?;
+        map.insert(ordinal, d.clone());
+        Ok(d)
+    }
+
+    /// The device of `at` launching on its stream.
+    fn on_stream(at: Placement) -> Result<CudaDevice> {
+        let dev = device(at.device)?;
+        // SAFETY: the Python wrapper passes `torch.cuda.current_stream(device).cuda_stream`
+        // of the tensors' device, a stream of that device's primary context that PyTorch
+        // keeps alive past this call.
+        Ok(unsafe { dev.with_foreign_stream(at.stream as RawStream) })
+    }
+
+    /// A tensor's memory as a foreign handle on `dev`.
+    fn wrap<T: CudaElement>(dev: &CudaDevice, c: &Checked, name: TensorName) -> Result<Foreign<DeviceTensor<T>>> {
+        let (span, shape, strides) = c.device_parts4()?;
+        // SAFETY: `c` was checked against the tensor's sizes and strides; the Python
+        // wrapper holds the tensor (on the device of `dev`) for the whole call, and the
+        // kernels touch it only on the caller's current stream.
+        unsafe { foreign_tensor(dev, name, span, shape, strides) }
+    }
+
+    /// The key padding mask, a contiguous `[batch, key_seq]` bool/uint8 tensor on the
+    /// device, checked apart from the written buffers.
+    struct Mask(Option<(Checked, usize, usize)>);
+
+    impl Mask {
+        fn check(args: &MaskArgs, written: &[&Checked]) -> Result<Self> {
+            let Some(raw) = &args.key_padding else { return Ok(Mask(None)) };
+            let name = TensorName::KeyPaddingMask;
+            if !matches!(raw.dtype(), "bool" | "uint8") {
+                return Err(AttnError::DTypeMismatch { tensor: name, expected: "bool", got: raw.dtype().into() });
+            }
+            let c = raw.check(name, 2, 1, 1)?;
+            let (batch, seq) = (c.dims()[0], c.dims()[1]);
+            c.expect_contiguous(&[batch, seq])?;
+            let mut all: Vec<(&Checked, Access)> = written.iter().map(|w| (*w, Access::Write)).collect();
+            all.push((&c, Access::Read));
+            check_disjoint(&all)?;
+            Ok(Mask(Some((c, batch, seq))))
+        }
+
+        fn wrap(&self, dev: &CudaDevice) -> Option<Foreign<DeviceKeyPadding>> {
+            self.0.as_ref().map(|(c, batch, seq)| {
+                // SAFETY: as in `wrap`: a checked, contiguous `batch * seq` byte tensor.
+                unsafe { foreign_key_padding(dev, c.device_span().0, *batch, *seq) }
+            })
+        }
+    }
+
+    /// A written tensor must be contiguous with exactly `want` sizes (the wrapper allocates
+    /// it so): its rows can then never overlap.
+    fn written(c: &Checked, want: &[usize]) -> Result<()> {
+        c.expect_contiguous(want)
+    }
+
+    pub fn forward(
+        py: Python<'_>,
+        cfg: &DilatedConfig,
+        args: &ForwardArgs,
+        masks: &MaskArgs,
+        at: Placement,
+    ) -> Result<()> {
+        match dtype_of(&args.q)? {
+            DType::BF16 => forward_typed::<bf16>(py, cfg, args, masks, at),
+            DType::F16 => forward_typed::<f16>(py, cfg, args, masks, at),
+            _ => forward_typed::<f32>(py, cfg, args, masks, at),
+        }
+    }
+
+    fn forward_typed<T: CudaElement>(
+        py: Python<'_>,
+        cfg: &DilatedConfig,
+        args: &ForwardArgs,
+        mask_args: &MaskArgs,
+        at: Placement,
+    ) -> Result<()> {
+        let [q, k, v, out, lse] = checked_forward::<T>(args)?;
+        written(&out, q.dims())?;
+        written(&lse, &lse_dims(&q))?;
+        let mask = Mask::check(mask_args, &[&out, &lse])?;
+        let cu = cu_seqlens(mask_args)?;
+        let packing = cu.as_deref().map(PackedSequences::new).transpose()?;
+        py.detach(|| {
+            let dev = on_stream(at)?;
+            let (fq, fk, fv) = (
+                wrap::<T>(&dev, &q, TensorName::Query)?,
+                wrap(&dev, &k, TensorName::Key)?,
+                wrap(&dev, &v, TensorName::Value)?,
+            );
+            let mut fout = wrap::<T>(&dev, &out, TensorName::Output)?;
+            // SAFETY: as in `wrap`: the checked, contiguous f32 lse tensor.
+            let mut flse = unsafe { foreign_slice::<f32>(&dev, lse.device_span().0, lse.device_span().1) };
+            let fmask = mask.wrap(&dev);
+            let block = DeviceBlock {
+                key_padding: fmask.as_deref(),
+                packing,
+                ..DeviceBlock::new(cfg, (&*fq, 0), (&*fk, &*fv, 0))
+            };
+            forward_call_into(&dev, &block, &mut fout, &mut flse)
+        })
+    }
+
+    pub fn backward(
+        py: Python<'_>,
+        cfg: &DilatedConfig,
+        args: &BackwardArgs,
+        masks: &MaskArgs,
+        at: Placement,
+    ) -> Result<()> {
+        match dtype_of(&args.q)? {
+            DType::BF16 => backward_typed::<bf16>(py, cfg, args, masks, at),
+            DType::F16 => backward_typed::<f16>(py, cfg, args, masks, at),
+            _ => backward_typed::<f32>(py, cfg, args, masks, at),
+        }
+    }
+
+    fn backward_typed<T: CudaElement>(
+        py: Python<'_>,
+        cfg: &DilatedConfig,
+        args: &BackwardArgs,
+        mask_args: &MaskArgs,
+        at: Placement,
+    ) -> Result<()> {
+        let ([q, k, v, out, lse], grad_out, [dq, dk, dv]) = checked_backward::<T>(args)?;
+        lse.expect_contiguous(&lse_dims(&q))?;
+        written(&dq, q.dims())?;
+        written(&dk, k.dims())?;
+        written(&dv, v.dims())?;
+        let mask = Mask::check(mask_args, &[&dq, &dk, &dv])?;
+        let cu = cu_seqlens(mask_args)?;
+        let packing = cu.as_deref().map(PackedSequences::new).transpose()?;
+        py.detach(|| {
+            let dev = on_stream(at)?;
+            let w = |c: &Checked, name| wrap::<T>(&dev, c, name);
+            let (fq, fk, fv) = (w(&q, TensorName::Query)?, w(&k, TensorName::Key)?, w(&v, TensorName::Value)?);
+            let (fout, fgo) = (w(&out, TensorName::Output)?, w(&grad_out, TensorName::GradOutput)?);
+            let (mut fdq, mut fdk, mut fdv) =
+                (w(&dq, TensorName::GradQuery)?, w(&dk, TensorName::GradKey)?, w(&dv, TensorName::GradValue)?);
+            // SAFETY: as in `wrap`: the checked, contiguous f32 lse tensor.
+            let flse = unsafe { foreign_slice::<f32>(&dev, lse.device_span().0, lse.device_span().1) };
+            let fmask = mask.wrap(&dev);
+            let block = DeviceBlock {
+                key_padding: fmask.as_deref(),
+                packing,
+                ..DeviceBlock::new(cfg, (&*fq, 0), (&*fk, &*fv, 0))
+            };
+            let saved = DeviceSaved { out: &fout, lse: &flse };
+            backward_call(&dev, &block, saved, &fgo, [&mut fdq, &mut fdk, &mut fdv])
+        })
+    }
+
+    /// Why the kernels cannot run on device `ordinal`, or `None` where they can.
+    pub fn unavailable_reason(ordinal: usize) -> Option<String> {
+        device(ordinal).err().map(|e| e.to_string())
+    }
+}
+
+/// Forward on CUDA tensors: writes `out` and `lse` on the caller's stream.
+pub fn forward(py: Python<'_>, cfg: &DilatedConfig, args: &ForwardArgs, masks: &MaskArgs, at: Placement) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    return imp::forward(py, cfg, args, masks, at);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (py, cfg, args, masks, at);
+        Err(not_compiled())
+    }
+}
+
+/// Backward on CUDA tensors: writes `dq`, `dk` and `dv` on the caller's stream.
+pub fn backward(
+    py: Python<'_>,
+    cfg: &DilatedConfig,
+    args: &BackwardArgs,
+    masks: &MaskArgs,
+    at: Placement,
+) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    return imp::backward(py, cfg, args, masks, at);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (py, cfg, args, masks, at);
+        Err(not_compiled())
+    }
+}
+
+/// Why the CUDA kernels cannot run on device `ordinal` (no `cuda` feature, no driver,
+/// NVRTC or device, a device older than sm_80), or `None` where they can.
+pub fn unavailable_reason(ordinal: usize) -> Option<String> {
+    #[cfg(feature = "cuda")]
+    return imp::unavailable_reason(ordinal);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = ordinal;
+        Some(not_compiled().to_string())
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn not_compiled() -> attn_core::AttnError {
+    attn_core::AttnError::NotCompiled { backend: "cuda", feature: "cuda" }
+}
+
+#[cfg(all(test, not(feature = "cuda")))]
+mod tests {
+    #[test]
+    fn without_the_feature_the_reason_names_it() {
+        let reason = super::unavailable_reason(0).expect("a build without `cuda` cannot run the kernels");
+        assert!(reason.contains("enable the `cuda` feature"), "{reason}");
+    }
+}

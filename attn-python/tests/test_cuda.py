@@ -1,0 +1,152 @@
+"""The op, its gradients and the layer on CUDA tensors: every conformance file, random
+configurations against the float64 composition in float32, bfloat16 and float16 (grouped
+K/V, key padding, packed sequences, windows, cross-attention, strided layouts), the
+kernels queued on the caller's current stream, and mixed devices refused.
+
+Where the CUDA kernels cannot run (no GPU, no driver or NVRTC, a wheel built without
+CUDA) these tests skip with the reason; `ATTN_REQUIRE_GPU=1` (the device check) makes
+that a failure. Without a GPU, `cuda_unavailable_reason` must name what is missing."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+import attn_dilated as ad
+from checks import BOUND, assert_close, assert_lse
+from test_golden import config_args, files, masks, read
+from test_op import make_case, run_case
+
+REQUIRED = os.environ.get("ATTN_REQUIRE_GPU") == "1"
+
+
+def unavailable() -> str | None:
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return ad.cuda_unavailable_reason(0)
+
+
+@pytest.fixture(scope="module")
+def cuda() -> torch.device:
+    reason = unavailable()
+    if reason is not None:
+        if REQUIRED:
+            pytest.fail(f"ATTN_REQUIRE_GPU=1 but the CUDA tests cannot run: {reason}")
+        pytest.skip(reason)
+    return torch.device("cuda", 0)
+
+
+def test_the_reason_names_what_is_missing():
+    reason = ad.cuda_unavailable_reason(0)
+    if torch.cuda.is_available() and REQUIRED:
+        assert reason is None, f"a GPU is present but the kernels cannot run: {reason}"
+    elif not torch.cuda.is_available():
+        assert isinstance(reason, str) and reason, "no GPU, yet no reason was given"
+        assert any(w in reason for w in ("libcuda", "libnvrtc", "device 0 requested", "`cuda` feature")), reason
+
+
+def test_without_a_gpu_a_cuda_call_is_a_typed_error():
+    """The native CUDA entry on a machine whose kernels cannot run raises the reason
+    (RuntimeError, or NotImplementedError for a wheel built without CUDA), never a panic."""
+    reason = ad.cuda_unavailable_reason(0)
+    if reason is None:
+        pytest.skip("the CUDA kernels can run here: the tests below call them")
+    q, k, v = (torch.randn(1, 32, 2, 8) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(1, 32, 2)
+    d = lambda t: (t.data_ptr(), tuple(t.shape), tuple(t.stride()), "float32")
+    cfg = ad.make_config([16], [1])
+    with pytest.raises((RuntimeError, NotImplementedError)) as e:
+        ad._op._native.forward(cfg, d(q), d(k), d(v), d(out), d(lse), None, None, 1, (0, 0))
+    assert str(e.value) == reason
+
+
+@pytest.mark.parametrize("path", files("dilated", "features"), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_attention_vectors_on_cuda(path, cuda):
+    meta, t, rel_tol = read(path)
+    q, k, v = (t[x].to(cuda).requires_grad_() for x in ("q", "k", "v"))
+    m = masks(t)
+    if m["key_padding_mask"] is not None:
+        m["key_padding_mask"] = m["key_padding_mask"].to(cuda)
+    out, lse = ad.dilated_attention_with_lse(q, k, v, **config_args(meta), **m)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), t["grad_out"].to(cuda))
+    assert out.device == lse.device == dq.device == dk.device == dv.device == cuda
+    assert_close("out", out, t["out"], rel_tol)
+    if "lse" in t:
+        assert_lse(lse, t["lse"], rel_tol)
+    for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert_close(name, got, t[name], rel_tol)
+
+
+@pytest.mark.parametrize("seed", range(200, 216))
+def test_random_configs_on_cuda_in_f32(seed, cuda):
+    run_case(make_case(random.Random(seed)), seed, torch.float32, cuda)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("seed", range(300, 308))
+def test_random_configs_on_cuda_in_low_precision(seed, dtype, cuda):
+    run_case(make_case(random.Random(seed)), seed, dtype, cuda)
+
+
+def test_the_layer_runs_on_cuda(cuda):
+    """`MultiheadDilatedAttention` moved to the GPU gives the CPU layer's output and
+    parameter gradients (the same parameters and inputs)."""
+    torch.manual_seed(5)
+    layer = ad.MultiheadDilatedAttention(64, 4, [1, 2], [16, 32], num_kv_heads=2)
+    x = torch.randn(2, 64, 64)
+    out_cpu, _ = layer(x, is_causal=True)
+    out_cpu.square().sum().backward()
+    grads_cpu = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    layer.to(cuda)
+    out_gpu, _ = layer(x.to(cuda), is_causal=True)
+    out_gpu.square().sum().backward()
+    assert_close("out", out_gpu, out_cpu, BOUND[torch.float32])
+    for n, p in layer.named_parameters():
+        assert_close(n, p.grad, grads_cpu[n], 1e-4)
+
+
+def test_the_kernels_run_on_the_current_stream(cuda):
+    """On a side stream that is still busy (a sleep, then the inputs' copy), the op must
+    wait for the copy: it gives the result computed after a full synchronisation. The
+    same call queued on the legacy default stream instead reads the inputs before the
+    copy and gives another result, so the check bites."""
+    torch.manual_seed(9)
+    src = [torch.randn(1, 2048, 4, 64, dtype=torch.bfloat16, device=cuda) for _ in range(3)]
+    want = ad.dilated_attention(*src, [512, 1024], [1, 2])
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+
+    def on_side(stream_of_call):
+        with torch.cuda.stream(side):
+            q, k, v = (torch.zeros_like(x) for x in src)
+            torch.cuda._sleep(200_000_000)
+            for dst, x in zip((q, k, v), src):
+                dst.copy_(x)
+            if stream_of_call is None:
+                out = ad.dilated_attention(q, k, v, [512, 1024], [1, 2])
+            else:
+                cfg = ad.make_config([512, 1024], [1, 2])
+                out = torch.empty_like(q)
+                lse = torch.empty(q.shape[:3], dtype=torch.float32, device=cuda)
+                d = lambda t: (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype)[6:])
+                ad._op._native.forward(cfg, d(q), d(k), d(v), d(out), d(lse), None, None, 1, (0, stream_of_call))
+        torch.cuda.synchronize()
+        return out
+
+    assert torch.equal(on_side(None), want)
+    assert not torch.equal(on_side(0), want), "the legacy default stream did not race the side stream's copy"
+
+
+def test_mixed_devices_are_refused(cuda):
+    q = torch.randn(1, 32, 2, 8, device=cuda)
+    with pytest.raises(ValueError, match="key is on cpu but query is on cuda:0"):
+        ad.dilated_attention(q, q.cpu(), q, [16], [1])
+    with pytest.raises(ValueError, match="key_padding_mask is on cpu but query is on cuda:0"):
+        ad.dilated_attention(q, q, q, [16], [1], key_padding_mask=torch.zeros(1, 32, dtype=torch.bool))
+    with pytest.raises(ValueError, match="head_dim|cuda"):
+        wide = torch.randn(1, 32, 1, 512, device=cuda)
+        ad.dilated_attention(wide, wide, wide, [16], [1])
