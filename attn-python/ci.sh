@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI for the Python package: a virtual environment under ~/.cache (created once, then
 # reused; a package already installed is not installed again), the wheel built by
-# maturin and installed, the crate's Rust unit tests, then pytest.
+# maturin and installed, the crate's fmt, clippy (with and without `cuda`) and Rust unit
+# tests, then pytest.
 #
 #   bash attn-python/ci.sh
 #
@@ -39,6 +40,12 @@ echo "ci.sh: environment ready after $((SECONDS - start)) s"
 "$py" -m pip install --quiet --no-build-isolation --no-deps --force-reinstall "$here"
 echo "ci.sh: wheel built and installed after $((SECONDS - start)) s"
 
+# The crate is its own workspace, so the root's fmt and clippy do not reach it.
+cargo fmt --manifest-path "$here/Cargo.toml" --check
+for features in "" cuda; do
+    CARGO_TARGET_DIR="$CARGO_TARGET_DIR/unit" PYO3_PYTHON="$py" cargo clippy --quiet --manifest-path "$here/Cargo.toml" \
+        --all-targets --features "$features" -- -D warnings
+done
 CARGO_TARGET_DIR="$CARGO_TARGET_DIR/unit" PYO3_PYTHON="$py" cargo test --quiet --manifest-path "$here/Cargo.toml" --lib
 
 cd "$here"
