@@ -7,7 +7,7 @@
 #   scripts/device-check.sh rehearse   # here: pack, copy the pack into a clean directory and run
 #                                      # it there; GPU steps report `not run (no GPU)`
 #   device run: command "bash device-pack/device-check.sh run; cd $OUT && tar czf logs.tgz *.log &&
-#               rm *.log", carry ["device-pack"], timeout_s 500 (each step has a budget, 430 s in
+#               rm *.log", carry ["device-pack"], timeout_s 520 (each step has a budget, 450 s in
 #               all; `run --only STEP` reruns one step; the tool returns at most 8 files)
 #
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
@@ -16,7 +16,8 @@
 # count), bench (CUDA against the PyTorch peer on the same GPU and the GPU's matmul rate, a
 # table of both against their targets), ring (the chunk ring's golden files with CUDA block
 # compute, per-rank memory and time for P = 1, 2, 4, 8 on one GPU), python (the `attn_dilated`
-# package's CUDA tests: torch CUDA tensors through the kernels on torch's stream), sanitizer
+# package's CUDA tests: torch CUDA tensors through the kernels on torch's stream, and its
+# bench against the torch composition), sanitizer
 # (compute-sanitizer memcheck and racecheck on a small bf16 forward+backward), nccl (a
 # one-rank round trip and a peer that never joins). Each step writes
 # `STEP: passed|FAILED|not run (why)` to $OUT/device-report.md (JSON twin device-report.json)
@@ -129,10 +130,10 @@ use_lib() {
 
 have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
 
-# Seconds each step may take (430 in all, so a whole run fits 8 minutes).
+# Seconds each step may take (450 in all, so a whole run fits 8 minutes).
 budget() {
     case $1 in
-    env) echo 15 ;; golden) echo 45 ;; tests) echo 55 ;; bench) echo 55 ;; ring) echo 35 ;; python) echo 40 ;;
+    env) echo 15 ;; golden) echo 45 ;; tests) echo 55 ;; bench) echo 55 ;; ring) echo 35 ;; python) echo 60 ;;
     sanitizer) echo 170 ;; nccl) echo 15 ;;
     esac
 }
@@ -231,8 +232,15 @@ step_ring() {
 step_python() {
     have_gpu || return 2
     # The package's CUDA tests with the python3 that holds PyTorch (ATTN_REQUIRE_GPU=1: none
-    # may skip); the CPU tests run in CI.
-    (cd "$PACK/python" && PYTHONPATH="$PACK/python" logged 40 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py)
+    # may skip; the CPU tests run in CI), then the package against the composition of torch
+    # ops a user writes without it, on the bench step's problem.
+    local ok=0
+    cd "$PACK/python" || return 1
+    PYTHONPATH="$PACK/python" logged 40 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py || ok=1
+    PYTHONPATH="$PACK/python" logged 25 python3 -m attn_dilated.bench --device cuda --dtype bfloat16 --seqs 65536 \
+        --heads 16 --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16 --reps 5 || ok=1
+    cd - >/dev/null || return 1
+    return "$ok"
 }
 
 step_sanitizer() {

@@ -1,10 +1,11 @@
 """`python -m attn_dilated.bench`: this package's dilated attention against the plain
 PyTorch composition (per head group: cut into segments, take every r-th row,
 `scaled_dot_product_attention`, scatter back, divide by the group count), forward and
-forward+backward, median wall time of several runs, float32 CPU tensors.
+forward+backward, median wall time of several runs (synchronised on a GPU), on CPU or
+CUDA tensors.
 
 Default problem: batch 1, 8 heads, head_dim 64, segments 2048,4096,8192, dilations
-1,2,4, head-groups mixing, sequence lengths 8192 and 65536."""
+1,2,4, head-groups mixing, float32 CPU tensors, sequence lengths 8192 and 65536."""
 
 from __future__ import annotations
 
@@ -43,24 +44,34 @@ def torch_dilated(q, k, v, segs: Sequence[int], rates: Sequence[int]) -> torch.T
     return out
 
 
-def median_seconds(fn: Callable[[], None], reps: int) -> float:
-    fn()  # warm-up: thread pools, allocator
+def median_seconds(fn: Callable[[], None], reps: int, device: torch.device) -> float:
+    """Median wall time of `reps` calls after one warm-up (thread pools, allocator, kernel
+    compilation); on a GPU each call is timed from an idle device to its completion."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    sync()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def measure(seq: int, heads: int, head_dim: int, segs, rates, reps: int) -> List[tuple]:
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def measure(seq: int, heads: int, head_dim: int, segs, rates, reps: int, device, dtype) -> List[tuple]:
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, seq, heads, head_dim, generator=gen) for _ in range(3))
-    grad = torch.randn(1, seq, heads, head_dim, generator=gen)
+    make = lambda: torch.randn(1, seq, heads, head_dim, generator=gen).to(device, dtype)
+    q, k, v = make(), make(), make()
+    grad = make()
     ours = lambda a, b, c: dilated_attention(a, b, c, segs, rates)
     theirs = lambda a, b, c: torch_dilated(a, b, c, segs, rates)
     with torch.no_grad():
-        err = (ours(q, k, v) - theirs(q, k, v)).norm() / theirs(q, k, v).norm()
+        want = theirs(q, k, v).float()
+        err = (ours(q, k, v).float() - want).norm() / want.norm()
     rows = []
     for name, fn in (("attn_dilated", ours), ("torch composition", theirs)):
 
@@ -72,7 +83,7 @@ def measure(seq: int, heads: int, head_dim: int, segs, rates, reps: int) -> List
             a, b, c = (x.detach().requires_grad_() for x in (q, k, v))
             fn(a, b, c).backward(grad)
 
-        rows.append((name, median_seconds(fwd, reps), median_seconds(fwd_bwd, reps)))
+        rows.append((name, median_seconds(fwd, reps, device), median_seconds(fwd_bwd, reps, device)))
     return rows, err.item()
 
 
@@ -84,17 +95,23 @@ def main(argv=None) -> None:
     p.add_argument("--segments", default="2048,4096,8192")
     p.add_argument("--dilations", default="1,2,4")
     p.add_argument("--reps", type=int, default=5, help="timed runs per figure (median), after one warm-up")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     args = p.parse_args(argv)
     segs = [int(x) for x in args.segments.split(",")]
     rates = [int(x) for x in args.dilations.split(",")]
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    if device.type == "cuda":
+        where = f"{torch.cuda.get_device_name(device)}, kernels cuda"
+    else:
+        where = f"{torch.get_num_threads()} threads, kernels {_native.cpu_isa()}"
     print(
         f"attn_dilated bench: batch 1, heads {args.heads}, head_dim {args.head_dim}, segments {segs}, "
-        f"dilations {rates}, float32, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"kernels {_native.cpu_isa()}, median of {args.reps}"
+        f"dilations {rates}, {args.dtype}, torch {torch.__version__}, {where}, median of {args.reps}"
     )
     print(f"{'seq':>7}  {'implementation':<18} {'forward ms':>11} {'fwd+bwd ms':>11}")
     for seq in (int(x) for x in args.seqs.split(",")):
-        rows, err = measure(seq, args.heads, args.head_dim, segs, rates, args.reps)
+        rows, err = measure(seq, args.heads, args.head_dim, segs, rates, args.reps, device, dtype)
         for name, f, fb in rows:
             print(f"{seq:>7}  {name:<18} {f * 1e3:>11.1f} {fb * 1e3:>11.1f}")
         (_, f0, fb0), (_, f1, fb1) = rows
