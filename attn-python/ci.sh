@@ -24,7 +24,7 @@ export PATH="$venv/bin:$PATH"
 
 # Distribution name and requirement of everything the build and the tests need.
 missing=()
-for pair in "torch|torch>=2.1" "maturin|maturin>=1.5,<2" "pytest|pytest" "numpy|numpy" "safetensors|safetensors"; do
+for pair in "torch|torch>=2.4" "maturin|maturin>=1.5,<2" "pytest|pytest" "numpy|numpy" "safetensors|safetensors"; do
     dist="${pair%%|*}"
     if ! "$py" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$dist" 2>/dev/null; then
         missing+=("${pair#*|}")

@@ -1,7 +1,9 @@
 """The op, its gradients and the layer on CUDA tensors: every conformance file, random
 configurations against the float64 composition in float32, bfloat16 and float16 (grouped
 K/V, key padding, packed sequences, windows, cross-attention, strided layouts), the
-kernels queued on the caller's current stream, and mixed devices refused.
+layer against the CPU layer, the kernels queued on the caller's current stream, the
+registered op (`opcheck`, `torch.compile` without a graph break), and mixed devices
+refused.
 
 Where the CUDA kernels cannot run (no GPU, no driver or NVRTC, a wheel built without
 CUDA) these tests skip with the reason; `ATTN_REQUIRE_GPU=1` (the device check) makes
@@ -17,6 +19,7 @@ import torch
 
 import attn_dilated as ad
 from checks import BOUND, assert_close, assert_lse
+from test_compile import BACKWARD, OP, problem, run
 from test_golden import config_args, files, masks, read
 from test_op import make_case, run_case
 
@@ -59,7 +62,7 @@ def test_without_a_gpu_a_cuda_call_is_a_typed_error():
     d = lambda t: (t.data_ptr(), tuple(t.shape), tuple(t.stride()), "float32")
     cfg = ad.make_config([16], [1])
     with pytest.raises((RuntimeError, NotImplementedError)) as e:
-        ad._op._native.forward(cfg, d(q), d(k), d(v), d(out), d(lse), None, None, 1, (0, 0))
+        ad._native.forward(cfg, d(q), d(k), d(v), d(out), d(lse), None, None, 1, (0, 0))
     assert str(e.value) == reason
 
 
@@ -133,12 +136,35 @@ def test_the_kernels_run_on_the_current_stream(cuda):
                 out = torch.empty_like(q)
                 lse = torch.empty(q.shape[:3], dtype=torch.float32, device=cuda)
                 d = lambda t: (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype)[6:])
-                ad._op._native.forward(cfg, d(q), d(k), d(v), d(out), d(lse), None, None, 1, (0, stream_of_call))
+                ad._native.forward(cfg, d(q), d(k), d(v), d(out), d(lse), None, None, 1, (0, stream_of_call))
         torch.cuda.synchronize()
         return out
 
     assert torch.equal(on_side(None), want)
     assert not torch.equal(on_side(0), want), "the legacy default stream did not race the side stream's copy"
+
+
+def test_the_registered_op_on_cuda(cuda):
+    """`opcheck` of the op and its backward with CUDA tensors, and `torch.compile` with
+    `fullgraph=True` matching eager mode (the backward's f32 atomics may add in another
+    order, so gradients are compared within a bound)."""
+    q, k, v, mask = (None if x is None else x.detach().to(cuda) for x in problem(3, b=2, pad=True))
+    spec = ([16, 48], [1, 2], True, None, "head_groups", None)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    torch.library.opcheck(OP, (q, k, v, *spec, mask, None))
+    out, lse = OP(q, k, v, *spec, mask, None)
+    g = torch.randn_like(out)
+    torch.library.opcheck(BACKWARD, (g, q.detach(), k.detach(), v.detach(), out.detach(), lse, *spec, mask, None))
+
+    def f(q, k, v):
+        return ad.dilated_attention(q, k, v, [16, 48], [1, 2], True, key_padding_mask=mask)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got, want = run(compiled, q, k, v), run(f, q, k, v)
+    assert torch.equal(got[0], want[0]), "the compiled forward differs from eager"
+    for name, a, b in zip(("dq", "dk", "dv"), got[1:], want[1:]):
+        assert_close(name, a, b, 1e-6)
 
 
 def test_mixed_devices_are_refused(cuda):

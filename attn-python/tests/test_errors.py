@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attn_dilated as ad
-from attn_dilated import _native, _op
+from attn_dilated import _kernels, _native
 
 
 def qkv(b=1, n=32, h=4, d=8, dtype=torch.float32):
@@ -95,8 +95,8 @@ def test_bad_masks():
 
 def test_the_native_layer_refuses_outputs_sharing_memory_and_bad_descriptions():
     q, k, v = qkv()
-    cfg = _op.make_config([8, 16], [1, 2])
-    d = _op._describe
+    cfg = _kernels.make_config([8, 16], [1, 2])
+    d = _kernels.describe
     lse = torch.empty(1, 32, 4)
     with pytest.raises(ValueError, match="out shares memory with q"):
         _native.forward(cfg, d(q), d(k), d(v), d(q), d(lse))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import attn_dilated as ad
-from attn_dilated import _op
+from attn_dilated import _native
 from checks import BOUND, assert_close, assert_lse, rel_l2, score_gradient_floor
 import composition
 
@@ -142,13 +142,13 @@ def test_strided_inputs_are_read_in_place(monkeypatch):
     """A view with unit inner stride reaches the kernels as its own address and strides
     (no copy); one whose inner stride is not 1 is made contiguous first."""
     seen = []
-    real = _op._native.forward
+    real = _native.forward
 
     def spy(cfg, q, k, v, *rest):
         seen.append((q, k, v))
         return real(cfg, q, k, v, *rest)
 
-    monkeypatch.setattr(_op._native, "forward", spy)
+    monkeypatch.setattr(_native, "forward", spy)
     qkv = torch.randn(2, 40, 3, 4, 8)
     q, k, v = qkv.unbind(2)
     out = ad.dilated_attention(q, k, v, [8, 16], [1, 2])

@@ -1,54 +1,19 @@
-"""The dilated attention op: argument checks, the hand-over of tensors to the Rust
-kernels (address, shape and strides, no copies), and the autograd function whose
-backward runs the exact backward from the forward's saved output and LSE."""
+"""The dilated attention op's public functions: argument checks with messages that name
+the argument, then `torch.ops.attn_dilated.attention` (`_ops`), whose backward is the
+kernels' exact backward."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
-from . import _native
+from . import _ops
+from ._kernels import CuSeqlens, Window, cuda_unavailable_reason, make_config
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-_MIXINGS = ("head_groups", "longnet", "window")
+__all__ = ["CuSeqlens", "Window", "cuda_unavailable_reason", "make_config"]
 
-Window = Tuple[int, int]
-CuSeqlens = Union[torch.Tensor, Sequence[int]]
-
-
-def make_config(
-    segment_lengths: Sequence[int],
-    dilation_rates: Sequence[int],
-    is_causal: bool = False,
-    softmax_scale: Optional[float] = None,
-    mixing: str = "head_groups",
-    window: Optional[Window] = None,
-) -> "_native.Config":
-    """A validated native config; a bad value raises ValueError naming it. With a
-    window, `mixing` may stay `head_groups` (the default) or be `window`."""
-    if mixing not in _MIXINGS:
-        raise ValueError(f"mixing must be one of {_MIXINGS}, got {mixing!r}")
-    segs = [int(x) for x in (segment_lengths or ())]
-    rates = [int(x) for x in (dilation_rates or ())]
-    if any(x < 0 for x in segs + rates):
-        raise ValueError(f"segment_lengths {segs} and dilation_rates {rates} must be non-negative")
-    win = None
-    if window is not None:
-        left, right = window
-        if int(left) < 0 or int(right) < 0:
-            raise ValueError(f"window {window} must be two non-negative integers")
-        win = (int(left), int(right))
-        if mixing == "head_groups":
-            mixing = "window"
-    scale = None if softmax_scale is None else float(softmax_scale)
-    return _native.Config(segs, rates, mixing, "causal" if is_causal else "full", scale, win)
-
-
-def _describe(t: torch.Tensor) -> tuple:
-    """What the kernels read of a tensor: its address, sizes, strides and dtype name."""
-    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), _DTYPE_NAMES.get(t.dtype, str(t.dtype)[6:]))
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 _DEVICE_TYPES = ("cpu", "cuda")
@@ -68,7 +33,7 @@ def _check_tensor(
         raise ValueError(f"{name} is on {t.device} but query is on {device}")
     if t.layout != torch.strided:
         raise ValueError(f"{name} has layout {t.layout}; a strided (dense) tensor is required")
-    if t.dtype not in _DTYPE_NAMES:
+    if t.dtype not in _DTYPES:
         raise TypeError(f"{name} has dtype {t.dtype}; float32, bfloat16 or float16 is required")
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{name} has dtype {t.dtype} but query has {dtype}")
@@ -95,13 +60,6 @@ def _check_mask(mask: Optional[torch.Tensor], device: torch.device) -> Optional[
     return mask.contiguous() if device.type == "cuda" else mask
 
 
-def cuda_unavailable_reason(device: Union[int, torch.device, str] = 0) -> Optional[str]:
-    """Why the CUDA kernels cannot run on `device` (a wheel built without CUDA, no
-    driver or NVRTC, no such device, a GPU older than sm_80), or None where they can."""
-    index = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    return _native.cuda_unavailable_reason(0 if index.index is None else index.index)
-
-
 def _check_cu(cu_seqlens: Optional[CuSeqlens]) -> Optional[list]:
     if cu_seqlens is None:
         return None
@@ -112,55 +70,30 @@ def _check_cu(cu_seqlens: Optional[CuSeqlens]) -> Optional[list]:
     return [int(x) for x in cu_seqlens]
 
 
-def _placement(t: torch.Tensor) -> Optional[Tuple[int, int]]:
-    """None for a CPU tensor; for a CUDA tensor its device and that device's current
-    stream, so the kernels are ordered with the caller's work like a torch op."""
-    if not t.is_cuda:
-        return None
-    return (t.get_device(), torch.cuda.current_stream(t.device).cuda_stream)
-
-
-def _forward(cfg, q, k, v, mask, cu) -> Tuple[torch.Tensor, torch.Tensor]:
-    b, n, h, _ = q.shape
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, n, h), dtype=torch.float32, device=q.device)
-    m = None if mask is None else _describe(mask)
-    args = (cfg, _describe(q), _describe(k), _describe(v), _describe(out), _describe(lse), m, cu)
-    _native.forward(*args, torch.get_num_threads(), _placement(q))
-    return out, lse
-
-
-class _DilatedAttentionFn(torch.autograd.Function):
-    """Forward by the kernels; backward by the kernels' exact backward, which reads the
-    saved inputs, output and LSE (the LSE itself gets no gradient)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cfg, mask, cu):  # type: ignore[override]
-        out, lse = _forward(cfg, q, k, v, mask, cu)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.cfg, ctx.mask, ctx.cu = cfg, mask, cu
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out, _grad_lse):  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors
-        grad_out = _check_tensor("grad_out", grad_out, q.dtype, q.device)
-        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-        m = None if ctx.mask is None else _describe(ctx.mask)
-        args = (ctx.cfg, *(_describe(t) for t in (q, k, v, out, lse, grad_out, dq, dk, dv)), m, ctx.cu)
-        _native.backward(*args, torch.get_num_threads(), _placement(q))
-        return dq, dk, dv, None, None, None
-
-
-def attention_with_cfg(cfg, query, key, value, key_padding_mask=None, cu_seqlens=None):
-    """The op on a prepared config: returns `(out, lse)`."""
+def attention(
+    query,
+    key,
+    value,
+    segment_lengths: Sequence[int],
+    dilation_rates: Sequence[int],
+    is_causal: bool,
+    softmax_scale: Optional[float],
+    mixing: str,
+    window: Optional[Window],
+    key_padding_mask=None,
+    cu_seqlens=None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The checked arguments handed to the registered op: returns `(out, lse)`."""
     q = _check_tensor("query", query)
     k = _check_tensor("key", key, q.dtype, q.device)
     v = _check_tensor("value", value, q.dtype, q.device)
     mask = _check_mask(key_padding_mask, q.device)
-    return _DilatedAttentionFn.apply(q, k, v, cfg, mask, _check_cu(cu_seqlens))
+    win = None if window is None else [int(x) for x in window]
+    segs = [int(x) for x in (segment_lengths or ())]
+    rates = [int(x) for x in (dilation_rates or ())]
+    scale = None if softmax_scale is None else float(softmax_scale)
+    cu = _check_cu(cu_seqlens)
+    return _ops.attention(q, k, v, segs, rates, bool(is_causal), scale, mixing, win, mask, cu)
 
 
 def dilated_attention_with_lse(
@@ -179,8 +112,10 @@ def dilated_attention_with_lse(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """[`dilated_attention`][attn_dilated.dilated_attention] that also returns the
     float32 LSE `[batch, seq, heads]` (natural log; `-inf` where a row attends nothing)."""
-    cfg = make_config(segment_lengths, dilation_rates, is_causal, softmax_scale, mixing, window)
-    return attention_with_cfg(cfg, query, key, value, key_padding_mask, cu_seqlens)
+    return attention(
+        query, key, value, segment_lengths, dilation_rates, is_causal, softmax_scale, mixing, window,
+        key_padding_mask, cu_seqlens,
+    )
 
 
 def dilated_attention(

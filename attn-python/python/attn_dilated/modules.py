@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._op import CuSeqlens, Window, attention_with_cfg, make_config
+from ._op import CuSeqlens, Window, attention, make_config
 
 
 class DilatedAttention(nn.Module):
@@ -57,8 +57,10 @@ class DilatedAttention(nn.Module):
         key_padding_mask: Optional[Tensor] = None,
         cu_seqlens: Optional[CuSeqlens] = None,
     ) -> Tensor:
-        cfg = self._configs[bool(is_causal)]
-        out, _ = attention_with_cfg(cfg, query, key, value, key_padding_mask, cu_seqlens)
+        out, _ = attention(
+            query, key, value, self.segment_lengths, self.dilation_rates, is_causal, self.softmax_scale,
+            self.mixing, self.window, key_padding_mask, cu_seqlens,
+        )
         return out
 
     def extra_repr(self) -> str:

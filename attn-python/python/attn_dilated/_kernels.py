@@ -1,0 +1,103 @@
+"""The native calls: configs (validated, cached), tensors described to the kernels
+(address, shape and strides, no copies), and the forward and backward writing outputs
+that torch allocates on the inputs' device (CUDA calls on the current stream)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import _native
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_MIXINGS = ("head_groups", "longnet", "window")
+
+Window = Tuple[int, int]
+CuSeqlens = Union[torch.Tensor, Sequence[int]]
+
+
+def make_config(
+    segment_lengths: Sequence[int],
+    dilation_rates: Sequence[int],
+    is_causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    mixing: str = "head_groups",
+    window: Optional[Window] = None,
+) -> "_native.Config":
+    """A validated native config; a bad value raises ValueError naming it. With a
+    window, `mixing` may stay `head_groups` (the default) or be `window`."""
+    if mixing not in _MIXINGS:
+        raise ValueError(f"mixing must be one of {_MIXINGS}, got {mixing!r}")
+    segs = [int(x) for x in (segment_lengths or ())]
+    rates = [int(x) for x in (dilation_rates or ())]
+    if any(x < 0 for x in segs + rates):
+        raise ValueError(f"segment_lengths {segs} and dilation_rates {rates} must be non-negative")
+    win = None
+    if window is not None:
+        left, right = window
+        if int(left) < 0 or int(right) < 0:
+            raise ValueError(f"window {window} must be two non-negative integers")
+        win = (int(left), int(right))
+        if mixing == "head_groups":
+            mixing = "window"
+    scale = None if softmax_scale is None else float(softmax_scale)
+    return _native.Config(segs, rates, mixing, "causal" if is_causal else "full", scale, win)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_config(segs: tuple, rates: tuple, is_causal: bool, scale, mixing: str, window) -> "_native.Config":
+    return make_config(segs, rates, is_causal, scale, mixing, window)
+
+
+def config(segs, rates, is_causal: bool, scale, mixing: str, window) -> "_native.Config":
+    """[`make_config`] for the op's arguments, built once per distinct value."""
+    win = None if window is None else tuple(int(x) for x in window)
+    return _cached_config(tuple(segs), tuple(rates), bool(is_causal), scale, mixing, win)
+
+
+def describe(t: torch.Tensor) -> tuple:
+    """What the kernels read of a tensor: its address, sizes, strides and dtype name."""
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), _DTYPE_NAMES.get(t.dtype, str(t.dtype)[6:]))
+
+
+def inner_unit(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a contiguous copy where its innermost stride is not 1 (the kernels read
+    rows of head_dim consecutive elements)."""
+    return t if t.numel() == 0 or t.stride(-1) == 1 else t.contiguous()
+
+
+def placement(t: torch.Tensor) -> Optional[Tuple[int, int]]:
+    """None for a CPU tensor; for a CUDA tensor its device and that device's current
+    stream, so the kernels are ordered with the caller's work like a torch op."""
+    if not t.is_cuda:
+        return None
+    return (t.get_device(), torch.cuda.current_stream(t.device).cuda_stream)
+
+
+def forward(cfg, q, k, v, mask, cu) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`(out, lse)`: out like q (contiguous), lse float32 `[batch, seq, heads]`."""
+    b, n, h, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, n, h), dtype=torch.float32, device=q.device)
+    m = None if mask is None else describe(mask)
+    args = (cfg, describe(q), describe(k), describe(v), describe(out), describe(lse), m, cu)
+    _native.forward(*args, torch.get_num_threads(), placement(q))
+    return out, lse
+
+
+def backward(cfg, grad_out, q, k, v, out, lse, mask, cu) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(dq, dk, dv)`, each like its input (contiguous), from the forward's out and lse."""
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    m = None if mask is None else describe(mask)
+    args = (cfg, *(describe(t) for t in (q, k, v, out, lse, grad_out, dq, dk, dv)), m, cu)
+    _native.backward(*args, torch.get_num_threads(), placement(q))
+    return dq, dk, dv
+
+
+def cuda_unavailable_reason(device: Union[int, torch.device, str] = 0) -> Optional[str]:
+    """Why the CUDA kernels cannot run on `device` (a wheel built without CUDA, no
+    driver or NVRTC, no such device, a GPU older than sm_80), or None where they can."""
+    index = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    return _native.cuda_unavailable_reason(0 if index.index is None else index.index)
