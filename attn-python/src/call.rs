@@ -9,7 +9,6 @@ use attn_core::{
     Saved, TensorName,
 };
 use attn_kernels::CpuBackend;
-use half::{bf16, f16};
 use pyo3::Python;
 
 use crate::raw::{Access, Checked, RawTensor, check_disjoint, torch_name};
@@ -109,6 +108,20 @@ pub struct BackwardArgs {
     pub dv: RawTensor,
 }
 
+/// `f::<T>(args)` for the element type `T` of q's dtype (`bfloat16`, `float16`, else
+/// `float32`, which the typed call checks).
+macro_rules! by_dtype {
+    ($q:expr, $f:ident($($arg:expr),*)) => {
+        match $crate::call::dtype_of($q)? {
+            attn_core::DType::BF16 => $f::<half::bf16>($($arg),*),
+            attn_core::DType::F16 => $f::<half::f16>($($arg),*),
+            _ => $f::<f32>($($arg),*),
+        }
+    };
+}
+#[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
+pub(crate) use by_dtype;
+
 /// The element type a call runs in, from q's dtype name.
 pub(crate) fn dtype_of(q: &RawTensor) -> Result<DType> {
     match q.dtype() {
@@ -176,11 +189,7 @@ pub fn forward(
     masks: &MaskArgs,
     threads: usize,
 ) -> Result<()> {
-    match dtype_of(&args.q)? {
-        DType::BF16 => forward_typed::<bf16>(py, cfg, args, masks, threads),
-        DType::F16 => forward_typed::<f16>(py, cfg, args, masks, threads),
-        _ => forward_typed::<f32>(py, cfg, args, masks, threads),
-    }
+    by_dtype!(&args.q, forward_typed(py, cfg, args, masks, threads))
 }
 
 fn forward_typed<T: Element>(
@@ -216,11 +225,7 @@ pub fn backward(
     masks: &MaskArgs,
     threads: usize,
 ) -> Result<()> {
-    match dtype_of(&args.q)? {
-        DType::BF16 => backward_typed::<bf16>(py, cfg, args, masks, threads),
-        DType::F16 => backward_typed::<f16>(py, cfg, args, masks, threads),
-        _ => backward_typed::<f32>(py, cfg, args, masks, threads),
-    }
+    by_dtype!(&args.q, backward_typed(py, cfg, args, masks, threads))
 }
 
 fn backward_typed<T: Element>(

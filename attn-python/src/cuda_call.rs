@@ -22,16 +22,15 @@ mod imp {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
 
-    use attn_core::{AttnError, DType, DilatedConfig, PackedSequences, Result, TensorName};
+    use attn_core::{AttnError, DilatedConfig, PackedSequences, Result, TensorName};
     use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceSaved, DeviceTensor};
     use attn_kernels::cuda::{Foreign, RawStream, backward_call, forward_call_into};
     use attn_kernels::cuda::{foreign_key_padding, foreign_slice, foreign_tensor};
-    use half::{bf16, f16};
     use pyo3::Python;
 
     use super::Placement;
     use crate::call::{
-        BackwardArgs, ForwardArgs, MaskArgs, checked_backward, checked_forward, cu_seqlens, dtype_of, lse_dims,
+        BackwardArgs, ForwardArgs, MaskArgs, by_dtype, checked_backward, checked_forward, cu_seqlens, lse_dims,
     };
     use crate::raw::{Access, Checked, check_disjoint};
 
@@ -108,11 +107,7 @@ mod imp {
         masks: &MaskArgs,
         at: Placement,
     ) -> Result<()> {
-        match dtype_of(&args.q)? {
-            DType::BF16 => forward_typed::<bf16>(py, cfg, args, masks, at),
-            DType::F16 => forward_typed::<f16>(py, cfg, args, masks, at),
-            _ => forward_typed::<f32>(py, cfg, args, masks, at),
-        }
+        by_dtype!(&args.q, forward_typed(py, cfg, args, masks, at))
     }
 
     fn forward_typed<T: CudaElement>(
@@ -155,11 +150,7 @@ mod imp {
         masks: &MaskArgs,
         at: Placement,
     ) -> Result<()> {
-        match dtype_of(&args.q)? {
-            DType::BF16 => backward_typed::<bf16>(py, cfg, args, masks, at),
-            DType::F16 => backward_typed::<f16>(py, cfg, args, masks, at),
-            _ => backward_typed::<f32>(py, cfg, args, masks, at),
-        }
+        by_dtype!(&args.q, backward_typed(py, cfg, args, masks, at))
     }
 
     fn backward_typed<T: CudaElement>(

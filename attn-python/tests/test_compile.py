@@ -66,21 +66,24 @@ def test_compiled_op_equals_eager(backend):
         assert torch.equal(got, want), f"{name} differs under torch.compile({backend!r})"
 
 
+def layer_run(layer, x):
+    """The layer's causal output and each parameter's gradient of `sum(out ** 2)`."""
+    layer.zero_grad()
+    out, _ = layer(x, is_causal=True)
+    out.square().sum().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()}
+
+
 def test_compiled_layer_equals_eager():
     torch.manual_seed(11)
     layer = ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], num_kv_heads=2)
     x = torch.randn(2, 32, 32)
-    want, _ = layer(x, is_causal=True)
-    want.square().sum().backward()
-    want_grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
-    layer.zero_grad()
+    want, want_grads = layer_run(layer, x)
     torch._dynamo.reset()
-    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
-    got, _ = compiled(x, is_causal=True)
-    got.square().sum().backward()
+    got, grads = layer_run(torch.compile(layer, fullgraph=True, backend="aot_eager"), x)
     assert torch.equal(got, want)
-    for n, p in layer.named_parameters():
-        assert torch.equal(p.grad, want_grads[n]), f"{n}.grad differs under torch.compile"
+    for n, g in grads.items():
+        assert torch.equal(g, want_grads[n.removeprefix("_orig_mod.")]), f"{n}.grad differs under torch.compile"
 
 
 def test_a_bad_config_fails_at_trace_time():

@@ -19,7 +19,7 @@ import torch
 
 import attn_dilated as ad
 from checks import BOUND, assert_close, assert_lse
-from test_compile import BACKWARD, OP, problem, run
+from test_compile import BACKWARD, OP, layer_run, problem, run
 from test_golden import config_args, files, masks, read
 from test_op import make_case, run_case
 
@@ -100,16 +100,11 @@ def test_the_layer_runs_on_cuda(cuda):
     torch.manual_seed(5)
     layer = ad.MultiheadDilatedAttention(64, 4, [1, 2], [16, 32], num_kv_heads=2)
     x = torch.randn(2, 64, 64)
-    out_cpu, _ = layer(x, is_causal=True)
-    out_cpu.square().sum().backward()
-    grads_cpu = {n: p.grad.clone() for n, p in layer.named_parameters()}
-    layer.zero_grad()
-    layer.to(cuda)
-    out_gpu, _ = layer(x.to(cuda), is_causal=True)
-    out_gpu.square().sum().backward()
+    out_cpu, grads_cpu = layer_run(layer, x)
+    out_gpu, grads_gpu = layer_run(layer.to(cuda), x.to(cuda))
     assert_close("out", out_gpu, out_cpu, BOUND[torch.float32])
-    for n, p in layer.named_parameters():
-        assert_close(n, p.grad, grads_cpu[n], 1e-4)
+    for n, g in grads_gpu.items():
+        assert_close(n, g, grads_cpu[n], 1e-4)
 
 
 def test_the_kernels_run_on_the_current_stream(cuda):
