@@ -98,8 +98,7 @@ impl<'a, T: Element> AttnInputs<'a, T> {
     /// checked against them.
     pub fn shape(&self) -> Result<AttnShape> {
         let [q, k, v] = [&self.q, &self.k, &self.v].map(|x| x.shape().dims());
-        let shape = if self.is_cross() { AttnShape::check_cross(&q, &k, &v)? } else { AttnShape::check(&q, &k, &v)? };
-        self.cfg.validate_heads(shape.q.heads)?;
+        let shape = AttnShape::of_call(self.cfg, [&q[..], &k[..], &v[..]])?;
         self.masks.check(&shape)?;
         Ok(shape)
     }

@@ -129,16 +129,26 @@ impl<'a> Masks<'a> {
     /// Check the masks against the call's shapes: the padding mask is `[batch, key_seq]`;
     /// packed sequences need batch 1, self-attention, and end at the sequence length.
     pub fn check(&self, shape: &AttnShape) -> Result<()> {
-        if let Some(m) = self.key_padding
-            && (m.batch, m.seq) != (shape.kv.batch, shape.kv.seq)
+        Self::check_sizes(self.key_padding.map(|m| (m.batch, m.seq)), self.packing, shape)
+    }
+
+    /// [`Masks::check`] for a padding mask given by its `(batch, key_seq)` sizes (one
+    /// whose flags live elsewhere, such as device memory).
+    pub fn check_sizes(
+        key_padding: Option<(usize, usize)>,
+        packing: Option<PackedSequences<'_>>,
+        shape: &AttnShape,
+    ) -> Result<()> {
+        if let Some((batch, seq)) = key_padding
+            && (batch, seq) != (shape.kv.batch, shape.kv.seq)
         {
             return Err(AttnError::ShapeMismatch {
                 tensor: TensorName::KeyPaddingMask,
                 expected: vec![shape.kv.batch, shape.kv.seq],
-                got: vec![m.batch, m.seq],
+                got: vec![batch, seq],
             });
         }
-        if let Some(p) = self.packing {
+        if let Some(p) = packing {
             if shape.q.batch != 1 {
                 return Err(AttnError::PackedBatch { batch: shape.q.batch });
             }

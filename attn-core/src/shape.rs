@@ -1,5 +1,6 @@
 //! Checked shapes: `[batch, seq, heads, head_dim]` and the q/kv pair of one call.
 
+use crate::config::DilatedConfig;
 use crate::error::{AttnError, Result, TensorName};
 
 /// A `[batch, seq, heads, head_dim]` shape whose element count fits in `usize`
@@ -102,6 +103,14 @@ impl AttnShape {
     /// Whether k and v have fewer heads than q (grouped-query attention).
     pub fn is_grouped(&self) -> bool {
         self.kv.heads != self.q.heads
+    }
+
+    /// The shapes of a call of `cfg` on tensors of dims `q`, `k`, `v`: cross-attention
+    /// where k's sequence length differs from q's, and the config's head rule checked.
+    pub fn of_call(cfg: &DilatedConfig, [q, k, v]: [&[usize]; 3]) -> Result<Self> {
+        let shape = if k.get(1) != q.get(1) { Self::check_cross(q, k, v)? } else { Self::check(q, k, v)? };
+        cfg.validate_heads(shape.q.heads)?;
+        Ok(shape)
     }
 
     /// Check self-attention q, k, v dims: k and v agree exactly and match q in batch,

@@ -22,7 +22,7 @@ mod imp {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
 
-    use attn_core::{AttnError, DilatedConfig, PackedSequences, Result, TensorName};
+    use attn_core::{AttnError, AttnShape, DilatedConfig, Masks, PackedSequences, Result, TensorName};
     use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceSaved, DeviceTensor};
     use attn_kernels::cuda::{Foreign, RawStream, backward_call, forward_call_into};
     use attn_kernels::cuda::{foreign_key_padding, foreign_slice, foreign_tensor};
@@ -86,6 +86,11 @@ mod imp {
             Ok(Mask(Some((c, batch, seq))))
         }
 
+        /// The mask's `(batch, key_seq)`.
+        fn sizes(&self) -> Option<(usize, usize)> {
+            self.0.as_ref().map(|(_, batch, seq)| (*batch, *seq))
+        }
+
         fn wrap(&self, dev: &CudaDevice) -> Option<Foreign<DeviceKeyPadding>> {
             self.0.as_ref().map(|(c, batch, seq)| {
                 // SAFETY: as in `wrap`: a checked, contiguous `batch * seq` byte tensor.
@@ -123,6 +128,8 @@ mod imp {
         let mask = Mask::check(mask_args, &[&out, &lse])?;
         let cu = cu_seqlens(mask_args)?;
         let packing = cu.as_deref().map(PackedSequences::new).transpose()?;
+        let shape = AttnShape::of_call(cfg, [q.dims(), k.dims(), v.dims()])?;
+        Masks::check_sizes(mask.sizes(), packing, &shape)?;
         py.detach(|| {
             let dev = on_stream(at)?;
             let (fq, fk, fv) = (
@@ -168,6 +175,8 @@ mod imp {
         let mask = Mask::check(mask_args, &[&dq, &dk, &dv])?;
         let cu = cu_seqlens(mask_args)?;
         let packing = cu.as_deref().map(PackedSequences::new).transpose()?;
+        let shape = AttnShape::of_call(cfg, [q.dims(), k.dims(), v.dims()])?;
+        Masks::check_sizes(mask.sizes(), packing, &shape)?;
         py.detach(|| {
             let dev = on_stream(at)?;
             let w = |c: &Checked, name| wrap::<T>(&dev, c, name);

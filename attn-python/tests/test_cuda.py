@@ -66,6 +66,27 @@ def test_without_a_gpu_a_cuda_call_is_a_typed_error():
     assert str(e.value) == reason
 
 
+def test_the_cuda_entry_checks_before_touching_the_device():
+    """The native CUDA entry checks shapes, masks and output layouts against each other
+    before it opens a device, so these errors are the same with or without a GPU."""
+    q, k, v = (torch.randn(1, 32, 4, 8) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(1, 32, 4)
+    d = lambda t: (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype)[6:])
+    cfg = ad.make_config([16], [1])
+
+    def call(q=q, k=k, v=v, out=out, mask=None, cu=None):
+        ad._native.forward(cfg, d(q), d(k), d(v), d(out), d(lse), None if mask is None else d(mask), cu, 1, (0, 0))
+
+    with pytest.raises(ValueError, match=r"key_padding_mask has shape \[1, 31\] but \[1, 32\]"):
+        call(mask=torch.zeros(1, 31, dtype=torch.bool))
+    with pytest.raises(ValueError, match="cu_seqlens is invalid: ends at 30 but the packed batch has 32 tokens"):
+        call(cu=[0, 10, 30])
+    with pytest.raises(ValueError, match="4 query heads cannot share 3 key/value heads"):
+        call(k=k[:, :, :3].contiguous(), v=v[:, :, :3].contiguous())
+    with pytest.raises(ValueError, match="not the contiguous"):
+        call(out=torch.empty(1, 4, 32, 8).transpose(1, 2))
+
+
 @pytest.mark.parametrize("path", files("dilated", "features"), ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_attention_vectors_on_cuda(path, cuda):
     meta, t, rel_tol = read(path)
