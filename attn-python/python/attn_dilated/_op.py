@@ -11,11 +11,17 @@ import torch
 from . import _ops
 from ._kernels import CuSeqlens, Window, cuda_unavailable_reason, make_config
 
-__all__ = ["CuSeqlens", "Window", "cuda_unavailable_reason", "make_config"]
+__all__ = [
+    "CuSeqlens",
+    "Window",
+    "attention",
+    "cuda_unavailable_reason",
+    "dilated_attention",
+    "dilated_attention_with_lse",
+    "make_config",
+]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
