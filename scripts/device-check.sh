@@ -164,7 +164,7 @@ step_env() {
     echo "python3: $(command -v python3) $(python3 -c 'import torch; print("torch", torch.__version__)' 2>&1 | tail -1)" >>"$LOG"
     # Whether the pack's Python package loads there and can reach the kernels (the python
     # step judges it; this line is for the log).
-    echo "attn_dilated: $(PYTHONPATH="$PACK/python" python3 -c 'import attn_dilated as a; print("loads; cuda_unavailable_reason:", a.cuda_unavailable_reason())' 2>&1 | tail -1)" >>"$LOG"
+    echo "python3: attn_dilated $(PYTHONPATH="$PACK/python" python3 -c 'import attn_dilated as a; print("loads; cuda_unavailable_reason:", a.cuda_unavailable_reason())' 2>&1 | tail -1)" >>"$LOG"
     # The pack's binaries run here (a broken pack fails this step, GPU or not).
     logged 30 "$PACK/bin/attn-golden" "$PACK/conformance/dilated" --backend cpu --expect 9 || ok=1
     logged 30 "$PACK/bin/cuda_unavailable" --test-threads=1 || ok=1
@@ -335,6 +335,12 @@ run() {
         if [ -s "$OUT/bench-summary.md" ]; then
             echo
             cat "$OUT/bench-summary.md"
+        fi
+        # The python step's bench table (the package against the torch composition).
+        if grep -q '^attn_dilated bench:' "$OUT/python.log" 2>/dev/null; then
+            printf '\n## Python package\n\n```\n'
+            sed -n '/^attn_dilated bench:/,/speed-up/p' "$OUT/python.log"
+            printf '```\n'
         fi
     } >"$OUT/device-report.md"
     local IFS=,
