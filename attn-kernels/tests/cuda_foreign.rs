@@ -3,7 +3,8 @@
 //! the raw addresses (`foreign_tensor`, `foreign_slice`, `foreign_key_padding`) and that
 //! stream's handle (`with_foreign_stream`), and reads the results back from its own
 //! buffers, passes every golden file in f32 and bf16; dropping a foreign handle leaves the
-//! owner's memory allocated and unchanged. Skips without a GPU (fails instead with
+//! owner's memory allocated and unchanged; a host address or a span ending outside device
+//! memory never becomes a handle. Skips without a GPU (fails instead with
 //! `ATTN_REQUIRE_GPU=1`).
 #![cfg(feature = "cuda")]
 #![allow(unsafe_code)]
@@ -15,7 +16,7 @@ use attn_core::{Attention, AttnInputs, DilatedConfig, Grads, Masks, Result, Save
 use attn_core::{AttnShape, Pass, TensorView, TensorViewMut};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceSaved, DeviceTensor};
 use attn_kernels::cuda::{
-    Foreign, backward_call, foreign_key_padding, foreign_slice, foreign_tensor, forward_call_into,
+    Foreign, backward_call, check_device_span, foreign_key_padding, foreign_slice, foreign_tensor, forward_call_into,
 };
 use attn_testkit::Typed;
 use attn_testkit::golden::assert_attention_dirs_pass;
@@ -68,7 +69,7 @@ impl OwnedElsewhere {
         }
     }
 
-    fn borrow_mask(&self, dev: &CudaDevice, m: &DeviceKeyPadding) -> Foreign<DeviceKeyPadding> {
+    fn borrow_mask(&self, dev: &CudaDevice, m: &DeviceKeyPadding) -> Result<Foreign<DeviceKeyPadding>> {
         // SAFETY: as in `borrow`, for the mask's `batch * seq` bytes.
         unsafe { foreign_key_padding(dev, addr(&self.owner, &m.flags), m.batch, m.seq) }
     }
@@ -92,10 +93,11 @@ impl<T: CudaElement> Attention<T> for OwnedElsewhere {
         {
             let dev = self.kernels();
             let (fq, fk, fv) = (self.borrow(&dev, &q)?, self.borrow(&dev, &k)?, self.borrow(&dev, &v)?);
-            let fmask = mask.as_ref().map(|m| self.borrow_mask(&dev, m));
+            let fmask = mask.as_ref().map(|m| self.borrow_mask(&dev, m)).transpose()?;
             let mut fout = self.borrow(&dev, &owned_out)?;
             // SAFETY: as in `borrow`, for the owner's lse buffer.
-            let mut flse = unsafe { foreign_slice::<f32>(&dev, addr(&self.owner, &owned_lse), owned_lse.len()) };
+            let mut flse =
+                unsafe { foreign_slice::<f32>(&dev, TensorName::Lse, addr(&self.owner, &owned_lse), owned_lse.len()) }?;
             let block = DeviceBlock {
                 key_padding: fmask.as_deref(),
                 packing: inputs.masks.packing,
@@ -127,8 +129,8 @@ impl<T: CudaElement> Attention<T> for OwnedElsewhere {
             let b = |t| self.borrow(&dev, t);
             let (fq, fk, fv, fout, fgo) = (b(&q)?, b(&k)?, b(&v)?, b(&out)?, b(&go)?);
             // SAFETY: as in `borrow`, for the owner's lse buffer.
-            let flse = unsafe { foreign_slice::<f32>(&dev, addr(&self.owner, &lse), lse.len()) };
-            let fmask = mask.as_ref().map(|m| self.borrow_mask(&dev, m));
+            let flse = unsafe { foreign_slice::<f32>(&dev, TensorName::Lse, addr(&self.owner, &lse), lse.len()) }?;
+            let fmask = mask.as_ref().map(|m| self.borrow_mask(&dev, m)).transpose()?;
             let [mut dq, mut dk, mut dv] = [b(&owned[0])?, b(&owned[1])?, b(&owned[2])?];
             let block = DeviceBlock {
                 key_padding: fmask.as_deref(),
@@ -174,12 +176,32 @@ fn dropping_a_foreign_handle_leaves_the_owners_memory() {
     let owned = b.owner.stream().clone_htod(&values).unwrap();
     for _ in 0..3 {
         // SAFETY: `owned` is the owner's live allocation of `values.len()` f32s.
-        let handle = unsafe { foreign_slice::<f32>(&b.kernels(), addr(&b.owner, &owned), owned.len()) };
-        drop(handle);
+        let handle =
+            unsafe { foreign_slice::<f32>(&b.kernels(), TensorName::Lse, addr(&b.owner, &owned), owned.len()) };
+        drop(handle.unwrap());
     }
     b.owner.synchronize().unwrap();
     assert_eq!(b.owner.stream().clone_dtoh(&owned).unwrap(), values);
     drop(owned);
     b.owner.synchronize().unwrap();
     b.owner.context().check_err().expect("freeing the owner's memory once, after its foreign handles, is clean");
+}
+
+#[test]
+fn only_this_devices_memory_becomes_a_foreign_handle() {
+    let Some(b) = owned_elsewhere("only_this_devices_memory_becomes_a_foreign_handle") else { return };
+    let owned = b.owner.stream().alloc_zeros::<f32>(1024).unwrap();
+    let at = addr(&b.owner, &owned);
+    let name = TensorName::Query;
+    check_device_span(&b.owner, name, at, 4096).expect("the whole allocation is this device's memory");
+    check_device_span(&b.owner, name, at + 1024, 3072).expect("so is a span inside it");
+    let host = vec![0f32; 1024];
+    let refused =
+        [(host.as_ptr() as u64, 4096, "a host address"), (at, 1 << 46, "a span ending far past any allocation")];
+    for (address, bytes, what) in refused {
+        let e = check_device_span(&b.owner, name, address, bytes).expect_err(what);
+        assert!(e.to_string().contains("are not memory of CUDA device 0"), "{what}: {e}");
+        // SAFETY: refused before any handle is made.
+        assert!(unsafe { foreign_slice::<u8>(&b.kernels(), name, address, bytes) }.is_err(), "{what}");
+    }
 }

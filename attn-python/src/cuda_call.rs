@@ -60,9 +60,10 @@ mod imp {
     /// A tensor's memory as a foreign handle on `dev`.
     fn wrap<T: CudaElement>(dev: &CudaDevice, c: &Checked, name: TensorName) -> Result<Foreign<DeviceTensor<T>>> {
         let (span, shape, strides) = c.device_parts4()?;
-        // SAFETY: `c` was checked against the tensor's sizes and strides; the Python
-        // wrapper holds the tensor (on the device of `dev`) for the whole call, and the
-        // kernels touch it only on the caller's current stream.
+        // SAFETY: `c` was checked against the tensor's sizes and strides, and
+        // `foreign_tensor` checks that its span is `dev`'s memory; the Python wrapper holds
+        // the tensor for the whole call, and the kernels touch it only on the caller's
+        // current stream.
         unsafe { foreign_tensor(dev, name, span, shape, strides) }
     }
 
@@ -91,11 +92,14 @@ mod imp {
             self.0.as_ref().map(|(_, batch, seq)| (*batch, *seq))
         }
 
-        fn wrap(&self, dev: &CudaDevice) -> Option<Foreign<DeviceKeyPadding>> {
-            self.0.as_ref().map(|(c, batch, seq)| {
-                // SAFETY: as in `wrap`: a checked, contiguous `batch * seq` byte tensor.
-                unsafe { foreign_key_padding(dev, c.device_span().0, *batch, *seq) }
-            })
+        fn wrap(&self, dev: &CudaDevice) -> Result<Option<Foreign<DeviceKeyPadding>>> {
+            self.0
+                .as_ref()
+                .map(|(c, batch, seq)| {
+                    // SAFETY: as in `wrap`: a checked, contiguous `batch * seq` byte tensor.
+                    unsafe { foreign_key_padding(dev, c.device_span().0, *batch, *seq) }
+                })
+                .transpose()
         }
     }
 
@@ -138,9 +142,10 @@ mod imp {
                 wrap(&dev, &v, TensorName::Value)?,
             );
             let mut fout = wrap::<T>(&dev, &out, TensorName::Output)?;
+            let (at, len) = lse.device_span();
             // SAFETY: as in `wrap`: the checked, contiguous f32 lse tensor.
-            let mut flse = unsafe { foreign_slice::<f32>(&dev, lse.device_span().0, lse.device_span().1) };
-            let fmask = mask.wrap(&dev);
+            let mut flse = unsafe { foreign_slice::<f32>(&dev, TensorName::Lse, at, len) }?;
+            let fmask = mask.wrap(&dev)?;
             let block = DeviceBlock {
                 key_padding: fmask.as_deref(),
                 packing,
@@ -184,9 +189,10 @@ mod imp {
             let (fout, fgo) = (w(&out, TensorName::Output)?, w(&grad_out, TensorName::GradOutput)?);
             let (mut fdq, mut fdk, mut fdv) =
                 (w(&dq, TensorName::GradQuery)?, w(&dk, TensorName::GradKey)?, w(&dv, TensorName::GradValue)?);
+            let (at, len) = lse.device_span();
             // SAFETY: as in `wrap`: the checked, contiguous f32 lse tensor.
-            let flse = unsafe { foreign_slice::<f32>(&dev, lse.device_span().0, lse.device_span().1) };
-            let fmask = mask.wrap(&dev);
+            let flse = unsafe { foreign_slice::<f32>(&dev, TensorName::Lse, at, len) }?;
+            let fmask = mask.wrap(&dev)?;
             let block = DeviceBlock {
                 key_padding: fmask.as_deref(),
                 packing,

@@ -51,19 +51,24 @@ def test_the_reason_names_what_is_missing():
         assert any(w in reason for w in ("libcuda", "libnvrtc", "device 0 requested", "`cuda` feature")), reason
 
 
-def test_without_a_gpu_a_cuda_call_is_a_typed_error():
-    """The native CUDA entry on a machine whose kernels cannot run raises the reason
-    (RuntimeError, or NotImplementedError for a wheel built without CUDA), never a panic."""
+def test_host_memory_in_a_cuda_call_is_a_typed_error():
+    """The native CUDA entry given CPU tensors raises, never faults or panics: where the
+    kernels can run, a ValueError saying the memory is not the device's; elsewhere the
+    reason they cannot (RuntimeError, or NotImplementedError for a wheel built without
+    CUDA)."""
     reason = ad.cuda_unavailable_reason(0)
-    if reason is None:
-        pytest.skip("the CUDA kernels can run here: the tests below call them")
     q, k, v = (torch.randn(1, 32, 2, 8) for _ in range(3))
     out, lse = torch.empty_like(q), torch.empty(1, 32, 2)
     d = lambda t: (t.data_ptr(), tuple(t.shape), tuple(t.stride()), "float32")
     cfg = ad.make_config([16], [1])
-    with pytest.raises((RuntimeError, NotImplementedError)) as e:
-        ad._native.forward(cfg, d(q), d(k), d(v), d(out), d(lse), None, None, 1, (0, 0))
-    assert str(e.value) == reason
+    stream = torch.cuda.current_stream().cuda_stream if reason is None else 0
+    expected = ValueError if reason is None else (RuntimeError, NotImplementedError)
+    with pytest.raises(expected) as e:
+        ad._native.forward(cfg, d(q), d(k), d(v), d(out), d(lse), None, None, 1, (0, stream))
+    if reason is None:
+        assert "are not memory of CUDA device 0" in str(e.value), str(e.value)
+    else:
+        assert str(e.value) == reason
 
 
 def test_the_cuda_entry_checks_before_touching_the_device():

@@ -10,8 +10,9 @@ use std::ops::{Deref, DerefMut};
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Result, Shape4};
 use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::{CUpointer_attribute, CUresult, cuPointerGetAttribute};
 
-use super::device::CudaDevice;
+use super::device::{CudaDevice, cuda_err};
 use super::tensor::{CudaElement, DeviceKeyPadding, DeviceTensor, extent};
 
 /// A raw CUDA stream handle (`CUstream`), as a framework hands it over.
@@ -95,19 +96,63 @@ impl CudaDevice {
     }
 }
 
-/// `len` elements of `T` at device address `addr`, owned elsewhere.
+/// Check that the first and the last of the `bytes` at `addr` are memory of `dev`'s
+/// device as the driver records it: a host address, another device's memory or a span
+/// ending outside any allocation is a typed error naming `tensor`, not a fault inside a
+/// kernel. (Only the ends are asked: allocators such as PyTorch's expandable segments map
+/// one tensor over several allocations.)
+pub fn check_device_span(dev: &CudaDevice, tensor: TensorName, addr: u64, bytes: usize) -> Result<()> {
+    dev.ctx.bind_to_thread().map_err(cuda_err)?;
+    let not_here = |why: String| {
+        AttnError::InvalidArgument(format!(
+            "{tensor}: {bytes} bytes at {addr:#x} are not memory of CUDA device {}: {why}",
+            dev.ctx.ordinal()
+        ))
+    };
+    let last =
+        addr.checked_add((bytes as u64).saturating_sub(1)).ok_or_else(|| not_here("the span overflows".into()))?;
+    for (end, at) in [("first", addr), ("last", last)] {
+        let ordinal = pointer_attribute::<i32>(CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, at)
+            .map_err(|e| not_here(format!("the driver does not know its {end} byte ({e:?})")))?;
+        if usize::try_from(ordinal).ok() != Some(dev.ctx.ordinal()) {
+            return Err(not_here(format!("its {end} byte is on device {ordinal}")));
+        }
+    }
+    Ok(())
+}
+
+/// One attribute of the allocation holding `addr`.
+fn pointer_attribute<V: Default>(attr: CUpointer_attribute, addr: u64) -> std::result::Result<V, CUresult> {
+    let mut value = V::default();
+    // SAFETY: `value` is a live, writable `V`, the type the driver writes for the
+    // attribute asked for (an int for the device ordinal).
+    let rc = unsafe { cuPointerGetAttribute((&mut value as *mut V).cast(), attr, addr) };
+    if rc == CUresult::CUDA_SUCCESS { Ok(value) } else { Err(rc) }
+}
+
+/// `len` elements of `T` at device address `addr`, owned elsewhere (named `tensor` in
+/// errors); [`check_device_span`] first.
 ///
 /// # Safety
-/// `addr` must address at least `len` elements of `T` in memory of `dev`'s context that
-/// stays allocated while the handle lives, and nothing else may write it meanwhile except
-/// through work ordered on `dev`'s stream.
-pub unsafe fn foreign_slice<T>(dev: &CudaDevice, addr: u64, len: usize) -> Foreign<CudaSlice<T>> {
-    // SAFETY: the caller guarantees the allocation (see above); `Foreign` never frees it.
-    Foreign(ManuallyDrop::new(unsafe { dev.stream.upgrade_device_ptr::<T>(addr, len) }))
+/// The memory must stay allocated while the handle lives, and nothing else may write it
+/// meanwhile except through work ordered on `dev`'s stream.
+pub unsafe fn foreign_slice<T>(
+    dev: &CudaDevice,
+    tensor: TensorName,
+    addr: u64,
+    len: usize,
+) -> Result<Foreign<CudaSlice<T>>> {
+    let bytes =
+        len.checked_mul(std::mem::size_of::<T>()).ok_or(AttnError::ShapeOverflow { tensor, dims: vec![len] })?;
+    check_device_span(dev, tensor, addr, bytes)?;
+    // SAFETY: the span starts and ends in this device's memory (checked above), which the
+    // caller keeps allocated; `Foreign` never frees it.
+    Ok(Foreign(ManuallyDrop::new(unsafe { dev.stream.upgrade_device_ptr::<T>(addr, len) })))
 }
 
 /// A strided `[batch, seq, heads, head_dim]` tensor at device address `addr` holding `len`
-/// elements, owned elsewhere. The strides must reach no element past `len`.
+/// elements, owned elsewhere. The strides must reach no element past `len`, and the span
+/// must be this device's memory ([`check_device_span`]).
 ///
 /// # Safety
 /// As [`foreign_slice`].
@@ -123,18 +168,24 @@ pub unsafe fn foreign_tensor<T: CudaElement>(
         return Err(AttnError::BufferTooSmall { tensor, len, needed });
     }
     // SAFETY: as this function's contract; the slice is forgotten with the tensor.
-    let data = unsafe { foreign_slice::<T>(dev, addr, len) }.into_inner();
+    let data = unsafe { foreign_slice::<T>(dev, tensor, addr, len) }?.into_inner();
     Ok(Foreign(ManuallyDrop::new(DeviceTensor { data, shape, strides })))
 }
 
 /// A contiguous `[batch, seq]` key padding mask of bytes (non-zero = padding) at device
-/// address `addr`, owned elsewhere.
+/// address `addr`, owned elsewhere ([`check_device_span`] first).
 ///
 /// # Safety
-/// As [`foreign_slice`], for `batch * seq` bytes.
-pub unsafe fn foreign_key_padding(dev: &CudaDevice, addr: u64, batch: usize, seq: usize) -> Foreign<DeviceKeyPadding> {
-    let len = batch.saturating_mul(seq);
+/// As [`foreign_slice`].
+pub unsafe fn foreign_key_padding(
+    dev: &CudaDevice,
+    addr: u64,
+    batch: usize,
+    seq: usize,
+) -> Result<Foreign<DeviceKeyPadding>> {
+    let tensor = TensorName::KeyPaddingMask;
+    let len = batch.checked_mul(seq).ok_or(AttnError::ShapeOverflow { tensor, dims: vec![batch, seq] })?;
     // SAFETY: as this function's contract; the flags are forgotten with the mask.
-    let flags = unsafe { foreign_slice::<u8>(dev, addr, len) }.into_inner();
-    Foreign(ManuallyDrop::new(DeviceKeyPadding { flags, batch, seq }))
+    let flags = unsafe { foreign_slice::<u8>(dev, tensor, addr, len) }?.into_inner();
+    Ok(Foreign(ManuallyDrop::new(DeviceKeyPadding { flags, batch, seq })))
 }

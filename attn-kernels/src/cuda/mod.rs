@@ -41,6 +41,6 @@ pub use block::{
 pub use call::{DeviceSaved, backward_call, forward_call_into};
 pub use device::{CudaDevice, check_available, nvrtc_present};
 pub use epilogue::{delta, finish_forward, store_scaled};
-pub use foreign::{Foreign, Forget, RawStream, foreign_key_padding, foreign_slice, foreign_tensor};
+pub use foreign::{Foreign, Forget, RawStream, check_device_span, foreign_key_padding, foreign_slice, foreign_tensor};
 pub use host::CudaBackend;
 pub use tensor::{CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor};
