@@ -95,9 +95,9 @@ impl<T: CudaElement> Attention<T> for OwnedElsewhere {
             let (fq, fk, fv) = (self.borrow(&dev, &q)?, self.borrow(&dev, &k)?, self.borrow(&dev, &v)?);
             let fmask = mask.as_ref().map(|m| self.borrow_mask(&dev, m)).transpose()?;
             let mut fout = self.borrow(&dev, &owned_out)?;
+            let lse_at = addr(&self.owner, &owned_lse);
             // SAFETY: as in `borrow`, for the owner's lse buffer.
-            let mut flse =
-                unsafe { foreign_slice::<f32>(&dev, TensorName::Lse, addr(&self.owner, &owned_lse), owned_lse.len()) }?;
+            let mut flse = unsafe { foreign_slice::<f32>(&dev, TensorName::Lse, lse_at, owned_lse.len()) }?;
             let block = DeviceBlock {
                 key_padding: fmask.as_deref(),
                 packing: inputs.masks.packing,
@@ -175,9 +175,9 @@ fn dropping_a_foreign_handle_leaves_the_owners_memory() {
     let values: Vec<f32> = (0..4096).map(|i| i as f32 * 0.5).collect();
     let owned = b.owner.stream().clone_htod(&values).unwrap();
     for _ in 0..3 {
+        let (dev, at) = (b.kernels(), addr(&b.owner, &owned));
         // SAFETY: `owned` is the owner's live allocation of `values.len()` f32s.
-        let handle =
-            unsafe { foreign_slice::<f32>(&b.kernels(), TensorName::Lse, addr(&b.owner, &owned), owned.len()) };
+        let handle = unsafe { foreign_slice::<f32>(&dev, TensorName::Lse, at, owned.len()) };
         drop(handle.unwrap());
     }
     b.owner.synchronize().unwrap();
