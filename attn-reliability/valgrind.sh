@@ -17,12 +17,7 @@ trap 'rm -rf "$JSON" "$EXES" "$LOGS"' EXIT
 # appended to $EXES; a failed build fails the script (it is not a run of fewer tests).
 executables() {
     cargo test "$@" --no-run --message-format=json >"$JSON"
-    python3 -c 'import sys, json
-for line in open(sys.argv[1]):
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] != "attn-ptx":
-        name = m["package_id"].split("#")[0].rstrip("/").split("/")[-1]
-        print(name + "/" + m["target"]["name"], m["executable"])' "$JSON" >>"$EXES"
+    python3 scripts/cargo_executables.py --except attn-ptx <"$JSON" >>"$EXES"
 }
 # The workspace's own test build (the one `cargo test --workspace` runs, so nothing is
 # rebuilt after it); a package alone would resolve other features and build again.

@@ -29,13 +29,7 @@ STEPS="env golden tests bench ring python sanitizer nccl"
 
 # Executables of the test targets named in $TARGETS that `cargo test --no-run ARGS` builds.
 test_binaries() {
-    cargo test --no-run --message-format=json "$@" 2>/dev/null | TARGETS="$TARGETS" python3 -c '
-import json, os, sys
-want = os.environ["TARGETS"].split()
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
-        print(m["executable"])'
+    cargo test --no-run --message-format=json "$@" 2>/dev/null | python3 scripts/cargo_executables.py --paths --only $TARGETS
 }
 
 pack() {
