@@ -109,6 +109,55 @@ mod imp {
         c.expect_contiguous(want)
     }
 
+    /// The packed sequences of `cu_seqlens`, checked.
+    fn packing(cu: &Option<Vec<usize>>) -> Result<Option<PackedSequences<'_>>> {
+        cu.as_deref().map(PackedSequences::new).transpose()
+    }
+
+    /// What both passes check besides their own tensors: the key padding mask (apart
+    /// from the `written` buffers), `cu_seqlens`, and q, k, v against the config and the
+    /// masks' sizes. Returns the mask and the sequence offsets.
+    fn checked_masks(
+        cfg: &DilatedConfig,
+        [q, k, v]: [&Checked; 3],
+        mask_args: &MaskArgs,
+        written: &[&Checked],
+    ) -> Result<(Mask, Option<Vec<usize>>)> {
+        let mask = Mask::check(mask_args, written)?;
+        let cu = cu_seqlens(mask_args)?;
+        let shape = AttnShape::of_call(cfg, [q.dims(), k.dims(), v.dims()])?;
+        Masks::check_sizes(mask.sizes(), packing(&cu)?, &shape)?;
+        Ok((mask, cu))
+    }
+
+    /// q, k, v and the mask of a call as foreign handles on one device.
+    struct DeviceInputs<T: CudaElement> {
+        q: Foreign<DeviceTensor<T>>,
+        k: Foreign<DeviceTensor<T>>,
+        v: Foreign<DeviceTensor<T>>,
+        mask: Option<Foreign<DeviceKeyPadding>>,
+    }
+
+    impl<T: CudaElement> DeviceInputs<T> {
+        fn wrap(dev: &CudaDevice, [q, k, v]: [&Checked; 3], mask: &Mask) -> Result<Self> {
+            Ok(DeviceInputs {
+                q: wrap(dev, q, TensorName::Query)?,
+                k: wrap(dev, k, TensorName::Key)?,
+                v: wrap(dev, v, TensorName::Value)?,
+                mask: mask.wrap(dev)?,
+            })
+        }
+
+        /// The whole call as one block of `cfg`.
+        fn block<'a>(&'a self, cfg: &'a DilatedConfig, packing: Option<PackedSequences<'a>>) -> DeviceBlock<'a, T> {
+            DeviceBlock {
+                key_padding: self.mask.as_deref(),
+                packing,
+                ..DeviceBlock::new(cfg, (&*self.q, 0), (&*self.k, &*self.v, 0))
+            }
+        }
+    }
+
     pub fn forward(
         py: Python<'_>,
         cfg: &DilatedConfig,
@@ -129,29 +178,15 @@ mod imp {
         let [q, k, v, out, lse] = checked_forward::<T>(args)?;
         written(&out, q.dims())?;
         written(&lse, &lse_dims(&q))?;
-        let mask = Mask::check(mask_args, &[&out, &lse])?;
-        let cu = cu_seqlens(mask_args)?;
-        let packing = cu.as_deref().map(PackedSequences::new).transpose()?;
-        let shape = AttnShape::of_call(cfg, [q.dims(), k.dims(), v.dims()])?;
-        Masks::check_sizes(mask.sizes(), packing, &shape)?;
+        let (mask, cu) = checked_masks(cfg, [&q, &k, &v], mask_args, &[&out, &lse])?;
         py.detach(|| {
             let dev = on_stream(at)?;
-            let (fq, fk, fv) = (
-                wrap::<T>(&dev, &q, TensorName::Query)?,
-                wrap(&dev, &k, TensorName::Key)?,
-                wrap(&dev, &v, TensorName::Value)?,
-            );
+            let inputs = DeviceInputs::<T>::wrap(&dev, [&q, &k, &v], &mask)?;
             let mut fout = wrap::<T>(&dev, &out, TensorName::Output)?;
             let (at, len) = lse.device_span();
             // SAFETY: as in `wrap`: the checked, contiguous f32 lse tensor.
             let mut flse = unsafe { foreign_slice::<f32>(&dev, TensorName::Lse, at, len) }?;
-            let fmask = mask.wrap(&dev)?;
-            let block = DeviceBlock {
-                key_padding: fmask.as_deref(),
-                packing,
-                ..DeviceBlock::new(cfg, (&*fq, 0), (&*fk, &*fv, 0))
-            };
-            forward_call_into(&dev, &block, &mut fout, &mut flse)
+            forward_call_into(&dev, &inputs.block(cfg, packing(&cu)?), &mut fout, &mut flse)
         })
     }
 
@@ -177,29 +212,19 @@ mod imp {
         written(&dq, q.dims())?;
         written(&dk, k.dims())?;
         written(&dv, v.dims())?;
-        let mask = Mask::check(mask_args, &[&dq, &dk, &dv])?;
-        let cu = cu_seqlens(mask_args)?;
-        let packing = cu.as_deref().map(PackedSequences::new).transpose()?;
-        let shape = AttnShape::of_call(cfg, [q.dims(), k.dims(), v.dims()])?;
-        Masks::check_sizes(mask.sizes(), packing, &shape)?;
+        let (mask, cu) = checked_masks(cfg, [&q, &k, &v], mask_args, &[&dq, &dk, &dv])?;
         py.detach(|| {
             let dev = on_stream(at)?;
+            let inputs = DeviceInputs::<T>::wrap(&dev, [&q, &k, &v], &mask)?;
             let w = |c: &Checked, name| wrap::<T>(&dev, c, name);
-            let (fq, fk, fv) = (w(&q, TensorName::Query)?, w(&k, TensorName::Key)?, w(&v, TensorName::Value)?);
             let (fout, fgo) = (w(&out, TensorName::Output)?, w(&grad_out, TensorName::GradOutput)?);
             let (mut fdq, mut fdk, mut fdv) =
                 (w(&dq, TensorName::GradQuery)?, w(&dk, TensorName::GradKey)?, w(&dv, TensorName::GradValue)?);
             let (at, len) = lse.device_span();
             // SAFETY: as in `wrap`: the checked, contiguous f32 lse tensor.
             let flse = unsafe { foreign_slice::<f32>(&dev, TensorName::Lse, at, len) }?;
-            let fmask = mask.wrap(&dev)?;
-            let block = DeviceBlock {
-                key_padding: fmask.as_deref(),
-                packing,
-                ..DeviceBlock::new(cfg, (&*fq, 0), (&*fk, &*fv, 0))
-            };
             let saved = DeviceSaved { out: &fout, lse: &flse };
-            backward_call(&dev, &block, saved, &fgo, [&mut fdq, &mut fdk, &mut fdv])
+            backward_call(&dev, &inputs.block(cfg, packing(&cu)?), saved, &fgo, [&mut fdq, &mut fdk, &mut fdv])
         })
     }
 
