@@ -29,8 +29,9 @@ def _check_tensor(
     name: str, t: object, dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None
 ) -> torch.Tensor:
     """A strided CPU or CUDA tensor of a supported dtype (`dtype` when given) on `device`
-    (when given: query's), whose innermost stride is 1 (copied to contiguous only when it
-    is not)."""
+    (when given: query's), of rank 4. One whose innermost stride is not 1 is copied to
+    contiguous by the registered op (`_kernels.inner_unit`), which sees the strides a
+    compiled graph gives it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type not in _DEVICE_TYPES:
@@ -45,8 +46,6 @@ def _check_tensor(
         raise TypeError(f"{name} has dtype {t.dtype} but query has {dtype}")
     if t.dim() != 4:
         raise ValueError(f"{name} must be [batch, seq, heads, head_dim], got shape {tuple(t.shape)}")
-    if t.numel() > 0 and t.stride(-1) != 1:
-        t = t.contiguous()
     return t
 
 
