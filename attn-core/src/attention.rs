@@ -89,11 +89,6 @@ impl<'a, T: Element> AttnInputs<'a, T> {
         })
     }
 
-    /// Whether k and v have their own sequence length (cross-attention).
-    pub fn is_cross(&self) -> bool {
-        self.k.shape().seq != self.q.shape().seq
-    }
-
     /// The checked shapes of q, k and v, with the config's head rule and the masks
     /// checked against them.
     pub fn shape(&self) -> Result<AttnShape> {
