@@ -7,7 +7,7 @@
 #   scripts/device-check.sh rehearse   # here: pack, copy the pack into a clean directory and run
 #                                      # it there; GPU steps report `not run (no GPU)`
 #   device run: command "bash device-pack/device-check.sh run; cd $OUT && tar czf logs.tgz *.log &&
-#               rm *.log", carry ["device-pack"], timeout_s 530 (each step has a budget, 470 s in
+#               rm *.log", carry ["device-pack"], timeout_s 540 (each step has a budget, 480 s in
 #               all; `run --only STEP` reruns one step; the tool returns at most 8 files)
 #
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
@@ -124,10 +124,10 @@ use_lib() {
 
 have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
 
-# Seconds each step may take (470 in all, so a whole run fits 8 minutes).
+# Seconds each step may take (480 in all, so a whole run fits 8 minutes).
 budget() {
     case $1 in
-    env) echo 15 ;; golden) echo 45 ;; tests) echo 55 ;; bench) echo 55 ;; ring) echo 35 ;; python) echo 80 ;;
+    env) echo 20 ;; golden) echo 45 ;; tests) echo 55 ;; bench) echo 55 ;; ring) echo 35 ;; python) echo 85 ;;
     sanitizer) echo 170 ;; nccl) echo 15 ;;
     esac
 }
@@ -159,6 +159,8 @@ step_env() {
     # Whether the pack's Python package loads there and can reach the kernels (the python
     # step judges it; this line is for the log).
     echo "python3: attn_dilated $(PYTHONPATH="$PACK/python" python3 -c 'import attn_dilated as a; print("loads; cuda_unavailable_reason:", a.cuda_unavailable_reason())' 2>&1 | tail -1)" >>"$LOG"
+    # The NVRTC the package finds by itself, without the links above on LD_LIBRARY_PATH.
+    echo "python3: nvrtc without LD_LIBRARY_PATH: $(env -u LD_LIBRARY_PATH PYTHONPATH="$PACK/python" python3 -c 'import attn_dilated as a; print(a.nvrtc_library())' 2>&1 | tail -1)" >>"$LOG"
     # The pack's binaries run here (a broken pack fails this step, GPU or not).
     logged 30 "$PACK/bin/attn-golden" "$PACK/conformance/dilated" --backend cpu --expect 9 || ok=1
     logged 30 "$PACK/bin/cuda_unavailable" --test-threads=1 || ok=1
@@ -233,7 +235,7 @@ step_python() {
     # ops a user writes without it, on the bench step's problem.
     local ok=0
     cd "$PACK/python" || return 1
-    PYTHONPATH="$PACK/python" logged 55 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py || ok=1
+    PYTHONPATH="$PACK/python" logged 60 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_nvrtc.py || ok=1
     PYTHONPATH="$PACK/python" logged 25 python3 -m attn_dilated.bench --device cuda --dtype bfloat16 --seqs 65536 \
         --heads 16 --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16 --reps 5 || ok=1
     cd - >/dev/null || return 1

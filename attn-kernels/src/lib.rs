@@ -33,10 +33,10 @@
 //! instructions behind bounds-checked safe wrappers), `cpu_features` (the AMX permission
 //! request), `disjoint` (shared output buffer, disjoint rows), `backend` (the disjoint
 //! row writes of work units), `huge_pages` (`madvise` on fresh buffers) and, with the
-//! `cuda` feature, `cuda::device`, `cuda::launch`, `cuda::params` and `cuda::nvrtc` (the
-//! driver and NVRTC calls) and `cuda::foreign` (memory and streams another library owns). Only `ops`,
-//! the dispatch module, calls into `avx512`, `avx2`, `portable` and `bf16_pairs`; every
-//! CPU feature check is in `cpu_features`.
+//! `cuda` feature, `cuda::device`, `cuda::launch`, `cuda::params`, `cuda::nvrtc` and
+//! `cuda::nvrtc_library` (the driver and NVRTC calls) and `cuda::foreign` (memory and
+//! streams another library owns). Only `ops`, the dispatch module, calls into `avx512`,
+//! `avx2`, `portable` and `bf16_pairs`; every CPU feature check is in `cpu_features`.
 #![deny(unsafe_code)]
 
 mod avx2;

@@ -1,15 +1,17 @@
 //! The kernel source compiles with NVRTC for sm_80 and sm_90 when libnvrtc is loadable
-//! (e.g. `LD_LIBRARY_PATH=~/.cache/attn-cuda/nvidia/cuda_nvrtc/lib`). It skips without
-//! NVRTC only where nothing promises it: with `ATTN_CUDA_HOME` set (CI installs NVRTC
-//! there) or `ATTN_REQUIRE_GPU=1`, an NVRTC that does not load is a failure.
+//! (e.g. `LD_LIBRARY_PATH=~/.cache/attn-cuda/nvidia/cuda_nvrtc/lib`), and NVRTC 12 and 13
+//! open from their directories alone. It skips without NVRTC only where nothing promises
+//! it: with `ATTN_CUDA_HOME` set (CI installs the CUDA 12 wheel there and the CUDA 13 one
+//! under `cu13/`) or `ATTN_REQUIRE_GPU=1`, an NVRTC that does not load is a failure.
 //! `cargo xtask ptx` goes further (ptxas registers and spills).
 #![cfg(feature = "cuda")]
 
-use attn_kernels::cuda::nvrtc::{ImageKind, compile_cubin, compile_for_device};
-use attn_kernels::cuda::nvrtc_present;
+use std::path::PathBuf;
+
+use attn_kernels::cuda::nvrtc::{ImageKind, Output, compile_cubin, compile_for_device, compile_ptx};
 use attn_kernels::cuda::source::{dtype_define, full_source, kernel_names, nvrtc_options};
+use attn_kernels::cuda::{NvrtcSearch, nvrtc_files_in, nvrtc_present};
 use attn_testkit::skip_gpu_test;
-use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 /// Whether NVRTC loads; its absence is a skip only where nothing promises it.
 fn nvrtc_or_skip(test: &str) -> bool {
@@ -30,8 +32,7 @@ fn kernels_compile_for_sm80_and_sm90() {
         return;
     }
     for arch in ["compute_80", "compute_90"] {
-        let opts = CompileOptions { options: nvrtc_options(arch), ..Default::default() };
-        let ptx = compile_ptx_with_opts(full_source(), opts).unwrap_or_else(|e| panic!("{arch}: {e}")).to_src();
+        let ptx = compile_ptx(&full_source(), &nvrtc_options(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
         for name in kernel_names() {
             assert!(ptx.contains(&format!(".entry {name}(")), "{arch}: {name} missing from the PTX");
         }
@@ -52,4 +53,42 @@ fn device_modules_are_cubins_for_the_device_architecture() {
     assert!(cubin.len() > 1024 && cubin.starts_with(b"\x7fELF"), "sm_80: not a cubin");
     let err = compile_for_device(&full_source(), (1, 0), &[]).unwrap_err().to_string();
     assert!(err.contains("cubin") && err.contains("PTX"), "{err}");
+}
+
+/// The directories holding an NVRTC to open by path: under `ATTN_CUDA_HOME` the CUDA 12
+/// wheel and the CUDA 13 one (both required), else the CUDA toolkit's directories.
+fn nvrtc_dirs() -> Vec<PathBuf> {
+    match std::env::var_os("ATTN_CUDA_HOME").map(PathBuf::from) {
+        Some(home) => {
+            let dirs = [home.join("nvidia/cuda_nvrtc/lib"), home.join("cu13/nvidia/cu13/lib")];
+            for d in &dirs {
+                assert!(!nvrtc_files_in(d).is_empty(), "ATTN_CUDA_HOME is set but {} holds no libnvrtc", d.display());
+            }
+            dirs.into()
+        }
+        None => NvrtcSearch::from_env().dirs.into_iter().filter(|d| !nvrtc_files_in(d).is_empty()).take(1).collect(),
+    }
+}
+
+/// NVRTC opens from its directory with no linker name: the lookup a Python package's
+/// added directories and the CUDA toolkit's take. NVRTC 13 opens its builtins library by
+/// name when it compiles; the copy beside it must be found without `LD_LIBRARY_PATH`, so
+/// each one compiles a kernel module to a cubin.
+#[test]
+fn nvrtc_opens_from_its_directory_and_compiles() {
+    let dirs = nvrtc_dirs();
+    if dirs.is_empty() {
+        skip_gpu_test("nvrtc_opens_from_its_directory_and_compiles", "no NVRTC in the CUDA toolkit's directories");
+        return;
+    }
+    for dir in dirs {
+        let search = NvrtcSearch { explicit: None, linker_names: Vec::new(), dirs: vec![dir.clone()] };
+        let lib = search.open().unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        assert!(lib.path().starts_with(dir.to_str().unwrap()), "{} opened {}", dir.display(), lib.path());
+        let options: Vec<String> = nvrtc_options("sm_90").into_iter().chain([dtype_define("f32").unwrap()]).collect();
+        let cubin = lib
+            .compile(&full_source(), &options, Output::Cubin)
+            .unwrap_or_else(|e| panic!("NVRTC {:?} from {}: {e}", lib.version(), lib.path()));
+        assert!(cubin.starts_with(b"\x7fELF"), "NVRTC {:?}: not a cubin", lib.version());
+    }
 }

@@ -232,6 +232,15 @@ mod imp {
     pub fn unavailable_reason(ordinal: usize) -> Option<String> {
         device(ordinal).err().map(|e| e.to_string())
     }
+
+    pub fn add_nvrtc_search_dirs(dirs: Vec<String>) {
+        attn_kernels::cuda::add_nvrtc_search_dirs(dirs.into_iter().map(Into::into));
+    }
+
+    pub fn nvrtc_library() -> Result<(String, (i32, i32))> {
+        let lib = attn_kernels::cuda::nvrtc_library()?;
+        Ok((lib.path().to_string(), lib.version()))
+    }
 }
 
 /// Forward on CUDA tensors: writes `out` and `lse` on the caller's stream.
@@ -272,6 +281,24 @@ pub fn unavailable_reason(ordinal: usize) -> Option<String> {
         let _ = ordinal;
         Some(not_compiled().to_string())
     }
+}
+
+/// Directories to search for libnvrtc after the dynamic linker's path (the Python side
+/// passes the lib directories of PyTorch's NVIDIA wheels); nothing without `cuda`.
+pub fn add_nvrtc_search_dirs(dirs: Vec<String>) {
+    #[cfg(feature = "cuda")]
+    imp::add_nvrtc_search_dirs(dirs);
+    #[cfg(not(feature = "cuda"))]
+    let _ = dirs;
+}
+
+/// The libnvrtc the kernels compile with (its file or linker name, and version), or why
+/// none loads.
+pub fn nvrtc_library() -> Result<(String, (i32, i32))> {
+    #[cfg(feature = "cuda")]
+    return imp::nvrtc_library();
+    #[cfg(not(feature = "cuda"))]
+    Err(not_compiled())
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -158,6 +158,20 @@ fn cuda_unavailable_reason(py: Python<'_>, device: usize) -> Option<String> {
     py.detach(|| cuda_call::unavailable_reason(device))
 }
 
+/// Search `dirs` for libnvrtc too, after the dynamic linker's path (effective until one
+/// has loaded).
+#[pyfunction]
+fn add_nvrtc_search_dirs(dirs: Vec<String>) {
+    cuda_call::add_nvrtc_search_dirs(dirs);
+}
+
+/// `(file, (major, minor))` of the libnvrtc the CUDA kernels compile with; RuntimeError
+/// saying what was searched where none loads.
+#[pyfunction]
+fn nvrtc_library(py: Python<'_>) -> PyResult<(String, (i32, i32))> {
+    py.detach(cuda_call::nvrtc_library).map_err(to_py)
+}
+
 /// The CPU kernel flavour in use (`avx512`, `avx2`, `portable`, ...), for reports.
 #[pyfunction]
 fn cpu_isa() -> &'static str {
@@ -171,5 +185,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_isa, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_unavailable_reason, m)?)?;
+    m.add_function(wrap_pyfunction!(add_nvrtc_search_dirs, m)?)?;
+    m.add_function(wrap_pyfunction!(nvrtc_library, m)?)?;
     Ok(())
 }

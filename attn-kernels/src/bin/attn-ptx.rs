@@ -1,14 +1,15 @@
 //! `attn-ptx`: compile every CUDA kernel with NVRTC for each requested architecture,
 //! assemble the PTX with `ptxas -v`, print registers / shared memory / spills per kernel,
 //! and fail on any compile error, missing kernel or spill. Needs no GPU, only libnvrtc
-//! (on `LD_LIBRARY_PATH`) and `ptxas`. Run through `cargo xtask ptx`.
+//! (found as `attn_kernels::cuda::nvrtc_library` says) and `ptxas`. Run through `cargo xtask ptx`.
 //!
 //! Usage: attn-ptx [--arch 80,90] [--out DIR] [--ptxas PATH]
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-use attn_kernels::cuda::nvrtc_present;
+use attn_kernels::cuda::nvrtc::compile_ptx;
+use attn_kernels::cuda::nvrtc_library;
 use attn_kernels::cuda::plan::{
     BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows, mma_bwd_smem_bytes, mma_smem_bytes,
 };
@@ -16,7 +17,6 @@ use attn_kernels::cuda::source::{
     MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, dtype_define, full_source, kernel_names_for, mma_bwd_kernel_name,
     mma_fused_kernel_name, mma_kernel_name, nvrtc_options,
 };
-use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 #[derive(Debug, Default, Clone)]
 struct KernelReport {
@@ -120,9 +120,7 @@ fn dynamic_smem(name: &str) -> usize {
 
 fn run() -> Result<(), String> {
     let args = parse_args()?;
-    if !nvrtc_present() {
-        return Err("libnvrtc not found: put the lib dir of nvidia-cuda-nvrtc-cu12 on LD_LIBRARY_PATH".into());
-    }
+    nvrtc_library().map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&args.out).map_err(|e| format!("create {}: {e}", args.out.display()))?;
     let src = full_source();
     let mut failures = Vec::new();
@@ -132,19 +130,10 @@ fn run() -> Result<(), String> {
         for suffix in ["f32", "f16", "bf16"] {
             let mut options = nvrtc_options(&format!("compute_{arch}"));
             options.push(dtype_define(suffix).map_err(|e| e.to_string())?);
-            let ptx =
-                compile_ptx_with_opts(&src, CompileOptions { options, ..Default::default() }).map_err(|e| match e {
-                    cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                        format!(
-                            "NVRTC compile of the {suffix} module for compute_{arch} failed:\n{}",
-                            log.to_string_lossy()
-                        )
-                    }
-                    other => format!("NVRTC compile of the {suffix} module for compute_{arch} failed: {other:?}"),
-                })?;
+            let text_ptx = compile_ptx(&src, &options)
+                .map_err(|e| format!("NVRTC compile of the {suffix} module for compute_{arch} failed:\n{e}"))?;
             let ptx_path = args.out.join(format!("attn_kernels_{suffix}_sm_{arch}.ptx"));
             let cubin_path = args.out.join(format!("attn_kernels_{suffix}_sm_{arch}.cubin"));
-            let text_ptx = ptx.to_src();
             std::fs::write(&ptx_path, &text_ptx).map_err(|e| format!("write {}: {e}", ptx_path.display()))?;
             let output = Command::new(&args.ptxas)
                 .arg("-v")

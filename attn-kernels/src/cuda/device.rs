@@ -10,6 +10,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 use super::nvrtc::{ImageKind, compile_for_device};
+use super::nvrtc_library::nvrtc_library;
 use super::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
 use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source};
 
@@ -24,25 +25,20 @@ fn unavailable(reason: impl Into<String>) -> AttnError {
     AttnError::BackendUnavailable { backend: BACKEND, reason: reason.into() }
 }
 
-/// Whether libnvrtc can be loaded (checked without panicking).
+/// Whether libnvrtc can be loaded ([`nvrtc_library`] found one; never a panic).
 pub fn nvrtc_present() -> bool {
-    // SAFETY: `is_culib_present` only tries to dlopen the candidate library names and
-    // drops the handles; it has no preconditions.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    nvrtc_library().is_ok()
 }
 
 /// Check, in order, that libcuda and libnvrtc load and that device `ordinal` exists.
 /// Every failure is `AttnError::BackendUnavailable` with the reason.
 pub fn check_available(ordinal: usize) -> Result<()> {
-    // SAFETY: as in `nvrtc_present`: a dlopen probe with no preconditions.
+    // SAFETY: `is_culib_present` only tries to dlopen the candidate library names and
+    // drops the handles; it has no preconditions.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(unavailable("libcuda (the NVIDIA driver library) was not found"));
     }
-    if !nvrtc_present() {
-        return Err(unavailable(
-            "libnvrtc was not found (install nvidia-cuda-nvrtc-cu12 and put its lib dir on LD_LIBRARY_PATH)",
-        ));
-    }
+    nvrtc_library()?;
     let count = CudaContext::device_count().map_err(|e| unavailable(format!("cuInit/cuDeviceGetCount: {e:?}")))?;
     if ordinal >= count.max(0) as usize {
         return Err(unavailable(format!("device {ordinal} requested but {count} CUDA device(s) found")));

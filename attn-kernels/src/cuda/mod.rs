@@ -29,6 +29,7 @@ mod host;
 mod launch;
 pub mod launch_plan;
 pub mod nvrtc;
+mod nvrtc_library;
 pub mod params;
 pub mod plan;
 pub mod source;
@@ -43,4 +44,7 @@ pub use device::{CudaDevice, check_available, nvrtc_present};
 pub use epilogue::{delta, finish_forward, store_scaled};
 pub use foreign::{Foreign, Forget, RawStream, check_device_span, foreign_key_padding, foreign_slice, foreign_tensor};
 pub use host::CudaBackend;
+pub use nvrtc_library::{
+    NVRTC_PATH_ENV, NvrtcLibrary, NvrtcSearch, add_nvrtc_search_dirs, nvrtc_files_in, nvrtc_library,
+};
 pub use tensor::{CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor};

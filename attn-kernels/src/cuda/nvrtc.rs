@@ -6,8 +6,9 @@
 use std::ffi::{CString, c_char};
 
 use attn_core::{AttnError, Result};
-use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts, result, sys};
+use cudarc::nvrtc::Ptx;
 
+use super::nvrtc_library::{BytesFn, NvrtcLibrary, Program, SizeFn, nvrtc_library};
 use super::source::nvrtc_options;
 
 /// What [`compile_for_device`] produced.
@@ -26,54 +27,97 @@ pub fn compile_for_device(src: &str, cc: (i32, i32), extra: &[String]) -> Result
         |arch: String| -> Vec<String> { nvrtc_options(&arch).into_iter().chain(extra.iter().cloned()).collect() };
     match compile_cubin(src, &with(format!("sm_{}{}", cc.0, cc.1))) {
         Ok(cubin) => Ok((Ptx::from_binary(cubin), ImageKind::Cubin)),
-        Err(cubin_err) => {
-            let opts = CompileOptions { options: with(format!("compute_{}{}", cc.0, cc.1)), ..Default::default() };
-            match compile_ptx_with_opts(src, opts) {
-                Ok(ptx) => Ok((ptx, ImageKind::Ptx)),
-                Err(ptx_err) => Err(AttnError::backend(
-                    "cuda",
-                    std::io::Error::other(format!("NVRTC: cubin: {cubin_err}; PTX: {ptx_err}")),
-                )),
-            }
-        }
-    }
-}
-
-/// The program handle, destroyed on drop.
-struct Program(sys::nvrtcProgram);
-
-impl Drop for Program {
-    fn drop(&mut self) {
-        // SAFETY: the handle came from `create_program` and is destroyed once, here.
-        let _ = unsafe { result::destroy_program(self.0) };
+        Err(cubin_err) => match compile_ptx(src, &with(format!("compute_{}{}", cc.0, cc.1))) {
+            Ok(ptx) => Ok((Ptx::from_src(ptx), ImageKind::Ptx)),
+            Err(ptx_err) => Err(AttnError::backend(
+                "cuda",
+                std::io::Error::other(format!("NVRTC: cubin: {cubin_err}; PTX: {ptx_err}")),
+            )),
+        },
     }
 }
 
 /// Compile `src` with `options` (a real architecture among them) and return the cubin.
 pub fn compile_cubin(src: &str, options: &[String]) -> Result<Vec<u8>> {
-    let err = |what: &str, e: &dyn std::fmt::Debug| {
-        AttnError::backend("cuda", std::io::Error::other(format!("{what}: {e:?}")))
-    };
-    let csrc = CString::new(src).map_err(|e| err("kernel source", &e))?;
-    let prog = Program(result::create_program(&csrc, None).map_err(|e| err("nvrtcCreateProgram", &e))?);
-    // SAFETY: `prog.0` is a live program created above.
-    if let Err(e) = unsafe { result::compile_program(prog.0, options) } {
-        // SAFETY: as above; the log is a NUL-terminated buffer NVRTC filled.
-        let log = unsafe { result::get_program_log(prog.0) }
-            .map(|l| l.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect::<String>())
-            .unwrap_or_default();
-        return Err(err("nvrtcCompileProgram", &format!("{e:?}: {log}")));
+    nvrtc_library()?.compile(src, options, Output::Cubin)
+}
+
+/// Compile `src` with `options` (a virtual architecture among them) and return the PTX.
+pub fn compile_ptx(src: &str, options: &[String]) -> Result<String> {
+    let mut ptx = nvrtc_library()?.compile(src, options, Output::Ptx)?;
+    ptx.truncate(ptx.iter().position(|&b| b == 0).unwrap_or(ptx.len()));
+    String::from_utf8(ptx).map_err(|e| nvrtc_err("nvrtcGetPTX", &e.to_string()))
+}
+
+/// Which image a compilation returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// Machine code (needs a real architecture, `sm_XX`).
+    Cubin,
+    /// PTX text with its NUL terminator.
+    Ptx,
+}
+
+fn nvrtc_err(what: &str, detail: &str) -> AttnError {
+    AttnError::backend("cuda", std::io::Error::other(format!("{what}: {detail}")))
+}
+
+/// A program handle, destroyed on drop.
+struct ProgramHandle<'a>(&'a NvrtcLibrary, Program);
+
+impl Drop for ProgramHandle<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from nvrtcCreateProgram and is destroyed once, here.
+        let _ = unsafe { (self.0.destroy)(&mut self.1) };
     }
-    let mut size = 0usize;
-    // SAFETY: `prog.0` compiled successfully; `size` is a valid out-pointer.
-    unsafe { sys::nvrtcGetCUBINSize(prog.0, &mut size) }.result().map_err(|e| err("nvrtcGetCUBINSize", &e))?;
-    if size == 0 {
-        return Err(err("nvrtcGetCUBIN", &"no cubin (a virtual architecture was given)"));
+}
+
+impl NvrtcLibrary {
+    /// Compile `src` with `options` and return the `output` image.
+    pub fn compile(&self, src: &str, options: &[String], output: Output) -> Result<Vec<u8>> {
+        let csrc = CString::new(src).map_err(|e| nvrtc_err("kernel source", &e.to_string()))?;
+        let copts: Vec<CString> = options
+            .iter()
+            .map(|o| CString::new(o.as_str()))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| nvrtc_err("NVRTC option", &e.to_string()))?;
+        let ptrs: Vec<*const c_char> = copts.iter().map(|o| o.as_ptr()).collect();
+        let mut raw: Program = std::ptr::null_mut();
+        let none = std::ptr::null();
+        // SAFETY: `raw` is a valid out-pointer and `csrc` a NUL-terminated source; no
+        // headers are given (count 0, null arrays), which NVRTC allows.
+        let status = unsafe { (self.create)(&mut raw, csrc.as_ptr(), std::ptr::null(), 0, none, none) };
+        self.check("nvrtcCreateProgram", status).map_err(|e| nvrtc_err("NVRTC", &e))?;
+        let prog = ProgramHandle(self, raw);
+        let count = i32::try_from(ptrs.len()).map_err(|e| nvrtc_err("NVRTC options", &e.to_string()))?;
+        // SAFETY: `prog.1` is live; `ptrs` holds `count` NUL-terminated strings alive here.
+        let status = unsafe { (self.compile)(prog.1, count, ptrs.as_ptr()) };
+        if let Err(e) = self.check("nvrtcCompileProgram", status) {
+            let log = self.read(prog.1, self.log_size, self.log).unwrap_or_default();
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            return Err(nvrtc_err("NVRTC", &format!("{e}: {}", String::from_utf8_lossy(&log[..end]))));
+        }
+        let (size, bytes, what) = match output {
+            Output::Cubin => (self.cubin_size, self.cubin, "nvrtcGetCUBIN"),
+            Output::Ptx => (self.ptx_size, self.ptx, "nvrtcGetPTX"),
+        };
+        let image = self.read(prog.1, size, bytes).map_err(|e| nvrtc_err(what, &e))?;
+        if image.is_empty() {
+            return Err(nvrtc_err(what, "no image (a cubin needs a real architecture, sm_XX)"));
+        }
+        Ok(image)
     }
-    let mut cubin = vec![0u8; size];
-    // SAFETY: `cubin` holds the `size` bytes NVRTC reported for this program.
-    unsafe { sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast::<c_char>()) }
-        .result()
-        .map_err(|e| err("nvrtcGetCUBIN", &e))?;
-    Ok(cubin)
+
+    /// A buffer NVRTC sizes with `size` and fills with `bytes`.
+    fn read(&self, prog: Program, size: SizeFn, bytes: BytesFn) -> std::result::Result<Vec<u8>, String> {
+        let mut n = 0usize;
+        // SAFETY: `prog` is a live program and `n` a valid out-pointer.
+        self.check("size query", unsafe { size(prog, &mut n) })?;
+        let mut buf = vec![0u8; n];
+        if n > 0 {
+            // SAFETY: `buf` holds the `n` bytes NVRTC reported for this program.
+            self.check("read", unsafe { bytes(prog, buf.as_mut_ptr().cast::<c_char>()) })?;
+        }
+        Ok(buf)
+    }
 }

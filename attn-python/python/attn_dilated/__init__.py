@@ -4,11 +4,12 @@ backward.
 
 - `dilated_attention(query, key, value, segment_lengths, dilation_rates, ...)`: the op.
 - `cuda_unavailable_reason(device=0)`: why the CUDA kernels cannot run there, or None.
+- `nvrtc_library()`: the libnvrtc file and version the CUDA kernels compile with.
 - `DilatedAttention`, `MultiheadDilatedAttention`: `torch.nn.Module`s with the
   constructor arguments and parameter names of dilated-attention-pytorch.
 """
 
-from ._op import cuda_unavailable_reason, dilated_attention, dilated_attention_with_lse, make_config
+from ._op import cuda_unavailable_reason, dilated_attention, dilated_attention_with_lse, make_config, nvrtc_library
 from .modules import DilatedAttention, MultiheadDilatedAttention
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "dilated_attention",
     "dilated_attention_with_lse",
     "make_config",
+    "nvrtc_library",
 ]

@@ -5,7 +5,8 @@ that torch allocates on the inputs' device (CUDA calls on the current stream).""
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence, Tuple, Union
+import os
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -68,11 +69,34 @@ def inner_unit(t: torch.Tensor) -> torch.Tensor:
     return t if t.numel() == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
+def nvidia_lib_dirs() -> List[str]:
+    """The lib directories of the NVIDIA wheels PyTorch installs (`nvidia/cu13/lib`,
+    `nvidia/cuda_nvrtc/lib`, ...) and torch's own, where pip puts the libnvrtc that
+    matches torch's CUDA."""
+    try:
+        import nvidia  # the namespace package of NVIDIA's wheels
+
+        roots = list(nvidia.__path__)
+    except ImportError:
+        roots = []
+    dirs = [os.path.join(r, sub, "lib") for r in roots for sub in sorted(os.listdir(r))]
+    dirs.append(os.path.join(os.path.dirname(torch.__file__), "lib"))
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+@functools.lru_cache(maxsize=None)
+def search_nvidia_wheels() -> None:
+    """Once a process: the native side searches [`nvidia_lib_dirs`] for libnvrtc after
+    the dynamic linker's path, so no `LD_LIBRARY_PATH` is needed."""
+    _native.add_nvrtc_search_dirs(nvidia_lib_dirs())
+
+
 def placement(t: torch.Tensor) -> Optional[Tuple[int, int]]:
     """None for a CPU tensor; for a CUDA tensor its device and that device's current
     stream, so the kernels are ordered with the caller's work like a torch op."""
     if not t.is_cuda:
         return None
+    search_nvidia_wheels()
     return (t.get_device(), torch.cuda.current_stream(t.device).cuda_stream)
 
 
@@ -99,5 +123,15 @@ def backward(cfg, grad_out, q, k, v, out, lse, mask, cu) -> Tuple[torch.Tensor, 
 def cuda_unavailable_reason(device: Union[int, torch.device, str] = 0) -> Optional[str]:
     """Why the CUDA kernels cannot run on `device` (a wheel built without CUDA, no
     driver or NVRTC, no such device, a GPU older than sm_80), or None where they can."""
+    search_nvidia_wheels()
     index = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     return _native.cuda_unavailable_reason(0 if index.index is None else index.index)
+
+
+def nvrtc_library() -> Tuple[str, Tuple[int, int]]:
+    """`(file, (major, minor))` of the libnvrtc the CUDA kernels compile with: found
+    through the dynamic linker (`libnvrtc.so.13`, `.so.12`, `.so`), then in PyTorch's
+    NVIDIA wheels and the CUDA toolkit's directories, or the file `ATTN_NVRTC_PATH`
+    names. RuntimeError saying what was searched where none loads."""
+    search_nvidia_wheels()
+    return _native.nvrtc_library()

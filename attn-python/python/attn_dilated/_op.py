@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from . import _ops
-from ._kernels import CuSeqlens, Window, cuda_unavailable_reason, make_config
+from ._kernels import CuSeqlens, Window, cuda_unavailable_reason, make_config, nvrtc_library
 
 __all__ = [
     "CuSeqlens",
@@ -19,6 +19,7 @@ __all__ = [
     "dilated_attention",
     "dilated_attention_with_lse",
     "make_config",
+    "nvrtc_library",
 ]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
