@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use attn_kernels::cuda::nvrtc::{ImageKind, Output, compile_cubin, compile_for_device, compile_ptx};
 use attn_kernels::cuda::source::{dtype_define, full_source, kernel_names, nvrtc_options};
-use attn_kernels::cuda::{NvrtcSearch, nvrtc_files_in, nvrtc_present};
+use attn_kernels::cuda::{LibrarySearch, library_files_in, nvrtc_present, nvrtc_search, open_nvrtc};
 use attn_testkit::skip_gpu_test;
 
 /// Whether NVRTC loads; its absence is a skip only where nothing promises it.
@@ -62,11 +62,17 @@ fn nvrtc_dirs() -> Vec<PathBuf> {
         Some(home) => {
             let dirs = [home.join("nvidia/cuda_nvrtc/lib"), home.join("cu13/nvidia/cu13/lib")];
             for d in &dirs {
-                assert!(!nvrtc_files_in(d).is_empty(), "ATTN_CUDA_HOME is set but {} holds no libnvrtc", d.display());
+                assert!(
+                    !library_files_in(d, "libnvrtc").is_empty(),
+                    "ATTN_CUDA_HOME is set but {} holds no libnvrtc",
+                    d.display()
+                );
             }
             dirs.into()
         }
-        None => NvrtcSearch::from_env().dirs.into_iter().filter(|d| !nvrtc_files_in(d).is_empty()).take(1).collect(),
+        None => {
+            nvrtc_search().dirs.into_iter().filter(|d| !library_files_in(d, "libnvrtc").is_empty()).take(1).collect()
+        }
     }
 }
 
@@ -82,8 +88,9 @@ fn nvrtc_opens_from_its_directory_and_compiles() {
         return;
     }
     for dir in dirs {
-        let search = NvrtcSearch { explicit: None, linker_names: Vec::new(), dirs: vec![dir.clone()] };
-        let lib = search.open().unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let search =
+            LibrarySearch { explicit: None, linker_names: Vec::new(), dirs: vec![dir.clone()], ..nvrtc_search() };
+        let lib = open_nvrtc(&search).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         assert!(lib.path().starts_with(dir.to_str().unwrap()), "{} opened {}", dir.display(), lib.path());
         let options: Vec<String> = nvrtc_options("sm_90").into_iter().chain([dtype_define("f32").unwrap()]).collect();
         let cubin = lib

@@ -233,8 +233,8 @@ mod imp {
         device(ordinal).err().map(|e| e.to_string())
     }
 
-    pub fn add_nvrtc_search_dirs(dirs: Vec<String>) {
-        attn_kernels::cuda::add_nvrtc_search_dirs(dirs.into_iter().map(Into::into));
+    pub fn add_library_search_dirs(dirs: Vec<String>) {
+        attn_kernels::cuda::add_library_search_dirs(dirs.into_iter().map(Into::into));
     }
 
     pub fn nvrtc_library() -> Result<(String, (i32, i32))> {
@@ -285,9 +285,9 @@ pub fn unavailable_reason(ordinal: usize) -> Option<String> {
 
 /// Directories to search for libnvrtc after the dynamic linker's path (the Python side
 /// passes the lib directories of PyTorch's NVIDIA wheels); nothing without `cuda`.
-pub fn add_nvrtc_search_dirs(dirs: Vec<String>) {
+pub fn add_library_search_dirs(dirs: Vec<String>) {
     #[cfg(feature = "cuda")]
-    imp::add_nvrtc_search_dirs(dirs);
+    imp::add_library_search_dirs(dirs);
     #[cfg(not(feature = "cuda"))]
     let _ = dirs;
 }

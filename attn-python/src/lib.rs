@@ -161,8 +161,8 @@ fn cuda_unavailable_reason(py: Python<'_>, device: usize) -> Option<String> {
 /// Search `dirs` for libnvrtc too, after the dynamic linker's path (effective until one
 /// has loaded).
 #[pyfunction]
-fn add_nvrtc_search_dirs(dirs: Vec<String>) {
-    cuda_call::add_nvrtc_search_dirs(dirs);
+fn add_library_search_dirs(dirs: Vec<String>) {
+    cuda_call::add_library_search_dirs(dirs);
 }
 
 /// `(file, (major, minor))` of the libnvrtc the CUDA kernels compile with; RuntimeError
@@ -185,7 +185,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_isa, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_unavailable_reason, m)?)?;
-    m.add_function(wrap_pyfunction!(add_nvrtc_search_dirs, m)?)?;
+    m.add_function(wrap_pyfunction!(add_library_search_dirs, m)?)?;
     m.add_function(wrap_pyfunction!(nvrtc_library, m)?)?;
     Ok(())
 }

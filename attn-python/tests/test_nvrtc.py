@@ -47,7 +47,7 @@ def fresh(code: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def native_lookup(dirs=(), **env: str) -> subprocess.CompletedProcess:
-    code = NATIVE_ALONE + f"native.add_nvrtc_search_dirs({[str(d) for d in dirs]!r})\n"
+    code = NATIVE_ALONE + f"native.add_library_search_dirs({[str(d) for d in dirs]!r})\n"
     code += "path, version = native.nvrtc_library(); print(path); print(version)\n"
     return fresh(code, **env)
 

@@ -35,7 +35,8 @@
 //! # Ok(()) }
 //! ```
 // Without MPI/NCCL there is no unsafe code at all; with them, only the
-// `comm::mpi_comm` and `comm::nccl_comm` modules may opt in.
+// `comm::mpi_comm`, `comm::nccl_comm`, `comm::nccl_handle` and `comm::nccl_library`
+// modules may opt in.
 #![cfg_attr(not(any(feature = "mpi", feature = "nccl")), forbid(unsafe_code))]
 #![cfg_attr(any(feature = "mpi", feature = "nccl"), deny(unsafe_code))]
 

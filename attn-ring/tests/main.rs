@@ -15,6 +15,7 @@ mod faults_pieces;
 mod golden_ring;
 mod long_segments;
 mod nccl_emulated;
+mod nccl_real_library;
 mod nccl_stand_in;
 mod proptest_ring;
 mod proptest_ring_large;

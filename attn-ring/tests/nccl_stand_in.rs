@@ -1,7 +1,8 @@
-//! The real NCCL transport (`NcclComm`: cudarc's dynamic loading, the non-blocking
-//! communicator of `nccl_handle`, `GroupedComm` on top) run end to end on a machine
-//! without a GPU. `tests/stand_in_gpu/stand_in_gpu.c` is compiled into one shared
-//! object reached as `libcuda.so` and `libnccl.so` (its header says what it models),
+//! The real NCCL transport (`NcclComm`: libnccl as `nccl_library` finds it, the
+//! non-blocking communicator of `nccl_handle`, `GroupedComm` on top) run end to end on a
+//! machine without a GPU. `tests/stand_in_gpu/stand_in_gpu.c` is compiled into one shared
+//! object reached as `libcuda.so` and as `libnccl.so.2`, NCCL's own file name (its header
+//! says what it models),
 //! and this test binary runs itself again with that directory first on
 //! `LD_LIBRARY_PATH` (the loader reads it at start-up only). In the child: every
 //! golden file through the ring over 2..=4 NCCL ranks on threads, forward and
@@ -34,7 +35,7 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 /// The child takes a few seconds; one that runs this long hangs and is killed.
 const CHILD_LIMIT: Duration = Duration::from_secs(300);
 
-/// Compile the stand-in into `dir` and link it there as libcuda.so and libnccl.so.
+/// Compile the stand-in into `dir` and link it there as libcuda.so and libnccl.so.2.
 fn build_stand_in(dir: &Path) {
     std::fs::create_dir_all(dir).expect("stand-in directory");
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/stand_in_gpu/stand_in_gpu.c");
@@ -47,7 +48,7 @@ fn build_stand_in(dir: &Path) {
         .status()
         .unwrap_or_else(|e| panic!("could not run the C compiler `{cc}` (set CC): {e}"));
     assert!(status.success(), "compiling {} failed", source.display());
-    for name in ["libcuda.so", "libnccl.so"] {
+    for name in ["libcuda.so", "libnccl.so.2"] {
         let link = dir.join(name);
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&object, &link).expect("symlink");

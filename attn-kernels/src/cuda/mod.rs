@@ -28,6 +28,7 @@ mod foreign;
 mod host;
 mod launch;
 pub mod launch_plan;
+mod library_search;
 pub mod nvrtc;
 mod nvrtc_library;
 pub mod params;
@@ -44,7 +45,6 @@ pub use device::{CudaDevice, check_available, nvrtc_present};
 pub use epilogue::{delta, finish_forward, store_scaled};
 pub use foreign::{Foreign, Forget, RawStream, check_device_span, foreign_key_padding, foreign_slice, foreign_tensor};
 pub use host::CudaBackend;
-pub use nvrtc_library::{
-    NVRTC_PATH_ENV, NvrtcLibrary, NvrtcSearch, add_nvrtc_search_dirs, nvrtc_files_in, nvrtc_library,
-};
+pub use library_search::{LibrarySearch, OpenedOnce, add_library_search_dirs, library_files_in};
+pub use nvrtc_library::{NVRTC_PATH_ENV, NvrtcLibrary, nvrtc_library, nvrtc_search, open_nvrtc};
 pub use tensor::{CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor};

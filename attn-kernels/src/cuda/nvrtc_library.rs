@@ -1,15 +1,15 @@
-//! Finding and opening libnvrtc for CUDA 12 and 13 alike: the file `ATTN_NVRTC_PATH` names,
-//! else the versioned and plain names through the dynamic linker, else the CUDA toolkit's
-//! directories and those a caller adds (a Python package adds PyTorch's NVIDIA wheels).
-//! cudarc's own lookup knows only the names of the CUDA version it was built for.
+//! libnvrtc for CUDA 12 and 13 alike, opened as [`LibrarySearch`] says (`ATTN_NVRTC_PATH`,
+//! `libnvrtc.so.13`/`.so.12`/`.so`, added and CUDA toolkit directories), with the
+//! functions this crate calls read once.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_void};
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::path::Path;
 
 use attn_core::{AttnError, Result};
 use libloading::Library;
+
+use super::library_search::{LibrarySearch, OpenedOnce};
 
 /// The environment variable naming libnvrtc's file. When it is set, nothing else is tried.
 pub const NVRTC_PATH_ENV: &str = "ATTN_NVRTC_PATH";
@@ -155,179 +155,24 @@ impl NvrtcLibrary {
     }
 }
 
-/// Directories callers added with [`add_nvrtc_search_dirs`].
-fn added_dirs() -> &'static Mutex<Vec<PathBuf>> {
-    static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-    &DIRS
+/// This process's lookup of libnvrtc.
+pub fn nvrtc_search() -> LibrarySearch {
+    LibrarySearch::from_env(
+        "libnvrtc",
+        NVRTC_PATH_ENV,
+        &LINKER_NAMES,
+        "nvidia-cuda-nvrtc (CUDA 13) or nvidia-cuda-nvrtc-cu12",
+    )
 }
 
-/// Search `dirs` too (after the linker's path, before the CUDA toolkit's directories),
-/// from the next lookup on. A library already opened stays the one used.
-pub fn add_nvrtc_search_dirs(dirs: impl IntoIterator<Item = PathBuf>) {
-    let mut added = added_dirs().lock().unwrap_or_else(|e| e.into_inner());
-    for d in dirs {
-        if !added.contains(&d) {
-            added.push(d);
-        }
-    }
-}
-
-/// The CUDA toolkit's library directories: `CUDA_HOME`, `CUDA_PATH`, `/usr/local/cuda` and
-/// the versioned `/usr/local/cuda-*` (newest first).
-fn toolkit_dirs() -> Vec<PathBuf> {
-    let mut roots: Vec<PathBuf> =
-        ["CUDA_HOME", "CUDA_PATH"].iter().filter_map(std::env::var_os).map(PathBuf::from).collect();
-    roots.push(PathBuf::from("/usr/local/cuda"));
-    let mut versioned: Vec<PathBuf> = std::fs::read_dir("/usr/local")
-        .map(|d| d.flatten().map(|e| e.path()).filter(|p| is_versioned_cuda(p)).collect())
-        .unwrap_or_default();
-    versioned.sort_by_key(|p| std::cmp::Reverse(version_key(p)));
-    roots.extend(versioned);
-    roots.iter().flat_map(|r| [r.join("lib64"), r.join("lib"), r.join("targets/x86_64-linux/lib")]).collect()
-}
-
-fn is_versioned_cuda(p: &Path) -> bool {
-    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("cuda-"))
-}
-
-/// The numbers of a name such as `cuda-12.9` or `libnvrtc.so.13`, for ordering.
-fn version_key(p: &Path) -> Vec<u32> {
-    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    name.split(|c: char| !c.is_ascii_digit()).filter_map(|s| s.parse().ok()).collect()
-}
-
-/// The libnvrtc files in `dir`: versioned ones newest first, then the plain name. Other
-/// files of NVRTC's wheels (`libnvrtc.alt.so.*`, `libnvrtc-builtins*`) are not candidates.
-pub fn nvrtc_files_in(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut files: Vec<PathBuf> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                n.strip_prefix("libnvrtc.so").is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-            })
-        })
-        .collect();
-    files.sort_by_key(|p| std::cmp::Reverse(version_key(p)));
-    files
-}
-
-/// Where the lookup goes, in order: the explicit file, else linker names and directories.
-#[derive(Debug, Clone)]
-pub struct NvrtcSearch {
-    /// `ATTN_NVRTC_PATH`, when set: the only candidate.
-    pub explicit: Option<PathBuf>,
-    /// Names the dynamic linker resolves.
-    pub linker_names: Vec<String>,
-    /// Directories whose libnvrtc files are tried, in order.
-    pub dirs: Vec<PathBuf>,
-}
-
-impl NvrtcSearch {
-    /// This process's search: the environment, the added directories and the toolkit's.
-    pub fn from_env() -> Self {
-        let explicit = std::env::var_os(NVRTC_PATH_ENV).filter(|p| !p.is_empty()).map(PathBuf::from);
-        let mut dirs = added_dirs().lock().unwrap_or_else(|e| e.into_inner()).clone();
-        dirs.extend(toolkit_dirs());
-        NvrtcSearch { explicit, linker_names: LINKER_NAMES.iter().map(|s| s.to_string()).collect(), dirs }
-    }
-
-    /// Every candidate, in the order they are tried.
-    pub fn candidates(&self) -> Vec<String> {
-        if let Some(p) = &self.explicit {
-            return vec![p.to_string_lossy().into_owned()];
-        }
-        let files = self.dirs.iter().flat_map(|d| nvrtc_files_in(d));
-        self.linker_names.iter().cloned().chain(files.map(|f| f.to_string_lossy().into_owned())).collect()
-    }
-
-    /// Open the first candidate that loads, or say what was tried.
-    pub fn open(&self) -> Result<NvrtcLibrary> {
-        let candidates = self.candidates();
-        let mut failures = Vec::new();
-        for c in &candidates {
-            match NvrtcLibrary::open(c) {
-                Ok(lib) => return Ok(lib),
-                Err(e) => failures.push(e),
-            }
-        }
-        let reason = match &self.explicit {
-            Some(p) => format!("{NVRTC_PATH_ENV}={} did not load: {}", p.display(), failures.join("; ")),
-            None => format!(
-                "libnvrtc was not found: tried {} through the dynamic linker and {} file(s) in {} directories \
-                 (install nvidia-cuda-nvrtc for CUDA 13 or nvidia-cuda-nvrtc-cu12, put its lib directory on \
-                 LD_LIBRARY_PATH, or set {NVRTC_PATH_ENV} to the library file)",
-                self.linker_names.join(", "),
-                candidates.len() - self.linker_names.len(),
-                self.dirs.len()
-            ),
-        };
-        Err(AttnError::BackendUnavailable { backend: "cuda", reason })
-    }
+/// The first libnvrtc of `search` that opens, or `BackendUnavailable` saying what was tried.
+pub fn open_nvrtc(search: &LibrarySearch) -> Result<NvrtcLibrary> {
+    search.open_first(NvrtcLibrary::open).map_err(|reason| AttnError::BackendUnavailable { backend: "cuda", reason })
 }
 
 /// The process's libnvrtc, opened on first success and kept; a failed lookup is retried on
 /// the next call (directories may have been added since).
 pub fn nvrtc_library() -> Result<&'static NvrtcLibrary> {
-    static OPENED: OnceLock<NvrtcLibrary> = OnceLock::new();
-    static SEARCHING: Mutex<()> = Mutex::new(());
-    if let Some(lib) = OPENED.get() {
-        return Ok(lib);
-    }
-    let _one_search = SEARCHING.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(lib) = OPENED.get() {
-        return Ok(lib);
-    }
-    let lib = NvrtcSearch::from_env().open()?;
-    Ok(OPENED.get_or_init(|| lib))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_libnvrtc_files_are_candidates_newest_first() {
-        let dir = std::env::temp_dir().join(format!("attn-nvrtc-files-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for f in [
-            "libnvrtc.so",
-            "libnvrtc.so.12",
-            "libnvrtc.so.13",
-            "libnvrtc.alt.so.13",
-            "libnvrtc-builtins.so.13.0",
-            "libnvrtcx.so",
-        ] {
-            std::fs::write(dir.join(f), b"").unwrap();
-        }
-        let names: Vec<String> =
-            nvrtc_files_in(&dir).iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(names, ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]);
-    }
-
-    #[test]
-    fn an_explicit_path_is_the_only_candidate_and_its_failure_names_it() {
-        let search = NvrtcSearch {
-            explicit: Some(PathBuf::from("/nonexistent/libnvrtc.so.13")),
-            linker_names: vec!["libnvrtc.so".into()],
-            dirs: vec![PathBuf::from("/usr/local/cuda/lib64")],
-        };
-        assert_eq!(search.candidates(), ["/nonexistent/libnvrtc.so.13"]);
-        let err = search.open().unwrap_err().to_string();
-        assert!(err.contains("ATTN_NVRTC_PATH=/nonexistent/libnvrtc.so.13 did not load"), "{err}");
-    }
-
-    #[test]
-    fn a_failed_search_says_what_it_tried() {
-        let search = NvrtcSearch {
-            explicit: None,
-            linker_names: vec!["libnvrtc-attn-absent.so".into()],
-            dirs: vec![PathBuf::from("/nonexistent-a"), PathBuf::from("/nonexistent-b")],
-        };
-        let err = search.open().unwrap_err().to_string();
-        assert!(err.contains("tried libnvrtc-attn-absent.so") && err.contains("in 2 directories"), "{err}");
-        assert!(err.contains(NVRTC_PATH_ENV), "{err}");
-    }
+    static NVRTC: OpenedOnce<NvrtcLibrary> = OpenedOnce::new();
+    NVRTC.get_or_open(|| open_nvrtc(&nvrtc_search()))
 }

@@ -88,7 +88,7 @@ def nvidia_lib_dirs() -> List[str]:
 def search_nvidia_wheels() -> None:
     """Once a process: the native side searches [`nvidia_lib_dirs`] for libnvrtc after
     the dynamic linker's path, so no `LD_LIBRARY_PATH` is needed."""
-    _native.add_nvrtc_search_dirs(nvidia_lib_dirs())
+    _native.add_library_search_dirs(nvidia_lib_dirs())
 
 
 def placement(t: torch.Tensor) -> Optional[Tuple[int, int]]:

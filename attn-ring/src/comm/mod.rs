@@ -21,6 +21,8 @@ pub mod nccl_comm;
 pub mod nccl_emu;
 #[cfg(feature = "nccl")]
 pub(crate) mod nccl_handle;
+#[cfg(feature = "nccl")]
+pub mod nccl_library;
 mod nccl_progress;
 pub mod thread_comm;
 

@@ -1,5 +1,5 @@
-//! `NcclComm`: ranks are GPUs joined by NCCL (cudarc, dynamic loading, feature
-//! `nccl`). `NcclP2p` runs one grouped NCCL round on a non-blocking communicator
+//! `NcclComm`: ranks are GPUs joined by NCCL (feature `nccl`; the library opened at run
+//! time by `nccl_library`). `NcclP2p` runs one grouped NCCL round on a non-blocking communicator
 //! (`nccl_handle`: `ncclGroupStart`, sends, receives, `ncclGroupEnd`, then NCCL's
 //! asynchronous state and a CUDA event polled against one deadline; a failure or a
 //! missed deadline aborts the communicator) and `NcclComm` is the
@@ -11,8 +11,8 @@
 //! or on a machine without a CUDA driver, NCCL library or GPU, construction is a
 //! typed error, never a panic.
 //!
-//! The only `unsafe` here is probing for the CUDA and NCCL libraries; the NCCL calls
-//! themselves are in `nccl_handle`.
+//! The only `unsafe` here is probing for the CUDA driver; the NCCL calls themselves are
+//! in `nccl_handle` and `nccl_library`.
 #![cfg_attr(feature = "nccl", allow(unsafe_code))]
 
 use attn_core::{AttnError, Result};
@@ -76,12 +76,12 @@ mod imp {
     use std::time::Duration;
 
     use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-    use cudarc::nccl::Id;
 
     use super::*;
     use crate::comm::DEFAULT_TIMEOUT;
     use crate::comm::grouped::{GroupedComm, GroupedP2p};
-    use crate::comm::nccl_handle::{NcclHandle, describe};
+    use crate::comm::nccl_handle::NcclHandle;
+    use crate::comm::nccl_library::nccl_library;
 
     fn unavailable(reason: impl Into<String>) -> AttnError {
         AttnError::BackendUnavailable { backend: "NCCL", reason: reason.into() }
@@ -96,10 +96,7 @@ mod imp {
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(unavailable("no CUDA driver (libcuda) on this machine"));
         }
-        // SAFETY: only tries to dlopen libnccl; no symbol is called.
-        if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-            return Err(unavailable("the NCCL library (libnccl.so) was not found"));
-        }
+        nccl_library()?;
         let n = CudaContext::device_count().map_err(|e| unavailable(format!("cuDeviceGetCount: {e:?}")))?;
         if n <= 0 {
             return Err(unavailable("no GPU"));
@@ -137,8 +134,7 @@ mod imp {
         /// A fresh NCCL unique id (create on one rank, send to the others out of band).
         pub fn unique_id() -> Result<[u8; NCCL_ID_BYTES]> {
             available()?;
-            let id = Id::new().map_err(|e| nccl_err(0, "get unique id", describe(&e)))?;
-            Ok(id.internal().map(|c| c as u8))
+            nccl_library()?.unique_id().map_err(|e| AttnError::Comm { rank: 0, message: format!("NCCL {e}") })
         }
 
         /// Join the communicator `id` as `rank` of `world`, on GPU `device`, with the

@@ -19,9 +19,9 @@ use attn_core::{AttnError, Result};
 use cudarc::driver::{CudaEvent, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 #[cfg(feature = "cuda")]
 use cudarc::driver::{CudaSlice, DeviceRepr};
-use cudarc::nccl::result::{self as nccl, NcclError, NcclStatus};
 use cudarc::nccl::sys;
 
+use super::nccl_library::{IN_PROGRESS, NcclLibrary, SUCCESS, Status, UINT8, is_error, nccl_library};
 use super::nccl_progress::{Progress, await_progress};
 
 /// `NCCL_VERSION(2, 30, 0)`: the `ncclConfig_t` layout cudarc's `nccl-02030` bindings
@@ -42,6 +42,7 @@ pub(crate) struct PostedRound {
 
 /// A non-blocking NCCL communicator of one rank (see the module docs).
 pub(crate) struct NcclHandle {
+    nccl: &'static NcclLibrary,
     comm: sys::ncclComm_t,
     rank: usize,
     /// Set once the communicator has been aborted; every later round is refused.
@@ -84,11 +85,6 @@ fn nonblocking_config() -> sys::ncclConfig_t {
     }
 }
 
-/// The name of an NCCL result code (cudarc's `NcclError` prints no more than its type).
-pub(crate) fn describe(e: &NcclError) -> String {
-    format!("{:?}", e.0)
-}
-
 #[cfg(feature = "cuda")]
 /// The bytes of a device buffer, for a round (every bit pattern is a valid `u8`).
 pub(crate) fn bytes_of<T: DeviceRepr>(buf: &CudaSlice<T>) -> Option<CudaView<'_, u8>> {
@@ -118,6 +114,7 @@ impl NcclHandle {
     /// joins is `Timeout` naming rank 0 (the id's root; rank 1 on rank 0): which rank
     /// is missing cannot be known from here.
     pub(crate) fn join(rank: usize, world: usize, id: &[u8; 128], timeout: Duration) -> Result<Self> {
+        let nccl = nccl_library()?;
         let deadline = Instant::now() + timeout;
         let (nranks, me) = (to_c_int(rank, "world size", world)?, to_c_int(rank, "rank", rank)?);
         let unique = sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
@@ -125,15 +122,16 @@ impl NcclHandle {
         let mut comm: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: `comm` and `config` are live locals that NCCL only reads (`config`) or
         // writes (`comm`, the new handle, set also when the call returns InProgress).
-        let started = unsafe { nccl::comm_init_rank_config(&mut comm, nranks, unique, me, &mut config) };
+        let started = unsafe { (nccl.comm_init_rank_config)(&mut comm, nranks, unique, me, &mut config) };
+        let failed = is_error(started);
         if comm.is_null() {
-            let why = started.err().map_or_else(|| "no communicator returned".into(), |e| describe(&e));
+            let why = if failed { nccl.describe(started) } else { "no communicator returned".into() };
             return Err(AttnError::Comm { rank, message: format!("NCCL init: {why}") });
         }
-        let mut handle = NcclHandle { comm, rank, aborted: false };
-        if let Err(e) = started {
+        let mut handle = NcclHandle { nccl, comm, rank, aborted: false };
+        if failed {
             handle.abort();
-            return Err(AttnError::Comm { rank, message: format!("NCCL init: {}", describe(&e)) });
+            return Err(AttnError::Comm { rank, message: format!("NCCL init: {}", nccl.describe(started)) });
         }
         let root = if rank == 0 { 1 } else { 0 };
         handle.settle(root, timeout, deadline)?;
@@ -183,36 +181,37 @@ impl NcclHandle {
         let cu_stream = stream.cu_stream() as sys::cudaStream_t;
         let to: Vec<c_int> = sends.iter().map(|(p, _)| to_c_int(self.rank, "peer", *p)).collect::<Result<_>>()?;
         let from: Vec<c_int> = recvs.iter().map(|(p, _)| to_c_int(self.rank, "peer", *p)).collect::<Result<_>>()?;
+        let nccl = self.nccl;
         let mut failed: Option<String> = None;
-        if let Err(e) = nccl::group_start() {
-            return Err(self.fail(format!("ncclGroupStart: {}", describe(&e))));
+        // SAFETY: ncclGroupStart takes no arguments; it opens this thread's group.
+        let started = unsafe { (nccl.group_start)() };
+        if is_error(started) {
+            return Err(self.fail(format!("ncclGroupStart: {}", nccl.describe(started))));
         }
         for ((_, buf), &to) in sends.iter().zip(&to) {
             let (ptr, _sync) = buf.device_ptr(stream);
             // SAFETY: `ptr` addresses `buf.len()` live device bytes that the buffer behind
             // the view keeps allocated until this round's event has completed or the
             // communicator is aborted (the caller borrows it past `round`); `comm` is live.
-            let posted = unsafe {
-                nccl::send(ptr as *const c_void, buf.len(), sys::ncclDataType_t::ncclUint8, to, self.comm, cu_stream)
-            };
-            if let Err(e) = posted {
-                failed.get_or_insert(format!("ncclSend to {to}: {}", describe(&e)));
+            let posted = unsafe { (nccl.send)(ptr as *const c_void, buf.len(), UINT8, to, self.comm, cu_stream) };
+            if is_error(posted) {
+                failed.get_or_insert(format!("ncclSend to {to}: {}", nccl.describe(posted)));
             }
         }
         for ((_, buf), &from) in recvs.iter_mut().zip(&from) {
             let len = buf.len();
             let (ptr, _sync) = buf.device_ptr_mut(stream);
             // SAFETY: as for the sends; `buf` is not read until the round has completed.
-            let posted = unsafe {
-                nccl::recv(ptr as *mut c_void, len, sys::ncclDataType_t::ncclUint8, from, self.comm, cu_stream)
-            };
-            if let Err(e) = posted {
-                failed.get_or_insert(format!("ncclRecv from {from}: {}", describe(&e)));
+            let posted = unsafe { (nccl.recv)(ptr as *mut c_void, len, UINT8, from, self.comm, cu_stream) };
+            if is_error(posted) {
+                failed.get_or_insert(format!("ncclRecv from {from}: {}", nccl.describe(posted)));
             }
         }
         // The group is closed even after a failed post, so this thread's group depth stays 0.
-        if let Err(e) = nccl::group_end() {
-            failed.get_or_insert(format!("ncclGroupEnd: {}", describe(&e)));
+        // SAFETY: closes the group opened above on this thread.
+        let ended = unsafe { (nccl.group_end)() };
+        if is_error(ended) {
+            failed.get_or_insert(format!("ncclGroupEnd: {}", nccl.describe(ended)));
         }
         if let Some(why) = failed {
             return Err(self.fail(why));
@@ -231,7 +230,7 @@ impl NcclHandle {
     pub(crate) fn wait(&mut self, round: PostedRound) -> Result<()> {
         self.usable()?;
         let PostedRound { event, peer, timeout, deadline } = round;
-        let comm = self.comm;
+        let (nccl, comm) = (self.nccl, self.comm);
         let rank = self.rank;
         let aborted = &mut self.aborted;
         await_progress(
@@ -243,21 +242,28 @@ impl NcclHandle {
                 if event.is_complete() {
                     return Progress::Done;
                 }
-                match poll_async_error(comm) {
+                match poll_async_error(nccl, comm) {
                     // NCCL has no error: the work is still running on the stream.
                     Progress::Done => Progress::Pending,
                     other => other,
                 }
             },
-            || abort_raw(comm, aborted),
+            || abort_raw(nccl, comm, aborted),
         )
     }
 
     /// Poll the asynchronous state until no operation is in progress.
     fn settle(&mut self, peer: usize, timeout: Duration, deadline: Instant) -> Result<()> {
-        let comm = self.comm;
+        let (nccl, comm) = (self.nccl, self.comm);
         let aborted = &mut self.aborted;
-        await_progress(self.rank, peer, timeout, deadline, || poll_async_error(comm), || abort_raw(comm, aborted))
+        await_progress(
+            self.rank,
+            peer,
+            timeout,
+            deadline,
+            || poll_async_error(nccl, comm),
+            || abort_raw(nccl, comm, aborted),
+        )
     }
 
     /// Abort and describe the failure as this rank's `Comm` error.
@@ -269,42 +275,43 @@ impl NcclHandle {
     /// Abort the communicator (once): its pending operations are cancelled, so buffers
     /// they use can be freed, and every later round is refused.
     pub(crate) fn abort(&mut self) {
-        abort_raw(self.comm, &mut self.aborted);
+        abort_raw(self.nccl, self.comm, &mut self.aborted);
     }
 }
 
 /// `ncclCommGetAsyncError` as a [`Progress`]: `Pending` while an operation is in
 /// progress, `Done` when none is (for a launched round that only means "enqueued": its
 /// completion is the stream event's), `Failed` with NCCL's own message on an error.
-fn poll_async_error(comm: sys::ncclComm_t) -> Progress {
-    let mut state = sys::ncclResult_t::ncclSuccess;
+fn poll_async_error(nccl: &NcclLibrary, comm: sys::ncclComm_t) -> Progress {
+    let mut state: Status = SUCCESS;
     // SAFETY: `comm` is a live, not yet aborted communicator (callers poll only before
     // aborting) and `state` is a live local.
-    let asked = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) }.result();
-    match asked.and_then(|_| state.result()) {
-        Ok(NcclStatus::InProgress) => Progress::Pending,
-        Ok(_) => Progress::Done,
-        Err(e) => Progress::Failed(format!("NCCL asynchronous error {}: {}", describe(&e), last_error(comm))),
+    let asked = unsafe { (nccl.comm_get_async_error)(comm, &mut state) };
+    let code = if is_error(asked) { asked } else { state };
+    match code {
+        IN_PROGRESS => Progress::Pending,
+        c if !is_error(c) => Progress::Done,
+        c => Progress::Failed(format!("NCCL asynchronous error {}: {}", nccl.describe(c), last_error(nccl, comm))),
     }
 }
 
 /// NCCL's text for the last error on `comm` (empty when it has none).
-fn last_error(comm: sys::ncclComm_t) -> String {
+fn last_error(nccl: &NcclLibrary, comm: sys::ncclComm_t) -> String {
     // SAFETY: `comm` is live; NCCL returns null or a NUL-terminated string it owns,
     // copied here before any other NCCL call.
     unsafe {
-        let text = sys::ncclGetLastError(comm);
+        let text = (nccl.get_last_error)(comm);
         if text.is_null() { String::new() } else { CStr::from_ptr(text).to_string_lossy().into_owned() }
     }
 }
 
 /// Abort `comm` once; later calls do nothing.
-fn abort_raw(comm: sys::ncclComm_t, aborted: &mut bool) {
+fn abort_raw(nccl: &NcclLibrary, comm: sys::ncclComm_t, aborted: &mut bool) {
     if !*aborted {
         *aborted = true;
         // SAFETY: `comm` is live and, with `aborted` now set, never used again. The
         // result is ignored: nothing more can be done with a communicator being torn down.
-        let _ = unsafe { nccl::comm_abort(comm) };
+        let _ = unsafe { (nccl.comm_abort)(comm) };
     }
 }
 

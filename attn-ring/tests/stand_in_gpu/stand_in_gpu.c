@@ -1,7 +1,7 @@
 /* Stand-in CUDA driver and NCCL library for attn-ring's tests on machines without a
  * GPU. Built by tests/nccl_stand_in.rs into one shared object that is reached as both
- * libcuda.so and libnccl.so (symlinks: the loader maps it once, so both share state),
- * it lets the real NcclComm code (cudarc's dynamic loading, nccl_handle's raw calls)
+ * libcuda.so and libnccl.so.2 (symlinks: the loader maps it once, so both share state),
+ * it lets the real NcclComm code (cudarc's driver loading, nccl_library and nccl_handle)
  * run end to end with ranks on threads.
  *
  * What it models:
