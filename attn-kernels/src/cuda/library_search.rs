@@ -69,7 +69,9 @@ fn toolkit_dirs() -> Vec<PathBuf> {
         .unwrap_or_default();
     versioned.sort_by_key(|p| std::cmp::Reverse(version_key(p)));
     roots.extend(versioned);
-    roots.iter().flat_map(|r| [r.join("lib64"), r.join("lib"), r.join("targets/x86_64-linux/lib")]).collect()
+    // The toolkit's per-target directory: `x86_64-linux`, or `sbsa-linux` on Arm servers.
+    let target = if cfg!(target_arch = "aarch64") { "targets/sbsa-linux/lib" } else { "targets/x86_64-linux/lib" };
+    roots.iter().flat_map(|r| [r.join("lib64"), r.join("lib"), r.join(target)]).collect()
 }
 
 fn file_name(p: &Path) -> &str {
@@ -206,6 +208,16 @@ mod tests {
         assert_eq!(candidates.len(), 4);
         assert_eq!(candidates[0], "libnvrtc.so.13");
         assert!(candidates[1].ends_with("/libnvrtc.so.13"), "{candidates:?}");
+    }
+
+    #[test]
+    fn the_toolkits_directories_are_searched() {
+        let dirs = toolkit_dirs();
+        for d in ["/usr/local/cuda/lib64", "/usr/local/cuda/lib"] {
+            assert!(dirs.contains(&PathBuf::from(d)), "{d} missing from {dirs:?}");
+        }
+        let target = if cfg!(target_arch = "aarch64") { "sbsa-linux" } else { "x86_64-linux" };
+        assert!(dirs.contains(&PathBuf::from(format!("/usr/local/cuda/targets/{target}/lib"))), "{dirs:?}");
     }
 
     #[test]
