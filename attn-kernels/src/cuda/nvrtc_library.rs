@@ -95,63 +95,45 @@ impl NvrtcLibrary {
     fn open(name: &str) -> std::result::Result<Self, String> {
         // SAFETY: loading libnvrtc runs only its initialisers, which have no preconditions.
         let lib = unsafe { Library::new(name) }.map_err(|e| e.to_string())?;
-        let (version, fns) = {
-            // SAFETY: each symbol is NVRTC's C function of the type named (NVRTC 11-13 API).
-            let sym = |s: &[u8]| unsafe { lib.get::<*const c_void>(s).map(|p| *p) };
-            let missing = |s: &str| format!("{name} has no {s}");
-            macro_rules! load {
-                ($s:literal, $t:ty) => {{
-                    let p = sym(concat!($s, "\0").as_bytes()).map_err(|_| missing($s))?;
-                    // SAFETY: `p` is the address of the function `$s`, whose C type is `$t`.
-                    unsafe { std::mem::transmute::<*const c_void, $t>(p) }
-                }};
-            }
-            let version_fn = load!("nvrtcVersion", VersionFn);
-            let (mut major, mut minor) = (0, 0);
-            // SAFETY: both out-pointers are valid for the call.
-            if unsafe { version_fn(&mut major, &mut minor) } != 0 {
-                return Err(format!("{name}: nvrtcVersion failed"));
-            }
-            let fns = (
-                load!("nvrtcCreateProgram", CreateFn),
-                load!("nvrtcDestroyProgram", DestroyFn),
-                load!("nvrtcCompileProgram", CompileFn),
-                load!("nvrtcGetProgramLogSize", SizeFn),
-                load!("nvrtcGetProgramLog", BytesFn),
-                load!("nvrtcGetPTXSize", SizeFn),
-                load!("nvrtcGetPTX", BytesFn),
-                load!("nvrtcGetCUBINSize", SizeFn),
-                load!("nvrtcGetCUBIN", BytesFn),
-                load!("nvrtcGetErrorString", ErrorStringFn),
-            );
-            ((major, minor), fns)
+        macro_rules! load {
+            ($s:literal) => {{
+                // SAFETY: the symbol is NVRTC's C function `$s`, whose C type (NVRTC 11-13)
+                // is the type of the binding or field it is assigned to.
+                let f = unsafe { lib.get(concat!($s, "\0").as_bytes()) };
+                *f.map_err(|_| format!("{name} has no {}", $s))?
+            }};
+        }
+        let version_fn: VersionFn = load!("nvrtcVersion");
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: both out-pointers are valid for the call.
+        if unsafe { version_fn(&mut major, &mut minor) } != 0 {
+            return Err(format!("{name}: nvrtcVersion failed"));
+        }
+        let mut nvrtc = NvrtcLibrary {
+            create: load!("nvrtcCreateProgram"),
+            destroy: load!("nvrtcDestroyProgram"),
+            compile: load!("nvrtcCompileProgram"),
+            log_size: load!("nvrtcGetProgramLogSize"),
+            log: load!("nvrtcGetProgramLog"),
+            ptx_size: load!("nvrtcGetPTXSize"),
+            ptx: load!("nvrtcGetPTX"),
+            cubin_size: load!("nvrtcGetCUBINSize"),
+            cubin: load!("nvrtcGetCUBIN"),
+            error_string: load!("nvrtcGetErrorString"),
+            version: (major, minor),
+            path: name.to_string(),
+            _libs: vec![lib],
         };
-        let (create, destroy, compile, log_size, log, ptx_size, ptx, cubin_size, cubin, error_string) = fns;
-        let mut libs = vec![lib];
         // NVRTC 13 opens its builtins library by name at compile time; one beside the file
         // opened here is loaded first, so that name resolves without LD_LIBRARY_PATH.
         if let Some(dir) = Path::new(name).parent().filter(|d| !d.as_os_str().is_empty()) {
-            let builtins = dir.join(format!("libnvrtc-builtins.so.{}.{}", version.0, version.1));
+            let builtins = dir.join(format!("libnvrtc-builtins.so.{major}.{minor}"));
             if builtins.is_file() {
                 // SAFETY: as for libnvrtc: initialisers only.
-                libs.push(unsafe { Library::new(&builtins) }.map_err(|e| e.to_string())?);
+                nvrtc._libs.push(unsafe { Library::new(&builtins) }.map_err(|e| e.to_string())?);
             }
         }
-        Ok(NvrtcLibrary {
-            create,
-            destroy,
-            compile,
-            log_size,
-            log,
-            ptx_size,
-            ptx,
-            cubin_size,
-            cubin,
-            error_string,
-            version,
-            path: name.to_string(),
-            _libs: libs,
-        })
+        Ok(nvrtc)
     }
 }
 
