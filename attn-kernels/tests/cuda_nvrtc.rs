@@ -10,13 +10,13 @@ use std::path::PathBuf;
 
 use attn_kernels::cuda::nvrtc::{ImageKind, Output, compile_cubin, compile_for_device, compile_ptx};
 use attn_kernels::cuda::source::{dtype_define, full_source, kernel_names, nvrtc_options};
-use attn_kernels::cuda::{LibrarySearch, library_files_in, nvrtc_present, nvrtc_search, open_nvrtc};
+use attn_kernels::cuda::{LibrarySearch, library_files_in, nvrtc_library, nvrtc_search, open_nvrtc};
 use attn_testkit::skip_gpu_test;
 
 /// Whether NVRTC loads; its absence is a skip only where nothing promises it.
 fn nvrtc_or_skip(test: &str) -> bool {
-    if !nvrtc_present() {
-        let reason = "libnvrtc did not load (not on LD_LIBRARY_PATH)";
+    if let Err(e) = nvrtc_library() {
+        let reason = e.to_string();
         if let Some(home) = std::env::var_os("ATTN_CUDA_HOME") {
             panic!("ATTN_CUDA_HOME={} is set but {reason}", home.to_string_lossy());
         }

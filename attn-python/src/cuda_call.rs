@@ -232,15 +232,6 @@ mod imp {
     pub fn unavailable_reason(ordinal: usize) -> Option<String> {
         device(ordinal).err().map(|e| e.to_string())
     }
-
-    pub fn add_library_search_dirs(dirs: Vec<String>) {
-        attn_kernels::cuda::add_library_search_dirs(dirs.into_iter().map(Into::into));
-    }
-
-    pub fn nvrtc_library() -> Result<(String, (i32, i32))> {
-        let lib = attn_kernels::cuda::nvrtc_library()?;
-        Ok((lib.path().to_string(), lib.version()))
-    }
 }
 
 /// Forward on CUDA tensors: writes `out` and `lse` on the caller's stream.
@@ -287,7 +278,7 @@ pub fn unavailable_reason(ordinal: usize) -> Option<String> {
 /// passes the lib directories of PyTorch's NVIDIA wheels); nothing without `cuda`.
 pub fn add_library_search_dirs(dirs: Vec<String>) {
     #[cfg(feature = "cuda")]
-    imp::add_library_search_dirs(dirs);
+    attn_kernels::cuda::add_library_search_dirs(dirs.into_iter().map(Into::into));
     #[cfg(not(feature = "cuda"))]
     let _ = dirs;
 }
@@ -296,7 +287,7 @@ pub fn add_library_search_dirs(dirs: Vec<String>) {
 /// none loads.
 pub fn nvrtc_library() -> Result<(String, (i32, i32))> {
     #[cfg(feature = "cuda")]
-    return imp::nvrtc_library();
+    return attn_kernels::cuda::nvrtc_library().map(|lib| (lib.path().to_string(), lib.version()));
     #[cfg(not(feature = "cuda"))]
     Err(not_compiled())
 }

@@ -25,11 +25,6 @@ fn unavailable(reason: impl Into<String>) -> AttnError {
     AttnError::BackendUnavailable { backend: BACKEND, reason: reason.into() }
 }
 
-/// Whether libnvrtc can be loaded ([`nvrtc_library`] found one; never a panic).
-pub fn nvrtc_present() -> bool {
-    nvrtc_library().is_ok()
-}
-
 /// Check, in order, that libcuda and libnvrtc load and that device `ordinal` exists.
 /// Every failure is `AttnError::BackendUnavailable` with the reason.
 pub fn check_available(ordinal: usize) -> Result<()> {

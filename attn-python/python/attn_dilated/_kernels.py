@@ -84,11 +84,9 @@ def nvidia_lib_dirs() -> List[str]:
     return [d for d in dirs if os.path.isdir(d)]
 
 
-@functools.lru_cache(maxsize=None)
-def search_nvidia_wheels() -> None:
-    """Once a process: the native side searches [`nvidia_lib_dirs`] for libnvrtc after
-    the dynamic linker's path, so no `LD_LIBRARY_PATH` is needed."""
-    _native.add_library_search_dirs(nvidia_lib_dirs())
+# Once, at import (a directory listing; nothing is loaded): the native side searches
+# these for libnvrtc after the dynamic linker's path, so no `LD_LIBRARY_PATH` is needed.
+_native.add_library_search_dirs(nvidia_lib_dirs())
 
 
 def placement(t: torch.Tensor) -> Optional[Tuple[int, int]]:
@@ -96,7 +94,6 @@ def placement(t: torch.Tensor) -> Optional[Tuple[int, int]]:
     stream, so the kernels are ordered with the caller's work like a torch op."""
     if not t.is_cuda:
         return None
-    search_nvidia_wheels()
     return (t.get_device(), torch.cuda.current_stream(t.device).cuda_stream)
 
 
@@ -123,7 +120,6 @@ def backward(cfg, grad_out, q, k, v, out, lse, mask, cu) -> Tuple[torch.Tensor, 
 def cuda_unavailable_reason(device: Union[int, torch.device, str] = 0) -> Optional[str]:
     """Why the CUDA kernels cannot run on `device` (a wheel built without CUDA, no
     driver or NVRTC, no such device, a GPU older than sm_80), or None where they can."""
-    search_nvidia_wheels()
     index = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     return _native.cuda_unavailable_reason(0 if index.index is None else index.index)
 
@@ -133,5 +129,4 @@ def nvrtc_library() -> Tuple[str, Tuple[int, int]]:
     through the dynamic linker (`libnvrtc.so.13`, `.so.12`, `.so`), then in PyTorch's
     NVIDIA wheels and the CUDA toolkit's directories, or the file `ATTN_NVRTC_PATH`
     names. RuntimeError saying what was searched where none loads."""
-    search_nvidia_wheels()
     return _native.nvrtc_library()
