@@ -6,7 +6,7 @@
 use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs};
 use attn_core::{AttnError, DilatedConfig, Shape4, TensorView, TensorViewMut};
-use attn_kernels::cuda::{CudaBackend, CudaDevice, check_available};
+use attn_kernels::cuda::{CudaBackend, CudaDevice, check_available, driver_library_present};
 use attn_testkit::gpu_policy::{GpuPolicy, required_failure, skip_gpu_test};
 
 #[test]
@@ -24,6 +24,21 @@ fn missing_device_is_a_typed_error() {
             }
         }
         Err(e) => panic!("unexpected error kind: {e}"),
+    }
+}
+
+/// The driver check is the library's own (not cudarc's, which only exists when cudarc
+/// loads libcuda at run time): without the driver, opening a device says so.
+#[test]
+fn a_missing_driver_is_named() {
+    if driver_library_present() {
+        return println!("libcuda loads here");
+    }
+    match check_available(0) {
+        Err(AttnError::BackendUnavailable { backend: "cuda", reason }) => {
+            assert!(reason.contains("libcuda"), "{reason}")
+        }
+        other => panic!("no libcuda here, yet: {other:?}"),
     }
 }
 

@@ -3,7 +3,8 @@
 //! `// SAFETY:` comment directly above every `unsafe` block or impl; project text
 //! (`.rs`, `.md`, `.sh`) describes the project, not the work history; in attn-kernels
 //! only the dispatch module names an instruction-set module and only `cpu_features`
-//! checks CPU features; each crate's integration tests build into one binary
+//! checks CPU features; no manifest or source picks cudarc's linking mode (it stays
+//! `fallback-dynamic-loading`, so the GPU features build beside candle's `cuda`); each crate's integration tests build into one binary
 //! (`test_targets`); and the in-repo conformance vectors hold every upstream file
 //! (`vectors`).
 
@@ -133,6 +134,29 @@ pub fn check_dispatch(rel: &str, text: &str) -> Vec<(usize, String)> {
     problems
 }
 
+/// cudarc's linking modes and the calls that exist in only one of them. The workspace asks
+/// for `fallback-dynamic-loading`, which yields to a crate that picks a mode (candle's
+/// `cuda` picks `dynamic-linking`): naming a mode itself would make the two fail to build
+/// together.
+const CUDARC_ONE_MODE: [&str; 5] =
+    ["\"dynamic-loading\"", "\"dynamic-linking\"", "\"static-linking\"", "is_culib_present", "culib()"];
+
+/// Problems of one file against the cudarc rule: no linking mode in a manifest, no call
+/// that needs one in source.
+pub fn check_cudarc_modes(text: &str) -> Vec<(usize, String)> {
+    let mut problems = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let code = line.split(['#']).next().unwrap_or_default();
+        let code = code.split("//").next().unwrap_or_default();
+        for m in CUDARC_ONE_MODE {
+            if code.contains(m) {
+                problems.push((i + 1, format!("names `{m}`: cudarc's mode must stay `fallback-dynamic-loading`")));
+            }
+        }
+    }
+    problems
+}
+
 /// Check every file; fail listing the problems.
 pub fn run(args: &[String]) -> Result<(), String> {
     let upstream = match args {
@@ -142,13 +166,19 @@ pub fn run(args: &[String]) -> Result<(), String> {
     };
     let root = repo_root();
     let mut files = Vec::new();
-    files_with(&root, &[".rs", ".md", ".sh"], &mut files);
+    files_with(&root, &[".rs", ".md", ".sh", "Cargo.toml"], &mut files);
     let mut count = 0;
     for f in &files {
         let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
         let mut problems = check_history_words(&text);
+        if f.ends_with("Cargo.toml") {
+            problems.extend(check_cudarc_modes(&text));
+        }
         if f.extension().is_some_and(|e| e == "rs") {
             problems.extend(check_text(&text));
+            if !f.starts_with(root.join("xtask")) {
+                problems.extend(check_cudarc_modes(&text));
+            }
             if let Ok(rel) = f.strip_prefix(root.join("attn-kernels/src")) {
                 problems.extend(check_dispatch(&rel.to_string_lossy(), &text));
             }
@@ -198,6 +228,16 @@ mod tests {
         let detect = format!("let ok = std::arch::{}!(\"avx2\");\n", concat!("is_x86_feature", "_detected"));
         assert_eq!(check_dispatch("avx2.rs", &detect).len(), 1);
         assert!(check_dispatch("cpu_features.rs", &detect).is_empty());
+    }
+
+    #[test]
+    fn cudarc_linking_modes_are_found_outside_comments() {
+        let manifest = "cudarc = { features = [\"std\", \"fallback-dynamic-loading\"] }\n# \"dynamic-linking\"\n";
+        assert!(check_cudarc_modes(manifest).is_empty(), "{:?}", check_cudarc_modes(manifest));
+        let planted = manifest.replace("fallback-dynamic-loading", "dynamic-loading");
+        assert_eq!(check_cudarc_modes(&planted).len(), 1);
+        let call = format!("    if !cudarc::driver::sys::{}() {{\n", concat!("is_culib", "_present"));
+        assert_eq!(check_cudarc_modes(&call).len(), 1);
     }
 
     #[test]

@@ -25,12 +25,24 @@ fn unavailable(reason: impl Into<String>) -> AttnError {
     AttnError::BackendUnavailable { backend: BACKEND, reason: reason.into() }
 }
 
+/// Whether the NVIDIA driver library loads, without calling into it. This works whichever
+/// way cudarc reaches libcuda: loaded at run time (this workspace's choice) or linked
+/// (`dynamic-linking`, which candle's `cuda` feature selects and which then wins).
+pub fn driver_library_present() -> bool {
+    DRIVER_LIBRARY_NAMES.iter().any(|name| {
+        // SAFETY: loading libcuda runs only its initialisers, which have no preconditions;
+        // no symbol is read and the handle is closed when it drops.
+        unsafe { libloading::Library::new(name) }.is_ok()
+    })
+}
+
+/// The names the driver installs (`libcuda.so` only comes with development packages).
+const DRIVER_LIBRARY_NAMES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
+
 /// Check, in order, that libcuda and libnvrtc load and that device `ordinal` exists.
 /// Every failure is `AttnError::BackendUnavailable` with the reason.
 pub fn check_available(ordinal: usize) -> Result<()> {
-    // SAFETY: `is_culib_present` only tries to dlopen the candidate library names and
-    // drops the handles; it has no preconditions.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if !driver_library_present() {
         return Err(unavailable("libcuda (the NVIDIA driver library) was not found"));
     }
     nvrtc_library()?;

@@ -92,8 +92,7 @@ mod imp {
     }
 
     pub fn available() -> Result<usize> {
-        // SAFETY: only tries to dlopen the CUDA driver library; no symbol is called.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        if !attn_kernels::cuda::driver_library_present() {
             return Err(unavailable("no CUDA driver (libcuda) on this machine"));
         }
         nccl_library()?;
