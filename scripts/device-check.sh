@@ -7,7 +7,7 @@
 #   scripts/device-check.sh rehearse   # here: pack, copy the pack into a clean directory and run
 #                                      # it there; GPU steps report `not run (no GPU)`
 #   device run: command "bash device-pack/device-check.sh run; cd $OUT && tar czf logs.tgz *.log &&
-#               rm *.log", carry ["device-pack"], timeout_s 540 (each step has a budget, 480 s in
+#               rm *.log", carry ["device-pack"], timeout_s 580 (each step has a budget, 525 s in
 #               all; `run --only STEP` reruns one step; the tool returns at most 8 files)
 #
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
@@ -17,13 +17,14 @@
 # table of both against their targets), ring (the chunk ring's golden files with CUDA block
 # compute, per-rank memory and time for P = 1, 2, 4, 8 on one GPU), python (the `attn_dilated`
 # package's CUDA tests: torch CUDA tensors through the kernels on torch's stream, and its
-# bench against the torch composition), sanitizer
+# bench against the torch composition), candle (attn-candle's op on candle CUDA tensors: the
+# golden files in every dtype and layout, random cases against the host), sanitizer
 # (compute-sanitizer memcheck and racecheck on a small bf16 forward+backward), nccl (a
 # one-rank round trip and a peer that never joins). Each step writes
 # `STEP: passed|FAILED|not run (why)` to $OUT/device-report.md (JSON twin device-report.json)
 # and its output to $OUT/STEP.log. ATTN_REQUIRE_GPU=1: no GPU test may skip.
 set -uo pipefail
-STEPS="env golden tests bench ring python sanitizer nccl"
+STEPS="env golden tests bench ring python candle sanitizer nccl"
 
 # ---- pack (here) ----------------------------------------------------------------------------
 
@@ -60,6 +61,17 @@ pack() {
     cp -r conformance "$pack/"
     cp attn-bench/torch/torch_dilated.py attn-bench/torch/gpu_matmul.py attn-bench/torch/device_bench_summary.py \
         "$pack/torch/"
+    # The candle op on CUDA tensors (attn-candle's `cuda`): candle's kernels need nvcc and the
+    # CUDA libraries to build (scripts/with-cuda-toolkit.sh). The binary holds candle's kernels
+    # as PTX text, so it travels xz-compressed.
+    mkdir -p "$pack/candle"
+    exe=$(scripts/with-cuda-toolkit.sh cargo test --no-run --message-format=json -p attn-candle --features cuda \
+        2>/dev/null | python3 scripts/cargo_executables.py --paths --only integration)
+    [ -n "$exe" ] || { echo "pack: attn-candle's cuda tests did not build" >&2; exit 1; }
+    strip -o "$pack/candle/candle_cuda" "$exe"
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(open(sys.argv[1], "rb"), lzma.open(sys.argv[1] + ".xz", "wb"))' \
+        "$pack/candle/candle_cuda"
+    rm "$pack/candle/candle_cuda"
     cp scripts/device-check.sh "$pack/"
     git rev-parse --short HEAD >"$pack/COMMIT" 2>/dev/null || echo unknown >"$pack/COMMIT"
     local n
@@ -124,11 +136,11 @@ use_lib() {
 
 have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
 
-# Seconds each step may take (480 in all, so a whole run fits 8 minutes).
+# Seconds each step may take (525 in all, so a whole run fits 9 minutes).
 budget() {
     case $1 in
     env) echo 20 ;; golden) echo 45 ;; tests) echo 55 ;; bench) echo 55 ;; ring) echo 35 ;; python) echo 85 ;;
-    sanitizer) echo 170 ;; nccl) echo 15 ;;
+    candle) echo 45 ;; sanitizer) echo 170 ;; nccl) echo 15 ;;
     esac
 }
 
@@ -240,6 +252,23 @@ step_python() {
         --heads 16 --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16 --reps 5 || ok=1
     cd - >/dev/null || return 1
     return "$ok"
+}
+
+step_candle() {
+    have_gpu || return 2
+    # attn-candle's tests on candle CUDA tensors (ATTN_REQUIRE_GPU=1: none may skip). The
+    # binary links libcuda, libcublas 13, libcurand 10 and libcudart 13: PyTorch's wheels
+    # hold the last three.
+    local exe="$LIBS/candle_cuda" path="$LD_LIBRARY_PATH" lib f
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+        "$PACK/candle/candle_cuda.xz" "$exe" >>"$LOG" 2>&1 || return 1
+    chmod +x "$exe"
+    for lib in libcublas.so.13 libcurand.so.10 libcudart.so.13; do
+        f=$(find_lib "$lib") || { echo "$lib: not found (searched ${#LIB_DIRS[@]} directories)" >>"$LOG"; return 1; }
+        echo "$lib -> $f" >>"$LOG"
+        path="$(dirname "$f"):$path"
+    done
+    LD_LIBRARY_PATH="$path" logged 45 "$exe" cuda:: --test-threads=1
 }
 
 step_sanitizer() {
@@ -365,8 +394,8 @@ rehearse() {
     python3 "$dir/device-pack/torch/device_bench_summary.py" --check || rc=1
     if ! have_gpu; then
         grep -q '^- env: passed' "$dir/out/device-report.md" || { echo "rehearse: env did not pass" >&2; rc=1; }
-        [ "$(grep -c 'not run (no GPU)' "$dir/out/device-report.md")" -eq 7 ] || {
-            echo "rehearse: expected 7 GPU steps not run" >&2
+        [ "$(grep -c 'not run (no GPU)' "$dir/out/device-report.md")" -eq 8 ] || {
+            echo "rehearse: expected 8 GPU steps not run" >&2
             rc=1
         }
     fi

@@ -1,6 +1,6 @@
 //! The op on plain f32 buffers, for conformance runners and tests: inputs rounded to a
-//! candle dtype and handed over in either memory layout, one forward and candle's
-//! `backward()` of `sum(out * grad_out)`, results back as row-major f32.
+//! candle dtype and handed over in either memory layout on a chosen device, one forward
+//! and candle's `backward()` of `sum(out * grad_out)`, results back as row-major f32.
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 
@@ -13,10 +13,16 @@ pub enum InputLayout {
     Bhsd,
 }
 
-/// A leaf variable holding `data` (row-major `[b, s, h, d]`) in `dtype` and `layout`,
-/// and the `[b, s, h, d]` tensor an op receives.
-pub fn leaf(data: &[f32], dims: [usize; 4], dtype: DType, layout: InputLayout) -> Result<(Var, Tensor)> {
-    let t = Tensor::from_slice(data, dims.to_vec(), &Device::Cpu)?.to_dtype(dtype)?;
+/// A leaf variable on `device` holding `data` (row-major `[b, s, h, d]`) in `dtype` and
+/// `layout`, and the `[b, s, h, d]` tensor an op receives.
+pub fn leaf(
+    device: &Device,
+    data: &[f32],
+    dims: [usize; 4],
+    dtype: DType,
+    layout: InputLayout,
+) -> Result<(Var, Tensor)> {
+    let t = Tensor::from_slice(data, dims.to_vec(), &Device::Cpu)?.to_dtype(dtype)?.to_device(device)?;
     let var = match layout {
         InputLayout::Bshd => Var::from_tensor(&t)?,
         InputLayout::Bhsd => Var::from_tensor(&t.transpose(1, 2)?.contiguous()?)?,
@@ -37,19 +43,31 @@ pub struct BufferRun {
 }
 
 /// Forward through `attend` (which returns `(out, lse)` of q, k, v), then `backward()`
-/// of `sum(out * grad_out)`. `dims` are q's and k's `[b, s, h, d]`.
+/// of `sum(out * grad_out)`, on the host. `dims` are q's and k's `[b, s, h, d]`.
 pub fn run_buffers(
+    attend: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<(Tensor, Vec<f32>)>,
+    qkv: [&[f32]; 3],
+    dims: [[usize; 4]; 2],
+    grad_out: &[f32],
+    dtype_layout: (DType, InputLayout),
+) -> Result<BufferRun> {
+    run_buffers_on(&Device::Cpu, attend, qkv, dims, grad_out, dtype_layout)
+}
+
+/// [`run_buffers`] with every tensor on `device`.
+pub fn run_buffers_on(
+    device: &Device,
     attend: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<(Tensor, Vec<f32>)>,
     qkv: [&[f32]; 3],
     dims: [[usize; 4]; 2],
     grad_out: &[f32],
     (dtype, layout): (DType, InputLayout),
 ) -> Result<BufferRun> {
-    let (qv, q) = leaf(qkv[0], dims[0], dtype, layout)?;
-    let (kv, k) = leaf(qkv[1], dims[1], dtype, layout)?;
-    let (vv, v) = leaf(qkv[2], dims[1], dtype, layout)?;
+    let (qv, q) = leaf(device, qkv[0], dims[0], dtype, layout)?;
+    let (kv, k) = leaf(device, qkv[1], dims[1], dtype, layout)?;
+    let (vv, v) = leaf(device, qkv[2], dims[1], dtype, layout)?;
     let (out, lse) = attend(&q, &k, &v)?;
-    let g = Tensor::from_slice(grad_out, dims[0].to_vec(), &Device::Cpu)?.to_dtype(dtype)?;
+    let g = Tensor::from_slice(grad_out, dims[0].to_vec(), &Device::Cpu)?.to_dtype(dtype)?.to_device(device)?;
     let grads = (&out * &g)?.sum_all()?.backward()?;
     let grad = |var: &Var| -> Result<Vec<f32>> {
         let g = grads.get(var.as_tensor()).ok_or_else(|| candle_core::Error::Msg("no gradient".into()))?;

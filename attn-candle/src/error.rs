@@ -20,9 +20,23 @@ fn dtype_name(dtype: DType) -> String {
     format!("{dtype:?}").to_lowercase()
 }
 
-/// Checks that `t` is a rank-4 CPU tensor of a dtype the kernels compute (f32, bf16,
-/// f16) and, when `like` is given, of that dtype.
-pub(crate) fn check_input(name: TensorName, t: &Tensor, like: Option<DType>) -> candle_core::Result<()> {
+/// What an op does with tensors on a CUDA device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnCuda {
+    /// Computes them with the workspace's CUDA kernels (feature `cuda`).
+    Kernels,
+    /// Refuses them: the op's backend computes on the host.
+    Refuse,
+}
+
+/// Checks that `t` is a rank-4 tensor of a dtype the kernels compute (f32, bf16, f16)
+/// on a device the op takes (`on_cuda`) and, when `like` is given, of that dtype.
+pub(crate) fn check_input(
+    name: TensorName,
+    t: &Tensor,
+    like: Option<DType>,
+    on_cuda: OnCuda,
+) -> candle_core::Result<()> {
     if t.rank() != 4 {
         return fail(AttnError::RankMismatch { tensor: name, expected: 4, got: t.rank() });
     }
@@ -42,14 +56,22 @@ pub(crate) fn check_input(name: TensorName, t: &Tensor, like: Option<DType>) -> 
         }
         _ => {}
     }
-    check_device(t.device())
+    check_device(t.device(), on_cuda)
 }
 
-/// The kernels run on the host: a tensor on another device is `Unsupported`.
-pub(crate) fn check_device(device: &Device) -> candle_core::Result<()> {
-    match device {
-        Device::Cpu => Ok(()),
-        Device::Cuda(_) => fail(AttnError::Unsupported { backend: "candle", feature: "tensors on a CUDA device" }),
-        Device::Metal(_) => fail(AttnError::Unsupported { backend: "candle", feature: "tensors on a Metal device" }),
+/// The host kernels take host tensors; the CUDA kernels take CUDA tensors where the op
+/// uses them and the `cuda` feature is on. Any other device is an error naming why.
+pub(crate) fn check_device(device: &Device, on_cuda: OnCuda) -> candle_core::Result<()> {
+    match (device, on_cuda) {
+        (Device::Cpu, _) => Ok(()),
+        (Device::Cuda(_), OnCuda::Kernels) if cfg!(feature = "cuda") => Ok(()),
+        (Device::Cuda(_), OnCuda::Kernels) => fail(AttnError::NotCompiled { backend: "cuda", feature: "cuda" }),
+        (Device::Cuda(_), OnCuda::Refuse) => fail(AttnError::Unsupported {
+            backend: "candle",
+            feature: "tensors on a CUDA device with a host backend (dilated_attention runs the CUDA kernels)",
+        }),
+        (Device::Metal(_), _) => {
+            fail(AttnError::Unsupported { backend: "candle", feature: "tensors on a Metal device" })
+        }
     }
 }

@@ -40,23 +40,28 @@ impl HostElement for f16 {
     }
 }
 
-/// The view of a rank-4 tensor stored in `data` under `layout`. A dimension of size 1
-/// may carry any stride (candle leaves them arbitrary), so its stride is not checked.
+/// The shape, strides and start offset (in elements) of a rank-4 tensor under `layout`.
+/// A dimension of size 1 may carry any stride (candle leaves them arbitrary), so its
+/// stride is taken as 1.
+pub(crate) fn layout_parts(name: TensorName, layout: &Layout) -> attn_core::Result<(Shape4, [usize; 4], usize)> {
+    let shape = Shape4::from_dims(name, layout.dims())?;
+    let s = layout.stride();
+    let mut strides = [s[0], s[1], s[2], s[3]];
+    for (st, &d) in strides.iter_mut().zip(&shape.dims()) {
+        if d == 1 {
+            *st = 1;
+        }
+    }
+    Ok((shape, strides, layout.start_offset()))
+}
+
+/// The view of a rank-4 tensor stored in `data` under `layout`.
 pub fn view_of<'a, T: Element>(
     name: TensorName,
     data: &'a [T],
     layout: &Layout,
 ) -> attn_core::Result<TensorView<'a, T>> {
-    let shape = Shape4::from_dims(name, layout.dims())?;
-    let s = layout.stride();
-    let dims = shape.dims();
-    let mut strides = [s[0], s[1], s[2], s[3]];
-    for (st, &d) in strides.iter_mut().zip(&dims) {
-        if d == 1 {
-            *st = 1;
-        }
-    }
-    let start = layout.start_offset();
+    let (shape, strides, start) = layout_parts(name, layout)?;
     let data = data.get(start..).ok_or(AttnError::BufferTooSmall { tensor: name, len: data.len(), needed: start })?;
     TensorView::strided(name, data, shape, strides)
 }
@@ -83,7 +88,7 @@ pub fn with_view<T: HostElement, R>(
     match &*storage {
         Storage::Cpu(cpu) => f(view_of(name, slice_of::<T>(name, cpu)?, layout).map_err(to_candle)?),
         _ => {
-            crate::error::check_device(t.device())?;
+            crate::error::check_device(t.device(), crate::error::OnCuda::Refuse)?;
             fail(AttnError::Unsupported { backend: "candle", feature: "tensors off the host" })
         }
     }

@@ -38,17 +38,27 @@
 //! # Errors and devices
 //! Every failure is a candle error wrapping the workspace's [`attn_core::AttnError`]
 //! with its message: mixed dtypes, f64 or integer inputs, a rank other than 4, shapes
-//! that disagree, and tensors on a GPU device (the op computes on the host only).
-//! No panic on bad input.
+//! that disagree, and tensors on a device the op cannot compute on. No panic on bad input.
+//!
+//! # CUDA
+//! With the feature `cuda` (which turns on candle's own), [`dilated_attention`] on tensors
+//! of a CUDA device runs the workspace's CUDA kernels (`attn_kernels::cuda`) on candle's
+//! device memory, in place, queued on candle's stream: forward, LSE (kept on the device)
+//! and backward. Without the feature such tensors are `NotCompiled`; with a host backend
+//! ([`attention_on`]) they are `Unsupported`. candle's `cuda` builds its own kernels with
+//! `nvcc`, so this feature needs a CUDA toolkit at build time; the workspace's kernels
+//! still compile at run time (NVRTC).
 
 mod buffers;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod error;
 mod host;
 pub mod nn;
 mod op;
 mod options;
 
-pub use buffers::{BufferRun, InputLayout, leaf, run_buffers};
+pub use buffers::{BufferRun, InputLayout, leaf, run_buffers, run_buffers_on};
 pub use error::to_candle;
 pub use host::{AnyAttention, HostElement};
 pub use op::{AttnOutput, DilatedAttentionOp, LseCell, attention_on};
@@ -69,9 +79,10 @@ pub fn default_backend() -> candle_core::Result<Arc<dyn AnyAttention>> {
 }
 
 /// Dilated attention of q `[batch, seq, heads, head_dim]` and k, v `[batch, kv_seq,
-/// kv_heads, head_dim]` on the CPU kernels, differentiable in q, k and v.
+/// kv_heads, head_dim]`, differentiable in q, k and v: host tensors on the CPU kernels,
+/// tensors on a CUDA device on the CUDA kernels (feature `cuda`).
 pub fn dilated_attention(q: &Tensor, k: &Tensor, v: &Tensor, options: &AttnOptions) -> candle_core::Result<Tensor> {
-    Ok(attention_on(default_backend()?, q, k, v, options)?.out)
+    Ok(dilated_attention_with_lse(q, k, v, options)?.out)
 }
 
 /// [`dilated_attention`] returning the LSE too.
@@ -81,5 +92,6 @@ pub fn dilated_attention_with_lse(
     v: &Tensor,
     options: &AttnOptions,
 ) -> candle_core::Result<AttnOutput> {
-    attention_on(default_backend()?, q, k, v, options)
+    let op = DilatedAttentionOp::new(default_backend()?, Arc::new(options.clone())).with_cuda_kernels();
+    op::attend(op, q, k, v)
 }

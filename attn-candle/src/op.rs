@@ -1,6 +1,7 @@
 //! The candle operation: [`DilatedAttentionOp`] is a `CustomOp3` over q, k, v whose
-//! forward runs a backend's forward on candle's host storage in place and keeps the
-//! LSE, and whose `bwd` runs the backend's exact backward from that LSE.
+//! forward runs a backend's forward on candle's host storage in place (or, for tensors on
+//! a CUDA device, the CUDA kernels on candle's device memory) and keeps the LSE, and
+//! whose `bwd` runs the exact backward from that LSE.
 
 use std::sync::{Arc, Mutex};
 
@@ -9,25 +10,54 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use half::{bf16, f16};
 
-use crate::error::{check_input, fail, to_candle};
+use crate::error::{OnCuda, check_input, fail, to_candle};
 use crate::host::{AnyAttention, HostElement, slice_of, unit_inner, view_of, with_view};
 use crate::options::AttnOptions;
 
 /// The LSE of one forward (`[batch, seq, heads]`, f32), shared by the op (for its
-/// backward) and the caller (to read it).
+/// backward) and the caller (to read it): host values, or a tensor on the CUDA device
+/// that computed it.
 #[derive(Debug, Default)]
-pub struct LseCell(Mutex<Option<Vec<f32>>>);
+pub struct LseCell(Mutex<Option<KeptLse>>);
+
+#[derive(Debug, Clone)]
+enum KeptLse {
+    Host(Vec<f32>),
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Device(Tensor),
+}
 
 impl LseCell {
-    fn put(&self, lse: Vec<f32>) {
+    fn put(&self, lse: KeptLse) {
         if let Ok(mut slot) = self.0.lock() {
             *slot = Some(lse);
         }
     }
 
-    /// The kept LSE, if the forward has run.
-    pub fn get(&self) -> Option<Vec<f32>> {
+    fn kept(&self) -> Option<KeptLse> {
         self.0.lock().ok().and_then(|slot| slot.clone())
+    }
+
+    /// The kept LSE of a forward on the host, if it has run.
+    pub fn get(&self) -> Option<Vec<f32>> {
+        match self.kept()? {
+            KeptLse::Host(lse) => Some(lse),
+            KeptLse::Device(_) => None,
+        }
+    }
+
+    /// The kept LSE as a `[batch, seq, heads]` f32 tensor on the device that computed it
+    /// (`device` for a forward on the host), if the forward has run.
+    pub fn tensor(
+        &self,
+        dims: (usize, usize, usize),
+        device: &candle_core::Device,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(match self.kept() {
+            None => None,
+            Some(KeptLse::Host(lse)) => Some(Tensor::from_vec(lse, dims, device)?),
+            Some(KeptLse::Device(t)) => Some(t),
+        })
     }
 }
 
@@ -38,6 +68,7 @@ pub struct DilatedAttentionOp {
     backend: Arc<dyn AnyAttention>,
     options: Arc<AttnOptions>,
     lse: Arc<LseCell>,
+    on_cuda: OnCuda,
 }
 
 impl std::fmt::Debug for DilatedAttentionOp {
@@ -60,8 +91,21 @@ impl Named for dyn AnyAttention {
 }
 
 impl DilatedAttentionOp {
+    /// The op computing through `backend` on the host; tensors on a CUDA device are
+    /// refused (a host backend, such as a ring rank, cannot compute them).
     pub fn new(backend: Arc<dyn AnyAttention>, options: Arc<AttnOptions>) -> Self {
-        DilatedAttentionOp { backend, options, lse: Arc::new(LseCell::default()) }
+        DilatedAttentionOp { backend, options, lse: Arc::new(LseCell::default()), on_cuda: OnCuda::Refuse }
+    }
+
+    /// The same op computing tensors on a CUDA device with the workspace's CUDA kernels
+    /// (feature `cuda`; without it, such tensors are an error naming the feature).
+    pub fn with_cuda_kernels(self) -> Self {
+        DilatedAttentionOp { on_cuda: OnCuda::Kernels, ..self }
+    }
+
+    /// What the op does with tensors on a CUDA device.
+    pub(crate) fn on_cuda(&self) -> OnCuda {
+        self.on_cuda
     }
 
     /// The cell the forward writes its LSE into.
@@ -84,7 +128,7 @@ impl DilatedAttentionOp {
         let mut lse = vec![0.0f32; shape.lse_len()];
         let out_view = TensorViewMut::contiguous(TensorName::Output, &mut out, shape).map_err(to_candle)?;
         T::backend(self.backend.as_ref()).forward(&inputs, out_view, &mut lse).map_err(to_candle)?;
-        self.lse.put(lse);
+        self.lse.put(KeptLse::Host(lse));
         Ok((T::to_cpu_storage_owned(out), Shape::from_dims(&shape.dims())))
     }
 
@@ -143,6 +187,22 @@ impl DilatedAttentionOp {
         T::backend(self.backend.as_ref()).backward(&inputs, saved, grad, grads).map_err(to_candle)
     }
 
+    /// The backward of a forward on a CUDA device, from the LSE it kept there.
+    #[cfg(feature = "cuda")]
+    fn backward_cuda(&self, qkv: [&Tensor; 3], out: &Tensor, grad: &Tensor) -> candle_core::Result<[Tensor; 3]> {
+        let lse = match self.lse.kept() {
+            Some(KeptLse::Device(lse)) => lse,
+            _ => return fail(attn_core::AttnError::InvalidArgument("no LSE kept on the device".into())),
+        };
+        let grad = unit_inner(grad)?;
+        let o = &self.options;
+        match qkv[0].dtype() {
+            candle_core::DType::F32 => crate::cuda::backward::<f32>(o, qkv, out, &grad, &lse),
+            candle_core::DType::BF16 => crate::cuda::backward::<bf16>(o, qkv, out, &grad, &lse),
+            _ => crate::cuda::backward::<f16>(o, qkv, out, &grad, &lse),
+        }
+    }
+
     fn recompute_forward<T: HostElement>(&self, [q, k, v]: [&Tensor; 3]) -> candle_core::Result<()> {
         let guards = [q, k, v].map(|t| t.storage_and_layout());
         let storages: Vec<&CpuStorage> = guards
@@ -184,6 +244,34 @@ impl CustomOp3 for DilatedAttentionOp {
         }
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::error::check_device(&candle_core::Device::Cuda(s1.device().clone()), self.on_cuda)?;
+        let (s, l) = ([s1, s2, s3], [l1, l2, l3]);
+        let (out, shape, lse) = match s1.dtype() {
+            candle_core::DType::F32 => crate::cuda::forward::<f32>(&self.options, s, l)?,
+            candle_core::DType::BF16 => crate::cuda::forward::<bf16>(&self.options, s, l)?,
+            candle_core::DType::F16 => crate::cuda::forward::<f16>(&self.options, s, l)?,
+            other => {
+                return fail(attn_core::AttnError::DTypeMismatch {
+                    tensor: TensorName::Query,
+                    expected: "f32, bf16 or f16",
+                    got: format!("{other:?}").to_lowercase(),
+                });
+            }
+        };
+        self.lse.put(KeptLse::Device(lse));
+        Ok((out, shape))
+    }
+
     fn bwd(
         &self,
         q: &Tensor,
@@ -192,6 +280,11 @@ impl CustomOp3 for DilatedAttentionOp {
         res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        if q.device().is_cuda() {
+            let [dq, dk, dv] = self.backward_cuda([q, k, v], res, grad_res)?;
+            return Ok((Some(dq), Some(dk), Some(dv)));
+        }
         let [dq, dk, dv] = match q.dtype() {
             candle_core::DType::F32 => self.backward_t::<f32>([q, k, v], res, grad_res)?,
             candle_core::DType::BF16 => self.backward_t::<bf16>([q, k, v], res, grad_res)?,
@@ -210,7 +303,7 @@ pub struct AttnOutput {
     pub lse: Tensor,
 }
 
-/// Dilated attention of `[batch, seq, heads, head_dim]` tensors through `backend`,
+/// Dilated attention of `[batch, seq, heads, head_dim]` host tensors through `backend`,
 /// with the LSE.
 pub fn attention_on(
     backend: Arc<dyn AnyAttention>,
@@ -219,16 +312,21 @@ pub fn attention_on(
     v: &Tensor,
     options: &AttnOptions,
 ) -> candle_core::Result<AttnOutput> {
-    check_input(TensorName::Query, q, None)?;
-    check_input(TensorName::Key, k, Some(q.dtype()))?;
-    check_input(TensorName::Value, v, Some(q.dtype()))?;
+    attend(DilatedAttentionOp::new(backend, Arc::new(options.clone())), q, k, v)
+}
+
+/// `op` applied to q, k, v after the checks candle would not make, with the LSE.
+pub(crate) fn attend(op: DilatedAttentionOp, q: &Tensor, k: &Tensor, v: &Tensor) -> candle_core::Result<AttnOutput> {
+    let on_cuda = op.on_cuda();
+    check_input(TensorName::Query, q, None, on_cuda)?;
+    check_input(TensorName::Key, k, Some(q.dtype()), on_cuda)?;
+    check_input(TensorName::Value, v, Some(q.dtype()), on_cuda)?;
     let [q, k, v] = [q, k, v].map(unit_inner);
     let (q, k, v) = (q?, k?, v?);
-    let op = DilatedAttentionOp::new(backend, Arc::new(options.clone()));
     let cell = op.lse_cell();
     let out = q.apply_op3(&k, &v, op)?;
-    let lse =
-        cell.get().ok_or_else(|| to_candle(attn_core::AttnError::InvalidArgument("forward kept no LSE".into())))?;
     let (b, s, h, _) = out.dims4()?;
-    Ok(AttnOutput { out, lse: Tensor::from_vec(lse, (b, s, h), q.device())? })
+    let lse = cell.tensor((b, s, h), q.device())?;
+    let lse = lse.ok_or_else(|| to_candle(attn_core::AttnError::InvalidArgument("forward kept no LSE".into())))?;
+    Ok(AttnOutput { out, lse })
 }

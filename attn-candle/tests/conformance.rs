@@ -5,14 +5,14 @@
 use crate::common;
 
 use attn_testkit::golden::assert_attention_dirs_pass;
-use candle_core::DType;
+use candle_core::{DType, Device};
 use common::{CandleOp, Layout};
 
 #[test]
 fn golden_files_pass_through_the_candle_op() {
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         for layout in [Layout::Bshd, Layout::Bhsd] {
-            assert_attention_dirs_pass(&CandleOp { dtype, layout });
+            assert_attention_dirs_pass(&CandleOp { dtype, layout, device: Device::Cpu });
         }
     }
 }

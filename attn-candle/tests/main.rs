@@ -3,6 +3,8 @@
 
 mod common;
 mod conformance;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod encoder;
 mod errors;
 mod nn;

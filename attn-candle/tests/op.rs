@@ -11,7 +11,7 @@ use attn_testkit::feature_case;
 use attn_testkit::judge::{Expected, judge_backward, judge_forward, round_to, verdict};
 use candle_core::DType;
 use common::compose::{Masking, compose};
-use common::{Layout, Run, run_op};
+use common::{Layout, Run, agree, run_op};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 
@@ -22,22 +22,6 @@ fn composed(case: &FeatureCase, layout: Layout) -> Run {
     let dims = [case.shape.q.dims(), case.shape.kv.dims()];
     run_buffers(|q, k, v| compose(q, k, v, &case.cfg, &masking), [&q, &k, &v], dims, &go, (DType::F32, layout))
         .expect("composition runs")
-}
-
-/// The op's run against the composition's, row by row within the f32 row bound (the
-/// repository's: f32 noise times each row's norm and its magnitude's norm), magnitudes
-/// from the float64 reference.
-fn agree(case: &FeatureCase, got: &Run, want: &Run) -> Result<(), String> {
-    let [q, k, v, go] = case.inputs().map(|x| x.into_iter().map(f64::from).collect::<Vec<_>>());
-    let mut expected = Expected::for_problem(&case.problem(), [&q, &k, &v], Some(&go)).map_err(|e| e.to_string())?;
-    let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
-    expected.fwd.out = wide(&want.out);
-    expected.fwd.lse = wide(&want.lse);
-    [expected.grads.dq, expected.grads.dk, expected.grads.dv] = want.grads.each_ref().map(|g| wide(g));
-    let mut rows = judge_forward(&expected, &got.out, &got.lse, AttnDType::F32);
-    let [dq, dk, dv] = &got.grads;
-    rows.extend(judge_backward(&expected, [dq, dk, dv], AttnDType::F32));
-    verdict(&rows)
 }
 
 proptest! {

@@ -4,11 +4,12 @@
 
 pub mod compose;
 
-use attn_candle::{AttnOptions, BufferRun, KeyPaddingMask, dilated_attention_with_lse, run_buffers};
+use attn_candle::{AttnOptions, BufferRun, KeyPaddingMask, dilated_attention_with_lse, run_buffers_on};
 use attn_core::{AttnError, DType as AttnDType, Masks};
 use attn_testkit::golden::Problem;
-use attn_testkit::{DilatedBackend, Forward32, Gradients32};
-use candle_core::{DType, Result, Tensor};
+use attn_testkit::judge::{Expected, judge_backward, judge_forward, verdict};
+use attn_testkit::{DilatedBackend, FeatureCase, Forward32, Gradients32};
+use candle_core::{DType, Device, Result, Tensor};
 
 pub type Run = BufferRun;
 pub use attn_candle::InputLayout as Layout;
@@ -25,21 +26,35 @@ pub fn options_of(cfg: &attn_core::DilatedConfig, masks: &Masks<'_>) -> AttnOpti
     opts
 }
 
-/// The op on f32 inputs rounded to `dtype`.
+/// The op on f32 inputs rounded to `dtype`, on the host.
 pub fn run_op(problem: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32], dtype: DType, layout: Layout) -> Result<Run> {
+    run_op_on(&Device::Cpu, problem, qkv, grad_out, dtype, layout)
+}
+
+/// [`run_op`] with every tensor on `device`.
+pub fn run_op_on(
+    device: &Device,
+    problem: &Problem<'_>,
+    qkv: [&[f32]; 3],
+    grad_out: &[f32],
+    dtype: DType,
+    layout: Layout,
+) -> Result<Run> {
     let opts = options_of(problem.cfg, &problem.masks);
     let attend = |q: &Tensor, k: &Tensor, v: &Tensor| {
         let r = dilated_attention_with_lse(q, k, v, &opts)?;
         Ok((r.out, r.lse.flatten_all()?.to_vec1()?))
     };
-    run_buffers(attend, qkv, [problem.shape.q.dims(), problem.shape.kv.dims()], grad_out, (dtype, layout))
+    let dims = [problem.shape.q.dims(), problem.shape.kv.dims()];
+    run_buffers_on(device, attend, qkv, dims, grad_out, (dtype, layout))
 }
 
-/// The candle op in one dtype and layout behind the test kit's interface.
-#[derive(Debug, Clone, Copy)]
+/// The candle op in one dtype and layout, on one device, behind the test kit's interface.
+#[derive(Debug, Clone)]
 pub struct CandleOp {
     pub dtype: DType,
     pub layout: Layout,
+    pub device: Device,
 }
 
 fn attn_err(e: candle_core::Error) -> AttnError {
@@ -48,7 +63,8 @@ fn attn_err(e: candle_core::Error) -> AttnError {
 
 impl DilatedBackend for CandleOp {
     fn name(&self) -> String {
-        format!("candle {:?} {:?}", self.dtype, self.layout).to_lowercase()
+        let device = if self.device.is_cuda() { " cuda" } else { "" };
+        format!("candle {:?} {:?}{device}", self.dtype, self.layout).to_lowercase()
     }
     fn dtype(&self) -> AttnDType {
         match self.dtype {
@@ -59,11 +75,28 @@ impl DilatedBackend for CandleOp {
     }
     fn forward(&self, problem: &Problem<'_>, qkv: [&[f32]; 3]) -> attn_core::Result<Forward32> {
         let zeros = vec![0.0; problem.shape.q.numel()];
-        let r = run_op(problem, qkv, &zeros, self.dtype, self.layout).map_err(attn_err)?;
+        let r = run_op_on(&self.device, problem, qkv, &zeros, self.dtype, self.layout).map_err(attn_err)?;
         Ok(Forward32 { out: r.out, lse: r.lse })
     }
     fn backward(&self, problem: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> attn_core::Result<Gradients32> {
-        let [dq, dk, dv] = run_op(problem, qkv, grad_out, self.dtype, self.layout).map_err(attn_err)?.grads;
+        let run = run_op_on(&self.device, problem, qkv, grad_out, self.dtype, self.layout).map_err(attn_err)?;
+        let [dq, dk, dv] = run.grads;
         Ok(Gradients32 { dq, dk, dv })
     }
+}
+
+/// `got` against `want` (another run of the same case: the composition, or the op on
+/// another device), row by row within the f32 row bound (the repository's: f32 noise
+/// times each row's norm and its magnitude's norm), magnitudes from the float64 reference.
+pub fn agree(case: &FeatureCase, got: &Run, want: &Run) -> std::result::Result<(), String> {
+    let [q, k, v, go] = case.inputs().map(|x| x.into_iter().map(f64::from).collect::<Vec<_>>());
+    let mut expected = Expected::for_problem(&case.problem(), [&q, &k, &v], Some(&go)).map_err(|e| e.to_string())?;
+    let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+    expected.fwd.out = wide(&want.out);
+    expected.fwd.lse = wide(&want.lse);
+    [expected.grads.dq, expected.grads.dk, expected.grads.dv] = want.grads.each_ref().map(|g| wide(g));
+    let mut rows = judge_forward(&expected, &got.out, &got.lse, AttnDType::F32);
+    let [dq, dk, dv] = &got.grads;
+    rows.extend(judge_backward(&expected, [dq, dk, dv], AttnDType::F32));
+    verdict(&rows)
 }

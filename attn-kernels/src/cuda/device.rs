@@ -166,6 +166,19 @@ impl CudaDevice {
         Ok(CudaDevice { stream, ..self.clone() })
     }
 
+    /// The same device launching on `stream`, a stream another library made on this
+    /// device's (primary) context, such as candle's: the kernels are then ordered with
+    /// that library's work. A stream of another context is an error.
+    pub fn with_stream(&self, stream: Arc<CudaStream>) -> Result<Self> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(AttnError::InvalidArgument(format!(
+                "the stream belongs to another CUDA context than device {}'s primary context",
+                self.ctx.ordinal()
+            )));
+        }
+        Ok(CudaDevice { stream, ..self.clone() })
+    }
+
     /// `(major, minor)` compute capability.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.compute_capability
