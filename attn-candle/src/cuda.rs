@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use attn_core::{AttnError, AttnShape, Masks, Shape4, TensorName};
+use attn_core::{AttnError, AttnShape, Masks, PackedSequences, Shape4, TensorName};
 use attn_kernels::cuda::{CudaDevice as Kernels, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceSaved};
 use attn_kernels::cuda::{DeviceTensor, Foreign, backward_call, foreign_tensor, forward_call_into};
 use candle_core::backend::BackendStorage;
@@ -79,18 +79,18 @@ fn input<'a, T: DeviceElement>(
     Ok((tensor, guard))
 }
 
-/// The shapes of q, k, v checked against the config, and the masks against the shapes,
-/// with the key padding mask uploaded.
-fn checked_masks(
+/// The shapes of q, k, v checked against the config, and the masks against the shapes:
+/// the key padding mask uploaded, and the packed sequences.
+fn checked_masks<'a>(
     kernels: &Kernels,
-    options: &AttnOptions,
+    options: &'a AttnOptions,
     dims: [&[usize]; 3],
-) -> attn_core::Result<(AttnShape, Option<DeviceKeyPadding>)> {
+) -> attn_core::Result<(AttnShape, Option<DeviceKeyPadding>, Option<PackedSequences<'a>>)> {
     let shape = AttnShape::of_call(&options.config, dims)?;
     let masks = options.masks()?;
     Masks::check_sizes(masks.key_padding.map(|m| (m.batch(), m.seq())), masks.packing, &shape)?;
     let mask = masks.key_padding.map(|m| DeviceKeyPadding::upload(kernels, &m)).transpose()?;
-    Ok((shape, mask))
+    Ok((shape, mask, masks.packing))
 }
 
 /// A new contiguous tensor on `dev` holding `t`'s memory.
@@ -109,11 +109,11 @@ pub(crate) fn forward<T: DeviceElement>(
     let dev = s1.device();
     let kernels = kernels_on(dev).map_err(to_candle)?;
     let stream = kernels.stream().clone();
-    let (shape, mask) = checked_masks(&kernels, options, [l1.dims(), l2.dims(), l3.dims()]).map_err(to_candle)?;
+    let (shape, mask, packing) =
+        checked_masks(&kernels, options, [l1.dims(), l2.dims(), l3.dims()]).map_err(to_candle)?;
     let (q, _q_read) = input::<T>(&kernels, &stream, TensorName::Query, s1, l1)?;
     let (k, _k_read) = input::<T>(&kernels, &stream, TensorName::Key, s2, l2)?;
     let (v, _v_read) = input::<T>(&kernels, &stream, TensorName::Value, s3, l3)?;
-    let packing = options.masks().map_err(to_candle)?.packing;
     let block =
         DeviceBlock { key_padding: mask.as_ref(), packing, ..DeviceBlock::new(&options.config, (&q, 0), (&k, &v, 0)) };
     let mut out = DeviceTensor::<T>::zeros(&kernels, shape.q).map_err(to_candle)?;
@@ -144,7 +144,7 @@ pub(crate) fn backward<T: DeviceElement>(
     let dev = sq.device();
     let kernels = kernels_on(dev).map_err(to_candle)?;
     let stream = kernels.stream().clone();
-    let (shape, mask) = checked_masks(&kernels, options, [q.dims(), k.dims(), v.dims()]).map_err(to_candle)?;
+    let (shape, mask, packing) = checked_masks(&kernels, options, [q.dims(), k.dims(), v.dims()]).map_err(to_candle)?;
     let lse_slice = cuda_storage(TensorName::Lse, &lse_storage)?.as_cuda_slice::<f32>()?;
     if !lse_layout.is_contiguous() || lse_layout.start_offset() != 0 || lse_slice.len() != shape.q.lse_len() {
         return fail(AttnError::InvalidArgument("the kept LSE is not the forward's contiguous tensor".into()));
@@ -154,7 +154,6 @@ pub(crate) fn backward<T: DeviceElement>(
     let (fv, _v_read) = input::<T>(&kernels, &stream, names[2], sv, locked[2].1)?;
     let (fo, _o_read) = input::<T>(&kernels, &stream, names[3], so, locked[3].1)?;
     let (fg, _g_read) = input::<T>(&kernels, &stream, names[4], sg, locked[4].1)?;
-    let packing = options.masks().map_err(to_candle)?.packing;
     let block = DeviceBlock {
         key_padding: mask.as_ref(),
         packing,
