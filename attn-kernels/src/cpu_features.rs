@@ -61,6 +61,21 @@ pub(crate) fn avx512_bf16() -> bool {
     return once(&S, || false);
 }
 
+/// Whether `vdpbf16ps` issues at the rate of `vfmadd` (AMD, Zen 4 and later), so the bf16
+/// forward's pair products beat the f32 kernel on converted rows. Intel cores issue it at
+/// half that rate, and there only the AMX tiles make bf16 pay.
+pub(crate) fn bf16_dot_full_rate() -> bool {
+    static S: OnceLock<bool> = OnceLock::new();
+    #[cfg(target_arch = "x86_64")]
+    return once(&S, || {
+        // CPUID leaf 0: the vendor string, "AuthenticAMD", in EBX, EDX, ECX.
+        let r = std::arch::x86_64::__cpuid(0);
+        (r.ebx, r.edx, r.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    return once(&S, || false);
+}
+
 /// AMX tiles: AVX512-BF16, AMX-TILE and AMX-BF16, and Linux's permission to use the
 /// tile state (asked for once, here; other systems: never).
 pub(crate) fn amx_bf16() -> bool {

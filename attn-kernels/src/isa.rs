@@ -15,8 +15,9 @@ pub enum Isa {
     /// AVX-512F FMA kernels (x86-64 only, chosen when the CPU has avx512f).
     Avx512,
     /// The AVX-512 kernels, plus AVX512-BF16 dot products (`vdpbf16ps`) for the bf16
-    /// forward's `q·kᵀ` and `p·v` (x86-64 with avx512f and avx512bf16, e.g. Zen 4 and
-    /// later, Cooper Lake, Sapphire Rapids).
+    /// forward's `q·kᵀ` and `p·v` (x86-64 with avx512f and avx512bf16). Chosen on AMD
+    /// (Zen 4 and later); Intel cores without AMX get [`Isa::Avx512`], whose f32 kernel on
+    /// converted bf16 rows is faster there (`ATTN_CPU_ISA=avx512bf16` still selects it).
     Avx512Bf16,
     /// The AVX-512 kernels, plus AMX-BF16 tile products for the bf16 forward (x86-64
     /// Linux with AMX-TILE and AMX-BF16, once the OS grants the tile state).
@@ -25,7 +26,7 @@ pub enum Isa {
 
 impl Isa {
     /// The flavour to use, chosen once and cached: `ATTN_CPU_ISA=portable|avx2|avx512|avx512bf16|amx` if
-    /// set and supported, else the best flavour this CPU supports.
+    /// set and supported, else [`Isa::best`].
     pub fn detect() -> Isa {
         static DETECTED: OnceLock<Isa> = OnceLock::new();
         *DETECTED.get_or_init(|| {
@@ -34,9 +35,15 @@ impl Isa {
         })
     }
 
-    /// The best flavour this CPU supports.
+    /// The best flavour this CPU supports: the first of [`Isa::ALL`] it runs and gains from.
     pub fn best() -> Isa {
-        Isa::ALL.into_iter().find(|i| i.is_supported()).unwrap_or(Isa::Portable)
+        Isa::ALL.into_iter().find(|i| i.is_supported() && i.pays()).unwrap_or(Isa::Portable)
+    }
+
+    /// Whether the flavour is faster than the next one down where both run: AVX512-BF16
+    /// only where `vdpbf16ps` issues at the FMA rate (AMD).
+    fn pays(self) -> bool {
+        self != Isa::Avx512Bf16 || cpu_features::bf16_dot_full_rate()
     }
 
     /// Parse `portable`, `avx2`, `avx512`, `avx512bf16` or `amx`.

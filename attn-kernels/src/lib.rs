@@ -25,9 +25,9 @@
 //! packing) with the `ops` primitives, which dispatch to `avx512`, `avx2` or `portable`
 //! ([`Isa`], detected once at run time, `ATTN_CPU_ISA` to override).
 //!
-//! With AMX-BF16 ([`Isa::Amx`]) or AVX512-BF16 ([`Isa::Avx512Bf16`]) the bf16 forward
-//! runs its products on bf16 pairs (`bf16_pairs`: the tile unit or `vdpbf16ps`);
-//! everything else uses the AVX-512 kernels.
+//! With AMX-BF16 ([`Isa::Amx`]) or AVX512-BF16 ([`Isa::Avx512Bf16`], chosen on AMD only)
+//! the bf16 forward runs its products on bf16 pairs (`bf16_pairs`: the tile unit or
+//! `vdpbf16ps`); everything else uses the AVX-512 kernels.
 //!
 //! Unsafe code lives only in `avx512`, `avx2` and `bf16_pairs::arch` (intrinsics and tile
 //! instructions behind bounds-checked safe wrappers), `cpu_features` (the AMX permission
