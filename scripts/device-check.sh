@@ -63,15 +63,10 @@ pack() {
         "$pack/torch/"
     # The candle op on CUDA tensors (attn-candle's `cuda`): candle's kernels need nvcc and the
     # CUDA libraries to build (scripts/with-cuda-toolkit.sh). The binary holds candle's kernels
-    # as PTX text, so it travels xz-compressed. nvcc takes minutes over candle's own kernels,
-    # so this build has a target directory beside the toolkit, kept between runs on a machine
-    # for candle's build. This repository's crates are always rebuilt there: their
-    # fingerprints go first, since cargo judges path sources by modification time, and
-    # another checkout's older files would pass for built.
+    # as PTX text, so it travels xz-compressed. It builds in the toolkit's target directory
+    # (unless CARGO_TARGET_DIR is set), where candle's kernels are kept between runs.
     mkdir -p "$pack/candle"
-    local candle_target="${ATTN_CANDLE_TARGET:-${ATTN_CUDA_HOME:-$HOME/.cache/attn-cuda}/candle-target}"
-    rm -rf "$candle_target"/*/.fingerprint/attn-*
-    exe=$(CARGO_TARGET_DIR="$candle_target" scripts/with-cuda-toolkit.sh cargo test --no-run --message-format=json -p attn-candle --features cuda \
+    exe=$(scripts/with-cuda-toolkit.sh cargo test --no-run --message-format=json -p attn-candle --features cuda \
         2>/dev/null | python3 scripts/cargo_executables.py --paths --only integration)
     [ -n "$exe" ] || { echo "pack: attn-candle's cuda tests did not build" >&2; exit 1; }
     strip -o "$pack/candle/candle_cuda" "$exe"

@@ -9,8 +9,13 @@
 # cu13-toolkit/ (nvcc, its compiler, headers, libcudart, libcublas, libcurand) and
 # cu13-link/lib (the names the linker asks for, and a stub libcuda.so.1 exporting the
 # driver functions cudarc declares: the real driver is only needed where the binary runs).
-# The command sees PATH (nvcc), CUDA_HOME (the toolkit), CUDA_PATH (the link directory)
-# and CUDA_COMPUTE_CAP (90 unless set: the H100/H200 the device check runs on).
+# The command sees PATH (nvcc), CUDA_HOME (the toolkit), CUDA_PATH (the link directory),
+# CUDA_COMPUTE_CAP (90 unless set: the H100/H200 the device check runs on) and, unless set,
+# CARGO_TARGET_DIR=$ATTN_CUDA_HOME/candle-target: nvcc takes minutes over candle's own
+# kernels (once per profile), so their build is kept there between runs on a machine. This
+# repository's crates are always rebuilt there: their fingerprints go first, since cargo
+# judges path sources by modification time and another checkout's older files would pass
+# for built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 home="${ATTN_CUDA_HOME:-$HOME/.cache/attn-cuda}"
@@ -47,5 +52,9 @@ if ! [ -f "$link/lib/stubs/libcuda.so" ] || ! [ -f "$link/CUDARC" ] || [ "$(cat 
     echo "$sys" >"$link/CUDARC"
 fi
 
+if [ -z "${CARGO_TARGET_DIR:-}" ]; then
+    export CARGO_TARGET_DIR="$home/candle-target"
+    rm -rf "$CARGO_TARGET_DIR"/*/.fingerprint/attn-*
+fi
 export PATH="$cu13/bin:$PATH" CUDA_HOME="$cu13" CUDA_PATH="$link" CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
 exec "$@"
