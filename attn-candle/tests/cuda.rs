@@ -1,8 +1,9 @@
 //! The op on tensors of a CUDA device (feature `cuda`): the golden files through the CUDA
 //! kernels in f32, bf16 and f16 and both layouts (forward, LSE and candle-autograd
 //! gradients); random feature cases on the GPU within the f32 row bound of the same case
-//! on the host (a planted error fails it); results stay on the device; a host backend
-//! refuses CUDA tensors. Without a GPU each test skips, and fails under
+//! on the host (a planted error fails it); grouped K/V results and gradients stay on the
+//! device and equal the host's; views that start off a 16-byte boundary give the bits of
+//! contiguous copies; a host backend refuses CUDA tensors. Without a GPU each test skips, and fails under
 //! `ATTN_REQUIRE_GPU=1`.
 
 use crate::common;
@@ -65,20 +66,68 @@ fn options() -> AttnOptions {
     AttnOptions::new(DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).build().expect("config"))
 }
 
+fn flat(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>()).expect("to the host")
+}
+
+/// `||got - want|| / ||want||`.
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    let sq = |it: &mut dyn Iterator<Item = f64>| it.map(|x| x * x).sum::<f64>().sqrt();
+    sq(&mut got.iter().zip(want).map(|(a, b)| f64::from(a - b))) / sq(&mut want.iter().map(|&b| f64::from(b)))
+}
+
+/// out, lse and the gradients of `sum(out)` (dq, dk, dv) on `device`, of grouped K/V.
+fn grouped_run(device: &Device, [q, k, v]: [&Tensor; 3]) -> [Tensor; 5] {
+    let var = |x: &Tensor| candle_core::Var::from_tensor(&x.to_device(device).expect("copy")).expect("var");
+    let (q, k, v) = (var(q), var(k), var(v));
+    let r = dilated_attention_with_lse(q.as_tensor(), k.as_tensor(), v.as_tensor(), &options()).expect("runs");
+    let grads = r.out.sum_all().and_then(|s| s.backward()).expect("backward");
+    let grad = |x: &candle_core::Var| grads.get(x.as_tensor()).expect("a gradient").clone();
+    [r.out, r.lse, grad(&q), grad(&k), grad(&v)]
+}
+
 #[test]
 fn results_and_gradients_stay_on_the_device() {
     let Some(device) = gpu("results_and_gradients_stay_on_the_device") else { return };
-    let var = |dims: &[usize]| candle_core::Var::randn(0f32, 1.0, dims, &device).expect("var");
-    let (q, k, v) = (var(&[2, 16, 4, 32]), var(&[2, 16, 2, 32]), var(&[2, 16, 2, 32]));
-    let r = dilated_attention_with_lse(q.as_tensor(), k.as_tensor(), v.as_tensor(), &options()).expect("runs");
-    assert!(r.out.device().is_cuda() && r.lse.device().is_cuda());
-    assert_eq!(r.lse.dims(), &[2, 16, 4]);
-    assert_eq!(r.lse.dtype(), DType::F32);
-    let grads = r.out.sum_all().and_then(|s| s.backward()).expect("backward");
-    for (x, dims) in [(&q, [2, 16, 4, 32]), (&k, [2, 16, 2, 32]), (&v, [2, 16, 2, 32])] {
-        let g = grads.get(x.as_tensor()).expect("a gradient");
-        assert!(g.device().is_cuda(), "a gradient left the device");
-        assert_eq!(g.dims(), &dims);
+    let host = |dims: &[usize]| Tensor::randn(0f32, 1.0, dims, &Device::Cpu).expect("tensor");
+    let (q, k, v) = (host(&[2, 16, 4, 32]), host(&[2, 16, 2, 32]), host(&[2, 16, 2, 32]));
+    let on_gpu = grouped_run(&device, [&q, &k, &v]);
+    let on_host = grouped_run(&Device::Cpu, [&q, &k, &v]);
+    let dims: [&[usize]; 5] = [&[2, 16, 4, 32], &[2, 16, 4], &[2, 16, 4, 32], &[2, 16, 2, 32], &[2, 16, 2, 32]];
+    for (i, name) in ["out", "lse", "dq", "dk", "dv"].into_iter().enumerate() {
+        let (g, h) = (&on_gpu[i], &on_host[i]);
+        assert!(g.device().is_cuda(), "{name} left the device");
+        assert_eq!((g.dims(), g.dtype()), (dims[i], DType::F32), "{name}");
+        let (g, h) = (flat(g), flat(h));
+        assert!(h.iter().any(|x| x.abs() > 1e-3), "{name} on the host is all zeros");
+        // The f32 bound of the golden files.
+        let err = rel_l2(&g, &h);
+        assert!(err <= 1e-5, "{name}: the GPU is {err:.2e} from the host");
+    }
+}
+
+#[test]
+fn views_off_a_16_byte_boundary_give_the_bits_of_copies() {
+    let Some(device) = gpu("views_off_a_16_byte_boundary_give_the_bits_of_copies") else { return };
+    let opts = options();
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        // q, k, v cut from rows of 3 x 72 at columns 4, 74 and 150: 8, 4 and 12 bytes off a
+        // 16-byte boundary in half precision, with strides that allow 16-byte loads.
+        let x = Tensor::randn(0f32, 1.0, (2, 40, 4, 3 * 72), &device).and_then(|t| t.to_dtype(dtype)).expect("x");
+        let x = candle_core::Var::from_tensor(&x).expect("var");
+        let w = Tensor::randn(0f32, 1.0, (2, 40, 4, 64), &device).and_then(|t| t.to_dtype(dtype)).expect("w");
+        let run = |copy: bool| -> Vec<Vec<u32>> {
+            let cut = |at: usize| {
+                let t = x.as_tensor().narrow(3, at, 64).expect("narrow");
+                if copy { t.contiguous().expect("copy") } else { t }
+            };
+            let (q, k, v) = (cut(4), cut(74), cut(150));
+            let r = dilated_attention_with_lse(&q, &k, &v, &opts).expect("runs");
+            let grads = r.out.mul(&w).and_then(|t| t.sum_all()).and_then(|s| s.backward()).expect("backward");
+            let gx = grads.get(x.as_tensor()).expect("a gradient");
+            [&r.out, &r.lse, gx].map(|t| flat(t).iter().map(|v| v.to_bits()).collect()).to_vec()
+        };
+        assert_eq!(run(false), run(true), "{dtype:?}: views and their copies differ");
     }
 }
 
@@ -90,5 +139,8 @@ fn a_host_backend_refuses_cuda_tensors_and_devices_must_agree() {
     let m = attention_on(backend, &x, &x, &x, &options()).expect_err("a host backend on CUDA tensors").to_string();
     assert!(m.contains("host backend"), "{m}");
     let host = x.to_device(&Device::Cpu).expect("copy");
-    assert!(dilated_attention_with_lse(&x, &host, &host, &options()).is_err(), "mixed devices were accepted");
+    for (q, kv) in [(&x, &host), (&host, &x)] {
+        let m = dilated_attention_with_lse(q, kv, kv, &options()).expect_err("mixed devices").to_string();
+        assert!(m.contains("device"), "mixed devices: {m}");
+    }
 }

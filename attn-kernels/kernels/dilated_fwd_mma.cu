@@ -33,6 +33,7 @@ __device__ __forceinline__ void direct_store(u16* out, float* lse_out, const flo
             const i64 col = j * 8 + 2 * c;
             const float x0 = a.out_scale * (o[j][2 * i] * inv[i]), x1 = a.out_scale * (o[j][2 * i + 1] * inv[i]);
             if ((a.vec & 8) && col + 1 < a.d) {
+                ATTN_ALIGNED(orow + col, 4);
                 *reinterpret_cast<u32*>(orow + col) = pack2<E>(x0, x1);
             } else {
                 if (col < a.d) orow[col] = E::from_f(x0);

@@ -82,7 +82,11 @@ __device__ __forceinline__ void load_tile(u16* dst, const i64* s_rows, int rows,
             const int row = i / CH, ch = i % CH;
             const i64 r = s_rows[row];
             uint4 val = make_uint4(0u, 0u, 0u, 0u);
-            if (r >= 0 && ch * 8 < d) val = *reinterpret_cast<const uint4*>(base + r * row_stride + ch * 8);
+            if (r >= 0 && ch * 8 < d) {
+                const u16* src = base + r * row_stride + ch * 8;
+                ATTN_ALIGNED(src, 16);
+                val = *reinterpret_cast<const uint4*>(src);
+            }
             *reinterpret_cast<uint4*>(dst + row * LD + ch * 8) = val;
         }
     } else {

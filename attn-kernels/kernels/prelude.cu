@@ -107,6 +107,13 @@ struct F32E {
 #ifndef ATTN_DYNAMIC_SMEM
 #define ATTN_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
+// A vector access to global memory needs its natural alignment on the GPU (a misaligned
+// one faults); the emulation counts every one that lacks it.
+#ifdef ATTN_CPU_EMULATION
+#define ATTN_ALIGNED(p, bytes) emu_check_aligned((p), (bytes))
+#else
+#define ATTN_ALIGNED(p, bytes) ((void)0)
+#endif
 
 struct BF16E {
     typedef u16 S;

@@ -8,6 +8,7 @@ mod block_api;
 mod caller_errors;
 mod common;
 mod cross_attention;
+mod cuda_alignment;
 mod cuda_emulation;
 mod features_reference;
 mod golden;

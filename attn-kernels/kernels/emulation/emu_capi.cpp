@@ -8,7 +8,8 @@
 // with `smem` bytes of dynamic shared memory, `args` pointing at each argument's value in
 // order (as cuLaunchKernel's kernelParams). Returns 0, 1 for an unknown kernel name, 2 when
 // a block left cp.async copies unwaited, 3 when a block wrote past its dynamic shared
-// memory. Launches are serialised (the emulator has one block state).
+// memory, 4 when a vector access to global memory was off its alignment (a fault on the
+// GPU). Launches are serialised (the emulator has one block state).
 #include "emu_runtime.hpp"
 
 #include "../prelude.cu"
@@ -34,14 +35,16 @@ std::tuple<P...> unpack(void** a, std::index_sequence<I...>) {
 
 // Run a kernel whose parameters are read from `args` by its own signature, with `smem`
 // bytes of dynamic shared memory; 2 when a block ended with cp.async copies never waited
-// for, 3 when a block wrote past its dynamic shared memory.
+// for, 3 when a block wrote past its dynamic shared memory, 4 for a misaligned vector
+// access to global memory.
 template <class... P>
 int run(void (*kernel)(P...), Dim3 grid, unsigned threads, unsigned smem, void** args) {
     const std::tuple<P...> vals = unpack<P...>(args, std::index_sequence_for<P...>{});
     emu::g_unwaited_blocks = 0;
     emu::g_smem_overruns = 0;
+    emu::g_misaligned = 0;
     emu::launch(grid, threads, [=] { std::apply(kernel, vals); }, smem);
-    return emu::g_unwaited_blocks != 0 ? 2 : emu::g_smem_overruns != 0 ? 3 : 0;
+    return emu::g_unwaited_blocks != 0 ? 2 : emu::g_smem_overruns != 0 ? 3 : emu::g_misaligned != 0 ? 4 : 0;
 }
 
 using Entry = int (*)(Dim3, unsigned, unsigned, void**);

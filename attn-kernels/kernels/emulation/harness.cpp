@@ -416,6 +416,10 @@ int main(int argc, char** argv) {
         std::printf("FAILED: %u blocks ended with cp.async copies never waited for\n", emu::g_unwaited_blocks);
         return 1;
     }
+    if (emu::g_misaligned != 0) {
+        std::printf("FAILED: %u vector accesses to global memory off their alignment\n", emu::g_misaligned);
+        return 1;
+    }
     std::printf("%s: %d of %d cases failed\n", failed ? "FAILED" : "PASSED", failed, ran);
     return failed ? 1 : 0;
 }

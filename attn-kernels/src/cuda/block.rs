@@ -255,6 +255,10 @@ fn execute<T: CudaElement>(
     let kpad = key_padding.map(|m| m.flags.device_ptr(&dev.stream));
     let kpad_base = kpad.as_ref().map_or(0, |(p, _)| *p);
     let Accs { mut q_acc, mut out, mut lse, mut dk, mut dv } = accs;
+    // Where each tensor starts, for the alignment of its 16-byte loads.
+    let start = |s: &CudaSlice<T>| s.device_ptr(&dev.stream).0;
+    let g_start = bufs.g.map(start).or_else(|| out.as_deref().map(start));
+    let starts = [Some(start(bufs.q)), Some(start(bufs.k)), Some(start(bufs.v)), g_start];
     // A plan's launches mostly share one kernel: load each function once per run of it.
     let mut loaded: Option<(&str, CudaFunction)> = None;
     for p in plan {
@@ -262,7 +266,7 @@ fn execute<T: CudaElement>(
             loaded = Some((&p.kernel, dev.function(T::SUFFIX, &p.kernel, p.smem_bytes as usize)?));
         }
         let Some((_, f)) = &loaded else { continue };
-        let mut params = p.params;
+        let mut params = p.params_at(starts, size_of::<T>());
         if p.kpad {
             params.kpad += kpad_base;
         }

@@ -220,6 +220,9 @@ impl Emulator {
                 "kernel `{name}` wrote past the {} bytes of dynamic shared memory it was launched with",
                 lc.shared_mem_bytes
             ))),
+            4 => Err(emu_err(format!(
+                "kernel `{name}` made a vector access to global memory off its alignment (a fault on a GPU)"
+            ))),
             _ => Err(emu_err(format!("the emulation has no kernel `{name}`"))),
         }
     }
@@ -233,9 +236,12 @@ impl Emulator {
         mut direct: Option<&mut [T]>,
     ) -> Result<()> {
         let HostAccs { q_acc, mut lse, mut dk, mut dv } = acc;
+        let start = |s: &[T]| s.as_ptr() as u64;
+        let g_start = a.g.map(start).or_else(|| direct.as_deref().map(start));
+        let starts = [Some(start(a.q)), Some(start(a.k)), Some(start(a.v)), g_start];
         for p in plan {
             let o = p.offsets;
-            let mut params = p.params;
+            let mut params = p.params_at(starts, size_of::<T>());
             if p.kpad {
                 params.kpad += a.kpad.ok_or_else(|| missing("a key padding mask"))?.as_ptr() as u64;
             }

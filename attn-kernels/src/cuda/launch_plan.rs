@@ -75,6 +75,24 @@ pub struct Planned {
     pub kpad: bool,
 }
 
+impl Planned {
+    /// The launch's parameters for tensors whose element 0 is at `starts` (q, k, v, and
+    /// grad_out or the direct output where the launch has one; `size` bytes an element):
+    /// a tensor whose first row as launched (at its [`ArgOffsets`]) is off a 16-byte
+    /// boundary loses its 16-byte loads, since a view of a framework's tensor may start
+    /// anywhere and a misaligned vector access faults on the GPU.
+    pub fn params_at(&self, starts: [Option<u64>; 4], size: usize) -> AttnParams {
+        let o = self.offsets;
+        let mut params = self.params;
+        for (bit, (start, off)) in starts.into_iter().zip([o.q, o.k, o.v, o.g]).enumerate() {
+            if start.is_some_and(|a| !(a + (off * size) as u64).is_multiple_of(16)) {
+                params.vec &= !(1 << bit);
+            }
+        }
+        params
+    }
+}
+
 /// The parameters of one (sequence piece, pattern) launch: the blocks' strides, the
 /// piece's rows with positions relative to its sequence, the band, and the offset of the
 /// padding flag of the piece's first key.

@@ -136,8 +136,9 @@ pub fn attn_params(cfg: &DilatedConfig, l: &BlockLayout, launch: &PatternLaunch)
     let [v_sb, v_ss, v_sh] = strides3(l.v_strides);
     let [g_sb, g_ss, g_sh] = l.g_strides.map_or([0; 3], strides3);
     let mut vec = 0;
-    for (bit, s) in [l.q.1, l.k.1, l.v_strides].into_iter().chain(l.g_strides).enumerate() {
-        vec |= i32::from(vec_loads_ok(d, s)) << bit;
+    let strides = [l.q.1, l.k.1, l.v_strides].into_iter().chain(l.g_strides);
+    for (bit, (s, shape)) in strides.zip([qs, ks, ks, qs]).enumerate() {
+        vec |= i32::from(vec_loads_ok(shape, s)) << bit;
     }
     AttnParams {
         q_sb,

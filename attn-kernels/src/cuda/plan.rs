@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use attn_core::{Causality, DType, DilatedConfig, HeadGroups, Mixing, SegmentPattern};
+use attn_core::{Causality, DType, DilatedConfig, HeadGroups, Mixing, SegmentPattern, Shape4};
 
 pub use super::choices::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
 use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_kernel_name, mma_kernel_name};
@@ -256,10 +256,15 @@ pub fn backward_kernel(dtype: DType, suffix: &str, head_dim: usize, opts: Backwa
     }
 }
 
-/// Whether rows of a tensor allow the 16-byte loads of the MMA kernel: `d % 8 == 0` and
-/// every stride a multiple of 8 elements (buffers are allocated 256-byte aligned).
-pub fn vec_loads_ok(d: usize, strides: [usize; 4]) -> bool {
-    d.is_multiple_of(8) && strides[..3].iter().all(|s| s.is_multiple_of(8))
+/// Whether the rows of a tensor of `shape` allow the 16-byte loads of the MMA kernels once
+/// its first element sits on a 16-byte boundary ([`Planned::params_at`] checks that per
+/// launch): `d % 8 == 0` and a multiple of 8 elements as the stride of every dimension a
+/// launch steps along (of size above 1; a framework may give a size-1 dimension any stride).
+///
+/// [`Planned::params_at`]: super::launch_plan::Planned::params_at
+pub fn vec_loads_ok(shape: Shape4, strides: [usize; 4]) -> bool {
+    let sizes = [shape.batch, shape.seq, shape.heads];
+    shape.head_dim.is_multiple_of(8) && sizes.iter().zip(strides).all(|(&n, s)| n <= 1 || s.is_multiple_of(8))
 }
 
 #[cfg(test)]
@@ -454,6 +459,12 @@ mod tests {
             panic!("expected MMA")
         };
         assert_eq!((name.as_str(), keys), ("dilated_bwd_mma_pipelined_f16_d32", BackwardKeys::K64));
-        assert!(vec_loads_ok(64, [1024, 128, 64, 1]) && !vec_loads_ok(60, [960, 120, 60, 1]));
+        let shape = |batch, seq, heads, head_dim| Shape4 { batch, seq, heads, head_dim };
+        assert!(vec_loads_ok(shape(2, 16, 2, 64), [2048, 128, 64, 1]));
+        assert!(!vec_loads_ok(shape(2, 16, 2, 60), [1920, 120, 60, 1]));
+        // A stride off the multiple of 8 counts only where the launch steps along it.
+        assert!(!vec_loads_ok(shape(2, 16, 2, 64), [2052, 128, 64, 1]));
+        assert!(vec_loads_ok(shape(1, 16, 1, 64), [1, 64, 1, 1]));
+        assert!(!vec_loads_ok(shape(1, 16, 2, 64), [1, 64, 3, 1]));
     }
 }

@@ -1,0 +1,132 @@
+//! Tensors that start off a 16-byte boundary (a view into a framework's buffer: a slice of
+//! a fused projection, a narrowed head dim) on the CUDA path, through the CPU emulation of
+//! the `.cu` kernels, which counts every misaligned vector access to global memory (a
+//! fault on a GPU): the forward (direct and partial) and the backward give the same bits
+//! wherever q, k, v, grad_out and the output start, and the plans do ask for 16-byte loads
+//! where strides allow them, so the aligned runs take the vector path.
+#![cfg(feature = "cuda")]
+
+use std::path::Path;
+
+use attn_core::{DilatedConfig, Mixing, Shape4};
+use attn_kernels::cuda::CudaElement;
+use attn_kernels::cuda::ForwardPath;
+use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
+use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_backward, plan_forward_direct};
+use attn_kernels::cuda::plan::{BackwardOptions, ForwardOptions};
+use attn_testkit::rng::random_vec;
+use half::{bf16, f16};
+
+fn emulator() -> &'static Emulator {
+    Emulator::shared(Path::new(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
+}
+
+/// A buffer holding `x` from element `skew` past a 16-byte boundary (`skew` elements of
+/// `T` from an aligned address), and that start.
+struct Placed<T> {
+    buf: Vec<T>,
+    start: usize,
+}
+
+impl<T: CudaElement> Placed<T> {
+    fn new(x: &[f32], skew: usize) -> Self {
+        let mut buf = vec![T::default(); x.len() + 16 + skew];
+        let align = (0..16).find(|&i| (buf.as_ptr() as usize + i * size_of::<T>()).is_multiple_of(16));
+        let start = align.expect("a 16-byte boundary within 16 elements") + skew;
+        for (d, &v) in buf[start..].iter_mut().zip(x) {
+            *d = T::from_f32(v);
+        }
+        Placed { buf, start }
+    }
+
+    fn view(&self) -> &[T] {
+        &self.buf[self.start..]
+    }
+
+    fn view_mut(&mut self) -> &mut [T] {
+        &mut self.buf[self.start..]
+    }
+}
+
+/// Two patterns, one a head group; batch 2, so every stride counts.
+fn config() -> DilatedConfig {
+    DilatedConfig::builder().segments(&[16, 32]).dilations(&[1, 2]).mixing(Mixing::HeadGroups).build().unwrap()
+}
+
+fn geometry(cfg: &DilatedConfig, shape: Shape4) -> BlockGeometry<'_> {
+    let s = shape.contiguous_strides();
+    BlockGeometry {
+        cfg,
+        q: (shape, s),
+        q_start: 0,
+        k: (shape, s),
+        v_strides: s,
+        k_start: 0,
+        g_strides: Some(s),
+        band: cfg.band(),
+        kpad_seq: None,
+        packing: None,
+    }
+}
+
+/// out, lse, dq, dk and dv with q, k, v, grad_out and the output starting `skews`
+/// elements past a 16-byte boundary.
+fn run<T: CudaElement>(path: ForwardPath, skews: [usize; 5]) -> [Vec<f32>; 5] {
+    let cfg = config();
+    let shape = Shape4::new(2, 40, 2, 64).unwrap();
+    let g = geometry(&cfg, shape);
+    let emu = emulator();
+    let n = shape.numel();
+    let [q, k, v, go] = [1, 2, 3, 4].map(|seed| random_vec(seed, n));
+    let [q, k, v, go] =
+        [(&q, skews[0]), (&k, skews[1]), (&v, skews[2]), (&go, skews[3])].map(|(x, s)| Placed::<T>::new(x, s));
+    let mut out = Placed::<T>::new(&vec![0.0; n], skews[4]);
+    let mut lse = vec![0.0f32; shape.lse_len()];
+    let args = HostArgs { q: q.view(), k: k.view(), v: v.view(), g: None, lse: None, delta: None, kpad: None };
+    emu.forward_call(&g, &args, path, (&mut out.view_mut()[..n], &mut lse)).unwrap();
+    let delta = emu.delta(shape, &go.view()[..n], &out.view()[..n]).unwrap();
+    let args = HostArgs { g: Some(go.view()), lse: Some(&lse), delta: Some(&delta), ..args };
+    let (mut dq, mut dk, mut dv) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
+    let acc = HostAccs { q_acc: &mut dq, lse: None, dk: Some(&mut dk), dv: Some(&mut dv) };
+    emu.backward_block(&g, &args, acc).unwrap();
+    let out = out.view()[..n].iter().map(|x| x.to_f32()).collect();
+    [out, lse, dq, dk, dv]
+}
+
+fn same_bits_wherever_tensors_start<T: CudaElement>() {
+    let cfg = config();
+    let shape = Shape4::new(2, 40, 2, 64).unwrap();
+    // The aligned runs ask for 16-byte loads of every tensor.
+    let direct = plan_forward_direct(&geometry(&cfg, shape), T::DTYPE, T::SUFFIX, ForwardOptions::default()).unwrap();
+    assert!(direct.is_some_and(|p| p.iter().all(|l| l.params.vec == 0b1111)), "direct forward without vector loads");
+    let bwd = plan_backward(&geometry(&cfg, shape), T::DTYPE, T::SUFFIX, BackwardOptions::default()).unwrap();
+    assert!(bwd.iter().all(|l| l.params.vec == 0b1111), "backward without vector loads");
+    for path in [ForwardPath::Direct, ForwardPath::Partial] {
+        let want = run::<T>(path, [0; 5]);
+        // One tensor off its boundary at a time, then all of them (4 elements: 8 bytes).
+        for skews in
+            [[4, 0, 0, 0, 0], [0, 4, 0, 0, 0], [0, 0, 4, 0, 0], [0, 0, 0, 4, 0], [0, 0, 0, 0, 4], [4, 2, 6, 4, 2]]
+        {
+            let got = run::<T>(path, skews);
+            for (name, (g, w)) in ["out", "lse", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
+                let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{} {path:?}, tensors {skews:?} elements past a 16-byte boundary: {name} differs",
+                    T::SUFFIX
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn misaligned_views_give_the_aligned_bits_bf16() {
+    same_bits_wherever_tensors_start::<bf16>();
+}
+
+#[test]
+fn misaligned_views_give_the_aligned_bits_f16() {
+    same_bits_wherever_tensors_start::<f16>();
+}
