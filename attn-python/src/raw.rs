@@ -184,7 +184,8 @@ impl Checked {
         Ok(self.slice())
     }
 
-    /// Require exactly `want` sizes with contiguous strides.
+    /// Require exactly `want` sizes with contiguous strides (as torch judges them: the
+    /// stride of a size-1 dimension is never read, so any value passes).
     pub fn expect_contiguous(&self, want: &[usize]) -> Result<()> {
         if self.dims != want {
             return Err(AttnError::ShapeMismatch {
@@ -198,7 +199,9 @@ impl Checked {
         for i in (0..want.len().saturating_sub(1)).rev() {
             expect[i] = expect[i + 1] * want[i + 1];
         }
-        if self.strides != expect || self.len != numel {
+        let strides_ok = self.strides.len() == want.len()
+            && self.strides.iter().zip(&expect).zip(want).all(|((&s, &e), &n)| n == 1 || s == e);
+        if !strides_ok || self.len != numel {
             return Err(AttnError::InvalidArgument(format!(
                 "{}: strides {:?} are not the contiguous {expect:?}",
                 self.tensor, self.strides
@@ -276,6 +279,19 @@ mod tests {
         let huge = raw(64, &[i64::MAX, 2, 3, 4], &[i64::MAX, 12, 4, 1], "float32");
         assert!(matches!(err(huge), AttnError::ShapeOverflow { .. }));
         assert!(matches!(err(raw(64, &[1, 2], &[2, 1, 1, 1], "float32")), AttnError::RankMismatch { .. }));
+    }
+
+    #[test]
+    fn contiguity_ignores_the_strides_of_size_one_dimensions() {
+        let mask = |shape: &[i64], strides: &[i64]| {
+            raw(64, shape, strides, "bool").check(TensorName::KeyPaddingMask, 2, 1, 1).unwrap()
+        };
+        // `torch.zeros(32, 1, dtype=torch.bool).t()`: torch calls it contiguous.
+        assert!(mask(&[1, 32], &[1, 1]).expect_contiguous(&[1, 32]).is_ok());
+        assert!(mask(&[1, 32], &[32, 1]).expect_contiguous(&[1, 32]).is_ok());
+        assert!(mask(&[2, 32], &[1, 2]).expect_contiguous(&[2, 32]).is_err());
+        assert!(mask(&[2, 32], &[64, 1]).expect_contiguous(&[2, 32]).is_err());
+        assert!(mask(&[2, 32], &[32, 1]).expect_contiguous(&[2, 16]).is_err());
     }
 
     #[test]

@@ -73,6 +73,19 @@ def test_bad_dtypes_and_devices():
         run(q, meta, v)
     with pytest.raises(ValueError, match="key_padding_mask is on meta but query is on cpu"):
         run(q, k, v, key_padding_mask=torch.zeros(1, 32, dtype=torch.bool, device="meta"))
+    # The kernels' entry itself (what the registered op calls) refuses another device's
+    # memory before it reads any: a CUDA tensor beside CPU ones would otherwise be read on
+    # the host.
+    cfg = ad.make_config([8, 16], [1, 2])
+    with pytest.raises(ValueError, match="value is on meta but query is on cpu"):
+        _kernels.forward(cfg, q, k, meta, None, None)
+    with pytest.raises(ValueError, match="key_padding_mask is on meta"):
+        _kernels.forward(cfg, q, k, v, torch.zeros(1, 32, dtype=torch.bool, device="meta"), None)
+    out, lse = _kernels.forward(cfg, q, k, v, None, None)
+    with pytest.raises(ValueError, match="grad_out is on meta but query is on cpu"):
+        _kernels.backward(cfg, meta, q, k, v, out, lse, None, None)
+    with pytest.raises(ValueError, match="lse is on meta"):
+        _kernels.backward(cfg, out, q, k, v, out, lse.to("meta"), None, None)
 
 
 def test_bad_masks():

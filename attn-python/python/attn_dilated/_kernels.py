@@ -97,23 +97,43 @@ def placement(t: torch.Tensor) -> Optional[Tuple[int, int]]:
     return (t.get_device(), torch.cuda.current_stream(t.device).cuda_stream)
 
 
+def on_query_device(q: torch.Tensor, **tensors: Optional[torch.Tensor]) -> None:
+    """ValueError unless every given tensor is on query's device: the kernels read the
+    memory of one device (a CUDA address read on the host would fault)."""
+    for name, t in tensors.items():
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but query is on {q.device}")
+
+
+def call_native(entry, q: torch.Tensor, *args) -> None:
+    """`entry(*args, threads, placement(q))`; for a CUDA tensor with q's device current
+    while it runs (the driver calls make that device's context current, which would
+    otherwise change torch's current device)."""
+    if not q.is_cuda:
+        entry(*args, torch.get_num_threads(), None)
+        return
+    with torch.cuda.device(q.device):
+        entry(*args, torch.get_num_threads(), placement(q))
+
+
 def forward(cfg, q, k, v, mask, cu) -> Tuple[torch.Tensor, torch.Tensor]:
     """`(out, lse)`: out like q (contiguous), lse float32 `[batch, seq, heads]`."""
+    on_query_device(q, key=k, value=v, key_padding_mask=mask)
     b, n, h, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((b, n, h), dtype=torch.float32, device=q.device)
     m = None if mask is None else describe(mask)
-    args = (cfg, describe(q), describe(k), describe(v), describe(out), describe(lse), m, cu)
-    _native.forward(*args, torch.get_num_threads(), placement(q))
+    call_native(_native.forward, q, cfg, describe(q), describe(k), describe(v), describe(out), describe(lse), m, cu)
     return out, lse
 
 
 def backward(cfg, grad_out, q, k, v, out, lse, mask, cu) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`(dq, dk, dv)`, each like its input (contiguous), from the forward's out and lse."""
+    on_query_device(q, grad_out=grad_out, key=k, value=v, out=out, lse=lse, key_padding_mask=mask)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     m = None if mask is None else describe(mask)
     args = (cfg, *(describe(t) for t in (q, k, v, out, lse, grad_out, dq, dk, dv)), m, cu)
-    _native.backward(*args, torch.get_num_threads(), placement(q))
+    call_native(_native.backward, q, *args)
     return dq, dk, dv
 
 
@@ -121,7 +141,12 @@ def cuda_unavailable_reason(device: Union[int, torch.device, str] = 0) -> Option
     """Why the CUDA kernels cannot run on `device` (a wheel built without CUDA, no
     driver or NVRTC, no such device, a GPU older than sm_80), or None where they can."""
     index = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    return _native.cuda_unavailable_reason(0 if index.index is None else index.index)
+    ordinal = 0 if index.index is None else index.index
+    if torch.cuda.is_available() and ordinal < torch.cuda.device_count():
+        # Opening the device makes its context current: keep torch's current device.
+        with torch.cuda.device(ordinal):
+            return _native.cuda_unavailable_reason(ordinal)
+    return _native.cuda_unavailable_reason(ordinal)
 
 
 def nvrtc_library() -> Tuple[str, Tuple[int, int]]:
