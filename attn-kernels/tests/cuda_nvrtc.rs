@@ -8,7 +8,10 @@
 
 use std::path::PathBuf;
 
-use attn_kernels::cuda::nvrtc::{ImageKind, Output, compile_cubin, compile_for_device, compile_ptx};
+use attn_kernels::cuda::kernel_cache::KernelCache;
+use attn_kernels::cuda::nvrtc::{
+    ImageKind, ImageSource, Output, compile_cubin, compile_for_device, compile_ptx, image_for_device,
+};
 use attn_kernels::cuda::source::{dtype_define, full_source, kernel_names, nvrtc_options};
 use attn_kernels::cuda::{LibrarySearch, library_files_in, nvrtc_library, nvrtc_search, open_nvrtc};
 use attn_testkit::skip_gpu_test;
@@ -46,13 +49,40 @@ fn device_modules_are_cubins_for_the_device_architecture() {
     if !nvrtc_or_skip("device_modules_are_cubins_for_the_device_architecture") {
         return;
     }
-    let (_, kind) = compile_for_device(&full_source(), (9, 0), &[dtype_define("f32").unwrap()]).unwrap();
-    assert_eq!(kind, ImageKind::Cubin, "sm_90");
+    let image = compile_for_device(&full_source(), (9, 0), &[dtype_define("f32").unwrap()]).unwrap();
+    assert_eq!(image.kind, ImageKind::Cubin, "sm_90");
     let options: Vec<String> = nvrtc_options("sm_80").into_iter().chain([dtype_define("bf16").unwrap()]).collect();
     let cubin = compile_cubin(&full_source(), &options).unwrap();
     assert!(cubin.len() > 1024 && cubin.starts_with(b"\x7fELF"), "sm_80: not a cubin");
     let err = compile_for_device(&full_source(), (1, 0), &[]).unwrap_err().to_string();
     assert!(err.contains("cubin") && err.contains("PTX"), "{err}");
+}
+
+/// A module compiled once is read back from the kernel cache, byte for byte, by the next
+/// call with the same NVRTC, options and source; another dtype or architecture compiles
+/// again; without a cache every call compiles.
+#[test]
+fn device_modules_are_kept_in_the_kernel_cache() {
+    if !nvrtc_or_skip("device_modules_are_kept_in_the_kernel_cache") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("attn-kernel-cache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = KernelCache::at(&dir);
+    let (src, f32_only) = (full_source(), [dtype_define("f32").unwrap()]);
+    let (first, from) = image_for_device(&src, (9, 0), &f32_only, Some(&cache)).unwrap();
+    assert_eq!((from, first.kind), (ImageSource::Nvrtc, ImageKind::Cubin));
+    let (again, from) = image_for_device(&src, (9, 0), &f32_only, Some(&cache)).unwrap();
+    assert_eq!(from, ImageSource::Cache);
+    assert_eq!(again, first, "the kept image differs from the compiled one");
+    let (_, from) = image_for_device(&src, (8, 0), &f32_only, Some(&cache)).unwrap();
+    assert_eq!(from, ImageSource::Nvrtc, "sm_80 read sm_90's image");
+    let (_, from) = image_for_device(&src, (8, 0), &f32_only, Some(&cache)).unwrap();
+    assert_eq!(from, ImageSource::Cache);
+    let (_, from) = image_for_device(&src, (9, 0), &f32_only, None).unwrap();
+    assert_eq!(from, ImageSource::Nvrtc);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "one file an image");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The directories holding an NVRTC to open by path: under `ATTN_CUDA_HOME` the CUDA 12

@@ -1,5 +1,6 @@
 //! The CUDA device handle: library and device checks (typed errors, never a panic),
-//! the context and stream, and the NVRTC-compiled kernel module, cached per device.
+//! the context and stream, and the NVRTC-compiled kernel module, cached per device (and
+//! on disk, [`super::kernel_cache`]).
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
@@ -9,7 +10,8 @@ use attn_core::{AttnError, Result};
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
-use super::nvrtc::{ImageKind, compile_for_device};
+use super::kernel_cache::{KernelCache, image_key};
+use super::nvrtc::{ImageKind, ImageSource, compile_for_device, device_options, image_for_device};
 use super::nvrtc_library::nvrtc_library;
 use super::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
 use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source};
@@ -143,10 +145,25 @@ impl CudaDevice {
         if let Some(m) = cache.get(&key) {
             return Ok(m.clone());
         }
-        let (image, kind) = compile_for_device(&full_source(), self.compute_capability, &[dtype_define(suffix)?])?;
-        let m = self.ctx.load_module(image).map_err(cuda_err)?;
-        cache.insert(key, (m.clone(), kind));
-        Ok((m, kind))
+        let (src, extra, cc) = (full_source(), [dtype_define(suffix)?], self.compute_capability);
+        let disk = KernelCache::from_env();
+        let (image, from) = image_for_device(&src, cc, &extra, disk.as_ref())?;
+        let m = match self.ctx.load_module(image.to_ptx()) {
+            Ok(m) => m,
+            // A kept image this driver refuses: compile afresh and keep that instead.
+            Err(_) if from == ImageSource::Cache => {
+                let image = compile_for_device(&src, cc, &extra)?;
+                let m = self.ctx.load_module(image.to_ptx()).map_err(cuda_err)?;
+                if let Some(disk) = &disk {
+                    let key = image_key(nvrtc_library()?.version(), &device_options(cc, &extra)[0], &src);
+                    let _ = disk.put(&key, &image.bytes, image.kind);
+                }
+                m
+            }
+            Err(e) => return Err(cuda_err(e)),
+        };
+        cache.insert(key, (m.clone(), image.kind));
+        Ok((m, image.kind))
     }
 
     /// How the kernels of dtype `suffix` reach this device (compiling them if needed):

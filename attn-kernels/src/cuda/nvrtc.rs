@@ -1,6 +1,7 @@
 //! NVRTC compilation of the kernel source for one device: a cubin for the device's own
 //! architecture (`--gpu-architecture=sm_XX`), so no driver JIT runs at load, and PTX for
-//! its virtual architecture only where NVRTC cannot emit that cubin.
+//! its virtual architecture only where NVRTC cannot emit that cubin; through the kernel
+//! cache on disk where one is given.
 #![allow(unsafe_code)]
 
 use std::ffi::{CString, c_char};
@@ -8,6 +9,7 @@ use std::ffi::{CString, c_char};
 use attn_core::{AttnError, Result};
 use cudarc::nvrtc::Ptx;
 
+use super::kernel_cache::{KernelCache, image_key};
 use super::nvrtc_library::{BytesFn, NvrtcLibrary, Program, SizeFn, nvrtc_library};
 use super::source::nvrtc_options;
 
@@ -20,21 +22,72 @@ pub enum ImageKind {
     Ptx,
 }
 
+/// A module image: a cubin, or PTX text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelImage {
+    pub bytes: Vec<u8>,
+    pub kind: ImageKind,
+}
+
+impl KernelImage {
+    /// The image as the driver loads it.
+    pub fn to_ptx(&self) -> Ptx {
+        match self.kind {
+            ImageKind::Cubin => Ptx::from_binary(self.bytes.clone()),
+            ImageKind::Ptx => Ptx::from_src(String::from_utf8_lossy(&self.bytes).into_owned()),
+        }
+    }
+}
+
+/// The options of the cubin compile for `cc` with `extra`, then those of the PTX one.
+pub(crate) fn device_options(cc: (i32, i32), extra: &[String]) -> [Vec<String>; 2] {
+    let with = |arch: String| nvrtc_options(&arch).into_iter().chain(extra.iter().cloned()).collect();
+    [with(format!("sm_{}{}", cc.0, cc.1)), with(format!("compute_{}{}", cc.0, cc.1))]
+}
+
 /// Compile `src` with `extra` options for compute capability `cc`: the cubin for
 /// `sm_XX`, else PTX for `compute_XX`. The error names both failures.
-pub fn compile_for_device(src: &str, cc: (i32, i32), extra: &[String]) -> Result<(Ptx, ImageKind)> {
-    let with =
-        |arch: String| -> Vec<String> { nvrtc_options(&arch).into_iter().chain(extra.iter().cloned()).collect() };
-    match compile_cubin(src, &with(format!("sm_{}{}", cc.0, cc.1))) {
-        Ok(cubin) => Ok((Ptx::from_binary(cubin), ImageKind::Cubin)),
-        Err(cubin_err) => match compile_ptx(src, &with(format!("compute_{}{}", cc.0, cc.1))) {
-            Ok(ptx) => Ok((Ptx::from_src(ptx), ImageKind::Ptx)),
+pub fn compile_for_device(src: &str, cc: (i32, i32), extra: &[String]) -> Result<KernelImage> {
+    let [cubin_options, ptx_options] = device_options(cc, extra);
+    match compile_cubin(src, &cubin_options) {
+        Ok(bytes) => Ok(KernelImage { bytes, kind: ImageKind::Cubin }),
+        Err(cubin_err) => match compile_ptx(src, &ptx_options) {
+            Ok(ptx) => Ok(KernelImage { bytes: ptx.into_bytes(), kind: ImageKind::Ptx }),
             Err(ptx_err) => Err(AttnError::backend(
                 "cuda",
                 std::io::Error::other(format!("NVRTC: cubin: {cubin_err}; PTX: {ptx_err}")),
             )),
         },
     }
+}
+
+/// Where [`image_for_device`] found its image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageSource {
+    /// Read from the kernel cache.
+    Cache,
+    /// Compiled by NVRTC (and kept in the cache where one is given and writable).
+    Nvrtc,
+}
+
+/// [`compile_for_device`] through `cache`: the image kept there for this NVRTC version,
+/// these options and this source, else compiled and kept (a cache that cannot be written
+/// costs the next process a compile, nothing more).
+pub fn image_for_device(
+    src: &str,
+    cc: (i32, i32),
+    extra: &[String],
+    cache: Option<&KernelCache>,
+) -> Result<(KernelImage, ImageSource)> {
+    let Some(cache) = cache else { return Ok((compile_for_device(src, cc, extra)?, ImageSource::Nvrtc)) };
+    let [cubin_options, _] = device_options(cc, extra);
+    let key = image_key(nvrtc_library()?.version(), &cubin_options, src);
+    if let Some((bytes, kind)) = cache.get(&key) {
+        return Ok((KernelImage { bytes, kind }, ImageSource::Cache));
+    }
+    let image = compile_for_device(src, cc, extra)?;
+    let _ = cache.put(&key, &image.bytes, image.kind);
+    Ok((image, ImageSource::Nvrtc))
 }
 
 /// Compile `src` with `options` (a real architecture among them) and return the cubin.

@@ -1,0 +1,203 @@
+//! Kernel images kept on disk: what NVRTC made of one source with one option list and one
+//! NVRTC version (a cubin, or PTX where NVRTC could not emit one), so a machine compiles
+//! each module once rather than once per process. The whole key is stored beside the image
+//! and compared on every read, so a hash collision or a damaged file is a miss, never
+//! another kernel; a file is written under a temporary name and renamed into place, so a
+//! reader never sees half of one.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::nvrtc::ImageKind;
+
+/// The first bytes of every cache file (and the format's version).
+const MAGIC: &[u8; 8] = b"attnkc01";
+
+/// A directory of kernel images.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelCache {
+    dir: PathBuf,
+}
+
+impl KernelCache {
+    /// The cache in `dir` (created on the first write).
+    pub fn at(dir: impl Into<PathBuf>) -> Self {
+        KernelCache { dir: dir.into() }
+    }
+
+    /// The cache the environment names: `ATTN_CUDA_CACHE_DIR` (`off` or empty: none),
+    /// else `$XDG_CACHE_HOME/attn/cuda-kernels`, else `$HOME/.cache/attn/cuda-kernels`;
+    /// `None` where none is named.
+    pub fn from_env() -> Option<Self> {
+        Self::from_vars(|name| std::env::var_os(name))
+    }
+
+    /// [`Self::from_env`] over the variables `var` gives.
+    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Option<Self> {
+        let set = |name: &str| var(name).filter(|v| !v.is_empty());
+        if let Some(dir) = var("ATTN_CUDA_CACHE_DIR") {
+            return (!dir.is_empty() && dir != "off").then(|| Self::at(dir));
+        }
+        let base =
+            set("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| set("HOME").map(|h| Path::new(&h).join(".cache")));
+        base.map(|b| Self::at(b.join("attn").join("cuda-kernels")))
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn file(&self, key: &[u8]) -> PathBuf {
+        self.dir.join(format!("{:016x}.kernels", fnv1a(key)))
+    }
+
+    /// The image kept for `key`, if a file holds exactly this key and a whole image.
+    pub fn get(&self, key: &[u8]) -> Option<(Vec<u8>, ImageKind)> {
+        let data = fs::read(self.file(key)).ok()?;
+        let rest = data.strip_prefix(MAGIC.as_slice())?;
+        let (stored, rest) = length_prefixed(rest)?;
+        if stored != key {
+            return None;
+        }
+        let (&kind, rest) = rest.split_first()?;
+        let kind = match kind {
+            0 => ImageKind::Cubin,
+            1 => ImageKind::Ptx,
+            _ => return None,
+        };
+        let (image, rest) = length_prefixed(rest)?;
+        (rest.is_empty() && !image.is_empty()).then(|| (image.to_vec(), kind))
+    }
+
+    /// Keep `image` for `key`, replacing what the file held.
+    pub fn put(&self, key: &[u8], image: &[u8], kind: ImageKind) -> std::io::Result<()> {
+        fs::create_dir_all(&self.dir)?;
+        let file = self.file(key);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let tmp = self.dir.join(format!(".{}.{}.{nanos}.tmp", fnv1a(key), std::process::id()));
+        let write = || -> std::io::Result<()> {
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(MAGIC)?;
+            f.write_all(&(key.len() as u64).to_le_bytes())?;
+            f.write_all(key)?;
+            f.write_all(&[u8::from(kind == ImageKind::Ptx)])?;
+            f.write_all(&(image.len() as u64).to_le_bytes())?;
+            f.write_all(image)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &file)
+        };
+        write().inspect_err(|_| {
+            let _ = fs::remove_file(&tmp);
+        })
+    }
+}
+
+/// The key of one compile: NVRTC's version, the options and the source, each part
+/// length-prefixed so no two different lists give the same bytes.
+pub fn image_key(nvrtc: (i32, i32), options: &[String], src: &str) -> Vec<u8> {
+    let version = format!("nvrtc {}.{}", nvrtc.0, nvrtc.1);
+    let parts = std::iter::once(version.as_str()).chain(options.iter().map(String::as_str)).chain([src]);
+    let mut key = Vec::with_capacity(src.len() + 256);
+    for p in parts {
+        key.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        key.extend_from_slice(p.as_bytes());
+    }
+    key
+}
+
+/// `(bytes, rest)` of a little-endian u64 length followed by that many bytes.
+fn length_prefixed(data: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = data.split_first_chunk::<8>()?;
+    let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
+    (rest.len() >= len).then(|| rest.split_at(len))
+}
+
+/// 64-bit FNV-1a: the file name of a key (the file itself holds the whole key).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> KernelCache {
+        let dir = std::env::temp_dir().join(format!("attn-kernel-cache-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        KernelCache::at(dir)
+    }
+
+    #[test]
+    fn images_come_back_for_their_own_key_only() {
+        let cache = scratch("round-trip");
+        let key = image_key((13, 0), &["--gpu-architecture=sm_90".into()], "__global__ void k() {}");
+        assert_eq!(cache.get(&key), None);
+        cache.put(&key, b"\x7fELF cubin", ImageKind::Cubin).unwrap();
+        assert_eq!(cache.get(&key), Some((b"\x7fELF cubin".to_vec(), ImageKind::Cubin)));
+        cache.put(&key, b".version 8.0", ImageKind::Ptx).unwrap();
+        assert_eq!(cache.get(&key), Some((b".version 8.0".to_vec(), ImageKind::Ptx)));
+        // Another NVRTC, option list or source is another key.
+        for other in [
+            image_key((12, 9), &["--gpu-architecture=sm_90".into()], "__global__ void k() {}"),
+            image_key((13, 0), &["--gpu-architecture=sm_80".into()], "__global__ void k() {}"),
+            image_key((13, 0), &["--gpu-architecture=sm_90".into()], "__global__ void j() {}"),
+            image_key((13, 0), &["--gpu-architecture=sm_90".into(), String::new()], "__global__ void k() {}"),
+        ] {
+            assert_ne!(other, key);
+            assert_eq!(cache.get(&other), None);
+        }
+        // A file under the key's name that holds another key (a hash collision) is a miss.
+        let stranger = image_key((13, 0), &[], "other");
+        cache.put(&stranger, b"other image", ImageKind::Cubin).unwrap();
+        fs::copy(cache.file(&stranger), cache.file(&key)).unwrap();
+        assert_eq!(cache.get(&key), None);
+        let _ = fs::remove_dir_all(cache.dir());
+    }
+
+    #[test]
+    fn damaged_files_are_misses() {
+        let cache = scratch("damaged");
+        let key = image_key((13, 0), &[], "src");
+        cache.put(&key, b"image bytes", ImageKind::Cubin).unwrap();
+        let whole = fs::read(cache.file(&key)).unwrap();
+        for cut in [0, 4, 8, 12, whole.len() - 1] {
+            fs::write(cache.file(&key), &whole[..cut]).unwrap();
+            assert_eq!(cache.get(&key), None, "cut at {cut}");
+        }
+        let mut longer = whole.clone();
+        longer.push(0);
+        fs::write(cache.file(&key), &longer).unwrap();
+        assert_eq!(cache.get(&key), None, "trailing byte");
+        let mut kind = whole.clone();
+        kind[8 + 8 + key.len()] = 7;
+        fs::write(cache.file(&key), &kind).unwrap();
+        assert_eq!(cache.get(&key), None, "unknown kind");
+        fs::write(cache.file(&key), &whole).unwrap();
+        assert!(cache.get(&key).is_some(), "the intact file");
+        // No temporary file is left behind.
+        let names: Vec<_> = fs::read_dir(cache.dir()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        let _ = fs::remove_dir_all(cache.dir());
+    }
+
+    #[test]
+    fn the_environment_names_the_directory() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| OsString::from(v))
+        };
+        let at = |dir: &str| Some(KernelCache::at(dir));
+        assert_eq!(KernelCache::from_vars(vars(&[("ATTN_CUDA_CACHE_DIR", "/k"), ("HOME", "/h")])), at("/k"));
+        assert_eq!(KernelCache::from_vars(vars(&[("ATTN_CUDA_CACHE_DIR", "off"), ("HOME", "/h")])), None);
+        assert_eq!(KernelCache::from_vars(vars(&[("ATTN_CUDA_CACHE_DIR", ""), ("HOME", "/h")])), None);
+        let xdg = vars(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]);
+        assert_eq!(KernelCache::from_vars(xdg), at("/x/attn/cuda-kernels"));
+        assert_eq!(
+            KernelCache::from_vars(vars(&[("XDG_CACHE_HOME", ""), ("HOME", "/h")])),
+            at("/h/.cache/attn/cuda-kernels")
+        );
+        assert_eq!(KernelCache::from_vars(vars(&[])), None);
+    }
+}
