@@ -234,10 +234,25 @@ mod imp {
     }
 }
 
+/// `call()`, with a panic inside it turned into a typed error naming it: cudarc unwraps a
+/// few driver results (an event it creates per borrowed buffer fails once an earlier fault
+/// has broken the context), and Python should see a RuntimeError, not a PanicException.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn unwinding_to_error(call: impl FnOnce() -> Result<()>) -> Result<()> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|payload| {
+        let what = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("no message");
+        Err(attn_core::AttnError::backend("cuda", std::io::Error::other(format!("the CUDA call panicked: {what}"))))
+    })
+}
+
 /// Forward on CUDA tensors: writes `out` and `lse` on the caller's stream.
 pub fn forward(py: Python<'_>, cfg: &DilatedConfig, args: &ForwardArgs, masks: &MaskArgs, at: Placement) -> Result<()> {
     #[cfg(feature = "cuda")]
-    return imp::forward(py, cfg, args, masks, at);
+    return unwinding_to_error(|| imp::forward(py, cfg, args, masks, at));
     #[cfg(not(feature = "cuda"))]
     {
         let _ = (py, cfg, args, masks, at);
@@ -254,7 +269,7 @@ pub fn backward(
     at: Placement,
 ) -> Result<()> {
     #[cfg(feature = "cuda")]
-    return imp::backward(py, cfg, args, masks, at);
+    return unwinding_to_error(|| imp::backward(py, cfg, args, masks, at));
     #[cfg(not(feature = "cuda"))]
     {
         let _ = (py, cfg, args, masks, at);
@@ -295,6 +310,21 @@ pub fn nvrtc_library() -> Result<(String, (i32, i32))> {
 #[cfg(not(feature = "cuda"))]
 fn not_compiled() -> attn_core::AttnError {
     attn_core::AttnError::NotCompiled { backend: "cuda", feature: "cuda" }
+}
+
+#[cfg(test)]
+mod unwinding_tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_in_a_cuda_call_is_a_backend_error() {
+        let err = unwinding_to_error(|| panic!("event creation failed: CUDA_ERROR_ILLEGAL_ADDRESS")).unwrap_err();
+        assert!(matches!(err, attn_core::AttnError::Backend { backend: "cuda", .. }), "{err:?}");
+        assert!(err.to_string().contains("panicked: event creation failed"), "{err}");
+        let err = unwinding_to_error(|| std::panic::panic_any(7u8)).unwrap_err();
+        assert!(err.to_string().contains("panicked: no message"), "{err}");
+        assert!(unwinding_to_error(|| Ok(())).is_ok());
+    }
 }
 
 #[cfg(all(test, not(feature = "cuda")))]
