@@ -2,8 +2,9 @@
 //! a fused projection, a narrowed head dim) on the CUDA path, through the CPU emulation of
 //! the `.cu` kernels, which counts every misaligned vector access to global memory (a
 //! fault on a GPU): the forward (direct and partial) and the backward give the same bits
-//! wherever q, k, v, grad_out and the output start, and the plans do ask for 16-byte loads
-//! where strides allow them, so the aligned runs take the vector path.
+//! wherever q, k, v, grad_out and the output start, under every kernel variant, and the
+//! plans do ask for 16-byte loads where strides allow them, so the aligned runs take the
+//! vector path.
 #![cfg(feature = "cuda")]
 
 use std::path::Path;
@@ -13,7 +14,9 @@ use attn_kernels::cuda::CudaElement;
 use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_backward, plan_forward_direct};
-use attn_kernels::cuda::plan::{BackwardOptions, ForwardOptions};
+use attn_kernels::cuda::plan::{
+    BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion,
+};
 use attn_testkit::rng::random_vec;
 use half::{bf16, f16};
 
@@ -72,11 +75,10 @@ fn geometry(cfg: &DilatedConfig, shape: Shape4) -> BlockGeometry<'_> {
 
 /// out, lse, dq, dk and dv with q, k, v, grad_out and the output starting `skews`
 /// elements past a 16-byte boundary.
-fn run<T: CudaElement>(path: ForwardPath, skews: [usize; 5]) -> [Vec<f32>; 5] {
+fn run<T: CudaElement>(emu: &Emulator, path: ForwardPath, skews: [usize; 5]) -> [Vec<f32>; 5] {
     let cfg = config();
     let shape = Shape4::new(2, 40, 2, 64).unwrap();
     let g = geometry(&cfg, shape);
-    let emu = emulator();
     let n = shape.numel();
     let [q, k, v, go] = [1, 2, 3, 4].map(|seed| random_vec(seed, n));
     let [q, k, v, go] =
@@ -102,22 +104,36 @@ fn same_bits_wherever_tensors_start<T: CudaElement>() {
     assert!(direct.is_some_and(|p| p.iter().all(|l| l.params.vec == 0b1111)), "direct forward without vector loads");
     let bwd = plan_backward(&geometry(&cfg, shape), T::DTYPE, T::SUFFIX, BackwardOptions::default()).unwrap();
     assert!(bwd.iter().all(|l| l.params.vec == 0b1111), "backward without vector loads");
-    for path in [ForwardPath::Direct, ForwardPath::Partial] {
-        let want = run::<T>(path, [0; 5]);
-        // One tensor off its boundary at a time, then all of them (4 elements: 8 bytes).
-        for skews in
-            [[4, 0, 0, 0, 0], [0, 4, 0, 0, 0], [0, 0, 4, 0, 0], [0, 0, 0, 4, 0], [0, 0, 0, 0, 4], [4, 2, 6, 4, 2]]
-        {
-            let got = run::<T>(path, skews);
+    let check = |emu: &Emulator, what: &str, path: ForwardPath, all_skews: &[[usize; 5]]| {
+        let want = run::<T>(emu, path, [0; 5]);
+        for &skews in all_skews {
+            let got = run::<T>(emu, path, skews);
             for (name, (g, w)) in ["out", "lse", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
                 let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(
-                    same,
-                    "{} {path:?}, tensors {skews:?} elements past a 16-byte boundary: {name} differs",
-                    T::SUFFIX
-                );
+                let at = format!("tensors {skews:?} elements past a 16-byte boundary");
+                assert!(same, "{} {what} {path:?}, {at}: {name} differs", T::SUFFIX);
             }
         }
+    };
+    // One tensor off its boundary at a time, then all of them (4 elements: 8 bytes).
+    let one_by_one =
+        [[4, 0, 0, 0, 0], [0, 4, 0, 0, 0], [0, 0, 4, 0, 0], [0, 0, 0, 4, 0], [0, 0, 0, 0, 4], [4, 2, 6, 4, 2]];
+    for path in [ForwardPath::Direct, ForwardPath::Partial] {
+        check(emulator(), "default kernels", path, &one_by_one);
+    }
+    // Every other block shape, pattern launch, query-tile load and keys a block.
+    let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let variants = [
+        (ForwardRows::M128, PatternFusion::PerPattern, BackwardLoads::Pipelined, BackwardKeys::K64),
+        (ForwardRows::M128W4, PatternFusion::PerPattern, BackwardLoads::Sync, BackwardKeys::K128),
+        (ForwardRows::M64, PatternFusion::Fused, BackwardLoads::Pipelined, BackwardKeys::K128),
+    ];
+    for (rows, fusion, loads, keys) in variants {
+        let emu = Emulator::load(&lib).unwrap();
+        let emu =
+            emu.with_forward_rows(rows).with_pattern_fusion(fusion).with_backward_loads(loads).with_backward_keys(keys);
+        let what = format!("rows {} {fusion:?}, backward {loads:?} {keys:?}", rows.name());
+        check(&emu, &what, ForwardPath::Direct, &[[4, 2, 6, 4, 2]]);
     }
 }
 
