@@ -31,6 +31,7 @@ use attn_ring::comm::MpiComm;
 use attn_ring::{Communicator, Layout, RingProblem, Strategy};
 use attn_testkit::judge::{Expected, judge_backward, judge_forward, verdict};
 use half::{bf16, f16};
+use mpi::traits::Communicator as _;
 
 /// Where the blocks run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,7 +165,7 @@ mod gpu {
     use super::*;
     use attn_core::TensorView;
     use attn_core::error::TensorName;
-    use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceTensor};
+    use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceTensor, device_count};
     use attn_ring::chunk_ring::{CudaChunks, DeviceRowStats, Metered, NcclDeviceTransport};
 
     impl<T: CudaElement> RankCompute<T> for CudaChunks {
@@ -195,9 +196,10 @@ mod gpu {
             .find_map(|v| std::env::var(v).ok()?.parse().ok())
     }
 
-    /// [`run`] on the GPU of this process's node-local rank, data moving by NCCL.
+    /// [`run`] on the GPU of this process's node-local rank (modulo the GPUs it sees: a
+    /// launcher that gives each rank its own GPU leaves it one), data moving by NCCL.
     pub fn run_cuda<T: CudaElement>(a: &Args, control: MpiComm) -> Result<bool> {
-        let gpu = local_rank().unwrap_or(control.rank());
+        let gpu = local_rank().unwrap_or(control.rank()) % device_count()?.max(1);
         let x = CudaChunks::new(CudaDevice::new(gpu)?);
         let mut t = NcclDeviceTransport::bootstrap(control, x.dev.context())?;
         run::<T, _, _>(a, &x, &mut t, &format!("GPU {gpu}"))
@@ -360,6 +362,12 @@ fn main() -> ExitCode {
     match dispatch(&args, control) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
+        // A peer that stopped answering would hold MPI_Finalize (a barrier of every rank)
+        // for ever: end the whole job instead.
+        Err(e @ AttnError::Timeout { .. }) => {
+            eprintln!("ring_mpi: {e}");
+            universe.world().abort(1)
+        }
         Err(e) => {
             eprintln!("ring_mpi: {e}");
             ExitCode::FAILURE

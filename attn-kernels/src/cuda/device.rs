@@ -14,7 +14,7 @@ use super::kernel_cache::{KernelCache, image_key};
 use super::nvrtc::{ImageKind, ImageSource, compile_for_device, device_options, image_for_device};
 use super::nvrtc_library::nvrtc_library;
 use super::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
-use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source};
+use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source, kernel_names_for};
 
 const BACKEND: &str = "cuda";
 
@@ -48,11 +48,21 @@ pub fn check_available(ordinal: usize) -> Result<()> {
         return Err(unavailable("libcuda (the NVIDIA driver library) was not found"));
     }
     nvrtc_library()?;
-    let count = CudaContext::device_count().map_err(|e| unavailable(format!("cuInit/cuDeviceGetCount: {e:?}")))?;
-    if ordinal >= count.max(0) as usize {
+    let count = device_count()?;
+    if ordinal >= count {
         return Err(unavailable(format!("device {ordinal} requested but {count} CUDA device(s) found")));
     }
     Ok(())
+}
+
+/// How many CUDA devices this process sees (`CUDA_VISIBLE_DEVICES` applied); a typed
+/// error without the driver.
+pub fn device_count() -> Result<usize> {
+    if !driver_library_present() {
+        return Err(unavailable("libcuda (the NVIDIA driver library) was not found"));
+    }
+    let count = CudaContext::device_count().map_err(|e| unavailable(format!("cuInit/cuDeviceGetCount: {e:?}")))?;
+    Ok(count.max(0) as usize)
 }
 
 /// Compiled modules by (device ordinal, dtype suffix), with the kind of image loaded.
@@ -223,6 +233,18 @@ impl CudaDevice {
             .map_err(cuda_err)?;
         }
         Ok(f)
+    }
+
+    /// Compile (or read from the kernel cache) and load every kernel of the dtype module
+    /// `suffix` now, so no later launch loads one: under lazy loading (CUDA 12.2's default)
+    /// loading a kernel may synchronise the context, which a ring rank must not do while a
+    /// collective it posted waits for its peers.
+    pub fn load_kernels(&self, suffix: &'static str) -> Result<()> {
+        let m = self.module(suffix)?;
+        for name in kernel_names_for(suffix) {
+            m.load_function(&name).map_err(cuda_err)?;
+        }
+        Ok(())
     }
 
     /// Wait for all queued work.

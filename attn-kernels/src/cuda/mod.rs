@@ -42,7 +42,7 @@ pub use block::{
     DeviceBlock, DeviceUpstream, ForwardPath, backward_block, backward_block_into, forward_block, forward_call,
 };
 pub use call::{DeviceSaved, backward_call, forward_call_into};
-pub use device::{CudaDevice, check_available, driver_library_present};
+pub use device::{CudaDevice, check_available, device_count, driver_library_present};
 pub use epilogue::{delta, finish_forward, store_scaled};
 pub use foreign::{Foreign, Forget, RawStream, check_device_span, foreign_key_padding, foreign_slice, foreign_tensor};
 pub use host::CudaBackend;

@@ -57,6 +57,11 @@ pub fn check_available(_ordinal: usize) -> Result<()> {
     Err(not_compiled())
 }
 
+/// Always `AttnError::NotCompiled`.
+pub fn device_count() -> Result<usize> {
+    Err(not_compiled())
+}
+
 fn not_compiled() -> AttnError {
     AttnError::NotCompiled { backend: "cuda", feature: "cuda" }
 }

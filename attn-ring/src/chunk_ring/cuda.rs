@@ -131,6 +131,8 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
     }
 
     fn masks(&self, problem: &RingProblem) -> Result<DeviceMasks> {
+        // Every kernel loaded before the first round is posted (see `load_kernels`).
+        self.dev.load_kernels(T::SUFFIX)?;
         let m = problem.core_masks()?;
         let key_padding = match m.key_padding {
             Some(k) => {

@@ -195,7 +195,8 @@ pub trait ChunkCompute<T: Element> {
 
     /// The shape of `rows`.
     fn shape_of(&self, rows: &Self::Rows) -> Shape4;
-    /// Prepare the problem's masks.
+    /// Prepare the problem's masks, and whatever the blocks need ready before the first
+    /// round is posted (a device's kernels, loaded).
     fn masks(&self, problem: &RingProblem) -> Result<Self::Masks>;
     /// An empty forward partial for a query piece (`out = 0`, `lse = -inf`).
     fn empty_partial(&self, q: Shape4) -> Result<Self::Partial>;

@@ -188,8 +188,12 @@ impl NcclHandle {
         if is_error(started) {
             return Err(self.fail(format!("ncclGroupStart: {}", nccl.describe(started))));
         }
+        // cudarc's records of each buffer's use, made when they drop: kept until the round
+        // is enqueued, so a buffer freed later waits for the NCCL kernel, not just its post.
+        let mut uses = Vec::with_capacity(sends.len() + recvs.len());
         for ((_, buf), &to) in sends.iter().zip(&to) {
-            let (ptr, _sync) = buf.device_ptr(stream);
+            let (ptr, used) = buf.device_ptr(stream);
+            uses.push(used);
             // SAFETY: `ptr` addresses `buf.len()` live device bytes that the buffer behind
             // the view keeps allocated until this round's event has completed or the
             // communicator is aborted (the caller borrows it past `round`); `comm` is live.
@@ -200,7 +204,8 @@ impl NcclHandle {
         }
         for ((_, buf), &from) in recvs.iter_mut().zip(&from) {
             let len = buf.len();
-            let (ptr, _sync) = buf.device_ptr_mut(stream);
+            let (ptr, used) = buf.device_ptr_mut(stream);
+            uses.push(used);
             // SAFETY: as for the sends; `buf` is not read until the round has completed.
             let posted = unsafe { (nccl.recv)(ptr as *mut c_void, len, UINT8, from, self.comm, cu_stream) };
             if is_error(posted) {
@@ -222,6 +227,7 @@ impl NcclHandle {
             Ok(ev) => ev,
             Err(e) => return Err(self.fail(format!("record event: {e:?}"))),
         };
+        drop(uses);
         Ok(PostedRound { event, peer, timeout, deadline })
     }
 
@@ -239,8 +245,12 @@ impl NcclHandle {
             timeout,
             deadline,
             || {
-                if event.is_complete() {
-                    return Progress::Done;
+                // A CUDA error (a kernel fault beside the round) fails the round at once,
+                // rather than reading as "not yet" until the deadline blames a peer.
+                match event.try_is_complete() {
+                    Ok(true) => return Progress::Done,
+                    Ok(false) => {}
+                    Err(e) => return Progress::Failed(format!("the round's CUDA event: {e:?}")),
                 }
                 match poll_async_error(nccl, comm) {
                     // NCCL has no error: the work is still running on the stream.
