@@ -35,7 +35,10 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
     return (u32)E::from_f(lo) | ((u32)E::from_f(hi) << 16);
 }
 
-__device__ __forceinline__ u32 lds32(const u16* p) { return *reinterpret_cast<const u32*>(p); }
+__device__ __forceinline__ u32 lds32(const u16* p) {
+    ATTN_ALIGNED(p, 4);
+    return *reinterpret_cast<const u32*>(p);
+}
 
 // ldmatrix.x4: lane l gives the address of row (l % 8) of 8x8 matrix l / 8 (16 bytes each);
 // r[i] of lane l gets matrix i's (row l/4, cols 2(l%4)..+1), or with .trans its
@@ -87,6 +90,7 @@ __device__ __forceinline__ void load_tile(u16* dst, const i64* s_rows, int rows,
                 ATTN_ALIGNED(src, 16);
                 val = *reinterpret_cast<const uint4*>(src);
             }
+            ATTN_ALIGNED(dst + row * LD + ch * 8, 16);
             *reinterpret_cast<uint4*>(dst + row * LD + ch * 8) = val;
         }
     } else {

@@ -107,8 +107,8 @@ struct F32E {
 #ifndef ATTN_DYNAMIC_SMEM
 #define ATTN_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
-// A vector access to global memory needs its natural alignment on the GPU (a misaligned
-// one faults); the emulation counts every one that lacks it.
+// A vector access needs its natural alignment on the GPU (a misaligned one faults); the
+// emulation counts every one that lacks it.
 #ifdef ATTN_CPU_EMULATION
 #define ATTN_ALIGNED(p, bytes) emu_check_aligned((p), (bytes))
 #else

@@ -8,8 +8,8 @@
 // with `smem` bytes of dynamic shared memory, `args` pointing at each argument's value in
 // order (as cuLaunchKernel's kernelParams). Returns 0, 1 for an unknown kernel name, 2 when
 // a block left cp.async copies unwaited, 3 when a block wrote past its dynamic shared
-// memory, 4 when a vector access to global memory was off its alignment (a fault on the
-// GPU). Launches are serialised (the emulator has one block state).
+// memory, 4 when a vector access (global or shared memory) was off its alignment (a fault
+// on the GPU). Launches are serialised (the emulator has one block state).
 #include "emu_runtime.hpp"
 
 #include "../prelude.cu"

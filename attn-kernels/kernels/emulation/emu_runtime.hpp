@@ -9,8 +9,8 @@
 // launch's dynamic bytes is counted in emu::g_smem_overruns), ldmatrix (.trans),
 // cp.async (held per thread until its wait_group lets it land, so a missing or early wait
 // reads stale shared memory; copies still in flight when a block ends are counted in
-// emu::g_unwaited_blocks), the alignment of vector accesses to global memory (counted in
-// emu::g_misaligned),
+// emu::g_unwaited_blocks), the alignment of vector accesses to global and shared memory
+// (counted in emu::g_misaligned),
 // bf16/f16 conversions
 // with round-to-nearest-even, and mma.sync.m16n8k16 (row.col, f32 accumulate) from the
 // fragment layout in the PTX ISA. Threads run in order between barriers, alternately first
@@ -75,7 +75,7 @@ inline std::function<void()> g_job;
 inline Dim3 t_block;
 inline unsigned g_unwaited_blocks = 0;  // blocks that ended with cp.async copies in flight
 inline unsigned g_smem_overruns = 0;    // blocks that wrote past their dynamic shared memory
-inline unsigned g_misaligned = 0;       // vector accesses to global memory off their alignment
+inline unsigned g_misaligned = 0;       // vector accesses off their alignment
 inline Fiber& current() { return g_fibers[g_current]; }
 // Back to the scheduler; it resumes this fiber on its next round.
 inline void yield() {
@@ -187,10 +187,18 @@ inline void emu_mma16816(float* c, const unsigned* a, const unsigned* b) {
     w.bar.arrive_and_wait();
 }
 
+// A vector access of `bytes` at `p`, to global or shared memory (ATTN_ALIGNED in
+// prelude.cu, ldmatrix rows, cp.async): the GPU faults unless p is a multiple of `bytes`;
+// here it is counted.
+inline void emu_check_aligned(const void* p, unsigned bytes) {
+    if (reinterpret_cast<std::uintptr_t>(p) % bytes != 0) ++emu::g_misaligned;
+}
+
 // ldmatrix.sync.m8n8.x4(.trans).b16: lane l addresses row l % 8 of matrix l / 8.
 inline void emu_ldmatrix_x4(unsigned* r, const unsigned short* p, bool trans) {
     auto& w = emu::warp();
     const int lane = threadIdx.x & 31;
+    emu_check_aligned(p, 16);  // each lane's row: 16 bytes
     w.ptr[lane] = p;
     w.bar.arrive_and_wait();
     for (int i = 0; i < 4; ++i) {
@@ -208,17 +216,12 @@ inline void emu_ldmatrix_x4(unsigned* r, const unsigned short* p, bool trans) {
     w.bar.arrive_and_wait();
 }
 
-// A global-memory vector access of `bytes` at `p` (ATTN_ALIGNED in prelude.cu): the GPU
-// faults unless p is a multiple of `bytes`; here it is counted.
-inline void emu_check_aligned(const void* p, unsigned bytes) {
-    if (reinterpret_cast<std::uintptr_t>(p) % bytes != 0) ++emu::g_misaligned;
-}
-
 // cp.async: the source is read at issue (src_bytes 0 = zero fill) and lands in shared
 // memory only when a wait_group covers its group. Its source address needs 16-byte
 // alignment either way.
 inline void emu_cp_async16(unsigned short* dst, const unsigned short* src, int src_bytes) {
     emu_check_aligned(src, 16);
+    emu_check_aligned(dst, 16);
     emu::AsyncCopy c{dst, {}};
     if (src_bytes == 16) std::memcpy(c.bytes, src, 16);
     emu::current().open.push_back(c);

@@ -417,7 +417,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     if (emu::g_misaligned != 0) {
-        std::printf("FAILED: %u vector accesses to global memory off their alignment\n", emu::g_misaligned);
+        std::printf("FAILED: %u vector accesses off their alignment\n", emu::g_misaligned);
         return 1;
     }
     std::printf("%s: %d of %d cases failed\n", failed ? "FAILED" : "PASSED", failed, ran);

@@ -220,9 +220,7 @@ impl Emulator {
                 "kernel `{name}` wrote past the {} bytes of dynamic shared memory it was launched with",
                 lc.shared_mem_bytes
             ))),
-            4 => Err(emu_err(format!(
-                "kernel `{name}` made a vector access to global memory off its alignment (a fault on a GPU)"
-            ))),
+            4 => Err(emu_err(format!("kernel `{name}` made a vector access off its alignment (a fault on a GPU)"))),
             _ => Err(emu_err(format!("the emulation has no kernel `{name}`"))),
         }
     }
