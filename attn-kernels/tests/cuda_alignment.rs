@@ -1,10 +1,9 @@
 //! Tensors that start off a 16-byte boundary (a view into a framework's buffer: a slice of
 //! a fused projection, a narrowed head dim) on the CUDA path, through the CPU emulation of
-//! the `.cu` kernels, which counts every misaligned vector access (a
-//! fault on a GPU): the forward (direct and partial) and the backward give the same bits
-//! wherever q, k, v, grad_out and the output start, under every kernel variant, and the
-//! plans do ask for 16-byte loads where strides allow them, so the aligned runs take the
-//! vector path.
+//! the `.cu` kernels, which counts every misaligned vector access (a fault on a GPU): the
+//! forward (direct and partial) and the backward give the same bits wherever q, k, v,
+//! grad_out and the output start, under every kernel variant, and the plans do ask for
+//! 16-byte loads where strides allow them, so the aligned runs take the vector path.
 #![cfg(feature = "cuda")]
 
 use std::path::Path;
