@@ -198,8 +198,9 @@ def test_the_registered_op_on_cuda(cuda):
 def test_views_off_a_16_byte_boundary(dtype, cuda):
     """Views that start anywhere in their buffer (head dims 64 cut from rows of 72 at
     offsets 4, 2 and 6: 8, 4 and 12 bytes off a 16-byte boundary in half precision) give
-    the bits of contiguous copies, forward and backward (grad_out such a view too): the
-    kernels' 16-byte loads are only for rows that start on that boundary."""
+    the output bits of contiguous copies, and their gradients up to the order of the
+    backward's f32 atomic adds (grad_out such a view too): the kernels' 16-byte loads are
+    only for rows that start on that boundary."""
     torch.manual_seed(11)
     x = torch.randn(2, 96, 4, 3 * 72, dtype=dtype, device=cuda)
     q, k, v = x[..., 4:68], x[..., 72 + 2 : 72 + 66], x[..., 144 + 6 : 144 + 70]
@@ -213,8 +214,11 @@ def test_views_off_a_16_byte_boundary(dtype, cuda):
         return (out, *torch.autograd.grad(out, (q, k, v), g))
 
     got, want = call(q, k, v, g), call(*(t.contiguous() for t in (q, k, v, g)))
-    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
-        assert torch.equal(a, b), f"{name} of views differs from that of contiguous copies"
+    assert torch.equal(got[0], want[0]), "the output of views differs from that of contiguous copies"
+    # Another order of f32 adds, then (in half precision) a rounding that may flip an ulp.
+    bound = 1e-6 if dtype == torch.float32 else 1e-3
+    for name, a, b in zip(("dq", "dk", "dv"), got[1:], want[1:]):
+        assert_close(name, a, b, bound)
 
 
 def test_the_current_device_is_kept(cuda):
