@@ -42,8 +42,9 @@ def cuda() -> torch.device:
     return torch.device("cuda", 0)
 
 
-# Words one of which every reason names: the library not found, no device, the feature.
-REASON_WORDS = ("libcuda", "libnvrtc", "device 0 requested", "`cuda` feature", "CUDA_ERROR", "cuInit")
+# Words one of which every reason names: the library not found, no device, a GPU older
+# than sm_80, the feature.
+REASON_WORDS = ("libcuda", "libnvrtc", "device 0 requested", "sm_80 or newer", "`cuda` feature", "CUDA_ERROR", "cuInit")
 
 
 def test_the_reason_names_what_is_missing():
@@ -222,13 +223,18 @@ def test_views_off_a_16_byte_boundary(dtype, cuda):
 
 
 def test_the_current_device_is_kept(cuda):
-    """A call leaves torch's current device as it was (the kernels' driver calls make
-    the tensors' device current while they run)."""
-    before = torch.cuda.current_device()
-    q = torch.randn(1, 32, 2, 8, device=cuda)
-    ad.dilated_attention(q, q, q, [16], [1])
-    ad.cuda_unavailable_reason(cuda.index)
-    assert torch.cuda.current_device() == before
+    """A call on another GPU than the current one leaves torch's current device as it
+    was (the kernels' driver calls make the tensors' device current while they run)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices: with one, the tensors' device is the current one")
+    other = torch.device("cuda", 1)
+    if ad.cuda_unavailable_reason(1) is not None:
+        pytest.skip(f"the kernels cannot run on cuda:1: {ad.cuda_unavailable_reason(1)}")
+    with torch.cuda.device(cuda):
+        q = torch.randn(1, 32, 2, 8, device=other)
+        ad.dilated_attention(q, q, q, [16], [1])
+        ad.cuda_unavailable_reason(1)
+        assert torch.cuda.current_device() == cuda.index
 
 
 def test_mixed_devices_are_refused(cuda):

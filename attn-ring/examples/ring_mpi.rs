@@ -16,7 +16,8 @@
 //! ```
 //!
 //! A GPU rank uses the device of its node-local rank (`OMPI_COMM_WORLD_LOCAL_RANK`,
-//! `MPI_LOCALRANKID`, `SLURM_LOCALID` or `LOCAL_RANK`; its world rank otherwise).
+//! `MPI_LOCALRANKID`, `SLURM_LOCALID` or `LOCAL_RANK`; its world rank otherwise), modulo
+//! the devices it sees.
 
 use std::ops::Range;
 use std::process::ExitCode;

@@ -36,7 +36,7 @@ std::tuple<P...> unpack(void** a, std::index_sequence<I...>) {
 // Run a kernel whose parameters are read from `args` by its own signature, with `smem`
 // bytes of dynamic shared memory; 2 when a block ended with cp.async copies never waited
 // for, 3 when a block wrote past its dynamic shared memory, 4 for a misaligned vector
-// access to global memory.
+// access (global or shared memory).
 template <class... P>
 int run(void (*kernel)(P...), Dim3 grid, unsigned threads, unsigned smem, void** args) {
     const std::tuple<P...> vals = unpack<P...>(args, std::index_sequence_for<P...>{});

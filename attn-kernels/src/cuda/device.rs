@@ -4,11 +4,11 @@
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use attn_core::{AttnError, Result};
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 
 use super::kernel_cache::{KernelCache, image_key};
 use super::nvrtc::{ImageKind, ImageSource, compile_for_device, device_options, image_for_device};
@@ -53,6 +53,19 @@ pub fn check_available(ordinal: usize) -> Result<()> {
         return Err(unavailable(format!("device {ordinal} requested but {count} CUDA device(s) found")));
     }
     Ok(())
+}
+
+/// Whether the driver refused a module image as such (not memory or an earlier fault).
+fn refused_image(e: &DriverError) -> bool {
+    use cudarc::driver::sys::CUresult::*;
+    matches!(
+        e.0,
+        CUDA_ERROR_INVALID_IMAGE
+            | CUDA_ERROR_INVALID_PTX
+            | CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+            | CUDA_ERROR_NO_BINARY_FOR_GPU
+            | CUDA_ERROR_INVALID_SOURCE
+    )
 }
 
 /// How many CUDA devices this process sees (`CUDA_VISIBLE_DEVICES` applied); a typed
@@ -151,7 +164,8 @@ impl CudaDevice {
     /// [`Self::module`] and whether it was loaded from a cubin or from PTX.
     fn module_and_kind(&self, suffix: &'static str) -> Result<(Arc<CudaModule>, ImageKind)> {
         let key = (self.ctx.ordinal(), suffix);
-        let mut cache = module_cache().lock().map_err(|_| unavailable("kernel cache lock poisoned"))?;
+        // The map stays whole whatever a panicking holder did (it only ever inserts).
+        let mut cache = module_cache().lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(m) = cache.get(&key) {
             return Ok(m.clone());
         }
@@ -160,8 +174,8 @@ impl CudaDevice {
         let (image, from) = image_for_device(&src, cc, &extra, disk.as_ref())?;
         let m = match self.ctx.load_module(image.to_ptx()) {
             Ok(m) => m,
-            // A kept image this driver refuses: compile afresh and keep that instead.
-            Err(_) if from == ImageSource::Cache => {
+            // A kept image this driver refuses as an image: compile afresh and keep that.
+            Err(e) if from == ImageSource::Cache && refused_image(&e) => {
                 let image = compile_for_device(&src, cc, &extra)?;
                 let m = self.ctx.load_module(image.to_ptx()).map_err(cuda_err)?;
                 if let Some(disk) = &disk {

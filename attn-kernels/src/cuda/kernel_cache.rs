@@ -1,19 +1,21 @@
 //! Kernel images kept on disk: what NVRTC made of one source with one option list and one
 //! NVRTC version (a cubin, or PTX where NVRTC could not emit one), so a machine compiles
 //! each module once rather than once per process. The whole key is stored beside the image
-//! and compared on every read, so a hash collision or a damaged file is a miss, never
-//! another kernel; a file is written under a temporary name and renamed into place, so a
-//! reader never sees half of one.
+//! and compared on every read, and the image carries a checksum and must look like its
+//! kind (an ELF cubin, PTX text without NUL), so a hash collision or a damaged file is a
+//! miss, never another kernel; a file is written under a fresh temporary name and renamed
+//! into place, so a reader never sees half of one.
 
 use std::ffi::OsString;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::nvrtc::ImageKind;
 
 /// The first bytes of every cache file (and the format's version).
-const MAGIC: &[u8; 8] = b"attnkc01";
+const MAGIC: &[u8; 8] = b"attnkc02";
 
 /// A directory of kernel images.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,23 +71,33 @@ impl KernelCache {
             _ => return None,
         };
         let (image, rest) = length_prefixed(rest)?;
-        (rest.is_empty() && !image.is_empty()).then(|| (image.to_vec(), kind))
+        let sum = u64::from_le_bytes(*rest.first_chunk::<8>()?);
+        let looks_right = match kind {
+            ImageKind::Cubin => image.starts_with(b"\x7fELF"),
+            ImageKind::Ptx => !image.is_empty() && !image.contains(&0),
+        };
+        (rest.len() == 8 && sum == fnv1a(image) && looks_right).then(|| (image.to_vec(), kind))
     }
 
     /// Keep `image` for `key`, replacing what the file held.
     pub fn put(&self, key: &[u8], image: &[u8], kind: ImageKind) -> std::io::Result<()> {
         fs::create_dir_all(&self.dir)?;
         let file = self.file(key);
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-        let tmp = self.dir.join(format!(".{}.{}.{nanos}.tmp", fnv1a(key), std::process::id()));
+        // Unique among this process's writes; `create_new` refuses a name another process
+        // (on another host sharing the directory) happens to hold.
+        static WRITES: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let n = WRITES.fetch_add(1, Ordering::Relaxed);
+        let tmp = self.dir.join(format!(".{:016x}.{}.{nanos}.{n}.tmp", fnv1a(key), std::process::id()));
         let write = || -> std::io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
+            let mut f = fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             f.write_all(MAGIC)?;
             f.write_all(&(key.len() as u64).to_le_bytes())?;
             f.write_all(key)?;
             f.write_all(&[u8::from(kind == ImageKind::Ptx)])?;
             f.write_all(&(image.len() as u64).to_le_bytes())?;
             f.write_all(image)?;
+            f.write_all(&fnv1a(image).to_le_bytes())?;
             f.sync_all()?;
             fs::rename(&tmp, &file)
         };
@@ -115,7 +127,8 @@ fn length_prefixed(data: &[u8]) -> Option<(&[u8], &[u8])> {
     (rest.len() >= len).then(|| rest.split_at(len))
 }
 
-/// 64-bit FNV-1a: the file name of a key (the file itself holds the whole key).
+/// 64-bit FNV-1a: the file name of a key (the file itself holds the whole key) and the
+/// checksum of an image.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
@@ -137,6 +150,11 @@ mod tests {
         assert_eq!(cache.get(&key), None);
         cache.put(&key, b"\x7fELF cubin", ImageKind::Cubin).unwrap();
         assert_eq!(cache.get(&key), Some((b"\x7fELF cubin".to_vec(), ImageKind::Cubin)));
+        // An image that does not look like its kind is never handed out.
+        cache.put(&key, b"not an ELF", ImageKind::Cubin).unwrap();
+        assert_eq!(cache.get(&key), None);
+        cache.put(&key, b".version 8.0\0", ImageKind::Ptx).unwrap();
+        assert_eq!(cache.get(&key), None);
         cache.put(&key, b".version 8.0", ImageKind::Ptx).unwrap();
         assert_eq!(cache.get(&key), Some((b".version 8.0".to_vec(), ImageKind::Ptx)));
         // Another NVRTC, option list or source is another key.
@@ -161,7 +179,7 @@ mod tests {
     fn damaged_files_are_misses() {
         let cache = scratch("damaged");
         let key = image_key((13, 0), &[], "src");
-        cache.put(&key, b"image bytes", ImageKind::Cubin).unwrap();
+        cache.put(&key, b"\x7fELF image bytes", ImageKind::Cubin).unwrap();
         let whole = fs::read(cache.file(&key)).unwrap();
         for cut in [0, 4, 8, 12, whole.len() - 1] {
             fs::write(cache.file(&key), &whole[..cut]).unwrap();
@@ -175,6 +193,14 @@ mod tests {
         kind[8 + 8 + key.len()] = 7;
         fs::write(cache.file(&key), &kind).unwrap();
         assert_eq!(cache.get(&key), None, "unknown kind");
+        // A flipped byte anywhere in the image: its checksum no longer matches.
+        let image_at = 8 + 8 + key.len() + 1 + 8;
+        for at in [image_at, image_at + 5, whole.len() - 9] {
+            let mut flipped = whole.clone();
+            flipped[at] ^= 0x20;
+            fs::write(cache.file(&key), &flipped).unwrap();
+            assert_eq!(cache.get(&key), None, "byte {at} flipped");
+        }
         fs::write(cache.file(&key), &whole).unwrap();
         assert!(cache.get(&key).is_some(), "the intact file");
         // No temporary file is left behind.
