@@ -10,8 +10,8 @@ use attn_core::{AttnError, Result};
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 
-use super::kernel_cache::{KernelCache, image_key};
-use super::nvrtc::{ImageKind, ImageSource, compile_for_device, device_options, image_for_device};
+use super::kernel_cache::KernelCache;
+use super::nvrtc::{ImageKind, ImageSource, compile_into, image_for_device};
 use super::nvrtc_library::nvrtc_library;
 use super::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
 use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source, kernel_names_for};
@@ -176,13 +176,8 @@ impl CudaDevice {
             Ok(m) => m,
             // A kept image this driver refuses as an image: compile afresh and keep that.
             Err(e) if from == ImageSource::Cache && refused_image(&e) => {
-                let image = compile_for_device(&src, cc, &extra)?;
-                let m = self.ctx.load_module(image.to_ptx()).map_err(cuda_err)?;
-                if let Some(disk) = &disk {
-                    let key = image_key(nvrtc_library()?.version(), &device_options(cc, &extra)[0], &src);
-                    let _ = disk.put(&key, &image.bytes, image.kind);
-                }
-                m
+                let image = compile_into(&src, cc, &extra, disk.as_ref())?;
+                self.ctx.load_module(image.to_ptx()).map_err(cuda_err)?
             }
             Err(e) => return Err(cuda_err(e)),
         };

@@ -40,7 +40,7 @@ impl KernelImage {
 }
 
 /// The options of the cubin compile for `cc` with `extra`, then those of the PTX one.
-pub(crate) fn device_options(cc: (i32, i32), extra: &[String]) -> [Vec<String>; 2] {
+fn device_options(cc: (i32, i32), extra: &[String]) -> [Vec<String>; 2] {
     let with = |arch: String| nvrtc_options(&arch).into_iter().chain(extra.iter().cloned()).collect();
     [with(format!("sm_{}{}", cc.0, cc.1)), with(format!("compute_{}{}", cc.0, cc.1))]
 }
@@ -79,15 +79,27 @@ pub fn image_for_device(
     extra: &[String],
     cache: Option<&KernelCache>,
 ) -> Result<(KernelImage, ImageSource)> {
-    let Some(cache) = cache else { return Ok((compile_for_device(src, cc, extra)?, ImageSource::Nvrtc)) };
-    let [cubin_options, _] = device_options(cc, extra);
-    let key = image_key(nvrtc_library()?.version(), &cubin_options, src);
-    if let Some((bytes, kind)) = cache.get(&key) {
+    if let Some(cache) = cache
+        && let Some((bytes, kind)) = cache.get(&device_image_key(src, cc, extra)?)
+    {
         return Ok((KernelImage { bytes, kind }, ImageSource::Cache));
     }
+    Ok((compile_into(src, cc, extra, cache)?, ImageSource::Nvrtc))
+}
+
+/// [`compile_for_device`], the image then kept in `cache` in place of what it held.
+pub fn compile_into(src: &str, cc: (i32, i32), extra: &[String], cache: Option<&KernelCache>) -> Result<KernelImage> {
     let image = compile_for_device(src, cc, extra)?;
-    let _ = cache.put(&key, &image.bytes, image.kind);
-    Ok((image, ImageSource::Nvrtc))
+    if let Some(cache) = cache {
+        let _ = cache.put(&device_image_key(src, cc, extra)?, &image.bytes, image.kind);
+    }
+    Ok(image)
+}
+
+/// The kernel cache's key of the image of `src` for `cc` with `extra`.
+fn device_image_key(src: &str, cc: (i32, i32), extra: &[String]) -> Result<Vec<u8>> {
+    let [cubin_options, _] = device_options(cc, extra);
+    Ok(image_key(nvrtc_library()?.version(), &cubin_options, src))
 }
 
 /// Compile `src` with `options` (a real architecture among them) and return the cubin.
