@@ -6,8 +6,6 @@
 //! 16-byte loads where strides allow them, so the aligned runs take the vector path.
 #![cfg(feature = "cuda")]
 
-use std::path::Path;
-
 use attn_core::{DilatedConfig, Mixing, Shape4};
 use attn_kernels::cuda::CudaElement;
 use attn_kernels::cuda::ForwardPath;
@@ -19,10 +17,7 @@ use attn_kernels::cuda::plan::{
 use attn_testkit::rng::random_vec;
 use half::{bf16, f16};
 
-fn emulator() -> &'static Emulator {
-    Emulator::shared(Path::new(env!("CARGO_TARGET_TMPDIR")))
-        .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
-}
+use crate::cuda_emulation::{emulator, emulator_for};
 
 /// A buffer holding `x` from element `skew` past a 16-byte boundary (`skew` elements of
 /// `T` from an aligned address), and that start.
@@ -121,18 +116,15 @@ fn same_bits_wherever_tensors_start<T: CudaElement>() {
         check(emulator(), "default kernels", path, &one_by_one);
     }
     // Every other block shape, pattern launch, query-tile load and keys a block.
-    let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
     let variants = [
         (ForwardRows::M128, PatternFusion::PerPattern, BackwardLoads::Pipelined, BackwardKeys::K64),
         (ForwardRows::M128W4, PatternFusion::PerPattern, BackwardLoads::Sync, BackwardKeys::K128),
         (ForwardRows::M64, PatternFusion::Fused, BackwardLoads::Pipelined, BackwardKeys::K128),
     ];
     for (rows, fusion, loads, keys) in variants {
-        let emu = Emulator::load(&lib).unwrap();
-        let emu =
-            emu.with_forward_rows(rows).with_pattern_fusion(fusion).with_backward_loads(loads).with_backward_keys(keys);
+        let emu = emulator_for(ForwardOptions { rows, fusion }, BackwardOptions { loads, keys });
         let what = format!("rows {} {fusion:?}, backward {loads:?} {keys:?}", rows.name());
-        check(&emu, &what, ForwardPath::Direct, &[[4, 2, 6, 4, 2]]);
+        check(emu, &what, ForwardPath::Direct, &[[4, 2, 6, 4, 2]]);
     }
 }
 

@@ -27,14 +27,14 @@ use attn_testkit::golden::{
 };
 use half::{bf16, f16};
 
-fn emulator() -> &'static Emulator {
+pub(crate) fn emulator() -> &'static Emulator {
     Emulator::shared(Path::new(env!("CARGO_TARGET_TMPDIR")))
         .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
 }
 
 /// The emulator planning the forward with `opts` and the backward with `bwd` (the shared
 /// library, loaded again, whatever `ATTN_CUDA_FWD_*` and `ATTN_CUDA_BWD_*` say).
-fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'static Emulator {
+pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'static Emulator {
     const N: usize = ForwardRows::ALL.len();
     static EMULATORS: [OnceLock<Emulator>; 8 * N] = [const { OnceLock::new() }; 8 * N];
     let rows = ForwardRows::ALL.iter().position(|&r| r == opts.rows).unwrap_or(0);
