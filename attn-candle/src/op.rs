@@ -28,14 +28,24 @@ enum KeptLse {
 }
 
 impl LseCell {
-    fn put(&self, lse: KeptLse) {
-        if let Ok(mut slot) = self.0.lock() {
-            *slot = Some(lse);
+    /// Keeps the LSE of the op's one forward. A second forward is refused: the graph of
+    /// the first would otherwise read the second's LSE in its backward (a wrong gradient
+    /// whenever the shapes agree).
+    fn put(&self, lse: KeptLse) -> candle_core::Result<()> {
+        let mut slot = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if slot.is_some() {
+            return fail(attn_core::AttnError::InvalidArgument(
+                "this DilatedAttentionOp has already run a forward and its backward reads that forward's LSE; \
+                 build one op per call"
+                    .into(),
+            ));
         }
+        *slot = Some(lse);
+        Ok(())
     }
 
     fn kept(&self) -> Option<KeptLse> {
-        self.0.lock().ok().and_then(|slot| slot.clone())
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// The kept LSE of a forward on the host, if it has run.
@@ -63,7 +73,8 @@ impl LseCell {
 
 /// One application of dilated attention: the backend, the options, and the LSE its
 /// forward produced. Candle keeps the op object in the graph for the backward, so the
-/// LSE travels with it and the backward never recomputes the forward.
+/// LSE travels with it and the backward never recomputes the forward. An op computes
+/// one forward; applying it again is an error (build one per call).
 pub struct DilatedAttentionOp {
     backend: Arc<dyn AnyAttention>,
     options: Arc<AttnOptions>,
@@ -128,7 +139,7 @@ impl DilatedAttentionOp {
         let mut lse = vec![0.0f32; shape.lse_len()];
         let out_view = TensorViewMut::contiguous(TensorName::Output, &mut out, shape).map_err(to_candle)?;
         T::backend(self.backend.as_ref()).forward(&inputs, out_view, &mut lse).map_err(to_candle)?;
-        self.lse.put(KeptLse::Host(lse));
+        self.lse.put(KeptLse::Host(lse))?;
         Ok((T::to_cpu_storage_owned(out), Shape::from_dims(&shape.dims())))
     }
 
@@ -268,7 +279,7 @@ impl CustomOp3 for DilatedAttentionOp {
                 });
             }
         };
-        self.lse.put(KeptLse::Device(lse));
+        self.lse.put(KeptLse::Device(lse))?;
         Ok((out, shape))
     }
 
@@ -280,17 +291,26 @@ impl CustomOp3 for DilatedAttentionOp {
         res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let grads = self.backward_any([q, k, v], res, grad_res)?;
+        // Inputs candle does not track (constants) get no gradient to keep.
+        let [dq, dk, dv] = grads;
+        let tracked = |t: &Tensor, g: Tensor| t.track_op().then_some(g);
+        Ok((tracked(q, dq), tracked(k, dk), tracked(v, dv)))
+    }
+}
+
+impl DilatedAttentionOp {
+    /// dq, dk, dv on the device of q.
+    fn backward_any(&self, qkv: [&Tensor; 3], res: &Tensor, grad_res: &Tensor) -> candle_core::Result<[Tensor; 3]> {
         #[cfg(feature = "cuda")]
-        if q.device().is_cuda() {
-            let [dq, dk, dv] = self.backward_cuda([q, k, v], res, grad_res)?;
-            return Ok((Some(dq), Some(dk), Some(dv)));
+        if qkv[0].device().is_cuda() {
+            return self.backward_cuda(qkv, res, grad_res);
         }
-        let [dq, dk, dv] = match q.dtype() {
-            candle_core::DType::F32 => self.backward_t::<f32>([q, k, v], res, grad_res)?,
-            candle_core::DType::BF16 => self.backward_t::<bf16>([q, k, v], res, grad_res)?,
-            _ => self.backward_t::<f16>([q, k, v], res, grad_res)?,
-        };
-        Ok((Some(dq), Some(dk), Some(dv)))
+        match qkv[0].dtype() {
+            candle_core::DType::F32 => self.backward_t::<f32>(qkv, res, grad_res),
+            candle_core::DType::BF16 => self.backward_t::<bf16>(qkv, res, grad_res),
+            _ => self.backward_t::<f16>(qkv, res, grad_res),
+        }
     }
 }
 

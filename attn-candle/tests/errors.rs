@@ -1,14 +1,15 @@
 //! Bad inputs are candle errors carrying the workspace's `AttnError` message, never
-//! panics; the backward reads the forward's LSE instead of recomputing the forward.
+//! panics; the backward reads the forward's LSE instead of recomputing the forward; an
+//! op computes one forward, and inputs candle does not track get no gradient.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use attn_candle::{AttnOptions, attention_on, dilated_attention};
+use attn_candle::{AttnOptions, DilatedAttentionOp, attention_on, dilated_attention};
 use attn_core::{Attention, AttnInputs, DilatedConfig, Element, Grads, Pass, Result, Saved};
 use attn_core::{AttnShape, TensorView, TensorViewMut};
 use attn_kernels::CpuBackend;
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{CustomOp3, DType, Device, Tensor, Var};
 
 fn opts() -> AttnOptions {
     AttnOptions::new(DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).build().expect("config"))
@@ -79,4 +80,25 @@ fn the_backward_reads_the_kept_lse_without_a_second_forward() {
     assert!(grads.get(q.as_tensor()).is_some() && grads.get(v.as_tensor()).is_some());
     assert_eq!(counting.forwards.load(Ordering::SeqCst), 1);
     assert_eq!(r.lse.dims(), &[2, 16, 2]);
+}
+
+#[test]
+fn an_op_computes_one_forward_and_constants_get_no_gradient() {
+    let backend = Arc::new(CpuBackend::new(1).expect("cpu"));
+    let q = Var::from_tensor(&randn(&[1, 16, 2, 8], DType::F32)).expect("var");
+    let (k, v) = (randn(&[1, 16, 2, 8], DType::F32), randn(&[1, 16, 2, 8], DType::F32));
+    let op: Arc<Box<dyn CustomOp3 + Send + Sync>> =
+        Arc::new(Box::new(DilatedAttentionOp::new(backend.clone(), Arc::new(opts()))));
+    let first = q.as_tensor().apply_op3_arc(&k, &v, op.clone()).expect("first forward");
+    // A second forward of the same op would replace the LSE the first graph's backward reads.
+    let again = q.as_tensor().apply_op3_arc(&k, &v.affine(2.0, 0.0).expect("v"), op);
+    let m = again.expect_err("a second forward of one op").to_string();
+    assert!(m.contains("one op per call"), "{m}");
+    let grads = first.sqr().and_then(|x| x.sum_all()).and_then(|l| l.backward()).expect("backward");
+    let fresh = attention_on(backend, q.as_tensor(), &k, &v, &opts()).expect("fresh op");
+    let want = fresh.out.sqr().and_then(|x| x.sum_all()).and_then(|l| l.backward()).expect("backward");
+    let dq = |g: &candle_core::backprop::GradStore| g.get(q.as_tensor()).expect("dq").flatten_all().expect("flat");
+    let diff = (dq(&grads) - dq(&want)).and_then(|d| d.abs()).and_then(|d| d.max(0)).expect("diff");
+    assert_eq!(diff.to_scalar::<f32>().expect("scalar"), 0.0);
+    assert!(grads.get(&k).is_none() && grads.get(&v).is_none(), "constants k and v were given gradients");
 }
