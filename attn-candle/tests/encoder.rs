@@ -1,18 +1,19 @@
 //! The candle-nn `LongNetEncoderLayer` and `LongNetEncoder` equal `attn-multihead`'s
-//! (float64, reference backend, eval mode) on the same weights: the reference's named
-//! parameters go through a safetensors checkpoint into a candle `VarMap`, and the
-//! outputs, the input gradients and every parameter gradient agree within float32
-//! rounding. A planted error in one weight fails the same bounds.
+//! (float64, reference backend) on the same weights, in evaluation and in training with
+//! dropout (the same seed draws the same masks): the reference's named parameters go
+//! through a safetensors checkpoint into a candle `VarMap`, and the outputs, the input
+//! gradients and every parameter gradient agree within float32 rounding. A planted error
+//! in one weight, or another dropout seed, fails the same bounds.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use attn_candle::nn::{LongNetEncoder, LongNetEncoderLayer};
 use attn_core::Mixing;
-use attn_multihead::{EncoderConfig, Mode, NamedParams, ReferenceBackend, save_bytes};
+use attn_multihead::{EncoderConfig, Mode, NamedParams, ReferenceBackend, layer_mode, save_bytes};
 use attn_testkit::rng::SeededRng;
 use attn_testkit::tolerance::rel_l2_error;
-use candle_core::{DType, Device, Module, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 
 type Reference = attn_multihead::LongNetEncoder<f64>;
@@ -54,11 +55,40 @@ struct Errors {
     params_checked: usize,
 }
 
+/// Dropout of the training runs: every site drops about a quarter of its values.
+const DROPOUT: f64 = 0.25;
+
 fn config(mixing: Mixing, causal: bool) -> EncoderConfig {
     let mut c = EncoderConfig::new(16, 4, &[4, 8], &[1, 2], 32);
     c.mixing = mixing;
     c.causal = causal;
+    c.dropout = DROPOUT;
     c
+}
+
+/// How the two sides run: the reference's mode and the candle module's.
+#[derive(Debug, Clone, Copy)]
+struct Modes {
+    reference: Mode,
+    candle: Mode,
+}
+
+const EVAL: Modes = Modes { reference: Mode::Eval, candle: Mode::Eval };
+const TRAIN: Modes = Modes { reference: Mode::Train { seed: 77 }, candle: Mode::Train { seed: 77 } };
+
+/// The candle module under test.
+enum Module {
+    Layer(Box<LongNetEncoderLayer>),
+    Encoder(LongNetEncoder),
+}
+
+impl Module {
+    fn forward(&self, x: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
+        match self {
+            Module::Layer(l) => l.forward_with_mode(x, mode),
+            Module::Encoder(e) => e.forward_with_mode(x, mode),
+        }
+    }
 }
 
 /// The reference stack, its biases and norm parameters moved off their zero/one init
@@ -86,7 +116,7 @@ fn to_f64(t: &Tensor) -> Vec<f64> {
     t.flatten_all().and_then(|t| t.to_dtype(DType::F64)).and_then(|t| t.to_vec1()).expect("values")
 }
 
-fn measure(mixing: Mixing, causal: bool, stack: Stack, plant: Plant) -> Errors {
+fn measure(mixing: Mixing, causal: bool, stack: Stack, plant: Plant, modes: Modes) -> Errors {
     let cfg = config(mixing, causal);
     let layers = match stack {
         Stack::Layer => 1,
@@ -98,8 +128,8 @@ fn measure(mixing: Mixing, causal: bool, stack: Stack, plant: Plant) -> Errors {
     let x: Vec<f64> = (0..BATCH * SEQ * e).map(|_| rng.normal()).collect();
     let g: Vec<f64> = (0..BATCH * SEQ * e).map(|_| rng.normal()).collect();
 
-    // Reference forward and backward (eval: no dropout).
-    let (want_y, cache) = enc.forward_train(&x, BATCH, SEQ, Mode::Eval).expect("reference forward");
+    // Reference forward and backward.
+    let (want_y, cache) = enc.forward_train(&x, BATCH, SEQ, modes.reference).expect("reference forward");
     let mut grads = enc.zero_grads();
     let want_dx = enc.backward(&cache, &g, &mut grads).expect("reference backward");
     let want_dparams: HashMap<String, Vec<f64>> = grads
@@ -113,9 +143,9 @@ fn measure(mixing: Mixing, causal: bool, stack: Stack, plant: Plant) -> Errors {
     let file = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).expect("load checkpoint");
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-    let module: Box<dyn Module> = match stack {
-        Stack::Layer => Box::new(LongNetEncoderLayer::new(&cfg, vb).expect("candle layer")),
-        Stack::Encoder(n) => Box::new(LongNetEncoder::new(&cfg, n, vb).expect("candle encoder")),
+    let module = match stack {
+        Stack::Layer => Module::Layer(Box::new(LongNetEncoderLayer::new(&cfg, vb).expect("candle layer"))),
+        Stack::Encoder(n) => Module::Encoder(LongNetEncoder::new(&cfg, n, vb).expect("candle encoder")),
     };
     let mut varmap = varmap;
     let file: HashMap<String, Tensor> = file.into_iter().map(|(k, v)| (local_name(stack, &k), v)).collect();
@@ -138,7 +168,12 @@ fn measure(mixing: Mixing, causal: bool, stack: Stack, plant: Plant) -> Errors {
     let gs: Vec<f32> = g.iter().map(|&v| v as f32).collect();
     let xv = Var::from_vec(xs, (BATCH, SEQ, e), &Device::Cpu).expect("x");
     let gt = Tensor::from_vec(gs, (BATCH, SEQ, e), &Device::Cpu).expect("g");
-    let y = module.forward(xv.as_tensor()).expect("candle forward");
+    // A lone layer runs in the mode the reference stack gives its layer 0.
+    let mode = match stack {
+        Stack::Layer => layer_mode(modes.candle, 0),
+        Stack::Encoder(_) => modes.candle,
+    };
+    let y = module.forward(xv.as_tensor(), mode).expect("candle forward");
     let backward = y.mul(&gt).and_then(|t| t.sum_all()).and_then(|l| l.backward()).expect("candle backward");
     let dx = backward.get(xv.as_tensor()).expect("x has a gradient");
 
@@ -161,7 +196,7 @@ fn measure(mixing: Mixing, causal: bool, stack: Stack, plant: Plant) -> Errors {
         dparams,
         params_checked: want_dparams.len(),
     };
-    eprintln!("{mixing:?} causal={causal} {stack:?} {plant:?}: {e:?}");
+    eprintln!("{mixing:?} causal={causal} {stack:?} {plant:?} {modes:?}: {e:?}");
     e
 }
 
@@ -177,19 +212,30 @@ fn assert_within(what: &str, e: &Errors) {
 
 #[test]
 fn encoder_layer_equals_attn_multihead() {
-    for (mixing, causal) in [(Mixing::HeadGroups, false), (Mixing::LongNet, true)] {
-        let e = measure(mixing, causal, Stack::Layer, Plant::None);
+    for (mixing, causal, modes) in [(Mixing::HeadGroups, false, EVAL), (Mixing::LongNet, true, TRAIN)] {
+        let e = measure(mixing, causal, Stack::Layer, Plant::None, modes);
         assert_eq!(e.params_checked, 20, "every parameter of the layer");
-        assert_within(&format!("layer {mixing:?} causal={causal}"), &e);
+        assert_within(&format!("layer {mixing:?} causal={causal} {modes:?}"), &e);
     }
 }
 
 #[test]
 fn encoder_stack_equals_attn_multihead() {
-    for (mixing, causal) in [(Mixing::HeadGroups, false), (Mixing::LongNet, true)] {
-        let e = measure(mixing, causal, Stack::Encoder(2), Plant::None);
+    for (mixing, causal, modes) in [(Mixing::HeadGroups, false, TRAIN), (Mixing::LongNet, true, EVAL)] {
+        let e = measure(mixing, causal, Stack::Encoder(2), Plant::None, modes);
         assert_eq!(e.params_checked, 2 * 20, "every parameter of both layers");
-        assert_within(&format!("encoder {mixing:?} causal={causal}"), &e);
+        assert_within(&format!("encoder {mixing:?} causal={causal} {modes:?}"), &e);
+    }
+}
+
+#[test]
+fn another_dropout_seed_or_evaluation_fails_the_bounds() {
+    let other = Modes { reference: Mode::Train { seed: 77 }, candle: Mode::Train { seed: 78 } };
+    let eval = Modes { reference: Mode::Train { seed: 77 }, candle: Mode::Eval };
+    for modes in [other, eval] {
+        let e = measure(Mixing::HeadGroups, false, Stack::Encoder(2), Plant::None, modes);
+        assert!(e.out > OUT_BOUND, "{modes:?}: output error {:.2e} within the bound", e.out);
+        assert!(e.dx > DX_BOUND, "{modes:?}: input gradient error {:.2e} within the bound", e.dx);
     }
 }
 
@@ -200,7 +246,7 @@ fn a_planted_weight_error_fails_the_bounds() {
     for (name, delta) in
         [("layers.1.norm3.weight", 1e-3), ("layers.0.self_attn.norm.bias", 1e-3), ("layers.0.linear1.weight", 1e-3)]
     {
-        let e = measure(Mixing::LongNet, true, Stack::Encoder(2), Plant::Add(name, delta));
+        let e = measure(Mixing::LongNet, true, Stack::Encoder(2), Plant::Add(name, delta), TRAIN);
         assert!(e.out > OUT_BOUND, "{name} + {delta}: output error {:.2e} within the bound", e.out);
         assert!(e.dx > DX_BOUND, "{name} + {delta}: input gradient error {:.2e} within the bound", e.dx);
         assert!(e.dparams > PARAM_BOUND, "{name} + {delta}: gradient error {:.2e} within the bound", e.dparams);

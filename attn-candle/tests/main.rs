@@ -8,5 +8,6 @@ mod cuda;
 mod encoder;
 mod errors;
 mod nn;
+mod nn_init;
 mod op;
 mod ring;

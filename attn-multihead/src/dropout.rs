@@ -19,6 +19,46 @@ pub enum Mode {
     Train { seed: u64 },
 }
 
+/// Where a layer drops activations; each site draws its own mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropoutSite {
+    /// The multihead layer's merged attention output, before sub-LayerNorm.
+    Attention,
+    /// The encoder layer's attention branch, before its residual add.
+    AttentionResidual,
+    /// The encoder layer's feed-forward hidden activation, after ReLU.
+    FeedForwardHidden,
+    /// The encoder layer's feed-forward branch, before its residual add.
+    FeedForwardResidual,
+}
+
+impl DropoutSite {
+    /// The site's part of every mask's seed.
+    const fn id(self) -> u64 {
+        match self {
+            DropoutSite::Attention => 1,
+            DropoutSite::AttentionResidual => 2,
+            DropoutSite::FeedForwardHidden => 3,
+            DropoutSite::FeedForwardResidual => 4,
+        }
+    }
+}
+
+/// The inverted-dropout mask (`0` or `1/(1-p)`) of `site` over `[batch, positions.len(),
+/// width]`, rows at the global sequence `positions`: the mask this crate's layers apply
+/// there, for front ends that compose the layer from their own ops. `None` when dropout
+/// is off (evaluation or `p == 0`).
+pub fn site_mask<F: LayerFloat>(
+    mode: Mode,
+    p: f64,
+    site: DropoutSite,
+    batch: usize,
+    positions: &[usize],
+    width: usize,
+) -> Option<Vec<F>> {
+    dropout_mask(mode, p, site, &MaskRows { batch, positions: positions.to_vec() }, width)
+}
+
 /// The rows a mask covers: `batch` copies of the local rows, whose global sequence
 /// positions are `positions` (local row order).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -61,7 +101,7 @@ fn row_key(site_key: u64, b: usize, position: usize) -> u64 {
 pub(crate) fn dropout_mask<F: LayerFloat>(
     mode: Mode,
     p: f64,
-    site: u64,
+    site: DropoutSite,
     rows: &MaskRows,
     width: usize,
 ) -> Option<Vec<F>> {
@@ -69,7 +109,7 @@ pub(crate) fn dropout_mask<F: LayerFloat>(
     if p <= 0.0 {
         return None;
     }
-    let site_key = mix(seed ^ mix(site.wrapping_mul(0xD6E8_FEB8_6659_FD93)));
+    let site_key = mix(seed ^ mix(site.id().wrapping_mul(0xD6E8_FEB8_6659_FD93)));
     let keep = F::of(1.0 / (1.0 - p));
     let mut mask = Vec::with_capacity(rows.batch * rows.positions.len() * width);
     for b in 0..rows.batch {
@@ -96,13 +136,22 @@ mod tests {
     #[test]
     fn eval_is_identity_and_train_is_seeded() {
         let rows = MaskRows::whole(2, 50);
-        assert!(dropout_mask::<f64>(Mode::Eval, 0.5, 0, &rows, 100).is_none());
-        assert!(dropout_mask::<f64>(Mode::Train { seed: 1 }, 0.0, 0, &rows, 100).is_none());
-        let a = dropout_mask::<f64>(Mode::Train { seed: 1 }, 0.25, 3, &rows, 100).unwrap();
+        assert!(dropout_mask::<f64>(Mode::Eval, 0.5, DropoutSite::Attention, &rows, 100).is_none());
+        assert!(dropout_mask::<f64>(Mode::Train { seed: 1 }, 0.0, DropoutSite::Attention, &rows, 100).is_none());
+        let a = dropout_mask::<f64>(Mode::Train { seed: 1 }, 0.25, DropoutSite::FeedForwardHidden, &rows, 100).unwrap();
         assert_eq!(a.len(), 2 * 50 * 100);
-        assert_eq!(Some(a.clone()), dropout_mask::<f64>(Mode::Train { seed: 1 }, 0.25, 3, &rows, 100));
-        assert_ne!(Some(a.clone()), dropout_mask::<f64>(Mode::Train { seed: 2 }, 0.25, 3, &rows, 100));
-        assert_ne!(Some(a.clone()), dropout_mask::<f64>(Mode::Train { seed: 1 }, 0.25, 4, &rows, 100));
+        assert_eq!(
+            Some(a.clone()),
+            dropout_mask::<f64>(Mode::Train { seed: 1 }, 0.25, DropoutSite::FeedForwardHidden, &rows, 100)
+        );
+        assert_ne!(
+            Some(a.clone()),
+            dropout_mask::<f64>(Mode::Train { seed: 2 }, 0.25, DropoutSite::FeedForwardHidden, &rows, 100)
+        );
+        assert_ne!(
+            Some(a.clone()),
+            dropout_mask::<f64>(Mode::Train { seed: 1 }, 0.25, DropoutSite::FeedForwardResidual, &rows, 100)
+        );
         let dropped = a.iter().filter(|&&m| m == 0.0).count() as f64 / a.len() as f64;
         assert!((dropped - 0.25).abs() < 0.02, "{dropped}");
         assert!(a.iter().all(|&m| m == 0.0 || (m - 1.0 / 0.75).abs() < 1e-15));
@@ -114,11 +163,19 @@ mod tests {
     #[test]
     fn mask_is_a_function_of_global_positions() {
         let (batch, seq, width, mode) = (2, 37, 12, Mode::Train { seed: 9 });
-        let whole = dropout_mask::<f32>(mode, 0.3, 1, &MaskRows::whole(batch, seq), width).unwrap();
+        let whole =
+            dropout_mask::<f32>(mode, 0.3, DropoutSite::Attention, &MaskRows::whole(batch, seq), width).unwrap();
         // Any subset of positions (a ring rank's rows, e.g. zigzag) gets exactly the
         // whole sequence's rows at those positions.
         let positions = vec![0, 1, 2, 30, 31, 36];
-        let part = dropout_mask::<f32>(mode, 0.3, 1, &MaskRows { batch, positions: positions.clone() }, width).unwrap();
+        let part = dropout_mask::<f32>(
+            mode,
+            0.3,
+            DropoutSite::Attention,
+            &MaskRows { batch, positions: positions.clone() },
+            width,
+        )
+        .unwrap();
         for b in 0..batch {
             for (j, &p) in positions.iter().enumerate() {
                 let got = &part[(b * positions.len() + j) * width..][..width];
@@ -126,7 +183,7 @@ mod tests {
             }
         }
         // The float type does not change which elements are dropped.
-        let m64 = dropout_mask::<f64>(mode, 0.3, 1, &MaskRows::whole(batch, seq), width).unwrap();
+        let m64 = dropout_mask::<f64>(mode, 0.3, DropoutSite::Attention, &MaskRows::whole(batch, seq), width).unwrap();
         assert!(m64.iter().zip(&whole).all(|(&a, &b)| (a == 0.0) == (b == 0.0)));
     }
 }

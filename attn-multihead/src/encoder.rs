@@ -5,7 +5,7 @@ use std::sync::Arc;
 use attn_core::{AttnError, Masks, Mixing, Result};
 
 use crate::config::MultiheadConfig;
-use crate::dropout::{MaskRows, Mode, apply_mask, dropout_mask};
+use crate::dropout::{DropoutSite, MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
 use crate::init::{MagnetoGains, SeededRng};
 use crate::layer::{MultiheadCache, MultiheadDilatedAttention};
@@ -15,11 +15,6 @@ use crate::segment_window::{window_rows, windows};
 use crate::weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 use crate::workspace::MultiheadWorkspace;
 use attn_core::Attention;
-
-/// Dropout sites of an encoder layer (the attention output inside the layer is site 1).
-const SITE_ATTN_RESIDUAL: u64 = 2;
-const SITE_FFN_HIDDEN: u64 = 3;
-const SITE_FFN_RESIDUAL: u64 = 4;
 
 /// Hyper-parameters of a LongNet encoder layer (`DilatedTransformerEncoderLayer` of
 /// `dilated-attention-pytorch`; activation ReLU as its default).
@@ -219,7 +214,7 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
     /// The residual around the attention output `a` and the feed-forward branch.
     fn after_attention(&self, x: &[F], a: Vec<F>, [batch, seq]: [usize; 2], mode: Mode) -> Result<Vec<F>> {
         let rows = self.self_attn.mask_rows(mode, batch, seq)?;
-        let mask = dropout_mask(mode, self.config.dropout, SITE_ATTN_RESIDUAL, &rows, self.config.d_model);
+        let mask = dropout_mask(mode, self.config.dropout, DropoutSite::AttentionResidual, &rows, self.config.d_model);
         let x1 = add(x, &apply_mask(&a, mask.as_deref()));
         drop(a);
         let ffn = self.feedforward(&x1, &rows, mode, false)?.0;
@@ -235,12 +230,12 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         let f1 = self.linear1.forward(&h2, rows)?;
         let r: Vec<F> = f1.iter().map(|&v| v.max(F::zero())).collect();
         let (p, ff) = (self.config.dropout, self.config.dim_feedforward);
-        let mask_hidden = dropout_mask(mode, p, SITE_FFN_HIDDEN, at, ff);
+        let mask_hidden = dropout_mask(mode, p, DropoutSite::FeedForwardHidden, at, ff);
         let r_d = apply_mask(&r, mask_hidden.as_deref()).into_owned();
         drop(r);
         let (h3, stats3) = self.norm3.forward(&r_d)?;
         let f2 = self.linear2.forward(&h3, rows)?;
-        let mask_out = dropout_mask(mode, p, SITE_FFN_RESIDUAL, at, self.config.d_model);
+        let mask_out = dropout_mask(mode, p, DropoutSite::FeedForwardResidual, at, self.config.d_model);
         let y = apply_mask(&f2, mask_out.as_deref()).into_owned();
         let kept = keep.then_some(FfnCache { stats2, h2, f1, mask_hidden, r_d, stats3, h3, mask_out });
         Ok((y, kept))
@@ -270,7 +265,8 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         let (h1, stats1) = self.norm1.forward(x)?;
         let (a, attn) = self.self_attn.forward_train_masked(&h1, batch, seq, masks, mode)?;
         let rows = self.self_attn.mask_rows(mode, batch, seq)?;
-        let mask_attn = dropout_mask(mode, self.config.dropout, SITE_ATTN_RESIDUAL, &rows, self.config.d_model);
+        let mask_attn =
+            dropout_mask(mode, self.config.dropout, DropoutSite::AttentionResidual, &rows, self.config.d_model);
         let x1 = add(x, &apply_mask(&a, mask_attn.as_deref()));
         let (ffn, kept) = self.feedforward(&x1, &rows, mode, true)?;
         let ffn_cache = kept.ok_or_else(|| AttnError::InvalidArgument("feed-forward cache missing".into()))?;
@@ -376,7 +372,9 @@ fn layer_seed(seed: u64, i: usize) -> u64 {
     SeededRng::new(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)).next_u64()
 }
 
-fn layer_mode(mode: Mode, i: usize) -> Mode {
+/// The mode layer `i` of a stack runs in: its dropout masks come from a seed derived
+/// from the stack's.
+pub fn layer_mode(mode: Mode, i: usize) -> Mode {
     match mode {
         Mode::Eval => Mode::Eval,
         Mode::Train { seed } => Mode::Train { seed: layer_seed(seed, i) },

@@ -8,7 +8,7 @@ use attn_core::{
 };
 
 use crate::config::MultiheadConfig;
-use crate::dropout::{MaskRows, Mode, apply_mask, dropout_mask};
+use crate::dropout::{DropoutSite, MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
 use crate::layer_norm::NormStats;
 use crate::projection::{LinearRef, linear_forward};
@@ -19,9 +19,6 @@ use crate::workspace::{MultiheadWorkspace, SelectionKey, sized};
 use attn_core::{Attention, AttnInputs};
 
 mod backward;
-
-/// Dropout site id of the attention output (keeps masks of different sites independent).
-const ATTN_DROPOUT_SITE: u64 = 1;
 
 /// The projected q, k, v: one fused `[b, s, h + 2 kv_h, d]` buffer for self-attention,
 /// or q `[b, n, h, d]` and a fused kv `[b, m, 2 kv_h, d]` for cross-attention.
@@ -542,7 +539,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             self.backend.forward(&AttnInputs::new(&self.dilated, q, k, v).with_masks(masks), attn_view, lse)?;
         }
         let rows_at = self.mask_rows(mode, qs.batch, qs.seq)?;
-        let mask = dropout_mask(mode, self.config.dropout, ATTN_DROPOUT_SITE, &rows_at, e);
+        let mask = dropout_mask(mode, self.config.dropout, DropoutSite::Attention, &rows_at, e);
         let norm_stats = match &self.weights.norm {
             Some(norm) => {
                 let src = apply_mask(&ws.attn, mask.as_deref());

@@ -51,9 +51,9 @@ pub mod workspace;
 
 pub use attn_core::{Attention, ReferenceBackend};
 pub use config::MultiheadConfig;
-pub use dropout::Mode;
+pub use dropout::{DropoutSite, Mode, site_mask};
 pub use encoder::{
-    EncoderCache, EncoderConfig, EncoderLayerCache, EncoderLayerGrads, LongNetEncoder, LongNetEncoderLayer,
+    EncoderCache, EncoderConfig, EncoderLayerCache, EncoderLayerGrads, LongNetEncoder, LongNetEncoderLayer, layer_mode,
 };
 pub use float::LayerFloat;
 pub use init::{MagnetoGains, SeededRng};

@@ -1,13 +1,18 @@
 //! [`MultiheadDilatedAttention`] as a candle-nn module: projections (`q_proj`, `k_proj`
 //! and `v_proj` with `num_kv_heads * head_dim` rows for grouped heads), the dilated
-//! attention op, sub-LayerNorm (`norm`) and `out_proj`, per docs/definition.md.
+//! attention op, dropout (training), sub-LayerNorm (`norm`) and `out_proj`, per
+//! docs/definition.md.
 
-use attn_multihead::MultiheadConfig;
+use std::sync::Arc;
+
+use attn_multihead::{DropoutSite, Mode, MultiheadConfig};
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Linear, VarBuilder};
+use candle_nn::{Init, Linear, VarBuilder};
 
 use super::LayerNorm;
+use super::dropout::dropout;
 use crate::error::to_candle;
+use crate::host::AnyAttention;
 use crate::options::AttnOptions;
 
 /// The MAGNETO/LongNet multihead layer.
@@ -20,44 +25,89 @@ pub struct MultiheadDilatedAttention {
     v_proj: Linear,
     norm: Option<LayerNorm>,
     out_proj: Linear,
+    /// The backend of host tensors; `None`: the process-wide CPU backend, and the CUDA
+    /// kernels for tensors on a CUDA device.
+    backend: Option<Arc<dyn AnyAttention>>,
+}
+
+/// A linear layer `[out, in]` under `vb`, fresh weights drawn as MAGNETO says
+/// (xavier-normal with `gain`, zero bias).
+pub(crate) fn magneto_linear(
+    fan_in: usize,
+    fan_out: usize,
+    gain: f64,
+    bias: bool,
+    vb: VarBuilder<'_>,
+) -> Result<Linear> {
+    let stdev = gain * (2.0 / (fan_in + fan_out) as f64).sqrt();
+    let weight = vb.get_with_hints((fan_out, fan_in), "weight", Init::Randn { mean: 0.0, stdev })?;
+    let bias = match bias {
+        true => Some(vb.get_with_hints(fan_out, "bias", Init::Const(0.0))?),
+        false => None,
+    };
+    Ok(Linear::new(weight, bias))
 }
 
 impl MultiheadDilatedAttention {
-    /// The layer `config` describes, its parameters read (or created) through `vb`.
+    /// The layer `config` describes, its parameters read through `vb` or, where `vb`
+    /// creates them (a `VarMap`), drawn as the definition's MAGNETO initialisation says.
     pub fn new(config: MultiheadConfig, vb: VarBuilder<'_>) -> Result<Self> {
         let dilated = config.validate().map_err(to_candle)?;
-        let (e, kv) = (config.embed_dim, config.kv_dim());
-        let linear = |out: usize, name: &str| match config.bias {
-            true => candle_nn::linear(e, out, vb.pp(name)),
-            false => candle_nn::linear_no_bias(e, out, vb.pp(name)),
-        };
+        let (e, kv, g) = (config.embed_dim, config.kv_dim(), config.gamma_init);
+        let linear = |out: usize, gain: f64, name: &str| magneto_linear(e, out, gain, config.bias, vb.pp(name));
         let norm = match config.layer_norm {
             true => Some(LayerNorm::new(e, config.layer_norm_eps, vb.pp("norm"))?),
             false => None,
         };
         Ok(MultiheadDilatedAttention {
-            q_proj: linear(e, "q_proj")?,
-            k_proj: linear(kv, "k_proj")?,
-            v_proj: linear(kv, "v_proj")?,
-            out_proj: linear(e, "out_proj")?,
+            q_proj: linear(e, 1.0, "q_proj")?,
+            k_proj: linear(kv, 1.0, "k_proj")?,
+            v_proj: linear(kv, g, "v_proj")?,
+            out_proj: linear(e, g, "out_proj")?,
             norm,
             options: AttnOptions::new(dilated),
             config,
+            backend: None,
         })
+    }
+
+    /// The same layer computing its attention through `backend` (a ring rank, a CPU
+    /// backend with its own threads or memory budget); host tensors only.
+    pub fn with_backend(self, backend: Arc<dyn AnyAttention>) -> Self {
+        MultiheadDilatedAttention { backend: Some(backend), ..self }
     }
 
     pub fn config(&self) -> &MultiheadConfig {
         &self.config
     }
 
+    /// The layer's patterns without masks.
+    pub(crate) fn options(&self) -> &AttnOptions {
+        &self.options
+    }
+
     /// Self-attention of `x` `[batch, seq, embed]` with `masks` (key padding, packed
-    /// sequences; the config's own patterns replace `masks.config`).
+    /// sequences; the config's own patterns replace `masks.config`), in evaluation.
     pub fn forward_masked(&self, x: &Tensor, masks: &AttnOptions) -> Result<Tensor> {
         self.forward_cross(x, x, x, masks)
     }
 
-    /// Attention of `query` over `key`/`value` (`[batch, kv_seq, embed]`).
+    /// Attention of `query` over `key`/`value` (`[batch, kv_seq, embed]`), in evaluation.
     pub fn forward_cross(&self, query: &Tensor, key: &Tensor, value: &Tensor, masks: &AttnOptions) -> Result<Tensor> {
+        self.forward_with_mode(query, key, value, masks, Mode::Eval)
+    }
+
+    /// [`Self::forward_cross`] in `mode`: `Mode::Train { seed }` applies the config's
+    /// dropout to the merged attention output with the mask `attn-multihead`'s layer
+    /// draws for that seed (use a fresh seed every step).
+    pub fn forward_with_mode(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        masks: &AttnOptions,
+        mode: Mode,
+    ) -> Result<Tensor> {
         let (b, n, e) = query.dims3()?;
         let (_, m, _) = key.dims3()?;
         let (h, kvh, d) = (self.config.num_heads, self.config.num_kv_heads, self.config.head_dim());
@@ -65,12 +115,29 @@ impl MultiheadDilatedAttention {
         let k = self.k_proj.forward(key)?.reshape((b, m, kvh, d))?;
         let v = self.v_proj.forward(value)?.reshape((b, m, kvh, d))?;
         let options = AttnOptions { config: self.options.config.clone(), ..masks.clone() };
-        let a = crate::dilated_attention(&q, &k, &v, &options)?.reshape((b, n, e))?;
+        let a = match &self.backend {
+            None => crate::dilated_attention(&q, &k, &v, &options)?,
+            Some(backend) => crate::attention_on(backend.clone(), &q, &k, &v, &options)?.out,
+        };
+        let a = a.reshape((b, n, e))?;
+        let a = dropout(&a, mode, self.config.dropout, DropoutSite::Attention, &self.query_positions(mode, n)?)?;
         let a = match &self.norm {
             Some(norm) => norm.forward(&a)?,
             None => a,
         };
         self.out_proj.forward(&a)
+    }
+
+    /// The global positions of `seq` local query rows (for dropout masks; none needed
+    /// in evaluation): the backend's, `0..seq` on one device.
+    pub(crate) fn query_positions(&self, mode: Mode, seq: usize) -> Result<Vec<usize>> {
+        match (mode, &self.backend) {
+            (Mode::Eval, _) => Ok((0..seq).collect()),
+            (Mode::Train { .. }, None) => Ok((0..seq).collect()),
+            (Mode::Train { .. }, Some(b)) => {
+                attn_core::Attention::<f32>::query_positions(b.as_ref(), seq).map_err(to_candle)
+            }
+        }
     }
 }
 
