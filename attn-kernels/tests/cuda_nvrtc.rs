@@ -58,6 +58,23 @@ fn device_modules_are_cubins_for_the_device_architecture() {
     assert!(err.contains("cubin") && err.contains("PTX"), "{err}");
 }
 
+/// A device newer than NVRTC (no cubin for its architecture) gets PTX for the newest
+/// virtual architecture NVRTC knows, which the driver compiles at load.
+#[test]
+fn a_device_newer_than_nvrtc_gets_ptx_of_the_newest_known_architecture() {
+    if !nvrtc_or_skip("a_device_newer_than_nvrtc_gets_ptx_of_the_newest_known_architecture") {
+        return;
+    }
+    let archs = nvrtc_library().unwrap().supported_archs().expect("NVRTC 12 and 13 list their architectures");
+    let newest = *archs.last().unwrap();
+    assert!(archs.contains(&80) && newest >= 90, "{archs:?}");
+    let src = "extern \"C\" __global__ void touch(float* x) { x[0] = 1.0f; }";
+    let image = compile_for_device(src, (99, 9), &[]).unwrap();
+    assert_eq!(image.kind, ImageKind::Ptx);
+    let ptx = String::from_utf8(image.bytes).unwrap();
+    assert!(ptx.contains(&format!(".target sm_{newest}")), "{ptx}");
+}
+
 /// A module compiled once is read back from the kernel cache, byte for byte, by the next
 /// call with the same NVRTC, options and source; another dtype or architecture compiles
 /// again; without a cache every call compiles.

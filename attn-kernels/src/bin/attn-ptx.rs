@@ -2,13 +2,16 @@
 //! assemble the PTX with `ptxas -v`, print registers / shared memory / spills per kernel,
 //! and fail on any compile error, missing kernel or spill. Needs no GPU, only libnvrtc
 //! (found as `attn_kernels::cuda::nvrtc_library` says) and `ptxas`. Run through `cargo xtask ptx`.
+//! `--fill-cache DIR` instead writes the modules a device of each architecture loads
+//! (every dtype) into the kernel cache in DIR, for a machine that should not compile them.
 //!
-//! Usage: attn-ptx [--arch 80,90] [--out DIR] [--ptxas PATH]
+//! Usage: attn-ptx [--arch 80,90] [--out DIR] [--ptxas PATH] [--fill-cache DIR]
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-use attn_kernels::cuda::nvrtc::compile_ptx;
+use attn_kernels::cuda::kernel_cache::KernelCache;
+use attn_kernels::cuda::nvrtc::{compile_into, compile_ptx};
 use attn_kernels::cuda::nvrtc_library;
 use attn_kernels::cuda::plan::{
     BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows, mma_bwd_smem_bytes, mma_smem_bytes,
@@ -31,10 +34,16 @@ struct Args {
     archs: Vec<String>,
     out: PathBuf,
     ptxas: String,
+    fill_cache: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { archs: vec!["80".into(), "90".into()], out: PathBuf::from("target/ptx"), ptxas: "ptxas".into() };
+    let mut a = Args {
+        archs: vec!["80".into(), "90".into()],
+        out: PathBuf::from("target/ptx"),
+        ptxas: "ptxas".into(),
+        fill_cache: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -42,7 +51,10 @@ fn parse_args() -> Result<Args, String> {
             "--arch" => a.archs = val()?.split(',').map(|s| s.trim().trim_start_matches("sm_").to_string()).collect(),
             "--out" => a.out = PathBuf::from(val()?),
             "--ptxas" => a.ptxas = val()?,
-            "-h" | "--help" => return Err("usage: attn-ptx [--arch 80,90] [--out DIR] [--ptxas PATH]".into()),
+            "--fill-cache" => a.fill_cache = Some(PathBuf::from(val()?)),
+            "-h" | "--help" => {
+                return Err("usage: attn-ptx [--arch 80,90] [--out DIR] [--ptxas PATH] [--fill-cache DIR]".into());
+            }
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -118,9 +130,50 @@ fn dynamic_smem(name: &str) -> usize {
     0
 }
 
+/// The module of every dtype for every architecture in `archs` (`90`: compute capability
+/// 9.0), compiled as a device of that architecture compiles it and kept in `cache`; the
+/// compiles run in parallel.
+fn fill_cache(archs: &[String], cache: &KernelCache) -> Result<(), String> {
+    let src = full_source();
+    let jobs: Vec<(i32, i32, &str)> = archs
+        .iter()
+        .map(|a| a.parse::<i32>().map(|n| (n / 10, n % 10)).map_err(|e| format!("--arch {a}: {e}")))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .flat_map(|(major, minor)| ["f32", "bf16", "f16"].map(|d| (major, minor, d)))
+        .collect();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .map(|&(major, minor, dtype)| {
+                let src = &src;
+                scope.spawn(move || -> Result<String, String> {
+                    let extra = [dtype_define(dtype).map_err(|e| e.to_string())?];
+                    let image = compile_into(src, (major, minor), &extra, Some(cache)).map_err(|e| e.to_string())?;
+                    Ok(format!("sm_{major}{minor} {dtype}: {:?}, {} bytes", image.kind, image.bytes.len()))
+                })
+            })
+            .collect();
+        for h in handles {
+            println!("{}", h.join().map_err(|_| "a compile thread panicked".to_string())??);
+        }
+        Ok::<(), String>(())
+    })?;
+    // A cache that could not be written (compile_into keeps going) is a failure here.
+    let files = std::fs::read_dir(cache.dir()).map_err(|e| format!("{}: {e}", cache.dir().display()))?.count();
+    if files < jobs.len() {
+        return Err(format!("{} holds {files} files, want {}", cache.dir().display(), jobs.len()));
+    }
+    println!("attn-ptx: {} modules kept in {}", jobs.len(), cache.dir().display());
+    Ok(())
+}
+
 fn run() -> Result<(), String> {
     let args = parse_args()?;
     nvrtc_library().map_err(|e| e.to_string())?;
+    if let Some(dir) = &args.fill_cache {
+        return fill_cache(&args.archs, &KernelCache::at(dir));
+    }
     std::fs::create_dir_all(&args.out).map_err(|e| format!("create {}: {e}", args.out.display()))?;
     let src = full_source();
     let mut failures = Vec::new();

@@ -12,7 +12,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverEr
 
 use super::kernel_cache::KernelCache;
 use super::nvrtc::{ImageKind, ImageSource, compile_into, image_for_device};
-use super::nvrtc_library::nvrtc_library;
+use super::nvrtc_library::{NVRTC_PATH_ENV, nvrtc_library};
 use super::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
 use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source, kernel_names_for};
 
@@ -78,12 +78,37 @@ pub fn device_count() -> Result<usize> {
     Ok(count.max(0) as usize)
 }
 
-/// Compiled modules by (device ordinal, dtype suffix), with the kind of image loaded.
-type ModuleCache = Mutex<HashMap<(usize, &'static str), (Arc<CudaModule>, ImageKind)>>;
+/// A module and the kind of image it was loaded from.
+type Loaded = (Arc<CudaModule>, ImageKind);
+
+/// One module's place: filled once, by the first caller, under its own lock, so a slow
+/// compile holds up only the callers that need that same module.
+type ModuleSlot = Arc<Mutex<Option<Loaded>>>;
+
+/// The modules by (device ordinal, dtype suffix).
+type ModuleCache = Mutex<HashMap<(usize, &'static str), ModuleSlot>>;
 
 fn module_cache() -> &'static ModuleCache {
     static CACHE: OnceLock<ModuleCache> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The driver's refusal of an image, with what the image was and the usual cause.
+fn load_error(e: DriverError, kind: ImageKind, cc: (i32, i32)) -> AttnError {
+    let image = match kind {
+        ImageKind::Cubin => format!("a cubin for sm_{}{}", cc.0, cc.1),
+        ImageKind::Ptx => "PTX".to_string(),
+    };
+    let nvrtc = nvrtc_library().map(|l| format!("NVRTC {}.{} ({})", l.version().0, l.version().1, l.path()));
+    let nvrtc = nvrtc.unwrap_or_else(|_| "NVRTC".into());
+    let hint = match refused_image(&e) {
+        true => format!("; a driver older than {nvrtc} refuses its images: set {NVRTC_PATH_ENV} to an older NVRTC"),
+        false => String::new(),
+    };
+    AttnError::backend(
+        BACKEND,
+        std::io::Error::other(format!("the driver did not load the kernels ({image} from {nvrtc}): {e:?}{hint}")),
+    )
 }
 
 /// A CUDA device ready to run the dilated-attention kernels.
@@ -162,27 +187,40 @@ impl CudaDevice {
     }
 
     /// [`Self::module`] and whether it was loaded from a cubin or from PTX.
-    fn module_and_kind(&self, suffix: &'static str) -> Result<(Arc<CudaModule>, ImageKind)> {
-        let key = (self.ctx.ordinal(), suffix);
-        // The map stays whole whatever a panicking holder did (it only ever inserts).
-        let mut cache = module_cache().lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(m) = cache.get(&key) {
-            return Ok(m.clone());
+    fn module_and_kind(&self, suffix: &'static str) -> Result<Loaded> {
+        let slot = {
+            // The map stays whole whatever a panicking holder did (it only ever inserts).
+            let mut map = module_cache().lock().unwrap_or_else(PoisonError::into_inner);
+            map.entry((self.ctx.ordinal(), suffix)).or_default().clone()
+        };
+        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(loaded) = slot.as_ref() {
+            return Ok(loaded.clone());
         }
+        let loaded = self.load(suffix)?;
+        *slot = Some(loaded.clone());
+        Ok(loaded)
+    }
+
+    /// The module of dtype `suffix` from the kernel cache or NVRTC, loaded on this device.
+    fn load(&self, suffix: &'static str) -> Result<Loaded> {
         let (src, extra, cc) = (full_source(), [dtype_define(suffix)?], self.compute_capability);
         let disk = KernelCache::from_env();
         let (image, from) = image_for_device(&src, cc, &extra, disk.as_ref())?;
-        let m = match self.ctx.load_module(image.to_ptx()) {
-            Ok(m) => m,
-            // A kept image this driver refuses as an image: compile afresh and keep that.
+        match self.ctx.load_module(image.to_ptx()) {
+            Ok(m) => Ok((m, image.kind)),
+            // A kept image this driver refuses as an image: compile afresh and keep that,
+            // unless the compile gives the same bytes (the driver would refuse them again).
             Err(e) if from == ImageSource::Cache && refused_image(&e) => {
-                let image = compile_into(&src, cc, &extra, disk.as_ref())?;
-                self.ctx.load_module(image.to_ptx()).map_err(cuda_err)?
+                let fresh = compile_into(&src, cc, &extra, disk.as_ref())?;
+                if fresh == image {
+                    return Err(load_error(e, image.kind, cc));
+                }
+                let m = self.ctx.load_module(fresh.to_ptx()).map_err(|e| load_error(e, fresh.kind, cc))?;
+                Ok((m, fresh.kind))
             }
-            Err(e) => return Err(cuda_err(e)),
-        };
-        cache.insert(key, (m.clone(), image.kind));
-        Ok((m, image.kind))
+            Err(e) => Err(load_error(e, image.kind, cc)),
+        }
     }
 
     /// How the kernels of dtype `suffix` reach this device (compiling them if needed):

@@ -29,21 +29,22 @@ impl KernelCache {
         KernelCache { dir: dir.into() }
     }
 
-    /// The cache the environment names: `ATTN_CUDA_CACHE_DIR` (`off` or empty: none),
-    /// else `$XDG_CACHE_HOME/attn/cuda-kernels`, else `$HOME/.cache/attn/cuda-kernels`;
-    /// `None` where none is named.
+    /// The cache the environment names: `ATTN_CUDA_CACHE_DIR` (empty, `off`, `none`, `0`
+    /// or `false`: none), else `$XDG_CACHE_HOME/attn/cuda-kernels`, else
+    /// `$HOME/.cache/attn/cuda-kernels` (a relative `XDG_CACHE_HOME` or `HOME` is ignored,
+    /// as the XDG specification says); `None` where none is named.
     pub fn from_env() -> Option<Self> {
         Self::from_vars(|name| std::env::var_os(name))
     }
 
     /// [`Self::from_env`] over the variables `var` gives.
     pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Option<Self> {
-        let set = |name: &str| var(name).filter(|v| !v.is_empty());
         if let Some(dir) = var("ATTN_CUDA_CACHE_DIR") {
-            return (!dir.is_empty() && dir != "off").then(|| Self::at(dir));
+            let off = ["", "off", "none", "0", "false"].iter().any(|w| dir.eq_ignore_ascii_case(w));
+            return (!off).then(|| Self::at(dir));
         }
-        let base =
-            set("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| set("HOME").map(|h| Path::new(&h).join(".cache")));
+        let absolute = |name: &str| var(name).map(PathBuf::from).filter(|p| p.is_absolute());
+        let base = absolute("XDG_CACHE_HOME").or_else(|| absolute("HOME").map(|h| h.join(".cache")));
         base.map(|b| Self::at(b.join("attn").join("cuda-kernels")))
     }
 
@@ -56,8 +57,13 @@ impl KernelCache {
         self.dir.join(format!("{:016x}.kernels", fnv1a(key)))
     }
 
-    /// The image kept for `key`, if a file holds exactly this key and a whole image.
+    /// The image kept for `key`, if a file holds exactly this key and a whole image, in a
+    /// directory other users cannot write (anyone who can write there could plant a
+    /// kernel under a predictable name).
     pub fn get(&self, key: &[u8]) -> Option<(Vec<u8>, ImageKind)> {
+        if writable_by_others(&self.dir) {
+            return None;
+        }
         let data = fs::read(self.file(key)).ok()?;
         let rest = data.strip_prefix(MAGIC.as_slice())?;
         let (stored, rest) = length_prefixed(rest)?;
@@ -103,8 +109,36 @@ impl KernelCache {
         };
         write().inspect_err(|_| {
             let _ = fs::remove_file(&tmp);
-        })
+        })?;
+        self.remove_stale_temporaries();
+        Ok(())
     }
+
+    /// Removes temporary files older than an hour: what a process killed mid-write left.
+    fn remove_stale_temporaries(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else { return };
+        let hour = std::time::Duration::from_secs(3600);
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let stale = entry.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+            if name.starts_with('.') && name.ends_with(".tmp") && stale.is_some_and(|age| age > hour) {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+/// Whether users other than the owner and group may write `dir` (where it exists).
+#[cfg(unix)]
+fn writable_by_others(dir: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o002 != 0)
+}
+
+#[cfg(not(unix))]
+fn writable_by_others(_dir: &Path) -> bool {
+    false
 }
 
 /// The key of one compile: NVRTC's version, the options and the source, each part
@@ -216,8 +250,19 @@ mod tests {
         };
         let at = |dir: &str| Some(KernelCache::at(dir));
         assert_eq!(KernelCache::from_vars(vars(&[("ATTN_CUDA_CACHE_DIR", "/k"), ("HOME", "/h")])), at("/k"));
-        assert_eq!(KernelCache::from_vars(vars(&[("ATTN_CUDA_CACHE_DIR", "off"), ("HOME", "/h")])), None);
-        assert_eq!(KernelCache::from_vars(vars(&[("ATTN_CUDA_CACHE_DIR", ""), ("HOME", "/h")])), None);
+        for off in ["off", "OFF", "None", "0", "false", ""] {
+            let named = move |name: &str| match name {
+                "ATTN_CUDA_CACHE_DIR" => Some(OsString::from(off)),
+                "HOME" => Some(OsString::from("/h")),
+                _ => None,
+            };
+            assert_eq!(KernelCache::from_vars(named), None, "{off:?}");
+        }
+        // Relative bases are ignored (XDG); a relative ATTN_CUDA_CACHE_DIR is the caller's.
+        let relative = vars(&[("XDG_CACHE_HOME", "cache"), ("HOME", "/h")]);
+        assert_eq!(KernelCache::from_vars(relative), at("/h/.cache/attn/cuda-kernels"));
+        assert_eq!(KernelCache::from_vars(vars(&[("HOME", "h")])), None);
+        assert_eq!(KernelCache::from_vars(vars(&[("ATTN_CUDA_CACHE_DIR", "k")])), at("k"));
         let xdg = vars(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]);
         assert_eq!(KernelCache::from_vars(xdg), at("/x/attn/cuda-kernels"));
         assert_eq!(
@@ -225,5 +270,36 @@ mod tests {
             at("/h/.cache/attn/cuda-kernels")
         );
         assert_eq!(KernelCache::from_vars(vars(&[])), None);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_directory_others_can_write_is_never_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let cache = scratch("shared");
+        let key = image_key((13, 0), &[], "src");
+        cache.put(&key, b"\x7fELF image", ImageKind::Cubin).unwrap();
+        assert!(cache.get(&key).is_some());
+        fs::set_permissions(cache.dir(), fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(cache.get(&key), None, "a world-writable directory");
+        fs::set_permissions(cache.dir(), fs::Permissions::from_mode(0o775)).unwrap();
+        assert!(cache.get(&key).is_some(), "a group-writable directory");
+        let _ = fs::remove_dir_all(cache.dir());
+    }
+
+    #[test]
+    fn a_write_removes_temporaries_a_killed_writer_left() {
+        let cache = scratch("stale");
+        fs::create_dir_all(cache.dir()).unwrap();
+        let (old, new) = (cache.dir().join(".0.1.2.3.tmp"), cache.dir().join(".0.1.2.4.tmp"));
+        for f in [&old, &new] {
+            fs::write(f, b"half an image").unwrap();
+        }
+        let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+        fs::File::options().write(true).open(&old).unwrap().set_modified(two_hours_ago).unwrap();
+        cache.put(&image_key((13, 0), &[], "src"), b"\x7fELF image", ImageKind::Cubin).unwrap();
+        assert!(!old.exists(), "an hour-old temporary is removed");
+        assert!(new.exists(), "a write in progress elsewhere is left alone");
+        let _ = fs::remove_dir_all(cache.dir());
     }
 }

@@ -1,7 +1,7 @@
 //! NVRTC compilation of the kernel source for one device: a cubin for the device's own
 //! architecture (`--gpu-architecture=sm_XX`), so no driver JIT runs at load, and PTX for
-//! its virtual architecture only where NVRTC cannot emit that cubin; through the kernel
-//! cache on disk where one is given.
+//! the newest virtual architecture NVRTC knows up to the device's only where NVRTC cannot
+//! emit that cubin; through the kernel cache on disk where one is given.
 #![allow(unsafe_code)]
 
 use std::ffi::{CString, c_char};
@@ -39,26 +39,44 @@ impl KernelImage {
     }
 }
 
-/// The options of the cubin compile for `cc` with `extra`, then those of the PTX one.
-fn device_options(cc: (i32, i32), extra: &[String]) -> [Vec<String>; 2] {
-    let with = |arch: String| nvrtc_options(&arch).into_iter().chain(extra.iter().cloned()).collect();
-    [with(format!("sm_{}{}", cc.0, cc.1)), with(format!("compute_{}{}", cc.0, cc.1))]
+/// The options of the cubin compile for `cc` with `extra`.
+fn cubin_options(cc: (i32, i32), extra: &[String]) -> Vec<String> {
+    with_arch(format!("sm_{}{}", cc.0, cc.1), extra)
+}
+
+fn with_arch(arch: String, extra: &[String]) -> Vec<String> {
+    nvrtc_options(&arch).into_iter().chain(extra.iter().cloned()).collect()
+}
+
+/// The virtual architecture of the PTX fallback for a device of `cc`: the newest one
+/// `supported` (NVRTC's list, `10 * major + minor`) not newer than the device, which the
+/// driver compiles for the device at load; the device's own where the list is unknown.
+pub fn ptx_arch(cc: (i32, i32), supported: Option<&[i32]>) -> Option<i32> {
+    let device = 10 * cc.0 + cc.1;
+    match supported {
+        Some(archs) => archs.iter().copied().filter(|&a| a <= device).max(),
+        None => Some(device),
+    }
 }
 
 /// Compile `src` with `extra` options for compute capability `cc`: the cubin for
-/// `sm_XX`, else PTX for `compute_XX`. The error names both failures.
+/// `sm_XX`, else PTX for the newest virtual architecture NVRTC knows that the device
+/// runs (a device newer than NVRTC gets PTX the driver compiles). The error names both
+/// failures.
 pub fn compile_for_device(src: &str, cc: (i32, i32), extra: &[String]) -> Result<KernelImage> {
-    let [cubin_options, ptx_options] = device_options(cc, extra);
-    match compile_cubin(src, &cubin_options) {
-        Ok(bytes) => Ok(KernelImage { bytes, kind: ImageKind::Cubin }),
-        Err(cubin_err) => match compile_ptx(src, &ptx_options) {
-            Ok(ptx) => Ok(KernelImage { bytes: ptx.into_bytes(), kind: ImageKind::Ptx }),
-            Err(ptx_err) => Err(AttnError::backend(
-                "cuda",
-                std::io::Error::other(format!("NVRTC: cubin: {cubin_err}; PTX: {ptx_err}")),
-            )),
+    let cubin_err = match compile_cubin(src, &cubin_options(cc, extra)) {
+        Ok(bytes) => return Ok(KernelImage { bytes, kind: ImageKind::Cubin }),
+        Err(e) => e,
+    };
+    let supported = nvrtc_library()?.supported_archs();
+    let ptx_err = match ptx_arch(cc, supported.as_deref()) {
+        Some(arch) => match compile_ptx(src, &with_arch(format!("compute_{arch}"), extra)) {
+            Ok(ptx) => return Ok(KernelImage { bytes: ptx.into_bytes(), kind: ImageKind::Ptx }),
+            Err(e) => e.to_string(),
         },
-    }
+        None => format!("this NVRTC supports no architecture up to sm_{}{} (it supports {supported:?})", cc.0, cc.1),
+    };
+    Err(AttnError::backend("cuda", std::io::Error::other(format!("NVRTC: cubin: {cubin_err}; PTX: {ptx_err}"))))
 }
 
 /// Where [`image_for_device`] found its image.
@@ -98,8 +116,7 @@ pub fn compile_into(src: &str, cc: (i32, i32), extra: &[String], cache: Option<&
 
 /// The kernel cache's key of the image of `src` for `cc` with `extra`.
 fn device_image_key(src: &str, cc: (i32, i32), extra: &[String]) -> Result<Vec<u8>> {
-    let [cubin_options, _] = device_options(cc, extra);
-    Ok(image_key(nvrtc_library()?.version(), &cubin_options, src))
+    Ok(image_key(nvrtc_library()?.version(), &cubin_options(cc, extra), src))
 }
 
 /// Compile `src` with `options` (a real architecture among them) and return the cubin.
@@ -184,5 +201,21 @@ impl NvrtcLibrary {
             self.check("read", unsafe { bytes(prog, buf.as_mut_ptr().cast::<c_char>()) })?;
         }
         Ok(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ptx_arch;
+
+    #[test]
+    fn the_ptx_fallback_is_the_newest_known_architecture_the_device_runs() {
+        let known = [75, 80, 86, 89, 90, 100, 120];
+        assert_eq!(ptx_arch((12, 1), Some(&known)), Some(120));
+        assert_eq!(ptx_arch((13, 0), Some(&known)), Some(120));
+        assert_eq!(ptx_arch((10, 3), Some(&known)), Some(100));
+        assert_eq!(ptx_arch((9, 0), Some(&known)), Some(90));
+        assert_eq!(ptx_arch((7, 0), Some(&known)), None);
+        assert_eq!(ptx_arch((9, 0), None), Some(90));
     }
 }

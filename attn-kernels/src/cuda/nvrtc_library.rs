@@ -39,6 +39,8 @@ type CompileFn = unsafe extern "C" fn(Program, c_int, *const *const c_char) -> S
 pub(crate) type SizeFn = unsafe extern "C" fn(Program, *mut usize) -> Status;
 pub(crate) type BytesFn = unsafe extern "C" fn(Program, *mut c_char) -> Status;
 type ErrorStringFn = unsafe extern "C" fn(Status) -> *const c_char;
+type NumArchsFn = unsafe extern "C" fn(*mut c_int) -> Status;
+type ArchsFn = unsafe extern "C" fn(*mut c_int) -> Status;
 
 /// An opened libnvrtc: the functions this crate calls, its file and its version.
 pub struct NvrtcLibrary {
@@ -52,6 +54,8 @@ pub struct NvrtcLibrary {
     pub(crate) cubin_size: SizeFn,
     pub(crate) cubin: BytesFn,
     error_string: ErrorStringFn,
+    /// `nvrtcGetNumSupportedArchs` and `nvrtcGetSupportedArchs` (NVRTC 11.2 and newer).
+    supported_archs: Option<(NumArchsFn, ArchsFn)>,
     version: (i32, i32),
     path: String,
     // Kept open for the process: the function pointers above point into these.
@@ -73,6 +77,24 @@ impl NvrtcLibrary {
     /// NVRTC's (major, minor) version.
     pub fn version(&self) -> (i32, i32) {
         self.version
+    }
+
+    /// The architectures this NVRTC compiles for, as `10 * major + minor` (`90` for
+    /// sm_90), ascending; `None` where the library cannot say.
+    pub fn supported_archs(&self) -> Option<Vec<i32>> {
+        let (count_fn, archs_fn) = self.supported_archs?;
+        let mut n: c_int = 0;
+        // SAFETY: `n` is a valid out-pointer.
+        if unsafe { count_fn(&mut n) } != 0 || n <= 0 {
+            return None;
+        }
+        let mut archs = vec![0 as c_int; n as usize];
+        // SAFETY: `archs` holds the `n` entries NVRTC just reported.
+        if unsafe { archs_fn(archs.as_mut_ptr()) } != 0 {
+            return None;
+        }
+        archs.sort_unstable();
+        Some(archs)
     }
 
     /// `Ok` for `NVRTC_SUCCESS`, else the error NVRTC names for `status` after `what`.
@@ -120,6 +142,7 @@ impl NvrtcLibrary {
             cubin_size: load!("nvrtcGetCUBINSize"),
             cubin: load!("nvrtcGetCUBIN"),
             error_string: load!("nvrtcGetErrorString"),
+            supported_archs: optional(&lib),
             version: (major, minor),
             path: name.to_string(),
             _libs: vec![lib],
@@ -134,6 +157,17 @@ impl NvrtcLibrary {
             }
         }
         Ok(nvrtc)
+    }
+}
+
+/// The supported-architecture queries, where `lib` has them.
+fn optional(lib: &Library) -> Option<(NumArchsFn, ArchsFn)> {
+    // SAFETY: these are NVRTC's C functions of the same names (NVRTC 11.2 and newer),
+    // whose C types are `NumArchsFn` and `ArchsFn`.
+    unsafe {
+        let count = lib.get::<NumArchsFn>(b"nvrtcGetNumSupportedArchs\0").ok()?;
+        let archs = lib.get::<ArchsFn>(b"nvrtcGetSupportedArchs\0").ok()?;
+        Some((*count, *archs))
     }
 }
 
