@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The prepared check for a GPU machine that has no Rust toolchain: one command, at most 5
+# The prepared check for a GPU machine that has no Rust toolchain: one command, at most 9
 # minutes, that reports every step truthfully.
 #
 #   scripts/device-check.sh pack       # here: build the binaries into device-pack/ (git-ignored,
 #                                      # self-contained: binaries, conformance/, the PyTorch peer)
 #   scripts/device-check.sh rehearse   # here: pack, copy the pack into a clean directory and run
 #                                      # it there; GPU steps report `not run (no GPU)`
-#   device run: command "bash device-pack/device-check.sh run; cd $OUT && tar czf logs.tgz *.log &&
-#               rm *.log", carry ["device-pack"], timeout_s 580 (each step has a budget, 525 s in
-#               all; `run --only STEP` reruns one step; the tool returns at most 8 files)
+#   device run: command "bash device-pack/device-check.sh run", carry ["device-pack"], timeout_s 580
+#               (each step has a budget, 525 s in all, and the run stops starting commands at
+#               540 s; `run --only STEP` reruns one step). $OUT holds four files, rewritten
+#               after every step so a run cut short still reports: device-report.md and .json,
+#               bench-summary.md and logs.tgz (every step's log).
 #
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
 # conformance directory on the CUDA backend, f32/bf16/f16, forward and gradients; the
@@ -22,7 +24,9 @@
 # (compute-sanitizer memcheck and racecheck on a small bf16 forward+backward), nccl (a
 # one-rank round trip and a peer that never joins). Each step writes
 # `STEP: passed|FAILED|not run (why)` to $OUT/device-report.md (JSON twin device-report.json)
-# and its output to $OUT/STEP.log. ATTN_REQUIRE_GPU=1: no GPU test may skip.
+# and its output to STEP.log in $OUT/logs.tgz. ATTN_REQUIRE_GPU=1: no GPU test may skip, and
+# a test filter that matches nothing fails its step. The pack carries the kernel cache of
+# sm_90 (H100, H200) compiled here with NVRTC 13.0, so no step waits for NVRTC there.
 set -uo pipefail
 STEPS="env golden tests bench ring python candle sanitizer nccl"
 
@@ -66,15 +70,28 @@ pack() {
     # as PTX text, so it travels xz-compressed. It builds in the toolkit's target directory
     # (unless CARGO_TARGET_DIR is set), where candle's kernels are kept between runs.
     mkdir -p "$pack/candle"
-    exe=$(scripts/with-cuda-toolkit.sh cargo test --no-run --message-format=json -p attn-candle --features cuda \
-        2>/dev/null | python3 scripts/cargo_executables.py --paths --only integration)
-    [ -n "$exe" ] || { echo "pack: attn-candle's cuda tests did not build" >&2; exit 1; }
+    if ! exe=$(scripts/with-cuda-toolkit.sh cargo test --no-run --message-format=json -p attn-candle --features cuda \
+        2>"$pack/candle/build.log" | python3 scripts/cargo_executables.py --paths --only integration) || [ -z "$exe" ]; then
+        tail -20 "$pack/candle/build.log" >&2
+        echo "pack: attn-candle's cuda tests did not build" >&2
+        exit 1
+    fi
+    rm "$pack/candle/build.log"
     strip -o "$pack/candle/candle_cuda" "$exe"
     python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(open(sys.argv[1], "rb"), lzma.open(sys.argv[1] + ".xz", "wb"))' \
         "$pack/candle/candle_cuda"
     rm "$pack/candle/candle_cuda"
+    # The modules an sm_90 device loads, compiled by NVRTC 13.0 (the device's CUDA 13 and
+    # PyTorch's cu130 wheels): a key that does not match there just compiles again.
+    local nvrtc13="${ATTN_CUDA_HOME:-$HOME/.cache/attn-cuda}/cu13/nvidia/cu13/lib/libnvrtc.so.13"
+    if [ -f "$nvrtc13" ]; then
+        ATTN_NVRTC_PATH="$nvrtc13" cargo run -q --release -p attn-kernels --features cuda --bin attn-ptx -- \
+            --arch 90 --fill-cache "$pack/kernel-cache"
+    else
+        echo "pack: no NVRTC 13 at $nvrtc13: the device will compile its kernels (about 30 s a dtype)" >&2
+    fi
     cp scripts/device-check.sh "$pack/"
-    git rev-parse --short HEAD >"$pack/COMMIT" 2>/dev/null || echo unknown >"$pack/COMMIT"
+    git describe --always --dirty >"$pack/COMMIT" 2>/dev/null || echo unknown >"$pack/COMMIT"
     local n
     n=$(ls "$pack/bin" | wc -l)
     [ "$n" -eq 11 ] || { echo "pack: expected 11 binaries, got $n: $(ls "$pack/bin")" >&2; exit 1; }
@@ -84,13 +101,11 @@ pack() {
 # ---- run (there) ----------------------------------------------------------------------------
 
 REPORT_LINES=()
-JSON_STEPS=()
 
-# record STEP RESULT SECONDS
+# record STEP RESULT SECONDS: a report line, and a tab-separated row for the JSON twin.
 record() {
     REPORT_LINES+=("- $1: $2 (${3} s)")
-    local r=${2//\"/\'}
-    JSON_STEPS+=("\"$1\": {\"result\": \"$r\", \"seconds\": $3, \"log\": \"$1.log\"}")
+    printf '%s\t%s\t%s\n' "$1" "${2//$'\t'/ }" "$3" >>"$LOGS/steps.tsv"
     echo "$1: $2 (${3} s)"
 }
 
@@ -140,23 +155,34 @@ have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | gre
 # Seconds each step may take (525 in all, so a whole run fits 9 minutes).
 budget() {
     case $1 in
-    env) echo 20 ;; golden) echo 45 ;; tests) echo 55 ;; bench) echo 55 ;; ring) echo 35 ;; python) echo 85 ;;
-    candle) echo 45 ;; sanitizer) echo 170 ;; nccl) echo 15 ;;
+    env) echo 30 ;; golden) echo 45 ;; tests) echo 55 ;; bench) echo 55 ;; ring) echo 35 ;; python) echo 85 ;;
+    candle) echo 45 ;; sanitizer) echo 160 ;; nccl) echo 15 ;;
     esac
 }
 
-# Run "$@" for at most $1 seconds and what is left of the step's budget, appending its
-# output to the step log; 124 = timed out.
+# No command starts later than this many seconds into the run (the tool's limit is 580).
+RUN_SECONDS=540
+
+# Run "$@" for at most $1 seconds, what is left of the step's budget and what is left of
+# the run, appending its output to the step log and how it ended; 124 = timed out.
 logged() {
-    local t=$1 left=$((STEP_END - $(date +%s)))
+    local t=$1 left=$((STEP_END - $(date +%s))) run_left=$((RUN_END - $(date +%s))) rc
     shift
     [ "$left" -lt "$t" ] && t=$left
+    [ "$run_left" -lt "$t" ] && t=$run_left
     echo "\$ $* (timeout ${t} s)" >>"$LOG"
     if [ "$t" -le 0 ]; then
         echo "the step's budget is spent" >>"$LOG"
         return 124
     fi
-    timeout "$t" "$@" >>"$LOG" 2>&1
+    timeout -k 5 "$t" "$@" >>"$LOG" 2>&1
+    rc=$?
+    case $rc in
+    0) ;;
+    124 | 137) echo "TIMED OUT after ${t} s" >>"$LOG" ;;
+    *) echo "exit $rc" >>"$LOG" ;;
+    esac
+    return "$rc"
 }
 
 step_env() {
@@ -198,9 +224,16 @@ step_golden() {
 step_tests() {
     have_gpu || return 2
     # cuda_golden repeats the golden step's files; it runs where the budget is left.
-    local t ok=0
-    for t in cuda_proptest attn_kernels cuda_nvrtc cuda_foreign cuda_golden; do
-        PROPTEST_CASES=16 logged 60 "$PACK/bin/$t" --test-threads=1 $([ "$t" = attn_kernels ] && echo cuda) || ok=1
+    # cuda_nvrtc runs its two tests that compile little: CI compiles every module with the
+    # same NVRTC.
+    local t ok=0 filter
+    for t in cuda_foreign cuda_proptest attn_kernels cuda_nvrtc cuda_golden; do
+        case $t in
+        attn_kernels) filter=(cuda) ;;
+        cuda_nvrtc) filter=(nvrtc_opens_from_its_directory newer_than_nvrtc) ;;
+        *) filter=() ;;
+        esac
+        PROPTEST_CASES=16 logged 60 "$PACK/bin/$t" --test-threads=1 "${filter[@]}" || ok=1
     done
     return "$ok"
 }
@@ -227,7 +260,7 @@ step_bench() {
         ok=1
     logged 20 python3 "$PACK/torch/gpu_matmul.py" --dtype bf16 || ok=1
     # Speed-ups over PyTorch and fractions of the matmul rate, against their targets.
-    python3 "$PACK/torch/device_bench_summary.py" "$LOG" >"$OUT/bench-summary.md" 2>>"$LOG" || ok=1
+    python3 "$PACK/torch/device_bench_summary.py" "$LOG" >"$LOGS/bench-summary.md" 2>>"$LOG" || ok=1
     return "$ok"
 }
 
@@ -248,7 +281,11 @@ step_python() {
     # ops a user writes without it, on the bench step's problem.
     local ok=0
     cd "$PACK/python" || return 1
-    PYTHONPATH="$PACK/python" logged 60 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_nvrtc.py || ok=1
+    # Unbuffered, so a killed run's log shows the test it was in; -rs lists what skipped.
+    local per_test=()
+    python3 -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout=30)
+    PYTHONUNBUFFERED=1 PYTHONPATH="$PACK/python" logged 60 python3 -m pytest -q -rs -p no:cacheprovider \
+        "${per_test[@]}" tests/test_cuda.py tests/test_nvrtc.py || ok=1
     PYTHONPATH="$PACK/python" logged 25 python3 -m attn_dilated.bench --device cuda --dtype bfloat16 --seqs 65536 \
         --heads 16 --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16 --reps 5 || ok=1
     cd - >/dev/null || return 1
@@ -286,7 +323,8 @@ step_sanitizer() {
         --rows 64,128,128w4 || ok=1
     logged 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
         --bwd-loads pipelined --bwd-keys 64,128 || ok=1
-    grep -qE 'Device not supported|not supported on this' "$LOG" && return 4
+    # Unsupported only where no tool ran at all (each run that ran prints its summary).
+    grep -q 'ERROR SUMMARY' "$LOG" || { grep -qE 'Device not supported|not supported on this' "$LOG" && return 4; }
     return "$ok"
 }
 
@@ -297,12 +335,17 @@ step_nccl() {
 
 run_step() {
     local s=$1 t0 rc why
-    LOG="$OUT/$s.log"
+    LOG="$LOGS/$s.log"
     : >"$LOG"
     t0=$(date +%s)
     STEP_END=$((t0 + $(budget "$s")))
     "step_$s"
     rc=$?
+    # A test filter that matched nothing proves nothing.
+    [ "$rc" -eq 0 ] && grep -q '^running 0 tests' "$LOG" && {
+        echo "a test filter matched no test" >>"$LOG"
+        rc=1
+    }
     local secs=$(($(date +%s) - t0))
     case $rc in
     0) record "$s" passed "$secs" ;;
@@ -311,8 +354,8 @@ run_step() {
     4) record "$s" "not run (unsupported runtime)" "$secs" ;;
     124) record "$s" "FAILED (timed out)" "$secs" ;;
     *)
-        why=$(grep -aE 'panicked|FAILED|[Ee]rror|No such file|budget is spent' "$LOG" | grep -vE ' 0 failed|^python3:' | head -1 |
-            cut -c1-160)
+        why=$(grep -aE 'panicked|FAILED|[Ee]rror|No such file|budget is spent|TIMED OUT|matched no test' "$LOG" |
+            grep -avE ' 0 failed|^python3:|^\$ | ok$' | head -1 | cut -c1-160)
         record "$s" "FAILED (${why:-rc $rc})" "$secs"
         ;;
     esac
@@ -328,9 +371,16 @@ run() {
     PACK=$(cd "$(dirname "$0")" && pwd)
     : "${OUT:=/tmp/device-out}"
     LIBS=$(mktemp -d /tmp/attn-libs.XXXX)
-    # The links live as long as the steps that load through them: removed when the run ends.
-    trap 'rm -rf "$LIBS"' EXIT
+    LOGS=$(mktemp -d /tmp/attn-logs.XXXX)
+    # The links and logs live as long as the steps: removed when the run ends.
+    trap 'rm -rf "$LIBS" "$LOGS"' EXIT
     mkdir -p "$OUT"
+    : >"$LOGS/steps.tsv"
+    DEVICE=$( (have_gpu && nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader) || echo none)
+    # The kernel cache the pack carries, in a private directory of this run.
+    export ATTN_CUDA_CACHE_DIR="$LIBS/kernel-cache"
+    mkdir -p "$ATTN_CUDA_CACHE_DIR"
+    [ -d "$PACK/kernel-cache" ] && cp "$PACK"/kernel-cache/* "$ATTN_CUDA_CACHE_DIR/" 2>/dev/null
     export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}" ATTN_GOLDEN_DIR="$PACK/conformance" ATTN_REQUIRE_GPU=1
     have_gpu || export ATTN_REQUIRE_GPU=0
     library_dirs
@@ -342,38 +392,55 @@ run() {
         use_lib libcudnn.so 'libcudnn.so.[0-9]*' || true
     } >"$LIBS/found" 2>&1
     export LD_LIBRARY_PATH
-    local s started
-    started=$(date +%s)
+    local s
+    STARTED=$(date +%s)
+    RUN_END=$((STARTED + RUN_SECONDS))
     for s in $STEPS; do
         [ -z "$only" ] || [ "$s" = "$only" ] || continue
         run_step "$s"
+        write_report
     done
-    local total=$(($(date +%s) - started)) failed=0
-    printf '%s\n' "${REPORT_LINES[@]}" | grep -q ': FAILED' && failed=1
+    cat "$OUT/device-report.md"
+    printf '%s\n' "${REPORT_LINES[@]}" | grep -q ': FAILED' && return 1
+    return 0
+}
+
+# The report as far as the run has got, and every log so far in $OUT/logs.tgz.
+write_report() {
+    local total=$(($(date +%s) - STARTED))
+    [ -f "$LOGS/bench-summary.md" ] && cp "$LOGS/bench-summary.md" "$OUT/bench-summary.md"
     {
         echo "# Device check, $(date -u +%Y-%m-%d) (commit $(cat "$PACK/COMMIT" 2>/dev/null))"
         echo
-        echo "Device: $( (have_gpu && nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader) || echo none)"
+        echo "Device: $DEVICE"
         echo
         printf '%s\n' "${REPORT_LINES[@]}"
         echo
         echo "Total: ${total} s."
-        if [ -s "$OUT/bench-summary.md" ]; then
+        # More modules than packed: a step compiled one (the packed key did not match).
+        echo "Kernel cache: $(ls "$PACK/kernel-cache" 2>/dev/null | wc -l) modules packed," \
+            "$(ls "$ATTN_CUDA_CACHE_DIR" | wc -l) after the steps so far."
+        if [ -s "$LOGS/bench-summary.md" ]; then
             echo
-            cat "$OUT/bench-summary.md"
+            cat "$LOGS/bench-summary.md"
         fi
         # The python step's bench table (the package against the torch composition).
-        if grep -q '^attn_dilated bench:' "$OUT/python.log" 2>/dev/null; then
+        if grep -q '^attn_dilated bench:' "$LOGS/python.log" 2>/dev/null; then
             printf '\n## Python package\n\n```\n'
-            sed -n '/^attn_dilated bench:/,/speed-up/p' "$OUT/python.log"
+            sed -n '/^attn_dilated bench:/,/speed-up/p' "$LOGS/python.log"
             printf '```\n'
         fi
     } >"$OUT/device-report.md"
-    local IFS=,
-    echo "{\"commit\": \"$(cat "$PACK/COMMIT" 2>/dev/null)\", \"seconds\": $total, \"steps\": {${JSON_STEPS[*]}}}" \
-        >"$OUT/device-report.json"
-    cat "$OUT/device-report.md"
-    return "$failed"
+    python3 - "$LOGS/steps.tsv" "$(cat "$PACK/COMMIT" 2>/dev/null)" "$total" >"$OUT/device-report.json" <<'PY'
+import json, sys
+steps = {}
+for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
+    name, result, seconds = line.rstrip("\n").split("\t")
+    steps[name] = {"result": result, "seconds": int(seconds), "log": name + ".log"}
+print(json.dumps({"commit": sys.argv[2], "seconds": int(sys.argv[3]), "steps": steps}))
+PY
+    tar czf "$OUT/logs.tgz.part" -C "$LOGS" --exclude steps.tsv --exclude bench-summary.md . &&
+        mv "$OUT/logs.tgz.part" "$OUT/logs.tgz"
 }
 
 # ---- rehearse (here) ------------------------------------------------------------------------
@@ -392,6 +459,8 @@ rehearse() {
         grep -q "^- $s: " "$dir/out/device-report.md" || { echo "rehearse: no line for $s" >&2; rc=1; }
     done
     python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$dir/out/device-report.json" || rc=1
+    tar tzf "$dir/out/logs.tgz" | grep -q 'env.log$' || { echo "rehearse: logs.tgz holds no env.log" >&2; rc=1; }
+    [ "$(ls "$dir/out" | wc -l)" -le 4 ] || { echo "rehearse: more than 4 files in \$OUT: $(ls "$dir/out")" >&2; rc=1; }
     python3 "$dir/device-pack/torch/device_bench_summary.py" --check || rc=1
     if ! have_gpu; then
         grep -q '^- env: passed' "$dir/out/device-report.md" || { echo "rehearse: env did not pass" >&2; rc=1; }
