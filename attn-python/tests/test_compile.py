@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import attn_dilated as ad
+from checks import assert_close
 
 OP = torch.ops.attn_dilated.attention.default
 BACKWARD = torch.ops.attn_dilated.attention_backward.default
@@ -94,3 +95,36 @@ def test_a_bad_config_fails_at_trace_time():
     f = torch.compile(lambda q, k, v: ad.dilated_attention(q, k, v, [16, 0], [1, 2]), fullgraph=True, backend="eager")
     with pytest.raises(Exception, match="segment"):
         f(q, k, v)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_gradient_into_the_lse_raises_under_compile(backend):
+    """Compiled with `fullgraph=True`: an LSE merge compiles and runs forward, and its
+    backward raises as in eager mode; a function returning `(out, lse)` gives eager
+    mode's gradients bit for bit when only `out` is differentiated, and raises when a
+    gradient reaches the returned LSE."""
+    from test_op import LSE_GRADIENT, split_keys_merged
+
+    gen = torch.Generator().manual_seed(21)
+    q = torch.randn(1, 32, 2, 8, generator=gen, requires_grad=True)
+    k, v = (torch.randn(1, 64, 2, 8, generator=gen, requires_grad=True) for _ in range(2))
+    torch._dynamo.reset()
+    merged = torch.compile(split_keys_merged, fullgraph=True, backend=backend)(q, k, v)
+    # Inductor fuses the merge's pointwise ops (other roundings).
+    assert_close("merged", merged, split_keys_merged(q, k, v), 1e-6)
+    with pytest.raises(NotImplementedError, match=LSE_GRADIENT):
+        merged.sum().backward()
+
+    def with_lse(q, k, v):
+        return ad.dilated_attention_with_lse(q, k, v, [16, 64], [1, 2], True)
+
+    compiled = torch.compile(with_lse, fullgraph=True, backend=backend)
+    for f in (compiled, with_lse):
+        out, lse = f(q, k, v)
+        assert lse.requires_grad
+        with pytest.raises(NotImplementedError, match=LSE_GRADIENT):
+            torch.autograd.grad(lse.sum(), (q, k, v))
+    got = run(lambda q, k, v: compiled(q, k, v)[0], q, k, v)
+    want = run(lambda q, k, v: with_lse(q, k, v)[0], q, k, v)
+    for a, b, name in zip(got, want, ("out", "dq", "dk", "dv")):
+        assert torch.equal(a, b), f"{name} differs under torch.compile({backend!r})"

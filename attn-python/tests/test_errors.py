@@ -66,9 +66,8 @@ def test_bad_dtypes_and_devices():
         run(q, k.half(), v)
     with pytest.raises(TypeError, match="must be a torch.Tensor"):
         run(q.numpy(), k, v)
+    # Meta tensors together are shape probing (test_op); beside CPU ones, an error.
     meta = torch.empty(1, 32, 4, 8, device="meta")
-    with pytest.raises(ValueError, match="on meta"):
-        run(meta, meta, meta)
     with pytest.raises(ValueError, match="key is on meta"):
         run(q, meta, v)
     with pytest.raises(ValueError, match="key_padding_mask is on meta but query is on cpu"):
@@ -146,3 +145,75 @@ def test_layer_arguments():
         layer(x, need_weights=True)
     with pytest.raises(ValueError, match=r"\[batch, seq, 32\]"):
         layer(torch.randn(1, 32, 16))
+
+
+@pytest.mark.parametrize(
+    "kw, error, message",
+    [
+        ({"segs": (8.7, 16)}, TypeError, r"segment_lengths\[0\] must be an integer, got float 8.7"),
+        ({"segs": ("8", 16)}, TypeError, r"segment_lengths\[0\] must be an integer, got str"),
+        ({"segs": (True, 16)}, TypeError, r"segment_lengths\[0\] must be an integer, got bool"),
+        ({"rates": (1, 2.0)}, TypeError, r"dilation_rates\[1\] must be an integer, got float"),
+        ({"segs": (2**70, 16)}, ValueError, r"segment_lengths\[0\] \(1180591620717411303424\) is out of range"),
+        ({"rates": (1, 2**63)}, ValueError, r"dilation_rates\[1\] \(9223372036854775808\) is out of range"),
+        ({"segs": (), "rates": (), "window": (4.5, 1)}, TypeError, r"window\[0\] must be an integer, got float"),
+        ({"segs": (), "rates": (), "window": (2**64, 0)}, ValueError, r"window\[0\] \(18446744073709551616\) is out of range"),
+        ({"segs": (), "rates": (), "window": (1, 2, 3)}, ValueError, r"window must be \(left, right\), got \(1, 2, 3\)"),
+        ({"cu_seqlens": [0, 10.7, 32]}, TypeError, r"cu_seqlens\[1\] must be an integer, got float"),
+        ({"cu_seqlens": [0, 2**64, 32]}, ValueError, r"cu_seqlens\[1\] \(18446744073709551616\) is out of range"),
+        ({"cu_seqlens": torch.tensor([0.0, 32.0])}, TypeError, "cu_seqlens must be a 1-D integer tensor"),
+        ({"is_causal": "False"}, TypeError, "is_causal must be a bool, got str"),
+        ({"is_causal": 1}, TypeError, "is_causal must be a bool, got int"),
+        ({"is_causal": torch.tensor(True)}, TypeError, "is_causal must be a bool, got Tensor"),
+        ({"softmax_scale": "0.5"}, TypeError, "softmax_scale must be a real number, got str"),
+        ({"mixing": 1}, TypeError, "mixing must be a str, got int"),
+    ],
+)
+def test_arguments_are_not_coerced(kw, error, message):
+    """Integer arguments must be integers (`operator.index`: no float truncated, no str
+    parsed, no bool) within int64, `is_causal` a bool: a TypeError or ValueError naming
+    the argument, not a silent conversion or torch's schema error."""
+    kw = dict(kw)
+    segs, rates = kw.pop("segs", (8, 16)), kw.pop("rates", (1, 2))
+    with pytest.raises(error, match=message):
+        run(*qkv(), segs, rates, **kw)
+
+
+def test_integer_like_and_numpy_values_are_accepted():
+    np = pytest.importorskip("numpy")
+    q, k, v = qkv()
+    want = run(q, k, v, (8, 16), (1, 2), is_causal=True)
+    got = ad.dilated_attention(
+        q, k, v, [np.int64(8), torch.tensor(16)], np.array([1, 2]), np.bool_(True), cu_seqlens=np.array([0, 32])
+    )
+    assert torch.equal(got, want)
+    assert torch.equal(run(q, k, v, (8, 16), (1, 2), is_causal=np.bool_(False)), run(q, k, v))
+
+
+def test_module_and_config_arguments_are_not_coerced():
+    with pytest.raises(TypeError, match=r"segment_lengths\[0\] must be an integer"):
+        ad.DilatedAttention([8.5, 16], [1, 2])
+    with pytest.raises(TypeError, match=r"dilation_rates\[1\] must be an integer"):
+        ad.make_config([8, 16], [1, 2.5])
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        ad.make_config([8, 16], [1, 2], "yes")
+    with pytest.raises(TypeError, match="embed_dim must be an integer, got float"):
+        ad.MultiheadDilatedAttention(32.0, 4, [1, 2], [8, 16])
+    with pytest.raises(TypeError, match="num_heads must be an integer, got str"):
+        ad.MultiheadDilatedAttention(32, "4", [1, 2], [8, 16])
+    with pytest.raises(TypeError, match="num_kv_heads must be an integer, got float"):
+        ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], num_kv_heads=2.0)
+    layer = ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16])
+    with pytest.raises(TypeError, match="is_causal must be a bool, got str"):
+        layer(torch.randn(1, 32, 32), is_causal="False")
+
+
+def test_double_backward_and_torch_func_raise():
+    """What the README lists as unsupported raises RuntimeError, never a wrong result."""
+    q = torch.randn(1, 16, 2, 8, requires_grad=True)
+    out = ad.dilated_attention(q, q, q, [8], [1])
+    (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError):
+        dq.sum().backward()
+    with pytest.raises(RuntimeError):
+        torch.func.grad(lambda x: ad.dilated_attention(x, x, x, [8], [1]).sum())(q.detach())

@@ -1,16 +1,21 @@
 """The modules: `DilatedAttention` equals the op; `MultiheadDilatedAttention` equals the
 definition's layer written in plain PyTorch (forward and every parameter's gradient),
 with grouped K/V, cross-attention, padding, packing and LongNet mixing; its parameter
-names, state_dict round trip, initialisation and dropout."""
+names, state_dict round trip, initialisation and dropout; copies (deepcopy, pickle,
+torch.save) computing the originals' bits; the upstream positional order."""
 
 from __future__ import annotations
 
+import copy
+import io
 import math
+import pickle
 import random
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from safetensors.torch import load_file, save_file
 
 import attn_dilated as ad
@@ -183,3 +188,91 @@ def test_random_layer_configs_in_low_precision():
         assert out.dtype == dtype
         want, _, _ = reference_layer(layer, x, x, x, None, None, False)
         assert_close("out", out, want, BOUND[dtype])
+
+
+def module_cases():
+    """Modules whose copies must compute what the originals do: the op as a module (head
+    groups, LongNet, window) and layers (grouped K/V, no LayerNorm)."""
+    torch.manual_seed(3)
+    return [
+        ad.DilatedAttention([16, 32], [1, 2], softmax_scale=0.3),
+        ad.DilatedAttention([8, 32], [1, 4], mixing="longnet"),
+        ad.DilatedAttention([], [], window=(5, 2)),
+        ad.MultiheadDilatedAttention(64, 4, [1, 2], [16, 32], num_kv_heads=2),
+        ad.MultiheadDilatedAttention(64, 4, [1, 2], [16, 32], layer_norm=False, mixing="longnet"),
+    ]
+
+
+def module_outputs(m, causal=True):
+    """The module's output on fixed inputs and, for a layer, every parameter's gradient."""
+    gen = torch.Generator().manual_seed(4)
+    if isinstance(m, ad.DilatedAttention):
+        q, k, v = (torch.randn(2, 64, 4, 16, generator=gen) for _ in range(3))
+        return [m(q, k, v, is_causal=causal)]
+    x = torch.randn(2, 64, 64, generator=gen)
+    m.zero_grad()
+    out, _ = m(x, is_causal=causal)
+    out.square().sum().backward()
+    return [out.detach(), *(p.grad.clone() for p in m.parameters())]
+
+
+def copies(m):
+    """`m` copied each way torch users copy modules: `copy.deepcopy`, `pickle` and
+    `torch.save`/`torch.load` of the whole module."""
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    return {
+        "deepcopy": copy.deepcopy(m),
+        "pickle": pickle.loads(pickle.dumps(m)),
+        "torch.save": torch.load(buf, weights_only=False),
+    }
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_modules_deepcopy_pickle_and_save_compute_identical_outputs(index):
+    m = module_cases()[index]
+    want = module_outputs(m)
+    for how, c in copies(m).items():
+        assert type(c) is type(m), how
+        assert repr(c) == repr(m), how
+        got = module_outputs(c)
+        assert len(got) == len(want)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), f"a {how} copy computes other bits"
+
+
+def test_transformer_encoder_clones_the_layer():
+    """`nn.TransformerEncoder` deep-copies the layer it is given (the shape of
+    dilated-attention-pytorch's encoder layer): each clone computes the original's bits."""
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self_attn = ad.MultiheadDilatedAttention(64, 4, [1, 2], [16, 32])
+
+        def forward(self, x, **_):
+            return self.self_attn(x, x, x, True)[0]
+
+    torch.manual_seed(6)
+    layer = Layer()
+    enc = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    x = torch.randn(2, 64, 64)
+    for clone in enc.layers:
+        assert clone.self_attn is not layer.self_attn
+        assert torch.equal(clone(x), layer(x))
+    assert torch.equal(enc(x), layer(layer(x)))
+
+
+def test_layer_forward_takes_upstream_positional_order():
+    """`forward(query, key, value, is_causal)` as in dilated-attention-pytorch; the rest
+    is keyword-only."""
+    torch.manual_seed(8)
+    m = ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16])
+    x = torch.randn(2, 32, 32)
+    causal, _ = m(x, x, x, True)
+    assert torch.equal(causal, m(x, is_causal=True)[0])
+    assert not torch.equal(causal, m(x, x, x, False)[0])
+    pad = torch.zeros(2, 32, dtype=torch.bool)
+    with pytest.raises(TypeError):
+        m(x, x, x, False, pad)
+    assert torch.equal(m(x, x, x, False, key_padding_mask=pad)[0], m(x)[0])

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 import attn_dilated as ad
 from attn_dilated import _native
@@ -204,3 +205,105 @@ def test_the_interpreter_runs_other_threads_during_a_call():
     assert t1 - t0 > 0.02, f"call took {t1 - t0:.3f} s, too short to observe"
     lo, hi = t0 + 0.25 * (t1 - t0), t0 + 0.75 * (t1 - t0)
     assert sum(lo < s < hi for s in stamps) > 10
+
+
+def split_keys_merged(q, k, v):
+    """The attention of q over all of k, v as two halves of the keys merged by their LSEs
+    (the ring / context-parallel pattern), one pattern that sees every key."""
+    n = k.shape[1]
+    o1, l1 = ad.dilated_attention_with_lse(q, k[:, : n // 2], v[:, : n // 2], [n], [1])
+    o2, l2 = ad.dilated_attention_with_lse(q, k[:, n // 2 :], v[:, n // 2 :], [n], [1])
+    lse = torch.logaddexp(l1, l2)[..., None]
+    return torch.exp(l1[..., None] - lse) * o1 + torch.exp(l2[..., None] - lse) * o2
+
+
+LSE_GRADIENT = r"gradient through the LSE.*\.detach\(\)"
+
+
+def test_a_gradient_into_the_lse_raises():
+    """The kernels' backward takes the output's gradient only: a result that depends on
+    the LSE differentiably (here two halves of the keys merged by their LSEs) raises in
+    backward instead of getting wrong gradients, as does a loss of the LSE alone."""
+    gen = torch.Generator().manual_seed(12)
+    q = torch.randn(1, 32, 2, 8, generator=gen, requires_grad=True)
+    k, v = (torch.randn(1, 64, 2, 8, generator=gen, requires_grad=True) for _ in range(2))
+    merged = split_keys_merged(q, k, v)
+    assert_close("merged", merged, ad.dilated_attention(q, k, v, [64], [1]), BOUND[torch.float32])
+    with pytest.raises(NotImplementedError, match=LSE_GRADIENT):
+        merged.square().sum().backward()
+    out, lse = ad.dilated_attention_with_lse(q, k, v, [64], [1])
+    assert lse.requires_grad and out.requires_grad
+    with pytest.raises(NotImplementedError, match=LSE_GRADIENT):
+        torch.autograd.grad(lse.sum(), q)
+    with pytest.raises(RuntimeError, match=LSE_GRADIENT):  # NotImplementedError is one
+        (out.sum() + lse.sum()).backward()
+
+
+def test_the_lse_for_its_value_costs_no_gradient():
+    """The LSE read for logging, merged after `.detach()`, modified in place, or returned
+    from a reentrant checkpoint (which hands the unused LSE a zero gradient): the
+    gradients are those of the output alone, bit for bit, and nothing raises."""
+    gen = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(2, 48, 4, 8, generator=gen, requires_grad=True) for _ in range(3))
+    g = torch.randn(2, 48, 4, 8, generator=gen)
+    want = torch.autograd.grad(ad.dilated_attention(q, k, v, [16, 48], [1, 2]), (q, k, v), g)
+    out, lse = ad.dilated_attention_with_lse(q, k, v, [16, 48], [1, 2])
+    assert lse.requires_grad and torch.isfinite(lse).any()
+    lse.clamp_(min=-1e4)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    out, lse = torch.utils.checkpoint.checkpoint(
+        ad.dilated_attention_with_lse, q, k, v, [16, 48], [1, 2], use_reentrant=True
+    )
+    assert lse.requires_grad
+    out.backward(g)  # a reentrant checkpoint takes no torch.autograd.grad
+    assert all(torch.equal(x.grad, b) for x, b in zip((q, k, v), want))
+    out, lse = ad.dilated_attention_with_lse(q, k, v, [16, 48], [1, 2])
+    (out * lse.detach().exp()[..., None]).sum().backward()
+    with torch.no_grad():
+        assert not ad.dilated_attention_with_lse(q, k, v, [16, 48], [1, 2])[1].requires_grad
+    q0 = q.detach()
+    assert not ad.dilated_attention_with_lse(q0, q0, q0, [16, 48], [1, 2])[1].requires_grad
+
+
+def test_autocast_casts_query_key_and_value_like_sdpa():
+    """Under `torch.autocast`, as `scaled_dot_product_attention` does, query, key and value
+    are cast to the autocast dtype (mixed dtypes included); the gradients reach the
+    float32 leaves. Without autocast mixed dtypes stay an error."""
+    gen = torch.Generator().manual_seed(14)
+    q, k, v = (torch.randn(2, 32, 4, 8, generator=gen, requires_grad=True) for _ in range(3))
+    kb = k.detach().bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ad.dilated_attention(q, kb, v, [8, 16], [1, 2], is_causal=True)
+        out2, lse = ad.dilated_attention_with_lse(q, k, v, [8, 16], [1, 2], is_causal=True)
+        layer_out = ad.DilatedAttention([8, 16], [1, 2])(q, kb, v, is_causal=True)
+    want = ad.dilated_attention(q.bfloat16(), kb, v.bfloat16(), [8, 16], [1, 2], is_causal=True)
+    assert out.dtype == out2.dtype == layer_out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert torch.equal(out, want) and torch.equal(out2, want) and torch.equal(layer_out, want)
+    out.float().sum().backward()
+    assert q.grad.dtype == v.grad.dtype == torch.float32 and kb.grad.dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        with pytest.raises(TypeError, match="key has dtype torch.bfloat16 but query has torch.float32"):
+            ad.dilated_attention(q, kb, v, [8, 16], [1, 2])
+
+
+def test_meta_tensors_give_shapes_and_dtypes():
+    """On the `meta` device (shape probing, deferred initialisation) the registered op's
+    fake implementation answers: output like query, LSE float32 `[batch, seq, heads]`,
+    gradients like the inputs; the layer built on `meta` too."""
+    meta = torch.device("meta")
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        q = torch.empty(2, 40, 6, 16, device=meta, dtype=dtype, requires_grad=True)
+        k = torch.empty(2, 24, 3, 16, device=meta, dtype=dtype, requires_grad=True)
+        out, lse = ad.dilated_attention_with_lse(q, k, k, [8, 16], [1, 2], is_causal=True)
+        assert out.device == lse.device == meta
+        assert out.shape == q.shape and out.dtype == dtype
+        assert lse.shape == (2, 40, 6) and lse.dtype == torch.float32
+        dq, dk = torch.autograd.grad(out, (q, k), torch.empty_like(out))
+        assert (dq.shape, dq.dtype, dq.device) == (q.shape, dtype, meta)
+        assert (dk.shape, dk.dtype, dk.device) == (k.shape, dtype, meta)
+    layer = ad.MultiheadDilatedAttention(64, 4, [1, 2], [16, 32], device=meta)
+    y, _ = layer(torch.empty(2, 48, 64, device=meta))
+    assert y.shape == (2, 48, 64) and y.device == meta
+    with pytest.raises(ValueError, match="key is on meta but query is on cpu"):
+        ad.dilated_attention(torch.randn(2, 40, 6, 16), k, k, [8, 16], [1, 2])

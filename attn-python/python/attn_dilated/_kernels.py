@@ -5,7 +5,10 @@ that torch allocates on the inputs' device (CUDA calls on the current stream).""
 from __future__ import annotations
 
 import functools
+import numbers
+import operator
 import os
+import sys
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -19,6 +22,80 @@ Window = Tuple[int, int]
 CuSeqlens = Union[torch.Tensor, Sequence[int]]
 
 
+# The op's schema holds integers as int64.
+_INT64_MAX = 2**63 - 1
+
+
+def _is_numpy_bool(x) -> bool:
+    np = sys.modules.get("numpy")  # a NumPy bool exists only where NumPy is imported
+    return np is not None and isinstance(x, np.bool_)
+
+
+def as_int(name: str, x) -> int:
+    """`x` as a Python int (`operator.index`: ints, NumPy integers, integer 0-d tensors;
+    no float truncated, no str parsed, no bool), within int64; TypeError or ValueError
+    naming the argument otherwise."""
+    if isinstance(x, bool) or _is_numpy_bool(x):
+        raise TypeError(f"{name} must be an integer, got bool {x!r}")
+    try:
+        i = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(x).__name__} {x!r}") from None
+    if not -_INT64_MAX <= i <= _INT64_MAX:
+        raise ValueError(f"{name} ({i}) is out of range: at most 2**63 - 1 in magnitude")
+    return i
+
+
+def int_list(name: str, xs) -> List[int]:
+    """Each entry of `xs` (None: none) through [`as_int`], named `name[i]`."""
+    if xs is None:
+        return []
+    if isinstance(xs, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of integers, got {type(xs).__name__} {xs!r}")
+    try:
+        items = list(xs)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of integers, got {type(xs).__name__}") from None
+    return [as_int(f"{name}[{i}]", x) for i, x in enumerate(items)]
+
+
+def as_bool(name: str, x) -> bool:
+    """A Python or NumPy bool, as `scaled_dot_product_attention` takes `is_causal`; a str,
+    int or tensor is a TypeError (`"False"` would otherwise be true)."""
+    if isinstance(x, bool) or _is_numpy_bool(x):
+        return bool(x)
+    raise TypeError(f"{name} must be a bool, got {type(x).__name__} {x!r}")
+
+
+def as_scale(x) -> Optional[float]:
+    """`softmax_scale`: None or a real number (NumPy scalars and 0-d tensors too) as a
+    float; a str or bool is a TypeError. Its value is the native config's to check."""
+    if x is None:
+        return None
+    if isinstance(x, (str, bytes, bool)):
+        raise TypeError(f"softmax_scale must be a real number, got {type(x).__name__} {x!r}")
+    if not isinstance(x, numbers.Real):
+        try:
+            return float(x)
+        except (TypeError, ValueError):
+            raise TypeError(f"softmax_scale must be a real number, got {type(x).__name__} {x!r}") from None
+    return float(x)
+
+
+def as_window(window) -> Optional[List[int]]:
+    """`window`: None or `(left, right)`, two integers (their signs are checked by
+    [`make_config`] and the native config)."""
+    if window is None:
+        return None
+    try:
+        parts = list(window)
+    except TypeError:
+        raise TypeError(f"window must be (left, right), got {type(window).__name__} {window!r}") from None
+    if len(parts) != 2:
+        raise ValueError(f"window must be (left, right), got {window!r}")
+    return int_list("window", parts)
+
+
 def make_config(
     segment_lengths: Sequence[int],
     dilation_rates: Sequence[int],
@@ -27,24 +104,27 @@ def make_config(
     mixing: str = "head_groups",
     window: Optional[Window] = None,
 ) -> "_native.Config":
-    """A validated native config; a bad value raises ValueError naming it. With a
-    window, `mixing` may stay `head_groups` (the default) or be `window`."""
+    """A validated native config; a bad value raises ValueError naming it (TypeError for
+    a value of the wrong kind). With a window, `mixing` may stay `head_groups` (the
+    default) or be `window`."""
+    if not isinstance(mixing, str):
+        raise TypeError(f"mixing must be a str, got {type(mixing).__name__} {mixing!r}")
     if mixing not in _MIXINGS:
         raise ValueError(f"mixing must be one of {_MIXINGS}, got {mixing!r}")
-    segs = [int(x) for x in (segment_lengths or ())]
-    rates = [int(x) for x in (dilation_rates or ())]
+    segs = int_list("segment_lengths", segment_lengths)
+    rates = int_list("dilation_rates", dilation_rates)
+    causal = as_bool("is_causal", is_causal)
     if any(x < 0 for x in segs + rates):
         raise ValueError(f"segment_lengths {segs} and dilation_rates {rates} must be non-negative")
-    win = None
-    if window is not None:
-        left, right = window
-        if int(left) < 0 or int(right) < 0:
-            raise ValueError(f"window {window} must be two non-negative integers")
-        win = (int(left), int(right))
+    win = as_window(window)
+    if win is not None:
+        if win[0] < 0 or win[1] < 0:
+            raise ValueError(f"window {tuple(window)} must be two non-negative integers")
+        win = (win[0], win[1])
         if mixing == "head_groups":
             mixing = "window"
-    scale = None if softmax_scale is None else float(softmax_scale)
-    return _native.Config(segs, rates, mixing, "causal" if is_causal else "full", scale, win)
+    scale = as_scale(softmax_scale)
+    return _native.Config(segs, rates, mixing, "causal" if causal else "full", scale, win)
 
 
 @functools.lru_cache(maxsize=256)

@@ -9,7 +9,17 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from . import _ops
-from ._kernels import CuSeqlens, Window, cuda_unavailable_reason, make_config, nvrtc_library
+from ._kernels import (
+    CuSeqlens,
+    Window,
+    as_bool,
+    as_scale,
+    as_window,
+    cuda_unavailable_reason,
+    int_list,
+    make_config,
+    nvrtc_library,
+)
 
 __all__ = [
     "CuSeqlens",
@@ -23,20 +33,24 @@ __all__ = [
 ]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_DEVICE_TYPES = ("cpu", "cuda")
+# `meta`: the registered op's fake implementation gives shapes and dtypes.
+_DEVICE_TYPES = ("cpu", "cuda", "meta")
+# Where `torch.autocast` applies: scaled_dot_product_attention is a lower-precision op
+# on both, so query, key and value are cast to the autocast dtype there.
+_AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
 
 
 def _check_tensor(
     name: str, t: object, dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None
 ) -> torch.Tensor:
-    """A strided CPU or CUDA tensor of a supported dtype (`dtype` when given) on `device`
+    """A strided CPU, CUDA or meta tensor of a supported dtype (`dtype` when given) on `device`
     (when given: query's), of rank 4. One whose innermost stride is not 1 is copied to
     contiguous by the registered op (`_kernels.inner_unit`), which sees the strides a
     compiled graph gives it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type not in _DEVICE_TYPES:
-        raise ValueError(f"{name} is on {t.device}; attn_dilated computes on CPU and CUDA tensors")
+        raise ValueError(f"{name} is on {t.device}; attn_dilated computes on CPU and CUDA tensors (and meta ones)")
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device} but query is on {device}")
     if t.layout != torch.strided:
@@ -67,13 +81,33 @@ def _check_mask(mask: Optional[torch.Tensor], device: torch.device) -> Optional[
 
 
 def _check_cu(cu_seqlens: Optional[CuSeqlens]) -> Optional[list]:
+    """The packed sequences' offsets as a list of ints: a 1-D integer tensor or a
+    sequence of integers (no float truncated)."""
     if cu_seqlens is None:
         return None
     if isinstance(cu_seqlens, torch.Tensor):
-        if cu_seqlens.is_floating_point() or cu_seqlens.dim() != 1:
-            raise ValueError(f"cu_seqlens must be a 1-D integer tensor, got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+        dt = cu_seqlens.dtype
+        if dt.is_floating_point or dt.is_complex or dt == torch.bool:
+            raise TypeError(f"cu_seqlens must be a 1-D integer tensor, got dtype {dt}")
+        if cu_seqlens.dim() != 1:
+            raise ValueError(f"cu_seqlens must be a 1-D integer tensor, got shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.device.type == "meta":
+            raise ValueError("cu_seqlens is on meta: its values are needed (pass a list or a CPU tensor)")
         return [int(x) for x in cu_seqlens.tolist()]
-    return [int(x) for x in cu_seqlens]
+    return int_list("cu_seqlens", cu_seqlens)
+
+
+def _autocast(t: object) -> object:
+    """`t` cast to the autocast dtype where `torch.autocast` is enabled for its device,
+    as for `scaled_dot_product_attention` (a float32, bfloat16 or float16 tensor; float64
+    is not cast by autocast)."""
+    if not isinstance(t, torch.Tensor) or t.device.type not in _AUTOCAST_DEVICE_TYPES:
+        return t
+    kind = t.device.type
+    if not torch.is_autocast_enabled(kind):
+        return t
+    dtype = torch.get_autocast_dtype(kind)
+    return t.to(dtype) if t.dtype in _DTYPES and t.dtype != dtype else t
 
 
 def attention(
@@ -89,17 +123,23 @@ def attention(
     key_padding_mask=None,
     cu_seqlens=None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The checked arguments handed to the registered op: returns `(out, lse)`."""
+    """The checked arguments handed to the registered op: returns `(out, lse)`, the LSE
+    not differentiable. Under `torch.autocast` query, key and value are first cast to
+    the autocast dtype, as `scaled_dot_product_attention`'s are."""
+    query, key, value = (_autocast(x) for x in (query, key, value))
     q = _check_tensor("query", query)
     k = _check_tensor("key", key, q.dtype, q.device)
     v = _check_tensor("value", value, q.dtype, q.device)
     mask = _check_mask(key_padding_mask, q.device)
-    win = None if window is None else [int(x) for x in window]
-    segs = [int(x) for x in (segment_lengths or ())]
-    rates = [int(x) for x in (dilation_rates or ())]
-    scale = None if softmax_scale is None else float(softmax_scale)
+    win = as_window(window)
+    segs = int_list("segment_lengths", segment_lengths)
+    rates = int_list("dilation_rates", dilation_rates)
+    causal = as_bool("is_causal", is_causal)
+    scale = as_scale(softmax_scale)
+    if not isinstance(mixing, str):
+        raise TypeError(f"mixing must be a str, got {type(mixing).__name__} {mixing!r}")
     cu = _check_cu(cu_seqlens)
-    return _ops.attention(q, k, v, segs, rates, bool(is_causal), scale, mixing, win, mask, cu)
+    return _ops.attention(q, k, v, segs, rates, causal, scale, mixing, win, mask, cu)
 
 
 def dilated_attention_with_lse(
@@ -117,11 +157,21 @@ def dilated_attention_with_lse(
     window: Optional[Window] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """[`dilated_attention`][attn_dilated.dilated_attention] that also returns the
-    float32 LSE `[batch, seq, heads]` (natural log; `-inf` where a row attends nothing)."""
-    return attention(
+    float32 LSE `[batch, seq, heads]` (natural log; `-inf` where a row attends nothing).
+
+    The LSE requires grad where the output does, but no gradient passes through it: a
+    backward in which a nonzero gradient reaches it (partial results merged by their
+    LSEs, a loss of the LSE) raises NotImplementedError, eager or compiled. Reading it
+    (logging, inspection) costs nothing in the backward; use `lse.detach()` where only
+    its value is needed, and return it detached from a compiled function, whose backward
+    otherwise checks the zero gradient it receives for it."""
+    out, lse = attention(
         query, key, value, segment_lengths, dilation_rates, is_causal, softmax_scale, mixing, window,
         key_padding_mask, cu_seqlens,
     )
+    if out.requires_grad:
+        lse = _ops.GuardLse.apply(lse, out)
+    return out, lse
 
 
 def dilated_attention(
@@ -140,27 +190,23 @@ def dilated_attention(
 ) -> torch.Tensor:
     """Dilated attention of CPU or CUDA tensors `[batch, seq, heads, head_dim]` (float32,
     bfloat16 or float16), differentiable in query, key and value. On a CUDA device the
-    kernels run on the current stream (every tensor, the mask too, on query's device).
+    kernels run on the current stream (every tensor, the mask too, on query's device);
+    meta tensors give the output's shape and dtype. Under `torch.autocast` query, key and
+    value are cast to the autocast dtype first, as for `scaled_dot_product_attention`.
 
-    `mixing` is `head_groups` (equal to dilated-attention-pytorch's DilatedAttention)
-    or `longnet` (patterns merged by their softmax denominators). Keys and values may
-    have fewer heads (grouped K/V; query head j reads head j // (heads // kv_heads)) and
-    their own length (cross-attention). `key_padding_mask` is `[batch, key_seq]` bool,
-    True = padding; `cu_seqlens` packs variable-length sequences into batch 1;
-    `window=(left, right)` replaces the dilated patterns by a sliding window (pass empty
-    segment_lengths and dilation_rates). Invalid input raises ValueError or TypeError.
+    `mixing` is `head_groups` (each group of heads runs one pattern, the outputs scaled by
+    1/G, as docs/definition.md defines it; the README says where dilated-attention-pytorch's
+    code gives other values) or `longnet` (patterns merged by their softmax
+    denominators). Keys and values may have fewer heads (grouped K/V; query head j reads
+    head j // (heads // kv_heads)) and their own length (cross-attention).
+    `key_padding_mask` is `[batch, key_seq]` bool, True = padding; `cu_seqlens` packs
+    variable-length sequences into batch 1; `window=(left, right)` replaces the dilated
+    patterns by a sliding window (pass empty segment_lengths and dilation_rates).
+    Integer arguments must be integers and `is_causal` a bool. Invalid input raises
+    ValueError or TypeError.
     """
-    out, _ = dilated_attention_with_lse(
-        query,
-        key,
-        value,
-        segment_lengths,
-        dilation_rates,
-        is_causal,
-        softmax_scale,
-        mixing,
-        key_padding_mask=key_padding_mask,
-        cu_seqlens=cu_seqlens,
-        window=window,
+    out, _ = attention(
+        query, key, value, segment_lengths, dilation_rates, is_causal, softmax_scale, mixing, window,
+        key_padding_mask, cu_seqlens,
     )
     return out

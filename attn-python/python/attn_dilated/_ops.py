@@ -87,3 +87,50 @@ def _backward(ctx, grad_out, _grad_lse):
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+LSE_GRADIENT_MESSAGE = (
+    "attn_dilated: a gradient reached the LSE returned by dilated_attention_with_lse, but gradient "
+    "through the LSE is not supported: the kernels' backward takes the output's gradient only, so a "
+    "result computed from the LSE (partial results merged by their LSEs, a loss of the LSE) would get "
+    "wrong gradients. Where only the LSE's value is needed (logging, inspection), use lse.detach()."
+)
+
+
+@torch.library.custom_op("attn_dilated::lse_gradient_check", mutates_args=())
+def lse_gradient_check(grad_lse: Tensor, dtype: torch.dtype) -> Tensor:
+    """NotImplementedError where `grad_lse` (the gradient that reached the LSE) has a
+    nonzero entry; otherwise a 0-d zero of `dtype`, the output's (zero) share of it.
+
+    An op, so that the check runs when the backward does, compiled or not: a compiled
+    backward receives a zero gradient for an LSE it returned that nothing used, so only
+    the values tell a gradient from none, and they are known at run time only."""
+    if bool(grad_lse.ne(0).any()):
+        raise NotImplementedError(LSE_GRADIENT_MESSAGE)
+    return grad_lse.new_zeros((), dtype=dtype)
+
+
+@lse_gradient_check.register_fake
+def _(grad_lse, dtype):
+    return grad_lse.new_empty((), dtype=dtype)
+
+
+class GuardLse(torch.autograd.Function):
+    """`lse` (a copy) made part of `out`'s graph, so that it requires grad where `out`
+    does and a gradient reaching it is checked ([`lse_gradient_check`]). The backward
+    runs only where the LSE is part of what is differentiated; its result, zero, goes to
+    `out` so that a compiled backward keeps the check."""
+
+    @staticmethod
+    def forward(lse: Tensor, out: Tensor) -> Tensor:
+        # A copy, not a view: the caller may modify the LSE in place.
+        return lse.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, out = inputs
+        ctx.out_shape, ctx.out_dtype = out.shape, out.dtype
+
+    @staticmethod
+    def backward(ctx, grad_lse):
+        return None, lse_gradient_check(grad_lse, ctx.out_dtype).expand(ctx.out_shape)

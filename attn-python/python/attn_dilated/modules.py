@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._kernels import as_int, as_window, int_list
 from ._op import CuSeqlens, Window, attention, make_config
 
 
@@ -35,17 +36,24 @@ class DilatedAttention(nn.Module):
         super().__init__()
         if not 0.0 <= float(attention_dropout) < 1.0:
             raise ValueError(f"attention_dropout must be in [0, 1), got {attention_dropout}")
-        self.segment_lengths = list(segment_lengths or ())
-        self.dilation_rates = list(dilation_rates or ())
+        self.segment_lengths = int_list("segment_lengths", segment_lengths)
+        self.dilation_rates = int_list("dilation_rates", dilation_rates)
         self.softmax_scale = softmax_scale
         self.dropout_p = float(attention_dropout)
         self.mixing = mixing
-        self.window = window
-        # Built now so that a bad config raises here, not at the first forward.
-        self._configs = {
-            causal: make_config(self.segment_lengths, self.dilation_rates, causal, softmax_scale, mixing, window)
-            for causal in (False, True)
-        }
+        win = as_window(window)
+        self.window = None if win is None else tuple(win)
+        # Validated now so that a bad config raises here, not at the first forward. The
+        # module keeps plain Python values only (the op builds and caches the native
+        # config per call), so it deep-copies and pickles like any torch module.
+        self._validate()
+
+    def _validate(self, heads: Optional[int] = None) -> None:
+        """ValueError unless the config is valid (and, given `heads`, splits into its
+        head groups)."""
+        cfg = make_config(self.segment_lengths, self.dilation_rates, False, self.softmax_scale, self.mixing, self.window)
+        if heads is not None:
+            cfg.validate_heads(heads)
 
     def forward(
         self,
@@ -87,6 +95,10 @@ class MultiheadDilatedAttention(nn.Module):
     (`(left, right)`; segment_lengths and dilation_rates empty) and `softmax_scale`.
     """
 
+    # Inputs are `[batch, seq, embed_dim]` (read by `nn.TransformerEncoder` of a layer
+    # whose `self_attn` this is).
+    batch_first = True
+
     def __init__(
         self,
         embed_dim: int,
@@ -107,9 +119,10 @@ class MultiheadDilatedAttention(nn.Module):
         softmax_scale: Optional[float] = None,
     ):
         super().__init__()
+        embed_dim, num_heads = as_int("embed_dim", embed_dim), as_int("num_heads", num_heads)
         if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be a positive multiple of num_heads ({num_heads})")
-        kv_heads = num_heads if num_kv_heads is None else int(num_kv_heads)
+        kv_heads = num_heads if num_kv_heads is None else as_int("num_kv_heads", num_kv_heads)
         if kv_heads <= 0 or num_heads % kv_heads != 0:
             raise ValueError(f"num_kv_heads ({kv_heads}) must divide num_heads ({num_heads})")
         if not 0.0 <= float(dropout) < 1.0:
@@ -121,7 +134,7 @@ class MultiheadDilatedAttention(nn.Module):
         self.gamma_init = _positive("gamma_init", gamma_init)
         _positive("layer_norm_eps", layer_norm_eps)
         self.attention = DilatedAttention(segment_lengths, dilation_rates, softmax_scale, mixing=mixing, window=window)
-        self.attention._configs[False].validate_heads(num_heads)
+        self.attention._validate(num_heads)
         kv_dim = kv_heads * self.head_dim
         kw = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
@@ -148,15 +161,18 @@ class MultiheadDilatedAttention(nn.Module):
         query: Tensor,
         key: Optional[Tensor] = None,
         value: Optional[Tensor] = None,
+        is_causal: bool = False,
+        *,
         key_padding_mask: Optional[Tensor] = None,
         need_weights: bool = False,
         attn_mask: Optional[Tensor] = None,
-        is_causal: bool = False,
-        *,
         cu_seqlens: Optional[CuSeqlens] = None,
     ) -> Tuple[Tensor, None]:
         """`query` (and `key`, `value` for cross-attention; `key` defaults to `query`,
-        `value` to `key`) are `[batch, seq, embed_dim]`; returns `(output, None)`."""
+        `value` to `key`) are `[batch, seq, embed_dim]`; returns `(output, None)`. The
+        positional order is dilated-attention-pytorch's, `(query, key, value,
+        is_causal)`; the rest is keyword-only (`need_weights=True` and `attn_mask` are
+        refused: the weights are never formed)."""
         if need_weights:
             raise ValueError("need_weights=True is not supported: dilated attention never forms the weight matrix")
         if attn_mask is not None:
