@@ -218,6 +218,44 @@ fn a_wrong_piece_on_one_rank_is_the_same_error_on_every_rank() {
     }
 }
 
+#[test]
+fn kernels_that_fail_to_load_on_one_rank_are_every_rank_s_error() {
+    let (problem, pieces) = small_problem(3);
+    let comms = ThreadComm::world_with_timeout(3, TIMEOUT).unwrap();
+    let res: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .zip(&pieces)
+            .enumerate()
+            .map(|(rank, (mut comm, [q, k, v]))| {
+                let problem = &problem;
+                s.spawn(move || {
+                    let mut t = HostTransport::new(&mut comm);
+                    let opts = ChunkOptions::default();
+                    match rank {
+                        1 => chunk_forward(
+                            &mut t,
+                            &Planted(CpuChunks::default(), Plant::Masks),
+                            problem,
+                            opts,
+                            [q, k, v],
+                        )
+                        .map(|_| ()),
+                        _ => chunk_forward(&mut t, &CpuChunks::default(), problem, opts, [q, k, v]).map(|_| ()),
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &res {
+        match r {
+            Err(AttnError::RankDisagreement(m)) => assert!(m.contains("no kernels"), "{m}"),
+            other => panic!("every rank reports the failed load, got {other:?}"),
+        }
+    }
+}
+
 /// The CPU compute with one planted fault in blocks whose keys start at position 0 and
 /// whose queries do not.
 #[derive(Clone, Copy)]
@@ -228,6 +266,8 @@ enum Plant {
     Fail,
     /// A round's slice of k/v is copied from one row too far on (a wrong answer).
     SliceShift,
+    /// Preparing the masks (and a device's kernels) fails.
+    Masks,
 }
 
 struct Planted(CpuChunks, Plant);
@@ -243,7 +283,10 @@ impl ChunkCompute<f32> for Planted {
         rows.shape
     }
     fn masks(&self, problem: &RingProblem) -> attn_core::Result<Self::Masks> {
-        ChunkCompute::<f32>::masks(&self.0, problem)
+        match self.1 {
+            Plant::Masks => Err(AttnError::BackendUnavailable { backend: "planted", reason: "no kernels".into() }),
+            _ => ChunkCompute::<f32>::masks(&self.0, problem),
+        }
     }
     fn empty_partial(&self, q: Shape4) -> attn_core::Result<HostPartial> {
         ChunkCompute::<f32>::empty_partial(&self.0, q)
@@ -260,7 +303,7 @@ impl ChunkCompute<f32> for Planted {
             return match self.1 {
                 Plant::Drop => Ok(()),
                 Plant::Fail => Err(AttnError::InvalidArgument("planted block failure".into())),
-                Plant::SliceShift => self.0.forward_block(b, p),
+                Plant::SliceShift | Plant::Masks => self.0.forward_block(b, p),
             };
         }
         self.0.forward_block(b, p)

@@ -57,6 +57,20 @@ fn check_pieces<T: Element, X: ChunkCompute<T>>(
     None
 }
 
+/// The masks and what the blocks need loaded (a device's kernels, compiled on a machine's
+/// first call), prepared before the handshake: a slow load is waited for there, and a
+/// failed one becomes this rank's refusal (`err`, unless it already holds one), so every
+/// rank reports it instead of timing out in a round.
+fn prepare<T: Element, X: ChunkCompute<T>>(
+    compute: &X,
+    problem: &RingProblem,
+    err: Option<String>,
+) -> (Result<X::Masks>, Option<String>) {
+    let masks = compute.masks(problem);
+    let err = err.or_else(|| masks.as_ref().err().map(|e| format!("preparing the masks and kernels failed: {e}")));
+    (masks, err)
+}
+
 /// The handshake of a call (every rank the same verdict), after local checks; returns the
 /// statistics at the call's start and after the handshake.
 fn open_call<T: Element, C: Communicator + ?Sized>(
@@ -162,10 +176,10 @@ where
     let rank = transport.control().rank();
     let (h, kvh) = (problem.heads, problem.kv_heads);
     let tensors = [(TensorName::Query, q, h), (TensorName::Key, k, kvh), (TensorName::Value, v, kvh)];
-    let err = check_pieces(compute, problem, rank, &tensors);
+    let (masks, err) = prepare(compute, problem, check_pieces(compute, problem, rank, &tensors));
     let op = format!("chunk-forward rounds={}", opts.rounds());
     let start = open_call::<T, _>(transport.control(), &op, problem, err)?;
-    let masks = compute.masks(problem)?;
+    let masks = masks?;
     let partials = forward_pass(transport, compute, problem, opts, &masks, [q, k, v])?;
     let stats = finish(transport.control(), start)?;
     let (out, lse) =
@@ -267,10 +281,10 @@ where
         (TensorName::Value, v, kvh),
         (TensorName::GradOutput, grad_out, h),
     ];
-    let err = check_pieces(compute, problem, rank, &tensors);
+    let (masks, err) = prepare(compute, problem, check_pieces(compute, problem, rank, &tensors));
     let op = format!("chunk-backward rounds={}", opts.rounds());
     let start = open_call::<T, _>(transport.control(), &op, problem, err)?;
-    let masks = compute.masks(problem)?;
+    let masks = masks?;
     let partials = forward_pass(transport, compute, problem, opts, &masks, [q, k, v])?;
     let (mut lse, mut delta) = (Vec::new(), Vec::new());
     for (partial, go) in partials.iter().zip(grad_out) {
