@@ -100,13 +100,31 @@ pack() {
 
 # ---- run (there) ----------------------------------------------------------------------------
 
-REPORT_LINES=()
+# The test binaries the steps run with a name filter, and their filters (libtest takes
+# any of them); `rehearse` checks that each filter names at least one test.
+test_filters() {
+    case $1 in
+    attn_kernels) echo cuda ;;
+    cuda_nvrtc) echo nvrtc_opens_from_its_directory newer_than_nvrtc ;;
+    attn_ring) echo nccl ;;
+    esac
+}
 
-# record STEP RESULT SECONDS: a report line, and a tab-separated row for the JSON twin.
+# record STEP RESULT SECONDS: a tab-separated row of $LOGS/steps.tsv, which the report is
+# made from (a later row of a step, from `run --only`, replaces an earlier one).
 record() {
-    REPORT_LINES+=("- $1: $2 (${3} s)")
-    printf '%s\t%s\t%s\n' "$1" "${2//$'\t'/ }" "$3" >>"$LOGS/steps.tsv"
+    local r=${2//$'\t'/ }
+    printf '%s\t%s\t%s\n' "$1" "${r//$'\r'/ }" "$3" >>"$LOGS/steps.tsv"
     echo "$1: $2 (${3} s)"
+}
+
+# The report's line of each step run so far, in step order.
+report_lines() {
+    local s
+    for s in $STEPS; do
+        awk -F '\t' -v s="$s" '$1 == s { line = "- " $1 ": " $2 " (" $3 " s)" } END { if (line) print line }' \
+            "$LOGS/steps.tsv"
+    done
 }
 
 # The first file matching $1 (a glob) in the library directories, in search order.
@@ -228,11 +246,7 @@ step_tests() {
     # same NVRTC.
     local t ok=0 filter
     for t in cuda_foreign cuda_proptest attn_kernels cuda_nvrtc cuda_golden; do
-        case $t in
-        attn_kernels) filter=(cuda) ;;
-        cuda_nvrtc) filter=(nvrtc_opens_from_its_directory newer_than_nvrtc) ;;
-        *) filter=() ;;
-        esac
+        read -ra filter <<<"$(test_filters "$t")"
         PROPTEST_CASES=16 logged 60 "$PACK/bin/$t" --test-threads=1 "${filter[@]}" || ok=1
     done
     return "$ok"
@@ -330,12 +344,14 @@ step_sanitizer() {
 
 step_nccl() {
     have_gpu || return 2
-    logged 60 "$PACK/bin/attn_ring" nccl --test-threads=1
+    logged 60 "$PACK/bin/attn_ring" "$(test_filters attn_ring)" --test-threads=1
 }
 
 run_step() {
     local s=$1 t0 rc why
     LOG="$LOGS/$s.log"
+    # A rerun (`run --only`) keeps the earlier run's log beside its own.
+    [ -s "$LOG" ] && mv "$LOG" "$LOGS/$s.earlier.log"
     : >"$LOG"
     t0=$(date +%s)
     STEP_END=$((t0 + $(budget "$s")))
@@ -354,7 +370,7 @@ run_step() {
     4) record "$s" "not run (unsupported runtime)" "$secs" ;;
     124) record "$s" "FAILED (timed out)" "$secs" ;;
     *)
-        why=$(grep -aE 'panicked|FAILED|[Ee]rror|No such file|budget is spent|TIMED OUT|matched no test' "$LOG" |
+        why=$(grep -aE 'panicked|FAILED|[Ee]rror|No such file|not found|budget is spent|TIMED OUT|matched no test|^exit [0-9]' "$LOG" |
             grep -avE ' 0 failed|^python3:|^\$ | ok$' | head -1 | cut -c1-160)
         record "$s" "FAILED (${why:-rc $rc})" "$secs"
         ;;
@@ -375,12 +391,16 @@ run() {
     # The links and logs live as long as the steps: removed when the run ends.
     trap 'rm -rf "$LIBS" "$LOGS"' EXIT
     mkdir -p "$OUT"
-    : >"$LOGS/steps.tsv"
+    # `run --only STEP` after a run adds to that run's report and logs.
+    [ -n "$only" ] && [ -f "$OUT/logs.tgz" ] && tar xzf "$OUT/logs.tgz" -C "$LOGS"
+    touch "$LOGS/steps.tsv"
     DEVICE=$( (have_gpu && nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader) || echo none)
     # The kernel cache the pack carries, in a private directory of this run.
     export ATTN_CUDA_CACHE_DIR="$LIBS/kernel-cache"
-    mkdir -p "$ATTN_CUDA_CACHE_DIR"
+    mkdir -m 700 "$ATTN_CUDA_CACHE_DIR"
     [ -d "$PACK/kernel-cache" ] && cp "$PACK"/kernel-cache/* "$ATTN_CUDA_CACHE_DIR/" 2>/dev/null
+    # Modules newer than this stamp were compiled during the run (a packed key did not match).
+    touch "$LIBS/cache-stamp"
     export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}" ATTN_GOLDEN_DIR="$PACK/conformance" ATTN_REQUIRE_GPU=1
     have_gpu || export ATTN_REQUIRE_GPU=0
     library_dirs
@@ -401,7 +421,7 @@ run() {
         write_report
     done
     cat "$OUT/device-report.md"
-    printf '%s\n' "${REPORT_LINES[@]}" | grep -q ': FAILED' && return 1
+    report_lines | grep -q ': FAILED' && return 1
     return 0
 }
 
@@ -414,12 +434,12 @@ write_report() {
         echo
         echo "Device: $DEVICE"
         echo
-        printf '%s\n' "${REPORT_LINES[@]}"
+        report_lines
         echo
         echo "Total: ${total} s."
         # More modules than packed: a step compiled one (the packed key did not match).
-        echo "Kernel cache: $(ls "$PACK/kernel-cache" 2>/dev/null | wc -l) modules packed," \
-            "$(ls "$ATTN_CUDA_CACHE_DIR" | wc -l) after the steps so far."
+        echo "Kernel cache: $(ls "$PACK/kernel-cache" 2>/dev/null | wc -l) modules packed;" \
+            "$(find "$ATTN_CUDA_CACHE_DIR" -name '*.kernels' -newer "$LIBS/cache-stamp" | wc -l) compiled here (0 expected)."
         if [ -s "$LOGS/bench-summary.md" ]; then
             echo
             cat "$LOGS/bench-summary.md"
@@ -430,17 +450,18 @@ write_report() {
             sed -n '/^attn_dilated bench:/,/speed-up/p' "$LOGS/python.log"
             printf '```\n'
         fi
-    } >"$OUT/device-report.md"
-    python3 - "$LOGS/steps.tsv" "$(cat "$PACK/COMMIT" 2>/dev/null)" "$total" >"$OUT/device-report.json" <<'PY'
+    } >"$OUT/device-report.md.part" && mv "$OUT/device-report.md.part" "$OUT/device-report.md"
+    python3 - "$LOGS/steps.tsv" "$(cat "$PACK/COMMIT" 2>/dev/null)" "$total" >"$OUT/device-report.json.part" <<'PY' &&
 import json, sys
 steps = {}
-for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
+for line in open(sys.argv[1], encoding="utf-8", errors="replace", newline=""):
     name, result, seconds = line.rstrip("\n").split("\t")
     steps[name] = {"result": result, "seconds": int(seconds), "log": name + ".log"}
 print(json.dumps({"commit": sys.argv[2], "seconds": int(sys.argv[3]), "steps": steps}))
 PY
-    tar czf "$OUT/logs.tgz.part" -C "$LOGS" --exclude steps.tsv --exclude bench-summary.md . &&
-        mv "$OUT/logs.tgz.part" "$OUT/logs.tgz"
+        mv "$OUT/device-report.json.part" "$OUT/device-report.json"
+    # The logs with the rows and bench summary a later `run --only` adds to.
+    tar czf "$OUT/logs.tgz.part" -C "$LOGS" . && mv "$OUT/logs.tgz.part" "$OUT/logs.tgz"
 }
 
 # ---- rehearse (here) ------------------------------------------------------------------------
@@ -460,6 +481,21 @@ rehearse() {
     done
     python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$dir/out/device-report.json" || rc=1
     tar tzf "$dir/out/logs.tgz" | grep -q 'env.log$' || { echo "rehearse: logs.tgz holds no env.log" >&2; rc=1; }
+    # The kernel cache the device's steps count on, and tests behind every filter.
+    [ "$(ls "$dir/device-pack/kernel-cache"/*.kernels 2>/dev/null | wc -l)" -eq 3 ] ||
+        { echo "rehearse: the pack lacks the sm_90 kernel cache (NVRTC 13 needed to pack)" >&2; rc=1; }
+    local t f
+    for t in cuda_foreign cuda_proptest attn_kernels cuda_nvrtc cuda_golden cuda_chunk_ring attn_ring; do
+        for f in $(test_filters "$t") ""; do
+            [ -z "$f" ] && [ -n "$(test_filters "$t")" ] && continue
+            "$dir/device-pack/bin/$t" --list $f 2>/dev/null | grep -q ': test$' ||
+                { echo "rehearse: $t lists no test for filter '$f'" >&2; rc=1; }
+        done
+    done
+    # A rerun of one step adds to the report: every step keeps its line.
+    (cd "$dir" && OUT="$dir/out" bash device-pack/device-check.sh run --only golden >/dev/null)
+    [ "$(grep -c '^- ' "$dir/out/device-report.md")" -eq 9 ] ||
+        { echo "rehearse: run --only dropped the other steps' lines" >&2; rc=1; }
     [ "$(ls "$dir/out" | wc -l)" -le 4 ] || { echo "rehearse: more than 4 files in \$OUT: $(ls "$dir/out")" >&2; rc=1; }
     python3 "$dir/device-pack/torch/device_bench_summary.py" --check || rc=1
     if ! have_gpu; then

@@ -150,14 +150,11 @@ impl DilatedAttentionOp {
         out: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<[Tensor; 3]> {
-        let lse = match self.lse.get() {
-            Some(lse) => lse,
-            // Only reachable when the forward ran elsewhere (another device); recompute it.
-            None => {
-                self.recompute_forward::<T>(qkv)?;
-                self.lse.get().ok_or_else(|| to_candle(attn_core::AttnError::InvalidArgument("no LSE".into())))?
-            }
-        };
+        // The forward of host tensors kept its LSE on the host (tensors on a CUDA device
+        // take `backward_cuda`).
+        let lse = self.lse.get().ok_or_else(|| {
+            to_candle(attn_core::AttnError::InvalidArgument("no LSE of a forward on the host is kept".into()))
+        })?;
         let grad = unit_inner(grad)?;
         let [q, k, v] = qkv;
         let (qd, kd) = (q.dims().to_vec(), k.dims().to_vec());
@@ -212,19 +209,6 @@ impl DilatedAttentionOp {
             candle_core::DType::BF16 => crate::cuda::backward::<bf16>(o, qkv, out, &grad, &lse),
             _ => crate::cuda::backward::<f16>(o, qkv, out, &grad, &lse),
         }
-    }
-
-    fn recompute_forward<T: HostElement>(&self, [q, k, v]: [&Tensor; 3]) -> candle_core::Result<()> {
-        let guards = [q, k, v].map(|t| t.storage_and_layout());
-        let storages: Vec<&CpuStorage> = guards
-            .iter()
-            .map(|(s, _)| match &**s {
-                candle_core::Storage::Cpu(c) => Ok(c),
-                _ => fail(attn_core::AttnError::Unsupported { backend: "candle", feature: "tensors off the host" }),
-            })
-            .collect::<candle_core::Result<_>>()?;
-        self.forward_t::<T>([storages[0], storages[1], storages[2]], [guards[0].1, guards[1].1, guards[2].1])?;
-        Ok(())
     }
 }
 

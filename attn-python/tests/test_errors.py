@@ -153,6 +153,7 @@ def test_layer_arguments():
         ({"segs": (8.7, 16)}, TypeError, r"segment_lengths\[0\] must be an integer, got float 8.7"),
         ({"segs": ("8", 16)}, TypeError, r"segment_lengths\[0\] must be an integer, got str"),
         ({"segs": (True, 16)}, TypeError, r"segment_lengths\[0\] must be an integer, got bool"),
+        ({"segs": (8, torch.tensor(True))}, TypeError, r"segment_lengths\[1\] must be an integer, got bool"),
         ({"rates": (1, 2.0)}, TypeError, r"dilation_rates\[1\] must be an integer, got float"),
         ({"segs": (2**70, 16)}, ValueError, r"segment_lengths\[0\] \(1180591620717411303424\) is out of range"),
         ({"rates": (1, 2**63)}, ValueError, r"dilation_rates\[1\] \(9223372036854775808\) is out of range"),

@@ -87,7 +87,7 @@ impl KernelCache {
 
     /// Keep `image` for `key`, replacing what the file held.
     pub fn put(&self, key: &[u8], image: &[u8], kind: ImageKind) -> std::io::Result<()> {
-        fs::create_dir_all(&self.dir)?;
+        create_private_dir(&self.dir)?;
         let file = self.file(key);
         // Unique among this process's writes; `create_new` refuses a name another process
         // (on another host sharing the directory) happens to hold.
@@ -127,6 +127,19 @@ impl KernelCache {
             }
         }
     }
+}
+
+/// Creates `dir` and its missing parents for the owner alone (whatever the umask), so the
+/// cache it writes is one [`KernelCache::get`] reads.
+#[cfg(unix)]
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+#[cfg(not(unix))]
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    fs::create_dir_all(dir)
 }
 
 /// Whether users other than the owner and group may write `dir` (where it exists).
@@ -279,6 +292,8 @@ mod tests {
         let cache = scratch("shared");
         let key = image_key((13, 0), &[], "src");
         cache.put(&key, b"\x7fELF image", ImageKind::Cubin).unwrap();
+        // Created for the owner alone, whatever the umask.
+        assert_eq!(fs::metadata(cache.dir()).unwrap().permissions().mode() & 0o777, 0o700);
         assert!(cache.get(&key).is_some());
         fs::set_permissions(cache.dir(), fs::Permissions::from_mode(0o777)).unwrap();
         assert_eq!(cache.get(&key), None, "a world-writable directory");

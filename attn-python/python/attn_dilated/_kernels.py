@@ -35,7 +35,7 @@ def as_int(name: str, x) -> int:
     """`x` as a Python int (`operator.index`: ints, NumPy integers, integer 0-d tensors;
     no float truncated, no str parsed, no bool), within int64; TypeError or ValueError
     naming the argument otherwise."""
-    if isinstance(x, bool) or _is_numpy_bool(x):
+    if isinstance(x, bool) or _is_numpy_bool(x) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool):
         raise TypeError(f"{name} must be an integer, got bool {x!r}")
     try:
         i = operator.index(x)
