@@ -159,7 +159,7 @@ mod tests {
         let mut o = [0.0f32; 4];
         let mut l = [0.0f32; 2];
         let bad = |r: Result<()>| matches!(r, Err(AttnError::ShapeMismatch { .. }));
-        // Each of these used to index out of bounds or silently merge a prefix.
+        // Each of these must not index out of bounds or silently merge a prefix.
         assert!(bad(LseMerge::merge_rows(&mut o, &mut l, &[0.0; 3], &[0.0; 2])));
         assert!(bad(LseMerge::merge_rows(&mut o, &mut l, &[0.0; 4], &[0.0; 1])));
         assert!(bad(LseMerge::merge_rows(&mut o[..3], &mut l, &[0.0; 3], &[0.0; 2])));

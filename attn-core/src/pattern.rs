@@ -235,7 +235,7 @@ mod tests {
     #[test]
     fn range_selection_matches_brute_force() {
         // The last four: a rate wider than the segment, and offsets at or past `w`
-        // (nothing selected; `count_in_range` used to wrap around here).
+        // (nothing selected; `count_in_range` must not wrap around here).
         for (w, r, off) in [(8, 3, 1), (5, 1, 0), (7, 7, 6), (16, 4, 3), (3, 5, 2), (4, 1, 4), (4, 1, 5), (4, 2, 9)] {
             let p = SegmentPattern::new(w, r, off);
             for lo in 0..30 {

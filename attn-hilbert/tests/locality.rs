@@ -118,9 +118,9 @@ fn shifted_by_definition(order: &TokenOrder, w: usize) -> f64 {
     total / w as f64
 }
 
-/// A segment length far beyond the sequence used to walk every one of its offsets
-/// (`usize::MAX` of them: a hang) and overflowed `p + w`; it now walks only the
-/// offsets inside the sequence and returns at once, equal to the definition.
+/// A segment length far beyond the sequence must not walk every one of its offsets
+/// (`usize::MAX` of them: a hang) nor overflow `p + w`: only the offsets inside the
+/// sequence are walked, at once, equal to the definition.
 #[test]
 fn shifted_fraction_with_a_huge_segment_length_is_exact_and_fast() {
     let order = TokenOrder::hilbert_2d(5, 7).unwrap();

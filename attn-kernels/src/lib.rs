@@ -34,8 +34,8 @@
 //! request), `disjoint` (shared output buffer, disjoint rows), `backend` (the disjoint
 //! row writes of work units), `huge_pages` (`madvise` on fresh buffers) and, with the
 //! `cuda` feature, `cuda::device`, `cuda::launch`, `cuda::params`, `cuda::nvrtc` and
-//! `cuda::nvrtc_library` (the driver and NVRTC calls) and `cuda::foreign` (memory and
-//! streams another library owns). Only `ops`, the dispatch module, calls into `avx512`,
+//! `cuda::nvrtc_library` (the driver and NVRTC calls), `cuda::foreign` (memory and
+//! streams another library owns) and `cuda::emulation` (loading the CPU emulator library). Only `ops`, the dispatch module, calls into `avx512`,
 //! `avx2`, `portable` and `bf16_pairs`; every CPU feature check is in `cpu_features`.
 #![deny(unsafe_code)]
 

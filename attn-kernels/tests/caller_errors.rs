@@ -14,7 +14,7 @@ fn cfg(mixing: Mixing) -> DilatedConfig {
 }
 
 /// Rayon would clamp the request to its maximum (65535) and spawn that many threads
-/// (minutes); it used to.
+/// (minutes).
 #[test]
 fn absurd_thread_counts_are_typed_errors() {
     for threads in [usize::MAX, 1 << 20] {
@@ -24,8 +24,8 @@ fn absurd_thread_counts_are_typed_errors() {
     assert!(CpuBackend::new(0).unwrap().threads() >= 1);
 }
 
-/// `Shape4` literals skip validation; the size query used to panic (`clamp(1, 0)`) on a
-/// zero sequence length and wrap or allocate on overflowing dimensions.
+/// `Shape4` literals skip validation; the size query must not panic (`clamp(1, 0)`) on a
+/// zero sequence length, nor wrap or allocate on overflowing dimensions.
 #[test]
 fn workspace_of_unchecked_shapes_saturates() {
     let be = CpuBackend::new(1).unwrap();
@@ -49,9 +49,9 @@ fn workspace_of_unchecked_shapes_saturates() {
     assert_eq!(be.workspace_bytes(&cfg(Mixing::LongNet), bad, Pass::Backward), usize::MAX);
 }
 
-/// A valid shape with 2^56 heads: the forward's size query used to allocate a length
-/// per head (abort: "memory allocation failed") and the backward's to build every
-/// head's patterns (a hang).
+/// A valid shape with 2^56 heads: the forward's size query must not allocate a length
+/// per head (abort: "memory allocation failed"), nor the backward's build every head's
+/// patterns (a hang).
 #[test]
 fn workspace_of_absurd_head_counts_returns_at_once() {
     let be = CpuBackend::new(1).unwrap();
@@ -65,8 +65,8 @@ fn workspace_of_absurd_head_counts_returns_at_once() {
     }
 }
 
-/// Valid shapes whose workspace exceeds `usize`: the bound used to wrap (in release) to
-/// a small number; it saturates now, so no budget admits it.
+/// Valid shapes whose workspace exceeds `usize`: the bound saturates rather than wrap (in
+/// release) to a small number, so no budget admits it.
 #[test]
 fn workspace_beyond_usize_saturates() {
     let be = CpuBackend::new(8).unwrap();
@@ -76,9 +76,9 @@ fn workspace_beyond_usize_saturates() {
     assert_eq!(be.workspace_bytes(&cfg, s, Pass::Backward), usize::MAX);
 }
 
-/// Cross-attention with broadcast (zero-stride) k and v claiming 2^40 positions: the
-/// wrapped workspace (about 4.6e14 bytes on 8 threads) used to pass a 2^50-byte budget,
-/// and the call then scanned 2^59 key elements (a hang).
+/// Cross-attention with broadcast (zero-stride) k and v claiming 2^40 positions: a
+/// wrapped workspace (about 4.6e14 bytes on 8 threads) would pass a 2^50-byte budget,
+/// and the call would then scan 2^59 key elements (a hang).
 #[test]
 fn wrapped_workspace_cannot_slip_under_a_budget() {
     let be = CpuBackend::new(8).unwrap().with_budget(MemoryBudget::bytes(1 << 50));

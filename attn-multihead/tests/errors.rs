@@ -87,8 +87,8 @@ fn ring_cross_attention_with_other_kv_length_is_a_typed_error() {
 }
 
 /// The layer's `weights` field is public: weights resized by hand (a q/k/v bias of
-/// `embed_dim` instead of `3 * embed_dim`, a truncated in_proj) used to panic inside
-/// the projection (slice out of range); every pass now checks the layout first.
+/// `embed_dim` instead of `3 * embed_dim`, a truncated in_proj) must not panic inside
+/// the projection (slice out of range): every pass checks the layout first.
 #[test]
 fn hand_resized_weights_are_a_typed_error() {
     let cfg = MultiheadConfig::new(8, 2, &[4], &[1]);
@@ -112,9 +112,9 @@ fn hand_resized_weights_are_a_typed_error() {
     }
 }
 
-/// An `embed_dim` whose `embed_dim^2` weights overflow `usize` (2^32) used to panic
-/// building the layer (a wrapped, empty weight chunked by zero); a
-/// `dim_feedforward` as large panicked with a capacity overflow.
+/// An `embed_dim` whose `embed_dim^2` weights overflow `usize` (2^32) must not panic
+/// building the layer (a wrapped, empty weight chunked by zero), nor a
+/// `dim_feedforward` as large with a capacity overflow.
 #[test]
 fn overflowing_layer_sizes_are_typed_errors() {
     let cfg = MultiheadConfig::new(1 << 32, 1, &[4], &[1]).with_bias(false).with_layer_norm(false);

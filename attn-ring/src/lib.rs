@@ -2,7 +2,9 @@
 //! ranks (contiguous or zigzag, any length) and each rank computes exactly the
 //! rows the single-device function would, by exchanging only the selected k/v
 //! rows of segments that span ranks (ring pass or direct all-gather), with an
-//! exact backward whose dk/dv travel back to their owners.
+//! exact backward whose dk/dv travel back to their owners. The chunk ring
+//! ([`chunk_ring`]) instead sends whole k/v slices over a `ChunkTransport`, with CPU or
+//! CUDA block compute.
 //!
 //! Communication goes through the [`Communicator`] trait: [`ThreadComm`]
 //! (in-process ranks), `MpiComm` (feature `mpi`) and [`NcclComm`] (feature

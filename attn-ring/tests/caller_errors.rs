@@ -36,7 +36,7 @@ fn is_mismatch(r: &Result<impl std::fmt::Debug>, name: TensorName) -> bool {
 fn k_v_or_grad_out_unlike_q_is_a_shape_mismatch() {
     let q = random_vec(1, shape(16).numel());
     for kv_seq in [8, 32] {
-        // A longer k used to run on its first 16 rows; a shorter one panicked a rank thread.
+        // A longer k must not run on its first 16 rows, nor a shorter one panic a rank thread.
         let k = random_vec(2, shape(kv_seq).numel());
         let (qv, kv) = (view(&q, shape(16)), view(&k, shape(kv_seq)));
         let r = run_in_process(2, &cfg(), Layout::Contiguous, Strategy::Auto, qv, kv, qv);
@@ -65,7 +65,7 @@ fn global_tensors_unlike_the_problem_fail_every_rank() {
 fn communicators_out_of_rank_order_are_refused() {
     let q = random_vec(1, shape(16).numel());
     let qv = view(&q, shape(16));
-    // Reversed, the ranks' rows used to be reassembled at each other's positions.
+    // Reversed, the ranks' rows must not be reassembled at each other's positions.
     let mut comms = ThreadComm::world(2).unwrap();
     comms.reverse();
     let r = run_on(comms, &cfg(), Layout::Contiguous, Strategy::Auto, [qv, qv, qv]);
@@ -112,8 +112,8 @@ impl Communicator for Claims {
 fn a_communicator_with_no_world_or_a_rank_outside_it_is_refused() {
     let s = shape(16);
     let q = random_vec(1, s.numel());
-    // World 0 used to skip the handshake's checks and write a result; rank 1 of 1
-    // waited for itself until the timeout.
+    // World 0 must not skip the handshake's checks and write a result, nor rank 1 of 1
+    // wait for itself until the timeout.
     for (rank, world) in [(0, 0), (1, 1), (3, 2)] {
         let mut comm = Claims { rank, world, framing: Framing::new(0, world) };
         let problem = problem_for(&cfg(), s, Layout::Contiguous, Strategy::Auto, world.max(1));
@@ -128,7 +128,7 @@ fn a_communicator_with_no_world_or_a_rank_outside_it_is_refused() {
 #[test]
 fn a_zigzag_world_beyond_half_of_usize_is_an_error() {
     let huge = usize::MAX / 2 + 1;
-    // 2 * world used to wrap to 0: a division by zero.
+    // 2 * world would wrap to 0: a division by zero.
     assert!(matches!(Layout::Zigzag.check(10, huge), Err(AttnError::InvalidArgument(_))));
     assert!(Layout::Zigzag.ranges(10, huge, 0).len() <= 1 && Layout::Zigzag.rows(10, huge, huge - 1) <= 1);
     // n = p = usize::MAX: exact, with no intermediate overflow (chunk h of 2p starts at h/2).
@@ -151,8 +151,8 @@ fn a_zigzag_world_beyond_half_of_usize_is_an_error() {
 
 #[test]
 fn a_problem_for_a_far_larger_world_fails_at_once() {
-    // A world of 2^20 over one rank: the plan's world^2 tables (a terabyte) used to be
-    // built before the handshake reported the mismatch.
+    // A world of 2^20 over one rank: the plan's world^2 tables (a terabyte) must not be
+    // built before the handshake reports the mismatch.
     let s = Shape4::new(1, 1 << 20, 1, 1).unwrap();
     let mut problem = problem_for(&DilatedConfig::new(&[4], &[1]).unwrap(), s, Layout::Contiguous, Strategy::Auto, 1);
     problem.world = 1 << 20;
@@ -168,9 +168,9 @@ fn a_problem_for_a_far_larger_world_fails_at_once() {
 
 #[test]
 fn byte_figures_that_would_leave_u64_are_refused() {
-    // Shapes `Shape4` accepts, whose byte figures used to wrap silently: an f64
-    // backward's io_bytes over 2^59 elements read 1.38e19; LongNet with 64 patterns over
-    // 2^56 elements sent "27 bytes" per rank (only the headers: the payload wrapped to 0).
+    // Shapes `Shape4` accepts whose byte figures wrap in u64 if unchecked: an f64
+    // backward's io_bytes over 2^59 elements, LongNet with 64 patterns over 2^56 elements
+    // (whose payload would wrap to 0, leaving only the headers' 27 bytes per rank).
     let big = Shape4::new(1, 1 << 40, 1, 1 << 19).unwrap();
     let problem =
         problem_for(&DilatedConfig::new(&[1 << 20], &[1]).unwrap(), big, Layout::Contiguous, Strategy::Auto, 2);
@@ -212,7 +212,7 @@ fn worlds_beyond_max_world_are_refused() {
 fn local_rows_outside_the_sequence_are_refused() {
     let x = random_vec(3, shape(8).numel());
     let v = view(&x, shape(8));
-    // A position past the sequence used to panic (an index out of range).
+    // A position past the sequence is an error, not an index out of range.
     let r = local_rows(&v, &[0, 8]);
     assert!(matches!(&r, Err(AttnError::InvalidArgument(m)) if m.contains("position 8")), "{r:?}");
     let rows = local_rows(&v, &[7, 2]).unwrap();

@@ -1,4 +1,5 @@
-//! Test kit for `attn` (a dev-dependency only): seeded tensors, proptest
+//! Test kit for `attn` (a dev-dependency of the library crates; a dependency of the
+//! unpublished runner and attack crates only): seeded tensors, proptest
 //! strategies (plain and with the attention features), per-dtype tolerances, and the golden-file loader and checker.
 #![forbid(unsafe_code)]
 

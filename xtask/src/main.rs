@@ -25,9 +25,9 @@ use std::process::ExitCode;
 
 const USAGE: &str = "usage: cargo xtask <bench|test|tidy|ptx> [ARGS]
   bench [--quick|--full] [--cuda|--no-cuda] [--torch PYTHON] [--baseline results.json] [--budget 8GiB] [--out DIR] [--json ...]
-  test  [--skip-golden] [--only fmt|clippy|tests|tidy|golden|mpi|nccl|gpu|ptx|fuzz|valgrind|bench]
+  test  [--skip-golden] [--plan] [--only fmt|clippy|tests|tidy|golden|mpi|nccl|gpu|ptx|fuzz|valgrind|bench]
   tidy  [--upstream-golden DIR]
-  ptx   [--arch 80,90] [--out DIR]";
+  ptx   [--emulate] [--arch 80,90] [--out DIR]";
 
 /// The workspace root (xtask lives one level below it).
 pub fn repo_root() -> PathBuf {
