@@ -10,7 +10,8 @@ use std::path::PathBuf;
 
 use attn_kernels::cuda::kernel_cache::KernelCache;
 use attn_kernels::cuda::nvrtc::{
-    ImageKind, ImageSource, Output, compile_cubin, compile_for_device, compile_ptx, image_for_device,
+    ImageKind, ImageSource, Output, compile_cubin, compile_for_device, compile_ptx, image_for_device, process_image,
+    recompile_for_process,
 };
 use attn_kernels::cuda::source::{dtype_define, full_source, kernel_names, nvrtc_options};
 use attn_kernels::cuda::{LibrarySearch, library_files_in, nvrtc_library, nvrtc_search, open_nvrtc};
@@ -73,6 +74,27 @@ fn a_device_newer_than_nvrtc_gets_ptx_of_the_newest_known_architecture() {
     assert_eq!(image.kind, ImageKind::Ptx);
     let ptx = String::from_utf8(image.bytes).unwrap();
     assert!(ptx.contains(&format!(".target sm_{newest}")), "{ptx}");
+}
+
+/// A module is compiled once per process: a second device of the same architecture gets
+/// the first one's image (no cache on disk here); another architecture compiles.
+#[test]
+fn a_process_compiles_each_module_once() {
+    if !nvrtc_or_skip("a_process_compiles_each_module_once") {
+        return;
+    }
+    let src = "extern \"C\" __global__ void once(float* x) { x[0] = 2.0f; }";
+    let (first, from) = process_image(src, (9, 0), &[], None).unwrap();
+    assert_eq!(from, ImageSource::Nvrtc);
+    let (again, from) = process_image(src, (9, 0), &[], None).unwrap();
+    assert_eq!((from, &again), (ImageSource::Process, &first));
+    let (other, from) = process_image(src, (8, 0), &[], None).unwrap();
+    assert_eq!(from, ImageSource::Nvrtc, "sm_80 took sm_90's image");
+    assert_ne!(other, first);
+    // A recompile (of an image the driver refused) stays the process's image.
+    let fresh = recompile_for_process(src, (9, 0), &[], None).unwrap();
+    assert_eq!(fresh.kind, ImageKind::Cubin);
+    assert_eq!(process_image(src, (9, 0), &[], None).unwrap(), (fresh, ImageSource::Process));
 }
 
 /// A module compiled once is read back from the kernel cache, byte for byte, by the next

@@ -11,7 +11,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 
 use super::kernel_cache::KernelCache;
-use super::nvrtc::{ImageKind, ImageSource, compile_into, image_for_device};
+use super::nvrtc::{ImageKind, ImageSource, process_image, recompile_for_process};
 use super::nvrtc_library::{NVRTC_PATH_ENV, nvrtc_library};
 use super::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
 use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source, kernel_names_for};
@@ -206,13 +206,13 @@ impl CudaDevice {
     fn load(&self, suffix: &'static str) -> Result<Loaded> {
         let (src, extra, cc) = (full_source(), [dtype_define(suffix)?], self.compute_capability);
         let disk = KernelCache::from_env();
-        let (image, from) = image_for_device(&src, cc, &extra, disk.as_ref())?;
+        let (image, from) = process_image(&src, cc, &extra, disk.as_ref())?;
         match self.ctx.load_module(image.to_ptx()) {
             Ok(m) => Ok((m, image.kind)),
             // A kept image this driver refuses as an image: compile afresh and keep that,
             // unless the compile gives the same bytes (the driver would refuse them again).
-            Err(e) if from == ImageSource::Cache && refused_image(&e) => {
-                let fresh = compile_into(&src, cc, &extra, disk.as_ref())?;
+            Err(e) if from != ImageSource::Nvrtc && refused_image(&e) => {
+                let fresh = recompile_for_process(&src, cc, &extra, disk.as_ref())?;
                 if fresh == image {
                     return Err(load_error(e, image.kind, cc));
                 }

@@ -4,7 +4,9 @@
 //! emit that cubin; through the kernel cache on disk where one is given.
 #![allow(unsafe_code)]
 
+use std::collections::HashMap;
 use std::ffi::{CString, c_char};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use attn_core::{AttnError, Result};
 use cudarc::nvrtc::Ptx;
@@ -79,13 +81,60 @@ pub fn compile_for_device(src: &str, cc: (i32, i32), extra: &[String]) -> Result
     Err(AttnError::backend("cuda", std::io::Error::other(format!("NVRTC: cubin: {cubin_err}; PTX: {ptx_err}"))))
 }
 
-/// Where [`image_for_device`] found its image.
+/// Where [`image_for_device`] or [`process_image`] found its image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageSource {
+    /// Compiled earlier in this process (another device of the same architecture).
+    Process,
     /// Read from the kernel cache.
     Cache,
     /// Compiled by NVRTC (and kept in the cache where one is given and writable).
     Nvrtc,
+}
+
+/// One image's place in the process: filled once, by the first caller, under its own lock.
+type ImageSlot = Arc<Mutex<Option<KernelImage>>>;
+
+/// The process's place for the image of `src` for `cc` with `extra`.
+fn process_slot(src: &str, cc: (i32, i32), extra: &[String]) -> Result<ImageSlot> {
+    static IMAGES: OnceLock<Mutex<HashMap<Vec<u8>, ImageSlot>>> = OnceLock::new();
+    let images = IMAGES.get_or_init(|| Mutex::new(HashMap::new()));
+    // The map stays whole whatever a panicking holder did (it only ever inserts).
+    let mut images = images.lock().unwrap_or_else(PoisonError::into_inner);
+    Ok(images.entry(device_image_key(src, cc, extra)?).or_default().clone())
+}
+
+/// [`image_for_device`] kept for the process by its key, so that a second device of one
+/// architecture neither compiles nor reads the disk again (a cache that cannot be written,
+/// or none, would otherwise cost every device a compile). Callers wanting the same image
+/// wait for one compile; others do not wait.
+pub fn process_image(
+    src: &str,
+    cc: (i32, i32),
+    extra: &[String],
+    cache: Option<&KernelCache>,
+) -> Result<(KernelImage, ImageSource)> {
+    let slot = process_slot(src, cc, extra)?;
+    let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(image) = slot.as_ref() {
+        return Ok((image.clone(), ImageSource::Process));
+    }
+    let (image, from) = image_for_device(src, cc, extra, cache)?;
+    *slot = Some(image.clone());
+    Ok((image, from))
+}
+
+/// [`compile_into`], the image then also the process's in place of what it held (a
+/// recompile of an image the driver refused).
+pub fn recompile_for_process(
+    src: &str,
+    cc: (i32, i32),
+    extra: &[String],
+    cache: Option<&KernelCache>,
+) -> Result<KernelImage> {
+    let image = compile_into(src, cc, extra, cache)?;
+    *process_slot(src, cc, extra)?.lock().unwrap_or_else(PoisonError::into_inner) = Some(image.clone());
+    Ok(image)
 }
 
 /// [`compile_for_device`] through `cache`: the image kept there for this NVRTC version,
