@@ -168,7 +168,9 @@ use_lib() {
     fi
 }
 
-have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
+# Pipes end in `grep -c` (which reads everything), not `grep -q`: under pipefail, a writer
+# cut off by grep's early exit (SIGPIPE) would fail the pipe.
+have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -c '^GPU ' >/dev/null; }
 
 # Seconds each step may take (525 in all, so a whole run fits 9 minutes).
 budget() {
@@ -421,7 +423,7 @@ run() {
         write_report
     done
     cat "$OUT/device-report.md"
-    report_lines | grep -q ': FAILED' && return 1
+    report_lines | grep -c ': FAILED' >/dev/null && return 1
     return 0
 }
 
@@ -480,7 +482,7 @@ rehearse() {
         grep -q "^- $s: " "$dir/out/device-report.md" || { echo "rehearse: no line for $s" >&2; rc=1; }
     done
     python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$dir/out/device-report.json" || rc=1
-    tar tzf "$dir/out/logs.tgz" | grep -q 'env.log$' || { echo "rehearse: logs.tgz holds no env.log" >&2; rc=1; }
+    tar tzf "$dir/out/logs.tgz" | grep -c 'env.log$' >/dev/null || { echo "rehearse: logs.tgz holds no env.log" >&2; rc=1; }
     # The kernel cache the device's steps count on, and tests behind every filter.
     [ "$(ls "$dir/device-pack/kernel-cache"/*.kernels 2>/dev/null | wc -l)" -eq 3 ] ||
         { echo "rehearse: the pack lacks the sm_90 kernel cache (NVRTC 13 needed to pack)" >&2; rc=1; }
@@ -488,7 +490,7 @@ rehearse() {
     for t in cuda_foreign cuda_proptest attn_kernels cuda_nvrtc cuda_golden cuda_chunk_ring attn_ring; do
         for f in $(test_filters "$t") ""; do
             [ -z "$f" ] && [ -n "$(test_filters "$t")" ] && continue
-            "$dir/device-pack/bin/$t" --list $f 2>/dev/null | grep -q ': test$' ||
+            [ "$("$dir/device-pack/bin/$t" --list $f 2>/dev/null | grep -c ': test$')" -gt 0 ] ||
                 { echo "rehearse: $t lists no test for filter '$f'" >&2; rc=1; }
         done
     done
