@@ -3,8 +3,7 @@
 //! on disk, [`super::kernel_cache`]).
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
 use attn_core::{AttnError, Result};
 use cudarc::driver::sys::CUfunction_attribute_enum;
@@ -14,6 +13,7 @@ use super::kernel_cache::KernelCache;
 use super::nvrtc::{ImageKind, ImageSource, process_image, recompile_for_process};
 use super::nvrtc_library::{NVRTC_PATH_ENV, nvrtc_library};
 use super::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
+use super::slots::Slots;
 use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source, kernel_names_for};
 
 const BACKEND: &str = "cuda";
@@ -81,16 +81,11 @@ pub fn device_count() -> Result<usize> {
 /// A module and the kind of image it was loaded from.
 type Loaded = (Arc<CudaModule>, ImageKind);
 
-/// One module's place: filled once, by the first caller, under its own lock, so a slow
-/// compile holds up only the callers that need that same module.
-type ModuleSlot = Arc<Mutex<Option<Loaded>>>;
-
-/// The modules by (device ordinal, dtype suffix).
-type ModuleCache = Mutex<HashMap<(usize, &'static str), ModuleSlot>>;
-
-fn module_cache() -> &'static ModuleCache {
-    static CACHE: OnceLock<ModuleCache> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+/// The modules by (device ordinal, dtype suffix), each loaded once behind its own lock,
+/// so a slow compile holds up only the callers that need that same module.
+fn modules() -> &'static Slots<(usize, &'static str), Loaded> {
+    static MODULES: OnceLock<Slots<(usize, &'static str), Loaded>> = OnceLock::new();
+    MODULES.get_or_init(Slots::new)
 }
 
 /// The driver's refusal of an image, with what the image was and the usual cause.
@@ -188,18 +183,7 @@ impl CudaDevice {
 
     /// [`Self::module`] and whether it was loaded from a cubin or from PTX.
     fn module_and_kind(&self, suffix: &'static str) -> Result<Loaded> {
-        let slot = {
-            // The map stays whole whatever a panicking holder did (it only ever inserts).
-            let mut map = module_cache().lock().unwrap_or_else(PoisonError::into_inner);
-            map.entry((self.ctx.ordinal(), suffix)).or_default().clone()
-        };
-        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(loaded) = slot.as_ref() {
-            return Ok(loaded.clone());
-        }
-        let loaded = self.load(suffix)?;
-        *slot = Some(loaded.clone());
-        Ok(loaded)
+        Ok(modules().get_or_make((self.ctx.ordinal(), suffix), || self.load(suffix))?.0)
     }
 
     /// The module of dtype `suffix` from the kernel cache or NVRTC, loaded on this device.

@@ -34,6 +34,7 @@ pub mod nvrtc;
 mod nvrtc_library;
 pub mod params;
 pub mod plan;
+mod slots;
 pub mod source;
 mod tensor;
 

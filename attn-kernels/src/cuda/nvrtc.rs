@@ -4,15 +4,15 @@
 //! emit that cubin; through the kernel cache on disk where one is given.
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
 use std::ffi::{CString, c_char};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::OnceLock;
 
 use attn_core::{AttnError, Result};
 use cudarc::nvrtc::Ptx;
 
 use super::kernel_cache::{KernelCache, image_key};
 use super::nvrtc_library::{BytesFn, NvrtcLibrary, Program, SizeFn, nvrtc_library};
+use super::slots::Slots;
 use super::source::nvrtc_options;
 
 /// What [`compile_for_device`] produced.
@@ -92,16 +92,10 @@ pub enum ImageSource {
     Nvrtc,
 }
 
-/// One image's place in the process: filled once, by the first caller, under its own lock.
-type ImageSlot = Arc<Mutex<Option<KernelImage>>>;
-
-/// The process's place for the image of `src` for `cc` with `extra`.
-fn process_slot(src: &str, cc: (i32, i32), extra: &[String]) -> Result<ImageSlot> {
-    static IMAGES: OnceLock<Mutex<HashMap<Vec<u8>, ImageSlot>>> = OnceLock::new();
-    let images = IMAGES.get_or_init(|| Mutex::new(HashMap::new()));
-    // The map stays whole whatever a panicking holder did (it only ever inserts).
-    let mut images = images.lock().unwrap_or_else(PoisonError::into_inner);
-    Ok(images.entry(device_image_key(src, cc, extra)?).or_default().clone())
+/// The images compiled or read in this process, by key.
+fn process_images() -> &'static Slots<Vec<u8>, KernelImage> {
+    static IMAGES: OnceLock<Slots<Vec<u8>, KernelImage>> = OnceLock::new();
+    IMAGES.get_or_init(Slots::new)
 }
 
 /// [`image_for_device`] kept for the process by its key, so that a second device of one
@@ -114,13 +108,13 @@ pub fn process_image(
     extra: &[String],
     cache: Option<&KernelCache>,
 ) -> Result<(KernelImage, ImageSource)> {
-    let slot = process_slot(src, cc, extra)?;
-    let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(image) = slot.as_ref() {
-        return Ok((image.clone(), ImageSource::Process));
-    }
-    let (image, from) = image_for_device(src, cc, extra, cache)?;
-    *slot = Some(image.clone());
+    let mut from = ImageSource::Process;
+    let (image, _) = process_images().get_or_make(device_image_key(src, cc, extra)?, || {
+        image_for_device(src, cc, extra, cache).map(|(image, source)| {
+            from = source;
+            image
+        })
+    })?;
     Ok((image, from))
 }
 
@@ -133,7 +127,7 @@ pub fn recompile_for_process(
     cache: Option<&KernelCache>,
 ) -> Result<KernelImage> {
     let image = compile_into(src, cc, extra, cache)?;
-    *process_slot(src, cc, extra)?.lock().unwrap_or_else(PoisonError::into_inner) = Some(image.clone());
+    process_images().replace(device_image_key(src, cc, extra)?, image.clone());
     Ok(image)
 }
 
