@@ -80,7 +80,7 @@ impl<T: CudaElement> Runner for CudaRunner<T> {
         let lse = cuda::forward_call(dev, &block, &mut out, ForwardPath::Direct)?;
         let grads = match &self.grad_out {
             Some(go) => {
-                let delta = cuda::delta(dev, go, &out)?;
+                let delta = cuda::delta(dev, go, &out, None)?;
                 let mut grads = DeviceGrads::zeros(dev, self.shape, self.shape)?;
                 let upstream = cuda::DeviceUpstream { grad_out: go, lse: &lse, delta: &delta };
                 cuda::backward_block(dev, &block, &upstream, &mut grads)?;

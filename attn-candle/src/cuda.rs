@@ -125,14 +125,16 @@ pub(crate) fn forward<T: DeviceElement>(
     Ok((CudaStorage::wrap_cuda_slice(out.data, dev.clone()), Shape::from_dims(&shape.q.dims()), lse))
 }
 
-/// The gradients of `sum(out * grad)` with respect to q, k, v, from the forward's `out`
-/// and `lse`, all on one CUDA device; `grad` must have a unit head_dim stride.
+/// The gradients of `sum(out * grad) + sum(lse * grad_lse)` with respect to q, k, v,
+/// from the forward's `out` and `lse`, all on one CUDA device (`lses` is `(lse,
+/// grad_lse)`, the second contiguous where given); `grad` must have a unit head_dim
+/// stride.
 pub(crate) fn backward<T: DeviceElement>(
     options: &AttnOptions,
     qkv: [&Tensor; 3],
     out: &Tensor,
     grad: &Tensor,
-    lse: &Tensor,
+    (lse, grad_lse): (&Tensor, Option<&Tensor>),
 ) -> candle_core::Result<[Tensor; 3]> {
     let [q, k, v] = qkv;
     let names = [TensorName::Query, TensorName::Key, TensorName::Value, TensorName::Output, TensorName::GradOutput];
@@ -149,6 +151,17 @@ pub(crate) fn backward<T: DeviceElement>(
     if !lse_layout.is_contiguous() || lse_layout.start_offset() != 0 || lse_slice.len() != shape.q.lse_len() {
         return fail(AttnError::InvalidArgument("the kept LSE is not the forward's contiguous tensor".into()));
     }
+    let grad_lse_locked = grad_lse.map(Tensor::storage_and_layout);
+    let grad_lse_slice = match &grad_lse_locked {
+        Some((storage, layout)) => {
+            let slice = cuda_storage(TensorName::GradLse, storage)?.as_cuda_slice::<f32>()?;
+            if !layout.is_contiguous() || layout.start_offset() != 0 || slice.len() != shape.q.lse_len() {
+                return fail(AttnError::InvalidArgument("the LSE's gradient is not one contiguous tensor".into()));
+            }
+            Some(slice)
+        }
+        None => None,
+    };
     let (fq, _q_read) = input::<T>(&kernels, &stream, names[0], sq, locked[0].1)?;
     let (fk, _k_read) = input::<T>(&kernels, &stream, names[1], sk, locked[1].1)?;
     let (fv, _v_read) = input::<T>(&kernels, &stream, names[2], sv, locked[2].1)?;
@@ -162,6 +175,6 @@ pub(crate) fn backward<T: DeviceElement>(
     let zeros = |s: Shape4| DeviceTensor::<T>::zeros(&kernels, s).map_err(to_candle);
     let (mut dq, mut dk, mut dv) = (zeros(shape.q)?, zeros(shape.kv)?, zeros(shape.kv)?);
     let saved = DeviceSaved { out: &fo, lse: lse_slice };
-    backward_call(&kernels, &block, saved, &fg, [&mut dq, &mut dk, &mut dv]).map_err(to_candle)?;
+    backward_call(&kernels, &block, saved, &fg, grad_lse_slice, [&mut dq, &mut dk, &mut dv]).map_err(to_candle)?;
     Ok([tensor_of(dq, dev, shape.q), tensor_of(dk, dev, shape.kv), tensor_of(dv, dev, shape.kv)])
 }

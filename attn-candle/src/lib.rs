@@ -14,7 +14,9 @@
 //! op has one output tensor, so the alternative, returning the LSE as a second
 //! output, would need a second op and a split; the cell is simpler and costs one
 //! `f32` per (query, head). [`dilated_attention_with_lse`] also hands the LSE to the
-//! caller (detached: no gradient flows through it).
+//! caller, differentiable: a second op over q, k, v adds zeros to it and, in its `bwd`,
+//! runs the same backward with the gradient that reached the LSE (so partial results
+//! merged by their LSEs get exact gradients; a loss of both runs the backward twice).
 //!
 //! # Layouts
 //! Any strides candle hands over are accepted. When head_dim has unit stride (a

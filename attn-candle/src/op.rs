@@ -1,7 +1,8 @@
 //! The candle operation: [`DilatedAttentionOp`] is a `CustomOp3` over q, k, v whose
 //! forward runs a backend's forward on candle's host storage in place (or, for tensors on
 //! a CUDA device, the CUDA kernels on candle's device memory) and keeps the LSE, and
-//! whose `bwd` runs the exact backward from that LSE.
+//! whose `bwd` runs the exact backward from that LSE; `LseGradientOp` carries a gradient
+//! that reaches the returned LSE into the same backward.
 
 use std::sync::{Arc, Mutex};
 
@@ -114,6 +115,17 @@ impl DilatedAttentionOp {
         DilatedAttentionOp { on_cuda: OnCuda::Kernels, ..self }
     }
 
+    /// An op sharing this one's backend, options and LSE cell (for the backward of the
+    /// LSE's share of the graph).
+    fn shared(&self) -> Self {
+        DilatedAttentionOp {
+            backend: self.backend.clone(),
+            options: self.options.clone(),
+            lse: self.lse.clone(),
+            on_cuda: self.on_cuda,
+        }
+    }
+
     /// What the op does with tensors on a CUDA device.
     pub(crate) fn on_cuda(&self) -> OnCuda {
         self.on_cuda
@@ -143,12 +155,13 @@ impl DilatedAttentionOp {
         Ok((T::to_cpu_storage_owned(out), Shape::from_dims(&shape.dims())))
     }
 
-    /// The gradients of `sum(out * grad)` with respect to q, k, v.
+    /// The gradients of `sum(out * grad) + sum(lse * grad_lse)` with respect to q, k, v.
     fn backward_t<T: HostElement>(
         &self,
         qkv: [&Tensor; 3],
         out: &Tensor,
         grad: &Tensor,
+        grad_lse: Option<&Tensor>,
     ) -> candle_core::Result<[Tensor; 3]> {
         // The forward of host tensors kept its LSE on the host (tensors on a CUDA device
         // take `backward_cuda`).
@@ -156,6 +169,7 @@ impl DilatedAttentionOp {
             to_candle(attn_core::AttnError::InvalidArgument("no LSE of a forward on the host is kept".into()))
         })?;
         let grad = unit_inner(grad)?;
+        let grad_lse = grad_lse.map(|g| g.flatten_all()?.to_vec1::<f32>()).transpose()?;
         let [q, k, v] = qkv;
         let (qd, kd) = (q.dims().to_vec(), k.dims().to_vec());
         let q_shape = attn_core::Shape4::from_dims(TensorName::Query, &qd).map_err(to_candle)?;
@@ -171,7 +185,7 @@ impl DilatedAttentionOp {
                             self.run_backward(
                                 [qv, kv, vv],
                                 Saved { out: ov, lse: &lse },
-                                gv,
+                                (gv, grad_lse.as_deref()),
                                 Grads::contiguous(shape, [&mut dq, &mut dk, &mut dv]).map_err(to_candle)?,
                             )
                         })
@@ -187,27 +201,37 @@ impl DilatedAttentionOp {
         &self,
         [q, k, v]: [TensorView<'_, T>; 3],
         saved: Saved<'_, T>,
-        grad: TensorView<'_, T>,
+        (grad, grad_lse): (TensorView<'_, T>, Option<&[f32]>),
         grads: Grads<'_, T>,
     ) -> candle_core::Result<()> {
         let masks = self.options.masks().map_err(to_candle)?;
         let inputs = AttnInputs::new(&self.options.config, q, k, v).with_masks(masks);
-        T::backend(self.backend.as_ref()).backward(&inputs, saved, grad, grads).map_err(to_candle)
+        T::backend(self.backend.as_ref())
+            .backward_with_lse_grad(&inputs, saved, grad, grad_lse, grads)
+            .map_err(to_candle)
     }
 
     /// The backward of a forward on a CUDA device, from the LSE it kept there.
     #[cfg(feature = "cuda")]
-    fn backward_cuda(&self, qkv: [&Tensor; 3], out: &Tensor, grad: &Tensor) -> candle_core::Result<[Tensor; 3]> {
+    fn backward_cuda(
+        &self,
+        qkv: [&Tensor; 3],
+        out: &Tensor,
+        grad: &Tensor,
+        grad_lse: Option<&Tensor>,
+    ) -> candle_core::Result<[Tensor; 3]> {
         let lse = match self.lse.kept() {
             Some(KeptLse::Device(lse)) => lse,
             _ => return fail(attn_core::AttnError::InvalidArgument("no LSE kept on the device".into())),
         };
         let grad = unit_inner(grad)?;
-        let o = &self.options;
+        // The kernels read the LSE's gradient as one contiguous f32 buffer.
+        let grad_lse = grad_lse.map(|g| g.to_dtype(candle_core::DType::F32)?.copy()).transpose()?;
+        let (o, lses) = (&self.options, (&lse, grad_lse.as_ref()));
         match qkv[0].dtype() {
-            candle_core::DType::F32 => crate::cuda::backward::<f32>(o, qkv, out, &grad, &lse),
-            candle_core::DType::BF16 => crate::cuda::backward::<bf16>(o, qkv, out, &grad, &lse),
-            _ => crate::cuda::backward::<f16>(o, qkv, out, &grad, &lse),
+            candle_core::DType::F32 => crate::cuda::backward::<f32>(o, qkv, out, &grad, lses),
+            candle_core::DType::BF16 => crate::cuda::backward::<bf16>(o, qkv, out, &grad, lses),
+            _ => crate::cuda::backward::<f16>(o, qkv, out, &grad, lses),
         }
     }
 }
@@ -275,26 +299,104 @@ impl CustomOp3 for DilatedAttentionOp {
         res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let grads = self.backward_any([q, k, v], res, grad_res)?;
-        // Inputs candle does not track (constants) get no gradient to keep.
-        let [dq, dk, dv] = grads;
-        let tracked = |t: &Tensor, g: Tensor| t.track_op().then_some(g);
-        Ok((tracked(q, dq), tracked(k, dk), tracked(v, dv)))
+        tracked([q, k, v], self.backward_any([q, k, v], res, grad_res, None)?)
     }
 }
 
+/// The gradients of the inputs candle tracks; constants get none to keep.
+fn tracked(
+    qkv: [&Tensor; 3],
+    [dq, dk, dv]: [Tensor; 3],
+) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    let keep = |t: &Tensor, g: Tensor| t.track_op().then_some(g);
+    Ok((keep(qkv[0], dq), keep(qkv[1], dk), keep(qkv[2], dv)))
+}
+
 impl DilatedAttentionOp {
-    /// dq, dk, dv on the device of q.
-    fn backward_any(&self, qkv: [&Tensor; 3], res: &Tensor, grad_res: &Tensor) -> candle_core::Result<[Tensor; 3]> {
+    /// dq, dk, dv on the device of q, of `sum(out * grad_res) + sum(lse * grad_lse)`.
+    fn backward_any(
+        &self,
+        qkv: [&Tensor; 3],
+        res: &Tensor,
+        grad_res: &Tensor,
+        grad_lse: Option<&Tensor>,
+    ) -> candle_core::Result<[Tensor; 3]> {
         #[cfg(feature = "cuda")]
         if qkv[0].device().is_cuda() {
-            return self.backward_cuda(qkv, res, grad_res);
+            return self.backward_cuda(qkv, res, grad_res, grad_lse);
         }
         match qkv[0].dtype() {
-            candle_core::DType::F32 => self.backward_t::<f32>(qkv, res, grad_res),
-            candle_core::DType::BF16 => self.backward_t::<bf16>(qkv, res, grad_res),
-            _ => self.backward_t::<f16>(qkv, res, grad_res),
+            candle_core::DType::F32 => self.backward_t::<f32>(qkv, res, grad_res, grad_lse),
+            candle_core::DType::BF16 => self.backward_t::<bf16>(qkv, res, grad_res, grad_lse),
+            _ => self.backward_t::<f16>(qkv, res, grad_res, grad_lse),
         }
+    }
+}
+
+/// The LSE's share of the graph: a `CustomOp3` over q, k, v whose forward is zeros
+/// (`[batch, seq, heads]` f32, added to the kept LSE) and whose `bwd` is the attention's
+/// backward with that gradient into the LSE and none into the output. A loss of both the
+/// output and the LSE therefore runs the backward twice, once for each.
+struct LseGradientOp {
+    /// The attention op's backend, options and kept LSE.
+    attention: DilatedAttentionOp,
+    /// The forward's output (detached: its values only).
+    out: Tensor,
+}
+
+impl LseGradientOp {
+    fn zeros_shape(l1: &Layout) -> candle_core::Result<Shape> {
+        let d = l1.dims();
+        match d {
+            [b, s, h, _] => Ok(Shape::from_dims(&[*b, *s, *h])),
+            _ => fail(attn_core::AttnError::RankMismatch { tensor: TensorName::Query, expected: 4, got: d.len() }),
+        }
+    }
+}
+
+impl CustomOp3 for LseGradientOp {
+    fn name(&self) -> &'static str {
+        "dilated-attention-lse"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        l1: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let shape = Self::zeros_shape(l1)?;
+        Ok((CpuStorage::F32(vec![0.0; shape.elem_count()]), shape))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendDevice;
+        let shape = Self::zeros_shape(l1)?;
+        Ok((s1.device().zeros_impl(&shape, candle_core::DType::F32)?, shape))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let zeros = self.out.zeros_like()?;
+        tracked([q, k, v], self.attention.backward_any([q, k, v], &self.out, &zeros, Some(grad_res))?)
     }
 }
 
@@ -303,7 +405,8 @@ impl DilatedAttentionOp {
 pub struct AttnOutput {
     /// `[batch, seq, heads, head_dim]`, q's dtype, differentiable.
     pub out: Tensor,
-    /// `[batch, seq, heads]`, f32, detached (no gradient flows through it).
+    /// `[batch, seq, heads]`, f32, differentiable: a loss of it (partial results merged
+    /// by their LSEs) gets its gradients from the attention's backward.
     pub lse: Tensor,
 }
 
@@ -328,9 +431,14 @@ pub(crate) fn attend(op: DilatedAttentionOp, q: &Tensor, k: &Tensor, v: &Tensor)
     let [q, k, v] = [q, k, v].map(unit_inner);
     let (q, k, v) = (q?, k?, v?);
     let cell = op.lse_cell();
+    let attention = op.shared();
     let out = q.apply_op3(&k, &v, op)?;
     let (b, s, h, _) = out.dims4()?;
     let lse = cell.tensor((b, s, h), q.device())?;
     let lse = lse.ok_or_else(|| to_candle(attn_core::AttnError::InvalidArgument("forward kept no LSE".into())))?;
-    Ok(AttnOutput { out, lse })
+    if !out.track_op() {
+        return Ok(AttnOutput { out, lse });
+    }
+    let lse_share = q.apply_op3(&k, &v, LseGradientOp { attention, out: out.detach() })?;
+    Ok(AttnOutput { out, lse: (lse + lse_share)? })
 }

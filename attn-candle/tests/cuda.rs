@@ -53,6 +53,11 @@ fn random_feature_cases_on_the_gpu_match_the_host() {
         let on_gpu = run_op_on(&device, &problem, [&q, &k, &v], &go, DType::F32, layout).expect("runs on the GPU");
         let on_host = run_op(&problem, [&q, &k, &v], &go, DType::F32, layout).expect("runs on the host");
         assert_eq!(agree(&case, &on_gpu, &on_host), Ok(()), "case {i}: {case:?}");
+        // A gradient into the LSE too, in f32 and bf16, against the float64 reference.
+        for dtype in [DType::F32, DType::BF16] {
+            let op = CandleOp { dtype, layout, device: device.clone() };
+            assert_eq!(attn_testkit::judge_lse_gradients(&op, &case), Ok(()), "case {i} {dtype:?}: {case:?}");
+        }
         if i == 0 {
             let mut bad = on_gpu.clone();
             let at = bad.out.iter().position(|x| x.abs() > 0.1).expect("a sizeable output");

@@ -63,8 +63,15 @@ impl<T: Element> Attention<T> for Counting {
         self.forwards.fetch_add(1, Ordering::SeqCst);
         self.cpu.forward(inputs, out, lse)
     }
-    fn backward(&self, i: &AttnInputs<'_, T>, s: Saved<'_, T>, g: TensorView<'_, T>, d: Grads<'_, T>) -> Result<()> {
-        self.cpu.backward(i, s, g, d)
+    fn backward_with_lse_grad(
+        &self,
+        i: &AttnInputs<'_, T>,
+        s: Saved<'_, T>,
+        g: TensorView<'_, T>,
+        gl: Option<&[f32]>,
+        d: Grads<'_, T>,
+    ) -> Result<()> {
+        self.cpu.backward_with_lse_grad(i, s, g, gl, d)
     }
     fn workspace_bytes(&self, cfg: &DilatedConfig, shape: AttnShape, pass: Pass) -> usize {
         Attention::<T>::workspace_bytes(&self.cpu, cfg, shape, pass)

@@ -74,7 +74,14 @@ impl<T: Element> Attention<T> for Refusing {
     fn forward(&self, _: &AttnInputs<'_, T>, _: TensorViewMut<'_, T>, _: &mut [f32]) -> Result<()> {
         Err(AttnError::InvalidArgument("the refusing backend was called".into()))
     }
-    fn backward(&self, _: &AttnInputs<'_, T>, _: Saved<'_, T>, _: TensorView<'_, T>, _: Grads<'_, T>) -> Result<()> {
+    fn backward_with_lse_grad(
+        &self,
+        _: &AttnInputs<'_, T>,
+        _: Saved<'_, T>,
+        _: TensorView<'_, T>,
+        _: Option<&[f32]>,
+        _: Grads<'_, T>,
+    ) -> Result<()> {
         Err(AttnError::InvalidArgument("the refusing backend was called".into()))
     }
     fn workspace_bytes(&self, _: &DilatedConfig, _: AttnShape, _: Pass) -> usize {

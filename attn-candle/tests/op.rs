@@ -1,6 +1,7 @@
 //! The candle op against a plain candle composition of the definition (forward, LSE and
 //! candle-autograd gradients) on random feature cases in both layouts, f32 tight and
-//! bf16/f16 row by row against the float64 reference; a planted error fails the bound.
+//! bf16/f16 row by row against the float64 reference; gradients into the LSE in every
+//! dtype; a planted error fails the bound.
 
 use crate::common;
 
@@ -52,6 +53,65 @@ proptest! {
         rows.extend(judge_backward(&want, [dq, dk, dv], attn_dtype));
         prop_assert!(verdict(&rows).is_ok(), "{:?}", verdict(&rows));
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(32), ..ProptestConfig::default() })]
+
+    /// A loss of the output and the LSE: every gradient row within the dtype's bound of
+    /// the float64 reference with that gradient into the LSE, in every dtype and layout.
+    #[test]
+    fn lse_gradients_match_the_reference(case in feature_case(1..=24, 8, vec![1, 4, 8]), dtype in 0..3usize, bhsd in any::<bool>()) {
+        let layout = if bhsd { Layout::Bhsd } else { Layout::Bshd };
+        let dtype = [DType::F32, DType::BF16, DType::F16][dtype];
+        let op = common::CandleOp { dtype, layout, device: candle_core::Device::Cpu };
+        let verdict = attn_testkit::judge_lse_gradients(&op, &case);
+        prop_assert!(verdict.is_ok(), "{:?}", verdict);
+    }
+}
+
+/// Merging two halves of the keys by their LSEs gives the whole attention's gradients;
+/// with the LSEs detached (the merge weights taken as constants) they are far off.
+#[test]
+fn partial_results_merged_by_their_lses_get_exact_gradients() {
+    use attn_candle::{AttnOptions, dilated_attention, dilated_attention_with_lse};
+    use candle_core::{Device, Tensor, Var};
+    let dev = Device::Cpu;
+    let rand = |seed: u64, dims: &[usize]| {
+        let n = dims.iter().product();
+        Var::from_tensor(&Tensor::from_vec(attn_testkit::random_vec(seed, n), dims, &dev).unwrap()).unwrap()
+    };
+    let (q, k, v) = (rand(1, &[1, 32, 2, 8]), rand(2, &[1, 64, 2, 8]), rand(3, &[1, 64, 2, 8]));
+    let g = Tensor::from_vec(attn_testkit::random_vec(4, 512), (1, 32, 2, 8), &dev).unwrap();
+    let opts = AttnOptions::new(attn_core::DilatedConfig::new(&[64], &[1]).unwrap());
+    let grads_of = |out: &Tensor| {
+        let gs = (out * &g).unwrap().sum_all().unwrap().backward().unwrap();
+        [&q, &k, &v].map(|x| gs.get(x.as_tensor()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap())
+    };
+    let merged = |detach: bool| {
+        let half = |i: usize| {
+            let (kh, vh) = (k.narrow(1, 32 * i, 32).unwrap(), v.narrow(1, 32 * i, 32).unwrap());
+            let r = dilated_attention_with_lse(&q, &kh, &vh, &opts).unwrap();
+            let lse = if detach { r.lse.detach() } else { r.lse };
+            (r.out, lse.unsqueeze(3).unwrap())
+        };
+        let ((o1, l1), (o2, l2)) = (half(0), half(1));
+        let m = l1.maximum(&l2).unwrap();
+        let (e1, e2) = (l1.broadcast_sub(&m).unwrap().exp().unwrap(), l2.broadcast_sub(&m).unwrap().exp().unwrap());
+        let total = (&e1 + &e2).unwrap();
+        let w1 = e1.broadcast_div(&total).unwrap();
+        let w2 = e2.broadcast_div(&total).unwrap();
+        (o1.broadcast_mul(&w1).unwrap() + o2.broadcast_mul(&w2).unwrap()).unwrap()
+    };
+    let want = grads_of(&dilated_attention(&q, &k, &v, &opts).unwrap());
+    for (name, got, want) in
+        ["dq", "dk", "dv"].into_iter().zip(grads_of(&merged(false))).zip(&want).map(|((n, a), b)| (n, a, b))
+    {
+        let err = attn_testkit::rel_l2_error(&got, want);
+        assert!(err < 1e-5, "{name}: {err}");
+    }
+    let dq_detached = &grads_of(&merged(true))[0];
+    assert!(attn_testkit::rel_l2_error(dq_detached, &want[0]) > 0.1);
 }
 
 /// The comparison bites: one output row scaled by 1.01, one dq row by 1.05 or one LSE

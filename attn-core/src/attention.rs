@@ -165,7 +165,8 @@ impl<'a, T: Element> Grads<'a, T> {
 /// Dilated attention as the definition gives it, forward and exact backward.
 ///
 /// `forward` writes `out` (q's shape) and `lse` (`[batch, q_seq, heads]`); `backward`
-/// writes the gradients of `sum(out * grad_out)`. Bad input is an `AttnError`, and a
+/// writes the gradients of `sum(out * grad_out)`, and `backward_with_lse_grad` those of
+/// `sum(out * grad_out) + sum(lse * grad_lse)`. Bad input is an `AttnError`, and a
 /// call that fails writes nothing a caller should read.
 pub trait Attention<T: Element>: Send + Sync + Debug {
     /// A short name for reports (`reference`, `cpu`, `cuda`, `ring`).
@@ -184,11 +185,28 @@ pub trait Attention<T: Element>: Send + Sync + Debug {
 
     fn forward(&self, inputs: &AttnInputs<'_, T>, out: TensorViewMut<'_, T>, lse: &mut [f32]) -> Result<()>;
 
+    /// The gradients of `sum(out * grad_out)`: [`Attention::backward_with_lse_grad`] with
+    /// no gradient into the LSE.
     fn backward(
         &self,
         inputs: &AttnInputs<'_, T>,
         saved: Saved<'_, T>,
         grad_out: TensorView<'_, T>,
+        grads: Grads<'_, T>,
+    ) -> Result<()> {
+        self.backward_with_lse_grad(inputs, saved, grad_out, None, grads)
+    }
+
+    /// The gradients of `sum(out * grad_out) + sum(lse * grad_lse)`, for callers whose loss
+    /// also uses the LSE the forward returned (partial results merged by their LSEs).
+    /// `grad_lse` is laid out like the LSE (`[batch, q_seq, heads]`, this rank's rows);
+    /// rows whose LSE is `-inf` take none of it. `None` is the plain backward.
+    fn backward_with_lse_grad(
+        &self,
+        inputs: &AttnInputs<'_, T>,
+        saved: Saved<'_, T>,
+        grad_out: TensorView<'_, T>,
+        grad_lse: Option<&[f32]>,
         grads: Grads<'_, T>,
     ) -> Result<()>;
 

@@ -1,7 +1,7 @@
 //! Properties of the float64 reference and the LSE merge (proptest, small sizes).
 
 use attn_core::reference::{self, Forward};
-use attn_core::{AttnShape, Causality, DilatedConfig, LseMerge, Mixing, OnlineSoftmax, Shape4};
+use attn_core::{AttnShape, Causality, DilatedConfig, LseMerge, Masks, Mixing, OnlineSoftmax, Shape4};
 use attn_testkit::strategies::{dilated_case, invalid_input};
 use attn_testkit::{SeededRng, random_vec};
 use proptest::prelude::*;
@@ -12,6 +12,38 @@ fn f64s(x: &[f32]) -> Vec<f64> {
 
 fn rel(a: &[f64], b: &[f64]) -> f64 {
     attn_testkit::rel_l2_error(a, b)
+}
+
+/// A scalar loss of q, k and v.
+type Loss<'a> = &'a dyn Fn(&[f64], &[f64], &[f64]) -> f64;
+
+/// `grads` equal central finite differences of `loss` at six random indices of each of
+/// q, k and v.
+fn finite_differences(
+    loss: Loss<'_>,
+    [q, k, v]: [&[f64]; 3],
+    grads: [&[f64]; 3],
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let eps = 1e-6;
+    let mut rng = SeededRng::new(seed);
+    for _ in 0..6 {
+        let idx = rng.range(0, q.len());
+        for (which, grad) in grads.into_iter().enumerate() {
+            let mut inp = [q.to_vec(), k.to_vec(), v.to_vec()];
+            inp[which][idx] += eps;
+            let up = loss(&inp[0], &inp[1], &inp[2]);
+            inp[which][idx] -= 2.0 * eps;
+            let down = loss(&inp[0], &inp[1], &inp[2]);
+            let fd = (up - down) / (2.0 * eps);
+            prop_assert!(
+                (fd - grad[idx]).abs() <= 1e-6 * (1.0 + fd.abs()),
+                "tensor {which} idx {idx}: fd {fd} vs {}",
+                grad[idx]
+            );
+        }
+    }
+    Ok(())
 }
 
 proptest! {
@@ -79,19 +111,33 @@ proptest! {
             let f = reference::dilated_forward(&case.cfg, s, q, k, v).unwrap();
             f.out.iter().zip(&go).map(|(a, b)| a * b).sum()
         };
-        let eps = 1e-6;
-        let mut rng = SeededRng::new(case.seed);
-        for _ in 0..6 {
-            let idx = rng.range(0, q.len());
-            for (which, grad) in [(0, &g.dq), (1, &g.dk), (2, &g.dv)] {
-                let mut inp = [q.clone(), k.clone(), v.clone()];
-                inp[which][idx] += eps;
-                let up = loss(&inp[0], &inp[1], &inp[2]);
-                inp[which][idx] -= 2.0 * eps;
-                let down = loss(&inp[0], &inp[1], &inp[2]);
-                let fd = (up - down) / (2.0 * eps);
-                prop_assert!((fd - grad[idx]).abs() <= 1e-6 * (1.0 + fd.abs()), "tensor {which} idx {idx}: fd {fd} vs {}", grad[idx]);
-            }
+        finite_differences(&loss, [&q, &k, &v], [&g.dq, &g.dk, &g.dv], case.seed)?;
+    }
+
+    /// With a gradient into the LSE, the backward equals central finite differences of
+    /// `sum(out * grad_out) + sum(lse * grad_lse)` over the rows that attend something,
+    /// and the magnitudes still bound the gradients.
+    #[test]
+    fn lse_gradient_matches_finite_differences(case in attn_testkit::strategies::dilated_case_with(12, 8)) {
+        let [q, k, v, go] = case.inputs().map(|x| f64s(&x));
+        let s = case.attn_shape();
+        let gl = f64s(&random_vec(case.seed ^ 0x15e, s.q.lse_len()));
+        let (fwd, g, m) =
+            reference::dilated_backward_lse(&case.cfg, s, Masks::NONE, [&q, &k, &v], &go, Some(&gl)).unwrap();
+        let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+            let f = reference::dilated_forward(&case.cfg, s, q, k, v).unwrap();
+            let lse_part: f64 = f.lse.iter().zip(&gl).filter(|(l, _)| l.is_finite()).map(|(l, g)| l * g).sum();
+            f.out.iter().zip(&go).map(|(a, b)| a * b).sum::<f64>() + lse_part
+        };
+        finite_differences(&loss, [&q, &k, &v], [&g.dq, &g.dk, &g.dv], case.seed)?;
+        for (name, x, mx) in [("dq", &g.dq, &m.dq), ("dk", &g.dk, &m.dk)] {
+            prop_assert!(x.iter().zip(mx).all(|(a, b)| a.abs() <= b * (1.0 + 1e-12) + 1e-300), "{name}");
+        }
+        // The LSE's gradient moves dq and dk only where a row attends something.
+        let (_, plain) = reference::dilated_backward(&case.cfg, s, &q, &k, &v, &go).unwrap();
+        prop_assert_eq!(&g.dv, &plain.dv);
+        if fwd.lse.iter().all(|l| !l.is_finite()) {
+            prop_assert_eq!(&g.dq, &plain.dq);
         }
     }
 

@@ -232,6 +232,7 @@ impl CpuBackend {
         inputs: &AttnInputs<'_, T>,
         saved: Saved<'_, T>,
         grad_out: TensorView<'_, T>,
+        grad_lse: Option<&[f32]>,
         grads: AttnGrads<'_, T>,
     ) -> Result<()> {
         let (cfg, q, k) = (inputs.cfg, inputs.q, inputs.k);
@@ -242,12 +243,20 @@ impl CpuBackend {
         check_same(TensorName::Output, out.shape(), s)?;
         check_same(TensorName::GradOutput, grad_out.shape(), s)?;
         check_len(TensorName::Lse, lse.len(), s.lse_len())?;
+        if let Some(g) = grad_lse {
+            check_len(TensorName::GradLse, g.len(), s.lse_len())?;
+        }
         check_same(TensorName::GradQuery, dq.shape(), s)?;
         check_same(TensorName::GradKey, dk.shape(), k.shape())?;
         check_same(TensorName::GradValue, dv.shape(), k.shape())?;
         let (plan, lanes) = self.plan(inputs, Pass::Backward)?;
         if self.check_finite {
             check_finite(TensorName::GradOutput, &grad_out)?;
+            // Rows that attend nothing take no gradient from the LSE, whatever it is.
+            let bad = grad_lse.and_then(|g| g.iter().zip(lse).position(|(g, l)| l.is_finite() && !g.is_finite()));
+            if let Some(index) = bad {
+                return Err(AttnError::NonFinite { tensor: TensorName::GradLse, index });
+            }
         }
         // The fused pass needs queries and keys at the same positions (self-attention shapes).
         let work: Vec<Task> = match fused_units(&plan, &lanes) {
@@ -264,7 +273,7 @@ impl CpuBackend {
         let geoms = [(dq.shape(), dq.strides()), (dk.shape(), dk.strides()), (dv.shape(), dv.strides())];
         let (dq_rows, dk_rows, dv_rows) =
             (DisjointSlice::new(dq.data_mut()), DisjointSlice::new(dk.data_mut()), DisjointSlice::new(dv.data_mut()));
-        let grads = Grads { out, lse, grad_out };
+        let grads = Grads { out, lse, grad_out, grad_lse };
         self.pool.install(|| {
             work.par_iter().for_each_init(Scratch::default, |ws, task| {
                 let (u, targets): (Unit, &[Target<'_, '_, T>]) = match *task {
@@ -431,7 +440,7 @@ impl CpuBackend {
         let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
         let (mut dq, mut dk, mut dv) =
             (zeroed_buffer(shape.q.numel())?, zeroed_buffer(shape.kv.numel())?, zeroed_buffer(shape.kv.numel())?);
-        self.backward_impl(&inputs, saved, gv, AttnGrads::contiguous(shape, [&mut dq, &mut dk, &mut dv])?)?;
+        self.backward_impl(&inputs, saved, gv, None, AttnGrads::contiguous(shape, [&mut dq, &mut dk, &mut dv])?)?;
         Ok((dq, dk, dv))
     }
 }
@@ -447,14 +456,15 @@ impl<T: Element> Attention<T> for CpuBackend {
         self.forward_impl(inputs, out, lse)
     }
 
-    fn backward(
+    fn backward_with_lse_grad(
         &self,
         inputs: &AttnInputs<'_, T>,
         saved: Saved<'_, T>,
         grad_out: TensorView<'_, T>,
+        grad_lse: Option<&[f32]>,
         grads: AttnGrads<'_, T>,
     ) -> Result<()> {
-        self.backward_impl(inputs, saved, grad_out, grads)
+        self.backward_impl(inputs, saved, grad_out, grad_lse, grads)
     }
 
     fn workspace_bytes(&self, cfg: &DilatedConfig, shape: AttnShape, pass: Pass) -> usize {

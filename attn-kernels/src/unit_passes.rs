@@ -80,6 +80,8 @@ pub(crate) struct Grads<'a, T> {
     pub out: TensorView<'a, T>,
     pub lse: &'a [f32],
     pub grad_out: TensorView<'a, T>,
+    /// The gradient into the LSE (laid out like it), subtracted from `delta`.
+    pub grad_lse: Option<&'a [f32]>,
 }
 
 fn fill_positions(dst: &mut Vec<usize>, it: impl Iterator<Item = usize>) {
@@ -131,8 +133,8 @@ impl PieceIndex {
         fill_offsets(&mut self.voff, &plan.v, lane, hk, &self.kpos);
     }
 
-    /// The grad_out offsets, final LSE and `delta = grad_out . out` of the query rows
-    /// (query head `h`).
+    /// The grad_out offsets, final LSE and `delta = grad_out . out - grad_lse` of the query
+    /// rows (query head `h`).
     fn fill_query_grads<T: Element>(&mut self, plan: &Plan<'_, T>, g: &Grads<'_, T>, lane: Lane, h: usize) {
         let s = plan.q.shape();
         fill_offsets(&mut self.goff, &g.grad_out, lane, h, &self.qpos);
@@ -141,7 +143,9 @@ impl PieceIndex {
         self.delta.clear();
         self.delta.extend(self.qpos.iter().map(|&p| {
             let (go, o) = (g.grad_out.row(lane.b, lane.base + p, h), g.out.row(lane.b, lane.base + p, h));
-            go.iter().zip(o).map(|(a, b)| a.to_f32() * b.to_f32()).sum::<f32>()
+            let dot = go.iter().zip(o).map(|(a, b)| a.to_f32() * b.to_f32()).sum::<f32>();
+            // d(lse)/d(score) is the softmax weight: a gradient into the LSE lowers delta.
+            dot - g.grad_lse.map_or(0.0, |gl| gl[(lane.b * s.seq + lane.base + p) * s.heads + h])
         }));
     }
 

@@ -81,7 +81,7 @@ fn run<T: CudaElement>(emu: &Emulator, path: ForwardPath, skews: [usize; 5]) -> 
     let mut lse = vec![0.0f32; shape.lse_len()];
     let args = HostArgs { q: q.view(), k: k.view(), v: v.view(), g: None, lse: None, delta: None, kpad: None };
     emu.forward_call(&g, &args, path, (&mut out.view_mut()[..n], &mut lse)).unwrap();
-    let delta = emu.delta(shape, &go.view()[..n], &out.view()[..n]).unwrap();
+    let delta = emu.delta(shape, &go.view()[..n], &out.view()[..n], None).unwrap();
     let args = HostArgs { g: Some(go.view()), lse: Some(&lse), delta: Some(&delta), ..args };
     let (mut dq, mut dk, mut dv) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
     let acc = HostAccs { q_acc: &mut dq, lse: None, dk: Some(&mut dk), dv: Some(&mut dv) };

@@ -140,11 +140,12 @@ impl<T: CudaElement> Emulated<T> {
         p: &Problem<'_>,
         [q, k, v]: [&[f32]; 3],
         grad_out: &[f32],
+        grad_lse: Option<&[f32]>,
     ) -> Result<[Vec<f32>; 3]> {
         let (sq, skv) = (p.shape.q, p.shape.kv);
         let (q, k, v, go): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (conv(q), conv(k), conv(v), conv(grad_out));
         let (out, lse) = self.run_forward(p, &q, &k, &v)?;
-        let delta = emu.delta(sq, &go, &out)?;
+        let delta = emu.delta(sq, &go, &out, grad_lse.map(|g| (g, &lse[..])))?;
         let kpad = flags(p);
         let args =
             HostArgs { q: &q, k: &k, v: &v, g: Some(&go), lse: Some(&lse), delta: Some(&delta), kpad: kpad.as_deref() };
@@ -179,10 +180,27 @@ impl<T: CudaElement> DilatedBackend for Emulated<T> {
         Ok(Forward32 { out: f32s(&out), lse })
     }
 
-    fn backward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+    fn backward(&self, p: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+        self.gradients(p, qkv, grad_out, None)
+    }
+
+    fn backward_lse(&self, p: &Problem<'_>, qkv: [&[f32]; 3], go: &[f32], grad_lse: &[f32]) -> Result<Gradients32> {
+        self.gradients(p, qkv, go, Some(grad_lse))
+    }
+}
+
+impl<T: CudaElement> Emulated<T> {
+    /// The gradients stored in `T`, with an optional gradient into the LSE.
+    fn gradients(
+        &self,
+        p: &Problem<'_>,
+        qkv: [&[f32]; 3],
+        grad_out: &[f32],
+        grad_lse: Option<&[f32]>,
+    ) -> Result<Gradients32> {
         let emu = emulator_for(self.opts, self.bwd);
         let (sq, skv) = (p.shape.q, p.shape.kv);
-        let [dq, dk, dv] = self.backward_accs(emu, p, [q, k, v], grad_out)?;
+        let [dq, dk, dv] = self.backward_accs(emu, p, qkv, grad_out, grad_lse)?;
         let store = |s: Shape4, x: &[f32]| -> Result<Vec<f32>> {
             let mut t = vec![T::default(); s.numel()];
             emu.store_scaled(s, x, 1.0, &mut t)?;
@@ -306,7 +324,7 @@ fn fused_patterns_equal_one_launch_a_pattern_f16() {
 /// tiles arrive differs).
 fn assert_pipelined_equals_sync<T: CudaElement>(name: &str, p: &Problem<'_>, [q, k, v, go]: [&[f32]; 4]) {
     let emulated = Emulated::<T>::new(ForwardRows::M64);
-    let run = |loads| emulated.backward_accs(emulator_loading(loads), p, [q, k, v], go).unwrap();
+    let run = |loads| emulated.backward_accs(emulator_loading(loads), p, [q, k, v], go, None).unwrap();
     let (a, b) = (run(BackwardLoads::Pipelined), run(BackwardLoads::Sync));
     for (grad, x, y) in [("dq", &a[0], &b[0]), ("dk", &a[1], &b[1]), ("dv", &a[2], &b[2])] {
         let bits = |z: &[f32]| z.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
@@ -484,6 +502,22 @@ fn backward_with_128_keys_a_block_matches_the_reference() {
                 if let Err(e) = attn_testkit::judge_gradients(&emulated, &case) {
                     panic!("{name}, {kernel}: {e}");
                 }
+            }
+        }
+    }
+}
+
+/// A gradient into the LSE reaches dq and dk through the delta kernel that every
+/// backward kernel reads: the tensor-core backward (bf16) and the row kernels (f32) on the
+/// wide-head cases (grouped heads, key padding, packed sequences, a window).
+#[test]
+fn lse_gradients_match_the_reference() {
+    for (name, case) in attn_testkit::wide_head_cases() {
+        let backends: [Box<dyn DilatedBackend>; 2] =
+            [Box::new(Emulated::<bf16>::new(ForwardRows::M64)), Box::new(Emulated::<f32>::new(ForwardRows::M64))];
+        for b in backends {
+            if let Err(e) = attn_testkit::judge_lse_gradients(b.as_ref(), &case) {
+                panic!("{name}, {}: {e}", b.name());
             }
         }
     }

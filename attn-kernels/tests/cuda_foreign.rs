@@ -110,17 +110,19 @@ impl<T: CudaElement> Attention<T> for OwnedElsewhere {
         Ok(())
     }
 
-    fn backward(
+    fn backward_with_lse_grad(
         &self,
         inputs: &AttnInputs<'_, T>,
         saved: Saved<'_, T>,
         grad_out: TensorView<'_, T>,
+        grad_lse: Option<&[f32]>,
         mut grads: Grads<'_, T>,
     ) -> Result<()> {
         let shape = inputs.shape_for("cuda-foreign", Supported::ALL)?;
         let (q, k, v) = (self.upload(&inputs.q)?, self.upload(&inputs.k)?, self.upload(&inputs.v)?);
         let (out, go) = (self.upload(&saved.out)?, self.upload(&grad_out)?);
         let lse = self.owner.stream().clone_htod(saved.lse).unwrap();
+        let glse = grad_lse.map(|g| self.owner.stream().clone_htod(g).unwrap());
         let mask = self.mask(&inputs.masks)?;
         let zeros = |s| DeviceTensor::<T>::zeros(&self.owner, s);
         let owned = [zeros(shape.q)?, zeros(shape.kv)?, zeros(shape.kv)?];
@@ -130,6 +132,14 @@ impl<T: CudaElement> Attention<T> for OwnedElsewhere {
             let (fq, fk, fv, fout, fgo) = (b(&q)?, b(&k)?, b(&v)?, b(&out)?, b(&go)?);
             // SAFETY: as in `borrow`, for the owner's lse buffer.
             let flse = unsafe { foreign_slice::<f32>(&dev, TensorName::Lse, addr(&self.owner, &lse), lse.len()) }?;
+            let fglse = match &glse {
+                Some(g) => {
+                    let at = addr(&self.owner, g);
+                    // SAFETY: as in `borrow`, for the owner's grad_lse buffer.
+                    Some(unsafe { foreign_slice::<f32>(&dev, TensorName::GradLse, at, g.len()) }?)
+                }
+                None => None,
+            };
             let fmask = mask.as_ref().map(|m| self.borrow_mask(&dev, m)).transpose()?;
             let [mut dq, mut dk, mut dv] = [b(&owned[0])?, b(&owned[1])?, b(&owned[2])?];
             let block = DeviceBlock {
@@ -138,7 +148,7 @@ impl<T: CudaElement> Attention<T> for OwnedElsewhere {
                 ..DeviceBlock::new(inputs.cfg, (&*fq, 0), (&*fk, &*fv, 0))
             };
             let saved = DeviceSaved { out: &fout, lse: &flse };
-            backward_call(&dev, &block, saved, &fgo, [&mut dq, &mut dk, &mut dv])?;
+            backward_call(&dev, &block, saved, &fgo, fglse.as_deref(), [&mut dq, &mut dk, &mut dv])?;
         }
         let [dq, dk, dv] = &owned;
         write_rows(&mut grads.dq, &dq.to_host_contiguous(&self.owner)?);

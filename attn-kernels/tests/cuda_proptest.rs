@@ -14,7 +14,7 @@ use attn_testkit::DilatedBackend;
 use attn_testkit::golden::Problem;
 use attn_testkit::judge::{Expected, check_rows, judge_backward, judge_forward, round_to, verdict};
 use attn_testkit::strategies::dilated_case;
-use attn_testkit::{FeatureCase, feature_case};
+use attn_testkit::{FeatureCase, feature_case, judge_lse_gradients};
 use cuda_support::{conv, device_or_skip, gpu};
 use half::bf16;
 use proptest::prelude::*;
@@ -56,8 +56,8 @@ fn forward_and_backward_match_the_reference() {
         .unwrap();
 }
 
-/// Forward and backward of a feature case on every dtype against the reference on the
-/// inputs rounded to that dtype.
+/// Forward and backward (without and with a gradient into the LSE) of a feature case on
+/// every dtype against the reference on the inputs rounded to that dtype.
 fn check_features(gpus: &[Box<dyn DilatedBackend>], case: &FeatureCase) -> Result<(), TestCaseError> {
     let problem = case.problem();
     let [q, k, v, go] = case.inputs();
@@ -71,6 +71,8 @@ fn check_features(gpus: &[Box<dyn DilatedBackend>], case: &FeatureCase) -> Resul
         let mut checks = judge_forward(&want, &got.out, &got.lse, dtype);
         checks.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], dtype));
         let v = verdict(&checks);
+        prop_assert!(v.is_ok(), "{}: {} {:?}", gpu.name(), v.unwrap_err(), case);
+        let v = judge_lse_gradients(gpu.as_ref(), case);
         prop_assert!(v.is_ok(), "{}: {} {:?}", gpu.name(), v.unwrap_err(), case);
     }
     Ok(())

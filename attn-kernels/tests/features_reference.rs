@@ -1,13 +1,14 @@
 //! The CPU backend with the attention features (grouped key/value heads, key padding,
 //! packed sequences, sliding windows, each mixed with both dilated modes and causal)
 //! against the float64 reference on the same rounded inputs, row by row, in f32 (the
-//! detected and the portable kernels), bf16 and f16; small cases and cases long enough
-//! for several key tiles, query chunks and work units.
+//! detected and the portable kernels), bf16 and f16, with and without a gradient into the
+//! LSE; small cases and cases long enough for several key tiles, query chunks and work
+//! units.
 
 use attn_kernels::{CpuBackend, Isa};
 use attn_testkit::golden::DilatedBackend;
 use attn_testkit::judge::{Expected, judge_backward, judge_forward, round_to, verdict};
-use attn_testkit::{FeatureCase, Typed, feature_case};
+use attn_testkit::{FeatureCase, Typed, feature_case, judge_lse_gradients};
 use half::{bf16, f16};
 use proptest::prelude::*;
 
@@ -40,6 +41,8 @@ fn check_all(case: &FeatureCase) -> Result<(), TestCaseError> {
     ];
     for b in &backends {
         check(b.as_ref(), case).map_err(|e| TestCaseError::fail(format!("{e}\n{case:?}")))?;
+        judge_lse_gradients(b.as_ref(), case)
+            .map_err(|e| TestCaseError::fail(format!("{} {:?}: {e}\n{case:?}", b.name(), b.dtype())))?;
     }
     Ok(())
 }

@@ -106,6 +106,8 @@ pub struct BackwardArgs {
     pub dq: RawTensor,
     pub dk: RawTensor,
     pub dv: RawTensor,
+    /// The gradient into the LSE (float32, the LSE's sizes, contiguous), or none.
+    pub grad_lse: Option<RawTensor>,
 }
 
 /// `f::<T>(args)` for the element type `T` of q's dtype (`bfloat16`, `float16`, else
@@ -166,7 +168,7 @@ pub(crate) fn checked_forward<T: Element>(args: &ForwardArgs) -> Result<[Checked
 
 /// A backward call's tensors checked: `[q, k, v, out, lse]`, `grad_out` and
 /// `[dq, dk, dv]`, the written ones apart from every other.
-pub(crate) fn checked_backward<T: Element>(args: &BackwardArgs) -> Result<([Checked; 5], Checked, [Checked; 3])> {
+pub(crate) fn checked_backward<T: Element>(args: &BackwardArgs) -> Result<CheckedBackward> {
     let c = check_common::<T>([&args.q, &args.k, &args.v, &args.out, &args.lse])?;
     let grad_out = args.grad_out.check4::<T>(TensorName::GradOutput)?;
     let grads = [
@@ -174,11 +176,28 @@ pub(crate) fn checked_backward<T: Element>(args: &BackwardArgs) -> Result<([Chec
         args.dk.check4::<T>(TensorName::GradKey)?,
         args.dv.check4::<T>(TensorName::GradValue)?,
     ];
+    let grad_lse = match &args.grad_lse {
+        Some(g) => {
+            g.expect_dtype(TensorName::GradLse, torch_name(DType::F32))?;
+            Some(g.check(TensorName::GradLse, 3, 4, 4)?)
+        }
+        None => None,
+    };
     use Access::{Read, Write};
-    let mut all: Vec<(&Checked, Access)> = c.iter().chain([&grad_out]).map(|t| (t, Read)).collect();
+    let mut all: Vec<(&Checked, Access)> = c.iter().chain([&grad_out]).chain(&grad_lse).map(|t| (t, Read)).collect();
     all.extend(grads.iter().map(|t| (t, Write)));
     check_disjoint(&all)?;
-    Ok((c, grad_out, grads))
+    Ok(CheckedBackward { saved: c, grad_out, grad_lse, grads })
+}
+
+/// A backward call's tensors checked by [`checked_backward`].
+pub(crate) struct CheckedBackward {
+    /// `[q, k, v, out, lse]`.
+    pub saved: [Checked; 5],
+    pub grad_out: Checked,
+    pub grad_lse: Option<Checked>,
+    /// `[dq, dk, dv]`.
+    pub grads: [Checked; 3],
 }
 
 /// Run the forward: writes `out` and `lse`.
@@ -235,12 +254,14 @@ fn backward_typed<T: Element>(
     mask_args: &MaskArgs,
     threads: usize,
 ) -> Result<()> {
-    let ([q, k, v, out, lse], grad_out, [dq, dk, dv]) = checked_backward::<T>(args)?;
+    let CheckedBackward { saved: [q, k, v, out, lse], grad_out, grad_lse, grads: [dq, dk, dv] } =
+        checked_backward::<T>(args)?;
     let owned = OwnedMasks::read(mask_args, &[&dq, &dk, &dv])?;
     let masks = owned.masks()?;
     let inputs = AttnInputs::new(cfg, q.view::<T>()?, k.view::<T>()?, v.view::<T>()?).with_masks(masks);
     let shape = inputs.shape()?;
     let saved = Saved { out: out.view::<T>()?, lse: lse.contiguous_f32(&lse_dims(&q))? };
+    let grad_lse = grad_lse.map(|g| g.contiguous_f32(&lse_dims(&q))).transpose()?;
     let grad_out = grad_out.view::<T>()?;
     let grads = Grads { dq: dq.view_mut::<T>()?, dk: dk.view_mut::<T>()?, dv: dv.view_mut::<T>()? };
     let checks = [
@@ -256,5 +277,5 @@ fn backward_typed<T: Element>(
         }
     }
     let cpu = backend(threads)?;
-    py.detach(|| cpu.backward(&inputs, saved, grad_out, grads))
+    py.detach(|| cpu.backward_with_lse_grad(&inputs, saved, grad_out, grad_lse, grads))
 }

@@ -30,7 +30,8 @@ mod imp {
 
     use super::Placement;
     use crate::call::{
-        BackwardArgs, ForwardArgs, MaskArgs, by_dtype, checked_backward, checked_forward, cu_seqlens, lse_dims,
+        BackwardArgs, CheckedBackward, ForwardArgs, MaskArgs, by_dtype, checked_backward, checked_forward, cu_seqlens,
+        lse_dims,
     };
     use crate::raw::{Access, Checked, check_disjoint};
 
@@ -208,8 +209,12 @@ mod imp {
         mask_args: &MaskArgs,
         at: Placement,
     ) -> Result<()> {
-        let ([q, k, v, out, lse], grad_out, [dq, dk, dv]) = checked_backward::<T>(args)?;
+        let CheckedBackward { saved: [q, k, v, out, lse], grad_out, grad_lse, grads: [dq, dk, dv] } =
+            checked_backward::<T>(args)?;
         lse.expect_contiguous(&lse_dims(&q))?;
+        if let Some(g) = &grad_lse {
+            g.expect_contiguous(&lse_dims(&q))?;
+        }
         written(&dq, q.dims())?;
         written(&dk, k.dims())?;
         written(&dv, v.dims())?;
@@ -224,8 +229,17 @@ mod imp {
             let (at, len) = lse.device_span();
             // SAFETY: as in `wrap`: the checked, contiguous f32 lse tensor.
             let flse = unsafe { foreign_slice::<f32>(&dev, TensorName::Lse, at, len) }?;
+            let fglse = match &grad_lse {
+                Some(g) => {
+                    let (at, len) = g.device_span();
+                    // SAFETY: as in `wrap`: the checked, contiguous f32 grad_lse tensor.
+                    Some(unsafe { foreign_slice::<f32>(&dev, TensorName::GradLse, at, len) }?)
+                }
+                None => None,
+            };
             let saved = DeviceSaved { out: &fout, lse: &flse };
-            backward_call(&dev, &inputs.block(cfg, packing(&cu)?), saved, &fgo, [&mut fdq, &mut fdk, &mut fdv])
+            let grads = [&mut *fdq, &mut *fdk, &mut *fdv];
+            backward_call(&dev, &inputs.block(cfg, packing(&cu)?), saved, &fgo, fglse.as_deref(), grads)
         })
     }
 

@@ -117,11 +117,11 @@ fn forward(
     .map_err(to_py)
 }
 
-/// Backward: write `dq`, `dk`, `dv` (the gradients of `sum(out * grad_out)`) from the
-/// inputs, the forward's `out` and `lse`, and `grad_out`; `threads` and `cuda` as in
-/// [`forward`].
+/// Backward: write `dq`, `dk`, `dv` (the gradients of `sum(out * grad_out) + sum(lse *
+/// grad_lse)`) from the inputs, the forward's `out` and `lse`, `grad_out` and the optional
+/// float32 `grad_lse` (the LSE's sizes, contiguous); `threads` and `cuda` as in [`forward`].
 #[pyfunction]
-#[pyo3(signature = (cfg, q, k, v, out, lse, grad_out, dq, dk, dv, key_padding_mask=None, cu_seqlens=None, threads=1, cuda=None))]
+#[pyo3(signature = (cfg, q, k, v, out, lse, grad_out, dq, dk, dv, key_padding_mask=None, cu_seqlens=None, threads=1, cuda=None, grad_lse=None))]
 #[allow(clippy::too_many_arguments)]
 fn backward(
     py: Python<'_>,
@@ -139,8 +139,9 @@ fn backward(
     cu_seqlens: Option<Vec<i64>>,
     threads: usize,
     cuda: Option<(usize, usize)>,
+    grad_lse: Option<RawTensor>,
 ) -> PyResult<()> {
-    let args = BackwardArgs { q, k, v, out, lse, grad_out, dq, dk, dv };
+    let args = BackwardArgs { q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse };
     let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens };
     let cfg = &cfg.get().cfg;
     match cuda {

@@ -42,8 +42,9 @@ def test_opcheck_passes(name, kw, spec, cu):
     torch.library.opcheck(OP, (q, k, v, *spec, mask, cu))
     out, lse = OP(q, k, v, *spec, mask, cu)
     grad = torch.randn_like(out)
-    args = (grad, q.detach(), k.detach(), v.detach(), out.detach(), lse, *spec, mask, cu)
+    args = (grad, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), *spec, mask, cu)
     torch.library.opcheck(BACKWARD, args)
+    torch.library.opcheck(BACKWARD, (*args, torch.randn_like(lse)))
 
 
 def run(fn, q, k, v):
@@ -98,33 +99,31 @@ def test_a_bad_config_fails_at_trace_time():
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_a_gradient_into_the_lse_raises_under_compile(backend):
-    """Compiled with `fullgraph=True`: an LSE merge compiles and runs forward, and its
-    backward raises as in eager mode; a function returning `(out, lse)` gives eager
-    mode's gradients bit for bit when only `out` is differentiated, and raises when a
-    gradient reaches the returned LSE."""
-    from test_op import LSE_GRADIENT, split_keys_merged
+def test_lse_gradients_under_compile(backend):
+    """Compiled with `fullgraph=True`: an LSE merge compiles and its gradients equal eager
+    mode's; a function returning `(out, lse)` gives eager mode's gradients bit for bit,
+    whether only `out` or also the LSE is differentiated."""
+    from test_op import split_keys_merged
 
     gen = torch.Generator().manual_seed(21)
     q = torch.randn(1, 32, 2, 8, generator=gen, requires_grad=True)
     k, v = (torch.randn(1, 64, 2, 8, generator=gen, requires_grad=True) for _ in range(2))
     torch._dynamo.reset()
-    merged = torch.compile(split_keys_merged, fullgraph=True, backend=backend)(q, k, v)
+    compiled_merge = torch.compile(split_keys_merged, fullgraph=True, backend=backend)
     # Inductor fuses the merge's pointwise ops (other roundings).
-    assert_close("merged", merged, split_keys_merged(q, k, v), 1e-6)
-    with pytest.raises(NotImplementedError, match=LSE_GRADIENT):
-        merged.sum().backward()
+    got, want = run(compiled_merge, q, k, v), run(split_keys_merged, q, k, v)
+    for a, b, name in zip(got, want, ("merged", "dq", "dk", "dv")):
+        assert_close(name, a, b, 1e-6)
 
     def with_lse(q, k, v):
         return ad.dilated_attention_with_lse(q, k, v, [16, 64], [1, 2], True)
 
     compiled = torch.compile(with_lse, fullgraph=True, backend=backend)
-    for f in (compiled, with_lse):
-        out, lse = f(q, k, v)
-        assert lse.requires_grad
-        with pytest.raises(NotImplementedError, match=LSE_GRADIENT):
-            torch.autograd.grad(lse.sum(), (q, k, v))
     got = run(lambda q, k, v: compiled(q, k, v)[0], q, k, v)
     want = run(lambda q, k, v: with_lse(q, k, v)[0], q, k, v)
     for a, b, name in zip(got, want, ("out", "dq", "dk", "dv")):
         assert torch.equal(a, b), f"{name} differs under torch.compile({backend!r})"
+    got = torch.autograd.grad(compiled(q, k, v)[1].sum(), (q, k, v))
+    want = torch.autograd.grad(with_lse(q, k, v)[1].sum(), (q, k, v))
+    for a, b, name in zip(got, want, ("dq", "dk", "dv")):
+        assert torch.equal(a, b), f"LSE {name} differs under torch.compile({backend!r})"

@@ -257,9 +257,10 @@ def test_mixed_devices_are_refused(cuda):
 
 def test_autocast_and_the_lse_on_cuda(cuda):
     """Under `torch.autocast("cuda")` (float16) mixed query, key and value dtypes are cast
-    as for `scaled_dot_product_attention`; a gradient into the LSE raises on CUDA tensors
-    as on CPU ones, and the LSE read for its value leaves the output's gradients alone."""
-    from test_op import LSE_GRADIENT, split_keys_merged
+    as for `scaled_dot_product_attention`; partial results merged by their LSEs get the
+    whole attention's gradients on CUDA tensors as on CPU ones, and the LSE read for its
+    value leaves the output's gradients alone."""
+    from test_op import split_keys_merged
 
     torch.manual_seed(15)
     q, k, v = (torch.randn(2, 64, 4, 16, device=cuda, requires_grad=True) for _ in range(3))
@@ -270,9 +271,11 @@ def test_autocast_and_the_lse_on_cuda(cuda):
     assert torch.equal(out, ad.dilated_attention(q.half(), kh, v.half(), [16, 32], [1, 2], is_causal=True))
     out.float().sum().backward()
     assert q.grad.dtype == torch.float32 and kh.grad.dtype == torch.float16
-    with pytest.raises(NotImplementedError, match=LSE_GRADIENT):
-        split_keys_merged(q, k, v).sum().backward()
     g = torch.randn_like(q)
+    merged = torch.autograd.grad(split_keys_merged(q, k, v), (q, k, v), g)
+    whole = torch.autograd.grad(ad.dilated_attention(q, k, v, [64], [1]), (q, k, v), g)
+    for name, a, b in zip(("dq", "dk", "dv"), merged, whole):
+        assert_close(name, a, b, 1e-5)
     want = torch.autograd.grad(ad.dilated_attention(q, k, v, [16, 32], [1, 2]), (q, k, v), g)
     out, lse = ad.dilated_attention_with_lse(q, k, v, [16, 32], [1, 2])
     assert lse.requires_grad and lse.device == cuda

@@ -86,8 +86,13 @@ def run_case(case: dict, seed: int, dtype=torch.float32, device="cpu") -> None:
     kw = dict(key_padding_mask=None if pad is None else pad.to(device), cu_seqlens=case["cu"], window=case["win"])
     segs, rates, causal, scale = case["segs"], case["rates"], case["causal"], case["scale"]
     mixing = case["mixing"] if case["mixing"] != "window" else "head_groups"
+    # Odd seeds also send a gradient into the LSE (partial results merged by their LSEs).
+    grad_lse = torch.randn(b, n, h, generator=gen) if seed % 2 else None
     out, lse = ad.dilated_attention_with_lse(q, k, v, segs, rates, causal, scale, mixing, **kw)
-    grads = torch.autograd.grad(out, (q, k, v), grad_out.to(device))
+    if grad_lse is None:
+        grads = torch.autograd.grad(out, (q, k, v), grad_out.to(device))
+    else:
+        grads = torch.autograd.grad((out, lse), (q, k, v), (grad_out.to(device), grad_lse.to(device)))
     assert out.device == q.device and all(g.device == q.device for g in grads)
     q, k, v = (x.detach().cpu() for x in (q, k, v))
 
@@ -95,7 +100,10 @@ def run_case(case: dict, seed: int, dtype=torch.float32, device="cpu") -> None:
     ro, rl = composition.dilated(
         qr, kr, vr, segs, rates, case["mixing"], causal, scale, pad, case["cu"], case["win"]
     )
-    rgrads = torch.autograd.grad(ro, (qr, kr, vr), grad_out.double())
+    if grad_lse is None:
+        rgrads = torch.autograd.grad(ro, (qr, kr, vr), grad_out.double())
+    else:
+        rgrads = torch.autograd.grad((ro, rl), (qr, kr, vr), (grad_out.double(), grad_lse.double()))
     bound = BOUND[dtype]
     label = f"seed {seed} {case}"
     assert out.dtype == dtype and lse.dtype == torch.float32
@@ -217,41 +225,55 @@ def split_keys_merged(q, k, v):
     return torch.exp(l1[..., None] - lse) * o1 + torch.exp(l2[..., None] - lse) * o2
 
 
-LSE_GRADIENT = r"gradient through the LSE.*\.detach\(\)"
-
-
-def test_a_gradient_into_the_lse_raises():
-    """The kernels' backward takes the output's gradient only: a result that depends on
-    the LSE differentiably (here two halves of the keys merged by their LSEs) raises in
-    backward instead of getting wrong gradients, as does a loss of the LSE alone."""
+def test_partial_results_merged_by_their_lses_get_exact_gradients():
+    """Two halves of the keys merged by their LSEs (the ring / context-parallel pattern)
+    give the whole attention's output and gradients; a loss of the LSE alone gets the
+    float64 composition's gradients."""
     gen = torch.Generator().manual_seed(12)
     q = torch.randn(1, 32, 2, 8, generator=gen, requires_grad=True)
     k, v = (torch.randn(1, 64, 2, 8, generator=gen, requires_grad=True) for _ in range(2))
+    g = torch.randn(1, 32, 2, 8, generator=gen)
     merged = split_keys_merged(q, k, v)
-    assert_close("merged", merged, ad.dilated_attention(q, k, v, [64], [1]), BOUND[torch.float32])
-    with pytest.raises(NotImplementedError, match=LSE_GRADIENT):
-        merged.square().sum().backward()
-    out, lse = ad.dilated_attention_with_lse(q, k, v, [64], [1])
-    assert lse.requires_grad and out.requires_grad
-    with pytest.raises(NotImplementedError, match=LSE_GRADIENT):
-        torch.autograd.grad(lse.sum(), q)
-    with pytest.raises(RuntimeError, match=LSE_GRADIENT):  # NotImplementedError is one
-        (out.sum() + lse.sum()).backward()
+    whole = ad.dilated_attention(q, k, v, [64], [1])
+    assert_close("merged", merged, whole, BOUND[torch.float32])
+    got = torch.autograd.grad(merged, (q, k, v), g)
+    want = torch.autograd.grad(whole, (q, k, v), g)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        assert_close(name, a, b, BOUND[torch.float32])
+    # Dropping the LSE's gradient (the merge's weights as constants) is far off.
+    o1, l1 = ad.dilated_attention_with_lse(q, k[:, :32], v[:, :32], [64], [1])
+    o2, l2 = ad.dilated_attention_with_lse(q, k[:, 32:], v[:, 32:], [64], [1])
+    l1, l2 = l1.detach(), l2.detach()
+    lse = torch.logaddexp(l1, l2)[..., None]
+    detached = torch.exp(l1[..., None] - lse) * o1 + torch.exp(l2[..., None] - lse) * o2
+    assert rel_l2(torch.autograd.grad(detached, q, g)[0], want[0]) > 0.1
+    # The LSE does not depend on v: its gradient there is zero.
+    _, lse = ad.dilated_attention_with_lse(q, k, v, [16, 64], [1, 2], True, None, "longnet")
+    qr, kr = (x.detach().double().requires_grad_() for x in (q, k))
+    _, rl = composition.dilated(qr, kr, v.detach().double(), [16, 64], [1, 2], "longnet", True)
+    dq, dk, dv = torch.autograd.grad(lse.sum(), (q, k, v))
+    for name, a, b in zip(("dq", "dk"), (dq, dk), torch.autograd.grad(rl.sum(), (qr, kr))):
+        assert_close(name, a, b, BOUND[torch.float32])
+    assert not dv.any()
 
 
 def test_the_lse_for_its_value_costs_no_gradient():
-    """The LSE read for logging, merged after `.detach()`, modified in place, or returned
-    from a reentrant checkpoint (which hands the unused LSE a zero gradient): the
-    gradients are those of the output alone, bit for bit, and nothing raises."""
+    """The LSE read for its value, or returned from a reentrant checkpoint (which hands
+    the unused LSE a zero gradient): the gradients are those of the output alone, bit for
+    bit. Modified in place before the backward (which reads it), it is torch's usual
+    error, never a silent wrong gradient."""
     gen = torch.Generator().manual_seed(13)
     q, k, v = (torch.randn(2, 48, 4, 8, generator=gen, requires_grad=True) for _ in range(3))
     g = torch.randn(2, 48, 4, 8, generator=gen)
     want = torch.autograd.grad(ad.dilated_attention(q, k, v, [16, 48], [1, 2]), (q, k, v), g)
     out, lse = ad.dilated_attention_with_lse(q, k, v, [16, 48], [1, 2])
     assert lse.requires_grad and torch.isfinite(lse).any()
-    lse.clamp_(min=-1e4)
-    got = torch.autograd.grad(out, (q, k, v), g)
+    got = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with torch.no_grad():
+        lse.clamp_(min=-1e4)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(out, (q, k, v), g)
     out, lse = torch.utils.checkpoint.checkpoint(
         ad.dilated_attention_with_lse, q, k, v, [16, 48], [1, 2], use_reentrant=True
     )

@@ -81,7 +81,7 @@ fn run<T: Element>(problem: &RingProblem, opts: &[RingOptions], backward: bool, 
                         let m = |x| TensorViewMut::contiguous(TensorName::Other("grad"), x, ls).unwrap();
                         let (mut dq, mut dk, mut dv) = (m(a), m(b), m(c));
                         let g = BackwardOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv };
-                        measure_thread(|| ring_backward_with(&mut comm, problem, &opts, qkv, view(3), g))
+                        measure_thread(|| ring_backward_with(&mut comm, problem, &opts, qkv, view(3), None, g))
                     } else {
                         let mut ov = TensorViewMut::contiguous(TensorName::Output, &mut outs[0], ls).unwrap();
                         let [q, k, v] = qkv;

@@ -175,11 +175,12 @@ impl<C: Communicator + Send + std::fmt::Debug, T: Element> Attention<T> for Ring
             .map_err(|e| if kn != qn { Self::cross_error(qn, kn) } else { e })
     }
 
-    fn backward(
+    fn backward_with_lse_grad(
         &self,
         inputs: &AttnInputs<'_, T>,
         _saved: Saved<'_, T>,
         grad_out: TensorView<'_, T>,
+        grad_lse: Option<&[f32]>,
         grads: Grads<'_, T>,
     ) -> Result<()> {
         let mut comm = self.lock()?;
@@ -187,7 +188,8 @@ impl<C: Communicator + Send + std::fmt::Debug, T: Element> Attention<T> for Ring
         let Grads { mut dq, mut dk, mut dv } = grads;
         let outs = BackwardOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv };
         let (qn, kn) = (inputs.q.shape().seq, inputs.k.shape().seq);
-        ring_backward_with(&mut *comm, &problem, &self.options, [inputs.q, inputs.k, inputs.v], grad_out, outs)
+        let qkv = [inputs.q, inputs.k, inputs.v];
+        ring_backward_with(&mut *comm, &problem, &self.options, qkv, grad_out, grad_lse, outs)
             .map(|_| ())
             .map_err(|e| if kn != qn { Self::cross_error(qn, kn) } else { e })
     }

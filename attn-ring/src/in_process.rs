@@ -283,8 +283,15 @@ pub fn backward_on_with<C: Communicator + Send, T: Element>(
                     let mut dk = TensorViewMut::contiguous(TensorName::GradKey, gk, lkv)?;
                     let mut dv = TensorViewMut::contiguous(TensorName::GradValue, gv, lkv)?;
                     let outs = BackwardOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv };
-                    let stats =
-                        ring_backward_with(&mut comm, problem, opts, [views[0], views[1], views[2]], views[3], outs)?;
+                    let stats = ring_backward_with(
+                        &mut comm,
+                        problem,
+                        opts,
+                        [views[0], views[1], views[2]],
+                        views[3],
+                        None,
+                        outs,
+                    )?;
                     Ok((g, stats))
                 })
             })

@@ -1,7 +1,8 @@
 //! `RingBackend` behind the shared interface with the features: each rank passes its
 //! own rows of q, k, v (k and v with fewer heads) and of the key padding mask, and the
 //! packed sequences of the whole batch; the reassembled rows equal the float64
-//! reference's. A rank whose mask does not fit its rows makes every rank fail alike.
+//! reference's, with a gradient into the LSE too. A rank whose mask or LSE gradient does
+//! not fit its rows makes every rank fail alike.
 
 use attn_core::error::TensorName;
 use attn_core::{
@@ -18,23 +19,33 @@ const WORLD: usize = 3;
 /// One rank's rows: out, lse, dq, dk, dv.
 type RankRows = (Vec<f32>, Vec<f32>, [Vec<f32>; 3]);
 
+/// The global inputs of a call: q, k, v, grad_out, the gradient into the LSE, the key
+/// padding flags and the packed sequences.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    global: [&'a [f32]; 4],
+    grad_lse: Option<&'a [f32]>,
+    padding: Option<&'a [bool]>,
+    cu: Option<&'a [usize]>,
+}
+
 /// Every rank's forward and backward through `RingBackend`, with `mask_rows(rank)` as
-/// the rank's key padding rows.
+/// the rank's key padding rows and `lse_rows(rank)` as its rows of the LSE's gradient.
 fn run(
     cfg: &DilatedConfig,
     shape: AttnShape,
-    global: [&[f32]; 4],
-    padding: Option<&[bool]>,
-    cu: Option<&[usize]>,
+    call: Call<'_>,
     mask_rows: impl Fn(usize, Vec<bool>) -> Vec<bool> + Sync,
+    lse_rows: impl Fn(usize, Vec<f32>) -> Vec<f32> + Sync,
 ) -> Vec<attn_core::Result<RankRows>> {
+    let Call { global, grad_lse, padding, cu } = call;
     let (seq, layout) = (shape.q.seq, Layout::Zigzag);
     let comms = ThreadComm::world(WORLD).unwrap();
     std::thread::scope(|scope| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|comm| {
-                let mask_rows = &mask_rows;
+                let (mask_rows, lse_rows) = (&mask_rows, &lse_rows);
                 scope.spawn(move || -> attn_core::Result<RankRows> {
                     let rank = comm.rank();
                     let be = RingBackend::new(comm, seq, layout, Strategy::Auto)?;
@@ -62,7 +73,20 @@ fn run(
                     let [dq, dk, dv] = &mut g;
                     let saved = Saved { out: TensorView::contiguous(TensorName::Output, &out, ls)?, lse: &lse };
                     let gov = TensorView::contiguous(TensorName::GradOutput, &go, ls)?;
-                    be.backward(&inputs, saved, gov, Grads::contiguous(local, [dq, dk, dv])?)?;
+                    let h = shape.q.heads;
+                    let gl = grad_lse.map(|g| {
+                        let rows = (0..shape.q.batch)
+                            .flat_map(|b| pos.iter().flat_map(move |&x| g[(b * seq + x) * h..][..h].iter().copied()))
+                            .collect();
+                        lse_rows(rank, rows)
+                    });
+                    be.backward_with_lse_grad(
+                        &inputs,
+                        saved,
+                        gov,
+                        gl.as_deref(),
+                        Grads::contiguous(local, [dq, dk, dv])?,
+                    )?;
                     Ok((out, lse, g))
                 })
             })
@@ -111,8 +135,10 @@ fn the_ring_backend_computes_every_feature_from_each_ranks_rows() {
             let cu = [0, 13, 14, 50];
             let cu = packed.then_some(&cu[..]);
             let global = [&inputs[0][..], &inputs[1], &inputs[2], &inputs[3]];
+            let grad_lse = random_vec(5, q.lse_len());
+            let call = Call { global, grad_lse: Some(&grad_lse), padding: Some(&padding), cu };
             let ranks: Vec<RankRows> =
-                run(cfg, shape, global, Some(&padding), cu, |_, rows| rows).into_iter().map(Result::unwrap).collect();
+                run(cfg, shape, call, |_, rows| rows, |_, rows| rows).into_iter().map(Result::unwrap).collect();
             let out = gather(&ranks.iter().map(|r| &r.0[..]).collect::<Vec<_>>(), q, 8, seq);
             let lse = gather(&ranks.iter().map(|r| &r.1[..]).collect::<Vec<_>>(), q, 1, seq);
             let grads: Vec<Vec<f32>> = (0..3)
@@ -128,7 +154,7 @@ fn the_ring_backend_computes_every_feature_from_each_ranks_rows() {
             let problem = Problem::new(cfg, shape).with_masks(masks);
             let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
             let [qw, kw, vw, gw] = [&inputs[0], &inputs[1], &inputs[2], &inputs[3]].map(|x| wide(x));
-            let want = Expected::for_problem(&problem, [&qw, &kw, &vw], Some(&gw)).unwrap();
+            let want = Expected::for_problem_lse(&problem, [&qw, &kw, &vw], &gw, &wide(&grad_lse)).unwrap();
             let mut rows = judge_forward(&want, &out, &lse, DType::F32);
             rows.extend(judge_backward(&want, [&grads[0], &grads[1], &grads[2]], DType::F32));
             assert!(verdict(&rows).is_ok(), "{cfg:?} packed={packed}: {}", verdict(&rows).unwrap_err());
@@ -143,14 +169,38 @@ fn a_rank_with_a_misfit_mask_fails_every_rank() {
     let shape = AttnShape::self_attn(q);
     let x = random_vec(1, q.numel());
     let padding = vec![false; 30];
+    let call = Call { global: [&x, &x, &x, &x], grad_lse: None, padding: Some(&padding), cu: None };
     // Rank 1 passes one flag too few.
-    let res = run(&cfg, shape, [&x, &x, &x, &x], Some(&padding), None, |rank, mut rows| {
+    let short = |rank: usize, mut rows: Vec<bool>| {
         if rank == 1 {
             rows.pop();
         }
         rows
-    });
-    for r in res {
+    };
+    for r in run(&cfg, shape, call, short, |_, rows| rows) {
         assert!(matches!(r, Err(AttnError::RankDisagreement(_))), "{r:?}");
+    }
+}
+
+#[test]
+fn a_rank_with_a_misfit_lse_gradient_fails_every_rank() {
+    let cfg = DilatedConfig::new(&[16], &[1]).unwrap();
+    let q = Shape4::new(1, 30, 2, 4).unwrap();
+    let shape = AttnShape::self_attn(q);
+    let x = random_vec(1, q.numel());
+    let grad_lse = random_vec(2, q.lse_len());
+    let call = Call { global: [&x, &x, &x, &x], grad_lse: Some(&grad_lse), padding: None, cu: None };
+    // Rank 2 passes one value too many.
+    let long = |rank: usize, mut rows: Vec<f32>| {
+        if rank == 2 {
+            rows.push(0.0);
+        }
+        rows
+    };
+    for r in run(&cfg, shape, call, |_, rows| rows, long) {
+        match r {
+            Err(AttnError::RankDisagreement(m)) => assert!(m.contains("grad_lse"), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -127,7 +127,7 @@ impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
         Ok((HostRows { shape, data: out }, Flat { shape, data: p.lse.clone() }))
     }
     fn delta(&self, grad_out: &HostRows<T>, out: &HostRows<T>) -> Result<Flat> {
-        Ok(Flat { shape: out.shape, data: emulator().delta(out.shape, &grad_out.data, &out.data)? })
+        Ok(Flat { shape: out.shape, data: emulator().delta(out.shape, &grad_out.data, &out.data, None)? })
     }
     fn backward_block(
         &self,

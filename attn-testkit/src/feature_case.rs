@@ -32,6 +32,11 @@ impl FeatureCase {
         Problem::new(&self.cfg, self.shape).with_masks(self.masks())
     }
 
+    /// A seeded gradient into the LSE (`[batch, seq, heads]`, standard normal).
+    pub fn grad_lse(&self) -> Vec<f32> {
+        random_vec(self.seed ^ 0x9e37_79b9_7f4a_7c15, self.shape.q.lse_len())
+    }
+
     /// Seeded q, k, v (k and v of the key/value shape), grad_out (standard normal).
     pub fn inputs(&self) -> [Vec<f32>; 4] {
         let (nq, nk) = (self.shape.q.numel(), self.shape.kv.numel());
@@ -180,6 +185,21 @@ pub fn judge_gradients(backend: &dyn crate::golden::DilatedBackend, case: &Featu
     let want = Expected::for_problem(&p, [&r[0], &r[1], &r[2]], Some(&r[3])).map_err(|e| e.to_string())?;
     let g = backend.backward(&p, [&q, &k, &v], &go).map_err(|e| e.to_string())?;
     verdict(&judge_backward(&want, [&g.dq, &g.dk, &g.dv], dtype))
+}
+
+/// [`judge_gradients`] with a gradient into the LSE ([`FeatureCase::grad_lse`]): the
+/// backend's `dq, dk, dv` of `sum(out * grad_out) + sum(lse * grad_lse)`.
+pub fn judge_lse_gradients(backend: &dyn crate::golden::DilatedBackend, case: &FeatureCase) -> Result<(), String> {
+    use crate::judge::{Expected, judge_backward, round_to, verdict};
+    let dtype = backend.dtype();
+    let p = case.problem();
+    let [q, k, v, go] = case.inputs();
+    let gl = case.grad_lse();
+    let r = [&q, &k, &v, &go].map(|x| round_to(dtype, x).into_iter().map(f64::from).collect::<Vec<_>>());
+    let gl64: Vec<f64> = gl.iter().map(|&x| f64::from(x)).collect();
+    let want = Expected::for_problem_lse(&p, [&r[0], &r[1], &r[2]], &r[3], &gl64).map_err(|e| e.to_string())?;
+    let g = backend.backward_lse(&p, [&q, &k, &v], &go, &gl).map_err(|e| e.to_string())?;
+    verdict(&judge_backward(&want, [&g.dq, &g.dk, &g.dv], dtype)).map_err(|e| format!("with grad_lse: {e}"))
 }
 
 #[cfg(test)]

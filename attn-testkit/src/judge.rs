@@ -17,7 +17,7 @@
 
 use std::fmt;
 
-use attn_core::reference::{Forward, Gradients, Magnitudes, dilated_backward_masked};
+use attn_core::reference::{Forward, Gradients, Magnitudes, dilated_backward_lse, dilated_backward_masked};
 use attn_core::{AttnShape, DType, DilatedConfig, Element, Result};
 
 use crate::golden::Problem;
@@ -84,6 +84,18 @@ impl Expected {
     /// which should be the inputs exactly as the backend saw them (rounded to its dtype).
     pub fn compute(cfg: &DilatedConfig, shape: AttnShape, qkv: [&[f64]; 3], grad_out: Option<&[f64]>) -> Result<Self> {
         Self::for_problem(&Problem::new(cfg, shape), qkv, grad_out)
+    }
+
+    /// [`Expected::for_problem`] with a gradient into the LSE (`[batch, seq, heads]`).
+    pub fn for_problem_lse(
+        problem: &Problem<'_>,
+        qkv: [&[f64]; 3],
+        grad_out: &[f64],
+        grad_lse: &[f64],
+    ) -> Result<Self> {
+        let shape = problem.shape;
+        let (fwd, grads, mag) = dilated_backward_lse(problem.cfg, shape, problem.masks, qkv, grad_out, Some(grad_lse))?;
+        Ok(Expected { fwd, grads, mag, shape })
     }
 
     /// [`Expected::compute`] for a problem with masks.

@@ -75,6 +75,17 @@ impl<A: Attention<T>, T: Element> Typed<A, T> {
 
     /// [`Typed::backward_t`] for a problem with masks.
     pub fn backward_problem(&self, problem: &Problem<'_>, qkv: [&[T]; 3], grad_out: &[T]) -> Result<[Vec<T>; 3]> {
+        self.backward_problem_lse(problem, qkv, grad_out, None)
+    }
+
+    /// [`Typed::backward_problem`] with a gradient into the LSE.
+    pub fn backward_problem_lse(
+        &self,
+        problem: &Problem<'_>,
+        qkv: [&[T]; 3],
+        grad_out: &[T],
+        grad_lse: Option<&[f32]>,
+    ) -> Result<[Vec<T>; 3]> {
         let shape = problem.shape;
         let (out, lse) = self.forward_problem(problem, qkv)?;
         let inputs = AttnInputs::contiguous(problem.cfg, shape, qkv)?.with_masks(problem.masks);
@@ -82,7 +93,8 @@ impl<A: Attention<T>, T: Element> Typed<A, T> {
         let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
         let mut dq = vec![T::default(); shape.q.numel()];
         let (mut dk, mut dv) = (vec![T::default(); shape.kv.numel()], vec![T::default(); shape.kv.numel()]);
-        self.backend.backward(&inputs, saved, gv, Grads::contiguous(shape, [&mut dq, &mut dk, &mut dv])?)?;
+        let grads = Grads::contiguous(shape, [&mut dq, &mut dk, &mut dv])?;
+        self.backend.backward_with_lse_grad(&inputs, saved, gv, grad_lse, grads)?;
         Ok([dq, dk, dv])
     }
 }
@@ -103,6 +115,18 @@ impl<A: Attention<T>, T: Element> DilatedBackend for Typed<A, T> {
         let [q, k, v] = qkv.map(to_t::<T>);
         let go = to_t::<T>(grad_out);
         let [dq, dk, dv] = self.backward_problem(problem, [&q, &k, &v], &go)?;
+        Ok(Gradients32 { dq: to_f32(&dq), dk: to_f32(&dk), dv: to_f32(&dv) })
+    }
+    fn backward_lse(
+        &self,
+        problem: &Problem<'_>,
+        qkv: [&[f32]; 3],
+        grad_out: &[f32],
+        grad_lse: &[f32],
+    ) -> Result<Gradients32> {
+        let [q, k, v] = qkv.map(to_t::<T>);
+        let go = to_t::<T>(grad_out);
+        let [dq, dk, dv] = self.backward_problem_lse(problem, [&q, &k, &v], &go, Some(grad_lse))?;
         Ok(Gradients32 { dq: to_f32(&dq), dk: to_f32(&dk), dv: to_f32(&dv) })
     }
 }

@@ -184,3 +184,46 @@ fn a_golden_file_without_a_required_tensor_is_refused() {
         assert!(err.contains(&format!("missing tensor `{missing}`")), "{missing}: {err}");
     }
 }
+
+/// A backend that drops the gradient into the LSE (its `backward_lse` is the plain
+/// backward).
+struct DropsLseGradient<'a>(&'a dyn DilatedBackend);
+
+impl DilatedBackend for DropsLseGradient<'_> {
+    fn name(&self) -> String {
+        format!("{} dropping grad_lse", self.0.name())
+    }
+    fn dtype(&self) -> DType {
+        self.0.dtype()
+    }
+    fn forward(&self, p: &Problem<'_>, qkv: [&[f32]; 3]) -> Result<Forward32> {
+        self.0.forward(p, qkv)
+    }
+    fn backward(&self, p: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+        self.0.backward(p, qkv, grad_out)
+    }
+    fn backward_lse(&self, p: &Problem<'_>, qkv: [&[f32]; 3], go: &[f32], _: &[f32]) -> Result<Gradients32> {
+        self.0.backward(p, qkv, go)
+    }
+}
+
+#[test]
+fn the_lse_gradient_judge_rejects_a_dropped_lse_gradient_in_every_dtype() {
+    use attn_core::ReferenceBackend;
+    use attn_testkit::{Typed, judge_lse_gradients, wide_head_cases};
+    use half::{bf16, f16};
+    for (name, case) in wide_head_cases() {
+        let backends: [Box<dyn DilatedBackend>; 3] = [
+            Box::new(Typed::<_, f32>::new(ReferenceBackend)),
+            Box::new(Typed::<_, bf16>::new(ReferenceBackend)),
+            Box::new(Typed::<_, f16>::new(ReferenceBackend)),
+        ];
+        for b in backends {
+            let dtype = b.dtype();
+            if let Err(e) = judge_lse_gradients(b.as_ref(), &case) {
+                panic!("{name} {dtype:?}: the correct result fails: {e}");
+            }
+            assert!(judge_lse_gradients(&DropsLseGradient(b.as_ref()), &case).is_err(), "{name} {dtype:?}: passed");
+        }
+    }
+}

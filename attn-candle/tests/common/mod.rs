@@ -4,7 +4,7 @@
 
 pub mod compose;
 
-use attn_candle::{AttnOptions, BufferRun, KeyPaddingMask, dilated_attention_with_lse, run_buffers_on};
+use attn_candle::{AttnOptions, BufferRun, KeyPaddingMask, dilated_attention_with_lse, leaf, run_buffers_on};
 use attn_core::{AttnError, DType as AttnDType, Masks};
 use attn_testkit::golden::Problem;
 use attn_testkit::judge::{Expected, judge_backward, judge_forward, verdict};
@@ -83,6 +83,42 @@ impl DilatedBackend for CandleOp {
         let [dq, dk, dv] = run.grads;
         Ok(Gradients32 { dq, dk, dv })
     }
+    fn backward_lse(
+        &self,
+        problem: &Problem<'_>,
+        qkv: [&[f32]; 3],
+        grad_out: &[f32],
+        grad_lse: &[f32],
+    ) -> attn_core::Result<Gradients32> {
+        let [dq, dk, dv] = lse_gradients(self, problem, qkv, [grad_out, grad_lse]).map_err(attn_err)?;
+        Ok(Gradients32 { dq, dk, dv })
+    }
+}
+
+/// candle's `backward()` of `sum(out * grad_out) + sum(lse * grad_lse)` through the op:
+/// `[dq, dk, dv]` as row-major f32.
+pub fn lse_gradients(
+    op: &CandleOp,
+    problem: &Problem<'_>,
+    qkv: [&[f32]; 3],
+    [grad_out, grad_lse]: [&[f32]; 2],
+) -> Result<[Vec<f32>; 3]> {
+    let (dev, dtype, layout) = (&op.device, op.dtype, op.layout);
+    let (qd, kd) = (problem.shape.q.dims(), problem.shape.kv.dims());
+    let (qv, q) = leaf(dev, qkv[0], qd, dtype, layout)?;
+    let (kv, k) = leaf(dev, qkv[1], kd, dtype, layout)?;
+    let (vv, v) = leaf(dev, qkv[2], kd, dtype, layout)?;
+    let r = dilated_attention_with_lse(&q, &k, &v, &options_of(problem.cfg, &problem.masks))?;
+    let go = Tensor::from_slice(grad_out, qd.to_vec(), &Device::Cpu)?.to_dtype(dtype)?.to_device(dev)?;
+    let gl = Tensor::from_slice(grad_lse, &qd[..3], &Device::Cpu)?.to_device(dev)?;
+    let loss = ((&r.out * &go)?.sum_all()?.to_dtype(DType::F32)? + (&r.lse * &gl)?.sum_all()?)?;
+    let grads = loss.backward()?;
+    let grad = |var: &candle_core::Var| -> Result<Vec<f32>> {
+        let g = grads.get(var.as_tensor()).ok_or_else(|| candle_core::Error::Msg("no gradient".into()))?;
+        let g = if layout == Layout::Bhsd { g.transpose(1, 2)? } else { g.clone() };
+        g.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
+    };
+    Ok([grad(&qv)?, grad(&kv)?, grad(&vv)?])
 }
 
 /// `got` against `want` (another run of the same case: the composition, or the op on

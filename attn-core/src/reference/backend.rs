@@ -8,7 +8,7 @@ use crate::error::{AttnError, Result, TensorName};
 use crate::shape::AttnShape;
 use crate::view::{TensorView, TensorViewMut};
 
-use super::{dilated_backward_masked, dilated_forward_masked};
+use super::{dilated_backward_lse, dilated_forward_masked};
 
 /// The float64 reference as a backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -71,11 +71,12 @@ impl<T: Element> Attention<T> for ReferenceBackend {
         Ok(())
     }
 
-    fn backward(
+    fn backward_with_lse_grad(
         &self,
         inputs: &AttnInputs<'_, T>,
         _saved: Saved<'_, T>,
         grad_out: TensorView<'_, T>,
+        grad_lse: Option<&[f32]>,
         mut grads: Grads<'_, T>,
     ) -> Result<()> {
         let shape = inputs.shape()?;
@@ -83,7 +84,15 @@ impl<T: Element> Attention<T> for ReferenceBackend {
         expect_shape(&grads.dk, shape.kv, TensorName::GradKey)?;
         expect_shape(&grads.dv, shape.kv, TensorName::GradValue)?;
         let (q, k, v) = (inputs.q.to_f64_vec(), inputs.k.to_f64_vec(), inputs.v.to_f64_vec());
-        let (_, g, _) = dilated_backward_masked(inputs.cfg, shape, inputs.masks, [&q, &k, &v], &grad_out.to_f64_vec())?;
+        let g_lse = grad_lse.map(|g| g.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>());
+        let (_, g, _) = dilated_backward_lse(
+            inputs.cfg,
+            shape,
+            inputs.masks,
+            [&q, &k, &v],
+            &grad_out.to_f64_vec(),
+            g_lse.as_deref(),
+        )?;
         write_rows(&mut grads.dq, &g.dq, TensorName::GradQuery)?;
         write_rows(&mut grads.dk, &g.dk, TensorName::GradKey)?;
         write_rows(&mut grads.dv, &g.dv, TensorName::GradValue)

@@ -1,4 +1,5 @@
-//! Exact float64 backward of the reference: dq, dk, dv of `sum(out * grad_out)`, and
+//! Exact float64 backward of the reference: dq, dk, dv of `sum(out * grad_out)` (plus
+//! `sum(lse * grad_lse)` where a gradient reaches the LSE), and
 //! the magnitudes (sums of absolute terms) that a low-precision result is judged by.
 
 use super::{
@@ -15,10 +16,14 @@ fn backward_impl(
     scale: f64,
     [q, k, v]: [&[f64]; 3],
     grad_out: &[f64],
+    grad_lse: Option<&[f64]>,
 ) -> Result<(Forward, Gradients, Magnitudes)> {
     let fwd = forward_impl(rule, scale, [q, k, v])?;
     let shape = rule.shape;
     check_len(TensorName::GradOutput, grad_out.len(), shape.q.numel())?;
+    if let Some(g) = grad_lse {
+        check_len(TensorName::GradLse, g.len(), shape.q.lse_len())?;
+    }
     let (qs, kvs) = (shape.q, shape.kv);
     let d = qs.head_dim;
     let qr = Rows { seq: qs.seq, heads: qs.heads, d };
@@ -52,10 +57,15 @@ fn backward_impl(
                 // out = out_scale * sum_j p_j v_j, so d(out)/d(p_j) = out_scale * v_j.
                 let go: Vec<f64> = grad_out[qr.at(b, i, h)..][..d].iter().map(|g| g * out_scale).collect();
                 let dp: Vec<f64> = keys.iter().map(|&j| dot(&go, &v[kr.at(b, j, hk)..][..d])).collect();
-                let big_d: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                // d(lse)/d(score_j) = p_j, so a gradient into the LSE moves D by -grad_lse.
+                let g_lse = match grad_lse {
+                    Some(g) if !keys.is_empty() => g[(b * qs.seq + i) * qs.heads + h],
+                    _ => 0.0,
+                };
+                let big_d: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum::<f64>() - g_lse;
                 // |dp_j| and |D| bounded by their sums of absolute terms.
                 let dp_abs: Vec<f64> = keys.iter().map(|&j| abs_dot(&go, &v[kr.at(b, j, hk)..][..d])).collect();
-                let d_abs: f64 = p.iter().zip(&dp_abs).map(|(a, b)| a * b).sum();
+                let d_abs: f64 = p.iter().zip(&dp_abs).map(|(a, b)| a * b).sum::<f64>() + g_lse.abs();
                 for (((&j, &pj), &dpj), &dpj_abs) in keys.iter().zip(&p).zip(&dp).zip(&dp_abs) {
                     let ds = pj * (dpj - big_d) * scale;
                     let ds_abs = pj * (dpj_abs + d_abs) * scale;
@@ -127,9 +137,23 @@ pub fn dilated_backward_masked(
     qkv: [&[f64]; 3],
     grad_out: &[f64],
 ) -> Result<(Forward, Gradients, Magnitudes)> {
+    dilated_backward_lse(cfg, shape, masks, qkv, grad_out, None)
+}
+
+/// [`dilated_backward_masked`] of `sum(out * grad_out) + sum(lse * grad_lse)`:
+/// `grad_lse` (`[batch, seq, heads]`, `None` for zeros) is the gradient a loss sends into
+/// the LSE; rows whose LSE is `-inf` take none of it.
+pub fn dilated_backward_lse(
+    cfg: &DilatedConfig,
+    shape: AttnShape,
+    masks: Masks<'_>,
+    qkv: [&[f64]; 3],
+    grad_out: &[f64],
+    grad_lse: Option<&[f64]>,
+) -> Result<(Forward, Gradients, Magnitudes)> {
     cfg.validate_heads(shape.q.heads)?;
     let rule = KeyRule { cfg: Some(cfg), band: cfg.band(), masks, shape };
-    backward_impl(rule, cfg.scale_for(shape.q.head_dim), qkv, grad_out)
+    backward_impl(rule, cfg.scale_for(shape.q.head_dim), qkv, grad_out, grad_lse)
 }
 
 /// Forward and gradients of dense attention in float64.
@@ -147,6 +171,6 @@ pub fn dense_backward(
     }
     let band = if causality.is_causal() { Band::CAUSAL } else { Band::FULL };
     let rule = KeyRule { cfg: None, band, masks: Masks::NONE, shape };
-    let (fwd, grads, _) = backward_impl(rule, scale, [q, k, v], grad_out)?;
+    let (fwd, grads, _) = backward_impl(rule, scale, [q, k, v], grad_out, None)?;
     Ok((fwd, grads))
 }

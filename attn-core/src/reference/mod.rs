@@ -8,7 +8,9 @@ mod backend;
 mod backward;
 
 pub use backend::ReferenceBackend;
-pub use backward::{dense_backward, dilated_backward, dilated_backward_masked, dilated_backward_with_magnitudes};
+pub use backward::{
+    dense_backward, dilated_backward, dilated_backward_lse, dilated_backward_masked, dilated_backward_with_magnitudes,
+};
 
 use crate::band::Band;
 use crate::config::{Causality, DilatedConfig};

@@ -327,9 +327,9 @@ static bool run_case(const Case& t) {
     // Backward: delta, gradients (f32 accumulators), compared before rounding to the dtype.
     std::vector<float> delta(rows), dq(numel, 0.f), dk(kv_numel, 0.f), dv(kv_numel, 0.f);
     emu::launch(Dim3{(unsigned)((rows + 7) / 8), 1, 1}, 256, [&] {
-        if constexpr (std::is_same_v<E, F32E>) delta_rows_f32(go.data(), out.data(), delta.data(), rp);
-        else if constexpr (std::is_same_v<E, F16E>) delta_rows_f16(go.data(), out.data(), delta.data(), rp);
-        else delta_rows_bf16(go.data(), out.data(), delta.data(), rp);
+        if constexpr (std::is_same_v<E, F32E>) delta_rows_f32(go.data(), out.data(), nullptr, lse.data(), delta.data(), rp);
+        else if constexpr (std::is_same_v<E, F16E>) delta_rows_f16(go.data(), out.data(), nullptr, lse.data(), delta.data(), rp);
+        else delta_rows_bf16(go.data(), out.data(), nullptr, lse.data(), delta.data(), rp);
     });
     bwd_call<E>(t.dt, t.cfg, f, B, N, H, D, q, k, v, g, lse.data(), delta.data(), dq.data(), dk.data(), dv.data());
 

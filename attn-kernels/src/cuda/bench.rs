@@ -92,7 +92,7 @@ pub fn bench_pass<T: CudaElement>(
     let mut call = || -> Result<()> {
         let lse = forward_call(dev, &block, &mut out, path)?;
         if pass == Pass::Backward {
-            let d = delta(dev, &go, &out)?;
+            let d = delta(dev, &go, &out, None)?;
             let mut acc = DeviceGrads::zeros(dev, shape, shape)?;
             backward_block(dev, &block, &DeviceUpstream { grad_out: &go, lse: &lse, delta: &d }, &mut acc)?;
             let names =

@@ -40,13 +40,15 @@ fn expect_shape<T>(tensor: TensorName, t: &DeviceTensor<T>, want: Shape4) -> Res
 }
 
 /// The exact backward of a whole call (the block holds every query and key): the
-/// gradients of `sum(out * grad_out)` written into `dq` (q's shape) and `dk`, `dv` (k's),
-/// any strides with head_dim stride 1, in `T`, from f32 accumulators.
+/// gradients of `sum(out * grad_out) + sum(lse * grad_lse)` (`grad_lse` f32 like the lse,
+/// `None` for zeros) written into `dq` (q's shape) and `dk`, `dv` (k's), any strides with
+/// head_dim stride 1, in `T`, from f32 accumulators.
 pub fn backward_call<T: CudaElement>(
     dev: &CudaDevice,
     block: &DeviceBlock<'_, T>,
     saved: DeviceSaved<'_, T>,
     grad_out: &DeviceTensor<T>,
+    grad_lse: Option<&CudaSlice<f32>>,
     [dq, dk, dv]: [&mut DeviceTensor<T>; 3],
 ) -> Result<()> {
     let (qs, ks) = (block.q.shape, block.k.shape);
@@ -56,7 +58,7 @@ pub fn backward_call<T: CudaElement>(
     expect_shape(TensorName::GradKey, dk, ks)?;
     expect_shape(TensorName::GradValue, dv, ks)?;
     check_len(TensorName::Lse, saved.lse.len(), qs.lse_len())?;
-    let dsum = delta(dev, grad_out, saved.out)?;
+    let dsum = delta(dev, grad_out, saved.out, grad_lse.map(|g| (g, saved.lse)))?;
     let mut acc = DeviceGrads::zeros(dev, qs, ks)?;
     let upstream = DeviceUpstream { grad_out, lse: saved.lse, delta: &dsum };
     backward_block(dev, block, &upstream, &mut acc)?;

@@ -363,17 +363,35 @@ impl Emulator {
         self.launch(&format!("fill_lse_{}", T::SUFFIX), lc, &mut args)
     }
 
-    /// [`crate::cuda::delta`] of contiguous host tensors: `dot(grad_out, out)` per row.
-    pub fn delta<T: CudaElement>(&self, shape: Shape4, grad_out: &[T], out: &[T]) -> Result<Vec<f32>> {
+    /// [`crate::cuda::delta`] of contiguous host tensors: `dot(grad_out, out) - grad_lse`
+    /// per row, `lse_grad` being `(grad_lse, lse)` (`grad_lse` read where `lse` is finite).
+    pub fn delta<T: CudaElement>(
+        &self,
+        shape: Shape4,
+        grad_out: &[T],
+        out: &[T],
+        lse_grad: Option<(&[f32], &[f32])>,
+    ) -> Result<Vec<f32>> {
         need(TensorName::GradOutput, grad_out.len(), shape.numel())?;
         need(TensorName::Output, out.len(), shape.numel())?;
+        if let Some((g, l)) = lse_grad {
+            need(TensorName::GradLse, g.len(), shape.lse_len())?;
+            need(TensorName::Lse, l.len(), shape.lse_len())?;
+        }
         let strides = shape.contiguous_strides();
         let mut p = row_params(shape, strides, strides, 1.0);
         let lc = delta_launch(shape)?;
         let mut delta = vec![0.0f32; shape.lse_len()];
         let (mut g, mut o, mut dl) = (grad_out.as_ptr(), out.as_ptr(), delta.as_mut_ptr());
-        let mut args: Vec<*mut c_void> =
-            vec![(&raw mut g).cast(), (&raw mut o).cast(), (&raw mut dl).cast(), (&raw mut p).cast()];
+        let (mut gl, mut l) = lse_grad.map_or((std::ptr::null(), std::ptr::null()), |(g, l)| (g.as_ptr(), l.as_ptr()));
+        let mut args: Vec<*mut c_void> = vec![
+            (&raw mut g).cast(),
+            (&raw mut o).cast(),
+            (&raw mut gl).cast(),
+            (&raw mut l).cast(),
+            (&raw mut dl).cast(),
+            (&raw mut p).cast(),
+        ];
         self.launch(&format!("delta_rows_{}", T::SUFFIX), lc, &mut args)?;
         Ok(delta)
     }

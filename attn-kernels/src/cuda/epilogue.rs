@@ -119,22 +119,36 @@ pub(crate) fn fill_lse<T: CudaElement>(dev: &CudaDevice, len: usize, value: f32)
     Ok(dst)
 }
 
-/// `delta[b, s, h] = dot(grad_out[b, s, h, :], out[b, s, h, :])` in f32.
+/// `delta[b, s, h] = dot(grad_out[b, s, h, :], out[b, s, h, :]) - grad_lse[b, s, h]` in
+/// f32. `lse_grad` is `(grad_lse, lse)` (`None`: no gradient into the LSE); `grad_lse` is
+/// read only where `lse` is finite.
 pub fn delta<T: CudaElement>(
     dev: &CudaDevice,
     grad_out: &DeviceTensor<T>,
     out: &DeviceTensor<T>,
+    lse_grad: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
 ) -> Result<CudaSlice<f32>> {
     let shape = grad_out.shape;
     check_dst(TensorName::GradOutput, grad_out, shape)?;
     check_dst(TensorName::Output, out, shape)?;
+    if let Some((g, l)) = lse_grad {
+        check_len(TensorName::GradLse, g.len(), shape.lse_len())?;
+        check_len(TensorName::Lse, l.len(), shape.lse_len())?;
+    }
     let mut delta = dev.stream.alloc_zeros::<f32>(shape.lse_len()).map_err(cuda_err)?;
     let p = row_params(shape, grad_out.strides, out.strides, 1.0);
     let f = dev.function(T::SUFFIX, &format!("delta_rows_{}", T::SUFFIX), 0)?;
     let lc = delta_launch(shape)?;
-    // Signature: (const T* go, const T* out, float* delta, RowParams).
+    // Signature: (const T* go, const T* out, const float* grad_lse, const float* lse,
+    // float* delta, RowParams); a null grad_lse is none.
+    let null: u64 = 0;
     let mut args = dev.stream.launch_builder(&f);
-    args.arg(&grad_out.data).arg(&out.data).arg(&mut delta).arg(&p);
+    args.arg(&grad_out.data).arg(&out.data);
+    match lse_grad {
+        Some((g, l)) => args.arg(g).arg(l),
+        None => args.arg(&null).arg(&null),
+    };
+    args.arg(&mut delta).arg(&p);
     launch(args, lc)?;
     Ok(delta)
 }

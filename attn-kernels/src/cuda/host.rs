@@ -97,7 +97,7 @@ impl CudaBackend {
         let gv = TensorView::contiguous(TensorName::GradOutput, grad_out, shape.q)?;
         let mut dq = vec![T::default(); shape.q.numel()];
         let (mut dk, mut dv) = (vec![T::default(); shape.kv.numel()], vec![T::default(); shape.kv.numel()]);
-        self.backward_impl(&inputs, saved, gv, Grads::contiguous(shape, [&mut dq, &mut dk, &mut dv])?)?;
+        self.backward_impl(&inputs, saved, gv, None, Grads::contiguous(shape, [&mut dq, &mut dk, &mut dv])?)?;
         Ok([dq, dk, dv])
     }
 
@@ -139,6 +139,7 @@ impl CudaBackend {
         inputs: &AttnInputs<'_, T>,
         saved: Saved<'_, T>,
         grad_out: TensorView<'_, T>,
+        grad_lse: Option<&[f32]>,
         mut grads: Grads<'_, T>,
     ) -> Result<()> {
         let (dev, cfg) = (&self.dev, inputs.cfg);
@@ -152,12 +153,17 @@ impl CudaBackend {
                 });
             }
         }
-        if saved.lse.len() != shape.q.lse_len() {
-            return Err(AttnError::ShapeMismatch {
-                tensor: TensorName::Lse,
-                expected: vec![shape.q.lse_len()],
-                got: vec![saved.lse.len()],
-            });
+        for (t, len) in [(TensorName::Lse, Some(saved.lse.len())), (TensorName::GradLse, grad_lse.map(<[f32]>::len))] {
+            match len {
+                Some(got) if got != shape.q.lse_len() => {
+                    return Err(AttnError::ShapeMismatch {
+                        tensor: t,
+                        expected: vec![shape.q.lse_len()],
+                        got: vec![got],
+                    });
+                }
+                _ => {}
+            }
         }
         check_out(TensorName::GradQuery, &grads.dq, shape.q)?;
         check_out(TensorName::GradKey, &grads.dk, shape.kv)?;
@@ -166,6 +172,7 @@ impl CudaBackend {
         let (tq, tk, tv) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
         let (tout, tgo) = (up(&saved.out)?, up(&grad_out)?);
         let dlse = dev.stream.clone_htod(saved.lse).map_err(cuda_err)?;
+        let dglse = grad_lse.map(|g| dev.stream.clone_htod(g)).transpose().map_err(cuda_err)?;
         let mask = inputs.masks.key_padding.map(|m| DeviceKeyPadding::upload(dev, &m)).transpose()?;
         let block = DeviceBlock {
             key_padding: mask.as_ref(),
@@ -174,7 +181,8 @@ impl CudaBackend {
         };
         let zeros = |s| DeviceTensor::<T>::zeros(dev, s);
         let (mut dq, mut dk, mut dv) = (zeros(shape.q)?, zeros(shape.kv)?, zeros(shape.kv)?);
-        backward_call(dev, &block, DeviceSaved { out: &tout, lse: &dlse }, &tgo, [&mut dq, &mut dk, &mut dv])?;
+        let saved = DeviceSaved { out: &tout, lse: &dlse };
+        backward_call(dev, &block, saved, &tgo, dglse.as_ref(), [&mut dq, &mut dk, &mut dv])?;
         write_rows(&mut grads.dq, &dq.to_host_contiguous(dev)?);
         write_rows(&mut grads.dk, &dk.to_host_contiguous(dev)?);
         write_rows(&mut grads.dv, &dv.to_host_contiguous(dev)?);
@@ -191,14 +199,15 @@ impl<T: CudaElement> Attention<T> for CudaBackend {
         self.forward_impl(inputs, out, lse)
     }
 
-    fn backward(
+    fn backward_with_lse_grad(
         &self,
         inputs: &AttnInputs<'_, T>,
         saved: Saved<'_, T>,
         grad_out: TensorView<'_, T>,
+        grad_lse: Option<&[f32]>,
         grads: Grads<'_, T>,
     ) -> Result<()> {
-        self.backward_impl(inputs, saved, grad_out, grads)
+        self.backward_impl(inputs, saved, grad_out, grad_lse, grads)
     }
 
     /// Device memory: the uploaded inputs and outputs in `T`, the f32 lse, the f32 partial

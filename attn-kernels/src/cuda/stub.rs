@@ -38,11 +38,12 @@ impl<T: Element> Attention<T> for CudaBackend {
     fn forward(&self, _inputs: &AttnInputs<'_, T>, _out: TensorViewMut<'_, T>, _lse: &mut [f32]) -> Result<()> {
         Err(not_compiled())
     }
-    fn backward(
+    fn backward_with_lse_grad(
         &self,
         _inputs: &AttnInputs<'_, T>,
         _saved: Saved<'_, T>,
         _grad_out: TensorView<'_, T>,
+        _grad_lse: Option<&[f32]>,
         _grads: Grads<'_, T>,
     ) -> Result<()> {
         Err(not_compiled())

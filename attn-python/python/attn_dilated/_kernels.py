@@ -185,15 +185,15 @@ def on_query_device(q: torch.Tensor, **tensors: Optional[torch.Tensor]) -> None:
             raise ValueError(f"{name} is on {t.device} but query is on {q.device}")
 
 
-def call_native(entry, q: torch.Tensor, *args) -> None:
-    """`entry(*args, threads, placement(q))`; for a CUDA tensor with q's device current
-    while it runs (the driver calls make that device's context current, which would
-    otherwise change torch's current device)."""
+def call_native(entry, q: torch.Tensor, *args, **kwargs) -> None:
+    """`entry(*args, threads, placement(q), **kwargs)`; for a CUDA tensor with q's device
+    current while it runs (the driver calls make that device's context current, which
+    would otherwise change torch's current device)."""
     if not q.is_cuda:
-        entry(*args, torch.get_num_threads(), None)
+        entry(*args, torch.get_num_threads(), None, **kwargs)
         return
     with torch.cuda.device(q.device):
-        entry(*args, torch.get_num_threads(), placement(q))
+        entry(*args, torch.get_num_threads(), placement(q), **kwargs)
 
 
 def forward(cfg, q, k, v, mask, cu) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -207,13 +207,18 @@ def forward(cfg, q, k, v, mask, cu) -> Tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-def backward(cfg, grad_out, q, k, v, out, lse, mask, cu) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`(dq, dk, dv)`, each like its input (contiguous), from the forward's out and lse."""
-    on_query_device(q, grad_out=grad_out, key=k, value=v, out=out, lse=lse, key_padding_mask=mask)
+def backward(cfg, grad_out, q, k, v, out, lse, mask, cu, grad_lse=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(dq, dk, dv)`, each like its input (contiguous), from the forward's out and lse and
+    the gradients into out and (where given) the LSE."""
+    on_query_device(q, grad_out=grad_out, key=k, value=v, out=out, lse=lse, key_padding_mask=mask, grad_lse=grad_lse)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     m = None if mask is None else describe(mask)
     args = (cfg, *(describe(t) for t in (q, k, v, out, lse, grad_out, dq, dk, dv)), m, cu)
-    call_native(_native.backward, q, *args)
+    # The LSE's gradient as the kernels read it: float32, contiguous (autograd hands
+    # `lse.sum()`'s gradient over as an expanded, stride-0 view). Kept in a name until the
+    # call returns: the kernels read its memory.
+    gl = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
+    call_native(_native.backward, q, *args, grad_lse=None if gl is None else describe(gl))
     return dq, dk, dv
 
 

@@ -159,19 +159,14 @@ def dilated_attention_with_lse(
     """[`dilated_attention`][attn_dilated.dilated_attention] that also returns the
     float32 LSE `[batch, seq, heads]` (natural log; `-inf` where a row attends nothing).
 
-    The LSE requires grad where the output does, but no gradient passes through it: a
-    backward in which a nonzero gradient reaches it (partial results merged by their
-    LSEs, a loss of the LSE) raises NotImplementedError, eager or compiled. Reading it
-    (logging, inspection) costs nothing in the backward; use `lse.detach()` where only
-    its value is needed, and return it detached from a compiled function, whose backward
-    otherwise checks the zero gradient it receives for it."""
-    out, lse = attention(
+    Both are differentiable: partial results merged by their LSEs (attention over key
+    blocks, ring or context parallelism) get exact gradients, the gradient that reaches
+    the LSE entering the kernels' backward. A row whose LSE is `-inf` takes no gradient
+    from it."""
+    return attention(
         query, key, value, segment_lengths, dilation_rates, is_causal, softmax_scale, mixing, window,
         key_padding_mask, cu_seqlens,
     )
-    if out.requires_grad:
-        lse = _ops.GuardLse.apply(lse, out)
-    return out, lse
 
 
 def dilated_attention(

@@ -57,15 +57,16 @@ def attention_backward(
     window: Optional[List[int]],
     key_padding_mask: Optional[Tensor],
     cu_seqlens: Optional[List[int]],
+    grad_lse: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """`(dq, dk, dv)`: the gradients of `sum(out * grad_out)`."""
+    """`(dq, dk, dv)`: the gradients of `sum(out * grad_out) + sum(lse * grad_lse)`."""
     cfg = _kernels.config(segment_lengths, dilation_rates, is_causal, softmax_scale, mixing, window)
     grad_out, q, k, v, out = (_kernels.inner_unit(x) for x in (grad_out, q, k, v, out))
-    return _kernels.backward(cfg, grad_out, q, k, v, out, lse, key_padding_mask, cu_seqlens)
+    return _kernels.backward(cfg, grad_out, q, k, v, out, lse, key_padding_mask, cu_seqlens, grad_lse)
 
 
 @attention_backward.register_fake
-def _(grad_out, q, k, v, out, lse, *_config_and_masks):
+def _(grad_out, q, k, v, out, lse, *_config_masks_and_grad_lse):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -74,63 +75,17 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, mask)
     ctx.spec, ctx.cu = spec, cu
-    ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, grad_out, _grad_lse):
+def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, mask = ctx.saved_tensors
     none = (None,) * 8
-    if grad_out is None:
+    if grad_out is None and grad_lse is None:
         return (None, None, None, *none)
-    dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, *ctx.spec, mask, ctx.cu)
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, *ctx.spec, mask, ctx.cu, grad_lse)
     return (dq, dk, dv, *none)
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
-
-
-LSE_GRADIENT_MESSAGE = (
-    "attn_dilated: a gradient reached the LSE returned by dilated_attention_with_lse, but gradient "
-    "through the LSE is not supported: the kernels' backward takes the output's gradient only, so a "
-    "result computed from the LSE (partial results merged by their LSEs, a loss of the LSE) would get "
-    "wrong gradients. Where only the LSE's value is needed (logging, inspection), use lse.detach()."
-)
-
-
-@torch.library.custom_op("attn_dilated::lse_gradient_check", mutates_args=())
-def lse_gradient_check(grad_lse: Tensor, dtype: torch.dtype) -> Tensor:
-    """NotImplementedError where `grad_lse` (the gradient that reached the LSE) has a
-    nonzero entry; otherwise a 0-d zero of `dtype`, the output's (zero) share of it.
-
-    An op, so that the check runs when the backward does, compiled or not: a compiled
-    backward receives a zero gradient for an LSE it returned that nothing used, so only
-    the values tell a gradient from none, and they are known at run time only."""
-    if bool(grad_lse.ne(0).any()):
-        raise NotImplementedError(LSE_GRADIENT_MESSAGE)
-    return grad_lse.new_zeros((), dtype=dtype)
-
-
-@lse_gradient_check.register_fake
-def _(grad_lse, dtype):
-    return grad_lse.new_empty((), dtype=dtype)
-
-
-class GuardLse(torch.autograd.Function):
-    """`lse` (a copy) made part of `out`'s graph, so that it requires grad where `out`
-    does and a gradient reaching it is checked ([`lse_gradient_check`]). The backward
-    runs only where the LSE is part of what is differentiated; its result, zero, goes to
-    `out` so that a compiled backward keeps the check."""
-
-    @staticmethod
-    def forward(lse: Tensor, out: Tensor) -> Tensor:
-        # A copy, not a view: the caller may modify the LSE in place.
-        return lse.clone()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, out = inputs
-        ctx.out_shape, ctx.out_dtype = out.shape, out.dtype
-
-    @staticmethod
-    def backward(ctx, grad_lse):
-        return None, lse_gradient_check(grad_lse, ctx.out_dtype).expand(ctx.out_shape)

@@ -169,7 +169,7 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
     }
 
     fn delta(&self, grad_out: &Rows<T>, out: &Rows<T>) -> Result<Stats> {
-        Ok(self.stats(delta(&self.dev, grad_out, out)?, out.shape))
+        Ok(self.stats(delta(&self.dev, grad_out, out, None)?, out.shape))
     }
 
     fn backward_block(

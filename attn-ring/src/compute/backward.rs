@@ -143,6 +143,7 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     local: &Local<'_, T>,
     fwd: Partial,
     grad_out: &TensorView<'_, T>,
+    grad_lse: Option<&[f32]>,
     threads: usize,
 ) -> Result<Grads> {
     let (r, p) = (comm.rank(), plan.problem.world);
@@ -154,7 +155,12 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
             let bh = local.bh(b, head);
             let row_delta = |i: usize| {
                 let (go, o) = (grad_out.row(b, i, head), &o[bh][i * d..(i + 1) * d]);
-                go.iter().zip(o).map(|(x, y)| x.to_f32() * y).sum::<f32>()
+                let dot = go.iter().zip(o).map(|(x, y)| x.to_f32() * y).sum::<f32>();
+                // A gradient into the LSE lowers delta, on rows that attend something.
+                match grad_lse {
+                    Some(g) if lse[bh][i].is_finite() => dot - g[(b * nl + i) * local.heads + head],
+                    _ => dot,
+                }
             };
             delta.push((0..nl).map(row_delta).collect::<Vec<f32>>());
         }
@@ -309,17 +315,21 @@ pub fn ring_backward<C: Communicator + ?Sized, T: Element>(
     grad_out: TensorView<'_, T>,
     grads: BackwardOutputs<'_, '_, T>,
 ) -> Result<RingStats> {
-    ring_backward_with(comm, problem, &RingOptions::default(), qkv, grad_out, grads)
+    ring_backward_with(comm, problem, &RingOptions::default(), qkv, grad_out, None, grads)
 }
 
 /// [`ring_backward`] with the opt-in checks of [`crate::ring_forward_with`] (the
-/// finite check covers grad_out too); on a refusal `dq`, `dk`, `dv` are untouched.
+/// finite check covers grad_out too) and a gradient into the LSE: the gradients of
+/// `sum(out * grad_out) + sum(lse * grad_lse)`, `grad_lse` this rank's `[batch, rows,
+/// heads]` like the forward's lse (`None` for zeros; a wrong length is every rank's
+/// error). On a refusal `dq`, `dk`, `dv` are untouched.
 pub fn ring_backward_with<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     problem: &RingProblem,
     opts: &RingOptions,
     qkv: [TensorView<'_, T>; 3],
     grad_out: TensorView<'_, T>,
+    grad_lse: Option<&[f32]>,
     grads: BackwardOutputs<'_, '_, T>,
 ) -> Result<RingStats> {
     let [q, k, v] = qkv;
@@ -330,10 +340,10 @@ pub fn ring_backward_with<C: Communicator + ?Sized, T: Element>(
         (TensorName::GradKey, dk.shape()),
         (TensorName::GradValue, dv.shape()),
     ];
-    let extra = check_out(problem, comm.rank(), &outs, usize::MAX);
+    let extra = check_out(problem, comm.rank(), &outs, grad_lse.map(|g| (TensorName::GradLse, g.len())));
     let Prepared { plan, local, start } = prepare(comm, "backward", problem, opts, [q, k, v], Some(grad_out), extra)?;
     let fwd = forward_core::<C, T>(comm, &plan, &local, opts.threads)?;
-    let g = backward_core::<C, T>(comm, &plan, &local, fwd, &grad_out, opts.threads)?;
+    let g = backward_core::<C, T>(comm, &plan, &local, fwd, &grad_out, grad_lse, opts.threads)?;
     let stats = finish(comm, start)?;
     let d = local.d;
     for (dst, src, heads) in [(dq, &g.dq, local.heads), (dk, &g.dk, local.kv_heads), (dv, &g.dv, local.kv_heads)] {

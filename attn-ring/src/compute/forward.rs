@@ -252,7 +252,8 @@ pub fn ring_forward_with<C: Communicator + ?Sized, T: Element>(
     out: &mut TensorViewMut<'_, T>,
     lse: &mut [f32],
 ) -> Result<RingStats> {
-    let extra = check_out(problem, comm.rank(), &[(TensorName::Output, out.shape())], lse.len());
+    let extra =
+        check_out(problem, comm.rank(), &[(TensorName::Output, out.shape())], Some((TensorName::Lse, lse.len())));
     let Prepared { plan, local, start } = prepare(comm, "forward", problem, opts, qkv, None, extra)?;
     if plan.ring_heads.is_empty() {
         let partials = gather_partials(comm, &plan, &local, opts.threads)?;

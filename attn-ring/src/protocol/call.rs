@@ -83,7 +83,7 @@ pub(crate) fn check_out(
     problem: &RingProblem,
     rank: usize,
     outs: &[(TensorName, Shape4)],
-    lse_len: usize,
+    lse: Option<(TensorName, usize)>,
 ) -> Option<String> {
     for (name, s) in outs {
         let want = local_shape(problem, rank, *name);
@@ -93,10 +93,10 @@ pub(crate) fn check_out(
     }
     let want = local_shape(problem, rank, TensorName::Output);
     let lse_want = want[0] * want[1] * want[2];
-    if lse_len != lse_want && lse_len != usize::MAX {
-        return Some(format!("lse has {lse_len} elements, expected {lse_want}"));
+    match lse {
+        Some((name, len)) if len != lse_want => Some(format!("{name} has {len} elements, expected {lse_want}")),
+        _ => None,
     }
-    None
 }
 
 /// The global flat index of local flat index `i` of a `[batch, rows, heads, d]` view

@@ -56,6 +56,18 @@ pub trait DilatedBackend {
     }
     fn forward(&self, problem: &Problem<'_>, qkv: [&[f32]; 3]) -> Result<Forward32>;
     fn backward(&self, problem: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32>;
+    /// [`DilatedBackend::backward`] of `sum(out * grad_out) + sum(lse * grad_lse)`
+    /// (`grad_lse` `[batch, seq, heads]`); a backend under test without it refuses.
+    fn backward_lse(
+        &self,
+        problem: &Problem<'_>,
+        qkv: [&[f32]; 3],
+        grad_out: &[f32],
+        grad_lse: &[f32],
+    ) -> Result<Gradients32> {
+        let _ = (problem, qkv, grad_out, grad_lse);
+        Err(AttnError::Unsupported { backend: "backend under test", feature: "gradients into the LSE" })
+    }
 }
 
 /// A multihead layer implementation under test: given a `kind=multihead` case
