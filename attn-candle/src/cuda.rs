@@ -155,7 +155,11 @@ pub(crate) fn backward<T: DeviceElement>(
     let grad_lse_slice = match &grad_lse_locked {
         Some((storage, layout)) => {
             let slice = cuda_storage(TensorName::GradLse, storage)?.as_cuda_slice::<f32>()?;
-            if !layout.is_contiguous() || layout.start_offset() != 0 || slice.len() != shape.q.lse_len() {
+            if slice.len() != shape.q.lse_len() {
+                let (expected, got) = (vec![shape.q.lse_len()], vec![slice.len()]);
+                return fail(AttnError::ShapeMismatch { tensor: TensorName::GradLse, expected, got });
+            }
+            if !layout.is_contiguous() || layout.start_offset() != 0 {
                 return fail(AttnError::InvalidArgument("the LSE's gradient is not one contiguous tensor".into()));
             }
             Some(slice)

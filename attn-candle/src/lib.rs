@@ -14,9 +14,10 @@
 //! op has one output tensor, so the alternative, returning the LSE as a second
 //! output, would need a second op and a split; the cell is simpler and costs one
 //! `f32` per (query, head). [`dilated_attention_with_lse`] also hands the LSE to the
-//! caller, differentiable: a second op over q, k, v adds zeros to it and, in its `bwd`,
-//! runs the same backward with the gradient that reached the LSE (so partial results
-//! merged by their LSEs get exact gradients; a loss of both runs the backward twice).
+//! caller, differentiable: a second op over the output adds zeros to it and, in its
+//! `bwd` (which candle runs before the output's), hands the gradient that reached the LSE
+//! to the attention's backward, so partial results merged by their LSEs get exact
+//! gradients from one backward.
 //!
 //! # Layouts
 //! Any strides candle hands over are accepted. When head_dim has unit stride (a
@@ -84,7 +85,8 @@ pub fn default_backend() -> candle_core::Result<Arc<dyn AnyAttention>> {
 /// kv_heads, head_dim]`, differentiable in q, k and v: host tensors on the CPU kernels,
 /// tensors on a CUDA device on the CUDA kernels (feature `cuda`).
 pub fn dilated_attention(q: &Tensor, k: &Tensor, v: &Tensor, options: &AttnOptions) -> candle_core::Result<Tensor> {
-    Ok(dilated_attention_with_lse(q, k, v, options)?.out)
+    let op = DilatedAttentionOp::new(default_backend()?, Arc::new(options.clone())).with_cuda_kernels();
+    op::attend_output(op, q, k, v)
 }
 
 /// [`dilated_attention`] returning the LSE too.

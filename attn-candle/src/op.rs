@@ -1,8 +1,8 @@
 //! The candle operation: [`DilatedAttentionOp`] is a `CustomOp3` over q, k, v whose
 //! forward runs a backend's forward on candle's host storage in place (or, for tensors on
 //! a CUDA device, the CUDA kernels on candle's device memory) and keeps the LSE, and
-//! whose `bwd` runs the exact backward from that LSE; `LseGradientOp` carries a gradient
-//! that reaches the returned LSE into the same backward.
+//! whose `bwd` runs the exact backward from that LSE; `LseGradientOp` hands a gradient
+//! that reaches the returned LSE to that same backward.
 
 use std::sync::{Arc, Mutex};
 
@@ -80,6 +80,7 @@ pub struct DilatedAttentionOp {
     backend: Arc<dyn AnyAttention>,
     options: Arc<AttnOptions>,
     lse: Arc<LseCell>,
+    pending: Arc<PendingLseGradient>,
     on_cuda: OnCuda,
 }
 
@@ -106,24 +107,14 @@ impl DilatedAttentionOp {
     /// The op computing through `backend` on the host; tensors on a CUDA device are
     /// refused (a host backend, such as a ring rank, cannot compute them).
     pub fn new(backend: Arc<dyn AnyAttention>, options: Arc<AttnOptions>) -> Self {
-        DilatedAttentionOp { backend, options, lse: Arc::new(LseCell::default()), on_cuda: OnCuda::Refuse }
+        let (lse, pending) = (Arc::default(), Arc::default());
+        DilatedAttentionOp { backend, options, lse, pending, on_cuda: OnCuda::Refuse }
     }
 
     /// The same op computing tensors on a CUDA device with the workspace's CUDA kernels
     /// (feature `cuda`; without it, such tensors are an error naming the feature).
     pub fn with_cuda_kernels(self) -> Self {
         DilatedAttentionOp { on_cuda: OnCuda::Kernels, ..self }
-    }
-
-    /// An op sharing this one's backend, options and LSE cell (for the backward of the
-    /// LSE's share of the graph).
-    fn shared(&self) -> Self {
-        DilatedAttentionOp {
-            backend: self.backend.clone(),
-            options: self.options.clone(),
-            lse: self.lse.clone(),
-            on_cuda: self.on_cuda,
-        }
     }
 
     /// What the op does with tensors on a CUDA device.
@@ -226,7 +217,7 @@ impl DilatedAttentionOp {
         };
         let grad = unit_inner(grad)?;
         // The kernels read the LSE's gradient as one contiguous f32 buffer.
-        let grad_lse = grad_lse.map(|g| g.to_dtype(candle_core::DType::F32)?.copy()).transpose()?;
+        let grad_lse = grad_lse.map(|g| g.to_dtype(candle_core::DType::F32)?.force_contiguous()).transpose()?;
         let (o, lses) = (&self.options, (&lse, grad_lse.as_ref()));
         match qkv[0].dtype() {
             candle_core::DType::F32 => crate::cuda::backward::<f32>(o, qkv, out, &grad, lses),
@@ -299,7 +290,9 @@ impl CustomOp3 for DilatedAttentionOp {
         res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        tracked([q, k, v], self.backward_any([q, k, v], res, grad_res, None)?)
+        // The LSE's gradient, where the loss reached it (`LseGradientOp`, run before this).
+        let grad_lse = self.pending.take();
+        tracked([q, k, v], self.backward_any([q, k, v], res, grad_res, grad_lse.as_ref())?)
     }
 }
 
@@ -333,70 +326,63 @@ impl DilatedAttentionOp {
     }
 }
 
-/// The LSE's share of the graph: a `CustomOp3` over q, k, v whose forward is zeros
-/// (`[batch, seq, heads]` f32, added to the kept LSE) and whose `bwd` is the attention's
-/// backward with that gradient into the LSE and none into the output. A loss of both the
-/// output and the LSE therefore runs the backward twice, once for each.
+/// The LSE's share of the graph: a `CustomOp1` over the attention's output whose forward
+/// is zeros (`[batch, seq, heads]` f32, added to the kept LSE) and whose `bwd` leaves the
+/// gradient that reached the LSE for the attention op's own `bwd`. Taking the output as
+/// its input makes it a consumer of the output, so candle runs its `bwd` first; the zero
+/// gradient it returns for the output makes the attention's `bwd` run even where the
+/// loss reaches the LSE alone. One backward thus serves both gradients (on ring ranks,
+/// one collective backward per call whichever of them a rank's loss uses).
 struct LseGradientOp {
-    /// The attention op's backend, options and kept LSE.
-    attention: DilatedAttentionOp,
-    /// The forward's output (detached: its values only).
-    out: Tensor,
+    pending: Arc<PendingLseGradient>,
 }
 
-impl LseGradientOp {
-    fn zeros_shape(l1: &Layout) -> candle_core::Result<Shape> {
-        let d = l1.dims();
-        match d {
-            [b, s, h, _] => Ok(Shape::from_dims(&[*b, *s, *h])),
-            _ => fail(attn_core::AttnError::RankMismatch { tensor: TensorName::Query, expected: 4, got: d.len() }),
-        }
+/// The LSE's gradient between `LseGradientOp::bwd` and the attention op's `bwd`.
+#[derive(Debug, Default)]
+struct PendingLseGradient(Mutex<Option<Tensor>>);
+
+impl PendingLseGradient {
+    fn put(&self, grad: Tensor) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(grad);
+    }
+
+    fn take(&self) -> Option<Tensor> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
     }
 }
 
-impl CustomOp3 for LseGradientOp {
+/// `[batch, seq, heads]` of an output laid out `[batch, seq, heads, head_dim]`.
+fn lse_shape(out: &Layout) -> candle_core::Result<Shape> {
+    match out.dims() {
+        [b, s, h, _] => Ok(Shape::from_dims(&[*b, *s, *h])),
+        d => fail(attn_core::AttnError::RankMismatch { tensor: TensorName::Output, expected: 4, got: d.len() }),
+    }
+}
+
+impl candle_core::CustomOp1 for LseGradientOp {
     fn name(&self) -> &'static str {
         "dilated-attention-lse"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        l1: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let shape = Self::zeros_shape(l1)?;
+    fn cpu_fwd(&self, _: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let shape = lse_shape(layout)?;
         Ok((CpuStorage::F32(vec![0.0; shape.elem_count()]), shape))
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         use candle_core::backend::BackendDevice;
-        let shape = Self::zeros_shape(l1)?;
-        Ok((s1.device().zeros_impl(&shape, candle_core::DType::F32)?, shape))
+        let shape = lse_shape(layout)?;
+        Ok((storage.device().zeros_impl(&shape, candle_core::DType::F32)?, shape))
     }
 
-    fn bwd(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        _res: &Tensor,
-        grad_res: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let zeros = self.out.zeros_like()?;
-        tracked([q, k, v], self.attention.backward_any([q, k, v], &self.out, &zeros, Some(grad_res))?)
+    fn bwd(&self, out: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        self.pending.put(grad_res.clone());
+        Ok(Some(out.zeros_like()?))
     }
 }
 
@@ -424,21 +410,26 @@ pub fn attention_on(
 
 /// `op` applied to q, k, v after the checks candle would not make, with the LSE.
 pub(crate) fn attend(op: DilatedAttentionOp, q: &Tensor, k: &Tensor, v: &Tensor) -> candle_core::Result<AttnOutput> {
+    let (cell, pending) = (op.lse_cell(), op.pending.clone());
+    let out = attend_output(op, q, k, v)?;
+    let (b, s, h, _) = out.dims4()?;
+    let lse = cell.tensor((b, s, h), out.device())?;
+    let lse = lse.ok_or_else(|| to_candle(attn_core::AttnError::InvalidArgument("forward kept no LSE".into())))?;
+    if !out.track_op() {
+        return Ok(AttnOutput { out, lse });
+    }
+    let lse_share = out.apply_op1(LseGradientOp { pending })?;
+    Ok(AttnOutput { out, lse: (lse + lse_share)? })
+}
+
+/// [`attend`] for callers that drop the LSE: the output alone, without the LSE's share of
+/// the graph.
+pub(crate) fn attend_output(op: DilatedAttentionOp, q: &Tensor, k: &Tensor, v: &Tensor) -> candle_core::Result<Tensor> {
     let on_cuda = op.on_cuda();
     check_input(TensorName::Query, q, None, on_cuda)?;
     check_input(TensorName::Key, k, Some(q.dtype()), on_cuda)?;
     check_input(TensorName::Value, v, Some(q.dtype()), on_cuda)?;
     let [q, k, v] = [q, k, v].map(unit_inner);
     let (q, k, v) = (q?, k?, v?);
-    let cell = op.lse_cell();
-    let attention = op.shared();
-    let out = q.apply_op3(&k, &v, op)?;
-    let (b, s, h, _) = out.dims4()?;
-    let lse = cell.tensor((b, s, h), q.device())?;
-    let lse = lse.ok_or_else(|| to_candle(attn_core::AttnError::InvalidArgument("forward kept no LSE".into())))?;
-    if !out.track_op() {
-        return Ok(AttnOutput { out, lse });
-    }
-    let lse_share = q.apply_op3(&k, &v, LseGradientOp { attention, out: out.detach() })?;
-    Ok(AttnOutput { out, lse: (lse + lse_share)? })
+    q.apply_op3(&k, &v, op)
 }

@@ -48,11 +48,26 @@ fn wrong_dtype_rank_or_shape_is_an_error_naming_it() {
     assert!(message(&one, &one, &one).to_lowercase().contains("head"));
 }
 
-/// The CPU backend, counting forward calls.
+/// The CPU backend, counting forward and backward calls (and backward calls that got a
+/// gradient into the LSE).
 #[derive(Debug)]
 struct Counting {
     cpu: CpuBackend,
     forwards: AtomicUsize,
+    backwards: AtomicUsize,
+    with_lse_gradient: AtomicUsize,
+}
+
+impl Counting {
+    fn new() -> Self {
+        let zero = || AtomicUsize::new(0);
+        Counting {
+            cpu: CpuBackend::new(1).expect("cpu"),
+            forwards: zero(),
+            backwards: zero(),
+            with_lse_gradient: zero(),
+        }
+    }
 }
 
 impl<T: Element> Attention<T> for Counting {
@@ -71,6 +86,8 @@ impl<T: Element> Attention<T> for Counting {
         gl: Option<&[f32]>,
         d: Grads<'_, T>,
     ) -> Result<()> {
+        self.backwards.fetch_add(1, Ordering::SeqCst);
+        self.with_lse_gradient.fetch_add(usize::from(gl.is_some()), Ordering::SeqCst);
         self.cpu.backward_with_lse_grad(i, s, g, gl, d)
     }
     fn workspace_bytes(&self, cfg: &DilatedConfig, shape: AttnShape, pass: Pass) -> usize {
@@ -80,13 +97,31 @@ impl<T: Element> Attention<T> for Counting {
 
 #[test]
 fn the_backward_reads_the_kept_lse_without_a_second_forward() {
-    let counting = Arc::new(Counting { cpu: CpuBackend::new(1).expect("cpu"), forwards: AtomicUsize::new(0) });
+    let counting = Arc::new(Counting::new());
     let [q, k, v] = [0, 1, 2].map(|_| Var::from_tensor(&randn(&[2, 16, 2, 8], DType::F32)).expect("var"));
     let r = attention_on(counting.clone(), q.as_tensor(), k.as_tensor(), v.as_tensor(), &opts()).expect("forward");
     let grads = r.out.sqr().and_then(|x| x.sum_all()).and_then(|l| l.backward()).expect("backward");
     assert!(grads.get(q.as_tensor()).is_some() && grads.get(v.as_tensor()).is_some());
     assert_eq!(counting.forwards.load(Ordering::SeqCst), 1);
     assert_eq!(r.lse.dims(), &[2, 16, 2]);
+}
+
+/// A loss of the output, of the LSE or of both runs one backward (one collective backward
+/// on a ring rank, whichever of them each rank's loss uses); the LSE's gradient reaches it
+/// only where the loss uses the LSE.
+#[test]
+fn one_backward_serves_the_output_and_the_lse() {
+    let [q, k, v] = [0, 1, 2].map(|_| Var::from_tensor(&randn(&[2, 16, 2, 8], DType::F32)).expect("var"));
+    for (name, which, with_lse) in [("out", 0, 0), ("lse", 1, 1), ("both", 2, 1)] {
+        let counting = Arc::new(Counting::new());
+        let r = attention_on(counting.clone(), q.as_tensor(), k.as_tensor(), v.as_tensor(), &opts()).expect("forward");
+        let (out, lse) = (r.out.sqr().and_then(|x| x.sum_all()).expect("out"), r.lse.sum_all().expect("lse"));
+        let loss = [out.clone(), lse.clone(), (out + lse).expect("sum")][which].clone();
+        let grads = loss.backward().expect("backward");
+        assert!(grads.get(q.as_tensor()).is_some(), "{name}: no dq");
+        assert_eq!(counting.backwards.load(Ordering::SeqCst), 1, "{name}: backward calls");
+        assert_eq!(counting.with_lse_gradient.load(Ordering::SeqCst), with_lse, "{name}: with the LSE's gradient");
+    }
 }
 
 #[test]

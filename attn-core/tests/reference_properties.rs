@@ -133,12 +133,14 @@ proptest! {
         for (name, x, mx) in [("dq", &g.dq, &m.dq), ("dk", &g.dk, &m.dk)] {
             prop_assert!(x.iter().zip(mx).all(|(a, b)| a.abs() <= b * (1.0 + 1e-12) + 1e-300), "{name}");
         }
-        // The LSE's gradient moves dq and dk only where a row attends something.
+        // The LSE's gradient leaves dv alone, and a row that attends nothing takes none
+        // of it: NaN there changes nothing.
         let (_, plain) = reference::dilated_backward(&case.cfg, s, &q, &k, &v, &go).unwrap();
         prop_assert_eq!(&g.dv, &plain.dv);
-        if fwd.lse.iter().all(|l| !l.is_finite()) {
-            prop_assert_eq!(&g.dq, &plain.dq);
-        }
+        let nan_there: Vec<f64> = gl.iter().zip(&fwd.lse).map(|(&g, l)| if l.is_finite() { g } else { f64::NAN }).collect();
+        let (_, g_nan, _) =
+            reference::dilated_backward_lse(&case.cfg, s, Masks::NONE, [&q, &k, &v], &go, Some(&nan_there)).unwrap();
+        prop_assert_eq!(&g_nan, &g);
     }
 
     /// LSE merge: commutative, associative, and merging a split key set equals the whole.

@@ -225,8 +225,9 @@ impl CpuBackend {
         Ok(())
     }
 
-    /// The backward behind [`Attention::backward`]: `dq`, `dk`, `dv` (overwritten) of
-    /// `sum(out * grad_out)` from the forward's `out` and `lse`.
+    /// The backward behind [`Attention::backward_with_lse_grad`]: `dq`, `dk`, `dv`
+    /// (overwritten) of `sum(out * grad_out) + sum(lse * grad_lse)` from the forward's
+    /// `out` and `lse`.
     fn backward_impl<T: Element>(
         &self,
         inputs: &AttnInputs<'_, T>,

@@ -17,8 +17,8 @@
 //! - [`attend_block_backward`] accumulates (`+=`) f32 gradients of one block into
 //!   [`BlockGradients`] given the [`Upstream`] of its query rows: the head's FINAL lse,
 //!   the grad_out rows (any [`Element`], read in place) with the factor that makes them
-//!   `grad_out_eff = out_scale * grad_out`, and `delta = dot(grad_out, out)` (final,
-//!   scaled output).
+//!   `grad_out_eff = out_scale * grad_out`, and `delta = dot(grad_out, out) - grad_lse`
+//!   (final, scaled output; `grad_lse` the gradient into the LSE, where one reaches it).
 //!
 //! All arithmetic is f32 (inputs of any [`Element`] are converted on load).
 
@@ -164,7 +164,7 @@ impl<'a, T: Element> Block<'a, T> {
 
 /// What the backward of a block reads for its query rows besides the block: the
 /// upstream gradient rows (any dtype, read in place; `grad_scale` makes them the head's
-/// `out_scale * grad_out`), the head's final LSE and `delta = grad_out . out`.
+/// `out_scale * grad_out`), the head's final LSE and `delta = grad_out . out - grad_lse`.
 #[derive(Debug, Clone, Copy)]
 pub struct Upstream<'a, G> {
     pub grad_out: BlockRows<'a, G>,

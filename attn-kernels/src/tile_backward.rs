@@ -20,7 +20,7 @@ use crate::rows::{Piece, PieceRows, PieceSpec, key_span, query_span};
 
 /// Per-query inputs of the backward: upstream gradient rows (multiplied by `go_scale`
 /// on load, i.e. `grad_out_eff = out_scale * grad_out`), the head's final LSE (natural
-/// log) and `delta = dot(grad_out, out)`.
+/// log) and `delta = dot(grad_out, out) - grad_lse`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QueryGrads<'a, G> {
     pub go: PieceRows<'a, G>,

@@ -509,10 +509,13 @@ fn backward_with_128_keys_a_block_matches_the_reference() {
 
 /// A gradient into the LSE reaches dq and dk through the delta kernel that every
 /// backward kernel reads: the tensor-core backward (bf16) and the row kernels (f32) on the
-/// wide-head cases (grouped heads, key padding, packed sequences, a window).
+/// wide-head cases (grouped heads, key padding, packed sequences, a window) and on rows
+/// that attend nothing, whose NaN gradient into the LSE must not reach dk.
 #[test]
 fn lse_gradients_match_the_reference() {
-    for (name, case) in attn_testkit::wide_head_cases() {
+    let cases =
+        attn_testkit::wide_head_cases().into_iter().chain([("unattended rows", attn_testkit::unattended_rows_case())]);
+    for (name, case) in cases {
         let backends: [Box<dyn DilatedBackend>; 2] =
             [Box::new(Emulated::<bf16>::new(ForwardRows::M64)), Box::new(Emulated::<f32>::new(ForwardRows::M64))];
         for b in backends {

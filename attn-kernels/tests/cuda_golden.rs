@@ -92,15 +92,20 @@ fn golden_cuda_f16_rows_128w4() {
 }
 
 /// The backward with 128 keys a block (instances from head dim 64; no golden file has
-/// one), both query-tile loads: gradients against the float64 reference on
-/// `wide_head_cases`.
+/// one), both query-tile loads: gradients, without and with a gradient into the LSE,
+/// against the float64 reference on `wide_head_cases` and rows that attend nothing.
 #[test]
 fn backward_with_128_keys_a_block_on_the_gpu() {
     let Some(dev) = device_or_skip("backward_with_128_keys_a_block_on_the_gpu") else { return };
-    for (name, case) in attn_testkit::wide_head_cases() {
+    let cases =
+        attn_testkit::wide_head_cases().into_iter().chain([("unattended rows", attn_testkit::unattended_rows_case())]);
+    for (name, case) in cases {
         for loads in BackwardLoads::ALL {
             let dev = dev.with_backward_keys(BackwardKeys::K128).with_backward_loads(loads);
             if let Err(e) = attn_testkit::judge_gradients(&gpu::<bf16>(&dev), &case) {
+                panic!("{name}, {loads:?} loads: {e}");
+            }
+            if let Err(e) = attn_testkit::judge_lse_gradients(&gpu::<bf16>(&dev), &case) {
                 panic!("{name}, {loads:?} loads: {e}");
             }
         }

@@ -13,3 +13,4 @@ mod cuda_emulation;
 mod features_reference;
 mod golden;
 mod isa_choice;
+mod lse_gradient_inputs;

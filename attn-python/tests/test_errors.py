@@ -126,6 +126,28 @@ def test_the_native_layer_refuses_outputs_sharing_memory_and_bad_descriptions():
         _native.Config([8], [1], None, "sometimes")
 
 
+def test_a_bad_lse_gradient_raises():
+    """A gradient into the LSE of the wrong size or dtype, or sharing memory with a
+    gradient the backward writes, is a typed error naming grad_lse."""
+    q, k, v = qkv()
+    cfg = _kernels.make_config([8, 16], [1, 2])
+    d = _kernels.describe
+    out, lse = torch.empty_like(q), torch.empty(1, 32, 4)
+    _native.forward(cfg, d(q), d(k), d(v), d(out), d(lse))
+    g = torch.randn_like(q)
+    dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+    args = (cfg, d(q), d(k), d(v), d(out), d(lse), d(g), d(dq), d(dk), d(dv))
+    with pytest.raises(ValueError, match="grad_lse"):
+        _native.backward(*args, grad_lse=d(torch.zeros(1, 32, 3)))
+    with pytest.raises(TypeError, match="grad_lse: dtype float64"):
+        _native.backward(*args, grad_lse=d(torch.zeros(1, 32, 4, dtype=torch.float64)))
+    with pytest.raises(ValueError, match="grad_lse.*shares memory|shares memory.*grad_lse"):
+        _native.backward(*args, grad_lse=d(dq[..., 0]))
+    _native.backward(*args, grad_lse=d(torch.zeros(1, 32, 4)))
+    grads = torch.autograd.grad(ad.dilated_attention(*(x.requires_grad_() for x in (q, k, v)), [8, 16], [1, 2]), (q, k, v), g)
+    assert torch.equal(dq, grads[0])
+
+
 def test_layer_arguments():
     with pytest.raises(ValueError, match="multiple of num_heads"):
         ad.MultiheadDilatedAttention(30, 4, [1, 2], [8, 16])

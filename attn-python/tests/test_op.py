@@ -92,6 +92,8 @@ def run_case(case: dict, seed: int, dtype=torch.float32, device="cpu") -> None:
     if grad_lse is None:
         grads = torch.autograd.grad(out, (q, k, v), grad_out.to(device))
     else:
+        # NaN where a row attends nothing: such a row takes no gradient from its LSE.
+        grad_lse = torch.where(torch.isinf(lse.detach().cpu()), float("nan"), grad_lse)
         grads = torch.autograd.grad((out, lse), (q, k, v), (grad_out.to(device), grad_lse.to(device)))
     assert out.device == q.device and all(g.device == q.device for g in grads)
     q, k, v = (x.detach().cpu() for x in (q, k, v))

@@ -9,7 +9,7 @@ use attn_core::{
     Attention, AttnError, AttnInputs, AttnShape, DType, DilatedConfig, Grads, KeyPadding, Masks, Mixing,
     PackedSequences, Saved, Shape4, TensorView, TensorViewMut,
 };
-use attn_ring::{Communicator, Layout, RingBackend, Strategy, ThreadComm, local_rows};
+use attn_ring::{Communicator, Layout, RingBackend, RingOptions, Strategy, ThreadComm, local_rows};
 use attn_testkit::golden::Problem;
 use attn_testkit::judge::{Expected, judge_backward, judge_forward, verdict};
 use attn_testkit::random_vec;
@@ -27,6 +27,7 @@ struct Call<'a> {
     grad_lse: Option<&'a [f32]>,
     padding: Option<&'a [bool]>,
     cu: Option<&'a [usize]>,
+    options: RingOptions,
 }
 
 /// Every rank's forward and backward through `RingBackend`, with `mask_rows(rank)` as
@@ -38,7 +39,7 @@ fn run(
     mask_rows: impl Fn(usize, Vec<bool>) -> Vec<bool> + Sync,
     lse_rows: impl Fn(usize, Vec<f32>) -> Vec<f32> + Sync,
 ) -> Vec<attn_core::Result<RankRows>> {
-    let Call { global, grad_lse, padding, cu } = call;
+    let Call { global, grad_lse, padding, cu, options } = call;
     let (seq, layout) = (shape.q.seq, Layout::Zigzag);
     let comms = ThreadComm::world(WORLD).unwrap();
     std::thread::scope(|scope| {
@@ -48,7 +49,7 @@ fn run(
                 let (mask_rows, lse_rows) = (&mask_rows, &lse_rows);
                 scope.spawn(move || -> attn_core::Result<RankRows> {
                     let rank = comm.rank();
-                    let be = RingBackend::new(comm, seq, layout, Strategy::Auto)?;
+                    let be = RingBackend::new(comm, seq, layout, Strategy::Auto)?.with_options(options);
                     let pos = be.positions();
                     let (ls, lkv) = (shape.q.with_seq(pos.len())?, shape.kv.with_seq(pos.len())?);
                     let gv = |i: usize, s: Shape4| TensorView::contiguous(TensorName::Other("g"), global[i], s);
@@ -124,6 +125,7 @@ fn the_ring_backend_computes_every_feature_from_each_ranks_rows() {
             .unwrap(),
         DilatedConfig::builder().window(5, 2).build().unwrap(),
     ];
+    let mut unattended = 0;
     for cfg in &configs {
         for packed in [false, true] {
             let batch = if packed { 1 } else { 2 };
@@ -135,18 +137,6 @@ fn the_ring_backend_computes_every_feature_from_each_ranks_rows() {
             let cu = [0, 13, 14, 50];
             let cu = packed.then_some(&cu[..]);
             let global = [&inputs[0][..], &inputs[1], &inputs[2], &inputs[3]];
-            let grad_lse = random_vec(5, q.lse_len());
-            let call = Call { global, grad_lse: Some(&grad_lse), padding: Some(&padding), cu };
-            let ranks: Vec<RankRows> =
-                run(cfg, shape, call, |_, rows| rows, |_, rows| rows).into_iter().map(Result::unwrap).collect();
-            let out = gather(&ranks.iter().map(|r| &r.0[..]).collect::<Vec<_>>(), q, 8, seq);
-            let lse = gather(&ranks.iter().map(|r| &r.1[..]).collect::<Vec<_>>(), q, 1, seq);
-            let grads: Vec<Vec<f32>> = (0..3)
-                .map(|t| {
-                    let s = if t == 0 { q } else { shape.kv };
-                    gather(&ranks.iter().map(|r| &r.2[t][..]).collect::<Vec<_>>(), s, 8, seq)
-                })
-                .collect();
             let masks = Masks {
                 key_padding: Some(KeyPadding::new(&padding, batch, seq).unwrap()),
                 packing: cu.map(|c| PackedSequences::new(c).unwrap()),
@@ -154,12 +144,34 @@ fn the_ring_backend_computes_every_feature_from_each_ranks_rows() {
             let problem = Problem::new(cfg, shape).with_masks(masks);
             let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
             let [qw, kw, vw, gw] = [&inputs[0], &inputs[1], &inputs[2], &inputs[3]].map(|x| wide(x));
-            let want = Expected::for_problem_lse(&problem, [&qw, &kw, &vw], &gw, &wide(&grad_lse)).unwrap();
-            let mut rows = judge_forward(&want, &out, &lse, DType::F32);
-            rows.extend(judge_backward(&want, [&grads[0], &grads[1], &grads[2]], DType::F32));
-            assert!(verdict(&rows).is_ok(), "{cfg:?} packed={packed}: {}", verdict(&rows).unwrap_err());
+            let plain = Expected::for_problem(&problem, [&qw, &kw, &vw], Some(&gw)).unwrap();
+            // NaN where a row attends nothing (its LSE is -inf): such a row takes no gradient
+            // from its LSE, whatever the value.
+            let mut grad_lse = random_vec(5, q.lse_len());
+            unattended += plain.fwd.lse.iter().filter(|l| !l.is_finite()).count();
+            grad_lse.iter_mut().zip(&plain.fwd.lse).filter(|(_, l)| !l.is_finite()).for_each(|(g, _)| *g = f32::NAN);
+            let with_lse = Expected::for_problem_lse(&problem, [&qw, &kw, &vw], &gw, &wide(&grad_lse)).unwrap();
+            for (gl, want) in [(None, &plain), (Some(&grad_lse[..]), &with_lse)] {
+                let options = RingOptions::default().with_check_finite(true);
+                let call = Call { global, grad_lse: gl, padding: Some(&padding), cu, options };
+                let ranks: Vec<RankRows> =
+                    run(cfg, shape, call, |_, rows| rows, |_, rows| rows).into_iter().map(Result::unwrap).collect();
+                let out = gather(&ranks.iter().map(|r| &r.0[..]).collect::<Vec<_>>(), q, 8, seq);
+                let lse = gather(&ranks.iter().map(|r| &r.1[..]).collect::<Vec<_>>(), q, 1, seq);
+                let grads: Vec<Vec<f32>> = (0..3)
+                    .map(|t| {
+                        let s = if t == 0 { q } else { shape.kv };
+                        gather(&ranks.iter().map(|r| &r.2[t][..]).collect::<Vec<_>>(), s, 8, seq)
+                    })
+                    .collect();
+                let mut rows = judge_forward(want, &out, &lse, DType::F32);
+                rows.extend(judge_backward(want, [&grads[0], &grads[1], &grads[2]], DType::F32));
+                let v = verdict(&rows);
+                assert!(v.is_ok(), "{cfg:?} packed={packed} grad_lse={}: {}", gl.is_some(), v.unwrap_err());
+            }
         }
     }
+    assert!(unattended > 0, "no row that attends nothing: the NaN in grad_lse went untested");
 }
 
 #[test]
@@ -169,7 +181,13 @@ fn a_rank_with_a_misfit_mask_fails_every_rank() {
     let shape = AttnShape::self_attn(q);
     let x = random_vec(1, q.numel());
     let padding = vec![false; 30];
-    let call = Call { global: [&x, &x, &x, &x], grad_lse: None, padding: Some(&padding), cu: None };
+    let call = Call {
+        global: [&x, &x, &x, &x],
+        grad_lse: None,
+        padding: Some(&padding),
+        cu: None,
+        options: RingOptions::default(),
+    };
     // Rank 1 passes one flag too few.
     let short = |rank: usize, mut rows: Vec<bool>| {
         if rank == 1 {
@@ -189,7 +207,13 @@ fn a_rank_with_a_misfit_lse_gradient_fails_every_rank() {
     let shape = AttnShape::self_attn(q);
     let x = random_vec(1, q.numel());
     let grad_lse = random_vec(2, q.lse_len());
-    let call = Call { global: [&x, &x, &x, &x], grad_lse: Some(&grad_lse), padding: None, cu: None };
+    let call = Call {
+        global: [&x, &x, &x, &x],
+        grad_lse: Some(&grad_lse),
+        padding: None,
+        cu: None,
+        options: RingOptions::default(),
+    };
     // Rank 2 passes one value too many.
     let long = |rank: usize, mut rows: Vec<f32>| {
         if rank == 2 {
@@ -203,4 +227,31 @@ fn a_rank_with_a_misfit_lse_gradient_fails_every_rank() {
             other => panic!("{other:?}"),
         }
     }
+}
+
+#[test]
+fn a_non_finite_lse_gradient_on_a_row_that_attends_fails_every_rank_when_checked() {
+    let cfg = DilatedConfig::new(&[16], &[1]).unwrap();
+    let q = Shape4::new(1, 30, 2, 4).unwrap();
+    let shape = AttnShape::self_attn(q);
+    let x = random_vec(1, q.numel());
+    let mut grad_lse = random_vec(2, q.lse_len());
+    // Position 7 (zigzag over 3 ranks of 30: rank 1 holds positions 5..10), head 1.
+    grad_lse[7 * 2 + 1] = f32::INFINITY;
+    let options = RingOptions::default().with_check_finite(true);
+    let call = Call { global: [&x, &x, &x, &x], grad_lse: Some(&grad_lse), padding: None, cu: None, options };
+    let owner = Layout::Zigzag.positions(30, WORLD, 1);
+    assert!(owner.contains(&7), "{owner:?}");
+    for (rank, r) in run(&cfg, shape, call, |_, rows| rows, |_, rows| rows).into_iter().enumerate() {
+        match (rank, r) {
+            (1, Err(AttnError::NonFinite { tensor: TensorName::GradLse, index })) => assert_eq!(index, 7 * 2 + 1),
+            (_, Err(AttnError::Comm { message, .. })) if rank != 1 => {
+                assert!(message.contains("rank 1") && message.contains("grad_lse"), "{message}")
+            }
+            (_, other) => panic!("rank {rank}: {other:?}"),
+        }
+    }
+    // Unchecked, the value reaches the gradients as it would in any autograd.
+    let call = Call { options: RingOptions::default(), ..call };
+    assert!(run(&cfg, shape, call, |_, rows| rows, |_, rows| rows).into_iter().all(|r| r.is_ok()));
 }

@@ -174,6 +174,17 @@ pub fn wide_head_cases() -> Vec<(&'static str, FeatureCase)> {
     ]
 }
 
+/// A case whose selected queries include rows that attend nothing (their LSE is `-inf`):
+/// every key of one segment padded, head dim 64 (the tensor-core kernels). The backward
+/// kernels visit those rows, so a gradient into the LSE there must be ignored.
+pub fn unattended_rows_case() -> FeatureCase {
+    let cfg = DilatedConfig::builder().segments(&[16, 32]).dilations(&[1, 2]).build().expect("valid config");
+    let shape = AttnShape::self_attn(Shape4::new(1, 96, 2, 64).expect("shape"));
+    // Positions 16..48 padded: segment [16, 32) of the first pattern has no key.
+    let padding = Some((0..96).map(|i| (16..48).contains(&i)).collect());
+    FeatureCase { cfg, shape, padding, cu_seqlens: None, seed: 2028 }
+}
+
 /// `backend`'s gradients on `case` judged row by row against the float64 reference on the
 /// inputs rounded to the backend's dtype.
 pub fn judge_gradients(backend: &dyn crate::golden::DilatedBackend, case: &FeatureCase) -> Result<(), String> {
@@ -187,15 +198,19 @@ pub fn judge_gradients(backend: &dyn crate::golden::DilatedBackend, case: &Featu
     verdict(&judge_backward(&want, [&g.dq, &g.dk, &g.dv], dtype))
 }
 
-/// [`judge_gradients`] with a gradient into the LSE ([`FeatureCase::grad_lse`]): the
-/// backend's `dq, dk, dv` of `sum(out * grad_out) + sum(lse * grad_lse)`.
+/// [`judge_gradients`] with a gradient into the LSE ([`FeatureCase::grad_lse`], NaN on
+/// the rows that attend nothing, which take no gradient from their LSE whatever it is):
+/// the backend's `dq, dk, dv` of `sum(out * grad_out) + sum(lse * grad_lse)`.
 pub fn judge_lse_gradients(backend: &dyn crate::golden::DilatedBackend, case: &FeatureCase) -> Result<(), String> {
     use crate::judge::{Expected, judge_backward, round_to, verdict};
     let dtype = backend.dtype();
     let p = case.problem();
     let [q, k, v, go] = case.inputs();
-    let gl = case.grad_lse();
     let r = [&q, &k, &v, &go].map(|x| round_to(dtype, x).into_iter().map(f64::from).collect::<Vec<_>>());
+    let fwd = attn_core::reference::dilated_forward_masked(p.cfg, p.shape, p.masks, [&r[0], &r[1], &r[2]])
+        .map_err(|e| e.to_string())?;
+    let mut gl = case.grad_lse();
+    gl.iter_mut().zip(&fwd.lse).filter(|(_, l)| !l.is_finite()).for_each(|(g, _)| *g = f32::NAN);
     let gl64: Vec<f64> = gl.iter().map(|&x| f64::from(x)).collect();
     let want = Expected::for_problem_lse(&p, [&r[0], &r[1], &r[2]], &r[3], &gl64).map_err(|e| e.to_string())?;
     let g = backend.backward_lse(&p, [&q, &k, &v], &go, &gl).map_err(|e| e.to_string())?;

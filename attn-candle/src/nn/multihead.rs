@@ -117,7 +117,10 @@ impl MultiheadDilatedAttention {
         let options = AttnOptions { config: self.options.config.clone(), ..masks.clone() };
         let a = match &self.backend {
             None => crate::dilated_attention(&q, &k, &v, &options)?,
-            Some(backend) => crate::attention_on(backend.clone(), &q, &k, &v, &options)?.out,
+            Some(backend) => {
+                let op = crate::DilatedAttentionOp::new(backend.clone(), std::sync::Arc::new(options.clone()));
+                crate::op::attend_output(op, &q, &k, &v)?
+            }
         };
         let a = a.reshape((b, n, e))?;
         let a = dropout(&a, mode, self.config.dropout, DropoutSite::Attention, &self.query_positions(mode, n)?)?;

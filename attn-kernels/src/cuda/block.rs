@@ -127,7 +127,7 @@ impl<'a, T: CudaElement> DeviceBlock<'a, T> {
 }
 
 /// What the backward of a block reads for its q rows: `grad_out` (q's shape), the heads'
-/// FINAL lse and `delta = dot(grad_out, out)` (both f32 `[batch, q_rows, heads]`).
+/// FINAL lse and `delta = dot(grad_out, out) - grad_lse` (both f32 `[batch, q_rows, heads]`).
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceUpstream<'a, T: CudaElement> {
     pub grad_out: &'a DeviceTensor<T>,

@@ -1,5 +1,5 @@
 //! Row-wise epilogues on the GPU: write the merged partial as the output dtype (times the
-//! heads' `out_scale`), compute `delta = dot(grad_out, out)`, and write f32 gradient
+//! heads' `out_scale`), compute `delta = dot(grad_out, out) - grad_lse`, and write f32 gradient
 //! accumulators into strided tensors of the input dtype.
 
 use attn_core::error::TensorName;

@@ -3,7 +3,7 @@
 //! then home to the owner (ring) or straight back (all-gather).
 
 use attn_core::error::TensorName;
-use attn_core::{Element, Result, TensorView, TensorViewMut};
+use attn_core::{AttnError, Element, Result, Shape4, TensorView, TensorViewMut};
 
 use crate::comm::Communicator;
 use crate::compute::forward::{Partial, all_pairs, forward_core, restep};
@@ -12,7 +12,7 @@ use crate::compute::kernel_bridge::{GradRows, attend_backward};
 use crate::compute::rank_rows::{Block, Local, head_rows, mask_of};
 use crate::plan::ring_route::Way;
 use crate::plan::{PatternHead, Plan, RingProblem};
-use crate::protocol::call::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
+use crate::protocol::call::{Prepared, RingOptions, RingStats, check_out, finish_with, global_index, prepare};
 use crate::protocol::wire::{Expected, MsgKind, Reader, begin, put_f32s};
 
 /// dq per (batch, query head), dk and dv per (batch, key/value head), `[rows, d]` each.
@@ -133,7 +133,7 @@ impl<T: Element> Ctx<'_, T> {
 }
 
 /// The backward on this rank, given the forward's output and lse. The forward's f32
-/// output is needed only for `delta = grad_out . out`: it is dropped before the f32
+/// output is needed only for `delta = grad_out . out - grad_lse`: it is dropped before the f32
 /// dq, dk and dv accumulators exist. grad_out is read in place from the caller's view
 /// (the kernels apply the head's `out_scale`). Blocks' compute is split by (batch,
 /// head) over `threads`.
@@ -293,6 +293,31 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
     Ok(grads)
 }
 
+/// `NonFinite` (global index) for the first value of `grad_lse` (`[batch, rows, heads]`)
+/// that is not finite on a row whose LSE is finite; a row that attends nothing takes no
+/// gradient from its LSE, whatever the value.
+fn finite_where_attended<T: Element>(
+    problem: &RingProblem,
+    rank: usize,
+    local: &Local<'_, T>,
+    lse: &[Vec<f32>],
+    grad_lse: &[f32],
+) -> Result<()> {
+    let (nl, heads) = (local.rows(), local.heads);
+    // grad_lse is `[batch, rows, heads]`; lse one `[rows]` list per (batch, head).
+    let attended = |at: usize| {
+        let (head, i, b) = (at % heads, (at / heads) % nl, at / (heads * nl));
+        lse[local.bh(b, head)][i].is_finite()
+    };
+    match grad_lse.iter().enumerate().find(|&(at, g)| !g.is_finite() && attended(at)) {
+        Some((at, _)) => {
+            let rows = Shape4 { batch: local.batch, seq: nl, heads, head_dim: 1 };
+            Err(AttnError::NonFinite { tensor: TensorName::GradLse, index: global_index(problem, rank, rows, at) })
+        }
+        None => Ok(()),
+    }
+}
+
 /// This rank's gradient views (its rows of dq, dk and dv), written only once every rank
 /// has agreed in the completion step.
 #[derive(Debug)]
@@ -319,7 +344,9 @@ pub fn ring_backward<C: Communicator + ?Sized, T: Element>(
 }
 
 /// [`ring_backward`] with the opt-in checks of [`crate::ring_forward_with`] (the
-/// finite check covers grad_out too) and a gradient into the LSE: the gradients of
+/// finite check covers grad_out too, and grad_lse on the rows that attend something,
+/// judged after the exchanges and shared in the completion step) and a gradient into the
+/// LSE: the gradients of
 /// `sum(out * grad_out) + sum(lse * grad_lse)`, `grad_lse` this rank's `[batch, rows,
 /// heads]` like the forward's lse (`None` for zeros; a wrong length is every rank's
 /// error). On a refusal `dq`, `dk`, `dv` are untouched.
@@ -343,8 +370,14 @@ pub fn ring_backward_with<C: Communicator + ?Sized, T: Element>(
     let extra = check_out(problem, comm.rank(), &outs, grad_lse.map(|g| (TensorName::GradLse, g.len())));
     let Prepared { plan, local, start } = prepare(comm, "backward", problem, opts, [q, k, v], Some(grad_out), extra)?;
     let fwd = forward_core::<C, T>(comm, &plan, &local, opts.threads)?;
+    // Which rows attend something is known only now: the finite check of grad_lse is this
+    // rank's verdict in the completion step (the exchanges below run either way).
+    let verdict = match grad_lse {
+        Some(g) if opts.check_finite => finite_where_attended(problem, comm.rank(), &local, &fwd.lse, g),
+        _ => Ok(()),
+    };
     let g = backward_core::<C, T>(comm, &plan, &local, fwd, &grad_out, grad_lse, opts.threads)?;
-    let stats = finish(comm, start)?;
+    let stats = finish_with(comm, start, verdict)?;
     let d = local.d;
     for (dst, src, heads) in [(dq, &g.dq, local.heads), (dk, &g.dk, local.kv_heads), (dv, &g.dv, local.kv_heads)] {
         for b in 0..local.batch {

@@ -47,7 +47,7 @@ pub(crate) struct Mask<'a> {
 }
 
 /// Per-query inputs of the backward: final lse, the caller's grad_out rows (`data`,
-/// `stride`, read in place) with `go_scale = out_scale`, `delta = grad_out . out`.
+/// `stride`, read in place) with `go_scale = out_scale`, `delta = grad_out . out - grad_lse`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct GradRows<'a, T> {
     pub lse: &'a [f32],

@@ -19,7 +19,10 @@ pub struct RingOptions {
     pub budget: MemoryBudget,
     /// Check q, k, v (and grad_out in the backward) for NaN and infinities first: one
     /// anywhere is `AttnError::NonFinite` on every rank, naming the tensor and the flat
-    /// index of the value in the GLOBAL `[batch, seq, heads, head_dim]` tensor.
+    /// index of the value in the GLOBAL `[batch, seq, heads, head_dim]` tensor. A
+    /// gradient into the LSE is checked on the rows that attend something, known only
+    /// after the exchanges: the rank holding the value returns `NonFinite` (global
+    /// `[batch, seq, heads]` index) and every other rank a `Comm` error naming that rank.
     pub check_finite: bool,
     /// Threads this rank computes with: in the all-gather forward each received piece
     /// (split by runs of query rows) and its own keys after the completion round
@@ -101,7 +104,7 @@ pub(crate) fn check_out(
 
 /// The global flat index of local flat index `i` of a `[batch, rows, heads, d]` view
 /// holding this rank's rows.
-fn global_index(problem: &RingProblem, rank: usize, local: Shape4, i: usize) -> usize {
+pub(crate) fn global_index(problem: &RingProblem, rank: usize, local: Shape4, i: usize) -> usize {
     let (d, h, nl) = (local.head_dim, local.heads, local.seq);
     let (e, hh, s, b) = (i % d, (i / d) % h, (i / (d * h)) % nl, i / (d * h * nl));
     let pos = problem.layout.ranges(problem.seq, problem.world, rank).into_iter().flatten().nth(s).unwrap_or(s);
@@ -190,8 +193,18 @@ pub(crate) fn prepare<'a, C: Communicator + ?Sized, T: Element>(
 
 /// Completion rounds ([`crate::protocol::completion`]): every rank confirms success before anyone writes outputs.
 pub(crate) fn finish<C: Communicator + ?Sized>(comm: &mut C, start: (CommStats, CommStats)) -> Result<RingStats> {
+    finish_with(comm, start, Ok(()))
+}
+
+/// [`finish`] with this rank's own verdict on its inputs (`local`), which every rank
+/// then shares.
+pub(crate) fn finish_with<C: Communicator + ?Sized>(
+    comm: &mut C,
+    start: (CommStats, CommStats),
+    local: Result<()>,
+) -> Result<RingStats> {
     let data_end = comm.stats();
-    complete(comm)?;
+    complete(comm, local)?;
     let end = comm.stats();
     Ok(RingStats {
         data_bytes_sent: data_end.payload_bytes_sent - start.1.payload_bytes_sent,

@@ -17,11 +17,13 @@ use crate::comm::{Communicator, HEADER_BYTES};
 const TABLE_TAG: u8 = 1;
 const VERDICT_TAG: u8 = 2;
 
-/// Run both rounds; `Ok` means every rank agreed that the call succeeded.
-pub(crate) fn complete<C: Communicator + ?Sized>(comm: &mut C) -> Result<()> {
+/// Run both rounds; `Ok` means every rank agreed that the call succeeded. `local` is
+/// this rank's own verdict on what it computed (an input it could judge only after the
+/// exchanges); an `Err` there fails every rank.
+pub(crate) fn complete<C: Communicator + ?Sized>(comm: &mut C, local: Result<()>) -> Result<()> {
     let (rank, world) = (comm.rank(), comm.world_size());
     if world == 1 {
-        return Ok(());
+        return local;
     }
     let peers: Vec<usize> = (0..world).filter(|&p| p != rank).collect();
     let sent = comm.framing().sent_counts().to_vec();
@@ -45,6 +47,7 @@ pub(crate) fn complete<C: Communicator + ?Sized>(comm: &mut C) -> Result<()> {
     if verdict.is_ok() {
         verdict = check_tables(rank, &peers, &tables).and_then(|()| check_no_extra(comm, &peers));
     }
+    verdict = local.and(verdict);
 
     // Round 2: the verdicts.
     let mine = match &verdict {
@@ -59,7 +62,7 @@ pub(crate) fn complete<C: Communicator + ?Sized>(comm: &mut C) -> Result<()> {
             [VERDICT_TAG, 1] => {}
             [VERDICT_TAG, 0, why @ ..] => {
                 let why = String::from_utf8_lossy(why);
-                return Err(AttnError::Comm { rank, message: format!("rank {p} reported a failed exchange: {why}") });
+                return Err(AttnError::Comm { rank, message: format!("rank {p} reported a failure: {why}") });
             }
             _ => return Err(AttnError::Comm { rank, message: format!("malformed verdict from rank {p}") }),
         }
