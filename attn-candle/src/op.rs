@@ -392,7 +392,9 @@ pub struct AttnOutput {
     /// `[batch, seq, heads, head_dim]`, q's dtype, differentiable.
     pub out: Tensor,
     /// `[batch, seq, heads]`, f32, differentiable: a loss of it (partial results merged
-    /// by their LSEs) gets its gradients from the attention's backward.
+    /// by their LSEs) gets its gradients from the attention's backward. The LSE's
+    /// gradient waits in the op for that backward, so after a `backward()` that failed
+    /// before reaching it, build the graph again rather than differentiate it once more.
     pub lse: Tensor,
 }
 

@@ -19,6 +19,9 @@
 //! [`ring_backward_with`] take [`RingOptions`]: a memory budget and a finite-input
 //! check, decided by all ranks together in the handshake, so a refused call fails
 //! every rank alike (`OverBudget`, `NonFinite`) before anything large is allocated or sent.
+//! A gradient into the LSE is checked only on the rows that attend something, known
+//! after the exchanges: that verdict is shared in the completion step (`NonFinite` on
+//! the rank holding the value, `Comm` naming it on the others).
 //!
 //! ```
 //! use attn_core::{DilatedConfig, Shape4, TensorName, TensorView};

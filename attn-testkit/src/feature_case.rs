@@ -175,12 +175,12 @@ pub fn wide_head_cases() -> Vec<(&'static str, FeatureCase)> {
 }
 
 /// A case whose selected queries include rows that attend nothing (their LSE is `-inf`):
-/// every key of one segment padded, head dim 64 (the tensor-core kernels). The backward
+/// every key of two segments padded, head dim 64 (the tensor-core kernels). The backward
 /// kernels visit those rows, so a gradient into the LSE there must be ignored.
 pub fn unattended_rows_case() -> FeatureCase {
     let cfg = DilatedConfig::builder().segments(&[16, 32]).dilations(&[1, 2]).build().expect("valid config");
     let shape = AttnShape::self_attn(Shape4::new(1, 96, 2, 64).expect("shape"));
-    // Positions 16..48 padded: segment [16, 32) of the first pattern has no key.
+    // Positions 16..48 padded: head 0 (w 16, r 1) selects rows 16..48, none with a key.
     let padding = Some((0..96).map(|i| (16..48).contains(&i)).collect());
     FeatureCase { cfg, shape, padding, cu_seqlens: None, seed: 2028 }
 }

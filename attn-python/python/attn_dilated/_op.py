@@ -123,9 +123,9 @@ def attention(
     key_padding_mask=None,
     cu_seqlens=None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The checked arguments handed to the registered op: returns `(out, lse)`, the LSE
-    not differentiable. Under `torch.autocast` query, key and value are first cast to
-    the autocast dtype, as `scaled_dot_product_attention`'s are."""
+    """The checked arguments handed to the registered op: returns `(out, lse)`, both
+    differentiable. Under `torch.autocast` query, key and value are first cast to the
+    autocast dtype, as `scaled_dot_product_attention`'s are."""
     query, key, value = (_autocast(x) for x in (query, key, value))
     q = _check_tensor("query", query)
     k = _check_tensor("key", key, q.dtype, q.device)

@@ -5,8 +5,9 @@
 //! and accepted so far; each rank checks the whole table (`sent[i][j] == received[j][i]`
 //! for every pair), then looks for extra frames already waiting from each peer (a
 //! duplicate of a frame it has accepted). Round 2 (verdicts): every rank sends its
-//! verdict; a rank succeeds only if every verdict is "ok", so a fault seen by one
-//! rank fails all of them. After round 2 a rank checks once more for extra frames;
+//! verdict (on the exchange, and on inputs it could judge only after it, such as a
+//! gradient into the LSE); a rank succeeds only if every verdict is "ok", so a fault
+//! seen by one rank fails all of them. After round 2 a rank checks once more for extra frames;
 //! a duplicate of a round-2 frame can only fail the rank that receives it (no finite
 //! protocol can agree on its own last message).
 
