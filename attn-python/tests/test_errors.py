@@ -137,13 +137,15 @@ def test_a_bad_lse_gradient_raises():
     g = torch.randn_like(q)
     dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
     args = (cfg, d(q), d(k), d(v), d(out), d(lse), d(g), d(dq), d(dk), d(dv))
+    # Each described tensor is kept in a name while the call runs (the kernels read it).
+    short, wide, zeros = torch.zeros(1, 32, 3), torch.zeros(1, 32, 4, dtype=torch.float64), torch.zeros(1, 32, 4)
     with pytest.raises(ValueError, match="grad_lse"):
-        _native.backward(*args, grad_lse=d(torch.zeros(1, 32, 3)))
+        _native.backward(*args, grad_lse=d(short))
     with pytest.raises(TypeError, match="grad_lse: dtype float64"):
-        _native.backward(*args, grad_lse=d(torch.zeros(1, 32, 4, dtype=torch.float64)))
+        _native.backward(*args, grad_lse=d(wide))
     with pytest.raises(ValueError, match="grad_lse.*shares memory|shares memory.*grad_lse"):
         _native.backward(*args, grad_lse=d(dq[..., 0]))
-    _native.backward(*args, grad_lse=d(torch.zeros(1, 32, 4)))
+    _native.backward(*args, grad_lse=d(zeros))
     grads = torch.autograd.grad(ad.dilated_attention(*(x.requires_grad_() for x in (q, k, v)), [8, 16], [1, 2]), (q, k, v), g)
     assert torch.equal(dq, grads[0])
 
