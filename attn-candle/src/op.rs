@@ -292,17 +292,11 @@ impl CustomOp3 for DilatedAttentionOp {
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         // The LSE's gradient, where the loss reached it (`LseGradientOp`, run before this).
         let grad_lse = self.pending.take();
-        tracked([q, k, v], self.backward_any([q, k, v], res, grad_res, grad_lse.as_ref())?)
+        let [dq, dk, dv] = self.backward_any([q, k, v], res, grad_res, grad_lse.as_ref())?;
+        // Inputs candle does not track (constants) get no gradient to keep.
+        let tracked = |t: &Tensor, g: Tensor| t.track_op().then_some(g);
+        Ok((tracked(q, dq), tracked(k, dk), tracked(v, dv)))
     }
-}
-
-/// The gradients of the inputs candle tracks; constants get none to keep.
-fn tracked(
-    qkv: [&Tensor; 3],
-    [dq, dk, dv]: [Tensor; 3],
-) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-    let keep = |t: &Tensor, g: Tensor| t.track_op().then_some(g);
-    Ok((keep(qkv[0], dq), keep(qkv[1], dk), keep(qkv[2], dv)))
 }
 
 impl DilatedAttentionOp {
