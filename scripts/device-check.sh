@@ -7,8 +7,8 @@
 #   scripts/device-check.sh rehearse   # here: pack, copy the pack into a clean directory and run
 #                                      # it there; GPU steps report `not run (no GPU)`
 #   device run: command "bash device-pack/device-check.sh run", carry ["device-pack"], timeout_s 580
-#               (each step has a budget, 525 s in all, and the run stops starting commands at
-#               540 s; `run --only STEP` reruns one step). $OUT holds four files, rewritten
+#               (each step has a budget, 530 s in all, and the run stops starting commands at
+#               540 s; `run --only STEP[,STEP...]` reruns those steps). $OUT holds four files, rewritten
 #               after every step so a run cut short still reports: device-report.md and .json,
 #               bench-summary.md and logs.tgz (every step's log).
 #
@@ -172,11 +172,11 @@ use_lib() {
 # cut off by grep's early exit (SIGPIPE) would fail the pipe.
 have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -c '^GPU ' >/dev/null; }
 
-# Seconds each step may take (525 in all, so a whole run fits 9 minutes).
+# Seconds each step may take (530 in all, so a whole run fits 9 minutes).
 budget() {
     case $1 in
-    env) echo 30 ;; golden) echo 45 ;; tests) echo 55 ;; bench) echo 55 ;; ring) echo 35 ;; python) echo 85 ;;
-    candle) echo 45 ;; sanitizer) echo 160 ;; nccl) echo 15 ;;
+    env) echo 30 ;; golden) echo 35 ;; tests) echo 45 ;; bench) echo 55 ;; ring) echo 35 ;; python) echo 70 ;;
+    candle) echo 45 ;; sanitizer) echo 200 ;; nccl) echo 15 ;;
     esac
 }
 
@@ -328,17 +328,22 @@ step_candle() {
 step_sanitizer() {
     have_gpu || return 2
     command -v compute-sanitizer >/dev/null || return 4
-    # One head a pattern keeps racecheck's slowed kernels inside the budget; a machine's first
-    # compute-sanitizer call can take longer than the ones after it.
-    local ok=0 small=(--seq 4096 --heads 5 --dtype bf16 --backward --iters 1)
-    logged 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
-        --launch per-pattern,fused --bwd-loads sync,pipelined --bwd-keys 64,128 || ok=1
+    # One head a pattern and no warm-up call keep the checked kernels (racecheck slows them
+    # about a thousandfold) inside the budget; each racecheck run is one variant with its own
+    # timeout, so a slow one cannot hide the others.
+    local ok=0 loads keys small=(--seq 4096 --heads 5 --dtype bf16 --warmups 0 --iters 1)
+    logged 40 compute-sanitizer --tool memcheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
+        --backward --launch per-pattern,fused --bwd-loads sync,pipelined --bwd-keys 64,128 || ok=1
     # Shared-memory races of every forward block shape (64 rows over 4 warps, 128 over 8, 128
-    # over 4), then of the backward's two query-tile stages with 64 and 128 keys a block.
-    logged 100 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
+    # over 4), then of the backward's query-tile loads (sync, pipelined) with 64 and 128 keys.
+    logged 40 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
         --rows 64,128,128w4 || ok=1
-    logged 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
-        --bwd-loads pipelined --bwd-keys 64,128 || ok=1
+    for loads in sync pipelined; do
+        for keys in 64 128; do
+            logged 30 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
+                --backward --bwd-loads "$loads" --bwd-keys "$keys" || ok=1
+        done
+    done
     # Unsupported only where no tool ran at all (each run that ran prints its summary).
     grep -q 'ERROR SUMMARY' "$LOG" || { grep -qE 'Device not supported|not supported on this' "$LOG" && return 4; }
     return "$ok"
@@ -380,12 +385,14 @@ run_step() {
 }
 
 run() {
-    local only=""
+    local only="" s
     [ "${1:-}" = "--only" ] && only=${2:-}
-    if [ -n "$only" ] && ! [[ " $STEPS " == *" $only "* ]]; then
-        echo "unknown step '$only' (one of: $STEPS)" >&2
-        return 2
-    fi
+    for s in ${only//,/ }; do
+        [[ " $STEPS " == *" $s "* ]] || {
+            echo "unknown step '$s' (one of: $STEPS)" >&2
+            return 2
+        }
+    done
     PACK=$(cd "$(dirname "$0")" && pwd)
     : "${OUT:=/tmp/device-out}"
     LIBS=$(mktemp -d /tmp/attn-libs.XXXX)
@@ -414,11 +421,10 @@ run() {
         use_lib libcudnn.so 'libcudnn.so.[0-9]*' || true
     } >"$LIBS/found" 2>&1
     export LD_LIBRARY_PATH
-    local s
     STARTED=$(date +%s)
     RUN_END=$((STARTED + RUN_SECONDS))
     for s in $STEPS; do
-        [ -z "$only" ] || [ "$s" = "$only" ] || continue
+        [ -z "$only" ] || [[ ",$only," == *",$s,"* ]] || continue
         run_step "$s"
         write_report
     done
@@ -523,7 +529,7 @@ run)
     ;;
 rehearse) rehearse ;;
 *)
-    echo "usage: $0 pack|rehearse|run [--only STEP]   (steps: $STEPS)" >&2
+    echo "usage: $0 pack|rehearse|run [--only STEP[,STEP...]]   (steps: $STEPS)" >&2
     exit 2
     ;;
 esac

@@ -10,13 +10,13 @@
 //! patterns launch, `--bwd-loads sync,pipelined` both ways the backward loads its query
 //! tiles and `--bwd-keys 64,128` both keys a block of the backward, in one process.
 //!
-//! Usage: attn-cuda-bench [--seq 65536,262144] [--heads 16] [--dtype bf16|f16|f32] [--iters 10]
+//! Usage: attn-cuda-bench [--seq 65536,262144] [--heads 16] [--dtype bf16|f16|f32] [--warmups 1] [--iters 10]
 //!        [--causal] [--backward] [--paths direct|partial|direct,partial] [--rows 64,128,128w4]
 //!        [--launch per-pattern,fused] [--bwd-loads sync,pipelined] [--bwd-keys 64,128]
 //!        (each list: one or more of its values)
 //!
 //! `--heads` (at least 5, one a pattern) shrinks the work, e.g. for a run under
-//! compute-sanitizer.
+//! compute-sanitizer, where `--warmups 0` skips the untimed call.
 
 use std::process::ExitCode;
 
@@ -29,6 +29,7 @@ struct Args {
     seqs: Vec<usize>,
     heads: usize,
     dtype: String,
+    warmups: usize,
     iters: usize,
     causal: bool,
     pass: Pass,
@@ -60,6 +61,7 @@ fn parse() -> Result<Args, String> {
         seqs: vec![65_536, 262_144],
         heads: 16,
         dtype: "bf16".into(),
+        warmups: 1,
         iters: 10,
         causal: false,
         pass: Pass::Forward,
@@ -81,6 +83,7 @@ fn parse() -> Result<Args, String> {
             }
             "--heads" => a.heads = val()?.parse().map_err(|e| format!("--heads: {e}"))?,
             "--dtype" => a.dtype = val()?,
+            "--warmups" => a.warmups = val()?.parse().map_err(|e| format!("--warmups: {e}"))?,
             "--iters" => a.iters = val()?.parse().map_err(|e| format!("--iters: {e}"))?,
             "--causal" => a.causal = true,
             "--backward" => a.pass = Pass::Backward,
@@ -113,7 +116,7 @@ fn run_one<T: CudaElement>(
 ) -> Result<(GpuTiming, String), String> {
     // Deterministic pseudo-random inputs in [-1, 1).
     let fill = |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 2001) as f32 / 1000.0 - 1.0;
-    let run = BenchRun { pass: a.pass, iters: a.iters, path };
+    let run = BenchRun { pass: a.pass, warmups: a.warmups, iters: a.iters, path };
     let t = bench_pass::<T>(dev, cfg, shape, run, fill).map_err(|e| e.to_string())?;
     Ok((t, dev.kernel_image(T::SUFFIX).map_err(|e| e.to_string())?))
 }

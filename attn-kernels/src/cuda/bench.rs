@@ -48,11 +48,13 @@ pub fn attended_pairs(cfg: &DilatedConfig, shape: Shape4) -> u64 {
     pairs * shape.batch as u64
 }
 
-/// What [`bench_pass`] times: the pass, the timed calls (after one warm-up call) and the
-/// forward's [`ForwardPath`].
+/// What [`bench_pass`] times: the pass, the untimed warm-up calls before the timed ones
+/// (one for a timing; none under a checker such as compute-sanitizer, which slows every
+/// call alike), the timed calls and the forward's [`ForwardPath`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BenchRun {
     pub pass: Pass,
+    pub warmups: usize,
     pub iters: usize,
     pub path: ForwardPath,
 }
@@ -65,10 +67,16 @@ pub fn bench_forward<T: CudaElement>(
     iters: usize,
     fill: impl Fn(usize) -> f32,
 ) -> Result<GpuTiming> {
-    bench_pass::<T>(dev, cfg, shape, BenchRun { pass: Pass::Forward, iters, path: ForwardPath::Direct }, fill)
+    bench_pass::<T>(
+        dev,
+        cfg,
+        shape,
+        BenchRun { pass: Pass::Forward, warmups: 1, iters, path: ForwardPath::Direct },
+        fill,
+    )
 }
 
-/// Time `run.iters` calls (after one warm-up call) of `run.pass` on inputs of `shape`
+/// Time `run.iters` calls (after `run.warmups` untimed ones) of `run.pass` on inputs of `shape`
 /// filled with `fill(i)`: the forward writes `out` and the LSE; `Pass::Backward` times the
 /// forward and the backward together (delta, dq/dk/dv accumulation, the gradients written).
 pub fn bench_pass<T: CudaElement>(
@@ -78,7 +86,7 @@ pub fn bench_pass<T: CudaElement>(
     run: BenchRun,
     fill: impl Fn(usize) -> f32,
 ) -> Result<GpuTiming> {
-    let BenchRun { pass, iters, path } = run;
+    let BenchRun { pass, warmups, iters, path } = run;
     let host: Vec<T> = (0..shape.numel()).map(|i| T::from_f32(fill(i))).collect();
     let upload = || -> Result<DeviceTensor<T>> {
         let data = dev.stream.clone_htod(&host).map_err(cuda_err)?;
@@ -103,7 +111,9 @@ pub fn bench_pass<T: CudaElement>(
         }
         Ok(())
     };
-    call()?;
+    for _ in 0..warmups {
+        call()?;
+    }
     dev.synchronize()?;
     let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
     let mut times = Vec::with_capacity(iters.max(1));
