@@ -1,10 +1,11 @@
 //! Golden conformance on the GPU: every file in `conformance/dilated` and
 //! `conformance/features` (grouped key/value heads, key padding, packed sequences,
 //! sliding windows) through the CUDA backend in f32, bf16 and f16 (forward, lse where
-//! present, dq/dk/dv), judged like the CPU golden tests, bf16 also with 128 query rows a
-//! forward block and with the patterns of a call in one launch, bf16 and f16 also with the
-//! backward's pipelined query tiles; and the forward's direct path against its partial
-//! path, and fused launches against one a pattern, bit for bit.
+//! present, dq/dk/dv) with the device's own kernel choices, judged like the CPU golden
+//! tests; then each choice named whatever the device's default: every forward block shape,
+//! the patterns of a call in one launch, both query-tile loads of the backward, and 64 and
+//! 128 keys a backward block on wide heads; and the forward's direct path against its
+//! partial path, and fused launches against one a pattern, bit for bit.
 //! Skips, printing the reason, when no driver, NVRTC or GPU is present (fails instead with
 //! `ATTN_REQUIRE_GPU=1`).
 #![cfg(feature = "cuda")]
@@ -79,7 +80,14 @@ fn golden_with_rows<T: CudaElement>(test: &str, rows: ForwardRows) {
     assert_attention_dirs_pass(&gpu::<T>(&dev));
 }
 
-/// 128 query rows a block over 8 warps (the default is 64 over 4).
+/// 64 query rows a block over 4 warps (the default where no architecture's timing says
+/// otherwise).
+#[test]
+fn golden_cuda_bf16_rows_64() {
+    golden_with_rows::<bf16>("golden_cuda_bf16_rows_64", ForwardRows::M64);
+}
+
+/// 128 query rows a block over 8 warps.
 #[test]
 fn golden_cuda_bf16_rows_128() {
     golden_with_rows::<bf16>("golden_cuda_bf16_rows_128", ForwardRows::M128);
@@ -91,22 +99,22 @@ fn golden_cuda_f16_rows_128w4() {
     golden_with_rows::<f16>("golden_cuda_f16_rows_128w4", ForwardRows::M128W4);
 }
 
-/// The backward with 128 keys a block (instances from head dim 64; no golden file has
+/// The backward with 64 and 128 keys a block (128 from head dim 64; no golden file has
 /// one), both query-tile loads: gradients, without and with a gradient into the LSE,
 /// against the float64 reference on `wide_head_cases` and rows that attend nothing.
 #[test]
-fn backward_with_128_keys_a_block_on_the_gpu() {
-    let Some(dev) = device_or_skip("backward_with_128_keys_a_block_on_the_gpu") else { return };
+fn backward_with_64_and_128_keys_a_block_on_the_gpu() {
+    let Some(dev) = device_or_skip("backward_with_64_and_128_keys_a_block_on_the_gpu") else { return };
     let cases =
         attn_testkit::wide_head_cases().into_iter().chain([("unattended rows", attn_testkit::unattended_rows_case())]);
     for (name, case) in cases {
-        for loads in BackwardLoads::ALL {
-            let dev = dev.with_backward_keys(BackwardKeys::K128).with_backward_loads(loads);
+        for (keys, loads) in BackwardKeys::ALL.into_iter().flat_map(|k| BackwardLoads::ALL.map(|l| (k, l))) {
+            let dev = dev.with_backward_keys(keys).with_backward_loads(loads);
             if let Err(e) = attn_testkit::judge_gradients(&gpu::<bf16>(&dev), &case) {
-                panic!("{name}, {loads:?} loads: {e}");
+                panic!("{name}, {keys:?}, {loads:?} loads: {e}");
             }
             if let Err(e) = attn_testkit::judge_lse_gradients(&gpu::<bf16>(&dev), &case) {
-                panic!("{name}, {loads:?} loads: {e}");
+                panic!("{name}, {keys:?}, {loads:?} loads: {e}");
             }
         }
     }
@@ -117,6 +125,8 @@ fn backward_with_128_keys_a_block_on_the_gpu() {
 #[test]
 fn golden_cuda_bf16_fused_patterns() {
     let Some(dev) = device_or_skip("golden_cuda_bf16_fused_patterns") else { return };
+    // The fused kernel has 64 rows a block; other block shapes stay one launch a pattern.
+    let dev = dev.with_forward_rows(ForwardRows::M64);
     let (apart, fused) =
         (dev.with_pattern_fusion(PatternFusion::PerPattern), dev.with_pattern_fusion(PatternFusion::Fused));
     let mut compared = 0;
@@ -134,15 +144,17 @@ fn golden_cuda_bf16_fused_patterns() {
     assert_attention_dirs_pass(&gpu::<bf16>(&fused));
 }
 
-/// The backward loading its query tiles in two stages: every golden file in bf16 and f16
-/// (dq adds with atomics in any order on a GPU, so bit equality with the synchronous loads
-/// is checked on the emulation, `cuda_emulation`).
+/// The backward loading its query tiles before each tile's compute and in two stages:
+/// every golden file in bf16 and f16 (dq adds with atomics in any order on a GPU, so bit
+/// equality of the two is checked on the emulation, `cuda_emulation`).
 #[test]
-fn golden_cuda_pipelined_backward() {
-    let Some(dev) = device_or_skip("golden_cuda_pipelined_backward") else { return };
-    let dev = dev.with_backward_loads(BackwardLoads::Pipelined);
-    assert_attention_dirs_pass(&gpu::<bf16>(&dev));
-    assert_attention_dirs_pass(&gpu::<f16>(&dev));
+fn golden_cuda_backward_sync_and_pipelined() {
+    let Some(dev) = device_or_skip("golden_cuda_backward_sync_and_pipelined") else { return };
+    for loads in BackwardLoads::ALL {
+        let dev = dev.with_backward_loads(loads);
+        assert_attention_dirs_pass(&gpu::<bf16>(&dev));
+        assert_attention_dirs_pass(&gpu::<f16>(&dev));
+    }
 }
 
 #[test]

@@ -1,15 +1,16 @@
 //! The kernel shapes a CUDA device chooses between, each read once from an environment
 //! variable when the device opens: the forward's block shape and pattern fusion, the
-//! backward's query-tile loads and keys a block. The defaults are the shapes measured
-//! fastest on a GPU (BENCHMARKS.md); the others wait for a GPU to time them.
+//! backward's query-tile loads and keys a block. Where a variable is unset, the device
+//! takes the shapes measured fastest on its architecture (BENCHMARKS.md: sm_90), and on
+//! architectures nobody has timed, the shapes that need the least shared memory.
 
 use attn_core::{AttnError, Result};
 
-/// The value of environment variable `var` parsed by `parse`, the default when unset; a
-/// value `parse` refuses is a typed error naming what `expected` lists.
-fn choice_from_env<T: Default>(var: &str, parse: fn(&str) -> Option<T>, expected: &str) -> Result<T> {
+/// The value of environment variable `var` parsed by `parse`, `unset` when unset; a value
+/// `parse` refuses is a typed error naming what `expected` lists.
+fn choice_from_env<T>(var: &str, parse: fn(&str) -> Option<T>, expected: &str, unset: T) -> Result<T> {
     match std::env::var(var) {
-        Err(_) => Ok(T::default()),
+        Err(_) => Ok(unset),
         Ok(v) => {
             parse(&v).ok_or_else(|| AttnError::InvalidArgument(format!("{var} must be one of {expected}, got `{v}`")))
         }
@@ -36,9 +37,9 @@ macro_rules! kernel_choice {
                 Self::ALL.into_iter().find(|c| c.name() == s.trim())
             }
 
-            #[doc = concat!("The choice of `", $var, "` (the default when unset); an unknown value is a typed error.")]
-            pub fn from_env() -> Result<Self> {
-                choice_from_env($var, Self::parse, &Self::ALL.map(Self::name).join(", "))
+            #[doc = concat!("The choice of `", $var, "`, `unset` when unset; an unknown value is a typed error.")]
+            pub fn from_env_or(unset: Self) -> Result<Self> {
+                choice_from_env($var, Self::parse, &Self::ALL.map(Self::name).join(", "), unset)
             }
         }
     };
@@ -48,8 +49,8 @@ macro_rules! kernel_choice {
 /// them: 64 over 4 warps, 128 over 8 warps (each K/V tile in shared memory serves twice
 /// the rows; more shared memory a block), or 128 over 4 warps, 32 a warp (each K/V
 /// fragment read from shared memory feeds two row tiles; twice the accumulator registers,
-/// so head dims above 128 run the 64-row kernel). `ATTN_CUDA_FWD_ROWS=64|128|128w4`, 64
-/// without it (the faster of 64 and 128 on an H200).
+/// so head dims above 128 run the 64-row kernel). `ATTN_CUDA_FWD_ROWS=64|128|128w4`;
+/// [`Default`] is 64, the least shared memory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ForwardRows {
     #[default]
@@ -93,8 +94,8 @@ impl ForwardRows {
 /// head ranges) in one launch of the 64-row fused kernel, up to
 /// [`MAX_FUSED`](super::params::MAX_FUSED) a launch, the patterns with the most keys a
 /// row first, so no launch ends with a partial wave of one pattern's blocks (128 rows a
-/// block stay one launch a pattern). `ATTN_CUDA_FWD_LAUNCH=per-pattern|fused`, per
-/// pattern without it.
+/// block stay one launch a pattern). `ATTN_CUDA_FWD_LAUNCH=per-pattern|fused`;
+/// [`Default`] is one launch a pattern.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum PatternFusion {
     #[default]
@@ -107,7 +108,7 @@ kernel_choice!(PatternFusion, "ATTN_CUDA_FWD_LAUNCH", { PerPattern => "per-patte
 /// How the tensor-core backward loads its query tiles (Q, dO, lse, delta): `Sync`, each
 /// tile before its compute, or `Pipelined`, by `cp.async` into two stages, the next tile
 /// loading while this one computes (more shared memory a block). Both give the same bits.
-/// `ATTN_CUDA_BWD_LOADS=sync|pipelined`, sync without it.
+/// `ATTN_CUDA_BWD_LOADS=sync|pipelined`; [`Default`] is sync, the least shared memory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum BackwardLoads {
     #[default]
@@ -129,8 +130,8 @@ impl BackwardLoads {
 
 /// Keys (selected indices) per block of the tensor-core backward: 64 over 4 warps, or 128
 /// over 8 (FlashAttention-2's backward block: half the dQ atomics per key and query tile;
-/// head dims from 64, smaller ones take 64 keys). `ATTN_CUDA_BWD_KEYS=64|128`, 64 without
-/// it.
+/// head dims from 64, smaller ones take 64 keys). `ATTN_CUDA_BWD_KEYS=64|128`; [`Default`]
+/// is 64, the least shared memory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum BackwardKeys {
     #[default]
@@ -168,9 +169,21 @@ pub struct ForwardOptions {
 }
 
 impl ForwardOptions {
-    /// `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH`.
-    pub fn from_env() -> Result<Self> {
-        Ok(ForwardOptions { rows: ForwardRows::from_env()?, fusion: PatternFusion::from_env()? })
+    /// The choices measured fastest on compute capability `cc`: on sm_90 (H100, H200) 128
+    /// rows over 4 warps, one launch a pattern; elsewhere (not timed) the [`Default`].
+    pub fn measured_fastest(cc: (i32, i32)) -> Self {
+        match cc {
+            (9, 0) => ForwardOptions { rows: ForwardRows::M128W4, fusion: PatternFusion::PerPattern },
+            _ => ForwardOptions::default(),
+        }
+    }
+
+    /// `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH`, each unset one taken from `unset`.
+    pub fn from_env_or(unset: Self) -> Result<Self> {
+        Ok(ForwardOptions {
+            rows: ForwardRows::from_env_or(unset.rows)?,
+            fusion: PatternFusion::from_env_or(unset.fusion)?,
+        })
     }
 }
 
@@ -182,9 +195,22 @@ pub struct BackwardOptions {
 }
 
 impl BackwardOptions {
-    /// `ATTN_CUDA_BWD_LOADS` and `ATTN_CUDA_BWD_KEYS`.
-    pub fn from_env() -> Result<Self> {
-        Ok(BackwardOptions { loads: BackwardLoads::from_env()?, keys: BackwardKeys::from_env()? })
+    /// The choices measured fastest on compute capability `cc`: on sm_90 (H100, H200) query
+    /// tiles loaded in two stages and 128 keys a block; elsewhere (not timed) the
+    /// [`Default`].
+    pub fn measured_fastest(cc: (i32, i32)) -> Self {
+        match cc {
+            (9, 0) => BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K128 },
+            _ => BackwardOptions::default(),
+        }
+    }
+
+    /// `ATTN_CUDA_BWD_LOADS` and `ATTN_CUDA_BWD_KEYS`, each unset one taken from `unset`.
+    pub fn from_env_or(unset: Self) -> Result<Self> {
+        Ok(BackwardOptions {
+            loads: BackwardLoads::from_env_or(unset.loads)?,
+            keys: BackwardKeys::from_env_or(unset.keys)?,
+        })
     }
 }
 
@@ -215,8 +241,25 @@ mod tests {
 
     #[test]
     fn an_unknown_value_is_a_typed_error_that_lists_the_choices() {
-        let e = choice_from_env("PATH", BackwardKeys::parse, "64, 128").unwrap_err();
+        let e = choice_from_env("PATH", BackwardKeys::parse, "64, 128", BackwardKeys::K64).unwrap_err();
         assert!(matches!(e, AttnError::InvalidArgument(ref m) if m.contains("PATH must be one of 64, 128")), "{e}");
-        assert_eq!(choice_from_env("ATTN_TEST_SURELY_UNSET_VAR", BackwardKeys::parse, "").unwrap(), BackwardKeys::K64);
+        for unset in BackwardKeys::ALL {
+            assert_eq!(choice_from_env("ATTN_TEST_SURELY_UNSET_VAR", BackwardKeys::parse, "", unset).unwrap(), unset);
+        }
+    }
+
+    #[test]
+    fn sm_90_takes_its_measured_fastest_shapes_and_untimed_architectures_the_smallest() {
+        let (fwd, bwd) = (ForwardOptions::measured_fastest((9, 0)), BackwardOptions::measured_fastest((9, 0)));
+        assert_eq!((fwd.rows, fwd.fusion), (ForwardRows::M128W4, PatternFusion::PerPattern));
+        assert_eq!((bwd.loads, bwd.keys), (BackwardLoads::Pipelined, BackwardKeys::K128));
+        for cc in [(8, 0), (8, 6), (8, 9), (10, 0), (12, 0)] {
+            assert_eq!(ForwardOptions::measured_fastest(cc), ForwardOptions::default(), "sm_{}{}", cc.0, cc.1);
+            assert_eq!(BackwardOptions::measured_fastest(cc), BackwardOptions::default(), "sm_{}{}", cc.0, cc.1);
+        }
+        let least = ForwardOptions { rows: ForwardRows::M64, fusion: PatternFusion::PerPattern };
+        assert_eq!(ForwardOptions::default(), least);
+        let least = BackwardOptions { loads: BackwardLoads::Sync, keys: BackwardKeys::K64 };
+        assert_eq!(BackwardOptions::default(), least);
     }
 }

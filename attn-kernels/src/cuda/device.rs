@@ -120,18 +120,19 @@ impl CudaDevice {
     /// Open device `ordinal`: check libraries and device and require sm_80+. Kernels are
     /// compiled by NVRTC for this device's architecture on first use, one module per
     /// dtype, cached for the process. The forward's rows a block and pattern fusion come
-    /// from `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH` ([`ForwardOptions::from_env`]),
-    /// the backward's query-tile loads and keys a block from `ATTN_CUDA_BWD_LOADS` and
-    /// `ATTN_CUDA_BWD_KEYS` ([`BackwardOptions::from_env`]); an unknown value is an error.
+    /// from `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH`, the backward's query-tile loads
+    /// and keys a block from `ATTN_CUDA_BWD_LOADS` and `ATTN_CUDA_BWD_KEYS`; an unknown
+    /// value is an error, and an unset one is the architecture's measured fastest
+    /// ([`ForwardOptions::measured_fastest`], [`BackwardOptions::measured_fastest`]).
     pub fn new(ordinal: usize) -> Result<Self> {
-        let forward = ForwardOptions::from_env()?;
-        let backward = BackwardOptions::from_env()?;
         check_available(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
         let cc = ctx.compute_capability().map_err(cuda_err)?;
         if cc < MIN_COMPUTE_CAPABILITY {
             return Err(unavailable(format!("device {ordinal} is sm_{}{}; sm_80 or newer is required", cc.0, cc.1)));
         }
+        let forward = ForwardOptions::from_env_or(ForwardOptions::measured_fastest(cc))?;
+        let backward = BackwardOptions::from_env_or(BackwardOptions::measured_fastest(cc))?;
         let stream = ctx.default_stream();
         Ok(CudaDevice { ctx, stream, compute_capability: cc, forward, backward })
     }

@@ -162,12 +162,13 @@ impl Emulator {
             .map_err(|e| emu_err(e.clone()))
     }
 
-    /// Load a library [`Emulator::build`] made (the forward taking
-    /// [`ForwardOptions::from_env`] rows a block and pattern fusion, the backward
-    /// [`BackwardOptions::from_env`] query-tile loads and keys a block).
+    /// Load a library [`Emulator::build`] made (the forward's rows a block and pattern
+    /// fusion, the backward's query-tile loads and keys a block from the environment
+    /// variables a device reads, each unset one the [`Default`]: no architecture is
+    /// emulated).
     pub fn load(path: &Path) -> Result<Self> {
-        let forward = ForwardOptions::from_env()?;
-        let backward = BackwardOptions::from_env()?;
+        let forward = ForwardOptions::from_env_or(ForwardOptions::default())?;
+        let backward = BackwardOptions::from_env_or(BackwardOptions::default())?;
         // SAFETY: the library is ours (emu_capi.cpp); loading runs its static initialisers only.
         let lib = unsafe { Library::new(path) }.map_err(|e| emu_err(format!("loading {}: {e}", path.display())))?;
         Ok(Emulator { lib, forward, backward })
