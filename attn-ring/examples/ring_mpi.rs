@@ -293,9 +293,9 @@ where
     let fwd = chunk_forward(t, x, &problem, opts, [&q, &k, &v])?;
     x.sync()?;
     let fwd_ms = ms(t0);
-    drop(chunk_backward(t, x, &problem, opts, [&q, &k, &v], &go)?);
+    drop(chunk_backward(t, x, &problem, opts, [&q, &k, &v], &go, None)?);
     let t0 = Instant::now();
-    let grads = chunk_backward(t, x, &problem, opts, [&q, &k, &v], &go)?;
+    let grads = chunk_backward(t, x, &problem, opts, [&q, &k, &v], &go, None)?;
     x.sync()?;
     let bwd_ms = ms(t0);
     let peak = x.peak_bytes().map(|b| format!(", peak device memory {:.1} MiB", b as f64 / (1u64 << 20) as f64));

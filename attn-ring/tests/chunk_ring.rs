@@ -147,7 +147,7 @@ fn chunk_ring_over_emulated_nccl_matches_every_golden_file() {
 }
 
 /// A small causal problem on `world` ranks and every rank's q/k/v pieces.
-fn small_problem(world: usize) -> (RingProblem, Vec<[Vec<HostRows<f32>>; 3]>) {
+pub(crate) fn small_problem(world: usize) -> (RingProblem, Vec<[Vec<HostRows<f32>>; 3]>) {
     let cfg = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).causal(true).build().unwrap();
     let shape = Shape4::new(1, 16, 2, 4).unwrap();
     let problem = RingProblem::new(&cfg, shape.into(), Layout::Zigzag, Strategy::Auto, world);
@@ -181,7 +181,7 @@ fn run_all<C: Communicator + Send>(
                 s.spawn(move || {
                     let mut t = HostTransport::new(&mut comm);
                     chunk_forward(&mut t, &CpuChunks::default(), problem, ChunkOptions::default(), [q, k, v])?;
-                    chunk_backward(&mut t, &CpuChunks::default(), problem, ChunkOptions::default(), [q, k, v], q)
+                    chunk_backward(&mut t, &CpuChunks::default(), problem, ChunkOptions::default(), [q, k, v], q, None)
                         .map(|_| ())
                 })
             })
@@ -311,8 +311,19 @@ impl ChunkCompute<f32> for Planted {
     fn finish_forward(&self, pr: &RingProblem, p: &HostPartial) -> attn_core::Result<(HostRows<f32>, HostRowStats)> {
         self.0.finish_forward(pr, p)
     }
-    fn delta(&self, g: &HostRows<f32>, o: &HostRows<f32>) -> attn_core::Result<HostRowStats> {
-        self.0.delta(g, o)
+    fn delta(
+        &self,
+        g: &HostRows<f32>,
+        o: &HostRows<f32>,
+        l: Option<(&HostRowStats, &HostRowStats)>,
+    ) -> attn_core::Result<HostRowStats> {
+        self.0.delta(g, o, l)
+    }
+    fn stats_shape(&self, s: &HostRowStats) -> Option<Shape4> {
+        ChunkCompute::<f32>::stats_shape(&self.0, s)
+    }
+    fn stats_from_bsh(&self, shape: Shape4, values: &[f32]) -> attn_core::Result<HostRowStats> {
+        ChunkCompute::<f32>::stats_from_bsh(&self.0, shape, values)
     }
     fn backward_block(
         &self,

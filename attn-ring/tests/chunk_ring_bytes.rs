@@ -44,7 +44,7 @@ fn stats_in(
                     let x = CpuChunks::default();
                     let mut t = HostTransport::new(&mut comm);
                     let f = chunk_forward(&mut t, &x, problem, opts, qkv).unwrap();
-                    let b = chunk_backward(&mut t, &x, problem, opts, qkv, &pieces).unwrap();
+                    let b = chunk_backward(&mut t, &x, problem, opts, qkv, &pieces, None).unwrap();
                     (f.stats, b.stats)
                 })
             })

@@ -72,8 +72,14 @@ impl<T: Element> ChunkCompute<T> for CountingChunks<T> {
     fn finish_forward(&self, _: &RingProblem, partial: &Counted) -> Result<(Counted, Counted)> {
         Ok((self.rows(**partial), self.f32s(**partial, partial.lse_len())))
     }
-    fn delta(&self, _: &Counted, out: &Counted) -> Result<Counted> {
+    fn delta(&self, _: &Counted, out: &Counted, _: Option<(&Counted, &Counted)>) -> Result<Counted> {
         Ok(self.f32s(**out, out.lse_len()))
+    }
+    fn stats_shape(&self, stats: &Counted) -> Option<Shape4> {
+        Some(Shape4 { head_dim: 1, ..**stats })
+    }
+    fn stats_from_bsh(&self, shape: Shape4, values: &[f32]) -> Result<Counted> {
+        Ok(self.f32s(shape, values.len()))
     }
     fn backward_block(
         &self,
@@ -155,7 +161,7 @@ fn run(cfg: &DilatedConfig, world: usize, rounds: usize, pass: Pass) -> (u64, us
                         Pass::Forward => drop(chunk_forward(&mut t, &x, problem, opts, [&q, &k, &v]).unwrap()),
                         Pass::Backward => {
                             let go = pieces();
-                            drop(chunk_backward(&mut t, &x, problem, opts, [&q, &k, &v], &go).unwrap())
+                            drop(chunk_backward(&mut t, &x, problem, opts, [&q, &k, &v], &go, None).unwrap())
                         }
                     }
                     (x.meter.peak(), x.slices.load(Ordering::Relaxed))

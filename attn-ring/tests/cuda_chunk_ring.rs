@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::Moves;
+use common::{Moves, bsh_rows, check_grad_lse_len, piece_shape};
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -17,7 +17,7 @@ use attn_core::error::TensorName;
 use attn_core::{AttnError, DType, Result, Shape4, TensorView};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceTensor};
 use attn_ring::chunk_ring::{
-    ChunkOptions, ChunkTransport, CudaChunks, DeviceRowStats, HostTransport, InProcessTransport, Metered,
+    ChunkCompute, ChunkOptions, ChunkTransport, CudaChunks, DeviceRowStats, HostTransport, InProcessTransport, Metered,
     chunk_backward, chunk_forward, place_piece, rank_pieces,
 };
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
@@ -146,12 +146,44 @@ impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
         Ok(Forward32 { out, lse })
     }
 
-    fn backward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+    fn backward(&self, p: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+        self.backward_with(p, qkv, grad_out, None)
+    }
+
+    fn backward_lse(
+        &self,
+        p: &Problem<'_>,
+        qkv: [&[f32]; 3],
+        grad_out: &[f32],
+        grad_lse: &[f32],
+    ) -> Result<Gradients32> {
+        self.backward_with(p, qkv, grad_out, Some(grad_lse))
+    }
+}
+
+impl<T: CudaElement> CudaChunkBackend<T> {
+    /// The gradients, with `grad_lse` (`[batch, seq, heads]`) uploaded as each rank's query
+    /// pieces' rows where given.
+    fn backward_with(
+        &self,
+        p: &Problem<'_>,
+        [q, k, v]: [&[f32]; 3],
+        grad_out: &[f32],
+        grad_lse: Option<&[f32]>,
+    ) -> Result<Gradients32> {
         let (problem, (sq, skv)) = (self.problem(p), (p.shape.q, p.shape.kv));
+        check_grad_lse_len(grad_lse, sq)?;
         let per_rank = self.ranks(&|t, x, r| {
             let up = |data: &[f32], shape| rank_uploads::<T>(x, &problem, r, data, shape);
             let (qp, kp, vp, gp) = (up(q, sq)?, up(k, skv)?, up(v, skv)?, up(grad_out, sq)?);
-            let g = chunk_backward(t, x, &problem, self.opts, [&qp, &kp, &vp], &gp)?;
+            let lse_piece =
+                |g: &[f32], rows| ChunkCompute::<T>::stats_from_bsh(x, piece_shape(sq, &rows), &bsh_rows(g, sq, &rows));
+            let gl = grad_lse
+                .map(|g| {
+                    rank_pieces(&problem, r).into_iter().map(|rows| lse_piece(g, rows)).collect::<Result<Vec<_>>>()
+                })
+                .transpose()?;
+            let g = chunk_backward(t, x, &problem, self.opts, [&qp, &kp, &vp], &gp, gl.as_deref())?;
             let host = |ts: &[Metered<DeviceTensor<T>>]| {
                 ts.iter().map(|t| t.to_host_contiguous(&x.dev).map(|h| f32s(&h))).collect::<Result<Vec<_>>>()
             };
@@ -188,6 +220,38 @@ fn run_all<T: CudaElement>(test: &str) {
             println!("{test}: {dir} {moves:?}: {runs} runs passed");
         }
     }
+}
+
+/// A gradient into the LSE on the GPU: rows that attend nothing (a NaN gradient on them)
+/// and the wide-head cases, bf16 and f32, world sizes 1, 2 and 4 (zigzag), both moves.
+#[test]
+fn cuda_chunk_ring_lse_gradients() {
+    let Some(dev) = device_or_skip("cuda_chunk_ring_lse_gradients") else { return };
+    let cases =
+        attn_testkit::wide_head_cases().into_iter().chain([("unattended rows", attn_testkit::unattended_rows_case())]);
+    let mut runs = 0;
+    for (name, case) in cases {
+        for world in [1, 2, 4] {
+            if Layout::Zigzag.check(case.shape.q.seq, world).is_err() {
+                continue;
+            }
+            for (moves, rounds) in [(Moves::InProcess, 3), (Moves::HostStaged, 1)] {
+                let opts = ChunkOptions::with_rounds(rounds).expect("rounds");
+                let (layout, dev) = (Layout::Zigzag, dev.clone());
+                let bf = CudaChunkBackend::<bf16> { dev: dev.clone(), world, layout, moves, opts, dtype: PhantomData };
+                let f = CudaChunkBackend::<f32> { dev, world, layout, moves, opts, dtype: PhantomData };
+                for verdict in
+                    [attn_testkit::judge_lse_gradients(&bf, &case), attn_testkit::judge_lse_gradients(&f, &case)]
+                {
+                    if let Err(e) = verdict {
+                        panic!("{name}, world {world}, {moves:?}: {e}");
+                    }
+                }
+                runs += 1;
+            }
+        }
+    }
+    assert!(runs >= 6, "only {runs} runs fit the cases");
 }
 
 #[test]

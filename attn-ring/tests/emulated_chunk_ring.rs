@@ -20,9 +20,10 @@ use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::BlockGeometry;
 use attn_kernels::cuda::plan::out_scale;
 use attn_ring::chunk_ring::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkUpstream, HostRows};
-use attn_ring::{RingProblem, Strategy, ThreadComm};
+use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
 use common::{ChunkBackend, LseRows, Moves, chunk_sweep};
 use half::{bf16, f16};
+use proptest::strategy::{Strategy as _, ValueTree};
 
 fn emulator() -> &'static Emulator {
     Emulator::shared(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")))
@@ -126,8 +127,18 @@ impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
         emulator().store_scaled(shape, &p.out.data, out_scale(&problem.cfg), &mut out)?;
         Ok((HostRows { shape, data: out }, Flat { shape, data: p.lse.clone() }))
     }
-    fn delta(&self, grad_out: &HostRows<T>, out: &HostRows<T>) -> Result<Flat> {
-        Ok(Flat { shape: out.shape, data: emulator().delta(out.shape, &grad_out.data, &out.data, None)? })
+    fn delta(&self, grad_out: &HostRows<T>, out: &HostRows<T>, l: Option<(&Flat, &Flat)>) -> Result<Flat> {
+        let lse_grad = l.map(|(g, l)| (&g.data[..], &l.data[..]));
+        Ok(Flat { shape: out.shape, data: emulator().delta(out.shape, &grad_out.data, &out.data, lse_grad)? })
+    }
+    fn stats_shape(&self, stats: &Flat) -> Option<Shape4> {
+        (stats.data.len() == stats.shape.lse_len()).then_some(Shape4 { head_dim: 1, ..stats.shape })
+    }
+    fn stats_from_bsh(&self, shape: Shape4, values: &[f32]) -> Result<Flat> {
+        match values.len() == shape.lse_len() {
+            true => Ok(Flat { shape, data: values.to_vec() }),
+            false => Err(AttnError::InvalidArgument(format!("{} per-row values for {shape:?}", values.len()))),
+        }
     }
     fn backward_block(
         &self,
@@ -180,20 +191,46 @@ impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
     }
 }
 
+fn emulated<T>(
+    (world, layout): (usize, Layout),
+    moves: Moves,
+    opts: ChunkOptions,
+) -> ChunkBackend<T, impl Fn(usize) -> Result<Vec<ThreadComm>>, EmulatedChunks> {
+    ChunkBackend {
+        label: "emulated cuda",
+        world,
+        layout,
+        strategy: Strategy::Auto,
+        join: |p| ThreadComm::world_with_timeout(p, Duration::from_secs(120)),
+        moves,
+        opts,
+        compute: EmulatedChunks,
+        dtype: PhantomData,
+    }
+}
+
 fn sweep<T: CudaElement>(moves: Moves, opts: ChunkOptions, worlds: &[usize]) {
     for dir in ["dilated", "features"] {
-        let runs = chunk_sweep(dir, 9, worlds, |world, layout| ChunkBackend::<T, _, _> {
-            label: "emulated cuda",
-            world,
-            layout,
-            strategy: Strategy::Auto,
-            join: |p| ThreadComm::world_with_timeout(p, Duration::from_secs(120)),
-            moves,
-            opts,
-            compute: EmulatedChunks,
-            dtype: PhantomData,
-        });
+        let runs = chunk_sweep(dir, 9, worlds, |world, layout| emulated::<T>((world, layout), moves, opts));
         assert_eq!(runs, 9 * worlds.len() * 2, "{dir}");
+    }
+}
+
+/// A gradient into the LSE through the CUDA delta kernel: rows that attend nothing (a NaN
+/// gradient on them) and a random feature case, bf16, world 2, zigzag, in two rounds.
+#[test]
+fn emulated_cuda_chunk_ring_lse_gradients() {
+    let opts = ChunkOptions::with_rounds(2).unwrap();
+    let backend = emulated::<bf16>((2, Layout::Zigzag), Moves::InProcess, opts);
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = attn_testkit::feature_case(8..=32, 8, vec![1, 4]);
+    let fits = |c: &attn_testkit::FeatureCase| Layout::Zigzag.check(c.shape.q.seq, 2).is_ok();
+    let random = std::iter::repeat_with(|| strategy.new_tree(&mut runner).unwrap().current()).find(fits).unwrap();
+    for case in [attn_testkit::unattended_rows_case(), random] {
+        assert!(fits(&case), "{case:?} does not fit a zigzag ring of 2");
+        if let Err(e) = attn_testkit::judge_lse_gradients(&backend, &case) {
+            panic!("{case:?}: {e}");
+        }
     }
 }
 

@@ -128,7 +128,7 @@ fn run_chunk_case(comm: &mut MpiComm, case: &GoldenCase, layout: Layout) -> Resu
     }
     if case.tensors.contains_key("grad_out") {
         let go = pieces("grad_out")?;
-        let g = chunk_backward(&mut HostTransport::new(comm), &x, &problem, opts, [&q, &k, &v], &go)?;
+        let g = chunk_backward(&mut HostTransport::new(comm), &x, &problem, opts, [&q, &k, &v], &go, None)?;
         for (name, got) in [("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)] {
             errs.push((name.into(), global_rel_l2(comm, &HostRows::join(got), &want(name)?)?));
         }

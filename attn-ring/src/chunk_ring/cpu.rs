@@ -5,7 +5,7 @@ use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, PackedSequences, Result, Shape4, TensorView};
 use attn_kernels::block::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
 
-use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, rank_pieces};
+use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, check_stats, rank_pieces};
 use crate::compute::head_work::for_each_item;
 use crate::plan::RingProblem;
 use crate::protocol::wire::{elems_exact, f32s_exact, put_elems, put_f32s};
@@ -269,17 +269,51 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
         Ok((HostRows { shape: s, data }, HostRowStats { shape: s, data: partial.lse.clone() }))
     }
 
-    fn delta(&self, grad_out: &HostRows<T>, out: &HostRows<T>) -> Result<HostRowStats> {
+    fn delta(
+        &self,
+        grad_out: &HostRows<T>,
+        out: &HostRows<T>,
+        lse_grad: Option<(&HostRowStats, &HostRowStats)>,
+    ) -> Result<HostRowStats> {
         let s = out.shape;
         if grad_out.shape != s {
             return Err(shape_error(TensorName::GradOutput, s, grad_out.shape));
         }
+        for (name, stats) in lse_grad.iter().flat_map(|(g, l)| [(TensorName::GradLse, *g), (TensorName::Lse, *l)]) {
+            check_stats(name, <Self as ChunkCompute<T>>::stats_shape(self, stats), stats.shape, s)?;
+        }
         let mut data = vec![vec![0.0f32; s.seq]; s.batch * s.heads];
         for (row, (g, o)) in grad_out.data.chunks_exact(s.head_dim).zip(out.data.chunks_exact(s.head_dim)).enumerate() {
             let (h, i, b) = (row % s.heads, (row / s.heads) % s.seq, row / (s.heads * s.seq));
-            data[b * s.heads + h][i] = g.iter().zip(o).map(|(g, o)| g.to_f32() * o.to_f32()).sum();
+            let dot: f32 = g.iter().zip(o).map(|(g, o)| g.to_f32() * o.to_f32()).sum();
+            // A row that attends nothing (lse -inf) takes none of the LSE's gradient.
+            let from_lse = lse_grad
+                .map(|(gl, l)| (gl.data[b * s.heads + h][i], l.data[b * s.heads + h][i]))
+                .filter(|&(_, l)| l != f32::NEG_INFINITY)
+                .map_or(0.0, |(gl, _)| gl);
+            data[b * s.heads + h][i] = dot - from_lse;
         }
         Ok(HostRowStats { shape: s, data })
+    }
+
+    fn stats_shape(&self, stats: &HostRowStats) -> Option<Shape4> {
+        let s = stats.shape;
+        let fills = stats.data.len() == s.batch * s.heads && stats.data.iter().all(|r| r.len() == s.seq);
+        fills.then_some(Shape4 { head_dim: 1, ..s })
+    }
+
+    fn stats_from_bsh(&self, shape: Shape4, values: &[f32]) -> Result<HostRowStats> {
+        let Shape4 { batch, seq, heads, .. } = shape;
+        if values.len() != batch * seq * heads {
+            return Err(AttnError::InvalidArgument(format!(
+                "{} per-row values for a piece of batch {batch}, rows {seq}, heads {heads}",
+                values.len()
+            )));
+        }
+        let data = (0..batch * heads)
+            .map(|bh| (0..seq).map(|i| values[((bh / heads) * seq + i) * heads + bh % heads]).collect())
+            .collect();
+        Ok(HostRowStats { shape, data })
     }
 
     fn backward_block(

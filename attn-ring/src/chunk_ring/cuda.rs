@@ -15,7 +15,7 @@ use attn_kernels::cuda::{
 use cudarc::driver::CudaSlice;
 
 use super::device_meter::{DeviceMeter, Metered};
-use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream};
+use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, check_stats};
 use crate::plan::RingProblem;
 use crate::protocol::wire::{elems_exact, f32s_exact, put_elems, put_f32s};
 
@@ -168,8 +168,29 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
         Ok((self.adopt(out), self.stats(lse, partial.shape)))
     }
 
-    fn delta(&self, grad_out: &Rows<T>, out: &Rows<T>) -> Result<Stats> {
-        Ok(self.stats(delta(&self.dev, grad_out, out, None)?, out.shape))
+    fn delta(&self, grad_out: &Rows<T>, out: &Rows<T>, lse_grad: Option<(&Stats, &Stats)>) -> Result<Stats> {
+        for (name, stats) in lse_grad.iter().flat_map(|(g, l)| [(TensorName::GradLse, *g), (TensorName::Lse, *l)]) {
+            check_stats(name, <Self as ChunkCompute<T>>::stats_shape(self, stats), stats.shape, out.shape)?;
+        }
+        let lse_grad = lse_grad.map(|(g, l)| (&g.data, &l.data));
+        Ok(self.stats(delta(&self.dev, grad_out, out, lse_grad)?, out.shape))
+    }
+
+    fn stats_shape(&self, stats: &Stats) -> Option<Shape4> {
+        (stats.data.len() == stats.shape.lse_len()).then_some(Shape4 { head_dim: 1, ..stats.shape })
+    }
+
+    fn stats_from_bsh(&self, shape: Shape4, values: &[f32]) -> Result<Stats> {
+        if values.len() != shape.lse_len() {
+            return Err(AttnError::InvalidArgument(format!(
+                "{} per-row values for a piece of batch {}, rows {}, heads {}",
+                values.len(),
+                shape.batch,
+                shape.seq,
+                shape.heads
+            )));
+        }
+        Ok(self.stats(self.dev.stream().clone_htod(values).map_err(cuda_err)?, shape))
     }
 
     fn backward_block(

@@ -35,7 +35,7 @@ mod transport;
 
 use std::ops::Range;
 
-use attn_core::{AttnError, Element, Result, Shape4};
+use attn_core::{AttnError, Element, Result, Shape4, TensorName};
 
 use crate::plan::RingProblem;
 
@@ -178,6 +178,21 @@ pub struct ChunkGrads<'a, A> {
     pub dv: &'a mut A,
 }
 
+/// Check that per-row values `name` (their shape `got`, `None` where their values do not
+/// fill `declared`) fit rows of `rows`.
+pub(crate) fn check_stats(name: TensorName, got: Option<Shape4>, declared: Shape4, rows: Shape4) -> Result<()> {
+    let want = Shape4 { head_dim: 1, ..rows };
+    match got {
+        Some(g) if g == want => Ok(()),
+        Some(g) => {
+            Err(AttnError::ShapeMismatch { tensor: name, expected: want.dims().to_vec(), got: g.dims().to_vec() })
+        }
+        None => {
+            Err(AttnError::InvalidArgument(format!("{name}: its values do not fill its shape {:?}", declared.dims())))
+        }
+    }
+}
+
 /// Where the blocks of a chunk ring are computed: tensors live in this compute's memory,
 /// every block is a call on them, and accumulators never leave it except through a
 /// transport.
@@ -207,8 +222,20 @@ pub trait ChunkCompute<T: Element> {
     -> Result<()>;
     /// The output (each head's `out_scale` applied, in `T`) and lse of a finished partial.
     fn finish_forward(&self, problem: &RingProblem, partial: &Self::Partial) -> Result<(Self::Rows, Self::RowStats)>;
-    /// `delta = dot(grad_out, out)` per row.
-    fn delta(&self, grad_out: &Self::Rows, out: &Self::Rows) -> Result<Self::RowStats>;
+    /// `delta = dot(grad_out, out)` per row, less the LSE's gradient where one is given
+    /// (`lse_grad` is `(grad_lse, lse)`) and the row's lse is finite: `d lse / d s = p`.
+    fn delta(
+        &self,
+        grad_out: &Self::Rows,
+        out: &Self::Rows,
+        lse_grad: Option<(&Self::RowStats, &Self::RowStats)>,
+    ) -> Result<Self::RowStats>;
+    /// The `[batch, rows, heads]` shape of per-row values (head_dim 1), `None` where the
+    /// values do not fill it.
+    fn stats_shape(&self, stats: &Self::RowStats) -> Option<Shape4>;
+    /// Per-row values of a piece of `shape` (head_dim ignored) from `values` laid out
+    /// `[batch, rows, heads]`, such as a piece of the LSE's gradient.
+    fn stats_from_bsh(&self, shape: Shape4, values: &[f32]) -> Result<Self::RowStats>;
     /// Add the block's gradients to `grads`.
     fn backward_block(
         &self,

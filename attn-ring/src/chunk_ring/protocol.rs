@@ -57,6 +57,24 @@ fn check_pieces<T: Element, X: ChunkCompute<T>>(
     None
 }
 
+/// A wrong piece count or shape of the LSE's gradient (one `[batch, rows, heads]` piece per
+/// query piece), if any.
+fn check_grad_lse<T: Element, X: ChunkCompute<T>>(
+    compute: &X,
+    q: &[X::Rows],
+    grad_lse: Option<&[X::RowStats]>,
+) -> Option<String> {
+    let g = grad_lse?;
+    let want: Vec<_> = q.iter().map(|p| Some(Shape4 { head_dim: 1, ..compute.shape_of(p) }.dims())).collect();
+    let got: Vec<_> = g.iter().map(|p| compute.stats_shape(p).map(|s| s.dims())).collect();
+    (got != want).then(|| {
+        format!(
+            "{} pieces have shapes {got:?} (None: values that do not fill their shape), expected {want:?}",
+            TensorName::GradLse
+        )
+    })
+}
+
 /// The masks and what the blocks need loaded (a device's kernels, compiled on a machine's
 /// first call), prepared before the handshake: a slow load is waited for there, and a
 /// failed one becomes this rank's refusal (`err`, unless it already holds one), so every
@@ -259,7 +277,9 @@ where
 /// Exact backward of the chunk ring on this rank: the forward recomputed for the final lse
 /// and `delta`, then per round the forward's trips, k/v slices travelling with their
 /// dk/dv, which a last travel of each trip brings straight home. Inputs as [`chunk_forward`],
-/// `grad_out` like `q`.
+/// `grad_out` like `q`; `grad_lse`, where the loss reaches the LSE, like the forward's `lse`
+/// (one per query piece): the gradients are those of `sum(out * grad_out) + sum(lse *
+/// grad_lse)`.
 pub fn chunk_backward<T, X, Tr>(
     transport: &mut Tr,
     compute: &X,
@@ -267,6 +287,7 @@ pub fn chunk_backward<T, X, Tr>(
     opts: ChunkOptions,
     [q, k, v]: [&[X::Rows]; 3],
     grad_out: &[X::Rows],
+    grad_lse: Option<&[X::RowStats]>,
 ) -> Result<ChunkGradients<X::Rows>>
 where
     T: Element,
@@ -281,15 +302,16 @@ where
         (TensorName::Value, v, kvh),
         (TensorName::GradOutput, grad_out, h),
     ];
-    let (masks, err) = prepare(compute, problem, check_pieces(compute, problem, rank, &tensors));
+    let err = check_pieces(compute, problem, rank, &tensors).or_else(|| check_grad_lse(compute, q, grad_lse));
+    let (masks, err) = prepare(compute, problem, err);
     let op = format!("chunk-backward rounds={}", opts.rounds());
     let start = open_call::<T, _>(transport.control(), &op, problem, err)?;
     let masks = masks?;
     let partials = forward_pass(transport, compute, problem, opts, &masks, [q, k, v])?;
     let (mut lse, mut delta) = (Vec::new(), Vec::new());
-    for (partial, go) in partials.iter().zip(grad_out) {
+    for (i, (partial, go)) in partials.iter().zip(grad_out).enumerate() {
         let (out, l) = compute.finish_forward(problem, partial)?;
-        delta.push(compute.delta(go, &out)?);
+        delta.push(compute.delta(go, &out, grad_lse.map(|g| (&g[i], &l)))?);
         lse.push(l);
     }
     drop(partials);

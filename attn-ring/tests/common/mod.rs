@@ -305,17 +305,77 @@ where
         Ok(Forward32 { out, lse: lse.into_inner().expect("lse") })
     }
 
-    fn backward(&self, p: &Problem<'_>, [q, k, v]: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+    fn backward(&self, p: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<Gradients32> {
+        self.backward_with(p, qkv, grad_out, None)
+    }
+
+    fn backward_lse(
+        &self,
+        p: &Problem<'_>,
+        qkv: [&[f32]; 3],
+        grad_out: &[f32],
+        grad_lse: &[f32],
+    ) -> Result<Gradients32> {
+        self.backward_with(p, qkv, grad_out, Some(grad_lse))
+    }
+}
+
+impl<T: attn_core::Element, C: Communicator + Send, F: Fn(usize) -> Result<Vec<C>>, X> ChunkBackend<T, F, X>
+where
+    X: ChunkCompute<T, Rows = HostRows<T>> + Sync,
+    X::Acc: Send,
+    X::RowStats: LseRows,
+{
+    /// The gradients with `grad_lse` (`[batch, seq, heads]`, f32) handed to each rank as its
+    /// query pieces' rows.
+    fn backward_with(
+        &self,
+        p: &Problem<'_>,
+        [q, k, v]: [&[f32]; 3],
+        grad_out: &[f32],
+        grad_lse: Option<&[f32]>,
+    ) -> Result<Gradients32> {
         let (sq, skv) = (p.shape.q, p.shape.kv);
+        check_grad_lse_len(grad_lse, sq)?;
         let inputs = [(q, sq), (k, skv), (v, skv), (grad_out, sq)];
         let (compute, opts) = (&self.compute, self.opts);
         let [dq, dk, dv] = self.run(p, &inputs, [sq.heads, skv.heads, skv.heads], &|t, problem, pieces| {
+            let rank = t.control().rank();
+            let lse_pieces = grad_lse
+                .map(|g| {
+                    let piece = |r| compute.stats_from_bsh(piece_shape(sq, &r), &bsh_rows(g, sq, &r));
+                    rank_pieces(problem, rank).into_iter().map(piece).collect::<Result<Vec<_>>>()
+                })
+                .transpose()?;
             let qkv = [&pieces[0][..], &pieces[1][..], &pieces[2][..]];
-            let g = chunk_backward(t, compute, problem, opts, qkv, &pieces[3])?;
+            let g = chunk_backward(t, compute, problem, opts, qkv, &pieces[3], lse_pieces.as_deref())?;
             Ok([g.dq, g.dk, g.dv])
         })?;
         Ok(Gradients32 { dq, dk, dv })
     }
+}
+
+/// A typed error where `grad_lse` is not one value a row and head of `q`.
+pub fn check_grad_lse_len(grad_lse: Option<&[f32]>, q: attn_core::Shape4) -> Result<()> {
+    match grad_lse.filter(|g| g.len() != q.lse_len()) {
+        None => Ok(()),
+        Some(g) => Err(attn_core::AttnError::ShapeMismatch {
+            tensor: TensorName::GradLse,
+            expected: vec![q.batch, q.seq, q.heads],
+            got: vec![g.len()],
+        }),
+    }
+}
+
+/// Rows `rows` (every batch) of per-row values laid out `[batch, seq, heads]` as `q`'s.
+pub fn bsh_rows(values: &[f32], q: attn_core::Shape4, rows: &std::ops::Range<usize>) -> Vec<f32> {
+    let at = |b| rows.clone().flat_map(move |i| (0..q.heads).map(move |h| (b * q.seq + i) * q.heads + h));
+    (0..q.batch).flat_map(at).map(|i| values[i]).collect()
+}
+
+/// The `[batch, rows, heads]` shape (head_dim 1) of `q`'s rows `rows`.
+pub fn piece_shape(q: attn_core::Shape4, rows: &std::ops::Range<usize>) -> attn_core::Shape4 {
+    attn_core::Shape4 { seq: rows.len(), head_dim: 1, ..q }
 }
 
 /// Every file of `conformance/<dir>` (`count` of them) through `backend(world, layout)` for

@@ -97,8 +97,19 @@ impl<T: CudaElement> ChunkCompute<T> for StandInChunks {
         let (out, lse) = ChunkCompute::<T>::finish_forward(&self.cpu, problem, p)?;
         Ok((self.dev(&out)?, lse))
     }
-    fn delta(&self, grad_out: &Dev<T>, out: &Dev<T>) -> Result<HostRowStats> {
-        self.cpu.delta(&self.host(grad_out)?, &self.host(out)?)
+    fn delta(
+        &self,
+        grad_out: &Dev<T>,
+        out: &Dev<T>,
+        l: Option<(&HostRowStats, &HostRowStats)>,
+    ) -> Result<HostRowStats> {
+        self.cpu.delta(&self.host(grad_out)?, &self.host(out)?, l)
+    }
+    fn stats_shape(&self, stats: &HostRowStats) -> Option<Shape4> {
+        ChunkCompute::<T>::stats_shape(&self.cpu, stats)
+    }
+    fn stats_from_bsh(&self, shape: Shape4, values: &[f32]) -> Result<HostRowStats> {
+        ChunkCompute::<T>::stats_from_bsh(&self.cpu, shape, values)
     }
     fn backward_block(
         &self,
@@ -193,7 +204,7 @@ fn run<T: CudaElement>(
                         let x = CpuChunks::default();
                         let mut t = HostTransport::new(&mut comm);
                         let f = chunk_forward(&mut t, &x, problem, opts, [&q, &k, &v])?;
-                        let g = chunk_backward(&mut t, &x, problem, opts, [&q, &k, &v], &go)?;
+                        let g = chunk_backward(&mut t, &x, problem, opts, [&q, &k, &v], &go, None)?;
                         return Ok((f.out, f.lse.iter().map(HostRowStats::to_bsh).collect(), [g.dq, g.dk, g.dv]));
                     }
                     let ctx = CudaContext::new(rank).map_err(dev_err)?;
@@ -202,7 +213,7 @@ fn run<T: CudaElement>(
                     let up = |ps: &[HostRows<T>]| ps.iter().map(|p| x.dev(p)).collect::<Result<Vec<_>>>();
                     let (q, k, v, go) = (up(&q)?, up(&k)?, up(&v)?, up(&go)?);
                     let f = chunk_forward(&mut t, &x, problem, opts, [&q, &k, &v])?;
-                    let g = chunk_backward(&mut t, &x, problem, opts, [&q, &k, &v], &go)?;
+                    let g = chunk_backward(&mut t, &x, problem, opts, [&q, &k, &v], &go, None)?;
                     let down = |ps: &[Dev<T>]| ps.iter().map(|p| x.host(p)).collect::<Result<Vec<_>>>();
                     let lse = f.lse.iter().map(HostRowStats::to_bsh).collect();
                     Ok((down(&f.out)?, lse, [down(&g.dq)?, down(&g.dk)?, down(&g.dv)?]))
