@@ -7,7 +7,7 @@
 #   scripts/device-check.sh rehearse   # here: pack, copy the pack into a clean directory and run
 #                                      # it there; GPU steps report `not run (no GPU)`
 #   device run: command "bash device-pack/device-check.sh run", carry ["device-pack"], timeout_s 580
-#               (each step has a budget, 530 s in all, and the run stops starting commands at
+#               (each step has a budget, 540 s in all, and the run stops starting commands at
 #               540 s; `run --only STEP[,STEP...]` reruns those steps). $OUT holds four files, rewritten
 #               after every step so a run cut short still reports: device-report.md and .json,
 #               bench-summary.md and logs.tgz (every step's log).
@@ -172,11 +172,11 @@ use_lib() {
 # cut off by grep's early exit (SIGPIPE) would fail the pipe.
 have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -c '^GPU ' >/dev/null; }
 
-# Seconds each step may take (530 in all, so a whole run fits 9 minutes).
+# Seconds each step may take (540 in all, so a whole run fits 9 minutes).
 budget() {
     case $1 in
-    env) echo 30 ;; golden) echo 25 ;; tests) echo 30 ;; bench) echo 55 ;; ring) echo 50 ;; python) echo 60 ;;
-    candle) echo 35 ;; sanitizer) echo 230 ;; nccl) echo 15 ;;
+    env) echo 30 ;; golden) echo 20 ;; tests) echo 30 ;; bench) echo 55 ;; ring) echo 50 ;; python) echo 55 ;;
+    candle) echo 35 ;; sanitizer) echo 250 ;; nccl) echo 15 ;;
     esac
 }
 
@@ -336,9 +336,12 @@ step_sanitizer() {
     logged 40 compute-sanitizer --tool memcheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
         --backward --rows 64,128w4 --launch per-pattern,fused --bwd-loads sync,pipelined --bwd-keys 64,128 || ok=1
     # Shared-memory races of every forward block shape (64 rows over 4 warps, 128 over 8, 128
-    # over 4), then of the backward's query-tile loads (sync, pipelined) with 64 and 128 keys.
+    # over 4) and the fused launch, then of the backward's query-tile loads (sync, pipelined)
+    # with 64 and 128 keys.
     logged 40 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
         --rows 64,128,128w4 || ok=1
+    logged 20 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
+        --rows 64 --launch fused || ok=1
     # Under racecheck one forward and backward takes about 20 s with 64 keys a block and 30 s
     # with 128 (H200).
     for loads in sync pipelined; do
