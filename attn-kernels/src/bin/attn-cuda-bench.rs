@@ -12,8 +12,11 @@
 //!
 //! Usage: attn-cuda-bench [--seq 65536,262144] [--heads 16] [--dtype bf16|f16|f32] [--warmups 1] [--iters 10]
 //!        [--causal] [--backward] [--paths direct|partial|direct,partial] [--rows 64,128,128w4]
-//!        [--launch per-pattern,fused] [--bwd-loads sync,pipelined] [--bwd-keys 64,128]
+//!        [--launch per-pattern,fused] [--bwd-loads sync,pipelined] [--bwd-keys 64,128] [--sync-between]
 //!        (each list: one or more of its values)
+//!
+//! `--sync-between` synchronises the device after each timed call, as a framework's step
+//! does, so the time includes allocating scratch the memory pool handed back.
 //!
 //! `--heads` (at least 5, one a pattern) shrinks the work, e.g. for a run under
 //! compute-sanitizer, where `--warmups 0` skips the untimed call.
@@ -22,7 +25,7 @@ use std::process::ExitCode;
 
 use attn_core::{DilatedConfig, Pass, Shape4};
 use attn_kernels::cuda::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows, PatternFusion};
-use attn_kernels::cuda::{BenchRun, CudaDevice, CudaElement, ForwardPath, GpuTiming, bench_pass};
+use attn_kernels::cuda::{BenchRun, Between, CudaDevice, CudaElement, ForwardPath, GpuTiming, bench_pass};
 use half::{bf16, f16};
 
 struct Args {
@@ -31,6 +34,7 @@ struct Args {
     dtype: String,
     warmups: usize,
     iters: usize,
+    between: Between,
     causal: bool,
     pass: Pass,
     paths: Vec<ForwardPath>,
@@ -63,6 +67,7 @@ fn parse() -> Result<Args, String> {
         dtype: "bf16".into(),
         warmups: 1,
         iters: 10,
+        between: Between::Queued,
         causal: false,
         pass: Pass::Forward,
         paths: vec![ForwardPath::Direct],
@@ -83,6 +88,7 @@ fn parse() -> Result<Args, String> {
             }
             "--heads" => a.heads = val()?.parse().map_err(|e| format!("--heads: {e}"))?,
             "--dtype" => a.dtype = val()?,
+            "--sync-between" => a.between = Between::Synchronized,
             "--warmups" => a.warmups = val()?.parse().map_err(|e| format!("--warmups: {e}"))?,
             "--iters" => a.iters = val()?.parse().map_err(|e| format!("--iters: {e}"))?,
             "--causal" => a.causal = true,
@@ -116,7 +122,7 @@ fn run_one<T: CudaElement>(
 ) -> Result<(GpuTiming, String), String> {
     // Deterministic pseudo-random inputs in [-1, 1).
     let fill = |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 2001) as f32 / 1000.0 - 1.0;
-    let run = BenchRun { pass: a.pass, warmups: a.warmups, iters: a.iters, path };
+    let run = BenchRun { pass: a.pass, warmups: a.warmups, iters: a.iters, path, between: a.between };
     let t = bench_pass::<T>(dev, cfg, shape, run, fill).map_err(|e| e.to_string())?;
     Ok((t, dev.kernel_image(T::SUFFIX).map_err(|e| e.to_string())?))
 }
@@ -160,7 +166,7 @@ fn run() -> Result<(), String> {
                 other => return Err(format!("unknown dtype `{other}`")),
             };
             println!(
-                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"bwd_loads\":\"{}\",\"bwd_keys\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2}}}",
+                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"bwd_loads\":\"{}\",\"bwd_keys\":\"{}\",\"between\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2}}}",
                 a.dtype,
                 a.heads,
                 a.causal,
@@ -170,6 +176,7 @@ fn run() -> Result<(), String> {
                 fusion.name(),
                 bwd.loads.name(),
                 bwd.keys.name(),
+                a.between.name(),
                 t.median_ms,
                 t.tflops()
             );

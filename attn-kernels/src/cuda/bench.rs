@@ -50,13 +50,35 @@ pub fn attended_pairs(cfg: &DilatedConfig, shape: Shape4) -> u64 {
 
 /// What [`bench_pass`] times: the pass, the untimed warm-up calls before the timed ones
 /// (one for a timing; none under a checker such as compute-sanitizer, which slows every
-/// call alike), the timed calls and the forward's [`ForwardPath`].
+/// call alike), the timed calls, the forward's [`ForwardPath`] and what comes between
+/// timed calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BenchRun {
     pub pass: Pass,
     pub warmups: usize,
     pub iters: usize,
     pub path: ForwardPath,
+    pub between: Between,
+}
+
+/// What comes between two timed calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Between {
+    /// Nothing: the calls queue back to back on the stream.
+    Queued,
+    /// A device synchronisation, as a framework's step ends with one: the driver's memory
+    /// pool may then hand the calls' freed scratch back, and the next call allocates it anew.
+    Synchronized,
+}
+
+impl Between {
+    /// The name the bench prints and parses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Between::Queued => "queued",
+            Between::Synchronized => "synchronized",
+        }
+    }
 }
 
 /// [`bench_pass`] of the forward on its direct path.
@@ -71,7 +93,7 @@ pub fn bench_forward<T: CudaElement>(
         dev,
         cfg,
         shape,
-        BenchRun { pass: Pass::Forward, warmups: 1, iters, path: ForwardPath::Direct },
+        BenchRun { pass: Pass::Forward, warmups: 1, iters, path: ForwardPath::Direct, between: Between::Queued },
         fill,
     )
 }
@@ -86,7 +108,7 @@ pub fn bench_pass<T: CudaElement>(
     run: BenchRun,
     fill: impl Fn(usize) -> f32,
 ) -> Result<GpuTiming> {
-    let BenchRun { pass, warmups, iters, path } = run;
+    let BenchRun { pass, warmups, iters, path, between } = run;
     let host: Vec<T> = (0..shape.numel()).map(|i| T::from_f32(fill(i))).collect();
     let upload = || -> Result<DeviceTensor<T>> {
         let data = dev.stream.clone_htod(&host).map_err(cuda_err)?;
@@ -122,6 +144,9 @@ pub fn bench_pass<T: CudaElement>(
         call()?;
         let end = dev.stream.record_event(timing).map_err(cuda_err)?;
         times.push(f64::from(start.elapsed_ms(&end).map_err(cuda_err)?));
+        if between == Between::Synchronized {
+            dev.synchronize()?;
+        }
     }
     times.sort_by(f64::total_cmp);
     let factor = if pass == Pass::Backward { 3.5 } else { 1.0 };

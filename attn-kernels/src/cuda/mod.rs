@@ -38,7 +38,7 @@ mod slots;
 pub mod source;
 mod tensor;
 
-pub use bench::{BenchRun, GpuTiming, attended_pairs, bench_forward, bench_pass};
+pub use bench::{BenchRun, Between, GpuTiming, attended_pairs, bench_forward, bench_pass};
 pub use block::{
     DeviceBlock, DeviceUpstream, ForwardPath, backward_block, backward_block_into, forward_block, forward_call,
 };
