@@ -1,7 +1,7 @@
 //! The chunk ring's backward with a gradient into the LSE (CPU compute): random feature
 //! cases on world sizes 1..=6, both layouts, both transports, and rows that attend nothing
 //! (a NaN gradient on them) in f32, bf16 and f16, each against the float64 reference; a
-//! misfit gradient on one rank is every rank's error naming it.
+//! misfit gradient on one rank is every rank's error naming it, and per-row pieces round-trip.
 
 use crate::chunk_ring::small_problem;
 use crate::common;
@@ -118,4 +118,19 @@ fn a_misfit_lse_gradient_on_one_rank_fails_every_rank_naming_it() {
             other => panic!("rank {rank}: {other:?}"),
         }
     }
+}
+
+#[test]
+fn per_row_values_round_trip_and_misfits_are_refused() {
+    let x = CpuChunks::default();
+    let shape = Shape4 { batch: 2, seq: 3, heads: 2, head_dim: 5 };
+    let values: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    let stats = ChunkCompute::<f32>::stats_from_bsh(&x, shape, &values).unwrap();
+    assert_eq!(stats.to_bsh(), values);
+    assert_eq!(ChunkCompute::<f32>::stats_shape(&x, &stats), Some(Shape4 { head_dim: 1, ..shape }));
+    let e = ChunkCompute::<f32>::stats_from_bsh(&x, shape, &values[1..]).unwrap_err();
+    assert!(matches!(e, AttnError::InvalidArgument(ref m) if m.contains("11 per-row values")), "{e}");
+    let mut ragged = stats.clone();
+    ragged.data[1].pop();
+    assert_eq!(ChunkCompute::<f32>::stats_shape(&x, &ragged), None);
 }

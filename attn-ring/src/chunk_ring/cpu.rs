@@ -5,7 +5,7 @@ use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, PackedSequences, Result, Shape4, TensorView};
 use attn_kernels::block::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
 
-use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, check_stats, rank_pieces};
+use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, check_bsh_len, check_stats, rank_pieces};
 use crate::compute::head_work::for_each_item;
 use crate::plan::RingProblem;
 use crate::protocol::wire::{elems_exact, f32s_exact, put_elems, put_f32s};
@@ -303,13 +303,8 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
     }
 
     fn stats_from_bsh(&self, shape: Shape4, values: &[f32]) -> Result<HostRowStats> {
+        check_bsh_len(shape, values.len())?;
         let Shape4 { batch, seq, heads, .. } = shape;
-        if values.len() != batch * seq * heads {
-            return Err(AttnError::InvalidArgument(format!(
-                "{} per-row values for a piece of batch {batch}, rows {seq}, heads {heads}",
-                values.len()
-            )));
-        }
         let data = (0..batch * heads)
             .map(|bh| (0..seq).map(|i| values[((bh / heads) * seq + i) * heads + bh % heads]).collect())
             .collect();

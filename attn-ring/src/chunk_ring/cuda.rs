@@ -15,7 +15,7 @@ use attn_kernels::cuda::{
 use cudarc::driver::CudaSlice;
 
 use super::device_meter::{DeviceMeter, Metered};
-use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, check_stats};
+use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, check_bsh_len, check_stats};
 use crate::plan::RingProblem;
 use crate::protocol::wire::{elems_exact, f32s_exact, put_elems, put_f32s};
 
@@ -181,15 +181,7 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
     }
 
     fn stats_from_bsh(&self, shape: Shape4, values: &[f32]) -> Result<Stats> {
-        if values.len() != shape.lse_len() {
-            return Err(AttnError::InvalidArgument(format!(
-                "{} per-row values for a piece of batch {}, rows {}, heads {}",
-                values.len(),
-                shape.batch,
-                shape.seq,
-                shape.heads
-            )));
-        }
+        check_bsh_len(shape, values.len())?;
         Ok(self.stats(self.dev.stream().clone_htod(values).map_err(cuda_err)?, shape))
     }
 

@@ -193,6 +193,17 @@ pub(crate) fn check_stats(name: TensorName, got: Option<Shape4>, declared: Shape
     }
 }
 
+/// Check that `len` per-row values fill a piece of `shape` (`[batch, rows, heads]`).
+pub(crate) fn check_bsh_len(shape: Shape4, len: usize) -> Result<()> {
+    if len == shape.lse_len() {
+        return Ok(());
+    }
+    let Shape4 { batch, seq, heads, .. } = shape;
+    Err(AttnError::InvalidArgument(format!(
+        "{len} per-row values for a piece of batch {batch}, rows {seq}, heads {heads}"
+    )))
+}
+
 /// Where the blocks of a chunk ring are computed: tensors live in this compute's memory,
 /// every block is a call on them, and accumulators never leave it except through a
 /// transport.
