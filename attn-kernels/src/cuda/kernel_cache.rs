@@ -4,7 +4,9 @@
 //! and compared on every read, and the image carries a checksum and must look like its
 //! kind (an ELF cubin, PTX text without NUL), so a hash collision or a damaged file is a
 //! miss, never another kernel; a file is written under a fresh temporary name and renamed
-//! into place, so a reader never sees half of one.
+//! into place, so a reader never sees half of one. A read marks its file as used, and a
+//! write removes images no process has used for [`UNUSED_DAYS`] days (those of older
+//! sources and NVRTC versions), so the directory does not grow with every upgrade.
 
 use std::ffi::OsString;
 use std::fs;
@@ -16,6 +18,9 @@ use super::nvrtc::ImageKind;
 
 /// The first bytes of every cache file (and the format's version).
 const MAGIC: &[u8; 8] = b"attnkc02";
+
+/// Days after its last use when a write removes an image.
+pub const UNUSED_DAYS: u64 = 30;
 
 /// A directory of kernel images.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +87,15 @@ impl KernelCache {
             ImageKind::Cubin => image.starts_with(b"\x7fELF"),
             ImageKind::Ptx => !image.is_empty() && !image.contains(&0),
         };
-        (rest.len() == 8 && sum == fnv1a(image) && looks_right).then(|| (image.to_vec(), kind))
+        let whole = rest.len() == 8 && sum == fnv1a(image) && looks_right;
+        if whole {
+            // Used now (its modification time is its last use); a failure only ages it.
+            let _ = fs::File::options()
+                .write(true)
+                .open(self.file(key))
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        }
+        whole.then(|| (image.to_vec(), kind))
     }
 
     /// Keep `image` for `key`, replacing what the file held.
@@ -110,19 +123,23 @@ impl KernelCache {
         write().inspect_err(|_| {
             let _ = fs::remove_file(&tmp);
         })?;
-        self.remove_stale_temporaries();
+        self.remove_stale_files();
         Ok(())
     }
 
-    /// Removes temporary files older than an hour: what a process killed mid-write left.
-    fn remove_stale_temporaries(&self) {
+    /// Removes temporary files older than an hour (what a process killed mid-write left)
+    /// and images unused for [`UNUSED_DAYS`] days.
+    fn remove_stale_files(&self) {
         let Ok(entries) = fs::read_dir(&self.dir) else { return };
         let hour = std::time::Duration::from_secs(3600);
+        let unused = std::time::Duration::from_secs(UNUSED_DAYS * 24 * 3600);
         for entry in entries.flatten() {
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            let stale = entry.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
-            if name.starts_with('.') && name.ends_with(".tmp") && stale.is_some_and(|age| age > hour) {
+            let age = entry.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+            let temporary = name.starts_with('.') && name.ends_with(".tmp") && age.is_some_and(|a| a > hour);
+            let image = !name.starts_with('.') && name.ends_with(".kernels") && age.is_some_and(|a| a > unused);
+            if temporary || image {
                 let _ = fs::remove_file(entry.path());
             }
         }
@@ -299,6 +316,26 @@ mod tests {
         assert_eq!(cache.get(&key), None, "a world-writable directory");
         fs::set_permissions(cache.dir(), fs::Permissions::from_mode(0o775)).unwrap();
         assert!(cache.get(&key).is_some(), "a group-writable directory");
+        let _ = fs::remove_dir_all(cache.dir());
+    }
+
+    #[test]
+    fn a_write_removes_images_unused_for_a_month_and_a_read_keeps_one() {
+        let cache = scratch("unused");
+        let keys = ["stale", "read", "recent"].map(|src| image_key((13, 0), &[], src));
+        for k in &keys {
+            cache.put(k, b"\x7fELF image", ImageKind::Cubin).unwrap();
+        }
+        let ago = |days: u64| std::time::SystemTime::now() - std::time::Duration::from_secs(days * 24 * 3600);
+        let age = |k: &[u8], days| fs::File::options().write(true).open(cache.file(k)).unwrap().set_modified(ago(days));
+        age(&keys[0], UNUSED_DAYS + 1).unwrap();
+        age(&keys[1], UNUSED_DAYS + 1).unwrap();
+        age(&keys[2], UNUSED_DAYS - 1).unwrap();
+        assert!(cache.get(&keys[1]).is_some(), "a read marks its file used");
+        cache.put(&image_key((13, 0), &[], "new"), b"\x7fELF image", ImageKind::Cubin).unwrap();
+        assert!(!cache.file(&keys[0]).exists(), "an image unused for a month is removed");
+        assert!(cache.get(&keys[1]).is_some(), "the image just read stays");
+        assert!(cache.get(&keys[2]).is_some(), "an image used within the month stays");
         let _ = fs::remove_dir_all(cache.dir());
     }
 
