@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Moves, bsh_rows, check_grad_lse_len, piece_shape};
+use common::{Moves, check_grad_lse_len, rank_lse_pieces};
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -17,7 +17,7 @@ use attn_core::error::TensorName;
 use attn_core::{AttnError, DType, Result, Shape4, TensorView};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceTensor};
 use attn_ring::chunk_ring::{
-    ChunkCompute, ChunkOptions, ChunkTransport, CudaChunks, DeviceRowStats, HostTransport, InProcessTransport, Metered,
+    ChunkOptions, ChunkTransport, CudaChunks, DeviceRowStats, HostTransport, InProcessTransport, Metered,
     chunk_backward, chunk_forward, place_piece, rank_pieces,
 };
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
@@ -176,13 +176,7 @@ impl<T: CudaElement> CudaChunkBackend<T> {
         let per_rank = self.ranks(&|t, x, r| {
             let up = |data: &[f32], shape| rank_uploads::<T>(x, &problem, r, data, shape);
             let (qp, kp, vp, gp) = (up(q, sq)?, up(k, skv)?, up(v, skv)?, up(grad_out, sq)?);
-            let lse_piece =
-                |g: &[f32], rows| ChunkCompute::<T>::stats_from_bsh(x, piece_shape(sq, &rows), &bsh_rows(g, sq, &rows));
-            let gl = grad_lse
-                .map(|g| {
-                    rank_pieces(&problem, r).into_iter().map(|rows| lse_piece(g, rows)).collect::<Result<Vec<_>>>()
-                })
-                .transpose()?;
+            let gl = grad_lse.map(|g| rank_lse_pieces::<T, CudaChunks>(x, &problem, r, g, sq)).transpose()?;
             let g = chunk_backward(t, x, &problem, self.opts, [&qp, &kp, &vp], &gp, gl.as_deref())?;
             let host = |ts: &[Metered<DeviceTensor<T>>]| {
                 ts.iter().map(|t| t.to_host_contiguous(&x.dev).map(|h| f32s(&h))).collect::<Result<Vec<_>>>()

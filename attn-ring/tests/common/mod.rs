@@ -341,12 +341,7 @@ where
         let (compute, opts) = (&self.compute, self.opts);
         let [dq, dk, dv] = self.run(p, &inputs, [sq.heads, skv.heads, skv.heads], &|t, problem, pieces| {
             let rank = t.control().rank();
-            let lse_pieces = grad_lse
-                .map(|g| {
-                    let piece = |r| compute.stats_from_bsh(piece_shape(sq, &r), &bsh_rows(g, sq, &r));
-                    rank_pieces(problem, rank).into_iter().map(piece).collect::<Result<Vec<_>>>()
-                })
-                .transpose()?;
+            let lse_pieces = grad_lse.map(|g| rank_lse_pieces::<T, X>(compute, problem, rank, g, sq)).transpose()?;
             let qkv = [&pieces[0][..], &pieces[1][..], &pieces[2][..]];
             let g = chunk_backward(t, compute, problem, opts, qkv, &pieces[3], lse_pieces.as_deref())?;
             Ok([g.dq, g.dk, g.dv])
@@ -367,15 +362,21 @@ pub fn check_grad_lse_len(grad_lse: Option<&[f32]>, q: attn_core::Shape4) -> Res
     }
 }
 
-/// Rows `rows` (every batch) of per-row values laid out `[batch, seq, heads]` as `q`'s.
-pub fn bsh_rows(values: &[f32], q: attn_core::Shape4, rows: &std::ops::Range<usize>) -> Vec<f32> {
-    let at = |b| rows.clone().flat_map(move |i| (0..q.heads).map(move |h| (b * q.seq + i) * q.heads + h));
-    (0..q.batch).flat_map(at).map(|i| values[i]).collect()
-}
-
-/// The `[batch, rows, heads]` shape (head_dim 1) of `q`'s rows `rows`.
-pub fn piece_shape(q: attn_core::Shape4, rows: &std::ops::Range<usize>) -> attn_core::Shape4 {
-    attn_core::Shape4 { seq: rows.len(), head_dim: 1, ..q }
+/// Rank `rank`'s pieces of per-row values laid out `[batch, seq, heads]` as `q`'s (a
+/// gradient into the LSE), one per query piece, in `compute`'s memory.
+pub fn rank_lse_pieces<T: attn_core::Element, X: ChunkCompute<T>>(
+    compute: &X,
+    problem: &RingProblem,
+    rank: usize,
+    values: &[f32],
+    q: attn_core::Shape4,
+) -> Result<Vec<X::RowStats>> {
+    let piece = |rows: std::ops::Range<usize>| {
+        let at = |b| rows.clone().flat_map(move |i| (0..q.heads).map(move |h| (b * q.seq + i) * q.heads + h));
+        let piece_values: Vec<f32> = (0..q.batch).flat_map(at).map(|i| values[i]).collect();
+        compute.stats_from_bsh(attn_core::Shape4 { seq: rows.len(), head_dim: 1, ..q }, &piece_values)
+    };
+    rank_pieces(problem, rank).into_iter().map(piece).collect()
 }
 
 /// Every file of `conformance/<dir>` (`count` of them) through `backend(world, layout)` for
