@@ -8,18 +8,20 @@
 #                                      # it there; GPU steps report `not run (no GPU)`
 #   device run: command "bash device-pack/device-check.sh run", carry ["device-pack"], timeout_s 580
 #               (each step has a budget, 540 s in all, and the run stops starting commands at
-#               540 s; `run --only STEP[,STEP...]` reruns those steps). $OUT holds four files, rewritten
+#               540 s; `run --only STEP[,STEP...]` reruns those steps). $OUT holds five files, rewritten
 #               after every step so a run cut short still reports: device-report.md and .json,
-#               bench-summary.md and logs.tgz (every step's log).
+#               bench-summary.md, speed.json and logs.tgz (every step's log).
 #
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
 # conformance directory on the CUDA backend, f32/bf16/f16, forward and gradients; the
 # multihead layer's in f32), tests (the CUDA test binaries, proptests at a bounded case
-# count), bench (CUDA against the PyTorch peer on the same GPU and the GPU's matmul rate, a
-# table of both against their targets), ring (the chunk ring's golden files with CUDA block
+# count), speed (at most 150 s: the Rust bench with the sm_90 defaults and the previous ones,
+# queued and synchronised between calls, dq by atomics and deterministic; in one Python
+# process the package, the SDPA composition under the FlashAttention and cuDNN backends and
+# SDPA on pre-gathered segments; the PyTorch peer; the GPU's matmul rate; ncu where allowed;
+# bench-summary.md and speed.json), ring (the chunk ring's golden files with CUDA block
 # compute, per-rank memory and time for P = 1, 2, 4, 8 on one GPU), python (the `attn_dilated`
-# package's CUDA tests: torch CUDA tensors through the kernels on torch's stream, and its
-# bench against the torch composition), candle (attn-candle's op on candle CUDA tensors: the
+# package's CUDA tests: torch CUDA tensors through the kernels on torch's stream), candle (attn-candle's op on candle CUDA tensors: the
 # golden files in every dtype and layout, random cases against the host), sanitizer
 # (compute-sanitizer memcheck and racecheck on a small bf16 forward+backward), nccl (a
 # one-rank round trip and a peer that never joins). Each step writes
@@ -28,7 +30,7 @@
 # a test filter that matches nothing fails its step. The pack carries the kernel cache of
 # sm_90 (H100, H200) compiled here with NVRTC 13.0, so no step waits for NVRTC there.
 set -uo pipefail
-STEPS="env golden tests bench ring python candle sanitizer nccl"
+STEPS="env golden tests speed ring python candle sanitizer nccl"
 
 # ---- pack (here) ----------------------------------------------------------------------------
 
@@ -64,7 +66,7 @@ pack() {
     cp attn-python/tests/*.py "$pack/python/tests/"
     cp -r conformance "$pack/"
     cp attn-bench/torch/torch_dilated.py attn-bench/torch/gpu_matmul.py attn-bench/torch/device_bench_summary.py \
-        "$pack/torch/"
+        attn-bench/torch/speed_json.py "$pack/torch/"
     # The candle op on CUDA tensors (attn-candle's `cuda`): candle's kernels need nvcc and the
     # CUDA libraries to build (scripts/with-cuda-toolkit.sh). The binary holds candle's kernels
     # as PTX text, so it travels xz-compressed. It builds in the toolkit's target directory
@@ -175,8 +177,8 @@ have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | gre
 # Seconds each step may take (540 in all, so a whole run fits 9 minutes).
 budget() {
     case $1 in
-    env) echo 30 ;; golden) echo 20 ;; tests) echo 30 ;; bench) echo 60 ;; ring) echo 50 ;; python) echo 55 ;;
-    candle) echo 35 ;; sanitizer) echo 245 ;; nccl) echo 15 ;;
+    env) echo 20 ;; golden) echo 20 ;; tests) echo 30 ;; speed) echo 150 ;; ring) echo 35 ;; python) echo 35 ;;
+    candle) echo 30 ;; sanitizer) echo 205 ;; nccl) echo 15 ;;
     esac
 }
 
@@ -254,32 +256,42 @@ step_tests() {
     return "$ok"
 }
 
-step_bench() {
+step_speed() {
     have_gpu || return 2
-    local seq ok=0 shape=(--heads 16 --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16)
-    # Both ways the forward reaches its output (straight from the kernel, or through the
-    # f32 partial and its epilogue) and every block shape (64 rows over 4 warps, 128 over 8,
-    # 128 over 4), so each kernel change is measured against what it would replace.
-    logged 60 "$PACK/bin/attn-cuda-bench" --seq 65536,262144 --dtype bf16 --paths direct,partial --rows 64,128,128w4 ||
+    # The bench shapes (bf16, heads 16, head_dim 128, segments 2048..32768, rates 1..16) at
+    # seq 65536 and 262144, most telling first (each command is cut at the step's budget).
+    local ok=0 bench="$PACK/bin/attn-cuda-bench" seqs=(--seq 65536,262144 --dtype bf16)
+    local shape=(--heads 16 --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16)
+    local new=(--rows 128w4 --bwd-loads pipelined --bwd-keys 128) old=(--rows 64 --bwd-loads sync --bwd-keys 64)
+    # The Rust bench (CUDA events, the lean call path): the sm_90 defaults, forward and
+    # forward+backward with dq by atomics and deterministically; then a synchronisation
+    # after each call, as a training step ends; then the previous defaults.
+    logged 20 "$bench" "${seqs[@]}" "${new[@]}" || ok=1
+    logged 25 "$bench" "${seqs[@]}" --backward "${new[@]}" --bwd-dq atomic,deterministic || ok=1
+    logged 15 "$bench" "${seqs[@]}" --backward "${new[@]}" --sync-between || ok=1
+    logged 15 "$bench" "${seqs[@]}" "${old[@]}" || ok=1
+    logged 15 "$bench" "${seqs[@]}" --backward "${old[@]}" || ok=1
+    logged 15 python3 "$PACK/torch/gpu_matmul.py" --dtype bf16 || ok=1
+    # One Python process, one timing method: the package, the SDPA composition with the
+    # FlashAttention and the cuDNN backends, SDPA alone on pre-gathered segments.
+    PYTHONPATH="$PACK/python" logged 45 python3 -m attn_dilated.bench --device cuda --dtype bfloat16 \
+        --seqs 65536,262144 "${shape[@]}" --reps 5 --sdpa flash,cudnn --gathered --json "$LOGS/speed-python.json" ||
         ok=1
-    # The patterns of a call in one launch (the 64-row fused kernel) against one a pattern.
-    logged 30 "$PACK/bin/attn-cuda-bench" --seq 65536,262144 --dtype bf16 --paths direct,partial --rows 64 \
-        --launch fused || ok=1
-    # The backward's query tiles loaded before each tile's compute, and pipelined; 64 and 128
-    # keys a block.
-    logged 40 "$PACK/bin/attn-cuda-bench" --seq 65536 --dtype bf16 --backward --bwd-loads sync,pipelined \
-        --bwd-keys 64,128 || ok=1
-    # The device's defaults with a synchronisation after each call, as a training step ends:
-    # the driver's memory pool may hand the scratch back, to be allocated anew each call.
-    logged 20 "$PACK/bin/attn-cuda-bench" --seq 65536 --dtype bf16 --backward --sync-between || ok=1
-    for seq in 65536 262144; do
-        logged 40 python3 "$PACK/torch/torch_dilated.py" --device cuda --dtype bf16 --seq-len "$seq" "${shape[@]}" || ok=1
-    done
-    logged 40 python3 "$PACK/torch/torch_dilated.py" --device cuda --dtype bf16 --seq-len 65536 --backward "${shape[@]}" ||
+    # The PyTorch peer (dilated-attention-pytorch's code) at 65536.
+    logged 20 python3 "$PACK/torch/torch_dilated.py" --device cuda --dtype bf16 --seq-len 65536 "${shape[@]}" || ok=1
+    logged 20 python3 "$PACK/torch/torch_dilated.py" --device cuda --dtype bf16 --seq-len 65536 --backward "${shape[@]}" ||
         ok=1
-    logged 20 python3 "$PACK/torch/gpu_matmul.py" --dtype bf16 || ok=1
-    # Speed-ups over PyTorch and fractions of the matmul rate, against their targets.
+    # Nsight Compute on one forward and one backward kernel where the sandbox grants the
+    # counters (for the log; not judged).
+    if command -v ncu >/dev/null; then
+        logged 20 ncu --launch-count 1 --kernel-name regex:dilated_fwd_mma --section SpeedOfLight "$bench" \
+            --seq 65536 --warmups 0 --iters 1 || true
+        logged 20 ncu --launch-count 1 --kernel-name regex:dilated_bwd_mma --section SpeedOfLight "$bench" \
+            --seq 65536 --warmups 0 --iters 1 --backward || true
+    fi
     python3 "$PACK/torch/device_bench_summary.py" "$LOG" >"$LOGS/bench-summary.md" 2>>"$LOG" || ok=1
+    python3 "$PACK/torch/speed_json.py" "$LOG" "$LOGS/speed-python.json" "$(cat "$PACK/COMMIT" 2>/dev/null)" \
+        "$DEVICE" "$LOGS/speed.json" 2>>"$LOG" || ok=1
     return "$ok"
 }
 
@@ -297,17 +309,14 @@ step_ring() {
 step_python() {
     have_gpu || return 2
     # The package's CUDA tests with the python3 that holds PyTorch (ATTN_REQUIRE_GPU=1: none
-    # may skip; the CPU tests run in CI), then the package against the composition of torch
-    # ops a user writes without it, on the bench step's problem.
+    # may skip; the CPU tests run in CI); the speed step times the package.
     local ok=0
     cd "$PACK/python" || return 1
     # Unbuffered, so a killed run's log shows the test it was in; -rs lists what skipped.
     local per_test=()
     python3 -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout=30)
-    PYTHONUNBUFFERED=1 PYTHONPATH="$PACK/python" logged 60 python3 -m pytest -q -rs -p no:cacheprovider \
+    PYTHONUNBUFFERED=1 PYTHONPATH="$PACK/python" logged 35 python3 -m pytest -q -rs -p no:cacheprovider \
         "${per_test[@]}" tests/test_cuda.py tests/test_nvrtc.py || ok=1
-    PYTHONPATH="$PACK/python" logged 25 python3 -m attn_dilated.bench --device cuda --dtype bfloat16 --seqs 65536 \
-        --heads 16 --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16 --reps 5 || ok=1
     cd - >/dev/null || return 1
     return "$ok"
 }
@@ -335,23 +344,21 @@ step_sanitizer() {
     # One head a pattern and no warm-up call keep the checked kernels (racecheck slows them
     # about a thousandfold) inside the budget; each racecheck run is one variant with its own
     # timeout, so a slow one cannot hide the others.
-    local ok=0 loads keys small=(--seq 4096 --heads 5 --dtype bf16 --warmups 0 --iters 1)
+    local ok=0 bwd loads keys dq small=(--seq 4096 --heads 5 --dtype bf16 --warmups 0 --iters 1)
     logged 40 compute-sanitizer --tool memcheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
-        --backward --rows 64,128w4 --launch per-pattern,fused --bwd-loads sync,pipelined --bwd-keys 64,128 || ok=1
+        --backward --rows 64,128w4 --launch per-pattern,fused --bwd-loads sync,pipelined --bwd-keys 64,128 \
+        --bwd-dq atomic,deterministic || ok=1
     # Shared-memory races of every forward block shape (64 rows over 4 warps, 128 over 8, 128
-    # over 4) and the fused launch, then of the backward's query-tile loads (sync, pipelined)
-    # with 64 and 128 keys.
+    # over 4), then of the backward: sm_90's default (pipelined loads, 128 keys) with dq by
+    # atomics and deterministically, and the other architectures' (sync, 64 keys). Under
+    # racecheck one forward and backward takes about 20 s with 64 keys a block and 30 s with
+    # 128 (H200).
     logged 40 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
         --rows 64,128,128w4 || ok=1
-    logged 20 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
-        --rows 64 --launch fused || ok=1
-    # Under racecheck one forward and backward takes about 20 s with 64 keys a block and 30 s
-    # with 128 (H200).
-    for loads in sync pipelined; do
-        for keys in 64 128; do
-            logged $((keys == 64 ? 30 : 45)) compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
-                --backward --bwd-loads "$loads" --bwd-keys "$keys" || ok=1
-        done
+    for bwd in "pipelined 128 atomic" "pipelined 128 deterministic" "sync 64 atomic"; do
+        read -r loads keys dq <<<"$bwd"
+        logged $((keys == 64 ? 30 : 45)) compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
+            --backward --bwd-loads "$loads" --bwd-keys "$keys" --bwd-dq "$dq" || ok=1
     done
     # Unsupported only where no tool ran at all (each run that ran prints its summary).
     grep -q 'ERROR SUMMARY' "$LOG" || { grep -qE 'Device not supported|not supported on this' "$LOG" && return 4; }
@@ -446,6 +453,7 @@ run() {
 write_report() {
     local total=$(($(date +%s) - STARTED))
     [ -f "$LOGS/bench-summary.md" ] && cp "$LOGS/bench-summary.md" "$OUT/bench-summary.md"
+    [ -f "$LOGS/speed.json" ] && cp "$LOGS/speed.json" "$OUT/speed.json"
     {
         echo "# Device check, $(date -u +%Y-%m-%d) (commit $(cat "$PACK/COMMIT" 2>/dev/null))"
         echo
@@ -513,8 +521,9 @@ rehearse() {
     (cd "$dir" && OUT="$dir/out" bash device-pack/device-check.sh run --only golden >/dev/null)
     [ "$(grep -c '^- ' "$dir/out/device-report.md")" -eq 9 ] ||
         { echo "rehearse: run --only dropped the other steps' lines" >&2; rc=1; }
-    [ "$(ls "$dir/out" | wc -l)" -le 4 ] || { echo "rehearse: more than 4 files in \$OUT: $(ls "$dir/out")" >&2; rc=1; }
+    [ "$(ls "$dir/out" | wc -l)" -le 5 ] || { echo "rehearse: more than 5 files in \$OUT: $(ls "$dir/out")" >&2; rc=1; }
     python3 "$dir/device-pack/torch/device_bench_summary.py" --check || rc=1
+    python3 "$dir/device-pack/torch/speed_json.py" --check || rc=1
     if ! have_gpu; then
         grep -q '^- env: passed' "$dir/out/device-report.md" || { echo "rehearse: env did not pass" >&2; rc=1; }
         [ "$(grep -c 'not run (no GPU)' "$dir/out/device-report.md")" -eq 8 ] || {

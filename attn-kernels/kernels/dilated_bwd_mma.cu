@@ -4,7 +4,8 @@
 // of one (batch, head, pattern); warp w owns 16 keys and keeps their dK, dV in registers. Query tiles of 32
 // selected indices (the queries of the keys' segments, causal-bounded) stream through
 // shared memory with the dilation gather fused into the loads. Per tile, in the keys'
-// frame: S^T = K Q^T, dP^T = V dO^T, P^T = exp(scale S^T - lse_q) (the head's FINAL lse),
+// frame: S^T = K Q^T, dP^T = V dO^T, P^T = exp(scale S^T - lse_q) (the head's FINAL lse;
+// computed as ex2 of the base-2 exponent, the scale and log2 e folded into one multiply-add),
 // dS^T = P^T (out_scale dP^T - delta_q); dV += P^T dO, dK += dS^T Q from registers, and
 // dQ += dS K through shared memory with f32 atomics into dq_acc. A key's queries are its
 // segment cut by the band (window / causal); padded keys are gathered as row -1 (no
@@ -15,29 +16,90 @@
 // the gather), K/V with the first tile; without it, each tile loads before its compute.
 // Both give the same bits. BN = 128 halves the dQ atomics per query tile and key (each
 // adds the products of twice the keys), FlashAttention-2's backward block.
+// DQ = false: dK and dV only (no dS^T tile, no atomics); the deterministic backward adds
+// dQ with the query-major kernel (dilated_bwd_dq_mma.cu), so no sum depends on the order
+// blocks run in.
 // Fragment layouts: see mma_tiles.cu.
 
-template <class E, int D, bool PIPE, int BN>
+// dQ (BM x D) += scale dS (BM x BN) K (BN x D) of one query tile, dS^T in sDS: warp w
+// takes query rows (w & 1) * 16 and NJ of the head-dim n-blocks; atomics (paired columns)
+// because other key blocks add to the same rows.
+template <class E, int D, int BN>
+__device__ __forceinline__ void bwd_mma_dq(const u16* sDS, const u16* sK, const i64* qrows, float* dq_acc, i64 b,
+                                           i64 h, const AttnParams& a) {
+    constexpr int BM = 32, LD = D + 8, LDS = BM + 8, NO = D / 8, NT = 2 * BN;
+    constexpr int NJ = NO / (NT / 64);
+    static_assert(NJ >= 2 && NJ % 2 == 0, "dQ needs n-block pairs a warp");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    __syncthreads();  // sDS complete
+    const int qr0 = (warp & 1) * 16;
+#pragma unroll
+    for (int jj = 0; jj < NJ; jj += 2) {
+        const int j = (warp >> 1) * NJ + jj;
+        float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            u32 af[4], bf[4];
+            // A = dS (rows = queries) from dS^T in shared memory: transposed 8x8 loads.
+            ldsm_x4_trans(af, sDS + (kk * 16 + ((lane >> 4) & 1) * 8 + (lane & 7)) * LDS + qr0 + ((lane >> 3) & 1) * 8);
+            ldsm_x4_trans(bf, sK + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + j * 8 + ((lane >> 4) & 1) * 8);
+            mma16816(acc[0], af, bf, E());
+            mma16816(acc[1], af, bf + 2, E());
+        }
+#if defined(ATTN_CPU_EMULATION) || __CUDA_ARCH__ >= 900
+        // Elements 2i and 2i + 1 of a fragment are one row's adjacent columns: one paired
+        // reduction (8-byte aligned: d and the column are even).
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const i64 r = qrows[qr0 + g + i * 8], col = (j + n) * 8 + 2 * c;
+                if (r < 0 || col >= a.d) continue;
+                float* at = dq_acc + ((b * a.nq + r) * a.heads + h) * a.d + col;
+                if (col + 1 < a.d && (a.d & 1) == 0) {
+                    atomic_add2(at, a.scale * acc[n][2 * i], a.scale * acc[n][2 * i + 1]);
+                } else {
+                    atomicAdd(at, a.scale * acc[n][2 * i]);
+                    if (col + 1 < a.d) atomicAdd(at + 1, a.scale * acc[n][2 * i + 1]);
+                }
+            }
+        }
+#else
+        // Before sm_90 (no vector reduction): one atomic an element, the fewest registers.
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = qr0 + g + (e >> 1) * 8;
+                const i64 col = (j + n) * 8 + 2 * c + (e & 1);
+                const i64 r = qrows[row];
+                if (r >= 0 && col < a.d)
+                    atomicAdd(dq_acc + ((b * a.nq + r) * a.heads + h) * a.d + col, a.scale * acc[n][e]);
+            }
+        }
+#endif
+    }
+}
+
+template <class E, int D, bool PIPE, int BN, bool DQ>
 __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,
                         float* dq_acc, float* dk_acc, float* dv_acc, const AttnParams& a) {
     constexpr int BM = 32, LD = D + 8, LDS = BM + 8, NQ = BM / 8, NO = D / 8, NT = 2 * BN;
-    // dQ: the warps split the tile's 2 row tiles and its head-dim n-blocks, NJ each (even).
-    constexpr int NJ = NO / (NT / 64);
-    static_assert(NJ >= 2 && NJ % 2 == 0, "dQ needs n-block pairs a warp");
     constexpr int ST = PIPE ? 2 : 1;  // query-tile stages
     ATTN_DYNAMIC_SMEM(smem_raw);
     u16* sK = reinterpret_cast<u16*>(smem_raw);
     u16* sV = sK + BN * LD;
     u16* sQs = sV + BN * LD;
     u16* sGs = sQs + ST * BM * LD;
-    u16* sDS = sGs + ST * BM * LD;  // dS^T, [BN keys][LDS]
+    u16* sDS = sGs + ST * BM * LD;  // dS^T, [BN keys][LDS] (DQ only)
     __shared__ i64 s_krows[BN], s_qrows[ST][BM];
-    __shared__ float s_lse[ST][BM], s_delta[ST][BM];
+    __shared__ float s_lse[ST][BM], s_delta[ST][BM];  // lse in base 2 (times log2 e)
     __shared__ i64 s_qlo[BN], s_qhi[BN];  // each key row's admitted query indices (shared: fewer registers)
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const i64 h = launch_head(a), kvh = kv_head_of(a, h), b = blockIdx.z;
     const Pattern p = make_pattern(a, h);
+    const float scale_log2 = a.scale * LOG2E;  // P = 2^(S scale log2 e - lse log2 e)
     const i64 k_hi = sel_below(p, a.k_start + a.nk);
     const i64 tk0 = sel_below(p, a.k_start) + (i64)blockIdx.x * BN;
     if (tk0 >= k_hi) return;  // uniform over the block
@@ -95,7 +157,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
             s_qrows[st][threadIdx.x] = r;
             if (r >= 0) {
                 const i64 ri = (b * a.nq + r) * a.heads + h;
-                *pl = lse[ri];
+                *pl = lse[ri] * LOG2E;
                 *pd = delta[ri];
             }
         }
@@ -141,7 +203,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
             for (int i = threadIdx.x; i < BM; i += blockDim.x) {
                 const i64 r = s_qrows[0][i];
                 const i64 ri = (b * a.nq + r) * a.heads + h;
-                s_lse[0][i] = r >= 0 ? lse[ri] : NEG_INF;
+                s_lse[0][i] = r >= 0 ? lse[ri] * LOG2E : NEG_INF;
                 s_delta[0][i] = r >= 0 ? delta[ri] : 0.f;
             }
             __syncthreads();
@@ -190,11 +252,11 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
                     const bool ok =
                         lse_q != NEG_INF &&
                         (full || (tq < qb_hi && tq >= s_qlo[kr0 + 8 * i] && tq < s_qhi[kr0 + 8 * i]));
-                    const float pt = ok ? expf(st[j][2 * i + e] * a.scale - lse_q) : 0.f;
+                    const float pt = ok ? exp2_approx(fmaf(st[j][2 * i + e], scale_log2, -lse_q)) : 0.f;
                     const float ds = pt * (dpt[j][2 * i + e] * a.out_scale - tile_delta[col]);
                     st[j][2 * i + e] = pt;
                     dpt[j][2 * i + e] = ds;
-                    sDS[(kr0 + 8 * i) * LDS + col] = E::from_f(ds);
+                    if (DQ) sDS[(kr0 + 8 * i) * LDS + col] = E::from_f(ds);
                 }
             }
         }
@@ -220,36 +282,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
                 mma16816(dk[j + 1], da, qf + 2, E());
             }
         }
-        __syncthreads();  // sDS complete
-
-        // dQ (BM x D) = dS (BM x BN) K (BN x D): warp w takes query rows (w & 1) * 16 and
-        // NJ of the head-dim n-blocks; f32 atomics because other key blocks add too.
-        const int qr0 = (warp & 1) * 16;
-#pragma unroll
-        for (int jj = 0; jj < NJ; jj += 2) {
-            const int j = (warp >> 1) * NJ + jj;
-            float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {
-                u32 af[4], bf[4];
-                // A = dS (rows = queries) from dS^T in shared memory: transposed 8x8 loads.
-                ldsm_x4_trans(af, sDS + (kk * 16 + ((lane >> 4) & 1) * 8 + (lane & 7)) * LDS + qr0 + ((lane >> 3) & 1) * 8);
-                ldsm_x4_trans(bf, sK + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + j * 8 + ((lane >> 4) & 1) * 8);
-                mma16816(acc[0], af, bf, E());
-                mma16816(acc[1], af, bf + 2, E());
-            }
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int row = qr0 + g + (e >> 1) * 8;
-                    const i64 col = (j + n) * 8 + 2 * c + (e & 1);
-                    const i64 r = qrows[row];
-                    if (r >= 0 && col < a.d)
-                        atomicAdd(dq_acc + ((b * a.nq + r) * a.heads + h) * a.d + col, a.scale * acc[n][e]);
-                }
-            }
-        }
+        if (DQ) bwd_mma_dq<E, D, BN>(sDS, sK, qrows, dq_acc, b, h, a);
         if (more) {
             if (threadIdx.x < BM) {
                 s_lse[stage ^ 1][threadIdx.x] = next_lse;
@@ -282,32 +315,49 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     }
 }
 
-// Dynamic shared memory (bytes) with ST query-tile stages and BN keys a block; mirrored
-// by `mma_bwd_smem_bytes` in src/cuda/plan.rs.
-#define MMA_BWD_SMEM(D, ST, BN) ((2 * (BN) + (ST) * 2 * 32) * ((D) + 8) * 2 + (BN) * (32 + 8) * 2)
+// Dynamic shared memory (bytes) with ST query-tile stages and BN keys a block, the dS^T
+// tile where DQ; mirrored by `mma_bwd_smem_bytes` in src/cuda/plan.rs.
+#define MMA_BWD_SMEM(D, ST, BN, DQ) ((2 * (BN) + (ST) * 2 * 32) * ((D) + 8) * 2 + ((DQ) ? (BN) * (32 + 8) * 2 : 0))
 
 // The two kernels of one shape: SYNC (each query tile loads before its compute) and PIPE
-// (two stages), BN keys a block over BN / 16 warps.
+// (two stages), BN keys a block over BN / 16 warps, dQ by atomics.
 #define ATTN_MMA_BWD_PAIR(SYNC, PIPE, E, D, BN)                                                              \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) SYNC(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
-        bwd_mma<E, D, false, BN>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                        \
+        bwd_mma<E, D, false, BN, true>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                  \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) PIPE(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
-        bwd_mma<E, D, true, BN>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                         \
+        bwd_mma<E, D, true, BN, true>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                   \
     }
 
-// 64 keys a block: dilated_bwd_mma_<dtype>_d<D>, dilated_bwd_mma_pipelined_<dtype>_d<D>.
-#define ATTN_MMA_BWD_KERNEL(NAME, E, D) \
-    ATTN_MMA_BWD_PAIR(dilated_bwd_mma_##NAME##_d##D, dilated_bwd_mma_pipelined_##NAME##_d##D, E, D, 64)
+// The dK/dV-only pair of one shape (the deterministic backward's key-major half).
+#define ATTN_MMA_BWD_DKV_PAIR(SYNC, PIPE, E, D, BN)                                                          \
+    extern "C" __global__ void __launch_bounds__(2 * (BN)) SYNC(                                             \
+        const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
+        float* dk_acc, float* dv_acc, AttnParams a) {                                                        \
+        bwd_mma<E, D, false, BN, false>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(2 * (BN)) PIPE(                                             \
+        const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
+        float* dk_acc, float* dv_acc, AttnParams a) {                                                        \
+        bwd_mma<E, D, true, BN, false>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                 \
+    }
 
-// 128 keys a block (D >= 64: dQ splits D over 4 warp pairs): dilated_bwd_mma_k128_<dtype>_d<D>,
-// dilated_bwd_mma_pipelined_k128_<dtype>_d<D>.
-#define ATTN_MMA_BWD_KERNEL_K128(NAME, E, D) \
-    ATTN_MMA_BWD_PAIR(dilated_bwd_mma_k128_##NAME##_d##D, dilated_bwd_mma_pipelined_k128_##NAME##_d##D, E, D, 128)
+// 64 keys a block: dilated_bwd_mma_[pipelined_]<dtype>_d<D>, and the dK/dV-only
+// dilated_bwd_mma_dkv_[pipelined_]<dtype>_d<D>.
+#define ATTN_MMA_BWD_KERNEL(NAME, E, D)                                                                              \
+    ATTN_MMA_BWD_PAIR(dilated_bwd_mma_##NAME##_d##D, dilated_bwd_mma_pipelined_##NAME##_d##D, E, D, 64)             \
+    ATTN_MMA_BWD_DKV_PAIR(dilated_bwd_mma_dkv_##NAME##_d##D, dilated_bwd_mma_dkv_pipelined_##NAME##_d##D, E, D, 64)
+
+// 128 keys a block (D >= 64: dQ splits D over 4 warp pairs): dilated_bwd_mma_[pipelined_]k128_<dtype>_d<D>
+// and dilated_bwd_mma_dkv_[pipelined_]k128_<dtype>_d<D>.
+#define ATTN_MMA_BWD_KERNEL_K128(NAME, E, D)                                                                       \
+    ATTN_MMA_BWD_PAIR(dilated_bwd_mma_k128_##NAME##_d##D, dilated_bwd_mma_pipelined_k128_##NAME##_d##D, E, D, 128) \
+    ATTN_MMA_BWD_DKV_PAIR(dilated_bwd_mma_dkv_k128_##NAME##_d##D, dilated_bwd_mma_dkv_pipelined_k128_##NAME##_d##D, E, \
+                          D, 128)
 
 #if ATTN_WANT_F16
 ATTN_MMA_BWD_KERNEL(f16, F16E, 32)

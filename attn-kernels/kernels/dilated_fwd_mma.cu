@@ -135,7 +135,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
         for (int j = 0; j < NO; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
     // Scores stay raw; m lives in the scaled log2 domain and each exponent is one FMA
     // (scale * log2(e) folded in). scale > 0, so the raw row max gives the scaled one.
-    const float scale_log2 = a.scale * 1.44269504088896341f;
+    const float scale_log2 = a.scale * LOG2E;
     float m[MT][2], l[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -149,19 +149,8 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
     // pointers where the tile is affine (uniform over the block; no gather into s_krows).
     const bool kv_vec = (a.vec & 6) == 6 && a.kpad == nullptr;
     auto load_keys = [&](int st, i64 kt) {
-        u16* dK = sKs + st * BN * LD;
-        u16* dV = sVs + st * BN * LD;
-        const i64 row0 = kv_vec ? affine_row0(p, kt, BN, kb_hi, a.k_start) : -1;
-        if (row0 >= 0) {
-            load_tile_affine_async<D, LD, NT, BN>(dK, kbase + row0 * a.k_ss, p.r * a.k_ss, a.d);
-            load_tile_affine_async<D, LD, NT, BN>(dV, vbase + row0 * a.v_ss, p.r * a.v_ss, a.d);
-        } else {
-            gather_keys(s_krows[st], BN, p, kt, kb_hi, a, b);
-            __syncthreads();
-            load_tile_async<D, LD>(dK, s_krows[st], BN, kbase, a.k_ss, a.d, a.vec & 2);
-            load_tile_async<D, LD>(dV, s_krows[st], BN, vbase, a.v_ss, a.d, a.vec & 4);
-        }
-        cp_async_commit();
+        load_kv_tile_async<D, LD, NT, BN>(sKs + st * BN * LD, sVs + st * BN * LD, s_krows[st], p, kt, kb_hi, kbase,
+                                          vbase, a, b, kv_vec);
     };
     if (kb_lo < kb_hi) load_keys(0, kb_lo);  // stage the first K/V tile
     int stage = 0;

@@ -180,6 +180,27 @@ __device__ __forceinline__ void gather_keys(i64* s_rows, int rows, const Pattern
     }
 }
 
+// Start the copy of key tile kt (BN selected key indices below kb_hi) of K and V into dK,
+// dV as one cp.async group: by stepped pointers where `affine` (16-byte rows, no padding)
+// and the tile is inside one segment (both uniform over the block), else through the
+// block's gather of the rows into s_krows.
+template <int D, int LD, int NT, int BN>
+__device__ __forceinline__ void load_kv_tile_async(u16* dK, u16* dV, i64* s_krows, const Pattern& p, i64 kt,
+                                                   i64 kb_hi, const u16* kbase, const u16* vbase, const AttnParams& a,
+                                                   i64 b, bool affine) {
+    const i64 row0 = affine ? affine_row0(p, kt, BN, kb_hi, a.k_start) : -1;
+    if (row0 >= 0) {
+        load_tile_affine_async<D, LD, NT, BN>(dK, kbase + row0 * a.k_ss, p.r * a.k_ss, a.d);
+        load_tile_affine_async<D, LD, NT, BN>(dV, vbase + row0 * a.v_ss, p.r * a.v_ss, a.d);
+    } else {
+        gather_keys(s_krows, BN, p, kt, kb_hi, a, b);
+        __syncthreads();
+        load_tile_async<D, LD>(dK, s_krows, BN, kbase, a.k_ss, a.d, a.vec & 2);
+        load_tile_async<D, LD>(dV, s_krows, BN, vbase, a.v_ss, a.d, a.vec & 4);
+    }
+    cp_async_commit();
+}
+
 // Whether every (row, key) of a tile is attended: rows [t0, t0+m) and keys [k0, k0+n)
 // all valid, all in one segment, every key inside every row's band, and no padding
 // mask (padded keys need the per-key test). Then no mask is needed.

@@ -44,6 +44,7 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 
 #define NEG_INF __int_as_float(0xff800000)
+#define LOG2E 1.44269504088896341f
 
 // One pattern of a fused forward launch: its blocks are grid.x indices from `first` up to
 // the next entry's, `blocks` row blocks for each of its heads from head0 (disjoint from
@@ -253,6 +254,18 @@ __device__ __forceinline__ float shfl_xor(float x) {
     float y;
     asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(y) : "f"(x), "n"(O));
     return y;
+#endif
+}
+
+// p[0] += x, p[1] += y in global memory (p 8-byte aligned): one vector reduction on sm_90
+// (`red.global.add.v2.f32`), two f32 atomics before it.
+__device__ __forceinline__ void atomic_add2(float* p, float x, float y) {
+#if defined(ATTN_CPU_EMULATION) || __CUDA_ARCH__ < 900
+    ATTN_ALIGNED(p, 8);
+    atomicAdd(p, x);
+    atomicAdd(p + 1, y);
+#else
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
 #endif
 }
 

@@ -12,8 +12,9 @@ use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_backward, plan_forward_direct};
 use attn_kernels::cuda::plan::{
-    BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion,
 };
+use attn_kernels::cuda::scratch::ScratchPool;
 use attn_testkit::rng::random_vec;
 use half::{bf16, f16};
 
@@ -80,7 +81,7 @@ fn run<T: CudaElement>(emu: &Emulator, path: ForwardPath, skews: [usize; 5]) -> 
     let mut out = Placed::<T>::new(&vec![0.0; n], skews[4]);
     let mut lse = vec![0.0f32; shape.lse_len()];
     let args = HostArgs { q: q.view(), k: k.view(), v: v.view(), g: None, lse: None, delta: None, kpad: None };
-    emu.forward_call(&g, &args, path, (&mut out.view_mut()[..n], &mut lse)).unwrap();
+    emu.forward_call(&g, &args, path, (&mut out.view_mut()[..n], &mut lse), &mut ScratchPool::default()).unwrap();
     let delta = emu.delta(shape, &go.view()[..n], &out.view()[..n], None).unwrap();
     let args = HostArgs { g: Some(go.view()), lse: Some(&lse), delta: Some(&delta), ..args };
     let (mut dq, mut dk, mut dv) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
@@ -115,15 +116,18 @@ fn same_bits_wherever_tensors_start<T: CudaElement>() {
     for path in [ForwardPath::Direct, ForwardPath::Partial] {
         check(emulator(), "default kernels", path, &one_by_one);
     }
-    // Every other block shape, pattern launch, query-tile load and keys a block.
+    // Every other block shape, pattern launch, query-tile load, keys a block and dq sum.
+    let (atomic, ordered) = (BackwardDq::Atomic, BackwardDq::Deterministic);
     let variants = [
-        (ForwardRows::M128, PatternFusion::PerPattern, BackwardLoads::Pipelined, BackwardKeys::K64),
-        (ForwardRows::M128W4, PatternFusion::PerPattern, BackwardLoads::Sync, BackwardKeys::K128),
-        (ForwardRows::M64, PatternFusion::Fused, BackwardLoads::Pipelined, BackwardKeys::K128),
+        (ForwardRows::M128, PatternFusion::PerPattern, BackwardLoads::Pipelined, BackwardKeys::K64, atomic),
+        (ForwardRows::M128W4, PatternFusion::PerPattern, BackwardLoads::Sync, BackwardKeys::K128, atomic),
+        (ForwardRows::M64, PatternFusion::Fused, BackwardLoads::Pipelined, BackwardKeys::K128, atomic),
+        (ForwardRows::M64, PatternFusion::PerPattern, BackwardLoads::Sync, BackwardKeys::K64, ordered),
+        (ForwardRows::M128W4, PatternFusion::PerPattern, BackwardLoads::Pipelined, BackwardKeys::K128, ordered),
     ];
-    for (rows, fusion, loads, keys) in variants {
-        let emu = emulator_for(ForwardOptions { rows, fusion }, BackwardOptions { loads, keys });
-        let what = format!("rows {} {fusion:?}, backward {loads:?} {keys:?}", rows.name());
+    for (rows, fusion, loads, keys, dq) in variants {
+        let emu = emulator_for(ForwardOptions { rows, fusion }, BackwardOptions { loads, keys, dq });
+        let what = format!("rows {} {fusion:?}, backward {loads:?} {keys:?} {dq:?}", rows.name());
         check(emu, &what, ForwardPath::Direct, &[[4, 2, 6, 4, 2]]);
     }
 }

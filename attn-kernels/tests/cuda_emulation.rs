@@ -11,7 +11,7 @@
 
 use std::marker::PhantomData;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use attn_core::{DType, Result, Shape4};
 use attn_kernels::cuda::CudaElement;
@@ -19,9 +19,10 @@ use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_forward, plan_forward_direct};
 use attn_kernels::cuda::plan::{
-    BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion,
-    backward_kernel,
+    BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows,
+    PatternFusion, backward_kernel,
 };
+use attn_kernels::cuda::scratch::ScratchPool;
 use attn_testkit::golden::{
     DilatedBackend, Forward32, Gradients32, Problem, assert_attention_dirs_pass, attention_cases,
 };
@@ -36,12 +37,13 @@ pub(crate) fn emulator() -> &'static Emulator {
 /// library, loaded again, whatever `ATTN_CUDA_FWD_*` and `ATTN_CUDA_BWD_*` say).
 pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'static Emulator {
     const N: usize = ForwardRows::ALL.len();
-    static EMULATORS: [OnceLock<Emulator>; 8 * N] = [const { OnceLock::new() }; 8 * N];
+    static EMULATORS: [OnceLock<Emulator>; 16 * N] = [const { OnceLock::new() }; 16 * N];
     let rows = ForwardRows::ALL.iter().position(|&r| r == opts.rows).unwrap_or(0);
     let slot = rows
         + N * usize::from(opts.fusion == PatternFusion::Fused)
         + 2 * N * usize::from(bwd.loads == BackwardLoads::Pipelined)
-        + 4 * N * usize::from(bwd.keys == BackwardKeys::K128);
+        + 4 * N * usize::from(bwd.keys == BackwardKeys::K128)
+        + 8 * N * usize::from(bwd.dq == BackwardDq::Deterministic);
     EMULATORS[slot].get_or_init(|| {
         emulator();
         let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
@@ -51,6 +53,7 @@ pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'stat
             .with_pattern_fusion(opts.fusion)
             .with_backward_loads(bwd.loads)
             .with_backward_keys(bwd.keys)
+            .with_backward_dq(bwd.dq)
     })
 }
 
@@ -61,21 +64,23 @@ fn emulator_with(opts: ForwardOptions) -> &'static Emulator {
 
 /// The emulator with the default forward and the backward's query-tile `loads`.
 fn emulator_loading(loads: BackwardLoads) -> &'static Emulator {
-    emulator_for(ForwardOptions::default(), BackwardOptions { loads, keys: BackwardKeys::K64 })
+    emulator_for(ForwardOptions::default(), BackwardOptions { loads, ..BackwardOptions::default() })
 }
 
 /// The whole-sequence CUDA call (`CudaBackend`'s steps) on the emulation, in `T`, the
 /// forward's tensor-core blocks planned with `opts`.
-struct Emulated<T> {
+pub(crate) struct Emulated<T> {
     opts: ForwardOptions,
     bwd: BackwardOptions,
     dtype: PhantomData<T>,
+    /// The scratch the whole calls reuse, as a device's stream keeps it.
+    pool: Mutex<ScratchPool<Vec<f32>>>,
 }
 
 impl<T> Emulated<T> {
-    fn new(rows: ForwardRows) -> Self {
+    pub(crate) fn new(rows: ForwardRows) -> Self {
         let opts = ForwardOptions { rows, fusion: PatternFusion::PerPattern };
-        Emulated { opts, bwd: BackwardOptions::default(), dtype: PhantomData }
+        Emulated { opts, bwd: BackwardOptions::default(), dtype: PhantomData, pool: Mutex::default() }
     }
 
     fn fused(rows: ForwardRows) -> Self {
@@ -83,7 +88,7 @@ impl<T> Emulated<T> {
     }
 
     /// The same forward, the backward planned with `bwd`.
-    fn with_backward(self, bwd: BackwardOptions) -> Self {
+    pub(crate) fn with_backward(self, bwd: BackwardOptions) -> Self {
         Emulated { bwd, ..self }
     }
 }
@@ -129,7 +134,8 @@ impl<T: CudaElement> Emulated<T> {
         let kpad = flags(p);
         let args = HostArgs { q, k, v, g: None, lse: None, delta: None, kpad: kpad.as_deref() };
         let (mut out, mut lse) = (vec![T::default(); sq.numel()], vec![0.0f32; sq.lse_len()]);
-        emulator_with(self.opts).forward_call(&call_geometry(p), &args, path, (&mut out, &mut lse))?;
+        let mut pool = self.pool.lock().unwrap();
+        emulator_with(self.opts).forward_call(&call_geometry(p), &args, path, (&mut out, &mut lse), &mut pool)?;
         Ok((out, lse))
     }
 
@@ -198,15 +204,34 @@ impl<T: CudaElement> Emulated<T> {
         grad_out: &[f32],
         grad_lse: Option<&[f32]>,
     ) -> Result<Gradients32> {
-        let emu = emulator_for(self.opts, self.bwd);
+        self.gradients_on(emulator_for(self.opts, self.bwd), p, qkv, grad_out, grad_lse)
+    }
+
+    /// [`Self::gradients`] with the backward on `emu` (its own options and block order).
+    pub(crate) fn gradients_on(
+        &self,
+        emu: &Emulator,
+        p: &Problem<'_>,
+        qkv: [&[f32]; 3],
+        grad_out: &[f32],
+        grad_lse: Option<&[f32]>,
+    ) -> Result<Gradients32> {
         let (sq, skv) = (p.shape.q, p.shape.kv);
-        let [dq, dk, dv] = self.backward_accs(emu, p, qkv, grad_out, grad_lse)?;
-        let store = |s: Shape4, x: &[f32]| -> Result<Vec<f32>> {
-            let mut t = vec![T::default(); s.numel()];
-            emu.store_scaled(s, x, 1.0, &mut t)?;
-            Ok(f32s(&t))
-        };
-        Ok(Gradients32 { dq: store(sq, &dq)?, dk: store(skv, &dk)?, dv: store(skv, &dv)? })
+        let [q, k, v, go]: [Vec<T>; 4] = [qkv[0], qkv[1], qkv[2], grad_out].map(conv);
+        let (out, lse) = self.run_forward(p, &q, &k, &v)?;
+        let kpad = flags(p);
+        let args = HostArgs { q: &q, k: &k, v: &v, g: Some(&go), lse: Some(&lse), delta: None, kpad: kpad.as_deref() };
+        let (mut dq, mut dk, mut dv) =
+            (vec![T::default(); sq.numel()], vec![T::default(); skv.numel()], vec![T::default(); skv.numel()]);
+        let g = geometry(p, Some(sq.contiguous_strides()));
+        let mut pool = self.pool.lock().unwrap();
+        emu.backward_call(&g, &args, (&out, grad_lse), &mut pool, [&mut dq, &mut dk, &mut dv])?;
+        Ok(Gradients32 { dq: f32s(&dq), dk: f32s(&dk), dv: f32s(&dv) })
+    }
+
+    /// Scratch buffers this backend's whole calls have allocated.
+    pub(crate) fn scratch_allocations(&self) -> u64 {
+        self.pool.lock().unwrap().allocations()
     }
 }
 
@@ -339,7 +364,7 @@ fn pipelined_equals_sync<T: CudaElement>() {
     for case in attention_cases() {
         let cfg = case.config().unwrap();
         let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks().unwrap() };
-        let pipelined = BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K64 };
+        let pipelined = BackwardOptions { loads: BackwardLoads::Pipelined, ..BackwardOptions::default() };
         let kernel = backward_kernel(T::DTYPE, T::SUFFIX, p.shape.q.head_dim, pipelined);
         if !matches!(kernel, BackwardKernel::Mma { .. }) {
             continue;
@@ -491,7 +516,7 @@ fn backward_with_128_keys_a_block_matches_the_reference() {
     for (name, case) in attn_testkit::wide_head_cases() {
         for loads in BackwardLoads::ALL {
             for keys in BackwardKeys::ALL {
-                let bwd = BackwardOptions { loads, keys };
+                let bwd = BackwardOptions { loads, keys, ..BackwardOptions::default() };
                 let BackwardKernel::Mma { name: kernel, .. } =
                     backward_kernel(DType::BF16, "bf16", case.shape.q.head_dim, bwd)
                 else {

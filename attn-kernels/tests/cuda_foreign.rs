@@ -215,3 +215,33 @@ fn only_this_devices_memory_becomes_a_foreign_handle() {
         assert!(unsafe { foreign_slice::<u8>(&b.kernels(), name, address, bytes) }.is_err(), "{what}");
     }
 }
+
+/// The lean call path on the device: forward and backward of one shape, three times, on the
+/// owner's stream, allocate their scratch (the LongNet forward's partial, the backward's
+/// delta and accumulators) on the first call only; another length allocates once more.
+#[test]
+fn repeated_whole_calls_allocate_scratch_on_the_first_only() {
+    let Some(b) = owned_elsewhere("repeated_whole_calls_allocate_scratch_on_the_first_only") else { return };
+    let cfg = DilatedConfig::builder()
+        .segments(&[64, 128])
+        .dilations(&[1, 2])
+        .mixing(attn_core::Mixing::LongNet)
+        .build()
+        .unwrap();
+    let run = |seq: usize| -> u64 {
+        let shape = attn_core::Shape4::new(1, seq, 2, 64).unwrap();
+        let n = shape.numel();
+        let x: Vec<bf16> = (0..n).map(|i| bf16::from_f32(((i * 37 % 101) as f32 - 50.0) / 64.0)).collect();
+        let view = |name| TensorView::contiguous(name, &x, shape).unwrap();
+        let inputs = AttnInputs::new(&cfg, view(TensorName::Query), view(TensorName::Key), view(TensorName::Value));
+        let (mut out, mut lse) = (vec![bf16::ZERO; n], vec![0f32; shape.lse_len()]);
+        b.forward(&inputs, TensorViewMut::contiguous(TensorName::Output, &mut out, shape).unwrap(), &mut lse).unwrap();
+        let saved = Saved { out: TensorView::contiguous(TensorName::Output, &out, shape).unwrap(), lse: &lse };
+        let (mut dq, mut dk, mut dv) = (vec![bf16::ZERO; n], vec![bf16::ZERO; n], vec![bf16::ZERO; n]);
+        let grads = Grads::contiguous(shape.into(), [&mut dq, &mut dk, &mut dv]).unwrap();
+        b.backward(&inputs, saved, view(TensorName::GradOutput), grads).unwrap();
+        b.kernels().scratch_allocations()
+    };
+    let counts: Vec<u64> = [256, 256, 256, 192, 192].into_iter().map(run).collect();
+    assert_eq!(counts, [5, 5, 5, 10, 10], "scratch allocations after each call");
+}

@@ -14,10 +14,10 @@ mod cuda_support;
 
 use attn_core::TensorName;
 use attn_core::TensorView;
-use attn_kernels::cuda::plan::{BackwardKeys, BackwardLoads, ForwardRows, PatternFusion};
+use attn_kernels::cuda::plan::{BackwardDq, BackwardKeys, BackwardLoads, ForwardRows, PatternFusion};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceTensor, ForwardPath};
 use attn_kernels::cuda::{forward_call, launch_plan::one_pattern_per_head};
-use attn_testkit::golden::{GoldenCase, assert_attention_dirs_pass, attention_cases};
+use attn_testkit::golden::{DilatedBackend, GoldenCase, assert_attention_dirs_pass, attention_cases};
 use cuda_support::{conv, device_or_skip, gpu};
 use half::{bf16, f16};
 
@@ -117,6 +117,28 @@ fn backward_with_64_and_128_keys_a_block_on_the_gpu() {
                 panic!("{name}, {keys:?}, {loads:?} loads: {e}");
             }
         }
+    }
+}
+
+/// The deterministic backward (dk, dv by the tensor-core kernel without dq, dq by the row
+/// kernel): every golden file in bf16, and on a problem whose rows read 8 key blocks, two
+/// runs give the same bits.
+#[test]
+fn deterministic_dq_on_the_gpu() {
+    let Some(dev) = device_or_skip("deterministic_dq_on_the_gpu") else { return };
+    let dev = dev.with_backward_dq(BackwardDq::Deterministic);
+    assert_attention_dirs_pass(&gpu::<bf16>(&dev));
+    let cfg = attn_core::DilatedConfig::builder().segments(&[512, 1024]).dilations(&[1, 2]).build().unwrap();
+    let shape = attn_core::AttnShape::self_attn(attn_core::Shape4::new(1, 1024, 4, 64).unwrap());
+    let case = attn_testkit::FeatureCase { cfg, shape, padding: None, cu_seqlens: None, seed: 11 };
+    let [q, k, v, go] = case.inputs();
+    let run = || {
+        let g = gpu::<bf16>(&dev).backward(&case.problem(), [&q, &k, &v], &go).unwrap();
+        [g.dq, g.dk, g.dv].map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+    };
+    assert!(run() == run(), "two deterministic backward runs differ");
+    if let Err(e) = attn_testkit::judge_gradients(&gpu::<bf16>(&dev), &case) {
+        panic!("deterministic dq: {e}");
     }
 }
 

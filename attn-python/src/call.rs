@@ -108,6 +108,10 @@ pub struct BackwardArgs {
     pub dv: RawTensor,
     /// The gradient into the LSE (float32, the LSE's sizes, contiguous), or none.
     pub grad_lse: Option<RawTensor>,
+    /// The CUDA backward's f32 scratch from the caller's allocator (one contiguous
+    /// float32 tensor: the dq, dk, dv accumulators, then delta), or none (the device's
+    /// own pool); the CPU backward takes none.
+    pub scratch: Option<RawTensor>,
 }
 
 /// `f::<T>(args)` for the element type `T` of q's dtype (`bfloat16`, `float16`, else
@@ -254,6 +258,9 @@ fn backward_typed<T: Element>(
     mask_args: &MaskArgs,
     threads: usize,
 ) -> Result<()> {
+    if args.scratch.is_some() {
+        return Err(AttnError::InvalidArgument("scratch is taken by the CUDA backward only".into()));
+    }
     let CheckedBackward { saved: [q, k, v, out, lse], grad_out, grad_lse, grads: [dq, dk, dv] } =
         checked_backward::<T>(args)?;
     let owned = OwnedMasks::read(mask_args, &[&dq, &dk, &dv])?;

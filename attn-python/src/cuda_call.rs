@@ -24,7 +24,8 @@ mod imp {
 
     use attn_core::{AttnError, AttnShape, DilatedConfig, Masks, PackedSequences, Result, TensorName};
     use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceSaved, DeviceTensor};
-    use attn_kernels::cuda::{Foreign, RawStream, backward_call, forward_call_into};
+    use attn_kernels::cuda::{BackwardScratch, Foreign, RawStream, backward_call, backward_call_in, forward_call_into};
+    use attn_kernels::cuda::backward_scratch_lens;
     use attn_kernels::cuda::{foreign_key_padding, foreign_slice, foreign_tensor};
     use pyo3::Python;
 
@@ -211,6 +212,7 @@ mod imp {
     ) -> Result<()> {
         let CheckedBackward { saved: [q, k, v, out, lse], grad_out, grad_lse, grads: [dq, dk, dv] } =
             checked_backward::<T>(args)?;
+        let scratch = checked_scratch(args, &q, &k, [&q, &k, &v, &out, &lse, &grad_out, &dq, &dk, &dv])?;
         lse.expect_contiguous(&lse_dims(&q))?;
         if let Some(g) = &grad_lse {
             g.expect_contiguous(&lse_dims(&q))?;
@@ -239,8 +241,46 @@ mod imp {
             };
             let saved = DeviceSaved { out: &fout, lse: &flse };
             let grads = [&mut *fdq, &mut *fdk, &mut *fdv];
-            backward_call(&dev, &inputs.block(cfg, packing(&cu)?), saved, &fgo, fglse.as_deref(), grads)
+            let block = inputs.block(cfg, packing(&cu)?);
+            let Some(scratch) = &scratch else {
+                return backward_call(&dev, &block, saved, &fgo, fglse.as_deref(), grads);
+            };
+            // The accumulators first (16-byte aligned where the tensor is, for the vector
+            // epilogues), then delta.
+            let lens = backward_scratch_lens(block.q.shape, block.k.shape);
+            let (base, _) = scratch.device_span();
+            let mut at = base;
+            let mut parts = Vec::with_capacity(4);
+            for (name, len) in
+                [(TensorName::GradQuery, lens[1]), (TensorName::GradKey, lens[2]), (TensorName::GradValue, lens[3])]
+                    .into_iter()
+                    .chain([(TensorName::Other("delta scratch"), lens[0])])
+            {
+                // SAFETY: as in `wrap`: consecutive spans of the checked, contiguous f32
+                // scratch tensor, which no other buffer of the call overlaps.
+                parts.push(unsafe { foreign_slice::<f32>(&dev, name, at, len) }?);
+                at += 4 * len as u64;
+            }
+            let [dq_acc, dk_acc, dv_acc, delta] = &mut parts[..] else { unreachable!("four scratch parts") };
+            let scratch = BackwardScratch { delta, dq: dq_acc, dk: dk_acc, dv: dv_acc };
+            backward_call_in(&dev, &block, saved, &fgo, fglse.as_deref(), grads, scratch)
         })
+    }
+
+    /// The caller's scratch for the backward, where given: one contiguous float32 tensor
+    /// of exactly the accumulators' and delta's values, overlapping no other tensor.
+    fn checked_scratch(args: &BackwardArgs, q: &Checked, k: &Checked, others: [&Checked; 9]) -> Result<Option<Checked>> {
+        let Some(raw) = &args.scratch else { return Ok(None) };
+        let name = TensorName::Other("scratch");
+        raw.expect_dtype(name, "float32")?;
+        let c = raw.check(name, 1, 4, 4)?;
+        let (qs, ks) = (q.device_parts4()?.1, k.device_parts4()?.1);
+        let total: usize = backward_scratch_lens(qs, ks).iter().sum();
+        c.expect_contiguous(&[total])?;
+        let mut all: Vec<(&Checked, Access)> = others.iter().map(|&t| (t, Access::Read)).collect();
+        all.push((&c, Access::Write));
+        check_disjoint(&all)?;
+        Ok(Some(c))
     }
 
     /// Why the kernels cannot run on device `ordinal`, or `None` where they can.

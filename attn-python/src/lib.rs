@@ -121,7 +121,7 @@ fn forward(
 /// grad_lse)`) from the inputs, the forward's `out` and `lse`, `grad_out` and the optional
 /// float32 `grad_lse` (the LSE's sizes, contiguous); `threads` and `cuda` as in [`forward`].
 #[pyfunction]
-#[pyo3(signature = (cfg, q, k, v, out, lse, grad_out, dq, dk, dv, key_padding_mask=None, cu_seqlens=None, threads=1, cuda=None, grad_lse=None))]
+#[pyo3(signature = (cfg, q, k, v, out, lse, grad_out, dq, dk, dv, key_padding_mask=None, cu_seqlens=None, threads=1, cuda=None, grad_lse=None, scratch=None))]
 #[allow(clippy::too_many_arguments)]
 fn backward(
     py: Python<'_>,
@@ -140,8 +140,9 @@ fn backward(
     threads: usize,
     cuda: Option<(usize, usize)>,
     grad_lse: Option<RawTensor>,
+    scratch: Option<RawTensor>,
 ) -> PyResult<()> {
-    let args = BackwardArgs { q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse };
+    let args = BackwardArgs { q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, scratch };
     let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens };
     let cfg = &cfg.get().cfg;
     match cuda {

@@ -4,9 +4,10 @@
 // Build (no GPU, no CUDA toolkit):
 //   g++ -std=c++20 -O2 -pthread -shared -fPIC attn-kernels/kernels/emulation/emu_capi.cpp -o libattn_cuda_emu.so
 //
-// attn_emu_launch(name, gx, gy, gz, threads, smem, args): runs kernel `name` over the grid
-// with `smem` bytes of dynamic shared memory, `args` pointing at each argument's value in
-// order (as cuLaunchKernel's kernelParams). Returns 0, 1 for an unknown kernel name, 2 when
+// attn_emu_launch(name, gx, gy, gz, threads, smem, order, args): runs kernel `name` over the
+// grid with `smem` bytes of dynamic shared memory, its blocks in grid order (`order` 0) or in
+// the permutation seed `order` draws (a GPU runs blocks in any order), `args` pointing at
+// each argument's value in order (as cuLaunchKernel's kernelParams). Returns 0, 1 for an unknown kernel name, 2 when
 // a block left cp.async copies unwaited, 3 when a block wrote past its dynamic shared
 // memory, 4 when a vector access (global or shared memory) was off its alignment (a fault
 // on the GPU). Launches are serialised (the emulator has one block state).
@@ -17,6 +18,7 @@
 #include "../mma_tiles.cu"
 #include "../dilated_fwd_mma.cu"
 #include "../dilated_bwd_mma.cu"
+#include "../dilated_bwd_dq_mma.cu"
 #include "../epilogue.cu"
 
 #include <map>
@@ -38,21 +40,22 @@ std::tuple<P...> unpack(void** a, std::index_sequence<I...>) {
 // for, 3 when a block wrote past its dynamic shared memory, 4 for a misaligned vector
 // access (global or shared memory).
 template <class... P>
-int run(void (*kernel)(P...), Dim3 grid, unsigned threads, unsigned smem, void** args) {
+int run(void (*kernel)(P...), Dim3 grid, unsigned threads, unsigned smem, unsigned long long order, void** args) {
     const std::tuple<P...> vals = unpack<P...>(args, std::index_sequence_for<P...>{});
     emu::g_unwaited_blocks = 0;
     emu::g_smem_overruns = 0;
     emu::g_misaligned = 0;
-    emu::launch(grid, threads, [=] { std::apply(kernel, vals); }, smem);
+    emu::launch(grid, threads, [=] { std::apply(kernel, vals); }, smem, order);
     return emu::g_unwaited_blocks != 0 ? 2 : emu::g_smem_overruns != 0 ? 3 : emu::g_misaligned != 0 ? 4 : 0;
 }
 
-using Entry = int (*)(Dim3, unsigned, unsigned, void**);
-#define ATTN_EMU_ENTRY(f) {#f, [](Dim3 g, unsigned t, unsigned m, void** a) { return run(&f, g, t, m, a); }}
+using Entry = int (*)(Dim3, unsigned, unsigned, unsigned long long, void**);
+#define ATTN_EMU_ENTRY(f) \
+    {#f, [](Dim3 g, unsigned t, unsigned m, unsigned long long o, void** a) { return run(&f, g, t, m, o, a); }}
 #define ATTN_EMU_DTYPE(T)                                                                               \
     ATTN_EMU_ENTRY(dilated_fwd_rows_##T), ATTN_EMU_ENTRY(dilated_bwd_dq_rows_##T),                       \
         ATTN_EMU_ENTRY(dilated_bwd_dkv_rows_##T), ATTN_EMU_ENTRY(store_rows_##T), ATTN_EMU_ENTRY(delta_rows_##T), \
-        ATTN_EMU_ENTRY(fill_lse_##T)
+        ATTN_EMU_ENTRY(fill_lse_##T), ATTN_EMU_ENTRY(store_rows_v8_##T)
 #define ATTN_EMU_MMA(T)                                                                                 \
     ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d64),                \
         ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_##T##_d256),          \
@@ -67,7 +70,15 @@ using Entry = int (*)(Dim3, unsigned, unsigned, void**);
         ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d128), \
         ATTN_EMU_ENTRY(dilated_bwd_mma_k128_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_k128_##T##_d128),      \
         ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_k128_##T##_d64),                                              \
-        ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_k128_##T##_d128)
+        ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_k128_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_##T##_d32),  \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_##T##_d128),            \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_k128_##T##_d64),  \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_k128_##T##_d128),                                                      \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_k128_##T##_d64),                                              \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_k128_##T##_d128), ATTN_EMU_ENTRY(delta_rows_v8_##T),   \
+        ATTN_EMU_ENTRY(dilated_bwd_dq_mma_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_dq_mma_##T##_d64),                \
+        ATTN_EMU_ENTRY(dilated_bwd_dq_mma_##T##_d128)
 
 const std::map<std::string, Entry>& table() {
     static const std::map<std::string, Entry> t = {
@@ -79,12 +90,12 @@ const std::map<std::string, Entry>& table() {
 }  // namespace
 
 extern "C" int attn_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned threads,
-                               unsigned smem, void** args) {
+                               unsigned smem, unsigned long long order, void** args) {
     static std::mutex serial;
     const std::lock_guard<std::mutex> lock(serial);
     const auto it = table().find(name);
     if (it == table().end()) return 1;
-    return it->second(Dim3{gx, gy, gz}, threads, smem, args);
+    return it->second(Dim3{gx, gy, gz}, threads, smem, order, args);
 }
 
 // The number of kernels this library runs (a Rust test checks it against the kernel list).

@@ -139,6 +139,11 @@ inline float __uint_as_float(unsigned x) {
     std::memcpy(&f, &x, 4);
     return f;
 }
+inline unsigned __float_as_uint(float x) {
+    unsigned u;
+    std::memcpy(&u, &x, 4);
+    return u;
+}
 inline unsigned short emu_f32_to_bf16(float x) {
     unsigned u;
     std::memcpy(&u, &x, 4);
@@ -291,26 +296,44 @@ inline void run_block(unsigned threads, bool reversed) {
     }
 }
 
+// The blocks of a grid in the order a launch runs them: grid order (x fastest) for `order`
+// 0, else the permutation that seed draws (splitmix64 driving a Fisher-Yates shuffle).
+inline std::vector<Dim3> block_order(Dim3 grid, unsigned long long order) {
+    std::vector<Dim3> blocks;
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) blocks.push_back(Dim3{bx, by, bz});
+    if (order == 0) return blocks;
+    unsigned long long state = order;
+    auto next = [&state] {
+        unsigned long long z = (state += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    };
+    for (std::size_t i = blocks.size(); i > 1; --i) std::swap(blocks[i - 1], blocks[next() % i]);
+    return blocks;
+}
+
 // Launch `kernel(args...)` over grid x block (block.x a multiple of 32, y = z = 1) with
-// `dyn_bytes` of dynamic shared memory: a block that changes a byte past them (still the
-// fill value) counts in g_smem_overruns.
+// `dyn_bytes` of dynamic shared memory, blocks in `block_order(grid, order)`: a block that
+// changes a byte past them (still the fill value) counts in g_smem_overruns.
 template <class F>
-inline void launch(Dim3 grid, unsigned threads, F kernel, std::size_t dyn_bytes = kSmemBytes) {
+inline void launch(Dim3 grid, unsigned threads, F kernel, std::size_t dyn_bytes = kSmemBytes,
+                   unsigned long long order = 0) {
     g_block_dim = Dim3{threads, 1, 1};
     g_grid_dim = grid;
     g_warps.clear();
     for (unsigned i = 0; i < threads / 32; ++i) g_warps.push_back(std::make_unique<Warp>());
     g_job = kernel;
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-        for (unsigned by = 0; by < grid.y; ++by)
-            for (unsigned bx = 0; bx < grid.x; ++bx) {
-                g_block_barrier = std::make_unique<Barrier>(threads);
-                std::fill(g_smem.begin(), g_smem.end(), 0xAB);  // garbage, like real shared memory
-                t_block = Dim3{bx, by, bz};
-                run_block(threads, (bx + by + bz) % 2 == 1);  // both orders over a grid's blocks
-                if (dyn_bytes < g_smem.size() &&
-                    std::any_of(g_smem.begin() + dyn_bytes, g_smem.end(), [](unsigned char c) { return c != 0xAB; }))
-                    ++g_smem_overruns;
-            }
+    for (const Dim3& blk : block_order(grid, order)) {
+        g_block_barrier = std::make_unique<Barrier>(threads);
+        std::fill(g_smem.begin(), g_smem.end(), 0xAB);  // garbage, like real shared memory
+        t_block = blk;
+        run_block(threads, (blk.x + blk.y + blk.z) % 2 == 1);  // both orders over a grid's blocks
+        if (dyn_bytes < g_smem.size() &&
+            std::any_of(g_smem.begin() + dyn_bytes, g_smem.end(), [](unsigned char c) { return c != 0xAB; }))
+            ++g_smem_overruns;
+    }
 }
 }  // namespace emu

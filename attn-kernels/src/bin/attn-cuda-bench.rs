@@ -8,11 +8,13 @@
 //! the kernel, or through the f32 partial and its epilogue), `--rows 64,128,128w4` each
 //! block shape of the tensor-core forward, `--launch per-pattern,fused` both ways its
 //! patterns launch, `--bwd-loads sync,pipelined` both ways the backward loads its query
-//! tiles and `--bwd-keys 64,128` both keys a block of the backward, in one process.
+//! tiles, `--bwd-keys 64,128` both keys a block of the backward and `--bwd-dq
+//! atomic,deterministic` both ways it sums dq, in one process.
 //!
 //! Usage: attn-cuda-bench [--seq 65536,262144] [--heads 16] [--dtype bf16|f16|f32] [--warmups 1] [--iters 10]
 //!        [--causal] [--backward] [--paths direct|partial|direct,partial] [--rows 64,128,128w4]
-//!        [--launch per-pattern,fused] [--bwd-loads sync,pipelined] [--bwd-keys 64,128] [--sync-between]
+//!        [--launch per-pattern,fused] [--bwd-loads sync,pipelined] [--bwd-keys 64,128]
+//!        [--bwd-dq atomic,deterministic] [--sync-between]
 //!        (each list: one or more of its values)
 //!
 //! `--sync-between` synchronises the device after each timed call, as a framework's step
@@ -24,7 +26,7 @@
 use std::process::ExitCode;
 
 use attn_core::{DilatedConfig, Pass, Shape4};
-use attn_kernels::cuda::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows, PatternFusion};
+use attn_kernels::cuda::plan::{BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows, PatternFusion};
 use attn_kernels::cuda::{BenchRun, Between, CudaDevice, CudaElement, ForwardPath, GpuTiming, bench_pass};
 use half::{bf16, f16};
 
@@ -46,6 +48,7 @@ struct Args {
     bwd_loads: Option<Vec<BackwardLoads>>,
     /// `None`: the device's own choice (`ATTN_CUDA_BWD_KEYS`).
     bwd_keys: Option<Vec<BackwardKeys>>,
+    bwd_dq: Option<Vec<BackwardDq>>,
 }
 
 fn path_name(p: ForwardPath) -> &'static str {
@@ -75,6 +78,7 @@ fn parse() -> Result<Args, String> {
         launches: None,
         bwd_loads: None,
         bwd_keys: None,
+        bwd_dq: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -107,6 +111,7 @@ fn parse() -> Result<Args, String> {
             "--launch" => a.launches = Some(choices(&flag, &val()?, PatternFusion::parse, "per-pattern or fused")?),
             "--bwd-loads" => a.bwd_loads = Some(choices(&flag, &val()?, BackwardLoads::parse, "sync or pipelined")?),
             "--bwd-keys" => a.bwd_keys = Some(choices(&flag, &val()?, BackwardKeys::parse, "64 or 128")?),
+            "--bwd-dq" => a.bwd_dq = Some(choices(&flag, &val()?, BackwardDq::parse, "atomic or deterministic")?),
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -141,12 +146,15 @@ fn run() -> Result<(), String> {
     let launches = a.launches.clone().unwrap_or_else(|| vec![dev.forward_options().fusion]);
     let bwd_loads = a.bwd_loads.clone().unwrap_or_else(|| vec![dev.backward_options().loads]);
     let bwd_keys = a.bwd_keys.clone().unwrap_or_else(|| vec![dev.backward_options().keys]);
+    let bwd_dq = a.bwd_dq.clone().unwrap_or_else(|| vec![dev.backward_options().dq]);
     let mut cases = Vec::new();
     for &r in &rows {
         for &f in &launches {
-            for &l in &bwd_loads {
-                for &k in &bwd_keys {
-                    cases.extend(a.paths.iter().map(|&p| (r, f, BackwardOptions { loads: l, keys: k }, p)));
+            for &loads in &bwd_loads {
+                for &keys in &bwd_keys {
+                    for &dq in &bwd_dq {
+                        cases.extend(a.paths.iter().map(|&p| (r, f, BackwardOptions { loads, keys, dq }, p)));
+                    }
                 }
             }
         }
@@ -158,7 +166,8 @@ fn run() -> Result<(), String> {
                 .with_forward_rows(r)
                 .with_pattern_fusion(fusion)
                 .with_backward_loads(bwd.loads)
-                .with_backward_keys(bwd.keys);
+                .with_backward_keys(bwd.keys)
+                .with_backward_dq(bwd.dq);
             let (t, image) = match a.dtype.as_str() {
                 "bf16" => run_one::<bf16>(&dev, &cfg, shape, &a, path)?,
                 "f16" => run_one::<f16>(&dev, &cfg, shape, &a, path)?,
@@ -166,7 +175,7 @@ fn run() -> Result<(), String> {
                 other => return Err(format!("unknown dtype `{other}`")),
             };
             println!(
-                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"bwd_loads\":\"{}\",\"bwd_keys\":\"{}\",\"between\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2}}}",
+                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"bwd_loads\":\"{}\",\"bwd_keys\":\"{}\",\"bwd_dq\":\"{}\",\"between\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2},\"scratch_allocations\":{}}}",
                 a.dtype,
                 a.heads,
                 a.causal,
@@ -176,9 +185,11 @@ fn run() -> Result<(), String> {
                 fusion.name(),
                 bwd.loads.name(),
                 bwd.keys.name(),
+                bwd.dq.name(),
                 a.between.name(),
                 t.median_ms,
-                t.tflops()
+                t.tflops(),
+                t.allocations
             );
         }
     }

@@ -14,11 +14,12 @@ use attn_kernels::cuda::kernel_cache::KernelCache;
 use attn_kernels::cuda::nvrtc::{compile_into, compile_ptx};
 use attn_kernels::cuda::nvrtc_library;
 use attn_kernels::cuda::plan::{
-    BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows, mma_bwd_smem_bytes, mma_smem_bytes,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows, mma_bwd_dq_smem_bytes, mma_bwd_smem_bytes,
+    mma_smem_bytes,
 };
 use attn_kernels::cuda::source::{
-    MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, dtype_define, full_source, kernel_names_for, mma_bwd_kernel_name,
-    mma_fused_kernel_name, mma_kernel_name, nvrtc_options,
+    MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, dtype_define, full_source, kernel_names_for, mma_bwd_dq_kernel_name,
+    mma_bwd_kernel_name, mma_fused_kernel_name, mma_kernel_name, nvrtc_options,
 };
 
 #[derive(Debug, Default, Clone)]
@@ -116,12 +117,19 @@ fn dynamic_smem(name: &str) -> usize {
                 return mma_smem_bytes(ForwardRows::M64, d);
             }
         }
+        for d in MMA_BWD_HEAD_DIMS {
+            if name == mma_bwd_dq_kernel_name(t, d) {
+                return mma_bwd_dq_smem_bytes(d);
+            }
+        }
         for loads in BackwardLoads::ALL {
             for keys in BackwardKeys::ALL {
-                let opts = BackwardOptions { loads, keys };
-                for d in MMA_BWD_HEAD_DIMS {
-                    if name == mma_bwd_kernel_name(t, d, opts) {
-                        return mma_bwd_smem_bytes(d, opts);
+                for dq in BackwardDq::ALL {
+                    let opts = BackwardOptions { loads, keys, dq };
+                    for d in MMA_BWD_HEAD_DIMS {
+                        if name == mma_bwd_kernel_name(t, d, opts) {
+                            return mma_bwd_smem_bytes(d, opts);
+                        }
                     }
                 }
             }

@@ -6,11 +6,11 @@
 use attn_core::{DilatedConfig, Pass, Result, SegmentPattern, Shape4};
 use cudarc::driver::sys::CUevent_flags;
 
-use super::block::{DeviceBlock, DeviceUpstream, ForwardPath, backward_block, forward_call};
+use super::block::DeviceBlock;
+use super::call::{DeviceSaved, ForwardPath, backward_call, forward_call_by};
 use super::device::{CudaDevice, cuda_err};
-use super::epilogue::{delta, store_scaled};
 use super::plan::{SelectedIndex, pattern_launches};
-use super::tensor::{CudaElement, DeviceGrads, DeviceTensor};
+use super::tensor::{CudaElement, DeviceTensor};
 
 /// Result of [`bench_forward`] / [`bench_pass`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -20,6 +20,9 @@ pub struct GpuTiming {
     /// Useful FLOPs per call: `4 * head_dim` per attended (query, key) pair, times 2.5
     /// more for the backward (five products where the forward has two).
     pub flops: f64,
+    /// Scratch buffers the timed calls allocated (0 where the warm-up left the stream's
+    /// pool holding every buffer the shape needs).
+    pub allocations: u64,
 }
 
 impl GpuTiming {
@@ -116,20 +119,17 @@ pub fn bench_pass<T: CudaElement>(
     };
     let (q, k, v, go) = (upload()?, upload()?, upload()?, upload()?);
     let mut out = DeviceTensor::<T>::zeros(dev, shape)?;
-    let mut grads =
+    let mut lse = dev.stream.alloc_zeros::<f32>(shape.lse_len()).map_err(cuda_err)?;
+    let [mut dq, mut dk, mut dv] =
         [DeviceTensor::<T>::zeros(dev, shape)?, DeviceTensor::zeros(dev, shape)?, DeviceTensor::zeros(dev, shape)?];
     let block = DeviceBlock::new(cfg, (&q, 0), (&k, &v, 0));
+    // The lean path a framework takes: output, lse and gradients in its buffers, scratch
+    // from the stream's pool.
     let mut call = || -> Result<()> {
-        let lse = forward_call(dev, &block, &mut out, path)?;
+        forward_call_by(dev, &block, &mut out, &mut lse, path)?;
         if pass == Pass::Backward {
-            let d = delta(dev, &go, &out, None)?;
-            let mut acc = DeviceGrads::zeros(dev, shape, shape)?;
-            backward_block(dev, &block, &DeviceUpstream { grad_out: &go, lse: &lse, delta: &d }, &mut acc)?;
-            let names =
-                [attn_core::TensorName::GradQuery, attn_core::TensorName::GradKey, attn_core::TensorName::GradValue];
-            for ((src, dst), name) in [&acc.dq, &acc.dk, &acc.dv].into_iter().zip(grads.iter_mut()).zip(names) {
-                store_scaled(dev, name, src, 1.0, dst)?;
-            }
+            let saved = DeviceSaved { out: &out, lse: &lse };
+            backward_call(dev, &block, saved, &go, None, [&mut dq, &mut dk, &mut dv])?;
         }
         Ok(())
     };
@@ -137,6 +137,7 @@ pub fn bench_pass<T: CudaElement>(
         call()?;
     }
     dev.synchronize()?;
+    let allocated_before = dev.scratch_allocations();
     let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
     let mut times = Vec::with_capacity(iters.max(1));
     for _ in 0..iters.max(1) {
@@ -151,7 +152,8 @@ pub fn bench_pass<T: CudaElement>(
     times.sort_by(f64::total_cmp);
     let factor = if pass == Pass::Backward { 3.5 } else { 1.0 };
     let flops = factor * 4.0 * shape.head_dim as f64 * attended_pairs(cfg, shape) as f64;
-    Ok(GpuTiming { median_ms: times[times.len() / 2], flops })
+    let allocations = dev.scratch_allocations() - allocated_before;
+    Ok(GpuTiming { median_ms: times[times.len() / 2], flops, allocations })
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use attn_core::{AttnError, Band, DilatedConfig, PackedSequences, Result, Shape4}
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::device::{CudaDevice, cuda_err};
-use super::epilogue::{fill_lse, finish_forward};
+use super::epilogue::fill_into;
 use super::launch::launch;
 use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward, plan_forward_direct};
 use super::params::MAX_INDEX;
@@ -153,28 +153,34 @@ pub fn forward_block<T: CudaElement>(
     execute(dev, &plan, &bufs, block.key_padding, accs)
 }
 
-/// How a whole-call forward ([`forward_call`]) reaches its output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ForwardPath {
-    /// Straight into the output where every head has one pattern and the tensor-core
-    /// kernel runs (no f32 partial, no epilogue); through the partial otherwise.
-    Direct,
-    /// Always through an f32 partial and [`finish_forward`](crate::cuda::finish_forward),
-    /// as a ring step does.
-    Partial,
-}
-
-/// The forward of a whole call (the block holds every query and key): `out` (contiguous,
-/// q's shape) written in `T` with the heads' output scale; returns the lse `[batch, rows,
-/// heads]`. `path` chooses [`ForwardPath::Direct`] where it applies.
-pub fn forward_call<T: CudaElement>(
+/// The direct forward of a whole call where it applies (every head one pattern, the
+/// tensor-core kernel): `out` (contiguous, q's shape) and `lse` written straight from the
+/// kernel; `Ok(false)`, with nothing written, where it does not apply.
+pub(crate) fn forward_direct_into<T: CudaElement>(
     dev: &CudaDevice,
     block: &DeviceBlock<'_, T>,
     out: &mut DeviceTensor<T>,
-    path: ForwardPath,
-) -> Result<CudaSlice<f32>> {
+    lse: &mut CudaSlice<f32>,
+) -> Result<bool> {
     check_block(block)?;
     let shape = block.q.shape;
+    check_contiguous_out(out, shape)?;
+    check_len(TensorName::Lse, lse.len(), shape.lse_len())?;
+    let geometry = geometry(block, Some(out.strides));
+    let Some(plan) = plan_forward_direct(&geometry, T::DTYPE, T::SUFFIX, dev.forward_options())? else {
+        return Ok(false);
+    };
+    dev.stream.memset_zeros(&mut out.data).map_err(cuda_err)?;
+    fill_into::<T>(dev, lse, f32::NEG_INFINITY)?;
+    let DeviceBlock { q, k, v, .. } = *block;
+    let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
+    let accs = Accs { q_acc: None, out: Some(&mut out.data), lse: Some(lse), dk: None, dv: None };
+    execute(dev, &plan, &bufs, block.key_padding, accs)?;
+    Ok(true)
+}
+
+/// A whole call's output: contiguous, of q's shape.
+pub(crate) fn check_contiguous_out<T>(out: &DeviceTensor<T>, shape: Shape4) -> Result<()> {
     if out.shape != shape || out.strides != shape.contiguous_strides() || out.data.len() != shape.numel() {
         return Err(AttnError::ShapeMismatch {
             tensor: TensorName::Output,
@@ -182,25 +188,7 @@ pub fn forward_call<T: CudaElement>(
             got: out.shape.dims().to_vec(),
         });
     }
-    let direct = match path {
-        ForwardPath::Direct => {
-            plan_forward_direct(&geometry(block, Some(out.strides)), T::DTYPE, T::SUFFIX, dev.forward_options())?
-        }
-        ForwardPath::Partial => None,
-    };
-    let Some(plan) = direct else {
-        let mut partial = DevicePartial::empty::<T>(dev, shape)?;
-        forward_block(dev, block, &mut partial)?;
-        finish_forward(dev, block.cfg, &partial, out)?;
-        return Ok(partial.lse);
-    };
-    dev.stream.memset_zeros(&mut out.data).map_err(cuda_err)?;
-    let mut lse = fill_lse::<T>(dev, shape.lse_len(), f32::NEG_INFINITY)?;
-    let DeviceBlock { q, k, v, .. } = *block;
-    let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
-    let accs = Accs { q_acc: None, out: Some(&mut out.data), lse: Some(&mut lse), dk: None, dv: None };
-    execute(dev, &plan, &bufs, block.key_padding, accs)?;
-    Ok(lse)
+    Ok(())
 }
 
 /// The planning view of a block (`g_strides`: grad_out's, in the backward).

@@ -161,6 +161,22 @@ impl BackwardKeys {
     }
 }
 
+/// How the backward sums dQ over key blocks: `Atomic`, each tensor-core block adding its
+/// share with f32 atomics (the order blocks run in sets the rounding), or `Deterministic`,
+/// the tensor-core kernel computing dK and dV only and a query-major tensor-core kernel
+/// adding dQ (each query row one block's, its keys in index order), so two runs give the
+/// same bits.
+/// `ATTN_CUDA_BWD_DQ=atomic|deterministic`; [`Default`] is atomic. The row kernels (f32,
+/// heads wider than 128) are deterministic either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackwardDq {
+    #[default]
+    Atomic,
+    Deterministic,
+}
+
+kernel_choice!(BackwardDq, "ATTN_CUDA_BWD_DQ", { Atomic => "atomic", Deterministic => "deterministic" });
+
 /// The tensor-core forward's choices: block shape and pattern fusion.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ForwardOptions {
@@ -187,11 +203,12 @@ impl ForwardOptions {
     }
 }
 
-/// The tensor-core backward's choices: query-tile loads and keys a block.
+/// The tensor-core backward's choices: query-tile loads, keys a block and how dQ is summed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BackwardOptions {
     pub loads: BackwardLoads,
     pub keys: BackwardKeys,
+    pub dq: BackwardDq,
 }
 
 impl BackwardOptions {
@@ -200,16 +217,20 @@ impl BackwardOptions {
     /// [`Default`].
     pub fn measured_fastest(cc: (i32, i32)) -> Self {
         match cc {
-            (9, 0) => BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K128 },
+            (9, 0) => {
+                BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K128, dq: BackwardDq::Atomic }
+            }
             _ => BackwardOptions::default(),
         }
     }
 
-    /// `ATTN_CUDA_BWD_LOADS` and `ATTN_CUDA_BWD_KEYS`, each unset one taken from `unset`.
+    /// `ATTN_CUDA_BWD_LOADS`, `ATTN_CUDA_BWD_KEYS` and `ATTN_CUDA_BWD_DQ`, each unset one
+    /// taken from `unset`.
     pub fn from_env_or(unset: Self) -> Result<Self> {
         Ok(BackwardOptions {
             loads: BackwardLoads::from_env_or(unset.loads)?,
             keys: BackwardKeys::from_env_or(unset.keys)?,
+            dq: BackwardDq::from_env_or(unset.dq)?,
         })
     }
 }
@@ -235,6 +256,7 @@ mod tests {
         round_trip(&PatternFusion::ALL, PatternFusion::name, PatternFusion::parse);
         round_trip(&BackwardLoads::ALL, BackwardLoads::name, BackwardLoads::parse);
         round_trip(&BackwardKeys::ALL, BackwardKeys::name, BackwardKeys::parse);
+        round_trip(&BackwardDq::ALL, BackwardDq::name, BackwardDq::parse);
         assert_eq!(ForwardRows::ALL.map(ForwardRows::name), ["64", "128", "128w4"]);
         assert_eq!(PatternFusion::ALL.map(PatternFusion::name), ["per-pattern", "fused"]);
     }
@@ -259,7 +281,7 @@ mod tests {
         }
         let least = ForwardOptions { rows: ForwardRows::M64, fusion: PatternFusion::PerPattern };
         assert_eq!(ForwardOptions::default(), least);
-        let least = BackwardOptions { loads: BackwardLoads::Sync, keys: BackwardKeys::K64 };
+        let least = BackwardOptions { loads: BackwardLoads::Sync, keys: BackwardKeys::K64, dq: BackwardDq::Atomic };
         assert_eq!(BackwardOptions::default(), least);
     }
 }

@@ -3,16 +3,20 @@
 //! on disk, [`super::kernel_cache`]).
 #![allow(unsafe_code)]
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use attn_core::{AttnError, Result};
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DriverError};
 
 use super::kernel_cache::KernelCache;
 use super::nvrtc::{ImageKind, ImageSource, process_image, recompile_for_process};
 use super::nvrtc_library::{NVRTC_PATH_ENV, nvrtc_library};
-use super::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
+use super::plan::{
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion,
+};
+use super::scratch::{ScratchAlloc, ScratchBuffer, ScratchPool, ScratchSlot};
 use super::slots::Slots;
 use super::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source, kernel_names_for};
 
@@ -114,6 +118,24 @@ pub struct CudaDevice {
     compute_capability: (i32, i32),
     forward: ForwardOptions,
     backward: BackwardOptions,
+    /// The whole calls' scratch, one pool per stream (by its handle), shared by every
+    /// handle made from this one: work on one stream runs in order, so a buffer given back
+    /// after its launches were queued is free for the next call on that stream.
+    scratch: Arc<Mutex<HashMap<usize, ScratchPool<CudaSlice<f32>>>>>,
+}
+
+impl ScratchBuffer for CudaSlice<f32> {
+    fn len(&self) -> usize {
+        CudaSlice::len(self)
+    }
+}
+
+impl ScratchAlloc for CudaDevice {
+    type Buffer = CudaSlice<f32>;
+
+    fn alloc_f32(&self, len: usize) -> Result<CudaSlice<f32>> {
+        self.stream.alloc_zeros::<f32>(len).map_err(cuda_err)
+    }
 }
 
 impl CudaDevice {
@@ -121,7 +143,8 @@ impl CudaDevice {
     /// compiled by NVRTC for this device's architecture on first use, one module per
     /// dtype, cached for the process. The forward's rows a block and pattern fusion come
     /// from `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH`, the backward's query-tile loads
-    /// and keys a block from `ATTN_CUDA_BWD_LOADS` and `ATTN_CUDA_BWD_KEYS`; an unknown
+    /// keys a block and dq sum from `ATTN_CUDA_BWD_LOADS`, `ATTN_CUDA_BWD_KEYS` and
+    /// `ATTN_CUDA_BWD_DQ`; an unknown
     /// value is an error, and an unset one is the architecture's measured fastest
     /// ([`ForwardOptions::measured_fastest`], [`BackwardOptions::measured_fastest`]).
     pub fn new(ordinal: usize) -> Result<Self> {
@@ -134,7 +157,7 @@ impl CudaDevice {
         let forward = ForwardOptions::from_env_or(ForwardOptions::measured_fastest(cc))?;
         let backward = BackwardOptions::from_env_or(BackwardOptions::measured_fastest(cc))?;
         let stream = ctx.default_stream();
-        Ok(CudaDevice { ctx, stream, compute_capability: cc, forward, backward })
+        Ok(CudaDevice { ctx, stream, compute_capability: cc, forward, backward, scratch: Arc::default() })
     }
 
     /// The same device and stream with the tensor-core forward taking `rows` query rows a
@@ -161,7 +184,12 @@ impl CudaDevice {
         CudaDevice { backward: BackwardOptions { keys, ..self.backward }, ..self.clone() }
     }
 
-    /// The tensor-core backward's query-tile loads and keys a block.
+    /// The same device and stream with the backward summing dq as `dq` says.
+    pub fn with_backward_dq(&self, dq: BackwardDq) -> Self {
+        CudaDevice { backward: BackwardOptions { dq, ..self.backward }, ..self.clone() }
+    }
+
+    /// The tensor-core backward's query-tile loads, keys a block and dq sum.
     pub fn backward_options(&self) -> BackwardOptions {
         self.backward
     }
@@ -236,6 +264,35 @@ impl CudaDevice {
             )));
         }
         Ok(CudaDevice { stream, ..self.clone() })
+    }
+
+    /// The scratch pool of this handle's stream, locked (the pools stay whole whatever a
+    /// panicking holder did: a slot holds a buffer or nothing).
+    fn with_pool<R>(&self, f: impl FnOnce(&mut ScratchPool<CudaSlice<f32>>) -> R) -> R {
+        let mut pools = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        f(pools.entry(self.stream.cu_stream() as usize).or_default())
+    }
+
+    /// Scratch buffer `slot` of `len` values from this stream's pool (allocated where the
+    /// pool keeps none of that length).
+    pub(crate) fn take_scratch(&self, slot: ScratchSlot, len: usize) -> Result<CudaSlice<f32>> {
+        self.with_pool(|pool| pool.take(self, slot, len))
+    }
+
+    /// Keep `buffer` for the next call on this stream.
+    pub(crate) fn give_scratch(&self, slot: ScratchSlot, buffer: CudaSlice<f32>) {
+        self.with_pool(|pool| pool.give(slot, buffer));
+    }
+
+    /// Device buffers the whole calls on this handle's stream have allocated for scratch
+    /// (none after the first call while the shapes repeat).
+    pub fn scratch_allocations(&self) -> u64 {
+        self.with_pool(|pool| pool.allocations())
+    }
+
+    /// Drop the scratch kept for this handle's stream (the next whole call allocates anew).
+    pub fn release_scratch(&self) {
+        self.scratch.lock().unwrap_or_else(PoisonError::into_inner).remove(&(self.stream.cu_stream() as usize));
     }
 
     /// `(major, minor)` compute capability.

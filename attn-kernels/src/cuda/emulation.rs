@@ -16,16 +16,17 @@ use attn_core::{AttnError, Result, Shape4};
 use cudarc::driver::LaunchConfig;
 use libloading::Library;
 
-use super::block::ForwardPath;
-use super::epilogue::{delta_launch, fill_launch, row_params, store_launch};
+use super::call::ForwardPath;
+use super::epilogue::{delta_kernel, fill_launch, row_params, store_kernel};
 use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward, plan_forward_direct};
 use super::plan::{
-    BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion, out_scale,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion, out_scale,
 };
+use super::scratch::{HostMemory, ScratchPool, ScratchSlot, backward_scratch};
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{CudaElement, extent};
 
-type LaunchFn = unsafe extern "C" fn(*const c_char, u32, u32, u32, u32, u32, *mut *mut c_void) -> c_int;
+type LaunchFn = unsafe extern "C" fn(*const c_char, u32, u32, u32, u32, u32, u64, *mut *mut c_void) -> c_int;
 type CountFn = unsafe extern "C" fn() -> c_int;
 
 fn emu_err(message: impl Into<String>) -> AttnError {
@@ -33,12 +34,32 @@ fn emu_err(message: impl Into<String>) -> AttnError {
 }
 
 /// The loaded emulation library, planning the forward with its [`ForwardOptions`] and the
-/// backward with its [`BackwardOptions`].
+/// backward with its [`BackwardOptions`], running each grid's blocks in its [`BlockOrder`].
 #[derive(Debug)]
 pub struct Emulator {
     lib: Library,
     forward: ForwardOptions,
     backward: BackwardOptions,
+    order: BlockOrder,
+}
+
+/// The order an emulated launch runs its blocks in: `Grid` (x fastest, then y, then z), or
+/// `Shuffled(seed)`, a permutation drawn from a non-zero seed, as a GPU may schedule them
+/// in any order (sums by atomics then round differently).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BlockOrder {
+    #[default]
+    Grid,
+    Shuffled(std::num::NonZeroU64),
+}
+
+impl BlockOrder {
+    fn seed(self) -> u64 {
+        match self {
+            BlockOrder::Grid => 0,
+            BlockOrder::Shuffled(s) => s.get(),
+        }
+    }
 }
 
 /// A block's inputs in host memory (as the device call's buffers): q, k, v, grad_out in
@@ -171,7 +192,17 @@ impl Emulator {
         let backward = BackwardOptions::from_env_or(BackwardOptions::default())?;
         // SAFETY: the library is ours (emu_capi.cpp); loading runs its static initialisers only.
         let lib = unsafe { Library::new(path) }.map_err(|e| emu_err(format!("loading {}: {e}", path.display())))?;
-        Ok(Emulator { lib, forward, backward })
+        Ok(Emulator { lib, forward, backward, order: BlockOrder::Grid })
+    }
+
+    /// This emulator running every grid's blocks in `order`.
+    pub fn with_block_order(self, order: BlockOrder) -> Self {
+        Emulator { order, ..self }
+    }
+
+    /// This emulator planning the backward's dq sum as `dq` says.
+    pub fn with_backward_dq(self, dq: BackwardDq) -> Self {
+        Emulator { backward: BackwardOptions { dq, ..self.backward }, ..self }
     }
 
     /// This emulator planning the tensor-core backward's query-tile loads as `loads` says.
@@ -209,9 +240,10 @@ impl Emulator {
         let f = unsafe { self.lib.get::<LaunchFn>(b"attn_emu_launch") }.map_err(|e| emu_err(e.to_string()))?;
         let cname = CString::new(name).map_err(|_| emu_err("kernel name with a NUL byte"))?;
         let ((gx, gy, gz), threads) = (lc.grid_dim, lc.block_dim.0);
+        let (smem, order) = (lc.shared_mem_bytes, self.order.seed());
         // SAFETY: the callers pass one pointer per argument of the kernel's signature, each to
         // a live value of the argument's type, buffers checked against what the launch indexes.
-        let rc = unsafe { f(cname.as_ptr(), gx, gy, gz, threads, lc.shared_mem_bytes, args.as_mut_ptr()) };
+        let rc = unsafe { f(cname.as_ptr(), gx, gy, gz, threads, smem, order, args.as_mut_ptr()) };
         match rc {
             0 => Ok(()),
             2 => Err(emu_err(format!(
@@ -300,13 +332,15 @@ impl Emulator {
     /// [`crate::cuda::forward_call`] on host buffers: the forward of a whole call (`g`
     /// without packing offsets past the call, `g.g_strides` the output's contiguous
     /// strides) written into `out` (in `T`, q's shape) and `lse`, straight from the kernel
-    /// under [`ForwardPath::Direct`] where that applies, through a partial otherwise.
+    /// under [`ForwardPath::Direct`] where that applies, through a partial from `pool`
+    /// otherwise (as the device takes it from its stream's pool).
     pub fn forward_call<T: CudaElement>(
         &self,
         g: &BlockGeometry<'_>,
         a: &HostArgs<'_, T>,
         path: ForwardPath,
         (out, lse): (&mut [T], &mut [f32]),
+        pool: &mut ScratchPool<Vec<f32>>,
     ) -> Result<()> {
         let shape = g.q.0;
         if g.g_strides != Some(shape.contiguous_strides()) {
@@ -317,16 +351,58 @@ impl Emulator {
             ForwardPath::Direct => plan_forward_direct(g, T::DTYPE, T::SUFFIX, self.forward)?,
             ForwardPath::Partial => None,
         };
-        let mut partial = vec![0.0f32; shape.numel()];
         self.fill_lse::<T>(lse, f32::NEG_INFINITY)?;
-        let acc = HostAccs { q_acc: &mut partial, lse: Some(lse), dk: None, dv: None };
         let Some(plan) = direct else {
-            self.forward_block(g, a, acc)?;
-            return self.store_scaled(shape, &partial, out_scale(g.cfg), out);
+            let mut partial = pool.take(&HostMemory, ScratchSlot::PartialOut, shape.numel())?;
+            partial.fill(0.0);
+            let acc = HostAccs { q_acc: &mut partial, lse: Some(lse), dk: None, dv: None };
+            let done =
+                self.forward_block(g, a, acc).and_then(|()| self.store_scaled(shape, &partial, out_scale(g.cfg), out));
+            pool.give(ScratchSlot::PartialOut, partial);
+            return done;
         };
+        // The direct kernels never read the accumulator: an empty one passes the checks.
+        let mut none = vec![0.0f32; shape.numel()];
+        let acc = HostAccs { q_acc: &mut none, lse: Some(lse), dk: None, dv: None };
         check_buffers(g, a, &acc)?;
         out.fill(T::default());
         self.execute(&plan, a, acc, Some(out))
+    }
+
+    /// [`crate::cuda::backward_call`] on host buffers: the gradients of a whole call (`a`
+    /// holding q, k, v, grad_out, the forward's lse and the key padding; `out` the forward's
+    /// output) written into `dq`, `dk`, `dv` (in `T`, contiguous), the f32 accumulators and
+    /// delta taken from `pool` and given back, as the device's pooled call does.
+    pub fn backward_call<T: CudaElement>(
+        &self,
+        g: &BlockGeometry<'_>,
+        a: &HostArgs<'_, T>,
+        (out, grad_lse): (&[T], Option<&[f32]>),
+        pool: &mut ScratchPool<Vec<f32>>,
+        [dq, dk, dv]: [&mut [T]; 3],
+    ) -> Result<()> {
+        let (qs, ks) = (g.q.0, g.k.0);
+        let (go, lse) = (a.g.ok_or_else(|| missing("grad_out"))?, a.lse.ok_or_else(|| missing("the lse"))?);
+        let slots = backward_scratch(qs, ks);
+        let mut bufs = Vec::with_capacity(slots.len());
+        for (slot, len) in slots {
+            bufs.push(pool.take(&HostMemory, slot, len)?);
+        }
+        let done = (|| {
+            let [delta, dq_acc, dk_acc, dv_acc] = &mut bufs[..] else { unreachable!("four scratch slots") };
+            self.delta_into(qs, go, out, grad_lse.map(|g| (g, lse)), delta)?;
+            for acc in [&mut *dq_acc, &mut *dk_acc, &mut *dv_acc] {
+                acc.fill(0.0);
+            }
+            let args = HostArgs { delta: Some(&delta[..]), ..*a };
+            let acc = HostAccs { q_acc: dq_acc, lse: None, dk: Some(&mut dk_acc[..]), dv: Some(&mut dv_acc[..]) };
+            self.backward_block(g, &args, acc)?;
+            self.store_scaled(qs, dq_acc, 1.0, dq)?;
+            self.store_scaled(ks, dk_acc, 1.0, dk)?;
+            self.store_scaled(ks, dv_acc, 1.0, dv)
+        })();
+        slots.iter().zip(bufs).for_each(|(&(slot, _), b)| pool.give(slot, b));
+        done
     }
 
     /// [`crate::cuda::backward_block`] on host buffers: add the block's gradients to
@@ -350,10 +426,10 @@ impl Emulator {
         need(TensorName::Output, dst.len(), shape.numel())?;
         let strides = shape.contiguous_strides();
         let mut p = row_params(shape, strides, strides, scale);
-        let lc = store_launch(shape);
+        let (name, lc) = store_kernel(T::SUFFIX, shape, strides, dst.as_ptr() as u64, size_of::<T>());
         let (mut s, mut d) = (src.as_ptr(), dst.as_mut_ptr());
         let mut args: Vec<*mut c_void> = vec![(&raw mut s).cast(), (&raw mut d).cast(), (&raw mut p).cast()];
-        self.launch(&format!("store_rows_{}", T::SUFFIX), lc, &mut args)
+        self.launch(&name, lc, &mut args)
     }
 
     /// The device's lse fill (`fill_lse_*` of `T`'s module): every value of `dst` set to `value`.
@@ -373,16 +449,31 @@ impl Emulator {
         out: &[T],
         lse_grad: Option<(&[f32], &[f32])>,
     ) -> Result<Vec<f32>> {
+        let mut delta = vec![0.0f32; shape.lse_len()];
+        self.delta_into(shape, grad_out, out, lse_grad, &mut delta)?;
+        Ok(delta)
+    }
+
+    /// [`Self::delta`] written into `delta`.
+    pub fn delta_into<T: CudaElement>(
+        &self,
+        shape: Shape4,
+        grad_out: &[T],
+        out: &[T],
+        lse_grad: Option<(&[f32], &[f32])>,
+        delta: &mut [f32],
+    ) -> Result<()> {
         need(TensorName::GradOutput, grad_out.len(), shape.numel())?;
         need(TensorName::Output, out.len(), shape.numel())?;
+        need(TensorName::Other("delta"), delta.len(), shape.lse_len())?;
         if let Some((g, l)) = lse_grad {
             need(TensorName::GradLse, g.len(), shape.lse_len())?;
             need(TensorName::Lse, l.len(), shape.lse_len())?;
         }
         let strides = shape.contiguous_strides();
         let mut p = row_params(shape, strides, strides, 1.0);
-        let lc = delta_launch(shape)?;
-        let mut delta = vec![0.0f32; shape.lse_len()];
+        let at = |x: &[T]| (strides, x.as_ptr() as u64);
+        let (name, lc) = delta_kernel(T::SUFFIX, shape, [at(grad_out), at(out)], size_of::<T>())?;
         let (mut g, mut o, mut dl) = (grad_out.as_ptr(), out.as_ptr(), delta.as_mut_ptr());
         let (mut gl, mut l) = lse_grad.map_or((std::ptr::null(), std::ptr::null()), |(g, l)| (g.as_ptr(), l.as_ptr()));
         let mut args: Vec<*mut c_void> = vec![
@@ -393,7 +484,6 @@ impl Emulator {
             (&raw mut dl).cast(),
             (&raw mut p).cast(),
         ];
-        self.launch(&format!("delta_rows_{}", T::SUFFIX), lc, &mut args)?;
-        Ok(delta)
+        self.launch(&name, lc, &mut args)
     }
 }

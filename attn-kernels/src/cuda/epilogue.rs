@@ -4,7 +4,7 @@
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, DilatedConfig, Result, Shape4};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::device::{CudaDevice, cuda_err};
 use super::launch::launch;
@@ -31,18 +31,53 @@ pub(crate) fn row_params(shape: Shape4, a: [usize; 4], b: [usize; 4], scale: f32
     }
 }
 
-/// The launch of `store_rows_*` over a tensor of `shape` (a grid-stride loop, 256 threads a block).
-pub(crate) fn store_launch(shape: Shape4) -> LaunchConfig {
-    let blocks = shape.numel().div_ceil(256).clamp(1, 65_535) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+/// Whether a tensor of `shape` with `strides` starting at byte address `start` allows the
+/// 8-value (16-byte) accesses of the `_v8` epilogues: `d % 8 == 0`, every row stride a
+/// multiple of 8 elements, the start on a 16-byte boundary (for `elem` bytes an element,
+/// 2 or 4), and fewer than 2^31 8-value chunks (their 32-bit index math).
+pub(crate) fn v8_layout(shape: Shape4, strides: [usize; 4], start: u64, elem: usize) -> bool {
+    let bytes = 8 * elem;
+    shape.head_dim.is_multiple_of(8)
+        && strides[..3].iter().all(|s| s.is_multiple_of(8))
+        && start.is_multiple_of(16)
+        && (bytes == 16 || bytes == 32)
+        && (shape.numel() / 8) < (1 << 31)
 }
 
-/// The launch of `delta_rows_*` over the rows of `shape` (a warp a row, 8 warps a block).
-pub(crate) fn delta_launch(shape: Shape4) -> Result<LaunchConfig> {
+/// The kernel and launch of `store_rows` over a tensor of `shape` (a grid-stride loop, 256
+/// threads a block): the 8-value kernel where the destination's layout allows it.
+pub(crate) fn store_kernel(
+    suffix: &str,
+    shape: Shape4,
+    dst_strides: [usize; 4],
+    dst_start: u64,
+    elem: usize,
+) -> (String, LaunchConfig) {
+    let (name, work) = match v8_layout(shape, dst_strides, dst_start, elem) {
+        true => (format!("store_rows_v8_{suffix}"), shape.numel() / 8),
+        false => (format!("store_rows_{suffix}"), shape.numel()),
+    };
+    let blocks = work.div_ceil(256).clamp(1, 65_535) as u32;
+    (name, LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 })
+}
+
+/// The kernel and launch of `delta_rows` over the rows of `shape` (a warp a row, 8 warps a
+/// block): the 16-byte loads where both tensors (`(strides, start)` each) allow them and
+/// the dtype is 16-bit.
+pub(crate) fn delta_kernel(
+    suffix: &str,
+    shape: Shape4,
+    [(gs, g0), (os, o0)]: [([usize; 4], u64); 2],
+    elem: usize,
+) -> Result<(String, LaunchConfig)> {
     let warps_per_block = 8usize;
     let blocks = u32::try_from(shape.lse_len().div_ceil(warps_per_block))
         .map_err(|_| AttnError::InvalidArgument("too many rows for one launch".into()))?;
-    Ok(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps_per_block as u32, 1, 1), shared_mem_bytes: 0 })
+    let v8 = elem == 2 && v8_layout(shape, gs, g0, elem) && v8_layout(shape, os, o0, elem);
+    let name = if v8 { format!("delta_rows_v8_{suffix}") } else { format!("delta_rows_{suffix}") };
+    let lc =
+        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps_per_block as u32, 1, 1), shared_mem_bytes: 0 };
+    Ok((name, lc))
 }
 
 fn check_dst<T: CudaElement>(tensor: TensorName, dst: &DeviceTensor<T>, shape: Shape4) -> Result<()> {
@@ -72,8 +107,9 @@ pub fn store_scaled<T: CudaElement>(
     check_dst(tensor, dst, shape)?;
     check_len(tensor, src.len(), shape.numel())?;
     let p = row_params(shape, dst.strides, dst.strides, scale);
-    let f = dev.function(T::SUFFIX, &format!("store_rows_{}", T::SUFFIX), 0)?;
-    let lc = store_launch(shape);
+    let start = dst.data.device_ptr(&dev.stream).0;
+    let (name, lc) = store_kernel(T::SUFFIX, shape, dst.strides, start, size_of::<T>());
+    let f = dev.function(T::SUFFIX, &name, 0)?;
     // Signature: (const float* src, T* dst, RowParams).
     let mut args = dev.stream.launch_builder(&f);
     args.arg(src).arg(&mut dst.data).arg(&p);
@@ -109,14 +145,20 @@ pub(crate) fn fill_launch(len: usize) -> LaunchConfig {
 /// compiles no other dtype's kernels).
 pub(crate) fn fill_lse<T: CudaElement>(dev: &CudaDevice, len: usize, value: f32) -> Result<CudaSlice<f32>> {
     let mut dst = dev.stream.alloc_zeros::<f32>(len).map_err(cuda_err)?;
+    fill_into::<T>(dev, &mut dst, value)?;
+    Ok(dst)
+}
+
+/// Every value of `dst` set to `value` by `T`'s module.
+pub(crate) fn fill_into<T: CudaElement>(dev: &CudaDevice, dst: &mut CudaSlice<f32>, value: f32) -> Result<()> {
+    let len = dst.len();
     let lc = fill_launch(len);
     let f = dev.function(T::SUFFIX, &format!("fill_lse_{}", T::SUFFIX), 0)?;
     let n = len as i64;
     // Signature: (float* dst, float value, long long n).
     let mut args = dev.stream.launch_builder(&f);
-    args.arg(&mut dst).arg(&value).arg(&n);
-    launch(args, lc)?;
-    Ok(dst)
+    args.arg(dst).arg(&value).arg(&n);
+    launch(args, lc)
 }
 
 /// `delta[b, s, h] = dot(grad_out[b, s, h, :], out[b, s, h, :]) - grad_lse[b, s, h]` in
@@ -128,6 +170,19 @@ pub fn delta<T: CudaElement>(
     out: &DeviceTensor<T>,
     lse_grad: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
 ) -> Result<CudaSlice<f32>> {
+    let mut delta = dev.stream.alloc_zeros::<f32>(grad_out.shape.lse_len()).map_err(cuda_err)?;
+    delta_into(dev, grad_out, out, lse_grad, &mut delta)?;
+    Ok(delta)
+}
+
+/// [`delta`] written into `delta` (f32 `[batch, rows, heads]`), allocating nothing.
+pub fn delta_into<T: CudaElement>(
+    dev: &CudaDevice,
+    grad_out: &DeviceTensor<T>,
+    out: &DeviceTensor<T>,
+    lse_grad: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
+    delta: &mut CudaSlice<f32>,
+) -> Result<()> {
     let shape = grad_out.shape;
     check_dst(TensorName::GradOutput, grad_out, shape)?;
     check_dst(TensorName::Output, out, shape)?;
@@ -135,10 +190,11 @@ pub fn delta<T: CudaElement>(
         check_len(TensorName::GradLse, g.len(), shape.lse_len())?;
         check_len(TensorName::Lse, l.len(), shape.lse_len())?;
     }
-    let mut delta = dev.stream.alloc_zeros::<f32>(shape.lse_len()).map_err(cuda_err)?;
+    check_len(TensorName::Other("delta"), delta.len(), shape.lse_len())?;
     let p = row_params(shape, grad_out.strides, out.strides, 1.0);
-    let f = dev.function(T::SUFFIX, &format!("delta_rows_{}", T::SUFFIX), 0)?;
-    let lc = delta_launch(shape)?;
+    let at = |t: &DeviceTensor<T>| (t.strides, t.data.device_ptr(&dev.stream).0);
+    let (name, lc) = delta_kernel(T::SUFFIX, shape, [at(grad_out), at(out)], size_of::<T>())?;
+    let f = dev.function(T::SUFFIX, &name, 0)?;
     // Signature: (const T* go, const T* out, const float* grad_lse, const float* lse,
     // float* delta, RowParams); a null grad_lse is none.
     let null: u64 = 0;
@@ -148,7 +204,30 @@ pub fn delta<T: CudaElement>(
         Some((g, l)) => args.arg(g).arg(l),
         None => args.arg(&null).arg(&null),
     };
-    args.arg(&mut delta).arg(&p);
-    launch(args, lc)?;
-    Ok(delta)
+    args.arg(delta).arg(&p);
+    launch(args, lc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vector_epilogues_run_only_where_the_layout_allows() {
+        let s = Shape4::new(2, 10, 4, 64).unwrap();
+        let c = s.contiguous_strides();
+        assert_eq!(store_kernel("bf16", s, c, 4096, 2).0, "store_rows_v8_bf16");
+        assert_eq!(store_kernel("f32", s, c, 4096, 4).0, "store_rows_v8_f32");
+        // Off a 16-byte boundary, a row stride off a multiple of 8, a head dim off 8.
+        assert_eq!(store_kernel("bf16", s, c, 4098, 2).0, "store_rows_bf16");
+        assert_eq!(store_kernel("bf16", s, [2560, 260, 65, 1], 4096, 2).0, "store_rows_bf16");
+        let odd = Shape4::new(2, 10, 4, 60).unwrap();
+        assert_eq!(store_kernel("bf16", odd, odd.contiguous_strides(), 4096, 2).0, "store_rows_bf16");
+        // The vector store runs one thread per 8 values.
+        assert_eq!(store_kernel("bf16", s, c, 0, 2).1.grid_dim.0 as usize, (s.numel() / 8).div_ceil(256));
+        let ok = (c, 4096);
+        assert_eq!(delta_kernel("f16", s, [ok, ok], 2).unwrap().0, "delta_rows_v8_f16");
+        assert_eq!(delta_kernel("f32", s, [ok, ok], 4).unwrap().0, "delta_rows_f32");
+        assert_eq!(delta_kernel("f16", s, [ok, (c, 4100)], 2).unwrap().0, "delta_rows_f16");
+    }
 }

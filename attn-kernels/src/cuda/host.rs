@@ -8,8 +8,9 @@ use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs, Grads, Masks, Pass, Saved, Supported};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Result, TensorView, TensorViewMut};
 
-use super::block::{DeviceBlock, ForwardPath, forward_call};
+use super::block::DeviceBlock;
 use super::call::{DeviceSaved, backward_call};
+use super::call::{ForwardPath, forward_call};
 use super::device::{CudaDevice, cuda_err};
 use super::launch_plan::writes_direct;
 use super::plan::forward_kernel;

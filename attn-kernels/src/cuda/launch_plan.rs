@@ -7,7 +7,7 @@ use attn_core::{AttnError, Band, DType, DilatedConfig, Mixing, PackedSequences, 
 
 use super::params::{AttnParams, BlockLayout, FusedPattern, MAX_FUSED, attn_params};
 use super::plan::{
-    BackwardKernel, BackwardOptions, ForwardKernel, ForwardOptions, ForwardRows, PatternFusion, PatternLaunch,
+    BackwardKernel, BackwardOptions, ForwardKernel, ForwardOptions, ForwardRows, MmaDq, PatternFusion, PatternLaunch,
     SelectedIndex, SeqPiece, THREADS, backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
 };
 use super::source::mma_fused_kernel_name;
@@ -315,11 +315,7 @@ pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: Ba
     let launches = pattern_launches(g.cfg, g.q.0.heads);
     for piece in pieces(g) {
         let offsets = offsets(g, &piece);
-        let threads = match &kernel {
-            BackwardKernel::Mma { keys, .. } => keys.threads(),
-            BackwardKernel::Rows { .. } => THREADS,
-        };
-        let planned = |kernel: &str, signature, grid, smem_bytes, params| Planned {
+        let planned = |kernel: &str, signature, threads, grid, smem_bytes, params| Planned {
             kernel: kernel.to_string(),
             signature,
             grid,
@@ -337,25 +333,38 @@ pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: Ba
             for sw in head_sweeps(pl.heads.clone(), group) {
                 let params = AttnParams { head0: sw.head0 as i64, head_step: sw.step as i64, ..base };
                 match &kernel {
-                    BackwardKernel::Mma { name, keys, smem_bytes } => {
+                    BackwardKernel::Mma { name, keys, smem_bytes, dq } => {
                         let smem = u32::try_from(*smem_bytes)
                             .map_err(|_| AttnError::InvalidArgument("shared memory size".into()))?;
+                        let signature = if dq.is_some() { Signature::BackwardDkv } else { Signature::BackwardAll };
                         if let Some(grid) = grid(k_rows, keys.keys(), sw.count, batch)? {
-                            out.push(planned(name, Signature::BackwardAll, grid, smem, params));
+                            out.push(planned(name, signature, keys.threads(), grid, smem, params));
                         }
                     }
                     BackwardKernel::Rows { dkv, .. } => {
                         if let Some(grid) = grid(k_rows, warps, sw.count, batch)? {
-                            out.push(planned(dkv, Signature::BackwardDkv, grid, 0, params));
+                            out.push(planned(dkv, Signature::BackwardDkv, THREADS, grid, 0, params));
                         }
                     }
                 }
             }
-            // dq rows are per query head: one launch over the whole head range.
-            if let BackwardKernel::Rows { dq, .. } = &kernel
-                && let Some(grid) = grid(q_rows, warps, pl.heads.len(), batch)?
-            {
-                out.push(planned(dq, Signature::BackwardDq, grid, 0, base));
+            // dq rows are per query head: one launch of the dq kernel over the whole head range,
+            // each row one block's (the row kernel: a warp a row; the tensor-core one: 64 rows).
+            let heads = pl.heads.len();
+            match &kernel {
+                BackwardKernel::Rows { dq, .. } => {
+                    if let Some(grid) = grid(q_rows, warps, heads, batch)? {
+                        out.push(planned(dq, Signature::BackwardDq, THREADS, grid, 0, base));
+                    }
+                }
+                BackwardKernel::Mma { dq: Some(dq), .. } => {
+                    let smem = u32::try_from(dq.smem_bytes)
+                        .map_err(|_| AttnError::InvalidArgument("shared memory size".into()))?;
+                    if let Some(grid) = grid(q_rows, MmaDq::ROWS, heads, batch)? {
+                        out.push(planned(&dq.name, Signature::BackwardDq, MmaDq::THREADS, grid, smem, base));
+                    }
+                }
+                BackwardKernel::Mma { dq: None, .. } => {}
             }
         }
     }

@@ -34,17 +34,19 @@ pub mod nvrtc;
 mod nvrtc_library;
 pub mod params;
 pub mod plan;
+pub mod scratch;
 mod slots;
 pub mod source;
 mod tensor;
 
 pub use bench::{BenchRun, Between, GpuTiming, attended_pairs, bench_forward, bench_pass};
-pub use block::{
-    DeviceBlock, DeviceUpstream, ForwardPath, backward_block, backward_block_into, forward_block, forward_call,
+pub use block::{DeviceBlock, DeviceUpstream, backward_block, backward_block_into, forward_block};
+pub use call::{
+    BackwardScratch, DeviceSaved, ForwardPath, backward_call, backward_call_in, backward_scratch_lens, forward_call,
+    forward_call_by, forward_call_into,
 };
-pub use call::{DeviceSaved, backward_call, forward_call_into};
 pub use device::{CudaDevice, check_available, device_count, driver_library_present};
-pub use epilogue::{delta, finish_forward, store_scaled};
+pub use epilogue::{delta, delta_into, finish_forward, store_scaled};
 pub use foreign::{Foreign, Forget, RawStream, check_device_span, foreign_key_padding, foreign_slice, foreign_tensor};
 pub use host::CudaBackend;
 pub use library_search::{LibrarySearch, OpenedOnce, add_library_search_dirs, library_files_in};

@@ -7,8 +7,10 @@ use std::ops::Range;
 
 use attn_core::{Causality, DType, DilatedConfig, HeadGroups, Mixing, SegmentPattern, Shape4};
 
-pub use super::choices::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion};
-use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_kernel_name, mma_kernel_name};
+pub use super::choices::{
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion,
+};
+use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_dq_kernel_name, mma_bwd_kernel_name, mma_kernel_name};
 
 /// Threads per block of the row kernels (4 warps; the tensor-core kernels take theirs from
 /// their block shape).
@@ -219,19 +221,48 @@ pub fn forward_kernel(dtype: DType, suffix: &str, head_dim: usize, rows: Forward
 }
 
 /// Dynamic shared memory of the tensor-core backward (`MMA_BWD_SMEM` in `dilated_bwd_mma.cu`;
-/// query tiles of 32).
+/// query tiles of 32; the dS^T tile only where the kernel adds dQ).
 pub fn mma_bwd_smem_bytes(padded_d: usize, opts: BackwardOptions) -> usize {
     let n = opts.keys.keys();
-    (2 * n + opts.loads.stages() * 2 * 32) * (padded_d + 8) * 2 + n * (32 + 8) * 2
+    let ds = match opts.dq {
+        BackwardDq::Atomic => n * (32 + 8) * 2,
+        BackwardDq::Deterministic => 0,
+    };
+    (2 * n + opts.loads.stages() * 2 * 32) * (padded_d + 8) * 2 + ds
 }
 
 /// Which backward kernels run a dtype and head dim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackwardKernel {
-    /// One tensor-core kernel for dq, dk and dv: name, keys a block, shared memory.
-    Mma { name: String, keys: BackwardKeys, smem_bytes: usize },
+    /// The tensor-core kernel: name, keys a block, shared memory; `dq` the query-major
+    /// tensor-core kernel that adds dq where this one computes dk and dv only
+    /// ([`BackwardDq::Deterministic`]), `None` where it adds dq too.
+    Mma { name: String, keys: BackwardKeys, smem_bytes: usize, dq: Option<MmaDq> },
     /// Two warp-per-row kernels (dq per query row; dk, dv per key row).
     Rows { dq: String, dkv: String },
+}
+
+/// The deterministic backward's dq kernel on tensor cores: 64 query rows a block over 4
+/// warps, its dynamic shared memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MmaDq {
+    pub name: String,
+    pub smem_bytes: usize,
+}
+
+impl MmaDq {
+    /// Query rows (selected indices) a block.
+    pub const ROWS: usize = 64;
+    /// Threads a block.
+    pub const THREADS: u32 = 128;
+}
+
+/// Dynamic shared memory of the tensor-core dq kernel (`MMA_BWD_DQ_SMEM` in
+/// `dilated_bwd_dq_mma.cu`: the Q and dO tiles and two K/V stages, 32 keys a tile at head dim
+/// 128, 64 below).
+pub fn mma_bwd_dq_smem_bytes(padded_d: usize) -> usize {
+    let keys = if padded_d >= 128 { 32 } else { 64 };
+    (2 * MmaDq::ROWS + 4 * keys) * (padded_d + 8) * 2
 }
 
 /// Pick the backward kernels (`suffix` is `f32`, `f16` or `bf16`; `opts` the tensor-core
@@ -247,6 +278,12 @@ pub fn backward_kernel(dtype: DType, suffix: &str, head_dim: usize, opts: Backwa
                 name: mma_bwd_kernel_name(suffix, p, opts),
                 keys,
                 smem_bytes: mma_bwd_smem_bytes(p, opts),
+                dq: match opts.dq {
+                    BackwardDq::Atomic => None,
+                    BackwardDq::Deterministic => {
+                        Some(MmaDq { name: mma_bwd_dq_kernel_name(suffix, p), smem_bytes: mma_bwd_dq_smem_bytes(p) })
+                    }
+                },
             }
         }
         _ => BackwardKernel::Rows {
@@ -430,7 +467,7 @@ mod tests {
         }
         for loads in BackwardLoads::ALL {
             for keys in BackwardKeys::ALL {
-                let opts = BackwardOptions { loads, keys };
+                let opts = BackwardOptions { loads, keys, ..BackwardOptions::default() };
                 assert!(mma_bwd_smem_bytes(128, opts) <= 163 * 1024);
                 assert!(matches!(backward_kernel(DType::F16, "f16", 200, opts), BackwardKernel::Rows { .. }));
                 assert!(matches!(backward_kernel(DType::F32, "f32", 64, opts), BackwardKernel::Rows { .. }));
@@ -441,13 +478,15 @@ mod tests {
             panic!("expected MMA")
         };
         assert_eq!(name, "dilated_bwd_mma_bf16_d64");
-        let pipelined = BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K64 };
+        let pipelined = BackwardOptions { loads: BackwardLoads::Pipelined, ..BackwardOptions::default() };
         let BackwardKernel::Mma { name, smem_bytes, .. } = backward_kernel(DType::BF16, "bf16", 128, pipelined) else {
             panic!("expected MMA")
         };
         assert_eq!((name.as_str(), smem_bytes), ("dilated_bwd_mma_pipelined_bf16_d128", 256 * 136 * 2 + 64 * 40 * 2));
-        let k128 = BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K128 };
-        let BackwardKernel::Mma { name, keys, smem_bytes } = backward_kernel(DType::BF16, "bf16", 128, k128) else {
+        let k128 =
+            BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K128, dq: BackwardDq::Atomic };
+        let BackwardKernel::Mma { name, keys, smem_bytes, dq: None } = backward_kernel(DType::BF16, "bf16", 128, k128)
+        else {
             panic!("expected MMA")
         };
         assert_eq!(
@@ -459,6 +498,24 @@ mod tests {
             panic!("expected MMA")
         };
         assert_eq!((name.as_str(), keys), ("dilated_bwd_mma_pipelined_f16_d32", BackwardKeys::K64));
+        // Deterministic: the tensor-core kernel without dq (no dS^T tile) and the query-major
+        // dq kernel (Q, dO and two stages of 32 K/V rows at head dim 128; 64 below).
+        let ordered = BackwardOptions { dq: BackwardDq::Deterministic, ..k128 };
+        let BackwardKernel::Mma { name, smem_bytes, dq: Some(dq), .. } =
+            backward_kernel(DType::BF16, "bf16", 128, ordered)
+        else {
+            panic!("expected MMA with a dq kernel")
+        };
+        assert_eq!(
+            (name.as_str(), smem_bytes, dq.name.as_str(), dq.smem_bytes),
+            (
+                "dilated_bwd_mma_dkv_pipelined_k128_bf16_d128",
+                384 * 136 * 2,
+                "dilated_bwd_dq_mma_bf16_d128",
+                256 * 136 * 2
+            )
+        );
+        assert_eq!(mma_bwd_dq_smem_bytes(64), 384 * 72 * 2);
         let shape = |batch, seq, heads, head_dim| Shape4 { batch, seq, heads, head_dim };
         assert!(vec_loads_ok(shape(2, 16, 2, 64), [2048, 128, 64, 1]));
         assert!(!vec_loads_ok(shape(2, 16, 2, 60), [1920, 120, 60, 1]));

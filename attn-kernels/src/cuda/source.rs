@@ -6,17 +6,18 @@
 
 use attn_core::DType;
 
-use super::plan::{BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows};
+use super::plan::{BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows};
 
 /// Shared definitions, compiled first.
 pub const PRELUDE: &str = include_str!("../../kernels/prelude.cu");
 
 /// The kernel files after the prelude, as `(file name, text)`.
-pub const FILES: [(&str, &str); 5] = [
+pub const FILES: [(&str, &str); 6] = [
     ("dilated_rows.cu", include_str!("../../kernels/dilated_rows.cu")),
     ("mma_tiles.cu", include_str!("../../kernels/mma_tiles.cu")),
     ("dilated_fwd_mma.cu", include_str!("../../kernels/dilated_fwd_mma.cu")),
     ("dilated_bwd_mma.cu", include_str!("../../kernels/dilated_bwd_mma.cu")),
+    ("dilated_bwd_dq_mma.cu", include_str!("../../kernels/dilated_bwd_dq_mma.cu")),
     ("epilogue.cu", include_str!("../../kernels/epilogue.cu")),
 ];
 
@@ -80,13 +81,20 @@ pub fn dtype_suffix(dtype: DType) -> Option<&'static str> {
 pub fn kernel_names() -> Vec<String> {
     let mut names = Vec::new();
     for t in ["f32", "f16", "bf16"] {
-        for k in
-            ["dilated_fwd_rows", "dilated_bwd_dq_rows", "dilated_bwd_dkv_rows", "store_rows", "delta_rows", "fill_lse"]
-        {
+        for k in [
+            "dilated_fwd_rows",
+            "dilated_bwd_dq_rows",
+            "dilated_bwd_dkv_rows",
+            "store_rows",
+            "store_rows_v8",
+            "delta_rows",
+            "fill_lse",
+        ] {
             names.push(format!("{k}_{t}"));
         }
     }
     for t in ["f16", "bf16"] {
+        names.push(format!("delta_rows_v8_{t}"));
         for rows in ForwardRows::ALL {
             for d in MMA_HEAD_DIMS.into_iter().filter(|&d| rows.has_head_dim(d)) {
                 names.push(mma_kernel_name(t, d, rows));
@@ -97,10 +105,15 @@ pub fn kernel_names() -> Vec<String> {
         }
         for loads in BackwardLoads::ALL {
             for keys in BackwardKeys::ALL {
-                for d in MMA_BWD_HEAD_DIMS.into_iter().filter(|&d| keys.has_head_dim(d)) {
-                    names.push(mma_bwd_kernel_name(t, d, BackwardOptions { loads, keys }));
+                for dq in BackwardDq::ALL {
+                    for d in MMA_BWD_HEAD_DIMS.into_iter().filter(|&d| keys.has_head_dim(d)) {
+                        names.push(mma_bwd_kernel_name(t, d, BackwardOptions { loads, keys, dq }));
+                    }
                 }
             }
+        }
+        for d in MMA_BWD_HEAD_DIMS {
+            names.push(mma_bwd_dq_kernel_name(t, d));
         }
     }
     names
@@ -112,9 +125,13 @@ pub fn mma_fused_kernel_name(suffix: &str, padded_d: usize) -> String {
     format!("dilated_fwd_mma_fused_{suffix}_d{padded_d}")
 }
 
-/// Name of the tensor-core backward for a dtype suffix, padded head dim, query-tile loads
-/// and keys a block.
+/// Name of the tensor-core backward for a dtype suffix, padded head dim, query-tile loads,
+/// keys a block and dq sum (`dkv_`: the kernel without dq).
 pub fn mma_bwd_kernel_name(suffix: &str, padded_d: usize, opts: BackwardOptions) -> String {
+    let dq = match opts.dq {
+        BackwardDq::Atomic => "",
+        BackwardDq::Deterministic => "dkv_",
+    };
     let loads = match opts.loads {
         BackwardLoads::Sync => "",
         BackwardLoads::Pipelined => "pipelined_",
@@ -123,7 +140,13 @@ pub fn mma_bwd_kernel_name(suffix: &str, padded_d: usize, opts: BackwardOptions)
         BackwardKeys::K64 => "",
         BackwardKeys::K128 => "k128_",
     };
-    format!("dilated_bwd_mma_{loads}{keys}{suffix}_d{padded_d}")
+    format!("dilated_bwd_mma_{dq}{loads}{keys}{suffix}_d{padded_d}")
+}
+
+/// Name of the deterministic backward's tensor-core dq kernel (query-major, 64 rows a block)
+/// for a dtype suffix and padded head dim.
+pub fn mma_bwd_dq_kernel_name(suffix: &str, padded_d: usize) -> String {
+    format!("dilated_bwd_dq_mma_{suffix}_d{padded_d}")
 }
 
 /// Name of the tensor-core forward for a dtype suffix, padded head dim and rows a block.
@@ -157,7 +180,12 @@ mod tests {
                 let (t, d) = rest.split_once("_d").unwrap();
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
                 src.contains(&format!("{mac}({t}, {e}, {d},"))
+            } else if let Some(rest) = name.strip_prefix("dilated_bwd_dq_mma_") {
+                let (t, d) = rest.split_once("_d").unwrap();
+                let e = if t == "f16" { "F16E" } else { "BF16E" };
+                src.contains(&format!("ATTN_MMA_BWD_DQ_KERNEL({t}, {e}, {d},"))
             } else if let Some(rest) = name.strip_prefix("dilated_bwd_mma_") {
+                let rest = rest.strip_prefix("dkv_").unwrap_or(rest);
                 let rest = rest.strip_prefix("pipelined_").unwrap_or(rest);
                 let (rest, mac) = match rest.strip_prefix("k128_") {
                     Some(r) => (r, "ATTN_MMA_BWD_KERNEL_K128"),
@@ -166,6 +194,9 @@ mod tests {
                 let (t, d) = rest.split_once("_d").unwrap();
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
                 src.contains(&format!("{mac}({t}, {e}, {d})"))
+            } else if let Some(t) = name.strip_prefix("delta_rows_v8_") {
+                let e = if t == "f16" { "F16E" } else { "BF16E" };
+                src.contains(&format!("ATTN_DELTA_V8_KERNEL({t}, {e})"))
             } else if let Some(t) = ["f32", "f16", "bf16"].iter().find(|t| name.ends_with(&format!("_{t}"))) {
                 let e = match *t {
                     "f32" => "F32E",

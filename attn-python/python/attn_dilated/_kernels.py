@@ -218,7 +218,13 @@ def backward(cfg, grad_out, q, k, v, out, lse, mask, cu, grad_lse=None) -> Tuple
     # `lse.sum()`'s gradient over as an expanded, stride-0 view). Kept in a name until the
     # call returns: the kernels read its memory.
     gl = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
-    call_native(_native.backward, q, *args, grad_lse=None if gl is None else describe(gl))
+    kwargs = {"grad_lse": None if gl is None else describe(gl)}
+    if q.is_cuda:
+        # The kernels' f32 scratch (dq, dk, dv accumulators, then delta) from torch's
+        # caching allocator, so a repeated shape maps no new device memory.
+        scratch = torch.empty(q.numel() + 2 * k.numel() + lse.numel(), dtype=torch.float32, device=q.device)
+        kwargs["scratch"] = describe(scratch)
+    call_native(_native.backward, q, *args, **kwargs)
     return dq, dk, dv
 
 

@@ -2,7 +2,13 @@
 PyTorch composition (per head group: cut into segments, take every r-th row,
 `scaled_dot_product_attention`, scatter back, divide by the group count), forward and
 forward+backward, median wall time of several runs (synchronised on a GPU), on CPU or
-CUDA tensors.
+CUDA tensors, all in one process with one timing method.
+
+`--sdpa flash,cudnn` adds the composition with SDPA held to each named backend
+(`torch.nn.attention.sdpa_kernel`), `--gathered` SDPA alone on the segments gathered
+into contiguous tensors beforehand (the kernels' time without the gather and scatter),
+and `--json PATH` writes every figure in milliseconds (`null` where a backend refused
+the shape).
 
 Default problem: batch 1, 8 heads, head_dim 64, segments 2048,4096,8192, dilations
 1,2,4, head-groups mixing, float32 CPU tensors, sequence lengths 8192 and 65536."""
@@ -10,15 +16,31 @@ Default problem: batch 1, 8 heads, head_dim 64, segments 2048,4096,8192, dilatio
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import statistics
 import time
-from typing import Callable, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from . import _native
 from ._op import dilated_attention
+
+
+def head_groups(h: int, segs: Sequence[int], rates: Sequence[int]):
+    """`(lo, hi, w, r, off)` of each head group: tensor_split gives the first `h % groups`
+    groups one head more, as head groups do."""
+    groups = torch.arange(h).tensor_split(len(segs))
+    return [(int(g[0]), int(g[-1]) + 1, w, r, i % r) for i, (g, w, r) in enumerate(zip(groups, segs, rates))]
+
+
+def gather(x: torch.Tensor, lo: int, hi: int, w: int, r: int, off: int) -> torch.Tensor:
+    """`[b, n, h, d]` -> `[b * n/w, g, w/r, d]`: one group's heads, its segments as a batch."""
+    b, n, _, d = x.shape
+    x = x[:, :, lo:hi].reshape(b, n // w, w, hi - lo, d)[:, :, off::r]
+    return x.permute(0, 1, 3, 2, 4).reshape(b * (n // w), hi - lo, -1, d)
 
 
 def torch_dilated(q, k, v, segs: Sequence[int], rates: Sequence[int]) -> torch.Tensor:
@@ -29,19 +51,28 @@ def torch_dilated(q, k, v, segs: Sequence[int], rates: Sequence[int]) -> torch.T
         raise ValueError(f"the composition needs seq ({n}) to be a multiple of every segment length {list(segs)}")
     out = torch.zeros_like(q)
     groups = len(segs)
-    # tensor_split gives the first `h % groups` groups one head more, as head groups do.
-    for i, (heads_i, w, r) in enumerate(zip(torch.arange(h).tensor_split(groups), segs, rates)):
-        lo, hi = int(heads_i[0]), int(heads_i[-1]) + 1
-        off, g = i % r, hi - lo
-
-        def pick(x):  # [b, n, h, d] -> [b * n/w, g, w/r, d]
-            x = x[:, :, lo:hi].reshape(b, n // w, w, g, d)[:, :, off::r]
-            return x.permute(0, 1, 3, 2, 4).reshape(b * (n // w), g, -1, d)
-
+    for lo, hi, w, r, off in head_groups(h, segs, rates):
+        pick = lambda x: gather(x, lo, hi, w, r, off)
         x = F.scaled_dot_product_attention(pick(q), pick(k), pick(v))
-        x = x.reshape(b, n // w, g, -1, d).permute(0, 1, 3, 2, 4)
+        x = x.reshape(b, n // w, hi - lo, -1, d).permute(0, 1, 3, 2, 4)
         out.view(b, n // w, w, h, d)[:, :, off::r, lo:hi] = x / groups
     return out
+
+
+def sdpa_backend(name: Optional[str]):
+    """A context holding SDPA to backend `name` (`flash`, `cudnn`, `efficient`, `math`), or
+    no constraint for None."""
+    if name is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+    return sdpa_kernel(backends[name])
 
 
 def median_seconds(fn: Callable[[], None], reps: int, device: torch.device) -> float:
@@ -62,7 +93,10 @@ def median_seconds(fn: Callable[[], None], reps: int, device: torch.device) -> f
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def measure(seq: int, heads: int, head_dim: int, segs, rates, reps: int, device, dtype) -> List[tuple]:
+def measure(seq: int, heads: int, head_dim: int, segs, rates, reps: int, device, dtype, sdpa=(), gathered=False):
+    """`(rows, err)`: `(name, key, forward s, forward+backward s)` per implementation (None
+    where it failed, with the reason printed) and the package's relative L2 error against
+    the composition."""
     gen = torch.Generator().manual_seed(0)
     make = lambda: torch.randn(1, seq, heads, head_dim, generator=gen).to(device, dtype)
     q, k, v = make(), make(), make()
@@ -72,19 +106,57 @@ def measure(seq: int, heads: int, head_dim: int, segs, rates, reps: int, device,
     with torch.no_grad():
         want = theirs(q, k, v).float()
         err = (ours(q, k, v).float() - want).norm() / want.norm()
+    impls = [("attn_dilated", "python", ours, None), ("torch composition", "sdpa", theirs, None)]
+    impls += [(f"composition, {b}", f"sdpa_{b}", theirs, b) for b in sdpa]
     rows = []
-    for name, fn in (("attn_dilated", ours), ("torch composition", theirs)):
+    for name, key, fn, backend in impls:
 
         def fwd():
-            with torch.no_grad():
+            with torch.no_grad(), sdpa_backend(backend):
                 fn(q, k, v)
 
         def fwd_bwd():
             a, b, c = (x.detach().requires_grad_() for x in (q, k, v))
-            fn(a, b, c).backward(grad)
+            with sdpa_backend(backend):
+                fn(a, b, c).backward(grad)
 
-        rows.append((name, median_seconds(fwd, reps, device), median_seconds(fwd_bwd, reps, device)))
+        rows.append((name, key, *timed(name, fwd, fwd_bwd, reps, device)))
+    if gathered:
+        groups = head_groups(heads, segs, rates)
+        picked = [[gather(x, *g) for x in (q, k, v, grad)] for g in groups]
+        # The gradient of each group's output: its share of `grad`, gathered like q.
+        backend = sdpa[0] if sdpa else None
+
+        def fwd():
+            with torch.no_grad(), sdpa_backend(backend):
+                for a, b, c, _ in picked:
+                    F.scaled_dot_product_attention(a, b, c)
+
+        def fwd_bwd():
+            with sdpa_backend(backend):
+                for a, b, c, g in picked:
+                    a, b, c = (x.detach().requires_grad_() for x in (a, b, c))
+                    F.scaled_dot_product_attention(a, b, c).backward(g)
+
+        rows.append((f"gathered, {backend or 'default'}", "sdpa_gathered", *timed("gathered", fwd, fwd_bwd, reps, device)))
     return rows, err.item()
+
+
+def timed(name: str, fwd, fwd_bwd, reps: int, device) -> tuple:
+    """`(forward s, forward+backward s)`, None for a pass that raised (a backend that does
+    not take the shape), its reason printed."""
+    out = []
+    for fn in (fwd, fwd_bwd):
+        try:
+            out.append(median_seconds(fn, reps, device))
+        except RuntimeError as e:
+            print(f"{name}: {str(e).splitlines()[0]}")
+            out.append(None)
+    return tuple(out)
+
+
+def ms(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x * 1e3:.1f}"
 
 
 def main(argv=None) -> None:
@@ -97,9 +169,13 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=5, help="timed runs per figure (median), after one warm-up")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--sdpa", default="", help="SDPA backends to time the composition under, e.g. flash,cudnn")
+    p.add_argument("--gathered", action="store_true", help="SDPA alone on pre-gathered segments")
+    p.add_argument("--json", help="write the figures (milliseconds) to this file")
     args = p.parse_args(argv)
     segs = [int(x) for x in args.segments.split(",")]
     rates = [int(x) for x in args.dilations.split(",")]
+    sdpa = [b for b in args.sdpa.split(",") if b]
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     if device.type == "cuda":
         where = f"{torch.cuda.get_device_name(device)}, kernels cuda"
@@ -109,13 +185,23 @@ def main(argv=None) -> None:
         f"attn_dilated bench: batch 1, heads {args.heads}, head_dim {args.head_dim}, segments {segs}, "
         f"dilations {rates}, {args.dtype}, torch {torch.__version__}, {where}, median of {args.reps}"
     )
-    print(f"{'seq':>7}  {'implementation':<18} {'forward ms':>11} {'fwd+bwd ms':>11}")
+    print(f"{'seq':>7}  {'implementation':<22} {'forward ms':>11} {'fwd+bwd ms':>11}")
+    figures: Dict[str, Dict[str, Optional[float]]] = {}
     for seq in (int(x) for x in args.seqs.split(",")):
-        rows, err = measure(seq, args.heads, args.head_dim, segs, rates, args.reps, device, dtype)
-        for name, f, fb in rows:
-            print(f"{seq:>7}  {name:<18} {f * 1e3:>11.1f} {fb * 1e3:>11.1f}")
-        (_, f0, fb0), (_, f1, fb1) = rows
-        print(f"{seq:>7}  {'speed-up':<18} {f1 / f0:>10.2f}x {fb1 / fb0:>10.2f}x   (outputs differ by {err:.1e} rel. L2)")
+        rows, err = measure(seq, args.heads, args.head_dim, segs, rates, args.reps, device, dtype, sdpa, args.gathered)
+        for name, _, f, fb in rows:
+            print(f"{seq:>7}  {name:<22} {ms(f):>11} {ms(fb):>11}")
+        (_, _, f0, fb0), (_, _, f1, fb1) = rows[:2]
+        ratio = lambda a, b: "n/a" if a is None or b is None else f"{a / b:.2f}x"
+        print(f"{seq:>7}  {'speed-up':<22} {ratio(f1, f0):>11} {ratio(fb1, fb0):>11}   (outputs differ by {err:.1e} rel. L2)")
+        figures[str(seq)] = {"rel_l2_vs_composition": err}
+        for _, key, f, fb in rows:
+            figures[str(seq)][f"{key}_fwd_ms"] = None if f is None else f * 1e3
+            figures[str(seq)][f"{key}_fwdbwd_ms"] = None if fb is None else fb * 1e3
+    if args.json:
+        meta = {"device": where, "dtype": args.dtype, "torch": torch.__version__, "reps": args.reps}
+        with open(args.json, "w") as f:
+            json.dump({**meta, "seq": figures}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,48 @@
+//! The lean call path's scratch on the CPU emulation: whole calls of one shape allocate
+//! their f32 scratch (the backward's accumulators and delta, the forward's partial where
+//! the output cannot come straight from the kernel) on the first call only, through the
+//! pool code the device runs; a new shape allocates anew.
+#![cfg(feature = "cuda")]
+
+use attn_core::{AttnShape, DilatedConfig, Mixing, Shape4};
+use attn_kernels::cuda::plan::ForwardRows;
+use attn_testkit::FeatureCase;
+use attn_testkit::golden::DilatedBackend;
+use half::bf16;
+
+use crate::cuda_emulation::Emulated;
+
+fn case(mixing: Mixing, seq: usize) -> FeatureCase {
+    let cfg = DilatedConfig::builder().segments(&[64, 128]).dilations(&[1, 2]).mixing(mixing).build().unwrap();
+    FeatureCase {
+        cfg,
+        shape: AttnShape::self_attn(Shape4::new(1, seq, 2, 32).unwrap()),
+        padding: None,
+        cu_seqlens: None,
+        seed: 5,
+    }
+}
+
+/// Allocations after each of three forward+backward calls of `case`.
+fn allocations_over_three_calls(emulated: &Emulated<bf16>, case: &FeatureCase) -> Vec<u64> {
+    let [q, k, v, go] = case.inputs();
+    (0..3)
+        .map(|_| {
+            emulated.backward(&case.problem(), [&q, &k, &v], &go).unwrap();
+            emulated.scratch_allocations()
+        })
+        .collect()
+}
+
+#[test]
+fn repeated_calls_of_one_shape_allocate_scratch_on_the_first_only() {
+    // Head groups: the forward writes its output straight from the kernel (no partial); the
+    // backward takes delta and three accumulators.
+    let emulated = Emulated::<bf16>::new(ForwardRows::M64);
+    assert_eq!(allocations_over_three_calls(&emulated, &case(Mixing::HeadGroups, 256)), [4, 4, 4]);
+    // LongNet: the forward's partial too (out; its lse is the caller's).
+    let emulated = Emulated::<bf16>::new(ForwardRows::M64);
+    assert_eq!(allocations_over_three_calls(&emulated, &case(Mixing::LongNet, 256)), [5, 5, 5]);
+    // Another length: each buffer once more, then none.
+    assert_eq!(allocations_over_three_calls(&emulated, &case(Mixing::LongNet, 192)), [10, 10, 10]);
+}
