@@ -6,6 +6,7 @@
 pub mod feature_case;
 pub mod golden;
 pub mod gpu_policy;
+pub mod isa_policy;
 pub mod judge;
 pub mod rng;
 pub mod split_error;
