@@ -7,23 +7,24 @@ refused.
 
 Where the CUDA kernels cannot run (no GPU, no driver or NVRTC, a wheel built without
 CUDA) these tests skip with the reason; `ATTN_REQUIRE_GPU=1` (the device check) makes
-that a failure. Without a GPU, `cuda_unavailable_reason` must name what is missing."""
+that a failure (`gpu_policy`; a test of two GPUs fails where it is 2 or more). Without
+a GPU, `cuda_unavailable_reason` must name what is missing."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 import torch
 
 import attn_dilated as ad
+from gpu_policy import required_gpus, skip_gpu_test
 from checks import BOUND, assert_close, assert_lse
 from test_compile import BACKWARD, OP, layer_run, problem, run
 from test_golden import config_args, files, masks, read
 from test_op import make_case, run_case
 
-REQUIRED = os.environ.get("ATTN_REQUIRE_GPU") == "1"
+REQUIRED = required_gpus() >= 1
 
 
 def unavailable() -> str | None:
@@ -36,9 +37,7 @@ def unavailable() -> str | None:
 def cuda() -> torch.device:
     reason = unavailable()
     if reason is not None:
-        if REQUIRED:
-            pytest.fail(f"ATTN_REQUIRE_GPU=1 but the CUDA tests cannot run: {reason}")
-        pytest.skip(reason)
+        skip_gpu_test("the CUDA tests", reason)
     return torch.device("cuda", 0)
 
 
@@ -240,11 +239,12 @@ def test_views_off_a_16_byte_boundary(dtype, cuda):
 def test_the_current_device_is_kept(cuda):
     """A call on another GPU than the current one leaves torch's current device as it
     was (the kernels' driver calls make the tensors' device current while they run)."""
+    test = "test_the_current_device_is_kept"
     if torch.cuda.device_count() < 2:
-        pytest.skip("needs two CUDA devices: with one, the tensors' device is the current one")
+        skip_gpu_test(test, "needs two CUDA devices: with one, the tensors' device is the current one", gpus=2)
     other = torch.device("cuda", 1)
     if ad.cuda_unavailable_reason(1) is not None:
-        pytest.skip(f"the kernels cannot run on cuda:1: {ad.cuda_unavailable_reason(1)}")
+        skip_gpu_test(test, f"the kernels cannot run on cuda:1: {ad.cuda_unavailable_reason(1)}", gpus=2)
     with torch.cuda.device(cuda):
         q = torch.randn(1, 32, 2, 8, device=other)
         ad.dilated_attention(q, q, q, [16], [1])
