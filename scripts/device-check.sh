@@ -5,7 +5,8 @@
 #   scripts/device-check.sh pack       # here: build the binaries into device-pack/ (git-ignored,
 #                                      # self-contained: binaries, conformance/, the PyTorch peer)
 #   scripts/device-check.sh rehearse   # here: pack, copy the pack into a clean directory and run
-#                                      # it there; GPU steps report `not run (no GPU)`
+#                                      # it there; GPU steps report `not run (no GPU)`, and `run`
+#                                      # exits 3 (no GPU), which the rehearsal expects
 #   device run: command "bash device-pack/device-check.sh run", carry ["device-pack"], timeout_s 580
 #               (each step has a budget, 540 s in all, and the run stops starting commands at
 #               540 s; `run --only STEP[,STEP...]` reruns those steps). $OUT holds five files, rewritten
@@ -26,9 +27,11 @@
 # (compute-sanitizer memcheck and racecheck on a small bf16 forward+backward), nccl (a
 # one-rank round trip and a peer that never joins). Each step writes
 # `STEP: passed|FAILED|not run (why)` to $OUT/device-report.md (JSON twin device-report.json)
-# and its output to STEP.log in $OUT/logs.tgz. ATTN_REQUIRE_GPU=1: no GPU test may skip, and
-# a test filter that matches nothing fails its step. The pack carries the kernel cache of
-# sm_90 (H100, H200) compiled here with NVRTC 13.0, so no step waits for NVRTC there.
+# and its output to STEP.log in $OUT/logs.tgz. ATTN_REQUIRE_GPU=<the GPUs listed>: no GPU test
+# may skip, and a test filter that matches nothing fails its step. `run` on a machine with no
+# visible GPU writes the report (GPU steps `not run (no GPU)`) and exits 3: a run that checked
+# no GPU does not pass. The pack carries the kernel cache of sm_90 (H100, H200) compiled here
+# with NVRTC 13.0, so no step waits for NVRTC there.
 set -uo pipefail
 STEPS="env golden tests speed ring python candle sanitizer nccl"
 
@@ -426,8 +429,10 @@ run() {
     [ -d "$PACK/kernel-cache" ] && cp "$PACK"/kernel-cache/* "$ATTN_CUDA_CACHE_DIR/" 2>/dev/null
     # Modules newer than this stamp were compiled during the run (a packed key did not match).
     touch "$LIBS/cache-stamp"
-    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}" ATTN_GOLDEN_DIR="$PACK/conformance" ATTN_REQUIRE_GPU=1
-    have_gpu || export ATTN_REQUIRE_GPU=0
+    # ATTN_REQUIRE_GPU: the GPUs nvidia-smi lists (1 or more: no GPU test may skip; 2 or more:
+    # neither may a Python test of two GPUs), 0 without one.
+    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}" ATTN_GOLDEN_DIR="$PACK/conformance" ATTN_REQUIRE_GPU=0
+    have_gpu && ATTN_REQUIRE_GPU=$(nvidia-smi -L | grep -c '^GPU ')
     library_dirs
     # The libraries cudarc opens, found once per run (the env step reports them).
     LIB_MISSING=0
@@ -446,6 +451,10 @@ run() {
     done
     cat "$OUT/device-report.md"
     report_lines | grep -c ': FAILED' >/dev/null && return 1
+    if ! have_gpu; then
+        echo "device-check: FAILED: no GPU visible (nvidia-smi absent or lists none): the GPU steps did not run" >&2
+        return 3
+    fi
     return 0
 }
 
@@ -501,6 +510,15 @@ rehearse() {
     # A clean directory, no GPU: every GPU step must say `not run (no GPU)`, the env step passes.
     (cd "$dir" && OUT="$dir/out" bash device-pack/device-check.sh run)
     local rc=$? s
+    # Without a GPU `run` reports every step, then fails with 3 (no GPU): expected here.
+    if ! have_gpu; then
+        if [ "$rc" -eq 3 ]; then
+            rc=0
+        else
+            echo "rehearse: run without a GPU exited $rc, not 3 (no GPU)" >&2
+            rc=1
+        fi
+    fi
     for s in $STEPS; do
         grep -q "^- $s: " "$dir/out/device-report.md" || { echo "rehearse: no line for $s" >&2; rc=1; }
     done

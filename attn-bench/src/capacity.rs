@@ -266,9 +266,59 @@ pub fn render(o: &mut String, rows: &[CapacityRow], budget: u64) {
     }
 }
 
+/// The report's key finding of one row. The longest sequence is computed (from the
+/// row's source), not measured at that length: the line says so, and what a confirmation
+/// run measured, if one ran.
+pub fn finding(c: &CapacityRow) -> String {
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let run = match (c.confirmed_seq_len, c.confirmed_peak_bytes) {
+        (Some(l), Some(peak)) if l == c.max_seq_len => {
+            format!("; a run at that length measured {:.1} MiB per rank", mib(peak))
+        }
+        (Some(l), Some(peak)) => {
+            format!("; measured by a run at {} tokens only ({:.1} MiB per rank)", crate::report::int(l), mib(peak))
+        }
+        _ => "; not measured by a run".to_string(),
+    };
+    format!(
+        "Longest sequence in {:.0} GiB per rank with {} rank(s), computed (not measured) from the {}: {} tokens{run}",
+        c.budget_bytes as f64 / (1u64 << 30) as f64,
+        c.world_size,
+        c.source,
+        crate::report::int(c.max_seq_len)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_finding_says_the_capacity_is_computed_and_what_a_run_measured() {
+        let mut row = CapacityRow {
+            world_size: 2,
+            budget_bytes: 8 << 30,
+            max_seq_len: 1 << 20,
+            bytes_at_max: 7 << 30,
+            source: "workspace query (CpuBackend)".into(),
+            machine_limit_bytes: None,
+            machine_seq_len: None,
+            confirmed_seq_len: None,
+            confirmed_peak_bytes: None,
+            confirmed_predicted_bytes: None,
+            confirm_note: String::new(),
+        };
+        let f = finding(&row);
+        assert!(
+            f.contains("computed (not measured) from the workspace query") && f.ends_with("not measured by a run"),
+            "{f}"
+        );
+        (row.confirmed_seq_len, row.confirmed_peak_bytes) = (Some(1 << 18), Some(3 << 20));
+        let f = finding(&row);
+        assert!(f.contains("measured by a run at 262,144 tokens only (3.0 MiB per rank)"), "{f}");
+        row.confirmed_seq_len = Some(1 << 20);
+        assert!(finding(&row).ends_with("a run at that length measured 3.0 MiB per rank"), "{}", finding(&row));
+    }
 
     #[test]
     fn capacity_from_measured_bytes_per_token_is_linear() {

@@ -254,13 +254,7 @@ pub fn render(
         let _ = writeln!(o, "- {line}");
     }
     for c in &r.capacity {
-        let _ = writeln!(
-            o,
-            "- Longest sequence in {:.0} GiB per rank with {} rank(s): {} tokens",
-            c.budget_bytes as f64 / (1u64 << 30) as f64,
-            c.world_size,
-            int(c.max_seq_len)
-        );
+        let _ = writeln!(o, "- {}", crate::capacity::finding(c));
     }
     if r.includes("scaling") {
         scaling_sections(&mut o, r, sel);

@@ -250,7 +250,31 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     if comparisons.is_some_and(|c| c.iter().any(|r| r.regression)) {
         return Err(AttnError::InvalidArgument(format!("regressions beyond {}% (see report.md)", opts.threshold_pct)));
     }
-    Ok(())
+    failures(&results.measurements, opts.allow_errors)
+}
+
+/// The suite's verdict on its cases: an error naming every case whose status is
+/// `error: ...` (label, section and status), unless `allow_errors` (`--allow-errors`).
+/// Cases that ran, and cases skipped with a reason, pass.
+fn failures(measurements: &[Measurement], allow_errors: bool) -> Result<()> {
+    let failed: Vec<String> = measurements
+        .iter()
+        .filter(|m| m.status.starts_with("error:"))
+        .map(|m| format!("{} [{}]: {}", m.spec.label(), m.section, m.status))
+        .collect();
+    if failed.is_empty() {
+        return Ok(());
+    }
+    if allow_errors {
+        eprintln!("attn-bench: {} cases failed (allowed by --allow-errors): {}", failed.len(), failed.join("; "));
+        return Ok(());
+    }
+    Err(AttnError::InvalidArgument(format!(
+        "{} of {} cases failed (their rows are in report.md; --allow-errors passes anyway): {}",
+        failed.len(),
+        measurements.len(),
+        failed.join("; ")
+    )))
 }
 
 /// Write the plots and `report.md` of `results` into `dir`.

@@ -441,3 +441,24 @@ fn results_without_the_feature_fields_still_load() {
     rerender(&path).unwrap();
     assert!(std::fs::read_to_string(dir.join("report.md")).unwrap().contains("## Single rank"));
 }
+
+/// A case whose status is `error: ...` fails the suite with its label and status (the
+/// quick CI smoke run would otherwise pass with every case failed); skipped cases do not,
+/// and `--allow-errors` passes it.
+#[test]
+fn a_failed_case_fails_the_suite_naming_it() {
+    let good = ok("comparison", dilated("cpu", 8192), 100.0, 1.0);
+    let mut skipped = Measurement::not_run(dilated("cuda", 8192), "skipped: no GPU".into(), GIT);
+    skipped.section = "comparison".into();
+    assert!(failures(&[good.clone(), skipped.clone()], false).is_ok());
+    let mut bad = Measurement::not_run(dilated("cpu", 16384), "error: out of memory".into(), GIT);
+    bad.section = "scaling".into();
+    let all = [good, skipped, bad.clone()];
+    let e = failures(&all, false).unwrap_err().to_string();
+    assert!(e.contains(&bad.spec.label()) && e.contains("out of memory") && e.contains("1 of 3"), "{e}");
+    assert!(failures(&all, true).is_ok());
+    let parsed = crate::cli::parse(&["--quick".into(), "--allow-errors".into()]).unwrap();
+    assert!(matches!(parsed, crate::cli::Command::Suite(o) if o.allow_errors));
+    let parsed = crate::cli::parse(&["--quick".into()]).unwrap();
+    assert!(matches!(parsed, crate::cli::Command::Suite(o) if !o.allow_errors));
+}

@@ -258,3 +258,22 @@ fn longnet_merges_patterns_by_their_denominators() {
         }
     }
 }
+
+/// The finite-difference check bites: the reference's own gradients pass it, and the same
+/// gradients with dk off by 1e-4 in every value (so each sampled index sees it) fail.
+#[test]
+fn finite_differences_reject_a_planted_gradient_error() {
+    let cfg = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).build().unwrap();
+    let shape = Shape4::new(1, 8, 2, 4).unwrap();
+    let s = AttnShape::self_attn(shape);
+    let [q, k, v, go] = [0u64, 1, 2, 3].map(|i| f64s(&random_vec(70 + i, shape.numel())));
+    let (_, g, _) = reference::dilated_backward_lse(&cfg, s, Masks::NONE, [&q, &k, &v], &go, None).unwrap();
+    let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+        let f = reference::dilated_forward(&cfg, s, q, k, v).unwrap();
+        f.out.iter().zip(&go).map(|(a, b)| a * b).sum()
+    };
+    finite_differences(&loss, [&q, &k, &v], [&g.dq, &g.dk, &g.dv], 5).unwrap();
+    let wrong: Vec<f64> = g.dk.iter().map(|x| x + 1e-4).collect();
+    let e = finite_differences(&loss, [&q, &k, &v], [&g.dq, &wrong, &g.dv], 5).expect_err("a wrong dk passed");
+    assert!(e.to_string().contains("tensor 1"), "{e}");
+}

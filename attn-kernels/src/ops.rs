@@ -212,7 +212,8 @@ mod tests {
     /// same order), ragged row blocks and column panels included.
     #[test]
     fn column_major_product_equals_product_on_the_transpose() {
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        for isa in attn_testkit::isa_policy::runnable("column_major_product", Isa::ALL, Isa::as_str, Isa::is_supported)
+        {
             for (m, k, n, acc) in [(1, 1, 16, false), (5, 7, 48, true), (13, 64, 64, false), (64, 130, 80, true)] {
                 let (lda, ldb, ldc) = (m + 3, n + 16, n + 32);
                 let a_cols = values(k * lda, 1);

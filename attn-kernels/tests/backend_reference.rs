@@ -111,7 +111,7 @@ fn multi_tile_cases_match_reference() {
     for (i, (w, r, mixing, causal, n, h, d)) in cases.into_iter().enumerate() {
         let cfg = DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causal(causal).build().unwrap();
         let case = DilatedCase { cfg, shape: Shape4::new(1, n, h, d).unwrap(), seed: 100 + i as u64 };
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        for isa in common::isas_here("multi_tile_cases_match_reference", Isa::ALL) {
             check_case::<f32>(&backend(isa), &case).unwrap_or_else(|e| panic!("case {i} {}: {e}", isa.as_str()));
         }
     }
@@ -126,7 +126,7 @@ fn simd_paths_agree_with_portable() {
     let n = shape.numel();
     let (q, k, v) = (random_vec(1, n), random_vec(2, n), random_vec(3, n));
     let (want, _) = backend(Isa::Portable).forward_vec(&cfg, shape, &q, &k, &v).unwrap();
-    for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+    for isa in common::isas_here("simd_paths_agree_with_portable", Isa::ALL) {
         let (got, _) = backend(isa).forward_vec(&cfg, shape, &q, &k, &v).unwrap();
         let err = rel_l2_error(&got, &want);
         assert!(err < 1e-6, "{} vs portable: {err:.3e}", isa.as_str());

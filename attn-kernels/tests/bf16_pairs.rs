@@ -2,7 +2,8 @@
 //! products, `Isa::Avx512Bf16`) against the float64 reference and the AVX-512 f32 path:
 //! odd head dims, ragged lengths, causal and LongNet cases; thread-count independence;
 //! and the fallbacks (a non-finite piece, heads wider than 512) that hand a piece to the
-//! f32 kernel. An engine this CPU lacks is skipped, with the reason printed.
+//! f32 kernel. An engine this CPU lacks is skipped, with the reason printed, unless
+//! `ATTN_REQUIRE_ISA` names it.
 
 use crate::common;
 
@@ -13,18 +14,10 @@ use attn_testkit::{random_vec, rel_l2_error};
 use common::{back, conv, to64};
 use half::bf16;
 
-/// The pair engines this CPU (and OS) offers.
-fn engines() -> Vec<Isa> {
-    [Isa::Amx, Isa::Avx512Bf16]
-        .into_iter()
-        .filter(|isa| {
-            let ok = isa.is_supported();
-            if !ok {
-                println!("skipped {}: this CPU (or OS) does not offer it", isa.as_str());
-            }
-            ok
-        })
-        .collect()
+/// The pair engines this CPU (and OS) offers; one it lacks fails the test where
+/// `ATTN_REQUIRE_ISA` names it.
+fn engines(test: &str) -> Vec<Isa> {
+    common::isas_here(test, [Isa::Amx, Isa::Avx512Bf16])
 }
 
 fn pairs(isa: Isa, threads: usize) -> CpuBackend {
@@ -49,7 +42,7 @@ fn bits(x: &[bf16]) -> Vec<u16> {
 /// cut mid-way, and heads wider than the 64 columns the output keeps in tiles.
 #[test]
 fn pair_engines_match_reference_on_ragged_shapes() {
-    for isa in engines() {
+    for isa in engines("pair_engines_match_reference_on_ragged_shapes") {
         let be = pairs(isa, 2);
         let cases = [
             (&[64, 128][..], &[1, 2][..], Mixing::HeadGroups, false, 300, 2, 8),
@@ -84,7 +77,7 @@ fn pair_engines_match_reference_on_ragged_shapes() {
 
 #[test]
 fn pair_results_do_not_depend_on_the_thread_count() {
-    for isa in engines() {
+    for isa in engines("pair_results_do_not_depend_on_the_thread_count") {
         let one = pairs(isa, 1);
         let cfg = DilatedConfig::builder().segments(&[128, 512]).dilations(&[1, 2]).causal(true).build().unwrap();
         let shape = Shape4::new(2, 900, 4, 64).unwrap();
@@ -107,7 +100,7 @@ fn pair_results_do_not_depend_on_the_thread_count() {
 /// run (bit for bit outside the poisoned pieces, within bf16 rounding inside them).
 #[test]
 fn a_non_finite_value_stays_in_the_rows_that_read_it() {
-    for isa in engines() {
+    for isa in engines("a_non_finite_value_stays_in_the_rows_that_read_it") {
         let be = pairs(isa, 2);
         let cfg = DilatedConfig::builder().segments(&[64, 128]).dilations(&[1, 2]).causal(true).build().unwrap();
         let shape = Shape4::new(1, 256, 2, 64).unwrap();
@@ -147,7 +140,7 @@ fn a_non_finite_value_stays_in_the_rows_that_read_it() {
 /// Heads wider than the tile path takes run on the f32 kernel: bit-identical to AVX-512.
 #[test]
 fn heads_wider_than_512_use_the_f32_kernel() {
-    for isa in engines() {
+    for isa in engines("heads_wider_than_512_use_the_f32_kernel") {
         let be = pairs(isa, 2);
         let cfg = DilatedConfig::builder().segments(&[32, 64]).dilations(&[1, 2]).build().unwrap();
         let shape = Shape4::new(1, 96, 2, 520).unwrap();

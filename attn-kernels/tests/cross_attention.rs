@@ -88,7 +88,7 @@ fn multi_tile_cross_cases_match_reference() {
     for (i, (w, r, mixing, causal, n, m)) in cases.into_iter().enumerate() {
         let cfg = DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causal(causal).build().unwrap();
         let case = DilatedCase { cfg, shape: Shape4::new(1, n, 2, 40).unwrap(), seed: 300 + i as u64 };
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        for isa in common::isas_here("multi_tile_cross_cases_match_reference", Isa::ALL) {
             check::<f32>(&backend(2, isa), &cross(&case, m))
                 .unwrap_or_else(|e| panic!("case {i} {}: {e}", isa.as_str()));
         }

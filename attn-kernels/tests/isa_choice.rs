@@ -65,3 +65,13 @@ fn the_detected_isa_is_the_best_the_cpu_flags_allow() {
         println!("  {:<10} {}", isa.as_str(), if isa.is_supported() { "available" } else { "not on this CPU/OS" });
     }
 }
+
+/// Every name in `ATTN_REQUIRE_ISA` is an ISA as `Isa::as_str` prints it: a misspelt name
+/// would require nothing.
+#[test]
+fn required_isa_names_are_isas() {
+    for name in attn_testkit::isa_policy::required_isas() {
+        let known = Isa::ALL.map(Isa::as_str);
+        assert!(known.contains(&name.as_str()), "ATTN_REQUIRE_ISA: `{name}` is not one of {known:?}");
+    }
+}

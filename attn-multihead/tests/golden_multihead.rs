@@ -31,14 +31,45 @@ fn source(case: &GoldenCase) -> F32Tensors<'_> {
     F32Tensors { tensors }
 }
 
+/// The layer's output on `case` (through `backend`) judged against the file's `out`: its
+/// relative L2 error, or a message where it exceeds the file's bound (at least `bound_floor`).
+fn judge<F: LayerFloat>(case: &GoldenCase, backend: Arc<dyn Attention<F>>, bound_floor: f64) -> Result<f64, String> {
+    let out = forward_case(&case.meta, &source(case), padding(case), backend.clone()).map_err(|e| e.to_string())?;
+    let want = &case.tensor("out").map_err(|e| e.to_string())?.data;
+    let err = rel_l2_error(&out, want);
+    let bound = case.rel_tol().map_err(|e| e.to_string())?.max(bound_floor);
+    if err <= bound {
+        Ok(err)
+    } else {
+        Err(format!("{} on {}: rel_l2 {err:.2e} > {bound:.0e}", case.name, backend.name()))
+    }
+}
+
 fn run<F: LayerFloat>(backend: Arc<dyn Attention<F>>, bound_floor: f64) {
     for case in cases() {
-        let out = forward_case(&case.meta, &source(&case), padding(&case), backend.clone()).unwrap();
-        let want = &case.tensor("out").unwrap().data;
-        let err = rel_l2_error(&out, want);
-        let bound = case.rel_tol().unwrap().max(bound_floor);
-        assert!(err <= bound, "{} on {}: rel_l2 {err:.2e} > {bound:.0e}", case.name, backend.name());
+        let err = judge(&case, backend.clone(), bound_floor).unwrap_or_else(|e| panic!("{e}"));
         eprintln!("{} [{} {:?}] rel_l2 {err:.2e}", case.name, backend.name(), F::DTYPE);
+    }
+}
+
+/// The judge bites on every file: an expected output with one value off by 1e-2, and a
+/// layer with one weight off by 1e-2, are both rejected (the f64 reference, whose own
+/// answer passes far inside the bound).
+#[test]
+fn planted_errors_in_the_expected_output_or_the_layer_are_rejected() {
+    for case in cases() {
+        let mut wrong_want = case.clone();
+        let out = &mut wrong_want.tensors.get_mut("out").expect("an out tensor").data;
+        let mid = out.len() / 2;
+        out[mid] += 1e-2;
+        let e = judge::<f64>(&wrong_want, Arc::new(ReferenceBackend), 0.0).expect_err("a wrong out passed");
+        eprintln!("planted out error: {e}");
+        let mut wrong_layer = case.clone();
+        let name = wrong_layer.tensors.keys().find(|k| k.ends_with("weight") && !k.contains("norm")).cloned();
+        let name = name.unwrap_or_else(|| panic!("{}: no projection weight", case.name));
+        wrong_layer.tensors.get_mut(&name).expect("the weight").data[0] += 1e-2;
+        let e = judge::<f64>(&wrong_layer, Arc::new(ReferenceBackend), 0.0).expect_err("a wrong layer passed");
+        eprintln!("planted {name} error: {e}");
     }
 }
 

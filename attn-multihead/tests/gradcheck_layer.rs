@@ -48,11 +48,14 @@ struct Case {
     /// Key padding flags `[batch, key seq]` and packed sequences (self-attention).
     padding: Option<Vec<bool>>,
     cu_seqlens: Option<Vec<usize>>,
+    /// A deliberate error put into the analytic query gradient before it is judged (the
+    /// planted-error test: the check must reject it).
+    plant: Option<fn(&mut [f64])>,
 }
 
 impl Case {
     fn plain(cfg: MultiheadConfig, batch: usize, q_seq: usize, kv_seq: Option<usize>, mode: Mode) -> Self {
-        Case { cfg, batch, q_seq, kv_seq, mode, padding: None, cu_seqlens: None }
+        Case { cfg, batch, q_seq, kv_seq, mode, padding: None, cu_seqlens: None, plant: None }
     }
 }
 
@@ -85,7 +88,10 @@ fn check(case: Case, seed: u64) {
     };
     let (_, cache) = run(&layer, &query, &key, &value);
     let mut grads = layer.weights.zeros_like();
-    let InputGrads { query: dq, key: dk, value: dv } = layer.backward(&cache, &g, &mut grads).unwrap();
+    let InputGrads { query: mut dq, key: dk, value: dv } = layer.backward(&cache, &g, &mut grads).unwrap();
+    if let Some(plant) = case.plant {
+        plant(&mut dq);
+    }
 
     // Inputs.
     let numeric: Vec<f64> = (0..query.len())
@@ -199,4 +205,17 @@ fn cross_attention_with_key_padding_and_grouped_heads() {
     let cfg = MultiheadConfig::new(8, 4, &[4, 8], &[1, 2]).with_num_kv_heads(2).with_mixing(Mixing::LongNet);
     let padding = (0..18).map(|i| i % 3 == 2 || i >= 15).collect();
     check(Case { padding: Some(padding), ..Case::plain(cfg, 2, 7, Some(9), Mode::Eval) }, 9);
+}
+
+/// The finite-difference check rejects a query gradient with one value off by 1e-5 (ten
+/// times its bound at a gradient scale of about 1).
+#[test]
+fn a_planted_gradient_error_is_rejected() {
+    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+    let plant: fn(&mut [f64]) = |dq| dq[17] += 1e-5;
+    let caught =
+        std::panic::catch_unwind(|| check(Case { plant: Some(plant), ..Case::plain(cfg, 1, 6, None, Mode::Eval) }, 1));
+    let msg = caught.expect_err("a wrong d query passed the finite-difference check");
+    let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("d query[17]"), "{msg}");
 }

@@ -34,25 +34,56 @@ fn twin_layers(case: &DilatedCase) -> (MultiheadDilatedAttention<f64>, Multihead
     (r64, MultiheadDilatedAttention::from_weights(cfg, w32, cpu).unwrap())
 }
 
+/// The CPU layer (f32) against the reference layer on `case`: output and input gradient
+/// each within the f32 bound, or what exceeded it. `plant` changes the f32 layer's weights
+/// first (the planted-error test).
+fn layer_vs_reference(case: &DilatedCase, plant: impl Fn(&mut MultiheadWeights<f32>)) -> Result<(), String> {
+    let s = case.shape;
+    let e = s.heads * s.head_dim;
+    let (r64, mut c32) = twin_layers(case);
+    plant(&mut c32.weights);
+    let n = s.batch * s.seq * e;
+    let x = random_vec(case.seed, n);
+    let g = random_vec(case.seed ^ 1, n);
+    let wide = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    let (x64, g64) = (wide(&x), wide(&g));
+    let (y64, k64) = r64.forward_train(&x64, s.batch, s.seq, Mode::Eval).map_err(|e| e.to_string())?;
+    let (y32, k32) = c32.forward_train(&x, s.batch, s.seq, Mode::Eval).map_err(|e| e.to_string())?;
+    let dx64 = r64.backward(&k64, &g64, &mut r64.zero_grads()).map_err(|e| e.to_string())?.query;
+    let dx32 = c32.backward(&k32, &g, &mut c32.zero_grads()).map_err(|e| e.to_string())?.query;
+    let bound = Tolerance::for_dtype(DType::F32).rel_l2;
+    for (name, got, want) in [("out", &y32, &y64), ("dx", &dx32, &dx64)] {
+        let err = rel_l2_error(got, want);
+        if err > bound {
+            return Err(format!("{name} {err:.2e} > {bound:.0e}"));
+        }
+    }
+    Ok(())
+}
+
+/// The comparison bites: the same case passes with the twin's weights and fails with
+/// the CPU layer's `out_proj.weight` scaled by 1.001.
+#[test]
+fn a_planted_weight_error_is_rejected() {
+    let cfg = attn_core::DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).build().unwrap();
+    let case = DilatedCase { cfg, shape: attn_core::Shape4::new(1, 32, 2, 8).unwrap(), seed: 11 };
+    layer_vs_reference(&case, |_| {}).unwrap();
+    let plant = |w: &mut MultiheadWeights<f32>| {
+        let mut params = w.params_mut();
+        let out_proj = params.iter_mut().find(|p| p.name == "out_proj.weight").expect("out_proj.weight");
+        out_proj.data.iter_mut().for_each(|x| *x *= 1.001);
+    };
+    let e = layer_vs_reference(&case, plant).expect_err("a wrong layer passed");
+    eprintln!("planted weight error: {e}");
+    assert!(e.contains("out"), "{e}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(24), max_shrink_iters: 50, ..ProptestConfig::default() })]
 
     #[test]
     fn cpu_layer_matches_reference_layer(case in dilated_case()) {
-        let s = case.shape;
-        let e = s.heads * s.head_dim;
-        let (r64, c32) = twin_layers(&case);
-        let n = s.batch * s.seq * e;
-        let x = random_vec(case.seed, n);
-        let g = random_vec(case.seed ^ 1, n);
-        let (x64, g64): (Vec<f64>, Vec<f64>) = (x.iter().map(|&v| v as f64).collect(), g.iter().map(|&v| v as f64).collect());
-        let (y64, k64) = r64.forward_train(&x64, s.batch, s.seq, Mode::Eval).unwrap();
-        let (y32, k32) = c32.forward_train(&x, s.batch, s.seq, Mode::Eval).unwrap();
-        let bound = Tolerance::for_dtype(DType::F32).rel_l2;
-        prop_assert!(rel_l2_error(&y32, &y64) <= bound, "out {:.2e}", rel_l2_error(&y32, &y64));
-        let dx64 = r64.backward(&k64, &g64, &mut r64.zero_grads()).unwrap().query;
-        let dx32 = c32.backward(&k32, &g, &mut c32.zero_grads()).unwrap().query;
-        prop_assert!(rel_l2_error(&dx32, &dx64) <= bound, "dx {:.2e}", rel_l2_error(&dx32, &dx64));
+        layer_vs_reference(&case, |_| {}).map_err(TestCaseError::fail)?;
     }
 
     /// Inference in windows of random size (rounded up to a multiple of every segment

@@ -1,29 +1,32 @@
 """The op, its gradients and the layer on CUDA tensors: every conformance file, random
 configurations against the float64 composition in float32, bfloat16 and float16 (grouped
-K/V, key padding, packed sequences, windows, cross-attention, strided layouts), the
-layer against the CPU layer, the kernels queued on the caller's current stream, the
+K/V, key padding, packed sequences, windows, cross-attention, strided layouts; each
+result judged whole and row by row, LSEs included: `checks`), the layer against the
+float64 definition of the layer, the kernels queued on the caller's current stream, the
 registered op (`opcheck`, `torch.compile` without a graph break), and mixed devices
 refused.
 
 Where the CUDA kernels cannot run (no GPU, no driver or NVRTC, a wheel built without
 CUDA) these tests skip with the reason; `ATTN_REQUIRE_GPU=1` (the device check) makes
-that a failure. Without a GPU, `cuda_unavailable_reason` must name what is missing."""
+that a failure (`gpu_policy`; a test of two GPUs fails where it is 2 or more). Without
+a GPU, `cuda_unavailable_reason` must name what is missing."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 import torch
 
 import attn_dilated as ad
-from checks import BOUND, assert_close, assert_lse
+from gpu_policy import required_gpus, skip_gpu_test
+from checks import assert_close, assert_lse
 from test_compile import BACKWARD, OP, layer_run, problem, run
-from test_golden import config_args, files, masks, read
+from test_golden import assert_lse_vector, config_args, files, masks, read
+from test_modules import judge_layer, reference_layer
 from test_op import make_case, run_case
 
-REQUIRED = os.environ.get("ATTN_REQUIRE_GPU") == "1"
+REQUIRED = required_gpus() >= 1
 
 
 def unavailable() -> str | None:
@@ -36,9 +39,7 @@ def unavailable() -> str | None:
 def cuda() -> torch.device:
     reason = unavailable()
     if reason is not None:
-        if REQUIRED:
-            pytest.fail(f"ATTN_REQUIRE_GPU=1 but the CUDA tests cannot run: {reason}")
-        pytest.skip(reason)
+        skip_gpu_test("the CUDA tests", reason)
     return torch.device("cuda", 0)
 
 
@@ -112,6 +113,7 @@ def test_attention_vectors_on_cuda(path, cuda):
     assert_close("out", out, t["out"], rel_tol)
     if "lse" in t:
         assert_lse(lse, t["lse"], rel_tol)
+        assert_lse_vector(lse, t, meta)
     for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         assert_close(name, got, t[name], rel_tol)
 
@@ -128,29 +130,19 @@ def test_random_configs_on_cuda_in_low_precision(seed, dtype, cuda):
 
 
 def test_the_layer_runs_on_cuda(cuda):
-    """`MultiheadDilatedAttention` moved to the GPU gives the CPU layer's output and
-    parameter gradients (the same parameters and inputs). Each module's gradient is judged
-    whole (weight and bias together): the key projection's bias has a gradient of exactly
-    zero (a shift of every key adds one constant to a row's scores), so its computed value
-    is rounding alone and is measured against the scale of its module's gradient."""
+    """`MultiheadDilatedAttention` moved to the GPU against the float64 definition of the
+    layer on the same parameters and input (`test_modules.reference_layer`): the output
+    and every parameter's gradient within the f32 bound (`test_modules.judge_layer`)."""
     torch.manual_seed(5)
     layer = ad.MultiheadDilatedAttention(64, 4, [1, 2], [16, 32], num_kv_heads=2)
     x = torch.randn(2, 64, 64)
-    out_cpu, grads_cpu = layer_run(layer, x)
+    # The definition first: `.to(cuda)` below moves the layer's own parameters.
+    want, params, k = reference_layer(layer, x, x, x, None, None, True)
+    names = [n for n, _ in layer.named_parameters()]
+    *want_grads, dk = torch.autograd.grad(want.square().sum(), [params[n] for n in names] + [k])
     out_gpu, grads_gpu = layer_run(layer.to(cuda), x.to(cuda))
-    assert_close("out", out_gpu, out_cpu, BOUND[torch.float32])
-    assert grads_gpu.keys() == grads_cpu.keys()
-    for module, gpu, cpu in by_module(grads_gpu, grads_cpu):
-        assert_close(module, gpu, cpu, 1e-4)
-
-
-def by_module(*grads: dict[str, torch.Tensor]):
-    """(module name, then each dict's gradients of that module's parameters as one flat
-    host tensor) for every module, in name order."""
-    modules = sorted({n.rsplit(".", 1)[0] for n in grads[0]})
-    for m in modules:
-        names = [n for n in grads[0] if n.rsplit(".", 1)[0] == m]
-        yield (m, *(torch.cat([g[n].flatten().cpu() for n in names]) for g in grads))
+    assert out_gpu.device == cuda and all(g.device == cuda for g in grads_gpu.values())
+    judge_layer(out_gpu, grads_gpu, want, dict(zip(names, want_grads)), dk)
 
 
 def test_the_kernels_run_on_the_current_stream(cuda):
@@ -240,11 +232,12 @@ def test_views_off_a_16_byte_boundary(dtype, cuda):
 def test_the_current_device_is_kept(cuda):
     """A call on another GPU than the current one leaves torch's current device as it
     was (the kernels' driver calls make the tensors' device current while they run)."""
+    test = "test_the_current_device_is_kept"
     if torch.cuda.device_count() < 2:
-        pytest.skip("needs two CUDA devices: with one, the tensors' device is the current one")
+        skip_gpu_test(test, "needs two CUDA devices: with one, the tensors' device is the current one", gpus=2)
     other = torch.device("cuda", 1)
     if ad.cuda_unavailable_reason(1) is not None:
-        pytest.skip(f"the kernels cannot run on cuda:1: {ad.cuda_unavailable_reason(1)}")
+        skip_gpu_test(test, f"the kernels cannot run on cuda:1: {ad.cuda_unavailable_reason(1)}", gpus=2)
     with torch.cuda.device(cuda):
         q = torch.randn(1, 32, 2, 8, device=other)
         ad.dilated_attention(q, q, q, [16], [1])

@@ -1,9 +1,12 @@
 """Every conformance vector of the repository through the Python API: the attention
 files (`dilated/`, `features/`) through the op, forward and gradients, and the layer
 files (`multihead/`, `multihead_features/`) through `MultiheadDilatedAttention` with
-the file's parameters loaded by name; each tensor within the file's `rel_tol`."""
+the file's parameters loaded by name; each tensor within the file's `rel_tol`, and each
+LSE within its own row's bound."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -11,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import attn_dilated as ad
-from checks import assert_close, assert_lse
+from checks import assert_close, assert_lse, assert_lse_rows, row_max
 from conftest import CONFORMANCE
 
 # A file cannot make its own check lax (attn-testkit's MAX_REL_TOL).
@@ -60,6 +63,14 @@ def masks(tensors: dict) -> dict:
     return {"key_padding_mask": None if mask is None else mask.bool(), "cu_seqlens": cu}
 
 
+def assert_lse_vector(lse, t: dict, meta: dict) -> None:
+    """A file's LSEs row by row (`checks.assert_lse_rows`), each row's magnitude bounded
+    from the file's q and k: `scale * |q_p| * max |k_t| + ln(key count)`."""
+    q, k = t["q"].double(), t["k"].double()
+    scale = float(meta["scale"]) if "scale" in meta else q.shape[-1] ** -0.5
+    assert_lse_rows(lse, t["lse"], scale * q.norm(dim=-1) * row_max(k) + math.log(k.shape[1]))
+
+
 @pytest.mark.parametrize("path", files("dilated", "features"), ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_attention_vectors(path):
     meta, t, rel_tol = read(path)
@@ -70,6 +81,7 @@ def test_attention_vectors(path):
     assert_close("out", out, t["out"], rel_tol)
     if "lse" in t:
         assert_lse(lse, t["lse"], rel_tol)
+        assert_lse_vector(lse, t, meta)
     for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         assert_close(name, got, t[name], rel_tol)
 

@@ -95,8 +95,17 @@ def test_multihead_layer_equals_the_definition(case, causal):
     grads = torch.autograd.grad(out, [x for _, x in layer.named_parameters()], grad)
     want, params, k = reference_layer(layer, query, key, value, pad, case["cu"], causal)
     *want_grads, dk = torch.autograd.grad(want, [params[n] for n in names] + [k], grad.double())
+    judge_layer(out, dict(zip(names, grads)), want, dict(zip(names, want_grads)), dk)
+
+
+def judge_layer(out, grads: dict, want, want_grads: dict, dk) -> None:
+    """A layer's output and parameter gradients (by name, on any device) against the
+    float64 definition's (`reference_layer`), each within the f32 bound; `dk` is the
+    definition's gradient of the attention's keys."""
+    assert grads.keys() == want_grads.keys(), f"parameters {sorted(grads)} != {sorted(want_grads)}"
     assert_close("out", out, want, F32)
-    for name, g, w in zip(names, grads, want_grads):
+    for name, w in want_grads.items():
+        g = grads[name].detach().cpu()
         if name == "k_proj.bias":
             # Exactly zero (a shift of every key leaves each softmax unchanged): the
             # computed value is the rounding of a sum over key rows of dk.

@@ -4,10 +4,14 @@
 interpreter, since a process keeps the first NVRTC it opens; those testing one way alone
 load the native module without torch, which would load its own NVRTC first. The wheels
 come from ATTN_CUDA_HOME, where CI installs NVRTC 12 (`nvidia/cuda_nvrtc`) and NVRTC 13
-(`cu13/nvidia/cu13`)."""
+(`cu13/nvidia/cu13`): without ATTN_CUDA_HOME (a machine other than CI) those tests skip,
+whatever ATTN_REQUIRE_GPU says. A build without the `cuda` feature, or a torch without
+NVIDIA's NVRTC wheel, skips the rest, or fails them where ATTN_REQUIRE_GPU is set
+(`gpu_policy`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import subprocess
@@ -16,11 +20,23 @@ import sys
 import pytest
 
 from attn_dilated import _kernels, _native
+from gpu_policy import skip_gpu_test
 
-NEEDS_CUDA_FEATURE = pytest.mark.skipif(
-    "enable the `cuda` feature" in (_native.cuda_unavailable_reason(0) or ""),
-    reason="this build of the package has no `cuda` feature",
-)
+NO_CUDA_FEATURE = "enable the `cuda` feature" in (_native.cuda_unavailable_reason(0) or "")
+
+
+def needs_cuda_feature(test):
+    """A test of the `cuda` feature's NVRTC lookup: skipped by a build without the
+    feature, or failed where `ATTN_REQUIRE_GPU` is set (`gpu_policy`)."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        if NO_CUDA_FEATURE:
+            skip_gpu_test(test.__name__, "this build of the package has no `cuda` feature")
+        return test(*args, **kwargs)
+
+    return run
+
 
 # The native module alone, without the package (and so without torch).
 NATIVE_ALONE = f"""
@@ -63,11 +79,14 @@ def test_the_lib_directories_of_nvidia_wheels_are_searched(tmp_path, monkeypatch
     assert ours == [str(tmp_path / "nvidia" / s / "lib") for s in ("cu13", "cublas", "cuda_nvrtc")], dirs
 
 
-@NEEDS_CUDA_FEATURE
+@needs_cuda_feature
 def test_the_package_uses_the_nvrtc_of_torchs_wheels():
     wheels = [d for d in _kernels.nvidia_lib_dirs() if any(f.startswith("libnvrtc.so") for f in os.listdir(d))]
     if not wheels:
-        pytest.skip("this torch has no NVIDIA wheel holding libnvrtc (a CPU-only build)")
+        skip_gpu_test(
+            "test_the_package_uses_the_nvrtc_of_torchs_wheels",
+            "this torch has no NVIDIA wheel holding libnvrtc (a CPU-only build)",
+        )
     code = "import attn_dilated as ad; path, version = ad.nvrtc_library(); print(path); print(version)\n"
     code += "print([l.split()[-1] for l in open('/proc/self/maps') if '/libnvrtc.so' in l][0])\n"
     r = fresh(code)
@@ -76,7 +95,7 @@ def test_the_package_uses_the_nvrtc_of_torchs_wheels():
     assert any(mapped.startswith(d) for d in wheels), (r.stdout, wheels)
 
 
-@NEEDS_CUDA_FEATURE
+@needs_cuda_feature
 @pytest.mark.parametrize("lib_dir, version", [("nvidia/cuda_nvrtc/lib", "(12,"), ("cu13/nvidia/cu13/lib", "(13,")])
 def test_nvrtc_is_found_in_an_added_directory(lib_dir, version):
     want = cuda_home() / lib_dir
@@ -87,7 +106,7 @@ def test_nvrtc_is_found_in_an_added_directory(lib_dir, version):
     assert path.startswith(str(want)) and got.startswith(version), r.stdout
 
 
-@NEEDS_CUDA_FEATURE
+@needs_cuda_feature
 def test_attn_nvrtc_path_is_the_only_candidate():
     real = cuda_home() / "cu13/nvidia/cu13/lib/libnvrtc.so.13"
     r = native_lookup(ATTN_NVRTC_PATH=str(real))
@@ -98,7 +117,7 @@ def test_attn_nvrtc_path_is_the_only_candidate():
     assert "RuntimeError" in r.stderr and "ATTN_NVRTC_PATH=/nonexistent/libnvrtc.so.13 did not load" in r.stderr
 
 
-@NEEDS_CUDA_FEATURE
+@needs_cuda_feature
 def test_a_failed_lookup_says_what_it_searched():
     r = native_lookup(["/nonexistent-a"])
     if r.returncode == 0:

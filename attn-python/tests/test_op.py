@@ -15,7 +15,7 @@ import torch.utils.checkpoint
 
 import attn_dilated as ad
 from attn_dilated import _native
-from checks import BOUND, assert_close, assert_lse, rel_l2, score_gradient_floor
+from checks import BOUND, assert_close, assert_lse, assert_lse_rows, assert_rows, magnitudes, rel_l2, score_gradient_floor
 import composition
 
 
@@ -75,7 +75,8 @@ def layout(shape, layout_name: str, gen: torch.Generator, dtype, device="cpu") -
 
 def run_case(case: dict, seed: int, dtype=torch.float32, device="cpu") -> None:
     """The op on `device` against the float64 composition on the CPU: output, LSE and
-    gradients within the dtype's bound."""
+    gradients within the dtype's whole-tensor bound, and every row within its own bound
+    (`checks.assert_rows`)."""
     gen = torch.Generator().manual_seed(seed)
     b, n, m, h, kvh, d = (case[x] for x in ("batch", "n", "m", "heads", "kv_heads", "d"))
     _, q = layout((b, n, h, d), case["layout"], gen, dtype, device)
@@ -109,17 +110,24 @@ def run_case(case: dict, seed: int, dtype=torch.float32, device="cpu") -> None:
     bound = BOUND[dtype]
     label = f"seed {seed} {case}"
     assert out.dtype == dtype and lse.dtype == torch.float32
+    s = case["scale"] or d**-0.5
+    attend = lambda q, k, v: composition.dilated(
+        q, k, v, segs, rates, case["mixing"], causal, scale, pad, case["cu"], case["win"]
+    )
+    mag = magnitudes(attend, q, k, v, grad_out, grad_lse, s)
     try:
         assert_close("out", out, ro, bound)
+        assert_rows("out", out, ro, mag["out"], dtype)
         assert_lse(lse, rl)
+        assert_lse_rows(lse, rl, mag["lse"])
         for name, g, r, other in zip(("dq", "dk", "dv"), grads, rgrads, (k, q, None)):
             if other is not None and not r.any():
                 # A constant softmax: the exact gradient is zero, the computed one rounding.
-                s = case["scale"] or d**-0.5
                 floor = score_gradient_floor(s, grad_out, v, other)
                 assert g.double().norm().item() <= floor, f"{name}: {g.norm():.3e} above the floor {floor:.3e}"
             else:
                 assert_close(name, g, r, bound)
+            assert_rows(name, g, r, mag[name], dtype)
     except AssertionError as e:
         raise AssertionError(f"{label}: {e}") from None
 

@@ -3,7 +3,8 @@
 //! with this process as one rank; and the chunk ring (CPU compute, host transport) on
 //! every file and layout. Run under
 //! `mpirun --allow-run-as-root --oversubscribe -np N target/.../mpi_ring-*`.
-//! Also checks that a mismatched config is the same typed error on every rank.
+//! Also checks that a mismatched config is the same typed error on every rank, and that
+//! the error aggregation rejects planted errors (a wrong value, a rank with no rows).
 
 use std::process::ExitCode;
 
@@ -17,31 +18,51 @@ use attn_ring::{
     BackwardOutputs, Communicator, Layout, Strategy, local_rows, problem_for, ring_backward, ring_forward,
 };
 use attn_testkit::golden::{GoldenCase, golden_dir, load_dir};
+use attn_testkit::split_error;
 use attn_testkit::tolerance::Tolerance;
 
 /// The files in `conformance/dilated`: a file missing or added changes the count.
 const EXPECTED_CASES: usize = 9;
 
-/// Global relative L2 error from every rank's local sums.
-fn global_rel_l2(comm: &mut MpiComm, got: &[f32], want: &[f32]) -> Result<f64, AttnError> {
-    let (mut e, mut w) = (0.0f64, 0.0f64);
-    for (&g, &t) in got.iter().zip(want) {
-        let (g, t) = (g as f64, t as f64);
-        if g == t && g.is_infinite() {
-            continue; // an empty row's -inf lse matches exactly
-        }
-        e += if g.is_finite() && t.is_finite() { (g - t).powi(2) } else { f64::INFINITY };
-        w += t * t;
+/// Global relative L2 error of `tensor` from every rank's local sums
+/// (`attn_testkit::split_error`): every rank sends its part, refused or not, so a rank
+/// whose rows are missing or mis-sized fails the comparison on every rank instead of
+/// leaving the others waiting.
+fn global_rel_l2(comm: &mut MpiComm, tensor: &str, got: &[f32], want: &[f32]) -> Result<f64, AttnError> {
+    let all = comm.all_gather(split_error::encode(&split_error::error_sums(tensor, got, want)))?;
+    split_error::combine(tensor, &all).map_err(AttnError::InvalidArgument)
+}
+
+/// The aggregator on planted errors, through the real exchange: exact rows pass the
+/// golden bound, one value off on the last rank fails it, and the last rank returning no
+/// rows is an error on every rank. The failures found, one line each.
+fn planted_errors(comm: &mut MpiComm, bound: f64) -> Vec<String> {
+    let (rank, p) = (comm.rank(), comm.world_size());
+    let want: Vec<f32> = (0..512).map(|i| ((rank * 512 + i) as f32 * 0.37).sin()).collect();
+    let mut wrong = want.clone();
+    if rank + 1 == p {
+        wrong[100] += 0.01;
     }
-    let mut msg = e.to_le_bytes().to_vec();
-    msg.extend_from_slice(&w.to_le_bytes());
-    let all = comm.all_gather(msg)?;
-    let (mut te, mut tw) = (0.0, 0.0);
-    for m in all {
-        te += f64::from_le_bytes(m[..8].try_into().unwrap_or([0; 8]));
-        tw += f64::from_le_bytes(m[8..16].try_into().unwrap_or([0; 8]));
+    let none: &[f32] = if rank + 1 == p { &[] } else { &want };
+    let mut problems = Vec::new();
+    match global_rel_l2(comm, "out", &want, &want) {
+        Ok(e) if e <= bound => {}
+        other => problems.push(format!("exact rows gave {other:?}")),
     }
-    Ok(if tw == 0.0 { te.sqrt() } else { (te / tw).sqrt() })
+    match global_rel_l2(comm, "dq", &wrong, &want) {
+        Ok(e) if e > bound => {}
+        other => problems.push(format!("one planted value gave {other:?}, not above {bound}")),
+    }
+    match global_rel_l2(comm, "dk", none, none) {
+        Err(AttnError::InvalidArgument(m)) if m.contains("dk") => {}
+        other => problems.push(format!("no rows on rank {} gave {other:?}, not a refusal naming dk", p - 1)),
+    }
+    match global_rel_l2(comm, "dv", &want[..want.len() - rank.min(1)], &want) {
+        Err(_) if p > 1 => {}
+        Ok(_) if p == 1 => {}
+        other => problems.push(format!("a length mismatch on ranks 1.. gave {other:?}")),
+    }
+    problems
 }
 
 fn run_case(
@@ -74,11 +95,11 @@ fn run_case(
         &mut TensorViewMut::contiguous(TensorName::Output, &mut out, ls)?,
         &mut lse,
     )?;
-    let mut errs = vec![("out".to_string(), global_rel_l2(comm, &out, &global("out")?)?)];
+    let mut errs = vec![("out".to_string(), global_rel_l2(comm, "out", &out, &global("out")?)?)];
     if let Some(want) = case.tensors.get("lse") {
         let wv =
             TensorView::contiguous(TensorName::Lse, &want.data, Shape4::new(shape.batch, shape.seq, shape.heads, 1)?)?;
-        errs.push(("lse".into(), global_rel_l2(comm, &lse, &local_rows(&wv, &pos)?)?));
+        errs.push(("lse".into(), global_rel_l2(comm, "lse", &lse, &local_rows(&wv, &pos)?)?));
     }
     if case.tensors.contains_key("grad_out") {
         let go = global("grad_out")?;
@@ -90,7 +111,7 @@ fn run_case(
         let outs = BackwardOutputs { dq: &mut dqv, dk: &mut dkv, dv: &mut dvv };
         ring_backward(comm, &problem, [qv, kv, vv], gov, outs)?;
         for (name, got) in [("dq", &dq), ("dk", &dk), ("dv", &dv)] {
-            errs.push((name.into(), global_rel_l2(comm, got, &global(name)?)?));
+            errs.push((name.into(), global_rel_l2(comm, name, got, &global(name)?)?));
         }
     }
     Ok(errs)
@@ -118,19 +139,19 @@ fn run_chunk_case(comm: &mut MpiComm, case: &GoldenCase, layout: Layout) -> Resu
     // One round under the contiguous layout, three (slices of a piece) under zigzag.
     let opts = ChunkOptions::with_rounds(if layout == Layout::Zigzag { 3 } else { 1 })?;
     let f = chunk_forward(&mut HostTransport::new(comm), &x, &problem, opts, [&q, &k, &v])?;
-    let mut errs = vec![("out".to_string(), global_rel_l2(comm, &HostRows::join(&f.out), &want("out")?)?)];
+    let mut errs = vec![("out".to_string(), global_rel_l2(comm, "out", &HostRows::join(&f.out), &want("out")?)?)];
     if let Some(w) = case.tensors.get("lse") {
         let wv =
             TensorView::contiguous(TensorName::Lse, &w.data, Shape4::new(shape.batch, shape.seq, shape.heads, 1)?)?;
         let lse: Vec<HostRows<f32>> =
             f.lse.iter().map(|l| HostRows { shape: Shape4 { head_dim: 1, ..l.shape }, data: l.to_bsh() }).collect();
-        errs.push(("lse".into(), global_rel_l2(comm, &HostRows::join(&lse), &local_rows(&wv, &pos)?)?));
+        errs.push(("lse".into(), global_rel_l2(comm, "lse", &HostRows::join(&lse), &local_rows(&wv, &pos)?)?));
     }
     if case.tensors.contains_key("grad_out") {
         let go = pieces("grad_out")?;
         let g = chunk_backward(&mut HostTransport::new(comm), &x, &problem, opts, [&q, &k, &v], &go, None)?;
         for (name, got) in [("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)] {
-            errs.push((name.into(), global_rel_l2(comm, &HostRows::join(got), &want(name)?)?));
+            errs.push((name.into(), global_rel_l2(comm, name, &HostRows::join(got), &want(name)?)?));
         }
     }
     Ok(errs)
@@ -151,6 +172,10 @@ fn main() -> ExitCode {
         }
     };
     let (mut runs, mut failures) = (0, 0);
+    for problem in planted_errors(&mut comm, Tolerance::for_dtype(attn_core::DType::F32).rel_l2) {
+        eprintln!("rank {rank}: planted errors: {problem}");
+        failures += 1;
+    }
     if cases.len() != EXPECTED_CASES {
         eprintln!("rank {rank}: {} golden files, expected {EXPECTED_CASES}", cases.len());
         failures += 1;

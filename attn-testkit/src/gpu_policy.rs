@@ -1,6 +1,8 @@
 //! Whether a missing GPU, driver or GPU library may skip a test: with `ATTN_REQUIRE_GPU=1`
-//! (set by `scripts/device-check.sh`, and by `cargo xtask test` for its GPU steps when
-//! `nvidia-smi` lists a GPU) every such skip is a failure that names what is missing.
+//! (set by `cargo xtask test` for its GPU steps when `nvidia-smi` lists a GPU, and by
+//! `scripts/device-check.sh` to the number of GPUs it lists; any count of 1 or more
+//! requires one) every such skip is a failure that names what is missing. The Python
+//! tests read the same variable (`attn-python/tests/gpu_policy.py`).
 
 use std::fmt::Display;
 
@@ -12,7 +14,7 @@ pub const REQUIRE_GPU_VAR: &str = "ATTN_REQUIRE_GPU";
 /// Whether a GPU test may skip where it cannot run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuPolicy {
-    /// `ATTN_REQUIRE_GPU=1`: a test that cannot run fails.
+    /// `ATTN_REQUIRE_GPU=1` (or more): a test that cannot run fails.
     Required,
     MaySkip,
 }
@@ -20,7 +22,16 @@ pub enum GpuPolicy {
 impl GpuPolicy {
     /// The policy `ATTN_REQUIRE_GPU` sets.
     pub fn from_env() -> Self {
-        if std::env::var(REQUIRE_GPU_VAR).is_ok_and(|v| v == "1") { GpuPolicy::Required } else { GpuPolicy::MaySkip }
+        Self::from_value(std::env::var(REQUIRE_GPU_VAR).ok().as_deref())
+    }
+
+    /// The policy of the variable's value: a count of 1 or more GPUs requires them.
+    pub fn from_value(value: Option<&str>) -> Self {
+        if value.and_then(|v| v.trim().parse::<u32>().ok()).is_some_and(|n| n >= 1) {
+            GpuPolicy::Required
+        } else {
+            GpuPolicy::MaySkip
+        }
     }
 }
 
@@ -68,5 +79,15 @@ mod tests {
         let msg = required_failure("cuda_golden", &reason, GpuPolicy::Required).expect("required: a failure");
         assert!(msg.contains("cuda_golden") && msg.contains("libcuda") && msg.contains(REQUIRE_GPU_VAR), "{msg}");
         assert_eq!(required_failure("cuda_golden", &reason, GpuPolicy::MaySkip), None);
+    }
+
+    #[test]
+    fn a_count_of_one_or_more_gpus_requires_them() {
+        for v in ["1", "2", " 8 "] {
+            assert_eq!(GpuPolicy::from_value(Some(v)), GpuPolicy::Required, "{v}");
+        }
+        for v in [None, Some("0"), Some(""), Some("yes")] {
+            assert_eq!(GpuPolicy::from_value(v), GpuPolicy::MaySkip, "{v:?}");
+        }
     }
 }

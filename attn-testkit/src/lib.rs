@@ -6,8 +6,10 @@
 pub mod feature_case;
 pub mod golden;
 pub mod gpu_policy;
+pub mod isa_policy;
 pub mod judge;
 pub mod rng;
+pub mod split_error;
 pub mod strategies;
 pub mod tolerance;
 pub mod typed;

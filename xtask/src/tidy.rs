@@ -195,12 +195,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
     match upstream {
         None => println!("tidy: conformance/ not compared with an upstream (--upstream-golden DIR)"),
         Some(dir) => {
-            let missing = vectors::check(&root, &dir)?;
-            for m in &missing {
+            let found = vectors::check(&root, &dir)?;
+            for m in &found.problems {
                 println!("conformance: {m}");
             }
-            println!("tidy: conformance/ compared with {}, {} problem(s)", dir.display(), missing.len());
-            count += missing.len();
+            if !found.not_copied.is_empty() {
+                println!(
+                    "tidy: upstream directories not in conformance/ yet (not compared): {}",
+                    found.not_copied.join(", ")
+                );
+            }
+            println!("tidy: conformance/ compared with {}, {} problem(s)", dir.display(), found.problems.len());
+            count += found.problems.len();
         }
     }
     println!("tidy: {} files checked, {count} problem(s)", files.len());

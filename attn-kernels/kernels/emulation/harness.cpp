@@ -8,7 +8,11 @@
 //
 // Build and run (no GPU, no CUDA toolkit):
 //   g++ -std=c++20 -O2 -pthread attn-kernels/kernels/emulation/harness.cpp -o /tmp/attn-emu && /tmp/attn-emu
-// An optional argument runs only the cases whose name contains it. Not detected here:
+// An optional argument runs only the cases whose name contains it; `--plant [NAME]` first
+// plants errors in each case's results (two rows of out swapped, one LSE off by 0.01) and
+// passes only when the row-wise judge rejects every one. Each result is judged whole
+// (relative L2) and row by row as attn-testkit's `judge` does: every [head_dim] row within
+// a bound from its own magnitude, every LSE within f32 accuracy of its. Not detected here:
 // races from a missing __syncthreads / cp.async wait (copies are synchronous and the CUDA
 // threads are fibers that run one at a time, switching only at barriers).
 #include "emu_runtime.hpp"
@@ -225,8 +229,9 @@ static void bwd_call(DT dt, const Cfg& c, const Feat& f, int B, int N, int H, in
     }
 }
 
-// ---- one test case ------------------------------------------------------------------------
+// ---- judging ------------------------------------------------------------------------------
 static double rel_l2(const std::vector<float>& got, const std::vector<double>& want) {
+    if (got.size() != want.size() || want.empty()) return INFINITY;
     double num = 0, den = 0;
     for (size_t i = 0; i < got.size(); ++i) {
         num += (got[i] - want[i]) * (got[i] - want[i]);
@@ -247,6 +252,91 @@ static double lse_err(const std::vector<float>& got, const std::vector<double>& 
     return worst;
 }
 
+// The row bound's constants of one stored dtype (attn-testkit's RowBound): f32 noise of
+// 256 unit roundoffs, plus the dtype's unit roundoff and its smallest subnormal.
+struct RowBound {
+    double rel, floor;
+};
+
+static RowBound row_bound(DT dt) {
+    const double noise = 256 * std::ldexp(1.0, -24);
+    if (dt == DT::F16) return {std::ldexp(1.0, -11) + noise, std::ldexp(1.0, -24)};
+    if (dt == DT::BF16) return {std::ldexp(1.0, -8) + noise, std::ldexp(1.0, -133)};
+    return {noise, 0};
+}
+
+// The error of row `row` (D values) over its bound rel * (|want| + |magnitude|) +
+// floor * sqrt(D); infinite where a value is not finite.
+static double row_ratio(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& mag,
+                        size_t row, int D, RowBound b) {
+    double err = 0, w = 0, m = 0;
+    for (size_t e = row * D; e < (row + 1) * D; ++e) {
+        if (!std::isfinite(got[e])) return INFINITY;
+        err += (got[e] - want[e]) * (got[e] - want[e]);
+        w += want[e] * want[e];
+        m += mag[e] * mag[e];
+    }
+    if (err == 0) return 0;
+    const double bound = b.rel * (std::sqrt(w) + std::sqrt(m)) + b.floor * std::sqrt((double)D);
+    return bound > 0 ? std::sqrt(err) / bound : INFINITY;
+}
+
+// The worst row's ratio (pass: <= 1); a size mismatch or an empty tensor is infinite.
+static double worst_row(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& mag,
+                        int D, RowBound b) {
+    if (got.size() != want.size() || mag.size() != want.size() || want.empty() || want.size() % D) return INFINITY;
+    double worst = 0;
+    for (size_t r = 0; r < want.size() / D; ++r) worst = std::max(worst, row_ratio(got, want, mag, r, D, b));
+    return worst;
+}
+
+// One LSE's error over 64 f32 unit roundoffs of (magnitude + 1); equal infinities agree.
+static double lse_ratio(float got, double want, double mag) {
+    if (std::isinf(want) && got == want) return 0;
+    if (!std::isfinite(got) || !std::isfinite(want)) return INFINITY;
+    return std::abs(got - want) / (64 * std::ldexp(1.0, -24) * (mag + 1));
+}
+
+static double worst_lse(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& mag) {
+    if (got.size() != want.size() || mag.size() != want.size() || want.empty()) return INFINITY;
+    double worst = 0;
+    for (size_t r = 0; r < want.size(); ++r) worst = std::max(worst, lse_ratio(got[r], want[r], mag[r]));
+    return worst;
+}
+
+// `--plant`: errors put into each case's results, which the row judge must reject.
+static bool g_plant = false;
+
+// Swaps two rows of out that differ (the first and the last with a nonzero reference) and
+// moves the first finite LSE by 0.01; true when the row judge rejects both.
+static bool planted_rejected(const std::string& name, std::vector<float> out, std::vector<float> lse, const Ref& ref,
+                             int D, DT dt) {
+    const size_t rows = ref.out.size() / D;
+    auto nonzero = [&](size_t r) {
+        for (int e = 0; e < D; ++e)
+            if (ref.out[r * D + e] != 0) return true;
+        return false;
+    };
+    size_t a = 0, z = rows - 1;
+    while (a < rows && !nonzero(a)) ++a;
+    while (z > a && !nonzero(z)) --z;
+    size_t l = 0;
+    while (l < lse.size() && !std::isfinite(ref.lse[l])) ++l;
+    if (z <= a || l == lse.size()) {
+        std::printf("FAIL %-58s planted: no two nonzero rows or no finite LSE to plant in\n", name.c_str());
+        return false;
+    }
+    for (int e = 0; e < D; ++e) std::swap(out[a * D + e], out[z * D + e]);
+    lse[l] += 0.01f;
+    const RowBound b = row_bound(dt);
+    const double r_out = row_ratio(out, ref.out, ref.mout, a, D, b), r_lse = lse_ratio(lse[l], ref.lse[l], ref.mlse[l]);
+    const bool rejected = worst_row(out, ref.out, ref.mout, D, b) > 1 && worst_lse(lse, ref.lse, ref.mlse) > 1;
+    std::printf("%-4s %-58s planted: out rows %zu<->%zu at %.1f of the bound (whole tensor %.2e), lse row %zu at %.1f\n",
+                rejected && r_out > 1 && r_lse > 1 ? "ok" : "FAIL", name.c_str(), a, z, r_out, rel_l2(out, ref.out), l, r_lse);
+    return rejected && r_out > 1 && r_lse > 1;
+}
+
+// ---- one test case ------------------------------------------------------------------------
 struct Case {
     std::string name;
     DT dt;
@@ -302,6 +392,7 @@ static bool run_case(const Case& t) {
     });
     std::vector<float> outf(numel);
     for (size_t i = 0; i < numel; ++i) outf[i] = E::to_f(out[i]);
+    if (g_plant) return planted_rejected(t.name, outf, lse, ref, D, t.dt);
 
     // Forward through the block API: q rows [q_start, N), key blocks merged in reverse order.
     const int qs = t.q_start, nq = N - qs;
@@ -348,10 +439,16 @@ static bool run_case(const Case& t) {
     // Whole call vs block API differ only by where P is rounded to the dtype (other running
     // maxima): allow 4 unit roundoffs of the dtype on these O(1) values.
     const double block_tol = t.dt == DT::F32 ? 1e-5 : t.dt == DT::F16 ? 4 * 4.9e-4 : 4 * 3.9e-3;
+    // Row by row: the worst row of each result as a fraction of its bound.
+    const RowBound rb = row_bound(t.dt);
+    const double rows_worst = std::max({worst_row(outf, ref.out, ref.mout, D, rb), worst_lse(lse, ref.lse, ref.mlse),
+                                        worst_row(dq, ref.dq, ref.mdq, D, rb), worst_row(dk, ref.dk, ref.mdk, D, rb),
+                                        worst_row(dv, ref.dv, ref.mdv, D, rb)});
     const bool ok = e_out <= tol && e_lse <= 1e-4 && e_dq <= tol && e_dk <= tol && e_dv <= tol &&
-                    block_err <= block_tol && pad_zero;
-    std::printf("%-4s %-58s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e block %.1e%s (tol %.0e)\n", ok ? "ok" : "FAIL",
-                t.name.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, block_err, pad_zero ? "" : " PAD-GRAD", tol);
+                    block_err <= block_tol && pad_zero && rows_worst <= 1;
+    std::printf("%-4s %-58s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e block %.1e%s (tol %.0e), worst row %.2f\n",
+                ok ? "ok" : "FAIL", t.name.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, block_err, pad_zero ? "" : " PAD-GRAD",
+                tol, rows_worst);
     return ok;
 }
 
@@ -366,7 +463,9 @@ static std::vector<unsigned char> pad_mask(int B, int N, F padded_at) {
 
 int main(int argc, char** argv) {
     // Optional argument: run only the cases whose name contains it.
-    const std::string only = argc > 1 ? argv[1] : "";
+    int arg = 1;
+    if (argc > arg && std::string(argv[arg]) == "--plant") g_plant = true, ++arg;
+    const std::string only = argc > arg ? argv[arg] : "";
     const std::vector<Case> cases = {
         {"f32 headgroups w[4,8] r[1,2] n19 h3 d8", DT::F32, {{4, 8}, {1, 2}, false, false}, 2, 19, 3, 8, false, 5, 7},
         {"f32 longnet causal w[4,8,16] r[1,2,4] d33", DT::F32, {{4, 8, 16}, {1, 2, 4}, true, true}, 1, 37, 2, 33, false, 0, 20},
@@ -420,6 +519,11 @@ int main(int argc, char** argv) {
         std::printf("FAILED: %u vector accesses off their alignment\n", emu::g_misaligned);
         return 1;
     }
-    std::printf("%s: %d of %d cases failed\n", failed ? "FAILED" : "PASSED", failed, ran);
+    if (ran == 0) {
+        std::printf("FAILED: no case matches '%s'\n", only.c_str());
+        return 1;
+    }
+    std::printf("%s: %d of %d cases failed%s\n", failed ? "FAILED" : "PASSED", failed, ran,
+                g_plant ? " (planted errors: a case fails when one was not rejected)" : "");
     return failed ? 1 : 0;
 }

@@ -2,7 +2,8 @@
 // docs/definition.md and independent of the kernels: dilated attention (HeadGroups,
 // LongNet), sliding windows, grouped key/value heads, a key padding mask and packed
 // sequences, listing every (query, key) pair explicitly; forward out + lse and the exact
-// gradients dq, dk, dv of sum(out * grad_out).
+// gradients dq, dk, dv of sum(out * grad_out), and each result's magnitude (its sums of
+// absolute terms, as attn-core's reference gives them) for the row-wise judge.
 #pragma once
 
 #include <algorithm>
@@ -53,6 +54,9 @@ static bool ref_selected(const RefPattern& p, long long x) {
 
 struct Ref {
     std::vector<double> out, lse, dq, dk, dv;
+    // Magnitudes: out, dq, dk, dv summed with every term's absolute value (a row whose terms
+    // cancel is judged by its conditioning); lse's is the largest |score| plus ln(keys).
+    std::vector<double> mout, mlse, mdq, mdk, mdv;
 };
 
 // q, go: contiguous [B][N][H][D]; k, v: [B][N][KH][D] (doubles already rounded to the
@@ -67,6 +71,9 @@ static Ref reference(const Cfg& c, const Feat& f, int B, int N, int H, int D, co
     r.dq = r.out;
     r.dk.assign((size_t)B * N * KH * D, 0.0);
     r.dv = r.dk;
+    r.mout = r.mdq = r.out;
+    r.mdk = r.mdv = r.dk;
+    r.mlse.assign((size_t)B * N * H, 0.0);
     const double scale = 1.0 / std::sqrt((double)D);
     auto qat = [&](int b, int s, int h) { return (((size_t)b * N + s) * H + h) * D; };
     auto kat = [&](int b, int s, int kh) { return (((size_t)b * N + s) * KH + kh) * D; };
@@ -109,28 +116,45 @@ static Ref reference(const Cfg& c, const Feat& f, int B, int N, int H, int D, co
                     s[t] = acc * scale;
                     m = std::max(m, s[t]);
                 }
-                double sum = 0;
-                for (double x : s) sum += std::exp(x - m);
+                double sum = 0, big_score = 0;
+                for (double x : s) sum += std::exp(x - m), big_score = std::max(big_score, std::abs(x));
                 const double lse = m + std::log(sum);
                 r.lse[((size_t)b * N + i) * H + h] = lse;
+                r.mlse[((size_t)b * N + i) * H + h] = big_score + std::log((double)keys.size());
                 std::vector<double> p(keys.size()), dp(keys.size());
                 for (size_t t = 0; t < keys.size(); ++t) {
                     p[t] = std::exp(s[t] - lse);
-                    for (int e = 0; e < D; ++e) r.out[qat(b, i, h) + e] += out_scale * p[t] * v[kat(b, keys[t], kh) + e];
+                    for (int e = 0; e < D; ++e) {
+                        r.out[qat(b, i, h) + e] += out_scale * p[t] * v[kat(b, keys[t], kh) + e];
+                        r.mout[qat(b, i, h) + e] += out_scale * p[t] * std::abs(v[kat(b, keys[t], kh) + e]);
+                    }
                 }
-                double big = 0;
+                double big = 0, big_mag = 0;
+                std::vector<double> dp_mag(keys.size());
                 for (size_t t = 0; t < keys.size(); ++t) {
-                    double acc = 0;
-                    for (int e = 0; e < D; ++e) acc += out_scale * go[qat(b, i, h) + e] * v[kat(b, keys[t], kh) + e];
+                    double acc = 0, acc_mag = 0;
+                    for (int e = 0; e < D; ++e) {
+                        acc += out_scale * go[qat(b, i, h) + e] * v[kat(b, keys[t], kh) + e];
+                        acc_mag += out_scale * std::abs(go[qat(b, i, h) + e] * v[kat(b, keys[t], kh) + e]);
+                    }
                     dp[t] = acc;
+                    dp_mag[t] = acc_mag;
                     big += p[t] * acc;
+                    big_mag += p[t] * acc_mag;
                 }
                 for (size_t t = 0; t < keys.size(); ++t) {
                     const double ds = p[t] * (dp[t] - big) * scale;
+                    // The score gradient's terms, each taken whole: p (|dP| + |delta|), with
+                    // dP's and delta's own products in absolute value.
+                    const double ds_mag = p[t] * (dp_mag[t] + big_mag) * scale;
                     for (int e = 0; e < D; ++e) {
-                        r.dv[kat(b, keys[t], kh) + e] += p[t] * out_scale * go[qat(b, i, h) + e];
-                        r.dq[qat(b, i, h) + e] += ds * k[kat(b, keys[t], kh) + e];
-                        r.dk[kat(b, keys[t], kh) + e] += ds * q[qat(b, i, h) + e];
+                        const size_t at_q = qat(b, i, h) + e, at_k = kat(b, keys[t], kh) + e;
+                        r.dv[at_k] += p[t] * out_scale * go[at_q];
+                        r.dq[at_q] += ds * k[at_k];
+                        r.dk[at_k] += ds * q[at_q];
+                        r.mdv[at_k] += p[t] * out_scale * std::abs(go[at_q]);
+                        r.mdq[at_q] += ds_mag * std::abs(k[at_k]);
+                        r.mdk[at_k] += ds_mag * std::abs(q[at_q]);
                     }
                 }
             }
