@@ -235,14 +235,16 @@ step_env() {
 step_golden() {
     have_gpu || return 2
     local dir dt ok=0
-    for dir in dilated features; do
+    for dir in dilated:9 features:9 wide:5; do
         for dt in f32 bf16 f16; do
-            logged 40 "$PACK/bin/attn-golden" "$PACK/conformance/$dir" --backend cuda --dtype "$dt" --expect 9 || ok=1
+            logged 40 "$PACK/bin/attn-golden" "$PACK/conformance/${dir%:*}" --backend cuda --dtype "$dt" \
+                --expect "${dir#*:}" || ok=1
         done
     done
-    # The multihead layer (f32) on the CUDA backend.
+    # The multihead layer (f32) on the CUDA backend, with its gradients in multihead_grad.
     logged 20 "$PACK/bin/attn-golden" "$PACK/conformance/multihead" --backend cuda --expect 2 || ok=1
     logged 20 "$PACK/bin/attn-golden" "$PACK/conformance/multihead_features" --backend cuda --expect 1 || ok=1
+    logged 20 "$PACK/bin/attn-golden" "$PACK/conformance/multihead_grad" --backend cuda --expect 3 || ok=1
     return "$ok"
 }
 

@@ -1,4 +1,4 @@
-//! The golden files of `conformance/dilated` and `conformance/features` through the
+//! The golden files of `conformance/dilated`, `conformance/features` and `conformance/wide` through the
 //! candle op, forward and candle-autograd gradients, in f32, bf16 and f16 and in both
 //! layouts (BSHD, and BHSD handed over transposed).
 

@@ -1,6 +1,7 @@
 //! `attn-golden DIR [--backend NAME] [--dtype T] [--world-size N --strategy S --layout L]
-//! [--expect N]`: runs every `*.safetensors` conformance case in DIR through one backend,
-//! prints one line per case and `N passed, M failed`, and exits with one of the
+//! [--expect N] [--expect-refused R]`: runs every `*.safetensors` conformance case in DIR
+//! through one backend, prints one line per case and `N passed, M failed` (`, R refused`
+//! where the backend refused cases as unsupported), and exits with one of the
 //! [`exit`] statuses: non-zero on any failure, when DIR holds no case or not the
 //! expected number, and a status of its own when the backend cannot run here.
 #![forbid(unsafe_code)]
@@ -17,7 +18,8 @@ use attn_testkit::golden::{CaseReport, check_case, load_dir};
 pub mod exit {
     /// Every case passed, and as many as `--expect` asked for.
     pub const PASSED: u8 = 0;
-    /// A case failed, the directory held no case, or a count other than `--expect`.
+    /// A case failed, the directory held no case, or a count other than `--expect`, or
+    /// a number of refused cases other than `--expect-refused` (default 0).
     pub const FAILED: u8 = 1;
     /// Bad options or an unreadable directory.
     pub const USAGE: u8 = 2;
@@ -57,7 +59,7 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::USAGE);
         }
     };
-    let (mut passed, mut failed) = (0usize, 0usize);
+    let (mut passed, mut failed, mut refused) = (0usize, 0usize, 0usize);
     for (path, case) in cases {
         let report = match case {
             Ok(case) => check_case(&case, backends.dilated.as_deref(), backends.multihead.as_deref()),
@@ -69,17 +71,27 @@ fn main() -> ExitCode {
         println!("{report}");
         if report.passed() {
             passed += 1;
+        } else if report.refused {
+            refused += 1;
         } else {
             failed += 1;
         }
     }
-    println!("{passed} passed, {failed} failed");
-    if passed + failed == 0 {
+    match refused {
+        0 => println!("{passed} passed, {failed} failed"),
+        r => println!("{passed} passed, {failed} failed, {r} refused"),
+    }
+    let total = passed + failed + refused;
+    if total == 0 {
         eprintln!("attn-golden: no *.safetensors case in {}", opts.dir.display());
         return ExitCode::from(exit::FAILED);
     }
-    if let Some(expect) = opts.expect.filter(|&n| n != passed + failed) {
-        eprintln!("attn-golden: {} case(s) in {}, expected {expect}", passed + failed, opts.dir.display());
+    if let Some(expect) = opts.expect.filter(|&n| n != total) {
+        eprintln!("attn-golden: {total} case(s) in {}, expected {expect}", opts.dir.display());
+        return ExitCode::from(exit::FAILED);
+    }
+    if refused != opts.expect_refused {
+        eprintln!("attn-golden: {refused} case(s) refused as unsupported, expected {}", opts.expect_refused);
         return ExitCode::from(exit::FAILED);
     }
     ExitCode::from(if failed > 0 { exit::FAILED } else { exit::PASSED })

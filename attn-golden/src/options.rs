@@ -5,6 +5,7 @@ use std::path::PathBuf;
 pub const USAGE: &str = "usage: attn-golden DIR [--backend reference|cpu|ring|cuda|candle] [--dtype f32|bf16|f16]
                    [--threads T] [--world-size N] [--strategy ring|allgather|auto] [--layout contiguous|zigzag]
                    [--expect N]   (fail unless DIR holds exactly N cases)
+                   [--expect-refused R]   (fail unless exactly R cases are refused as unsupported; default 0)
 exit status: 0 passed, 1 a case failed or the count is off, 2 usage, 3 backend unavailable here,
              4 backend not compiled in";
 
@@ -20,6 +21,8 @@ pub struct Options {
     pub layout: String,
     /// The number of cases DIR must hold (`--expect N`).
     pub expect: Option<usize>,
+    /// The number of cases the backend must refuse as unsupported (`--expect-refused R`).
+    pub expect_refused: usize,
 }
 
 impl Options {
@@ -34,6 +37,7 @@ impl Options {
             strategy: "auto".into(),
             layout: "contiguous".into(),
             expect: None,
+            expect_refused: 0,
         };
         while let Some(a) = args.next() {
             let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
@@ -45,6 +49,7 @@ impl Options {
                 "--strategy" => o.strategy = value("--strategy")?,
                 "--layout" => o.layout = value("--layout")?,
                 "--expect" => o.expect = Some(parse_num(&value("--expect")?)?),
+                "--expect-refused" => o.expect_refused = parse_num(&value("--expect-refused")?)?,
                 "-h" | "--help" => return Err("help".into()),
                 s if s.starts_with('-') => return Err(format!("unknown option `{s}`")),
                 s if dir.is_none() => dir = Some(PathBuf::from(s)),

@@ -150,3 +150,86 @@ fn bad_options_are_rejected() {
         assert!(!ok, "{args:?} accepted");
     }
 }
+
+/// `src` with tensor `name`'s f32 values changed by `edit` (everything else kept).
+fn rewrite_tensor(src: &[u8], name: &str, edit: impl Fn(&mut [f32])) -> Vec<u8> {
+    use safetensors::SafeTensors;
+    use safetensors::tensor::TensorView;
+    let st = SafeTensors::deserialize(src).unwrap();
+    let (_, header) = SafeTensors::read_metadata(src).unwrap();
+    let t = st.tensor(name).unwrap();
+    let mut vals: Vec<f32> = t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    edit(&mut vals);
+    let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let edited = TensorView::new(t.dtype(), t.shape().to_vec(), &bytes).unwrap();
+    let views = st.tensors().into_iter().map(|(n, v)| if n == name { (n, edited.clone()) } else { (n, v) });
+    safetensors::serialize(views, header.metadata().clone()).unwrap()
+}
+
+/// The cross-attention and layer-gradient directories at their fixed counts: every case
+/// passes on the reference and the CPU; the ring passes the self-attention cases and
+/// refuses the cross-attention ones (keys of their own length) as unsupported, a count
+/// the run must be told (`--expect-refused`), or it fails.
+#[test]
+fn wide_and_multihead_grad_pass_at_their_counts_and_the_ring_refuses_the_cross_files() {
+    for (dir, count, refused) in [("wide", "5", "2"), ("multihead_grad", "3", "1")] {
+        let dir = golden().join(dir);
+        let d = dir.to_str().unwrap();
+        for backend in ["reference", "cpu"] {
+            let (code, out) = run_status(&[d, "--backend", backend, "--expect", count]);
+            assert_eq!(code, Some(0), "{backend} {d}:\n{out}");
+            assert!(out.ends_with(&format!("{count} passed, 0 failed\n")), "{out}");
+        }
+        let ring = [d, "--backend", "ring", "--world-size", "3", "--layout", "zigzag", "--expect", count];
+        let (code, out) = run_status(&[&ring[..], &["--expect-refused", refused]].concat());
+        assert_eq!(code, Some(0), "ring {d}:\n{out}");
+        let passed = count.parse::<usize>().unwrap() - refused.parse::<usize>().unwrap();
+        assert!(out.ends_with(&format!("{passed} passed, 0 failed, {refused} refused\n")), "{out}");
+        assert!(
+            out.lines().filter(|l| l.starts_with("REFUSED cross") || l.starts_with("REFUSED mhg_cross")).count() > 0
+        );
+        assert!(out.contains("ring does not support cross-attention with kv_seq != q_seq"), "{out}");
+        // A refusal nobody expected fails the run.
+        let (code, out) = run_status(&ring);
+        assert_eq!(code, Some(1), "unexpected refusals pass:\n{out}");
+    }
+}
+
+/// One file of `dir` rewritten by `edit` alone in a scratch directory: the runner's exit
+/// status and output on `backend`.
+fn run_planted(dir: &str, file: &str, edit: impl Fn(&[u8]) -> Vec<u8>, backend: &str) -> (Option<i32>, String) {
+    let src = std::fs::read(golden().join(dir).join(format!("{file}.safetensors"))).unwrap();
+    let tmp = scratch(file);
+    std::fs::write(tmp.path().join(format!("{file}.safetensors")), edit(&src)).unwrap();
+    run_status(&[tmp.path().to_str().unwrap(), "--backend", backend, "--expect", "1"])
+}
+
+/// Planted errors in the new files fail their case, naming the tensor: a wrong scale, a
+/// gradient of the layer off by 1e-4 in one weight (ten times the files' rel_tol), a
+/// nonzero key-bias gradient where the definition makes it zero, a missing gradient, a
+/// `kv_seq_len` unlike the keys. The untouched files pass (above), so each failure is
+/// its edit's.
+#[test]
+fn planted_errors_in_wide_and_multihead_grad_fail() {
+    let meta = |k: &'static str, v: &'static str| move |b: &[u8]| rewrite(b, None, Some((k, v)));
+    let (code, out) = run_planted("wide", "cross_longer_keys_hg", meta("scale", "0.3"), "cpu");
+    assert!(code == Some(1) && out.contains("FAIL cross_longer_keys_hg") && out.contains(" out!="), "{out}");
+    let (code, out) = run_planted("wide", "d64_hg", meta("kv_seq_len", "95"), "reference");
+    assert!(code == Some(1) && out.contains("kv_seq_len = 95 but the keys have 96"), "{out}");
+    // Off by a relative 1e-4 in the L2 norm of the whole tensor.
+    let scale_all = |b: &[u8]| rewrite_tensor(b, "d.v_proj.weight", |x| x.iter_mut().for_each(|v| *v *= 1.0 + 1e-4));
+    for backend in ["reference", "cpu", "ring"] {
+        let (code, out) = run_planted("multihead_grad", "mhg_self_ln_hg", scale_all, backend);
+        assert!(code == Some(1) && out.contains(" d.v_proj.weight!="), "{backend}: {out}");
+    }
+    let (code, out) =
+        run_planted("multihead_grad", "mhg_cross_len", |b| rewrite_tensor(b, "d_key", |x| x[7] += 0.05), "cpu");
+    assert!(code == Some(1) && out.contains(" d_key!="), "{out}");
+    // The key bias's gradient is zero by the definition; one entry of 1e-2 must show.
+    let bias = |b: &[u8]| rewrite_tensor(b, "d.k_proj.bias", |x| x[0] = 1e-2);
+    let (code, out) = run_planted("multihead_grad", "mhg_self_longnet_causal", bias, "cpu");
+    assert!(code == Some(1) && out.contains(" d.k_proj.bias!="), "{out}");
+    let no_grad = |b: &[u8]| rewrite(b, Some("d.norm.weight"), None);
+    let (code, out) = run_planted("multihead_grad", "mhg_self_ln_hg", no_grad, "reference");
+    assert!(code == Some(1) && out.contains("missing tensor `d.norm.weight`"), "{out}");
+}

@@ -1,5 +1,6 @@
-//! The CUDA path without a GPU: every golden file of `conformance/dilated` and
-//! `conformance/features` through this crate's launch plans (`cuda::launch_plan`) and
+//! The CUDA path without a GPU: every golden file of `conformance/dilated`,
+//! `conformance/features` and `conformance/wide` (cross-attention, explicit scales, head_dim
+//! 64 and 128) through this crate's launch plans (`cuda::launch_plan`) and
 //! epilogue launches, executed by the CPU emulation of the `.cu` kernels
 //! (`cuda::emulation`), in f32, bf16 and f16, forward and gradients; the forward's direct
 //! path (output straight from the kernel) against its partial path, bit for bit; the

@@ -1,5 +1,5 @@
-//! Golden conformance on the GPU: every file in `conformance/dilated` and
-//! `conformance/features` (grouped key/value heads, key padding, packed sequences,
+//! Golden conformance on the GPU: every file in `conformance/dilated`, `conformance/wide`
+//! (cross-attention, explicit scales, head_dim 64 and 128) and `conformance/features` (grouped key/value heads, key padding, packed sequences,
 //! sliding windows) through the CUDA backend in f32, bf16 and f16 (forward, lse where
 //! present, dq/dk/dv) with the device's own kernel choices, judged like the CPU golden
 //! tests; then each choice named whatever the device's default: every forward block shape,

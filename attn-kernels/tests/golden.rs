@@ -1,4 +1,5 @@
-//! Every golden file in `conformance/dilated` and `conformance/features` (forward, lse
+//! Every golden file in `conformance/dilated`, `conformance/features` and `conformance/wide`
+//! (cross-attention with keys of their own length, explicit scales, head_dim 64 and 128) (forward, lse
 //! where present, dq/dk/dv) through the CPU backend: f32 on the detected and the
 //! portable kernels, bf16 and f16 judged row by row against the reference on the rounded
 //! inputs. The feature files cover grouped key/value heads, key padding, packed

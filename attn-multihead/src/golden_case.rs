@@ -157,9 +157,19 @@ pub struct RingSplit {
     pub strategy: Strategy,
 }
 
+/// The ring splits keys and queries alike: keys of their own length (cross-attention
+/// with `kv_seq != q_seq`) are refused as the ring refuses them (`AttnError::Unsupported`).
+#[cfg(feature = "ring")]
+pub(crate) fn ring_split_check<F>(c: &PreparedCase<F>) -> Result<()> {
+    if c.kv_seq != c.q_seq {
+        return Err(attn_ring::cross_attention_refused());
+    }
+    Ok(())
+}
+
 /// Rows `positions` of every batch of a `[batch, seq, e]` buffer.
 #[cfg(feature = "ring")]
-fn gather_rows<T: Copy>(x: &[T], seq: usize, e: usize, positions: &[usize]) -> Vec<T> {
+pub(crate) fn gather_rows<T: Copy>(x: &[T], seq: usize, e: usize, positions: &[usize]) -> Vec<T> {
     let batch = x.len() / (seq * e).max(1);
     let mut out = Vec::with_capacity(batch * positions.len() * e);
     for b in 0..batch {
@@ -170,50 +180,51 @@ fn gather_rows<T: Copy>(x: &[T], seq: usize, e: usize, positions: &[usize]) -> V
     out
 }
 
-/// Run a `kind=multihead` case (feature `ring`) on `split.world` in-process ranks
-/// ([`ThreadComm`]) with the sequence split by the layout and attention by the strategy,
-/// each rank passing its rows of the key padding mask; returns the assembled output.
-/// Cross-attention needs keys as long as the queries (one split for both).
+/// One rank of a case on the ring: its layer, its global row positions and its rows of
+/// the case's key padding mask (`[batch, rows]`).
 #[cfg(feature = "ring")]
-pub fn forward_case_ring(
-    m: &BTreeMap<String, String>,
-    tensors: &impl TensorSource,
-    key_padding: Option<&[bool]>,
-    split: RingSplit,
-) -> Result<Vec<f32>> {
-    let RingSplit { world, layout, strategy } = split;
-    let c = prepare_case::<f32>(m, tensors)?;
-    if c.kv_seq != c.q_seq {
-        return Err(AttnError::InvalidArgument(format!(
-            "ring cross-attention needs kv_seq == q_seq (got {} and {})",
-            c.kv_seq, c.q_seq
-        )));
+pub(crate) struct RankCase {
+    pub layer: MultiheadDilatedAttention<f32>,
+    pub backend: Arc<RingBackend<ThreadComm>>,
+    pub pos: Vec<usize>,
+    pub key_padding: Option<Vec<bool>>,
+}
+
+#[cfg(feature = "ring")]
+impl RankCase {
+    /// The rank's masks (its rows of the key padding).
+    pub fn masks(&self, batch: usize) -> Result<Masks<'_>> {
+        let key_padding = self.key_padding.as_deref().map(|r| KeyPadding::new(r, batch, self.pos.len())).transpose()?;
+        Ok(Masks { key_padding, packing: None })
     }
-    let (e, seq, batch) = (c.config.embed_dim, c.q_seq, c.batch);
+}
+
+/// Run `f` on every rank of `split` (one thread each, [`ThreadComm`]); returns each
+/// rank's positions and result, in rank order.
+#[cfg(feature = "ring")]
+pub(crate) fn run_ranks<R: Send>(
+    c: &PreparedCase<f32>,
+    split: RingSplit,
+    key_padding: Option<&[bool]>,
+    f: impl Fn(&RankCase) -> Result<R> + Sync,
+) -> Result<Vec<(Vec<usize>, R)>> {
+    let RingSplit { world, layout, strategy } = split;
+    ring_split_check(c)?;
     let comms = ThreadComm::world(world)?;
-    let ranks: Vec<Result<(Vec<usize>, Vec<f32>)>> = std::thread::scope(|s| {
+    let f = &f;
+    let ranks: Vec<Result<(Vec<usize>, R)>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|comm| {
-                let c = &c;
-                s.spawn(move || -> Result<(Vec<usize>, Vec<f32>)> {
-                    let backend = Arc::new(RingBackend::new(comm, seq, layout, strategy)?);
+                s.spawn(move || -> Result<(Vec<usize>, R)> {
+                    let backend = Arc::new(RingBackend::new(comm, c.q_seq, layout, strategy)?);
                     let pos = backend.positions();
-                    let layer = MultiheadDilatedAttention::from_weights(c.config.clone(), c.weights.clone(), backend)?;
-                    let q = gather_rows(&c.query, seq, e, &pos);
-                    // This rank's rows of the key padding mask.
-                    let rows = key_padding.map(|flags| gather_rows(flags, seq, 1, &pos));
-                    let key_padding = rows.as_deref().map(|r| KeyPadding::new(r, batch, pos.len())).transpose()?;
-                    let masks = Masks { key_padding, packing: None };
-                    let y = match &c.key_value {
-                        None => layer.forward_masked(&q, batch, pos.len(), masks, Mode::Eval)?,
-                        Some((k, v)) => {
-                            let (k, v) = (gather_rows(k, seq, e, &pos), gather_rows(v, seq, e, &pos));
-                            let dims = CrossDims { batch, q_seq: pos.len(), kv_seq: pos.len() };
-                            layer.forward_cross_masked([&q, &k, &v], dims, masks, Mode::Eval)?.0
-                        }
-                    };
-                    Ok((pos, y))
+                    let layer =
+                        MultiheadDilatedAttention::from_weights(c.config.clone(), c.weights.clone(), backend.clone())?;
+                    let key_padding = key_padding.map(|flags| gather_rows(flags, c.q_seq, 1, &pos));
+                    let rank = RankCase { layer, backend, pos, key_padding };
+                    let r = f(&rank)?;
+                    Ok((rank.pos, r))
                 })
             })
             .collect();
@@ -222,14 +233,48 @@ pub fn forward_case_ring(
             .map(|h| h.join().unwrap_or_else(|_| Err(AttnError::InvalidArgument("a rank panicked".into()))))
             .collect()
     });
-    let mut out = vec![0f32; batch * seq * e];
-    for r in ranks {
-        let (pos, y) = r?;
-        for b in 0..batch {
-            for (j, &p) in pos.iter().enumerate() {
-                out[(b * seq + p) * e..][..e].copy_from_slice(&y[(b * pos.len() + j) * e..][..e]);
+    ranks.into_iter().collect()
+}
+
+/// Put a rank's rows `y` (`[batch, pos.len(), e]`) at their positions of `out` (`[batch, seq, e]`).
+#[cfg(feature = "ring")]
+pub(crate) fn scatter_rows<T: Copy>(out: &mut [T], y: &[T], seq: usize, e: usize, pos: &[usize]) {
+    let batch = out.len() / (seq * e).max(1);
+    for b in 0..batch {
+        for (j, &p) in pos.iter().enumerate() {
+            out[(b * seq + p) * e..][..e].copy_from_slice(&y[(b * pos.len() + j) * e..][..e]);
+        }
+    }
+}
+
+/// Run a `kind=multihead` case (feature `ring`) on `split.world` in-process ranks
+/// ([`ThreadComm`]) with the sequence split by the layout and attention by the strategy,
+/// each rank passing its rows of the key padding mask; returns the assembled output.
+/// Cross-attention needs keys as long as the queries (one split for both; otherwise
+/// `AttnError::Unsupported`).
+#[cfg(feature = "ring")]
+pub fn forward_case_ring(
+    m: &BTreeMap<String, String>,
+    tensors: &impl TensorSource,
+    key_padding: Option<&[bool]>,
+    split: RingSplit,
+) -> Result<Vec<f32>> {
+    let c = prepare_case::<f32>(m, tensors)?;
+    let (e, seq, batch) = (c.config.embed_dim, c.q_seq, c.batch);
+    let ranks = run_ranks(&c, split, key_padding, |r| {
+        let q = gather_rows(&c.query, seq, e, &r.pos);
+        match &c.key_value {
+            None => r.layer.forward_masked(&q, batch, r.pos.len(), r.masks(batch)?, Mode::Eval),
+            Some((k, v)) => {
+                let (k, v) = (gather_rows(k, seq, e, &r.pos), gather_rows(v, seq, e, &r.pos));
+                let dims = CrossDims { batch, q_seq: r.pos.len(), kv_seq: r.pos.len() };
+                Ok(r.layer.forward_cross_masked([&q, &k, &v], dims, r.masks(batch)?, Mode::Eval)?.0)
             }
         }
+    })?;
+    let mut out = vec![0f32; batch * seq * e];
+    for (pos, y) in ranks {
+        scatter_rows(&mut out, &y, seq, e, &pos);
     }
     Ok(out)
 }

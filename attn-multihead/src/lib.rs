@@ -32,6 +32,7 @@ pub mod dropout;
 pub mod encoder;
 pub mod float;
 pub mod golden_case;
+pub mod golden_grad;
 pub mod init;
 pub mod layer;
 pub mod layer_norm;

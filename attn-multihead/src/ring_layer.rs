@@ -9,7 +9,7 @@
 //! also equals one rank.
 //!
 //! Keys and values must have the queries' rows: cross-attention with `kv_seq !=
-//! q_seq` is not supported on the ring and is an `InvalidArgument` error on the
+//! q_seq` is not supported on the ring and is an `Unsupported` error on the
 //! ranks whose lengths differ (the others get the ring's `RankDisagreement`).
 
 use std::sync::Arc;

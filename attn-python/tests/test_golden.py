@@ -1,8 +1,10 @@
 """Every conformance vector of the repository through the Python API: the attention
-files (`dilated/`, `features/`) through the op, forward and gradients, and the layer
-files (`multihead/`, `multihead_features/`) through `MultiheadDilatedAttention` with
-the file's parameters loaded by name; each tensor within the file's `rel_tol`, and each
-LSE within its own row's bound."""
+files (`dilated/`, `features/`, `wide/`: cross-attention with keys of their own length)
+through the op, forward and gradients, and the layer files (`multihead/`,
+`multihead_features/`, and `multihead_grad/` with every input and parameter gradient)
+through `MultiheadDilatedAttention` with the file's parameters loaded by name; each
+tensor within the file's `rel_tol`, each LSE within its own row's bound, at fixed file
+counts."""
 
 from __future__ import annotations
 
@@ -71,7 +73,16 @@ def assert_lse_vector(lse, t: dict, meta: dict) -> None:
     assert_lse_rows(lse, t["lse"], scale * q.norm(dim=-1) * row_max(k) + math.log(k.shape[1]))
 
 
-@pytest.mark.parametrize("path", files("dilated", "features"), ids=lambda p: f"{p.parent.name}/{p.stem}")
+# The files each directory holds: one removed fails here, not by running fewer cases.
+COUNTS = {"dilated": 9, "features": 9, "wide": 5, "multihead": 2, "multihead_features": 1, "multihead_grad": 3}
+
+
+def test_conformance_counts():
+    for d, n in COUNTS.items():
+        assert len(list((CONFORMANCE / d).glob("*.safetensors"))) == n, d
+
+
+@pytest.mark.parametrize("path", files("dilated", "features", "wide"), ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_attention_vectors(path):
     meta, t, rel_tol = read(path)
     assert meta["kind"] == "dilated"
@@ -89,10 +100,8 @@ def test_attention_vectors(path):
 LAYER_PARAMS = ("q_proj", "k_proj", "v_proj", "norm", "out_proj")
 
 
-@pytest.mark.parametrize("path", files("multihead", "multihead_features"), ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_layer_vectors(path):
-    meta, t, rel_tol = read(path)
-    assert meta["kind"] == "multihead"
+def layer_of(meta: dict, t: dict):
+    """The file's layer with its parameters loaded by name."""
     embed, heads = int(meta["embed_dim"]), int(meta["num_heads"])
     layer = ad.MultiheadDilatedAttention(
         embed,
@@ -106,6 +115,14 @@ def test_layer_vectors(path):
     )
     params = {name: x for name, x in t.items() if name.split(".")[0] in LAYER_PARAMS}
     layer.load_state_dict(params, strict=True)
+    return layer
+
+
+@pytest.mark.parametrize("path", files("multihead", "multihead_features"), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_layer_vectors(path):
+    meta, t, rel_tol = read(path)
+    assert meta["kind"] == "multihead"
+    layer = layer_of(meta, t)
     layer.eval()
     cross = meta["cross_attention"] == "true"
     key, value = (t["key"], t["value"]) if cross else (None, None)
@@ -120,3 +137,50 @@ def test_layer_vectors(path):
         )
     assert weights is None
     assert_close("out", out, t["out"], rel_tol)
+
+
+def assert_grad_close(name: str, got: torch.Tensor, t: dict, rel_tol: float) -> None:
+    """A layer gradient against the file. The key bias's gradient is zero by the
+    definition (one shift of every key changes nothing) and the file holds float64
+    roundoff there: a bias gradient below f32 resolution of its weight's gradient is
+    judged relative to that weight gradient's norm (attn-testkit's rule)."""
+    want = t[name]
+    weight = t.get(name[: -len(".bias")] + ".weight") if name.endswith(".bias") else None
+    scale = None if weight is None else weight.double().norm().item()
+    if scale is not None and want.double().norm().item() < torch.finfo(torch.float32).eps * scale:
+        err = (got.detach().double() - want.double()).norm().item() / scale
+        assert err <= rel_tol, f"{name}: error {err:.3e} of the weight gradient's norm > {rel_tol:.0e}"
+    else:
+        assert_close(name, got, want, rel_tol)
+
+
+@pytest.mark.parametrize("path", files("multihead_grad"), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_layer_gradient_vectors(path):
+    meta, t, rel_tol = read(path)
+    assert meta["kind"] == "multihead"
+    layer = layer_of(meta, t)
+    cross = meta["cross_attention"] == "true"
+    inputs = {n: t[n].clone().requires_grad_() for n in (("query", "key", "value") if cross else ("query",))}
+    out, _ = layer(
+        inputs["query"], inputs.get("key"), inputs.get("value"), is_causal=meta["causal"] == "true"
+    )
+    params = dict(layer.named_parameters())
+    grads = torch.autograd.grad(out, [*inputs.values(), *params.values()], t["grad_out"])
+    got = dict(zip([f"d_{n}" for n in inputs] + [f"d.{n}" for n in params], grads))
+    want = {n for n in t if n.startswith("d_") or n.startswith("d.")}
+    assert set(got) == want, f"gradients {sorted(got)} != the file's {sorted(want)}"
+    assert_close("out", out, t["out"], rel_tol)
+    for name, g in got.items():
+        assert_grad_close(name, g, t, rel_tol)
+
+
+def test_a_planted_layer_gradient_error_fails():
+    """The judge above rejects a gradient off by a relative 1e-4, and a nonzero key-bias
+    gradient where the definition makes it zero."""
+    meta, t, rel_tol = read(CONFORMANCE / "multihead_grad" / "mhg_self_ln_hg.safetensors")
+    with pytest.raises(AssertionError, match="d.v_proj.weight"):
+        assert_grad_close("d.v_proj.weight", t["d.v_proj.weight"] * (1 + 1e-4), t, rel_tol)
+    bias = t["d.k_proj.bias"].clone()
+    bias[0] = 1e-2
+    with pytest.raises(AssertionError, match="d.k_proj.bias"):
+        assert_grad_close("d.k_proj.bias", bias, t, rel_tol)

@@ -5,8 +5,9 @@
 //!
 //! Keys and values must have the queries' rows (they may have fewer heads):
 //! cross-attention with `kv_seq != q_seq` is not split over ranks and is an
-//! `InvalidArgument` error on the ranks whose lengths differ (the others get the ring's
-//! `RankDisagreement`). A key padding mask covers this rank's rows (`[batch, rows]`,
+//! `Unsupported` error on the ranks whose lengths differ (the others get the ring's
+//! `RankDisagreement`); the in-process runners refuse such global tensors with the same
+//! `Unsupported` on every rank. A key padding mask covers this rank's rows (`[batch, rows]`,
 //! the ranks' masks are gathered into the global one); packed sequences
 //! (`cu_seqlens`) are over the GLOBAL sequence.
 
@@ -22,6 +23,12 @@ use crate::compute::forward::ring_forward_with;
 use crate::plan::layout::Layout;
 use crate::plan::{Plan, RingMasks, RingProblem, Strategy};
 use crate::protocol::call::RingOptions;
+
+/// The ring's refusal of keys/values whose length differs from the queries'
+/// (cross-attention with its own key length, which the ring does not split).
+pub fn cross_attention_refused() -> AttnError {
+    AttnError::Unsupported { backend: "ring", feature: "cross-attention with kv_seq != q_seq" }
+}
 
 /// Attention over a sequence of `seq` global positions split across the ranks of a
 /// communicator. The communicator sits behind a mutex because the interface takes
@@ -82,15 +89,6 @@ impl<C: Communicator> RingBackend<C> {
     /// Run `f` with the communicator (e.g. to all-reduce weight gradients).
     pub fn with_comm<R>(&self, f: impl FnOnce(&mut C) -> Result<R>) -> Result<R> {
         f(&mut *self.lock()?)
-    }
-
-    /// The error for keys/values whose length differs from the queries' (cross-attention
-    /// with its own sequence length, which the ring does not split).
-    fn cross_error(q: usize, kv: usize) -> AttnError {
-        AttnError::InvalidArgument(format!(
-            "the ring backend needs keys/values with the queries' rows: cross-attention with kv_seq != \
-             q_seq is not supported on the ring (this rank has {q} query rows and {kv} key/value rows)"
-        ))
     }
 
     /// The global problem of a call whose q has `q` and k has `kv` (this rank's shapes).
@@ -172,7 +170,7 @@ impl<C: Communicator + Send + std::fmt::Debug, T: Element> Attention<T> for Ring
         // The ring refuses mismatched inputs collectively (every rank returns); name the cause here.
         ring_forward_with(&mut *comm, &problem, &self.options, [inputs.q, inputs.k, inputs.v], &mut out, lse)
             .map(|_| ())
-            .map_err(|e| if kn != qn { Self::cross_error(qn, kn) } else { e })
+            .map_err(|e| if kn != qn { cross_attention_refused() } else { e })
     }
 
     fn backward_with_lse_grad(
@@ -191,7 +189,7 @@ impl<C: Communicator + Send + std::fmt::Debug, T: Element> Attention<T> for Ring
         let qkv = [inputs.q, inputs.k, inputs.v];
         ring_backward_with(&mut *comm, &problem, &self.options, qkv, grad_out, grad_lse, outs)
             .map(|_| ())
-            .map_err(|e| if kn != qn { Self::cross_error(qn, kn) } else { e })
+            .map_err(|e| if kn != qn { cross_attention_refused() } else { e })
     }
 
     /// This rank's bound from the plan (`Plan::workspace_bytes`), for the GLOBAL shape's

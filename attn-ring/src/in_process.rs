@@ -147,6 +147,16 @@ fn check_world<C: Communicator, T: Element>(
             c.world_size()
         )));
     }
+    // Keys and values of one length other than the queries' are cross-attention, which the
+    // ring does not split (anything else unlike the problem is a shape mismatch).
+    if let [q, k, v, ..] = tensors
+        && k.shape() == v.shape()
+        && k.shape().seq != q.shape().seq
+        && q.shape().seq == problem.seq
+        && k.shape().with_seq(q.shape().seq).ok() == Some(Shape4 { heads: problem.kv_heads, ..q.shape() })
+    {
+        return Err(crate::backend::cross_attention_refused());
+    }
     let names = [TensorName::Query, TensorName::Key, TensorName::Value, TensorName::GradOutput];
     for (t, tensor) in tensors.iter().zip(names) {
         let heads =

@@ -53,7 +53,7 @@ mod in_process;
 pub mod plan;
 mod protocol;
 
-pub use backend::RingBackend;
+pub use backend::{RingBackend, cross_attention_refused};
 pub use comm::{CommStats, Communicator, Fault, FaultyComm, NcclComm, ThreadComm};
 pub use compute::backward::{BackwardOutputs, ring_backward, ring_backward_with};
 pub use compute::forward::{ring_forward, ring_forward_with};

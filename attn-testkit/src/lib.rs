@@ -17,7 +17,7 @@ pub mod typed;
 pub use feature_case::{
     FeatureCase, feature_case, judge_gradients, judge_lse_gradients, unattended_rows_case, wide_head_cases,
 };
-pub use golden::{CaseReport, DilatedBackend, Forward32, GoldenCase, Gradients32, MultiheadBackend};
+pub use golden::{CaseReport, DilatedBackend, Forward32, GoldenCase, Gradients32, MultiheadBackend, MultiheadGrads32};
 pub use gpu_policy::{gpu_or_skip, gpu_required, skip_gpu_test};
 pub use rng::{SeededRng, random_vec};
 pub use strategies::{DilatedCase, InvalidInput, proptest_cases};

@@ -64,36 +64,66 @@ impl DilatedBackend for CandleDilated {
 /// PyTorch-named weights through a `VarBuilder`, the forward in f32 on the CPU kernels.
 pub struct CandleMultihead;
 
+fn candle_err(e: candle_core::Error) -> AttnError {
+    AttnError::backend("candle", e.to_string())
+}
+
+/// A case's inputs and weights as candle variables (so `backward()` reaches them all) and
+/// its layer's output: `(name, variable)` pairs, the file's names (`query`, `key`,
+/// `value`, `q_proj.weight`, ...), and the output.
+fn run_layer(case: &attn_testkit::GoldenCase) -> Result<(Vec<(String, candle_core::Var)>, Tensor)> {
+    let device = candle_core::Device::Cpu;
+    let var = |name: &str| -> Result<(String, candle_core::Var)> {
+        let t = case.tensor(name)?;
+        let v = candle_core::Var::from_slice(&t.data, t.shape.as_slice(), &device).map_err(candle_err)?;
+        Ok((name.to_string(), v))
+    };
+    let cross = case.bool_meta("cross_attention").unwrap_or(false);
+    let inputs: &[&str] = if cross { &["query", "key", "value"] } else { &["query"] };
+    let mut vars = inputs.iter().map(|n| var(n)).collect::<Result<Vec<_>>>()?;
+    let params =
+        case.tensors.keys().filter(|k| !k.starts_with("d.") && (k.ends_with(".weight") || k.ends_with(".bias")));
+    let params = params.map(|n| var(n)).collect::<Result<Vec<_>>>()?;
+    let weights = params.iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())).collect();
+    let bias = if case.tensors.contains_key("q_proj.bias") { Bias::Zeros } else { Bias::Absent };
+    let config = config_from_metadata(&case.meta, bias)?;
+    let vb = candle_nn::VarBuilder::from_tensors(weights, candle_core::DType::F32, &device);
+    let layer = MultiheadDilatedAttention::new(config.clone(), vb).map_err(candle_err)?;
+    let mut opts = AttnOptions::new(config.validate()?);
+    if let Some((b, s, flags)) = &case.key_padding {
+        opts = opts.with_key_padding(KeyPaddingMask::new(flags.clone(), *b, *s)?);
+    }
+    let t = |i: usize| vars[i].1.as_tensor();
+    let out = if cross { layer.forward_cross(t(0), t(1), t(2), &opts) } else { layer.forward_masked(t(0), &opts) };
+    let out = out.map_err(candle_err)?;
+    vars.extend(params);
+    Ok((vars, out))
+}
+
 impl attn_testkit::MultiheadBackend for CandleMultihead {
     fn name(&self) -> String {
         "multihead candle f32".into()
     }
     fn forward(&self, case: &attn_testkit::GoldenCase) -> Result<Vec<f32>> {
-        let err = |e: candle_core::Error| AttnError::backend("candle", e.to_string());
-        let device = candle_core::Device::Cpu;
-        let tensor = |name: &str| -> Result<Tensor> {
-            let t = case.tensor(name)?;
-            Tensor::from_slice(&t.data, t.shape.as_slice(), &device).map_err(err)
-        };
-        let mut weights = std::collections::HashMap::new();
-        for name in case.tensors.keys().filter(|k| k.ends_with(".weight") || k.ends_with(".bias")) {
-            weights.insert(name.clone(), tensor(name)?);
+        let (_, out) = run_layer(case)?;
+        out.flatten_all().and_then(|t| t.to_vec1()).map_err(candle_err)
+    }
+    /// candle's `backward()` of `sum(out * grad_out)` through the layer: the gradient of
+    /// every input (`d_query`, ...) and parameter (`d.<name>`).
+    fn backward(&self, case: &attn_testkit::GoldenCase) -> Result<attn_testkit::MultiheadGrads32> {
+        let (vars, out) = run_layer(case)?;
+        let go = case.tensor("grad_out")?;
+        let go = Tensor::from_slice(&go.data, go.shape.as_slice(), out.device()).map_err(candle_err)?;
+        let grads = (&out * &go).and_then(|l| l.sum_all()).and_then(|l| l.backward()).map_err(candle_err)?;
+        let mut named = Vec::new();
+        for (name, var) in &vars {
+            let g = grads
+                .get(var.as_tensor())
+                .ok_or_else(|| AttnError::backend("candle", format!("backward() gave no gradient for `{name}`")))?;
+            let name = if name.contains('.') { format!("d.{name}") } else { format!("d_{name}") };
+            named.push((name, g.flatten_all().and_then(|t| t.to_vec1()).map_err(candle_err)?));
         }
-        let bias = if weights.contains_key("q_proj.bias") { Bias::Zeros } else { Bias::Absent };
-        let config = config_from_metadata(&case.meta, bias)?;
-        let vb = candle_nn::VarBuilder::from_tensors(weights, candle_core::DType::F32, &device);
-        let layer = MultiheadDilatedAttention::new(config.clone(), vb).map_err(err)?;
-        let mut opts = AttnOptions::new(config.validate()?);
-        if let Some((b, s, flags)) = &case.key_padding {
-            opts = opts.with_key_padding(KeyPaddingMask::new(flags.clone(), *b, *s)?);
-        }
-        let query = tensor("query")?;
-        let out = if case.bool_meta("cross_attention").unwrap_or(false) {
-            layer.forward_cross(&query, &tensor("key")?, &tensor("value")?, &opts)
-        } else {
-            layer.forward_masked(&query, &opts)
-        }
-        .map_err(err)?;
-        out.flatten_all().and_then(|t| t.to_vec1()).map_err(err)
+        let out = out.flatten_all().and_then(|t| t.to_vec1()).map_err(candle_err)?;
+        Ok(attn_testkit::MultiheadGrads32 { out, grads: named })
     }
 }

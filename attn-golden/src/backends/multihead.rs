@@ -7,8 +7,9 @@ use attn_core::Result;
 use attn_core::{Attention, ReferenceBackend};
 use attn_multihead::F32Tensors;
 use attn_multihead::golden_case::{RingSplit, forward_case, forward_case_ring};
+use attn_multihead::golden_grad::{CaseGrads, backward_case, backward_case_ring};
 use attn_ring::{Layout, Strategy};
-use attn_testkit::{GoldenCase, MultiheadBackend};
+use attn_testkit::{GoldenCase, MultiheadBackend, MultiheadGrads32};
 
 enum Engine {
     Reference,
@@ -51,21 +52,45 @@ impl MultiheadBackend for MultiheadRunner {
         }
     }
     fn forward(&self, case: &GoldenCase) -> Result<Vec<f32>> {
-        let tensors = F32Tensors {
-            tensors: case.tensors.iter().map(|(k, t)| (k.clone(), (t.shape.as_slice(), t.data.as_slice()))).collect(),
-        };
-        let meta: &BTreeMap<String, String> = &case.meta;
-        let pad = case.key_padding.as_ref().map(|(_, _, flags)| flags.as_slice());
+        let (meta, tensors, pad) = case_parts(case);
+        let tensors = &tensors;
         match &self.engine {
             Engine::Reference => {
                 let backend: Arc<dyn Attention<f64>> = Arc::new(ReferenceBackend);
-                Ok(forward_case::<f64>(meta, &tensors, pad, backend)?.into_iter().map(|x| x as f32).collect())
+                Ok(forward_case::<f64>(meta, tensors, pad, backend)?.into_iter().map(|x| x as f32).collect())
             }
-            Engine::Device(backend, _) => forward_case::<f32>(meta, &tensors, pad, backend.clone()),
+            Engine::Device(backend, _) => forward_case::<f32>(meta, tensors, pad, backend.clone()),
             Engine::Ring { world, layout, strategy } => {
                 let split = RingSplit { world: *world, layout: *layout, strategy: *strategy };
-                forward_case_ring(meta, &tensors, pad, split)
+                forward_case_ring(meta, tensors, pad, split)
             }
         }
     }
+
+    fn backward(&self, case: &GoldenCase) -> Result<MultiheadGrads32> {
+        let (meta, tensors, pad) = case_parts(case);
+        let tensors = &tensors;
+        let CaseGrads { out, grads } = match &self.engine {
+            Engine::Reference => {
+                let backend: Arc<dyn Attention<f64>> = Arc::new(ReferenceBackend);
+                let r = backward_case::<f64>(meta, tensors, pad, backend)?;
+                let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+                CaseGrads { out: f32s(r.out), grads: r.grads.into_iter().map(|(n, g)| (n, f32s(g))).collect() }
+            }
+            Engine::Device(backend, _) => backward_case::<f32>(meta, tensors, pad, backend.clone())?,
+            Engine::Ring { world, layout, strategy } => {
+                let split = RingSplit { world: *world, layout: *layout, strategy: *strategy };
+                backward_case_ring(meta, tensors, pad, split)?
+            }
+        };
+        Ok(MultiheadGrads32 { out, grads })
+    }
+}
+
+/// A case's metadata, its f32 tensors by name and its key padding flags.
+fn case_parts(case: &GoldenCase) -> (&BTreeMap<String, String>, F32Tensors<'_>, Option<&[bool]>) {
+    let tensors = F32Tensors {
+        tensors: case.tensors.iter().map(|(k, t)| (k.clone(), (t.shape.as_slice(), t.data.as_slice()))).collect(),
+    };
+    (&case.meta, tensors, case.key_padding.as_ref().map(|(_, _, flags)| flags.as_slice()))
 }

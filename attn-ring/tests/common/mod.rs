@@ -16,7 +16,9 @@ use attn_ring::comm::DEFAULT_TIMEOUT;
 use attn_ring::{
     Communicator, Fault, Layout, RingProblem, Strategy, ThreadComm, run_problem_backward_on, run_problem_on,
 };
-use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem, check_case, golden_dir, load_dir};
+use attn_testkit::golden::{
+    DilatedBackend, Forward32, GoldenCase, Gradients32, Problem, check_case, golden_dir, load_dir,
+};
 
 /// The ring over `world` in-process ranks, seen as one device.
 #[derive(Debug, Clone, Copy)]
@@ -119,9 +121,18 @@ pub fn golden_sweep<B: DilatedBackend>(
     let dir = golden_dir().join(dir);
     let cases = load_dir(&dir).expect("golden dir");
     assert!(cases.len() >= 9, "expected the golden files in {}", dir.display());
+    let cases = cases.into_iter().map(|(path, case)| case.unwrap_or_else(|e| panic!("{}: {e}", path.display())));
+    golden_sweep_cases(cases.collect(), worlds, backend)
+}
+
+/// [`golden_sweep`] over the given cases.
+pub fn golden_sweep_cases<B: DilatedBackend>(
+    cases: Vec<GoldenCase>,
+    worlds: RangeInclusive<usize>,
+    backend: impl Fn(usize, Layout, Strategy) -> B,
+) -> Vec<SweepRun> {
     let (mut runs, mut failures) = (Vec::new(), Vec::new());
-    for (path, case) in cases {
-        let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for case in cases {
         let (shape, cfg) = (case.attn_shape().unwrap(), case.config().unwrap());
         for world in worlds.clone() {
             for layout in [Layout::Contiguous, Layout::Zigzag] {

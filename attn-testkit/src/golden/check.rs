@@ -70,14 +70,29 @@ pub trait DilatedBackend {
     }
 }
 
+/// The layer's output and the gradients of `sum(out * grad_out)` in f32, named as the
+/// file names them: `d_query` (`d_key`, `d_value` in cross-attention), `d.<parameter>`.
+#[derive(Debug, Clone)]
+pub struct MultiheadGrads32 {
+    pub out: Vec<f32>,
+    pub grads: Vec<(String, Vec<f32>)>,
+}
+
 /// A multihead layer implementation under test: given a `kind=multihead` case
-/// (inputs, weights, metadata), return the layer output.
+/// (inputs, weights, metadata), return the layer output, and for a file with
+/// `grad_out` the output and every gradient.
 pub trait MultiheadBackend {
     fn name(&self) -> String;
     fn dtype(&self) -> DType {
         DType::F32
     }
     fn forward(&self, case: &GoldenCase) -> Result<Vec<f32>>;
+    /// A training forward and the backward of the file's `grad_out`; a backend under
+    /// test without it refuses.
+    fn backward(&self, case: &GoldenCase) -> Result<MultiheadGrads32> {
+        let _ = case;
+        Err(AttnError::Unsupported { backend: "multihead backend under test", feature: "layer gradients" })
+    }
 }
 
 /// One tensor's measured error against its bound.
@@ -98,7 +113,9 @@ impl TensorCheck {
 /// The outcome of one case: per-tensor errors against the file, per-row verdicts
 /// against the reference, or the error that stopped it. Displayed as one line:
 /// `PASS|FAIL case [backend] out=REL (abs MAX) ... (bound B) rows: out=... (row R at F
-/// of its bound) ...`, `!` after a tensor name marking one over its bound.
+/// of its bound) ...`, `!` after a tensor name marking one over its bound; `REFUSED case
+/// [backend] error: ...` for a case the backend refuses as [`AttnError::Unsupported`]
+/// (not a pass: a runner counts refusals and fails on any it was not told to expect).
 #[derive(Debug, Clone)]
 pub struct CaseReport {
     pub case: String,
@@ -106,6 +123,8 @@ pub struct CaseReport {
     pub checks: Vec<TensorCheck>,
     pub rows: Vec<RowCheck>,
     pub error: Option<String>,
+    /// The error was the backend's typed refusal, [`AttnError::Unsupported`].
+    pub refused: bool,
 }
 
 impl CaseReport {
@@ -125,13 +144,18 @@ impl CaseReport {
             checks: vec![],
             rows: vec![],
             error: Some(err.to_string()),
+            refused: false,
         }
     }
 }
 
 impl fmt::Display for CaseReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let status = if self.passed() { "PASS" } else { "FAIL" };
+        let status = match (self.passed(), self.refused) {
+            (true, _) => "PASS",
+            (false, true) => "REFUSED",
+            (false, false) => "FAIL",
+        };
         write!(f, "{status} {:<24} [{}]", self.case, self.backend)?;
         if let Some(e) = &self.error {
             return write!(f, " error: {e}");
@@ -188,10 +212,49 @@ fn run_dilated(case: &GoldenCase, backend: &dyn DilatedBackend) -> Result<(Vec<T
     Ok((checks, rows))
 }
 
+/// The L2 norm of a tensor.
+fn norm(x: &[f32]) -> f64 {
+    x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt()
+}
+
+/// One layer gradient against the file. A bias's gradient sums its projection's output
+/// gradient over the rows; where the definition makes that sum zero (the key bias:
+/// attention is unchanged by one shift of every key) the file holds the float64
+/// generator's roundoff and a relative error measures nothing. A bias gradient whose
+/// norm is below the f32 resolution of its weight's gradient (`f32::EPSILON *
+/// ||d.<module>.weight||`) is judged by its error relative to that weight gradient's norm.
+fn layer_check(case: &GoldenCase, name: &str, got: &[f32], bound: f64) -> Result<TensorCheck> {
+    let want = &case.tensor(name)?.data;
+    let weight = name.strip_suffix(".bias").map(|m| format!("{m}.weight"));
+    let scale = match weight.as_deref().map(|w| case.tensor(w)).transpose()? {
+        Some(w) if norm(want) < f64::from(f32::EPSILON) * norm(&w.data) => norm(&w.data),
+        _ => return Ok(check(name, got, want, bound)),
+    };
+    let diff: Vec<f32> = got.iter().zip(want).map(|(g, w)| g - w).collect();
+    let rel = if got.len() == want.len() { norm(&diff) / scale } else { f64::INFINITY };
+    Ok(TensorCheck { tensor: name.into(), rel_l2: rel, max_abs: max_abs_error(got, want), bound })
+}
+
+/// The output, and for a file with `grad_out` every gradient it lists (each one the
+/// backend must return, and none the file lacks), within the file's bound.
 fn run_multihead(case: &GoldenCase, backend: &dyn MultiheadBackend) -> Result<(Vec<TensorCheck>, Vec<RowCheck>)> {
     let bound = Tolerance::golden(backend.dtype(), case.rel_tol()?).rel_l2;
-    let out = backend.forward(case)?;
-    Ok((vec![check("out", &out, &case.tensor("out")?.data, bound)], vec![]))
+    let Some(names) = case.multihead_gradient_names()? else {
+        let out = backend.forward(case)?;
+        return Ok((vec![check("out", &out, &case.tensor("out")?.data, bound)], vec![]));
+    };
+    let got = backend.backward(case)?;
+    let mut checks = vec![check("out", &got.out, &case.tensor("out")?.data, bound)];
+    for name in &names {
+        let g = got.grads.iter().find(|(n, _)| n == name).ok_or_else(|| {
+            AttnError::InvalidArgument(format!("{}: the backend gave no gradient `{name}`", case.name))
+        })?;
+        checks.push(layer_check(case, name, &g.1, bound)?);
+    }
+    if let Some((extra, _)) = got.grads.iter().find(|(n, _)| !names.contains(n)) {
+        return Err(AttnError::InvalidArgument(format!("{}: gradient `{extra}` is not in the file", case.name)));
+    }
+    Ok((checks, vec![]))
 }
 
 /// Check a case: `kind=dilated` with `dilated`, `kind=multihead` with `multihead`.
@@ -211,7 +274,12 @@ pub fn check_case(
         (k, _, _) => ("-".to_string(), Err(AttnError::InvalidArgument(format!("no backend for kind={k}")))),
     };
     match result {
-        Ok((checks, rows)) => CaseReport { case: case.name.clone(), backend, checks, rows, error: None },
+        Ok((checks, rows)) => {
+            CaseReport { case: case.name.clone(), backend, checks, rows, error: None, refused: false }
+        }
+        Err(e @ AttnError::Unsupported { .. }) => {
+            CaseReport { refused: true, ..CaseReport::failed(&case.name, &backend, e) }
+        }
         Err(e) => CaseReport::failed(&case.name, &backend, e),
     }
 }
@@ -228,6 +296,7 @@ mod tests {
             checks: vec![check("out", &[1.0, 2.0], &[1.0, 2.5], 1e-4), check("lse", &[3.0], &[3.0], 1e-4)],
             rows: vec![],
             error: None,
+            refused: false,
         };
         let line = r.to_string();
         assert!(line.starts_with("FAIL hg_basic"), "{line}");

@@ -6,7 +6,8 @@
 mod check;
 
 pub use check::{
-    CaseReport, DilatedBackend, Forward32, Gradients32, MultiheadBackend, Problem, TensorCheck, check_case,
+    CaseReport, DilatedBackend, Forward32, Gradients32, MultiheadBackend, MultiheadGrads32, Problem, TensorCheck,
+    check_case,
 };
 
 use std::collections::BTreeMap;
@@ -74,6 +75,9 @@ impl GoldenCase {
         }
         for t in case.required_tensors()? {
             case.tensor(t)?;
+        }
+        for t in case.multihead_gradient_names()?.unwrap_or_default() {
+            case.tensor(&t)?;
         }
         Ok(case)
     }
@@ -171,6 +175,30 @@ impl GoldenCase {
         })
     }
 
+    /// The gradients a `kind=multihead` file with `grad_out` lists, by name: `d_query`,
+    /// `d_key` and `d_value` in cross-attention, and `d.<parameter>` for every parameter
+    /// tensor (`*.weight`, `*.bias`). `None` for a file without `grad_out` (forward only);
+    /// a gradient without `grad_out` is a format error.
+    pub fn multihead_gradient_names(&self) -> Result<Option<Vec<String>>> {
+        let is_grad = |t: &str| t.starts_with("d.") || t.starts_with("d_");
+        if self.kind()? != "multihead" {
+            return Ok(None);
+        }
+        if !self.tensors.contains_key("grad_out") {
+            return match self.tensors.keys().find(|t| is_grad(t)) {
+                Some(t) => Err(fmt_err(&self.name, format!("gradient `{t}` without `grad_out`"))),
+                None => Ok(None),
+            };
+        }
+        let mut names = vec!["d_query".to_string()];
+        if self.meta.contains_key("cross_attention") && self.meta_bool("cross_attention")? {
+            names.extend(["d_key".to_string(), "d_value".to_string()]);
+        }
+        let params = self.tensors.keys().filter(|t| !is_grad(t) && (t.ends_with(".weight") || t.ends_with(".bias")));
+        names.extend(params.map(|p| format!("d.{p}")));
+        Ok(Some(names))
+    }
+
     /// The file's relative-error bound, positive and at most [`MAX_REL_TOL`].
     pub fn rel_tol(&self) -> Result<f64> {
         let t: f64 = self.meta("rel_tol")?.parse().map_err(|e| fmt_err(&self.name, format!("rel_tol: {e}")))?;
@@ -225,12 +253,33 @@ impl GoldenCase {
     }
 
     /// The q/k/v shapes of a `kind=dilated` file (checked against each other and
-    /// against `num_kv_heads` where the file gives it).
+    /// against `num_kv_heads` where the file gives it). A file with `kv_seq_len` is
+    /// cross-attention: k and v have that sequence length, which may differ from q's.
     pub fn attn_shape(&self) -> Result<AttnShape> {
         let (q, k, v) = (self.tensor("q")?, self.tensor("k")?, self.tensor("v")?);
-        let shape = AttnShape::check(&q.shape, &k.shape, &v.shape)?;
+        let shape = match self.kv_seq_len()? {
+            Some(m) => {
+                let shape = AttnShape::check_cross(&q.shape, &k.shape, &v.shape)?;
+                self.check_kv_seq_len(m, shape.kv.seq)?;
+                shape
+            }
+            None => AttnShape::check(&q.shape, &k.shape, &v.shape)?,
+        };
         self.check_kv_heads(shape.kv.heads)?;
         Ok(shape)
+    }
+
+    /// `kv_seq_len`, the key/value sequence length, where the file gives it.
+    pub fn kv_seq_len(&self) -> Result<Option<usize>> {
+        self.meta.contains_key("kv_seq_len").then(|| self.meta_usize("kv_seq_len")).transpose()
+    }
+
+    /// `kv_seq_len` must equal the key/value sequence length the tensors have.
+    pub fn check_kv_seq_len(&self, meta: usize, tensors: usize) -> Result<()> {
+        if meta != tensors {
+            return Err(fmt_err(&self.name, format!("kv_seq_len = {meta} but the keys have {tensors} positions")));
+        }
+        Ok(())
     }
 
     /// `num_kv_heads` (where given) must equal the key/value head count the tensors have.
@@ -277,8 +326,10 @@ pub fn load_dir(dir: &Path) -> Result<Vec<(PathBuf, Result<GoldenCase>)>> {
     Ok(paths.into_iter().map(|p| (p.clone(), GoldenCase::load(&p))).collect())
 }
 
-/// The attention conformance directories of `conformance/` and their file counts.
-pub const ATTENTION_DIRS: [(&str, usize); 2] = [("dilated", 9), ("features", 9)];
+/// The attention conformance directories of `conformance/` and their file counts
+/// (`wide`: cross-attention with keys of their own length, explicit scales, head_dim 64
+/// and 128).
+pub const ATTENTION_DIRS: [(&str, usize); 3] = [("dilated", 9), ("features", 9), ("wide", 5)];
 
 /// Every file of [`ATTENTION_DIRS`], loaded; panics naming a directory without its file
 /// count or a file that does not load.

@@ -1,0 +1,121 @@
+//! Gradients of a `kind=multihead` conformance case (a file with `grad_out`): the layer's
+//! training forward and backward on any backend, named as the files name them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use attn_core::{Attention, AttnError, KeyPadding, Masks, Result};
+
+use crate::dropout::Mode;
+use crate::float::LayerFloat;
+use crate::golden_case::{PreparedCase, prepare_case};
+use crate::layer::{CrossDims, InputGrads, MultiheadDilatedAttention};
+use crate::weights::{MultiheadWeights, NamedParams};
+use crate::weights_io::TensorSource;
+
+/// A case's output and the gradients of `sum(out * grad_out)`, named as golden files
+/// name them: `d_query` (`d_key`, `d_value` in cross-attention) and `d.<parameter>`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaseGrads<F> {
+    pub out: Vec<F>,
+    pub grads: Vec<(String, Vec<F>)>,
+}
+
+impl<F: Copy> CaseGrads<F> {
+    fn new(out: Vec<F>, input: InputGrads<F>, params: &MultiheadWeights<F>) -> Self {
+        let mut grads = vec![("d_query".to_string(), input.query)];
+        grads.extend(input.key.map(|k| ("d_key".to_string(), k)));
+        grads.extend(input.value.map(|v| ("d_value".to_string(), v)));
+        grads.extend(params.params().into_iter().map(|p| (format!("d.{}", p.name), p.data.to_vec())));
+        CaseGrads { out, grads }
+    }
+}
+
+/// The case's `grad_out`, which must be `[batch, q_seq, embed]`.
+fn grad_out<F: LayerFloat>(c: &PreparedCase<F>, tensors: &impl TensorSource) -> Result<Vec<F>> {
+    let (shape, g) = tensors.read_tensor::<F>("grad_out")?;
+    let want = [c.batch, c.q_seq, c.config.embed_dim];
+    if shape != want {
+        return Err(AttnError::Format(format!("`grad_out` has shape {shape:?}, expected {want:?}")));
+    }
+    Ok(g)
+}
+
+/// Run a `kind=multihead` case with `grad_out` on `backend`: the training forward (no
+/// dropout) and the backward, with the file's key padding mask (`[batch, kv_seq]`).
+pub fn backward_case<F: LayerFloat>(
+    m: &BTreeMap<String, String>,
+    tensors: &impl TensorSource,
+    key_padding: Option<&[bool]>,
+    backend: Arc<dyn Attention<F>>,
+) -> Result<CaseGrads<F>> {
+    let c = prepare_case::<F>(m, tensors)?;
+    let go = grad_out(&c, tensors)?;
+    let layer = MultiheadDilatedAttention::from_weights(c.config.clone(), c.weights.clone(), backend)?;
+    let key_padding = key_padding.map(|f| KeyPadding::new(f, c.batch, c.kv_seq)).transpose()?;
+    let masks = Masks { key_padding, packing: None };
+    let (out, cache) = match &c.key_value {
+        None => layer.forward_train_masked(&c.query, c.batch, c.q_seq, masks, Mode::Eval)?,
+        Some((k, v)) => {
+            let dims = CrossDims { batch: c.batch, q_seq: c.q_seq, kv_seq: c.kv_seq };
+            layer.forward_cross_masked([&c.query, k, v], dims, masks, Mode::Eval)?
+        }
+    };
+    let mut grads = layer.zero_grads();
+    let input = layer.backward(&cache, &go, &mut grads)?;
+    Ok(CaseGrads::new(out, input, &grads))
+}
+
+/// [`backward_case`] (feature `ring`) on `split.world` in-process ranks: each rank runs its
+/// rows, the weight gradients are all-reduced over the ranks, the row outputs and input
+/// gradients assembled. Keys of their own length are `AttnError::Unsupported`.
+#[cfg(feature = "ring")]
+pub fn backward_case_ring(
+    m: &BTreeMap<String, String>,
+    tensors: &impl TensorSource,
+    key_padding: Option<&[bool]>,
+    split: crate::golden_case::RingSplit,
+) -> Result<CaseGrads<f32>> {
+    use crate::golden_case::{gather_rows, run_ranks, scatter_rows};
+    let c = prepare_case::<f32>(m, tensors)?;
+    let go = grad_out(&c, tensors)?;
+    let (e, seq, batch) = (c.config.embed_dim, c.q_seq, c.batch);
+    let ranks = run_ranks(&c, split, key_padding, |r| {
+        let rows = |x: &[f32]| gather_rows(x, seq, e, &r.pos);
+        let (n, masks) = (r.pos.len(), r.masks(batch)?);
+        let (y, cache) = match &c.key_value {
+            None => r.layer.forward_train_masked(&rows(&c.query), batch, n, masks, Mode::Eval)?,
+            Some((k, v)) => {
+                let dims = CrossDims { batch, q_seq: n, kv_seq: n };
+                r.layer.forward_cross_masked([&rows(&c.query), &rows(k), &rows(v)], dims, masks, Mode::Eval)?
+            }
+        };
+        let mut grads = r.layer.zero_grads();
+        let input = r.layer.backward(&cache, &rows(&go), &mut grads)?;
+        r.backend.with_comm(|comm| crate::ring_layer::all_reduce_grads(comm, &mut grads))?;
+        Ok(CaseGrads::new(y, input, &grads))
+    })?;
+    let is_param = |name: &str| name.starts_with("d.");
+    let mut total: Option<CaseGrads<f32>> = None;
+    for (pos, rank) in ranks {
+        let t = total.get_or_insert_with(|| CaseGrads {
+            out: vec![0.0; batch * seq * e],
+            // Parameter gradients are whole on every rank; input gradients are `[batch, seq, embed]`.
+            grads: rank
+                .grads
+                .iter()
+                .map(|(n, g)| (n.clone(), vec![0.0; if is_param(n) { g.len() } else { batch * seq * e }]))
+                .collect(),
+        });
+        scatter_rows(&mut t.out, &rank.out, seq, e, &pos);
+        for ((name, all), (_, g)) in t.grads.iter_mut().zip(&rank.grads) {
+            if is_param(name) {
+                // Every rank holds the all-reduced total.
+                all.copy_from_slice(g);
+            } else {
+                scatter_rows(all, g, seq, e, &pos);
+            }
+        }
+    }
+    total.ok_or_else(|| AttnError::InvalidArgument("a ring of no ranks".into()))
+}
