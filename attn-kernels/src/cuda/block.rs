@@ -143,11 +143,24 @@ pub fn forward_block<T: CudaElement>(
     block: &DeviceBlock<'_, T>,
     partial: &mut DevicePartial,
 ) -> Result<()> {
-    check_block(block)?;
     check_partial(partial, block.q.shape)?;
+    let DevicePartial { out, lse, .. } = partial;
+    forward_block_into(dev, block, out, lse)
+}
+
+/// [`forward_block`] into an f32 partial output and lse held apart (q's shape and
+/// `[batch, rows, heads]`), such as a whole call's own lse.
+pub(crate) fn forward_block_into<T: CudaElement>(
+    dev: &CudaDevice,
+    block: &DeviceBlock<'_, T>,
+    out: &mut CudaSlice<f32>,
+    lse: &mut CudaSlice<f32>,
+) -> Result<()> {
+    check_block(block)?;
+    check_len(TensorName::Output, out.len(), block.q.shape.numel())?;
+    check_len(TensorName::Lse, lse.len(), block.q.shape.lse_len())?;
     let plan = plan_forward(&geometry(block, None), T::DTYPE, T::SUFFIX, dev.forward_options())?;
     let DeviceBlock { q, k, v, .. } = *block;
-    let DevicePartial { out, lse, .. } = partial;
     let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
     let accs = Accs { q_acc: Some(out), out: None, lse: Some(lse), dk: None, dv: None };
     execute(dev, &plan, &bufs, block.key_padding, accs)

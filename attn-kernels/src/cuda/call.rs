@@ -11,12 +11,13 @@ use attn_core::{AttnError, Result, Shape4};
 use cudarc::driver::CudaSlice;
 
 use super::block::{
-    DeviceBlock, DeviceUpstream, backward_block_into, check_contiguous_out, forward_block, forward_direct_into,
+    DeviceBlock, DeviceUpstream, backward_block_into, check_contiguous_out, forward_block_into, forward_direct_into,
 };
 use super::device::{CudaDevice, cuda_err};
-use super::epilogue::{delta_into, fill_into, finish_forward, store_scaled};
+use super::epilogue::{delta_into, fill_into, store_scaled};
+use super::plan::out_scale;
 use super::scratch::{ScratchSlot, backward_scratch};
-use super::tensor::{CudaElement, DeviceGradsMut, DevicePartial, DeviceTensor, check_len};
+use super::tensor::{CudaElement, DeviceGradsMut, DeviceTensor, check_len};
 
 /// How a whole-call forward ([`forward_call`]) reaches its output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,28 +70,26 @@ pub fn forward_call_by<T: CudaElement>(
         return Ok(());
     }
     check_contiguous_out(out, shape)?;
-    let partial_out = dev.take_scratch(ScratchSlot::PartialOut, shape.numel())?;
-    let partial_lse = dev.take_scratch(ScratchSlot::PartialLse, shape.lse_len())?;
-    let mut partial = DevicePartial { out: partial_out, lse: partial_lse, shape };
+    // The partial path: an f32 output from the pool, the caller's lse as its lse.
+    let mut partial = dev.take_scratch(ScratchSlot::PartialOut, shape.numel())?;
     let done = forward_through(dev, block, &mut partial, out, lse);
-    dev.give_scratch(ScratchSlot::PartialOut, partial.out);
-    dev.give_scratch(ScratchSlot::PartialLse, partial.lse);
+    dev.give_scratch(ScratchSlot::PartialOut, partial);
     done
 }
 
-/// The partial path: `partial` emptied, every pattern merged into it, then written out.
+/// The partial path: `partial` (and `lse`) emptied, every pattern merged into them, then
+/// the output written with the heads' scale.
 fn forward_through<T: CudaElement>(
     dev: &CudaDevice,
     block: &DeviceBlock<'_, T>,
-    partial: &mut DevicePartial,
+    partial: &mut CudaSlice<f32>,
     out: &mut DeviceTensor<T>,
     lse: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    dev.stream.memset_zeros(&mut partial.out).map_err(cuda_err)?;
-    fill_into::<T>(dev, &mut partial.lse, f32::NEG_INFINITY)?;
-    forward_block(dev, block, partial)?;
-    finish_forward(dev, block.cfg, partial, out)?;
-    dev.stream.memcpy_dtod(&partial.lse, lse).map_err(cuda_err)
+    dev.stream.memset_zeros(partial).map_err(cuda_err)?;
+    fill_into::<T>(dev, lse, f32::NEG_INFINITY)?;
+    forward_block_into(dev, block, partial, lse)?;
+    store_scaled(dev, TensorName::Output, partial, out_scale(block.cfg), out)
 }
 
 /// What the forward of a whole call left for its backward: the output (q's shape) and the

@@ -54,14 +54,13 @@ pub enum ScratchSlot {
     GradQuery,
     GradKey,
     GradValue,
-    /// The forward's f32 partial output and its lse, where the output is not written
-    /// straight from the kernel.
+    /// The forward's f32 partial output, where the output is not written straight from
+    /// the kernel (its lse is the caller's).
     PartialOut,
-    PartialLse,
 }
 
 impl ScratchSlot {
-    const COUNT: usize = 6;
+    const COUNT: usize = 5;
 
     fn index(self) -> usize {
         self as usize
