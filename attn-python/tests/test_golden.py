@@ -4,7 +4,9 @@ through the op, forward and gradients, and the layer files (`multihead/`,
 `multihead_features/`, and `multihead_grad/` with every input and parameter gradient)
 through `MultiheadDilatedAttention` with the file's parameters loaded by name; each
 tensor within the file's `rel_tol`, each LSE within its own row's bound, at fixed file
-counts."""
+counts; and the attention files in bf16 and f16, every row within its bound against the
+float64 reference on the inputs rounded to that dtype (attn-testkit's rule for a
+low-precision backend)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import attn_dilated as ad
-from checks import assert_close, assert_lse, assert_lse_rows, row_max
+import composition
+from checks import BOUND, assert_close, assert_lse, assert_lse_rows, assert_rows, magnitudes, row_max
 from conftest import CONFORMANCE
 
 # A file cannot make its own check lax (attn-testkit's MAX_REL_TOL).
@@ -95,6 +98,76 @@ def test_attention_vectors(path):
         assert_lse_vector(lse, t, meta)
     for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         assert_close(name, got, t[name], rel_tol)
+
+
+def composition_args(meta: dict, t: dict) -> dict:
+    """The float64 composition's arguments for a file: its config and masks."""
+    window = meta["mixing"] == "window"
+    cu = t.get("cu_seqlens")
+    mask = t.get("key_padding_mask")
+    return {
+        "segs": [] if window else ints(meta["segment_lengths"]),
+        "rates": [] if window else ints(meta["dilation_rates"]),
+        "mixing": meta["mixing"],
+        "causal": meta["causal"] in ("true", "True", "1"),
+        "scale": float(meta["scale"]) if "scale" in meta else None,
+        "pad": None if mask is None else mask.bool(),
+        "cu_seqlens": None if cu is None else [int(x) for x in cu],
+        "win": (int(meta["window_left"]), int(meta["window_right"])) if window else None,
+    }
+
+
+def low_precision_judge(path, dtype, plant=None):
+    """The op in `dtype` on the file's inputs rounded to it, judged against the float64
+    composition on those rounded inputs: whole tensors within the dtype's bound, every
+    row and LSE within its own. The composition itself must reproduce the file on the
+    unrounded inputs. `plant(name, tensor)` may alter a result before it is judged."""
+    meta, t, rel_tol = read(path)
+    args = composition_args(meta, t)
+    attend = lambda q, k, v: composition.dilated(q, k, v, **args)
+    file_out, _ = attend(*(t[x].double() for x in ("q", "k", "v")))
+    assert_close("composition out", file_out, t["out"], rel_tol)
+    q, k, v, go = (t[x].to(dtype) for x in ("q", "k", "v", "grad_out"))
+    qi, ki, vi = (x.clone().requires_grad_() for x in (q, k, v))
+    out, lse = ad.dilated_attention_with_lse(qi, ki, vi, **config_args(meta), **masks(t))
+    got = dict(zip(("dq", "dk", "dv"), torch.autograd.grad(out, (qi, ki, vi), go)), out=out)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    qr, kr, vr = (x.double().requires_grad_() for x in (q, k, v))
+    ro, rl = attend(qr, kr, vr)
+    want = dict(zip(("dq", "dk", "dv"), torch.autograd.grad(ro, (qr, kr, vr), go.double())), out=ro)
+    scale = args["scale"] or q.shape[-1] ** -0.5
+    mag = magnitudes(attend, q, k, v, go, None, scale)
+    if plant is not None:
+        got = {name: plant(name, x.detach().clone()) for name, x in got.items()}
+    assert_lse(lse, rl)
+    assert_lse_rows(lse, rl, mag["lse"])
+    for name in ("out", "dq", "dk", "dv"):
+        assert_close(name, got[name], want[name], BOUND[dtype])
+        assert_rows(name, got[name], want[name], mag[name], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("path", files("dilated", "features", "wide"), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_attention_vectors_in_low_precision(path, dtype):
+    low_precision_judge(path, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_a_planted_low_precision_row_error_fails(dtype):
+    """One output row of a feature file (grouped heads, key padding, a window) off by 5%
+    of its norm fails the row judge, though the whole tensor (640 rows) stays within the
+    dtype's bound."""
+    path = CONFORMANCE / "features" / "win_bidir_gqa_pad.safetensors"
+
+    def plant(name, x):
+        if name == "out":
+            assert x[1, 40, 2].abs().max() > 0
+            x[1, 40, 2] *= 1.05
+        return x
+
+    with pytest.raises(AssertionError, match="out: row") as caught:
+        low_precision_judge(path, dtype, plant)
+    print(f"planted {dtype}: {caught.value}")
 
 
 LAYER_PARAMS = ("q_proj", "k_proj", "v_proj", "norm", "out_proj")

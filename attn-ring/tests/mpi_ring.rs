@@ -1,10 +1,12 @@
 //! MPI integration test (feature `mpi`, `harness = false`): every golden file in
-//! `conformance/dilated`, every layout and strategy, forward and gradients,
+//! `conformance/dilated` and `conformance/features` (grouped k/v heads, key padding,
+//! packed sequences, windows), every layout and strategy, forward and gradients,
 //! with this process as one rank; and the chunk ring (CPU compute, host transport) on
 //! every file and layout. Run under
 //! `mpirun --allow-run-as-root --oversubscribe -np N target/.../mpi_ring-*`.
 //! Also checks that a mismatched config is the same typed error on every rank, and that
-//! the error aggregation rejects planted errors (a wrong value, a rank with no rows).
+//! the error aggregation rejects planted errors (a wrong value, a rank with no rows, a
+//! feature file run without its masks).
 
 use std::process::ExitCode;
 
@@ -15,14 +17,18 @@ use attn_ring::chunk_ring::{
 };
 use attn_ring::comm::MpiComm;
 use attn_ring::{
-    BackwardOutputs, Communicator, Layout, Strategy, local_rows, problem_for, ring_backward, ring_forward,
+    BackwardOutputs, Communicator, Layout, RingProblem, Strategy, local_rows, problem_for, ring_backward, ring_forward,
 };
 use attn_testkit::golden::{GoldenCase, golden_dir, load_dir};
 use attn_testkit::split_error;
 use attn_testkit::tolerance::Tolerance;
 
-/// The files in `conformance/dilated`: a file missing or added changes the count.
-const EXPECTED_CASES: usize = 9;
+/// The golden directories and their file counts: a file missing or added fails the run.
+const DIRS: [(&str, usize); 2] = [("dilated", 9), ("features", 9)];
+
+/// The feature files whose masks the planted-error check drops: key padding, packed
+/// sequences.
+const MASKED: [&str; 2] = ["pad_hg", "varlen_ln_ragged"];
 
 /// Global relative L2 error of `tensor` from every rank's local sums
 /// (`attn_testkit::split_error`): every rank sends its part, refused or not, so a rank
@@ -65,27 +71,57 @@ fn planted_errors(comm: &mut MpiComm, bound: f64) -> Vec<String> {
     problems
 }
 
+/// The ring problem of `case` on this world, with the file's masks (key padding, packed
+/// sequences) unless `drop_masks` (the planted error: the same run without them).
+fn case_problem(
+    case: &GoldenCase,
+    layout: Layout,
+    strategy: Strategy,
+    world: usize,
+    drop_masks: bool,
+) -> Result<RingProblem, AttnError> {
+    let problem = RingProblem::new(&case.config()?, case.attn_shape()?, layout, strategy, world);
+    Ok(if drop_masks { problem } else { problem.with_masks(case.masks()?.into()) })
+}
+
+/// This rank's rows of the golden tensor `name` (q's shape, or k's for k, v, dk, dv).
+fn golden_rows(case: &GoldenCase, name: &str, pos: &[usize]) -> Result<Vec<f32>, AttnError> {
+    let t = case.tensor(name)?;
+    local_rows(&TensorView::contiguous(TensorName::Other("golden"), &t.data, tensor_shape(case, name)?)?, pos)
+}
+
+/// The global shape of golden tensor `name`: k/v and their gradients may have fewer heads.
+fn tensor_shape(case: &GoldenCase, name: &str) -> Result<Shape4, AttnError> {
+    let s = case.attn_shape()?;
+    Ok(if matches!(name, "k" | "v" | "dk" | "dv") { s.kv } else { s.q })
+}
+
+/// The golden lse rows of this rank, where the file has an lse.
+fn golden_lse(case: &GoldenCase, pos: &[usize]) -> Result<Option<Vec<f32>>, AttnError> {
+    let Some(want) = case.tensors.get("lse") else { return Ok(None) };
+    let q = case.attn_shape()?.q;
+    let wv = TensorView::contiguous(TensorName::Lse, &want.data, Shape4::new(q.batch, q.seq, q.heads, 1)?)?;
+    local_rows(&wv, pos).map(Some)
+}
+
 fn run_case(
     comm: &mut MpiComm,
     case: &GoldenCase,
     layout: Layout,
     strategy: Strategy,
+    drop_masks: bool,
 ) -> Result<Vec<(String, f64)>, AttnError> {
-    let cfg = case.config()?;
-    let shape = case.attn_shape()?.q;
+    let shape = case.attn_shape()?;
     let p = comm.world_size();
-    let problem = problem_for(&cfg, shape, layout, strategy, p);
-    let pos = layout.positions(shape.seq, p, comm.rank());
-    let ls = Shape4::new(shape.batch, pos.len(), shape.heads, shape.head_dim)?;
-    let global = |name: &str| -> Result<Vec<f32>, AttnError> {
-        let t = case.tensor(name)?;
-        let v = TensorView::contiguous(TensorName::Other("golden"), &t.data, shape)?;
-        local_rows(&v, &pos)
-    };
+    let problem = case_problem(case, layout, strategy, p, drop_masks)?;
+    let pos = layout.positions(shape.q.seq, p, comm.rank());
+    let ls = shape.q.with_seq(pos.len())?;
+    let lk = shape.kv.with_seq(pos.len())?;
+    let global = |name: &str| golden_rows(case, name, &pos);
     let (q, k, v) = (global("q")?, global("k")?, global("v")?);
     let qv = TensorView::contiguous(TensorName::Query, &q, ls)?;
-    let kv = TensorView::contiguous(TensorName::Key, &k, ls)?;
-    let vv = TensorView::contiguous(TensorName::Value, &v, ls)?;
+    let kv = TensorView::contiguous(TensorName::Key, &k, lk)?;
+    let vv = TensorView::contiguous(TensorName::Value, &v, lk)?;
     let mut out = vec![0.0f32; ls.numel()];
     let mut lse = vec![0.0f32; ls.lse_len()];
     ring_forward(
@@ -96,18 +132,16 @@ fn run_case(
         &mut lse,
     )?;
     let mut errs = vec![("out".to_string(), global_rel_l2(comm, "out", &out, &global("out")?)?)];
-    if let Some(want) = case.tensors.get("lse") {
-        let wv =
-            TensorView::contiguous(TensorName::Lse, &want.data, Shape4::new(shape.batch, shape.seq, shape.heads, 1)?)?;
-        errs.push(("lse".into(), global_rel_l2(comm, "lse", &lse, &local_rows(&wv, &pos)?)?));
+    if let Some(want) = golden_lse(case, &pos)? {
+        errs.push(("lse".into(), global_rel_l2(comm, "lse", &lse, &want)?));
     }
     if case.tensors.contains_key("grad_out") {
         let go = global("grad_out")?;
         let gov = TensorView::contiguous(TensorName::GradOutput, &go, ls)?;
-        let (mut dq, mut dk, mut dv) = (vec![0.0f32; ls.numel()], vec![0.0f32; ls.numel()], vec![0.0f32; ls.numel()]);
+        let (mut dq, mut dk, mut dv) = (vec![0.0f32; ls.numel()], vec![0.0f32; lk.numel()], vec![0.0f32; lk.numel()]);
         let mut dqv = TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, ls)?;
-        let mut dkv = TensorViewMut::contiguous(TensorName::GradKey, &mut dk, ls)?;
-        let mut dvv = TensorViewMut::contiguous(TensorName::GradValue, &mut dv, ls)?;
+        let mut dkv = TensorViewMut::contiguous(TensorName::GradKey, &mut dk, lk)?;
+        let mut dvv = TensorViewMut::contiguous(TensorName::GradValue, &mut dv, lk)?;
         let outs = BackwardOutputs { dq: &mut dqv, dk: &mut dkv, dv: &mut dvv };
         ring_backward(comm, &problem, [qv, kv, vv], gov, outs)?;
         for (name, got) in [("dq", &dq), ("dk", &dk), ("dv", &dv)] {
@@ -120,32 +154,26 @@ fn run_case(
 /// The chunk ring (CPU compute, host transport over MPI) on `case`: errors of out, lse,
 /// dq, dk, dv.
 fn run_chunk_case(comm: &mut MpiComm, case: &GoldenCase, layout: Layout) -> Result<Vec<(String, f64)>, AttnError> {
-    let cfg = case.config()?;
-    let shape = case.attn_shape()?.q;
-    let problem = problem_for(&cfg, shape, layout, Strategy::Auto, comm.world_size());
+    let shape = case.attn_shape()?;
+    let problem = case_problem(case, layout, Strategy::Auto, comm.world_size(), false)?;
     let rank = comm.rank();
-    let pos = layout.positions(shape.seq, problem.world, rank);
+    let pos = layout.positions(shape.q.seq, problem.world, rank);
     let pieces = |name: &str| -> Result<Vec<HostRows<f32>>, AttnError> {
         let t = case.tensor(name)?;
-        let v = TensorView::contiguous(TensorName::Other("golden"), &t.data, shape)?;
+        let v = TensorView::contiguous(TensorName::Other("golden"), &t.data, tensor_shape(case, name)?)?;
         rank_pieces(&problem, rank).into_iter().map(|r| HostRows::from_view_rows(&v, r)).collect()
     };
-    let want = |name: &str| -> Result<Vec<f32>, AttnError> {
-        let t = case.tensor(name)?;
-        local_rows(&TensorView::contiguous(TensorName::Other("golden"), &t.data, shape)?, &pos)
-    };
+    let want = |name: &str| golden_rows(case, name, &pos);
     let (q, k, v) = (pieces("q")?, pieces("k")?, pieces("v")?);
     let x = CpuChunks::default();
     // One round under the contiguous layout, three (slices of a piece) under zigzag.
     let opts = ChunkOptions::with_rounds(if layout == Layout::Zigzag { 3 } else { 1 })?;
     let f = chunk_forward(&mut HostTransport::new(comm), &x, &problem, opts, [&q, &k, &v])?;
     let mut errs = vec![("out".to_string(), global_rel_l2(comm, "out", &HostRows::join(&f.out), &want("out")?)?)];
-    if let Some(w) = case.tensors.get("lse") {
-        let wv =
-            TensorView::contiguous(TensorName::Lse, &w.data, Shape4::new(shape.batch, shape.seq, shape.heads, 1)?)?;
+    if let Some(w) = golden_lse(case, &pos)? {
         let lse: Vec<HostRows<f32>> =
             f.lse.iter().map(|l| HostRows { shape: Shape4 { head_dim: 1, ..l.shape }, data: l.to_bsh() }).collect();
-        errs.push(("lse".into(), global_rel_l2(comm, "lse", &HostRows::join(&lse), &local_rows(&wv, &pos)?)?));
+        errs.push(("lse".into(), global_rel_l2(comm, "lse", &HostRows::join(&lse), &w)?));
     }
     if case.tensors.contains_key("grad_out") {
         let go = pieces("grad_out")?;
@@ -157,27 +185,20 @@ fn run_chunk_case(comm: &mut MpiComm, case: &GoldenCase, layout: Layout) -> Resu
     Ok(errs)
 }
 
-fn main() -> ExitCode {
-    let Some(universe) = mpi::initialize() else {
-        eprintln!("MPI could not be initialised");
-        return ExitCode::FAILURE;
-    };
-    let mut comm = MpiComm::new(universe.world());
+/// Every file of `conformance/<dir>` (`expected` of them) through the chunk ring and the
+/// three strategies, both layouts: (runs, failures), one line per failure.
+fn golden_runs(comm: &mut MpiComm, dir: &str, expected: usize) -> (usize, usize) {
     let (rank, p) = (comm.rank(), comm.world_size());
-    let cases = match load_dir(&golden_dir().join("dilated")) {
+    let cases = match load_dir(&golden_dir().join(dir)) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("rank {rank}: {e}");
-            return ExitCode::FAILURE;
+            return (0, 1);
         }
     };
     let (mut runs, mut failures) = (0, 0);
-    for problem in planted_errors(&mut comm, Tolerance::for_dtype(attn_core::DType::F32).rel_l2) {
-        eprintln!("rank {rank}: planted errors: {problem}");
-        failures += 1;
-    }
-    if cases.len() != EXPECTED_CASES {
-        eprintln!("rank {rank}: {} golden files, expected {EXPECTED_CASES}", cases.len());
+    if cases.len() != expected {
+        eprintln!("rank {rank}: {} golden files in {dir}, expected {expected}", cases.len());
         failures += 1;
     }
     for (path, case) in cases {
@@ -205,12 +226,66 @@ fn main() -> ExitCode {
                 }
             };
             runs += 1;
-            tally(format!("chunk ring {} {layout:?}", case.name), run_chunk_case(&mut comm, &case, layout));
+            tally(format!("chunk ring {dir}/{} {layout:?}", case.name), run_chunk_case(comm, &case, layout));
             for strategy in [Strategy::Auto, Strategy::Ring, Strategy::AllGather] {
                 runs += 1;
-                tally(format!("{} {layout:?} {strategy:?}", case.name), run_case(&mut comm, &case, layout, strategy));
+                let res = run_case(comm, &case, layout, strategy, false);
+                tally(format!("{dir}/{} {layout:?} {strategy:?}", case.name), res);
             }
         }
+    }
+    (runs, failures)
+}
+
+/// The judge on planted errors in feature files: the ring run without the file's masks
+/// must fail the golden bound on out and on a gradient. The failures found, one line each.
+fn dropped_masks(comm: &mut MpiComm) -> Vec<String> {
+    let mut problems = Vec::new();
+    for name in MASKED {
+        let path = golden_dir().join("features").join(format!("{name}.safetensors"));
+        let case = match GoldenCase::load(&path) {
+            Ok(c) => c,
+            Err(e) => {
+                problems.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let bound = Tolerance::golden(attn_core::DType::F32, case.rel_tol().unwrap_or(0.0)).rel_l2;
+        match run_case(comm, &case, Layout::Contiguous, Strategy::Auto, true) {
+            Ok(errs) => {
+                let above = |t: &str| errs.iter().any(|(n, e)| n == t && *e > bound);
+                if !(above("out") && above("dq")) {
+                    problems.push(format!("{name} without its masks gave {errs:?}, not above {bound}"));
+                } else if comm.rank() == 0 {
+                    println!("planted: {name} without its masks rejected: {errs:?} > {bound}");
+                }
+            }
+            Err(e) => problems.push(format!("{name} without its masks: {e}")),
+        }
+    }
+    problems
+}
+
+fn main() -> ExitCode {
+    let Some(universe) = mpi::initialize() else {
+        eprintln!("MPI could not be initialised");
+        return ExitCode::FAILURE;
+    };
+    let mut comm = MpiComm::new(universe.world());
+    let (rank, p) = (comm.rank(), comm.world_size());
+    let (mut runs, mut failures) = (0, 0);
+    for problem in planted_errors(&mut comm, Tolerance::for_dtype(attn_core::DType::F32).rel_l2) {
+        eprintln!("rank {rank}: planted errors: {problem}");
+        failures += 1;
+    }
+    for (dir, expected) in DIRS {
+        let (r, f) = golden_runs(&mut comm, dir, expected);
+        runs += r;
+        failures += f;
+    }
+    for problem in dropped_masks(&mut comm) {
+        eprintln!("rank {rank}: planted errors: {problem}");
+        failures += 1;
     }
     // A config that differs on the last rank is the same typed error everywhere.
     let shape = Shape4::new(1, 4 * p, 2, 4).unwrap_or(Shape4 { batch: 1, seq: 4, heads: 2, head_dim: 4 });
@@ -243,7 +318,7 @@ fn main() -> ExitCode {
     }
     // Every file, both layouts (any length splits), every strategy: nothing skipped.
     // Per file and layout: the chunk ring and the three strategies.
-    let expected_runs = EXPECTED_CASES * 2 * (1 + 3);
+    let expected_runs = DIRS.iter().map(|(_, n)| n).sum::<usize>() * 2 * (1 + 3);
     if runs != expected_runs {
         eprintln!("rank {rank}: {runs} golden runs, expected {expected_runs}");
         failures += 1;

@@ -5,7 +5,7 @@
 //! says what it models),
 //! and this test binary runs itself again with that directory first on
 //! `LD_LIBRARY_PATH` (the loader reads it at start-up only). In the child: every
-//! golden file through the ring over 2..=4 NCCL ranks on threads, forward and
+//! golden file of `dilated/` and `features/` through the ring over 2..=4 NCCL ranks on threads, forward and
 //! gradients; the unique id sent over another communicator; a rank that never joins,
 //! two ranks on one GPU, an error NCCL reports, every fault at every frame: typed
 //! errors within the timeout. The stand-in is a model: this proves our
@@ -124,16 +124,20 @@ fn nccl_world(world: usize, timeout: Duration) -> Result<Vec<NcclComm>> {
     })
 }
 
+/// `conformance/dilated` and `conformance/features` (grouped k/v heads, key padding,
+/// packed sequences, windows): 9 files each, worlds 2..=4, both layouts, three strategies.
 fn golden_files_pass() {
-    let runs = golden_sweep("dilated", 2..=4, |world, layout, strategy| CommBackend {
-        label: "stand-in nccl",
-        world,
-        layout,
-        strategy,
-        join: |p| nccl_world(p, TIMEOUT),
-    });
-    assert_eq!(runs.len(), 9 * 3 * 2 * 3);
-    println!("golden: {} runs over stand-in NCCL passed (forward and gradients)", runs.len());
+    for dir in ["dilated", "features"] {
+        let runs = golden_sweep(dir, 2..=4, |world, layout, strategy| CommBackend {
+            label: "stand-in nccl",
+            world,
+            layout,
+            strategy,
+            join: |p| nccl_world(p, TIMEOUT),
+        });
+        assert_eq!(runs.len(), 9 * 3 * 2 * 3, "{dir}");
+        println!("golden: {dir}: {} runs over stand-in NCCL passed (forward and gradients)", runs.len());
+    }
 }
 
 fn frames_of_every_size_round_trip() {
