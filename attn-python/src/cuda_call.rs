@@ -23,9 +23,9 @@ mod imp {
     use std::sync::{Mutex, OnceLock};
 
     use attn_core::{AttnError, AttnShape, DilatedConfig, Masks, PackedSequences, Result, TensorName};
-    use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceSaved, DeviceTensor};
-    use attn_kernels::cuda::{BackwardScratch, Foreign, RawStream, backward_call, backward_call_in, forward_call_into};
     use attn_kernels::cuda::backward_scratch_lens;
+    use attn_kernels::cuda::{BackwardScratch, Foreign, RawStream, backward_call, backward_call_in, forward_call_into};
+    use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceSaved, DeviceTensor};
     use attn_kernels::cuda::{foreign_key_padding, foreign_slice, foreign_tensor};
     use pyo3::Python;
 
@@ -269,7 +269,12 @@ mod imp {
 
     /// The caller's scratch for the backward, where given: one contiguous float32 tensor
     /// of exactly the accumulators' and delta's values, overlapping no other tensor.
-    fn checked_scratch(args: &BackwardArgs, q: &Checked, k: &Checked, others: [&Checked; 9]) -> Result<Option<Checked>> {
+    fn checked_scratch(
+        args: &BackwardArgs,
+        q: &Checked,
+        k: &Checked,
+        others: [&Checked; 9],
+    ) -> Result<Option<Checked>> {
         let Some(raw) = &args.scratch else { return Ok(None) };
         let name = TensorName::Other("scratch");
         raw.expect_dtype(name, "float32")?;
