@@ -28,11 +28,8 @@ __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* 
     const i64 t0 = sel_below(p, a.q_start) + (i64)blockIdx.x * BM;
     if (t0 >= q_hi) return;  // uniform over the block
     const i64 t_last = min64(t0 + BM, q_hi) - 1;
-    i64 band_lo, band_hi, unused;
-    band_keys(a, t0, &band_lo, &unused);
-    band_keys(a, t_last, &unused, &band_hi);
-    const i64 kb_lo = max64(max64(sel_below(p, a.k_start), div32(t0, p.per_seg) * p.per_seg), band_lo);
-    const i64 kb_hi = min64(min64(sel_below(p, a.k_start + a.nk), (div32(t_last, p.per_seg) + 1) * p.per_seg), band_hi);
+    i64 kb_lo, kb_hi;
+    block_keys(a, p, t0, t_last, &kb_lo, &kb_hi);
 
     const u16* qbase = q + b * a.q_sb + h * a.q_sh;
     const u16* gbase = go + b * a.g_sb + h * a.g_sh;

@@ -95,11 +95,8 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
     const i64 t0 = sel_below(p, a.q_start) + bx * BM;
     if (t0 >= q_hi) return;  // uniform over the block
     const i64 t_last = min64(t0 + BM, q_hi) - 1;
-    i64 band_lo, band_hi, unused;
-    band_keys(a, t0, &band_lo, &unused);
-    band_keys(a, t_last, &unused, &band_hi);
-    const i64 kb_lo = max64(max64(sel_below(p, a.k_start), div32(t0, p.per_seg) * p.per_seg), band_lo);
-    const i64 kb_hi = min64(min64(sel_below(p, a.k_start + a.nk), (div32(t_last, p.per_seg) + 1) * p.per_seg), band_hi);
+    i64 kb_lo, kb_hi;
+    block_keys(a, p, t0, t_last, &kb_lo, &kb_hi);
 
     const u16* qbase = q + b * a.q_sb + h * a.q_sh;
     gather_rows(s_qrows, BM, p, t0, q_hi, a.q_start);  // the epilogue's rows, in any case

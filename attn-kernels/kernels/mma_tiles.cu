@@ -180,6 +180,18 @@ __device__ __forceinline__ void gather_keys(i64* s_rows, int rows, const Pattern
     }
 }
 
+// Selected key indices [*kb_lo, *kb_hi) that the query rows t0..=t_last of one block read:
+// the keys of their segments inside the k block, cut by the first row's and the last
+// row's band.
+__device__ __forceinline__ void block_keys(const AttnParams& a, const Pattern& p, i64 t0, i64 t_last, i64* kb_lo,
+                                           i64* kb_hi) {
+    i64 band_lo, band_hi, unused;
+    band_keys(a, t0, &band_lo, &unused);
+    band_keys(a, t_last, &unused, &band_hi);
+    *kb_lo = max64(max64(sel_below(p, a.k_start), div32(t0, p.per_seg) * p.per_seg), band_lo);
+    *kb_hi = min64(min64(sel_below(p, a.k_start + a.nk), (div32(t_last, p.per_seg) + 1) * p.per_seg), band_hi);
+}
+
 // Start the copy of key tile kt (BN selected key indices below kb_hi) of K and V into dK,
 // dV as one cp.async group: by stepped pointers where `affine` (16-byte rows, no padding)
 // and the tile is inside one segment (both uniform over the block), else through the
