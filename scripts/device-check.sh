@@ -268,10 +268,11 @@ step_speed() {
     local ok=0 bench="$PACK/bin/attn-cuda-bench" seqs=(--seq 65536,262144 --dtype bf16)
     local shape=(--heads 16 --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16)
     local new=(--rows 128w4 --bwd-loads pipelined --bwd-keys 128) old=(--rows 64 --bwd-loads sync --bwd-keys 64)
-    # The Rust bench (CUDA events, the lean call path): the sm_90 defaults, forward and
-    # forward+backward with dq by atomics and deterministically; then a synchronisation
-    # after each call, as a training step ends; then the previous defaults.
-    logged 20 "$bench" "${seqs[@]}" "${new[@]}" || ok=1
+    # The Rust bench (CUDA events, the lean call path): the sm_90 defaults, the forward with
+    # two and three K/V stages, forward+backward with dq by atomics and deterministically;
+    # then a synchronisation after each call, as a training step ends; then the previous
+    # defaults.
+    logged 20 "$bench" "${seqs[@]}" "${new[@]}" --fwd-stages 2,3 || ok=1
     logged 25 "$bench" "${seqs[@]}" --backward "${new[@]}" --bwd-dq atomic,deterministic || ok=1
     logged 15 "$bench" "${seqs[@]}" --backward "${new[@]}" --sync-between || ok=1
     logged 15 "$bench" "${seqs[@]}" "${old[@]}" || ok=1
@@ -351,7 +352,7 @@ step_sanitizer() {
     # timeout, so a slow one cannot hide the others.
     local ok=0 bwd loads keys dq small=(--seq 4096 --heads 5 --dtype bf16 --warmups 0 --iters 1)
     logged 40 compute-sanitizer --tool memcheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
-        --backward --rows 64,128w4 --launch per-pattern,fused --bwd-loads sync,pipelined --bwd-keys 64,128 \
+        --backward --rows 64,128w4 --launch per-pattern,fused --fwd-stages 2,3 --bwd-loads sync,pipelined --bwd-keys 64,128 \
         --bwd-dq atomic,deterministic || ok=1
     # Shared-memory races of every forward block shape (64 rows over 4 warps, 128 over 8, 128
     # over 4), then of the backward: sm_90's default (pipelined loads, 128 keys) with dq by
@@ -360,6 +361,8 @@ step_sanitizer() {
     # 128 (H200).
     logged 40 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
         --rows 64,128,128w4 || ok=1
+    logged 40 compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \
+        --rows 64,128,128w4 --fwd-stages 3 || ok=1
     for bwd in "pipelined 128 atomic" "pipelined 128 deterministic" "sync 64 atomic"; do
         read -r loads keys dq <<<"$bwd"
         logged $((keys == 64 ? 30 : 45)) compute-sanitizer --tool racecheck --error-exitcode 9 "$PACK/bin/attn-cuda-bench" "${small[@]}" \

@@ -186,6 +186,8 @@ __device__ __forceinline__ i64 sel_pos(const Pattern& p, i64 t) {
 
 __device__ __forceinline__ i64 min64(i64 a, i64 b) { return a < b ? a : b; }
 __device__ __forceinline__ i64 max64(i64 a, i64 b) { return a > b ? a : b; }
+__device__ __forceinline__ int min32(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int max32(int a, int b) { return a > b ? a : b; }
 
 #define SEL_UNBOUNDED ((i64)1 << 62)
 

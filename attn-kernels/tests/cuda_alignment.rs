@@ -12,7 +12,7 @@ use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_backward, plan_forward_direct};
 use attn_kernels::cuda::plan::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages, PatternFusion,
 };
 use attn_kernels::cuda::scratch::ScratchPool;
 use attn_testkit::rng::random_vec;
@@ -116,18 +116,22 @@ fn same_bits_wherever_tensors_start<T: CudaElement>() {
     for path in [ForwardPath::Direct, ForwardPath::Partial] {
         check(emulator(), "default kernels", path, &one_by_one);
     }
-    // Every other block shape, pattern launch, query-tile load, keys a block and dq sum.
+    // Every other block shape, pattern launch, K/V stages, query-tile load, keys a block
+    // and dq sum.
     let (atomic, ordered) = (BackwardDq::Atomic, BackwardDq::Deterministic);
+    let (two, three) = (ForwardStages::Two, ForwardStages::Three);
     let variants = [
-        (ForwardRows::M128, PatternFusion::PerPattern, BackwardLoads::Pipelined, BackwardKeys::K64, atomic),
-        (ForwardRows::M128W4, PatternFusion::PerPattern, BackwardLoads::Sync, BackwardKeys::K128, atomic),
-        (ForwardRows::M64, PatternFusion::Fused, BackwardLoads::Pipelined, BackwardKeys::K128, atomic),
-        (ForwardRows::M64, PatternFusion::PerPattern, BackwardLoads::Sync, BackwardKeys::K64, ordered),
-        (ForwardRows::M128W4, PatternFusion::PerPattern, BackwardLoads::Pipelined, BackwardKeys::K128, ordered),
+        (ForwardRows::M128, PatternFusion::PerPattern, two, BackwardLoads::Pipelined, BackwardKeys::K64, atomic),
+        (ForwardRows::M128W4, PatternFusion::PerPattern, two, BackwardLoads::Sync, BackwardKeys::K128, atomic),
+        (ForwardRows::M64, PatternFusion::Fused, three, BackwardLoads::Pipelined, BackwardKeys::K128, atomic),
+        (ForwardRows::M64, PatternFusion::PerPattern, two, BackwardLoads::Sync, BackwardKeys::K64, ordered),
+        (ForwardRows::M128W4, PatternFusion::PerPattern, three, BackwardLoads::Pipelined, BackwardKeys::K128, ordered),
+        (ForwardRows::M128, PatternFusion::PerPattern, three, BackwardLoads::Sync, BackwardKeys::K64, atomic),
     ];
-    for (rows, fusion, loads, keys, dq) in variants {
-        let emu = emulator_for(ForwardOptions { rows, fusion }, BackwardOptions { loads, keys, dq });
-        let what = format!("rows {} {fusion:?}, backward {loads:?} {keys:?} {dq:?}", rows.name());
+    for (rows, fusion, stages, loads, keys, dq) in variants {
+        let emu = emulator_for(ForwardOptions { rows, fusion, stages }, BackwardOptions { loads, keys, dq });
+        let what =
+            format!("rows {} {fusion:?} stages {}, backward {loads:?} {keys:?} {dq:?}", rows.name(), stages.name());
         check(emu, &what, ForwardPath::Direct, &[[4, 2, 6, 4, 2]]);
     }
 }

@@ -4,7 +4,8 @@
 //! epilogue launches, executed by the CPU emulation of the `.cu` kernels
 //! (`cuda::emulation`), in f32, bf16 and f16, forward and gradients; the forward's direct
 //! path (output straight from the kernel) against its partial path, bit for bit; the
-//! forward with 64 and with 128 query rows a block; the patterns in one launch against
+//! forward with 64 and with 128 query rows a block, two and three K/V stages
+//! (`cuda_three_stages` has the rest of the three-stage checks); the patterns in one launch against
 //! one launch each, bit for bit; the backward's pipelined query tiles against its
 //! synchronous ones, bit for bit. Needs a C++20 compiler (`$CXX`, default `g++`); without
 //! one the test fails, naming it.
@@ -21,7 +22,7 @@ use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_forward, plan_forward_direct};
 use attn_kernels::cuda::plan::{
     BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows,
-    PatternFusion, backward_kernel,
+    ForwardStages, PatternFusion, backward_kernel,
 };
 use attn_kernels::cuda::scratch::ScratchPool;
 use attn_testkit::golden::{
@@ -38,13 +39,14 @@ pub(crate) fn emulator() -> &'static Emulator {
 /// library, loaded again, whatever `ATTN_CUDA_FWD_*` and `ATTN_CUDA_BWD_*` say).
 pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'static Emulator {
     const N: usize = ForwardRows::ALL.len();
-    static EMULATORS: [OnceLock<Emulator>; 16 * N] = [const { OnceLock::new() }; 16 * N];
+    static EMULATORS: [OnceLock<Emulator>; 32 * N] = [const { OnceLock::new() }; 32 * N];
     let rows = ForwardRows::ALL.iter().position(|&r| r == opts.rows).unwrap_or(0);
     let slot = rows
         + N * usize::from(opts.fusion == PatternFusion::Fused)
         + 2 * N * usize::from(bwd.loads == BackwardLoads::Pipelined)
         + 4 * N * usize::from(bwd.keys == BackwardKeys::K128)
-        + 8 * N * usize::from(bwd.dq == BackwardDq::Deterministic);
+        + 8 * N * usize::from(bwd.dq == BackwardDq::Deterministic)
+        + 16 * N * usize::from(opts.stages == ForwardStages::Three);
     EMULATORS[slot].get_or_init(|| {
         emulator();
         let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
@@ -52,6 +54,7 @@ pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'stat
             .unwrap()
             .with_forward_rows(opts.rows)
             .with_pattern_fusion(opts.fusion)
+            .with_forward_stages(opts.stages)
             .with_backward_loads(bwd.loads)
             .with_backward_keys(bwd.keys)
             .with_backward_dq(bwd.dq)
@@ -80,12 +83,25 @@ pub(crate) struct Emulated<T> {
 
 impl<T> Emulated<T> {
     pub(crate) fn new(rows: ForwardRows) -> Self {
-        let opts = ForwardOptions { rows, fusion: PatternFusion::PerPattern };
+        let opts = ForwardOptions { rows, ..ForwardOptions::default() };
         Emulated { opts, bwd: BackwardOptions::default(), dtype: PhantomData, pool: Mutex::default() }
     }
 
-    fn fused(rows: ForwardRows) -> Self {
-        Emulated { opts: ForwardOptions { rows, fusion: PatternFusion::Fused }, ..Self::new(rows) }
+    pub(crate) fn fused(rows: ForwardRows) -> Self {
+        Emulated {
+            opts: ForwardOptions { rows, fusion: PatternFusion::Fused, ..ForwardOptions::default() },
+            ..Self::new(rows)
+        }
+    }
+
+    /// The same backend, the forward with `stages` K/V stages.
+    pub(crate) fn with_stages(self, stages: ForwardStages) -> Self {
+        Emulated { opts: ForwardOptions { stages, ..self.opts }, ..self }
+    }
+
+    /// The forward's options.
+    pub(crate) fn options(&self) -> ForwardOptions {
+        self.opts
     }
 
     /// The same forward, the backward planned with `bwd`.
@@ -95,11 +111,11 @@ impl<T> Emulated<T> {
 }
 
 /// The geometry of a whole call whose output is contiguous.
-fn call_geometry<'a>(p: &Problem<'a>) -> BlockGeometry<'a> {
+pub(crate) fn call_geometry<'a>(p: &Problem<'a>) -> BlockGeometry<'a> {
     geometry(p, Some(p.shape.q.contiguous_strides()))
 }
 
-fn conv<T: CudaElement>(x: &[f32]) -> Vec<T> {
+pub(crate) fn conv<T: CudaElement>(x: &[f32]) -> Vec<T> {
     x.iter().map(|&v| T::from_f32(v)).collect()
 }
 
@@ -130,7 +146,12 @@ impl<T: CudaElement> Emulated<T> {
     }
 
     /// The whole-call forward on `path`: out (in `T`) and lse.
-    fn forward_on(&self, p: &Problem<'_>, [q, k, v]: [&[T]; 3], path: ForwardPath) -> Result<(Vec<T>, Vec<f32>)> {
+    pub(crate) fn forward_on(
+        &self,
+        p: &Problem<'_>,
+        [q, k, v]: [&[T]; 3],
+        path: ForwardPath,
+    ) -> Result<(Vec<T>, Vec<f32>)> {
         let sq = p.shape.q;
         let kpad = flags(p);
         let args = HostArgs { q, k, v, g: None, lse: None, delta: None, kpad: kpad.as_deref() };
@@ -175,7 +196,8 @@ fn f32s<T: CudaElement>(x: &[T]) -> Vec<f32> {
 impl<T: CudaElement> DilatedBackend for Emulated<T> {
     fn name(&self) -> String {
         let (f, b) = (self.opts, self.bwd);
-        format!("cuda-emulation {} rows {} {:?}, backward {:?}", T::DTYPE.as_str(), f.rows.name(), f.fusion, b)
+        let (dtype, rows, stages) = (T::DTYPE.as_str(), f.rows.name(), f.stages.name());
+        format!("cuda-emulation {dtype} rows {rows} {:?} stages {stages}, backward {b:?}", f.fusion)
     }
 
     fn dtype(&self) -> DType {
@@ -244,7 +266,7 @@ fn the_emulation_runs_every_kernel_of_the_source() {
 /// Every golden file where the direct path applies: its output and lse equal the partial
 /// path's bit for bit (the same arithmetic, without the f32 round trip's merge), in bf16
 /// and f16. Also counts the files, so the check cannot pass by finding none.
-fn direct_equals_partial<T: CudaElement>(emulated: &Emulated<T>) {
+pub(crate) fn direct_equals_partial<T: CudaElement>(emulated: &Emulated<T>) {
     let mut compared = Vec::new();
     for case in attention_cases() {
         let cfg = case.config().unwrap();
@@ -442,12 +464,15 @@ fn a_block_with_no_key_tile_waits_for_its_q_copy() {
     let x: Vec<bf16> = (0..sq.numel()).map(|i| bf16::from_f32((i % 7) as f32 * 0.1)).collect();
     let args = HostArgs { q: &x, k: &x, v: &x, g: None, lse: None, delta: None, kpad: None };
     for rows in ForwardRows::ALL {
-        let (mut o, mut lse) = (vec![0.0f32; sq.numel()], vec![f32::NEG_INFINITY; sq.lse_len()]);
-        let acc = HostAccs { q_acc: &mut o, lse: Some(&mut lse), dk: None, dv: None };
-        emulator_with(ForwardOptions { rows, fusion: PatternFusion::PerPattern })
-            .forward_block(&g, &args, acc)
-            .unwrap();
-        assert!(o.iter().all(|&v| v == 0.0) && lse.iter().all(|&l| l == f32::NEG_INFINITY), "{rows:?}");
+        for stages in ForwardStages::ALL {
+            let (mut o, mut lse) = (vec![0.0f32; sq.numel()], vec![f32::NEG_INFINITY; sq.lse_len()]);
+            let acc = HostAccs { q_acc: &mut o, lse: Some(&mut lse), dk: None, dv: None };
+            emulator_with(ForwardOptions { rows, stages, ..ForwardOptions::default() })
+                .forward_block(&g, &args, acc)
+                .unwrap();
+            let untouched = o.iter().all(|&v| v == 0.0) && lse.iter().all(|&l| l == f32::NEG_INFINITY);
+            assert!(untouched, "{rows:?} {stages:?}");
+        }
     }
 }
 
@@ -468,7 +493,7 @@ fn emulated_cuda_golden_f16() {
 
 /// Forward and gradients of `problem` on the emulation in `T` with every block shape,
 /// judged against the float64 reference on the inputs rounded to `T` (panics naming the
-/// failing check); the reference and each height's gradients for further checks.
+/// failing check); the reference and each shape's gradients for further checks.
 fn judge_every_shape<T: CudaElement>(
     problem: &Problem<'_>,
     [q, k, v, go]: [&[f32]; 4],
@@ -477,8 +502,8 @@ fn judge_every_shape<T: CudaElement>(
     let r = [q, k, v, go].map(|x| round_to(T::DTYPE, x).into_iter().map(f64::from).collect::<Vec<_>>());
     let want = Expected::for_problem(problem, [&r[0], &r[1], &r[2]], Some(&r[3])).unwrap();
     let mut runs = Vec::new();
-    for rows in ForwardRows::ALL {
-        let emulated = Emulated::<T>::new(rows);
+    for (rows, stages) in ForwardRows::ALL.into_iter().flat_map(|r| ForwardStages::ALL.map(|s| (r, s))) {
+        let emulated = Emulated::<T>::new(rows).with_stages(stages);
         let got = emulated.forward(problem, [q, k, v]).unwrap();
         let g = emulated.backward(problem, [q, k, v], go).unwrap();
         let mut checks = judge_forward(&want, &got.out, &got.lse, T::DTYPE);

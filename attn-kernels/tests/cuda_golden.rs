@@ -5,7 +5,8 @@
 //! tests; then each choice named whatever the device's default: every forward block shape,
 //! the patterns of a call in one launch, both query-tile loads of the backward, and 64 and
 //! 128 keys a backward block on wide heads; and the forward's direct path against its
-//! partial path, and fused launches against one a pattern, bit for bit.
+//! partial path, fused launches against one a pattern and three K/V stages against two,
+//! bit for bit.
 //! Skips, printing the reason, when no driver, NVRTC or GPU is present (fails instead with
 //! `ATTN_REQUIRE_GPU=1`).
 #![cfg(feature = "cuda")]
@@ -14,7 +15,7 @@ mod cuda_support;
 
 use attn_core::TensorName;
 use attn_core::TensorView;
-use attn_kernels::cuda::plan::{BackwardDq, BackwardKeys, BackwardLoads, ForwardRows, PatternFusion};
+use attn_kernels::cuda::plan::{BackwardDq, BackwardKeys, BackwardLoads, ForwardRows, ForwardStages, PatternFusion};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceTensor, ForwardPath};
 use attn_kernels::cuda::{forward_call, launch_plan::one_pattern_per_head};
 use attn_testkit::golden::{DilatedBackend, GoldenCase, assert_attention_dirs_pass, attention_cases};
@@ -192,4 +193,27 @@ fn golden_cuda_bf16() {
 #[test]
 fn golden_cuda_f16() {
     run_all::<f16>("golden_cuda_f16");
+}
+
+/// The three-stage forward with 64 rows a block and with the sm_90 shape (128 over 4
+/// warps): every golden file, its direct path equal to its partial path, and each file's
+/// forward equal to the two-stage one bit for bit on both paths (the same key tiles).
+#[test]
+fn golden_cuda_bf16_three_stages() {
+    let Some(dev) = device_or_skip("golden_cuda_bf16_three_stages") else { return };
+    let mut compared = 0;
+    for rows in [ForwardRows::M64, ForwardRows::M128W4] {
+        let two = dev.with_forward_rows(rows).with_forward_stages(ForwardStages::Two);
+        let three = two.with_forward_stages(ForwardStages::Three);
+        direct_equals_partial::<bf16>(&three);
+        assert_attention_dirs_pass(&gpu::<bf16>(&three));
+        for case in attention_cases() {
+            for path in [ForwardPath::Direct, ForwardPath::Partial] {
+                let (a, b) = (forward_bits::<bf16>(&two, &case, path), forward_bits::<bf16>(&three, &case, path));
+                assert!(a == b, "{} {rows:?} {path:?}: three stages differ from two", case.name);
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared >= 60, "only {compared} comparisons");
 }

@@ -13,6 +13,7 @@ mod cuda_determinism;
 mod cuda_emulation;
 mod cuda_epilogues;
 mod cuda_scratch;
+mod cuda_three_stages;
 mod features_reference;
 mod golden;
 mod isa_choice;

@@ -16,7 +16,9 @@
 #include "../prelude.cu"
 #include "../dilated_rows.cu"
 #include "../mma_tiles.cu"
+#include "../attend_tile.cu"
 #include "../dilated_fwd_mma.cu"
+#include "../dilated_fwd_mma3.cu"
 #include "../dilated_bwd_mma.cu"
 #include "../dilated_bwd_dq_mma.cu"
 #include "../epilogue.cu"
@@ -79,10 +81,19 @@ using Entry = int (*)(Dim3, unsigned, unsigned, unsigned long long, void**);
         ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_k128_##T##_d128), ATTN_EMU_ENTRY(delta_rows_v8_##T),   \
         ATTN_EMU_ENTRY(dilated_bwd_dq_mma_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_dq_mma_##T##_d64),                \
         ATTN_EMU_ENTRY(dilated_bwd_dq_mma_##T##_d128)
+#define ATTN_EMU_MMA3(T)                                                                                \
+    ATTN_EMU_ENTRY(dilated_fwd_mma3_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma3_##T##_d64),              \
+        ATTN_EMU_ENTRY(dilated_fwd_mma3_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_##T##_d256),        \
+        ATTN_EMU_ENTRY(dilated_fwd_mma3_m128_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma3_m128_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma3_m128_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_m128w4_##T##_d32), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma3_m128w4_##T##_d64), ATTN_EMU_ENTRY(dilated_fwd_mma3_m128w4_##T##_d128), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d256)
 
 const std::map<std::string, Entry>& table() {
     static const std::map<std::string, Entry> t = {
-        ATTN_EMU_DTYPE(f32), ATTN_EMU_DTYPE(f16), ATTN_EMU_DTYPE(bf16), ATTN_EMU_MMA(f16), ATTN_EMU_MMA(bf16),
+        ATTN_EMU_DTYPE(f32), ATTN_EMU_DTYPE(f16), ATTN_EMU_DTYPE(bf16), ATTN_EMU_MMA(f16), ATTN_EMU_MMA(bf16), ATTN_EMU_MMA3(f16),
+        ATTN_EMU_MMA3(bf16),
     };
     return t;
 }

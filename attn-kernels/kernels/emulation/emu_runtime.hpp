@@ -36,7 +36,7 @@
 #define __device__
 #define __global__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define ATTN_DYNAMIC_SMEM(name) unsigned char* name = emu::dyn_smem()
 

@@ -21,7 +21,9 @@
 #include "../prelude.cu"
 #include "../dilated_rows.cu"
 #include "../mma_tiles.cu"
+#include "../attend_tile.cu"
 #include "../dilated_fwd_mma.cu"
+#include "../dilated_fwd_mma3.cu"
 #include "../dilated_bwd_mma.cu"
 #include "../epilogue.cu"
 

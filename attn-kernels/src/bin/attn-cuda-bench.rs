@@ -7,13 +7,14 @@
 //! `--paths direct,partial` times both ways the forward reaches its output (straight from
 //! the kernel, or through the f32 partial and its epilogue), `--rows 64,128,128w4` each
 //! block shape of the tensor-core forward, `--launch per-pattern,fused` both ways its
-//! patterns launch, `--bwd-loads sync,pipelined` both ways the backward loads its query
+//! patterns launch, `--fwd-stages 2,3` both K/V pipelines of the tensor-core forward,
+//! `--bwd-loads sync,pipelined` both ways the backward loads its query
 //! tiles, `--bwd-keys 64,128` both keys a block of the backward and `--bwd-dq
 //! atomic,deterministic` both ways it sums dq, in one process.
 //!
 //! Usage: attn-cuda-bench [--seq 65536,262144] [--heads 16] [--dtype bf16|f16|f32] [--warmups 1] [--iters 10]
 //!        [--causal] [--backward] [--paths direct|partial|direct,partial] [--rows 64,128,128w4]
-//!        [--launch per-pattern,fused] [--bwd-loads sync,pipelined] [--bwd-keys 64,128]
+//!        [--launch per-pattern,fused] [--fwd-stages 2,3] [--bwd-loads sync,pipelined] [--bwd-keys 64,128]
 //!        [--bwd-dq atomic,deterministic] [--sync-between]
 //!        (each list: one or more of its values)
 //!
@@ -26,7 +27,9 @@
 use std::process::ExitCode;
 
 use attn_core::{DilatedConfig, Pass, Shape4};
-use attn_kernels::cuda::plan::{BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows, PatternFusion};
+use attn_kernels::cuda::plan::{
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages, PatternFusion,
+};
 use attn_kernels::cuda::{BenchRun, Between, CudaDevice, CudaElement, ForwardPath, GpuTiming, bench_pass};
 use half::{bf16, f16};
 
@@ -44,6 +47,8 @@ struct Args {
     rows: Option<Vec<ForwardRows>>,
     /// `None`: the device's own choice (`ATTN_CUDA_FWD_LAUNCH`).
     launches: Option<Vec<PatternFusion>>,
+    /// `None`: the device's own choice (`ATTN_CUDA_FWD_STAGES`).
+    fwd_stages: Option<Vec<ForwardStages>>,
     /// `None`: the device's own choice (`ATTN_CUDA_BWD_LOADS`).
     bwd_loads: Option<Vec<BackwardLoads>>,
     /// `None`: the device's own choice (`ATTN_CUDA_BWD_KEYS`).
@@ -76,6 +81,7 @@ fn parse() -> Result<Args, String> {
         paths: vec![ForwardPath::Direct],
         rows: None,
         launches: None,
+        fwd_stages: None,
         bwd_loads: None,
         bwd_keys: None,
         bwd_dq: None,
@@ -109,6 +115,7 @@ fn parse() -> Result<Args, String> {
             }
             "--rows" => a.rows = Some(choices(&flag, &val()?, ForwardRows::parse, "64, 128 or 128w4")?),
             "--launch" => a.launches = Some(choices(&flag, &val()?, PatternFusion::parse, "per-pattern or fused")?),
+            "--fwd-stages" => a.fwd_stages = Some(choices(&flag, &val()?, ForwardStages::parse, "2 or 3")?),
             "--bwd-loads" => a.bwd_loads = Some(choices(&flag, &val()?, BackwardLoads::parse, "sync or pipelined")?),
             "--bwd-keys" => a.bwd_keys = Some(choices(&flag, &val()?, BackwardKeys::parse, "64 or 128")?),
             "--bwd-dq" => a.bwd_dq = Some(choices(&flag, &val()?, BackwardDq::parse, "atomic or deterministic")?),
@@ -142,29 +149,35 @@ fn run() -> Result<(), String> {
         .causal(a.causal)
         .build()
         .map_err(|e| e.to_string())?;
-    let rows = a.rows.clone().unwrap_or_else(|| vec![dev.forward_rows()]);
-    let launches = a.launches.clone().unwrap_or_else(|| vec![dev.forward_options().fusion]);
-    let bwd_loads = a.bwd_loads.clone().unwrap_or_else(|| vec![dev.backward_options().loads]);
-    let bwd_keys = a.bwd_keys.clone().unwrap_or_else(|| vec![dev.backward_options().keys]);
-    let bwd_dq = a.bwd_dq.clone().unwrap_or_else(|| vec![dev.backward_options().dq]);
-    let mut cases = Vec::new();
-    for &r in &rows {
-        for &f in &launches {
-            for &loads in &bwd_loads {
-                for &keys in &bwd_keys {
-                    for &dq in &bwd_dq {
-                        cases.extend(a.paths.iter().map(|&p| (r, f, BackwardOptions { loads, keys, dq }, p)));
-                    }
-                }
-            }
-        }
-    }
+    let own = (dev.forward_options(), dev.backward_options());
+    let rows = a.rows.clone().unwrap_or_else(|| vec![own.0.rows]);
+    let launches = a.launches.clone().unwrap_or_else(|| vec![own.0.fusion]);
+    let stages = a.fwd_stages.clone().unwrap_or_else(|| vec![own.0.stages]);
+    let bwd_loads = a.bwd_loads.clone().unwrap_or_else(|| vec![own.1.loads]);
+    let bwd_keys = a.bwd_keys.clone().unwrap_or_else(|| vec![own.1.keys]);
+    let bwd_dq = a.bwd_dq.clone().unwrap_or_else(|| vec![own.1.dq]);
+    let forwards: Vec<ForwardOptions> = rows
+        .iter()
+        .flat_map(|&rows| launches.iter().map(move |&fusion| (rows, fusion)))
+        .flat_map(|(rows, fusion)| stages.iter().map(move |&stages| ForwardOptions { rows, fusion, stages }))
+        .collect();
+    let backwards: Vec<BackwardOptions> = bwd_loads
+        .iter()
+        .flat_map(|&loads| bwd_keys.iter().map(move |&keys| (loads, keys)))
+        .flat_map(|(loads, keys)| bwd_dq.iter().map(move |&dq| BackwardOptions { loads, keys, dq }))
+        .collect();
+    let cases: Vec<(ForwardOptions, BackwardOptions, ForwardPath)> = forwards
+        .iter()
+        .flat_map(|&f| backwards.iter().map(move |&b| (f, b)))
+        .flat_map(|(f, b)| a.paths.iter().map(move |&p| (f, b, p)))
+        .collect();
     for &seq in &a.seqs {
         let shape = Shape4::new(1, seq, a.heads, 128).map_err(|e| e.to_string())?;
-        for &(r, fusion, bwd, path) in &cases {
+        for &(fwd, bwd, path) in &cases {
             let dev = dev
-                .with_forward_rows(r)
-                .with_pattern_fusion(fusion)
+                .with_forward_rows(fwd.rows)
+                .with_pattern_fusion(fwd.fusion)
+                .with_forward_stages(fwd.stages)
                 .with_backward_loads(bwd.loads)
                 .with_backward_keys(bwd.keys)
                 .with_backward_dq(bwd.dq);
@@ -175,14 +188,15 @@ fn run() -> Result<(), String> {
                 other => return Err(format!("unknown dtype `{other}`")),
             };
             println!(
-                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"bwd_loads\":\"{}\",\"bwd_keys\":\"{}\",\"bwd_dq\":\"{}\",\"between\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2},\"scratch_allocations\":{}}}",
+                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"fwd_stages\":\"{}\",\"bwd_loads\":\"{}\",\"bwd_keys\":\"{}\",\"bwd_dq\":\"{}\",\"between\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2},\"scratch_allocations\":{}}}",
                 a.dtype,
                 a.heads,
                 a.causal,
                 a.pass == Pass::Backward,
                 path_name(path),
-                r.name(),
-                fusion.name(),
+                fwd.rows.name(),
+                fwd.fusion.name(),
+                fwd.stages.name(),
                 bwd.loads.name(),
                 bwd.keys.name(),
                 bwd.dq.name(),

@@ -14,8 +14,8 @@ use attn_kernels::cuda::kernel_cache::KernelCache;
 use attn_kernels::cuda::nvrtc::{compile_into, compile_ptx};
 use attn_kernels::cuda::nvrtc_library;
 use attn_kernels::cuda::plan::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows, mma_bwd_dq_smem_bytes, mma_bwd_smem_bytes,
-    mma_smem_bytes,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages,
+    mma_bwd_dq_smem_bytes, mma_bwd_smem_bytes, mma_smem_bytes,
 };
 use attn_kernels::cuda::source::{
     MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, dtype_define, full_source, kernel_names_for, mma_bwd_dq_kernel_name,
@@ -105,16 +105,19 @@ fn parse_ptxas(text: &str) -> Vec<(String, KernelReport)> {
 /// Dynamic shared memory a kernel is launched with (0 for the row kernels).
 fn dynamic_smem(name: &str) -> usize {
     for t in ["f16", "bf16"] {
-        for rows in ForwardRows::ALL {
-            for d in MMA_HEAD_DIMS {
-                if name == mma_kernel_name(t, d, rows) {
-                    return mma_smem_bytes(rows, d);
+        for stages in ForwardStages::ALL {
+            for rows in ForwardRows::ALL {
+                let opts = ForwardOptions { rows, stages, ..ForwardOptions::default() };
+                for d in MMA_HEAD_DIMS {
+                    if name == mma_kernel_name(t, d, rows, stages) {
+                        return mma_smem_bytes(opts, d);
+                    }
                 }
             }
-        }
-        for d in MMA_HEAD_DIMS {
-            if name == mma_fused_kernel_name(t, d) {
-                return mma_smem_bytes(ForwardRows::M64, d);
+            for d in MMA_HEAD_DIMS {
+                if name == mma_fused_kernel_name(t, d, stages) {
+                    return mma_smem_bytes(ForwardOptions { stages, ..ForwardOptions::default() }, d);
+                }
             }
         }
         for d in MMA_BWD_HEAD_DIMS {

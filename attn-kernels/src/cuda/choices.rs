@@ -105,6 +105,31 @@ pub enum PatternFusion {
 
 kernel_choice!(PatternFusion, "ATTN_CUDA_FWD_LAUNCH", { PerPattern => "per-pattern", Fused => "fused" });
 
+/// K/V stages of the tensor-core forward's key loop: `Two` (double buffering, two barriers
+/// a key tile, the mask test per tile), or `Three` (`dilated_fwd_mma3.cu`: one barrier a
+/// key tile with two tiles in flight, the full tiles found once per block, 32-bit index
+/// math in the loop; the same key tiles, so the same bits; more shared memory a block, so
+/// 128 rows a block at head dim 256 take the 64-row kernel).
+/// `ATTN_CUDA_FWD_STAGES=2|3`; [`Default`] is two, the least shared memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ForwardStages {
+    #[default]
+    Two,
+    Three,
+}
+
+kernel_choice!(ForwardStages, "ATTN_CUDA_FWD_STAGES", { Two => "2", Three => "3" });
+
+impl ForwardStages {
+    /// K/V tiles in shared memory.
+    pub fn stages(self) -> usize {
+        match self {
+            ForwardStages::Two => 2,
+            ForwardStages::Three => 3,
+        }
+    }
+}
+
 /// How the tensor-core backward loads its query tiles (Q, dO, lse, delta): `Sync`, each
 /// tile before its compute, or `Pipelined`, by `cp.async` into two stages, the next tile
 /// loading while this one computes (more shared memory a block). Both give the same bits.
@@ -177,11 +202,12 @@ pub enum BackwardDq {
 
 kernel_choice!(BackwardDq, "ATTN_CUDA_BWD_DQ", { Atomic => "atomic", Deterministic => "deterministic" });
 
-/// The tensor-core forward's choices: block shape and pattern fusion.
+/// The tensor-core forward's choices: block shape, pattern fusion and K/V stages.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ForwardOptions {
     pub rows: ForwardRows,
     pub fusion: PatternFusion,
+    pub stages: ForwardStages,
 }
 
 impl ForwardOptions {
@@ -189,17 +215,32 @@ impl ForwardOptions {
     /// rows over 4 warps, one launch a pattern; elsewhere (not timed) the [`Default`].
     pub fn measured_fastest(cc: (i32, i32)) -> Self {
         match cc {
-            (9, 0) => ForwardOptions { rows: ForwardRows::M128W4, fusion: PatternFusion::PerPattern },
+            (9, 0) => ForwardOptions {
+                rows: ForwardRows::M128W4,
+                fusion: PatternFusion::PerPattern,
+                stages: ForwardStages::Two,
+            },
             _ => ForwardOptions::default(),
         }
     }
 
-    /// `ATTN_CUDA_FWD_ROWS` and `ATTN_CUDA_FWD_LAUNCH`, each unset one taken from `unset`.
+    /// `ATTN_CUDA_FWD_ROWS`, `ATTN_CUDA_FWD_LAUNCH` and `ATTN_CUDA_FWD_STAGES`, each unset
+    /// one taken from `unset`.
     pub fn from_env_or(unset: Self) -> Result<Self> {
         Ok(ForwardOptions {
             rows: ForwardRows::from_env_or(unset.rows)?,
             fusion: PatternFusion::from_env_or(unset.fusion)?,
+            stages: ForwardStages::from_env_or(unset.stages)?,
         })
+    }
+
+    /// Whether the source has a tensor-core instance of these rows and stages for a padded
+    /// head dim (else the 64-row kernel of the same stages runs).
+    pub fn has_head_dim(self, padded_d: usize) -> bool {
+        match self.stages {
+            ForwardStages::Two => self.rows.has_head_dim(padded_d),
+            ForwardStages::Three => self.rows == ForwardRows::M64 || padded_d <= 128,
+        }
     }
 }
 
@@ -257,6 +298,7 @@ mod tests {
         round_trip(&BackwardLoads::ALL, BackwardLoads::name, BackwardLoads::parse);
         round_trip(&BackwardKeys::ALL, BackwardKeys::name, BackwardKeys::parse);
         round_trip(&BackwardDq::ALL, BackwardDq::name, BackwardDq::parse);
+        round_trip(&ForwardStages::ALL, ForwardStages::name, ForwardStages::parse);
         assert_eq!(ForwardRows::ALL.map(ForwardRows::name), ["64", "128", "128w4"]);
         assert_eq!(PatternFusion::ALL.map(PatternFusion::name), ["per-pattern", "fused"]);
     }
@@ -273,13 +315,17 @@ mod tests {
     #[test]
     fn sm_90_takes_its_measured_fastest_shapes_and_untimed_architectures_the_smallest() {
         let (fwd, bwd) = (ForwardOptions::measured_fastest((9, 0)), BackwardOptions::measured_fastest((9, 0)));
-        assert_eq!((fwd.rows, fwd.fusion), (ForwardRows::M128W4, PatternFusion::PerPattern));
+        assert_eq!(
+            (fwd.rows, fwd.fusion, fwd.stages),
+            (ForwardRows::M128W4, PatternFusion::PerPattern, ForwardStages::Two)
+        );
         assert_eq!((bwd.loads, bwd.keys), (BackwardLoads::Pipelined, BackwardKeys::K128));
         for cc in [(8, 0), (8, 6), (8, 9), (10, 0), (12, 0)] {
             assert_eq!(ForwardOptions::measured_fastest(cc), ForwardOptions::default(), "sm_{}{}", cc.0, cc.1);
             assert_eq!(BackwardOptions::measured_fastest(cc), BackwardOptions::default(), "sm_{}{}", cc.0, cc.1);
         }
-        let least = ForwardOptions { rows: ForwardRows::M64, fusion: PatternFusion::PerPattern };
+        let least =
+            ForwardOptions { rows: ForwardRows::M64, fusion: PatternFusion::PerPattern, stages: ForwardStages::Two };
         assert_eq!(ForwardOptions::default(), least);
         let least = BackwardOptions { loads: BackwardLoads::Sync, keys: BackwardKeys::K64, dq: BackwardDq::Atomic };
         assert_eq!(BackwardOptions::default(), least);

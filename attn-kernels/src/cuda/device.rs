@@ -14,7 +14,7 @@ use super::kernel_cache::KernelCache;
 use super::nvrtc::{ImageKind, ImageSource, process_image, recompile_for_process};
 use super::nvrtc_library::{NVRTC_PATH_ENV, nvrtc_library};
 use super::plan::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages, PatternFusion,
 };
 use super::scratch::{ScratchAlloc, ScratchBuffer, ScratchPool, ScratchSlot};
 use super::slots::Slots;
@@ -167,6 +167,11 @@ impl CudaDevice {
         CudaDevice { forward: ForwardOptions { rows, ..self.forward }, ..self.clone() }
     }
 
+    /// The same device and stream with the tensor-core forward running `stages` K/V stages.
+    pub fn with_forward_stages(&self, stages: ForwardStages) -> Self {
+        CudaDevice { forward: ForwardOptions { stages, ..self.forward }, ..self.clone() }
+    }
+
     /// The same device and stream with the tensor-core forward's patterns launched as
     /// `fusion` says.
     pub fn with_pattern_fusion(&self, fusion: PatternFusion) -> Self {
@@ -199,7 +204,7 @@ impl CudaDevice {
         self.forward.rows
     }
 
-    /// The tensor-core forward's rows a block and pattern fusion.
+    /// The tensor-core forward's rows a block, pattern fusion and K/V stages.
     pub fn forward_options(&self) -> ForwardOptions {
         self.forward
     }

@@ -20,7 +20,8 @@ use super::call::ForwardPath;
 use super::epilogue::{delta_kernel, fill_launch, row_params, store_kernel};
 use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward, plan_forward_direct};
 use super::plan::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion, out_scale,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages,
+    PatternFusion, out_scale,
 };
 use super::scratch::{HostMemory, ScratchPool, ScratchSlot, backward_scratch};
 use super::source::MAX_HEAD_DIM;
@@ -218,6 +219,11 @@ impl Emulator {
     /// This emulator planning the tensor-core forward with `rows` query rows a block.
     pub fn with_forward_rows(self, rows: ForwardRows) -> Self {
         Emulator { forward: ForwardOptions { rows, ..self.forward }, ..self }
+    }
+
+    /// This emulator planning the tensor-core forward with `stages` K/V stages.
+    pub fn with_forward_stages(self, stages: ForwardStages) -> Self {
+        Emulator { forward: ForwardOptions { stages, ..self.forward }, ..self }
     }
 
     /// This emulator planning the tensor-core forward's patterns as `fusion` says.

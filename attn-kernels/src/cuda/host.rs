@@ -218,7 +218,7 @@ impl<T: CudaElement> Attention<T> for CudaBackend {
         let (q, kv, lse) = (shape.q.numel() as u128, shape.kv.numel() as u128, shape.q.lse_len() as u128);
         let elem = std::mem::size_of::<T>() as u128;
         let direct =
-            writes_direct(cfg, &forward_kernel(T::DTYPE, T::SUFFIX, shape.q.head_dim, self.dev.forward_rows()));
+            writes_direct(cfg, &forward_kernel(T::DTYPE, T::SUFFIX, shape.q.head_dim, self.dev.forward_options()));
         let bytes = match pass {
             Pass::Forward => elem * (2 * q + 2 * kv) + 4 * (lse + if direct { 0 } else { q }),
             Pass::Backward => elem * (4 * q + 4 * kv) + 4 * (q + 2 * kv + 2 * lse) + elem * (q + 2 * kv),

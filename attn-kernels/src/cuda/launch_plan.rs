@@ -153,13 +153,13 @@ fn offsets(g: &BlockGeometry<'_>, piece: &SeqPiece) -> ArgOffsets {
 /// tensor-core kernel taking `opts.rows` query rows a block and, with 64 rows where every
 /// head has one pattern, fusing the patterns' launches as `opts.fusion` says.
 pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: ForwardOptions) -> Result<Vec<Planned>> {
-    let kernel = forward_kernel(dtype, suffix, g.q.0.head_dim, opts.rows);
+    let kernel = forward_kernel(dtype, suffix, g.q.0.head_dim, opts);
     // The fused kernel: 64 rows a block, where every head has one pattern.
     let fused_kernel = match &kernel {
-        ForwardKernel::Mma { padded_d, rows: ForwardRows::M64, .. }
+        ForwardKernel::Mma { padded_d, rows: ForwardRows::M64, stages, .. }
             if opts.fusion == PatternFusion::Fused && one_pattern_per_head(g.cfg) =>
         {
-            Some(mma_fused_kernel_name(suffix, *padded_d))
+            Some(mma_fused_kernel_name(suffix, *padded_d, *stages))
         }
         _ => None,
     };
@@ -292,7 +292,7 @@ pub fn plan_forward_direct(
     if g.g_strides.is_none() {
         return Ok(None);
     }
-    if !writes_direct(g.cfg, &forward_kernel(dtype, suffix, g.q.0.head_dim, opts.rows)) {
+    if !writes_direct(g.cfg, &forward_kernel(dtype, suffix, g.q.0.head_dim, opts)) {
         return Ok(None);
     }
     // `attn_params` already carries the heads' output scale.
@@ -395,7 +395,7 @@ mod tests {
     }
 
     fn plan(cfg: &DilatedConfig, s: Shape4, fusion: PatternFusion) -> Vec<Planned> {
-        let opts = ForwardOptions { rows: ForwardRows::M64, fusion };
+        let opts = ForwardOptions { rows: ForwardRows::M64, fusion, ..ForwardOptions::default() };
         plan_forward(&geometry(cfg, s), DType::BF16, "bf16", opts).unwrap()
     }
 
@@ -484,7 +484,7 @@ mod tests {
                 ..geometry(&cfg, sq)
             };
             let run = |fusion| {
-                let opts = ForwardOptions { rows: ForwardRows::M64, fusion };
+                let opts = ForwardOptions { rows: ForwardRows::M64, fusion, ..ForwardOptions::default() };
                 plan_forward(&g, DType::BF16, "bf16", opts).unwrap()
             };
             let (apart, fused) = (run(PatternFusion::PerPattern), run(PatternFusion::Fused));
@@ -501,7 +501,7 @@ mod tests {
         let cfg = longnet.build().unwrap();
         assert_eq!(plan(&cfg, s, PatternFusion::Fused), plan(&cfg, s, PatternFusion::PerPattern));
         let hg = DilatedConfig::new(&[64, 128], &[1, 2]).unwrap();
-        let opts = ForwardOptions { rows: ForwardRows::M64, fusion: PatternFusion::Fused };
+        let opts = ForwardOptions { rows: ForwardRows::M64, fusion: PatternFusion::Fused, ..ForwardOptions::default() };
         let rows = plan_forward(&geometry(&hg, s), DType::F32, "f32", opts).unwrap();
         assert!(rows.len() == 2 && rows.iter().all(|l| l.params.fused == 0));
     }

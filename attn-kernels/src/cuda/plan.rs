@@ -8,7 +8,7 @@ use std::ops::Range;
 use attn_core::{Causality, DType, DilatedConfig, HeadGroups, Mixing, SegmentPattern, Shape4};
 
 pub use super::choices::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages, PatternFusion,
 };
 use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_dq_kernel_name, mma_bwd_kernel_name, mma_kernel_name};
 
@@ -181,39 +181,42 @@ pub fn out_scale(cfg: &DilatedConfig) -> f32 {
 /// Which forward kernel runs a dtype and head dim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ForwardKernel {
-    /// Tensor-core kernel: name, padded head dim, query rows and key tile a block, dynamic
-    /// shared memory.
-    Mma { name: String, padded_d: usize, rows: ForwardRows, block_n: usize, smem_bytes: usize },
+    /// Tensor-core kernel: name, padded head dim, query rows a block, K/V stages, key tile
+    /// a block, dynamic shared memory.
+    Mma { name: String, padded_d: usize, rows: ForwardRows, stages: ForwardStages, block_n: usize, smem_bytes: usize },
     /// One warp per query row (f32, or head dims the MMA path has no instance for).
     Rows { name: String },
 }
 
 /// Key tile of the tensor-core forward for a block shape and padded head dim (the `BN` of
-/// the `ATTN_MMA_KERNEL*` instances): 32 where the accumulators are large (head dim 256;
-/// 128 with two row tiles a warp, whose scores would otherwise spill registers), else 64.
-pub fn mma_block_n(rows: ForwardRows, padded_d: usize) -> usize {
-    if padded_d * rows.rows_per_warp() / 16 <= 128 { 64 } else { 32 }
+/// the `ATTN_MMA_KERNEL*` and `ATTN_MMA3_KERNEL*` instances): 32 where the accumulators are
+/// large (head dim 256; 128 with two row tiles a warp, whose scores would otherwise spill
+/// registers), else 64.
+pub fn mma_block_n(opts: ForwardOptions, padded_d: usize) -> usize {
+    if padded_d * opts.rows.rows_per_warp() / 16 <= 128 { 64 } else { 32 }
 }
 
-/// Dynamic shared memory of the tensor-core forward (`MMA_SMEM` in `dilated_fwd_mma.cu`):
-/// the Q tile and two K/V stages.
-pub fn mma_smem_bytes(rows: ForwardRows, padded_d: usize) -> usize {
-    (rows.rows() + 4 * mma_block_n(rows, padded_d)) * (padded_d + 8) * 2
+/// Dynamic shared memory of the tensor-core forward (`MMA_SMEM` in `dilated_fwd_mma.cu`,
+/// `MMA3_SMEM` in `dilated_fwd_mma3.cu`): the Q tile and the K/V stages.
+pub fn mma_smem_bytes(opts: ForwardOptions, padded_d: usize) -> usize {
+    (opts.rows.rows() + 2 * opts.stages.stages() * mma_block_n(opts, padded_d)) * (padded_d + 8) * 2
 }
 
-/// Pick the forward kernel (`suffix` is `f32`, `f16` or `bf16`; `rows` the tensor-core
-/// kernel's block shape, the 64-row one where `rows` has no instance for the head dim).
-pub fn forward_kernel(dtype: DType, suffix: &str, head_dim: usize, rows: ForwardRows) -> ForwardKernel {
+/// Pick the forward kernel (`suffix` is `f32`, `f16` or `bf16`; `opts` the tensor-core
+/// kernel's block shape and stages, the 64-row one where the shape has no instance for the
+/// head dim).
+pub fn forward_kernel(dtype: DType, suffix: &str, head_dim: usize, opts: ForwardOptions) -> ForwardKernel {
     let padded = MMA_HEAD_DIMS.iter().copied().find(|&p| p >= head_dim);
     match (dtype, padded) {
         (DType::F16 | DType::BF16, Some(p)) => {
-            let rows = if rows.has_head_dim(p) { rows } else { ForwardRows::M64 };
+            let opts = if opts.has_head_dim(p) { opts } else { ForwardOptions { rows: ForwardRows::M64, ..opts } };
             ForwardKernel::Mma {
-                name: mma_kernel_name(suffix, p, rows),
+                name: mma_kernel_name(suffix, p, opts.rows, opts.stages),
                 padded_d: p,
-                rows,
-                block_n: mma_block_n(rows, p),
-                smem_bytes: mma_smem_bytes(rows, p),
+                rows: opts.rows,
+                stages: opts.stages,
+                block_n: mma_block_n(opts, p),
+                smem_bytes: mma_smem_bytes(opts, p),
             }
         }
         _ => ForwardKernel::Rows { name: format!("dilated_fwd_rows_{suffix}") },
@@ -437,7 +440,8 @@ mod tests {
 
     #[test]
     fn kernel_choice_and_shared_memory() {
-        let m64 = ForwardRows::M64;
+        let fwd = |rows, stages| ForwardOptions { rows, stages, ..ForwardOptions::default() };
+        let m64 = fwd(ForwardRows::M64, ForwardStages::Two);
         assert!(matches!(forward_kernel(DType::F32, "f32", 64, m64), ForwardKernel::Rows { .. }));
         assert!(matches!(forward_kernel(DType::BF16, "bf16", 300, m64), ForwardKernel::Rows { .. }));
         let ForwardKernel::Mma { name, padded_d, smem_bytes, .. } = forward_kernel(DType::BF16, "bf16", 96, m64) else {
@@ -445,25 +449,48 @@ mod tests {
         };
         assert_eq!((name.as_str(), padded_d, smem_bytes), ("dilated_fwd_mma_bf16_d128", 128, 320 * 136 * 2));
         let ForwardKernel::Mma { name, rows, smem_bytes, .. } =
-            forward_kernel(DType::F16, "f16", 128, ForwardRows::M128)
+            forward_kernel(DType::F16, "f16", 128, fwd(ForwardRows::M128, ForwardStages::Two))
         else {
             panic!("expected the MMA kernel")
         };
         assert_eq!((name.as_str(), rows.threads(), smem_bytes), ("dilated_fwd_mma_m128_f16_d128", 256, 384 * 136 * 2));
         let ForwardKernel::Mma { name, rows, smem_bytes, .. } =
-            forward_kernel(DType::BF16, "bf16", 64, ForwardRows::M128W4)
+            forward_kernel(DType::BF16, "bf16", 64, fwd(ForwardRows::M128W4, ForwardStages::Two))
         else {
             panic!("expected the MMA kernel")
         };
         assert_eq!((name.as_str(), rows.threads(), smem_bytes), ("dilated_fwd_mma_m128w4_bf16_d64", 128, 384 * 72 * 2));
         // No 256 instance of 32 rows a warp: the 64-row kernel.
-        let ForwardKernel::Mma { name, rows, .. } = forward_kernel(DType::BF16, "bf16", 200, ForwardRows::M128W4)
+        let ForwardKernel::Mma { name, rows, .. } =
+            forward_kernel(DType::BF16, "bf16", 200, fwd(ForwardRows::M128W4, ForwardStages::Two))
         else {
             panic!("expected the MMA kernel")
         };
         assert_eq!((name.as_str(), rows), ("dilated_fwd_mma_bf16_d256", ForwardRows::M64));
+        // Three stages: the key tiles of two, three of them in shared memory.
+        let ForwardKernel::Mma { name, block_n, smem_bytes, .. } =
+            forward_kernel(DType::BF16, "bf16", 128, fwd(ForwardRows::M128W4, ForwardStages::Three))
+        else {
+            panic!("expected the MMA kernel")
+        };
+        assert_eq!((name.as_str(), block_n, smem_bytes), ("dilated_fwd_mma3_m128w4_bf16_d128", 32, 320 * 136 * 2));
+        let ForwardKernel::Mma { name, rows, block_n, .. } =
+            forward_kernel(DType::F16, "f16", 256, fwd(ForwardRows::M128, ForwardStages::Three))
+        else {
+            panic!("expected the MMA kernel")
+        };
+        assert_eq!((name.as_str(), rows, block_n), ("dilated_fwd_mma3_f16_d256", ForwardRows::M64, 32));
         for rows in ForwardRows::ALL {
-            assert!(mma_smem_bytes(rows, 256) <= 163 * 1024, "must fit sm_80's opt-in shared memory");
+            for stages in ForwardStages::ALL {
+                for d in MMA_HEAD_DIMS {
+                    let ForwardKernel::Mma { smem_bytes, .. } =
+                        forward_kernel(DType::BF16, "bf16", d, fwd(rows, stages))
+                    else {
+                        panic!("expected the MMA kernel")
+                    };
+                    assert!(smem_bytes <= 163 * 1024, "must fit sm_80's opt-in shared memory");
+                }
+            }
         }
         for loads in BackwardLoads::ALL {
             for keys in BackwardKeys::ALL {

@@ -6,16 +6,20 @@
 
 use attn_core::DType;
 
-use super::plan::{BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows};
+use super::plan::{
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages,
+};
 
 /// Shared definitions, compiled first.
 pub const PRELUDE: &str = include_str!("../../kernels/prelude.cu");
 
 /// The kernel files after the prelude, as `(file name, text)`.
-pub const FILES: [(&str, &str); 6] = [
+pub const FILES: [(&str, &str); 8] = [
     ("dilated_rows.cu", include_str!("../../kernels/dilated_rows.cu")),
     ("mma_tiles.cu", include_str!("../../kernels/mma_tiles.cu")),
+    ("attend_tile.cu", include_str!("../../kernels/attend_tile.cu")),
     ("dilated_fwd_mma.cu", include_str!("../../kernels/dilated_fwd_mma.cu")),
+    ("dilated_fwd_mma3.cu", include_str!("../../kernels/dilated_fwd_mma3.cu")),
     ("dilated_bwd_mma.cu", include_str!("../../kernels/dilated_bwd_mma.cu")),
     ("dilated_bwd_dq_mma.cu", include_str!("../../kernels/dilated_bwd_dq_mma.cu")),
     ("epilogue.cu", include_str!("../../kernels/epilogue.cu")),
@@ -95,13 +99,16 @@ pub fn kernel_names() -> Vec<String> {
     }
     for t in ["f16", "bf16"] {
         names.push(format!("delta_rows_v8_{t}"));
-        for rows in ForwardRows::ALL {
-            for d in MMA_HEAD_DIMS.into_iter().filter(|&d| rows.has_head_dim(d)) {
-                names.push(mma_kernel_name(t, d, rows));
+        for stages in ForwardStages::ALL {
+            for rows in ForwardRows::ALL {
+                let opts = ForwardOptions { rows, stages, ..ForwardOptions::default() };
+                for d in MMA_HEAD_DIMS.into_iter().filter(|&d| opts.has_head_dim(d)) {
+                    names.push(mma_kernel_name(t, d, rows, stages));
+                }
             }
-        }
-        for d in MMA_HEAD_DIMS {
-            names.push(mma_fused_kernel_name(t, d));
+            for d in MMA_HEAD_DIMS {
+                names.push(mma_fused_kernel_name(t, d, stages));
+            }
         }
         for loads in BackwardLoads::ALL {
             for keys in BackwardKeys::ALL {
@@ -120,9 +127,17 @@ pub fn kernel_names() -> Vec<String> {
 }
 
 /// Name of the fused tensor-core forward (64 query rows a block, several patterns a
-/// launch: `AttnParams::fused`) for a dtype suffix and padded head dim.
-pub fn mma_fused_kernel_name(suffix: &str, padded_d: usize) -> String {
-    format!("dilated_fwd_mma_fused_{suffix}_d{padded_d}")
+/// launch: `AttnParams::fused`) for a dtype suffix, padded head dim and K/V stages.
+pub fn mma_fused_kernel_name(suffix: &str, padded_d: usize, stages: ForwardStages) -> String {
+    format!("{}fused_{suffix}_d{padded_d}", mma_forward_prefix(stages))
+}
+
+/// The tensor-core forward's name up to its block shape: the two- or three-stage kernel.
+fn mma_forward_prefix(stages: ForwardStages) -> &'static str {
+    match stages {
+        ForwardStages::Two => "dilated_fwd_mma_",
+        ForwardStages::Three => "dilated_fwd_mma3_",
+    }
 }
 
 /// Name of the tensor-core backward for a dtype suffix, padded head dim, query-tile loads,
@@ -149,13 +164,15 @@ pub fn mma_bwd_dq_kernel_name(suffix: &str, padded_d: usize) -> String {
     format!("dilated_bwd_dq_mma_{suffix}_d{padded_d}")
 }
 
-/// Name of the tensor-core forward for a dtype suffix, padded head dim and rows a block.
-pub fn mma_kernel_name(suffix: &str, padded_d: usize, rows: ForwardRows) -> String {
-    match rows {
-        ForwardRows::M64 => format!("dilated_fwd_mma_{suffix}_d{padded_d}"),
-        ForwardRows::M128 => format!("dilated_fwd_mma_m128_{suffix}_d{padded_d}"),
-        ForwardRows::M128W4 => format!("dilated_fwd_mma_m128w4_{suffix}_d{padded_d}"),
-    }
+/// Name of the tensor-core forward for a dtype suffix, padded head dim, rows a block and
+/// K/V stages.
+pub fn mma_kernel_name(suffix: &str, padded_d: usize, rows: ForwardRows, stages: ForwardStages) -> String {
+    let shape = match rows {
+        ForwardRows::M64 => "",
+        ForwardRows::M128 => "m128_",
+        ForwardRows::M128W4 => "m128w4_",
+    };
+    format!("{}{shape}{suffix}_d{padded_d}", mma_forward_prefix(stages))
 }
 
 #[cfg(test)]
@@ -167,7 +184,21 @@ mod tests {
         let src = full_source();
         for name in kernel_names() {
             // Kernels are defined by macros: check the macro invocation or the literal name.
-            let found = if let Some(rest) = name.strip_prefix("dilated_fwd_mma_") {
+            let found = if let Some(rest) = name.strip_prefix("dilated_fwd_mma3_") {
+                // Three stages: every shape's instances sit in one list macro per dtype.
+                let (rest, mac) = if let Some(r) = rest.strip_prefix("m128_") {
+                    (r, "ATTN_MMA3_KERNEL_M128")
+                } else if let Some(r) = rest.strip_prefix("m128w4_") {
+                    (r, "ATTN_MMA3_KERNEL_M128W4")
+                } else if let Some(r) = rest.strip_prefix("fused_") {
+                    (r, "ATTN_MMA3_KERNEL_FUSED")
+                } else {
+                    (rest, "ATTN_MMA3_KERNEL")
+                };
+                let (t, d) = rest.split_once("_d").unwrap();
+                let e = if t == "f16" { "F16E" } else { "BF16E" };
+                src.contains(&format!("{mac}(NAME, E, {d},")) && src.contains(&format!("ATTN_MMA3_KERNELS({t}, {e})"))
+            } else if let Some(rest) = name.strip_prefix("dilated_fwd_mma_") {
                 let (rest, mac) = if let Some(r) = rest.strip_prefix("m128_") {
                     (r, "ATTN_MMA_KERNEL_M128")
                 } else if let Some(r) = rest.strip_prefix("m128w4_") {
