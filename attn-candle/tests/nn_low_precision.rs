@@ -4,7 +4,7 @@
 //! LayerNorm, `out_proj`, and each one's gradients) within the test kit's row bound
 //! against the float64 stage on the stage's inputs exactly as the layer handed them over,
 //! the file's inputs, weights and `grad_out` rounded to the dtype at the start. The layer's
-//! own output and gradients are those stages' (bit for bit), and the float64 composition
+//! own output and parameter gradients are those stages' (bit for bit), and the float64 composition
 //! of the stages is checked against each file first. A 5% error in one row fails.
 //!
 //! Judged end to end instead, with a first-order bound carried through the stages, the
@@ -456,7 +456,8 @@ fn multihead_files_in_bf16_and_f16_every_stage_row_within_its_bound() {
 }
 
 /// One row of the layer's output, or of its `d_query`, 5% off fails the judge that passes
-/// the unchanged result, in both dtypes.
+/// the unchanged result, in both dtypes (and nothing else fails); so does one row of the
+/// attention op's output or dq inside the layer.
 #[test]
 fn a_row_five_percent_off_fails() {
     let case = cases().into_iter().find(|c| c.name == "mhg_self_ln_hg").expect("mhg_self_ln_hg");
@@ -475,6 +476,16 @@ fn a_row_five_percent_off_fails() {
                 "{dtype:?}: a 5% error in {tensor} row {row}: {failed:?}"
             );
             println!("{dtype:?}: planted {tensor} row {row} at {:.2} of its bound", failed[0].worst);
+        }
+        // Inside the layer: one head_dim row of the attention op's output, or of its dq.
+        for (stage, tensor) in [("a", "attention"), ("dq", "attention dq")] {
+            let mut wrong = r.clone();
+            let (row, d) = (149, r.dims.d());
+            wrong.stage.get_mut(stage).expect("a stage")[row * d..][..d].iter_mut().for_each(|x| *x *= 1.05);
+            let checks = judge(&case, &wrong);
+            let c = checks.iter().find(|c| c.tensor == tensor).expect("the stage's check");
+            assert!(!c.passed() && c.worst_row == row, "{dtype:?}: a 5% error in {tensor} row {row} passed: {c}");
+            println!("{dtype:?}: planted {tensor} row {row} at {:.2} of its bound", c.worst);
         }
     }
 }
