@@ -9,5 +9,6 @@ mod encoder;
 mod errors;
 mod nn;
 mod nn_init;
+mod nn_low_precision;
 mod op;
 mod ring;

@@ -19,8 +19,9 @@ from torch import nn
 from safetensors.torch import load_file, save_file
 
 import attn_dilated as ad
-from checks import BOUND, U_F32, assert_close
+from checks import BOUND, U_F32, assert_close, rel_l2
 import composition
+import layer_stages
 
 F32 = BOUND[torch.float32]
 
@@ -185,18 +186,56 @@ def test_dropout_applies_to_the_merged_attention_in_training_only():
     assert_close("kept", noisy[kept], clean[kept] / (1 - p), F32)
 
 
-def test_random_layer_configs_in_low_precision():
-    """bf16 and f16 layers (parameters and activations in that dtype) against the
-    float64 definition, within the dtype's bound."""
+def low_precision_layers():
+    """bf16 and f16 layers (parameters and activations in that dtype, biases and LayerNorm
+    moved off their initial values), each with its input, output and recorded stages."""
+    out = []
     for seed, dtype in ((0, torch.bfloat16), (1, torch.float16)):
         rng = random.Random(seed)
         torch.manual_seed(seed)
-        layer = ad.MultiheadDilatedAttention(64, 4, [1, 2], [16, 32], dtype=dtype, mixing=rng.choice(["head_groups", "longnet"]))
+        mixing = rng.choice(["head_groups", "longnet"])
+        layer = ad.MultiheadDilatedAttention(64, 4, [1, 2], [16, 32], dtype=dtype, mixing=mixing)
+        with torch.no_grad():
+            for name, x in layer.named_parameters():
+                if not name.endswith("weight") or name.startswith("norm"):
+                    x.add_(0.1 * torch.randn_like(x))
         x = torch.randn(1, 64, 64, dtype=dtype)
-        out, _ = layer(x)
-        assert out.dtype == dtype
+        records, remove = layer_stages.record(layer)
+        y = layer(x)[0]
+        remove()
+        out.append((layer, x, y, records))
+    return out
+
+
+def test_random_layer_configs_in_low_precision():
+    """bf16 and f16 layers, stage by stage (`layer_stages`): every row of each stage's
+    result within the row judge's bound against the float64 stage on the inputs it was
+    handed; the stages composed in float64 are the definition's layer."""
+    for layer, x, out, records in low_precision_layers():
+        assert out.dtype == layer.q_proj.weight.dtype
         want, _, _ = reference_layer(layer, x, x, x, None, None, False)
-        assert_close("out", out, want, BOUND[dtype])
+        composed, _ = layer_stages.composed_with_gradients(layer, {"query": x.double()}, None)
+        assert_close("composed stages", composed, want, 1e-12)
+        ratios = layer_stages.stage_ratios(layer, records, out)
+        assert list(ratios) == ["q_proj", "k_proj", "v_proj", "attention", "norm", "out"]
+        assert [r.numel() for r in ratios.values()] == [64, 64, 64, 256, 64, 64]
+        print(out.dtype, {name: f"{r.max():.2f}" for name, r in ratios.items()})
+        for name, r in ratios.items():
+            assert r.max() <= 1, f"{out.dtype} {name}: row {int(r.argmax())} at {r.max():.2f} of its bound"
+
+
+def test_one_low_precision_layer_row_five_percent_off_fails():
+    """The stage judge bites: one output row scaled by 1.05 fails it (and only that row),
+    in both dtypes; in bf16 the whole-tensor bound of the dtype passes that row."""
+    for layer, x, out, records in low_precision_layers():
+        wrong = out.clone()
+        wrong[0, 37] *= 1.05
+        want, _, _ = reference_layer(layer, x, x, x, None, None, False)
+        if out.dtype == torch.bfloat16:
+            assert rel_l2(wrong, want) <= BOUND[out.dtype], "the whole-tensor bound rejects it too"
+        ratio = layer_stages.stage_ratios(layer, records, wrong)["out"]
+        assert ratio[0, 37] > 1 and (ratio > 1).sum() == 1, f"planted row at {ratio[0, 37]:.2f} of its bound"
+        print(f"{out.dtype}: planted row at {ratio[0, 37]:.2f} of its bound, whole tensor {rel_l2(wrong, want):.2e}")
 
 
 def module_cases():
