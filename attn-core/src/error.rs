@@ -78,6 +78,8 @@ pub enum AttnError {
     PackedBatch { batch: usize },
     #[error("packed sequences need self-attention: k and v have their own sequence length")]
     PackedCrossAttention,
+    #[error("block mask is invalid: {0}")]
+    InvalidBlockMask(String),
     #[error("{backend} does not support {feature} yet")]
     Unsupported { backend: &'static str, feature: &'static str },
     #[error("softmax scale {0} is not finite and positive")]

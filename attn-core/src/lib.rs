@@ -24,6 +24,7 @@
 
 pub mod attention;
 pub mod band;
+pub mod block_mask;
 pub mod config;
 pub mod element;
 pub mod error;
@@ -39,6 +40,7 @@ pub mod view;
 
 pub use attention::{Attention, AttnInputs, Grads, Pass, Placement, Saved, Supported};
 pub use band::Band;
+pub use block_mask::{BlockDims, BlockMask, BlockMaskBuf, BlockPattern};
 pub use config::{Causality, DilatedConfig, DilatedConfigBuilder, Mixing, Window};
 pub use element::{DType, Element};
 pub use error::{AttnError, Result, TensorName};
