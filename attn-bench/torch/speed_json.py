@@ -13,7 +13,7 @@ bench's JSON; writes
 
 with null for what did not run, and further keys for the other rows timed (the
 previous defaults, the three-stage forward, a synchronisation between calls, the
-deterministic dq, SDPA's default
+deterministic dq, dk and dv written directly, SDPA's default
 backend and SDPA on gathered segments).
 
 Run:  python3 speed_json.py LOG PYTHON_JSON COMMIT DEVICE OUT     |     python3 speed_json.py --check
@@ -23,14 +23,16 @@ import json, os, sys
 from device_bench_summary import records
 
 # The device's defaults on sm_90 (the rows the headline keys come from) and the previous ones.
-NEW = {"fwd_rows": "128w4", "fwd_stages": "2", "bwd_loads": "pipelined", "bwd_keys": "128", "bwd_dq": "atomic"}
-OLD = {"fwd_rows": "64", "fwd_stages": "2", "bwd_loads": "sync", "bwd_keys": "64", "bwd_dq": "atomic"}
+NEW = {"fwd_rows": "128w4", "fwd_stages": "2", "bwd_loads": "pipelined", "bwd_keys": "128", "bwd_dq": "atomic",
+       "bwd_writes": "accumulated"}
+OLD = {"fwd_rows": "64", "fwd_stages": "2", "bwd_loads": "sync", "bwd_keys": "64", "bwd_dq": "atomic",
+       "bwd_writes": "accumulated"}
 HEADLINE = ["attn_fwd_ms", "attn_fwdbwd_ms", "attn_fwd_matmul_fraction", "python_fwd_ms", "python_fwdbwd_ms",
             "sdpa_flash_fwd_ms", "sdpa_flash_fwdbwd_ms", "sdpa_cudnn_fwd_ms", "sdpa_cudnn_fwdbwd_ms"]
 
 
 def matches(r, shape, backward):
-    keys = ["fwd_rows", "fwd_stages"] + (["bwd_loads", "bwd_keys", "bwd_dq"] if backward else [])
+    keys = ["fwd_rows", "fwd_stages"] + (["bwd_loads", "bwd_keys", "bwd_dq", "bwd_writes"] if backward else [])
     return bool(r.get("backward")) == backward and all(str(r.get(k, OLD[k])) == shape[k] for k in keys)
 
 
@@ -62,6 +64,7 @@ def speed(lines, python, commit, device):
             entry["attn_fwd_matmul_fraction"] = round(fwd["tflops"] / rate, 4)
         entry["attn_fwdbwd_sync_between_ms"] = ms(pick(rows, seq, NEW, True, between="synchronized"))
         entry["attn_fwdbwd_deterministic_ms"] = ms(pick(rows, seq, {**NEW, "bwd_dq": "deterministic"}, True))
+        entry["attn_fwdbwd_direct_dkdv_ms"] = ms(pick(rows, seq, {**NEW, "bwd_writes": "direct"}, True))
         three = pick(rows, seq, {**NEW, "fwd_stages": "3"}, False)
         entry["attn_fwd_three_stages_ms"] = ms(three)
         if three is not None and rate:
@@ -82,6 +85,8 @@ def check():
         line(backward=False, fwd_rows="128w4", median_ms=2.0, tflops=300.0),
         line(backward=False, fwd_rows="64", median_ms=2.5, tflops=240.0),
         line(backward=True, fwd_rows="128w4", bwd_loads="pipelined", bwd_keys="128", bwd_dq="atomic",
+             bwd_writes="direct", median_ms=9.0, tflops=222.0),
+        line(backward=True, fwd_rows="128w4", bwd_loads="pipelined", bwd_keys="128", bwd_dq="atomic",
              median_ms=10.0, tflops=200.0),
         line(backward=True, fwd_rows="128w4", bwd_loads="pipelined", bwd_keys="128", bwd_dq="deterministic",
              median_ms=14.0, tflops=150.0),
@@ -98,7 +103,7 @@ def check():
     want = {"attn_fwd_ms": 2.0, "attn_fwdbwd_ms": 10.0, "attn_fwd_matmul_fraction": 0.4, "python_fwd_ms": 2.2,
             "python_fwdbwd_ms": 11.5, "sdpa_flash_fwd_ms": 1.7, "sdpa_flash_fwdbwd_ms": 12.0,
             "sdpa_cudnn_fwd_ms": None, "sdpa_cudnn_fwdbwd_ms": None, "attn_fwdbwd_sync_between_ms": 11.0,
-            "attn_fwdbwd_deterministic_ms": 14.0, "attn_fwd_three_stages_ms": 1.8,
+            "attn_fwdbwd_deterministic_ms": 14.0, "attn_fwdbwd_direct_dkdv_ms": 9.0, "attn_fwd_three_stages_ms": 1.8,
             "attn_fwd_three_stages_matmul_fraction": 0.45, "old_defaults_fwd_ms": 2.5, "old_defaults_fwdbwd_ms": 16.0,
             "rel_l2_vs_composition": 0.004}
     ok = got["matmul_tflops"] == 750.0 and got["commit"] == "abc123" and got["seq"] == {"65536": want}

@@ -16,6 +16,8 @@
 // the gather), K/V with the first tile; without it, each tile loads before its compute.
 // Both give the same bits. BN = 128 halves the dQ atomics per query tile and key (each
 // adds the products of twice the keys), FlashAttention-2's backward block.
+// With `a.out_direct` (a whole call whose key rows have one writer) dK and dV go straight
+// into the gradients in the input dtype, with no f32 accumulators and no epilogue.
 // DQ = false: dK and dV only (no dS^T tile, no atomics); the deterministic backward adds
 // dQ with the query-major kernel (dilated_bwd_dq_mma.cu), so no sum depends on the order
 // blocks run in.
@@ -295,20 +297,32 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
 
     // Each key/value head row belongs to this block only within one launch (the host
     // steps heads by kv_group, so no two blocks of a launch share a key/value head):
-    // plain read-add-write, and the group's launches add in stream order (deterministic).
+    // plain read-add-write into the f32 accumulators, and the group's launches add in
+    // stream order (deterministic). With `a.out_direct` this block is the row's only writer
+    // in the whole call (one pattern a head, as many key/value heads as query heads:
+    // planned by the host): E values straight into the gradients at k's and v's strides
+    // (dk_acc and dv_acc then point at them).
+    u16 *dko = reinterpret_cast<u16*>(dk_acc), *dvo = reinterpret_cast<u16*>(dv_acc);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const i64 r = s_krows[kr0 + 8 * i];
         if (r < 0) continue;
-        const i64 ri = (b * a.nk + r) * a.kv_heads + kvh;
+        const i64 ri = ((b * a.nk + r) * a.kv_heads + kvh) * a.d;
+        u16* krow = dko + b * a.k_sb + r * a.k_ss + kvh * a.k_sh;
+        u16* vrow = dvo + b * a.v_sb + r * a.v_ss + kvh * a.v_sh;
 #pragma unroll
         for (int j = 0; j < NO; ++j) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const i64 col = j * 8 + 2 * c + e;
-                if (col < a.d) {
-                    dk_acc[ri * a.d + col] += a.scale * dk[j][2 * i + e];
-                    dv_acc[ri * a.d + col] += a.out_scale * dv[j][2 * i + e];
+                if (col >= a.d) continue;
+                const float gk = a.scale * dk[j][2 * i + e], gv = a.out_scale * dv[j][2 * i + e];
+                if (a.out_direct) {
+                    krow[col] = E::from_f(gk);
+                    vrow[col] = E::from_f(gv);
+                } else {
+                    dk_acc[ri + col] += gk;
+                    dv_acc[ri + col] += gv;
                 }
             }
         }

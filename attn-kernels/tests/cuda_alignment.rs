@@ -129,7 +129,10 @@ fn same_bits_wherever_tensors_start<T: CudaElement>() {
         (ForwardRows::M128, PatternFusion::PerPattern, three, BackwardLoads::Sync, BackwardKeys::K64, atomic),
     ];
     for (rows, fusion, stages, loads, keys, dq) in variants {
-        let emu = emulator_for(ForwardOptions { rows, fusion, stages }, BackwardOptions { loads, keys, dq });
+        let emu = emulator_for(
+            ForwardOptions { rows, fusion, stages },
+            BackwardOptions { loads, keys, dq, ..BackwardOptions::default() },
+        );
         let what =
             format!("rows {} {fusion:?} stages {}, backward {loads:?} {keys:?} {dq:?}", rows.name(), stages.name());
         check(emu, &what, ForwardPath::Direct, &[[4, 2, 6, 4, 2]]);

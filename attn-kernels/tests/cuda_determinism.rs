@@ -64,7 +64,7 @@ fn gradients_in_every_order(case: &FeatureCase, bwd: BackwardOptions) -> Vec<Gra
 fn deterministic_dq_gives_the_same_bits_in_any_block_order() {
     let case = many_key_blocks();
     for (loads, keys) in [(BackwardLoads::Sync, BackwardKeys::K64), (BackwardLoads::Pipelined, BackwardKeys::K128)] {
-        let bwd = BackwardOptions { loads, keys, dq: BackwardDq::Deterministic };
+        let bwd = BackwardOptions { loads, keys, dq: BackwardDq::Deterministic, ..BackwardOptions::default() };
         let BackwardKernel::Mma { name, dq: Some(dq), .. } = backward_kernel(DType::BF16, "bf16", 64, bwd) else {
             panic!("expected the tensor-core kernel without dq")
         };

@@ -21,8 +21,8 @@ use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_forward, plan_forward_direct};
 use attn_kernels::cuda::plan::{
-    BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows,
-    ForwardStages, PatternFusion, backward_kernel,
+    BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions,
+    ForwardRows, ForwardStages, PatternFusion, backward_kernel,
 };
 use attn_kernels::cuda::scratch::ScratchPool;
 use attn_testkit::golden::{
@@ -39,14 +39,15 @@ pub(crate) fn emulator() -> &'static Emulator {
 /// library, loaded again, whatever `ATTN_CUDA_FWD_*` and `ATTN_CUDA_BWD_*` say).
 pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'static Emulator {
     const N: usize = ForwardRows::ALL.len();
-    static EMULATORS: [OnceLock<Emulator>; 32 * N] = [const { OnceLock::new() }; 32 * N];
+    static EMULATORS: [OnceLock<Emulator>; 64 * N] = [const { OnceLock::new() }; 64 * N];
     let rows = ForwardRows::ALL.iter().position(|&r| r == opts.rows).unwrap_or(0);
     let slot = rows
         + N * usize::from(opts.fusion == PatternFusion::Fused)
         + 2 * N * usize::from(bwd.loads == BackwardLoads::Pipelined)
         + 4 * N * usize::from(bwd.keys == BackwardKeys::K128)
         + 8 * N * usize::from(bwd.dq == BackwardDq::Deterministic)
-        + 16 * N * usize::from(opts.stages == ForwardStages::Three);
+        + 16 * N * usize::from(opts.stages == ForwardStages::Three)
+        + 32 * N * usize::from(bwd.writes == BackwardWrites::Direct);
     EMULATORS[slot].get_or_init(|| {
         emulator();
         let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
@@ -58,6 +59,7 @@ pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'stat
             .with_backward_loads(bwd.loads)
             .with_backward_keys(bwd.keys)
             .with_backward_dq(bwd.dq)
+            .with_backward_writes(bwd.writes)
     })
 }
 
@@ -244,8 +246,9 @@ impl<T: CudaElement> Emulated<T> {
         let (out, lse) = self.run_forward(p, &q, &k, &v)?;
         let kpad = flags(p);
         let args = HostArgs { q: &q, k: &k, v: &v, g: Some(&go), lse: Some(&lse), delta: None, kpad: kpad.as_deref() };
-        let (mut dq, mut dk, mut dv) =
-            (vec![T::default(); sq.numel()], vec![T::default(); skv.numel()], vec![T::default(); skv.numel()]);
+        // Gradients that start as garbage: the call must write every element.
+        let seven = T::from_f32(7.0);
+        let (mut dq, mut dk, mut dv) = (vec![seven; sq.numel()], vec![seven; skv.numel()], vec![seven; skv.numel()]);
         let g = geometry(p, Some(sq.contiguous_strides()));
         let mut pool = self.pool.lock().unwrap();
         emu.backward_call(&g, &args, (&out, grad_lse), &mut pool, [&mut dq, &mut dk, &mut dv])?;

@@ -15,7 +15,9 @@ mod cuda_support;
 
 use attn_core::TensorName;
 use attn_core::TensorView;
-use attn_kernels::cuda::plan::{BackwardDq, BackwardKeys, BackwardLoads, ForwardRows, ForwardStages, PatternFusion};
+use attn_kernels::cuda::plan::{
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardWrites, ForwardRows, ForwardStages, PatternFusion,
+};
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceTensor, ForwardPath};
 use attn_kernels::cuda::{forward_call, launch_plan::one_pattern_per_head};
 use attn_testkit::golden::{DilatedBackend, GoldenCase, assert_attention_dirs_pass, attention_cases};
@@ -216,4 +218,35 @@ fn golden_cuda_bf16_three_stages() {
         }
     }
     assert!(compared >= 60, "only {compared} comparisons");
+}
+
+/// A whole call's backward writing dk and dv straight into the gradients: every golden
+/// file in bf16 and f16, and dk and dv (one writer a row, no atomics) equal to the
+/// accumulated path's bit for bit where it applies.
+#[test]
+fn golden_cuda_direct_dk_dv() {
+    let Some(dev) = device_or_skip("golden_cuda_direct_dk_dv") else { return };
+    let direct = dev.with_backward_writes(BackwardWrites::Direct);
+    let accumulated = dev.with_backward_writes(BackwardWrites::Accumulated);
+    assert_attention_dirs_pass(&gpu::<bf16>(&direct));
+    assert_attention_dirs_pass(&gpu::<f16>(&direct));
+    let mut compared = 0;
+    for case in attention_cases() {
+        let cfg = case.config().unwrap();
+        let p = attn_testkit::golden::Problem {
+            cfg: &cfg,
+            shape: case.attn_shape().unwrap(),
+            masks: case.masks().unwrap(),
+        };
+        if !one_pattern_per_head(&cfg) || p.shape.is_grouped() {
+            continue;
+        }
+        let [q, k, v, go] = ["q", "k", "v", "grad_out"].map(|t| case.tensor(t).unwrap().data.clone());
+        let run = |d: &CudaDevice| gpu::<bf16>(d).backward(&p, [&q, &k, &v], &go).unwrap();
+        let (a, b) = (run(&accumulated), run(&direct));
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert!(bits(&a.dk) == bits(&b.dk) && bits(&a.dv) == bits(&b.dv), "{}: direct dk/dv differ", case.name);
+        compared += 1;
+    }
+    assert_eq!(compared, 12, "golden files with one pattern a head and no grouped heads");
 }

@@ -10,6 +10,7 @@ mod common;
 mod cross_attention;
 mod cuda_alignment;
 mod cuda_determinism;
+mod cuda_direct_grads;
 mod cuda_emulation;
 mod cuda_epilogues;
 mod cuda_scratch;

@@ -128,7 +128,7 @@ fn dynamic_smem(name: &str) -> usize {
         for loads in BackwardLoads::ALL {
             for keys in BackwardKeys::ALL {
                 for dq in BackwardDq::ALL {
-                    let opts = BackwardOptions { loads, keys, dq };
+                    let opts = BackwardOptions { loads, keys, dq, ..BackwardOptions::default() };
                     for d in MMA_BWD_HEAD_DIMS {
                         if name == mma_bwd_kernel_name(t, d, opts) {
                             return mma_bwd_smem_bytes(d, opts);

@@ -18,8 +18,11 @@ use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKerne
 use super::device::{CudaDevice, cuda_err};
 use super::epilogue::fill_into;
 use super::launch::launch;
-use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward, plan_forward_direct};
+use super::launch_plan::{
+    BlockGeometry, Planned, Signature, plan_backward, plan_backward_direct, plan_forward, plan_forward_direct,
+};
 use super::params::MAX_INDEX;
+use super::plan::BackwardWrites;
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{
     CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor, check_len,
@@ -162,7 +165,7 @@ pub(crate) fn forward_block_into<T: CudaElement>(
     let plan = plan_forward(&geometry(block, None), T::DTYPE, T::SUFFIX, dev.forward_options())?;
     let DeviceBlock { q, k, v, .. } = *block;
     let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
-    let accs = Accs { q_acc: Some(out), out: None, lse: Some(lse), dk: None, dv: None };
+    let accs = Accs { q_acc: Some(out), out: None, lse: Some(lse), dk: None, dv: None, dkv_out: None };
     execute(dev, &plan, &bufs, block.key_padding, accs)
 }
 
@@ -187,7 +190,7 @@ pub(crate) fn forward_direct_into<T: CudaElement>(
     fill_into::<T>(dev, lse, f32::NEG_INFINITY)?;
     let DeviceBlock { q, k, v, .. } = *block;
     let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
-    let accs = Accs { q_acc: None, out: Some(&mut out.data), lse: Some(lse), dk: None, dv: None };
+    let accs = Accs { q_acc: None, out: Some(&mut out.data), lse: Some(lse), dk: None, dv: None, dkv_out: None };
     execute(dev, &plan, &bufs, block.key_padding, accs)?;
     Ok(true)
 }
@@ -238,6 +241,8 @@ struct Accs<'a, T> {
     lse: Option<&'a mut CudaSlice<f32>>,
     dk: Option<&'a mut CudaSlice<f32>>,
     dv: Option<&'a mut CudaSlice<f32>>,
+    /// The gradients themselves, for launches that write dk and dv directly.
+    dkv_out: Option<(&'a mut CudaSlice<T>, &'a mut CudaSlice<T>)>,
 }
 
 fn missing(what: &str) -> AttnError {
@@ -255,7 +260,7 @@ fn execute<T: CudaElement>(
     // The mask's address stays valid (and ordered after its upload) until `kpad` drops.
     let kpad = key_padding.map(|m| m.flags.device_ptr(&dev.stream));
     let kpad_base = kpad.as_ref().map_or(0, |(p, _)| *p);
-    let Accs { mut q_acc, mut out, mut lse, mut dk, mut dv } = accs;
+    let Accs { mut q_acc, mut out, mut lse, mut dk, mut dv, mut dkv_out } = accs;
     // Where each tensor starts, for the alignment of its 16-byte loads.
     let start = |s: &CudaSlice<T>| s.device_ptr(&dev.stream).0;
     let g_start = bufs.g.map(start).or_else(|| out.as_deref().map(start));
@@ -299,11 +304,17 @@ fn execute<T: CudaElement>(
             dq = q_acc.as_deref_mut().ok_or_else(|| missing("dq"))?.slice_mut(o.q_acc..);
             args.arg(&mut dq);
         }
-        let (mut dkv, mut dvv);
+        let (mut dkv, mut dvv, mut dko, mut dvo);
         if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDkv) {
-            dkv = dk.as_deref_mut().ok_or_else(|| missing("dk"))?.slice_mut(o.k_acc..);
-            dvv = dv.as_deref_mut().ok_or_else(|| missing("dv"))?.slice_mut(o.k_acc..);
-            args.arg(&mut dkv).arg(&mut dvv);
+            if p.params.out_direct != 0 {
+                let (dk_out, dv_out) = dkv_out.as_mut().ok_or_else(|| missing("dk and dv"))?;
+                (dko, dvo) = (dk_out.slice_mut(o.k..), dv_out.slice_mut(o.v..));
+                args.arg(&mut dko).arg(&mut dvo);
+            } else {
+                dkv = dk.as_deref_mut().ok_or_else(|| missing("dk"))?.slice_mut(o.k_acc..);
+                dvv = dv.as_deref_mut().ok_or_else(|| missing("dv"))?.slice_mut(o.k_acc..);
+                args.arg(&mut dkv).arg(&mut dvv);
+            }
         }
         args.arg(&params);
         launch(args, lc)?;
@@ -383,6 +394,47 @@ pub fn backward_block_into<T: CudaElement>(
     let DeviceBlock { q, k, v, .. } = *block;
     let bufs =
         DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: Some(&grad_out.data), lse: Some(lse), delta: Some(delta) };
-    let accs = Accs { q_acc: Some(grads.dq), out: None, lse: None, dk: Some(grads.dk), dv: Some(grads.dv) };
+    let accs =
+        Accs { q_acc: Some(grads.dq), out: None, lse: None, dk: Some(grads.dk), dv: Some(grads.dv), dkv_out: None };
     execute(dev, &plan, &bufs, block.key_padding, accs)
+}
+
+/// The launches of a whole call's backward that write dk and dv straight into `dk`, `dv`
+/// ([`plan_backward_direct`]), where the device's options ask for it, the plan applies and
+/// the gradients are contiguous like k and v; `None` otherwise.
+pub(crate) fn direct_gradient_plan<T: CudaElement>(
+    dev: &CudaDevice,
+    block: &DeviceBlock<'_, T>,
+    grad_out: &DeviceTensor<T>,
+    [dk, dv]: [&DeviceTensor<T>; 2],
+) -> Result<Option<Vec<Planned>>> {
+    let ks = block.k.shape;
+    let like = |g: &DeviceTensor<T>, x: &DeviceTensor<T>| {
+        g.shape == ks && g.strides == x.strides && g.strides == ks.contiguous_strides() && g.data.len() == ks.numel()
+    };
+    if dev.backward_options().writes != BackwardWrites::Direct || !like(dk, block.k) || !like(dv, block.v) {
+        return Ok(None);
+    }
+    plan_backward_direct(&geometry(block, Some(grad_out.strides)), T::DTYPE, T::SUFFIX, dev.backward_options())
+}
+
+/// Run a [`direct_gradient_plan`]: dq accumulated into `dq_acc` (f32, zeroed by the
+/// caller), dk and dv written into `dk`, `dv` (zeroed by the caller).
+pub(crate) fn backward_block_direct<T: CudaElement>(
+    dev: &CudaDevice,
+    block: &DeviceBlock<'_, T>,
+    upstream: &DeviceUpstream<'_, T>,
+    plan: &[Planned],
+    dq_acc: &mut CudaSlice<f32>,
+    [dk, dv]: [&mut DeviceTensor<T>; 2],
+) -> Result<()> {
+    check_block(block)?;
+    let DeviceUpstream { grad_out, lse, delta } = *upstream;
+    check_len(TensorName::GradQuery, dq_acc.len(), block.q.shape.numel())?;
+    let DeviceBlock { q, k, v, .. } = *block;
+    let bufs =
+        DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: Some(&grad_out.data), lse: Some(lse), delta: Some(delta) };
+    let dkv_out = Some((&mut dk.data, &mut dv.data));
+    let accs = Accs { q_acc: Some(dq_acc), out: None, lse: None, dk: None, dv: None, dkv_out };
+    execute(dev, plan, &bufs, block.key_padding, accs)
 }

@@ -11,10 +11,12 @@ use attn_core::{AttnError, Result, Shape4};
 use cudarc::driver::CudaSlice;
 
 use super::block::{
-    DeviceBlock, DeviceUpstream, backward_block_into, check_contiguous_out, forward_block_into, forward_direct_into,
+    DeviceBlock, DeviceUpstream, backward_block_direct, backward_block_into, check_contiguous_out,
+    direct_gradient_plan, forward_block_into, forward_direct_into,
 };
 use super::device::{CudaDevice, cuda_err};
 use super::epilogue::{delta_into, fill_into, store_scaled};
+use super::launch_plan::Planned;
 use super::plan::out_scale;
 use super::scratch::{ScratchSlot, backward_scratch};
 use super::tensor::{CudaElement, DeviceGradsMut, DeviceTensor, check_len};
@@ -127,7 +129,9 @@ fn expect_shape<T>(tensor: TensorName, t: &DeviceTensor<T>, want: Shape4) -> Res
 /// The exact backward of a whole call (the block holds every query and key): the
 /// gradients of `sum(out * grad_out) + sum(lse * grad_lse)` (`grad_lse` f32 like the lse,
 /// `None` for zeros) written into `dq` (q's shape) and `dk`, `dv` (k's), any strides with
-/// head_dim stride 1, in `T`, from f32 accumulators kept in the stream's scratch pool.
+/// head_dim stride 1, in `T`, from f32 accumulators kept in the stream's scratch pool
+/// (dk and dv none where the device writes them directly:
+/// [`BackwardWrites`](super::plan::BackwardWrites)).
 pub fn backward_call<T: CudaElement>(
     dev: &CudaDevice,
     block: &DeviceBlock<'_, T>,
@@ -136,9 +140,11 @@ pub fn backward_call<T: CudaElement>(
     grad_lse: Option<&CudaSlice<f32>>,
     grads: [&mut DeviceTensor<T>; 3],
 ) -> Result<()> {
+    let direct = direct_gradient_plan(dev, block, grad_out, [&*grads[1], &*grads[2]])?;
     let slots = backward_scratch(block.q.shape, block.k.shape);
+    let slots = if direct.is_some() { &slots[..2] } else { &slots[..] };
     let mut bufs = Vec::with_capacity(slots.len());
-    for (slot, len) in slots {
+    for &(slot, len) in slots {
         match dev.take_scratch(slot, len) {
             Ok(b) => bufs.push(b),
             Err(e) => {
@@ -147,23 +153,59 @@ pub fn backward_call<T: CudaElement>(
             }
         }
     }
-    let [delta, dq, dk, dv] = &mut bufs[..] else { unreachable!("four scratch slots") };
-    let scratch = BackwardScratch { delta, dq, dk, dv };
-    let done = backward_call_in(dev, block, saved, grad_out, grad_lse, grads, scratch);
+    let done = match &mut bufs[..] {
+        [delta, dq] => {
+            backward_whole(dev, block, (saved, grad_out, grad_lse), grads, (delta, dq), Writes::Direct(direct))
+        }
+        [delta, dq, dk, dv] => {
+            backward_whole(dev, block, (saved, grad_out, grad_lse), grads, (delta, dq), Writes::Into(dk, dv))
+        }
+        _ => unreachable!("two or four scratch slots"),
+    };
     slots.iter().zip(bufs).for_each(|(&(slot, _), b)| dev.give_scratch(slot, b));
     done
 }
 
 /// [`backward_call`] with the caller's scratch (a framework's allocator): no device
-/// allocation at all.
+/// allocation at all (dk and dv scratch unused where the device writes them directly).
 pub fn backward_call_in<T: CudaElement>(
     dev: &CudaDevice,
     block: &DeviceBlock<'_, T>,
     saved: DeviceSaved<'_, T>,
     grad_out: &DeviceTensor<T>,
     grad_lse: Option<&CudaSlice<f32>>,
-    [dq, dk, dv]: [&mut DeviceTensor<T>; 3],
+    grads: [&mut DeviceTensor<T>; 3],
     scratch: BackwardScratch<'_>,
+) -> Result<()> {
+    let (qs, ks) = (block.q.shape, block.k.shape);
+    let BackwardScratch { delta, dq: dq_acc, dk: dk_acc, dv: dv_acc } = scratch;
+    let names = [TensorName::Other("delta scratch"), TensorName::GradQuery, TensorName::GradKey, TensorName::GradValue];
+    let lens = [delta.len(), dq_acc.len(), dk_acc.len(), dv_acc.len()];
+    for ((name, got), want) in names.into_iter().zip(lens).zip(backward_scratch_lens(qs, ks)) {
+        check_len(name, got, want)?;
+    }
+    let writes = match direct_gradient_plan(dev, block, grad_out, [&*grads[1], &*grads[2]])? {
+        Some(plan) => Writes::Direct(Some(plan)),
+        None => Writes::Into(dk_acc, dv_acc),
+    };
+    backward_whole(dev, block, (saved, grad_out, grad_lse), grads, (delta, dq_acc), writes)
+}
+
+/// Where a whole call's backward puts dk and dv: f32 accumulators converted after, or the
+/// gradients themselves by a [`direct_gradient_plan`].
+enum Writes<'a> {
+    Into(&'a mut CudaSlice<f32>, &'a mut CudaSlice<f32>),
+    Direct(Option<Vec<Planned>>),
+}
+
+/// The steps of a whole call's backward after its scratch is in hand.
+fn backward_whole<T: CudaElement>(
+    dev: &CudaDevice,
+    block: &DeviceBlock<'_, T>,
+    (saved, grad_out, grad_lse): (DeviceSaved<'_, T>, &DeviceTensor<T>, Option<&CudaSlice<f32>>),
+    [dq, dk, dv]: [&mut DeviceTensor<T>; 3],
+    (delta, dq_acc): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    writes: Writes<'_>,
 ) -> Result<()> {
     let (qs, ks) = (block.q.shape, block.k.shape);
     expect_shape(TensorName::Output, saved.out, qs)?;
@@ -172,20 +214,27 @@ pub fn backward_call_in<T: CudaElement>(
     expect_shape(TensorName::GradKey, dk, ks)?;
     expect_shape(TensorName::GradValue, dv, ks)?;
     check_len(TensorName::Lse, saved.lse.len(), qs.lse_len())?;
-    let BackwardScratch { delta, dq: dq_acc, dk: dk_acc, dv: dv_acc } = scratch;
-    let names = [TensorName::Other("delta scratch"), TensorName::GradQuery, TensorName::GradKey, TensorName::GradValue];
-    let lens = [delta.len(), dq_acc.len(), dk_acc.len(), dv_acc.len()];
-    for ((name, got), want) in names.into_iter().zip(lens).zip(backward_scratch_lens(qs, ks)) {
-        check_len(name, got, want)?;
-    }
     delta_into(dev, grad_out, saved.out, grad_lse.map(|g| (g, saved.lse)), delta)?;
-    for acc in [&mut *dq_acc, &mut *dk_acc, &mut *dv_acc] {
-        dev.stream.memset_zeros(acc).map_err(cuda_err)?;
-    }
+    dev.stream.memset_zeros(dq_acc).map_err(cuda_err)?;
     let upstream = DeviceUpstream { grad_out, lse: saved.lse, delta };
-    let accs = DeviceGradsMut { dq: &mut *dq_acc, dk: &mut *dk_acc, dv: &mut *dv_acc, q_shape: qs, kv_shape: ks };
-    backward_block_into(dev, block, &upstream, accs)?;
-    store_scaled(dev, TensorName::GradQuery, dq_acc, 1.0, dq)?;
-    store_scaled(dev, TensorName::GradKey, dk_acc, 1.0, dk)?;
-    store_scaled(dev, TensorName::GradValue, dv_acc, 1.0, dv)
+    match writes {
+        Writes::Into(dk_acc, dv_acc) => {
+            for acc in [&mut *dk_acc, &mut *dv_acc] {
+                dev.stream.memset_zeros(acc).map_err(cuda_err)?;
+            }
+            let accs =
+                DeviceGradsMut { dq: &mut *dq_acc, dk: &mut *dk_acc, dv: &mut *dv_acc, q_shape: qs, kv_shape: ks };
+            backward_block_into(dev, block, &upstream, accs)?;
+            store_scaled(dev, TensorName::GradKey, dk_acc, 1.0, dk)?;
+            store_scaled(dev, TensorName::GradValue, dv_acc, 1.0, dv)?;
+        }
+        Writes::Direct(plan) => {
+            let plan = plan.ok_or_else(|| AttnError::InvalidArgument("no direct gradient plan".into()))?;
+            for g in [&mut *dk, &mut *dv] {
+                dev.stream.memset_zeros(&mut g.data).map_err(cuda_err)?;
+            }
+            backward_block_direct(dev, block, &upstream, &plan, dq_acc, [dk, dv])?;
+        }
+    }
+    store_scaled(dev, TensorName::GradQuery, dq_acc, 1.0, dq)
 }

@@ -202,6 +202,22 @@ pub enum BackwardDq {
 
 kernel_choice!(BackwardDq, "ATTN_CUDA_BWD_DQ", { Atomic => "atomic", Deterministic => "deterministic" });
 
+/// Where a whole call's backward writes dK and dV: `Accumulated`, into f32 accumulators
+/// (zeroed first) that an epilogue converts to the gradients' dtype, or `Direct`, straight
+/// from the tensor-core kernel in the gradients' dtype where every key row has one writer
+/// (every head one pattern, as many key/value heads as query heads, gradients contiguous
+/// like k and v; elsewhere the accumulators): no f32 accumulator, zero-fill or epilogue for
+/// them, the same bits. `ATTN_CUDA_BWD_WRITES=accumulated|direct`; [`Default`] is
+/// accumulated (direct has not been timed on a GPU yet).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackwardWrites {
+    #[default]
+    Accumulated,
+    Direct,
+}
+
+kernel_choice!(BackwardWrites, "ATTN_CUDA_BWD_WRITES", { Accumulated => "accumulated", Direct => "direct" });
+
 /// The tensor-core forward's choices: block shape, pattern fusion and K/V stages.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ForwardOptions {
@@ -244,12 +260,14 @@ impl ForwardOptions {
     }
 }
 
-/// The tensor-core backward's choices: query-tile loads, keys a block and how dQ is summed.
+/// The tensor-core backward's choices: query-tile loads, keys a block, how dQ is summed and
+/// where a whole call's dK and dV are written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BackwardOptions {
     pub loads: BackwardLoads,
     pub keys: BackwardKeys,
     pub dq: BackwardDq,
+    pub writes: BackwardWrites,
 }
 
 impl BackwardOptions {
@@ -259,19 +277,21 @@ impl BackwardOptions {
     pub fn measured_fastest(cc: (i32, i32)) -> Self {
         match cc {
             (9, 0) => {
-                BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K128, dq: BackwardDq::Atomic }
+                let (loads, keys) = (BackwardLoads::Pipelined, BackwardKeys::K128);
+                BackwardOptions { loads, keys, ..BackwardOptions::default() }
             }
             _ => BackwardOptions::default(),
         }
     }
 
-    /// `ATTN_CUDA_BWD_LOADS`, `ATTN_CUDA_BWD_KEYS` and `ATTN_CUDA_BWD_DQ`, each unset one
-    /// taken from `unset`.
+    /// `ATTN_CUDA_BWD_LOADS`, `ATTN_CUDA_BWD_KEYS`, `ATTN_CUDA_BWD_DQ` and
+    /// `ATTN_CUDA_BWD_WRITES`, each unset one taken from `unset`.
     pub fn from_env_or(unset: Self) -> Result<Self> {
         Ok(BackwardOptions {
             loads: BackwardLoads::from_env_or(unset.loads)?,
             keys: BackwardKeys::from_env_or(unset.keys)?,
             dq: BackwardDq::from_env_or(unset.dq)?,
+            writes: BackwardWrites::from_env_or(unset.writes)?,
         })
     }
 }
@@ -299,6 +319,7 @@ mod tests {
         round_trip(&BackwardKeys::ALL, BackwardKeys::name, BackwardKeys::parse);
         round_trip(&BackwardDq::ALL, BackwardDq::name, BackwardDq::parse);
         round_trip(&ForwardStages::ALL, ForwardStages::name, ForwardStages::parse);
+        round_trip(&BackwardWrites::ALL, BackwardWrites::name, BackwardWrites::parse);
         assert_eq!(ForwardRows::ALL.map(ForwardRows::name), ["64", "128", "128w4"]);
         assert_eq!(PatternFusion::ALL.map(PatternFusion::name), ["per-pattern", "fused"]);
     }
@@ -327,7 +348,12 @@ mod tests {
         let least =
             ForwardOptions { rows: ForwardRows::M64, fusion: PatternFusion::PerPattern, stages: ForwardStages::Two };
         assert_eq!(ForwardOptions::default(), least);
-        let least = BackwardOptions { loads: BackwardLoads::Sync, keys: BackwardKeys::K64, dq: BackwardDq::Atomic };
+        let least = BackwardOptions {
+            loads: BackwardLoads::Sync,
+            keys: BackwardKeys::K64,
+            dq: BackwardDq::Atomic,
+            writes: BackwardWrites::Accumulated,
+        };
         assert_eq!(BackwardOptions::default(), least);
     }
 }

@@ -14,7 +14,8 @@ use super::kernel_cache::KernelCache;
 use super::nvrtc::{ImageKind, ImageSource, process_image, recompile_for_process};
 use super::nvrtc_library::{NVRTC_PATH_ENV, nvrtc_library};
 use super::plan::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions, ForwardRows,
+    ForwardStages, PatternFusion,
 };
 use super::scratch::{ScratchAlloc, ScratchBuffer, ScratchPool, ScratchSlot};
 use super::slots::Slots;
@@ -194,7 +195,13 @@ impl CudaDevice {
         CudaDevice { backward: BackwardOptions { dq, ..self.backward }, ..self.clone() }
     }
 
-    /// The tensor-core backward's query-tile loads, keys a block and dq sum.
+    /// The same device and stream with a whole call's backward writing dk and dv as
+    /// `writes` says.
+    pub fn with_backward_writes(&self, writes: BackwardWrites) -> Self {
+        CudaDevice { backward: BackwardOptions { writes, ..self.backward }, ..self.clone() }
+    }
+
+    /// The tensor-core backward's query-tile loads, keys a block, dq sum and dk/dv writes.
     pub fn backward_options(&self) -> BackwardOptions {
         self.backward
     }

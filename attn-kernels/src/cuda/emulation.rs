@@ -18,10 +18,12 @@ use libloading::Library;
 
 use super::call::ForwardPath;
 use super::epilogue::{delta_kernel, fill_launch, row_params, store_kernel};
-use super::launch_plan::{BlockGeometry, Planned, Signature, plan_backward, plan_forward, plan_forward_direct};
+use super::launch_plan::{
+    BlockGeometry, Planned, Signature, plan_backward, plan_backward_direct, plan_forward, plan_forward_direct,
+};
 use super::plan::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages,
-    PatternFusion, out_scale,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions, ForwardRows,
+    ForwardStages, PatternFusion, out_scale,
 };
 use super::scratch::{HostMemory, ScratchPool, ScratchSlot, backward_scratch};
 use super::source::MAX_HEAD_DIM;
@@ -75,6 +77,14 @@ pub struct HostArgs<'a, T> {
     pub lse: Option<&'a [f32]>,
     pub delta: Option<&'a [f32]>,
     pub kpad: Option<&'a [u8]>,
+}
+
+/// What direct launches write on the host: a direct forward's output, or a whole call's
+/// dk and dv ([`plan_backward_direct`]).
+#[derive(Default)]
+struct HostOuts<'a, T> {
+    out: Option<&'a mut [T]>,
+    dkv: Option<(&'a mut [T], &'a mut [T])>,
 }
 
 /// A block's f32 accumulators in host memory: out (forward) or dq (backward) like q, the
@@ -221,6 +231,11 @@ impl Emulator {
         Emulator { forward: ForwardOptions { rows, ..self.forward }, ..self }
     }
 
+    /// This emulator's whole-call backward writing dk and dv as `writes` says.
+    pub fn with_backward_writes(self, writes: BackwardWrites) -> Self {
+        Emulator { backward: BackwardOptions { writes, ..self.backward }, ..self }
+    }
+
     /// This emulator planning the tensor-core forward with `stages` K/V stages.
     pub fn with_forward_stages(self, stages: ForwardStages) -> Self {
         Emulator { forward: ForwardOptions { stages, ..self.forward }, ..self }
@@ -264,15 +279,16 @@ impl Emulator {
         }
     }
 
-    /// Run planned launches on host buffers (`direct`: the output of a direct forward).
+    /// Run planned launches on host buffers (`outs`: what direct launches write).
     fn execute<T: CudaElement>(
         &self,
         plan: &[Planned],
         a: &HostArgs<'_, T>,
         acc: HostAccs<'_>,
-        mut direct: Option<&mut [T]>,
+        outs: HostOuts<'_, T>,
     ) -> Result<()> {
         let HostAccs { q_acc, mut lse, mut dk, mut dv } = acc;
+        let HostOuts { out: mut direct, mut dkv } = outs;
         let start = |s: &[T]| s.as_ptr() as u64;
         let g_start = a.g.map(start).or_else(|| direct.as_deref().map(start));
         let starts = [Some(start(a.q)), Some(start(a.k)), Some(start(a.v)), g_start];
@@ -288,7 +304,7 @@ impl Emulator {
                 vec![(&raw mut q).cast::<c_void>(), (&raw mut k).cast::<c_void>(), (&raw mut v).cast::<c_void>()];
             let (mut out, mut lse_acc);
             let (mut g, mut l, mut dl, mut dq, mut dkp, mut dvp);
-            let mut out_t;
+            let (mut out_t, mut dko, mut dvo);
             if matches!(p.signature, Signature::Forward | Signature::ForwardDirect) {
                 if p.signature == Signature::Forward {
                     out = at_mut(TensorName::Output, q_acc, o.q_acc)?;
@@ -310,7 +326,12 @@ impl Emulator {
                     dq = at_mut(TensorName::GradQuery, q_acc, o.q_acc)?;
                     args.push((&raw mut dq).cast());
                 }
-                if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDkv) {
+                if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDkv) && p.params.out_direct != 0 {
+                    let (dk_out, dv_out) = dkv.as_mut().ok_or_else(|| missing("dk and dv"))?;
+                    dko = at_mut(TensorName::GradKey, dk_out, o.k)?;
+                    dvo = at_mut(TensorName::GradValue, dv_out, o.v)?;
+                    args.extend([(&raw mut dko).cast(), (&raw mut dvo).cast()]);
+                } else if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDkv) {
                     dkp = at_mut(TensorName::GradKey, dk.as_deref_mut().ok_or_else(|| missing("dk"))?, o.k_acc)?;
                     dvp = at_mut(TensorName::GradValue, dv.as_deref_mut().ok_or_else(|| missing("dv"))?, o.k_acc)?;
                     args.extend([(&raw mut dkp).cast(), (&raw mut dvp).cast()]);
@@ -332,7 +353,7 @@ impl Emulator {
         acc: HostAccs<'_>,
     ) -> Result<()> {
         check_buffers(g, a, &acc)?;
-        self.execute(&plan_forward(g, T::DTYPE, T::SUFFIX, self.forward)?, a, acc, None)
+        self.execute(&plan_forward(g, T::DTYPE, T::SUFFIX, self.forward)?, a, acc, HostOuts::default())
     }
 
     /// [`crate::cuda::forward_call`] on host buffers: the forward of a whole call (`g`
@@ -372,7 +393,7 @@ impl Emulator {
         let acc = HostAccs { q_acc: &mut none, lse: Some(lse), dk: None, dv: None };
         check_buffers(g, a, &acc)?;
         out.fill(T::default());
-        self.execute(&plan, a, acc, Some(out))
+        self.execute(&plan, a, acc, HostOuts { out: Some(out), dkv: None })
     }
 
     /// [`crate::cuda::backward_call`] on host buffers: the gradients of a whole call (`a`
@@ -389,23 +410,45 @@ impl Emulator {
     ) -> Result<()> {
         let (qs, ks) = (g.q.0, g.k.0);
         let (go, lse) = (a.g.ok_or_else(|| missing("grad_out"))?, a.lse.ok_or_else(|| missing("the lse"))?);
+        // Direct dk and dv where asked and planned (the outputs are contiguous, like k and v).
+        let contiguous = g.k.1 == ks.contiguous_strides() && g.v_strides == ks.contiguous_strides();
+        let direct = match self.backward.writes {
+            BackwardWrites::Direct if contiguous => plan_backward_direct(g, T::DTYPE, T::SUFFIX, self.backward)?,
+            _ => None,
+        };
         let slots = backward_scratch(qs, ks);
+        let slots = if direct.is_some() { &slots[..2] } else { &slots[..] };
         let mut bufs = Vec::with_capacity(slots.len());
-        for (slot, len) in slots {
+        for &(slot, len) in slots {
             bufs.push(pool.take(&HostMemory, slot, len)?);
         }
         let done = (|| {
-            let [delta, dq_acc, dk_acc, dv_acc] = &mut bufs[..] else { unreachable!("four scratch slots") };
+            let (delta, rest) = bufs.split_first_mut().ok_or_else(|| missing("delta scratch"))?;
             self.delta_into(qs, go, out, grad_lse.map(|g| (g, lse)), delta)?;
-            for acc in [&mut *dq_acc, &mut *dk_acc, &mut *dv_acc] {
-                acc.fill(0.0);
-            }
             let args = HostArgs { delta: Some(&delta[..]), ..*a };
-            let acc = HostAccs { q_acc: dq_acc, lse: None, dk: Some(&mut dk_acc[..]), dv: Some(&mut dv_acc[..]) };
-            self.backward_block(g, &args, acc)?;
-            self.store_scaled(qs, dq_acc, 1.0, dq)?;
-            self.store_scaled(ks, dk_acc, 1.0, dk)?;
-            self.store_scaled(ks, dv_acc, 1.0, dv)
+            match (rest, direct) {
+                ([dq_acc], Some(plan)) => {
+                    dq_acc.fill(0.0);
+                    dk.fill(T::default());
+                    dv.fill(T::default());
+                    let acc = HostAccs { q_acc: dq_acc, lse: None, dk: None, dv: None };
+                    check_buffers(g, &args, &acc)?;
+                    self.execute(&plan, &args, acc, HostOuts { out: None, dkv: Some((&mut *dk, &mut *dv)) })?;
+                    self.store_scaled(qs, dq_acc, 1.0, dq)
+                }
+                ([dq_acc, dk_acc, dv_acc], None) => {
+                    for acc in [&mut *dq_acc, &mut *dk_acc, &mut *dv_acc] {
+                        acc.fill(0.0);
+                    }
+                    let acc =
+                        HostAccs { q_acc: dq_acc, lse: None, dk: Some(&mut dk_acc[..]), dv: Some(&mut dv_acc[..]) };
+                    self.backward_block(g, &args, acc)?;
+                    self.store_scaled(qs, dq_acc, 1.0, dq)?;
+                    self.store_scaled(ks, dk_acc, 1.0, dk)?;
+                    self.store_scaled(ks, dv_acc, 1.0, dv)
+                }
+                _ => unreachable!("two scratch slots with a direct plan, four without"),
+            }
         })();
         slots.iter().zip(bufs).for_each(|(&(slot, _), b)| pool.give(slot, b));
         done
@@ -423,7 +466,7 @@ impl Emulator {
             return Err(missing("grad_out strides"));
         }
         check_buffers(g, a, &acc)?;
-        self.execute(&plan_backward(g, T::DTYPE, T::SUFFIX, self.backward)?, a, acc, None)
+        self.execute(&plan_backward(g, T::DTYPE, T::SUFFIX, self.backward)?, a, acc, HostOuts::default())
     }
 
     /// [`crate::cuda::store_scaled`] into a contiguous host tensor: `dst = scale * src` in `T`.

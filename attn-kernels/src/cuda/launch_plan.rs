@@ -371,6 +371,32 @@ pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: Ba
     Ok(out)
 }
 
+/// The backward launches of a whole call whose dk and dv go straight from the tensor-core
+/// kernel into the gradients (in the input dtype, at k's and v's strides and offsets
+/// `ArgOffsets::k`, `ArgOffsets::v`), with no f32 accumulators for them and no epilogue:
+/// planned where every key row has one writer (every head one pattern, as many key/value
+/// heads as query heads) and the tensor-core kernel runs; `None` otherwise. The caller
+/// passes gradients laid out like k and v and zeroes them first (keys no pattern selects,
+/// and padded keys, keep zeros).
+pub fn plan_backward_direct(
+    g: &BlockGeometry<'_>,
+    dtype: DType,
+    suffix: &str,
+    opts: BackwardOptions,
+) -> Result<Option<Vec<Planned>>> {
+    let mma = matches!(backward_kernel(dtype, suffix, g.q.0.head_dim, opts), BackwardKernel::Mma { .. });
+    if !(mma && one_pattern_per_head(g.cfg) && g.q.0.heads == g.k.0.heads) {
+        return Ok(None);
+    }
+    let mut plan = plan_backward(g, dtype, suffix, opts)?;
+    for p in &mut plan {
+        if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDkv) {
+            p.params.out_direct = 1;
+        }
+    }
+    Ok(Some(plan))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;

@@ -8,7 +8,8 @@ use std::ops::Range;
 use attn_core::{Causality, DType, DilatedConfig, HeadGroups, Mixing, SegmentPattern, Shape4};
 
 pub use super::choices::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions, ForwardRows,
+    ForwardStages, PatternFusion,
 };
 use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_dq_kernel_name, mma_bwd_kernel_name, mma_kernel_name};
 
@@ -511,7 +512,7 @@ mod tests {
         };
         assert_eq!((name.as_str(), smem_bytes), ("dilated_bwd_mma_pipelined_bf16_d128", 256 * 136 * 2 + 64 * 40 * 2));
         let k128 =
-            BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K128, dq: BackwardDq::Atomic };
+            BackwardOptions { loads: BackwardLoads::Pipelined, keys: BackwardKeys::K128, ..BackwardOptions::default() };
         let BackwardKernel::Mma { name, keys, smem_bytes, dq: None } = backward_kernel(DType::BF16, "bf16", 128, k128)
         else {
             panic!("expected MMA")

@@ -114,7 +114,11 @@ pub fn kernel_names() -> Vec<String> {
             for keys in BackwardKeys::ALL {
                 for dq in BackwardDq::ALL {
                     for d in MMA_BWD_HEAD_DIMS.into_iter().filter(|&d| keys.has_head_dim(d)) {
-                        names.push(mma_bwd_kernel_name(t, d, BackwardOptions { loads, keys, dq }));
+                        names.push(mma_bwd_kernel_name(
+                            t,
+                            d,
+                            BackwardOptions { loads, keys, dq, ..BackwardOptions::default() },
+                        ));
                     }
                 }
             }
