@@ -43,7 +43,7 @@ pub use config::{Causality, DilatedConfig, DilatedConfigBuilder, Mixing, Window}
 pub use element::{DType, Element};
 pub use error::{AttnError, Result, TensorName};
 pub use guard::{MemoryBudget, check_finite};
-pub use masks::{KeyPadding, Masks, PackedSequences};
+pub use masks::{KeyPadding, KeyPaddingMask, Masks, OwnedMasks, PackedSequences};
 pub use merge::{LseMerge, OnlineSoftmax};
 pub use pattern::{HeadGroups, HeadPatterns, OffsetHeads, SegmentPattern};
 pub use placed::PlacedPattern;
