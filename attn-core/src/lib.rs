@@ -37,7 +37,7 @@ pub mod rng;
 pub mod shape;
 pub mod view;
 
-pub use attention::{Attention, AttnInputs, Grads, Pass, Placement, Saved, Supported};
+pub use attention::{Attention, AttnInputs, Feature, Grads, Pass, Placement, Saved, Supported};
 pub use band::Band;
 pub use config::{Causality, DilatedConfig, DilatedConfigBuilder, Mixing, Window};
 pub use element::{DType, Element};

@@ -14,7 +14,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use attn_core::error::TensorName;
-use attn_core::{Attention, AttnInputs, Grads, Pass, Placement, Saved};
+use attn_core::{Attention, AttnInputs, Feature, Grads, Pass, Placement, Saved};
 use attn_core::{
     AttnError, AttnShape, DilatedConfig, Element, KeyPaddingMask, Masks, OwnedMasks, Result, TensorView, TensorViewMut,
 };
@@ -29,7 +29,7 @@ use crate::protocol::call::RingOptions;
 /// The ring's refusal of keys/values whose length differs from the queries'
 /// (cross-attention with its own key length, which the ring does not split).
 pub fn cross_attention_refused() -> AttnError {
-    AttnError::Unsupported { backend: "ring", feature: "cross-attention with kv_seq != q_seq" }
+    AttnError::Unsupported { backend: "ring", feature: Feature::CrossAttention }
 }
 
 /// Attention over a sequence of `seq` global positions split across the ranks of a
