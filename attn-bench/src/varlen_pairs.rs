@@ -54,7 +54,7 @@ pub fn varlen_pairs(cfg: &DilatedConfig, heads: usize, lengths: &[usize]) -> Opt
 
 #[cfg(test)]
 mod tests {
-    use attn_core::{Causality, Mixing};
+    use attn_core::Mixing;
 
     use super::*;
 
@@ -62,7 +62,7 @@ mod tests {
     /// padded batch with keys past each length masked.
     fn walk(cfg: &DilatedConfig, heads: usize, lengths: &[usize]) -> PairCounts {
         let longest = lengths.iter().copied().max().unwrap();
-        let causality = Causality::from(cfg.causal());
+        let causality = cfg.causality();
         let mut c = PairCounts { packed: 0, padded: 0 };
         for h in 0..heads {
             for (_, p) in cfg.head_patterns(heads, h).patterns {

@@ -87,7 +87,7 @@ fn checked_masks<'a>(
     dims: [&[usize]; 3],
 ) -> attn_core::Result<(AttnShape, Option<DeviceKeyPadding>, Option<PackedSequences<'a>>)> {
     let shape = AttnShape::of_call(&options.config, dims)?;
-    let masks = options.masks()?;
+    let masks = options.masks();
     Masks::check_sizes(masks.key_padding.map(|m| (m.batch(), m.seq())), masks.packing, &shape)?;
     let mask = masks.key_padding.map(|m| DeviceKeyPadding::upload(kernels, &m)).transpose()?;
     Ok((shape, mask, masks.packing))

@@ -2,7 +2,7 @@
 //! its message (`candle_core::Error::wrap`), and the checks candle itself would not make
 //! (rank, dtype, device of the inputs) are typed `AttnError`s before any op runs.
 
-use attn_core::{AttnError, TensorName};
+use attn_core::{AttnError, Feature, TensorName};
 use candle_core::{DType, Device, Tensor};
 
 /// `err` as a candle error carrying its message.
@@ -68,10 +68,12 @@ pub(crate) fn check_device(device: &Device, on_cuda: OnCuda) -> candle_core::Res
         (Device::Cuda(_), OnCuda::Kernels) => fail(AttnError::NotCompiled { backend: "cuda", feature: "cuda" }),
         (Device::Cuda(_), OnCuda::Refuse) => fail(AttnError::Unsupported {
             backend: "candle",
-            feature: "tensors on a CUDA device with a host backend (dilated_attention runs the CUDA kernels)",
+            feature: Feature::Other(
+                "tensors on a CUDA device with a host backend (dilated_attention runs the CUDA kernels)",
+            ),
         }),
         (Device::Metal(_), _) => {
-            fail(AttnError::Unsupported { backend: "candle", feature: "tensors on a Metal device" })
+            fail(AttnError::Unsupported { backend: "candle", feature: Feature::Other("tensors on a Metal device") })
         }
     }
 }

@@ -3,7 +3,7 @@
 //! (contiguous BSHD, a transposed BHSD tensor, a slice of a fused projection) is read
 //! in place, never copied.
 
-use attn_core::{Attention, AttnError, Element, Shape4, TensorName, TensorView};
+use attn_core::{Attention, AttnError, Element, Feature, Shape4, TensorName, TensorView};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, Layout, Storage, Tensor, WithDType};
 use half::{bf16, f16};
@@ -89,7 +89,7 @@ pub fn with_view<T: HostElement, R>(
         Storage::Cpu(cpu) => f(view_of(name, slice_of::<T>(name, cpu)?, layout).map_err(to_candle)?),
         _ => {
             crate::error::check_device(t.device(), crate::error::OnCuda::Refuse)?;
-            fail(AttnError::Unsupported { backend: "candle", feature: "tensors off the host" })
+            fail(AttnError::Unsupported { backend: "candle", feature: Feature::Other("tensors off the host") })
         }
     }
 }

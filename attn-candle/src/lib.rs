@@ -61,11 +61,12 @@ pub mod nn;
 mod op;
 mod options;
 
+pub use attn_core::{KeyPaddingMask, OwnedMasks};
 pub use buffers::{BufferRun, InputLayout, leaf, run_buffers, run_buffers_on};
 pub use error::to_candle;
 pub use host::{AnyAttention, HostElement};
 pub use op::{AttnOutput, DilatedAttentionOp, LseCell, attention_on};
-pub use options::{AttnOptions, KeyPaddingMask};
+pub use options::{AttnOptions, key_padding_from_tensor};
 
 use std::sync::Arc;
 

@@ -135,7 +135,7 @@ impl DilatedAttentionOp {
         let q = view_of(TensorName::Query, slice_of::<T>(TensorName::Query, s1)?, l1).map_err(to_candle)?;
         let k = view_of(TensorName::Key, slice_of::<T>(TensorName::Key, s2)?, l2).map_err(to_candle)?;
         let v = view_of(TensorName::Value, slice_of::<T>(TensorName::Value, s3)?, l3).map_err(to_candle)?;
-        let masks = self.options.masks().map_err(to_candle)?;
+        let masks = self.options.masks();
         let inputs = AttnInputs::new(&self.options.config, q, k, v).with_masks(masks);
         let shape = q.shape();
         let mut out = vec![T::default(); shape.numel()];
@@ -195,7 +195,7 @@ impl DilatedAttentionOp {
         (grad, grad_lse): (TensorView<'_, T>, Option<&[f32]>),
         grads: Grads<'_, T>,
     ) -> candle_core::Result<()> {
-        let masks = self.options.masks().map_err(to_candle)?;
+        let masks = self.options.masks();
         let inputs = AttnInputs::new(&self.options.config, q, k, v).with_masks(masks);
         T::backend(self.backend.as_ref())
             .backward_with_lse_grad(&inputs, saved, grad, grad_lse, grads)

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
+use attn_candle::AttnOptions;
 use attn_candle::nn::MultiheadDilatedAttention;
-use attn_candle::{AttnOptions, KeyPaddingMask};
 use attn_multihead::Bias;
 use attn_multihead::golden_case::config_from_metadata;
 use attn_testkit::golden::{golden_dir, load_dir};
@@ -36,8 +36,8 @@ fn multihead_golden_cases_load_and_reproduce_their_output() {
             let config = config_from_metadata(&case.meta, bias).expect("config");
             let layer = MultiheadDilatedAttention::new(config.clone(), vb).expect("layer loads");
             let mut masks = AttnOptions::new(config.validate().expect("valid"));
-            if let Some((b, s, flags)) = &case.key_padding {
-                masks = masks.with_key_padding(KeyPaddingMask::new(flags.clone(), *b, *s).expect("mask"));
+            if let Some(mask) = case.masks.key_padding() {
+                masks = masks.with_key_padding(mask.clone());
             }
             let query = &all["query"];
             let out = if case.bool_meta("cross_attention").unwrap_or(false) {

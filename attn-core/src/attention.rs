@@ -99,38 +99,127 @@ impl<'a, T: Element> AttnInputs<'a, T> {
     }
 }
 
-/// The features a backend computes beyond dilated attention over whole batch rows;
-/// inputs that use another are [`AttnError::Unsupported`] naming it, never computed
-/// as something else.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Supported {
-    pub grouped_kv: bool,
-    pub key_padding: bool,
-    pub packing: bool,
-    pub window: bool,
+/// A feature a call may use beyond dilated attention of queries over keys of their own
+/// length, whole batch rows and one key/value head per query head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Feature {
+    /// Fewer key/value heads than query heads (grouped-query attention).
+    GroupedKv,
+    /// A key padding mask.
+    KeyPadding,
+    /// Packed variable-length sequences (`cu_seqlens`).
+    Packing,
+    /// A sliding window config.
+    Window,
+    /// Keys and values with a sequence length of their own (`kv_seq != q_seq`).
+    CrossAttention,
+    /// A capability outside the attention features (a device, a gradient path), by name;
+    /// never in a [`Supported`] set.
+    Other(&'static str),
 }
+
+impl Feature {
+    /// The features [`AttnInputs::features`] detects, in the order it reports them.
+    pub const CHECKED: [Feature; 5] =
+        [Feature::GroupedKv, Feature::KeyPadding, Feature::Packing, Feature::Window, Feature::CrossAttention];
+
+    /// The feature's bit in a [`Supported`] set (none for [`Feature::Other`]).
+    const fn bit(self) -> u16 {
+        match self {
+            Feature::GroupedKv => 1,
+            Feature::KeyPadding => 1 << 1,
+            Feature::Packing => 1 << 2,
+            Feature::Window => 1 << 3,
+            Feature::CrossAttention => 1 << 4,
+            Feature::Other(_) => 0,
+        }
+    }
+}
+
+impl std::fmt::Display for Feature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Feature::GroupedKv => "grouped key/value heads",
+            Feature::KeyPadding => "key padding masks",
+            Feature::Packing => "packed sequences",
+            Feature::Window => "sliding windows",
+            Feature::CrossAttention => "cross-attention with kv_seq != q_seq",
+            Feature::Other(name) => name,
+        })
+    }
+}
+
+/// The set of [`Feature`]s a backend computes. A backend checks each call's inputs
+/// against its set ([`AttnInputs::shape_for`]), so a call using a feature outside it is
+/// [`AttnError::Unsupported`] naming the backend and the feature, never computed as
+/// something else. A feature added later (a block mask) is in no existing set: each
+/// backend opts in by listing it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Supported(u16);
 
 impl Supported {
     /// Dilated attention only.
-    pub const NONE: Supported = Supported { grouped_kv: false, key_padding: false, packing: false, window: false };
-    /// Every feature.
-    pub const ALL: Supported = Supported { grouped_kv: true, key_padding: true, packing: true, window: true };
+    pub const NONE: Supported = Supported(0);
+    /// Every feature of [`Feature::CHECKED`].
+    pub const ALL: Supported = Supported::of(&Feature::CHECKED);
+
+    /// The set of `features` ([`Feature::Other`] adds nothing).
+    pub const fn of(features: &[Feature]) -> Self {
+        let (mut bits, mut i) = (0, 0);
+        while i < features.len() {
+            bits |= features[i].bit();
+            i += 1;
+        }
+        Supported(bits)
+    }
+
+    /// This set without `feature`.
+    pub const fn without(self, feature: Feature) -> Self {
+        Supported(self.0 & !feature.bit())
+    }
+
+    /// Whether the set holds `feature` (never for [`Feature::Other`]).
+    pub const fn contains(self, feature: Feature) -> bool {
+        let bit = feature.bit();
+        bit != 0 && self.0 & bit == bit
+    }
+
+    /// `Ok` when every used feature is in the set, else [`AttnError::Unsupported`] naming
+    /// `backend` and the first feature outside it.
+    pub fn check(self, backend: &'static str, used: impl IntoIterator<Item = Feature>) -> Result<()> {
+        match used.into_iter().find(|&f| !self.contains(f)) {
+            Some(feature) => Err(AttnError::Unsupported { backend, feature }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Debug for Supported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(Feature::CHECKED.iter().filter(|&&x| self.contains(x))).finish()
+    }
 }
 
 impl<T: Element> AttnInputs<'_, T> {
-    /// [`AttnInputs::shape`], refusing the features `backend` does not compute.
+    /// The features these inputs use on their checked `shape`, in [`Feature::CHECKED`] order.
+    pub fn features(&self, shape: &AttnShape) -> impl Iterator<Item = Feature> + use<T> {
+        let used = [
+            shape.is_grouped(),
+            self.masks.key_padding.is_some(),
+            self.masks.packing.is_some(),
+            self.cfg.window().is_some(),
+            shape.kv.seq != shape.q.seq,
+        ];
+        Feature::CHECKED.into_iter().zip(used).filter_map(|(f, u)| u.then_some(f))
+    }
+
+    /// [`AttnInputs::shape`], refusing the features outside the set `supported` of
+    /// `backend`.
     pub fn shape_for(&self, backend: &'static str, supported: Supported) -> Result<AttnShape> {
         let shape = self.shape()?;
-        let used = [
-            (shape.is_grouped() && !supported.grouped_kv, "grouped key/value heads"),
-            (self.masks.key_padding.is_some() && !supported.key_padding, "key padding masks"),
-            (self.masks.packing.is_some() && !supported.packing, "packed sequences"),
-            (self.cfg.window().is_some() && !supported.window, "sliding windows"),
-        ];
-        match used.into_iter().find(|(refused, _)| *refused) {
-            Some((_, feature)) => Err(AttnError::Unsupported { backend, feature }),
-            None => Ok(shape),
-        }
+        supported.check(backend, self.features(&shape))?;
+        Ok(shape)
     }
 }
 

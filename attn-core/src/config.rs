@@ -1,5 +1,7 @@
 //! `DilatedConfig`: which patterns run (dilated segments or a sliding window), how they
-//! mix, causal, scale; with validation.
+//! mix, causality, scale; with validation. Causality is one [`Causality`] and window
+//! mode one [`Window`] held in the config's pattern set; [`Mixing::Window`] is that
+//! mode's name (in files, on command lines, in `match`es on [`DilatedConfig::mixing`]).
 
 use crate::band::Band;
 use crate::error::{AttnError, Result};
@@ -22,7 +24,8 @@ impl Causality {
 }
 
 impl From<bool> for Causality {
-    /// `true` is [`Causality::Causal`] (the config and file fields are booleans).
+    /// `true` is [`Causality::Causal`] (the conformance files and the Python and
+    /// command-line options spell causality as a boolean).
     fn from(causal: bool) -> Self {
         if causal { Causality::Causal } else { Causality::Full }
     }
@@ -81,21 +84,31 @@ impl Mixing {
 /// shape ([`DilatedConfig::validate_heads`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DilatedConfig {
-    segment_lengths: Vec<usize>,
-    dilation_rates: Vec<usize>,
-    mixing: Mixing,
-    window: Option<Window>,
-    causal: bool,
+    patterns: PatternSet,
+    causality: Causality,
     scale: Option<f64>,
 }
 
+/// The patterns a config runs: dilated segments mixed across heads, or one sliding
+/// window; the one place window mode is held.
+#[derive(Debug, Clone, PartialEq)]
+enum PatternSet {
+    /// `mixing` is [`Mixing::HeadGroups`] or [`Mixing::LongNet`].
+    Dilated {
+        segment_lengths: Vec<usize>,
+        dilation_rates: Vec<usize>,
+        mixing: Mixing,
+    },
+    Window(Window),
+}
+
 impl DilatedConfig {
-    /// A config with the given patterns, HeadGroups mixing, non-causal, default scale.
+    /// A config with the given patterns, HeadGroups mixing, full (non-causal), default scale.
     pub fn new(segment_lengths: &[usize], dilation_rates: &[usize]) -> Result<Self> {
         Self::builder().segments(segment_lengths).dilations(dilation_rates).build()
     }
 
-    /// A sliding window `(left, right)`, non-causal, default scale.
+    /// A sliding window `(left, right)`, full (non-causal), default scale.
     pub fn sliding_window(left: usize, right: usize) -> Result<Self> {
         Self::builder().window(left, right).build()
     }
@@ -107,34 +120,48 @@ impl DilatedConfig {
 
     /// The dilated segment lengths (empty in window mode).
     pub fn segment_lengths(&self) -> &[usize] {
-        &self.segment_lengths
+        match &self.patterns {
+            PatternSet::Dilated { segment_lengths, .. } => segment_lengths,
+            PatternSet::Window(_) => &[],
+        }
     }
     /// The dilation rates (empty in window mode).
     pub fn dilation_rates(&self) -> &[usize] {
-        &self.dilation_rates
+        match &self.patterns {
+            PatternSet::Dilated { dilation_rates, .. } => dilation_rates,
+            PatternSet::Window(_) => &[],
+        }
     }
+    /// How the patterns mix: [`Mixing::Window`] exactly in window mode.
     pub fn mixing(&self) -> Mixing {
-        self.mixing
+        match &self.patterns {
+            PatternSet::Dilated { mixing, .. } => *mixing,
+            PatternSet::Window(_) => Mixing::Window,
+        }
     }
     /// The sliding window (window mode only).
     pub fn window(&self) -> Option<Window> {
-        self.window
+        match &self.patterns {
+            PatternSet::Dilated { .. } => None,
+            PatternSet::Window(w) => Some(*w),
+        }
     }
     /// Which keys a query may see by distance: the window, or (dilated) every key, or
     /// none after the query when causal.
     pub fn band(&self) -> Band {
-        let (left, right) = match self.window {
+        let (left, right) = match self.window() {
             Some(w) => (w.left, w.right),
             None => (usize::MAX, usize::MAX),
         };
-        Band::new(left, if self.causal { 0 } else { right })
+        Band::new(left, if self.causality.is_causal() { 0 } else { right })
     }
-    pub fn causal(&self) -> bool {
-        self.causal
-    }
-    /// [`Self::causal`] as a [`Causality`].
+    /// Whether a query sees keys after it.
     pub fn causality(&self) -> Causality {
-        self.causal.into()
+        self.causality
+    }
+    /// Shorthand for `causality().is_causal()`.
+    pub fn causal(&self) -> bool {
+        self.causality.is_causal()
     }
     /// The explicit scale, if the caller set one.
     pub fn explicit_scale(&self) -> Option<f64> {
@@ -142,7 +169,10 @@ impl DilatedConfig {
     }
     /// Number of patterns G (1 in window mode: the window's one whole-sequence pattern).
     pub fn num_patterns(&self) -> usize {
-        if self.window.is_some() { 1 } else { self.segment_lengths.len() }
+        match &self.patterns {
+            PatternSet::Dilated { segment_lengths, .. } => segment_lengths.len(),
+            PatternSet::Window(_) => 1,
+        }
     }
 
     /// Softmax scale for a head dimension: the explicit one or `1/sqrt(head_dim)`.
@@ -154,21 +184,28 @@ impl DilatedConfig {
     /// window mode has the one [`SegmentPattern::whole`]). Panics, like slice indexing,
     /// when `i >= num_patterns()`.
     pub fn pattern(&self, i: usize, off: usize) -> SegmentPattern {
-        if self.window.is_some() {
-            assert!(i == 0, "window mode has one pattern, asked for pattern {i}");
-            return SegmentPattern::whole();
+        match &self.patterns {
+            PatternSet::Dilated { segment_lengths, dilation_rates, .. } => {
+                SegmentPattern::new(segment_lengths[i], dilation_rates[i], off)
+            }
+            PatternSet::Window(_) => {
+                assert!(i == 0, "window mode has one pattern, asked for pattern {i}");
+                SegmentPattern::whole()
+            }
         }
-        SegmentPattern::new(self.segment_lengths[i], self.dilation_rates[i], off)
     }
 
     /// Dilation rate of pattern `i` (1 in window mode).
     pub fn rate(&self, i: usize) -> usize {
-        if self.window.is_some() { 1 } else { self.dilation_rates[i] }
+        match &self.patterns {
+            PatternSet::Dilated { dilation_rates, .. } => dilation_rates[i],
+            PatternSet::Window(_) => 1,
+        }
     }
 
-    /// A copy with another causal flag.
-    pub fn with_causal(mut self, causal: bool) -> Self {
-        self.causal = causal;
+    /// A copy with another causality.
+    pub fn with_causality(mut self, causality: Causality) -> Self {
+        self.causality = causality;
         self
     }
 
@@ -177,42 +214,10 @@ impl DilatedConfig {
         if heads == 0 {
             return Err(AttnError::ZeroDim { tensor: crate::error::TensorName::Query, dim: "heads" });
         }
-        if self.mixing == Mixing::HeadGroups && heads < self.num_patterns() {
+        if self.mixing() == Mixing::HeadGroups && heads < self.num_patterns() {
             return Err(AttnError::TooFewHeads { heads, groups: self.num_patterns() });
         }
         Ok(())
-    }
-
-    fn validate(&self) -> Result<()> {
-        let (segs, rates) = (&self.segment_lengths, &self.dilation_rates);
-        match (self.window, self.mixing) {
-            (Some(_), Mixing::Window) if !(segs.is_empty() && rates.is_empty()) => {
-                return Err(AttnError::WindowWithSegments);
-            }
-            (Some(_), Mixing::Window) => return self.validate_scale(),
-            (Some(_), mixing) | (None, mixing @ Mixing::Window) => {
-                return Err(AttnError::WindowMixing { mixing: mixing.as_str() });
-            }
-            (None, _) => {}
-        }
-        if segs.is_empty() && rates.is_empty() {
-            return Err(AttnError::EmptyPatterns);
-        }
-        if segs.len() != rates.len() {
-            return Err(AttnError::PatternCountMismatch { segments: segs.len(), rates: rates.len() });
-        }
-        for (index, (&w, &r)) in segs.iter().zip(rates).enumerate() {
-            if w == 0 {
-                return Err(AttnError::ZeroSegmentLength { index });
-            }
-            if r == 0 {
-                return Err(AttnError::ZeroDilationRate { index });
-            }
-            if r > w {
-                return Err(AttnError::RateExceedsSegment { index, rate: r, segment: w });
-            }
-        }
-        self.validate_scale()
     }
 
     fn validate_scale(&self) -> Result<()> {
@@ -232,7 +237,7 @@ pub struct DilatedConfigBuilder {
     dilation_rates: Vec<usize>,
     mixing: Mixing,
     window: Option<Window>,
-    causal: bool,
+    causality: Causality,
     scale: Option<f64>,
 }
 
@@ -256,9 +261,13 @@ impl DilatedConfigBuilder {
         self.mixing = Mixing::Window;
         self
     }
-    pub fn causal(mut self, c: bool) -> Self {
-        self.causal = c;
+    pub fn causality(mut self, c: Causality) -> Self {
+        self.causality = c;
         self
+    }
+    /// Shorthand for `causality(Causality::from(c))`.
+    pub fn causal(self, c: bool) -> Self {
+        self.causality(c.into())
     }
     /// Set an explicit softmax scale (must be finite and positive).
     pub fn scale(mut self, s: f64) -> Self {
@@ -271,16 +280,44 @@ impl DilatedConfigBuilder {
         self
     }
     pub fn build(self) -> Result<DilatedConfig> {
-        let cfg = DilatedConfig {
-            segment_lengths: self.segment_lengths,
-            dilation_rates: self.dilation_rates,
-            mixing: self.mixing,
-            window: self.window,
-            causal: self.causal,
-            scale: self.scale,
-        };
-        cfg.validate()?;
+        let (causality, scale) = (self.causality, self.scale);
+        let cfg = DilatedConfig { patterns: self.patterns()?, causality, scale };
+        cfg.validate_scale()?;
         Ok(cfg)
+    }
+
+    /// The pattern set the builder describes, checked: a window with mixing `window` and
+    /// no segments, or valid `(w, r)` pairs with mixing `head_groups` or `longnet`.
+    fn patterns(self) -> Result<PatternSet> {
+        let (segs, rates) = (self.segment_lengths, self.dilation_rates);
+        match (self.window, self.mixing) {
+            (Some(_), Mixing::Window) if !(segs.is_empty() && rates.is_empty()) => {
+                return Err(AttnError::WindowWithSegments);
+            }
+            (Some(w), Mixing::Window) => return Ok(PatternSet::Window(w)),
+            (Some(_), mixing) | (None, mixing @ Mixing::Window) => {
+                return Err(AttnError::WindowMixing { mixing: mixing.as_str() });
+            }
+            (None, _) => {}
+        }
+        if segs.is_empty() && rates.is_empty() {
+            return Err(AttnError::EmptyPatterns);
+        }
+        if segs.len() != rates.len() {
+            return Err(AttnError::PatternCountMismatch { segments: segs.len(), rates: rates.len() });
+        }
+        for (index, (&w, &r)) in segs.iter().zip(&rates).enumerate() {
+            if w == 0 {
+                return Err(AttnError::ZeroSegmentLength { index });
+            }
+            if r == 0 {
+                return Err(AttnError::ZeroDilationRate { index });
+            }
+            if r > w {
+                return Err(AttnError::RateExceedsSegment { index, rate: r, segment: w });
+            }
+        }
+        Ok(PatternSet::Dilated { segment_lengths: segs, dilation_rates: rates, mixing: self.mixing })
     }
 }
 
@@ -326,8 +363,12 @@ mod tests {
         assert_eq!((cfg.num_patterns(), cfg.pattern(0, 0), cfg.rate(0)), (1, SegmentPattern::whole(), 1));
         assert!(cfg.validate_heads(1).is_ok() && cfg.segment_lengths().is_empty());
         assert_eq!(cfg.band(), Band::new(4095, 0));
-        assert_eq!(cfg.clone().with_causal(true).band(), Band::new(4095, 0));
-        assert_eq!(DilatedConfig::sliding_window(2, 5).unwrap().with_causal(true).band(), Band::new(2, 0));
+        assert_eq!(cfg.clone().with_causality(Causality::Causal).band(), Band::new(4095, 0));
+        assert_eq!(
+            DilatedConfig::sliding_window(2, 5).unwrap().with_causality(Causality::Causal).band(),
+            Band::new(2, 0)
+        );
+        assert_eq!((cfg.mixing(), cfg.window()), (Mixing::Window, Some(Window { left: 4095, right: 0 })));
         assert_eq!(DilatedConfig::new(&[4], &[1]).unwrap().band(), Band::new(usize::MAX, usize::MAX));
         assert_eq!(Mixing::parse("window").unwrap(), Mixing::Window);
     }

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::attention::Feature;
+
 /// Result alias used across the workspace.
 pub type Result<T, E = AttnError> = std::result::Result<T, E>;
 
@@ -80,8 +82,8 @@ pub enum AttnError {
     PackedCrossAttention,
     #[error("block mask is invalid: {0}")]
     InvalidBlockMask(String),
-    #[error("{backend} does not support {feature} yet")]
-    Unsupported { backend: &'static str, feature: &'static str },
+    #[error("{backend} does not support {feature}")]
+    Unsupported { backend: &'static str, feature: Feature },
     #[error("softmax scale {0} is not finite and positive")]
     InvalidScale(f64),
     #[error("dimension `{dim}` of {tensor} is zero")]

@@ -38,14 +38,14 @@ pub mod rng;
 pub mod shape;
 pub mod view;
 
-pub use attention::{Attention, AttnInputs, Grads, Pass, Placement, Saved, Supported};
+pub use attention::{Attention, AttnInputs, Feature, Grads, Pass, Placement, Saved, Supported};
 pub use band::Band;
 pub use block_mask::{BlockDims, BlockMask, BlockMaskBuf, BlockPattern};
 pub use config::{Causality, DilatedConfig, DilatedConfigBuilder, Mixing, Window};
 pub use element::{DType, Element};
 pub use error::{AttnError, Result, TensorName};
 pub use guard::{MemoryBudget, check_finite};
-pub use masks::{KeyPadding, Masks, PackedSequences};
+pub use masks::{KeyPadding, KeyPaddingMask, Masks, OwnedMasks, PackedSequences};
 pub use merge::{LseMerge, OnlineSoftmax};
 pub use pattern::{HeadGroups, HeadPatterns, OffsetHeads, SegmentPattern};
 pub use placed::PlacedPattern;

@@ -1,6 +1,8 @@
 //! The position masks a call may add to its pattern: a key padding mask and packed
 //! variable-length sequences (`cu_seqlens`). Both are functions of global positions,
-//! so every split of the sequence applies them with the same kernels.
+//! so every split of the sequence applies them with the same kernels. [`Masks`] borrows
+//! them for one call; [`OwnedMasks`] keeps a checked copy (a training cache, a ring
+//! problem, a framework op, a conformance file) and lends it out as a [`Masks`].
 
 use std::ops::Range;
 
@@ -183,6 +185,97 @@ impl<'a> Masks<'a> {
     }
 }
 
+/// An owned `[batch, key_seq]` key padding mask, `true` = padding ([`KeyPadding`] is
+/// its borrowed form).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPaddingMask {
+    flags: Vec<bool>,
+    batch: usize,
+    seq: usize,
+}
+
+impl KeyPaddingMask {
+    /// A mask from row-major flags; `flags.len()` must be `batch * seq`.
+    pub fn new(flags: Vec<bool>, batch: usize, seq: usize) -> Result<Self> {
+        KeyPadding::new(&flags, batch, seq)?;
+        Ok(KeyPaddingMask { flags, batch, seq })
+    }
+
+    /// The borrowed mask.
+    pub fn view(&self) -> KeyPadding<'_> {
+        KeyPadding { flags: &self.flags, batch: self.batch, seq: self.seq }
+    }
+}
+
+impl From<KeyPadding<'_>> for KeyPaddingMask {
+    fn from(k: KeyPadding<'_>) -> Self {
+        KeyPaddingMask { flags: k.flags.to_vec(), batch: k.batch, seq: k.seq }
+    }
+}
+
+/// The masks of a call, owned and checked: what [`Masks`] borrows. Each mask is set
+/// through a checking constructor, so [`OwnedMasks::view`] cannot fail, and a new kind of
+/// mask joins as one more private field with its own `with_` constructor.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnedMasks {
+    key_padding: Option<KeyPaddingMask>,
+    /// Checked `cu_seqlens` ([`PackedSequences::new`] accepted them).
+    cu_seqlens: Option<Vec<usize>>,
+}
+
+impl OwnedMasks {
+    /// No masks.
+    pub fn none() -> Self {
+        OwnedMasks::default()
+    }
+
+    /// These masks with a key padding mask.
+    pub fn with_key_padding(mut self, mask: KeyPaddingMask) -> Self {
+        self.key_padding = Some(mask);
+        self
+    }
+
+    /// These masks with packed sequences, checked by [`PackedSequences::new`].
+    pub fn with_cu_seqlens(mut self, cu_seqlens: Vec<usize>) -> Result<Self> {
+        PackedSequences::new(&cu_seqlens)?;
+        self.cu_seqlens = Some(cu_seqlens);
+        Ok(self)
+    }
+
+    /// The key padding mask, if set.
+    pub fn key_padding(&self) -> Option<&KeyPaddingMask> {
+        self.key_padding.as_ref()
+    }
+
+    /// The packed sequences' offsets, if set.
+    pub fn cu_seqlens(&self) -> Option<&[usize]> {
+        self.cu_seqlens.as_deref()
+    }
+
+    /// Whether no mask is set.
+    pub fn is_none(&self) -> bool {
+        self.view().is_none()
+    }
+
+    /// The masks as one call borrows them.
+    pub fn view(&self) -> Masks<'_> {
+        Masks {
+            key_padding: self.key_padding.as_ref().map(KeyPaddingMask::view),
+            packing: self.cu_seqlens.as_deref().map(|cu| PackedSequences { cu }),
+        }
+    }
+}
+
+impl From<Masks<'_>> for OwnedMasks {
+    /// An owned copy of borrowed masks.
+    fn from(m: Masks<'_>) -> Self {
+        OwnedMasks {
+            key_padding: m.key_padding.map(KeyPaddingMask::from),
+            cu_seqlens: m.packing.map(|p| p.cu.to_vec()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,5 +311,25 @@ mod tests {
         assert!(pad.check(&two).is_ok());
         assert!(matches!(pad.check(&one), Err(AttnError::ShapeMismatch { tensor: TensorName::KeyPaddingMask, .. })));
         assert!(KeyPadding::new(&flags, 2, 8).is_err());
+    }
+
+    #[test]
+    fn owned_masks_round_trip_and_check() {
+        let flags = [false, true, false, false, true, true];
+        let cu = [0, 2, 3];
+        let borrowed = Masks {
+            key_padding: Some(KeyPadding::new(&flags, 2, 3).unwrap()),
+            packing: Some(PackedSequences::new(&cu).unwrap()),
+        };
+        let owned = OwnedMasks::from(borrowed);
+        assert_eq!(owned.view(), borrowed);
+        assert_eq!(owned.cu_seqlens(), Some(&cu[..]));
+        assert_eq!(owned.key_padding().map(|k| k.view().flags()), Some(&flags[..]));
+        assert!(OwnedMasks::none().is_none() && !owned.is_none());
+        assert!(matches!(OwnedMasks::none().with_cu_seqlens(vec![0, 2, 2]), Err(AttnError::InvalidCuSeqlens(_))));
+        assert!(matches!(
+            KeyPaddingMask::new(vec![false; 5], 2, 3),
+            Err(AttnError::ShapeMismatch { tensor: TensorName::KeyPaddingMask, .. })
+        ));
     }
 }

@@ -4,3 +4,4 @@
 mod golden_reference;
 mod hand_built_shapes;
 mod reference_properties;
+mod supported_set;

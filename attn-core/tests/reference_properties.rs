@@ -85,7 +85,7 @@ proptest! {
     /// Causal: query 0 (selected, segment 0) attends only key 0, so its output is v[0] * out_scale.
     #[test]
     fn causal_first_query_returns_first_value(case in dilated_case()) {
-        let cfg = case.cfg.clone().with_causal(true);
+        let cfg = case.cfg.clone().with_causality(Causality::Causal);
         let [q, k, v, _] = case.inputs().map(|x| f64s(&x));
         let f = reference::dilated_forward(&cfg, case.attn_shape(), &q, &k, &v).unwrap();
         let sh = case.shape;

@@ -273,7 +273,7 @@ pub(crate) fn direct_equals_partial<T: CudaElement>(emulated: &Emulated<T>) {
     let mut compared = Vec::new();
     for case in attention_cases() {
         let cfg = case.config().unwrap();
-        let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks().unwrap() };
+        let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks() };
         if !emulated.direct_applies(&p) {
             continue;
         }
@@ -338,7 +338,7 @@ fn fused_equals_per_pattern<T: CudaElement>() {
     let mut compared = Vec::new();
     for case in attention_cases() {
         let cfg = case.config().unwrap();
-        let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks().unwrap() };
+        let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks() };
         let launches = |e: &Emulated<T>| plan_forward(&call_geometry(&p), T::DTYPE, T::SUFFIX, e.opts).unwrap();
         let (nf, na) = (launches(&fused), launches(&apart));
         if nf.len() == na.len() {
@@ -389,7 +389,7 @@ fn pipelined_equals_sync<T: CudaElement>() {
     let mut compared = Vec::new();
     for case in attention_cases() {
         let cfg = case.config().unwrap();
-        let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks().unwrap() };
+        let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks() };
         let pipelined = BackwardOptions { loads: BackwardLoads::Pipelined, ..BackwardOptions::default() };
         let kernel = backward_kernel(T::DTYPE, T::SUFFIX, p.shape.q.head_dim, pipelined);
         if !matches!(kernel, BackwardKernel::Mma { .. }) {

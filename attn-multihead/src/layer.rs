@@ -3,9 +3,7 @@
 use std::sync::Arc;
 
 use attn_core::error::TensorName;
-use attn_core::{
-    AttnError, DilatedConfig, KeyPadding, Masks, PackedSequences, Result, Shape4, TensorView, TensorViewMut,
-};
+use attn_core::{AttnError, DilatedConfig, Masks, OwnedMasks, Result, Shape4, TensorView, TensorViewMut};
 
 use crate::config::MultiheadConfig;
 use crate::dropout::{DropoutSite, MaskRows, Mode, apply_mask, dropout_mask};
@@ -61,31 +59,6 @@ struct AttnPass<'a> {
     layout: ProjLayout,
     mode: Mode,
     masks: Masks<'a>,
-}
-
-/// The masks of a call, owned by a training cache for its backward.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct OwnedMasks {
-    /// `(batch, key_seq, flags)`.
-    key_padding: Option<(usize, usize, Vec<bool>)>,
-    cu_seqlens: Option<Vec<usize>>,
-}
-
-impl OwnedMasks {
-    fn of(m: &Masks<'_>) -> Self {
-        OwnedMasks {
-            key_padding: m.key_padding.map(|k| (k.batch(), k.seq(), k.flags().to_vec())),
-            cu_seqlens: m.packing.map(|p| p.cu_seqlens().to_vec()),
-        }
-    }
-
-    pub(crate) fn view(&self) -> Result<Masks<'_>> {
-        let key_padding = match &self.key_padding {
-            Some((b, n, f)) => Some(KeyPadding::new(f, *b, *n)?),
-            None => None,
-        };
-        Ok(Masks { key_padding, packing: self.cu_seqlens.as_deref().map(PackedSequences::new).transpose()? })
-    }
 }
 
 /// What a forward pass made besides the buffers of its workspace.
@@ -553,7 +526,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
                 None
             }
         };
-        let kept = Kept { mask, norm_stats, layout, masks: OwnedMasks::of(&masks) };
+        let kept = Kept { mask, norm_stats, layout, masks: OwnedMasks::from(masks) };
         let pre_out = if kept.pre_out_used() { &ws.pre_out } else { &ws.attn };
         self.weights.out_proj.forward_into(pre_out, rows, out)?;
         Ok(kept)

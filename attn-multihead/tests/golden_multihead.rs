@@ -22,7 +22,7 @@ fn cases() -> Vec<GoldenCase> {
 }
 
 fn padding(case: &GoldenCase) -> Option<&[bool]> {
-    case.key_padding.as_ref().map(|(_, _, f)| f.as_slice())
+    case.masks.key_padding().map(|k| k.view().flags())
 }
 
 fn source(case: &GoldenCase) -> F32Tensors<'_> {

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use attn_core::{
-    Attention, AttnError, AttnInputs, DType, DilatedConfig, Element, Grads, KeyPadding, Masks, PackedSequences, Result,
-    Saved, TensorName,
+    Attention, AttnError, AttnInputs, DType, DilatedConfig, Element, Grads, KeyPaddingMask, OwnedMasks, Result, Saved,
+    TensorName,
 };
 use attn_kernels::CpuBackend;
 use pyo3::Python;
@@ -45,40 +45,24 @@ pub(crate) fn cu_seqlens(args: &MaskArgs) -> Result<Option<Vec<usize>>> {
         .map_err(|_| AttnError::InvalidCuSeqlens(format!("{cu:?} holds a negative entry")))
 }
 
-/// The masks' owned data, which [`OwnedMasks::masks`] lends to a call.
-#[derive(Debug)]
-struct OwnedMasks {
-    padding: Option<(Vec<bool>, usize, usize)>,
-    cu: Option<Vec<usize>>,
-}
-
-impl OwnedMasks {
-    /// Read the mask bytes (copied: a mask is one byte per key) and check `cu_seqlens`.
-    fn read(args: &MaskArgs, written: &[&Checked]) -> Result<Self> {
-        let padding = match &args.key_padding {
-            Some(raw) => {
-                let name = TensorName::KeyPaddingMask;
-                if !matches!(raw.dtype(), "bool" | "uint8") {
-                    return Err(AttnError::DTypeMismatch { tensor: name, expected: "bool", got: raw.dtype().into() });
-                }
-                let c = raw.check(name, 2, 1, 1)?;
-                let mut all: Vec<(&Checked, Access)> = written.iter().map(|w| (*w, Access::Write)).collect();
-                all.push((&c, Access::Read));
-                check_disjoint(&all)?;
-                Some((c.flags_2d(), c.dims()[0], c.dims()[1]))
-            }
-            None => None,
-        };
-        Ok(OwnedMasks { padding, cu: cu_seqlens(args)? })
+/// Read the mask bytes (copied: a mask is one byte per key, and none may alias a tensor
+/// the call writes) and check `cu_seqlens`.
+fn read_masks(args: &MaskArgs, written: &[&Checked]) -> Result<OwnedMasks> {
+    let mut masks = OwnedMasks::none();
+    if let Some(raw) = &args.key_padding {
+        let name = TensorName::KeyPaddingMask;
+        if !matches!(raw.dtype(), "bool" | "uint8") {
+            return Err(AttnError::DTypeMismatch { tensor: name, expected: "bool", got: raw.dtype().into() });
+        }
+        let c = raw.check(name, 2, 1, 1)?;
+        let mut all: Vec<(&Checked, Access)> = written.iter().map(|w| (*w, Access::Write)).collect();
+        all.push((&c, Access::Read));
+        check_disjoint(&all)?;
+        masks = masks.with_key_padding(KeyPaddingMask::new(c.flags_2d(), c.dims()[0], c.dims()[1])?);
     }
-
-    fn masks(&self) -> Result<Masks<'_>> {
-        let key_padding = match &self.padding {
-            Some((flags, batch, seq)) => Some(KeyPadding::new(flags, *batch, *seq)?),
-            None => None,
-        };
-        let packing = self.cu.as_deref().map(PackedSequences::new).transpose()?;
-        Ok(Masks { key_padding, packing })
+    match cu_seqlens(args)? {
+        Some(cu) => masks.with_cu_seqlens(cu),
+        None => Ok(masks),
     }
 }
 
@@ -223,9 +207,8 @@ fn forward_typed<T: Element>(
     threads: usize,
 ) -> Result<()> {
     let [q, k, v, out, lse] = checked_forward::<T>(args)?;
-    let owned = OwnedMasks::read(mask_args, &[&out, &lse])?;
-    let masks = owned.masks()?;
-    let inputs = AttnInputs::new(cfg, q.view::<T>()?, k.view::<T>()?, v.view::<T>()?).with_masks(masks);
+    let owned = read_masks(mask_args, &[&out, &lse])?;
+    let inputs = AttnInputs::new(cfg, q.view::<T>()?, k.view::<T>()?, v.view::<T>()?).with_masks(owned.view());
     inputs.shape()?;
     let out_view = out.view_mut::<T>()?;
     if out_view.shape() != inputs.q.shape() {
@@ -263,9 +246,8 @@ fn backward_typed<T: Element>(
     }
     let CheckedBackward { saved: [q, k, v, out, lse], grad_out, grad_lse, grads: [dq, dk, dv] } =
         checked_backward::<T>(args)?;
-    let owned = OwnedMasks::read(mask_args, &[&dq, &dk, &dv])?;
-    let masks = owned.masks()?;
-    let inputs = AttnInputs::new(cfg, q.view::<T>()?, k.view::<T>()?, v.view::<T>()?).with_masks(masks);
+    let owned = read_masks(mask_args, &[&dq, &dk, &dv])?;
+    let inputs = AttnInputs::new(cfg, q.view::<T>()?, k.view::<T>()?, v.view::<T>()?).with_masks(owned.view());
     let shape = inputs.shape()?;
     let saved = Saved { out: out.view::<T>()?, lse: lse.contiguous_f32(&lse_dims(&q))? };
     let grad_lse = grad_lse.map(|g| g.contiguous_f32(&lse_dims(&q))).transpose()?;

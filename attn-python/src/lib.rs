@@ -55,7 +55,7 @@ impl PyConfig {
         let mut b = DilatedConfig::builder()
             .segments(&segment_lengths)
             .dilations(&dilation_rates)
-            .causal(parse_causality(causality)?.is_causal())
+            .causality(parse_causality(causality)?)
             .maybe_scale(scale);
         if let Some((left, right)) = window {
             b = b.window(left, right);

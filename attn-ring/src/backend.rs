@@ -14,20 +14,22 @@
 use std::sync::{Mutex, MutexGuard};
 
 use attn_core::error::TensorName;
-use attn_core::{Attention, AttnInputs, Grads, Pass, Placement, Saved};
-use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, TensorView, TensorViewMut};
+use attn_core::{Attention, AttnInputs, Feature, Grads, Pass, Placement, Saved};
+use attn_core::{
+    AttnError, AttnShape, DilatedConfig, Element, KeyPaddingMask, Masks, OwnedMasks, Result, TensorView, TensorViewMut,
+};
 
 use crate::comm::Communicator;
 use crate::compute::backward::{BackwardOutputs, ring_backward_with};
 use crate::compute::forward::ring_forward_with;
 use crate::plan::layout::Layout;
-use crate::plan::{Plan, RingMasks, RingProblem, Strategy};
+use crate::plan::{Plan, RingProblem, Strategy};
 use crate::protocol::call::RingOptions;
 
 /// The ring's refusal of keys/values whose length differs from the queries'
 /// (cross-attention with its own key length, which the ring does not split).
 pub fn cross_attention_refused() -> AttnError {
-    AttnError::Unsupported { backend: "ring", feature: "cross-attention with kv_seq != q_seq" }
+    AttnError::Unsupported { backend: "ring", feature: Feature::CrossAttention }
 }
 
 /// Attention over a sequence of `seq` global positions split across the ranks of a
@@ -102,8 +104,7 @@ impl<C: Communicator> RingBackend<C> {
     /// makes every rank fail alike), the packed sequences as given.
     fn problem_with_masks<T: Element>(&self, comm: &mut C, inputs: &AttnInputs<'_, T>) -> Result<RingProblem> {
         let (q, kv) = (inputs.q.shape(), inputs.k.shape());
-        let mut masks =
-            RingMasks { key_padding: None, cu_seqlens: inputs.masks.packing.map(|p| p.cu_seqlens().to_vec()) };
+        let mut masks = OwnedMasks::from(Masks { key_padding: None, packing: inputs.masks.packing });
         // Status byte: 0 no mask, 1 a mask of this rank's rows follows, 2 a mask of the wrong shape.
         let mine = match inputs.masks.key_padding {
             None => vec![0u8],
@@ -136,7 +137,7 @@ impl<C: Communicator> RingBackend<C> {
                     }
                 }
             }
-            masks.key_padding = Some(global);
+            masks = masks.with_key_padding(KeyPaddingMask::new(global, q.batch, self.seq)?);
         }
         Ok(self.problem(inputs.cfg, q, kv).with_masks(masks))
     }

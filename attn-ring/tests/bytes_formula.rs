@@ -4,11 +4,11 @@
 use crate::common;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnShape, DType, DilatedConfig, Mixing, Pass, Shape4, TensorView};
+use attn_core::{AttnShape, DType, DilatedConfig, KeyPaddingMask, Mixing, OwnedMasks, Pass, Shape4, TensorView};
 use attn_ring::plan::ring_route::Way;
 use attn_ring::{
-    Layout, PatternStrategy, Plan, RingMasks, RingProblem, Strategy, ThreadComm, expected_bytes, problem_for,
-    run_in_process, run_in_process_backward, run_problem_backward_on, run_problem_on,
+    Layout, PatternStrategy, Plan, RingProblem, Strategy, ThreadComm, expected_bytes, problem_for, run_in_process,
+    run_in_process_backward, run_problem_backward_on, run_problem_on,
 };
 use attn_testkit::random_vec;
 use common::views;
@@ -143,12 +143,12 @@ fn the_workspace_bound_covers_the_buffers_and_shrinks_with_the_world_size() {
 fn feature_problem(
     cfg: &DilatedConfig,
     kv_heads: usize,
-    masks: RingMasks,
+    masks: OwnedMasks,
     world: usize,
     layout: Layout,
     strategy: Strategy,
 ) -> (RingProblem, AttnShape) {
-    let q = Shape4::new(if masks.cu_seqlens.is_some() { 1 } else { 2 }, 61, 4, 4).unwrap();
+    let q = Shape4::new(if masks.cu_seqlens().is_some() { 1 } else { 2 }, 61, 4, 4).unwrap();
     let shape = AttnShape { q, kv: Shape4 { heads: kv_heads, ..q } };
     (RingProblem::new(cfg, shape, layout, strategy, world).with_masks(masks), shape)
 }
@@ -158,18 +158,22 @@ fn feature_problem(
 fn feature_bytes_equal_the_formula() {
     let pad: Vec<bool> = (0..2 * 61).map(|i| i % 5 == 2).collect();
     let cases = [
-        (cfg(&[8, 16, 64], &[1, 2, 4], Mixing::HeadGroups, false), 2, RingMasks::default()),
-        (cfg(&[16, 64], &[1, 2], Mixing::LongNet, true), 1, RingMasks { key_padding: Some(pad), cu_seqlens: None }),
+        (cfg(&[8, 16, 64], &[1, 2, 4], Mixing::HeadGroups, false), 2, OwnedMasks::none()),
+        (
+            cfg(&[16, 64], &[1, 2], Mixing::LongNet, true),
+            1,
+            OwnedMasks::none().with_key_padding(KeyPaddingMask::new(pad, 2, 61).unwrap()),
+        ),
         (
             cfg(&[8, 32], &[1, 2], Mixing::LongNet, false),
             2,
-            RingMasks { key_padding: None, cu_seqlens: Some(vec![0, 7, 30, 61]) },
+            OwnedMasks::none().with_cu_seqlens(vec![0, 7, 30, 61]).unwrap(),
         ),
-        (DilatedConfig::builder().window(6, 3).build().unwrap(), 4, RingMasks::default()),
+        (DilatedConfig::builder().window(6, 3).build().unwrap(), 4, OwnedMasks::none()),
         (
             DilatedConfig::builder().window(9, 0).causal(true).build().unwrap(),
             2,
-            RingMasks { key_padding: None, cu_seqlens: Some(vec![0, 20, 61]) },
+            OwnedMasks::none().with_cu_seqlens(vec![0, 20, 61]).unwrap(),
         ),
     ];
     for (cfg, kv_heads, masks) in &cases {

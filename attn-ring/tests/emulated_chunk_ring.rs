@@ -98,8 +98,8 @@ impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
         rows.shape
     }
     fn masks(&self, problem: &RingProblem) -> Result<Masks> {
-        let kpad = problem.masks.key_padding.as_ref().map(|f| f.iter().map(|&x| u8::from(x)).collect());
-        Ok(Masks { kpad, cu_seqlens: problem.masks.cu_seqlens.clone() })
+        let kpad = problem.masks.key_padding().map(|k| k.view().flags().iter().map(|&x| u8::from(x)).collect());
+        Ok(Masks { kpad, cu_seqlens: problem.masks.cu_seqlens().map(<[usize]>::to_vec) })
     }
     fn empty_partial(&self, q: Shape4) -> Result<Partial> {
         Ok(Partial { out: Flat { shape: q, data: vec![0.0; q.numel()] }, lse: vec![f32::NEG_INFINITY; q.lse_len()] })

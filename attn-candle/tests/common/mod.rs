@@ -5,7 +5,7 @@
 pub mod compose;
 pub mod layer_stages;
 
-use attn_candle::{AttnOptions, BufferRun, KeyPaddingMask, dilated_attention_with_lse, leaf, run_buffers_on};
+use attn_candle::{AttnOptions, BufferRun, dilated_attention_with_lse, leaf, run_buffers_on};
 use attn_core::{AttnError, DType as AttnDType, Masks};
 use attn_testkit::golden::Problem;
 use attn_testkit::judge::{Expected, judge_backward, judge_forward, verdict};
@@ -17,14 +17,7 @@ pub use attn_candle::InputLayout as Layout;
 
 /// The options a test kit problem describes.
 pub fn options_of(cfg: &attn_core::DilatedConfig, masks: &Masks<'_>) -> AttnOptions {
-    let mut opts = AttnOptions::new(cfg.clone());
-    if let Some(p) = masks.key_padding {
-        opts = opts.with_key_padding(KeyPaddingMask::new(p.flags().to_vec(), p.batch(), p.seq()).expect("valid mask"));
-    }
-    if let Some(packing) = masks.packing {
-        opts = opts.with_cu_seqlens(packing.cu_seqlens().to_vec()).expect("valid cu_seqlens");
-    }
-    opts
+    AttnOptions::new(cfg.clone()).with_masks((*masks).into())
 }
 
 /// The op on f32 inputs rounded to `dtype`, on the host.

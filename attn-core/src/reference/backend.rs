@@ -1,7 +1,7 @@
 //! [`ReferenceBackend`]: the float64 reference behind the [`Attention`] interface, for any
 //! element type (converted to f64 and back). Slow; for conformance and gradient checks.
 
-use crate::attention::{Attention, AttnInputs, Grads, Pass, Saved};
+use crate::attention::{Attention, AttnInputs, Grads, Pass, Saved, Supported};
 use crate::config::DilatedConfig;
 use crate::element::Element;
 use crate::error::{AttnError, Result, TensorName};
@@ -53,7 +53,7 @@ impl<T: Element> Attention<T> for ReferenceBackend {
     }
 
     fn forward(&self, inputs: &AttnInputs<'_, T>, mut out: TensorViewMut<'_, T>, lse: &mut [f32]) -> Result<()> {
-        let shape = inputs.shape()?;
+        let shape = inputs.shape_for("reference", Supported::ALL)?;
         expect_shape(&out, shape.q, TensorName::Output)?;
         if lse.len() != shape.q.lse_len() {
             return Err(AttnError::ShapeMismatch {
@@ -79,7 +79,7 @@ impl<T: Element> Attention<T> for ReferenceBackend {
         grad_lse: Option<&[f32]>,
         mut grads: Grads<'_, T>,
     ) -> Result<()> {
-        let shape = inputs.shape()?;
+        let shape = inputs.shape_for("reference", Supported::ALL)?;
         expect_shape(&grads.dq, shape.q, TensorName::GradQuery)?;
         expect_shape(&grads.dk, shape.kv, TensorName::GradKey)?;
         expect_shape(&grads.dv, shape.kv, TensorName::GradValue)?;

@@ -3,7 +3,7 @@
 //! the gradients through candle's `backward()`; multihead cases through its candle-nn layer.
 
 use attn_candle::nn::MultiheadDilatedAttention;
-use attn_candle::{AttnOptions, InputLayout, KeyPaddingMask, dilated_attention_with_lse, run_buffers};
+use attn_candle::{AttnOptions, InputLayout, dilated_attention_with_lse, run_buffers};
 use attn_core::{AttnError, DType, Result};
 use attn_multihead::Bias;
 use attn_multihead::golden_case::config_from_metadata;
@@ -26,13 +26,7 @@ fn candle_dtype(dtype: DType) -> candle_core::DType {
 impl CandleDilated {
     /// Forward and `backward()` of `sum(out * grad_out)` on the problem.
     fn run(&self, p: &Problem<'_>, qkv: [&[f32]; 3], grad_out: &[f32]) -> Result<attn_candle::BufferRun> {
-        let mut opts = AttnOptions::new(p.cfg.clone());
-        if let Some(m) = p.masks.key_padding {
-            opts = opts.with_key_padding(KeyPaddingMask::new(m.flags().to_vec(), m.batch(), m.seq())?);
-        }
-        if let Some(packing) = p.masks.packing {
-            opts = opts.with_cu_seqlens(packing.cu_seqlens().to_vec())?;
-        }
+        let opts = AttnOptions::new(p.cfg.clone()).with_masks(p.masks.into());
         let attend = |q: &Tensor, k: &Tensor, v: &Tensor| {
             let r = dilated_attention_with_lse(q, k, v, &opts)?;
             Ok((r.out, r.lse.flatten_all()?.to_vec1()?))
@@ -90,8 +84,8 @@ fn run_layer(case: &attn_testkit::GoldenCase) -> Result<(Vec<(String, candle_cor
     let vb = candle_nn::VarBuilder::from_tensors(weights, candle_core::DType::F32, &device);
     let layer = MultiheadDilatedAttention::new(config.clone(), vb).map_err(candle_err)?;
     let mut opts = AttnOptions::new(config.validate()?);
-    if let Some((b, s, flags)) = &case.key_padding {
-        opts = opts.with_key_padding(KeyPaddingMask::new(flags.clone(), *b, *s)?);
+    if let Some(mask) = case.masks.key_padding() {
+        opts = opts.with_key_padding(mask.clone());
     }
     let t = |i: usize| vars[i].1.as_tensor();
     let out = if cross { layer.forward_cross(t(0), t(1), t(2), &opts) } else { layer.forward_masked(t(0), &opts) };

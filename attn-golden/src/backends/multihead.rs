@@ -92,5 +92,5 @@ fn case_parts(case: &GoldenCase) -> (&BTreeMap<String, String>, F32Tensors<'_>, 
     let tensors = F32Tensors {
         tensors: case.tensors.iter().map(|(k, t)| (k.clone(), (t.shape.as_slice(), t.data.as_slice()))).collect(),
     };
-    (&case.meta, tensors, case.key_padding.as_ref().map(|(_, _, flags)| flags.as_slice()))
+    (&case.meta, tensors, case.masks.key_padding().map(|k| k.view().flags()))
 }

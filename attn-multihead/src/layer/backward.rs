@@ -33,7 +33,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         check_input("grad_out", grad_out, qs.batch, qs.seq, e)?;
         self.weights.check_layout(&self.config, "weights")?;
         grads.check_layout(&self.config, "gradient accumulator")?;
-        let masks = cache.masks.view()?;
+        let masks = cache.masks.view();
         // Windows of whole segments: one device, no masks (they cover the whole
         // sequence), no sliding window.
         let windowed = self.backend.placement().is_whole() && masks.is_none() && self.dilated.window().is_none();

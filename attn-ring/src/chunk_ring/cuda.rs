@@ -140,7 +140,7 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
             }
             None => None,
         };
-        Ok(DeviceMasks { key_padding, cu_seqlens: problem.masks.cu_seqlens.clone() })
+        Ok(DeviceMasks { key_padding, cu_seqlens: problem.masks.cu_seqlens().map(<[usize]>::to_vec) })
     }
 
     fn empty_partial(&self, q: Shape4) -> Result<Metered<DevicePartial>> {

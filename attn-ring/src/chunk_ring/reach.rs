@@ -33,7 +33,7 @@ pub(crate) fn may_attend(problem: &RingProblem, q: &Range<usize>, k: &Range<usiz
         let ((qa, qb), (ka, kb)) = (rel(q), rel(k));
         windowed || problem.cfg.segment_lengths().iter().any(|&w| qa / w <= kb / w && ka / w <= qb / w)
     };
-    match &problem.masks.cu_seqlens {
+    match problem.masks.cu_seqlens() {
         Some(cu) => cu.windows(2).map(|w| w[0]..w[1]).any(|s| both(&s) && shares_segment(&s)),
         None => shares_segment(&(0..problem.seq)),
     }
@@ -92,17 +92,18 @@ mod tests {
 
     use super::*;
     use crate::Layout;
-    use crate::plan::{RingMasks, Strategy};
+    use crate::plan::Strategy;
+    use attn_core::OwnedMasks;
 
     /// Brute force: a pair in one sequence, admitted by the band, in one segment of some
     /// pattern (selection aside, so a superset of the attended pairs).
     fn some_pair(problem: &RingProblem, q: &Range<usize>, k: &Range<usize>) -> bool {
         let cfg = &problem.cfg;
-        let seq_of = |p: usize| match &problem.masks.cu_seqlens {
+        let seq_of = |p: usize| match problem.masks.cu_seqlens() {
             Some(cu) => cu.partition_point(|&c| c <= p) - 1,
             None => 0,
         };
-        let start = |p: usize| problem.masks.cu_seqlens.as_ref().map_or(0, |cu| cu[seq_of(p)]);
+        let start = |p: usize| problem.masks.cu_seqlens().map_or(0, |cu| cu[seq_of(p)]);
         q.clone().any(|qp| {
             k.clone().any(|kp| {
                 seq_of(qp) == seq_of(kp)
@@ -134,7 +135,10 @@ mod tests {
             cu.extend([0, seq]);
             cu.sort_unstable();
             cu.dedup();
-            let masks = RingMasks { key_padding: None, cu_seqlens: (cu.len() > 2).then_some(cu) };
+            let masks = match cu.len() > 2 {
+                true => OwnedMasks::none().with_cu_seqlens(cu).unwrap(),
+                false => OwnedMasks::none(),
+            };
             let problem = RingProblem::new(&cfg, shape.into(), Layout::Contiguous, Strategy::Auto, 1).with_masks(masks);
             let (q, k) = (qa.min(seq)..(qa + qn).min(seq), ka.min(seq)..(ka + kn).min(seq));
             if some_pair(&problem, &q, &k) {

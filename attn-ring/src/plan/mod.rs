@@ -11,9 +11,9 @@ pub(crate) mod workspace;
 
 use std::ops::Range;
 
+use attn_core::error::TensorName;
 use attn_core::{
-    AttnError, AttnShape, Band, DilatedConfig, HeadPatterns, KeyPadding, Masks, PackedSequences, PlacedPattern, Result,
-    SegmentPattern,
+    AttnError, AttnShape, Band, DilatedConfig, HeadPatterns, Masks, OwnedMasks, PlacedPattern, Result, SegmentPattern,
 };
 
 use crate::plan::head_counts::PatternHeads;
@@ -84,26 +84,9 @@ pub struct RingProblem {
     pub layout: Layout,
     pub strategy: Strategy,
     pub world: usize,
-    /// Key padding and packed sequences over the GLOBAL positions.
-    pub masks: RingMasks,
-}
-
-/// The masks of a ring problem over the global sequence, owned (every rank holds the
-/// same): the key padding mask `[batch, seq]` (`true` = padding) and `cu_seqlens`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RingMasks {
-    pub key_padding: Option<Vec<bool>>,
-    pub cu_seqlens: Option<Vec<usize>>,
-}
-
-impl From<Masks<'_>> for RingMasks {
-    /// Owned copies of global masks.
-    fn from(m: Masks<'_>) -> Self {
-        RingMasks {
-            key_padding: m.key_padding.map(|k| k.flags().to_vec()),
-            cu_seqlens: m.packing.map(|p| p.cu_seqlens().to_vec()),
-        }
-    }
+    /// Key padding (`[batch, seq]`) and packed sequences over the GLOBAL positions,
+    /// the same on every rank.
+    pub masks: OwnedMasks,
 }
 
 impl RingProblem {
@@ -119,12 +102,12 @@ impl RingProblem {
             layout,
             strategy,
             world,
-            masks: RingMasks::default(),
+            masks: OwnedMasks::none(),
         }
     }
 
     /// The same problem with `masks`.
-    pub fn with_masks(mut self, masks: RingMasks) -> Self {
+    pub fn with_masks(mut self, masks: OwnedMasks) -> Self {
         self.masks = masks;
         self
     }
@@ -134,19 +117,24 @@ impl RingProblem {
         self.heads / self.kv_heads.max(1)
     }
 
-    /// The masks as `attn_core` views (checked).
+    /// The masks as `attn_core` views, the key padding checked to be `[batch, seq]`.
     pub fn core_masks(&self) -> Result<Masks<'_>> {
-        let key_padding = match &self.masks.key_padding {
-            Some(f) => Some(KeyPadding::new(f, self.batch, self.seq)?),
-            None => None,
-        };
-        let packing = self.masks.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
-        Ok(Masks { key_padding, packing })
+        let masks = self.masks.view();
+        if let Some(k) = masks.key_padding
+            && (k.batch(), k.seq()) != (self.batch, self.seq)
+        {
+            return Err(AttnError::ShapeMismatch {
+                tensor: TensorName::KeyPaddingMask,
+                expected: vec![self.batch, self.seq],
+                got: vec![k.batch(), k.seq()],
+            });
+        }
+        Ok(masks)
     }
 
     /// The key padding of batch row `b`, by global position.
     pub(crate) fn padding_row(&self, b: usize) -> Option<&[bool]> {
-        self.masks.key_padding.as_deref().map(|f| &f[b * self.seq..(b + 1) * self.seq])
+        self.masks.key_padding().map(|k| k.view().row(b))
     }
 }
 
@@ -404,7 +392,7 @@ impl Plan {
 
     /// `pat` on the global positions (relative to each packed sequence).
     pub(crate) fn placed(&self, pat: SegmentPattern) -> PlacedPattern<'_> {
-        let packing = self.problem.masks.cu_seqlens.as_deref().and_then(|c| PackedSequences::new(c).ok());
+        let packing = self.problem.masks.view().packing;
         PlacedPattern { pat, packing, n: self.problem.seq }
     }
 

@@ -179,7 +179,7 @@ impl Plan {
         let sel_k = received.fold(sel_own, u64::max);
         let n_max = (0..p).map(|r| pr.layout.rows(pr.seq, p, r) as u64).max().unwrap_or(0);
         // Every packed sequence may start a segment of its own.
-        let sequences = pr.masks.cu_seqlens.as_ref().map_or(0, |c| c.len() as u64);
+        let sequences = pr.masks.cu_seqlens().map_or(0, |c| c.len() as u64);
         let segs_q = nl / w_min.max(1) + 4 + sequences;
         let segs_k = n_max / w_min.max(1) + 4 + sequences;
 

@@ -67,11 +67,11 @@ fn masks_hash(problem: &RingProblem) -> u64 {
             h = (h ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
         }
     };
-    let m = &problem.masks;
+    let m = problem.masks.view();
     eat(u64::from(m.key_padding.is_some()));
-    m.key_padding.iter().flatten().for_each(|&f| eat(u64::from(f)));
-    eat(u64::from(m.cu_seqlens.is_some()));
-    m.cu_seqlens.iter().flatten().for_each(|&c| eat(c as u64));
+    m.key_padding.iter().flat_map(|k| k.flags()).for_each(|&f| eat(u64::from(f)));
+    eat(u64::from(m.packing.is_some()));
+    m.packing.iter().flat_map(|p| p.cu_seqlens()).for_each(|&c| eat(c as u64));
     h
 }
 

@@ -144,7 +144,7 @@ pub fn golden_sweep_cases<B: DilatedBackend>(
                     if !report.passed() {
                         failures.push(report.to_string());
                     }
-                    let masks = case.masks().unwrap();
+                    let masks = case.masks();
                     let problem = RingProblem::new(&cfg, shape, layout, strategy, world).with_masks(masks.into());
                     runs.push(SweepRun { cfg: cfg.clone(), shape, world, layout, strategy, problem });
                 }

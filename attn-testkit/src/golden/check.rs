@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Masks, Result};
+use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Feature, Masks, Result};
 
 use super::GoldenCase;
 use crate::judge::{Expected, RowCheck, judge_backward, judge_forward, round_to};
@@ -66,7 +66,7 @@ pub trait DilatedBackend {
         grad_lse: &[f32],
     ) -> Result<Gradients32> {
         let _ = (problem, qkv, grad_out, grad_lse);
-        Err(AttnError::Unsupported { backend: "backend under test", feature: "gradients into the LSE" })
+        Err(AttnError::Unsupported { backend: "backend under test", feature: Feature::Other("gradients into the LSE") })
     }
 }
 
@@ -91,7 +91,10 @@ pub trait MultiheadBackend {
     /// test without it refuses.
     fn backward(&self, case: &GoldenCase) -> Result<MultiheadGrads32> {
         let _ = case;
-        Err(AttnError::Unsupported { backend: "multihead backend under test", feature: "layer gradients" })
+        Err(AttnError::Unsupported {
+            backend: "multihead backend under test",
+            feature: Feature::Other("layer gradients"),
+        })
     }
 }
 
@@ -188,7 +191,7 @@ fn check(name: &str, got: &[f32], want: &[f32], bound: f64) -> TensorCheck {
 /// inputs rounded to the backend's dtype.
 fn run_dilated(case: &GoldenCase, backend: &dyn DilatedBackend) -> Result<(Vec<TensorCheck>, Vec<RowCheck>)> {
     let cfg = case.config()?;
-    let problem = Problem { cfg: &cfg, shape: case.attn_shape()?, masks: case.masks()? };
+    let problem = Problem { cfg: &cfg, shape: case.attn_shape()?, masks: case.masks() };
     let dtype = backend.dtype();
     let [q, k, v, go] = ["q", "k", "v", "grad_out"].map(|t| case.tensor(t).map(|x| &x.data));
     let (q, k, v, go) = (q?, k?, v?, go?);

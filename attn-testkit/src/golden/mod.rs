@@ -13,7 +13,7 @@ pub use check::{
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use attn_core::{AttnError, AttnShape, DilatedConfig, KeyPadding, Masks, Mixing, PackedSequences, Result};
+use attn_core::{AttnError, AttnShape, DilatedConfig, KeyPaddingMask, Masks, Mixing, OwnedMasks, Result};
 use safetensors::tensor::TensorView as StView;
 use safetensors::{Dtype, SafeTensors};
 
@@ -45,9 +45,8 @@ pub struct GoldenCase {
     pub name: String,
     pub meta: BTreeMap<String, String>,
     pub tensors: BTreeMap<String, Tensor>,
-    /// `key_padding_mask` as `[batch, key_seq]` flags, `true` = padding.
-    pub key_padding: Option<(usize, usize, Vec<bool>)>,
-    pub cu_seqlens: Option<Vec<usize>>,
+    /// `key_padding_mask` (`[batch, key_seq]`, `true` = padding) and `cu_seqlens`.
+    pub masks: OwnedMasks,
 }
 
 fn fmt_err(name: &str, msg: impl std::fmt::Display) -> AttnError {
@@ -68,8 +67,7 @@ impl GoldenCase {
             .as_ref()
             .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
             .unwrap_or_default();
-        let mut case =
-            GoldenCase { name: name.to_string(), meta, tensors: BTreeMap::new(), key_padding: None, cu_seqlens: None };
+        let mut case = GoldenCase { name: name.to_string(), meta, tensors: BTreeMap::new(), masks: OwnedMasks::none() };
         for (tname, view) in st.tensors() {
             case.add_tensor(tname, &view)?;
         }
@@ -103,12 +101,15 @@ impl GoldenCase {
                 if let Some(x) = raw.iter().find(|&&x| x > 1) {
                     return Err(fmt_err(name, format!("key_padding_mask holds {x}, not 0 or 1")));
                 }
-                self.key_padding = Some((shape[0], shape[1], raw.iter().map(|&x| x == 1).collect()));
+                let flags = raw.iter().map(|&x| x == 1).collect();
+                let mask = KeyPaddingMask::new(flags, shape[0], shape[1]).map_err(|e| fmt_err(name, e))?;
+                self.masks = std::mem::take(&mut self.masks).with_key_padding(mask);
             }
             8 => {
                 let vals = raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()));
                 let cu: std::result::Result<Vec<usize>, _> = vals.map(usize::try_from).collect();
-                self.cu_seqlens = Some(cu.map_err(|_| fmt_err(name, "cu_seqlens holds a negative entry"))?);
+                let cu = cu.map_err(|_| fmt_err(name, "cu_seqlens holds a negative entry"))?;
+                self.masks = std::mem::take(&mut self.masks).with_cu_seqlens(cu).map_err(|e| fmt_err(name, e))?;
             }
             _ => {
                 let data = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
@@ -292,13 +293,8 @@ impl GoldenCase {
     }
 
     /// The file's key padding and packed sequences (none for files without them).
-    pub fn masks(&self) -> Result<Masks<'_>> {
-        let key_padding = match &self.key_padding {
-            Some((batch, seq, flags)) => Some(KeyPadding::new(flags, *batch, *seq)?),
-            None => None,
-        };
-        let packing = self.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
-        Ok(Masks { key_padding, packing })
+    pub fn masks(&self) -> Masks<'_> {
+        self.masks.view()
     }
 }
 
