@@ -13,9 +13,9 @@
 
 use std::collections::BTreeMap;
 
+use attn_candle::AttnOptions;
 use attn_candle::nn::{LayerNorm, MultiheadDilatedAttention};
-use attn_candle::{AttnOptions, KeyPaddingMask};
-use attn_core::{AttnShape, DType as AttnDType, KeyPadding, Masks};
+use attn_core::{AttnShape, DType as AttnDType};
 use attn_multihead::Bias;
 use attn_multihead::golden_case::config_from_metadata;
 use attn_testkit::golden::{GoldenCase, Problem, golden_dir, load_dir};
@@ -111,8 +111,8 @@ struct Run {
 
 fn options(case: &GoldenCase, config: &attn_multihead::MultiheadConfig) -> AttnOptions {
     let mut opts = AttnOptions::new(config.validate().expect("valid config"));
-    if let Some((b, s, flags)) = &case.key_padding {
-        opts = opts.with_key_padding(KeyPaddingMask::new(flags.clone(), *b, *s).expect("mask"));
+    if let Some(mask) = case.masks.key_padding() {
+        opts = opts.with_key_padding(mask.clone());
     }
     opts
 }
@@ -275,8 +275,7 @@ fn judge(case: &GoldenCase, run: &Run) -> Vec<RowCheck> {
     let shape =
         AttnShape::check_cross(&[b, n, dims.h, dims.d()], &[b, m, dims.kvh, dims.d()], &[b, m, dims.kvh, dims.d()])
             .expect("shape");
-    let padding = case.key_padding.as_ref().map(|(pb, ps, f)| KeyPadding::new(f, *pb, *ps).expect("mask"));
-    let problem = Problem::new(&cfg, shape).with_masks(Masks { key_padding: padding, packing: None });
+    let problem = Problem::new(&cfg, shape).with_masks(case.masks());
     let da = s.get("da").cloned().unwrap_or_else(|| vec![0.0; b * n * e]);
     let attn = Expected::for_problem(&problem, [&s["q"], &s["k"], &s["v"]], Some(&da)).expect("reference");
     let mag = &attn.mag;
@@ -374,8 +373,7 @@ fn check_composition(case: &GoldenCase) {
         .collect();
     let cfg = case_config(case);
     let shape = AttnShape::check_cross(&[b, n, h, d], &[b, m, kvh, d], &[b, m, kvh, d]).expect("shape");
-    let padding = case.key_padding.as_ref().map(|(pb, ps, f)| KeyPadding::new(f, *pb, *ps).expect("mask"));
-    let problem = Problem::new(&cfg, shape).with_masks(Masks { key_padding: padding, packing: None });
+    let problem = Problem::new(&cfg, shape).with_masks(case.masks());
     let fwd = Expected::for_problem(&problem, [&proj[0], &proj[1], &proj[2]], None).expect("attention");
     let a = fwd.fwd.out;
     let norm = param("norm.weight").map(|g| (g, param("norm.bias").expect("norm.bias")));
