@@ -102,8 +102,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
 /// `cargo xtask ptx --emulate`: build `attn-kernels/kernels/emulation/harness.cpp` with
 /// the host C++ compiler (`CXX`, default `g++`, C++20) and run it: the CUDA kernels run
 /// as fibers on the CPU (mma.sync, shuffles and barriers emulated) against a float64 reference,
-/// then again with `--plant`, where the harness passes only if its judge rejects the errors
-/// it plants in every case.
+/// with the two- and the three-stage forward, each then again with `--plant`, where the
+/// harness passes only if its judge rejects the errors it plants in every case.
 fn run_emulation() -> Result<(), String> {
     let harness = crate::repo_root().join("attn-kernels/kernels/emulation/harness.cpp");
     // Created if no build made it yet.
@@ -121,14 +121,27 @@ fn run_emulation() -> Result<(), String> {
     if !built.success() {
         return Err(format!("{cxx} failed to build {} ({built})", harness.display()));
     }
-    let ran = Command::new(&exe).status().map_err(|e| format!("running {}: {e}", exe.display()))?;
-    if !ran.success() {
-        return Err(format!("CUDA kernel emulation failed ({ran})"));
+    // Every case with the two-stage forward, then with the three-stage one; then the judge
+    // bites: errors planted in every case's results (two rows of out swapped, one LSE off
+    // by 0.01) must each be rejected, or this run fails.
+    for stages in ["2", "3"] {
+        let run = |plant: &[&str]| {
+            Command::new(&exe)
+                .args(plant)
+                .args(["--stages", stages])
+                .status()
+                .map_err(|e| format!("running {}: {e}", exe.display()))
+        };
+        let ran = run(&[])?;
+        if !ran.success() {
+            return Err(format!("CUDA kernel emulation with {stages} forward stages failed ({ran})"));
+        }
+        let planted = run(&["--plant"])?;
+        if !planted.success() {
+            return Err(format!("the emulation's judge let a planted error pass ({stages} stages, {planted})"));
+        }
     }
-    // The judge bites: errors planted in every case's results (two rows of out swapped, one
-    // LSE off by 0.01) must each be rejected, or this run fails.
-    let planted = Command::new(&exe).arg("--plant").status().map_err(|e| format!("running {}: {e}", exe.display()))?;
-    if planted.success() { Ok(()) } else { Err(format!("the emulation's judge let a planted error pass ({planted})")) }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@
 //
 // Build and run (no GPU, no CUDA toolkit):
 //   g++ -std=c++20 -O2 -pthread attn-kernels/kernels/emulation/harness.cpp -o /tmp/attn-emu && /tmp/attn-emu
-// An optional argument runs only the cases whose name contains it; `--plant [NAME]` first
+// An optional argument runs only the cases whose name contains it (after `--stages 3`,
+// which runs the three-stage tensor-core forward); `--plant [NAME]` first
 // plants errors in each case's results (two rows of out swapped, one LSE off by 0.01) and
 // passes only when the row-wise judge rejects every one. Each result is judged whole
 // (relative L2) and row by row as attn-testkit's `judge` does: every [head_dim] row within
@@ -142,6 +143,9 @@ static AttnParams piece_params(const Cfg& c, const Feat& f, int B, int N, int H,
     return a;
 }
 
+// K/V stages of the tensor-core forward the cases run (`--stages 3`: dilated_fwd_mma3.cu).
+static int g_fwd_stages = 2;
+
 // Forward of a block: q rows at global position q_pos, k/v rows at k_pos, merged into
 // (o_acc, lse_acc) of the q block.
 template <class E>
@@ -166,12 +170,17 @@ static void fwd_block(DT dt, const Cfg& c, const Feat& f, int B, int N, int H, i
                 emu::launch(grid, 128, [=] { dilated_fwd_rows_f32(qd, kd, vd, o, lse, a); });
             } else {
                 constexpr bool bf = std::is_same_v<E, BF16E>;
+                const bool three = g_fwd_stages == 3;
                 emu::launch(grid, 128, [=] {
                     switch (pd) {
-                        case 32: bf ? dilated_fwd_mma_bf16_d32(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d32(qd, kd, vd, o, lse, a); break;
-                        case 64: bf ? dilated_fwd_mma_bf16_d64(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d64(qd, kd, vd, o, lse, a); break;
-                        case 128: bf ? dilated_fwd_mma_bf16_d128(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d128(qd, kd, vd, o, lse, a); break;
-                        default: bf ? dilated_fwd_mma_bf16_d256(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d256(qd, kd, vd, o, lse, a); break;
+                        case 32: three ? (bf ? dilated_fwd_mma3_bf16_d32(qd, kd, vd, o, lse, a) : dilated_fwd_mma3_f16_d32(qd, kd, vd, o, lse, a))
+                                       : (bf ? dilated_fwd_mma_bf16_d32(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d32(qd, kd, vd, o, lse, a)); break;
+                        case 64: three ? (bf ? dilated_fwd_mma3_bf16_d64(qd, kd, vd, o, lse, a) : dilated_fwd_mma3_f16_d64(qd, kd, vd, o, lse, a))
+                                       : (bf ? dilated_fwd_mma_bf16_d64(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d64(qd, kd, vd, o, lse, a)); break;
+                        case 128: three ? (bf ? dilated_fwd_mma3_bf16_d128(qd, kd, vd, o, lse, a) : dilated_fwd_mma3_f16_d128(qd, kd, vd, o, lse, a))
+                                        : (bf ? dilated_fwd_mma_bf16_d128(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d128(qd, kd, vd, o, lse, a)); break;
+                        default: three ? (bf ? dilated_fwd_mma3_bf16_d256(qd, kd, vd, o, lse, a) : dilated_fwd_mma3_f16_d256(qd, kd, vd, o, lse, a))
+                                       : (bf ? dilated_fwd_mma_bf16_d256(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d256(qd, kd, vd, o, lse, a)); break;
                     }
                 });
             }
@@ -467,6 +476,7 @@ int main(int argc, char** argv) {
     // Optional argument: run only the cases whose name contains it.
     int arg = 1;
     if (argc > arg && std::string(argv[arg]) == "--plant") g_plant = true, ++arg;
+    if (argc > arg + 1 && std::string(argv[arg]) == "--stages") g_fwd_stages = std::atoi(argv[arg + 1]), arg += 2;
     const std::string only = argc > arg ? argv[arg] : "";
     const std::vector<Case> cases = {
         {"f32 headgroups w[4,8] r[1,2] n19 h3 d8", DT::F32, {{4, 8}, {1, 2}, false, false}, 2, 19, 3, 8, false, 5, 7},
