@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::case::{CaseKind, CaseSpec, Measurement};
 use crate::cli::SuiteSize;
-use crate::report::{int, mb};
+use crate::format::{int, mb};
 
 /// One row of "sequence length capabilities".
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -98,7 +98,7 @@ pub fn case_at(base: &CaseSpec, world_size: usize, seq_len: usize) -> CaseSpec {
     let mut s = base.clone();
     s.seq_len = seq_len;
     if world_size > 1 {
-        s = crate::suite_plan::ring_case(&s, world_size, crate::suite_plan::DEFAULT_STRATEGY, "contiguous");
+        s = crate::case::ring_case(&s, world_size, crate::suite_plan::DEFAULT_STRATEGY, "contiguous");
     }
     s
 }
@@ -276,7 +276,7 @@ pub fn finding(c: &CapacityRow) -> String {
             format!("; a run at that length measured {:.1} MiB per rank", mib(peak))
         }
         (Some(l), Some(peak)) => {
-            format!("; measured by a run at {} tokens only ({:.1} MiB per rank)", crate::report::int(l), mib(peak))
+            format!("; measured by a run at {} tokens only ({:.1} MiB per rank)", int(l), mib(peak))
         }
         _ => "; not measured by a run".to_string(),
     };
@@ -285,7 +285,7 @@ pub fn finding(c: &CapacityRow) -> String {
         c.budget_bytes as f64 / (1u64 << 30) as f64,
         c.world_size,
         c.source,
-        crate::report::int(c.max_seq_len)
+        int(c.max_seq_len)
     )
 }
 

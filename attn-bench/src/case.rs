@@ -415,6 +415,23 @@ impl Measurement {
     }
 }
 
+/// The scaling config: the PyTorch peer script's default (3 head groups, w up to 8192).
+pub const SEGMENTS: [usize; 3] = [2048, 4096, 8192];
+pub const DILATIONS: [usize; 3] = [1, 2, 4];
+/// A config whose segments divide 2048, for the comparison that includes the slow reference.
+pub const SMALL_SEGMENTS: [usize; 3] = [512, 1024, 2048];
+
+/// A ring case of the scaling config.
+pub fn ring_case(base: &CaseSpec, world: usize, strategy: &str, layout: &str) -> CaseSpec {
+    let mut s = base.clone();
+    s.kind = CaseKind::Ring;
+    s.world_size = world;
+    s.implementation = format!("ring-{strategy}");
+    s.strategy = Some(strategy.to_string());
+    s.layout = Some(layout.to_string());
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

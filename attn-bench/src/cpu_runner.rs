@@ -14,9 +14,9 @@ use attn_hilbert::{Permutation, TokenLayout, TokenOrder};
 use attn_kernels::{CpuBackend, zeroed_buffer};
 use half::{bf16, f16};
 
-use crate::backends::{RunStats, Runner};
 use crate::case::CaseSpec;
 use crate::inputs::normal_vec;
+use crate::runner::{RunStats, Runner};
 
 /// Build the CPU runner for `spec` in its dtype (`--impl cpu` or `cpu-workspace`).
 pub fn dilated(spec: &CaseSpec) -> Result<Box<dyn Runner>> {

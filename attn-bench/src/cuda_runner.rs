@@ -13,9 +13,9 @@ use attn_core::{AttnError, DilatedConfig, Result, Shape4, TensorView};
 use attn_kernels::cuda::{self, CudaDevice, CudaElement, DeviceGrads, DeviceTensor, ForwardPath};
 use half::{bf16, f16};
 
-use crate::backends::{RunStats, Runner};
 use crate::case::CaseSpec;
 use crate::inputs::normal_vec;
+use crate::runner::{RunStats, Runner};
 
 /// Build the CUDA runner for `spec` in its dtype; `BackendUnavailable` without a GPU.
 pub fn dilated(spec: &CaseSpec) -> Result<Box<dyn Runner>> {

@@ -13,9 +13,9 @@ use attn_core::{
 use attn_kernels::{CpuBackend, zeroed_buffer};
 use half::{bf16, f16};
 
-use crate::backends::{RunStats, Runner};
 use crate::case::{CaseSpec, VarLenLayout};
 use crate::inputs::normal_vec;
+use crate::runner::{RunStats, Runner};
 
 /// Build the feature runner for `spec` in its dtype.
 pub fn features(spec: &CaseSpec) -> Result<Box<dyn Runner>> {

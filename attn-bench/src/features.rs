@@ -15,9 +15,10 @@
 //!   all-gather, so every row goes straight from its owner to each rank that reads it.
 
 use crate::case::{CaseKind, CaseSpec, VarLenLayout};
+use crate::case::{DILATIONS, SEGMENTS, ring_case};
 use crate::cli::SuiteSize;
 use crate::inputs::SplitMix;
-use crate::suite_plan::{DILATIONS, SEGMENTS, Timing, ring_case};
+use crate::measure::Timing;
 
 /// The report section of these cases.
 pub const SECTION: &str = "features";

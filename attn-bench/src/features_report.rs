@@ -11,7 +11,7 @@ use attn_ring::{Plan, expected_bytes};
 
 use crate::case::{CaseKind, CaseSpec, Measurement, VarLenLayout};
 use crate::features::SECTION;
-use crate::report::{int, mb};
+use crate::format::{int, mb};
 use crate::ring_bytes::{self, RankBytes};
 use crate::varlen_pairs::varlen_pairs;
 

@@ -4,10 +4,12 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 
-use crate::backends::{self, RunStats};
+use crate::backends;
 use crate::case::{CaseKind, CaseSpec, Measurement};
 use crate::memory::{self, MemoryWindow};
-use crate::rss_check::{self, RssCheck};
+use crate::rss_check::RssCheck;
+use crate::rss_report;
+use crate::runner::RunStats;
 
 /// How many timed calls a case gets.
 #[derive(Debug, Clone, Copy)]
@@ -100,7 +102,7 @@ pub fn measure(spec: &CaseSpec, reps: Repetitions, gemm_gflop_per_s: f64, git: &
                 workspace_query_bytes: None,
                 git_commit: git.to_string(),
             };
-            m.rss_check = RssCheck::of(m.peak_bytes, rss_check::rss_growth(&m));
+            m.rss_check = RssCheck::of(m.peak_bytes, rss_report::rss_growth(&m));
             m
         }
         Err(e) if backends::is_unavailable(&e) => Measurement::not_run(spec.clone(), format!("skipped: {e}"), git),
@@ -147,6 +149,30 @@ fn run_case(spec: &CaseSpec, reps: Repetitions, bar: &ProgressBar) -> attn_core:
     }
     times_ms.sort_by(f64::total_cmp);
     Ok(Done { times_ms, memory: mem, rank_peaks, stats })
+}
+
+/// How a planned case is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timing {
+    /// The suite's repetitions.
+    Suite,
+    /// Its first call alone (no timed repetitions): cases whose point is what they
+    /// send, not their time.
+    FirstCallOnly,
+    /// The suite's repetitions, with at least this many timed calls however long a call
+    /// takes: rows whose ratio to each other is checked against a target.
+    AtLeast(usize),
+}
+
+impl Timing {
+    /// The repetitions of a case timed this way in a suite of `suite` repetitions.
+    pub fn repetitions(self, suite: Repetitions) -> Repetitions {
+        match self {
+            Timing::Suite => suite,
+            Timing::FirstCallOnly => Repetitions::MEMORY_CALL_ONLY,
+            Timing::AtLeast(n) => suite.at_least(n),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -212,7 +238,7 @@ mod tests {
         let spanning = CaseSpec { kv_heads: Some(2), ..CaseSpec::dilated("cpu", 512, &[64, 512], &[1, 2]) };
         for base in [window, spanning] {
             for layout in ["contiguous", "zigzag"] {
-                let spec = crate::suite_plan::ring_case(&base, 2, "allgather", layout);
+                let spec = crate::case::ring_case(&base, 2, "allgather", layout);
                 let m = measure(&spec, Repetitions::MEMORY_CALL_ONLY, 1.0, "test", &ProgressBar::hidden());
                 assert!(m.ok(), "{}: {}", spec.label(), m.status);
                 let problem = crate::ring_runner::problem(&spec).unwrap();
@@ -235,7 +261,7 @@ mod tests {
         let _guard = memory::TEST_WINDOW_LOCK.lock();
         let base = CaseSpec::dilated("cpu", 256, &[64, 128], &[1, 2]);
         for p in [1usize, 2, 3] {
-            let spec = crate::suite_plan::ring_case(&base, p, "auto", "contiguous");
+            let spec = crate::case::ring_case(&base, p, "auto", "contiguous");
             let m = measure(&spec, Repetitions::QUICK, 1.0, "test", &ProgressBar::hidden());
             assert!(m.ok(), "P={p}: {}", m.status);
             assert_eq!(m.rank_peak_bytes.len(), p);

@@ -16,9 +16,9 @@ use attn_core::{AttnError, Mixing, Result};
 use attn_kernels::CpuBackend;
 use attn_multihead::{Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, MultiheadWorkspace};
 
-use crate::backends::{RunStats, Runner};
 use crate::case::CaseSpec;
 use crate::inputs::normal_vec;
+use crate::runner::{RunStats, Runner};
 
 struct MultiheadRunner {
     layer: MultiheadDilatedAttention<f32>,

@@ -8,8 +8,8 @@ use std::path::Path;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use crate::case::SEGMENTS;
 use crate::case::{CaseKind, Measurement};
-use crate::suite_plan::SEGMENTS;
 
 /// One line of a chart.
 #[derive(Debug, Clone)]
@@ -300,7 +300,7 @@ mod tests {
         let m = |spec: CaseSpec| Measurement::not_run(spec, "ok".into(), "t");
         let cpu = CaseSpec::dilated("cpu", 8192, &SEGMENTS, &[1, 2, 4]);
         assert_eq!(throughput_line(&m(cpu.clone())), "cpu");
-        let zig = crate::suite_plan::ring_case(&cpu, 4, "ring", "zigzag");
+        let zig = crate::case::ring_case(&cpu, 4, "ring", "zigzag");
         assert_eq!(throughput_line(&m(zig)), "ring-ring P=4 zigzag");
         let small = CaseSpec::dilated("reference", 2048, &[512, 1024, 2048], &[1, 2, 4]);
         assert_eq!(throughput_line(&m(small)), "reference (w 512,1024,2048)");

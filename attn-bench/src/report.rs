@@ -6,10 +6,11 @@ use std::collections::BTreeSet;
 use std::fmt::Write;
 
 use crate::baseline::{self, Comparison};
+use crate::case::SEGMENTS;
 use crate::case::{CaseKind, Measurement};
+use crate::format::{int, mb};
 use crate::results::RunResults;
-use crate::rss_check;
-use crate::suite_plan::SEGMENTS;
+use crate::rss_report;
 
 /// The measurements each part of the report uses.
 #[derive(Debug)]
@@ -47,29 +48,11 @@ impl<'a> Selection<'a> {
     }
 }
 
-/// Bytes as MiB (the report's "MB").
-pub(crate) fn mb(b: u64) -> f64 {
-    b as f64 / 1048576.0
-}
-
-/// `n` with thousands separators.
-pub(crate) fn int(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// Peak RSS growth over the case, or the process peak in parentheses where the peak
 /// could not be reset per case; a flagged cross-check is marked.
 fn rss(m: &Measurement) -> String {
     let mark = if m.rss_check.flagged() { " (!)" } else { "" };
-    match (rss_check::rss_growth(m), m.peak_rss_bytes) {
+    match (rss_report::rss_growth(m), m.peak_rss_bytes) {
         (Some(g), _) => format!("{:.1}{mark}", mb(g)),
         (None, Some(b)) => format!("({:.1})", mb(b)),
         (None, None) => "n/a".into(),
@@ -285,7 +268,7 @@ pub fn render(
     if let Some(rows) = baseline {
         let _ = writeln!(o, "\n## Against the baseline\n\n{}", baseline::table(rows, threshold));
     }
-    rss_check::render(&mut o, &r.measurements);
+    rss_report::render(&mut o, &r.measurements);
     if !plots.is_empty() {
         let _ = writeln!(o, "\n## Plots\n");
     }

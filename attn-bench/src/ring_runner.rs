@@ -15,9 +15,9 @@ use attn_kernels::zeroed_buffer;
 use attn_ring::{BackwardOutputs, Layout, RingProblem, RingStats, Strategy, ThreadComm};
 use half::{bf16, f16};
 
-use crate::backends::{RunStats, Runner};
 use crate::case::CaseSpec;
 use crate::inputs::normal_vec;
+use crate::runner::{RunStats, Runner};
 
 /// How long the driver waits for a rank's answer before calling the case failed.
 const RANK_ANSWER_TIMEOUT: Duration = Duration::from_secs(900);

@@ -12,6 +12,7 @@ use crate::backends;
 use crate::baseline;
 use crate::capacity::{self, CapacityRow, Confirmation};
 use crate::case::{CaseKind, CaseSpec, Measurement};
+use crate::case::{DILATIONS, SEGMENTS};
 use crate::cli::{SuiteOptions, SuiteSize};
 use crate::features;
 use crate::gemm_rate;
@@ -22,7 +23,7 @@ use crate::plots;
 use crate::report;
 use crate::results::{MEMORY_METHOD, RunResults};
 use crate::rss_check;
-use crate::suite_plan::{self, DILATIONS, SEGMENTS};
+use crate::suite_plan;
 use crate::torch_peer;
 
 fn style() -> ProgressStyle {

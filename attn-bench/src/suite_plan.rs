@@ -1,44 +1,15 @@
 //! Which cases each suite (`--quick`, default, `--full`) measures, by report section.
 
-use crate::case::{CaseKind, CaseSpec};
+use crate::case::{CaseKind, CaseSpec, DILATIONS, SEGMENTS, SMALL_SEGMENTS, ring_case};
 use crate::cli::SuiteSize;
 use crate::features;
-use crate::measure::Repetitions;
+use crate::measure::Timing;
 
-/// The scaling config: the PyTorch peer script's default (3 head groups, w up to 8192).
-pub const SEGMENTS: [usize; 3] = [2048, 4096, 8192];
-pub const DILATIONS: [usize; 3] = [1, 2, 4];
-/// A config whose segments divide 2048, for the comparison that includes the slow reference.
-pub const SMALL_SEGMENTS: [usize; 3] = [512, 1024, 2048];
 /// Ring strategies and the default one used by the scaling tables.
 pub const STRATEGIES: [&str; 3] = ["auto", "ring", "allgather"];
 pub const DEFAULT_STRATEGY: &str = "auto";
 /// World sizes of the ring-size sweep.
 pub const SWEEP_WORLDS: [usize; 5] = [1, 2, 4, 8, 16];
-
-/// How a planned case is timed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Timing {
-    /// The suite's repetitions.
-    Suite,
-    /// Its first call alone (no timed repetitions): cases whose point is what they
-    /// send, not their time.
-    FirstCallOnly,
-    /// The suite's repetitions, with at least this many timed calls however long a call
-    /// takes: rows whose ratio to each other is checked against a target.
-    AtLeast(usize),
-}
-
-impl Timing {
-    /// The repetitions of a case timed this way in a suite of `suite` repetitions.
-    pub fn repetitions(self, suite: Repetitions) -> Repetitions {
-        match self {
-            Timing::Suite => suite,
-            Timing::FirstCallOnly => Repetitions::MEMORY_CALL_ONLY,
-            Timing::AtLeast(n) => suite.at_least(n),
-        }
-    }
-}
 
 /// One planned case and the report section it belongs to.
 #[derive(Debug, Clone)]
@@ -97,17 +68,6 @@ impl SuiteShape {
             },
         }
     }
-}
-
-/// A ring case of the scaling config.
-pub fn ring_case(base: &CaseSpec, world: usize, strategy: &str, layout: &str) -> CaseSpec {
-    let mut s = base.clone();
-    s.kind = CaseKind::Ring;
-    s.world_size = world;
-    s.implementation = format!("ring-{strategy}");
-    s.strategy = Some(strategy.to_string());
-    s.layout = Some(layout.to_string());
-    s
 }
 
 /// Every case of a suite, in run order.

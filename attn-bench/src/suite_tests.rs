@@ -8,10 +8,10 @@ use std::path::PathBuf;
 
 use indicatif::ProgressDrawTarget;
 
+use crate::case::{SMALL_SEGMENTS, ring_case};
+use crate::format::int;
 use crate::gemm_rate::GemmRate;
 use crate::memory::TEST_WINDOW_LOCK;
-use crate::report::int;
-use crate::suite_plan::{SMALL_SEGMENTS, ring_case};
 
 const GIT: &str = "0123456789abcdef0123456789abcdef01234567";
 const PLOTS: [&str; 5] =

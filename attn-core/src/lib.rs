@@ -24,10 +24,12 @@
 
 pub mod attention;
 pub mod band;
+pub mod causality;
 pub mod config;
 pub mod element;
 pub mod error;
 pub mod guard;
+pub mod head_patterns;
 pub mod masks;
 pub mod merge;
 pub mod pattern;
@@ -43,9 +45,10 @@ pub use config::{Causality, DilatedConfig, DilatedConfigBuilder, Mixing, Window}
 pub use element::{DType, Element};
 pub use error::{AttnError, Result, TensorName};
 pub use guard::{MemoryBudget, check_finite};
+pub use head_patterns::{HeadGroups, HeadPatterns, OffsetHeads};
 pub use masks::{KeyPadding, Masks, PackedSequences};
 pub use merge::{LseMerge, OnlineSoftmax};
-pub use pattern::{HeadGroups, HeadPatterns, OffsetHeads, SegmentPattern};
+pub use pattern::SegmentPattern;
 pub use placed::PlacedPattern;
 pub use reference::ReferenceBackend;
 pub use rng::SeededRng;

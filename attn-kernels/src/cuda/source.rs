@@ -6,7 +6,7 @@
 
 use attn_core::DType;
 
-use super::plan::{BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows};
+use super::choices::{BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows};
 
 /// Shared definitions, compiled first.
 pub const PRELUDE: &str = include_str!("../../kernels/prelude.cu");
