@@ -173,18 +173,13 @@ pub enum Confirmation {
     Skip(String),
 }
 
-/// Which case confirms `row` in a `size` suite. The default suite runs world size 1 at
-/// the row's machine length (about 1M tokens and half a minute at the 8 GiB default);
-/// ring rows there, and every row of `--quick`, take the suite's largest measured case
-/// of the same config (a ring run at millions of tokens takes many minutes here);
-/// `--full` runs every row at its machine length.
+/// Which case confirms `row` in a `size` suite. `--full` runs every row at its machine
+/// length (about 1M tokens and half a minute on one rank at the 8 GiB default, many
+/// minutes for a ring at millions of tokens); the default suite and `--quick` take the
+/// suite's largest measured case of the same config.
 pub fn confirmation(row: &CapacityRow, base: &CaseSpec, size: SuiteSize, measured: &[Measurement]) -> Confirmation {
     let p = row.world_size;
-    let runs = match size {
-        SuiteSize::Full => true,
-        SuiteSize::Default => p == 1,
-        SuiteSize::Quick => false,
-    };
+    let runs = size == SuiteSize::Full;
     let target = row.machine_seq_len;
     if let (true, Some(n)) = (runs, target) {
         return Confirmation::Run(case_at(base, p, n));
@@ -196,10 +191,7 @@ pub fn confirmation(row: &CapacityRow, base: &CaseSpec, size: SuiteSize, measure
         .max_by_key(|m| m.spec.seq_len);
     let why = match (target, size) {
         (None, _) => "this machine's available memory is unknown".to_string(),
-        (Some(n), SuiteSize::Quick) => {
-            let by = if p == 1 { "the default suite" } else { "--full" };
-            format!("--quick confirms a smaller suite case; {by} runs {}", int(n))
-        }
+        (Some(n), SuiteSize::Quick) => format!("--quick confirms a smaller suite case; --full runs {}", int(n)),
         (Some(n), _) => {
             format!("suite's largest case; a run at {} takes too long for the default suite (--full runs it)", int(n))
         }
@@ -401,10 +393,12 @@ mod tests {
         ];
         let one = rows[0].machine_seq_len.unwrap();
         assert!(one > 100_000, "{one}");
-        assert_eq!(
-            confirmation(&rows[0], &base, SuiteSize::Default, &suite),
-            Confirmation::Run(case_at(&base, 1, one))
-        );
+        assert_eq!(confirmation(&rows[0], &base, SuiteSize::Full, &suite), Confirmation::Run(case_at(&base, 1, one)));
+        let Confirmation::Reuse(spec, why) = confirmation(&rows[0], &base, SuiteSize::Default, &suite) else {
+            panic!("the one-rank row of the default suite reuses the suite's largest case");
+        };
+        assert_eq!(spec, case_at(&base, 1, 65536));
+        assert!(why.contains("--full runs it") && why.contains(&int(one)), "{why}");
         assert_eq!(
             confirmation(&rows[1], &base, SuiteSize::Full, &suite),
             Confirmation::Run(case_at(&base, 2, rows[1].machine_seq_len.unwrap()))

@@ -26,15 +26,16 @@ USAGE (one case, prints one JSON object):
             included): also run the PyTorch script with the same flags and runs and print
             `torch` and `torch_median_over_ours` (> 1: this implementation is faster); the
             script needs head_groups and segments dividing n (segments > n are passed as n)
---quick     the short suite (2 quiet cores)  --full   the long suite (ring tables to 256K)
+--quick     the short suite (CI smoke)  --full   the long suite (ring tables to 256K, features
+            at seq 65536, capacity confirmed by runs); the default fits 5 minutes on 2 cores
 --section   measure only these report sections (scaling, comparison, multihead, variants,
             features, capacity, hilbert) of the chosen suite; the report holds only them
 --kv-heads  key/value heads (grouped-query attention; they divide --heads)
 --window    a sliding window of LEFT keys before and RIGHT after each query instead of
             --segments/--dilations (with --causal, none after)
---budget    per-rank memory budget of the capacity table (default 8GiB; accepts KiB/MiB/GiB); the
-            default suite runs world size 1 at the longest sequence fitting min(budget, usable
-            memory), --full every world size P at min(budget, usable memory / P)
+--budget    per-rank memory budget of the capacity table (default 8GiB; accepts KiB/MiB/GiB);
+            --full runs every world size P at min(budget, usable memory / P), the other suites
+            confirm each row by their largest measured case
 --baseline  results.json of an earlier suite run: print time/memory ratios, fail on regressions
             (suite runs only; rejected with --json)
 --threshold regression threshold for --baseline in percent (default 10)

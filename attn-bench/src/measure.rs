@@ -6,6 +6,7 @@ use indicatif::ProgressBar;
 
 use crate::backends;
 use crate::case::{CaseKind, CaseSpec, Measurement};
+use crate::cli::SuiteSize;
 use crate::memory::{self, MemoryWindow};
 use crate::rss_check::RssCheck;
 use crate::rss_report;
@@ -25,6 +26,9 @@ pub struct Repetitions {
 impl Repetitions {
     pub const QUICK: Repetitions =
         Repetitions { min_runs: 2, max_runs: 5, budget: Duration::from_millis(1500), long_case_runs: 1 };
+    /// The default suite: at least 3 timed calls, more while they take under 2 s in all.
+    pub const DEFAULT: Repetitions =
+        Repetitions { min_runs: 3, max_runs: 10, budget: Duration::from_secs(2), long_case_runs: 1 };
     pub const FULL: Repetitions =
         Repetitions { min_runs: 3, max_runs: 10, budget: Duration::from_secs(6), long_case_runs: 1 };
     /// No timed call after the memory call: its time (cold pages included) is the
@@ -32,6 +36,15 @@ impl Repetitions {
     /// call at a million tokens takes half a minute or more.
     pub const MEMORY_CALL_ONLY: Repetitions =
         Repetitions { min_runs: 0, max_runs: 0, budget: Duration::ZERO, long_case_runs: 0 };
+
+    /// The repetitions of a suite of `size`.
+    pub fn of(size: SuiteSize) -> Repetitions {
+        match size {
+            SuiteSize::Quick => Repetitions::QUICK,
+            SuiteSize::Default => Repetitions::DEFAULT,
+            SuiteSize::Full => Repetitions::FULL,
+        }
+    }
 
     /// Exactly `n` timed calls (`--runs N`).
     pub fn exactly(n: usize) -> Repetitions {

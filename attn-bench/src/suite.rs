@@ -177,7 +177,7 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
         gemm.median_gflop_per_s,
         dir.display()
     );
-    let reps = if opts.size == SuiteSize::Quick { Repetitions::QUICK } else { Repetitions::FULL };
+    let reps = Repetitions::of(opts.size);
     let wanted = |section: &str| opts.sections.is_empty() || opts.sections.iter().any(|s| s == section);
     let mut plan = suite_plan::plan(opts.size, opts.threads);
     plan.retain(|p| wanted(p.section));
@@ -185,13 +185,8 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     let ctx = Ctx {
         multi: &multi,
         git: machine.git_commit.clone(),
-        // The capacity confirmations: world size 1 in the default suite, all four in --full.
-        total: plan.len()
-            + match (wanted("capacity"), opts.size) {
-                (false, _) | (_, SuiteSize::Quick) => 0,
-                (true, SuiteSize::Default) => 1,
-                (true, SuiteSize::Full) => 4,
-            },
+        // The capacity confirmations: all four world sizes in --full, none otherwise.
+        total: plan.len() + if wanted("capacity") && opts.size == SuiteSize::Full { 4 } else { 0 },
         done: std::cell::Cell::new(0),
     };
     let mut measurements: Vec<Measurement> =
