@@ -3,9 +3,9 @@
 //! (inside the caller's memory window) and returns a runner that makes one call.
 //! `cuda` runs `attn_kernels::cuda` with the `cuda` feature and is `NotCompiled` without.
 
-use attn_core::{AttnError, AttnShape, Result, reference};
+use attn_core::{AttnError, AttnShape, DType, Result, reference};
 
-use crate::case::{CaseKind, CaseSpec};
+use crate::case::{CaseKind, CaseSpec, Implementation};
 use crate::inputs::normal_vec;
 pub use crate::runner::{RunStats, Runner};
 use crate::{cpu_runner, feature_runner, multihead_runner, ring_runner};
@@ -21,9 +21,9 @@ pub fn prepare(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
     spec.config()?;
     spec.attn_shape()?;
     if spec.uses_features() {
-        return match (spec.kind, spec.implementation.as_str()) {
-            (CaseKind::Dilated, "cpu") => feature_runner::features(spec),
-            (CaseKind::Ring, imp) if imp.starts_with("ring") => ring_runner::ring(spec),
+        return match (spec.kind, spec.implementation) {
+            (CaseKind::Dilated, Implementation::Cpu) => feature_runner::features(spec),
+            (CaseKind::Ring, Implementation::Ring(_)) => ring_runner::ring(spec),
             (kind, imp) => Err(AttnError::InvalidArgument(format!(
                 "grouped heads, windows and variable-length sequences are benchmarked on `--case dilated --impl \
                  cpu` and `--case ring`, not `--case {} --impl {imp}`",
@@ -31,13 +31,13 @@ pub fn prepare(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
             ))),
         };
     }
-    match (spec.kind, spec.implementation.as_str()) {
-        (CaseKind::Dilated, "reference") => Ok(Box::new(ReferenceRunner::new(spec)?)),
-        (CaseKind::Dilated, "cpu" | "cpu-workspace") => cpu_runner::dilated(spec),
-        (CaseKind::Dilated, "cuda") => cuda(spec),
-        (CaseKind::Ring, imp) if imp.starts_with("ring") => ring_runner::ring(spec),
-        (CaseKind::Multihead, "cpu" | "cpu-workspace") => multihead_runner::multihead(spec),
-        (CaseKind::Hilbert, "cpu") => cpu_runner::hilbert(spec),
+    match (spec.kind, spec.implementation) {
+        (CaseKind::Dilated, Implementation::Reference) => Ok(Box::new(ReferenceRunner::new(spec)?)),
+        (CaseKind::Dilated, Implementation::Cpu | Implementation::CpuWorkspace) => cpu_runner::dilated(spec),
+        (CaseKind::Dilated, Implementation::Cuda) => cuda(spec),
+        (CaseKind::Ring, Implementation::Ring(_)) => ring_runner::ring(spec),
+        (CaseKind::Multihead, Implementation::Cpu | Implementation::CpuWorkspace) => multihead_runner::multihead(spec),
+        (CaseKind::Hilbert, Implementation::Cpu) => cpu_runner::hilbert(spec),
         (kind, other) => Err(AttnError::InvalidArgument(format!(
             "no implementation `{other}` for case `{}` (known: {})",
             kind.as_str(),
@@ -85,10 +85,13 @@ struct ReferenceRunner {
 
 impl ReferenceRunner {
     fn new(spec: &CaseSpec) -> Result<Self> {
-        if spec.dtype != "f32" && spec.dtype != "f64" {
+        if !matches!(spec.dtype, DType::F32 | DType::F64) {
             return Err(AttnError::BackendUnavailable {
                 backend: "reference",
-                reason: format!("the reference computes in f64; dtype {} is not benchmarked on it", spec.dtype),
+                reason: format!(
+                    "the reference computes in f64; dtype {} is not benchmarked on it",
+                    spec.dtype.as_str()
+                ),
             });
         }
         let shape = AttnShape::self_attn(spec.shape()?);

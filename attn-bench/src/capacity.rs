@@ -56,7 +56,7 @@ pub fn usable_machine_bytes(available: u64) -> u64 {
 /// plus that rank's tensors (`Plan::io_bytes`).
 pub fn workspace_query(spec: &CaseSpec) -> Option<(u64, String)> {
     match spec.kind {
-        CaseKind::Dilated if spec.world_size == 1 && spec.implementation == "cpu" => {
+        CaseKind::Dilated if spec.world_size == 1 && spec.implementation == crate::case::Implementation::Cpu => {
             crate::cpu_runner::workspace_query(spec).map(|b| (b, "workspace query (CpuBackend)".into()))
         }
         CaseKind::Ring if spec.world_size >= 1 => ring_query(spec).map(|b| (b, "workspace query (attn-ring)".into())),
@@ -68,7 +68,7 @@ pub fn workspace_query(spec: &CaseSpec) -> Option<(u64, String)> {
 /// not a valid ring problem, e.g. a rank would get no rows).
 fn ring_query(spec: &CaseSpec) -> Option<u64> {
     let problem = crate::ring_runner::problem(spec).ok()?;
-    let dtype = spec.dtype().ok()?;
+    let dtype = spec.dtype;
     let plan = attn_ring::Plan::new(problem).ok()?;
     (0..spec.world_size)
         .map(|r| plan.workspace_bytes(dtype, r, spec.pass()) + plan.io_bytes(dtype, r, spec.pass()))
@@ -98,7 +98,7 @@ pub fn case_at(base: &CaseSpec, world_size: usize, seq_len: usize) -> CaseSpec {
     let mut s = base.clone();
     s.seq_len = seq_len;
     if world_size > 1 {
-        s = crate::case::ring_case(&s, world_size, crate::suite_plan::DEFAULT_STRATEGY, "contiguous");
+        s = crate::case::ring_case(&s, world_size, crate::suite_plan::DEFAULT_STRATEGY, attn_ring::Layout::Contiguous);
     }
     s
 }
@@ -284,6 +284,8 @@ pub fn finding(c: &CapacityRow) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::Implementation;
+    use attn_core::DType;
 
     #[test]
     fn the_finding_says_the_capacity_is_computed_and_what_a_run_measured() {
@@ -314,7 +316,11 @@ mod tests {
 
     #[test]
     fn capacity_from_measured_bytes_per_token_is_linear() {
-        let mut m = Measurement::not_run(CaseSpec::dilated("ring-auto", 4096, &[512], &[1]), "ok".into(), "g");
+        let mut m = Measurement::not_run(
+            CaseSpec::dilated(crate::case::Implementation::Ring(attn_ring::Strategy::Auto), 4096, &[512], &[1]),
+            "ok".into(),
+            "g",
+        );
         m.peak_bytes_per_rank = 4096 * 1000; // 1000 bytes per token
         let rows = table(&m.spec.clone(), &[m], &[1, 2], 1_000_000, None);
         // World 2 is a ring case: its query says even 1024 tokens need more than 1 MB per rank.
@@ -326,7 +332,7 @@ mod tests {
 
     #[test]
     fn ring_rows_come_from_the_ring_workspace_query() {
-        let base = CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]);
+        let base = CaseSpec::dilated(Implementation::Cpu, 8192, &[2048, 4096, 8192], &[1, 2, 4]);
         let budget = 256 << 20;
         // No measurements at all: every row comes from a query.
         let rows = table(&base, &[], &[1, 2, 4, 8], budget, None);
@@ -358,7 +364,7 @@ mod tests {
     fn machine_length_divides_usable_memory_between_in_process_ranks() {
         assert_eq!(usable_machine_bytes(16 << 30), 13 << 30);
         assert_eq!(usable_machine_bytes(1 << 30), 0);
-        let base = CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]);
+        let base = CaseSpec::dilated(Implementation::Cpu, 8192, &[2048, 4096, 8192], &[1, 2, 4]);
         let (budget, usable) = (1u64 << 30, 3u64 << 30);
         let rows = table(&base, &[], &[1, 2, 4, 8], budget, Some(usable));
         assert_eq!(rows.len(), 4);
@@ -383,13 +389,14 @@ mod tests {
 
     #[test]
     fn default_suite_runs_world_one_at_its_machine_length_and_reuses_ring_cases() {
-        let base = CaseSpec { threads: 2, ..CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]) };
+        let base =
+            CaseSpec { threads: 2, ..CaseSpec::dilated(Implementation::Cpu, 8192, &[2048, 4096, 8192], &[1, 2, 4]) };
         let rows = table(&base, &[], &[1, 2], 1 << 30, Some(64 << 30));
         let suite = [
             ok_measurement(case_at(&base, 1, 65536), 500 << 20),
             ok_measurement(case_at(&base, 2, 16384), 60 << 20),
             ok_measurement(case_at(&base, 2, 65536), 250 << 20),
-            ok_measurement(CaseSpec { dtype: "bf16".into(), ..case_at(&base, 2, 131072) }, 1),
+            ok_measurement(CaseSpec { dtype: DType::BF16, ..case_at(&base, 2, 131072) }, 1),
         ];
         let one = rows[0].machine_seq_len.unwrap();
         assert!(one > 100_000, "{one}");

@@ -25,6 +25,7 @@ mod machine;
 mod measure;
 mod memory;
 mod multihead_runner;
+mod names;
 mod plots;
 mod report;
 mod results;

@@ -191,6 +191,8 @@ impl Timing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::Implementation;
+    use attn_ring::{Layout, Strategy};
 
     #[test]
     fn median_of_even_and_odd_lengths() {
@@ -202,7 +204,7 @@ mod tests {
     #[test]
     fn reference_case_measures_time_and_inputs() {
         let _guard = memory::TEST_WINDOW_LOCK.lock();
-        let spec = CaseSpec::dilated("reference", 64, &[16, 32], &[1, 2]);
+        let spec = CaseSpec::dilated(Implementation::Reference, 64, &[16, 32], &[1, 2]);
         let m = measure(&spec, Repetitions::QUICK, 1.0, "test", &ProgressBar::hidden());
         assert!(m.ok(), "{}", m.status);
         // q, k, v in f64 alone are 3 * 64*8*64*8 bytes.
@@ -215,14 +217,14 @@ mod tests {
         let tiny = Repetitions { budget: Duration::from_nanos(1), ..Repetitions::QUICK };
         assert_eq!(measure(&spec, tiny, 1.0, "test", &ProgressBar::hidden()).runs, 1);
         assert_eq!(measure(&spec, tiny.at_least(3), 1.0, "test", &ProgressBar::hidden()).runs, 3);
-        let bad = CaseSpec::dilated("reference", 64, &[16, 32], &[1]);
+        let bad = CaseSpec::dilated(Implementation::Reference, 64, &[16, 32], &[1]);
         assert!(measure(&bad, Repetitions::QUICK, 1.0, "t", &ProgressBar::hidden()).status.starts_with("error:"));
     }
 
     #[test]
     fn cuda_case_runs_or_says_why_it_skipped() {
         let _guard = memory::TEST_WINDOW_LOCK.lock();
-        let spec = CaseSpec::dilated("cuda", 256, &[64, 128], &[1, 2]);
+        let spec = CaseSpec::dilated(Implementation::Cuda, 256, &[64, 128], &[1, 2]);
         let m = measure(&spec, Repetitions::QUICK, 1.0, "test", &ProgressBar::hidden());
         assert!(m.ok() || m.status.starts_with("skipped:"), "{}", m.status);
         if cfg!(feature = "cuda") {
@@ -240,18 +242,19 @@ mod tests {
     #[test]
     fn feature_cases_report_memory_and_ring_data_bytes() {
         let _guard = memory::TEST_WINDOW_LOCK.lock();
-        let mut gqa = CaseSpec::dilated("cpu", 512, &[64, 128], &[1, 2]);
+        let mut gqa = CaseSpec::dilated(Implementation::Cpu, 512, &[64, 128], &[1, 2]);
         gqa.kv_heads = Some(2);
         let m = measure(&gqa, Repetitions::QUICK, 1.0, "test", &ProgressBar::hidden());
         assert!(m.ok(), "{}", m.status);
         let tensors = 4 * (2 * 512 * 8 * 64 + 2 * 512 * 2 * 64) as u64;
         assert!(m.peak_bytes >= tensors, "{} < {tensors}", m.peak_bytes);
-        let window = CaseSpec::window("cpu", 512, 63, 0, true);
+        let window = CaseSpec::window(Implementation::Cpu, 512, 63, 0, true);
         // Segments of 512 span both ranks' 256 rows.
-        let spanning = CaseSpec { kv_heads: Some(2), ..CaseSpec::dilated("cpu", 512, &[64, 512], &[1, 2]) };
+        let spanning =
+            CaseSpec { kv_heads: Some(2), ..CaseSpec::dilated(Implementation::Cpu, 512, &[64, 512], &[1, 2]) };
         for base in [window, spanning] {
-            for layout in ["contiguous", "zigzag"] {
-                let spec = crate::case::ring_case(&base, 2, "allgather", layout);
+            for layout in [Layout::Contiguous, Layout::Zigzag] {
+                let spec = crate::case::ring_case(&base, 2, Strategy::AllGather, layout);
                 let m = measure(&spec, Repetitions::MEMORY_CALL_ONLY, 1.0, "test", &ProgressBar::hidden());
                 assert!(m.ok(), "{}: {}", spec.label(), m.status);
                 let problem = crate::ring_runner::problem(&spec).unwrap();
@@ -264,7 +267,7 @@ mod tests {
             }
         }
         // Features the runners do not take are typed errors, not silently dropped.
-        let mut bad = CaseSpec::dilated("reference", 64, &[16, 32], &[1, 2]);
+        let mut bad = CaseSpec::dilated(Implementation::Reference, 64, &[16, 32], &[1, 2]);
         bad.kv_heads = Some(2);
         assert!(measure(&bad, Repetitions::QUICK, 1.0, "t", &ProgressBar::hidden()).status.starts_with("error:"));
     }
@@ -272,9 +275,9 @@ mod tests {
     #[test]
     fn ring_case_reports_one_peak_and_byte_count_per_rank() {
         let _guard = memory::TEST_WINDOW_LOCK.lock();
-        let base = CaseSpec::dilated("cpu", 256, &[64, 128], &[1, 2]);
+        let base = CaseSpec::dilated(Implementation::Cpu, 256, &[64, 128], &[1, 2]);
         for p in [1usize, 2, 3] {
-            let spec = crate::case::ring_case(&base, p, "auto", "contiguous");
+            let spec = crate::case::ring_case(&base, p, Strategy::Auto, Layout::Contiguous);
             let m = measure(&spec, Repetitions::QUICK, 1.0, "test", &ProgressBar::hidden());
             assert!(m.ok(), "P={p}: {}", m.status);
             assert_eq!(m.rank_peak_bytes.len(), p);

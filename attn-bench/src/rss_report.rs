@@ -37,7 +37,7 @@ pub fn render(out: &mut String, ms: &[Measurement]) {
     );
     for m in flagged {
         let r = rss_growth(m).unwrap_or(0);
-        let layout = m.spec.layout.as_deref().map_or(String::new(), |l| format!(" {l}"));
+        let layout = m.spec.layout.map_or(String::new(), |l| format!(" {}", l.as_str()));
         let _ = writeln!(
             out,
             "| {}{layout} | {} | {:.1} | {:.1} | {:.2} | {} |",
@@ -54,10 +54,11 @@ pub fn render(out: &mut String, ms: &[Measurement]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::Implementation;
 
     #[test]
     fn growth_needs_a_windowed_peak_and_a_base() {
-        let spec = crate::case::CaseSpec::dilated("cpu", 64, &[16, 32], &[1, 2]);
+        let spec = crate::case::CaseSpec::dilated(Implementation::Cpu, 64, &[16, 32], &[1, 2]);
         let mut m = Measurement::not_run(spec, "ok".into(), "t");
         m.peak_rss_bytes = Some(300);
         m.rss_base_bytes = Some(100);
