@@ -80,13 +80,23 @@ fn strip(text: &str) -> String {
     out
 }
 
+/// `t` without a leading `pub`, `pub(crate)`, `pub(super)` or `pub(in PATH)`.
+fn strip_visibility(t: &str) -> &str {
+    let Some(rest) = t.strip_prefix("pub") else { return t };
+    let rest = match rest.strip_prefix('(') {
+        Some(inner) => inner.split_once(')').map_or(rest, |(_, after)| after),
+        None => rest,
+    };
+    if rest.starts_with(char::is_whitespace) { rest.trim_start() } else { t }
+}
+
 /// The `mod NAME;` declarations of a file's code, each with its `#[path]` if any.
 fn mod_decls(code: &str, raw: &str) -> Vec<(String, Option<String>)> {
     let raw_lines: Vec<&str> = raw.lines().collect();
     let mut out = Vec::new();
     for (i, line) in code.lines().enumerate() {
         let t = line.trim();
-        let t = t.strip_prefix("pub(crate) ").or_else(|| t.strip_prefix("pub ")).unwrap_or(t);
+        let t = strip_visibility(t);
         let Some(rest) = t.strip_prefix("mod ") else { continue };
         let Some(name) = rest.strip_suffix(';') else { continue };
         let mut path = None;
@@ -332,8 +342,7 @@ fn expand_use(tree: &str) -> Vec<UsePath> {
         out.push(UsePath { segs, alias });
     }
     let t = tree.trim();
-    let t = t.strip_prefix("pub(crate) ").or_else(|| t.strip_prefix("pub(super) ")).unwrap_or(t);
-    let t = t.strip_prefix("pub ").unwrap_or(t);
+    let t = strip_visibility(t);
     let t = t.trim_start_matches("::");
     let mut out = Vec::new();
     walk(&[], t, &mut out);
@@ -557,6 +566,20 @@ mod tests {
         );
         let dir = planted(&files);
         assert_eq!(check_crate(dir.path()).expect("read"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn restricted_modules_are_read() {
+        let mut files = CLEAN.to_vec();
+        files[2] = ("plan/mod.rs", "//! Plans.\npub(super) mod route;\npub use route::Route;\npub struct Plan;\n");
+        files[3] =
+            ("plan/route.rs", "//! Routes.\npub(in crate::plan) fn r() { crate::run::go(); }\npub struct Route;\n");
+        let dir = planted(&files);
+        let found = check_crate(dir.path()).expect("read");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("plan/route.rs -> src/run.rs (go)"), "{found:?}");
+        assert_eq!(strip_visibility("pub(in super::super) mod x;"), "mod x;");
+        assert_eq!(strip_visibility("public mod x;"), "public mod x;");
     }
 
     #[test]
