@@ -3,31 +3,12 @@
 //! (inside the caller's memory window) and returns a runner that makes one call.
 //! `cuda` runs `attn_kernels::cuda` with the `cuda` feature and is `NotCompiled` without.
 
-use attn_core::{AttnError, AttnShape, Result, reference};
+use attn_core::{AttnError, AttnShape, DType, Result, reference};
 
-use crate::case::{CaseKind, CaseSpec};
+use crate::case::{CaseKind, CaseSpec, Implementation};
 use crate::inputs::normal_vec;
+pub use crate::runner::{RunStats, Runner};
 use crate::{cpu_runner, feature_runner, multihead_runner, ring_runner};
-
-/// What one call reports besides its time.
-#[derive(Debug, Clone, Default)]
-pub struct RunStats {
-    /// Bytes each rank sent (ring cases).
-    pub bytes_sent: Vec<u64>,
-    /// Bytes and count of each rank's attention data messages (ring cases).
-    pub data_bytes_sent: Vec<u64>,
-    pub data_messages: Vec<u64>,
-    /// The counting allocator slot of each rank's thread (ring cases).
-    pub rank_slots: Vec<usize>,
-    /// Device memory the call held (CUDA cases), see `Measurement::device_bytes`.
-    pub device_bytes: Option<u64>,
-}
-
-/// One prepared case: inputs allocated, ready to be called repeatedly.
-pub trait Runner {
-    /// One forward (or forward + backward) call.
-    fn run(&mut self) -> Result<RunStats>;
-}
 
 /// The implementations this build knows, for `--list` and the report.
 pub const IMPLEMENTATIONS: &[&str] =
@@ -40,9 +21,9 @@ pub fn prepare(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
     spec.config()?;
     spec.attn_shape()?;
     if spec.uses_features() {
-        return match (spec.kind, spec.implementation.as_str()) {
-            (CaseKind::Dilated, "cpu") => feature_runner::features(spec),
-            (CaseKind::Ring, imp) if imp.starts_with("ring") => ring_runner::ring(spec),
+        return match (spec.kind, spec.implementation) {
+            (CaseKind::Dilated, Implementation::Cpu) => feature_runner::features(spec),
+            (CaseKind::Ring, Implementation::Ring(_)) => ring_runner::ring(spec),
             (kind, imp) => Err(AttnError::InvalidArgument(format!(
                 "grouped heads, windows and variable-length sequences are benchmarked on `--case dilated --impl \
                  cpu` and `--case ring`, not `--case {} --impl {imp}`",
@@ -50,13 +31,13 @@ pub fn prepare(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
             ))),
         };
     }
-    match (spec.kind, spec.implementation.as_str()) {
-        (CaseKind::Dilated, "reference") => Ok(Box::new(ReferenceRunner::new(spec)?)),
-        (CaseKind::Dilated, "cpu" | "cpu-workspace") => cpu_runner::dilated(spec),
-        (CaseKind::Dilated, "cuda") => cuda(spec),
-        (CaseKind::Ring, imp) if imp.starts_with("ring") => ring_runner::ring(spec),
-        (CaseKind::Multihead, "cpu" | "cpu-workspace") => multihead_runner::multihead(spec),
-        (CaseKind::Hilbert, "cpu") => cpu_runner::hilbert(spec),
+    match (spec.kind, spec.implementation) {
+        (CaseKind::Dilated, Implementation::Reference) => Ok(Box::new(ReferenceRunner::new(spec)?)),
+        (CaseKind::Dilated, Implementation::Cpu | Implementation::CpuWorkspace) => cpu_runner::dilated(spec),
+        (CaseKind::Dilated, Implementation::Cuda) => cuda(spec),
+        (CaseKind::Ring, Implementation::Ring(_)) => ring_runner::ring(spec),
+        (CaseKind::Multihead, Implementation::Cpu | Implementation::CpuWorkspace) => multihead_runner::multihead(spec),
+        (CaseKind::Hilbert, Implementation::Cpu) => cpu_runner::hilbert(spec),
         (kind, other) => Err(AttnError::InvalidArgument(format!(
             "no implementation `{other}` for case `{}` (known: {})",
             kind.as_str(),
@@ -104,10 +85,13 @@ struct ReferenceRunner {
 
 impl ReferenceRunner {
     fn new(spec: &CaseSpec) -> Result<Self> {
-        if spec.dtype != "f32" && spec.dtype != "f64" {
+        if !matches!(spec.dtype, DType::F32 | DType::F64) {
             return Err(AttnError::BackendUnavailable {
                 backend: "reference",
-                reason: format!("the reference computes in f64; dtype {} is not benchmarked on it", spec.dtype),
+                reason: format!(
+                    "the reference computes in f64; dtype {} is not benchmarked on it",
+                    spec.dtype.as_str()
+                ),
             });
         }
         let shape = AttnShape::self_attn(spec.shape()?);

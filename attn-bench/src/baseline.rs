@@ -65,9 +65,10 @@ pub fn table(rows: &[Comparison], threshold_pct: f64) -> String {
 mod tests {
     use super::*;
     use crate::case::CaseSpec;
+    use crate::case::Implementation;
 
     fn meas(ms: f64, bytes: u64) -> Measurement {
-        let mut m = Measurement::not_run(CaseSpec::dilated("cpu", 64, &[16], &[1]), "ok".into(), "g");
+        let mut m = Measurement::not_run(CaseSpec::dilated(Implementation::Cpu, 64, &[16], &[1]), "ok".into(), "g");
         m.median_ms = ms;
         m.peak_bytes_per_rank = bytes;
         m.gemm_gflop_per_s = 100.0;

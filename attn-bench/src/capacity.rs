@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::case::{CaseKind, CaseSpec, Measurement};
 use crate::cli::SuiteSize;
-use crate::report::{int, mb};
+use crate::format::{int, mb};
 
 /// One row of "sequence length capabilities".
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,7 +56,7 @@ pub fn usable_machine_bytes(available: u64) -> u64 {
 /// plus that rank's tensors (`Plan::io_bytes`).
 pub fn workspace_query(spec: &CaseSpec) -> Option<(u64, String)> {
     match spec.kind {
-        CaseKind::Dilated if spec.world_size == 1 && spec.implementation == "cpu" => {
+        CaseKind::Dilated if spec.world_size == 1 && spec.implementation == crate::case::Implementation::Cpu => {
             crate::cpu_runner::workspace_query(spec).map(|b| (b, "workspace query (CpuBackend)".into()))
         }
         CaseKind::Ring if spec.world_size >= 1 => ring_query(spec).map(|b| (b, "workspace query (attn-ring)".into())),
@@ -68,7 +68,7 @@ pub fn workspace_query(spec: &CaseSpec) -> Option<(u64, String)> {
 /// not a valid ring problem, e.g. a rank would get no rows).
 fn ring_query(spec: &CaseSpec) -> Option<u64> {
     let problem = crate::ring_runner::problem(spec).ok()?;
-    let dtype = spec.dtype().ok()?;
+    let dtype = spec.dtype;
     let plan = attn_ring::Plan::new(problem).ok()?;
     (0..spec.world_size)
         .map(|r| plan.workspace_bytes(dtype, r, spec.pass()) + plan.io_bytes(dtype, r, spec.pass()))
@@ -98,7 +98,7 @@ pub fn case_at(base: &CaseSpec, world_size: usize, seq_len: usize) -> CaseSpec {
     let mut s = base.clone();
     s.seq_len = seq_len;
     if world_size > 1 {
-        s = crate::suite_plan::ring_case(&s, world_size, crate::suite_plan::DEFAULT_STRATEGY, "contiguous");
+        s = crate::case::ring_case(&s, world_size, crate::suite_plan::DEFAULT_STRATEGY, attn_ring::Layout::Contiguous);
     }
     s
 }
@@ -173,18 +173,13 @@ pub enum Confirmation {
     Skip(String),
 }
 
-/// Which case confirms `row` in a `size` suite. The default suite runs world size 1 at
-/// the row's machine length (about 1M tokens and half a minute at the 8 GiB default);
-/// ring rows there, and every row of `--quick`, take the suite's largest measured case
-/// of the same config (a ring run at millions of tokens takes many minutes here);
-/// `--full` runs every row at its machine length.
+/// Which case confirms `row` in a `size` suite. `--full` runs every row at its machine
+/// length (about 1M tokens and half a minute on one rank at the 8 GiB default, many
+/// minutes for a ring at millions of tokens); the default suite and `--quick` take the
+/// suite's largest measured case of the same config.
 pub fn confirmation(row: &CapacityRow, base: &CaseSpec, size: SuiteSize, measured: &[Measurement]) -> Confirmation {
     let p = row.world_size;
-    let runs = match size {
-        SuiteSize::Full => true,
-        SuiteSize::Default => p == 1,
-        SuiteSize::Quick => false,
-    };
+    let runs = size == SuiteSize::Full;
     let target = row.machine_seq_len;
     if let (true, Some(n)) = (runs, target) {
         return Confirmation::Run(case_at(base, p, n));
@@ -196,10 +191,7 @@ pub fn confirmation(row: &CapacityRow, base: &CaseSpec, size: SuiteSize, measure
         .max_by_key(|m| m.spec.seq_len);
     let why = match (target, size) {
         (None, _) => "this machine's available memory is unknown".to_string(),
-        (Some(n), SuiteSize::Quick) => {
-            let by = if p == 1 { "the default suite" } else { "--full" };
-            format!("--quick confirms a smaller suite case; {by} runs {}", int(n))
-        }
+        (Some(n), SuiteSize::Quick) => format!("--quick confirms a smaller suite case; --full runs {}", int(n)),
         (Some(n), _) => {
             format!("suite's largest case; a run at {} takes too long for the default suite (--full runs it)", int(n))
         }
@@ -276,7 +268,7 @@ pub fn finding(c: &CapacityRow) -> String {
             format!("; a run at that length measured {:.1} MiB per rank", mib(peak))
         }
         (Some(l), Some(peak)) => {
-            format!("; measured by a run at {} tokens only ({:.1} MiB per rank)", crate::report::int(l), mib(peak))
+            format!("; measured by a run at {} tokens only ({:.1} MiB per rank)", int(l), mib(peak))
         }
         _ => "; not measured by a run".to_string(),
     };
@@ -285,13 +277,15 @@ pub fn finding(c: &CapacityRow) -> String {
         c.budget_bytes as f64 / (1u64 << 30) as f64,
         c.world_size,
         c.source,
-        crate::report::int(c.max_seq_len)
+        int(c.max_seq_len)
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::Implementation;
+    use attn_core::DType;
 
     #[test]
     fn the_finding_says_the_capacity_is_computed_and_what_a_run_measured() {
@@ -322,7 +316,11 @@ mod tests {
 
     #[test]
     fn capacity_from_measured_bytes_per_token_is_linear() {
-        let mut m = Measurement::not_run(CaseSpec::dilated("ring-auto", 4096, &[512], &[1]), "ok".into(), "g");
+        let mut m = Measurement::not_run(
+            CaseSpec::dilated(crate::case::Implementation::Ring(attn_ring::Strategy::Auto), 4096, &[512], &[1]),
+            "ok".into(),
+            "g",
+        );
         m.peak_bytes_per_rank = 4096 * 1000; // 1000 bytes per token
         let rows = table(&m.spec.clone(), &[m], &[1, 2], 1_000_000, None);
         // World 2 is a ring case: its query says even 1024 tokens need more than 1 MB per rank.
@@ -334,7 +332,7 @@ mod tests {
 
     #[test]
     fn ring_rows_come_from_the_ring_workspace_query() {
-        let base = CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]);
+        let base = CaseSpec::dilated(Implementation::Cpu, 8192, &[2048, 4096, 8192], &[1, 2, 4]);
         let budget = 256 << 20;
         // No measurements at all: every row comes from a query.
         let rows = table(&base, &[], &[1, 2, 4, 8], budget, None);
@@ -366,7 +364,7 @@ mod tests {
     fn machine_length_divides_usable_memory_between_in_process_ranks() {
         assert_eq!(usable_machine_bytes(16 << 30), 13 << 30);
         assert_eq!(usable_machine_bytes(1 << 30), 0);
-        let base = CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]);
+        let base = CaseSpec::dilated(Implementation::Cpu, 8192, &[2048, 4096, 8192], &[1, 2, 4]);
         let (budget, usable) = (1u64 << 30, 3u64 << 30);
         let rows = table(&base, &[], &[1, 2, 4, 8], budget, Some(usable));
         assert_eq!(rows.len(), 4);
@@ -391,20 +389,23 @@ mod tests {
 
     #[test]
     fn default_suite_runs_world_one_at_its_machine_length_and_reuses_ring_cases() {
-        let base = CaseSpec { threads: 2, ..CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]) };
+        let base =
+            CaseSpec { threads: 2, ..CaseSpec::dilated(Implementation::Cpu, 8192, &[2048, 4096, 8192], &[1, 2, 4]) };
         let rows = table(&base, &[], &[1, 2], 1 << 30, Some(64 << 30));
         let suite = [
             ok_measurement(case_at(&base, 1, 65536), 500 << 20),
             ok_measurement(case_at(&base, 2, 16384), 60 << 20),
             ok_measurement(case_at(&base, 2, 65536), 250 << 20),
-            ok_measurement(CaseSpec { dtype: "bf16".into(), ..case_at(&base, 2, 131072) }, 1),
+            ok_measurement(CaseSpec { dtype: DType::BF16, ..case_at(&base, 2, 131072) }, 1),
         ];
         let one = rows[0].machine_seq_len.unwrap();
         assert!(one > 100_000, "{one}");
-        assert_eq!(
-            confirmation(&rows[0], &base, SuiteSize::Default, &suite),
-            Confirmation::Run(case_at(&base, 1, one))
-        );
+        assert_eq!(confirmation(&rows[0], &base, SuiteSize::Full, &suite), Confirmation::Run(case_at(&base, 1, one)));
+        let Confirmation::Reuse(spec, why) = confirmation(&rows[0], &base, SuiteSize::Default, &suite) else {
+            panic!("the one-rank row of the default suite reuses the suite's largest case");
+        };
+        assert_eq!(spec, case_at(&base, 1, 65536));
+        assert!(why.contains("--full runs it") && why.contains(&int(one)), "{why}");
         assert_eq!(
             confirmation(&rows[1], &base, SuiteSize::Full, &suite),
             Confirmation::Run(case_at(&base, 2, rows[1].machine_seq_len.unwrap()))

@@ -1,8 +1,11 @@
 //! One benchmark case (what runs, on which shape and config) and its measured result.
 
 use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Mixing, Pass, Result, Shape4};
+use attn_ring::{Layout, Strategy};
 use serde::{Deserialize, Serialize};
 
+pub use crate::names::Implementation;
+use crate::names::{named, named_opt};
 use crate::rss_check::RssCheck;
 
 /// Which public API a case exercises.
@@ -43,22 +46,27 @@ impl CaseKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CaseSpec {
     pub kind: CaseKind,
-    /// Implementation: `reference`, `cpu`, `cuda`, `torch`, or `ring-<strategy>`.
-    pub implementation: String,
+    /// Implementation: `reference`, `cpu`, `cpu-workspace`, `cuda`, `torch`, or `ring-<strategy>`.
+    #[serde(with = "named")]
+    pub implementation: Implementation,
     pub batch: usize,
     pub seq_len: usize,
     pub heads: usize,
     pub head_dim: usize,
     pub segments: Vec<usize>,
     pub dilations: Vec<usize>,
-    pub mixing: String,
+    #[serde(with = "named")]
+    pub mixing: Mixing,
     pub causal: bool,
-    pub dtype: String,
+    #[serde(with = "named")]
+    pub dtype: DType,
     pub backward: bool,
     pub threads: usize,
     pub world_size: usize,
-    pub strategy: Option<String>,
-    pub layout: Option<String>,
+    #[serde(with = "named_opt")]
+    pub strategy: Option<Strategy>,
+    #[serde(with = "named_opt")]
+    pub layout: Option<Layout>,
     /// Key/value heads (grouped-query attention; they divide `heads`). `None`: `heads`.
     #[serde(default)]
     pub kv_heads: Option<usize>,
@@ -121,19 +129,19 @@ impl VarLen {
 
 impl CaseSpec {
     /// A single-rank dilated case with the report's default head layout.
-    pub fn dilated(implementation: &str, seq_len: usize, segments: &[usize], dilations: &[usize]) -> Self {
+    pub fn dilated(implementation: Implementation, seq_len: usize, segments: &[usize], dilations: &[usize]) -> Self {
         CaseSpec {
             kind: CaseKind::Dilated,
-            implementation: implementation.to_string(),
+            implementation,
             batch: 1,
             seq_len,
             heads: 8,
             head_dim: 64,
             segments: segments.to_vec(),
             dilations: dilations.to_vec(),
-            mixing: Mixing::HeadGroups.as_str().to_string(),
+            mixing: Mixing::HeadGroups,
             causal: false,
-            dtype: "f32".into(),
+            dtype: DType::F32,
             backward: false,
             threads: 1,
             world_size: 1,
@@ -147,9 +155,9 @@ impl CaseSpec {
     }
 
     /// A single-rank sliding-window case `(left, right)` with the default head layout.
-    pub fn window(implementation: &str, seq_len: usize, left: usize, right: usize, causal: bool) -> Self {
+    pub fn window(implementation: Implementation, seq_len: usize, left: usize, right: usize, causal: bool) -> Self {
         CaseSpec {
-            mixing: Mixing::Window.as_str().to_string(),
+            mixing: Mixing::Window,
             causal,
             window: Some([left, right]),
             ..CaseSpec::dilated(implementation, seq_len, &[], &[])
@@ -176,20 +184,20 @@ impl CaseSpec {
     /// A short stable label, e.g. `ring-pass_kv/P4 seq=16384 f32 fwd`.
     pub fn label(&self) -> String {
         let world = if self.kind == CaseKind::Ring {
-            format!("/P{}/{}", self.world_size, self.layout.as_deref().unwrap_or("contiguous"))
+            format!("/P{}/{}", self.world_size, self.layout.unwrap_or_default().as_str())
         } else {
             String::new()
         };
         format!(
             "{} {}{} seq={} b{} h{} d{} {} {}{}{}",
             self.kind.as_str(),
-            self.implementation,
+            self.implementation.as_str(),
             world,
             self.seq_len,
             self.batch,
             self.heads,
             self.head_dim,
-            self.dtype,
+            self.dtype.as_str(),
             if self.backward { "fwd+bwd" } else { "fwd" },
             if self.causal { " causal" } else { "" },
             self.feature_label(),
@@ -222,10 +230,7 @@ impl CaseSpec {
     pub fn config(&self) -> Result<DilatedConfig> {
         let builder = match self.window {
             Some([left, right]) => DilatedConfig::builder().window(left, right),
-            None => DilatedConfig::builder()
-                .segments(&self.segments)
-                .dilations(&self.dilations)
-                .mixing(Mixing::parse(&self.mixing)?),
+            None => DilatedConfig::builder().segments(&self.segments).dilations(&self.dilations).mixing(self.mixing),
         };
         let cfg = builder.causal(self.causal).build()?;
         cfg.validate_heads(self.heads)?;
@@ -255,10 +260,6 @@ impl CaseSpec {
     /// The pass a measurement times the end of: forward, or forward + backward.
     pub fn pass(&self) -> Pass {
         if self.backward { Pass::Backward } else { Pass::Forward }
-    }
-
-    pub fn dtype(&self) -> Result<DType> {
-        DType::parse(&self.dtype).ok_or_else(|| AttnError::InvalidArgument(format!("unknown dtype `{}`", self.dtype)))
     }
 
     /// Tokens processed per call: the real tokens of variable-length sequences, padding not counted.
@@ -415,6 +416,23 @@ impl Measurement {
     }
 }
 
+/// The scaling config: the PyTorch peer script's default (3 head groups, w up to 8192).
+pub const SEGMENTS: [usize; 3] = [2048, 4096, 8192];
+pub const DILATIONS: [usize; 3] = [1, 2, 4];
+/// A config whose segments divide 2048, for the comparison that includes the slow reference.
+pub const SMALL_SEGMENTS: [usize; 3] = [512, 1024, 2048];
+
+/// A ring case of the scaling config.
+pub fn ring_case(base: &CaseSpec, world: usize, strategy: Strategy, layout: Layout) -> CaseSpec {
+    let mut s = base.clone();
+    s.kind = CaseKind::Ring;
+    s.world_size = world;
+    s.implementation = Implementation::Ring(strategy);
+    s.strategy = Some(strategy);
+    s.layout = Some(layout);
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,7 +440,7 @@ mod tests {
     #[test]
     fn flops_match_the_peer_scripts_formula() {
         // Peer script: sum over groups g_i * (n / w) * 4 * m^2 * d with m = |range(i % r, w, r)|.
-        let spec = CaseSpec::dilated("x", 8192, &[2048, 4096, 8192], &[1, 2, 4]);
+        let spec = CaseSpec::dilated(Implementation::Cpu, 8192, &[2048, 4096, 8192], &[1, 2, 4]);
         let (n, d) = (8192.0, 64.0);
         let want: f64 = [(3.0, 2048.0, 2048.0), (3.0, 4096.0, 2048.0), (2.0, 8192.0, 2048.0)]
             .iter()
@@ -436,7 +454,7 @@ mod tests {
 
     #[test]
     fn bad_specs_are_typed_errors() {
-        let mut spec = CaseSpec::dilated("x", 64, &[16, 32], &[1]);
+        let mut spec = CaseSpec::dilated(Implementation::Cpu, 64, &[16, 32], &[1]);
         assert!(matches!(spec.config(), Err(AttnError::PatternCountMismatch { .. })));
         spec.dilations = vec![1, 2];
         spec.heads = 1;
@@ -455,7 +473,7 @@ mod tests {
             }
         }
         // A window covering the whole causal sequence is dense causal: n(n+1)/2 pairs.
-        let w = CaseSpec::window("cpu", 64, 1000, 0, true);
+        let w = CaseSpec::window(Implementation::Cpu, 64, 1000, 0, true);
         assert_eq!(w.attention_flops().unwrap(), 4.0 * (64.0 * 65.0 / 2.0) * 64.0 * 8.0);
         let bwd = CaseSpec { backward: true, ..w.clone() };
         assert_eq!(bwd.attention_flops().unwrap(), 3.5 * w.attention_flops().unwrap());
@@ -464,7 +482,7 @@ mod tests {
 
     #[test]
     fn feature_specs_give_their_shapes_tokens_and_flops() {
-        let base = CaseSpec { causal: true, ..CaseSpec::dilated("cpu", 1, &[16, 32], &[1, 2]) };
+        let base = CaseSpec { causal: true, ..CaseSpec::dilated(Implementation::Cpu, 1, &[16, 32], &[1, 2]) };
         let lengths = [5, 40, 17];
         let packed = CaseSpec::varlen(&base, (9, 40), &lengths, VarLenLayout::Packed);
         let padded = CaseSpec::varlen(&base, (9, 40), &lengths, VarLenLayout::Padded);

@@ -2,9 +2,11 @@
 
 use std::path::PathBuf;
 
-use attn_core::{AttnError, Result};
+use attn_core::{AttnError, DType, Mixing, Result};
+use attn_ring::{Layout, Strategy};
 
-use crate::case::{CaseKind, CaseSpec};
+use crate::case::{CaseKind, CaseSpec, Implementation};
+use crate::names::Named;
 
 pub const USAGE: &str = "\
 attn-bench: the attn benchmark report
@@ -26,15 +28,16 @@ USAGE (one case, prints one JSON object):
             included): also run the PyTorch script with the same flags and runs and print
             `torch` and `torch_median_over_ours` (> 1: this implementation is faster); the
             script needs head_groups and segments dividing n (segments > n are passed as n)
---quick     the short suite (2 quiet cores)  --full   the long suite (ring tables to 256K)
+--quick     the short suite (CI smoke)  --full   the long suite (ring tables to 256K, features
+            at seq 65536, capacity confirmed by runs); the default fits 5 minutes on 2 cores
 --section   measure only these report sections (scaling, comparison, multihead, variants,
             features, capacity, hilbert) of the chosen suite; the report holds only them
 --kv-heads  key/value heads (grouped-query attention; they divide --heads)
 --window    a sliding window of LEFT keys before and RIGHT after each query instead of
             --segments/--dilations (with --causal, none after)
---budget    per-rank memory budget of the capacity table (default 8GiB; accepts KiB/MiB/GiB); the
-            default suite runs world size 1 at the longest sequence fitting min(budget, usable
-            memory), --full every world size P at min(budget, usable memory / P)
+--budget    per-rank memory budget of the capacity table (default 8GiB; accepts KiB/MiB/GiB);
+            --full runs every world size P at min(budget, usable memory / P), the other suites
+            confirm each row by their largest measured case
 --baseline  results.json of an earlier suite run: print time/memory ratios, fail on regressions
             (suite runs only; rejected with --json)
 --threshold regression threshold for --baseline in percent (default 10)
@@ -133,7 +136,7 @@ pub fn parse(args: &[String]) -> Result<Command> {
         sections: Vec::new(),
         allow_errors: false,
     };
-    let mut spec = CaseSpec::dilated("cpu", 8192, &[2048, 4096, 8192], &[1, 2, 4]);
+    let mut spec = CaseSpec::dilated(Implementation::Cpu, 8192, &[2048, 4096, 8192], &[1, 2, 4]);
     spec.threads = suite.threads;
     let (mut json, mut runs, mut impl_set, mut case_set) = (false, None, false, false);
     while let Some(flag) = it.next() {
@@ -167,7 +170,7 @@ pub fn parse(args: &[String]) -> Result<Command> {
                 case_set = true;
             }
             "--impl" => {
-                spec.implementation = value()?.clone();
+                spec.implementation = Implementation::parse(value()?)?;
                 impl_set = true;
             }
             "--seq-len" => spec.seq_len = num(flag, value()?)?,
@@ -180,18 +183,18 @@ pub fn parse(args: &[String]) -> Result<Command> {
             "--window" => match list(flag, value()?)?[..] {
                 [left, right] => {
                     spec.window = Some([left, right]);
-                    spec.mixing = attn_core::Mixing::Window.as_str().to_string();
+                    spec.mixing = Mixing::Window;
                     (spec.segments, spec.dilations) = (Vec::new(), Vec::new());
                 }
                 _ => return Err(bad("--window takes LEFT,RIGHT")),
             },
-            "--mixing" => spec.mixing = attn_core::Mixing::parse(value()?)?.as_str().to_string(),
+            "--mixing" => spec.mixing = Mixing::parse(value()?)?,
             "--causal" => spec.causal = true,
-            "--dtype" => spec.dtype = value()?.clone(),
+            "--dtype" => spec.dtype = DType::from_name(value()?)?,
             "--backward" => spec.backward = true,
             "--world-size" => spec.world_size = num(flag, value()?)?,
-            "--strategy" => spec.strategy = Some(value()?.clone()),
-            "--layout" => spec.layout = Some(value()?.clone()),
+            "--strategy" => spec.strategy = Some(Strategy::parse(value()?)?),
+            "--layout" => spec.layout = Some(Layout::parse(value()?)?),
             "--runs" => runs = Some(num(flag, value()?)?),
             other => return Err(bad(format!("unknown option `{other}` (see --help)"))),
         }
@@ -220,9 +223,8 @@ pub fn parse(args: &[String]) -> Result<Command> {
             b.display()
         )));
     }
-    spec.dtype()?;
     if spec.kind == CaseKind::Ring && !impl_set {
-        spec.implementation = format!("ring-{}", spec.strategy.as_deref().unwrap_or("default"));
+        spec.implementation = Implementation::Ring(spec.strategy.unwrap_or_default());
     }
     if suite.torch.is_some() && !matches!(spec.kind, CaseKind::Dilated | CaseKind::Multihead) {
         return Err(bad(format!("--torch with --json runs dilated and multihead cases, not {}", spec.kind.as_str())));
@@ -242,14 +244,14 @@ mod tests {
     fn parses_single_case_flags() {
         let c = parse(&args(
             "--json --case ring --seq-len 4096 --heads 4 --head-dim 32 --segments 512,1024 --dilations 1,2 \
-             --causal --dtype bf16 --world-size 4 --strategy zigzag --threads 2",
+             --causal --dtype bf16 --world-size 4 --strategy ring --threads 2",
         ))
         .unwrap();
         let Command::Single { spec, .. } = c else { panic!("expected a single case") };
         assert_eq!((spec.kind, spec.seq_len, spec.heads, spec.head_dim), (CaseKind::Ring, 4096, 4, 32));
         assert_eq!((spec.segments.as_slice(), spec.dilations.as_slice()), (&[512, 1024][..], &[1, 2][..]));
-        assert!(spec.causal && spec.dtype == "bf16" && spec.world_size == 4 && spec.threads == 2);
-        assert_eq!(spec.implementation, "ring-zigzag");
+        assert!(spec.causal && spec.dtype == DType::BF16 && spec.world_size == 4 && spec.threads == 2);
+        assert_eq!(spec.implementation, Implementation::Ring(Strategy::Ring));
     }
 
     #[test]
@@ -275,7 +277,7 @@ mod tests {
         assert!(s.sections.is_empty());
         let c = parse(&args("--json --case ring --kv-heads 1 --window 4095,0 --causal --world-size 4")).unwrap();
         let Command::Single { spec, .. } = c else { panic!("expected a single case") };
-        assert_eq!((spec.kv_heads, spec.window, spec.mixing.as_str()), (Some(1), Some([4095, 0]), "window"));
+        assert_eq!((spec.kv_heads, spec.window, spec.mixing), (Some(1), Some([4095, 0]), Mixing::Window));
         assert!(spec.segments.is_empty() && spec.config().unwrap().window().is_some());
         assert_eq!(spec.attn_shape().unwrap().kv.heads, 1);
     }

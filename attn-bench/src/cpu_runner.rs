@@ -8,23 +8,25 @@
 use std::sync::Arc;
 
 use attn_core::error::TensorName;
-use attn_core::{Attention, AttnError, AttnInputs, DilatedConfig, Element, Grads, Pass, Result, Saved, Shape4};
+use attn_core::{Attention, AttnError, AttnInputs, DType, DilatedConfig, Element, Grads, Pass, Result, Saved, Shape4};
 use attn_core::{TensorView, TensorViewMut};
 use attn_hilbert::{Permutation, TokenLayout, TokenOrder};
 use attn_kernels::{CpuBackend, zeroed_buffer};
 use half::{bf16, f16};
 
-use crate::backends::{RunStats, Runner};
-use crate::case::CaseSpec;
+use crate::case::{CaseSpec, Implementation};
 use crate::inputs::normal_vec;
+use crate::runner::{RunStats, Runner};
 
 /// Build the CPU runner for `spec` in its dtype (`--impl cpu` or `cpu-workspace`).
 pub fn dilated(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
-    match spec.dtype.as_str() {
-        "f32" => Ok(Box::new(CpuRunner::<f32>::new(spec, None)?)),
-        "bf16" => Ok(Box::new(CpuRunner::<bf16>::new(spec, None)?)),
-        "f16" => Ok(Box::new(CpuRunner::<f16>::new(spec, None)?)),
-        other => Err(AttnError::InvalidArgument(format!("dtype {other} is not benchmarked on the cpu backend"))),
+    match spec.dtype {
+        DType::F32 => Ok(Box::new(CpuRunner::<f32>::new(spec, None)?)),
+        DType::BF16 => Ok(Box::new(CpuRunner::<bf16>::new(spec, None)?)),
+        DType::F16 => Ok(Box::new(CpuRunner::<f16>::new(spec, None)?)),
+        other => {
+            Err(AttnError::InvalidArgument(format!("dtype {} is not benchmarked on the cpu backend", other.as_str())))
+        }
     }
 }
 
@@ -33,10 +35,12 @@ pub fn hilbert(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
     let (h, w) = grid_for(spec.seq_len)?;
     let order = TokenOrder::hilbert_2d(h, w)?;
     let perm = Arc::clone(order.permutation());
-    match spec.dtype.as_str() {
-        "f32" => Ok(Box::new(CpuRunner::<f32>::new(spec, Some(perm))?)),
-        "bf16" => Ok(Box::new(CpuRunner::<bf16>::new(spec, Some(perm))?)),
-        other => Err(AttnError::InvalidArgument(format!("dtype {other} is not benchmarked on the hilbert case"))),
+    match spec.dtype {
+        DType::F32 => Ok(Box::new(CpuRunner::<f32>::new(spec, Some(perm))?)),
+        DType::BF16 => Ok(Box::new(CpuRunner::<bf16>::new(spec, Some(perm))?)),
+        other => {
+            Err(AttnError::InvalidArgument(format!("dtype {} is not benchmarked on the hilbert case", other.as_str())))
+        }
     }
 }
 
@@ -99,7 +103,7 @@ impl<T: Element> CpuRunner<T> {
             v: normal_vec(3, n),
             grad_out: if spec.backward { normal_vec(4, n) } else { Vec::new() },
             perm,
-            keep: spec.implementation == "cpu-workspace",
+            keep: spec.implementation == Implementation::CpuWorkspace,
             kept: None,
         })
     }
@@ -160,7 +164,7 @@ impl<T: Element> Runner for CpuRunner<T> {
 /// The library's workspace-size query for a single-rank case: inputs, outputs and
 /// LSE (and gradients for backward) plus the backend's `Attention::workspace_bytes`.
 pub fn workspace_query(spec: &CaseSpec) -> Option<u64> {
-    let (cfg, shape, dtype) = (spec.config().ok()?, spec.shape().ok()?, spec.dtype().ok()?);
+    let (cfg, shape, dtype) = (spec.config().ok()?, spec.shape().ok()?, spec.dtype);
     let backend = CpuBackend::new(spec.threads).ok()?;
     let tensors = if spec.backward { 8 } else { 4 };
     let bytes = tensors * shape.numel() * dtype.size() + shape.lse_len() * 4;
@@ -177,7 +181,7 @@ mod tests {
     #[test]
     fn the_workspace_runner_reuses_its_buffers() {
         for backward in [false, true] {
-            let mut spec = CaseSpec::dilated("cpu-workspace", 96, &[32, 64], &[1, 2]);
+            let mut spec = CaseSpec::dilated(Implementation::CpuWorkspace, 96, &[32, 64], &[1, 2]);
             spec.backward = backward;
             let mut kept = CpuRunner::<f32>::new(&spec, None).unwrap();
             kept.run().unwrap();
@@ -185,7 +189,7 @@ mod tests {
             kept.run().unwrap();
             let again = kept.kept.as_ref().unwrap();
             assert_eq!(again.out.as_ptr(), first, "same allocation");
-            spec.implementation = "cpu".into();
+            spec.implementation = Implementation::Cpu;
             let fresh = CpuRunner::<f32>::new(&spec, None).unwrap();
             let mut bufs = Buffers::new(fresh.shape, backward).unwrap();
             fresh.attend(&fresh.q, &fresh.k, &fresh.v, &mut bufs).unwrap();

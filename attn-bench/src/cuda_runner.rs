@@ -9,21 +9,23 @@
 //! (device-wide, so other processes on the GPU would show up in it).
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, DilatedConfig, Result, Shape4, TensorView};
+use attn_core::{AttnError, DType, DilatedConfig, Result, Shape4, TensorView};
 use attn_kernels::cuda::{self, CudaDevice, CudaElement, DeviceGrads, DeviceTensor, ForwardPath};
 use half::{bf16, f16};
 
-use crate::backends::{RunStats, Runner};
 use crate::case::CaseSpec;
 use crate::inputs::normal_vec;
+use crate::runner::{RunStats, Runner};
 
 /// Build the CUDA runner for `spec` in its dtype; `BackendUnavailable` without a GPU.
 pub fn dilated(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
-    match spec.dtype.as_str() {
-        "f32" => Ok(Box::new(CudaRunner::<f32>::new(spec)?)),
-        "bf16" => Ok(Box::new(CudaRunner::<bf16>::new(spec)?)),
-        "f16" => Ok(Box::new(CudaRunner::<f16>::new(spec)?)),
-        other => Err(AttnError::InvalidArgument(format!("dtype {other} is not benchmarked on the cuda backend"))),
+    match spec.dtype {
+        DType::F32 => Ok(Box::new(CudaRunner::<f32>::new(spec)?)),
+        DType::BF16 => Ok(Box::new(CudaRunner::<bf16>::new(spec)?)),
+        DType::F16 => Ok(Box::new(CudaRunner::<f16>::new(spec)?)),
+        other => {
+            Err(AttnError::InvalidArgument(format!("dtype {} is not benchmarked on the cuda backend", other.as_str())))
+        }
     }
 }
 

@@ -7,23 +7,25 @@
 
 use attn_core::error::TensorName;
 use attn_core::{
-    Attention, AttnError, AttnInputs, AttnShape, DilatedConfig, Element, Grads, KeyPadding, Masks, PackedSequences,
-    Pass, Result, Saved, Shape4, TensorView, TensorViewMut,
+    Attention, AttnError, AttnInputs, AttnShape, DType, DilatedConfig, Element, Grads, KeyPadding, Masks,
+    PackedSequences, Pass, Result, Saved, Shape4, TensorView, TensorViewMut,
 };
 use attn_kernels::{CpuBackend, zeroed_buffer};
 use half::{bf16, f16};
 
-use crate::backends::{RunStats, Runner};
 use crate::case::{CaseSpec, VarLenLayout};
 use crate::inputs::normal_vec;
+use crate::runner::{RunStats, Runner};
 
 /// Build the feature runner for `spec` in its dtype.
 pub fn features(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
-    match spec.dtype.as_str() {
-        "f32" => Ok(Box::new(FeatureRunner::<f32>::new(spec)?)),
-        "bf16" => Ok(Box::new(FeatureRunner::<bf16>::new(spec)?)),
-        "f16" => Ok(Box::new(FeatureRunner::<f16>::new(spec)?)),
-        other => Err(AttnError::InvalidArgument(format!("dtype {other} is not benchmarked on the cpu backend"))),
+    match spec.dtype {
+        DType::F32 => Ok(Box::new(FeatureRunner::<f32>::new(spec)?)),
+        DType::BF16 => Ok(Box::new(FeatureRunner::<bf16>::new(spec)?)),
+        DType::F16 => Ok(Box::new(FeatureRunner::<f16>::new(spec)?)),
+        other => {
+            Err(AttnError::InvalidArgument(format!("dtype {} is not benchmarked on the cpu backend", other.as_str())))
+        }
     }
 }
 
@@ -45,7 +47,7 @@ pub fn repeat_heads<T: Element>(x: &[T], kv: Shape4, group: usize) -> Result<Vec
 /// caller holds them, the repeated K/V (when the caller repeats), the gradients and
 /// grad_out (forward+backward), the masks, and `CpuBackend::workspace_bytes_masked`.
 pub fn workspace_query(spec: &CaseSpec) -> Option<u64> {
-    let (cfg, shape, e) = (spec.config().ok()?, spec.attn_shape().ok()?, spec.dtype().ok()?.size());
+    let (cfg, shape, e) = (spec.config().ok()?, spec.attn_shape().ok()?, spec.dtype.size());
     let kernel = if spec.repeat_kv { AttnShape::self_attn(shape.q) } else { shape };
     let (nq, nk) = (shape.q.numel(), shape.kv.numel());
     let mut bytes = (2 * nq + 2 * nk) * e + shape.q.lse_len() * 4;
@@ -179,6 +181,7 @@ impl<T: Element> Runner for FeatureRunner<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::Implementation;
     use crate::case::VarLenLayout;
 
     #[test]
@@ -193,7 +196,7 @@ mod tests {
     }
 
     fn small(kv_heads: usize, repeat_kv: bool) -> CaseSpec {
-        let mut s = CaseSpec::dilated("cpu", 96, &[32, 64], &[1, 2]);
+        let mut s = CaseSpec::dilated(Implementation::Cpu, 96, &[32, 64], &[1, 2]);
         (s.kv_heads, s.repeat_kv, s.heads, s.head_dim, s.threads) = (Some(kv_heads), repeat_kv, 4, 16, 1);
         s
     }
@@ -219,7 +222,8 @@ mod tests {
     fn packed_and_padded_agree_on_real_tokens() {
         let lengths = [5, 40, 17];
         for (causal, backward) in [(true, false), (false, false), (true, true), (false, true)] {
-            let mut base = CaseSpec { causal, backward, ..CaseSpec::dilated("cpu", 1, &[16, 32], &[1, 2]) };
+            let mut base =
+                CaseSpec { causal, backward, ..CaseSpec::dilated(Implementation::Cpu, 1, &[16, 32], &[1, 2]) };
             (base.heads, base.head_dim, base.threads) = (2, 8, 1);
             let run = |layout| {
                 let spec = CaseSpec::varlen(&base, (1, 40), &lengths, layout);
@@ -273,10 +277,10 @@ mod tests {
 
     #[test]
     fn windows_run_and_refuse_what_they_cannot() {
-        let mut w = CaseSpec::window("cpu", 300, 31, 0, true);
+        let mut w = CaseSpec::window(Implementation::Cpu, 300, 31, 0, true);
         (w.heads, w.head_dim, w.threads) = (2, 8, 1);
         let o = FeatureRunner::<f32>::new(&w).unwrap().call().unwrap();
         assert!(o.out.iter().all(|x| x.is_finite()) && o.lse.len() == 300 * 2);
-        assert!(features(&CaseSpec { dtype: "f64".into(), ..w }).is_err());
+        assert!(features(&CaseSpec { dtype: DType::F64, ..w }).is_err());
     }
 }

@@ -14,10 +14,13 @@
 //!   span ranks, one call each, against the counts of `ring_bytes`. The strategy is
 //!   all-gather, so every row goes straight from its owner to each rank that reads it.
 
-use crate::case::{CaseKind, CaseSpec, VarLenLayout};
+use attn_ring::{Layout, Strategy};
+
+use crate::case::{CaseKind, CaseSpec, Implementation, VarLenLayout};
+use crate::case::{DILATIONS, SEGMENTS, ring_case};
 use crate::cli::SuiteSize;
 use crate::inputs::SplitMix;
-use crate::suite_plan::{DILATIONS, SEGMENTS, Timing, ring_case};
+use crate::measure::Timing;
 
 /// The report section of these cases.
 pub const SECTION: &str = "features";
@@ -32,7 +35,7 @@ pub const CAUSAL_WINDOW: [usize; 2] = [4095, 0];
 pub const TWO_SIDED_WINDOW: [usize; 2] = [2048, 2048];
 /// Ranks and strategy of the ring rows.
 pub const RING_WORLD: usize = 4;
-pub const RING_STRATEGY: &str = "allgather";
+pub const RING_STRATEGY: Strategy = Strategy::AllGather;
 
 /// The lengths of one suite size's feature cases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,11 +51,11 @@ pub struct FeatureSizes {
 impl FeatureSizes {
     pub fn of(size: SuiteSize) -> Self {
         match size {
-            // Dense causal attention at 65536 takes tens of seconds a call on 2 cores.
             SuiteSize::Quick => FeatureSizes { seq: 16 * 1024, max_len: 4096, varlen_backward: false },
-            SuiteSize::Default | SuiteSize::Full => {
-                FeatureSizes { seq: 64 * 1024, max_len: 16 * 1024, varlen_backward: true }
-            }
+            SuiteSize::Default => FeatureSizes { seq: 16 * 1024, max_len: 4096, varlen_backward: true },
+            // Dense causal attention at 65536, and the dense packed/padded backward at
+            // 16384, take tens of seconds a call on 2 cores: these rows are --full's.
+            SuiteSize::Full => FeatureSizes { seq: 64 * 1024, max_len: 16 * 1024, varlen_backward: true },
         }
     }
 }
@@ -73,7 +76,7 @@ pub fn varlen_patterns(max_len: usize) -> [(Vec<usize>, Vec<usize>); 2] {
 /// The ring's grouped-heads config at length `n`: segments `n/8, n/2, n` at rates 2, 8,
 /// 16 (4096 selected rows each at 65536), so two of the three patterns span ranks.
 pub fn ring_dilated(n: usize) -> CaseSpec {
-    CaseSpec::dilated("cpu", n, &[n / 8, n / 2, n], &[2, 8, 16])
+    CaseSpec::dilated(Implementation::Cpu, n, &[n / 8, n / 2, n], &[2, 8, 16])
 }
 
 /// Timed calls at least of each packed/padded row (their ratio has a target).
@@ -86,13 +89,14 @@ pub fn cases(size: SuiteSize) -> Vec<(CaseSpec, Timing)> {
     let FeatureSizes { seq: n, max_len, varlen_backward } = FeatureSizes::of(size);
     let mut out = Vec::new();
     // Grouped-query attention against K/V repeated by the caller.
-    let gqa = CaseSpec { kv_heads: Some(8 / GQA_GROUP), ..CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS) };
+    let gqa =
+        CaseSpec { kv_heads: Some(8 / GQA_GROUP), ..CaseSpec::dilated(Implementation::Cpu, n, &SEGMENTS, &DILATIONS) };
     out.push((gqa.clone(), Timing::Suite));
     out.push((CaseSpec { repeat_kv: true, ..gqa }, Timing::Suite));
     // Packed against padded, under the suite's dilated patterns and under dense attention.
     let lengths = draw_lengths(LENGTHS_SEED, SEQUENCES, max_len);
     for (segments, dilations) in varlen_patterns(max_len) {
-        let causal = CaseSpec { causal: true, ..CaseSpec::dilated("cpu", 1, &segments, &dilations) };
+        let causal = CaseSpec { causal: true, ..CaseSpec::dilated(Implementation::Cpu, 1, &segments, &dilations) };
         for backward in if varlen_backward { vec![false, true] } else { vec![false] } {
             let base = CaseSpec { backward, ..causal.clone() };
             for layout in [VarLenLayout::Packed, VarLenLayout::Padded] {
@@ -103,16 +107,16 @@ pub fn cases(size: SuiteSize) -> Vec<(CaseSpec, Timing)> {
     }
     // A causal window against dense causal attention.
     let [left, right] = CAUSAL_WINDOW;
-    out.push((CaseSpec::window("cpu", n, left, right, true), Timing::Suite));
-    out.push((CaseSpec { causal: true, ..CaseSpec::dilated("cpu", n, &[n], &[1]) }, Timing::Suite));
+    out.push((CaseSpec::window(Implementation::Cpu, n, left, right, true), Timing::Suite));
+    out.push((CaseSpec { causal: true, ..CaseSpec::dilated(Implementation::Cpu, n, &[n], &[1]) }, Timing::Suite));
     // Ring bytes per rank.
-    let windows = [CaseSpec::window("cpu", n, left, right, true), {
+    let windows = [CaseSpec::window(Implementation::Cpu, n, left, right, true), {
         let [l, r] = TWO_SIDED_WINDOW;
-        CaseSpec::window("cpu", n, l, r, false)
+        CaseSpec::window(Implementation::Cpu, n, l, r, false)
     }];
     let grouped = [1, 8].map(|kv| CaseSpec { kv_heads: Some(kv), ..ring_dilated(n) });
     for base in windows.iter().chain(&grouped) {
-        for layout in ["contiguous", "zigzag"] {
+        for layout in [Layout::Contiguous, Layout::Zigzag] {
             out.push((ring_case(base, RING_WORLD, RING_STRATEGY, layout), Timing::FirstCallOnly));
         }
     }

@@ -11,7 +11,7 @@ use attn_ring::{Plan, expected_bytes};
 
 use crate::case::{CaseKind, CaseSpec, Measurement, VarLenLayout};
 use crate::features::SECTION;
-use crate::report::{int, mb};
+use crate::format::{int, mb};
 use crate::ring_bytes::{self, RankBytes};
 use crate::varlen_pairs::varlen_pairs;
 
@@ -50,7 +50,7 @@ fn ok_tok(m: Option<&&Measurement>) -> Option<f64> {
 
 /// Bytes of q, k, v and out at the sizes the caller holds them.
 fn tensor_bytes(s: &CaseSpec) -> Option<u64> {
-    let (shape, e) = (s.attn_shape().ok()?, s.dtype().ok()?.size());
+    let (shape, e) = (s.attn_shape().ok()?, s.dtype.size());
     Some(((2 * shape.q.numel() + 2 * shape.kv.numel()) * e) as u64)
 }
 
@@ -163,7 +163,7 @@ fn varlen(o: &mut String, ms: &[&Measurement]) {
         int(positions),
         100.0 * (positions - total) as f64 / positions.max(1) as f64,
         if s.causal { "Causal, " } else { "" },
-        s.dtype,
+        s.dtype.as_str(),
         positions as f64 / total.max(1) as f64,
     );
     // One summary line per attention config, in the order the rows ran.
@@ -216,15 +216,17 @@ fn window(o: &mut String, ms: &[&Measurement]) {
          rate 1. Timed runs follow the first (memory) call; a case whose first call takes over half the time budget \
          gets one. GFLOP/s: 4 d per (query, key) pair a window admits, halved n^2 for dense causal.\n\n\
          | Case | Seq | Time (ms) | Timed runs | Peak (MB) | GFLOP/s |\n|---|---|---|---|---|---|",
-        windows[0].spec.heads, windows[0].spec.head_dim, windows[0].spec.dtype
+        windows[0].spec.heads,
+        windows[0].spec.head_dim,
+        windows[0].spec.dtype.as_str()
     );
     let mut ratios = Vec::new();
     for w in windows {
         let [left, right] = w.spec.window.unwrap_or([0, 0]);
         let dense = ms.iter().find(|m| {
             is_dense_causal(&m.spec)
-                && (m.spec.seq_len, m.spec.heads, m.spec.head_dim, &m.spec.dtype, m.spec.backward)
-                    == (w.spec.seq_len, w.spec.heads, w.spec.head_dim, &w.spec.dtype, w.spec.backward)
+                && (m.spec.seq_len, m.spec.heads, m.spec.head_dim, m.spec.dtype, m.spec.backward)
+                    == (w.spec.seq_len, w.spec.heads, w.spec.head_dim, w.spec.dtype, w.spec.backward)
         });
         let causal = if w.spec.causal { " causal" } else { "" };
         for (m, name) in [(Some(w), format!("window ({left}, {right}){causal}")), (dense, "dense causal".to_string())] {
@@ -246,7 +248,7 @@ struct Predicted {
 
 fn predicted(s: &CaseSpec) -> Option<Predicted> {
     let problem = crate::ring_runner::problem(s).ok()?;
-    let dtype = s.dtype().ok()?;
+    let dtype = s.dtype;
     let expected = Plan::new(problem.clone()).ok().map(|p| expected_bytes(&p, dtype, Pass::Forward));
     Some(Predicted {
         counted: ring_bytes::counted(&problem, dtype),
@@ -289,16 +291,16 @@ fn ring(o: &mut String, ms: &[&Measurement]) {
          | Case | Layout | Rank | Data bytes | expected_bytes | Rows sent (B) | Counted sent (B) | Counted received (B) | Window bound (B) |\n\
          |---|---|---|---|---|---|---|---|---|",
         s.world_size,
-        s.strategy.as_deref().unwrap_or("auto"),
+        s.strategy.unwrap_or_default().as_str(),
         int(s.seq_len),
         s.batch,
         s.head_dim,
-        s.dtype
+        s.dtype.as_str()
     );
     let (mut all_equal, mut all_within) = (true, true);
     for m in &ring {
         let s = &m.spec;
-        let (name, layout) = (ring_case_name(s), s.layout.as_deref().unwrap_or("contiguous"));
+        let (name, layout) = (ring_case_name(s), s.layout.unwrap_or_default().as_str());
         let pred = predicted(s);
         if !m.ok() || m.data_bytes_sent.len() != s.world_size {
             let _ = writeln!(o, "| {name} | {layout} | | {} | | | | | |", m.status);
@@ -347,7 +349,7 @@ fn ring(o: &mut String, ms: &[&Measurement]) {
                 "\n{} K/V heads against {} ({}): {} fewer k/v bytes measured, {} counted.",
                 g.spec.kv_heads(),
                 f.spec.kv_heads(),
-                g.spec.layout.as_deref().unwrap_or("contiguous"),
+                g.spec.layout.unwrap_or_default().as_str(),
                 ratio(total(f), total(g)),
                 ratio(counted(f), counted(g)),
             );

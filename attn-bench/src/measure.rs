@@ -4,10 +4,13 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 
-use crate::backends::{self, RunStats};
+use crate::backends;
 use crate::case::{CaseKind, CaseSpec, Measurement};
+use crate::cli::SuiteSize;
 use crate::memory::{self, MemoryWindow};
-use crate::rss_check::{self, RssCheck};
+use crate::rss_check::RssCheck;
+use crate::rss_report;
+use crate::runner::RunStats;
 
 /// How many timed calls a case gets.
 #[derive(Debug, Clone, Copy)]
@@ -23,6 +26,9 @@ pub struct Repetitions {
 impl Repetitions {
     pub const QUICK: Repetitions =
         Repetitions { min_runs: 2, max_runs: 5, budget: Duration::from_millis(1500), long_case_runs: 1 };
+    /// The default suite: at least 3 timed calls, more while they take under 2 s in all.
+    pub const DEFAULT: Repetitions =
+        Repetitions { min_runs: 3, max_runs: 10, budget: Duration::from_secs(2), long_case_runs: 1 };
     pub const FULL: Repetitions =
         Repetitions { min_runs: 3, max_runs: 10, budget: Duration::from_secs(6), long_case_runs: 1 };
     /// No timed call after the memory call: its time (cold pages included) is the
@@ -30,6 +36,15 @@ impl Repetitions {
     /// call at a million tokens takes half a minute or more.
     pub const MEMORY_CALL_ONLY: Repetitions =
         Repetitions { min_runs: 0, max_runs: 0, budget: Duration::ZERO, long_case_runs: 0 };
+
+    /// The repetitions of a suite of `size`.
+    pub fn of(size: SuiteSize) -> Repetitions {
+        match size {
+            SuiteSize::Quick => Repetitions::QUICK,
+            SuiteSize::Default => Repetitions::DEFAULT,
+            SuiteSize::Full => Repetitions::FULL,
+        }
+    }
 
     /// Exactly `n` timed calls (`--runs N`).
     pub fn exactly(n: usize) -> Repetitions {
@@ -100,7 +115,7 @@ pub fn measure(spec: &CaseSpec, reps: Repetitions, gemm_gflop_per_s: f64, git: &
                 workspace_query_bytes: None,
                 git_commit: git.to_string(),
             };
-            m.rss_check = RssCheck::of(m.peak_bytes, rss_check::rss_growth(&m));
+            m.rss_check = RssCheck::of(m.peak_bytes, rss_report::rss_growth(&m));
             m
         }
         Err(e) if backends::is_unavailable(&e) => Measurement::not_run(spec.clone(), format!("skipped: {e}"), git),
@@ -149,9 +164,35 @@ fn run_case(spec: &CaseSpec, reps: Repetitions, bar: &ProgressBar) -> attn_core:
     Ok(Done { times_ms, memory: mem, rank_peaks, stats })
 }
 
+/// How a planned case is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timing {
+    /// The suite's repetitions.
+    Suite,
+    /// Its first call alone (no timed repetitions): cases whose point is what they
+    /// send, not their time.
+    FirstCallOnly,
+    /// The suite's repetitions, with at least this many timed calls however long a call
+    /// takes: rows whose ratio to each other is checked against a target.
+    AtLeast(usize),
+}
+
+impl Timing {
+    /// The repetitions of a case timed this way in a suite of `suite` repetitions.
+    pub fn repetitions(self, suite: Repetitions) -> Repetitions {
+        match self {
+            Timing::Suite => suite,
+            Timing::FirstCallOnly => Repetitions::MEMORY_CALL_ONLY,
+            Timing::AtLeast(n) => suite.at_least(n),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::Implementation;
+    use attn_ring::{Layout, Strategy};
 
     #[test]
     fn median_of_even_and_odd_lengths() {
@@ -163,7 +204,7 @@ mod tests {
     #[test]
     fn reference_case_measures_time_and_inputs() {
         let _guard = memory::TEST_WINDOW_LOCK.lock();
-        let spec = CaseSpec::dilated("reference", 64, &[16, 32], &[1, 2]);
+        let spec = CaseSpec::dilated(Implementation::Reference, 64, &[16, 32], &[1, 2]);
         let m = measure(&spec, Repetitions::QUICK, 1.0, "test", &ProgressBar::hidden());
         assert!(m.ok(), "{}", m.status);
         // q, k, v in f64 alone are 3 * 64*8*64*8 bytes.
@@ -176,14 +217,14 @@ mod tests {
         let tiny = Repetitions { budget: Duration::from_nanos(1), ..Repetitions::QUICK };
         assert_eq!(measure(&spec, tiny, 1.0, "test", &ProgressBar::hidden()).runs, 1);
         assert_eq!(measure(&spec, tiny.at_least(3), 1.0, "test", &ProgressBar::hidden()).runs, 3);
-        let bad = CaseSpec::dilated("reference", 64, &[16, 32], &[1]);
+        let bad = CaseSpec::dilated(Implementation::Reference, 64, &[16, 32], &[1]);
         assert!(measure(&bad, Repetitions::QUICK, 1.0, "t", &ProgressBar::hidden()).status.starts_with("error:"));
     }
 
     #[test]
     fn cuda_case_runs_or_says_why_it_skipped() {
         let _guard = memory::TEST_WINDOW_LOCK.lock();
-        let spec = CaseSpec::dilated("cuda", 256, &[64, 128], &[1, 2]);
+        let spec = CaseSpec::dilated(Implementation::Cuda, 256, &[64, 128], &[1, 2]);
         let m = measure(&spec, Repetitions::QUICK, 1.0, "test", &ProgressBar::hidden());
         assert!(m.ok() || m.status.starts_with("skipped:"), "{}", m.status);
         if cfg!(feature = "cuda") {
@@ -201,18 +242,19 @@ mod tests {
     #[test]
     fn feature_cases_report_memory_and_ring_data_bytes() {
         let _guard = memory::TEST_WINDOW_LOCK.lock();
-        let mut gqa = CaseSpec::dilated("cpu", 512, &[64, 128], &[1, 2]);
+        let mut gqa = CaseSpec::dilated(Implementation::Cpu, 512, &[64, 128], &[1, 2]);
         gqa.kv_heads = Some(2);
         let m = measure(&gqa, Repetitions::QUICK, 1.0, "test", &ProgressBar::hidden());
         assert!(m.ok(), "{}", m.status);
         let tensors = 4 * (2 * 512 * 8 * 64 + 2 * 512 * 2 * 64) as u64;
         assert!(m.peak_bytes >= tensors, "{} < {tensors}", m.peak_bytes);
-        let window = CaseSpec::window("cpu", 512, 63, 0, true);
+        let window = CaseSpec::window(Implementation::Cpu, 512, 63, 0, true);
         // Segments of 512 span both ranks' 256 rows.
-        let spanning = CaseSpec { kv_heads: Some(2), ..CaseSpec::dilated("cpu", 512, &[64, 512], &[1, 2]) };
+        let spanning =
+            CaseSpec { kv_heads: Some(2), ..CaseSpec::dilated(Implementation::Cpu, 512, &[64, 512], &[1, 2]) };
         for base in [window, spanning] {
-            for layout in ["contiguous", "zigzag"] {
-                let spec = crate::suite_plan::ring_case(&base, 2, "allgather", layout);
+            for layout in [Layout::Contiguous, Layout::Zigzag] {
+                let spec = crate::case::ring_case(&base, 2, Strategy::AllGather, layout);
                 let m = measure(&spec, Repetitions::MEMORY_CALL_ONLY, 1.0, "test", &ProgressBar::hidden());
                 assert!(m.ok(), "{}: {}", spec.label(), m.status);
                 let problem = crate::ring_runner::problem(&spec).unwrap();
@@ -225,7 +267,7 @@ mod tests {
             }
         }
         // Features the runners do not take are typed errors, not silently dropped.
-        let mut bad = CaseSpec::dilated("reference", 64, &[16, 32], &[1, 2]);
+        let mut bad = CaseSpec::dilated(Implementation::Reference, 64, &[16, 32], &[1, 2]);
         bad.kv_heads = Some(2);
         assert!(measure(&bad, Repetitions::QUICK, 1.0, "t", &ProgressBar::hidden()).status.starts_with("error:"));
     }
@@ -233,9 +275,9 @@ mod tests {
     #[test]
     fn ring_case_reports_one_peak_and_byte_count_per_rank() {
         let _guard = memory::TEST_WINDOW_LOCK.lock();
-        let base = CaseSpec::dilated("cpu", 256, &[64, 128], &[1, 2]);
+        let base = CaseSpec::dilated(Implementation::Cpu, 256, &[64, 128], &[1, 2]);
         for p in [1usize, 2, 3] {
-            let spec = crate::suite_plan::ring_case(&base, p, "auto", "contiguous");
+            let spec = crate::case::ring_case(&base, p, Strategy::Auto, Layout::Contiguous);
             let m = measure(&spec, Repetitions::QUICK, 1.0, "test", &ProgressBar::hidden());
             assert!(m.ok(), "P={p}: {}", m.status);
             assert_eq!(m.rank_peak_bytes.len(), p);

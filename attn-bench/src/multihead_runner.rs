@@ -12,13 +12,13 @@
 
 use std::sync::Arc;
 
-use attn_core::{AttnError, Mixing, Result};
+use attn_core::{AttnError, DType, Result};
 use attn_kernels::CpuBackend;
 use attn_multihead::{Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, MultiheadWorkspace};
 
-use crate::backends::{RunStats, Runner};
-use crate::case::CaseSpec;
+use crate::case::{CaseSpec, Implementation};
 use crate::inputs::normal_vec;
+use crate::runner::{RunStats, Runner};
 
 struct MultiheadRunner {
     layer: MultiheadDilatedAttention<f32>,
@@ -39,15 +39,15 @@ pub fn multihead(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
 
 impl MultiheadRunner {
     fn build(spec: &CaseSpec) -> Result<Self> {
-        if spec.dtype != "f32" {
+        if spec.dtype != DType::F32 {
             return Err(AttnError::BackendUnavailable {
                 backend: "multihead",
-                reason: format!("the multihead layer runs f32 or f64, not {}", spec.dtype),
+                reason: format!("the multihead layer runs f32 or f64, not {}", spec.dtype.as_str()),
             });
         }
         let e = spec.heads * spec.head_dim;
         let cfg = MultiheadConfig::new(e, spec.heads, &spec.segments, &spec.dilations)
-            .with_mixing(Mixing::parse(&spec.mixing)?)
+            .with_mixing(spec.mixing)
             .with_causal(spec.causal);
         let backend = Arc::new(CpuBackend::new(spec.threads)?);
         let layer = MultiheadDilatedAttention::<f32>::new(cfg, 7, backend)?;
@@ -55,13 +55,13 @@ impl MultiheadRunner {
             AttnError::InvalidArgument(format!("batch {} x seq {} x embed {e} overflows", spec.batch, spec.seq_len))
         })?;
         let grads = spec.backward.then(|| layer.zero_grads());
-        let reuse = match (spec.implementation.as_str(), spec.backward) {
-            ("cpu-workspace", true) => {
+        let reuse = match (spec.implementation, spec.backward) {
+            (Implementation::CpuWorkspace, true) => {
                 return Err(AttnError::InvalidArgument(
                     "--impl cpu-workspace times the inference forward (forward_with); drop --backward".into(),
                 ));
             }
-            ("cpu-workspace", false) => Some((MultiheadWorkspace::new(), vec![0.0; n])),
+            (Implementation::CpuWorkspace, false) => Some((MultiheadWorkspace::new(), vec![0.0; n])),
             _ => None,
         };
         Ok(MultiheadRunner {
@@ -102,7 +102,7 @@ mod tests {
     /// timed runs: two runs hold twice one run's gradients (nothing re-initialised).
     #[test]
     fn backward_runs_accumulate_into_buffers_made_once() {
-        let mut spec = CaseSpec::dilated("cpu", 48, &[16, 32], &[1, 2]);
+        let mut spec = CaseSpec::dilated(Implementation::Cpu, 48, &[16, 32], &[1, 2]);
         (spec.kind, spec.backward, spec.heads, spec.head_dim, spec.threads) =
             (crate::case::CaseKind::Multihead, true, 2, 8, 1);
         let mut r = MultiheadRunner::build(&spec).unwrap();
@@ -134,7 +134,7 @@ mod tests {
     /// the output `forward` gives; it refuses `--backward`.
     #[test]
     fn the_workspace_runner_reuses_its_buffers_and_matches_forward() {
-        let mut spec = CaseSpec::dilated("cpu-workspace", 48, &[16, 32], &[1, 2]);
+        let mut spec = CaseSpec::dilated(Implementation::CpuWorkspace, 48, &[16, 32], &[1, 2]);
         (spec.kind, spec.heads, spec.head_dim, spec.threads) = (crate::case::CaseKind::Multihead, 2, 8, 1);
         let mut r = MultiheadRunner::build(&spec).unwrap();
         r.run().unwrap();

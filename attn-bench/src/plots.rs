@@ -8,8 +8,10 @@ use std::path::Path;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use attn_ring::Layout;
+
+use crate::case::SEGMENTS;
 use crate::case::{CaseKind, Measurement};
-use crate::suite_plan::SEGMENTS;
 
 /// One line of a chart.
 #[derive(Debug, Clone)]
@@ -144,11 +146,11 @@ fn by_world(ms: &[&Measurement], y: impl Fn(&Measurement) -> f64) -> Vec<Series>
 /// The throughput chart's line for a measurement: implementation, world size and
 /// layout for the ring, and the segments where they differ from the scaling config.
 fn throughput_line(m: &Measurement) -> String {
-    let mut name = m.spec.implementation.clone();
+    let mut name = m.spec.implementation.to_string();
     if m.spec.kind == CaseKind::Ring {
         name = format!("{name} P={}", m.spec.world_size);
-        if let Some(l) = m.spec.layout.as_deref().filter(|l| *l != "contiguous") {
-            name = format!("{name} {l}");
+        if let Some(l) = m.spec.layout.filter(|l| *l != Layout::Contiguous) {
+            name = format!("{name} {}", l.as_str());
         }
     }
     if m.spec.segments != SEGMENTS {
@@ -281,6 +283,8 @@ pub fn standard(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::Implementation;
+    use attn_ring::Strategy;
 
     #[test]
     fn log_ticks_label_only_one_two_five() {
@@ -298,11 +302,11 @@ mod tests {
         let _guard = crate::memory::TEST_WINDOW_LOCK.lock();
         use crate::case::CaseSpec;
         let m = |spec: CaseSpec| Measurement::not_run(spec, "ok".into(), "t");
-        let cpu = CaseSpec::dilated("cpu", 8192, &SEGMENTS, &[1, 2, 4]);
+        let cpu = CaseSpec::dilated(Implementation::Cpu, 8192, &SEGMENTS, &[1, 2, 4]);
         assert_eq!(throughput_line(&m(cpu.clone())), "cpu");
-        let zig = crate::suite_plan::ring_case(&cpu, 4, "ring", "zigzag");
+        let zig = crate::case::ring_case(&cpu, 4, Strategy::Ring, Layout::Zigzag);
         assert_eq!(throughput_line(&m(zig)), "ring-ring P=4 zigzag");
-        let small = CaseSpec::dilated("reference", 2048, &[512, 1024, 2048], &[1, 2, 4]);
+        let small = CaseSpec::dilated(Implementation::Reference, 2048, &[512, 1024, 2048], &[1, 2, 4]);
         assert_eq!(throughput_line(&m(small)), "reference (w 512,1024,2048)");
         // The same case from two sections is one point of one line.
         let mut a = m(cpu.clone());

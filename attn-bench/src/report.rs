@@ -6,10 +6,13 @@ use std::collections::BTreeSet;
 use std::fmt::Write;
 
 use crate::baseline::{self, Comparison};
-use crate::case::{CaseKind, Measurement};
+use crate::case::SEGMENTS;
+use attn_core::{DType, Mixing};
+
+use crate::case::{CaseKind, Implementation, Measurement};
+use crate::format::{int, mb};
 use crate::results::RunResults;
-use crate::rss_check;
-use crate::suite_plan::SEGMENTS;
+use crate::rss_report;
 
 /// The measurements each part of the report uses.
 #[derive(Debug)]
@@ -37,7 +40,7 @@ impl<'a> Selection<'a> {
             .iter()
             .filter(|m| m.status.starts_with("ok") && m.runs > 0)
             .filter(|m| m.section == "scaling" || m.section == "comparison")
-            .filter(|m| m.spec.dtype == "f32" && !m.spec.backward && !m.spec.causal)
+            .filter(|m| m.spec.dtype == DType::F32 && !m.spec.backward && !m.spec.causal)
             .collect();
         let seqs: BTreeSet<usize> = ring.iter().map(|m| m.spec.seq_len).collect();
         let worlds_at = |n: usize| ring.iter().filter(|m| m.spec.seq_len == n).count();
@@ -47,29 +50,11 @@ impl<'a> Selection<'a> {
     }
 }
 
-/// Bytes as MiB (the report's "MB").
-pub(crate) fn mb(b: u64) -> f64 {
-    b as f64 / 1048576.0
-}
-
-/// `n` with thousands separators.
-pub(crate) fn int(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// Peak RSS growth over the case, or the process peak in parentheses where the peak
 /// could not be reset per case; a flagged cross-check is marked.
 fn rss(m: &Measurement) -> String {
     let mark = if m.rss_check.flagged() { " (!)" } else { "" };
-    match (rss_check::rss_growth(m), m.peak_rss_bytes) {
+    match (rss_report::rss_growth(m), m.peak_rss_bytes) {
         (Some(g), _) => format!("{:.1}{mark}", mb(g)),
         (None, Some(b)) => format!("({:.1})", mb(b)),
         (None, None) => "n/a".into(),
@@ -143,9 +128,10 @@ fn comparison_tables(out: &mut String, r: &RunResults, section: &str) {
         let rows: Vec<&Measurement> =
             ms.iter().copied().filter(|m| m.spec.seq_len == seq && m.spec.segments == segs).collect();
         let kind = rows[0].spec.kind.as_str();
-        let base =
-            |name: &str| rows.iter().copied().find(|m| m.spec.implementation == name && m.status.starts_with("ok"));
-        let (refm, torch) = (base("reference"), base("torch"));
+        let base = |imp: Implementation| {
+            rows.iter().copied().find(|m| m.spec.implementation == imp && m.status.starts_with("ok"))
+        };
+        let (refm, torch) = (base(Implementation::Reference), base(Implementation::Torch));
         let _ = writeln!(
             out,
             "\n**{kind}, seq {}, segments {segs:?}, dilations {:?}**\n",
@@ -158,12 +144,14 @@ fn comparison_tables(out: &mut String, r: &RunResults, section: &str) {
         );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
         for m in &rows {
-            let mut name = match (&m.spec.layout, m.spec.kind) {
-                (Some(l), CaseKind::Ring) => format!("{} P={} {l}", m.spec.implementation, m.spec.world_size),
-                _ => m.spec.implementation.clone(),
+            let mut name = match (m.spec.layout, m.spec.kind) {
+                (Some(l), CaseKind::Ring) => {
+                    format!("{} P={} {}", m.spec.implementation, m.spec.world_size, l.as_str())
+                }
+                _ => m.spec.implementation.to_string(),
             };
-            if m.spec.dtype != "f32" {
-                name = format!("{name} {}", m.spec.dtype);
+            if m.spec.dtype != DType::F32 {
+                name = format!("{name} {}", m.spec.dtype.as_str());
             }
             if !m.status.starts_with("ok") {
                 let _ = writeln!(out, "| {name} | {} | | | | | | |", m.status);
@@ -285,7 +273,7 @@ pub fn render(
     if let Some(rows) = baseline {
         let _ = writeln!(o, "\n## Against the baseline\n\n{}", baseline::table(rows, threshold));
     }
-    rss_check::render(&mut o, &r.measurements);
+    rss_report::render(&mut o, &r.measurements);
     if !plots.is_empty() {
         let _ = writeln!(o, "\n## Plots\n");
     }
@@ -387,8 +375,8 @@ fn variants_table(o: &mut String, r: &RunResults) {
             "\n## Variants (dtype, causal, backward, mixing, Hilbert order)\n\n| Case | Time (ms) | GFLOP/s | % of f32 GEMM | Peak MB/rank | Status |\n|---|---|---|---|---|---|"
         );
         for m in variants {
-            let mixing = if m.spec.mixing == "longnet" { " longnet" } else { "" };
-            let layout = m.spec.layout.as_deref().map_or(String::new(), |l| format!(" {l}"));
+            let mixing = if m.spec.mixing == Mixing::LongNet { " longnet" } else { "" };
+            let layout = m.spec.layout.map_or(String::new(), |l| format!(" {}", l.as_str()));
             let _ = writeln!(
                 o,
                 "| {}{mixing}{layout} | {:.1} | {:.1} | {:.1}% | {} | {} |",

@@ -66,3 +66,29 @@ impl RunResults {
         serde_json::from_str(&s).map_err(|e| AttnError::Format(format!("{}: {e}", path.display())))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example report's `results.json` loads into the typed cases and writes back
+    /// the same JSON value: an earlier file stays a valid `--baseline`.
+    #[test]
+    fn the_example_results_round_trip_unchanged() {
+        let path = crate::torch_peer::repo_root().join("docs/example-report/results.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let original: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let typed: RunResults = serde_json::from_str(&text).unwrap();
+        assert!(typed.measurements.len() > 90, "{}", typed.measurements.len());
+        let written = serde_json::to_value(&typed).unwrap();
+        let cases = |v: &serde_json::Value| {
+            v["measurements"].as_array().unwrap().iter().map(|m| m["spec"].clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(cases(&written), cases(&original));
+        // A name no type knows is a typed error naming it.
+        let bad = text.replacen("\"dtype\": \"f32\"", "\"dtype\": \"f8\"", 1);
+        assert_ne!(bad, text);
+        let e = serde_json::from_str::<RunResults>(&bad).unwrap_err().to_string();
+        assert!(e.contains("unknown dtype `f8`"), "{e}");
+    }
+}

@@ -10,29 +10,29 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, Element, Result, Shape4, TensorView, TensorViewMut};
+use attn_core::{AttnError, DType, Element, Result, Shape4, TensorView, TensorViewMut};
 use attn_kernels::zeroed_buffer;
-use attn_ring::{BackwardOutputs, Layout, RingProblem, RingStats, Strategy, ThreadComm};
+use attn_ring::{BackwardOutputs, RingProblem, RingStats, ThreadComm};
 use half::{bf16, f16};
 
-use crate::backends::{RunStats, Runner};
 use crate::case::CaseSpec;
 use crate::inputs::normal_vec;
+use crate::runner::{RunStats, Runner};
 
 /// How long the driver waits for a rank's answer before calling the case failed.
 const RANK_ANSWER_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Build the ring runner for `spec` in its dtype.
 pub fn ring(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
-    match spec.dtype.as_str() {
-        "f32" => Ok(Box::new(RingRunner::new::<f32>(spec)?)),
-        "bf16" => Ok(Box::new(RingRunner::new::<bf16>(spec)?)),
-        "f16" => Ok(Box::new(RingRunner::new::<f16>(spec)?)),
-        other => Err(AttnError::InvalidArgument(format!("dtype {other} is not benchmarked on the ring"))),
+    match spec.dtype {
+        DType::F32 => Ok(Box::new(RingRunner::new::<f32>(spec)?)),
+        DType::BF16 => Ok(Box::new(RingRunner::new::<bf16>(spec)?)),
+        DType::F16 => Ok(Box::new(RingRunner::new::<f16>(spec)?)),
+        other => Err(AttnError::InvalidArgument(format!("dtype {} is not benchmarked on the ring", other.as_str()))),
     }
 }
 
-/// The ring problem of `spec` (strategy and layout parsed with attn-ring's parsers;
+/// The ring problem of `spec` (strategy `auto` and layout `contiguous` where unset;
 /// k and v with `kv_heads` heads).
 pub fn problem(spec: &CaseSpec) -> Result<RingProblem> {
     if spec.varlen.is_some() || spec.repeat_kv {
@@ -41,8 +41,7 @@ pub fn problem(spec: &CaseSpec) -> Result<RingProblem> {
                 .into(),
         ));
     }
-    let strategy = Strategy::parse(spec.strategy.as_deref().unwrap_or("auto"))?;
-    let layout = Layout::parse(spec.layout.as_deref().unwrap_or("contiguous"))?;
+    let (strategy, layout) = (spec.strategy.unwrap_or_default(), spec.layout.unwrap_or_default());
     layout.check(spec.seq_len, spec.world_size)?;
     Ok(RingProblem::new(&spec.config()?, spec.attn_shape()?, layout, strategy, spec.world_size))
 }

@@ -1,11 +1,7 @@
 //! The memory cross-check: each case's counting-allocator peak against the growth of
 //! the process peak RSS over the same window, with the rule that flags disagreements.
 
-use std::fmt::Write;
-
 use serde::{Deserialize, Serialize};
-
-use crate::case::Measurement;
 
 /// Absolute slack of the "allocator above RSS" test (page rounding, small reuse).
 const SLACK_BYTES: u64 = 4 << 20;
@@ -73,54 +69,6 @@ impl RssCheck {
     }
 }
 
-/// Peak RSS growth of a measurement over its window, where the peak was reset per case.
-pub fn rss_growth(m: &Measurement) -> Option<u64> {
-    match (m.rss_windowed, m.peak_rss_bytes, m.rss_base_bytes) {
-        (true, Some(peak), Some(base)) => Some(peak.saturating_sub(base)),
-        _ => None,
-    }
-}
-
-fn mb(b: u64) -> f64 {
-    b as f64 / 1048576.0
-}
-
-/// The report section: the rule, the counts and every flagged case.
-pub fn render(out: &mut String, ms: &[Measurement]) {
-    let run: Vec<&Measurement> = ms.iter().filter(|m| m.runs > 0 && m.peak_bytes > 0).collect();
-    let count = |c: RssCheck| run.iter().filter(|m| m.rss_check == c).count();
-    let _ = writeln!(
-        out,
-        "\n## Memory cross-check (allocator peak vs peak RSS growth)\n\n{RULE}\n\n{} case(s) agree, {} `heap_above_rss` (page reuse, not flagged), {} flagged `rss_far_above_heap`, {} not checked.",
-        count(RssCheck::Agrees),
-        count(RssCheck::HeapAboveRss),
-        count(RssCheck::RssFarAboveHeap),
-        count(RssCheck::NotChecked)
-    );
-    let flagged: Vec<&&Measurement> = run.iter().filter(|m| m.rss_check.flagged()).collect();
-    if flagged.is_empty() {
-        return;
-    }
-    let _ = writeln!(
-        out,
-        "\n| Case | Section | Allocator peak A (MB) | RSS growth R (MB) | R / A | Verdict |\n|---|---|---|---|---|---|"
-    );
-    for m in flagged {
-        let r = rss_growth(m).unwrap_or(0);
-        let layout = m.spec.layout.as_deref().map_or(String::new(), |l| format!(" {l}"));
-        let _ = writeln!(
-            out,
-            "| {}{layout} | {} | {:.1} | {:.1} | {:.2} | {} |",
-            m.spec.label(),
-            m.section,
-            mb(m.peak_bytes),
-            mb(r),
-            r as f64 / m.peak_bytes.max(1) as f64,
-            m.rss_check.as_str()
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,18 +91,5 @@ mod tests {
         assert_eq!(RssCheck::of(0, Some(65 * MIB)), RssCheck::RssFarAboveHeap);
         assert!(RssCheck::RssFarAboveHeap.flagged() && !RssCheck::HeapAboveRss.flagged());
         assert!(!RssCheck::Agrees.flagged() && !RssCheck::NotChecked.flagged());
-    }
-
-    #[test]
-    fn growth_needs_a_windowed_peak_and_a_base() {
-        let spec = crate::case::CaseSpec::dilated("cpu", 64, &[16, 32], &[1, 2]);
-        let mut m = Measurement::not_run(spec, "ok".into(), "t");
-        m.peak_rss_bytes = Some(300);
-        m.rss_base_bytes = Some(100);
-        assert_eq!(rss_growth(&m), None);
-        m.rss_windowed = true;
-        assert_eq!(rss_growth(&m), Some(200));
-        m.rss_base_bytes = None;
-        assert_eq!(rss_growth(&m), None);
     }
 }

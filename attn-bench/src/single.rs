@@ -6,7 +6,7 @@ use std::path::Path;
 use indicatif::ProgressBar;
 use serde_json::{Value, json};
 
-use crate::case::{CaseKind, CaseSpec};
+use crate::case::{CaseKind, CaseSpec, Implementation};
 use crate::gemm_rate;
 use crate::machine::Machine;
 use crate::measure::{self, Repetitions};
@@ -25,7 +25,7 @@ pub fn run(spec: &CaseSpec, runs: Option<usize>, torch: Option<&Path>) -> Value 
     let m = measure::measure(spec, reps, gemm.median_gflop_per_s, &machine.git_commit, &bar);
     let mut obj = json!({
         "case": spec.kind.as_str(),
-        "implementation": spec.implementation,
+        "implementation": spec.implementation.as_str(),
         "status": m.status,
         "median_ms": m.median_ms,
         "min_ms": m.min_ms,
@@ -48,7 +48,7 @@ pub fn run(spec: &CaseSpec, runs: Option<usize>, torch: Option<&Path>) -> Value 
         let mut one = spec.clone();
         one.kind = CaseKind::Dilated;
         one.world_size = 1;
-        one.implementation = "cpu".into();
+        one.implementation = Implementation::Cpu;
         let single = measure::measure(&one, reps, gemm.median_gflop_per_s, &machine.git_commit, &bar);
         obj["per_rank_peak_bytes"] = json!(m.rank_peak_bytes);
         obj["peak_bytes_per_rank"] = json!(m.peak_bytes_per_rank);
@@ -126,7 +126,7 @@ mod tests {
     fn torch_json_runs_the_multihead_script_with_the_case_flags_and_gives_the_ratio() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let mut spec = CaseSpec::dilated("cpu", 64, &[32, 128], &[1, 2]);
+        let mut spec = CaseSpec::dilated(Implementation::Cpu, 64, &[32, 128], &[1, 2]);
         (spec.kind, spec.backward, spec.heads) = (CaseKind::Multihead, true, 2);
         let (t, ratio) = torch_peer_json(&fake_python(dir, false), &spec, 3, "git", 20.0, true);
         assert!(t["status"].as_str().unwrap().starts_with("ok (9.9.9+fake"), "{t}");

@@ -5,13 +5,14 @@ use crate::gemm_rate::GEMM_N;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use attn_core::{AttnError, Result};
+use attn_core::{AttnError, DType, Mixing, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 use crate::backends;
 use crate::baseline;
 use crate::capacity::{self, CapacityRow, Confirmation};
-use crate::case::{CaseKind, CaseSpec, Measurement};
+use crate::case::{CaseKind, CaseSpec, Implementation, Measurement};
+use crate::case::{DILATIONS, SEGMENTS};
 use crate::cli::{SuiteOptions, SuiteSize};
 use crate::features;
 use crate::gemm_rate;
@@ -22,7 +23,7 @@ use crate::plots;
 use crate::report;
 use crate::results::{MEMORY_METHOD, RunResults};
 use crate::rss_check;
-use crate::suite_plan::{self, DILATIONS, SEGMENTS};
+use crate::suite_plan;
 use crate::torch_peer;
 
 fn style() -> ProgressStyle {
@@ -135,8 +136,11 @@ fn torch_rows(
     let cases = measurements
         .iter()
         .filter(|m| matches!(m.section.as_str(), "comparison" | "multihead" | "variants"))
-        .filter(|m| matches!(m.spec.kind, CaseKind::Dilated | CaseKind::Multihead) && m.spec.implementation == "cpu")
-        .filter(|m| m.spec.dtype != "f16" && m.spec.mixing == "head_groups");
+        .filter(|m| {
+            matches!(m.spec.kind, CaseKind::Dilated | CaseKind::Multihead)
+                && m.spec.implementation == Implementation::Cpu
+        })
+        .filter(|m| m.spec.dtype != DType::F16 && m.spec.mixing == Mixing::HeadGroups);
     cases
         .map(|c| {
             let (spec, section) = (&c.spec, &c.section);
@@ -144,7 +148,7 @@ fn torch_rows(
             bar.set_message(format!("torch {}", spec.label()));
             let mut m = torch_peer::run(python, spec, runs, git).unwrap_or_else(|e| {
                 let mut s = spec.clone();
-                s.implementation = "torch".into();
+                s.implementation = Implementation::Torch;
                 Measurement::not_run(s, format!("error: {e}"), git)
             });
             m.gemm_gflop_per_s = gemm(spec.threads);
@@ -176,7 +180,7 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
         gemm.median_gflop_per_s,
         dir.display()
     );
-    let reps = if opts.size == SuiteSize::Quick { Repetitions::QUICK } else { Repetitions::FULL };
+    let reps = Repetitions::of(opts.size);
     let wanted = |section: &str| opts.sections.is_empty() || opts.sections.iter().any(|s| s == section);
     let mut plan = suite_plan::plan(opts.size, opts.threads);
     plan.retain(|p| wanted(p.section));
@@ -184,13 +188,8 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     let ctx = Ctx {
         multi: &multi,
         git: machine.git_commit.clone(),
-        // The capacity confirmations: world size 1 in the default suite, all four in --full.
-        total: plan.len()
-            + match (wanted("capacity"), opts.size) {
-                (false, _) | (_, SuiteSize::Quick) => 0,
-                (true, SuiteSize::Default) => 1,
-                (true, SuiteSize::Full) => 4,
-            },
+        // The capacity confirmations: all four world sizes in --full, none otherwise.
+        total: plan.len() + if wanted("capacity") && opts.size == SuiteSize::Full { 4 } else { 0 },
         done: std::cell::Cell::new(0),
     };
     let mut measurements: Vec<Measurement> =
@@ -200,7 +199,8 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
         let rows = torch_rows(python, &measurements, reps.min_runs.max(3), &machine.git_commit, &multi, &gemm_now);
         measurements.extend(rows);
     }
-    let cap_base = CaseSpec { threads: opts.threads, ..CaseSpec::dilated("cpu", 8192, &SEGMENTS, &DILATIONS) };
+    let cap_base =
+        CaseSpec { threads: opts.threads, ..CaseSpec::dilated(Implementation::Cpu, 8192, &SEGMENTS, &DILATIONS) };
     let usable = machine::available_memory_bytes().map(capacity::usable_machine_bytes);
     let mut capacity = Vec::new();
     if wanted("capacity") {
@@ -215,7 +215,7 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     };
     let hilbert_orders = wanted("hilbert").then(|| {
         eprintln!("attn-bench: Hilbert order generation and permutation ...");
-        HilbertOrders::measure(if opts.size == SuiteSize::Quick { 3 } else { 5 })
+        HilbertOrders::measure(if opts.size == SuiteSize::Full { 5 } else { 3 })
     });
     let results = RunResults {
         suite: suite.into(),

@@ -1,44 +1,18 @@
 //! Which cases each suite (`--quick`, default, `--full`) measures, by report section.
 
-use crate::case::{CaseKind, CaseSpec};
+use attn_core::{DType, Mixing};
+use attn_ring::{Layout, Strategy};
+
+use crate::case::{CaseKind, CaseSpec, DILATIONS, Implementation, SEGMENTS, SMALL_SEGMENTS, ring_case};
 use crate::cli::SuiteSize;
 use crate::features;
-use crate::measure::Repetitions;
+use crate::measure::Timing;
 
-/// The scaling config: the PyTorch peer script's default (3 head groups, w up to 8192).
-pub const SEGMENTS: [usize; 3] = [2048, 4096, 8192];
-pub const DILATIONS: [usize; 3] = [1, 2, 4];
-/// A config whose segments divide 2048, for the comparison that includes the slow reference.
-pub const SMALL_SEGMENTS: [usize; 3] = [512, 1024, 2048];
 /// Ring strategies and the default one used by the scaling tables.
-pub const STRATEGIES: [&str; 3] = ["auto", "ring", "allgather"];
-pub const DEFAULT_STRATEGY: &str = "auto";
+pub const STRATEGIES: [Strategy; 3] = [Strategy::Auto, Strategy::Ring, Strategy::AllGather];
+pub const DEFAULT_STRATEGY: Strategy = Strategy::Auto;
 /// World sizes of the ring-size sweep.
 pub const SWEEP_WORLDS: [usize; 5] = [1, 2, 4, 8, 16];
-
-/// How a planned case is timed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Timing {
-    /// The suite's repetitions.
-    Suite,
-    /// Its first call alone (no timed repetitions): cases whose point is what they
-    /// send, not their time.
-    FirstCallOnly,
-    /// The suite's repetitions, with at least this many timed calls however long a call
-    /// takes: rows whose ratio to each other is checked against a target.
-    AtLeast(usize),
-}
-
-impl Timing {
-    /// The repetitions of a case timed this way in a suite of `suite` repetitions.
-    pub fn repetitions(self, suite: Repetitions) -> Repetitions {
-        match self {
-            Timing::Suite => suite,
-            Timing::FirstCallOnly => Repetitions::MEMORY_CALL_ONLY,
-            Timing::AtLeast(n) => suite.at_least(n),
-        }
-    }
-}
 
 /// One planned case and the report section it belongs to.
 #[derive(Debug, Clone)]
@@ -77,9 +51,11 @@ impl SuiteShape {
                 multihead_seqs: vec![8 * k],
                 all_layouts: false,
             },
+            // About 3 minutes of measurement on 2 quiet cores: the one-rank table to 128K,
+            // the ring table at 2K, 8K, 32K and the sweep's 64K.
             SuiteSize::Default => SuiteShape {
-                single_seqs: vec![2 * k, 4 * k, 8 * k, 16 * k, 32 * k, 64 * k, 128 * k, 256 * k],
-                ring_seqs: vec![2 * k, 4 * k, 8 * k, 16 * k, 32 * k, 64 * k],
+                single_seqs: vec![2 * k, 4 * k, 8 * k, 16 * k, 32 * k, 64 * k, 128 * k],
+                ring_seqs: vec![2 * k, 8 * k, 32 * k],
                 sweep_seq: 64 * k,
                 reference_seqs: vec![2 * k, 4 * k],
                 variants: true,
@@ -99,17 +75,6 @@ impl SuiteShape {
     }
 }
 
-/// A ring case of the scaling config.
-pub fn ring_case(base: &CaseSpec, world: usize, strategy: &str, layout: &str) -> CaseSpec {
-    let mut s = base.clone();
-    s.kind = CaseKind::Ring;
-    s.world_size = world;
-    s.implementation = format!("ring-{strategy}");
-    s.strategy = Some(strategy.to_string());
-    s.layout = Some(layout.to_string());
-    s
-}
-
 /// Every case of a suite, in run order.
 pub fn plan(size: SuiteSize, threads: usize) -> Vec<Planned> {
     let shape = SuiteShape::of(size);
@@ -121,7 +86,7 @@ pub fn plan(size: SuiteSize, threads: usize) -> Vec<Planned> {
     let mut push = |section, spec: CaseSpec| push_case(section, spec, Timing::Suite);
     // Scaling: one rank per sequence length, then the ring over world sizes.
     for &n in &shape.single_seqs {
-        push("scaling", CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS));
+        push("scaling", CaseSpec::dilated(Implementation::Cpu, n, &SEGMENTS, &DILATIONS));
     }
     let mut ring_seqs = shape.ring_seqs.clone();
     if !ring_seqs.contains(&shape.sweep_seq) {
@@ -129,55 +94,60 @@ pub fn plan(size: SuiteSize, threads: usize) -> Vec<Planned> {
     }
     for &n in &ring_seqs {
         for &p in &SWEEP_WORLDS {
-            let base = CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS);
-            push("scaling", ring_case(&base, p, DEFAULT_STRATEGY, "contiguous"));
+            let base = CaseSpec::dilated(Implementation::Cpu, n, &SEGMENTS, &DILATIONS);
+            push("scaling", ring_case(&base, p, DEFAULT_STRATEGY, Layout::Contiguous));
         }
     }
     // Comparison 1: a size the f64 reference can do in about a second. CUDA rows are
     // planned on every build: without the feature or a GPU they report why they skipped.
     for &n in &shape.reference_seqs {
-        for imp in ["reference", "cpu", "cuda"] {
+        for imp in [Implementation::Reference, Implementation::Cpu, Implementation::Cuda] {
             push("comparison", CaseSpec::dilated(imp, n, &SMALL_SEGMENTS, &DILATIONS));
         }
         push(
             "comparison",
-            ring_case(&CaseSpec::dilated("cpu", n, &SMALL_SEGMENTS, &DILATIONS), 2, "auto", "contiguous"),
+            ring_case(
+                &CaseSpec::dilated(Implementation::Cpu, n, &SMALL_SEGMENTS, &DILATIONS),
+                2,
+                Strategy::Auto,
+                Layout::Contiguous,
+            ),
         );
     }
     // Comparison 2: the peer script's default case, every ring strategy and layout.
-    let base = CaseSpec::dilated("cpu", 8192, &SEGMENTS, &DILATIONS);
+    let base = CaseSpec::dilated(Implementation::Cpu, 8192, &SEGMENTS, &DILATIONS);
     push("comparison", base.clone());
-    let cuda = CaseSpec::dilated("cuda", 8192, &SEGMENTS, &DILATIONS);
+    let cuda = CaseSpec::dilated(Implementation::Cuda, 8192, &SEGMENTS, &DILATIONS);
     push("comparison", cuda.clone());
-    push("comparison", CaseSpec { dtype: "bf16".into(), ..cuda });
+    push("comparison", CaseSpec { dtype: DType::BF16, ..cuda });
     for strategy in STRATEGIES {
-        for layout in ["contiguous", "zigzag"] {
-            if shape.all_layouts || layout == "contiguous" || strategy == DEFAULT_STRATEGY {
+        for layout in [Layout::Contiguous, Layout::Zigzag] {
+            if shape.all_layouts || layout == Layout::Contiguous || strategy == DEFAULT_STRATEGY {
                 push("comparison", ring_case(&base, 4, strategy, layout));
             }
         }
     }
     // Multihead: projections + attention + norm + output projection.
     for &n in &shape.multihead_seqs {
-        let mut mh = CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS);
+        let mut mh = CaseSpec::dilated(Implementation::Cpu, n, &SEGMENTS, &DILATIONS);
         mh.kind = CaseKind::Multihead;
         push("multihead", mh);
     }
     if shape.variants {
         let n = 16 * 1024;
-        let v = CaseSpec::dilated("cpu", n, &SEGMENTS, &DILATIONS);
+        let v = CaseSpec::dilated(Implementation::Cpu, n, &SEGMENTS, &DILATIONS);
         push("variants", v.clone());
         push("variants", CaseSpec { causal: true, ..v.clone() });
-        push("variants", CaseSpec { dtype: "bf16".into(), ..v.clone() });
-        push("variants", CaseSpec { dtype: "f16".into(), ..v.clone() });
+        push("variants", CaseSpec { dtype: DType::BF16, ..v.clone() });
+        push("variants", CaseSpec { dtype: DType::F16, ..v.clone() });
         push("variants", CaseSpec { backward: true, ..v.clone() });
-        push("variants", CaseSpec { mixing: "longnet".into(), ..v.clone() });
+        push("variants", CaseSpec { mixing: Mixing::LongNet, ..v.clone() });
         let mut h = v.clone();
         h.kind = CaseKind::Hilbert;
         push("variants", h);
-        push("variants", ring_case(&CaseSpec { causal: true, ..v.clone() }, 4, "auto", "contiguous"));
-        push("variants", ring_case(&CaseSpec { causal: true, ..v.clone() }, 4, "auto", "zigzag"));
-        push("variants", ring_case(&CaseSpec { backward: true, ..v }, 4, "auto", "contiguous"));
+        push("variants", ring_case(&CaseSpec { causal: true, ..v.clone() }, 4, Strategy::Auto, Layout::Contiguous));
+        push("variants", ring_case(&CaseSpec { causal: true, ..v.clone() }, 4, Strategy::Auto, Layout::Zigzag));
+        push("variants", ring_case(&CaseSpec { backward: true, ..v }, 4, Strategy::Auto, Layout::Contiguous));
     }
     // Grouped heads, packed sequences, windows (`features` says which).
     for (spec, timing) in features::cases(size) {
@@ -205,16 +175,17 @@ mod tests {
                 assert!(p.iter().filter(ring).any(|c| c.spec.world_size == w), "{size:?} P={w}");
             }
             // Every strategy and the CUDA rows are in the comparison of every suite.
-            let cmp = |imp: &str| p.iter().any(|c| c.section == "comparison" && c.spec.implementation == imp);
+            let cmp = |imp: &str| p.iter().any(|c| c.section == "comparison" && c.spec.implementation.as_str() == imp);
             assert!(["reference", "cpu", "cuda", "ring-auto", "ring-ring", "ring-allgather"].into_iter().all(cmp));
         }
     }
 
     #[test]
-    fn default_and_full_ring_tables_cover_2k_to_64k_at_every_world_size() {
-        for size in [SuiteSize::Default, SuiteSize::Full] {
+    fn ring_tables_cover_their_lengths_at_every_world_size() {
+        let full: Vec<usize> = (11..=18).map(|e| 1 << e).collect();
+        for (size, seqs) in [(SuiteSize::Default, vec![2048, 8192, 32768, 65536]), (SuiteSize::Full, full)] {
             let p = plan(size, 2);
-            for n in (11..=16).map(|e| 1usize << e) {
+            for n in seqs {
                 for w in SWEEP_WORLDS {
                     let hit =
                         |c: &Planned| c.section == "scaling" && c.spec.kind == CaseKind::Ring && c.spec.seq_len == n;

@@ -8,10 +8,12 @@ use std::path::PathBuf;
 
 use indicatif::ProgressDrawTarget;
 
+use attn_ring::{Layout, Strategy};
+
+use crate::case::{Implementation, SMALL_SEGMENTS, ring_case};
+use crate::format::int;
 use crate::gemm_rate::GemmRate;
 use crate::memory::TEST_WINDOW_LOCK;
-use crate::report::int;
-use crate::suite_plan::{SMALL_SEGMENTS, ring_case};
 
 const GIT: &str = "0123456789abcdef0123456789abcdef01234567";
 const PLOTS: [&str; 5] =
@@ -55,7 +57,7 @@ fn machine() -> Machine {
     }
 }
 
-fn dilated(imp: &str, n: usize) -> CaseSpec {
+fn dilated(imp: Implementation, n: usize) -> CaseSpec {
     CaseSpec { threads: 2, ..CaseSpec::dilated(imp, n, &SEGMENTS, &DILATIONS) }
 }
 
@@ -64,36 +66,37 @@ fn dilated(imp: &str, n: usize) -> CaseSpec {
 fn synthetic(extra: Vec<Measurement>) -> RunResults {
     let mut ms = Vec::new();
     for e in 11..=16 {
-        ms.push(ok("scaling", dilated("cpu", 1 << e), (1 << e) as f64 / 64.0, 8.0));
+        ms.push(ok("scaling", dilated(Implementation::Cpu, 1 << e), (1 << e) as f64 / 64.0, 8.0));
     }
     for n in [2048, 8192] {
         for p in [1, 2, 4, 8, 16] {
             ms.push(ok(
                 "scaling",
-                ring_case(&dilated("cpu", n), p, "auto", "contiguous"),
+                ring_case(&dilated(Implementation::Cpu, n), p, Strategy::Auto, Layout::Contiguous),
                 n as f64 / 40.0,
                 8.0 / p as f64 + 0.5,
             ));
         }
     }
-    let small = |imp: &str| CaseSpec { threads: 2, ..CaseSpec::dilated(imp, 2048, &SMALL_SEGMENTS, &DILATIONS) };
-    ms.push(ok("comparison", small("reference"), 400.0, 30.0));
-    ms.push(ok("comparison", small("cpu"), 20.0, 9.0));
+    let small =
+        |imp: Implementation| CaseSpec { threads: 2, ..CaseSpec::dilated(imp, 2048, &SMALL_SEGMENTS, &DILATIONS) };
+    ms.push(ok("comparison", small(Implementation::Reference), 400.0, 30.0));
+    ms.push(ok("comparison", small(Implementation::Cpu), 20.0, 9.0));
     ms.push(Measurement {
         section: "comparison".into(),
-        ..Measurement::not_run(small("cuda"), "skipped: CUDA not compiled in".into(), GIT)
+        ..Measurement::not_run(small(Implementation::Cuda), "skipped: CUDA not compiled in".into(), GIT)
     });
-    ms.push(ok("comparison", ring_case(&small("cpu"), 2, "auto", "contiguous"), 40.0, 5.0));
-    ms.push(ok("comparison", dilated("cpu", 8192), 100.0, 8.5));
-    ms.push(ok("comparison", CaseSpec { dtype: "bf16".into(), ..dilated("cpu", 8192) }, 20.0, 4.5));
-    for s in ["auto", "ring", "allgather"] {
-        ms.push(ok("comparison", ring_case(&dilated("cpu", 8192), 4, s, "contiguous"), 300.0, 3.0));
+    ms.push(ok("comparison", ring_case(&small(Implementation::Cpu), 2, Strategy::Auto, Layout::Contiguous), 40.0, 5.0));
+    ms.push(ok("comparison", dilated(Implementation::Cpu, 8192), 100.0, 8.5));
+    ms.push(ok("comparison", CaseSpec { dtype: DType::BF16, ..dilated(Implementation::Cpu, 8192) }, 20.0, 4.5));
+    for s in [Strategy::Auto, Strategy::Ring, Strategy::AllGather] {
+        ms.push(ok("comparison", ring_case(&dilated(Implementation::Cpu, 8192), 4, s, Layout::Contiguous), 300.0, 3.0));
     }
-    ms.push(ok("multihead", CaseSpec { kind: CaseKind::Multihead, ..dilated("cpu", 8192) }, 180.0, 20.0));
+    ms.push(ok("multihead", CaseSpec { kind: CaseKind::Multihead, ..dilated(Implementation::Cpu, 8192) }, 180.0, 20.0));
     // bf16 at 16K: faster than the f32 GEMM yardstick allows, so above 100%.
-    ms.push(ok("variants", CaseSpec { dtype: "bf16".into(), ..dilated("cpu", 16384) }, 10.0, 4.0));
+    ms.push(ok("variants", CaseSpec { dtype: DType::BF16, ..dilated(Implementation::Cpu, 16384) }, 10.0, 4.0));
     ms.extend(extra);
-    let base = dilated("cpu", 8192);
+    let base = dilated(Implementation::Cpu, 8192);
     let mut capacity = capacity::table(&base, &ms, &[1, 2, 4, 8], 8 << 30, Some(12 << 30));
     let confirmed = ok("capacity", capacity::case_at(&base, 1, 65536), 900.0, 8.1);
     capacity::record(&mut capacity[0], &confirmed.spec, &confirmed, "synthetic".into());
@@ -447,11 +450,11 @@ fn results_without_the_feature_fields_still_load() {
 /// and `--allow-errors` passes it.
 #[test]
 fn a_failed_case_fails_the_suite_naming_it() {
-    let good = ok("comparison", dilated("cpu", 8192), 100.0, 1.0);
-    let mut skipped = Measurement::not_run(dilated("cuda", 8192), "skipped: no GPU".into(), GIT);
+    let good = ok("comparison", dilated(Implementation::Cpu, 8192), 100.0, 1.0);
+    let mut skipped = Measurement::not_run(dilated(Implementation::Cuda, 8192), "skipped: no GPU".into(), GIT);
     skipped.section = "comparison".into();
     assert!(failures(&[good.clone(), skipped.clone()], false).is_ok());
-    let mut bad = Measurement::not_run(dilated("cpu", 16384), "error: out of memory".into(), GIT);
+    let mut bad = Measurement::not_run(dilated(Implementation::Cpu, 16384), "error: out of memory".into(), GIT);
     bad.section = "scaling".into();
     let all = [good, skipped, bad.clone()];
     let e = failures(&all, false).unwrap_err().to_string();

@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use attn_core::{AttnError, Result};
+use attn_core::{AttnError, Mixing, Result};
 use serde::Deserialize;
 
-use crate::case::{CaseKind, CaseSpec, Measurement};
+use crate::case::{CaseKind, CaseSpec, Implementation, Measurement};
 
 #[derive(Debug, Deserialize)]
 struct TorchLine {
@@ -36,7 +36,7 @@ pub fn script_for(spec: &CaseSpec) -> Option<PathBuf> {
 pub fn run(python: &Path, spec: &CaseSpec, runs: usize, git: &str) -> Result<Measurement> {
     let script = script_for(spec)
         .ok_or_else(|| AttnError::InvalidArgument(format!("no PyTorch script for case {}", spec.kind.as_str())))?;
-    if spec.mixing != "head_groups" || spec.segments.iter().any(|&w| !spec.seq_len.is_multiple_of(w)) {
+    if spec.mixing != Mixing::HeadGroups || spec.segments.iter().any(|&w| !spec.seq_len.is_multiple_of(w)) {
         return Err(AttnError::InvalidArgument("the PyTorch script needs head_groups and w | n".into()));
     }
     let join = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
@@ -45,7 +45,7 @@ pub fn run(python: &Path, spec: &CaseSpec, runs: usize, git: &str) -> Result<Mea
         .args(["--batch", &spec.batch.to_string(), "--seq-len", &spec.seq_len.to_string()])
         .args(["--heads", &spec.heads.to_string(), "--head-dim", &spec.head_dim.to_string()])
         .args(["--segments", &join(&spec.segments), "--dilations", &join(&spec.dilations)])
-        .args(["--dtype", &spec.dtype, "--runs", &runs.to_string()])
+        .args(["--dtype", spec.dtype.as_str(), "--runs", &runs.to_string()])
         .env("OMP_NUM_THREADS", spec.threads.to_string());
     if spec.causal {
         cmd.arg("--causal");
@@ -63,7 +63,7 @@ pub fn run(python: &Path, spec: &CaseSpec, runs: usize, git: &str) -> Result<Mea
     let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or_default();
     let t: TorchLine = serde_json::from_str(line).map_err(|e| AttnError::Format(format!("torch output: {e}")))?;
     let mut spec = spec.clone();
-    spec.implementation = "torch".into();
+    spec.implementation = Implementation::Torch;
     let mut m = Measurement::not_run(spec, "ok".into(), git);
     m.status = format!("ok ({}; memory not measured)", t.torch);
     m.runs = runs;

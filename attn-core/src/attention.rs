@@ -12,6 +12,7 @@ use std::fmt::Debug;
 use crate::config::DilatedConfig;
 use crate::element::Element;
 use crate::error::{AttnError, Result, TensorName};
+pub use crate::feature::Feature;
 use crate::masks::{KeyPadding, Masks, PackedSequences};
 use crate::shape::AttnShape;
 use crate::view::{TensorView, TensorViewMut};
@@ -96,57 +97,6 @@ impl<'a, T: Element> AttnInputs<'a, T> {
         let shape = AttnShape::of_call(self.cfg, [&q[..], &k[..], &v[..]])?;
         self.masks.check(&shape)?;
         Ok(shape)
-    }
-}
-
-/// A feature a call may use beyond dilated attention of queries over keys of their own
-/// length, whole batch rows and one key/value head per query head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Feature {
-    /// Fewer key/value heads than query heads (grouped-query attention).
-    GroupedKv,
-    /// A key padding mask.
-    KeyPadding,
-    /// Packed variable-length sequences (`cu_seqlens`).
-    Packing,
-    /// A sliding window config.
-    Window,
-    /// Keys and values with a sequence length of their own (`kv_seq != q_seq`).
-    CrossAttention,
-    /// A capability outside the attention features (a device, a gradient path), by name;
-    /// never in a [`Supported`] set.
-    Other(&'static str),
-}
-
-impl Feature {
-    /// The features [`AttnInputs::features`] detects, in the order it reports them.
-    pub const CHECKED: [Feature; 5] =
-        [Feature::GroupedKv, Feature::KeyPadding, Feature::Packing, Feature::Window, Feature::CrossAttention];
-
-    /// The feature's bit in a [`Supported`] set (none for [`Feature::Other`]).
-    const fn bit(self) -> u16 {
-        match self {
-            Feature::GroupedKv => 1,
-            Feature::KeyPadding => 1 << 1,
-            Feature::Packing => 1 << 2,
-            Feature::Window => 1 << 3,
-            Feature::CrossAttention => 1 << 4,
-            Feature::Other(_) => 0,
-        }
-    }
-}
-
-impl std::fmt::Display for Feature {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Feature::GroupedKv => "grouped key/value heads",
-            Feature::KeyPadding => "key padding masks",
-            Feature::Packing => "packed sequences",
-            Feature::Window => "sliding windows",
-            Feature::CrossAttention => "cross-attention with kv_seq != q_seq",
-            Feature::Other(name) => name,
-        })
     }
 }
 

@@ -4,32 +4,9 @@
 //! mode's name (in files, on command lines, in `match`es on [`DilatedConfig::mixing`]).
 
 use crate::band::Band;
+pub use crate::causality::Causality;
 use crate::error::{AttnError, Result};
 use crate::pattern::SegmentPattern;
-
-/// Whether a query also sees keys at later positions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Causality {
-    /// Every key the pattern selects in the query's segment.
-    #[default]
-    Full,
-    /// Only keys at positions `<=` the query's.
-    Causal,
-}
-
-impl Causality {
-    pub fn is_causal(self) -> bool {
-        self == Causality::Causal
-    }
-}
-
-impl From<bool> for Causality {
-    /// `true` is [`Causality::Causal`] (the conformance files and the Python and
-    /// command-line options spell causality as a boolean).
-    fn from(causal: bool) -> Self {
-        if causal { Causality::Causal } else { Causality::Full }
-    }
-}
 
 /// How the patterns of a config are combined (see SPEC.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::attention::Feature;
+use crate::feature::Feature;
 
 /// Result alias used across the workspace.
 pub type Result<T, E = AttnError> = std::result::Result<T, E>;

@@ -25,10 +25,13 @@
 pub mod attention;
 pub mod band;
 pub mod block_mask;
+pub mod causality;
 pub mod config;
 pub mod element;
 pub mod error;
+pub mod feature;
 pub mod guard;
+pub mod head_patterns;
 pub mod masks;
 pub mod merge;
 pub mod pattern;
@@ -45,9 +48,10 @@ pub use config::{Causality, DilatedConfig, DilatedConfigBuilder, Mixing, Window}
 pub use element::{DType, Element};
 pub use error::{AttnError, Result, TensorName};
 pub use guard::{MemoryBudget, check_finite};
+pub use head_patterns::{HeadGroups, HeadPatterns, OffsetHeads};
 pub use masks::{KeyPadding, KeyPaddingMask, Masks, OwnedMasks, PackedSequences};
 pub use merge::{LseMerge, OnlineSoftmax};
-pub use pattern::{HeadGroups, HeadPatterns, OffsetHeads, SegmentPattern};
+pub use pattern::SegmentPattern;
 pub use placed::PlacedPattern;
 pub use reference::ReferenceBackend;
 pub use rng::SeededRng;

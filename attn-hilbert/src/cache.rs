@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use attn_core::error::Result;
 
+use crate::generate::{OrderKind, generate};
 use crate::grid::Grid;
-use crate::order::{OrderKind, generate};
 use crate::permutation::Permutation;
 
 /// Default number of orders the global cache keeps.

@@ -81,6 +81,7 @@
 
 pub mod bench;
 pub mod cache;
+pub mod generate;
 mod gilbert;
 pub mod grid;
 pub mod locality;
@@ -89,9 +90,10 @@ pub mod permutation;
 mod zorder;
 
 pub use cache::OrderCache;
+pub use generate::{GenerationWork, OrderKind, generate, generate_counted};
 pub use grid::Grid;
 pub use locality::{
     Locality, locality, mean_segment_diameter, neighbour_in_segment_fraction, shifted_neighbour_in_segment_fraction,
 };
-pub use order::{GenerationWork, OrderKind, TokenOrder, generate, generate_counted};
+pub use order::TokenOrder;
 pub use permutation::{Permutation, TokenLayout};

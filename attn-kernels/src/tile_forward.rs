@@ -193,3 +193,126 @@ fn nothing_visible(row: &mut [f32], visible: Range<usize>, l: &mut f32) {
     }
     row.fill(0.0);
 }
+
+#[cfg(test)]
+mod lane_tests {
+    //! The lane kernel (`lane_forward`) against this file's row kernel.
+    use attn_core::Band;
+
+    use super::*;
+    use crate::lane_forward::forward_piece as lane_piece;
+    use crate::rows::PieceRows;
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// The lane kernel equals the row kernel (this file's own path, run on the same
+    /// flavour) within f32 rounding on every supported flavour: query blocks with padded
+    /// lanes, several key tiles, causal pieces with interleaved positions (some queries
+    /// see no key), sliding windows (both edges, and causal), and a query row poisoned
+    /// with NaN (its own output only).
+    #[test]
+    fn lanes_equal_rows() {
+        let d = 40;
+        let flavours = Isa::ALL.into_iter().filter(|i| *i != Isa::Amx);
+        for isa in attn_testkit::isa_policy::runnable("lanes_equal_rows", flavours, Isa::as_str, Isa::is_supported) {
+            // Scale 10: base-2 scores spread over hundreds, so the lazy maximum must rise.
+            let (full, causal) = (Band::FULL, Band::CAUSAL);
+            for (nq, nk, band, qstep, kstep, scale) in [
+                (130, 250, full, 1, 1, 0.3),
+                (7, 300, full, 2, 2, 0.3),
+                (150, 260, causal, 2, 3, 0.3),
+                (64, 97, causal, 1, 1, 0.3),
+                (100, 400, full, 1, 1, 10.0),
+                (80, 200, causal, 1, 1, 10.0),
+                (120, 300, Band::new(20, 5), 2, 1, 0.3),
+                (90, 200, Band::new(0, 40), 1, 2, 10.0),
+                (100, 300, Band::new(3, 0), 1, 1, 0.3),
+            ] {
+                let (qd, kd, vd) = (values(nq * d, 1), values(nk * d, 2), values(nk * d, 3));
+                let qoff: Vec<usize> = (0..nq).map(|i| i * d).collect();
+                let koff: Vec<usize> = (0..nk).map(|j| j * d).collect();
+                // Keys start after the first queries, so causal rows 0..qstep see nothing.
+                let qpos: Vec<usize> = (0..nq).map(|i| i * qstep).collect();
+                let kpos: Vec<usize> = (0..nk).map(|j| 2 + j * kstep).collect();
+                let mut qd = qd;
+                qd[5 * d + 1] = f32::NAN;
+                let q = PieceRows { data: &qd, offsets: &qoff, pos: &qpos };
+                let k = PieceRows { data: &kd, offsets: &koff, pos: &kpos };
+                let v = PieceRows { data: &vd, offsets: &koff, pos: &kpos };
+                let (mut o1, mut l1) = (vec![0.0; nq * d], vec![0.0; nq]);
+                let (mut o2, mut l2) = (vec![0.0; nq * d], vec![0.0; nq]);
+                let mut ws = ForwardScratch::default();
+                assert!(lane_piece(
+                    PieceSpec { isa, scale, d, band },
+                    &Piece { q: &q, k: &k, v: &v },
+                    &mut ws,
+                    &mut o1,
+                    &mut l1
+                ));
+                forward_piece_rows(
+                    PieceSpec { isa, scale, d, band },
+                    &Piece { q: &q, k: &k, v: &v },
+                    &mut ws,
+                    &mut o2,
+                    &mut l2,
+                );
+                let case = format!("{} nq={nq} nk={nk} {band:?}", isa.as_str());
+                for i in 0..nq {
+                    let (a, b) = (&o1[i * d..(i + 1) * d], &o2[i * d..(i + 1) * d]);
+                    if i == 5 {
+                        assert!(a.iter().all(|x| x.is_nan()) && b.iter().all(|x| x.is_nan()), "{case}: NaN row");
+                        continue;
+                    }
+                    let (la, lb) = (l1[i], l2[i]);
+                    assert!(la == lb || (la - lb).abs() <= 1e-5 * lb.abs().max(1.0), "{case}: lse {i}: {la} {lb}");
+                    for (x, y) in a.iter().zip(b) {
+                        assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{case}: out {i}: {x} {y}");
+                    }
+                }
+                if band == causal {
+                    assert_eq!(l1[0], f32::NEG_INFINITY, "{case}: query 0 precedes every key");
+                    assert!(o1[..d].iter().all(|&x| x == 0.0), "{case}: an unseen row is 0");
+                }
+            }
+        }
+    }
+
+    /// Causal with a non-finite value: the piece goes back to the row kernel untouched.
+    #[test]
+    fn causal_poisoned_values_are_handed_back() {
+        let d = 16;
+        let (qd, kd, mut vd) = (values(32 * d, 4), values(32 * d, 5), values(32 * d, 6));
+        vd[7 * d] = f32::INFINITY;
+        let off: Vec<usize> = (0..32).map(|i| i * d).collect();
+        let pos: Vec<usize> = (0..32).collect();
+        let rows = |x| PieceRows { data: x, offsets: &off, pos: &pos };
+        let (mut o, mut l) = (vec![7.0; 32 * d], vec![7.0; 32]);
+        let mut ws = ForwardScratch::default();
+        let isa = Isa::detect();
+        assert!(!lane_piece(
+            PieceSpec { isa, scale: 0.25, d, band: Band::CAUSAL },
+            &Piece { q: &rows(&qd), k: &rows(&kd), v: &rows(&vd) },
+            &mut ws,
+            &mut o,
+            &mut l
+        ));
+        assert!(o.iter().chain(&l).all(|&x| x == 7.0), "nothing written");
+        assert!(lane_piece(
+            PieceSpec { isa, scale: 0.25, d, band: Band::FULL },
+            &Piece { q: &rows(&qd), k: &rows(&kd), v: &rows(&vd) },
+            &mut ws,
+            &mut o,
+            &mut l
+        ));
+    }
+}

@@ -17,6 +17,8 @@ use crate::workspace::{MultiheadWorkspace, SelectionKey, sized};
 use attn_core::{Attention, AttnInputs};
 
 mod backward;
+#[cfg(test)]
+mod workspace_reuse;
 
 /// The projected q, k, v: one fused `[b, s, h + 2 kv_h, d]` buffer for self-attention,
 /// or q `[b, n, h, d]` and a fused kv `[b, m, 2 kv_h, d]` for cross-attention.

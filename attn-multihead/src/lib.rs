@@ -25,6 +25,37 @@
 //! # std::fs::remove_file(&path).ok();
 //! # Ok(()) }
 //! ```
+//!
+//! # Structure
+//!
+//! The MAGNETO/LongNet layer over any `Arc<dyn Attention<F>>`
+//! (reference, `CpuBackend`, `RingBackend`; the layer asks `placement()` whether it
+//! sees the whole sequence, and `query_positions` only for dropout masks on a shard).
+//! It depends on core, hilbert and kernels; attn-ring and the ring glue
+//! (`ring_layer`, `OrderedRing`) only with the `ring` feature. One fused QKV projection writes
+//! `[b, s, 3, h, d]`, attention reads it through strided views; on one device
+//! with head groups (`sparse_projection`) each group projects only the rows its
+//! pattern selects (the rest stay zero; the backward skips them too) (cross-attention
+//! with its own key length goes to the kernels' cross entry points; the ring
+//! refuses it with a typed error), then dropout (masks a function of seed, site
+//! and GLOBAL token position, which the backend reports, so every split draws
+//! the same mask), sub-LayerNorm and the output projection. Backward reverses each stage.
+//! Every forward buffer lives in a `MultiheadWorkspace` (`forward_with`; `forward` makes a
+//! fresh one), which remembers the selection whose unwritten projection rows are zero.
+//! Inference and the self-attention backward (`layer/backward.rs`) on one device walk
+//! long sequences in windows (`segment_window`: a multiple of every segment length,
+//! default at least 8192 rows), so their buffers hold one window; `forward_train` keeps
+//! every row, since the backward reads them. `LongNetEncoder::forward` in eval walks
+//! such windows through the whole stack (`forward_windows`), feed-forward included.
+//! Parameters carry PyTorch names (`NamedParams`), which drive safetensors I/O,
+//! gradient checks and the ring all-reduce. `LongNetEncoder` stacks pre-LN
+//! layers with MAGNETO gains; `OrderedAttention` applies a Hilbert/Z order on one
+//! device (self- and cross-attention) and `OrderedRing` on the ring, both reached
+//! from the layer (`with_token_order`, `with_ring_token_order`): the ring's global
+//! sequence is the grid in curve order, so each rank attends over a compact
+//! spatial patch while callers keep row-major tensors. `golden_grad` runs a
+//! `multihead_grad/` file's training forward and backward, on one device or on ring ranks
+//! (weight gradients summed over the ranks), for the conformance runner.
 #![deny(unsafe_code)]
 
 pub mod config;

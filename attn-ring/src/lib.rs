@@ -39,6 +39,76 @@
 //! assert!(worst < 1e-5, "{worst}");
 //! # Ok(()) }
 //! ```
+//!
+//! # Structure
+//!
+//! Sequence parallelism, in five parts. `RingBackend` (top level) is one
+//! rank behind the `Attention` interface (placement `Shard`, its rows from the layout);
+//! `in_process` runs a whole problem over in-process ranks.
+//! - `comm/`: `Communicator` (paired sendrecv, all-gather, barrier, timeouts, framed
+//!   messages with sequence, length and checksum; `framing()` reads the framing state,
+//!   `framing_mut()` changes it) with `ThreadComm`, `MpiComm` (feature `mpi`),
+//!   `NcclComm` (feature `nccl`: `GroupedComm` over grouped NCCL rounds, where a send
+//!   waits for its receive, so frames `post`ed without a receive travel with the rank's
+//!   next exchange; the communicator is non-blocking (`nccl_handle`, the only raw NCCL
+//!   calls, through the functions `nccl_library` reads from the libnccl it finds:
+//!   `ATTN_NCCL_PATH`, `libnccl.so.2`, `libnccl.so`, added and toolkit directories),
+//!   every step polled against one deadline by `nccl_progress` and aborted on
+//!   failure or timeout; the protocol is tested on the in-process `EmulatedNccl`, and the
+//!   real `NcclComm` code without a GPU against stand-in `libcuda`/`libnccl` libraries,
+//!   `tests/stand_in_gpu/stand_in_gpu.c`) and the fault-injecting `FaultyComm`.
+//! - `plan/`: `Layout` (contiguous, zigzag; any length, packed sequences split by
+//!   token); `RingProblem` (global shapes, k/v heads, the global key padding and
+//!   `cu_seqlens`); `Plan`/`Strategy` (up to `MAX_WORLD` = 4096 ranks and `MAX_PAIRS`
+//!   = 2^20 (pattern, head) pairs: its tables grow as world^2 and list each pair;
+//!   per-pattern row counts come from `head_counts` in O(1)) choosing segment-local,
+//!   ring pass or all-gather per pattern; the rows that travel are the owner's keys in
+//!   a receiver's segments within its queries' band, once per (pattern, key/value head)
+//!   pair; `ring_route` (a ring block goes to the next rank, the previous one or both
+//!   ways, split where it reaches its receivers in the fewest hops, so a two-sided window
+//!   moves one hop each way); `workspace`
+//!   (`Plan::workspace_bytes`, `forward_buffer_bytes`: a rank's memory from the plan
+//!   alone).
+//! - `protocol/`: `handshake` (config, shapes, dtype, budget and finite checks, the same
+//!   verdict on every rank; a gradient into the LSE is judged after the exchanges and its
+//!   verdict shared in `completion`), `wire` (byte encoding of data messages), `call` (the shared
+//!   entry and exit of the public calls, `RingOptions`: a per-rank `MemoryBudget`,
+//!   `check_finite`, and `threads`, a rank's compute threads) and `completion` (the
+//!   two-round step: per-peer frame-count tables, then every rank's verdict, before any
+//!   output is written).
+//! - `compute/`: `rank_rows` (a rank's rows with their positions, and the key blocks it
+//!   exchanges), `kernel_bridge` (the kernels' block entry on those rows), `forward`
+//!   (`ring_forward`: local patterns, all-gathered and ring-pass blocks LSE-merged),
+//!   `allgather_forward` (the forward when no pattern uses the ring pass: pieces of one
+//!   (pattern, head), an eighth of the smallest such message, 128 to 1024 rows, spread
+//!   evenly over the rounds a pair of ranks shares and posted one round ahead, attended on
+//!   arrival into compact f32 partials and dropped; then each (batch, head) over its own
+//!   keys in 512-row chunks, so per-rank memory stays proportional to n/p; a test
+//!   measures the buffers within 10% of `forward_buffer_bytes`), `backward` (recomputes
+//!   the forward, keeps only its LSE and `delta = grad_out . out - grad_lse`, reads grad_out in
+//!   place and holds f32 dq, dk, dv until the completion step) and `head_work` (work
+//!   split by (batch, head) over a rank's threads).
+//! - `chunk_ring/`: the chunk ring, one protocol generic over where blocks are computed
+//!   (`ChunkCompute`: `CpuChunks` on the CPU block kernels, `CudaChunks` (feature `cuda`) on
+//!   the CUDA block entries, with pieces, partials, lse, delta and accumulators in device
+//!   memory, each counted in the rank's `DeviceMeter`) and how rows move (`ChunkTransport`:
+//!   `HostTransport` stages a step's buffers as one checked data message over any
+//!   `Communicator`; `InProcessTransport` hands the buffers themselves to the next rank's
+//!   thread; `NcclDeviceTransport` (features `nccl` + `cuda`) sends a `DeviceBuffers`
+//!   compute's device buffers by NCCL on a stream of its own after a checked header over
+//!   the control communicator). A shift is started, then finished: the forward computes a
+//!   step's blocks with the k/v slices it is sending in between. A rank's rows are pieces, one per contiguous range of its layout; the k/v rows
+//!   travel around the ring in `ChunkOptions::rounds` rounds, each carrying one slice of
+//!   every piece, only to the ranks whose queries reach them (`reach::chunk_trips`, by
+//!   the problem's strategy: `Ring`, a trip each way routed as the plan ring routes a
+//!   block: none when segments sit inside ranks, one step for a causal window, one each
+//!   way for a two-sided one; `AllGather`, straight to the rank each needed distance on;
+//!   `Auto`, straight where that takes fewer messages), the backward's dk/dv with them and
+//!   then straight home (`Travel::hop` ranks on), reusing the handshake (which includes the
+//!   rounds) and completion rounds. It sends whole slices, not the plan's selected rows;
+//!   where nothing travels, each rank attends its own pieces whole in one round. The
+//!   backward takes an optional gradient into the LSE, one per-row piece per query piece,
+//!   checked before the handshake and folded into each row's delta.
 // Without MPI/NCCL there is no unsafe code at all; with them, only the
 // `comm::mpi_comm`, `comm::nccl_comm`, `comm::nccl_handle` and `comm::nccl_library`
 // modules may opt in.

@@ -4,7 +4,7 @@
 use attn_core::{AttnShape, DilatedConfig, DilatedConfigBuilder, KeyPadding, Masks, Mixing, PackedSequences, Shape4};
 use proptest::prelude::*;
 
-use crate::golden::Problem;
+use crate::problem::Problem;
 use crate::rng::random_vec;
 
 /// A valid feature case: config, shapes (k/v may have fewer heads), an optional key

@@ -20,7 +20,7 @@ use std::fmt;
 use attn_core::reference::{Forward, Gradients, Magnitudes, dilated_backward_lse, dilated_backward_masked};
 use attn_core::{AttnShape, DType, DilatedConfig, Element, Result};
 
-use crate::golden::Problem;
+use crate::problem::Problem;
 
 use crate::tolerance::Tolerance;
 

@@ -8,6 +8,7 @@ pub mod golden;
 pub mod gpu_policy;
 pub mod isa_policy;
 pub mod judge;
+pub mod problem;
 pub mod rng;
 pub mod split_error;
 pub mod strategies;

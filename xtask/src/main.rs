@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod file_circles;
 mod ptx;
 mod test_suite;
 mod test_targets;

@@ -5,12 +5,12 @@
 //! only the dispatch module names an instruction-set module and only `cpu_features`
 //! checks CPU features; no manifest or source picks cudarc's linking mode (it stays
 //! `fallback-dynamic-loading`, so the GPU features build beside candle's `cuda`); each crate's integration tests build into one binary
-//! (`test_targets`); and the in-repo conformance vectors hold every upstream file
+//! (`test_targets`); no crate has a file circle (`file_circles`); and the in-repo conformance vectors hold every upstream file
 //! (`vectors`).
 
 use std::path::{Path, PathBuf};
 
-use crate::{repo_root, test_targets, vectors};
+use crate::{file_circles, repo_root, test_targets, vectors};
 
 /// Longest allowed file, in lines.
 pub const MAX_LINES: usize = 700;
@@ -157,6 +157,19 @@ pub fn check_cudarc_modes(text: &str) -> Vec<(usize, String)> {
     problems
 }
 
+/// The crate directories directly under the root (each with a `Cargo.toml` and `src/`),
+/// the workspace members and the crates outside it alike.
+fn crate_dirs(root: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(root) else { return Vec::new() };
+    let mut dirs: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("Cargo.toml").exists() && p.join("src").is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
 /// Check every file; fail listing the problems.
 pub fn run(args: &[String]) -> Result<(), String> {
     let upstream = match args {
@@ -185,6 +198,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
         for (line, msg) in problems {
             println!("{}:{line}: {msg}", f.strip_prefix(&root).unwrap_or(f).display());
+            count += 1;
+        }
+    }
+    for krate in crate_dirs(&root) {
+        for msg in file_circles::check_crate(&krate)? {
+            println!("{}: {msg}", krate.strip_prefix(&root).unwrap_or(&krate).display());
             count += 1;
         }
     }

@@ -16,7 +16,6 @@ use attn_core::{AttnError, Band, DilatedConfig, PackedSequences, Result, Shape4}
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::device::{CudaDevice, cuda_err};
-use super::epilogue::fill_into;
 use super::launch::launch;
 use super::launch_plan::{
     BlockGeometry, Planned, Signature, plan_backward, plan_backward_direct, plan_forward, plan_forward_direct,
@@ -25,7 +24,7 @@ use super::params::MAX_INDEX;
 use super::plan::BackwardWrites;
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{
-    CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor, check_len,
+    CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor, check_len, fill_into,
 };
 
 /// Check that q, k, v agree (batch, head_dim; k and v identical; k/v heads dividing the

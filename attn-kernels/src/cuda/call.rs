@@ -15,10 +15,11 @@ use super::block::{
     direct_gradient_plan, forward_block_into, forward_direct_into,
 };
 use super::device::{CudaDevice, cuda_err};
-use super::epilogue::{delta_into, fill_into, store_scaled};
+use super::epilogue::{delta_into, store_scaled};
 use super::launch_plan::Planned;
 use super::plan::out_scale;
 use super::scratch::{ScratchSlot, backward_scratch};
+use super::tensor::fill_into;
 use super::tensor::{CudaElement, DeviceGradsMut, DeviceTensor, check_len};
 
 /// How a whole-call forward ([`forward_call`]) reaches its output.

@@ -17,7 +17,7 @@ use cudarc::driver::LaunchConfig;
 use libloading::Library;
 
 use super::call::ForwardPath;
-use super::epilogue::{delta_kernel, fill_launch, row_params, store_kernel};
+use super::epilogue::{delta_kernel, row_params, store_kernel};
 use super::launch_plan::{
     BlockGeometry, Planned, Signature, plan_backward, plan_backward_direct, plan_forward, plan_forward_direct,
 };
@@ -27,7 +27,7 @@ use super::plan::{
 };
 use super::scratch::{HostMemory, ScratchPool, ScratchSlot, backward_scratch};
 use super::source::MAX_HEAD_DIM;
-use super::tensor::{CudaElement, extent};
+use super::tensor::{CudaElement, extent, fill_launch};
 
 type LaunchFn = unsafe extern "C" fn(*const c_char, u32, u32, u32, u32, u32, u64, *mut *mut c_void) -> c_int;
 type CountFn = unsafe extern "C" fn() -> c_int;

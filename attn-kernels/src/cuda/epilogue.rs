@@ -135,32 +135,6 @@ pub fn finish_forward<'a, T: CudaElement>(
     Ok(&partial.lse)
 }
 
-/// The launch of `fill_lse_*` over `len` values (a grid-stride loop, 256 threads a block).
-pub(crate) fn fill_launch(len: usize) -> LaunchConfig {
-    let blocks = len.div_ceil(256).clamp(1, 65_535) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
-}
-
-/// A new f32 buffer of `len` values, each `value` (filled by `T`'s module: a call
-/// compiles no other dtype's kernels).
-pub(crate) fn fill_lse<T: CudaElement>(dev: &CudaDevice, len: usize, value: f32) -> Result<CudaSlice<f32>> {
-    let mut dst = dev.stream.alloc_zeros::<f32>(len).map_err(cuda_err)?;
-    fill_into::<T>(dev, &mut dst, value)?;
-    Ok(dst)
-}
-
-/// Every value of `dst` set to `value` by `T`'s module.
-pub(crate) fn fill_into<T: CudaElement>(dev: &CudaDevice, dst: &mut CudaSlice<f32>, value: f32) -> Result<()> {
-    let len = dst.len();
-    let lc = fill_launch(len);
-    let f = dev.function(T::SUFFIX, &format!("fill_lse_{}", T::SUFFIX), 0)?;
-    let n = len as i64;
-    // Signature: (float* dst, float value, long long n).
-    let mut args = dev.stream.launch_builder(&f);
-    args.arg(dst).arg(&value).arg(&n);
-    launch(args, lc)
-}
-
 /// `delta[b, s, h] = dot(grad_out[b, s, h, :], out[b, s, h, :]) - grad_lse[b, s, h]` in
 /// f32. `lse_grad` is `(grad_lse, lse)` (`None`: no gradient into the LSE); `grad_lse` is
 /// read only where `lse` is finite.

@@ -14,7 +14,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::nvrtc::ImageKind;
+use super::image::ImageKind;
 
 /// The first bytes of every cache file (and the format's version).
 const MAGIC: &[u8; 8] = b"attnkc02";

@@ -26,6 +26,7 @@ pub mod emulation;
 mod epilogue;
 mod foreign;
 mod host;
+mod image;
 pub mod kernel_cache;
 mod launch;
 pub mod launch_plan;

@@ -8,38 +8,12 @@ use std::ffi::{CString, c_char};
 use std::sync::OnceLock;
 
 use attn_core::{AttnError, Result};
-use cudarc::nvrtc::Ptx;
 
+pub use super::image::{ImageKind, KernelImage};
 use super::kernel_cache::{KernelCache, image_key};
 use super::nvrtc_library::{BytesFn, NvrtcLibrary, Program, SizeFn, nvrtc_library};
 use super::slots::Slots;
 use super::source::nvrtc_options;
-
-/// What [`compile_for_device`] produced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImageKind {
-    /// Machine code for the device's architecture.
-    Cubin,
-    /// PTX, compiled by the driver at load (NVRTC could not emit the cubin).
-    Ptx,
-}
-
-/// A module image: a cubin, or PTX text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelImage {
-    pub bytes: Vec<u8>,
-    pub kind: ImageKind,
-}
-
-impl KernelImage {
-    /// The image as the driver loads it.
-    pub fn to_ptx(&self) -> Ptx {
-        match self.kind {
-            ImageKind::Cubin => Ptx::from_binary(self.bytes.clone()),
-            ImageKind::Ptx => Ptx::from_src(String::from_utf8_lossy(&self.bytes).into_owned()),
-        }
-    }
-}
 
 /// The options of the cubin compile for `cc` with `extra`.
 fn cubin_options(cc: (i32, i32), extra: &[String]) -> Vec<String> {

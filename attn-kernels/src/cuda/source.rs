@@ -6,7 +6,7 @@
 
 use attn_core::DType;
 
-use super::plan::{
+use super::choices::{
     BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages,
 };
 

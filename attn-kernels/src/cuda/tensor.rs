@@ -1,12 +1,14 @@
 //! Device-memory tensors: strided `[batch, seq, heads, head_dim]` inputs/outputs, the f32
-//! partial `(out, lse)` the forward merges into, and the f32 gradient accumulators.
+//! partial `(out, lse)` the forward merges into (its `lse` filled on the device), and the
+//! f32 gradient accumulators.
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, Shape4, TensorView};
-use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
 use half::{bf16, f16};
 
 use super::device::{CudaDevice, cuda_err};
+use super::launch::launch;
 
 /// Element types the CUDA kernels take (f64 has no kernels).
 pub trait CudaElement: Element + DeviceRepr + ValidAsZeroBits + Unpin {
@@ -85,9 +87,35 @@ impl DevicePartial {
     /// device by `T`'s kernel module, so no host copy and no other module's compile).
     pub fn empty<T: CudaElement>(dev: &CudaDevice, shape: Shape4) -> Result<Self> {
         let out = dev.stream.alloc_zeros::<f32>(shape.numel()).map_err(cuda_err)?;
-        let lse = super::epilogue::fill_lse::<T>(dev, shape.lse_len(), f32::NEG_INFINITY)?;
+        let lse = fill_lse::<T>(dev, shape.lse_len(), f32::NEG_INFINITY)?;
         Ok(DevicePartial { out, lse, shape })
     }
+}
+
+/// The launch of `fill_lse_*` over `len` values (a grid-stride loop, 256 threads a block).
+pub(crate) fn fill_launch(len: usize) -> LaunchConfig {
+    let blocks = len.div_ceil(256).clamp(1, 65_535) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// A new f32 buffer of `len` values, each `value` (filled by `T`'s module: a call
+/// compiles no other dtype's kernels).
+pub(crate) fn fill_lse<T: CudaElement>(dev: &CudaDevice, len: usize, value: f32) -> Result<CudaSlice<f32>> {
+    let mut dst = dev.stream.alloc_zeros::<f32>(len).map_err(cuda_err)?;
+    fill_into::<T>(dev, &mut dst, value)?;
+    Ok(dst)
+}
+
+/// Every value of `dst` set to `value` by `T`'s module.
+pub(crate) fn fill_into<T: CudaElement>(dev: &CudaDevice, dst: &mut CudaSlice<f32>, value: f32) -> Result<()> {
+    let len = dst.len();
+    let lc = fill_launch(len);
+    let f = dev.function(T::SUFFIX, &format!("fill_lse_{}", T::SUFFIX), 0)?;
+    let n = len as i64;
+    // Signature: (float* dst, float value, long long n).
+    let mut args = dev.stream.launch_builder(&f);
+    args.arg(dst).arg(&value).arg(&n);
+    launch(args, lc)
 }
 
 /// f32 gradient accumulators: `dq` like q, `dk` and `dv` like k.

@@ -81,11 +81,6 @@ pub(crate) fn attend_forward<T: Element>(
     attend_block(&block(q, keys, &m), acc_o, acc_lse)
 }
 
-/// Selected key rows handed to the kernel per call by [`attend_forward_chunked`]: the
-/// kernel packs a call's keys into per-thread scratch, so this bounds that scratch
-/// (about `2 * KEY_ROWS_PER_CALL * d * 4` bytes) whatever the segment length.
-pub(crate) const KEY_ROWS_PER_CALL: usize = 1024;
-
 /// [`attend_forward`] over `keys` split into consecutive slices of `rows_per_call` rows
 /// (LSE-merged one after the other: the same result up to rounding, bounded scratch).
 pub(crate) fn attend_forward_chunked<T: Element>(

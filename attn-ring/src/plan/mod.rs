@@ -5,6 +5,7 @@
 
 mod head_counts;
 pub mod layout;
+pub(crate) mod pieces;
 pub mod ring_route;
 mod traffic;
 pub(crate) mod workspace;
@@ -348,7 +349,7 @@ impl Plan {
             query_patterns,
             piece_rows: 0,
         };
-        plan.piece_rows = crate::compute::allgather_forward::piece_rows(&plan);
+        plan.piece_rows = pieces::piece_rows(&plan);
         Ok(plan)
     }
 

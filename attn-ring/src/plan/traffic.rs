@@ -30,7 +30,7 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, pass: Pass) -> Vec<u64> {
         for r in (0..p).filter(|&r| plan.gather_need(o, r)) {
             let rows: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(o, r, ph) as u64).sum();
             fwd[o] += MSG_HEADER_BYTES + b * rows * 2 * d * e;
-            let pieces = crate::compute::allgather_forward::pieces(plan, o, r).len() as u64;
+            let pieces = crate::plan::pieces::pieces(plan, o, r).len() as u64;
             direct[o] += pieces * MSG_HEADER_BYTES + b * rows * 2 * d * e;
             // dk/dv (f32) go back from r to o.
             bwd_extra[r] += MSG_HEADER_BYTES + b * rows * 2 * d * 4;
@@ -98,21 +98,14 @@ pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
         let sent: u64 = (0..p)
             .filter(|&x| x != rank)
             .map(|x| {
-                crate::compute::allgather_forward::pieces(plan, rank, x)
-                    .iter()
-                    .take(3)
-                    .map(|(_, rg)| rg.len() as u64)
-                    .sum::<u64>()
+                crate::plan::pieces::pieces(plan, rank, x).iter().take(3).map(|(_, rg)| rg.len() as u64).sum::<u64>()
             })
             .sum();
         // After the completion round: one chunk's f32 (o, lse) and the kernel's f32 copy of
         // one call's own keys and values (head dim rounded up to 16).
-        let chunk = (crate::compute::allgather_forward::ROW_CHUNK as u64).min(rows) * (d + 1) * 4;
-        let keys = (crate::compute::kernel_bridge::KEY_ROWS_PER_CALL as u64).min(rows) * 2 * d.next_multiple_of(16) * 4;
-        return crate::compute::allgather_forward::partial_rows(plan, rank) * b * (d + 1) * 4
-            + sent * b * 2 * d * e
-            + chunk
-            + keys;
+        let chunk = (crate::plan::pieces::ROW_CHUNK as u64).min(rows) * (d + 1) * 4;
+        let keys = (crate::plan::pieces::KEY_ROWS_PER_CALL as u64).min(rows) * 2 * d.next_multiple_of(16) * 4;
+        return crate::plan::pieces::partial_rows(plan, rank) * b * (d + 1) * 4 + sent * b * 2 * d * e + chunk + keys;
     }
     let ring_rows =
         |way: Way, o: usize| -> u64 { plan.ring_heads.iter().map(|ph| plan.ring_count(way, o, ph) as u64).sum() };

@@ -27,8 +27,7 @@
 use attn_core::{DType, Pass, Result};
 
 use crate::comm::HEADER_BYTES;
-use crate::compute::allgather_forward::{ROW_CHUNK, partial_bytes, pieces};
-use crate::compute::kernel_bridge::KEY_ROWS_PER_CALL;
+use crate::plan::pieces::{KEY_ROWS_PER_CALL, ROW_CHUNK, partial_bytes, pieces};
 use crate::plan::ring_route::Way;
 use crate::plan::{MSG_HEADER_BYTES, Plan, RingProblem};
 

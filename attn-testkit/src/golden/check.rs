@@ -5,10 +5,11 @@
 
 use std::fmt;
 
-use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Feature, Masks, Result};
+use attn_core::{AttnError, DType, Feature, Result};
 
 use super::GoldenCase;
 use crate::judge::{Expected, RowCheck, judge_backward, judge_forward, round_to};
+use crate::problem::Problem;
 use crate::tolerance::{Tolerance, max_abs_error, rel_l2_error};
 
 /// Forward results in f32: out `[b, n, h, d]`, lse `[b, n, h]`.
@@ -24,26 +25,6 @@ pub struct Gradients32 {
     pub dq: Vec<f32>,
     pub dk: Vec<f32>,
     pub dv: Vec<f32>,
-}
-
-/// One attention problem: the config, the q/kv shapes and the masks.
-#[derive(Debug, Clone, Copy)]
-pub struct Problem<'a> {
-    pub cfg: &'a DilatedConfig,
-    pub shape: AttnShape,
-    pub masks: Masks<'a>,
-}
-
-impl<'a> Problem<'a> {
-    /// A problem without masks.
-    pub fn new(cfg: &'a DilatedConfig, shape: AttnShape) -> Self {
-        Problem { cfg, shape, masks: Masks::default() }
-    }
-
-    /// The same problem with `masks`.
-    pub fn with_masks(self, masks: Masks<'a>) -> Self {
-        Problem { masks, ..self }
-    }
 }
 
 /// A dilated-attention implementation under test. Inputs (`[q, k, v]`, row-major) and

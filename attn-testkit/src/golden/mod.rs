@@ -5,9 +5,9 @@
 
 mod check;
 
+pub use crate::problem::Problem;
 pub use check::{
-    CaseReport, DilatedBackend, Forward32, Gradients32, MultiheadBackend, MultiheadGrads32, Problem, TensorCheck,
-    check_case,
+    CaseReport, DilatedBackend, Forward32, Gradients32, MultiheadBackend, MultiheadGrads32, TensorCheck, check_case,
 };
 
 use std::collections::BTreeMap;
