@@ -114,6 +114,8 @@ pub enum Feature {
     Window,
     /// Keys and values with a sequence length of their own (`kv_seq != q_seq`).
     CrossAttention,
+    /// A block mask (block-sparse attention).
+    BlockMask,
     /// A capability outside the attention features (a device, a gradient path), by name;
     /// never in a [`Supported`] set.
     Other(&'static str),
@@ -121,8 +123,14 @@ pub enum Feature {
 
 impl Feature {
     /// The features [`AttnInputs::features`] detects, in the order it reports them.
-    pub const CHECKED: [Feature; 5] =
-        [Feature::GroupedKv, Feature::KeyPadding, Feature::Packing, Feature::Window, Feature::CrossAttention];
+    pub const CHECKED: [Feature; 6] = [
+        Feature::GroupedKv,
+        Feature::KeyPadding,
+        Feature::Packing,
+        Feature::Window,
+        Feature::CrossAttention,
+        Feature::BlockMask,
+    ];
 
     /// The feature's bit in a [`Supported`] set (none for [`Feature::Other`]).
     const fn bit(self) -> u16 {
@@ -132,6 +140,7 @@ impl Feature {
             Feature::Packing => 1 << 2,
             Feature::Window => 1 << 3,
             Feature::CrossAttention => 1 << 4,
+            Feature::BlockMask => 1 << 5,
             Feature::Other(_) => 0,
         }
     }
@@ -145,6 +154,7 @@ impl std::fmt::Display for Feature {
             Feature::Packing => "packed sequences",
             Feature::Window => "sliding windows",
             Feature::CrossAttention => "cross-attention with kv_seq != q_seq",
+            Feature::BlockMask => "block masks",
             Feature::Other(name) => name,
         })
     }
@@ -153,16 +163,18 @@ impl std::fmt::Display for Feature {
 /// The set of [`Feature`]s a backend computes. A backend checks each call's inputs
 /// against its set ([`AttnInputs::shape_for`]), so a call using a feature outside it is
 /// [`AttnError::Unsupported`] naming the backend and the feature, never computed as
-/// something else. A feature added later (a block mask) is in no existing set: each
-/// backend opts in by listing it.
+/// something else. A feature is in a backend's set only where the backend lists it
+/// (block masks: the reference's [`Supported::ALL`] only, so far).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Supported(u16);
 
 impl Supported {
     /// Dilated attention only.
     pub const NONE: Supported = Supported(0);
-    /// Every feature of [`Feature::CHECKED`].
+    /// Every feature of [`Feature::CHECKED`] (the reference computes them all).
     pub const ALL: Supported = Supported::of(&Feature::CHECKED);
+    /// Every feature but block masks: what a backend computing whole key rows declares.
+    pub const ALL_BUT_BLOCK_MASKS: Supported = Supported::ALL.without(Feature::BlockMask);
 
     /// The set of `features` ([`Feature::Other`] adds nothing).
     pub const fn of(features: &[Feature]) -> Self {
@@ -210,6 +222,7 @@ impl<T: Element> AttnInputs<'_, T> {
             self.masks.packing.is_some(),
             self.cfg.window().is_some(),
             shape.kv.seq != shape.q.seq,
+            self.masks.block.is_some(),
         ];
         Feature::CHECKED.into_iter().zip(used).filter_map(|(f, u)| u.then_some(f))
     }

@@ -1,11 +1,13 @@
-//! The position masks a call may add to its pattern: a key padding mask and packed
-//! variable-length sequences (`cu_seqlens`). Both are functions of global positions,
+//! The position masks a call may add to its pattern: a key padding mask, packed
+//! variable-length sequences (`cu_seqlens`) and a block mask ([`BlockMask`]). All are
+//! functions of global positions,
 //! so every split of the sequence applies them with the same kernels. [`Masks`] borrows
 //! them for one call; [`OwnedMasks`] keeps a checked copy (a training cache, a ring
 //! problem, a framework op, a conformance file) and lends it out as a [`Masks`].
 
 use std::ops::Range;
 
+use crate::block_mask::{BlockMask, BlockMaskBuf};
 use crate::error::{AttnError, Result, TensorName};
 use crate::shape::AttnShape;
 
@@ -112,26 +114,48 @@ impl<'a> PackedSequences<'a> {
     }
 }
 
-/// The masks of one call besides its pattern: none by default.
+/// The masks of one call besides its pattern: none by default. Build one as
+/// `Masks { packing, ..Masks::NONE }` so a mask added later leaves the literal valid.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Masks<'a> {
     pub key_padding: Option<KeyPadding<'a>>,
     pub packing: Option<PackedSequences<'a>>,
+    /// Which (query block, key block) tiles each head keeps, ANDed with everything else.
+    pub block: Option<BlockMask<'a>>,
 }
 
 impl<'a> Masks<'a> {
-    /// No padding, one sequence per batch row.
-    pub const NONE: Masks<'static> = Masks { key_padding: None, packing: None };
+    /// No padding, one sequence per batch row, every block kept.
+    pub const NONE: Masks<'static> = Masks { key_padding: None, packing: None, block: None };
 
-    /// Whether neither mask is set.
+    /// Whether no mask is set.
     pub fn is_none(&self) -> bool {
-        self.key_padding.is_none() && self.packing.is_none()
+        self.key_padding.is_none() && self.packing.is_none() && self.block.is_none()
     }
 
     /// Check the masks against the call's shapes: the padding mask is `[batch, key_seq]`;
-    /// packed sequences need batch 1, self-attention, and end at the sequence length.
+    /// packed sequences need batch 1, self-attention, and end at the sequence length; a
+    /// block mask has the call's blocks ([`BlockMask::check`]).
     pub fn check(&self, shape: &AttnShape) -> Result<()> {
-        Self::check_sizes(self.key_padding.map(|m| (m.batch, m.seq)), self.packing, shape)
+        Self::check_sizes(self.key_padding.map(|m| (m.batch, m.seq)), self.packing, shape)?;
+        match self.block {
+            Some(b) => b.check(shape, self.packing),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the block mask (if any) keeps key `k` for query `q` of head `h`, batch `b`,
+    /// both global positions: within a packed sequence, positions count from its start.
+    #[inline]
+    pub fn block_keeps(&self, b: usize, h: usize, q: usize, k: usize) -> bool {
+        let Some(m) = self.block else { return true };
+        match self.packing {
+            Some(p) => {
+                let seq = p.bounds(p.sequence_of(q));
+                seq.contains(&k) && m.keeps(b, h, q - seq.start, k - seq.start)
+            }
+            None => m.keeps(b, h, q, k),
+        }
     }
 
     /// [`Masks::check`] for a padding mask given by its `(batch, key_seq)` sizes (one
@@ -221,6 +245,7 @@ pub struct OwnedMasks {
     key_padding: Option<KeyPaddingMask>,
     /// Checked `cu_seqlens` ([`PackedSequences::new`] accepted them).
     cu_seqlens: Option<Vec<usize>>,
+    block: Option<BlockMaskBuf>,
 }
 
 impl OwnedMasks {
@@ -240,6 +265,18 @@ impl OwnedMasks {
         PackedSequences::new(&cu_seqlens)?;
         self.cu_seqlens = Some(cu_seqlens);
         Ok(self)
+    }
+
+    /// These masks with a block mask, whose sizes and values its constructors checked;
+    /// its fit to a call's blocks is checked with the call ([`Masks::check`]).
+    pub fn with_block_mask(mut self, mask: BlockMaskBuf) -> Self {
+        self.block = Some(mask);
+        self
+    }
+
+    /// The block mask, if set.
+    pub fn block_mask(&self) -> Option<&BlockMaskBuf> {
+        self.block.as_ref()
     }
 
     /// The key padding mask, if set.
@@ -262,6 +299,7 @@ impl OwnedMasks {
         Masks {
             key_padding: self.key_padding.as_ref().map(KeyPaddingMask::view),
             packing: self.cu_seqlens.as_deref().map(|cu| PackedSequences { cu }),
+            block: self.block.as_ref().map(BlockMaskBuf::view),
         }
     }
 }
@@ -272,6 +310,7 @@ impl From<Masks<'_>> for OwnedMasks {
         OwnedMasks {
             key_padding: m.key_padding.map(KeyPaddingMask::from),
             cu_seqlens: m.packing.map(|p| p.cu.to_vec()),
+            block: m.block.map(BlockMaskBuf::from),
         }
     }
 }
@@ -320,6 +359,7 @@ mod tests {
         let borrowed = Masks {
             key_padding: Some(KeyPadding::new(&flags, 2, 3).unwrap()),
             packing: Some(PackedSequences::new(&cu).unwrap()),
+            ..Masks::NONE
         };
         let owned = OwnedMasks::from(borrowed);
         assert_eq!(owned.view(), borrowed);
