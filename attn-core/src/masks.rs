@@ -372,4 +372,31 @@ mod tests {
             Err(AttnError::ShapeMismatch { tensor: TensorName::KeyPaddingMask, .. })
         ));
     }
+
+    #[test]
+    fn a_block_mask_is_checked_with_the_call_and_owned_alike() {
+        use crate::block_mask::BlockDims;
+        let dims = |q_blocks, k_blocks| BlockDims { batch: 1, heads: 1, q_blocks, k_blocks };
+        let one = AttnShape::self_attn(Shape4::new(1, 9, 2, 4).unwrap());
+        let fits = BlockMaskBuf::from_fn(dims(3, 3), 4, |_, _, i, j| j <= i).unwrap();
+        let masks = Masks { block: Some(fits.view()), ..Masks::NONE };
+        assert!(masks.check(&one).is_ok() && !masks.is_none());
+        assert!(masks.block_keeps(0, 1, 4, 3) && !masks.block_keeps(0, 1, 3, 4));
+        let off = BlockMaskBuf::from_fn(dims(2, 3), 4, |_, _, _, _| true).unwrap();
+        let misfit = Masks { block: Some(off.view()), ..Masks::NONE };
+        assert!(matches!(misfit.check(&one), Err(AttnError::InvalidBlockMask(_))));
+        // Packed: sequences [0, 3) and [3, 9), each from its own start, blocks of the longest.
+        let cu = [0, 3, 9];
+        let packed =
+            Masks { packing: Some(PackedSequences::new(&cu).unwrap()), block: Some(off.view()), ..Masks::NONE };
+        assert!(matches!(packed.check(&one), Err(AttnError::InvalidBlockMask(_))));
+        let square = BlockMaskBuf::from_fn(dims(2, 2), 4, |_, _, i, j| j <= i).unwrap();
+        let packed = Masks { block: Some(square.view()), ..packed };
+        assert!(packed.check(&one).is_ok());
+        assert!(packed.block_keeps(0, 0, 7, 3) && !packed.block_keeps(0, 0, 3, 7) && !packed.block_keeps(0, 0, 4, 2));
+        let owned = OwnedMasks::none().with_block_mask(square.clone());
+        assert_eq!(owned.view().block, Some(square.view()));
+        assert_eq!(OwnedMasks::from(packed).block_mask(), Some(&square));
+        assert!(!owned.is_none());
+    }
 }
