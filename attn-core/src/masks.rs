@@ -1,9 +1,9 @@
 //! The position masks a call may add to its pattern: a key padding mask, packed
 //! variable-length sequences (`cu_seqlens`) and a block mask ([`BlockMask`]). All are
-//! functions of global positions,
-//! so every split of the sequence applies them with the same kernels. [`Masks`] borrows
-//! them for one call; [`OwnedMasks`] keeps a checked copy (a training cache, a ring
-//! problem, a framework op, a conformance file) and lends it out as a [`Masks`].
+//! functions of global positions, so every split of the sequence applies them with the
+//! same kernels. [`Masks`] borrows them for one call; [`OwnedMasks`] keeps a checked
+//! copy (a training cache, a ring problem, a framework op, a conformance file) and lends
+//! it out as a [`Masks`].
 
 use std::ops::Range;
 
