@@ -69,6 +69,7 @@ pub fn workspace_query(spec: &CaseSpec) -> Option<u64> {
             .transpose()
             .ok()?,
         packing: (!cu.is_empty()).then(|| PackedSequences::new(&cu)).transpose().ok()?,
+        ..Masks::NONE
     };
     let pass = if spec.backward { Pass::Backward } else { Pass::Forward };
     let backend = CpuBackend::new(spec.threads).ok()?;
@@ -145,6 +146,7 @@ impl<T: Element> FeatureRunner<T> {
         let masks = Masks {
             key_padding: self.padding.as_deref().map(|f| KeyPadding::new(f, kv.batch, kv.seq)).transpose()?,
             packing: self.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?,
+            ..Masks::NONE
         };
         let inputs = AttnInputs::contiguous(&self.cfg, shape, [&self.q, k, v])?.with_masks(masks);
         let mut out = zeroed_buffer(q.numel())?;

@@ -88,6 +88,9 @@ fn checked_masks<'a>(
 ) -> attn_core::Result<(AttnShape, Option<DeviceKeyPadding>, Option<PackedSequences<'a>>)> {
     let shape = AttnShape::of_call(&options.config, dims)?;
     let masks = options.masks();
+    if masks.block.is_some() {
+        return Err(AttnError::Unsupported { backend: "cuda", feature: attn_core::Feature::BlockMask });
+    }
     Masks::check_sizes(masks.key_padding.map(|m| (m.batch(), m.seq())), masks.packing, &shape)?;
     let mask = masks.key_padding.map(|m| DeviceKeyPadding::upload(kernels, &m)).transpose()?;
     Ok((shape, mask, masks.packing))

@@ -103,16 +103,18 @@ impl<'a, T: Element> AttnInputs<'a, T> {
 /// The set of [`Feature`]s a backend computes. A backend checks each call's inputs
 /// against its set ([`AttnInputs::shape_for`]), so a call using a feature outside it is
 /// [`AttnError::Unsupported`] naming the backend and the feature, never computed as
-/// something else. A feature added later (a block mask) is in no existing set: each
-/// backend opts in by listing it.
+/// something else. A feature is in a backend's set only where the backend lists it
+/// (block masks: the reference's [`Supported::ALL`] only, so far).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Supported(u16);
 
 impl Supported {
     /// Dilated attention only.
     pub const NONE: Supported = Supported(0);
-    /// Every feature of [`Feature::CHECKED`].
+    /// Every feature of [`Feature::CHECKED`] (the reference computes them all).
     pub const ALL: Supported = Supported::of(&Feature::CHECKED);
+    /// Every feature but block masks: what a backend computing whole key rows declares.
+    pub const ALL_BUT_BLOCK_MASKS: Supported = Supported::ALL.without(Feature::BlockMask);
 
     /// The set of `features` ([`Feature::Other`] adds nothing).
     pub const fn of(features: &[Feature]) -> Self {
@@ -160,6 +162,7 @@ impl<T: Element> AttnInputs<'_, T> {
             self.masks.packing.is_some(),
             self.cfg.window().is_some(),
             shape.kv.seq != shape.q.seq,
+            self.masks.block.is_some(),
         ];
         Feature::CHECKED.into_iter().zip(used).filter_map(|(f, u)| u.then_some(f))
     }

@@ -6,7 +6,7 @@
 use std::fmt;
 
 use crate::error::{AttnError, Result};
-use crate::masks::PackedSequences;
+use crate::packing::PackedSequences;
 use crate::shape::AttnShape;
 
 /// The sizes of a block mask, `[batch, heads, q_blocks, k_blocks]`: `batch` is 1
@@ -259,6 +259,13 @@ pub struct BlockMaskBuf {
 }
 
 impl BlockMaskBuf {
+    /// The mask `keep` (`[batch, heads, q_blocks, k_blocks]` row-major, 1 kept, 0 removed),
+    /// checked as [`BlockMask::new`] checks it.
+    pub fn new(keep: Vec<u8>, dims: BlockDims, block_size: usize) -> Result<Self> {
+        BlockMask::new(&keep, dims, block_size)?;
+        Ok(BlockMaskBuf { keep, dims, block_size })
+    }
+
     /// The mask of sizes `dims` whose entry (b, h, i, j) is `f(b, h, i, j)`.
     pub fn from_fn(
         dims: BlockDims,
@@ -296,6 +303,13 @@ impl BlockMaskBuf {
     /// The mask, borrowed.
     pub fn view(&self) -> BlockMask<'_> {
         BlockMask { keep: &self.keep, dims: self.dims, block_size: self.block_size }
+    }
+}
+
+impl From<BlockMask<'_>> for BlockMaskBuf {
+    /// An owned copy of a borrowed (already checked) mask.
+    fn from(m: BlockMask<'_>) -> Self {
+        BlockMaskBuf { keep: m.keep.to_vec(), dims: m.dims, block_size: m.block_size }
     }
 }
 

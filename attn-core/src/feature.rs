@@ -16,6 +16,8 @@ pub enum Feature {
     Window,
     /// Keys and values with a sequence length of their own (`kv_seq != q_seq`).
     CrossAttention,
+    /// A block mask (block-sparse attention).
+    BlockMask,
     /// A capability outside the attention features (a device, a gradient path), by name;
     /// never in a [`Supported`](crate::Supported) set.
     Other(&'static str),
@@ -23,8 +25,14 @@ pub enum Feature {
 
 impl Feature {
     /// The features [`AttnInputs::features`](crate::AttnInputs::features) detects, in the order it reports them.
-    pub const CHECKED: [Feature; 5] =
-        [Feature::GroupedKv, Feature::KeyPadding, Feature::Packing, Feature::Window, Feature::CrossAttention];
+    pub const CHECKED: [Feature; 6] = [
+        Feature::GroupedKv,
+        Feature::KeyPadding,
+        Feature::Packing,
+        Feature::Window,
+        Feature::CrossAttention,
+        Feature::BlockMask,
+    ];
 
     /// The feature's bit in a [`Supported`](crate::Supported) set (none for [`Feature::Other`]).
     pub(crate) const fn bit(self) -> u16 {
@@ -34,6 +42,7 @@ impl Feature {
             Feature::Packing => 1 << 2,
             Feature::Window => 1 << 3,
             Feature::CrossAttention => 1 << 4,
+            Feature::BlockMask => 1 << 5,
             Feature::Other(_) => 0,
         }
     }
@@ -47,6 +56,7 @@ impl std::fmt::Display for Feature {
             Feature::Packing => "packed sequences",
             Feature::Window => "sliding windows",
             Feature::CrossAttention => "cross-attention with kv_seq != q_seq",
+            Feature::BlockMask => "block masks",
             Feature::Other(name) => name,
         })
     }

@@ -34,6 +34,7 @@ pub mod guard;
 pub mod head_patterns;
 pub mod masks;
 pub mod merge;
+pub mod packing;
 pub mod pattern;
 pub mod placed;
 pub mod reference;

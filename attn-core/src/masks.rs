@@ -1,12 +1,15 @@
-//! The position masks a call may add to its pattern: a key padding mask and packed
-//! variable-length sequences (`cu_seqlens`). Both are functions of global positions,
-//! so every split of the sequence applies them with the same kernels. [`Masks`] borrows
-//! them for one call; [`OwnedMasks`] keeps a checked copy (a training cache, a ring
-//! problem, a framework op, a conformance file) and lends it out as a [`Masks`].
+//! The position masks a call may add to its pattern: a key padding mask, packed
+//! variable-length sequences (`cu_seqlens`) and a block mask ([`BlockMask`]). All are
+//! functions of global positions, so every split of the sequence applies them with the
+//! same kernels. [`Masks`] borrows them for one call; [`OwnedMasks`] keeps a checked
+//! copy (a training cache, a ring problem, a framework op, a conformance file) and lends
+//! it out as a [`Masks`].
 
 use std::ops::Range;
 
+use crate::block_mask::{BlockMask, BlockMaskBuf};
 use crate::error::{AttnError, Result, TensorName};
+pub use crate::packing::PackedSequences;
 use crate::shape::AttnShape;
 
 /// A `[batch, key_seq]` key padding mask, row-major, `true` = padding: a padded key is
@@ -56,82 +59,48 @@ impl<'a> KeyPadding<'a> {
     }
 }
 
-/// Packed variable-length sequences: `cu_seqlens = [0, n_0, n_0 + n_1, ..., total]`,
-/// strictly increasing, over a `[1, total, heads, head_dim]` batch. Every sequence is
-/// its own sequence: positions restart at 0 at its first token and no query sees
-/// another sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PackedSequences<'a> {
-    cu: &'a [usize],
-}
-
-impl<'a> PackedSequences<'a> {
-    /// Check `cu_seqlens`: at least one sequence, starting at 0, strictly increasing.
-    pub fn new(cu_seqlens: &'a [usize]) -> Result<Self> {
-        let bad = |reason: String| Err(AttnError::InvalidCuSeqlens(reason));
-        match cu_seqlens {
-            [] | [_] => return bad(format!("{} entries; at least [0, total] is needed", cu_seqlens.len())),
-            [first, ..] if *first != 0 => return bad(format!("starts at {first}, not 0")),
-            _ => {}
-        }
-        if let Some(i) = cu_seqlens.windows(2).position(|w| w[1] <= w[0]) {
-            return bad(format!(
-                "entry {} ({}) is not greater than entry {i} ({}): every sequence needs a token",
-                i + 1,
-                cu_seqlens[i + 1],
-                cu_seqlens[i]
-            ));
-        }
-        Ok(PackedSequences { cu: cu_seqlens })
-    }
-
-    /// The offsets `[0, ..., total]`.
-    pub fn cu_seqlens(&self) -> &'a [usize] {
-        self.cu
-    }
-    /// Number of sequences.
-    pub fn count(&self) -> usize {
-        self.cu.len() - 1
-    }
-    /// Total tokens.
-    pub fn total(&self) -> usize {
-        self.cu[self.cu.len() - 1]
-    }
-    /// Global positions of sequence `i`.
-    pub fn bounds(&self, i: usize) -> Range<usize> {
-        self.cu[i]..self.cu[i + 1]
-    }
-    /// Index of the sequence holding global position `pos` (`pos < total`).
-    #[inline]
-    pub fn sequence_of(&self, pos: usize) -> usize {
-        self.cu.partition_point(|&c| c <= pos).saturating_sub(1).min(self.count() - 1)
-    }
-    /// Every sequence's global positions, in order.
-    pub fn iter(&self) -> impl Iterator<Item = Range<usize>> + 'a {
-        self.cu.windows(2).map(|w| w[0]..w[1])
-    }
-}
-
-/// The masks of one call besides its pattern: none by default.
+/// The masks of one call besides its pattern: none by default. Build one as
+/// `Masks { packing, ..Masks::NONE }` so a mask added later leaves the literal valid.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Masks<'a> {
     pub key_padding: Option<KeyPadding<'a>>,
     pub packing: Option<PackedSequences<'a>>,
+    /// Which (query block, key block) tiles each head keeps, ANDed with everything else.
+    pub block: Option<BlockMask<'a>>,
 }
 
 impl<'a> Masks<'a> {
-    /// No padding, one sequence per batch row.
-    pub const NONE: Masks<'static> = Masks { key_padding: None, packing: None };
+    /// No padding, one sequence per batch row, every block kept.
+    pub const NONE: Masks<'static> = Masks { key_padding: None, packing: None, block: None };
 
-    /// Whether neither mask is set.
+    /// Whether no mask is set.
     pub fn is_none(&self) -> bool {
-        self.key_padding.is_none() && self.packing.is_none()
+        self.key_padding.is_none() && self.packing.is_none() && self.block.is_none()
     }
 
     /// Check the masks against the call's shapes: the padding mask is `[batch, key_seq]`;
-    /// packed sequences need batch 1, self-attention, and end at the sequence length.
+    /// packed sequences need batch 1, self-attention, and end at the sequence length; a
+    /// block mask has the call's blocks ([`BlockMask::check`]).
     pub fn check(&self, shape: &AttnShape) -> Result<()> {
-        Self::check_sizes(self.key_padding.map(|m| (m.batch, m.seq)), self.packing, shape)
+        Self::check_sizes(self.key_padding.map(|m| (m.batch, m.seq)), self.packing, shape)?;
+        match self.block {
+            Some(b) => b.check(shape, self.packing),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the block mask (if any) keeps key `k` for query `q` of head `h`, batch `b`,
+    /// both global positions: within a packed sequence, positions count from its start.
+    #[inline]
+    pub fn block_keeps(&self, b: usize, h: usize, q: usize, k: usize) -> bool {
+        let Some(m) = self.block else { return true };
+        match self.packing {
+            Some(p) => {
+                let seq = p.bounds(p.sequence_of(q));
+                seq.contains(&k) && m.keeps(b, h, q - seq.start, k - seq.start)
+            }
+            None => m.keeps(b, h, q, k),
+        }
     }
 
     /// [`Masks::check`] for a padding mask given by its `(batch, key_seq)` sizes (one
@@ -221,6 +190,7 @@ pub struct OwnedMasks {
     key_padding: Option<KeyPaddingMask>,
     /// Checked `cu_seqlens` ([`PackedSequences::new`] accepted them).
     cu_seqlens: Option<Vec<usize>>,
+    block: Option<BlockMaskBuf>,
 }
 
 impl OwnedMasks {
@@ -242,6 +212,18 @@ impl OwnedMasks {
         Ok(self)
     }
 
+    /// These masks with a block mask, whose sizes and values its constructors checked;
+    /// its fit to a call's blocks is checked with the call ([`Masks::check`]).
+    pub fn with_block_mask(mut self, mask: BlockMaskBuf) -> Self {
+        self.block = Some(mask);
+        self
+    }
+
+    /// The block mask, if set.
+    pub fn block_mask(&self) -> Option<&BlockMaskBuf> {
+        self.block.as_ref()
+    }
+
     /// The key padding mask, if set.
     pub fn key_padding(&self) -> Option<&KeyPaddingMask> {
         self.key_padding.as_ref()
@@ -261,7 +243,8 @@ impl OwnedMasks {
     pub fn view(&self) -> Masks<'_> {
         Masks {
             key_padding: self.key_padding.as_ref().map(KeyPaddingMask::view),
-            packing: self.cu_seqlens.as_deref().map(|cu| PackedSequences { cu }),
+            packing: self.cu_seqlens.as_deref().map(PackedSequences::from_checked),
+            block: self.block.as_ref().map(BlockMaskBuf::view),
         }
     }
 }
@@ -271,7 +254,8 @@ impl From<Masks<'_>> for OwnedMasks {
     fn from(m: Masks<'_>) -> Self {
         OwnedMasks {
             key_padding: m.key_padding.map(KeyPaddingMask::from),
-            cu_seqlens: m.packing.map(|p| p.cu.to_vec()),
+            cu_seqlens: m.packing.map(|p| p.cu_seqlens().to_vec()),
+            block: m.block.map(BlockMaskBuf::from),
         }
     }
 }
@@ -320,6 +304,7 @@ mod tests {
         let borrowed = Masks {
             key_padding: Some(KeyPadding::new(&flags, 2, 3).unwrap()),
             packing: Some(PackedSequences::new(&cu).unwrap()),
+            ..Masks::NONE
         };
         let owned = OwnedMasks::from(borrowed);
         assert_eq!(owned.view(), borrowed);
@@ -331,5 +316,32 @@ mod tests {
             KeyPaddingMask::new(vec![false; 5], 2, 3),
             Err(AttnError::ShapeMismatch { tensor: TensorName::KeyPaddingMask, .. })
         ));
+    }
+
+    #[test]
+    fn a_block_mask_is_checked_with_the_call_and_owned_alike() {
+        use crate::block_mask::BlockDims;
+        let dims = |q_blocks, k_blocks| BlockDims { batch: 1, heads: 1, q_blocks, k_blocks };
+        let one = AttnShape::self_attn(Shape4::new(1, 9, 2, 4).unwrap());
+        let fits = BlockMaskBuf::from_fn(dims(3, 3), 4, |_, _, i, j| j <= i).unwrap();
+        let masks = Masks { block: Some(fits.view()), ..Masks::NONE };
+        assert!(masks.check(&one).is_ok() && !masks.is_none());
+        assert!(masks.block_keeps(0, 1, 4, 3) && !masks.block_keeps(0, 1, 3, 4));
+        let off = BlockMaskBuf::from_fn(dims(2, 3), 4, |_, _, _, _| true).unwrap();
+        let misfit = Masks { block: Some(off.view()), ..Masks::NONE };
+        assert!(matches!(misfit.check(&one), Err(AttnError::InvalidBlockMask(_))));
+        // Packed: sequences [0, 3) and [3, 9), each from its own start, blocks of the longest.
+        let cu = [0, 3, 9];
+        let packed =
+            Masks { packing: Some(PackedSequences::new(&cu).unwrap()), block: Some(off.view()), ..Masks::NONE };
+        assert!(matches!(packed.check(&one), Err(AttnError::InvalidBlockMask(_))));
+        let square = BlockMaskBuf::from_fn(dims(2, 2), 4, |_, _, i, j| j <= i).unwrap();
+        let packed = Masks { block: Some(square.view()), ..packed };
+        assert!(packed.check(&one).is_ok());
+        assert!(packed.block_keeps(0, 0, 7, 3) && !packed.block_keeps(0, 0, 3, 7) && !packed.block_keeps(0, 0, 4, 2));
+        let owned = OwnedMasks::none().with_block_mask(square.clone());
+        assert_eq!(owned.view().block, Some(square.view()));
+        assert_eq!(OwnedMasks::from(packed).block_mask(), Some(&square));
+        assert!(!owned.is_none());
     }
 }

@@ -1,5 +1,6 @@
 //! The float64 reference passes every dilated and feature conformance file (forward,
-//! LSE, gradients): grouped key/value heads, key padding, packed sequences and windows.
+//! LSE, gradients): grouped key/value heads, key padding, packed sequences, windows and
+//! block masks.
 
 use attn_testkit::golden::{check_case, golden_dir, load_dir};
 use attn_testkit::reference;
@@ -29,4 +30,10 @@ fn reference_passes_every_dilated_golden_file() {
 #[test]
 fn reference_passes_every_feature_golden_file() {
     passes_every_file_in("features", 9);
+}
+
+/// The block-sparse files: the block mask ANDed with the pattern, padding and packing.
+#[test]
+fn reference_passes_every_block_golden_file() {
+    passes_every_file_in("blocks", 8);
 }

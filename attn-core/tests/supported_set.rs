@@ -4,8 +4,8 @@
 //! as the backend it wraps.
 
 use attn_core::{
-    Attention, AttnError, AttnInputs, AttnShape, DilatedConfig, Feature, Grads, KeyPadding, Masks, PackedSequences,
-    Pass, ReferenceBackend, Result, Saved, Shape4, Supported, TensorView, TensorViewMut,
+    Attention, AttnError, AttnInputs, AttnShape, BlockDims, BlockMaskBuf, DilatedConfig, Feature, Grads, KeyPadding,
+    Masks, PackedSequences, Pass, ReferenceBackend, Result, Saved, Shape4, Supported, TensorView, TensorViewMut,
 };
 
 /// The reference behind a declared feature set.
@@ -46,6 +46,7 @@ struct FeatureCall {
     shape: AttnShape,
     padding: bool,
     packing: bool,
+    block: bool,
 }
 
 fn calls() -> Vec<FeatureCall> {
@@ -56,6 +57,7 @@ fn calls() -> Vec<FeatureCall> {
         cfg: cfg.clone(),
         shape,
         padding,
+        block: feature == Feature::BlockMask,
         packing,
     };
     vec![
@@ -64,6 +66,7 @@ fn calls() -> Vec<FeatureCall> {
         call(Feature::Packing, &dilated, AttnShape::self_attn(q), false, true),
         call(Feature::Window, &DilatedConfig::sliding_window(2, 1).unwrap(), AttnShape::self_attn(q), false, false),
         call(Feature::CrossAttention, &dilated, AttnShape { q, kv: Shape4 { seq: 12, ..q } }, false, false),
+        call(Feature::BlockMask, &dilated, AttnShape::self_attn(q), false, false),
     ]
 }
 
@@ -73,9 +76,13 @@ fn forward(backend: &dyn Attention<f64>, c: &FeatureCall) -> Result<(Vec<f64>, V
     let x: Vec<f64> = (0..nq.max(nk)).map(|i| (i as f64 * 0.37).sin()).collect();
     let flags: Vec<bool> = (0..c.shape.kv.batch * c.shape.kv.seq).map(|i| i % 3 == 1).collect();
     let cu = [0, 3, c.shape.q.seq];
+    // Blocks of 3 over the 8 positions: the diagonal and the first key block kept.
+    let blocks = BlockDims { batch: 1, heads: 1, q_blocks: 3, k_blocks: 3 };
+    let block = BlockMaskBuf::from_fn(blocks, 3, |_, _, i, j| j == i || j == 0).unwrap();
     let masks = Masks {
         key_padding: c.padding.then(|| KeyPadding::new(&flags, c.shape.kv.batch, c.shape.kv.seq).unwrap()),
         packing: c.packing.then(|| PackedSequences::new(&cu).unwrap()),
+        block: c.block.then(|| block.view()),
     };
     let inputs = AttnInputs::contiguous(&c.cfg, c.shape, [&x[..nq], &x[..nk], &x[..nk]])?.with_masks(masks);
     let mut out = vec![0.0; nq];

@@ -145,7 +145,7 @@ impl CpuBackend {
 
     fn plan<'a, T: Element>(&self, inputs: &AttnInputs<'a, T>, pass: Pass) -> Result<(Plan<'a, T>, Vec<Lane>)> {
         let (cfg, q, k, v) = (inputs.cfg, inputs.q, inputs.k, inputs.v);
-        let shape = inputs.shape_for("cpu", Supported::ALL)?;
+        let shape = inputs.shape_for("cpu", Supported::ALL_BUT_BLOCK_MASKS)?;
         // Before anything is allocated.
         self.budget.check(self.workspace_bytes_masked(cfg, shape, &inputs.masks, pass))?;
         if self.check_finite {

@@ -85,7 +85,7 @@ impl<T: CudaElement> Attention<T> for OwnedElsewhere {
     }
 
     fn forward(&self, inputs: &AttnInputs<'_, T>, mut out: TensorViewMut<'_, T>, lse: &mut [f32]) -> Result<()> {
-        let shape = inputs.shape_for("cuda-foreign", Supported::ALL)?;
+        let shape = inputs.shape_for("cuda-foreign", Supported::ALL_BUT_BLOCK_MASKS)?;
         let (q, k, v) = (self.upload(&inputs.q)?, self.upload(&inputs.k)?, self.upload(&inputs.v)?);
         let mask = self.mask(&inputs.masks)?;
         let owned_out = DeviceTensor::<T>::zeros(&self.owner, shape.q)?;
@@ -118,7 +118,7 @@ impl<T: CudaElement> Attention<T> for OwnedElsewhere {
         grad_lse: Option<&[f32]>,
         mut grads: Grads<'_, T>,
     ) -> Result<()> {
-        let shape = inputs.shape_for("cuda-foreign", Supported::ALL)?;
+        let shape = inputs.shape_for("cuda-foreign", Supported::ALL_BUT_BLOCK_MASKS)?;
         let (q, k, v) = (self.upload(&inputs.q)?, self.upload(&inputs.k)?, self.upload(&inputs.v)?);
         let (out, go) = (self.upload(&saved.out)?, self.upload(&grad_out)?);
         let lse = self.owner.stream().clone_htod(saved.lse).unwrap();

@@ -136,13 +136,13 @@ pub fn forward_case<F: LayerFloat>(
     match (&c.key_value, key_padding) {
         (None, None) => layer.forward(&c.query, c.batch, c.q_seq, Mode::Eval),
         (None, Some(flags)) => {
-            let masks = Masks { key_padding: Some(KeyPadding::new(flags, c.batch, c.q_seq)?), packing: None };
+            let masks = Masks { key_padding: Some(KeyPadding::new(flags, c.batch, c.q_seq)?), ..Masks::NONE };
             layer.forward_masked(&c.query, c.batch, c.q_seq, masks, Mode::Eval)
         }
         (Some((k, v)), flags) => {
             let key_padding = flags.map(|f| KeyPadding::new(f, c.batch, c.kv_seq)).transpose()?;
             let dims = CrossDims { batch: c.batch, q_seq: c.q_seq, kv_seq: c.kv_seq };
-            let masks = Masks { key_padding, packing: None };
+            let masks = Masks { key_padding, ..Masks::NONE };
             Ok(layer.forward_cross_masked([&c.query, k, v], dims, masks, Mode::Eval)?.0)
         }
     }
@@ -195,7 +195,7 @@ impl RankCase {
     /// The rank's masks (its rows of the key padding).
     pub fn masks(&self, batch: usize) -> Result<Masks<'_>> {
         let key_padding = self.key_padding.as_deref().map(|r| KeyPadding::new(r, batch, self.pos.len())).transpose()?;
-        Ok(Masks { key_padding, packing: None })
+        Ok(Masks { key_padding, ..Masks::NONE })
     }
 }
 

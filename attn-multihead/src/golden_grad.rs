@@ -53,7 +53,7 @@ pub fn backward_case<F: LayerFloat>(
     let go = grad_out(&c, tensors)?;
     let layer = MultiheadDilatedAttention::from_weights(c.config.clone(), c.weights.clone(), backend)?;
     let key_padding = key_padding.map(|f| KeyPadding::new(f, c.batch, c.kv_seq)).transpose()?;
-    let masks = Masks { key_padding, packing: None };
+    let masks = Masks { key_padding, ..Masks::NONE };
     let (out, cache) = match &c.key_value {
         None => layer.forward_train_masked(&c.query, c.batch, c.q_seq, masks, Mode::Eval)?,
         Some((k, v)) => {

@@ -79,6 +79,7 @@ fn check(case: Case, seed: u64) {
     let masks = Masks {
         key_padding: case.padding.as_deref().map(|f| KeyPadding::new(f, b, case.kv_seq.unwrap_or(n)).unwrap()),
         packing: case.cu_seqlens.as_deref().map(|c| PackedSequences::new(c).unwrap()),
+        ..Masks::NONE
     };
     let run = |layer: &MultiheadDilatedAttention<f64>, q: &[f64], k: &[f64], v: &[f64]| match case.kv_seq {
         None => layer.forward_train_masked(q, b, n, masks, mode).unwrap(),

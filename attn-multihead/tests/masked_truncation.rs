@@ -40,7 +40,7 @@ fn encoder_with_trailing_padding_equals_the_cut_rows() {
         let mut rng = SeededRng::new(5);
         let x = randn(&mut rng, lens.len() * seq * e);
         let flags = trailing_padding(&lens, seq);
-        let masks = Masks { key_padding: Some(KeyPadding::new(&flags, lens.len(), seq).unwrap()), packing: None };
+        let masks = Masks { key_padding: Some(KeyPadding::new(&flags, lens.len(), seq).unwrap()), ..Masks::NONE };
         // Gradient of the real rows only.
         let mut g = randn(&mut rng, x.len());
         for (b, &l) in lens.iter().enumerate() {
@@ -85,7 +85,7 @@ fn cross_attention_with_trailing_key_padding_equals_the_cut_keys() {
     let (q, k, v) = (randn(&mut rng, q_seq * e), randn(&mut rng, kv_seq * e), randn(&mut rng, kv_seq * e));
     let g = randn(&mut rng, q_seq * e);
     let flags = trailing_padding(&[real], kv_seq);
-    let masks = Masks { key_padding: Some(KeyPadding::new(&flags, 1, kv_seq).unwrap()), packing: None };
+    let masks = Masks { key_padding: Some(KeyPadding::new(&flags, 1, kv_seq).unwrap()), ..Masks::NONE };
     let (y, cache) =
         layer.forward_cross_masked([&q, &k, &v], CrossDims { batch: 1, q_seq, kv_seq }, masks, Mode::Eval).unwrap();
     let mut grads = layer.weights.zeros_like();
@@ -105,7 +105,7 @@ fn cross_attention_with_trailing_key_padding_equals_the_cut_keys() {
     }
     // A mask of the query's length is a typed error, not a silent misread.
     let wrong = trailing_padding(&[real], q_seq);
-    let masks = Masks { key_padding: Some(KeyPadding::new(&wrong, 1, q_seq).unwrap()), packing: None };
+    let masks = Masks { key_padding: Some(KeyPadding::new(&wrong, 1, q_seq).unwrap()), ..Masks::NONE };
     let err = layer.forward_cross_masked([&q, &k, &v], CrossDims { batch: 1, q_seq, kv_seq }, masks, Mode::Eval);
     assert!(err.is_err());
 }

@@ -65,10 +65,10 @@ fn workspace_bytes_bounds_the_allocations_with_features() {
     check_masked(&hg, gqa(Shape4::new(1, 2048, 6, 32).unwrap(), 2), Masks::NONE);
     let flags: Vec<bool> = (0..2 * 900).map(|i| i % 3 == 0).collect();
     let ln = DilatedConfig::builder().segments(&[200, 300]).dilations(&[1, 3]).mixing(Mixing::LongNet).build().unwrap();
-    let pad = Masks { key_padding: Some(KeyPadding::new(&flags, 2, 900).unwrap()), packing: None };
+    let pad = Masks { key_padding: Some(KeyPadding::new(&flags, 2, 900).unwrap()), ..Masks::NONE };
     check_masked(&ln, gqa(Shape4::new(2, 900, 4, 40).unwrap(), 1), pad);
     let cu: Vec<usize> = (0..=300).map(|i| i * 7).collect();
-    let packed = Masks { key_padding: None, packing: Some(PackedSequences::new(&cu).unwrap()) };
+    let packed = Masks { packing: Some(PackedSequences::new(&cu).unwrap()), ..Masks::NONE };
     check_masked(&hg, gqa(Shape4::new(1, 2100, 3, 16).unwrap(), 3), packed);
     let window = DilatedConfig::builder().window(700, 100).build().unwrap();
     check_masked(&window, gqa(Shape4::new(1, 5000, 4, 32).unwrap(), 2), Masks::NONE);

@@ -9,7 +9,8 @@
 //! `RankDisagreement`); the in-process runners refuse such global tensors with the same
 //! `Unsupported` on every rank. A key padding mask covers this rank's rows (`[batch, rows]`,
 //! the ranks' masks are gathered into the global one); packed sequences
-//! (`cu_seqlens`) are over the GLOBAL sequence.
+//! (`cu_seqlens`) are over the GLOBAL sequence. A block mask is `Unsupported` on every
+//! rank (the ring does not compute one yet).
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -104,7 +105,7 @@ impl<C: Communicator> RingBackend<C> {
     /// makes every rank fail alike), the packed sequences as given.
     fn problem_with_masks<T: Element>(&self, comm: &mut C, inputs: &AttnInputs<'_, T>) -> Result<RingProblem> {
         let (q, kv) = (inputs.q.shape(), inputs.k.shape());
-        let mut masks = OwnedMasks::from(Masks { key_padding: None, packing: inputs.masks.packing });
+        let mut masks = OwnedMasks::from(Masks { packing: inputs.masks.packing, ..Masks::NONE });
         // Status byte: 0 no mask, 1 a mask of this rank's rows follows, 2 a mask of the wrong shape.
         let mine = match inputs.masks.key_padding {
             None => vec![0u8],
@@ -113,7 +114,14 @@ impl<C: Communicator> RingBackend<C> {
             }
             Some(_) => vec![2u8],
         };
-        let all = comm.all_gather(mine)?;
+        // A trailing byte says whether this rank passed a block mask, which the ring does not
+        // compute yet: every rank refuses the call alike when any rank passed one.
+        let block = u8::from(inputs.masks.block.is_some());
+        let mut all = comm.all_gather(mine.into_iter().chain([block]).collect())?;
+        if all.iter().any(|m| m.last() == Some(&1)) {
+            return Err(AttnError::Unsupported { backend: "ring", feature: Feature::BlockMask });
+        }
+        all.iter_mut().for_each(|m| _ = m.pop());
         let status: Vec<u8> = all.iter().map(|m| m.first().copied().unwrap_or(2)).collect();
         if let Some(r) = status.iter().position(|&st| st == 2) {
             return Err(AttnError::RankDisagreement(format!(

@@ -66,8 +66,11 @@ fn run(
                         .transpose()?;
                     let packing = cu.map(PackedSequences::new).transpose()?;
                     let local = AttnShape { q: ls, kv: lkv };
-                    let inputs =
-                        AttnInputs::contiguous(cfg, local, [&q, &k, &v])?.with_masks(Masks { key_padding, packing });
+                    let inputs = AttnInputs::contiguous(cfg, local, [&q, &k, &v])?.with_masks(Masks {
+                        key_padding,
+                        packing,
+                        ..Masks::NONE
+                    });
                     let (mut out, mut lse) = (vec![0.0f32; ls.numel()], vec![0.0f32; ls.lse_len()]);
                     be.forward(&inputs, TensorViewMut::contiguous(TensorName::Output, &mut out, ls)?, &mut lse)?;
                     let mut g = [vec![0.0f32; ls.numel()], vec![0.0f32; lkv.numel()], vec![0.0f32; lkv.numel()]];
@@ -140,6 +143,7 @@ fn the_ring_backend_computes_every_feature_from_each_ranks_rows() {
             let masks = Masks {
                 key_padding: Some(KeyPadding::new(&padding, batch, seq).unwrap()),
                 packing: cu.map(|c| PackedSequences::new(c).unwrap()),
+                ..Masks::NONE
             };
             let problem = Problem::new(cfg, shape).with_masks(masks);
             let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();

@@ -2,6 +2,7 @@
 //! instances for all of them); each module is one test file.
 
 mod backend_masks;
+mod block_mask_refused;
 mod bytes_formula;
 mod caller_errors;
 mod chunk_ring;

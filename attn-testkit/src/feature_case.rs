@@ -24,7 +24,7 @@ impl FeatureCase {
         let s = self.shape.kv;
         let key_padding = self.padding.as_deref().map(|f| KeyPadding::new(f, s.batch, s.seq).expect("sized mask"));
         let packing = self.cu_seqlens.as_deref().map(|c| PackedSequences::new(c).expect("valid cu_seqlens"));
-        Masks { key_padding, packing }
+        Masks { key_padding, packing, ..Masks::NONE }
     }
 
     /// The problem the case describes.

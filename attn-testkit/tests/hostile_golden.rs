@@ -79,3 +79,38 @@ proptest! {
         }
     }
 }
+
+/// `blocks/NAME` with its header's first `from` replaced by `to`.
+fn edited_block_file(name: &str, from: &str, to: &str) -> Vec<u8> {
+    let bytes = std::fs::read(golden_dir().join("blocks").join(name)).expect("golden file");
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
+    let h = header.replacen(from, to, 1);
+    assert_ne!(h, header, "{name}: `{from}` not in the header");
+    let mut b = (h.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(h.as_bytes());
+    b.extend_from_slice(&bytes[8 + n..]);
+    b
+}
+
+/// A stated `block_pattern` one parameter away from the one that built the file's mask,
+/// or a block mask relabelled as another dtype, is a format error naming it.
+#[test]
+fn a_block_pattern_that_does_not_build_the_mask_is_an_error() {
+    let edits = [
+        ("bs_local_window.safetensors", "window_blocks=3", "window_blocks=5", "differs"),
+        ("bs_varlen.safetensors", "window_blocks=5", "window_blocks=3", "differs"),
+        ("bs_global_local_causal.safetensors", "radius=2", "radius=1", "differs"),
+        ("bs_dilated_sparse_ragged.safetensors", "rates=1,2,4", "rates=1,2,3", "differs"),
+        ("bs_local_window.safetensors", "window_blocks=3", "window_blocks=3 radius=1", "not a parameter"),
+        ("bs_local_window.safetensors", "\"U8\"", "\"I8\"", "block_mask"),
+    ];
+    for (name, from, to, want) in edits {
+        let original = std::fs::read(golden_dir().join("blocks").join(name)).unwrap();
+        assert!(GoldenCase::from_bytes(name, &original).is_ok(), "{name}");
+        match GoldenCase::from_bytes(name, &edited_block_file(name, from, to)) {
+            Ok(_) => panic!("{name}: {from} -> {to} accepted"),
+            Err(e) => assert!(e.to_string().contains(want), "{name}: {from} -> {to}: {e}"),
+        }
+    }
+}

@@ -132,12 +132,16 @@ impl KeyRule<'_> {
     /// The keys (with multiplicity across LongNet patterns) that query `i` of head `h`
     /// of batch `b` attends, as global key positions, and the head's output scale.
     /// Patterns, causality and windows apply to positions inside the query's packed
-    /// sequence; padded keys are dropped.
+    /// sequence; padded keys and keys in a tile the block mask removes are dropped.
     pub fn keys(&self, b: usize, h: usize, i: usize) -> (Vec<usize>, f64) {
         let kv_len = self.shape.kv.seq;
         let seq = self.masks.sequence_bounds(i, kv_len);
         let (start, n, rel) = (seq.start, seq.len(), i - seq.start);
-        let admitted = |k: &usize| self.band.admits(rel, *k) && !self.masks.is_padding(b, start + k);
+        let admitted = |k: &usize| {
+            self.band.admits(rel, *k)
+                && !self.masks.is_padding(b, start + k)
+                && self.masks.block_keeps(b, h, i, start + k)
+        };
         let (rel_keys, out_scale): (Vec<usize>, f64) = match self.cfg {
             None => ((0..n).filter(admitted).collect(), 1.0),
             Some(cfg) => {
@@ -206,7 +210,7 @@ pub fn dilated_forward(cfg: &DilatedConfig, shape: AttnShape, q: &[f64], k: &[f6
     dilated_forward_masked(cfg, shape, Masks::NONE, [q, k, v])
 }
 
-/// [`dilated_forward`] with key padding and packed sequences.
+/// [`dilated_forward`] with key padding, packed sequences and a block mask.
 pub fn dilated_forward_masked(
     cfg: &DilatedConfig,
     shape: AttnShape,

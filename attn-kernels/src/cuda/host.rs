@@ -109,7 +109,7 @@ impl CudaBackend {
         lse: &mut [f32],
     ) -> Result<()> {
         let (dev, cfg) = (&self.dev, inputs.cfg);
-        let shape = inputs.shape_for("cuda", Supported::ALL)?;
+        let shape = inputs.shape_for("cuda", Supported::ALL_BUT_BLOCK_MASKS)?;
         check_out(TensorName::Output, &out, shape.q)?;
         if lse.len() != shape.q.lse_len() {
             return Err(AttnError::ShapeMismatch {
@@ -144,7 +144,7 @@ impl CudaBackend {
         mut grads: Grads<'_, T>,
     ) -> Result<()> {
         let (dev, cfg) = (&self.dev, inputs.cfg);
-        let shape = inputs.shape_for("cuda", Supported::ALL)?;
+        let shape = inputs.shape_for("cuda", Supported::ALL_BUT_BLOCK_MASKS)?;
         for (t, s) in [(TensorName::Output, saved.out.shape()), (TensorName::GradOutput, grad_out.shape())] {
             if s != shape.q {
                 return Err(AttnError::ShapeMismatch {

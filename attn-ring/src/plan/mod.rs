@@ -86,7 +86,7 @@ pub struct RingProblem {
     pub strategy: Strategy,
     pub world: usize,
     /// Key padding (`[batch, seq]`) and packed sequences over the GLOBAL positions,
-    /// the same on every rank.
+    /// the same on every rank (a block mask is refused).
     pub masks: OwnedMasks,
 }
 
@@ -118,9 +118,14 @@ impl RingProblem {
         self.heads / self.kv_heads.max(1)
     }
 
-    /// The masks as `attn_core` views, the key padding checked to be `[batch, seq]`.
+    /// The masks as `attn_core` views, the key padding checked to be `[batch, seq]`; a
+    /// block mask is `Unsupported` (the ring does not compute one yet), so every plan and
+    /// runner refuses it alike on every rank.
     pub fn core_masks(&self) -> Result<Masks<'_>> {
         let masks = self.masks.view();
+        if masks.block.is_some() {
+            return Err(AttnError::Unsupported { backend: "ring", feature: attn_core::Feature::BlockMask });
+        }
         if let Some(k) = masks.key_padding
             && (k.batch(), k.seq()) != (self.batch, self.seq)
         {

@@ -13,7 +13,10 @@ pub use check::{
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use attn_core::{AttnError, AttnShape, DilatedConfig, KeyPaddingMask, Masks, Mixing, OwnedMasks, Result};
+use attn_core::{
+    AttnError, AttnShape, BlockDims, BlockMaskBuf, BlockPattern, DilatedConfig, KeyPaddingMask, Masks, Mixing,
+    OwnedMasks, Result,
+};
 use safetensors::tensor::TensorView as StView;
 use safetensors::{Dtype, SafeTensors};
 
@@ -39,13 +42,15 @@ pub struct Tensor {
 }
 
 /// One conformance case: metadata strings, float32 tensors, and the masks of the
-/// feature files (`key_padding_mask` U8 `[batch, key_seq]`, `cu_seqlens` I64).
+/// feature and block files (`key_padding_mask` U8 `[batch, key_seq]`, `cu_seqlens` I64,
+/// `block_mask` U8 `[batch, heads, q_blocks, k_blocks]` over `block_size` positions).
 #[derive(Debug, Clone)]
 pub struct GoldenCase {
     pub name: String,
     pub meta: BTreeMap<String, String>,
     pub tensors: BTreeMap<String, Tensor>,
-    /// `key_padding_mask` (`[batch, key_seq]`, `true` = padding) and `cu_seqlens`.
+    /// `key_padding_mask` (`[batch, key_seq]`, `true` = padding), `cu_seqlens` and
+    /// `block_mask`.
     pub masks: OwnedMasks,
 }
 
@@ -77,17 +82,20 @@ impl GoldenCase {
         for t in case.multihead_gradient_names()?.unwrap_or_default() {
             case.tensor(&t)?;
         }
+        case.check_block_pattern()?;
         Ok(case)
     }
 
-    /// Store one tensor: F32 data, or the U8 `key_padding_mask` (`[batch, key_seq]`, 0/1)
-    /// or the I64 `cu_seqlens` (non-negative); anything else is a format error.
+    /// Store one tensor: F32 data, the U8 `key_padding_mask` (`[batch, key_seq]`, 0/1), the
+    /// U8 `block_mask` (4-D, 0/1, over the metadata's `block_size`) or the I64 `cu_seqlens`
+    /// (non-negative); anything else is a format error.
     fn add_tensor(&mut self, tname: String, view: &StView<'_>) -> Result<()> {
         let name = &self.name;
         let shape = view.shape().to_vec();
         let width = match (tname.as_str(), view.dtype()) {
             (_, Dtype::F32) => 4,
             ("key_padding_mask", Dtype::U8) if shape.len() == 2 => 1,
+            ("block_mask", Dtype::U8) if shape.len() == 4 => 1,
             ("cu_seqlens", Dtype::I64) if shape.len() == 1 => 8,
             (_, dt) => return Err(fmt_err(name, format!("tensor `{tname}` has dtype {dt:?} and shape {shape:?}"))),
         };
@@ -97,6 +105,12 @@ impl GoldenCase {
             return Err(fmt_err(name, format!("tensor `{tname}`: shape {shape:?} disagrees with {} bytes", raw.len())));
         }
         match width {
+            1 if tname == "block_mask" => {
+                let dims = BlockDims { batch: shape[0], heads: shape[1], q_blocks: shape[2], k_blocks: shape[3] };
+                let mask = BlockMaskBuf::new(raw.to_vec(), dims, self.meta_usize("block_size")?)
+                    .map_err(|e| fmt_err(name, e))?;
+                self.masks = std::mem::take(&mut self.masks).with_block_mask(mask);
+            }
             1 => {
                 if let Some(x) = raw.iter().find(|&&x| x > 1) {
                     return Err(fmt_err(name, format!("key_padding_mask holds {x}, not 0 or 1")));
@@ -292,7 +306,32 @@ impl GoldenCase {
         Ok(())
     }
 
-    /// The file's key padding and packed sequences (none for files without them).
+    /// A file's `block_pattern` (where it states one) must build exactly its `block_mask`
+    /// for every batch and head, over the call's blocks (packed: the longest sequence's).
+    fn check_block_pattern(&self) -> Result<()> {
+        let Some(text) = self.meta.get("block_pattern") else { return Ok(()) };
+        let mask = self.masks.block_mask().ok_or_else(|| fmt_err(&self.name, "block_pattern without block_mask"))?;
+        let pattern = BlockPattern::parse(text).map_err(|e| fmt_err(&self.name, e))?;
+        let (m, d) = (mask.view(), mask.view().dims());
+        let one = BlockDims { batch: 1, heads: 1, ..d };
+        let built = BlockMaskBuf::from_fn(one, m.block_size(), |_, _, i, j| pattern.keeps(i, j, d.k_blocks))
+            .map_err(|e| fmt_err(&self.name, e))?;
+        let b = built.view();
+        let tiles = (0..d.batch).flat_map(|bi| (0..d.heads).map(move |h| (bi, h)));
+        let tiles =
+            tiles.flat_map(|(bi, h)| (0..d.q_blocks).flat_map(move |i| (0..d.k_blocks).map(move |j| (bi, h, i, j))));
+        for (bi, h, i, j) in tiles {
+            if m.keeps_blocks(bi, h, i, j) != b.keeps_blocks(0, 0, i, j) {
+                return Err(fmt_err(
+                    &self.name,
+                    format!("block_mask differs from `{text}` at batch {bi}, head {h}, tile ({i}, {j})"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The file's key padding, packed sequences and block mask (none for files without them).
     pub fn masks(&self) -> Masks<'_> {
         self.masks.view()
     }
