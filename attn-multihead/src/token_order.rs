@@ -6,8 +6,8 @@
 //!
 //! The option is reached from the layer itself with
 //! [`MultiheadDilatedAttention::with_token_order`] (one device) or
-//! [`MultiheadDilatedAttention::with_ring_token_order`] (the ring, see
-//! [`crate::ordered_ring`]):
+//! `MultiheadDilatedAttention::with_ring_token_order` (the ring, feature `ring`; see the
+//! `ordered_ring` module):
 //!
 //! ```
 //! use std::sync::Arc;
