@@ -39,6 +39,11 @@ fn bad(reason: impl Into<String>) -> AttnError {
     AttnError::InvalidBlockMask(reason.into())
 }
 
+/// Blocks need at least one position.
+fn check_block_size(block_size: usize) -> Result<()> {
+    if block_size == 0 { Err(bad("block_size is 0; blocks need at least one position")) } else { Ok(()) }
+}
+
 /// A borrowed block mask: U8 `[batch, heads, q_blocks, k_blocks]`, row-major, 1 = kept,
 /// 0 = removed (the opposite polarity of a key padding mask), over blocks of `block_size`
 /// positions (the last block of a length that is not a multiple is shorter).
@@ -54,9 +59,7 @@ impl<'a> BlockMask<'a> {
     /// a length that is not the sizes' product, or a value other than 0 and 1 is a typed
     /// error naming it.
     pub fn new(keep: &'a [u8], dims: BlockDims, block_size: usize) -> Result<Self> {
-        if block_size == 0 {
-            return Err(bad("block_size is 0; blocks need at least one position"));
-        }
+        check_block_size(block_size)?;
         match dims.len() {
             None => return Err(bad(format!("sizes {:?} overflow", dims.as_vec()))),
             Some(0) => return Err(bad(format!("sizes {:?} have a zero", dims.as_vec()))),
@@ -219,9 +222,7 @@ impl BlockPattern {
         block_size: usize,
         dilation_rates: &[usize],
     ) -> Result<Self> {
-        if block_size == 0 {
-            return Err(bad("block_size is 0; blocks need at least one position"));
-        }
+        check_block_size(block_size)?;
         let w = local_window_size / block_size;
         match pattern_type {
             "local_window" => Ok(BlockPattern::LocalWindow { window_blocks: w }),
@@ -288,9 +289,7 @@ impl BlockMaskBuf {
     /// `pattern` over `ceil(q_len / block_size)` query and `ceil(k_len / block_size)` key
     /// blocks, one mask for every batch and head.
     pub fn from_pattern(pattern: &BlockPattern, block_size: usize, q_len: usize, k_len: usize) -> Result<Self> {
-        if block_size == 0 {
-            return Err(bad("block_size is 0; blocks need at least one position"));
-        }
+        check_block_size(block_size)?;
         let dims = BlockDims {
             batch: 1,
             heads: 1,

@@ -51,10 +51,7 @@ __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* 
         i64 lo = 0, hi = 0;
         float l2 = NEG_INF, dl = 0.f;
         if (t0 + i <= t_last) {
-            const i64 seg = div32(t0 + i, p.per_seg);
-            band_keys(a, t0 + i, &lo, &hi);
-            lo = max64(seg * p.per_seg, lo);
-            hi = min64((seg + 1) * p.per_seg, hi);
+            row_keys(a, p, t0 + i, &lo, &hi);
             const i64 ri = (b * a.nq + s_qrows[i]) * a.heads + h;
             l2 = lse[ri] * LOG2E;
             dl = delta[ri];

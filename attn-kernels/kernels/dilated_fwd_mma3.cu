@@ -34,12 +34,7 @@ __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, 
     const int w0 = warp * 16 * MT;
     for (int i = threadIdx.x; i < BM; i += blockDim.x) {
         i64 lo = 0, hi = 0;
-        if (t0 + i <= t_last) {
-            const i64 seg = div32(t0 + i, p.per_seg);
-            band_keys(a, t0 + i, &lo, &hi);
-            lo = max64(seg * p.per_seg, lo);
-            hi = min64((seg + 1) * p.per_seg, hi);
-        }
+        if (t0 + i <= t_last) row_keys(a, p, t0 + i, &lo, &hi);
         s_klo[i] = (int)min64(max64(lo - kb_lo, 0), nkeys);
         s_khi[i] = (int)min64(max64(hi - kb_lo, 0), nkeys);
     }

@@ -180,6 +180,14 @@ __device__ __forceinline__ void gather_keys(i64* s_rows, int rows, const Pattern
     }
 }
 
+// Selected key indices [*lo, *hi) that query t reads: its segment cut by its band.
+__device__ __forceinline__ void row_keys(const AttnParams& a, const Pattern& p, i64 t, i64* lo, i64* hi) {
+    const i64 seg = div32(t, p.per_seg);
+    band_keys(a, t, lo, hi);
+    *lo = max64(seg * p.per_seg, *lo);
+    *hi = min64((seg + 1) * p.per_seg, *hi);
+}
+
 // Selected key indices [*kb_lo, *kb_hi) that the query rows t0..=t_last of one block read:
 // the keys of their segments inside the k block, cut by the first row's and the last
 // row's band.

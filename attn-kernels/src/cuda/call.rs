@@ -154,14 +154,14 @@ pub fn backward_call<T: CudaElement>(
             }
         }
     }
-    let done = match &mut bufs[..] {
-        [delta, dq] => {
-            backward_whole(dev, block, (saved, grad_out, grad_lse), grads, (delta, dq), Writes::Direct(direct))
+    let done = match (&mut bufs[..], direct) {
+        ([delta, dq], Some(plan)) => {
+            backward_whole(dev, block, (saved, grad_out, grad_lse), grads, (delta, dq), Writes::Direct(plan))
         }
-        [delta, dq, dk, dv] => {
+        ([delta, dq, dk, dv], None) => {
             backward_whole(dev, block, (saved, grad_out, grad_lse), grads, (delta, dq), Writes::Into(dk, dv))
         }
-        _ => unreachable!("two or four scratch slots"),
+        _ => unreachable!("two scratch slots with a direct plan, four without"),
     };
     slots.iter().zip(bufs).for_each(|(&(slot, _), b)| dev.give_scratch(slot, b));
     done
@@ -186,7 +186,7 @@ pub fn backward_call_in<T: CudaElement>(
         check_len(name, got, want)?;
     }
     let writes = match direct_gradient_plan(dev, block, grad_out, [&*grads[1], &*grads[2]])? {
-        Some(plan) => Writes::Direct(Some(plan)),
+        Some(plan) => Writes::Direct(plan),
         None => Writes::Into(dk_acc, dv_acc),
     };
     backward_whole(dev, block, (saved, grad_out, grad_lse), grads, (delta, dq_acc), writes)
@@ -196,7 +196,7 @@ pub fn backward_call_in<T: CudaElement>(
 /// gradients themselves by a [`direct_gradient_plan`].
 enum Writes<'a> {
     Into(&'a mut CudaSlice<f32>, &'a mut CudaSlice<f32>),
-    Direct(Option<Vec<Planned>>),
+    Direct(Vec<Planned>),
 }
 
 /// The steps of a whole call's backward after its scratch is in hand.
@@ -230,7 +230,6 @@ fn backward_whole<T: CudaElement>(
             store_scaled(dev, TensorName::GradValue, dv_acc, 1.0, dv)?;
         }
         Writes::Direct(plan) => {
-            let plan = plan.ok_or_else(|| AttnError::InvalidArgument("no direct gradient plan".into()))?;
             for g in [&mut *dk, &mut *dv] {
                 dev.stream.memset_zeros(&mut g.data).map_err(cuda_err)?;
             }
