@@ -13,7 +13,7 @@ bench's JSON; writes
 
 with null for what did not run, and further keys for the other rows timed (the
 previous defaults, the three-stage forward, a synchronisation between calls, the
-deterministic dq, dk and dv written directly, SDPA's default
+deterministic dq, gradients written directly (dk and dv; with the deterministic dq, dq too), SDPA's default
 backend and SDPA on gathered segments).
 
 Run:  python3 speed_json.py LOG PYTHON_JSON COMMIT DEVICE OUT     |     python3 speed_json.py --check
@@ -65,6 +65,8 @@ def speed(lines, python, commit, device):
         entry["attn_fwdbwd_sync_between_ms"] = ms(pick(rows, seq, NEW, True, between="synchronized"))
         entry["attn_fwdbwd_deterministic_ms"] = ms(pick(rows, seq, {**NEW, "bwd_dq": "deterministic"}, True))
         entry["attn_fwdbwd_direct_dkdv_ms"] = ms(pick(rows, seq, {**NEW, "bwd_writes": "direct"}, True))
+        deterministic_direct = {**NEW, "bwd_dq": "deterministic", "bwd_writes": "direct"}
+        entry["attn_fwdbwd_deterministic_direct_ms"] = ms(pick(rows, seq, deterministic_direct, True))
         three = pick(rows, seq, {**NEW, "fwd_stages": "3"}, False)
         entry["attn_fwd_three_stages_ms"] = ms(three)
         if three is not None and rate:
@@ -90,6 +92,8 @@ def check():
              median_ms=10.0, tflops=200.0),
         line(backward=True, fwd_rows="128w4", bwd_loads="pipelined", bwd_keys="128", bwd_dq="deterministic",
              median_ms=14.0, tflops=150.0),
+        line(backward=True, fwd_rows="128w4", bwd_loads="pipelined", bwd_keys="128", bwd_dq="deterministic",
+             bwd_writes="direct", median_ms=13.0, tflops=160.0),
         line(backward=True, fwd_rows="128w4", bwd_loads="pipelined", bwd_keys="128", bwd_dq="atomic",
              between="synchronized", median_ms=11.0, tflops=180.0),
         line(backward=True, fwd_rows="64", bwd_loads="sync", bwd_keys="64", median_ms=16.0, tflops=120.0),
@@ -103,7 +107,8 @@ def check():
     want = {"attn_fwd_ms": 2.0, "attn_fwdbwd_ms": 10.0, "attn_fwd_matmul_fraction": 0.4, "python_fwd_ms": 2.2,
             "python_fwdbwd_ms": 11.5, "sdpa_flash_fwd_ms": 1.7, "sdpa_flash_fwdbwd_ms": 12.0,
             "sdpa_cudnn_fwd_ms": None, "sdpa_cudnn_fwdbwd_ms": None, "attn_fwdbwd_sync_between_ms": 11.0,
-            "attn_fwdbwd_deterministic_ms": 14.0, "attn_fwdbwd_direct_dkdv_ms": 9.0, "attn_fwd_three_stages_ms": 1.8,
+            "attn_fwdbwd_deterministic_ms": 14.0, "attn_fwdbwd_direct_dkdv_ms": 9.0,
+            "attn_fwdbwd_deterministic_direct_ms": 13.0, "attn_fwd_three_stages_ms": 1.8,
             "attn_fwd_three_stages_matmul_fraction": 0.45, "old_defaults_fwd_ms": 2.5, "old_defaults_fwdbwd_ms": 16.0,
             "rel_l2_vs_composition": 0.004}
     ok = got["matmul_tflops"] == 750.0 and got["commit"] == "abc123" and got["seq"] == {"65536": want}

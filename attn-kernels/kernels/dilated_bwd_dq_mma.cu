@@ -5,8 +5,9 @@
 // memory stages. Per tile: S = Q K^T, dP = dO V^T, P = 2^(S scale log2 e - lse log2 e) (the
 // head's FINAL lse), dS = P (out_scale dP - delta), dQ += dS K (dS straight from the
 // accumulators, as the forward's P). Each query row is one block's in a launch and is
-// written once, by a plain read-add-write: the sum runs over keys in index order, whatever
-// order the blocks run in, so the result's bits do not depend on scheduling.
+// written once, by a plain read-add-write (or straight into the gradient: see the end):
+// the sum runs over keys in index order, whatever order the blocks run in, so the result's
+// bits do not depend on scheduling.
 
 template <class E, int D, int BN>
 __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* go, const float* lse,
@@ -158,16 +159,26 @@ __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* 
     }
     cp_async_wait<0>();  // no copy outlives the block (Q's and dO's, where no key tile ran)
 
+    // With `a.out_direct` (a whole call whose query rows have one writer: one pattern a
+    // head, planned by the host) dQ goes straight into the gradient in E at q's strides
+    // (dq_acc then points at it), with no f32 accumulator, zero-fill of it or epilogue.
+    u16* dqo = reinterpret_cast<u16*>(dq_acc);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         if (t0 + r0 + 8 * i > t_last) continue;
-        float* row = dq_acc + ((b * a.nq + s_qrows[r0 + 8 * i]) * a.heads + h) * a.d;
+        const i64 r = s_qrows[r0 + 8 * i];
+        float* row = dq_acc + ((b * a.nq + r) * a.heads + h) * a.d;
+        u16* out = dqo + b * a.q_sb + r * a.q_ss + h * a.q_sh;
 #pragma unroll
         for (int j = 0; j < NO; ++j) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const i64 col = j * 8 + 2 * c + e;
-                if (col < a.d) row[col] += a.scale * dq[j][2 * i + e];
+                if (col >= a.d) continue;
+                if (a.out_direct)
+                    out[col] = E::from_f(a.scale * dq[j][2 * i + e]);
+                else
+                    row[col] += a.scale * dq[j][2 * i + e];
             }
         }
     }

@@ -82,7 +82,8 @@ struct AttnParams {
     float out_scale;       // the head's output scale (backward, and a forward with out_direct)
     int vec;               // bit 0: q, 1: k, 2: v, 3: grad_out (or direct output) rows allow 16-byte access
     int out_direct;        // forward: 1 = write the output (times out_scale) and lse of the rows it
-                           // computes (the only launch covering them); 0 = LSE-merge into the f32 partial
+                           // computes (the only launch covering them); 0 = LSE-merge into the f32 partial.
+                           // backward: 1 = write dk/dv (dq for the dq kernel) in E into the gradients
     int fused;             // the fused tensor-core forward: this launch runs fuse[0..fused] (fused_block)
     int fused_pad;
     FusedPattern fuse[MAX_FUSED];

@@ -100,9 +100,10 @@
 //! both give the same bits), over 64 keys a block or 128 (`BackwardKeys`,
 //! `ATTN_CUDA_BWD_KEYS`), summing dq by atomics or deterministically (`BackwardDq`,
 //! `ATTN_CUDA_BWD_DQ`: the tensor-core kernel without dq, then the query-major
-//! tensor-core dq kernel, `dilated_bwd_dq_mma.cu`), and a whole call writes dk and dv
-//! through f32 accumulators or, where each key row has one writer, straight into the
-//! gradients (`BackwardWrites`, `ATTN_CUDA_BWD_WRITES`, `plan_backward_direct`). Unset, each is the architecture's measured fastest
+//! tensor-core dq kernel, `dilated_bwd_dq_mma.cu`), and a whole call writes its gradients
+//! through f32 accumulators or, where each row has one writer (dk/dv; dq under the
+//! deterministic dq), straight into them (`BackwardWrites`, `ATTN_CUDA_BWD_WRITES`,
+//! `plan_backward_direct`). Unset, each is the architecture's measured fastest
 //! (`measured_fastest`: sm_90) or, untimed, the shape with the least shared memory.
 //! Whole calls (`call`) take their f32 scratch from the caller (`backward_call_in`) or
 //! from the stream's `scratch` pool, so a repeated shape allocates nothing; the emulation

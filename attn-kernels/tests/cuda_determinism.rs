@@ -12,7 +12,8 @@ use std::path::Path;
 use attn_core::{AttnShape, DType, DilatedConfig, Shape4};
 use attn_kernels::cuda::emulation::{BlockOrder, Emulator};
 use attn_kernels::cuda::plan::{
-    BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, ForwardRows, backward_kernel,
+    BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardRows,
+    backward_kernel,
 };
 use attn_testkit::FeatureCase;
 use attn_testkit::golden::{Gradients32, assert_attention_dirs_pass};
@@ -28,6 +29,7 @@ fn emulator_ordered(bwd: BackwardOptions, order: BlockOrder) -> Emulator {
         .with_backward_loads(bwd.loads)
         .with_backward_keys(bwd.keys)
         .with_backward_dq(bwd.dq)
+        .with_backward_writes(bwd.writes)
         .with_block_order(order)
 }
 
@@ -63,8 +65,13 @@ fn gradients_in_every_order(case: &FeatureCase, bwd: BackwardOptions) -> Vec<Gra
 #[test]
 fn deterministic_dq_gives_the_same_bits_in_any_block_order() {
     let case = many_key_blocks();
-    for (loads, keys) in [(BackwardLoads::Sync, BackwardKeys::K64), (BackwardLoads::Pipelined, BackwardKeys::K128)] {
-        let bwd = BackwardOptions { loads, keys, dq: BackwardDq::Deterministic, ..BackwardOptions::default() };
+    let shapes = [
+        (BackwardLoads::Sync, BackwardKeys::K64, BackwardWrites::Accumulated),
+        (BackwardLoads::Pipelined, BackwardKeys::K128, BackwardWrites::Accumulated),
+        (BackwardLoads::Pipelined, BackwardKeys::K128, BackwardWrites::Direct),
+    ];
+    for (loads, keys, writes) in shapes {
+        let bwd = BackwardOptions { loads, keys, dq: BackwardDq::Deterministic, writes };
         let BackwardKernel::Mma { name, dq: Some(dq), .. } = backward_kernel(DType::BF16, "bf16", 64, bwd) else {
             panic!("expected the tensor-core kernel without dq")
         };
@@ -73,7 +80,10 @@ fn deterministic_dq_gives_the_same_bits_in_any_block_order() {
         let first = bits(&runs[0]);
         for (order, run) in orders().iter().zip(&runs).skip(1) {
             for (name, (a, b)) in ["dq", "dk", "dv"].iter().zip(first.iter().zip(&bits(run))) {
-                assert!(a == b, "{loads:?} {keys:?}: {name} with blocks in {order:?} differs from grid order");
+                assert!(
+                    a == b,
+                    "{loads:?} {keys:?} {writes:?}: {name} with blocks in {order:?} differs from grid order"
+                );
             }
         }
         let emulated = Emulated::<bf16>::new(ForwardRows::M64).with_backward(bwd);

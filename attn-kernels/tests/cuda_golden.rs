@@ -246,3 +246,32 @@ fn golden_cuda_direct_dk_dv() {
     }
     assert_eq!(compared, 12, "golden files with one pattern a head and no grouped heads");
 }
+
+/// Under the deterministic dq kernel, dq written straight into the gradient too: every
+/// golden file in bf16, and every gradient equal to the accumulated path's bit for bit
+/// (each row has one writer either way) on the files with one pattern a head.
+#[test]
+fn golden_cuda_direct_dq() {
+    let Some(dev) = device_or_skip("golden_cuda_direct_dq") else { return };
+    let det = dev.with_backward_dq(BackwardDq::Deterministic);
+    let (direct, accumulated) =
+        (det.with_backward_writes(BackwardWrites::Direct), det.with_backward_writes(BackwardWrites::Accumulated));
+    assert_attention_dirs_pass(&gpu::<bf16>(&direct));
+    let mut compared = 0;
+    for case in attention_cases() {
+        let cfg = case.config().unwrap();
+        let p = attn_testkit::golden::Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks() };
+        if !one_pattern_per_head(&cfg) {
+            continue;
+        }
+        let [q, k, v, go] = ["q", "k", "v", "grad_out"].map(|t| case.tensor(t).unwrap().data.clone());
+        let run = |d: &CudaDevice| gpu::<bf16>(d).backward(&p, [&q, &k, &v], &go).unwrap();
+        let (a, b) = (run(&accumulated), run(&direct));
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for (name, x, y) in [("dq", &a.dq, &b.dq), ("dk", &a.dk, &b.dk), ("dv", &a.dv, &b.dv)] {
+            assert!(bits(x) == bits(y), "{}: direct {name} differs", case.name);
+        }
+        compared += 1;
+    }
+    assert_eq!(compared, 15, "golden files with one pattern a head");
+}

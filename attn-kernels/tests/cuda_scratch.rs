@@ -1,12 +1,12 @@
 //! The lean call path's scratch on the CPU emulation: whole calls of one shape allocate
 //! their f32 scratch (the backward's accumulators and delta, the forward's partial where
 //! the output cannot come straight from the kernel) on the first call only, through the
-//! pool code the device runs; a new shape allocates anew; where dk and dv go straight into
-//! the gradients, no accumulators for them.
+//! pool code the device runs; a new shape allocates anew; where gradients go straight into
+//! the caller's tensors, no accumulators for them.
 #![cfg(feature = "cuda")]
 
 use attn_core::{AttnShape, DilatedConfig, Mixing, Shape4};
-use attn_kernels::cuda::plan::{BackwardOptions, BackwardWrites, ForwardRows};
+use attn_kernels::cuda::plan::{BackwardDq, BackwardOptions, BackwardWrites, ForwardRows};
 use attn_testkit::FeatureCase;
 use attn_testkit::golden::DilatedBackend;
 use half::bf16;
@@ -53,4 +53,8 @@ fn repeated_calls_of_one_shape_allocate_scratch_on_the_first_only() {
     assert_eq!(allocations_over_three_calls(&emulated, &case(Mixing::HeadGroups, 256)), [2, 2, 2]);
     let emulated = Emulated::<bf16>::new(ForwardRows::M64).with_backward(direct);
     assert_eq!(allocations_over_three_calls(&emulated, &case(Mixing::LongNet, 256)), [5, 5, 5]);
+    // dq too, under the deterministic dq kernel (head groups): delta alone.
+    let every = BackwardOptions { dq: BackwardDq::Deterministic, ..direct };
+    let emulated = Emulated::<bf16>::new(ForwardRows::M64).with_backward(every);
+    assert_eq!(allocations_over_three_calls(&emulated, &case(Mixing::HeadGroups, 256)), [1, 1, 1]);
 }

@@ -18,7 +18,8 @@ use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKerne
 use super::device::{CudaDevice, cuda_err};
 use super::launch::launch;
 use super::launch_plan::{
-    BlockGeometry, Planned, Signature, plan_backward, plan_backward_direct, plan_forward, plan_forward_direct,
+    BlockGeometry, DirectBackward, DirectGrads, Planned, Signature, plan_backward, plan_backward_direct, plan_forward,
+    plan_forward_direct,
 };
 use super::params::MAX_INDEX;
 use super::plan::BackwardWrites;
@@ -164,7 +165,7 @@ pub(crate) fn forward_block_into<T: CudaElement>(
     let plan = plan_forward(&geometry(block, None), T::DTYPE, T::SUFFIX, dev.forward_options())?;
     let DeviceBlock { q, k, v, .. } = *block;
     let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
-    let accs = Accs { q_acc: Some(out), out: None, lse: Some(lse), dk: None, dv: None, dkv_out: None };
+    let accs = Accs { q_acc: Some(out), out: None, lse: Some(lse), dk: None, dv: None, dq_out: None, dkv_out: None };
     execute(dev, &plan, &bufs, block.key_padding, accs)
 }
 
@@ -189,7 +190,8 @@ pub(crate) fn forward_direct_into<T: CudaElement>(
     fill_into::<T>(dev, lse, f32::NEG_INFINITY)?;
     let DeviceBlock { q, k, v, .. } = *block;
     let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
-    let accs = Accs { q_acc: None, out: Some(&mut out.data), lse: Some(lse), dk: None, dv: None, dkv_out: None };
+    let accs =
+        Accs { q_acc: None, out: Some(&mut out.data), lse: Some(lse), dk: None, dv: None, dq_out: None, dkv_out: None };
     execute(dev, &plan, &bufs, block.key_padding, accs)?;
     Ok(true)
 }
@@ -240,7 +242,8 @@ struct Accs<'a, T> {
     lse: Option<&'a mut CudaSlice<f32>>,
     dk: Option<&'a mut CudaSlice<f32>>,
     dv: Option<&'a mut CudaSlice<f32>>,
-    /// The gradients themselves, for launches that write dk and dv directly.
+    /// The gradients themselves, for launches that write dq, or dk and dv, directly.
+    dq_out: Option<&'a mut CudaSlice<T>>,
     dkv_out: Option<(&'a mut CudaSlice<T>, &'a mut CudaSlice<T>)>,
 }
 
@@ -259,7 +262,7 @@ fn execute<T: CudaElement>(
     // The mask's address stays valid (and ordered after its upload) until `kpad` drops.
     let kpad = key_padding.map(|m| m.flags.device_ptr(&dev.stream));
     let kpad_base = kpad.as_ref().map_or(0, |(p, _)| *p);
-    let Accs { mut q_acc, mut out, mut lse, mut dk, mut dv, mut dkv_out } = accs;
+    let Accs { mut q_acc, mut out, mut lse, mut dk, mut dv, mut dq_out, mut dkv_out } = accs;
     // Where each tensor starts, for the alignment of its 16-byte loads.
     let start = |s: &CudaSlice<T>| s.device_ptr(&dev.stream).0;
     let g_start = bufs.g.map(start).or_else(|| out.as_deref().map(start));
@@ -298,8 +301,11 @@ fn execute<T: CudaElement>(
         let lv = bufs.lse.ok_or_else(|| missing("the lse"))?.slice(o.q_rows..);
         let dl = bufs.delta.ok_or_else(|| missing("delta"))?.slice(o.q_rows..);
         args.arg(&gv).arg(&lv).arg(&dl);
-        let mut dq;
-        if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDq) {
+        let (mut dq, mut dqo);
+        if p.signature == Signature::BackwardDq && p.params.out_direct != 0 {
+            dqo = dq_out.as_deref_mut().ok_or_else(|| missing("dq"))?.slice_mut(o.q..);
+            args.arg(&mut dqo);
+        } else if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDq) {
             dq = q_acc.as_deref_mut().ok_or_else(|| missing("dq"))?.slice_mut(o.q_acc..);
             args.arg(&mut dq);
         }
@@ -393,47 +399,75 @@ pub fn backward_block_into<T: CudaElement>(
     let DeviceBlock { q, k, v, .. } = *block;
     let bufs =
         DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: Some(&grad_out.data), lse: Some(lse), delta: Some(delta) };
-    let accs =
-        Accs { q_acc: Some(grads.dq), out: None, lse: None, dk: Some(grads.dk), dv: Some(grads.dv), dkv_out: None };
+    let accs = Accs {
+        q_acc: Some(grads.dq),
+        out: None,
+        lse: None,
+        dk: Some(grads.dk),
+        dv: Some(grads.dv),
+        dq_out: None,
+        dkv_out: None,
+    };
     execute(dev, &plan, &bufs, block.key_padding, accs)
 }
 
-/// The launches of a whole call's backward that write dk and dv straight into `dk`, `dv`
-/// ([`plan_backward_direct`]), where the device's options ask for it, the plan applies and
-/// the gradients are contiguous like k and v; `None` otherwise.
+/// The launches of a whole call's backward that write gradients straight into the
+/// caller's tensors ([`plan_backward_direct`]), where the device's options ask for it and
+/// the plan applies to the gradients laid out like their inputs (contiguous); `None`
+/// otherwise.
 pub(crate) fn direct_gradient_plan<T: CudaElement>(
     dev: &CudaDevice,
     block: &DeviceBlock<'_, T>,
     grad_out: &DeviceTensor<T>,
-    [dk, dv]: [&DeviceTensor<T>; 2],
-) -> Result<Option<Vec<Planned>>> {
-    let ks = block.k.shape;
+    [dq, dk, dv]: [&DeviceTensor<T>; 3],
+) -> Result<Option<DirectBackward>> {
     let like = |g: &DeviceTensor<T>, x: &DeviceTensor<T>| {
-        g.shape == ks && g.strides == x.strides && g.strides == ks.contiguous_strides() && g.data.len() == ks.numel()
+        g.shape == x.shape
+            && g.strides == x.strides
+            && g.strides == x.shape.contiguous_strides()
+            && g.data.len() == x.shape.numel()
     };
-    if dev.backward_options().writes != BackwardWrites::Direct || !like(dk, block.k) || !like(dv, block.v) {
+    let allowed = DirectGrads::from_parts(like(dq, block.q), like(dk, block.k) && like(dv, block.v));
+    let Some(allowed) = allowed.filter(|_| dev.backward_options().writes == BackwardWrites::Direct) else {
         return Ok(None);
-    }
-    plan_backward_direct(&geometry(block, Some(grad_out.strides)), T::DTYPE, T::SUFFIX, dev.backward_options())
+    };
+    let g = geometry(block, Some(grad_out.strides));
+    plan_backward_direct(&g, T::DTYPE, T::SUFFIX, dev.backward_options(), allowed)
 }
 
-/// Run a [`direct_gradient_plan`]: dq accumulated into `dq_acc` (f32, zeroed by the
-/// caller), dk and dv written into `dk`, `dv` (zeroed by the caller).
+/// The f32 accumulators of a whole call's backward: dq's, and dk's and dv's, each `None`
+/// where a [`DirectBackward`] writes that gradient itself.
+pub(crate) struct CallAccs<'a> {
+    pub dq: Option<&'a mut CudaSlice<f32>>,
+    pub dkv: Option<(&'a mut CudaSlice<f32>, &'a mut CudaSlice<f32>)>,
+}
+
+/// Run a [`direct_gradient_plan`]: the direct gradients written into `grads` (zeroed by the
+/// caller), the others added into `accs` (zeroed by the caller).
 pub(crate) fn backward_block_direct<T: CudaElement>(
     dev: &CudaDevice,
     block: &DeviceBlock<'_, T>,
     upstream: &DeviceUpstream<'_, T>,
-    plan: &[Planned],
-    dq_acc: &mut CudaSlice<f32>,
-    [dk, dv]: [&mut DeviceTensor<T>; 2],
+    plan: &DirectBackward,
+    accs: CallAccs<'_>,
+    [dq, dk, dv]: [&mut DeviceTensor<T>; 3],
 ) -> Result<()> {
     check_block(block)?;
     let DeviceUpstream { grad_out, lse, delta } = *upstream;
-    check_len(TensorName::GradQuery, dq_acc.len(), block.q.shape.numel())?;
+    let (qs, ks) = (block.q.shape, block.k.shape);
+    if let Some(acc) = &accs.dq {
+        check_len(TensorName::GradQuery, acc.len(), qs.numel())?;
+    }
+    if let Some((dk_acc, dv_acc)) = &accs.dkv {
+        check_len(TensorName::GradKey, dk_acc.len(), ks.numel())?;
+        check_len(TensorName::GradValue, dv_acc.len(), ks.numel())?;
+    }
     let DeviceBlock { q, k, v, .. } = *block;
     let bufs =
         DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: Some(&grad_out.data), lse: Some(lse), delta: Some(delta) };
-    let dkv_out = Some((&mut dk.data, &mut dv.data));
-    let accs = Accs { q_acc: Some(dq_acc), out: None, lse: None, dk: None, dv: None, dkv_out };
-    execute(dev, plan, &bufs, block.key_padding, accs)
+    let (dk_acc, dv_acc) = accs.dkv.map_or((None, None), |(k, v)| (Some(k), Some(v)));
+    let dq_out = plan.grads.dq().then_some(&mut dq.data);
+    let dkv_out = plan.grads.dkv().then_some((&mut dk.data, &mut dv.data));
+    let accs = Accs { q_acc: accs.dq, out: None, lse: None, dk: dk_acc, dv: dv_acc, dq_out, dkv_out };
+    execute(dev, &plan.launches, &bufs, block.key_padding, accs)
 }

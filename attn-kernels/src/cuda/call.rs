@@ -11,14 +11,14 @@ use attn_core::{AttnError, Result, Shape4};
 use cudarc::driver::CudaSlice;
 
 use super::block::{
-    DeviceBlock, DeviceUpstream, backward_block_direct, backward_block_into, check_contiguous_out,
+    CallAccs, DeviceBlock, DeviceUpstream, backward_block_direct, backward_block_into, check_contiguous_out,
     direct_gradient_plan, forward_block_into, forward_direct_into,
 };
 use super::device::{CudaDevice, cuda_err};
 use super::epilogue::{delta_into, store_scaled};
-use super::launch_plan::Planned;
+use super::launch_plan::{DirectBackward, DirectGrads};
 use super::plan::out_scale;
-use super::scratch::{ScratchSlot, backward_scratch};
+use super::scratch::{ScratchSlot, backward_scratch, backward_slots};
 use super::tensor::fill_into;
 use super::tensor::{CudaElement, DeviceGradsMut, DeviceTensor, check_len};
 
@@ -131,7 +131,7 @@ fn expect_shape<T>(tensor: TensorName, t: &DeviceTensor<T>, want: Shape4) -> Res
 /// gradients of `sum(out * grad_out) + sum(lse * grad_lse)` (`grad_lse` f32 like the lse,
 /// `None` for zeros) written into `dq` (q's shape) and `dk`, `dv` (k's), any strides with
 /// head_dim stride 1, in `T`, from f32 accumulators kept in the stream's scratch pool
-/// (dk and dv none where the device writes them directly:
+/// (none for the gradients the device writes directly:
 /// [`BackwardWrites`](super::plan::BackwardWrites)).
 pub fn backward_call<T: CudaElement>(
     dev: &CudaDevice,
@@ -141,34 +141,31 @@ pub fn backward_call<T: CudaElement>(
     grad_lse: Option<&CudaSlice<f32>>,
     grads: [&mut DeviceTensor<T>; 3],
 ) -> Result<()> {
-    let direct = direct_gradient_plan(dev, block, grad_out, [&*grads[1], &*grads[2]])?;
-    let slots = backward_scratch(block.q.shape, block.k.shape);
-    let slots = if direct.is_some() { &slots[..2] } else { &slots[..] };
-    let mut bufs = Vec::with_capacity(slots.len());
-    for &(slot, len) in slots {
-        match dev.take_scratch(slot, len) {
-            Ok(b) => bufs.push(b),
-            Err(e) => {
-                slots.iter().zip(bufs).for_each(|(&(slot, _), b)| dev.give_scratch(slot, b));
-                return Err(e);
-            }
+    let direct = direct_gradient_plan(dev, block, grad_out, [&*grads[0], &*grads[1], &*grads[2]])?;
+    let slots = backward_slots(block.q.shape, block.k.shape, direct.as_ref().map(|d| d.grads));
+    let mut bufs: [Option<CudaSlice<f32>>; 4] = Default::default();
+    for (buf, slot) in bufs.iter_mut().zip(slots) {
+        // A failed take drops what was taken: the next call allocates it again.
+        *buf = slot.map(|(slot, len)| dev.take_scratch(slot, len)).transpose()?;
+    }
+    let [delta, dq, dk, dv] = &mut bufs;
+    let done = match delta {
+        Some(delta) => {
+            let accs = CallAccs { dq: dq.as_mut(), dkv: dk.as_mut().zip(dv.as_mut()) };
+            backward_whole(dev, block, (saved, grad_out, grad_lse), grads, delta, accs, direct.as_ref())
+        }
+        None => Err(AttnError::InvalidArgument("a whole-call backward takes a delta scratch".into())),
+    };
+    for (buf, slot) in bufs.into_iter().zip(slots) {
+        if let (Some(buf), Some((slot, _))) = (buf, slot) {
+            dev.give_scratch(slot, buf);
         }
     }
-    let done = match (&mut bufs[..], direct) {
-        ([delta, dq], Some(plan)) => {
-            backward_whole(dev, block, (saved, grad_out, grad_lse), grads, (delta, dq), Writes::Direct(plan))
-        }
-        ([delta, dq, dk, dv], None) => {
-            backward_whole(dev, block, (saved, grad_out, grad_lse), grads, (delta, dq), Writes::Into(dk, dv))
-        }
-        _ => unreachable!("two scratch slots with a direct plan, four without"),
-    };
-    slots.iter().zip(bufs).for_each(|(&(slot, _), b)| dev.give_scratch(slot, b));
     done
 }
 
 /// [`backward_call`] with the caller's scratch (a framework's allocator): no device
-/// allocation at all (dk and dv scratch unused where the device writes them directly).
+/// allocation at all (the accumulators of directly written gradients unused).
 pub fn backward_call_in<T: CudaElement>(
     dev: &CudaDevice,
     block: &DeviceBlock<'_, T>,
@@ -185,28 +182,25 @@ pub fn backward_call_in<T: CudaElement>(
     for ((name, got), want) in names.into_iter().zip(lens).zip(backward_scratch_lens(qs, ks)) {
         check_len(name, got, want)?;
     }
-    let writes = match direct_gradient_plan(dev, block, grad_out, [&*grads[1], &*grads[2]])? {
-        Some(plan) => Writes::Direct(plan),
-        None => Writes::Into(dk_acc, dv_acc),
+    let direct = direct_gradient_plan(dev, block, grad_out, [&*grads[0], &*grads[1], &*grads[2]])?;
+    let writes = direct.as_ref().map(|d| d.grads);
+    let accs = CallAccs {
+        dq: (!writes.is_some_and(DirectGrads::dq)).then_some(dq_acc),
+        dkv: (!writes.is_some_and(DirectGrads::dkv)).then_some((dk_acc, dv_acc)),
     };
-    backward_whole(dev, block, (saved, grad_out, grad_lse), grads, (delta, dq_acc), writes)
+    backward_whole(dev, block, (saved, grad_out, grad_lse), grads, delta, accs, direct.as_ref())
 }
 
-/// Where a whole call's backward puts dk and dv: f32 accumulators converted after, or the
-/// gradients themselves by a [`direct_gradient_plan`].
-enum Writes<'a> {
-    Into(&'a mut CudaSlice<f32>, &'a mut CudaSlice<f32>),
-    Direct(Vec<Planned>),
-}
-
-/// The steps of a whole call's backward after its scratch is in hand.
+/// The steps of a whole call's backward after its scratch is in hand: `accs` holds an
+/// accumulator for each gradient `direct` does not write (all of them without a plan).
 fn backward_whole<T: CudaElement>(
     dev: &CudaDevice,
     block: &DeviceBlock<'_, T>,
     (saved, grad_out, grad_lse): (DeviceSaved<'_, T>, &DeviceTensor<T>, Option<&CudaSlice<f32>>),
     [dq, dk, dv]: [&mut DeviceTensor<T>; 3],
-    (delta, dq_acc): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
-    writes: Writes<'_>,
+    delta: &mut CudaSlice<f32>,
+    mut accs: CallAccs<'_>,
+    direct: Option<&DirectBackward>,
 ) -> Result<()> {
     let (qs, ks) = (block.q.shape, block.k.shape);
     expect_shape(TensorName::Output, saved.out, qs)?;
@@ -216,25 +210,42 @@ fn backward_whole<T: CudaElement>(
     expect_shape(TensorName::GradValue, dv, ks)?;
     check_len(TensorName::Lse, saved.lse.len(), qs.lse_len())?;
     delta_into(dev, grad_out, saved.out, grad_lse.map(|g| (g, saved.lse)), delta)?;
-    dev.stream.memset_zeros(dq_acc).map_err(cuda_err)?;
     let upstream = DeviceUpstream { grad_out, lse: saved.lse, delta };
-    match writes {
-        Writes::Into(dk_acc, dv_acc) => {
-            for acc in [&mut *dk_acc, &mut *dv_acc] {
-                dev.stream.memset_zeros(acc).map_err(cuda_err)?;
-            }
-            let accs =
-                DeviceGradsMut { dq: &mut *dq_acc, dk: &mut *dk_acc, dv: &mut *dv_acc, q_shape: qs, kv_shape: ks };
-            backward_block_into(dev, block, &upstream, accs)?;
-            store_scaled(dev, TensorName::GradKey, dk_acc, 1.0, dk)?;
-            store_scaled(dev, TensorName::GradValue, dv_acc, 1.0, dv)?;
-        }
-        Writes::Direct(plan) => {
-            for g in [&mut *dk, &mut *dv] {
+    // Every accumulator and every directly written gradient starts from zero (rows no
+    // pattern selects, and padded keys, keep it).
+    if let Some(acc) = accs.dq.as_deref_mut() {
+        dev.stream.memset_zeros(acc).map_err(cuda_err)?;
+    }
+    if let Some((dk_acc, dv_acc)) = accs.dkv.as_mut() {
+        dev.stream.memset_zeros(&mut **dk_acc).map_err(cuda_err)?;
+        dev.stream.memset_zeros(&mut **dv_acc).map_err(cuda_err)?;
+    }
+    match direct {
+        Some(plan) => {
+            let written = [(plan.grads.dq(), &mut *dq), (plan.grads.dkv(), &mut *dk), (plan.grads.dkv(), &mut *dv)];
+            for (_, g) in written.into_iter().filter(|(direct, _)| *direct) {
                 dev.stream.memset_zeros(&mut g.data).map_err(cuda_err)?;
             }
-            backward_block_direct(dev, block, &upstream, &plan, dq_acc, [dk, dv])?;
+            let reborrowed =
+                CallAccs { dq: accs.dq.as_deref_mut(), dkv: accs.dkv.as_mut().map(|(k, v)| (&mut **k, &mut **v)) };
+            backward_block_direct(dev, block, &upstream, plan, reborrowed, [&mut *dq, &mut *dk, &mut *dv])?;
+        }
+        None => {
+            let (Some(dq_acc), Some((dk_acc, dv_acc))) = (accs.dq.as_deref_mut(), accs.dkv.as_mut()) else {
+                return Err(AttnError::InvalidArgument(
+                    "a backward without a direct plan takes every accumulator".into(),
+                ));
+            };
+            let grads = DeviceGradsMut { dq: dq_acc, dk: dk_acc, dv: dv_acc, q_shape: qs, kv_shape: ks };
+            backward_block_into(dev, block, &upstream, grads)?;
         }
     }
-    store_scaled(dev, TensorName::GradQuery, dq_acc, 1.0, dq)
+    if let Some(acc) = accs.dq {
+        store_scaled(dev, TensorName::GradQuery, acc, 1.0, dq)?;
+    }
+    if let Some((dk_acc, dv_acc)) = accs.dkv {
+        store_scaled(dev, TensorName::GradKey, dk_acc, 1.0, dk)?;
+        store_scaled(dev, TensorName::GradValue, dv_acc, 1.0, dv)?;
+    }
+    Ok(())
 }

@@ -202,13 +202,15 @@ pub enum BackwardDq {
 
 kernel_choice!(BackwardDq, "ATTN_CUDA_BWD_DQ", { Atomic => "atomic", Deterministic => "deterministic" });
 
-/// Where a whole call's backward writes dK and dV: `Accumulated`, into f32 accumulators
-/// (zeroed first) that an epilogue converts to the gradients' dtype, or `Direct`, straight
-/// from the tensor-core kernel in the gradients' dtype where every key row has one writer
-/// (every head one pattern, as many key/value heads as query heads, gradients contiguous
-/// like k and v; elsewhere the accumulators): no f32 accumulator, zero-fill or epilogue for
-/// them, the same bits. `ATTN_CUDA_BWD_WRITES=accumulated|direct`; [`Default`] is
-/// accumulated (direct has not been timed on a GPU yet).
+/// Where a whole call's backward writes its gradients: `Accumulated`, into f32
+/// accumulators (zeroed first) that an epilogue converts to the gradients' dtype, or
+/// `Direct`, straight from the tensor-core kernels in the gradients' dtype where a row has
+/// one writer: dK and dV where every head has one pattern and there are as many key/value
+/// heads as query heads, dQ where every head has one pattern under [`BackwardDq::Deterministic`]
+/// (each gradient contiguous like its input; elsewhere the accumulators). No f32
+/// accumulator, zero-fill or epilogue for them, the same bits.
+/// `ATTN_CUDA_BWD_WRITES=accumulated|direct`; [`Default`] is accumulated (direct has not
+/// been timed on a GPU yet).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum BackwardWrites {
     #[default]

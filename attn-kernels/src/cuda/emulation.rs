@@ -19,13 +19,14 @@ use libloading::Library;
 use super::call::ForwardPath;
 use super::epilogue::{delta_kernel, row_params, store_kernel};
 use super::launch_plan::{
-    BlockGeometry, Planned, Signature, plan_backward, plan_backward_direct, plan_forward, plan_forward_direct,
+    BlockGeometry, DirectGrads, Planned, Signature, plan_backward, plan_backward_direct, plan_forward,
+    plan_forward_direct,
 };
 use super::plan::{
     BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions, ForwardRows,
     ForwardStages, PatternFusion, out_scale,
 };
-use super::scratch::{HostMemory, ScratchPool, ScratchSlot, backward_scratch};
+use super::scratch::{HostMemory, ScratchPool, ScratchSlot, backward_slots};
 use super::source::MAX_HEAD_DIM;
 use super::tensor::{CudaElement, extent, fill_launch};
 
@@ -80,10 +81,11 @@ pub struct HostArgs<'a, T> {
 }
 
 /// What direct launches write on the host: a direct forward's output, or a whole call's
-/// dk and dv ([`plan_backward_direct`]).
+/// dq, dk and dv ([`plan_backward_direct`]).
 #[derive(Default)]
 struct HostOuts<'a, T> {
     out: Option<&'a mut [T]>,
+    dq: Option<&'a mut [T]>,
     dkv: Option<(&'a mut [T], &'a mut [T])>,
 }
 
@@ -288,7 +290,7 @@ impl Emulator {
         outs: HostOuts<'_, T>,
     ) -> Result<()> {
         let HostAccs { q_acc, mut lse, mut dk, mut dv } = acc;
-        let HostOuts { out: mut direct, mut dkv } = outs;
+        let HostOuts { out: mut direct, dq: mut dq_out, mut dkv } = outs;
         let start = |s: &[T]| s.as_ptr() as u64;
         let g_start = a.g.map(start).or_else(|| direct.as_deref().map(start));
         let starts = [Some(start(a.q)), Some(start(a.k)), Some(start(a.v)), g_start];
@@ -304,7 +306,7 @@ impl Emulator {
                 vec![(&raw mut q).cast::<c_void>(), (&raw mut k).cast::<c_void>(), (&raw mut v).cast::<c_void>()];
             let (mut out, mut lse_acc);
             let (mut g, mut l, mut dl, mut dq, mut dkp, mut dvp);
-            let (mut out_t, mut dko, mut dvo);
+            let (mut out_t, mut dqo, mut dko, mut dvo);
             if matches!(p.signature, Signature::Forward | Signature::ForwardDirect) {
                 if p.signature == Signature::Forward {
                     out = at_mut(TensorName::Output, q_acc, o.q_acc)?;
@@ -322,7 +324,10 @@ impl Emulator {
                 l = at(TensorName::Lse, a.lse.ok_or_else(|| missing("the lse"))?, o.q_rows)?;
                 dl = at(TensorName::Other("delta"), a.delta.ok_or_else(|| missing("delta"))?, o.q_rows)?;
                 args.extend([(&raw mut g).cast(), (&raw mut l).cast(), (&raw mut dl).cast()]);
-                if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDq) {
+                if p.signature == Signature::BackwardDq && p.params.out_direct != 0 {
+                    dqo = at_mut(TensorName::GradQuery, dq_out.as_deref_mut().ok_or_else(|| missing("dq"))?, o.q)?;
+                    args.push((&raw mut dqo).cast());
+                } else if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDq) {
                     dq = at_mut(TensorName::GradQuery, q_acc, o.q_acc)?;
                     args.push((&raw mut dq).cast());
                 }
@@ -393,7 +398,7 @@ impl Emulator {
         let acc = HostAccs { q_acc: &mut none, lse: Some(lse), dk: None, dv: None };
         check_buffers(g, a, &acc)?;
         out.fill(T::default());
-        self.execute(&plan, a, acc, HostOuts { out: Some(out), dkv: None })
+        self.execute(&plan, a, acc, HostOuts { out: Some(out), ..HostOuts::default() })
     }
 
     /// [`crate::cuda::backward_call`] on host buffers: the gradients of a whole call (`a`
@@ -410,47 +415,79 @@ impl Emulator {
     ) -> Result<()> {
         let (qs, ks) = (g.q.0, g.k.0);
         let (go, lse) = (a.g.ok_or_else(|| missing("grad_out"))?, a.lse.ok_or_else(|| missing("the lse"))?);
-        // Direct dk and dv where asked and planned (the outputs are contiguous, like k and v).
-        let contiguous = g.k.1 == ks.contiguous_strides() && g.v_strides == ks.contiguous_strides();
-        let direct = match self.backward.writes {
-            BackwardWrites::Direct if contiguous => plan_backward_direct(g, T::DTYPE, T::SUFFIX, self.backward)?,
+        // Direct gradients where asked and planned (the outputs are contiguous; so must the
+        // inputs be, to be laid out like them).
+        let allowed = DirectGrads::from_parts(
+            g.q.1 == qs.contiguous_strides(),
+            g.k.1 == ks.contiguous_strides() && g.v_strides == ks.contiguous_strides(),
+        );
+        let direct = match (self.backward.writes, allowed) {
+            (BackwardWrites::Direct, Some(allowed)) => {
+                plan_backward_direct(g, T::DTYPE, T::SUFFIX, self.backward, allowed)?
+            }
             _ => None,
         };
-        let slots = backward_scratch(qs, ks);
-        let slots = if direct.is_some() { &slots[..2] } else { &slots[..] };
-        let mut bufs = Vec::with_capacity(slots.len());
-        for &(slot, len) in slots {
-            bufs.push(pool.take(&HostMemory, slot, len)?);
+        let slots = backward_slots(qs, ks, direct.as_ref().map(|d| d.grads));
+        let mut bufs: [Option<Vec<f32>>; 4] = Default::default();
+        for (buf, slot) in bufs.iter_mut().zip(slots) {
+            *buf = slot.map(|(slot, len)| pool.take(&HostMemory, slot, len)).transpose()?;
         }
         let done = (|| {
-            let (delta, rest) = bufs.split_first_mut().ok_or_else(|| missing("delta scratch"))?;
+            let [delta, dq_acc, dk_acc, dv_acc] = &mut bufs;
+            let delta = delta.as_mut().ok_or_else(|| missing("delta scratch"))?;
             self.delta_into(qs, go, out, grad_lse.map(|g| (g, lse)), delta)?;
             let args = HostArgs { delta: Some(&delta[..]), ..*a };
-            match (rest, direct) {
-                ([dq_acc], Some(plan)) => {
-                    dq_acc.fill(0.0);
-                    dk.fill(T::default());
-                    dv.fill(T::default());
-                    let acc = HostAccs { q_acc: dq_acc, lse: None, dk: None, dv: None };
-                    check_buffers(g, &args, &acc)?;
-                    self.execute(&plan, &args, acc, HostOuts { out: None, dkv: Some((&mut *dk, &mut *dv)) })?;
-                    self.store_scaled(qs, dq_acc, 1.0, dq)
-                }
-                ([dq_acc, dk_acc, dv_acc], None) => {
-                    for acc in [&mut *dq_acc, &mut *dk_acc, &mut *dv_acc] {
-                        acc.fill(0.0);
-                    }
-                    let acc =
-                        HostAccs { q_acc: dq_acc, lse: None, dk: Some(&mut dk_acc[..]), dv: Some(&mut dv_acc[..]) };
-                    self.backward_block(g, &args, acc)?;
-                    self.store_scaled(qs, dq_acc, 1.0, dq)?;
-                    self.store_scaled(ks, dk_acc, 1.0, dk)?;
-                    self.store_scaled(ks, dv_acc, 1.0, dv)
-                }
-                _ => unreachable!("two scratch slots with a direct plan, four without"),
+            for acc in [&mut *dq_acc, &mut *dk_acc, &mut *dv_acc].into_iter().flatten() {
+                acc.fill(0.0);
             }
+            // Accumulated gradients need their scratch; direct ones none (an empty stand-in
+            // passes the checks, the direct kernels never read it).
+            let mut none = Vec::new();
+            match &direct {
+                Some(plan) => {
+                    let q_acc = match dq_acc.as_mut() {
+                        Some(acc) => acc,
+                        None => {
+                            none = vec![0.0f32; qs.numel()];
+                            &mut none
+                        }
+                    };
+                    let acc = HostAccs { q_acc, lse: None, dk: dk_acc.as_deref_mut(), dv: dv_acc.as_deref_mut() };
+                    check_buffers(g, &args, &acc)?;
+                    let dq_out = plan.grads.dq().then(|| {
+                        dq.fill(T::default());
+                        &mut *dq
+                    });
+                    let dkv = plan.grads.dkv().then(|| {
+                        dk.fill(T::default());
+                        dv.fill(T::default());
+                        (&mut *dk, &mut *dv)
+                    });
+                    self.execute(&plan.launches, &args, acc, HostOuts { out: None, dq: dq_out, dkv })?;
+                }
+                None => {
+                    let (Some(q_acc), Some(dk), Some(dv)) = (dq_acc.as_mut(), dk_acc.as_mut(), dv_acc.as_mut()) else {
+                        return Err(missing("every accumulator"));
+                    };
+                    let acc = HostAccs { q_acc, lse: None, dk: Some(&mut dk[..]), dv: Some(&mut dv[..]) };
+                    self.backward_block(g, &args, acc)?;
+                }
+            }
+            drop(none);
+            if let Some(acc) = dq_acc {
+                self.store_scaled(qs, acc, 1.0, dq)?;
+            }
+            if let (Some(dk_acc), Some(dv_acc)) = (dk_acc, dv_acc) {
+                self.store_scaled(ks, dk_acc, 1.0, dk)?;
+                self.store_scaled(ks, dv_acc, 1.0, dv)?;
+            }
+            Ok(())
         })();
-        slots.iter().zip(bufs).for_each(|(&(slot, _), b)| pool.give(slot, b));
+        for (buf, slot) in bufs.into_iter().zip(slots) {
+            if let (Some(buf), Some((slot, _))) = (buf, slot) {
+                pool.give(slot, buf);
+            }
+        }
         done
     }
 

@@ -38,11 +38,13 @@ pub enum Signature {
     /// `(q, k, v, out, lse, AttnParams)` with `out_direct`: write the output (in the input
     /// dtype, at `ArgOffsets::g` in the `g_strides`) and the lse of the rows computed.
     ForwardDirect,
-    /// `(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, AttnParams)`.
+    /// `(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, AttnParams)`; with `out_direct`,
+    /// dk and dv in the input dtype in place of their accumulators ([`DirectGrads`]).
     BackwardAll,
-    /// `(q, k, v, go, lse, delta, dk_acc, dv_acc, AttnParams)`.
+    /// `(q, k, v, go, lse, delta, dk_acc, dv_acc, AttnParams)`; `out_direct` as above.
     BackwardDkv,
-    /// `(q, k, v, go, lse, delta, dq_acc, AttnParams)`.
+    /// `(q, k, v, go, lse, delta, dq_acc, AttnParams)`; with `out_direct`, dq in the input
+    /// dtype in place of its accumulator.
     BackwardDq,
 }
 
@@ -371,30 +373,82 @@ pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: Ba
     Ok(out)
 }
 
-/// The backward launches of a whole call whose dk and dv go straight from the tensor-core
-/// kernel into the gradients (in the input dtype, at k's and v's strides and offsets
-/// `ArgOffsets::k`, `ArgOffsets::v`), with no f32 accumulators for them and no epilogue:
-/// planned where every key row has one writer (every head one pattern, as many key/value
-/// heads as query heads) and the tensor-core kernel runs; `None` otherwise. The caller
-/// passes gradients laid out like k and v and zeroes them first (keys no pattern selects,
-/// and padded keys, keep zeros).
+/// The gradients a whole call's backward writes straight from the tensor-core kernels into
+/// the caller's tensors (in the input dtype), with no f32 accumulator and no epilogue for
+/// them; the others go through accumulators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectGrads {
+    /// dk and dv (at k's and v's strides and offsets `ArgOffsets::k`, `ArgOffsets::v`).
+    KeysValues,
+    /// dq (at q's strides and offset `ArgOffsets::q`), by the deterministic dq kernel.
+    Queries,
+    /// dq, dk and dv.
+    All,
+}
+
+impl DirectGrads {
+    /// Whether dq is written directly.
+    pub fn dq(self) -> bool {
+        matches!(self, Self::Queries | Self::All)
+    }
+
+    /// Whether dk and dv are written directly.
+    pub fn dkv(self) -> bool {
+        matches!(self, Self::KeysValues | Self::All)
+    }
+
+    /// The direct gradients of two answers (dq; dk and dv together), `None` for neither.
+    pub(crate) fn from_parts(dq: bool, dkv: bool) -> Option<Self> {
+        match (dq, dkv) {
+            (true, true) => Some(Self::All),
+            (true, false) => Some(Self::Queries),
+            (false, true) => Some(Self::KeysValues),
+            (false, false) => None,
+        }
+    }
+}
+
+/// A whole call's backward launches with the gradients they write directly.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DirectBackward {
+    pub launches: Vec<Planned>,
+    pub grads: DirectGrads,
+}
+
+/// The backward launches of a whole call that write some gradients straight from the
+/// tensor-core kernels, of those `allowed` (the ones the caller lays out like their
+/// inputs, contiguous): dk and dv where every key row has one writer (every head one
+/// pattern, as many key/value heads as query heads), dq where every query row has one
+/// (every head one pattern, the deterministic dq kernel: [`BackwardDq`](super::choices::BackwardDq));
+/// `None` where none applies. The caller zeroes the direct gradients first (rows no
+/// pattern selects, and padded keys, keep zeros).
 pub fn plan_backward_direct(
     g: &BlockGeometry<'_>,
     dtype: DType,
     suffix: &str,
     opts: BackwardOptions,
-) -> Result<Option<Vec<Planned>>> {
-    let mma = matches!(backward_kernel(dtype, suffix, g.q.0.head_dim, opts), BackwardKernel::Mma { .. });
-    if !(mma && one_pattern_per_head(g.cfg) && g.q.0.heads == g.k.0.heads) {
+    allowed: DirectGrads,
+) -> Result<Option<DirectBackward>> {
+    let BackwardKernel::Mma { dq, .. } = backward_kernel(dtype, suffix, g.q.0.head_dim, opts) else {
+        return Ok(None);
+    };
+    if !one_pattern_per_head(g.cfg) {
         return Ok(None);
     }
-    let mut plan = plan_backward(g, dtype, suffix, opts)?;
-    for p in &mut plan {
-        if matches!(p.signature, Signature::BackwardAll | Signature::BackwardDkv) {
-            p.params.out_direct = 1;
-        }
+    let dkv = allowed.dkv() && g.q.0.heads == g.k.0.heads;
+    let Some(grads) = DirectGrads::from_parts(allowed.dq() && dq.is_some(), dkv) else {
+        return Ok(None);
+    };
+    let mut launches = plan_backward(g, dtype, suffix, opts)?;
+    for p in &mut launches {
+        let direct = match p.signature {
+            Signature::BackwardAll | Signature::BackwardDkv => grads.dkv(),
+            Signature::BackwardDq => grads.dq(),
+            Signature::Forward | Signature::ForwardDirect => false,
+        };
+        p.params.out_direct = i32::from(direct);
     }
-    Ok(Some(plan))
+    Ok(Some(DirectBackward { launches, grads }))
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@
 
 use attn_core::{AttnError, Result, Shape4};
 
+use super::launch_plan::DirectGrads;
+
 /// A buffer of f32 values a pool can hold: its length.
 pub trait ScratchBuffer {
     fn len(&self) -> usize;
@@ -76,6 +78,15 @@ pub fn backward_scratch(q: Shape4, kv: Shape4) -> [(ScratchSlot, usize); 4] {
         (ScratchSlot::GradKey, kv.numel()),
         (ScratchSlot::GradValue, kv.numel()),
     ]
+}
+
+/// The slots a whole call's backward takes, of [`backward_scratch`]'s: delta, and an
+/// accumulator for each gradient the kernels do not write directly (`direct`).
+pub fn backward_slots(q: Shape4, kv: Shape4, direct: Option<DirectGrads>) -> [Option<(ScratchSlot, usize)>; 4] {
+    let [delta, dq, dk, dv] = backward_scratch(q, kv);
+    let dq_direct = direct.is_some_and(DirectGrads::dq);
+    let dkv_direct = direct.is_some_and(DirectGrads::dkv);
+    [Some(delta), (!dq_direct).then_some(dq), (!dkv_direct).then_some(dk), (!dkv_direct).then_some(dv)]
 }
 
 /// Buffers kept between calls, one per [`ScratchSlot`]: [`take`](Self::take) hands out the
