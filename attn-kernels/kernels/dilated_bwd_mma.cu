@@ -12,8 +12,9 @@
 // gradient). Query head h reads key/value head h / kv_group; dK, dV rows are per
 // key/value head (see the write at the end for why that is race-free).
 // PIPE: the query tiles load by cp.async into two stages (the next tile's Q, dO, lse and
-// delta load while this one runs; tiles inside one segment by stepped pointers, without
-// the gather), K/V with the first tile; without it, each tile loads before its compute.
+// delta load while this one runs, started after the tile's one barrier; tiles inside one
+// segment by stepped pointers, without the gather), K/V with the first tile; without it,
+// each tile loads before its compute.
 // Both give the same bits. BN = 128 halves the dQ atomics per query tile and key (each
 // adds the products of twice the keys), FlashAttention-2's backward block.
 // With `a.out_direct` (a whole call whose key rows have one writer) dK and dV go straight
@@ -188,14 +189,13 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     int stage = 0;
     for (i64 qt0 = qb_lo; qt0 < qb_hi; qt0 += BM, stage ^= (PIPE ? 1 : 0)) {
         const bool more = PIPE && qt0 + BM < qb_hi;
-        if (PIPE) {  // start the next tile into the other stage, wait for this one
-            if (more) {
-                load_queries(stage ^ 1, qt0 + BM, &next_lse, &next_delta);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
-            __syncthreads();  // this stage (and K/V, the first time) visible to every warp
+        if (PIPE) {  // wait for this tile, then start the next into the other stage
+            cp_async_wait<0>();
+            // This stage (and K/V, the first time) visible to every warp; every warp done
+            // with the previous tile (its stage, lse, delta and sDS), so the other stage
+            // can be refilled: one barrier a tile besides dQ's.
+            __syncthreads();
+            if (more) load_queries(stage ^ 1, qt0 + BM, &next_lse, &next_delta);
         } else {
             __syncthreads();  // K/V loaded (first time); sQ, sG, sDS of the previous tile consumed
             gather_rows(s_qrows[0], BM, p, qt0, qb_hi, a.q_start);
@@ -285,12 +285,9 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
             }
         }
         if (DQ) bwd_mma_dq<E, D, BN>(sDS, sK, qrows, dq_acc, b, h, a);
-        if (more) {
-            if (threadIdx.x < BM) {
-                s_lse[stage ^ 1][threadIdx.x] = next_lse;
-                s_delta[stage ^ 1][threadIdx.x] = next_delta;
-            }
-            __syncthreads();  // every warp is done with this stage before it is refilled
+        if (more && threadIdx.x < BM) {  // read after the next tile's barrier
+            s_lse[stage ^ 1][threadIdx.x] = next_lse;
+            s_delta[stage ^ 1][threadIdx.x] = next_delta;
         }
     }
     if (PIPE) cp_async_wait<0>();  // no copy outlives the block (K/V's, where no query tile ran)
