@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use attn_core::{
-    Attention, AttnError, AttnInputs, DType, DilatedConfig, Element, Grads, KeyPaddingMask, OwnedMasks, Result, Saved,
-    TensorName,
+    Attention, AttnError, AttnInputs, BlockDims, BlockMaskBuf, DType, DilatedConfig, Element, Grads, KeyPaddingMask,
+    OwnedMasks, Result, Saved, TensorName,
 };
 use attn_kernels::CpuBackend;
 use pyo3::Python;
@@ -28,11 +28,38 @@ fn backend(threads: usize) -> Result<Arc<CpuBackend>> {
 }
 
 /// The masks of a call as the Python side passes them: a `[batch, key_seq]` bool or
-/// uint8 key padding mask and the `cu_seqlens` of packed sequences.
+/// uint8 key padding mask, the `cu_seqlens` of packed sequences, and a `[batch or 1,
+/// heads or 1, q_blocks, k_blocks]` bool or uint8 block mask (1 = kept) over blocks of
+/// `block_size` positions.
 #[derive(Debug, Default)]
 pub struct MaskArgs {
     pub key_padding: Option<RawTensor>,
     pub cu_seqlens: Option<Vec<i64>>,
+    pub block_mask: Option<RawTensor>,
+    pub block_size: Option<usize>,
+}
+
+/// The block mask's bytes (copied, as the key padding mask's) and block size; a mask
+/// without a size, or a size without a mask, is a typed error.
+pub(crate) fn read_block_mask(args: &MaskArgs, written: &[&Checked]) -> Result<Option<BlockMaskBuf>> {
+    let raw = match (&args.block_mask, args.block_size) {
+        (None, None) => return Ok(None),
+        (Some(raw), Some(_)) => raw,
+        (Some(_), None) => return Err(AttnError::InvalidBlockMask("block_mask needs block_size".into())),
+        (None, Some(_)) => return Err(AttnError::InvalidBlockMask("block_size was given without a block_mask".into())),
+    };
+    let name = TensorName::Other("block_mask");
+    if !matches!(raw.dtype(), "bool" | "uint8") {
+        return Err(AttnError::DTypeMismatch { tensor: name, expected: "bool or uint8", got: raw.dtype().into() });
+    }
+    let c = raw.check(name, 4, 1, 1)?;
+    let mut all: Vec<(&Checked, Access)> = written.iter().map(|w| (*w, Access::Write)).collect();
+    all.push((&c, Access::Read));
+    check_disjoint(&all)?;
+    let d = c.dims();
+    let dims = BlockDims { batch: d[0], heads: d[1], q_blocks: d[2], k_blocks: d[3] };
+    let block_size = args.block_size.unwrap_or_default();
+    BlockMaskBuf::new(c.bytes_4d(), dims, block_size).map(Some)
 }
 
 /// `cu_seqlens` as offsets (a negative entry is an error).
@@ -59,6 +86,9 @@ fn read_masks(args: &MaskArgs, written: &[&Checked]) -> Result<OwnedMasks> {
         all.push((&c, Access::Read));
         check_disjoint(&all)?;
         masks = masks.with_key_padding(KeyPaddingMask::new(c.flags_2d(), c.dims()[0], c.dims()[1])?);
+    }
+    if let Some(block) = read_block_mask(args, written)? {
+        masks = masks.with_block_mask(block);
     }
     match cu_seqlens(args)? {
         Some(cu) => masks.with_cu_seqlens(cu),

@@ -22,7 +22,7 @@ mod imp {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
 
-    use attn_core::{AttnError, AttnShape, DilatedConfig, Masks, PackedSequences, Result, TensorName};
+    use attn_core::{AttnError, AttnShape, DilatedConfig, Feature, Masks, PackedSequences, Result, TensorName};
     use attn_kernels::cuda::backward_scratch_lens;
     use attn_kernels::cuda::{BackwardScratch, Foreign, RawStream, backward_call, backward_call_in, forward_call_into};
     use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceSaved, DeviceTensor};
@@ -32,7 +32,7 @@ mod imp {
     use super::Placement;
     use crate::call::{
         BackwardArgs, CheckedBackward, ForwardArgs, MaskArgs, by_dtype, checked_backward, checked_forward, cu_seqlens,
-        lse_dims,
+        lse_dims, read_block_mask,
     };
     use crate::raw::{Access, Checked, check_disjoint};
 
@@ -126,6 +126,9 @@ mod imp {
         mask_args: &MaskArgs,
         written: &[&Checked],
     ) -> Result<(Mask, Option<Vec<usize>>)> {
+        if read_block_mask(mask_args, written)?.is_some() {
+            return Err(AttnError::Unsupported { backend: "cuda", feature: Feature::BlockMask });
+        }
         let mask = Mask::check(mask_args, written)?;
         let cu = cu_seqlens(mask_args)?;
         let shape = AttnShape::of_call(cfg, [q.dims(), k.dims(), v.dims()])?;

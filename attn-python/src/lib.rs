@@ -13,7 +13,7 @@ mod cuda_call;
 mod errors;
 pub mod raw;
 
-use attn_core::{Causality, DilatedConfig, Mixing};
+use attn_core::{BlockMaskBuf, BlockPattern, Causality, DilatedConfig, Mixing};
 use pyo3::prelude::*;
 
 use crate::call::{BackwardArgs, ForwardArgs, MaskArgs};
@@ -90,9 +90,10 @@ impl PyConfig {
 /// Forward: write `out` (q's shape and dtype) and `lse` (float32 `[batch, seq, heads]`).
 /// On the CPU with `threads` threads; with `cuda=(device, stream)` the tensors are CUDA
 /// tensors of `device` and the kernels are queued on the stream whose raw handle is
-/// `stream` (the caller's current stream), without synchronising.
+/// `stream` (the caller's current stream), without synchronising. `block_mask` (bool or
+/// uint8 `[batch or 1, heads or 1, q_blocks, k_blocks]`, 1 = kept) goes with `block_size`.
 #[pyfunction]
-#[pyo3(signature = (cfg, q, k, v, out, lse, key_padding_mask=None, cu_seqlens=None, threads=1, cuda=None))]
+#[pyo3(signature = (cfg, q, k, v, out, lse, key_padding_mask=None, cu_seqlens=None, threads=1, cuda=None, block_mask=None, block_size=None))]
 #[allow(clippy::too_many_arguments)]
 fn forward(
     py: Python<'_>,
@@ -106,9 +107,11 @@ fn forward(
     cu_seqlens: Option<Vec<i64>>,
     threads: usize,
     cuda: Option<(usize, usize)>,
+    block_mask: Option<RawTensor>,
+    block_size: Option<usize>,
 ) -> PyResult<()> {
     let args = ForwardArgs { q, k, v, out, lse };
-    let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens };
+    let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens, block_mask, block_size };
     let cfg = &cfg.get().cfg;
     match cuda {
         Some((device, stream)) => cuda_call::forward(py, cfg, &args, &masks, Placement { device, stream }),
@@ -119,9 +122,10 @@ fn forward(
 
 /// Backward: write `dq`, `dk`, `dv` (the gradients of `sum(out * grad_out) + sum(lse *
 /// grad_lse)`) from the inputs, the forward's `out` and `lse`, `grad_out` and the optional
-/// float32 `grad_lse` (the LSE's sizes, contiguous); `threads` and `cuda` as in [`forward`].
+/// float32 `grad_lse` (the LSE's sizes, contiguous); `threads`, `cuda` and the block mask
+/// as in [`forward`].
 #[pyfunction]
-#[pyo3(signature = (cfg, q, k, v, out, lse, grad_out, dq, dk, dv, key_padding_mask=None, cu_seqlens=None, threads=1, cuda=None, grad_lse=None, scratch=None))]
+#[pyo3(signature = (cfg, q, k, v, out, lse, grad_out, dq, dk, dv, key_padding_mask=None, cu_seqlens=None, threads=1, cuda=None, grad_lse=None, scratch=None, block_mask=None, block_size=None))]
 #[allow(clippy::too_many_arguments)]
 fn backward(
     py: Python<'_>,
@@ -141,9 +145,11 @@ fn backward(
     cuda: Option<(usize, usize)>,
     grad_lse: Option<RawTensor>,
     scratch: Option<RawTensor>,
+    block_mask: Option<RawTensor>,
+    block_size: Option<usize>,
 ) -> PyResult<()> {
     let args = BackwardArgs { q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, scratch };
-    let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens };
+    let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens, block_mask, block_size };
     let cfg = &cfg.get().cfg;
     match cuda {
         Some((device, stream)) => cuda_call::backward(py, cfg, &args, &masks, Placement { device, stream }),
@@ -174,6 +180,31 @@ fn nvrtc_library(py: Python<'_>) -> PyResult<(String, (i32, i32))> {
     py.detach(cuda_call::nvrtc_library).map_err(to_py)
 }
 
+/// The block mask `[q_blocks, k_blocks]` (row-major bytes, 1 = kept) of the Python
+/// library's `SparsePatternConfig` for `q_len` queries and `k_len` keys: its
+/// `pattern_type` (`local_window`, `dilated_sparse` or `global_local`) with
+/// `local_window_size`, `global_tokens`, `block_size` and the module's dilation rates,
+/// mapped as the definition's "Block masks" says. Returns `(bytes, q_blocks, k_blocks)`;
+/// an unknown pattern type or a zero block size raises ValueError.
+#[pyfunction]
+fn sparse_pattern_mask(
+    pattern_type: &str,
+    local_window_size: usize,
+    global_tokens: usize,
+    block_size: usize,
+    dilation_rates: Vec<usize>,
+    q_len: usize,
+    k_len: usize,
+) -> PyResult<(Vec<u8>, usize, usize)> {
+    let pattern =
+        BlockPattern::from_sparse_config(pattern_type, local_window_size, global_tokens, block_size, &dilation_rates)
+            .map_err(to_py)?;
+    let buf = BlockMaskBuf::from_pattern(&pattern, block_size, q_len, k_len).map_err(to_py)?;
+    let mask = buf.view();
+    let dims = mask.dims();
+    Ok((mask.keep().to_vec(), dims.q_blocks, dims.k_blocks))
+}
+
 /// The CPU kernel flavour in use (`avx512`, `avx2`, `portable`, ...), for reports.
 #[pyfunction]
 fn cpu_isa() -> &'static str {
@@ -186,6 +217,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_isa, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse_pattern_mask, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(add_library_search_dirs, m)?)?;
     m.add_function(wrap_pyfunction!(nvrtc_library, m)?)?;

@@ -210,6 +210,23 @@ impl Checked {
         Ok(())
     }
 
+    /// The rank-4 byte tensor (a bool or uint8 block mask) as its row-major bytes, values
+    /// kept as they are (the block mask refuses any but 0 and 1).
+    pub fn bytes_4d(&self) -> Vec<u8> {
+        let bytes: &[u8] = self.slice();
+        let (d, s) = (&self.dims, &self.strides);
+        let mut out = Vec::with_capacity(d.iter().product());
+        for a in 0..d[0] {
+            for b in 0..d[1] {
+                for c in 0..d[2] {
+                    let row = a * s[0] + b * s[1] + c * s[2];
+                    out.extend((0..d[3]).map(|e| bytes[row + e * s[3]]));
+                }
+            }
+        }
+        out
+    }
+
     /// The `[rows, cols]` byte tensor (a bool or uint8 mask) as row-major flags, `true`
     /// for a non-zero byte.
     pub fn flags_2d(&self) -> Vec<bool> {

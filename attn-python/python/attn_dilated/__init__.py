@@ -7,17 +7,23 @@ backward.
 - `nvrtc_library()`: the libnvrtc file and version the CUDA kernels compile with.
 - `DilatedAttention`, `MultiheadDilatedAttention`: `torch.nn.Module`s with the
   constructor arguments and parameter names of dilated-attention-pytorch.
+- `SparsePatternConfig`, `BlockSparseRingDilatedAttention`: that library's block-sparse
+  attention, with an exact softmax.
 """
 
 from ._op import cuda_unavailable_reason, dilated_attention, dilated_attention_with_lse, make_config, nvrtc_library
+from .block_sparse import BlockSparseRingDilatedAttention, SparsePatternConfig, sparse_pattern_mask
 from .modules import DilatedAttention, MultiheadDilatedAttention
 
 __all__ = [
+    "BlockSparseRingDilatedAttention",
     "DilatedAttention",
     "MultiheadDilatedAttention",
+    "SparsePatternConfig",
     "cuda_unavailable_reason",
     "dilated_attention",
     "dilated_attention_with_lse",
     "make_config",
     "nvrtc_library",
+    "sparse_pattern_mask",
 ]

@@ -196,21 +196,36 @@ def call_native(entry, q: torch.Tensor, *args, **kwargs) -> None:
         entry(*args, torch.get_num_threads(), placement(q), **kwargs)
 
 
-def forward(cfg, q, k, v, mask, cu) -> Tuple[torch.Tensor, torch.Tensor]:
+BlockArgs = Tuple[Optional[torch.Tensor], Optional[int]]
+
+
+def block_kwargs(blocks: BlockArgs) -> dict:
+    """The native call's `block_mask` (described) and `block_size` arguments."""
+    mask, size = blocks
+    return {"block_mask": None if mask is None else describe(mask), "block_size": size}
+
+
+def forward(cfg, q, k, v, mask, cu, blocks: BlockArgs = (None, None)) -> Tuple[torch.Tensor, torch.Tensor]:
     """`(out, lse)`: out like q (contiguous), lse float32 `[batch, seq, heads]`."""
-    on_query_device(q, key=k, value=v, key_padding_mask=mask)
+    on_query_device(q, key=k, value=v, key_padding_mask=mask, block_mask=blocks[0])
     b, n, h, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((b, n, h), dtype=torch.float32, device=q.device)
     m = None if mask is None else describe(mask)
-    call_native(_native.forward, q, cfg, describe(q), describe(k), describe(v), describe(out), describe(lse), m, cu)
+    args = (cfg, describe(q), describe(k), describe(v), describe(out), describe(lse), m, cu)
+    call_native(_native.forward, q, *args, **block_kwargs(blocks))
     return out, lse
 
 
-def backward(cfg, grad_out, q, k, v, out, lse, mask, cu, grad_lse=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def backward(
+    cfg, grad_out, q, k, v, out, lse, mask, cu, grad_lse=None, blocks: BlockArgs = (None, None)
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`(dq, dk, dv)`, each like its input (contiguous), from the forward's out and lse and
     the gradients into out and (where given) the LSE."""
-    on_query_device(q, grad_out=grad_out, key=k, value=v, out=out, lse=lse, key_padding_mask=mask, grad_lse=grad_lse)
+    on_query_device(
+        q, grad_out=grad_out, key=k, value=v, out=out, lse=lse, key_padding_mask=mask, grad_lse=grad_lse,
+        block_mask=blocks[0],
+    )
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     m = None if mask is None else describe(mask)
     args = (cfg, *(describe(t) for t in (q, k, v, out, lse, grad_out, dq, dk, dv)), m, cu)
@@ -218,7 +233,7 @@ def backward(cfg, grad_out, q, k, v, out, lse, mask, cu, grad_lse=None) -> Tuple
     # `lse.sum()`'s gradient over as an expanded, stride-0 view). Kept in a name until the
     # call returns: the kernels read its memory.
     gl = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
-    kwargs = {"grad_lse": None if gl is None else describe(gl)}
+    kwargs = {"grad_lse": None if gl is None else describe(gl), **block_kwargs(blocks)}
     if q.is_cuda:
         # The kernels' f32 scratch (dq, dk, dv accumulators, then delta) from torch's
         # caching allocator, so a repeated shape maps no new device memory.

@@ -80,6 +80,55 @@ def _check_mask(mask: Optional[torch.Tensor], device: torch.device) -> Optional[
     return mask.contiguous() if device.type == "cuda" else mask
 
 
+def _flex_block_mask_type():
+    """FlexAttention's `BlockMask` class, or None where this torch has none."""
+    try:
+        from torch.nn.attention.flex_attention import BlockMask
+    except ImportError:
+        return None
+    return BlockMask
+
+
+def _check_block_mask(block_mask, block_size, device: torch.device) -> Tuple[Optional[torch.Tensor], Optional[int]]:
+    """The block mask as a bool or uint8 tensor `[batch or 1, heads or 1, q_blocks,
+    k_blocks]` (1 = kept; a 2-D `[q_blocks, k_blocks]` one serves every batch and head) on
+    query's device, and its block size. A FlexAttention `BlockMask` goes through its dense
+    form (`to_dense()`: every block it computes, partial or full; its `mask_mod` is not
+    applied inside a block) at its block size, which must be one size for queries and
+    keys and agree with `block_size` where both are given."""
+    if block_mask is None:
+        if block_size is not None:
+            raise ValueError("block_size was given without a block_mask")
+        return None, None
+    flex = _flex_block_mask_type()
+    if flex is not None and isinstance(block_mask, flex):
+        q_size, kv_size = (int(x) for x in block_mask.BLOCK_SIZE)
+        if q_size != kv_size:
+            raise ValueError(f"the BlockMask's block sizes differ ({q_size} for queries, {kv_size} for keys)")
+        if block_size is not None and as_int("block_size", block_size) != q_size:
+            raise ValueError(f"block_size {block_size} disagrees with the BlockMask's {q_size}")
+        block_mask, block_size = block_mask.to_dense().to(device) != 0, q_size
+    if not isinstance(block_mask, torch.Tensor):
+        raise TypeError(f"block_mask must be a torch.Tensor or a FlexAttention BlockMask, got {type(block_mask).__name__}")
+    if block_mask.device != device:
+        raise ValueError(f"block_mask is on {block_mask.device} but query is on {device}")
+    if block_mask.dtype not in (torch.bool, torch.uint8):
+        raise TypeError(f"block_mask has dtype {block_mask.dtype}; bool or uint8 (1 = kept) is required")
+    if block_mask.dim() == 2:
+        block_mask = block_mask[None, None]
+    if block_mask.dim() != 4:
+        raise ValueError(
+            f"block_mask must be [batch, heads, q_blocks, k_blocks] (or [q_blocks, k_blocks]), "
+            f"got shape {tuple(block_mask.shape)}"
+        )
+    if block_size is None:
+        raise ValueError("block_mask needs block_size (positions per block)")
+    size = as_int("block_size", block_size)
+    if size < 1:
+        raise ValueError(f"block_size must be at least 1, got {size}")
+    return block_mask.contiguous() if device.type == "cuda" else block_mask, size
+
+
 def _check_cu(cu_seqlens: Optional[CuSeqlens]) -> Optional[list]:
     """The packed sequences' offsets as a list of ints: a 1-D integer tensor or a
     sequence of integers (no float truncated)."""
@@ -122,6 +171,8 @@ def attention(
     window: Optional[Window],
     key_padding_mask=None,
     cu_seqlens=None,
+    block_mask=None,
+    block_size=None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The checked arguments handed to the registered op: returns `(out, lse)`, both
     differentiable. Under `torch.autocast` query, key and value are first cast to the
@@ -139,7 +190,8 @@ def attention(
     if not isinstance(mixing, str):
         raise TypeError(f"mixing must be a str, got {type(mixing).__name__} {mixing!r}")
     cu = _check_cu(cu_seqlens)
-    return _ops.attention(q, k, v, segs, rates, causal, scale, mixing, win, mask, cu)
+    blocks, size = _check_block_mask(block_mask, block_size, q.device)
+    return _ops.attention(q, k, v, segs, rates, causal, scale, mixing, win, mask, cu, blocks, size)
 
 
 def dilated_attention_with_lse(
@@ -155,6 +207,8 @@ def dilated_attention_with_lse(
     key_padding_mask: Optional[torch.Tensor] = None,
     cu_seqlens: Optional[CuSeqlens] = None,
     window: Optional[Window] = None,
+    block_mask=None,
+    block_size: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """[`dilated_attention`][attn_dilated.dilated_attention] that also returns the
     float32 LSE `[batch, seq, heads]` (natural log; `-inf` where a row attends nothing).
@@ -165,7 +219,7 @@ def dilated_attention_with_lse(
     from it."""
     return attention(
         query, key, value, segment_lengths, dilation_rates, is_causal, softmax_scale, mixing, window,
-        key_padding_mask, cu_seqlens,
+        key_padding_mask, cu_seqlens, block_mask, block_size,
     )
 
 
@@ -182,6 +236,8 @@ def dilated_attention(
     key_padding_mask: Optional[torch.Tensor] = None,
     cu_seqlens: Optional[CuSeqlens] = None,
     window: Optional[Window] = None,
+    block_mask=None,
+    block_size: Optional[int] = None,
 ) -> torch.Tensor:
     """Dilated attention of CPU or CUDA tensors `[batch, seq, heads, head_dim]` (float32,
     bfloat16 or float16), differentiable in query, key and value. On a CUDA device the
@@ -197,11 +253,15 @@ def dilated_attention(
     `key_padding_mask` is `[batch, key_seq]` bool, True = padding; `cu_seqlens` packs
     variable-length sequences into batch 1; `window=(left, right)` replaces the dilated
     patterns by a sliding window (pass empty segment_lengths and dilation_rates).
+    `block_mask` (bool or uint8 `[batch or 1, heads or 1, q_blocks, k_blocks]`, 1 = kept,
+    or a FlexAttention `BlockMask` through its dense form) with `block_size` removes whole
+    (query block, key block) tiles, ANDed with everything else; the softmax stays exact
+    over the keys that remain (CPU tensors; the CUDA kernels raise NotImplementedError).
     Integer arguments must be integers and `is_causal` a bool. Invalid input raises
     ValueError or TypeError.
     """
     out, _ = attention(
         query, key, value, segment_lengths, dilation_rates, is_causal, softmax_scale, mixing, window,
-        key_padding_mask, cu_seqlens,
+        key_padding_mask, cu_seqlens, block_mask, block_size,
     )
     return out
