@@ -81,6 +81,20 @@ pub struct CaseSpec {
     /// (`batch` and `seq_len` follow from them, see [`CaseSpec::varlen`]).
     #[serde(default)]
     pub varlen: Option<VarLen>,
+    /// A random block mask (block-sparse attention); left out of the JSON when absent, so
+    /// earlier files read and write back unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_sparse: Option<BlockSparse>,
+}
+
+/// A random block mask over blocks of `block_size` positions: `round(kept_percent / 100 *
+/// nb)` kept key blocks (at least 1) per query block, the diagonal among them, drawn with
+/// `seed`; one mask for every batch row and head (`crate::block_sparse`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockSparse {
+    pub block_size: usize,
+    pub kept_percent: usize,
+    pub seed: u64,
 }
 
 /// How a batch of sequences of different lengths is laid out.
@@ -151,6 +165,7 @@ impl CaseSpec {
             repeat_kv: false,
             window: None,
             varlen: None,
+            block_sparse: None,
         }
     }
 
@@ -173,7 +188,11 @@ impl CaseSpec {
 
     /// Whether the case uses a feature beyond dilated attention over whole rows.
     pub fn uses_features(&self) -> bool {
-        self.kv_heads.is_some() || self.repeat_kv || self.window.is_some() || self.varlen.is_some()
+        self.kv_heads.is_some()
+            || self.repeat_kv
+            || self.window.is_some()
+            || self.varlen.is_some()
+            || self.block_sparse.is_some()
     }
 
     /// Key/value heads (`heads` without grouped-query attention).
@@ -222,6 +241,9 @@ impl CaseSpec {
                 VarLenLayout::Padded => "padded",
             };
             s += &format!(" {layout} x{}", v.lengths.len());
+        }
+        if let Some(b) = self.block_sparse {
+            s += &format!(" blocks{} kept{}%", b.block_size, b.kept_percent);
         }
         s
     }

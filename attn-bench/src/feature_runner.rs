@@ -2,12 +2,12 @@
 //! interface: grouped key/value heads (and the same problem with K/V repeated to every
 //! query head by the caller in each call, as `repeat_interleave` before a multi-head
 //! kernel does), packed variable-length sequences (`cu_seqlens`), the same sequences
-//! padded to the longest with a key padding mask, and sliding windows. Output, LSE and
+//! padded to the longest with a key padding mask, sliding windows and block masks. Output, LSE and
 //! gradient buffers are allocated on every call, as `--impl cpu` does.
 
 use attn_core::error::TensorName;
 use attn_core::{
-    Attention, AttnError, AttnInputs, AttnShape, DType, DilatedConfig, Element, Grads, KeyPadding, Masks,
+    Attention, AttnError, AttnInputs, AttnShape, BlockMaskBuf, DType, DilatedConfig, Element, Grads, KeyPadding, Masks,
     PackedSequences, Pass, Result, Saved, Shape4, TensorView, TensorViewMut,
 };
 use attn_kernels::{CpuBackend, zeroed_buffer};
@@ -63,13 +63,15 @@ pub fn workspace_query(spec: &CaseSpec) -> Option<u64> {
         None => (Vec::new(), Vec::new()),
     };
     bytes += flags.len() + cu.len() * std::mem::size_of::<usize>();
+    let block = spec.block_sparse.map(|b| crate::block_sparse::mask(&b, shape.q.seq)).transpose().ok()?;
+    bytes += block.as_ref().map_or(0, |m| m.view().keep().len());
     let masks = Masks {
         key_padding: (!flags.is_empty())
             .then(|| KeyPadding::new(&flags, shape.kv.batch, shape.kv.seq))
             .transpose()
             .ok()?,
         packing: (!cu.is_empty()).then(|| PackedSequences::new(&cu)).transpose().ok()?,
-        ..Masks::NONE
+        block: block.as_ref().map(|m| m.view()),
     };
     let pass = if spec.backward { Pass::Backward } else { Pass::Forward };
     let backend = CpuBackend::new(spec.threads).ok()?;
@@ -92,6 +94,8 @@ struct FeatureRunner<T> {
     padding: Option<Vec<bool>>,
     /// The packed layout's sequence offsets.
     cu_seqlens: Option<Vec<usize>>,
+    /// The block-sparse rows' mask.
+    block: Option<BlockMaskBuf>,
 }
 
 /// What one call produced: the output, its LSE and (forward+backward) dq, dk, dv.
@@ -128,6 +132,7 @@ impl<T: Element> FeatureRunner<T> {
             grad_out: if spec.backward { normal_vec(4, nq) } else { Vec::new() },
             padding,
             cu_seqlens,
+            block: spec.block_sparse.map(|b| crate::block_sparse::mask(&b, shape.q.seq)).transpose()?,
         })
     }
 
@@ -146,7 +151,7 @@ impl<T: Element> FeatureRunner<T> {
         let masks = Masks {
             key_padding: self.padding.as_deref().map(|f| KeyPadding::new(f, kv.batch, kv.seq)).transpose()?,
             packing: self.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?,
-            ..Masks::NONE
+            block: self.block.as_ref().map(|m| m.view()),
         };
         let inputs = AttnInputs::contiguous(&self.cfg, shape, [&self.q, k, v])?.with_masks(masks);
         let mut out = zeroed_buffer(q.numel())?;

@@ -8,6 +8,7 @@
 
 mod backends;
 mod baseline;
+mod block_sparse;
 mod capacity;
 mod case;
 mod cli;

@@ -1,9 +1,9 @@
 //! [`AttnOptions`]: what one attention call computes beyond q, k and v: the
 //! [`DilatedConfig`] (patterns or a window, mixing, causality, scale), a key padding
-//! mask and packed sequences, owned so that the candle op can keep them for its
-//! backward.
+//! mask, packed sequences and a block mask, owned so that the candle op can keep them
+//! for its backward.
 
-use attn_core::{AttnError, DilatedConfig, KeyPaddingMask, Masks, OwnedMasks, Result, TensorName};
+use attn_core::{AttnError, BlockMaskBuf, DilatedConfig, KeyPaddingMask, Masks, OwnedMasks, Result, TensorName};
 use candle_core::Tensor;
 
 /// A key padding mask from a `[batch, key_seq]` candle tensor of any dtype; non-zero
@@ -28,8 +28,8 @@ pub fn key_padding_from_tensor(mask: &Tensor) -> candle_core::Result<KeyPaddingM
 #[derive(Debug, Clone)]
 pub struct AttnOptions {
     pub config: DilatedConfig,
-    /// Key padding and packed variable-length sequences (`[0, n0, n0 + n1, ..., total]`,
-    /// batch 1), owned so that the op keeps them for its backward.
+    /// Key padding, packed variable-length sequences (`[0, n0, n0 + n1, ..., total]`,
+    /// batch 1) and a block mask, owned so that the op keeps them for its backward.
     pub masks: OwnedMasks,
 }
 
@@ -49,6 +49,14 @@ impl AttnOptions {
     pub fn with_cu_seqlens(mut self, cu_seqlens: Vec<usize>) -> Result<Self> {
         self.masks = self.masks.with_cu_seqlens(cu_seqlens)?;
         Ok(self)
+    }
+
+    /// With a block mask (which (query block, key block) tiles each head keeps; its fit
+    /// to q and k is checked when the op runs). The CPU kernels compute it; the CUDA
+    /// path refuses it as `Unsupported`.
+    pub fn with_block_mask(mut self, mask: BlockMaskBuf) -> Self {
+        self.masks = self.masks.with_block_mask(mask);
+        self
     }
 
     /// With the given masks.

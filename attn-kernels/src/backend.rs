@@ -145,7 +145,7 @@ impl CpuBackend {
 
     fn plan<'a, T: Element>(&self, inputs: &AttnInputs<'a, T>, pass: Pass) -> Result<(Plan<'a, T>, Vec<Lane>)> {
         let (cfg, q, k, v) = (inputs.cfg, inputs.q, inputs.k, inputs.v);
-        let shape = inputs.shape_for("cpu", Supported::ALL_BUT_BLOCK_MASKS)?;
+        let shape = inputs.shape_for("cpu", Supported::ALL)?;
         // Before anything is allocated.
         self.budget.check(self.workspace_bytes_masked(cfg, shape, &inputs.masks, pass))?;
         if self.check_finite {
@@ -178,6 +178,7 @@ impl CpuBackend {
             k,
             v,
             padding: inputs.masks.key_padding,
+            blocks: inputs.masks.block,
         };
         Ok((plan, lanes))
     }
@@ -392,7 +393,8 @@ impl CpuBackend {
         } else {
             2 * tiles + 2 * chunk + unit * d + unit + m * d + m + small
         };
-        let usizes = 6 * m;
+        // A block mask's split keeps a piece's rows and its runs besides (`block_split`).
+        let usizes = if masks.block.is_some() { 10 * m } else { 6 * m };
         // The work list: at most two units per 64 rows of every (lane, head), plus one per
         // packed sequence and head.
         let sequences = masks.packing.map_or(0, |p| p.count()) as u128;

@@ -55,7 +55,10 @@
 //! sums and rescales are lane-wise with a lazily raised maximum; a causal piece
 //! holding a non-finite value goes to the row kernel (`tile_forward`, also the
 //! portable path). `score_bound` scans q and k for the score-overflow check
-//! before anything runs. The backward recomputes scores from the final LSE and does dq, dk, dv
+//! before anything runs. Under a block mask (`Masks::block`) each piece is cut into
+//! sub-pieces of its kept blocks (`block_split`: runs of query blocks with equal mask rows,
+//! or of key blocks with equal columns for dk/dv), so a removed tile is never packed nor
+//! scored and every kernel below runs unchanged. The backward recomputes scores from the final LSE and does dq, dk, dv
 //! in one pass per segment. Tile primitives dispatch at run time to AVX-512,
 //! AVX2+FMA or portable Rust through one module, `ops` (the only caller of `avx512`,
 //! `avx2`, `portable` and `bf16_pairs`), on the `Isa` detected once from
@@ -129,6 +132,7 @@ mod avx512;
 mod backend;
 mod bf16_pairs;
 pub mod block;
+mod block_split;
 mod cpu_features;
 mod f32_tiles;
 pub mod isa;

@@ -3,10 +3,14 @@
 //! chunks for dk/dv over every query head reading the key/value head) and the fused
 //! one-pass backward over whole segments. Pieces hold only the keys a query may see:
 //! the segment's selected keys inside the band of the piece's queries, padded keys
-//! left out.
+//! left out; under a block mask each piece is cut into the sub-pieces of its kept
+//! blocks (`block_split`).
+
+use std::ops::Range;
 
 use attn_core::{Element, LseMerge, SegmentPattern, TensorView};
 
+use crate::block_split::{HeadBlocks, Outer, block_runs, kept_rows};
 use crate::rows::{Piece, PieceRows, PieceSpec};
 use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece, dq_piece};
 use crate::tile_forward::{ForwardScratch, forward_piece};
@@ -59,6 +63,7 @@ pub(crate) struct Scratch {
     fwd: ForwardScratch,
     bwd: BackwardScratch,
     idx: PieceIndex,
+    split: Split,
     pub acc_a: Vec<f32>,
     pub acc_b: Vec<f32>,
     pub acc_c: Vec<f32>,
@@ -67,6 +72,48 @@ pub(crate) struct Scratch {
     pb: Vec<f32>,
     pc: Vec<f32>,
     pl: Vec<f32>,
+}
+
+/// A block-masked piece's rows before the split, and its runs of blocks.
+#[derive(Debug, Default)]
+struct Split {
+    q: Vec<usize>,
+    k: Vec<usize>,
+    runs: Vec<Range<usize>>,
+}
+
+/// Runs `piece` on the rows in `idx` (queries `qpos`, keys `kpos`) or, under a block
+/// mask, once on each sub-piece of its kept blocks (runs of `outer` blocks; a sub-piece
+/// with no inner row is left out: its rows keep `o = 0`, `lse = -inf` there).
+fn each_piece(
+    blocks: Option<HeadBlocks<'_>>,
+    outer: Outer,
+    idx: &mut PieceIndex,
+    split: &mut Split,
+    mut piece: impl FnMut(&mut PieceIndex),
+) {
+    let Some(hb) = blocks else { return piece(idx) };
+    let Split { q, k, runs } = split;
+    std::mem::swap(&mut idx.qpos, q);
+    std::mem::swap(&mut idx.kpos, k);
+    let (all_outer, all_inner) = match outer {
+        Outer::Queries => (&*q, &*k),
+        Outer::Keys => (&*k, &*q),
+    };
+    block_runs(&hb, outer, all_outer, runs);
+    for r in runs.iter() {
+        let (o, i) = match outer {
+            Outer::Queries => (&mut idx.qpos, &mut idx.kpos),
+            Outer::Keys => (&mut idx.kpos, &mut idx.qpos),
+        };
+        kept_rows(&hb, outer, all_outer[r.start] / hb.block_size(), all_inner, i);
+        if i.is_empty() {
+            continue;
+        }
+        o.clear();
+        o.extend_from_slice(&all_outer[r.clone()]);
+        piece(idx);
+    }
 }
 
 fn zeroed(v: &mut Vec<f32>, len: usize, x: f32) -> &mut [f32] {
@@ -166,7 +213,7 @@ fn add_row(acc: &mut [f32], t: usize, src: &[f32], i: usize, d: usize) {
 /// and `ws.acc_l`.
 pub(crate) fn forward_unit<T: Element>(plan: &Plan<'_, T>, u: Unit, ws: &mut Scratch) {
     let (d, n, lane) = (plan.d, u.c1 - u.c0, u.lane);
-    let Scratch { fwd, idx, acc_a, acc_l, pa, pl, .. } = ws;
+    let Scratch { fwd, idx, split, acc_a, acc_l, pa, pl, .. } = ws;
     zeroed(acc_a, n * d, 0.0);
     zeroed(acc_l, n, f32::NEG_INFINITY);
     for (_, p) in &plan.heads[u.h].patterns {
@@ -177,15 +224,18 @@ pub(crate) fn forward_unit<T: Element>(plan: &Plan<'_, T>, u: Unit, ws: &mut Scr
             if idx.kpos.is_empty() {
                 continue; // every query of the piece keeps o = 0, lse = -inf for this pattern
             }
-            idx.fill_offsets(plan, lane, u.h, u.h / plan.group);
-            let nq = idx.qpos.len();
-            let (po, pl) = (zeroed(pa, nq * d, 0.0), zeroed(pl, nq, f32::NEG_INFINITY));
-            let [q, k, v] = idx.rows(plan);
-            forward_piece(plan.spec(), &Piece { q: &q, k: &k, v: &v }, fwd, po, pl);
-            for (i, &qp) in idx.qpos.iter().enumerate() {
-                let t = qp - u.c0;
-                LseMerge::merge_into(&mut acc_a[t * d..(t + 1) * d], &mut acc_l[t], &po[i * d..(i + 1) * d], pl[i]);
-            }
+            each_piece(plan.head_blocks(lane, u.h), Outer::Queries, idx, split, |idx| {
+                idx.fill_offsets(plan, lane, u.h, u.h / plan.group);
+                let nq = idx.qpos.len();
+                let (po, pl) = (zeroed(pa, nq * d, 0.0), zeroed(pl, nq, f32::NEG_INFINITY));
+                let [q, k, v] = idx.rows(plan);
+                forward_piece(plan.spec(), &Piece { q: &q, k: &k, v: &v }, fwd, po, pl);
+                for (i, &qp) in idx.qpos.iter().enumerate() {
+                    let t = qp - u.c0;
+                    let (acc, po) = (&mut acc_a[t * d..(t + 1) * d], &po[i * d..(i + 1) * d]);
+                    LseMerge::merge_into(acc, &mut acc_l[t], po, pl[i]);
+                }
+            });
         }
     }
 }
@@ -193,7 +243,7 @@ pub(crate) fn forward_unit<T: Element>(plan: &Plan<'_, T>, u: Unit, ws: &mut Scr
 /// dq of one query chunk (a query head) into `ws.acc_a` (`[c1-c0, d]`).
 pub(crate) fn dq_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit, ws: &mut Scratch) {
     let (d, n, lane) = (plan.d, u.c1 - u.c0, u.lane);
-    let Scratch { bwd, idx, acc_a, pa, .. } = ws;
+    let Scratch { bwd, idx, split, acc_a, pa, .. } = ws;
     zeroed(acc_a, n * d, 0.0);
     let hp = &plan.heads[u.h];
     for (_, p) in &hp.patterns {
@@ -204,14 +254,16 @@ pub(crate) fn dq_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit,
             if idx.kpos.is_empty() {
                 continue;
             }
-            idx.fill_offsets(plan, lane, u.h, u.h / plan.group);
-            idx.fill_query_grads(plan, g, lane, u.h);
-            let pdq = zeroed(pa, idx.qpos.len() * d, 0.0);
-            let [q, k, v] = idx.rows(plan);
-            dq_piece(plan.spec(), &Piece { q: &q, k: &k, v: &v }, &idx.query_grads(g, hp.out_scale), bwd, pdq);
-            for (i, &qp) in idx.qpos.iter().enumerate() {
-                add_row(acc_a, qp - u.c0, pdq, i, d);
-            }
+            each_piece(plan.head_blocks(lane, u.h), Outer::Queries, idx, split, |idx| {
+                idx.fill_offsets(plan, lane, u.h, u.h / plan.group);
+                idx.fill_query_grads(plan, g, lane, u.h);
+                let pdq = zeroed(pa, idx.qpos.len() * d, 0.0);
+                let [q, k, v] = idx.rows(plan);
+                dq_piece(plan.spec(), &Piece { q: &q, k: &k, v: &v }, &idx.query_grads(g, hp.out_scale), bwd, pdq);
+                for (i, &qp) in idx.qpos.iter().enumerate() {
+                    add_row(acc_a, qp - u.c0, pdq, i, d);
+                }
+            });
         }
     }
 }
@@ -220,7 +272,7 @@ pub(crate) fn dq_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit,
 /// into `ws.acc_a`, `ws.acc_b` (`[c1-c0, d]` each).
 pub(crate) fn dkv_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit, ws: &mut Scratch) {
     let (d, n, lane) = (plan.d, u.c1 - u.c0, u.lane);
-    let Scratch { bwd, idx, acc_a, acc_b, pa, pb, .. } = ws;
+    let Scratch { bwd, idx, split, acc_a, acc_b, pa, pb, .. } = ws;
     zeroed(acc_a, n * d, 0.0);
     zeroed(acc_b, n * d, 0.0);
     for h in u.h * plan.group..(u.h + 1) * plan.group {
@@ -235,17 +287,19 @@ pub(crate) fn dkv_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit
                 if idx.qpos.is_empty() {
                     continue;
                 }
-                idx.fill_offsets(plan, lane, h, u.h);
-                idx.fill_query_grads(plan, g, lane, h);
-                let nk = idx.kpos.len();
-                let (pdk, pdv) = (zeroed(pa, nk * d, 0.0), zeroed(pb, nk * d, 0.0));
-                let [q, k, v] = idx.rows(plan);
-                let qg = idx.query_grads(g, hp.out_scale);
-                dkv_piece(plan.spec(), &Piece { q: &q, k: &k, v: &v }, &qg, bwd, pdk, pdv, None);
-                for (j, &kp) in idx.kpos.iter().enumerate() {
-                    add_row(acc_a, kp - u.c0, pdk, j, d);
-                    add_row(acc_b, kp - u.c0, pdv, j, d);
-                }
+                each_piece(plan.head_blocks(lane, h), Outer::Keys, idx, split, |idx| {
+                    idx.fill_offsets(plan, lane, h, u.h);
+                    idx.fill_query_grads(plan, g, lane, h);
+                    let nk = idx.kpos.len();
+                    let (pdk, pdv) = (zeroed(pa, nk * d, 0.0), zeroed(pb, nk * d, 0.0));
+                    let [q, k, v] = idx.rows(plan);
+                    let qg = idx.query_grads(g, hp.out_scale);
+                    dkv_piece(plan.spec(), &Piece { q: &q, k: &k, v: &v }, &qg, bwd, pdk, pdv, None);
+                    for (j, &kp) in idx.kpos.iter().enumerate() {
+                        add_row(acc_a, kp - u.c0, pdk, j, d);
+                        add_row(acc_b, kp - u.c0, pdv, j, d);
+                    }
+                });
             }
         }
     }
@@ -257,7 +311,7 @@ pub(crate) fn dkv_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit
 /// `ws.acc_c[i * (c1-c0) * d..]`.
 pub(crate) fn fused_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Unit, ws: &mut Scratch) {
     let (d, n, lane) = (plan.d, u.c1 - u.c0, u.lane);
-    let Scratch { bwd, idx, acc_a, acc_b, acc_c, pa, pb, pc, .. } = ws;
+    let Scratch { bwd, idx, split, acc_a, acc_b, acc_c, pa, pb, pc, .. } = ws;
     zeroed(acc_a, n * d, 0.0);
     zeroed(acc_b, n * d, 0.0);
     zeroed(acc_c, plan.group * n * d, 0.0);
@@ -270,20 +324,22 @@ pub(crate) fn fused_unit<T: Element>(plan: &Plan<'_, T>, g: &Grads<'_, T>, u: Un
                 if idx.kpos.is_empty() {
                     continue;
                 }
-                idx.fill_offsets(plan, lane, h, u.h);
-                idx.fill_query_grads(plan, g, lane, h);
-                let (m, mk) = (idx.qpos.len(), idx.kpos.len());
-                let (pdk, pdv, pdq) = (zeroed(pa, mk * d, 0.0), zeroed(pb, mk * d, 0.0), zeroed(pc, m * d, 0.0));
-                let [q, k, v] = idx.rows(plan);
-                let qg = idx.query_grads(g, hp.out_scale);
-                dkv_piece(plan.spec(), &Piece { q: &q, k: &k, v: &v }, &qg, bwd, pdk, pdv, Some(pdq));
-                for (j, &kp) in idx.kpos.iter().enumerate() {
-                    add_row(acc_a, kp - u.c0, pdk, j, d);
-                    add_row(acc_b, kp - u.c0, pdv, j, d);
-                }
-                for (i, &qp) in idx.qpos.iter().enumerate() {
-                    add_row(acc_c, gi * n + qp - u.c0, pdq, i, d);
-                }
+                each_piece(plan.head_blocks(lane, h), Outer::Queries, idx, split, |idx| {
+                    idx.fill_offsets(plan, lane, h, u.h);
+                    idx.fill_query_grads(plan, g, lane, h);
+                    let (m, mk) = (idx.qpos.len(), idx.kpos.len());
+                    let (pdk, pdv, pdq) = (zeroed(pa, mk * d, 0.0), zeroed(pb, mk * d, 0.0), zeroed(pc, m * d, 0.0));
+                    let [q, k, v] = idx.rows(plan);
+                    let qg = idx.query_grads(g, hp.out_scale);
+                    dkv_piece(plan.spec(), &Piece { q: &q, k: &k, v: &v }, &qg, bwd, pdk, pdv, Some(pdq));
+                    for (j, &kp) in idx.kpos.iter().enumerate() {
+                        add_row(acc_a, kp - u.c0, pdk, j, d);
+                        add_row(acc_b, kp - u.c0, pdv, j, d);
+                    }
+                    for (i, &qp) in idx.qpos.iter().enumerate() {
+                        add_row(acc_c, gi * n + qp - u.c0, pdq, i, d);
+                    }
+                });
             }
         }
     }

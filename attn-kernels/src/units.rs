@@ -3,8 +3,9 @@
 //! only, never the thread count. A lane is one sequence: a batch row, or one packed
 //! sequence of a `cu_seqlens` batch; positions inside a lane start at 0.
 
-use attn_core::{Band, DilatedConfig, Element, HeadGroups, HeadPatterns, KeyPadding, Mixing, TensorView};
+use attn_core::{Band, BlockMask, DilatedConfig, Element, HeadGroups, HeadPatterns, KeyPadding, Mixing, TensorView};
 
+use crate::block_split::HeadBlocks;
 use crate::isa::Isa;
 use crate::ops::QUERY_CHUNK;
 
@@ -43,6 +44,8 @@ pub(crate) struct Plan<'a, T> {
     pub k: TensorView<'a, T>,
     pub v: TensorView<'a, T>,
     pub padding: Option<KeyPadding<'a>>,
+    /// The block mask, indexed by lane-relative positions.
+    pub blocks: Option<BlockMask<'a>>,
 }
 
 impl<T: Element> Plan<'_, T> {
@@ -50,6 +53,12 @@ impl<T: Element> Plan<'_, T> {
     #[inline]
     pub fn is_padding(&self, lane: Lane, p: usize) -> bool {
         self.padding.is_some_and(|m| m.is_padding(lane.b, lane.base + p))
+    }
+
+    /// The block mask of query head `h` in `lane`, if the call has one.
+    #[inline]
+    pub fn head_blocks(&self, lane: Lane, h: usize) -> Option<HeadBlocks<'_>> {
+        self.blocks.map(|m| HeadBlocks::new(m, lane.b, h))
     }
 }
 

@@ -5,7 +5,7 @@ mod backend_properties;
 mod backend_reference;
 mod bf16_pairs;
 mod block_api;
-mod block_mask_refused;
+mod block_mask_reference;
 mod caller_errors;
 mod common;
 mod cross_attention;
