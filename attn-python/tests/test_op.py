@@ -163,9 +163,9 @@ def test_strided_inputs_are_read_in_place(monkeypatch):
     seen = []
     real = _native.forward
 
-    def spy(cfg, q, k, v, *rest):
+    def spy(cfg, q, k, v, *rest, **kwargs):
         seen.append((q, k, v))
-        return real(cfg, q, k, v, *rest)
+        return real(cfg, q, k, v, *rest, **kwargs)
 
     monkeypatch.setattr(_native, "forward", spy)
     qkv = torch.randn(2, 40, 3, 4, 8)

@@ -13,6 +13,7 @@ from ._kernels import (
     CuSeqlens,
     Window,
     as_bool,
+    as_int,
     as_scale,
     as_window,
     cuda_unavailable_reason,

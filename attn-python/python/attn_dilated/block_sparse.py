@@ -50,7 +50,7 @@ def sparse_pattern_mask(
     keep, q_blocks, k_blocks = _native.sparse_pattern_mask(
         config.pattern_type, config.local_window_size, config.global_tokens, config.block_size, rates, q_len, k_len
     )
-    return torch.tensor(keep, dtype=torch.uint8).reshape(q_blocks, k_blocks).bool()
+    return torch.frombuffer(bytearray(keep), dtype=torch.uint8).reshape(q_blocks, k_blocks).bool()
 
 
 def _check_config(config: SparsePatternConfig) -> None:
