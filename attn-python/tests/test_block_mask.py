@@ -1,5 +1,6 @@
 """Block masks through the Python API: every `conformance/blocks` file through the op
-(forward, LSE and gradients within the file's bound, a fixed count), a FlexAttention
+(forward, LSE and gradients within the file's bound, a fixed count; in bf16 and f16 row
+by row against the float64 composition), a FlexAttention
 `BlockMask` equal to its dense form, the pure block-sparse case against PyTorch's SDPA
 with the expanded boolean mask, the Python library's `SparsePatternConfig` patterns and
 `BlockSparseRingDilatedAttention` against the files that name them, and the argument
@@ -14,13 +15,9 @@ import torch.nn.functional as F
 import attn_dilated as ad
 from checks import BOUND, assert_close, assert_lse
 from conftest import CONFORMANCE
-from test_golden import assert_lse_vector, config_args, files, masks, read
+from test_golden import assert_lse_vector, block_args, config_args, files, low_precision_judge, masks, read
 
 BLOCK_FILES = 8
-
-
-def block_args(meta: dict, t: dict) -> dict:
-    return {"block_mask": t["block_mask"], "block_size": int(meta["block_size"])}
 
 
 def run_file(path, plant=None):
@@ -48,6 +45,14 @@ def test_block_file_count():
 @pytest.mark.parametrize("path", files("blocks"), ids=lambda p: p.stem)
 def test_block_files(path):
     run_file(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("path", files("blocks"), ids=lambda p: p.stem)
+def test_block_files_in_low_precision(path, dtype):
+    """Every row within its bound against the float64 composition (with the block mask)
+    on the inputs rounded to `dtype`; the composition reproduces the file first."""
+    low_precision_judge(path, dtype)
 
 
 def test_a_removed_block_fails_the_file_judge():

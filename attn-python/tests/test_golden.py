@@ -114,7 +114,15 @@ def composition_args(meta: dict, t: dict) -> dict:
         "pad": None if mask is None else mask.bool(),
         "cu_seqlens": None if cu is None else [int(x) for x in cu],
         "win": (int(meta["window_left"]), int(meta["window_right"])) if window else None,
+        "blocks": (t["block_mask"], int(meta["block_size"])) if "block_mask" in t else None,
     }
+
+
+def block_args(meta: dict, t: dict) -> dict:
+    """The op's block mask arguments of a file (none without a block mask)."""
+    if "block_mask" not in t:
+        return {}
+    return {"block_mask": t["block_mask"], "block_size": int(meta["block_size"])}
 
 
 def low_precision_judge(path, dtype, plant=None):
@@ -129,7 +137,7 @@ def low_precision_judge(path, dtype, plant=None):
     assert_close("composition out", file_out, t["out"], rel_tol)
     q, k, v, go = (t[x].to(dtype) for x in ("q", "k", "v", "grad_out"))
     qi, ki, vi = (x.clone().requires_grad_() for x in (q, k, v))
-    out, lse = ad.dilated_attention_with_lse(qi, ki, vi, **config_args(meta), **masks(t))
+    out, lse = ad.dilated_attention_with_lse(qi, ki, vi, **config_args(meta), **masks(t), **block_args(meta, t))
     got = dict(zip(("dq", "dk", "dv"), torch.autograd.grad(out, (qi, ki, vi), go)), out=out)
     assert out.dtype == dtype and lse.dtype == torch.float32
     qr, kr, vr = (x.double().requires_grad_() for x in (q, k, v))
