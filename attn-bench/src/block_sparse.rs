@@ -3,8 +3,34 @@
 
 use attn_core::{BlockDims, BlockMaskBuf, Result};
 
-use crate::case::BlockSparse;
+use serde::{Deserialize, Serialize};
+
 use crate::inputs::SplitMix;
+
+/// A random block mask over blocks of `block_size` positions: `round(kept_percent / 100 *
+/// nb)` kept key blocks (at least 1) per query block, the diagonal among them, drawn with
+/// `seed`; one mask for every batch row and head ([`mask`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockSparse {
+    pub block_size: usize,
+    pub kept_percent: usize,
+    pub seed: u64,
+}
+
+/// The share of (query, key) pairs of a `seq`-long sequence the mask `b` keeps (the
+/// ragged last block counted by its length).
+pub fn kept_share(b: &BlockSparse, seq: usize) -> Result<f64> {
+    let m = mask(b, seq)?;
+    let v = m.view();
+    let nb = v.dims().q_blocks;
+    let len = |i: usize| (seq - i * b.block_size).min(b.block_size) as f64;
+    let kept: f64 = (0..nb)
+        .flat_map(|i| (0..nb).map(move |j| (i, j)))
+        .filter(|&(i, j)| v.keeps_blocks(0, 0, i, j))
+        .map(|(i, j)| len(i) * len(j))
+        .sum();
+    Ok(kept / (seq as f64 * seq as f64))
+}
 
 /// The mask `b` describes for a sequence of `seq` positions (one for every batch row and
 /// head).
@@ -42,6 +68,10 @@ mod tests {
             for i in 0..nb {
                 assert!(v.keeps_blocks(0, 0, i, i), "diagonal {i}");
                 assert_eq!((0..nb).filter(|&j| v.keeps_blocks(0, 0, i, j)).count(), want, "{seq} {percent}% row {i}");
+            }
+            let share = kept_share(&BlockSparse { block_size: 128, kept_percent: percent, seed: 9 }, seq).unwrap();
+            if seq % 128 == 0 {
+                assert!((share - want as f64 / nb as f64).abs() < 1e-12, "{seq} {percent}%: {share}");
             }
         }
     }

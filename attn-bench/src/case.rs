@@ -4,6 +4,7 @@ use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Mixing, Pass, Result
 use attn_ring::{Layout, Strategy};
 use serde::{Deserialize, Serialize};
 
+use crate::block_sparse::BlockSparse;
 pub use crate::names::Implementation;
 use crate::names::{named, named_opt};
 use crate::rss_check::RssCheck;
@@ -85,16 +86,6 @@ pub struct CaseSpec {
     /// earlier files read and write back unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_sparse: Option<BlockSparse>,
-}
-
-/// A random block mask over blocks of `block_size` positions: `round(kept_percent / 100 *
-/// nb)` kept key blocks (at least 1) per query block, the diagonal among them, drawn with
-/// `seed`; one mask for every batch row and head (`crate::block_sparse`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BlockSparse {
-    pub block_size: usize,
-    pub kept_percent: usize,
-    pub seed: u64,
 }
 
 /// How a batch of sequences of different lengths is laid out.
@@ -297,6 +288,7 @@ impl CaseSpec {
     /// multiply-add), halved when causal; forward+backward counts 3.5x (as the
     /// PyTorch peer script does). This is `attn_kernels::model_flops` (forward, plus
     /// backward when asked); it equals the peer script's count when `w` divides `n`.
+    /// Under a block mask (one pattern over the sequence), the kept share of that count.
     pub fn attention_flops(&self) -> Result<f64> {
         let (cfg, shape) = (self.config()?, self.shape()?);
         let one = |s: Shape4, pass: Pass| match self.window {
@@ -312,8 +304,10 @@ impl CaseSpec {
                 None => Ok(one(shape, pass)),
             }
         };
-        let fwd = call(Pass::Forward)?;
-        Ok(if self.backward { fwd + call(Pass::Backward)? } else { fwd })
+        // A block mask leaves its kept share of the (query, key) pairs.
+        let share = self.block_sparse.map_or(Ok(1.0), |b| crate::block_sparse::kept_share(&b, self.seq_len))?;
+        let fwd = call(Pass::Forward)? * share;
+        Ok(if self.backward { fwd + call(Pass::Backward)? * share } else { fwd })
     }
 
     /// Extra flops of the multihead projections: 4 linear maps of `e x e`, 2 flops per MAC.

@@ -19,7 +19,8 @@
 
 use attn_ring::{Layout, Strategy};
 
-use crate::case::{BlockSparse, CaseKind, CaseSpec, Implementation, VarLenLayout};
+use crate::block_sparse::BlockSparse;
+use crate::case::{CaseKind, CaseSpec, Implementation, VarLenLayout};
 use crate::case::{DILATIONS, SEGMENTS, ring_case};
 use crate::cli::SuiteSize;
 use crate::inputs::SplitMix;

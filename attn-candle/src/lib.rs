@@ -27,8 +27,9 @@
 //!
 //! # Features
 //! Grouped key/value heads follow from k and v having fewer heads than q; key
-//! padding, packed sequences (`cu_seqlens`), windows, mixing and causality come in
-//! [`AttnOptions`] and its [`attn_core::DilatedConfig`].
+//! padding, packed sequences (`cu_seqlens`), a block mask (computed on the CPU kernels;
+//! the CUDA path refuses it), windows, mixing and causality come in [`AttnOptions`] and
+//! its [`attn_core::DilatedConfig`].
 //!
 //! # Ring attention
 //! [`attention_on`] takes any backend computing f32, bf16 and f16 ([`AnyAttention`]).

@@ -9,8 +9,7 @@
 use std::time::Instant;
 
 use attn_core::{
-    Attention, AttnInputs, AttnShape, BlockDims, BlockMaskBuf, DilatedConfig, Masks, Shape4, TensorName,
-    TensorViewMut,
+    Attention, AttnInputs, AttnShape, BlockDims, BlockMaskBuf, DilatedConfig, Masks, Shape4, TensorName, TensorViewMut,
 };
 use attn_kernels::CpuBackend;
 
@@ -68,7 +67,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let be = CpuBackend::new(THREADS)?;
     let nb = seq.div_ceil(BLOCK);
     let (mut out, mut lse) = (vec![0f32; shape.numel()], vec![0f32; shape.lse_len()]);
-    println!("seq {seq}, {HEADS} heads of {HEAD_DIM}, block {BLOCK}, {THREADS} threads, f32 forward, best of {repeats}");
+    println!(
+        "seq {seq}, {HEADS} heads of {HEAD_DIM}, block {BLOCK}, {THREADS} threads, f32 forward, best of {repeats}"
+    );
     let mut full = None;
     for f in [1.0, 0.5, 0.25, 0.10, 0.05] {
         let kept = ((f * nb as f64).round() as usize).max(1);

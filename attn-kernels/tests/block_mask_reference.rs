@@ -184,8 +184,10 @@ fn a_mask_that_does_not_fit_is_a_typed_error() {
     let shape = AttnShape::self_attn(Shape4::new(1, 8, 2, 4).unwrap());
     let x = random_vec(3, shape.q.numel());
     let typed = Typed::<_, f32>::new(CpuBackend::new(1).unwrap());
-    for d in [BlockDims { batch: 1, heads: 1, q_blocks: 3, k_blocks: 2 }, BlockDims { batch: 1, heads: 3, q_blocks: 2, k_blocks: 2 }]
-    {
+    for d in [
+        BlockDims { batch: 1, heads: 1, q_blocks: 3, k_blocks: 2 },
+        BlockDims { batch: 1, heads: 3, q_blocks: 2, k_blocks: 2 },
+    ] {
         let mask = BlockMaskBuf::from_fn(d, 4, |_, _, _, _| true).unwrap();
         let p = Problem::new(&cfg, shape).with_masks(Masks { block: Some(mask.view()), ..Masks::NONE });
         let Err(e) = typed.forward(&p, [&x, &x, &x]) else { panic!("{d:?}: forward ran") };

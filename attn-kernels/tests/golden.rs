@@ -3,12 +3,13 @@
 //! where present, dq/dk/dv) through the CPU backend: f32 on the detected and the
 //! portable kernels, bf16 and f16 judged row by row against the reference on the rounded
 //! inputs. The feature files cover grouped key/value heads, key padding, packed
-//! sequences and sliding windows.
+//! sequences and sliding windows. The block-mask files (`conformance/blocks`) run in f32
+//! under every ISA this CPU has, and in bf16 and f16.
 
 use attn_core::Element;
 use attn_kernels::{CpuBackend, Isa};
 use attn_testkit::Typed;
-use attn_testkit::golden::assert_attention_dirs_pass;
+use attn_testkit::golden::{DilatedBackend, assert_attention_dirs_pass, check_case, golden_dir, load_dir};
 use half::{bf16, f16};
 
 fn run_all<T: Element>(isa: Isa) {
@@ -33,4 +34,35 @@ fn golden_bf16() {
 #[test]
 fn golden_f16() {
     run_all::<f16>(Isa::detect());
+}
+
+/// Every file of `conformance/blocks` (8) through `backend`; the failed reports, if any.
+fn block_files_fail(backend: &dyn DilatedBackend) -> Vec<String> {
+    let dir = golden_dir().join("blocks");
+    let cases = load_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    assert_eq!(cases.len(), 8, "the 8 block-mask files in {}", dir.display());
+    let mut failed = Vec::new();
+    for (path, case) in cases {
+        let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let report = check_case(&case, Some(backend), None);
+        println!("{report}");
+        if !report.passed() {
+            failed.push(report.to_string());
+        }
+    }
+    failed
+}
+
+#[test]
+fn golden_block_masks() {
+    let cpu = |isa| CpuBackend::new(2).unwrap().with_isa(isa).unwrap();
+    let mut backends: Vec<Box<dyn DilatedBackend>> = Isa::ALL
+        .into_iter()
+        .filter(|i| i.is_supported())
+        .map(|i| Box::new(Typed::<_, f32>::new(cpu(i))) as Box<dyn DilatedBackend>)
+        .collect();
+    backends.push(Box::new(Typed::<_, bf16>::new(cpu(Isa::detect()))));
+    backends.push(Box::new(Typed::<_, f16>::new(cpu(Isa::detect()))));
+    let failed: Vec<String> = backends.iter().flat_map(|b| block_files_fail(b.as_ref())).collect();
+    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
 }
