@@ -23,3 +23,4 @@ mod proptest_ring;
 mod proptest_ring_large;
 mod rank_threads;
 mod ulysses;
+mod ulysses_faults;
