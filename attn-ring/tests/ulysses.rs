@@ -9,13 +9,14 @@ use crate::common;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Mixing, Pass, Shape4, TensorView};
+use attn_ring::comm::EmulatedNccl;
 use attn_ring::{Layout, Plan, RingProblem, Strategy, ThreadComm, expected_bytes, run_problem_backward_on};
 use attn_ring::{run_in_process, run_problem_on};
 use attn_testkit::feature_case::{feature_case, judge_lse_gradients};
 use attn_testkit::golden::{DilatedBackend, GoldenCase, Problem, check_case, golden_dir, load_dir};
 use attn_testkit::judge::{Expected, judge_backward, judge_forward, verdict};
 use attn_testkit::random_vec;
-use common::{RingBackend, views};
+use common::{CommBackend, RingBackend, views};
 use proptest::prelude::*;
 
 /// The (world, strategy) pairs CI runs: Ulysses at P = 2, 3, 4, 8 and the hybrid at
@@ -34,20 +35,30 @@ fn refused(r: Result<(), AttnError>) -> bool {
     matches!(r, Err(AttnError::Unsupported { backend: "ring", .. }))
 }
 
-/// Every file of `dir` at every run and layout: (passed, refused) counts.
+/// Every file of `dir` at every run and layout through the in-process ring.
 fn golden_dir_through_heads(dir: &str) -> (usize, usize) {
+    golden_dir_through(dir, &RUNS, |world, layout, strategy| RingBackend { world, layout, strategy })
+}
+
+/// Every file of `dir` through `backend(world, layout, strategy)` at every run and layout:
+/// (passed, refused) counts; a file with fewer heads than the degree must be refused.
+fn golden_dir_through<B: DilatedBackend>(
+    dir: &str,
+    runs: &[(usize, Strategy)],
+    backend: impl Fn(usize, Layout, Strategy) -> B,
+) -> (usize, usize) {
     let cases: Vec<GoldenCase> =
         load_dir(&golden_dir().join(dir)).unwrap().into_iter().map(|(_, c)| c.unwrap()).collect();
     assert_eq!(cases.len(), 9, "{dir}");
     let (mut passed, mut refusals, mut failures) = (0, 0, Vec::new());
     for case in &cases {
         let (cfg, shape) = (case.config().unwrap(), case.attn_shape().unwrap());
-        for (world, strategy) in RUNS {
+        for &(world, strategy) in runs {
             for layout in [Layout::Contiguous, Layout::Zigzag] {
                 if layout.check(shape.q.seq, world).is_err() {
                     continue;
                 }
-                let ring = RingBackend { world, layout, strategy };
+                let ring = backend(world, layout, strategy);
                 if shape.q.heads < strategy.ulysses_degree(world).unwrap() {
                     let problem = Problem::new(&cfg, shape).with_masks(case.masks());
                     let [q, k, v, go] = ["q", "k", "v", "grad_out"].map(|t| case.tensor(t).unwrap().data.as_slice());
@@ -81,6 +92,22 @@ fn head_strategies_match_every_feature_golden_file() {
     let (passed, refused) = golden_dir_through_heads("features");
     assert!(passed > 0 && refused > 0);
     assert_eq!((passed, refused), (FEATURE_COUNTS.0, FEATURE_COUNTS.1));
+}
+
+/// Over the emulated NCCL transport (a send completes only when its peer receives), where
+/// an all-to-all that relied on buffered sends would time out: the feature files at
+/// Ulysses P = 2, 4 and the hybrid (2, 4).
+#[test]
+fn head_strategies_over_emulated_nccl_match_the_feature_files() {
+    let runs = [(2, Strategy::Ulysses), (4, Strategy::Ulysses), (4, Strategy::Hybrid { ulysses: 2 })];
+    let counts = golden_dir_through("features", &runs, |world, layout, strategy| CommBackend {
+        label: "emulated-nccl",
+        world,
+        layout,
+        strategy,
+        join: |p| EmulatedNccl::world_with_timeout(p, std::time::Duration::from_secs(20)),
+    });
+    assert_eq!(counts, (50, 4));
 }
 
 /// (passed, refused) runs of the golden sweeps above.

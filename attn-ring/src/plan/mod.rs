@@ -5,6 +5,7 @@
 
 mod head_counts;
 pub mod heads_split;
+mod heads_workspace;
 pub mod layout;
 pub(crate) mod pieces;
 pub mod ring_route;
