@@ -262,3 +262,20 @@ fn bad_degrees_are_typed_errors() {
     }
     assert!(Strategy::parse("hybrid").is_err() && Strategy::parse("hybrid:x").is_err());
 }
+
+/// Where segments span ranks Ulysses sends less: dense attention (one segment of n, rate
+/// 1), forward, non-causal, `kv_heads = heads`, at P = 8, each rank's bytes are at most 0.3x
+/// the ring's (about 2/P by the formulas, which the measured counts above equal).
+#[test]
+fn ulysses_sends_a_quarter_of_the_rings_bytes_on_dense_attention_at_eight_ranks() {
+    let n = 4096;
+    let cfg = DilatedConfig::builder().segments(&[n]).dilations(&[1]).build().unwrap();
+    let shape = Shape4::new(1, n, 8, 64).unwrap();
+    let bytes = |strategy| {
+        let plan = Plan::new(attn_ring::problem_for(&cfg, shape, Layout::Contiguous, strategy, 8)).unwrap();
+        expected_bytes(&plan, DType::F32, Pass::Forward).into_iter().max().unwrap()
+    };
+    let (ulysses, ring) = (bytes(Strategy::Ulysses), bytes(Strategy::Ring));
+    let ratio = ulysses as f64 / ring as f64;
+    assert!(ratio <= 0.3 && ratio > 0.2, "ulysses {ulysses} / ring {ring} = {ratio}");
+}
