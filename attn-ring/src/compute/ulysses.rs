@@ -1,17 +1,18 @@
 //! Ulysses and the hybrid (`Strategy::Ulysses`, `Strategy::Hybrid`): within each group
 //! of `U` ranks an all-to-all turns every rank's rows of all heads into the group's rows
-//! of one slot of heads (with the key/value heads they read); across groups the ranks of
-//! one slot exchange their keys and values, so each holds the whole sequence's keys;
-//! each rank attends ([`crate::compute::ulysses_attend`]); a second all-to-all returns
-//! out and lse (or dq, dk, dv, the key gradients first summed back across groups) to the
-//! rows' owners. Outputs are written only after the completion step.
+//! of one slot of heads (with the key/value heads they read); each rank attends its own
+//! group's keys, then the ranks of one slot pass their groups' keys and values around a
+//! ring of the groups (`G - 1` steps, one block held at a time; in the backward each block
+//! carries its dk/dv and a last step takes them home), attending each block on arrival
+//! ([`crate::compute::ulysses_attend`]); a second all-to-all returns out and lse (or dq,
+//! dk, dv) to the rows' owners. Outputs are written only after the completion step.
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, TensorView, TensorViewMut};
 
 use crate::comm::Communicator;
 use crate::comm::all_to_all::all_to_all;
-use crate::compute::ulysses_attend::{SlotForward, SlotGrads, SlotRows};
+use crate::compute::ulysses_attend::{KeyGrads, KeyRows, SlotDelta, SlotForward, SlotRows};
 use crate::plan::RingProblem;
 use crate::plan::heads_split::HeadSplit;
 use crate::protocol::call::{Prepared, RingOptions, RingStats, finish, finish_with, prepare};
@@ -47,9 +48,19 @@ impl Place {
         Ok(Place { split, rank, group, slot: split.slot_of(rank), members, member_pos, member_idx, qpos })
     }
 
-    /// The ranks of this slot in the other groups.
-    fn across(&self) -> Vec<usize> {
-        (0..self.split.groups).filter(|&g| g != self.group).map(|g| self.split.rank_of(g, self.slot)).collect()
+    /// This slot's rank in the next group (the ring over the groups sends there).
+    fn next_across(&self) -> usize {
+        self.split.rank_of((self.group + 1) % self.split.groups, self.slot)
+    }
+
+    /// This slot's rank in the previous group (the ring over the groups receives from there).
+    fn prev_across(&self) -> usize {
+        self.split.rank_of((self.group + self.split.groups - 1) % self.split.groups, self.slot)
+    }
+
+    /// The group whose block arrives at step `t` of the ring over the groups.
+    fn arriving(&self, t: usize) -> usize {
+        (self.group + self.split.groups - t % self.split.groups) % self.split.groups
     }
 
     fn expected(&self, kind: MsgKind, owner: usize) -> Expected {
@@ -71,7 +82,7 @@ fn heads_in<C: Communicator + ?Sized, T: Element>(
     at: &Place,
     inputs: &Inputs<'_, T>,
 ) -> Result<SlotRows<T>> {
-    let (batch, d, n) = (problem.batch, problem.head_dim, problem.seq);
+    let (batch, d) = (problem.batch, problem.head_dim);
     let [q, k, v] = inputs.qkv;
     let rows = q.shape().seq;
     let payloads = (0..at.members.len())
@@ -108,16 +119,15 @@ fn heads_in<C: Communicator + ?Sized, T: Element>(
         split: at.split,
         slot: at.slot,
         qpos: at.qpos.clone(),
-        kpos: (0..n).collect(),
         q: vec![vec![zero; nq * d]; batch * m],
-        k: vec![vec![zero; n * d]; batch * mk],
-        v: vec![vec![zero; n * d]; batch * mk],
+        k: vec![vec![zero; nq * d]; batch * mk],
+        v: vec![vec![zero; nq * d]; batch * mk],
         go: if backward { vec![vec![zero; nq * d]; batch * m] } else { Vec::new() },
         glse: if backward { vec![vec![0.0; nq]; batch * m] } else { Vec::new() },
     };
     for (j, bytes) in got.iter().enumerate() {
         let mut rd = Reader::open(bytes, at.expected(MsgKind::HeadsIn, at.members[j]))?;
-        let (idx, pos) = (&at.member_idx[j], &at.member_pos[j]);
+        let idx = &at.member_idx[j];
         let mut take = |bufs: &mut [Vec<T>], heads: usize, dest: &dyn Fn(usize) -> usize| -> Result<()> {
             let mut buf = Vec::new();
             rd.elems::<T>(batch * idx.len() * heads * d, &mut buf)?;
@@ -128,8 +138,8 @@ fn heads_in<C: Communicator + ?Sized, T: Element>(
             Ok(())
         };
         take(&mut slot.q, m, &|i| idx[i])?;
-        take(&mut slot.k, mk, &|i| pos[i])?;
-        take(&mut slot.v, mk, &|i| pos[i])?;
+        take(&mut slot.k, mk, &|i| idx[i])?;
+        take(&mut slot.v, mk, &|i| idx[i])?;
         if backward {
             take(&mut slot.go, m, &|i| idx[i])?;
             let mut g = Vec::new();
@@ -144,42 +154,161 @@ fn heads_in<C: Communicator + ?Sized, T: Element>(
     Ok(slot)
 }
 
-/// Across groups: this slot's keys and values of the group's rows to the same slot of
-/// every other group, theirs into `slot.k`/`slot.v` at their positions.
-fn keys_across<C: Communicator + ?Sized, T: Element>(
+/// A block of group `group` at ring step `step` as a message of `kind`: k, v (as `T`),
+/// then dk, dv (f32) where given.
+fn encode_block<T: Element>(
+    kind: MsgKind,
+    (group, step): (usize, usize),
+    kv: [&[Vec<T>]; 2],
+    grads: Option<&KeyGrads>,
+) -> Vec<u8> {
+    let mut msg = begin(kind, group, step, 0);
+    for bufs in kv {
+        bufs.iter().for_each(|b| put_elems(&mut msg, b));
+    }
+    if let Some(g) = grads {
+        for bufs in [&g.dk, &g.dv] {
+            bufs.iter().for_each(|b| put_f32s(&mut msg, b));
+        }
+    }
+    msg
+}
+
+/// One group's block of the slot's keys and values as it travels the ring over the
+/// groups (with its dk/dv so far in the backward).
+struct Held<T> {
+    group: usize,
+    pos: Vec<usize>,
+    k: Vec<Vec<T>>,
+    v: Vec<Vec<T>>,
+    grads: Option<KeyGrads>,
+}
+
+impl<T: Element> Held<T> {
+    fn keys(&self) -> KeyRows<'_, T> {
+        KeyRows { pos: &self.pos, k: &self.k, v: &self.v }
+    }
+
+    /// The block as a message of `kind` at ring step `step`.
+    fn encode(&self, kind: MsgKind, step: usize) -> Vec<u8> {
+        encode_block(kind, (self.group, step), [&self.k, &self.v], self.grads.as_ref())
+    }
+
+    /// Read a block of `kbh` (batch, key/value head) buffers at `pos` (with dk/dv if `grads`).
+    fn decode(bytes: &[u8], want: Expected, kbh: usize, d: usize, pos: Vec<usize>, grads: bool) -> Result<Self> {
+        let mut rd = Reader::open(bytes, want)?;
+        let rows = pos.len() * d;
+        let mut kv = [Vec::with_capacity(kbh), Vec::with_capacity(kbh)];
+        for bufs in &mut kv {
+            for _ in 0..kbh {
+                let mut x = Vec::new();
+                rd.elems::<T>(rows, &mut x)?;
+                bufs.push(x);
+            }
+        }
+        let grads = if grads {
+            let mut g = KeyGrads { dk: Vec::with_capacity(kbh), dv: Vec::with_capacity(kbh) };
+            for bufs in [&mut g.dk, &mut g.dv] {
+                for _ in 0..kbh {
+                    let mut x = Vec::new();
+                    rd.f32s(rows, &mut x)?;
+                    bufs.push(x);
+                }
+            }
+            Some(g)
+        } else {
+            None
+        };
+        rd.finish()?;
+        let [k, v] = kv;
+        Ok(Held { group: want.owner, pos, k, v, grads })
+    }
+}
+
+/// The forward over the groups: the own group's keys, then `G - 1` ring steps, each
+/// passing the held block to the next group's rank of this slot and attending the one
+/// arriving from the previous; the final (scaled) output and lse.
+fn forward_over_groups<C: Communicator + ?Sized, T: Element>(
+    comm: &mut C,
+    problem: &RingProblem,
+    at: &Place,
+    slot: &SlotRows<T>,
+    threads: usize,
+) -> Result<SlotForward> {
+    let mut acc = slot.forward_start(problem);
+    slot.attend(problem, slot.own_keys(), &mut acc, threads)?;
+    let kbh = slot.k.len();
+    let mut held: Option<Held<T>> = None;
+    for t in 1..at.split.groups {
+        let msg = match &held {
+            Some(h) => h.encode(MsgKind::HeadsAcross, t),
+            None => encode_block(MsgKind::HeadsAcross, (at.group, t), [&slot.k, &slot.v], None),
+        };
+        let got = comm.exchange(vec![(at.next_across(), msg)], &[at.prev_across()])?;
+        let src = at.arriving(t);
+        let pos = at.split.group_positions(problem.layout, problem.seq, src);
+        let want = Expected { kind: MsgKind::HeadsAcross, owner: src, step: t, rank: at.rank };
+        let bytes = got.into_iter().next().unwrap_or_default();
+        let h = Held::<T>::decode(&bytes, want, kbh, problem.head_dim, pos, false)?;
+        slot.attend(problem, h.keys(), &mut acc, threads)?;
+        held = Some(h);
+    }
+    slot.forward_finish(problem, &mut acc);
+    Ok(acc)
+}
+
+/// The backward over the groups: dq accumulates here while each group's block travels
+/// the ring with its dk/dv (the owner's share first); after `G - 1` steps a last step
+/// takes every block's dk/dv home. Returns dq and this group's dk/dv.
+fn backward_over_groups<C: Communicator + ?Sized, T: Element>(
     comm: &mut C,
     problem: &RingProblem,
     at: &Place,
     slot: &mut SlotRows<T>,
-) -> Result<()> {
-    let across = at.across();
-    if across.is_empty() {
-        return Ok(());
-    }
+    sd: &SlotDelta,
+    threads: usize,
+) -> Result<(Vec<Vec<f32>>, KeyGrads)> {
     let d = problem.head_dim;
-    let mut msg = begin(MsgKind::HeadsAcross, at.rank, 0, 2 * slot.k.len() * at.qpos.len() * d);
-    for bufs in [&slot.k, &slot.v] {
-        for buf in bufs {
-            at.qpos.iter().for_each(|&p| put_elems(&mut msg, &buf[p * d..(p + 1) * d]));
+    let (nq, kbh) = (at.qpos.len(), slot.k.len());
+    let mut dq = vec![vec![0.0f32; nq * d]; slot.q.len()];
+    let mut own = KeyGrads::zeros(kbh, nq, d);
+    slot.attend_backward(problem, sd, slot.own_keys(), &mut dq, &mut own, threads)?;
+    let groups = at.split.groups;
+    if groups == 1 {
+        return Ok((dq, own));
+    }
+    let (k, v) = (std::mem::take(&mut slot.k), std::mem::take(&mut slot.v));
+    let mut held = Held { group: at.group, pos: at.qpos.clone(), k, v, grads: Some(own) };
+    for t in 1..groups {
+        let msg = held.encode(MsgKind::HeadsKvGradAcross, t);
+        let got = comm.exchange(vec![(at.next_across(), msg)], &[at.prev_across()])?;
+        drop(held);
+        let src = at.arriving(t);
+        let pos = at.split.group_positions(problem.layout, problem.seq, src);
+        let want = Expected { kind: MsgKind::HeadsKvGradAcross, owner: src, step: t, rank: at.rank };
+        let bytes = got.into_iter().next().unwrap_or_default();
+        held = Held::<T>::decode(&bytes, want, kbh, d, pos, true)?;
+        let mut kg = held.grads.take().unwrap_or_else(|| KeyGrads::zeros(kbh, held.pos.len(), d));
+        slot.attend_backward(problem, sd, held.keys(), &mut dq, &mut kg, threads)?;
+        held.grads = Some(kg);
+    }
+    // Home: the held block belongs to the next group; this group's comes from the previous.
+    let no_rows: [&[Vec<T>]; 2] = [&[], &[]];
+    let msg = encode_block(MsgKind::HeadsGradAcross, (held.group, groups), no_rows, held.grads.as_ref());
+    let got = comm.exchange(vec![(at.next_across(), msg)], &[at.prev_across()])?;
+    let bytes = got.into_iter().next().unwrap_or_default();
+    let want = Expected { kind: MsgKind::HeadsGradAcross, owner: at.group, step: groups, rank: at.rank };
+    let mut rd = Reader::open(&bytes, want)?;
+    let mut g = KeyGrads { dk: Vec::with_capacity(kbh), dv: Vec::with_capacity(kbh) };
+    for bufs in [&mut g.dk, &mut g.dv] {
+        for _ in 0..kbh {
+            let mut x = Vec::new();
+            rd.f32s(nq * d, &mut x)?;
+            bufs.push(x);
         }
     }
-    let got = comm.exchange(across.iter().map(|&x| (x, msg.clone())).collect(), &across)?;
-    drop(msg);
-    for (&src, bytes) in across.iter().zip(got) {
-        let pos = at.split.group_positions(problem.layout, problem.seq, at.split.group_of(src));
-        let mut rd = Reader::open(&bytes, at.expected(MsgKind::HeadsAcross, src))?;
-        for bufs in [&mut slot.k, &mut slot.v] {
-            for buf in bufs.iter_mut() {
-                let mut rows = Vec::new();
-                rd.elems::<T>(pos.len() * d, &mut rows)?;
-                for (&p, row) in pos.iter().zip(rows.chunks_exact(d)) {
-                    buf[p * d..(p + 1) * d].copy_from_slice(row);
-                }
-            }
-        }
-        rd.finish()?;
-    }
-    Ok(())
+    rd.finish()?;
+    Ok((dq, g))
 }
 
 /// The second all-to-all of the forward: each member's rows of this slot's out (as `T`)
@@ -237,49 +366,6 @@ fn heads_out<C: Communicator + ?Sized, T: Element>(
     Ok((out, lse))
 }
 
-/// Across groups, backward: the key gradients of every other group's rows go to the same
-/// slot there, and theirs for this group's rows are added here.
-fn key_grads_across<C: Communicator + ?Sized>(
-    comm: &mut C,
-    problem: &RingProblem,
-    at: &Place,
-    g: &mut SlotGrads,
-) -> Result<()> {
-    let across = at.across();
-    if across.is_empty() {
-        return Ok(());
-    }
-    let d = problem.head_dim;
-    let sends = across
-        .iter()
-        .map(|&x| {
-            let pos = at.split.group_positions(problem.layout, problem.seq, at.split.group_of(x));
-            let mut msg = begin(MsgKind::HeadsGradAcross, at.rank, 0, 2 * g.dk.len() * pos.len() * d * 4);
-            for bufs in [&g.dk, &g.dv] {
-                for buf in bufs {
-                    pos.iter().for_each(|&p| put_f32s(&mut msg, &buf[p * d..(p + 1) * d]));
-                }
-            }
-            (x, msg)
-        })
-        .collect();
-    let got = comm.exchange(sends, &across)?;
-    for (&src, bytes) in across.iter().zip(got) {
-        let mut rd = Reader::open(&bytes, at.expected(MsgKind::HeadsGradAcross, src))?;
-        for bufs in [&mut g.dk, &mut g.dv] {
-            for buf in bufs.iter_mut() {
-                let mut rows = Vec::new();
-                rd.f32s(at.qpos.len() * d, &mut rows)?;
-                for (&p, row) in at.qpos.iter().zip(rows.chunks_exact(d)) {
-                    buf[p * d..(p + 1) * d].iter_mut().zip(row).for_each(|(a, &b)| *a += b);
-                }
-            }
-        }
-        rd.finish()?;
-    }
-    Ok(())
-}
-
 /// This rank's f32 gradients, `[batch, rows, heads or kv_heads, d]`.
 struct RankGrads {
     dq: Vec<f32>,
@@ -289,30 +375,29 @@ struct RankGrads {
 
 /// The second all-to-all of the backward: dq of this slot's heads and dk/dv of its
 /// key/value heads to each member for its rows; dk/dv of a key/value head read by
-/// several slots are summed at the owner.
+/// several slots are summed at the owner (dq and dk/dv over the group's rows).
 fn grads_out<C: Communicator + ?Sized>(
     comm: &mut C,
     problem: &RingProblem,
     at: &Place,
-    g: &SlotGrads,
+    (dq, g): (&[Vec<f32>], &KeyGrads),
 ) -> Result<RankGrads> {
     let (batch, d) = (problem.batch, problem.head_dim);
     let (m, mk) = (at.split.slot_heads(at.slot).len(), at.split.slot_kv(at.slot).len());
     let payloads = at
         .member_idx
         .iter()
-        .zip(&at.member_pos)
-        .map(|(idx, pos)| {
+        .map(|idx| {
             let mut msg = begin(MsgKind::HeadsGradOut, at.rank, 0, batch * idx.len() * (m + 2 * mk) * d * 4);
             for b in 0..batch {
                 for &i in idx {
-                    (0..m).for_each(|hl| put_f32s(&mut msg, &g.dq[b * m + hl][i * d..(i + 1) * d]));
+                    (0..m).for_each(|hl| put_f32s(&mut msg, &dq[b * m + hl][i * d..(i + 1) * d]));
                 }
             }
             for bufs in [&g.dk, &g.dv] {
                 for b in 0..batch {
-                    for &p in pos {
-                        (0..mk).for_each(|kl| put_f32s(&mut msg, &bufs[b * mk + kl][p * d..(p + 1) * d]));
+                    for &i in idx {
+                        (0..mk).for_each(|kl| put_f32s(&mut msg, &bufs[b * mk + kl][i * d..(i + 1) * d]));
                     }
                 }
             }
@@ -359,9 +444,8 @@ pub(crate) fn heads_forward<C: Communicator + ?Sized, T: Element>(
 ) -> Result<RingStats> {
     let Prepared { start, .. } = prepare(comm, "forward", problem, opts, qkv, None, extra)?;
     let at = Place::new(problem, comm.rank())?;
-    let mut slot = heads_in(comm, problem, &at, &Inputs { qkv, grad: None })?;
-    keys_across(comm, problem, &at, &mut slot)?;
-    let fwd = slot.forward(problem, opts.threads)?;
+    let slot = heads_in(comm, problem, &at, &Inputs { qkv, grad: None })?;
+    let fwd = forward_over_groups(comm, problem, &at, &slot, opts.threads)?;
     drop(slot);
     let (o, l) = heads_out(comm, problem, &at, &fwd)?;
     let stats = finish(comm, start)?;
@@ -391,13 +475,12 @@ pub(crate) fn heads_backward<C: Communicator + ?Sized, T: Element>(
     let at = Place::new(problem, comm.rank())?;
     let glse = grad_lse.map_or_else(|| vec![0.0; grad_out.shape().numel() / problem.head_dim], <[f32]>::to_vec);
     let mut slot = heads_in(comm, problem, &at, &Inputs { qkv, grad: Some((grad_out, glse)) })?;
-    keys_across(comm, problem, &at, &mut slot)?;
-    let fwd = slot.forward(problem, opts.threads)?;
+    let fwd = forward_over_groups(comm, problem, &at, &slot, opts.threads)?;
     let verdict = if opts.check_finite && grad_lse.is_some() { finite_lse_grad(problem, &slot, &fwd) } else { Ok(()) };
-    let mut g = slot.backward(problem, &fwd, opts.threads)?;
-    drop((slot, fwd));
-    key_grads_across(comm, problem, &at, &mut g)?;
-    let r = grads_out(comm, problem, &at, &g)?;
+    let sd = slot.delta(problem, fwd);
+    let (slot_dq, kg) = backward_over_groups(comm, problem, &at, &mut slot, &sd, opts.threads)?;
+    drop((slot, sd));
+    let r = grads_out(comm, problem, &at, (&slot_dq, &kg))?;
     let stats = finish_with(comm, start, verdict)?;
     let rows = at.member_pos[at.slot].len();
     let d = problem.head_dim;

@@ -1,7 +1,8 @@
 //! The compute of one Ulysses rank once its slot's heads are here: each query head of
-//! the slot attends the group's query rows onto the whole sequence's keys and values
+//! the slot attends the group's query rows onto one group's keys and values at a time
 //! (every pattern of the head, on global positions, through the same block kernels as
-//! the ring), forward and exact backward, in f32.
+//! the ring), LSE-merged forward and exact backward (dq accumulated, each block's dk/dv
+//! returned), in f32.
 
 use std::ops::Range;
 
@@ -12,23 +13,31 @@ use crate::compute::kernel_bridge::{GradRows, KeyBlock, Mask, Rows, attend_backw
 use crate::plan::RingProblem;
 use crate::plan::heads_split::HeadSplit;
 
-/// A rank's slot after the exchanges: query rows of the group (`qpos`, ascending) and
-/// keys and values over every position `0..seq`, one buffer (`rows * d`) per (batch,
-/// local head), batch-major.
+/// A rank's slot after the first all-to-all: the group's rows (`qpos`, ascending) of the
+/// slot's query heads and of the key/value heads they read, one buffer (`rows * d`) per
+/// (batch, local head), batch-major.
 #[derive(Debug)]
 pub(crate) struct SlotRows<T> {
     pub split: HeadSplit,
     /// This rank's slot.
     pub slot: usize,
     pub qpos: Vec<usize>,
-    pub kpos: Vec<usize>,
     pub q: Vec<Vec<T>>,
     pub k: Vec<Vec<T>>,
     pub v: Vec<Vec<T>>,
     /// The backward's grad_out rows (like `q`; empty in the forward).
     pub go: Vec<Vec<T>>,
-    /// The backward's gradient into the LSE, one value per query row (empty when none).
+    /// The backward's gradient into the LSE, one value per query row (empty in the forward).
     pub glse: Vec<Vec<f32>>,
+}
+
+/// One group's keys and values of the slot: positions (ascending) and one buffer per
+/// (batch, local key/value head).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeyRows<'a, T> {
+    pub pos: &'a [usize],
+    pub k: &'a [Vec<T>],
+    pub v: &'a [Vec<T>],
 }
 
 /// The slot's f32 forward: output (scaled by the head's `out_scale`) and lse per (batch, head).
@@ -38,12 +47,25 @@ pub(crate) struct SlotForward {
     pub lse: Vec<Vec<f32>>,
 }
 
-/// The slot's f32 gradients: dq like `q`, dk and dv like `k` and `v`.
+/// f32 dk and dv of one block of keys, like its `k` and `v`.
 #[derive(Debug)]
-pub(crate) struct SlotGrads {
-    pub dq: Vec<Vec<f32>>,
+pub(crate) struct KeyGrads {
     pub dk: Vec<Vec<f32>>,
     pub dv: Vec<Vec<f32>>,
+}
+
+impl KeyGrads {
+    /// Zeros for `kbh` (batch, key/value head) buffers of `rows` rows.
+    pub fn zeros(kbh: usize, rows: usize, d: usize) -> Self {
+        KeyGrads { dk: vec![vec![0.0; rows * d]; kbh], dv: vec![vec![0.0; rows * d]; kbh] }
+    }
+}
+
+/// The backward's per-row inputs: the final forward and `delta = grad_out . out - grad_lse`.
+#[derive(Debug)]
+pub(crate) struct SlotDelta {
+    pub fwd: SlotForward,
+    pub delta: Vec<Vec<f32>>,
 }
 
 impl<T: Element> SlotRows<T> {
@@ -73,8 +95,9 @@ impl<T: Element> SlotRows<T> {
         }
     }
 
-    fn keys(&self, kbh: usize, d: usize) -> KeyBlock<'_, T> {
-        KeyBlock { pos: &self.kpos, k: &self.k[kbh], v: &self.v[kbh], stride: d }
+    /// The group's own keys and values.
+    pub fn own_keys(&self) -> KeyRows<'_, T> {
+        KeyRows { pos: &self.qpos, k: &self.k, v: &self.v }
     }
 
     /// Every query head's patterns, for the slot's heads.
@@ -82,34 +105,51 @@ impl<T: Element> SlotRows<T> {
         self.heads().map(|h| problem.cfg.head_patterns(problem.heads, h)).collect()
     }
 
-    /// The forward of every (batch, head) of the slot, split over `threads`.
-    pub fn forward(&self, problem: &RingProblem, threads: usize) -> Result<SlotForward> {
-        let (d, nq, m) = (problem.head_dim, self.qpos.len(), self.heads().len());
+    /// Empty accumulators: zero output, lse of minus infinity.
+    pub fn forward_start(&self, problem: &RingProblem) -> SlotForward {
+        let (nq, d, bm) = (self.qpos.len(), problem.head_dim, problem.batch * self.heads().len());
+        SlotForward { o: vec![vec![0.0f32; nq * d]; bm], lse: vec![vec![f32::NEG_INFINITY; nq]; bm] }
+    }
+
+    /// Merge the attention of every (batch, head) of the slot onto `keys` into `acc`, split
+    /// over `threads`.
+    pub fn attend(
+        &self,
+        problem: &RingProblem,
+        keys: KeyRows<'_, T>,
+        acc: &mut SlotForward,
+        threads: usize,
+    ) -> Result<()> {
+        let (d, m) = (problem.head_dim, self.heads().len());
         let hps = self.patterns(problem);
-        let mut o = vec![vec![0.0f32; nq * d]; problem.batch * m];
-        let mut lse = vec![vec![f32::NEG_INFINITY; nq]; problem.batch * m];
-        let items: Vec<_> = o.iter_mut().zip(lse.iter_mut()).enumerate().collect();
+        let items: Vec<_> = acc.o.iter_mut().zip(acc.lse.iter_mut()).enumerate().collect();
         for_each_item(threads, items, |(bh, (o, lse))| {
             let (b, hl) = (bh / m, bh % m);
             let q = Rows { pos: &self.qpos, data: &self.q[bh], stride: d };
+            let kbh = self.kv_of(b, hl);
+            let block = KeyBlock { pos: keys.pos, k: &keys.k[kbh], v: &keys.v[kbh], stride: d };
             for &(_, pat) in &hps[hl].patterns {
-                attend_forward(q, self.keys(self.kv_of(b, hl), d), self.mask(problem, pat, b), o, lse)?;
+                attend_forward(q, block, self.mask(problem, pat, b), o, lse)?;
             }
-            let scale = hps[hl].out_scale as f32;
-            o.iter_mut().for_each(|x| *x *= scale);
             Ok(())
-        })?;
-        Ok(SlotForward { o, lse })
+        })
     }
 
-    /// The gradients from the forward `fwd`: `delta = grad_out . out - grad_lse` (the
-    /// LSE's gradient only on rows that attend something), then every pattern's share;
-    /// work split by (batch, key/value head) over `threads`.
-    pub fn backward(&self, problem: &RingProblem, fwd: &SlotForward, threads: usize) -> Result<SlotGrads> {
-        let (d, nq, nk) = (problem.head_dim, self.qpos.len(), self.kpos.len());
-        let (m, mk) = (self.heads().len(), self.kv_heads().len());
+    /// Scale the merged output by each head's `out_scale`: the final forward.
+    pub fn forward_finish(&self, problem: &RingProblem, acc: &mut SlotForward) {
+        let m = self.heads().len();
         let hps = self.patterns(problem);
-        let delta: Vec<Vec<f32>> = (0..problem.batch * m)
+        for (bh, o) in acc.o.iter_mut().enumerate() {
+            let scale = hps[bh % m].out_scale as f32;
+            o.iter_mut().for_each(|x| *x *= scale);
+        }
+    }
+
+    /// `delta = grad_out . out - grad_lse` per query row (the LSE's gradient only on rows
+    /// that attend something).
+    pub fn delta(&self, problem: &RingProblem, fwd: SlotForward) -> SlotDelta {
+        let (d, nq) = (problem.head_dim, self.qpos.len());
+        let delta = (0..fwd.o.len())
             .map(|bh| {
                 (0..nq)
                     .map(|i| {
@@ -123,32 +163,46 @@ impl<T: Element> SlotRows<T> {
                     .collect()
             })
             .collect();
-        let mut dq = vec![vec![0.0f32; nq * d]; problem.batch * m];
-        let mut dk = vec![vec![0.0f32; nk * d]; problem.batch * mk];
-        let mut dv = vec![vec![0.0f32; nk * d]; problem.batch * mk];
+        SlotDelta { fwd, delta }
+    }
+
+    /// Add the share of `keys` in the gradients: dq (like `q`) in place, and into `kg` the
+    /// block's dk/dv; work split by (batch, key/value head) over `threads`.
+    pub fn attend_backward(
+        &self,
+        problem: &RingProblem,
+        sd: &SlotDelta,
+        keys: KeyRows<'_, T>,
+        dq: &mut [Vec<f32>],
+        kg: &mut KeyGrads,
+        threads: usize,
+    ) -> Result<()> {
+        let d = problem.head_dim;
+        let (m, mk) = (self.heads().len(), self.kv_heads().len());
+        let hps = self.patterns(problem);
         // Each (batch, key/value head) with the dq of the query heads reading it.
         let mut readers: Vec<Vec<(usize, &mut Vec<f32>)>> = (0..problem.batch * mk).map(|_| Vec::new()).collect();
         for (bh, dq) in dq.iter_mut().enumerate() {
             readers[self.kv_of(bh / m, bh % m)].push((bh, dq));
         }
-        let items: Vec<_> = dk.iter_mut().zip(dv.iter_mut()).zip(readers).enumerate().collect();
+        let items: Vec<_> = kg.dk.iter_mut().zip(kg.dv.iter_mut()).zip(readers).enumerate().collect();
         for_each_item(threads, items, |(kbh, ((dk, dv), readers))| {
+            let block = KeyBlock { pos: keys.pos, k: &keys.k[kbh], v: &keys.v[kbh], stride: d };
             for (bh, dq) in readers {
                 let (b, hl) = (bh / m, bh % m);
                 let q = Rows { pos: &self.qpos, data: &self.q[bh], stride: d };
                 let gr = GradRows {
-                    lse: &fwd.lse[bh],
+                    lse: &sd.fwd.lse[bh],
                     go: &self.go[bh],
                     go_stride: d,
                     go_scale: hps[hl].out_scale as f32,
-                    delta: &delta[bh],
+                    delta: &sd.delta[bh],
                 };
                 for &(_, pat) in &hps[hl].patterns {
-                    attend_backward(q, self.keys(kbh, d), self.mask(problem, pat, b), gr, dq, dk, dv)?;
+                    attend_backward(q, block, self.mask(problem, pat, b), gr, dq, dk, dv)?;
                 }
             }
             Ok(())
-        })?;
-        Ok(SlotGrads { dq, dk, dv })
+        })
     }
 }

@@ -105,11 +105,13 @@ impl HeadSplit {
 /// every message carries a [`MSG_HEADER_BYTES`] header and nothing travels to itself.
 /// Forward: to each other member `m` of its group, rank `r` (slot `j`) sends its rows of
 /// `m`'s slot, `B*L_r*(m_m + 2k_m)*D*e` (q, k, v), then `m`'s rows of its own slot's out and
-/// lse, `B*L_m*m_j*(D*e + 4)`; to the same slot of each other group, its group's k/v,
-/// `B*N_g*2k_j*D*e`. Backward: the first all-to-all adds grad_out and the f32 gradient into
-/// the LSE (`B*L_r*m_m*(D*e + 4)`, zeros when none is given); the key gradients of each
-/// other group's rows go back across (`B*N_g'*2k_j*D*4`), and the second all-to-all
-/// carries f32 dq, dk, dv (`B*L_m*(m_j + 2k_j)*D*4`). Handshake and completion are not counted.
+/// lse, `B*L_m*m_j*(D*e + 4)`; around the ring of its slot over the `G` groups, at steps
+/// `t = 1..G` the k/v of group `g - t + 1`, `B*N*2k_j*D*e`. Backward: the first all-to-all
+/// adds grad_out and the f32 gradient into the LSE (`B*L_r*m_m*(D*e + 4)`, zeros when none
+/// is given); the ring runs twice (the forward recomputed, then each block with its f32
+/// dk/dv, `B*N*2k_j*D*(e + 4)`), and a last step takes group `g + 1`'s dk/dv home
+/// (`B*N_(g+1)*2k_j*D*4`); the second all-to-all carries f32 dq, dk, dv
+/// (`B*L_m*(m_j + 2k_j)*D*4`). Handshake and completion are not counted.
 pub fn heads_bytes(problem: &RingProblem, split: &HeadSplit, dtype: DType, pass: Pass) -> Vec<u64> {
     let backward = pass == Pass::Backward;
     let RingProblem { batch, head_dim, seq: n, world: p, layout, .. } = *problem;
@@ -131,11 +133,19 @@ pub fn heads_bytes(problem: &RingProblem, split: &HeadSplit, dtype: DType, pass:
                     sent += MSG_HEADER_BYTES + b * rows(m) * heads(j) * (d * e + 4);
                 }
             }
-            for g2 in (0..split.groups).filter(|&g2| g2 != g) {
-                sent += MSG_HEADER_BYTES + b * group_rows(g) * 2 * kv(j) * d * e;
+            // The ring over the groups: at step t (1..G) this rank passes on the block of
+            // group g - t + 1 (every group but g + 1), in the backward twice (the forward
+            // recomputed, then with its f32 dk/dv), and last sends the dk/dv of group g + 1 home.
+            let groups = split.groups;
+            for t in 1..groups {
+                let held = group_rows((g + groups + 1 - t) % groups);
+                sent += MSG_HEADER_BYTES + b * held * 2 * kv(j) * d * e;
                 if backward {
-                    sent += MSG_HEADER_BYTES + b * group_rows(g2) * 2 * kv(j) * d * 4;
+                    sent += MSG_HEADER_BYTES + b * held * 2 * kv(j) * d * (e + 4);
                 }
+            }
+            if backward && groups > 1 {
+                sent += MSG_HEADER_BYTES + b * group_rows((g + 1) % groups) * 2 * kv(j) * d * 4;
             }
             sent
         })

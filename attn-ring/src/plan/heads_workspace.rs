@@ -6,14 +6,15 @@
 //! `m`/`k` the slot's query and key/value heads:
 //! - the first all-to-all: every payload sent (this rank's rows of each slot) and received
 //!   (the group's rows of this slot), with headers;
-//! - the slot's rows: q `B*N*m*D*e`, k and v over the whole sequence `2*B*n*k*D*e`, in the
-//!   backward grad_out and the f32 gradient into the LSE;
-//! - across groups: this group's k/v message to each other group of the slot, and theirs;
-//! - the f32 forward `(o, lse)` `B*N*m*(D+1)*4`, in the backward delta, dq over the group's
-//!   rows and dk, dv over the whole sequence, and the key-gradient messages across;
+//! - the slot's rows: q, k and v of the group `B*N*(m+2k)*D*e`, in the backward grad_out
+//!   and the f32 gradient into the LSE;
+//! - the ring over the groups: the block held, the message sent and the one received (`N`
+//!   the largest group's rows; in the backward with f32 dk/dv);
+//! - the f32 forward `(o, lse)` `B*N*m*(D+1)*4`, in the backward delta and dq over the
+//!   group's rows and the own block's dk/dv;
 //! - the second all-to-all: payloads sent and received, and the rank's staged outputs;
-//! - block-kernel scratch of one call (keys and values of the whole sequence as f32 tiles,
-//!   doubled for `Vec` growth) per compute thread beyond the first not counted, as in the
+//! - block-kernel scratch of one call (one group's keys and values as f32 tiles, doubled
+//!   for `Vec` growth) per compute thread beyond the first not counted, as in the
 //!   ring; bookkeeping (handshake, completion, position lists).
 
 use attn_core::{DType, Pass};
@@ -52,30 +53,30 @@ pub(crate) fn heads_workspace_bytes(
         .map(|jm| FRAME + b * l * in_row(split.slot_heads(jm).len() as u64, split.slot_kv(jm).len() as u64))
         .sum();
     let recv_in = split.u as u64 * FRAME + b * nq * in_row(m, k);
-    let slot = b * nq * m * d * e + 2 * b * n * k * d * e + if backward { b * nq * m * (d * e + 4) } else { 0 };
-    let largest_group =
-        (0..split.groups).map(|x| split.group_positions(layout, seq, x).len() as u64).max().unwrap_or(0);
-    let others = split.groups as u64 - 1;
-    let across_kv = (2 * others + 1) * (FRAME + b * largest_group * 2 * k * d * e);
+    let slot = b * nq * (m + 2 * k) * d * e + if backward { b * nq * m * (d * e + 4) } else { 0 };
+    let largest = (0..split.groups).map(|x| split.group_positions(layout, seq, x).len() as u64).max().unwrap_or(0);
+    // Held, sent and received blocks of the ring (with f32 dk/dv in the backward).
+    let block = FRAME + b * largest * 2 * k * d * (e + if backward { 4 } else { 0 });
+    let ring = if split.groups > 1 { 3 * block } else { 0 };
     let fwd = b * nq * m * (d + 1) * 4;
     let (second, grads) = if backward {
-        // delta, dq over the group's rows, dk/dv over the sequence, the key gradients across,
-        // dq/dk/dv to each member and from each, the staged f32 gradients.
-        let g = b * nq * m * (d + 1) * 4 + 2 * b * n * k * d * 4;
-        let across = 2 * others * (FRAME + b * largest_group * 2 * k * d * 4);
+        // delta and dq over the group's rows, the own block's dk/dv, dq/dk/dv to each member
+        // and from each, the staged f32 gradients.
+        let g = b * nq * m * (d + 1) * 4 + 2 * b * nq * k * d * 4;
         let out = split.u as u64 * FRAME + b * nq * (m + 2 * k) * d * 4;
         let back = split.u as u64 * FRAME + b * l * (heads as u64 + 2 * (kv_heads as u64) * split.u as u64) * d * 4;
         let staged = b * l * (heads + 2 * kv_heads) as u64 * d * 4;
-        (out + back + staged, g + across)
+        (out + back + staged, g)
     } else {
         let out = split.u as u64 * FRAME + b * nq * m * (d * e + 4);
         let back = split.u as u64 * FRAME + b * l * heads as u64 * (d * e + 4);
         (out + back + b * l * heads as u64 * (d * e + 4), 0)
     };
     // One kernel call's f32 keys and values (whole tiles, head dim rounded up to 16), doubled.
-    let scratch = 2 * (2 * n.div_ceil(KEY_TILE) * KEY_TILE * d.next_multiple_of(16) * 4) + 2 * nq * (d + 8) * 4;
+    let scratch =
+        2 * (2 * largest.max(nq).div_ceil(KEY_TILE) * KEY_TILE * d.next_multiple_of(16) * 4) + 2 * nq * (d + 8) * 4;
     // Position lists and index maps (8 bytes a row), handshake and completion messages.
     let lists = 8 * (n + 4 * nq + 2 * l);
     let bookkeeping = 16384 + 6 * p as u64 * 1024 + 4 * p as u64 * (32 * p as u64 + 96) + 2048 * p as u64;
-    sent_in + recv_in + slot + across_kv + fwd + second + grads + scratch + lists + bookkeeping
+    sent_in + recv_in + slot + ring + fwd + second + grads + scratch + lists + bookkeeping
 }
