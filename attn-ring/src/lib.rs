@@ -94,10 +94,11 @@
 //!   the forward, keeps only its LSE and `delta = grad_out . out - grad_lse`, reads grad_out in
 //!   place and holds f32 dq, dk, dv until the completion step), `head_work` (work
 //!   split by (batch, head) over a rank's threads) and the head strategies: `ulysses` (the
-//!   all-to-all into the group's rows of a slot's heads, keys and values across the groups
-//!   of one slot, the all-to-all of out and lse, or of dq, dk and dv with the key gradients
-//!   first summed back across groups) and `ulysses_attend` (a slot's heads on the whole
-//!   sequence's keys through the same block kernels, forward and backward).
+//!   all-to-all into the group's rows of a slot's heads, the ring of one slot over the
+//!   groups passing each group's keys and values (in the backward with their dk/dv, then
+//!   home), the all-to-all of out and lse, or of dq, dk and dv) and `ulysses_attend` (a
+//!   slot's heads on one group's keys at a time through the same block kernels, LSE-merged
+//!   forward and backward).
 //! - `chunk_ring/`: the chunk ring, one protocol generic over where blocks are computed
 //!   (`ChunkCompute`: `CpuChunks` on the CPU block kernels, `CudaChunks` (feature `cuda`) on
 //!   the CUDA block entries, with pieces, partials, lse, delta and accumulators in device

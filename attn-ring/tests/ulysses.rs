@@ -95,11 +95,16 @@ fn head_strategies_match_every_feature_golden_file() {
 }
 
 /// Over the emulated NCCL transport (a send completes only when its peer receives), where
-/// an all-to-all that relied on buffered sends would time out: the feature files at
-/// Ulysses P = 2, 4 and the hybrid (2, 4).
+/// an all-to-all or a ring step that relied on buffered sends would time out: the feature
+/// files at Ulysses P = 2, 4 and the hybrid (2, 4) and (2, 6) (a ring of three groups).
 #[test]
 fn head_strategies_over_emulated_nccl_match_the_feature_files() {
-    let runs = [(2, Strategy::Ulysses), (4, Strategy::Ulysses), (4, Strategy::Hybrid { ulysses: 2 })];
+    let runs = [
+        (2, Strategy::Ulysses),
+        (4, Strategy::Ulysses),
+        (4, Strategy::Hybrid { ulysses: 2 }),
+        (6, Strategy::Hybrid { ulysses: 2 }),
+    ];
     let counts = golden_dir_through("features", &runs, |world, layout, strategy| CommBackend {
         label: "emulated-nccl",
         world,
@@ -107,7 +112,7 @@ fn head_strategies_over_emulated_nccl_match_the_feature_files() {
         strategy,
         join: |p| EmulatedNccl::world_with_timeout(p, std::time::Duration::from_secs(20)),
     });
-    assert_eq!(counts, (50, 4));
+    assert_eq!(counts, (68, 4));
 }
 
 /// (passed, refused) runs of the golden sweeps above.

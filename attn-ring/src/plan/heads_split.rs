@@ -1,7 +1,7 @@
 //! How the Ulysses strategies split heads and rows: ranks `g*U .. g*U+U` form group `g`,
 //! slot `j` of a group attends query heads `slot_heads(j)` (the first `heads % U` slots
 //! take one more head) over the group's rows, with the key/value heads those query heads
-//! read; the groups of one slot exchange keys and values across.
+//! read; the ranks of one slot pass their groups' keys and values around a ring.
 
 use std::ops::Range;
 

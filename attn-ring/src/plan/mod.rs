@@ -46,8 +46,8 @@ pub enum Strategy {
     /// sequences for its share of the heads, then the outputs return to sequence shards.
     Ulysses,
     /// Ulysses inside groups of `ulysses` consecutive ranks (`ulysses` divides the world),
-    /// the groups joined across: a rank attends its group's rows for its share of the
-    /// heads against the keys of every group holding the same head slot.
+    /// the groups joined by a ring: a rank attends its group's rows for its share of the
+    /// heads against each group's keys in turn, passed around the ranks of its head slot.
     Hybrid { ulysses: usize },
 }
 
