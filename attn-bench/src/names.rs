@@ -68,6 +68,14 @@ impl Implementation {
             Implementation::Ring(Strategy::Auto) => "ring-auto",
             Implementation::Ring(Strategy::Ring) => "ring-ring",
             Implementation::Ring(Strategy::AllGather) => "ring-allgather",
+            Implementation::Ring(Strategy::Ulysses) => "ring-ulysses",
+            // The bench's hybrid degrees by name (a name must be static for `results.json`).
+            Implementation::Ring(Strategy::Hybrid { ulysses }) => match ulysses {
+                2 => "ring-hybrid:2",
+                4 => "ring-hybrid:4",
+                8 => "ring-hybrid:8",
+                _ => "ring-hybrid",
+            },
         }
     }
 

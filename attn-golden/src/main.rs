@@ -1,4 +1,4 @@
-//! `attn-golden DIR [--backend NAME] [--dtype T] [--world-size N --strategy S --layout L]
+//! `attn-golden DIR [--backend NAME] [--dtype T] [--world-size N --strategy S [--ulysses U] --layout L]
 //! [--expect N] [--expect-refused R]`: runs every `*.safetensors` conformance case in DIR
 //! through one backend, prints one line per case and `N passed, M failed` (`, R refused`
 //! where the backend refused cases as unsupported), and exits with one of the

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 pub const USAGE: &str = "usage: attn-golden DIR [--backend reference|cpu|ring|cuda|candle] [--dtype f32|bf16|f16]
-                   [--threads T] [--world-size N] [--strategy ring|allgather|auto] [--layout contiguous|zigzag]
+                   [--threads T] [--world-size N] [--strategy ring|allgather|auto|ulysses|hybrid] [--ulysses U]
+                   [--layout contiguous|zigzag]   (hybrid: groups of U ranks, U dividing N)
                    [--expect N]   (fail unless DIR holds exactly N cases)
                    [--expect-refused R]   (fail unless exactly R cases are refused as unsupported; default 0)
 exit status: 0 passed, 1 a case failed or the count is off, 2 usage, 3 backend unavailable here,
@@ -17,6 +18,7 @@ pub struct Options {
     pub dtype: String,
     pub threads: usize,
     pub world_size: Option<usize>,
+    /// The strategy as `attn_ring::Strategy::parse` reads it (`hybrid:U` with `--ulysses U`).
     pub strategy: String,
     pub layout: String,
     /// The number of cases DIR must hold (`--expect N`).
@@ -28,6 +30,7 @@ pub struct Options {
 impl Options {
     pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Self, String> {
         let mut dir = None;
+        let mut ulysses = None;
         let mut o = Options {
             dir: PathBuf::new(),
             backend: "reference".into(),
@@ -47,6 +50,7 @@ impl Options {
                 "--threads" => o.threads = parse_num(&value("--threads")?)?,
                 "--world-size" => o.world_size = Some(parse_num(&value("--world-size")?)?),
                 "--strategy" => o.strategy = value("--strategy")?,
+                "--ulysses" => ulysses = Some(parse_num(&value("--ulysses")?)?),
                 "--layout" => o.layout = value("--layout")?,
                 "--expect" => o.expect = Some(parse_num(&value("--expect")?)?),
                 "--expect-refused" => o.expect_refused = parse_num(&value("--expect-refused")?)?,
@@ -57,6 +61,18 @@ impl Options {
             }
         }
         o.dir = dir.ok_or("DIR is required")?;
+        // `--ulysses U` sets a hybrid's degree (with `ulysses`, U is the world size).
+        match (o.strategy.to_ascii_lowercase().as_str(), ulysses) {
+            ("hybrid", Some(u)) => o.strategy = format!("hybrid:{u}"),
+            ("hybrid", None) => return Err("--strategy hybrid needs --ulysses U".into()),
+            ("ulysses", Some(u)) if Some(u) != o.world_size => {
+                return Err(format!(
+                    "--strategy ulysses is over the whole world: --ulysses {u} needs --world-size {u}"
+                ));
+            }
+            ("ulysses", _) | (_, None) => {}
+            (s, Some(_)) => return Err(format!("--ulysses needs --strategy ulysses or hybrid, not `{s}`")),
+        }
         if o.world_size == Some(0) {
             return Err("--world-size must be at least 1".into());
         }

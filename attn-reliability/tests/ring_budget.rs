@@ -134,27 +134,58 @@ fn check_bound<T: Element>(dtype: DType, worlds: &[usize], ratios: &mut Ratios) 
                 if layout.check(shape.seq, world).is_err() {
                     continue;
                 }
-                let problem = problem_for(&cfg, shape, layout, strategy, world);
-                let plan = Plan::new(problem.clone()).unwrap();
-                for backward in [false, true] {
-                    let pass = if backward { Pass::Backward } else { Pass::Forward };
-                    let res = run::<T>(&problem, &vec![RingOptions::default(); world], backward, 5);
-                    for (rank, (r, got)) in res.into_iter().enumerate() {
-                        r.unwrap_or_else(|e| panic!("{problem:?} rank {rank}: {e}"));
-                        let bound = plan.workspace_bytes(dtype, rank, pass);
-                        assert!(
-                            got as u64 <= bound,
-                            "{} rank {rank} of {world} ({layout:?}, {strategy:?}, {:?}, {dtype:?}): allocated {got} \
-                             bytes, workspace_bytes says {bound}",
-                            if backward { "backward" } else { "forward" },
-                            shape.dims()
-                        );
-                        ratios.add(got, bound);
-                    }
-                }
+                bound_one::<T>(&problem_for(&cfg, shape, layout, strategy, world), dtype, ratios);
             }
         }
     }
+}
+
+/// Every rank's peak allocation of `problem`'s forward and backward within its
+/// `workspace_bytes`.
+fn bound_one<T: Element>(problem: &RingProblem, dtype: DType, ratios: &mut Ratios) {
+    let (world, layout, strategy, shape) = (problem.world, problem.layout, problem.strategy, problem.seq);
+    let plan = Plan::new(problem.clone()).unwrap();
+    for backward in [false, true] {
+        let pass = if backward { Pass::Backward } else { Pass::Forward };
+        let res = run::<T>(problem, &vec![RingOptions::default(); world], backward, 5);
+        for (rank, (r, got)) in res.into_iter().enumerate() {
+            r.unwrap_or_else(|e| panic!("{problem:?} rank {rank}: {e}"));
+            let bound = plan.workspace_bytes(dtype, rank, pass);
+            assert!(
+                got as u64 <= bound,
+                "{} rank {rank} of {world} ({layout:?}, {strategy:?}, seq {shape}, {dtype:?}): allocated {got} \
+                 bytes, workspace_bytes says {bound}",
+                if backward { "backward" } else { "forward" },
+            );
+            ratios.add(got, bound);
+        }
+    }
+}
+
+/// The head strategies' bound (`heads_workspace_bytes`): Ulysses at 2 and 4 ranks and the
+/// hybrid with groups of 2 at 4, both layouts, where the heads allow the degree.
+#[test]
+fn workspace_bytes_bound_the_head_strategies() {
+    let _g = counting_alloc::exclusive();
+    let ratios = within(WATCHDOG, || {
+        let mut ratios = Ratios::default();
+        for (cfg, shape) in cases() {
+            for (world, strategy) in
+                [(2, Strategy::Ulysses), (4, Strategy::Ulysses), (4, Strategy::Hybrid { ulysses: 2 })]
+            {
+                if shape.heads < strategy.ulysses_degree(world).unwrap_or(world) {
+                    continue;
+                }
+                for layout in [Layout::Contiguous, Layout::Zigzag] {
+                    bound_one::<f32>(&problem_for(&cfg, shape, layout, strategy, world), DType::F32, &mut ratios);
+                }
+            }
+        }
+        ratios
+    })
+    .expect("budget runs hung");
+    assert!(ratios.runs >= 60, "{ratios:?}");
+    eprintln!("{} rank-calls: measured / workspace_bytes from {:.3} to {:.3}", ratios.runs, ratios.best, ratios.worst);
 }
 
 #[test]

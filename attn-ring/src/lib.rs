@@ -4,7 +4,9 @@
 //! rows of segments that span ranks (ring pass or direct all-gather), with an
 //! exact backward whose dk/dv travel back to their owners. The chunk ring
 //! ([`chunk_ring`]) instead sends whole k/v slices over a `ChunkTransport`, with CPU or
-//! CUDA block compute.
+//! CUDA block compute. The head strategies ([`Strategy::Ulysses`], [`Strategy::Hybrid`])
+//! split heads instead: an all-to-all gives each rank whole sequences (or its group's
+//! rows) of its share of the heads, and a second one returns the outputs.
 //!
 //! Communication goes through the [`Communicator`] trait: [`ThreadComm`]
 //! (in-process ranks), `MpiComm` (feature `mpi`) and [`NcclComm`] (feature
@@ -45,7 +47,8 @@
 //! Sequence parallelism, in five parts. `RingBackend` (top level) is one
 //! rank behind the `Attention` interface (placement `Shard`, its rows from the layout);
 //! `in_process` runs a whole problem over in-process ranks.
-//! - `comm/`: `Communicator` (paired sendrecv, all-gather, barrier, timeouts, framed
+//! - `comm/`: `Communicator` (paired sendrecv, all-gather, `all_to_all` over a group of
+//!   ranks (one framed exchange, so every transport has it), barrier, timeouts, framed
 //!   messages with sequence, length and checksum; `framing()` reads the framing state,
 //!   `framing_mut()` changes it) with `ThreadComm`, `MpiComm` (feature `mpi`),
 //!   `NcclComm` (feature `nccl`: `GroupedComm` over grouped NCCL rounds, where a send
@@ -64,7 +67,10 @@
 //!   per-pattern row counts come from `head_counts` in O(1)) choosing segment-local,
 //!   ring pass or all-gather per pattern; the rows that travel are the owner's keys in
 //!   a receiver's segments within its queries' band, once per (pattern, key/value head)
-//!   pair; `ring_route` (a ring block goes to the next rank, the previous one or both
+//!   pair; `heads_split` (the head strategies: groups of `U` consecutive ranks, slot `j`
+//!   of a group attending query heads `slot_heads(j)`, the first `heads % U` slots one more,
+//!   with the key/value heads they read; `heads < U` is `Unsupported`; `heads_bytes`, their
+//!   bytes per rank); `ring_route` (a ring block goes to the next rank, the previous one or both
 //!   ways, split where it reaches its receivers in the fewest hops, so a two-sided window
 //!   moves one hop each way); `workspace`
 //!   (`Plan::workspace_bytes`, `forward_buffer_bytes`: a rank's memory from the plan
@@ -86,8 +92,13 @@
 //!   keys in 512-row chunks, so per-rank memory stays proportional to n/p; a test
 //!   measures the buffers within 10% of `forward_buffer_bytes`), `backward` (recomputes
 //!   the forward, keeps only its LSE and `delta = grad_out . out - grad_lse`, reads grad_out in
-//!   place and holds f32 dq, dk, dv until the completion step) and `head_work` (work
-//!   split by (batch, head) over a rank's threads).
+//!   place and holds f32 dq, dk, dv until the completion step), `head_work` (work
+//!   split by (batch, head) over a rank's threads) and the head strategies: `ulysses` (the
+//!   all-to-all into the group's rows of a slot's heads, the ring of one slot over the
+//!   groups passing each group's keys and values (in the backward with their dk/dv, then
+//!   home), the all-to-all of out and lse, or of dq, dk and dv) and `ulysses_attend` (a
+//!   slot's heads on one group's keys at a time through the same block kernels, LSE-merged
+//!   forward and backward).
 //! - `chunk_ring/`: the chunk ring, one protocol generic over where blocks are computed
 //!   (`ChunkCompute`: `CpuChunks` on the CPU block kernels, `CudaChunks` (feature `cuda`) on
 //!   the CUDA block entries, with pieces, partials, lse, delta and accumulators in device

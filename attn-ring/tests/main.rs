@@ -22,3 +22,5 @@ mod nccl_stand_in;
 mod proptest_ring;
 mod proptest_ring_large;
 mod rank_threads;
+mod ulysses;
+mod ulysses_faults;

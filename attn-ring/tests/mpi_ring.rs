@@ -1,6 +1,7 @@
 //! MPI integration test (feature `mpi`, `harness = false`): every golden file in
 //! `conformance/dilated` and `conformance/features` (grouped k/v heads, key padding,
-//! packed sequences, windows), every layout and strategy, forward and gradients,
+//! packed sequences, windows), every layout and strategy (Ulysses and the hybrid with groups
+//! of 2 included), forward and gradients,
 //! with this process as one rank; and the chunk ring (CPU compute, host transport) on
 //! every file and layout. Run under
 //! `mpirun --allow-run-as-root --oversubscribe -np N target/.../mpi_ring-*`.
@@ -185,8 +186,19 @@ fn run_chunk_case(comm: &mut MpiComm, case: &GoldenCase, layout: Layout) -> Resu
     Ok(errs)
 }
 
-/// Every file of `conformance/<dir>` (`expected` of them) through the chunk ring and the
-/// three strategies, both layouts: (runs, failures), one line per failure.
+/// The head strategies run over MPI at `world` ranks: Ulysses, and the hybrid with groups
+/// of 2 where that differs from Ulysses.
+fn head_strategies(world: usize) -> Vec<Strategy> {
+    let mut s = vec![Strategy::Ulysses];
+    if world > 2 && world.is_multiple_of(2) {
+        s.push(Strategy::Hybrid { ulysses: 2 });
+    }
+    s
+}
+
+/// Every file of `conformance/<dir>` (`expected` of them) through the chunk ring, the
+/// three row strategies and the head strategies, both layouts: (runs, failures), one line
+/// per failure.
 fn golden_runs(comm: &mut MpiComm, dir: &str, expected: usize) -> (usize, usize) {
     let (rank, p) = (comm.rank(), comm.world_size());
     let cases = match load_dir(&golden_dir().join(dir)) {
@@ -230,6 +242,21 @@ fn golden_runs(comm: &mut MpiComm, dir: &str, expected: usize) -> (usize, usize)
             for strategy in [Strategy::Auto, Strategy::Ring, Strategy::AllGather] {
                 runs += 1;
                 let res = run_case(comm, &case, layout, strategy, false);
+                tally(format!("{dir}/{} {layout:?} {strategy:?}", case.name), res);
+            }
+            // The head strategies: a file with fewer heads than the Ulysses degree must be
+            // refused as Unsupported (on every rank), any other answer is a failure.
+            let heads = case.attn_shape().map(|s| s.q.heads).unwrap_or(0);
+            for strategy in head_strategies(p) {
+                runs += 1;
+                let u = strategy.ulysses_degree(p).unwrap_or(p);
+                let res = match (heads < u, run_case(comm, &case, layout, strategy, false)) {
+                    (true, Err(AttnError::Unsupported { .. })) => Ok(Vec::new()),
+                    (true, other) => Err(AttnError::InvalidArgument(format!(
+                        "degree {u} over {heads} heads was not refused as Unsupported: {other:?}"
+                    ))),
+                    (false, res) => res,
+                };
                 tally(format!("{dir}/{} {layout:?} {strategy:?}", case.name), res);
             }
         }
@@ -317,8 +344,8 @@ fn main() -> ExitCode {
         }
     }
     // Every file, both layouts (any length splits), every strategy: nothing skipped.
-    // Per file and layout: the chunk ring and the three strategies.
-    let expected_runs = DIRS.iter().map(|(_, n)| n).sum::<usize>() * 2 * (1 + 3);
+    // Per file and layout: the chunk ring, the three row strategies and the head strategies.
+    let expected_runs = DIRS.iter().map(|(_, n)| n).sum::<usize>() * 2 * (1 + 3 + head_strategies(p).len());
     if runs != expected_runs {
         eprintln!("rank {rank}: {runs} golden runs, expected {expected_runs}");
         failures += 1;

@@ -80,8 +80,9 @@ fn trips_for(strategy: Strategy, dists: &[usize], world: usize) -> Vec<Trip> {
     match strategy {
         Strategy::Ring => ring,
         Strategy::AllGather => direct,
-        Strategy::Auto if dists.len() < rt.next + rt.prev => direct,
-        Strategy::Auto => ring,
+        // The chunk ring sends whole slices, never heads: the head strategies read as `Auto`.
+        Strategy::Auto | Strategy::Ulysses | Strategy::Hybrid { .. } if dists.len() < rt.next + rt.prev => direct,
+        Strategy::Auto | Strategy::Ulysses | Strategy::Hybrid { .. } => ring,
     }
 }
 

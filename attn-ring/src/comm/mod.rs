@@ -12,6 +12,7 @@
 //! where the receiver receives it at the sender's next exchange (or
 //! [`Communicator::flush`]).
 
+pub mod all_to_all;
 pub mod faulty;
 pub mod frame;
 pub mod grouped;

@@ -10,6 +10,7 @@ use crate::compute::forward::{Partial, all_pairs, forward_core, restep};
 use crate::compute::head_work::for_each_item;
 use crate::compute::kernel_bridge::{GradRows, attend_backward};
 use crate::compute::rank_rows::{Block, Local, head_rows, mask_of};
+use crate::compute::ulysses::heads_backward;
 use crate::plan::ring_route::Way;
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::protocol::call::{Prepared, RingOptions, RingStats, check_out, finish_with, global_index, prepare};
@@ -368,6 +369,9 @@ pub fn ring_backward_with<C: Communicator + ?Sized, T: Element>(
         (TensorName::GradValue, dv.shape()),
     ];
     let extra = check_out(problem, comm.rank(), &outs, grad_lse.map(|g| (TensorName::GradLse, g.len())));
+    if problem.strategy.ulysses_degree(problem.world).is_some() {
+        return heads_backward(comm, problem, opts, ([q, k, v], grad_out, grad_lse), [dq, dk, dv], extra);
+    }
     let Prepared { plan, local, start } = prepare(comm, "backward", problem, opts, [q, k, v], Some(grad_out), extra)?;
     let fwd = forward_core::<C, T>(comm, &plan, &local, opts.threads)?;
     // Which rows attend something is known only now: the finite check of grad_lse is this

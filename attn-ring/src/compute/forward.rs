@@ -9,6 +9,7 @@ use crate::compute::allgather_forward::{forward_direct, gather_partials};
 use crate::compute::head_work::for_each_item;
 use crate::compute::kernel_bridge::{KeyBlock, attend_forward};
 use crate::compute::rank_rows::{Block, Local, RawBlock, mask_of};
+use crate::compute::ulysses::heads_forward;
 use crate::plan::ring_route::Way;
 use crate::plan::{PatternHead, Plan, RingProblem};
 use crate::protocol::call::{Prepared, RingOptions, RingStats, check_out, finish, prepare};
@@ -254,6 +255,9 @@ pub fn ring_forward_with<C: Communicator + ?Sized, T: Element>(
 ) -> Result<RingStats> {
     let extra =
         check_out(problem, comm.rank(), &[(TensorName::Output, out.shape())], Some((TensorName::Lse, lse.len())));
+    if problem.strategy.ulysses_degree(problem.world).is_some() {
+        return heads_forward(comm, problem, opts, qkv, (out, lse), extra);
+    }
     let Prepared { plan, local, start } = prepare(comm, "forward", problem, opts, qkv, None, extra)?;
     if plan.ring_heads.is_empty() {
         let partials = gather_partials(comm, &plan, &local, opts.threads)?;

@@ -4,6 +4,8 @@
 //! each rank sends (the formula [`expected_bytes`] checks against).
 
 mod head_counts;
+pub mod heads_split;
+mod heads_workspace;
 pub mod layout;
 pub(crate) mod pieces;
 pub mod ring_route;
@@ -23,8 +25,10 @@ use crate::plan::ring_route::{Way, route};
 pub use crate::plan::traffic::{expected_bytes, forward_buffer_bytes};
 
 /// Strategy override for patterns whose segments span ranks. The chunk ring reads the
-/// same three for its whole k/v slices (see [`crate::chunk_ring`]): along the ring, straight
-/// to each rank that needs them, or straight where that takes fewer messages.
+/// first three for its whole k/v slices (see [`crate::chunk_ring`]): along the ring, straight
+/// to each rank that needs them, or straight where that takes fewer messages (it reads
+/// `Ulysses` and `Hybrid` as `Auto`). `Ulysses` and `Hybrid` split heads instead of
+/// moving selected rows ([`crate::plan::heads_split`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Strategy {
     /// Per pattern: no traffic when segments sit inside ranks, all-gather when the
@@ -38,6 +42,13 @@ pub enum Strategy {
     Ring,
     /// Every spanning pattern sends its selected rows straight to the ranks that need them.
     AllGather,
+    /// Head all-to-all (DeepSpeed-Ulysses) over all ranks: each rank attends whole
+    /// sequences for its share of the heads, then the outputs return to sequence shards.
+    Ulysses,
+    /// Ulysses inside groups of `ulysses` consecutive ranks (`ulysses` divides the world),
+    /// the groups joined by a ring: a rank attends its group's rows for its share of the
+    /// heads against each group's keys in turn, passed around the ranks of its head slot.
+    Hybrid { ulysses: usize },
 }
 
 impl Strategy {
@@ -46,15 +57,48 @@ impl Strategy {
             Strategy::Auto => "auto",
             Strategy::Ring => "ring",
             Strategy::AllGather => "allgather",
+            Strategy::Ulysses => "ulysses",
+            Strategy::Hybrid { .. } => "hybrid",
         }
     }
-    /// Parse `auto` / `ring` / `allgather`.
+
+    /// The name with the Ulysses degree of a hybrid (`hybrid:4`): what ranks must agree on.
+    pub fn label(self) -> String {
+        match self {
+            Strategy::Hybrid { ulysses } => format!("hybrid:{ulysses}"),
+            s => s.as_str().to_owned(),
+        }
+    }
+
+    /// The Ulysses degree `U` in a world of `world` ranks (`None` for the row strategies).
+    pub fn ulysses_degree(self, world: usize) -> Option<usize> {
+        match self {
+            Strategy::Ulysses => Some(world),
+            Strategy::Hybrid { ulysses } => Some(ulysses),
+            _ => None,
+        }
+    }
+
+    /// Parse `auto` / `ring` / `allgather` / `ulysses` / `hybrid:U`.
     pub fn parse(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+        let lower = s.to_ascii_lowercase();
+        if let Some(u) = lower.strip_prefix("hybrid:").or_else(|| lower.strip_prefix("hybrid=")) {
+            let ulysses = u.parse().map_err(|_| {
+                AttnError::InvalidArgument(format!("strategy `{s}`: the Ulysses degree `{u}` is not a number"))
+            })?;
+            return Ok(Strategy::Hybrid { ulysses });
+        }
+        match lower.replace(['-', '_'], "").as_str() {
             "auto" => Ok(Strategy::Auto),
             "ring" => Ok(Strategy::Ring),
             "allgather" => Ok(Strategy::AllGather),
-            _ => Err(AttnError::InvalidArgument(format!("unknown strategy `{s}` (auto|ring|allgather)"))),
+            "ulysses" => Ok(Strategy::Ulysses),
+            "hybrid" => Err(AttnError::InvalidArgument(format!(
+                "strategy `{s}` needs its Ulysses degree: hybrid:U, U dividing the world size"
+            ))),
+            _ => Err(AttnError::InvalidArgument(format!(
+                "unknown strategy `{s}` (auto|ring|allgather|ulysses|hybrid:U)"
+            ))),
         }
     }
 }
@@ -232,6 +276,9 @@ impl Plan {
             )));
         }
         layout.check(n, p)?;
+        if let Some(u) = strategy.ulysses_degree(p) {
+            heads_split::HeadSplit::new(heads, kv_heads, u, p)?;
+        }
         let g = cfg.num_patterns();
         if heads.saturating_mul(g) > MAX_PAIRS {
             return Err(AttnError::InvalidArgument(format!(
@@ -284,7 +331,9 @@ impl Plan {
                 } else {
                     match strategy {
                         Strategy::Ring => PatternStrategy::Ring,
-                        Strategy::AllGather => PatternStrategy::AllGather,
+                        // The head strategies move no selected rows; their plan tables are
+                        // those of the all-gather (unused by their compute).
+                        Strategy::AllGather | Strategy::Ulysses | Strategy::Hybrid { .. } => PatternStrategy::AllGather,
                         // All-gather while the rows a rank receives for the pattern fit in the
                         // rank's own rows of the pattern's heads (per-rank memory stays O(n/p)).
                         Strategy::Auto if (0..p).all(|r| gathered[i][r] <= own[i][r].max(1)) => {

@@ -4,6 +4,7 @@
 
 use attn_core::{DType, Pass};
 
+use crate::plan::heads_split::{HeadSplit, heads_bytes};
 use crate::plan::ring_route::Way;
 use crate::plan::{MSG_HEADER_BYTES, Plan, RingProblem};
 
@@ -18,8 +19,15 @@ use crate::plan::{MSG_HEADER_BYTES, Plan, RingProblem};
 /// way. Backward adds the
 /// same for the recomputed forward, the k/v pass, and the f32 dk/dv coming back (for the
 /// ring: once per hop after the first, plus the trip home). Every message carries a
-/// [`MSG_HEADER_BYTES`] header; handshake and completion rounds are not counted.
+/// [`MSG_HEADER_BYTES`] header; handshake and completion rounds are not counted. The head
+/// strategies (Ulysses, hybrid) send what [`heads_bytes`] counts.
 pub fn expected_bytes(plan: &Plan, dtype: DType, pass: Pass) -> Vec<u64> {
+    let pr = &plan.problem;
+    if let Some(u) = pr.strategy.ulysses_degree(pr.world)
+        && let Ok(split) = HeadSplit::new(pr.heads, pr.kv_heads, u, pr.world)
+    {
+        return heads_bytes(pr, &split, dtype, pass);
+    }
     let backward = pass == Pass::Backward;
     let RingProblem { batch, head_dim: d, world: p, .. } = plan.problem;
     let (b, d, e) = (batch as u64, d as u64, dtype.size() as u64);

@@ -27,6 +27,8 @@
 use attn_core::{DType, Pass, Result};
 
 use crate::comm::HEADER_BYTES;
+use crate::plan::heads_split::HeadSplit;
+use crate::plan::heads_workspace::heads_workspace_bytes;
 use crate::plan::pieces::{KEY_ROWS_PER_CALL, ROW_CHUNK, partial_bytes, pieces};
 use crate::plan::ring_route::Way;
 use crate::plan::{MSG_HEADER_BYTES, Plan, RingProblem};
@@ -130,6 +132,11 @@ impl Plan {
         let p = pr.world;
         if rank >= p {
             return 0;
+        }
+        if let Some(u) = pr.strategy.ulysses_degree(p)
+            && let Ok(split) = HeadSplit::new(pr.heads, pr.kv_heads, u, p)
+        {
+            return heads_workspace_bytes(pr, &split, dtype, rank, pass);
         }
         let d = pr.head_dim as u64;
         let x = Dims {

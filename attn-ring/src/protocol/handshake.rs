@@ -95,7 +95,7 @@ pub(crate) fn fingerprint(op: &str, problem: &RingProblem, dtype: DType) -> Stri
         masks_hash(problem),
         dtype.as_str(),
         problem.layout.as_str(),
-        problem.strategy.as_str(),
+        problem.strategy.label(),
         problem.world,
     )
 }

@@ -18,6 +18,18 @@ pub(crate) enum MsgKind {
     ChunkKv = 6,
     ChunkKvGrad = 7,
     ChunkGradHome = 8,
+    /// Ulysses: a rank's rows of a slot's heads (q, k, v; the backward adds grad_out).
+    HeadsIn = 9,
+    /// Ulysses: a group's k/v rows of a slot, to the same slot of the next group.
+    HeadsAcross = 10,
+    /// Ulysses: out and lse of a slot's heads, back to the rows' owner.
+    HeadsOut = 11,
+    /// Ulysses: f32 dk/dv of a group's rows, home at the end of the backward's ring.
+    HeadsGradAcross = 12,
+    /// Ulysses: f32 dq, dk, dv back to the rows' owner.
+    HeadsGradOut = 13,
+    /// Ulysses: a group's k/v rows with their f32 dk/dv so far, on the backward's ring.
+    HeadsKvGradAcross = 14,
 }
 
 /// Start a message with its header.

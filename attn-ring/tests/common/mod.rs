@@ -65,6 +65,71 @@ impl DilatedBackend for RingBackend {
         let r = run_problem_backward_on(comms, &problem, problem_views(p, qkv)?, go)?;
         Ok(Gradients32 { dq: r.dq, dk: r.dk, dv: r.dv })
     }
+
+    fn backward_lse(&self, p: &Problem<'_>, qkv: [&[f32]; 3], go: &[f32], grad_lse: &[f32]) -> Result<Gradients32> {
+        let problem = ring_problem(p, self.world, self.layout, self.strategy);
+        let (sq, skv, world) = (p.shape.q, p.shape.kv, self.world);
+        let comms = ThreadComm::world_with_timeout(world, DEFAULT_TIMEOUT)?;
+        let ranks: Vec<Result<[Vec<f32>; 3]>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|mut comm| {
+                    let problem = &problem;
+                    scope.spawn(move || rank_backward_lse(&mut comm, problem, [qkv[0], qkv[1], qkv[2], go], grad_lse))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        });
+        let mut g = Gradients32 { dq: vec![0.0; sq.numel()], dk: vec![0.0; skv.numel()], dv: vec![0.0; skv.numel()] };
+        for (rank, r) in ranks.into_iter().enumerate() {
+            let [dq, dk, dv] = r?;
+            let pos = self.layout.positions(sq.seq, world, rank);
+            for (dst, src, s) in [(&mut g.dq, dq, sq), (&mut g.dk, dk, skv), (&mut g.dv, dv, skv)] {
+                let row = s.heads * s.head_dim;
+                for b in 0..s.batch {
+                    for (i, &x) in pos.iter().enumerate() {
+                        let from = (b * pos.len() + i) * row;
+                        dst[(b * s.seq + x) * row..][..row].copy_from_slice(&src[from..from + row]);
+                    }
+                }
+            }
+        }
+        Ok(g)
+    }
+}
+
+/// One rank's gradients with a gradient into the LSE (`ring_backward_with` on its rows of
+/// the global q, k, v, grad_out and `grad_lse`).
+fn rank_backward_lse(
+    comm: &mut ThreadComm,
+    problem: &RingProblem,
+    global: [&[f32]; 4],
+    grad_lse: &[f32],
+) -> Result<[Vec<f32>; 3]> {
+    use attn_core::TensorViewMut;
+    use attn_ring::{BackwardOutputs, RingOptions, local_rows, ring_backward_with};
+    let (sq, skv) = (
+        attn_core::Shape4::new(problem.batch, problem.seq, problem.heads, problem.head_dim)?,
+        attn_core::Shape4::named(TensorName::Key, [problem.batch, problem.seq, problem.kv_heads, problem.head_dim])?,
+    );
+    let pos = problem.layout.positions(problem.seq, problem.world, comm.rank());
+    let rows = |x: &[f32], s| local_rows(&TensorView::contiguous(TensorName::Other("global"), x, s)?, &pos);
+    let [q, k, v, go] = [(0, sq), (1, skv), (2, skv), (3, sq)].map(|(i, s)| rows(global[i], s));
+    let (ls, lkv) = (sq.with_seq(pos.len())?, skv.with_seq(pos.len())?);
+    let h = sq.heads;
+    let gl: Vec<f32> = (0..sq.batch)
+        .flat_map(|b| pos.iter().flat_map(move |&x| grad_lse[(b * sq.seq + x) * h..][..h].iter().copied()))
+        .collect();
+    let (q, k, v, go) = (q?, k?, v?, go?);
+    let view = |x, s| TensorView::contiguous(TensorName::Other("local"), x, s);
+    let (mut dq, mut dk, mut dv) = (vec![0.0f32; ls.numel()], vec![0.0f32; lkv.numel()], vec![0.0f32; lkv.numel()]);
+    let mut dqv = TensorViewMut::contiguous(TensorName::GradQuery, &mut dq, ls)?;
+    let mut dkv = TensorViewMut::contiguous(TensorName::GradKey, &mut dk, lkv)?;
+    let mut dvv = TensorViewMut::contiguous(TensorName::GradValue, &mut dv, lkv)?;
+    let outs = BackwardOutputs { dq: &mut dqv, dk: &mut dkv, dv: &mut dvv };
+    let qkv = [view(&q, ls)?, view(&k, lkv)?, view(&v, lkv)?];
+    ring_backward_with(comm, problem, &RingOptions::default(), qkv, view(&go, ls)?, Some(&gl), outs)?;
+    Ok([dq, dk, dv])
 }
 
 /// The ring over `world` ranks whose communicators `join(world)` makes (a fresh set per
