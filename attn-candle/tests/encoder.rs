@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use attn_candle::nn::{LongNetEncoder, LongNetEncoderLayer};
 use attn_core::Mixing;
+use attn_multihead::Call;
 use attn_multihead::{EncoderConfig, Mode, NamedParams, ReferenceBackend, layer_mode, save_bytes};
 use attn_testkit::rng::SeededRng;
 use attn_testkit::tolerance::rel_l2_error;
@@ -129,7 +130,8 @@ fn measure(mixing: Mixing, causal: bool, stack: Stack, plant: Plant, modes: Mode
     let g: Vec<f64> = (0..BATCH * SEQ * e).map(|_| rng.normal()).collect();
 
     // Reference forward and backward.
-    let (want_y, cache) = enc.forward_train(&x, BATCH, SEQ, modes.reference).expect("reference forward");
+    let (want_y, cache) =
+        enc.forward_train(&x, &Call::new(BATCH, SEQ).mode(modes.reference)).expect("reference forward");
     let mut grads = enc.zero_grads();
     let want_dx = enc.backward(&cache, &g, &mut grads).expect("reference backward");
     let want_dparams: HashMap<String, Vec<f64>> = grads

@@ -12,7 +12,8 @@ use std::time::Instant;
 
 use attn_core::Result;
 use attn_kernels::CpuBackend;
-use attn_multihead::{EncoderConfig, LongNetEncoder, Mode, NamedParams, SeededRng};
+use attn_multihead::Call;
+use attn_multihead::{EncoderConfig, LongNetEncoder, NamedParams, SeededRng};
 use indicatif::{ProgressBar, ProgressStyle};
 
 struct Args {
@@ -82,7 +83,7 @@ fn main() -> Result<()> {
     );
     let start = Instant::now();
     let y = if args.full {
-        let y = encoder.forward(&x, 1, args.tokens, Mode::Eval)?;
+        let y = encoder.forward(&x, &Call::new(1, args.tokens))?;
         bar.set_position(args.tokens as u64);
         y
     } else {

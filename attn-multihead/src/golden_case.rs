@@ -7,10 +7,10 @@ use attn_core::{Attention, AttnError, KeyPadding, Masks, Mixing, Result};
 #[cfg(feature = "ring")]
 use attn_ring::{Layout, RingBackend, Strategy, ThreadComm};
 
+use crate::call::{Call, Cross};
 use crate::config::MultiheadConfig;
-use crate::dropout::Mode;
 use crate::float::LayerFloat;
-use crate::layer::{CrossDims, MultiheadDilatedAttention};
+use crate::layer::MultiheadDilatedAttention;
 use crate::projection::Bias;
 use crate::weights::MultiheadWeights;
 use crate::weights_io::{ExtraTensors, TensorSource, load_params};
@@ -133,19 +133,12 @@ pub fn forward_case<F: LayerFloat>(
 ) -> Result<Vec<F>> {
     let c = prepare_case::<F>(m, tensors)?;
     let layer = MultiheadDilatedAttention::from_weights(c.config, c.weights, backend)?;
-    match (&c.key_value, key_padding) {
-        (None, None) => layer.forward(&c.query, c.batch, c.q_seq, Mode::Eval),
-        (None, Some(flags)) => {
-            let masks = Masks { key_padding: Some(KeyPadding::new(flags, c.batch, c.q_seq)?), ..Masks::NONE };
-            layer.forward_masked(&c.query, c.batch, c.q_seq, masks, Mode::Eval)
-        }
-        (Some((k, v)), flags) => {
-            let key_padding = flags.map(|f| KeyPadding::new(f, c.batch, c.kv_seq)).transpose()?;
-            let dims = CrossDims { batch: c.batch, q_seq: c.q_seq, kv_seq: c.kv_seq };
-            let masks = Masks { key_padding, ..Masks::NONE };
-            Ok(layer.forward_cross_masked([&c.query, k, v], dims, masks, Mode::Eval)?.0)
-        }
+    let key_padding = key_padding.map(|f| KeyPadding::new(f, c.batch, c.kv_seq)).transpose()?;
+    let mut call = Call::new(c.batch, c.q_seq).masks(Masks { key_padding, ..Masks::NONE });
+    if let Some((k, v)) = &c.key_value {
+        call = call.cross(Cross::new(k, v, c.kv_seq));
     }
+    layer.forward(&c.query, &call)
 }
 
 /// How a ring run splits a case: `world` in-process ranks, the layout, the strategy.
@@ -263,12 +256,12 @@ pub fn forward_case_ring(
     let (e, seq, batch) = (c.config.embed_dim, c.q_seq, c.batch);
     let ranks = run_ranks(&c, split, key_padding, |r| {
         let q = gather_rows(&c.query, seq, e, &r.pos);
+        let call = Call::new(batch, r.pos.len()).masks(r.masks(batch)?);
         match &c.key_value {
-            None => r.layer.forward_masked(&q, batch, r.pos.len(), r.masks(batch)?, Mode::Eval),
+            None => r.layer.forward(&q, &call),
             Some((k, v)) => {
                 let (k, v) = (gather_rows(k, seq, e, &r.pos), gather_rows(v, seq, e, &r.pos));
-                let dims = CrossDims { batch, q_seq: r.pos.len(), kv_seq: r.pos.len() };
-                Ok(r.layer.forward_cross_masked([&q, &k, &v], dims, r.masks(batch)?, Mode::Eval)?.0)
+                r.layer.forward(&q, &call.cross(Cross::new(&k, &v, r.pos.len())))
             }
         }
     })?;

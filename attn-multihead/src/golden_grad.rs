@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use attn_core::{Attention, AttnError, KeyPadding, Masks, Result};
 
-use crate::dropout::Mode;
+use crate::call::{Call, Cross};
 use crate::float::LayerFloat;
 use crate::golden_case::{PreparedCase, prepare_case};
-use crate::layer::{CrossDims, InputGrads, MultiheadDilatedAttention};
+use crate::layer::{InputGrads, MultiheadDilatedAttention};
 use crate::weights::{MultiheadWeights, NamedParams};
 use crate::weights_io::TensorSource;
 
@@ -53,14 +53,11 @@ pub fn backward_case<F: LayerFloat>(
     let go = grad_out(&c, tensors)?;
     let layer = MultiheadDilatedAttention::from_weights(c.config.clone(), c.weights.clone(), backend)?;
     let key_padding = key_padding.map(|f| KeyPadding::new(f, c.batch, c.kv_seq)).transpose()?;
-    let masks = Masks { key_padding, ..Masks::NONE };
-    let (out, cache) = match &c.key_value {
-        None => layer.forward_train_masked(&c.query, c.batch, c.q_seq, masks, Mode::Eval)?,
-        Some((k, v)) => {
-            let dims = CrossDims { batch: c.batch, q_seq: c.q_seq, kv_seq: c.kv_seq };
-            layer.forward_cross_masked([&c.query, k, v], dims, masks, Mode::Eval)?
-        }
-    };
+    let mut call = Call::new(c.batch, c.q_seq).masks(Masks { key_padding, ..Masks::NONE });
+    if let Some((k, v)) = &c.key_value {
+        call = call.cross(Cross::new(k, v, c.kv_seq));
+    }
+    let (out, cache) = layer.forward_train(&c.query, &call)?;
     let mut grads = layer.zero_grads();
     let input = layer.backward(&cache, &go, &mut grads)?;
     Ok(CaseGrads::new(out, input, &grads))
@@ -83,11 +80,12 @@ pub fn backward_case_ring(
     let ranks = run_ranks(&c, split, key_padding, |r| {
         let rows = |x: &[f32]| gather_rows(x, seq, e, &r.pos);
         let (n, masks) = (r.pos.len(), r.masks(batch)?);
+        let call = Call::new(batch, n).masks(masks);
         let (y, cache) = match &c.key_value {
-            None => r.layer.forward_train_masked(&rows(&c.query), batch, n, masks, Mode::Eval)?,
+            None => r.layer.forward_train(&rows(&c.query), &call)?,
             Some((k, v)) => {
-                let dims = CrossDims { batch, q_seq: n, kv_seq: n };
-                r.layer.forward_cross_masked([&rows(&c.query), &rows(k), &rows(v)], dims, masks, Mode::Eval)?
+                let (k, v) = (rows(k), rows(v));
+                r.layer.forward_train(&rows(&c.query), &call.cross(Cross::new(&k, &v, n)))?
             }
         };
         let mut grads = r.layer.zero_grads();

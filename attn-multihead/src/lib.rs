@@ -1,6 +1,8 @@
 //! Multihead dilated attention for model authors: `MultiheadDilatedAttention` (fused QKV
 //! projection, dilated attention on any backend, sub-LayerNorm, output projection) with
-//! forward and backward, safetensors weights with PyTorch names, MAGNETO init, the
+//! forward and backward through one entry point per pass (`forward(x, &Call)`,
+//! `forward_into`, `forward_train`, `backward`; the `Call` carries mode, masks,
+//! cross-attention keys), safetensors weights with PyTorch names, MAGNETO init, the
 //! LongNet encoder layer and stack, a ring-parallel layer, and the Hilbert option
 //! (curve-ordered grid tokens) on one device and on the ring, reached from the layer
 //! with `with_token_order` / `with_ring_token_order`.
@@ -8,7 +10,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use attn_kernels::CpuBackend;
-//! use attn_multihead::{Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, load_file, save_file};
+//! use attn_multihead::{Call, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, load_file, save_file};
 //! # fn main() -> attn_core::Result<()> {
 //! let config = MultiheadConfig::new(32, 4, &[8, 16], &[1, 2]); // embed 32, 4 heads
 //! // A checkpoint with PyTorch names (`q_proj.weight`, ..., `out_proj.bias`).
@@ -20,7 +22,7 @@
 //! let layer = MultiheadDilatedAttention::from_weights(config, weights, Arc::new(CpuBackend::new(1)?))?;
 //! let (batch, seq) = (1, 16);
 //! let x: Vec<f32> = (0..batch * seq * 32).map(|i| (i as f32 * 0.05).sin()).collect();
-//! let y = layer.forward(&x, batch, seq, Mode::Eval)?; // [batch, seq, embed]
+//! let y = layer.forward(&x, &Call::new(batch, seq))?; // [batch, seq, embed], Mode::Eval
 //! assert_eq!(y.len(), x.len());
 //! # std::fs::remove_file(&path).ok();
 //! # Ok(()) }
@@ -40,7 +42,7 @@
 //! refuses it with a typed error), then dropout (masks a function of seed, site
 //! and GLOBAL token position, which the backend reports, so every split draws
 //! the same mask), sub-LayerNorm and the output projection. Backward reverses each stage.
-//! Every forward buffer lives in a `MultiheadWorkspace` (`forward_with`; `forward` makes a
+//! Every forward buffer lives in a `MultiheadWorkspace` (`forward_into`; `forward` makes a
 //! fresh one), which remembers the selection whose unwritten projection rows are zero.
 //! Inference and the self-attention backward (`layer/backward.rs`) on one device walk
 //! long sequences in windows (`segment_window`: a multiple of every segment length,
@@ -58,6 +60,7 @@
 //! (weight gradients summed over the ranks), for the conformance runner.
 #![deny(unsafe_code)]
 
+pub mod call;
 pub mod config;
 pub mod dropout;
 pub mod encoder;
@@ -82,6 +85,7 @@ pub mod weights_io;
 pub mod workspace;
 
 pub use attn_core::{Attention, ReferenceBackend};
+pub use call::{Call, Cross, KeyRows, RankRows};
 pub use config::MultiheadConfig;
 pub use dropout::{DropoutSite, Mode, site_mask};
 pub use encoder::{
@@ -89,15 +93,15 @@ pub use encoder::{
 };
 pub use float::LayerFloat;
 pub use init::{MagnetoGains, SeededRng};
-pub use layer::{CrossDims, InputGrads, MultiheadCache, MultiheadDilatedAttention};
+pub use layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};
 pub use layer_norm::{LayerNorm, NormStats};
 #[cfg(feature = "ring")]
-pub use ordered_ring::OrderedRing;
+pub use ordered_ring::{OrderedRing, OrderedRingCache};
 pub use projection::{Bias, Linear};
 #[cfg(feature = "ring")]
 pub use ring_layer::{all_reduce_grads, ring_layer};
 pub use segment_window::DEFAULT_WINDOW_ROWS;
-pub use token_order::{OrderedAttention, OrderedCrossCache};
+pub use token_order::{OrderedAttention, OrderedCache};
 pub use weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 pub use weights_io::{
     ExtraTensors, F32Tensors, TensorSource, load_bytes, load_file, load_params, save_bytes, save_file,

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use attn_core::{DType, Mixing};
 use attn_kernels::CpuBackend;
+use attn_multihead::Call;
 use attn_multihead::{
-    EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
+    EncoderConfig, LongNetEncoder, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend,
 };
 use attn_testkit::rng::random_vec;
@@ -55,8 +56,8 @@ fn layer_forward_and_backward_on_cpu_match_the_reference() {
         let x64: Vec<f64> = x32.iter().map(|&v| v as f64).collect();
         let g32 = random_vec(2, b * seq * e);
         let g64: Vec<f64> = g32.iter().map(|&v| v as f64).collect();
-        let (y64, c64) = r64.forward_train(&x64, b, seq, Mode::Eval).unwrap();
-        let (y32, cc32) = c32.forward_train(&x32, b, seq, Mode::Eval).unwrap();
+        let (y64, c64) = r64.forward_train(&x64, &Call::new(b, seq)).unwrap();
+        let (y32, cc32) = c32.forward_train(&x32, &Call::new(b, seq)).unwrap();
         assert!(rel_l2_error(&y32, &to32(&y64)) <= bound(), "out {}", rel_l2_error(&y32, &y64));
         let mut gr64 = r64.weights.zeros_like();
         let mut gr32 = c32.weights.zeros_like();
@@ -83,8 +84,8 @@ fn encoder_stack_on_cpu_matches_the_reference() {
     let x64: Vec<f64> = x32.iter().map(|&v| v as f64).collect();
     let g32 = random_vec(6, b * n * e);
     let g64: Vec<f64> = g32.iter().map(|&v| v as f64).collect();
-    let (y64, k64) = r64.forward_train(&x64, b, n, Mode::Eval).unwrap();
-    let (y32, k32) = c32.forward_train(&x32, b, n, Mode::Eval).unwrap();
+    let (y64, k64) = r64.forward_train(&x64, &Call::new(b, n)).unwrap();
+    let (y32, k32) = c32.forward_train(&x32, &Call::new(b, n)).unwrap();
     assert!(rel_l2_error(&y32, &y64) <= bound());
     let (mut g_r, mut g_c) = (r64.zero_grads(), c32.zero_grads());
     let dx64 = r64.backward(&k64, &g64, &mut g_r).unwrap();

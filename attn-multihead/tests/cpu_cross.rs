@@ -4,9 +4,8 @@ use std::sync::Arc;
 
 use attn_core::{DType, Mixing};
 use attn_kernels::CpuBackend;
-use attn_multihead::{
-    Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend,
-};
+use attn_multihead::{Call, Cross};
+use attn_multihead::{MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend};
 use attn_testkit::rng::random_vec;
 use attn_testkit::tolerance::{Tolerance, rel_l2_error};
 
@@ -35,8 +34,9 @@ fn check(cfg: MultiheadConfig, b: usize, n: usize, m: usize) {
     let c32 = MultiheadDilatedAttention::from_weights(cfg, w32, Arc::new(CpuBackend::new(2).unwrap())).unwrap();
     let (q, k, v, g) =
         (random_vec(1, b * n * e), random_vec(2, b * m * e), random_vec(3, b * m * e), random_vec(4, b * n * e));
-    let (y64, cache64) = r64.forward_cross(&to64(&q), &to64(&k), &to64(&v), b, n, m, Mode::Eval).unwrap();
-    let (y32, cache32) = c32.forward_cross(&q, &k, &v, b, n, m, Mode::Eval).unwrap();
+    let (y64, cache64) =
+        r64.forward_train(&to64(&q), &Call::new(b, n).cross(Cross::new(&to64(&k), &to64(&v), m))).unwrap();
+    let (y32, cache32) = c32.forward_train(&q, &Call::new(b, n).cross(Cross::new(&k, &v, m))).unwrap();
     let err = rel_l2_error(&y32, &y64);
     assert!(err <= bound(), "{what}: out {err:.2e}");
     let (mut g64, mut g32) = (r64.zero_grads(), c32.zero_grads());

@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use attn_core::AttnError;
 use attn_multihead::{
-    Attention, EncoderConfig, LayerNorm, Linear, LongNetEncoder, LongNetEncoderLayer, Mode, MultiheadConfig,
+    Attention, EncoderConfig, LayerNorm, Linear, LongNetEncoder, LongNetEncoderLayer, MultiheadConfig,
     MultiheadDilatedAttention, ReferenceBackend, SeededRng,
 };
+use attn_multihead::{Call, Cross};
 
 #[test]
 fn bad_shapes_and_configs_are_errors() {
@@ -14,11 +15,14 @@ fn bad_shapes_and_configs_are_errors() {
         MultiheadDilatedAttention::<f64>::new(MultiheadConfig::new(8, 2, &[4], &[1]), 1, Arc::new(ReferenceBackend))
             .unwrap();
     let x = vec![0.5; 8 * 8];
-    assert!(matches!(layer.forward(&x, 1, 7, Mode::Eval), Err(AttnError::ShapeMismatch { .. })));
-    assert!(matches!(layer.forward(&[], 0, 8, Mode::Eval), Err(AttnError::ZeroDim { dim: "batch", .. })));
-    assert!(matches!(layer.forward(&x, usize::MAX, 2, Mode::Eval), Err(AttnError::ShapeOverflow { .. })));
-    assert!(layer.forward_cross(&x, &x[..40], &x, 1, 8, 5, Mode::Eval).is_err(), "value length disagrees");
-    let (_, cache) = layer.forward_train(&x, 1, 8, Mode::Eval).unwrap();
+    assert!(matches!(layer.forward(&x, &Call::new(1, 7)), Err(AttnError::ShapeMismatch { .. })));
+    assert!(matches!(layer.forward(&[], &Call::new(0, 8)), Err(AttnError::ZeroDim { dim: "batch", .. })));
+    assert!(matches!(layer.forward(&x, &Call::new(usize::MAX, 2)), Err(AttnError::ShapeOverflow { .. })));
+    assert!(
+        layer.forward_train(&x, &Call::new(1, 8).cross(Cross::new(&x[..40], &x, 5))).is_err(),
+        "value length disagrees"
+    );
+    let (_, cache) = layer.forward_train(&x, &Call::new(1, 8)).unwrap();
     let mut grads = layer.zero_grads();
     assert!(layer.backward(&cache, &x[..8], &mut grads).is_err(), "grad_out of the wrong size");
     let wrong = MultiheadDilatedAttention::<f64>::new(
@@ -43,7 +47,7 @@ fn bad_shapes_and_configs_are_errors() {
     );
     let cpu = Arc::new(attn_kernels::CpuBackend::new(1).unwrap());
     let on_cpu = layer.clone().with_backend(cpu);
-    let r = on_cpu.forward_cross(&x, &x[..48], &x[..40], 1, 8, 6, Mode::Eval);
+    let r = on_cpu.forward_train(&x, &Call::new(1, 8).cross(Cross::new(&x[..48], &x[..40], 6)));
     assert!(matches!(r, Err(AttnError::ShapeMismatch { .. })), "value length disagrees on the CPU too");
 }
 
@@ -67,9 +71,11 @@ fn ring_cross_attention_with_other_kv_length_is_a_typed_error() {
                     let rows = backend.positions().len();
                     let layer = ring_layer(cfg.clone(), MultiheadWeights::<f32>::magneto(&cfg, 1), backend).unwrap();
                     let (q, kv) = (vec![0.25f32; rows * e], vec![0.5f32; (rows + 3) * e]);
-                    let err = layer.forward_cross(&q, &kv, &kv, 1, rows, rows + 3, Mode::Eval).unwrap_err();
+                    let err =
+                        layer.forward_train(&q, &Call::new(1, rows).cross(Cross::new(&kv, &kv, rows + 3))).unwrap_err();
                     // Same lengths still work on the same ring afterwards.
-                    let (y, cache) = layer.forward_cross(&q, &q, &q, 1, rows, rows, Mode::Eval).unwrap();
+                    let (y, cache) =
+                        layer.forward_train(&q, &Call::new(1, rows).cross(Cross::new(&q, &q, rows))).unwrap();
                     assert_eq!(y.len(), rows * e);
                     let mut grads = layer.zero_grads();
                     layer.backward(&cache, &y, &mut grads).unwrap();
@@ -94,7 +100,7 @@ fn hand_resized_weights_are_a_typed_error() {
     let cfg = MultiheadConfig::new(8, 2, &[4], &[1]);
     let layer = MultiheadDilatedAttention::<f32>::new(cfg, 1, Arc::new(ReferenceBackend)).unwrap();
     let x = vec![0.1f32; 64];
-    let (_, cache) = layer.forward_train(&x, 1, 8, Mode::Eval).unwrap();
+    let (_, cache) = layer.forward_train(&x, &Call::new(1, 8)).unwrap();
     let mut short_bias = layer.clone();
     short_bias.weights.in_proj.bias = Some(vec![0.0; 8]);
     let mut short_weight = layer.clone();
@@ -102,9 +108,9 @@ fn hand_resized_weights_are_a_typed_error() {
     for bad in [short_bias, short_weight] {
         let layout =
             |r: attn_core::Result<()>| matches!(r, Err(AttnError::InvalidArgument(m)) if m.contains("do not match"));
-        assert!(layout(bad.forward(&x, 1, 8, Mode::Eval).map(drop)));
-        assert!(layout(bad.forward_train(&x, 1, 8, Mode::Eval).map(drop)));
-        assert!(layout(bad.forward_cross(&x, &x, &x, 1, 8, 8, Mode::Eval).map(drop)));
+        assert!(layout(bad.forward(&x, &Call::new(1, 8)).map(drop)));
+        assert!(layout(bad.forward_train(&x, &Call::new(1, 8)).map(drop)));
+        assert!(layout(bad.forward_train(&x, &Call::new(1, 8).cross(Cross::new(&x, &x, 8))).map(drop)));
         let mut grads = layer.zero_grads();
         assert!(layout(bad.backward(&cache, &x, &mut grads).map(drop)));
         let mut bad_grads = bad.weights.clone();
@@ -140,7 +146,7 @@ fn layer_norm_eps_must_be_finite_and_positive() {
         MultiheadDilatedAttention::<f32>::new(MultiheadConfig::new(8, 2, &[4], &[1]), 1, Arc::new(ReferenceBackend))
             .unwrap();
     layer.weights.norm.as_mut().unwrap().eps = f64::NAN;
-    assert!(matches!(layer.forward(&[0.1; 64], 1, 8, Mode::Eval), Err(AttnError::InvalidArgument(_))));
+    assert!(matches!(layer.forward(&[0.1; 64], &Call::new(1, 8)), Err(AttnError::InvalidArgument(_))));
 }
 
 /// `Linear::forward` sized its output `rows * out_dim` before looking at the input:
@@ -160,7 +166,7 @@ fn linear_rows_are_checked_before_allocating() {
 fn an_empty_encoder_stack_is_a_typed_error() {
     let empty = LongNetEncoder::<f32> { layers: vec![] };
     let x = [0.0f32; 16];
-    assert!(matches!(empty.forward(&x, 1, 2, Mode::Eval), Err(AttnError::InvalidArgument(_))));
+    assert!(matches!(empty.forward(&x, &Call::new(1, 2)), Err(AttnError::InvalidArgument(_))));
     assert!(matches!(empty.forward_windows(&x, 1, 2, 2, |_| {}), Err(AttnError::InvalidArgument(_))));
 }
 
@@ -172,7 +178,7 @@ fn encoder_gradients_of_another_layout_are_refused() {
     let a = LongNetEncoderLayer::<f64>::new(EncoderConfig::new(8, 2, &[4], &[1], 16), 1, be.clone()).unwrap();
     let b = LongNetEncoderLayer::<f64>::new(EncoderConfig::new(8, 2, &[4], &[1], 32), 1, be).unwrap();
     let x = vec![0.3; 64];
-    let (y, cache) = a.forward_train(&x, 1, 8, Mode::Eval).unwrap();
+    let (y, cache) = a.forward_train(&x, &Call::new(1, 8)).unwrap();
     let mut wrong = b.zero_grads();
     let r = a.backward(&cache, &y, &mut wrong);
     assert!(matches!(&r, Err(AttnError::InvalidArgument(m)) if m.contains("does not match")), "{r:?}");

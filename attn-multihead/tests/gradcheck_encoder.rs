@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use attn_core::Mixing;
+use attn_multihead::Call;
 use attn_multihead::{EncoderConfig, LongNetEncoder, Mode, NamedParams, ReferenceBackend};
 use attn_testkit::rng::SeededRng;
 
@@ -30,11 +31,12 @@ fn check_stack(cfg: EncoderConfig, layers: usize, batch: usize, seq: usize, mode
     let e = enc.layers[0].config().d_model;
     let x: Vec<f64> = (0..batch * seq * e).map(|_| rng.normal()).collect();
     let g: Vec<f64> = (0..batch * seq * e).map(|_| rng.normal()).collect();
-    let (y, cache) = enc.forward_train(&x, batch, seq, mode).unwrap();
-    assert_eq!(y, enc.forward(&x, batch, seq, mode).unwrap(), "forward and forward_train agree");
+    let (y, cache) = enc.forward_train(&x, &Call::new(batch, seq).mode(mode)).unwrap();
+    assert_eq!(y, enc.forward(&x, &Call::new(batch, seq).mode(mode)).unwrap(), "forward and forward_train agree");
     let mut grads = enc.zero_grads();
     let dx = enc.backward(&cache, &g, &mut grads).unwrap();
-    let loss = |enc: &LongNetEncoder<f64>, x: &[f64]| dot(&enc.forward(x, batch, seq, mode).unwrap(), &g);
+    let loss =
+        |enc: &LongNetEncoder<f64>, x: &[f64]| dot(&enc.forward(x, &Call::new(batch, seq).mode(mode)).unwrap(), &g);
 
     let numeric: Vec<f64> = (0..x.len())
         .map(|i| {
@@ -107,7 +109,7 @@ fn windowed_forward_equals_the_full_forward() {
     let mut rng = SeededRng::new(3);
     let (b, n) = (2, 21);
     let x: Vec<f64> = (0..b * n * 8).map(|_| rng.normal()).collect();
-    let full = enc.forward(&x, b, n, Mode::Eval).unwrap();
+    let full = enc.forward(&x, &Call::new(b, n)).unwrap();
     let mut calls = vec![];
     let windowed = enc.forward_windows(&x, b, n, 8, |done| calls.push(done)).unwrap();
     assert_eq!(calls, vec![8, 16, 21, 29, 37, 42]);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use attn_core::{KeyPadding, Masks, Mixing, PackedSequences};
 use attn_multihead::{
-    CrossDims, InputGrads, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
+    Call, Cross, InputGrads, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend,
 };
 use attn_testkit::rng::SeededRng;
@@ -82,10 +82,8 @@ fn check(case: Case, seed: u64) {
         ..Masks::NONE
     };
     let run = |layer: &MultiheadDilatedAttention<f64>, q: &[f64], k: &[f64], v: &[f64]| match case.kv_seq {
-        None => layer.forward_train_masked(q, b, n, masks, mode).unwrap(),
-        Some(m) => {
-            layer.forward_cross_masked([q, k, v], CrossDims { batch: b, q_seq: n, kv_seq: m }, masks, mode).unwrap()
-        }
+        None => layer.forward_train(q, &Call::new(b, n).masks(masks).mode(mode)).unwrap(),
+        Some(m) => layer.forward_train(q, &Call::new(b, n).cross(Cross::new(k, v, m)).masks(masks).mode(mode)).unwrap(),
     };
     let (_, cache) = run(&layer, &query, &key, &value);
     let mut grads = layer.weights.zeros_like();
@@ -171,11 +169,11 @@ fn training_dropout_is_seeded_and_differentiated() {
     check(Case::plain(cfg.clone(), 1, 8, None, Mode::Train { seed: 9 }), 5);
     let layer = MultiheadDilatedAttention::<f64>::new(cfg, 0, Arc::new(ReferenceBackend)).unwrap();
     let x: Vec<f64> = (0..64).map(|i| (i as f64 * 0.3).sin()).collect();
-    let eval = layer.forward(&x, 1, 8, Mode::Eval).unwrap();
-    assert_eq!(eval, layer.forward(&x, 1, 8, Mode::Eval).unwrap(), "eval is deterministic");
-    let t1 = layer.forward(&x, 1, 8, Mode::Train { seed: 1 }).unwrap();
-    assert_eq!(t1, layer.forward(&x, 1, 8, Mode::Train { seed: 1 }).unwrap(), "train is seeded");
-    assert_ne!(t1, layer.forward(&x, 1, 8, Mode::Train { seed: 2 }).unwrap());
+    let eval = layer.forward(&x, &Call::new(1, 8)).unwrap();
+    assert_eq!(eval, layer.forward(&x, &Call::new(1, 8)).unwrap(), "eval is deterministic");
+    let t1 = layer.forward(&x, &Call::new(1, 8).mode(Mode::Train { seed: 1 })).unwrap();
+    assert_eq!(t1, layer.forward(&x, &Call::new(1, 8).mode(Mode::Train { seed: 1 })).unwrap(), "train is seeded");
+    assert_ne!(t1, layer.forward(&x, &Call::new(1, 8).mode(Mode::Train { seed: 2 })).unwrap());
     assert_ne!(t1, eval);
 }
 

@@ -4,9 +4,8 @@
 use std::sync::Arc;
 
 use attn_core::DType;
-use attn_multihead::{
-    Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend,
-};
+use attn_multihead::Call;
+use attn_multihead::{MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend};
 use attn_testkit::rng::random_vec;
 use attn_testkit::strategies::{DilatedCase, dilated_case, dilated_case_with};
 use attn_testkit::tolerance::{Tolerance, rel_l2_error};
@@ -47,8 +46,8 @@ fn layer_vs_reference(case: &DilatedCase, plant: impl Fn(&mut MultiheadWeights<f
     let g = random_vec(case.seed ^ 1, n);
     let wide = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<f64>>();
     let (x64, g64) = (wide(&x), wide(&g));
-    let (y64, k64) = r64.forward_train(&x64, s.batch, s.seq, Mode::Eval).map_err(|e| e.to_string())?;
-    let (y32, k32) = c32.forward_train(&x, s.batch, s.seq, Mode::Eval).map_err(|e| e.to_string())?;
+    let (y64, k64) = r64.forward_train(&x64, &Call::new(s.batch, s.seq)).map_err(|e| e.to_string())?;
+    let (y32, k32) = c32.forward_train(&x, &Call::new(s.batch, s.seq)).map_err(|e| e.to_string())?;
     let dx64 = r64.backward(&k64, &g64, &mut r64.zero_grads()).map_err(|e| e.to_string())?.query;
     let dx32 = c32.backward(&k32, &g, &mut c32.zero_grads()).map_err(|e| e.to_string())?.query;
     let bound = Tolerance::for_dtype(DType::F32).rel_l2;
@@ -96,8 +95,8 @@ proptest! {
         let c32 = c32.with_window_rows(target);
         let x = random_vec(case.seed, s.batch * s.seq * e);
         let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
-        let (want, _) = r64.forward_train(&x64, s.batch, s.seq, Mode::Eval).unwrap();
-        let got = c32.forward(&x, s.batch, s.seq, Mode::Eval).unwrap();
+        let (want, _) = r64.forward_train(&x64, &Call::new(s.batch, s.seq)).unwrap();
+        let got = c32.forward(&x, &Call::new(s.batch, s.seq)).unwrap();
         let err = rel_l2_error(&got, &want);
         prop_assert!(err <= Tolerance::for_dtype(DType::F32).rel_l2, "out {:.2e}", err);
     }

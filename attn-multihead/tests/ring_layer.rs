@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use attn_core::{AttnError, DType, MemoryBudget, Mixing, Pass};
+use attn_multihead::Call;
 use attn_multihead::{
     EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend, all_reduce_grads, ring_layer,
@@ -45,7 +46,7 @@ fn single_rank(
 ) -> (Vec<f64>, Vec<f64>, MultiheadWeights<f64>) {
     let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let g64: Vec<f64> = g.iter().map(|&v| v as f64).collect();
-    let (y, cache) = single.forward_train(&x64, batch, seq, mode).unwrap();
+    let (y, cache) = single.forward_train(&x64, &Call::new(batch, seq).mode(mode)).unwrap();
     let mut grads = single.weights.zeros_like();
     let dx = single.backward(&cache, &g64, &mut grads).unwrap().query;
     (y, dx, grads)
@@ -88,7 +89,7 @@ fn check_mode(
                     let pos = backend.positions();
                     let layer = ring_layer(cfg, w32, backend.clone()).unwrap();
                     let xl = gather(x, batch, seq, e, &pos);
-                    let (y, c) = layer.forward_train(&xl, batch, pos.len(), mode).unwrap();
+                    let (y, c) = layer.forward_train(&xl, &Call::new(batch, pos.len()).mode(mode)).unwrap();
                     let mut grads = layer.weights.zeros_like();
                     let dx = layer.backward(&c, &gather(g, batch, seq, e, &pos), &mut grads).unwrap().query;
                     backend.with_comm(|c| all_reduce_grads(c, &mut grads)).unwrap();
@@ -175,7 +176,7 @@ fn check_encoder(cfg: EncoderConfig, batch: usize, seq: usize, e: usize, world: 
     let g = random_vec(4, batch * seq * e);
     let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let g64: Vec<f64> = g.iter().map(|&v| v as f64).collect();
-    let (y_want, cache) = single.forward_train(&x64, batch, seq, mode).unwrap();
+    let (y_want, cache) = single.forward_train(&x64, &Call::new(batch, seq).mode(mode)).unwrap();
     let mut gw = single.zero_grads();
     let dx_want = single.backward(&cache, &g64, &mut gw).unwrap();
     let comms = ThreadComm::world(world).unwrap();
@@ -188,7 +189,9 @@ fn check_encoder(cfg: EncoderConfig, batch: usize, seq: usize, e: usize, world: 
                     let backend = Arc::new(RingBackend::new(comm, seq, Layout::Zigzag, Strategy::Auto).unwrap());
                     let pos = backend.positions();
                     let enc = LongNetEncoder::<f32>::new(cfg, 2, 5, backend).unwrap();
-                    let (y, c) = enc.forward_train(&gather(x, batch, seq, e, &pos), batch, pos.len(), mode).unwrap();
+                    let (y, c) = enc
+                        .forward_train(&gather(x, batch, seq, e, &pos), &Call::new(batch, pos.len()).mode(mode))
+                        .unwrap();
                     let mut grads = enc.zero_grads();
                     let dx = enc.backward(&c, &gather(g, batch, seq, e, &pos), &mut grads).unwrap();
                     (pos, y, dx)
@@ -225,7 +228,7 @@ fn run_ranks(cfg: &MultiheadConfig, world: usize, seq: usize, options: RingOptio
                     let backend = Arc::new(backend);
                     let pos = backend.positions();
                     let layer = ring_layer(cfg.clone(), MultiheadWeights::<f32>::magneto(&cfg, 9), backend.clone())?;
-                    let (y, c) = layer.forward_train(&gather(x, batch, seq, e, &pos), batch, pos.len(), Mode::Eval)?;
+                    let (y, c) = layer.forward_train(&gather(x, batch, seq, e, &pos), &Call::new(batch, pos.len()))?;
                     let mut grads = layer.weights.zeros_like();
                     if !backward {
                         return Ok((y, Vec::new(), grads));

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use attn_core::{DType, Mixing};
 use attn_kernels::CpuBackend;
+use attn_multihead::Call;
 use attn_multihead::{
     Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWorkspace, NamedParams, ReferenceBackend,
 };
@@ -44,13 +45,13 @@ fn a_reused_workspace_gives_the_fresh_forward_bit_for_bit() {
     for (i, (cfg, batch, seq)) in cases.into_iter().enumerate() {
         let (l32, l64) = layers(&cfg, i as u64);
         let x = random_vec(7 + i as u64, batch * seq * 32);
-        let fresh = l32.forward(&x, batch, seq, Mode::Eval).unwrap();
+        let fresh = l32.forward(&x, &Call::new(batch, seq)).unwrap();
         let mut out = vec![f32::NAN; fresh.len()];
-        l32.forward_with(&x, batch, seq, Mode::Eval, &mut ws, &mut out).unwrap();
+        l32.forward_into(&x, &Call::new(batch, seq), &mut ws, &mut out).unwrap();
         assert_eq!(out, fresh, "case {i}: reused workspace differs from a fresh forward");
         assert!(ws.bytes() >= batch * seq * 32 * 4 * 4, "case {i}: workspace holds {} bytes", ws.bytes());
         let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
-        let want = l64.forward(&x64, batch, seq, Mode::Eval).unwrap();
+        let want = l64.forward(&x64, &Call::new(batch, seq)).unwrap();
         let err = rel_l2_error(&out, &want);
         assert!(err <= Tolerance::for_dtype(DType::F32).rel_l2, "case {i}: {err:.2e} from the f64 reference");
     }
@@ -62,14 +63,14 @@ fn training_mode_with_a_workspace_matches_forward_train() {
     let (l32, _) = layers(&cfg, 3);
     let x = random_vec(5, 2 * 32 * 32);
     let mode = Mode::Train { seed: 9 };
-    let (want, _) = l32.forward_train(&x, 2, 32, mode).unwrap();
+    let (want, _) = l32.forward_train(&x, &Call::new(2, 32).mode(mode)).unwrap();
     let mut ws = MultiheadWorkspace::new();
     let mut out = vec![0f32; want.len()];
     for _ in 0..2 {
-        l32.forward_with(&x, 2, 32, mode, &mut ws, &mut out).unwrap();
+        l32.forward_into(&x, &Call::new(2, 32).mode(mode), &mut ws, &mut out).unwrap();
         assert_eq!(out, want);
     }
-    let eval = l32.forward(&x, 2, 32, Mode::Eval).unwrap();
+    let eval = l32.forward(&x, &Call::new(2, 32)).unwrap();
     assert_ne!(eval, want, "dropout had no effect");
 }
 
@@ -80,9 +81,9 @@ fn a_wrong_output_buffer_is_an_error() {
     let x = random_vec(5, 32 * 32);
     let mut ws = MultiheadWorkspace::new();
     let mut short = vec![0f32; 32 * 32 - 1];
-    assert!(l32.forward_with(&x, 1, 32, Mode::Eval, &mut ws, &mut short).is_err());
+    assert!(l32.forward_into(&x, &Call::new(1, 32), &mut ws, &mut short).is_err());
     let mut out = vec![0f32; 32 * 32];
-    assert!(l32.forward_with(&x[1..], 1, 32, Mode::Eval, &mut ws, &mut out).is_err());
-    l32.forward_with(&x, 1, 32, Mode::Eval, &mut ws, &mut out).unwrap();
-    assert_eq!(out, l32.forward(&x, 1, 32, Mode::Eval).unwrap());
+    assert!(l32.forward_into(&x[1..], &Call::new(1, 32), &mut ws, &mut out).is_err());
+    l32.forward_into(&x, &Call::new(1, 32), &mut ws, &mut out).unwrap();
+    assert_eq!(out, l32.forward(&x, &Call::new(1, 32)).unwrap());
 }
