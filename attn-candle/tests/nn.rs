@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use attn_candle::AttnOptions;
 use attn_candle::nn::MultiheadDilatedAttention;
 use attn_multihead::Bias;
-use attn_multihead::golden_case::config_from_metadata;
+use attn_multihead::metadata::config_from_metadata;
 use attn_testkit::golden::{golden_dir, load_dir};
 use attn_testkit::tolerance::rel_l2_error;
 use candle_core::{DType, Device, Tensor};

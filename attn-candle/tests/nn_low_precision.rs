@@ -17,7 +17,7 @@ use attn_candle::AttnOptions;
 use attn_candle::nn::{LayerNorm, MultiheadDilatedAttention};
 use attn_core::{AttnShape, DType as AttnDType};
 use attn_multihead::Bias;
-use attn_multihead::golden_case::config_from_metadata;
+use attn_multihead::metadata::config_from_metadata;
 use attn_testkit::golden::{GoldenCase, Problem, golden_dir, load_dir};
 use attn_testkit::judge::{Expected, RowCheck, check_rows, judge_backward, round_to, verdict};
 use attn_testkit::tolerance::rel_l2_error;

@@ -55,9 +55,8 @@
 //! device (self- and cross-attention) and `OrderedRing` on the ring, both reached
 //! from the layer (`with_token_order`, `with_ring_token_order`): the ring's global
 //! sequence is the grid in curve order, so each rank attends over a compact
-//! spatial patch while callers keep row-major tensors. `golden_grad` runs a
-//! `multihead_grad/` file's training forward and backward, on one device or on ring ranks
-//! (weight gradients summed over the ranks), for the conformance runner.
+//! spatial patch while callers keep row-major tensors. `metadata` reads the layer config a
+//! conformance file's metadata describes; running the files is attn-golden's.
 #![deny(unsafe_code)]
 
 pub mod call;
@@ -65,13 +64,12 @@ pub mod config;
 pub mod dropout;
 pub mod encoder;
 pub mod float;
-pub mod golden_case;
-pub mod golden_grad;
 pub mod init;
 pub mod layer;
 pub mod layer_norm;
 #[allow(unsafe_code)]
 mod matmul;
+pub mod metadata;
 #[cfg(feature = "ring")]
 pub mod ordered_ring;
 pub mod projection;

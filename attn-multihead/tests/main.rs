@@ -4,7 +4,6 @@
 mod cpu_backend;
 mod cpu_cross;
 mod errors;
-mod golden_multihead;
 mod gradcheck_encoder;
 mod gradcheck_layer;
 mod masked_truncation;

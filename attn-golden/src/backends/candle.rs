@@ -6,7 +6,7 @@ use attn_candle::nn::MultiheadDilatedAttention;
 use attn_candle::{AttnOptions, InputLayout, dilated_attention_with_lse, run_buffers};
 use attn_core::{AttnError, DType, Result};
 use attn_multihead::Bias;
-use attn_multihead::golden_case::config_from_metadata;
+use attn_multihead::metadata::config_from_metadata;
 use attn_testkit::golden::Problem;
 use attn_testkit::{DilatedBackend, Forward32, Gradients32};
 use candle_core::Tensor;

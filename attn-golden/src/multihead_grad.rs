@@ -5,13 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use attn_core::{Attention, AttnError, KeyPadding, Masks, Result};
+use attn_multihead::{
+    Call, Cross, InputGrads, LayerFloat, MultiheadDilatedAttention, MultiheadWeights, NamedParams, TensorSource,
+};
 
-use crate::call::{Call, Cross};
-use crate::float::LayerFloat;
-use crate::golden_case::{PreparedCase, prepare_case};
-use crate::layer::{InputGrads, MultiheadDilatedAttention};
-use crate::weights::{MultiheadWeights, NamedParams};
-use crate::weights_io::TensorSource;
+use crate::multihead_case::{PreparedCase, RingSplit, gather_rows, prepare_case, run_ranks, scatter_rows};
 
 /// A case's output and the gradients of `sum(out * grad_out)`, named as golden files
 /// name them: `d_query` (`d_key`, `d_value` in cross-attention) and `d.<parameter>`.
@@ -63,17 +61,15 @@ pub fn backward_case<F: LayerFloat>(
     Ok(CaseGrads::new(out, input, &grads))
 }
 
-/// [`backward_case`] (feature `ring`) on `split.world` in-process ranks: each rank runs its
+/// [`backward_case`] on `split.world` in-process ranks: each rank runs its
 /// rows, the weight gradients are all-reduced over the ranks, the row outputs and input
 /// gradients assembled. Keys of their own length are `AttnError::Unsupported`.
-#[cfg(feature = "ring")]
 pub fn backward_case_ring(
     m: &BTreeMap<String, String>,
     tensors: &impl TensorSource,
     key_padding: Option<&[bool]>,
-    split: crate::golden_case::RingSplit,
+    split: RingSplit,
 ) -> Result<CaseGrads<f32>> {
-    use crate::golden_case::{gather_rows, run_ranks, scatter_rows};
     let c = prepare_case::<f32>(m, tensors)?;
     let go = grad_out(&c, tensors)?;
     let (e, seq, batch) = (c.config.embed_dim, c.q_seq, c.batch);
@@ -90,7 +86,7 @@ pub fn backward_case_ring(
         };
         let mut grads = r.layer.zero_grads();
         let input = r.layer.backward(&cache, &rows(&go), &mut grads)?;
-        r.backend.with_comm(|comm| crate::ring_layer::all_reduce_grads(comm, &mut grads))?;
+        r.backend.with_comm(|comm| attn_multihead::all_reduce_grads(comm, &mut grads))?;
         Ok(CaseGrads::new(y, input, &grads))
     })?;
     let is_param = |name: &str| name.starts_with("d.");
