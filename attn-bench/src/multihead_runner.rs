@@ -47,9 +47,8 @@ impl MultiheadRunner {
             });
         }
         let e = spec.heads * spec.head_dim;
-        let cfg = MultiheadConfig::new(e, spec.heads, &spec.segments, &spec.dilations)
-            .with_mixing(spec.mixing)
-            .with_causal(spec.causal);
+        // The spec's attention, a sliding window included.
+        let cfg = MultiheadConfig::new(e, spec.heads, spec.config()?);
         let backend = Arc::new(CpuBackend::new(spec.threads)?);
         let layer = MultiheadDilatedAttention::<f32>::new(cfg, 7, backend)?;
         let n = spec.batch.checked_mul(spec.seq_len).and_then(|r| r.checked_mul(e)).ok_or_else(|| {

@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use attn_candle::nn::{LongNetEncoder, LongNetEncoderLayer};
+use attn_core::DilatedConfig;
 use attn_core::Mixing;
 use attn_multihead::Call;
 use attn_multihead::{EncoderConfig, Mode, NamedParams, ReferenceBackend, layer_mode, save_bytes};
@@ -60,9 +61,8 @@ struct Errors {
 const DROPOUT: f64 = 0.25;
 
 fn config(mixing: Mixing, causal: bool) -> EncoderConfig {
-    let mut c = EncoderConfig::new(16, 4, &[4, 8], &[1, 2], 32);
-    c.mixing = mixing;
-    c.causal = causal;
+    let attention = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(mixing).causal(causal);
+    let mut c = EncoderConfig::new(16, 4, attention.build().unwrap(), 32);
     c.dropout = DROPOUT;
     c
 }

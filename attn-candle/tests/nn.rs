@@ -35,7 +35,7 @@ fn multihead_golden_cases_load_and_reproduce_their_output() {
             let bias = if weights.contains_key("q_proj.bias") { Bias::Zeros } else { Bias::Absent };
             let config = config_from_metadata(&case.meta, bias).expect("config");
             let layer = MultiheadDilatedAttention::new(config.clone(), vb).expect("layer loads");
-            let mut masks = AttnOptions::new(config.validate().expect("valid"));
+            let mut masks = AttnOptions::new(config.attention.clone());
             if let Some(mask) = case.masks.key_padding() {
                 masks = masks.with_key_padding(mask.clone());
             }

@@ -110,7 +110,7 @@ struct Run {
 }
 
 fn options(case: &GoldenCase, config: &attn_multihead::MultiheadConfig) -> AttnOptions {
-    let mut opts = AttnOptions::new(config.validate().expect("valid config"));
+    let mut opts = AttnOptions::new(config.attention.clone());
     if let Some(mask) = case.masks.key_padding() {
         opts = opts.with_key_padding(mask.clone());
     }
@@ -346,7 +346,7 @@ fn judge(case: &GoldenCase, run: &Run) -> Vec<RowCheck> {
 }
 
 fn case_config(case: &GoldenCase) -> attn_core::DilatedConfig {
-    config_from_metadata(&case.meta, Bias::Zeros).and_then(|c| c.validate()).expect("config")
+    config_from_metadata(&case.meta, Bias::Zeros).expect("config").attention
 }
 
 /// The float64 composition of the stages on the file's own (unrounded) tensors against the

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use attn_core::DilatedConfig;
 use attn_core::Result;
 use attn_kernels::CpuBackend;
 use attn_multihead::Call;
@@ -61,7 +62,7 @@ fn main() -> Result<()> {
     let args = parse_args().map_err(attn_core::AttnError::InvalidArgument)?;
     let segments = [2048, 8192, 32768];
     let dilations = [1, 4, 16];
-    let cfg = EncoderConfig::new(args.embed, args.heads, &segments, &dilations, args.ffn);
+    let cfg = EncoderConfig::new(args.embed, args.heads, DilatedConfig::new(&segments, &dilations).unwrap(), args.ffn);
     let backend = Arc::new(CpuBackend::new(0)?);
     let threads = backend.threads();
     let encoder = LongNetEncoder::<f32>::new(cfg, args.layers, 2024, backend)?;

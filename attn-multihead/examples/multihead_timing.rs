@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use attn_core::DilatedConfig;
 use attn_core::{AttnError, Result};
 use attn_kernels::CpuBackend;
 use attn_multihead::Call;
@@ -37,7 +38,11 @@ fn main() -> Result<()> {
             _ => return Err(AttnError::InvalidArgument(format!("unknown flag {flag}"))),
         }
     }
-    let cfg = MultiheadConfig::new(embed, heads, &[2048, 4096, 8192], &[1, 2, 4]).with_causal(causal);
+    let cfg = MultiheadConfig::new(
+        embed,
+        heads,
+        DilatedConfig::builder().segments(&[2048, 4096, 8192]).dilations(&[1, 2, 4]).causal(causal).build().unwrap(),
+    );
     let layer = MultiheadDilatedAttention::<f32>::new(cfg, 7, Arc::new(CpuBackend::new(0)?))?;
     let mut rng = SeededRng::new(1);
     let x: Vec<f32> = (0..seq * embed).map(|_| rng.normal() as f32).collect();

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use attn_core::{AttnError, Mixing, Result, TensorName};
+use attn_core::{AttnError, DilatedConfig, Result, TensorName};
 
 use crate::call::Call;
 use crate::config::MultiheadConfig;
@@ -30,45 +30,32 @@ enum Keep {
 pub struct EncoderConfig {
     pub d_model: usize,
     pub nhead: usize,
-    pub segment_lengths: Vec<usize>,
-    pub dilation_rates: Vec<usize>,
+    /// The self-attention's patterns, causality and scale (see [`MultiheadConfig::attention`]).
+    pub attention: DilatedConfig,
     pub dim_feedforward: usize,
     pub dropout: f64,
     pub layer_norm_eps: f64,
-    pub mixing: Mixing,
-    pub causal: bool,
     /// MAGNETO gain of v, out and `linear2`; stacks set it from their layer count.
     pub gamma_init: f64,
 }
 
 impl EncoderConfig {
-    /// Defaults: HeadGroups, non-causal, no dropout, eps 1e-5, gain 1.
-    pub fn new(
-        d_model: usize,
-        nhead: usize,
-        segment_lengths: &[usize],
-        dilation_rates: &[usize],
-        dim_feedforward: usize,
-    ) -> Self {
+    /// Defaults: no dropout, eps 1e-5, gain 1.
+    pub fn new(d_model: usize, nhead: usize, attention: DilatedConfig, dim_feedforward: usize) -> Self {
         EncoderConfig {
             d_model,
             nhead,
-            segment_lengths: segment_lengths.to_vec(),
-            dilation_rates: dilation_rates.to_vec(),
+            attention,
             dim_feedforward,
             dropout: 0.0,
             layer_norm_eps: 1e-5,
-            mixing: Mixing::HeadGroups,
-            causal: false,
             gamma_init: 1.0,
         }
     }
 
     /// The attention sub-layer's config (bias, sub-LN on, same dropout and gain).
-    pub fn attention(&self) -> MultiheadConfig {
-        let mut c = MultiheadConfig::new(self.d_model, self.nhead, &self.segment_lengths, &self.dilation_rates)
-            .with_mixing(self.mixing)
-            .with_causal(self.causal)
+    pub fn self_attention(&self) -> MultiheadConfig {
+        let mut c = MultiheadConfig::new(self.d_model, self.nhead, self.attention.clone())
             .with_dropout(self.dropout)
             .with_gamma_init(self.gamma_init);
         c.layer_norm_eps = self.layer_norm_eps;
@@ -76,7 +63,7 @@ impl EncoderConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        self.attention().validate()?;
+        self.self_attention().validate()?;
         if self.dim_feedforward == 0 {
             return Err(AttnError::InvalidArgument("dim_feedforward must be positive".into()));
         }
@@ -156,7 +143,7 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         config.validate()?;
         let (e, ff) = (config.d_model, config.dim_feedforward);
         let eps = config.layer_norm_eps;
-        let self_attn = MultiheadDilatedAttention::new(config.attention(), seed, backend)?;
+        let self_attn = MultiheadDilatedAttention::new(config.self_attention(), seed, backend)?;
         let mut rng = SeededRng::new(seed ^ 0x5EED_F00D);
         let linear1 = Linear::xavier(&mut rng, e, ff, 1.0, Bias::Zeros);
         let linear2 = Linear::xavier(&mut rng, ff, e, config.gamma_init, Bias::Zeros);
@@ -424,15 +411,20 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         self
     }
 
-    /// The window an eval pass walks, if any (not on a ring, not in training, not with masks).
+    /// The window an eval pass walks, if any (not on a ring, not in training, not with
+    /// masks, not with a sliding window, which crosses every window edge).
     fn eval_window(&self, call: &Call<'_, F>) -> Result<Option<usize>> {
         let attn = &self.first_layer()?.self_attn;
-        if call.mode != Mode::Eval || !call.masks.is_none() || !attn.backend().placement().is_whole() {
+        if call.mode != Mode::Eval
+            || !call.masks.is_none()
+            || !attn.backend().placement().is_whole()
+            || self.layers.iter().any(|l| l.config.attention.window().is_some())
+        {
             return Ok(None);
         }
-        let seq = call.seq;
-        let segments: Vec<usize> = self.layers.iter().flat_map(|l| l.config.segment_lengths.iter().copied()).collect();
-        Ok(window_rows(&segments, seq, attn.window_rows()))
+        let segments: Vec<usize> =
+            self.layers.iter().flat_map(|l| l.config.attention.segment_lengths().iter().copied()).collect();
+        Ok(window_rows(&segments, call.seq, attn.window_rows()))
     }
 
     /// The first layer (`layers` is public: an empty stack is an error, not a panic).
@@ -493,7 +485,13 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         }
         if window < seq {
             for l in &self.layers {
-                if let Some(w) = l.config.segment_lengths.iter().find(|&&w| !window.is_multiple_of(w)) {
+                if let Some(w) = l.config.attention.window() {
+                    return Err(AttnError::InvalidArgument(format!(
+                        "a sliding window ({}, {}) crosses windows of {window} rows: run one pass",
+                        w.left, w.right
+                    )));
+                }
+                if let Some(w) = l.config.attention.segment_lengths().iter().find(|&&w| !window.is_multiple_of(w)) {
                     return Err(AttnError::InvalidArgument(format!(
                         "window {window} is not a multiple of segment length {w}: attention would cross windows"
                     )));

@@ -142,7 +142,6 @@ pub struct InputGrads<F> {
 #[derive(Debug, Clone)]
 pub struct MultiheadDilatedAttention<F: LayerFloat> {
     config: MultiheadConfig,
-    dilated: DilatedConfig,
     pub weights: MultiheadWeights<F>,
     backend: Arc<dyn Attention<F>>,
     /// Target rows of a segment window (`segment_window`); 0 walks the whole sequence at once.
@@ -180,9 +179,9 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         weights: MultiheadWeights<F>,
         backend: Arc<dyn Attention<F>>,
     ) -> Result<Self> {
-        let dilated = config.validate()?;
+        config.validate()?;
         weights.check_layout(&config, "weights")?;
-        Ok(MultiheadDilatedAttention { config, dilated, weights, backend, window_rows: DEFAULT_WINDOW_ROWS })
+        Ok(MultiheadDilatedAttention { config, weights, backend, window_rows: DEFAULT_WINDOW_ROWS })
     }
 
     /// Zero gradients with this layer's weight layout.
@@ -193,8 +192,9 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     pub fn config(&self) -> &MultiheadConfig {
         &self.config
     }
+    /// The attention the layer runs (`config().attention`).
     pub fn dilated_config(&self) -> &DilatedConfig {
-        &self.dilated
+        &self.config.attention
     }
     pub fn backend(&self) -> &Arc<dyn Attention<F>> {
         &self.backend
@@ -233,11 +233,11 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         if mode != Mode::Eval
             || !self.backend.placement().is_whole()
             || !masks.is_none()
-            || self.dilated.window().is_some()
+            || self.config.attention.window().is_some()
         {
             return Ok(None);
         }
-        Ok(window_rows(&self.config.segment_lengths, seq, self.window_rows))
+        Ok(window_rows(self.config.attention.segment_lengths(), seq, self.window_rows))
     }
 
     /// The rows of a `[batch, seq, ..]` activation for dropout masks: their global
@@ -345,7 +345,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     fn sparse_projection(&self, masks: &Masks<'_>) -> bool {
         self.backend.placement().is_whole()
             && !self.grouped()
-            && self.dilated.window().is_none()
+            && self.config.attention.window().is_none()
             && masks.packing.is_none()
     }
 
@@ -370,9 +370,9 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         if self.sparse_projection(masks) {
             // The whole sequence on one device: each head group projects only the rows
             // its pattern selects.
-            let key = SelectionKey { cfg: self.dilated.clone(), heads, head_dim, batch, seq };
+            let key = SelectionKey { cfg: self.config.attention.clone(), heads, head_dim, batch, seq };
             let qkv = ws.projection_buffer(len, Some(key))?;
-            let input = QkvInput { cfg: &self.dilated, heads, head_dim, x, batch, seq };
+            let input = QkvInput { cfg: &self.config.attention, heads, head_dim, x, batch, seq };
             project_qkv(&input, &w.weight, w.bias.as_deref(), qkv)?;
         } else {
             // A ring rank's rows (their global positions decide the selection), grouped
@@ -475,7 +475,11 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             };
             let [q, k, v] = self.views(projected, qs, kvs)?;
             let attn_view = TensorViewMut::contiguous(TensorName::Output, attn, qs)?;
-            self.backend.forward(&AttnInputs::new(&self.dilated, q, k, v).with_masks(masks), attn_view, lse)?;
+            self.backend.forward(
+                &AttnInputs::new(&self.config.attention, q, k, v).with_masks(masks),
+                attn_view,
+                lse,
+            )?;
         }
         let rows_at = self.mask_rows(mode, qs.batch, qs.seq)?;
         let mask = dropout_mask(mode, self.config.dropout, DropoutSite::Attention, &rows_at, e);

@@ -10,9 +10,10 @@
 //! ```
 //! use std::sync::Arc;
 //! use attn_kernels::CpuBackend;
+//! use attn_core::DilatedConfig;
 //! use attn_multihead::{Call, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, load_file, save_file};
 //! # fn main() -> attn_core::Result<()> {
-//! let config = MultiheadConfig::new(32, 4, &[8, 16], &[1, 2]); // embed 32, 4 heads
+//! let config = MultiheadConfig::new(32, 4, DilatedConfig::new(&[8, 16], &[1, 2])?); // embed 32, 4 heads
 //! // A checkpoint with PyTorch names (`q_proj.weight`, ..., `out_proj.bias`).
 //! let path = std::env::temp_dir().join(format!("attn-doc-{}.safetensors", std::process::id()));
 //! save_file(&MultiheadWeights::<f32>::magneto(&config, 7), &path, None)?;

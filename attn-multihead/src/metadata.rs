@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use attn_core::{AttnError, Mixing, Result};
+use attn_core::{AttnError, DilatedConfig, Mixing, Result};
 
 use crate::config::MultiheadConfig;
 use crate::projection::Bias;
@@ -41,26 +41,26 @@ fn parse_list(m: &BTreeMap<String, String>, key: &str) -> Result<Vec<usize>> {
 /// `layer_norm_eps` and `scale`).
 /// `bias` says whether the file has biases (`q_proj.bias`).
 pub fn config_from_metadata(m: &BTreeMap<String, String>, bias: Bias) -> Result<MultiheadConfig> {
-    let mut cfg = MultiheadConfig::new(
-        parse(m, "embed_dim")?,
-        parse(m, "num_heads")?,
-        &parse_list(m, "segment_lengths")?,
-        &parse_list(m, "dilation_rates")?,
-    )
-    .with_mixing(Mixing::parse(text(m, "mixing")?)?)
-    .with_causal(flag(m, "causal")?)
-    .with_layer_norm(flag(m, "layer_norm")?)
-    .with_bias(bias == Bias::Zeros);
+    let scale = match m.get("scale").map(|s| s.trim().to_ascii_lowercase()) {
+        None => None,
+        Some(s) if ["", "none", "null", "default"].contains(&s.as_str()) => None,
+        Some(_) => Some(parse(m, "scale")?),
+    };
+    let attention = DilatedConfig::builder()
+        .segments(&parse_list(m, "segment_lengths")?)
+        .dilations(&parse_list(m, "dilation_rates")?)
+        .mixing(Mixing::parse(text(m, "mixing")?)?)
+        .causal(flag(m, "causal")?)
+        .maybe_scale(scale)
+        .build()?;
+    let mut cfg = MultiheadConfig::new(parse(m, "embed_dim")?, parse(m, "num_heads")?, attention)
+        .with_layer_norm(flag(m, "layer_norm")?)
+        .with_bias(bias == Bias::Zeros);
     if m.contains_key("layer_norm_eps") {
         cfg.layer_norm_eps = parse(m, "layer_norm_eps")?;
     }
     if m.contains_key("num_kv_heads") {
         cfg.num_kv_heads = parse(m, "num_kv_heads")?;
-    }
-    match m.get("scale").map(|s| s.trim().to_ascii_lowercase()) {
-        None => {}
-        Some(s) if ["", "none", "null", "default"].contains(&s.as_str()) => {}
-        Some(_) => cfg.scale = Some(parse(m, "scale")?),
     }
     cfg.validate()?;
     Ok(cfg)

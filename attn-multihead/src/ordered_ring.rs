@@ -28,10 +28,11 @@
 //! ```
 //! use std::sync::Arc;
 //! use attn_hilbert::{Grid, OrderKind};
+//! use attn_core::DilatedConfig;
 //! use attn_multihead::{Call, MultiheadConfig, MultiheadWeights, ring_layer};
 //! use attn_ring::{Layout, RingBackend, Strategy, ThreadComm};
 //! # fn main() -> attn_core::Result<()> {
-//! let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+//! let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2])?);
 //! let grid = Grid::new_2d(6, 10)?; // 60 row-major tokens
 //! let x = vec![0.5f32; 60 * 8]; // [batch 1, 60, embed 8], row-major
 //! let outs = std::thread::scope(|s| {

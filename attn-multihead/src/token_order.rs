@@ -12,9 +12,10 @@
 //! ```
 //! use std::sync::Arc;
 //! use attn_hilbert::{Grid, OrderKind};
+//! use attn_core::DilatedConfig;
 //! use attn_multihead::{Call, Cross, MultiheadConfig, MultiheadDilatedAttention, ReferenceBackend};
 //! # fn main() -> attn_core::Result<()> {
-//! let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+//! let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2])?);
 //! let layer = MultiheadDilatedAttention::<f32>::new(cfg, 7, Arc::new(ReferenceBackend))?;
 //! let grid = Grid::new_2d(6, 10)?; // 60 tokens, row-major
 //! let hilbert = layer.with_token_order(grid, OrderKind::Hilbert)?;
@@ -151,7 +152,7 @@ impl<F: LayerFloat> OrderedAttention<F> {
             return Ok(self.order.clone());
         }
         let kind = self.order.kind();
-        if self.layer.config().causal && kind != OrderKind::RowMajor {
+        if self.layer.config().attention.causal() && kind != OrderKind::RowMajor {
             return Err(AttnError::InvalidArgument(format!(
                 "causal cross-attention through a {} order needs keys on the query grid {} (got {key_grid}): \
                  positions on two different curves have no common order",

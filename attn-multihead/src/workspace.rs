@@ -104,10 +104,9 @@ impl<F: LayerFloat> MultiheadWorkspace<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MultiheadConfig;
 
     fn key(seq: usize) -> SelectionKey {
-        let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]).validate().unwrap();
+        let cfg = DilatedConfig::new(&[4, 8], &[1, 2]).unwrap();
         SelectionKey { cfg, heads: 2, head_dim: 4, batch: 1, seq }
     }
 

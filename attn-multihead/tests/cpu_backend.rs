@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use attn_core::DilatedConfig;
 use attn_core::{DType, Mixing};
 use attn_kernels::CpuBackend;
 use attn_multihead::Call;
@@ -41,7 +42,17 @@ fn to32(x: &[f64]) -> Vec<f32> {
 #[test]
 fn layer_forward_and_backward_on_cpu_match_the_reference() {
     for (mixing, causal, seq) in [(Mixing::HeadGroups, false, 48), (Mixing::LongNet, true, 45)] {
-        let cfg = MultiheadConfig::new(32, 4, &[8, 16, 32], &[1, 2, 4]).with_mixing(mixing).with_causal(causal);
+        let cfg = MultiheadConfig::new(
+            32,
+            4,
+            DilatedConfig::builder()
+                .segments(&[8, 16, 32])
+                .dilations(&[1, 2, 4])
+                .mixing(mixing)
+                .causal(causal)
+                .build()
+                .unwrap(),
+        );
         let r64 = MultiheadDilatedAttention::<f64>::new(cfg.clone(), 7, Arc::new(ReferenceBackend)).unwrap();
         let w32: MultiheadWeights<f32> = {
             let mut w = MultiheadWeights::<f32>::magneto(&cfg, 0);
@@ -73,7 +84,7 @@ fn layer_forward_and_backward_on_cpu_match_the_reference() {
 
 #[test]
 fn encoder_stack_on_cpu_matches_the_reference() {
-    let cfg = EncoderConfig::new(16, 4, &[8, 16], &[1, 2], 32);
+    let cfg = EncoderConfig::new(16, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap(), 32);
     let r64 = LongNetEncoder::<f64>::new(cfg.clone(), 2, 3, Arc::new(ReferenceBackend)).unwrap();
     let mut c32 = LongNetEncoder::<f32>::new(cfg, 2, 99, cpu()).unwrap();
     for (d, s) in c32.params_mut().into_iter().zip(r64.params()) {

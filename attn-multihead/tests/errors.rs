@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use attn_core::AttnError;
+use attn_core::DilatedConfig;
 use attn_multihead::{
     Attention, EncoderConfig, LayerNorm, Linear, LongNetEncoder, LongNetEncoderLayer, MultiheadConfig,
     MultiheadDilatedAttention, ReferenceBackend, SeededRng,
@@ -11,9 +12,12 @@ use attn_multihead::{Call, Cross};
 
 #[test]
 fn bad_shapes_and_configs_are_errors() {
-    let layer =
-        MultiheadDilatedAttention::<f64>::new(MultiheadConfig::new(8, 2, &[4], &[1]), 1, Arc::new(ReferenceBackend))
-            .unwrap();
+    let layer = MultiheadDilatedAttention::<f64>::new(
+        MultiheadConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap()),
+        1,
+        Arc::new(ReferenceBackend),
+    )
+    .unwrap();
     let x = vec![0.5; 8 * 8];
     assert!(matches!(layer.forward(&x, &Call::new(1, 7)), Err(AttnError::ShapeMismatch { .. })));
     assert!(matches!(layer.forward(&[], &Call::new(0, 8)), Err(AttnError::ZeroDim { dim: "batch", .. })));
@@ -26,7 +30,7 @@ fn bad_shapes_and_configs_are_errors() {
     let mut grads = layer.zero_grads();
     assert!(layer.backward(&cache, &x[..8], &mut grads).is_err(), "grad_out of the wrong size");
     let wrong = MultiheadDilatedAttention::<f64>::new(
-        MultiheadConfig::new(8, 2, &[4], &[1]).with_layer_norm(false),
+        MultiheadConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap()).with_layer_norm(false),
         1,
         Arc::new(ReferenceBackend),
     )
@@ -34,16 +38,31 @@ fn bad_shapes_and_configs_are_errors() {
     let mut wrong_grads = wrong.zero_grads();
     assert!(layer.backward(&cache, &x, &mut wrong_grads).is_err(), "gradient layout must match");
 
-    let msg =
-        MultiheadDilatedAttention::<f32>::new(MultiheadConfig::new(10, 3, &[4], &[1]), 0, Arc::new(ReferenceBackend))
-            .unwrap_err()
-            .to_string();
+    let msg = MultiheadDilatedAttention::<f32>::new(
+        MultiheadConfig::new(10, 3, DilatedConfig::new(&[4], &[1]).unwrap()),
+        0,
+        Arc::new(ReferenceBackend),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(msg.contains("divisible"), "{msg}");
     assert!(
-        LongNetEncoder::<f32>::new(EncoderConfig::new(8, 2, &[4], &[1], 0), 1, 0, Arc::new(ReferenceBackend)).is_err()
+        LongNetEncoder::<f32>::new(
+            EncoderConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap(), 0),
+            1,
+            0,
+            Arc::new(ReferenceBackend)
+        )
+        .is_err()
     );
     assert!(
-        LongNetEncoder::<f32>::new(EncoderConfig::new(8, 2, &[4], &[1], 8), 0, 0, Arc::new(ReferenceBackend)).is_err()
+        LongNetEncoder::<f32>::new(
+            EncoderConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap(), 8),
+            0,
+            0,
+            Arc::new(ReferenceBackend)
+        )
+        .is_err()
     );
     let cpu = Arc::new(attn_kernels::CpuBackend::new(1).unwrap());
     let on_cpu = layer.clone().with_backend(cpu);
@@ -59,7 +78,7 @@ fn bad_shapes_and_configs_are_errors() {
 fn ring_cross_attention_with_other_kv_length_is_a_typed_error() {
     use attn_multihead::{MultiheadWeights, ring_layer};
     use attn_ring::{Layout, RingBackend, Strategy, ThreadComm};
-    let (cfg, seq, e) = (MultiheadConfig::new(8, 2, &[4], &[1]), 12, 8);
+    let (cfg, seq, e) = (MultiheadConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap()), 12, 8);
     let errors: Vec<AttnError> = std::thread::scope(|s| {
         let ranks: Vec<_> = ThreadComm::world(2)
             .unwrap()
@@ -97,7 +116,7 @@ fn ring_cross_attention_with_other_kv_length_is_a_typed_error() {
 /// the projection (slice out of range): every pass checks the layout first.
 #[test]
 fn hand_resized_weights_are_a_typed_error() {
-    let cfg = MultiheadConfig::new(8, 2, &[4], &[1]);
+    let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap());
     let layer = MultiheadDilatedAttention::<f32>::new(cfg, 1, Arc::new(ReferenceBackend)).unwrap();
     let x = vec![0.1f32; 64];
     let (_, cache) = layer.forward_train(&x, &Call::new(1, 8)).unwrap();
@@ -123,11 +142,13 @@ fn hand_resized_weights_are_a_typed_error() {
 /// `dim_feedforward` as large with a capacity overflow.
 #[test]
 fn overflowing_layer_sizes_are_typed_errors() {
-    let cfg = MultiheadConfig::new(1 << 32, 1, &[4], &[1]).with_bias(false).with_layer_norm(false);
+    let cfg = MultiheadConfig::new(1 << 32, 1, DilatedConfig::new(&[4], &[1]).unwrap())
+        .with_bias(false)
+        .with_layer_norm(false);
     assert!(matches!(cfg.validate(), Err(AttnError::ShapeOverflow { .. })));
     let r = MultiheadDilatedAttention::<f32>::new(cfg, 0, Arc::new(ReferenceBackend));
     assert!(matches!(r, Err(AttnError::ShapeOverflow { .. })));
-    let enc = EncoderConfig::new(8, 2, &[4], &[1], usize::MAX / 4);
+    let enc = EncoderConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap(), usize::MAX / 4);
     assert!(matches!(enc.validate(), Err(AttnError::ShapeOverflow { .. })));
     let r = LongNetEncoderLayer::<f32>::new(enc, 1, Arc::new(ReferenceBackend));
     assert!(matches!(r, Err(AttnError::ShapeOverflow { .. })));
@@ -142,9 +163,12 @@ fn layer_norm_eps_must_be_finite_and_positive() {
         let r = LayerNorm::<f32>::new(4, eps).forward(&x);
         assert!(matches!(&r, Err(AttnError::InvalidArgument(m)) if m.contains("eps")), "eps {eps}: {r:?}");
     }
-    let mut layer =
-        MultiheadDilatedAttention::<f32>::new(MultiheadConfig::new(8, 2, &[4], &[1]), 1, Arc::new(ReferenceBackend))
-            .unwrap();
+    let mut layer = MultiheadDilatedAttention::<f32>::new(
+        MultiheadConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap()),
+        1,
+        Arc::new(ReferenceBackend),
+    )
+    .unwrap();
     layer.weights.norm.as_mut().unwrap().eps = f64::NAN;
     assert!(matches!(layer.forward(&[0.1; 64], &Call::new(1, 8)), Err(AttnError::InvalidArgument(_))));
 }
@@ -175,8 +199,15 @@ fn an_empty_encoder_stack_is_a_typed_error() {
 #[test]
 fn encoder_gradients_of_another_layout_are_refused() {
     let be: Arc<dyn Attention<f64>> = Arc::new(ReferenceBackend);
-    let a = LongNetEncoderLayer::<f64>::new(EncoderConfig::new(8, 2, &[4], &[1], 16), 1, be.clone()).unwrap();
-    let b = LongNetEncoderLayer::<f64>::new(EncoderConfig::new(8, 2, &[4], &[1], 32), 1, be).unwrap();
+    let a = LongNetEncoderLayer::<f64>::new(
+        EncoderConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap(), 16),
+        1,
+        be.clone(),
+    )
+    .unwrap();
+    let b =
+        LongNetEncoderLayer::<f64>::new(EncoderConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap(), 32), 1, be)
+            .unwrap();
     let x = vec![0.3; 64];
     let (y, cache) = a.forward_train(&x, &Call::new(1, 8)).unwrap();
     let mut wrong = b.zero_grads();

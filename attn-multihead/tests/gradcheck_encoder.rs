@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use attn_core::DilatedConfig;
 use attn_core::Mixing;
 use attn_multihead::Call;
 use attn_multihead::{EncoderConfig, LongNetEncoder, Mode, NamedParams, ReferenceBackend};
@@ -74,22 +75,21 @@ fn check_stack(cfg: EncoderConfig, layers: usize, batch: usize, seq: usize, mode
 
 #[test]
 fn encoder_layer_gradients() {
-    let cfg = EncoderConfig::new(8, 2, &[4, 8], &[1, 2], 12);
+    let cfg = EncoderConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap(), 12);
     check_stack(cfg, 1, 2, 8, Mode::Eval, 1);
 }
 
 #[test]
 fn encoder_layer_longnet_causal_with_training_dropout() {
-    let mut cfg = EncoderConfig::new(8, 2, &[4, 8], &[1, 2], 12);
-    cfg.mixing = Mixing::LongNet;
-    cfg.causal = true;
+    let longnet = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal(true);
+    let mut cfg = EncoderConfig::new(8, 2, longnet.build().unwrap(), 12);
     cfg.dropout = 0.2;
     check_stack(cfg, 1, 1, 9, Mode::Train { seed: 42 }, 2);
 }
 
 #[test]
 fn two_layer_stack_gradients_and_names() {
-    let cfg = EncoderConfig::new(4, 2, &[4], &[2], 6);
+    let cfg = EncoderConfig::new(4, 2, DilatedConfig::new(&[4], &[2]).unwrap(), 6);
     check_stack(cfg.clone(), 2, 1, 6, Mode::Eval, 3);
     let enc = LongNetEncoder::<f64>::new(cfg, 2, 3, Arc::new(ReferenceBackend)).unwrap();
     let names: Vec<String> = enc.params().into_iter().map(|p| p.name).collect();
@@ -103,8 +103,8 @@ fn two_layer_stack_gradients_and_names() {
 
 #[test]
 fn windowed_forward_equals_the_full_forward() {
-    let mut cfg = EncoderConfig::new(8, 2, &[4, 8], &[1, 2], 12);
-    cfg.causal = true;
+    let causal = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).causal(true);
+    let cfg = EncoderConfig::new(8, 2, causal.build().unwrap(), 12);
     let enc = LongNetEncoder::<f64>::new(cfg, 2, 7, Arc::new(ReferenceBackend)).unwrap();
     let mut rng = SeededRng::new(3);
     let (b, n) = (2, 21);

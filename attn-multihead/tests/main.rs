@@ -16,4 +16,5 @@ mod segment_window;
 mod token_order;
 mod token_order_cross;
 mod weights_io;
+mod window_layer;
 mod workspace;

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use attn_core::DilatedConfig;
 use attn_core::{KeyPadding, Masks, Mixing};
 use attn_multihead::{
     Call, Cross, EncoderConfig, LongNetEncoder, MultiheadConfig, MultiheadDilatedAttention, NamedParams,
@@ -33,8 +34,8 @@ fn trailing_padding(lens: &[usize], seq: usize) -> Vec<bool> {
 #[test]
 fn encoder_with_trailing_padding_equals_the_cut_rows() {
     for (mixing, causal) in [(Mixing::HeadGroups, false), (Mixing::LongNet, true)] {
-        let mut cfg = EncoderConfig::new(8, 2, &[4, 8], &[1, 2], 12);
-        (cfg.mixing, cfg.causal) = (mixing, causal);
+        let attention = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(mixing).causal(causal);
+        let cfg = EncoderConfig::new(8, 2, attention.build().unwrap(), 12);
         let enc = LongNetEncoder::<f64>::new(cfg, 2, 11, Arc::new(ReferenceBackend)).unwrap();
         let (seq, e, lens) = (12, 8, [12usize, 7]);
         let mut rng = SeededRng::new(5);
@@ -78,7 +79,12 @@ fn encoder_with_trailing_padding_equals_the_cut_rows() {
 
 #[test]
 fn cross_attention_with_trailing_key_padding_equals_the_cut_keys() {
-    let cfg = MultiheadConfig::new(8, 4, &[4, 8], &[1, 2]).with_num_kv_heads(2).with_mixing(Mixing::LongNet);
+    let cfg = MultiheadConfig::new(
+        8,
+        4,
+        DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).build().unwrap(),
+    )
+    .with_num_kv_heads(2);
     let layer = MultiheadDilatedAttention::<f64>::new(cfg, 3, Arc::new(ReferenceBackend)).unwrap();
     let (e, q_seq, kv_seq, real) = (8, 6, 11, 7);
     let mut rng = SeededRng::new(8);

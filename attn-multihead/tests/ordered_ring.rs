@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use attn_core::DilatedConfig;
 use attn_core::{DType, Mixing};
 use attn_hilbert::{Grid, OrderKind};
 use attn_multihead::{Call, RankRows};
@@ -95,7 +96,7 @@ fn check(cfg: MultiheadConfig, grid: Grid, world: usize, layout: Layout, strateg
 
 #[test]
 fn hilbert_ring_on_a_6x10_grid_equals_one_device() {
-    let cfg = MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]);
+    let cfg = MultiheadConfig::new(16, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap());
     let grid = Grid::new_2d(6, 10).unwrap();
     check(cfg.clone(), grid, 2, Layout::Contiguous, Strategy::Auto, 2);
     check(cfg.clone(), grid, 3, Layout::Contiguous, Strategy::Ring, 1);
@@ -104,7 +105,17 @@ fn hilbert_ring_on_a_6x10_grid_equals_one_device() {
 
 #[test]
 fn hilbert_ring_on_a_3d_grid_equals_one_device_longnet_causal() {
-    let cfg = MultiheadConfig::new(16, 2, &[8, 32], &[1, 4]).with_mixing(Mixing::LongNet).with_causal(true);
+    let cfg = MultiheadConfig::new(
+        16,
+        2,
+        DilatedConfig::builder()
+            .segments(&[8, 32])
+            .dilations(&[1, 4])
+            .mixing(Mixing::LongNet)
+            .causal(true)
+            .build()
+            .unwrap(),
+    );
     let grid = Grid::new_3d(3, 4, 5).unwrap();
     check(cfg.clone(), grid, 4, Layout::Contiguous, Strategy::Auto, 1);
     check(cfg, grid, 2, Layout::Zigzag, Strategy::Ring, 2);
@@ -120,7 +131,7 @@ fn bounding_box(grid: Grid, tokens: &[usize]) -> [usize; 3] {
 
 /// Each rank's tokens under `kind` order, contiguous layout.
 fn rank_tokens(kind: OrderKind, grid: Grid, world: usize) -> Vec<Vec<usize>> {
-    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+    let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap());
     ThreadComm::world(world)
         .unwrap()
         .into_iter()
@@ -159,7 +170,7 @@ fn each_rank_gets_a_compact_patch() {
 
 #[test]
 fn bad_sizes_are_errors_not_panics() {
-    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+    let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap());
     let w = || MultiheadWeights::<f32>::magneto(&cfg, 0);
     let grid = Grid::new_2d(2, 3).unwrap();
     // 6 tokens cannot give each of 7 ranks a row.
@@ -184,7 +195,7 @@ fn bad_sizes_are_errors_not_panics() {
 
 #[test]
 fn the_ring_option_is_reachable_from_the_layer() {
-    let cfg = MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]);
+    let cfg = MultiheadConfig::new(16, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap());
     let (grid, world, batch) = (Grid::new_2d(6, 10).unwrap(), 3, 2);
     let (e, n) = (cfg.embed_dim, grid.len());
     let w = MultiheadWeights::<f32>::magneto(&cfg, 5);

@@ -16,10 +16,7 @@ use proptest::prelude::*;
 fn twin_layers(case: &DilatedCase) -> (MultiheadDilatedAttention<f64>, MultiheadDilatedAttention<f32>) {
     let s = case.shape;
     let e = s.heads * s.head_dim;
-    let cfg = MultiheadConfig::new(e, s.heads, case.cfg.segment_lengths(), case.cfg.dilation_rates())
-        .with_mixing(case.cfg.mixing())
-        .with_causal(case.cfg.causal())
-        .with_scale(case.cfg.explicit_scale())
+    let cfg = MultiheadConfig::new(e, s.heads, case.cfg.clone())
         // LayerNorm over a handful of features is ill-conditioned (with 2 features its
         // output is +-1 and its gradient scales with 1/|x0 - x1|), so f32 and f64 only
         // agree to 1e-5 on realistic widths: sub-LN is on for embed >= 16.

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use attn_core::DilatedConfig;
 use attn_core::{DType, Mixing};
 use attn_kernels::CpuBackend;
 use attn_multihead::Call;
@@ -29,13 +30,32 @@ fn layers(cfg: &MultiheadConfig, seed: u64) -> (MultiheadDilatedAttention<f64>, 
 }
 
 fn configs() -> Vec<MultiheadConfig> {
-    let base = MultiheadConfig::new(32, 4, &[4, 8, 16], &[1, 2, 4]);
+    let base = MultiheadConfig::new(32, 4, DilatedConfig::new(&[4, 8, 16], &[1, 2, 4]).unwrap());
     vec![
         base.clone(),
-        base.clone().with_causal(true).with_mixing(Mixing::LongNet),
+        MultiheadConfig::new(
+            32,
+            4,
+            DilatedConfig::builder()
+                .segments(&[4, 8, 16])
+                .dilations(&[1, 2, 4])
+                .causal(true)
+                .mixing(Mixing::LongNet)
+                .build()
+                .unwrap(),
+        ),
         // lcm 12: windows are multiples of 12, not powers of two.
-        MultiheadConfig::new(32, 4, &[6, 4], &[2, 1]).with_causal(true),
-        MultiheadConfig::new(32, 4, &[6, 4], &[3, 2]).with_mixing(Mixing::LongNet).with_layer_norm(false),
+        MultiheadConfig::new(
+            32,
+            4,
+            DilatedConfig::builder().segments(&[6, 4]).dilations(&[2, 1]).causal(true).build().unwrap(),
+        ),
+        MultiheadConfig::new(
+            32,
+            4,
+            DilatedConfig::builder().segments(&[6, 4]).dilations(&[3, 2]).mixing(Mixing::LongNet).build().unwrap(),
+        )
+        .with_layer_norm(false),
     ]
 }
 
@@ -71,7 +91,7 @@ fn windowed_inference_equals_one_pass() {
 /// output as a fresh forward.
 #[test]
 fn a_windowed_workspace_holds_one_window() {
-    let cfg = MultiheadConfig::new(32, 4, &[4, 8, 16], &[1, 2, 4]);
+    let cfg = MultiheadConfig::new(32, 4, DilatedConfig::new(&[4, 8, 16], &[1, 2, 4]).unwrap());
     let (_, l32) = layers(&cfg, 5);
     let (batch, seq, e, heads) = (2, 100, 32, 4);
     let l32 = l32.with_window_rows(20); // rounds up to 32 rows (lcm 16)
@@ -99,7 +119,7 @@ fn a_windowed_workspace_holds_one_window() {
 /// sequences make one pass under the default window.
 #[test]
 fn training_and_short_sequences_make_one_pass() {
-    let cfg = MultiheadConfig::new(32, 4, &[4, 8], &[1, 2]).with_dropout(0.25);
+    let cfg = MultiheadConfig::new(32, 4, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap()).with_dropout(0.25);
     let (_, l32) = layers(&cfg, 2);
     let l32 = l32.with_window_rows(8);
     let x = random_vec(3, 64 * 32);
@@ -119,7 +139,7 @@ fn training_and_short_sequences_make_one_pass() {
 /// A wrong output length under windowing is the same typed error, not a panic.
 #[test]
 fn a_wrong_output_buffer_is_an_error_when_windowed() {
-    let cfg = MultiheadConfig::new(32, 4, &[4, 8], &[1, 2]);
+    let cfg = MultiheadConfig::new(32, 4, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap());
     let (_, l32) = layers(&cfg, 1);
     let l32 = l32.with_window_rows(8);
     let x = random_vec(5, 64 * 32);
@@ -154,7 +174,11 @@ fn windowed_backward_equals_one_pass() {
     let f64_bound = Tolerance::for_dtype(DType::F64).rel_l2;
     let f32_bound = Tolerance::for_dtype(DType::F32).rel_l2;
     let mut cfgs = configs();
-    cfgs.push(MultiheadConfig::new(32, 4, &[4, 8, 16], &[1, 2, 4]).with_dropout(0.2).with_bias(false));
+    cfgs.push(
+        MultiheadConfig::new(32, 4, DilatedConfig::new(&[4, 8, 16], &[1, 2, 4]).unwrap())
+            .with_dropout(0.2)
+            .with_bias(false),
+    );
     for (c, cfg) in cfgs.into_iter().enumerate() {
         let (l64, l32) = layers(&cfg, 10 + c as u64);
         let mode = if cfg.dropout > 0.0 { Mode::Train { seed: 3 } } else { Mode::Eval };
@@ -199,8 +223,8 @@ fn windowed_backward_equals_one_pass() {
 #[test]
 fn encoder_eval_forward_walks_segment_windows() {
     use attn_multihead::{EncoderConfig, LongNetEncoder};
-    let mut cfg = EncoderConfig::new(8, 2, &[4, 6], &[1, 2], 12);
-    cfg.causal = true;
+    let causal = DilatedConfig::builder().segments(&[4, 6]).dilations(&[1, 2]).causal(true);
+    let cfg = EncoderConfig::new(8, 2, causal.build().unwrap(), 12);
     let enc = LongNetEncoder::<f64>::new(cfg, 2, 7, Arc::new(ReferenceBackend)).unwrap();
     let (b, n) = (2, 53);
     let x: Vec<f64> = random_vec(9, b * n * 8).into_iter().map(|v| v as f64).collect();
@@ -218,7 +242,7 @@ fn encoder_eval_forward_walks_segment_windows() {
     assert_eq!(windowed, enc.forward_windows(&x, b, n, 12, |_| {}).unwrap());
     let err = rel_l2_error(&windowed, &one_pass);
     assert!(err <= Tolerance::for_dtype(DType::F64).rel_l2, "windowed {err:.2e} from one pass");
-    let mut dropout = EncoderConfig::new(8, 2, &[4, 6], &[1, 2], 12);
+    let mut dropout = EncoderConfig::new(8, 2, DilatedConfig::new(&[4, 6], &[1, 2]).unwrap(), 12);
     dropout.dropout = 0.3;
     let enc = LongNetEncoder::<f64>::new(dropout, 2, 7, Arc::new(ReferenceBackend)).unwrap().with_window_rows(10);
     let mode = Mode::Train { seed: 5 };

@@ -1,5 +1,6 @@
 //! The Hilbert option: row-major order is the plain layer, curve order is "permute, attend, restore", gradients exact.
 
+use attn_core::DilatedConfig;
 use std::sync::Arc;
 
 use attn_hilbert::{Grid, OrderKind, TokenLayout, TokenOrder};
@@ -8,7 +9,12 @@ use attn_multihead::{MultiheadConfig, MultiheadDilatedAttention, OrderedAttentio
 use attn_testkit::rng::SeededRng;
 
 fn layer() -> MultiheadDilatedAttention<f64> {
-    MultiheadDilatedAttention::new(MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]), 3, Arc::new(ReferenceBackend)).unwrap()
+    MultiheadDilatedAttention::new(
+        MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap()),
+        3,
+        Arc::new(ReferenceBackend),
+    )
+    .unwrap()
 }
 
 #[test]

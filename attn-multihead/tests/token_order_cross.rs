@@ -2,14 +2,15 @@
 
 use std::sync::Arc;
 
-use attn_core::AttnError;
+use attn_core::DilatedConfig;
+use attn_core::{AttnError, Causality};
 use attn_hilbert::{Grid, OrderKind, TokenLayout, TokenOrder};
 use attn_multihead::{Call, Cross};
 use attn_multihead::{InputGrads, MultiheadConfig, MultiheadDilatedAttention, OrderedAttention, ReferenceBackend};
 use attn_testkit::rng::SeededRng;
 
 fn config() -> MultiheadConfig {
-    MultiheadConfig::new(8, 2, &[4, 8], &[1, 2])
+    MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap())
 }
 
 fn layer(cfg: MultiheadConfig) -> MultiheadDilatedAttention<f64> {
@@ -115,7 +116,7 @@ fn check_cross(cfg: MultiheadConfig, kind: OrderKind, q_grid: Grid, k_grid: Grid
 fn cross_attention_on_the_query_grid_is_permute_attend_restore_with_exact_gradients() {
     let grid = Grid::new_2d(3, 4).unwrap();
     check_cross(config(), OrderKind::Hilbert, grid, grid, 10);
-    check_cross(config().with_causal(true), OrderKind::Hilbert, grid, grid, 20);
+    check_cross(config().with_causality(Causality::Causal), OrderKind::Hilbert, grid, grid, 20);
 }
 
 #[test]
@@ -124,7 +125,7 @@ fn cross_attention_with_keys_on_their_own_grid_uses_their_own_order() {
     check_cross(config(), OrderKind::ZOrder, Grid::new_2d(4, 4).unwrap(), Grid::new_3d(2, 2, 3).unwrap(), 40);
     // Row-major is the plain layer, so causal cross-attention is fine on any grids.
     check_cross(
-        config().with_causal(true),
+        config().with_causality(Causality::Causal),
         OrderKind::RowMajor,
         Grid::new_2d(3, 4).unwrap(),
         Grid::new_2d(2, 5).unwrap(),
@@ -138,7 +139,7 @@ fn causal_cross_attention_across_two_curves_is_a_typed_error() {
     let (q_grid, k_grid) = (Grid::new_2d(3, 4).unwrap(), Grid::new_2d(2, 5).unwrap());
     let (q, kv) = (normal(1, b * 12 * e), normal(2, b * 10 * e));
     for kind in [OrderKind::Hilbert, OrderKind::ZOrder] {
-        let ordered = layer(config().with_causal(true)).with_token_order(q_grid, kind).unwrap();
+        let ordered = layer(config().with_causality(Causality::Causal)).with_token_order(q_grid, kind).unwrap();
         let err = ordered
             .forward_train(&q, &Call::new(b, ordered.order().len()).cross(Cross::on_grid(&kv, &kv, k_grid)))
             .unwrap_err();

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use attn_core::{DType, Mixing};
+use attn_core::{Causality, DType, DilatedConfig, Mixing};
 use attn_kernels::CpuBackend;
 use attn_multihead::Call;
 use attn_multihead::{
@@ -29,15 +29,17 @@ fn layers(cfg: &MultiheadConfig, seed: u64) -> (MultiheadDilatedAttention<f32>, 
 
 #[test]
 fn a_reused_workspace_gives_the_fresh_forward_bit_for_bit() {
-    let base = MultiheadConfig::new(32, 4, &[8, 16, 32], &[1, 2, 4]);
+    let base = MultiheadConfig::new(32, 4, DilatedConfig::new(&[8, 16, 32], &[1, 2, 4]).unwrap());
+    let longnet = DilatedConfig::builder().segments(&[8, 16, 32]).dilations(&[1, 2, 4]).mixing(Mixing::LongNet);
+    let longnet = longnet.build().unwrap();
     // Consecutive calls change the selection (segments, rates, mixing), the shape,
     // biases, sub-LN and causality, so every buffer is reused across a change.
     let cases = [
         (base.clone(), 2, 64),
         (base.clone(), 2, 64),
-        (MultiheadConfig::new(32, 4, &[16, 32], &[2, 4]), 2, 64),
-        (base.clone().with_causal(true), 1, 48),
-        (base.clone().with_mixing(Mixing::LongNet).with_bias(false), 1, 48),
+        (MultiheadConfig::new(32, 4, DilatedConfig::new(&[16, 32], &[2, 4]).unwrap()), 2, 64),
+        (base.clone().with_causality(Causality::Causal), 1, 48),
+        (MultiheadConfig::new(32, 4, longnet).with_bias(false), 1, 48),
         (base.clone().with_layer_norm(false), 2, 40),
         (base.clone(), 2, 64),
     ];
@@ -59,7 +61,7 @@ fn a_reused_workspace_gives_the_fresh_forward_bit_for_bit() {
 
 #[test]
 fn training_mode_with_a_workspace_matches_forward_train() {
-    let cfg = MultiheadConfig::new(32, 4, &[8, 16], &[1, 2]).with_dropout(0.25);
+    let cfg = MultiheadConfig::new(32, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap()).with_dropout(0.25);
     let (l32, _) = layers(&cfg, 3);
     let x = random_vec(5, 2 * 32 * 32);
     let mode = Mode::Train { seed: 9 };
@@ -76,7 +78,7 @@ fn training_mode_with_a_workspace_matches_forward_train() {
 
 #[test]
 fn a_wrong_output_buffer_is_an_error() {
-    let cfg = MultiheadConfig::new(32, 4, &[8, 16], &[1, 2]);
+    let cfg = MultiheadConfig::new(32, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap());
     let (l32, _) = layers(&cfg, 1);
     let x = random_vec(5, 32 * 32);
     let mut ws = MultiheadWorkspace::new();

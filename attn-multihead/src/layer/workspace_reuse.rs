@@ -9,7 +9,7 @@ use crate::{Call, MultiheadConfig, MultiheadDilatedAttention, MultiheadWorkspace
 /// overwritten, or re-zeroed when its selection is not known.
 #[test]
 fn stale_buffers_do_not_leak_into_the_output() {
-    let cfg = MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]);
+    let cfg = MultiheadConfig::new(16, 4, attn_core::DilatedConfig::new(&[8, 16], &[1, 2]).unwrap());
     let mut layer = MultiheadDilatedAttention::<f64>::new(cfg, 2, Arc::new(ReferenceBackend)).unwrap();
     for p in layer.weights.params_mut() {
         p.data.iter_mut().enumerate().for_each(|(i, x)| *x += 0.01 * (i as f64).sin());
