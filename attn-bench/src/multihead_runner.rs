@@ -14,8 +14,7 @@ use std::sync::Arc;
 
 use attn_core::{AttnError, DType, Result};
 use attn_kernels::CpuBackend;
-use attn_multihead::Call;
-use attn_multihead::{MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, MultiheadWorkspace};
+use attn_multihead::{Call, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, MultiheadWorkspace};
 
 use crate::case::{CaseSpec, Implementation};
 use crate::inputs::normal_vec;

@@ -9,10 +9,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use attn_candle::nn::{LongNetEncoder, LongNetEncoderLayer};
-use attn_core::DilatedConfig;
-use attn_core::Mixing;
-use attn_multihead::Call;
-use attn_multihead::{EncoderConfig, Mode, NamedParams, ReferenceBackend, layer_mode, save_bytes};
+use attn_core::{DilatedConfig, Mixing};
+use attn_multihead::{Call, EncoderConfig, Mode, NamedParams, ReferenceBackend, layer_mode, save_bytes};
 use attn_testkit::rng::SeededRng;
 use attn_testkit::tolerance::rel_l2_error;
 use candle_core::{DType, Device, Tensor, Var};

@@ -7,8 +7,10 @@ use std::sync::Arc;
 
 use attn_candle::AnyAttention;
 use attn_candle::nn::{LongNetEncoder, MultiheadDilatedAttention};
-use attn_core::{Attention, AttnError, AttnInputs, AttnShape, DilatedConfig, Element, Grads, Pass, Result, Saved};
-use attn_core::{ReferenceBackend, TensorView, TensorViewMut};
+use attn_core::{
+    Attention, AttnError, AttnInputs, AttnShape, DilatedConfig, Element, Grads, Pass, ReferenceBackend, Result, Saved,
+    TensorView, TensorViewMut,
+};
 use attn_multihead::{EncoderConfig, MultiheadConfig};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};

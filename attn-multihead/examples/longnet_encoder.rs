@@ -10,11 +10,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use attn_core::DilatedConfig;
-use attn_core::Result;
+use attn_core::{DilatedConfig, Result};
 use attn_kernels::CpuBackend;
-use attn_multihead::Call;
-use attn_multihead::{EncoderConfig, LongNetEncoder, NamedParams, SeededRng};
+use attn_multihead::{Call, EncoderConfig, LongNetEncoder, NamedParams, SeededRng};
 use indicatif::{ProgressBar, ProgressStyle};
 
 struct Args {

@@ -7,11 +7,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use attn_core::DilatedConfig;
-use attn_core::{AttnError, Result};
+use attn_core::{AttnError, DilatedConfig, Result};
 use attn_kernels::CpuBackend;
-use attn_multihead::Call;
-use attn_multihead::{MultiheadConfig, MultiheadDilatedAttention, SeededRng};
+use attn_multihead::{Call, MultiheadConfig, MultiheadDilatedAttention, SeededRng};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use attn_core::{AttnError, DilatedConfig, Result, TensorName};
+use attn_core::{Attention, AttnError, DilatedConfig, Result, TensorName};
 
 use crate::call::Call;
 use crate::config::MultiheadConfig;
@@ -15,7 +15,6 @@ use crate::projection::{Bias, Linear};
 use crate::segment_window::{window_rows, windows};
 use crate::weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 use crate::workspace::MultiheadWorkspace;
-use attn_core::Attention;
 
 /// Whether the feed-forward branch keeps what the backward needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, DilatedConfig, Masks, OwnedMasks, Result, Shape4, TensorView, TensorViewMut};
+use attn_core::{
+    Attention, AttnError, AttnInputs, DilatedConfig, Masks, OwnedMasks, Result, Shape4, TensorView, TensorViewMut,
+};
 
 use crate::call::{Call, Cross};
 use crate::config::MultiheadConfig;
@@ -15,7 +17,6 @@ use crate::segment_window::{DEFAULT_WINDOW_ROWS, window_rows, windows};
 use crate::sparse_projection::{QkvInput, project_qkv};
 use crate::weights::MultiheadWeights;
 use crate::workspace::{MultiheadWorkspace, SelectionKey, sized};
-use attn_core::{Attention, AttnInputs};
 
 mod backward;
 #[cfg(test)]

@@ -2,12 +2,10 @@
 
 use std::sync::Arc;
 
-use attn_core::DilatedConfig;
-use attn_core::{DType, Mixing};
+use attn_core::{DType, DilatedConfig, Mixing};
 use attn_kernels::CpuBackend;
-use attn_multihead::Call;
 use attn_multihead::{
-    EncoderConfig, LongNetEncoder, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
+    Call, EncoderConfig, LongNetEncoder, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend,
 };
 use attn_testkit::rng::random_vec;

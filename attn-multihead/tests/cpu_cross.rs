@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use attn_core::DilatedConfig;
-use attn_core::{DType, Mixing};
+use attn_core::{DType, DilatedConfig, Mixing};
 use attn_kernels::CpuBackend;
-use attn_multihead::{Call, Cross};
-use attn_multihead::{MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend};
+use attn_multihead::{
+    Call, Cross, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend,
+};
 use attn_testkit::rng::random_vec;
 use attn_testkit::tolerance::{Tolerance, rel_l2_error};
 

@@ -2,13 +2,11 @@
 
 use std::sync::Arc;
 
-use attn_core::AttnError;
-use attn_core::DilatedConfig;
+use attn_core::{AttnError, DilatedConfig};
 use attn_multihead::{
-    Attention, EncoderConfig, LayerNorm, Linear, LongNetEncoder, LongNetEncoderLayer, MultiheadConfig,
+    Attention, Call, Cross, EncoderConfig, LayerNorm, Linear, LongNetEncoder, LongNetEncoderLayer, MultiheadConfig,
     MultiheadDilatedAttention, ReferenceBackend, SeededRng,
 };
-use attn_multihead::{Call, Cross};
 
 #[test]
 fn bad_shapes_and_configs_are_errors() {
@@ -215,4 +213,37 @@ fn encoder_gradients_of_another_layout_are_refused() {
     assert!(matches!(&r, Err(AttnError::InvalidArgument(m)) if m.contains("does not match")), "{r:?}");
     assert!(wrong == b.zero_grads(), "refused gradients are left untouched");
     assert!(a.backward(&cache, &y, &mut a.zero_grads()).is_ok());
+}
+
+/// A `Call` a layer cannot run is refused with a typed error naming the layer and the
+/// feature: cross-attention keys in an encoder, masks through a token order; keys of
+/// another length through a token order need their grid.
+#[test]
+fn calls_a_layer_cannot_run_are_typed_errors() {
+    use attn_core::{Feature, KeyPadding, Masks};
+    use attn_hilbert::{Grid, OrderKind};
+    let attention = || DilatedConfig::new(&[4], &[1]).unwrap();
+    let (b, s, e) = (1, 4, 8);
+    let (x, kv) = (vec![0.5f64; b * s * e], vec![0.25f64; b * 6 * e]);
+    let cross = Call::new(b, s).cross(Cross::new(&kv, &kv, 6));
+    let refused = |r: Result<Vec<f64>, AttnError>, layer: &str, feature: Feature| {
+        assert!(
+            matches!(r, Err(AttnError::Unsupported { backend, feature: f }) if backend == layer && f == feature),
+            "{layer} {feature:?}"
+        );
+    };
+    let enc = LongNetEncoder::<f64>::new(EncoderConfig::new(e, 2, attention(), 12), 2, 1, Arc::new(ReferenceBackend));
+    let enc = enc.unwrap();
+    refused(enc.forward(&x, &cross), "LongNetEncoderLayer", Feature::CrossAttention);
+    refused(enc.layers[0].forward(&x, &cross), "LongNetEncoderLayer", Feature::CrossAttention);
+    assert!(matches!(enc.forward_train(&x, &cross), Err(AttnError::Unsupported { .. })));
+
+    let layer =
+        MultiheadDilatedAttention::<f64>::new(MultiheadConfig::new(e, 2, attention()), 1, Arc::new(ReferenceBackend));
+    let ordered = layer.unwrap().with_token_order(Grid::new_2d(2, 2).unwrap(), OrderKind::Hilbert).unwrap();
+    let flags = [false, false, false, true];
+    let masks = Masks { key_padding: Some(KeyPadding::new(&flags, b, s).unwrap()), ..Masks::NONE };
+    refused(ordered.forward(&x, &Call::new(b, s).masks(masks)), "OrderedAttention", Feature::KeyPadding);
+    assert!(matches!(ordered.forward(&x, &cross), Err(AttnError::InvalidArgument(m)) if m.contains("grid")));
+    assert!(ordered.forward(&x, &Call::new(b, 5)).is_err(), "a sequence other than the grid's tokens");
 }

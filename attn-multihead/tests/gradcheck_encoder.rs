@@ -2,10 +2,8 @@
 
 use std::sync::Arc;
 
-use attn_core::DilatedConfig;
-use attn_core::Mixing;
-use attn_multihead::Call;
-use attn_multihead::{EncoderConfig, LongNetEncoder, Mode, NamedParams, ReferenceBackend};
+use attn_core::{DilatedConfig, Mixing};
+use attn_multihead::{Call, EncoderConfig, LongNetEncoder, Mode, NamedParams, ReferenceBackend};
 use attn_testkit::rng::SeededRng;
 
 const H: f64 = 1e-6;

@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use attn_core::DilatedConfig;
-use attn_core::{KeyPadding, Masks, Mixing, PackedSequences};
+use attn_core::{DilatedConfig, KeyPadding, Masks, Mixing, PackedSequences};
 use attn_multihead::{
     Call, Cross, InputGrads, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend,

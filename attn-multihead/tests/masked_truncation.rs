@@ -6,8 +6,7 @@
 
 use std::sync::Arc;
 
-use attn_core::DilatedConfig;
-use attn_core::{KeyPadding, Masks, Mixing};
+use attn_core::{DilatedConfig, KeyPadding, Masks, Mixing};
 use attn_multihead::{
     Call, Cross, EncoderConfig, LongNetEncoder, MultiheadConfig, MultiheadDilatedAttention, NamedParams,
     ReferenceBackend,

@@ -2,13 +2,11 @@
 
 use std::sync::Arc;
 
-use attn_core::DilatedConfig;
-use attn_core::{DType, Mixing};
+use attn_core::{AttnError, DType, DilatedConfig, Mixing};
 use attn_hilbert::{Grid, OrderKind};
-use attn_multihead::{Call, RankRows};
 use attn_multihead::{
-    MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, OrderedAttention, OrderedRing,
-    ReferenceBackend, ring_layer,
+    Call, Cross, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, OrderedAttention,
+    OrderedRing, RankRows, ReferenceBackend, ring_layer,
 };
 use attn_ring::{Layout, RingBackend, Strategy, ThreadComm};
 use attn_testkit::rng::random_vec;
@@ -186,6 +184,13 @@ fn bad_sizes_are_errors_not_panics() {
     assert!(ring.forward(&x, &Call::new(0, 6)).is_err(), "batch 0");
     assert!(ring.split(&x, 2).is_err(), "batch does not match the length");
     assert!(ring.forward(&x[..8], &Call::new(1, 6).rows(RankRows::Split)).is_err(), "split rows of the wrong count");
+    assert!(ring.forward(&x[..40], &Call::new(1, 5)).is_err(), "a call's seq other than the grid's tokens");
+    let kv = random_vec(4, 6 * 8);
+    let cross = Call::new(1, 6).cross(Cross::new(&kv, &kv, 6));
+    assert!(
+        matches!(ring.forward(&x, &cross), Err(AttnError::Unsupported { backend: "OrderedRing", .. })),
+        "cross-attention on the ordered ring"
+    );
     // One rank: the whole and split forms are the single-device order on the same weights.
     let single = OrderedAttention::new(ring.layer.clone(), OrderKind::Hilbert, grid).unwrap();
     let want = single.forward(&x, &Call::new(1, 6)).unwrap();

@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use attn_core::DType;
-use attn_multihead::Call;
-use attn_multihead::{MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend};
+use attn_multihead::{
+    Call, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend,
+};
 use attn_testkit::rng::random_vec;
 use attn_testkit::strategies::{DilatedCase, dilated_case, dilated_case_with};
 use attn_testkit::tolerance::{Tolerance, rel_l2_error};

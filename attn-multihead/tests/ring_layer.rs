@@ -2,12 +2,10 @@
 
 use std::sync::Arc;
 
-use attn_core::DilatedConfig;
-use attn_core::{AttnError, DType, MemoryBudget, Mixing, Pass};
-use attn_multihead::Call;
+use attn_core::{AttnError, DType, DilatedConfig, MemoryBudget, Mixing, Pass};
 use attn_multihead::{
-    EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
-    ReferenceBackend, all_reduce_grads, ring_layer,
+    Call, EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights,
+    NamedParams, ReferenceBackend, all_reduce_grads, ring_layer,
 };
 use attn_ring::{Layout, RingBackend, RingOptions, Strategy, ThreadComm, problem_for, ring_workspace_bytes};
 use attn_testkit::rng::random_vec;

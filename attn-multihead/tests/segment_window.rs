@@ -3,12 +3,10 @@
 
 use std::sync::Arc;
 
-use attn_core::DilatedConfig;
-use attn_core::{DType, Mixing};
+use attn_core::{DType, DilatedConfig, Mixing};
 use attn_kernels::CpuBackend;
-use attn_multihead::Call;
 use attn_multihead::{
-    DEFAULT_WINDOW_ROWS, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWorkspace, NamedParams,
+    Call, DEFAULT_WINDOW_ROWS, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWorkspace, NamedParams,
     ReferenceBackend,
 };
 use attn_testkit::rng::random_vec;

@@ -4,8 +4,7 @@ use attn_core::DilatedConfig;
 use std::sync::Arc;
 
 use attn_hilbert::{Grid, OrderKind, TokenLayout, TokenOrder};
-use attn_multihead::Call;
-use attn_multihead::{MultiheadConfig, MultiheadDilatedAttention, OrderedAttention, ReferenceBackend};
+use attn_multihead::{Call, MultiheadConfig, MultiheadDilatedAttention, OrderedAttention, ReferenceBackend};
 use attn_testkit::rng::SeededRng;
 
 fn layer() -> MultiheadDilatedAttention<f64> {

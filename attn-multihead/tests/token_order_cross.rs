@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use attn_core::DilatedConfig;
-use attn_core::{AttnError, Causality};
+use attn_core::{AttnError, Causality, DilatedConfig};
 use attn_hilbert::{Grid, OrderKind, TokenLayout, TokenOrder};
-use attn_multihead::{Call, Cross};
-use attn_multihead::{InputGrads, MultiheadConfig, MultiheadDilatedAttention, OrderedAttention, ReferenceBackend};
+use attn_multihead::{
+    Call, Cross, InputGrads, MultiheadConfig, MultiheadDilatedAttention, OrderedAttention, ReferenceBackend,
+};
 use attn_testkit::rng::SeededRng;
 
 fn config() -> MultiheadConfig {

@@ -3,8 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use attn_core::AttnError;
-use attn_core::DilatedConfig;
+use attn_core::{AttnError, DilatedConfig};
 use attn_multihead::{
     EncoderConfig, LongNetEncoder, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend, load_bytes, save_bytes,

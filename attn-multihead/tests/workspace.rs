@@ -4,9 +4,8 @@ use std::sync::Arc;
 
 use attn_core::{Causality, DType, DilatedConfig, Mixing};
 use attn_kernels::CpuBackend;
-use attn_multihead::Call;
 use attn_multihead::{
-    Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWorkspace, NamedParams, ReferenceBackend,
+    Call, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWorkspace, NamedParams, ReferenceBackend,
 };
 use attn_testkit::rng::random_vec;
 use attn_testkit::tolerance::{Tolerance, rel_l2_error};
