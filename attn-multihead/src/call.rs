@@ -7,10 +7,20 @@
 //! (cross-attention in an encoder, masks through a token order).
 //!
 //! ```
-//! use attn_multihead::{Call, Cross, Mode};
-//! let (query, key, value) = (vec![0f32; 2 * 8 * 16], vec![0f32; 2 * 5 * 16], vec![0f32; 2 * 5 * 16]);
-//! let call = Call::new(2, 8).mode(Mode::Train { seed: 7 }).cross(Cross::new(&key, &value, 5));
-//! # let _ = (query, call);
+//! use std::sync::Arc;
+//! use attn_core::DilatedConfig;
+//! use attn_multihead::{Call, Cross, Mode, MultiheadConfig, MultiheadDilatedAttention, ReferenceBackend};
+//! # fn main() -> attn_core::Result<()> {
+//! let cfg = MultiheadConfig::new(16, 2, DilatedConfig::new(&[4, 8], &[1, 2])?);
+//! let layer = MultiheadDilatedAttention::<f32>::new(cfg, 7, Arc::new(ReferenceBackend))?;
+//! // Queries [2, 8, 16] attending to keys and values [2, 5, 16], training with dropout seed 7.
+//! let (query, kv) = (vec![0.5f32; 2 * 8 * 16], vec![0.25f32; 2 * 5 * 16]);
+//! let call = Call::new(2, 8).mode(Mode::Train { seed: 7 }).cross(Cross::new(&kv, &kv, 5));
+//! let (y, cache) = layer.forward_train(&query, &call)?;
+//! let mut grads = layer.zero_grads();
+//! let g = layer.backward(&cache, &y, &mut grads)?;
+//! assert_eq!((y.len(), g.key.map(|k| k.len())), (query.len(), Some(kv.len())));
+//! # Ok(()) }
 //! ```
 
 use attn_core::{AttnError, Feature, Masks, Result};
