@@ -7,14 +7,14 @@
 //! timed runs (as `.grad` is after torch's warm-up call), never re-initialised per run.
 //!
 //! `--impl cpu` times `forward`, which allocates its output and intermediates on every
-//! call as torch does; `--impl cpu-workspace` times `forward_with` on one
+//! call as torch does; `--impl cpu-workspace` times `forward_into` on one
 //! `MultiheadWorkspace` and output buffer kept across runs (repeated inference).
 
 use std::sync::Arc;
 
 use attn_core::{AttnError, DType, Result};
 use attn_kernels::CpuBackend;
-use attn_multihead::{Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, MultiheadWorkspace};
+use attn_multihead::{Call, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, MultiheadWorkspace};
 
 use crate::case::{CaseSpec, Implementation};
 use crate::inputs::normal_vec;
@@ -46,9 +46,8 @@ impl MultiheadRunner {
             });
         }
         let e = spec.heads * spec.head_dim;
-        let cfg = MultiheadConfig::new(e, spec.heads, &spec.segments, &spec.dilations)
-            .with_mixing(spec.mixing)
-            .with_causal(spec.causal);
+        // The spec's attention, a sliding window included.
+        let cfg = MultiheadConfig::new(e, spec.heads, spec.config()?);
         let backend = Arc::new(CpuBackend::new(spec.threads)?);
         let layer = MultiheadDilatedAttention::<f32>::new(cfg, 7, backend)?;
         let n = spec.batch.checked_mul(spec.seq_len).and_then(|r| r.checked_mul(e)).ok_or_else(|| {
@@ -58,7 +57,7 @@ impl MultiheadRunner {
         let reuse = match (spec.implementation, spec.backward) {
             (Implementation::CpuWorkspace, true) => {
                 return Err(AttnError::InvalidArgument(
-                    "--impl cpu-workspace times the inference forward (forward_with); drop --backward".into(),
+                    "--impl cpu-workspace times the inference forward (forward_into); drop --backward".into(),
                 ));
             }
             (Implementation::CpuWorkspace, false) => Some((MultiheadWorkspace::new(), vec![0.0; n])),
@@ -79,14 +78,14 @@ impl MultiheadRunner {
 impl Runner for MultiheadRunner {
     fn run(&mut self) -> Result<RunStats> {
         if let Some(grads) = self.grads.as_mut() {
-            let (y, cache) = self.layer.forward_train(&self.x, self.batch, self.seq, Mode::Eval)?;
+            let (y, cache) = self.layer.forward_train(&self.x, &Call::new(self.batch, self.seq))?;
             let gx = self.layer.backward(&cache, &self.grad_out, grads)?;
             std::hint::black_box((y, gx));
         } else if let Some((ws, y)) = self.reuse.as_mut() {
-            self.layer.forward_with(&self.x, self.batch, self.seq, Mode::Eval, ws, y)?;
+            self.layer.forward_into(&self.x, &Call::new(self.batch, self.seq), ws, y)?;
             std::hint::black_box(y);
         } else {
-            let y = self.layer.forward(&self.x, self.batch, self.seq, Mode::Eval)?;
+            let y = self.layer.forward(&self.x, &Call::new(self.batch, self.seq))?;
             std::hint::black_box(y);
         }
         Ok(RunStats::default())
@@ -130,7 +129,7 @@ mod tests {
         assert!(fwd.grads.is_none());
     }
 
-    /// `--impl cpu-workspace` runs `forward_with` on buffers kept across runs and gives
+    /// `--impl cpu-workspace` runs `forward_into` on buffers kept across runs and gives
     /// the output `forward` gives; it refuses `--backward`.
     #[test]
     fn the_workspace_runner_reuses_its_buffers_and_matches_forward() {
@@ -143,7 +142,7 @@ mod tests {
         let (ws, y) = r.reuse.as_ref().unwrap();
         assert_eq!(y.as_ptr(), ptr, "output buffer replaced");
         assert!(ws.bytes() > 0);
-        assert_eq!(*y, r.layer.forward(&r.x, 1, 48, Mode::Eval).unwrap());
+        assert_eq!(*y, r.layer.forward(&r.x, &Call::new(1, 48)).unwrap());
         assert!(MultiheadRunner::build(&CaseSpec { backward: true, ..spec }).is_err());
     }
 }

@@ -12,7 +12,7 @@
 //! `cargo run --release -p attn-candle --example train_longnet`
 
 use attn_candle::nn::{LayerNorm, LongNetEncoder};
-use attn_core::{Mixing, SeededRng};
+use attn_core::{DilatedConfig, Mixing, SeededRng};
 use attn_multihead::EncoderConfig;
 use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{AdamW, Embedding, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
@@ -46,10 +46,10 @@ struct LanguageModel {
 
 impl LanguageModel {
     fn new(vb: VarBuilder<'_>) -> Result<Self> {
-        let mut config = EncoderConfig::new(EMBED, HEADS, &SEGMENTS, &DILATIONS, 2 * EMBED);
         // Every head a different offset of each dilated pattern: all positions reach far.
-        config.mixing = Mixing::LongNet;
-        config.causal = true;
+        let attention =
+            DilatedConfig::builder().segments(&SEGMENTS).dilations(&DILATIONS).mixing(Mixing::LongNet).causal(true);
+        let config = EncoderConfig::new(EMBED, HEADS, attention.build().map_err(attn_candle::to_candle)?, 2 * EMBED);
         Ok(LanguageModel {
             embed: candle_nn::embedding(VOCAB, EMBED, vb.pp("embed"))?,
             encoder: LongNetEncoder::new(&config, LAYERS, vb.pp("encoder"))?,

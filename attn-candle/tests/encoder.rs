@@ -9,8 +9,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use attn_candle::nn::{LongNetEncoder, LongNetEncoderLayer};
-use attn_core::Mixing;
-use attn_multihead::{EncoderConfig, Mode, NamedParams, ReferenceBackend, layer_mode, save_bytes};
+use attn_core::{DilatedConfig, Mixing};
+use attn_multihead::{Call, EncoderConfig, Mode, NamedParams, ReferenceBackend, layer_mode, save_bytes};
 use attn_testkit::rng::SeededRng;
 use attn_testkit::tolerance::rel_l2_error;
 use candle_core::{DType, Device, Tensor, Var};
@@ -59,9 +59,8 @@ struct Errors {
 const DROPOUT: f64 = 0.25;
 
 fn config(mixing: Mixing, causal: bool) -> EncoderConfig {
-    let mut c = EncoderConfig::new(16, 4, &[4, 8], &[1, 2], 32);
-    c.mixing = mixing;
-    c.causal = causal;
+    let attention = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(mixing).causal(causal);
+    let mut c = EncoderConfig::new(16, 4, attention.build().unwrap(), 32);
     c.dropout = DROPOUT;
     c
 }
@@ -129,7 +128,8 @@ fn measure(mixing: Mixing, causal: bool, stack: Stack, plant: Plant, modes: Mode
     let g: Vec<f64> = (0..BATCH * SEQ * e).map(|_| rng.normal()).collect();
 
     // Reference forward and backward.
-    let (want_y, cache) = enc.forward_train(&x, BATCH, SEQ, modes.reference).expect("reference forward");
+    let (want_y, cache) =
+        enc.forward_train(&x, &Call::new(BATCH, SEQ).mode(modes.reference)).expect("reference forward");
     let mut grads = enc.zero_grads();
     let want_dx = enc.backward(&cache, &g, &mut grads).expect("reference backward");
     let want_dparams: HashMap<String, Vec<f64>> = grads

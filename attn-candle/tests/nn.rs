@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use attn_candle::AttnOptions;
 use attn_candle::nn::MultiheadDilatedAttention;
 use attn_multihead::Bias;
-use attn_multihead::golden_case::config_from_metadata;
+use attn_multihead::metadata::config_from_metadata;
 use attn_testkit::golden::{golden_dir, load_dir};
 use attn_testkit::tolerance::rel_l2_error;
 use candle_core::{DType, Device, Tensor};
@@ -35,7 +35,7 @@ fn multihead_golden_cases_load_and_reproduce_their_output() {
             let bias = if weights.contains_key("q_proj.bias") { Bias::Zeros } else { Bias::Absent };
             let config = config_from_metadata(&case.meta, bias).expect("config");
             let layer = MultiheadDilatedAttention::new(config.clone(), vb).expect("layer loads");
-            let mut masks = AttnOptions::new(config.validate().expect("valid"));
+            let mut masks = AttnOptions::new(config.attention.clone());
             if let Some(mask) = case.masks.key_padding() {
                 masks = masks.with_key_padding(mask.clone());
             }

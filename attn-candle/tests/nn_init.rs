@@ -7,8 +7,10 @@ use std::sync::Arc;
 
 use attn_candle::AnyAttention;
 use attn_candle::nn::{LongNetEncoder, MultiheadDilatedAttention};
-use attn_core::{Attention, AttnError, AttnInputs, AttnShape, DilatedConfig, Element, Grads, Pass, Result, Saved};
-use attn_core::{ReferenceBackend, TensorView, TensorViewMut};
+use attn_core::{
+    Attention, AttnError, AttnInputs, AttnShape, DilatedConfig, Element, Grads, Pass, ReferenceBackend, Result, Saved,
+    TensorView, TensorViewMut,
+};
 use attn_multihead::{EncoderConfig, MultiheadConfig};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
@@ -26,10 +28,14 @@ fn fresh_parameters_follow_the_magneto_initialisation() {
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let gamma = 3.0;
-    MultiheadDilatedAttention::new(MultiheadConfig::new(256, 4, &[8], &[1]).with_gamma_init(gamma), vb.pp("attn"))
-        .expect("layer");
+    MultiheadDilatedAttention::new(
+        MultiheadConfig::new(256, 4, DilatedConfig::new(&[8], &[1]).unwrap()).with_gamma_init(gamma),
+        vb.pp("attn"),
+    )
+    .expect("layer");
     let layers = 6;
-    LongNetEncoder::new(&EncoderConfig::new(64, 4, &[8], &[1], 128), layers, vb.pp("enc")).expect("encoder");
+    LongNetEncoder::new(&EncoderConfig::new(64, 4, DilatedConfig::new(&[8], &[1]).unwrap(), 128), layers, vb.pp("enc"))
+        .expect("encoder");
     let stack_gain = (2.0 * layers as f64).ln().sqrt();
     let xavier = |fan_in: usize, fan_out: usize, gain: f64| gain * (2.0 / (fan_in + fan_out) as f64).sqrt();
     let expected = [
@@ -93,7 +99,9 @@ impl<T: Element> Attention<T> for Refusing {
 fn with_backend_computes_through_that_backend() {
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-    let layer = MultiheadDilatedAttention::new(MultiheadConfig::new(32, 4, &[4, 8], &[1, 2]), vb).expect("layer");
+    let layer =
+        MultiheadDilatedAttention::new(MultiheadConfig::new(32, 4, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap()), vb)
+            .expect("layer");
     let x = Tensor::randn(0f32, 1.0, (2, 16, 32), &Device::Cpu).expect("x");
     let default = layer.forward(&x).expect("default backend");
     let reference: Arc<dyn AnyAttention> = Arc::new(ReferenceBackend);

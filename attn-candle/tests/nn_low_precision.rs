@@ -17,7 +17,7 @@ use attn_candle::AttnOptions;
 use attn_candle::nn::{LayerNorm, MultiheadDilatedAttention};
 use attn_core::{AttnShape, DType as AttnDType};
 use attn_multihead::Bias;
-use attn_multihead::golden_case::config_from_metadata;
+use attn_multihead::metadata::config_from_metadata;
 use attn_testkit::golden::{GoldenCase, Problem, golden_dir, load_dir};
 use attn_testkit::judge::{Expected, RowCheck, check_rows, judge_backward, round_to, verdict};
 use attn_testkit::tolerance::rel_l2_error;
@@ -110,7 +110,7 @@ struct Run {
 }
 
 fn options(case: &GoldenCase, config: &attn_multihead::MultiheadConfig) -> AttnOptions {
-    let mut opts = AttnOptions::new(config.validate().expect("valid config"));
+    let mut opts = AttnOptions::new(config.attention.clone());
     if let Some(mask) = case.masks.key_padding() {
         opts = opts.with_key_padding(mask.clone());
     }
@@ -346,7 +346,7 @@ fn judge(case: &GoldenCase, run: &Run) -> Vec<RowCheck> {
 }
 
 fn case_config(case: &GoldenCase) -> attn_core::DilatedConfig {
-    config_from_metadata(&case.meta, Bias::Zeros).and_then(|c| c.validate()).expect("config")
+    config_from_metadata(&case.meta, Bias::Zeros).expect("config").attention
 }
 
 /// The float64 composition of the stages on the file's own (unrounded) tensors against the

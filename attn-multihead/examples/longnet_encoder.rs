@@ -10,9 +10,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use attn_core::Result;
+use attn_core::{DilatedConfig, Result};
 use attn_kernels::CpuBackend;
-use attn_multihead::{EncoderConfig, LongNetEncoder, Mode, NamedParams, SeededRng};
+use attn_multihead::{Call, EncoderConfig, LongNetEncoder, NamedParams, SeededRng};
 use indicatif::{ProgressBar, ProgressStyle};
 
 struct Args {
@@ -60,7 +60,7 @@ fn main() -> Result<()> {
     let args = parse_args().map_err(attn_core::AttnError::InvalidArgument)?;
     let segments = [2048, 8192, 32768];
     let dilations = [1, 4, 16];
-    let cfg = EncoderConfig::new(args.embed, args.heads, &segments, &dilations, args.ffn);
+    let cfg = EncoderConfig::new(args.embed, args.heads, DilatedConfig::new(&segments, &dilations).unwrap(), args.ffn);
     let backend = Arc::new(CpuBackend::new(0)?);
     let threads = backend.threads();
     let encoder = LongNetEncoder::<f32>::new(cfg, args.layers, 2024, backend)?;
@@ -82,7 +82,7 @@ fn main() -> Result<()> {
     );
     let start = Instant::now();
     let y = if args.full {
-        let y = encoder.forward(&x, 1, args.tokens, Mode::Eval)?;
+        let y = encoder.forward(&x, &Call::new(1, args.tokens))?;
         bar.set_position(args.tokens as u64);
         y
     } else {

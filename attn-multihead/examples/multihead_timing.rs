@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use attn_core::{AttnError, Result};
+use attn_core::{AttnError, DilatedConfig, Result};
 use attn_kernels::CpuBackend;
-use attn_multihead::{Mode, MultiheadConfig, MultiheadDilatedAttention, SeededRng};
+use attn_multihead::{Call, MultiheadConfig, MultiheadDilatedAttention, SeededRng};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -36,19 +36,23 @@ fn main() -> Result<()> {
             _ => return Err(AttnError::InvalidArgument(format!("unknown flag {flag}"))),
         }
     }
-    let cfg = MultiheadConfig::new(embed, heads, &[2048, 4096, 8192], &[1, 2, 4]).with_causal(causal);
+    let cfg = MultiheadConfig::new(
+        embed,
+        heads,
+        DilatedConfig::builder().segments(&[2048, 4096, 8192]).dilations(&[1, 2, 4]).causal(causal).build().unwrap(),
+    );
     let layer = MultiheadDilatedAttention::<f32>::new(cfg, 7, Arc::new(CpuBackend::new(0)?))?;
     let mut rng = SeededRng::new(1);
     let x: Vec<f32> = (0..seq * embed).map(|_| rng.normal() as f32).collect();
     let g: Vec<f32> = (0..seq * embed).map(|_| rng.normal() as f32).collect();
     let (mut fwd, mut both) = (Vec::new(), Vec::new());
-    layer.forward(&x, 1, seq, Mode::Eval)?; // warm-up
+    layer.forward(&x, &Call::new(1, seq))?; // warm-up
     for _ in 0..runs {
         let t = Instant::now();
-        std::hint::black_box(layer.forward(&x, 1, seq, Mode::Eval)?);
+        std::hint::black_box(layer.forward(&x, &Call::new(1, seq))?);
         fwd.push(t.elapsed().as_secs_f64() * 1e3);
         let t = Instant::now();
-        let (y, cache) = layer.forward_train(&x, 1, seq, Mode::Eval)?;
+        let (y, cache) = layer.forward_train(&x, &Call::new(1, seq))?;
         let mut grads = layer.zero_grads();
         let dx = layer.backward(&cache, &g, &mut grads)?;
         std::hint::black_box((y, dx, grads));

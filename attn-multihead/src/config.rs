@@ -1,9 +1,10 @@
 //! `MultiheadConfig`: the hyper-parameters of `MultiheadDilatedAttention`, validated as PyTorch users expect.
 
-use attn_core::{AttnError, DilatedConfig, Mixing, Result, TensorName};
+use attn_core::{AttnError, Causality, DilatedConfig, Result, TensorName};
 
 /// Hyper-parameters of a multihead dilated attention layer (names as in
-/// `dilated-attention-pytorch`'s `MultiheadDilatedAttention`).
+/// `dilated-attention-pytorch`'s `MultiheadDilatedAttention`); the attention itself
+/// (dilated segments or a sliding window, causality, softmax scale) is `attention`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MultiheadConfig {
     pub embed_dim: usize,
@@ -11,11 +12,11 @@ pub struct MultiheadConfig {
     /// Key/value heads (grouped-query attention when fewer than `num_heads`; must divide
     /// it): `k_proj` and `v_proj` have `num_kv_heads * head_dim` rows.
     pub num_kv_heads: usize,
-    pub segment_lengths: Vec<usize>,
-    pub dilation_rates: Vec<usize>,
-    pub mixing: Mixing,
-    /// Causal masking (global positions; see SPEC.md).
-    pub causal: bool,
+    /// What attention runs: its patterns (segments and rates with their mixing, or a
+    /// sliding window), causality (global positions; see SPEC.md) and softmax scale
+    /// (`None`: `1/sqrt(head_dim)`). Valid by construction; `validate` checks it
+    /// against the head count.
+    pub attention: DilatedConfig,
     /// Whether the q/k/v/out projections have biases.
     pub bias: bool,
     /// Sub-LayerNorm before the output projection (MAGNETO / LongNet layout).
@@ -25,28 +26,22 @@ pub struct MultiheadConfig {
     pub gamma_init: f64,
     /// Dropout probability on the merged attention output in training mode.
     pub dropout: f64,
-    /// Softmax scale; `None` means `1/sqrt(head_dim)`.
-    pub scale: Option<f64>,
 }
 
 impl MultiheadConfig {
-    /// A config with the library's defaults: HeadGroups, non-causal, bias, sub-LN,
-    /// eps 1e-5, gamma_init 1, no dropout.
-    pub fn new(embed_dim: usize, num_heads: usize, segment_lengths: &[usize], dilation_rates: &[usize]) -> Self {
+    /// A layer of `num_heads` heads over `embed_dim` running `attention`, with the
+    /// library's defaults: bias, sub-LN, eps 1e-5, gamma_init 1, no dropout.
+    pub fn new(embed_dim: usize, num_heads: usize, attention: DilatedConfig) -> Self {
         MultiheadConfig {
             embed_dim,
             num_heads,
             num_kv_heads: num_heads,
-            segment_lengths: segment_lengths.to_vec(),
-            dilation_rates: dilation_rates.to_vec(),
-            mixing: Mixing::HeadGroups,
-            causal: false,
+            attention,
             bias: true,
             layer_norm: true,
             layer_norm_eps: 1e-5,
             gamma_init: 1.0,
             dropout: 0.0,
-            scale: None,
         }
     }
 
@@ -55,12 +50,9 @@ impl MultiheadConfig {
         self.num_kv_heads = num_kv_heads;
         self
     }
-    pub fn with_mixing(mut self, mixing: Mixing) -> Self {
-        self.mixing = mixing;
-        self
-    }
-    pub fn with_causal(mut self, causal: bool) -> Self {
-        self.causal = causal;
+    /// The same attention with another causality.
+    pub fn with_causality(mut self, causality: Causality) -> Self {
+        self.attention = self.attention.with_causality(causality);
         self
     }
     pub fn with_bias(mut self, bias: bool) -> Self {
@@ -79,12 +71,6 @@ impl MultiheadConfig {
         self.dropout = dropout;
         self
     }
-    /// An explicit softmax scale (finite and positive; checked by `validate`).
-    pub fn with_scale(mut self, scale: Option<f64>) -> Self {
-        self.scale = scale;
-        self
-    }
-
     /// Per-head dimension `embed_dim / num_heads` (after [`MultiheadConfig::validate`]).
     pub fn head_dim(&self) -> usize {
         self.embed_dim / self.num_heads.max(1)
@@ -95,8 +81,8 @@ impl MultiheadConfig {
         self.num_kv_heads * self.head_dim()
     }
 
-    /// Check every field; returns the attention config the layer runs.
-    pub fn validate(&self) -> Result<DilatedConfig> {
+    /// Check every field (the attention against the head count).
+    pub fn validate(&self) -> Result<()> {
         if self.embed_dim == 0 {
             return Err(AttnError::InvalidArgument("embed_dim must be positive".into()));
         }
@@ -132,57 +118,51 @@ impl MultiheadConfig {
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(AttnError::InvalidArgument(format!("dropout must be in [0, 1), got {}", self.dropout)));
         }
-        let cfg = DilatedConfig::builder()
-            .segments(&self.segment_lengths)
-            .dilations(&self.dilation_rates)
-            .mixing(self.mixing)
-            .causal(self.causal)
-            .maybe_scale(self.scale)
-            .build()?;
-        cfg.validate_heads(self.num_heads)?;
-        Ok(cfg)
+        self.attention.validate_heads(self.num_heads)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use attn_core::Mixing;
+
+    fn dilated(w: &[usize], r: &[usize]) -> DilatedConfig {
+        DilatedConfig::new(w, r).unwrap()
+    }
 
     #[test]
     fn pytorch_style_validation() {
-        let ok = MultiheadConfig::new(32, 4, &[8, 16], &[1, 2]);
-        assert_eq!(ok.validate().unwrap().segment_lengths(), &[8, 16]);
+        let ok = MultiheadConfig::new(32, 4, dilated(&[8, 16], &[1, 2]));
+        assert!(ok.validate().is_ok());
         assert_eq!(ok.head_dim(), 8);
-        let msg = MultiheadConfig::new(30, 4, &[8], &[1]).validate().unwrap_err().to_string();
+        let msg = MultiheadConfig::new(30, 4, dilated(&[8], &[1])).validate().unwrap_err().to_string();
         assert!(msg.contains("divisible"), "{msg}");
-        assert!(MultiheadConfig::new(0, 4, &[8], &[1]).validate().is_err());
-        assert!(MultiheadConfig::new(8, 0, &[8], &[1]).validate().is_err());
+        assert!(MultiheadConfig::new(0, 4, dilated(&[8], &[1])).validate().is_err());
+        assert!(MultiheadConfig::new(8, 0, dilated(&[8], &[1])).validate().is_err());
         assert!(matches!(
-            MultiheadConfig::new(8, 2, &[8, 16, 32], &[1, 2, 4]).validate(),
+            MultiheadConfig::new(8, 2, dilated(&[8, 16, 32], &[1, 2, 4])).validate(),
             Err(AttnError::TooFewHeads { heads: 2, groups: 3 })
         ));
-        assert!(MultiheadConfig::new(8, 2, &[8, 16, 32], &[1, 2, 4]).with_mixing(Mixing::LongNet).validate().is_ok());
-        assert!(matches!(
-            MultiheadConfig::new(8, 2, &[8], &[]).validate(),
-            Err(AttnError::PatternCountMismatch { .. })
-        ));
+        let longnet = DilatedConfig::builder().segments(&[8, 16, 32]).dilations(&[1, 2, 4]).mixing(Mixing::LongNet);
+        assert!(MultiheadConfig::new(8, 2, longnet.build().unwrap()).validate().is_ok());
         for p in [-0.1, 1.0, f64::NAN] {
-            assert!(MultiheadConfig::new(8, 2, &[8], &[1]).with_dropout(p).validate().is_err());
+            assert!(MultiheadConfig::new(8, 2, dilated(&[8], &[1])).with_dropout(p).validate().is_err());
         }
-        assert!(MultiheadConfig::new(8, 2, &[8], &[1]).with_gamma_init(0.0).validate().is_err());
-        let scaled = MultiheadConfig::new(8, 2, &[8], &[1]).with_scale(Some(0.5)).validate().unwrap();
-        assert_eq!(scaled.scale_for(4), 0.5);
-        assert!(matches!(
-            MultiheadConfig::new(8, 2, &[8], &[1]).with_scale(Some(-1.0)).validate(),
-            Err(AttnError::InvalidScale(_))
-        ));
-        let gqa = MultiheadConfig::new(32, 4, &[8], &[1]).with_num_kv_heads(2);
+        assert!(MultiheadConfig::new(8, 2, dilated(&[8], &[1])).with_gamma_init(0.0).validate().is_err());
+        let scaled = DilatedConfig::builder().segments(&[8]).dilations(&[1]).scale(0.5).build().unwrap();
+        assert_eq!(MultiheadConfig::new(8, 2, scaled).attention.scale_for(4), 0.5);
+        let gqa = MultiheadConfig::new(32, 4, dilated(&[8], &[1])).with_num_kv_heads(2);
         assert!(gqa.validate().is_ok() && gqa.kv_dim() == 16);
         for kv in [0, 3] {
             assert!(matches!(
-                MultiheadConfig::new(32, 4, &[8], &[1]).with_num_kv_heads(kv).validate(),
+                MultiheadConfig::new(32, 4, dilated(&[8], &[1])).with_num_kv_heads(kv).validate(),
                 Err(AttnError::KvHeadsNotDividing { heads: 4, kv_heads: _ })
             ));
         }
+        let window = MultiheadConfig::new(8, 2, DilatedConfig::sliding_window(3, 0).unwrap());
+        assert!(window.validate().is_ok(), "a window runs with any head count");
+        let causal = MultiheadConfig::new(8, 2, dilated(&[8], &[1])).with_causality(Causality::Causal);
+        assert!(causal.attention.causal());
     }
 }

@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
-use attn_core::{AttnError, Masks, Mixing, Result};
+use attn_core::{Attention, AttnError, DilatedConfig, Result, TensorName};
 
+use crate::call::Call;
 use crate::config::MultiheadConfig;
 use crate::dropout::{DropoutSite, MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
@@ -14,7 +15,13 @@ use crate::projection::{Bias, Linear};
 use crate::segment_window::{window_rows, windows};
 use crate::weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 use crate::workspace::MultiheadWorkspace;
-use attn_core::Attention;
+
+/// Whether the feed-forward branch keeps what the backward needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    Output,
+    Cache,
+}
 
 /// Hyper-parameters of a LongNet encoder layer (`DilatedTransformerEncoderLayer` of
 /// `dilated-attention-pytorch`; activation ReLU as its default).
@@ -22,45 +29,32 @@ use attn_core::Attention;
 pub struct EncoderConfig {
     pub d_model: usize,
     pub nhead: usize,
-    pub segment_lengths: Vec<usize>,
-    pub dilation_rates: Vec<usize>,
+    /// The self-attention's patterns, causality and scale (see [`MultiheadConfig::attention`]).
+    pub attention: DilatedConfig,
     pub dim_feedforward: usize,
     pub dropout: f64,
     pub layer_norm_eps: f64,
-    pub mixing: Mixing,
-    pub causal: bool,
     /// MAGNETO gain of v, out and `linear2`; stacks set it from their layer count.
     pub gamma_init: f64,
 }
 
 impl EncoderConfig {
-    /// Defaults: HeadGroups, non-causal, no dropout, eps 1e-5, gain 1.
-    pub fn new(
-        d_model: usize,
-        nhead: usize,
-        segment_lengths: &[usize],
-        dilation_rates: &[usize],
-        dim_feedforward: usize,
-    ) -> Self {
+    /// Defaults: no dropout, eps 1e-5, gain 1.
+    pub fn new(d_model: usize, nhead: usize, attention: DilatedConfig, dim_feedforward: usize) -> Self {
         EncoderConfig {
             d_model,
             nhead,
-            segment_lengths: segment_lengths.to_vec(),
-            dilation_rates: dilation_rates.to_vec(),
+            attention,
             dim_feedforward,
             dropout: 0.0,
             layer_norm_eps: 1e-5,
-            mixing: Mixing::HeadGroups,
-            causal: false,
             gamma_init: 1.0,
         }
     }
 
     /// The attention sub-layer's config (bias, sub-LN on, same dropout and gain).
-    pub fn attention(&self) -> MultiheadConfig {
-        let mut c = MultiheadConfig::new(self.d_model, self.nhead, &self.segment_lengths, &self.dilation_rates)
-            .with_mixing(self.mixing)
-            .with_causal(self.causal)
+    pub fn self_attention(&self) -> MultiheadConfig {
+        let mut c = MultiheadConfig::new(self.d_model, self.nhead, self.attention.clone())
             .with_dropout(self.dropout)
             .with_gamma_init(self.gamma_init);
         c.layer_norm_eps = self.layer_norm_eps;
@@ -68,7 +62,7 @@ impl EncoderConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        self.attention().validate()?;
+        self.self_attention().validate()?;
         if self.dim_feedforward == 0 {
             return Err(AttnError::InvalidArgument("dim_feedforward must be positive".into()));
         }
@@ -148,7 +142,7 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         config.validate()?;
         let (e, ff) = (config.d_model, config.dim_feedforward);
         let eps = config.layer_norm_eps;
-        let self_attn = MultiheadDilatedAttention::new(config.attention(), seed, backend)?;
+        let self_attn = MultiheadDilatedAttention::new(config.self_attention(), seed, backend)?;
         let mut rng = SeededRng::new(seed ^ 0x5EED_F00D);
         let linear1 = Linear::xavier(&mut rng, e, ff, 1.0, Bias::Zeros);
         let linear2 = Linear::xavier(&mut rng, ff, e, config.gamma_init, Bias::Zeros);
@@ -179,52 +173,54 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         }
     }
 
-    /// Forward over `x: [batch, seq, d_model]` (nothing kept for backward).
-    pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
-        self.forward_with(x, batch, seq, mode, &mut MultiheadWorkspace::new())
+    /// Forward over `x: [call.batch, call.seq, d_model]` (nothing kept for backward);
+    /// the call's masks apply to the self-attention, everything else is per token.
+    pub fn forward(&self, x: &[F], call: &Call<'_, F>) -> Result<Vec<F>> {
+        let mut y = attn_kernels::zeroed_buffer(x.len())?;
+        self.forward_into(x, call, &mut MultiheadWorkspace::new(), &mut y)?;
+        Ok(y)
     }
 
-    /// [`LongNetEncoderLayer::forward`] with the attention's intermediate buffers in
-    /// `ws`, which can serve every layer of a stack and every call.
-    pub fn forward_with(
+    /// [`LongNetEncoderLayer::forward`] into `out`, with the attention's intermediate
+    /// buffers in `ws`, which can serve every layer of a stack and every call.
+    pub fn forward_into(
         &self,
         x: &[F],
-        batch: usize,
-        seq: usize,
-        mode: Mode,
+        call: &Call<'_, F>,
         ws: &mut MultiheadWorkspace<F>,
-    ) -> Result<Vec<F>> {
+        out: &mut [F],
+    ) -> Result<()> {
+        call.self_attention_only("LongNetEncoderLayer")?;
         let h1 = self.norm1.forward(x)?.0;
         let mut a = attn_kernels::zeroed_buffer(x.len())?;
-        self.self_attn.forward_with(&h1, batch, seq, mode, ws, &mut a)?;
+        self.self_attn.forward_into(&h1, call, ws, &mut a)?;
         drop(h1);
-        self.after_attention(x, a, [batch, seq], mode)
-    }
-
-    /// [`LongNetEncoderLayer::forward`] with a key padding mask `[batch, seq]` and/or
-    /// packed sequences for the self-attention (see
-    /// [`MultiheadDilatedAttention::forward_masked`]); everything else is per token.
-    pub fn forward_masked(&self, x: &[F], batch: usize, seq: usize, masks: Masks<'_>, mode: Mode) -> Result<Vec<F>> {
-        let h1 = self.norm1.forward(x)?.0;
-        let a = self.self_attn.forward_masked(&h1, batch, seq, masks, mode)?;
-        drop(h1);
-        self.after_attention(x, a, [batch, seq], mode)
+        self.after_attention(x, a, [call.batch, call.seq], call.mode, out)
     }
 
     /// The residual around the attention output `a` and the feed-forward branch.
-    fn after_attention(&self, x: &[F], a: Vec<F>, [batch, seq]: [usize; 2], mode: Mode) -> Result<Vec<F>> {
+    /// Writes `x1 + ffn(x1)` into `out`, where `x1 = x + dropout(a)`.
+    fn after_attention(&self, x: &[F], a: Vec<F>, [batch, seq]: [usize; 2], mode: Mode, out: &mut [F]) -> Result<()> {
+        if out.len() != x.len() {
+            return Err(AttnError::ShapeMismatch {
+                tensor: TensorName::Output,
+                expected: vec![batch, seq, self.config.d_model],
+                got: vec![out.len()],
+            });
+        }
         let rows = self.self_attn.mask_rows(mode, batch, seq)?;
         let mask = dropout_mask(mode, self.config.dropout, DropoutSite::AttentionResidual, &rows, self.config.d_model);
         let x1 = add(x, &apply_mask(&a, mask.as_deref()));
         drop(a);
-        let ffn = self.feedforward(&x1, &rows, mode, false)?.0;
-        Ok(add(&x1, &ffn))
+        let ffn = self.feedforward(&x1, &rows, mode, Keep::Output)?.0;
+        out.iter_mut().zip(x1.iter().zip(&ffn)).for_each(|(o, (&u, &f))| *o = u + f);
+        Ok(())
     }
 
     /// Runs the FFN branch over `[batch, seq, d_model]` (`at`: the rows' global
-    /// positions for dropout masks); returns its output and (when `keep`) the pieces
-    /// backward needs.
-    fn feedforward(&self, x1: &[F], at: &MaskRows, mode: Mode, keep: bool) -> Result<(Vec<F>, Option<FfnCache<F>>)> {
+    /// positions for dropout masks); returns its output and (with [`Keep::Cache`]) the
+    /// pieces backward needs.
+    fn feedforward(&self, x1: &[F], at: &MaskRows, mode: Mode, keep: Keep) -> Result<(Vec<F>, Option<FfnCache<F>>)> {
         let rows = x1.len() / self.config.d_model;
         let (h2, stats2) = self.norm2.forward(x1)?;
         let f1 = self.linear1.forward(&h2, rows)?;
@@ -237,38 +233,22 @@ impl<F: LayerFloat> LongNetEncoderLayer<F> {
         let f2 = self.linear2.forward(&h3, rows)?;
         let mask_out = dropout_mask(mode, p, DropoutSite::FeedForwardResidual, at, self.config.d_model);
         let y = apply_mask(&f2, mask_out.as_deref()).into_owned();
-        let kept = keep.then_some(FfnCache { stats2, h2, f1, mask_hidden, r_d, stats3, h3, mask_out });
+        let kept = (keep == Keep::Cache).then_some(FfnCache { stats2, h2, f1, mask_hidden, r_d, stats3, h3, mask_out });
         Ok((y, kept))
     }
 
-    /// Forward keeping what [`LongNetEncoderLayer::backward`] needs.
-    pub fn forward_train(
-        &self,
-        x: &[F],
-        batch: usize,
-        seq: usize,
-        mode: Mode,
-    ) -> Result<(Vec<F>, EncoderLayerCache<F>)> {
-        self.forward_train_masked(x, batch, seq, Masks::NONE, mode)
-    }
-
-    /// [`LongNetEncoderLayer::forward_train`] with masks (see
-    /// [`LongNetEncoderLayer::forward_masked`]); the cache keeps them for the backward.
-    pub fn forward_train_masked(
-        &self,
-        x: &[F],
-        batch: usize,
-        seq: usize,
-        masks: Masks<'_>,
-        mode: Mode,
-    ) -> Result<(Vec<F>, EncoderLayerCache<F>)> {
+    /// [`LongNetEncoderLayer::forward`] keeping what [`LongNetEncoderLayer::backward`]
+    /// needs (the call's masks included).
+    pub fn forward_train(&self, x: &[F], call: &Call<'_, F>) -> Result<(Vec<F>, EncoderLayerCache<F>)> {
+        call.self_attention_only("LongNetEncoderLayer")?;
+        let (batch, seq, mode) = (call.batch, call.seq, call.mode);
         let (h1, stats1) = self.norm1.forward(x)?;
-        let (a, attn) = self.self_attn.forward_train_masked(&h1, batch, seq, masks, mode)?;
+        let (a, attn) = self.self_attn.forward_train(&h1, call)?;
         let rows = self.self_attn.mask_rows(mode, batch, seq)?;
         let mask_attn =
             dropout_mask(mode, self.config.dropout, DropoutSite::AttentionResidual, &rows, self.config.d_model);
         let x1 = add(x, &apply_mask(&a, mask_attn.as_deref()));
-        let (ffn, kept) = self.feedforward(&x1, &rows, mode, true)?;
+        let (ffn, kept) = self.feedforward(&x1, &rows, mode, Keep::Cache)?;
         let ffn_cache = kept.ok_or_else(|| AttnError::InvalidArgument("feed-forward cache missing".into()))?;
         let y = add(&x1, &ffn);
         let cache = EncoderLayerCache { batch, seq, x: x.to_vec(), stats1, attn, mask_attn, x1, ffn: ffn_cache };
@@ -406,16 +386,19 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         Ok(LongNetEncoder { layers })
     }
 
-    /// Forward through every layer (nothing kept). An eval pass on one device walks
-    /// long sequences in segment windows ([`LongNetEncoder::forward_windows`] with a
-    /// window that is a multiple of every layer's segment lengths, at least the
-    /// attention's `window_rows`, default [`crate::DEFAULT_WINDOW_ROWS`]): the same
-    /// function with one window's activations (the feed-forward's included).
-    pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
-        if let Some(window) = self.eval_window(seq, mode)? {
-            return self.forward_windows(x, batch, seq, window, |_| {});
+    /// Forward through every layer (nothing kept); the call's masks apply in every
+    /// layer's self-attention. An eval pass without masks on one device walks long
+    /// sequences in segment windows ([`LongNetEncoder::forward_windows`] with a window
+    /// that is a multiple of every layer's segment lengths, at least the attention's
+    /// `window_rows`, default [`crate::DEFAULT_WINDOW_ROWS`]): the same function with
+    /// one window's activations (the feed-forward's included).
+    pub fn forward(&self, x: &[F], call: &Call<'_, F>) -> Result<Vec<F>> {
+        if let Some(window) = self.eval_window(call)? {
+            return self.forward_windows(x, call.batch, call.seq, window, |_| {});
         }
-        self.forward_with(x, batch, seq, mode, &mut MultiheadWorkspace::new())
+        let mut y = attn_kernels::zeroed_buffer(x.len())?;
+        self.forward_into(x, call, &mut MultiheadWorkspace::new(), &mut y)?;
+        Ok(y)
     }
 
     /// Set every layer's window target ([`MultiheadDilatedAttention::with_window_rows`];
@@ -427,14 +410,20 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         self
     }
 
-    /// The window an eval pass over `seq` rows walks, if any (not on a ring, not in training).
-    fn eval_window(&self, seq: usize, mode: Mode) -> Result<Option<usize>> {
+    /// The window an eval pass walks, if any (not on a ring, not in training, not with
+    /// masks, not with a sliding window, which crosses every window edge).
+    fn eval_window(&self, call: &Call<'_, F>) -> Result<Option<usize>> {
         let attn = &self.first_layer()?.self_attn;
-        if mode != Mode::Eval || !attn.backend().placement().is_whole() {
+        if call.mode != Mode::Eval
+            || !call.masks.is_none()
+            || !attn.backend().placement().is_whole()
+            || self.layers.iter().any(|l| l.config.attention.window().is_some())
+        {
             return Ok(None);
         }
-        let segments: Vec<usize> = self.layers.iter().flat_map(|l| l.config.segment_lengths.iter().copied()).collect();
-        Ok(window_rows(&segments, seq, attn.window_rows()))
+        let segments: Vec<usize> =
+            self.layers.iter().flat_map(|l| l.config.attention.segment_lengths().iter().copied()).collect();
+        Ok(window_rows(&segments, call.seq, attn.window_rows()))
     }
 
     /// The first layer (`layers` is public: an empty stack is an error, not a panic).
@@ -442,21 +431,31 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         self.layers.first().ok_or_else(|| AttnError::InvalidArgument("an encoder needs at least one layer".into()))
     }
 
-    /// [`LongNetEncoder::forward`] with one attention workspace for every layer (and
-    /// for later calls with the same shapes).
-    pub fn forward_with(
+    /// [`LongNetEncoder::forward`] into `out` in one pass, with one attention
+    /// workspace for every layer (and for later calls with the same shapes).
+    pub fn forward_into(
         &self,
         x: &[F],
-        batch: usize,
-        seq: usize,
-        mode: Mode,
+        call: &Call<'_, F>,
         ws: &mut MultiheadWorkspace<F>,
-    ) -> Result<Vec<F>> {
+        out: &mut [F],
+    ) -> Result<()> {
+        self.first_layer()?;
         let mut h = x.to_vec();
+        let mut next = attn_kernels::zeroed_buffer(x.len())?;
         for (i, l) in self.layers.iter().enumerate() {
-            h = l.forward_with(&h, batch, seq, layer_mode(mode, i), ws)?;
+            l.forward_into(&h, &call.with_mode(layer_mode(call.mode, i)), ws, &mut next)?;
+            std::mem::swap(&mut h, &mut next);
         }
-        Ok(h)
+        if out.len() != h.len() {
+            return Err(AttnError::ShapeMismatch {
+                tensor: TensorName::Output,
+                expected: vec![call.batch, call.seq, self.first_layer()?.config.d_model],
+                got: vec![out.len()],
+            });
+        }
+        out.copy_from_slice(&h);
+        Ok(())
     }
 
     /// Eval forward in independent windows of `window` positions, calling `progress`
@@ -485,7 +484,13 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         }
         if window < seq {
             for l in &self.layers {
-                if let Some(w) = l.config.segment_lengths.iter().find(|&&w| !window.is_multiple_of(w)) {
+                if let Some(w) = l.config.attention.window() {
+                    return Err(AttnError::InvalidArgument(format!(
+                        "a sliding window ({}, {}) crosses windows of {window} rows: run one pass",
+                        w.left, w.right
+                    )));
+                }
+                if let Some(w) = l.config.attention.segment_lengths().iter().find(|&&w| !window.is_multiple_of(w)) {
                     return Err(AttnError::InvalidArgument(format!(
                         "window {window} is not a multiple of segment length {w}: attention would cross windows"
                     )));
@@ -498,8 +503,7 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         for b in 0..batch {
             for (start, len) in windows(seq, window) {
                 let rows = (b * seq + start) * e..(b * seq + start + len) * e;
-                let out = self.forward_with(&x[rows.clone()], 1, len, Mode::Eval, &mut ws)?;
-                y[rows].copy_from_slice(&out);
+                self.forward_into(&x[rows.clone()], &Call::new(1, len), &mut ws, &mut y[rows])?;
                 done += len;
                 progress(done);
             }
@@ -507,35 +511,12 @@ impl<F: LayerFloat> LongNetEncoder<F> {
         Ok(y)
     }
 
-    /// [`LongNetEncoder::forward`] with a key padding mask `[batch, seq]` and/or packed
-    /// sequences, applied in every layer's self-attention (one pass, no windows).
-    pub fn forward_masked(&self, x: &[F], batch: usize, seq: usize, masks: Masks<'_>, mode: Mode) -> Result<Vec<F>> {
-        self.first_layer()?;
-        let mut h = x.to_vec();
-        for (i, l) in self.layers.iter().enumerate() {
-            h = l.forward_masked(&h, batch, seq, masks, layer_mode(mode, i))?;
-        }
-        Ok(h)
-    }
-
-    /// Forward keeping every layer's cache.
-    pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, EncoderCache<F>)> {
-        self.forward_train_masked(x, batch, seq, Masks::NONE, mode)
-    }
-
-    /// [`LongNetEncoder::forward_train`] with masks (see [`LongNetEncoder::forward_masked`]).
-    pub fn forward_train_masked(
-        &self,
-        x: &[F],
-        batch: usize,
-        seq: usize,
-        masks: Masks<'_>,
-        mode: Mode,
-    ) -> Result<(Vec<F>, EncoderCache<F>)> {
+    /// [`LongNetEncoder::forward`] keeping every layer's cache.
+    pub fn forward_train(&self, x: &[F], call: &Call<'_, F>) -> Result<(Vec<F>, EncoderCache<F>)> {
         let mut h = x.to_vec();
         let mut layers = Vec::with_capacity(self.layers.len());
         for (i, l) in self.layers.iter().enumerate() {
-            let (y, c) = l.forward_train_masked(&h, batch, seq, masks, layer_mode(mode, i))?;
+            let (y, c) = l.forward_train(&h, &call.with_mode(layer_mode(call.mode, i)))?;
             layers.push(c);
             h = y;
         }

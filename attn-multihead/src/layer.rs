@@ -3,8 +3,11 @@
 use std::sync::Arc;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, DilatedConfig, Masks, OwnedMasks, Result, Shape4, TensorView, TensorViewMut};
+use attn_core::{
+    Attention, AttnError, AttnInputs, DilatedConfig, Masks, OwnedMasks, Result, Shape4, TensorView, TensorViewMut,
+};
 
+use crate::call::{Call, Cross};
 use crate::config::MultiheadConfig;
 use crate::dropout::{DropoutSite, MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
@@ -14,7 +17,6 @@ use crate::segment_window::{DEFAULT_WINDOW_ROWS, window_rows, windows};
 use crate::sparse_projection::{QkvInput, project_qkv};
 use crate::weights::MultiheadWeights;
 use crate::workspace::{MultiheadWorkspace, SelectionKey, sized};
-use attn_core::{Attention, AttnInputs};
 
 mod backward;
 #[cfg(test)]
@@ -141,7 +143,6 @@ pub struct InputGrads<F> {
 #[derive(Debug, Clone)]
 pub struct MultiheadDilatedAttention<F: LayerFloat> {
     config: MultiheadConfig,
-    dilated: DilatedConfig,
     pub weights: MultiheadWeights<F>,
     backend: Arc<dyn Attention<F>>,
     /// Target rows of a segment window (`segment_window`); 0 walks the whole sequence at once.
@@ -179,9 +180,9 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         weights: MultiheadWeights<F>,
         backend: Arc<dyn Attention<F>>,
     ) -> Result<Self> {
-        let dilated = config.validate()?;
+        config.validate()?;
         weights.check_layout(&config, "weights")?;
-        Ok(MultiheadDilatedAttention { config, dilated, weights, backend, window_rows: DEFAULT_WINDOW_ROWS })
+        Ok(MultiheadDilatedAttention { config, weights, backend, window_rows: DEFAULT_WINDOW_ROWS })
     }
 
     /// Zero gradients with this layer's weight layout.
@@ -192,8 +193,9 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     pub fn config(&self) -> &MultiheadConfig {
         &self.config
     }
+    /// The attention the layer runs (`config().attention`).
     pub fn dilated_config(&self) -> &DilatedConfig {
-        &self.dilated
+        &self.config.attention
     }
     pub fn backend(&self) -> &Arc<dyn Attention<F>> {
         &self.backend
@@ -207,7 +209,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     /// Walk long sequences in windows of at least `rows` rows, rounded up to a multiple
     /// of every segment length (default [`DEFAULT_WINDOW_ROWS`]; 0 makes one pass over
     /// the whole sequence): inference passes ([`Self::forward`] and
-    /// [`Self::forward_with`] in [`Mode::Eval`]) and the backward of self-attention, on
+    /// [`Self::forward_into`] in [`Mode::Eval`]) and the backward of self-attention, on
     /// one device. The result is the same function (see [`crate::segment_window`]); the
     /// intermediate and gradient buffers hold one window. [`Self::forward_train`] keeps
     /// every row, since the backward reads them.
@@ -232,11 +234,11 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         if mode != Mode::Eval
             || !self.backend.placement().is_whole()
             || !masks.is_none()
-            || self.dilated.window().is_some()
+            || self.config.attention.window().is_some()
         {
             return Ok(None);
         }
-        Ok(window_rows(&self.config.segment_lengths, seq, self.window_rows))
+        Ok(window_rows(self.config.attention.segment_lengths(), seq, self.window_rows))
     }
 
     /// The rows of a `[batch, seq, ..]` activation for dropout masks: their global
@@ -259,65 +261,38 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         Shape4::new(batch, seq, self.config.num_kv_heads, self.config.head_dim())
     }
 
-    /// Self-attention over `x: [batch, seq, embed]`; returns the output only.
-    pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
+    /// The layer over `x` (the queries, `[call.batch, call.seq, embed]`) as `call`
+    /// says (mode, masks, cross-attention keys); returns the output only.
+    pub fn forward(&self, x: &[F], call: &Call<'_, F>) -> Result<Vec<F>> {
         let mut y = attn_kernels::zeroed_buffer(x.len())?;
-        self.forward_with(x, batch, seq, mode, &mut MultiheadWorkspace::new(), &mut y)?;
+        self.forward_into(x, call, &mut MultiheadWorkspace::new(), &mut y)?;
         Ok(y)
     }
 
-    /// [`Self::forward`] with masks: a key padding mask `[batch, seq]` (`true` = padding,
-    /// as `torch.nn.MultiheadAttention`'s `key_padding_mask`; with a ring backend, this
-    /// rank's rows) and packed sequences (`cu_seqlens`, batch 1).
-    pub fn forward_masked(&self, x: &[F], batch: usize, seq: usize, masks: Masks<'_>, mode: Mode) -> Result<Vec<F>> {
-        let mut y = attn_kernels::zeroed_buffer(x.len())?;
-        check_input("query", x, batch, seq, self.config.embed_dim)?;
-        let mut ws = MultiheadWorkspace::new();
-        let shape = self.project_self_masked(x, [batch, seq], &masks, &mut ws)?;
-        let pass = AttnPass { qs: shape, kvs: self.kv_shape(batch, seq)?, layout: ProjLayout::Fused, mode, masks };
-        self.finish_forward(pass, &mut ws, &mut y)?;
-        Ok(y)
-    }
-
-    /// [`Self::forward_train`] with masks (see [`Self::forward_masked`]); the cache keeps
-    /// them for the backward.
-    pub fn forward_train_masked(
+    /// [`Self::forward`] into the caller's `out` (`[batch, seq, embed]`), with every
+    /// intermediate buffer in `ws`: repeated calls with the same shapes allocate nothing
+    /// (dropout masks in training mode aside).
+    pub fn forward_into(
         &self,
         x: &[F],
-        batch: usize,
-        seq: usize,
-        masks: Masks<'_>,
-        mode: Mode,
-    ) -> Result<(Vec<F>, MultiheadCache<F>)> {
-        let mut ws = MultiheadWorkspace::new();
-        let shape = self.project_self_masked(x, [batch, seq], &masks, &mut ws)?;
-        let kvs = self.kv_shape(batch, seq)?;
-        let mut y = attn_kernels::zeroed_buffer(x.len())?;
-        let kept =
-            self.finish_forward(AttnPass { qs: shape, kvs, layout: ProjLayout::Fused, mode, masks }, &mut ws, &mut y)?;
-        Ok((y, kept.into_cache(shape, kvs, Inputs::SelfAttn(x.to_vec()), ws)))
-    }
-
-    /// [`MultiheadDilatedAttention::forward`] into the caller's `out` (`[batch, seq,
-    /// embed]`), with every intermediate buffer in `ws`: repeated calls with the same
-    /// shapes allocate nothing (dropout masks in training mode aside).
-    pub fn forward_with(
-        &self,
-        x: &[F],
-        batch: usize,
-        seq: usize,
-        mode: Mode,
+        call: &Call<'_, F>,
         ws: &mut MultiheadWorkspace<F>,
         out: &mut [F],
     ) -> Result<()> {
-        let e = self.config.embed_dim;
+        let (batch, seq, e) = (call.batch, call.seq, self.config.embed_dim);
+        let masks = call.masks;
+        if let Some(cross) = call.cross {
+            let (qs, kvs) = self.project_cross(x, cross, [batch, seq], ws)?;
+            self.finish_forward(AttnPass { qs, kvs, layout: ProjLayout::Split, mode: call.mode, masks }, ws, out)?;
+            return Ok(());
+        }
         check_input("query", x, batch, seq, e)?;
-        let pass = |qs: Shape4| -> Result<AttnPass<'static>> {
+        let pass = |qs: Shape4| -> Result<AttnPass<'_>> {
             let kvs = self.kv_shape(qs.batch, qs.seq)?;
-            Ok(AttnPass { qs, kvs, layout: ProjLayout::Fused, mode, masks: Masks::NONE })
+            Ok(AttnPass { qs, kvs, layout: ProjLayout::Fused, mode: call.mode, masks })
         };
-        let Some(window) = self.forward_window(seq, mode, &Masks::NONE)? else {
-            let shape = self.project_self(x, batch, seq, ws)?;
+        let Some(window) = self.forward_window(seq, call.mode, &masks)? else {
+            let shape = self.project_self(x, [batch, seq], &masks, ws)?;
             self.finish_forward(pass(shape)?, ws, out)?;
             return Ok(());
         };
@@ -325,16 +300,34 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         for b in 0..batch {
             for (start, len) in windows(seq, window) {
                 let rows = (b * seq + start) * e..(b * seq + start + len) * e;
-                let shape = self.project_self(&x[rows.clone()], 1, len, ws)?;
+                let shape = self.project_self(&x[rows.clone()], [1, len], &Masks::NONE, ws)?;
                 self.finish_forward(pass(shape)?, ws, &mut out[rows])?;
             }
         }
         Ok(())
     }
 
-    /// Self-attention, keeping what [`MultiheadDilatedAttention::backward`] needs.
-    pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
-        self.forward_train_masked(x, batch, seq, Masks::NONE, mode)
+    /// [`Self::forward`] keeping what [`Self::backward`] needs (the inputs, the
+    /// projections, the attention output and statistics, dropout masks, the call's
+    /// masks). Every row is kept, so the pass never walks in windows.
+    pub fn forward_train(&self, x: &[F], call: &Call<'_, F>) -> Result<(Vec<F>, MultiheadCache<F>)> {
+        let (batch, seq) = (call.batch, call.seq);
+        let mut ws = MultiheadWorkspace::new();
+        let (qs, kvs, layout, inputs) = match call.cross {
+            None => {
+                let qs = self.project_self(x, [batch, seq], &call.masks, &mut ws)?;
+                (qs, self.kv_shape(batch, seq)?, ProjLayout::Fused, Inputs::SelfAttn(x.to_vec()))
+            }
+            Some(c) => {
+                let (qs, kvs) = self.project_cross(x, c, [batch, seq], &mut ws)?;
+                let inputs = Inputs::Cross { query: x.to_vec(), key: c.key.to_vec(), value: c.value.to_vec() };
+                (qs, kvs, ProjLayout::Split, inputs)
+            }
+        };
+        let mut y = attn_kernels::zeroed_buffer(x.len())?;
+        let pass = AttnPass { qs, kvs, layout, mode: call.mode, masks: call.masks };
+        let kept = self.finish_forward(pass, &mut ws, &mut y)?;
+        Ok((y, kept.into_cache(qs, kvs, inputs, ws)))
     }
 
     /// Whether k and v have fewer heads than q.
@@ -347,23 +340,18 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         self.config.embed_dim + 2 * self.config.kv_dim()
     }
 
-    /// The fused q/k/v projection of `x` into `ws.qkv`.
-    fn project_self(&self, x: &[F], batch: usize, seq: usize, ws: &mut MultiheadWorkspace<F>) -> Result<Shape4> {
-        self.project_self_masked(x, [batch, seq], &Masks::NONE, ws)
-    }
-
     /// Whether the input projection may project only the rows each head group selects:
     /// the whole sequence on one device, without grouped heads, windows or packing (whose
     /// selection is relative to each sequence).
     fn sparse_projection(&self, masks: &Masks<'_>) -> bool {
         self.backend.placement().is_whole()
             && !self.grouped()
-            && self.dilated.window().is_none()
+            && self.config.attention.window().is_none()
             && masks.packing.is_none()
     }
 
     /// The fused q/k/v projection of `x` into `ws.qkv`, for a call with `masks`.
-    fn project_self_masked(
+    fn project_self(
         &self,
         x: &[F],
         [batch, seq]: [usize; 2],
@@ -383,9 +371,9 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         if self.sparse_projection(masks) {
             // The whole sequence on one device: each head group projects only the rows
             // its pattern selects.
-            let key = SelectionKey { cfg: self.dilated.clone(), heads, head_dim, batch, seq };
+            let key = SelectionKey { cfg: self.config.attention.clone(), heads, head_dim, batch, seq };
             let qkv = ws.projection_buffer(len, Some(key))?;
-            let input = QkvInput { cfg: &self.dilated, heads, head_dim, x, batch, seq };
+            let input = QkvInput { cfg: &self.config.attention, heads, head_dim, x, batch, seq };
             project_qkv(&input, &w.weight, w.bias.as_deref(), qkv)?;
         } else {
             // A ring rank's rows (their global positions decide the selection), grouped
@@ -402,51 +390,28 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         Ok(shape)
     }
 
-    /// Cross-attention: `query: [batch, q_seq, embed]`, `key`/`value: [batch, kv_seq, embed]`.
-    // The layer's public cross-attention call: PyTorch's query/key/value with their lengths.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_cross(
+    /// The q projection of `query` into `ws.qkv` and the k/v projections of `cross`
+    /// into `ws.kv` (cross-attention); returns the q and k/v shapes.
+    fn project_cross(
         &self,
         query: &[F],
-        key: &[F],
-        value: &[F],
-        batch: usize,
-        q_seq: usize,
-        kv_seq: usize,
-        mode: Mode,
-    ) -> Result<(Vec<F>, MultiheadCache<F>)> {
-        self.forward_cross_masked([query, key, value], CrossDims { batch, q_seq, kv_seq }, Masks::NONE, mode)
-    }
-
-    /// [`Self::forward_cross`] with masks: a key padding mask `[batch, kv_seq]` over the
-    /// keys (`true` = padding, as `torch.nn.MultiheadAttention`); packed sequences are
-    /// self-attention only (`AttnError::PackedCrossAttention`). The cache keeps the masks.
-    pub fn forward_cross_masked(
-        &self,
-        [query, key, value]: [&[F]; 3],
-        dims: CrossDims,
-        masks: Masks<'_>,
-        mode: Mode,
-    ) -> Result<(Vec<F>, MultiheadCache<F>)> {
-        let CrossDims { batch, q_seq, kv_seq } = dims;
-        let e = self.config.embed_dim;
+        cross: Cross<'_, F>,
+        [batch, q_seq]: [usize; 2],
+        ws: &mut MultiheadWorkspace<F>,
+    ) -> Result<(Shape4, Shape4)> {
+        let (e, kv_seq) = (self.config.embed_dim, cross.kv_seq());
         check_input("query", query, batch, q_seq, e)?;
-        check_input("key", key, batch, kv_seq, e)?;
-        check_input("value", value, batch, kv_seq, e)?;
+        check_input("key", cross.key, batch, kv_seq, e)?;
+        check_input("value", cross.value, batch, kv_seq, e)?;
         self.weights.check_layout(&self.config, "weights")?;
         let (qs, kvs) = (self.shape(batch, q_seq)?, self.kv_shape(batch, kv_seq)?);
         let kvd = self.config.kv_dim();
-        let mut ws = MultiheadWorkspace::new();
         let q = ws.projection_buffer(batch * q_seq * e, None)?;
         linear_forward(self.in_proj_part(0), query, batch * q_seq, q, e)?;
         let kv = sized(&mut ws.kv, batch * kv_seq * 2 * kvd)?;
-        linear_forward(self.in_proj_part(1), key, batch * kv_seq, kv, 2 * kvd)?;
-        linear_forward(self.in_proj_part(2), value, batch * kv_seq, &mut kv[kvd..], 2 * kvd)?;
-        let mut y = attn_kernels::zeroed_buffer(query.len())?;
-        let pass = AttnPass { qs, kvs, layout: ProjLayout::Split, mode, masks };
-        let kept = self.finish_forward(pass, &mut ws, &mut y)?;
-        let inputs = Inputs::Cross { query: query.to_vec(), key: key.to_vec(), value: value.to_vec() };
-        Ok((y, kept.into_cache(qs, kvs, inputs, ws)))
+        linear_forward(self.in_proj_part(1), cross.key, batch * kv_seq, kv, 2 * kvd)?;
+        linear_forward(self.in_proj_part(2), cross.value, batch * kv_seq, &mut kv[kvd..], 2 * kvd)?;
+        Ok((qs, kvs))
     }
 
     /// Part `i` (q, k or v) of the input projection as a linear map.
@@ -511,7 +476,11 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             };
             let [q, k, v] = self.views(projected, qs, kvs)?;
             let attn_view = TensorViewMut::contiguous(TensorName::Output, attn, qs)?;
-            self.backend.forward(&AttnInputs::new(&self.dilated, q, k, v).with_masks(masks), attn_view, lse)?;
+            self.backend.forward(
+                &AttnInputs::new(&self.config.attention, q, k, v).with_masks(masks),
+                attn_view,
+                lse,
+            )?;
         }
         let rows_at = self.mask_rows(mode, qs.batch, qs.seq)?;
         let mask = dropout_mask(mode, self.config.dropout, DropoutSite::Attention, &rows_at, e);
@@ -533,12 +502,4 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         self.weights.out_proj.forward_into(pre_out, rows, out)?;
         Ok(kept)
     }
-}
-
-/// The sizes of a cross-attention call: the batch, the query rows and the key/value rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CrossDims {
-    pub batch: usize,
-    pub q_seq: usize,
-    pub kv_seq: usize,
 }

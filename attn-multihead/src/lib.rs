@@ -1,6 +1,8 @@
 //! Multihead dilated attention for model authors: `MultiheadDilatedAttention` (fused QKV
 //! projection, dilated attention on any backend, sub-LayerNorm, output projection) with
-//! forward and backward, safetensors weights with PyTorch names, MAGNETO init, the
+//! forward and backward through one entry point per pass (`forward(x, &Call)`,
+//! `forward_into`, `forward_train`, `backward`; the `Call` carries mode, masks,
+//! cross-attention keys), safetensors weights with PyTorch names, MAGNETO init, the
 //! LongNet encoder layer and stack, a ring-parallel layer, and the Hilbert option
 //! (curve-ordered grid tokens) on one device and on the ring, reached from the layer
 //! with `with_token_order` / `with_ring_token_order`.
@@ -8,9 +10,10 @@
 //! ```
 //! use std::sync::Arc;
 //! use attn_kernels::CpuBackend;
-//! use attn_multihead::{Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, load_file, save_file};
+//! use attn_core::DilatedConfig;
+//! use attn_multihead::{Call, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, load_file, save_file};
 //! # fn main() -> attn_core::Result<()> {
-//! let config = MultiheadConfig::new(32, 4, &[8, 16], &[1, 2]); // embed 32, 4 heads
+//! let config = MultiheadConfig::new(32, 4, DilatedConfig::new(&[8, 16], &[1, 2])?); // embed 32, 4 heads
 //! // A checkpoint with PyTorch names (`q_proj.weight`, ..., `out_proj.bias`).
 //! let path = std::env::temp_dir().join(format!("attn-doc-{}.safetensors", std::process::id()));
 //! save_file(&MultiheadWeights::<f32>::magneto(&config, 7), &path, None)?;
@@ -20,7 +23,7 @@
 //! let layer = MultiheadDilatedAttention::from_weights(config, weights, Arc::new(CpuBackend::new(1)?))?;
 //! let (batch, seq) = (1, 16);
 //! let x: Vec<f32> = (0..batch * seq * 32).map(|i| (i as f32 * 0.05).sin()).collect();
-//! let y = layer.forward(&x, batch, seq, Mode::Eval)?; // [batch, seq, embed]
+//! let y = layer.forward(&x, &Call::new(batch, seq))?; // [batch, seq, embed], Mode::Eval
 //! assert_eq!(y.len(), x.len());
 //! # std::fs::remove_file(&path).ok();
 //! # Ok(()) }
@@ -40,7 +43,7 @@
 //! refuses it with a typed error), then dropout (masks a function of seed, site
 //! and GLOBAL token position, which the backend reports, so every split draws
 //! the same mask), sub-LayerNorm and the output projection. Backward reverses each stage.
-//! Every forward buffer lives in a `MultiheadWorkspace` (`forward_with`; `forward` makes a
+//! Every forward buffer lives in a `MultiheadWorkspace` (`forward_into`; `forward` makes a
 //! fresh one), which remembers the selection whose unwritten projection rows are zero.
 //! Inference and the self-attention backward (`layer/backward.rs`) on one device walk
 //! long sequences in windows (`segment_window`: a multiple of every segment length,
@@ -53,22 +56,21 @@
 //! device (self- and cross-attention) and `OrderedRing` on the ring, both reached
 //! from the layer (`with_token_order`, `with_ring_token_order`): the ring's global
 //! sequence is the grid in curve order, so each rank attends over a compact
-//! spatial patch while callers keep row-major tensors. `golden_grad` runs a
-//! `multihead_grad/` file's training forward and backward, on one device or on ring ranks
-//! (weight gradients summed over the ranks), for the conformance runner.
+//! spatial patch while callers keep row-major tensors. `metadata` reads the layer config a
+//! conformance file's metadata describes; running the files is attn-golden's.
 #![deny(unsafe_code)]
 
+pub mod call;
 pub mod config;
 pub mod dropout;
 pub mod encoder;
 pub mod float;
-pub mod golden_case;
-pub mod golden_grad;
 pub mod init;
 pub mod layer;
 pub mod layer_norm;
 #[allow(unsafe_code)]
 mod matmul;
+pub mod metadata;
 #[cfg(feature = "ring")]
 pub mod ordered_ring;
 pub mod projection;
@@ -82,6 +84,7 @@ pub mod weights_io;
 pub mod workspace;
 
 pub use attn_core::{Attention, ReferenceBackend};
+pub use call::{Call, Cross, KeyRows, RankRows};
 pub use config::MultiheadConfig;
 pub use dropout::{DropoutSite, Mode, site_mask};
 pub use encoder::{
@@ -89,15 +92,15 @@ pub use encoder::{
 };
 pub use float::LayerFloat;
 pub use init::{MagnetoGains, SeededRng};
-pub use layer::{CrossDims, InputGrads, MultiheadCache, MultiheadDilatedAttention};
+pub use layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};
 pub use layer_norm::{LayerNorm, NormStats};
 #[cfg(feature = "ring")]
-pub use ordered_ring::OrderedRing;
+pub use ordered_ring::{OrderedRing, OrderedRingCache};
 pub use projection::{Bias, Linear};
 #[cfg(feature = "ring")]
 pub use ring_layer::{all_reduce_grads, ring_layer};
 pub use segment_window::DEFAULT_WINDOW_ROWS;
-pub use token_order::{OrderedAttention, OrderedCrossCache};
+pub use token_order::{OrderedAttention, OrderedCache};
 pub use weights::{MultiheadWeights, NamedParams, Param, ParamMut};
 pub use weights_io::{
     ExtraTensors, F32Tensors, TensorSource, load_bytes, load_file, load_params, save_bytes, save_file,

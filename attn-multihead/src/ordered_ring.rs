@@ -14,7 +14,7 @@
 //!   back with `Permutation::unapply_range`);
 //! - split: each rank passes only the rows of its tokens [`OrderedRing::tokens`]
 //!   (ascending row-major index), `[batch, tokens().len(), embed]`
-//!   ([`OrderedRing::forward_split`]), and gets its output rows in the same order.
+//!   ([`OrderedRing::forward`] with [`RankRows::Split`]), and gets its output rows in the same order.
 //!
 //! Weight gradients are per-rank partial sums in both forms; add them up with
 //! [`OrderedRing::all_reduce_grads`].
@@ -28,10 +28,11 @@
 //! ```
 //! use std::sync::Arc;
 //! use attn_hilbert::{Grid, OrderKind};
-//! use attn_multihead::{Mode, MultiheadConfig, MultiheadWeights, ring_layer};
+//! use attn_core::DilatedConfig;
+//! use attn_multihead::{Call, MultiheadConfig, MultiheadWeights, ring_layer};
 //! use attn_ring::{Layout, RingBackend, Strategy, ThreadComm};
 //! # fn main() -> attn_core::Result<()> {
-//! let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+//! let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2])?);
 //! let grid = Grid::new_2d(6, 10)?; // 60 row-major tokens
 //! let x = vec![0.5f32; 60 * 8]; // [batch 1, 60, embed 8], row-major
 //! let outs = std::thread::scope(|s| {
@@ -45,7 +46,7 @@
 //!                 let layer = ring_layer(cfg, w, backend.clone())?;
 //!                 let ring = layer.with_ring_token_order(backend, grid, OrderKind::Hilbert)?;
 //!                 assert_eq!(ring.tokens().len(), 30); // a compact 30-token patch of the grid
-//!                 ring.forward(x, 1, Mode::Eval) // the whole row-major output, on every rank
+//!                 ring.forward(x, &Call::new(1, grid.len())) // the whole row-major output, on every rank
 //!             })
 //!         })
 //!         .collect();
@@ -62,13 +63,22 @@ use attn_core::{AttnError, Result};
 use attn_hilbert::{Grid, OrderKind, Permutation, TokenLayout, TokenOrder};
 use attn_ring::{Communicator, Layout, Strategy};
 
+use crate::call::{Call, RankRows};
 use crate::config::MultiheadConfig;
-use crate::dropout::Mode;
 use crate::float::LayerFloat;
 use crate::layer::{MultiheadCache, MultiheadDilatedAttention};
 use crate::ring_layer::{all_reduce_grads, ring_layer};
 use crate::weights::MultiheadWeights;
 use attn_ring::RingBackend;
+
+/// What [`OrderedRing::backward`] needs: this rank's layer cache, the batch and the
+/// rows the forward call passed.
+#[derive(Debug, Clone)]
+pub struct OrderedRingCache<F> {
+    inner: MultiheadCache<F>,
+    batch: usize,
+    rows: RankRows,
+}
 
 /// A ring-parallel [`MultiheadDilatedAttention`] over the tokens of a 2D/3D grid in curve order.
 #[derive(Debug)]
@@ -249,53 +259,72 @@ impl<F: LayerFloat, C: Communicator + Send + std::fmt::Debug + 'static> OrderedR
         Ok(split)
     }
 
-    /// Self-attention over a whole row-major `x: [batch, grid.len(), embed]`; every rank returns the whole output.
-    pub fn forward(&self, x: &[F], batch: usize, mode: Mode) -> Result<Vec<F>> {
-        let y = self.layer.forward(&self.chunk_of_whole(x, batch)?, batch, self.tokens.len(), mode)?;
-        self.whole_of_chunks(&y, batch)
+    /// The rows a call passes (`call.rows`): `grid.len()` for [`RankRows::Whole`],
+    /// `tokens().len()` for [`RankRows::Split`]; self-attention without masks.
+    fn check_call(&self, call: &Call<'_, F>) -> Result<()> {
+        call.self_attention_only("OrderedRing")?;
+        call.no_masks("OrderedRing")?;
+        let want = match call.rows {
+            RankRows::Whole => self.order.len(),
+            RankRows::Split => self.tokens.len(),
+        };
+        if call.seq != want {
+            return Err(AttnError::InvalidArgument(format!(
+                "a {:?} call passes {want} rows on this rank, got seq {}",
+                call.rows, call.seq
+            )));
+        }
+        Ok(())
     }
 
-    /// Like [`OrderedRing::forward`], keeping this rank's cache for [`OrderedRing::backward`].
-    pub fn forward_train(&self, x: &[F], batch: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
-        let (y, cache) = self.layer.forward_train(&self.chunk_of_whole(x, batch)?, batch, self.tokens.len(), mode)?;
-        Ok((self.whole_of_chunks(&y, batch)?, cache))
+    /// This rank's curve chunk of `x`, whole or split rows.
+    fn chunk_of(&self, x: &[F], batch: usize, rows: RankRows) -> Result<Vec<F>> {
+        match rows {
+            RankRows::Whole => self.chunk_of_whole(x, batch),
+            RankRows::Split => self.chunk_of_split(x, batch),
+        }
     }
 
-    /// Gradient of the whole row-major input from the whole `grad_out` (every rank returns all of it);
-    /// this rank's partial weight gradients accumulate into `grads`.
+    /// A curve chunk back to the call's rows: the whole row-major tensor (all ranks'
+    /// chunks gathered) or this rank's split rows.
+    fn rows_of(&self, chunk: &[F], batch: usize, rows: RankRows) -> Result<Vec<F>> {
+        match rows {
+            RankRows::Whole => self.whole_of_chunks(chunk, batch),
+            RankRows::Split => self.split_of_chunk(chunk, batch),
+        }
+    }
+
+    /// Self-attention over row-major tokens: with [`RankRows::Whole`] `x` is the whole
+    /// `[batch, grid.len(), embed]` and every rank returns the whole output; with
+    /// [`RankRows::Split`] `x` is this rank's rows `[batch, tokens().len(), embed]`
+    /// (ascending tokens), and so is the output.
+    pub fn forward(&self, x: &[F], call: &Call<'_, F>) -> Result<Vec<F>> {
+        self.check_call(call)?;
+        let (batch, m) = (call.batch, self.tokens.len());
+        let y = self.layer.forward(&self.chunk_of(x, batch, call.rows)?, &Call { seq: m, ..*call })?;
+        self.rows_of(&y, batch, call.rows)
+    }
+
+    /// [`OrderedRing::forward`], keeping this rank's cache for [`OrderedRing::backward`].
+    pub fn forward_train(&self, x: &[F], call: &Call<'_, F>) -> Result<(Vec<F>, OrderedRingCache<F>)> {
+        self.check_call(call)?;
+        let (batch, m) = (call.batch, self.tokens.len());
+        let (y, inner) = self.layer.forward_train(&self.chunk_of(x, batch, call.rows)?, &Call { seq: m, ..*call })?;
+        Ok((self.rows_of(&y, batch, call.rows)?, OrderedRingCache { inner, batch, rows: call.rows }))
+    }
+
+    /// Gradient of the input from `grad_out`, both in the rows of the forward call
+    /// (whole: every rank returns all of it; split: this rank's rows); this rank's
+    /// partial weight gradients accumulate into `grads`.
     pub fn backward(
         &self,
-        cache: &MultiheadCache<F>,
+        cache: &OrderedRingCache<F>,
         grad_out: &[F],
-        batch: usize,
         grads: &mut MultiheadWeights<F>,
     ) -> Result<Vec<F>> {
-        let dx = self.layer.backward(cache, &self.chunk_of_whole(grad_out, batch)?, grads)?.query;
-        self.whole_of_chunks(&dx, batch)
-    }
-
-    /// Self-attention over this rank's rows `x: [batch, tokens().len(), embed]` (ascending tokens).
-    pub fn forward_split(&self, x: &[F], batch: usize, mode: Mode) -> Result<Vec<F>> {
-        let y = self.layer.forward(&self.chunk_of_split(x, batch)?, batch, self.tokens.len(), mode)?;
-        self.split_of_chunk(&y, batch)
-    }
-
-    /// Like [`OrderedRing::forward_split`], keeping the cache for [`OrderedRing::backward_split`].
-    pub fn forward_train_split(&self, x: &[F], batch: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
-        let (y, cache) = self.layer.forward_train(&self.chunk_of_split(x, batch)?, batch, self.tokens.len(), mode)?;
-        Ok((self.split_of_chunk(&y, batch)?, cache))
-    }
-
-    /// Gradient of this rank's input rows from its `grad_out` rows (ascending tokens).
-    pub fn backward_split(
-        &self,
-        cache: &MultiheadCache<F>,
-        grad_out: &[F],
-        batch: usize,
-        grads: &mut MultiheadWeights<F>,
-    ) -> Result<Vec<F>> {
-        let dx = self.layer.backward(cache, &self.chunk_of_split(grad_out, batch)?, grads)?.query;
-        self.split_of_chunk(&dx, batch)
+        let (batch, rows) = (cache.batch, cache.rows);
+        let dx = self.layer.backward(&cache.inner, &self.chunk_of(grad_out, batch, rows)?, grads)?.query;
+        self.rows_of(&dx, batch, rows)
     }
 
     /// Sum the per-rank weight gradients over all ranks (every rank gets identical totals).

@@ -12,20 +12,22 @@
 //! ```
 //! use std::sync::Arc;
 //! use attn_hilbert::{Grid, OrderKind};
-//! use attn_multihead::{Mode, MultiheadConfig, MultiheadDilatedAttention, ReferenceBackend};
+//! use attn_core::DilatedConfig;
+//! use attn_multihead::{Call, Cross, MultiheadConfig, MultiheadDilatedAttention, ReferenceBackend};
 //! # fn main() -> attn_core::Result<()> {
-//! let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+//! let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2])?);
 //! let layer = MultiheadDilatedAttention::<f32>::new(cfg, 7, Arc::new(ReferenceBackend))?;
 //! let grid = Grid::new_2d(6, 10)?; // 60 tokens, row-major
 //! let hilbert = layer.with_token_order(grid, OrderKind::Hilbert)?;
 //! let x = vec![0.25f32; 2 * 60 * 8]; // [batch 2, 60, embed 8], row-major
-//! let y = hilbert.forward(&x, 2, 60, Mode::Eval)?; // row-major output; segments are spatial patches
+//! let y = hilbert.forward(&x, &Call::new(2, 60))?; // row-major output; segments are spatial patches
 //! assert_eq!(y.len(), x.len());
 //! // Cross-attention: queries on `grid`, keys/values on their own grid (here 4x5).
 //! let kv = vec![0.5f32; 2 * 20 * 8];
-//! let (y, cache) = hilbert.forward_cross(&x, &kv, &kv, 2, Grid::new_2d(4, 5)?, Mode::Eval)?;
+//! let call = Call::new(2, 60).cross(Cross::on_grid(&kv, &kv, Grid::new_2d(4, 5)?));
+//! let (y, cache) = hilbert.forward_train(&x, &call)?;
 //! let mut grads = hilbert.layer.zero_grads();
-//! let g = hilbert.backward_cross(&cache, &y, &mut grads)?; // row-major dq, dk, dv
+//! let g = hilbert.backward(&cache, &y, &mut grads)?; // row-major dq, dk, dv
 //! assert_eq!(g.key.map(|k| k.len()), Some(kv.len()));
 //! # Ok(()) }
 //! ```
@@ -50,7 +52,7 @@
 use attn_core::{AttnError, Result};
 use attn_hilbert::{Grid, OrderKind, TokenLayout, TokenOrder};
 
-use crate::dropout::Mode;
+use crate::call::{Call, Cross, KeyRows};
 use crate::float::LayerFloat;
 use crate::layer::{InputGrads, MultiheadCache, MultiheadDilatedAttention};
 use crate::weights::MultiheadWeights;
@@ -64,20 +66,27 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     }
 }
 
-/// What [`OrderedAttention::backward_cross`] needs: the layer's cache, the batch
-/// size and the key order of the forward pass.
+/// What [`OrderedAttention::backward`] needs: the layer's cache, the batch size and,
+/// for cross-attention, the key order of the forward pass.
 #[derive(Debug, Clone)]
-pub struct OrderedCrossCache<F> {
+pub struct OrderedCache<F> {
     inner: MultiheadCache<F>,
-    key_order: TokenOrder,
+    key_order: Option<TokenOrder>,
     batch: usize,
 }
 
-impl<F> OrderedCrossCache<F> {
-    /// The order the keys and values were serialised by.
-    pub fn key_order(&self) -> &TokenOrder {
-        &self.key_order
+impl<F> OrderedCache<F> {
+    /// The order the keys and values were serialised by (cross-attention only).
+    pub fn key_order(&self) -> Option<&TokenOrder> {
+        self.key_order.as_ref()
     }
+}
+
+/// Which way a permutation runs: row-major tokens to the curve order, or back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    ToOrder,
+    ToRowMajor,
 }
 
 /// A [`MultiheadDilatedAttention`] whose attention sees the tokens of `grid` in `kind` order.
@@ -102,8 +111,8 @@ impl<F: LayerFloat> OrderedAttention<F> {
         &self.order
     }
 
-    /// `x: [batch, order.len(), embed]` from row-major to `order` (`forward`) or back.
-    fn permute_by(&self, order: &TokenOrder, what: &str, x: &[F], batch: usize, forward: bool) -> Result<Vec<F>> {
+    /// `x: [batch, order.len(), embed]` from row-major to `order` or back.
+    fn permute_by(&self, order: &TokenOrder, what: &str, x: &[F], batch: usize, way: Way) -> Result<Vec<F>> {
         let (e, n) = (self.layer.config().embed_dim, order.len());
         let layout = TokenLayout::bse(batch, n, e)?;
         if layout.numel()? != x.len() {
@@ -116,15 +125,15 @@ impl<F: LayerFloat> OrderedAttention<F> {
         }
         let mut out = attn_kernels::zeroed_buffer(x.len())?;
         let perm = order.permutation();
-        if forward {
-            perm.apply(&layout, x, &mut out)?
-        } else {
-            perm.unapply(&layout, x, &mut out)?
+        match way {
+            Way::ToOrder => perm.apply(&layout, x, &mut out)?,
+            Way::ToRowMajor => perm.unapply(&layout, x, &mut out)?,
         }
         Ok(out)
     }
 
-    fn permute(&self, x: &[F], batch: usize, seq: usize, forward: bool) -> Result<Vec<F>> {
+    /// The queries' sequence must be the grid's tokens.
+    fn check_seq(&self, seq: usize) -> Result<()> {
         if seq != self.order.len() {
             return Err(AttnError::InvalidArgument(format!(
                 "sequence of {seq} tokens but the {} grid has {}",
@@ -132,7 +141,7 @@ impl<F: LayerFloat> OrderedAttention<F> {
                 self.order.len()
             )));
         }
-        self.permute_by(&self.order, "buffer", x, batch, forward)
+        Ok(())
     }
 
     /// The order of keys on `key_grid`: the layer's order on its own grid, the same
@@ -143,7 +152,7 @@ impl<F: LayerFloat> OrderedAttention<F> {
             return Ok(self.order.clone());
         }
         let kind = self.order.kind();
-        if self.layer.config().causal && kind != OrderKind::RowMajor {
+        if self.layer.config().attention.causal() && kind != OrderKind::RowMajor {
             return Err(AttnError::InvalidArgument(format!(
                 "causal cross-attention through a {} order needs keys on the query grid {} (got {key_grid}): \
                  positions on two different curves have no common order",
@@ -154,76 +163,80 @@ impl<F: LayerFloat> OrderedAttention<F> {
         TokenOrder::new(kind, key_grid)
     }
 
-    /// Cross-attention: row-major `query: [batch, grid.len(), embed]` and
-    /// `key`/`value: [batch, key_grid.len(), embed]` (row-major on `key_grid`).
-    /// Queries follow the layer's order and keys/values `key_order(key_grid)`;
-    /// the output is row-major on the query grid.
-    pub fn forward_cross(
-        &self,
-        query: &[F],
-        key: &[F],
-        value: &[F],
-        batch: usize,
-        key_grid: Grid,
-        mode: Mode,
-    ) -> Result<(Vec<F>, OrderedCrossCache<F>)> {
-        let key_order = self.key_order(key_grid)?;
-        let qp = self.permute_by(&self.order, "query", query, batch, true)?;
-        let kp = self.permute_by(&key_order, "key", key, batch, true)?;
-        let vp = self.permute_by(&key_order, "value", value, batch, true)?;
-        let (n, m) = (self.order.len(), key_order.len());
-        let (yp, inner) = self.layer.forward_cross(&qp, &kp, &vp, batch, n, m, mode)?;
-        let y = self.permute_by(&self.order, "output", &yp, batch, false)?;
-        Ok((y, OrderedCrossCache { inner, key_order, batch }))
+    /// The key order of a cross call: on `Cross::on_grid`'s grid, or on the query grid
+    /// when the keys are as many as its tokens.
+    fn cross_key_order(&self, rows: KeyRows) -> Result<TokenOrder> {
+        match rows {
+            KeyRows::Grid(g) => self.key_order(g),
+            KeyRows::Seq(n) if n == self.order.len() => Ok(self.order.clone()),
+            KeyRows::Seq(n) => Err(AttnError::InvalidArgument(format!(
+                "{n} keys through a {} order need their grid (Cross::on_grid)",
+                self.order.kind().as_str()
+            ))),
+        }
     }
 
-    /// Row-major gradients of query, key and value from the row-major `grad_out`
-    /// of [`OrderedAttention::forward_cross`]; weight gradients accumulate into `grads`.
-    pub fn backward_cross(
+    /// Run `f` (the layer's forward or training forward) on the call with every input
+    /// in curve order; returns its output back in row-major order, its cache, and the
+    /// key order of a cross call. Masks are refused (they would need the same order).
+    fn ordered<R>(
         &self,
-        cache: &OrderedCrossCache<F>,
+        x: &[F],
+        call: &Call<'_, F>,
+        f: impl FnOnce(&[F], &Call<'_, F>) -> Result<(Vec<F>, R)>,
+    ) -> Result<(Vec<F>, R, Option<TokenOrder>)> {
+        call.no_masks("OrderedAttention")?;
+        self.check_seq(call.seq)?;
+        let (batch, order) = (call.batch, &self.order);
+        let xp = self.permute_by(order, "query", x, batch, Way::ToOrder)?;
+        let (yp, kept, key_order) = match call.cross {
+            None => {
+                let (yp, kept) = f(&xp, call)?;
+                (yp, kept, None)
+            }
+            Some(c) => {
+                let ko = self.cross_key_order(c.rows)?;
+                let kp = self.permute_by(&ko, "key", c.key, batch, Way::ToOrder)?;
+                let vp = self.permute_by(&ko, "value", c.value, batch, Way::ToOrder)?;
+                let (yp, kept) = f(&xp, &Call { cross: Some(Cross::new(&kp, &vp, ko.len())), ..*call })?;
+                (yp, kept, Some(ko))
+            }
+        };
+        Ok((self.permute_by(order, "output", &yp, batch, Way::ToRowMajor)?, kept, key_order))
+    }
+
+    /// The layer over row-major tokens `x: [batch, grid.len(), embed]` (`call.seq` is
+    /// `grid.len()`); cross-attention keys are row-major on their grid
+    /// ([`Cross::on_grid`]) and follow [`Self::key_order`]. The output is row-major.
+    pub fn forward(&self, x: &[F], call: &Call<'_, F>) -> Result<Vec<F>> {
+        Ok(self.ordered(x, call, |xp, c| Ok((self.layer.forward(xp, c)?, ())))?.0)
+    }
+
+    /// [`Self::forward`] keeping the cache for [`Self::backward`].
+    pub fn forward_train(&self, x: &[F], call: &Call<'_, F>) -> Result<(Vec<F>, OrderedCache<F>)> {
+        let (y, inner, key_order) = self.ordered(x, call, |xp, c| self.layer.forward_train(xp, c))?;
+        Ok((y, OrderedCache { inner, key_order, batch: call.batch }))
+    }
+
+    /// Row-major input gradients (query; key and value for cross-attention) from the
+    /// row-major `grad_out`; weight gradients accumulate into `grads`.
+    pub fn backward(
+        &self,
+        cache: &OrderedCache<F>,
         grad_out: &[F],
         grads: &mut MultiheadWeights<F>,
     ) -> Result<InputGrads<F>> {
-        let (batch, ko) = (cache.batch, &cache.key_order);
-        let gp = self.permute_by(&self.order, "grad_out", grad_out, batch, true)?;
+        let (batch, order) = (cache.batch, &self.order);
+        let gp = self.permute_by(order, "grad_out", grad_out, batch, Way::ToOrder)?;
         let g = self.layer.backward(&cache.inner, &gp, grads)?;
+        let query = self.permute_by(order, "grad query", &g.query, batch, Way::ToRowMajor)?;
+        let Some(ko) = &cache.key_order else {
+            return Ok(InputGrads { query, key: None, value: None });
+        };
         let restore = |what, t: Option<Vec<F>>| -> Result<Vec<F>> {
             let t = t.ok_or_else(|| AttnError::InvalidArgument(format!("cross-attention backward gave no {what}")))?;
-            self.permute_by(ko, what, &t, batch, false)
+            self.permute_by(ko, what, &t, batch, Way::ToRowMajor)
         };
-        Ok(InputGrads {
-            query: self.permute_by(&self.order, "grad query", &g.query, batch, false)?,
-            key: Some(restore("grad key", g.key)?),
-            value: Some(restore("grad value", g.value)?),
-        })
-    }
-
-    /// Self-attention over row-major tokens `x: [batch, grid.len(), embed]`.
-    pub fn forward(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<Vec<F>> {
-        let xp = self.permute(x, batch, seq, true)?;
-        let yp = self.layer.forward(&xp, batch, seq, mode)?;
-        self.permute(&yp, batch, seq, false)
-    }
-
-    /// Like [`OrderedAttention::forward`], keeping the cache for backward.
-    pub fn forward_train(&self, x: &[F], batch: usize, seq: usize, mode: Mode) -> Result<(Vec<F>, MultiheadCache<F>)> {
-        let xp = self.permute(x, batch, seq, true)?;
-        let (yp, cache) = self.layer.forward_train(&xp, batch, seq, mode)?;
-        Ok((self.permute(&yp, batch, seq, false)?, cache))
-    }
-
-    /// Gradient of the row-major input; weight gradients accumulate into `grads`.
-    pub fn backward(
-        &self,
-        cache: &MultiheadCache<F>,
-        grad_out: &[F],
-        batch: usize,
-        seq: usize,
-        grads: &mut MultiheadWeights<F>,
-    ) -> Result<Vec<F>> {
-        let gp = self.permute(grad_out, batch, seq, true)?;
-        let dxp = self.layer.backward(cache, &gp, grads)?.query;
-        self.permute(&dxp, batch, seq, false)
+        Ok(InputGrads { query, key: Some(restore("grad key", g.key)?), value: Some(restore("grad value", g.value)?) })
     }
 }

@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn magneto_init_scales_v_and_out_by_gamma() {
-        let cfg = MultiheadConfig::new(256, 4, &[8], &[1]).with_gamma_init(3.0);
+        let cfg = MultiheadConfig::new(256, 4, attn_core::DilatedConfig::new(&[8], &[1]).unwrap()).with_gamma_init(3.0);
         let w = MultiheadWeights::<f64>::magneto(&cfg, 5);
         let xavier = (2.0f64 / 512.0).sqrt();
         let p = w.params();

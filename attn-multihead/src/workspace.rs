@@ -4,7 +4,7 @@
 //! LSE, and the sub-LayerNorm output: at seq 8192 and embed 512, 50 MB + 16 MB + 16 MB.
 //! Fresh buffers cost more than their allocation: every new page is zeroed by the
 //! kernel on first touch (measured on the 2-core Xeon: about 20 ms of a 160 ms layer
-//! forward). A workspace passed to [`crate::MultiheadDilatedAttention::forward_with`]
+//! forward). A workspace passed to [`crate::MultiheadDilatedAttention::forward_into`]
 //! keeps them between calls (faer's style: scratch memory as an explicit parameter).
 
 use attn_core::{DilatedConfig, Result};
@@ -22,7 +22,7 @@ pub(crate) struct SelectionKey {
     pub seq: usize,
 }
 
-/// Buffers of [`crate::MultiheadDilatedAttention::forward_with`], kept between calls.
+/// Buffers of [`crate::MultiheadDilatedAttention::forward_into`], kept between calls.
 ///
 /// One workspace can serve any layer and any shape (buffers are resized when the
 /// shape changes); reusing it with the same shapes allocates nothing. It holds no
@@ -104,10 +104,9 @@ impl<F: LayerFloat> MultiheadWorkspace<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MultiheadConfig;
 
     fn key(seq: usize) -> SelectionKey {
-        let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]).validate().unwrap();
+        let cfg = DilatedConfig::new(&[4, 8], &[1, 2]).unwrap();
         SelectionKey { cfg, heads: 2, head_dim: 4, batch: 1, seq }
     }
 

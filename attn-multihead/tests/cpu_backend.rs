@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use attn_core::{DType, Mixing};
+use attn_core::{DType, DilatedConfig, Mixing};
 use attn_kernels::CpuBackend;
 use attn_multihead::{
-    EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
+    Call, EncoderConfig, LongNetEncoder, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend,
 };
 use attn_testkit::rng::random_vec;
@@ -40,7 +40,17 @@ fn to32(x: &[f64]) -> Vec<f32> {
 #[test]
 fn layer_forward_and_backward_on_cpu_match_the_reference() {
     for (mixing, causal, seq) in [(Mixing::HeadGroups, false, 48), (Mixing::LongNet, true, 45)] {
-        let cfg = MultiheadConfig::new(32, 4, &[8, 16, 32], &[1, 2, 4]).with_mixing(mixing).with_causal(causal);
+        let cfg = MultiheadConfig::new(
+            32,
+            4,
+            DilatedConfig::builder()
+                .segments(&[8, 16, 32])
+                .dilations(&[1, 2, 4])
+                .mixing(mixing)
+                .causal(causal)
+                .build()
+                .unwrap(),
+        );
         let r64 = MultiheadDilatedAttention::<f64>::new(cfg.clone(), 7, Arc::new(ReferenceBackend)).unwrap();
         let w32: MultiheadWeights<f32> = {
             let mut w = MultiheadWeights::<f32>::magneto(&cfg, 0);
@@ -55,8 +65,8 @@ fn layer_forward_and_backward_on_cpu_match_the_reference() {
         let x64: Vec<f64> = x32.iter().map(|&v| v as f64).collect();
         let g32 = random_vec(2, b * seq * e);
         let g64: Vec<f64> = g32.iter().map(|&v| v as f64).collect();
-        let (y64, c64) = r64.forward_train(&x64, b, seq, Mode::Eval).unwrap();
-        let (y32, cc32) = c32.forward_train(&x32, b, seq, Mode::Eval).unwrap();
+        let (y64, c64) = r64.forward_train(&x64, &Call::new(b, seq)).unwrap();
+        let (y32, cc32) = c32.forward_train(&x32, &Call::new(b, seq)).unwrap();
         assert!(rel_l2_error(&y32, &to32(&y64)) <= bound(), "out {}", rel_l2_error(&y32, &y64));
         let mut gr64 = r64.weights.zeros_like();
         let mut gr32 = c32.weights.zeros_like();
@@ -72,7 +82,7 @@ fn layer_forward_and_backward_on_cpu_match_the_reference() {
 
 #[test]
 fn encoder_stack_on_cpu_matches_the_reference() {
-    let cfg = EncoderConfig::new(16, 4, &[8, 16], &[1, 2], 32);
+    let cfg = EncoderConfig::new(16, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap(), 32);
     let r64 = LongNetEncoder::<f64>::new(cfg.clone(), 2, 3, Arc::new(ReferenceBackend)).unwrap();
     let mut c32 = LongNetEncoder::<f32>::new(cfg, 2, 99, cpu()).unwrap();
     for (d, s) in c32.params_mut().into_iter().zip(r64.params()) {
@@ -83,8 +93,8 @@ fn encoder_stack_on_cpu_matches_the_reference() {
     let x64: Vec<f64> = x32.iter().map(|&v| v as f64).collect();
     let g32 = random_vec(6, b * n * e);
     let g64: Vec<f64> = g32.iter().map(|&v| v as f64).collect();
-    let (y64, k64) = r64.forward_train(&x64, b, n, Mode::Eval).unwrap();
-    let (y32, k32) = c32.forward_train(&x32, b, n, Mode::Eval).unwrap();
+    let (y64, k64) = r64.forward_train(&x64, &Call::new(b, n)).unwrap();
+    let (y32, k32) = c32.forward_train(&x32, &Call::new(b, n)).unwrap();
     assert!(rel_l2_error(&y32, &y64) <= bound());
     let (mut g_r, mut g_c) = (r64.zero_grads(), c32.zero_grads());
     let dx64 = r64.backward(&k64, &g64, &mut g_r).unwrap();

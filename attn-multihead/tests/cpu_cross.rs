@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use attn_core::{DType, Mixing};
+use attn_core::{DType, DilatedConfig, Mixing};
 use attn_kernels::CpuBackend;
 use attn_multihead::{
-    Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend,
+    Call, Cross, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend,
 };
 use attn_testkit::rng::random_vec;
 use attn_testkit::tolerance::{Tolerance, rel_l2_error};
@@ -25,7 +25,7 @@ fn norm(x: impl Iterator<Item = f64>) -> f64 {
 /// The CPU layer and the reference layer on the same f32-representable weights and
 /// inputs; `query: [b, n, e]`, `key`/`value: [b, m, e]` with `m != n`.
 fn check(cfg: MultiheadConfig, b: usize, n: usize, m: usize) {
-    let what = format!("{:?} causal={} n={n} m={m}", cfg.mixing, cfg.causal);
+    let what = format!("{:?} causal={} n={n} m={m}", cfg.attention.mixing(), cfg.attention.causal());
     let e = cfg.embed_dim;
     let r64 = MultiheadDilatedAttention::<f64>::new(cfg.clone(), 5, Arc::new(ReferenceBackend)).unwrap();
     let mut w32 = MultiheadWeights::<f32>::magneto(&cfg, 0);
@@ -35,8 +35,9 @@ fn check(cfg: MultiheadConfig, b: usize, n: usize, m: usize) {
     let c32 = MultiheadDilatedAttention::from_weights(cfg, w32, Arc::new(CpuBackend::new(2).unwrap())).unwrap();
     let (q, k, v, g) =
         (random_vec(1, b * n * e), random_vec(2, b * m * e), random_vec(3, b * m * e), random_vec(4, b * n * e));
-    let (y64, cache64) = r64.forward_cross(&to64(&q), &to64(&k), &to64(&v), b, n, m, Mode::Eval).unwrap();
-    let (y32, cache32) = c32.forward_cross(&q, &k, &v, b, n, m, Mode::Eval).unwrap();
+    let (y64, cache64) =
+        r64.forward_train(&to64(&q), &Call::new(b, n).cross(Cross::new(&to64(&k), &to64(&v), m))).unwrap();
+    let (y32, cache32) = c32.forward_train(&q, &Call::new(b, n).cross(Cross::new(&k, &v, m))).unwrap();
     let err = rel_l2_error(&y32, &y64);
     assert!(err <= bound(), "{what}: out {err:.2e}");
     let (mut g64, mut g32) = (r64.zero_grads(), c32.zero_grads());
@@ -69,10 +70,14 @@ fn check(cfg: MultiheadConfig, b: usize, n: usize, m: usize) {
 
 #[test]
 fn cpu_cross_attention_longer_and_shorter_keys_match_the_reference() {
-    let cfg = MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]);
+    let cfg = MultiheadConfig::new(16, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap());
     check(cfg.clone(), 2, 24, 40);
     check(cfg.clone(), 1, 37, 13);
-    let longnet = MultiheadConfig::new(16, 2, &[8, 32], &[1, 4]).with_mixing(Mixing::LongNet);
+    let longnet = MultiheadConfig::new(
+        16,
+        2,
+        DilatedConfig::builder().segments(&[8, 32]).dilations(&[1, 4]).mixing(Mixing::LongNet).build().unwrap(),
+    );
     check(longnet.clone(), 1, 20, 45);
     check(longnet, 2, 45, 21);
 }
@@ -83,10 +88,24 @@ fn cpu_cross_attention_longer_and_shorter_keys_match_the_reference() {
 /// outputs zero.
 #[test]
 fn cpu_causal_cross_attention_matches_the_reference() {
-    let cfg = MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]).with_causal(true);
+    let cfg = MultiheadConfig::new(
+        16,
+        4,
+        DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal(true).build().unwrap(),
+    );
     check(cfg.clone(), 2, 24, 40);
     check(cfg, 1, 37, 13);
-    let longnet = MultiheadConfig::new(16, 2, &[8, 32], &[1, 4]).with_mixing(Mixing::LongNet).with_causal(true);
+    let longnet = MultiheadConfig::new(
+        16,
+        2,
+        DilatedConfig::builder()
+            .segments(&[8, 32])
+            .dilations(&[1, 4])
+            .mixing(Mixing::LongNet)
+            .causal(true)
+            .build()
+            .unwrap(),
+    );
     check(longnet.clone(), 1, 20, 45);
     check(longnet, 1, 45, 9);
 }
@@ -94,5 +113,14 @@ fn cpu_causal_cross_attention_matches_the_reference() {
 #[test]
 fn cpu_cross_attention_with_equal_lengths_is_the_self_attention_path() {
     // kv_seq == q_seq through `forward_cross` runs the self-attention kernels; still the reference.
-    check(MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]).with_causal(true), 1, 30, 30);
+    check(
+        MultiheadConfig::new(
+            16,
+            4,
+            DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal(true).build().unwrap(),
+        ),
+        1,
+        30,
+        30,
+    );
 }

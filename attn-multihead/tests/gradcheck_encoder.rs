@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use attn_core::Mixing;
-use attn_multihead::{EncoderConfig, LongNetEncoder, Mode, NamedParams, ReferenceBackend};
+use attn_core::{DilatedConfig, Mixing};
+use attn_multihead::{Call, EncoderConfig, LongNetEncoder, Mode, NamedParams, ReferenceBackend};
 use attn_testkit::rng::SeededRng;
 
 const H: f64 = 1e-6;
@@ -30,11 +30,12 @@ fn check_stack(cfg: EncoderConfig, layers: usize, batch: usize, seq: usize, mode
     let e = enc.layers[0].config().d_model;
     let x: Vec<f64> = (0..batch * seq * e).map(|_| rng.normal()).collect();
     let g: Vec<f64> = (0..batch * seq * e).map(|_| rng.normal()).collect();
-    let (y, cache) = enc.forward_train(&x, batch, seq, mode).unwrap();
-    assert_eq!(y, enc.forward(&x, batch, seq, mode).unwrap(), "forward and forward_train agree");
+    let (y, cache) = enc.forward_train(&x, &Call::new(batch, seq).mode(mode)).unwrap();
+    assert_eq!(y, enc.forward(&x, &Call::new(batch, seq).mode(mode)).unwrap(), "forward and forward_train agree");
     let mut grads = enc.zero_grads();
     let dx = enc.backward(&cache, &g, &mut grads).unwrap();
-    let loss = |enc: &LongNetEncoder<f64>, x: &[f64]| dot(&enc.forward(x, batch, seq, mode).unwrap(), &g);
+    let loss =
+        |enc: &LongNetEncoder<f64>, x: &[f64]| dot(&enc.forward(x, &Call::new(batch, seq).mode(mode)).unwrap(), &g);
 
     let numeric: Vec<f64> = (0..x.len())
         .map(|i| {
@@ -72,22 +73,21 @@ fn check_stack(cfg: EncoderConfig, layers: usize, batch: usize, seq: usize, mode
 
 #[test]
 fn encoder_layer_gradients() {
-    let cfg = EncoderConfig::new(8, 2, &[4, 8], &[1, 2], 12);
+    let cfg = EncoderConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap(), 12);
     check_stack(cfg, 1, 2, 8, Mode::Eval, 1);
 }
 
 #[test]
 fn encoder_layer_longnet_causal_with_training_dropout() {
-    let mut cfg = EncoderConfig::new(8, 2, &[4, 8], &[1, 2], 12);
-    cfg.mixing = Mixing::LongNet;
-    cfg.causal = true;
+    let longnet = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal(true);
+    let mut cfg = EncoderConfig::new(8, 2, longnet.build().unwrap(), 12);
     cfg.dropout = 0.2;
     check_stack(cfg, 1, 1, 9, Mode::Train { seed: 42 }, 2);
 }
 
 #[test]
 fn two_layer_stack_gradients_and_names() {
-    let cfg = EncoderConfig::new(4, 2, &[4], &[2], 6);
+    let cfg = EncoderConfig::new(4, 2, DilatedConfig::new(&[4], &[2]).unwrap(), 6);
     check_stack(cfg.clone(), 2, 1, 6, Mode::Eval, 3);
     let enc = LongNetEncoder::<f64>::new(cfg, 2, 3, Arc::new(ReferenceBackend)).unwrap();
     let names: Vec<String> = enc.params().into_iter().map(|p| p.name).collect();
@@ -101,13 +101,13 @@ fn two_layer_stack_gradients_and_names() {
 
 #[test]
 fn windowed_forward_equals_the_full_forward() {
-    let mut cfg = EncoderConfig::new(8, 2, &[4, 8], &[1, 2], 12);
-    cfg.causal = true;
+    let causal = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).causal(true);
+    let cfg = EncoderConfig::new(8, 2, causal.build().unwrap(), 12);
     let enc = LongNetEncoder::<f64>::new(cfg, 2, 7, Arc::new(ReferenceBackend)).unwrap();
     let mut rng = SeededRng::new(3);
     let (b, n) = (2, 21);
     let x: Vec<f64> = (0..b * n * 8).map(|_| rng.normal()).collect();
-    let full = enc.forward(&x, b, n, Mode::Eval).unwrap();
+    let full = enc.forward(&x, &Call::new(b, n)).unwrap();
     let mut calls = vec![];
     let windowed = enc.forward_windows(&x, b, n, 8, |done| calls.push(done)).unwrap();
     assert_eq!(calls, vec![8, 16, 21, 29, 37, 42]);

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use attn_core::{KeyPadding, Masks, Mixing, PackedSequences};
+use attn_core::{DilatedConfig, KeyPadding, Masks, Mixing, PackedSequences};
 use attn_multihead::{
-    CrossDims, InputGrads, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
+    Call, Cross, InputGrads, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend,
 };
 use attn_testkit::rng::SeededRng;
@@ -82,10 +82,8 @@ fn check(case: Case, seed: u64) {
         ..Masks::NONE
     };
     let run = |layer: &MultiheadDilatedAttention<f64>, q: &[f64], k: &[f64], v: &[f64]| match case.kv_seq {
-        None => layer.forward_train_masked(q, b, n, masks, mode).unwrap(),
-        Some(m) => {
-            layer.forward_cross_masked([q, k, v], CrossDims { batch: b, q_seq: n, kv_seq: m }, masks, mode).unwrap()
-        }
+        None => layer.forward_train(q, &Call::new(b, n).masks(masks).mode(mode)).unwrap(),
+        Some(m) => layer.forward_train(q, &Call::new(b, n).cross(Cross::new(k, v, m)).masks(masks).mode(mode)).unwrap(),
     };
     let (_, cache) = run(&layer, &query, &key, &value);
     let mut grads = layer.weights.zeros_like();
@@ -143,67 +141,100 @@ fn check(case: Case, seed: u64) {
 
 #[test]
 fn self_attention_head_groups_with_sub_ln() {
-    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+    let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap());
     check(Case::plain(cfg, 2, 10, None, Mode::Eval), 1);
 }
 
 #[test]
 fn self_attention_longnet_causal() {
-    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]).with_mixing(Mixing::LongNet).with_causal(true);
+    let cfg = MultiheadConfig::new(
+        8,
+        2,
+        DilatedConfig::builder()
+            .segments(&[4, 8])
+            .dilations(&[1, 2])
+            .mixing(Mixing::LongNet)
+            .causal(true)
+            .build()
+            .unwrap(),
+    );
     check(Case::plain(cfg, 1, 9, None, Mode::Eval), 2);
 }
 
 #[test]
 fn cross_attention_causal_without_norm() {
-    let cfg = MultiheadConfig::new(6, 3, &[3, 6], &[1, 2]).with_causal(true).with_layer_norm(false);
+    let cfg = MultiheadConfig::new(
+        6,
+        3,
+        DilatedConfig::builder().segments(&[3, 6]).dilations(&[1, 2]).causal(true).build().unwrap(),
+    )
+    .with_layer_norm(false);
     check(Case::plain(cfg, 1, 7, Some(7), Mode::Eval), 3);
 }
 
 #[test]
 fn cross_attention_other_kv_length_longnet_no_bias() {
-    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]).with_mixing(Mixing::LongNet).with_bias(false);
+    let cfg = MultiheadConfig::new(
+        8,
+        2,
+        DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).build().unwrap(),
+    )
+    .with_bias(false);
     check(Case::plain(cfg, 1, 5, Some(11), Mode::Eval), 4);
 }
 
 #[test]
 fn training_dropout_is_seeded_and_differentiated() {
-    let cfg = MultiheadConfig::new(8, 2, &[4], &[1]).with_dropout(0.3);
+    let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap()).with_dropout(0.3);
     check(Case::plain(cfg.clone(), 1, 8, None, Mode::Train { seed: 9 }), 5);
     let layer = MultiheadDilatedAttention::<f64>::new(cfg, 0, Arc::new(ReferenceBackend)).unwrap();
     let x: Vec<f64> = (0..64).map(|i| (i as f64 * 0.3).sin()).collect();
-    let eval = layer.forward(&x, 1, 8, Mode::Eval).unwrap();
-    assert_eq!(eval, layer.forward(&x, 1, 8, Mode::Eval).unwrap(), "eval is deterministic");
-    let t1 = layer.forward(&x, 1, 8, Mode::Train { seed: 1 }).unwrap();
-    assert_eq!(t1, layer.forward(&x, 1, 8, Mode::Train { seed: 1 }).unwrap(), "train is seeded");
-    assert_ne!(t1, layer.forward(&x, 1, 8, Mode::Train { seed: 2 }).unwrap());
+    let eval = layer.forward(&x, &Call::new(1, 8)).unwrap();
+    assert_eq!(eval, layer.forward(&x, &Call::new(1, 8)).unwrap(), "eval is deterministic");
+    let t1 = layer.forward(&x, &Call::new(1, 8).mode(Mode::Train { seed: 1 })).unwrap();
+    assert_eq!(t1, layer.forward(&x, &Call::new(1, 8).mode(Mode::Train { seed: 1 })).unwrap(), "train is seeded");
+    assert_ne!(t1, layer.forward(&x, &Call::new(1, 8).mode(Mode::Train { seed: 2 })).unwrap());
     assert_ne!(t1, eval);
 }
 
 #[test]
 fn grouped_heads_with_key_padding() {
-    let cfg = MultiheadConfig::new(8, 4, &[4, 8], &[1, 2])
-        .with_num_kv_heads(2)
-        .with_mixing(Mixing::LongNet)
-        .with_causal(true);
+    let cfg = MultiheadConfig::new(
+        8,
+        4,
+        DilatedConfig::builder()
+            .segments(&[4, 8])
+            .dilations(&[1, 2])
+            .mixing(Mixing::LongNet)
+            .causal(true)
+            .build()
+            .unwrap(),
+    )
+    .with_num_kv_heads(2);
     let padding = (0..18).map(|i| i % 4 == 1).collect();
     check(Case { padding: Some(padding), ..Case::plain(cfg, 2, 9, None, Mode::Eval) }, 6);
 }
 
 #[test]
 fn one_key_value_head_with_cross_attention() {
-    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]).with_num_kv_heads(1);
+    let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap()).with_num_kv_heads(1);
     check(Case::plain(cfg, 1, 5, Some(9), Mode::Eval), 7);
 }
 
 #[test]
 fn packed_sequences_with_one_key_value_head() {
-    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]).with_num_kv_heads(1);
+    let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap()).with_num_kv_heads(1);
     check(Case { cu_seqlens: Some(vec![0, 3, 10]), ..Case::plain(cfg, 1, 10, None, Mode::Eval) }, 8);
 }
 
 #[test]
 fn cross_attention_with_key_padding_and_grouped_heads() {
-    let cfg = MultiheadConfig::new(8, 4, &[4, 8], &[1, 2]).with_num_kv_heads(2).with_mixing(Mixing::LongNet);
+    let cfg = MultiheadConfig::new(
+        8,
+        4,
+        DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).build().unwrap(),
+    )
+    .with_num_kv_heads(2);
     let padding = (0..18).map(|i| i % 3 == 2 || i >= 15).collect();
     check(Case { padding: Some(padding), ..Case::plain(cfg, 2, 7, Some(9), Mode::Eval) }, 9);
 }
@@ -212,7 +243,7 @@ fn cross_attention_with_key_padding_and_grouped_heads() {
 /// times its bound at a gradient scale of about 1).
 #[test]
 fn a_planted_gradient_error_is_rejected() {
-    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+    let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap());
     let plant: fn(&mut [f64]) = |dq| dq[17] += 1e-5;
     let caught =
         std::panic::catch_unwind(|| check(Case { plant: Some(plant), ..Case::plain(cfg, 1, 6, None, Mode::Eval) }, 1));

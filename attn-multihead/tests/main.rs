@@ -4,7 +4,6 @@
 mod cpu_backend;
 mod cpu_cross;
 mod errors;
-mod golden_multihead;
 mod gradcheck_encoder;
 mod gradcheck_layer;
 mod masked_truncation;
@@ -17,4 +16,5 @@ mod segment_window;
 mod token_order;
 mod token_order_cross;
 mod weights_io;
+mod window_layer;
 mod workspace;

@@ -6,9 +6,9 @@
 
 use std::sync::Arc;
 
-use attn_core::{KeyPadding, Masks, Mixing};
+use attn_core::{DilatedConfig, KeyPadding, Masks, Mixing};
 use attn_multihead::{
-    CrossDims, EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, NamedParams,
+    Call, Cross, EncoderConfig, LongNetEncoder, MultiheadConfig, MultiheadDilatedAttention, NamedParams,
     ReferenceBackend,
 };
 use attn_testkit::rng::SeededRng;
@@ -33,8 +33,8 @@ fn trailing_padding(lens: &[usize], seq: usize) -> Vec<bool> {
 #[test]
 fn encoder_with_trailing_padding_equals_the_cut_rows() {
     for (mixing, causal) in [(Mixing::HeadGroups, false), (Mixing::LongNet, true)] {
-        let mut cfg = EncoderConfig::new(8, 2, &[4, 8], &[1, 2], 12);
-        (cfg.mixing, cfg.causal) = (mixing, causal);
+        let attention = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(mixing).causal(causal);
+        let cfg = EncoderConfig::new(8, 2, attention.build().unwrap(), 12);
         let enc = LongNetEncoder::<f64>::new(cfg, 2, 11, Arc::new(ReferenceBackend)).unwrap();
         let (seq, e, lens) = (12, 8, [12usize, 7]);
         let mut rng = SeededRng::new(5);
@@ -46,17 +46,17 @@ fn encoder_with_trailing_padding_equals_the_cut_rows() {
         for (b, &l) in lens.iter().enumerate() {
             g[(b * seq + l) * e..(b + 1) * seq * e].fill(0.0);
         }
-        let y = enc.forward_masked(&x, lens.len(), seq, masks, Mode::Eval).unwrap();
-        let (y_train, cache) = enc.forward_train_masked(&x, lens.len(), seq, masks, Mode::Eval).unwrap();
+        let y = enc.forward(&x, &Call::new(lens.len(), seq).masks(masks)).unwrap();
+        let (y_train, cache) = enc.forward_train(&x, &Call::new(lens.len(), seq).masks(masks)).unwrap();
         assert_eq!(y, y_train, "{mixing:?}: forward and forward_train agree");
         let mut grads = enc.zero_grads();
         let dx = enc.backward(&cache, &g, &mut grads).unwrap();
         let mut cut_grads = enc.zero_grads();
         for (b, &l) in lens.iter().enumerate() {
             let rows = b * seq * e..(b * seq + l) * e;
-            let cut = enc.forward(&x[rows.clone()], 1, l, Mode::Eval).unwrap();
+            let cut = enc.forward(&x[rows.clone()], &Call::new(1, l)).unwrap();
             assert_close(&format!("{mixing:?} row {b} output"), &y[rows.clone()], &cut);
-            let (_, c) = enc.forward_train(&x[rows.clone()], 1, l, Mode::Eval).unwrap();
+            let (_, c) = enc.forward_train(&x[rows.clone()], &Call::new(1, l)).unwrap();
             let dx_cut = enc.backward(&c, &g[rows.clone()], &mut cut_grads).unwrap();
             assert_close(&format!("{mixing:?} row {b} dx"), &dx[rows], &dx_cut);
             let pad = (b * seq + l) * e..(b + 1) * seq * e;
@@ -69,7 +69,7 @@ fn encoder_with_trailing_padding_equals_the_cut_rows() {
         }
         // The mask matters (causal queries never see later keys): without it the padded
         // keys change the real rows.
-        let unmasked = enc.forward(&x, lens.len(), seq, Mode::Eval).unwrap();
+        let unmasked = enc.forward(&x, &Call::new(lens.len(), seq)).unwrap();
         let row1 = seq * e..(seq + lens[1]) * e;
         let changed = unmasked[row1.clone()].iter().zip(&y[row1]).any(|(a, b)| (a - b).abs() > 1e-6);
         assert_eq!(changed, !causal, "{mixing:?}");
@@ -78,7 +78,12 @@ fn encoder_with_trailing_padding_equals_the_cut_rows() {
 
 #[test]
 fn cross_attention_with_trailing_key_padding_equals_the_cut_keys() {
-    let cfg = MultiheadConfig::new(8, 4, &[4, 8], &[1, 2]).with_num_kv_heads(2).with_mixing(Mixing::LongNet);
+    let cfg = MultiheadConfig::new(
+        8,
+        4,
+        DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).build().unwrap(),
+    )
+    .with_num_kv_heads(2);
     let layer = MultiheadDilatedAttention::<f64>::new(cfg, 3, Arc::new(ReferenceBackend)).unwrap();
     let (e, q_seq, kv_seq, real) = (8, 6, 11, 7);
     let mut rng = SeededRng::new(8);
@@ -86,12 +91,12 @@ fn cross_attention_with_trailing_key_padding_equals_the_cut_keys() {
     let g = randn(&mut rng, q_seq * e);
     let flags = trailing_padding(&[real], kv_seq);
     let masks = Masks { key_padding: Some(KeyPadding::new(&flags, 1, kv_seq).unwrap()), ..Masks::NONE };
-    let (y, cache) =
-        layer.forward_cross_masked([&q, &k, &v], CrossDims { batch: 1, q_seq, kv_seq }, masks, Mode::Eval).unwrap();
+    let cross = Call::new(1, q_seq).cross(Cross::new(&k, &v, kv_seq));
+    let (y, cache) = layer.forward_train(&q, &cross.masks(masks)).unwrap();
     let mut grads = layer.weights.zeros_like();
     let d = layer.backward(&cache, &g, &mut grads).unwrap();
     let (y_cut, cut_cache) =
-        layer.forward_cross(&q, &k[..real * e], &v[..real * e], 1, q_seq, real, Mode::Eval).unwrap();
+        layer.forward_train(&q, &Call::new(1, q_seq).cross(Cross::new(&k[..real * e], &v[..real * e], real))).unwrap();
     let mut cut_grads = layer.weights.zeros_like();
     let d_cut = layer.backward(&cut_cache, &g, &mut cut_grads).unwrap();
     assert_close("output", &y, &y_cut);
@@ -106,6 +111,6 @@ fn cross_attention_with_trailing_key_padding_equals_the_cut_keys() {
     // A mask of the query's length is a typed error, not a silent misread.
     let wrong = trailing_padding(&[real], q_seq);
     let masks = Masks { key_padding: Some(KeyPadding::new(&wrong, 1, q_seq).unwrap()), ..Masks::NONE };
-    let err = layer.forward_cross_masked([&q, &k, &v], CrossDims { batch: 1, q_seq, kv_seq }, masks, Mode::Eval);
+    let err = layer.forward_train(&q, &cross.masks(masks));
     assert!(err.is_err());
 }

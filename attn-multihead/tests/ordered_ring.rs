@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use attn_core::{DType, Mixing};
+use attn_core::{AttnError, DType, DilatedConfig, Mixing};
 use attn_hilbert::{Grid, OrderKind};
 use attn_multihead::{
-    Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, OrderedAttention, OrderedRing,
-    ReferenceBackend, ring_layer,
+    Call, Cross, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, OrderedAttention,
+    OrderedRing, RankRows, ReferenceBackend, ring_layer,
 };
 use attn_ring::{Layout, RingBackend, Strategy, ThreadComm};
 use attn_testkit::rng::random_vec;
@@ -39,9 +39,9 @@ fn check(cfg: MultiheadConfig, grid: Grid, world: usize, layout: Layout, strateg
     let g = random_vec(2, batch * n * e);
     let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let g64: Vec<f64> = g.iter().map(|&v| v as f64).collect();
-    let (y_want, cache) = single.forward_train(&x64, batch, n, Mode::Eval).unwrap();
+    let (y_want, cache) = single.forward_train(&x64, &Call::new(batch, n)).unwrap();
     let mut grads_want = single.layer.weights.zeros_like();
-    let dx_want = single.backward(&cache, &g64, batch, n, &mut grads_want).unwrap();
+    let dx_want = single.backward(&cache, &g64, &mut grads_want).unwrap().query;
 
     let comms = ThreadComm::world(world).unwrap();
     let results: Vec<RankResult> = std::thread::scope(|s| {
@@ -51,15 +51,16 @@ fn check(cfg: MultiheadConfig, grid: Grid, world: usize, layout: Layout, strateg
                 let (cfg, w32, x, g) = (cfg.clone(), w32.clone(), &x, &g);
                 s.spawn(move || {
                     let ring = OrderedRing::new(cfg, w32, OrderKind::Hilbert, grid, comm, layout, strategy).unwrap();
-                    let (y, c) = ring.forward_train(x, batch, Mode::Eval).unwrap();
+                    let (y, c) = ring.forward_train(x, &Call::new(batch, n)).unwrap();
                     let mut grads = ring.layer.weights.zeros_like();
-                    let dx = ring.backward(&c, g, batch, &mut grads).unwrap();
+                    let dx = ring.backward(&c, g, &mut grads).unwrap();
                     ring.all_reduce_grads(&mut grads).unwrap();
                     // The split form: this rank's rows only, ascending row-major tokens.
                     let (xs, gs) = (ring.split(x, batch).unwrap(), ring.split(g, batch).unwrap());
-                    let (y_split, c) = ring.forward_train_split(&xs, batch, Mode::Eval).unwrap();
+                    let (y_split, c) =
+                        ring.forward_train(&xs, &Call::new(batch, ring.tokens().len()).rows(RankRows::Split)).unwrap();
                     let mut unused = ring.layer.weights.zeros_like();
-                    let dx_split = ring.backward_split(&c, &gs, batch, &mut unused).unwrap();
+                    let dx_split = ring.backward(&c, &gs, &mut unused).unwrap();
                     RankResult { y, dx, grads, tokens: ring.tokens().to_vec(), y_split, dx_split }
                 })
             })
@@ -93,7 +94,7 @@ fn check(cfg: MultiheadConfig, grid: Grid, world: usize, layout: Layout, strateg
 
 #[test]
 fn hilbert_ring_on_a_6x10_grid_equals_one_device() {
-    let cfg = MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]);
+    let cfg = MultiheadConfig::new(16, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap());
     let grid = Grid::new_2d(6, 10).unwrap();
     check(cfg.clone(), grid, 2, Layout::Contiguous, Strategy::Auto, 2);
     check(cfg.clone(), grid, 3, Layout::Contiguous, Strategy::Ring, 1);
@@ -102,7 +103,17 @@ fn hilbert_ring_on_a_6x10_grid_equals_one_device() {
 
 #[test]
 fn hilbert_ring_on_a_3d_grid_equals_one_device_longnet_causal() {
-    let cfg = MultiheadConfig::new(16, 2, &[8, 32], &[1, 4]).with_mixing(Mixing::LongNet).with_causal(true);
+    let cfg = MultiheadConfig::new(
+        16,
+        2,
+        DilatedConfig::builder()
+            .segments(&[8, 32])
+            .dilations(&[1, 4])
+            .mixing(Mixing::LongNet)
+            .causal(true)
+            .build()
+            .unwrap(),
+    );
     let grid = Grid::new_3d(3, 4, 5).unwrap();
     check(cfg.clone(), grid, 4, Layout::Contiguous, Strategy::Auto, 1);
     check(cfg, grid, 2, Layout::Zigzag, Strategy::Ring, 2);
@@ -118,7 +129,7 @@ fn bounding_box(grid: Grid, tokens: &[usize]) -> [usize; 3] {
 
 /// Each rank's tokens under `kind` order, contiguous layout.
 fn rank_tokens(kind: OrderKind, grid: Grid, world: usize) -> Vec<Vec<usize>> {
-    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+    let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap());
     ThreadComm::world(world)
         .unwrap()
         .into_iter()
@@ -157,7 +168,7 @@ fn each_rank_gets_a_compact_patch() {
 
 #[test]
 fn bad_sizes_are_errors_not_panics() {
-    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+    let cfg = MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap());
     let w = || MultiheadWeights::<f32>::magneto(&cfg, 0);
     let grid = Grid::new_2d(2, 3).unwrap();
     // 6 tokens cannot give each of 7 ranks a row.
@@ -169,20 +180,27 @@ fn bad_sizes_are_errors_not_panics() {
     let ring =
         OrderedRing::new(cfg.clone(), w(), OrderKind::Hilbert, grid, comm, Layout::Zigzag, Strategy::Auto).unwrap();
     let x = random_vec(3, 6 * 8);
-    assert!(ring.forward(&x[..40], 1, Mode::Eval).is_err(), "whole tensor of the wrong length");
-    assert!(ring.forward(&x, 0, Mode::Eval).is_err(), "batch 0");
+    assert!(ring.forward(&x[..40], &Call::new(1, 6)).is_err(), "whole tensor of the wrong length");
+    assert!(ring.forward(&x, &Call::new(0, 6)).is_err(), "batch 0");
     assert!(ring.split(&x, 2).is_err(), "batch does not match the length");
-    assert!(ring.forward_split(&x[..8], 1, Mode::Eval).is_err(), "split rows of the wrong count");
+    assert!(ring.forward(&x[..8], &Call::new(1, 6).rows(RankRows::Split)).is_err(), "split rows of the wrong count");
+    assert!(ring.forward(&x[..40], &Call::new(1, 5)).is_err(), "a call's seq other than the grid's tokens");
+    let kv = random_vec(4, 6 * 8);
+    let cross = Call::new(1, 6).cross(Cross::new(&kv, &kv, 6));
+    assert!(
+        matches!(ring.forward(&x, &cross), Err(AttnError::Unsupported { backend: "OrderedRing", .. })),
+        "cross-attention on the ordered ring"
+    );
     // One rank: the whole and split forms are the single-device order on the same weights.
     let single = OrderedAttention::new(ring.layer.clone(), OrderKind::Hilbert, grid).unwrap();
-    let want = single.forward(&x, 1, 6, Mode::Eval).unwrap();
-    assert!(rel_l2_error(&ring.forward(&x, 1, Mode::Eval).unwrap(), &want) <= 1e-6);
+    let want = single.forward(&x, &Call::new(1, 6)).unwrap();
+    assert!(rel_l2_error(&ring.forward(&x, &Call::new(1, 6)).unwrap(), &want) <= 1e-6);
     assert_eq!(ring.tokens(), &[0, 1, 2, 3, 4, 5]);
 }
 
 #[test]
 fn the_ring_option_is_reachable_from_the_layer() {
-    let cfg = MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]);
+    let cfg = MultiheadConfig::new(16, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap());
     let (grid, world, batch) = (Grid::new_2d(6, 10).unwrap(), 3, 2);
     let (e, n) = (cfg.embed_dim, grid.len());
     let w = MultiheadWeights::<f32>::magneto(&cfg, 5);
@@ -191,7 +209,7 @@ fn the_ring_option_is_reachable_from_the_layer() {
         .with_token_order(grid, OrderKind::Hilbert)
         .unwrap();
     let x = random_vec(4, batch * n * e);
-    let want = single.forward(&x, batch, n, Mode::Eval).unwrap();
+    let want = single.forward(&x, &Call::new(batch, n)).unwrap();
     let outs: Vec<(Vec<f32>, Vec<usize>)> = std::thread::scope(|s| {
         let handles: Vec<_> = ThreadComm::world(world)
             .unwrap()
@@ -204,7 +222,7 @@ fn the_ring_option_is_reachable_from_the_layer() {
                     let layer = MultiheadDilatedAttention::from_weights(cfg, w, Arc::new(ReferenceBackend)).unwrap();
                     let ring = layer.with_ring_token_order(backend, grid, OrderKind::Hilbert).unwrap();
                     assert_eq!(ring.layer.backend().name(), "ring");
-                    (ring.forward(x, batch, Mode::Eval).unwrap(), ring.tokens().to_vec())
+                    (ring.forward(x, &Call::new(batch, grid.len())).unwrap(), ring.tokens().to_vec())
                 })
             })
             .collect();

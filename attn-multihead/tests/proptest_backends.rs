@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use attn_core::DType;
 use attn_multihead::{
-    Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend,
+    Call, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams, ReferenceBackend,
 };
 use attn_testkit::rng::random_vec;
 use attn_testkit::strategies::{DilatedCase, dilated_case, dilated_case_with};
@@ -17,10 +17,7 @@ use proptest::prelude::*;
 fn twin_layers(case: &DilatedCase) -> (MultiheadDilatedAttention<f64>, MultiheadDilatedAttention<f32>) {
     let s = case.shape;
     let e = s.heads * s.head_dim;
-    let cfg = MultiheadConfig::new(e, s.heads, case.cfg.segment_lengths(), case.cfg.dilation_rates())
-        .with_mixing(case.cfg.mixing())
-        .with_causal(case.cfg.causal())
-        .with_scale(case.cfg.explicit_scale())
+    let cfg = MultiheadConfig::new(e, s.heads, case.cfg.clone())
         // LayerNorm over a handful of features is ill-conditioned (with 2 features its
         // output is +-1 and its gradient scales with 1/|x0 - x1|), so f32 and f64 only
         // agree to 1e-5 on realistic widths: sub-LN is on for embed >= 16.
@@ -47,8 +44,8 @@ fn layer_vs_reference(case: &DilatedCase, plant: impl Fn(&mut MultiheadWeights<f
     let g = random_vec(case.seed ^ 1, n);
     let wide = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<f64>>();
     let (x64, g64) = (wide(&x), wide(&g));
-    let (y64, k64) = r64.forward_train(&x64, s.batch, s.seq, Mode::Eval).map_err(|e| e.to_string())?;
-    let (y32, k32) = c32.forward_train(&x, s.batch, s.seq, Mode::Eval).map_err(|e| e.to_string())?;
+    let (y64, k64) = r64.forward_train(&x64, &Call::new(s.batch, s.seq)).map_err(|e| e.to_string())?;
+    let (y32, k32) = c32.forward_train(&x, &Call::new(s.batch, s.seq)).map_err(|e| e.to_string())?;
     let dx64 = r64.backward(&k64, &g64, &mut r64.zero_grads()).map_err(|e| e.to_string())?.query;
     let dx32 = c32.backward(&k32, &g, &mut c32.zero_grads()).map_err(|e| e.to_string())?.query;
     let bound = Tolerance::for_dtype(DType::F32).rel_l2;
@@ -96,8 +93,8 @@ proptest! {
         let c32 = c32.with_window_rows(target);
         let x = random_vec(case.seed, s.batch * s.seq * e);
         let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
-        let (want, _) = r64.forward_train(&x64, s.batch, s.seq, Mode::Eval).unwrap();
-        let got = c32.forward(&x, s.batch, s.seq, Mode::Eval).unwrap();
+        let (want, _) = r64.forward_train(&x64, &Call::new(s.batch, s.seq)).unwrap();
+        let got = c32.forward(&x, &Call::new(s.batch, s.seq)).unwrap();
         let err = rel_l2_error(&got, &want);
         prop_assert!(err <= Tolerance::for_dtype(DType::F32).rel_l2, "out {:.2e}", err);
     }

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use attn_core::{AttnError, DType, MemoryBudget, Mixing, Pass};
+use attn_core::{AttnError, DType, DilatedConfig, MemoryBudget, Mixing, Pass};
 use attn_multihead::{
-    EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
-    ReferenceBackend, all_reduce_grads, ring_layer,
+    Call, EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights,
+    NamedParams, ReferenceBackend, all_reduce_grads, ring_layer,
 };
 use attn_ring::{Layout, RingBackend, RingOptions, Strategy, ThreadComm, problem_for, ring_workspace_bytes};
 use attn_testkit::rng::random_vec;
@@ -45,7 +45,7 @@ fn single_rank(
 ) -> (Vec<f64>, Vec<f64>, MultiheadWeights<f64>) {
     let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let g64: Vec<f64> = g.iter().map(|&v| v as f64).collect();
-    let (y, cache) = single.forward_train(&x64, batch, seq, mode).unwrap();
+    let (y, cache) = single.forward_train(&x64, &Call::new(batch, seq).mode(mode)).unwrap();
     let mut grads = single.weights.zeros_like();
     let dx = single.backward(&cache, &g64, &mut grads).unwrap().query;
     (y, dx, grads)
@@ -88,7 +88,7 @@ fn check_mode(
                     let pos = backend.positions();
                     let layer = ring_layer(cfg, w32, backend.clone()).unwrap();
                     let xl = gather(x, batch, seq, e, &pos);
-                    let (y, c) = layer.forward_train(&xl, batch, pos.len(), mode).unwrap();
+                    let (y, c) = layer.forward_train(&xl, &Call::new(batch, pos.len()).mode(mode)).unwrap();
                     let mut grads = layer.weights.zeros_like();
                     let dx = layer.backward(&c, &gather(g, batch, seq, e, &pos), &mut grads).unwrap().query;
                     backend.with_comm(|c| all_reduce_grads(c, &mut grads)).unwrap();
@@ -131,14 +131,24 @@ fn check_mode(
 
 #[test]
 fn ring_layer_equals_one_rank_head_groups() {
-    let cfg = MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]);
+    let cfg = MultiheadConfig::new(16, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap());
     check(cfg.clone(), 2, Layout::Contiguous, Strategy::Auto, 2, 37);
     check(cfg, 3, Layout::Zigzag, Strategy::Ring, 1, 40);
 }
 
 #[test]
 fn ring_layer_equals_one_rank_longnet_causal() {
-    let cfg = MultiheadConfig::new(16, 2, &[8, 32], &[1, 4]).with_mixing(Mixing::LongNet).with_causal(true);
+    let cfg = MultiheadConfig::new(
+        16,
+        2,
+        DilatedConfig::builder()
+            .segments(&[8, 32])
+            .dilations(&[1, 4])
+            .mixing(Mixing::LongNet)
+            .causal(true)
+            .build()
+            .unwrap(),
+    );
     check(cfg.clone(), 3, Layout::Contiguous, Strategy::AllGather, 1, 45);
     check(cfg, 2, Layout::Zigzag, Strategy::Auto, 1, 33);
 }
@@ -147,14 +157,24 @@ fn ring_layer_equals_one_rank_longnet_causal() {
 /// (2 to 4 ranks, contiguous and zigzag) equals one rank, outputs and gradients.
 #[test]
 fn ring_layer_in_training_with_dropout_equals_one_rank() {
-    let cfg = MultiheadConfig::new(16, 4, &[8, 16], &[1, 2]).with_dropout(0.3);
+    let cfg = MultiheadConfig::new(16, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap()).with_dropout(0.3);
     for world in 2..=4 {
         for layout in [Layout::Contiguous, Layout::Zigzag] {
             check_mode(cfg.clone(), (world, layout, Strategy::Auto), 2, 37, Mode::Train { seed: 17 + world as u64 });
         }
     }
-    let causal =
-        MultiheadConfig::new(16, 2, &[8, 32], &[1, 4]).with_mixing(Mixing::LongNet).with_causal(true).with_dropout(0.5);
+    let causal = MultiheadConfig::new(
+        16,
+        2,
+        DilatedConfig::builder()
+            .segments(&[8, 32])
+            .dilations(&[1, 4])
+            .mixing(Mixing::LongNet)
+            .causal(true)
+            .build()
+            .unwrap(),
+    )
+    .with_dropout(0.5);
     check_mode(causal.clone(), (3, Layout::Zigzag, Strategy::Ring), 1, 45, Mode::Train { seed: 3 });
     check_mode(causal, (4, Layout::Contiguous, Strategy::AllGather), 1, 33, Mode::Train { seed: 4 });
 }
@@ -162,7 +182,7 @@ fn ring_layer_in_training_with_dropout_equals_one_rank() {
 #[test]
 fn ring_encoder_stack_equals_one_rank_in_eval_and_training() {
     let (batch, seq, e, world) = (1, 36, 16, 3);
-    let mut cfg = EncoderConfig::new(e, 4, &[8, 16], &[1, 2], 24);
+    let mut cfg = EncoderConfig::new(e, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap(), 24);
     cfg.dropout = 0.25;
     for mode in [Mode::Eval, Mode::Train { seed: 8 }] {
         check_encoder(cfg.clone(), batch, seq, e, world, mode);
@@ -175,7 +195,7 @@ fn check_encoder(cfg: EncoderConfig, batch: usize, seq: usize, e: usize, world: 
     let g = random_vec(4, batch * seq * e);
     let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let g64: Vec<f64> = g.iter().map(|&v| v as f64).collect();
-    let (y_want, cache) = single.forward_train(&x64, batch, seq, mode).unwrap();
+    let (y_want, cache) = single.forward_train(&x64, &Call::new(batch, seq).mode(mode)).unwrap();
     let mut gw = single.zero_grads();
     let dx_want = single.backward(&cache, &g64, &mut gw).unwrap();
     let comms = ThreadComm::world(world).unwrap();
@@ -188,7 +208,9 @@ fn check_encoder(cfg: EncoderConfig, batch: usize, seq: usize, e: usize, world: 
                     let backend = Arc::new(RingBackend::new(comm, seq, Layout::Zigzag, Strategy::Auto).unwrap());
                     let pos = backend.positions();
                     let enc = LongNetEncoder::<f32>::new(cfg, 2, 5, backend).unwrap();
-                    let (y, c) = enc.forward_train(&gather(x, batch, seq, e, &pos), batch, pos.len(), mode).unwrap();
+                    let (y, c) = enc
+                        .forward_train(&gather(x, batch, seq, e, &pos), &Call::new(batch, pos.len()).mode(mode))
+                        .unwrap();
                     let mut grads = enc.zero_grads();
                     let dx = enc.backward(&c, &gather(g, batch, seq, e, &pos), &mut grads).unwrap();
                     (pos, y, dx)
@@ -225,7 +247,7 @@ fn run_ranks(cfg: &MultiheadConfig, world: usize, seq: usize, options: RingOptio
                     let backend = Arc::new(backend);
                     let pos = backend.positions();
                     let layer = ring_layer(cfg.clone(), MultiheadWeights::<f32>::magneto(&cfg, 9), backend.clone())?;
-                    let (y, c) = layer.forward_train(&gather(x, batch, seq, e, &pos), batch, pos.len(), Mode::Eval)?;
+                    let (y, c) = layer.forward_train(&gather(x, batch, seq, e, &pos), &Call::new(batch, pos.len()))?;
                     let mut grads = layer.weights.zeros_like();
                     if !backward {
                         return Ok((y, Vec::new(), grads));
@@ -245,7 +267,17 @@ fn run_ranks(cfg: &MultiheadConfig, world: usize, seq: usize, options: RingOptio
 /// `OverBudget` on every rank when no rank can meet it).
 #[test]
 fn ring_layer_options_reach_the_ring() {
-    let cfg = MultiheadConfig::new(32, 4, &[16, 64], &[1, 2]).with_mixing(Mixing::LongNet).with_causal(true);
+    let cfg = MultiheadConfig::new(
+        32,
+        4,
+        DilatedConfig::builder()
+            .segments(&[16, 64])
+            .dilations(&[1, 2])
+            .mixing(Mixing::LongNet)
+            .causal(true)
+            .build()
+            .unwrap(),
+    );
     let (world, seq) = (2, 64);
     let one = run_ranks(&cfg, world, seq, RingOptions::default(), true);
     let one: Vec<_> = one.into_iter().map(Result::unwrap).collect();
@@ -262,7 +294,7 @@ fn ring_layer_options_reach_the_ring() {
     assert!(run_ranks(&cfg, world, seq, tiny, false).iter().all(over), "the forward checks the budget");
     // Enough for the forward's workspace, not for the backward's.
     let shape = attn_core::Shape4::new(1, seq, cfg.num_heads, cfg.embed_dim / cfg.num_heads).unwrap();
-    let problem = problem_for(&cfg.validate().unwrap(), shape, Layout::Zigzag, Strategy::Ring, world);
+    let problem = problem_for(&cfg.attention, shape, Layout::Zigzag, Strategy::Ring, world);
     let (fwd, bwd) = (
         ring_workspace_bytes(&problem, DType::F32, Pass::Forward),
         ring_workspace_bytes(&problem, DType::F32, Pass::Backward),

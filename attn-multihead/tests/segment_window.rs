@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use attn_core::{DType, Mixing};
+use attn_core::{DType, DilatedConfig, Mixing};
 use attn_kernels::CpuBackend;
 use attn_multihead::{
-    DEFAULT_WINDOW_ROWS, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWorkspace, NamedParams,
+    Call, DEFAULT_WINDOW_ROWS, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWorkspace, NamedParams,
     ReferenceBackend,
 };
 use attn_testkit::rng::random_vec;
@@ -28,13 +28,32 @@ fn layers(cfg: &MultiheadConfig, seed: u64) -> (MultiheadDilatedAttention<f64>, 
 }
 
 fn configs() -> Vec<MultiheadConfig> {
-    let base = MultiheadConfig::new(32, 4, &[4, 8, 16], &[1, 2, 4]);
+    let base = MultiheadConfig::new(32, 4, DilatedConfig::new(&[4, 8, 16], &[1, 2, 4]).unwrap());
     vec![
         base.clone(),
-        base.clone().with_causal(true).with_mixing(Mixing::LongNet),
+        MultiheadConfig::new(
+            32,
+            4,
+            DilatedConfig::builder()
+                .segments(&[4, 8, 16])
+                .dilations(&[1, 2, 4])
+                .causal(true)
+                .mixing(Mixing::LongNet)
+                .build()
+                .unwrap(),
+        ),
         // lcm 12: windows are multiples of 12, not powers of two.
-        MultiheadConfig::new(32, 4, &[6, 4], &[2, 1]).with_causal(true),
-        MultiheadConfig::new(32, 4, &[6, 4], &[3, 2]).with_mixing(Mixing::LongNet).with_layer_norm(false),
+        MultiheadConfig::new(
+            32,
+            4,
+            DilatedConfig::builder().segments(&[6, 4]).dilations(&[2, 1]).causal(true).build().unwrap(),
+        ),
+        MultiheadConfig::new(
+            32,
+            4,
+            DilatedConfig::builder().segments(&[6, 4]).dilations(&[3, 2]).mixing(Mixing::LongNet).build().unwrap(),
+        )
+        .with_layer_norm(false),
     ]
 }
 
@@ -49,15 +68,15 @@ fn windowed_inference_equals_one_pass() {
         for (batch, seq) in [(1, 37), (2, 48), (2, 17), (1, 100)] {
             let x = random_vec(7 * c as u64 + seq as u64, batch * seq * 32);
             let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
-            let whole64 = l64.clone().with_window_rows(0).forward(&x64, batch, seq, Mode::Eval).unwrap();
-            let (train64, _) = l64.forward_train(&x64, batch, seq, Mode::Eval).unwrap();
+            let whole64 = l64.clone().with_window_rows(0).forward(&x64, &Call::new(batch, seq)).unwrap();
+            let (train64, _) = l64.forward_train(&x64, &Call::new(batch, seq)).unwrap();
             assert_eq!(whole64, train64, "window 0 is the one-pass forward");
             for target in [1, 10, 24, 40] {
                 let what = format!("config {c}, batch {batch}, seq {seq}, window target {target}");
-                let got64 = l64.clone().with_window_rows(target).forward(&x64, batch, seq, Mode::Eval).unwrap();
+                let got64 = l64.clone().with_window_rows(target).forward(&x64, &Call::new(batch, seq)).unwrap();
                 let err = rel_l2_error(&got64, &whole64);
                 assert!(err <= f64_bound, "{what}: f64 windowed {err:.2e} from one pass");
-                let got32 = l32.clone().with_window_rows(target).forward(&x, batch, seq, Mode::Eval).unwrap();
+                let got32 = l32.clone().with_window_rows(target).forward(&x, &Call::new(batch, seq)).unwrap();
                 let err = rel_l2_error(&got32, &whole64);
                 assert!(err <= f32_bound, "{what}: f32 windowed {err:.2e} from the f64 one pass");
             }
@@ -70,17 +89,17 @@ fn windowed_inference_equals_one_pass() {
 /// output as a fresh forward.
 #[test]
 fn a_windowed_workspace_holds_one_window() {
-    let cfg = MultiheadConfig::new(32, 4, &[4, 8, 16], &[1, 2, 4]);
+    let cfg = MultiheadConfig::new(32, 4, DilatedConfig::new(&[4, 8, 16], &[1, 2, 4]).unwrap());
     let (_, l32) = layers(&cfg, 5);
     let (batch, seq, e, heads) = (2, 100, 32, 4);
     let l32 = l32.with_window_rows(20); // rounds up to 32 rows (lcm 16)
     let x = random_vec(11, batch * seq * e);
-    let fresh = l32.forward(&x, batch, seq, Mode::Eval).unwrap();
+    let fresh = l32.forward(&x, &Call::new(batch, seq)).unwrap();
     let mut ws = MultiheadWorkspace::new();
     let mut out = vec![f32::NAN; fresh.len()];
     for call in 0..3 {
         out.fill(f32::NAN);
-        l32.forward_with(&x, batch, seq, Mode::Eval, &mut ws, &mut out).unwrap();
+        l32.forward_into(&x, &Call::new(batch, seq), &mut ws, &mut out).unwrap();
         assert_eq!(out, fresh, "call {call}");
     }
     // q/k/v, attention output and sub-LN output of 32 rows (f32), and the LSE.
@@ -88,7 +107,7 @@ fn a_windowed_workspace_holds_one_window() {
     assert!(ws.bytes() <= window_bytes, "workspace holds {} bytes, one window is {window_bytes}", ws.bytes());
     let mut whole_ws = MultiheadWorkspace::new();
     let one_pass = l32.clone().with_window_rows(0);
-    one_pass.forward_with(&x, batch, seq, Mode::Eval, &mut whole_ws, &mut out).unwrap();
+    one_pass.forward_into(&x, &Call::new(batch, seq), &mut whole_ws, &mut out).unwrap();
     assert!(whole_ws.bytes() >= 5 * batch * seq * e * 4, "one pass holds {} bytes", whole_ws.bytes());
     let err = rel_l2_error(&out, &fresh.iter().map(|&v| v as f64).collect::<Vec<_>>());
     assert!(err <= Tolerance::for_dtype(DType::F32).rel_l2, "one pass {err:.2e} from windowed");
@@ -98,34 +117,34 @@ fn a_windowed_workspace_holds_one_window() {
 /// sequences make one pass under the default window.
 #[test]
 fn training_and_short_sequences_make_one_pass() {
-    let cfg = MultiheadConfig::new(32, 4, &[4, 8], &[1, 2]).with_dropout(0.25);
+    let cfg = MultiheadConfig::new(32, 4, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap()).with_dropout(0.25);
     let (_, l32) = layers(&cfg, 2);
     let l32 = l32.with_window_rows(8);
     let x = random_vec(3, 64 * 32);
     let mode = Mode::Train { seed: 4 };
-    let (want, _) = l32.forward_train(&x, 1, 64, mode).unwrap();
+    let (want, _) = l32.forward_train(&x, &Call::new(1, 64).mode(mode)).unwrap();
     let mut ws = MultiheadWorkspace::new();
     let mut out = vec![0f32; want.len()];
-    l32.forward_with(&x, 1, 64, mode, &mut ws, &mut out).unwrap();
+    l32.forward_into(&x, &Call::new(1, 64).mode(mode), &mut ws, &mut out).unwrap();
     assert_eq!(out, want, "a training pass walks the whole sequence");
     assert!(ws.bytes() >= 5 * 64 * 32 * 4);
     let default = l32.with_window_rows(DEFAULT_WINDOW_ROWS);
     let mut ws = MultiheadWorkspace::new();
-    default.forward_with(&x, 1, 64, Mode::Eval, &mut ws, &mut out).unwrap();
+    default.forward_into(&x, &Call::new(1, 64), &mut ws, &mut out).unwrap();
     assert!(ws.bytes() >= 5 * 64 * 32 * 4, "64 rows fit in one default window");
 }
 
 /// A wrong output length under windowing is the same typed error, not a panic.
 #[test]
 fn a_wrong_output_buffer_is_an_error_when_windowed() {
-    let cfg = MultiheadConfig::new(32, 4, &[4, 8], &[1, 2]);
+    let cfg = MultiheadConfig::new(32, 4, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap());
     let (_, l32) = layers(&cfg, 1);
     let l32 = l32.with_window_rows(8);
     let x = random_vec(5, 64 * 32);
     let mut ws = MultiheadWorkspace::new();
     for len in [0, 64 * 32 - 1, 64 * 32 + 32] {
         let mut out = vec![0f32; len];
-        let err = l32.forward_with(&x, 1, 64, Mode::Eval, &mut ws, &mut out).unwrap_err();
+        let err = l32.forward_into(&x, &Call::new(1, 64), &mut ws, &mut out).unwrap_err();
         assert!(err.to_string().contains("output"), "{err}");
     }
 }
@@ -138,7 +157,7 @@ fn gradients<F: attn_multihead::LayerFloat>(
     (batch, seq): (usize, usize),
     mode: Mode,
 ) -> (Vec<(String, Vec<F>)>, Vec<F>) {
-    let (_, cache) = layer.forward_train(x, batch, seq, mode).unwrap();
+    let (_, cache) = layer.forward_train(x, &Call::new(batch, seq).mode(mode)).unwrap();
     let mut grads = layer.zero_grads();
     let dx = layer.backward(&cache, g, &mut grads).unwrap().query;
     (grads.params().into_iter().map(|p| (p.name.clone(), p.data.to_vec())).collect(), dx)
@@ -153,7 +172,11 @@ fn windowed_backward_equals_one_pass() {
     let f64_bound = Tolerance::for_dtype(DType::F64).rel_l2;
     let f32_bound = Tolerance::for_dtype(DType::F32).rel_l2;
     let mut cfgs = configs();
-    cfgs.push(MultiheadConfig::new(32, 4, &[4, 8, 16], &[1, 2, 4]).with_dropout(0.2).with_bias(false));
+    cfgs.push(
+        MultiheadConfig::new(32, 4, DilatedConfig::new(&[4, 8, 16], &[1, 2, 4]).unwrap())
+            .with_dropout(0.2)
+            .with_bias(false),
+    );
     for (c, cfg) in cfgs.into_iter().enumerate() {
         let (l64, l32) = layers(&cfg, 10 + c as u64);
         let mode = if cfg.dropout > 0.0 { Mode::Train { seed: 3 } } else { Mode::Eval };
@@ -198,23 +221,29 @@ fn windowed_backward_equals_one_pass() {
 #[test]
 fn encoder_eval_forward_walks_segment_windows() {
     use attn_multihead::{EncoderConfig, LongNetEncoder};
-    let mut cfg = EncoderConfig::new(8, 2, &[4, 6], &[1, 2], 12);
-    cfg.causal = true;
+    let causal = DilatedConfig::builder().segments(&[4, 6]).dilations(&[1, 2]).causal(true);
+    let cfg = EncoderConfig::new(8, 2, causal.build().unwrap(), 12);
     let enc = LongNetEncoder::<f64>::new(cfg, 2, 7, Arc::new(ReferenceBackend)).unwrap();
     let (b, n) = (2, 53);
     let x: Vec<f64> = random_vec(9, b * n * 8).into_iter().map(|v| v as f64).collect();
-    let one_pass = enc.forward_with(&x, b, n, Mode::Eval, &mut MultiheadWorkspace::new()).unwrap();
-    let whole = enc.clone().with_window_rows(0).forward(&x, b, n, Mode::Eval).unwrap();
+    // `forward_into` is one pass over the whole sequence.
+    let one_pass_of = |enc: &LongNetEncoder<f64>, mode: Mode| {
+        let mut y = vec![0.0; x.len()];
+        enc.forward_into(&x, &Call::new(b, n).mode(mode), &mut MultiheadWorkspace::new(), &mut y).unwrap();
+        y
+    };
+    let one_pass = one_pass_of(&enc, Mode::Eval);
+    let whole = enc.clone().with_window_rows(0).forward(&x, &Call::new(b, n)).unwrap();
     assert_eq!(whole, one_pass, "window 0 is one pass");
-    let windowed = enc.clone().with_window_rows(10).forward(&x, b, n, Mode::Eval).unwrap();
+    let windowed = enc.clone().with_window_rows(10).forward(&x, &Call::new(b, n)).unwrap();
     // Windows of 12 rows (lcm of 4 and 6): the same as forward_windows with 12.
     assert_eq!(windowed, enc.forward_windows(&x, b, n, 12, |_| {}).unwrap());
     let err = rel_l2_error(&windowed, &one_pass);
     assert!(err <= Tolerance::for_dtype(DType::F64).rel_l2, "windowed {err:.2e} from one pass");
-    let mut dropout = EncoderConfig::new(8, 2, &[4, 6], &[1, 2], 12);
+    let mut dropout = EncoderConfig::new(8, 2, DilatedConfig::new(&[4, 6], &[1, 2]).unwrap(), 12);
     dropout.dropout = 0.3;
     let enc = LongNetEncoder::<f64>::new(dropout, 2, 7, Arc::new(ReferenceBackend)).unwrap().with_window_rows(10);
     let mode = Mode::Train { seed: 5 };
-    let want = enc.forward_with(&x, b, n, mode, &mut MultiheadWorkspace::new()).unwrap();
-    assert_eq!(enc.forward(&x, b, n, mode).unwrap(), want, "a training pass is one pass");
+    let want = one_pass_of(&enc, mode);
+    assert_eq!(enc.forward(&x, &Call::new(b, n).mode(mode)).unwrap(), want, "a training pass is one pass");
 }

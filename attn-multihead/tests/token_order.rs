@@ -1,13 +1,19 @@
 //! The Hilbert option: row-major order is the plain layer, curve order is "permute, attend, restore", gradients exact.
 
+use attn_core::DilatedConfig;
 use std::sync::Arc;
 
 use attn_hilbert::{Grid, OrderKind, TokenLayout, TokenOrder};
-use attn_multihead::{Mode, MultiheadConfig, MultiheadDilatedAttention, OrderedAttention, ReferenceBackend};
+use attn_multihead::{Call, MultiheadConfig, MultiheadDilatedAttention, OrderedAttention, ReferenceBackend};
 use attn_testkit::rng::SeededRng;
 
 fn layer() -> MultiheadDilatedAttention<f64> {
-    MultiheadDilatedAttention::new(MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]), 3, Arc::new(ReferenceBackend)).unwrap()
+    MultiheadDilatedAttention::new(
+        MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap()),
+        3,
+        Arc::new(ReferenceBackend),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -16,12 +22,12 @@ fn row_major_order_is_the_plain_layer_and_hilbert_is_permute_attend_restore() {
     let n = h * w;
     let mut rng = SeededRng::new(1);
     let x: Vec<f64> = (0..b * n * e).map(|_| rng.normal()).collect();
-    let plain = layer().forward(&x, b, n, Mode::Eval).unwrap();
+    let plain = layer().forward(&x, &Call::new(b, n)).unwrap();
     let rm = OrderedAttention::new(layer(), OrderKind::RowMajor, Grid::new_2d(h, w).unwrap()).unwrap();
-    assert_eq!(rm.forward(&x, b, n, Mode::Eval).unwrap(), plain);
+    assert_eq!(rm.forward(&x, &Call::new(b, n)).unwrap(), plain);
 
     let hil = OrderedAttention::hilbert_2d(layer(), h, w).unwrap();
-    let got = hil.forward(&x, b, n, Mode::Eval).unwrap();
+    let got = hil.forward(&x, &Call::new(b, n)).unwrap();
     assert_ne!(got, plain, "the curve changes which tokens share segments");
     // By hand: gather tokens in curve order, run the layer, scatter back.
     let order = TokenOrder::hilbert_2d(h, w).unwrap();
@@ -32,11 +38,11 @@ fn row_major_order_is_the_plain_layer_and_hilbert_is_permute_attend_restore() {
             xp[(bi * n + i) * e..][..e].copy_from_slice(&x[(bi * n + tok) * e..][..e]);
         }
     }
-    let yp = layer().forward(&xp, b, n, Mode::Eval).unwrap();
+    let yp = layer().forward(&xp, &Call::new(b, n)).unwrap();
     let mut want = vec![0.0; x.len()];
     perm.unapply(&TokenLayout::bse(b, n, e).unwrap(), &yp, &mut want).unwrap();
     assert_eq!(got, want);
-    assert!(hil.forward(&x[..e * 10], 1, 10, Mode::Eval).is_err(), "sequence must match the grid");
+    assert!(hil.forward(&x[..e * 10], &Call::new(1, 10)).is_err(), "sequence must match the grid");
 }
 
 #[test]
@@ -46,11 +52,11 @@ fn gradients_through_the_ordering_match_finite_differences() {
     let mut rng = SeededRng::new(2);
     let x: Vec<f64> = (0..b * n * e).map(|_| rng.normal()).collect();
     let g: Vec<f64> = (0..b * n * e).map(|_| rng.normal()).collect();
-    let (_, cache) = hil.forward_train(&x, b, n, Mode::Eval).unwrap();
+    let (_, cache) = hil.forward_train(&x, &Call::new(b, n)).unwrap();
     let mut grads = hil.layer.weights.zeros_like();
-    let dx = hil.backward(&cache, &g, b, n, &mut grads).unwrap();
+    let dx = hil.backward(&cache, &g, &mut grads).unwrap().query;
     let loss =
-        |x: &[f64]| -> f64 { hil.forward(x, b, n, Mode::Eval).unwrap().iter().zip(&g).map(|(a, b)| a * b).sum() };
+        |x: &[f64]| -> f64 { hil.forward(x, &Call::new(b, n)).unwrap().iter().zip(&g).map(|(a, b)| a * b).sum() };
     let hstep = 1e-6;
     for i in 0..x.len() {
         let (mut xp, mut xm) = (x.clone(), x.clone());

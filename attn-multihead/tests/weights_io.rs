@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use attn_core::AttnError;
+use attn_core::{AttnError, DilatedConfig};
 use attn_multihead::{
     EncoderConfig, LongNetEncoder, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend, load_bytes, save_bytes,
@@ -11,7 +11,7 @@ use attn_multihead::{
 use safetensors::{Dtype, SafeTensors};
 
 fn cfg() -> MultiheadConfig {
-    MultiheadConfig::new(8, 2, &[4, 8], &[1, 2])
+    MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap())
 }
 
 /// A safetensors file from (name, shape, f32 values).
@@ -115,14 +115,24 @@ fn weights_of_another_layout_are_rejected_by_the_layer() {
 
 #[test]
 fn encoder_checkpoints_round_trip_with_layer_prefixes() {
-    let enc =
-        LongNetEncoder::<f32>::new(EncoderConfig::new(8, 2, &[4], &[1], 16), 2, 5, Arc::new(ReferenceBackend)).unwrap();
+    let enc = LongNetEncoder::<f32>::new(
+        EncoderConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap(), 16),
+        2,
+        5,
+        Arc::new(ReferenceBackend),
+    )
+    .unwrap();
     let bytes = save_bytes(&enc, None).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     assert_eq!(st.tensor("layers.1.self_attn.v_proj.weight").unwrap().shape(), &[8, 8]);
     assert_eq!(st.tensor("layers.0.linear1.weight").unwrap().shape(), &[16, 8]);
-    let mut other =
-        LongNetEncoder::<f32>::new(EncoderConfig::new(8, 2, &[4], &[1], 16), 2, 6, Arc::new(ReferenceBackend)).unwrap();
+    let mut other = LongNetEncoder::<f32>::new(
+        EncoderConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap(), 16),
+        2,
+        6,
+        Arc::new(ReferenceBackend),
+    )
+    .unwrap();
     load_bytes(&mut other, &bytes).unwrap();
     let a: Vec<Vec<f32>> = enc.params().iter().map(|p| p.data.to_vec()).collect();
     let b: Vec<Vec<f32>> = other.params().iter().map(|p| p.data.to_vec()).collect();
@@ -135,7 +145,8 @@ fn encoder_checkpoints_round_trip_with_layer_prefixes() {
 /// typed error and listing them does not panic.
 #[test]
 fn params_of_hand_built_weights_do_not_panic() {
-    let zero = MultiheadWeights::<f32>::magneto(&MultiheadConfig::new(0, 1, &[4], &[1]), 0);
+    let zero =
+        MultiheadWeights::<f32>::magneto(&MultiheadConfig::new(0, 1, DilatedConfig::new(&[4], &[1]).unwrap()), 0);
     assert_eq!(zero.params().len(), zero.clone().params_mut().len());
     let mut short = MultiheadWeights::<f32>::magneto(&cfg(), 0);
     short.in_proj.bias = Some(vec![0.0; 12]); // q's 8, then only 4 of k's

@@ -35,7 +35,9 @@ pub fn golden_reader(bytes: &[u8]) {
 
 /// The module the weights target loads into: embed 8, 2 heads, LayerNorm and biases.
 pub fn small_weights() -> MultiheadWeights<f32> {
-    let cfg = MultiheadConfig::new(8, 2, &[4, 8], &[1, 2]);
+    // A fixed valid pattern: the builder cannot fail on it.
+    let attention = DilatedConfig::new(&[4, 8], &[1, 2]).expect("a valid fixed pattern");
+    let cfg = MultiheadConfig::new(8, 2, attention);
     MultiheadWeights::magneto(&cfg, 7)
 }
 

@@ -35,7 +35,7 @@ impl LongNetEncoderLayer {
         let eps = config.layer_norm_eps;
         Ok(LongNetEncoderLayer {
             norm1: LayerNorm::new(e, eps, vb.pp("norm1"))?,
-            self_attn: MultiheadDilatedAttention::new(config.attention(), vb.pp("self_attn"))?,
+            self_attn: MultiheadDilatedAttention::new(config.self_attention(), vb.pp("self_attn"))?,
             norm2: LayerNorm::new(e, eps, vb.pp("norm2"))?,
             linear1: magneto_linear(e, ff, 1.0, true, vb.pp("linear1"))?,
             norm3: LayerNorm::new(ff, eps, vb.pp("norm3"))?,

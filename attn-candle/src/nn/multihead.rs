@@ -52,7 +52,8 @@ impl MultiheadDilatedAttention {
     /// The layer `config` describes, its parameters read through `vb` or, where `vb`
     /// creates them (a `VarMap`), drawn as the definition's MAGNETO initialisation says.
     pub fn new(config: MultiheadConfig, vb: VarBuilder<'_>) -> Result<Self> {
-        let dilated = config.validate().map_err(to_candle)?;
+        config.validate().map_err(to_candle)?;
+        let dilated = config.attention.clone();
         let (e, kv, g) = (config.embed_dim, config.kv_dim(), config.gamma_init);
         let linear = |out: usize, gain: f64, name: &str| magneto_linear(e, out, gain, config.bias, vb.pp(name));
         let norm = match config.layer_norm {

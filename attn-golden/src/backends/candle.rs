@@ -6,7 +6,7 @@ use attn_candle::nn::MultiheadDilatedAttention;
 use attn_candle::{AttnOptions, InputLayout, dilated_attention_with_lse, run_buffers};
 use attn_core::{AttnError, DType, Result};
 use attn_multihead::Bias;
-use attn_multihead::golden_case::config_from_metadata;
+use attn_multihead::metadata::config_from_metadata;
 use attn_testkit::golden::Problem;
 use attn_testkit::{DilatedBackend, Forward32, Gradients32};
 use candle_core::Tensor;
@@ -83,7 +83,7 @@ fn run_layer(case: &attn_testkit::GoldenCase) -> Result<(Vec<(String, candle_cor
     let config = config_from_metadata(&case.meta, bias)?;
     let vb = candle_nn::VarBuilder::from_tensors(weights, candle_core::DType::F32, &device);
     let layer = MultiheadDilatedAttention::new(config.clone(), vb).map_err(candle_err)?;
-    let mut opts = AttnOptions::new(config.validate()?);
+    let mut opts = AttnOptions::new(config.attention.clone());
     if let Some(mask) = case.masks.key_padding() {
         opts = opts.with_key_padding(mask.clone());
     }

@@ -3,11 +3,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use attn_core::Result;
-use attn_core::{Attention, ReferenceBackend};
+use attn_core::{Attention, ReferenceBackend, Result};
+use attn_golden::{CaseGrads, RingSplit, backward_case, backward_case_ring, forward_case, forward_case_ring};
 use attn_multihead::F32Tensors;
-use attn_multihead::golden_case::{RingSplit, forward_case, forward_case_ring};
-use attn_multihead::golden_grad::{CaseGrads, backward_case, backward_case_ring};
 use attn_ring::{Layout, Strategy};
 use attn_testkit::{GoldenCase, MultiheadBackend, MultiheadGrads32};
 

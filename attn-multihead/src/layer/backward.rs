@@ -36,9 +36,10 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let masks = cache.masks.view();
         // Windows of whole segments: one device, no masks (they cover the whole
         // sequence), no sliding window.
-        let windowed = self.backend.placement().is_whole() && masks.is_none() && self.dilated.window().is_none();
+        let windowed =
+            self.backend.placement().is_whole() && masks.is_none() && self.config.attention.window().is_none();
         if let (Inputs::SelfAttn(x), Projected::Fused(qkv), true) = (&cache.inputs, &cache.projected, windowed)
-            && let Some(window) = window_rows(&self.config.segment_lengths, qs.seq, self.window_rows)
+            && let Some(window) = window_rows(self.config.attention.segment_lengths(), qs.seq, self.window_rows)
         {
             return self.backward_in_windows(cache, x, qkv, grad_out, grads, window);
         }
@@ -159,7 +160,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             dk: TensorViewMut::contiguous(TensorName::GradKey, dk, kvs)?,
             dv: TensorViewMut::contiguous(TensorName::GradValue, dv, kvs)?,
         };
-        let inputs = AttnInputs::new(&self.dilated, q, k, v).with_masks(masks);
+        let inputs = AttnInputs::new(&self.config.attention, q, k, v).with_masks(masks);
         self.backend.backward(&inputs, Saved { out, lse }, go, grads)
     }
 
@@ -180,7 +181,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let w = &self.weights.in_proj.weight;
         let g = &mut grads.in_proj;
         if sparse {
-            let input = QkvInput { cfg: &self.dilated, heads, head_dim: hd, x, batch, seq };
+            let input = QkvInput { cfg: &self.config.attention, heads, head_dim: hd, x, batch, seq };
             let grad = LinearGrad { dweight: &mut g.weight, dbias: g.bias.as_deref_mut(), in_dim: e, out_dim: 3 * e };
             if project_qkv_backward(&input, w, d, grad, dx)? == SparseBackward::Done {
                 return Ok(());

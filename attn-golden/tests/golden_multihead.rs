@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use attn_multihead::golden_case::forward_case;
+use attn_golden::forward_case;
 use attn_multihead::{Attention, F32Tensors, LayerFloat, ReferenceBackend};
 use attn_testkit::golden::{GoldenCase, golden_dir, load_dir};
 use attn_testkit::tolerance::rel_l2_error;
@@ -91,9 +91,8 @@ fn golden_files_pass_on_the_cpu_kernels() {
 }
 
 #[test]
-#[cfg(feature = "ring")]
 fn golden_files_pass_on_the_ring_layer_for_every_strategy_and_layout() {
-    use attn_multihead::golden_case::{RingSplit, forward_case_ring};
+    use attn_golden::{RingSplit, forward_case_ring};
     use attn_ring::{Layout, Strategy};
     for case in cases() {
         let want = &case.tensor("out").unwrap().data;

@@ -5,13 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use attn_core::{Attention, AttnError, KeyPadding, Masks, Result};
+use attn_multihead::{
+    Call, Cross, InputGrads, LayerFloat, MultiheadDilatedAttention, MultiheadWeights, NamedParams, TensorSource,
+};
 
-use crate::dropout::Mode;
-use crate::float::LayerFloat;
-use crate::golden_case::{PreparedCase, prepare_case};
-use crate::layer::{CrossDims, InputGrads, MultiheadDilatedAttention};
-use crate::weights::{MultiheadWeights, NamedParams};
-use crate::weights_io::TensorSource;
+use crate::multihead_case::{PreparedCase, RingSplit, gather_rows, prepare_case, run_ranks, scatter_rows};
 
 /// A case's output and the gradients of `sum(out * grad_out)`, named as golden files
 /// name them: `d_query` (`d_key`, `d_value` in cross-attention) and `d.<parameter>`.
@@ -53,46 +51,42 @@ pub fn backward_case<F: LayerFloat>(
     let go = grad_out(&c, tensors)?;
     let layer = MultiheadDilatedAttention::from_weights(c.config.clone(), c.weights.clone(), backend)?;
     let key_padding = key_padding.map(|f| KeyPadding::new(f, c.batch, c.kv_seq)).transpose()?;
-    let masks = Masks { key_padding, ..Masks::NONE };
-    let (out, cache) = match &c.key_value {
-        None => layer.forward_train_masked(&c.query, c.batch, c.q_seq, masks, Mode::Eval)?,
-        Some((k, v)) => {
-            let dims = CrossDims { batch: c.batch, q_seq: c.q_seq, kv_seq: c.kv_seq };
-            layer.forward_cross_masked([&c.query, k, v], dims, masks, Mode::Eval)?
-        }
-    };
+    let mut call = Call::new(c.batch, c.q_seq).masks(Masks { key_padding, ..Masks::NONE });
+    if let Some((k, v)) = &c.key_value {
+        call = call.cross(Cross::new(k, v, c.kv_seq));
+    }
+    let (out, cache) = layer.forward_train(&c.query, &call)?;
     let mut grads = layer.zero_grads();
     let input = layer.backward(&cache, &go, &mut grads)?;
     Ok(CaseGrads::new(out, input, &grads))
 }
 
-/// [`backward_case`] (feature `ring`) on `split.world` in-process ranks: each rank runs its
+/// [`backward_case`] on `split.world` in-process ranks: each rank runs its
 /// rows, the weight gradients are all-reduced over the ranks, the row outputs and input
 /// gradients assembled. Keys of their own length are `AttnError::Unsupported`.
-#[cfg(feature = "ring")]
 pub fn backward_case_ring(
     m: &BTreeMap<String, String>,
     tensors: &impl TensorSource,
     key_padding: Option<&[bool]>,
-    split: crate::golden_case::RingSplit,
+    split: RingSplit,
 ) -> Result<CaseGrads<f32>> {
-    use crate::golden_case::{gather_rows, run_ranks, scatter_rows};
     let c = prepare_case::<f32>(m, tensors)?;
     let go = grad_out(&c, tensors)?;
     let (e, seq, batch) = (c.config.embed_dim, c.q_seq, c.batch);
     let ranks = run_ranks(&c, split, key_padding, |r| {
         let rows = |x: &[f32]| gather_rows(x, seq, e, &r.pos);
         let (n, masks) = (r.pos.len(), r.masks(batch)?);
+        let call = Call::new(batch, n).masks(masks);
         let (y, cache) = match &c.key_value {
-            None => r.layer.forward_train_masked(&rows(&c.query), batch, n, masks, Mode::Eval)?,
+            None => r.layer.forward_train(&rows(&c.query), &call)?,
             Some((k, v)) => {
-                let dims = CrossDims { batch, q_seq: n, kv_seq: n };
-                r.layer.forward_cross_masked([&rows(&c.query), &rows(k), &rows(v)], dims, masks, Mode::Eval)?
+                let (k, v) = (rows(k), rows(v));
+                r.layer.forward_train(&rows(&c.query), &call.cross(Cross::new(&k, &v, n)))?
             }
         };
         let mut grads = r.layer.zero_grads();
         let input = r.layer.backward(&cache, &rows(&go), &mut grads)?;
-        r.backend.with_comm(|comm| crate::ring_layer::all_reduce_grads(comm, &mut grads))?;
+        r.backend.with_comm(|comm| attn_multihead::all_reduce_grads(comm, &mut grads))?;
         Ok(CaseGrads::new(y, input, &grads))
     })?;
     let is_param = |name: &str| name.starts_with("d.");

@@ -1,76 +1,15 @@
-//! Running a `kind=multihead` conformance case (metadata + tensors) through the layer on any backend.
+//! Running a `kind=multihead` conformance case (metadata + tensors) through the layer on one device or on ring ranks.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use attn_core::{Attention, AttnError, KeyPadding, Masks, Mixing, Result};
-#[cfg(feature = "ring")]
+use attn_core::{Attention, AttnError, KeyPadding, Masks, Result};
+use attn_multihead::metadata::{config_from_metadata, flag, text};
+use attn_multihead::{
+    Call, Cross, ExtraTensors, LayerFloat, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, TensorSource,
+    load_params,
+};
 use attn_ring::{Layout, RingBackend, Strategy, ThreadComm};
-
-use crate::config::MultiheadConfig;
-use crate::dropout::Mode;
-use crate::float::LayerFloat;
-use crate::layer::{CrossDims, MultiheadDilatedAttention};
-use crate::projection::Bias;
-use crate::weights::MultiheadWeights;
-use crate::weights_io::{ExtraTensors, TensorSource, load_params};
-
-fn meta<'a>(m: &'a BTreeMap<String, String>, key: &str) -> Result<&'a str> {
-    m.get(key).map(|s| s.trim()).ok_or_else(|| AttnError::Format(format!("missing metadata `{key}`")))
-}
-
-fn parse<T: std::str::FromStr>(m: &BTreeMap<String, String>, key: &str) -> Result<T>
-where
-    T::Err: std::fmt::Display,
-{
-    let s = meta(m, key)?;
-    s.parse().map_err(|e| AttnError::Format(format!("metadata `{key}` = `{s}`: {e}")))
-}
-
-fn parse_bool(m: &BTreeMap<String, String>, key: &str) -> Result<bool> {
-    match meta(m, key)?.to_ascii_lowercase().as_str() {
-        "true" | "1" => Ok(true),
-        "false" | "0" => Ok(false),
-        other => Err(AttnError::Format(format!("metadata `{key}` = `{other}` is not a bool"))),
-    }
-}
-
-fn parse_list(m: &BTreeMap<String, String>, key: &str) -> Result<Vec<usize>> {
-    let s = meta(m, key)?;
-    s.split(',')
-        .map(|x| x.trim().parse().map_err(|e| AttnError::Format(format!("metadata `{key}` = `{s}`: {e}"))))
-        .collect()
-}
-
-/// The layer config a golden file describes (`embed_dim`, `num_heads`, `segment_lengths`,
-/// `dilation_rates`, `mixing`, `causal`, `layer_norm`, optional `num_kv_heads`,
-/// `layer_norm_eps` and `scale`).
-/// `bias` says whether the file has biases (`q_proj.bias`).
-pub fn config_from_metadata(m: &BTreeMap<String, String>, bias: Bias) -> Result<MultiheadConfig> {
-    let mut cfg = MultiheadConfig::new(
-        parse(m, "embed_dim")?,
-        parse(m, "num_heads")?,
-        &parse_list(m, "segment_lengths")?,
-        &parse_list(m, "dilation_rates")?,
-    )
-    .with_mixing(Mixing::parse(meta(m, "mixing")?)?)
-    .with_causal(parse_bool(m, "causal")?)
-    .with_layer_norm(parse_bool(m, "layer_norm")?)
-    .with_bias(bias == Bias::Zeros);
-    if m.contains_key("layer_norm_eps") {
-        cfg.layer_norm_eps = parse(m, "layer_norm_eps")?;
-    }
-    if m.contains_key("num_kv_heads") {
-        cfg.num_kv_heads = parse(m, "num_kv_heads")?;
-    }
-    match m.get("scale").map(|s| s.trim().to_ascii_lowercase()) {
-        None => {}
-        Some(s) if ["", "none", "null", "default"].contains(&s.as_str()) => {}
-        Some(_) => cfg.scale = Some(parse(m, "scale")?),
-    }
-    cfg.validate()?;
-    Ok(cfg)
-}
 
 /// A `kind=multihead` case ready to run: the layer config and weights, and the inputs.
 #[derive(Debug, Clone)]
@@ -91,7 +30,7 @@ pub fn prepare_case<F: LayerFloat>(
     m: &BTreeMap<String, String>,
     tensors: &impl TensorSource,
 ) -> Result<PreparedCase<F>> {
-    let kind = meta(m, "kind")?;
+    let kind = text(m, "kind")?;
     if kind != "multihead" {
         return Err(AttnError::Format(format!("kind=`{kind}` is not a multihead case")));
     }
@@ -107,7 +46,7 @@ pub fn prepare_case<F: LayerFloat>(
         }
     };
     let (batch, q_seq) = dims(&qshape, "query")?;
-    let cross = m.get("cross_attention").map(|_| parse_bool(m, "cross_attention")).transpose()?.unwrap_or(false);
+    let cross = m.get("cross_attention").map(|_| flag(m, "cross_attention")).transpose()?.unwrap_or(false);
     let (key_value, kv_seq) = if cross {
         let (kshape, key) = tensors.read_tensor::<F>("key")?;
         let (vshape, value) = tensors.read_tensor::<F>("value")?;
@@ -133,23 +72,15 @@ pub fn forward_case<F: LayerFloat>(
 ) -> Result<Vec<F>> {
     let c = prepare_case::<F>(m, tensors)?;
     let layer = MultiheadDilatedAttention::from_weights(c.config, c.weights, backend)?;
-    match (&c.key_value, key_padding) {
-        (None, None) => layer.forward(&c.query, c.batch, c.q_seq, Mode::Eval),
-        (None, Some(flags)) => {
-            let masks = Masks { key_padding: Some(KeyPadding::new(flags, c.batch, c.q_seq)?), ..Masks::NONE };
-            layer.forward_masked(&c.query, c.batch, c.q_seq, masks, Mode::Eval)
-        }
-        (Some((k, v)), flags) => {
-            let key_padding = flags.map(|f| KeyPadding::new(f, c.batch, c.kv_seq)).transpose()?;
-            let dims = CrossDims { batch: c.batch, q_seq: c.q_seq, kv_seq: c.kv_seq };
-            let masks = Masks { key_padding, ..Masks::NONE };
-            Ok(layer.forward_cross_masked([&c.query, k, v], dims, masks, Mode::Eval)?.0)
-        }
+    let key_padding = key_padding.map(|f| KeyPadding::new(f, c.batch, c.kv_seq)).transpose()?;
+    let mut call = Call::new(c.batch, c.q_seq).masks(Masks { key_padding, ..Masks::NONE });
+    if let Some((k, v)) = &c.key_value {
+        call = call.cross(Cross::new(k, v, c.kv_seq));
     }
+    layer.forward(&c.query, &call)
 }
 
 /// How a ring run splits a case: `world` in-process ranks, the layout, the strategy.
-#[cfg(feature = "ring")]
 #[derive(Debug, Clone, Copy)]
 pub struct RingSplit {
     pub world: usize,
@@ -159,7 +90,6 @@ pub struct RingSplit {
 
 /// The ring splits keys and queries alike: keys of their own length (cross-attention
 /// with `kv_seq != q_seq`) are refused as the ring refuses them (`AttnError::Unsupported`).
-#[cfg(feature = "ring")]
 pub(crate) fn ring_split_check<F>(c: &PreparedCase<F>) -> Result<()> {
     if c.kv_seq != c.q_seq {
         return Err(attn_ring::cross_attention_refused());
@@ -168,7 +98,6 @@ pub(crate) fn ring_split_check<F>(c: &PreparedCase<F>) -> Result<()> {
 }
 
 /// Rows `positions` of every batch of a `[batch, seq, e]` buffer.
-#[cfg(feature = "ring")]
 pub(crate) fn gather_rows<T: Copy>(x: &[T], seq: usize, e: usize, positions: &[usize]) -> Vec<T> {
     let batch = x.len() / (seq * e).max(1);
     let mut out = Vec::with_capacity(batch * positions.len() * e);
@@ -182,7 +111,6 @@ pub(crate) fn gather_rows<T: Copy>(x: &[T], seq: usize, e: usize, positions: &[u
 
 /// One rank of a case on the ring: its layer, its global row positions and its rows of
 /// the case's key padding mask (`[batch, rows]`).
-#[cfg(feature = "ring")]
 pub(crate) struct RankCase {
     pub layer: MultiheadDilatedAttention<f32>,
     pub backend: Arc<RingBackend<ThreadComm>>,
@@ -190,7 +118,6 @@ pub(crate) struct RankCase {
     pub key_padding: Option<Vec<bool>>,
 }
 
-#[cfg(feature = "ring")]
 impl RankCase {
     /// The rank's masks (its rows of the key padding).
     pub fn masks(&self, batch: usize) -> Result<Masks<'_>> {
@@ -201,7 +128,6 @@ impl RankCase {
 
 /// Run `f` on every rank of `split` (one thread each, [`ThreadComm`]); returns each
 /// rank's positions and result, in rank order.
-#[cfg(feature = "ring")]
 pub(crate) fn run_ranks<R: Send>(
     c: &PreparedCase<f32>,
     split: RingSplit,
@@ -237,7 +163,6 @@ pub(crate) fn run_ranks<R: Send>(
 }
 
 /// Put a rank's rows `y` (`[batch, pos.len(), e]`) at their positions of `out` (`[batch, seq, e]`).
-#[cfg(feature = "ring")]
 pub(crate) fn scatter_rows<T: Copy>(out: &mut [T], y: &[T], seq: usize, e: usize, pos: &[usize]) {
     let batch = out.len() / (seq * e).max(1);
     for b in 0..batch {
@@ -247,12 +172,11 @@ pub(crate) fn scatter_rows<T: Copy>(out: &mut [T], y: &[T], seq: usize, e: usize
     }
 }
 
-/// Run a `kind=multihead` case (feature `ring`) on `split.world` in-process ranks
+/// Run a `kind=multihead` case on `split.world` in-process ranks
 /// ([`ThreadComm`]) with the sequence split by the layout and attention by the strategy,
 /// each rank passing its rows of the key padding mask; returns the assembled output.
 /// Cross-attention needs keys as long as the queries (one split for both; otherwise
 /// `AttnError::Unsupported`).
-#[cfg(feature = "ring")]
 pub fn forward_case_ring(
     m: &BTreeMap<String, String>,
     tensors: &impl TensorSource,
@@ -263,12 +187,12 @@ pub fn forward_case_ring(
     let (e, seq, batch) = (c.config.embed_dim, c.q_seq, c.batch);
     let ranks = run_ranks(&c, split, key_padding, |r| {
         let q = gather_rows(&c.query, seq, e, &r.pos);
+        let call = Call::new(batch, r.pos.len()).masks(r.masks(batch)?);
         match &c.key_value {
-            None => r.layer.forward_masked(&q, batch, r.pos.len(), r.masks(batch)?, Mode::Eval),
+            None => r.layer.forward(&q, &call),
             Some((k, v)) => {
                 let (k, v) = (gather_rows(k, seq, e, &r.pos), gather_rows(v, seq, e, &r.pos));
-                let dims = CrossDims { batch, q_seq: r.pos.len(), kv_seq: r.pos.len() };
-                Ok(r.layer.forward_cross_masked([&q, &k, &v], dims, r.masks(batch)?, Mode::Eval)?.0)
+                r.layer.forward(&q, &call.cross(Cross::new(&k, &v, r.pos.len())))
             }
         }
     })?;
