@@ -9,6 +9,9 @@
 //!   `kp` exactly when both are selected by the pattern in the same segment, the band
 //!   admits the pair, the key is not padding, and (packed sequences) both lie in the
 //!   same sequence, the pattern then applying to positions relative to its start.
+//! - A block mask ([`HeadBlockMask`]) removes the (query, key) pairs of the tiles its
+//!   batch row and head do not keep, as a function of positions; removed tiles are
+//!   never computed.
 //! - [`attend_block`] merges its result into an f32 partial `(out, lse)` with the LSE
 //!   merge (`out` normalised, `lse = -inf` meaning "nothing yet"), so calling it for
 //!   several key blocks, or for several patterns of one LongNet head, in any order gives
@@ -23,8 +26,9 @@
 //! All arithmetic is f32 (inputs of any [`Element`] are converted on load).
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, Band, Element, PackedSequences, Result, SegmentPattern};
+use attn_core::{AttnError, Band, BlockMask, Element, PackedSequences, Result, SegmentPattern};
 
+use crate::block_split::HeadBlocks;
 use crate::isa::Isa;
 use crate::piece::{self, BlockGrads, Strided};
 use crate::rows::PieceSpec;
@@ -92,6 +96,19 @@ pub struct Block<'a, T> {
     /// Packed sequences over the global positions: a row's pattern position is relative
     /// to its sequence, and no query sees another sequence.
     pub packing: Option<PackedSequences<'a>>,
+    /// The block mask of the block's batch row and query head: query `qp` sees key `kp`
+    /// only where it keeps their blocks (positions relative to the row's or packed
+    /// sequence's start). Removed tiles are never computed.
+    pub block_mask: Option<HeadBlockMask<'a>>,
+}
+
+/// A block mask seen from one batch row and query head (a mask of batch or heads 1
+/// serves every one).
+#[derive(Debug, Clone, Copy)]
+pub struct HeadBlockMask<'a> {
+    pub mask: BlockMask<'a>,
+    pub batch: usize,
+    pub head: usize,
 }
 
 impl<'a, T: Element> Block<'a, T> {
@@ -103,7 +120,7 @@ impl<'a, T: Element> Block<'a, T> {
         head_dim: usize,
         [q, k, v]: [BlockRows<'a, T>; 3],
     ) -> Self {
-        Block { pattern, band, scale, head_dim, q, k, v, key_padding: None, packing: None }
+        Block { pattern, band, scale, head_dim, q, k, v, key_padding: None, packing: None, block_mask: None }
     }
 
     fn spec(&self) -> PieceSpec {
@@ -112,7 +129,8 @@ impl<'a, T: Element> Block<'a, T> {
 
     /// Where rows sit: the pattern, the packing and the padding the grouping applies.
     fn rule(&self) -> piece::RowRule<'a> {
-        piece::RowRule { pattern: *self.pattern, packing: self.packing, key_padding: self.key_padding }
+        let blocks = self.block_mask.map(|m| HeadBlocks::new(m.mask, m.batch, m.head));
+        piece::RowRule { pattern: *self.pattern, packing: self.packing, key_padding: self.key_padding, blocks }
     }
 
     fn check(&self) -> Result<()> {
@@ -156,6 +174,33 @@ impl<'a, T: Element> Block<'a, T> {
                         packing.total()
                     )));
                 }
+            }
+        }
+        if let Some(m) = self.block_mask {
+            self.check_block_mask(m)?;
+        }
+        Ok(())
+    }
+
+    /// The mask covers every row's block (positions from the row's or sequence's start)
+    /// and the block's batch row and head.
+    fn check_block_mask(&self, m: HeadBlockMask<'_>) -> Result<()> {
+        let dims = m.mask.dims();
+        if (dims.batch != 1 && m.batch >= dims.batch) || (dims.heads != 1 && m.head >= dims.heads) {
+            return Err(AttnError::InvalidBlockMask(format!(
+                "batch row {} and head {} are past the mask's {} x {}",
+                m.batch, m.head, dims.batch, dims.heads
+            )));
+        }
+        let rel = |p: usize| self.packing.map_or(p, |pk| p - pk.bounds(pk.sequence_of(p)).start);
+        for (rows, blocks, tensor) in
+            [(self.q.pos, dims.q_blocks, TensorName::Query), (self.k.pos, dims.k_blocks, TensorName::Key)]
+        {
+            if let Some(&p) = rows.iter().find(|&&p| rel(p) / m.mask.block_size() >= blocks) {
+                return Err(AttnError::InvalidBlockMask(format!(
+                    "{tensor} position {p} is past the mask's {blocks} blocks of {}",
+                    m.mask.block_size()
+                )));
             }
         }
         Ok(())

@@ -99,6 +99,22 @@ pub(crate) fn kept_rows(hb: &HeadBlocks<'_>, outer: Outer, o: usize, pos: &[usiz
     }
 }
 
+/// Like [`kept_rows`], but the index ranges of `pos` (ascending) in the inner blocks
+/// that outer block `o` keeps, into `dst` (the block API picks rows by index).
+pub(crate) fn kept_ranges(hb: &HeadBlocks<'_>, outer: Outer, o: usize, pos: &[usize], dst: &mut Vec<Range<usize>>) {
+    dst.clear();
+    let (Some(&first), Some(&last)) = (pos.first(), pos.last()) else { return };
+    let bs = hb.block_size();
+    let mut from = 0;
+    for i in first / bs..=last / bs {
+        let end = from + pos[from..].partition_point(|&p| p < (i + 1) * bs);
+        if from < end && hb.pair(outer, o, i) {
+            dst.push(from..end);
+        }
+        from = end;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use attn_core::{BlockDims, BlockMaskBuf};

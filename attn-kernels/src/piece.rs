@@ -6,8 +6,11 @@
 
 use std::cell::RefCell;
 
+use std::ops::Range;
+
 use attn_core::{Element, LseMerge, PackedSequences, SegmentPattern};
 
+use crate::block_split::{HeadBlocks, Outer, block_runs, kept_ranges};
 use crate::rows::{Piece, PieceRows, PieceSpec};
 use crate::tile_backward::{BackwardScratch, QueryGrads, dkv_piece};
 use crate::tile_forward::{ForwardScratch, forward_piece};
@@ -32,6 +35,9 @@ pub(crate) struct RowRule<'a> {
     pub pattern: SegmentPattern,
     pub packing: Option<PackedSequences<'a>>,
     pub key_padding: Option<&'a [bool]>,
+    /// The block mask of the block's batch row and query head (positions from the start
+    /// of the row or packed sequence).
+    pub blocks: Option<HeadBlocks<'a>>,
 }
 
 /// Which rows a group list holds.
@@ -43,6 +49,11 @@ enum Role {
 }
 
 impl RowRule<'_> {
+    /// The global position where sequence `seq` starts (0 without packing).
+    fn sequence_start(&self, seq: usize) -> usize {
+        self.packing.map_or(0, |pk| pk.bounds(seq).start)
+    }
+
     /// The (sequence, segment) of global position `p` if the pattern selects it.
     #[inline]
     fn place(&self, p: usize) -> Option<(usize, usize)> {
@@ -65,6 +76,56 @@ struct Group {
     rows: Vec<usize>,
     offsets: Vec<usize>,
     pos: Vec<usize>,
+}
+
+impl Group {
+    /// This group holds `src`'s rows in `ranges` (of its indices), in order.
+    fn fill_from(&mut self, src: &Group, ranges: impl Iterator<Item = Range<usize>>) {
+        self.segment = src.segment;
+        self.rows.clear();
+        self.offsets.clear();
+        self.pos.clear();
+        for r in ranges {
+            self.rows.extend_from_slice(&src.rows[r.clone()]);
+            self.offsets.extend_from_slice(&src.offsets[r.clone()]);
+            self.pos.extend_from_slice(&src.pos[r]);
+        }
+    }
+}
+
+/// The scratch of cutting a matched pair of groups by a block mask.
+#[derive(Debug, Default)]
+struct SubSplit {
+    qrel: Vec<usize>,
+    krel: Vec<usize>,
+    runs: Vec<Range<usize>>,
+    kept: Vec<Range<usize>>,
+    q: Group,
+    k: Group,
+}
+
+/// `f` on a matched pair of groups, or, under a block mask, on each run of its query
+/// blocks with equal mask rows and the key rows of the blocks that run keeps (a removed
+/// tile's rows are never passed on; a run keeping no key is left out, its rows keep
+/// `o = 0`, `lse = -inf` there).
+fn each_sub_pair(rule: &RowRule<'_>, g: &Group, h: &Group, split: &mut SubSplit, mut f: impl FnMut(&Group, &Group)) {
+    let Some(hb) = rule.blocks else { return f(g, h) };
+    let start = rule.sequence_start(g.segment.0);
+    let SubSplit { qrel, krel, runs, kept, q, k } = split;
+    qrel.clear();
+    qrel.extend(g.pos.iter().map(|&p| p - start));
+    krel.clear();
+    krel.extend(h.pos.iter().map(|&p| p - start));
+    block_runs(&hb, Outer::Queries, qrel, runs);
+    for r in runs.iter() {
+        kept_ranges(&hb, Outer::Queries, qrel[r.start] / hb.block_size(), krel, kept);
+        if kept.is_empty() {
+            continue;
+        }
+        q.fill_from(g, std::iter::once(r.clone()));
+        k.fill_from(h, kept.iter().cloned());
+        f(q, k);
+    }
 }
 
 /// Selected rows of a block grouped by segment, ascending by position; the groups (and
@@ -127,6 +188,7 @@ struct BlockScratch {
     delta: Vec<f32>,
     forward: ForwardScratch,
     backward: BackwardScratch,
+    split: SubSplit,
 }
 
 impl BlockScratch {
@@ -156,15 +218,17 @@ pub(crate) fn forward_block<T: Element>(
     let d = spec.d;
     SCRATCH.with_borrow_mut(|ws| {
         ws.group(rule, (q.pos, q.stride), (k.pos, k.stride));
-        let BlockScratch { qg, kg, o, l, forward, .. } = ws;
+        let BlockScratch { qg, kg, o, l, forward, split, .. } = ws;
         for (g, h) in matched(qg.as_slice(), kg.as_slice()) {
-            let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
-            o.resize(g.rows.len() * d, 0.0);
-            l.resize(g.rows.len(), 0.0);
-            forward_piece(spec, &Piece { q: &rows(q, g), k: &rows(k, h), v: &vr }, forward, o, l);
-            for (i, &r) in g.rows.iter().enumerate() {
-                LseMerge::merge_into(&mut out[r * d..(r + 1) * d], &mut lse[r], &o[i * d..(i + 1) * d], l[i]);
-            }
+            each_sub_pair(rule, g, h, split, |g, h| {
+                let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
+                o.resize(g.rows.len() * d, 0.0);
+                l.resize(g.rows.len(), 0.0);
+                forward_piece(spec, &Piece { q: &rows(q, g), k: &rows(k, h), v: &vr }, forward, o, l);
+                for (i, &r) in g.rows.iter().enumerate() {
+                    LseMerge::merge_into(&mut out[r * d..(r + 1) * d], &mut lse[r], &o[i * d..(i + 1) * d], l[i]);
+                }
+            });
         }
     });
 }
@@ -187,40 +251,43 @@ pub(crate) fn backward_block<T: Element, G: Element>(
     spec: PieceSpec,
     rule: &RowRule<'_>,
     [q, k, v]: [&Strided<'_, T>; 3],
-    grads: BlockGrads<'_, G>,
+    mut grads: BlockGrads<'_, G>,
 ) {
     let d = spec.d;
     SCRATCH.with_borrow_mut(|ws| {
         ws.group(rule, (q.pos, q.stride), (k.pos, k.stride));
-        let BlockScratch { qg, kg, dq, dk, dv, go_offsets, lse, delta, backward, .. } = ws;
+        let BlockScratch { qg, kg, dq, dk, dv, go_offsets, lse, delta, backward, split, .. } = ws;
+        let grads = &mut grads;
         for (g, h) in matched(qg.as_slice(), kg.as_slice()) {
-            go_offsets.clear();
-            go_offsets.extend(g.rows.iter().map(|&r| r * grads.grad_out.stride));
-            lse.clear();
-            lse.extend(g.rows.iter().map(|&r| grads.lse[r]));
-            delta.clear();
-            delta.extend(g.rows.iter().map(|&r| grads.delta[r]));
-            let qgrads = QueryGrads {
-                go: PieceRows { data: grads.grad_out.data, offsets: go_offsets, pos: &g.pos },
-                go_scale: grads.grad_scale,
-                lse,
-                delta,
-            };
-            let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
-            let (qr, kr) = (rows(q, g), rows(k, h));
-            for (buf, n) in [(&mut *dq, g.rows.len()), (&mut *dk, h.rows.len()), (&mut *dv, h.rows.len())] {
-                buf.clear();
-                buf.resize(n * d, 0.0);
-            }
-            // The piece owns all its rows here, so dq, dk and dv come from one fused pass.
-            dkv_piece(spec, &Piece { q: &qr, k: &kr, v: &vr }, &qgrads, backward, dk, dv, Some(dq));
-            for (i, &r) in g.rows.iter().enumerate() {
-                grads.dq[r * d..(r + 1) * d].iter_mut().zip(&dq[i * d..]).for_each(|(a, b)| *a += b);
-            }
-            for (j, &r) in h.rows.iter().enumerate() {
-                grads.dk[r * d..(r + 1) * d].iter_mut().zip(&dk[j * d..]).for_each(|(a, b)| *a += b);
-                grads.dv[r * d..(r + 1) * d].iter_mut().zip(&dv[j * d..]).for_each(|(a, b)| *a += b);
-            }
+            each_sub_pair(rule, g, h, split, |g, h| {
+                go_offsets.clear();
+                go_offsets.extend(g.rows.iter().map(|&r| r * grads.grad_out.stride));
+                lse.clear();
+                lse.extend(g.rows.iter().map(|&r| grads.lse[r]));
+                delta.clear();
+                delta.extend(g.rows.iter().map(|&r| grads.delta[r]));
+                let qgrads = QueryGrads {
+                    go: PieceRows { data: grads.grad_out.data, offsets: go_offsets, pos: &g.pos },
+                    go_scale: grads.grad_scale,
+                    lse,
+                    delta,
+                };
+                let vr = PieceRows { data: v.data, offsets: &h.offsets, pos: &h.pos };
+                let (qr, kr) = (rows(q, g), rows(k, h));
+                for (buf, n) in [(&mut *dq, g.rows.len()), (&mut *dk, h.rows.len()), (&mut *dv, h.rows.len())] {
+                    buf.clear();
+                    buf.resize(n * d, 0.0);
+                }
+                // The piece owns all its rows here, so dq, dk and dv come from one fused pass.
+                dkv_piece(spec, &Piece { q: &qr, k: &kr, v: &vr }, &qgrads, backward, dk, dv, Some(dq));
+                for (i, &r) in g.rows.iter().enumerate() {
+                    grads.dq[r * d..(r + 1) * d].iter_mut().zip(&dq[i * d..]).for_each(|(a, b)| *a += b);
+                }
+                for (j, &r) in h.rows.iter().enumerate() {
+                    grads.dk[r * d..(r + 1) * d].iter_mut().zip(&dk[j * d..]).for_each(|(a, b)| *a += b);
+                    grads.dv[r * d..(r + 1) * d].iter_mut().zip(&dv[j * d..]).for_each(|(a, b)| *a += b);
+                }
+            });
         }
     });
 }

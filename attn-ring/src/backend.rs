@@ -9,15 +9,17 @@
 //! `RankDisagreement`); the in-process runners refuse such global tensors with the same
 //! `Unsupported` on every rank. A key padding mask covers this rank's rows (`[batch, rows]`,
 //! the ranks' masks are gathered into the global one); packed sequences
-//! (`cu_seqlens`) are over the GLOBAL sequence. A block mask is `Unsupported` on every
-//! rank (the ring does not compute one yet).
+//! (`cu_seqlens`) are over the GLOBAL sequence, and so is a block mask, which every rank
+//! passes whole and alike (compared by digest in the call's first collective; the ring
+//! moves every key row a pattern needs, removed blocks included, and skips their tiles).
 
 use std::sync::{Mutex, MutexGuard};
 
 use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs, Feature, Grads, Pass, Placement, Saved};
 use attn_core::{
-    AttnError, AttnShape, DilatedConfig, Element, KeyPaddingMask, Masks, OwnedMasks, Result, TensorView, TensorViewMut,
+    AttnError, AttnShape, BlockMask, BlockMaskBuf, DilatedConfig, Element, KeyPaddingMask, Masks, OwnedMasks, Result,
+    TensorView, TensorViewMut,
 };
 
 use crate::comm::Communicator;
@@ -114,14 +116,23 @@ impl<C: Communicator> RingBackend<C> {
             }
             Some(_) => vec![2u8],
         };
-        // A trailing byte says whether this rank passed a block mask, which the ring does not
-        // compute yet: every rank refuses the call alike when any rank passed one.
-        let block = u8::from(inputs.masks.block.is_some());
-        let mut all = comm.all_gather(mine.into_iter().chain([block]).collect())?;
-        if all.iter().any(|m| m.last() == Some(&1)) {
-            return Err(AttnError::Unsupported { backend: "ring", feature: Feature::BlockMask });
+        // Nine trailing bytes: whether this rank passed a block mask and a digest of it;
+        // every rank must pass the same whole-sequence mask.
+        const BLOCK_TAIL: usize = 9;
+        let block: Vec<u8> = match inputs.masks.block {
+            None => vec![0u8; BLOCK_TAIL],
+            Some(m) => std::iter::once(1u8).chain(block_mask_digest(&m).to_le_bytes()).collect(),
+        };
+        let mut all = comm.all_gather(mine.into_iter().chain(block.iter().copied()).collect())?;
+        let tails: Vec<Vec<u8>> = all.iter_mut().map(|m| m.split_off(m.len().saturating_sub(BLOCK_TAIL))).collect();
+        if tails.iter().any(|t| *t != block) {
+            return Err(AttnError::RankDisagreement(
+                "ranks pass different block masks (or some pass one and others not)".into(),
+            ));
         }
-        all.iter_mut().for_each(|m| _ = m.pop());
+        if let Some(m) = inputs.masks.block {
+            masks = masks.with_block_mask(BlockMaskBuf::from(m));
+        }
         let status: Vec<u8> = all.iter().map(|m| m.first().copied().unwrap_or(2)).collect();
         if let Some(r) = status.iter().position(|&st| st == 2) {
             return Err(AttnError::RankDisagreement(format!(
@@ -149,6 +160,14 @@ impl<C: Communicator> RingBackend<C> {
         }
         Ok(self.problem(inputs.cfg, q, kv).with_masks(masks))
     }
+}
+
+/// FNV-1a over a block mask's sizes, block size and entries: ranks compare masks by it.
+fn block_mask_digest(m: &BlockMask<'_>) -> u64 {
+    let d = m.dims();
+    let sizes = [d.batch, d.heads, d.q_blocks, d.k_blocks, m.block_size()];
+    let bytes = sizes.iter().flat_map(|x| (*x as u64).to_le_bytes()).chain(m.keep().iter().copied());
+    bytes.fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 impl<C: Communicator + Send + std::fmt::Debug, T: Element> Attention<T> for RingBackend<C> {

@@ -2,7 +2,7 @@
 //! instances for all of them); each module is one test file.
 
 mod backend_masks;
-mod block_mask_refused;
+mod block_masks;
 mod bytes_formula;
 mod caller_errors;
 mod chunk_ring;

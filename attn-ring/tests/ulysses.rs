@@ -49,7 +49,7 @@ fn golden_dir_through<B: DilatedBackend>(
 ) -> (usize, usize) {
     let cases: Vec<GoldenCase> =
         load_dir(&golden_dir().join(dir)).unwrap().into_iter().map(|(_, c)| c.unwrap()).collect();
-    assert_eq!(cases.len(), 9, "{dir}");
+    assert_eq!(cases.len(), if dir == "blocks" { 8 } else { 9 }, "{dir}");
     let (mut passed, mut refusals, mut failures) = (0, 0, Vec::new());
     for case in &cases {
         let (cfg, shape) = (case.config().unwrap(), case.attn_shape().unwrap());
@@ -94,6 +94,15 @@ fn head_strategies_match_every_feature_golden_file() {
     assert_eq!((passed, refused), (FEATURE_COUNTS.0, FEATURE_COUNTS.1));
 }
 
+/// The block-mask files through the head strategies: each rank's heads keep their own
+/// mask rows (`conformance/blocks` has masks per head and per batch row).
+#[test]
+fn head_strategies_match_every_block_mask_file() {
+    let (passed, refused) = golden_dir_through_heads("blocks");
+    assert!(passed > 0);
+    assert_eq!((passed, refused), BLOCK_COUNTS);
+}
+
 /// Over the emulated NCCL transport (a send completes only when its peer receives), where
 /// an all-to-all or a ring step that relied on buffered sends would time out: the feature
 /// files at Ulysses P = 2, 4 and the hybrid (2, 4) and (2, 6) (a ring of three groups).
@@ -118,6 +127,7 @@ fn head_strategies_over_emulated_nccl_match_the_feature_files() {
 /// (passed, refused) runs of the golden sweeps above.
 const DILATED_COUNTS: (usize, usize) = (102, 24);
 const FEATURE_COUNTS: (usize, usize) = (100, 26);
+const BLOCK_COUNTS: (usize, usize) = (62, 50);
 
 /// Ulysses degrees that divide `world`, as strategies.
 fn head_strategies(world: usize) -> Vec<Strategy> {

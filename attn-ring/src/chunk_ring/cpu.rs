@@ -210,6 +210,7 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
     }
 
     fn masks(&self, problem: &RingProblem) -> Result<CpuMasks> {
+        problem.refuse_block_mask("chunk ring")?;
         let masks = CpuMasks { cu_seqlens: problem.masks.cu_seqlens().map(<[usize]>::to_vec) };
         masks.packing()?;
         Ok(masks)

@@ -133,6 +133,7 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
     fn masks(&self, problem: &RingProblem) -> Result<DeviceMasks> {
         // Every kernel loaded before the first round is posted (see `load_kernels`).
         self.dev.load_kernels(T::SUFFIX)?;
+        problem.refuse_block_mask("chunk ring")?;
         let m = problem.core_masks()?;
         let key_padding = match m.key_padding {
             Some(k) => {

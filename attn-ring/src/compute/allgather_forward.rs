@@ -168,7 +168,7 @@ pub(crate) fn gather_partials<C: Communicator + ?Sized, T: Element>(
                     let (pat, placed) = (part.pair.pat, plan.placed(part.pair.pat));
                     let last = raw.pos[0][raw.pos[0].len() - 1];
                     let (k0, k1) = (placed.segment_span(raw.pos[0][0]).start, placed.segment_span(last).start);
-                    let (n, m) = (part.pos.len(), mask_of(plan, &part.pair, b));
+                    let (n, m) = (part.pos.len(), mask_of(plan, &part.pair, b, part.query_head));
                     let (pos, runs) = (&part.pos, &part.runs);
                     let (bo, bl) = (&mut part.o[b * n * d..(b + 1) * n * d], &mut part.l[b * n..(b + 1) * n]);
                     let (qd, qs) = local.q_strided(local.bh(b, part.query_head));
@@ -291,7 +291,7 @@ fn chunk_forward<T: Element>(
     // Own keys go to the kernel KEY_ROWS_PER_CALL selected rows at a time (bounded
     // kernel scratch).
     for &(pattern, pat) in &hp.patterns {
-        let m = mask_of(plan, &PatternHead { pattern, head, pat }, c.b);
+        let m = mask_of(plan, &PatternHead { pattern, head, pat }, c.b, head);
         let keys = match (order, q.pos.first(), q.pos.last()) {
             (KeyOrder::Ascending, Some(&first), Some(&last)) => {
                 // The keys of the chunk's segments within the band's reach of its rows.

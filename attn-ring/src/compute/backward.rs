@@ -108,9 +108,9 @@ impl<T: Element> Ctx<'_, T> {
         for_each_item(self.threads, items, |(kbh, (dqs, slots))| {
             let (b, kvh) = (kbh / local.kv_heads, kbh % local.kv_heads);
             for (i, dk, dv) in slots {
-                let m = mask_of(self.plan, &pairs[i], b);
                 for (g, dq) in dqs.iter_mut().enumerate().filter(|(g, _)| self.plan.reads(kvh * group + g, &pairs[i])) {
                     let bh = local.bh(b, kvh * group + g);
+                    let m = mask_of(self.plan, &pairs[i], b, kvh * group + g);
                     attend_backward(local.q_rows(bh), blk.keys(b, i, d), m, self.grad_rows(bh), dq, dk, dv)?;
                 }
             }
@@ -230,7 +230,7 @@ pub(crate) fn backward_core<C: Communicator + ?Sized, T: Element>(
         for (g, dq) in dqs.iter_mut().enumerate() {
             let (h, bh) = (kvh * group + g, local.bh(b, kvh * group + g));
             for (ph, _) in pairs.iter().filter(|(ph, _)| ph.head == h) {
-                let m = mask_of(plan, ph, b);
+                let m = mask_of(plan, ph, b, h);
                 attend_backward(local.q_rows(bh), local.own_keys(bh), m, ctx.grad_rows(bh), dq, dk, dv)?;
             }
         }

@@ -186,7 +186,7 @@ fn merge_raw<T: Element>(
         for (i, ph) in plan.ring_heads.iter().enumerate().filter(|(_, ph)| plan.reads(h, ph)) {
             raw.part_rows::<T>(b_of(bh), i, local.d, 0..raw.pos[i].len(), &mut k, &mut v);
             let keys = KeyBlock { pos: &raw.pos[i], k: &k, v: &v, stride: local.d };
-            attend_forward(local.q_rows(bh), keys, mask_of(plan, ph, b_of(bh)), o, lse)?;
+            attend_forward(local.q_rows(bh), keys, mask_of(plan, ph, b_of(bh), h), o, lse)?;
         }
         Ok(())
     })
@@ -216,7 +216,7 @@ fn merge_pairs<'k, T: Element + 'k>(
         let h = bh % local.heads;
         let attends = |ph: &PatternHead| if side == Pairs::Query { ph.head == h } else { plan.reads(h, ph) };
         for (i, ph) in pairs.iter().enumerate().filter(|(_, ph)| attends(ph)) {
-            attend_forward(local.q_rows(bh), keys(bh, i), mask_of(plan, ph, bh / local.heads), o, lse)?;
+            attend_forward(local.q_rows(bh), keys(bh, i), mask_of(plan, ph, bh / local.heads, h), o, lse)?;
         }
         Ok(())
     })

@@ -4,7 +4,9 @@
 //! accumulated (`+=`) backward, in f32.
 
 use attn_core::{Band, Element, PackedSequences, Result, SegmentPattern};
-use attn_kernels::block::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
+use attn_kernels::block::{
+    Block, BlockGradients, BlockRows, HeadBlockMask, Upstream, attend_block, attend_block_backward,
+};
 
 /// Rows of one (batch, head): row `i` is `data[i * stride..][..d]` at global position `pos[i]`.
 #[derive(Debug, Clone, Copy)]
@@ -35,7 +37,8 @@ impl<'a, T> KeyBlock<'a, T> {
 }
 
 /// Mask parameters of one call: the pattern, the band, the key padding of the batch
-/// row (by global position), the packed sequences.
+/// row (by global position), the packed sequences, the block mask of the batch row and
+/// query head.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Mask<'a> {
     pub pat: SegmentPattern,
@@ -44,6 +47,7 @@ pub(crate) struct Mask<'a> {
     pub d: usize,
     pub key_padding: Option<&'a [bool]>,
     pub packing: Option<PackedSequences<'a>>,
+    pub blocks: Option<HeadBlockMask<'a>>,
 }
 
 /// Per-query inputs of the backward: final lse, the caller's grad_out rows (`data`,
@@ -64,6 +68,7 @@ fn block<'a, T: Element>(q: Rows<'a, T>, keys: KeyBlock<'a, T>, m: &'a Mask<'a>)
     let mut blk = Block::new(&m.pat, m.band, m.scale, m.d, [BlockRows::new(q.data, q.stride, q.pos), k, v]);
     blk.key_padding = m.key_padding;
     blk.packing = m.packing;
+    blk.block_mask = m.blocks;
     blk
 }
 

@@ -239,8 +239,9 @@ impl RawBlock {
     }
 }
 
-/// The mask of a pair in batch row `b`.
-pub(crate) fn mask_of<'p>(plan: &'p Plan, ph: &PatternHead, b: usize) -> Mask<'p> {
+/// The mask of a pair in batch row `b` for query head `h` (a pair of a wire list names a
+/// key/value head; the block mask is the query head's).
+pub(crate) fn mask_of<'p>(plan: &'p Plan, ph: &PatternHead, b: usize, h: usize) -> Mask<'p> {
     let pr = &plan.problem;
     Mask {
         pat: ph.pat,
@@ -249,5 +250,6 @@ pub(crate) fn mask_of<'p>(plan: &'p Plan, ph: &PatternHead, b: usize) -> Mask<'p
         d: pr.head_dim,
         key_padding: pr.padding_row(b),
         packing: plan.placed(ph.pat).packing,
+        blocks: pr.block_row(b, h),
     }
 }

@@ -84,7 +84,8 @@ impl<T: Element> SlotRows<T> {
         b * self.kv_heads().len() + self.split.local_kv(self.slot, self.heads().start + hl)
     }
 
-    fn mask<'p>(&self, problem: &'p RingProblem, pat: attn_core::SegmentPattern, b: usize) -> Mask<'p> {
+    /// The mask of pattern `pat` for batch row `b` and this slot's local query head `hl`.
+    fn mask<'p>(&self, problem: &'p RingProblem, pat: attn_core::SegmentPattern, b: usize, hl: usize) -> Mask<'p> {
         Mask {
             pat,
             band: problem.cfg.band(),
@@ -92,6 +93,7 @@ impl<T: Element> SlotRows<T> {
             d: problem.head_dim,
             key_padding: problem.padding_row(b),
             packing: problem.masks.view().packing,
+            blocks: problem.block_row(b, self.heads().start + hl),
         }
     }
 
@@ -129,7 +131,7 @@ impl<T: Element> SlotRows<T> {
             let kbh = self.kv_of(b, hl);
             let block = KeyBlock { pos: keys.pos, k: &keys.k[kbh], v: &keys.v[kbh], stride: d };
             for &(_, pat) in &hps[hl].patterns {
-                attend_forward(q, block, self.mask(problem, pat, b), o, lse)?;
+                attend_forward(q, block, self.mask(problem, pat, b, hl), o, lse)?;
             }
             Ok(())
         })
@@ -199,7 +201,7 @@ impl<T: Element> SlotRows<T> {
                     delta: &sd.delta[bh],
                 };
                 for &(_, pat) in &hps[hl].patterns {
-                    attend_backward(q, block, self.mask(problem, pat, b), gr, dq, dk, dv)?;
+                    attend_backward(q, block, self.mask(problem, pat, b, hl), gr, dq, dk, dv)?;
                 }
             }
             Ok(())

@@ -19,6 +19,8 @@ use attn_core::{
     AttnError, AttnShape, Band, DilatedConfig, HeadPatterns, Masks, OwnedMasks, PlacedPattern, Result, SegmentPattern,
 };
 
+use attn_kernels::block::HeadBlockMask;
+
 use crate::plan::head_counts::PatternHeads;
 use crate::plan::layout::Layout;
 use crate::plan::ring_route::{Way, route};
@@ -129,8 +131,8 @@ pub struct RingProblem {
     pub layout: Layout,
     pub strategy: Strategy,
     pub world: usize,
-    /// Key padding (`[batch, seq]`) and packed sequences over the GLOBAL positions,
-    /// the same on every rank (a block mask is refused).
+    /// Key padding (`[batch, seq]`), packed sequences and the block mask over the GLOBAL
+    /// positions, the same on every rank.
     pub masks: OwnedMasks,
 }
 
@@ -162,14 +164,9 @@ impl RingProblem {
         self.heads / self.kv_heads.max(1)
     }
 
-    /// The masks as `attn_core` views, the key padding checked to be `[batch, seq]`; a
-    /// block mask is `Unsupported` (the ring does not compute one yet), so every plan and
-    /// runner refuses it alike on every rank.
+    /// The masks as `attn_core` views, the key padding checked to be `[batch, seq]`.
     pub fn core_masks(&self) -> Result<Masks<'_>> {
         let masks = self.masks.view();
-        if masks.block.is_some() {
-            return Err(AttnError::Unsupported { backend: "ring", feature: attn_core::Feature::BlockMask });
-        }
         if let Some(k) = masks.key_padding
             && (k.batch(), k.seq()) != (self.batch, self.seq)
         {
@@ -185,6 +182,20 @@ impl RingProblem {
     /// The key padding of batch row `b`, by global position.
     pub(crate) fn padding_row(&self, b: usize) -> Option<&[bool]> {
         self.masks.key_padding().map(|k| k.view().row(b))
+    }
+
+    /// The block mask of batch row `b` and query head `h`, if any.
+    pub(crate) fn block_row(&self, b: usize, h: usize) -> Option<HeadBlockMask<'_>> {
+        self.masks.block_mask().map(|m| HeadBlockMask { mask: m.view(), batch: b, head: h })
+    }
+
+    /// `Unsupported` for a block mask, for the runners that do not compute one (the chunk
+    /// ring), alike on every rank.
+    pub(crate) fn refuse_block_mask(&self, backend: &'static str) -> Result<()> {
+        if self.masks.block_mask().is_some() {
+            return Err(AttnError::Unsupported { backend, feature: attn_core::Feature::BlockMask });
+        }
+        Ok(())
     }
 }
 
