@@ -77,7 +77,16 @@ def assert_lse_vector(lse, t: dict, meta: dict) -> None:
 
 
 # The files each directory holds: one removed fails here, not by running fewer cases.
-COUNTS = {"dilated": 9, "features": 9, "wide": 5, "multihead": 2, "multihead_features": 1, "multihead_grad": 3}
+COUNTS = {
+    "dilated": 9,
+    "features": 9,
+    "wide": 5,
+    "multihead": 2,
+    "multihead_features": 1,
+    "multihead_grad": 3,
+    "multihead_qkln": 2,
+    "blocks": 8,
+}
 
 
 def test_conformance_counts():
@@ -178,7 +187,7 @@ def test_a_planted_low_precision_row_error_fails(dtype):
     print(f"planted {dtype}: {caught.value}")
 
 
-LAYER_PARAMS = ("q_proj", "k_proj", "v_proj", "norm", "out_proj")
+LAYER_PARAMS = ("q_proj", "k_proj", "v_proj", "norm", "q_ln", "k_ln", "out_proj")
 
 
 def layer_of(meta: dict, t: dict):
@@ -193,14 +202,19 @@ def layer_of(meta: dict, t: dict):
         layer_norm_eps=float(meta["layer_norm_eps"]),
         mixing=meta["mixing"],
         num_kv_heads=int(meta.get("num_kv_heads", heads)),
+        norm_layout="qk_ln" if meta.get("norm_layout") == "qk_ln" else "sub_ln",
     )
     params = {name: x for name, x in t.items() if name.split(".")[0] in LAYER_PARAMS}
     layer.load_state_dict(params, strict=True)
     return layer
 
 
-@pytest.mark.parametrize("path", files("multihead", "multihead_features"), ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize(
+    "path", files("multihead", "multihead_features", "multihead_qkln"), ids=lambda p: f"{p.parent.name}/{p.stem}"
+)
 def test_layer_vectors(path):
+    """Each layer file with its parameters loaded by name (`strict=True`; the
+    development line's `q_ln`/`k_ln` files through `norm_layout="qk_ln"`)."""
     meta, t, rel_tol = read(path)
     assert meta["kind"] == "multihead"
     layer = layer_of(meta, t)
@@ -218,6 +232,19 @@ def test_layer_vectors(path):
         )
     assert weights is None
     assert_close("out", out, t["out"], rel_tol)
+
+
+def test_norm_layouts_name_their_parameters():
+    names = lambda layout: set(
+        ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], num_kv_heads=2, norm_layout=layout).state_dict()
+    )
+    assert {"norm.weight", "norm.bias"} <= names("sub_ln") and not any("_ln." in n for n in names("sub_ln"))
+    qk = names("qk_ln")
+    assert {"q_ln.weight", "q_ln.bias", "k_ln.weight", "k_ln.bias"} <= qk and not any(n.startswith("norm.") for n in qk)
+    layer = ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], num_kv_heads=2, norm_layout="qk_ln")
+    assert layer.k_ln.normalized_shape == (16,)  # k's width: num_kv_heads * head_dim
+    with pytest.raises(ValueError, match="norm_layout"):
+        ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], norm_layout="pre_ln")
 
 
 def assert_grad_close(name: str, got: torch.Tensor, t: dict, rel_tol: float) -> None:

@@ -16,6 +16,12 @@ from ._kernels import as_int, as_window, int_list
 from ._op import CuSeqlens, Window, attention, make_config
 
 
+# Where the layer's LayerNorms sit: `sub_ln`, one `norm` over the merged heads (the
+# published dilated-attention-pytorch, MAGNETO's sub-LN); `qk_ln`, that library's
+# development line: `q_ln` over q and over the merged heads, `k_ln` over k.
+_NORM_LAYOUTS = ("sub_ln", "qk_ln")
+
+
 class DilatedAttention(nn.Module):
     """Dilated attention of `[batch, seq, heads, head_dim]` tensors.
 
@@ -90,6 +96,10 @@ class MultiheadDilatedAttention(nn.Module):
     dilated attention, dropout (training only), `norm` (LayerNorm, with `layer_norm`),
     `out_proj`. A state_dict of dilated-attention-pytorch's module loads unchanged.
 
+    `norm_layout="qk_ln"` builds that library's development line instead: with
+    `layer_norm`, `q_ln` over q (and again, the same weights, over the merged heads) and
+    `k_ln` over k in place of `norm`, so its state_dicts load with `strict=True`.
+
     Keyword-only extras: `mixing` (`head_groups` or `longnet`), `num_kv_heads` (grouped
     K/V: `k_proj` and `v_proj` then have `num_kv_heads * head_dim` outputs), `window`
     (`(left, right)`; segment_lengths and dilation_rates empty) and `softmax_scale`.
@@ -117,8 +127,12 @@ class MultiheadDilatedAttention(nn.Module):
         num_kv_heads: Optional[int] = None,
         window: Optional[Window] = None,
         softmax_scale: Optional[float] = None,
+        norm_layout: str = "sub_ln",
     ):
         super().__init__()
+        if norm_layout not in _NORM_LAYOUTS:
+            raise ValueError(f"norm_layout must be one of {_NORM_LAYOUTS}, got {norm_layout!r}")
+        self.norm_layout = norm_layout
         embed_dim, num_heads = as_int("embed_dim", embed_dim), as_int("num_heads", num_heads)
         if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be a positive multiple of num_heads ({num_heads})")
@@ -141,8 +155,13 @@ class MultiheadDilatedAttention(nn.Module):
         self.k_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **kw)
         self.v_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **kw)
         self.norm: Optional[nn.LayerNorm] = None
-        if self.layer_norm:
+        self.q_ln: Optional[nn.LayerNorm] = None
+        self.k_ln: Optional[nn.LayerNorm] = None
+        if self.layer_norm and norm_layout == "sub_ln":
             self.norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps, **kw)
+        elif self.layer_norm:
+            self.q_ln = nn.LayerNorm(embed_dim, eps=layer_norm_eps, **kw)
+            self.k_ln = nn.LayerNorm(kv_dim, eps=layer_norm_eps, **kw)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
         self._reset_parameters()
 
@@ -153,8 +172,9 @@ class MultiheadDilatedAttention(nn.Module):
             nn.init.xavier_normal_(proj.weight, gain=gain)
             if proj.bias is not None:
                 nn.init.zeros_(proj.bias)
-        if self.norm is not None:
-            self.norm.reset_parameters()
+        for norm in (self.norm, self.q_ln, self.k_ln):
+            if norm is not None:
+                norm.reset_parameters()
 
     def forward(
         self,
@@ -186,8 +206,11 @@ class MultiheadDilatedAttention(nn.Module):
                 raise ValueError(f"{name} must be [batch, seq, {self.embed_dim}], got shape {tuple(x.shape)}")
         b, n, _ = query.shape
         m = key.shape[1]
-        q = self.q_proj(query).view(b, n, self.num_heads, self.head_dim)
-        k = self.k_proj(key).view(b, m, self.num_kv_heads, self.head_dim)
+        q, k = self.q_proj(query), self.k_proj(key)
+        if self.q_ln is not None:
+            q, k = self.q_ln(q), self.k_ln(k)
+        q = q.view(b, n, self.num_heads, self.head_dim)
+        k = k.view(b, m, self.num_kv_heads, self.head_dim)
         v = self.v_proj(value).view(b, value.shape[1], self.num_kv_heads, self.head_dim)
         x = self.attention(q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens)
         x = x.reshape(b, n, self.embed_dim)
@@ -195,4 +218,6 @@ class MultiheadDilatedAttention(nn.Module):
             x = F.dropout(x, self.dropout, training=True)
         if self.norm is not None:
             x = self.norm(x)
+        if self.q_ln is not None:
+            x = self.q_ln(x)
         return self.out_proj(x), None
