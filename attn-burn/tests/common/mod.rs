@@ -31,26 +31,28 @@ pub fn grad_device() -> Device {
     Device::flex().autodiff()
 }
 
-/// A `[b, s, h, d]` tensor of `values` (row-major in that order) in `dtype` and `layout`.
+/// A `[b, s, h, d]` tensor of `values` (row-major in that order) in `dtype` and `layout`
+/// (checked: burn would otherwise fall back to the device's default dtype unnoticed).
 pub fn tensor4(values: &[f32], dims: [usize; 4], dtype: DType, layout: Layout, device: &Device) -> Tensor<4> {
     let [b, s, h, d] = dims;
-    match layout {
-        Layout::Bshd => Tensor::<4>::from_data(TensorData::new(values.to_vec(), dims).convert_dtype(dtype), device),
+    let t = match layout {
+        Layout::Bshd => Tensor::<4>::from_data(TensorData::new(values.to_vec(), dims), (device, dtype)),
         Layout::Bhsd => {
             let mut t = vec![0f32; values.len()];
             for (i, &x) in values.iter().enumerate() {
                 let (bi, si, hi, di) = (i / (s * h * d), i / (h * d) % s, i / d % h, i % d);
                 t[((bi * h + hi) * s + si) * d + di] = x;
             }
-            let data = TensorData::new(t, [b, h, s, d]).convert_dtype(dtype);
-            Tensor::<4>::from_data(data, device).swap_dims(1, 2)
+            Tensor::<4>::from_data(TensorData::new(t, [b, h, s, d]), (device, dtype)).swap_dims(1, 2)
         }
-    }
+    };
+    assert_eq!(t.dtype(), dtype, "burn created the tensor in another dtype");
+    t
 }
 
 /// The values of `t` as f32, row-major.
 pub fn values<const N: usize>(t: Tensor<N>) -> Vec<f32> {
-    t.into_data().convert::<f32>().to_vec::<f32>().expect("f32 values")
+    t.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 values")
 }
 
 /// The case's options: its config and masks.
