@@ -54,12 +54,14 @@ fn view<'a, T: FlexElement>(name: TensorName, t: &'a FlexTensor) -> attn_core::R
     let mut strides = [1usize; 4];
     for ((st, &s), &d) in strides.iter_mut().zip(layout.strides()).zip(&shape.dims()) {
         if d > 1 {
-            *st = usize::try_from(s).map_err(|_| AttnError::InvalidArgument(format!("{name} has a negative stride")))?;
+            *st =
+                usize::try_from(s).map_err(|_| AttnError::InvalidArgument(format!("{name} has a negative stride")))?;
         }
     }
     let storage = t.storage::<T>();
     let start = layout.start_offset();
-    let data = storage.get(start..).ok_or(AttnError::BufferTooSmall { tensor: name, len: storage.len(), needed: start })?;
+    let data =
+        storage.get(start..).ok_or(AttnError::BufferTooSmall { tensor: name, len: storage.len(), needed: start })?;
     TensorView::strided(name, data, shape, strides)
 }
 
@@ -91,7 +93,8 @@ fn forward_t<T: FlexElement>(
     [q, k, v]: [&FlexTensor; 3],
     options: &AttnOptions,
 ) -> attn_core::Result<AttnPrimitives<Flex>> {
-    let (qv, kv, vv) = (view::<T>(TensorName::Query, q)?, view::<T>(TensorName::Key, k)?, view::<T>(TensorName::Value, v)?);
+    let (qv, kv, vv) =
+        (view::<T>(TensorName::Query, q)?, view::<T>(TensorName::Key, k)?, view::<T>(TensorName::Value, v)?);
     let inputs = AttnInputs::new(&options.config, qv, kv, vv).with_masks(options.masks());
     let shape = inputs.shape()?;
     let mut out = vec![T::default(); shape.q.numel()];
@@ -115,7 +118,11 @@ fn backward_t<T: FlexElement>(
     let grad = view::<T>(TensorName::GradOutput, grad_out)?;
     let lse_t = saved.lse.to_contiguous();
     if lse_t.dtype() != DType::F32 {
-        return Err(AttnError::DTypeMismatch { tensor: TensorName::Lse, expected: "f32", got: dtype_name(lse_t.dtype()) });
+        return Err(AttnError::DTypeMismatch {
+            tensor: TensorName::Lse,
+            expected: "f32",
+            got: dtype_name(lse_t.dtype()),
+        });
     }
     let lse: &[f32] = lse_t.storage::<f32>();
     let mut dq = vec![T::default(); shape.q.numel()];
@@ -130,7 +137,11 @@ fn backward_t<T: FlexElement>(
 fn common_dtype(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor) -> attn_core::Result<DType> {
     let dtype = q.dtype();
     if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16 | DType::F16) {
-        return Err(AttnError::DTypeMismatch { tensor: TensorName::Query, expected: FLEX_DTYPES, got: dtype_name(dtype) });
+        return Err(AttnError::DTypeMismatch {
+            tensor: TensorName::Query,
+            expected: FLEX_DTYPES,
+            got: dtype_name(dtype),
+        });
     }
     same_dtype(TensorName::Key, k, dtype)?;
     same_dtype(TensorName::Value, v, dtype)?;

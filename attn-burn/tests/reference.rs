@@ -9,8 +9,12 @@ use attn_testkit::judge::{Expected, round_to};
 use burn_tensor::DType;
 use proptest::prelude::*;
 
-const DTYPES: [(DType, AttnDType); 4] =
-    [(DType::F32, AttnDType::F32), (DType::F64, AttnDType::F64), (DType::BF16, AttnDType::BF16), (DType::F16, AttnDType::F16)];
+const DTYPES: [(DType, AttnDType); 4] = [
+    (DType::F32, AttnDType::F32),
+    (DType::F64, AttnDType::F64),
+    (DType::BF16, AttnDType::BF16),
+    (DType::F16, AttnDType::F16),
+];
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(16), max_shrink_iters: 64, ..ProptestConfig::default() })]
