@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-pub const USAGE: &str = "usage: attn-golden DIR [--backend reference|cpu|ring|cuda|candle] [--dtype f32|bf16|f16]
+pub const USAGE: &str =
+    "usage: attn-golden DIR [--backend reference|cpu|ring|cuda|candle|burn] [--dtype f32|bf16|f16|f64]
                    [--threads T] [--world-size N] [--strategy ring|allgather|auto] [--layout contiguous|zigzag]
                    [--expect N]   (fail unless DIR holds exactly N cases)
                    [--expect-refused R]   (fail unless exactly R cases are refused as unsupported; default 0)
