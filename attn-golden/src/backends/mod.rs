@@ -1,5 +1,7 @@
 //! Backend selection: maps `--backend`, `--dtype` and the ring options to implementations.
 
+#[cfg(feature = "burn")]
+mod burn;
 #[cfg(feature = "candle")]
 mod candle;
 mod multihead;
@@ -45,8 +47,8 @@ pub fn select(o: &Options) -> Result<Selected, Refusal> {
     if o.world_size.is_some() && o.backend != "ring" {
         return Err("--world-size needs --backend ring".into());
     }
-    if !["cpu", "cuda", "candle"].contains(&o.backend.as_str()) && dtype != DType::F32 {
-        return Err(format!("--dtype {} is only for --backend cpu|cuda|candle", o.dtype).into());
+    if !["cpu", "cuda", "candle", "burn"].contains(&o.backend.as_str()) && dtype != DType::F32 {
+        return Err(format!("--dtype {} is only for --backend cpu|cuda|candle|burn", o.dtype).into());
     }
     let err = |e: AttnError| e.to_string();
     let sel = match o.backend.as_str() {
@@ -75,7 +77,8 @@ pub fn select(o: &Options) -> Result<Selected, Refusal> {
         }
         "cuda" => cuda_backend(dtype).map_err(Refusal::Backend)?,
         "candle" => candle_backend(dtype).map_err(Refusal::Backend)?,
-        other => return Err(format!("unknown backend `{other}` (reference|cpu|ring|cuda|candle)").into()),
+        "burn" => burn_backend(dtype).map_err(Refusal::Backend)?,
+        other => return Err(format!("unknown backend `{other}` (reference|cpu|ring|cuda|candle|burn)").into()),
     };
     Ok(sel)
 }
@@ -105,6 +108,24 @@ fn candle_backend(dtype: DType) -> Result<Selected, AttnError> {
     {
         let _ = dtype;
         Err(AttnError::NotCompiled { backend: "candle", feature: "candle" })
+    }
+}
+
+/// The burn op on burn-flex in any dtype it stores (feature `burn`; without it,
+/// `NotCompiled`). The multihead files have no burn layer and are not run.
+fn burn_backend(dtype: DType) -> Result<Selected, AttnError> {
+    #[cfg(feature = "burn")]
+    {
+        Ok(Selected {
+            label: format!("burn {}", dtype.as_str()),
+            dilated: Some(Box::new(burn::BurnDilated { dtype })),
+            multihead: None,
+        })
+    }
+    #[cfg(not(feature = "burn"))]
+    {
+        let _ = dtype;
+        Err(AttnError::NotCompiled { backend: "burn", feature: "burn" })
     }
 }
 

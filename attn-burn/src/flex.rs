@@ -1,0 +1,191 @@
+//! [`DilatedAttentionBackend`] for burn-flex: the workspace's CPU kernels read flex's
+//! host storage in place when a tensor's layout has unit head_dim stride and no negative
+//! stride (contiguous BSHD, a transposed BHSD tensor, a narrowed fused projection);
+//! other layouts are first made contiguous. Every float dtype flex stores (f32, f64,
+//! bf16, f16) computes; the LSE is f32.
+
+use std::sync::OnceLock;
+
+use attn_core::{Attention, AttnError, AttnInputs, Grads, Saved, Shape4, TensorName, TensorView, TensorViewMut};
+use burn_backend::{DType, TensorData};
+use burn_flex::{Flex, FlexTensor};
+use half::{bf16, f16};
+
+use crate::backend::{AttnPrimitives, DilatedAttentionBackend, InputGrads, SavedForward};
+use crate::options::AttnOptions;
+
+/// An element type of both the kernels and flex's storage.
+trait FlexElement: attn_core::Element + burn_backend::Element + bytemuck::Pod {}
+
+impl FlexElement for f32 {}
+impl FlexElement for f64 {}
+impl FlexElement for bf16 {}
+impl FlexElement for f16 {}
+
+/// The process-wide CPU kernels (one thread per core), built on first use.
+fn kernels() -> attn_core::Result<&'static attn_kernels::CpuBackend> {
+    static CPU: OnceLock<attn_kernels::CpuBackend> = OnceLock::new();
+    if let Some(b) = CPU.get() {
+        return Ok(b);
+    }
+    let backend = attn_kernels::CpuBackend::new(0)?;
+    Ok(CPU.get_or_init(|| backend))
+}
+
+/// The dtypes the op computes on flex, for messages.
+const FLEX_DTYPES: &str = "f32, f64, bf16 or f16";
+
+/// `t` itself when the kernels can read its layout in place (no negative stride, unit
+/// stride along head_dim), else a contiguous copy.
+fn readable(t: FlexTensor) -> FlexTensor {
+    let layout = t.layout();
+    let dims = layout.shape().as_slice();
+    let strides = layout.strides();
+    let negative = dims.iter().zip(strides).any(|(&d, &s)| d > 1 && s < 0);
+    let inner_ok = dims.last().is_none_or(|&d| d <= 1) || strides.last() == Some(&1);
+    if negative || !inner_ok { t.to_contiguous() } else { t }
+}
+
+/// The `[batch, seq, heads, head_dim]` view of `t` over its storage (a layout
+/// [`readable`] returned). A dimension of size 1 may carry any stride; it is taken as 1.
+fn view<'a, T: FlexElement>(name: TensorName, t: &'a FlexTensor) -> attn_core::Result<TensorView<'a, T>> {
+    let layout = t.layout();
+    let shape = Shape4::from_dims(name, layout.shape().as_slice())?;
+    let mut strides = [1usize; 4];
+    for ((st, &s), &d) in strides.iter_mut().zip(layout.strides()).zip(&shape.dims()) {
+        if d > 1 {
+            *st =
+                usize::try_from(s).map_err(|_| AttnError::InvalidArgument(format!("{name} has a negative stride")))?;
+        }
+    }
+    let storage = t.storage::<T>();
+    let start = layout.start_offset();
+    let data =
+        storage.get(start..).ok_or(AttnError::BufferTooSmall { tensor: name, len: storage.len(), needed: start })?;
+    TensorView::strided(name, data, shape, strides)
+}
+
+/// The name of a dtype, for messages.
+fn dtype_name(dtype: DType) -> String {
+    format!("{dtype:?}").to_lowercase()
+}
+
+/// Checks that `t` has q's dtype `want`.
+fn same_dtype(name: TensorName, t: &FlexTensor, want: DType) -> attn_core::Result<()> {
+    if t.dtype() == want {
+        return Ok(());
+    }
+    let expected = match want {
+        DType::F64 => "f64 (q's dtype)",
+        DType::BF16 => "bf16 (q's dtype)",
+        DType::F16 => "f16 (q's dtype)",
+        _ => "f32 (q's dtype)",
+    };
+    Err(AttnError::DTypeMismatch { tensor: name, expected, got: dtype_name(t.dtype()) })
+}
+
+/// A flex tensor owning `values` laid out row-major in `dims`.
+fn tensor_of<T: FlexElement>(values: Vec<T>, dims: &[usize]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, dims.to_vec()))
+}
+
+fn forward_t<T: FlexElement>(
+    [q, k, v]: [&FlexTensor; 3],
+    options: &AttnOptions,
+) -> attn_core::Result<AttnPrimitives<Flex>> {
+    let (qv, kv, vv) =
+        (view::<T>(TensorName::Query, q)?, view::<T>(TensorName::Key, k)?, view::<T>(TensorName::Value, v)?);
+    let inputs = AttnInputs::new(&options.config, qv, kv, vv).with_masks(options.masks());
+    let shape = inputs.shape()?;
+    let mut out = vec![T::default(); shape.q.numel()];
+    let mut lse = vec![0f32; shape.q.lse_len()];
+    let out_view = TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?;
+    Attention::<T>::forward(kernels()?, &inputs, out_view, &mut lse)?;
+    let [b, s, h, _] = shape.q.dims();
+    Ok(AttnPrimitives { out: tensor_of(out, &shape.q.dims()), lse: tensor_of(lse, &[b, s, h]) })
+}
+
+fn backward_t<T: FlexElement>(
+    saved: &SavedForward<Flex>,
+    grad_out: &FlexTensor,
+    options: &AttnOptions,
+) -> attn_core::Result<InputGrads<Flex>> {
+    let qv = view::<T>(TensorName::Query, &saved.q)?;
+    let (kv, vv) = (view::<T>(TensorName::Key, &saved.k)?, view::<T>(TensorName::Value, &saved.v)?);
+    let inputs = AttnInputs::new(&options.config, qv, kv, vv).with_masks(options.masks());
+    let shape = inputs.shape()?;
+    let out = view::<T>(TensorName::Output, &saved.out)?;
+    let grad = view::<T>(TensorName::GradOutput, grad_out)?;
+    let lse_t = saved.lse.to_contiguous();
+    if lse_t.dtype() != DType::F32 {
+        return Err(AttnError::DTypeMismatch {
+            tensor: TensorName::Lse,
+            expected: "f32",
+            got: dtype_name(lse_t.dtype()),
+        });
+    }
+    let lse: &[f32] = lse_t.storage::<f32>();
+    let mut dq = vec![T::default(); shape.q.numel()];
+    let (mut dk, mut dv) = (vec![T::default(); shape.kv.numel()], vec![T::default(); shape.kv.numel()]);
+    let grads = Grads::contiguous(shape, [&mut dq, &mut dk, &mut dv])?;
+    Attention::<T>::backward(kernels()?, &inputs, Saved { out, lse }, grad, grads)?;
+    let (qd, kd) = (shape.q.dims(), shape.kv.dims());
+    Ok(InputGrads { dq: tensor_of(dq, &qd), dk: tensor_of(dk, &kd), dv: tensor_of(dv, &kd) })
+}
+
+/// q's dtype, checked against k's and v's and against the dtypes the kernels compute.
+fn common_dtype(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor) -> attn_core::Result<DType> {
+    let dtype = q.dtype();
+    if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16 | DType::F16) {
+        return Err(AttnError::DTypeMismatch {
+            tensor: TensorName::Query,
+            expected: FLEX_DTYPES,
+            got: dtype_name(dtype),
+        });
+    }
+    same_dtype(TensorName::Key, k, dtype)?;
+    same_dtype(TensorName::Value, v, dtype)?;
+    Ok(dtype)
+}
+
+impl DilatedAttentionBackend for Flex {
+    fn dilated_attention_with_lse(
+        q: FlexTensor,
+        k: FlexTensor,
+        v: FlexTensor,
+        options: &AttnOptions,
+    ) -> attn_core::Result<AttnPrimitives<Flex>> {
+        let dtype = common_dtype(&q, &k, &v)?;
+        let qkv = [&readable(q), &readable(k), &readable(v)];
+        match dtype {
+            DType::F64 => forward_t::<f64>(qkv, options),
+            DType::BF16 => forward_t::<bf16>(qkv, options),
+            DType::F16 => forward_t::<f16>(qkv, options),
+            _ => forward_t::<f32>(qkv, options),
+        }
+    }
+
+    fn dilated_attention_backward(
+        saved: SavedForward<Flex>,
+        grad_out: FlexTensor,
+        options: &AttnOptions,
+    ) -> attn_core::Result<InputGrads<Flex>> {
+        let dtype = common_dtype(&saved.q, &saved.k, &saved.v)?;
+        same_dtype(TensorName::Output, &saved.out, dtype)?;
+        same_dtype(TensorName::GradOutput, &grad_out, dtype)?;
+        let saved = SavedForward {
+            q: readable(saved.q),
+            k: readable(saved.k),
+            v: readable(saved.v),
+            out: readable(saved.out),
+            lse: saved.lse,
+        };
+        let grad = readable(grad_out);
+        match dtype {
+            DType::F64 => backward_t::<f64>(&saved, &grad, options),
+            DType::BF16 => backward_t::<bf16>(&saved, &grad, options),
+            DType::F16 => backward_t::<f16>(&saved, &grad, options),
+            _ => backward_t::<f32>(&saved, &grad, options),
+        }
+    }
+}
