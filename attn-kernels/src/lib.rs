@@ -127,44 +127,24 @@
 //! first touch, so a 134 MB output faults dozens of times instead of 32,768.
 #![deny(unsafe_code)]
 
-mod avx2;
-mod avx512;
-mod backend;
-mod bf16_pairs;
-pub mod block;
-mod block_split;
-mod cpu_features;
-mod f32_tiles;
-pub mod isa;
-mod lane_forward;
-mod mat;
-mod ops;
-mod piece;
-
+mod cpu;
 /// CUDA backend (feature `cuda`; without it, a stub returning `AttnError::NotCompiled`).
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 #[path = "cuda/stub.rs"]
 pub mod cuda;
-mod disjoint;
 mod flops;
-mod forward_scratch;
 mod huge_pages;
-mod portable;
-mod rows;
-mod score_bound;
-mod tile_backward;
-mod tile_forward;
-mod unit_passes;
-mod units;
 
-pub use backend::CpuBackend;
 pub use block::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
+pub use cpu::isa;
+pub use cpu::schedule::backend::CpuBackend;
+pub use cpu::schedule::block;
 pub use flops::model_flops;
 pub use huge_pages::zeroed_buffer;
 pub use isa::Isa;
 
 /// Keys per tile of the f32 forward kernel: a forward call packs its keys and values
 /// as f32 in whole tiles of this many rows (what the ring's buffer formula counts).
-pub const FORWARD_KEY_TILE: usize = ops::FORWARD_KEY_TILE;
+pub const FORWARD_KEY_TILE: usize = cpu::isa::ops::FORWARD_KEY_TILE;
