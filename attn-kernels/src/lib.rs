@@ -18,12 +18,18 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Layers: [`block`] (public block API, via `piece`) and [`CpuBackend`] (whole tensors,
-//! via `units`) find pieces (the selected rows of one pattern segment) from global
-//! positions; `tile_forward` and `tile_backward` run them flash-style, tile by tile, on
-//! packed f32 tiles (`f32_tiles`: the dilation gather and dtype conversion fused into
-//! packing) with the `ops` primitives, which dispatch to `avx512`, `avx2` or `portable`
-//! ([`Isa`], detected once at run time, `ATTN_CPU_ISA` to override).
+//! Layers, one folder each; a file imports only its own layer and those below it.
+//! `cpu/schedule`: [`block`] (public block API, via `piece`) and [`CpuBackend`] (whole
+//! tensors, via `units`) find pieces (the selected rows of one pattern segment) from
+//! global positions. `cpu/tiles`: `piece_kernel` chooses a piece's forward kernel once,
+//! as a value (bf16 pairs, queries in lanes (`lane_forward`) or rows (`tile_forward`)),
+//! and `tile_backward` runs the backward, flash-style, tile by tile, on packed f32 tiles
+//! (`f32_tiles`: the dilation gather and dtype conversion fused into packing).
+//! `cpu/isa`: the `ops` primitives, which dispatch to `avx512`, `avx2` or `portable`
+//! ([`Isa`], detected once at run time, `ATTN_CPU_ISA` to override). With the `cuda`
+//! feature, `cuda/plan` (host planning: kernel choices, names and source, launch plans),
+//! `cuda/compile` (NVRTC, the kernel cache) and `cuda/exec` (device, tensors, launches,
+//! whole calls, the emulation).
 //!
 //! With AMX-BF16 ([`Isa::Amx`]) or AVX512-BF16 ([`Isa::Avx512Bf16`], chosen on AMD only)
 //! the bf16 forward runs its products on bf16 pairs (`bf16_pairs`: the tile unit or
