@@ -126,7 +126,7 @@ fn band_side(x: usize, r: usize) -> i64 {
     if x == usize::MAX { -1 } else { (x / r.max(1)).min(UNBOUNDED) as i64 }
 }
 
-/// The kernel parameters of one pattern launch (what `src/cuda/block.rs` passes).
+/// The kernel parameters of one pattern launch (what `cuda/exec/block.rs` passes).
 pub fn attn_params(cfg: &DilatedConfig, l: &BlockLayout, launch: &PatternLaunch) -> AttnParams {
     let (qs, ks) = (l.q.0, l.k.0);
     let kv_heads = ks.heads.max(1);
