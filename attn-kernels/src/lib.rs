@@ -21,10 +21,10 @@
 //! Layers, one folder each; a file imports only its own layer and those below it.
 //! `cpu/schedule`: [`block`] (public block API, via `piece`) and [`CpuBackend`] (whole
 //! tensors, via `units`) find pieces (the selected rows of one pattern segment) from
-//! global positions. `cpu/tiles`: `piece_kernel` chooses a piece's forward kernel once,
-//! as a value (bf16 pairs, queries in lanes (`lane_forward`) or rows (`tile_forward`)),
-//! and `tile_backward` runs the backward, flash-style, tile by tile, on packed f32 tiles
-//! (`f32_tiles`: the dilation gather and dtype conversion fused into packing).
+//! global positions. `cpu/tiles`: the forward (`tile_forward`, trying the bf16 pairs,
+//! then queries in lanes (`lane_forward`), then rows) and the backward (`tile_backward`)
+//! run a piece flash-style, tile by tile, on packed f32 tiles (`f32_tiles`: the
+//! dilation gather and dtype conversion fused into packing).
 //! `cpu/isa`: the `ops` primitives, which dispatch to `avx512`, `avx2` or `portable`
 //! ([`Isa`], detected once at run time, `ATTN_CPU_ISA` to override). With the `cuda`
 //! feature, `cuda/plan` (host planning: kernel choices, names and source, launch plans),

@@ -14,8 +14,6 @@ use crate::cpu::isa::rows::{Piece, PieceSpec};
 
 /// The bf16 pair forward's per-thread scratch.
 pub(crate) type PairScratch = bf16_pairs::PairScratch;
-/// What runs the bf16 pair products (the AMX tile unit or `vdpbf16ps`).
-pub(crate) type PairEngine = Engine;
 
 /// `C[m x n] (=|+=) A[m x k] * B[k x n]` (`n` a multiple of 16, row strides `ld*`).
 #[inline]
@@ -149,23 +147,17 @@ pub(crate) fn pair_engine(isa: Isa) -> Option<Engine> {
     }
 }
 
-/// Whether the bf16 pair forward on `engine` runs this piece (see `bf16_pairs::takes`).
-#[inline]
-pub(crate) fn pair_takes<T: Element>(engine: PairEngine, spec: PieceSpec, piece: &Piece<'_, '_, T>) -> bool {
-    bf16_pairs::takes(engine, spec, piece)
-}
-
-/// The bf16 pair forward of a piece [`pair_takes`] accepts, on `engine`.
+/// The bf16 pair forward of a piece on its flavour's engine; false (nothing written)
+/// where it does not apply and the f32 kernel must run the piece (see `bf16_pairs`).
 #[inline]
 pub(crate) fn pair_forward_piece<T: Element>(
-    engine: PairEngine,
     spec: PieceSpec,
     piece: &Piece<'_, '_, T>,
     ws: &mut PairScratch,
     out: &mut [f32],
     lse: &mut [f32],
-) {
-    bf16_pairs::forward_piece(engine, spec, piece, ws, out, lse)
+) -> bool {
+    pair_engine(spec.isa).is_some_and(|e| bf16_pairs::forward_piece(e, spec, piece, ws, out, lse))
 }
 
 /// Bytes of the bf16 pair forward's scratch on `isa` for head dim `d` and `m` keys.

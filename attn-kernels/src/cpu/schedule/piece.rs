@@ -9,9 +9,8 @@ use std::cell::RefCell;
 use attn_core::{Element, LseMerge, PackedSequences, SegmentPattern};
 
 use crate::cpu::isa::rows::{Piece, PieceRows, PieceSpec};
-use crate::cpu::tiles::piece_kernel::forward_piece;
 use crate::cpu::tiles::tile_backward::{BackwardScratch, QueryGrads, dkv_piece};
-use crate::cpu::tiles::tile_forward::ForwardScratch;
+use crate::cpu::tiles::tile_forward::{ForwardScratch, forward_piece};
 
 thread_local! {
     /// Buffers reused across block calls on one thread (the ring calls often).

@@ -2,8 +2,8 @@
 //! transposed (keys are rows, a block of up to 64 queries are the columns), so the online
 //! softmax's maxima, sums and rescales are lane-wise vector operations with no
 //! horizontal reductions per row, and the value product reads the packed value rows in
-//! place as Vᵀ. Runs when every weight it forms is one the row kernel would form too
-//! ([`takes`]).
+//! place as Vᵀ. Runs when every weight it forms is one the row kernel would form too;
+//! otherwise it hands the piece back (see [`forward_piece`]).
 
 use attn_core::{Band, Element};
 
@@ -22,36 +22,23 @@ pub(crate) const LANE_KEY_TILE: usize = 96;
 /// than this (base 2): weights stay at most `2^8`, and most tiles rescale nothing.
 const LAZY_MAX: f32 = 8.0;
 
-/// Whether [`forward_piece`] runs this piece: always under the full band; under a band
-/// that masks pairs only when every value it packs is finite (a masked weight is 0 here
-/// too, but one product serves all lanes, so `0 * NaN` would reach queries that must
-/// not see that value).
-pub(crate) fn takes<T: Element>(spec: PieceSpec, piece: &Piece<'_, '_, T>) -> bool {
-    let PieceSpec { d, band, .. } = spec;
-    let Piece { q, k, v } = *piece;
-    let nq = q.len();
-    if band == Band::FULL || nq == 0 {
-        return true;
-    }
-    let span = key_span(k.pos, band, q.pos[0], q.pos[nq - 1]);
-    span.into_iter().all(|j| v.row(j, d).iter().all(|x| x.to_f32().is_finite()))
-}
-
-/// Attention of the piece's queries over its keys, as `piece_kernel::forward_piece`
+/// Attention of the piece's queries over its keys, as `tile_forward::forward_piece`
 /// (normalised output rows `out[i*d..]`, natural-log LSE, `-inf` where no key is
-/// visible), for a piece [`takes`] accepts.
+/// visible), or false with nothing written when the piece's band masks some pairs and a
+/// value is non-finite: a masked weight is 0 here too, but one product serves all
+/// lanes, so `0 * NaN` would reach queries that must not see that value.
 pub(crate) fn forward_piece<T: Element>(
     spec: PieceSpec,
     piece: &Piece<'_, '_, T>,
     ws: &mut ForwardScratch,
     out: &mut [f32],
     lse: &mut [f32],
-) {
+) -> bool {
     let PieceSpec { isa, scale, d, band } = spec;
     let Piece { q, k, v } = *piece;
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
-        return;
+        return true;
     }
     // Keys some query of the piece sees, packed from `k_lo`.
     let span = key_span(k.pos, band, q.pos[0], q.pos[nq - 1]);
@@ -60,6 +47,9 @@ pub(crate) fn forward_piece<T: Element>(
     pack_rows(k, k_lo, nk, d, dp, 1.0, kb);
     let vb = scratch(&mut ws.v, nk * dp);
     pack_rows(v, k_lo, nk, d, dp, 1.0, vb);
+    if band != Band::FULL && !vb.iter().all(|x| x.is_finite()) {
+        return false;
+    }
     let kpos_all = &k.pos[k_lo..k_lo + nk];
     let c2 = scale * std::f32::consts::LOG2_E;
     for q0 in (0..nq).step_by(LANE_QUERIES) {
@@ -123,4 +113,5 @@ pub(crate) fn forward_piece<T: Element>(
             }
         }
     }
+    true
 }

@@ -5,6 +5,5 @@
 pub(crate) mod f32_tiles;
 pub(crate) mod forward_scratch;
 pub(crate) mod lane_forward;
-pub(crate) mod piece_kernel;
 pub(crate) mod tile_backward;
 pub(crate) mod tile_forward;

@@ -17,10 +17,31 @@ pub(crate) use crate::cpu::tiles::forward_scratch::ForwardScratch;
 /// register blocks, so each 16-key panel of the tile is reused from L1 by all of them.
 const ROW_GROUP: usize = 4 * ROW_BLOCK;
 
-/// `piece_kernel::forward_piece` with one query per score row ([`PieceKernel::Rows`]:
-/// the portable path, and the pieces the other kernels refuse).
-///
-/// [`PieceKernel::Rows`]: crate::cpu::tiles::piece_kernel::PieceKernel::Rows
+/// Attention of the piece's queries over its keys: writes the normalised output
+/// (`out[i*d..]`, f32) and the natural-log LSE (`-inf` where no key is visible).
+/// Queries and keys are selected rows of one segment, positions ascending; each query
+/// sees the keys its band admits.
+pub(crate) fn forward_piece<T: Element>(
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
+    ws: &mut ForwardScratch,
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    if piece.q.len() == 0 {
+        return;
+    }
+    if crate::cpu::isa::ops::pair_forward_piece(spec, piece, &mut ws.pairs, out, lse) {
+        return;
+    }
+    if lanes_first(spec.isa) && crate::cpu::tiles::lane_forward::forward_piece(spec, piece, ws, out, lse) {
+        return;
+    }
+    forward_piece_rows(spec, piece, ws, out, lse)
+}
+
+/// [`forward_piece`] with one query per score row (the lane kernel's fallback, and the
+/// portable path).
 pub(crate) fn forward_piece_rows<T: Element>(
     spec: PieceSpec,
     piece: &Piece<'_, '_, T>,
@@ -138,6 +159,11 @@ pub(crate) fn forward_piece_rows<T: Element>(
     }
 }
 
+/// Whether the lane kernel runs first on this flavour (measured faster there).
+fn lanes_first(isa: Isa) -> bool {
+    matches!(isa, Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx | Isa::Avx2)
+}
+
 /// One online-softmax step on a score row: columns outside `visible` are masked, the
 /// running maximum `m` and sum `l` advance, the row becomes its weights and the row's
 /// accumulators `o` are rescaled.
@@ -175,7 +201,7 @@ mod lane_tests {
 
     use super::*;
     use crate::cpu::isa::rows::PieceRows;
-    use crate::cpu::tiles::lane_forward::{forward_piece as lane_piece, takes as lane_takes};
+    use crate::cpu::tiles::lane_forward::forward_piece as lane_piece;
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -226,9 +252,13 @@ mod lane_tests {
                 let (mut o1, mut l1) = (vec![0.0; nq * d], vec![0.0; nq]);
                 let (mut o2, mut l2) = (vec![0.0; nq * d], vec![0.0; nq]);
                 let mut ws = ForwardScratch::default();
-                let (spec, piece) = (PieceSpec { isa, scale, d, band }, Piece { q: &q, k: &k, v: &v });
-                assert!(lane_takes(spec, &piece));
-                lane_piece(spec, &piece, &mut ws, &mut o1, &mut l1);
+                assert!(lane_piece(
+                    PieceSpec { isa, scale, d, band },
+                    &Piece { q: &q, k: &k, v: &v },
+                    &mut ws,
+                    &mut o1,
+                    &mut l1
+                ));
                 forward_piece_rows(
                     PieceSpec { isa, scale, d, band },
                     &Piece { q: &q, k: &k, v: &v },
@@ -255,5 +285,34 @@ mod lane_tests {
                 }
             }
         }
+    }
+
+    /// Causal with a non-finite value: the piece goes back to the row kernel untouched.
+    #[test]
+    fn causal_poisoned_values_are_handed_back() {
+        let d = 16;
+        let (qd, kd, mut vd) = (values(32 * d, 4), values(32 * d, 5), values(32 * d, 6));
+        vd[7 * d] = f32::INFINITY;
+        let off: Vec<usize> = (0..32).map(|i| i * d).collect();
+        let pos: Vec<usize> = (0..32).collect();
+        let rows = |x| PieceRows { data: x, offsets: &off, pos: &pos };
+        let (mut o, mut l) = (vec![7.0; 32 * d], vec![7.0; 32]);
+        let mut ws = ForwardScratch::default();
+        let isa = Isa::detect();
+        assert!(!lane_piece(
+            PieceSpec { isa, scale: 0.25, d, band: Band::CAUSAL },
+            &Piece { q: &rows(&qd), k: &rows(&kd), v: &rows(&vd) },
+            &mut ws,
+            &mut o,
+            &mut l
+        ));
+        assert!(o.iter().chain(&l).all(|&x| x == 7.0), "nothing written");
+        assert!(lane_piece(
+            PieceSpec { isa, scale: 0.25, d, band: Band::FULL },
+            &Piece { q: &rows(&qd), k: &rows(&kd), v: &rows(&vd) },
+            &mut ws,
+            &mut o,
+            &mut l
+        ));
     }
 }

@@ -110,14 +110,22 @@ pub(crate) struct PairScratch {
     o: Vec<f32>,
 }
 
-/// Whether [`forward_piece`] runs this piece on `engine`: the piece is bf16, not empty,
-/// at most [`MAX_HEAD_DIM`] wide, with a positive scale (the softmax scales after the
-/// maximum), every query and every key and value it packs finite, and the engine
-/// available. Otherwise the f32 kernel runs it, so NaN/Inf confinement is that kernel's.
-pub(crate) fn takes<T: Element>(engine: Engine, spec: PieceSpec, piece: &Piece<'_, '_, T>) -> bool {
+/// The bf16 pair forward of a bf16 piece on `engine`, with
+/// [`crate::cpu::tiles::tile_forward::forward_piece`]'s contract. Returns `false` (and writes
+/// nothing) when the piece is not bf16, holds a non-finite value or the engine is
+/// unavailable: the caller then runs the f32 kernel.
+pub(crate) fn forward_piece<T: Element>(
+    engine: Engine,
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
+    ws: &mut PairScratch,
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> bool {
     let PieceSpec { scale, d, band, .. } = spec;
     let Piece { q, k, v } = *piece;
     let nq = q.len();
+    // The softmax scales after the maximum (needs c2 > 0, which validation ensures).
     if T::DTYPE != DType::BF16
         || !engine.supported()
         || nq == 0
@@ -126,34 +134,18 @@ pub(crate) fn takes<T: Element>(engine: Engine, spec: PieceSpec, piece: &Piece<'
     {
         return false;
     }
-    let span = key_span(k.pos, band, q.pos[0], q.pos[nq - 1]);
-    let nk = span.len();
-    all_finite(q, nq, d) && all_finite(&k.slice(span.clone()), nk, d) && all_finite(&v.slice(span), nk, d)
-}
-
-/// The bf16 pair forward of a bf16 piece on `engine`, with
-/// [`crate::cpu::tiles::piece_kernel::forward_piece`]'s contract, for a piece
-/// [`takes`] accepts.
-pub(crate) fn forward_piece<T: Element>(
-    engine: Engine,
-    spec: PieceSpec,
-    piece: &Piece<'_, '_, T>,
-    ws: &mut PairScratch,
-    out: &mut [f32],
-    lse: &mut [f32],
-) {
-    let PieceSpec { scale, d, band, .. } = spec;
-    let Piece { q, k, v } = *piece;
-    let nq = q.len();
     // Only the keys some query of the piece sees are packed.
     let span = key_span(k.pos, band, q.pos[0], q.pos[nq - 1]);
     let (k, v) = (k.slice(span.clone()), v.slice(span));
     let nk = k.len();
     let g = Geometry::new(d, nk);
     let vector = arch::pair_tiles_avx512::available();
-    let keys = pack_keys(vector, &k, nk, d, &g, &mut ws.kb);
-    let values = pack_values(vector, &v, nk, d, &g, &mut ws.vb);
-    assert!(keys && values, "bf16 pair forward: a piece `takes` refuses");
+    if !(all_finite(q, nq, d)
+        && pack_keys(vector, &k, nk, d, &g, &mut ws.kb)
+        && pack_values(vector, &v, nk, d, &g, &mut ws.vb))
+    {
+        return false;
+    }
     assert!(out.len() >= nq * d && lse.len() >= nq, "bf16 pair forward: output too short");
     ws.q.resize(QB * g.dq, 0);
     ws.s.resize(2 * QB * KS, 0.0);
@@ -228,6 +220,7 @@ pub(crate) fn forward_piece<T: Element>(
             }
         }
     });
+    true
 }
 
 #[cfg(test)]
