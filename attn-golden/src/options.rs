@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-pub const USAGE: &str = "usage: attn-golden DIR [--backend reference|cpu|ring|cuda|candle|burn] [--dtype f32|bf16|f16|f64]
+pub const USAGE: &str =
+    "usage: attn-golden DIR [--backend reference|cpu|ring|cuda|candle|burn] [--dtype f32|bf16|f16|f64]
                    [--threads T] [--world-size N] [--strategy ring|allgather|auto|ulysses|hybrid] [--ulysses U]
                    [--layout contiguous|zigzag]   (hybrid: groups of U ranks, U dividing N)
                    [--expect N]   (fail unless DIR holds exactly N cases)

@@ -18,12 +18,18 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Layers: [`block`] (public block API, via `piece`) and [`CpuBackend`] (whole tensors,
-//! via `units`) find pieces (the selected rows of one pattern segment) from global
-//! positions; `tile_forward` and `tile_backward` run them flash-style, tile by tile, on
-//! packed f32 tiles (`f32_tiles`: the dilation gather and dtype conversion fused into
-//! packing) with the `ops` primitives, which dispatch to `avx512`, `avx2` or `portable`
-//! ([`Isa`], detected once at run time, `ATTN_CPU_ISA` to override).
+//! Layers, one folder each; a file imports only its own layer and those below it.
+//! `cpu/schedule`: [`block`] (public block API, via `piece`) and [`CpuBackend`] (whole
+//! tensors, via `units`) find pieces (the selected rows of one pattern segment) from
+//! global positions. `cpu/tiles`: the forward (`tile_forward`, trying the bf16 pairs,
+//! then queries in lanes (`lane_forward`), then rows) and the backward (`tile_backward`)
+//! run a piece flash-style, tile by tile, on packed f32 tiles (`f32_tiles`: the
+//! dilation gather and dtype conversion fused into packing).
+//! `cpu/isa`: the `ops` primitives, which dispatch to `avx512`, `avx2` or `portable`
+//! ([`Isa`], detected once at run time, `ATTN_CPU_ISA` to override). With the `cuda`
+//! feature, `cuda/plan` (host planning: kernel choices, names and source, launch plans),
+//! `cuda/compile` (NVRTC, the kernel cache) and `cuda/exec` (device, tensors, launches,
+//! whole calls, the emulation).
 //!
 //! With AMX-BF16 ([`Isa::Amx`]) or AVX512-BF16 ([`Isa::Avx512Bf16`], chosen on AMD only)
 //! the bf16 forward runs its products on bf16 pairs (`bf16_pairs`: the tile unit or
@@ -127,44 +133,24 @@
 //! first touch, so a 134 MB output faults dozens of times instead of 32,768.
 #![deny(unsafe_code)]
 
-mod avx2;
-mod avx512;
-mod backend;
-mod bf16_pairs;
-pub mod block;
-mod block_split;
-mod cpu_features;
-mod f32_tiles;
-pub mod isa;
-mod lane_forward;
-mod mat;
-mod ops;
-mod piece;
-
+mod cpu;
 /// CUDA backend (feature `cuda`; without it, a stub returning `AttnError::NotCompiled`).
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 #[path = "cuda/stub.rs"]
 pub mod cuda;
-mod disjoint;
 mod flops;
-mod forward_scratch;
 mod huge_pages;
-mod portable;
-mod rows;
-mod score_bound;
-mod tile_backward;
-mod tile_forward;
-mod unit_passes;
-mod units;
 
-pub use backend::CpuBackend;
 pub use block::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
+pub use cpu::isa;
+pub use cpu::schedule::backend::CpuBackend;
+pub use cpu::schedule::block;
 pub use flops::model_flops;
 pub use huge_pages::zeroed_buffer;
 pub use isa::Isa;
 
 /// Keys per tile of the f32 forward kernel: a forward call packs its keys and values
 /// as f32 in whole tiles of this many rows (what the ring's buffer formula counts).
-pub const FORWARD_KEY_TILE: usize = ops::FORWARD_KEY_TILE;
+pub const FORWARD_KEY_TILE: usize = cpu::isa::ops::FORWARD_KEY_TILE;

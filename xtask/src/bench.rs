@@ -8,7 +8,7 @@
 use std::process::Command;
 
 use crate::test_suite::gpu_present;
-use crate::{cargo, repo_root};
+use crate::workspace::{cargo, repo_root};
 
 /// Split the xtask-only flags off: `(cuda feature wanted, attn-bench arguments)`.
 fn split_args(args: &[String], gpu: impl FnOnce() -> bool) -> (bool, Vec<String>) {

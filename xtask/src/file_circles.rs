@@ -200,23 +200,28 @@ impl Crate {
         for (file, code) in &self.code {
             let module = &self.module_of[file];
             let mods = inline_mods(code);
-            let mut paths: Vec<(usize, Vec<String>)> = Vec::new();
+            // Each path with its offset and whether a `pub use` re-exports it.
+            let mut paths: Vec<(usize, Vec<String>, bool)> = Vec::new();
             for (range, stmt) in use_statements(code) {
-                paths.extend(expand_use(&stmt).into_iter().map(|p| (range.start, p.segs)));
+                let reexport = is_reexport(code, range.start);
+                paths.extend(expand_use(&stmt).into_iter().map(|p| (range.start, p.segs, reexport)));
             }
-            paths.extend(inline_paths(code));
+            paths.extend(inline_paths(code).into_iter().map(|(at, segs)| (at, segs, false)));
             let module_len = module.len();
             let entry = ties.entry(file.clone()).or_default();
-            for (at, segs) in paths {
+            for (at, segs, reexport) in paths {
                 let module = module_at(module, &mods, at);
                 let Some(abs) = absolute(&module, &segs, |m| self.files_of.contains_key(m)) else { continue };
                 for target in self.resolve(&abs, 4) {
-                    // A module naming its own parts (`mod` and `pub use` of a child) is its
-                    // face, not an import; a part naming its parent or a sibling is one.
-                    let part = self
-                        .module_of
-                        .get(&target)
-                        .is_some_and(|m| m.len() > module_len && m.starts_with(&module[..module_len]));
+                    // A module re-exporting its own parts (`pub use` of a child) shows its
+                    // face, not an import; its private `use` of a child and its inline
+                    // paths into one are imports, as is a part naming its parent or a
+                    // sibling, so a `mod.rs` and its children can close a circle too.
+                    let part = reexport
+                        && self
+                            .module_of
+                            .get(&target)
+                            .is_some_and(|m| m.len() > module_len && m.starts_with(&module[..module_len]));
                     if &target != file && !part {
                         let shown = segs.last().cloned().unwrap_or_default();
                         entry.entry(target).or_default().insert(shown);
@@ -256,6 +261,13 @@ fn use_statements(code: &str) -> Vec<(std::ops::Range<usize>, String)> {
         }
     }
     out
+}
+
+/// Whether the `use` statement at byte `at` of `code` is a re-export (`pub use`,
+/// `pub(crate) use`, ..): the text between the line start and `use` begins with `pub`.
+fn is_reexport(code: &str, at: usize) -> bool {
+    let line_start = code[..at].rfind('\n').map_or(0, |i| i + 1);
+    code[line_start..at].trim().starts_with("pub")
 }
 
 /// The inline `mod NAME { .. }` blocks of `code`: byte range and name.
@@ -377,7 +389,10 @@ fn inline_paths(code: &str) -> Vec<(usize, Vec<String>)> {
                 j += 2;
             }
             let in_use = uses.iter().any(|r| r.contains(&i));
-            if !in_use && segs.len() > 1 {
+            // `pub(in super::super)` restricts a visibility; it imports nothing.
+            let before = code[..i].trim_end();
+            let visibility = before.strip_suffix("in").is_some_and(|b| b.trim_end().ends_with("pub("));
+            if !in_use && !visibility && segs.len() > 1 {
                 out.push((i, segs));
             }
             i = j.max(i + 1);
@@ -579,7 +594,48 @@ mod tests {
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("plan/route.rs -> src/run.rs (go)"), "{found:?}");
         assert_eq!(strip_visibility("pub(in super::super) mod x;"), "mod x;");
+        // A visibility path is no tie: route.rs restricting to `crate::plan` while
+        // plan/mod.rs calls into route.rs closes no circle.
+        files[2] = ("plan/mod.rs", "//! Plans.\nmod route;\npub struct Plan;\nfn f() { route::r(); }\n");
+        files[3] = ("plan/route.rs", "//! Routes.\npub(in crate::plan) fn r() {}\npub struct Route;\n");
+        let dir = planted(&files);
+        assert_eq!(check_crate(dir.path()).expect("read"), Vec::<String>::new());
         assert_eq!(strip_visibility("public mod x;"), "public mod x;");
+    }
+
+    #[test]
+    fn a_module_and_its_child_importing_each_other_fail() {
+        // plan/mod.rs uses its child's `Route` in its own code, and route.rs uses
+        // `Plan`, defined in plan/mod.rs: a circle even though one is the other's part.
+        let mut files = CLEAN.to_vec();
+        files[2] =
+            ("plan/mod.rs", "//! Plans.\nmod route;\nuse route::Route;\npub struct Plan(Route);\npub fn go() {}\n");
+        files[3] = ("plan/route.rs", "//! Routes.\nuse super::go;\npub struct Route;\n");
+        files[4] = ("run.rs", "//! Runs.\nfn f(_: super::plan::Plan) {}\n");
+        let dir = planted(&files);
+        let found = check_crate(dir.path()).expect("read");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("src/plan/mod.rs -> src/plan/route.rs (Route)"), "{found:?}");
+        assert!(found[0].contains("src/plan/route.rs -> src/plan/mod.rs (go)"), "{found:?}");
+        // The same through an inline path in the parent.
+        files[2] = ("plan/mod.rs", "//! Plans.\nmod route;\npub struct Plan;\npub fn go() { route::r(); }\n");
+        files[3] = ("plan/route.rs", "//! Routes.\npub fn r() { super::go(); }\n");
+        let dir = planted(&files);
+        let found = check_crate(dir.path()).expect("read");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("src/plan/mod.rs -> src/plan/route.rs (r)"), "{found:?}");
+    }
+
+    #[test]
+    fn a_reexport_of_a_child_is_not_an_import() {
+        // plan/mod.rs re-exports `Route` and defines `Plan`, which route.rs uses.
+        let mut files = CLEAN.to_vec();
+        files[2] = ("plan/mod.rs", "//! Plans.\nmod route;\npub use route::Route;\npub struct Plan;\n");
+        files[3] = ("plan/route.rs", "//! Routes.\nuse super::Plan;\npub struct Route(Plan);\n");
+        let dir = planted(&files);
+        assert_eq!(check_crate(dir.path()).expect("read"), Vec::<String>::new());
+        assert!(is_reexport("x;\n    pub(crate) use a::b;", 18));
+        assert!(!is_reexport("x;\n    use a::b;", 7));
     }
 
     #[test]

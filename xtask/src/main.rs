@@ -20,8 +20,8 @@ mod test_suite;
 mod test_targets;
 mod tidy;
 mod vectors;
+mod workspace;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: cargo xtask <bench|test|tidy|ptx> [ARGS]
@@ -29,17 +29,6 @@ const USAGE: &str = "usage: cargo xtask <bench|test|tidy|ptx> [ARGS]
   test  [--skip-golden] [--plan] [--only fmt|clippy|tests|tidy|golden|mpi|nccl|gpu|ptx|fuzz|valgrind|bench]
   tidy  [--upstream-golden DIR]
   ptx   [--emulate] [--arch 80,90] [--out DIR]";
-
-/// The workspace root (xtask lives one level below it).
-pub fn repo_root() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().map_or(manifest.clone(), |p| p.to_path_buf())
-}
-
-/// The cargo that runs us (or `cargo`).
-pub fn cargo() -> String {
-    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
-}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -28,7 +28,7 @@ fn nvrtc_paths(home: &Path) -> (PathBuf, PathBuf) {
 
 /// The cargo target folder: `CARGO_TARGET_DIR` where set, else the workspace's `target`.
 fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| crate::repo_root().join("target"), PathBuf::from)
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| crate::workspace::repo_root().join("target"), PathBuf::from)
 }
 
 /// The C++ compiler of the emulation: `CXX`, default `g++`.
@@ -87,7 +87,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     // PTX goes under the target folder wherever the command runs, unless `--out` says.
     let out = (!args.iter().any(|a| a == "--out")).then(|| target_dir().join("ptx"));
-    let status = Command::new(crate::cargo())
+    let status = Command::new(crate::workspace::cargo())
         .args(["run", "--quiet", "-p", "attn-kernels", "--features", "cuda", "--bin", "attn-ptx", "--"])
         .arg("--ptxas")
         .arg(&ptxas)
@@ -105,7 +105,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 /// with the two- and the three-stage forward, each then again with `--plant`, where the
 /// harness passes only if its judge rejects the errors it plants in every case.
 fn run_emulation() -> Result<(), String> {
-    let harness = crate::repo_root().join("attn-kernels/kernels/emulation/harness.cpp");
+    let harness = crate::workspace::repo_root().join("attn-kernels/kernels/emulation/harness.cpp");
     // Created if no build made it yet.
     let dir = target_dir();
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;

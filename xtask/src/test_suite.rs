@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use crate::{cargo, ptx, repo_root, tidy};
+use crate::workspace::{cargo, repo_root};
+use crate::{ptx, tidy};
 
 enum Outcome {
     Passed,

@@ -10,7 +10,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{file_circles, repo_root, test_targets, vectors};
+use crate::workspace::repo_root;
+use crate::{file_circles, test_targets, vectors};
 
 /// Longest allowed file, in lines.
 pub const MAX_LINES: usize = 700;
@@ -108,19 +109,31 @@ pub fn check_history_words(text: &str) -> Vec<(usize, String)> {
 /// modules of this family itself may name them.
 const ISA_MODULES: [&str; 4] = ["avx2", "avx512", "portable", "bf16_pairs"];
 
+/// Whether `code` names module `m` as a path segment (`crate::cpu::isa::m`, `super::m`).
+fn names_module(code: &str, m: &str) -> bool {
+    let pat = format!("::{m}");
+    code.match_indices(&pat)
+        .any(|(at, _)| code[at + pat.len()..].chars().next().is_none_or(|c| !(c.is_alphanumeric() || c == '_')))
+}
+
 /// Problems of one attn-kernels source file (`rel`: its path under `src/`) against the
-/// dispatch rule: outside `ops` and the ISA modules no `crate::<isa module>` path, and
+/// dispatch rule: outside `ops` and the ISA modules no path naming an ISA module, and
 /// CPU feature checks only in `cpu_features`.
 pub fn check_dispatch(rel: &str, text: &str) -> Vec<(usize, String)> {
-    let stem = rel.split(['/', '.']).next().unwrap_or_default();
-    let in_family = stem == "ops" || ISA_MODULES.contains(&stem);
+    // A file is in the family where any part of its path (`cpu/isa/ops.rs`,
+    // `cpu/isa/bf16_pairs/arch.rs`) is the dispatch module or an ISA module.
+    let parts: Vec<&str> = rel.split('/').map(|p| p.trim_end_matches(".rs")).collect();
+    let stem = parts.last().copied().unwrap_or_default();
+    let in_family = parts.iter().any(|p| *p == "ops" || ISA_MODULES.contains(p));
     let mut problems = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let code = line.split("//").next().unwrap_or_default();
         if !in_family {
             for m in ISA_MODULES {
-                let named = code.contains(&format!("crate::{m}"))
-                    || (code.contains("use crate::{") && code.split(['{', ',', '}', ' ']).any(|w| w == m));
+                let named = names_module(code, m)
+                    || (code.contains("use ")
+                        && code.contains("::{")
+                        && code.split(['{', ',', '}', ' ']).any(|w| w == m));
                 if named {
                     problems.push((i + 1, format!("names the ISA module `{m}`: go through the dispatch module `ops`")));
                 }
@@ -248,11 +261,18 @@ mod tests {
         assert_eq!(check_dispatch("tile_backward.rs", &call).len(), 1);
         assert!(check_dispatch("ops.rs", &call).is_empty());
         assert!(check_dispatch("bf16_pairs/arch.rs", &call).is_empty());
+        let nested = format!("    {}::ds_row(p, dp, None, 0.0);\n", concat!("crate::cpu::isa::av", "x2"));
+        assert_eq!(check_dispatch("cpu/tiles/tile_backward.rs", &nested).len(), 1);
+        assert!(check_dispatch("cpu/isa/ops.rs", &nested).is_empty());
+        assert!(check_dispatch("cpu/isa/bf16_pairs/arch/dot.rs", &nested).is_empty());
+        let sibling = format!("use super::{{{}, mat}};\n", concat!("port", "able"));
+        assert_eq!(check_dispatch("cpu/isa/rows.rs", &sibling).len(), 1);
         let import = format!("use crate::{{{}, portable}};\n", concat!("av", "x512"));
         assert_eq!(check_dispatch("units.rs", &import).len(), 2);
         let detect = format!("let ok = std::arch::{}!(\"avx2\");\n", concat!("is_x86_feature", "_detected"));
         assert_eq!(check_dispatch("avx2.rs", &detect).len(), 1);
         assert!(check_dispatch("cpu_features.rs", &detect).is_empty());
+        assert!(check_dispatch("cpu/isa/cpu_features.rs", &detect).is_empty());
     }
 
     #[test]

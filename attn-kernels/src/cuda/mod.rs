@@ -17,39 +17,26 @@
 //!   loads); f32, and the backward of wider heads, use the warp-per-row kernels (f32
 //!   accumulation).
 
-mod bench;
-mod block;
-mod call;
-mod choices;
-mod device;
-pub mod emulation;
-mod epilogue;
-mod foreign;
-mod host;
-mod image;
-pub mod kernel_cache;
-mod launch;
-pub mod launch_plan;
-mod library_search;
-pub mod nvrtc;
-mod nvrtc_library;
-pub mod params;
+mod compile;
+mod exec;
 pub mod plan;
-pub mod scratch;
-mod slots;
-pub mod source;
-mod tensor;
 
-pub use bench::{BenchRun, Between, GpuTiming, attended_pairs, bench_forward, bench_pass};
-pub use block::{DeviceBlock, DeviceUpstream, backward_block, backward_block_into, forward_block};
-pub use call::{
+pub use compile::{kernel_cache, nvrtc};
+pub use exec::{emulation, scratch};
+pub use plan::{launch_plan, params, source};
+
+pub use compile::library_search::{LibrarySearch, OpenedOnce, add_library_search_dirs, library_files_in};
+pub use compile::nvrtc_library::{NVRTC_PATH_ENV, NvrtcLibrary, nvrtc_library, nvrtc_search, open_nvrtc};
+pub use exec::bench::{BenchRun, Between, GpuTiming, attended_pairs, bench_forward, bench_pass};
+pub use exec::block::{DeviceBlock, DeviceUpstream, backward_block, backward_block_into, forward_block};
+pub use exec::call::{
     BackwardScratch, DeviceSaved, ForwardPath, backward_call, backward_call_in, backward_scratch_lens, forward_call,
     forward_call_by, forward_call_into,
 };
-pub use device::{CudaDevice, check_available, device_count, driver_library_present};
-pub use epilogue::{delta, delta_into, finish_forward, store_scaled};
-pub use foreign::{Foreign, Forget, RawStream, check_device_span, foreign_key_padding, foreign_slice, foreign_tensor};
-pub use host::CudaBackend;
-pub use library_search::{LibrarySearch, OpenedOnce, add_library_search_dirs, library_files_in};
-pub use nvrtc_library::{NVRTC_PATH_ENV, NvrtcLibrary, nvrtc_library, nvrtc_search, open_nvrtc};
-pub use tensor::{CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor};
+pub use exec::device::{CudaDevice, check_available, device_count, driver_library_present};
+pub use exec::epilogue::{delta, delta_into, finish_forward, store_scaled};
+pub use exec::foreign::{
+    Foreign, Forget, RawStream, check_device_span, foreign_key_padding, foreign_slice, foreign_tensor,
+};
+pub use exec::host::CudaBackend;
+pub use exec::tensor::{CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor};

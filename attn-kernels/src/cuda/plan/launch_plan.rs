@@ -1,0 +1,588 @@
+//! A block's kernel launches as data ([`Planned`]: kernel, grid, shared memory, argument
+//! offsets and parameters), planned once from the block's geometry, so the device
+//! ([`crate::cuda::forward_block`], [`crate::cuda::backward_block`]) and the CPU emulation
+//! of the kernels ([`crate::cuda::exec::emulation`]) execute the same plan.
+
+use attn_core::{AttnError, Band, DType, DilatedConfig, Mixing, PackedSequences, Result, SegmentPattern, Shape4};
+
+use super::params::{AttnParams, BlockLayout, FusedPattern, MAX_FUSED, attn_params};
+use super::patterns::{
+    BackwardKernel, BackwardOptions, ForwardKernel, ForwardOptions, ForwardRows, MmaDq, PatternFusion, PatternLaunch,
+    SelectedIndex, SeqPiece, THREADS, backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
+};
+use super::source::mma_fused_kernel_name;
+
+/// Shapes, strides and positions of a block (what planning needs of its tensors).
+#[derive(Debug, Clone, Copy)]
+pub struct BlockGeometry<'a> {
+    pub cfg: &'a DilatedConfig,
+    pub q: (Shape4, [usize; 4]),
+    pub q_start: usize,
+    pub k: (Shape4, [usize; 4]),
+    pub v_strides: [usize; 4],
+    pub k_start: usize,
+    /// grad_out's strides (the backward; q's shape), or the output's (a direct forward,
+    /// [`plan_forward_direct`]).
+    pub g_strides: Option<[usize; 4]>,
+    pub band: Band,
+    /// The key padding mask's row length (`[batch, seq]` flags), where there is one.
+    pub kpad_seq: Option<usize>,
+    pub packing: Option<PackedSequences<'a>>,
+}
+
+/// The argument list a kernel takes (the signatures in `kernels/*.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signature {
+    /// `(q, k, v, o_acc, lse_acc, AttnParams)`: LSE-merge into the f32 partial.
+    Forward,
+    /// `(q, k, v, out, lse, AttnParams)` with `out_direct`: write the output (in the input
+    /// dtype, at `ArgOffsets::g` in the `g_strides`) and the lse of the rows computed.
+    ForwardDirect,
+    /// `(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, AttnParams)`; with `out_direct`,
+    /// dk and dv in the input dtype in place of their accumulators ([`DirectGrads`]).
+    BackwardAll,
+    /// `(q, k, v, go, lse, delta, dk_acc, dv_acc, AttnParams)`; `out_direct` as above.
+    BackwardDkv,
+    /// `(q, k, v, go, lse, delta, dq_acc, AttnParams)`; with `out_direct`, dq in the input
+    /// dtype in place of its accumulator.
+    BackwardDq,
+}
+
+/// Element offsets of a launch's arguments into the block's buffers: q, k, v, grad_out (in
+/// their strides), the f32 `[rows, heads, d]` accumulators of q rows (out or dq) and of k
+/// rows (dk, dv), and the f32 `[rows, heads]` values of q rows (lse, delta).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArgOffsets {
+    pub q: usize,
+    pub k: usize,
+    pub v: usize,
+    pub g: usize,
+    pub q_acc: usize,
+    pub k_acc: usize,
+    pub q_rows: usize,
+}
+
+/// One kernel launch of a block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub kernel: String,
+    pub signature: Signature,
+    pub grid: (u32, u32, u32),
+    pub threads: u32,
+    pub smem_bytes: u32,
+    pub offsets: ArgOffsets,
+    /// `params.kpad` holds the element offset of the launch's first padding flag into the
+    /// mask (the executor adds the mask's address) where `kpad` is set.
+    pub params: AttnParams,
+    pub kpad: bool,
+}
+
+impl Planned {
+    /// The launch's parameters for tensors whose element 0 is at `starts` (q, k, v, and
+    /// grad_out or the direct output where the launch has one; `size` bytes an element):
+    /// a tensor whose first row as launched (at its [`ArgOffsets`]) is off a 16-byte
+    /// boundary loses its 16-byte loads, since a view of a framework's tensor may start
+    /// anywhere and a misaligned vector access faults on the GPU.
+    pub fn params_at(&self, starts: [Option<u64>; 4], size: usize) -> AttnParams {
+        let o = self.offsets;
+        let mut params = self.params;
+        for (bit, (start, off)) in starts.into_iter().zip([o.q, o.k, o.v, o.g]).enumerate() {
+            if start.is_some_and(|a| !(a + (off * size) as u64).is_multiple_of(16)) {
+                params.vec &= !(1 << bit);
+            }
+        }
+        params
+    }
+}
+
+/// The parameters of one (sequence piece, pattern) launch: the blocks' strides, the
+/// piece's rows with positions relative to its sequence, the band, and the offset of the
+/// padding flag of the piece's first key.
+fn piece_params(g: &BlockGeometry<'_>, piece: &SeqPiece, launch: &PatternLaunch) -> Result<AttnParams> {
+    let layout = BlockLayout {
+        q: (g.q.0.with_seq(piece.q.len())?, g.q.1),
+        k: (g.k.0.with_seq(piece.k.len())?, g.k.1),
+        v_strides: g.v_strides,
+        g_strides: g.g_strides,
+        q_start: g.q_start + piece.q.start - piece.seq_start,
+        k_start: g.k_start + piece.k.start - piece.seq_start,
+        band: g.band,
+    };
+    let mut p = attn_params(g.cfg, &layout, launch);
+    if let Some(seq) = g.kpad_seq {
+        p.kpad = (g.k_start + piece.k.start) as u64;
+        p.kpad_sb = seq as i64;
+    }
+    Ok(p)
+}
+
+/// The block's per-sequence pieces (one piece without packing).
+fn pieces(g: &BlockGeometry<'_>) -> Vec<SeqPiece> {
+    let (q, k) = (g.q_start..g.q_start + g.q.0.seq, g.k_start..g.k_start + g.k.0.seq);
+    seq_pieces(g.packing.map(|p| p.cu_seqlens()), q, k)
+}
+
+/// The grid of `rows` rows, `per_block` a block, over `heads` and `batch`; `None` when empty.
+fn grid(rows: usize, per_block: usize, heads: usize, batch: usize) -> Result<Option<(u32, u32, u32)>> {
+    let x = rows.div_ceil(per_block);
+    if x == 0 {
+        return Ok(None);
+    }
+    let too_big = || AttnError::InvalidArgument(format!("launch grid too large ({x} x {heads} x {batch})"));
+    let gx = u32::try_from(x).ok().filter(|&g| g < i32::MAX as u32).ok_or_else(too_big)?;
+    let gy = u32::try_from(heads).ok().filter(|&g| g <= 65_535).ok_or_else(too_big)?;
+    let gz = u32::try_from(batch).ok().filter(|&g| g <= 65_535).ok_or_else(too_big)?;
+    Ok(Some((gx, gy, gz)))
+}
+
+/// The offsets of a piece's arguments.
+fn offsets(g: &BlockGeometry<'_>, piece: &SeqPiece) -> ArgOffsets {
+    // Packing has batch 1, so a piece is a row offset into every tensor.
+    let (qo, ko) = (piece.q.start, piece.k.start);
+    let (heads, kv_heads, d) = (g.q.0.heads, g.k.0.heads, g.q.0.head_dim);
+    ArgOffsets {
+        q: qo * g.q.1[1],
+        k: ko * g.k.1[1],
+        v: ko * g.v_strides[1],
+        g: g.g_strides.map_or(0, |s| qo * s[1]),
+        q_acc: qo * heads * d,
+        k_acc: ko * kv_heads * d,
+        q_rows: qo * heads,
+    }
+}
+
+/// The forward launches of a block of dtype `dtype` (kernel suffix `suffix`), the
+/// tensor-core kernel taking `opts.rows` query rows a block and, with 64 rows where every
+/// head has one pattern, fusing the patterns' launches as `opts.fusion` says.
+pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: ForwardOptions) -> Result<Vec<Planned>> {
+    let kernel = forward_kernel(dtype, suffix, g.q.0.head_dim, opts);
+    // The fused kernel: 64 rows a block, where every head has one pattern.
+    let fused_kernel = match &kernel {
+        ForwardKernel::Mma { padded_d, rows: ForwardRows::M64, stages, .. }
+            if opts.fusion == PatternFusion::Fused && one_pattern_per_head(g.cfg) =>
+        {
+            Some(mma_fused_kernel_name(suffix, *padded_d, *stages))
+        }
+        _ => None,
+    };
+    let (kernel, per_block, threads, smem) = match kernel {
+        ForwardKernel::Mma { name, rows, smem_bytes, .. } => (name, rows.rows(), rows.threads(), smem_bytes),
+        ForwardKernel::Rows { name } => (name, (THREADS / 32) as usize, THREADS, 0),
+    };
+    let smem_bytes = u32::try_from(smem).map_err(|_| AttnError::InvalidArgument("shared memory size".into()))?;
+    let mut out = Vec::new();
+    let launches = pattern_launches(g.cfg, g.q.0.heads);
+    for piece in pieces(g) {
+        let mut parts = Vec::new();
+        for pl in &launches {
+            let params = piece_params(g, &piece, pl)?;
+            let blocks = pl.max_selected(params.q_start as usize, piece.q.len()).div_ceil(per_block);
+            if blocks > 0 {
+                parts.push(FusePart { params, blocks, heads: pl.heads.len() });
+            }
+        }
+        let groups = if fused_kernel.is_some() {
+            // Heaviest blocks first: a launch's last wave is then its lightest blocks.
+            parts.sort_by_key(|p| std::cmp::Reverse(p.keys_a_row()));
+            parts.chunks(MAX_FUSED).map(<[FusePart]>::to_vec).collect()
+        } else {
+            parts.into_iter().map(|p| vec![p]).collect::<Vec<_>>()
+        };
+        for group in groups {
+            let (params, grid) = fused_launch(&group, g.q.0.batch)?;
+            let name = match &fused_kernel {
+                Some(fused) if params.fused > 1 => fused.clone(),
+                _ => kernel.clone(),
+            };
+            out.push(Planned {
+                kernel: name,
+                signature: Signature::Forward,
+                grid,
+                threads,
+                smem_bytes,
+                offsets: offsets(g, &piece),
+                params,
+                kpad: g.kpad_seq.is_some(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// One pattern's launch of a piece: its parameters, row blocks a head, and heads.
+#[derive(Debug, Clone, Copy)]
+struct FusePart {
+    params: AttnParams,
+    blocks: usize,
+    heads: usize,
+}
+
+impl FusePart {
+    /// Keys a query row attends at most (selected indices): the segment's, cut by the band.
+    fn keys_a_row(&self) -> i64 {
+        let p = &self.params;
+        let pattern = SegmentPattern::new(p.w as usize, p.r as usize, p.fixed_off.max(0) as usize);
+        let seg = SelectedIndex::new(&pattern).per_seg as i64;
+        if p.band_left < 0 || p.band_right < 0 { seg } else { seg.min(p.band_left + p.band_right + 1) }
+    }
+}
+
+/// The parameters and grid of one launch running `group`: a part alone is a plain launch
+/// (grid y = heads); several are a fused one (`AttnParams::fused`, grid x enumerating each
+/// part's (head, row block) pairs in turn).
+fn fused_launch(group: &[FusePart], batch: usize) -> Result<(AttnParams, (u32, u32, u32))> {
+    let empty = || AttnError::InvalidArgument("a forward launch with no rows".into());
+    let first = group.first().ok_or_else(empty)?;
+    if group.len() == 1 {
+        let grid = grid(first.blocks, 1, first.heads, batch)?.ok_or_else(empty)?;
+        return Ok((first.params, grid));
+    }
+    if group.len() > MAX_FUSED {
+        return Err(AttnError::InvalidArgument(format!(
+            "{} patterns in one launch (at most {MAX_FUSED})",
+            group.len()
+        )));
+    }
+    let mut params = first.params;
+    params.fused = group.len() as i32;
+    let mut next = 0usize;
+    for (slot, part) in params.fuse.iter_mut().zip(group) {
+        let p = &part.params;
+        *slot = FusedPattern {
+            first: next as i64,
+            blocks: part.blocks as i64,
+            head0: p.head0,
+            w: p.w,
+            r: p.r,
+            fixed_off: p.fixed_off,
+            band_left: p.band_left,
+            band_right: p.band_right,
+        };
+        next = part
+            .blocks
+            .checked_mul(part.heads)
+            .and_then(|n| n.checked_add(next))
+            .ok_or_else(|| AttnError::InvalidArgument("launch grid too large".into()))?;
+    }
+    let grid = grid(next, 1, 1, batch)?.ok_or_else(empty)?;
+    Ok((params, grid))
+}
+
+/// Whether every head of `cfg` has exactly one pattern (head groups, a window, or a
+/// single pattern), so one launch covers each (row, head) of a whole call.
+pub fn one_pattern_per_head(cfg: &DilatedConfig) -> bool {
+    cfg.mixing() != Mixing::LongNet || cfg.num_patterns() == 1
+}
+
+/// Whether a whole call's forward writes its output straight from the kernel: every head
+/// has one pattern and the tensor-core kernel runs.
+pub fn writes_direct(cfg: &DilatedConfig, kernel: &ForwardKernel) -> bool {
+    matches!(kernel, ForwardKernel::Mma { .. }) && one_pattern_per_head(cfg)
+}
+
+/// The forward launches of a whole call written straight into the output (strides
+/// `g.g_strides`, offsets `ArgOffsets::g`) and the lse, with no f32 partial and no
+/// epilogue: planned where every head has one pattern and the tensor-core kernel runs;
+/// `None` otherwise (then [`plan_forward`] and a partial). The caller zeroes the output and
+/// fills the lse with `-inf` first (rows no pattern selects keep those).
+pub fn plan_forward_direct(
+    g: &BlockGeometry<'_>,
+    dtype: DType,
+    suffix: &str,
+    opts: ForwardOptions,
+) -> Result<Option<Vec<Planned>>> {
+    if g.g_strides.is_none() {
+        return Ok(None);
+    }
+    if !writes_direct(g.cfg, &forward_kernel(dtype, suffix, g.q.0.head_dim, opts)) {
+        return Ok(None);
+    }
+    // `attn_params` already carries the heads' output scale.
+    let mut plan = plan_forward(g, dtype, suffix, opts)?;
+    for p in &mut plan {
+        p.signature = Signature::ForwardDirect;
+        p.params.out_direct = 1;
+    }
+    Ok(Some(plan))
+}
+
+/// The backward launches of a block (`g.g_strides` set), the tensor-core kernel loading
+/// its query tiles and taking its keys as `opts` says.
+pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: BackwardOptions) -> Result<Vec<Planned>> {
+    let kernel = backward_kernel(dtype, suffix, g.q.0.head_dim, opts);
+    let warps = (THREADS / 32) as usize;
+    let group = g.q.0.heads / g.k.0.heads.max(1);
+    let batch = g.q.0.batch;
+    let mut out = Vec::new();
+    let launches = pattern_launches(g.cfg, g.q.0.heads);
+    for piece in pieces(g) {
+        let offsets = offsets(g, &piece);
+        let planned = |kernel: &str, signature, threads, grid, smem_bytes, params| Planned {
+            kernel: kernel.to_string(),
+            signature,
+            grid,
+            threads,
+            smem_bytes,
+            offsets,
+            params,
+            kpad: g.kpad_seq.is_some(),
+        };
+        for pl in &launches {
+            let base = piece_params(g, &piece, pl)?;
+            let q_rows = pl.max_selected(base.q_start as usize, piece.q.len());
+            let k_rows = pl.max_selected(base.k_start as usize, piece.k.len());
+            // dk/dv writes: one sweep per residue of the group (see `head_sweeps`).
+            for sw in head_sweeps(pl.heads.clone(), group) {
+                let params = AttnParams { head0: sw.head0 as i64, head_step: sw.step as i64, ..base };
+                match &kernel {
+                    BackwardKernel::Mma { name, keys, smem_bytes, dq } => {
+                        let smem = u32::try_from(*smem_bytes)
+                            .map_err(|_| AttnError::InvalidArgument("shared memory size".into()))?;
+                        let signature = if dq.is_some() { Signature::BackwardDkv } else { Signature::BackwardAll };
+                        if let Some(grid) = grid(k_rows, keys.keys(), sw.count, batch)? {
+                            out.push(planned(name, signature, keys.threads(), grid, smem, params));
+                        }
+                    }
+                    BackwardKernel::Rows { dkv, .. } => {
+                        if let Some(grid) = grid(k_rows, warps, sw.count, batch)? {
+                            out.push(planned(dkv, Signature::BackwardDkv, THREADS, grid, 0, params));
+                        }
+                    }
+                }
+            }
+            // dq rows are per query head: one launch of the dq kernel over the whole head range,
+            // each row one block's (the row kernel: a warp a row; the tensor-core one: 64 rows).
+            let heads = pl.heads.len();
+            match &kernel {
+                BackwardKernel::Rows { dq, .. } => {
+                    if let Some(grid) = grid(q_rows, warps, heads, batch)? {
+                        out.push(planned(dq, Signature::BackwardDq, THREADS, grid, 0, base));
+                    }
+                }
+                BackwardKernel::Mma { dq: Some(dq), .. } => {
+                    let smem = u32::try_from(dq.smem_bytes)
+                        .map_err(|_| AttnError::InvalidArgument("shared memory size".into()))?;
+                    if let Some(grid) = grid(q_rows, MmaDq::ROWS, heads, batch)? {
+                        out.push(planned(&dq.name, Signature::BackwardDq, MmaDq::THREADS, grid, smem, base));
+                    }
+                }
+                BackwardKernel::Mma { dq: None, .. } => {}
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The gradients a whole call's backward writes straight from the tensor-core kernels into
+/// the caller's tensors (in the input dtype), with no f32 accumulator and no epilogue for
+/// them; the others go through accumulators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectGrads {
+    /// dk and dv (at k's and v's strides and offsets `ArgOffsets::k`, `ArgOffsets::v`).
+    KeysValues,
+    /// dq (at q's strides and offset `ArgOffsets::q`), by the deterministic dq kernel.
+    Queries,
+    /// dq, dk and dv.
+    All,
+}
+
+impl DirectGrads {
+    /// Whether dq is written directly.
+    pub fn dq(self) -> bool {
+        matches!(self, Self::Queries | Self::All)
+    }
+
+    /// Whether dk and dv are written directly.
+    pub fn dkv(self) -> bool {
+        matches!(self, Self::KeysValues | Self::All)
+    }
+
+    /// The direct gradients of two answers (dq; dk and dv together), `None` for neither.
+    pub(crate) fn from_parts(dq: bool, dkv: bool) -> Option<Self> {
+        match (dq, dkv) {
+            (true, true) => Some(Self::All),
+            (true, false) => Some(Self::Queries),
+            (false, true) => Some(Self::KeysValues),
+            (false, false) => None,
+        }
+    }
+}
+
+/// A whole call's backward launches with the gradients they write directly.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DirectBackward {
+    pub launches: Vec<Planned>,
+    pub grads: DirectGrads,
+}
+
+/// The backward launches of a whole call that write some gradients straight from the
+/// tensor-core kernels, of those `allowed` (the ones the caller lays out like their
+/// inputs, contiguous): dk and dv where every key row has one writer (every head one
+/// pattern, as many key/value heads as query heads), dq where every query row has one
+/// (every head one pattern, the deterministic dq kernel: [`BackwardDq`](super::choices::BackwardDq));
+/// `None` where none applies. The caller zeroes the direct gradients first (rows no
+/// pattern selects, and padded keys, keep zeros).
+pub fn plan_backward_direct(
+    g: &BlockGeometry<'_>,
+    dtype: DType,
+    suffix: &str,
+    opts: BackwardOptions,
+    allowed: DirectGrads,
+) -> Result<Option<DirectBackward>> {
+    let BackwardKernel::Mma { dq, .. } = backward_kernel(dtype, suffix, g.q.0.head_dim, opts) else {
+        return Ok(None);
+    };
+    if !one_pattern_per_head(g.cfg) {
+        return Ok(None);
+    }
+    let dkv = allowed.dkv() && g.q.0.heads == g.k.0.heads;
+    let Some(grads) = DirectGrads::from_parts(allowed.dq() && dq.is_some(), dkv) else {
+        return Ok(None);
+    };
+    let mut launches = plan_backward(g, dtype, suffix, opts)?;
+    for p in &mut launches {
+        let direct = match p.signature {
+            Signature::BackwardAll | Signature::BackwardDkv => grads.dkv(),
+            Signature::BackwardDq => grads.dq(),
+            Signature::Forward | Signature::ForwardDirect => false,
+        };
+        p.params.out_direct = i32::from(direct);
+    }
+    Ok(Some(DirectBackward { launches, grads }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use attn_core::{DilatedConfig, Mixing, Shape4};
+
+    use super::*;
+
+    fn geometry(cfg: &DilatedConfig, s: Shape4) -> BlockGeometry<'_> {
+        BlockGeometry {
+            cfg,
+            q: (s, s.contiguous_strides()),
+            q_start: 0,
+            k: (s, s.contiguous_strides()),
+            v_strides: s.contiguous_strides(),
+            k_start: 0,
+            g_strides: None,
+            band: cfg.band(),
+            kpad_seq: None,
+            packing: None,
+        }
+    }
+
+    fn plan(cfg: &DilatedConfig, s: Shape4, fusion: PatternFusion) -> Vec<Planned> {
+        let opts = ForwardOptions { rows: ForwardRows::M64, fusion, ..ForwardOptions::default() };
+        plan_forward(&geometry(cfg, s), DType::BF16, "bf16", opts).unwrap()
+    }
+
+    /// Every (pattern, head, row block) a plan's blocks run, decoded as `fused_block` does.
+    fn blocks(plan: &[Planned]) -> BTreeSet<(i64, i64, i64, i64)> {
+        let mut out = BTreeSet::new();
+        for l in plan {
+            let p = &l.params;
+            for x in 0..i64::from(l.grid.0) {
+                if p.fused == 0 {
+                    for y in 0..i64::from(l.grid.1) {
+                        out.insert((p.w, p.r, p.head0 + y * p.head_step, x));
+                    }
+                    continue;
+                }
+                let f = p.fuse[..p.fused as usize].iter().rfind(|f| x >= f.first).unwrap();
+                out.insert((f.w, f.r, f.head0 + (x - f.first) / f.blocks, (x - f.first) % f.blocks));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn head_groups_fuse_into_one_launch_covering_the_same_blocks() {
+        let cfg = DilatedConfig::new(&[2048, 4096, 8192, 16384, 32768], &[1, 2, 4, 8, 16]).unwrap();
+        let s = Shape4::new(1, 65_536, 16, 128).unwrap();
+        let (apart, fused) = (plan(&cfg, s, PatternFusion::PerPattern), plan(&cfg, s, PatternFusion::Fused));
+        assert_eq!((apart.len(), fused.len()), (5, 1));
+        let f = &fused[0];
+        assert_eq!((f.params.fused, f.grid.1, f.grid.2), (5, 1, 1));
+        // Each pattern: 2048 keys a row; heads 4, 3, 3, 3, 3; 65536 / r rows of 64 a block.
+        // Heads of entry i: its grid x range (to the next entry's first) over its blocks.
+        let ends: Vec<i64> = f.params.fuse[1..5].iter().map(|p| p.first).chain([i64::from(f.grid.0)]).collect();
+        let parts: Vec<_> = f.params.fuse[..5]
+            .iter()
+            .zip(ends)
+            .map(|(p, end)| (p.r, (end - p.first) / p.blocks, p.blocks, p.first))
+            .collect();
+        assert_eq!(
+            parts,
+            [(1, 4, 1024, 0), (2, 3, 512, 4096), (4, 3, 256, 5632), (8, 3, 128, 6400), (16, 3, 64, 6784)]
+        );
+        assert_eq!(f.grid.0, 6784 + 3 * 64);
+        assert_eq!(blocks(&apart), blocks(&fused));
+    }
+
+    #[test]
+    fn heavier_patterns_come_first_and_at_most_max_fused_share_a_launch() {
+        let segs: Vec<usize> = (0..9).map(|i| 64 << (i % 3)).collect();
+        let rates: Vec<usize> = (0..9).map(|i| 1 + i / 3).collect();
+        let cfg = DilatedConfig::new(&segs, &rates).unwrap();
+        let s = Shape4::new(2, 1000, 9, 64).unwrap();
+        let (apart, fused) = (plan(&cfg, s, PatternFusion::PerPattern), plan(&cfg, s, PatternFusion::Fused));
+        assert_eq!((apart.len(), fused.len()), (9, 2));
+        assert_eq!((fused[0].params.fused, fused[1].params.fused), (MAX_FUSED as i32, 0));
+        let keys: Vec<i64> = fused[0].params.fuse.iter().map(|p| (p.w + p.r - 1) / p.r).collect();
+        assert!(keys.windows(2).all(|w| w[0] >= w[1]), "{keys:?}");
+        assert!(fused.iter().all(|l| l.grid.2 == 2));
+        assert_eq!(blocks(&apart), blocks(&fused));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: attn_testkit::proptest_cases(256), ..Default::default() })]
+
+        /// Any head-group config, shape and block offsets (a ring block): the fused plan runs
+        /// exactly the (pattern, head, row block) triples of one launch a pattern, in fewer
+        /// launches where there are several patterns.
+        #[test]
+        fn fused_plans_cover_what_one_launch_a_pattern_covers(
+            patterns in proptest::collection::vec((1usize..300, 1usize..9), 1..13),
+            heads in 1usize..24,
+            (nq, nk, q_start, k_start) in (1usize..700, 1usize..700, 0usize..900, 0usize..900),
+            (batch, causal) in (1usize..3, proptest::bool::ANY),
+        ) {
+            let (segs, rates): (Vec<usize>, Vec<usize>) = patterns.iter().map(|&(w, r)| (w.max(r), r)).unzip();
+            let Ok(cfg) = DilatedConfig::builder().segments(&segs).dilations(&rates).causal(causal).build() else {
+                return Ok(());
+            };
+            let (sq, sk) = (Shape4::new(batch, nq, heads, 64).unwrap(), Shape4::new(batch, nk, heads, 64).unwrap());
+            let g = BlockGeometry {
+                q: (sq, sq.contiguous_strides()),
+                q_start,
+                k: (sk, sk.contiguous_strides()),
+                v_strides: sk.contiguous_strides(),
+                k_start,
+                ..geometry(&cfg, sq)
+            };
+            let run = |fusion| {
+                let opts = ForwardOptions { rows: ForwardRows::M64, fusion, ..ForwardOptions::default() };
+                plan_forward(&g, DType::BF16, "bf16", opts).unwrap()
+            };
+            let (apart, fused) = (run(PatternFusion::PerPattern), run(PatternFusion::Fused));
+            proptest::prop_assert_eq!(blocks(&apart), blocks(&fused));
+            proptest::prop_assert_eq!(fused.len(), apart.len().div_ceil(MAX_FUSED));
+            proptest::prop_assert!(fused.iter().all(|l| (l.params.fused > 1) == l.kernel.contains("fused")));
+        }
+    }
+
+    #[test]
+    fn longnet_heads_and_row_kernels_are_not_fused() {
+        let s = Shape4::new(1, 512, 4, 64).unwrap();
+        let longnet = DilatedConfig::builder().segments(&[64, 128]).dilations(&[1, 2]).mixing(Mixing::LongNet);
+        let cfg = longnet.build().unwrap();
+        assert_eq!(plan(&cfg, s, PatternFusion::Fused), plan(&cfg, s, PatternFusion::PerPattern));
+        let hg = DilatedConfig::new(&[64, 128], &[1, 2]).unwrap();
+        let opts = ForwardOptions { rows: ForwardRows::M64, fusion: PatternFusion::Fused, ..ForwardOptions::default() };
+        let rows = plan_forward(&geometry(&hg, s), DType::F32, "f32", opts).unwrap();
+        assert!(rows.len() == 2 && rows.iter().all(|l| l.params.fused == 0));
+    }
+}

@@ -1,0 +1,12 @@
+//! Planning, pure host code: the kernel variants (`choices`), the kernel names and
+//! source text (`source`), which launches a config needs (`patterns`, re-exported here),
+//! the parameter block a kernel reads (`params`) and a block's launches as data
+//! (`launch_plan`), which the device and the emulation both execute.
+
+pub(crate) mod choices;
+pub mod launch_plan;
+pub mod params;
+pub(crate) mod patterns;
+pub mod source;
+
+pub use patterns::*;
