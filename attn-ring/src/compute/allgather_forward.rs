@@ -1,6 +1,6 @@
 //! The forward when no pattern uses the ring (every spanning pattern is all-gathered):
 //! received k/v rows never outlive one round. Each message `o -> r` is cut into
-//! pieces of at most [`piece_rows`](crate::plan::pieces::piece_rows) rows of one (pattern, head) pair; round `k` sends
+//! pieces of at most [`piece_rows`](crate::plan::Plan::piece_rows) rows of one (pattern, head) pair; round `k` sends
 //! piece `k` of every message, and each received piece is decoded, attended by the
 //! query rows that can see it into a compact f32 partial `(o, lse)` kept only for
 //! the selected query rows of segments holding remote keys, and dropped at once.

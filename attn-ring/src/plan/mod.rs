@@ -227,8 +227,9 @@ pub struct Plan {
     pub gather_heads: Vec<PatternHead>,
     /// Every query head's patterns.
     pub(crate) query_patterns: Vec<HeadPatterns>,
-    /// Key rows per piece of the direct all-gather forward (`direct::piece_rows`).
-    pub(crate) piece_rows: usize,
+    /// Key rows per piece of the direct all-gather forward, computed on first use
+    /// (`Plan::piece_rows`, in `pieces`).
+    pub(crate) piece_rows_once: std::sync::OnceLock<usize>,
 }
 
 /// Positions of range `a` (owner) that share a segment (of `seg`'s pattern, in the
@@ -403,7 +404,7 @@ impl Plan {
                 }
             }
         }
-        let mut plan = Plan {
+        let plan = Plan {
             problem,
             strategies,
             need,
@@ -412,9 +413,8 @@ impl Plan {
             ring_heads,
             gather_heads,
             query_patterns,
-            piece_rows: 0,
+            piece_rows_once: std::sync::OnceLock::new(),
         };
-        plan.piece_rows = pieces::piece_rows(&plan);
         Ok(plan)
     }
 

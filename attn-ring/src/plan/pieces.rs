@@ -22,8 +22,8 @@ pub(crate) const KEY_ROWS_PER_CALL: usize = 1024;
 /// one thread on a 2-core Zen 4, medians of 8 against one rank with 2 threads: 512-row
 /// pieces 1.03x, 1024-row 1.00x, 2048-row 0.97x). Where partials are small (dilated,
 /// seq 65536 over 8 or 16 ranks) messages are too, and pieces stay at 128-256 rows.
-/// Computed once, in `Plan::new`; read as `plan.piece_rows`.
-pub(crate) fn piece_rows(plan: &Plan) -> usize {
+/// Computed once a plan, on first use: [`Plan::piece_rows`].
+fn piece_rows(plan: &Plan) -> usize {
     let p = plan.problem.world;
     let mut patterns: Vec<&PatternHead> = Vec::new();
     for ph in &plan.gather_heads {
@@ -40,6 +40,13 @@ pub(crate) fn piece_rows(plan: &Plan) -> usize {
     (smallest / 8).clamp(128, KEY_ROWS_PER_CALL)
 }
 
+impl Plan {
+    /// Key rows per piece of the direct all-gather forward ([`piece_rows`]).
+    pub(crate) fn piece_rows(&self) -> usize {
+        *self.piece_rows_once.get_or_init(|| piece_rows(self))
+    }
+}
+
 /// Query rows per accumulator chunk (and at most per kernel call).
 pub(crate) const ROW_CHUNK: usize = 512;
 
@@ -52,7 +59,7 @@ pub(crate) fn pieces(plan: &Plan, o: usize, r: usize) -> Vec<Piece> {
     if !plan.gather_need(o, r) {
         return Vec::new();
     }
-    let (mut out, rows) = (Vec::new(), plan.piece_rows);
+    let (mut out, rows) = (Vec::new(), plan.piece_rows());
     for (i, ph) in plan.gather_heads.iter().enumerate() {
         let n = plan.gather_count(o, r, ph);
         out.extend((0..n).step_by(rows).map(|a| (i, a..(a + rows).min(n))));
@@ -166,7 +173,7 @@ mod tests {
             let shape = Shape4::new(1, seq, 8, 64).unwrap();
             let problem = RingProblem::new(cfg, AttnShape::self_attn(shape), layout, Strategy::AllGather, world);
             let plan = Plan::new(problem).unwrap();
-            assert_eq!(plan.piece_rows, want, "seq {seq} p={world} {layout:?}");
+            assert_eq!(plan.piece_rows(), want, "seq {seq} p={world} {layout:?}");
             for o in 0..world {
                 for r in (0..world).filter(|&r| r != o) {
                     for ph in &plan.gather_heads {

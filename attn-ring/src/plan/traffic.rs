@@ -4,7 +4,7 @@
 
 use attn_core::{DType, Pass};
 
-use crate::plan::heads_split::{HeadSplit, heads_bytes};
+use crate::plan::heads_split::HeadSplit;
 use crate::plan::ring_route::Way;
 use crate::plan::{MSG_HEADER_BYTES, Plan, RingProblem};
 
@@ -161,4 +161,57 @@ pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
         }
     }
     total
+}
+
+/// Payload bytes each rank sends in one Ulysses or hybrid call (the head strategies'
+/// [`crate::expected_bytes`]), with `L_m` member `m`'s rows, `m_j`/`k_j` slot `j`'s query
+/// and key/value heads, `N_g` group `g`'s rows, `D` the head dim and `e` the element size;
+/// every message carries a [`MSG_HEADER_BYTES`] header and nothing travels to itself.
+/// Forward: to each other member `m` of its group, rank `r` (slot `j`) sends its rows of
+/// `m`'s slot, `B*L_r*(m_m + 2k_m)*D*e` (q, k, v), then `m`'s rows of its own slot's out and
+/// lse, `B*L_m*m_j*(D*e + 4)`; around the ring of its slot over the `G` groups, at steps
+/// `t = 1..G` the k/v of group `g - t + 1`, `B*N*2k_j*D*e`. Backward: the first all-to-all
+/// adds grad_out and the f32 gradient into the LSE (`B*L_r*m_m*(D*e + 4)`, zeros when none
+/// is given); the ring runs twice (the forward recomputed, then each block with its f32
+/// dk/dv, `B*N*2k_j*D*(e + 4)`), and a last step takes group `g + 1`'s dk/dv home
+/// (`B*N_(g+1)*2k_j*D*4`); the second all-to-all carries f32 dq, dk, dv
+/// (`B*L_m*(m_j + 2k_j)*D*4`). Handshake and completion are not counted.
+pub fn heads_bytes(problem: &RingProblem, split: &HeadSplit, dtype: DType, pass: Pass) -> Vec<u64> {
+    let backward = pass == Pass::Backward;
+    let RingProblem { batch, head_dim, seq: n, world: p, layout, .. } = *problem;
+    let (b, d, e) = (batch as u64, head_dim as u64, dtype.size() as u64);
+    let rows = |m: usize| layout.rows(n, p, m) as u64;
+    let group_rows = |g: usize| split.group_positions(layout, n, g).len() as u64;
+    let (heads, kv) = (|j: usize| split.slot_heads(j).len() as u64, |j: usize| split.slot_kv(j).len() as u64);
+    (0..p)
+        .map(|r| {
+            let (g, j) = (split.group_of(r), split.slot_of(r));
+            let mut sent = 0u64;
+            for m in split.members(g).filter(|&m| m != r) {
+                let jm = split.slot_of(m);
+                sent += MSG_HEADER_BYTES + b * rows(r) * (heads(jm) + 2 * kv(jm)) * d * e;
+                if backward {
+                    sent += b * rows(r) * heads(jm) * (d * e + 4);
+                    sent += MSG_HEADER_BYTES + b * rows(m) * (heads(j) + 2 * kv(j)) * d * 4;
+                } else {
+                    sent += MSG_HEADER_BYTES + b * rows(m) * heads(j) * (d * e + 4);
+                }
+            }
+            // The ring over the groups: at step t (1..G) this rank passes on the block of
+            // group g - t + 1 (every group but g + 1), in the backward twice (the forward
+            // recomputed, then with its f32 dk/dv), and last sends the dk/dv of group g + 1 home.
+            let groups = split.groups;
+            for t in 1..groups {
+                let held = group_rows((g + groups + 1 - t) % groups);
+                sent += MSG_HEADER_BYTES + b * held * 2 * kv(j) * d * e;
+                if backward {
+                    sent += MSG_HEADER_BYTES + b * held * 2 * kv(j) * d * (e + 4);
+                }
+            }
+            if backward && groups > 1 {
+                sent += MSG_HEADER_BYTES + b * group_rows((g + 1) % groups) * 2 * kv(j) * d * 4;
+            }
+            sent
+        })
+        .collect()
 }

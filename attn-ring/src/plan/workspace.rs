@@ -216,7 +216,7 @@ impl Plan {
             let rows = ROW_CHUNK as u64;
             let (sq, sk) = (sel_own.min(rows + 2), sel_k.min(KEY_ROWS_PER_CALL as u64 + 2));
             // Received rows are decoded into two reused buffers (up to 2x by growth).
-            let piece_rows = self.piece_rows as u64;
+            let piece_rows = self.piece_rows() as u64;
             let kv_bufs = if recvs.is_empty() { 0 } else { 2 * 2 * piece_rows * d * x.e };
             let acc = nl.min(rows) * (d + 1) * 4 + kv_bufs;
             let piece_pos = positions(piece_rows, 1);
