@@ -24,7 +24,7 @@ use attn_kernels::block::HeadBlockMask;
 use crate::plan::head_counts::PatternHeads;
 use crate::plan::layout::Layout;
 use crate::plan::ring_route::{Way, route};
-pub use crate::plan::traffic::{expected_bytes, forward_buffer_bytes};
+pub use crate::plan::traffic::{expected_bytes, forward_buffer_bytes, heads_bytes};
 
 /// Strategy override for patterns whose segments span ranks. The chunk ring reads the
 /// first three for its whole k/v slices (see [`crate::chunk_ring`]): along the ring, straight
