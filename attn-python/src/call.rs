@@ -74,7 +74,7 @@ pub(crate) fn cu_seqlens(args: &MaskArgs) -> Result<Option<Vec<usize>>> {
 
 /// Read the mask bytes (copied: a mask is one byte per key, and none may alias a tensor
 /// the call writes) and check `cu_seqlens`.
-fn read_masks(args: &MaskArgs, written: &[&Checked]) -> Result<OwnedMasks> {
+pub(crate) fn read_masks(args: &MaskArgs, written: &[&Checked]) -> Result<OwnedMasks> {
     let mut masks = OwnedMasks::none();
     if let Some(raw) = &args.key_padding {
         let name = TensorName::KeyPaddingMask;

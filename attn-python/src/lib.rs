@@ -12,6 +12,8 @@ mod call;
 mod cuda_call;
 mod errors;
 pub mod raw;
+mod ring_call;
+mod torch_p2p;
 
 use attn_core::{BlockMaskBuf, BlockPattern, Causality, DilatedConfig, Mixing};
 use pyo3::prelude::*;
@@ -20,6 +22,7 @@ use crate::call::{BackwardArgs, ForwardArgs, MaskArgs};
 use crate::cuda_call::Placement;
 use crate::errors::to_py;
 use crate::raw::RawTensor;
+use crate::ring_call::RingSetup;
 
 /// A validated attention config (dilated patterns mixed by head groups or LongNet, or a
 /// sliding window); invalid values raise `ValueError` when it is built.
@@ -158,6 +161,98 @@ fn backward(
     .map_err(to_py)
 }
 
+/// One rank of a ring over a torch.distributed group: its rank and world size in the
+/// group, the layout (`contiguous` or `zigzag`), the strategy (`auto`, `ring`,
+/// `allgather`, `ulysses`, `hybrid:U`), the timeout of every round in seconds and the
+/// compute threads. `forward` and `backward` take the Python transport object (see
+/// `attn_dilated.distributed`) and this rank's rows; masks are whole-sequence values.
+#[pyclass(frozen, name = "Ring", module = "attn_dilated._native")]
+#[derive(Debug)]
+struct PyRing {
+    setup: RingSetup,
+}
+
+#[pymethods]
+impl PyRing {
+    #[new]
+    #[pyo3(signature = (rank, world, layout, strategy, timeout, threads=1))]
+    fn new(rank: usize, world: usize, layout: &str, strategy: &str, timeout: f64, threads: usize) -> PyResult<Self> {
+        if world == 0 || rank >= world {
+            return Err(to_py(attn_core::AttnError::InvalidArgument(format!(
+                "rank {rank} outside a world of {world} ranks"
+            ))));
+        }
+        let timeout = std::time::Duration::try_from_secs_f64(timeout)
+            .ok()
+            .filter(|t| !t.is_zero())
+            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err(format!("timeout {timeout} s: expected a positive number of seconds")))?;
+        let layout = attn_ring::Layout::parse(layout).map_err(to_py)?;
+        let strategy = attn_ring::Strategy::parse(strategy).map_err(to_py)?;
+        Ok(PyRing { setup: RingSetup { rank, world, layout, strategy, timeout, threads } })
+    }
+
+    /// This rank's forward: writes `out` and `lse` (this rank's rows).
+    #[pyo3(signature = (cfg, transport, q, k, v, out, lse, key_padding_mask=None, cu_seqlens=None, block_mask=None, block_size=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        py: Python<'_>,
+        cfg: &Bound<'_, PyConfig>,
+        transport: Py<PyAny>,
+        q: RawTensor,
+        k: RawTensor,
+        v: RawTensor,
+        out: RawTensor,
+        lse: RawTensor,
+        key_padding_mask: Option<RawTensor>,
+        cu_seqlens: Option<Vec<i64>>,
+        block_mask: Option<RawTensor>,
+        block_size: Option<usize>,
+    ) -> PyResult<()> {
+        let args = ForwardArgs { q, k, v, out, lse };
+        let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens, block_mask, block_size };
+        ring_call::forward(py, &self.setup, transport, &cfg.get().cfg, &args, &masks).map_err(to_py)
+    }
+
+    /// This rank's backward: writes `dq`, `dk`, `dv` (this rank's rows) from `grad_out`
+    /// and the optional float32 `grad_lse`.
+    #[pyo3(signature = (cfg, transport, q, k, v, out, lse, grad_out, dq, dk, dv, key_padding_mask=None, cu_seqlens=None, grad_lse=None, block_mask=None, block_size=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &self,
+        py: Python<'_>,
+        cfg: &Bound<'_, PyConfig>,
+        transport: Py<PyAny>,
+        q: RawTensor,
+        k: RawTensor,
+        v: RawTensor,
+        out: RawTensor,
+        lse: RawTensor,
+        grad_out: RawTensor,
+        dq: RawTensor,
+        dk: RawTensor,
+        dv: RawTensor,
+        key_padding_mask: Option<RawTensor>,
+        cu_seqlens: Option<Vec<i64>>,
+        grad_lse: Option<RawTensor>,
+        block_mask: Option<RawTensor>,
+        block_size: Option<usize>,
+    ) -> PyResult<()> {
+        let args = BackwardArgs { q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, scratch: None };
+        let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens, block_mask, block_size };
+        ring_call::backward(py, &self.setup, transport, &cfg.get().cfg, &args, &masks).map_err(to_py)
+    }
+
+    /// The global positions of `rank`'s rows for a sequence of `seq` rows, as
+    /// `(start, end)` ranges (the layout's split).
+    #[staticmethod]
+    fn layout_ranges(layout: &str, seq: usize, world: usize, rank: usize) -> PyResult<Vec<(usize, usize)>> {
+        let layout = attn_ring::Layout::parse(layout).map_err(to_py)?;
+        layout.check(seq, world).map_err(to_py)?;
+        Ok(layout.ranges(seq, world, rank).into_iter().map(|r| (r.start, r.end)).collect())
+    }
+}
+
 /// Why the CUDA kernels cannot run on device `device` (built without the `cuda` feature,
 /// no driver, NVRTC or device, a device older than sm_80), or `None` where they can.
 #[pyfunction]
@@ -214,6 +309,7 @@ fn cpu_isa() -> &'static str {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyConfig>()?;
+    m.add_class::<PyRing>()?;
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_isa, m)?)?;

@@ -59,7 +59,7 @@ impl Refusal {
     }
 }
 
-/// FNV-1a of the masks, so ranks holding different masks disagree in the handshake.
+/// FNV-1a of the masks (key padding, packing, block mask), so ranks holding different masks disagree in the handshake.
 fn masks_hash(problem: &RingProblem) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     let mut eat = |x: u64| {
@@ -72,6 +72,12 @@ fn masks_hash(problem: &RingProblem) -> u64 {
     m.key_padding.iter().flat_map(|k| k.flags()).for_each(|&f| eat(u64::from(f)));
     eat(u64::from(m.packing.is_some()));
     m.packing.iter().flat_map(|p| p.cu_seqlens()).for_each(|&c| eat(c as u64));
+    eat(u64::from(m.block.is_some()));
+    if let Some(b) = m.block {
+        let d = b.dims();
+        [d.batch, d.heads, d.q_blocks, d.k_blocks, b.block_size()].iter().for_each(|&x| eat(x as u64));
+        b.keep().iter().for_each(|&k| eat(u64::from(k)));
+    }
     h
 }
 
