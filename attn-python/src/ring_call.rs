@@ -86,6 +86,20 @@ pub fn agree_seq<C: Communicator>(comm: &mut C, layout: Layout, rows: usize) -> 
     Ok(seq)
 }
 
+/// After a failed call: a `Comm` or `Timeout` error may leave transfers posted that no
+/// later round matches, so the transport's group is marked broken (`mark_broken(why)`)
+/// and refuses later calls; other errors are reached by every rank alike and leave the
+/// group in step.
+fn after_call(py: Python<'_>, rank: usize, transport: &Py<PyAny>, result: Result<()>) -> Result<()> {
+    if let Err(e @ (AttnError::Comm { .. } | AttnError::Timeout { .. })) = &result {
+        transport.bind(py).call_method1("mark_broken", (e.to_string(),)).map_err(|err| AttnError::Comm {
+            rank,
+            message: format!("{e}; marking the group broken failed too: {err}"),
+        })?;
+    }
+    result
+}
+
 /// Run this rank's forward: writes `out` and `lse` (this rank's rows).
 pub fn forward(
     py: Python<'_>,
@@ -95,7 +109,8 @@ pub fn forward(
     args: &ForwardArgs,
     masks: &MaskArgs,
 ) -> Result<()> {
-    by_dtype!(&args.q, forward_typed(py, setup, transport, cfg, args, masks))
+    let result = by_dtype!(&args.q, forward_typed(py, setup, transport.clone_ref(py), cfg, args, masks));
+    after_call(py, setup.rank, &transport, result)
 }
 
 fn forward_typed<T: Element>(
@@ -129,7 +144,8 @@ pub fn backward(
     args: &BackwardArgs,
     masks: &MaskArgs,
 ) -> Result<()> {
-    by_dtype!(&args.q, backward_typed(py, setup, transport, cfg, args, masks))
+    let result = by_dtype!(&args.q, backward_typed(py, setup, transport.clone_ref(py), cfg, args, masks));
+    after_call(py, setup.rank, &transport, result)
 }
 
 fn backward_typed<T: Element>(
@@ -158,4 +174,45 @@ fn backward_typed<T: Element>(
         attn_ring::ring_backward_with(&mut comm, &problem, &opts, [qv, kv, vv], grad_out, grad_lse, outs)
             .map(|_| ())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use attn_ring::ThreadComm;
+
+    use super::*;
+
+    /// `agree_seq` on in-process ranks holding `rows[r]` rows each: every rank's result.
+    fn agree(layout: Layout, rows: &[usize]) -> Vec<Result<usize>> {
+        let comms = ThreadComm::world_with_timeout(rows.len(), Duration::from_secs(5)).unwrap();
+        let handles: Vec<_> = comms
+            .into_iter()
+            .zip(rows.to_vec())
+            .map(|(mut c, n)| std::thread::spawn(move || agree_seq(&mut c, layout, n)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn the_sequence_is_the_sum_of_the_layouts_shares() {
+        let zig: Vec<usize> = (0..3).map(|r| Layout::Zigzag.rows(50, 3, r)).collect();
+        for got in agree(Layout::Zigzag, &zig) {
+            assert_eq!(got.unwrap(), 50);
+        }
+        for got in agree(Layout::Contiguous, &[16, 17, 17]) {
+            assert_eq!(got.unwrap(), 50);
+        }
+    }
+
+    #[test]
+    fn rows_that_are_not_the_layouts_share_fail_every_rank() {
+        // 50 rows split contiguously over 3 ranks are 16, 17, 17.
+        for got in agree(Layout::Contiguous, &[17, 17, 16]) {
+            let err = got.unwrap_err();
+            assert!(matches!(err, AttnError::RankDisagreement(ref m) if m.contains("rank 0 holds 17 rows")), "{err}");
+        }
+        for got in agree(Layout::Contiguous, &[0, 1]) {
+            assert!(matches!(got.unwrap_err(), AttnError::InvalidArgument(_)));
+        }
+    }
 }

@@ -9,20 +9,28 @@ backward.
   constructor arguments and parameter names of dilated-attention-pytorch.
 - `SparsePatternConfig`, `BlockSparseRingDilatedAttention`: that library's block-sparse
   attention, with an exact softmax.
+- `distributed`: the op across the ranks of a torch.distributed group (`shard`,
+  `unshard`, `dilated_attention`); `RingDilatedAttention`, `RingMultiheadDilatedAttention`:
+  that library's ring modules over it.
 """
 
 from ._op import cuda_unavailable_reason, dilated_attention, dilated_attention_with_lse, make_config, nvrtc_library
 from .block_sparse import BlockSparseRingDilatedAttention, SparsePatternConfig, sparse_pattern_mask
+from . import distributed
 from .modules import DilatedAttention, MultiheadDilatedAttention
+from .ring_modules import RingDilatedAttention, RingMultiheadDilatedAttention
 
 __all__ = [
     "BlockSparseRingDilatedAttention",
     "DilatedAttention",
     "MultiheadDilatedAttention",
+    "RingDilatedAttention",
+    "RingMultiheadDilatedAttention",
     "SparsePatternConfig",
     "cuda_unavailable_reason",
     "dilated_attention",
     "dilated_attention_with_lse",
+    "distributed",
     "make_config",
     "nvrtc_library",
     "sparse_pattern_mask",
