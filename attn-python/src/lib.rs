@@ -182,10 +182,12 @@ impl PyRing {
                 "rank {rank} outside a world of {world} ranks"
             ))));
         }
-        let timeout = std::time::Duration::try_from_secs_f64(timeout)
-            .ok()
-            .filter(|t| !t.is_zero())
-            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err(format!("timeout {timeout} s: expected a positive number of seconds")))?;
+        let timeout =
+            std::time::Duration::try_from_secs_f64(timeout).ok().filter(|t| !t.is_zero()).ok_or_else(|| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "timeout {timeout} s: expected a positive number of seconds"
+                ))
+            })?;
         let layout = attn_ring::Layout::parse(layout).map_err(to_py)?;
         let strategy = attn_ring::Strategy::parse(strategy).map_err(to_py)?;
         Ok(PyRing { setup: RingSetup { rank, world, layout, strategy, timeout, threads } })

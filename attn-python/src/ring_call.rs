@@ -171,8 +171,7 @@ fn backward_typed<T: Element>(
     py.detach(move || {
         let problem = setup.problem(&mut comm, cfg, qv.shape(), kv.shape(), owned)?;
         let outs = BackwardOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv };
-        attn_ring::ring_backward_with(&mut comm, &problem, &opts, [qv, kv, vv], grad_out, grad_lse, outs)
-            .map(|_| ())
+        attn_ring::ring_backward_with(&mut comm, &problem, &opts, [qv, kv, vv], grad_out, grad_lse, outs).map(|_| ())
     })
 }
 

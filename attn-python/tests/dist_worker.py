@@ -8,6 +8,9 @@ Modes:
   gathered, against the file (within its `rel_tol`) and against the single-process op on
   the whole tensors: out, LSE, the gradients of `out . grad_out` and of
   `out . grad_out + lse . grad_lse`. Records the cases run and every failure.
+- `strategies`: every `dilated` and `features` file through the strategies `allgather`,
+  `ulysses` and `hybrid` (`ulysses=1`), contiguous layout, judged as in `conformance`; a
+  refusal (NotImplementedError: fewer heads than ranks) is counted apart.
 - `exit` / `raise`: rank 1 leaves (`os._exit(0)`) or raises inside its third transport
   round of a forward; the others record what they raised and how long it took.
 - `mismatch`: rank 1 passes another config (causal), then (second call) another key
@@ -60,7 +63,22 @@ def conformance(rank: int, world: int) -> dict:
     return {"cases": cases, "failures": failures, "files": len(paths)}
 
 
-def one_file(path, rank: int, world: int, layout: str, strategy: str) -> None:
+def strategies(rank: int, world: int) -> dict:
+    cases, refused, failures = 0, [], []
+    for strategy, ulysses in (("allgather", None), ("ulysses", None), ("hybrid", 1)):
+        for path in files("dilated", "features"):
+            name = f"{path.parent.name}/{path.stem} {strategy}"
+            try:
+                one_file(path, rank, world, "contiguous", strategy, ulysses)
+                cases += 1
+            except NotImplementedError:
+                refused.append(name)
+            except Exception as e:
+                failures.append(f"{name}: {type(e).__name__}: {e}")
+    return {"cases": cases, "refused": refused, "failures": failures}
+
+
+def one_file(path, rank: int, world: int, layout: str, strategy: str, ulysses=None) -> None:
     meta, t, rel_tol = read(path)
     args = {**config_args(meta), **masks(t), **block_args(meta, t)}
     part = lambda x: ddist.shard(x, rank, world, layout)
@@ -74,7 +92,8 @@ def one_file(path, rank: int, world: int, layout: str, strategy: str) -> None:
     single_lse = torch.autograd.grad((so * go).sum() + (torch.nan_to_num(sl, neginf=0.0) * gl).sum(), (qs, ks, vs))
     # This rank's rows through the ring.
     ql, kl, vl = (part(x).requires_grad_() for x in (q, k, v))
-    lo, ll = ddist.dilated_attention_with_lse(ql, kl, vl, **args, layout=layout, strategy=strategy, timeout=60.0)
+    ring = {"layout": layout, "strategy": strategy, "ulysses": ulysses, "timeout": 60.0}
+    lo, ll = ddist.dilated_attention_with_lse(ql, kl, vl, **args, **ring)
     grads = torch.autograd.grad(lo, (ql, kl, vl), part(go), retain_graph=True)
     loss = (lo * part(go)).sum() + (torch.nan_to_num(ll, neginf=0.0) * part(gl)).sum()
     grads_lse = torch.autograd.grad(loss, (ql, kl, vl))
@@ -230,6 +249,8 @@ def main() -> None:
             report = mismatch(rank, world)
         elif mode == "rows":
             report = rows(rank, world)
+        elif mode == "strategies":
+            report = strategies(rank, world)
         elif mode == "modules":
             report = modules(rank, world)
         else:

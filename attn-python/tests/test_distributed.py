@@ -1,7 +1,8 @@
 """`attn_dilated.distributed` across processes: `torchrun --standalone` with gloo runs
 `dist_worker.py` on 2 and 3 ranks, and each rank's report is judged here: every
 conformance file (dilated, features, blocks) for both layouts and the strategies auto and
-ring equals the file and the single-process op (a fixed case count); a rank that exits or
+ring equals the file and the single-process op (a fixed case count), and so does every
+dilated and features file through allgather, ulysses and hybrid on 3 ranks; a rank that exits or
 raises mid-call makes every other rank raise within the timeout, and the group is refused
 afterwards; ranks with different configs, masks or row counts raise on every rank. The
 sharding helpers are checked in one process."""
@@ -50,6 +51,15 @@ def test_conformance_files_on_ranks(world, tmp_path):
     for report in run_ranks("conformance", world, tmp_path):
         assert report["failures"] == [], "\n".join(report["failures"][:10])
         assert report["cases"] == CONFORMANCE_CASES
+
+
+def test_the_head_and_gather_strategies_on_three_ranks(tmp_path):
+    """allgather, ulysses and hybrid (ulysses=1) on every dilated and features file; the
+    two files with 2 heads are refused by Ulysses over 3 ranks (fewer heads than ranks)."""
+    for report in run_ranks("strategies", 3, tmp_path):
+        assert report["failures"] == [], "\n".join(report["failures"][:10])
+        assert report["refused"] == ["dilated/hg_dense ulysses", "features/varlen_win_pad ulysses"]
+        assert report["cases"] == 3 * 18 - 2
 
 
 def test_ring_modules_equal_the_single_process_modules(tmp_path):
