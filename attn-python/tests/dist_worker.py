@@ -13,8 +13,8 @@ Modes:
   refusal (NotImplementedError: fewer heads than ranks) is counted apart.
 - `exit` / `raise`: rank 1 leaves (`os._exit(0)`) or raises inside its third transport
   round of a forward; the others record what they raised and how long it took.
-- `mismatch`: rank 1 passes another config (causal), then (second call) another key
-  padding mask; every rank records what it raised.
+- `mismatch`: rank 1 passes another config (causal), then another key padding mask, then
+  another block mask; every rank records what it raised.
 - `rows`: rank 0 passes one row too many and rank 1 one too few; every rank records what
   it raised.
 - `modules`: `RingDilatedAttention` against `DilatedAttention` and
@@ -166,9 +166,14 @@ def mismatch(rank: int, world: int) -> dict:
     second = attempt(
         lambda: ddist.dilated_attention(ql, kl, vl, [16, 48], [1, 2], key_padding_mask=mask, timeout=FAULT_TIMEOUT)
     )
+    keep = torch.ones(3, 3, dtype=torch.bool)
+    keep[2, rank % 2] = False
+    blocks = attempt(
+        lambda: ddist.dilated_attention(ql, kl, vl, [16, 48], [1, 2], block_mask=keep, block_size=16, timeout=FAULT_TIMEOUT)
+    )
     # The group still works after refusals: a matching call succeeds.
     third = attempt(lambda: ddist.dilated_attention(ql, kl, vl, [16, 48], [1, 2], timeout=FAULT_TIMEOUT))
-    return {"config": first, "mask": second, "after": third}
+    return {"config": first, "mask": second, "blocks": blocks, "after": third}
 
 
 def rows(rank: int, world: int) -> dict:

@@ -86,6 +86,7 @@ def test_mismatched_ranks_raise_on_every_rank(tmp_path):
     for report in run_ranks("mismatch", 3, tmp_path):
         assert report["config"] is not None and "disagree" in report["config"], report
         assert report["mask"] is not None and "disagree" in report["mask"], report
+        assert report["blocks"] is not None and "disagree" in report["blocks"], report
         assert report["after"] is None, report
 
 
