@@ -1,7 +1,8 @@
 """`attn_dilated.distributed` across processes: `torchrun --standalone` with gloo runs
 `dist_worker.py` on 2 and 3 ranks, and each rank's report is judged here: every
-conformance file (dilated, features, blocks) for both layouts and the strategies auto and
-ring equals the file and the single-process op (a fixed case count), and so does every
+conformance file (dilated, features, blocks) under two (layout, strategy) pairs a world size
+(together both layouts with both of auto and ring) equals the file and the single-process
+op (a fixed case count), and so does every
 dilated and features file through allgather, ulysses and hybrid on 3 ranks; a rank that exits or
 raises mid-call makes every other rank raise within the timeout, and the group is refused
 afterwards; ranks with different configs, masks or row counts raise on every rank. The
@@ -21,8 +22,8 @@ import attn_dilated.distributed as ddist
 from test_golden import files
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
-# dilated 9 + features 9 + blocks 8 files, 2 layouts, 2 strategies.
-CONFORMANCE_CASES = (9 + 9 + 8) * 2 * 2
+# dilated 9 + features 9 + blocks 8 files, 2 (layout, strategy) pairs a world size.
+CONFORMANCE_CASES = (9 + 9 + 8) * 2
 
 
 def run_ranks(mode: str, world: int, tmp_path) -> list:
