@@ -26,6 +26,9 @@ fn lane_sum<F: LayerFloat>(x: &[F], f: impl Fn(F) -> F::Acc) -> F::Acc {
     (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
 }
 
+/// One task's weight and bias gradient sums.
+type ParamSums<A> = (Vec<A>, Vec<A>);
+
 /// `acc[i] += part[i]`.
 fn add_into<A: Accumulator>(acc: &mut [A], part: &[A]) {
     acc.iter_mut().zip(part).for_each(|(a, &p)| *a += p);
@@ -129,7 +132,7 @@ impl<F: LayerFloat> LayerNorm<F> {
         let mut dx = attn_kernels::zeroed_buffer(x.len())?;
         let zeros = || vec![F::Acc::zero(); d];
         // Each task returns its partial weight/bias gradients; they are summed in task order.
-        let partials: Vec<(Vec<F::Acc>, Vec<F::Acc>)> = dx
+        let partials: Vec<ParamSums<F::Acc>> = dx
             .par_chunks_mut(d * ROWS_PER_TASK)
             .enumerate()
             .map(|(t, dxc)| {
