@@ -198,10 +198,35 @@ fn wide_and_multihead_grad_pass_at_their_counts_and_the_ring_refuses_the_cross_f
 /// One file of `dir` rewritten by `edit` alone in a scratch directory: the runner's exit
 /// status and output on `backend`.
 fn run_planted(dir: &str, file: &str, edit: impl Fn(&[u8]) -> Vec<u8>, backend: &str) -> (Option<i32>, String) {
+    run_planted_with(dir, file, edit, &["--backend", backend])
+}
+
+/// [`run_planted`] with the runner's options `args`.
+fn run_planted_with(dir: &str, file: &str, edit: impl Fn(&[u8]) -> Vec<u8>, args: &[&str]) -> (Option<i32>, String) {
     let src = std::fs::read(golden().join(dir).join(format!("{file}.safetensors"))).unwrap();
     let tmp = scratch(file);
     std::fs::write(tmp.path().join(format!("{file}.safetensors")), edit(&src)).unwrap();
-    run_status(&[tmp.path().to_str().unwrap(), "--backend", backend, "--expect", "1"])
+    run_status(&[&[tmp.path().to_str().unwrap()], args, &["--expect", "1"]].concat())
+}
+
+/// The layer in bf16 and f16 (`--backend cpu --dtype`): the multihead files pass at their
+/// counts, reported in the dtype, and a layer gradient 10% off in the file (over bf16's
+/// whole-tensor bound of 4e-2) fails naming it.
+#[test]
+fn multihead_files_pass_in_bf16_and_f16_and_a_planted_gradient_fails() {
+    let scale = |b: &[u8]| rewrite_tensor(b, "d.v_proj.weight", |x| x.iter_mut().for_each(|v| *v *= 1.1));
+    for dt in ["bf16", "f16"] {
+        for (dir, count) in [("multihead", "2"), ("multihead_features", "1"), ("multihead_grad", "3")] {
+            let d = golden().join(dir);
+            let (code, out) = run_status(&[d.to_str().unwrap(), "--backend", "cpu", "--dtype", dt, "--expect", count]);
+            assert_eq!(code, Some(0), "{dt} {dir}:\n{out}");
+            assert!(out.contains(&format!("[multihead cpu {dt}]")), "{out}");
+            assert!(out.ends_with(&format!("{count} passed, 0 failed\n")), "{out}");
+        }
+        let (code, out) =
+            run_planted_with("multihead_grad", "mhg_self_ln_hg", scale, &["--backend", "cpu", "--dtype", dt]);
+        assert!(code == Some(1) && out.contains(" d.v_proj.weight!="), "{dt}: {out}");
+    }
 }
 
 /// Planted errors in the new files fail their case, naming the tensor: a wrong scale, a

@@ -105,11 +105,11 @@ pub struct EncoderLayerGrads<F> {
 
 /// What the encoder layer's backward needs.
 #[derive(Debug, Clone)]
-pub struct EncoderLayerCache<F> {
+pub struct EncoderLayerCache<F: LayerFloat> {
     batch: usize,
     seq: usize,
     x: Vec<F>,
-    stats1: NormStats<F>,
+    stats1: NormStats<F::Acc>,
     attn: MultiheadCache<F>,
     mask_attn: Option<Vec<F>>,
     x1: Vec<F>,
@@ -118,13 +118,13 @@ pub struct EncoderLayerCache<F> {
 
 /// The feed-forward branch's saved activations.
 #[derive(Debug, Clone)]
-struct FfnCache<F> {
-    stats2: NormStats<F>,
+struct FfnCache<F: LayerFloat> {
+    stats2: NormStats<F::Acc>,
     h2: Vec<F>,
     f1: Vec<F>,
     mask_hidden: Option<Vec<F>>,
     r_d: Vec<F>,
-    stats3: NormStats<F>,
+    stats3: NormStats<F::Acc>,
     h3: Vec<F>,
     mask_out: Option<Vec<F>>,
 }
@@ -343,7 +343,7 @@ pub struct LongNetEncoder<F: LayerFloat> {
 
 /// Per-layer caches of a stack forward.
 #[derive(Debug, Clone)]
-pub struct EncoderCache<F> {
+pub struct EncoderCache<F: LayerFloat> {
     layers: Vec<EncoderLayerCache<F>>,
 }
 

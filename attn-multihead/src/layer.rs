@@ -66,14 +66,14 @@ struct AttnPass<'a> {
 }
 
 /// What a forward pass made besides the buffers of its workspace.
-struct Kept<F> {
+struct Kept<F: LayerFloat> {
     mask: Option<Vec<F>>,
-    norm_stats: Option<NormStats<F>>,
+    norm_stats: Option<NormStats<F::Acc>>,
     layout: ProjLayout,
     masks: OwnedMasks,
 }
 
-impl<F> Kept<F> {
+impl<F: LayerFloat> Kept<F> {
     /// Whether the output projection read `ws.pre_out` (dropout or sub-LN applied), else `ws.attn`.
     fn pre_out_used(&self) -> bool {
         self.mask.is_some() || self.norm_stats.is_some()
@@ -115,7 +115,7 @@ enum Inputs<F> {
 
 /// What `backward` needs from a training forward pass.
 #[derive(Debug, Clone)]
-pub struct MultiheadCache<F> {
+pub struct MultiheadCache<F: LayerFloat> {
     q_shape: Shape4,
     kv_shape: Shape4,
     inputs: Inputs<F>,
@@ -123,7 +123,7 @@ pub struct MultiheadCache<F> {
     attn: Vec<F>,
     lse: Vec<f32>,
     mask: Option<Vec<F>>,
-    norm_stats: Option<NormStats<F>>,
+    norm_stats: Option<NormStats<F::Acc>>,
     /// Input of the output projection; `None` when it is `attn` itself (no dropout, no sub-LN).
     pre_out: Option<Vec<F>>,
     /// The key padding and packed sequences of the pass.

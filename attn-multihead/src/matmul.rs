@@ -1,8 +1,10 @@
-//! Bounds-checked strided matrix products on top of the `gemm` crate (the crate's only `unsafe`).
+//! Bounds-checked strided matrix products on top of the `gemm` crate (the crate's only
+//! `unsafe`). f32 and f64 multiply in place; bf16 and f16 operands are widened to f32,
+//! multiplied (and accumulated) there, and each result rounded once.
 
 use attn_core::{AttnError, Result};
 
-use crate::float::LayerFloat;
+use crate::float::{Accumulator, LayerFloat};
 
 /// A read-only strided matrix over a slice: element `(i, j)` is `data[i * rs + j * cs]`.
 #[derive(Debug, Clone, Copy)]
@@ -22,6 +24,10 @@ impl<'a, F> Mat<'a, F> {
     /// The transpose of a row-major `rows x cols` matrix with row stride `rs`.
     pub fn transposed(data: &'a [F], rows: usize, cols: usize, rs: usize) -> Self {
         Mat { data, rows: cols, cols: rows, rs: 1, cs: rs }
+    }
+    /// The same layout over other data (already checked to cover it, or to be checked).
+    fn with_data<'b, G>(&self, data: &'b [G]) -> Mat<'b, G> {
+        Mat { data, rows: self.rows, cols: self.cols, rs: self.rs, cs: self.cs }
     }
     fn check(&self, what: &str) -> Result<()> {
         if self.rows == 0 || self.cols == 0 {
@@ -78,15 +84,59 @@ pub(crate) fn matmul<F: LayerFloat>(
     }
     lhs.check("lhs")?;
     rhs.check("rhs")?;
+    if let (Some(l), Some(r)) = (F::as_acc(lhs.data), F::as_acc(rhs.data))
+        && let Some(d) = F::as_acc_mut(dst)
+    {
+        gemm_checked(d, dst_rs, accumulate, lhs.with_data(l), rhs.with_data(r));
+        return Ok(());
+    }
+    widened(dst, dst_rs, accumulate, lhs, rhs)
+}
+
+/// [`matmul`] for a type narrower than its accumulator: contiguous widened copies of
+/// the operands (and of `dst` when accumulating) are multiplied in the accumulator,
+/// and each result is rounded once into `dst`. The extents were checked by the caller.
+fn widened<F: LayerFloat>(
+    dst: &mut [F],
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: Mat<'_, F>,
+    rhs: Mat<'_, F>,
+) -> Result<()> {
+    let (m, n, k) = (lhs.rows, rhs.cols, lhs.cols);
+    let wide = |a: &Mat<'_, F>| -> Result<Vec<F::Acc>> {
+        let mut out = attn_kernels::zeroed_buffer(a.rows * a.cols)?;
+        for (i, row) in out.chunks_exact_mut(a.cols).enumerate() {
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = a.data[i * a.rs + j * a.cs].widen();
+            }
+        }
+        Ok(out)
+    };
+    let (l, r) = (wide(&lhs)?, wide(&rhs)?);
+    let mut d = if accumulate { wide(&Mat::rows(&*dst, m, n, dst_rs))? } else { attn_kernels::zeroed_buffer(m * n)? };
+    gemm_checked(&mut d, n, accumulate, Mat::rows(&l, m, k, k), Mat::rows(&r, k, n, n));
+    for (i, row) in d.chunks_exact(n).enumerate() {
+        for (o, &v) in dst[i * dst_rs..i * dst_rs + n].iter_mut().zip(row) {
+            *o = F::narrow(v);
+        }
+    }
+    Ok(())
+}
+
+/// `gemm` on operands whose extents [`matmul`] checked (`m, n, k > 0`, `dst_rs >= n`).
+fn gemm_checked<A: Accumulator>(dst: &mut [A], dst_rs: usize, accumulate: bool, lhs: Mat<'_, A>, rhs: Mat<'_, A>) {
+    let (m, n, k) = (lhs.rows, rhs.cols, lhs.cols);
     let work = m.saturating_mul(n).saturating_mul(k);
     let parallelism = if work >= PARALLEL_WORK { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
-    // Strides fit in isize: every extent was checked against a slice length above.
+    // Strides fit in isize: every extent was checked against a slice length.
     let s = |x: usize| x as isize;
-    // SAFETY: `F` is f32 or f64 (the only `LayerFloat` impls), which `gemm` supports.
-    // Every element `gemm` touches is in bounds: `check` verified the largest offset
-    // of `dst`, `lhs` and `rhs` against their slice lengths, and `m, n, k > 0`.
-    // `dst` is borrowed mutably and cannot alias `lhs`/`rhs` (shared borrows), and its
-    // rows do not overlap (`dst_rs >= n`, column stride 1).
+    // SAFETY: `A` is f32 or f64 (the only `Accumulator` impls, sealed), which `gemm`
+    // supports. Every element `gemm` touches is in bounds: `matmul` checked the largest
+    // offset of `dst`, `lhs` and `rhs` against their slice lengths (the widened copies
+    // are contiguous and exactly sized), and `m, n, k > 0`. `dst` is borrowed mutably
+    // and cannot alias `lhs`/`rhs` (shared borrows), and its rows do not overlap
+    // (`dst_rs >= n`, column stride 1).
     unsafe {
         gemm::gemm(
             m,
@@ -102,15 +152,14 @@ pub(crate) fn matmul<F: LayerFloat>(
             rhs.data.as_ptr(),
             s(rhs.cs),
             s(rhs.rs),
-            F::one(),
-            F::one(),
+            A::one(),
+            A::one(),
             false,
             false,
             false,
             parallelism,
         );
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -149,6 +198,35 @@ mod tests {
             matmul(&mut got, 6, true, l, r).unwrap();
             assert!((got[0] - 2.0 * want[0]).abs() < 1e-12);
         }
+    }
+
+    /// bf16 and f16 products (strided, overwritten and accumulated) are the f32 products
+    /// of the widened operands, rounded once; the padding between rows stays untouched.
+    #[test]
+    fn half_products_are_f32_products_rounded_once() {
+        fn case<F: LayerFloat<Acc = f32>>() {
+            let a: Vec<F> = (0..35).map(|x| F::of((x as f64 * 0.37).sin())).collect();
+            let b: Vec<F> = (0..40).map(|x| F::of((x as f64 * 0.11).cos())).collect();
+            let wide = |x: &[F]| x.iter().map(|v| v.widen()).collect::<Vec<f32>>();
+            let (aw, bw) = (wide(&a), wide(&b));
+            let (l, r) = (Mat::transposed(&a[..], 7, 5, 5), Mat::rows(&b[..], 7, 4, 5));
+            let (lw, rw) = (l.with_data(&aw[..]), r.with_data(&bw[..]));
+            let start: Vec<F> = (0..30).map(|x| F::of(x as f64 * 0.25 - 3.0)).collect();
+            for accumulate in [false, true] {
+                let mut want = wide(&start);
+                matmul(&mut want, 6, accumulate, lw, rw).unwrap();
+                let mut got = start.clone();
+                matmul(&mut got, 6, accumulate, l, r).unwrap();
+                for i in 0..5 {
+                    for j in 0..6 {
+                        let w = if j < 4 { F::narrow(want[i * 6 + j]) } else { start[i * 6 + j] };
+                        assert_eq!(got[i * 6 + j], w, "{:?} ({i}, {j}), accumulate {accumulate}", F::DTYPE);
+                    }
+                }
+            }
+        }
+        case::<half::bf16>();
+        case::<half::f16>();
     }
 
     #[test]

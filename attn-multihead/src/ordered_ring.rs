@@ -74,7 +74,7 @@ use attn_ring::RingBackend;
 /// What [`OrderedRing::backward`] needs: this rank's layer cache, the batch and the
 /// rows the forward call passed.
 #[derive(Debug, Clone)]
-pub struct OrderedRingCache<F> {
+pub struct OrderedRingCache<F: LayerFloat> {
     inner: MultiheadCache<F>,
     batch: usize,
     rows: RankRows,

@@ -69,13 +69,13 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
 /// What [`OrderedAttention::backward`] needs: the layer's cache, the batch size and,
 /// for cross-attention, the key order of the forward pass.
 #[derive(Debug, Clone)]
-pub struct OrderedCache<F> {
+pub struct OrderedCache<F: LayerFloat> {
     inner: MultiheadCache<F>,
     key_order: Option<TokenOrder>,
     batch: usize,
 }
 
-impl<F> OrderedCache<F> {
+impl<F: LayerFloat> OrderedCache<F> {
     /// The order the keys and values were serialised by (cross-attention only).
     pub fn key_order(&self) -> Option<&TokenOrder> {
         self.key_order.as_ref()

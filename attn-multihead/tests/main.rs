@@ -6,6 +6,7 @@ mod cpu_cross;
 mod errors;
 mod gradcheck_encoder;
 mod gradcheck_layer;
+mod low_precision;
 mod masked_truncation;
 #[cfg(feature = "ring")]
 mod ordered_ring;

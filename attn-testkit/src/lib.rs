@@ -8,6 +8,8 @@ pub mod golden;
 pub mod gpu_policy;
 pub mod isa_policy;
 pub mod judge;
+pub mod layer_judge;
+pub mod layer_stages;
 pub mod problem;
 pub mod rng;
 pub mod split_error;

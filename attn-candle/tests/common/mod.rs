@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 pub mod compose;
-pub mod layer_stages;
 
 use attn_candle::{AttnOptions, BufferRun, dilated_attention_with_lse, leaf, run_buffers_on};
 use attn_core::{AttnError, DType as AttnDType, Masks};

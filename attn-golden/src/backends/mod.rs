@@ -64,10 +64,13 @@ pub fn select(o: &Options) -> Result<Selected, Refusal> {
             Selected {
                 label,
                 dilated: Some(cpu),
-                multihead: (dtype == DType::F32)
-                    .then(|| multihead::MultiheadRunner::cpu(o.threads).map_err(err))
-                    .transpose()?
-                    .map(|m| Box::new(m) as Box<dyn MultiheadBackend>),
+                multihead: Some(Box::new(
+                    match dtype {
+                        DType::F32 => multihead::MultiheadRunner::cpu(o.threads),
+                        _ => multihead::MultiheadRunner::cpu_half(o.threads, dtype),
+                    }
+                    .map_err(err)?,
+                )),
             }
         }
         "ring" => {

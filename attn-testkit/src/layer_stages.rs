@@ -1,12 +1,13 @@
 //! The float64 references of the multihead layer's stages other than attention (the
 //! projections and LayerNorm, forward and backward), each on the stage's inputs exactly as
 //! a half-precision layer handed them over, with the magnitudes the test kit's row bound
-//! ([`attn_testkit::judge::check_rows`]) takes: the sums of absolute terms that a rounding
+//! ([`crate::judge::check_rows`]) takes: the sums of absolute terms that a rounding
 //! of products or of partial sums scales.
 //!
-//! The roundings covered are those of candle's CPU ops: a matmul accumulates in f32 and
-//! rounds once, a bias add rounds, a sum over rows accumulates in the dtype (each partial
-//! sum rounded), LayerNorm normalises in f32 and rounds, then scales and shifts.
+//! The roundings covered are those of candle's CPU ops (a matmul accumulates in f32 and
+//! rounds once, a bias add rounds, a sum over rows accumulates in the dtype, each partial
+//! sum rounded, LayerNorm normalises in f32 and rounds, then scales and shifts) and the
+//! fewer of attn-multihead's (sums and LayerNorm in f32, each result rounded once).
 
 /// A reference result and the magnitude of each element (row-major).
 #[derive(Debug, Clone)]
