@@ -87,8 +87,22 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     // PTX goes under the target folder wherever the command runs, unless `--out` says.
     let out = (!args.iter().any(|a| a == "--out")).then(|| target_dir().join("ptx"));
+    // The test profile: `cargo test -p attn-kernels --features cuda` built this binary
+    // already (a package's binaries are built for its integration tests).
     let status = Command::new(crate::workspace::cargo())
-        .args(["run", "--quiet", "-p", "attn-kernels", "--features", "cuda", "--bin", "attn-ptx", "--"])
+        .args([
+            "run",
+            "--quiet",
+            "--profile",
+            "test",
+            "-p",
+            "attn-kernels",
+            "--features",
+            "cuda",
+            "--bin",
+            "attn-ptx",
+            "--",
+        ])
         .arg("--ptxas")
         .arg(&ptxas)
         .args(out.iter().flat_map(|o| [std::ffi::OsStr::new("--out"), o.as_os_str()]))
