@@ -82,20 +82,48 @@ inline void yield() {
     if (!_setjmp(current().jb)) _longjmp(g_main_jb, 1);
 }
 
+// Every change of synchronisation state (a barrier arrival, an mbarrier update, a copy
+// landing, a fiber ending) counts here; a waiter that sees no change over whole rounds
+// of the scheduler is deadlocked.
+inline unsigned long long g_progress = 0;
+inline unsigned g_deadlocks = 0;  // waits given up: no fiber could make progress
+// Yields until `ready()`; false (and counted in g_deadlocks) when three whole rounds of
+// every fiber pass with no progress, so a deadlocked kernel ends with a wrong result
+// instead of hanging.
+template <class Ready>
+inline bool spin_until(Ready ready) {
+    unsigned long long seen = g_progress;
+    for (int still = 0; !ready();) {
+        yield();
+        if (g_progress != seen) {
+            seen = g_progress;
+            still = 0;
+        } else if (++still > 3) {
+            ++g_deadlocks;
+            return false;
+        }
+    }
+    return true;
+}
+
 // A barrier of `size` fibers: the last to arrive opens it, the others yield until it opens.
 struct Barrier {
     unsigned size, count = 0, generation = 0;
     explicit Barrier(unsigned n) : size(n) {}
     void arrive_and_wait() {
         const unsigned gen = generation;
+        ++g_progress;
         if (++count == size) {
             count = 0;
             ++generation;
             return;
         }
-        while (generation == gen) yield();
+        spin_until([&] { return generation != gen; });
     }
 };
+// Run at the start and at the end of every block (the Hopper state of emu_hopper.hpp).
+inline void (*g_block_start)() = nullptr;
+inline void (*g_block_end)() = nullptr;
 
 inline Dim3 g_block_dim, g_grid_dim;
 inline constexpr std::size_t kSmemBytes = 256 * 1024;  // every block's shared memory
@@ -257,6 +285,7 @@ inline void fiber_main() {
             f.groups.clear();
         }
         f.done = true;
+        ++g_progress;
         if (!_setjmp(current().jb)) _longjmp(g_main_jb, 1);
     }
 }
@@ -330,7 +359,9 @@ inline void launch(Dim3 grid, unsigned threads, F kernel, std::size_t dyn_bytes 
         g_block_barrier = std::make_unique<Barrier>(threads);
         std::fill(g_smem.begin(), g_smem.end(), 0xAB);  // garbage, like real shared memory
         t_block = blk;
+        if (g_block_start) g_block_start();
         run_block(threads, (blk.x + blk.y + blk.z) % 2 == 1);  // both orders over a grid's blocks
+        if (g_block_end) g_block_end();
         if (dyn_bytes < g_smem.size() &&
             std::any_of(g_smem.begin() + dyn_bytes, g_smem.end(), [](unsigned char c) { return c != 0xAB; }))
             ++g_smem_overruns;

@@ -6,6 +6,9 @@
 // grouped k/v heads, key padding (padded keys must get exactly zero dk/dv), packed
 // sequences (split into per-sequence launches as src/cuda/block.rs does) and windows.
 //
+// Then the Hopper micro-kernels (hopper_micro.hpp: wgmma through each swizzle mode, a
+// stride-r TMA box; with --plant, a wrong descriptor field, swizzle and mbarrier parity).
+//
 // Build and run (no GPU, no CUDA toolkit):
 //   g++ -std=c++20 -O2 -pthread attn-kernels/kernels/emulation/harness.cpp -o /tmp/attn-emu && /tmp/attn-emu
 // An optional argument runs only the cases whose name contains it (after `--stages 3`,
@@ -17,6 +20,7 @@
 // races from a missing __syncthreads / cp.async wait (copies are synchronous and the CUDA
 // threads are fibers that run one at a time, switching only at barriers).
 #include "emu_runtime.hpp"
+#include "emu_hopper.hpp"
 #include "reference.hpp"
 
 #include "../prelude.cu"
@@ -27,6 +31,10 @@
 #include "../dilated_fwd_mma3.cu"
 #include "../dilated_bwd_mma.cu"
 #include "../epilogue.cu"
+#include "../tma_mbarrier.cu"
+#include "../wgmma.cu"
+#include "../hopper_micro.cu"
+#include "hopper_micro.hpp"
 
 #include <cstdio>
 #include <random>
@@ -523,6 +531,9 @@ int main(int argc, char** argv) {
         }
         failed += ok ? 0 : 1;
     }
+    const auto [hopper_ran, hopper_failed] = hopper_micro::run_all(only, g_plant);
+    ran += hopper_ran;
+    failed += hopper_failed;
     if (emu::g_unwaited_blocks != 0) {
         std::printf("FAILED: %u blocks ended with cp.async copies never waited for\n", emu::g_unwaited_blocks);
         return 1;
