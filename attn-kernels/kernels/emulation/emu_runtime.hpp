@@ -86,24 +86,38 @@ inline void yield() {
 // landing, a fiber ending) counts here; a waiter that sees no change over whole rounds
 // of the scheduler is deadlocked.
 inline unsigned long long g_progress = 0;
-inline unsigned g_deadlocks = 0;  // waits given up: no fiber could make progress
-// Yields until `ready()`; false (and counted in g_deadlocks) when three whole rounds of
-// every fiber pass with no progress, so a deadlocked kernel ends with a wrong result
-// instead of hanging.
+inline unsigned g_deadlocks = 0;      // blocks ended because no fiber could make progress
+inline bool g_block_aborted = false;  // this block deadlocked: its fibers leave at their next wait
+
+// Leaves the block from a wait: the fiber is done and starts afresh on the next block.
+[[noreturn]] inline void abandon_block() {
+    Fiber& f = current();
+    f.done = true;
+    f.started = false;
+    f.open.clear();
+    f.groups.clear();
+    _longjmp(g_main_jb, 1);
+}
+
+// Yields until `ready()`. Three whole rounds of every fiber with no progress are a
+// deadlock: it is counted in g_deadlocks and every fiber of the block leaves it at its
+// next wait, so a deadlocked kernel ends (with a wrong result) instead of hanging.
 template <class Ready>
-inline bool spin_until(Ready ready) {
+inline void spin_until(Ready ready) {
     unsigned long long seen = g_progress;
     for (int still = 0; !ready();) {
+        if (g_block_aborted) abandon_block();
         yield();
+        if (g_block_aborted) abandon_block();
         if (g_progress != seen) {
             seen = g_progress;
             still = 0;
         } else if (++still > 3) {
             ++g_deadlocks;
-            return false;
+            g_block_aborted = true;
+            abandon_block();
         }
     }
-    return true;
 }
 
 // A barrier of `size` fibers: the last to arrive opens it, the others yield until it opens.
@@ -359,9 +373,12 @@ inline void launch(Dim3 grid, unsigned threads, F kernel, std::size_t dyn_bytes 
         g_block_barrier = std::make_unique<Barrier>(threads);
         std::fill(g_smem.begin(), g_smem.end(), 0xAB);  // garbage, like real shared memory
         t_block = blk;
+        g_block_aborted = false;
         if (g_block_start) g_block_start();
         run_block(threads, (blk.x + blk.y + blk.z) % 2 == 1);  // both orders over a grid's blocks
         if (g_block_end) g_block_end();
+        if (g_block_aborted)  // the warps' barriers may hold arrivals of the abandoned block
+            for (auto& w : g_warps) w = std::make_unique<Warp>();
         if (dyn_bytes < g_smem.size() &&
             std::any_of(g_smem.begin() + dyn_bytes, g_smem.end(), [](unsigned char c) { return c != 0xAB; }))
             ++g_smem_overruns;
