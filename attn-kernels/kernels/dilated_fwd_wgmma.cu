@@ -23,8 +23,9 @@
 
 #ifdef ATTN_HOPPER
 
-// Shared-memory bytes of the sm_90a forward: Q, STAGES K/V tiles, the barriers.
-#define WGMMA_FWD_SMEM(D, BN, STAGES) (64 * (D) * 2 + (STAGES) * 2 * (BN) * (D) * 2 + 1024)
+// Shared-memory bytes of the sm_90a forward: up to 1023 to align, Q, STAGES K/V tiles, the
+// barriers.
+#define WGMMA_FWD_SMEM(D, BN, STAGES) (1024 + 64 * (D) * 2 + (STAGES) * 2 * (BN) * (D) * 2 + 1024)
 
 template <class E, int D, int BN, int STAGES>
 __device__ void fwd_wgmma(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a,
@@ -32,7 +33,8 @@ __device__ void fwd_wgmma(const u16* q, const u16* k, const u16* v, void* o_dst,
     constexpr int BM = 64, PW = D < 64 ? D : 64;  // panel width (elements): one swizzle row
     constexpr u32 W = PW * 2, TILE = BN * D * 2;
     constexpr Swizzle SWZ = W == 128 ? Swizzle::B128 : Swizzle::B64;
-    ATTN_DYNAMIC_SMEM(smem);
+    ATTN_DYNAMIC_SMEM(smem_raw);
+    unsigned char* smem = align_1024(smem_raw);  // every tile on its swizzle pattern's start
     u16* sQ = reinterpret_cast<u16*>(smem);
     unsigned char* ring = smem + BM * D * 2;  // stage s: K at s * 2 TILE, V after it
     u64* bars = reinterpret_cast<u64*>(ring + STAGES * 2 * TILE);  // q_full, full[], empty[]

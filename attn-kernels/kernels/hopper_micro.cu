@@ -73,7 +73,8 @@ __device__ __forceinline__ void micro_product(float* acc, const u16* sA, const u
 
 template <class E, int N>
 __device__ void wgmma_micro(const WgmmaMicroParams& p) {
-    ATTN_DYNAMIC_SMEM(smem);
+    ATTN_DYNAMIC_SMEM(smem_raw);
+    unsigned char* smem = align_1024(smem_raw);
     const Swizzle s = static_cast<Swizzle>(p.swz);
     const u32 W = swizzle_row_bytes(s), half = W / 2;
     const u32 a_bytes = 64 * p.k * 2, b_bytes = N * p.k * 2;
@@ -110,7 +111,8 @@ __device__ void wgmma_micro(const WgmmaMicroParams& p) {
 
 // One box of `map` at (0, c1) into shared memory, then out[row][col] from its swizzled place.
 __device__ void tma_micro(const TmaMicroParams& p) {
-    ATTN_DYNAMIC_SMEM(smem);
+    ATTN_DYNAMIC_SMEM(smem_raw);
+    unsigned char* smem = align_1024(smem_raw);
     const u32 bytes = p.rows * p.cols * 2;
     u64* bar = reinterpret_cast<u64*>(smem + (bytes + 1023) / 1024 * 1024);
     if (threadIdx.x == 0) {

@@ -79,6 +79,22 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, int c0
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 #endif
 
+// The shared-memory address of p (what descriptors, mbarriers and TMA take).
+__device__ __forceinline__ u32 smem_address(const void* p) {
+#ifdef ATTN_CPU_EMULATION
+    return emu::smem_addr(p);
+#else
+    return smem_u32(p);
+#endif
+}
+
+// The first byte at or after p on a 1024-byte shared address: the 128B swizzle's repeat,
+// where a swizzled tile must start (TMA writes it and wgmma reads it by address bits).
+// Dynamic shared memory starts after the static arrays, wherever they end.
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
+    return p + ((1024u - (smem_address(p) & 1023u)) & 1023u);
+}
+
 // Byte offset of logical byte `off` of a tile under swizzle `s`, for generic loads and
 // stores of a tile that starts on a 1024-byte boundary (the TMA and wgmma patterns are
 // functions of the address bits: 128B XORs bits 4-6 with 7-9, 64B 4-5 with 7-8, 32B 4 with 7).

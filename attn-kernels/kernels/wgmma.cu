@@ -24,11 +24,7 @@
 
 // The descriptor of a 16-bit operand at shared address `p`.
 __device__ __forceinline__ u64 smem_desc(const void* p, u32 lbo, u32 sbo, Swizzle s) {
-#ifdef ATTN_CPU_EMULATION
-    const u32 addr = emu::smem_addr(p);
-#else
-    const u32 addr = smem_u32(p);
-#endif
+    const u32 addr = smem_address(p);
     return (u64)((addr & 0x3ffff) >> 4) | ((u64)((lbo >> 4) & 0x3fff) << 16) | ((u64)((sbo >> 4) & 0x3fff) << 32) |
            ((u64)(u32)s << 62);
 }

@@ -58,6 +58,11 @@ inline unsigned smem_addr(const void* p) {
     return (unsigned)(c - g_smem.data());
 }
 
+// Bytes after which a swizzle's pattern repeats (a swizzled tile starts on a multiple).
+inline unsigned swizzle_repeat(Swizzle s) {
+    return s == Swizzle::B128 ? 1024 : s == Swizzle::B64 ? 512 : s == Swizzle::B32 ? 256 : 16;
+}
+
 // The physical address of logical byte address a under a swizzle mode.
 inline unsigned swizzled(unsigned a, Swizzle s) {
     switch (s) {
@@ -164,6 +169,7 @@ inline int encode_tiled_2d(EmuTensorMap* m, unsigned elem, const void* base, uns
 inline void tma_load_2d(void* dst, const EmuTensorMap* map, int c0, int c1, void* bar) {
     const unsigned d = smem_addr(dst), a = smem_addr(bar);
     if (d % 128 != 0) ++g_misaligned;
+    if (d % swizzle_repeat(map->swizzle) != 0) ++g_hopper_faults;  // the pattern would start mid-way
     const unsigned row_bytes = map->box[0] * map->elem;
     TmaCopy c{{}, row_bytes * map->box[1]};
     for (unsigned y = 0; y < map->box[1]; ++y) {
@@ -295,7 +301,13 @@ inline void wgmma_issue(float* d, int n, const unsigned* a, unsigned long long d
             }
         for (int i = 0; i < 128; ++i)
             if (wg.desc[i][0] != wg.desc[0][0] || wg.desc[i][1] != wg.desc[0][1]) ++g_hopper_faults;
-        if (((desc_a >> 49) & 7) != 0 || ((desc_b >> 49) & 7) != 0) ++g_hopper_faults;  // base offset
+        // No base offset: a swizzled operand starts on its pattern's first row (a k-step
+        // may move the start inside a row, never across one).
+        auto off_pattern = [](unsigned long long desc) {
+            const unsigned start = (unsigned)(desc & 0x3fff) << 4;
+            return ((desc >> 49) & 7) != 0 || start % swizzle_repeat(static_cast<Swizzle>(desc >> 62)) >= 128;
+        };
+        if ((a == nullptr && off_pattern(desc_a)) || off_pattern(desc_b)) ++g_hopper_faults;
         wg.op = op;
     }
     wg.bar.arrive_and_wait();

@@ -150,7 +150,11 @@ struct Warp {
     const unsigned short* ptr[32];
 };
 inline std::vector<std::unique_ptr<Warp>> g_warps;
-inline unsigned char* dyn_smem() { return g_smem.data(); }
+// Dynamic shared memory starts this far into the block's shared memory, as it does on a
+// GPU after the static arrays: 16-byte aligned, not 1024 (a tile that needs more aligns
+// itself).
+inline constexpr std::size_t kDynSmemOffset = 512;
+inline unsigned char* dyn_smem() { return g_smem.data() + kDynSmemOffset; }
 inline Warp& warp() { return *g_warps[current().thread.x / 32]; }
 }  // namespace emu
 
@@ -379,8 +383,10 @@ inline void launch(Dim3 grid, unsigned threads, F kernel, std::size_t dyn_bytes 
         if (g_block_end) g_block_end();
         if (g_block_aborted)  // the warps' barriers may hold arrivals of the abandoned block
             for (auto& w : g_warps) w = std::make_unique<Warp>();
-        if (dyn_bytes < g_smem.size() &&
-            std::any_of(g_smem.begin() + dyn_bytes, g_smem.end(), [](unsigned char c) { return c != 0xAB; }))
+        const auto touched = [](unsigned char c) { return c != 0xAB; };
+        const std::size_t end = std::min(g_smem.size(), kDynSmemOffset + dyn_bytes);
+        if (std::any_of(g_smem.begin(), g_smem.begin() + kDynSmemOffset, touched) ||
+            std::any_of(g_smem.begin() + end, g_smem.end(), touched))
             ++g_smem_overruns;
     }
 }
