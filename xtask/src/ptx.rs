@@ -1,4 +1,4 @@
-//! `cargo xtask ptx`: compile every CUDA kernel with NVRTC for sm_80 and sm_90 and check
+//! `cargo xtask ptx`: compile every CUDA kernel with NVRTC for sm_80, sm_90 and sm_90a and check
 //! the PTX with `ptxas -v` (registers, shared memory, spills), with no GPU needed.
 //!
 //! NVRTC and ptxas come from PyPI wheels cached outside the repository:
