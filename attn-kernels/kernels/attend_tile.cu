@@ -34,6 +34,42 @@ __device__ __forceinline__ void mask_scores(float (*s)[4], const int* lo, const 
     }
 }
 
+// One step of the online softmax over a 16-row tile of scores s (NS blocks of 8 columns,
+// the accumulator layout of mma.m16n8k16's C; this thread's rows g and g + 8): raw scores
+// become exponents exp2(s * scale_log2 - m), the row max m (scaled log2 domain) and sum l
+// move on, and the row's O accumulators (NO blocks) are rescaled to the new max.
+template <int NS, int NO>
+__device__ __forceinline__ void online_softmax(float (*s)[4], float* m, float* l, float (*o)[4], float scale_log2) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float mx = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < NS; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+        mx = fmaxf(mx, shfl_xor<1>(mx));
+        mx = fmaxf(mx, shfl_xor<2>(mx));
+        const float m_new = fmaxf(m[i], mx * scale_log2);
+        const float m_use = m_new == NEG_INF ? 0.f : m_new;
+        const float alpha = exp2_approx(m[i] - m_use);
+        float rs = 0.f;
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float pe = exp2_approx(fmaf(s[j][2 * i + e], scale_log2, -m_use));
+                s[j][2 * i + e] = pe;
+                rs += pe;
+            }
+        }
+        l[i] = l[i] * alpha + rs;
+        m[i] = m_new;
+#pragma unroll
+        for (int j = 0; j < NO; ++j) {
+            o[j][2 * i] *= alpha;
+            o[j][2 * i + 1] *= alpha;
+        }
+    }
+}
+
 // The running state of a warp's MT row tiles: O accumulators, and per row (this thread's
 // rows g and g + 8 of each tile) the max in the scaled log2 domain and the sum.
 template <int NO, int MT>
@@ -113,34 +149,7 @@ __device__ __forceinline__ void attend_tile(RowState<D / 8, MT>& st, const u16* 
             else
                 mask_scores<NS>(s[mt], lo, hi, c, krows);
         }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int j = 0; j < NS; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * i], s[mt][j][2 * i + 1]));
-            mx = fmaxf(mx, shfl_xor<1>(mx));
-            mx = fmaxf(mx, shfl_xor<2>(mx));
-            const float m_new = fmaxf(st.m[mt][i], mx * scale_log2);
-            const float m_use = m_new == NEG_INF ? 0.f : m_new;
-            const float alpha = exp2_approx(st.m[mt][i] - m_use);
-            float rs = 0.f;
-#pragma unroll
-            for (int j = 0; j < NS; ++j) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float pe = exp2_approx(fmaf(s[mt][j][2 * i + e], scale_log2, -m_use));
-                    s[mt][j][2 * i + e] = pe;
-                    rs += pe;
-                }
-            }
-            st.l[mt][i] = st.l[mt][i] * alpha + rs;
-            st.m[mt][i] = m_new;
-#pragma unroll
-            for (int j = 0; j < NO; ++j) {
-                st.o[mt][j][2 * i] *= alpha;
-                st.o[mt][j][2 * i + 1] *= alpha;
-            }
-        }
+        online_softmax<NS, NO>(s[mt], st.m[mt], st.l[mt], st.o[mt], scale_log2);
     }
 
     // O += P V: P comes straight from the S accumulators (C layout == A layout pairs);

@@ -169,15 +169,17 @@ __device__ __forceinline__ void load_tile_affine_async(u16* dst, const u16* src0
     for (int it = 0; it < ROWS / RS; ++it, src += RS * step) cp_async16_at(out, it * RS * LD, src, n);
 }
 
+// Row of the k block of selected key index t, or -1 at or past t_hi or where padded.
+__device__ __forceinline__ i64 key_row(const Pattern& p, i64 t, i64 t_hi, const AttnParams& a, i64 b) {
+    const i64 r = t < t_hi ? sel_pos(p, t) - a.k_start : -1;
+    return r >= 0 && key_padded(a, b, r) ? -1 : r;
+}
+
 // gather_rows for key tiles: padded keys get -1 too (zero-filled, masked out like rows
 // past the block).
 __device__ __forceinline__ void gather_keys(i64* s_rows, int rows, const Pattern& p, i64 t0, i64 t_hi,
                                             const AttnParams& a, i64 b) {
-    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
-        const i64 t = t0 + i;
-        const i64 r = t < t_hi ? sel_pos(p, t) - a.k_start : -1;
-        s_rows[i] = r >= 0 && key_padded(a, b, r) ? -1 : r;
-    }
+    for (int i = threadIdx.x; i < rows; i += blockDim.x) s_rows[i] = key_row(p, t0 + i, t_hi, a, b);
 }
 
 // Selected key indices [*lo, *hi) that query t reads: its segment cut by its band.

@@ -117,6 +117,11 @@
 //! Whole calls (`call`) take their f32 scratch from the caller (`backward_call_in`) or
 //! from the stream's `scratch` pool, so a repeated shape allocates nothing; the emulation
 //! runs the same pool code on host memory.
+//! The sm_90a forward (`dilated_fwd_wgmma.cu` over `tma_mbarrier.cu` and `wgmma.cu`: TMA
+//! tiles from stride-r tensor maps, an mbarrier ring, a producer and a consumer warpgroup,
+//! wgmma) compiles only for `compute_90a` (`source::sm90a_kernel_names_for`, assembled by
+//! `attn-ptx`) and runs so far only in the emulation harness (`kernels/emulation/harness.cpp
+//! --hopper`); no launch plan chooses it yet.
 //! A block's launches are planned as data (`launch_plan`:
 //! kernel, grid, argument offsets, parameters) and executed either on the device or by
 //! `emulation`, which loads `kernels/emulation/emu_capi.cpp` (the `.cu` files over a fiber

@@ -1,4 +1,4 @@
-//! `cargo xtask ptx`: compile every CUDA kernel with NVRTC for sm_80 and sm_90 and check
+//! `cargo xtask ptx`: compile every CUDA kernel with NVRTC for sm_80, sm_90 and sm_90a and check
 //! the PTX with `ptxas -v` (registers, shared memory, spills), with no GPU needed.
 //!
 //! NVRTC and ptxas come from PyPI wheels cached outside the repository:
@@ -115,9 +115,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
 /// `cargo xtask ptx --emulate`: build `attn-kernels/kernels/emulation/harness.cpp` with
 /// the host C++ compiler (`CXX`, default `g++`, C++20) and run it: the CUDA kernels run
-/// as fibers on the CPU (mma.sync, shuffles and barriers emulated) against a float64 reference,
-/// with the two- and the three-stage forward, each then again with `--plant`, where the
-/// harness passes only if its judge rejects the errors it plants in every case.
+/// as fibers on the CPU (mma.sync, wgmma, TMA, mbarriers, shuffles and barriers emulated)
+/// against a float64 reference, with the two- and the three-stage forward and the sm_90a
+/// one, each then again with `--plant`, where the harness passes only if its judge rejects
+/// the errors it plants in every case.
 fn run_emulation() -> Result<(), String> {
     let harness = crate::workspace::repo_root().join("attn-kernels/kernels/emulation/harness.cpp");
     // Created if no build made it yet.
@@ -135,24 +136,28 @@ fn run_emulation() -> Result<(), String> {
     if !built.success() {
         return Err(format!("{cxx} failed to build {} ({built})", harness.display()));
     }
-    // Every case with the two-stage forward, then with the three-stage one; then the judge
-    // bites: errors planted in every case's results (two rows of out swapped, one LSE off
-    // by 0.01) must each be rejected, or this run fails.
-    for stages in ["2", "3"] {
+    // Every case with the two-stage forward, the three-stage one, and the sm_90a forward
+    // (`--hopper`, where a launch can take it); then the judge bites: errors planted in
+    // every case's results (two rows of out swapped, one LSE off by 0.01) and in the Hopper
+    // micro-kernels (a descriptor field, a swizzle, an mbarrier parity) must each be
+    // rejected, or this run fails.
+    for (stages, forward) in [("2", None), ("3", None), ("2", Some("--hopper"))] {
         let run = |plant: &[&str]| {
             Command::new(&exe)
                 .args(plant)
                 .args(["--stages", stages])
+                .args(forward)
                 .status()
                 .map_err(|e| format!("running {}: {e}", exe.display()))
         };
+        let what = forward.map_or_else(|| format!("{stages} forward stages"), |f| format!("{stages} stages, {f}"));
         let ran = run(&[])?;
         if !ran.success() {
-            return Err(format!("CUDA kernel emulation with {stages} forward stages failed ({ran})"));
+            return Err(format!("CUDA kernel emulation with {what} failed ({ran})"));
         }
         let planted = run(&["--plant"])?;
         if !planted.success() {
-            return Err(format!("the emulation's judge let a planted error pass ({stages} stages, {planted})"));
+            return Err(format!("the emulation's judge let a planted error pass ({what}, {planted})"));
         }
     }
     Ok(())

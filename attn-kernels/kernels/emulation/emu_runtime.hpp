@@ -82,20 +82,62 @@ inline void yield() {
     if (!_setjmp(current().jb)) _longjmp(g_main_jb, 1);
 }
 
+// Every change of synchronisation state (a barrier arrival, an mbarrier update, a copy
+// landing, a fiber ending) counts here; a waiter that sees no change over whole rounds
+// of the scheduler is deadlocked.
+inline unsigned long long g_progress = 0;
+inline unsigned g_deadlocks = 0;      // blocks ended because no fiber could make progress
+inline bool g_block_aborted = false;  // this block deadlocked: its fibers leave at their next wait
+
+// Leaves the block from a wait: the fiber is done and starts afresh on the next block.
+[[noreturn]] inline void abandon_block() {
+    Fiber& f = current();
+    f.done = true;
+    f.started = false;
+    f.open.clear();
+    f.groups.clear();
+    _longjmp(g_main_jb, 1);
+}
+
+// Yields until `ready()`. Three whole rounds of every fiber with no progress are a
+// deadlock: it is counted in g_deadlocks and every fiber of the block leaves it at its
+// next wait, so a deadlocked kernel ends (with a wrong result) instead of hanging.
+template <class Ready>
+inline void spin_until(Ready ready) {
+    unsigned long long seen = g_progress;
+    for (int still = 0; !ready();) {
+        if (g_block_aborted) abandon_block();
+        yield();
+        if (g_block_aborted) abandon_block();
+        if (g_progress != seen) {
+            seen = g_progress;
+            still = 0;
+        } else if (++still > 3) {
+            ++g_deadlocks;
+            g_block_aborted = true;
+            abandon_block();
+        }
+    }
+}
+
 // A barrier of `size` fibers: the last to arrive opens it, the others yield until it opens.
 struct Barrier {
     unsigned size, count = 0, generation = 0;
     explicit Barrier(unsigned n) : size(n) {}
     void arrive_and_wait() {
         const unsigned gen = generation;
+        ++g_progress;
         if (++count == size) {
             count = 0;
             ++generation;
             return;
         }
-        while (generation == gen) yield();
+        spin_until([&] { return generation != gen; });
     }
 };
+// Run at the start and at the end of every block (the Hopper state of emu_hopper.hpp).
+inline void (*g_block_start)() = nullptr;
+inline void (*g_block_end)() = nullptr;
 
 inline Dim3 g_block_dim, g_grid_dim;
 inline constexpr std::size_t kSmemBytes = 256 * 1024;  // every block's shared memory
@@ -108,7 +150,11 @@ struct Warp {
     const unsigned short* ptr[32];
 };
 inline std::vector<std::unique_ptr<Warp>> g_warps;
-inline unsigned char* dyn_smem() { return g_smem.data(); }
+// Dynamic shared memory starts this far into the block's shared memory, as it does on a
+// GPU after the static arrays: 16-byte aligned, not 1024 (a tile that needs more aligns
+// itself).
+inline constexpr std::size_t kDynSmemOffset = 512;
+inline unsigned char* dyn_smem() { return g_smem.data() + kDynSmemOffset; }
 inline Warp& warp() { return *g_warps[current().thread.x / 32]; }
 }  // namespace emu
 
@@ -257,6 +303,7 @@ inline void fiber_main() {
             f.groups.clear();
         }
         f.done = true;
+        ++g_progress;
         if (!_setjmp(current().jb)) _longjmp(g_main_jb, 1);
     }
 }
@@ -330,9 +377,16 @@ inline void launch(Dim3 grid, unsigned threads, F kernel, std::size_t dyn_bytes 
         g_block_barrier = std::make_unique<Barrier>(threads);
         std::fill(g_smem.begin(), g_smem.end(), 0xAB);  // garbage, like real shared memory
         t_block = blk;
+        g_block_aborted = false;
+        if (g_block_start) g_block_start();
         run_block(threads, (blk.x + blk.y + blk.z) % 2 == 1);  // both orders over a grid's blocks
-        if (dyn_bytes < g_smem.size() &&
-            std::any_of(g_smem.begin() + dyn_bytes, g_smem.end(), [](unsigned char c) { return c != 0xAB; }))
+        if (g_block_end) g_block_end();
+        if (g_block_aborted)  // the warps' barriers may hold arrivals of the abandoned block
+            for (auto& w : g_warps) w = std::make_unique<Warp>();
+        const auto touched = [](unsigned char c) { return c != 0xAB; };
+        const std::size_t end = std::min(g_smem.size(), kDynSmemOffset + dyn_bytes);
+        if (std::any_of(g_smem.begin(), g_smem.begin() + kDynSmemOffset, touched) ||
+            std::any_of(g_smem.begin() + end, g_smem.end(), touched))
             ++g_smem_overruns;
     }
 }

@@ -6,6 +6,9 @@
 // grouped k/v heads, key padding (padded keys must get exactly zero dk/dv), packed
 // sequences (split into per-sequence launches as src/cuda/block.rs does) and windows.
 //
+// Then the Hopper micro-kernels (hopper_micro.hpp: wgmma through each swizzle mode, a
+// stride-r TMA box; with --plant, a wrong descriptor field, swizzle and mbarrier parity).
+//
 // Build and run (no GPU, no CUDA toolkit):
 //   g++ -std=c++20 -O2 -pthread attn-kernels/kernels/emulation/harness.cpp -o /tmp/attn-emu && /tmp/attn-emu
 // An optional argument runs only the cases whose name contains it (after `--stages 3`,
@@ -17,6 +20,7 @@
 // races from a missing __syncthreads / cp.async wait (copies are synchronous and the CUDA
 // threads are fibers that run one at a time, switching only at barriers).
 #include "emu_runtime.hpp"
+#include "emu_hopper.hpp"
 #include "reference.hpp"
 
 #include "../prelude.cu"
@@ -27,6 +31,12 @@
 #include "../dilated_fwd_mma3.cu"
 #include "../dilated_bwd_mma.cu"
 #include "../epilogue.cu"
+#include "../tma_mbarrier.cu"
+#include "../wgmma.cu"
+#include "../hopper_micro.cu"
+#include "../dilated_fwd_wgmma.cu"
+#include "hopper_micro.hpp"
+#include "hopper_plan.hpp"
 
 #include <cstdio>
 #include <random>
@@ -145,6 +155,10 @@ static AttnParams piece_params(const Cfg& c, const Feat& f, int B, int N, int H,
 
 // K/V stages of the tensor-core forward the cases run (`--stages 3`: dilated_fwd_mma3.cu).
 static int g_fwd_stages = 2;
+// `--hopper`: f16/bf16 forward launches the sm_90a kernel can take run it (the others, and
+// every launch without the flag, the mma.sync kernels); counted per case.
+static bool g_hopper = false;
+static int g_hopper_launches = 0, g_fwd_launches = 0;
 
 // Forward of a block: q rows at global position q_pos, k/v rows at k_pos, merged into
 // (o_acc, lse_acc) of the q block.
@@ -166,6 +180,15 @@ static void fwd_block(DT dt, const Cfg& c, const Feat& f, int B, int N, int H, i
             const Dim3 grid{(unsigned)((rows + per_block - 1) / per_block), (unsigned)(l.h1 - l.h0), (unsigned)B};
             if (grid.x == 0) continue;
             const S *qd = qp.data, *kd = kp.data, *vd = vp.data;
+            ++g_fwd_launches;
+            if constexpr (!std::is_same_v<E, F32E>) {
+                std::vector<EmuTensorMap> maps;
+                if (g_hopper && hopper_plan::encode_maps(a, B, l.h1 - l.h0, pd, qd, kd, vd, &maps)) {
+                    hopper_plan::launch_fwd<E>(grid, pd, qd, kd, vd, o, lse, a, maps.data());
+                    ++g_hopper_launches;
+                    continue;
+                }
+            }
             if constexpr (std::is_same_v<E, F32E>) {
                 emu::launch(grid, 128, [=] { dilated_fwd_rows_f32(qd, kd, vd, o, lse, a); });
             } else {
@@ -391,7 +414,9 @@ static bool run_case(const Case& t) {
     const Ref ref = reference(t.cfg, f, B, N, H, D, to_d(q, H), to_d(k, KH), to_d(v, KH), to_d(g, H));
     const float out_scale = t.cfg.longnet || t.cfg.window ? 1.f : 1.f / (float)t.cfg.w.size();
 
-    // Forward, whole call.
+    // Forward, whole call (TMA copies of the sm_90a forward land at the wait for them).
+    g_hopper_launches = g_fwd_launches = 0;
+    emu::g_tma_landing = emu::TmaLanding::Lazy;
     std::vector<float> o_acc(numel, 0.f), lse(rows, -INFINITY);
     fwd_block<E>(t.dt, t.cfg, f, B, N, H, D, q, 0, k, v, 0, o_acc.data(), lse.data());
     std::vector<S> out(numel);
@@ -405,7 +430,9 @@ static bool run_case(const Case& t) {
     for (size_t i = 0; i < numel; ++i) outf[i] = E::to_f(out[i]);
     if (g_plant) return planted_rejected(t.name, outf, lse, ref, D, t.dt);
 
-    // Forward through the block API: q rows [q_start, N), key blocks merged in reverse order.
+    // Forward through the block API: q rows [q_start, N), key blocks merged in reverse order
+    // (TMA copies land at issue).
+    emu::g_tma_landing = emu::TmaLanding::Eager;
     const int qs = t.q_start, nq = N - qs;
     std::vector<float> bo((size_t)B * nq * H * D, 0.f), bl((size_t)B * nq * H, -INFINITY);
     const View<S> qb = q.at(qs, nq);
@@ -413,6 +440,7 @@ static bool run_case(const Case& t) {
         if (lo == hi) continue;
         fwd_block<E>(t.dt, t.cfg, f, B, N, H, D, qb, qs, k.at(lo, hi - lo), v.at(lo, hi - lo), lo, bo.data(), bl.data());
     }
+    emu::g_tma_landing = emu::TmaLanding::Lazy;
     double block_err = 0;
     for (int b = 0; b < B; ++b)
         for (int s = qs; s < N; ++s)
@@ -457,9 +485,11 @@ static bool run_case(const Case& t) {
                                         worst_row(dv, ref.dv, ref.mdv, D, rb)});
     const bool ok = e_out <= tol && e_lse <= 1e-4 && e_dq <= tol && e_dk <= tol && e_dv <= tol &&
                     block_err <= block_tol && pad_zero && rows_worst <= 1;
-    std::printf("%-4s %-58s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e block %.1e%s (tol %.0e), worst row %.2f\n",
+    std::printf("%-4s %-58s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e block %.1e%s (tol %.0e), worst row %.2f",
                 ok ? "ok" : "FAIL", t.name.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, block_err, pad_zero ? "" : " PAD-GRAD",
                 tol, rows_worst);
+    if (g_hopper) std::printf(", sm_90a forward %d of %d launches", g_hopper_launches, g_fwd_launches);
+    std::printf("\n");
     return ok;
 }
 
@@ -477,6 +507,8 @@ int main(int argc, char** argv) {
     int arg = 1;
     if (argc > arg && std::string(argv[arg]) == "--plant") g_plant = true, ++arg;
     if (argc > arg + 1 && std::string(argv[arg]) == "--stages") g_fwd_stages = std::atoi(argv[arg + 1]), arg += 2;
+    if (argc > arg && std::string(argv[arg]) == "--hopper") g_hopper = true, ++arg;
+    emu::hopper_install();
     const std::string only = argc > arg ? argv[arg] : "";
     const std::vector<Case> cases = {
         {"f32 headgroups w[4,8] r[1,2] n19 h3 d8", DT::F32, {{4, 8}, {1, 2}, false, false}, 2, 19, 3, 8, false, 5, 7},
@@ -489,6 +521,7 @@ int main(int argc, char** argv) {
         {"f16 longnet w[130] r[1] d64 full tiles, ragged", DT::F16, {{130}, {1}, true, false}, 1, 150, 1, 64, false, 64, 64},
         {"bf16 headgroups b2 h5 G3 uneven w[16,32,48] r[1,2,4] d32", DT::BF16, {{16, 32, 48}, {1, 2, 4}, false, true}, 2, 61, 5, 32, false, 13, 40},
         {"bf16 longnet causal r4 offsets w[96] r[4] d128 h4", DT::BF16, {{96}, {4}, true, true}, 1, 170, 4, 128, false, 33, 100},
+        {"bf16 longnet w[256,512] r[1,2] d64 (key tiles wrap the ring)", DT::BF16, {{256, 512}, {1, 2}, true, false}, 1, 600, 2, 64, false, 100, 300},
         // Features: grouped k/v heads, key padding, packed sequences, sliding windows.
         {"f32 gqa kv1 of h4 longnet causal w[4,8] r[1,2] d8", DT::F32, {{4, 8}, {1, 2}, true, true}, 2, 23, 4, 8, false, 5, 9, {1}},
         {"bf16 gqa kv2 of h8 headgroups w[8,16] r[1,2] d32", DT::BF16, {{8, 16}, {1, 2}, false, false}, 1, 40, 8, 32, false, 7, 20, {2}},
@@ -523,6 +556,14 @@ int main(int argc, char** argv) {
         }
         failed += ok ? 0 : 1;
     }
+    if (emu::g_hopper_faults + emu::g_hopper_unwaited + emu::g_deadlocks != 0) {
+        std::printf("FAILED: Hopper misuse %u, work in flight at a block's end %u, deadlocks %u\n",
+                    emu::g_hopper_faults, emu::g_hopper_unwaited, emu::g_deadlocks);
+        return 1;
+    }
+    const auto [hopper_ran, hopper_failed] = hopper_micro::run_all(only, g_plant);
+    ran += hopper_ran;
+    failed += hopper_failed;
     if (emu::g_unwaited_blocks != 0) {
         std::printf("FAILED: %u blocks ended with cp.async copies never waited for\n", emu::g_unwaited_blocks);
         return 1;

@@ -5,7 +5,10 @@
 //! `--fill-cache DIR` instead writes the modules a device of each architecture loads
 //! (every dtype) into the kernel cache in DIR, for a machine that should not compile them.
 //!
-//! Usage: attn-ptx [--arch 80,90] [--out DIR] [--ptxas PATH] [--fill-cache DIR]
+//! An architecture with the suffix `a` (`90a`) compiles for its architecture-specific
+//! features and expects the kernels that need them too (`sm90a_kernel_names_for`).
+//!
+//! Usage: attn-ptx [--arch 80,90,90a] [--out DIR] [--ptxas PATH] [--fill-cache DIR]
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -18,8 +21,9 @@ use attn_kernels::cuda::plan::{
     mma_bwd_dq_smem_bytes, mma_bwd_smem_bytes, mma_smem_bytes,
 };
 use attn_kernels::cuda::source::{
-    MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, dtype_define, full_source, kernel_names_for, mma_bwd_dq_kernel_name,
-    mma_bwd_kernel_name, mma_fused_kernel_name, mma_kernel_name, nvrtc_options,
+    MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, WGMMA_HEAD_DIMS, dtype_define, full_source, kernel_names_for,
+    mma_bwd_dq_kernel_name, mma_bwd_kernel_name, mma_fused_kernel_name, mma_kernel_name, nvrtc_options,
+    sm90a_kernel_names_for, wgmma_fwd_kernel_name, wgmma_fwd_smem_bytes,
 };
 
 #[derive(Debug, Default, Clone)]
@@ -40,7 +44,7 @@ struct Args {
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
-        archs: vec!["80".into(), "90".into()],
+        archs: vec!["80".into(), "90".into(), "90a".into()],
         out: PathBuf::from("target/ptx"),
         ptxas: "ptxas".into(),
         fill_cache: None,
@@ -54,13 +58,14 @@ fn parse_args() -> Result<Args, String> {
             "--ptxas" => a.ptxas = val()?,
             "--fill-cache" => a.fill_cache = Some(PathBuf::from(val()?)),
             "-h" | "--help" => {
-                return Err("usage: attn-ptx [--arch 80,90] [--out DIR] [--ptxas PATH] [--fill-cache DIR]".into());
+                return Err("usage: attn-ptx [--arch 80,90,90a] [--out DIR] [--ptxas PATH] [--fill-cache DIR]".into());
             }
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
-    if a.archs.iter().any(|s| s.is_empty() || !s.chars().all(|c| c.is_ascii_digit())) {
-        return Err(format!("bad --arch list {:?} (want e.g. 80,90)", a.archs));
+    let digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
+    if a.archs.iter().any(|s| !digits(s.strip_suffix('a').unwrap_or(s))) {
+        return Err(format!("bad --arch list {:?} (want e.g. 80,90,90a)", a.archs));
     }
     Ok(a)
 }
@@ -105,6 +110,11 @@ fn parse_ptxas(text: &str) -> Vec<(String, KernelReport)> {
 /// Dynamic shared memory a kernel is launched with (0 for the row kernels).
 fn dynamic_smem(name: &str) -> usize {
     for t in ["f16", "bf16"] {
+        for d in WGMMA_HEAD_DIMS {
+            if name == wgmma_fwd_kernel_name(t, d) {
+                return wgmma_fwd_smem_bytes(d);
+            }
+        }
         for stages in ForwardStages::ALL {
             for rows in ForwardRows::ALL {
                 let opts = ForwardOptions { rows, stages, ..ForwardOptions::default() };
@@ -217,7 +227,10 @@ fn run() -> Result<(), String> {
                 ));
             }
             let reports = parse_ptxas(&text);
-            let expected = kernel_names_for(suffix);
+            let mut expected = kernel_names_for(suffix);
+            if arch.ends_with('a') {
+                expected.extend(sm90a_kernel_names_for(suffix));
+            }
             total += expected.len();
             println!("sm_{arch} {suffix}: {} ({} bytes of PTX)", ptx_path.display(), text_ptx.len());
             println!(

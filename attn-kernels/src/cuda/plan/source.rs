@@ -13,8 +13,9 @@ use super::choices::{
 /// Shared definitions, compiled first.
 pub const PRELUDE: &str = include_str!("../../../kernels/prelude.cu");
 
-/// The kernel files after the prelude, as `(file name, text)`.
-pub const FILES: [(&str, &str); 8] = [
+/// The kernel files after the prelude, as `(file name, text)`. The last three hold the
+/// sm_90a kernels (TMA, mbarriers, wgmma): empty unless NVRTC targets `compute_90a`.
+pub const FILES: [(&str, &str); 11] = [
     ("dilated_rows.cu", include_str!("../../../kernels/dilated_rows.cu")),
     ("mma_tiles.cu", include_str!("../../../kernels/mma_tiles.cu")),
     ("attend_tile.cu", include_str!("../../../kernels/attend_tile.cu")),
@@ -23,6 +24,9 @@ pub const FILES: [(&str, &str); 8] = [
     ("dilated_bwd_mma.cu", include_str!("../../../kernels/dilated_bwd_mma.cu")),
     ("dilated_bwd_dq_mma.cu", include_str!("../../../kernels/dilated_bwd_dq_mma.cu")),
     ("epilogue.cu", include_str!("../../../kernels/epilogue.cu")),
+    ("tma_mbarrier.cu", include_str!("../../../kernels/tma_mbarrier.cu")),
+    ("wgmma.cu", include_str!("../../../kernels/wgmma.cu")),
+    ("dilated_fwd_wgmma.cu", include_str!("../../../kernels/dilated_fwd_wgmma.cu")),
 ];
 
 /// Padded head dims of the tensor-core forward (`head_dim` is rounded up to one of these).
@@ -30,6 +34,9 @@ pub const MMA_HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
 
 /// Padded head dims of the tensor-core backward (larger head dims use the row kernels).
 pub const MMA_BWD_HEAD_DIMS: [usize; 3] = [32, 64, 128];
+
+/// Padded head dims of the sm_90a forward (`dilated_fwd_wgmma.cu`).
+pub const WGMMA_HEAD_DIMS: [usize; 3] = [32, 64, 128];
 
 /// Largest head_dim any kernel supports (32 lanes x `ROW_CHUNKS` in `prelude.cu`).
 pub const MAX_HEAD_DIM: usize = 256;
@@ -128,6 +135,27 @@ pub fn kernel_names() -> Vec<String> {
         }
     }
     names
+}
+
+/// The kernels a `compute_90a` module of one dtype has beyond [`kernel_names_for`]: the
+/// sm_90a forward of each padded head dim (none for f32).
+pub fn sm90a_kernel_names_for(suffix: &str) -> Vec<String> {
+    if suffix == "f32" {
+        return Vec::new();
+    }
+    WGMMA_HEAD_DIMS.iter().map(|&d| wgmma_fwd_kernel_name(suffix, d)).collect()
+}
+
+/// Name of the sm_90a forward (TMA tiles, wgmma; 64 query rows a block) for a dtype suffix
+/// and padded head dim.
+pub fn wgmma_fwd_kernel_name(suffix: &str, padded_d: usize) -> String {
+    format!("dilated_fwd_wgmma_{suffix}_d{padded_d}")
+}
+
+/// Dynamic shared memory of the sm_90a forward (bytes): room to align to 1024, the Q tile,
+/// two K/V stages of 64 rows, the mbarriers; mirrors `WGMMA_FWD_SMEM` in `dilated_fwd_wgmma.cu`.
+pub fn wgmma_fwd_smem_bytes(padded_d: usize) -> usize {
+    1024 + 64 * padded_d * 2 + 2 * 2 * 64 * padded_d * 2 + 1024
 }
 
 /// Name of the fused tensor-core forward (64 query rows a block, several patterns a
@@ -245,6 +273,14 @@ mod tests {
             };
             assert!(found, "{name} is not defined");
         }
+        for t in ["f16", "bf16"] {
+            let e = if t == "f16" { "F16E" } else { "BF16E" };
+            for d in WGMMA_HEAD_DIMS {
+                assert_eq!(sm90a_kernel_names_for(t).iter().filter(|n| **n == wgmma_fwd_kernel_name(t, d)).count(), 1);
+                assert!(src.contains(&format!("ATTN_WGMMA_FWD_KERNEL({t}, {e}, {d})")), "{t} d{d} sm_90a forward");
+            }
+        }
+        assert!(sm90a_kernel_names_for("f32").is_empty());
         assert!(!src.contains("#include"), "the source must stay header-free");
         let per_dtype: usize = ["f32", "f16", "bf16"].iter().map(|t| kernel_names_for(t).len()).sum();
         assert_eq!(per_dtype, kernel_names().len(), "every kernel belongs to exactly one dtype module");
