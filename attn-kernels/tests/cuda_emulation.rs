@@ -183,8 +183,16 @@ impl<T: CudaElement> Emulated<T> {
         let (out, lse) = self.run_forward(p, &q, &k, &v)?;
         let delta = emu.delta(sq, &go, &out, grad_lse.map(|g| (g, &lse[..])))?;
         let kpad = flags(p);
-        let args =
-            HostArgs { q: &q, k: &k, v: &v, g: Some(&go), lse: Some(&lse), delta: Some(&delta), kpad: kpad.as_deref(), bmask: block_keep(p) };
+        let args = HostArgs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: Some(&go),
+            lse: Some(&lse),
+            delta: Some(&delta),
+            kpad: kpad.as_deref(),
+            bmask: block_keep(p),
+        };
         let (mut dq, mut dk, mut dv) = (vec![0.0f32; sq.numel()], vec![0.0f32; skv.numel()], vec![0.0f32; skv.numel()]);
         let acc = HostAccs { q_acc: &mut dq, lse: None, dk: Some(&mut dk), dv: Some(&mut dv) };
         emu.backward_block(&geometry(p, Some(sq.contiguous_strides())), &args, acc)?;
@@ -251,7 +259,16 @@ impl<T: CudaElement> Emulated<T> {
         let [q, k, v, go]: [Vec<T>; 4] = [qkv[0], qkv[1], qkv[2], grad_out].map(conv);
         let (out, lse) = self.run_forward(p, &q, &k, &v)?;
         let kpad = flags(p);
-        let args = HostArgs { q: &q, k: &k, v: &v, g: Some(&go), lse: Some(&lse), delta: None, kpad: kpad.as_deref(), bmask: block_keep(p) };
+        let args = HostArgs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: Some(&go),
+            lse: Some(&lse),
+            delta: None,
+            kpad: kpad.as_deref(),
+            bmask: block_keep(p),
+        };
         // Gradients that start as garbage: the call must write every element.
         let seven = T::from_f32(7.0);
         let (mut dq, mut dk, mut dv) = (vec![seven; sq.numel()], vec![seven; skv.numel()], vec![seven; skv.numel()]);
@@ -442,7 +459,8 @@ fn a_backward_block_with_no_query_tile_waits_for_its_kv_copy() {
     };
     let x: Vec<bf16> = (0..s.numel()).map(|i| bf16::from_f32((i % 7) as f32 * 0.1)).collect();
     let (lse, delta) = (vec![0.5f32; s.lse_len()], vec![0.25f32; s.lse_len()]);
-    let args = HostArgs { q: &x, k: &x, v: &x, g: Some(&x), lse: Some(&lse), delta: Some(&delta), kpad: None, bmask: None };
+    let args =
+        HostArgs { q: &x, k: &x, v: &x, g: Some(&x), lse: Some(&lse), delta: Some(&delta), kpad: None, bmask: None };
     for loads in BackwardLoads::ALL {
         let (mut dq, mut dk, mut dv) = (vec![0.0f32; s.numel()], vec![0.0f32; s.numel()], vec![0.0f32; s.numel()]);
         let acc = HostAccs { q_acc: &mut dq, lse: None, dk: Some(&mut dk), dv: Some(&mut dv) };

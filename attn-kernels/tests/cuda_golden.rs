@@ -20,7 +20,9 @@ use attn_kernels::cuda::plan::{
 };
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceTensor, ForwardPath};
 use attn_kernels::cuda::{forward_call, launch_plan::one_pattern_per_head};
-use attn_testkit::golden::{DilatedBackend, GoldenCase, assert_attention_dirs_pass, attention_cases, block_case_failures};
+use attn_testkit::golden::{
+    DilatedBackend, GoldenCase, assert_attention_dirs_pass, attention_cases, block_case_failures,
+};
 use cuda_support::{conv, device_or_skip, gpu};
 use half::{bf16, f16};
 

@@ -4,7 +4,8 @@
 //! of the kernels ([`crate::cuda::exec::emulation`]) execute the same plan.
 
 use attn_core::{
-    AttnError, Band, BlockDims, BlockMask, DType, DilatedConfig, Mixing, PackedSequences, Result, SegmentPattern, Shape4,
+    AttnError, Band, BlockDims, BlockMask, DType, DilatedConfig, Mixing, PackedSequences, Result, SegmentPattern,
+    Shape4,
 };
 
 use super::params::{AttnParams, BlockLayout, FusedPattern, MAX_FUSED, attn_params};
@@ -316,11 +317,17 @@ pub fn block_forward_kernel(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, o
 
 /// The backward kernels of a block: [`backward_kernel`]'s choice, the warp-per-row ones
 /// where the block has a block mask (the only backward that reads one).
-pub fn block_backward_kernel(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: BackwardOptions) -> BackwardKernel {
+pub fn block_backward_kernel(
+    g: &BlockGeometry<'_>,
+    dtype: DType,
+    suffix: &str,
+    opts: BackwardOptions,
+) -> BackwardKernel {
     match g.block_mask {
-        Some(_) => {
-            BackwardKernel::Rows { dq: format!("dilated_bwd_dq_rows_{suffix}"), dkv: format!("dilated_bwd_dkv_rows_{suffix}") }
-        }
+        Some(_) => BackwardKernel::Rows {
+            dq: format!("dilated_bwd_dq_rows_{suffix}"),
+            dkv: format!("dilated_bwd_dkv_rows_{suffix}"),
+        },
         None => backward_kernel(dtype, suffix, g.q.0.head_dim, opts),
     }
 }
