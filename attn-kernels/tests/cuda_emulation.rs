@@ -505,35 +505,6 @@ fn a_block_with_no_key_tile_waits_for_its_q_copy() {
     }
 }
 
-/// Every file of `conformance/blocks` (8) on the emulation in f32, bf16 and f16, forward
-/// and gradients: a block mask routes the forward and the backward to the row kernels,
-/// which read it. The plan must name those kernels and carry the mask, so the check
-/// cannot pass on kernels that ignore it.
-#[test]
-fn emulated_cuda_golden_block_masks() {
-    let (name, count) = attn_testkit::golden::BLOCK_DIR;
-    let dir = attn_testkit::golden::golden_dir().join(name);
-    let cases = attn_testkit::golden::load_dir(&dir).unwrap();
-    assert_eq!(cases.len(), count);
-    for (path, case) in cases {
-        let case = case.unwrap();
-        let (cfg, shape, masks) = (case.config().unwrap(), case.attn_shape().unwrap(), case.masks());
-        assert!(masks.block.is_some(), "{}: no block mask", path.display());
-        let p = Problem { cfg: &cfg, shape, masks };
-        let plan = plan_forward(&call_geometry(&p), DType::BF16, "bf16", ForwardOptions::default()).unwrap();
-        assert!(
-            plan.iter().all(|l| l.bmask && l.kernel == "dilated_fwd_rows_bf16"),
-            "{}: {:?}",
-            path.display(),
-            plan.iter().map(|l| &l.kernel).collect::<Vec<_>>()
-        );
-    }
-    let mut failed = attn_testkit::golden::block_case_failures(&Emulated::<f32>::new(ForwardRows::M64));
-    failed.extend(attn_testkit::golden::block_case_failures(&Emulated::<bf16>::new(ForwardRows::M64)));
-    failed.extend(attn_testkit::golden::block_case_failures(&Emulated::<f16>::new(ForwardRows::M64)));
-    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
-}
-
 #[test]
 fn emulated_cuda_golden_f32() {
     assert_attention_dirs_pass(&Emulated::<f32>::new(ForwardRows::M64));
