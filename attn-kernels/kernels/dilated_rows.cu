@@ -49,10 +49,10 @@ __device__ void fwd_rows(const typename E::S* q, const typename E::S* k, const t
 #pragma unroll
     for (int c = 0; c < ROW_CHUNKS; ++c) acc[c] = 0.f;
     float m = NEG_INF, l = 0.f;
-    const unsigned char* brow = block_row(a, b, h, qpos);
+    const int qb = block_of(a, qpos);
     for (i64 tk = k_lo; tk < k_hi; ++tk) {
         const i64 kpos = sel_pos(p, tk), krow = kpos - a.k_start;
-        if (block_removed(a, brow, kpos)) {  // resume at the next block's first key
+        if (block_removed(a, b, h, qb, kpos)) {  // resume at the next block's first key
             tk = next_block_start(a, p, kpos) - 1;
             continue;
         }
@@ -116,10 +116,10 @@ __device__ void bwd_dq_rows(const typename E::S* q, const typename E::S* k, cons
     load_row<E>(gv, go + b * a.g_sb + qrow * a.g_ss + h * a.g_sh, lane, a.d);
 #pragma unroll
     for (int c = 0; c < ROW_CHUNKS; ++c) acc[c] = 0.f;
-    const unsigned char* brow = block_row(a, b, h, qpos);
+    const int qb = block_of(a, qpos);
     for (i64 tk = k_lo; tk < k_hi; ++tk) {
         const i64 kpos = sel_pos(p, tk), krow = kpos - a.k_start;
-        if (block_removed(a, brow, kpos)) {
+        if (block_removed(a, b, h, qb, kpos)) {
             tk = next_block_start(a, p, kpos) - 1;
             continue;
         }

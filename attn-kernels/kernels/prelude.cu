@@ -217,15 +217,22 @@ __device__ __forceinline__ bool key_padded(const AttnParams& a, i64 b, i64 krow)
     return a.kpad != nullptr && a.kpad[b * a.kpad_sb + krow] != 0;
 }
 
-// The block mask's row for the query at position qpos (relative to its packed sequence)
-// of head h, batch b: its entry kb is the key block kb; null without a block mask.
-__device__ __forceinline__ const unsigned char* block_row(const AttnParams& a, i64 b, i64 h, i64 qpos) {
-    return a.bmask == nullptr ? nullptr : a.bmask + b * a.bm_sb + h * a.bm_sh + div32(qpos, a.bm_size) * a.bm_nbk;
+// The query block of position qpos (relative to its packed sequence); -1 without a
+// block mask. 32 bits: positions are below 2^31.
+__device__ __forceinline__ int block_of(const AttnParams& a, i64 qpos) {
+    return a.bmask == nullptr ? -1 : (int)div32(qpos, a.bm_size);
 }
 
-// Whether the block mask row `row` (block_row of the query) removes the key at position kpos.
-__device__ __forceinline__ bool block_removed(const AttnParams& a, const unsigned char* row, i64 kpos) {
-    return row != nullptr && row[div32(kpos, a.bm_size)] == 0;
+// The block mask's row of query block qb (>= 0) of head h, batch b: its entry kb is key block kb's.
+__device__ __forceinline__ const unsigned char* block_row(const AttnParams& a, i64 b, i64 h, int qb) {
+    return a.bmask + b * a.bm_sb + h * a.bm_sh + (i64)qb * a.bm_nbk;
+}
+
+// Whether the block mask removes the key at position kpos for query block qb (-1: none)
+// of head h, batch b. The row is found again per key: a pointer kept across the key loop
+// costs the row kernels two registers.
+__device__ __forceinline__ bool block_removed(const AttnParams& a, i64 b, i64 h, int qb, i64 kpos) {
+    return qb >= 0 && block_row(a, b, h, qb)[div32(kpos, a.bm_size)] == 0;
 }
 
 // The first selected index of pattern p at or past the block after the one holding
