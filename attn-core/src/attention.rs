@@ -104,7 +104,7 @@ impl<'a, T: Element> AttnInputs<'a, T> {
 /// against its set ([`AttnInputs::shape_for`]), so a call using a feature outside it is
 /// [`AttnError::Unsupported`] naming the backend and the feature, never computed as
 /// something else. A feature is in a backend's set only where the backend lists it
-/// (block masks: in the reference's and the CPU kernels' [`Supported::ALL`] only, so far).
+/// (block masks: in the [`Supported::ALL`] of the reference, the CPU and the CUDA kernels).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Supported(u16);
 

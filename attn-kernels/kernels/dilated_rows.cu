@@ -2,7 +2,8 @@
 // <= 256. Forward (merge into the f32 partial) for f32, and the backward of every
 // dtype: dq (one warp per query row) and dk/dv (one warp per key row), no atomics.
 // Lane `l` owns head dims l, l+32, ...; the dilation gather is the sel_pos() in each load.
-// Keys a query sees: its segment, the band (window / causal) and not padding; query head
+// Keys a query sees: its segment, the band (window / causal), not padding and not in a
+// block the block mask removes (the key loops jump over a removed block whole); query head
 // h reads key/value head h / kv_group.
 
 template <class E>
@@ -48,8 +49,13 @@ __device__ void fwd_rows(const typename E::S* q, const typename E::S* k, const t
 #pragma unroll
     for (int c = 0; c < ROW_CHUNKS; ++c) acc[c] = 0.f;
     float m = NEG_INF, l = 0.f;
+    const int qb = block_of(a, qpos);
     for (i64 tk = k_lo; tk < k_hi; ++tk) {
-        const i64 krow = sel_pos(p, tk) - a.k_start;
+        const i64 kpos = sel_pos(p, tk), krow = kpos - a.k_start;
+        if (block_removed(a, b, h, qb, kpos)) {  // resume at the next block's first key
+            tk = next_block_start(a, p, kpos) - 1;
+            continue;
+        }
         if (key_padded(a, b, krow)) continue;
         const S* kp = k + b * a.k_sb + krow * a.k_ss + kvh * a.k_sh;
         const S* vp = v + b * a.v_sb + krow * a.v_ss + kvh * a.v_sh;
@@ -110,8 +116,13 @@ __device__ void bwd_dq_rows(const typename E::S* q, const typename E::S* k, cons
     load_row<E>(gv, go + b * a.g_sb + qrow * a.g_ss + h * a.g_sh, lane, a.d);
 #pragma unroll
     for (int c = 0; c < ROW_CHUNKS; ++c) acc[c] = 0.f;
+    const int qb = block_of(a, qpos);
     for (i64 tk = k_lo; tk < k_hi; ++tk) {
-        const i64 krow = sel_pos(p, tk) - a.k_start;
+        const i64 kpos = sel_pos(p, tk), krow = kpos - a.k_start;
+        if (block_removed(a, b, h, qb, kpos)) {
+            tk = next_block_start(a, p, kpos) - 1;
+            continue;
+        }
         if (key_padded(a, b, krow)) continue;
         const S* kp = k + b * a.k_sb + krow * a.k_ss + kvh * a.k_sh;
         const S* vp = v + b * a.v_sb + krow * a.v_ss + kvh * a.v_sh;
@@ -159,8 +170,14 @@ __device__ void bwd_dkv_rows(const typename E::S* q, const typename E::S* k, con
     load_row<E>(vv, v + b * a.v_sb + krow * a.v_ss + kvh * a.v_sh, lane, a.d);
 #pragma unroll
     for (int c = 0; c < ROW_CHUNKS; ++c) dk[c] = dv[c] = 0.f;
+    // The block mask's column of this key: entry qb * bm_nbk of it is query block qb's.
+    const unsigned char* bcol = a.bmask == nullptr ? nullptr : block_row(a, b, h, 0) + div32(kpos, a.bm_size);
     for (i64 t = q_lo; t < q_hi; ++t) {
-        const i64 qrow = sel_pos(p, t) - a.q_start;
+        const i64 qpos = sel_pos(p, t), qrow = qpos - a.q_start;
+        if (bcol != nullptr && bcol[div32(qpos, a.bm_size) * a.bm_nbk] == 0) {  // a removed block: skip it whole
+            t = next_block_start(a, p, qpos) - 1;
+            continue;
+        }
         const i64 ri = (b * a.nq + qrow) * a.heads + h;
         const float lse_row = lse[ri];
         const S* qp = q + b * a.q_sb + qrow * a.q_ss + h * a.q_sh;

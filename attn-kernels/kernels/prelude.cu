@@ -78,6 +78,10 @@ struct AttnParams {
     i64 band_right;        // positions is (L / r, R / r)): -1 = unbounded side; causal: right 0
     const unsigned char* kpad;  // key padding flags (1 = padded) of k-block row 0, or null
     i64 kpad_sb;           // batch stride of kpad
+    const unsigned char* bmask;  // block mask (1 = kept) [batch][heads][q blocks][k blocks], or null
+    i64 bm_sb, bm_sh;      // its batch and head strides (0 where one serves all)
+    i64 bm_nbk;            // key blocks a row of it (its row stride)
+    i64 bm_size;           // positions a block
     float scale;           // softmax scale
     float out_scale;       // the head's output scale (backward, and a forward with out_direct)
     int vec;               // bit 0: q, 1: k, 2: v, 3: grad_out (or direct output) rows allow 16-byte access
@@ -211,6 +215,30 @@ __device__ __forceinline__ void band_queries(const AttnParams& a, i64 tk, i64* l
 // Whether row `krow` of the k block of batch b is padding.
 __device__ __forceinline__ bool key_padded(const AttnParams& a, i64 b, i64 krow) {
     return a.kpad != nullptr && a.kpad[b * a.kpad_sb + krow] != 0;
+}
+
+// The query block of position qpos (relative to its packed sequence); -1 without a
+// block mask. 32 bits: positions are below 2^31.
+__device__ __forceinline__ int block_of(const AttnParams& a, i64 qpos) {
+    return a.bmask == nullptr ? -1 : (int)div32(qpos, a.bm_size);
+}
+
+// The block mask's row of query block qb (>= 0) of head h, batch b: its entry kb is key block kb's.
+__device__ __forceinline__ const unsigned char* block_row(const AttnParams& a, i64 b, i64 h, int qb) {
+    return a.bmask + b * a.bm_sb + h * a.bm_sh + (i64)qb * a.bm_nbk;
+}
+
+// Whether the block mask removes the key at position kpos for query block qb (-1: none)
+// of head h, batch b. The row is found again per key: a pointer kept across the key loop
+// costs the row kernels two registers.
+__device__ __forceinline__ bool block_removed(const AttnParams& a, i64 b, i64 h, int qb, i64 kpos) {
+    return qb >= 0 && block_row(a, b, h, qb)[div32(kpos, a.bm_size)] == 0;
+}
+
+// The first selected index of pattern p at or past the block after the one holding
+// position pos: where a loop over selected indices resumes past a removed block.
+__device__ __forceinline__ i64 next_block_start(const AttnParams& a, const Pattern& p, i64 pos) {
+    return sel_below(p, (div32(pos, a.bm_size) + 1) * a.bm_size);
 }
 
 // The query head of blockIdx.y and the key/value head it reads.

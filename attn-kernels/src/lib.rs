@@ -82,8 +82,9 @@
 //! positions); its group lists and piece buffers live in a per-thread
 //! `BlockScratch` (`piece`), so a warm thread's block calls allocate nothing. `cuda` (feature `cuda`) holds NVRTC-compiled `.cu` kernels
 //! driven through cudarc (`CudaBackend` for whole calls, the block entry points for
-//! ring steps, both with grouped k/v heads, a `Band`, a u8 key padding mask and packed
-//! sequences as per-sequence launches; `nvrtc` compiles each dtype's module to a cubin for
+//! ring steps, both with grouped k/v heads, a `Band`, a u8 key padding mask, packed
+//! sequences as per-sequence launches and a block mask (`DeviceBlockMask`: a block-masked
+//! block is planned on the warp-per-row kernels, whose key loops jump over removed blocks); `nvrtc` compiles each dtype's module to a cubin for
 //! the device's own `sm_XX`, PTX for the newest architecture NVRTC knows only where it
 //! cannot, with the libnvrtc `nvrtc_library` finds (12 or 13, by linker name or directory,
 //! not cudarc's lookup), keeps each image for the process (one compile for all devices of

@@ -64,6 +64,7 @@ fn geometry(cfg: &DilatedConfig, shape: Shape4) -> BlockGeometry<'_> {
         g_strides: Some(s),
         band: cfg.band(),
         kpad_seq: None,
+        block_mask: None,
         packing: None,
     }
 }
@@ -80,7 +81,8 @@ fn run<T: CudaElement>(emu: &Emulator, path: ForwardPath, skews: [usize; 5]) -> 
         [(&q, skews[0]), (&k, skews[1]), (&v, skews[2]), (&go, skews[3])].map(|(x, s)| Placed::<T>::new(x, s));
     let mut out = Placed::<T>::new(&vec![0.0; n], skews[4]);
     let mut lse = vec![0.0f32; shape.lse_len()];
-    let args = HostArgs { q: q.view(), k: k.view(), v: v.view(), g: None, lse: None, delta: None, kpad: None };
+    let args =
+        HostArgs { q: q.view(), k: k.view(), v: v.view(), g: None, lse: None, delta: None, kpad: None, bmask: None };
     emu.forward_call(&g, &args, path, (&mut out.view_mut()[..n], &mut lse), &mut ScratchPool::default()).unwrap();
     let delta = emu.delta(shape, &go.view()[..n], &out.view()[..n], None).unwrap();
     let args = HostArgs { g: Some(go.view()), lse: Some(&lse), delta: Some(&delta), ..args };

@@ -19,7 +19,7 @@ use attn_core::{DType, Result, Shape4};
 use attn_kernels::cuda::CudaElement;
 use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
-use attn_kernels::cuda::launch_plan::{BlockGeometry, plan_forward, plan_forward_direct};
+use attn_kernels::cuda::launch_plan::{BlockGeometry, BlockMaskShape, plan_forward, plan_forward_direct};
 use attn_kernels::cuda::plan::{
     BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions,
     ForwardRows, ForwardStages, PatternFusion, backward_kernel,
@@ -134,7 +134,13 @@ fn geometry<'a>(p: &Problem<'a>, g_strides: Option<[usize; 4]>) -> BlockGeometry
         band: p.cfg.band(),
         kpad_seq: p.masks.key_padding.map(|m| m.seq()),
         packing: p.masks.packing,
+        block_mask: p.masks.block.map(BlockMaskShape::from),
     }
+}
+
+/// The block mask's entries, where the problem has one.
+fn block_keep<'a>(p: &Problem<'a>) -> Option<&'a [u8]> {
+    p.masks.block.map(|m| m.keep())
 }
 
 fn flags(p: &Problem<'_>) -> Option<Vec<u8>> {
@@ -156,7 +162,7 @@ impl<T: CudaElement> Emulated<T> {
     ) -> Result<(Vec<T>, Vec<f32>)> {
         let sq = p.shape.q;
         let kpad = flags(p);
-        let args = HostArgs { q, k, v, g: None, lse: None, delta: None, kpad: kpad.as_deref() };
+        let args = HostArgs { q, k, v, g: None, lse: None, delta: None, kpad: kpad.as_deref(), bmask: block_keep(p) };
         let (mut out, mut lse) = (vec![T::default(); sq.numel()], vec![0.0f32; sq.lse_len()]);
         let mut pool = self.pool.lock().unwrap();
         emulator_with(self.opts).forward_call(&call_geometry(p), &args, path, (&mut out, &mut lse), &mut pool)?;
@@ -177,8 +183,16 @@ impl<T: CudaElement> Emulated<T> {
         let (out, lse) = self.run_forward(p, &q, &k, &v)?;
         let delta = emu.delta(sq, &go, &out, grad_lse.map(|g| (g, &lse[..])))?;
         let kpad = flags(p);
-        let args =
-            HostArgs { q: &q, k: &k, v: &v, g: Some(&go), lse: Some(&lse), delta: Some(&delta), kpad: kpad.as_deref() };
+        let args = HostArgs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: Some(&go),
+            lse: Some(&lse),
+            delta: Some(&delta),
+            kpad: kpad.as_deref(),
+            bmask: block_keep(p),
+        };
         let (mut dq, mut dk, mut dv) = (vec![0.0f32; sq.numel()], vec![0.0f32; skv.numel()], vec![0.0f32; skv.numel()]);
         let acc = HostAccs { q_acc: &mut dq, lse: None, dk: Some(&mut dk), dv: Some(&mut dv) };
         emu.backward_block(&geometry(p, Some(sq.contiguous_strides())), &args, acc)?;
@@ -245,7 +259,16 @@ impl<T: CudaElement> Emulated<T> {
         let [q, k, v, go]: [Vec<T>; 4] = [qkv[0], qkv[1], qkv[2], grad_out].map(conv);
         let (out, lse) = self.run_forward(p, &q, &k, &v)?;
         let kpad = flags(p);
-        let args = HostArgs { q: &q, k: &k, v: &v, g: Some(&go), lse: Some(&lse), delta: None, kpad: kpad.as_deref() };
+        let args = HostArgs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: Some(&go),
+            lse: Some(&lse),
+            delta: None,
+            kpad: kpad.as_deref(),
+            bmask: block_keep(p),
+        };
         // Gradients that start as garbage: the call must write every element.
         let seven = T::from_f32(7.0);
         let (mut dq, mut dk, mut dv) = (vec![seven; sq.numel()], vec![seven; skv.numel()], vec![seven; skv.numel()]);
@@ -432,10 +455,12 @@ fn a_backward_block_with_no_query_tile_waits_for_its_kv_copy() {
         band: cfg.band(),
         kpad_seq: None,
         packing: None,
+        block_mask: None,
     };
     let x: Vec<bf16> = (0..s.numel()).map(|i| bf16::from_f32((i % 7) as f32 * 0.1)).collect();
     let (lse, delta) = (vec![0.5f32; s.lse_len()], vec![0.25f32; s.lse_len()]);
-    let args = HostArgs { q: &x, k: &x, v: &x, g: Some(&x), lse: Some(&lse), delta: Some(&delta), kpad: None };
+    let args =
+        HostArgs { q: &x, k: &x, v: &x, g: Some(&x), lse: Some(&lse), delta: Some(&delta), kpad: None, bmask: None };
     for loads in BackwardLoads::ALL {
         let (mut dq, mut dk, mut dv) = (vec![0.0f32; s.numel()], vec![0.0f32; s.numel()], vec![0.0f32; s.numel()]);
         let acc = HostAccs { q_acc: &mut dq, lse: None, dk: Some(&mut dk), dv: Some(&mut dv) };
@@ -463,9 +488,10 @@ fn a_block_with_no_key_tile_waits_for_its_q_copy() {
         band: cfg.band(),
         kpad_seq: None,
         packing: None,
+        block_mask: None,
     };
     let x: Vec<bf16> = (0..sq.numel()).map(|i| bf16::from_f32((i % 7) as f32 * 0.1)).collect();
-    let args = HostArgs { q: &x, k: &x, v: &x, g: None, lse: None, delta: None, kpad: None };
+    let args = HostArgs { q: &x, k: &x, v: &x, g: None, lse: None, delta: None, kpad: None, bmask: None };
     for rows in ForwardRows::ALL {
         for stages in ForwardStages::ALL {
             let (mut o, mut lse) = (vec![0.0f32; sq.numel()], vec![f32::NEG_INFINITY; sq.lse_len()]);

@@ -1,6 +1,6 @@
 //! Golden conformance on the GPU: every file in `conformance/dilated`, `conformance/wide`
-//! (cross-attention, explicit scales, head_dim 64 and 128) and `conformance/features` (grouped key/value heads, key padding, packed sequences,
-//! sliding windows) through the CUDA backend in f32, bf16 and f16 (forward, lse where
+//! (cross-attention, explicit scales, head_dim 64 and 128), `conformance/features` (grouped key/value heads, key padding, packed sequences,
+//! sliding windows) and `conformance/blocks` (block masks) through the CUDA backend in f32, bf16 and f16 (forward, lse where
 //! present, dq/dk/dv) with the device's own kernel choices, judged like the CPU golden
 //! tests; then each choice named whatever the device's default: every forward block shape,
 //! the patterns of a call in one launch, both query-tile loads of the backward, and 64 and
@@ -20,7 +20,9 @@ use attn_kernels::cuda::plan::{
 };
 use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceTensor, ForwardPath};
 use attn_kernels::cuda::{forward_call, launch_plan::one_pattern_per_head};
-use attn_testkit::golden::{DilatedBackend, GoldenCase, assert_attention_dirs_pass, attention_cases};
+use attn_testkit::golden::{
+    DilatedBackend, GoldenCase, assert_attention_dirs_pass, attention_cases, block_case_failures,
+};
 use cuda_support::{conv, device_or_skip, gpu};
 use half::{bf16, f16};
 
@@ -180,6 +182,16 @@ fn golden_cuda_backward_sync_and_pipelined() {
         assert_attention_dirs_pass(&gpu::<bf16>(&dev));
         assert_attention_dirs_pass(&gpu::<f16>(&dev));
     }
+}
+
+/// Every file of `conformance/blocks` (8) through the CUDA backend in f32, bf16 and f16.
+#[test]
+fn golden_cuda_block_masks() {
+    let Some(dev) = device_or_skip("golden_cuda_block_masks") else { return };
+    let mut failed = block_case_failures(&gpu::<f32>(&dev));
+    failed.extend(block_case_failures(&gpu::<bf16>(&dev)));
+    failed.extend(block_case_failures(&gpu::<f16>(&dev)));
+    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
 }
 
 #[test]

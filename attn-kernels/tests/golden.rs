@@ -9,7 +9,7 @@
 use attn_core::Element;
 use attn_kernels::{CpuBackend, Isa};
 use attn_testkit::Typed;
-use attn_testkit::golden::{DilatedBackend, assert_attention_dirs_pass, check_case, golden_dir, load_dir};
+use attn_testkit::golden::{DilatedBackend, assert_attention_dirs_pass, block_case_failures};
 use half::{bf16, f16};
 
 fn run_all<T: Element>(isa: Isa) {
@@ -36,23 +36,6 @@ fn golden_f16() {
     run_all::<f16>(Isa::detect());
 }
 
-/// Every file of `conformance/blocks` (8) through `backend`; the failed reports, if any.
-fn block_files_fail(backend: &dyn DilatedBackend) -> Vec<String> {
-    let dir = golden_dir().join("blocks");
-    let cases = load_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    assert_eq!(cases.len(), 8, "the 8 block-mask files in {}", dir.display());
-    let mut failed = Vec::new();
-    for (path, case) in cases {
-        let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let report = check_case(&case, Some(backend), None);
-        println!("{report}");
-        if !report.passed() {
-            failed.push(report.to_string());
-        }
-    }
-    failed
-}
-
 #[test]
 fn golden_block_masks() {
     let cpu = |isa| CpuBackend::new(2).unwrap().with_isa(isa).unwrap();
@@ -63,6 +46,6 @@ fn golden_block_masks() {
         .collect();
     backends.push(Box::new(Typed::<_, bf16>::new(cpu(Isa::detect()))));
     backends.push(Box::new(Typed::<_, f16>::new(cpu(Isa::detect()))));
-    let failed: Vec<String> = backends.iter().flat_map(|b| block_files_fail(b.as_ref())).collect();
+    let failed: Vec<String> = backends.iter().flat_map(|b| block_case_failures(b.as_ref())).collect();
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
 }

@@ -10,6 +10,7 @@ mod caller_errors;
 mod common;
 mod cross_attention;
 mod cuda_alignment;
+mod cuda_block_masks;
 mod cuda_determinism;
 mod cuda_direct_grads;
 mod cuda_emulation;

@@ -15,14 +15,14 @@ fn cpu() -> Arc<CpuBackend> {
     Arc::new(CpuBackend::new(2).unwrap())
 }
 
-fn bound() -> f64 {
+pub(crate) fn bound() -> f64 {
     Tolerance::for_dtype(DType::F32).rel_l2
 }
 
 /// Compare one parameter gradient. The key bias gradient is exactly zero (softmax is
 /// invariant to adding `q . b_k` to every score of a row), so it is checked to be
 /// round-off small in both instead of relatively.
-fn check_grad(what: &str, name: &str, got: &[f32], want: &[f64]) {
+pub(crate) fn check_grad(what: &str, name: &str, got: &[f32], want: &[f64]) {
     if name.ends_with("k_proj.bias") {
         let max = |v: &mut dyn Iterator<Item = f64>| v.fold(0.0f64, |m, x| m.max(x.abs()));
         assert!(max(&mut want.iter().copied()) < 1e-12, "{what}: reference d {name} not zero");

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use attn_core::{DilatedConfig, KeyPadding, Masks, Mixing, PackedSequences};
+use attn_core::{BlockMaskBuf, DilatedConfig, KeyPadding, Masks, Mixing, PackedSequences};
 use attn_multihead::{
     Call, Cross, InputGrads, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend,
@@ -48,6 +48,7 @@ struct Case {
     /// Key padding flags `[batch, key seq]` and packed sequences (self-attention).
     padding: Option<Vec<bool>>,
     cu_seqlens: Option<Vec<usize>>,
+    block_mask: Option<BlockMaskBuf>,
     /// A deliberate error put into the analytic query gradient before it is judged (the
     /// planted-error test: the check must reject it).
     plant: Option<fn(&mut [f64])>,
@@ -55,7 +56,7 @@ struct Case {
 
 impl Case {
     fn plain(cfg: MultiheadConfig, batch: usize, q_seq: usize, kv_seq: Option<usize>, mode: Mode) -> Self {
-        Case { cfg, batch, q_seq, kv_seq, mode, padding: None, cu_seqlens: None, plant: None }
+        Case { cfg, batch, q_seq, kv_seq, mode, padding: None, cu_seqlens: None, block_mask: None, plant: None }
     }
 }
 
@@ -79,7 +80,7 @@ fn check(case: Case, seed: u64) {
     let masks = Masks {
         key_padding: case.padding.as_deref().map(|f| KeyPadding::new(f, b, case.kv_seq.unwrap_or(n)).unwrap()),
         packing: case.cu_seqlens.as_deref().map(|c| PackedSequences::new(c).unwrap()),
-        ..Masks::NONE
+        block: case.block_mask.as_ref().map(BlockMaskBuf::view),
     };
     let run = |layer: &MultiheadDilatedAttention<f64>, q: &[f64], k: &[f64], v: &[f64]| match case.kv_seq {
         None => layer.forward_train(q, &Call::new(b, n).masks(masks).mode(mode)).unwrap(),
@@ -237,6 +238,27 @@ fn cross_attention_with_key_padding_and_grouped_heads() {
     .with_num_kv_heads(2);
     let padding = (0..18).map(|i| i % 3 == 2 || i >= 15).collect();
     check(Case { padding: Some(padding), ..Case::plain(cfg, 2, 7, Some(9), Mode::Eval) }, 9);
+}
+
+/// A per-head block mask (blocks of 3, causal LongNet, grouped heads): the backward
+/// under the mask is the derivative of the forward under it.
+#[test]
+fn block_mask_per_head_with_grouped_heads() {
+    let cfg = MultiheadConfig::new(
+        8,
+        4,
+        DilatedConfig::builder()
+            .segments(&[4, 8])
+            .dilations(&[1, 2])
+            .mixing(Mixing::LongNet)
+            .causal(true)
+            .build()
+            .unwrap(),
+    )
+    .with_num_kv_heads(2);
+    let dims = attn_core::BlockDims { batch: 1, heads: 4, q_blocks: 4, k_blocks: 4 };
+    let mask = BlockMaskBuf::from_fn(dims, 3, |_, h, i, j| i == j || (i + j + h) % 3 == 0).unwrap();
+    check(Case { block_mask: Some(mask), ..Case::plain(cfg, 2, 10, None, Mode::Eval) }, 10);
 }
 
 /// The finite-difference check rejects a query gradient with one value off by 1e-5 (ten

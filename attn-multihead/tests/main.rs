@@ -1,6 +1,7 @@
 //! The integration tests of this crate in one binary (one link and one set of generic
 //! instances for all of them); each module is one test file.
 
+mod block_mask_layer;
 mod cpu_backend;
 mod cpu_cross;
 mod errors;

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use attn_core::{AttnError, DType, DilatedConfig, MemoryBudget, Mixing, Pass};
+use attn_core::{AttnError, BlockDims, BlockMaskBuf, DType, DilatedConfig, Masks, MemoryBudget, Mixing, Pass};
 use attn_multihead::{
     Call, EncoderConfig, LongNetEncoder, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights,
     NamedParams, ReferenceBackend, all_reduce_grads, ring_layer,
@@ -41,11 +41,11 @@ fn single_rank(
     g: &[f32],
     batch: usize,
     seq: usize,
-    mode: Mode,
+    (mode, masks): (Mode, Masks<'_>),
 ) -> (Vec<f64>, Vec<f64>, MultiheadWeights<f64>) {
     let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let g64: Vec<f64> = g.iter().map(|&v| v as f64).collect();
-    let (y, cache) = single.forward_train(&x64, &Call::new(batch, seq).mode(mode)).unwrap();
+    let (y, cache) = single.forward_train(&x64, &Call::new(batch, seq).mode(mode).masks(masks)).unwrap();
     let mut grads = single.weights.zeros_like();
     let dx = single.backward(&cache, &g64, &mut grads).unwrap().query;
     (y, dx, grads)
@@ -62,6 +62,17 @@ fn check_mode(
     seq: usize,
     mode: Mode,
 ) {
+    check_masked(cfg, (world, layout, strategy), batch, seq, (mode, Masks::NONE));
+}
+
+/// [`check_mode`] under `masks` (every rank passes the same global masks).
+fn check_masked(
+    cfg: MultiheadConfig,
+    (world, layout, strategy): (usize, Layout, Strategy),
+    batch: usize,
+    seq: usize,
+    (mode, masks): (Mode, Masks<'_>),
+) {
     let e = cfg.embed_dim;
     let single = MultiheadDilatedAttention::<f64>::new(cfg.clone(), 11, Arc::new(ReferenceBackend)).unwrap();
     let mut w32 = MultiheadWeights::<f32>::magneto(&cfg, 0);
@@ -70,10 +81,15 @@ fn check_mode(
     }
     let x = random_vec(1, batch * seq * e);
     let g = random_vec(2, batch * seq * e);
-    let (y_want, dx_want, grads_want) = single_rank(&single, &x, &g, batch, seq, mode);
+    let (y_want, dx_want, grads_want) = single_rank(&single, &x, &g, batch, seq, (mode, masks));
+    if masks.block.is_some() {
+        // The comparison below is about the block mask: it must change the output.
+        let (y_all, _, _) = single_rank(&single, &x, &g, batch, seq, (mode, Masks::NONE));
+        assert!(rel_l2_error(&y_all, &y_want) > 1e-2, "the block mask changed nothing");
+    }
     if mode != Mode::Eval && cfg.dropout > 0.0 {
         // The comparison below is about dropout: the masks must change the output.
-        let (y_eval, _, _) = single_rank(&single, &x, &g, batch, seq, Mode::Eval);
+        let (y_eval, _, _) = single_rank(&single, &x, &g, batch, seq, (Mode::Eval, masks));
         assert!(rel_l2_error(&y_eval, &y_want) > 0.1, "dropout changed nothing");
     }
 
@@ -88,7 +104,8 @@ fn check_mode(
                     let pos = backend.positions();
                     let layer = ring_layer(cfg, w32, backend.clone()).unwrap();
                     let xl = gather(x, batch, seq, e, &pos);
-                    let (y, c) = layer.forward_train(&xl, &Call::new(batch, pos.len()).mode(mode)).unwrap();
+                    let call = Call::new(batch, pos.len()).mode(mode).masks(masks);
+                    let (y, c) = layer.forward_train(&xl, &call).unwrap();
                     let mut grads = layer.weights.zeros_like();
                     let dx = layer.backward(&c, &gather(g, batch, seq, e, &pos), &mut grads).unwrap().query;
                     backend.with_comm(|c| all_reduce_grads(c, &mut grads)).unwrap();
@@ -126,6 +143,21 @@ fn check_mode(
         }
         let err = rel_l2_error(got.data, want.data);
         assert!(err <= bound, "{what} d {} {err:.2e}", got.name);
+    }
+}
+
+/// A per-head block mask over the global sequence (blocks of 5, a ragged last one), on 3
+/// ranks in both layouts: the ring layer equals the single-rank reference layer under the
+/// same mask.
+#[test]
+fn ring_layer_under_a_block_mask_equals_one_rank() {
+    let cfg = MultiheadConfig::new(16, 4, DilatedConfig::new(&[8, 16], &[1, 2]).unwrap());
+    let seq = 37;
+    let dims = BlockDims { batch: 1, heads: 4, q_blocks: 8, k_blocks: 8 };
+    let mask = BlockMaskBuf::from_fn(dims, 5, |_, h, i, j| i == j || (2 * i + j + h) % 3 == 0).unwrap();
+    let masks = Masks { block: Some(mask.view()), ..Masks::NONE };
+    for layout in [Layout::Contiguous, Layout::Zigzag] {
+        check_masked(cfg.clone(), (3, layout, Strategy::Auto), 2, seq, (Mode::Eval, masks));
     }
 }
 

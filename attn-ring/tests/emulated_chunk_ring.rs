@@ -77,6 +77,7 @@ fn geometry<'a, T>(
         band: b.problem.cfg.band(),
         kpad_seq: b.masks.kpad.as_ref().map(|_| b.problem.seq),
         packing,
+        block_mask: None,
     }
 }
 
@@ -117,6 +118,7 @@ impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
             lse: None,
             delta: None,
             kpad: b.masks.kpad.as_deref(),
+            bmask: None,
         };
         let acc = HostAccs { q_acc: &mut p.out.data, lse: Some(&mut p.lse), dk: None, dv: None };
         emulator().forward_block(&geometry(b, None, packing), &args, acc)
@@ -155,6 +157,7 @@ impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
             lse: Some(&up.lse.data),
             delta: Some(&up.delta.data),
             kpad: b.masks.kpad.as_deref(),
+            bmask: None,
         };
         let acc = HostAccs { q_acc: &mut g.dq.data, lse: None, dk: Some(&mut g.dk.data), dv: Some(&mut g.dv.data) };
         emulator().backward_block(&geometry(b, Some(b.q.shape.contiguous_strides()), packing), &args, acc)

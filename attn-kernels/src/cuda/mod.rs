@@ -39,4 +39,6 @@ pub use exec::foreign::{
     Foreign, Forget, RawStream, check_device_span, foreign_key_padding, foreign_slice, foreign_tensor,
 };
 pub use exec::host::CudaBackend;
-pub use exec::tensor::{CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor};
+pub use exec::tensor::{
+    CudaElement, DeviceBlockMask, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor,
+};

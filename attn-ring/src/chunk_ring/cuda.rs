@@ -85,6 +85,7 @@ impl CudaChunks {
             band: problem.cfg.band(),
             key_padding: masks.key_padding.as_deref(),
             packing,
+            block_mask: None,
         }
     }
 }

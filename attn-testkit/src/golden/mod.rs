@@ -379,6 +379,34 @@ pub fn attention_cases() -> Vec<GoldenCase> {
     out
 }
 
+/// The block-mask conformance directory of `conformance/` and its file count.
+pub const BLOCK_DIR: (&str, usize) = ("blocks", 8);
+
+/// Every file of [`BLOCK_DIR`] through `backend`, each report printed: the failed (or
+/// refused) reports; panics on a wrong file count or a file that does not load.
+pub fn block_case_failures(backend: &dyn DilatedBackend) -> Vec<String> {
+    let (name, count) = BLOCK_DIR;
+    let dir = golden_dir().join(name);
+    let cases = load_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    assert_eq!(cases.len(), count, "the {count} block-mask files in {}", dir.display());
+    let mut failed = Vec::new();
+    for (path, case) in cases {
+        let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let report = check_case(&case, Some(backend), None);
+        println!("{report}");
+        if !report.passed() {
+            failed.push(report.to_string());
+        }
+    }
+    failed
+}
+
+/// Every file of [`BLOCK_DIR`] through `backend`; panics with the failed reports.
+pub fn assert_block_dir_passes(backend: &dyn DilatedBackend) {
+    let failed = block_case_failures(backend);
+    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
+}
+
 /// Every file of [`ATTENTION_DIRS`] through `backend`, each report printed; panics with
 /// the failed reports (or a wrong file count) after running them all.
 pub fn assert_attention_dirs_pass(backend: &dyn DilatedBackend) {

@@ -3,7 +3,8 @@
 //! (global positions `k_start..`) over all batches and heads; the forward LSE-merges into
 //! a [`DevicePartial`], the backward accumulates into [`DeviceGrads`]. Like the CPU block
 //! API a block carries a [`Band`] (window / causal), an optional key padding mask over
-//! global key positions and optional packed sequences; k/v may have fewer heads (grouped).
+//! global key positions, optional packed sequences and an optional block mask over global
+//! positions; k/v may have fewer heads (grouped).
 //!
 //! Difference from the CPU block API: positions are one contiguous range per block
 //! (ring chunks; zigzag = two calls), not an arbitrary position list. Packed sequences
@@ -18,7 +19,8 @@ use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKerne
 use super::device::{CudaDevice, cuda_err};
 use super::launch::launch;
 use super::tensor::{
-    CudaElement, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor, check_len, fill_into,
+    CudaElement, DeviceBlockMask, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor,
+    check_len, fill_into,
 };
 use crate::cuda::plan::launch_plan::{
     BlockGeometry, DirectBackward, DirectGrads, Planned, Signature, plan_backward, plan_backward_direct, plan_forward,
@@ -84,6 +86,9 @@ fn check_block<T: CudaElement>(block: &DeviceBlock<'_, T>) -> Result<()> {
             got: vec![m.batch, m.seq],
         });
     }
+    if let Some(m) = block.block_mask {
+        check_device_block_mask(m, block)?;
+    }
     if let Some(p) = block.packing {
         if qs.batch != 1 {
             return Err(AttnError::PackedBatch { batch: qs.batch });
@@ -95,6 +100,40 @@ fn check_block<T: CudaElement>(block: &DeviceBlock<'_, T>) -> Result<()> {
                 (q_start + qs.seq).max(k_start + ks.seq)
             )));
         }
+    }
+    Ok(())
+}
+
+/// A device block mask must cover the block's batch and heads and its global positions:
+/// `batch` 1 or q's, `heads` 1 or q's, every query and key block of the rows.
+fn check_device_block_mask<T: CudaElement>(m: &DeviceBlockMask, block: &DeviceBlock<'_, T>) -> Result<()> {
+    let (d, bs) = (m.shape.dims, m.shape.block_size);
+    let (qs, ks) = (block.q.shape, block.k.shape);
+    let blocks = |start: usize, rows: usize| (start + rows).div_ceil(bs.max(1));
+    // Positions restart per packed sequence: the longest one bounds them.
+    let (q_end, k_end) = match block.packing {
+        Some(p) => {
+            let longest = p.iter().map(|r| r.len()).max().unwrap_or(0);
+            (longest, longest)
+        }
+        None => (block.q_start + qs.seq, block.k_start + ks.seq),
+    };
+    let fits = (d.batch == 1 || d.batch == qs.batch)
+        && (d.heads == 1 || d.heads == qs.heads)
+        && (qs.seq == 0 || blocks(0, q_end) <= d.q_blocks)
+        && (ks.seq == 0 || blocks(0, k_end) <= d.k_blocks)
+        && d.len() == Some(m.keep.len());
+    if !fits || bs == 0 || bs > MAX_INDEX {
+        return Err(AttnError::InvalidBlockMask(format!(
+            "sizes {:?} of blocks of {bs} do not cover queries {}+{} and keys {}+{} of batch {}, {} heads",
+            [d.batch, d.heads, d.q_blocks, d.k_blocks],
+            block.q_start,
+            qs.seq,
+            block.k_start,
+            ks.seq,
+            qs.batch,
+            qs.heads
+        )));
     }
     Ok(())
 }
@@ -116,6 +155,9 @@ pub struct DeviceBlock<'a, T: CudaElement> {
     /// Packed sequences over global positions (batch 1): patterns, bands and causality
     /// apply relative to each sequence's start, and no query sees another sequence.
     pub packing: Option<PackedSequences<'a>>,
+    /// A block mask over global positions (relative to each packed sequence); it must
+    /// cover the blocks' rows.
+    pub block_mask: Option<&'a DeviceBlockMask>,
 }
 
 impl<'a, T: CudaElement> DeviceBlock<'a, T> {
@@ -125,7 +167,18 @@ impl<'a, T: CudaElement> DeviceBlock<'a, T> {
         (q, q_start): (&'a DeviceTensor<T>, usize),
         (k, v, k_start): (&'a DeviceTensor<T>, &'a DeviceTensor<T>, usize),
     ) -> Self {
-        DeviceBlock { cfg, q, q_start, k, v, k_start, band: cfg.band(), key_padding: None, packing: None }
+        DeviceBlock {
+            cfg,
+            q,
+            q_start,
+            k,
+            v,
+            k_start,
+            band: cfg.band(),
+            key_padding: None,
+            packing: None,
+            block_mask: None,
+        }
     }
 }
 
@@ -166,7 +219,7 @@ pub(crate) fn forward_block_into<T: CudaElement>(
     let DeviceBlock { q, k, v, .. } = *block;
     let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
     let accs = Accs { q_acc: Some(out), out: None, lse: Some(lse), dk: None, dv: None, dq_out: None, dkv_out: None };
-    execute(dev, &plan, &bufs, block.key_padding, accs)
+    execute(dev, &plan, &bufs, masks(block), accs)
 }
 
 /// The direct forward of a whole call where it applies (every head one pattern, the
@@ -192,7 +245,7 @@ pub(crate) fn forward_direct_into<T: CudaElement>(
     let bufs = DeviceArgs { q: &q.data, k: &k.data, v: &v.data, g: None, lse: None, delta: None };
     let accs =
         Accs { q_acc: None, out: Some(&mut out.data), lse: Some(lse), dk: None, dv: None, dq_out: None, dkv_out: None };
-    execute(dev, &plan, &bufs, block.key_padding, accs)?;
+    execute(dev, &plan, &bufs, masks(block), accs)?;
     Ok(true)
 }
 
@@ -221,6 +274,7 @@ fn geometry<'a, T: CudaElement>(block: &DeviceBlock<'a, T>, g_strides: Option<[u
         band: block.band,
         kpad_seq: block.key_padding.map(|m| m.seq),
         packing: block.packing,
+        block_mask: block.block_mask.map(|m| m.shape),
     }
 }
 
@@ -251,17 +305,31 @@ fn missing(what: &str) -> AttnError {
     AttnError::InvalidArgument(format!("a planned launch needs {what}, which the call does not have"))
 }
 
+/// The masks a block's launches read.
+#[derive(Clone, Copy)]
+struct BlockMasks<'a> {
+    key_padding: Option<&'a DeviceKeyPadding>,
+    block_mask: Option<&'a DeviceBlockMask>,
+}
+
+fn masks<'a, T: CudaElement>(block: &DeviceBlock<'a, T>) -> BlockMasks<'a> {
+    BlockMasks { key_padding: block.key_padding, block_mask: block.block_mask }
+}
+
 /// Launch every planned kernel on the device, arguments at the planned offsets.
 fn execute<T: CudaElement>(
     dev: &CudaDevice,
     plan: &[Planned],
     bufs: &DeviceArgs<'_, T>,
-    key_padding: Option<&DeviceKeyPadding>,
+    masks: BlockMasks<'_>,
     accs: Accs<'_, T>,
 ) -> Result<()> {
-    // The mask's address stays valid (and ordered after its upload) until `kpad` drops.
-    let kpad = key_padding.map(|m| m.flags.device_ptr(&dev.stream));
+    // The masks' addresses stay valid (and ordered after their uploads) until `kpad` and
+    // `bmask` drop.
+    let kpad = masks.key_padding.map(|m| m.flags.device_ptr(&dev.stream));
     let kpad_base = kpad.as_ref().map_or(0, |(p, _)| *p);
+    let bmask = masks.block_mask.map(|m| m.keep.device_ptr(&dev.stream));
+    let bmask_base = bmask.as_ref().map(|(p, _)| *p);
     let Accs { mut q_acc, mut out, mut lse, mut dk, mut dv, mut dq_out, mut dkv_out } = accs;
     // Where each tensor starts, for the alignment of its 16-byte loads.
     let start = |s: &CudaSlice<T>| s.device_ptr(&dev.stream).0;
@@ -277,6 +345,9 @@ fn execute<T: CudaElement>(
         let mut params = p.params_at(starts, size_of::<T>());
         if p.kpad {
             params.kpad += kpad_base;
+        }
+        if p.bmask {
+            params.bmask = bmask_base.ok_or_else(|| missing("a block mask"))?;
         }
         let lc = LaunchConfig { grid_dim: p.grid, block_dim: (p.threads, 1, 1), shared_mem_bytes: p.smem_bytes };
         let o = p.offsets;
@@ -325,6 +396,7 @@ fn execute<T: CudaElement>(
         launch(args, lc)?;
     }
     drop(kpad);
+    drop(bmask);
     Ok(())
 }
 
@@ -408,7 +480,7 @@ pub fn backward_block_into<T: CudaElement>(
         dq_out: None,
         dkv_out: None,
     };
-    execute(dev, &plan, &bufs, block.key_padding, accs)
+    execute(dev, &plan, &bufs, masks(block), accs)
 }
 
 /// The launches of a whole call's backward that write gradients straight into the
@@ -469,5 +541,5 @@ pub(crate) fn backward_block_direct<T: CudaElement>(
     let dq_out = plan.grads.dq().then_some(&mut dq.data);
     let dkv_out = plan.grads.dkv().then_some((&mut dk.data, &mut dv.data));
     let accs = Accs { q_acc: accs.dq, out: None, lse: None, dk: dk_acc, dv: dv_acc, dq_out, dkv_out };
-    execute(dev, &plan.launches, &bufs, block.key_padding, accs)
+    execute(dev, &plan.launches, &bufs, masks(block), accs)
 }

@@ -68,7 +68,7 @@ impl BlockOrder {
 
 /// A block's inputs in host memory (as the device call's buffers): q, k, v, grad_out in
 /// their geometry's strides, the final lse and delta `[batch, q rows, heads]`, the key
-/// padding flags `[batch, kpad_seq]`.
+/// padding flags `[batch, kpad_seq]`, the block mask's entries (sizes in the geometry).
 #[derive(Debug, Clone, Copy)]
 pub struct HostArgs<'a, T> {
     pub q: &'a [T],
@@ -78,6 +78,7 @@ pub struct HostArgs<'a, T> {
     pub lse: Option<&'a [f32]>,
     pub delta: Option<&'a [f32]>,
     pub kpad: Option<&'a [u8]>,
+    pub bmask: Option<&'a [u8]>,
 }
 
 /// What direct launches write on the host: a direct forward's output, or a whole call's
@@ -132,6 +133,22 @@ fn check_buffers<T>(g: &BlockGeometry<'_>, a: &HostArgs<'_, T>, acc: &HostAccs<'
         need(TensorName::KeyPaddingMask, flags.len(), ks.batch * seq)?;
         if g.k_start + ks.seq > seq {
             return Err(AttnError::InvalidArgument(format!("the mask's {seq} keys end before the block's")));
+        }
+    }
+    if let Some(m) = g.block_mask {
+        let keep = a.bmask.ok_or_else(|| emu_err("the plan reads a block mask the call does not have"))?;
+        let (d, rows) = (m.dims, |n: usize| n.div_ceil(m.block_size.max(1)));
+        let longest = g.packing.map(|p| p.iter().map(|r| r.len()).max().unwrap_or(0));
+        let (q_end, k_end) = longest.map_or((g.q_start + qs.seq, g.k_start + ks.seq), |n| (n, n));
+        if d.len() != Some(keep.len()) || rows(q_end) > d.q_blocks || rows(k_end) > d.k_blocks {
+            return Err(AttnError::InvalidBlockMask(format!(
+                "{} entries of sizes {:?} for queries to {q_end} and keys to {k_end}",
+                keep.len(),
+                [d.batch, d.heads, d.q_blocks, d.k_blocks]
+            )));
+        }
+        if (d.batch != 1 && d.batch != qs.batch) || (d.heads != 1 && d.heads != qs.heads) {
+            return Err(AttnError::InvalidBlockMask(format!("sizes {:?} for q {:?}", [d.batch, d.heads], qs.dims())));
         }
     }
     Ok(())
@@ -299,6 +316,9 @@ impl Emulator {
             let mut params = p.params_at(starts, size_of::<T>());
             if p.kpad {
                 params.kpad += a.kpad.ok_or_else(|| missing("a key padding mask"))?.as_ptr() as u64;
+            }
+            if p.bmask {
+                params.bmask = a.bmask.ok_or_else(|| missing("a block mask"))?.as_ptr() as u64;
             }
             let (mut q, mut k, mut v) =
                 (at(TensorName::Query, a.q, o.q)?, at(TensorName::Key, a.k, o.k)?, at(TensorName::Value, a.v, o.v)?);

@@ -2,7 +2,7 @@
 //! shared [`Attention`] interface: upload, run the block entry points over the full
 //! sequence (one block each for q and k/v), download. Every feature is computed: grouped
 //! k/v heads, a key padding mask (uploaded as u8 flags), packed sequences (per-sequence
-//! launches) and sliding windows (the config's band).
+//! launches), sliding windows (the config's band) and block masks (uploaded as they are).
 
 use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs, Grads, Masks, Pass, Saved, Supported};
@@ -12,7 +12,7 @@ use super::block::DeviceBlock;
 use super::call::{DeviceSaved, backward_call};
 use super::call::{ForwardPath, forward_call};
 use super::device::{CudaDevice, cuda_err};
-use super::tensor::{CudaElement, DeviceKeyPadding, DeviceTensor};
+use super::tensor::{CudaElement, DeviceBlockMask, DeviceKeyPadding, DeviceTensor};
 use crate::cuda::plan::launch_plan::writes_direct;
 use crate::cuda::plan::patterns::forward_kernel;
 
@@ -109,7 +109,7 @@ impl CudaBackend {
         lse: &mut [f32],
     ) -> Result<()> {
         let (dev, cfg) = (&self.dev, inputs.cfg);
-        let shape = inputs.shape_for("cuda", Supported::ALL_BUT_BLOCK_MASKS)?;
+        let shape = inputs.shape_for("cuda", Supported::ALL)?;
         check_out(TensorName::Output, &out, shape.q)?;
         if lse.len() != shape.q.lse_len() {
             return Err(AttnError::ShapeMismatch {
@@ -121,9 +121,11 @@ impl CudaBackend {
         let up = |x: &TensorView<'_, T>| DeviceTensor::from_view(dev, x);
         let (dq, dk, dv) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
         let mask = inputs.masks.key_padding.map(|m| DeviceKeyPadding::upload(dev, &m)).transpose()?;
+        let blocks = inputs.masks.block.map(|m| DeviceBlockMask::upload(dev, &m)).transpose()?;
         let block = DeviceBlock {
             key_padding: mask.as_ref(),
             packing: inputs.masks.packing,
+            block_mask: blocks.as_ref(),
             ..DeviceBlock::new(cfg, (&dq, 0), (&dk, &dv, 0))
         };
         let mut dout = DeviceTensor::<T>::zeros(dev, shape.q)?;
@@ -144,7 +146,7 @@ impl CudaBackend {
         mut grads: Grads<'_, T>,
     ) -> Result<()> {
         let (dev, cfg) = (&self.dev, inputs.cfg);
-        let shape = inputs.shape_for("cuda", Supported::ALL_BUT_BLOCK_MASKS)?;
+        let shape = inputs.shape_for("cuda", Supported::ALL)?;
         for (t, s) in [(TensorName::Output, saved.out.shape()), (TensorName::GradOutput, grad_out.shape())] {
             if s != shape.q {
                 return Err(AttnError::ShapeMismatch {
@@ -175,9 +177,11 @@ impl CudaBackend {
         let dlse = dev.stream.clone_htod(saved.lse).map_err(cuda_err)?;
         let dglse = grad_lse.map(|g| dev.stream.clone_htod(g)).transpose().map_err(cuda_err)?;
         let mask = inputs.masks.key_padding.map(|m| DeviceKeyPadding::upload(dev, &m)).transpose()?;
+        let blocks = inputs.masks.block.map(|m| DeviceBlockMask::upload(dev, &m)).transpose()?;
         let block = DeviceBlock {
             key_padding: mask.as_ref(),
             packing: inputs.masks.packing,
+            block_mask: blocks.as_ref(),
             ..DeviceBlock::new(cfg, (&tq, 0), (&tk, &tv, 0))
         };
         let zeros = |s| DeviceTensor::<T>::zeros(dev, s);
@@ -227,9 +231,16 @@ impl<T: CudaElement> Attention<T> for CudaBackend {
     }
 
     /// As [`Attention::workspace_bytes`], plus the key padding mask uploaded as one byte
-    /// per key (packed sequences run per sequence on the same buffers).
+    /// per key (packed sequences run per sequence on the same buffers), and a block mask's
+    /// entries with the f32 partial of its forward (a block-masked forward runs on the row
+    /// kernels, which merge into one).
     fn workspace_bytes_masked(&self, cfg: &DilatedConfig, shape: AttnShape, masks: &Masks<'_>, pass: Pass) -> usize {
         let flags = masks.key_padding.map_or(0, |m| m.flags().len());
-        Attention::<T>::workspace_bytes(self, cfg, shape, pass).saturating_add(flags)
+        let blocks = masks.block.map_or(0, |m| {
+            let kernel = forward_kernel(T::DTYPE, T::SUFFIX, shape.q.head_dim, self.dev.forward_options());
+            let partial = pass == Pass::Forward && writes_direct(cfg, &kernel);
+            m.keep().len().saturating_add(if partial { 4 * shape.q.numel() } else { 0 })
+        });
+        Attention::<T>::workspace_bytes(self, cfg, shape, pass).saturating_add(flags).saturating_add(blocks)
     }
 }

@@ -1,6 +1,6 @@
 //! Device-memory tensors: strided `[batch, seq, heads, head_dim]` inputs/outputs, the f32
 //! partial `(out, lse)` the forward merges into (its `lse` filled on the device), and the
-//! f32 gradient accumulators.
+//! f32 gradient accumulators; the masks a block reads (key padding, block mask).
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, Shape4, TensorView};
@@ -9,6 +9,7 @@ use half::{bf16, f16};
 
 use super::device::{CudaDevice, cuda_err};
 use super::launch::launch;
+use crate::cuda::plan::launch_plan::BlockMaskShape;
 
 /// Element types the CUDA kernels take (f64 has no kernels).
 pub trait CudaElement: Element + DeviceRepr + ValidAsZeroBits + Unpin {
@@ -181,5 +182,21 @@ impl DeviceKeyPadding {
         let bytes: Vec<u8> = mask.flags().iter().map(|&f| u8::from(f)).collect();
         let flags = dev.stream.clone_htod(&bytes).map_err(cuda_err)?;
         Ok(DeviceKeyPadding { flags, batch: mask.batch(), seq: mask.seq() })
+    }
+}
+
+/// A block mask on the device: its entries (u8, 1 = kept) and sizes. A function of global
+/// positions, so every block of a ring call reads the one mask of the whole call.
+#[derive(Debug)]
+pub struct DeviceBlockMask {
+    pub keep: CudaSlice<u8>,
+    pub shape: BlockMaskShape,
+}
+
+impl DeviceBlockMask {
+    /// Upload a host mask.
+    pub fn upload(dev: &CudaDevice, mask: &attn_core::BlockMask<'_>) -> Result<Self> {
+        let keep = dev.stream.clone_htod(mask.keep()).map_err(cuda_err)?;
+        Ok(DeviceBlockMask { keep, shape: BlockMaskShape::from(*mask) })
     }
 }

@@ -3,7 +3,10 @@
 //! ([`crate::cuda::forward_block`], [`crate::cuda::backward_block`]) and the CPU emulation
 //! of the kernels ([`crate::cuda::exec::emulation`]) execute the same plan.
 
-use attn_core::{AttnError, Band, DType, DilatedConfig, Mixing, PackedSequences, Result, SegmentPattern, Shape4};
+use attn_core::{
+    AttnError, Band, BlockDims, BlockMask, DType, DilatedConfig, Mixing, PackedSequences, Result, SegmentPattern,
+    Shape4,
+};
 
 use super::params::{AttnParams, BlockLayout, FusedPattern, MAX_FUSED, attn_params};
 use super::patterns::{
@@ -28,6 +31,34 @@ pub struct BlockGeometry<'a> {
     /// The key padding mask's row length (`[batch, seq]` flags), where there is one.
     pub kpad_seq: Option<usize>,
     pub packing: Option<PackedSequences<'a>>,
+    /// The block mask's sizes, where there is one (its entries stay with the executor).
+    pub block_mask: Option<BlockMaskShape>,
+}
+
+/// What planning needs of a block mask: its sizes `[batch, heads, q_blocks, k_blocks]` and
+/// positions a block. A block-masked block runs on the warp-per-row kernels, which read the
+/// mask per (query, key block) and jump over a removed block whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockMaskShape {
+    pub dims: BlockDims,
+    pub block_size: usize,
+}
+
+impl From<BlockMask<'_>> for BlockMaskShape {
+    fn from(m: BlockMask<'_>) -> Self {
+        BlockMaskShape { dims: m.dims(), block_size: m.block_size() }
+    }
+}
+
+impl BlockMaskShape {
+    /// The kernels' strides of the mask: batch, head (0 where one entry serves all) and row.
+    fn strides(&self) -> [i64; 3] {
+        let d = self.dims;
+        let per_head = d.q_blocks * d.k_blocks;
+        let sb = if d.batch == 1 { 0 } else { d.heads * per_head };
+        let sh = if d.heads == 1 { 0 } else { per_head };
+        [sb as i64, sh as i64, d.k_blocks as i64]
+    }
 }
 
 /// The argument list a kernel takes (the signatures in `kernels/*.cu`).
@@ -75,6 +106,8 @@ pub struct Planned {
     /// mask (the executor adds the mask's address) where `kpad` is set.
     pub params: AttnParams,
     pub kpad: bool,
+    /// `params.bmask` is 0 and the executor sets it to the block mask's address.
+    pub bmask: bool,
 }
 
 impl Planned {
@@ -112,6 +145,10 @@ fn piece_params(g: &BlockGeometry<'_>, piece: &SeqPiece, launch: &PatternLaunch)
     if let Some(seq) = g.kpad_seq {
         p.kpad = (g.k_start + piece.k.start) as u64;
         p.kpad_sb = seq as i64;
+    }
+    if let Some(m) = g.block_mask {
+        [p.bm_sb, p.bm_sh, p.bm_nbk] = m.strides();
+        p.bm_size = m.block_size as i64;
     }
     Ok(p)
 }
@@ -155,7 +192,7 @@ fn offsets(g: &BlockGeometry<'_>, piece: &SeqPiece) -> ArgOffsets {
 /// tensor-core kernel taking `opts.rows` query rows a block and, with 64 rows where every
 /// head has one pattern, fusing the patterns' launches as `opts.fusion` says.
 pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: ForwardOptions) -> Result<Vec<Planned>> {
-    let kernel = forward_kernel(dtype, suffix, g.q.0.head_dim, opts);
+    let kernel = block_forward_kernel(g, dtype, suffix, opts);
     // The fused kernel: 64 rows a block, where every head has one pattern.
     let fused_kernel = match &kernel {
         ForwardKernel::Mma { padded_d, rows: ForwardRows::M64, stages, .. }
@@ -203,6 +240,7 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: For
                 offsets: offsets(g, &piece),
                 params,
                 kpad: g.kpad_seq.is_some(),
+                bmask: g.block_mask.is_some(),
             });
         }
     }
@@ -268,6 +306,32 @@ fn fused_launch(group: &[FusePart], batch: usize) -> Result<(AttnParams, (u32, u
     Ok((params, grid))
 }
 
+/// The forward kernel of a block: [`forward_kernel`]'s choice, the warp-per-row kernel
+/// where the block has a block mask (the only forward that reads one).
+pub fn block_forward_kernel(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: ForwardOptions) -> ForwardKernel {
+    match g.block_mask {
+        Some(_) => ForwardKernel::Rows { name: format!("dilated_fwd_rows_{suffix}") },
+        None => forward_kernel(dtype, suffix, g.q.0.head_dim, opts),
+    }
+}
+
+/// The backward kernels of a block: [`backward_kernel`]'s choice, the warp-per-row ones
+/// where the block has a block mask (the only backward that reads one).
+pub fn block_backward_kernel(
+    g: &BlockGeometry<'_>,
+    dtype: DType,
+    suffix: &str,
+    opts: BackwardOptions,
+) -> BackwardKernel {
+    match g.block_mask {
+        Some(_) => BackwardKernel::Rows {
+            dq: format!("dilated_bwd_dq_rows_{suffix}"),
+            dkv: format!("dilated_bwd_dkv_rows_{suffix}"),
+        },
+        None => backward_kernel(dtype, suffix, g.q.0.head_dim, opts),
+    }
+}
+
 /// Whether every head of `cfg` has exactly one pattern (head groups, a window, or a
 /// single pattern), so one launch covers each (row, head) of a whole call.
 pub fn one_pattern_per_head(cfg: &DilatedConfig) -> bool {
@@ -294,7 +358,7 @@ pub fn plan_forward_direct(
     if g.g_strides.is_none() {
         return Ok(None);
     }
-    if !writes_direct(g.cfg, &forward_kernel(dtype, suffix, g.q.0.head_dim, opts)) {
+    if !writes_direct(g.cfg, &block_forward_kernel(g, dtype, suffix, opts)) {
         return Ok(None);
     }
     // `attn_params` already carries the heads' output scale.
@@ -309,7 +373,7 @@ pub fn plan_forward_direct(
 /// The backward launches of a block (`g.g_strides` set), the tensor-core kernel loading
 /// its query tiles and taking its keys as `opts` says.
 pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: BackwardOptions) -> Result<Vec<Planned>> {
-    let kernel = backward_kernel(dtype, suffix, g.q.0.head_dim, opts);
+    let kernel = block_backward_kernel(g, dtype, suffix, opts);
     let warps = (THREADS / 32) as usize;
     let group = g.q.0.heads / g.k.0.heads.max(1);
     let batch = g.q.0.batch;
@@ -326,6 +390,7 @@ pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: Ba
             offsets,
             params,
             kpad: g.kpad_seq.is_some(),
+            bmask: g.block_mask.is_some(),
         };
         for pl in &launches {
             let base = piece_params(g, &piece, pl)?;
@@ -429,7 +494,7 @@ pub fn plan_backward_direct(
     opts: BackwardOptions,
     allowed: DirectGrads,
 ) -> Result<Option<DirectBackward>> {
-    let BackwardKernel::Mma { dq, .. } = backward_kernel(dtype, suffix, g.q.0.head_dim, opts) else {
+    let BackwardKernel::Mma { dq, .. } = block_backward_kernel(g, dtype, suffix, opts) else {
         return Ok(None);
     };
     if !one_pattern_per_head(g.cfg) {
@@ -471,6 +536,7 @@ mod tests {
             band: cfg.band(),
             kpad_seq: None,
             packing: None,
+            block_mask: None,
         }
     }
 

@@ -41,6 +41,15 @@ pub struct AttnParams {
     /// Device address of the key padding flag (u8) of k-block row 0, batch 0; 0 = none.
     pub kpad: u64,
     pub kpad_sb: i64,
+    /// Device address of the block mask (u8, 1 = kept); 0 = none.
+    pub bmask: u64,
+    /// The block mask's batch and head strides (0 where one entry serves all).
+    pub bm_sb: i64,
+    pub bm_sh: i64,
+    /// Key blocks a row of the block mask.
+    pub bm_nbk: i64,
+    /// Positions a block.
+    pub bm_size: i64,
     pub scale: f32,
     pub out_scale: f32,
     pub vec: i32,
@@ -90,8 +99,8 @@ pub struct RowParams {
 }
 
 // SAFETY: plain `#[repr(C)]` structs of i64/u64/f32/i32 fields with the same field order
-// and types as the CUDA structs, so the kernel reads exactly these bytes. `kpad` is a
-// device address (or 0) that the launching code keeps alive for the launch.
+// and types as the CUDA structs, so the kernel reads exactly these bytes. `kpad` and
+// `bmask` are device addresses (or 0) that the launching code keeps alive for the launch.
 unsafe impl DeviceRepr for AttnParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for RowParams {}
@@ -172,6 +181,11 @@ pub fn attn_params(cfg: &DilatedConfig, l: &BlockLayout, launch: &PatternLaunch)
         band_right: band_side(l.band.right, launch.r),
         kpad: 0,
         kpad_sb: 0,
+        bmask: 0,
+        bm_sb: 0,
+        bm_sh: 0,
+        bm_nbk: 0,
+        bm_size: 1,
         scale: cfg.scale_for(d) as f32,
         out_scale: out_scale(cfg),
         vec,
@@ -193,10 +207,10 @@ mod tests {
 
     #[test]
     fn layouts_match_the_cuda_structs() {
-        // 29 8-byte fields + 2 f32 + 4 i32 + 8 fused patterns of 8 i64 = 768 bytes;
+        // 34 8-byte fields + 2 f32 + 4 i32 + 8 fused patterns of 8 i64 = 808 bytes;
         // 10 i64 + f32 + i32 = 88 bytes (no padding).
         assert_eq!(std::mem::size_of::<FusedPattern>(), 64);
-        assert_eq!(std::mem::size_of::<AttnParams>(), 768);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 808);
         assert_eq!(std::mem::size_of::<RowParams>(), 88);
         assert_eq!(std::mem::align_of::<AttnParams>(), 8);
     }

@@ -1,0 +1,154 @@
+//! Block masks on the CUDA path without a GPU (the CPU emulation of the `.cu` kernels):
+//! every file of `conformance/blocks`, and a block-masked call cut into ring blocks
+//! (global positions, several query and key blocks) equal to the whole call, forward and
+//! gradients.
+#![cfg(feature = "cuda")]
+
+use attn_core::{BlockDims, BlockMaskBuf, DType, DilatedConfig, Shape4};
+use attn_kernels::cuda::emulation::{HostAccs, HostArgs};
+use attn_kernels::cuda::launch_plan::{BlockGeometry, BlockMaskShape, plan_forward};
+use attn_kernels::cuda::plan::{ForwardOptions, ForwardRows};
+use attn_testkit::golden::Problem;
+use attn_testkit::rng::random_vec;
+use attn_testkit::tolerance::rel_l2_error;
+use half::{bf16, f16};
+
+use crate::cuda_emulation::{Emulated, call_geometry, emulator};
+
+/// Every file of `conformance/blocks` (8) on the emulation in f32, bf16 and f16, forward
+/// and gradients: a block mask routes the forward and the backward to the row kernels,
+/// which read it. The plan must name those kernels and carry the mask, so the check
+/// cannot pass on kernels that ignore it.
+#[test]
+fn emulated_cuda_golden_block_masks() {
+    let (name, count) = attn_testkit::golden::BLOCK_DIR;
+    let dir = attn_testkit::golden::golden_dir().join(name);
+    let cases = attn_testkit::golden::load_dir(&dir).unwrap();
+    assert_eq!(cases.len(), count);
+    for (path, case) in cases {
+        let case = case.unwrap();
+        let (cfg, shape, masks) = (case.config().unwrap(), case.attn_shape().unwrap(), case.masks());
+        assert!(masks.block.is_some(), "{}: no block mask", path.display());
+        let p = Problem { cfg: &cfg, shape, masks };
+        let plan = plan_forward(&call_geometry(&p), DType::BF16, "bf16", ForwardOptions::default()).unwrap();
+        assert!(
+            plan.iter().all(|l| l.bmask && l.kernel == "dilated_fwd_rows_bf16"),
+            "{}: {:?}",
+            path.display(),
+            plan.iter().map(|l| &l.kernel).collect::<Vec<_>>()
+        );
+    }
+    let mut failed = attn_testkit::golden::block_case_failures(&Emulated::<f32>::new(ForwardRows::M64));
+    failed.extend(attn_testkit::golden::block_case_failures(&Emulated::<bf16>::new(ForwardRows::M64)));
+    failed.extend(attn_testkit::golden::block_case_failures(&Emulated::<f16>::new(ForwardRows::M64)));
+    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
+}
+
+/// Rows `[a, b)` of a batch-1 tensor of `heads` x `d` values a row.
+fn rows(x: &[f32], (a, b): (usize, usize), heads: usize, d: usize) -> &[f32] {
+    &x[a * heads * d..b * heads * d]
+}
+
+/// The geometry of q rows `qr` and k rows `kr` of a batch-1 call of `s` under `mask`.
+fn piece<'a>(
+    cfg: &'a DilatedConfig,
+    s: Shape4,
+    qr: (usize, usize),
+    kr: (usize, usize),
+    mask: &BlockMaskBuf,
+) -> BlockGeometry<'a> {
+    let (sq, sk) = (s.with_seq(qr.1 - qr.0).unwrap(), s.with_seq(kr.1 - kr.0).unwrap());
+    BlockGeometry {
+        cfg,
+        q: (sq, sq.contiguous_strides()),
+        q_start: qr.0,
+        k: (sk, sk.contiguous_strides()),
+        v_strides: sk.contiguous_strides(),
+        k_start: kr.0,
+        g_strides: Some(sq.contiguous_strides()),
+        band: cfg.band(),
+        kpad_seq: None,
+        packing: None,
+        block_mask: Some(BlockMaskShape::from(mask.view())),
+    }
+}
+
+/// A causal dilated call over 37 positions, blocks of 5 (a ragged last block), a per-head
+/// mask, cut into query and key ranges that do not line up with the blocks: each query
+/// range LSE-merges every key range (forward), then adds every pair's gradients given the
+/// whole call's lse and delta; out, lse, dq, dk and dv equal the whole call's (one block),
+/// and the mask changes the output.
+#[test]
+fn block_masked_ring_blocks_equal_the_whole_call() {
+    let cfg = DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal(true).build().unwrap();
+    let s = Shape4::new(1, 37, 2, 16).unwrap();
+    let dims = BlockDims { batch: 1, heads: 2, q_blocks: 8, k_blocks: 8 };
+    let mask = BlockMaskBuf::from_fn(dims, 5, |_, h, i, j| i == j || (i * 3 + j + h) % 3 == 1).unwrap();
+    let (h, d, n) = (s.heads, s.head_dim, s.numel());
+    let [q, k, v, go] = [11, 12, 13, 14].map(|seed| random_vec(seed, n));
+    let emu = emulator();
+    let cut = [(0, 13), (13, 29), (29, 37)];
+    let run_forward = |mask_of: Option<&BlockMaskBuf>, pieces: &[(usize, usize)]| {
+        let (mut out, mut lse) = (vec![0.0f32; n], vec![f32::NEG_INFINITY; s.lse_len()]);
+        for &qr in pieces {
+            let (o, l) = (&mut out[qr.0 * h * d..qr.1 * h * d], &mut lse[qr.0 * h..qr.1 * h]);
+            for &kr in pieces {
+                let mut g = piece(&cfg, s, qr, kr, &mask);
+                g.g_strides = None;
+                g.block_mask = mask_of.map(|m| BlockMaskShape::from(m.view()));
+                let args = HostArgs {
+                    q: rows(&q, qr, h, d),
+                    k: rows(&k, kr, h, d),
+                    v: rows(&v, kr, h, d),
+                    g: None,
+                    lse: None,
+                    delta: None,
+                    kpad: None,
+                    bmask: mask_of.map(|m| m.view().keep()),
+                };
+                emu.forward_block(&g, &args, HostAccs { q_acc: o, lse: Some(&mut *l), dk: None, dv: None }).unwrap();
+            }
+        }
+        (out, lse)
+    };
+    let (whole_out, whole_lse) = run_forward(Some(&mask), &[(0, 37)]);
+    let (cut_out, cut_lse) = run_forward(Some(&mask), &cut);
+    let (unmasked, _) = run_forward(None, &[(0, 37)]);
+    assert!(rel_l2_error(&whole_out, &unmasked) > 1e-2, "the mask changes nothing");
+    assert!(rel_l2_error(&cut_out, &whole_out) < 1e-6, "out {:.2e}", rel_l2_error(&cut_out, &whole_out));
+    let finite = |x: &[f32]| x.iter().map(|&v| if v.is_finite() { v } else { -1e4 }).collect::<Vec<_>>();
+    assert!(rel_l2_error(&finite(&cut_lse), &finite(&whole_lse)) < 1e-6, "lse");
+    // delta from the unscaled partial output: the same for both runs, all the comparison needs.
+    let delta: Vec<f32> =
+        (0..s.lse_len()).map(|r| (0..d).map(|c| go[r * d + c] * whole_out[r * d + c]).sum()).collect();
+    let run_backward = |pieces: &[(usize, usize)]| {
+        let (mut dq, mut dk, mut dv) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
+        for &qr in pieces {
+            for &kr in pieces {
+                let args = HostArgs {
+                    q: rows(&q, qr, h, d),
+                    k: rows(&k, kr, h, d),
+                    v: rows(&v, kr, h, d),
+                    g: Some(rows(&go, qr, h, d)),
+                    lse: Some(&whole_lse[qr.0 * h..qr.1 * h]),
+                    delta: Some(&delta[qr.0 * h..qr.1 * h]),
+                    kpad: None,
+                    bmask: Some(mask.view().keep()),
+                };
+                let acc = HostAccs {
+                    q_acc: &mut dq[qr.0 * h * d..qr.1 * h * d],
+                    lse: None,
+                    dk: Some(&mut dk[kr.0 * h * d..kr.1 * h * d]),
+                    dv: Some(&mut dv[kr.0 * h * d..kr.1 * h * d]),
+                };
+                emu.backward_block(&piece(&cfg, s, qr, kr, &mask), &args, acc).unwrap();
+            }
+        }
+        [dq, dk, dv]
+    };
+    let (whole, parts) = (run_backward(&[(0, 37)]), run_backward(&cut));
+    for (name, (a, b)) in ["dq", "dk", "dv"].into_iter().zip(parts.iter().zip(&whole)) {
+        assert!(b.iter().any(|&x| x != 0.0), "{name}: all zero");
+        assert!(rel_l2_error(a, b) < 1e-6, "{name} {:.2e}", rel_l2_error(a, b));
+    }
+}
