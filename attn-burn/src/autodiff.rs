@@ -1,8 +1,10 @@
-//! [`DilatedAttentionBackend`] for `Autodiff<B>`: the forward runs `B`'s and registers a
-//! backward node (burn's `Backward` trait, prepared through `OpsPrep`) that keeps q, k,
-//! v, the output and the LSE, and whose backward runs `B`'s exact backward from them: the
-//! forward is never recomputed. The LSE comes back as a constant (no gradient flows
-//! through it).
+//! [`DilatedAttentionBackend`] for `Autodiff<B>`: the forward runs `B`'s and registers
+//! two backward nodes (burn's `Backward` trait, prepared through `OpsPrep`), one per
+//! result, each keeping q, k, v, the output and the LSE; the output's node runs `B`'s
+//! exact backward of its gradient, the LSE's node that of the LSE's gradient (the
+//! gradients are linear in them, so burn's sum of the two is the whole gradient). The
+//! forward is never recomputed, and a loss that does not use the LSE never runs its
+//! node.
 
 use std::sync::Arc;
 
@@ -14,12 +16,19 @@ use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_backend::tensor::FloatTensor;
 
-use crate::backend::{AttnPrimitives, DilatedAttentionBackend, InputGrads, SavedForward};
+use crate::backend::{AttnPrimitives, DilatedAttentionBackend, InputGrads, SavedForward, Upstream};
 use crate::options::AttnOptions;
 
-/// The backward node of one attention call.
+/// Which result of the call a backward node differentiates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Out,
+    Lse,
+}
+
+/// The backward node of one result of one attention call.
 #[derive(Debug)]
-struct DilatedAttentionBackward;
+struct DilatedAttentionBackward(Output);
 
 /// What the node keeps: the saved forward of the inner backend and the options.
 #[derive(Debug, Clone)]
@@ -33,12 +42,16 @@ impl<B: DilatedAttentionBackend> Backward<B, 3> for DilatedAttentionBackward {
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [node_q, node_k, node_v] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
+        let grad = Some(grads.consume::<B>(&ops.node));
+        let upstream = match self.0 {
+            Output::Out => Upstream { grad_out: grad, grad_lse: None },
+            Output::Lse => Upstream { grad_out: None, grad_lse: grad },
+        };
         let NodeState { saved, options } = ops.state;
         // The forward checked every input, dtype and mask against these same tensors, so
         // the backward cannot meet bad input; a failure here is a kernel fault, and burn's
         // backward step has no error channel.
-        let InputGrads { dq, dk, dv } = match B::dilated_attention_backward(saved, grad, &options) {
+        let InputGrads { dq, dk, dv } = match B::dilated_attention_backward(saved, upstream, &options) {
             Ok(g) => g,
             Err(e) => panic!("dilated attention backward failed after a successful forward: {e}"),
         };
@@ -57,25 +70,28 @@ impl<B: DilatedAttentionBackend, C: CheckpointStrategy> DilatedAttentionBackend 
         v: FloatTensor<Self>,
         options: &AttnOptions,
     ) -> Result<AttnPrimitives<Self>> {
+        // One set of input guards for each result's node.
+        let lse_nodes = [q.node(), k.node(), v.node()];
         let (qp, q_node) = q.into_parts();
         let (kp, k_node) = k.into_parts();
         let (vp, v_node) = v.into_parts();
         let AttnPrimitives { out, lse } = B::dilated_attention_with_lse(qp.clone(), kp.clone(), vp.clone(), options)?;
-        let lse_const = FloatTensor::<Self>::new(lse.clone());
-        let prep = DilatedAttentionBackward.prepare::<C>([q_node, k_node, v_node]).compute_bound().stateful();
-        let out = match prep {
-            OpsKind::Tracked(prep) => {
-                let saved = SavedForward { q: qp, k: kp, v: vp, out: out.clone(), lse };
-                prep.finish(NodeState { saved, options: Arc::new(options.clone()) }, out)
+        let saved = SavedForward { q: qp, k: kp, v: vp, out: out.clone(), lse: lse.clone() };
+        let state = NodeState { saved, options: Arc::new(options.clone()) };
+        let node = |result: Output, nodes, value: FloatTensor<B>| {
+            let prep = DilatedAttentionBackward(result).prepare::<C>(nodes).compute_bound().stateful();
+            match prep {
+                OpsKind::Tracked(prep) => prep.finish(state.clone(), value),
+                OpsKind::UnTracked(prep) => prep.finish(value),
             }
-            OpsKind::UnTracked(prep) => prep.finish(out),
         };
-        Ok(AttnPrimitives { out, lse: lse_const })
+        let out = node(Output::Out, [q_node, k_node, v_node], out);
+        Ok(AttnPrimitives { out, lse: node(Output::Lse, lse_nodes, lse) })
     }
 
     fn dilated_attention_backward(
         saved: SavedForward<Self>,
-        grad_out: FloatTensor<Self>,
+        upstream: Upstream<Self>,
         options: &AttnOptions,
     ) -> Result<InputGrads<Self>> {
         // The backward as an operation of its own (no graph through it): the inner
@@ -87,7 +103,11 @@ impl<B: DilatedAttentionBackend, C: CheckpointStrategy> DilatedAttentionBackend 
             out: saved.out.into_primitive(),
             lse: saved.lse.into_primitive(),
         };
-        let InputGrads { dq, dk, dv } = B::dilated_attention_backward(inner, grad_out.into_primitive(), options)?;
+        let upstream = Upstream {
+            grad_out: upstream.grad_out.map(|g| g.into_primitive()),
+            grad_lse: upstream.grad_lse.map(|g| g.into_primitive()),
+        };
+        let InputGrads { dq, dk, dv } = B::dilated_attention_backward(inner, upstream, options)?;
         let wrap = FloatTensor::<Self>::new;
         Ok(InputGrads { dq: wrap(dq), dk: wrap(dk), dv: wrap(dv) })
     }

@@ -1,6 +1,7 @@
 //! [`DilatedAttentionBackend`]: the backend extension, burn's way of adding an operation
 //! to a backend: a trait over [`Backend`] with the forward (output and LSE) and the
-//! exact backward on the backend's float primitives, implemented for burn-flex on the
+//! exact backward (gradients into the output and the LSE) on the backend's float
+//! primitives, implemented for burn-flex on the
 //! workspace's CPU kernels ([`crate::flex`]) and for `Autodiff<B>` over any backend that
 //! has it ([`crate::autodiff`]), whose backward node runs the backward from the saved
 //! output and LSE.
@@ -30,6 +31,15 @@ pub struct SavedForward<B: Backend> {
     pub v: FloatTensor<B>,
     pub out: FloatTensor<B>,
     pub lse: FloatTensor<B>,
+}
+
+/// The gradients flowing into one call's results; `None` stands for zero.
+#[derive(Debug, Clone)]
+pub struct Upstream<B: Backend> {
+    /// Into the output, `[batch, seq, heads, head_dim]`, q's dtype.
+    pub grad_out: Option<FloatTensor<B>>,
+    /// Into the LSE, `[batch, seq, heads]`, f32 (rows whose LSE is `-inf` take none).
+    pub grad_lse: Option<FloatTensor<B>>,
 }
 
 /// dq, dk, dv of one backward.
@@ -62,11 +72,11 @@ pub trait DilatedAttentionBackend: Backend {
         Ok(Self::dilated_attention_with_lse(q, k, v, options)?.out)
     }
 
-    /// The gradients of `sum(out * grad_out)` in q, k and v, from the saved forward (the
-    /// forward is not recomputed).
+    /// The gradients of `sum(out * grad_out) + sum(lse * grad_lse)` in q, k and v, from
+    /// the saved forward (the forward is not recomputed).
     fn dilated_attention_backward(
         saved: SavedForward<Self>,
-        grad_out: FloatTensor<Self>,
+        upstream: Upstream<Self>,
         options: &AttnOptions,
     ) -> Result<InputGrads<Self>>;
 }

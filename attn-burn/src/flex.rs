@@ -11,7 +11,7 @@ use burn_backend::{DType, TensorData};
 use burn_flex::{Flex, FlexTensor};
 use half::{bf16, f16};
 
-use crate::backend::{AttnPrimitives, DilatedAttentionBackend, InputGrads, SavedForward};
+use crate::backend::{AttnPrimitives, DilatedAttentionBackend, InputGrads, SavedForward, Upstream};
 use crate::options::AttnOptions;
 
 /// An element type of both the kernels and flex's storage.
@@ -105,9 +105,23 @@ fn forward_t<T: FlexElement>(
     Ok(AttnPrimitives { out: tensor_of(out, &shape.q.dims()), lse: tensor_of(lse, &[b, s, h]) })
 }
 
+/// The f32 values of the LSE-shaped tensor `t` (`name`: the LSE or its gradient), `len`
+/// of them.
+fn lse_values(name: TensorName, t: &FlexTensor, len: usize) -> attn_core::Result<FlexTensor> {
+    if t.dtype() != DType::F32 {
+        return Err(AttnError::DTypeMismatch { tensor: name, expected: "f32", got: dtype_name(t.dtype()) });
+    }
+    let t = t.clone().to_contiguous();
+    if t.storage::<f32>().len() != len {
+        let got = t.layout().shape().as_slice().to_vec();
+        return Err(AttnError::ShapeMismatch { tensor: name, expected: vec![len], got });
+    }
+    Ok(t)
+}
+
 fn backward_t<T: FlexElement>(
     saved: &SavedForward<Flex>,
-    grad_out: &FlexTensor,
+    [grad_out, grad_lse]: [Option<&FlexTensor>; 2],
     options: &AttnOptions,
 ) -> attn_core::Result<InputGrads<Flex>> {
     let qv = view::<T>(TensorName::Query, &saved.q)?;
@@ -115,20 +129,20 @@ fn backward_t<T: FlexElement>(
     let inputs = AttnInputs::new(&options.config, qv, kv, vv).with_masks(options.masks());
     let shape = inputs.shape()?;
     let out = view::<T>(TensorName::Output, &saved.out)?;
-    let grad = view::<T>(TensorName::GradOutput, grad_out)?;
-    let lse_t = saved.lse.to_contiguous();
-    if lse_t.dtype() != DType::F32 {
-        return Err(AttnError::DTypeMismatch {
-            tensor: TensorName::Lse,
-            expected: "f32",
-            got: dtype_name(lse_t.dtype()),
-        });
-    }
+    // No gradient into the output is a zero one.
+    let zeros = vec![T::default(); if grad_out.is_none() { shape.q.numel() } else { 0 }];
+    let grad = match grad_out {
+        Some(g) => view::<T>(TensorName::GradOutput, g)?,
+        None => TensorView::contiguous(TensorName::GradOutput, &zeros, shape.q)?,
+    };
+    let lse_t = lse_values(TensorName::Lse, &saved.lse, shape.q.lse_len())?;
     let lse: &[f32] = lse_t.storage::<f32>();
+    let grad_lse = grad_lse.map(|g| lse_values(TensorName::GradLse, g, shape.q.lse_len())).transpose()?;
     let mut dq = vec![T::default(); shape.q.numel()];
     let (mut dk, mut dv) = (vec![T::default(); shape.kv.numel()], vec![T::default(); shape.kv.numel()]);
     let grads = Grads::contiguous(shape, [&mut dq, &mut dk, &mut dv])?;
-    Attention::<T>::backward(kernels()?, &inputs, Saved { out, lse }, grad, grads)?;
+    let gl = grad_lse.as_ref().map(|g| g.storage::<f32>());
+    Attention::<T>::backward_with_lse_grad(kernels()?, &inputs, Saved { out, lse }, grad, gl, grads)?;
     let (qd, kd) = (shape.q.dims(), shape.kv.dims());
     Ok(InputGrads { dq: tensor_of(dq, &qd), dk: tensor_of(dk, &kd), dv: tensor_of(dv, &kd) })
 }
@@ -167,12 +181,14 @@ impl DilatedAttentionBackend for Flex {
 
     fn dilated_attention_backward(
         saved: SavedForward<Flex>,
-        grad_out: FlexTensor,
+        upstream: Upstream<Flex>,
         options: &AttnOptions,
     ) -> attn_core::Result<InputGrads<Flex>> {
         let dtype = common_dtype(&saved.q, &saved.k, &saved.v)?;
         same_dtype(TensorName::Output, &saved.out, dtype)?;
-        same_dtype(TensorName::GradOutput, &grad_out, dtype)?;
+        if let Some(g) = &upstream.grad_out {
+            same_dtype(TensorName::GradOutput, g, dtype)?;
+        }
         let saved = SavedForward {
             q: readable(saved.q),
             k: readable(saved.k),
@@ -180,12 +196,13 @@ impl DilatedAttentionBackend for Flex {
             out: readable(saved.out),
             lse: saved.lse,
         };
-        let grad = readable(grad_out);
+        let grad_out = upstream.grad_out.map(readable);
+        let grads = [grad_out.as_ref(), upstream.grad_lse.as_ref()];
         match dtype {
-            DType::F64 => backward_t::<f64>(&saved, &grad, options),
-            DType::BF16 => backward_t::<bf16>(&saved, &grad, options),
-            DType::F16 => backward_t::<f16>(&saved, &grad, options),
-            _ => backward_t::<f32>(&saved, &grad, options),
+            DType::F64 => backward_t::<f64>(&saved, grads, options),
+            DType::BF16 => backward_t::<bf16>(&saved, grads, options),
+            DType::F16 => backward_t::<f16>(&saved, grads, options),
+            _ => backward_t::<f32>(&saved, grads, options),
         }
     }
 }

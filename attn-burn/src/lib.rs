@@ -5,7 +5,8 @@
 //! `[batch, kv_seq, kv_heads, head_dim]` (k, v). On burn-flex, burn's maintained CPU
 //! backend, the workspace's CPU kernels compute it in f32, f64, bf16 and f16, reading
 //! flex's host storage in place where the layout allows; under autodiff the backward
-//! node runs the kernels' exact backward from the output and LSE the forward kept.
+//! node runs the kernels' exact backward from the output and LSE the forward kept,
+//! for gradients into the output, the LSE or both.
 //!
 //! # Backend extension
 //! [`DilatedAttentionBackend`] is the extension trait (burn's documented pattern: a
@@ -21,6 +22,11 @@
 //! packed sequences (`cu_seqlens`), block masks, windows, mixing and causality come in
 //! [`AttnOptions`] (its [`attn_core::DilatedConfig`] and [`attn_core::OwnedMasks`]).
 //!
+//! # Modules
+//! [`nn`] holds burn modules (`#[derive(Module)]`) over the op: the multihead layer and
+//! the LongNet encoder, with `attn-multihead`'s PyTorch parameter names, MAGNETO
+//! initialisation and safetensors loading.
+//!
 //! # Errors
 //! Every failure is an [`attn_core::AttnError`]: mixed dtypes, a rank other than 4,
 //! shapes that disagree, masks that do not fit, tensors of an unsupported backend. No
@@ -29,10 +35,11 @@
 mod autodiff;
 mod backend;
 mod flex;
+pub mod nn;
 mod options;
 mod route;
 
 pub use attn_core::{KeyPaddingMask, OwnedMasks};
-pub use backend::{AttnPrimitives, DilatedAttentionBackend, InputGrads, SavedForward};
+pub use backend::{AttnPrimitives, DilatedAttentionBackend, InputGrads, SavedForward, Upstream};
 pub use options::AttnOptions;
 pub use route::{AttnOutput, SUPPORTED_BACKENDS, dilated_attention, dilated_attention_with_lse};

@@ -22,7 +22,8 @@ pub const SUPPORTED_BACKENDS: &str =
 pub struct AttnOutput {
     /// `[batch, seq, heads, head_dim]`, q's dtype, differentiable in q, k and v.
     pub out: Tensor<4>,
-    /// `[batch, seq, heads]`, f32, a constant of the graph.
+    /// `[batch, seq, heads]`, f32, differentiable in q, k and v too (rows without a key
+    /// hold `-inf` and pass no gradient).
     pub lse: Tensor<3>,
 }
 

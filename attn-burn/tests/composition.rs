@@ -1,19 +1,27 @@
 //! The op against a plain burn composition of the definition (forward, LSE and burn
-//! autodiff gradients) on random feature cases in both layouts, f32; a composition with
-//! a planted wrong scale fails the same comparison.
+//! autodiff gradients, of a loss on the output alone and of one on the output and the
+//! LSE) on random feature cases in both layouts, f32; a composition with a planted wrong
+//! scale, and an op whose loss leaves the LSE out, fail the same comparisons.
 
 use crate::common::compose::{Masking, Scale, compose};
-use crate::common::{Layout, Run, agree, run_op, run_with, values};
+use crate::common::{Layout, Run, agree, grad_lse_of, run_op, run_op_lse, run_with, values};
 use attn_testkit::{FeatureCase, feature_case};
 use burn_tensor::DType;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 
-/// The composition's run on the case (f32, one layout).
-fn composed(case: &FeatureCase, scale: Scale, layout: Layout) -> Run {
+/// The composition's run on the case (f32, one layout), its loss using the LSE where
+/// `grad_lse` is given.
+fn composed(case: &FeatureCase, scale: Scale, grad_lse: Option<&[f32]>, layout: Layout) -> Run {
     let masking = Masking { padding: case.padding.clone(), cu_seqlens: case.cu_seqlens.clone() };
     let f = |q, k, v| Ok(compose(q, k, v, &case.cfg, &masking, scale));
-    run_with(case, &f, DType::F32, layout).expect("composition runs")
+    run_with(case, &f, grad_lse, DType::F32, layout).expect("composition runs")
+}
+
+/// The op's run with a gradient into the LSE, and that gradient.
+fn op_with_lse_grad(case: &FeatureCase, layout: Layout) -> (Run, Vec<f32>) {
+    let gl = grad_lse_of(case, &run_op(case, DType::F32, layout).expect("op runs").lse);
+    (run_op_lse(case, Some(&gl), DType::F32, layout).expect("op runs"), gl)
 }
 
 proptest! {
@@ -24,7 +32,19 @@ proptest! {
     fn f32_op_equals_the_burn_composition(case in feature_case(1..=16, 8, vec![1, 4, 8]), bhsd in any::<bool>()) {
         let layout = if bhsd { Layout::Bhsd } else { Layout::Bshd };
         let got = run_op(&case, DType::F32, layout).expect("op runs");
-        let verdict = agree(&case, &got, &composed(&case, Scale::Config, layout));
+        let verdict = agree(&case, None, &got, &composed(&case, Scale::Config, None, layout));
+        prop_assert!(verdict.is_ok(), "{:?}", verdict);
+    }
+
+    /// With a gradient into the LSE too, the op's gradients equal the composition's.
+    #[test]
+    fn f32_lse_gradients_equal_the_burn_composition(
+        case in feature_case(1..=16, 8, vec![1, 4, 8]),
+        bhsd in any::<bool>(),
+    ) {
+        let layout = if bhsd { Layout::Bhsd } else { Layout::Bshd };
+        let (got, gl) = op_with_lse_grad(&case, layout);
+        let verdict = agree(&case, Some(&gl), &got, &composed(&case, Scale::Config, Some(&gl), layout));
         prop_assert!(verdict.is_ok(), "{:?}", verdict);
     }
 }
@@ -44,11 +64,34 @@ fn a_planted_wrong_scale_fails_the_comparison() {
         }
         judged += 1;
         let d = case.shape.q.head_dim;
-        let planted = composed(&case, Scale::Planted(case.cfg.scale_for(d) * 1.1), Layout::Bshd);
-        assert!(agree(&case, &got, &planted).is_err(), "a wrong scale passed on {case:?}");
+        let planted = composed(&case, Scale::Planted(case.cfg.scale_for(d) * 1.1), None, Layout::Bshd);
+        assert!(agree(&case, None, &got, &planted).is_err(), "a wrong scale passed on {case:?}");
         // The honest composition passes on the same case.
-        let honest = composed(&case, Scale::Config, Layout::Bshd);
-        assert_eq!(agree(&case, &got, &honest), Ok(()));
+        let honest = composed(&case, Scale::Config, None, Layout::Bshd);
+        assert_eq!(agree(&case, None, &got, &honest), Ok(()));
+    }
+    assert!(judged >= 3, "only {judged} cases attended any key");
+}
+
+/// An op whose loss leaves the LSE out (the gradients of `sum(out * grad_out)` alone)
+/// disagrees with the composition's gradients of the loss with the LSE on every case
+/// where some query attends a key.
+#[test]
+fn leaving_the_lse_gradient_out_fails_the_comparison() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = feature_case(4..=16, 8, vec![4, 8]);
+    let mut judged = 0;
+    for _ in 0..6 {
+        let case = strategy.new_tree(&mut runner).expect("a case").current();
+        let (with_lse, gl) = op_with_lse_grad(&case, Layout::Bshd);
+        if gl.iter().all(|&g| g == 0.0) {
+            continue;
+        }
+        judged += 1;
+        let want = composed(&case, Scale::Config, Some(&gl), Layout::Bshd);
+        let without = run_op(&case, DType::F32, Layout::Bshd).expect("op runs");
+        assert!(agree(&case, Some(&gl), &without, &want).is_err(), "the LSE's gradient made no difference: {case:?}");
+        assert_eq!(agree(&case, Some(&gl), &with_lse, &want), Ok(()));
     }
     assert!(judged >= 3, "only {judged} cases attended any key");
 }

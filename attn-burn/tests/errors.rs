@@ -1,10 +1,10 @@
 //! Bad input is a typed `AttnError`, never a panic: mixed dtypes, shapes that disagree,
 //! masks that do not fit, k and v off q's backend or autodiff context, tensors of a
-//! backend the op does not compute on.
+//! backend the op does not compute on (burn-ndarray).
 
 use crate::common::{Layout, tensor4};
-use attn_burn::{AttnOptions, dilated_attention};
-use attn_core::{AttnError, DilatedConfig, KeyPaddingMask, TensorName};
+use attn_burn::{AttnOptions, SUPPORTED_BACKENDS, dilated_attention};
+use attn_core::{AttnError, DilatedConfig, Feature, KeyPaddingMask, TensorName};
 use burn_tensor::{DType, Device, Tensor};
 
 fn config() -> DilatedConfig {
@@ -64,4 +64,21 @@ fn a_quantized_q_is_a_dtype_mismatch() {
     let [k, v] = [0; 2].map(|_| input([1, 8, 2, 4], DType::F32, &device));
     let err = dilated_attention(q, k, v, &AttnOptions::new(config())).expect_err("quantized q");
     assert!(matches!(err, AttnError::DTypeMismatch { tensor: TensorName::Query, .. }), "{err:?}");
+}
+
+/// burn-ndarray, with and without autodiff: a backend the op does not compute on, refused
+/// with an error naming the supported ones.
+#[test]
+#[allow(deprecated)] // `Device::ndarray`: burn deprecates the backend, which is why it serves here
+fn tensors_of_another_backend_are_unsupported_naming_the_supported_ones() {
+    for device in [Device::ndarray(), Device::ndarray().autodiff()] {
+        let [q, k, v] = [0; 3].map(|_| input([1, 8, 2, 4], DType::F32, &device));
+        let err = dilated_attention(q, k, v, &AttnOptions::new(config())).expect_err("an ndarray tensor");
+        assert!(
+            matches!(err, AttnError::Unsupported { backend: "burn", feature: Feature::Other(SUPPORTED_BACKENDS) }),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains("burn-flex") && msg.contains("f32, f64, bf16, f16"), "{msg}");
+    }
 }

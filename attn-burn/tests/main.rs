@@ -1,7 +1,10 @@
-//! attn-burn's integration tests: the op against the float64 reference and against a
-//! plain burn composition of the definition, gradients included; typed errors.
+//! attn-burn's integration tests: the op against the float64 reference, the conformance
+//! files, and against a plain burn composition of the definition, gradients included;
+//! typed errors; the nn modules against the multihead files and `attn-multihead`.
 
 mod common;
 mod composition;
 mod errors;
+mod golden;
+mod nn;
 mod reference;

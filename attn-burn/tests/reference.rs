@@ -1,20 +1,13 @@
 //! The op against the float64 reference (`attn_core`'s reference, through the
 //! testkit's judge) on random feature cases: every row of out, LSE and dq, dk, dv within
-//! the row bound of each dtype flex stores (f32, f64, bf16, f16), in both layouts.
+//! the row bound of each dtype flex stores (f32, f64, bf16, f16), in both layouts; and
+//! the gradients of a loss using the LSE too.
 
+use crate::common::golden_op::{BurnOp, DTYPES};
 use crate::common::{Layout, judge_run, run_op};
-use attn_core::DType as AttnDType;
 use attn_testkit::feature_case;
 use attn_testkit::judge::{Expected, round_to};
-use burn_tensor::DType;
 use proptest::prelude::*;
-
-const DTYPES: [(DType, AttnDType); 4] = [
-    (DType::F32, AttnDType::F32),
-    (DType::F64, AttnDType::F64),
-    (DType::BF16, AttnDType::BF16),
-    (DType::F16, AttnDType::F16),
-];
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: attn_testkit::proptest_cases(16), max_shrink_iters: 64, ..ProptestConfig::default() })]
@@ -32,6 +25,18 @@ proptest! {
         let [q, k, v, go] = case.inputs().each_ref().map(wide);
         let want = Expected::for_problem(&case.problem(), [&q, &k, &v], Some(&go)).expect("reference");
         let verdict = judge_run(&want, &got, attn_dtype);
+        prop_assert!(verdict.is_ok(), "{:?}", verdict);
+    }
+
+    /// dq, dk, dv of `sum(out * grad_out) + sum(lse * grad_lse)` within their row bounds.
+    #[test]
+    fn lse_gradients_are_within_their_bounds_of_the_reference(
+        case in feature_case(1..=24, 8, vec![1, 4, 8]),
+        which in 0..4usize,
+        bhsd in any::<bool>(),
+    ) {
+        let layout = if bhsd { Layout::Bhsd } else { Layout::Bshd };
+        let verdict = attn_testkit::judge_lse_gradients(&BurnOp { dtype: DTYPES[which], layout }, &case);
         prop_assert!(verdict.is_ok(), "{:?}", verdict);
     }
 }

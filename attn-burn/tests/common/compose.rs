@@ -9,7 +9,7 @@ use attn_core::{DilatedConfig, Mixing};
 use burn_tensor::activation::softmax;
 use burn_tensor::{Bool, Tensor, TensorData};
 
-use super::values;
+use super::{Attended, values};
 
 /// A score that stands for "not allowed": its softmax weight is exactly 0 in f32.
 const MASKED: f32 = -1e30;
@@ -79,16 +79,10 @@ pub enum Scale {
     Planted(f64),
 }
 
-/// `(out, lse)` of q `[b, n, h, d]` against k, v `[b, m, kv_heads, d]`; `out` is
-/// differentiable, `lse` (`[b, n, h]`) plain numbers.
-pub fn compose(
-    q: Tensor<4>,
-    k: Tensor<4>,
-    v: Tensor<4>,
-    cfg: &DilatedConfig,
-    m: &Masking,
-    scale: Scale,
-) -> (Tensor<4>, Vec<f32>) {
+/// Out and LSE of q `[b, n, h, d]` against k, v `[b, m, kv_heads, d]`, both
+/// differentiable (the LSE `[b, n, h]` as a log of summed exponentials; 0 and no gradient
+/// on rows without a key), with the LSE's values summed in f64 (`-inf` on those rows).
+pub fn compose(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, cfg: &DilatedConfig, m: &Masking, scale: Scale) -> Attended {
     let [batch, n, heads, d] = q.dims();
     let [_, key_seq, kv_heads, _] = k.dims();
     let device = q.device();
@@ -99,11 +93,13 @@ pub fn compose(
     };
     let mut lse = vec![f32::NEG_INFINITY; batch * n * heads];
     let mut rows = Vec::with_capacity(batch);
+    let mut lse_rows = Vec::with_capacity(batch);
     let head = |t: &Tensor<4>, b: usize, h: usize, len: usize| {
         t.clone().slice([b..b + 1, 0..len, h..h + 1, 0..d]).reshape([len, d])
     };
     for b in 0..batch {
         let mut outs = Vec::with_capacity(heads);
+        let mut lses = Vec::with_capacity(heads);
         for j in 0..heads {
             let (qh, kh, vh) = (head(&q, b, j, n), head(&k, b, j / per_kv, key_seq), head(&v, b, j / per_kv, key_seq));
             let scores = qh.matmul(kh.transpose()) * scale;
@@ -130,6 +126,11 @@ pub fn compose(
             // A query with no key anywhere has output 0 (and lse -inf).
             let any_t = Tensor::<2>::from_data(TensorData::new(any.clone(), [n, 1]), &device);
             outs.push((weights * any_t).matmul(vals).mul_scalar(factor).reshape([1, n, 1, d]));
+            let row_max = s.clone().max_dim(1);
+            let lse_t = (s.clone() - row_max.clone()).exp().sum_dim(1).log() + row_max;
+            let none = any.iter().map(|&a| a == 0.0).collect::<Vec<_>>();
+            let none = Tensor::<2, Bool>::from_data(TensorData::new(none, [n, 1]), &device);
+            lses.push(lse_t.mask_fill(none, 0.0).reshape([1, n, 1]));
             let width = s.dims()[1];
             for (p, row) in values(s).chunks(width).enumerate() {
                 if any[p] > 0.0 {
@@ -140,6 +141,7 @@ pub fn compose(
             }
         }
         rows.push(Tensor::cat(outs, 2));
+        lse_rows.push(Tensor::cat(lses, 2));
     }
-    (Tensor::cat(rows, 0), lse)
+    Attended { out: Tensor::cat(rows, 0), lse: Tensor::cat(lse_rows, 0), lse_values: lse }
 }

@@ -2,6 +2,8 @@
 //! one forward plus backward of the op (or of any function of q, k, v) under autodiff.
 
 pub mod compose;
+pub mod golden_op;
+pub mod params;
 
 use attn_burn::{AttnOptions, OwnedMasks};
 use attn_core::{AttnError, DType as AttnDType, KeyPaddingMask};
@@ -68,45 +70,107 @@ pub fn options(case: &FeatureCase) -> AttnOptions {
     AttnOptions::new(case.cfg.clone()).with_masks(masks)
 }
 
-/// What a run differentiates: `f(q, k, v)` returns the output and the LSE.
-pub type Attend<'a> = dyn Fn(Tensor<4>, Tensor<4>, Tensor<4>) -> Result<(Tensor<4>, Vec<f32>), AttnError> + 'a;
+/// What a function of q, k, v returns: the output, the LSE as a tensor (differentiable
+/// where the function makes it so) and the LSE's values as the run reports them.
+pub struct Attended {
+    pub out: Tensor<4>,
+    pub lse: Tensor<3>,
+    pub lse_values: Vec<f32>,
+}
+
+/// What a run differentiates.
+pub type Attend<'a> = dyn Fn(Tensor<4>, Tensor<4>, Tensor<4>) -> Result<Attended, AttnError> + 'a;
+
+/// The tensors of one run, row-major f32: q `[b, n, h, d]`, k and v `[b, m, kv_heads, d]`
+/// (`dims`: q's and k's), the gradient into the output and the one into the LSE (`[b,
+/// n, h]`; `None`: the loss does not use the LSE).
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    pub qkv: [&'a [f32]; 3],
+    pub grad_out: &'a [f32],
+    pub grad_lse: Option<&'a [f32]>,
+    pub dims: [[usize; 4]; 2],
+}
 
 /// `f` on the case's inputs in `dtype` and `layout`, and the gradients of
-/// `sum(out * grad_out)` by burn's autodiff.
-pub fn run_with(case: &FeatureCase, f: &Attend<'_>, dtype: DType, layout: Layout) -> Result<Run, AttnError> {
-    let device = grad_device();
+/// `sum(out * grad_out)` (plus `sum(lse * grad_lse)` where given) by burn's autodiff.
+pub fn run_with(
+    case: &FeatureCase,
+    f: &Attend<'_>,
+    grad_lse: Option<&[f32]>,
+    dtype: DType,
+    layout: Layout,
+) -> Result<Run, AttnError> {
     let [q, k, v, go] = case.inputs();
-    let (qd, kd) = (case.shape.q.dims(), case.shape.kv.dims());
-    let q = tensor4(&q, qd, dtype, layout, &device).require_grad();
-    let k = tensor4(&k, kd, dtype, layout, &device).require_grad();
-    let v = tensor4(&v, kd, dtype, layout, &device).require_grad();
-    let go = tensor4(&go, qd, dtype, Layout::Bshd, &device);
-    let (out, lse) = f(q.clone(), k.clone(), v.clone())?;
-    let grads = (out.clone() * go).sum().backward();
+    let dims = [case.shape.q.dims(), case.shape.kv.dims()];
+    run_inputs(Inputs { qkv: [&q, &k, &v], grad_out: &go, grad_lse, dims }, f, dtype, layout)
+}
+
+/// `f` on `inputs` in `dtype` and `layout` under autodiff, and the gradients of
+/// `sum(out * grad_out)` (plus `sum(lse * grad_lse)` where given, in f32) by burn's
+/// autodiff.
+pub fn run_inputs(inputs: Inputs<'_>, f: &Attend<'_>, dtype: DType, layout: Layout) -> Result<Run, AttnError> {
+    let device = grad_device();
+    let ([q, k, v], [qd, kd]) = (inputs.qkv, inputs.dims);
+    let q = tensor4(q, qd, dtype, layout, &device).require_grad();
+    let k = tensor4(k, kd, dtype, layout, &device).require_grad();
+    let v = tensor4(v, kd, dtype, layout, &device).require_grad();
+    let go = tensor4(inputs.grad_out, qd, dtype, Layout::Bshd, &device);
+    let Attended { out, lse, lse_values } = f(q.clone(), k.clone(), v.clone())?;
+    let mut loss = (out.clone() * go).sum().cast(DType::F32);
+    if let Some(gl) = inputs.grad_lse {
+        let [b, n, h, _] = qd;
+        let gl = Tensor::<3>::from_data(TensorData::new(gl.to_vec(), [b, n, h]), (&device, DType::F32));
+        loss = loss + (lse * gl).sum();
+    }
+    let grads = loss.backward();
     let grad = |t: &Tensor<4>| values(t.grad(&grads).expect("a gradient"));
-    Ok(Run { out: values(out), lse, grads: [grad(&q), grad(&k), grad(&v)] })
+    Ok(Run { out: values(out), lse: lse_values, grads: [grad(&q), grad(&k), grad(&v)] })
+}
+
+/// The op's output and LSE (both differentiable).
+pub fn attend_op(opts: &AttnOptions, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Result<Attended, AttnError> {
+    let r = attn_burn::dilated_attention_with_lse(q, k, v, opts)?;
+    Ok(Attended { out: r.out, lse_values: values(r.lse.clone()), lse: r.lse })
+}
+
+/// The op on the case, the loss using the LSE where `grad_lse` is given.
+pub fn run_op_lse(
+    case: &FeatureCase,
+    grad_lse: Option<&[f32]>,
+    dtype: DType,
+    layout: Layout,
+) -> Result<Run, AttnError> {
+    let opts = options(case);
+    run_with(case, &|q, k, v| attend_op(&opts, q, k, v), grad_lse, dtype, layout)
 }
 
 /// The op on the case.
 pub fn run_op(case: &FeatureCase, dtype: DType, layout: Layout) -> Result<Run, AttnError> {
-    let opts = options(case);
-    let f = |q, k, v| {
-        let r = attn_burn::dilated_attention_with_lse(q, k, v, &opts)?;
-        Ok((r.out, values(r.lse)))
-    };
-    run_with(case, &f, dtype, layout)
+    run_op_lse(case, None, dtype, layout)
 }
 
-/// `got` against `want` (f32 runs) with the f32 row bounds, magnitudes from the float64
-/// reference.
-pub fn agree(case: &FeatureCase, got: &Run, want: &Run) -> Result<(), String> {
-    let [q, k, v, go] = case.inputs().map(|x| x.into_iter().map(f64::from).collect::<Vec<_>>());
-    let mut expected = Expected::for_problem(&case.problem(), [&q, &k, &v], Some(&go)).map_err(|e| e.to_string())?;
+/// `got` against `want` (f32 runs, both of the loss with `grad_lse` where given) with
+/// the f32 row bounds, magnitudes from the float64 reference.
+pub fn agree(case: &FeatureCase, grad_lse: Option<&[f32]>, got: &Run, want: &Run) -> Result<(), String> {
     let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+    let [q, k, v, go] = case.inputs().map(|x| wide(&x));
+    let p = case.problem();
+    let expected = match grad_lse {
+        None => Expected::for_problem(&p, [&q, &k, &v], Some(&go)),
+        Some(gl) => Expected::for_problem_lse(&p, [&q, &k, &v], &go, &wide(gl)),
+    };
+    let mut expected = expected.map_err(|e| e.to_string())?;
     expected.fwd.out = wide(&want.out);
     expected.fwd.lse = wide(&want.lse);
     [expected.grads.dq, expected.grads.dk, expected.grads.dv] = want.grads.each_ref().map(|g| wide(g));
     judge_run(&expected, got, AttnDType::F32)
+}
+
+/// The case's gradient into the LSE ([`FeatureCase::grad_lse`]), 0 on the rows whose
+/// LSE (`lse`, a run's) is `-inf`: rows with no key, which take none of it.
+pub fn grad_lse_of(case: &FeatureCase, lse: &[f32]) -> Vec<f32> {
+    case.grad_lse().into_iter().zip(lse).map(|(g, l)| if l.is_finite() { g } else { 0.0 }).collect()
 }
 
 /// Every row of `got` within `dtype`'s row bound of `want`.

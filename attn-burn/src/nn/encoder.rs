@@ -1,0 +1,125 @@
+//! [`LongNetEncoderLayer`] and [`LongNetEncoder`] as burn modules: pre-LN layers
+//! `x + attn(norm1(x))`, then `x + linear2(norm3(relu(linear1(norm2(x)))))`, as
+//! `attn-multihead`'s encoder computes them in evaluation, under its parameter names.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use attn_core::{AttnError, ReferenceBackend, Result};
+use attn_multihead::{EncoderConfig, NamedParams, load_file};
+use burn::module::Module;
+use burn_tensor::activation::relu;
+use burn_tensor::{DType, Device, Tensor};
+
+use super::{LayerNorm, Linear, MultiheadDilatedAttention, ParamSource};
+use crate::options::AttnOptions;
+
+/// One pre-LN LongNet encoder layer.
+#[derive(Module, Debug)]
+pub struct LongNetEncoderLayer {
+    pub norm1: LayerNorm,
+    pub self_attn: MultiheadDilatedAttention,
+    pub norm2: LayerNorm,
+    pub linear1: Linear,
+    pub norm3: LayerNorm,
+    pub linear2: Linear,
+}
+
+impl LongNetEncoderLayer {
+    /// The layer `config` describes, its parameters under `prefix` in `source`.
+    pub fn from_source(config: &EncoderConfig, source: &ParamSource, prefix: &str) -> Result<Self> {
+        config.validate()?;
+        let eps = config.layer_norm_eps;
+        let norm = |name: &str| LayerNorm::from_source(source, &format!("{prefix}{name}."), eps);
+        let self_attn =
+            MultiheadDilatedAttention::from_source(config.self_attention(), source, &format!("{prefix}self_attn."))?;
+        Ok(LongNetEncoderLayer {
+            norm1: norm("norm1")?,
+            self_attn,
+            norm2: norm("norm2")?,
+            linear1: Linear::from_source(source, &format!("{prefix}linear1."))?,
+            norm3: norm("norm3")?,
+            linear2: Linear::from_source(source, &format!("{prefix}linear2."))?,
+        })
+    }
+
+    /// Fresh parameters drawn by `attn-multihead`'s MAGNETO initialisation from `seed`
+    /// (`config.gamma_init` for v, out and `linear2`): those its layer draws.
+    pub fn magneto(config: &EncoderConfig, seed: u64, device: &Device, dtype: DType) -> Result<Self> {
+        let layer = attn_multihead::LongNetEncoderLayer::<f32>::new(config.clone(), seed, Arc::new(ReferenceBackend))?;
+        Self::from_source(config, &ParamSource::of(&layer, device, dtype), "")
+    }
+
+    /// Self-attention of `x` `[batch, seq, d_model]` with `masks`, then the feed-forward.
+    pub fn forward(&self, x: Tensor<3>, masks: &AttnOptions) -> Result<Tensor<3>> {
+        let h = self.norm1.forward(x.clone());
+        let x = x + self.self_attn.forward(h, masks)?;
+        let f = relu(self.linear1.forward(self.norm2.forward(x.clone())));
+        Ok(x + self.linear2.forward(self.norm3.forward(f)))
+    }
+}
+
+/// A stack of encoder layers (`layers.{i}.*`).
+#[derive(Module, Debug)]
+pub struct LongNetEncoder {
+    pub layers: Vec<LongNetEncoderLayer>,
+}
+
+impl LongNetEncoder {
+    /// `num_layers` layers from `source` (`layers.{i}.*`).
+    pub fn from_source(config: &EncoderConfig, num_layers: usize, source: &ParamSource) -> Result<Self> {
+        if num_layers == 0 {
+            return Err(AttnError::InvalidArgument("an encoder needs at least one layer".into()));
+        }
+        let layers = (0..num_layers)
+            .map(|i| LongNetEncoderLayer::from_source(config, source, &format!("layers.{i}.")))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(LongNetEncoder { layers })
+    }
+
+    /// The parameters of `attn-multihead`'s stack (`encoder`), on `device` in `dtype`.
+    pub fn from_encoder(
+        encoder: &attn_multihead::LongNetEncoder<f32>,
+        config: &EncoderConfig,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        let num_layers = encoder.params().iter().filter(|p| p.name.ends_with("norm1.weight")).count();
+        Self::from_source(config, num_layers, &ParamSource::of(encoder, device, dtype))
+    }
+
+    /// Fresh parameters with the encoder-only MAGNETO gain `sqrt(log(2 * num_layers))`
+    /// (in place of `config.gamma_init`), those `attn-multihead`'s `LongNetEncoder::new`
+    /// draws for `seed`.
+    pub fn magneto(
+        config: &EncoderConfig,
+        num_layers: usize,
+        seed: u64,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        let backend = Arc::new(ReferenceBackend);
+        let encoder = attn_multihead::LongNetEncoder::<f32>::new(config.clone(), num_layers, seed, backend)?;
+        Self::from_encoder(&encoder, config, device, dtype)
+    }
+
+    /// `num_layers` layers read from a safetensors state_dict (PyTorch names, every
+    /// parameter present with its shape, no other tensor).
+    pub fn load_file(
+        config: &EncoderConfig,
+        num_layers: usize,
+        path: impl AsRef<Path>,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        let backend = Arc::new(ReferenceBackend);
+        let mut encoder = attn_multihead::LongNetEncoder::<f32>::new(config.clone(), num_layers, 0, backend)?;
+        load_file(&mut encoder, path)?;
+        Self::from_encoder(&encoder, config, device, dtype)
+    }
+
+    /// Every layer in turn, `masks` in each self-attention.
+    pub fn forward(&self, x: Tensor<3>, masks: &AttnOptions) -> Result<Tensor<3>> {
+        self.layers.iter().try_fold(x, |x, layer| layer.forward(x, masks))
+    }
+}

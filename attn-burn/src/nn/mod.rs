@@ -1,0 +1,19 @@
+//! burn modules over the op (`#[derive(Module)]`): the MAGNETO/LongNet
+//! [`MultiheadDilatedAttention`] layer, the pre-LN [`LongNetEncoderLayer`] and the
+//! [`LongNetEncoder`] stack, with the PyTorch parameter names of `attn-multihead`
+//! (`q_proj.weight` `[out, in]`, ..., `norm.*`; `layers.{i}.norm1.*`, `self_attn.*`,
+//! `norm2.*`, `linear1.*`, `norm3.*`, `linear2.*`). Their parameters come from
+//! `attn-multihead`'s containers: drawn by its MAGNETO initialisation from a seed, or read
+//! from the same safetensors state_dicts it loads. The forward is the evaluation
+//! function (no dropout); gradients reach every parameter and input through burn's
+//! autodiff and the op's exact backward.
+
+mod encoder;
+mod layers;
+mod multihead;
+mod params;
+
+pub use encoder::{LongNetEncoder, LongNetEncoderLayer};
+pub use layers::{LayerNorm, Linear};
+pub use multihead::MultiheadDilatedAttention;
+pub use params::ParamSource;

@@ -1,0 +1,123 @@
+//! [`MultiheadDilatedAttention`] as a burn module: projections (`q_proj`, and `k_proj`,
+//! `v_proj` with `num_kv_heads * head_dim` rows for grouped heads), the dilated
+//! attention op, sub-LayerNorm (`norm`) and `out_proj`, per docs/definition.md and as
+//! `attn-multihead`'s layer computes them in evaluation.
+
+use std::path::Path;
+
+use attn_core::{AttnError, Result};
+use attn_multihead::{MultiheadConfig, MultiheadWeights, load_file};
+use burn::module::Module;
+use burn_tensor::{DType, Device, Tensor};
+
+use super::{LayerNorm, Linear, ParamSource};
+use crate::options::AttnOptions;
+use crate::route::dilated_attention;
+
+/// The MAGNETO/LongNet multihead layer.
+#[derive(Module, Debug)]
+pub struct MultiheadDilatedAttention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub norm: Option<LayerNorm>,
+    pub out_proj: Linear,
+    #[module(skip)]
+    config: MultiheadConfig,
+}
+
+impl MultiheadDilatedAttention {
+    /// The layer `config` describes, its parameters under `prefix` in `source`.
+    pub fn from_source(config: MultiheadConfig, source: &ParamSource, prefix: &str) -> Result<Self> {
+        config.validate()?;
+        let linear = |name: &str| Linear::from_source(source, &format!("{prefix}{name}."));
+        let norm = match config.layer_norm {
+            true => Some(LayerNorm::from_source(source, &format!("{prefix}norm."), config.layer_norm_eps)?),
+            false => None,
+        };
+        let layer = MultiheadDilatedAttention {
+            q_proj: linear("q_proj")?,
+            k_proj: linear("k_proj")?,
+            v_proj: linear("v_proj")?,
+            norm,
+            out_proj: linear("out_proj")?,
+            config,
+        };
+        Ok(layer)
+    }
+
+    /// The layer with `weights` (their layout checked against `config`), on `device` in
+    /// `dtype`.
+    pub fn from_weights(
+        config: MultiheadConfig,
+        weights: &MultiheadWeights<f32>,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        // `attn-multihead`'s layer checks the weights' layout against the config.
+        let backend = std::sync::Arc::new(attn_core::ReferenceBackend);
+        attn_multihead::MultiheadDilatedAttention::<f32>::from_weights(config.clone(), weights.clone(), backend)?;
+        Self::from_source(config, &ParamSource::of(weights, device, dtype), "")
+    }
+
+    /// Fresh parameters drawn by `attn-multihead`'s MAGNETO initialisation from `seed`
+    /// (xavier-normal, gain 1 for q and k, `gamma_init` for v and out; zero biases;
+    /// LayerNorm weight 1, bias 0): the weights its layer draws for the same seed.
+    pub fn magneto(config: MultiheadConfig, seed: u64, device: &Device, dtype: DType) -> Result<Self> {
+        config.validate()?;
+        let weights = MultiheadWeights::magneto(&config, seed);
+        Self::from_weights(config, &weights, device, dtype)
+    }
+
+    /// Parameters read from a safetensors state_dict (PyTorch names; every parameter
+    /// present with its shape, no other tensor).
+    pub fn load_file(config: MultiheadConfig, path: impl AsRef<Path>, device: &Device, dtype: DType) -> Result<Self> {
+        config.validate()?;
+        let mut weights = MultiheadWeights::magneto(&config, 0);
+        load_file(&mut weights, path)?;
+        Self::from_weights(config, &weights, device, dtype)
+    }
+
+    pub fn config(&self) -> &MultiheadConfig {
+        &self.config
+    }
+
+    /// Self-attention of `x` `[batch, seq, embed]` with `masks`' key padding, packed
+    /// sequences and block mask (the layer's own patterns replace `masks.config`).
+    pub fn forward(&self, x: Tensor<3>, masks: &AttnOptions) -> Result<Tensor<3>> {
+        self.forward_cross(x.clone(), x.clone(), x, masks)
+    }
+
+    /// Attention of `query` `[batch, seq, embed]` over `key` and `value` `[batch, kv_seq,
+    /// embed]`.
+    pub fn forward_cross(
+        &self,
+        query: Tensor<3>,
+        key: Tensor<3>,
+        value: Tensor<3>,
+        masks: &AttnOptions,
+    ) -> Result<Tensor<3>> {
+        let [b, n, e] = query.dims();
+        let [kb, m, ke] = key.dims();
+        if e != self.config.embed_dim || ke != e || kb != b || value.dims() != key.dims() {
+            return Err(AttnError::InvalidArgument(format!(
+                "query {:?}, key {:?} and value {:?} do not fit a layer of embed_dim {}",
+                query.dims(),
+                key.dims(),
+                value.dims(),
+                self.config.embed_dim
+            )));
+        }
+        let (h, kvh, d) = (self.config.num_heads, self.config.num_kv_heads, self.config.head_dim());
+        let q = self.q_proj.forward(query).reshape([b, n, h, d]);
+        let k = self.k_proj.forward(key).reshape([b, m, kvh, d]);
+        let v = self.v_proj.forward(value).reshape([b, m, kvh, d]);
+        let options = AttnOptions { config: self.config.attention.clone(), masks: masks.masks.clone() };
+        let a = dilated_attention(q, k, v, &options)?.reshape([b, n, e]);
+        let a = match &self.norm {
+            Some(norm) => norm.forward(a),
+            None => a,
+        };
+        Ok(self.out_proj.forward(a))
+    }
+}
