@@ -146,6 +146,7 @@ pub use in_process::{
 pub use plan::layout::Layout;
 pub use plan::workspace::ring_workspace_bytes;
 pub use plan::{
-    MAX_PAIRS, MAX_WORLD, PatternStrategy, Plan, RingProblem, Strategy, expected_bytes, forward_buffer_bytes,
+    MAX_PAIRS, MAX_WORLD, PatternStrategy, Plan, RingProblem, Strategy, Traffic, expected_bytes, expected_traffic,
+    forward_buffer_bytes,
 };
 pub use protocol::call::{RingOptions, RingStats};
