@@ -22,7 +22,9 @@ fn measured(stats: &[RingStats]) -> Vec<Traffic> {
 }
 
 /// (segments, rates, heads, world) and the strategy Auto must run there.
-fn cases() -> [(Vec<usize>, Vec<usize>, usize, usize, Strategy); 5] {
+type Case = (Vec<usize>, Vec<usize>, usize, usize, Strategy);
+
+fn cases() -> [Case; 5] {
     [
         // Dense attention, 8 heads on 4 ranks: Ulysses.
         (vec![1024], vec![1], 8, 4, Strategy::Ulysses),
