@@ -103,9 +103,17 @@ pub fn choose(candidates: &[(Candidate, Cost)]) -> Candidate {
     candidates.iter().filter(|(_, c)| fits(c)).min_by_key(|(_, c)| c.score()).map_or(Candidate::Rows, |(x, _)| *x)
 }
 
-/// The head split the call runs: an explicit head strategy's, `Auto`'s choice over the row
-/// `plan` (whose own head split is not set yet), or none.
-pub(crate) fn head_split_of(plan: &Plan) -> Option<HeadSplit> {
+impl Plan {
+    /// The head split the call runs instead of the row plan: an explicit Ulysses or
+    /// hybrid's, or where [`Strategy::Auto`] picks one (this module's rule); `None` for the
+    /// row plan. Decided on first use.
+    pub fn head_split(&self) -> Option<&HeadSplit> {
+        self.head_split_once.get_or_init(|| head_split_of(self)).as_ref()
+    }
+}
+
+/// The head split of [`Plan::head_split`], from the row plan's costs.
+fn head_split_of(plan: &Plan) -> Option<HeadSplit> {
     let pr = &plan.problem;
     match pr.strategy {
         Strategy::Auto => match choose(&candidates(plan)) {

@@ -235,8 +235,9 @@ pub struct Plan {
     /// Key rows per piece of the direct all-gather forward, computed on first use
     /// (`Plan::piece_rows`, in `pieces`).
     pub(crate) piece_rows_once: std::sync::OnceLock<usize>,
-    /// The head split the call runs (Ulysses, hybrid, or `Auto`'s pick), if any.
-    head_split: Option<heads_split::HeadSplit>,
+    /// The head split the call runs (Ulysses, hybrid, or `Auto`'s pick), if any, decided
+    /// on first use (`Plan::head_split`, in `choose`).
+    pub(crate) head_split_once: std::sync::OnceLock<Option<heads_split::HeadSplit>>,
 }
 
 /// Positions of range `a` (owner) that share a segment (of `seg`'s pattern, in the
@@ -411,7 +412,7 @@ impl Plan {
                 }
             }
         }
-        let mut plan = Plan {
+        let plan = Plan {
             problem,
             strategies,
             need,
@@ -421,16 +422,9 @@ impl Plan {
             gather_heads,
             query_patterns,
             piece_rows_once: std::sync::OnceLock::new(),
-            head_split: None,
+            head_split_once: std::sync::OnceLock::new(),
         };
-        plan.head_split = choose::head_split_of(&plan);
         Ok(plan)
-    }
-
-    /// The head split the call runs instead of the row plan: an explicit Ulysses or
-    /// hybrid's, or where [`Strategy::Auto`] picks one ([`choose`]); `None` for the row plan.
-    pub fn head_split(&self) -> Option<&heads_split::HeadSplit> {
-        self.head_split.as_ref()
     }
 
     /// Number of ring steps (the farthest any block travels either way).
