@@ -36,6 +36,8 @@ mod rss_check;
 mod rss_report;
 mod runner;
 mod single;
+mod strategies;
+mod strategies_report;
 mod suite;
 mod suite_plan;
 mod torch_peer;

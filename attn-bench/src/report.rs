@@ -264,6 +264,9 @@ pub fn render(
     if r.includes(crate::features::SECTION) {
         crate::features_report::render(&mut o, &r.measurements);
     }
+    if r.includes(crate::strategies::SECTION) {
+        crate::strategies_report::render(&mut o, &r.measurements);
+    }
     if r.includes("capacity") {
         crate::capacity::render(&mut o, &r.capacity, r.budget_bytes);
     }

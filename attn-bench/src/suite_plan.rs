@@ -7,6 +7,7 @@ use crate::case::{CaseKind, CaseSpec, DILATIONS, Implementation, SEGMENTS, SMALL
 use crate::cli::SuiteSize;
 use crate::features;
 use crate::measure::Timing;
+use crate::strategies;
 
 /// Ring strategies and the default one used by the scaling tables.
 pub const STRATEGIES: [Strategy; 3] = [Strategy::Auto, Strategy::Ring, Strategy::AllGather];
@@ -152,6 +153,10 @@ pub fn plan(size: SuiteSize, threads: usize) -> Vec<Planned> {
     // Grouped heads, packed sequences, windows (`features` says which).
     for (spec, timing) in features::cases(size) {
         push_case(features::SECTION, spec, timing);
+    }
+    // Ring, all-gather, Ulysses, hybrid and Auto side by side (`strategies` says which).
+    for (spec, timing) in strategies::cases(size) {
+        push_case(strategies::SECTION, spec, timing);
     }
     cases
 }

@@ -35,7 +35,8 @@
 //! [`attention_on`] takes any backend computing f32, bf16 and f16 ([`AnyAttention`]).
 //! With an `attn_ring::RingBackend` (one per rank, over any communicator: in-process
 //! `ThreadComm`, MPI, NCCL) each rank passes its own rows (`RingBackend::positions`)
-//! and gets the single-device rows back, gradients included: the backward is the
+//! and gets the single-device rows back under the backend's `attn_ring::Strategy` (the
+//! ring or all-gather row plan, Ulysses, the hybrid, or `Auto`'s pick), gradients included: the backward is the
 //! ring's collective backward, so every rank calls `backward()` on its loss. A key
 //! padding mask then covers the rank's rows; `cu_seqlens` are global.
 //!

@@ -1,7 +1,7 @@
 //! Ring attention on candle tensors: each in-process rank runs the candle op through its
 //! `RingBackend` on its own rows, forward and candle `backward()`, and the ranks' rows
 //! put together equal the single-device op, output and gradients, on every layout and
-//! strategy.
+//! strategy (`RingBackend::new`'s: the row plan's ring and auto, Ulysses and the hybrid).
 
 use std::sync::Arc;
 
@@ -90,6 +90,9 @@ fn ring_ranks_equal_the_single_device_op_forward_and_gradients() {
             (2, Layout::Contiguous, Strategy::Auto),
             (3, Layout::Zigzag, Strategy::Ring),
             (4, Layout::Contiguous, Strategy::Ring),
+            // The head strategies: the all-to-all over all ranks, and in groups of 2.
+            (4, Layout::Zigzag, Strategy::Ulysses),
+            (4, Layout::Contiguous, Strategy::Hybrid { ulysses: 2 }),
         ] {
             let got = ring(&opts, &inputs, world, layout, strategy);
             let label = format!("{:?} world {world} {layout:?} {strategy:?}", opts.config.mixing());

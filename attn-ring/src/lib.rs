@@ -65,7 +65,8 @@
 //!   `cu_seqlens`); `Plan`/`Strategy` (up to `MAX_WORLD` = 4096 ranks and `MAX_PAIRS`
 //!   = 2^20 (pattern, head) pairs: its tables grow as world^2 and list each pair;
 //!   per-pattern row counts come from `head_counts` in O(1)) choosing segment-local,
-//!   ring pass or all-gather per pattern; the rows that travel are the owner's keys in
+//!   ring pass or all-gather per pattern, and under `Auto` whether a head strategy runs
+//!   instead (`choose`: a cost model of bytes, messages and workspace per rank); the rows that travel are the owner's keys in
 //!   a receiver's segments within its queries' band, once per (pattern, key/value head)
 //!   pair; `heads_split` (the head strategies: groups of `U` consecutive ranks, slot `j`
 //!   of a group attending query heads `slot_heads(j)`, the first `heads % U` slots one more,
@@ -146,6 +147,7 @@ pub use in_process::{
 pub use plan::layout::Layout;
 pub use plan::workspace::ring_workspace_bytes;
 pub use plan::{
-    MAX_PAIRS, MAX_WORLD, PatternStrategy, Plan, RingProblem, Strategy, expected_bytes, forward_buffer_bytes,
+    MAX_PAIRS, MAX_WORLD, PatternStrategy, Plan, RingProblem, Strategy, Traffic, expected_bytes, expected_traffic,
+    forward_buffer_bytes,
 };
 pub use protocol::call::{RingOptions, RingStats};

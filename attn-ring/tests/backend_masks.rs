@@ -1,20 +1,28 @@
 //! `RingBackend` behind the shared interface with the features: each rank passes its
 //! own rows of q, k, v (k and v with fewer heads) and of the key padding mask, and the
 //! packed sequences of the whole batch; the reassembled rows equal the float64
-//! reference's, with a gradient into the LSE too. A rank whose mask or LSE gradient does
-//! not fit its rows makes every rank fail alike.
+//! reference's, with a gradient into the LSE too, under the row plan and the head
+//! strategies (Ulysses, hybrid). A rank whose mask or LSE gradient does not fit its rows
+//! makes every rank fail alike, and so does (when checked) a non-finite gradient into the
+//! LSE on a row that attends something, under every strategy.
 
 use attn_core::error::TensorName;
 use attn_core::{
     Attention, AttnError, AttnInputs, AttnShape, DType, DilatedConfig, Grads, KeyPadding, Masks, Mixing,
     PackedSequences, Saved, Shape4, TensorView, TensorViewMut,
 };
+use attn_ring::plan::heads_split::HeadSplit;
 use attn_ring::{Communicator, Layout, RingBackend, RingOptions, Strategy, ThreadComm, local_rows};
 use attn_testkit::golden::Problem;
 use attn_testkit::judge::{Expected, judge_backward, judge_forward, verdict};
 use attn_testkit::random_vec;
 
 const WORLD: usize = 3;
+
+/// The (world, strategy) runs of the gradient-into-the-LSE checks: the row plan, Ulysses
+/// and the hybrid.
+const LSE_RUNS: [(usize, Strategy); 3] =
+    [(WORLD, Strategy::Auto), (4, Strategy::Ulysses), (4, Strategy::Hybrid { ulysses: 2 })];
 
 /// One rank's rows: out, lse, dq, dk, dv.
 type RankRows = (Vec<f32>, Vec<f32>, [Vec<f32>; 3]);
@@ -28,6 +36,9 @@ struct Call<'a> {
     padding: Option<&'a [bool]>,
     cu: Option<&'a [usize]>,
     options: RingOptions,
+    /// Ranks and strategy of the call.
+    world: usize,
+    strategy: Strategy,
 }
 
 /// Every rank's forward and backward through `RingBackend`, with `mask_rows(rank)` as
@@ -39,9 +50,9 @@ fn run(
     mask_rows: impl Fn(usize, Vec<bool>) -> Vec<bool> + Sync,
     lse_rows: impl Fn(usize, Vec<f32>) -> Vec<f32> + Sync,
 ) -> Vec<attn_core::Result<RankRows>> {
-    let Call { global, grad_lse, padding, cu, options } = call;
+    let Call { global, grad_lse, padding, cu, options, world, strategy } = call;
     let (seq, layout) = (shape.q.seq, Layout::Zigzag);
-    let comms = ThreadComm::world(WORLD).unwrap();
+    let comms = ThreadComm::world(world).unwrap();
     std::thread::scope(|scope| {
         let handles: Vec<_> = comms
             .into_iter()
@@ -49,7 +60,7 @@ fn run(
                 let (mask_rows, lse_rows) = (&mask_rows, &lse_rows);
                 scope.spawn(move || -> attn_core::Result<RankRows> {
                     let rank = comm.rank();
-                    let be = RingBackend::new(comm, seq, layout, Strategy::Auto)?.with_options(options);
+                    let be = RingBackend::new(comm, seq, layout, strategy)?.with_options(options);
                     let pos = be.positions();
                     let (ls, lkv) = (shape.q.with_seq(pos.len())?, shape.kv.with_seq(pos.len())?);
                     let gv = |i: usize, s: Shape4| TensorView::contiguous(TensorName::Other("g"), global[i], s);
@@ -101,10 +112,11 @@ fn run(
 
 /// Scatter rank rows (`[batch, rows, heads, inner]`) back to global positions.
 fn gather(parts: &[&[f32]], shape: Shape4, inner: usize, seq: usize) -> Vec<f32> {
+    let world = parts.len();
     let mut out = vec![0.0; shape.batch * seq * shape.heads * inner];
     let row = shape.heads * inner;
     for (rank, part) in parts.iter().enumerate() {
-        let pos = Layout::Zigzag.positions(seq, WORLD, rank);
+        let pos = Layout::Zigzag.positions(seq, world, rank);
         for b in 0..shape.batch {
             for (i, &p) in pos.iter().enumerate() {
                 out[(b * seq + p) * row..(b * seq + p + 1) * row]
@@ -155,9 +167,11 @@ fn the_ring_backend_computes_every_feature_from_each_ranks_rows() {
             unattended += plain.fwd.lse.iter().filter(|l| !l.is_finite()).count();
             grad_lse.iter_mut().zip(&plain.fwd.lse).filter(|(_, l)| !l.is_finite()).for_each(|(g, _)| *g = f32::NAN);
             let with_lse = Expected::for_problem_lse(&problem, [&qw, &kw, &vw], &gw, &wide(&grad_lse)).unwrap();
-            for (gl, want) in [(None, &plain), (Some(&grad_lse[..]), &with_lse)] {
+            let runs = [(None, &plain)].into_iter().map(|r| (r, (WORLD, Strategy::Auto)));
+            let with_lse = LSE_RUNS.into_iter().map(|run| ((Some(&grad_lse[..]), &with_lse), run));
+            for ((gl, want), (world, strategy)) in runs.chain(with_lse) {
                 let options = RingOptions::default().with_check_finite(true);
-                let call = Call { global, grad_lse: gl, padding: Some(&padding), cu, options };
+                let call = Call { global, grad_lse: gl, padding: Some(&padding), cu, options, world, strategy };
                 let ranks: Vec<RankRows> =
                     run(cfg, shape, call, |_, rows| rows, |_, rows| rows).into_iter().map(Result::unwrap).collect();
                 let out = gather(&ranks.iter().map(|r| &r.0[..]).collect::<Vec<_>>(), q, 8, seq);
@@ -171,7 +185,12 @@ fn the_ring_backend_computes_every_feature_from_each_ranks_rows() {
                 let mut rows = judge_forward(want, &out, &lse, DType::F32);
                 rows.extend(judge_backward(want, [&grads[0], &grads[1], &grads[2]], DType::F32));
                 let v = verdict(&rows);
-                assert!(v.is_ok(), "{cfg:?} packed={packed} grad_lse={}: {}", gl.is_some(), v.unwrap_err());
+                assert!(
+                    v.is_ok(),
+                    "{cfg:?} packed={packed} grad_lse={} {strategy:?}: {}",
+                    gl.is_some(),
+                    v.unwrap_err()
+                );
             }
         }
     }
@@ -191,6 +210,8 @@ fn a_rank_with_a_misfit_mask_fails_every_rank() {
         padding: Some(&padding),
         cu: None,
         options: RingOptions::default(),
+        world: WORLD,
+        strategy: Strategy::Auto,
     };
     // Rank 1 passes one flag too few.
     let short = |rank: usize, mut rows: Vec<bool>| {
@@ -217,6 +238,8 @@ fn a_rank_with_a_misfit_lse_gradient_fails_every_rank() {
         padding: None,
         cu: None,
         options: RingOptions::default(),
+        world: WORLD,
+        strategy: Strategy::Auto,
     };
     // Rank 2 passes one value too many.
     let long = |rank: usize, mut rows: Vec<f32>| {
@@ -233,6 +256,10 @@ fn a_rank_with_a_misfit_lse_gradient_fails_every_rank() {
     }
 }
 
+/// Checked, a non-finite gradient into the LSE on a row that attends something is
+/// `NonFinite` (its global index) on the rank that reads it (the row's owner under the row
+/// plan; under a head strategy the rank of the head's slot in the owner's group) and a
+/// `Comm` error naming that rank everywhere else; unchecked, the call runs.
 #[test]
 fn a_non_finite_lse_gradient_on_a_row_that_attends_fails_every_rank_when_checked() {
     let cfg = DilatedConfig::new(&[16], &[1]).unwrap();
@@ -240,22 +267,35 @@ fn a_non_finite_lse_gradient_on_a_row_that_attends_fails_every_rank_when_checked
     let shape = AttnShape::self_attn(q);
     let x = random_vec(1, q.numel());
     let mut grad_lse = random_vec(2, q.lse_len());
-    // Position 7 (zigzag over 3 ranks of 30: rank 1 holds positions 5..10), head 1.
+    // Position 7, head 1.
     grad_lse[7 * 2 + 1] = f32::INFINITY;
-    let options = RingOptions::default().with_check_finite(true);
-    let call = Call { global: [&x, &x, &x, &x], grad_lse: Some(&grad_lse), padding: None, cu: None, options };
-    let owner = Layout::Zigzag.positions(30, WORLD, 1);
-    assert!(owner.contains(&7), "{owner:?}");
-    for (rank, r) in run(&cfg, shape, call, |_, rows| rows, |_, rows| rows).into_iter().enumerate() {
-        match (rank, r) {
-            (1, Err(AttnError::NonFinite { tensor: TensorName::GradLse, index })) => assert_eq!(index, 7 * 2 + 1),
-            (_, Err(AttnError::Comm { message, .. })) if rank != 1 => {
-                assert!(message.contains("rank 1") && message.contains("grad_lse"), "{message}")
+    for (world, strategy) in [(WORLD, Strategy::Auto), (2, Strategy::Ulysses), (4, Strategy::Hybrid { ulysses: 2 })] {
+        let owner = (0..world).find(|&r| Layout::Zigzag.positions(30, world, r).contains(&7)).unwrap();
+        let reader = match strategy.ulysses_degree(world) {
+            None => owner,
+            Some(u) => {
+                let split = HeadSplit::new(2, 2, u, world).unwrap();
+                let slot = (0..u).find(|&j| split.slot_heads(j).contains(&1)).unwrap();
+                split.rank_of(split.group_of(owner), slot)
             }
-            (_, other) => panic!("rank {rank}: {other:?}"),
+        };
+        let options = RingOptions::default().with_check_finite(true);
+        let global = [&x[..], &x, &x, &x];
+        let call = Call { global, grad_lse: Some(&grad_lse), padding: None, cu: None, options, world, strategy };
+        for (rank, r) in run(&cfg, shape, call, |_, rows| rows, |_, rows| rows).into_iter().enumerate() {
+            match r {
+                Err(AttnError::NonFinite { tensor: TensorName::GradLse, index }) if rank == reader => {
+                    assert_eq!(index, 7 * 2 + 1, "{strategy:?}")
+                }
+                Err(AttnError::Comm { message, .. }) if rank != reader => {
+                    let named = message.contains(&format!("rank {reader}")) && message.contains("grad_lse");
+                    assert!(named, "{strategy:?}: {message}")
+                }
+                other => panic!("{strategy:?} rank {rank} (reader {reader}): {other:?}"),
+            }
         }
+        // Unchecked, the value reaches the gradients as it would in any autograd.
+        let call = Call { options: RingOptions::default(), ..call };
+        assert!(run(&cfg, shape, call, |_, rows| rows, |_, rows| rows).into_iter().all(|r| r.is_ok()), "{strategy:?}");
     }
-    // Unchecked, the value reaches the gradients as it would in any autograd.
-    let call = Call { options: RingOptions::default(), ..call };
-    assert!(run(&cfg, shape, call, |_, rows| rows, |_, rows| rows).into_iter().all(|r| r.is_ok()));
 }

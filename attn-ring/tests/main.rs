@@ -1,6 +1,7 @@
 //! The integration tests of this crate in one binary (one link and one set of generic
 //! instances for all of them); each module is one test file.
 
+mod auto_strategy;
 mod backend_masks;
 mod block_masks;
 mod bytes_formula;

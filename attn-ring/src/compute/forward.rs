@@ -255,6 +255,7 @@ pub fn ring_forward_with<C: Communicator + ?Sized, T: Element>(
 ) -> Result<RingStats> {
     let extra =
         check_out(problem, comm.rank(), &[(TensorName::Output, out.shape())], Some((TensorName::Lse, lse.len())));
+    let problem = &*crate::plan::choose::resolved(problem);
     if problem.strategy.ulysses_degree(problem.world).is_some() {
         return heads_forward(comm, problem, opts, qkv, (out, lse), extra);
     }

@@ -89,6 +89,12 @@ impl HeadSplit {
         h / (self.heads / self.kv_heads) - self.slot_kv(j).start
     }
 
+    /// How many rows group `g` holds (its members' rows, without listing them).
+    pub fn group_rows(&self, layout: Layout, n: usize, g: usize) -> usize {
+        let world = self.u * self.groups;
+        self.members(g).map(|m| layout.rows(n, world, m)).sum()
+    }
+
     /// Global positions of group `g`'s rows, ascending: the union of its members' rows.
     pub fn group_positions(&self, layout: Layout, n: usize, g: usize) -> Vec<usize> {
         let world = self.u * self.groups;

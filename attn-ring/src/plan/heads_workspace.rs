@@ -44,7 +44,7 @@ pub(crate) fn heads_workspace_bytes(
     let (b, d, e, n) = (batch as u64, head_dim as u64, dtype.size() as u64, seq as u64);
     let (g, j) = (split.group_of(rank), split.slot_of(rank));
     let rows = |r: usize| layout.rows(seq, p, r) as u64;
-    let (l, nq) = (rows(rank), split.group_positions(layout, seq, g).len() as u64);
+    let (l, nq) = (rows(rank), split.group_rows(layout, seq, g) as u64);
     let (m, k) = (split.slot_heads(j).len() as u64, split.slot_kv(j).len() as u64);
     // Bytes per row of a slot's first-all-to-all payload: q, k, v, and grad_out with the
     // LSE's gradient in the backward.
@@ -54,7 +54,7 @@ pub(crate) fn heads_workspace_bytes(
         .sum();
     let recv_in = split.u as u64 * FRAME + b * nq * in_row(m, k);
     let slot = b * nq * (m + 2 * k) * d * e + if backward { b * nq * m * (d * e + 4) } else { 0 };
-    let largest = (0..split.groups).map(|x| split.group_positions(layout, seq, x).len() as u64).max().unwrap_or(0);
+    let largest = (0..split.groups).map(|x| split.group_rows(layout, seq, x) as u64).max().unwrap_or(0);
     // Held, sent and received blocks of the ring (with f32 dk/dv in the backward).
     let block = FRAME + b * largest * 2 * k * d * (e + if backward { 4 } else { 0 });
     let ring = if split.groups > 1 { 3 * block } else { 0 };

@@ -1,8 +1,10 @@
 //! The communication plan every rank derives identically from (config, shape,
 //! layout, world, strategy): which pattern uses which strategy, which rows of
 //! which owner each rank needs, how far ring blocks travel, and the exact bytes
-//! each rank sends (the formula [`expected_bytes`] checks against).
+//! each rank sends (the formula [`expected_bytes`] checks against); for `Strategy::Auto`,
+//! whether a head strategy runs instead ([`choose`]).
 
+pub mod choose;
 mod head_counts;
 pub mod heads_split;
 mod heads_workspace;
@@ -24,7 +26,9 @@ use attn_kernels::block::HeadBlockMask;
 use crate::plan::head_counts::PatternHeads;
 use crate::plan::layout::Layout;
 use crate::plan::ring_route::{Way, route};
-pub use crate::plan::traffic::{expected_bytes, forward_buffer_bytes, heads_bytes};
+pub use crate::plan::traffic::{
+    Traffic, expected_bytes, expected_traffic, forward_buffer_bytes, heads_bytes, heads_traffic,
+};
 
 /// Strategy override for patterns whose segments span ranks. The chunk ring reads the
 /// first three for its whole k/v slices (see [`crate::chunk_ring`]): along the ring, straight
@@ -33,8 +37,9 @@ pub use crate::plan::traffic::{expected_bytes, forward_buffer_bytes, heads_bytes
 /// moving selected rows ([`crate::plan::heads_split`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Strategy {
-    /// Per pattern: no traffic when segments sit inside ranks, all-gather when the
-    /// selected rows a rank receives are no more than its own rows of the pattern's
+    /// Per call, the row plan or a head strategy by the cost model of [`choose`]; in the
+    /// row plan, per pattern: no traffic when segments sit inside ranks, all-gather when
+    /// the selected rows a rank receives are no more than its own rows of the pattern's
     /// heads, ring pass otherwise (e.g. full attention on 3 or more ranks).
     #[default]
     Auto,
@@ -230,6 +235,9 @@ pub struct Plan {
     /// Key rows per piece of the direct all-gather forward, computed on first use
     /// (`Plan::piece_rows`, in `pieces`).
     pub(crate) piece_rows_once: std::sync::OnceLock<usize>,
+    /// The head split the call runs (Ulysses, hybrid, or `Auto`'s pick), if any, decided
+    /// on first use (`Plan::head_split`, in `choose`).
+    pub(crate) head_split_once: std::sync::OnceLock<Option<heads_split::HeadSplit>>,
 }
 
 /// Positions of range `a` (owner) that share a segment (of `seg`'s pattern, in the
@@ -414,6 +422,7 @@ impl Plan {
             gather_heads,
             query_patterns,
             piece_rows_once: std::sync::OnceLock::new(),
+            head_split_once: std::sync::OnceLock::new(),
         };
         Ok(plan)
     }

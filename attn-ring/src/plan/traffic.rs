@@ -1,6 +1,6 @@
-//! What the plan ring moves and holds, in closed form from the plan alone: the bytes each
-//! rank sends ([`expected_bytes`]) and the buffers its forward holds at its peak
-//! ([`forward_buffer_bytes`]).
+//! What the plan ring moves and holds, in closed form from the plan alone: the bytes and
+//! messages each rank sends ([`expected_traffic`], [`expected_bytes`]) and the buffers its
+//! forward holds at its peak ([`forward_buffer_bytes`]).
 
 use attn_core::{DType, Pass};
 
@@ -8,7 +8,34 @@ use crate::plan::heads_split::HeadSplit;
 use crate::plan::ring_route::Way;
 use crate::plan::{MSG_HEADER_BYTES, Plan, RingProblem};
 
-/// Payload bytes each rank sends during one forward (or backward) call, by
+/// What one rank sends in one call: payload bytes (headers included) and data messages,
+/// as `RingStats::data_bytes_sent` and `RingStats::data_messages` count them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Traffic {
+    pub bytes: u64,
+    pub messages: u64,
+}
+
+impl Traffic {
+    /// One message of `payload` bytes after its header.
+    fn send(&mut self, payload: u64) {
+        self.bytes += MSG_HEADER_BYTES + payload;
+        self.messages += 1;
+    }
+
+    /// `count` messages carrying `payload` bytes between them.
+    fn send_pieces(&mut self, count: u64, payload: u64) {
+        self.bytes += count * MSG_HEADER_BYTES + payload;
+        self.messages += count;
+    }
+}
+
+/// The bytes of [`expected_traffic`], per rank.
+pub fn expected_bytes(plan: &Plan, dtype: DType, pass: Pass) -> Vec<u64> {
+    expected_traffic(plan, dtype, pass).into_iter().map(|t| t.bytes).collect()
+}
+
+/// Payload bytes and messages each rank sends during one forward (or backward) call, by
 /// closed-form counts of selected rows (`count_in_range`), not by running anything.
 ///
 /// Forward: all-gather sends `batch * sum_(pattern, head) selected(o -> r) * 2 * d * elem`
@@ -20,43 +47,48 @@ use crate::plan::{MSG_HEADER_BYTES, Plan, RingProblem};
 /// same for the recomputed forward, the k/v pass, and the f32 dk/dv coming back (for the
 /// ring: once per hop after the first, plus the trip home). Every message carries a
 /// [`MSG_HEADER_BYTES`] header; handshake and completion rounds are not counted. The head
-/// strategies (Ulysses, hybrid) send what [`heads_bytes`] counts.
-pub fn expected_bytes(plan: &Plan, dtype: DType, pass: Pass) -> Vec<u64> {
-    let pr = &plan.problem;
-    if let Some(u) = pr.strategy.ulysses_degree(pr.world)
-        && let Ok(split) = HeadSplit::new(pr.heads, pr.kv_heads, u, pr.world)
-    {
-        return heads_bytes(pr, &split, dtype, pass);
+/// strategies (Ulysses, hybrid, and `Auto` where it picks one: [`Plan::head_split`]) send
+/// what [`heads_traffic`] counts.
+pub fn expected_traffic(plan: &Plan, dtype: DType, pass: Pass) -> Vec<Traffic> {
+    match plan.head_split() {
+        Some(split) => heads_traffic(&plan.problem, split, dtype, pass),
+        None => row_traffic(plan, dtype, pass),
     }
+}
+
+/// [`expected_traffic`] of the row plan (per-pattern local, ring or all-gather).
+pub(crate) fn row_traffic(plan: &Plan, dtype: DType, pass: Pass) -> Vec<Traffic> {
     let backward = pass == Pass::Backward;
     let RingProblem { batch, head_dim: d, world: p, .. } = plan.problem;
     let (b, d, e) = (batch as u64, d as u64, dtype.size() as u64);
-    let mut fwd = vec![0u64; p];
-    let mut direct = vec![0u64; p];
-    let mut bwd_extra = vec![0u64; p];
+    let mut fwd = vec![Traffic::default(); p];
+    let mut direct = vec![Traffic::default(); p];
+    let mut bwd_extra = vec![Traffic::default(); p];
     for o in 0..p {
         for r in (0..p).filter(|&r| plan.gather_need(o, r)) {
             let rows: u64 = plan.gather_heads.iter().map(|ph| plan.gather_count(o, r, ph) as u64).sum();
-            fwd[o] += MSG_HEADER_BYTES + b * rows * 2 * d * e;
+            fwd[o].send(b * rows * 2 * d * e);
             let pieces = crate::plan::pieces::pieces(plan, o, r).len() as u64;
-            direct[o] += pieces * MSG_HEADER_BYTES + b * rows * 2 * d * e;
+            direct[o].send_pieces(pieces, b * rows * 2 * d * e);
             // dk/dv (f32) go back from r to o.
-            bwd_extra[r] += MSG_HEADER_BYTES + b * rows * 2 * d * 4;
+            bwd_extra[r].send(b * rows * 2 * d * 4);
         }
         for way in Way::BOTH {
             let rows: u64 = plan.ring_heads.iter().map(|ph| plan.ring_count(way, o, ph) as u64).sum();
             let h = plan.hops_of(way, o);
             for t in 0..h {
-                fwd[way.step(o, t, p)] += MSG_HEADER_BYTES + b * rows * 2 * d * e;
+                fwd[way.step(o, t, p)].send(b * rows * 2 * d * e);
             }
             for t in 1..=h {
                 // The holder at step t sends dk/dv on (t < h) or home (t == h).
-                bwd_extra[way.step(o, t, p)] += MSG_HEADER_BYTES + b * rows * 2 * d * 4;
+                bwd_extra[way.step(o, t, p)].send(b * rows * 2 * d * 4);
             }
         }
     }
     if backward {
-        fwd.iter().zip(&bwd_extra).map(|(f, x)| 2 * f + x).collect()
+        let twice =
+            |f: &Traffic, x: &Traffic| Traffic { bytes: 2 * f.bytes + x.bytes, messages: 2 * f.messages + x.messages };
+        fwd.iter().zip(&bwd_extra).map(|(f, x)| twice(f, x)).collect()
     } else if plan.ring_heads.is_empty() {
         direct
     } else {
@@ -163,8 +195,13 @@ pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
     total
 }
 
-/// Payload bytes each rank sends in one Ulysses or hybrid call (the head strategies'
-/// [`crate::expected_bytes`]), with `L_m` member `m`'s rows, `m_j`/`k_j` slot `j`'s query
+/// The bytes of [`heads_traffic`], per rank.
+pub fn heads_bytes(problem: &RingProblem, split: &HeadSplit, dtype: DType, pass: Pass) -> Vec<u64> {
+    heads_traffic(problem, split, dtype, pass).into_iter().map(|t| t.bytes).collect()
+}
+
+/// Payload bytes and messages each rank sends in one Ulysses or hybrid call (the head
+/// strategies' [`expected_traffic`]), with `L_m` member `m`'s rows, `m_j`/`k_j` slot `j`'s query
 /// and key/value heads, `N_g` group `g`'s rows, `D` the head dim and `e` the element size;
 /// every message carries a [`MSG_HEADER_BYTES`] header and nothing travels to itself.
 /// Forward: to each other member `m` of its group, rank `r` (slot `j`) sends its rows of
@@ -176,25 +213,25 @@ pub fn forward_buffer_bytes(plan: &Plan, dtype: DType, rank: usize) -> u64 {
 /// dk/dv, `B*N*2k_j*D*(e + 4)`), and a last step takes group `g + 1`'s dk/dv home
 /// (`B*N_(g+1)*2k_j*D*4`); the second all-to-all carries f32 dq, dk, dv
 /// (`B*L_m*(m_j + 2k_j)*D*4`). Handshake and completion are not counted.
-pub fn heads_bytes(problem: &RingProblem, split: &HeadSplit, dtype: DType, pass: Pass) -> Vec<u64> {
+pub fn heads_traffic(problem: &RingProblem, split: &HeadSplit, dtype: DType, pass: Pass) -> Vec<Traffic> {
     let backward = pass == Pass::Backward;
     let RingProblem { batch, head_dim, seq: n, world: p, layout, .. } = *problem;
     let (b, d, e) = (batch as u64, head_dim as u64, dtype.size() as u64);
     let rows = |m: usize| layout.rows(n, p, m) as u64;
-    let group_rows = |g: usize| split.group_positions(layout, n, g).len() as u64;
+    let group_rows = |g: usize| split.group_rows(layout, n, g) as u64;
     let (heads, kv) = (|j: usize| split.slot_heads(j).len() as u64, |j: usize| split.slot_kv(j).len() as u64);
     (0..p)
         .map(|r| {
             let (g, j) = (split.group_of(r), split.slot_of(r));
-            let mut sent = 0u64;
+            let mut sent = Traffic::default();
             for m in split.members(g).filter(|&m| m != r) {
                 let jm = split.slot_of(m);
-                sent += MSG_HEADER_BYTES + b * rows(r) * (heads(jm) + 2 * kv(jm)) * d * e;
+                let grad_in = if backward { b * rows(r) * heads(jm) * (d * e + 4) } else { 0 };
+                sent.send(b * rows(r) * (heads(jm) + 2 * kv(jm)) * d * e + grad_in);
                 if backward {
-                    sent += b * rows(r) * heads(jm) * (d * e + 4);
-                    sent += MSG_HEADER_BYTES + b * rows(m) * (heads(j) + 2 * kv(j)) * d * 4;
+                    sent.send(b * rows(m) * (heads(j) + 2 * kv(j)) * d * 4);
                 } else {
-                    sent += MSG_HEADER_BYTES + b * rows(m) * heads(j) * (d * e + 4);
+                    sent.send(b * rows(m) * heads(j) * (d * e + 4));
                 }
             }
             // The ring over the groups: at step t (1..G) this rank passes on the block of
@@ -203,13 +240,13 @@ pub fn heads_bytes(problem: &RingProblem, split: &HeadSplit, dtype: DType, pass:
             let groups = split.groups;
             for t in 1..groups {
                 let held = group_rows((g + groups + 1 - t) % groups);
-                sent += MSG_HEADER_BYTES + b * held * 2 * kv(j) * d * e;
+                sent.send(b * held * 2 * kv(j) * d * e);
                 if backward {
-                    sent += MSG_HEADER_BYTES + b * held * 2 * kv(j) * d * (e + 4);
+                    sent.send(b * held * 2 * kv(j) * d * (e + 4));
                 }
             }
             if backward && groups > 1 {
-                sent += MSG_HEADER_BYTES + b * group_rows((g + 1) % groups) * 2 * kv(j) * d * 4;
+                sent.send(b * group_rows((g + 1) % groups) * 2 * kv(j) * d * 4);
             }
             sent
         })

@@ -27,7 +27,6 @@
 use attn_core::{DType, Pass, Result};
 
 use crate::comm::HEADER_BYTES;
-use crate::plan::heads_split::HeadSplit;
 use crate::plan::heads_workspace::heads_workspace_bytes;
 use crate::plan::pieces::{KEY_ROWS_PER_CALL, ROW_CHUNK, partial_bytes, pieces};
 use crate::plan::ring_route::Way;
@@ -127,16 +126,20 @@ impl Plan {
     /// caller's tensors ([`Plan::io_bytes`]); 0 for a rank outside the world. See the
     /// module documentation for what is counted.
     pub fn workspace_bytes(&self, dtype: DType, rank: usize, pass: Pass) -> u64 {
+        match self.head_split() {
+            Some(split) => heads_workspace_bytes(&self.problem, split, dtype, rank, pass),
+            None => self.row_workspace_bytes(dtype, rank, pass),
+        }
+    }
+
+    /// [`Plan::workspace_bytes`] of the row plan (per-pattern local, ring or all-gather),
+    /// whatever head split the plan runs.
+    pub(crate) fn row_workspace_bytes(&self, dtype: DType, rank: usize, pass: Pass) -> u64 {
         let backward = pass == Pass::Backward;
         let pr = &self.problem;
         let p = pr.world;
         if rank >= p {
             return 0;
-        }
-        if let Some(u) = pr.strategy.ulysses_degree(p)
-            && let Ok(split) = HeadSplit::new(pr.heads, pr.kv_heads, u, p)
-        {
-            return heads_workspace_bytes(pr, &split, dtype, rank, pass);
         }
         let d = pr.head_dim as u64;
         let x = Dims {
