@@ -190,7 +190,7 @@ def test_a_planted_low_precision_row_error_fails(dtype):
 LAYER_PARAMS = ("q_proj", "k_proj", "v_proj", "norm", "q_ln", "k_ln", "out_proj")
 
 
-def layer_of(meta: dict, t: dict):
+def layer_of(meta: dict, t: dict, forward_convention: str = "published"):
     """The file's layer with its parameters loaded by name."""
     embed, heads = int(meta["embed_dim"]), int(meta["num_heads"])
     layer = ad.MultiheadDilatedAttention(
@@ -203,6 +203,7 @@ def layer_of(meta: dict, t: dict):
         mixing=meta["mixing"],
         num_kv_heads=int(meta.get("num_kv_heads", heads)),
         norm_layout="qk_ln" if meta.get("norm_layout") == "qk_ln" else "sub_ln",
+        forward_convention=forward_convention,
     )
     params = {name: x for name, x in t.items() if name.split(".")[0] in LAYER_PARAMS}
     layer.load_state_dict(params, strict=True)
@@ -232,6 +233,50 @@ def test_layer_vectors(path):
         )
     assert weights is None
     assert_close("out", out, t["out"], rel_tol)
+
+
+@pytest.mark.parametrize("path", files("multihead_qkln"), ids=lambda p: p.stem)
+def test_development_line_files_through_its_call_convention(path):
+    """The development line's files called as that line calls its layer: `(query, key,
+    value, key_padding_mask, need_weights, attn_mask, is_causal, average_attn_weights)`
+    by position, the output tensor returned."""
+    meta, t, rel_tol = read(path)
+    layer = layer_of(meta, t, forward_convention="development")
+    layer.eval()
+    cross = meta["cross_attention"] == "true"
+    key, value = (t["key"], t["value"]) if cross else (None, None)
+    mask = t.get("key_padding_mask")
+    with torch.no_grad():
+        out = layer(t["query"], key, value, None if mask is None else mask.bool(), False, None, meta["causal"] == "true", True)
+    assert isinstance(out, torch.Tensor)
+    assert_close("out", out, t["out"], rel_tol)
+
+
+def test_the_forward_conventions_take_their_own_arguments():
+    torch.manual_seed(0)
+    published = ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], norm_layout="qk_ln")
+    development = ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], norm_layout="qk_ln", forward_convention="development")
+    development.load_state_dict(published.state_dict(), strict=True)
+    x, pad = torch.randn(2, 16, 32), torch.zeros(2, 16, dtype=torch.bool)
+    pad[1, 12:] = True
+    with torch.no_grad():
+        want, weights = published(x, x, x, True, key_padding_mask=pad)
+        assert weights is None
+        torch.testing.assert_close(development(x, x, x, pad, False, None, True), want, rtol=0, atol=0)
+        torch.testing.assert_close(development(x, is_causal=True, key_padding_mask=pad), want, rtol=0, atol=0)
+        # Positions mean what each convention says: the development line's fourth is the mask.
+        assert not torch.equal(development(x, x, x, pad), want)
+    for layer, args in ((published, (x, x, x, True, pad)), (development, (x, x, x, pad, False, None, True, True, 0))):
+        with pytest.raises(TypeError, match="positional"):
+            layer(*args)
+    with pytest.raises(TypeError, match="both"):
+        development(x, x, x, pad, key_padding_mask=pad)
+    with pytest.raises(TypeError, match="development"):
+        published(x, average_attn_weights=True)
+    with pytest.raises(ValueError, match="need_weights"):
+        development(x, x, x, None, True)
+    with pytest.raises(ValueError, match="forward_convention"):
+        ad.MultiheadDilatedAttention(32, 4, [1, 2], [8, 16], forward_convention="dev")
 
 
 def test_norm_layouts_name_their_parameters():

@@ -20,6 +20,13 @@ from ._op import CuSeqlens, Window, attention, make_config
 # published dilated-attention-pytorch, MAGNETO's sub-LN); `qk_ln`, that library's
 # development line: `q_ln` over q and over the merged heads, `k_ln` over k.
 _NORM_LAYOUTS = ("sub_ln", "qk_ln")
+# How `MultiheadDilatedAttention.forward` is called: `published`, dilated-attention-pytorch's
+# release, `(query, key, value, is_causal)` positionally and `(output, None)` returned;
+# `development`, its development line, `(query, key, value, key_padding_mask,
+# need_weights, attn_mask, is_causal, average_attn_weights)` positionally and the output
+# tensor returned.
+_FORWARD_CONVENTIONS = ("published", "development")
+_DEVELOPMENT_POSITIONAL = ("key_padding_mask", "need_weights", "attn_mask", "is_causal", "average_attn_weights")
 
 
 class DilatedAttention(nn.Module):
@@ -98,7 +105,8 @@ class MultiheadDilatedAttention(nn.Module):
 
     `norm_layout="qk_ln"` builds that library's development line instead: with
     `layer_norm`, `q_ln` over q (and again, the same weights, over the merged heads) and
-    `k_ln` over k in place of `norm`, so its state_dicts load with `strict=True`.
+    `k_ln` over k in place of `norm`, so its state_dicts load with `strict=True`; and
+    `forward_convention="development"` takes that line's call convention (see `forward`).
 
     Keyword-only extras: `mixing` (`head_groups` or `longnet`), `num_kv_heads` (grouped
     K/V: `k_proj` and `v_proj` then have `num_kv_heads * head_dim` outputs), `window`
@@ -128,11 +136,15 @@ class MultiheadDilatedAttention(nn.Module):
         window: Optional[Window] = None,
         softmax_scale: Optional[float] = None,
         norm_layout: str = "sub_ln",
+        forward_convention: str = "published",
     ):
         super().__init__()
         if norm_layout not in _NORM_LAYOUTS:
             raise ValueError(f"norm_layout must be one of {_NORM_LAYOUTS}, got {norm_layout!r}")
+        if forward_convention not in _FORWARD_CONVENTIONS:
+            raise ValueError(f"forward_convention must be one of {_FORWARD_CONVENTIONS}, got {forward_convention!r}")
         self.norm_layout = norm_layout
+        self.forward_convention = forward_convention
         embed_dim, num_heads = as_int("embed_dim", embed_dim), as_int("num_heads", num_heads)
         if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be a positive multiple of num_heads ({num_heads})")
@@ -176,23 +188,53 @@ class MultiheadDilatedAttention(nn.Module):
             if norm is not None:
                 norm.reset_parameters()
 
-    def forward(
+    def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None, *args, **kwargs):
+        """`query` (and `key`, `value` for cross-attention; `key` defaults to `query`,
+        `value` to `key`) are `[batch, seq, embed_dim]`.
+
+        `forward_convention="published"` (the default): dilated-attention-pytorch's
+        release, `forward(query, key=None, value=None, is_causal=False, *,
+        key_padding_mask=None, need_weights=False, attn_mask=None, cu_seqlens=None)`,
+        returns `(output, None)`. `"development"`: its development line,
+        `forward(query, key=None, value=None, key_padding_mask=None, need_weights=False,
+        attn_mask=None, is_causal=False, average_attn_weights=True, *, cu_seqlens=None)`,
+        returns the output tensor. Either way `need_weights=True` and `attn_mask` are
+        refused (the weights are never formed) and every argument may be a keyword."""
+        if self.forward_convention == "published":
+            if len(args) > 1:
+                raise TypeError(f"forward takes at most 4 positional arguments (query, key, value, is_causal), got {3 + len(args)}")
+            if args:
+                if "is_causal" in kwargs:
+                    raise TypeError("forward got is_causal both by position and by keyword")
+                kwargs["is_causal"] = args[0]
+            average = kwargs.pop("average_attn_weights", None)
+            if average is not None:
+                raise TypeError("average_attn_weights is the development convention's (forward_convention='development')")
+            return self._attend(query, key, value, **kwargs), None
+        if len(args) > len(_DEVELOPMENT_POSITIONAL):
+            raise TypeError(
+                f"forward takes at most {3 + len(_DEVELOPMENT_POSITIONAL)} positional arguments "
+                f"(query, key, value, {', '.join(_DEVELOPMENT_POSITIONAL)}), got {3 + len(args)}"
+            )
+        for name, x in zip(_DEVELOPMENT_POSITIONAL, args):
+            if name in kwargs:
+                raise TypeError(f"forward got {name} both by position and by keyword")
+            kwargs[name] = x
+        kwargs.pop("average_attn_weights", None)  # only shapes the weights, which are never formed
+        return self._attend(query, key, value, **kwargs)
+
+    def _attend(
         self,
         query: Tensor,
         key: Optional[Tensor] = None,
         value: Optional[Tensor] = None,
         is_causal: bool = False,
-        *,
         key_padding_mask: Optional[Tensor] = None,
         need_weights: bool = False,
         attn_mask: Optional[Tensor] = None,
         cu_seqlens: Optional[CuSeqlens] = None,
-    ) -> Tuple[Tensor, None]:
-        """`query` (and `key`, `value` for cross-attention; `key` defaults to `query`,
-        `value` to `key`) are `[batch, seq, embed_dim]`; returns `(output, None)`. The
-        positional order is dilated-attention-pytorch's, `(query, key, value,
-        is_causal)`; the rest is keyword-only (`need_weights=True` and `attn_mask` are
-        refused: the weights are never formed)."""
+    ) -> Tensor:
+        """The layer's output (either convention's arguments, by name)."""
         if need_weights:
             raise ValueError("need_weights=True is not supported: dilated attention never forms the weight matrix")
         if attn_mask is not None:
@@ -220,4 +262,4 @@ class MultiheadDilatedAttention(nn.Module):
             x = self.norm(x)
         if self.q_ln is not None:
             x = self.q_ln(x)
-        return self.out_proj(x), None
+        return self.out_proj(x)
