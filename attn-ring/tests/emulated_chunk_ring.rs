@@ -21,7 +21,7 @@ use attn_kernels::cuda::launch_plan::BlockGeometry;
 use attn_kernels::cuda::plan::out_scale;
 use attn_ring::chunk_ring::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkUpstream, HostRows};
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
-use common::{ChunkBackend, LseRows, Moves, chunk_sweep};
+use common::{ChunkBackend, LseRows, Moves, chunk_sweep_setups};
 use half::{bf16, f16};
 use proptest::strategy::{Strategy as _, ValueTree};
 
@@ -212,11 +212,16 @@ fn emulated<T>(
     }
 }
 
-fn sweep<T: CudaElement>(moves: Moves, opts: ChunkOptions, worlds: &[usize]) {
+fn sweep<T: CudaElement>(moves: Moves, opts: ChunkOptions, setups: &[(usize, Layout)]) {
     for dir in ["dilated", "features"] {
-        let runs = chunk_sweep(dir, 9, worlds, |world, layout| emulated::<T>((world, layout), moves, opts));
-        assert_eq!(runs, 9 * worlds.len() * 2, "{dir}");
+        let runs = chunk_sweep_setups(dir, 9, setups, |world, layout| emulated::<T>((world, layout), moves, opts));
+        assert_eq!(runs, 9 * setups.len(), "{dir}");
     }
+}
+
+/// Both layouts at `world`.
+fn both_layouts(world: usize) -> [(usize, Layout); 2] {
+    [(world, Layout::Contiguous), (world, Layout::Zigzag)]
 }
 
 /// A gradient into the LSE through the CUDA delta kernel: rows that attend nothing (a NaN
@@ -240,25 +245,26 @@ fn emulated_cuda_chunk_ring_lse_gradients() {
 // One test a world size, so that the harness spreads the sweep over the cores.
 #[test]
 fn emulated_cuda_chunk_ring_bf16_world_2() {
-    sweep::<bf16>(Moves::InProcess, ChunkOptions::with_rounds(2).unwrap(), &[2]);
+    sweep::<bf16>(Moves::InProcess, ChunkOptions::with_rounds(2).unwrap(), &both_layouts(2));
 }
 
 #[test]
 fn emulated_cuda_chunk_ring_bf16_world_3() {
-    sweep::<bf16>(Moves::InProcess, ChunkOptions::with_rounds(2).unwrap(), &[3]);
+    // Worlds 3 and 4 take one layout each (sampled: world 2 runs both).
+    sweep::<bf16>(Moves::InProcess, ChunkOptions::with_rounds(2).unwrap(), &[(3, Layout::Contiguous)]);
 }
 
 #[test]
 fn emulated_cuda_chunk_ring_bf16_world_4() {
-    sweep::<bf16>(Moves::InProcess, ChunkOptions::with_rounds(2).unwrap(), &[4]);
+    sweep::<bf16>(Moves::InProcess, ChunkOptions::with_rounds(2).unwrap(), &[(4, Layout::Zigzag)]);
 }
 
 #[test]
 fn emulated_cuda_chunk_ring_f32_host_staged() {
-    sweep::<f32>(Moves::HostStaged, ChunkOptions::default(), &[2]);
+    sweep::<f32>(Moves::HostStaged, ChunkOptions::default(), &both_layouts(2));
 }
 
 #[test]
 fn emulated_cuda_chunk_ring_f16_host_staged() {
-    sweep::<f16>(Moves::HostStaged, ChunkOptions::default(), &[2]);
+    sweep::<f16>(Moves::HostStaged, ChunkOptions::default(), &both_layouts(2));
 }

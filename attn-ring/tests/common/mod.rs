@@ -464,6 +464,18 @@ pub fn chunk_sweep<B: DilatedBackend>(
     worlds: &[usize],
     backend: impl Fn(usize, Layout) -> B,
 ) -> usize {
+    let setups: Vec<(usize, Layout)> =
+        worlds.iter().flat_map(|&w| [(w, Layout::Contiguous), (w, Layout::Zigzag)]).collect();
+    chunk_sweep_setups(dir, count, &setups, backend)
+}
+
+/// [`chunk_sweep`] over the given `(world, layout)` setups only (a sampled sweep).
+pub fn chunk_sweep_setups<B: DilatedBackend>(
+    dir: &str,
+    count: usize,
+    setups: &[(usize, Layout)],
+    backend: impl Fn(usize, Layout) -> B,
+) -> usize {
     let dir = golden_dir().join(dir);
     let cases = load_dir(&dir).expect("golden dir");
     assert_eq!(cases.len(), count, "the golden files in {}", dir.display());
@@ -471,17 +483,15 @@ pub fn chunk_sweep<B: DilatedBackend>(
     for (path, case) in cases {
         let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let seq = case.attn_shape().unwrap().q.seq;
-        for &world in worlds {
-            for layout in [Layout::Contiguous, Layout::Zigzag] {
-                if layout.check(seq, world).is_err() {
-                    continue;
-                }
-                let report = check_case(&case, Some(&backend(world, layout)), None);
-                if !report.passed() {
-                    failures.push(report.to_string());
-                }
-                runs += 1;
+        for &(world, layout) in setups {
+            if layout.check(seq, world).is_err() {
+                continue;
             }
+            let report = check_case(&case, Some(&backend(world, layout)), None);
+            if !report.passed() {
+                failures.push(report.to_string());
+            }
+            runs += 1;
         }
     }
     assert!(failures.is_empty(), "{} of {runs} runs failed:\n{}", failures.len(), failures.join("\n"));
