@@ -21,7 +21,7 @@ use attn_kernels::cuda::launch_plan::BlockGeometry;
 use attn_kernels::cuda::plan::out_scale;
 use attn_ring::chunk_ring::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkUpstream, HostRows};
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
-use common::{ChunkBackend, LseRows, Moves, chunk_sweep_setups};
+use common::{ChunkBackend, LseRows, Moves, both_layouts, chunk_sweep_setups};
 use half::{bf16, f16};
 use proptest::strategy::{Strategy as _, ValueTree};
 
@@ -217,11 +217,6 @@ fn sweep<T: CudaElement>(moves: Moves, opts: ChunkOptions, setups: &[(usize, Lay
         let runs = chunk_sweep_setups(dir, 9, setups, |world, layout| emulated::<T>((world, layout), moves, opts));
         assert_eq!(runs, 9 * setups.len(), "{dir}");
     }
-}
-
-/// Both layouts at `world`.
-fn both_layouts(world: usize) -> [(usize, Layout); 2] {
-    [(world, Layout::Contiguous), (world, Layout::Zigzag)]
 }
 
 /// A gradient into the LSE through the CUDA delta kernel: rows that attend nothing (a NaN

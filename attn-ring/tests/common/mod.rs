@@ -464,9 +464,13 @@ pub fn chunk_sweep<B: DilatedBackend>(
     worlds: &[usize],
     backend: impl Fn(usize, Layout) -> B,
 ) -> usize {
-    let setups: Vec<(usize, Layout)> =
-        worlds.iter().flat_map(|&w| [(w, Layout::Contiguous), (w, Layout::Zigzag)]).collect();
+    let setups: Vec<(usize, Layout)> = worlds.iter().flat_map(|&w| both_layouts(w)).collect();
     chunk_sweep_setups(dir, count, &setups, backend)
+}
+
+/// Both layouts at `world`.
+pub fn both_layouts(world: usize) -> [(usize, Layout); 2] {
+    [(world, Layout::Contiguous), (world, Layout::Zigzag)]
 }
 
 /// [`chunk_sweep`] over the given `(world, layout)` setups only (a sampled sweep).
