@@ -1,6 +1,6 @@
 //! One benchmark case (what runs, on which shape and config) and its measured result.
 
-use attn_core::{AttnError, AttnShape, DType, DilatedConfig, Mixing, Pass, Result, Shape4};
+use attn_core::{AttnError, AttnShape, Causality, DType, DilatedConfig, Mixing, Pass, Result, Shape4};
 use attn_ring::{Layout, Strategy};
 use serde::{Deserialize, Serialize};
 
@@ -161,10 +161,10 @@ impl CaseSpec {
     }
 
     /// A single-rank sliding-window case `(left, right)` with the default head layout.
-    pub fn window(implementation: Implementation, seq_len: usize, left: usize, right: usize, causal: bool) -> Self {
+    pub fn window(implementation: Implementation, seq_len: usize, (left, right): (usize, usize), c: Causality) -> Self {
         CaseSpec {
             mixing: Mixing::Window,
-            causal,
+            causal: c.is_causal(),
             window: Some([left, right]),
             ..CaseSpec::dilated(implementation, seq_len, &[], &[])
         }
@@ -245,7 +245,7 @@ impl CaseSpec {
             Some([left, right]) => DilatedConfig::builder().window(left, right),
             None => DilatedConfig::builder().segments(&self.segments).dilations(&self.dilations).mixing(self.mixing),
         };
-        let cfg = builder.causal(self.causal).build()?;
+        let cfg = builder.causality(self.causal.into()).build()?;
         cfg.validate_heads(self.heads)?;
         Ok(cfg)
     }
@@ -489,7 +489,7 @@ mod tests {
             }
         }
         // A window covering the whole causal sequence is dense causal: n(n+1)/2 pairs.
-        let w = CaseSpec::window(Implementation::Cpu, 64, 1000, 0, true);
+        let w = CaseSpec::window(Implementation::Cpu, 64, (1000, 0), Causality::Causal);
         assert_eq!(w.attention_flops().unwrap(), 4.0 * (64.0 * 65.0 / 2.0) * 64.0 * 8.0);
         let bwd = CaseSpec { backward: true, ..w.clone() };
         assert_eq!(bwd.attention_flops().unwrap(), 3.5 * w.attention_flops().unwrap());

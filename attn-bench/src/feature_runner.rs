@@ -190,6 +190,7 @@ mod tests {
     use super::*;
     use crate::case::Implementation;
     use crate::case::VarLenLayout;
+    use attn_core::Causality;
 
     #[test]
     fn heads_repeat_in_place_as_repeat_interleave_does() {
@@ -284,7 +285,7 @@ mod tests {
 
     #[test]
     fn windows_run_and_refuse_what_they_cannot() {
-        let mut w = CaseSpec::window(Implementation::Cpu, 300, 31, 0, true);
+        let mut w = CaseSpec::window(Implementation::Cpu, 300, (31, 0), Causality::Causal);
         (w.heads, w.head_dim, w.threads) = (2, 8, 1);
         let o = FeatureRunner::<f32>::new(&w).unwrap().call().unwrap();
         assert!(o.out.iter().all(|x| x.is_finite()) && o.lse.len() == 300 * 2);

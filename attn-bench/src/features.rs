@@ -17,6 +17,7 @@
 //!   span ranks, one call each, against the counts of `ring_bytes`. The strategy is
 //!   all-gather, so every row goes straight from its owner to each rank that reads it.
 
+use attn_core::Causality;
 use attn_ring::{Layout, Strategy};
 
 use crate::block_sparse::BlockSparse;
@@ -124,7 +125,7 @@ pub fn cases(size: SuiteSize) -> Vec<(CaseSpec, Timing)> {
     }
     // A causal window against dense causal attention.
     let [left, right] = CAUSAL_WINDOW;
-    out.push((CaseSpec::window(Implementation::Cpu, n, left, right, true), Timing::Suite));
+    out.push((CaseSpec::window(Implementation::Cpu, n, (left, right), Causality::Causal), Timing::Suite));
     out.push((CaseSpec { causal: true, ..CaseSpec::dilated(Implementation::Cpu, n, &[n], &[1]) }, Timing::Suite));
     // Block-sparse attention at several shares of kept blocks.
     for kept_percent in SPARSE_KEPT_PERCENT {
@@ -133,9 +134,9 @@ pub fn cases(size: SuiteSize) -> Vec<(CaseSpec, Timing)> {
         out.push((CaseSpec { block_sparse, ..dense }, Timing::Suite));
     }
     // Ring bytes per rank.
-    let windows = [CaseSpec::window(Implementation::Cpu, n, left, right, true), {
+    let windows = [CaseSpec::window(Implementation::Cpu, n, (left, right), Causality::Causal), {
         let [l, r] = TWO_SIDED_WINDOW;
-        CaseSpec::window(Implementation::Cpu, n, l, r, false)
+        CaseSpec::window(Implementation::Cpu, n, (l, r), Causality::Full)
     }];
     let grouped = [1, 8].map(|kv| CaseSpec { kv_heads: Some(kv), ..ring_dilated(n) });
     for base in windows.iter().chain(&grouped) {

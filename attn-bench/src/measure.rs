@@ -192,6 +192,7 @@ impl Timing {
 mod tests {
     use super::*;
     use crate::case::Implementation;
+    use attn_core::Causality;
     use attn_ring::{Layout, Strategy};
 
     #[test]
@@ -248,7 +249,7 @@ mod tests {
         assert!(m.ok(), "{}", m.status);
         let tensors = 4 * (2 * 512 * 8 * 64 + 2 * 512 * 2 * 64) as u64;
         assert!(m.peak_bytes >= tensors, "{} < {tensors}", m.peak_bytes);
-        let window = CaseSpec::window(Implementation::Cpu, 512, 63, 0, true);
+        let window = CaseSpec::window(Implementation::Cpu, 512, (63, 0), Causality::Causal);
         // Segments of 512 span both ranks' 256 rows.
         let spanning =
             CaseSpec { kv_heads: Some(2), ..CaseSpec::dilated(Implementation::Cpu, 512, &[64, 512], &[1, 2]) };

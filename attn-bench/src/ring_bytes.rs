@@ -133,11 +133,15 @@ mod tests {
     /// causal or not, both layouts.
     #[test]
     fn counts_equal_what_a_ring_run_sends() {
-        let dilated = |mixing, causal| {
-            DilatedConfig::builder().segments(&[16, 64, 128]).dilations(&[1, 2, 4]).mixing(mixing).causal(causal)
+        let dilated = |mixing, causal: bool| {
+            DilatedConfig::builder()
+                .segments(&[16, 64, 128])
+                .dilations(&[1, 2, 4])
+                .mixing(mixing)
+                .causality(causal.into())
         };
         let configs = [
-            DilatedConfig::builder().window(21, 0).causal(true).build().unwrap(),
+            DilatedConfig::builder().window(21, 0).causal().build().unwrap(),
             DilatedConfig::builder().window(9, 14).build().unwrap(),
             dilated(Mixing::HeadGroups, false).build().unwrap(),
             dilated(Mixing::HeadGroups, true).build().unwrap(),
@@ -181,7 +185,7 @@ mod tests {
     #[test]
     fn windows_stay_within_the_bound_at_every_length() {
         for (left, right, causal) in [(40, 0, true), (40, 8, false), (40, 8, true)] {
-            let cfg = DilatedConfig::builder().window(left, right).causal(causal).build().unwrap();
+            let cfg = DilatedConfig::builder().window(left, right).causality(causal.into()).build().unwrap();
             let mut bounds = Vec::new();
             for seq in [1024, 8192, 65536] {
                 for layout in [Layout::Contiguous, Layout::Zigzag] {
@@ -203,7 +207,7 @@ mod tests {
         let dilated = DilatedConfig::new(&[16], &[1]).unwrap();
         assert!(window_bound(&problem(&dilated, 64, 4, Layout::Contiguous, 2), DType::F32).is_none());
         // Chunks of 16 under a causal window of 40: a middle chunk's rows reach the next three chunks.
-        let cfg = DilatedConfig::builder().window(40, 0).causal(true).build().unwrap();
+        let cfg = DilatedConfig::builder().window(40, 0).causal().build().unwrap();
         let p = problem(&cfg, 64, 1, Layout::Contiguous, 4);
         let (c, bound) = (counted(&p, DType::F32), window_bound(&p, DType::F32).unwrap());
         let row = 2 * 2 * 8 * 4;

@@ -87,7 +87,7 @@ mod tests {
                         .segments(&segs)
                         .dilations(&rates)
                         .mixing(mixing)
-                        .causal(causal)
+                        .causality(causal.into())
                         .build()
                         .unwrap();
                     for lengths in [vec![7, 30, 1, 19], vec![24, 24], vec![13]] {

@@ -48,7 +48,7 @@ impl LanguageModel {
     fn new(vb: VarBuilder<'_>) -> Result<Self> {
         // Every head a different offset of each dilated pattern: all positions reach far.
         let attention =
-            DilatedConfig::builder().segments(&SEGMENTS).dilations(&DILATIONS).mixing(Mixing::LongNet).causal(true);
+            DilatedConfig::builder().segments(&SEGMENTS).dilations(&DILATIONS).mixing(Mixing::LongNet).causal();
         let config = EncoderConfig::new(EMBED, HEADS, attention.build().map_err(attn_candle::to_candle)?, 2 * EMBED);
         Ok(LanguageModel {
             embed: candle_nn::embedding(VOCAB, EMBED, vb.pp("embed"))?,

@@ -59,7 +59,8 @@ struct Errors {
 const DROPOUT: f64 = 0.25;
 
 fn config(mixing: Mixing, causal: bool) -> EncoderConfig {
-    let attention = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(mixing).causal(causal);
+    let attention =
+        DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(mixing).causality(causal.into());
     let mut c = EncoderConfig::new(16, 4, attention.build().unwrap(), 32);
     c.dropout = DROPOUT;
     c

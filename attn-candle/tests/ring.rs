@@ -79,7 +79,7 @@ fn ring(opts: &AttnOptions, inputs: &[Vec<f32>; 4], world: usize, layout: Layout
 fn ring_ranks_equal_the_single_device_op_forward_and_gradients() {
     let inputs: [Vec<f32>; 4] = [1, 2, 3, 4].map(|s| random_vec(s, DIMS.iter().product()));
     let configs = [
-        DilatedConfig::builder().segments(&[8, 16, 40]).dilations(&[1, 2, 4]).causal(true).build(),
+        DilatedConfig::builder().segments(&[8, 16, 40]).dilations(&[1, 2, 4]).causal().build(),
         DilatedConfig::builder().segments(&[10, 20]).dilations(&[1, 2]).mixing(attn_core::Mixing::LongNet).build(),
         DilatedConfig::builder().window(6, 2).build(),
     ];

@@ -242,9 +242,9 @@ impl DilatedConfigBuilder {
         self.causality = c;
         self
     }
-    /// Shorthand for `causality(Causality::from(c))`.
-    pub fn causal(self, c: bool) -> Self {
-        self.causality(c.into())
+    /// Shorthand for `causality(Causality::Causal)`.
+    pub fn causal(self) -> Self {
+        self.causality(Causality::Causal)
     }
     /// Set an explicit softmax scale (must be finite and positive).
     pub fn scale(mut self, s: f64) -> Self {

@@ -4,6 +4,16 @@ use crate::element::Element;
 use crate::error::{AttnError, Result, TensorName};
 use crate::view::TensorView;
 
+/// Whether a call first checks q, k, v (and grad_out in a backward) for NaN and infinity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FiniteCheck {
+    /// No check (the default): non-finite inputs flow through as IEEE arithmetic says.
+    #[default]
+    Off,
+    /// Refuse a call holding a non-finite input with [`AttnError::NonFinite`].
+    Inputs,
+}
+
 /// The first non-finite element of a view, as `AttnError::NonFinite` naming the
 /// tensor and the flat row-major index `((b * seq + s) * heads + h) * head_dim + e`.
 pub fn check_finite<T: Element>(tensor: TensorName, view: &TensorView<'_, T>) -> Result<()> {

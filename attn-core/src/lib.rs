@@ -49,7 +49,7 @@ pub use block_mask::{BlockDims, BlockMask, BlockMaskBuf, BlockPattern};
 pub use config::{Causality, DilatedConfig, DilatedConfigBuilder, Mixing, Window};
 pub use element::{DType, Element};
 pub use error::{AttnError, Result, TensorName};
-pub use guard::{MemoryBudget, check_finite};
+pub use guard::{FiniteCheck, MemoryBudget, check_finite};
 pub use head_patterns::{HeadGroups, HeadPatterns, OffsetHeads};
 pub use masks::{KeyPadding, KeyPaddingMask, Masks, OwnedMasks, PackedSequences};
 pub use merge::{LseMerge, OnlineSoftmax};

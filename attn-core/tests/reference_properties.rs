@@ -56,7 +56,7 @@ proptest! {
         let shape = Shape4::new(b, n, h, d).unwrap();
         let s = AttnShape::self_attn(shape);
         let [q, k, v] = [0, 1, 2].map(|i| f64s(&random_vec(seed ^ i, shape.numel())));
-        let cfg = DilatedConfig::builder().segments(&[n + extra]).dilations(&[1]).causal(causal).build().unwrap();
+        let cfg = DilatedConfig::builder().segments(&[n + extra]).dilations(&[1]).causality(causal.into()).build().unwrap();
         let dil = reference::dilated_forward(&cfg, s, &q, &k, &v).unwrap();
         let dense = reference::dense_forward(s, &q, &k, &v, cfg.scale_for(d), causal.into()).unwrap();
         // HeadGroups with G = 1 divides by 1: identical.

@@ -14,7 +14,12 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use half::bf16;
 
 fn config(causal: bool) -> DilatedConfig {
-    DilatedConfig::builder().segments(&[2048, 4096, 8192]).dilations(&[1, 2, 4]).causal(causal).build().unwrap()
+    DilatedConfig::builder()
+        .segments(&[2048, 4096, 8192])
+        .dilations(&[1, 2, 4])
+        .causality(causal.into())
+        .build()
+        .unwrap()
 }
 
 fn inputs<T: Element>(shape: Shape4, seed: u64) -> Vec<T> {

@@ -18,8 +18,12 @@ fn cpu_seconds() -> f64 {
 }
 
 fn run<T: Element>(seq: usize, threads: usize, causal: bool, backward: bool, isa: Option<Isa>) {
-    let cfg =
-        DilatedConfig::builder().segments(&[2048, 4096, 8192]).dilations(&[1, 2, 4]).causal(causal).build().unwrap();
+    let cfg = DilatedConfig::builder()
+        .segments(&[2048, 4096, 8192])
+        .dilations(&[1, 2, 4])
+        .causality(causal.into())
+        .build()
+        .unwrap();
     let shape = Shape4::new(1, seq, 8, 64).unwrap();
     let n = shape.numel();
     let make = |s: u64| -> Vec<T> {

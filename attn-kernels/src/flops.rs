@@ -59,7 +59,7 @@ mod tests {
                         .segments(segs)
                         .dilations(rates)
                         .mixing(mixing)
-                        .causal(causal)
+                        .causality(causal.into())
                         .build()
                         .unwrap();
                     for heads in cfg.num_patterns()..12 {

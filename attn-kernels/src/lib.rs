@@ -6,7 +6,7 @@
 //! use attn_core::{DilatedConfig, Shape4};
 //! use attn_kernels::CpuBackend;
 //! # fn main() -> attn_core::Result<()> {
-//! let cfg = DilatedConfig::builder().segments(&[16, 32]).dilations(&[1, 2]).causal(true).build()?;
+//! let cfg = DilatedConfig::builder().segments(&[16, 32]).dilations(&[1, 2]).causal().build()?;
 //! let shape = Shape4::new(1, 64, 4, 16)?; // [batch, seq, heads, head_dim]
 //! let q: Vec<f32> = (0..shape.numel()).map(|i| (i as f32 * 0.11).sin()).collect();
 //! let (k, v) = (q.iter().map(|x| x * 0.5).collect::<Vec<_>>(), q.iter().rev().copied().collect::<Vec<_>>());

@@ -14,7 +14,7 @@ fn cfg_with(mixing: Mixing, causal: bool) -> DilatedConfig {
         .segments(&[64, 128, 256])
         .dilations(&[1, 2, 4])
         .mixing(mixing)
-        .causal(causal)
+        .causality(causal.into())
         .build()
         .unwrap()
 }
@@ -166,7 +166,7 @@ fn bad_shapes_are_typed_errors() {
 /// makes its own output NaN (never silently dropped).
 #[test]
 fn poison_stays_in_the_rows_that_read_it() {
-    let cfg = DilatedConfig::builder().segments(&[16]).dilations(&[1]).causal(true).build().unwrap();
+    let cfg = DilatedConfig::builder().segments(&[16]).dilations(&[1]).causal().build().unwrap();
     let shape = Shape4::new(1, 64, 1, 8).unwrap();
     let n = shape.numel();
     let (q, k, v, go) = (random_vec(41, n), random_vec(42, n), random_vec(43, n), random_vec(44, n));
@@ -203,7 +203,8 @@ fn poison_stays_in_the_rows_that_read_it() {
 fn forward_rows_do_not_depend_on_unit_lengths() {
     let be = CpuBackend::new(2).unwrap();
     for (mixing, causal) in [(Mixing::LongNet, true), (Mixing::LongNet, false), (Mixing::HeadGroups, true)] {
-        let cfg = DilatedConfig::builder().segments(&[700, 2048]).dilations(&[1, 3]).mixing(mixing).causal(causal);
+        let cfg =
+            DilatedConfig::builder().segments(&[700, 2048]).dilations(&[1, 3]).mixing(mixing).causality(causal.into());
         let cfg = cfg.build().unwrap();
         let heads = if mixing == Mixing::HeadGroups { 2 } else { 1 };
         let (one, eight) = (Shape4::new(1, 2100, heads, 24).unwrap(), Shape4::new(8, 2100, heads, 24).unwrap());

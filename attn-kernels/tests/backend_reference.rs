@@ -85,7 +85,7 @@ fn weights_below_the_f32_range_are_flushed_within_the_bound() {
         .segments(&[11, 55, 130])
         .dilations(&[2, 2, 1])
         .mixing(Mixing::LongNet)
-        .causal(true)
+        .causal()
         .scale(1.8317382244617686)
         .build()
         .unwrap();
@@ -109,7 +109,8 @@ fn multi_tile_cases_match_reference() {
         (&[96, 160][..], &[1, 3][..], Mixing::HeadGroups, false, 777, 2, 20),
     ];
     for (i, (w, r, mixing, causal, n, h, d)) in cases.into_iter().enumerate() {
-        let cfg = DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causal(causal).build().unwrap();
+        let cfg =
+            DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causality(causal.into()).build().unwrap();
         let case = DilatedCase { cfg, shape: Shape4::new(1, n, h, d).unwrap(), seed: 100 + i as u64 };
         for isa in common::isas_here("multi_tile_cases_match_reference", Isa::ALL) {
             check_case::<f32>(&backend(isa), &case).unwrap_or_else(|e| panic!("case {i} {}: {e}", isa.as_str()));
@@ -139,8 +140,8 @@ fn simd_paths_agree_with_portable() {
 /// reference and land far outside it, while the right answer sits inside.
 #[test]
 fn row_bound_rejects_wrong_answers() {
-    let causal = DilatedConfig::builder().segments(&[16, 32]).dilations(&[1, 2]).causal(true).build().unwrap();
-    let open = DilatedConfig::builder().segments(&[16, 32]).dilations(&[1, 2]).causal(false).build().unwrap();
+    let causal = DilatedConfig::builder().segments(&[16, 32]).dilations(&[1, 2]).causal().build().unwrap();
+    let open = DilatedConfig::builder().segments(&[16, 32]).dilations(&[1, 2]).build().unwrap();
     let shape = Shape4::new(1, 64, 2, 16).unwrap();
     let be = backend(Isa::detect());
     for seed in 0..4 {

@@ -56,7 +56,13 @@ fn pair_engines_match_reference_on_ragged_shapes() {
             (&[128][..], &[1][..], Mixing::HeadGroups, false, 150, 1, 512),
         ];
         for (i, (w, r, mixing, causal, n, h, d)) in cases.into_iter().enumerate() {
-            let cfg = DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causal(causal).build().unwrap();
+            let cfg = DilatedConfig::builder()
+                .segments(w)
+                .dilations(r)
+                .mixing(mixing)
+                .causality(causal.into())
+                .build()
+                .unwrap();
             let shape = Shape4::new(1, n, h, d).unwrap();
             let [q, k, v] = inputs(shape, 40 + 3 * i as u64);
             let want = Expected::of(&cfg, AttnShape::self_attn(shape), [&q, &k, &v], None).unwrap();
@@ -79,7 +85,7 @@ fn pair_engines_match_reference_on_ragged_shapes() {
 fn pair_results_do_not_depend_on_the_thread_count() {
     for isa in engines("pair_results_do_not_depend_on_the_thread_count") {
         let one = pairs(isa, 1);
-        let cfg = DilatedConfig::builder().segments(&[128, 512]).dilations(&[1, 2]).causal(true).build().unwrap();
+        let cfg = DilatedConfig::builder().segments(&[128, 512]).dilations(&[1, 2]).causal().build().unwrap();
         let shape = Shape4::new(2, 900, 4, 64).unwrap();
         let [q, k, v] = inputs(shape, 7);
         let (o1, l1) = one.forward_vec(&cfg, shape, &q, &k, &v).unwrap();
@@ -102,7 +108,7 @@ fn pair_results_do_not_depend_on_the_thread_count() {
 fn a_non_finite_value_stays_in_the_rows_that_read_it() {
     for isa in engines("a_non_finite_value_stays_in_the_rows_that_read_it") {
         let be = pairs(isa, 2);
-        let cfg = DilatedConfig::builder().segments(&[64, 128]).dilations(&[1, 2]).causal(true).build().unwrap();
+        let cfg = DilatedConfig::builder().segments(&[64, 128]).dilations(&[1, 2]).causal().build().unwrap();
         let shape = Shape4::new(1, 256, 2, 64).unwrap();
         let [q, k, mut v] = inputs(shape, 11);
         let (clean, _) = be.forward_vec(&cfg, shape, &q, &k, &v).unwrap();

@@ -20,7 +20,7 @@ fn check_blocks(n: usize, d: usize, segs: &[usize], rates: &[usize], causal: boo
         .segments(segs)
         .dilations(rates)
         .mixing(Mixing::LongNet)
-        .causal(causal)
+        .causality(causal.into())
         .build()
         .unwrap();
     let shape = AttnShape::self_attn(Shape4::new(1, n, 1, d).unwrap());

@@ -163,7 +163,7 @@ proptest! {
 /// keys of their own length.
 #[test]
 fn long_fixed_cases_match_the_reference() {
-    let causal = DilatedConfig::builder().segments(&[512, 1100]).dilations(&[1, 2]).causal(true).build().unwrap();
+    let causal = DilatedConfig::builder().segments(&[512, 1100]).dilations(&[1, 2]).causal().build().unwrap();
     let shape = AttnShape { q: Shape4::new(1, 1100, 4, 32).unwrap(), kv: Shape4::new(1, 1100, 2, 32).unwrap() };
     let cross = AttnShape { q: Shape4::new(1, 700, 2, 32).unwrap(), kv: Shape4::new(1, 1000, 2, 32).unwrap() };
     let plain = DilatedConfig::new(&[2000], &[1]).unwrap();

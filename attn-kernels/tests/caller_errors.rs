@@ -4,6 +4,7 @@
 //! a saturated size, returned at once: never a panic, an abort, a hang or a wrapped
 //! size that slips under a memory budget.
 
+use attn_core::FiniteCheck;
 use attn_core::error::TensorName;
 use attn_core::{Attention, AttnError, AttnInputs, AttnShape, DilatedConfig, Grads, MemoryBudget, Mixing, Pass, Saved};
 use attn_core::{Shape4, TensorView, TensorViewMut};
@@ -100,7 +101,7 @@ fn wrapped_workspace_cannot_slip_under_a_budget() {
 /// came after planning, which allocated per head (abort: "memory allocation failed").
 #[test]
 fn outputs_are_checked_before_broadcast_inputs_are_planned() {
-    let be = CpuBackend::new(1).unwrap().with_check_finite(true);
+    let be = CpuBackend::new(1).unwrap().with_check_finite(FiniteCheck::Inputs);
     let cfg = cfg(Mixing::LongNet);
     let x = vec![0.5f32; 4];
     let big = Shape4::new(1, 1, 1 << 40, 4).unwrap();

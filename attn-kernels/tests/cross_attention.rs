@@ -86,7 +86,8 @@ fn multi_tile_cross_cases_match_reference() {
         (&[128][..], &[2][..], Mixing::HeadGroups, false, 900, 260),
     ];
     for (i, (w, r, mixing, causal, n, m)) in cases.into_iter().enumerate() {
-        let cfg = DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causal(causal).build().unwrap();
+        let cfg =
+            DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causality(causal.into()).build().unwrap();
         let case = DilatedCase { cfg, shape: Shape4::new(1, n, 2, 40).unwrap(), seed: 300 + i as u64 };
         for isa in common::isas_here("multi_tile_cross_cases_match_reference", Isa::ALL) {
             check::<f32>(&backend(2, isa), &cross(&case, m))
@@ -99,7 +100,7 @@ fn multi_tile_cross_cases_match_reference() {
 /// (including the fused backward chosen for many whole segments).
 #[test]
 fn equal_lengths_equal_self_attention_bitwise() {
-    let cfg = DilatedConfig::builder().segments(&[32, 64]).dilations(&[1, 2]).causal(true).build().unwrap();
+    let cfg = DilatedConfig::builder().segments(&[32, 64]).dilations(&[1, 2]).causal().build().unwrap();
     let case = DilatedCase { cfg, shape: Shape4::new(2, 320, 2, 24).unwrap(), seed: 7 };
     let c = cross(&case, 320);
     let be = backend(2, Isa::detect());

@@ -80,7 +80,7 @@ fn piece<'a>(
 /// and the mask changes the output.
 #[test]
 fn block_masked_ring_blocks_equal_the_whole_call() {
-    let cfg = DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal(true).build().unwrap();
+    let cfg = DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal().build().unwrap();
     let s = Shape4::new(1, 37, 2, 16).unwrap();
     let dims = BlockDims { batch: 1, heads: 2, q_blocks: 8, k_blocks: 8 };
     let mask = BlockMaskBuf::from_fn(dims, 5, |_, h, i, j| i == j || (i * 3 + j + h) % 3 == 1).unwrap();

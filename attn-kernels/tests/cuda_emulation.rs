@@ -442,7 +442,7 @@ fn pipelined_backward_equals_sync_f16() {
 /// gradients stay zero.
 #[test]
 fn a_backward_block_with_no_query_tile_waits_for_its_kv_copy() {
-    let cfg = attn_core::DilatedConfig::builder().segments(&[128]).dilations(&[1]).causal(true).build().unwrap();
+    let cfg = attn_core::DilatedConfig::builder().segments(&[128]).dilations(&[1]).causal().build().unwrap();
     let s = Shape4::new(1, 64, 2, 32).unwrap();
     let g = BlockGeometry {
         cfg: &cfg,
@@ -475,7 +475,7 @@ fn a_backward_block_with_no_query_tile_waits_for_its_kv_copy() {
 /// stays empty.
 #[test]
 fn a_block_with_no_key_tile_waits_for_its_q_copy() {
-    let cfg = attn_core::DilatedConfig::builder().segments(&[128]).dilations(&[1]).causal(true).build().unwrap();
+    let cfg = attn_core::DilatedConfig::builder().segments(&[128]).dilations(&[1]).causal().build().unwrap();
     let (sq, sk) = (Shape4::new(1, 64, 2, 32).unwrap(), Shape4::new(1, 64, 2, 32).unwrap());
     let g = BlockGeometry {
         cfg: &cfg,
@@ -615,7 +615,7 @@ fn f16_gradients_from_subnormal_score_gradients_are_judged_by_their_quantum() {
     let cfg = attn_core::DilatedConfig::builder()
         .segments(&[51, 101, 69])
         .dilations(&[1, 3, 3])
-        .causal(true)
+        .causal()
         .maybe_scale(Some(1.776_137_378_522_022_5))
         .build()
         .unwrap();

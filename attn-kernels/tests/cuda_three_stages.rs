@@ -92,8 +92,8 @@ fn full_tile_ranges_under_windows_match_the_reference() {
     let b = attn_core::DilatedConfig::builder;
     let configs = [
         b().window(150, 70).build(),
-        b().window(300, 20).causal(true).build(),
-        b().segments(&[512, 1024]).dilations(&[1, 2]).causal(true).build(),
+        b().window(300, 20).causal().build(),
+        b().segments(&[512, 1024]).dilations(&[1, 2]).causal().build(),
     ];
     let shape = attn_core::AttnShape::self_attn(attn_core::Shape4::new(1, 1024, 2, 64).unwrap());
     let n = shape.q.numel();

@@ -72,7 +72,7 @@ proptest! {
 fn long_fixed_cases_match_the_reference() {
     use attn_core::{AttnShape, DilatedConfig, Mixing, Shape4};
     let be = Typed::<_, f32>::new(cpu(Isa::detect()));
-    let window = DilatedConfig::builder().window(300, 20).causal(true).build().unwrap();
+    let window = DilatedConfig::builder().window(300, 20).causal().build().unwrap();
     let longnet =
         DilatedConfig::builder().segments(&[256, 512]).dilations(&[1, 2]).mixing(Mixing::LongNet).build().unwrap();
     let groups = DilatedConfig::new(&[128, 1024], &[1, 4]).unwrap();

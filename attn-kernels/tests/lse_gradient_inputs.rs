@@ -3,6 +3,7 @@
 //! that attends nothing is accepted and changes nothing, one on a row that attends
 //! something is refused with its index; the CPU kernels on rows that attend nothing.
 
+use attn_core::FiniteCheck;
 use attn_core::error::TensorName;
 use attn_core::{Attention, AttnError, AttnInputs, Grads, ReferenceBackend, Saved, TensorView, TensorViewMut};
 use attn_kernels::{CpuBackend, Isa};
@@ -60,7 +61,7 @@ fn the_finite_check_judges_grad_lse_only_where_a_row_attends() {
     let unattended: Vec<usize> = (0..lse.len()).filter(|&i| lse[i] == f32::NEG_INFINITY).collect();
     let attended = (0..lse.len()).find(|&i| lse[i].is_finite()).unwrap();
     assert!(!unattended.is_empty(), "the case has no row that attends nothing");
-    let checked = CpuBackend::new(2).unwrap().with_check_finite(true);
+    let checked = CpuBackend::new(2).unwrap().with_check_finite(FiniteCheck::Inputs);
     let zeros = vec![0.0f32; lse.len()];
     let mut nan_there = zeros.clone();
     unattended.iter().for_each(|&i| nan_there[i] = f32::NAN);

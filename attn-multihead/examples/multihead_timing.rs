@@ -39,7 +39,12 @@ fn main() -> Result<()> {
     let cfg = MultiheadConfig::new(
         embed,
         heads,
-        DilatedConfig::builder().segments(&[2048, 4096, 8192]).dilations(&[1, 2, 4]).causal(causal).build().unwrap(),
+        DilatedConfig::builder()
+            .segments(&[2048, 4096, 8192])
+            .dilations(&[1, 2, 4])
+            .causality(causal.into())
+            .build()
+            .unwrap(),
     );
     let layer = MultiheadDilatedAttention::<f32>::new(cfg, 7, Arc::new(CpuBackend::new(0)?))?;
     let mut rng = SeededRng::new(1);

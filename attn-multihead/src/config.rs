@@ -2,6 +2,8 @@
 
 use attn_core::{AttnError, Causality, DilatedConfig, Result, TensorName};
 
+use crate::projection::Bias;
+
 /// Hyper-parameters of a multihead dilated attention layer (names as in
 /// `dilated-attention-pytorch`'s `MultiheadDilatedAttention`); the attention itself
 /// (dilated segments or a sliding window, causality, softmax scale) is `attention`.
@@ -26,6 +28,20 @@ pub struct MultiheadConfig {
     pub gamma_init: f64,
     /// Dropout probability on the merged attention output in training mode.
     pub dropout: f64,
+}
+
+/// Whether the layer normalises the merged heads before `out_proj` (MAGNETO's sub-LayerNorm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubLayerNorm {
+    Present,
+    Absent,
+}
+
+impl From<bool> for SubLayerNorm {
+    /// `true` (the configs' `layer_norm=True`) is [`SubLayerNorm::Present`].
+    fn from(present: bool) -> Self {
+        if present { SubLayerNorm::Present } else { SubLayerNorm::Absent }
+    }
 }
 
 impl MultiheadConfig {
@@ -55,12 +71,14 @@ impl MultiheadConfig {
         self.attention = self.attention.with_causality(causality);
         self
     }
-    pub fn with_bias(mut self, bias: bool) -> Self {
-        self.bias = bias;
+    /// Bias vectors in the projections or none (PyTorch's `bias=`).
+    pub fn with_bias(mut self, bias: Bias) -> Self {
+        self.bias = bias == Bias::Zeros;
         self
     }
-    pub fn with_layer_norm(mut self, layer_norm: bool) -> Self {
-        self.layer_norm = layer_norm;
+    /// The sub-LayerNorm before `out_proj` (MAGNETO) or none.
+    pub fn with_layer_norm(mut self, norm: SubLayerNorm) -> Self {
+        self.layer_norm = norm == SubLayerNorm::Present;
         self
     }
     pub fn with_gamma_init(mut self, gamma_init: f64) -> Self {

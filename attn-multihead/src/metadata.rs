@@ -50,12 +50,12 @@ pub fn config_from_metadata(m: &BTreeMap<String, String>, bias: Bias) -> Result<
         .segments(&parse_list(m, "segment_lengths")?)
         .dilations(&parse_list(m, "dilation_rates")?)
         .mixing(Mixing::parse(text(m, "mixing")?)?)
-        .causal(flag(m, "causal")?)
+        .causality(flag(m, "causal")?.into())
         .maybe_scale(scale)
         .build()?;
     let mut cfg = MultiheadConfig::new(parse(m, "embed_dim")?, parse(m, "num_heads")?, attention)
-        .with_layer_norm(flag(m, "layer_norm")?)
-        .with_bias(bias == Bias::Zeros);
+        .with_layer_norm(flag(m, "layer_norm")?.into())
+        .with_bias(bias);
     if m.contains_key("layer_norm_eps") {
         cfg.layer_norm_eps = parse(m, "layer_norm_eps")?;
     }

@@ -35,7 +35,7 @@ fn layer_under_a_block_mask_on_cpu_matches_the_reference() {
             .segments(&[8, 16, 32])
             .dilations(&[1, 2, 4])
             .mixing(mixing)
-            .causal(causal)
+            .causality(causal.into())
             .build()
             .unwrap();
         let cfg = MultiheadConfig::new(32, 4, attention);

@@ -47,7 +47,7 @@ fn layer_forward_and_backward_on_cpu_match_the_reference() {
                 .segments(&[8, 16, 32])
                 .dilations(&[1, 2, 4])
                 .mixing(mixing)
-                .causal(causal)
+                .causality(causal.into())
                 .build()
                 .unwrap(),
         );

@@ -91,7 +91,7 @@ fn cpu_causal_cross_attention_matches_the_reference() {
     let cfg = MultiheadConfig::new(
         16,
         4,
-        DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal(true).build().unwrap(),
+        DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal().build().unwrap(),
     );
     check(cfg.clone(), 2, 24, 40);
     check(cfg, 1, 37, 13);
@@ -102,7 +102,7 @@ fn cpu_causal_cross_attention_matches_the_reference() {
             .segments(&[8, 32])
             .dilations(&[1, 4])
             .mixing(Mixing::LongNet)
-            .causal(true)
+            .causal()
             .build()
             .unwrap(),
     );
@@ -117,7 +117,7 @@ fn cpu_cross_attention_with_equal_lengths_is_the_self_attention_path() {
         MultiheadConfig::new(
             16,
             4,
-            DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal(true).build().unwrap(),
+            DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal().build().unwrap(),
         ),
         1,
         30,

@@ -79,7 +79,7 @@ fn encoder_layer_gradients() {
 
 #[test]
 fn encoder_layer_longnet_causal_with_training_dropout() {
-    let longnet = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal(true);
+    let longnet = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal();
     let mut cfg = EncoderConfig::new(8, 2, longnet.build().unwrap(), 12);
     cfg.dropout = 0.2;
     check_stack(cfg, 1, 1, 9, Mode::Train { seed: 42 }, 2);
@@ -101,7 +101,7 @@ fn two_layer_stack_gradients_and_names() {
 
 #[test]
 fn windowed_forward_equals_the_full_forward() {
-    let causal = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).causal(true);
+    let causal = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).causal();
     let cfg = EncoderConfig::new(8, 2, causal.build().unwrap(), 12);
     let enc = LongNetEncoder::<f64>::new(cfg, 2, 7, Arc::new(ReferenceBackend)).unwrap();
     let mut rng = SeededRng::new(3);

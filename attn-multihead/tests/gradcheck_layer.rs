@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use attn_core::{BlockMaskBuf, DilatedConfig, KeyPadding, Masks, Mixing, PackedSequences};
+use attn_multihead::{Bias, SubLayerNorm};
 use attn_multihead::{
     Call, Cross, InputGrads, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend,
@@ -151,13 +152,7 @@ fn self_attention_longnet_causal() {
     let cfg = MultiheadConfig::new(
         8,
         2,
-        DilatedConfig::builder()
-            .segments(&[4, 8])
-            .dilations(&[1, 2])
-            .mixing(Mixing::LongNet)
-            .causal(true)
-            .build()
-            .unwrap(),
+        DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal().build().unwrap(),
     );
     check(Case::plain(cfg, 1, 9, None, Mode::Eval), 2);
 }
@@ -167,9 +162,9 @@ fn cross_attention_causal_without_norm() {
     let cfg = MultiheadConfig::new(
         6,
         3,
-        DilatedConfig::builder().segments(&[3, 6]).dilations(&[1, 2]).causal(true).build().unwrap(),
+        DilatedConfig::builder().segments(&[3, 6]).dilations(&[1, 2]).causal().build().unwrap(),
     )
-    .with_layer_norm(false);
+    .with_layer_norm(SubLayerNorm::Absent);
     check(Case::plain(cfg, 1, 7, Some(7), Mode::Eval), 3);
 }
 
@@ -180,7 +175,7 @@ fn cross_attention_other_kv_length_longnet_no_bias() {
         2,
         DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).build().unwrap(),
     )
-    .with_bias(false);
+    .with_bias(Bias::Absent);
     check(Case::plain(cfg, 1, 5, Some(11), Mode::Eval), 4);
 }
 
@@ -203,13 +198,7 @@ fn grouped_heads_with_key_padding() {
     let cfg = MultiheadConfig::new(
         8,
         4,
-        DilatedConfig::builder()
-            .segments(&[4, 8])
-            .dilations(&[1, 2])
-            .mixing(Mixing::LongNet)
-            .causal(true)
-            .build()
-            .unwrap(),
+        DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal().build().unwrap(),
     )
     .with_num_kv_heads(2);
     let padding = (0..18).map(|i| i % 4 == 1).collect();
@@ -247,13 +236,7 @@ fn block_mask_per_head_with_grouped_heads() {
     let cfg = MultiheadConfig::new(
         8,
         4,
-        DilatedConfig::builder()
-            .segments(&[4, 8])
-            .dilations(&[1, 2])
-            .mixing(Mixing::LongNet)
-            .causal(true)
-            .build()
-            .unwrap(),
+        DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal().build().unwrap(),
     )
     .with_num_kv_heads(2);
     let dims = attn_core::BlockDims { batch: 1, heads: 4, q_blocks: 4, k_blocks: 4 };

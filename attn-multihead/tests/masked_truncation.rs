@@ -33,7 +33,8 @@ fn trailing_padding(lens: &[usize], seq: usize) -> Vec<bool> {
 #[test]
 fn encoder_with_trailing_padding_equals_the_cut_rows() {
     for (mixing, causal) in [(Mixing::HeadGroups, false), (Mixing::LongNet, true)] {
-        let attention = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(mixing).causal(causal);
+        let attention =
+            DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(mixing).causality(causal.into());
         let cfg = EncoderConfig::new(8, 2, attention.build().unwrap(), 12);
         let enc = LongNetEncoder::<f64>::new(cfg, 2, 11, Arc::new(ReferenceBackend)).unwrap();
         let (seq, e, lens) = (12, 8, [12usize, 7]);

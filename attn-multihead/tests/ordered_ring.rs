@@ -110,7 +110,7 @@ fn hilbert_ring_on_a_3d_grid_equals_one_device_longnet_causal() {
             .segments(&[8, 32])
             .dilations(&[1, 4])
             .mixing(Mixing::LongNet)
-            .causal(true)
+            .causal()
             .build()
             .unwrap(),
     );

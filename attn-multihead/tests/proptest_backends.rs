@@ -21,7 +21,7 @@ fn twin_layers(case: &DilatedCase) -> (MultiheadDilatedAttention<f64>, Multihead
         // LayerNorm over a handful of features is ill-conditioned (with 2 features its
         // output is +-1 and its gradient scales with 1/|x0 - x1|), so f32 and f64 only
         // agree to 1e-5 on realistic widths: sub-LN is on for embed >= 16.
-        .with_layer_norm(e >= 16 && case.seed.is_multiple_of(2));
+        .with_layer_norm((e >= 16 && case.seed.is_multiple_of(2)).into());
     let r64 = MultiheadDilatedAttention::<f64>::new(cfg.clone(), case.seed, Arc::new(ReferenceBackend)).unwrap();
     let mut w32 = MultiheadWeights::<f32>::magneto(&cfg, 0);
     for (d, src) in w32.params_mut().into_iter().zip(r64.weights.params()) {

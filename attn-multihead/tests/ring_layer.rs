@@ -177,7 +177,7 @@ fn ring_layer_equals_one_rank_longnet_causal() {
             .segments(&[8, 32])
             .dilations(&[1, 4])
             .mixing(Mixing::LongNet)
-            .causal(true)
+            .causal()
             .build()
             .unwrap(),
     );
@@ -202,7 +202,7 @@ fn ring_layer_in_training_with_dropout_equals_one_rank() {
             .segments(&[8, 32])
             .dilations(&[1, 4])
             .mixing(Mixing::LongNet)
-            .causal(true)
+            .causal()
             .build()
             .unwrap(),
     )
@@ -306,7 +306,7 @@ fn ring_layer_options_reach_the_ring() {
             .segments(&[16, 64])
             .dilations(&[1, 2])
             .mixing(Mixing::LongNet)
-            .causal(true)
+            .causal()
             .build()
             .unwrap(),
     );

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use attn_core::{DType, DilatedConfig, Mixing};
 use attn_kernels::CpuBackend;
+use attn_multihead::{Bias, SubLayerNorm};
 use attn_multihead::{
     Call, DEFAULT_WINDOW_ROWS, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWorkspace, NamedParams,
     ReferenceBackend,
@@ -37,7 +38,7 @@ fn configs() -> Vec<MultiheadConfig> {
             DilatedConfig::builder()
                 .segments(&[4, 8, 16])
                 .dilations(&[1, 2, 4])
-                .causal(true)
+                .causal()
                 .mixing(Mixing::LongNet)
                 .build()
                 .unwrap(),
@@ -46,14 +47,14 @@ fn configs() -> Vec<MultiheadConfig> {
         MultiheadConfig::new(
             32,
             4,
-            DilatedConfig::builder().segments(&[6, 4]).dilations(&[2, 1]).causal(true).build().unwrap(),
+            DilatedConfig::builder().segments(&[6, 4]).dilations(&[2, 1]).causal().build().unwrap(),
         ),
         MultiheadConfig::new(
             32,
             4,
             DilatedConfig::builder().segments(&[6, 4]).dilations(&[3, 2]).mixing(Mixing::LongNet).build().unwrap(),
         )
-        .with_layer_norm(false),
+        .with_layer_norm(SubLayerNorm::Absent),
     ]
 }
 
@@ -175,7 +176,7 @@ fn windowed_backward_equals_one_pass() {
     cfgs.push(
         MultiheadConfig::new(32, 4, DilatedConfig::new(&[4, 8, 16], &[1, 2, 4]).unwrap())
             .with_dropout(0.2)
-            .with_bias(false),
+            .with_bias(Bias::Absent),
     );
     for (c, cfg) in cfgs.into_iter().enumerate() {
         let (l64, l32) = layers(&cfg, 10 + c as u64);
@@ -221,7 +222,7 @@ fn windowed_backward_equals_one_pass() {
 #[test]
 fn encoder_eval_forward_walks_segment_windows() {
     use attn_multihead::{EncoderConfig, LongNetEncoder};
-    let causal = DilatedConfig::builder().segments(&[4, 6]).dilations(&[1, 2]).causal(true);
+    let causal = DilatedConfig::builder().segments(&[4, 6]).dilations(&[1, 2]).causal();
     let cfg = EncoderConfig::new(8, 2, causal.build().unwrap(), 12);
     let enc = LongNetEncoder::<f64>::new(cfg, 2, 7, Arc::new(ReferenceBackend)).unwrap();
     let (b, n) = (2, 53);

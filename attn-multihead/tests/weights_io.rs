@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use attn_core::{AttnError, DilatedConfig};
+use attn_multihead::Bias;
 use attn_multihead::{
     EncoderConfig, LongNetEncoder, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
     ReferenceBackend, load_bytes, save_bytes,
@@ -108,7 +109,7 @@ fn missing_extra_and_misshapen_tensors_are_named() {
 
 #[test]
 fn weights_of_another_layout_are_rejected_by_the_layer() {
-    let w = MultiheadWeights::<f64>::magneto(&cfg().with_bias(false), 1);
+    let w = MultiheadWeights::<f64>::magneto(&cfg().with_bias(Bias::Absent), 1);
     let e = MultiheadDilatedAttention::from_weights(cfg(), w, Arc::new(ReferenceBackend)).unwrap_err();
     assert!(e.to_string().contains("do not match"), "{e}");
 }

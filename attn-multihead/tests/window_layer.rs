@@ -17,10 +17,7 @@ const HEADS: usize = 4;
 
 /// Causal `(4, 0)` and two-sided `(3, 2)` windows.
 fn windows() -> Vec<DilatedConfig> {
-    vec![
-        DilatedConfig::builder().window(4, 0).causal(true).build().unwrap(),
-        DilatedConfig::sliding_window(3, 2).unwrap(),
-    ]
+    vec![DilatedConfig::builder().window(4, 0).causal().build().unwrap(), DilatedConfig::sliding_window(3, 2).unwrap()]
 }
 
 /// Weights nudged off MAGNETO's zero biases and unit norm, so every term shows.

@@ -135,7 +135,7 @@ pub fn config_shape(bytes: &[u8]) -> bool {
         }
         None => DilatedConfig::builder().segments(&segs).dilations(&rates).mixing(mixing),
     };
-    let built = builder.causal(causal).maybe_scale(scale).build();
+    let built = builder.causality(causal.into()).maybe_scale(scale).build();
     let shape = if cross {
         AttnShape::check_cross(&dims, &kv_dims, &kv_dims)
     } else {

@@ -35,7 +35,8 @@ pub fn ring_plan(bytes: &[u8]) -> bool {
     let world = if c.u8().is_multiple_of(8) { c.size() } else { c.dim(9) };
     let layout = if c.bool() { Layout::Zigzag } else { Layout::Contiguous };
     let strategy = [Strategy::Auto, Strategy::Ring, Strategy::AllGather][usize::from(c.u8() % 3)];
-    let built = DilatedConfig::builder().segments(&segs).dilations(&rates).mixing(mixing).causal(causal).build();
+    let built =
+        DilatedConfig::builder().segments(&segs).dilations(&rates).mixing(mixing).causality(causal.into()).build();
     let (Ok(cfg), Ok(shape)) = (built, Shape4::new(batch, seq, heads, d)) else { return false };
     let problem = problem_for(&cfg, shape, layout, strategy, world);
     let plan = Plan::new(problem.clone());

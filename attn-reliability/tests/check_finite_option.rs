@@ -1,9 +1,10 @@
-//! The opt-in finite-input check: `CpuBackend::with_check_finite(true)` and
-//! `RingOptions::with_check_finite(true)` refuse a call whose q, k, v (or grad_out in a
+//! The opt-in finite-input check: `CpuBackend::with_check_finite(FiniteCheck::Inputs)` and
+//! `RingOptions::with_check_finite(FiniteCheck::Inputs)` refuse a call whose q, k, v (or grad_out in a
 //! backward) hold a NaN or infinity with `NonFinite` naming the tensor and the first
 //! flat index, before writing anything; the ring refuses on every rank alike (global
 //! index). Off by default: the same inputs then compute as before.
 
+use attn_core::FiniteCheck;
 use attn_core::error::TensorName;
 use attn_core::{
     Attention, AttnError, AttnInputs, DilatedConfig, Grads, Mixing, Saved, Shape4, TensorView, TensorViewMut,
@@ -13,7 +14,7 @@ use attn_ring::{Layout, RingOptions, Strategy, ThreadComm, backward_on_with, for
 use attn_testkit::rng::random_vec;
 
 fn config() -> DilatedConfig {
-    DilatedConfig::builder().segments(&[8, 32]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal(true).build().unwrap()
+    DilatedConfig::builder().segments(&[8, 32]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal().build().unwrap()
 }
 
 const SHAPE: [usize; 4] = [2, 32, 2, 4];
@@ -46,7 +47,7 @@ fn spots() -> Vec<usize> {
 #[test]
 fn the_cpu_backend_names_the_tensor_and_first_index_only_when_asked() {
     let (cfg, s) = (config(), shape());
-    let checked = CpuBackend::new(2).unwrap().with_check_finite(true);
+    let checked = CpuBackend::new(2).unwrap().with_check_finite(FiniteCheck::Inputs);
     let plain = CpuBackend::new(2).unwrap();
     assert!(checked.checks_finite() && !plain.checks_finite());
     let mut cases = 0;
@@ -105,7 +106,7 @@ fn every_ring_rank_names_the_tensor_and_global_index() {
     for (world, layout, strategy) in [(4, Layout::Zigzag, Strategy::Ring), (2, Layout::Contiguous, Strategy::AllGather)]
     {
         let problem = problem_for(&cfg, s, layout, strategy, world);
-        let on = RingOptions::default().with_check_finite(true);
+        let on = RingOptions::default().with_check_finite(FiniteCheck::Inputs);
         for (which, name) in NAMES.into_iter().enumerate() {
             for at in spots() {
                 let x = inputs(Some(which), at, f32::NAN);

@@ -42,7 +42,7 @@ fn hand_picked_hostile_values_are_typed_errors() {
         assert!(matches!(r, Err(AttnError::InvalidScale(_))), "scale {s:e}: {:?}", r.map(|_| ()));
     }
     // A huge segment with a tiny sequence: one short segment, valid, finite.
-    let cfg = b().segments(&[huge / 2]).dilations(&[3]).causal(true).build().unwrap();
+    let cfg = b().segments(&[huge / 2]).dilations(&[3]).causal().build().unwrap();
     let sh = Shape4::new(1, 7, 1, 2).unwrap();
     let x: Vec<f32> = (0..sh.numel()).map(|i| i as f32 / 7.0).collect();
     let (out, _) = attn_kernels::CpuBackend::new(1).unwrap().forward_vec(&cfg, sh, &x, &x, &x).unwrap();

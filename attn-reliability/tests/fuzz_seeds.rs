@@ -21,7 +21,7 @@ fn seeds_dir() -> PathBuf {
 
 /// A LongNet causal case of shape [1, 8, 2, 2] with every tensor a golden file holds.
 fn tiny_golden() -> Vec<u8> {
-    let cfg = DilatedConfig::builder().segments(&[2, 4]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal(true);
+    let cfg = DilatedConfig::builder().segments(&[2, 4]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal();
     let cfg = cfg.build().unwrap();
     let s = Shape4::new(1, 8, 2, 2).unwrap();
     let n = s.numel();

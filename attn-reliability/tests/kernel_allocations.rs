@@ -48,7 +48,7 @@ fn check_masked(cfg: &DilatedConfig, shape: AttnShape, masks: Masks<'_>) {
 
 #[test]
 fn workspace_bytes_bounds_the_allocations() {
-    let hg = DilatedConfig::builder().segments(&[256, 512, 1024]).dilations(&[1, 2, 4]).causal(true).build().unwrap();
+    let hg = DilatedConfig::builder().segments(&[256, 512, 1024]).dilations(&[1, 2, 4]).causal().build().unwrap();
     check(&hg, Shape4::new(1, 2048, 3, 64).unwrap());
     let ln = DilatedConfig::builder().segments(&[200, 300]).dilations(&[1, 3]).mixing(Mixing::LongNet).build().unwrap();
     check(&ln, Shape4::new(2, 900, 2, 40).unwrap());
@@ -61,7 +61,7 @@ fn workspace_bytes_bounds_the_allocations() {
 #[test]
 fn workspace_bytes_bounds_the_allocations_with_features() {
     let gqa = |q: Shape4, kv_heads| AttnShape { q, kv: Shape4 { heads: kv_heads, ..q } };
-    let hg = DilatedConfig::builder().segments(&[128, 256, 1024]).dilations(&[1, 2, 4]).causal(true).build().unwrap();
+    let hg = DilatedConfig::builder().segments(&[128, 256, 1024]).dilations(&[1, 2, 4]).causal().build().unwrap();
     check_masked(&hg, gqa(Shape4::new(1, 2048, 6, 32).unwrap(), 2), Masks::NONE);
     let flags: Vec<bool> = (0..2 * 900).map(|i| i % 3 == 0).collect();
     let ln = DilatedConfig::builder().segments(&[200, 300]).dilations(&[1, 3]).mixing(Mixing::LongNet).build().unwrap();
@@ -86,7 +86,7 @@ fn warm_block_calls_allocate_nothing() {
         .segments(&[64, 128, 256])
         .dilations(&[1, 2, 4])
         .mixing(Mixing::LongNet)
-        .causal(true)
+        .causal()
         .build()
         .unwrap();
     let (n, d) = (300, 40);

@@ -18,10 +18,10 @@ fn cases() -> Vec<(DilatedConfig, Shape4)> {
     vec![
         (b().segments(&[16, 64]).dilations(&[1, 2]).build().unwrap(), Shape4::new(1, 64, 2, 16).unwrap()),
         (
-            b().segments(&[32, 128, 512]).dilations(&[1, 2, 4]).mixing(Mixing::LongNet).causal(true).build().unwrap(),
+            b().segments(&[32, 128, 512]).dilations(&[1, 2, 4]).mixing(Mixing::LongNet).causal().build().unwrap(),
             Shape4::new(2, 300, 3, 24).unwrap(),
         ),
-        (b().segments(&[512]).dilations(&[1]).causal(true).build().unwrap(), Shape4::new(1, 512, 1, 64).unwrap()),
+        (b().segments(&[512]).dilations(&[1]).causal().build().unwrap(), Shape4::new(1, 512, 1, 64).unwrap()),
         (b().segments(&[7, 13]).dilations(&[2, 3]).build().unwrap(), Shape4::new(3, 50, 2, 5).unwrap()),
     ]
 }

@@ -24,9 +24,9 @@ fn configs() -> Vec<DilatedConfig> {
     let b = || DilatedConfig::builder().segments(&[4, 8, 16]).dilations(&[1, 2, 4]);
     vec![
         b().build().unwrap(),
-        b().causal(true).build().unwrap(),
+        b().causal().build().unwrap(),
         b().mixing(Mixing::LongNet).build().unwrap(),
-        b().mixing(Mixing::LongNet).causal(true).build().unwrap(),
+        b().mixing(Mixing::LongNet).causal().build().unwrap(),
     ]
 }
 

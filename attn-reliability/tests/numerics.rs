@@ -129,13 +129,13 @@ fn rows_without_keys_are_exact_zeros_with_neg_inf_lse() {
     // HeadGroups: group 1 runs offset 1 with rate 4, so 3 of every 4 positions of its
     // heads are selected by nothing; LongNet with one rate-4 pattern leaves holes per head.
     let cfgs = [
-        DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 4]).causal(true).build().unwrap(),
+        DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 4]).causal().build().unwrap(),
         DilatedConfig::builder().segments(&[8]).dilations(&[4]).mixing(Mixing::LongNet).build().unwrap(),
         DilatedConfig::builder()
             .segments(&[6, 12])
             .dilations(&[3, 4])
             .mixing(Mixing::LongNet)
-            .causal(true)
+            .causal()
             .build()
             .unwrap(),
     ];
@@ -198,7 +198,7 @@ fn subnormal_inputs_stay_finite_and_accurate() {
         .segments(&[8, 16])
         .dilations(&[1, 2])
         .mixing(Mixing::LongNet)
-        .causal(true)
+        .causal()
         .build()
         .unwrap();
     let s = Shape4::new(1, 32, 2, 8).unwrap();

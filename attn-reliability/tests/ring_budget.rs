@@ -22,7 +22,7 @@ static ALLOC: CountingAlloc = CountingAlloc;
 const WATCHDOG: Duration = Duration::from_secs(240);
 
 fn cfg(w: &[usize], r: &[usize], mixing: Mixing, causal: bool) -> DilatedConfig {
-    DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causal(causal).build().unwrap()
+    DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causality(causal.into()).build().unwrap()
 }
 
 /// (config, global shape): segment-local and spanning patterns, plain ring attention,

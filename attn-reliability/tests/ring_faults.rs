@@ -21,8 +21,7 @@ const WATCHDOG: Duration = Duration::from_secs(60);
 
 fn case(world: usize, strategy: Strategy, layout: Layout) -> RingCase {
     // Segments of 8 stay inside ranks; segments of 32 span all of them (rate 2, 4).
-    let cfg =
-        DilatedConfig::builder().segments(&[8, 32, 32]).dilations(&[1, 2, 4]).mixing(Mixing::LongNet).causal(true);
+    let cfg = DilatedConfig::builder().segments(&[8, 32, 32]).dilations(&[1, 2, 4]).mixing(Mixing::LongNet).causal();
     let shape = Shape4::new(1, 32, 2, 4).unwrap();
     RingCase::new(&cfg.build().unwrap(), shape, layout, strategy, world, 42)
 }

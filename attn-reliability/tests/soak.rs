@@ -36,7 +36,7 @@ fn ring_world_8_soak_is_deterministic_and_leak_free() {
             .segments(&[8, 16, 64])
             .dilations(&[1, 2, 4])
             .mixing(Mixing::LongNet)
-            .causal(true)
+            .causal()
             .build()
             .unwrap();
         let shape = Shape4::new(1, 64, 2, 8).unwrap();

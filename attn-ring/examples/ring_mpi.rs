@@ -279,7 +279,8 @@ where
     Tr: ChunkTransport<T, X, Control = MpiComm>,
 {
     let (rank, world) = (t.control().rank(), t.control().world_size());
-    let cfg = DilatedConfig::builder().segments(&a.segments).dilations(&a.dilations).causal(a.causal).build()?;
+    let cfg =
+        DilatedConfig::builder().segments(&a.segments).dilations(&a.dilations).causality(a.causal.into()).build()?;
     let s = Shape4::new(1, a.seq, a.heads, a.head_dim)?;
     let problem = RingProblem::new(&cfg, s.into(), a.layout, Strategy::Auto, world);
     let opts = ChunkOptions::with_rounds(a.rounds)?;

@@ -19,7 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rank_threads = num(6, 1).max(1);
     let shape = Shape4::new(1, seq, heads, d)?;
     let causal = std::env::var("RING_TIMING_CAUSAL").map_or(true, |v| v != "0");
-    let cfg = DilatedConfig::builder().segments(&[seq]).dilations(&[1]).causal(causal).build()?;
+    let cfg = DilatedConfig::builder().segments(&[seq]).dilations(&[1]).causality(causal.into()).build()?;
     let x: Vec<f32> = (0..shape.numel()).map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0).collect();
     let v = TensorView::contiguous(TensorName::Query, &x, shape)?;
     let cpu = CpuBackend::new(p * rank_threads)?;

@@ -6,6 +6,7 @@
 //! makes every rank fail alike, and so does (when checked) a non-finite gradient into the
 //! LSE on a row that attends something, under every strategy.
 
+use attn_core::FiniteCheck;
 use attn_core::error::TensorName;
 use attn_core::{
     Attention, AttnError, AttnInputs, AttnShape, DType, DilatedConfig, Grads, KeyPadding, Masks, Mixing,
@@ -135,7 +136,7 @@ fn the_ring_backend_computes_every_feature_from_each_ranks_rows() {
             .segments(&[8, 32])
             .dilations(&[1, 2])
             .mixing(Mixing::LongNet)
-            .causal(true)
+            .causal()
             .build()
             .unwrap(),
         DilatedConfig::builder().window(5, 2).build().unwrap(),
@@ -170,7 +171,7 @@ fn the_ring_backend_computes_every_feature_from_each_ranks_rows() {
             let runs = [(None, &plain)].into_iter().map(|r| (r, (WORLD, Strategy::Auto)));
             let with_lse = LSE_RUNS.into_iter().map(|run| ((Some(&grad_lse[..]), &with_lse), run));
             for ((gl, want), (world, strategy)) in runs.chain(with_lse) {
-                let options = RingOptions::default().with_check_finite(true);
+                let options = RingOptions::default().with_check_finite(FiniteCheck::Inputs);
                 let call = Call { global, grad_lse: gl, padding: Some(&padding), cu, options, world, strategy };
                 let ranks: Vec<RankRows> =
                     run(cfg, shape, call, |_, rows| rows, |_, rows| rows).into_iter().map(Result::unwrap).collect();
@@ -279,7 +280,7 @@ fn a_non_finite_lse_gradient_on_a_row_that_attends_fails_every_rank_when_checked
                 split.rank_of(split.group_of(owner), slot)
             }
         };
-        let options = RingOptions::default().with_check_finite(true);
+        let options = RingOptions::default().with_check_finite(FiniteCheck::Inputs);
         let global = [&x[..], &x, &x, &x];
         let call = Call { global, grad_lse: Some(&grad_lse), padding: None, cu: None, options, world, strategy };
         for (rank, r) in run(&cfg, shape, call, |_, rows| rows, |_, rows| rows).into_iter().enumerate() {

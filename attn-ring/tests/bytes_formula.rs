@@ -14,7 +14,7 @@ use attn_testkit::random_vec;
 use common::views;
 
 fn cfg(w: &[usize], r: &[usize], mixing: Mixing, causal: bool) -> DilatedConfig {
-    DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causal(causal).build().unwrap()
+    DilatedConfig::builder().segments(w).dilations(r).mixing(mixing).causality(causal.into()).build().unwrap()
 }
 
 #[test]
@@ -171,7 +171,7 @@ fn feature_bytes_equal_the_formula() {
         ),
         (DilatedConfig::builder().window(6, 3).build().unwrap(), 4, OwnedMasks::none()),
         (
-            DilatedConfig::builder().window(9, 0).causal(true).build().unwrap(),
+            DilatedConfig::builder().window(9, 0).causal().build().unwrap(),
             2,
             OwnedMasks::none().with_cu_seqlens(vec![0, 20, 61]).unwrap(),
         ),
@@ -229,7 +229,7 @@ fn grouped_heads_send_their_key_value_heads_once() {
 fn a_window_sends_only_keys_within_reach() {
     let (left, right, kv_heads, d) = (40usize, 8usize, 2usize, 8usize);
     for causal in [false, true] {
-        let cfg = DilatedConfig::builder().window(left, right).causal(causal).build().unwrap();
+        let cfg = DilatedConfig::builder().window(left, right).causality(causal.into()).build().unwrap();
         let reach = left + if causal { 0 } else { right };
         for seq in [1024, 8192, 65536] {
             for (layout, chunks) in [(Layout::Contiguous, 1), (Layout::Zigzag, 2)] {

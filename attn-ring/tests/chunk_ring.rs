@@ -148,7 +148,7 @@ fn chunk_ring_over_emulated_nccl_matches_every_golden_file() {
 
 /// A small causal problem on `world` ranks and every rank's q/k/v pieces.
 pub(crate) fn small_problem(world: usize) -> (RingProblem, Vec<[Vec<HostRows<f32>>; 3]>) {
-    let cfg = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).causal(true).build().unwrap();
+    let cfg = DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).causal().build().unwrap();
     let shape = Shape4::new(1, 16, 2, 4).unwrap();
     let problem = RingProblem::new(&cfg, shape.into(), Layout::Zigzag, Strategy::Auto, world);
     let x: Vec<f32> = (0..shape.numel()).map(|i| (i as f32 * 0.37).sin()).collect();

@@ -77,11 +77,11 @@ fn keys_travel_only_as_far_as_the_queries_reaching_them() {
     let b = DilatedConfig::builder;
     let cases = [
         ("segments inside ranks", b().segments(&[16, 8]).dilations(&[1, 2]).build(), Layout::Contiguous, (0, 0)),
-        ("causal window (5, 0)", b().window(5, 0).causal(true).build(), Layout::Contiguous, (1, 0)),
-        ("causal segments of 32", b().segments(&[32]).dilations(&[1]).causal(true).build(), Layout::Contiguous, (1, 0)),
+        ("causal window (5, 0)", b().window(5, 0).causal().build(), Layout::Contiguous, (1, 0)),
+        ("causal segments of 32", b().segments(&[32]).dilations(&[1]).causal().build(), Layout::Contiguous, (1, 0)),
         ("window (5, 5)", b().window(5, 5).build(), Layout::Contiguous, (1, 1)),
-        ("zigzag causal window (5, 0)", b().window(5, 0).causal(true).build(), Layout::Zigzag, (1, 1)),
-        ("dense causal", b().segments(&[64]).dilations(&[1]).causal(true).build(), Layout::Contiguous, (3, 0)),
+        ("zigzag causal window (5, 0)", b().window(5, 0).causal().build(), Layout::Zigzag, (1, 1)),
+        ("dense causal", b().segments(&[64]).dilations(&[1]).causal().build(), Layout::Contiguous, (3, 0)),
     ];
     for (name, cfg, layout, (next, prev)) in cases {
         let (fwd, bwd) = bytes_for(next, prev);
@@ -97,7 +97,7 @@ fn keys_travel_only_as_far_as_the_queries_reaching_them() {
 /// sending every round's slice would move four.
 #[test]
 fn in_rounds_only_reached_slices_travel() {
-    let cfg = DilatedConfig::builder().window(3, 0).causal(true).build().unwrap();
+    let cfg = DilatedConfig::builder().window(3, 0).causal().build().unwrap();
     let opts = ChunkOptions::with_rounds(4).unwrap();
     let (fwd, bwd) = bytes_of_slices(SHAPE.seq / WORLD / 4, 1, 0);
     for strategy in [Strategy::Ring, Strategy::AllGather, Strategy::Auto] {
@@ -116,7 +116,7 @@ fn all_gather_sends_each_distance_once() {
     let b = DilatedConfig::builder;
     let cases = [
         ("window (5, 5)", b().window(5, 5).build(), Layout::Contiguous, 2),
-        ("dense causal", b().segments(&[64]).dilations(&[1]).causal(true).build(), Layout::Contiguous, 3),
+        ("dense causal", b().segments(&[64]).dilations(&[1]).causal().build(), Layout::Contiguous, 3),
         ("segments inside ranks", b().segments(&[16]).dilations(&[1]).build(), Layout::Contiguous, 0),
     ];
     let rows = (SHAPE.seq / WORLD * SHAPE.heads * SHAPE.head_dim) as u64;

@@ -18,7 +18,7 @@ fn cfg() -> DilatedConfig {
         .segments(&[6, 24, 40])
         .dilations(&[1, 2, 4])
         .mixing(Mixing::LongNet)
-        .causal(true)
+        .causal()
         .build()
         .unwrap()
 }

@@ -18,7 +18,7 @@ use common::faults_at;
 const P: usize = 3;
 
 fn setup() -> (DilatedConfig, Shape4, [Vec<f32>; 3]) {
-    let cfg = DilatedConfig::builder().segments(&[8, 30]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal(true);
+    let cfg = DilatedConfig::builder().segments(&[8, 30]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal();
     let shape = Shape4::new(1, 30, 2, 4).unwrap();
     let n = shape.numel();
     (cfg.build().unwrap(), shape, [random_vec(11, n), random_vec(12, n), random_vec(13, n)])

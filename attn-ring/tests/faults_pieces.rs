@@ -21,7 +21,7 @@ const SENTINEL: f32 = 7.0;
 /// sentinel, with `faults` on rank 1's outgoing frames.
 fn run(strategy: Strategy, faults: &[Fault], timeout: Duration) -> Vec<(Result<u64, AttnError>, bool)> {
     let cfg = DilatedConfig::builder().segments(&[300, 900, SEQ]).dilations(&[1, 2, 3]).mixing(Mixing::LongNet);
-    let cfg = cfg.causal(true).build().unwrap();
+    let cfg = cfg.causal().build().unwrap();
     let shape = Shape4::new(1, SEQ, 3, 8).unwrap();
     let qkv = [1, 2, 3].map(|seed| random_vec(seed, shape.numel()));
     let problem = problem_for(&cfg, shape, Layout::Zigzag, strategy, P);

@@ -21,7 +21,7 @@ fn long_segments_match_the_single_device_backend() {
                 .segments(&[300, 1100])
                 .dilations(&[1, 2])
                 .mixing(mixing)
-                .causal(causal)
+                .causality(causal.into())
                 .build()
                 .unwrap();
             let (want, want_lse) = CpuBackend::new(1).unwrap().forward_vec(&cfg, shape, &q, &k, &v).unwrap();

@@ -317,7 +317,7 @@ fn main() -> ExitCode {
     // A config that differs on the last rank is the same typed error everywhere.
     let shape = Shape4::new(1, 4 * p, 2, 4).unwrap_or(Shape4 { batch: 1, seq: 4, heads: 2, head_dim: 4 });
     let causal = rank + 1 == p && p > 1;
-    let cfg = attn_core::DilatedConfig::builder().segments(&[8]).dilations(&[1]).causal(causal).build();
+    let cfg = attn_core::DilatedConfig::builder().segments(&[8]).dilations(&[1]).causality(causal.into()).build();
     let mismatch = cfg.map(|cfg| {
         let problem = problem_for(&cfg, shape, Layout::Contiguous, Strategy::Auto, p);
         let ls = Shape4 { seq: 4, ..shape };

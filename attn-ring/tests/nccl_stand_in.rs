@@ -244,7 +244,7 @@ fn a_rank_that_never_joins_is_a_timeout() {
 /// answer or a typed error, quickly; a dropped, held or dead rank's peers see a
 /// `Timeout` (a rendezvous transport has no closed channel to notice).
 fn every_fault_on_every_frame_is_an_error_or_the_right_answer() {
-    let cfg = DilatedConfig::builder().segments(&[8, 30]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal(true);
+    let cfg = DilatedConfig::builder().segments(&[8, 30]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal();
     let (cfg, shape) = (cfg.build().unwrap(), Shape4::new(1, 30, 2, 4).unwrap());
     let x = [11, 12, 13].map(|seed| random_vec(seed, shape.numel()));
     let view = |x| TensorView::contiguous(TensorName::Query, x, shape).unwrap();

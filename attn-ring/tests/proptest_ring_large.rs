@@ -29,8 +29,13 @@ fn case() -> impl Strategy<Value = Case> {
             let g = pats.len();
             let (w, r): (Vec<usize>, Vec<usize>) = pats.into_iter().unzip();
             let mixing = if longnet { Mixing::LongNet } else { Mixing::HeadGroups };
-            let cfg =
-                DilatedConfig::builder().segments(&w).dilations(&r).mixing(mixing).causal(causal).build().unwrap();
+            let cfg = DilatedConfig::builder()
+                .segments(&w)
+                .dilations(&r)
+                .mixing(mixing)
+                .causality(causal.into())
+                .build()
+                .unwrap();
             let min_h = if longnet { 1 } else { g };
             (
                 Just(cfg),

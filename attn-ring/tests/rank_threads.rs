@@ -10,7 +10,13 @@ use attn_ring::{
 use attn_testkit::random_vec;
 
 fn config(segments: &[usize], mixing: Mixing, causal: bool) -> DilatedConfig {
-    DilatedConfig::builder().segments(segments).dilations(&[1, 2, 3]).mixing(mixing).causal(causal).build().unwrap()
+    DilatedConfig::builder()
+        .segments(segments)
+        .dilations(&[1, 2, 3])
+        .mixing(mixing)
+        .causality(causal.into())
+        .build()
+        .unwrap()
 }
 
 /// Every rank's (out, lse) with `threads` compute threads per rank.

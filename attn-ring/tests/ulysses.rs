@@ -190,7 +190,7 @@ fn uneven_heads_and_shared_kv_heads_equal_the_reference() {
                     .segments(&[6, 12, 40])
                     .dilations(&[1, 2, 4])
                     .mixing(mixing)
-                    .causal(causal)
+                    .causality(causal.into())
                     .build()
                     .unwrap();
                 let shape = AttnShape {
@@ -225,7 +225,7 @@ fn uneven_heads_and_shared_kv_heads_equal_the_reference() {
 /// hybrids at several worlds, layouts and head splits (uneven, grouped).
 #[test]
 fn measured_bytes_equal_the_formula() {
-    let cfg = DilatedConfig::builder().segments(&[8, 16, 64]).dilations(&[1, 2, 4]).causal(true).build().unwrap();
+    let cfg = DilatedConfig::builder().segments(&[8, 16, 64]).dilations(&[1, 2, 4]).causal().build().unwrap();
     let mut checked = 0;
     for (heads, kv_heads) in [(4, 4), (6, 2), (5, 1)] {
         for world in [2, 3, 4, 6] {

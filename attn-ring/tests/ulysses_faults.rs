@@ -16,7 +16,7 @@ use common::faults_at;
 const P: usize = 4;
 
 fn run(faulty_rank: usize, faults: Vec<Fault>, timeout: Duration, strategy: Strategy) -> Vec<RankForward<f32>> {
-    let cfg = DilatedConfig::builder().segments(&[8, 32]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal(true);
+    let cfg = DilatedConfig::builder().segments(&[8, 32]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal();
     let shape = Shape4::new(1, 32, 4, 4).unwrap();
     let n = shape.numel();
     let [q, k, v] = [random_vec(21, n), random_vec(22, n), random_vec(23, n)];

@@ -87,7 +87,7 @@ pub fn feature_case(
 ) -> impl Strategy<Value = FeatureCase> {
     (mode(max_w), any::<bool>(), prop::option::weighted(0.2, 0.05f64..2.0), 1..=3usize, 1..=3usize)
         .prop_flat_map(move |((mode, pats), causal, scale, kv_heads, group)| {
-            let builder = DilatedConfig::builder().causal(causal).maybe_scale(scale);
+            let builder = DilatedConfig::builder().causality(causal.into()).maybe_scale(scale);
             let (cfg, g) = match mode {
                 Mode::Dilated(mixing) => {
                     let (w, r): (Vec<usize>, Vec<usize>) = pats.iter().copied().unzip();
@@ -154,7 +154,7 @@ pub fn wide_head_cases() -> Vec<(&'static str, FeatureCase)> {
         (
             "causal dilated, gqa, padding, packed, d64",
             FeatureCase {
-                cfg: config(DilatedConfig::builder().segments(&[64, 128]).dilations(&[1, 2]).causal(true)),
+                cfg: config(DilatedConfig::builder().segments(&[64, 128]).dilations(&[1, 2]).causal()),
                 shape: gqa,
                 padding: Some(padding.clone()),
                 cu_seqlens: Some(vec![0, 130, 300]),
@@ -164,7 +164,7 @@ pub fn wide_head_cases() -> Vec<(&'static str, FeatureCase)> {
         (
             "causal window, gqa, padding, d64",
             FeatureCase {
-                cfg: config(DilatedConfig::builder().window(70, 0).causal(true)),
+                cfg: config(DilatedConfig::builder().window(70, 0).causal()),
                 shape: gqa,
                 padding: Some(padding),
                 cu_seqlens: None,

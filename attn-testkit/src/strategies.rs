@@ -61,7 +61,7 @@ pub fn dilated_case_in(
                 .segments(&w)
                 .dilations(&r)
                 .mixing(mixing)
-                .causal(causal)
+                .causality(causal.into())
                 .maybe_scale(scale)
                 .build()
                 .expect("strategy builds valid configs");

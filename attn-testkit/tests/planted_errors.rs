@@ -107,7 +107,12 @@ fn the_row_judge_rejects_every_planted_error_in_every_dtype() {
     // Causal, so that bf16 has rows determined to 1% (a query's first keys); without
     // causality every bf16 row of this problem averages enough values to cancel.
     for (mixing, causal) in [(Mixing::LongNet, true), (Mixing::HeadGroups, true)] {
-        let cfg = DilatedConfig::builder().segments(&[8, 32]).dilations(&[1, 2]).mixing(mixing).causal(causal).build();
+        let cfg = DilatedConfig::builder()
+            .segments(&[8, 32])
+            .dilations(&[1, 2])
+            .mixing(mixing)
+            .causality(causal.into())
+            .build();
         let cfg = cfg.unwrap();
         let shape = AttnShape::self_attn(Shape4::new(2, 40, 4, 24).unwrap());
         let n = shape.q.numel();

@@ -154,7 +154,7 @@ fn run() -> Result<(), String> {
     let cfg = DilatedConfig::builder()
         .segments(&[2048, 4096, 8192, 16384, 32768])
         .dilations(&[1, 2, 4, 8, 16])
-        .causal(a.causal)
+        .causality(a.causal.into())
         .build()
         .map_err(|e| e.to_string())?;
     let own = (dev.forward_options(), dev.backward_options());

@@ -128,7 +128,7 @@ mod tests {
             let mut b = DilatedConfig::builder();
             b = match window {
                 Some((l, r)) => b.window(l, if causal { 0 } else { r }),
-                None => b.segments(&segs).dilations(&vec![1; segs.len()]).causal(causal),
+                None => b.segments(&segs).dilations(&vec![1; segs.len()]).causality(causal.into()),
             };
             let cfg = b.build().unwrap();
             let shape = Shape4::new(1, seq, 2, 4).unwrap();
@@ -162,12 +162,12 @@ mod tests {
         };
         let local = DilatedConfig::builder().segments(&[16]).dilations(&[1]).build().unwrap();
         assert_eq!(route_of(local, Layout::Contiguous), (0, 0), "segments inside ranks");
-        let window = DilatedConfig::builder().window(5, 0).causal(true).build().unwrap();
+        let window = DilatedConfig::builder().window(5, 0).causal().build().unwrap();
         assert_eq!(route_of(window.clone(), Layout::Contiguous), (1, 0), "causal window");
         assert_eq!(route_of(window, Layout::Zigzag), (1, 1), "zigzag: the later chunk's keys are on the next rank");
         let two_sided = DilatedConfig::builder().window(5, 5).build().unwrap();
         assert_eq!(route_of(two_sided.clone(), Layout::Contiguous), (1, 1), "both neighbours");
-        let dense = DilatedConfig::builder().segments(&[64]).dilations(&[1]).causal(true).build().unwrap();
+        let dense = DilatedConfig::builder().segments(&[64]).dilations(&[1]).causal().build().unwrap();
         assert_eq!(route_of(dense.clone(), Layout::Contiguous), (3, 0), "every rank before: one way round");
         // All-gather: straight to each distance; auto takes it only where it saves steps.
         let one = |hop| Trip { hop, steps: 1 };
@@ -184,12 +184,12 @@ mod tests {
     #[test]
     fn each_round_travels_as_far_as_its_own_slices_are_reached() {
         let shape = Shape4::new(1, 64, 1, 4).unwrap().into();
-        let window = DilatedConfig::builder().window(3, 0).causal(true).build().unwrap();
+        let window = DilatedConfig::builder().window(3, 0).causal().build().unwrap();
         let problem = RingProblem::new(&window, shape, Layout::Contiguous, Strategy::Ring, 4);
         let per_round: Vec<Vec<Trip>> = (0..4).map(|round| chunk_trips(&problem, round, 4)).collect();
         assert_eq!(per_round, [vec![], vec![], vec![], vec![Trip { hop: 1, steps: 1 }]]);
         // Dense causal attention needs every slice on every later rank.
-        let dense = DilatedConfig::builder().segments(&[64]).dilations(&[1]).causal(true).build().unwrap();
+        let dense = DilatedConfig::builder().segments(&[64]).dilations(&[1]).causal().build().unwrap();
         let problem = RingProblem::new(&dense, shape, Layout::Contiguous, Strategy::Ring, 4);
         for round in 0..4 {
             assert_eq!(chunk_trips(&problem, round, 4), [Trip { hop: 1, steps: 3 }], "round {round}");
@@ -198,7 +198,7 @@ mod tests {
 
     #[test]
     fn blocks_out_of_reach_are_skipped() {
-        let cfg = DilatedConfig::builder().segments(&[8]).dilations(&[1]).causal(true).build().unwrap();
+        let cfg = DilatedConfig::builder().segments(&[8]).dilations(&[1]).causal().build().unwrap();
         let problem =
             RingProblem::new(&cfg, Shape4::new(1, 32, 1, 4).unwrap().into(), Layout::Contiguous, Strategy::Auto, 4);
         assert!(!may_attend(&problem, &(0..8), &(8..16)), "keys after every query");

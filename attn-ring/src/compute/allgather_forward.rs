@@ -329,7 +329,7 @@ mod tests {
     /// rounds its pair shares with the reverse message.
     #[test]
     fn spread_sends_every_piece_once_in_order() {
-        let cfg = DilatedConfig::builder().segments(&[8192]).dilations(&[1]).causal(true).build().unwrap();
+        let cfg = DilatedConfig::builder().segments(&[8192]).dilations(&[1]).causal().build().unwrap();
         let shape = Shape4::new(1, 8192, 2, 8).unwrap();
         let mut uneven = 0;
         for (world, layout) in [(2, Layout::Zigzag), (3, Layout::Contiguous), (4, Layout::Zigzag)] {

@@ -159,7 +159,7 @@ mod tests {
     /// Pieces are an eighth of the smallest one-pair message, 128 to 1024 rows.
     #[test]
     fn piece_rows_follow_the_smallest_message() {
-        let full = DilatedConfig::builder().segments(&[32768]).dilations(&[1]).causal(true).build().unwrap();
+        let full = DilatedConfig::builder().segments(&[32768]).dilations(&[1]).causal().build().unwrap();
         let dilated = DilatedConfig::builder().segments(&[2048, 4096, 8192]).dilations(&[1, 2, 4]).build().unwrap();
         for (cfg, seq, world, layout, want) in [
             // Causal zigzag: rank 1 needs only rank 0's first chunk (8192 rows).

@@ -1,6 +1,7 @@
 //! Shared entry and exit of the public calls: local input checks, the handshake,
 //! the plan, conversion of this rank's rows, and the completion round.
 
+use attn_core::FiniteCheck;
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, MemoryBudget, Pass, Result, Shape4, TensorView, check_finite};
 
@@ -45,8 +46,8 @@ impl RingOptions {
         self
     }
     /// Switch the finite-input check on or off.
-    pub fn with_check_finite(mut self, on: bool) -> Self {
-        self.check_finite = on;
+    pub fn with_check_finite(mut self, check: FiniteCheck) -> Self {
+        self.check_finite = check == FiniteCheck::Inputs;
         self
     }
     /// Set the compute threads of this rank (see [`RingOptions::threads`]).

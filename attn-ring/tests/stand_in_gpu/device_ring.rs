@@ -230,8 +230,8 @@ fn run<T: CudaElement>(
 /// from there, two ranks on at 3 ranks) and, at 4 ranks, a two-sided window (k/v one
 /// step each way, or straight to each rank under all-gather).
 pub fn device_transport_matches_host_staging() {
-    let segments = DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal(true).build();
-    let window = DilatedConfig::builder().window(10, 0).causal(true).build();
+    let segments = DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal().build();
+    let window = DilatedConfig::builder().window(10, 0).causal().build();
     let two_sided = DilatedConfig::builder().window(5, 4).build();
     let (q_shape, kv_shape) = (Shape4::new(2, 48, 4, 8).expect("q"), Shape4::new(2, 48, 2, 8).expect("kv"));
     let make = |seed: usize, s: Shape4| -> (Vec<bf16>, Shape4) {

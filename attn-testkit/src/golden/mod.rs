@@ -248,7 +248,11 @@ impl GoldenCase {
         };
         if Mixing::parse(self.meta("mixing")?)? == Mixing::Window {
             let (left, right) = (self.meta_usize("window_left")?, self.meta_usize("window_right")?);
-            return DilatedConfig::builder().window(left, right).causal(self.causal()?).maybe_scale(scale).build();
+            return DilatedConfig::builder()
+                .window(left, right)
+                .causality(self.causal()?.into())
+                .maybe_scale(scale)
+                .build();
         }
         let segs = parse_list(&self.name, "segment_lengths", self.meta("segment_lengths")?)?;
         let rates = parse_list(&self.name, "dilation_rates", self.meta("dilation_rates")?)?;
@@ -257,7 +261,7 @@ impl GoldenCase {
             .segments(&segs)
             .dilations(&rates)
             .mixing(mixing)
-            .causal(self.causal()?)
+            .causality(self.causal()?.into())
             .maybe_scale(scale)
             .build()
     }

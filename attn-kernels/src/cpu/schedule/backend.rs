@@ -16,6 +16,7 @@
 //! Unsafe here: only the disjoint row writes through [`DisjointSlice`] (see SAFETY notes).
 #![allow(unsafe_code)]
 
+use attn_core::FiniteCheck;
 use attn_core::error::TensorName;
 use attn_core::{Attention, AttnInputs, Grads as AttnGrads, Masks, Pass, Saved, Supported};
 use attn_core::{AttnError, AttnShape, DilatedConfig, Element, Result, Shape4};
@@ -108,11 +109,11 @@ impl CpuBackend {
         self.budget
     }
 
-    /// With `on`, every call first checks q, k, v (and grad_out in a backward) and
-    /// returns [`AttnError::NonFinite`] naming the first tensor and flat index holding a
-    /// NaN or infinity, before computing or writing anything.
-    pub fn with_check_finite(mut self, on: bool) -> Self {
-        self.check_finite = on;
+    /// With [`FiniteCheck::Inputs`], every call first checks q, k, v (and grad_out in a
+    /// backward) and returns [`AttnError::NonFinite`] naming the first tensor and flat
+    /// index holding a NaN or infinity, before computing or writing anything.
+    pub fn with_check_finite(mut self, check: FiniteCheck) -> Self {
+        self.check_finite = check == FiniteCheck::Inputs;
         self
     }
 

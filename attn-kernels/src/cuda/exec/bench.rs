@@ -168,7 +168,7 @@ mod tests {
                     .segments(&[4, 6])
                     .dilations(&[1, 2])
                     .mixing(mixing)
-                    .causal(causal)
+                    .causality(causal.into())
                     .build()
                     .unwrap();
                 let shape = Shape4::new(2, 11, 3, 8).unwrap();

@@ -617,7 +617,7 @@ mod tests {
             (batch, causal) in (1usize..3, proptest::bool::ANY),
         ) {
             let (segs, rates): (Vec<usize>, Vec<usize>) = patterns.iter().map(|&(w, r)| (w.max(r), r)).unzip();
-            let Ok(cfg) = DilatedConfig::builder().segments(&segs).dilations(&rates).causal(causal).build() else {
+            let Ok(cfg) = DilatedConfig::builder().segments(&segs).dilations(&rates).causality(causal.into()).build() else {
                 return Ok(());
             };
             let (sq, sk) = (Shape4::new(batch, nq, heads, 64).unwrap(), Shape4::new(batch, nk, heads, 64).unwrap());

@@ -221,7 +221,7 @@ mod tests {
             .segments(&[8, 16])
             .dilations(&[1, 2])
             .mixing(attn_core::Mixing::LongNet)
-            .causal(true)
+            .causal()
             .build()
             .unwrap();
         let q = Shape4::new(2, 10, 3, 16).unwrap();
@@ -253,7 +253,7 @@ mod tests {
 
     #[test]
     fn params_of_a_grouped_window_launch() {
-        let cfg = DilatedConfig::builder().window(7, 3).causal(true).build().unwrap();
+        let cfg = DilatedConfig::builder().window(7, 3).causal().build().unwrap();
         let q = Shape4::new(1, 10, 8, 16).unwrap();
         let k = Shape4::new(1, 10, 2, 16).unwrap();
         let layout = BlockLayout {
