@@ -1,6 +1,7 @@
 //! The sequence-parallel strategies section: the row strategies (ring pass, all-gather)
 //! against the head strategies (Ulysses, the hybrid at `U` = 2 and 4) and what
-//! `Strategy::Auto` picks among them, on `P` = 2, 4, 8 in-process ranks, f32, 8 heads,
+//! `Strategy::Auto` picks among them, on `P` = 2, 4, 8 in-process ranks (and the one-rank
+//! baseline the peak memory falls from), f32, 8 heads,
 //! forward: time, per-rank bytes and messages sent and per-rank peak memory, measured on
 //! the bench patterns (segments 2048, 4096, 8192 at rates 1, 2, 4); for dense attention
 //! (one segment of `n`, rate 1) bytes, messages and the workspace bound per rank from the
@@ -17,14 +18,20 @@ use crate::measure::Timing;
 pub const SECTION: &str = "strategies";
 /// World sizes of the section.
 pub const WORLDS: [usize; 3] = [2, 4, 8];
+/// World sizes measured: the one-rank baseline, then [`WORLDS`].
+pub const MEASURED_WORLDS: [usize; 4] = [1, 2, 4, 8];
 /// Dense attention's lengths counted from the formulas.
 pub const FORMULA_SEQS: [usize; 2] = [16 * 1024, 256 * 1024];
 /// The measured dense length (under `--full`).
 pub const DENSE_SEQ: usize = 16 * 1024;
 
 /// The strategies compared on `world` ranks: ring, all-gather, Ulysses, the hybrids of
-/// degree 2 and 4 where the degree is below the world and divides it, and Auto.
+/// degree 2 and 4 where the degree is below the world and divides it, and Auto; on one
+/// rank every strategy is the same local call, so the ring alone.
 pub fn strategies(world: usize) -> Vec<Strategy> {
+    if world == 1 {
+        return vec![Strategy::Ring];
+    }
     let mut out = vec![Strategy::Ring, Strategy::AllGather, Strategy::Ulysses];
     out.extend(
         [2, 4]
@@ -51,14 +58,14 @@ pub fn dense(n: usize) -> CaseSpec {
 
 /// Every case of the section, in run order: the bench patterns at every world and
 /// strategy (the suite's timing), under `--full` dense attention at [`DENSE_SEQ`] too (its
-/// first call alone). The quick suite measures `P` = 4 only.
+/// first call alone). The quick suite measures `P` = 1 and 4 only.
 pub fn cases(size: SuiteSize) -> Vec<(CaseSpec, Timing)> {
     let mut bases =
         vec![(CaseSpec::dilated(Implementation::Cpu, pattern_seq(size), &SEGMENTS, &DILATIONS), Timing::Suite)];
     if size == SuiteSize::Full {
         bases.push((dense(DENSE_SEQ), Timing::FirstCallOnly));
     }
-    let worlds: &[usize] = if size == SuiteSize::Quick { &[4] } else { &WORLDS };
+    let worlds: &[usize] = if size == SuiteSize::Quick { &[1, 4] } else { &MEASURED_WORLDS };
     let mut out = Vec::new();
     for (base, timing) in &bases {
         for &p in worlds {
@@ -91,8 +98,10 @@ mod tests {
                 attn_ring::Plan::new(problem).unwrap();
             }
             let dense_rows = cases.iter().filter(|(s, _)| s.segments == [s.seq_len]).count();
-            assert_eq!(dense_rows, if size == SuiteSize::Full { 15 } else { 0 }, "{size:?}");
+            assert_eq!(dense_rows, if size == SuiteSize::Full { 16 } else { 0 }, "{size:?}");
         }
-        assert_eq!(cases(SuiteSize::Default).len(), 4 + 5 + 6);
+        assert_eq!(strategies(1), [Strategy::Ring]);
+        assert_eq!(cases(SuiteSize::Default).len(), 1 + 4 + 5 + 6);
+        assert_eq!(cases(SuiteSize::Quick).len(), 1 + 5);
     }
 }

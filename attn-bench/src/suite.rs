@@ -292,6 +292,9 @@ fn write_report(
     } else {
         Vec::new()
     };
+    let strategies = results.includes(crate::strategies::SECTION);
+    let charts =
+        charts.into_iter().chain(strategies.then(|| crate::strategies_report::bytes_chart(&results.measurements)));
     for chart in charts {
         match plots::render(dir, &chart) {
             Ok(files) => plot_files.extend(files),
