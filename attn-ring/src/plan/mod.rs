@@ -195,15 +195,6 @@ impl RingProblem {
     pub(crate) fn block_row(&self, b: usize, h: usize) -> Option<HeadBlockMask<'_>> {
         self.masks.block_mask().map(|m| HeadBlockMask { mask: m.view(), batch: b, head: h })
     }
-
-    /// `Unsupported` for a block mask, for the runners that do not compute one (the chunk
-    /// ring), alike on every rank.
-    pub(crate) fn refuse_block_mask(&self, backend: &'static str) -> Result<()> {
-        if self.masks.block_mask().is_some() {
-            return Err(AttnError::Unsupported { backend, feature: attn_core::Feature::BlockMask });
-        }
-        Ok(())
-    }
 }
 
 /// One (pattern, head) pair: the head's pattern with its offset. In the plan's wire
