@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use attn_core::{AttnError, AttnShape, Masks, PackedSequences, Shape4, TensorName};
-use attn_kernels::cuda::{CudaDevice as Kernels, CudaElement, DeviceBlock, DeviceBlockMask, DeviceKeyPadding, DeviceSaved};
+use attn_kernels::cuda::{
+    CudaDevice as Kernels, CudaElement, DeviceBlock, DeviceBlockMask, DeviceKeyPadding, DeviceSaved,
+};
 use attn_kernels::cuda::{DeviceTensor, Foreign, backward_call, foreign_tensor, forward_call_into};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaDType;
@@ -107,7 +109,11 @@ impl CallMasks<'_> {
 
 /// The shapes of q, k, v checked against the config, and the masks against the shapes:
 /// the key padding mask and the block mask uploaded, and the packed sequences.
-fn checked_masks<'a>(kernels: &Kernels, options: &'a AttnOptions, dims: [&[usize]; 3]) -> attn_core::Result<CallMasks<'a>> {
+fn checked_masks<'a>(
+    kernels: &Kernels,
+    options: &'a AttnOptions,
+    dims: [&[usize]; 3],
+) -> attn_core::Result<CallMasks<'a>> {
     let shape = AttnShape::of_call(&options.config, dims)?;
     let masks = options.masks();
     Masks::check_sizes(masks.key_padding.map(|m| (m.batch(), m.seq())), masks.packing, &shape)?;

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use attn_core::error::TensorName;
 use attn_core::{AttnError, PackedSequences, Result, Shape4};
 use attn_kernels::cuda::{
-    CudaDevice, CudaElement, DeviceBlock, DeviceBlockMask, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor,
-    DeviceUpstream, backward_block_into, delta, finish_forward, forward_block, store_scaled,
+    CudaDevice, CudaElement, DeviceBlock, DeviceBlockMask, DeviceGradsMut, DeviceKeyPadding, DevicePartial,
+    DeviceTensor, DeviceUpstream, backward_block_into, delta, finish_forward, forward_block, store_scaled,
 };
 use cudarc::driver::CudaSlice;
 
