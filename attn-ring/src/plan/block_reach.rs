@@ -3,7 +3,8 @@
 //! way, or straight to one all-gather receiver, only if some query block a receiver
 //! holds keeps that row's block, in some batch and some query head reading the wire
 //! pair, and the pattern's segment and band let those queries reach it. Without a block
-//! mask the plan's unmasked regions stand.
+//! mask the plan's unmasked regions stand. [`Plan::new`] calls [`Plan::mask_need`] on
+//! its need table and keeps [`Plan::masked_ranges`].
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -11,7 +12,7 @@ use std::ops::Range;
 use attn_core::{BlockMask, HeadPatterns, PlacedPattern};
 
 use crate::plan::ring_route::Way;
-use crate::plan::{PatternHead, Plan, RingProblem, merge_ranges, shared_region};
+use crate::plan::{MaskedRanges, PatternHead, Plan, RingProblem, merge_ranges, shared_region};
 
 /// Kept (query block, key block) tiles of one wire pair: the OR over the mask's batches
 /// and the query heads reading the pair.
@@ -97,71 +98,56 @@ impl<'a> Reach<'a> {
     }
 }
 
-/// Under a block mask, clear `need[i][o][r]` where no kept block of `r` reaches a key of
-/// `o` for any (key/value head, offset) pair of pattern `i`, so blocks travel only as far
-/// as their receivers (and nothing moves where the mask keeps nothing across ranks).
-pub(crate) fn mask_need(problem: &RingProblem, query_patterns: &[HeadPatterns], need: &mut [Vec<Vec<bool>>]) {
-    let Some(mut reach) = Reach::new(problem, query_patterns) else { return };
-    let group = problem.group();
-    let mut pairs: Vec<PatternHead> = Vec::new();
-    for (head, hp) in query_patterns.iter().enumerate() {
-        for &(pattern, pat) in &hp.patterns {
-            let ph = PatternHead { pattern, head: head / group, pat };
-            if !pairs.contains(&ph) {
-                pairs.push(ph);
+impl Plan {
+    /// Under a block mask, clear `need[i][o][r]` where no kept block of `r` reaches a key
+    /// of `o` for any (key/value head, offset) pair of pattern `i`, so blocks travel only
+    /// as far as their receivers (and nothing moves where the mask keeps nothing across
+    /// ranks).
+    pub(super) fn mask_need(problem: &RingProblem, query_patterns: &[HeadPatterns], need: &mut [Vec<Vec<bool>>]) {
+        let Some(mut reach) = Reach::new(problem, query_patterns) else { return };
+        let group = problem.group();
+        let mut pairs: Vec<PatternHead> = Vec::new();
+        for (head, hp) in query_patterns.iter().enumerate() {
+            for &(pattern, pat) in &hp.patterns {
+                let ph = PatternHead { pattern, head: head / group, pat };
+                if !pairs.contains(&ph) {
+                    pairs.push(ph);
+                }
+            }
+        }
+        for (i, by_owner) in need.iter_mut().enumerate() {
+            for (o, by_receiver) in by_owner.iter_mut().enumerate() {
+                for (r, needed) in by_receiver.iter_mut().enumerate().filter(|(_, x)| **x) {
+                    *needed =
+                        pairs.iter().filter(|ph| ph.pattern == i).any(|ph| !reach.kept_keys(o, &[r], ph).is_empty());
+                }
             }
         }
     }
-    for (i, by_owner) in need.iter_mut().enumerate() {
-        for (o, by_receiver) in by_owner.iter_mut().enumerate() {
-            for (r, needed) in by_receiver.iter_mut().enumerate().filter(|(_, x)| **x) {
-                *needed = pairs.iter().filter(|ph| ph.pattern == i).any(|ph| !reach.kept_keys(o, &[r], ph).is_empty());
-            }
-        }
-    }
-}
 
-/// Per wire pair, the global key ranges each owner sends under a block mask: per (way,
-/// owner) for the ring pairs, per (owner, receiver) for the all-gather pairs.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct BlockReach {
-    ring: HashMap<(usize, usize, PatternHead), Vec<Range<usize>>>,
-    gather: HashMap<(usize, usize, PatternHead), Vec<Range<usize>>>,
-}
-
-impl BlockReach {
-    /// The ranges of `plan`'s block mask, `None` without one.
-    pub(crate) fn new(plan: &Plan) -> Option<Self> {
-        let mut reach = Reach::new(&plan.problem, &plan.query_patterns)?;
-        let p = plan.problem.world;
-        let mut out = BlockReach::default();
-        for ph in &plan.ring_heads {
+    /// Under a block mask, the key ranges each owner sends per wire pair (per way for the
+    /// ring pairs, per receiver for the all-gather pairs); `None` without one.
+    pub(super) fn masked_ranges(&self) -> Option<MaskedRanges> {
+        let mut reach = Reach::new(&self.problem, &self.query_patterns)?;
+        let p = self.problem.world;
+        let mut out = MaskedRanges::default();
+        for ph in &self.ring_heads {
             for o in 0..p {
                 for way in Way::BOTH {
                     let receivers: Vec<usize> =
-                        (0..p).filter(|&r| plan.need[ph.pattern][o][r] && way_of(plan, o, r) == way).collect();
+                        (0..p).filter(|&r| self.need[ph.pattern][o][r] && way_of(self, o, r) == way).collect();
                     out.ring.insert((way.index(), o, *ph), reach.kept_keys(o, &receivers, ph));
                 }
             }
         }
-        for ph in &plan.gather_heads {
+        for ph in &self.gather_heads {
             for o in 0..p {
-                for r in (0..p).filter(|&r| r != o && plan.need[ph.pattern][o][r]) {
+                for r in (0..p).filter(|&r| r != o && self.need[ph.pattern][o][r]) {
                     out.gather.insert((o, r, *ph), reach.kept_keys(o, &[r], ph));
                 }
             }
         }
         Some(out)
-    }
-
-    /// Owner `o`'s key ranges travelling `way` for ring pair `ph`.
-    pub(crate) fn ring(&self, way: Way, o: usize, ph: &PatternHead) -> &[Range<usize>] {
-        self.ring.get(&(way.index(), o, *ph)).map_or(&[], Vec::as_slice)
-    }
-
-    /// Owner `o`'s key ranges sent straight to `r` for all-gather pair `ph`.
-    pub(crate) fn gather(&self, o: usize, r: usize, ph: &PatternHead) -> &[Range<usize>] {
-        self.gather.get(&(o, r, *ph)).map_or(&[], Vec::as_slice)
     }
 }
 

@@ -15,6 +15,7 @@ pub mod ring_route;
 mod traffic;
 pub(crate) mod workspace;
 
+use std::collections::HashMap;
 use std::ops::Range;
 
 use attn_core::error::TensorName;
@@ -24,7 +25,6 @@ use attn_core::{
 
 use attn_kernels::block::HeadBlockMask;
 
-use crate::plan::block_reach::BlockReach;
 use crate::plan::head_counts::PatternHeads;
 use crate::plan::layout::Layout;
 use crate::plan::ring_route::{Way, route};
@@ -226,14 +226,23 @@ pub struct Plan {
     /// Every query head's patterns.
     pub(crate) query_patterns: Vec<HeadPatterns>,
     /// Under a block mask, the key ranges each owner sends per wire pair (narrower than
-    /// `ring_regions` and the all-gather regions).
-    block_reach: Option<BlockReach>,
+    /// `ring_regions` and the all-gather regions; [`Plan::masked_ranges`]).
+    block_reach: Option<MaskedRanges>,
     /// Key rows per piece of the direct all-gather forward, computed on first use
     /// (`Plan::piece_rows`, in `pieces`).
     pub(crate) piece_rows_once: std::sync::OnceLock<usize>,
     /// The head split the call runs (Ulysses, hybrid, or `Auto`'s pick), if any, decided
     /// on first use (`Plan::head_split`, in `choose`).
     pub(crate) head_split_once: std::sync::OnceLock<Option<heads_split::HeadSplit>>,
+}
+
+/// Under a block mask, the global key ranges each owner sends per wire pair: per (way
+/// index, owner, pair) for the ring pairs, per (owner, receiver, pair) for the all-gather
+/// pairs (filled by [`Plan::masked_ranges`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MaskedRanges {
+    pub(crate) ring: HashMap<(usize, usize, PatternHead), Vec<Range<usize>>>,
+    pub(crate) gather: HashMap<(usize, usize, PatternHead), Vec<Range<usize>>>,
 }
 
 /// Positions of range `a` (owner) that share a segment (of `seg`'s pattern, in the
@@ -336,7 +345,7 @@ impl Plan {
             }
         }
         let query_patterns: Vec<HeadPatterns> = (0..heads).map(|head| cfg.head_patterns(heads, head)).collect();
-        block_reach::mask_need(&problem, &query_patterns, &mut need);
+        Plan::mask_need(&problem, &query_patterns, &mut need);
         for (i, ph) in pattern_heads.iter().enumerate() {
             for (r, rows) in own[i].iter_mut().enumerate() {
                 *rows = ph.heads() * layout.rows(n, p, r);
@@ -422,7 +431,7 @@ impl Plan {
             piece_rows_once: std::sync::OnceLock::new(),
             head_split_once: std::sync::OnceLock::new(),
         };
-        plan.block_reach = BlockReach::new(&plan);
+        plan.block_reach = plan.masked_ranges();
         Ok(plan)
     }
 
@@ -480,7 +489,7 @@ impl Plan {
     /// only those some receiver's kept blocks reach).
     fn ring_ranges(&self, way: Way, o: usize, ph: &PatternHead) -> &[Range<usize>] {
         match &self.block_reach {
-            Some(reach) => reach.ring(way, o, ph),
+            Some(m) => m.ring.get(&(way.index(), o, *ph)).map_or(&[], Vec::as_slice),
             None => &self.ring_regions[way.index()][ph.pattern][o],
         }
     }
@@ -489,7 +498,7 @@ impl Plan {
     /// mask, only those `r`'s kept blocks reach).
     pub(crate) fn gather_ranges(&self, o: usize, r: usize, ph: &PatternHead) -> Vec<Range<usize>> {
         match &self.block_reach {
-            Some(reach) => reach.gather(o, r, ph).to_vec(),
+            Some(m) => m.gather.get(&(o, r, *ph)).cloned().unwrap_or_default(),
             None => self.gather_regions(o, r, ph.pattern),
         }
     }
