@@ -6,7 +6,7 @@
 //! buffers on in process; f32 and f16 at world size 2 in one round, staged as bytes (the
 //! emulation runs a 128-thread block per tile on one core, so the sweep is sized to stay
 //! within minutes); every file of `conformance/blocks` (block masks, read by the row
-//! kernels) in bf16 at world size 2, both layouts, in two rounds. Needs a C++20 compiler (`$CXX`, default `g++`); without one the test
+//! kernels) in bf16 at world size 2, zigzag, in two rounds. Needs a C++20 compiler (`$CXX`, default `g++`); without one the test
 //! fails, naming it.
 #![cfg(feature = "cuda")]
 
@@ -215,14 +215,16 @@ fn emulated<T>(
     }
 }
 
-/// Every block mask file, bf16, world 2, both layouts, in two rounds.
+/// Every block mask file, bf16, world 2, zigzag (each rank's rows in two runs, so blocks
+/// start off the mask's block edges), in two rounds; sampled to one layout for CI time
+/// (about 25 CPU seconds for both), the CPU chunk ring runs both at every world size.
 #[test]
 fn emulated_cuda_chunk_ring_block_masks() {
-    let (opts, setups) = (ChunkOptions::with_rounds(2).unwrap(), both_layouts(2));
-    let runs = chunk_sweep_setups("blocks", 8, &setups, |world, layout| {
+    let opts = ChunkOptions::with_rounds(2).unwrap();
+    let runs = chunk_sweep_setups("blocks", 8, &[(2, Layout::Zigzag)], |world, layout| {
         emulated::<bf16>((world, layout), Moves::InProcess, opts)
     });
-    assert_eq!(runs, 8 * 2);
+    assert_eq!(runs, 8);
 }
 
 fn sweep<T: CudaElement>(moves: Moves, opts: ChunkOptions, setups: &[(usize, Layout)]) {
