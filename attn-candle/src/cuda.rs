@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use attn_core::{AttnError, AttnShape, Masks, PackedSequences, Shape4, TensorName};
-use attn_kernels::cuda::{CudaDevice as Kernels, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceSaved};
+use attn_kernels::cuda::{
+    CudaDevice as Kernels, CudaElement, DeviceBlock, DeviceBlockMask, DeviceKeyPadding, DeviceSaved,
+};
 use attn_kernels::cuda::{DeviceTensor, Foreign, backward_call, foreign_tensor, forward_call_into};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaDType;
@@ -79,21 +81,48 @@ fn input<'a, T: DeviceElement>(
     Ok((tensor, guard))
 }
 
+/// A call's shapes and its masks on the device.
+struct CallMasks<'a> {
+    shape: AttnShape,
+    key_padding: Option<DeviceKeyPadding>,
+    packing: Option<PackedSequences<'a>>,
+    /// Read by the row kernels (the launch plan routes masked blocks to them).
+    block: Option<DeviceBlockMask>,
+}
+
+impl CallMasks<'_> {
+    /// A block of the call on q and k, v (at position 0) under these masks.
+    fn block<'b, T: CudaElement>(
+        &'b self,
+        options: &'b AttnOptions,
+        q: &'b DeviceTensor<T>,
+        (k, v): (&'b DeviceTensor<T>, &'b DeviceTensor<T>),
+    ) -> DeviceBlock<'b, T> {
+        DeviceBlock {
+            key_padding: self.key_padding.as_ref(),
+            packing: self.packing,
+            block_mask: self.block.as_ref(),
+            ..DeviceBlock::new(&options.config, (q, 0), (k, v, 0))
+        }
+    }
+}
+
 /// The shapes of q, k, v checked against the config, and the masks against the shapes:
-/// the key padding mask uploaded, and the packed sequences.
+/// the key padding mask and the block mask uploaded, and the packed sequences.
 fn checked_masks<'a>(
     kernels: &Kernels,
     options: &'a AttnOptions,
     dims: [&[usize]; 3],
-) -> attn_core::Result<(AttnShape, Option<DeviceKeyPadding>, Option<PackedSequences<'a>>)> {
+) -> attn_core::Result<CallMasks<'a>> {
     let shape = AttnShape::of_call(&options.config, dims)?;
     let masks = options.masks();
-    if masks.block.is_some() {
-        return Err(AttnError::Unsupported { backend: "cuda", feature: attn_core::Feature::BlockMask });
-    }
     Masks::check_sizes(masks.key_padding.map(|m| (m.batch(), m.seq())), masks.packing, &shape)?;
-    let mask = masks.key_padding.map(|m| DeviceKeyPadding::upload(kernels, &m)).transpose()?;
-    Ok((shape, mask, masks.packing))
+    if let Some(b) = masks.block {
+        b.check(&shape, masks.packing)?;
+    }
+    let key_padding = masks.key_padding.map(|m| DeviceKeyPadding::upload(kernels, &m)).transpose()?;
+    let block = masks.block.map(|m| DeviceBlockMask::upload(kernels, &m)).transpose()?;
+    Ok(CallMasks { shape, key_padding, packing: masks.packing, block })
 }
 
 /// A new contiguous tensor on `dev` holding `t`'s memory.
@@ -112,13 +141,12 @@ pub(crate) fn forward<T: DeviceElement>(
     let dev = s1.device();
     let kernels = kernels_on(dev).map_err(to_candle)?;
     let stream = kernels.stream().clone();
-    let (shape, mask, packing) =
-        checked_masks(&kernels, options, [l1.dims(), l2.dims(), l3.dims()]).map_err(to_candle)?;
+    let masks = checked_masks(&kernels, options, [l1.dims(), l2.dims(), l3.dims()]).map_err(to_candle)?;
+    let shape = masks.shape;
     let (q, _q_read) = input::<T>(&kernels, &stream, TensorName::Query, s1, l1)?;
     let (k, _k_read) = input::<T>(&kernels, &stream, TensorName::Key, s2, l2)?;
     let (v, _v_read) = input::<T>(&kernels, &stream, TensorName::Value, s3, l3)?;
-    let block =
-        DeviceBlock { key_padding: mask.as_ref(), packing, ..DeviceBlock::new(&options.config, (&q, 0), (&k, &v, 0)) };
+    let block = masks.block(options, &q, (&k, &v));
     let mut out = DeviceTensor::<T>::zeros(&kernels, shape.q).map_err(to_candle)?;
     let mut lse = stream.alloc_zeros::<f32>(shape.q.lse_len()).map_err(|e| to_candle(AttnError::backend("cuda", e)))?;
     forward_call_into(&kernels, &block, &mut out, &mut lse).map_err(to_candle)?;
@@ -149,7 +177,8 @@ pub(crate) fn backward<T: DeviceElement>(
     let dev = sq.device();
     let kernels = kernels_on(dev).map_err(to_candle)?;
     let stream = kernels.stream().clone();
-    let (shape, mask, packing) = checked_masks(&kernels, options, [q.dims(), k.dims(), v.dims()]).map_err(to_candle)?;
+    let masks = checked_masks(&kernels, options, [q.dims(), k.dims(), v.dims()]).map_err(to_candle)?;
+    let shape = masks.shape;
     let lse_slice = cuda_storage(TensorName::Lse, &lse_storage)?.as_cuda_slice::<f32>()?;
     if !lse_layout.is_contiguous() || lse_layout.start_offset() != 0 || lse_slice.len() != shape.q.lse_len() {
         return fail(AttnError::InvalidArgument("the kept LSE is not the forward's contiguous tensor".into()));
@@ -174,11 +203,7 @@ pub(crate) fn backward<T: DeviceElement>(
     let (fv, _v_read) = input::<T>(&kernels, &stream, names[2], sv, locked[2].1)?;
     let (fo, _o_read) = input::<T>(&kernels, &stream, names[3], so, locked[3].1)?;
     let (fg, _g_read) = input::<T>(&kernels, &stream, names[4], sg, locked[4].1)?;
-    let block = DeviceBlock {
-        key_padding: mask.as_ref(),
-        packing,
-        ..DeviceBlock::new(&options.config, (&fq, 0), (&fk, &fv, 0))
-    };
+    let block = masks.block(options, &fq, (&fk, &fv));
     let zeros = |s: Shape4| DeviceTensor::<T>::zeros(&kernels, s).map_err(to_candle);
     let (mut dq, mut dk, mut dv) = (zeros(shape.q)?, zeros(shape.kv)?, zeros(shape.kv)?);
     let saved = DeviceSaved { out: &fo, lse: lse_slice };

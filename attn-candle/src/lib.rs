@@ -27,8 +27,8 @@
 //!
 //! # Features
 //! Grouped key/value heads follow from k and v having fewer heads than q; key
-//! padding, packed sequences (`cu_seqlens`), a block mask (computed on the CPU kernels;
-//! the CUDA path refuses it), windows, mixing and causality come in [`AttnOptions`] and
+//! padding, packed sequences (`cu_seqlens`), a block mask (on a CUDA device uploaded
+//! and read by the row kernels), windows, mixing and causality come in [`AttnOptions`] and
 //! its [`attn_core::DilatedConfig`].
 //!
 //! # Ring attention

@@ -1,6 +1,6 @@
 //! The op on tensors of a CUDA device (feature `cuda`): the golden files through the CUDA
 //! kernels in f32, bf16 and f16 and both layouts (forward, LSE and candle-autograd
-//! gradients); random feature cases on the GPU within the f32 row bound of the same case
+//! gradients), the block-mask files too (the mask uploaded and read by the row kernels); random feature cases on the GPU within the f32 row bound of the same case
 //! on the host (a planted error fails it); grouped K/V results and gradients stay on the
 //! device and equal the host's; views that start off a 16-byte boundary give the output
 //! bits of contiguous copies (gradients up to the order of f32 atomic adds); a host backend refuses CUDA tensors. Without a GPU each test skips, and fails under
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use attn_candle::{AttnOptions, attention_on, dilated_attention_with_lse};
 use attn_core::DilatedConfig;
 use attn_testkit::feature_case;
-use attn_testkit::golden::assert_attention_dirs_pass;
+use attn_testkit::golden::{assert_attention_dirs_pass, assert_block_dir_passes};
 use attn_testkit::skip_gpu_test;
 use candle_core::{DType, Device, Tensor};
 use common::{CandleOp, Layout, agree, run_op, run_op_on};
@@ -36,6 +36,16 @@ fn golden_files_pass_on_a_cuda_device() {
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         for layout in [Layout::Bshd, Layout::Bhsd] {
             assert_attention_dirs_pass(&CandleOp { dtype, layout, device: device.clone() });
+        }
+    }
+}
+
+#[test]
+fn block_mask_files_pass_on_a_cuda_device() {
+    let Some(device) = gpu("block_mask_files_pass_on_a_cuda_device") else { return };
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for layout in [Layout::Bshd, Layout::Bhsd] {
+            assert_block_dir_passes(&CandleOp { dtype, layout, device: device.clone() });
         }
     }
 }

@@ -22,10 +22,11 @@ mod imp {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
 
-    use attn_core::{AttnError, AttnShape, DilatedConfig, Feature, Masks, PackedSequences, Result, TensorName};
+    use attn_core::{AttnError, AttnShape, BlockMaskBuf, DilatedConfig, Masks, PackedSequences, Result, TensorName};
+    use attn_kernels::cuda::DeviceTensor;
     use attn_kernels::cuda::backward_scratch_lens;
     use attn_kernels::cuda::{BackwardScratch, Foreign, RawStream, backward_call, backward_call_in, forward_call_into};
-    use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceKeyPadding, DeviceSaved, DeviceTensor};
+    use attn_kernels::cuda::{CudaDevice, CudaElement, DeviceBlock, DeviceBlockMask, DeviceKeyPadding, DeviceSaved};
     use attn_kernels::cuda::{foreign_key_padding, foreign_slice, foreign_tensor};
     use pyo3::Python;
 
@@ -117,40 +118,53 @@ mod imp {
         cu.as_deref().map(PackedSequences::new).transpose()
     }
 
+    /// A call's masks, checked: the key padding mask, the sequence offsets and the block
+    /// mask (a host tensor, the wrapper's copy: its values are checked here and it is
+    /// uploaded on the call's stream).
+    struct CallMasks {
+        mask: Mask,
+        cu: Option<Vec<usize>>,
+        block: Option<BlockMaskBuf>,
+    }
+
     /// What both passes check besides their own tensors: the key padding mask (apart
-    /// from the `written` buffers), `cu_seqlens`, and q, k, v against the config and the
-    /// masks' sizes. Returns the mask and the sequence offsets.
+    /// from the `written` buffers), `cu_seqlens`, the block mask, and q, k, v against the
+    /// config and the masks' sizes.
     fn checked_masks(
         cfg: &DilatedConfig,
         [q, k, v]: [&Checked; 3],
         mask_args: &MaskArgs,
         written: &[&Checked],
-    ) -> Result<(Mask, Option<Vec<usize>>)> {
-        if read_block_mask(mask_args, written)?.is_some() {
-            return Err(AttnError::Unsupported { backend: "cuda", feature: Feature::BlockMask });
-        }
+    ) -> Result<CallMasks> {
+        let block = read_block_mask(mask_args, written)?;
         let mask = Mask::check(mask_args, written)?;
         let cu = cu_seqlens(mask_args)?;
         let shape = AttnShape::of_call(cfg, [q.dims(), k.dims(), v.dims()])?;
         Masks::check_sizes(mask.sizes(), packing(&cu)?, &shape)?;
-        Ok((mask, cu))
+        if let Some(b) = &block {
+            b.view().check(&shape, packing(&cu)?)?;
+        }
+        Ok(CallMasks { mask, cu, block })
     }
 
-    /// q, k, v and the mask of a call as foreign handles on one device.
+    /// q, k, v and the key padding mask of a call as foreign handles on one device, and
+    /// the block mask uploaded to it.
     struct DeviceInputs<T: CudaElement> {
         q: Foreign<DeviceTensor<T>>,
         k: Foreign<DeviceTensor<T>>,
         v: Foreign<DeviceTensor<T>>,
         mask: Option<Foreign<DeviceKeyPadding>>,
+        block_mask: Option<DeviceBlockMask>,
     }
 
     impl<T: CudaElement> DeviceInputs<T> {
-        fn wrap(dev: &CudaDevice, [q, k, v]: [&Checked; 3], mask: &Mask) -> Result<Self> {
+        fn wrap(dev: &CudaDevice, [q, k, v]: [&Checked; 3], masks: &CallMasks) -> Result<Self> {
             Ok(DeviceInputs {
                 q: wrap(dev, q, TensorName::Query)?,
                 k: wrap(dev, k, TensorName::Key)?,
                 v: wrap(dev, v, TensorName::Value)?,
-                mask: mask.wrap(dev)?,
+                mask: masks.mask.wrap(dev)?,
+                block_mask: masks.block.as_ref().map(|b| DeviceBlockMask::upload(dev, &b.view())).transpose()?,
             })
         }
 
@@ -159,6 +173,7 @@ mod imp {
             DeviceBlock {
                 key_padding: self.mask.as_deref(),
                 packing,
+                block_mask: self.block_mask.as_ref(),
                 ..DeviceBlock::new(cfg, (&*self.q, 0), (&*self.k, &*self.v, 0))
             }
         }
@@ -184,15 +199,15 @@ mod imp {
         let [q, k, v, out, lse] = checked_forward::<T>(args)?;
         written(&out, q.dims())?;
         written(&lse, &lse_dims(&q))?;
-        let (mask, cu) = checked_masks(cfg, [&q, &k, &v], mask_args, &[&out, &lse])?;
+        let masks = checked_masks(cfg, [&q, &k, &v], mask_args, &[&out, &lse])?;
         py.detach(|| {
             let dev = on_stream(at)?;
-            let inputs = DeviceInputs::<T>::wrap(&dev, [&q, &k, &v], &mask)?;
+            let inputs = DeviceInputs::<T>::wrap(&dev, [&q, &k, &v], &masks)?;
             let mut fout = wrap::<T>(&dev, &out, TensorName::Output)?;
             let (at, len) = lse.device_span();
             // SAFETY: as in `wrap`: the checked, contiguous f32 lse tensor.
             let mut flse = unsafe { foreign_slice::<f32>(&dev, TensorName::Lse, at, len) }?;
-            forward_call_into(&dev, &inputs.block(cfg, packing(&cu)?), &mut fout, &mut flse)
+            forward_call_into(&dev, &inputs.block(cfg, packing(&masks.cu)?), &mut fout, &mut flse)
         })
     }
 
@@ -223,10 +238,10 @@ mod imp {
         written(&dq, q.dims())?;
         written(&dk, k.dims())?;
         written(&dv, v.dims())?;
-        let (mask, cu) = checked_masks(cfg, [&q, &k, &v], mask_args, &[&dq, &dk, &dv])?;
+        let masks = checked_masks(cfg, [&q, &k, &v], mask_args, &[&dq, &dk, &dv])?;
         py.detach(|| {
             let dev = on_stream(at)?;
-            let inputs = DeviceInputs::<T>::wrap(&dev, [&q, &k, &v], &mask)?;
+            let inputs = DeviceInputs::<T>::wrap(&dev, [&q, &k, &v], &masks)?;
             let w = |c: &Checked, name| wrap::<T>(&dev, c, name);
             let (fout, fgo) = (w(&out, TensorName::Output)?, w(&grad_out, TensorName::GradOutput)?);
             let (mut fdq, mut fdk, mut fdv) =
@@ -244,7 +259,7 @@ mod imp {
             };
             let saved = DeviceSaved { out: &fout, lse: &flse };
             let grads = [&mut *fdq, &mut *fdk, &mut *fdv];
-            let block = inputs.block(cfg, packing(&cu)?);
+            let block = inputs.block(cfg, packing(&masks.cu)?);
             let Some(scratch) = &scratch else {
                 return backward_call(&dev, &block, saved, &fgo, fglse.as_deref(), grads);
             };

@@ -1,4 +1,5 @@
-"""The op, its gradients and the layer on CUDA tensors: every conformance file, random
+"""The op, its gradients and the layer on CUDA tensors: every conformance file (the
+block-mask files too, and a removed block failing the judge), random
 configurations against the float64 composition in float32, bfloat16 and float16 (grouped
 K/V, key padding, packed sequences, windows, cross-attention, strided layouts; each
 result judged whole and row by row, LSEs included: `checks`), the layer against the
@@ -21,8 +22,9 @@ import torch
 import attn_dilated as ad
 from gpu_policy import required_gpus, skip_gpu_test
 from checks import assert_close, assert_lse
+from conftest import CONFORMANCE
 from test_compile import BACKWARD, OP, layer_run, problem, run
-from test_golden import assert_lse_vector, config_args, files, masks, read
+from test_golden import assert_lse_vector, block_args, config_args, files, masks, read
 from test_modules import judge_layer, reference_layer
 from test_op import make_case, run_case
 
@@ -87,8 +89,9 @@ def test_the_cuda_entry_checks_before_touching_the_device():
     d = lambda t: (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype)[6:])
     cfg = ad.make_config([16], [1])
 
-    def call(q=q, k=k, v=v, out=out, mask=None, cu=None):
-        ad._native.forward(cfg, d(q), d(k), d(v), d(out), d(lse), None if mask is None else d(mask), cu, 1, (0, 0))
+    def call(q=q, k=k, v=v, out=out, mask=None, cu=None, blocks=None, block_size=None):
+        m, b = (None if x is None else d(x) for x in (mask, blocks))
+        ad._native.forward(cfg, d(q), d(k), d(v), d(out), d(lse), m, cu, 1, (0, 0), b, block_size)
 
     with pytest.raises(ValueError, match=r"key_padding_mask has shape \[1, 31\] but \[1, 32\]"):
         call(mask=torch.zeros(1, 31, dtype=torch.bool))
@@ -98,6 +101,64 @@ def test_the_cuda_entry_checks_before_touching_the_device():
         call(k=k[:, :, :3].contiguous(), v=v[:, :, :3].contiguous())
     with pytest.raises(ValueError, match="not the contiguous"):
         call(out=torch.empty(1, 4, 32, 8).transpose(1, 2))
+    # The block mask (a host tensor: the wrapper's copy) is read and checked here too.
+    ones = lambda *shape: torch.ones(*shape, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="block mask is invalid: 3 x 4 blocks where the call at block_size 8 needs 4 x 4"):
+        call(blocks=ones(1, 1, 3, 4), block_size=8)
+    with pytest.raises(ValueError, match="block mask is invalid: heads 2 where 1 or the 4 query heads"):
+        call(blocks=ones(1, 2, 4, 4), block_size=8)
+    with pytest.raises(ValueError, match="block mask is invalid: entry 5 is 2"):
+        bad = ones(1, 1, 4, 4)
+        bad.view(-1)[5] = 2
+        call(blocks=bad, block_size=8)
+    with pytest.raises(ValueError, match="block_mask needs block_size"):
+        call(blocks=ones(1, 1, 4, 4))
+
+
+def run_block_file_on(device, path, plant=None):
+    """A block-mask file through the op on `device`, judged against the file (forward,
+    LSE, gradients); `plant(mask)` may alter the block mask first."""
+    meta, t, rel_tol = read(path)
+    blocks = block_args(meta, t)
+    if plant is not None:
+        blocks["block_mask"] = plant(blocks["block_mask"].clone())
+    blocks["block_mask"] = blocks["block_mask"].to(device)
+    q, k, v = (t[x].to(device).requires_grad_() for x in ("q", "k", "v"))
+    m = masks(t)
+    if m["key_padding_mask"] is not None:
+        m["key_padding_mask"] = m["key_padding_mask"].to(device)
+    out, lse = ad.dilated_attention_with_lse(q, k, v, **config_args(meta), **m, **blocks)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), t["grad_out"].to(device))
+    assert out.device == lse.device == dq.device == dk.device == dv.device == device
+    assert_close("out", out, t["out"], rel_tol)
+    if "lse" in t:
+        assert_lse(lse, t["lse"], rel_tol)
+        assert_lse_vector(lse, t, meta)
+    for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert_close(name, got, t[name], rel_tol)
+
+
+def test_block_file_count_on_cuda():
+    assert len(files("blocks")) == 8
+
+
+@pytest.mark.parametrize("path", files("blocks"), ids=lambda p: f"blocks/{p.stem}")
+def test_block_mask_vectors_on_cuda(path, cuda):
+    run_block_file_on(cuda, path)
+
+
+def test_a_removed_block_fails_on_cuda(cuda):
+    """The local-window file with one kept block removed fails its judge on the GPU:
+    the kernels read the mask."""
+
+    def plant(mask):
+        assert mask[0, 0, 2, 3] == 1
+        mask[0, 0, 2, 3] = 0
+        return mask
+
+    path = CONFORMANCE / "blocks" / "bs_local_window.safetensors"
+    with pytest.raises(AssertionError, match="relative L2 error"):
+        run_block_file_on(cuda, path, plant)
 
 
 @pytest.mark.parametrize("path", files("dilated", "features"), ids=lambda p: f"{p.parent.name}/{p.stem}")

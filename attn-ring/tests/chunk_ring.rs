@@ -2,8 +2,9 @@
 //! `conformance/features`: whole pieces travelling over threads at world sizes 1..=8 in
 //! f32, 2..=4 in bf16 and f16, the emulated NCCL transport at 2..=4; slices in 3 rounds
 //! (both transports, 2..=5) and in more rounds than rows; the ring and all-gather
-//! strategies in 2 rounds (both transports, 2..=5); a fault or a disagreeing rank is a
-//! typed error on every rank.
+//! strategies in 2 rounds (both transports, 2..=5); every file of `conformance/blocks`
+//! (block masks) at 1..=8 and in 2 rounds along the ring and straight (2..=5); a fault or
+//! a disagreeing rank is a typed error on every rank.
 
 use crate::common;
 
@@ -74,6 +75,22 @@ fn chunk_ring_every_strategy_matches_every_golden_file() {
                 assert_eq!(runs, 9 * 4 * 2, "{dir} {strategy:?} {moves:?}");
             }
         }
+    }
+}
+
+/// Block masks: every file of `conformance/blocks`, whole pieces at world sizes 1..=8,
+/// and in 2 rounds along the ring and straight to each rank (in process, 2..=5).
+#[test]
+fn chunk_ring_matches_every_block_mask_file() {
+    assert_eq!(chunk_sweep("blocks", 8, &[1, 2, 3, 4, 5, 6, 7, 8], threads::<f32>), 8 * 8 * 2);
+    for strategy in [Strategy::Ring, Strategy::AllGather] {
+        let runs = chunk_sweep("blocks", 8, &[2, 3, 4, 5], |world, layout| ChunkBackend::<f32, _> {
+            strategy,
+            moves: Moves::InProcess,
+            opts: ChunkOptions::with_rounds(2).unwrap(),
+            ..threads::<f32>(world, layout)
+        });
+        assert_eq!(runs, 8 * 4 * 2, "{strategy:?}");
     }
 }
 

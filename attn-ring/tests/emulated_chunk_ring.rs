@@ -5,7 +5,8 @@
 //! `conformance/features`, both layouts: bf16 at world sizes 2..=4 in two rounds, handing
 //! buffers on in process; f32 and f16 at world size 2 in one round, staged as bytes (the
 //! emulation runs a 128-thread block per tile on one core, so the sweep is sized to stay
-//! within minutes). Needs a C++20 compiler (`$CXX`, default `g++`); without one the test
+//! within minutes); every file of `conformance/blocks` (block masks, read by the row
+//! kernels) in bf16 at world size 2, zigzag, in two rounds. Needs a C++20 compiler (`$CXX`, default `g++`); without one the test
 //! fails, naming it.
 #![cfg(feature = "cuda")]
 
@@ -17,7 +18,7 @@ use std::time::Duration;
 use attn_core::{AttnError, PackedSequences, Result, Shape4};
 use attn_kernels::cuda::CudaElement;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
-use attn_kernels::cuda::launch_plan::BlockGeometry;
+use attn_kernels::cuda::launch_plan::{BlockGeometry, BlockMaskShape};
 use attn_kernels::cuda::plan::out_scale;
 use attn_ring::chunk_ring::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkUpstream, HostRows};
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
@@ -51,10 +52,11 @@ struct Partial {
     lse: Vec<f32>,
 }
 
-/// Key padding flags and packed sequences.
+/// Key padding flags, packed sequences and the block mask (entries and sizes).
 struct Masks {
     kpad: Option<Vec<u8>>,
     cu_seqlens: Option<Vec<usize>>,
+    block: Option<(Vec<u8>, BlockMaskShape)>,
 }
 
 /// The CUDA chunk compute's steps on the emulation (`CudaChunks` on host buffers).
@@ -77,7 +79,7 @@ fn geometry<'a, T>(
         band: b.problem.cfg.band(),
         kpad_seq: b.masks.kpad.as_ref().map(|_| b.problem.seq),
         packing,
-        block_mask: None,
+        block_mask: b.masks.block.as_ref().map(|(_, shape)| *shape),
     }
 }
 
@@ -100,7 +102,8 @@ impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
     }
     fn masks(&self, problem: &RingProblem) -> Result<Masks> {
         let kpad = problem.masks.key_padding().map(|k| k.view().flags().iter().map(|&x| u8::from(x)).collect());
-        Ok(Masks { kpad, cu_seqlens: problem.masks.cu_seqlens().map(<[usize]>::to_vec) })
+        let block = problem.masks.block_mask().map(|m| (m.view().keep().to_vec(), BlockMaskShape::from(m.view())));
+        Ok(Masks { kpad, cu_seqlens: problem.masks.cu_seqlens().map(<[usize]>::to_vec), block })
     }
     fn empty_partial(&self, q: Shape4) -> Result<Partial> {
         Ok(Partial { out: Flat { shape: q, data: vec![0.0; q.numel()] }, lse: vec![f32::NEG_INFINITY; q.lse_len()] })
@@ -118,7 +121,7 @@ impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
             lse: None,
             delta: None,
             kpad: b.masks.kpad.as_deref(),
-            bmask: None,
+            bmask: b.masks.block.as_ref().map(|(keep, _)| keep.as_slice()),
         };
         let acc = HostAccs { q_acc: &mut p.out.data, lse: Some(&mut p.lse), dk: None, dv: None };
         emulator().forward_block(&geometry(b, None, packing), &args, acc)
@@ -157,7 +160,7 @@ impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
             lse: Some(&up.lse.data),
             delta: Some(&up.delta.data),
             kpad: b.masks.kpad.as_deref(),
-            bmask: None,
+            bmask: b.masks.block.as_ref().map(|(keep, _)| keep.as_slice()),
         };
         let acc = HostAccs { q_acc: &mut g.dq.data, lse: None, dk: Some(&mut g.dk.data), dv: Some(&mut g.dv.data) };
         emulator().backward_block(&geometry(b, Some(b.q.shape.contiguous_strides()), packing), &args, acc)
@@ -210,6 +213,18 @@ fn emulated<T>(
         compute: EmulatedChunks,
         dtype: PhantomData,
     }
+}
+
+/// Every block mask file, bf16, world 2, zigzag (each rank's rows in two runs, so blocks
+/// start off the mask's block edges), in two rounds; sampled to one layout for CI time
+/// (about 25 CPU seconds for both), the CPU chunk ring runs both at every world size.
+#[test]
+fn emulated_cuda_chunk_ring_block_masks() {
+    let opts = ChunkOptions::with_rounds(2).unwrap();
+    let runs = chunk_sweep_setups("blocks", 8, &[(2, Layout::Zigzag)], |world, layout| {
+        emulated::<bf16>((world, layout), Moves::InProcess, opts)
+    });
+    assert_eq!(runs, 8);
 }
 
 fn sweep<T: CudaElement>(moves: Moves, opts: ChunkOptions, setups: &[(usize, Layout)]) {

@@ -199,6 +199,14 @@ def call_native(entry, q: torch.Tensor, *args, **kwargs) -> None:
 BlockArgs = Tuple[Optional[torch.Tensor], Optional[int]]
 
 
+def host_blocks(blocks: BlockArgs) -> BlockArgs:
+    """The block mask on the host, where the native call reads it (a byte per tile: its
+    values are checked there, and on a CUDA call it is uploaded on the call's stream).
+    Kept in a name until the call returns: the native call reads its memory."""
+    mask, size = blocks
+    return (None if mask is None else mask.cpu().contiguous(), size)
+
+
 def block_kwargs(blocks: BlockArgs) -> dict:
     """The native call's `block_mask` (described) and `block_size` arguments."""
     mask, size = blocks
@@ -213,6 +221,7 @@ def forward(cfg, q, k, v, mask, cu, blocks: BlockArgs = (None, None)) -> Tuple[t
     lse = torch.empty((b, n, h), dtype=torch.float32, device=q.device)
     m = None if mask is None else describe(mask)
     args = (cfg, describe(q), describe(k), describe(v), describe(out), describe(lse), m, cu)
+    blocks = host_blocks(blocks)
     call_native(_native.forward, q, *args, **block_kwargs(blocks))
     return out, lse
 
@@ -233,6 +242,7 @@ def backward(
     # `lse.sum()`'s gradient over as an expanded, stride-0 view). Kept in a name until the
     # call returns: the kernels read its memory.
     gl = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
+    blocks = host_blocks(blocks)
     kwargs = {"grad_lse": None if gl is None else describe(gl), **block_kwargs(blocks)}
     if q.is_cuda:
         # The kernels' f32 scratch (dq, dk, dv accumulators, then delta) from torch's

@@ -257,7 +257,8 @@ def dilated_attention(
     `block_mask` (bool or uint8 `[batch or 1, heads or 1, q_blocks, k_blocks]`, 1 = kept,
     or a FlexAttention `BlockMask` through its dense form) with `block_size` removes whole
     (query block, key block) tiles, ANDed with everything else; the softmax stays exact
-    over the keys that remain (CPU tensors; the CUDA kernels raise NotImplementedError).
+    over the keys that remain (on a CUDA device the mask is copied to the host, a byte
+    per tile, checked there and uploaded on the current stream).
     Integer arguments must be integers and `is_causal` a bool. Invalid input raises
     ValueError or TypeError.
     """

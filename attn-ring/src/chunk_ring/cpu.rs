@@ -210,7 +210,6 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
     }
 
     fn masks(&self, problem: &RingProblem) -> Result<CpuMasks> {
-        problem.refuse_block_mask("chunk ring")?;
         let masks = CpuMasks { cu_seqlens: problem.masks.cu_seqlens().map(<[usize]>::to_vec) };
         masks.packing()?;
         Ok(masks)
@@ -248,6 +247,7 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
                 let mut blk = Block::new(&pat, band, scale, d, qkv);
                 blk.key_padding = problem.padding_row(b);
                 blk.packing = packing;
+                blk.block_mask = problem.block_row(b, h);
                 attend_block(&blk, o, lse)?;
             }
             Ok(())
@@ -362,6 +362,7 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
                     let mut blk = Block::new(&pat, band, scale, d, qkv);
                     blk.key_padding = problem.padding_row(b);
                     blk.packing = packing;
+                    blk.block_mask = problem.block_row(b, h);
                     let g = BlockGradients { dq: dq.as_mut_slice(), dk: dk.as_mut_slice(), dv: dv.as_mut_slice() };
                     attend_block_backward(&blk, &up, g)?;
                 }

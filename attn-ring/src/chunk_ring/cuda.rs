@@ -9,8 +9,8 @@ use std::sync::Arc;
 use attn_core::error::TensorName;
 use attn_core::{AttnError, PackedSequences, Result, Shape4};
 use attn_kernels::cuda::{
-    CudaDevice, CudaElement, DeviceBlock, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor,
-    DeviceUpstream, backward_block_into, delta, finish_forward, forward_block, store_scaled,
+    CudaDevice, CudaElement, DeviceBlock, DeviceBlockMask, DeviceGradsMut, DeviceKeyPadding, DevicePartial,
+    DeviceTensor, DeviceUpstream, backward_block_into, delta, finish_forward, forward_block, store_scaled,
 };
 use cudarc::driver::CudaSlice;
 
@@ -35,6 +35,7 @@ pub struct DeviceRowStats {
 #[derive(Debug)]
 pub struct DeviceMasks {
     key_padding: Option<Metered<DeviceKeyPadding>>,
+    block_mask: Option<Metered<DeviceBlockMask>>,
     cu_seqlens: Option<Vec<usize>>,
 }
 
@@ -85,7 +86,7 @@ impl CudaChunks {
             band: problem.cfg.band(),
             key_padding: masks.key_padding.as_deref(),
             packing,
-            block_mask: None,
+            block_mask: masks.block_mask.as_deref(),
         }
     }
 }
@@ -134,7 +135,6 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
     fn masks(&self, problem: &RingProblem) -> Result<DeviceMasks> {
         // Every kernel loaded before the first round is posted (see `load_kernels`).
         self.dev.load_kernels(T::SUFFIX)?;
-        problem.refuse_block_mask("chunk ring")?;
         let m = problem.core_masks()?;
         let key_padding = match m.key_padding {
             Some(k) => {
@@ -142,7 +142,11 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
             }
             None => None,
         };
-        Ok(DeviceMasks { key_padding, cu_seqlens: problem.masks.cu_seqlens().map(<[usize]>::to_vec) })
+        let block_mask = match m.block {
+            Some(b) => Some(Metered::new(DeviceBlockMask::upload(&self.dev, &b)?, b.keep().len() as u64, &self.meter)),
+            None => None,
+        };
+        Ok(DeviceMasks { key_padding, block_mask, cu_seqlens: problem.masks.cu_seqlens().map(<[usize]>::to_vec) })
     }
 
     fn empty_partial(&self, q: Shape4) -> Result<Metered<DevicePartial>> {

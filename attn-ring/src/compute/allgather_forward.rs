@@ -59,7 +59,7 @@ impl Spread {
 /// Positions `range` of owner `o`'s rows sent to `r` for pair `ph` (only those collected).
 fn piece_positions(plan: &Plan, o: usize, r: usize, ph: &PatternHead, range: &Range<usize>) -> Vec<usize> {
     let placed = plan.placed(ph.pat);
-    plan.gather_regions(o, r, ph.pattern)
+    plan.gather_ranges(o, r, ph)
         .into_iter()
         .flat_map(|rg| placed.selected_in_range(rg).collect::<Vec<_>>())
         .skip(range.start)

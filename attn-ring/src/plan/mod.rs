@@ -4,6 +4,7 @@
 //! each rank sends (the formula [`expected_bytes`] checks against); for `Strategy::Auto`,
 //! whether a head strategy runs instead ([`choose`]).
 
+mod block_reach;
 pub mod choose;
 mod head_counts;
 pub mod heads_split;
@@ -14,6 +15,7 @@ pub mod ring_route;
 mod traffic;
 pub(crate) mod workspace;
 
+use std::collections::HashMap;
 use std::ops::Range;
 
 use attn_core::error::TensorName;
@@ -193,15 +195,6 @@ impl RingProblem {
     pub(crate) fn block_row(&self, b: usize, h: usize) -> Option<HeadBlockMask<'_>> {
         self.masks.block_mask().map(|m| HeadBlockMask { mask: m.view(), batch: b, head: h })
     }
-
-    /// `Unsupported` for a block mask, for the runners that do not compute one (the chunk
-    /// ring), alike on every rank.
-    pub(crate) fn refuse_block_mask(&self, backend: &'static str) -> Result<()> {
-        if self.masks.block_mask().is_some() {
-            return Err(AttnError::Unsupported { backend, feature: attn_core::Feature::BlockMask });
-        }
-        Ok(())
-    }
 }
 
 /// One (pattern, head) pair: the head's pattern with its offset. In the plan's wire
@@ -232,12 +225,24 @@ pub struct Plan {
     pub gather_heads: Vec<PatternHead>,
     /// Every query head's patterns.
     pub(crate) query_patterns: Vec<HeadPatterns>,
+    /// Under a block mask, the key ranges each owner sends per wire pair (narrower than
+    /// `ring_regions` and the all-gather regions; [`Plan::masked_ranges`]).
+    block_reach: Option<MaskedRanges>,
     /// Key rows per piece of the direct all-gather forward, computed on first use
     /// (`Plan::piece_rows`, in `pieces`).
     pub(crate) piece_rows_once: std::sync::OnceLock<usize>,
     /// The head split the call runs (Ulysses, hybrid, or `Auto`'s pick), if any, decided
     /// on first use (`Plan::head_split`, in `choose`).
     pub(crate) head_split_once: std::sync::OnceLock<Option<heads_split::HeadSplit>>,
+}
+
+/// Under a block mask, the global key ranges each owner sends per wire pair: per (way
+/// index, owner, pair) for the ring pairs, per (owner, receiver, pair) for the all-gather
+/// pairs (filled by [`Plan::masked_ranges`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MaskedRanges {
+    pub(crate) ring: HashMap<(usize, usize, PatternHead), Vec<Range<usize>>>,
+    pub(crate) gather: HashMap<(usize, usize, PatternHead), Vec<Range<usize>>>,
 }
 
 /// Positions of range `a` (owner) that share a segment (of `seg`'s pattern, in the
@@ -339,6 +344,8 @@ impl Plan {
                 }
             }
         }
+        let query_patterns: Vec<HeadPatterns> = (0..heads).map(|head| cfg.head_patterns(heads, head)).collect();
+        Plan::mask_need(&problem, &query_patterns, &mut need);
         for (i, ph) in pattern_heads.iter().enumerate() {
             for (r, rows) in own[i].iter_mut().enumerate() {
                 *rows = ph.heads() * layout.rows(n, p, r);
@@ -394,7 +401,6 @@ impl Plan {
             }
         }
         // Wire pairs: each (pattern, key/value head, offset) once, in first-use order.
-        let query_patterns: Vec<HeadPatterns> = (0..heads).map(|head| cfg.head_patterns(heads, head)).collect();
         let group = problem.group();
         let mut ring_heads = Vec::new();
         let mut gather_heads = Vec::new();
@@ -412,7 +418,7 @@ impl Plan {
                 }
             }
         }
-        let plan = Plan {
+        let mut plan = Plan {
             problem,
             strategies,
             need,
@@ -421,9 +427,11 @@ impl Plan {
             ring_heads,
             gather_heads,
             query_patterns,
+            block_reach: None,
             piece_rows_once: std::sync::OnceLock::new(),
             head_split_once: std::sync::OnceLock::new(),
         };
+        plan.block_reach = plan.masked_ranges();
         Ok(plan)
     }
 
@@ -474,7 +482,25 @@ impl Plan {
     /// Global positions of owner `o`'s rows that travel `way` for `ph`.
     pub(crate) fn ring_positions(&self, way: Way, o: usize, ph: &PatternHead) -> Vec<usize> {
         let placed = self.placed(ph.pat);
-        self.ring_regions[way.index()][ph.pattern][o].iter().flat_map(|r| placed.selected_in_range(r.clone())).collect()
+        self.ring_ranges(way, o, ph).iter().flat_map(|r| placed.selected_in_range(r.clone())).collect()
+    }
+
+    /// Global ranges of owner `o`'s rows that travel `way` for `ph` (under a block mask,
+    /// only those some receiver's kept blocks reach).
+    fn ring_ranges(&self, way: Way, o: usize, ph: &PatternHead) -> &[Range<usize>] {
+        match &self.block_reach {
+            Some(m) => m.ring.get(&(way.index(), o, *ph)).map_or(&[], Vec::as_slice),
+            None => &self.ring_regions[way.index()][ph.pattern][o],
+        }
+    }
+
+    /// Global ranges of owner `o`'s rows sent straight to `r` for `ph` (under a block
+    /// mask, only those `r`'s kept blocks reach).
+    pub(crate) fn gather_ranges(&self, o: usize, r: usize, ph: &PatternHead) -> Vec<Range<usize>> {
+        match &self.block_reach {
+            Some(m) => m.gather.get(&(o, r, *ph)).cloned().unwrap_or_default(),
+            None => self.gather_regions(o, r, ph.pattern),
+        }
     }
 
     pub(crate) fn gather_regions(&self, o: usize, r: usize, pattern: usize) -> Vec<Range<usize>> {
@@ -491,7 +517,7 @@ impl Plan {
     /// Global positions of owner `o`'s rows sent directly to `r` for all-gather pair `ph`.
     pub(crate) fn gather_positions(&self, o: usize, r: usize, ph: &PatternHead) -> Vec<usize> {
         let placed = self.placed(ph.pat);
-        self.gather_regions(o, r, ph.pattern)
+        self.gather_ranges(o, r, ph)
             .into_iter()
             .flat_map(|rg| placed.selected_in_range(rg).collect::<Vec<_>>())
             .collect()
@@ -500,13 +526,13 @@ impl Plan {
     /// Selected rows of wire pair `ph` in owner `o`'s ring block going `way`.
     pub fn ring_count(&self, way: Way, o: usize, ph: &PatternHead) -> usize {
         let placed = self.placed(ph.pat);
-        self.ring_regions[way.index()][ph.pattern][o].iter().map(|r| placed.count_in_range(r.clone())).sum()
+        self.ring_ranges(way, o, ph).iter().map(|r| placed.count_in_range(r.clone())).sum()
     }
 
     /// Selected rows of wire pair `ph` that owner `o` sends straight to rank `r`.
     pub fn gather_count(&self, o: usize, r: usize, ph: &PatternHead) -> usize {
         let placed = self.placed(ph.pat);
-        self.gather_regions(o, r, ph.pattern).into_iter().map(|rg| placed.count_in_range(rg)).sum()
+        self.gather_ranges(o, r, ph).into_iter().map(|rg| placed.count_in_range(rg)).sum()
     }
 }
 

@@ -49,6 +49,12 @@ pub fn expected_bytes(plan: &Plan, dtype: DType, pass: Pass) -> Vec<u64> {
 /// [`MSG_HEADER_BYTES`] header; handshake and completion rounds are not counted. The head
 /// strategies (Ulysses, hybrid, and `Auto` where it picks one: [`Plan::head_split`]) send
 /// what [`heads_traffic`] counts.
+///
+/// Under a block mask, `selected(o -> r)` and a ring block's rows count only the selected
+/// key rows of the key blocks that some query block of a receiver keeps (in some batch,
+/// for some query head reading the pair) and reaches (segment and band), and a block
+/// travels only as far as the last rank needing any of them; with every block kept this
+/// is the count above. The head strategies move whole heads whatever the mask.
 pub fn expected_traffic(plan: &Plan, dtype: DType, pass: Pass) -> Vec<Traffic> {
     match plan.head_split() {
         Some(split) => heads_traffic(&plan.problem, split, dtype, pass),
