@@ -85,7 +85,7 @@ pub mod workspace;
 
 pub use attn_core::{Attention, ReferenceBackend};
 pub use call::{Call, Cross, KeyRows, RankRows};
-pub use config::MultiheadConfig;
+pub use config::{MultiheadConfig, NormLayout};
 pub use dropout::{DropoutSite, Mode, site_mask};
 pub use encoder::{
     EncoderCache, EncoderConfig, EncoderLayerCache, EncoderLayerGrads, LongNetEncoder, LongNetEncoderLayer, layer_mode,
