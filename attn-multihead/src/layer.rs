@@ -13,11 +13,11 @@ use crate::dropout::{DropoutSite, MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
 use crate::layer_norm::NormStats;
 use crate::projection::{LinearRef, linear_forward};
+use crate::qk_pre::QkPre;
 use crate::segment_window::{DEFAULT_WINDOW_ROWS, window_rows, windows};
 use crate::sparse_projection::{QkvInput, project_qkv};
 use crate::weights::MultiheadWeights;
 use crate::workspace::{MultiheadWorkspace, SelectionKey, sized};
-use qk_norm::QkPre;
 
 mod backward;
 mod qk_norm;

@@ -180,7 +180,7 @@ pub fn judge_layer(case: &GoldenCase, spec: &LayerSpec, run: &LayerRun) -> Vec<R
             .expect("shape");
     let problem = Problem::new(&spec.attention, shape).with_masks(case.masks());
     let da = s.get("da").cloned().unwrap_or_else(|| vec![0.0; b * n * e]);
-    let qk = qk_norms(&param);
+    let qk = qk_norms(param);
     let (q_in, k_in) = match &qk {
         Some([(gq, bq), (gk, bk)]) => {
             checks.push(check("q_ln", &s["qn"], &layer_norm(&s["q"], [gq, bq], e, dims.eps), e, dtype));
@@ -193,7 +193,7 @@ pub fn judge_layer(case: &GoldenCase, spec: &LayerSpec, run: &LayerRun) -> Vec<R
     let mag = &attn.mag;
     let terms = [&mag.out[..], &mag.flushable.out, &mag.quantum.out];
     checks.push(check_rows("attention", &s["a"], &attn.fwd.out, terms, dims.d(), dtype));
-    let norm = merged_norm(&param);
+    let norm = merged_norm(param);
     if let Some((g, beta)) = &norm {
         checks.push(check("norm", &s["y"], &layer_norm(&s["a"], [g, beta], e, dims.eps), e, dtype));
     }
@@ -268,7 +268,7 @@ pub fn check_composition(case: &GoldenCase, spec: &LayerSpec) {
     let d = dims.d();
     let shape = AttnShape::check_cross(&[b, n, h, d], &[b, m, kvh, d], &[b, m, kvh, d]).expect("shape");
     let problem = Problem::new(&spec.attention, shape).with_masks(case.masks());
-    let qk = qk_norms(&param);
+    let qk = qk_norms(param);
     let (q_in, k_in) = match &qk {
         Some([(gq, bq), (gk, bk)]) => {
             (layer_norm(&proj[0], [gq, bq], e, eps).v, layer_norm(&proj[1], [gk, bk], dims.kv(), eps).v)
@@ -277,7 +277,7 @@ pub fn check_composition(case: &GoldenCase, spec: &LayerSpec) {
     };
     let fwd = Expected::for_problem(&problem, [&q_in, &k_in, &proj[2]], None).expect("attention");
     let a = fwd.fwd.out;
-    let norm = merged_norm(&param);
+    let norm = merged_norm(param);
     let y = match &norm {
         Some((g, beta)) => layer_norm(&a, [g, beta], e, eps).v,
         None => a.clone(),
