@@ -277,7 +277,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
 
     /// [`Self::forward`] into the caller's `out` (`[batch, seq, embed]`), with every
     /// intermediate buffer in `ws`: repeated calls with the same shapes allocate nothing
-    /// (dropout masks in training mode aside).
+    /// (dropout masks in training mode, and qk-LN's copies of q and k before their norms, aside).
     pub fn forward_into(
         &self,
         x: &[F],
