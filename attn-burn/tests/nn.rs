@@ -135,6 +135,27 @@ fn multihead_files_pass_through_the_burn_layer() {
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
 }
 
+/// The qk-LN files' layout is refused by name (never a layer of the
+/// sub-LN layout that happens to load).
+#[test]
+fn the_qkln_layout_is_refused_as_unsupported() {
+    for case in cases("multihead_qkln", 2) {
+        let err = prepared(&case)
+            .and_then(|(config, weights)| {
+                MultiheadDilatedAttention::from_weights(config, &weights, &grad_device(), DType::F32)
+            })
+            .expect_err("a qk-LN layer");
+        assert!(
+            matches!(
+                err,
+                attn_core::AttnError::Unsupported { feature: attn_core::Feature::Other("norm_layout qk_ln"), .. }
+            ),
+            "{}: {err}",
+            case.name
+        );
+    }
+}
+
 /// A layer with a planted fault: `out_proj`'s weight scaled by `1 + 1e-3`.
 struct PlantedOutProj(BurnLayer);
 

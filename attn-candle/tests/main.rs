@@ -10,5 +10,6 @@ mod errors;
 mod nn;
 mod nn_init;
 mod nn_low_precision;
+mod nn_qkln;
 mod op;
 mod ring;

@@ -1,6 +1,6 @@
 //! The candle-nn layer loads the multihead golden cases' weights (PyTorch names, written
 //! to a weights-only safetensors file) through a `VarBuilder` and reproduces each case's
-//! `out` within the file's tolerance.
+//! `out` within the file's tolerance (the qk-LN files with `q_ln.*` and `k_ln.*` too).
 
 use std::collections::HashMap;
 
@@ -16,7 +16,7 @@ use candle_nn::VarBuilder;
 #[test]
 fn multihead_golden_cases_load_and_reproduce_their_output() {
     let mut checked = 0;
-    for dir in ["multihead", "multihead_features"] {
+    for dir in ["multihead", "multihead_features", "multihead_qkln"] {
         let path = golden_dir().join(dir);
         for (file, case) in load_dir(&path).expect("golden directory") {
             let case = case.expect("case loads");
@@ -56,5 +56,5 @@ fn multihead_golden_cases_load_and_reproduce_their_output() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 3, "the multihead golden cases");
+    assert_eq!(checked, 5, "the multihead golden cases");
 }

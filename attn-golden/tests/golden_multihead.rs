@@ -1,6 +1,6 @@
-//! The `kind=multihead` conformance files (`multihead/` and `multihead_features/`:
-//! grouped key/value heads and a key padding mask) through the layer on every available
-//! backend.
+//! The `kind=multihead` conformance files (`multihead/`, `multihead_features/`:
+//! grouped key/value heads and a key padding mask, `multihead_qkln/`: the qk-LN layout)
+//! through the layer on every available backend.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use attn_testkit::tolerance::rel_l2_error;
 
 fn cases() -> Vec<GoldenCase> {
     let mut all = Vec::new();
-    for (dir, count) in [("multihead", 2), ("multihead_features", 1)] {
+    for (dir, count) in [("multihead", 2), ("multihead_features", 1), ("multihead_qkln", 2)] {
         let dir = golden_dir().join(dir);
         let cases: Vec<GoldenCase> = load_dir(&dir).unwrap().into_iter().map(|(_, c)| c.unwrap()).collect();
         assert_eq!(cases.len(), count, "expected the {count} files in {}", dir.display());

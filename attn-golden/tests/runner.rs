@@ -258,3 +258,26 @@ fn planted_errors_in_wide_and_multihead_grad_fail() {
     let (code, out) = run_planted("multihead_grad", "mhg_self_ln_hg", no_grad, "reference");
     assert!(code == Some(1) && out.contains("missing tensor `d.norm.weight`"), "{out}");
 }
+
+/// The qk-LN files (`multihead_qkln/`) pass through the runner on the reference and the
+/// CPU layer in f32, bf16 and f16; planted, `k_ln.weight` 10% off fails the output, and the
+/// metadata `norm_layout = sub_ln` fails naming the tensor that layout lacks.
+#[test]
+fn qkln_files_pass_and_planted_errors_fail() {
+    let d = golden().join("multihead_qkln");
+    for args in [
+        &["--backend", "reference"][..],
+        &["--backend", "cpu", "--dtype", "f32"],
+        &["--backend", "cpu", "--dtype", "bf16"],
+        &["--backend", "cpu", "--dtype", "f16"],
+    ] {
+        let (code, out) = run_status(&[&[d.to_str().unwrap()], args, &["--expect", "2"]].concat());
+        assert!(code == Some(0) && out.ends_with("2 passed, 0 failed\n"), "{args:?}:\n{out}");
+    }
+    let scale = |b: &[u8]| rewrite_tensor(b, "k_ln.weight", |x| x.iter_mut().for_each(|v| *v *= 1.1));
+    let (code, out) = run_planted("multihead_qkln", "mhq_self", scale, "cpu");
+    assert!(code == Some(1) && out.contains("FAIL mhq_self") && out.contains(" out!="), "{out}");
+    let sub_ln = |b: &[u8]| rewrite(b, None, Some(("norm_layout", "sub_ln")));
+    let (code, out) = run_planted("multihead_qkln", "mhq_causal", sub_ln, "reference");
+    assert!(code == Some(1) && out.contains("missing tensor `norm.weight`"), "{out}");
+}

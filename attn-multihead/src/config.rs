@@ -4,6 +4,31 @@ use attn_core::{AttnError, Causality, DilatedConfig, Result, TensorName};
 
 use crate::projection::Bias;
 
+/// Where the layer's LayerNorms sit when `layer_norm` is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NormLayout {
+    /// One `norm` over the merged heads before `out_proj` (MAGNETO's sub-LN, as the
+    /// published dilated-attention-pytorch builds it).
+    #[default]
+    SubLn,
+    /// That library's development line: `q_ln` over the projected q and again (the same
+    /// weights) over the merged heads, `k_ln` over the projected k (`kv_dim` wide); no
+    /// `norm`.
+    QkLn,
+}
+
+impl NormLayout {
+    /// `sub_ln` or `qk_ln` (the names of the Python layer's `norm_layout` and of the
+    /// conformance files' metadata).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim() {
+            "sub_ln" => Ok(NormLayout::SubLn),
+            "qk_ln" => Ok(NormLayout::QkLn),
+            other => Err(AttnError::InvalidArgument(format!("norm_layout must be `sub_ln` or `qk_ln`, got `{other}`"))),
+        }
+    }
+}
+
 /// Hyper-parameters of a multihead dilated attention layer (names as in
 /// `dilated-attention-pytorch`'s `MultiheadDilatedAttention`); the attention itself
 /// (dilated segments or a sliding window, causality, softmax scale) is `attention`.
@@ -21,8 +46,9 @@ pub struct MultiheadConfig {
     pub attention: DilatedConfig,
     /// Whether the q/k/v/out projections have biases.
     pub bias: bool,
-    /// Sub-LayerNorm before the output projection (MAGNETO / LongNet layout).
+    /// LayerNorms as `norm_layout` places them (sub-LN by default).
     pub layer_norm: bool,
+    pub norm_layout: NormLayout,
     pub layer_norm_eps: f64,
     /// MAGNETO gain for the v and out projections.
     pub gamma_init: f64,
@@ -30,17 +56,17 @@ pub struct MultiheadConfig {
     pub dropout: f64,
 }
 
-/// Whether the layer normalises the merged heads before `out_proj` (MAGNETO's sub-LayerNorm).
+/// Whether the layer has its LayerNorms (placed by [`NormLayout`]) or none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SubLayerNorm {
+pub enum LayerNorms {
     Present,
     Absent,
 }
 
-impl From<bool> for SubLayerNorm {
-    /// `true` (the configs' `layer_norm=True`) is [`SubLayerNorm::Present`].
+impl From<bool> for LayerNorms {
+    /// `true` (the configs' `layer_norm=True`) is [`LayerNorms::Present`].
     fn from(present: bool) -> Self {
-        if present { SubLayerNorm::Present } else { SubLayerNorm::Absent }
+        if present { LayerNorms::Present } else { LayerNorms::Absent }
     }
 }
 
@@ -55,6 +81,7 @@ impl MultiheadConfig {
             attention,
             bias: true,
             layer_norm: true,
+            norm_layout: NormLayout::SubLn,
             layer_norm_eps: 1e-5,
             gamma_init: 1.0,
             dropout: 0.0,
@@ -76,10 +103,19 @@ impl MultiheadConfig {
         self.bias = bias == Bias::Zeros;
         self
     }
-    /// The sub-LayerNorm before `out_proj` (MAGNETO) or none.
-    pub fn with_layer_norm(mut self, norm: SubLayerNorm) -> Self {
-        self.layer_norm = norm == SubLayerNorm::Present;
+    /// The LayerNorms `norm_layout` places, or none.
+    pub fn with_layer_norm(mut self, norm: LayerNorms) -> Self {
+        self.layer_norm = norm == LayerNorms::Present;
         self
+    }
+    /// Where the LayerNorms sit (with `layer_norm`).
+    pub fn with_norm_layout(mut self, norm_layout: NormLayout) -> Self {
+        self.norm_layout = norm_layout;
+        self
+    }
+    /// Whether the layer has `q_ln` and `k_ln` (`layer_norm` with [`NormLayout::QkLn`]).
+    pub fn qk_ln(&self) -> bool {
+        self.layer_norm && self.norm_layout == NormLayout::QkLn
     }
     pub fn with_gamma_init(mut self, gamma_init: f64) -> Self {
         self.gamma_init = gamma_init;

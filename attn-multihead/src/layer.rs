@@ -13,12 +13,14 @@ use crate::dropout::{DropoutSite, MaskRows, Mode, apply_mask, dropout_mask};
 use crate::float::LayerFloat;
 use crate::layer_norm::NormStats;
 use crate::projection::{LinearRef, linear_forward};
+use crate::qk_pre::QkPre;
 use crate::segment_window::{DEFAULT_WINDOW_ROWS, window_rows, windows};
 use crate::sparse_projection::{QkvInput, project_qkv};
 use crate::weights::MultiheadWeights;
 use crate::workspace::{MultiheadWorkspace, SelectionKey, sized};
 
 mod backward;
+mod qk_norm;
 #[cfg(test)]
 mod workspace_reuse;
 
@@ -86,6 +88,7 @@ impl<F: LayerFloat> Kept<F> {
         kv_shape: Shape4,
         inputs: Inputs<F>,
         ws: MultiheadWorkspace<F>,
+        qk_pre: Option<QkPre<F>>,
     ) -> MultiheadCache<F> {
         let pre_out = self.pre_out_used().then_some(ws.pre_out);
         let projected = match self.layout {
@@ -103,6 +106,7 @@ impl<F: LayerFloat> Kept<F> {
             norm_stats: self.norm_stats,
             pre_out,
             masks: self.masks,
+            qk_pre,
         }
     }
 }
@@ -128,6 +132,8 @@ pub struct MultiheadCache<F: LayerFloat> {
     pre_out: Option<Vec<F>>,
     /// The key padding and packed sequences of the pass.
     masks: OwnedMasks,
+    /// q and k before `q_ln` and `k_ln` (qk-LN only).
+    qk_pre: Option<QkPre<F>>,
 }
 
 /// Gradients of the layer inputs. For self-attention `key` and `value` are `None`
@@ -271,7 +277,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
 
     /// [`Self::forward`] into the caller's `out` (`[batch, seq, embed]`), with every
     /// intermediate buffer in `ws`: repeated calls with the same shapes allocate nothing
-    /// (dropout masks in training mode aside).
+    /// (dropout masks in training mode, and qk-LN's copies of q and k before their norms, aside).
     pub fn forward_into(
         &self,
         x: &[F],
@@ -282,7 +288,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let (batch, seq, e) = (call.batch, call.seq, self.config.embed_dim);
         let masks = call.masks;
         if let Some(cross) = call.cross {
-            let (qs, kvs) = self.project_cross(x, cross, [batch, seq], ws)?;
+            let (qs, kvs, _) = self.project_cross(x, cross, [batch, seq], ws)?;
             self.finish_forward(AttnPass { qs, kvs, layout: ProjLayout::Split, mode: call.mode, masks }, ws, out)?;
             return Ok(());
         }
@@ -292,7 +298,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
             Ok(AttnPass { qs, kvs, layout: ProjLayout::Fused, mode: call.mode, masks })
         };
         let Some(window) = self.forward_window(seq, call.mode, &masks)? else {
-            let shape = self.project_self(x, [batch, seq], &masks, ws)?;
+            let (shape, _) = self.project_self(x, [batch, seq], &masks, ws)?;
             self.finish_forward(pass(shape)?, ws, out)?;
             return Ok(());
         };
@@ -300,7 +306,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         for b in 0..batch {
             for (start, len) in windows(seq, window) {
                 let rows = (b * seq + start) * e..(b * seq + start + len) * e;
-                let shape = self.project_self(&x[rows.clone()], [1, len], &Masks::NONE, ws)?;
+                let (shape, _) = self.project_self(&x[rows.clone()], [1, len], &Masks::NONE, ws)?;
                 self.finish_forward(pass(shape)?, ws, &mut out[rows])?;
             }
         }
@@ -313,21 +319,21 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
     pub fn forward_train(&self, x: &[F], call: &Call<'_, F>) -> Result<(Vec<F>, MultiheadCache<F>)> {
         let (batch, seq) = (call.batch, call.seq);
         let mut ws = MultiheadWorkspace::new();
-        let (qs, kvs, layout, inputs) = match call.cross {
+        let (qs, kvs, layout, inputs, qk_pre) = match call.cross {
             None => {
-                let qs = self.project_self(x, [batch, seq], &call.masks, &mut ws)?;
-                (qs, self.kv_shape(batch, seq)?, ProjLayout::Fused, Inputs::SelfAttn(x.to_vec()))
+                let (qs, pre) = self.project_self(x, [batch, seq], &call.masks, &mut ws)?;
+                (qs, self.kv_shape(batch, seq)?, ProjLayout::Fused, Inputs::SelfAttn(x.to_vec()), pre)
             }
             Some(c) => {
-                let (qs, kvs) = self.project_cross(x, c, [batch, seq], &mut ws)?;
+                let (qs, kvs, pre) = self.project_cross(x, c, [batch, seq], &mut ws)?;
                 let inputs = Inputs::Cross { query: x.to_vec(), key: c.key.to_vec(), value: c.value.to_vec() };
-                (qs, kvs, ProjLayout::Split, inputs)
+                (qs, kvs, ProjLayout::Split, inputs, pre)
             }
         };
         let mut y = attn_kernels::zeroed_buffer(x.len())?;
         let pass = AttnPass { qs, kvs, layout, mode: call.mode, masks: call.masks };
         let kept = self.finish_forward(pass, &mut ws, &mut y)?;
-        Ok((y, kept.into_cache(qs, kvs, inputs, ws)))
+        Ok((y, kept.into_cache(qs, kvs, inputs, ws, qk_pre)))
     }
 
     /// Whether k and v have fewer heads than q.
@@ -342,22 +348,25 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
 
     /// Whether the input projection may project only the rows each head group selects:
     /// the whole sequence on one device, without grouped heads, windows or packing (whose
-    /// selection is relative to each sequence).
+    /// selection is relative to each sequence), nor qk-LN (whose `q_ln` and `k_ln` read
+    /// every head of a row).
     fn sparse_projection(&self, masks: &Masks<'_>) -> bool {
         self.backend.placement().is_whole()
+            && self.qk_norms().is_none()
             && !self.grouped()
             && self.config.attention.window().is_none()
             && masks.packing.is_none()
     }
 
-    /// The fused q/k/v projection of `x` into `ws.qkv`, for a call with `masks`.
+    /// The fused q/k/v projection of `x` into `ws.qkv`, for a call with `masks`, with
+    /// qk-LN's norms applied (returning q and k as they were before them).
     fn project_self(
         &self,
         x: &[F],
         [batch, seq]: [usize; 2],
         masks: &Masks<'_>,
         ws: &mut MultiheadWorkspace<F>,
-    ) -> Result<Shape4> {
+    ) -> Result<(Shape4, Option<QkPre<F>>)> {
         let e = self.config.embed_dim;
         check_input("query", x, batch, seq, e)?;
         self.weights.check_layout(&self.config, "weights")?;
@@ -387,18 +396,19 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
                 cols,
             )?;
         }
-        Ok(shape)
+        Ok((shape, self.normalize_qk(ws, ProjLayout::Fused)?))
     }
 
     /// The q projection of `query` into `ws.qkv` and the k/v projections of `cross`
-    /// into `ws.kv` (cross-attention); returns the q and k/v shapes.
+    /// into `ws.kv` (cross-attention), with qk-LN's norms applied; returns the q and k/v
+    /// shapes (and q and k as they were before the norms).
     fn project_cross(
         &self,
         query: &[F],
         cross: Cross<'_, F>,
         [batch, q_seq]: [usize; 2],
         ws: &mut MultiheadWorkspace<F>,
-    ) -> Result<(Shape4, Shape4)> {
+    ) -> Result<(Shape4, Shape4, Option<QkPre<F>>)> {
         let (e, kv_seq) = (self.config.embed_dim, cross.kv_seq());
         check_input("query", query, batch, q_seq, e)?;
         check_input("key", cross.key, batch, kv_seq, e)?;
@@ -411,7 +421,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let kv = sized(&mut ws.kv, batch * kv_seq * 2 * kvd)?;
         linear_forward(self.in_proj_part(1), cross.key, batch * kv_seq, kv, 2 * kvd)?;
         linear_forward(self.in_proj_part(2), cross.value, batch * kv_seq, &mut kv[kvd..], 2 * kvd)?;
-        Ok((qs, kvs))
+        Ok((qs, kvs, self.normalize_qk(ws, ProjLayout::Split)?))
     }
 
     /// Part `i` (q, k or v) of the input projection as a linear map.

@@ -43,6 +43,9 @@
 //! refuses it with a typed error), then dropout (masks a function of seed, site
 //! and GLOBAL token position, which the backend reports, so every split draws
 //! the same mask), sub-LayerNorm and the output projection. Backward reverses each stage.
+//! `NormLayout::QkLn` (the development line's layer) normalises q and k in the projection
+//! buffers (`q_ln`, `k_ln`) and uses `q_ln` again in place of the sub-LayerNorm; the
+//! row-sparse projection is off there, since `q_ln` reads every head of a row.
 //! Every forward buffer lives in a `MultiheadWorkspace` (`forward_into`; `forward` makes a
 //! fresh one), which remembers the selection whose unwritten projection rows are zero.
 //! Inference and the self-attention backward (`layer/backward.rs`) on one device walk
@@ -74,6 +77,7 @@ pub mod metadata;
 #[cfg(feature = "ring")]
 pub mod ordered_ring;
 pub mod projection;
+mod qk_pre;
 #[cfg(feature = "ring")]
 pub mod ring_layer;
 pub mod segment_window;
@@ -85,7 +89,7 @@ pub mod workspace;
 
 pub use attn_core::{Attention, ReferenceBackend};
 pub use call::{Call, Cross, KeyRows, RankRows};
-pub use config::{MultiheadConfig, SubLayerNorm};
+pub use config::{LayerNorms, MultiheadConfig, NormLayout};
 pub use dropout::{DropoutSite, Mode, site_mask};
 pub use encoder::{
     EncoderCache, EncoderConfig, EncoderLayerCache, EncoderLayerGrads, LongNetEncoder, LongNetEncoderLayer, layer_mode,

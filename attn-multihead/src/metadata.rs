@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use attn_core::{AttnError, DilatedConfig, Mixing, Result};
 
-use crate::config::MultiheadConfig;
+use crate::config::{MultiheadConfig, NormLayout};
 use crate::projection::Bias;
 
 /// The trimmed value of `key`, or a `Format` error naming the missing key.
@@ -38,7 +38,7 @@ fn parse_list(m: &BTreeMap<String, String>, key: &str) -> Result<Vec<usize>> {
 
 /// The layer config a golden file describes (`embed_dim`, `num_heads`, `segment_lengths`,
 /// `dilation_rates`, `mixing`, `causal`, `layer_norm`, optional `num_kv_heads`,
-/// `layer_norm_eps` and `scale`).
+/// `layer_norm_eps`, `norm_layout` (`sub_ln` where absent, or `qk_ln`) and `scale`).
 /// `bias` says whether the file has biases (`q_proj.bias`).
 pub fn config_from_metadata(m: &BTreeMap<String, String>, bias: Bias) -> Result<MultiheadConfig> {
     let scale = match m.get("scale").map(|s| s.trim().to_ascii_lowercase()) {
@@ -58,6 +58,9 @@ pub fn config_from_metadata(m: &BTreeMap<String, String>, bias: Bias) -> Result<
         .with_bias(bias);
     if m.contains_key("layer_norm_eps") {
         cfg.layer_norm_eps = parse(m, "layer_norm_eps")?;
+    }
+    if m.contains_key("norm_layout") {
+        cfg.norm_layout = NormLayout::parse(text(m, "norm_layout")?)?;
     }
     if m.contains_key("num_kv_heads") {
         cfg.num_kv_heads = parse(m, "num_kv_heads")?;

@@ -2,7 +2,7 @@
 
 use attn_core::{AttnError, Result};
 
-use crate::config::MultiheadConfig;
+use crate::config::{MultiheadConfig, NormLayout};
 use crate::float::LayerFloat;
 use crate::init::SeededRng;
 use crate::layer_norm::LayerNorm;
@@ -84,6 +84,10 @@ impl<F> NamedParams<F> for LayerNorm<F> {
 /// biases) so that self-attention projects with ONE GEMM into a `[batch, seq, heads +
 /// 2 kv_heads, head_dim]` buffer. Names on disk stay PyTorch's: `q_proj.weight`,
 /// `k_proj.bias`, ...
+///
+/// `norm` is the LayerNorm over the merged heads: sub-LN's `norm`, or under
+/// [`NormLayout::QkLn`] `q_ln` (which also normalises q, so one tensor serves both and
+/// its gradient sums both uses); `k_ln` exists only under `QkLn`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MultiheadWeights<F> {
     pub embed_dim: usize,
@@ -92,6 +96,10 @@ pub struct MultiheadWeights<F> {
     pub in_proj: Linear<F>,
     pub out_proj: Linear<F>,
     pub norm: Option<LayerNorm<F>>,
+    /// `k_ln` over the projected k (`kv_dim` features; qk-LN only).
+    pub k_ln: Option<LayerNorm<F>>,
+    /// Where the LayerNorms sit; decides `norm`'s name (`norm.` or `q_ln.`).
+    pub norm_layout: NormLayout,
 }
 
 const QKV: [&str; 3] = ["q_proj.", "k_proj.", "v_proj."];
@@ -114,6 +122,8 @@ impl<F: LayerFloat> MultiheadWeights<F> {
             in_proj: Linear { in_dim: e, out_dim: e + 2 * kv, weight, bias },
             out_proj,
             norm: cfg.layer_norm.then(|| LayerNorm::new(e, cfg.layer_norm_eps)),
+            k_ln: cfg.qk_ln().then(|| LayerNorm::new(kv, cfg.layer_norm_eps)),
+            norm_layout: cfg.norm_layout,
         }
     }
 
@@ -125,11 +135,21 @@ impl<F: LayerFloat> MultiheadWeights<F> {
             in_proj: self.in_proj.zeros_like(),
             out_proj: self.out_proj.zeros_like(),
             norm: self.norm.as_ref().map(LayerNorm::zeros_like),
+            k_ln: self.k_ln.as_ref().map(LayerNorm::zeros_like),
+            norm_layout: self.norm_layout,
         }
     }
 }
 
 impl<F> MultiheadWeights<F> {
+    /// The name prefix of `norm`: `norm.` (sub-LN) or `q_ln.` (qk-LN).
+    fn norm_name(&self) -> &'static str {
+        match self.norm_layout {
+            NormLayout::SubLn => "norm.",
+            NormLayout::QkLn => "q_ln.",
+        }
+    }
+
     /// Rows of the q, k and v parts of `in_proj`.
     pub fn part_rows(&self) -> [usize; 3] {
         [self.embed_dim, self.kv_dim, self.kv_dim]
@@ -145,11 +165,14 @@ impl<F> MultiheadWeights<F> {
                 && Some(l.weight.len()) == out.checked_mul(e)
                 && l.bias.as_ref().map(Vec::len) == cfg.bias.then_some(out)
         };
-        let norm_ok = match &self.norm {
-            None => !cfg.layer_norm,
-            Some(n) => cfg.layer_norm && n.dim == e && n.weight.len() == e && n.bias.len() == e,
-        };
         let kv = cfg.kv_dim();
+        let ln_ok = |n: &Option<LayerNorm<F>>, present: bool, dim: usize| match n {
+            None => !present,
+            Some(n) => present && n.dim == dim && n.weight.len() == dim && n.bias.len() == dim,
+        };
+        let norm_ok = ln_ok(&self.norm, cfg.layer_norm, e)
+            && ln_ok(&self.k_ln, cfg.qk_ln(), kv)
+            && (!cfg.layer_norm || self.norm_layout == cfg.norm_layout);
         if self.embed_dim != e
             || self.kv_dim != kv
             || !linear_ok(&self.in_proj, e.saturating_add(kv.saturating_mul(2)))
@@ -157,8 +180,8 @@ impl<F> MultiheadWeights<F> {
             || !norm_ok
         {
             return Err(AttnError::InvalidArgument(format!(
-                "{what} do not match the config (embed_dim {e}, kv_dim {kv}, bias {}, layer_norm {})",
-                cfg.bias, cfg.layer_norm
+                "{what} do not match the config (embed_dim {e}, kv_dim {kv}, bias {}, layer_norm {}, norm_layout {:?})",
+                cfg.bias, cfg.layer_norm, cfg.norm_layout
             )));
         }
         Ok(())
@@ -207,12 +230,15 @@ impl<F> NamedParams<F> for MultiheadWeights<F> {
             }
         }
         if let Some(n) = &self.norm {
-            n.params_with_prefix(&format!("{prefix}norm."), out);
+            n.params_with_prefix(&format!("{prefix}{}", self.norm_name()), out);
+        }
+        if let Some(n) = &self.k_ln {
+            n.params_with_prefix(&format!("{prefix}k_ln."), out);
         }
         self.out_proj.params_with_prefix(&format!("{prefix}out_proj."), out);
     }
     fn params_mut_with_prefix<'a>(&'a mut self, prefix: &str, out: &mut Vec<ParamMut<'a, F>>) {
-        let (e, rows) = (self.embed_dim, self.part_rows());
+        let (e, rows, norm_name) = (self.embed_dim, self.part_rows(), self.norm_name());
         let weights = split_parts_mut(&mut self.in_proj.weight, rows.map(|r| r.saturating_mul(e)));
         let mut biases: Vec<Option<&'a mut [F]>> = match &mut self.in_proj.bias {
             Some(b) => split_parts_mut(b, rows),
@@ -226,7 +252,10 @@ impl<F> NamedParams<F> for MultiheadWeights<F> {
             }
         }
         if let Some(n) = &mut self.norm {
-            n.params_mut_with_prefix(&format!("{prefix}norm."), out);
+            n.params_mut_with_prefix(&format!("{prefix}{norm_name}"), out);
+        }
+        if let Some(n) = &mut self.k_ln {
+            n.params_mut_with_prefix(&format!("{prefix}k_ln."), out);
         }
         self.out_proj.params_mut_with_prefix(&format!("{prefix}out_proj."), out);
     }

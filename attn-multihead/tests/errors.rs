@@ -7,7 +7,7 @@ use attn_multihead::{
     Attention, Call, Cross, EncoderConfig, LayerNorm, Linear, LongNetEncoder, LongNetEncoderLayer, MultiheadConfig,
     MultiheadDilatedAttention, ReferenceBackend, SeededRng,
 };
-use attn_multihead::{Bias, SubLayerNorm};
+use attn_multihead::{Bias, LayerNorms};
 
 #[test]
 fn bad_shapes_and_configs_are_errors() {
@@ -29,7 +29,7 @@ fn bad_shapes_and_configs_are_errors() {
     let mut grads = layer.zero_grads();
     assert!(layer.backward(&cache, &x[..8], &mut grads).is_err(), "grad_out of the wrong size");
     let wrong = MultiheadDilatedAttention::<f64>::new(
-        MultiheadConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap()).with_layer_norm(SubLayerNorm::Absent),
+        MultiheadConfig::new(8, 2, DilatedConfig::new(&[4], &[1]).unwrap()).with_layer_norm(LayerNorms::Absent),
         1,
         Arc::new(ReferenceBackend),
     )
@@ -143,7 +143,7 @@ fn hand_resized_weights_are_a_typed_error() {
 fn overflowing_layer_sizes_are_typed_errors() {
     let cfg = MultiheadConfig::new(1 << 32, 1, DilatedConfig::new(&[4], &[1]).unwrap())
         .with_bias(Bias::Absent)
-        .with_layer_norm(SubLayerNorm::Absent);
+        .with_layer_norm(LayerNorms::Absent);
     assert!(matches!(cfg.validate(), Err(AttnError::ShapeOverflow { .. })));
     let r = MultiheadDilatedAttention::<f32>::new(cfg, 0, Arc::new(ReferenceBackend));
     assert!(matches!(r, Err(AttnError::ShapeOverflow { .. })));

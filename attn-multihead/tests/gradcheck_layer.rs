@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use attn_core::{BlockMaskBuf, DilatedConfig, KeyPadding, Masks, Mixing, PackedSequences};
-use attn_multihead::{Bias, SubLayerNorm};
+use attn_multihead::{Bias, LayerNorms};
 use attn_multihead::{
     Call, Cross, InputGrads, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWeights, NamedParams,
-    ReferenceBackend,
+    NormLayout, ReferenceBackend,
 };
 use attn_testkit::rng::SeededRng;
 
@@ -53,20 +53,26 @@ struct Case {
     /// A deliberate error put into the analytic query gradient before it is judged (the
     /// planted-error test: the check must reject it).
     plant: Option<fn(&mut [f64])>,
+    /// The layer's segment-window target (`with_window_rows`; 0: one pass).
+    window_rows: usize,
 }
 
 impl Case {
     fn plain(cfg: MultiheadConfig, batch: usize, q_seq: usize, kv_seq: Option<usize>, mode: Mode) -> Self {
-        Case { cfg, batch, q_seq, kv_seq, mode, padding: None, cu_seqlens: None, block_mask: None, plant: None }
+        let (padding, cu_seqlens, block_mask, plant) = (None, None, None, None);
+        Case { cfg, batch, q_seq, kv_seq, mode, padding, cu_seqlens, block_mask, plant, window_rows: 0 }
     }
 }
 
 fn check(case: Case, seed: u64) {
     let mut rng = SeededRng::new(seed);
-    let mut layer = MultiheadDilatedAttention::<f64>::new(case.cfg.clone(), seed, Arc::new(ReferenceBackend)).unwrap();
-    // Non-trivial biases and norm parameters so their gradients are exercised.
+    let mut layer = MultiheadDilatedAttention::<f64>::new(case.cfg.clone(), seed, Arc::new(ReferenceBackend))
+        .unwrap()
+        .with_window_rows(case.window_rows);
+    // Non-trivial biases and norm parameters (`norm`, `q_ln`, `k_ln`) so their gradients
+    // are exercised.
     for p in layer.weights.params_mut() {
-        if !p.name.ends_with("weight") || p.name.starts_with("norm") {
+        if !p.name.ends_with("weight") || p.name.starts_with("norm") || p.name.ends_with("_ln.weight") {
             p.data.iter_mut().for_each(|x| *x += 0.2 * rng.normal());
         }
     }
@@ -164,7 +170,7 @@ fn cross_attention_causal_without_norm() {
         3,
         DilatedConfig::builder().segments(&[3, 6]).dilations(&[1, 2]).causal().build().unwrap(),
     )
-    .with_layer_norm(SubLayerNorm::Absent);
+    .with_layer_norm(LayerNorms::Absent);
     check(Case::plain(cfg, 1, 7, Some(7), Mode::Eval), 3);
 }
 
@@ -242,6 +248,39 @@ fn block_mask_per_head_with_grouped_heads() {
     let dims = attn_core::BlockDims { batch: 1, heads: 4, q_blocks: 4, k_blocks: 4 };
     let mask = BlockMaskBuf::from_fn(dims, 3, |_, h, i, j| i == j || (i + j + h) % 3 == 0).unwrap();
     check(Case { block_mask: Some(mask), ..Case::plain(cfg, 2, 10, None, Mode::Eval) }, 10);
+}
+
+/// qk-LN (`q_ln` over q and over the merged heads, `k_ln` over k): every input and
+/// weight, the backward walking 2 segment windows of 8 rows.
+#[test]
+fn qk_ln_self_attention_in_segment_windows() {
+    let cfg =
+        MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap()).with_norm_layout(NormLayout::QkLn);
+    check(Case { window_rows: 8, ..Case::plain(cfg, 2, 16, None, Mode::Eval) }, 11);
+}
+
+/// qk-LN with grouped heads (`k_ln` over `kv_dim` = 4 features), causal LongNet, key
+/// padding and training dropout.
+#[test]
+fn qk_ln_grouped_heads_causal_with_padding_and_dropout() {
+    let cfg = MultiheadConfig::new(
+        8,
+        4,
+        DilatedConfig::builder().segments(&[4, 8]).dilations(&[1, 2]).mixing(Mixing::LongNet).causal().build().unwrap(),
+    )
+    .with_num_kv_heads(2)
+    .with_dropout(0.2)
+    .with_norm_layout(NormLayout::QkLn);
+    let padding = (0..18).map(|i| i % 4 == 1).collect();
+    check(Case { padding: Some(padding), ..Case::plain(cfg, 2, 9, None, Mode::Train { seed: 4 }) }, 12);
+}
+
+/// qk-LN in cross-attention with keys of their own length (the split q and k/v buffers).
+#[test]
+fn qk_ln_cross_attention_other_kv_length() {
+    let cfg =
+        MultiheadConfig::new(8, 2, DilatedConfig::new(&[4, 8], &[1, 2]).unwrap()).with_norm_layout(NormLayout::QkLn);
+    check(Case::plain(cfg, 2, 5, Some(9), Mode::Eval), 13);
 }
 
 /// The finite-difference check rejects a query gradient with one value off by 1e-5 (ten

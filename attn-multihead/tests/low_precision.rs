@@ -16,9 +16,10 @@ use attn_multihead::{
     NamedParams, TensorSource, load_params,
 };
 use attn_testkit::golden::GoldenCase;
+use attn_testkit::judge::verdict;
 use attn_testkit::layer_judge::{
     CrossKind, LayerDims, LayerRun, LayerSpec, PROJECTIONS, assert_layer_files_pass, assert_planted_rows_fail,
-    cross_kind, input_of, layer_cases,
+    assert_qkln_files_pass, cross_kind, input_of, judge_layer, layer_cases, qkln_cases,
 };
 use half::{bf16, f16};
 
@@ -117,6 +118,12 @@ fn run<F: LayerFloat>(case: &GoldenCase) -> LayerRun {
     let lins: Vec<Linear<F>> = PROJECTIONS.iter().map(|p| projection(&weights, p)).collect();
     let rows = [b * n, b * m, b * m];
     let proj: Vec<Vec<F>> = (0..3).map(|i| lins[i].forward(&xs[i], rows[i]).expect("projection")).collect();
+    // qk-LN: `q_ln` and `k_ln` over the projections before the attention.
+    let qk: Option<[Vec<F>; 2]> = weights.k_ln.as_ref().map(|k_ln| {
+        let q_ln = weights.norm.as_ref().expect("q_ln");
+        [q_ln.forward(&proj[0]).expect("q_ln").0, k_ln.forward(&proj[1]).expect("k_ln").0]
+    });
+    let (q_in, k_in) = qk.as_ref().map_or((&proj[0], &proj[1]), |[q, k]| (q, k));
     let (d, kvh) = (dims.d(), dims.kvh);
     let shapes =
         [Shape4::new(b, n, dims.h, d), Shape4::new(b, m, kvh, d), Shape4::new(b, m, kvh, d)].map(|s| s.expect("shape"));
@@ -125,7 +132,7 @@ fn run<F: LayerFloat>(case: &GoldenCase) -> LayerRun {
         cfg: &config.attention,
         masks: case.masks(),
         shapes,
-        qkv: [&proj[0], &proj[1], &proj[2]],
+        qkv: [q_in, k_in, &proj[2]],
     };
     let (a, lse) = attn.forward();
     let (y, stats) = match &weights.norm {
@@ -139,6 +146,10 @@ fn run<F: LayerFloat>(case: &GoldenCase) -> LayerRun {
     assert_eq!(wide(&out_s), wide(&out), "{}: the layer's output is its stages'", case.name);
     for (i, name) in ["q", "k", "v"].into_iter().enumerate() {
         stage.insert(name.to_string(), wide(&proj[i]));
+    }
+    if let Some([qn, kn]) = &qk {
+        stage.insert("qn".into(), wide(qn));
+        stage.insert("kn".into(), wide(kn));
     }
     stage.insert("a".into(), wide(&a));
     stage.insert("y".into(), wide(&y));
@@ -203,5 +214,37 @@ fn a_row_five_percent_off_fails() {
     let case = layer_cases().into_iter().find(|c| c.name == "mhg_self_ln_hg").expect("mhg_self_ln_hg");
     for dtype in [DType::BF16, DType::F16] {
         assert_planted_rows_fail(&case, &spec(&case), &run_in(&case, dtype));
+    }
+}
+
+#[test]
+fn qkln_files_in_bf16_and_f16_every_stage_row_within_its_bound() {
+    assert_qkln_files_pass(spec, run_in);
+}
+
+/// On the qk-LN files one row 5% off in the normalised q or k (inside the layer), or in
+/// the output, fails exactly its stage's check, in both dtypes.
+#[test]
+fn a_qkln_row_five_percent_off_fails() {
+    for case in qkln_cases() {
+        for dtype in [DType::BF16, DType::F16] {
+            let run = run_in(&case, dtype);
+            verdict(&judge_layer(&case, &spec(&case), &run)).unwrap_or_else(|e| panic!("{dtype:?}: {e}"));
+            for (stage, tensor, width) in
+                [("qn", "q_ln", run.dims.e), ("kn", "k_ln", run.dims.kv()), ("out", "out", run.dims.e)]
+            {
+                let mut wrong = run.clone();
+                let data = if stage == "out" { &mut wrong.out } else { wrong.stage.get_mut(stage).expect("stage") };
+                let row = 41;
+                data[row * width..][..width].iter_mut().for_each(|x| *x *= 1.05);
+                let checks = judge_layer(&case, &spec(&case), &wrong);
+                let c = checks.iter().find(|c| c.tensor == tensor).expect("the stage's check");
+                assert!(
+                    !c.passed() && c.worst_row == row,
+                    "{} {dtype:?}: a 5% error in {tensor} row {row} passed: {c}",
+                    case.name
+                );
+            }
+        }
     }
 }

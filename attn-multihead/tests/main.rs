@@ -12,6 +12,7 @@ mod masked_truncation;
 #[cfg(feature = "ring")]
 mod ordered_ring;
 mod proptest_backends;
+mod qk_ln;
 #[cfg(feature = "ring")]
 mod ring_layer;
 mod segment_window;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use attn_core::{DType, DilatedConfig, Mixing};
 use attn_kernels::CpuBackend;
-use attn_multihead::{Bias, SubLayerNorm};
+use attn_multihead::{Bias, LayerNorms};
 use attn_multihead::{
     Call, DEFAULT_WINDOW_ROWS, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWorkspace, NamedParams,
     ReferenceBackend,
@@ -54,7 +54,7 @@ fn configs() -> Vec<MultiheadConfig> {
             4,
             DilatedConfig::builder().segments(&[6, 4]).dilations(&[3, 2]).mixing(Mixing::LongNet).build().unwrap(),
         )
-        .with_layer_norm(SubLayerNorm::Absent),
+        .with_layer_norm(LayerNorms::Absent),
     ]
 }
 

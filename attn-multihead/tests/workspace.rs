@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use attn_core::{Causality, DType, DilatedConfig, Mixing};
 use attn_kernels::CpuBackend;
-use attn_multihead::{Bias, SubLayerNorm};
+use attn_multihead::{Bias, LayerNorms};
 use attn_multihead::{
     Call, Mode, MultiheadConfig, MultiheadDilatedAttention, MultiheadWorkspace, NamedParams, ReferenceBackend,
 };
@@ -40,7 +40,7 @@ fn a_reused_workspace_gives_the_fresh_forward_bit_for_bit() {
         (MultiheadConfig::new(32, 4, DilatedConfig::new(&[16, 32], &[2, 4]).unwrap()), 2, 64),
         (base.clone().with_causality(Causality::Causal), 1, 48),
         (MultiheadConfig::new(32, 4, longnet).with_bias(Bias::Absent), 1, 48),
-        (base.clone().with_layer_norm(SubLayerNorm::Absent), 2, 40),
+        (base.clone().with_layer_norm(LayerNorms::Absent), 2, 40),
         (base.clone(), 2, 64),
     ];
     let mut ws = MultiheadWorkspace::new();

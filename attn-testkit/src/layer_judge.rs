@@ -5,6 +5,8 @@
 //! ([`crate::layer_stages`]) on the stage's inputs exactly as the layer handed them over,
 //! the file's inputs, weights and `grad_out` rounded to the dtype. Shared by the layers
 //! under test (candle's, attn-multihead's), which record their stages in a [`LayerRun`].
+//! The qk-LN files (`multihead_qkln/`, forward only) add the stages `q_ln` and `k_ln`
+//! between the projections and the attention, and `q_ln` again in place of `norm`.
 //!
 //! Judged end to end instead, with a first-order bound carried through the stages, the
 //! worst case of the roundings (the attention's average of values, `out_proj`'s sums)
@@ -22,13 +24,21 @@ use crate::tolerance::rel_l2_error;
 /// The multihead directories and their file counts.
 pub const LAYER_DIRS: [(&str, usize); 3] = [("multihead", 2), ("multihead_features", 1), ("multihead_grad", 3)];
 
+/// The qk-LN directory and its file count (forward-only files; [`assert_qkln_files_pass`]).
+pub const QKLN_DIR: (&str, usize) = ("multihead_qkln", 2);
+
 /// The projections by their parameter names' prefixes.
 pub const PROJECTIONS: [&str; 3] = ["q_proj", "k_proj", "v_proj"];
 
 /// Every file of [`LAYER_DIRS`], each directory holding exactly its count.
 pub fn layer_cases() -> Vec<GoldenCase> {
+    cases_of(&LAYER_DIRS)
+}
+
+/// The files of `dirs`, each directory holding exactly its count.
+fn cases_of(dirs: &[(&str, usize)]) -> Vec<GoldenCase> {
     let mut all = Vec::new();
-    for (dir, count) in LAYER_DIRS {
+    for &(dir, count) in dirs {
         let path = golden_dir().join(dir);
         let loaded = load_dir(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(loaded.len(), count, "the {count} files in {}", path.display());
@@ -64,6 +74,21 @@ pub fn input_of(case: &GoldenCase, i: usize) -> &'static str {
 pub fn param_names(case: &GoldenCase) -> Vec<String> {
     let is_param = |k: &&String| !k.starts_with("d.") && (k.ends_with(".weight") || k.ends_with(".bias"));
     case.tensors.keys().filter(is_param).cloned().collect()
+}
+
+/// qk-LN's `q_ln` and `k_ln` as (weight, bias) pairs read by `param`, when the file has them.
+fn qk_norms(param: impl Fn(&str) -> Option<Vec<f64>>) -> Option<[(Vec<f64>, Vec<f64>); 2]> {
+    param("q_ln.weight")?;
+    Some(["q_ln", "k_ln"].map(|n| {
+        let get = |p: &str| param(&format!("{n}.{p}")).unwrap_or_else(|| panic!("{n}.{p} of a qk-LN file"));
+        (get("weight"), get("bias"))
+    }))
+}
+
+/// The LayerNorm over the merged heads: `norm`, or qk-LN's `q_ln`.
+fn merged_norm(param: impl Fn(&str) -> Option<Vec<f64>>) -> Option<(Vec<f64>, Vec<f64>)> {
+    let name = if param("q_ln.weight").is_some() { "q_ln" } else { "norm" };
+    param(&format!("{name}.weight")).map(|g| (g, param(&format!("{name}.bias")).expect("the norm's bias")))
 }
 
 /// f32 values widened.
@@ -155,11 +180,20 @@ pub fn judge_layer(case: &GoldenCase, spec: &LayerSpec, run: &LayerRun) -> Vec<R
             .expect("shape");
     let problem = Problem::new(&spec.attention, shape).with_masks(case.masks());
     let da = s.get("da").cloned().unwrap_or_else(|| vec![0.0; b * n * e]);
-    let attn = Expected::for_problem(&problem, [&s["q"], &s["k"], &s["v"]], Some(&da)).expect("reference");
+    let qk = qk_norms(param);
+    let (q_in, k_in) = match &qk {
+        Some([(gq, bq), (gk, bk)]) => {
+            checks.push(check("q_ln", &s["qn"], &layer_norm(&s["q"], [gq, bq], e, dims.eps), e, dtype));
+            checks.push(check("k_ln", &s["kn"], &layer_norm(&s["k"], [gk, bk], dims.kv(), dims.eps), dims.kv(), dtype));
+            (&s["qn"], &s["kn"])
+        }
+        None => (&s["q"], &s["k"]),
+    };
+    let attn = Expected::for_problem(&problem, [q_in, k_in, &s["v"]], Some(&da)).expect("reference");
     let mag = &attn.mag;
     let terms = [&mag.out[..], &mag.flushable.out, &mag.quantum.out];
     checks.push(check_rows("attention", &s["a"], &attn.fwd.out, terms, dims.d(), dtype));
-    let norm = param("norm.weight").map(|g| (g, param("norm.bias").expect("norm.bias")));
+    let norm = merged_norm(param);
     if let Some((g, beta)) = &norm {
         checks.push(check("norm", &s["y"], &layer_norm(&s["a"], [g, beta], e, dims.eps), e, dtype));
     }
@@ -167,6 +201,7 @@ pub fn judge_layer(case: &GoldenCase, spec: &LayerSpec, run: &LayerRun) -> Vec<R
     let want_out = linear(&s["y"], &w("out_proj"), out_bias.as_deref(), [b * n, e, e]);
     checks.push(check("out", &run.out, &want_out, e, dtype));
     let Some(go) = case.tensors.get("grad_out") else { return checks };
+    assert!(qk.is_none(), "{}: gradient stages of a qk-LN file are not judged here", case.name);
     let go = wide(&round_to(dtype, &go.data));
     let grad = |checks: &mut Vec<RowCheck>, name: &str, got: &[f64], want: &Want, row: usize| {
         checks.push(check(name, got, want, row, dtype));
@@ -233,9 +268,16 @@ pub fn check_composition(case: &GoldenCase, spec: &LayerSpec) {
     let d = dims.d();
     let shape = AttnShape::check_cross(&[b, n, h, d], &[b, m, kvh, d], &[b, m, kvh, d]).expect("shape");
     let problem = Problem::new(&spec.attention, shape).with_masks(case.masks());
-    let fwd = Expected::for_problem(&problem, [&proj[0], &proj[1], &proj[2]], None).expect("attention");
+    let qk = qk_norms(param);
+    let (q_in, k_in) = match &qk {
+        Some([(gq, bq), (gk, bk)]) => {
+            (layer_norm(&proj[0], [gq, bq], e, eps).v, layer_norm(&proj[1], [gk, bk], dims.kv(), eps).v)
+        }
+        None => (proj[0].clone(), proj[1].clone()),
+    };
+    let fwd = Expected::for_problem(&problem, [&q_in, &k_in, &proj[2]], None).expect("attention");
     let a = fwd.fwd.out;
-    let norm = param("norm.weight").map(|g| (g, param("norm.bias").expect("norm.bias")));
+    let norm = merged_norm(param);
     let y = match &norm {
         Some((g, beta)) => layer_norm(&a, [g, beta], e, eps).v,
         None => a.clone(),
@@ -245,6 +287,7 @@ pub fn check_composition(case: &GoldenCase, spec: &LayerSpec) {
     let err = rel_l2_error(&out, &case.tensor("out").expect("out").data);
     assert!(err <= tol, "{}: the float64 stages' out is {err:.2e} off the file", case.name);
     let Some(go) = case.tensors.get("grad_out") else { return };
+    assert!(qk.is_none(), "{}: gradients of a qk-LN file are not composed here", case.name);
     let mut got: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let (dy, dw, db) = linear_backward(&y, &t("out_proj.weight"), &wide(&go.data), [b * n, e, e]);
     got.insert("d.out_proj.weight".into(), dw.v);
@@ -327,9 +370,33 @@ pub fn assert_layer_files_pass(
     spec_of: impl Fn(&GoldenCase) -> LayerSpec,
     run: impl Fn(&GoldenCase, DType) -> LayerRun,
 ) {
+    assert_files_pass(layer_cases(), spec_of, run, (12, 6));
+}
+
+/// The qk-LN files ([`QKLN_DIR`]) through `run` in bf16 and f16 as
+/// [`assert_layer_files_pass`] judges the others: 4 runs, forward only.
+pub fn assert_qkln_files_pass(
+    spec_of: impl Fn(&GoldenCase) -> LayerSpec,
+    run: impl Fn(&GoldenCase, DType) -> LayerRun,
+) {
+    assert_files_pass(qkln_cases(), spec_of, run, (4, 0));
+}
+
+/// Every file of [`QKLN_DIR`].
+pub fn qkln_cases() -> Vec<GoldenCase> {
+    cases_of(&[QKLN_DIR])
+}
+
+/// `cases` through `run` in bf16 and f16, `expected` = (runs, runs with gradients).
+fn assert_files_pass(
+    cases: Vec<GoldenCase>,
+    spec_of: impl Fn(&GoldenCase) -> LayerSpec,
+    run: impl Fn(&GoldenCase, DType) -> LayerRun,
+    expected: (usize, usize),
+) {
     let mut failed = Vec::new();
     let (mut runs, mut gradient_runs, mut judged) = (0, 0, 0);
-    for case in layer_cases() {
+    for case in cases {
         let spec = spec_of(&case);
         check_composition(&case, &spec);
         for dtype in [DType::BF16, DType::F16] {
@@ -346,6 +413,6 @@ pub fn assert_layer_files_pass(
         }
     }
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
-    assert_eq!((runs, gradient_runs), (12, 6), "6 files (3 with gradients) in 2 dtypes");
+    assert_eq!((runs, gradient_runs), expected, "(runs, runs with gradients) over 2 dtypes");
     println!("{judged} tensors judged row by row");
 }

@@ -28,8 +28,16 @@ pub struct MultiheadDilatedAttention {
 
 impl MultiheadDilatedAttention {
     /// The layer `config` describes, its parameters under `prefix` in `source`.
+    /// The qk-LN layout (`NormLayout::QkLn` with `layer_norm`) is not built here: a typed
+    /// `Unsupported` error, never a layer of the other layout.
     pub fn from_source(config: MultiheadConfig, source: &ParamSource, prefix: &str) -> Result<Self> {
         config.validate()?;
+        if config.qk_ln() {
+            return Err(AttnError::Unsupported {
+                backend: "attn-burn MultiheadDilatedAttention",
+                feature: attn_core::Feature::Other("norm_layout qk_ln"),
+            });
+        }
         let linear = |name: &str| Linear::from_source(source, &format!("{prefix}{name}."));
         let norm = match config.layer_norm {
             true => Some(LayerNorm::from_source(source, &format!("{prefix}norm."), config.layer_norm_eps)?),

@@ -1,11 +1,12 @@
 //! [`MultiheadDilatedAttention`] as a candle-nn module: projections (`q_proj`, `k_proj`
 //! and `v_proj` with `num_kv_heads * head_dim` rows for grouped heads), the dilated
 //! attention op, dropout (training), sub-LayerNorm (`norm`) and `out_proj`, per
-//! docs/definition.md.
+//! docs/definition.md; or, under `NormLayout::QkLn`, `q_ln` over q and over the merged
+//! heads and `k_ln` over k in place of `norm`.
 
 use std::sync::Arc;
 
-use attn_multihead::{DropoutSite, Mode, MultiheadConfig};
+use attn_multihead::{DropoutSite, Mode, MultiheadConfig, NormLayout};
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, Linear, VarBuilder};
 
@@ -23,7 +24,10 @@ pub struct MultiheadDilatedAttention {
     q_proj: Linear,
     k_proj: Linear,
     v_proj: Linear,
+    /// Over the merged heads: sub-LN's `norm`, or qk-LN's `q_ln` (which also normalises q).
     norm: Option<LayerNorm>,
+    /// qk-LN's `k_ln` over k (`kv_dim` features).
+    k_ln: Option<LayerNorm>,
     out_proj: Linear,
     /// The backend of host tensors; `None`: the process-wide CPU backend, and the CUDA
     /// kernels for tensors on a CUDA device.
@@ -56,9 +60,13 @@ impl MultiheadDilatedAttention {
         let dilated = config.attention.clone();
         let (e, kv, g) = (config.embed_dim, config.kv_dim(), config.gamma_init);
         let linear = |out: usize, gain: f64, name: &str| magneto_linear(e, out, gain, config.bias, vb.pp(name));
-        let norm = match config.layer_norm {
-            true => Some(LayerNorm::new(e, config.layer_norm_eps, vb.pp("norm"))?),
-            false => None,
+        let eps = config.layer_norm_eps;
+        let (norm, k_ln) = match (config.layer_norm, config.norm_layout) {
+            (false, _) => (None, None),
+            (true, NormLayout::SubLn) => (Some(LayerNorm::new(e, eps, vb.pp("norm"))?), None),
+            (true, NormLayout::QkLn) => {
+                (Some(LayerNorm::new(e, eps, vb.pp("q_ln"))?), Some(LayerNorm::new(kv, eps, vb.pp("k_ln"))?))
+            }
         };
         Ok(MultiheadDilatedAttention {
             q_proj: linear(e, 1.0, "q_proj")?,
@@ -66,6 +74,7 @@ impl MultiheadDilatedAttention {
             v_proj: linear(kv, g, "v_proj")?,
             out_proj: linear(e, g, "out_proj")?,
             norm,
+            k_ln,
             options: AttnOptions::new(dilated),
             config,
             backend: None,
@@ -112,8 +121,12 @@ impl MultiheadDilatedAttention {
         let (b, n, e) = query.dims3()?;
         let (_, m, _) = key.dims3()?;
         let (h, kvh, d) = (self.config.num_heads, self.config.num_kv_heads, self.config.head_dim());
-        let q = self.q_proj.forward(query)?.reshape((b, n, h, d))?;
-        let k = self.k_proj.forward(key)?.reshape((b, m, kvh, d))?;
+        let (mut q, mut k) = (self.q_proj.forward(query)?, self.k_proj.forward(key)?);
+        if let (Some(q_ln), Some(k_ln)) = (&self.norm, &self.k_ln) {
+            (q, k) = (q_ln.forward(&q)?, k_ln.forward(&k)?);
+        }
+        let q = q.reshape((b, n, h, d))?;
+        let k = k.reshape((b, m, kvh, d))?;
         let v = self.v_proj.forward(value)?.reshape((b, m, kvh, d))?;
         let options = AttnOptions { config: self.options.config.clone(), ..masks.clone() };
         let a = match &self.backend {

@@ -1,5 +1,5 @@
-//! The layer's backward pass: output projection, sub-LN and dropout, attention, input
-//! projections. Self-attention on one device walks the sequence in the same segment
+//! The layer's backward pass: output projection, sub-LN and dropout, attention, qk-LN's
+//! norms, input projections. Self-attention on one device walks the sequence in the same segment
 //! windows as inference (`segment_window`), so its gradient buffers hold one window.
 
 use std::ops::Range;
@@ -50,6 +50,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
         let saved = (&cache.attn[..], &cache.lse[..]);
         let projected = cache.projected.as_ref();
         self.attention_grads((projected, masks), saved, &d_attn, [qs, kvs], [&mut dq, &mut dk, &mut dv])?;
+        self.qk_norm_backward(cache.qk_pre.as_ref(), [0..rows, 0..kv_rows], [&mut dq, &mut dk], grads)?;
         match &cache.inputs {
             Inputs::SelfAttn(x) => {
                 let mut dx = attn_kernels::zeroed_buffer(rows * e)?;
@@ -107,6 +108,7 @@ impl<F: LayerFloat> MultiheadDilatedAttention<F> {
                 let fused = ProjectedRef::Fused(&qkv[rows.start * cols..rows.end * cols]);
                 let saved = (&cache.attn[el.clone()], &cache.lse[rows.start * heads..rows.end * heads]);
                 self.attention_grads((fused, Masks::NONE), saved, &d_attn, [shape, kv_shape], [dq, dk, dv])?;
+                self.qk_norm_backward(cache.qk_pre.as_ref(), [rows.clone(), rows.clone()], [dq, dk], grads)?;
                 let d = [&dqkv[0][..], &dqkv[1][..], &dqkv[2][..]];
                 self.self_input_grads(&x[el.clone()], [1, len], sparse, d, grads, &mut dx[el])?;
             }
