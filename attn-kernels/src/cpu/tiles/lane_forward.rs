@@ -7,9 +7,11 @@
 
 use attn_core::{Band, Element};
 
+use crate::cpu::isa::kernels;
 use crate::cpu::isa::mat::{LaneState, MatMul};
-use crate::cpu::isa::ops::{self, padded, scratch};
+use crate::cpu::isa::ops::{padded, scratch};
 use crate::cpu::isa::rows::{Piece, PieceSpec, key_span};
+use crate::cpu::isa::simd::Simd;
 use crate::cpu::tiles::f32_tiles::{pack_rows, pack_transposed};
 use crate::cpu::tiles::forward_scratch::ForwardScratch;
 
@@ -27,14 +29,15 @@ const LAZY_MAX: f32 = 8.0;
 /// visible), or false with nothing written when the piece's band masks some pairs and a
 /// value is non-finite: a masked weight is 0 here too, but one product serves all
 /// lanes, so `0 * NaN` would reach queries that must not see that value.
-pub(crate) fn forward_piece<T: Element>(
+pub(crate) fn forward_piece<S: Simd, T: Element>(
+    s: S,
     spec: PieceSpec,
     piece: &Piece<'_, '_, T>,
     ws: &mut ForwardScratch,
     out: &mut [f32],
     lse: &mut [f32],
 ) -> bool {
-    let PieceSpec { isa, scale, d, band } = spec;
+    let PieceSpec { scale, d, band, .. } = spec;
     let Piece { q, k, v } = *piece;
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
@@ -65,15 +68,15 @@ pub(crate) fn forward_piece<T: Element>(
         m.fill(f32::NEG_INFINITY);
         let l = scratch(&mut ws.l, lanes);
         l.fill(0.0);
-        let s = scratch(&mut ws.s, LANE_KEY_TILE * lanes);
+        let sc = scratch(&mut ws.s, LANE_KEY_TILE * lanes);
         // Keys some query of the block can see.
         let block = key_span(kpos_all, band, qpos[0], qpos[qn - 1]);
         for k0 in block.clone().step_by(LANE_KEY_TILE) {
             let kn = (block.end - k0).min(LANE_KEY_TILE);
             let kpos = &kpos_all[k0..k0 + kn];
-            let tile = &mut s[..kn * lanes];
-            ops::gemm(
-                isa,
+            let tile = &mut sc[..kn * lanes];
+            kernels::gemm::<S, false>(
+                s,
                 &MatMul { m: kn, k: dp, n: lanes, a: &kb[k0 * dp..], lda: dp, b: qt, ldb: lanes },
                 tile,
                 lanes,
@@ -88,10 +91,10 @@ pub(crate) fn forward_piece<T: Element>(
                     row[seen.end..qn].fill(f32::NEG_INFINITY);
                 }
             }
-            ops::softmax_lanes(isa, tile, kn, lanes, LAZY_MAX, &mut LaneState { m, l, o: ot, dp });
+            kernels::softmax_lanes(s, tile, kn, lanes, LAZY_MAX, &mut LaneState { m, l, o: ot, dp });
             // Oᵀ += Vᵀ Pᵀ: the packed value rows read in place as a column-major A.
-            ops::product::<true>(
-                isa,
+            kernels::gemm::<S, true>(
+                s,
                 &MatMul { m: dp, k: kn, n: lanes, a: &vb[k0 * dp..], lda: dp, b: tile, ldb: lanes },
                 ot,
                 lanes,

@@ -5,9 +5,10 @@
 
 use attn_core::Element;
 
-use crate::cpu::isa::Isa;
+use crate::cpu::isa::kernels::{self, ds_row, exp2_sub, gemm_ranges};
 use crate::cpu::isa::mat::MatMul;
-use crate::cpu::isa::ops::{self, KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::cpu::isa::ops::{KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::cpu::isa::simd::{Simd, with_vectors};
 
 /// Rows whose products against one tile run together: several register blocks, so each
 /// 16-column panel of the tile is reused from L1 by all of them (as in the forward).
@@ -50,13 +51,6 @@ fn lse2(l: f32) -> f32 {
     if l == f32::NEG_INFINITY { f32::INFINITY } else { l * std::f32::consts::LOG2_E }
 }
 
-/// `dS = P * (dP - delta)`, exactly 0 where `P = 0` (masked), so a NaN/Inf in a masked
-/// value or gradient row cannot reach it.
-#[inline]
-fn ds(p: f32, dp: f32, delta: f32) -> f32 {
-    if p == 0.0 { 0.0 } else { p * (dp - delta) }
-}
-
 /// `dq[i*d..] += scale * sum_j dS_ij k_j` for the piece's queries (all keys of the piece).
 pub(crate) fn dq_piece<T: Element, G: Element>(
     spec: PieceSpec,
@@ -65,7 +59,19 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
     ws: &mut BackwardScratch,
     dq: &mut [f32],
 ) {
-    let PieceSpec { isa, scale, d, band } = spec;
+    with_vectors!(spec.isa, |s| dq_piece_on(s, spec, piece, g, ws, dq))
+}
+
+/// [`dq_piece`] on the vectors `s`.
+fn dq_piece_on<S: Simd, T: Element, G: Element>(
+    s: S,
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
+    g: &QueryGrads<'_, G>,
+    ws: &mut BackwardScratch,
+    dq: &mut [f32],
+) {
+    let PieceSpec { scale, d, band, .. } = spec;
     let Piece { q, k, v } = *piece;
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
@@ -94,7 +100,7 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
         pack_rows(&g.go, q0, qn, d, dp, g.go_scale, gbuf);
         let acc = scratch(&mut ws.acc1, qn * dp);
         acc.fill(0.0);
-        let s = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
+        let sc = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
         let dpb = scratch(&mut ws.dp, ROW_GROUP * KEY_TILE);
         let qpos = &q.pos[q0..q0 + qn];
         for t in 0..tiles {
@@ -108,8 +114,8 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                 if key_span(kpos, band, qpos[r0], qpos[r0 + rn - 1]).is_empty() {
                     continue; // no row of this block sees a key of this tile
                 }
-                ops::gemm(
-                    isa,
+                kernels::gemm::<S, false>(
+                    s,
                     &MatMul {
                         m: rn,
                         k: dp,
@@ -119,12 +125,12 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                         b: &kt[t * tile..],
                         ldb: KEY_TILE,
                     },
-                    s,
+                    sc,
                     KEY_TILE,
                     false,
                 );
-                ops::gemm(
-                    isa,
+                kernels::gemm::<S, false>(
+                    s,
                     &MatMul {
                         m: rn,
                         k: dp,
@@ -140,28 +146,21 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                 );
                 let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
-                    let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
+                    let row = &mut sc[i * KEY_TILE..(i + 1) * KEY_TILE];
                     let visible = band.visible(kpos, qpos[r0 + i]);
                     ranges[i] = (visible.start, visible.end);
                     row[visible.end..].fill(f32::NEG_INFINITY);
                     row[..visible.start].fill(f32::NEG_INFINITY);
-                    ops::exp2_sub(isa, row, lse2(g.lse[q0 + r0 + i]), None);
-                    let delta = g.delta[q0 + r0 + i];
-                    if isa != Isa::Portable {
-                        // dS into the score row: dp <- ds(p, dp), then swap roles by copy.
-                        let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
-                        crate::cpu::isa::ops::ds_row(row, dprow, None, delta);
-                        row.copy_from_slice(dprow);
-                    } else {
-                        for (p, dpv) in row.iter_mut().zip(&dpb[i * KEY_TILE..(i + 1) * KEY_TILE]) {
-                            *p = ds(*p, *dpv, delta);
-                        }
-                    }
+                    exp2_sub(s, row, lse2(g.lse[q0 + r0 + i]), None);
+                    // dS into the score row: dp <- ds(p, dp), then swap roles by copy.
+                    let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
+                    ds_row(s, row, dprow, None, g.delta[q0 + r0 + i]);
+                    row.copy_from_slice(dprow);
                 }
-                ops::gemm_ranges::<false>(
-                    isa,
+                gemm_ranges::<S, false>(
+                    s,
                     &ranges[..rn],
-                    (s, KEY_TILE),
+                    (sc, KEY_TILE),
                     (&kr[t * tile..], dp),
                     dp,
                     &mut acc[r0 * dp..],
@@ -189,7 +188,20 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
     dv: &mut [f32],
     dq: Option<&mut [f32]>,
 ) {
-    let PieceSpec { isa, scale, d, band } = spec;
+    with_vectors!(spec.isa, |s| dkv_piece_on(s, spec, piece, g, ws, [dk, dv], dq))
+}
+
+/// [`dkv_piece`] on the vectors `s`.
+fn dkv_piece_on<S: Simd, T: Element, G: Element>(
+    s: S,
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
+    g: &QueryGrads<'_, G>,
+    ws: &mut BackwardScratch,
+    [dk, dv]: [&mut [f32]; 2],
+    dq: Option<&mut [f32]>,
+) {
+    let PieceSpec { scale, d, band, .. } = spec;
     let Piece { q, k, v } = *piece;
     let (nk, dp) = (k.len(), padded(d));
     if nk == 0 {
@@ -218,7 +230,7 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
             sub[t * KEY_TILE + j] = lse2(g.lse[i0 + j]);
         }
     }
-    let s = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
+    let sc = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
     // dS^T of a whole key chunk x query tile (rows are keys).
     let ds_all = scratch(&mut ws.dp, QUERY_CHUNK * KEY_TILE);
     let dq_acc = scratch(&mut ws.acc2, if dq.is_some() { nq * dp } else { 0 });
@@ -248,8 +260,8 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 }
                 rows_done = r0 + rn;
                 let dpb = &mut ds_all[r0 * KEY_TILE..(r0 + rn) * KEY_TILE];
-                ops::gemm(
-                    isa,
+                kernels::gemm::<S, false>(
+                    s,
                     &MatMul {
                         m: rn,
                         k: dp,
@@ -259,12 +271,12 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                         b: &qt[t * tile..],
                         ldb: KEY_TILE,
                     },
-                    s,
+                    sc,
                     KEY_TILE,
                     false,
                 );
-                ops::gemm(
-                    isa,
+                kernels::gemm::<S, false>(
+                    s,
                     &MatMul {
                         m: rn,
                         k: dp,
@@ -280,35 +292,29 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 );
                 let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
-                    let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
+                    let row = &mut sc[i * KEY_TILE..(i + 1) * KEY_TILE];
                     let seen = band.seen_by(qpos, kpos[r0 + i]);
                     ranges[i] = (seen.start, seen.end);
                     row[..seen.start].fill(f32::NEG_INFINITY);
                     row[seen.end..].fill(f32::NEG_INFINITY);
-                    ops::exp2_sub(isa, row, 0.0, Some(&sub[t * KEY_TILE..(t + 1) * KEY_TILE]));
+                    exp2_sub(s, row, 0.0, Some(&sub[t * KEY_TILE..(t + 1) * KEY_TILE]));
                     let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
-                    if isa != Isa::Portable {
-                        crate::cpu::isa::ops::ds_row(row, &mut dprow[..n], Some(&g.delta[i0..i0 + n]), 0.0);
-                    } else {
-                        for (j, (dpv, p)) in dprow.iter_mut().zip(row.iter()).enumerate().take(n) {
-                            *dpv = ds(*p, *dpv, g.delta[i0 + j]);
-                        }
-                    }
+                    ds_row(s, row, &mut dprow[..n], Some(&g.delta[i0..i0 + n]), 0.0);
                 }
                 // dV += P^T GO, dK += dS^T Q (rows here are keys), each key row over the
                 // queries that see it only.
                 let rg = &ranges[..rn];
-                ops::gemm_ranges::<false>(
-                    isa,
+                gemm_ranges::<S, false>(
+                    s,
                     rg,
-                    (s, KEY_TILE),
+                    (sc, KEY_TILE),
                     (&gr[t * tile..], dp),
                     dp,
                     &mut dv_acc[r0 * dp..],
                     dp,
                 );
-                ops::gemm_ranges::<false>(
-                    isa,
+                gemm_ranges::<S, false>(
+                    s,
                     rg,
                     (dpb, KEY_TILE),
                     (&qr[t * tile..], dp),
@@ -326,7 +332,7 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 }
                 let c = &mut dq_acc[t * KEY_TILE * dp..];
                 // dS^T read in place (its rows are keys): no transposed copy.
-                ops::gemm_ranges::<true>(isa, &q_ranges[..n], (ds_all, KEY_TILE), (kbuf, dp), dp, c, dp);
+                gemm_ranges::<S, true>(s, &q_ranges[..n], (ds_all, KEY_TILE), (kbuf, dp), dp, c, dp);
             }
         }
         for j in 0..kn {

@@ -7,9 +7,11 @@ use std::ops::Range;
 use attn_core::Element;
 
 use crate::cpu::isa::Isa;
+use crate::cpu::isa::kernels;
 use crate::cpu::isa::mat::MatMul;
-use crate::cpu::isa::ops::{self, FORWARD_KEY_TILE as KEY_TILE, FORWARD_QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::cpu::isa::ops::{FORWARD_KEY_TILE as KEY_TILE, FORWARD_QUERY_CHUNK, ROW_BLOCK, padded, scratch};
 use crate::cpu::isa::rows::{Piece, PieceSpec, key_span};
+use crate::cpu::isa::simd::{Simd, with_vectors};
 use crate::cpu::tiles::f32_tiles::{pack_rows, pack_transposed};
 pub(crate) use crate::cpu::tiles::forward_scratch::ForwardScratch;
 
@@ -34,22 +36,25 @@ pub(crate) fn forward_piece<T: Element>(
     if crate::cpu::isa::ops::pair_forward_piece(spec, piece, &mut ws.pairs, out, lse) {
         return;
     }
-    if lanes_first(spec.isa) && crate::cpu::tiles::lane_forward::forward_piece(spec, piece, ws, out, lse) {
-        return;
-    }
-    forward_piece_rows(spec, piece, ws, out, lse)
+    with_vectors!(spec.isa, |s| {
+        if lanes_first(spec.isa) && crate::cpu::tiles::lane_forward::forward_piece(s, spec, piece, ws, out, lse) {
+            return;
+        }
+        forward_piece_rows(s, spec, piece, ws, out, lse)
+    })
 }
 
 /// [`forward_piece`] with one query per score row (the lane kernel's fallback, and the
 /// portable path).
-pub(crate) fn forward_piece_rows<T: Element>(
+pub(crate) fn forward_piece_rows<S: Simd, T: Element>(
+    s: S,
     spec: PieceSpec,
     piece: &Piece<'_, '_, T>,
     ws: &mut ForwardScratch,
     out: &mut [f32],
     lse: &mut [f32],
 ) {
-    let PieceSpec { isa, scale, d, band } = spec;
+    let PieceSpec { scale, d, band, .. } = spec;
     let Piece { q, k, v } = *piece;
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
@@ -84,7 +89,7 @@ pub(crate) fn forward_piece_rows<T: Element>(
         m.fill(f32::NEG_INFINITY);
         let l = scratch(&mut ws.l, qn);
         l.fill(0.0);
-        let s = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
+        let sc = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
         let qpos = &q.pos[q0..q0 + qn];
         for t in 0..tiles {
             let (k0, kn) = (k_lo + t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
@@ -103,39 +108,39 @@ pub(crate) fn forward_piece_rows<T: Element>(
                 }
                 // Score columns any row of the block can see, in whole 16-column panels.
                 let cols = cols.end.next_multiple_of(16).min(KEY_TILE);
-                ops::gemm(
-                    isa,
-                    &MatMul { m: rn, k: dp, n: cols, a: &qbuf[r0 * dp..], lda: dp, b: ktile, ldb: KEY_TILE },
+                kernels::gemm::<S, false>(
                     s,
+                    &MatMul { m: rn, k: dp, n: cols, a: &qbuf[r0 * dp..], lda: dp, b: ktile, ldb: KEY_TILE },
+                    sc,
                     KEY_TILE,
                     false,
                 );
                 let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
-                    let row = &mut s[i * KEY_TILE..i * KEY_TILE + cols];
+                    let row = &mut sc[i * KEY_TILE..i * KEY_TILE + cols];
                     let visible = band.visible(kpos, rows[i]);
                     ranges[i] = (visible.start, visible.end);
                     let (mi, li) = (&mut m[r0 + i], &mut l[r0 + i]);
                     let orow = &mut o[(r0 + i) * dp..(r0 + i + 1) * dp];
-                    softmax_row(isa, row, visible, mi, li, orow);
+                    softmax_row(s, row, visible, mi, li, orow);
                 }
                 if ws.finite[t] {
                     // Finite values: masked weights (0) add exactly 0, so one product over
                     // the widest row's range gives every row the same sums as its own range.
                     let widest = ranges[..rn].iter().map(|r| r.1).max().unwrap_or(0);
-                    ops::gemm(
-                        isa,
-                        &MatMul { m: rn, k: widest, n: dp, a: s, lda: KEY_TILE, b: vtile, ldb: dp },
+                    kernels::gemm::<S, false>(
+                        s,
+                        &MatMul { m: rn, k: widest, n: dp, a: sc, lda: KEY_TILE, b: vtile, ldb: dp },
                         &mut o[r0 * dp..],
                         dp,
                         true,
                     );
                 } else {
                     // Each row reads only the values it sees (a masked NaN/Inf value stays out).
-                    ops::gemm_ranges::<false>(
-                        isa,
+                    kernels::gemm_ranges::<S, false>(
+                        s,
                         &ranges[..rn],
-                        (s, KEY_TILE),
+                        (sc, KEY_TILE),
                         (vtile, dp),
                         dp,
                         &mut o[r0 * dp..],
@@ -167,16 +172,16 @@ fn lanes_first(isa: Isa) -> bool {
 /// One online-softmax step on a score row: columns outside `visible` are masked, the
 /// running maximum `m` and sum `l` advance, the row becomes its weights and the row's
 /// accumulators `o` are rescaled.
-fn softmax_row(isa: Isa, row: &mut [f32], visible: Range<usize>, m: &mut f32, l: &mut f32, o: &mut [f32]) {
+fn softmax_row<S: Simd>(s: S, row: &mut [f32], visible: Range<usize>, m: &mut f32, l: &mut f32, o: &mut [f32]) {
     let end = visible.end.min(row.len());
     row[end..].fill(f32::NEG_INFINITY);
     row[..visible.start.min(end)].fill(f32::NEG_INFINITY);
-    let m_new = m.max(ops::max(isa, row));
+    let m_new = m.max(kernels::max(s, row));
     if m_new == f32::NEG_INFINITY {
         return nothing_visible(row, visible, l);
     }
     let corr = if m_new == *m { 1.0 } else { crate::cpu::isa::ops::exp2(*m - m_new) };
-    let sum = ops::exp2_sub(isa, row, m_new, None);
+    let sum = kernels::exp2_sub(s, row, m_new, None);
     *l = *l * corr + sum;
     *m = m_new;
     if corr != 1.0 {
@@ -202,6 +207,16 @@ mod lane_tests {
     use super::*;
     use crate::cpu::isa::rows::PieceRows;
     use crate::cpu::tiles::lane_forward::forward_piece as lane_piece;
+
+    /// The lane kernel on `spec.isa`'s vectors.
+    fn on_lanes(spec: PieceSpec, piece: &Piece<'_, '_, f32>, ws: &mut ForwardScratch, o: &mut [f32], l: &mut [f32]) -> bool {
+        with_vectors!(spec.isa, |s| lane_piece(s, spec, piece, ws, o, l))
+    }
+
+    /// The row kernel on `spec.isa`'s vectors.
+    fn on_rows(spec: PieceSpec, piece: &Piece<'_, '_, f32>, ws: &mut ForwardScratch, o: &mut [f32], l: &mut [f32]) {
+        with_vectors!(spec.isa, |s| forward_piece_rows(s, spec, piece, ws, o, l))
+    }
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -252,14 +267,14 @@ mod lane_tests {
                 let (mut o1, mut l1) = (vec![0.0; nq * d], vec![0.0; nq]);
                 let (mut o2, mut l2) = (vec![0.0; nq * d], vec![0.0; nq]);
                 let mut ws = ForwardScratch::default();
-                assert!(lane_piece(
+                assert!(on_lanes(
                     PieceSpec { isa, scale, d, band },
                     &Piece { q: &q, k: &k, v: &v },
                     &mut ws,
                     &mut o1,
                     &mut l1
                 ));
-                forward_piece_rows(
+                on_rows(
                     PieceSpec { isa, scale, d, band },
                     &Piece { q: &q, k: &k, v: &v },
                     &mut ws,
@@ -299,7 +314,7 @@ mod lane_tests {
         let (mut o, mut l) = (vec![7.0; 32 * d], vec![7.0; 32]);
         let mut ws = ForwardScratch::default();
         let isa = Isa::detect();
-        assert!(!lane_piece(
+        assert!(!on_lanes(
             PieceSpec { isa, scale: 0.25, d, band: Band::CAUSAL },
             &Piece { q: &rows(&qd), k: &rows(&kd), v: &rows(&vd) },
             &mut ws,
@@ -307,7 +322,7 @@ mod lane_tests {
             &mut l
         ));
         assert!(o.iter().chain(&l).all(|&x| x == 7.0), "nothing written");
-        assert!(lane_piece(
+        assert!(on_lanes(
             PieceSpec { isa, scale: 0.25, d, band: Band::FULL },
             &Piece { q: &rows(&qd), k: &rows(&kd), v: &rows(&vd) },
             &mut ws,
