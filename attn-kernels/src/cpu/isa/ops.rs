@@ -48,17 +48,27 @@ pub(crate) fn pair_engine(isa: Isa) -> Option<Engine> {
     }
 }
 
-/// The bf16 pair forward of a piece on its flavour's engine; false (nothing written)
-/// where it does not apply and the f32 kernel must run the piece (see `bf16_pairs`).
+/// A piece packed for the bf16 pair forward (see [`pair_pack`]).
+pub(crate) type PairPacked = bf16_pairs::Packed;
+
+/// The piece packed for the bf16 pair forward on its flavour's engine, or `None` where
+/// that forward does not apply and the f32 kernel must run the piece (see `bf16_pairs`).
 #[inline]
-pub(crate) fn pair_forward_piece<T: Element>(
+pub(crate) fn pair_pack<T: Element>(spec: PieceSpec, piece: &Piece<'_, '_, T>, ws: &mut PairScratch) -> Option<PairPacked> {
+    pair_engine(spec.isa).and_then(|e| bf16_pairs::pack(e, spec, piece, ws))
+}
+
+/// The bf16 pair forward of a piece [`pair_pack`] packed.
+#[inline]
+pub(crate) fn pair_run<T: Element>(
+    packed: &PairPacked,
     spec: PieceSpec,
     piece: &Piece<'_, '_, T>,
     ws: &mut PairScratch,
     out: &mut [f32],
     lse: &mut [f32],
-) -> bool {
-    pair_engine(spec.isa).is_some_and(|e| bf16_pairs::forward_piece(e, spec, piece, ws, out, lse))
+) {
+    bf16_pairs::run(packed, spec, piece, ws, out, lse)
 }
 
 /// Bytes of the bf16 pair forward's scratch on `isa` for head dim `d` and `m` keys.

@@ -2,10 +2,10 @@
 //! transposed (keys are rows, a block of up to 64 queries are the columns), so the online
 //! softmax's maxima, sums and rescales are lane-wise vector operations with no
 //! horizontal reductions per row, and the value product reads the packed value rows in
-//! place as Vᵀ. Runs when every weight it forms is one the row kernel would form too;
-//! otherwise it hands the piece back (see [`forward_piece`]).
+//! place as Vᵀ. Runs when every weight it forms is one the row kernel would form too
+//! (see [`forward_piece`]).
 
-use attn_core::{Band, Element};
+use attn_core::Element;
 
 use crate::cpu::isa::kernels;
 use crate::cpu::isa::mat::{LaneState, MatMul};
@@ -24,11 +24,12 @@ pub(crate) const LANE_KEY_TILE: usize = 96;
 /// than this (base 2): weights stay at most `2^8`, and most tiles rescale nothing.
 const LAZY_MAX: f32 = 8.0;
 
-/// Attention of the piece's queries over its keys, as `tile_forward::forward_piece`
+/// Attention of the piece's queries over its keys, as `tile_forward::forward_piece_rows`
 /// (normalised output rows `out[i*d..]`, natural-log LSE, `-inf` where no key is
-/// visible), or false with nothing written when the piece's band masks some pairs and a
-/// value is non-finite: a masked weight is 0 here too, but one product serves all
-/// lanes, so `0 * NaN` would reach queries that must not see that value.
+/// visible), on the values `tile_forward::pack_values` packed into `ws`. Only for a
+/// piece whose band masks no pair or whose values are all finite: a masked weight is 0
+/// here too, but one product serves all lanes, so `0 * NaN` would reach queries that
+/// must not see that value (`piece_forward` chooses accordingly).
 pub(crate) fn forward_piece<S: Simd, T: Element>(
     s: S,
     spec: PieceSpec,
@@ -36,23 +37,19 @@ pub(crate) fn forward_piece<S: Simd, T: Element>(
     ws: &mut ForwardScratch,
     out: &mut [f32],
     lse: &mut [f32],
-) -> bool {
+) {
     let PieceSpec { scale, d, band, .. } = spec;
-    let Piece { q, k, v } = *piece;
+    let Piece { q, k, .. } = *piece;
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
-        return true;
+        return;
     }
     // Keys some query of the piece sees, packed from `k_lo`.
     let span = key_span(k.pos, band, q.pos[0], q.pos[nq - 1]);
     let (k_lo, nk) = (span.start, span.len());
     let kb = scratch(&mut ws.kt, nk * dp);
     pack_rows(k, k_lo, nk, d, dp, 1.0, kb);
-    let vb = scratch(&mut ws.v, nk * dp);
-    pack_rows(v, k_lo, nk, d, dp, 1.0, vb);
-    if band != Band::FULL && !vb.iter().all(|x| x.is_finite()) {
-        return false;
-    }
+    let vb = &ws.v[..nk * dp];
     let kpos_all = &k.pos[k_lo..k_lo + nk];
     let c2 = scale * std::f32::consts::LOG2_E;
     for q0 in (0..nq).step_by(LANE_QUERIES) {
@@ -116,5 +113,4 @@ pub(crate) fn forward_piece<S: Simd, T: Element>(
             }
         }
     }
-    true
 }
