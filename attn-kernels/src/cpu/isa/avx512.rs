@@ -18,8 +18,16 @@ impl Avx512 {
     }
 }
 
-// SAFETY (every `unsafe` block of this impl): an `Avx512` token exists only where the
-// CPU has avx512f (see `Avx512::new`); pointer contracts are the trait's.
+/// `unsafe { $($e)* }` in the methods below: intrinsics of this set, and the pointer
+/// accesses whose bounds the trait's `# Safety` sections leave to the caller.
+macro_rules! feat {
+    ($($e:tt)*) => {
+        // SAFETY: an `Avx512` token exists only where the CPU has avx512f (`Avx512::new`);
+        // pointer arguments are valid as the calling `unsafe fn`'s contract requires.
+        unsafe { $($e)* }
+    };
+}
+
 impl Simd for Avx512 {
     const LANES: usize = 16;
     // 64-column panels: one panel of B stays in L1 while every row block passes over it.
@@ -33,27 +41,27 @@ impl Simd for Avx512 {
         unsafe fn run<Op: WithSimd>(s: Avx512, op: Op) -> Op::Output {
             op.with_simd(s)
         }
-        unsafe { run(self, op) }
+        feat!(run(self, op))
     }
     #[inline(always)]
     fn splat(self, x: f32) -> __m512 {
-        unsafe { _mm512_set1_ps(x) }
+        feat!(_mm512_set1_ps(x))
     }
     #[inline(always)]
     unsafe fn load(self, p: *const f32) -> __m512 {
-        unsafe { _mm512_loadu_ps(p) }
+        feat!(_mm512_loadu_ps(p))
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32, v: __m512) {
-        unsafe { _mm512_storeu_ps(p, v) }
+        feat!(_mm512_storeu_ps(p, v))
     }
     #[inline(always)]
     unsafe fn load_part(self, p: *const f32, n: usize) -> __m512 {
-        unsafe { _mm512_maskz_loadu_ps(self.first(n), p) }
+        feat!(_mm512_maskz_loadu_ps(self.first(n), p))
     }
     #[inline(always)]
     unsafe fn store_part(self, p: *mut f32, n: usize, v: __m512) {
-        unsafe { _mm512_mask_storeu_ps(p, self.first(n), v) }
+        feat!(_mm512_mask_storeu_ps(p, self.first(n), v))
     }
     #[inline(always)]
     fn first(self, n: usize) -> __mmask16 {
@@ -61,39 +69,39 @@ impl Simd for Avx512 {
     }
     #[inline(always)]
     fn add(self, a: __m512, b: __m512) -> __m512 {
-        unsafe { _mm512_add_ps(a, b) }
+        feat!(_mm512_add_ps(a, b))
     }
     #[inline(always)]
     fn sub(self, a: __m512, b: __m512) -> __m512 {
-        unsafe { _mm512_sub_ps(a, b) }
+        feat!(_mm512_sub_ps(a, b))
     }
     #[inline(always)]
     fn mul(self, a: __m512, b: __m512) -> __m512 {
-        unsafe { _mm512_mul_ps(a, b) }
+        feat!(_mm512_mul_ps(a, b))
     }
     #[inline(always)]
     fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
-        unsafe { _mm512_fmadd_ps(a, b, c) }
+        feat!(_mm512_fmadd_ps(a, b, c))
     }
     #[inline(always)]
     fn max(self, a: __m512, b: __m512) -> __m512 {
-        unsafe { _mm512_max_ps(a, b) }
+        feat!(_mm512_max_ps(a, b))
     }
     #[inline(always)]
     fn gt(self, a: __m512, b: __m512) -> __mmask16 {
-        unsafe { _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b) }
+        feat!(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b))
     }
     #[inline(always)]
     fn eq(self, a: __m512, b: __m512) -> __mmask16 {
-        unsafe { _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, b) }
+        feat!(_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, b))
     }
     #[inline(always)]
     fn ne(self, a: __m512, b: __m512) -> __mmask16 {
-        unsafe { _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, b) }
+        feat!(_mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, b))
     }
     #[inline(always)]
     fn select(self, m: __mmask16, t: __m512, f: __m512) -> __m512 {
-        unsafe { _mm512_mask_mov_ps(f, m, t) }
+        feat!(_mm512_mask_mov_ps(f, m, t))
     }
     #[inline(always)]
     fn any(self, m: __mmask16) -> bool {
@@ -101,18 +109,18 @@ impl Simd for Avx512 {
     }
     #[inline(always)]
     fn min(self, a: __m512, b: __m512) -> __m512 {
-        unsafe { _mm512_min_ps(a, b) }
+        feat!(_mm512_min_ps(a, b))
     }
     #[inline(always)]
     fn shl23(self, v: __m512) -> __m512 {
-        unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(v))) }
+        feat!(_mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(v))))
     }
     #[inline(always)]
     fn reduce_add(self, v: __m512) -> f32 {
-        unsafe { _mm512_reduce_add_ps(v) }
+        feat!(_mm512_reduce_add_ps(v))
     }
     #[inline(always)]
     fn reduce_max(self, v: __m512) -> f32 {
-        unsafe { _mm512_reduce_max_ps(v) }
+        feat!(_mm512_reduce_max_ps(v))
     }
 }

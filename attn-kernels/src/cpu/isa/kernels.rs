@@ -6,11 +6,35 @@
 #![allow(unsafe_code)]
 
 use crate::cpu::isa::mat::{LaneState, MatMul, RawMatMul};
-use crate::cpu::isa::portable::EXP2_POLY;
 use crate::cpu::isa::simd::{Simd, WithSimd};
 
 /// Rows per register block of the micro-kernel.
 pub(crate) const ROW_BLOCK: usize = 6;
+
+/// Coefficients (highest degree first) of a degree-5 polynomial for `2^f` on
+/// `f` in `[-0.5, 0.5]`: constant term exactly 1 (so `exp2(0) = 1` and a lone visible
+/// key gets weight exactly 1 and an exact LSE), the rest fitted for minimax relative
+/// error (iteratively reweighted least squares): at most 1.7e-7 (2.9 ulp) evaluated in
+/// f32 with FMA; two fewer FMAs per score than the degree-7 Taylor series used before.
+// The degree-1 coefficient is fitted (0.693147), not ln 2 (0.6931472).
+#[allow(clippy::approx_constant)]
+pub(crate) const EXP2_POLY: [f32; 6] = [0.001_326_472_5, 0.009_671_513, 0.055_507_336, 0.240_222_42, 0.693_147, 1.0];
+
+/// `2^x` for one value (`0` below -150, so `-inf` gives `0`; clamped at 127).
+#[inline]
+pub(crate) fn exp2_scalar(x: f32) -> f32 {
+    let x = x.clamp(-150.0, 127.0);
+    let n = x.round();
+    let f = x - n;
+    let mut p = EXP2_POLY[0];
+    for c in EXP2_POLY[1..].iter().copied() {
+        p = p * f + c;
+    }
+    // Scale by 2^n in two steps so that n down to -150 stays representable.
+    let n = n as i32;
+    let (n1, n2) = (n / 2, n - n / 2);
+    p * f32::from_bits(((n1 + 127) as u32) << 23) * f32::from_bits(((n2 + 127) as u32) << 23)
+}
 
 /// `2^x` for `x <= 127` or NaN (a softmax weight `x` is never positive); 0 below -127
 /// (no subnormal results, so no microcode assists). Rounds to nearest by adding
@@ -268,7 +292,7 @@ pub(crate) fn exp2_sub<S: Simd>(s: S, x: &mut [f32], sub: f32, sv: Option<&[f32]
             let sub = s.splat(self.sub);
             let mut sum = s.splat(0.0);
             let mut j = 0;
-            // SAFETY (whole block): whole vectors while j + LANES <= len, then the first
+            // SAFETY: whole vectors while j + LANES <= len, then the first
             // `len - j` lanes; `sv` holds at least `len` elements (asserted above).
             unsafe {
                 while j + l <= len {
@@ -309,7 +333,7 @@ pub(crate) fn max<S: Simd>(s: S, x: &[f32]) -> f32 {
             let ninf = s.splat(f32::NEG_INFINITY);
             let mut m = ninf;
             let mut j = 0;
-            // SAFETY (whole block): whole vectors while j + LANES <= len, then the rest.
+            // SAFETY: whole vectors while j + LANES <= len, then the rest.
             unsafe {
                 while j + l <= len {
                     m = s.max(m, s.load(x.add(j)));
@@ -346,7 +370,7 @@ pub(crate) fn ds_row<S: Simd>(s: S, p: &[f32], dp: &mut [f32], dv: Option<&[f32]
             let (zero, dl) = (s.splat(0.0), s.splat(self.delta));
             let step = |pv: S::V, dpv: S::V, d: S::V| s.select(s.ne(pv, zero), s.mul(pv, s.sub(dpv, d)), zero);
             let mut j = 0;
-            // SAFETY (whole block): whole vectors while j + LANES <= len, then the first
+            // SAFETY: whole vectors while j + LANES <= len, then the first
             // `len - j` lanes; `p` and `dv` hold at least `len` elements (asserted above).
             unsafe {
                 while j + l <= len {
@@ -372,7 +396,14 @@ pub(crate) fn ds_row<S: Simd>(s: S, p: &[f32], dp: &mut [f32], dv: Option<&[f32]
 /// becomes its weights `exp2(s - m)` (0 for `-inf`), `l` is rescaled and adds the
 /// column sums, and the raised lanes of the `dp` accumulator rows `o` (stride `lanes`)
 /// are rescaled by `exp2(m_old - m_new)`.
-pub(crate) fn softmax_lanes<S: Simd>(s: S, tile: &mut [f32], rows: usize, lanes: usize, tau: f32, st: &mut LaneState<'_>) {
+pub(crate) fn softmax_lanes<S: Simd>(
+    s: S,
+    tile: &mut [f32],
+    rows: usize,
+    lanes: usize,
+    tau: f32,
+    st: &mut LaneState<'_>,
+) {
     let (m, l, o, dp) = (&*st.m, &*st.l, &*st.o, st.dp);
     assert!(lanes.is_multiple_of(16) && tile.len() >= rows * lanes, "softmax_lanes: tile out of bounds");
     assert!(m.len() >= lanes && l.len() >= lanes && o.len() >= dp * lanes, "softmax_lanes: state out of bounds");
@@ -449,45 +480,4 @@ pub(crate) fn softmax_lanes<S: Simd>(s: S, tile: &mut [f32], rows: usize, lanes:
     }
     let (m, l, o) = (st.m.as_mut_ptr(), st.l.as_mut_ptr(), st.o.as_mut_ptr());
     s.vectorize(Op { t: tile.as_mut_ptr(), rows, lanes, tau, m, l, o, dp })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cpu::isa::Isa;
-    use crate::cpu::isa::simd::with_vectors;
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / 16_777_216.0 - 0.5)
-            .collect()
-    }
-
-    /// On every kernel flavour this CPU runs, the column-major product equals the
-    /// row-major one on an explicit transpose bit for bit (the same multiply-adds in the
-    /// same order), ragged row blocks and column panels included.
-    #[test]
-    fn column_major_product_equals_product_on_the_transpose() {
-        for isa in attn_testkit::isa_policy::runnable("column_major_product", Isa::ALL, Isa::as_str, Isa::is_supported)
-        {
-            for (m, k, n, acc) in [(1, 1, 16, false), (5, 7, 48, true), (13, 64, 64, false), (64, 130, 80, true)] {
-                let (lda, ldb, ldc) = (m + 3, n + 16, n + 32);
-                let a_cols = values(k * lda, 1);
-                let mut a_rows = vec![0.0; m * k];
-                for r in 0..m {
-                    for kk in 0..k {
-                        a_rows[r * k + kk] = a_cols[kk * lda + r];
-                    }
-                }
-                let b = values(k * ldb, 2);
-                let c0 = values(m * ldc, 3);
-                let (mut want, mut got) = (c0.clone(), c0);
-                with_vectors!(isa, |s| {
-                    gemm::<_, false>(s, &MatMul { m, k, n, a: &a_rows, lda: k, b: &b, ldb }, &mut want, ldc, acc);
-                    gemm::<_, true>(s, &MatMul { m, k, n, a: &a_cols, lda, b: &b, ldb }, &mut got, ldc, acc);
-                });
-                assert_eq!(got, want, "{isa:?} m={m} k={k} n={n}");
-            }
-        }
-    }
 }

@@ -1,14 +1,67 @@
-//! What the tile loops use besides the vector primitives of `kernels`: the scalar
-//! `exp2`, row conversion and prefetch and the score-bound scan (`row_io`), the bf16
-//! pair forward of a piece and its engine for a flavour (`bf16_pairs`), the tile sizes,
-//! and scratch sizing.
+//! The dispatch module: the one `match` on the instruction set, made where a piece
+//! starts ([`with_vectors!`] on [`Isa::vectors`]: the token of `portable`, `avx2` or
+//! `avx512` the piece's kernels are monomorphised for), and what the tile loops use
+//! besides the primitives of `kernels`: the scalar `exp2`, row conversion and prefetch
+//! and the score-bound scan (`row_io`), the bf16 pair forward of a piece and its engine
+//! for a flavour (`bf16_pairs`), the tile sizes, and scratch sizing.
 
 use attn_core::Element;
 
-use super::{bf16_pairs, portable, row_io};
+use super::{bf16_pairs, kernels, row_io};
 use crate::cpu::isa::Isa;
 use crate::cpu::isa::bf16_pairs::Engine;
+use crate::cpu::isa::portable::Portable;
 use crate::cpu::isa::rows::{Piece, PieceSpec};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::isa::{avx2::Avx2, avx512::Avx512};
+
+/// The token of the instruction set a piece's f32 kernels run on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Vectors {
+    Portable(Portable),
+    #[cfg(target_arch = "x86_64")]
+    Avx2(Avx2),
+    #[cfg(target_arch = "x86_64")]
+    Avx512(Avx512),
+}
+
+impl Isa {
+    /// The vectors this flavour's f32 kernels use (the bf16 flavours run them on
+    /// AVX-512), or portable ones where the CPU lacks the instruction set.
+    pub(crate) fn vectors(self) -> Vectors {
+        #[cfg(target_arch = "x86_64")]
+        match self {
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
+                if let Some(s) = Avx512::new() {
+                    return Vectors::Avx512(s);
+                }
+            }
+            Isa::Avx2 => {
+                if let Some(s) = Avx2::new() {
+                    return Vectors::Avx2(s);
+                }
+            }
+            Isa::Portable => {}
+        }
+        let _ = self;
+        Vectors::Portable(Portable)
+    }
+}
+
+/// `$body` with `$s` bound to the token of `$isa`'s vectors: the one `match` on the
+/// instruction set, made where a piece starts; `$body` is monomorphised per set.
+macro_rules! with_vectors {
+    ($isa:expr, |$s:ident| $body:expr) => {
+        match $isa.vectors() {
+            $crate::cpu::isa::ops::Vectors::Portable($s) => $body,
+            #[cfg(target_arch = "x86_64")]
+            $crate::cpu::isa::ops::Vectors::Avx2($s) => $body,
+            #[cfg(target_arch = "x86_64")]
+            $crate::cpu::isa::ops::Vectors::Avx512($s) => $body,
+        }
+    };
+}
+pub(crate) use with_vectors;
 
 /// The bf16 pair forward's per-thread scratch.
 pub(crate) type PairScratch = bf16_pairs::PairScratch;
@@ -16,7 +69,7 @@ pub(crate) type PairScratch = bf16_pairs::PairScratch;
 /// `2^x` (scalar).
 #[inline]
 pub(crate) fn exp2(x: f32) -> f32 {
-    portable::exp2(x)
+    kernels::exp2_scalar(x)
 }
 
 /// `out[e] = mul * row[e]` with F16C for f16 rows where the CPU has it; false (nothing
@@ -54,7 +107,11 @@ pub(crate) type PairPacked = bf16_pairs::Packed;
 /// The piece packed for the bf16 pair forward on its flavour's engine, or `None` where
 /// that forward does not apply and the f32 kernel must run the piece (see `bf16_pairs`).
 #[inline]
-pub(crate) fn pair_pack<T: Element>(spec: PieceSpec, piece: &Piece<'_, '_, T>, ws: &mut PairScratch) -> Option<PairPacked> {
+pub(crate) fn pair_pack<T: Element>(
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
+    ws: &mut PairScratch,
+) -> Option<PairPacked> {
     pair_engine(spec.isa).and_then(|e| bf16_pairs::pack(e, spec, piece, ws))
 }
 
@@ -83,7 +140,7 @@ pub(crate) const KEY_TILE: usize = 64;
 /// on AVX2 (seq 8192, one thread): 64 keys 330 ms, 128 keys 312 ms, 256 keys 320 ms;
 /// the backward is faster with 64 (1,180 against 1,320 ms forward + backward).
 pub(crate) const FORWARD_KEY_TILE: usize = 128;
-pub(crate) use crate::cpu::isa::kernels::ROW_BLOCK;
+pub(crate) use kernels::ROW_BLOCK;
 /// Query rows whose accumulators are kept together (cache blocking).
 pub(crate) const QUERY_CHUNK: usize = 128;
 /// Query rows of one forward chunk: whole row blocks (a short block runs the
@@ -105,4 +162,45 @@ pub(crate) fn scratch(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
         v.resize(len, 0.0);
     }
     &mut v[..len]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::isa::kernels::gemm;
+    use crate::cpu::isa::mat::MatMul;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / 16_777_216.0 - 0.5)
+            .collect()
+    }
+
+    /// On every kernel flavour this CPU runs, the column-major product equals the
+    /// row-major one on an explicit transpose bit for bit (the same multiply-adds in the
+    /// same order), ragged row blocks and column panels included.
+    #[test]
+    fn column_major_product_equals_product_on_the_transpose() {
+        for isa in attn_testkit::isa_policy::runnable("column_major_product", Isa::ALL, Isa::as_str, Isa::is_supported)
+        {
+            for (m, k, n, acc) in [(1, 1, 16, false), (5, 7, 48, true), (13, 64, 64, false), (64, 130, 80, true)] {
+                let (lda, ldb, ldc) = (m + 3, n + 16, n + 32);
+                let a_cols = values(k * lda, 1);
+                let mut a_rows = vec![0.0; m * k];
+                for r in 0..m {
+                    for kk in 0..k {
+                        a_rows[r * k + kk] = a_cols[kk * lda + r];
+                    }
+                }
+                let b = values(k * ldb, 2);
+                let c0 = values(m * ldc, 3);
+                let (mut want, mut got) = (c0.clone(), c0);
+                with_vectors!(isa, |s| {
+                    gemm::<_, false>(s, &MatMul { m, k, n, a: &a_rows, lda: k, b: &b, ldb }, &mut want, ldc, acc);
+                    gemm::<_, true>(s, &MatMul { m, k, n, a: &a_cols, lda, b: &b, ldb }, &mut got, ldc, acc);
+                });
+                assert_eq!(got, want, "{isa:?} m={m} k={k} n={n}");
+            }
+        }
+    }
 }

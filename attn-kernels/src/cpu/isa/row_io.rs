@@ -48,7 +48,7 @@ pub(crate) fn f16_row_to_f32<T: attn_core::Element>(row: &[T], mul: f32, out: &m
     false
 }
 
-/// [`crate::cpu::isa::portable::fold_row`] compiled with AVX2 where the CPU has it (its plain
+/// [`fold`] compiled with AVX2 where the CPU has it (its plain
 /// loops then vectorise 256 bits wide; SSE2 has no 32-bit maximum).
 pub(crate) fn fold_row<T: attn_core::Element>(
     row: &[T],
@@ -61,14 +61,14 @@ pub(crate) fn fold_row<T: attn_core::Element>(
     {
         #[target_feature(enable = "avx2")]
         fn run<T: attn_core::Element>(row: &[T], abs_mask: i32, inf: i32, acc: &mut [i32; 16], acc16: &mut [i16; 32]) {
-            crate::cpu::isa::portable::fold_row(row, abs_mask, inf, acc, acc16)
+            fold(row, abs_mask, inf, acc, acc16)
         }
         if cpu_features::avx2_fma() {
             // SAFETY: the CPU has avx2 (checked on this line); `run` only calls the safe fold.
             return unsafe { run(row, abs_mask, inf, acc, acc16) };
         }
     }
-    crate::cpu::isa::portable::fold_row(row, abs_mask, inf, acc, acc16)
+    fold(row, abs_mask, inf, acc, acc16)
 }
 
 /// Ask the CPU to bring `row` into L1 (a hint: no effect on results). The packing
@@ -90,3 +90,30 @@ pub(crate) fn prefetch_row<T>(row: &[T]) {
     let _ = row;
 }
 
+/// Folds one row into lane maxima of its sign-cleared bits (`& abs_mask`), counting
+/// non-finite values (bits at or above `inf`) as 0: 32-bit formats into `acc`, 16-bit
+/// ones into `acc16` (sign-cleared bits are non-negative as i32, and as i16 for the
+/// 16-bit formats). Always inlined, so it vectorises for the caller's target features.
+#[inline(always)]
+fn fold<T: attn_core::Element>(row: &[T], abs_mask: i32, inf: i32, acc: &mut [i32; 16], acc16: &mut [i16; 32]) {
+    // Whole chunks of the lane width (fixed trip count: they vectorise), then the rest.
+    #[inline(always)]
+    fn fold<T: attn_core::Element, L: Copy + Ord, const N: usize>(row: &[T], acc: &mut [L; N], lane: impl Fn(&T) -> L) {
+        let mut chunks = row.chunks_exact(N);
+        let mut step = |c: &[T]| acc.iter_mut().zip(c).for_each(|(a, e)| *a = (*a).max(lane(e)));
+        (&mut chunks).for_each(&mut step);
+        step(chunks.remainder());
+    }
+    if T::DTYPE.size() == 2 {
+        let (m, f) = (abs_mask as i16, inf as i16);
+        fold(row, acc16, |e| {
+            let b = (e.to_bits() as u16 as i16) & m;
+            if b < f { b } else { 0 }
+        })
+    } else {
+        fold(row, acc, |e| {
+            let b = (e.to_bits() as u32 as i32) & abs_mask;
+            if b < inf { b } else { 0 }
+        })
+    }
+}

@@ -1,13 +1,8 @@
 //! The vector primitives of one instruction set ([`Simd`], one implementation each in
-//! `portable`, `avx2` and `avx512`), the kernel flavour's token chosen once per piece
-//! ([`Vectors`], from [`Isa::vectors`]) and the way into code compiled with the
-//! flavour's target features ([`WithSimd`], run by [`Simd::vectorize`]).
+//! `portable`, `avx2` and `avx512`; the token for a piece is chosen once, in `ops`) and
+//! the way into code compiled with the set's target features ([`WithSimd`], run by
+//! [`Simd::vectorize`]).
 #![allow(unsafe_code)]
-
-use crate::cpu::isa::Isa;
-use crate::cpu::isa::portable::Portable;
-#[cfg(target_arch = "x86_64")]
-use crate::cpu::isa::{avx2::Avx2, avx512::Avx512};
 
 /// An operation written once over [`Simd`]: `with_simd` is monomorphised per instruction
 /// set and, run through [`Simd::vectorize`], inlined into a function compiled with that
@@ -86,51 +81,3 @@ pub(crate) trait Simd: Copy + std::fmt::Debug {
     /// Largest lane.
     fn reduce_max(self, v: Self::V) -> f32;
 }
-
-/// The token of the instruction set a piece's f32 kernels run on.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Vectors {
-    Portable(Portable),
-    #[cfg(target_arch = "x86_64")]
-    Avx2(Avx2),
-    #[cfg(target_arch = "x86_64")]
-    Avx512(Avx512),
-}
-
-impl Isa {
-    /// The vectors this flavour's f32 kernels use (the bf16 flavours run them on
-    /// AVX-512), or portable ones where the CPU lacks the instruction set.
-    pub(crate) fn vectors(self) -> Vectors {
-        #[cfg(target_arch = "x86_64")]
-        match self {
-            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
-                if let Some(s) = Avx512::new() {
-                    return Vectors::Avx512(s);
-                }
-            }
-            Isa::Avx2 => {
-                if let Some(s) = Avx2::new() {
-                    return Vectors::Avx2(s);
-                }
-            }
-            Isa::Portable => {}
-        }
-        let _ = self;
-        Vectors::Portable(Portable)
-    }
-}
-
-/// `$body` with `$s` bound to the token of `$isa`'s vectors: the one `match` on the
-/// instruction set, made where a piece starts; `$body` is monomorphised per set.
-macro_rules! with_vectors {
-    ($isa:expr, |$s:ident| $body:expr) => {
-        match $isa.vectors() {
-            $crate::cpu::isa::simd::Vectors::Portable($s) => $body,
-            #[cfg(target_arch = "x86_64")]
-            $crate::cpu::isa::simd::Vectors::Avx2($s) => $body,
-            #[cfg(target_arch = "x86_64")]
-            $crate::cpu::isa::simd::Vectors::Avx512($s) => $body,
-        }
-    };
-}
-pub(crate) use with_vectors;

@@ -7,9 +7,9 @@
 use attn_core::{Band, Element};
 
 use crate::cpu::isa::Isa;
+use crate::cpu::isa::ops::with_vectors;
 use crate::cpu::isa::ops::{PairPacked, pair_pack, pair_run};
 use crate::cpu::isa::rows::{Piece, PieceSpec};
-use crate::cpu::isa::simd::with_vectors;
 use crate::cpu::tiles::forward_scratch::ForwardScratch;
 use crate::cpu::tiles::lane_forward;
 use crate::cpu::tiles::tile_forward::{forward_piece_rows, pack_values};
@@ -51,7 +51,9 @@ impl ForwardKernel {
     ) {
         match self {
             ForwardKernel::Pairs(packed) => pair_run(packed, spec, piece, &mut ws.pairs, out, lse),
-            ForwardKernel::Lanes => with_vectors!(spec.isa, |s| lane_forward::forward_piece(s, spec, piece, ws, out, lse)),
+            ForwardKernel::Lanes => {
+                with_vectors!(spec.isa, |s| lane_forward::forward_piece(s, spec, piece, ws, out, lse))
+            }
             ForwardKernel::Rows => with_vectors!(spec.isa, |s| forward_piece_rows(s, spec, piece, ws, out, lse)),
         }
     }
@@ -174,7 +176,8 @@ mod tests {
         let (q, k, v) = (rows(&qd), rows(&kd), rows(&vd));
         let piece = Piece { q: &q, k: &k, v: &v };
         let lane_flavours = [Isa::Avx512, Isa::Avx2];
-        for isa in attn_testkit::isa_policy::runnable("poisoned_choice", lane_flavours, Isa::as_str, Isa::is_supported) {
+        for isa in attn_testkit::isa_policy::runnable("poisoned_choice", lane_flavours, Isa::as_str, Isa::is_supported)
+        {
             let mut ws = ForwardScratch::default();
             let spec = PieceSpec { isa, scale: 0.25, d, band: Band::CAUSAL };
             let kernel = ForwardKernel::choose(spec, &piece, &mut ws);

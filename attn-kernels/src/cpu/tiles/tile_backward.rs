@@ -8,8 +8,9 @@ use attn_core::Element;
 
 use crate::cpu::isa::kernels::{self, ds_row, exp2_sub, gemm_ranges};
 use crate::cpu::isa::mat::MatMul;
+use crate::cpu::isa::ops::with_vectors;
 use crate::cpu::isa::ops::{KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
-use crate::cpu::isa::simd::{Simd, with_vectors};
+use crate::cpu::isa::simd::Simd;
 
 /// Rows whose products against one tile run together: several register blocks, so each
 /// 16-column panel of the tile is reused from L1 by all of them (as in the forward).
@@ -294,24 +295,8 @@ fn dkv_piece_on<S: Simd, T: Element, G: Element>(
                 // dV += P^T GO, dK += dS^T Q (rows here are keys), each key row over the
                 // queries that see it only.
                 let rg = &ranges[..rn];
-                gemm_ranges::<S, false>(
-                    s,
-                    rg,
-                    (sc, KEY_TILE),
-                    (&gr[t * tile..], dp),
-                    dp,
-                    &mut dv_acc[r0 * dp..],
-                    dp,
-                );
-                gemm_ranges::<S, false>(
-                    s,
-                    rg,
-                    (dpb, KEY_TILE),
-                    (&qr[t * tile..], dp),
-                    dp,
-                    &mut dk_acc[r0 * dp..],
-                    dp,
-                );
+                gemm_ranges::<S, false>(s, rg, (sc, KEY_TILE), (&gr[t * tile..], dp), dp, &mut dv_acc[r0 * dp..], dp);
+                gemm_ranges::<S, false>(s, rg, (dpb, KEY_TILE), (&qr[t * tile..], dp), dp, &mut dk_acc[r0 * dp..], dp);
             }
             if dq.is_some() && rows_done > 0 {
                 // dQ[tile] += dS (queries x keys) * K[chunk], one product of depth `rows_done`.
