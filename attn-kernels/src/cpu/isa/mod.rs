@@ -1,11 +1,10 @@
 //! Primitives and their dispatch: the [`Isa`] detected once (`detect`, from
-//! `cpu_features`) and its vectors chosen once per piece (`simd`: the [`Simd`] trait,
-//! implemented once each by `portable`, `avx2` and `avx512`), the tile primitives
-//! written once over it (`kernels`), the rest the tile loops use (`ops`: scalar
-//! helpers, `row_io`, the bf16 pair engines `bf16_pairs`), and the plain data every
-//! layer shares (`mat`: matrix views; `rows`: the rows of a piece).
-//!
-//! [`Simd`]: simd::Simd
+//! `cpu_features`); the vector operations of one instruction set (`simd`: the `Simd`
+//! trait, implemented once each by `portable`, `avx2` and `avx512`) and the tile
+//! primitives written once over them (`kernels`); the dispatch module (`ops`: the
+//! vectors picked once per piece, scalar helpers, `row_io`, the bf16 pair engines
+//! `bf16_pairs`); and the plain data every layer shares (`mat`: matrix views; `rows`:
+//! the rows of a piece).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
