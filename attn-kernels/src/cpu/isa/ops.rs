@@ -203,4 +203,46 @@ mod tests {
             }
         }
     }
+
+    /// On every kernel flavour this CPU runs, `exp2_sub`, `max` and `ds_row` equal
+    /// their scalar definitions at every length up to 40 (whole vectors and every
+    /// partial tail): `-inf` gives weight 0, and `ds_row` is exactly 0 where `p == 0`
+    /// whatever `dp` holds (NaN here) and exactly `p * (dp - delta)` elsewhere.
+    #[test]
+    fn row_primitives_equal_their_scalar_definitions() {
+        let flavours = [Isa::Avx512, Isa::Avx2, Isa::Portable];
+        for isa in attn_testkit::isa_policy::runnable("row_primitives", flavours, Isa::as_str, Isa::is_supported) {
+            for len in 0..=40 {
+                let x: Vec<f32> = values(len, 7)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| if i % 11 == 3 { f32::NEG_INFINITY } else { v * 16.0 })
+                    .collect();
+                let sv = values(len, 9);
+                let mut got = x.clone();
+                let sum = with_vectors!(isa, |s| kernels::exp2_sub(s, &mut got, 0.5, Some(&sv)));
+                let want: Vec<f32> = x.iter().zip(&sv).map(|(x, t)| kernels::exp2_scalar(x - 0.5 - t)).collect();
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!((g - w).abs() <= 1e-6 * w, "{isa:?} len {len}: exp2 {i}: {g} {w}");
+                }
+                let want_sum: f32 = want.iter().sum();
+                assert!((sum - want_sum).abs() <= 1e-5 * want_sum, "{isa:?} len {len}: sum {sum} {want_sum}");
+                let m = with_vectors!(isa, |s| kernels::max(s, &x));
+                assert_eq!(m, x.iter().copied().fold(f32::NEG_INFINITY, f32::max), "{isa:?} len {len}: max");
+                let p: Vec<f32> = got.iter().enumerate().map(|(i, &e)| if i % 5 == 0 { 0.0 } else { e }).collect();
+                let dp0: Vec<f32> =
+                    sv.iter().enumerate().map(|(i, &t)| if i % 5 == 0 { f32::NAN } else { t }).collect();
+                let dv = values(len, 11);
+                for delta in [None, Some(&dv[..])] {
+                    let mut dp = dp0.clone();
+                    with_vectors!(isa, |s| kernels::ds_row(s, &p, &mut dp, delta, 0.25));
+                    for i in 0..len {
+                        let d = delta.map_or(0.25, |v| v[i]);
+                        let w = if p[i] == 0.0 { 0.0 } else { p[i] * (dp0[i] - d) };
+                        assert_eq!(dp[i].to_bits(), w.to_bits(), "{isa:?} len {len}: ds {i}");
+                    }
+                }
+            }
+        }
+    }
 }
