@@ -5,7 +5,7 @@
 //! algorithm is compiled with the instruction set's target features.
 #![allow(unsafe_code)]
 
-use crate::cpu::isa::mat::{LaneState, MatMul, RawMatMul};
+use crate::cpu::isa::mat::{Accumulate, LaneState, MatMul, RawMatMul};
 use crate::cpu::isa::simd::{Simd, WithSimd};
 
 /// Rows per register block of the micro-kernel.
@@ -79,13 +79,13 @@ fn check_gemm<const TN: bool>(mm: &MatMul<'_>, c: &[f32], ldc: usize) {
 /// `C[m x n] (=|+=) A[m x k] * B[k x n]` (`n` a multiple of 16, row strides `ld*`); A
 /// row-major, or (`TN`) column-major (`A[i, kk]` at `a[kk*lda + i]`: a row-major buffer
 /// read in place as its transpose).
-pub(crate) fn gemm<S: Simd, const TN: bool>(s: S, mm: &MatMul<'_>, c: &mut [f32], ldc: usize, acc: bool) {
+pub(crate) fn gemm<S: Simd, const TN: bool>(s: S, mm: &MatMul<'_>, c: &mut [f32], ldc: usize, acc: Accumulate) {
     check_gemm::<TN>(mm, c, ldc);
     struct Op<const TN: bool> {
         mm: RawMatMul,
         c: *mut f32,
         ldc: usize,
-        acc: bool,
+        acc: Accumulate,
     }
     impl<const TN: bool> WithSimd for Op<TN> {
         type Output = ();
@@ -106,7 +106,7 @@ pub(crate) fn gemm<S: Simd, const TN: bool>(s: S, mm: &MatMul<'_>, c: &mut [f32]
 /// # Safety
 /// The pointers cover every index the shapes reach.
 #[inline(always)]
-unsafe fn gemm_raw<S: Simd, const TN: bool>(s: S, mm: RawMatMul, c: *mut f32, ldc: usize, acc: bool) {
+unsafe fn gemm_raw<S: Simd, const TN: bool>(s: S, mm: RawMatMul, c: *mut f32, ldc: usize, acc: Accumulate) {
     let RawMatMul { m, k, n, a, lda, b, ldb } = mm;
     let mut j0 = 0;
     while j0 < n {
@@ -117,7 +117,7 @@ unsafe fn gemm_raw<S: Simd, const TN: bool>(s: S, mm: RawMatMul, c: *mut f32, ld
             let a_off = if TN { r0 } else { r0 * lda };
             // SAFETY: offsets stay inside the caller's bounds (r0 + rows <= m, j0 + cols <= n).
             let (ap, bp, cp) = unsafe { (a.add(a_off), b.add(j0), c.add(r0 * ldc + j0)) };
-            let mk = Micro { k, a: ap, lda, b: bp, ldb, c: cp, ldc, acc };
+            let mk = Micro { k, a: ap, lda, b: bp, ldb, c: cp, ldc, acc: acc == Accumulate::Add };
             // SAFETY: forwarded contract for this block of `rows` rows and `cols` columns.
             unsafe {
                 match cols / S::LANES {
@@ -258,12 +258,12 @@ pub(crate) fn gemm_ranges<S: Simd, const TN: bool>(
     let row = |c: &mut [f32], i: usize, from: usize, to: usize| {
         if from < to {
             let (a, b, c) = (&a[at(i, from)..], &b[from * ldb..], &mut c[i * ldc..]);
-            gemm::<S, TN>(s, &MatMul { m: 1, k: to - from, n, a, lda, b, ldb }, c, ldc, true);
+            gemm::<S, TN>(s, &MatMul { m: 1, k: to - from, n, a, lda, b, ldb }, c, ldc, Accumulate::Add);
         }
     };
     if lo < hi {
         let common = MatMul { m: ranges.len(), k: hi - lo, n, a: &a[at(0, lo)..], lda, b: &b[lo * ldb..], ldb };
-        gemm::<S, TN>(s, &common, c, ldc, true);
+        gemm::<S, TN>(s, &common, c, ldc, Accumulate::Add);
         for (i, &(from, to)) in ranges.iter().enumerate() {
             row(c, i, from, lo);
             row(c, i, hi, to);

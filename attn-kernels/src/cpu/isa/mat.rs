@@ -35,6 +35,13 @@ impl MatMul<'_> {
     }
 }
 
+/// What a matrix product does with C: overwrite it, or add to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Accumulate {
+    Overwrite,
+    Add,
+}
+
 /// The lane softmax's running state for `lanes` queries: maxima `m`, sums `l`, and the
 /// `dp` accumulator rows `o` (`o[e * lanes + j]`).
 #[derive(Debug)]

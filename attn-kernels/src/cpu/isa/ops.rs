@@ -168,7 +168,7 @@ pub(crate) fn scratch(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
 mod tests {
     use super::*;
     use crate::cpu::isa::kernels::gemm;
-    use crate::cpu::isa::mat::MatMul;
+    use crate::cpu::isa::mat::{Accumulate, MatMul};
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
@@ -183,7 +183,8 @@ mod tests {
     fn column_major_product_equals_product_on_the_transpose() {
         for isa in attn_testkit::isa_policy::runnable("column_major_product", Isa::ALL, Isa::as_str, Isa::is_supported)
         {
-            for (m, k, n, acc) in [(1, 1, 16, false), (5, 7, 48, true), (13, 64, 64, false), (64, 130, 80, true)] {
+            let (over, add) = (Accumulate::Overwrite, Accumulate::Add);
+            for (m, k, n, acc) in [(1, 1, 16, over), (5, 7, 48, add), (13, 64, 64, over), (64, 130, 80, add)] {
                 let (lda, ldb, ldc) = (m + 3, n + 16, n + 32);
                 let a_cols = values(k * lda, 1);
                 let mut a_rows = vec![0.0; m * k];

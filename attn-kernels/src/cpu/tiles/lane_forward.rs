@@ -8,7 +8,7 @@
 use attn_core::Element;
 
 use crate::cpu::isa::kernels;
-use crate::cpu::isa::mat::{LaneState, MatMul};
+use crate::cpu::isa::mat::{Accumulate, LaneState, MatMul};
 use crate::cpu::isa::ops::{padded, scratch};
 use crate::cpu::isa::rows::{Piece, PieceSpec, key_span};
 use crate::cpu::isa::simd::Simd;
@@ -77,7 +77,7 @@ pub(crate) fn forward_piece<S: Simd, T: Element>(
                 &MatMul { m: kn, k: dp, n: lanes, a: &kb[k0 * dp..], lda: dp, b: qt, ldb: lanes },
                 tile,
                 lanes,
-                false,
+                Accumulate::Overwrite,
             );
             if !(band.admits(qpos[0], kpos[kn - 1]) && band.admits(qpos[qn - 1], kpos[0])) {
                 // Some pair is outside the band: each key row hides the lanes whose query
@@ -95,7 +95,7 @@ pub(crate) fn forward_piece<S: Simd, T: Element>(
                 &MatMul { m: dp, k: kn, n: lanes, a: &vb[k0 * dp..], lda: dp, b: tile, ldb: lanes },
                 ot,
                 lanes,
-                true,
+                Accumulate::Add,
             );
         }
         for (i, &li) in l[..qn].iter().enumerate() {

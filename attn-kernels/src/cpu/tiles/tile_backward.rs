@@ -7,7 +7,7 @@
 use attn_core::Element;
 
 use crate::cpu::isa::kernels::{self, ds_row, exp2_sub, gemm_ranges};
-use crate::cpu::isa::mat::MatMul;
+use crate::cpu::isa::mat::{Accumulate, MatMul};
 use crate::cpu::isa::ops::with_vectors;
 use crate::cpu::isa::ops::{KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
 use crate::cpu::isa::simd::Simd;
@@ -89,9 +89,9 @@ fn tile_step<S: Simd>(
     ds: &mut [f32],
 ) -> [(usize, usize); ROW_GROUP] {
     let scores = MatMul { m: rn, k: dp, n: KEY_TILE, a: x.a, lda: dp, b: x.bt, ldb: KEY_TILE };
-    kernels::gemm::<S, false>(s, &scores, p, KEY_TILE, false);
+    kernels::gemm::<S, false>(s, &scores, p, KEY_TILE, Accumulate::Overwrite);
     let grads = MatMul { m: rn, k: dp, n: KEY_TILE, a: x.c, lda: dp, b: x.dt, ldb: KEY_TILE };
-    kernels::gemm::<S, false>(s, &grads, ds, KEY_TILE, false);
+    kernels::gemm::<S, false>(s, &grads, ds, KEY_TILE, Accumulate::Overwrite);
     let mut ranges = [(0, 0); ROW_GROUP];
     for (i, range) in ranges.iter_mut().enumerate().take(rn) {
         let row = &mut p[i * KEY_TILE..(i + 1) * KEY_TILE];

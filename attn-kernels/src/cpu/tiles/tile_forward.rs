@@ -8,7 +8,7 @@ use std::ops::Range;
 use attn_core::Element;
 
 use crate::cpu::isa::kernels;
-use crate::cpu::isa::mat::MatMul;
+use crate::cpu::isa::mat::{Accumulate, MatMul};
 use crate::cpu::isa::ops::{FORWARD_KEY_TILE as KEY_TILE, FORWARD_QUERY_CHUNK, ROW_BLOCK, padded, scratch};
 use crate::cpu::isa::rows::{Piece, PieceSpec, key_span};
 use crate::cpu::isa::simd::Simd;
@@ -83,7 +83,7 @@ pub(crate) fn forward_piece_rows<S: Simd, T: Element>(
                     &MatMul { m: rn, k: dp, n: cols, a: &qbuf[r0 * dp..], lda: dp, b: ktile, ldb: KEY_TILE },
                     sc,
                     KEY_TILE,
-                    false,
+                    Accumulate::Overwrite,
                 );
                 let mut ranges = [(0, 0); ROW_GROUP];
                 for i in 0..rn {
@@ -103,7 +103,7 @@ pub(crate) fn forward_piece_rows<S: Simd, T: Element>(
                         &MatMul { m: rn, k: widest, n: dp, a: sc, lda: KEY_TILE, b: vtile, ldb: dp },
                         &mut o[r0 * dp..],
                         dp,
-                        true,
+                        Accumulate::Add,
                     );
                 } else {
                     // Each row reads only the values it sees (a masked NaN/Inf value stays out).
