@@ -145,16 +145,14 @@ pub(crate) fn pack_values<T: Element>(spec: PieceSpec, piece: &Piece<'_, '_, T>,
     let span = key_span(k.pos, band, q.pos[0], q.pos[nq - 1]);
     let (k_lo, nk) = (span.start, span.len());
     let tiles = nk.div_ceil(KEY_TILE);
+    // One packing pass (its prefetch runs ahead across tile edges); tile `t` is rows
+    // `t * KEY_TILE..` of it.
     let vt = scratch(&mut ws.v, tiles * KEY_TILE * dp);
+    pack_rows(v, k_lo, nk, d, dp, 1.0, vt);
     // Whether each value tile is all finite: then a masked weight (exactly 0) times a
     // value adds exactly 0, and rows can share one product over the widest range.
     ws.finite.clear();
-    for t in 0..tiles {
-        let (k0, kn) = (k_lo + t * KEY_TILE, (nk - t * KEY_TILE).min(KEY_TILE));
-        let vtile = &mut vt[t * KEY_TILE * dp..(t + 1) * KEY_TILE * dp];
-        pack_rows(v, k0, kn, d, dp, 1.0, vtile);
-        ws.finite.push(vtile[..kn * dp].iter().all(|x| x.is_finite()));
-    }
+    ws.finite.extend(vt[..nk * dp].chunks(KEY_TILE * dp).map(|tile| tile.iter().all(|x| x.is_finite())));
     ws.finite.iter().all(|&f| f)
 }
 
