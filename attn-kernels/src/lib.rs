@@ -21,12 +21,15 @@
 //! Layers, one folder each; a file imports only its own layer and those below it.
 //! `cpu/schedule`: [`block`] (public block API, via `piece`) and [`CpuBackend`] (whole
 //! tensors, via `units`) find pieces (the selected rows of one pattern segment) from
-//! global positions. `cpu/tiles`: the forward (`tile_forward`, trying the bf16 pairs,
-//! then queries in lanes (`lane_forward`), then rows) and the backward (`tile_backward`)
-//! run a piece flash-style, tile by tile, on packed f32 tiles (`f32_tiles`: the
-//! dilation gather and dtype conversion fused into packing).
-//! `cpu/isa`: the `ops` primitives, which dispatch to `avx512`, `avx2` or `portable`
-//! ([`Isa`], detected once at run time, `ATTN_CPU_ISA` to override). With the `cuda`
+//! global positions. `cpu/tiles`: the forward (`piece_forward`: the kernel chosen once
+//! per piece as a value, bf16 pairs, queries in lanes (`lane_forward`) or rows
+//! (`tile_forward`), after packing what the choice reads) and the backward
+//! (`tile_backward`: dq and dk/dv loops over one shared tile step) run a piece
+//! flash-style, tile by tile, on packed f32 tiles (`f32_tiles`: the dilation gather and
+//! dtype conversion fused into packing). `cpu/isa`: the tile primitives written once
+//! over the `Simd` trait (`kernels`), implemented by `avx512`, `avx2` and `portable`,
+//! whose vectors `ops` picks once per piece ([`Isa`], detected once at run time,
+//! `ATTN_CPU_ISA` to override). With the `cuda`
 //! feature, `cuda/plan` (host planning: kernel choices, names and source, launch plans),
 //! `cuda/compile` (NVRTC, the kernel cache) and `cuda/exec` (device, tensors, launches,
 //! whole calls, the emulation).
@@ -35,8 +38,9 @@
 //! the bf16 forward runs its products on bf16 pairs (`bf16_pairs`: the tile unit or
 //! `vdpbf16ps`); everything else uses the AVX-512 kernels.
 //!
-//! Unsafe code lives only in `avx512`, `avx2` and `bf16_pairs::arch` (intrinsics and tile
-//! instructions behind bounds-checked safe wrappers), `cpu_features` (the AMX permission
+//! Unsafe code lives only in `avx512`, `avx2`, `portable`, `simd`, `row_io` and
+//! `bf16_pairs::arch` (intrinsics, vector loads and tile instructions), `kernels` (the
+//! primitives' pointer loops behind bounds-checked safe entry points), `cpu_features` (the AMX permission
 //! request), `disjoint` (shared output buffer, disjoint rows), `backend` (the disjoint
 //! row writes of work units), `huge_pages` (`madvise` on fresh buffers) and, with the
 //! `cuda` feature, `cuda::device`, `cuda::launch`, `cuda::params`, `cuda::nvrtc` and
@@ -65,9 +69,10 @@
 //! sub-pieces of its kept blocks (`block_split`: runs of query blocks with equal mask rows,
 //! or of key blocks with equal columns for dk/dv), so a removed tile is never packed nor
 //! scored and every kernel below runs unchanged. The backward recomputes scores from the final LSE and does dq, dk, dv
-//! in one pass per segment. Tile primitives dispatch at run time to AVX-512,
-//! AVX2+FMA or portable Rust through one module, `ops` (the only caller of `avx512`,
-//! `avx2`, `portable` and `bf16_pairs`), on the `Isa` detected once from
+//! in one pass per segment. Tile primitives are written once over `Simd` (`kernels`)
+//! and monomorphised for AVX-512, AVX2+FMA or portable Rust; one module, `ops` (the
+//! only caller of `avx512`, `avx2`, `portable` and `bf16_pairs`), picks them once per
+//! piece on the `Isa` detected once from
 //! `cpu_features` (the one place CPU and OS features are checked; `ATTN_CPU_ISA`
 //! overrides). On CPUs with
 //! AVX512-BF16 (`Isa::Avx512Bf16`, chosen on AMD Zen 4 and later, where `vdpbf16ps`

@@ -1,6 +1,6 @@
 //! Operands of the tile primitives, grouped so that each primitive takes a few arguments:
-//! a matrix product's inputs ([`MatMul`], and its raw-pointer form for the
-//! `#[target_feature]` code) and the running state of the lane softmax ([`LaneState`]).
+//! a matrix product's inputs ([`MatMul`], and its raw-pointer form for the vector code)
+//! and the running state of the lane softmax ([`LaneState`]).
 
 /// The inputs of `C[m x n] (=|+=) A[m x k] * B[k x n]`: `a` with row stride `lda` (or,
 /// in the column-major `TN` products, column stride: `A[i, kk]` at `a[kk*lda + i]`), `b`
@@ -35,6 +35,13 @@ impl MatMul<'_> {
     }
 }
 
+/// What a matrix product does with C: overwrite it, or add to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Accumulate {
+    Overwrite,
+    Add,
+}
+
 /// The lane softmax's running state for `lanes` queries: maxima `m`, sums `l`, and the
 /// `dp` accumulator rows `o` (`o[e * lanes + j]`).
 #[derive(Debug)]
@@ -43,19 +50,4 @@ pub(crate) struct LaneState<'a> {
     pub l: &'a mut [f32],
     pub o: &'a mut [f32],
     pub dp: usize,
-}
-
-/// [`LaneState`] as raw pointers (bounds already checked by the safe wrapper).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RawLaneState {
-    pub m: *mut f32,
-    pub l: *mut f32,
-    pub o: *mut f32,
-    pub dp: usize,
-}
-
-impl LaneState<'_> {
-    pub(crate) fn raw(&mut self) -> RawLaneState {
-        RawLaneState { m: self.m.as_mut_ptr(), l: self.l.as_mut_ptr(), o: self.o.as_mut_ptr(), dp: self.dp }
-    }
 }

@@ -1,140 +1,94 @@
-//! The dispatch module: every call from the kernels into an instruction-set module
-//! (`avx512`, `avx2`, `portable`) or the bf16 pair engines (`bf16_pairs`) goes through
-//! here, chosen by the [`Isa`] picked once at run time: matrix products, `exp2`, row
-//! maxima, the backward's `dS` rows, row conversion and prefetch, the score-bound scan,
-//! and the bf16 pair forward of a piece.
+//! The dispatch module: the one `match` on the instruction set, made where a piece
+//! starts ([`with_vectors!`] on [`Isa::vectors`]: the token of `portable`, `avx2` or
+//! `avx512` the piece's kernels are monomorphised for), and what the tile loops use
+//! besides the primitives of `kernels`: the scalar `exp2`, row conversion and prefetch
+//! and the score-bound scan (`row_io`), the bf16 pair forward of a piece and its engine
+//! for a flavour (`bf16_pairs`), the tile sizes, and scratch sizing.
 
 use attn_core::Element;
 
-use super::{avx2, avx512, bf16_pairs, portable};
+use super::{bf16_pairs, kernels, row_io};
 use crate::cpu::isa::Isa;
 use crate::cpu::isa::bf16_pairs::Engine;
-use crate::cpu::isa::mat::{LaneState, MatMul};
+use crate::cpu::isa::portable::Portable;
 use crate::cpu::isa::rows::{Piece, PieceSpec};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::isa::{avx2::Avx2, avx512::Avx512};
+
+/// The token of the instruction set a piece's f32 kernels run on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Vectors {
+    Portable(Portable),
+    #[cfg(target_arch = "x86_64")]
+    Avx2(Avx2),
+    #[cfg(target_arch = "x86_64")]
+    Avx512(Avx512),
+}
+
+impl Isa {
+    /// The vectors this flavour's f32 kernels use (the bf16 flavours run them on
+    /// AVX-512), or portable ones where the CPU lacks the instruction set.
+    pub(crate) fn vectors(self) -> Vectors {
+        #[cfg(target_arch = "x86_64")]
+        match self {
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
+                if let Some(s) = Avx512::new() {
+                    return Vectors::Avx512(s);
+                }
+            }
+            Isa::Avx2 => {
+                if let Some(s) = Avx2::new() {
+                    return Vectors::Avx2(s);
+                }
+            }
+            Isa::Portable => {}
+        }
+        let _ = self;
+        Vectors::Portable(Portable)
+    }
+}
+
+/// `$body` with `$s` bound to the token of `$isa`'s vectors: the one `match` on the
+/// instruction set, made where a piece starts; `$body` is monomorphised per set.
+macro_rules! with_vectors {
+    ($isa:expr, |$s:ident| $body:expr) => {
+        match $isa.vectors() {
+            $crate::cpu::isa::ops::Vectors::Portable($s) => $body,
+            #[cfg(target_arch = "x86_64")]
+            $crate::cpu::isa::ops::Vectors::Avx2($s) => $body,
+            #[cfg(target_arch = "x86_64")]
+            $crate::cpu::isa::ops::Vectors::Avx512($s) => $body,
+        }
+    };
+}
+pub(crate) use with_vectors;
 
 /// The bf16 pair forward's per-thread scratch.
 pub(crate) type PairScratch = bf16_pairs::PairScratch;
 
-/// `C[m x n] (=|+=) A[m x k] * B[k x n]` (`n` a multiple of 16, row strides `ld*`).
-#[inline]
-pub(crate) fn gemm(isa: Isa, mm: &MatMul<'_>, c: &mut [f32], ldc: usize, acc: bool) {
-    product::<false>(isa, mm, c, ldc, acc)
-}
-
-/// [`gemm`] on the chosen flavour, A row-major or (`TN`) column-major (`A[i, kk]` at
-/// `a[kk*lda + i]`: a row-major buffer read in place as its transpose).
-#[inline]
-pub(crate) fn product<const TN: bool>(isa: Isa, mm: &MatMul<'_>, c: &mut [f32], ldc: usize, acc: bool) {
-    match isa {
-        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => avx512::gemm::<TN>(mm, c, ldc, acc),
-        Isa::Avx2 => avx2::gemm::<TN>(mm, c, ldc, acc),
-        Isa::Portable => portable::gemm::<TN>(mm, c, ldc, acc),
-    }
-}
-
-/// One online-softmax step on a score tile whose columns are queries (`lanes` of them,
-/// a multiple of 16) and whose `rows` rows are keys; see `portable::softmax_lanes`.
-#[inline]
-pub(crate) fn softmax_lanes(isa: Isa, s: &mut [f32], rows: usize, lanes: usize, tau: f32, st: &mut LaneState<'_>) {
-    let done = match isa {
-        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => avx512::softmax_lanes(s, rows, lanes, tau, st),
-        Isa::Avx2 => avx2::softmax_lanes(s, rows, lanes, tau, st),
-        Isa::Portable => false,
-    };
-    if !done {
-        portable::softmax_lanes(s, rows, lanes, tau, st)
-    }
-}
-
-/// `C[i] += sum_{kk in ranges[i]} A[i, kk] * B[kk]` for `m = ranges.len()` rows, A
-/// row-major or (`TN`) column-major (`A[i, kk]` at `a[kk*lda + i]`, a transposed buffer
-/// read in place): each row reads only its own range of the inner dimension, so a masked
-/// entry (weight 0) never multiplies a value it must not see (`0 * NaN` would leak the
-/// NaN). The part common to all rows runs as one product; the rest row by row.
-pub(crate) fn gemm_ranges<const TN: bool>(
-    isa: Isa,
-    ranges: &[(usize, usize)],
-    (a, lda): (&[f32], usize),
-    (b, ldb): (&[f32], usize),
-    n: usize,
-    c: &mut [f32],
-    ldc: usize,
-) {
-    // Offset of A[i, kk] in either layout.
-    let at = |i: usize, kk: usize| if TN { kk * lda + i } else { i * lda + kk };
-    let lo = ranges.iter().map(|r| r.0).max().unwrap_or(0);
-    let hi = ranges.iter().map(|r| r.1).min().unwrap_or(0);
-    let row = |c: &mut [f32], i: usize, from: usize, to: usize| {
-        if from < to {
-            let (a, b, c) = (&a[at(i, from)..], &b[from * ldb..], &mut c[i * ldc..]);
-            product::<TN>(isa, &MatMul { m: 1, k: to - from, n, a, lda, b, ldb }, c, ldc, true);
-        }
-    };
-    if lo < hi {
-        let common = MatMul { m: ranges.len(), k: hi - lo, n, a: &a[at(0, lo)..], lda, b: &b[lo * ldb..], ldb };
-        product::<TN>(isa, &common, c, ldc, true);
-        for (i, &(from, to)) in ranges.iter().enumerate() {
-            row(c, i, from, lo);
-            row(c, i, hi, to);
-        }
-    } else {
-        for (i, &(from, to)) in ranges.iter().enumerate() {
-            row(c, i, from, to);
-        }
-    }
-}
-
-/// `x[j] = exp2(x[j] - s - sv[j])` (`sv` absent = 0), returning the sum.
-#[inline]
-pub(crate) fn exp2_sub(isa: Isa, x: &mut [f32], s: f32, sv: Option<&[f32]>) -> f32 {
-    match isa {
-        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => avx512::exp2_sub(x, s, sv),
-        Isa::Avx2 => avx2::exp2_sub(x, s, sv),
-        Isa::Portable => portable::exp2_sub(x, s, sv),
-    }
-}
-
-/// Largest element (`-inf` if empty).
-#[inline]
-pub(crate) fn max(isa: Isa, x: &[f32]) -> f32 {
-    match isa {
-        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => avx512::max(x),
-        Isa::Avx2 => avx2::max(x),
-        Isa::Portable => portable::max(x),
-    }
-}
-
 /// `2^x` (scalar).
 #[inline]
 pub(crate) fn exp2(x: f32) -> f32 {
-    portable::exp2(x)
-}
-
-/// `dp[j] = p[j] == 0 ? 0 : p[j] * (dp[j] - delta_j)` for `j < dp.len()`, where
-/// `delta_j = dv[j]` when given, else `delta` (AVX2 wherever the CPU has it, whatever
-/// the flavour: the result is the same element-wise arithmetic).
-#[inline]
-pub(crate) fn ds_row(p: &[f32], dp: &mut [f32], dv: Option<&[f32]>, delta: f32) {
-    avx2::ds_row(p, dp, dv, delta)
+    kernels::exp2_scalar(x)
 }
 
 /// `out[e] = mul * row[e]` with F16C for f16 rows where the CPU has it; false (nothing
 /// converted) where this path does not apply.
 #[inline]
 pub(crate) fn f16_row_to_f32<T: Element>(row: &[T], mul: f32, out: &mut [f32]) -> bool {
-    avx2::f16_row_to_f32(row, mul, out)
+    row_io::f16_row_to_f32(row, mul, out)
 }
 
 /// Prefetch the cache lines of `row` (a hint; nothing on other architectures).
 #[inline]
 pub(crate) fn prefetch_row<T>(row: &[T]) {
-    avx2::prefetch_row(row)
+    row_io::prefetch_row(row)
 }
 
 /// The score-bound scan of one row (see `score_bound`): AVX2 where the CPU has it.
 #[inline]
 pub(crate) fn fold_row<T: Element>(row: &[T], abs_mask: i32, inf: i32, acc: &mut [i32; 16], acc16: &mut [i16; 32]) {
-    avx2::fold_row(row, abs_mask, inf, acc, acc16)
+    row_io::fold_row(row, abs_mask, inf, acc, acc16)
 }
 
 /// The bf16 pair engine `isa` runs the bf16 forward on, if any.
@@ -147,17 +101,31 @@ pub(crate) fn pair_engine(isa: Isa) -> Option<Engine> {
     }
 }
 
-/// The bf16 pair forward of a piece on its flavour's engine; false (nothing written)
-/// where it does not apply and the f32 kernel must run the piece (see `bf16_pairs`).
+/// A piece packed for the bf16 pair forward (see [`pair_pack`]).
+pub(crate) type PairPacked = bf16_pairs::Packed;
+
+/// The piece packed for the bf16 pair forward on its flavour's engine, or `None` where
+/// that forward does not apply and the f32 kernel must run the piece (see `bf16_pairs`).
 #[inline]
-pub(crate) fn pair_forward_piece<T: Element>(
+pub(crate) fn pair_pack<T: Element>(
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
+    ws: &mut PairScratch,
+) -> Option<PairPacked> {
+    pair_engine(spec.isa).and_then(|e| bf16_pairs::pack(e, spec, piece, ws))
+}
+
+/// The bf16 pair forward of a piece [`pair_pack`] packed.
+#[inline]
+pub(crate) fn pair_run<T: Element>(
+    packed: &PairPacked,
     spec: PieceSpec,
     piece: &Piece<'_, '_, T>,
     ws: &mut PairScratch,
     out: &mut [f32],
     lse: &mut [f32],
-) -> bool {
-    pair_engine(spec.isa).is_some_and(|e| bf16_pairs::forward_piece(e, spec, piece, ws, out, lse))
+) {
+    bf16_pairs::run(packed, spec, piece, ws, out, lse)
 }
 
 /// Bytes of the bf16 pair forward's scratch on `isa` for head dim `d` and `m` keys.
@@ -172,8 +140,7 @@ pub(crate) const KEY_TILE: usize = 64;
 /// on AVX2 (seq 8192, one thread): 64 keys 330 ms, 128 keys 312 ms, 256 keys 320 ms;
 /// the backward is faster with 64 (1,180 against 1,320 ms forward + backward).
 pub(crate) const FORWARD_KEY_TILE: usize = 128;
-/// Rows per register block of the micro-kernel.
-pub(crate) const ROW_BLOCK: usize = 6;
+pub(crate) use kernels::ROW_BLOCK;
 /// Query rows whose accumulators are kept together (cache blocking).
 pub(crate) const QUERY_CHUNK: usize = 128;
 /// Query rows of one forward chunk: whole row blocks (a short block runs the
@@ -200,6 +167,8 @@ pub(crate) fn scratch(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::isa::kernels::gemm;
+    use crate::cpu::isa::mat::{Accumulate, MatMul};
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
@@ -214,7 +183,8 @@ mod tests {
     fn column_major_product_equals_product_on_the_transpose() {
         for isa in attn_testkit::isa_policy::runnable("column_major_product", Isa::ALL, Isa::as_str, Isa::is_supported)
         {
-            for (m, k, n, acc) in [(1, 1, 16, false), (5, 7, 48, true), (13, 64, 64, false), (64, 130, 80, true)] {
+            let (over, add) = (Accumulate::Overwrite, Accumulate::Add);
+            for (m, k, n, acc) in [(1, 1, 16, over), (5, 7, 48, add), (13, 64, 64, over), (64, 130, 80, add)] {
                 let (lda, ldb, ldc) = (m + 3, n + 16, n + 32);
                 let a_cols = values(k * lda, 1);
                 let mut a_rows = vec![0.0; m * k];
@@ -226,9 +196,53 @@ mod tests {
                 let b = values(k * ldb, 2);
                 let c0 = values(m * ldc, 3);
                 let (mut want, mut got) = (c0.clone(), c0);
-                gemm(isa, &MatMul { m, k, n, a: &a_rows, lda: k, b: &b, ldb }, &mut want, ldc, acc);
-                product::<true>(isa, &MatMul { m, k, n, a: &a_cols, lda, b: &b, ldb }, &mut got, ldc, acc);
+                with_vectors!(isa, |s| {
+                    gemm::<_, false>(s, &MatMul { m, k, n, a: &a_rows, lda: k, b: &b, ldb }, &mut want, ldc, acc);
+                    gemm::<_, true>(s, &MatMul { m, k, n, a: &a_cols, lda, b: &b, ldb }, &mut got, ldc, acc);
+                });
                 assert_eq!(got, want, "{isa:?} m={m} k={k} n={n}");
+            }
+        }
+    }
+
+    /// On every kernel flavour this CPU runs, `exp2_sub`, `max` and `ds_row` equal
+    /// their scalar definitions at every length up to 40 (whole vectors and every
+    /// partial tail): `-inf` gives weight 0, and `ds_row` is exactly 0 where `p == 0`
+    /// whatever `dp` holds (NaN here) and exactly `p * (dp - delta)` elsewhere.
+    #[test]
+    fn row_primitives_equal_their_scalar_definitions() {
+        let flavours = [Isa::Avx512, Isa::Avx2, Isa::Portable];
+        for isa in attn_testkit::isa_policy::runnable("row_primitives", flavours, Isa::as_str, Isa::is_supported) {
+            for len in 0..=40 {
+                let x: Vec<f32> = values(len, 7)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| if i % 11 == 3 { f32::NEG_INFINITY } else { v * 16.0 })
+                    .collect();
+                let sv = values(len, 9);
+                let mut got = x.clone();
+                let sum = with_vectors!(isa, |s| kernels::exp2_sub(s, &mut got, 0.5, Some(&sv)));
+                let want: Vec<f32> = x.iter().zip(&sv).map(|(x, t)| kernels::exp2_scalar(x - 0.5 - t)).collect();
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!((g - w).abs() <= 1e-6 * w, "{isa:?} len {len}: exp2 {i}: {g} {w}");
+                }
+                let want_sum: f32 = want.iter().sum();
+                assert!((sum - want_sum).abs() <= 1e-5 * want_sum, "{isa:?} len {len}: sum {sum} {want_sum}");
+                let m = with_vectors!(isa, |s| kernels::max(s, &x));
+                assert_eq!(m, x.iter().copied().fold(f32::NEG_INFINITY, f32::max), "{isa:?} len {len}: max");
+                let p: Vec<f32> = got.iter().enumerate().map(|(i, &e)| if i % 5 == 0 { 0.0 } else { e }).collect();
+                let dp0: Vec<f32> =
+                    sv.iter().enumerate().map(|(i, &t)| if i % 5 == 0 { f32::NAN } else { t }).collect();
+                let dv = values(len, 11);
+                for delta in [None, Some(&dv[..])] {
+                    let mut dp = dp0.clone();
+                    with_vectors!(isa, |s| kernels::ds_row(s, &p, &mut dp, delta, 0.25));
+                    for i in 0..len {
+                        let d = delta.map_or(0.25, |v| v[i]);
+                        let w = if p[i] == 0.0 { 0.0 } else { p[i] * (dp0[i] - d) };
+                        assert_eq!(dp[i].to_bits(), w.to_bits(), "{isa:?} len {len}: ds {i}");
+                    }
+                }
             }
         }
     }

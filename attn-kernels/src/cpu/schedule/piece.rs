@@ -12,8 +12,9 @@ use attn_core::{Element, LseMerge, PackedSequences, SegmentPattern};
 
 use crate::cpu::isa::rows::{Piece, PieceRows, PieceSpec};
 use crate::cpu::schedule::block_split::{HeadBlocks, Outer, block_runs, kept_ranges};
+use crate::cpu::tiles::forward_scratch::ForwardScratch;
+use crate::cpu::tiles::piece_forward::forward_piece;
 use crate::cpu::tiles::tile_backward::{BackwardScratch, QueryGrads, dkv_piece};
-use crate::cpu::tiles::tile_forward::{ForwardScratch, forward_piece};
 
 thread_local! {
     /// Buffers reused across block calls on one thread (the ring calls often).

@@ -13,8 +13,9 @@ use attn_core::{Element, LseMerge, SegmentPattern, TensorView};
 use crate::cpu::isa::rows::{Piece, PieceRows, PieceSpec};
 use crate::cpu::schedule::block_split::{HeadBlocks, Outer, block_runs, kept_rows};
 use crate::cpu::schedule::units::{Lane, Plan, Unit};
+use crate::cpu::tiles::forward_scratch::ForwardScratch;
+use crate::cpu::tiles::piece_forward::forward_piece;
 use crate::cpu::tiles::tile_backward::{BackwardScratch, QueryGrads, dkv_piece, dq_piece};
-use crate::cpu::tiles::tile_forward::{ForwardScratch, forward_piece};
 
 /// One piece's rows: lane-relative positions, element offsets, and the per-query
 /// upstream inputs of the backward.

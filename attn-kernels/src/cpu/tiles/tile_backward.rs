@@ -1,13 +1,16 @@
 //! Flash-style backward of one piece, recomputing scores from the final LSE (no
 //! `n x n` storage). Two deterministic kernels: [`dq_piece`] walks key tiles for a set
 //! of queries, [`dkv_piece`] walks query tiles for a set of keys, so every gradient row
-//! is owned by one caller and accumulated in a fixed order.
+//! is owned by one caller and accumulated in a fixed order; both run the same step on a
+//! row group and a tile ([`tile_step`]), with the roles of queries and keys swapped.
 
 use attn_core::Element;
 
-use crate::cpu::isa::Isa;
-use crate::cpu::isa::mat::MatMul;
-use crate::cpu::isa::ops::{self, KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::cpu::isa::kernels::{self, ds_row, exp2_sub, gemm_ranges};
+use crate::cpu::isa::mat::{Accumulate, MatMul};
+use crate::cpu::isa::ops::with_vectors;
+use crate::cpu::isa::ops::{KEY_TILE, QUERY_CHUNK, ROW_BLOCK, padded, scratch};
+use crate::cpu::isa::simd::Simd;
 
 /// Rows whose products against one tile run together: several register blocks, so each
 /// 16-column panel of the tile is reused from L1 by all of them (as in the forward).
@@ -50,11 +53,65 @@ fn lse2(l: f32) -> f32 {
     if l == f32::NEG_INFINITY { f32::INFINITY } else { l * std::f32::consts::LOG2_E }
 }
 
-/// `dS = P * (dP - delta)`, exactly 0 where `P = 0` (masked), so a NaN/Inf in a masked
-/// value or gradient row cannot reach it.
-#[inline]
-fn ds(p: f32, dp: f32, delta: f32) -> f32 {
-    if p == 0.0 { 0.0 } else { p * (dp - delta) }
+/// The softmax statistics a tile step's scores need.
+#[derive(Debug, Clone, Copy)]
+enum Stats<'a> {
+    /// Rows are queries (dq): row `i` has the natural-log LSE `lse[i]` and `delta[i]`.
+    PerRow { lse: &'a [f32], delta: &'a [f32] },
+    /// Rows are keys (dk, dv) and columns the tile's first `delta.len()` queries: column
+    /// `j` has the base-2 LSE `sub[j]` (see [`lse2`]) and `delta[j]`.
+    PerColumn { sub: &'a [f32], delta: &'a [f32] },
+}
+
+/// A tile step's operands: rows of `a` against the transposed tile `bt` give the scores
+/// (base 2), rows of `c` against the transposed tile `dt` give `dP`; rows have stride
+/// `dp`, tiles `KEY_TILE`.
+#[derive(Debug, Clone, Copy)]
+struct TileOperands<'a> {
+    a: &'a [f32],
+    bt: &'a [f32],
+    c: &'a [f32],
+    dt: &'a [f32],
+}
+
+/// One step of the dq and the dk/dv tile loops (their shared body): for `rn` rows
+/// against one tile, the probabilities `P` into `p` and `dS = P * (dP - delta)` into
+/// `ds` (rows `KEY_TILE` wide); row `i`'s entries outside `visible(i)` are masked
+/// (weight exactly 0, so a NaN/Inf behind a mask never reaches a gradient). Returns
+/// each row's visible range, for products that read only those.
+fn tile_step<S: Simd>(
+    s: S,
+    (rn, dp): (usize, usize),
+    x: TileOperands<'_>,
+    stats: Stats<'_>,
+    visible: impl Fn(usize) -> std::ops::Range<usize>,
+    p: &mut [f32],
+    ds: &mut [f32],
+) -> [(usize, usize); ROW_GROUP] {
+    let scores = MatMul { m: rn, k: dp, n: KEY_TILE, a: x.a, lda: dp, b: x.bt, ldb: KEY_TILE };
+    kernels::gemm::<S, false>(s, &scores, p, KEY_TILE, Accumulate::Overwrite);
+    let grads = MatMul { m: rn, k: dp, n: KEY_TILE, a: x.c, lda: dp, b: x.dt, ldb: KEY_TILE };
+    kernels::gemm::<S, false>(s, &grads, ds, KEY_TILE, Accumulate::Overwrite);
+    let mut ranges = [(0, 0); ROW_GROUP];
+    for (i, range) in ranges.iter_mut().enumerate().take(rn) {
+        let row = &mut p[i * KEY_TILE..(i + 1) * KEY_TILE];
+        let vis = visible(i);
+        *range = (vis.start, vis.end);
+        row[vis.end..].fill(f32::NEG_INFINITY);
+        row[..vis.start].fill(f32::NEG_INFINITY);
+        let dsrow = &mut ds[i * KEY_TILE..(i + 1) * KEY_TILE];
+        match stats {
+            Stats::PerRow { lse, delta } => {
+                exp2_sub(s, row, lse2(lse[i]), None);
+                ds_row(s, row, dsrow, None, delta[i]);
+            }
+            Stats::PerColumn { sub, delta } => {
+                exp2_sub(s, row, 0.0, Some(sub));
+                ds_row(s, row, &mut dsrow[..delta.len()], Some(delta), 0.0);
+            }
+        }
+    }
+    ranges
 }
 
 /// `dq[i*d..] += scale * sum_j dS_ij k_j` for the piece's queries (all keys of the piece).
@@ -65,7 +122,19 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
     ws: &mut BackwardScratch,
     dq: &mut [f32],
 ) {
-    let PieceSpec { isa, scale, d, band } = spec;
+    with_vectors!(spec.isa, |s| dq_piece_on(s, spec, piece, g, ws, dq))
+}
+
+/// [`dq_piece`] on the vectors `s`.
+fn dq_piece_on<S: Simd, T: Element, G: Element>(
+    s: S,
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
+    g: &QueryGrads<'_, G>,
+    ws: &mut BackwardScratch,
+    dq: &mut [f32],
+) {
+    let PieceSpec { scale, d, band, .. } = spec;
     let Piece { q, k, v } = *piece;
     let (nq, dp) = (q.len(), padded(d));
     if nq == 0 {
@@ -94,7 +163,7 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
         pack_rows(&g.go, q0, qn, d, dp, g.go_scale, gbuf);
         let acc = scratch(&mut ws.acc1, qn * dp);
         acc.fill(0.0);
-        let s = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
+        let sc = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
         let dpb = scratch(&mut ws.dp, ROW_GROUP * KEY_TILE);
         let qpos = &q.pos[q0..q0 + qn];
         for t in 0..tiles {
@@ -108,60 +177,16 @@ pub(crate) fn dq_piece<T: Element, G: Element>(
                 if key_span(kpos, band, qpos[r0], qpos[r0 + rn - 1]).is_empty() {
                     continue; // no row of this block sees a key of this tile
                 }
-                ops::gemm(
-                    isa,
-                    &MatMul {
-                        m: rn,
-                        k: dp,
-                        n: KEY_TILE,
-                        a: &qbuf[r0 * dp..],
-                        lda: dp,
-                        b: &kt[t * tile..],
-                        ldb: KEY_TILE,
-                    },
+                let operands =
+                    TileOperands { a: &qbuf[r0 * dp..], bt: &kt[t * tile..], c: &gbuf[r0 * dp..], dt: &vt[t * tile..] };
+                let stats = Stats::PerRow { lse: &g.lse[q0 + r0..], delta: &g.delta[q0 + r0..] };
+                let visible = |i: usize| band.visible(kpos, qpos[r0 + i]);
+                let ranges = tile_step(s, (rn, dp), operands, stats, visible, sc, dpb);
+                // dQ += dS K over each row's visible keys.
+                gemm_ranges::<S, false>(
                     s,
-                    KEY_TILE,
-                    false,
-                );
-                ops::gemm(
-                    isa,
-                    &MatMul {
-                        m: rn,
-                        k: dp,
-                        n: KEY_TILE,
-                        a: &gbuf[r0 * dp..],
-                        lda: dp,
-                        b: &vt[t * tile..],
-                        ldb: KEY_TILE,
-                    },
-                    dpb,
-                    KEY_TILE,
-                    false,
-                );
-                let mut ranges = [(0, 0); ROW_GROUP];
-                for i in 0..rn {
-                    let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
-                    let visible = band.visible(kpos, qpos[r0 + i]);
-                    ranges[i] = (visible.start, visible.end);
-                    row[visible.end..].fill(f32::NEG_INFINITY);
-                    row[..visible.start].fill(f32::NEG_INFINITY);
-                    ops::exp2_sub(isa, row, lse2(g.lse[q0 + r0 + i]), None);
-                    let delta = g.delta[q0 + r0 + i];
-                    if isa != Isa::Portable {
-                        // dS into the score row: dp <- ds(p, dp), then swap roles by copy.
-                        let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
-                        crate::cpu::isa::ops::ds_row(row, dprow, None, delta);
-                        row.copy_from_slice(dprow);
-                    } else {
-                        for (p, dpv) in row.iter_mut().zip(&dpb[i * KEY_TILE..(i + 1) * KEY_TILE]) {
-                            *p = ds(*p, *dpv, delta);
-                        }
-                    }
-                }
-                ops::gemm_ranges::<false>(
-                    isa,
                     &ranges[..rn],
-                    (s, KEY_TILE),
+                    (dpb, KEY_TILE),
                     (&kr[t * tile..], dp),
                     dp,
                     &mut acc[r0 * dp..],
@@ -189,7 +214,20 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
     dv: &mut [f32],
     dq: Option<&mut [f32]>,
 ) {
-    let PieceSpec { isa, scale, d, band } = spec;
+    with_vectors!(spec.isa, |s| dkv_piece_on(s, spec, piece, g, ws, [dk, dv], dq))
+}
+
+/// [`dkv_piece`] on the vectors `s`.
+fn dkv_piece_on<S: Simd, T: Element, G: Element>(
+    s: S,
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
+    g: &QueryGrads<'_, G>,
+    ws: &mut BackwardScratch,
+    [dk, dv]: [&mut [f32]; 2],
+    dq: Option<&mut [f32]>,
+) {
+    let PieceSpec { scale, d, band, .. } = spec;
     let Piece { q, k, v } = *piece;
     let (nk, dp) = (k.len(), padded(d));
     if nk == 0 {
@@ -218,7 +256,7 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
             sub[t * KEY_TILE + j] = lse2(g.lse[i0 + j]);
         }
     }
-    let s = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
+    let sc = scratch(&mut ws.s, ROW_GROUP * KEY_TILE);
     // dS^T of a whole key chunk x query tile (rows are keys).
     let ds_all = scratch(&mut ws.dp, QUERY_CHUNK * KEY_TILE);
     let dq_acc = scratch(&mut ws.acc2, if dq.is_some() { nq * dp } else { 0 });
@@ -248,74 +286,17 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 }
                 rows_done = r0 + rn;
                 let dpb = &mut ds_all[r0 * KEY_TILE..(r0 + rn) * KEY_TILE];
-                ops::gemm(
-                    isa,
-                    &MatMul {
-                        m: rn,
-                        k: dp,
-                        n: KEY_TILE,
-                        a: &kbuf[r0 * dp..],
-                        lda: dp,
-                        b: &qt[t * tile..],
-                        ldb: KEY_TILE,
-                    },
-                    s,
-                    KEY_TILE,
-                    false,
-                );
-                ops::gemm(
-                    isa,
-                    &MatMul {
-                        m: rn,
-                        k: dp,
-                        n: KEY_TILE,
-                        a: &vbuf[r0 * dp..],
-                        lda: dp,
-                        b: &gt[t * tile..],
-                        ldb: KEY_TILE,
-                    },
-                    dpb,
-                    KEY_TILE,
-                    false,
-                );
-                let mut ranges = [(0, 0); ROW_GROUP];
-                for i in 0..rn {
-                    let row = &mut s[i * KEY_TILE..(i + 1) * KEY_TILE];
-                    let seen = band.seen_by(qpos, kpos[r0 + i]);
-                    ranges[i] = (seen.start, seen.end);
-                    row[..seen.start].fill(f32::NEG_INFINITY);
-                    row[seen.end..].fill(f32::NEG_INFINITY);
-                    ops::exp2_sub(isa, row, 0.0, Some(&sub[t * KEY_TILE..(t + 1) * KEY_TILE]));
-                    let dprow = &mut dpb[i * KEY_TILE..(i + 1) * KEY_TILE];
-                    if isa != Isa::Portable {
-                        crate::cpu::isa::ops::ds_row(row, &mut dprow[..n], Some(&g.delta[i0..i0 + n]), 0.0);
-                    } else {
-                        for (j, (dpv, p)) in dprow.iter_mut().zip(row.iter()).enumerate().take(n) {
-                            *dpv = ds(*p, *dpv, g.delta[i0 + j]);
-                        }
-                    }
-                }
+                let operands =
+                    TileOperands { a: &kbuf[r0 * dp..], bt: &qt[t * tile..], c: &vbuf[r0 * dp..], dt: &gt[t * tile..] };
+                let stats =
+                    Stats::PerColumn { sub: &sub[t * KEY_TILE..(t + 1) * KEY_TILE], delta: &g.delta[i0..i0 + n] };
+                let seen = |i: usize| band.seen_by(qpos, kpos[r0 + i]);
+                let ranges = tile_step(s, (rn, dp), operands, stats, seen, sc, dpb);
                 // dV += P^T GO, dK += dS^T Q (rows here are keys), each key row over the
                 // queries that see it only.
                 let rg = &ranges[..rn];
-                ops::gemm_ranges::<false>(
-                    isa,
-                    rg,
-                    (s, KEY_TILE),
-                    (&gr[t * tile..], dp),
-                    dp,
-                    &mut dv_acc[r0 * dp..],
-                    dp,
-                );
-                ops::gemm_ranges::<false>(
-                    isa,
-                    rg,
-                    (dpb, KEY_TILE),
-                    (&qr[t * tile..], dp),
-                    dp,
-                    &mut dk_acc[r0 * dp..],
-                    dp,
-                );
+                gemm_ranges::<S, false>(s, rg, (sc, KEY_TILE), (&gr[t * tile..], dp), dp, &mut dv_acc[r0 * dp..], dp);
+                gemm_ranges::<S, false>(s, rg, (dpb, KEY_TILE), (&qr[t * tile..], dp), dp, &mut dk_acc[r0 * dp..], dp);
             }
             if dq.is_some() && rows_done > 0 {
                 // dQ[tile] += dS (queries x keys) * K[chunk], one product of depth `rows_done`.
@@ -326,7 +307,7 @@ pub(crate) fn dkv_piece<T: Element, G: Element>(
                 }
                 let c = &mut dq_acc[t * KEY_TILE * dp..];
                 // dS^T read in place (its rows are keys): no transposed copy.
-                ops::gemm_ranges::<true>(isa, &q_ranges[..n], (ds_all, KEY_TILE), (kbuf, dp), dp, c, dp);
+                gemm_ranges::<S, true>(s, &q_ranges[..n], (ds_all, KEY_TILE), (kbuf, dp), dp, c, dp);
             }
         }
         for j in 0..kn {

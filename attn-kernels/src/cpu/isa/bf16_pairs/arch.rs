@@ -283,7 +283,7 @@ unsafe fn softmax_row_avx512(s: *const f32, vis: Range<usize>, c2: f32, st: &mut
     if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mx, _mm512_set1_ps(limit)) != 0 {
         let step_max = c2 * _mm512_reduce_max_ps(mx);
         if st.m != f32::NEG_INFINITY {
-            corr = crate::cpu::isa::portable::exp2(st.m - step_max);
+            corr = crate::cpu::isa::kernels::exp2_scalar(st.m - step_max);
         }
         st.m = step_max;
     }

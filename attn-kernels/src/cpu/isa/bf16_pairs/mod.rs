@@ -22,6 +22,8 @@ mod arch;
 mod layout;
 mod pair_tiles;
 
+use std::ops::Range;
+
 use attn_core::{DType, Element};
 
 use crate::cpu::isa::rows::{Piece, PieceSpec, key_span};
@@ -110,18 +112,25 @@ pub(crate) struct PairScratch {
     o: Vec<f32>,
 }
 
-/// The bf16 pair forward of a bf16 piece on `engine`, with
-/// [`crate::cpu::tiles::tile_forward::forward_piece`]'s contract. Returns `false` (and writes
-/// nothing) when the piece is not bf16, holds a non-finite value or the engine is
-/// unavailable: the caller then runs the f32 kernel.
-pub(crate) fn forward_piece<T: Element>(
+/// A piece packed for the bf16 pair forward on `engine` (see [`pack`]): the span of its
+/// keys some query sees, and the padded sizes of the packed layouts.
+#[derive(Debug, Clone)]
+pub(crate) struct Packed {
+    engine: Engine,
+    span: Range<usize>,
+    g: Geometry,
+}
+
+/// Packs a bf16 piece's keys and values for the pair forward on `engine` (into `ws`),
+/// or `None` when the piece is not bf16, holds a non-finite value, its head dim or
+/// scale is out of the engine's range, or the engine is unavailable: the caller then
+/// runs the f32 kernel.
+pub(crate) fn pack<T: Element>(
     engine: Engine,
     spec: PieceSpec,
     piece: &Piece<'_, '_, T>,
     ws: &mut PairScratch,
-    out: &mut [f32],
-    lse: &mut [f32],
-) -> bool {
+) -> Option<Packed> {
     let PieceSpec { scale, d, band, .. } = spec;
     let Piece { q, k, v } = *piece;
     let nq = q.len();
@@ -132,20 +141,34 @@ pub(crate) fn forward_piece<T: Element>(
         || d > MAX_HEAD_DIM
         || scale.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
     {
-        return false;
+        return None;
     }
     // Only the keys some query of the piece sees are packed.
     let span = key_span(k.pos, band, q.pos[0], q.pos[nq - 1]);
-    let (k, v) = (k.slice(span.clone()), v.slice(span));
-    let nk = k.len();
-    let g = Geometry::new(d, nk);
+    let (k, v) = (k.slice(span.clone()), v.slice(span.clone()));
+    let g = Geometry::new(d, k.len());
     let vector = arch::pair_tiles_avx512::available();
-    if !(all_finite(q, nq, d)
-        && pack_keys(vector, &k, nk, d, &g, &mut ws.kb)
-        && pack_values(vector, &v, nk, d, &g, &mut ws.vb))
-    {
-        return false;
-    }
+    let finite = all_finite(q, nq, d)
+        && pack_keys(vector, &k, k.len(), d, &g, &mut ws.kb)
+        && pack_values(vector, &v, v.len(), d, &g, &mut ws.vb);
+    finite.then_some(Packed { engine, span, g })
+}
+
+/// The bf16 pair forward of a piece [`pack`] packed, with
+/// [`crate::cpu::tiles::piece_forward::forward_piece`]'s contract.
+pub(crate) fn run<T: Element>(
+    packed: &Packed,
+    spec: PieceSpec,
+    piece: &Piece<'_, '_, T>,
+    ws: &mut PairScratch,
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    let PieceSpec { scale, d, band, .. } = spec;
+    let Piece { q, k, .. } = *piece;
+    let Packed { engine, span, g } = packed.clone();
+    let (nq, k) = (q.len(), k.slice(span));
+    let nk = k.len();
     assert!(out.len() >= nq * d && lse.len() >= nq, "bf16 pair forward: output too short");
     ws.q.resize(QB * g.dq, 0);
     ws.s.resize(2 * QB * KS, 0.0);
@@ -220,7 +243,6 @@ pub(crate) fn forward_piece<T: Element>(
             }
         }
     });
-    true
 }
 
 #[cfg(test)]
