@@ -8,3 +8,4 @@ mod errors;
 mod golden;
 mod nn;
 mod reference;
+mod ring;

@@ -4,6 +4,7 @@
 pub mod compose;
 pub mod golden_op;
 pub mod params;
+pub mod ring;
 
 use attn_burn::{AttnOptions, OwnedMasks};
 use attn_core::{AttnError, DType as AttnDType, KeyPaddingMask};
