@@ -4,6 +4,7 @@
 
 mod common;
 mod composition;
+mod dropout;
 mod errors;
 mod golden;
 mod nn;
