@@ -17,6 +17,7 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_backend::tensor::FloatTensor;
 
 use crate::backend::{AttnPrimitives, DilatedAttentionBackend, InputGrads, SavedForward, Upstream};
+use crate::compute::Compute;
 use crate::options::AttnOptions;
 
 /// Which result of the call a backward node differentiates.
@@ -30,11 +31,13 @@ enum Output {
 #[derive(Debug)]
 struct DilatedAttentionBackward(Output);
 
-/// What the node keeps: the saved forward of the inner backend and the options.
+/// What the node keeps: the saved forward of the inner backend, the options and where
+/// the call computed (its backward computes there too).
 #[derive(Debug, Clone)]
 struct NodeState<B: DilatedAttentionBackend> {
     saved: SavedForward<B>,
     options: Arc<AttnOptions>,
+    compute: Compute,
 }
 
 impl<B: DilatedAttentionBackend> Backward<B, 3> for DilatedAttentionBackward {
@@ -47,11 +50,12 @@ impl<B: DilatedAttentionBackend> Backward<B, 3> for DilatedAttentionBackward {
             Output::Out => Upstream { grad_out: grad, grad_lse: None },
             Output::Lse => Upstream { grad_out: None, grad_lse: grad },
         };
-        let NodeState { saved, options } = ops.state;
+        let NodeState { saved, options, compute } = ops.state;
         // The forward checked every input, dtype and mask against these same tensors, so
-        // the backward cannot meet bad input; a failure here is a kernel fault, and burn's
-        // backward step has no error channel.
-        let InputGrads { dq, dk, dv } = match B::dilated_attention_backward(saved, upstream, &options) {
+        // the backward cannot meet bad input; a failure here is a kernel fault (or, on ring
+        // ranks, a communication fault or ranks whose losses reach different results), and
+        // burn's backward step has no error channel.
+        let InputGrads { dq, dk, dv } = match B::dilated_attention_backward(saved, upstream, &options, &compute) {
             Ok(g) => g,
             Err(e) => panic!("dilated attention backward failed after a successful forward: {e}"),
         };
@@ -69,15 +73,17 @@ impl<B: DilatedAttentionBackend, C: CheckpointStrategy> DilatedAttentionBackend 
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         options: &AttnOptions,
+        compute: &Compute,
     ) -> Result<AttnPrimitives<Self>> {
         // One set of input guards for each result's node.
         let lse_nodes = [q.node(), k.node(), v.node()];
         let (qp, q_node) = q.into_parts();
         let (kp, k_node) = k.into_parts();
         let (vp, v_node) = v.into_parts();
-        let AttnPrimitives { out, lse } = B::dilated_attention_with_lse(qp.clone(), kp.clone(), vp.clone(), options)?;
+        let AttnPrimitives { out, lse } =
+            B::dilated_attention_with_lse(qp.clone(), kp.clone(), vp.clone(), options, compute)?;
         let saved = SavedForward { q: qp, k: kp, v: vp, out: out.clone(), lse: lse.clone() };
-        let state = NodeState { saved, options: Arc::new(options.clone()) };
+        let state = NodeState { saved, options: Arc::new(options.clone()), compute: compute.clone() };
         let node = |result: Output, nodes, value: FloatTensor<B>| {
             let prep = DilatedAttentionBackward(result).prepare::<C>(nodes).compute_bound().stateful();
             match prep {
@@ -93,6 +99,7 @@ impl<B: DilatedAttentionBackend, C: CheckpointStrategy> DilatedAttentionBackend 
         saved: SavedForward<Self>,
         upstream: Upstream<Self>,
         options: &AttnOptions,
+        compute: &Compute,
     ) -> Result<InputGrads<Self>> {
         // The backward as an operation of its own (no graph through it): the inner
         // backend's on the primitives.
@@ -107,7 +114,7 @@ impl<B: DilatedAttentionBackend, C: CheckpointStrategy> DilatedAttentionBackend 
             grad_out: upstream.grad_out.map(|g| g.into_primitive()),
             grad_lse: upstream.grad_lse.map(|g| g.into_primitive()),
         };
-        let InputGrads { dq, dk, dv } = B::dilated_attention_backward(inner, upstream, options)?;
+        let InputGrads { dq, dk, dv } = B::dilated_attention_backward(inner, upstream, options, compute)?;
         let wrap = FloatTensor::<Self>::new;
         Ok(InputGrads { dq: wrap(dq), dk: wrap(dk), dv: wrap(dv) })
     }

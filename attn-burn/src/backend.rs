@@ -10,6 +10,7 @@ use attn_core::Result;
 use burn_backend::Backend;
 use burn_backend::tensor::FloatTensor;
 
+use crate::compute::Compute;
 use crate::options::AttnOptions;
 
 /// The output and LSE of one forward, as primitives of backend `B`.
@@ -52,7 +53,8 @@ pub struct InputGrads<B: Backend> {
 
 /// Dilated attention (`docs/definition.md`) on `[batch, seq, heads, head_dim]` float
 /// primitives: q `[batch, seq, heads, head_dim]`, k and v `[batch, kv_seq, kv_heads,
-/// head_dim]` (`kv_heads` dividing `heads`). Bad input is an `AttnError`, never a panic.
+/// head_dim]` (`kv_heads` dividing `heads`), computed where `compute` says (the CPU
+/// kernels, or a backend such as a ring rank). Bad input is an `AttnError`, never a panic.
 pub trait DilatedAttentionBackend: Backend {
     /// The output and the LSE.
     fn dilated_attention_with_lse(
@@ -60,6 +62,7 @@ pub trait DilatedAttentionBackend: Backend {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         options: &AttnOptions,
+        compute: &Compute,
     ) -> Result<AttnPrimitives<Self>>;
 
     /// The output alone.
@@ -68,8 +71,9 @@ pub trait DilatedAttentionBackend: Backend {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         options: &AttnOptions,
+        compute: &Compute,
     ) -> Result<FloatTensor<Self>> {
-        Ok(Self::dilated_attention_with_lse(q, k, v, options)?.out)
+        Ok(Self::dilated_attention_with_lse(q, k, v, options, compute)?.out)
     }
 
     /// The gradients of `sum(out * grad_out) + sum(lse * grad_lse)` in q, k and v, from
@@ -78,5 +82,6 @@ pub trait DilatedAttentionBackend: Backend {
         saved: SavedForward<Self>,
         upstream: Upstream<Self>,
         options: &AttnOptions,
+        compute: &Compute,
     ) -> Result<InputGrads<Self>>;
 }

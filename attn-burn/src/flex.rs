@@ -1,17 +1,18 @@
-//! [`DilatedAttentionBackend`] for burn-flex: the workspace's CPU kernels read flex's
-//! host storage in place when a tensor's layout has unit head_dim stride and no negative
-//! stride (contiguous BSHD, a transposed BHSD tensor, a narrowed fused projection);
-//! other layouts are first made contiguous. Every float dtype flex stores (f32, f64,
+//! [`DilatedAttentionBackend`] for burn-flex: the call's compute backend (the CPU kernels,
+//! a ring rank) reads flex's host storage in place when a tensor's layout has unit
+//! head_dim stride and no negative stride (contiguous BSHD, a transposed BHSD tensor, a
+//! narrowed fused projection); other layouts are first made contiguous. Every float dtype flex stores (f32, f64,
 //! bf16, f16) computes; the LSE is f32.
 
-use std::sync::OnceLock;
-
-use attn_core::{Attention, AttnError, AttnInputs, Grads, Saved, Shape4, TensorName, TensorView, TensorViewMut};
+use attn_core::{
+    Attention, AttnError, AttnInputs, AttnShape, Grads, Saved, Shape4, TensorName, TensorView, TensorViewMut,
+};
 use burn_backend::{DType, TensorData};
 use burn_flex::{Flex, FlexTensor};
 use half::{bf16, f16};
 
 use crate::backend::{AttnPrimitives, DilatedAttentionBackend, InputGrads, SavedForward, Upstream};
+use crate::compute::Compute;
 use crate::options::AttnOptions;
 
 /// An element type of both the kernels and flex's storage.
@@ -21,16 +22,6 @@ impl FlexElement for f32 {}
 impl FlexElement for f64 {}
 impl FlexElement for bf16 {}
 impl FlexElement for f16 {}
-
-/// The process-wide CPU kernels (one thread per core), built on first use.
-fn kernels() -> attn_core::Result<&'static attn_kernels::CpuBackend> {
-    static CPU: OnceLock<attn_kernels::CpuBackend> = OnceLock::new();
-    if let Some(b) = CPU.get() {
-        return Ok(b);
-    }
-    let backend = attn_kernels::CpuBackend::new(0)?;
-    Ok(CPU.get_or_init(|| backend))
-}
 
 /// The dtypes the op computes on flex, for messages.
 const FLEX_DTYPES: &str = "f32, f64, bf16 or f16";
@@ -65,6 +56,14 @@ fn view<'a, T: FlexElement>(name: TensorName, t: &'a FlexTensor) -> attn_core::R
     TensorView::strided(name, data, shape, strides)
 }
 
+/// The checked shapes of a call's q, k and v. The masks are the compute backend's to
+/// check: a ring rank's rows do not have the global length its packed sequences and
+/// block mask describe.
+fn call_shape<T: FlexElement>(inputs: &AttnInputs<'_, T>) -> attn_core::Result<AttnShape> {
+    let [q, k, v] = [&inputs.q, &inputs.k, &inputs.v].map(|x| x.shape().dims());
+    AttnShape::of_call(inputs.cfg, [&q[..], &k[..], &v[..]])
+}
+
 /// The name of a dtype, for messages.
 fn dtype_name(dtype: DType) -> String {
     format!("{dtype:?}").to_lowercase()
@@ -90,17 +89,18 @@ fn tensor_of<T: FlexElement>(values: Vec<T>, dims: &[usize]) -> FlexTensor {
 }
 
 fn forward_t<T: FlexElement>(
+    compute: &dyn Attention<T>,
     [q, k, v]: [&FlexTensor; 3],
     options: &AttnOptions,
 ) -> attn_core::Result<AttnPrimitives<Flex>> {
     let (qv, kv, vv) =
         (view::<T>(TensorName::Query, q)?, view::<T>(TensorName::Key, k)?, view::<T>(TensorName::Value, v)?);
     let inputs = AttnInputs::new(&options.config, qv, kv, vv).with_masks(options.masks());
-    let shape = inputs.shape()?;
+    let shape = call_shape(&inputs)?;
     let mut out = vec![T::default(); shape.q.numel()];
     let mut lse = vec![0f32; shape.q.lse_len()];
     let out_view = TensorViewMut::contiguous(TensorName::Output, &mut out, shape.q)?;
-    Attention::<T>::forward(kernels()?, &inputs, out_view, &mut lse)?;
+    compute.forward(&inputs, out_view, &mut lse)?;
     let [b, s, h, _] = shape.q.dims();
     Ok(AttnPrimitives { out: tensor_of(out, &shape.q.dims()), lse: tensor_of(lse, &[b, s, h]) })
 }
@@ -120,6 +120,7 @@ fn lse_values(name: TensorName, t: &FlexTensor, len: usize) -> attn_core::Result
 }
 
 fn backward_t<T: FlexElement>(
+    compute: &dyn Attention<T>,
     saved: &SavedForward<Flex>,
     [grad_out, grad_lse]: [Option<&FlexTensor>; 2],
     options: &AttnOptions,
@@ -127,7 +128,7 @@ fn backward_t<T: FlexElement>(
     let qv = view::<T>(TensorName::Query, &saved.q)?;
     let (kv, vv) = (view::<T>(TensorName::Key, &saved.k)?, view::<T>(TensorName::Value, &saved.v)?);
     let inputs = AttnInputs::new(&options.config, qv, kv, vv).with_masks(options.masks());
-    let shape = inputs.shape()?;
+    let shape = call_shape(&inputs)?;
     let out = view::<T>(TensorName::Output, &saved.out)?;
     // No gradient into the output is a zero one.
     let zeros = vec![T::default(); if grad_out.is_none() { shape.q.numel() } else { 0 }];
@@ -142,7 +143,7 @@ fn backward_t<T: FlexElement>(
     let (mut dk, mut dv) = (vec![T::default(); shape.kv.numel()], vec![T::default(); shape.kv.numel()]);
     let grads = Grads::contiguous(shape, [&mut dq, &mut dk, &mut dv])?;
     let gl = grad_lse.as_ref().map(|g| g.storage::<f32>());
-    Attention::<T>::backward_with_lse_grad(kernels()?, &inputs, Saved { out, lse }, grad, gl, grads)?;
+    compute.backward_with_lse_grad(&inputs, Saved { out, lse }, grad, gl, grads)?;
     let (qd, kd) = (shape.q.dims(), shape.kv.dims());
     Ok(InputGrads { dq: tensor_of(dq, &qd), dk: tensor_of(dk, &kd), dv: tensor_of(dv, &kd) })
 }
@@ -168,14 +169,16 @@ impl DilatedAttentionBackend for Flex {
         k: FlexTensor,
         v: FlexTensor,
         options: &AttnOptions,
+        compute: &Compute,
     ) -> attn_core::Result<AttnPrimitives<Flex>> {
         let dtype = common_dtype(&q, &k, &v)?;
+        let host = compute.host()?;
         let qkv = [&readable(q), &readable(k), &readable(v)];
         match dtype {
-            DType::F64 => forward_t::<f64>(qkv, options),
-            DType::BF16 => forward_t::<bf16>(qkv, options),
-            DType::F16 => forward_t::<f16>(qkv, options),
-            _ => forward_t::<f32>(qkv, options),
+            DType::F64 => forward_t::<f64>(host, qkv, options),
+            DType::BF16 => forward_t::<bf16>(host, qkv, options),
+            DType::F16 => forward_t::<f16>(host, qkv, options),
+            _ => forward_t::<f32>(host, qkv, options),
         }
     }
 
@@ -183,8 +186,10 @@ impl DilatedAttentionBackend for Flex {
         saved: SavedForward<Flex>,
         upstream: Upstream<Flex>,
         options: &AttnOptions,
+        compute: &Compute,
     ) -> attn_core::Result<InputGrads<Flex>> {
         let dtype = common_dtype(&saved.q, &saved.k, &saved.v)?;
+        let host = compute.host()?;
         same_dtype(TensorName::Output, &saved.out, dtype)?;
         if let Some(g) = &upstream.grad_out {
             same_dtype(TensorName::GradOutput, g, dtype)?;
@@ -199,10 +204,10 @@ impl DilatedAttentionBackend for Flex {
         let grad_out = upstream.grad_out.map(readable);
         let grads = [grad_out.as_ref(), upstream.grad_lse.as_ref()];
         match dtype {
-            DType::F64 => backward_t::<f64>(&saved, grads, options),
-            DType::BF16 => backward_t::<bf16>(&saved, grads, options),
-            DType::F16 => backward_t::<f16>(&saved, grads, options),
-            _ => backward_t::<f32>(&saved, grads, options),
+            DType::F64 => backward_t::<f64>(host, &saved, grads, options),
+            DType::BF16 => backward_t::<bf16>(host, &saved, grads, options),
+            DType::F16 => backward_t::<f16>(host, &saved, grads, options),
+            _ => backward_t::<f32>(host, &saved, grads, options),
         }
     }
 }

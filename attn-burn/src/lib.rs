@@ -22,6 +22,15 @@
 //! packed sequences (`cu_seqlens`), block masks, windows, mixing and causality come in
 //! [`AttnOptions`] (its [`attn_core::DilatedConfig`] and [`attn_core::OwnedMasks`]).
 //!
+//! # Ring attention
+//! [`attention_on`] computes through any backend that has every dtype flex stores
+//! ([`HostAttention`]). With an `attn_ring::RingBackend` (one per rank, over any
+//! communicator: in-process `ThreadComm`, MPI) each rank passes its own rows as a burn
+//! tensor and gets the single-device rows back under the backend's layout and
+//! `attn_ring::Strategy`; under autodiff the backward is the ring's collective backward,
+//! so every rank runs `backward()`. The extension's methods take the same choice as a
+//! [`Compute`].
+//!
 //! # Modules
 //! [`nn`] holds burn modules (`#[derive(Module)]`) over the op: the multihead layer and
 //! the LongNet encoder, with `attn-multihead`'s PyTorch parameter names, MAGNETO
@@ -34,6 +43,7 @@
 
 mod autodiff;
 mod backend;
+mod compute;
 mod flex;
 pub mod nn;
 mod options;
@@ -41,5 +51,6 @@ mod route;
 
 pub use attn_core::{KeyPaddingMask, OwnedMasks};
 pub use backend::{AttnPrimitives, DilatedAttentionBackend, InputGrads, SavedForward, Upstream};
+pub use compute::{Compute, HostAttention};
 pub use options::AttnOptions;
-pub use route::{AttnOutput, SUPPORTED_BACKENDS, dilated_attention, dilated_attention_with_lse};
+pub use route::{AttnOutput, SUPPORTED_BACKENDS, attention_on, dilated_attention, dilated_attention_with_lse};

@@ -2,6 +2,9 @@
 //! so the call finds the backend of q among those implementing
 //! [`DilatedAttentionBackend`] (`Autodiff<Flex>` with either checkpointing strategy,
 //! `Flex`), runs the extension there, and refuses any other backend with a typed error.
+//! [`attention_on`] computes through a backend the caller hands over (a ring rank).
+
+use std::sync::Arc;
 
 use attn_core::{AttnError, Feature, Result, TensorName};
 use burn_autodiff::Autodiff;
@@ -11,6 +14,7 @@ use burn_flex::Flex;
 use burn_tensor::{DispatchTensor, PrimitiveConversionError, Tensor};
 
 use crate::backend::{AttnPrimitives, DilatedAttentionBackend};
+use crate::compute::{Compute, HostAttention};
 use crate::options::AttnOptions;
 
 /// The backends the op computes on, for messages.
@@ -40,21 +44,46 @@ pub fn dilated_attention_with_lse(
     v: Tensor<4>,
     options: &AttnOptions,
 ) -> Result<AttnOutput> {
-    let qkv = [q, k, v];
-    if let Some(r) = attend_on::<Autodiff<Flex, NoCheckpointing>>(&qkv, options) {
+    route([q, k, v], options, &Compute::Kernels)
+}
+
+/// Dilated attention of burn-flex tensors computed by `backend`, with the LSE: with an
+/// `attn_ring::RingBackend` (one per rank, over any communicator) each rank passes its
+/// own rows (`RingBackend::positions`) and gets the single-device rows back under the
+/// backend's layout and `attn_ring::Strategy`, gradients included: the backward is the
+/// ring's collective backward, so every rank runs `backward()` on a loss reaching the
+/// same results (output, LSE or both) of the call. A key padding mask then covers the
+/// rank's rows; `cu_seqlens` and a block mask are global.
+pub fn attention_on(
+    backend: Arc<dyn HostAttention>,
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    options: &AttnOptions,
+) -> Result<AttnOutput> {
+    route([q, k, v], options, &Compute::On(backend))
+}
+
+/// The call on the backend q lives on, computed where `compute` says.
+fn route(qkv: [Tensor<4>; 3], options: &AttnOptions, compute: &Compute) -> Result<AttnOutput> {
+    if let Some(r) = attend_on::<Autodiff<Flex, NoCheckpointing>>(&qkv, options, compute) {
         return r;
     }
-    if let Some(r) = attend_on::<Autodiff<Flex, BalancedCheckpointing>>(&qkv, options) {
+    if let Some(r) = attend_on::<Autodiff<Flex, BalancedCheckpointing>>(&qkv, options, compute) {
         return r;
     }
-    if let Some(r) = attend_on::<Flex>(&qkv, options) {
+    if let Some(r) = attend_on::<Flex>(&qkv, options, compute) {
         return r;
     }
     Err(AttnError::Unsupported { backend: "burn", feature: Feature::Other(SUPPORTED_BACKENDS) })
 }
 
 /// The call on backend `B`, or `None` when q does not live there.
-fn attend_on<B: DilatedAttentionBackend>(qkv: &[Tensor<4>; 3], options: &AttnOptions) -> Option<Result<AttnOutput>>
+fn attend_on<B: DilatedAttentionBackend>(
+    qkv: &[Tensor<4>; 3],
+    options: &AttnOptions,
+    compute: &Compute,
+) -> Option<Result<AttnOutput>>
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
@@ -66,13 +95,14 @@ where
             return Some(Err(AttnError::DTypeMismatch { tensor: TensorName::Query, expected: "a float tensor", got }));
         }
     };
-    Some(attend_with::<B>(q, [k, v], options))
+    Some(attend_with::<B>(q, [k, v], options, compute))
 }
 
 fn attend_with<B: DilatedAttentionBackend>(
     q: <B as burn_backend::BackendTypes>::FloatTensorPrimitive,
     [k, v]: [&Tensor<4>; 2],
     options: &AttnOptions,
+    compute: &Compute,
 ) -> Result<AttnOutput>
 where
     DispatchTensor: DispatchKindConversion<B>,
@@ -87,6 +117,6 @@ where
     };
     let k = same_backend(TensorName::Key, k)?;
     let v = same_backend(TensorName::Value, v)?;
-    let AttnPrimitives { out, lse } = B::dilated_attention_with_lse(q, k, v, options)?;
+    let AttnPrimitives { out, lse } = B::dilated_attention_with_lse(q, k, v, options, compute)?;
     Ok(AttnOutput { out: Tensor::from_primitive::<B>(out), lse: Tensor::from_primitive::<B>(lse) })
 }

@@ -4,7 +4,9 @@
 
 mod common;
 mod composition;
+mod dropout;
 mod errors;
 mod golden;
 mod nn;
 mod reference;
+mod ring;

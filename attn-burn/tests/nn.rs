@@ -6,11 +6,12 @@
 
 use std::sync::Arc;
 
+use crate::common::encoder::encoder_against_attn_multihead;
 use crate::common::golden_op::DTYPES;
 use crate::common::params::{param_grads, param_values};
 use crate::common::{grad_device, values};
 use attn_burn::AttnOptions;
-use attn_burn::nn::{LongNetEncoder, MultiheadDilatedAttention};
+use attn_burn::nn::{Mode, MultiheadDilatedAttention};
 use attn_core::{DType as AttnDType, DilatedConfig, Result};
 use attn_multihead::metadata::config_from_metadata;
 use attn_multihead::{
@@ -189,7 +190,7 @@ fn a_planted_weight_error_fails_the_multihead_files() {
     }
 }
 
-fn encoder_config() -> EncoderConfig {
+pub fn encoder_config() -> EncoderConfig {
     let attention = DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).build().expect("config");
     EncoderConfig::new(16, 2, attention, 32)
 }
@@ -198,44 +199,7 @@ fn encoder_config() -> EncoderConfig {
 /// `attn-multihead`'s forward and backward with the same MAGNETO weights, in f32.
 #[test]
 fn encoder_output_and_gradients_equal_attn_multihead() {
-    let config = encoder_config();
-    let backend = Arc::new(attn_kernels::CpuBackend::new(1).expect("cpu backend"));
-    let native = attn_multihead::LongNetEncoder::<f32>::new(config.clone(), 2, 11, backend).expect("encoder");
-    let device = grad_device();
-    let stack = LongNetEncoder::from_encoder(&native, &config, &device, DType::F32).expect("burn encoder");
-    let (b, n, e) = (2, 32, config.d_model);
-    let (x, go) = (random_vec(1, b * n * e), random_vec(2, b * n * e));
-    let call = Call::new(b, n);
-    let (want_out, cache) = native.forward_train(&x, &call).expect("forward");
-    let mut want_grads = native.zero_grads();
-    let want_dx = native.backward(&cache, &go, &mut want_grads).expect("backward");
-    let mut want = vec![("out".to_string(), want_out), ("dx".to_string(), want_dx)];
-    for (i, g) in want_grads.iter().enumerate() {
-        want.extend(g.params().into_iter().map(|p| (format!("layers.{i}.{}", p.name), p.data.to_vec())));
-    }
-
-    let xt = Tensor::<3>::from_data(TensorData::new(x, [b, n, e]), (&device, DType::F32)).require_grad();
-    let out = stack.forward(xt.clone(), &AttnOptions::new(config.attention.clone())).expect("burn forward");
-    let got_grads = (out.clone() * Tensor::<3>::from_data(TensorData::new(go, [b, n, e]), &device)).sum().backward();
-    let mut got = vec![("out".to_string(), values(out)), ("dx".to_string(), values(xt.grad(&got_grads).expect("dx")))];
-    got.extend(param_grads(&stack, &got_grads));
-
-    assert_eq!(got.iter().map(|g| &g.0).collect::<Vec<_>>(), want.iter().map(|g| &g.0).collect::<Vec<_>>());
-    let bound = Tolerance::for_dtype(AttnDType::F32).rel_l2;
-    let norm = |x: &[f32]| x.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>().sqrt();
-    for ((name, g), (_, w)) in got.iter().zip(&want) {
-        // The key bias's gradient is zero by the definition (attention is unchanged by one
-        // shift of every key): both sides hold roundoff, judged against the scale of the
-        // key weight's gradient, as the golden checker judges such a bias.
-        let weight = name.strip_suffix("k_proj.bias").map(|m| format!("{m}k_proj.weight"));
-        let scale = match weight.and_then(|wn| want.iter().find(|(n, _)| *n == wn)) {
-            Some((_, ww)) => norm(ww),
-            None => norm(w),
-        };
-        let diff: Vec<f32> = g.iter().zip(w).map(|(a, b)| a - b).collect();
-        let err = if g.len() == w.len() { norm(&diff) / scale } else { f64::INFINITY };
-        assert!(err <= bound, "{name}: relative error {err:.2e} over {bound:.0e}");
-    }
+    encoder_against_attn_multihead(&encoder_config(), Mode::Eval);
 }
 
 /// MAGNETO initialisation: the burn layer's parameters are those `attn-multihead` draws for

@@ -1,17 +1,19 @@
 //! [`LongNetEncoderLayer`] and [`LongNetEncoder`] as burn modules: pre-LN layers
-//! `x + attn(norm1(x))`, then `x + linear2(norm3(relu(linear1(norm2(x)))))`, as
-//! `attn-multihead`'s encoder computes them in evaluation, under its parameter names.
+//! `x + attn(norm1(x))`, then `x + linear2(norm3(relu(linear1(norm2(x)))))`, with
+//! dropout in training on the attention branch, the feed-forward hidden activation and
+//! the feed-forward branch, as `attn-multihead`'s encoder computes them, under its
+//! parameter names.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use attn_core::{AttnError, ReferenceBackend, Result};
-use attn_multihead::{EncoderConfig, NamedParams, load_file};
+use attn_multihead::{DropoutSite, EncoderConfig, Mode, NamedParams, layer_mode, load_file};
 use burn::module::Module;
 use burn_tensor::activation::relu;
 use burn_tensor::{DType, Device, Tensor};
 
-use super::{LayerNorm, Linear, MultiheadDilatedAttention, ParamSource};
+use super::{LayerNorm, Linear, MultiheadDilatedAttention, ParamSource, SiteDropout};
 use crate::options::AttnOptions;
 
 /// One pre-LN LongNet encoder layer.
@@ -23,6 +25,12 @@ pub struct LongNetEncoderLayer {
     pub linear1: Linear,
     pub norm3: LayerNorm,
     pub linear2: Linear,
+    /// The attention branch before its residual add.
+    pub dropout1: SiteDropout,
+    /// The feed-forward hidden activation, after ReLU.
+    pub dropout_ff: SiteDropout,
+    /// The feed-forward branch before its residual add.
+    pub dropout2: SiteDropout,
 }
 
 impl LongNetEncoderLayer {
@@ -40,6 +48,9 @@ impl LongNetEncoderLayer {
             linear1: Linear::from_source(source, &format!("{prefix}linear1."))?,
             norm3: norm("norm3")?,
             linear2: Linear::from_source(source, &format!("{prefix}linear2."))?,
+            dropout1: SiteDropout::new(config.dropout, DropoutSite::AttentionResidual)?,
+            dropout_ff: SiteDropout::new(config.dropout, DropoutSite::FeedForwardHidden)?,
+            dropout2: SiteDropout::new(config.dropout, DropoutSite::FeedForwardResidual)?,
         })
     }
 
@@ -50,12 +61,19 @@ impl LongNetEncoderLayer {
         Self::from_source(config, &ParamSource::of(&layer, device, dtype), "")
     }
 
-    /// Self-attention of `x` `[batch, seq, d_model]` with `masks`, then the feed-forward.
+    /// Self-attention of `x` `[batch, seq, d_model]` with `masks`, then the feed-forward,
+    /// in evaluation.
     pub fn forward(&self, x: Tensor<3>, masks: &AttnOptions) -> Result<Tensor<3>> {
+        self.forward_mode(x, masks, Mode::Eval)
+    }
+
+    /// [`Self::forward`] in `mode`: `Mode::Train { seed }` drops what `attn-multihead`'s
+    /// layer drops for that seed, where the layer trains.
+    pub fn forward_mode(&self, x: Tensor<3>, masks: &AttnOptions, mode: Mode) -> Result<Tensor<3>> {
         let h = self.norm1.forward(x.clone());
-        let x = x + self.self_attn.forward(h, masks)?;
-        let f = relu(self.linear1.forward(self.norm2.forward(x.clone())));
-        Ok(x + self.linear2.forward(self.norm3.forward(f)))
+        let x = x + self.dropout1.forward(self.self_attn.forward_mode(h, masks, mode)?, mode);
+        let f = self.dropout_ff.forward(relu(self.linear1.forward(self.norm2.forward(x.clone()))), mode);
+        Ok(x + self.dropout2.forward(self.linear2.forward(self.norm3.forward(f)), mode))
     }
 }
 
@@ -118,8 +136,15 @@ impl LongNetEncoder {
         Self::from_encoder(&encoder, config, device, dtype)
     }
 
-    /// Every layer in turn, `masks` in each self-attention.
+    /// Every layer in turn, `masks` in each self-attention, in evaluation.
     pub fn forward(&self, x: Tensor<3>, masks: &AttnOptions) -> Result<Tensor<3>> {
-        self.layers.iter().try_fold(x, |x, layer| layer.forward(x, masks))
+        self.forward_mode(x, masks, Mode::Eval)
+    }
+
+    /// [`Self::forward`] in `mode`; layer `i` draws its dropout masks in
+    /// `attn_multihead::layer_mode(mode, i)`, as `attn-multihead`'s stack does.
+    pub fn forward_mode(&self, x: Tensor<3>, masks: &AttnOptions, mode: Mode) -> Result<Tensor<3>> {
+        let mut layers = self.layers.iter().enumerate();
+        layers.try_fold(x, |x, (i, layer)| layer.forward_mode(x, masks, layer_mode(mode, i)))
     }
 }

@@ -1,16 +1,16 @@
 //! [`MultiheadDilatedAttention`] as a burn module: projections (`q_proj`, and `k_proj`,
 //! `v_proj` with `num_kv_heads * head_dim` rows for grouped heads), the dilated
-//! attention op, sub-LayerNorm (`norm`) and `out_proj`, per docs/definition.md and as
-//! `attn-multihead`'s layer computes them in evaluation.
+//! attention op, dropout of the merged output in training, sub-LayerNorm (`norm`) and
+//! `out_proj`, per docs/definition.md and as `attn-multihead`'s layer computes them.
 
 use std::path::Path;
 
 use attn_core::{AttnError, Result};
-use attn_multihead::{MultiheadConfig, MultiheadWeights, load_file};
+use attn_multihead::{DropoutSite, Mode, MultiheadConfig, MultiheadWeights, load_file};
 use burn::module::Module;
 use burn_tensor::{DType, Device, Tensor};
 
-use super::{LayerNorm, Linear, ParamSource};
+use super::{LayerNorm, Linear, ParamSource, SiteDropout};
 use crate::options::AttnOptions;
 use crate::route::dilated_attention;
 
@@ -20,6 +20,8 @@ pub struct MultiheadDilatedAttention {
     pub q_proj: Linear,
     pub k_proj: Linear,
     pub v_proj: Linear,
+    /// `config.dropout` on the merged attention output.
+    pub dropout: SiteDropout,
     pub norm: Option<LayerNorm>,
     pub out_proj: Linear,
     #[module(skip)]
@@ -47,6 +49,7 @@ impl MultiheadDilatedAttention {
             q_proj: linear("q_proj")?,
             k_proj: linear("k_proj")?,
             v_proj: linear("v_proj")?,
+            dropout: SiteDropout::new(config.dropout, DropoutSite::Attention)?,
             norm,
             out_proj: linear("out_proj")?,
             config,
@@ -91,13 +94,20 @@ impl MultiheadDilatedAttention {
     }
 
     /// Self-attention of `x` `[batch, seq, embed]` with `masks`' key padding, packed
-    /// sequences and block mask (the layer's own patterns replace `masks.config`).
+    /// sequences and block mask (the layer's own patterns replace `masks.config`), in
+    /// evaluation (no dropout).
     pub fn forward(&self, x: Tensor<3>, masks: &AttnOptions) -> Result<Tensor<3>> {
-        self.forward_cross(x.clone(), x.clone(), x, masks)
+        self.forward_mode(x, masks, Mode::Eval)
+    }
+
+    /// [`Self::forward`] in `mode`: `Mode::Train { seed }` drops what `attn-multihead`'s
+    /// layer drops for that seed, where the layer trains ([`SiteDropout`]).
+    pub fn forward_mode(&self, x: Tensor<3>, masks: &AttnOptions, mode: Mode) -> Result<Tensor<3>> {
+        self.forward_cross_mode([x.clone(), x.clone(), x], masks, mode)
     }
 
     /// Attention of `query` `[batch, seq, embed]` over `key` and `value` `[batch, kv_seq,
-    /// embed]`.
+    /// embed]`, in evaluation.
     pub fn forward_cross(
         &self,
         query: Tensor<3>,
@@ -105,6 +115,12 @@ impl MultiheadDilatedAttention {
         value: Tensor<3>,
         masks: &AttnOptions,
     ) -> Result<Tensor<3>> {
+        self.forward_cross_mode([query, key, value], masks, Mode::Eval)
+    }
+
+    /// [`Self::forward_cross`] in `mode`.
+    pub fn forward_cross_mode(&self, qkv: [Tensor<3>; 3], masks: &AttnOptions, mode: Mode) -> Result<Tensor<3>> {
+        let [query, key, value] = qkv;
         let [b, n, e] = query.dims();
         let [kb, m, ke] = key.dims();
         if e != self.config.embed_dim || ke != e || kb != b || value.dims() != key.dims() {
@@ -121,7 +137,7 @@ impl MultiheadDilatedAttention {
         let k = self.k_proj.forward(key).reshape([b, m, kvh, d]);
         let v = self.v_proj.forward(value).reshape([b, m, kvh, d]);
         let options = AttnOptions { config: self.config.attention.clone(), masks: masks.masks.clone() };
-        let a = dilated_attention(q, k, v, &options)?.reshape([b, n, e]);
+        let a = self.dropout.forward(dilated_attention(q, k, v, &options)?.reshape([b, n, e]), mode);
         let a = match &self.norm {
             Some(norm) => norm.forward(a),
             None => a,

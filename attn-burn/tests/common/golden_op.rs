@@ -24,8 +24,19 @@ pub struct BurnOp {
     pub layout: Layout,
 }
 
-fn options(p: &Problem<'_>) -> AttnOptions {
+/// The problem's config and masks.
+pub fn options(p: &Problem<'_>) -> AttnOptions {
     AttnOptions::new(p.cfg.clone()).with_masks(p.masks.into())
+}
+
+/// The run inputs of a problem's tensors.
+pub fn problem_inputs<'a>(
+    p: &Problem<'_>,
+    qkv: [&'a [f32]; 3],
+    grad_out: &'a [f32],
+    grad_lse: Option<&'a [f32]>,
+) -> Inputs<'a> {
+    Inputs { qkv, grad_out, grad_lse, dims: [p.shape.q.dims(), p.shape.kv.dims()] }
 }
 
 impl BurnOp {
@@ -39,7 +50,7 @@ impl BurnOp {
     ) -> attn_core::Result<Gradients32> {
         let opts = options(p);
         let f = |q, k, v| attend_op(&opts, q, k, v);
-        let inputs = Inputs { qkv, grad_out, grad_lse, dims: [p.shape.q.dims(), p.shape.kv.dims()] };
+        let inputs = problem_inputs(p, qkv, grad_out, grad_lse);
         let [dq, dk, dv] = run_inputs(inputs, &f, self.dtype.0, self.layout)?.grads;
         Ok(Gradients32 { dq, dk, dv })
     }

@@ -2,8 +2,10 @@
 //! one forward plus backward of the op (or of any function of q, k, v) under autodiff.
 
 pub mod compose;
+pub mod encoder;
 pub mod golden_op;
 pub mod params;
+pub mod ring;
 
 use attn_burn::{AttnOptions, OwnedMasks};
 use attn_core::{AttnError, DType as AttnDType, KeyPaddingMask};
