@@ -8,6 +8,7 @@
 //! turns every `AttnError` into a Python exception (`errors`). Outputs are tensors the
 //! Python side allocated, so nothing is copied on the way out.
 
+mod alloc_count;
 mod call;
 mod cuda_call;
 mod errors;
@@ -319,5 +320,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(add_library_search_dirs, m)?)?;
     m.add_function(wrap_pyfunction!(nvrtc_library, m)?)?;
+    m.add_function(wrap_pyfunction!(alloc_count::allocation_window_start, m)?)?;
+    m.add_function(wrap_pyfunction!(alloc_count::allocation_peak, m)?)?;
     Ok(())
 }

@@ -31,3 +31,40 @@ def test_a_backend_that_refuses_is_recorded_as_missing():
         raise RuntimeError("No available kernel. Aborting execution.\nmore")
 
     assert bench.timed("refusing", refuses, refuses, 1, bench.torch.device("cpu")) == (None, None)
+
+
+def test_the_distributed_bench_reports_each_world(tmp_path):
+    """Two gloo process counts: every figure present, the rank's footprint falls by N where
+    every segment fits in a rank's rows, and the op's own bytes are counted (non-zero)."""
+    out = tmp_path / "dist.json"
+    bench.main(
+        ["--distributed", "--worlds", "1,2", "--dist-seq", "2048", "--heads", "4", "--head-dim", "16",
+         "--segments", "256,512", "--dilations", "1,2", "--reps", "1", "--json", str(out)]
+    )
+    figures = json.loads(out.read_text())["distributed"]
+    assert sorted(figures) == ["1", "2"]
+    for row in figures.values():
+        assert row["ms"] > 0 and row["bytes"] > 0 and row["rank_bytes"] > row["bytes"], row
+    assert figures["1"]["rank_fall_over_n"] == 1.0
+    assert figures["2"]["rank_fall_over_n"] >= 0.9, figures["2"]
+
+
+def test_the_allocation_count_sees_the_extensions_allocations():
+    """A Rust allocation of a known size (a 1024 x 1024 block mask built in the extension)
+    shows in the window; nothing allocated shows as nothing."""
+    from attn_dilated import _native, bench_distributed
+
+    built = bench_distributed.op_bytes(lambda: _native.sparse_pattern_mask("local_window", 64, 0, 1, [1], 1024, 1024))
+    assert built >= 1024 * 1024, built
+    assert bench_distributed.op_bytes(lambda: None) == 0
+
+
+def test_a_footprint_that_does_not_fall_fails_the_bound():
+    """The fall is per rank and over N: a rank holding the whole sequence (what unsharding
+    before the attention would do) reads 0.5·N at N = 2."""
+    from attn_dilated.bench_distributed import fall
+
+    base = {"world": 1, "rank_bytes": 1000}
+    assert fall(base, {"world": 2, "rank_bytes": 500}, "rank_bytes") == 1.0
+    assert fall(base, {"world": 2, "rank_bytes": 1000}, "rank_bytes") == 0.5
+    assert fall(base, {"world": 2, "rank_bytes": 0}, "rank_bytes") is None

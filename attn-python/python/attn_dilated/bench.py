@@ -8,7 +8,8 @@ CUDA tensors, all in one process with one timing method.
 (`torch.nn.attention.sdpa_kernel`), `--gathered` SDPA alone on the segments gathered
 into contiguous tensors beforehand (the kernels' time without the gather and scatter),
 and `--json PATH` writes every figure in milliseconds (`null` where a backend refused
-the shape).
+the shape). `--distributed` times `attn_dilated.distributed` on N gloo processes instead
+(`attn_dilated.bench_distributed`: per-rank time and the bytes the op allocates).
 
 Default problem: batch 1, 8 heads, head_dim 64, segments 2048,4096,8192, dilations
 1,2,4, head-groups mixing, float32 CPU tensors, sequence lengths 8192 and 65536."""
@@ -172,7 +173,21 @@ def main(argv=None) -> None:
     p.add_argument("--sdpa", default="", help="SDPA backends to time the composition under, e.g. flash,cudnn")
     p.add_argument("--gathered", action="store_true", help="SDPA alone on pre-gathered segments")
     p.add_argument("--json", help="write the figures (milliseconds) to this file")
+    p.add_argument("--distributed", action="store_true", help="attn_dilated.distributed on N gloo CPU processes")
+    p.add_argument("--worlds", default="1,2,4", help="--distributed: process counts N")
+    p.add_argument("--dist-seq", type=int, default=65536, help="--distributed: the whole sequence's length")
+    p.add_argument("--layout", default="contiguous", help="--distributed: contiguous or zigzag")
+    p.add_argument("--strategy", default="auto", help="--distributed: auto, ring, allgather, ulysses")
+    p.add_argument("--threads", type=int, default=1, help="--distributed: compute threads a rank")
     args = p.parse_args(argv)
+    if args.distributed:
+        from . import bench_distributed
+
+        figures = bench_distributed.run(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"distributed": figures, "torch": torch.__version__}, f, indent=1)
+        return
     segs = [int(x) for x in args.segments.split(",")]
     rates = [int(x) for x in args.dilations.split(",")]
     sdpa = [b for b in args.sdpa.split(",") if b]
