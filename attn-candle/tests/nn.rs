@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use attn_candle::AttnOptions;
-use attn_candle::nn::MultiheadDilatedAttention;
+use attn_candle::nn::{LayerCall, MultiheadDilatedAttention};
 use attn_multihead::Bias;
 use attn_multihead::metadata::config_from_metadata;
 use attn_testkit::golden::{golden_dir, load_dir};
@@ -41,9 +41,9 @@ fn multihead_golden_cases_load_and_reproduce_their_output() {
             }
             let query = &all["query"];
             let out = if case.bool_meta("cross_attention").unwrap_or(false) {
-                layer.forward_cross(query, &all["key"], &all["value"], &masks)
+                layer.forward_with(query, &LayerCall::new().masks(&masks).cross(&all["key"], &all["value"]))
             } else {
-                layer.forward_masked(query, &masks)
+                layer.forward_with(query, &LayerCall::new().masks(&masks))
             }
             .expect("forward");
             let got: Vec<f32> = out.flatten_all().and_then(|t| t.to_vec1()).expect("values");

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use attn_candle::AttnOptions;
-use attn_candle::nn::{LayerNorm, MultiheadDilatedAttention};
+use attn_candle::nn::{LayerCall, LayerNorm, MultiheadDilatedAttention};
 use attn_core::DType as AttnDType;
 use attn_multihead::Bias;
 use attn_multihead::metadata::config_from_metadata;
@@ -84,8 +84,8 @@ fn run(case: &GoldenCase, dtype: AttnDType) -> LayerRun {
     let layer = MultiheadDilatedAttention::new(config.clone(), vb.clone()).expect("layer loads");
     let t = |name: &str| inputs[name].as_tensor();
     let out = match cross_kind(case) {
-        CrossKind::Cross => layer.forward_cross(t("query"), t("key"), t("value"), &opts),
-        CrossKind::SelfAttention => layer.forward_masked(t("query"), &opts),
+        CrossKind::Cross => layer.forward_with(t("query"), &LayerCall::new().masks(&opts).cross(t("key"), t("value"))),
+        CrossKind::SelfAttention => layer.forward_with(t("query"), &LayerCall::new().masks(&opts)),
     }
     .expect("forward");
 

@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use attn_candle::AttnOptions;
-use attn_candle::nn::MultiheadDilatedAttention;
+use attn_candle::nn::{LayerCall, MultiheadDilatedAttention};
 use attn_core::{DilatedConfig, Mixing};
 use attn_multihead::{Call, MultiheadConfig, NamedParams, NormLayout, ReferenceBackend, save_bytes};
 use attn_testkit::rng::SeededRng;
@@ -74,7 +74,9 @@ fn worst_error(plant: f64) -> f64 {
     let f32s = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
     let xv = Var::from_vec(f32s(&x), (BATCH, SEQ, e), &Device::Cpu).expect("x");
     let gt = Tensor::from_vec(f32s(&g), (BATCH, SEQ, e), &Device::Cpu).expect("g");
-    let y = module.forward_masked(xv.as_tensor(), &AttnOptions::new(cfg.attention.clone())).expect("candle forward");
+    let y = module
+        .forward_with(xv.as_tensor(), &LayerCall::new().masks(&AttnOptions::new(cfg.attention.clone())))
+        .expect("candle forward");
     let back = y.mul(&gt).and_then(|t| t.sum_all()).and_then(|l| l.backward()).expect("candle backward");
     let dx = back.get(xv.as_tensor()).expect("x has a gradient");
     let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();

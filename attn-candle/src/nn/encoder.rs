@@ -11,7 +11,7 @@ use candle_nn::{Linear, VarBuilder};
 
 use super::dropout::dropout;
 use super::multihead::magneto_linear;
-use super::{LayerNorm, MultiheadDilatedAttention};
+use super::{LayerCall, LayerNorm, MultiheadDilatedAttention};
 use crate::host::AnyAttention;
 
 /// One pre-LN LongNet encoder layer.
@@ -56,7 +56,7 @@ impl LongNetEncoderLayer {
         let at = self.self_attn.query_positions(mode, seq)?;
         let drop = |t: &Tensor, site| dropout(t, mode, self.dropout, site, &at);
         let h = self.norm1.forward(x)?;
-        let a = self.self_attn.forward_with_mode(&h, &h, &h, self.self_attn.options(), mode)?;
+        let a = self.self_attn.forward_with(&h, &LayerCall::new().mode(mode))?;
         let x = (x + drop(&a, DropoutSite::AttentionResidual)?)?;
         let f = self.linear1.forward(&self.norm2.forward(&x)?)?.relu()?;
         let f = drop(&f, DropoutSite::FeedForwardHidden)?;

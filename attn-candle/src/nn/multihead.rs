@@ -91,33 +91,15 @@ impl MultiheadDilatedAttention {
         &self.config
     }
 
-    /// The layer's patterns without masks.
-    pub(crate) fn options(&self) -> &AttnOptions {
-        &self.options
-    }
-
-    /// Self-attention of `x` `[batch, seq, embed]` with `masks` (key padding, packed
-    /// sequences; the config's own patterns replace `masks.config`), in evaluation.
-    pub fn forward_masked(&self, x: &Tensor, masks: &AttnOptions) -> Result<Tensor> {
-        self.forward_cross(x, x, x, masks)
-    }
-
-    /// Attention of `query` over `key`/`value` (`[batch, kv_seq, embed]`), in evaluation.
-    pub fn forward_cross(&self, query: &Tensor, key: &Tensor, value: &Tensor, masks: &AttnOptions) -> Result<Tensor> {
-        self.forward_with_mode(query, key, value, masks, Mode::Eval)
-    }
-
-    /// [`Self::forward_cross`] in `mode`: `Mode::Train { seed }` applies the config's
-    /// dropout to the merged attention output with the mask `attn-multihead`'s layer
-    /// draws for that seed (use a fresh seed every step).
-    pub fn forward_with_mode(
-        &self,
-        query: &Tensor,
-        key: &Tensor,
-        value: &Tensor,
-        masks: &AttnOptions,
-        mode: Mode,
-    ) -> Result<Tensor> {
+    /// The layer on `query` `[batch, seq, embed]` as `call` says: self-attention, or
+    /// attention over its `cross` key/value (`[batch, kv_seq, embed]`); its masks (key
+    /// padding, packed sequences; the config's own patterns replace `masks.config`);
+    /// `Mode::Train { seed }` applies the config's dropout to the merged attention output
+    /// with the mask `attn-multihead`'s layer draws for that seed (a fresh seed a step).
+    pub fn forward_with(&self, query: &Tensor, call: &LayerCall<'_>) -> Result<Tensor> {
+        let (key, value) = call.cross.unwrap_or((query, query));
+        let masks = call.masks.unwrap_or(&self.options);
+        let mode = call.mode;
         let (b, n, e) = query.dims3()?;
         let (_, m, _) = key.dims3()?;
         let (h, kvh, d) = (self.config.num_heads, self.config.num_kv_heads, self.config.head_dim());
@@ -160,6 +142,33 @@ impl MultiheadDilatedAttention {
 
 impl Module for MultiheadDilatedAttention {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_masked(x, &self.options)
+        self.forward_with(x, &LayerCall::new())
+    }
+}
+
+/// What one call of [`MultiheadDilatedAttention::forward_with`] takes beside the query:
+/// masks, cross-attention inputs and the mode; `LayerCall::new()` is self-attention
+/// without masks in evaluation (what `Module::forward` runs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LayerCall<'a> {
+    masks: Option<&'a AttnOptions>,
+    cross: Option<(&'a Tensor, &'a Tensor)>,
+    mode: Mode,
+}
+
+impl<'a> LayerCall<'a> {
+    pub fn new() -> Self {
+        LayerCall::default()
+    }
+    /// Key padding and packed sequences (the layer's own patterns are kept).
+    pub fn masks(self, masks: &'a AttnOptions) -> Self {
+        LayerCall { masks: Some(masks), ..self }
+    }
+    /// Attention over `key` and `value` in place of the query.
+    pub fn cross(self, key: &'a Tensor, value: &'a Tensor) -> Self {
+        LayerCall { cross: Some((key, value)), ..self }
+    }
+    pub fn mode(self, mode: Mode) -> Self {
+        LayerCall { mode, ..self }
     }
 }

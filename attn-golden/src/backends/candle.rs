@@ -2,7 +2,7 @@
 //! inputs rounded to the chosen dtype as candle tensors, the forward through the op and
 //! the gradients through candle's `backward()`; multihead cases through its candle-nn layer.
 
-use attn_candle::nn::MultiheadDilatedAttention;
+use attn_candle::nn::{LayerCall, MultiheadDilatedAttention};
 use attn_candle::{AttnOptions, InputLayout, dilated_attention_with_lse, run_buffers};
 use attn_core::{AttnError, DType, Result};
 use attn_multihead::Bias;
@@ -88,7 +88,8 @@ fn run_layer(case: &attn_testkit::GoldenCase) -> Result<(Vec<(String, candle_cor
         opts = opts.with_key_padding(mask.clone());
     }
     let t = |i: usize| vars[i].1.as_tensor();
-    let out = if cross { layer.forward_cross(t(0), t(1), t(2), &opts) } else { layer.forward_masked(t(0), &opts) };
+    let call = LayerCall::new().masks(&opts);
+    let out = layer.forward_with(t(0), &if cross { call.cross(t(1), t(2)) } else { call });
     let out = out.map_err(candle_err)?;
     vars.extend(params);
     Ok((vars, out))
