@@ -67,6 +67,8 @@ using Entry = int (*)(Dim3, unsigned, unsigned, unsigned long long, void**);
         ATTN_EMU_ENTRY(dilated_fwd_mma_m128w4_##T##_d128),                                               \
         ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d64),  \
         ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d256), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma_persistent_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma_persistent_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma_persistent_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_persistent_##T##_d256), \
         ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d64),            \
         ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d32),  \
         ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d128), \
@@ -88,7 +90,9 @@ using Entry = int (*)(Dim3, unsigned, unsigned, unsigned long long, void**);
         ATTN_EMU_ENTRY(dilated_fwd_mma3_m128_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_m128w4_##T##_d32), \
         ATTN_EMU_ENTRY(dilated_fwd_mma3_m128w4_##T##_d64), ATTN_EMU_ENTRY(dilated_fwd_mma3_m128w4_##T##_d128), \
         ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d64), \
-        ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d256)
+        ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d256), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d256)
 
 const std::map<std::string, Entry>& table() {
     static const std::map<std::string, Entry> t = {

@@ -307,6 +307,16 @@ impl CudaDevice {
         self.scratch.lock().unwrap_or_else(PoisonError::into_inner).remove(&(self.stream.cu_stream() as usize));
     }
 
+    /// Blocks of kernel `f` (`threads` a block, `smem_bytes` of dynamic shared memory) the
+    /// device holds at once: its SM count times the blocks an SM holds (at least one), the
+    /// grid of a persistent launch.
+    pub(crate) fn resident_blocks(&self, f: &CudaFunction, threads: u32, smem_bytes: u32) -> Result<u32> {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        let sms = self.ctx.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(cuda_err)?;
+        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes as usize, None);
+        Ok(u32::try_from(sms).unwrap_or(1).max(1) * per_sm.map_err(cuda_err)?.max(1))
+    }
+
     /// `(major, minor)` compute capability.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.compute_capability

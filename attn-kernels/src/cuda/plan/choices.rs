@@ -94,16 +94,23 @@ impl ForwardRows {
 /// head ranges) in one launch of the 64-row fused kernel, up to
 /// [`MAX_FUSED`](super::params::MAX_FUSED) a launch, the patterns with the most keys a
 /// row first, so no launch ends with a partial wave of one pattern's blocks (128 rows a
-/// block stay one launch a pattern). `ATTN_CUDA_FWD_LAUNCH=per-pattern|fused`;
-/// [`Default`] is one launch a pattern.
+/// block stay one launch a pattern), or `Persistent`, the same table of (pattern, head,
+/// row block) items run by a grid sized to the machine (SM count times the blocks an SM
+/// holds), each block taking items from an atomic counter, heaviest first.
+/// `ATTN_CUDA_FWD_LAUNCH=per-pattern|fused|persistent`; [`Default`] is one launch a pattern.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum PatternFusion {
     #[default]
     PerPattern,
     Fused,
+    Persistent,
 }
 
-kernel_choice!(PatternFusion, "ATTN_CUDA_FWD_LAUNCH", { PerPattern => "per-pattern", Fused => "fused" });
+kernel_choice!(PatternFusion, "ATTN_CUDA_FWD_LAUNCH", {
+    PerPattern => "per-pattern",
+    Fused => "fused",
+    Persistent => "persistent",
+});
 
 /// K/V stages of the tensor-core forward's key loop: `Two` (double buffering, two barriers
 /// a key tile, the mask test per tile), or `Three` (`dilated_fwd_mma3.cu`: one barrier a
@@ -323,7 +330,7 @@ mod tests {
         round_trip(&ForwardStages::ALL, ForwardStages::name, ForwardStages::parse);
         round_trip(&BackwardWrites::ALL, BackwardWrites::name, BackwardWrites::parse);
         assert_eq!(ForwardRows::ALL.map(ForwardRows::name), ["64", "128", "128w4"]);
-        assert_eq!(PatternFusion::ALL.map(PatternFusion::name), ["per-pattern", "fused"]);
+        assert_eq!(PatternFusion::ALL.map(PatternFusion::name), ["per-pattern", "fused", "persistent"]);
     }
 
     #[test]

@@ -115,6 +115,7 @@ pub fn kernel_names() -> Vec<String> {
             }
             for d in MMA_HEAD_DIMS {
                 names.push(mma_fused_kernel_name(t, d, stages));
+                names.push(mma_persistent_kernel_name(t, d, stages));
             }
         }
         for loads in BackwardLoads::ALL {
@@ -162,6 +163,13 @@ pub fn wgmma_fwd_smem_bytes(padded_d: usize) -> usize {
 /// launch: `AttnParams::fused`) for a dtype suffix, padded head dim and K/V stages.
 pub fn mma_fused_kernel_name(suffix: &str, padded_d: usize, stages: ForwardStages) -> String {
     format!("{}fused_{suffix}_d{padded_d}", mma_forward_prefix(stages))
+}
+
+/// Name of the persistent tensor-core forward (the fused kernel's blocks as work items of a
+/// grid sized to the machine: `AttnParams::work`) for a dtype suffix, padded head dim and
+/// K/V stages.
+pub fn mma_persistent_kernel_name(suffix: &str, padded_d: usize, stages: ForwardStages) -> String {
+    format!("{}persistent_{suffix}_d{padded_d}", mma_forward_prefix(stages))
 }
 
 /// The tensor-core forward's name up to its block shape: the two- or three-stage kernel.
@@ -224,6 +232,8 @@ mod tests {
                     (r, "ATTN_MMA3_KERNEL_M128W4")
                 } else if let Some(r) = rest.strip_prefix("fused_") {
                     (r, "ATTN_MMA3_KERNEL_FUSED")
+                } else if let Some(r) = rest.strip_prefix("persistent_") {
+                    (r, "ATTN_MMA3_KERNEL_PERSISTENT")
                 } else {
                     (rest, "ATTN_MMA3_KERNEL")
                 };
@@ -237,6 +247,8 @@ mod tests {
                     (r, "ATTN_MMA_KERNEL_M128W4")
                 } else if let Some(r) = rest.strip_prefix("fused_") {
                     (r, "ATTN_MMA_KERNEL_FUSED")
+                } else if let Some(r) = rest.strip_prefix("persistent_") {
+                    (r, "ATTN_MMA_KERNEL_PERSISTENT")
                 } else {
                     (rest, "ATTN_MMA_KERNEL")
                 };
