@@ -486,7 +486,12 @@ mod tests {
         let mut out = BTreeSet::new();
         for l in plan {
             let p = &l.params;
-            for x in 0..i64::from(l.grid.0) {
+            // A persistent launch: items of every batch element in turn (grid x cut later).
+            let xs = match p.work_items {
+                0 => (0..i64::from(l.grid.0)).collect::<Vec<_>>(),
+                n => (0..n).step_by(p.work_batch as usize).map(|i| i / i64::from(p.work_batch)).collect(),
+            };
+            for x in xs {
                 if p.fused == 0 {
                     for y in 0..i64::from(l.grid.1) {
                         out.insert((p.w, p.r, p.head0 + y * p.head_step, x));
@@ -542,9 +547,9 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: attn_testkit::proptest_cases(256), ..Default::default() })]
 
-        /// Any head-group config, shape and block offsets (a ring block): the fused plan runs
-        /// exactly the (pattern, head, row block) triples of one launch a pattern, in fewer
-        /// launches where there are several patterns.
+        /// Any head-group config, shape and block offsets (a ring block): the fused and the
+        /// persistent plans run exactly the (pattern, head, row block) triples of one launch a
+        /// pattern, in fewer launches where there are several patterns.
         #[test]
         fn fused_plans_cover_what_one_launch_a_pattern_covers(
             patterns in proptest::collection::vec((1usize..300, 1usize..9), 1..13),
@@ -573,6 +578,15 @@ mod tests {
             proptest::prop_assert_eq!(blocks(&apart), blocks(&fused));
             proptest::prop_assert_eq!(fused.len(), apart.len().div_ceil(MAX_FUSED));
             proptest::prop_assert!(fused.iter().all(|l| (l.params.fused > 1) == l.kernel.contains("fused")));
+            // Persistent: the same blocks and launches, every launch one over its items.
+            let persistent = run(PatternFusion::Persistent);
+            proptest::prop_assert_eq!(blocks(&apart), blocks(&persistent));
+            proptest::prop_assert_eq!(persistent.len(), fused.len());
+            for l in &persistent {
+                let p = &l.params;
+                proptest::prop_assert!(l.work && l.kernel.contains("persistent") && p.work == 0, "{l:?}");
+                proptest::prop_assert_eq!((p.work_batch as usize, l.grid), (batch, (p.work_items as u32, 1, 1)));
+            }
         }
     }
 
