@@ -71,7 +71,7 @@ fn deterministic_dq_gives_the_same_bits_in_any_block_order() {
         (BackwardLoads::Pipelined, BackwardKeys::K128, BackwardWrites::Direct),
     ];
     for (loads, keys, writes) in shapes {
-        let bwd = BackwardOptions { loads, keys, dq: BackwardDq::Deterministic, writes };
+        let bwd = BackwardOptions { loads, keys, dq: BackwardDq::Deterministic, writes, ..BackwardOptions::default() };
         let BackwardKernel::Mma { name, dq: Some(dq), .. } = backward_kernel(DType::BF16, "bf16", 64, bwd) else {
             panic!("expected the tensor-core kernel without dq")
         };

@@ -21,8 +21,8 @@ use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, BlockMaskShape, plan_forward, plan_forward_direct};
 use attn_kernels::cuda::plan::{
-    BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions,
-    ForwardRows, ForwardStages, PatternFusion, backward_kernel,
+    BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites,
+    ForwardOptions, ForwardRows, ForwardStages, PatternFusion, backward_kernel,
 };
 use attn_kernels::cuda::scratch::ScratchPool;
 use attn_testkit::golden::{
@@ -39,7 +39,7 @@ pub(crate) fn emulator() -> &'static Emulator {
 /// library, loaded again, whatever `ATTN_CUDA_FWD_*` and `ATTN_CUDA_BWD_*` say).
 pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'static Emulator {
     const N: usize = ForwardRows::ALL.len() * PatternFusion::ALL.len();
-    static EMULATORS: [OnceLock<Emulator>; 32 * N] = [const { OnceLock::new() }; 32 * N];
+    static EMULATORS: [OnceLock<Emulator>; 64 * N] = [const { OnceLock::new() }; 64 * N];
     let rows = ForwardRows::ALL.iter().position(|&r| r == opts.rows).unwrap_or(0);
     let fusion = PatternFusion::ALL.iter().position(|&f| f == opts.fusion).unwrap_or(0);
     let slot = rows
@@ -48,7 +48,8 @@ pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'stat
         + 2 * N * usize::from(bwd.keys == BackwardKeys::K128)
         + 4 * N * usize::from(bwd.dq == BackwardDq::Deterministic)
         + 8 * N * usize::from(opts.stages == ForwardStages::Three)
-        + 16 * N * usize::from(bwd.writes == BackwardWrites::Direct);
+        + 16 * N * usize::from(bwd.writes == BackwardWrites::Direct)
+        + 32 * N * usize::from(bwd.queries == BackwardQueries::Q64);
     EMULATORS[slot].get_or_init(|| {
         emulator();
         let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
@@ -61,6 +62,7 @@ pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'stat
             .with_backward_keys(bwd.keys)
             .with_backward_dq(bwd.dq)
             .with_backward_writes(bwd.writes)
+            .with_backward_queries(bwd.queries)
     })
 }
 

@@ -11,6 +11,7 @@ mod common;
 mod cross_attention;
 mod cuda_alignment;
 mod cuda_block_masks;
+mod cuda_bwd_q64;
 mod cuda_determinism;
 mod cuda_direct_grads;
 mod cuda_emulation;

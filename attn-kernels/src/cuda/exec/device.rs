@@ -16,8 +16,8 @@ use crate::cuda::compile::nvrtc::{ImageKind, ImageSource, process_image, recompi
 use crate::cuda::compile::nvrtc_library::{NVRTC_PATH_ENV, nvrtc_library};
 use crate::cuda::compile::slots::Slots;
 use crate::cuda::plan::patterns::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions, ForwardRows,
-    ForwardStages, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardOptions,
+    ForwardRows, ForwardStages, PatternFusion,
 };
 use crate::cuda::plan::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source, kernel_names_for};
 
@@ -199,6 +199,11 @@ impl CudaDevice {
     /// `writes` says.
     pub fn with_backward_writes(&self, writes: BackwardWrites) -> Self {
         CudaDevice { backward: BackwardOptions { writes, ..self.backward }, ..self.clone() }
+    }
+
+    /// The same device and stream, the tensor-core backward's query tiles of `queries` rows.
+    pub fn with_backward_queries(&self, queries: BackwardQueries) -> Self {
+        CudaDevice { backward: BackwardOptions { queries, ..self.backward }, ..self.clone() }
     }
 
     /// The tensor-core backward's query-tile loads, keys a block, dq sum and dk/dv writes.

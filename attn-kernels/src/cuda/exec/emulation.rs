@@ -25,8 +25,8 @@ use crate::cuda::plan::launch_plan::{
     plan_forward_direct,
 };
 use crate::cuda::plan::patterns::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions, ForwardRows,
-    ForwardStages, PatternFusion, out_scale,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardOptions,
+    ForwardRows, ForwardStages, PatternFusion, out_scale,
 };
 use crate::cuda::plan::source::MAX_HEAD_DIM;
 
@@ -257,6 +257,11 @@ impl Emulator {
     /// This emulator's whole-call backward writing dk and dv as `writes` says.
     pub fn with_backward_writes(self, writes: BackwardWrites) -> Self {
         Emulator { backward: BackwardOptions { writes, ..self.backward }, ..self }
+    }
+
+    /// This emulator planning the tensor-core backward with query tiles of `queries` rows.
+    pub fn with_backward_queries(self, queries: BackwardQueries) -> Self {
+        Emulator { backward: BackwardOptions { queries, ..self.backward }, ..self }
     }
 
     /// This emulator planning the tensor-core forward with `stages` K/V stages.

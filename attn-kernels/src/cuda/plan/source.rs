@@ -7,7 +7,8 @@
 use attn_core::DType;
 
 use super::choices::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, ForwardOptions, ForwardRows,
+    ForwardStages,
 };
 
 /// Shared definitions, compiled first.
@@ -118,15 +119,14 @@ pub fn kernel_names() -> Vec<String> {
                 names.push(mma_persistent_kernel_name(t, d, stages));
             }
         }
-        for loads in BackwardLoads::ALL {
-            for keys in BackwardKeys::ALL {
-                for dq in BackwardDq::ALL {
-                    for d in MMA_BWD_HEAD_DIMS.into_iter().filter(|&d| keys.has_head_dim(d)) {
-                        names.push(mma_bwd_kernel_name(
-                            t,
-                            d,
-                            BackwardOptions { loads, keys, dq, ..BackwardOptions::default() },
-                        ));
+        for queries in BackwardQueries::ALL {
+            for loads in BackwardLoads::ALL {
+                for keys in BackwardKeys::ALL {
+                    for dq in BackwardDq::ALL {
+                        for d in MMA_BWD_HEAD_DIMS.into_iter().filter(|&d| keys.has_head_dim(d)) {
+                            let opts = BackwardOptions { loads, keys, dq, queries, ..BackwardOptions::default() };
+                            names.push(mma_bwd_kernel_name(t, d, opts));
+                        }
                     }
                 }
             }
@@ -181,7 +181,7 @@ fn mma_forward_prefix(stages: ForwardStages) -> &'static str {
 }
 
 /// Name of the tensor-core backward for a dtype suffix, padded head dim, query-tile loads,
-/// keys a block and dq sum (`dkv_`: the kernel without dq).
+/// keys a block, dq sum (`dkv_`: the kernel without dq) and query rows a tile.
 pub fn mma_bwd_kernel_name(suffix: &str, padded_d: usize, opts: BackwardOptions) -> String {
     let dq = match opts.dq {
         BackwardDq::Atomic => "",
@@ -195,7 +195,11 @@ pub fn mma_bwd_kernel_name(suffix: &str, padded_d: usize, opts: BackwardOptions)
         BackwardKeys::K64 => "",
         BackwardKeys::K128 => "k128_",
     };
-    format!("dilated_bwd_mma_{dq}{loads}{keys}{suffix}_d{padded_d}")
+    let queries = match opts.queries {
+        BackwardQueries::Q32 => "",
+        BackwardQueries::Q64 => "q64_",
+    };
+    format!("dilated_bwd_mma_{dq}{loads}{keys}{queries}{suffix}_d{padded_d}")
 }
 
 /// Name of the deterministic backward's tensor-core dq kernel (query-major, 64 rows a block)
@@ -265,6 +269,10 @@ mod tests {
                 let (rest, mac) = match rest.strip_prefix("k128_") {
                     Some(r) => (r, "ATTN_MMA_BWD_KERNEL_K128"),
                     None => (rest, "ATTN_MMA_BWD_KERNEL"),
+                };
+                let (rest, mac) = match rest.strip_prefix("q64_") {
+                    Some(r) => (r, format!("{mac}_Q64")),
+                    None => (rest, mac.to_string()),
                 };
                 let (t, d) = rest.split_once("_d").unwrap();
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
