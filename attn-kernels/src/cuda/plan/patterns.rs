@@ -493,10 +493,10 @@ mod tests {
                 }
             }
         }
-        for loads in BackwardLoads::ALL {
+        for (loads, queries) in BackwardLoads::ALL.into_iter().flat_map(|l| BackwardQueries::ALL.map(|q| (l, q))) {
             for keys in BackwardKeys::ALL {
-                let opts = BackwardOptions { loads, keys, ..BackwardOptions::default() };
-                assert!(mma_bwd_smem_bytes(128, opts) <= 163 * 1024);
+                let opts = BackwardOptions { loads, keys, queries, ..BackwardOptions::default() };
+                assert!(mma_bwd_smem_bytes(128, opts) <= 163 * 1024, "{opts:?} must fit sm_80's shared memory");
                 assert!(matches!(backward_kernel(DType::F16, "f16", 200, opts), BackwardKernel::Rows { .. }));
                 assert!(matches!(backward_kernel(DType::F32, "f32", 64, opts), BackwardKernel::Rows { .. }));
             }
