@@ -35,6 +35,13 @@ pub(crate) fn emulator() -> &'static Emulator {
         .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
 }
 
+/// A fresh emulator of the shared library (default options, grid order), for tests that set
+/// their own options and block order.
+pub(crate) fn fresh_emulator() -> Emulator {
+    emulator();
+    Emulator::load(&Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")))).unwrap()
+}
+
 /// The emulator planning the forward with `opts` and the backward with `bwd` (the shared
 /// library, loaded again, whatever `ATTN_CUDA_FWD_*` and `ATTN_CUDA_BWD_*` say).
 pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'static Emulator {

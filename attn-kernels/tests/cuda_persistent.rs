@@ -8,7 +8,6 @@
 #![cfg(feature = "cuda")]
 
 use std::num::NonZeroU64;
-use std::path::Path;
 
 use attn_kernels::cuda::CudaElement;
 use attn_kernels::cuda::ForwardPath;
@@ -18,13 +17,11 @@ use attn_kernels::cuda::plan::{ForwardOptions, ForwardRows, ForwardStages, Patte
 use attn_testkit::golden::{Problem, attention_cases};
 use half::{bf16, f16};
 
-use crate::cuda_emulation::{Emulated, call_geometry, conv, emulator};
+use crate::cuda_emulation::{Emulated, call_geometry, conv, fresh_emulator};
 
 /// A fresh emulator planning the forward with `opts`, running blocks in `order`.
 fn emulator_ordered(opts: ForwardOptions, order: BlockOrder) -> Emulator {
-    emulator();
-    Emulator::load(&Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR"))))
-        .unwrap()
+    fresh_emulator()
         .with_forward_rows(opts.rows)
         .with_pattern_fusion(opts.fusion)
         .with_forward_stages(opts.stages)
