@@ -16,7 +16,8 @@
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
 # conformance directory on the CUDA backend, f32/bf16/f16, forward and gradients; the
 # multihead layer's in f32), tests (the CUDA test binaries, proptests at a bounded case
-# count), speed (at most 150 s: the Rust bench with the sm_90 defaults and the previous ones,
+# count), speed (at most 150 s: the Rust bench with the sm_90 defaults, the previous ones and
+# the variants not yet timed (the persistent forward, the 64-row backward),
 # queued and synchronised between calls, dq by atomics and deterministic; in one Python
 # process the package, the SDPA composition under the FlashAttention and cuDNN backends and
 # SDPA on pre-gathered segments; the PyTorch peer; the GPU's matmul rate; ncu where allowed;
@@ -269,12 +270,16 @@ step_speed() {
     local shape=(--heads 16 --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16)
     local new=(--rows 128w4 --bwd-loads pipelined --bwd-keys 128) old=(--rows 64 --bwd-loads sync --bwd-keys 64)
     # The Rust bench (CUDA events, the lean call path): the sm_90 defaults, the forward with
-    # two and three K/V stages, forward+backward with dq by atomics and deterministically and
-    # with the gradients written directly (dk and dv; dq too under the deterministic dq);
+    # two and three K/V stages, forward+backward with dq by atomics and deterministically, the
+    # persistent forward and the 64-row backward, with the gradients written directly (dk and dv; dq too under the deterministic dq);
     # then a synchronisation after each call, as a training step ends; then the previous
     # defaults.
     logged 20 "$bench" "${seqs[@]}" "${new[@]}" --fwd-stages 2,3 || ok=1
     logged 25 "$bench" "${seqs[@]}" --backward "${new[@]}" --bwd-dq atomic,deterministic || ok=1
+    # The variants not yet timed: the fused and the persistent launch (64-row blocks), and
+    # the backward's 64-row query tiles (dq by atomics and deterministically).
+    logged 15 "$bench" "${seqs[@]}" --rows 64 --launch fused,persistent || ok=1
+    logged 25 "$bench" "${seqs[@]}" --backward "${new[@]}" --bwd-queries 64 --bwd-dq atomic,deterministic || ok=1
     logged 20 "$bench" "${seqs[@]}" --backward "${new[@]}" --bwd-dq atomic,deterministic --bwd-writes direct || ok=1
     logged 15 "$bench" "${seqs[@]}" --backward "${new[@]}" --sync-between || ok=1
     logged 15 "$bench" "${seqs[@]}" "${old[@]}" || ok=1

@@ -12,9 +12,10 @@ bench's JSON; writes
    "sdpa_flash_fwdbwd_ms", "sdpa_cudnn_fwd_ms", "sdpa_cudnn_fwdbwd_ms", ...}}}
 
 with null for what did not run, and further keys for the other rows timed (the
-previous defaults, the three-stage forward, a synchronisation between calls, the
-deterministic dq, gradients written directly (dk and dv; with the deterministic dq, dq too), SDPA's default
-backend and SDPA on gathered segments).
+previous defaults, the three-stage forward, the fused and the persistent launch of 64-row
+blocks, a synchronisation between calls, the deterministic dq, gradients written directly
+(dk and dv; with the deterministic dq, dq too), the backward's 64-row query tiles, SDPA's
+default backend and SDPA on gathered segments).
 
 Run:  python3 speed_json.py LOG PYTHON_JSON COMMIT DEVICE OUT     |     python3 speed_json.py --check
 """
@@ -23,16 +24,17 @@ import json, os, sys
 from device_bench_summary import records
 
 # The device's defaults on sm_90 (the rows the headline keys come from) and the previous ones.
-NEW = {"fwd_rows": "128w4", "fwd_stages": "2", "bwd_loads": "pipelined", "bwd_keys": "128", "bwd_dq": "atomic",
-       "bwd_writes": "accumulated"}
-OLD = {"fwd_rows": "64", "fwd_stages": "2", "bwd_loads": "sync", "bwd_keys": "64", "bwd_dq": "atomic",
-       "bwd_writes": "accumulated"}
+NEW = {"fwd_rows": "128w4", "launch": "per-pattern", "fwd_stages": "2", "bwd_loads": "pipelined", "bwd_keys": "128",
+       "bwd_dq": "atomic", "bwd_writes": "accumulated", "bwd_queries": "32"}
+OLD = {"fwd_rows": "64", "launch": "per-pattern", "fwd_stages": "2", "bwd_loads": "sync", "bwd_keys": "64",
+       "bwd_dq": "atomic", "bwd_writes": "accumulated", "bwd_queries": "32"}
 HEADLINE = ["attn_fwd_ms", "attn_fwdbwd_ms", "attn_fwd_matmul_fraction", "python_fwd_ms", "python_fwdbwd_ms",
             "sdpa_flash_fwd_ms", "sdpa_flash_fwdbwd_ms", "sdpa_cudnn_fwd_ms", "sdpa_cudnn_fwdbwd_ms"]
 
 
 def matches(r, shape, backward):
-    keys = ["fwd_rows", "fwd_stages"] + (["bwd_loads", "bwd_keys", "bwd_dq", "bwd_writes"] if backward else [])
+    keys = ["fwd_rows", "launch", "fwd_stages"] + (
+        ["bwd_loads", "bwd_keys", "bwd_dq", "bwd_writes", "bwd_queries"] if backward else [])
     return bool(r.get("backward")) == backward and all(str(r.get(k, OLD[k])) == shape[k] for k in keys)
 
 
@@ -71,6 +73,14 @@ def speed(lines, python, commit, device):
         entry["attn_fwd_three_stages_ms"] = ms(three)
         if three is not None and rate:
             entry["attn_fwd_three_stages_matmul_fraction"] = round(three["tflops"] / rate, 4)
+        for launch in ["fused", "persistent"]:
+            row = pick(rows, seq, {**NEW, "fwd_rows": "64", "launch": launch}, False)
+            entry[f"attn_fwd_{launch}_ms"] = ms(row)
+            if row is not None and rate:
+                entry[f"attn_fwd_{launch}_matmul_fraction"] = round(row["tflops"] / rate, 4)
+        entry["attn_fwdbwd_q64_ms"] = ms(pick(rows, seq, {**NEW, "bwd_queries": "64"}, True))
+        entry["attn_fwdbwd_q64_deterministic_ms"] = ms(pick(rows, seq, {**NEW, "bwd_queries": "64",
+                                                                        "bwd_dq": "deterministic"}, True))
         entry["old_defaults_fwd_ms"] = ms(pick(rows, seq, OLD, False))
         entry["old_defaults_fwdbwd_ms"] = ms(pick(rows, seq, OLD, True))
         for key, value in python.get("seq", {}).get(str(seq), {}).items():
@@ -86,6 +96,12 @@ def check():
         line(backward=False, fwd_rows="128w4", fwd_stages="3", median_ms=1.8, tflops=337.5),
         line(backward=False, fwd_rows="128w4", median_ms=2.0, tflops=300.0),
         line(backward=False, fwd_rows="64", median_ms=2.5, tflops=240.0),
+        line(backward=False, fwd_rows="64", launch="fused", median_ms=2.4, tflops=250.0),
+        line(backward=False, fwd_rows="64", launch="persistent", median_ms=1.6, tflops=375.0),
+        line(backward=True, fwd_rows="128w4", bwd_loads="pipelined", bwd_keys="128", bwd_dq="atomic",
+             bwd_queries="64", median_ms=8.0, tflops=250.0),
+        line(backward=True, fwd_rows="128w4", bwd_loads="pipelined", bwd_keys="128", bwd_dq="deterministic",
+             bwd_queries="64", median_ms=12.0, tflops=166.0),
         line(backward=True, fwd_rows="128w4", bwd_loads="pipelined", bwd_keys="128", bwd_dq="atomic",
              bwd_writes="direct", median_ms=9.0, tflops=222.0),
         line(backward=True, fwd_rows="128w4", bwd_loads="pipelined", bwd_keys="128", bwd_dq="atomic",
@@ -109,7 +125,10 @@ def check():
             "sdpa_cudnn_fwd_ms": None, "sdpa_cudnn_fwdbwd_ms": None, "attn_fwdbwd_sync_between_ms": 11.0,
             "attn_fwdbwd_deterministic_ms": 14.0, "attn_fwdbwd_direct_dkdv_ms": 9.0,
             "attn_fwdbwd_deterministic_direct_ms": 13.0, "attn_fwd_three_stages_ms": 1.8,
-            "attn_fwd_three_stages_matmul_fraction": 0.45, "old_defaults_fwd_ms": 2.5, "old_defaults_fwdbwd_ms": 16.0,
+            "attn_fwd_three_stages_matmul_fraction": 0.45, "attn_fwd_fused_ms": 2.4,
+            "attn_fwd_fused_matmul_fraction": 0.3333, "attn_fwd_persistent_ms": 1.6,
+            "attn_fwd_persistent_matmul_fraction": 0.5, "attn_fwdbwd_q64_ms": 8.0,
+            "attn_fwdbwd_q64_deterministic_ms": 12.0, "old_defaults_fwd_ms": 2.5, "old_defaults_fwdbwd_ms": 16.0,
             "rel_l2_vs_composition": 0.004}
     ok = got["matmul_tflops"] == 750.0 and got["commit"] == "abc123" and got["seq"] == {"65536": want}
     # Nothing timed: every headline key is null, never missing.

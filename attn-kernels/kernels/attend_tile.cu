@@ -261,7 +261,7 @@ __device__ __forceinline__ void fwd_epilogue(const RowState<NO, MT>& st, void* o
 #define ATTN_FWD_KERNEL(KNAME, FN, BOUNDS, E, D, BN, BM, MT)                                                \
     extern "C" __global__ void __launch_bounds__ BOUNDS KNAME(const u16* q, const u16* k, const u16* v,     \
                                                               void* o_dst, float* lse_acc, AttnParams a) { \
-        FN<E, D, BN, BM, MT>(q, k, v, o_dst, lse_acc, a, blockIdx.x, launch_head(a));                       \
+        FN<E, D, BN, BM, MT>(q, k, v, o_dst, lse_acc, a, blockIdx.x, launch_head(a), blockIdx.z);           \
     }
 
 // The fused form: 64 rows over 4 warps, the block's pattern, row block and head from the
@@ -272,5 +272,15 @@ __device__ __forceinline__ void fwd_epilogue(const RowState<NO, MT>& st, void* o
                                                               void* o_dst, float* lse_acc, AttnParams a) { \
         i64 bx, h;                                                                                           \
         fused_block(a, &bx, &h);                                                                             \
-        FN<E, D, BN, 64, 1>(q, k, v, o_dst, lse_acc, a, bx, h);                                              \
+        FN<E, D, BN, 64, 1>(q, k, v, o_dst, lse_acc, a, bx, h, blockIdx.z);                                  \
+    }
+
+// The persistent form: the fused kernel's blocks as work items of a grid sized to the
+// machine (persistent_items in prelude.cu).
+#define ATTN_FWD_PERSISTENT_KERNEL(KNAME, FN, BOUNDS, E, D, BN)                                             \
+    extern "C" __global__ void __launch_bounds__ BOUNDS KNAME(const u16* q, const u16* k, const u16* v,     \
+                                                              void* o_dst, float* lse_acc, AttnParams a) { \
+        persistent_items(a, [&](const AttnParams& ai, i64 bx, i64 h, i64 b) {                                \
+            FN<E, D, BN, 64, 1>(q, k, v, o_dst, lse_acc, ai, bx, h, b);                                      \
+        });                                                                                                  \
     }

@@ -1,8 +1,9 @@
 // dilated_bwd_mma.cu: tensor-core backward (sm_80+) for f16/bf16, f32 accumulation.
 //
 // A block of BN / 16 warps (4 or 8) owns BN (64 or 128) consecutive SELECTED key indices
-// of one (batch, head, pattern); warp w owns 16 keys and keeps their dK, dV in registers. Query tiles of 32
-// selected indices (the queries of the keys' segments, causal-bounded) stream through
+// of one (batch, head, pattern); warp w owns 16 keys and keeps their dK, dV in registers. Query tiles of BM
+// (32, or 64: half the tiles, so half the barriers and K/V fragment reloads a key block,
+// for twice the S^T and dP^T registers) selected indices (the queries of the keys' segments, causal-bounded) stream through
 // shared memory with the dilation gather fused into the loads. Per tile, in the keys'
 // frame: S^T = K Q^T, dP^T = V dO^T, P^T = exp(scale S^T - lse_q) (the head's FINAL lse;
 // computed as ex2 of the base-2 exponent, the scale and log2 e folded into one multiply-add),
@@ -24,21 +25,21 @@
 // blocks run in.
 // Fragment layouts: see mma_tiles.cu.
 
-// dQ (BM x D) += scale dS (BM x BN) K (BN x D) of one query tile, dS^T in sDS: warp w
-// takes query rows (w & 1) * 16 and NJ of the head-dim n-blocks; atomics (paired columns)
-// because other key blocks add to the same rows.
-template <class E, int D, int BN>
+// dQ (BM x D) += scale dS (BM x BN) K (BN x D) of one query tile, dS^T in sDS: the warps
+// form RG = BM / 16 row groups; warp w takes query rows (w % RG) * 16 and NJ of the
+// head-dim n-blocks; atomics (paired columns) because other key blocks add to the same rows.
+template <class E, int D, int BN, int BM>
 __device__ __forceinline__ void bwd_mma_dq(const u16* sDS, const u16* sK, const i64* qrows, float* dq_acc, i64 b,
                                            i64 h, const AttnParams& a) {
-    constexpr int BM = 32, LD = D + 8, LDS = BM + 8, NO = D / 8, NT = 2 * BN;
-    constexpr int NJ = NO / (NT / 64);
-    static_assert(NJ >= 2 && NJ % 2 == 0, "dQ needs n-block pairs a warp");
+    constexpr int LD = D + 8, LDS = BM + 8, NO = D / 8, RG = BM / 16, WARPS = BN / 16;
+    constexpr int NJ = NO / (WARPS / RG);
+    static_assert(WARPS % RG == 0 && NJ >= 2 && NJ % 2 == 0, "dQ needs n-block pairs a warp");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     __syncthreads();  // sDS complete
-    const int qr0 = (warp & 1) * 16;
+    const int qr0 = (warp % RG) * 16;
 #pragma unroll
     for (int jj = 0; jj < NJ; jj += 2) {
-        const int j = (warp >> 1) * NJ + jj;
+        const int j = (warp / RG) * NJ + jj;
         float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
@@ -84,10 +85,10 @@ __device__ __forceinline__ void bwd_mma_dq(const u16* sDS, const u16* sK, const 
     }
 }
 
-template <class E, int D, bool PIPE, int BN, bool DQ>
+template <class E, int D, bool PIPE, int BN, bool DQ, int BM>
 __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,
                         float* dq_acc, float* dk_acc, float* dv_acc, const AttnParams& a) {
-    constexpr int BM = 32, LD = D + 8, LDS = BM + 8, NQ = BM / 8, NO = D / 8, NT = 2 * BN;
+    constexpr int LD = D + 8, LDS = BM + 8, NQ = BM / 8, NO = D / 8, NT = 2 * BN;
     constexpr int ST = PIPE ? 2 : 1;  // query-tile stages
     ATTN_DYNAMIC_SMEM(smem_raw);
     u16* sK = reinterpret_cast<u16*>(smem_raw);
@@ -284,7 +285,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
                 mma16816(dk[j + 1], da, qf + 2, E());
             }
         }
-        if (DQ) bwd_mma_dq<E, D, BN>(sDS, sK, qrows, dq_acc, b, h, a);
+        if (DQ) bwd_mma_dq<E, D, BN, BM>(sDS, sK, qrows, dq_acc, b, h, a);
         if (more && threadIdx.x < BM) {  // read after the next tile's barrier
             s_lse[stage ^ 1][threadIdx.x] = next_lse;
             s_delta[stage ^ 1][threadIdx.x] = next_delta;
@@ -326,49 +327,61 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     }
 }
 
-// Dynamic shared memory (bytes) with ST query-tile stages and BN keys a block, the dS^T
-// tile where DQ; mirrored by `mma_bwd_smem_bytes` in src/cuda/plan.rs.
-#define MMA_BWD_SMEM(D, ST, BN, DQ) ((2 * (BN) + (ST) * 2 * 32) * ((D) + 8) * 2 + ((DQ) ? (BN) * (32 + 8) * 2 : 0))
+// Dynamic shared memory (bytes) with ST query-tile stages of BM rows and BN keys a block,
+// the dS^T tile where DQ; mirrored by `mma_bwd_smem_bytes` in src/cuda/plan/patterns.rs.
+#define MMA_BWD_SMEM(D, ST, BN, DQ, BM) \
+    ((2 * (BN) + (ST) * 2 * (BM)) * ((D) + 8) * 2 + ((DQ) ? (BN) * ((BM) + 8) * 2 : 0))
 
 // The two kernels of one shape: SYNC (each query tile loads before its compute) and PIPE
-// (two stages), BN keys a block over BN / 16 warps, dQ by atomics.
-#define ATTN_MMA_BWD_PAIR(SYNC, PIPE, E, D, BN)                                                              \
+// (two stages), BN keys a block over BN / 16 warps, query tiles of BM, dQ by atomics.
+#define ATTN_MMA_BWD_PAIR(SYNC, PIPE, E, D, BN, BM)                                                              \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) SYNC(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
-        bwd_mma<E, D, false, BN, true>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                  \
+        bwd_mma<E, D, false, BN, true, BM>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                  \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) PIPE(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
-        bwd_mma<E, D, true, BN, true>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                   \
+        bwd_mma<E, D, true, BN, true, BM>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                   \
     }
 
 // The dK/dV-only pair of one shape (the deterministic backward's key-major half).
-#define ATTN_MMA_BWD_DKV_PAIR(SYNC, PIPE, E, D, BN)                                                          \
+#define ATTN_MMA_BWD_DKV_PAIR(SYNC, PIPE, E, D, BN, BM)                                                          \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) SYNC(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dk_acc, float* dv_acc, AttnParams a) {                                                        \
-        bwd_mma<E, D, false, BN, false>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                \
+        bwd_mma<E, D, false, BN, false, BM>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) PIPE(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dk_acc, float* dv_acc, AttnParams a) {                                                        \
-        bwd_mma<E, D, true, BN, false>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                 \
+        bwd_mma<E, D, true, BN, false, BM>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                 \
     }
 
 // 64 keys a block: dilated_bwd_mma_[pipelined_]<dtype>_d<D>, and the dK/dV-only
 // dilated_bwd_mma_dkv_[pipelined_]<dtype>_d<D>.
-#define ATTN_MMA_BWD_KERNEL(NAME, E, D)                                                                              \
-    ATTN_MMA_BWD_PAIR(dilated_bwd_mma_##NAME##_d##D, dilated_bwd_mma_pipelined_##NAME##_d##D, E, D, 64)             \
-    ATTN_MMA_BWD_DKV_PAIR(dilated_bwd_mma_dkv_##NAME##_d##D, dilated_bwd_mma_dkv_pipelined_##NAME##_d##D, E, D, 64)
+#define ATTN_MMA_BWD_KERNEL(NAME, E, D)                                                                                \
+    ATTN_MMA_BWD_PAIR(dilated_bwd_mma_##NAME##_d##D, dilated_bwd_mma_pipelined_##NAME##_d##D, E, D, 64, 32)             \
+    ATTN_MMA_BWD_DKV_PAIR(dilated_bwd_mma_dkv_##NAME##_d##D, dilated_bwd_mma_dkv_pipelined_##NAME##_d##D, E, D, 64, 32)
 
 // 128 keys a block (D >= 64: dQ splits D over 4 warp pairs): dilated_bwd_mma_[pipelined_]k128_<dtype>_d<D>
 // and dilated_bwd_mma_dkv_[pipelined_]k128_<dtype>_d<D>.
-#define ATTN_MMA_BWD_KERNEL_K128(NAME, E, D)                                                                       \
-    ATTN_MMA_BWD_PAIR(dilated_bwd_mma_k128_##NAME##_d##D, dilated_bwd_mma_pipelined_k128_##NAME##_d##D, E, D, 128) \
-    ATTN_MMA_BWD_DKV_PAIR(dilated_bwd_mma_dkv_k128_##NAME##_d##D, dilated_bwd_mma_dkv_pipelined_k128_##NAME##_d##D, E, \
-                          D, 128)
+#define ATTN_MMA_BWD_KERNEL_K128(NAME, E, D)                                                                         \
+    ATTN_MMA_BWD_PAIR(dilated_bwd_mma_k128_##NAME##_d##D, dilated_bwd_mma_pipelined_k128_##NAME##_d##D, E, D, 128, 32) \
+    ATTN_MMA_BWD_DKV_PAIR(dilated_bwd_mma_dkv_k128_##NAME##_d##D, dilated_bwd_mma_dkv_pipelined_k128_##NAME##_d##D, E,   \
+                          D, 128, 32)
+
+// Query tiles of 64 (the same kernels' names with q64_ before the dtype), 64 and 128 keys.
+#define ATTN_MMA_BWD_KERNEL_Q64(NAME, E, D)                                                                        \
+    ATTN_MMA_BWD_PAIR(dilated_bwd_mma_q64_##NAME##_d##D, dilated_bwd_mma_pipelined_q64_##NAME##_d##D, E, D, 64, 64) \
+    ATTN_MMA_BWD_DKV_PAIR(dilated_bwd_mma_dkv_q64_##NAME##_d##D, dilated_bwd_mma_dkv_pipelined_q64_##NAME##_d##D, E, \
+                          D, 64, 64)
+#define ATTN_MMA_BWD_KERNEL_K128_Q64(NAME, E, D)                                                                     \
+    ATTN_MMA_BWD_PAIR(dilated_bwd_mma_k128_q64_##NAME##_d##D, dilated_bwd_mma_pipelined_k128_q64_##NAME##_d##D, E, D, \
+                      128, 64)                                                                                         \
+    ATTN_MMA_BWD_DKV_PAIR(dilated_bwd_mma_dkv_k128_q64_##NAME##_d##D,                                                 \
+                          dilated_bwd_mma_dkv_pipelined_k128_q64_##NAME##_d##D, E, D, 128, 64)
 
 #if ATTN_WANT_F16
 ATTN_MMA_BWD_KERNEL(f16, F16E, 32)
@@ -376,6 +389,11 @@ ATTN_MMA_BWD_KERNEL(f16, F16E, 64)
 ATTN_MMA_BWD_KERNEL(f16, F16E, 128)
 ATTN_MMA_BWD_KERNEL_K128(f16, F16E, 64)
 ATTN_MMA_BWD_KERNEL_K128(f16, F16E, 128)
+ATTN_MMA_BWD_KERNEL_Q64(f16, F16E, 32)
+ATTN_MMA_BWD_KERNEL_Q64(f16, F16E, 64)
+ATTN_MMA_BWD_KERNEL_Q64(f16, F16E, 128)
+ATTN_MMA_BWD_KERNEL_K128_Q64(f16, F16E, 64)
+ATTN_MMA_BWD_KERNEL_K128_Q64(f16, F16E, 128)
 #endif
 #if ATTN_WANT_BF16
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 32)
@@ -383,4 +401,9 @@ ATTN_MMA_BWD_KERNEL(bf16, BF16E, 64)
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 128)
 ATTN_MMA_BWD_KERNEL_K128(bf16, BF16E, 64)
 ATTN_MMA_BWD_KERNEL_K128(bf16, BF16E, 128)
+ATTN_MMA_BWD_KERNEL_Q64(bf16, BF16E, 32)
+ATTN_MMA_BWD_KERNEL_Q64(bf16, BF16E, 64)
+ATTN_MMA_BWD_KERNEL_Q64(bf16, BF16E, 128)
+ATTN_MMA_BWD_KERNEL_K128_Q64(bf16, BF16E, 64)
+ATTN_MMA_BWD_KERNEL_K128_Q64(bf16, BF16E, 128)
 #endif

@@ -19,7 +19,7 @@
 
 template <class E, int D, int BN, int BM, int MT>
 __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a,
-                        i64 bx, i64 h) {
+                        i64 bx, i64 h, i64 b) {
     // NT: threads of the block, a warp per MT row tiles of 16.
     constexpr int LD = D + 8, NT = 2 * BM / MT;
     ATTN_DYNAMIC_SMEM(smem_raw);
@@ -31,7 +31,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
     __shared__ i64 s_klo[BM], s_khi[BM];  // each row's admitted key indices (shared: fewer registers)
 
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
-    const i64 kvh = kv_head_of(a, h), b = blockIdx.z;
+    const i64 kvh = kv_head_of(a, h);
     const Pattern p = make_pattern(a, h);
     const i64 q_hi = sel_below(p, a.q_start + a.nq);
     const i64 t0 = sel_below(p, a.q_start) + bx * BM;
@@ -115,6 +115,10 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
 #define ATTN_MMA_KERNEL_FUSED(NAME, E, D, BN) \
     ATTN_FWD_FUSED_KERNEL(dilated_fwd_mma_fused_##NAME##_d##D, fwd_mma, (128), E, D, BN)
 
+// The fused kernel's blocks as work items of a persistent launch: dilated_fwd_mma_persistent_<dtype>_d<D>.
+#define ATTN_MMA_KERNEL_PERSISTENT(NAME, E, D, BN) \
+    ATTN_FWD_PERSISTENT_KERNEL(dilated_fwd_mma_persistent_##NAME##_d##D, fwd_mma, (128), E, D, BN)
+
 #if ATTN_WANT_F16
 ATTN_MMA_KERNEL(f16, F16E, 32, 64)
 ATTN_MMA_KERNEL(f16, F16E, 64, 64)
@@ -131,6 +135,10 @@ ATTN_MMA_KERNEL_FUSED(f16, F16E, 32, 64)
 ATTN_MMA_KERNEL_FUSED(f16, F16E, 64, 64)
 ATTN_MMA_KERNEL_FUSED(f16, F16E, 128, 64)
 ATTN_MMA_KERNEL_FUSED(f16, F16E, 256, 32)
+ATTN_MMA_KERNEL_PERSISTENT(f16, F16E, 32, 64)
+ATTN_MMA_KERNEL_PERSISTENT(f16, F16E, 64, 64)
+ATTN_MMA_KERNEL_PERSISTENT(f16, F16E, 128, 64)
+ATTN_MMA_KERNEL_PERSISTENT(f16, F16E, 256, 32)
 #endif
 #if ATTN_WANT_BF16
 ATTN_MMA_KERNEL(bf16, BF16E, 32, 64)
@@ -148,4 +156,8 @@ ATTN_MMA_KERNEL_FUSED(bf16, BF16E, 32, 64)
 ATTN_MMA_KERNEL_FUSED(bf16, BF16E, 64, 64)
 ATTN_MMA_KERNEL_FUSED(bf16, BF16E, 128, 64)
 ATTN_MMA_KERNEL_FUSED(bf16, BF16E, 256, 32)
+ATTN_MMA_KERNEL_PERSISTENT(bf16, BF16E, 32, 64)
+ATTN_MMA_KERNEL_PERSISTENT(bf16, BF16E, 64, 64)
+ATTN_MMA_KERNEL_PERSISTENT(bf16, BF16E, 128, 64)
+ATTN_MMA_KERNEL_PERSISTENT(bf16, BF16E, 256, 32)
 #endif

@@ -10,7 +10,7 @@
 
 template <class E, int D, int BN, int BM, int MT>
 __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a,
-                         i64 bx, i64 h) {
+                         i64 bx, i64 h, i64 b) {
     constexpr int LD = D + 8, NT = 2 * BM / MT;
     ATTN_DYNAMIC_SMEM(smem_raw);
     u16* sQ = reinterpret_cast<u16*>(smem_raw);
@@ -20,7 +20,7 @@ __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, 
     __shared__ int s_klo[BM], s_khi[BM];  // each row's admitted keys, relative to kb_lo, in [0, nkeys]
 
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
-    const i64 kvh = kv_head_of(a, h), b = blockIdx.z;
+    const i64 kvh = kv_head_of(a, h);
     const Pattern p = make_pattern(a, h);
     const i64 q_hi = sel_below(p, a.q_start + a.nq);
     const i64 t0 = sel_below(p, a.q_start) + bx * BM;
@@ -95,7 +95,7 @@ __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, 
 // Shared memory of one block (bytes); mirrored by `mma_smem_bytes` in src/cuda/plan.rs.
 #define MMA3_SMEM(BM, D, BN) (((BM) + 6 * (BN)) * ((D) + 8) * 2)  // dynamic; plus static row indices
 
-// The block shapes of dilated_fwd_mma.cu: dilated_fwd_mma3_[m128_|m128w4_|fused_]<dtype>_d<D>.
+// The block shapes of dilated_fwd_mma.cu: dilated_fwd_mma3_[m128_|m128w4_|fused_|persistent_]<dtype>_d<D>.
 #define ATTN_MMA3_KERNEL(NAME, E, D, BN) \
     ATTN_FWD_KERNEL(dilated_fwd_mma3_##NAME##_d##D, fwd_mma3, (128), E, D, BN, 64, 1)
 #define ATTN_MMA3_KERNEL_M128(NAME, E, D, BN) \
@@ -106,6 +106,8 @@ __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, 
 // head dim 128 anyway), so ptxas keeps its pattern table's registers without spilling.
 #define ATTN_MMA3_KERNEL_FUSED(NAME, E, D, BN) \
     ATTN_FWD_FUSED_KERNEL(dilated_fwd_mma3_fused_##NAME##_d##D, fwd_mma3, (128, 1), E, D, BN)
+#define ATTN_MMA3_KERNEL_PERSISTENT(NAME, E, D, BN) \
+    ATTN_FWD_PERSISTENT_KERNEL(dilated_fwd_mma3_persistent_##NAME##_d##D, fwd_mma3, (128, 1), E, D, BN)
 
 // The key tiles of dilated_fwd_mma.cu (64, and 32 where the accumulators are large: two
 // row tiles a warp at head dim 128 would spill registers with 64); 128 rows at head dim
@@ -124,7 +126,11 @@ __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, 
     ATTN_MMA3_KERNEL_FUSED(NAME, E, 32, 64)   \
     ATTN_MMA3_KERNEL_FUSED(NAME, E, 64, 64)   \
     ATTN_MMA3_KERNEL_FUSED(NAME, E, 128, 64)  \
-    ATTN_MMA3_KERNEL_FUSED(NAME, E, 256, 32)
+    ATTN_MMA3_KERNEL_FUSED(NAME, E, 256, 32)       \
+    ATTN_MMA3_KERNEL_PERSISTENT(NAME, E, 32, 64)   \
+    ATTN_MMA3_KERNEL_PERSISTENT(NAME, E, 64, 64)   \
+    ATTN_MMA3_KERNEL_PERSISTENT(NAME, E, 128, 64)  \
+    ATTN_MMA3_KERNEL_PERSISTENT(NAME, E, 256, 32)
 
 #if ATTN_WANT_F16
 ATTN_MMA3_KERNELS(f16, F16E)

@@ -89,8 +89,10 @@ struct AttnParams {
                            // computes (the only launch covering them); 0 = LSE-merge into the f32 partial.
                            // backward: 1 = write dk/dv (dq for the dq kernel) in E into the gradients
     int fused;             // the fused tensor-core forward: this launch runs fuse[0..fused] (fused_block)
-    int fused_pad;
+    int work_batch;        // a persistent launch: batch elements, each with the fused table's blocks
     FusedPattern fuse[MAX_FUSED];
+    unsigned* work;        // a persistent launch: [next item, blocks done], zero between launches
+    i64 work_items;        // a persistent launch: items (the table's blocks x work_batch)
 };
 
 // Parameters of the row-wise epilogue kernels; mirrored by `RowParams`.
@@ -244,14 +246,10 @@ __device__ __forceinline__ i64 next_block_start(const AttnParams& a, const Patte
 // The query head of blockIdx.y and the key/value head it reads.
 __device__ __forceinline__ i64 launch_head(const AttnParams& a) { return a.head0 + (i64)blockIdx.y * a.head_step; }
 
-// The pattern, row block and head of this block: `a` as launched, or, in a fused launch,
-// `a` with the pattern fields of the entry whose grid.x range holds blockIdx.x. The
+// The pattern, row block and head of fused grid index x: `a` with the pattern fields of
+// the entry whose range holds x (entry 0 starts at 0, so every field is rewritten). The
 // entries are read at constant indices (a dynamic index would copy them to local memory).
-__device__ __forceinline__ void fused_block(AttnParams& a, i64* bx, i64* h) {
-    *bx = blockIdx.x;
-    *h = launch_head(a);
-    if (a.fused <= 0) return;
-    const i64 x = blockIdx.x;
+__device__ __forceinline__ void fused_item(AttnParams& a, i64 x, i64* bx, i64* h) {
     i64 first = 0, blocks = 1;
 #pragma unroll
     for (int j = 0; j < MAX_FUSED; ++j) {
@@ -268,6 +266,43 @@ __device__ __forceinline__ void fused_block(AttnParams& a, i64* bx, i64* h) {
     }
     *h = a.head0 + div32(x - first, blocks);
     *bx = mod32(x - first, blocks);
+}
+
+// The pattern, row block and head of this block: `a` as launched, or, in a fused launch,
+// the fused_item of blockIdx.x.
+__device__ __forceinline__ void fused_block(AttnParams& a, i64* bx, i64* h) {
+    *bx = blockIdx.x;
+    *h = launch_head(a);
+    if (a.fused > 0) fused_item(a, blockIdx.x, bx, h);
+}
+
+// A persistent launch (a grid sized to the machine): each block takes work items from the
+// counter a.work[0] until a.work_items are taken, item i being fused grid index
+// i / work_batch of batch element i % work_batch, so items run in the table's order
+// (heaviest patterns first) and every batch element of a row block together. The last
+// block to finish sets both counters back to zero: the next launch finds them zeroed with
+// no fill. `run(a, bx, h, b)` computes one item.
+template <class Run>
+__device__ __forceinline__ void persistent_items(AttnParams& a, Run run) {
+    __shared__ unsigned s_item;
+    for (;;) {
+        if (threadIdx.x == 0) s_item = atomicAdd(a.work, 1u);
+        __syncthreads();  // the item visible, and the previous item's shared memory free
+        const unsigned item = s_item;
+        __syncthreads();  // every thread has read it before thread 0 takes the next
+        if ((i64)item >= a.work_items) break;
+        i64 bx, h;
+        fused_item(a, div32(item, a.work_batch), &bx, &h);
+        run(a, bx, h, mod32(item, a.work_batch));
+    }
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const unsigned done = atomicAdd(a.work + 1, 1u);
+        if (done == gridDim.x * gridDim.y * gridDim.z - 1) {  // every other block has stopped taking items
+            a.work[0] = 0;
+            a.work[1] = 0;
+        }
+    }
 }
 
 // Key/value head of query head h (heads index gridDim.y: at most 65535).

@@ -107,13 +107,15 @@
 //! over 4 with two row tiles a warp (`ForwardRows`, a device's choice,
 //! `ATTN_CUDA_FWD_ROWS`); where every head has one
 //! pattern, the patterns' launches can be one launch of the fused kernel, whose blocks
-//! find their pattern in a table in the parameters (`PatternFusion`,
-//! `ATTN_CUDA_FWD_LAUNCH`), its K/V tiles in two stages or three (`ForwardStages`,
+//! find their pattern in a table in the parameters, or one persistent launch of a grid
+//! sized to the machine whose blocks take the table's entries from a work counter
+//! (`PatternFusion`, `ATTN_CUDA_FWD_LAUNCH`), its K/V tiles in two stages or three (`ForwardStages`,
 //! `ATTN_CUDA_FWD_STAGES`; `dilated_fwd_mma3.cu`, one barrier a key tile; both kernels
 //! share `attend_tile.cu`). The tensor-core backward loads its query tiles before each
 //! tile's compute, or in two `cp.async` stages (`BackwardLoads`, `ATTN_CUDA_BWD_LOADS`;
 //! both give the same bits), over 64 keys a block or 128 (`BackwardKeys`,
-//! `ATTN_CUDA_BWD_KEYS`), summing dq by atomics or deterministically (`BackwardDq`,
+//! `ATTN_CUDA_BWD_KEYS`), query tiles of 32 rows or 64 (`BackwardQueries`,
+//! `ATTN_CUDA_BWD_QUERIES`; the same bits), summing dq by atomics or deterministically (`BackwardDq`,
 //! `ATTN_CUDA_BWD_DQ`: the tensor-core kernel without dq, then the query-major
 //! tensor-core dq kernel, `dilated_bwd_dq_mma.cu`), and a whole call writes its gradients
 //! through f32 accumulators or, where each row has one writer (dk/dv; dq under the

@@ -7,7 +7,6 @@
 #![cfg(feature = "cuda")]
 
 use std::num::NonZeroU64;
-use std::path::Path;
 
 use attn_core::{AttnShape, DType, DilatedConfig, Shape4};
 use attn_kernels::cuda::emulation::{BlockOrder, Emulator};
@@ -19,13 +18,11 @@ use attn_testkit::FeatureCase;
 use attn_testkit::golden::{Gradients32, assert_attention_dirs_pass};
 use half::bf16;
 
-use crate::cuda_emulation::{Emulated, emulator};
+use crate::cuda_emulation::{Emulated, fresh_emulator};
 
 /// A fresh emulator planning the backward with `bwd`, running blocks in `order`.
 fn emulator_ordered(bwd: BackwardOptions, order: BlockOrder) -> Emulator {
-    emulator();
-    Emulator::load(&Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR"))))
-        .unwrap()
+    fresh_emulator()
         .with_backward_loads(bwd.loads)
         .with_backward_keys(bwd.keys)
         .with_backward_dq(bwd.dq)
@@ -71,7 +68,7 @@ fn deterministic_dq_gives_the_same_bits_in_any_block_order() {
         (BackwardLoads::Pipelined, BackwardKeys::K128, BackwardWrites::Direct),
     ];
     for (loads, keys, writes) in shapes {
-        let bwd = BackwardOptions { loads, keys, dq: BackwardDq::Deterministic, writes };
+        let bwd = BackwardOptions { loads, keys, dq: BackwardDq::Deterministic, writes, ..BackwardOptions::default() };
         let BackwardKernel::Mma { name, dq: Some(dq), .. } = backward_kernel(DType::BF16, "bf16", 64, bwd) else {
             panic!("expected the tensor-core kernel without dq")
         };

@@ -21,8 +21,8 @@ use attn_kernels::cuda::ForwardPath;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, BlockMaskShape, plan_forward, plan_forward_direct};
 use attn_kernels::cuda::plan::{
-    BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions,
-    ForwardRows, ForwardStages, PatternFusion, backward_kernel,
+    BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites,
+    ForwardOptions, ForwardRows, ForwardStages, PatternFusion, backward_kernel,
 };
 use attn_kernels::cuda::scratch::ScratchPool;
 use attn_testkit::golden::{
@@ -35,19 +35,28 @@ pub(crate) fn emulator() -> &'static Emulator {
         .unwrap_or_else(|e| panic!("the CUDA kernel emulation needs a C++20 compiler ($CXX or g++): {e}"))
 }
 
+/// A fresh emulator of the shared library (default options, grid order), for tests that set
+/// their own options and block order.
+pub(crate) fn fresh_emulator() -> Emulator {
+    emulator();
+    Emulator::load(&Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")))).unwrap()
+}
+
 /// The emulator planning the forward with `opts` and the backward with `bwd` (the shared
 /// library, loaded again, whatever `ATTN_CUDA_FWD_*` and `ATTN_CUDA_BWD_*` say).
 pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'static Emulator {
-    const N: usize = ForwardRows::ALL.len();
+    const N: usize = ForwardRows::ALL.len() * PatternFusion::ALL.len();
     static EMULATORS: [OnceLock<Emulator>; 64 * N] = [const { OnceLock::new() }; 64 * N];
     let rows = ForwardRows::ALL.iter().position(|&r| r == opts.rows).unwrap_or(0);
+    let fusion = PatternFusion::ALL.iter().position(|&f| f == opts.fusion).unwrap_or(0);
     let slot = rows
-        + N * usize::from(opts.fusion == PatternFusion::Fused)
-        + 2 * N * usize::from(bwd.loads == BackwardLoads::Pipelined)
-        + 4 * N * usize::from(bwd.keys == BackwardKeys::K128)
-        + 8 * N * usize::from(bwd.dq == BackwardDq::Deterministic)
-        + 16 * N * usize::from(opts.stages == ForwardStages::Three)
-        + 32 * N * usize::from(bwd.writes == BackwardWrites::Direct);
+        + ForwardRows::ALL.len() * fusion
+        + N * usize::from(bwd.loads == BackwardLoads::Pipelined)
+        + 2 * N * usize::from(bwd.keys == BackwardKeys::K128)
+        + 4 * N * usize::from(bwd.dq == BackwardDq::Deterministic)
+        + 8 * N * usize::from(opts.stages == ForwardStages::Three)
+        + 16 * N * usize::from(bwd.writes == BackwardWrites::Direct)
+        + 32 * N * usize::from(bwd.queries == BackwardQueries::Q64);
     EMULATORS[slot].get_or_init(|| {
         emulator();
         let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
@@ -60,6 +69,7 @@ pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'stat
             .with_backward_keys(bwd.keys)
             .with_backward_dq(bwd.dq)
             .with_backward_writes(bwd.writes)
+            .with_backward_queries(bwd.queries)
     })
 }
 
@@ -90,10 +100,12 @@ impl<T> Emulated<T> {
     }
 
     pub(crate) fn fused(rows: ForwardRows) -> Self {
-        Emulated {
-            opts: ForwardOptions { rows, fusion: PatternFusion::Fused, ..ForwardOptions::default() },
-            ..Self::new(rows)
-        }
+        Self::new(rows).with_fusion(PatternFusion::Fused)
+    }
+
+    /// The same backend, the forward's patterns launched as `fusion` says.
+    pub(crate) fn with_fusion(self, fusion: PatternFusion) -> Self {
+        Emulated { opts: ForwardOptions { fusion, ..self.opts }, ..self }
     }
 
     /// The same backend, the forward with `stages` K/V stages.
@@ -154,8 +166,15 @@ impl<T: CudaElement> Emulated<T> {
     }
 
     /// The whole-call forward on `path`: out (in `T`) and lse.
-    pub(crate) fn forward_on(
+    pub(crate) fn forward_on(&self, p: &Problem<'_>, qkv: [&[T]; 3], path: ForwardPath) -> Result<(Vec<T>, Vec<f32>)> {
+        self.forward_with(emulator_with(self.opts), p, qkv, path)
+    }
+
+    /// [`Self::forward_on`] on `emu` (its own options and block order), the scratch from
+    /// this backend's pool.
+    pub(crate) fn forward_with(
         &self,
+        emu: &Emulator,
         p: &Problem<'_>,
         [q, k, v]: [&[T]; 3],
         path: ForwardPath,
@@ -165,7 +184,7 @@ impl<T: CudaElement> Emulated<T> {
         let args = HostArgs { q, k, v, g: None, lse: None, delta: None, kpad: kpad.as_deref(), bmask: block_keep(p) };
         let (mut out, mut lse) = (vec![T::default(); sq.numel()], vec![0.0f32; sq.lse_len()]);
         let mut pool = self.pool.lock().unwrap();
-        emulator_with(self.opts).forward_call(&call_geometry(p), &args, path, (&mut out, &mut lse), &mut pool)?;
+        emu.forward_call(&call_geometry(p), &args, path, (&mut out, &mut lse), &mut pool)?;
         Ok((out, lse))
     }
 

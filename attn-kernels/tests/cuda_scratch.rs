@@ -2,11 +2,13 @@
 //! their f32 scratch (the backward's accumulators and delta, the forward's partial where
 //! the output cannot come straight from the kernel) on the first call only, through the
 //! pool code the device runs; a new shape allocates anew; where gradients go straight into
-//! the caller's tensors, no accumulators for them.
+//! the caller's tensors, no accumulators for them; the persistent forward's work counter,
+//! allocated zeroed once and never filled again (each launch leaves it zeroed, which the
+//! emulator checks after every plan).
 #![cfg(feature = "cuda")]
 
 use attn_core::{AttnShape, DilatedConfig, Mixing, Shape4};
-use attn_kernels::cuda::plan::{BackwardDq, BackwardOptions, BackwardWrites, ForwardRows};
+use attn_kernels::cuda::plan::{BackwardDq, BackwardOptions, BackwardWrites, ForwardRows, PatternFusion};
 use attn_testkit::FeatureCase;
 use attn_testkit::golden::DilatedBackend;
 use half::bf16;
@@ -57,4 +59,12 @@ fn repeated_calls_of_one_shape_allocate_scratch_on_the_first_only() {
     let every = BackwardOptions { dq: BackwardDq::Deterministic, ..direct };
     let emulated = Emulated::<bf16>::new(ForwardRows::M64).with_backward(every);
     assert_eq!(allocations_over_three_calls(&emulated, &case(Mixing::HeadGroups, 256)), [1, 1, 1]);
+    // The persistent forward: its work counter once more, whatever the call (the partial
+    // path of LongNet heads plans no persistent launch: one pattern per head is needed).
+    let persistent = || Emulated::<bf16>::new(ForwardRows::M64).with_fusion(PatternFusion::Persistent);
+    assert_eq!(allocations_over_three_calls(&persistent(), &case(Mixing::HeadGroups, 256)), [5, 5, 5]);
+    assert_eq!(allocations_over_three_calls(&persistent(), &case(Mixing::LongNet, 256)), [5, 5, 5]);
+    let emulated = persistent();
+    assert_eq!(allocations_over_three_calls(&emulated, &case(Mixing::HeadGroups, 256)), [5, 5, 5]);
+    assert_eq!(allocations_over_three_calls(&emulated, &case(Mixing::HeadGroups, 192)), [9, 9, 9]);
 }

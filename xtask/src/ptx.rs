@@ -116,8 +116,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
 /// `cargo xtask ptx --emulate`: build `attn-kernels/kernels/emulation/harness.cpp` with
 /// the host C++ compiler (`CXX`, default `g++`, C++20) and run it: the CUDA kernels run
 /// as fibers on the CPU (mma.sync, wgmma, TMA, mbarriers, shuffles and barriers emulated)
-/// against a float64 reference, with the two- and the three-stage forward and the sm_90a
-/// one, each then again with `--plant`, where the harness passes only if its judge rejects
+/// against a float64 reference, with the two- and the three-stage forward, the sm_90a
+/// one and the backward with 64-row query tiles, each then again with `--plant`, where the harness passes only if its judge rejects
 /// the errors it plants in every case.
 fn run_emulation() -> Result<(), String> {
     let harness = crate::workspace::repo_root().join("attn-kernels/kernels/emulation/harness.cpp");
@@ -136,21 +136,26 @@ fn run_emulation() -> Result<(), String> {
     if !built.success() {
         return Err(format!("{cxx} failed to build {} ({built})", harness.display()));
     }
-    // Every case with the two-stage forward, the three-stage one, and the sm_90a forward
-    // (`--hopper`, where a launch can take it); then the judge bites: errors planted in
+    // Every case with the two-stage forward, the three-stage one, the sm_90a forward
+    // (`--hopper`, where a launch can take it) and the backward's 64-row query tiles; then the judge bites: errors planted in
     // every case's results (two rows of out swapped, one LSE off by 0.01) and in the Hopper
     // micro-kernels (a descriptor field, a swizzle, an mbarrier parity) must each be
     // rejected, or this run fails.
-    for (stages, forward) in [("2", None), ("3", None), ("2", Some("--hopper"))] {
+    let variants: [(&str, &[&str]); 4] =
+        [("2", &[]), ("3", &[]), ("2", &["--hopper"]), ("2", &["--bwd-queries", "64"])];
+    for (stages, variant) in variants {
         let run = |plant: &[&str]| {
             Command::new(&exe)
                 .args(plant)
                 .args(["--stages", stages])
-                .args(forward)
+                .args(variant)
                 .status()
                 .map_err(|e| format!("running {}: {e}", exe.display()))
         };
-        let what = forward.map_or_else(|| format!("{stages} forward stages"), |f| format!("{stages} stages, {f}"));
+        let what = match variant {
+            [] => format!("{stages} forward stages"),
+            v => format!("{stages} stages, {}", v.join(" ")),
+        };
         let ran = run(&[])?;
         if !ran.success() {
             return Err(format!("CUDA kernel emulation with {what} failed ({ran})"));

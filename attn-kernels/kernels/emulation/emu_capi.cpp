@@ -67,6 +67,8 @@ using Entry = int (*)(Dim3, unsigned, unsigned, unsigned long long, void**);
         ATTN_EMU_ENTRY(dilated_fwd_mma_m128w4_##T##_d128),                                               \
         ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d64),  \
         ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_fused_##T##_d256), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma_persistent_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma_persistent_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma_persistent_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_persistent_##T##_d256), \
         ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d64),            \
         ATTN_EMU_ENTRY(dilated_bwd_mma_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d32),  \
         ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_##T##_d128), \
@@ -80,7 +82,17 @@ using Entry = int (*)(Dim3, unsigned, unsigned, unsigned long long, void**);
         ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_k128_##T##_d64),                                              \
         ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_k128_##T##_d128), ATTN_EMU_ENTRY(delta_rows_v8_##T),   \
         ATTN_EMU_ENTRY(dilated_bwd_dq_mma_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_dq_mma_##T##_d64),                \
-        ATTN_EMU_ENTRY(dilated_bwd_dq_mma_##T##_d128)
+        ATTN_EMU_ENTRY(dilated_bwd_dq_mma_##T##_d128),                                                   \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_q64_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_mma_q64_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_q64_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_mma_k128_q64_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_k128_q64_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_q64_##T##_d32), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_q64_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_q64_##T##_d128), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_k128_q64_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_k128_q64_##T##_d128), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_q64_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_q64_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_q64_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_k128_q64_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_k128_q64_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_q64_##T##_d32), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_q64_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_q64_##T##_d128), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_k128_q64_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_k128_q64_##T##_d128)
 #define ATTN_EMU_MMA3(T)                                                                                \
     ATTN_EMU_ENTRY(dilated_fwd_mma3_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma3_##T##_d64),              \
         ATTN_EMU_ENTRY(dilated_fwd_mma3_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_##T##_d256),        \
@@ -88,7 +100,9 @@ using Entry = int (*)(Dim3, unsigned, unsigned, unsigned long long, void**);
         ATTN_EMU_ENTRY(dilated_fwd_mma3_m128_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_m128w4_##T##_d32), \
         ATTN_EMU_ENTRY(dilated_fwd_mma3_m128w4_##T##_d64), ATTN_EMU_ENTRY(dilated_fwd_mma3_m128w4_##T##_d128), \
         ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d64), \
-        ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d256)
+        ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_fused_##T##_d256), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d256)
 
 const std::map<std::string, Entry>& table() {
     static const std::map<std::string, Entry> t = {

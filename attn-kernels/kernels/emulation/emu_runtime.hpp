@@ -4,8 +4,8 @@
 // barrier switches to the next fiber until every member has arrived.
 //
 // Emulated: threadIdx/blockIdx/blockDim/gridDim, __syncthreads (block barrier),
-// __syncwarp and __shfl_xor_sync (per-warp barrier + exchange buffer), atomicAdd(float),
-// static and dynamic shared memory (blocks run one after another; a write past the
+// __syncwarp and __shfl_xor_sync (per-warp barrier + exchange buffer), atomicAdd (float,
+// unsigned), __threadfence (a no-op: one block runs at a time), static and dynamic shared memory (blocks run one after another; a write past the
 // launch's dynamic bytes is counted in emu::g_smem_overruns), ldmatrix (.trans),
 // cp.async (held per thread until its wait_group lets it land, so a missing or early wait
 // reads stale shared memory; copies still in flight when a block ends are counted in
@@ -175,6 +175,8 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     return r;
 }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline void __threadfence() {}
 inline float __int_as_float(int x) {
     float f;
     std::memcpy(&f, &x, 4);

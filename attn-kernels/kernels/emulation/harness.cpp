@@ -12,7 +12,8 @@
 // Build and run (no GPU, no CUDA toolkit):
 //   g++ -std=c++20 -O2 -pthread attn-kernels/kernels/emulation/harness.cpp -o /tmp/attn-emu && /tmp/attn-emu
 // An optional argument runs only the cases whose name contains it (after `--stages 3`,
-// which runs the three-stage tensor-core forward); `--plant [NAME]` first
+// which runs the three-stage tensor-core forward, `--hopper`, and `--bwd-queries 64`, which
+// runs the backward with 64-row query tiles); `--plant [NAME]` first
 // plants errors in each case's results (two rows of out swapped, one LSE off by 0.01) and
 // passes only when the row-wise judge rejects every one. Each result is judged whole
 // (relative L2) and row by row as attn-testkit's `judge` does: every [head_dim] row within
@@ -158,6 +159,8 @@ static int g_fwd_stages = 2;
 // `--hopper`: f16/bf16 forward launches the sm_90a kernel can take run it (the others, and
 // every launch without the flag, the mma.sync kernels); counted per case.
 static bool g_hopper = false;
+// `--bwd-queries 64`: the tensor-core backward with query tiles of 64 rows (the q64 kernels).
+static bool g_bwd_q64 = false;
 static int g_hopper_launches = 0, g_fwd_launches = 0;
 
 // Forward of a block: q rows at global position q_pos, k/v rows at k_pos, merged into
@@ -240,8 +243,17 @@ static void bwd_call(DT dt, const Cfg& c, const Feat& f, int B, int N, int H, in
                 const unsigned hy = (unsigned)sw.count;
                 if (pd > 0) {
                     constexpr bool bf = std::is_same_v<E, BF16E>;
+                    const bool q64 = g_bwd_q64;
                     emu::launch(Dim3{(unsigned)((krows + 63) / 64), hy, (unsigned)B}, 128, [=] {
                         if constexpr (!std::is_same_v<E, F32E>) {
+                            if (q64) {
+                                switch (pd) {
+                                    case 32: bf ? dilated_bwd_mma_q64_bf16_d32(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_q64_f16_d32(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
+                                    case 64: bf ? dilated_bwd_mma_q64_bf16_d64(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_q64_f16_d64(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
+                                    default: bf ? dilated_bwd_mma_q64_bf16_d128(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_q64_f16_d128(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
+                                }
+                                return;
+                            }
                             switch (pd) {
                                 case 32: bf ? dilated_bwd_mma_bf16_d32(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_f16_d32(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
                                 case 64: bf ? dilated_bwd_mma_bf16_d64(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_f16_d64(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
@@ -508,6 +520,7 @@ int main(int argc, char** argv) {
     if (argc > arg && std::string(argv[arg]) == "--plant") g_plant = true, ++arg;
     if (argc > arg + 1 && std::string(argv[arg]) == "--stages") g_fwd_stages = std::atoi(argv[arg + 1]), arg += 2;
     if (argc > arg && std::string(argv[arg]) == "--hopper") g_hopper = true, ++arg;
+    if (argc > arg + 1 && std::string(argv[arg]) == "--bwd-queries") g_bwd_q64 = std::atoi(argv[arg + 1]) == 64, arg += 2;
     emu::hopper_install();
     const std::string only = argc > arg ? argv[arg] : "";
     const std::vector<Case> cases = {

@@ -6,17 +6,19 @@
 //!
 //! `--paths direct,partial` times both ways the forward reaches its output (straight from
 //! the kernel, or through the f32 partial and its epilogue), `--rows 64,128,128w4` each
-//! block shape of the tensor-core forward, `--launch per-pattern,fused` both ways its
-//! patterns launch, `--fwd-stages 2,3` both K/V pipelines of the tensor-core forward,
+//! block shape of the tensor-core forward, `--launch per-pattern,fused,persistent` each
+//! way its patterns launch, `--fwd-stages 2,3` both K/V pipelines of the tensor-core forward,
 //! `--bwd-loads sync,pipelined` both ways the backward loads its query
 //! tiles, `--bwd-keys 64,128` both keys a block of the backward and `--bwd-dq
-//! atomic,deterministic` both ways it sums dq and `--bwd-writes accumulated,direct` both
-//! ways a whole call writes dk and dv, in one process.
+//! atomic,deterministic` both ways it sums dq, `--bwd-writes accumulated,direct` both
+//! ways a whole call writes dk and dv and `--bwd-queries 32,64` both query tiles of the
+//! backward, in one process.
 //!
 //! Usage: attn-cuda-bench [--seq 65536,262144] [--heads 16] [--dtype bf16|f16|f32] [--warmups 1] [--iters 10]
 //!        [--causal] [--backward] [--paths direct|partial|direct,partial] [--rows 64,128,128w4]
-//!        [--launch per-pattern,fused] [--fwd-stages 2,3] [--bwd-loads sync,pipelined] [--bwd-keys 64,128]
-//!        [--bwd-dq atomic,deterministic] [--bwd-writes accumulated,direct] [--sync-between]
+//!        [--launch per-pattern,fused,persistent] [--fwd-stages 2,3] [--bwd-loads sync,pipelined]
+//!        [--bwd-keys 64,128] [--bwd-dq atomic,deterministic] [--bwd-writes accumulated,direct]
+//!        [--bwd-queries 32,64] [--sync-between]
 //!        (each list: one or more of its values)
 //!
 //! `--sync-between` synchronises the device after each timed call, as a framework's step
@@ -29,8 +31,8 @@ use std::process::ExitCode;
 
 use attn_core::{DilatedConfig, Pass, Shape4};
 use attn_kernels::cuda::plan::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions, ForwardRows,
-    ForwardStages, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardOptions,
+    ForwardRows, ForwardStages, PatternFusion,
 };
 use attn_kernels::cuda::{BenchRun, Between, CudaDevice, CudaElement, ForwardPath, GpuTiming, bench_pass};
 use half::{bf16, f16};
@@ -58,6 +60,8 @@ struct Args {
     bwd_dq: Option<Vec<BackwardDq>>,
     /// `None`: the device's own choice (`ATTN_CUDA_BWD_WRITES`).
     bwd_writes: Option<Vec<BackwardWrites>>,
+    /// `None`: the device's own choice (`ATTN_CUDA_BWD_QUERIES`).
+    bwd_queries: Option<Vec<BackwardQueries>>,
 }
 
 fn path_name(p: ForwardPath) -> &'static str {
@@ -90,6 +94,7 @@ fn parse() -> Result<Args, String> {
         bwd_keys: None,
         bwd_dq: None,
         bwd_writes: None,
+        bwd_queries: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -119,13 +124,16 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--rows" => a.rows = Some(choices(&flag, &val()?, ForwardRows::parse, "64, 128 or 128w4")?),
-            "--launch" => a.launches = Some(choices(&flag, &val()?, PatternFusion::parse, "per-pattern or fused")?),
+            "--launch" => {
+                a.launches = Some(choices(&flag, &val()?, PatternFusion::parse, "per-pattern, fused or persistent")?)
+            }
             "--fwd-stages" => a.fwd_stages = Some(choices(&flag, &val()?, ForwardStages::parse, "2 or 3")?),
             "--bwd-loads" => a.bwd_loads = Some(choices(&flag, &val()?, BackwardLoads::parse, "sync or pipelined")?),
             "--bwd-keys" => a.bwd_keys = Some(choices(&flag, &val()?, BackwardKeys::parse, "64 or 128")?),
             "--bwd-writes" => {
                 a.bwd_writes = Some(choices(&flag, &val()?, BackwardWrites::parse, "accumulated or direct")?)
             }
+            "--bwd-queries" => a.bwd_queries = Some(choices(&flag, &val()?, BackwardQueries::parse, "32 or 64")?),
             "--bwd-dq" => a.bwd_dq = Some(choices(&flag, &val()?, BackwardDq::parse, "atomic or deterministic")?),
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -165,6 +173,7 @@ fn run() -> Result<(), String> {
     let bwd_keys = a.bwd_keys.clone().unwrap_or_else(|| vec![own.1.keys]);
     let bwd_dq = a.bwd_dq.clone().unwrap_or_else(|| vec![own.1.dq]);
     let bwd_writes = a.bwd_writes.clone().unwrap_or_else(|| vec![own.1.writes]);
+    let bwd_queries = a.bwd_queries.clone().unwrap_or_else(|| vec![own.1.queries]);
     let forwards: Vec<ForwardOptions> = rows
         .iter()
         .flat_map(|&rows| launches.iter().map(move |&fusion| (rows, fusion)))
@@ -174,7 +183,10 @@ fn run() -> Result<(), String> {
         .iter()
         .flat_map(|&loads| bwd_keys.iter().map(move |&keys| (loads, keys)))
         .flat_map(|(loads, keys)| bwd_dq.iter().map(move |&dq| (loads, keys, dq)))
-        .flat_map(|(loads, keys, dq)| bwd_writes.iter().map(move |&writes| BackwardOptions { loads, keys, dq, writes }))
+        .flat_map(|(loads, keys, dq)| bwd_writes.iter().map(move |&writes| (loads, keys, dq, writes)))
+        .flat_map(|(loads, keys, dq, writes)| {
+            bwd_queries.iter().map(move |&queries| BackwardOptions { loads, keys, dq, writes, queries })
+        })
         .collect();
     let cases: Vec<(ForwardOptions, BackwardOptions, ForwardPath)> = forwards
         .iter()
@@ -191,7 +203,8 @@ fn run() -> Result<(), String> {
                 .with_backward_loads(bwd.loads)
                 .with_backward_keys(bwd.keys)
                 .with_backward_dq(bwd.dq)
-                .with_backward_writes(bwd.writes);
+                .with_backward_writes(bwd.writes)
+                .with_backward_queries(bwd.queries);
             let (t, image) = match a.dtype.as_str() {
                 "bf16" => run_one::<bf16>(&dev, &cfg, shape, &a, path)?,
                 "f16" => run_one::<f16>(&dev, &cfg, shape, &a, path)?,
@@ -199,7 +212,7 @@ fn run() -> Result<(), String> {
                 other => return Err(format!("unknown dtype `{other}`")),
             };
             println!(
-                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"fwd_stages\":\"{}\",\"bwd_loads\":\"{}\",\"bwd_keys\":\"{}\",\"bwd_dq\":\"{}\",\"bwd_writes\":\"{}\",\"between\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2},\"scratch_allocations\":{}}}",
+                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"fwd_stages\":\"{}\",\"bwd_loads\":\"{}\",\"bwd_keys\":\"{}\",\"bwd_dq\":\"{}\",\"bwd_writes\":\"{}\",\"bwd_queries\":\"{}\",\"between\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2},\"scratch_allocations\":{}}}",
                 a.dtype,
                 a.heads,
                 a.causal,
@@ -212,6 +225,7 @@ fn run() -> Result<(), String> {
                 bwd.keys.name(),
                 bwd.dq.name(),
                 bwd.writes.name(),
+                bwd.queries.name(),
                 a.between.name(),
                 t.median_ms,
                 t.tflops(),

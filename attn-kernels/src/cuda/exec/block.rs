@@ -18,6 +18,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKerne
 
 use super::device::{CudaDevice, cuda_err};
 use super::launch::launch;
+use super::scratch::{ScratchSlot, WORK_COUNTER_LEN};
 use super::tensor::{
     CudaElement, DeviceBlockMask, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor,
     check_len, fill_into,
@@ -331,6 +332,11 @@ fn execute<T: CudaElement>(
     let bmask = masks.block_mask.map(|m| m.keep.device_ptr(&dev.stream));
     let bmask_base = bmask.as_ref().map(|(p, _)| *p);
     let Accs { mut q_acc, mut out, mut lse, mut dk, mut dv, mut dq_out, mut dkv_out } = accs;
+    // The persistent launches' work counter, from the stream's pool (zeroed when allocated;
+    // each launch leaves it zeroed), given back once they are queued.
+    let work = plan.iter().any(|p| p.work).then(|| dev.take_scratch(ScratchSlot::WorkCounter, WORK_COUNTER_LEN));
+    let work = work.transpose()?;
+    let work_ptr = work.as_ref().map(|w| w.device_ptr(&dev.stream));
     // Where each tensor starts, for the alignment of its 16-byte loads.
     let start = |s: &CudaSlice<T>| s.device_ptr(&dev.stream).0;
     let g_start = bufs.g.map(start).or_else(|| out.as_deref().map(start));
@@ -349,7 +355,12 @@ fn execute<T: CudaElement>(
         if p.bmask {
             params.bmask = bmask_base.ok_or_else(|| missing("a block mask"))?;
         }
-        let lc = LaunchConfig { grid_dim: p.grid, block_dim: (p.threads, 1, 1), shared_mem_bytes: p.smem_bytes };
+        let mut grid_dim = p.grid;
+        if p.work {
+            params.work = work_ptr.as_ref().map(|(w, _)| *w).ok_or_else(|| missing("a work counter"))?;
+            grid_dim.0 = grid_dim.0.min(dev.resident_blocks(f, p.threads, p.smem_bytes)?);
+        }
+        let lc = LaunchConfig { grid_dim, block_dim: (p.threads, 1, 1), shared_mem_bytes: p.smem_bytes };
         let o = p.offsets;
         let (qv, kv, vv) = (bufs.q.slice(o.q..), bufs.k.slice(o.k..), bufs.v.slice(o.v..));
         let mut args = dev.stream.launch_builder(f);
@@ -397,6 +408,10 @@ fn execute<T: CudaElement>(
     }
     drop(kpad);
     drop(bmask);
+    drop(work_ptr);
+    if let Some(w) = work {
+        dev.give_scratch(ScratchSlot::WorkCounter, w);
+    }
     Ok(())
 }
 

@@ -16,8 +16,8 @@ use crate::cuda::compile::nvrtc::{ImageKind, ImageSource, process_image, recompi
 use crate::cuda::compile::nvrtc_library::{NVRTC_PATH_ENV, nvrtc_library};
 use crate::cuda::compile::slots::Slots;
 use crate::cuda::plan::patterns::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions, ForwardRows,
-    ForwardStages, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardOptions,
+    ForwardRows, ForwardStages, PatternFusion,
 };
 use crate::cuda::plan::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source, kernel_names_for};
 
@@ -201,6 +201,11 @@ impl CudaDevice {
         CudaDevice { backward: BackwardOptions { writes, ..self.backward }, ..self.clone() }
     }
 
+    /// The same device and stream, the tensor-core backward's query tiles of `queries` rows.
+    pub fn with_backward_queries(&self, queries: BackwardQueries) -> Self {
+        CudaDevice { backward: BackwardOptions { queries, ..self.backward }, ..self.clone() }
+    }
+
     /// The tensor-core backward's query-tile loads, keys a block, dq sum and dk/dv writes.
     pub fn backward_options(&self) -> BackwardOptions {
         self.backward
@@ -305,6 +310,16 @@ impl CudaDevice {
     /// Drop the scratch kept for this handle's stream (the next whole call allocates anew).
     pub fn release_scratch(&self) {
         self.scratch.lock().unwrap_or_else(PoisonError::into_inner).remove(&(self.stream.cu_stream() as usize));
+    }
+
+    /// Blocks of kernel `f` (`threads` a block, `smem_bytes` of dynamic shared memory) the
+    /// device holds at once: its SM count times the blocks an SM holds (at least one), the
+    /// grid of a persistent launch.
+    pub(crate) fn resident_blocks(&self, f: &CudaFunction, threads: u32, smem_bytes: u32) -> Result<u32> {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        let sms = self.ctx.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(cuda_err)?;
+        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes as usize, None);
+        Ok(u32::try_from(sms).unwrap_or(1).max(1) * per_sm.map_err(cuda_err)?.max(1))
     }
 
     /// `(major, minor)` compute capability.

@@ -18,20 +18,24 @@ use libloading::Library;
 
 use super::call::ForwardPath;
 use super::epilogue::{delta_kernel, row_params, store_kernel};
-use super::scratch::{HostMemory, ScratchPool, ScratchSlot, backward_slots};
+use super::scratch::{HostMemory, ScratchPool, ScratchSlot, WORK_COUNTER_LEN, backward_slots};
 use super::tensor::{CudaElement, extent, fill_launch};
 use crate::cuda::plan::launch_plan::{
     BlockGeometry, DirectGrads, Planned, Signature, plan_backward, plan_backward_direct, plan_forward,
     plan_forward_direct,
 };
 use crate::cuda::plan::patterns::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions, ForwardRows,
-    ForwardStages, PatternFusion, out_scale,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardOptions,
+    ForwardRows, ForwardStages, PatternFusion, out_scale,
 };
 use crate::cuda::plan::source::MAX_HEAD_DIM;
 
 type LaunchFn = unsafe extern "C" fn(*const c_char, u32, u32, u32, u32, u32, u64, *mut *mut c_void) -> c_int;
 type CountFn = unsafe extern "C" fn() -> c_int;
+
+/// Blocks a persistent launch's grid is cut to in the emulation (the device's: SMs times
+/// blocks an SM holds): fewer than most launches' items, so blocks take several each.
+const EMULATED_RESIDENT_BLOCKS: u32 = 3;
 
 fn emu_err(message: impl Into<String>) -> AttnError {
     AttnError::BackendUnavailable { backend: "cuda-emulation", reason: message.into() }
@@ -255,6 +259,11 @@ impl Emulator {
         Emulator { backward: BackwardOptions { writes, ..self.backward }, ..self }
     }
 
+    /// This emulator planning the tensor-core backward with query tiles of `queries` rows.
+    pub fn with_backward_queries(self, queries: BackwardQueries) -> Self {
+        Emulator { backward: BackwardOptions { queries, ..self.backward }, ..self }
+    }
+
     /// This emulator planning the tensor-core forward with `stages` K/V stages.
     pub fn with_forward_stages(self, stages: ForwardStages) -> Self {
         Emulator { forward: ForwardOptions { stages, ..self.forward }, ..self }
@@ -298,13 +307,42 @@ impl Emulator {
         }
     }
 
-    /// Run planned launches on host buffers (`outs`: what direct launches write).
+    /// Run planned launches on host buffers (`outs`: what direct launches write), the
+    /// persistent ones' work counter from `pool` where there is one (else a new one).
     fn execute<T: CudaElement>(
         &self,
         plan: &[Planned],
         a: &HostArgs<'_, T>,
         acc: HostAccs<'_>,
         outs: HostOuts<'_, T>,
+        pool: Option<&mut ScratchPool<Vec<f32>>>,
+    ) -> Result<()> {
+        if !plan.iter().any(|p| p.work) {
+            return self.execute_with(plan, a, acc, outs, &mut []);
+        }
+        let mut fresh = ScratchPool::default();
+        let pool = pool.unwrap_or(&mut fresh);
+        let mut work = pool.take(&HostMemory, ScratchSlot::WorkCounter, WORK_COUNTER_LEN)?;
+        let done = self.execute_with(plan, a, acc, outs, &mut work);
+        // Each launch's last block zeroes the counter: the next launch needs no fill.
+        let left = work.iter().map(|w| w.to_bits()).collect::<Vec<u32>>();
+        pool.give(ScratchSlot::WorkCounter, work);
+        done?;
+        match left.iter().all(|&w| w == 0) {
+            true => Ok(()),
+            false => Err(emu_err(format!("a persistent launch left its work counter at {left:?}, not zeroed"))),
+        }
+    }
+
+    /// [`execute`](Self::execute) with the work counter `work` (empty where no launch is
+    /// persistent).
+    fn execute_with<T: CudaElement>(
+        &self,
+        plan: &[Planned],
+        a: &HostArgs<'_, T>,
+        acc: HostAccs<'_>,
+        outs: HostOuts<'_, T>,
+        work: &mut [f32],
     ) -> Result<()> {
         let HostAccs { q_acc, mut lse, mut dk, mut dv } = acc;
         let HostOuts { out: mut direct, dq: mut dq_out, mut dkv } = outs;
@@ -319,6 +357,12 @@ impl Emulator {
             }
             if p.bmask {
                 params.bmask = a.bmask.ok_or_else(|| missing("a block mask"))?.as_ptr() as u64;
+            }
+            let mut grid_dim = p.grid;
+            if p.work {
+                need(TensorName::Other("work counter"), work.len(), WORK_COUNTER_LEN)?;
+                params.work = work.as_mut_ptr() as u64;
+                grid_dim.0 = grid_dim.0.min(EMULATED_RESIDENT_BLOCKS);
             }
             let (mut q, mut k, mut v) =
                 (at(TensorName::Query, a.q, o.q)?, at(TensorName::Key, a.k, o.k)?, at(TensorName::Value, a.v, o.v)?);
@@ -363,7 +407,7 @@ impl Emulator {
                 }
             }
             args.push((&raw mut params).cast());
-            let lc = LaunchConfig { grid_dim: p.grid, block_dim: (p.threads, 1, 1), shared_mem_bytes: p.smem_bytes };
+            let lc = LaunchConfig { grid_dim, block_dim: (p.threads, 1, 1), shared_mem_bytes: p.smem_bytes };
             self.launch(&p.kernel, lc, &mut args)?;
         }
         Ok(())
@@ -377,8 +421,19 @@ impl Emulator {
         a: &HostArgs<'_, T>,
         acc: HostAccs<'_>,
     ) -> Result<()> {
+        self.forward_block_in(g, a, acc, None)
+    }
+
+    /// [`forward_block`](Self::forward_block), a persistent launch's work counter from `pool`.
+    fn forward_block_in<T: CudaElement>(
+        &self,
+        g: &BlockGeometry<'_>,
+        a: &HostArgs<'_, T>,
+        acc: HostAccs<'_>,
+        pool: Option<&mut ScratchPool<Vec<f32>>>,
+    ) -> Result<()> {
         check_buffers(g, a, &acc)?;
-        self.execute(&plan_forward(g, T::DTYPE, T::SUFFIX, self.forward)?, a, acc, HostOuts::default())
+        self.execute(&plan_forward(g, T::DTYPE, T::SUFFIX, self.forward)?, a, acc, HostOuts::default(), pool)
     }
 
     /// [`crate::cuda::forward_call`] on host buffers: the forward of a whole call (`g`
@@ -408,8 +463,9 @@ impl Emulator {
             let mut partial = pool.take(&HostMemory, ScratchSlot::PartialOut, shape.numel())?;
             partial.fill(0.0);
             let acc = HostAccs { q_acc: &mut partial, lse: Some(lse), dk: None, dv: None };
-            let done =
-                self.forward_block(g, a, acc).and_then(|()| self.store_scaled(shape, &partial, out_scale(g.cfg), out));
+            let done = self
+                .forward_block_in(g, a, acc, Some(&mut *pool))
+                .and_then(|()| self.store_scaled(shape, &partial, out_scale(g.cfg), out));
             pool.give(ScratchSlot::PartialOut, partial);
             return done;
         };
@@ -418,7 +474,7 @@ impl Emulator {
         let acc = HostAccs { q_acc: &mut none, lse: Some(lse), dk: None, dv: None };
         check_buffers(g, a, &acc)?;
         out.fill(T::default());
-        self.execute(&plan, a, acc, HostOuts { out: Some(out), ..HostOuts::default() })
+        self.execute(&plan, a, acc, HostOuts { out: Some(out), ..HostOuts::default() }, Some(pool))
     }
 
     /// [`crate::cuda::backward_call`] on host buffers: the gradients of a whole call (`a`
@@ -483,7 +539,7 @@ impl Emulator {
                         dv.fill(T::default());
                         (&mut *dk, &mut *dv)
                     });
-                    self.execute(&plan.launches, &args, acc, HostOuts { out: None, dq: dq_out, dkv })?;
+                    self.execute(&plan.launches, &args, acc, HostOuts { out: None, dq: dq_out, dkv }, None)?;
                 }
                 None => {
                     let (Some(q_acc), Some(dk), Some(dv)) = (dq_acc.as_mut(), dk_acc.as_mut(), dv_acc.as_mut()) else {
@@ -523,7 +579,7 @@ impl Emulator {
             return Err(missing("grad_out strides"));
         }
         check_buffers(g, a, &acc)?;
-        self.execute(&plan_backward(g, T::DTYPE, T::SUFFIX, self.backward)?, a, acc, HostOuts::default())
+        self.execute(&plan_backward(g, T::DTYPE, T::SUFFIX, self.backward)?, a, acc, HostOuts::default(), None)
     }
 
     /// [`crate::cuda::store_scaled`] into a contiguous host tensor: `dst = scale * src` in `T`.

@@ -1,5 +1,5 @@
 //! Scratch a whole call reuses from one call to the next: the f32 gradient accumulators,
-//! `delta` and the forward's f32 partial, kept per stream in a [`ScratchPool`] and handed
+//! `delta`, the forward's f32 partial and the persistent forward's work counter, kept per stream in a [`ScratchPool`] and handed
 //! out again while the shape repeats, so a training loop allocates device memory on its
 //! first step only. The pool is generic over the allocator, so the CPU emulation counts
 //! its allocations with the same code the device runs.
@@ -27,7 +27,8 @@ impl ScratchBuffer for Vec<f32> {
 pub trait ScratchAlloc {
     type Buffer: ScratchBuffer;
 
-    /// A new buffer of `len` values (contents unspecified; callers fill what they read).
+    /// A new buffer of `len` values, zeroed (the work counter relies on it; the other slots'
+    /// users fill what they read).
     fn alloc_f32(&self, len: usize) -> Result<Self::Buffer>;
 }
 
@@ -59,10 +60,17 @@ pub enum ScratchSlot {
     /// The forward's f32 partial output, where the output is not written straight from
     /// the kernel (its lse is the caller's).
     PartialOut,
+    /// The persistent forward's work counter ([`WORK_COUNTER_LEN`] u32 in f32 slots): zero
+    /// when allocated, and zero again after every launch (its last block resets it), so it
+    /// is never filled in the steady state.
+    WorkCounter,
 }
 
+/// Values of the [`ScratchSlot::WorkCounter`] slot: the next work item and the blocks done.
+pub const WORK_COUNTER_LEN: usize = 2;
+
 impl ScratchSlot {
-    const COUNT: usize = 5;
+    const COUNT: usize = 6;
 
     fn index(self) -> usize {
         self as usize

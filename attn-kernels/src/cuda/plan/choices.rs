@@ -94,16 +94,23 @@ impl ForwardRows {
 /// head ranges) in one launch of the 64-row fused kernel, up to
 /// [`MAX_FUSED`](super::params::MAX_FUSED) a launch, the patterns with the most keys a
 /// row first, so no launch ends with a partial wave of one pattern's blocks (128 rows a
-/// block stay one launch a pattern). `ATTN_CUDA_FWD_LAUNCH=per-pattern|fused`;
-/// [`Default`] is one launch a pattern.
+/// block stay one launch a pattern), or `Persistent`, the same table of (pattern, head,
+/// row block) items run by a grid sized to the machine (SM count times the blocks an SM
+/// holds), each block taking items from an atomic counter, heaviest first.
+/// `ATTN_CUDA_FWD_LAUNCH=per-pattern|fused|persistent`; [`Default`] is one launch a pattern.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum PatternFusion {
     #[default]
     PerPattern,
     Fused,
+    Persistent,
 }
 
-kernel_choice!(PatternFusion, "ATTN_CUDA_FWD_LAUNCH", { PerPattern => "per-pattern", Fused => "fused" });
+kernel_choice!(PatternFusion, "ATTN_CUDA_FWD_LAUNCH", {
+    PerPattern => "per-pattern",
+    Fused => "fused",
+    Persistent => "persistent",
+});
 
 /// K/V stages of the tensor-core forward's key loop: `Two` (double buffering, two barriers
 /// a key tile, the mask test per tile), or `Three` (`dilated_fwd_mma3.cu`: one barrier a
@@ -186,6 +193,29 @@ impl BackwardKeys {
     }
 }
 
+/// Query rows (selected indices) a tile of the tensor-core backward: 32, or 64 (half the
+/// tiles a key block, so half the barriers, K/V fragment reloads and lse/delta loads, for
+/// twice the S^T and dP^T registers and query-tile shared memory; the same sums in the
+/// same order, so the same bits). `ATTN_CUDA_BWD_QUERIES=32|64`; [`Default`] is 32.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackwardQueries {
+    #[default]
+    Q32,
+    Q64,
+}
+
+kernel_choice!(BackwardQueries, "ATTN_CUDA_BWD_QUERIES", { Q32 => "32", Q64 => "64" });
+
+impl BackwardQueries {
+    /// Query rows a tile.
+    pub fn rows(self) -> usize {
+        match self {
+            BackwardQueries::Q32 => 32,
+            BackwardQueries::Q64 => 64,
+        }
+    }
+}
+
 /// How the backward sums dQ over key blocks: `Atomic`, each tensor-core block adding its
 /// share with f32 atomics (the order blocks run in sets the rounding), or `Deterministic`,
 /// the tensor-core kernel computing dK and dV only and a query-major tensor-core kernel
@@ -262,14 +292,15 @@ impl ForwardOptions {
     }
 }
 
-/// The tensor-core backward's choices: query-tile loads, keys a block, how dQ is summed and
-/// where a whole call's dK and dV are written.
+/// The tensor-core backward's choices: query-tile loads, keys a block, how dQ is summed,
+/// where a whole call's dK and dV are written, and query rows a tile.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BackwardOptions {
     pub loads: BackwardLoads,
     pub keys: BackwardKeys,
     pub dq: BackwardDq,
     pub writes: BackwardWrites,
+    pub queries: BackwardQueries,
 }
 
 impl BackwardOptions {
@@ -286,14 +317,15 @@ impl BackwardOptions {
         }
     }
 
-    /// `ATTN_CUDA_BWD_LOADS`, `ATTN_CUDA_BWD_KEYS`, `ATTN_CUDA_BWD_DQ` and
-    /// `ATTN_CUDA_BWD_WRITES`, each unset one taken from `unset`.
+    /// `ATTN_CUDA_BWD_LOADS`, `ATTN_CUDA_BWD_KEYS`, `ATTN_CUDA_BWD_DQ`,
+    /// `ATTN_CUDA_BWD_WRITES` and `ATTN_CUDA_BWD_QUERIES`, each unset one taken from `unset`.
     pub fn from_env_or(unset: Self) -> Result<Self> {
         Ok(BackwardOptions {
             loads: BackwardLoads::from_env_or(unset.loads)?,
             keys: BackwardKeys::from_env_or(unset.keys)?,
             dq: BackwardDq::from_env_or(unset.dq)?,
             writes: BackwardWrites::from_env_or(unset.writes)?,
+            queries: BackwardQueries::from_env_or(unset.queries)?,
         })
     }
 }
@@ -322,8 +354,9 @@ mod tests {
         round_trip(&BackwardDq::ALL, BackwardDq::name, BackwardDq::parse);
         round_trip(&ForwardStages::ALL, ForwardStages::name, ForwardStages::parse);
         round_trip(&BackwardWrites::ALL, BackwardWrites::name, BackwardWrites::parse);
+        round_trip(&BackwardQueries::ALL, BackwardQueries::name, BackwardQueries::parse);
         assert_eq!(ForwardRows::ALL.map(ForwardRows::name), ["64", "128", "128w4"]);
-        assert_eq!(PatternFusion::ALL.map(PatternFusion::name), ["per-pattern", "fused"]);
+        assert_eq!(PatternFusion::ALL.map(PatternFusion::name), ["per-pattern", "fused", "persistent"]);
     }
 
     #[test]
@@ -355,6 +388,7 @@ mod tests {
             keys: BackwardKeys::K64,
             dq: BackwardDq::Atomic,
             writes: BackwardWrites::Accumulated,
+            queries: BackwardQueries::Q32,
         };
         assert_eq!(BackwardOptions::default(), least);
     }

@@ -3,17 +3,15 @@
 //! ([`crate::cuda::forward_block`], [`crate::cuda::backward_block`]) and the CPU emulation
 //! of the kernels ([`crate::cuda::exec::emulation`]) execute the same plan.
 
-use attn_core::{
-    AttnError, Band, BlockDims, BlockMask, DType, DilatedConfig, Mixing, PackedSequences, Result, SegmentPattern,
-    Shape4,
-};
+use attn_core::{AttnError, Band, BlockDims, BlockMask, DType, DilatedConfig, Mixing, PackedSequences, Result, Shape4};
 
-use super::params::{AttnParams, BlockLayout, FusedPattern, MAX_FUSED, attn_params};
+use super::fuse_table::{FusePart, fused_launch, grid, persistent_launch};
+use super::params::{AttnParams, BlockLayout, MAX_FUSED, attn_params};
 use super::patterns::{
     BackwardKernel, BackwardOptions, ForwardKernel, ForwardOptions, ForwardRows, MmaDq, PatternFusion, PatternLaunch,
-    SelectedIndex, SeqPiece, THREADS, backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
+    SeqPiece, THREADS, backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
 };
-use super::source::mma_fused_kernel_name;
+use super::source::{mma_fused_kernel_name, mma_persistent_kernel_name};
 
 /// Shapes, strides and positions of a block (what planning needs of its tensors).
 #[derive(Debug, Clone, Copy)]
@@ -108,6 +106,10 @@ pub struct Planned {
     pub kpad: bool,
     /// `params.bmask` is 0 and the executor sets it to the block mask's address.
     pub bmask: bool,
+    /// A persistent launch: `params.work` is 0 and the executor sets it to its stream's
+    /// work counter (zeroed once, when allocated; the kernel leaves it zeroed), and cuts
+    /// grid x (one block an item here) to the blocks the machine holds at once.
+    pub work: bool,
 }
 
 impl Planned {
@@ -159,19 +161,6 @@ fn pieces(g: &BlockGeometry<'_>) -> Vec<SeqPiece> {
     seq_pieces(g.packing.map(|p| p.cu_seqlens()), q, k)
 }
 
-/// The grid of `rows` rows, `per_block` a block, over `heads` and `batch`; `None` when empty.
-fn grid(rows: usize, per_block: usize, heads: usize, batch: usize) -> Result<Option<(u32, u32, u32)>> {
-    let x = rows.div_ceil(per_block);
-    if x == 0 {
-        return Ok(None);
-    }
-    let too_big = || AttnError::InvalidArgument(format!("launch grid too large ({x} x {heads} x {batch})"));
-    let gx = u32::try_from(x).ok().filter(|&g| g < i32::MAX as u32).ok_or_else(too_big)?;
-    let gy = u32::try_from(heads).ok().filter(|&g| g <= 65_535).ok_or_else(too_big)?;
-    let gz = u32::try_from(batch).ok().filter(|&g| g <= 65_535).ok_or_else(too_big)?;
-    Ok(Some((gx, gy, gz)))
-}
-
 /// The offsets of a piece's arguments.
 fn offsets(g: &BlockGeometry<'_>, piece: &SeqPiece) -> ArgOffsets {
     // Packing has batch 1, so a piece is a row offset into every tensor.
@@ -193,12 +182,16 @@ fn offsets(g: &BlockGeometry<'_>, piece: &SeqPiece) -> ArgOffsets {
 /// head has one pattern, fusing the patterns' launches as `opts.fusion` says.
 pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: ForwardOptions) -> Result<Vec<Planned>> {
     let kernel = block_forward_kernel(g, dtype, suffix, opts);
-    // The fused kernel: 64 rows a block, where every head has one pattern.
-    let fused_kernel = match &kernel {
-        ForwardKernel::Mma { padded_d, rows: ForwardRows::M64, stages, .. }
-            if opts.fusion == PatternFusion::Fused && one_pattern_per_head(g.cfg) =>
-        {
-            Some(mma_fused_kernel_name(suffix, *padded_d, *stages))
+    // The fused and persistent kernels: 64 rows a block, where every head has one pattern.
+    let table_kernel = match &kernel {
+        ForwardKernel::Mma { padded_d, rows: ForwardRows::M64, stages, .. } if one_pattern_per_head(g.cfg) => {
+            match opts.fusion {
+                PatternFusion::PerPattern => None,
+                PatternFusion::Fused => Some((opts.fusion, mma_fused_kernel_name(suffix, *padded_d, *stages))),
+                PatternFusion::Persistent => {
+                    Some((opts.fusion, mma_persistent_kernel_name(suffix, *padded_d, *stages)))
+                }
+            }
         }
         _ => None,
     };
@@ -218,7 +211,7 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: For
                 parts.push(FusePart { params, blocks, heads: pl.heads.len() });
             }
         }
-        let groups = if fused_kernel.is_some() {
+        let groups = if table_kernel.is_some() {
             // Heaviest blocks first: a launch's last wave is then its lightest blocks.
             parts.sort_by_key(|p| std::cmp::Reverse(p.keys_a_row()));
             parts.chunks(MAX_FUSED).map(<[FusePart]>::to_vec).collect()
@@ -226,10 +219,10 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: For
             parts.into_iter().map(|p| vec![p]).collect::<Vec<_>>()
         };
         for group in groups {
-            let (params, grid) = fused_launch(&group, g.q.0.batch)?;
-            let name = match &fused_kernel {
-                Some(fused) if params.fused > 1 => fused.clone(),
-                _ => kernel.clone(),
+            let (name, (params, grid)) = match &table_kernel {
+                Some((PatternFusion::Persistent, name)) => (name.clone(), persistent_launch(&group, g.q.0.batch)?),
+                Some((_, fused)) if group.len() > 1 => (fused.clone(), fused_launch(&group, g.q.0.batch)?),
+                _ => (kernel.clone(), fused_launch(&group, g.q.0.batch)?),
             };
             out.push(Planned {
                 kernel: name,
@@ -241,69 +234,11 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: For
                 params,
                 kpad: g.kpad_seq.is_some(),
                 bmask: g.block_mask.is_some(),
+                work: params.work_items > 0,
             });
         }
     }
     Ok(out)
-}
-
-/// One pattern's launch of a piece: its parameters, row blocks a head, and heads.
-#[derive(Debug, Clone, Copy)]
-struct FusePart {
-    params: AttnParams,
-    blocks: usize,
-    heads: usize,
-}
-
-impl FusePart {
-    /// Keys a query row attends at most (selected indices): the segment's, cut by the band.
-    fn keys_a_row(&self) -> i64 {
-        let p = &self.params;
-        let pattern = SegmentPattern::new(p.w as usize, p.r as usize, p.fixed_off.max(0) as usize);
-        let seg = SelectedIndex::new(&pattern).per_seg as i64;
-        if p.band_left < 0 || p.band_right < 0 { seg } else { seg.min(p.band_left + p.band_right + 1) }
-    }
-}
-
-/// The parameters and grid of one launch running `group`: a part alone is a plain launch
-/// (grid y = heads); several are a fused one (`AttnParams::fused`, grid x enumerating each
-/// part's (head, row block) pairs in turn).
-fn fused_launch(group: &[FusePart], batch: usize) -> Result<(AttnParams, (u32, u32, u32))> {
-    let empty = || AttnError::InvalidArgument("a forward launch with no rows".into());
-    let first = group.first().ok_or_else(empty)?;
-    if group.len() == 1 {
-        let grid = grid(first.blocks, 1, first.heads, batch)?.ok_or_else(empty)?;
-        return Ok((first.params, grid));
-    }
-    if group.len() > MAX_FUSED {
-        return Err(AttnError::InvalidArgument(format!(
-            "{} patterns in one launch (at most {MAX_FUSED})",
-            group.len()
-        )));
-    }
-    let mut params = first.params;
-    params.fused = group.len() as i32;
-    let mut next = 0usize;
-    for (slot, part) in params.fuse.iter_mut().zip(group) {
-        let p = &part.params;
-        *slot = FusedPattern {
-            first: next as i64,
-            blocks: part.blocks as i64,
-            head0: p.head0,
-            w: p.w,
-            r: p.r,
-            fixed_off: p.fixed_off,
-            band_left: p.band_left,
-            band_right: p.band_right,
-        };
-        next = part
-            .blocks
-            .checked_mul(part.heads)
-            .and_then(|n| n.checked_add(next))
-            .ok_or_else(|| AttnError::InvalidArgument("launch grid too large".into()))?;
-    }
-    let grid = grid(next, 1, 1, batch)?.ok_or_else(empty)?;
-    Ok((params, grid))
 }
 
 /// The forward kernel of a block: [`forward_kernel`]'s choice, the warp-per-row kernel
@@ -391,6 +326,7 @@ pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: Ba
             params,
             kpad: g.kpad_seq.is_some(),
             bmask: g.block_mask.is_some(),
+            work: false,
         };
         for pl in &launches {
             let base = piece_params(g, &piece, pl)?;
@@ -550,7 +486,12 @@ mod tests {
         let mut out = BTreeSet::new();
         for l in plan {
             let p = &l.params;
-            for x in 0..i64::from(l.grid.0) {
+            // A persistent launch: items of every batch element in turn (grid x cut later).
+            let xs = match p.work_items {
+                0 => (0..i64::from(l.grid.0)).collect::<Vec<_>>(),
+                n => (0..n).step_by(p.work_batch as usize).map(|i| i / i64::from(p.work_batch)).collect(),
+            };
+            for x in xs {
                 if p.fused == 0 {
                     for y in 0..i64::from(l.grid.1) {
                         out.insert((p.w, p.r, p.head0 + y * p.head_step, x));
@@ -606,9 +547,9 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: attn_testkit::proptest_cases(256), ..Default::default() })]
 
-        /// Any head-group config, shape and block offsets (a ring block): the fused plan runs
-        /// exactly the (pattern, head, row block) triples of one launch a pattern, in fewer
-        /// launches where there are several patterns.
+        /// Any head-group config, shape and block offsets (a ring block): the fused and the
+        /// persistent plans run exactly the (pattern, head, row block) triples of one launch a
+        /// pattern, in fewer launches where there are several patterns.
         #[test]
         fn fused_plans_cover_what_one_launch_a_pattern_covers(
             patterns in proptest::collection::vec((1usize..300, 1usize..9), 1..13),
@@ -637,6 +578,15 @@ mod tests {
             proptest::prop_assert_eq!(blocks(&apart), blocks(&fused));
             proptest::prop_assert_eq!(fused.len(), apart.len().div_ceil(MAX_FUSED));
             proptest::prop_assert!(fused.iter().all(|l| (l.params.fused > 1) == l.kernel.contains("fused")));
+            // Persistent: the same blocks and launches, every launch one over its items.
+            let persistent = run(PatternFusion::Persistent);
+            proptest::prop_assert_eq!(blocks(&apart), blocks(&persistent));
+            proptest::prop_assert_eq!(persistent.len(), fused.len());
+            for l in &persistent {
+                let p = &l.params;
+                proptest::prop_assert!(l.work && l.kernel.contains("persistent") && p.work == 0, "{l:?}");
+                proptest::prop_assert_eq!((p.work_batch as usize, l.grid), (batch, (p.work_items as u32, 1, 1)));
+            }
         }
     }
 

@@ -1,9 +1,10 @@
 //! Planning, pure host code: the kernel variants (`choices`), the kernel names and
 //! source text (`source`), which launches a config needs (`patterns`, re-exported here),
-//! the parameter block a kernel reads (`params`) and a block's launches as data
-//! (`launch_plan`), which the device and the emulation both execute.
+//! the parameter block a kernel reads (`params`), the fused and persistent forward's
+//! pattern table (`fuse_table`) and a block's launches as data (`launch_plan`), which the device and the emulation both execute.
 
 pub(crate) mod choices;
+mod fuse_table;
 pub mod launch_plan;
 pub mod params;
 pub(crate) mod patterns;

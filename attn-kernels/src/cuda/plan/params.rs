@@ -57,8 +57,14 @@ pub struct AttnParams {
     pub out_direct: i32,
     /// The tensor-core forward: `> 0` = this launch runs the patterns `fuse[..fused]`.
     pub fused: i32,
-    pub fused_pad: i32,
+    /// A persistent launch: batch elements, each with the fused table's blocks.
+    pub work_batch: i32,
     pub fuse: [FusedPattern; MAX_FUSED],
+    /// A persistent launch: device address of its work counter (two u32: next item, blocks
+    /// done; zero before the launch, and zero again after it); 0 = none.
+    pub work: u64,
+    /// A persistent launch: work items (the fused table's blocks times `work_batch`).
+    pub work_items: i64,
 }
 
 /// Patterns one fused forward launch runs at most (`MAX_FUSED` in `prelude.cu`).
@@ -99,8 +105,8 @@ pub struct RowParams {
 }
 
 // SAFETY: plain `#[repr(C)]` structs of i64/u64/f32/i32 fields with the same field order
-// and types as the CUDA structs, so the kernel reads exactly these bytes. `kpad` and
-// `bmask` are device addresses (or 0) that the launching code keeps alive for the launch.
+// and types as the CUDA structs, so the kernel reads exactly these bytes. `kpad`, `bmask`
+// and `work` are device addresses (or 0) that the launching code keeps alive for the launch.
 unsafe impl DeviceRepr for AttnParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for RowParams {}
@@ -191,8 +197,10 @@ pub fn attn_params(cfg: &DilatedConfig, l: &BlockLayout, launch: &PatternLaunch)
         vec,
         out_direct: 0,
         fused: 0,
-        fused_pad: 0,
+        work_batch: 0,
         fuse: [FusedPattern::default(); MAX_FUSED],
+        work: 0,
+        work_items: 0,
     }
 }
 
@@ -207,10 +215,10 @@ mod tests {
 
     #[test]
     fn layouts_match_the_cuda_structs() {
-        // 34 8-byte fields + 2 f32 + 4 i32 + 8 fused patterns of 8 i64 = 808 bytes;
+        // 36 8-byte fields + 2 f32 + 4 i32 + 8 fused patterns of 8 i64 = 824 bytes;
         // 10 i64 + f32 + i32 = 88 bytes (no padding).
         assert_eq!(std::mem::size_of::<FusedPattern>(), 64);
-        assert_eq!(std::mem::size_of::<AttnParams>(), 808);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 824);
         assert_eq!(std::mem::size_of::<RowParams>(), 88);
         assert_eq!(std::mem::align_of::<AttnParams>(), 8);
     }

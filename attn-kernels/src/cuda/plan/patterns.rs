@@ -8,8 +8,8 @@ use std::ops::Range;
 use attn_core::{Causality, DType, DilatedConfig, HeadGroups, Mixing, SegmentPattern, Shape4};
 
 pub use super::choices::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardWrites, ForwardOptions, ForwardRows,
-    ForwardStages, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardOptions,
+    ForwardRows, ForwardStages, PatternFusion,
 };
 use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_dq_kernel_name, mma_bwd_kernel_name, mma_kernel_name};
 
@@ -225,14 +225,14 @@ pub fn forward_kernel(dtype: DType, suffix: &str, head_dim: usize, opts: Forward
 }
 
 /// Dynamic shared memory of the tensor-core backward (`MMA_BWD_SMEM` in `dilated_bwd_mma.cu`;
-/// query tiles of 32; the dS^T tile only where the kernel adds dQ).
+/// the dS^T tile only where the kernel adds dQ).
 pub fn mma_bwd_smem_bytes(padded_d: usize, opts: BackwardOptions) -> usize {
-    let n = opts.keys.keys();
+    let (n, m) = (opts.keys.keys(), opts.queries.rows());
     let ds = match opts.dq {
-        BackwardDq::Atomic => n * (32 + 8) * 2,
+        BackwardDq::Atomic => n * (m + 8) * 2,
         BackwardDq::Deterministic => 0,
     };
-    (2 * n + opts.loads.stages() * 2 * 32) * (padded_d + 8) * 2 + ds
+    (2 * n + opts.loads.stages() * 2 * m) * (padded_d + 8) * 2 + ds
 }
 
 /// Which backward kernels run a dtype and head dim.
@@ -493,10 +493,10 @@ mod tests {
                 }
             }
         }
-        for loads in BackwardLoads::ALL {
+        for (loads, queries) in BackwardLoads::ALL.into_iter().flat_map(|l| BackwardQueries::ALL.map(|q| (l, q))) {
             for keys in BackwardKeys::ALL {
-                let opts = BackwardOptions { loads, keys, ..BackwardOptions::default() };
-                assert!(mma_bwd_smem_bytes(128, opts) <= 163 * 1024);
+                let opts = BackwardOptions { loads, keys, queries, ..BackwardOptions::default() };
+                assert!(mma_bwd_smem_bytes(128, opts) <= 163 * 1024, "{opts:?} must fit sm_80's shared memory");
                 assert!(matches!(backward_kernel(DType::F16, "f16", 200, opts), BackwardKernel::Rows { .. }));
                 assert!(matches!(backward_kernel(DType::F32, "f32", 64, opts), BackwardKernel::Rows { .. }));
             }

@@ -7,7 +7,8 @@
 use attn_core::DType;
 
 use super::choices::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, ForwardOptions, ForwardRows,
+    ForwardStages,
 };
 
 /// Shared definitions, compiled first.
@@ -115,17 +116,17 @@ pub fn kernel_names() -> Vec<String> {
             }
             for d in MMA_HEAD_DIMS {
                 names.push(mma_fused_kernel_name(t, d, stages));
+                names.push(mma_persistent_kernel_name(t, d, stages));
             }
         }
-        for loads in BackwardLoads::ALL {
-            for keys in BackwardKeys::ALL {
-                for dq in BackwardDq::ALL {
-                    for d in MMA_BWD_HEAD_DIMS.into_iter().filter(|&d| keys.has_head_dim(d)) {
-                        names.push(mma_bwd_kernel_name(
-                            t,
-                            d,
-                            BackwardOptions { loads, keys, dq, ..BackwardOptions::default() },
-                        ));
+        for queries in BackwardQueries::ALL {
+            for loads in BackwardLoads::ALL {
+                for keys in BackwardKeys::ALL {
+                    for dq in BackwardDq::ALL {
+                        for d in MMA_BWD_HEAD_DIMS.into_iter().filter(|&d| keys.has_head_dim(d)) {
+                            let opts = BackwardOptions { loads, keys, dq, queries, ..BackwardOptions::default() };
+                            names.push(mma_bwd_kernel_name(t, d, opts));
+                        }
                     }
                 }
             }
@@ -164,6 +165,13 @@ pub fn mma_fused_kernel_name(suffix: &str, padded_d: usize, stages: ForwardStage
     format!("{}fused_{suffix}_d{padded_d}", mma_forward_prefix(stages))
 }
 
+/// Name of the persistent tensor-core forward (the fused kernel's blocks as work items of a
+/// grid sized to the machine: `AttnParams::work`) for a dtype suffix, padded head dim and
+/// K/V stages.
+pub fn mma_persistent_kernel_name(suffix: &str, padded_d: usize, stages: ForwardStages) -> String {
+    format!("{}persistent_{suffix}_d{padded_d}", mma_forward_prefix(stages))
+}
+
 /// The tensor-core forward's name up to its block shape: the two- or three-stage kernel.
 fn mma_forward_prefix(stages: ForwardStages) -> &'static str {
     match stages {
@@ -173,7 +181,7 @@ fn mma_forward_prefix(stages: ForwardStages) -> &'static str {
 }
 
 /// Name of the tensor-core backward for a dtype suffix, padded head dim, query-tile loads,
-/// keys a block and dq sum (`dkv_`: the kernel without dq).
+/// keys a block, dq sum (`dkv_`: the kernel without dq) and query rows a tile.
 pub fn mma_bwd_kernel_name(suffix: &str, padded_d: usize, opts: BackwardOptions) -> String {
     let dq = match opts.dq {
         BackwardDq::Atomic => "",
@@ -187,7 +195,11 @@ pub fn mma_bwd_kernel_name(suffix: &str, padded_d: usize, opts: BackwardOptions)
         BackwardKeys::K64 => "",
         BackwardKeys::K128 => "k128_",
     };
-    format!("dilated_bwd_mma_{dq}{loads}{keys}{suffix}_d{padded_d}")
+    let queries = match opts.queries {
+        BackwardQueries::Q32 => "",
+        BackwardQueries::Q64 => "q64_",
+    };
+    format!("dilated_bwd_mma_{dq}{loads}{keys}{queries}{suffix}_d{padded_d}")
 }
 
 /// Name of the deterministic backward's tensor-core dq kernel (query-major, 64 rows a block)
@@ -224,6 +236,8 @@ mod tests {
                     (r, "ATTN_MMA3_KERNEL_M128W4")
                 } else if let Some(r) = rest.strip_prefix("fused_") {
                     (r, "ATTN_MMA3_KERNEL_FUSED")
+                } else if let Some(r) = rest.strip_prefix("persistent_") {
+                    (r, "ATTN_MMA3_KERNEL_PERSISTENT")
                 } else {
                     (rest, "ATTN_MMA3_KERNEL")
                 };
@@ -237,6 +251,8 @@ mod tests {
                     (r, "ATTN_MMA_KERNEL_M128W4")
                 } else if let Some(r) = rest.strip_prefix("fused_") {
                     (r, "ATTN_MMA_KERNEL_FUSED")
+                } else if let Some(r) = rest.strip_prefix("persistent_") {
+                    (r, "ATTN_MMA_KERNEL_PERSISTENT")
                 } else {
                     (rest, "ATTN_MMA_KERNEL")
                 };
@@ -253,6 +269,10 @@ mod tests {
                 let (rest, mac) = match rest.strip_prefix("k128_") {
                     Some(r) => (r, "ATTN_MMA_BWD_KERNEL_K128"),
                     None => (rest, "ATTN_MMA_BWD_KERNEL"),
+                };
+                let (rest, mac) = match rest.strip_prefix("q64_") {
+                    Some(r) => (r, format!("{mac}_Q64")),
+                    None => (rest, mac.to_string()),
                 };
                 let (t, d) = rest.split_once("_d").unwrap();
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
