@@ -185,7 +185,7 @@ __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* 
 }
 
 // Dynamic shared memory (bytes): Q and dO tiles, two K/V stages; mirrored by
-// `mma_bwd_dq_smem_bytes` in src/cuda/plan.rs.
+// `mma_bwd_dq_smem_bytes` in src/cuda/plan/patterns.rs.
 #define MMA_BWD_DQ_SMEM(D, BN) ((2 * 64 + 4 * (BN)) * ((D) + 8) * 2)
 
 // dilated_bwd_dq_mma_<dtype>_d<D>: 64 query rows over 4 warps, BN keys a tile (32 at head

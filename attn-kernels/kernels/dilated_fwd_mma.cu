@@ -96,7 +96,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
     fwd_epilogue<E, D / 8, MT>(st, o_dst, lse_acc, s_qrows, w0, t0, t_last, b, h, a);
 }
 
-// Shared memory of one block (bytes); mirrored by `mma_smem_bytes` in src/cuda/plan.rs.
+// Shared memory of one block (bytes); mirrored by `mma_smem_bytes` in src/cuda/plan/patterns.rs.
 #define MMA_SMEM(BM, D, BN) (((BM) + 4 * (BN)) * ((D) + 8) * 2)  // dynamic; plus static row indices
 
 // 64 query rows over 4 warps: dilated_fwd_mma_<dtype>_d<D>.

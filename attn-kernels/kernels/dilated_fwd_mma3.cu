@@ -92,7 +92,7 @@ __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, 
     fwd_epilogue<E, D / 8, MT>(st, o_dst, lse_acc, s_qrows, w0, t0, t_last, b, h, a);
 }
 
-// Shared memory of one block (bytes); mirrored by `mma_smem_bytes` in src/cuda/plan.rs.
+// Shared memory of one block (bytes); mirrored by `mma_smem_bytes` in src/cuda/plan/patterns.rs.
 #define MMA3_SMEM(BM, D, BN) (((BM) + 6 * (BN)) * ((D) + 8) * 2)  // dynamic; plus static row indices
 
 // The block shapes of dilated_fwd_mma.cu: dilated_fwd_mma3_[m128_|m128w4_|fused_|persistent_]<dtype>_d<D>.

@@ -18,7 +18,7 @@ __device__ void store_rows(const float* src, typename E::S* dst, const RowParams
 // store_rows with 8 values a thread: src read as two 16-byte vectors, dst written as 16-byte
 // vectors, index math in 32 bits. The host launches it only where d % 8 == 0, dst's row
 // strides are multiples of 8 elements, dst starts on a 16-byte boundary and the 8-value
-// chunks number below 2^31 (`store_kernel` in src/cuda/epilogue.rs).
+// chunks number below 2^31 (`store_kernel` in src/cuda/exec/epilogue.rs).
 template <class E>
 __device__ void store_rows_v8(const float* src, typename E::S* dst, const RowParams& p) {
     typedef typename E::S S;

@@ -49,7 +49,7 @@ typedef unsigned int u32;
 // One pattern of a fused forward launch: its blocks are grid.x indices from `first` up to
 // the next entry's, `blocks` row blocks for each of its heads from head0 (disjoint from
 // every other pattern's heads, so no two blocks write the same rows). Mirrored by
-// `FusedPattern` in src/cuda/params.rs.
+// `FusedPattern` in src/cuda/plan/params.rs.
 #define MAX_FUSED 8
 struct FusedPattern {
     i64 first, blocks, head0;
@@ -58,7 +58,7 @@ struct FusedPattern {
 };
 
 // Launch parameters of the attention kernels; mirrored by `AttnParams` in
-// src/cuda/params.rs (same field order, `#[repr(C)]`).
+// src/cuda/plan/params.rs (same field order, `#[repr(C)]`).
 struct AttnParams {
     i64 q_sb, q_ss, q_sh;  // strides (elements) of q: batch, seq, head
     i64 k_sb, k_ss, k_sh;  // k (head stride between key/value heads)

@@ -4,7 +4,7 @@
 // mixing modes, causal, ragged tails, w > n, strided (fused-QKV) inputs, the block API
 // (q block at an offset, key blocks merged in reverse order), and the attention features:
 // grouped k/v heads, key padding (padded keys must get exactly zero dk/dv), packed
-// sequences (split into per-sequence launches as src/cuda/block.rs does) and windows.
+// sequences (split into per-sequence launches as src/cuda/exec/block.rs does) and windows.
 //
 // Then the Hopper micro-kernels (hopper_micro.hpp: wgmma through each swizzle mode, a
 // stride-r TMA box; with --plant, a wrong descriptor field, swizzle and mbarrier parity).
@@ -45,7 +45,7 @@
 
 enum class DT { F32, F16, BF16 };
 
-// ---- host side: the launch plan of src/cuda/block.rs -----------------------------------
+// ---- host side: the launch plan of src/cuda/exec/block.rs -----------------------------------
 struct Launch {
     i64 w, r, fixed_off;
     int h0, h1;
@@ -128,7 +128,7 @@ static std::vector<Piece> pieces(const Feat& f, int q_start, int nq, int k_start
     return v;
 }
 
-// The parameters every launch of a piece shares (attn_params in src/cuda/params.rs).
+// The parameters every launch of a piece shares (attn_params in src/cuda/plan/params.rs).
 template <class S>
 static AttnParams piece_params(const Cfg& c, const Feat& f, int B, int N, int H, int D, View<S> q, int q_pos,
                                View<S> k, View<S> v, int k_pos, const Launch& l) {
