@@ -34,8 +34,9 @@ def test_a_backend_that_refuses_is_recorded_as_missing():
 
 
 def test_the_distributed_bench_reports_each_world(tmp_path):
-    """Two gloo process counts: every figure present, the rank's footprint falls by N where
-    every segment fits in a rank's rows, and the op's own bytes are counted (non-zero)."""
+    """Two gloo process counts: every figure present, the op's bytes and the rank's
+    footprint fall by N where every segment fits in a rank's rows, and the extension's
+    scratch is counted (non-zero)."""
     out = tmp_path / "dist.json"
     bench.main(
         ["--distributed", "--worlds", "1,2", "--dist-seq", "2048", "--heads", "4", "--head-dim", "16",
@@ -44,8 +45,9 @@ def test_the_distributed_bench_reports_each_world(tmp_path):
     figures = json.loads(out.read_text())["distributed"]
     assert sorted(figures) == ["1", "2"]
     for row in figures.values():
-        assert row["ms"] > 0 and row["bytes"] > 0 and row["rank_bytes"] > row["bytes"], row
-    assert figures["1"]["rank_fall_over_n"] == 1.0
+        assert row["ms"] > 0 and row["bytes"] > row["scratch"] > 0 and row["rank_bytes"] > row["bytes"], row
+    assert figures["1"]["op_fall_over_n"] == figures["1"]["rank_fall_over_n"] == 1.0
+    assert figures["2"]["op_fall_over_n"] >= 0.9, figures["2"]
     assert figures["2"]["rank_fall_over_n"] >= 0.9, figures["2"]
 
 

@@ -1,11 +1,10 @@
 """`python -m attn_dilated.bench --distributed`: `attn_dilated.distributed` on N CPU
 processes under gloo (N = 1, 2, 4 by default), each holding its rows of the whole
 sequence: the slowest rank's median forward time and the most bytes any rank's op
-allocates, counted by the extension's own allocator (`_native.allocation_peak`: what the
-Rust side allocates during one call beyond what was live before it; torch's tensors, the
-caller's shards and the output, are not in it), and the rank's footprint: its q, k, v
-shards, its output and LSE, and the op's bytes; the fall of each from N = 1 is given as
-a multiple of N."""
+allocates: the output and LSE tensors it returns plus its scratch, which the extension's
+own allocator counts (`_native.allocation_peak`: what the Rust side allocates during one
+call beyond what was live before it; not RSS); and the rank's footprint: its q, k, v
+shards plus the op's bytes. The fall of each from N = 1 is given as a multiple of N."""
 
 from __future__ import annotations
 
@@ -41,11 +40,15 @@ def _rank(rank: int, world: int, init: str, job: dict, out_dir: str) -> None:
 
         def call():
             with torch.no_grad():
-                distributed.dilated_attention(q, k, v, segs, rates, layout=job["layout"], strategy=job["strategy"])
+                return distributed.dilated_attention_with_lse(
+                    q, k, v, segs, rates, layout=job["layout"], strategy=job["strategy"]
+                )
 
         call()  # warm-up: thread pools, first-touch pages
         dist.barrier()
-        nbytes = op_bytes(call)
+        returned = []
+        scratch = op_bytes(lambda: returned.extend(call()))
+        nbytes = scratch + sum(t.numel() * t.element_size() for t in returned)
         times = []
         for _ in range(job["reps"]):
             dist.barrier()
@@ -53,15 +56,16 @@ def _rank(rank: int, world: int, init: str, job: dict, out_dir: str) -> None:
             call()
             times.append(time.perf_counter() - t0)
         with open(os.path.join(out_dir, f"{world}-{rank}.json"), "w") as f:
-            tensors = 4 * q.numel() * q.element_size() + q.shape[0] * q.shape[1] * q.shape[2] * 4
-            json.dump({"ms": statistics.median(times) * 1e3, "bytes": nbytes, "rank_bytes": tensors + nbytes}, f)
+            shards = 3 * q.numel() * q.element_size()
+            record = {"ms": statistics.median(times) * 1e3, "bytes": nbytes, "scratch": scratch}
+            json.dump({**record, "rank_bytes": shards + nbytes}, f)
     finally:
         dist.destroy_process_group()
 
 
 def measure(worlds: Sequence[int], job: dict) -> List[dict]:
     """One row a world size: `{"world", "ms" (slowest rank), "bytes" (the op's, most of any
-    rank), "rank_bytes" (the largest footprint)}`."""
+    rank), "scratch" (the extension's part of it), "rank_bytes" (the largest footprint)}`."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for world in worlds:
@@ -72,7 +76,7 @@ def measure(worlds: Sequence[int], job: dict) -> List[dict]:
                 with open(os.path.join(tmp, f"{world}-{r}.json")) as f:
                     ranks.append(json.load(f))
             most = lambda key: max(x[key] for x in ranks)
-            rows.append({"world": world, "ms": most("ms"), "bytes": most("bytes"), "rank_bytes": most("rank_bytes")})
+            rows.append({"world": world, **{k: most(k) for k in ("ms", "bytes", "scratch", "rank_bytes")}})
     return rows
 
 
@@ -87,13 +91,13 @@ def report(rows: List[dict]) -> Dict[str, dict]:
     """Print the table; returns the figures keyed by world size, with the falls of the
     op's bytes and of the rank's footprint from the first row's, as multiples of N."""
     text = lambda f: "n/a" if f is None else f"{f:.2f}·N"
-    print(f"{'N':>3} {'ms (slowest rank)':>18} {'op MB/rank':>11} {'fall':>7} {'rank MB':>9} {'fall':>7}")
+    print(f"{'N':>3} {'ms (slowest rank)':>18} {'op MB/rank':>11} {'fall':>7} {'scratch MB':>11} {'rank MB':>9} {'fall':>7}")
     figures = {}
     for r in rows:
         op, rank = fall(rows[0], r, "bytes"), fall(rows[0], r, "rank_bytes")
         print(
             f"{r['world']:>3} {r['ms']:>18.1f} {r['bytes'] / 2**20:>11.2f} {text(op):>7} "
-            f"{r['rank_bytes'] / 2**20:>9.1f} {text(rank):>7}"
+            f"{r['scratch'] / 2**20:>11.2f} {r['rank_bytes'] / 2**20:>9.1f} {text(rank):>7}"
         )
         figures[str(r["world"])] = {**r, "op_fall_over_n": op, "rank_fall_over_n": rank}
     return figures
