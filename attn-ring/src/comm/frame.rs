@@ -90,6 +90,8 @@ impl Framing {
         h[16..24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
         h[24..32].copy_from_slice(&checksum(src, seq, &payload).to_le_bytes());
         self.stats.payload_bytes_sent += payload.len() as u64;
+        // Exactly the header's room: a growing `Vec` would double a full payload's buffer.
+        payload.reserve_exact(HEADER_BYTES);
         payload.splice(0..0, h);
         self.stats.frame_bytes_sent += payload.len() as u64;
         self.stats.messages_sent += 1;

@@ -162,7 +162,10 @@ fn encode_block<T: Element>(
     kv: [&[Vec<T>]; 2],
     grads: Option<&KeyGrads>,
 ) -> Vec<u8> {
-    let mut msg = begin(kind, group, step, 0);
+    // Sized up front: a message grown by pushing holds up to twice its bytes.
+    let elems: usize = kv.iter().flat_map(|bufs| bufs.iter()).map(Vec::len).sum();
+    let f32s: usize = grads.map_or(0, |g| g.dk.iter().chain(&g.dv).map(Vec::len).sum());
+    let mut msg = begin(kind, group, step, elems * T::DTYPE.size() + f32s * 4);
     for bufs in kv {
         bufs.iter().for_each(|b| put_elems(&mut msg, b));
     }
