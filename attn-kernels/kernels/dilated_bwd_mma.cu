@@ -10,7 +10,9 @@
 // dS^T = P^T (out_scale dP^T - delta_q); dV += P^T dO, dK += dS^T Q from registers, and
 // dQ += dS K through shared memory with f32 atomics into dq_acc. A key's queries are its
 // segment cut by the band (window / causal); padded keys are gathered as row -1 (no
-// gradient). Query head h reads key/value head h / kv_group; dK, dV rows are per
+// gradient); a block mask skips a query tile whose every (query block, key block) pair
+// with the block's keys is removed and zeroes the removed pairs' P^T, dS^T in a mixed
+// one (global positions, as the row kernels). Query head h reads key/value head h / kv_group; dK, dV rows are per
 // key/value head (see the write at the end for why that is race-free).
 // PIPE: the query tiles load by cp.async into two stages (the next tile's Q, dO, lse and
 // delta load while this one runs, started after the tile's one barrier; tiles inside one
@@ -99,6 +101,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     __shared__ i64 s_krows[BN], s_qrows[ST][BM];
     __shared__ float s_lse[ST][BM], s_delta[ST][BM];  // lse in base 2 (times log2 e)
     __shared__ i64 s_qlo[BN], s_qhi[BN];  // each key row's admitted query indices (shared: fewer registers)
+    __shared__ int s_kblk[BN], s_qblk[ST][BM];  // mask blocks of the key rows and each stage's queries
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const i64 h = launch_head(a), kvh = kv_head_of(a, h), b = blockIdx.z;
@@ -139,6 +142,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         s_qlo[i] = lo;
         s_qhi[i] = hi;
     }
+    gather_blocks(s_kblk, BN, p, tk0, k_hi, a);
     float dk[NO][4], dv[NO][4];
 #pragma unroll
     for (int j = 0; j < NO; ++j) {
@@ -159,6 +163,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
             const i64 t = qt + threadIdx.x;
             const i64 r = t < qb_hi ? sel_pos(p, t) - a.q_start : -1;
             s_qrows[st][threadIdx.x] = r;
+            s_qblk[st][threadIdx.x] = a.bmask != nullptr && r >= 0 ? (int)div32(r + a.q_start, a.bm_size) : -1;
             if (r >= 0) {
                 const i64 ri = (b * a.nq + r) * a.heads + h;
                 *pl = lse[ri] * LOG2E;
@@ -178,9 +183,16 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         }
         cp_async_commit();
     };
+    // The block-mask state of query tile qt; the first tile at or past qt it keeps a pair of.
+    auto tile_mask = [&](i64 qt) { return tile_blocks(a, p, b, h, qt, min64(qt + BM, qb_hi), tk0, tk_last + 1); };
+    auto next_tile = [&](i64 qt) {
+        while (qt < qb_hi && tile_mask(qt) == TILE_REMOVED) qt += BM;
+        return qt;
+    };
+    i64 qt0 = next_tile(qb_lo);
     float next_lse = NEG_INF, next_delta = 0.f;
-    if (PIPE && qb_lo < qb_hi) {
-        load_queries(0, qb_lo, &next_lse, &next_delta);
+    if (PIPE && qt0 < qb_hi) {
+        load_queries(0, qt0, &next_lse, &next_delta);
         if (threadIdx.x < BM) {
             s_lse[0][threadIdx.x] = next_lse;
             s_delta[0][threadIdx.x] = next_delta;
@@ -188,18 +200,20 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     }
 
     int stage = 0;
-    for (i64 qt0 = qb_lo; qt0 < qb_hi; qt0 += BM, stage ^= (PIPE ? 1 : 0)) {
-        const bool more = PIPE && qt0 + BM < qb_hi;
+    for (i64 qt_next; qt0 < qb_hi; qt0 = qt_next, stage ^= (PIPE ? 1 : 0)) {
+        qt_next = next_tile(qt0 + BM);
+        const bool more = PIPE && qt_next < qb_hi;
         if (PIPE) {  // wait for this tile, then start the next into the other stage
             cp_async_wait<0>();
             // This stage (and K/V, the first time) visible to every warp; every warp done
             // with the previous tile (its stage, lse, delta and sDS), so the other stage
             // can be refilled: one barrier a tile besides dQ's.
             __syncthreads();
-            if (more) load_queries(stage ^ 1, qt0 + BM, &next_lse, &next_delta);
+            if (more) load_queries(stage ^ 1, qt_next, &next_lse, &next_delta);
         } else {
             __syncthreads();  // K/V loaded (first time); sQ, sG, sDS of the previous tile consumed
             gather_rows(s_qrows[0], BM, p, qt0, qb_hi, a.q_start);
+            gather_blocks(s_qblk[0], BM, p, qt0, qb_hi, a);
             __syncthreads();
             load_tile<D, LD>(sQs, s_qrows[0], BM, qbase, a.q_ss, a.d, a.vec & 1);
             load_tile<D, LD>(sGs, s_qrows[0], BM, gbase, a.g_ss, a.d, a.vec & 8);
@@ -217,6 +231,8 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         const float* tile_lse = s_lse[stage];
         const float* tile_delta = s_delta[stage];
         const bool full = full_tile(p, qt0, BM, qb_hi, tk0, BN, k_hi, a);
+        const bool bmixed = tile_mask(qt0) == TILE_MIXED;
+        const int* qblk = s_qblk[stage];
 
         float st[NQ][4], dpt[NQ][4];
 #pragma unroll
@@ -245,6 +261,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         // P^T and dS^T in registers (masked entries 0), dS^T also to shared memory for dQ.
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
+            const int kb = s_kblk[kr0 + 8 * i];
 #pragma unroll
             for (int j = 0; j < NQ; ++j) {
 #pragma unroll
@@ -254,7 +271,8 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
                     const float lse_q = tile_lse[col];
                     const bool ok =
                         lse_q != NEG_INF &&
-                        (full || (tq < qb_hi && tq >= s_qlo[kr0 + 8 * i] && tq < s_qhi[kr0 + 8 * i]));
+                        (full || (tq < qb_hi && tq >= s_qlo[kr0 + 8 * i] && tq < s_qhi[kr0 + 8 * i])) &&
+                        (!bmixed || (kb >= 0 && qblk[col] >= 0 && block_row(a, b, h, qblk[col])[kb] != 0));
                     const float pt = ok ? exp2_approx(fmaf(st[j][2 * i + e], scale_log2, -lse_q)) : 0.f;
                     const float ds = pt * (dpt[j][2 * i + e] * a.out_scale - tile_delta[col]);
                     st[j][2 * i + e] = pt;

@@ -4,21 +4,24 @@
 //! gradients.
 #![cfg(feature = "cuda")]
 
-use attn_core::{BlockDims, BlockMaskBuf, DType, DilatedConfig, Shape4};
+use attn_core::{BlockDims, BlockMaskBuf, Causality, DType, DilatedConfig, Masks, Shape4};
 use attn_kernels::cuda::emulation::{HostAccs, HostArgs};
-use attn_kernels::cuda::launch_plan::{BlockGeometry, BlockMaskShape, plan_forward};
-use attn_kernels::cuda::plan::{ForwardOptions, ForwardRows};
-use attn_testkit::golden::Problem;
+use attn_kernels::cuda::launch_plan::{BlockGeometry, BlockMaskShape, plan_backward, plan_forward};
+use attn_kernels::cuda::plan::{
+    BackwardDq, BackwardKeys, BackwardOptions, BackwardQueries, ForwardOptions, ForwardRows, ForwardStages,
+};
+use attn_testkit::golden::{DilatedBackend, Problem};
 use attn_testkit::rng::random_vec;
 use attn_testkit::tolerance::rel_l2_error;
 use half::{bf16, f16};
 
 use crate::cuda_emulation::{Emulated, call_geometry, emulator};
 
-/// Every file of `conformance/blocks` (8) on the emulation in f32, bf16 and f16, forward
-/// and gradients: a block mask routes the forward and the backward to the row kernels,
-/// which read it. The plan must name those kernels and carry the mask, so the check
-/// cannot pass on kernels that ignore it.
+/// Every file of `conformance/blocks` (8) on the emulation, forward and gradients, against
+/// the float64 reference: f32 on the row kernels, bf16 and f16 on the tensor-core kernels
+/// (two and three K/V stages, 64 and 128 rows a block; the backward with dq by atomics,
+/// with 128 keys and 64-query tiles, and the deterministic dq kernel). The plans must name
+/// those kernels and carry the mask, so the check cannot pass on kernels that ignore it.
 #[test]
 fn emulated_cuda_golden_block_masks() {
     let (name, count) = attn_testkit::golden::BLOCK_DIR;
@@ -30,18 +33,94 @@ fn emulated_cuda_golden_block_masks() {
         let (cfg, shape, masks) = (case.config().unwrap(), case.attn_shape().unwrap(), case.masks());
         assert!(masks.block.is_some(), "{}: no block mask", path.display());
         let p = Problem { cfg: &cfg, shape, masks };
-        let plan = plan_forward(&call_geometry(&p), DType::BF16, "bf16", ForwardOptions::default()).unwrap();
-        assert!(
-            plan.iter().all(|l| l.bmask && l.kernel == "dilated_fwd_rows_bf16"),
-            "{}: {:?}",
-            path.display(),
-            plan.iter().map(|l| &l.kernel).collect::<Vec<_>>()
-        );
+        let g = call_geometry(&p);
+        for (dtype, suffix, fwd, bwd) in [
+            (DType::F32, "f32", "dilated_fwd_rows_f32", "dilated_bwd_dq_rows_f32"),
+            (DType::BF16, "bf16", "dilated_fwd_mma_bf16_d", "dilated_bwd_mma_bf16_d"),
+            (DType::F16, "f16", "dilated_fwd_mma_f16_d", "dilated_bwd_mma_f16_d"),
+        ] {
+            let plan = plan_forward(&g, dtype, suffix, ForwardOptions::default()).unwrap();
+            let bplan = plan_backward(&g, dtype, suffix, BackwardOptions::default()).unwrap();
+            let names: Vec<_> = plan.iter().chain(&bplan).map(|l| &l.kernel).collect();
+            assert!(
+                plan.iter().all(|l| l.bmask && l.kernel.starts_with(fwd))
+                    && bplan.iter().all(|l| l.bmask)
+                    && bplan.iter().any(|l| l.kernel.starts_with(bwd)),
+                "{}: {names:?}",
+                path.display()
+            );
+        }
     }
     let mut failed = attn_testkit::golden::block_case_failures(&Emulated::<f32>::new(ForwardRows::M64));
     failed.extend(attn_testkit::golden::block_case_failures(&Emulated::<bf16>::new(ForwardRows::M64)));
     failed.extend(attn_testkit::golden::block_case_failures(&Emulated::<f16>::new(ForwardRows::M64)));
+    let three = Emulated::<bf16>::new(ForwardRows::M128).with_stages(ForwardStages::Three);
+    failed.extend(attn_testkit::golden::block_case_failures(&three));
+    let wide = BackwardOptions { keys: BackwardKeys::K128, queries: BackwardQueries::Q64, ..Default::default() };
+    failed.extend(attn_testkit::golden::block_case_failures(
+        &Emulated::<f16>::new(ForwardRows::M128W4).with_backward(wide),
+    ));
+    let det = BackwardOptions { dq: BackwardDq::Deterministic, ..Default::default() };
+    failed
+        .extend(attn_testkit::golden::block_case_failures(&Emulated::<bf16>::new(ForwardRows::M64).with_backward(det)));
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
+}
+
+/// A banded mask with holes over 32 blocks of 24 positions (2 heads): query block 5 keeps
+/// nothing (its rows: o = 0, lse = -inf, no gradient), the far blocks of every row are
+/// removed, so whole key tiles (and the backward's query tiles) are skipped, and the
+/// holes and the band's edges cut the tiles near the diagonal (blocks of 24 never line up
+/// with tiles of 64 selected indices, dilated by 2 in the long segments).
+fn banded_mask() -> BlockMaskBuf {
+    let dims = BlockDims { batch: 1, heads: 2, q_blocks: 32, k_blocks: 32 };
+    BlockMaskBuf::from_fn(dims, 24, |_, h, i, j| {
+        i != 5 && (i == j || (i.abs_diff(j) <= 2 && (i * 7 + j * 3 + h) % 5 != 0))
+    })
+    .unwrap()
+}
+
+/// The tensor-core kernels under a block mask that removes whole tiles and cuts others,
+/// causal and not: out, lse and dq, dk, dv in bf16 and f16 judged row by row against the
+/// float64 reference, for every forward block shape with two and three stages and the
+/// backward with atomic and deterministic dq, 64 and 128 keys, 32- and 64-query tiles.
+#[test]
+fn tensor_core_block_masks_skip_removed_tiles_and_cut_the_rest() {
+    use attn_testkit::judge::{Expected, judge_backward, judge_forward, round_to, verdict};
+    let mask = banded_mask();
+    let shape = attn_core::AttnShape::self_attn(Shape4::new(1, 768, 2, 32).unwrap());
+    let fwd_opts = [
+        (ForwardRows::M64, ForwardStages::Two),
+        (ForwardRows::M128, ForwardStages::Three),
+        (ForwardRows::M128W4, ForwardStages::Two),
+    ];
+    let bwd_opts = [
+        BackwardOptions::default(),
+        BackwardOptions { dq: BackwardDq::Deterministic, ..Default::default() },
+        BackwardOptions { keys: BackwardKeys::K128, queries: BackwardQueries::Q64, ..Default::default() },
+    ];
+    for causality in [Causality::Full, Causality::Causal] {
+        let cfg =
+            DilatedConfig::builder().segments(&[192, 768]).dilations(&[1, 2]).causality(causality).build().unwrap();
+        let p = Problem { cfg: &cfg, shape, masks: Masks { block: Some(mask.view()), ..Masks::NONE } };
+        let [q, k, v, go] = [21, 22, 23, 24].map(|seed| random_vec(seed, shape.q.numel()));
+        for (i, ((rows, stages), bwd)) in fwd_opts.into_iter().zip(bwd_opts).enumerate() {
+            let (dtype, backend): (DType, Box<dyn DilatedBackend>) = if i % 2 == 0 {
+                (DType::BF16, Box::new(Emulated::<bf16>::new(rows).with_stages(stages).with_backward(bwd)))
+            } else {
+                (DType::F16, Box::new(Emulated::<f16>::new(rows).with_stages(stages).with_backward(bwd)))
+            };
+            let r = [&q, &k, &v, &go].map(|x| round_to(dtype, x).into_iter().map(f64::from).collect::<Vec<_>>());
+            let want = Expected::for_problem(&p, [&r[0], &r[1], &r[2]], Some(&r[3])).unwrap();
+            assert!(want.fwd.lse.iter().any(|l| !l.is_finite()), "no row without a kept key");
+            let out = backend.forward(&p, [&q, &k, &v]).unwrap();
+            let g = backend.backward(&p, [&q, &k, &v], &go).unwrap();
+            let mut checks = judge_forward(&want, &out.out, &out.lse, dtype);
+            checks.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], dtype));
+            if let Err(e) = verdict(&checks) {
+                panic!("{causality:?}, {rows:?}, {stages:?}, {bwd:?}: {e}");
+            }
+        }
+    }
 }
 
 /// Rows `[a, b)` of a batch-1 tensor of `heads` x `d` values a row.

@@ -182,9 +182,12 @@ fn offsets(g: &BlockGeometry<'_>, piece: &SeqPiece) -> ArgOffsets {
 /// head has one pattern, fusing the patterns' launches as `opts.fusion` says.
 pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: ForwardOptions) -> Result<Vec<Planned>> {
     let kernel = block_forward_kernel(g, dtype, suffix, opts);
-    // The fused and persistent kernels: 64 rows a block, where every head has one pattern.
+    // The fused and persistent kernels: 64 rows a block, where every head has one pattern
+    // and no block mask (the table orders its patterns by keys a row, which a mask changes).
     let table_kernel = match &kernel {
-        ForwardKernel::Mma { padded_d, rows: ForwardRows::M64, stages, .. } if one_pattern_per_head(g.cfg) => {
+        ForwardKernel::Mma { padded_d, rows: ForwardRows::M64, stages, .. }
+            if one_pattern_per_head(g.cfg) && g.block_mask.is_none() =>
+        {
             match opts.fusion {
                 PatternFusion::PerPattern => None,
                 PatternFusion::Fused => Some((opts.fusion, mma_fused_kernel_name(suffix, *padded_d, *stages))),
@@ -241,30 +244,22 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: For
     Ok(out)
 }
 
-/// The forward kernel of a block: [`forward_kernel`]'s choice, the warp-per-row kernel
-/// where the block has a block mask (the only forward that reads one).
+/// The forward kernel of a block: [`forward_kernel`]'s choice. Every forward reads a block
+/// mask: the tensor-core kernels (f16/bf16) skip the key tiles it removes whole and mask
+/// the rest, the row kernel (f32) skips removed blocks key by key.
 pub fn block_forward_kernel(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: ForwardOptions) -> ForwardKernel {
-    match g.block_mask {
-        Some(_) => ForwardKernel::Rows { name: format!("dilated_fwd_rows_{suffix}") },
-        None => forward_kernel(dtype, suffix, g.q.0.head_dim, opts),
-    }
+    forward_kernel(dtype, suffix, g.q.0.head_dim, opts)
 }
 
-/// The backward kernels of a block: [`backward_kernel`]'s choice, the warp-per-row ones
-/// where the block has a block mask (the only backward that reads one).
+/// The backward kernels of a block: [`backward_kernel`]'s choice (every backward reads a
+/// block mask, as the forward).
 pub fn block_backward_kernel(
     g: &BlockGeometry<'_>,
     dtype: DType,
     suffix: &str,
     opts: BackwardOptions,
 ) -> BackwardKernel {
-    match g.block_mask {
-        Some(_) => BackwardKernel::Rows {
-            dq: format!("dilated_bwd_dq_rows_{suffix}"),
-            dkv: format!("dilated_bwd_dkv_rows_{suffix}"),
-        },
-        None => backward_kernel(dtype, suffix, g.q.0.head_dim, opts),
-    }
+    backward_kernel(dtype, suffix, g.q.0.head_dim, opts)
 }
 
 /// Whether every head of `cfg` has exactly one pattern (head groups, a window, or a
