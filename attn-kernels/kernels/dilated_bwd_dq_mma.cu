@@ -7,11 +7,11 @@
 // accumulators, as the forward's P). Each query row is one block's in a launch and is
 // written once, by a plain read-add-write (or straight into the gradient: see the end):
 // the sum runs over keys in index order, whatever order the blocks run in, so the result's
-// bits do not depend on scheduling. A block mask skips the key tiles whose every (query
+// bits do not depend on scheduling. A block mask (the `_bm_` instances) skips the key tiles whose every (query
 // block, key block) pair is removed and masks the removed pairs of a mixed one, as the
 // forward.
 
-template <class E, int D, int BN>
+template <class E, int D, int BN, BlockMasking MK = BM_IGNORE>
 __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* go, const float* lse,
                            const float* delta, float* dq_acc, const AttnParams& a) {
     constexpr int BM = 64, LD = D + 8, NS = BN / 8, NO = D / 8, NT = 128;
@@ -65,7 +65,7 @@ __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* 
         s_lse2[i] = l2;
         s_delta[i] = dl;
     }
-    gather_blocks(s_qblk, BM, p, t0, t_last + 1, a);
+    if (MK == BM_READ) gather_blocks(s_qblk, BM, p, t0, t_last + 1, a);
 
     float dq[NO][4];
 #pragma unroll
@@ -79,10 +79,12 @@ __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* 
     auto load_keys = [&](int st, i64 kt) {
         load_kv_tile_async<D, LD, NT, BN>(sKs + st * BN * LD, sVs + st * BN * LD, s_krows[st], p, kt, kb_hi, kbase,
                                           vbase, a, b, kv_vec);
-        gather_blocks(s_kblk[st], BN, p, kt, kb_hi, a);
+        if (MK == BM_READ) gather_blocks(s_kblk[st], BN, p, kt, kb_hi, a);
     };
     // The block-mask state of key tile kt; the first tile at or past kt it keeps a pair of.
-    auto tile_mask = [&](i64 kt) { return tile_blocks(a, p, b, h, t0, t_last + 1, kt, min64(kt + BN, kb_hi)); };
+    auto tile_mask = [&](i64 kt) {
+        return MK == BM_READ ? tile_blocks(a, p, b, h, t0, t_last + 1, kt, min64(kt + BN, kb_hi)) : TILE_KEPT;
+    };
     auto next_tile = [&](i64 kt) {
         while (kt < kb_hi && tile_mask(kt) == TILE_REMOVED) kt += BN;
         return kt;
@@ -204,11 +206,17 @@ __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* 
 
 // dilated_bwd_dq_mma_<dtype>_d<D>: 64 query rows over 4 warps, BN keys a tile (32 at head
 // dim 128: 68 KB of shared memory, which every sm_80+ part allows).
+// dilated_bwd_dq_mma_bm_<dtype>_d<D>: the same, reading the block mask.
 #define ATTN_MMA_BWD_DQ_KERNEL(NAME, E, D, BN)                                                             \
     extern "C" __global__ void __launch_bounds__(128) dilated_bwd_dq_mma_##NAME##_d##D(                    \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,     \
         float* dq_acc, AttnParams a) {                                                                     \
         bwd_dq_mma<E, D, BN>(q, k, v, go, lse, delta, dq_acc, a);                                          \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128) dilated_bwd_dq_mma_bm_##NAME##_d##D(                 \
+        const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,     \
+        float* dq_acc, AttnParams a) {                                                                     \
+        bwd_dq_mma<E, D, BN, BM_READ>(q, k, v, go, lse, delta, dq_acc, a);                                 \
     }
 
 #if ATTN_WANT_F16

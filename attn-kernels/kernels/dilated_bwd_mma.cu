@@ -10,7 +10,7 @@
 // dS^T = P^T (out_scale dP^T - delta_q); dV += P^T dO, dK += dS^T Q from registers, and
 // dQ += dS K through shared memory with f32 atomics into dq_acc. A key's queries are its
 // segment cut by the band (window / causal); padded keys are gathered as row -1 (no
-// gradient); a block mask skips a query tile whose every (query block, key block) pair
+// gradient); a block mask (the `_bm_` instances) skips a query tile whose every (query block, key block) pair
 // with the block's keys is removed and zeroes the removed pairs' P^T, dS^T in a mixed
 // one (global positions, as the row kernels). Query head h reads key/value head h / kv_group; dK, dV rows are per
 // key/value head (see the write at the end for why that is race-free).
@@ -87,7 +87,7 @@ __device__ __forceinline__ void bwd_mma_dq(const u16* sDS, const u16* sK, const 
     }
 }
 
-template <class E, int D, bool PIPE, int BN, bool DQ, int BM>
+template <class E, int D, bool PIPE, int BN, bool DQ, int BM, BlockMasking MK = BM_IGNORE>
 __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,
                         float* dq_acc, float* dk_acc, float* dv_acc, const AttnParams& a) {
     constexpr int LD = D + 8, LDS = BM + 8, NQ = BM / 8, NO = D / 8, NT = 2 * BN;
@@ -142,7 +142,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         s_qlo[i] = lo;
         s_qhi[i] = hi;
     }
-    gather_blocks(s_kblk, BN, p, tk0, k_hi, a);
+    if (MK == BM_READ) gather_blocks(s_kblk, BN, p, tk0, k_hi, a);
     float dk[NO][4], dv[NO][4];
 #pragma unroll
     for (int j = 0; j < NO; ++j) {
@@ -163,7 +163,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
             const i64 t = qt + threadIdx.x;
             const i64 r = t < qb_hi ? sel_pos(p, t) - a.q_start : -1;
             s_qrows[st][threadIdx.x] = r;
-            s_qblk[st][threadIdx.x] = a.bmask != nullptr && r >= 0 ? (int)div32(r + a.q_start, a.bm_size) : -1;
+            if (MK == BM_READ) s_qblk[st][threadIdx.x] = a.bmask != nullptr && r >= 0 ? (int)div32(r + a.q_start, a.bm_size) : -1;
             if (r >= 0) {
                 const i64 ri = (b * a.nq + r) * a.heads + h;
                 *pl = lse[ri] * LOG2E;
@@ -184,7 +184,9 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         cp_async_commit();
     };
     // The block-mask state of query tile qt; the first tile at or past qt it keeps a pair of.
-    auto tile_mask = [&](i64 qt) { return tile_blocks(a, p, b, h, qt, min64(qt + BM, qb_hi), tk0, tk_last + 1); };
+    auto tile_mask = [&](i64 qt) {
+        return MK == BM_READ ? tile_blocks(a, p, b, h, qt, min64(qt + BM, qb_hi), tk0, tk_last + 1) : TILE_KEPT;
+    };
     auto next_tile = [&](i64 qt) {
         while (qt < qb_hi && tile_mask(qt) == TILE_REMOVED) qt += BM;
         return qt;
@@ -213,7 +215,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         } else {
             __syncthreads();  // K/V loaded (first time); sQ, sG, sDS of the previous tile consumed
             gather_rows(s_qrows[0], BM, p, qt0, qb_hi, a.q_start);
-            gather_blocks(s_qblk[0], BM, p, qt0, qb_hi, a);
+            if (MK == BM_READ) gather_blocks(s_qblk[0], BM, p, qt0, qb_hi, a);
             __syncthreads();
             load_tile<D, LD>(sQs, s_qrows[0], BM, qbase, a.q_ss, a.d, a.vec & 1);
             load_tile<D, LD>(sGs, s_qrows[0], BM, gbase, a.g_ss, a.d, a.vec & 8);
@@ -261,7 +263,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         // P^T and dS^T in registers (masked entries 0), dS^T also to shared memory for dQ.
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const int kb = s_kblk[kr0 + 8 * i];
+            const int kb = MK == BM_READ ? s_kblk[kr0 + 8 * i] : -1;
 #pragma unroll
             for (int j = 0; j < NQ; ++j) {
 #pragma unroll
@@ -352,29 +354,32 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
 
 // The two kernels of one shape: SYNC (each query tile loads before its compute) and PIPE
 // (two stages), BN keys a block over BN / 16 warps, query tiles of BM, dQ by atomics.
-#define ATTN_MMA_BWD_PAIR(SYNC, PIPE, E, D, BN, BM)                                                              \
+#define ATTN_MMA_BWD_PAIR(SYNC, PIPE, E, D, BN, BM) ATTN_MMA_BWD_PAIR_MK(SYNC, PIPE, E, D, BN, BM, BM_IGNORE)
+#define ATTN_MMA_BWD_PAIR_MK(SYNC, PIPE, E, D, BN, BM, MK)                                                              \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) SYNC(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
-        bwd_mma<E, D, false, BN, true, BM>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                  \
+        bwd_mma<E, D, false, BN, true, BM, MK>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                  \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) PIPE(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
-        bwd_mma<E, D, true, BN, true, BM>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                   \
+        bwd_mma<E, D, true, BN, true, BM, MK>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                   \
     }
 
 // The dK/dV-only pair of one shape (the deterministic backward's key-major half).
-#define ATTN_MMA_BWD_DKV_PAIR(SYNC, PIPE, E, D, BN, BM)                                                          \
+#define ATTN_MMA_BWD_DKV_PAIR(SYNC, PIPE, E, D, BN, BM) \
+    ATTN_MMA_BWD_DKV_PAIR_MK(SYNC, PIPE, E, D, BN, BM, BM_IGNORE)
+#define ATTN_MMA_BWD_DKV_PAIR_MK(SYNC, PIPE, E, D, BN, BM, MK)                                                          \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) SYNC(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dk_acc, float* dv_acc, AttnParams a) {                                                        \
-        bwd_mma<E, D, false, BN, false, BM>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                \
+        bwd_mma<E, D, false, BN, false, BM, MK>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) PIPE(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dk_acc, float* dv_acc, AttnParams a) {                                                        \
-        bwd_mma<E, D, true, BN, false, BM>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                 \
+        bwd_mma<E, D, true, BN, false, BM, MK>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                 \
     }
 
 // 64 keys a block: dilated_bwd_mma_[pipelined_]<dtype>_d<D>, and the dK/dV-only
@@ -382,6 +387,14 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
 #define ATTN_MMA_BWD_KERNEL(NAME, E, D)                                                                                \
     ATTN_MMA_BWD_PAIR(dilated_bwd_mma_##NAME##_d##D, dilated_bwd_mma_pipelined_##NAME##_d##D, E, D, 64, 32)             \
     ATTN_MMA_BWD_DKV_PAIR(dilated_bwd_mma_dkv_##NAME##_d##D, dilated_bwd_mma_dkv_pipelined_##NAME##_d##D, E, D, 64, 32)
+
+// 64 keys a block, 32-query tiles, reading the block mask: dilated_bwd_mma_[pipelined_]bm_<dtype>_d<D>
+// and dilated_bwd_mma_dkv_[pipelined_]bm_<dtype>_d<D>.
+#define ATTN_MMA_BWD_KERNEL_BM(NAME, E, D)                                                                      \
+    ATTN_MMA_BWD_PAIR_MK(dilated_bwd_mma_bm_##NAME##_d##D, dilated_bwd_mma_pipelined_bm_##NAME##_d##D, E, D, 64,  \
+                         32, BM_READ)                                                                             \
+    ATTN_MMA_BWD_DKV_PAIR_MK(dilated_bwd_mma_dkv_bm_##NAME##_d##D, dilated_bwd_mma_dkv_pipelined_bm_##NAME##_d##D, \
+                             E, D, 64, 32, BM_READ)
 
 // 128 keys a block (D >= 64: dQ splits D over 4 warp pairs): dilated_bwd_mma_[pipelined_]k128_<dtype>_d<D>
 // and dilated_bwd_mma_dkv_[pipelined_]k128_<dtype>_d<D>.
@@ -403,6 +416,9 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
 
 #if ATTN_WANT_F16
 ATTN_MMA_BWD_KERNEL(f16, F16E, 32)
+ATTN_MMA_BWD_KERNEL_BM(f16, F16E, 32)
+ATTN_MMA_BWD_KERNEL_BM(f16, F16E, 64)
+ATTN_MMA_BWD_KERNEL_BM(f16, F16E, 128)
 ATTN_MMA_BWD_KERNEL(f16, F16E, 64)
 ATTN_MMA_BWD_KERNEL(f16, F16E, 128)
 ATTN_MMA_BWD_KERNEL_K128(f16, F16E, 64)
@@ -415,6 +431,9 @@ ATTN_MMA_BWD_KERNEL_K128_Q64(f16, F16E, 128)
 #endif
 #if ATTN_WANT_BF16
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 32)
+ATTN_MMA_BWD_KERNEL_BM(bf16, BF16E, 32)
+ATTN_MMA_BWD_KERNEL_BM(bf16, BF16E, 64)
+ATTN_MMA_BWD_KERNEL_BM(bf16, BF16E, 128)
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 64)
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 128)
 ATTN_MMA_BWD_KERNEL_K128(bf16, BF16E, 64)

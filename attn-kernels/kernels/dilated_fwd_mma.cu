@@ -15,12 +15,13 @@
 // the gathered key rows); query head h reads key/value head h / kv_group. A tile inside
 // one segment, all rows valid and unpadded, is affine (rows sel_pos(t0) + i * r) and loads
 // by stepped pointers, without the gather; only tiles that are not full run the mask.
-// A block mask (positions global, as the row kernels read it): a key tile whose every
+// A block mask (read by the `_bm_` instances only; positions global, as the row kernels
+// read it): a key tile whose every
 // (query block, key block) pair is removed is skipped (no loads, no MMA; tile_blocks in
 // mma_tiles.cu), a tile with removed and kept pairs masks the removed ones' scores.
 // Fragment layouts: see mma_tiles.cu.
 
-template <class E, int D, int BN, int BM, int MT>
+template <class E, int D, int BN, int BM, int MT, BlockMasking MK = BM_IGNORE>
 __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a,
                         i64 bx, i64 h, i64 b) {
     // NT: threads of the block, a warp per MT row tiles of 16.
@@ -57,7 +58,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
         s_klo[i] = lo;
         s_khi[i] = hi;
     }
-    gather_blocks(s_qblk, BM, p, t0, t_last + 1, a);
+    if (MK == BM_READ) gather_blocks(s_qblk, BM, p, t0, t_last + 1, a);
 
     RowState<D / 8, MT> st;
     st.clear();
@@ -70,10 +71,12 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
     auto load_keys = [&](int stage, i64 kt) {
         load_kv_tile_async<D, LD, NT, BN>(sKs + stage * BN * LD, sVs + stage * BN * LD, s_krows[stage], p, kt, kb_hi,
                                           kbase, vbase, a, b, kv_vec);
-        gather_blocks(s_kblk[stage], BN, p, kt, kb_hi, a);
+        if (MK == BM_READ) gather_blocks(s_kblk[stage], BN, p, kt, kb_hi, a);
     };
     // The block-mask state of key tile kt; the first tile at or past kt it keeps a pair of.
-    auto tile_mask = [&](i64 kt) { return tile_blocks(a, p, b, h, t0, t_last + 1, kt, min64(kt + BN, kb_hi)); };
+    auto tile_mask = [&](i64 kt) {
+        return MK == BM_READ ? tile_blocks(a, p, b, h, t0, t_last + 1, kt, min64(kt + BN, kb_hi)) : TILE_KEPT;
+    };
     auto next_tile = [&](i64 kt) {
         while (kt < kb_hi && tile_mask(kt) == TILE_REMOVED) kt += BN;
         return kt;
@@ -131,6 +134,15 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
 #define ATTN_MMA_KERNEL_M128W4(NAME, E, D, BN) \
     ATTN_FWD_KERNEL(dilated_fwd_mma_m128w4_##NAME##_d##D, fwd_mma, (128), E, D, BN, 128, 2)
 
+// 64 query rows over 4 warps reading the block mask: dilated_fwd_mma_bm_<dtype>_d<D>.
+template <class E, int D, int BN, int BM, int MT>
+__device__ void fwd_mma_bm(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a,
+                           i64 bx, i64 h, i64 b) {
+    fwd_mma<E, D, BN, BM, MT, BM_READ>(q, k, v, o_dst, lse_acc, a, bx, h, b);
+}
+#define ATTN_MMA_KERNEL_BM(NAME, E, D, BN) \
+    ATTN_FWD_KERNEL(dilated_fwd_mma_bm_##NAME##_d##D, fwd_mma_bm, (128), E, D, BN, 64, 1)
+
 // 64 query rows over 4 warps, the patterns of a fused launch: dilated_fwd_mma_fused_<dtype>_d<D>.
 #define ATTN_MMA_KERNEL_FUSED(NAME, E, D, BN) \
     ATTN_FWD_FUSED_KERNEL(dilated_fwd_mma_fused_##NAME##_d##D, fwd_mma, (128), E, D, BN)
@@ -141,6 +153,10 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
 
 #if ATTN_WANT_F16
 ATTN_MMA_KERNEL(f16, F16E, 32, 64)
+ATTN_MMA_KERNEL_BM(f16, F16E, 32, 64)
+ATTN_MMA_KERNEL_BM(f16, F16E, 64, 64)
+ATTN_MMA_KERNEL_BM(f16, F16E, 128, 64)
+ATTN_MMA_KERNEL_BM(f16, F16E, 256, 32)
 ATTN_MMA_KERNEL(f16, F16E, 64, 64)
 ATTN_MMA_KERNEL(f16, F16E, 128, 64)
 ATTN_MMA_KERNEL(f16, F16E, 256, 32)
@@ -162,6 +178,10 @@ ATTN_MMA_KERNEL_PERSISTENT(f16, F16E, 256, 32)
 #endif
 #if ATTN_WANT_BF16
 ATTN_MMA_KERNEL(bf16, BF16E, 32, 64)
+ATTN_MMA_KERNEL_BM(bf16, BF16E, 32, 64)
+ATTN_MMA_KERNEL_BM(bf16, BF16E, 64, 64)
+ATTN_MMA_KERNEL_BM(bf16, BF16E, 128, 64)
+ATTN_MMA_KERNEL_BM(bf16, BF16E, 256, 32)
 ATTN_MMA_KERNEL(bf16, BF16E, 64, 64)
 ATTN_MMA_KERNEL(bf16, BF16E, 128, 64)
 ATTN_MMA_KERNEL(bf16, BF16E, 256, 32)

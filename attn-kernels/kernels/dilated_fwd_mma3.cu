@@ -6,9 +6,7 @@
 //   refills), so two tiles are in flight while one computes;
 // - the full tiles (no mask needed) are found once per block as a range of tile indices,
 //   and the loop's per-tile index math (tile columns, each row's admitted keys relative
-//   to the block's first key) runs in 32 bits;
-// - a block mask's removed tiles are skipped by walking the kept tiles in order (the
-//   tile computing and the next two, loaded ahead).
+//   to the block's first key) runs in 32 bits.
 
 template <class E, int D, int BN, int BM, int MT>
 __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a,
@@ -20,7 +18,6 @@ __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, 
     u16* sVs = sKs + 3 * BN * LD;
     __shared__ i64 s_qrows[BM], s_krows[3][BN];
     __shared__ int s_klo[BM], s_khi[BM];  // each row's admitted keys, relative to kb_lo, in [0, nkeys]
-    __shared__ int s_qblk[BM], s_kblk[3][BN];  // mask blocks of the rows and of each stage's keys
 
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     const i64 kvh = kv_head_of(a, h);
@@ -41,7 +38,6 @@ __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, 
         s_klo[i] = (int)min64(max64(lo - kb_lo, 0), nkeys);
         s_khi[i] = (int)min64(max64(hi - kb_lo, 0), nkeys);
     }
-    gather_blocks(s_qblk, BM, p, t0, t_last + 1, a);
 
     // Tiles [jf_lo, jf_hi) are full: every row valid, unpadded and in one segment (whose
     // keys hold [kb_lo, kb_hi), by block_keys), every key inside every row's band (the
@@ -65,35 +61,20 @@ __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, 
     // Start the copy of tile j into stage `stage` as one cp.async group; past the last
     // tile an empty group, so the loop always waits for all groups but the newest.
     auto load_keys = [&](int stage, int j) {
-        if (j < ntiles) {
-            const i64 kt = kb_lo + (i64)j * BN;
-            load_kv_tile_async<D, LD, NT, BN>(sKs + stage * BN * LD, sVs + stage * BN * LD, s_krows[stage], p, kt,
-                                              kb_hi, kbase, vbase, a, b, kv_vec);
-            gather_blocks(s_kblk[stage], BN, p, kt, kb_hi, a);
-        } else {
+        if (j < ntiles)
+            load_kv_tile_async<D, LD, NT, BN>(sKs + stage * BN * LD, sVs + stage * BN * LD, s_krows[stage], p,
+                                              kb_lo + (i64)j * BN, kb_hi, kbase, vbase, a, b, kv_vec);
+        else
             cp_async_commit();
-        }
     };
-    // The block-mask state of tile j; the first tile at or past j it keeps a pair of (ntiles: none).
-    auto tile_mask = [&](int j) {
-        const i64 kt = kb_lo + (i64)j * BN;
-        return tile_blocks(a, p, b, h, t0, t_last + 1, kt, min64(kt + BN, kb_hi));
-    };
-    auto next_tile = [&](int j) {
-        while (j < ntiles && tile_mask(j) == TILE_REMOVED) ++j;
-        return min32(j, ntiles);
-    };
-    // The kept tiles in order: j computes, j1 and j2 are the next two (loaded ahead).
-    int j = next_tile(0), j1 = next_tile(j + 1);
-    load_keys(0, j);
-    load_keys(1, j1);
+    load_keys(0, 0);
+    load_keys(1, 1);
     const int r0 = w0 + g;  // this thread's first row
-    int stage = 0;          // the stage tile j computes from; tile j2 loads into the one before it
-    while (j < ntiles) {
+    int stage = 0;          // the stage tile j computes from; tile j + 2 loads into the one before it
+    for (int j = 0; j < ntiles; ++j) {
         cp_async_wait<1>();  // this thread's copies of tile j (and Q) have landed
-        __syncthreads();     // every thread's have; every warp is done with the previous tile
-        const int j2 = next_tile(j1 + 1);
-        load_keys(stage == 0 ? 2 : stage - 1, j2);
+        __syncthreads();     // every thread's have; every warp is done with tile j - 1
+        load_keys(stage == 0 ? 2 : stage - 1, j + 2);
         const int k0 = j * BN;
         auto cols = [=](int mt, int* lo, int* hi) {  // (s_klo, s_khi: static, not captured)
 #pragma unroll
@@ -102,17 +83,11 @@ __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, 
                 hi[i] = min32(max32(s_khi[r0 + mt * 16 + 8 * i] - k0, 0), BN);
             }
         };
-        const int* kblk = s_kblk[stage];
-        auto blocks = [&](int mt, float (*s)[4]) {
-            mask_blocks<BN / 8>(s, a, b, h, s_qblk + r0 + mt * 16, kblk, (int)(threadIdx.x & 3));
-        };
         const bool masked = j < jf_lo || j >= jf_hi;
         attend_tile<E, D, BN, MT, LD>(st, sQ, sKs + stage * BN * LD, sVs + stage * BN * LD, w0, scale_log2, masked,
-                                      a.kpad == nullptr ? nullptr : s_krows[stage], cols,
-                                      tile_mask(j) == TILE_MIXED, blocks);
+                                      a.kpad == nullptr ? nullptr : s_krows[stage], cols, false,
+                                      [](int, float(*)[4]) {});
         stage = stage == 2 ? 0 : stage + 1;
-        j = j1;
-        j1 = j2;
     }
     cp_async_wait<0>();  // no copy outlives the block (Q's, where no key tile ran)
     fwd_epilogue<E, D / 8, MT>(st, o_dst, lse_acc, s_qrows, w0, t0, t_last, b, h, a);

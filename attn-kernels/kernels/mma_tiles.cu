@@ -247,6 +247,10 @@ __device__ __forceinline__ bool full_tile(const Pattern& p, i64 t0, i64 m, i64 t
 #define TILE_KEPT 1
 #define TILE_MIXED 2
 
+// Whether a kernel instance reads the block mask: the instances that do are their own
+// kernels (`_bm_` in the name), so the others compile as if no mask existed.
+enum BlockMasking { BM_IGNORE = 0, BM_READ = 1 };
+
 // Whether mask block `blk` holds a selected position of pattern p in [lo, hi]: with
 // dilation a tile's positions are r apart, so a block inside its span may hold none.
 __device__ __forceinline__ bool block_holds(const AttnParams& a, const Pattern& p, i64 blk, i64 lo, i64 hi) {

@@ -134,6 +134,23 @@ pub fn kernel_names() -> Vec<String> {
         for d in MMA_BWD_HEAD_DIMS {
             names.push(mma_bwd_dq_kernel_name(t, d));
         }
+        // The instances that read a block mask (`_bm_` before the dtype).
+        let bm = |n: String| n.replacen(&format!("_{t}_d"), &format!("_bm_{t}_d"), 1);
+        for d in MMA_HEAD_DIMS {
+            names.push(bm(mma_kernel_name(t, d, ForwardRows::M64, ForwardStages::Two)));
+        }
+        for d in MMA_BWD_HEAD_DIMS {
+            for loads in BackwardLoads::ALL {
+                for dq in BackwardDq::ALL {
+                    names.push(bm(mma_bwd_kernel_name(
+                        t,
+                        d,
+                        BackwardOptions { loads, dq, ..BackwardOptions::default() },
+                    )));
+                }
+            }
+            names.push(bm(mma_bwd_dq_kernel_name(t, d)));
+        }
     }
     names
 }
