@@ -16,7 +16,7 @@ use attn_testkit::rng::random_vec;
 use attn_testkit::tolerance::{Tolerance, rel_l2_error};
 use half::{bf16, f16};
 
-use crate::cuda_emulation::{Emulated, call_geometry, emulator};
+use crate::cuda_emulation::{Emulated, call_geometry, emulator_for};
 
 /// Every file of `conformance/blocks` (8) on the emulation, forward and gradients, against
 /// the float64 reference: f32 on the row kernels, bf16 and f16 on the tensor-core kernels
@@ -159,7 +159,12 @@ fn piece<'a>(
 /// kernels (the plans must name them), within `tol`: f16's unit roundoff, as the cut and
 /// the whole call round their probabilities to f16 against different running maxima
 /// (about 3e-5 apart in out, 1e-8 in the gradients).
-fn ring_blocks_equal_the_whole_call<T: CudaElement>(fwd_kernel: &str, bwd_kernel: &str, tol: f64) {
+fn ring_blocks_equal_the_whole_call<T: CudaElement>(
+    loads: BackwardLoads,
+    fwd_kernel: &str,
+    bwd_kernel: &str,
+    tol: f64,
+) {
     let cfg =
         DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causality(Causality::Causal).build().unwrap();
     let s = Shape4::new(1, 37, 2, 16).unwrap();
@@ -168,12 +173,13 @@ fn ring_blocks_equal_the_whole_call<T: CudaElement>(fwd_kernel: &str, bwd_kernel
     let (h, d, n) = (s.heads, s.head_dim, s.numel());
     let [q, k, v, go] =
         [11, 12, 13, 14].map(|seed| random_vec(seed, n).into_iter().map(T::from_f32).collect::<Vec<T>>());
-    let emu = emulator();
+    let bwd_opts = BackwardOptions { loads, ..BackwardOptions::default() };
+    let emu = emulator_for(ForwardOptions::default(), bwd_opts);
     let cut = [(0, 13), (13, 29), (29, 37)];
     for (qr, kr) in [((0, 13), (13, 29)), ((29, 37), (0, 37))] {
         let g = piece(&cfg, s, qr, kr, &mask);
         let fwd = plan_forward(&g, T::DTYPE, T::SUFFIX, ForwardOptions::default()).unwrap();
-        let bwd = plan_backward(&g, T::DTYPE, T::SUFFIX, BackwardOptions::default()).unwrap();
+        let bwd = plan_backward(&g, T::DTYPE, T::SUFFIX, bwd_opts).unwrap();
         assert!(fwd.iter().all(|l| l.bmask && l.kernel.starts_with(fwd_kernel)), "{fwd:?}");
         assert!(bwd.iter().all(|l| l.bmask) && bwd.iter().any(|l| l.kernel.starts_with(bwd_kernel)), "{bwd:?}");
     }
@@ -245,15 +251,27 @@ fn ring_blocks_equal_the_whole_call<T: CudaElement>(fwd_kernel: &str, bwd_kernel
 /// [`ring_blocks_equal_the_whole_call`] on the row kernels (f32).
 #[test]
 fn block_masked_ring_blocks_equal_the_whole_call() {
-    ring_blocks_equal_the_whole_call::<f32>("dilated_fwd_rows_f32", "dilated_bwd_dq_rows_f32", 1e-6);
+    ring_blocks_equal_the_whole_call::<f32>(
+        BackwardLoads::Sync,
+        "dilated_fwd_rows_f32",
+        "dilated_bwd_dq_rows_f32",
+        1e-6,
+    );
 }
 
-/// [`ring_blocks_equal_the_whole_call`] on the tensor-core kernels (f16).
+/// [`ring_blocks_equal_the_whole_call`] on the tensor-core kernels (f16), the backward's
+/// query tiles loaded both ways.
 #[test]
 fn block_masked_ring_blocks_equal_the_whole_call_on_tensor_cores() {
-    ring_blocks_equal_the_whole_call::<f16>(
-        "dilated_fwd_mma_bm_f16_d",
-        "dilated_bwd_mma_bm_f16_d",
-        Tolerance::unit_roundoff(DType::F16),
-    );
+    for (loads, bwd) in [
+        (BackwardLoads::Sync, "dilated_bwd_mma_bm_f16_d"),
+        (BackwardLoads::Pipelined, "dilated_bwd_mma_pipelined_bm_f16_d"),
+    ] {
+        ring_blocks_equal_the_whole_call::<f16>(
+            loads,
+            "dilated_fwd_mma_bm_f16_d",
+            bwd,
+            Tolerance::unit_roundoff(DType::F16),
+        );
+    }
 }
