@@ -354,32 +354,29 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
 
 // The two kernels of one shape: SYNC (each query tile loads before its compute) and PIPE
 // (two stages), BN keys a block over BN / 16 warps, query tiles of BM, dQ by atomics.
-#define ATTN_MMA_BWD_PAIR(SYNC, PIPE, E, D, BN, BM) ATTN_MMA_BWD_PAIR_MK(SYNC, PIPE, E, D, BN, BM, BM_IGNORE)
-#define ATTN_MMA_BWD_PAIR_MK(SYNC, PIPE, E, D, BN, BM, MK)                                                              \
+#define ATTN_MMA_BWD_PAIR(SYNC, PIPE, E, D, BN, BM)                                                              \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) SYNC(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
-        bwd_mma<E, D, false, BN, true, BM, MK>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                  \
+        bwd_mma<E, D, false, BN, true, BM>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                  \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) PIPE(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                         \
-        bwd_mma<E, D, true, BN, true, BM, MK>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                   \
+        bwd_mma<E, D, true, BN, true, BM>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a);                   \
     }
 
 // The dK/dV-only pair of one shape (the deterministic backward's key-major half).
-#define ATTN_MMA_BWD_DKV_PAIR(SYNC, PIPE, E, D, BN, BM) \
-    ATTN_MMA_BWD_DKV_PAIR_MK(SYNC, PIPE, E, D, BN, BM, BM_IGNORE)
-#define ATTN_MMA_BWD_DKV_PAIR_MK(SYNC, PIPE, E, D, BN, BM, MK)                                                          \
+#define ATTN_MMA_BWD_DKV_PAIR(SYNC, PIPE, E, D, BN, BM)                                                          \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) SYNC(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dk_acc, float* dv_acc, AttnParams a) {                                                        \
-        bwd_mma<E, D, false, BN, false, BM, MK>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                \
+        bwd_mma<E, D, false, BN, false, BM>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(2 * (BN)) PIPE(                                             \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,       \
         float* dk_acc, float* dv_acc, AttnParams a) {                                                        \
-        bwd_mma<E, D, true, BN, false, BM, MK>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                 \
+        bwd_mma<E, D, true, BN, false, BM>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a);                 \
     }
 
 // 64 keys a block: dilated_bwd_mma_[pipelined_]<dtype>_d<D>, and the dK/dV-only
@@ -388,13 +385,20 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     ATTN_MMA_BWD_PAIR(dilated_bwd_mma_##NAME##_d##D, dilated_bwd_mma_pipelined_##NAME##_d##D, E, D, 64, 32)             \
     ATTN_MMA_BWD_DKV_PAIR(dilated_bwd_mma_dkv_##NAME##_d##D, dilated_bwd_mma_dkv_pipelined_##NAME##_d##D, E, D, 64, 32)
 
-// 64 keys a block, 32-query tiles, reading the block mask: dilated_bwd_mma_[pipelined_]bm_<dtype>_d<D>
-// and dilated_bwd_mma_dkv_[pipelined_]bm_<dtype>_d<D>.
-#define ATTN_MMA_BWD_KERNEL_BM(NAME, E, D)                                                                      \
-    ATTN_MMA_BWD_PAIR_MK(dilated_bwd_mma_bm_##NAME##_d##D, dilated_bwd_mma_pipelined_bm_##NAME##_d##D, E, D, 64,  \
-                         32, BM_READ)                                                                             \
-    ATTN_MMA_BWD_DKV_PAIR_MK(dilated_bwd_mma_dkv_bm_##NAME##_d##D, dilated_bwd_mma_dkv_pipelined_bm_##NAME##_d##D, \
-                             E, D, 64, 32, BM_READ)
+// 64 keys a block, 32-query tiles, query tiles loaded before their compute (the pipelined
+// loads spill registers beside the mask's at head dim 128), reading the block mask:
+// dilated_bwd_mma_bm_<dtype>_d<D> (dQ by atomics) and dilated_bwd_mma_dkv_bm_<dtype>_d<D>.
+#define ATTN_MMA_BWD_KERNEL_BM(NAME, E, D)                                                             \
+    extern "C" __global__ void __launch_bounds__(128) dilated_bwd_mma_bm_##NAME##_d##D(                 \
+        const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta, \
+        float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                   \
+        bwd_mma<E, D, false, 64, true, 32, BM_READ>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a); \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) dilated_bwd_mma_dkv_bm_##NAME##_d##D(             \
+        const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta, \
+        float* dk_acc, float* dv_acc, AttnParams a) {                                                  \
+        bwd_mma<E, D, false, 64, false, 32, BM_READ>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a); \
+    }
 
 // 128 keys a block (D >= 64: dQ splits D over 4 warp pairs): dilated_bwd_mma_[pipelined_]k128_<dtype>_d<D>
 // and dilated_bwd_mma_dkv_[pipelined_]k128_<dtype>_d<D>.

@@ -20,8 +20,8 @@ use crate::cuda_emulation::{Emulated, call_geometry, emulator_for};
 
 /// Every file of `conformance/blocks` (8) on the emulation, forward and gradients, against
 /// the float64 reference: f32 on the row kernels, bf16 and f16 on the tensor-core kernels
-/// that read the mask (`_bm_`; the backward with dq by atomics, with pipelined query-tile
-/// loads, and the deterministic dq kernel). The plans must name those kernels and carry
+/// that read the mask (`_bm_`; the backward with dq by atomics and with the deterministic
+/// dq kernel; pipelined query-tile loads asked for are planned as loads before compute). The plans must name those kernels and carry
 /// the mask, so the check cannot pass on kernels that ignore it.
 #[test]
 fn emulated_cuda_golden_block_masks() {
@@ -80,8 +80,8 @@ fn banded_mask() -> BlockMaskBuf {
 
 /// The tensor-core kernels under a block mask that removes whole tiles and cuts others,
 /// causal and not: out, lse and dq, dk, dv in bf16 and f16 judged row by row against the
-/// float64 reference, the backward with atomic and deterministic dq and pipelined loads
-/// (other forward and backward shapes and stages are planned as these under a block mask).
+/// float64 reference, the backward with atomic and deterministic dq (the other forward and
+/// backward shapes, stages and loads asked for are planned as these under a block mask).
 #[test]
 fn tensor_core_block_masks_skip_removed_tiles_and_cut_the_rest() {
     use attn_testkit::judge::{Expected, judge_backward, judge_forward, round_to, verdict};
@@ -259,19 +259,12 @@ fn block_masked_ring_blocks_equal_the_whole_call() {
     );
 }
 
-/// [`ring_blocks_equal_the_whole_call`] on the tensor-core kernels (f16), the backward's
-/// query tiles loaded both ways.
+/// [`ring_blocks_equal_the_whole_call`] on the tensor-core kernels (f16); the pipelined
+/// query-tile loads asked for are planned as loads before compute under a block mask.
 #[test]
 fn block_masked_ring_blocks_equal_the_whole_call_on_tensor_cores() {
-    for (loads, bwd) in [
-        (BackwardLoads::Sync, "dilated_bwd_mma_bm_f16_d"),
-        (BackwardLoads::Pipelined, "dilated_bwd_mma_pipelined_bm_f16_d"),
-    ] {
-        ring_blocks_equal_the_whole_call::<f16>(
-            loads,
-            "dilated_fwd_mma_bm_f16_d",
-            bwd,
-            Tolerance::unit_roundoff(DType::F16),
-        );
+    for loads in BackwardLoads::ALL {
+        let (fwd, bwd) = ("dilated_fwd_mma_bm_f16_d", "dilated_bwd_mma_bm_f16_d");
+        ring_blocks_equal_the_whole_call::<f16>(loads, fwd, bwd, Tolerance::unit_roundoff(DType::F16));
     }
 }

@@ -98,11 +98,9 @@ using Entry = int (*)(Dim3, unsigned, unsigned, unsigned long long, void**);
     ATTN_EMU_ENTRY(dilated_fwd_mma_bm_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma_bm_##T##_d64),          \
         ATTN_EMU_ENTRY(dilated_fwd_mma_bm_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_bm_##T##_d256),    \
         ATTN_EMU_ENTRY(dilated_bwd_mma_bm_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_mma_bm_##T##_d64),      \
-        ATTN_EMU_ENTRY(dilated_bwd_mma_bm_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_bm_##T##_d32), \
-        ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_bm_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_pipelined_bm_##T##_d128), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_bm_##T##_d128), \
         ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_bm_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_bm_##T##_d64), \
-        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_bm_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_bm_##T##_d32), \
-        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_bm_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_bm_##T##_d128), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_bm_##T##_d128), \
         ATTN_EMU_ENTRY(dilated_bwd_dq_mma_bm_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_dq_mma_bm_##T##_d64), \
         ATTN_EMU_ENTRY(dilated_bwd_dq_mma_bm_##T##_d128)
 #define ATTN_EMU_MMA3(T)                                                                                \

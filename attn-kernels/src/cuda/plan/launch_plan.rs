@@ -8,9 +8,9 @@ use attn_core::{AttnError, Band, BlockDims, BlockMask, DType, DilatedConfig, Mix
 use super::fuse_table::{FusePart, fused_launch, grid, persistent_launch};
 use super::params::{AttnParams, BlockLayout, MAX_FUSED, attn_params};
 use super::patterns::{
-    BackwardKernel, BackwardKeys, BackwardOptions, BackwardQueries, ForwardKernel, ForwardOptions, ForwardRows,
-    ForwardStages, MmaDq, PatternFusion, PatternLaunch, SeqPiece, THREADS, backward_kernel, forward_kernel,
-    head_sweeps, pattern_launches, seq_pieces,
+    BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, ForwardKernel, ForwardOptions,
+    ForwardRows, ForwardStages, MmaDq, PatternFusion, PatternLaunch, SeqPiece, THREADS, backward_kernel,
+    forward_kernel, head_sweeps, pattern_launches, seq_pieces,
 };
 use super::source::{mma_fused_kernel_name, mma_persistent_kernel_name};
 
@@ -262,8 +262,8 @@ pub fn block_forward_kernel(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, o
 }
 
 /// The backward kernels of a block: [`backward_kernel`]'s choice, or under a block mask
-/// the tensor-core kernels that read it (`_bm_`: 64 keys a block, 32-query tiles, either
-/// query-tile loads and dq sum; f16/bf16) or the row kernels (f32), which read it too.
+/// the tensor-core kernels that read it (`_bm_`: 64 keys a block, 32-query tiles loaded
+/// before their compute, either dq sum; f16/bf16) or the row kernels (f32), which read it too.
 pub fn block_backward_kernel(
     g: &BlockGeometry<'_>,
     dtype: DType,
@@ -273,7 +273,8 @@ pub fn block_backward_kernel(
     if g.block_mask.is_none() {
         return backward_kernel(dtype, suffix, g.q.0.head_dim, opts);
     }
-    let opts = BackwardOptions { keys: BackwardKeys::K64, queries: BackwardQueries::Q32, ..opts };
+    let opts =
+        BackwardOptions { keys: BackwardKeys::K64, queries: BackwardQueries::Q32, loads: BackwardLoads::Sync, ..opts };
     match backward_kernel(dtype, suffix, g.q.0.head_dim, opts) {
         BackwardKernel::Mma { name, keys, smem_bytes, dq } => BackwardKernel::Mma {
             name: masked_name(&name, suffix),

@@ -140,14 +140,8 @@ pub fn kernel_names() -> Vec<String> {
             names.push(bm(mma_kernel_name(t, d, ForwardRows::M64, ForwardStages::Two)));
         }
         for d in MMA_BWD_HEAD_DIMS {
-            for loads in BackwardLoads::ALL {
-                for dq in BackwardDq::ALL {
-                    names.push(bm(mma_bwd_kernel_name(
-                        t,
-                        d,
-                        BackwardOptions { loads, dq, ..BackwardOptions::default() },
-                    )));
-                }
+            for dq in BackwardDq::ALL {
+                names.push(bm(mma_bwd_kernel_name(t, d, BackwardOptions { dq, ..BackwardOptions::default() })));
             }
             names.push(bm(mma_bwd_dq_kernel_name(t, d)));
         }
