@@ -1,7 +1,8 @@
 // attend_tile.cu: the pieces of the tensor-core forward that its two- and three-stage
 // kernels share: the query tile's load, one key tile's attention (S = Q K^T, the mask
 // where the tile is not full, the online softmax, O += P V) and the epilogue; also
-// exp2_approx and mask_scores, which the backward uses. Fragment layouts: see mma_tiles.cu.
+// exp2_approx and mask_scores, which the backward uses. A row whose keys the block mask
+// all removes keeps l = 0: lse -inf and o = 0, as the row kernels give. Fragment layouts: see mma_tiles.cu.
 
 // 2^x by the hardware approximation alone (what exp2f uses, without its fix-up for
 // results below 2^-126: they flush to 0, far below the f32 resolution of the row sums).
@@ -108,10 +109,12 @@ __device__ __forceinline__ void stage_query_tile(u16* sQ, i64* s_qrows, const Pa
 // sQ (rows w0 + 16 mt ..): scores stay raw and each exponent is one FMA (scale * log2(e)
 // folded into scale_log2; scale > 0, so the raw row max gives the scaled one). Where
 // `masked`, cols(mt, lo, hi) gives this thread's two rows' admitted tile columns [lo, hi)
-// and krows (non-null with padding) the tile's gathered key rows.
-template <class E, int D, int BN, int MT, int LD, class Cols>
+// and krows (non-null with padding) the tile's gathered key rows. Where `bmixed` (the
+// tile's block-mask state is TILE_MIXED), blocks(mt, s) masks row tile mt's removed pairs.
+template <class E, int D, int BN, int MT, int LD, class Cols, class Blocks>
 __device__ __forceinline__ void attend_tile(RowState<D / 8, MT>& st, const u16* sQ, const u16* sK, const u16* sV,
-                                            int w0, float scale_log2, bool masked, const i64* krows, Cols cols) {
+                                            int w0, float scale_log2, bool masked, const i64* krows, Cols cols,
+                                            bool bmixed, Blocks blocks) {
     constexpr int NS = BN / 8, NO = D / 8;
     const int lane = threadIdx.x & 31, c = lane & 3;
     // S = Q K^T: each K fragment read from shared memory feeds the warp's MT row tiles.
@@ -149,6 +152,7 @@ __device__ __forceinline__ void attend_tile(RowState<D / 8, MT>& st, const u16* 
             else
                 mask_scores<NS>(s[mt], lo, hi, c, krows);
         }
+        if (bmixed) blocks(mt, s[mt]);
         online_softmax<NS, NO>(s[mt], st.m[mt], st.l[mt], st.o[mt], scale_log2);
     }
 

@@ -7,9 +7,11 @@
 // accumulators, as the forward's P). Each query row is one block's in a launch and is
 // written once, by a plain read-add-write (or straight into the gradient: see the end):
 // the sum runs over keys in index order, whatever order the blocks run in, so the result's
-// bits do not depend on scheduling.
+// bits do not depend on scheduling. A block mask (the `_bm_` instances) skips the key tiles whose every (query
+// block, key block) pair is removed and masks the removed pairs of a mixed one, as the
+// forward.
 
-template <class E, int D, int BN>
+template <class E, int D, int BN, BlockMasking MK = BM_IGNORE>
 __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* go, const float* lse,
                            const float* delta, float* dq_acc, const AttnParams& a) {
     constexpr int BM = 64, LD = D + 8, NS = BN / 8, NO = D / 8, NT = 128;
@@ -21,6 +23,7 @@ __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* 
     __shared__ i64 s_qrows[BM], s_krows[2][BN];
     __shared__ i64 s_klo[BM], s_khi[BM];
     __shared__ float s_lse2[BM], s_delta[BM];  // lse in base 2 (times log2 e)
+    __shared__ int s_qblk[BM], s_kblk[2][BN];   // mask blocks of the rows and of each stage's keys
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const i64 h = launch_head(a), kvh = kv_head_of(a, h), b = blockIdx.z;
@@ -62,6 +65,7 @@ __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* 
         s_lse2[i] = l2;
         s_delta[i] = dl;
     }
+    if (MK == BM_READ) gather_blocks(s_qblk, BM, p, t0, t_last + 1, a);
 
     float dq[NO][4];
 #pragma unroll
@@ -75,14 +79,25 @@ __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* 
     auto load_keys = [&](int st, i64 kt) {
         load_kv_tile_async<D, LD, NT, BN>(sKs + st * BN * LD, sVs + st * BN * LD, s_krows[st], p, kt, kb_hi, kbase,
                                           vbase, a, b, kv_vec);
+        if (MK == BM_READ) gather_blocks(s_kblk[st], BN, p, kt, kb_hi, a);
     };
-    if (kb_lo < kb_hi) load_keys(0, kb_lo);
+    // The block-mask state of key tile kt; the first tile at or past kt it keeps a pair of.
+    auto tile_mask = [&](i64 kt) {
+        return MK == BM_READ ? tile_blocks(a, p, b, h, t0, t_last + 1, kt, min64(kt + BN, kb_hi)) : TILE_KEPT;
+    };
+    auto next_tile = [&](i64 kt) {
+        while (kt < kb_hi && tile_mask(kt) == TILE_REMOVED) kt += BN;
+        return kt;
+    };
+    i64 kt0 = next_tile(kb_lo);
+    if (kt0 < kb_hi) load_keys(0, kt0);
     int stage = 0;
-    for (i64 kt0 = kb_lo; kt0 < kb_hi; kt0 += BN, stage ^= 1) {
+    for (i64 kt_next; kt0 < kb_hi; kt0 = kt_next, stage ^= 1) {
         const u16* sK = sKs + stage * BN * LD;
         const u16* sV = sVs + stage * BN * LD;
-        if (kt0 + BN < kb_hi) {
-            load_keys(stage ^ 1, kt0 + BN);
+        kt_next = next_tile(kt0 + BN);
+        if (kt_next < kb_hi) {
+            load_keys(stage ^ 1, kt_next);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -128,6 +143,7 @@ __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* 
             else
                 mask_scores<NS>(s, lo, hi, c, s_krows[stage]);
         }
+        if (tile_mask(kt0) == TILE_MIXED) mask_blocks<NS>(s, a, b, h, s_qblk + r0, s_kblk[stage], c);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const float l2 = s_lse2[r0 + 8 * i], dl = s_delta[r0 + 8 * i];
@@ -190,11 +206,17 @@ __device__ void bwd_dq_mma(const u16* q, const u16* k, const u16* v, const u16* 
 
 // dilated_bwd_dq_mma_<dtype>_d<D>: 64 query rows over 4 warps, BN keys a tile (32 at head
 // dim 128: 68 KB of shared memory, which every sm_80+ part allows).
+// dilated_bwd_dq_mma_bm_<dtype>_d<D>: the same, reading the block mask.
 #define ATTN_MMA_BWD_DQ_KERNEL(NAME, E, D, BN)                                                             \
     extern "C" __global__ void __launch_bounds__(128) dilated_bwd_dq_mma_##NAME##_d##D(                    \
         const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,     \
         float* dq_acc, AttnParams a) {                                                                     \
         bwd_dq_mma<E, D, BN>(q, k, v, go, lse, delta, dq_acc, a);                                          \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128) dilated_bwd_dq_mma_bm_##NAME##_d##D(                 \
+        const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,     \
+        float* dq_acc, AttnParams a) {                                                                     \
+        bwd_dq_mma<E, D, BN, BM_READ>(q, k, v, go, lse, delta, dq_acc, a);                                 \
     }
 
 #if ATTN_WANT_F16

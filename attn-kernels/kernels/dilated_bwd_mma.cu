@@ -10,7 +10,9 @@
 // dS^T = P^T (out_scale dP^T - delta_q); dV += P^T dO, dK += dS^T Q from registers, and
 // dQ += dS K through shared memory with f32 atomics into dq_acc. A key's queries are its
 // segment cut by the band (window / causal); padded keys are gathered as row -1 (no
-// gradient). Query head h reads key/value head h / kv_group; dK, dV rows are per
+// gradient); a block mask (the `_bm_` instances) skips a query tile whose every (query block, key block) pair
+// with the block's keys is removed and zeroes the removed pairs' P^T, dS^T in a mixed
+// one (global positions, as the row kernels). Query head h reads key/value head h / kv_group; dK, dV rows are per
 // key/value head (see the write at the end for why that is race-free).
 // PIPE: the query tiles load by cp.async into two stages (the next tile's Q, dO, lse and
 // delta load while this one runs, started after the tile's one barrier; tiles inside one
@@ -85,7 +87,7 @@ __device__ __forceinline__ void bwd_mma_dq(const u16* sDS, const u16* sK, const 
     }
 }
 
-template <class E, int D, bool PIPE, int BN, bool DQ, int BM>
+template <class E, int D, bool PIPE, int BN, bool DQ, int BM, BlockMasking MK = BM_IGNORE>
 __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,
                         float* dq_acc, float* dk_acc, float* dv_acc, const AttnParams& a) {
     constexpr int LD = D + 8, LDS = BM + 8, NQ = BM / 8, NO = D / 8, NT = 2 * BN;
@@ -99,6 +101,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     __shared__ i64 s_krows[BN], s_qrows[ST][BM];
     __shared__ float s_lse[ST][BM], s_delta[ST][BM];  // lse in base 2 (times log2 e)
     __shared__ i64 s_qlo[BN], s_qhi[BN];  // each key row's admitted query indices (shared: fewer registers)
+    __shared__ int s_kblk[BN], s_qblk[ST][BM];  // mask blocks of the key rows and each stage's queries
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const i64 h = launch_head(a), kvh = kv_head_of(a, h), b = blockIdx.z;
@@ -139,6 +142,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         s_qlo[i] = lo;
         s_qhi[i] = hi;
     }
+    if (MK == BM_READ) gather_blocks(s_kblk, BN, p, tk0, k_hi, a);
     float dk[NO][4], dv[NO][4];
 #pragma unroll
     for (int j = 0; j < NO; ++j) {
@@ -159,6 +163,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
             const i64 t = qt + threadIdx.x;
             const i64 r = t < qb_hi ? sel_pos(p, t) - a.q_start : -1;
             s_qrows[st][threadIdx.x] = r;
+            if (MK == BM_READ) s_qblk[st][threadIdx.x] = a.bmask != nullptr && r >= 0 ? (int)div32(r + a.q_start, a.bm_size) : -1;
             if (r >= 0) {
                 const i64 ri = (b * a.nq + r) * a.heads + h;
                 *pl = lse[ri] * LOG2E;
@@ -178,9 +183,18 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         }
         cp_async_commit();
     };
+    // The block-mask state of query tile qt; the first tile at or past qt it keeps a pair of.
+    auto tile_mask = [&](i64 qt) {
+        return MK == BM_READ ? tile_blocks(a, p, b, h, qt, min64(qt + BM, qb_hi), tk0, tk_last + 1) : TILE_KEPT;
+    };
+    auto next_tile = [&](i64 qt) {
+        while (qt < qb_hi && tile_mask(qt) == TILE_REMOVED) qt += BM;
+        return qt;
+    };
+    i64 qt0 = next_tile(qb_lo);
     float next_lse = NEG_INF, next_delta = 0.f;
-    if (PIPE && qb_lo < qb_hi) {
-        load_queries(0, qb_lo, &next_lse, &next_delta);
+    if (PIPE && qt0 < qb_hi) {
+        load_queries(0, qt0, &next_lse, &next_delta);
         if (threadIdx.x < BM) {
             s_lse[0][threadIdx.x] = next_lse;
             s_delta[0][threadIdx.x] = next_delta;
@@ -188,18 +202,20 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     }
 
     int stage = 0;
-    for (i64 qt0 = qb_lo; qt0 < qb_hi; qt0 += BM, stage ^= (PIPE ? 1 : 0)) {
-        const bool more = PIPE && qt0 + BM < qb_hi;
+    for (i64 qt_next; qt0 < qb_hi; qt0 = qt_next, stage ^= (PIPE ? 1 : 0)) {
+        qt_next = next_tile(qt0 + BM);
+        const bool more = PIPE && qt_next < qb_hi;
         if (PIPE) {  // wait for this tile, then start the next into the other stage
             cp_async_wait<0>();
             // This stage (and K/V, the first time) visible to every warp; every warp done
             // with the previous tile (its stage, lse, delta and sDS), so the other stage
             // can be refilled: one barrier a tile besides dQ's.
             __syncthreads();
-            if (more) load_queries(stage ^ 1, qt0 + BM, &next_lse, &next_delta);
+            if (more) load_queries(stage ^ 1, qt_next, &next_lse, &next_delta);
         } else {
             __syncthreads();  // K/V loaded (first time); sQ, sG, sDS of the previous tile consumed
             gather_rows(s_qrows[0], BM, p, qt0, qb_hi, a.q_start);
+            if (MK == BM_READ) gather_blocks(s_qblk[0], BM, p, qt0, qb_hi, a);
             __syncthreads();
             load_tile<D, LD>(sQs, s_qrows[0], BM, qbase, a.q_ss, a.d, a.vec & 1);
             load_tile<D, LD>(sGs, s_qrows[0], BM, gbase, a.g_ss, a.d, a.vec & 8);
@@ -217,6 +233,8 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         const float* tile_lse = s_lse[stage];
         const float* tile_delta = s_delta[stage];
         const bool full = full_tile(p, qt0, BM, qb_hi, tk0, BN, k_hi, a);
+        const bool bmixed = tile_mask(qt0) == TILE_MIXED;
+        const int* qblk = s_qblk[stage];
 
         float st[NQ][4], dpt[NQ][4];
 #pragma unroll
@@ -245,6 +263,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
         // P^T and dS^T in registers (masked entries 0), dS^T also to shared memory for dQ.
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
+            const int kb = MK == BM_READ ? s_kblk[kr0 + 8 * i] : -1;
 #pragma unroll
             for (int j = 0; j < NQ; ++j) {
 #pragma unroll
@@ -254,7 +273,8 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
                     const float lse_q = tile_lse[col];
                     const bool ok =
                         lse_q != NEG_INF &&
-                        (full || (tq < qb_hi && tq >= s_qlo[kr0 + 8 * i] && tq < s_qhi[kr0 + 8 * i]));
+                        (full || (tq < qb_hi && tq >= s_qlo[kr0 + 8 * i] && tq < s_qhi[kr0 + 8 * i])) &&
+                        (!bmixed || (kb >= 0 && qblk[col] >= 0 && block_row(a, b, h, qblk[col])[kb] != 0));
                     const float pt = ok ? exp2_approx(fmaf(st[j][2 * i + e], scale_log2, -lse_q)) : 0.f;
                     const float ds = pt * (dpt[j][2 * i + e] * a.out_scale - tile_delta[col]);
                     st[j][2 * i + e] = pt;
@@ -365,6 +385,21 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     ATTN_MMA_BWD_PAIR(dilated_bwd_mma_##NAME##_d##D, dilated_bwd_mma_pipelined_##NAME##_d##D, E, D, 64, 32)             \
     ATTN_MMA_BWD_DKV_PAIR(dilated_bwd_mma_dkv_##NAME##_d##D, dilated_bwd_mma_dkv_pipelined_##NAME##_d##D, E, D, 64, 32)
 
+// 64 keys a block, 32-query tiles, query tiles loaded before their compute (the pipelined
+// loads spill registers beside the mask's at head dim 128), reading the block mask:
+// dilated_bwd_mma_bm_<dtype>_d<D> (dQ by atomics) and dilated_bwd_mma_dkv_bm_<dtype>_d<D>.
+#define ATTN_MMA_BWD_KERNEL_BM(NAME, E, D)                                                             \
+    extern "C" __global__ void __launch_bounds__(128) dilated_bwd_mma_bm_##NAME##_d##D(                 \
+        const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta, \
+        float* dq_acc, float* dk_acc, float* dv_acc, AttnParams a) {                                   \
+        bwd_mma<E, D, false, 64, true, 32, BM_READ>(q, k, v, go, lse, delta, dq_acc, dk_acc, dv_acc, a); \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) dilated_bwd_mma_dkv_bm_##NAME##_d##D(             \
+        const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta, \
+        float* dk_acc, float* dv_acc, AttnParams a) {                                                  \
+        bwd_mma<E, D, false, 64, false, 32, BM_READ>(q, k, v, go, lse, delta, nullptr, dk_acc, dv_acc, a); \
+    }
+
 // 128 keys a block (D >= 64: dQ splits D over 4 warp pairs): dilated_bwd_mma_[pipelined_]k128_<dtype>_d<D>
 // and dilated_bwd_mma_dkv_[pipelined_]k128_<dtype>_d<D>.
 #define ATTN_MMA_BWD_KERNEL_K128(NAME, E, D)                                                                         \
@@ -385,6 +420,9 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
 
 #if ATTN_WANT_F16
 ATTN_MMA_BWD_KERNEL(f16, F16E, 32)
+ATTN_MMA_BWD_KERNEL_BM(f16, F16E, 32)
+ATTN_MMA_BWD_KERNEL_BM(f16, F16E, 64)
+ATTN_MMA_BWD_KERNEL_BM(f16, F16E, 128)
 ATTN_MMA_BWD_KERNEL(f16, F16E, 64)
 ATTN_MMA_BWD_KERNEL(f16, F16E, 128)
 ATTN_MMA_BWD_KERNEL_K128(f16, F16E, 64)
@@ -397,6 +435,9 @@ ATTN_MMA_BWD_KERNEL_K128_Q64(f16, F16E, 128)
 #endif
 #if ATTN_WANT_BF16
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 32)
+ATTN_MMA_BWD_KERNEL_BM(bf16, BF16E, 32)
+ATTN_MMA_BWD_KERNEL_BM(bf16, BF16E, 64)
+ATTN_MMA_BWD_KERNEL_BM(bf16, BF16E, 128)
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 64)
 ATTN_MMA_BWD_KERNEL(bf16, BF16E, 128)
 ATTN_MMA_BWD_KERNEL_K128(bf16, BF16E, 64)

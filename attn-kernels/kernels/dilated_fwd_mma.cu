@@ -15,9 +15,13 @@
 // the gathered key rows); query head h reads key/value head h / kv_group. A tile inside
 // one segment, all rows valid and unpadded, is affine (rows sel_pos(t0) + i * r) and loads
 // by stepped pointers, without the gather; only tiles that are not full run the mask.
+// A block mask (read by the `_bm_` instances only; positions global, as the row kernels
+// read it): a key tile whose every
+// (query block, key block) pair is removed is skipped (no loads, no MMA; tile_blocks in
+// mma_tiles.cu), a tile with removed and kept pairs masks the removed ones' scores.
 // Fragment layouts: see mma_tiles.cu.
 
-template <class E, int D, int BN, int BM, int MT>
+template <class E, int D, int BN, int BM, int MT, BlockMasking MK = BM_IGNORE>
 __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a,
                         i64 bx, i64 h, i64 b) {
     // NT: threads of the block, a warp per MT row tiles of 16.
@@ -29,6 +33,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
     u16* sVs = sKs + 2 * BN * LD;
     __shared__ i64 s_qrows[BM], s_krows[2][BN];
     __shared__ i64 s_klo[BM], s_khi[BM];  // each row's admitted key indices (shared: fewer registers)
+    __shared__ int s_qblk[BM], s_kblk[2][BN];  // mask blocks of the rows and of each stage's keys
 
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     const i64 kvh = kv_head_of(a, h);
@@ -53,6 +58,7 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
         s_klo[i] = lo;
         s_khi[i] = hi;
     }
+    if (MK == BM_READ) gather_blocks(s_qblk, BM, p, t0, t_last + 1, a);
 
     RowState<D / 8, MT> st;
     st.clear();
@@ -65,12 +71,23 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
     auto load_keys = [&](int stage, i64 kt) {
         load_kv_tile_async<D, LD, NT, BN>(sKs + stage * BN * LD, sVs + stage * BN * LD, s_krows[stage], p, kt, kb_hi,
                                           kbase, vbase, a, b, kv_vec);
+        if (MK == BM_READ) gather_blocks(s_kblk[stage], BN, p, kt, kb_hi, a);
     };
-    if (kb_lo < kb_hi) load_keys(0, kb_lo);  // stage the first K/V tile
+    // The block-mask state of key tile kt; the first tile at or past kt it keeps a pair of.
+    auto tile_mask = [&](i64 kt) {
+        return MK == BM_READ ? tile_blocks(a, p, b, h, t0, t_last + 1, kt, min64(kt + BN, kb_hi)) : TILE_KEPT;
+    };
+    auto next_tile = [&](i64 kt) {
+        while (kt < kb_hi && tile_mask(kt) == TILE_REMOVED) kt += BN;
+        return kt;
+    };
+    i64 kt0 = next_tile(kb_lo);
+    if (kt0 < kb_hi) load_keys(0, kt0);  // stage the first K/V tile
     int stage = 0;
-    for (i64 kt0 = kb_lo; kt0 < kb_hi; kt0 += BN, stage ^= 1) {
-        if (kt0 + BN < kb_hi) {  // start the next tile into the other stage, wait for this one
-            load_keys(stage ^ 1, kt0 + BN);
+    for (i64 kt_next; kt0 < kb_hi; kt0 = kt_next, stage ^= 1) {
+        kt_next = next_tile(kt0 + BN);
+        if (kt_next < kb_hi) {  // start the next tile into the other stage, wait for this one
+            load_keys(stage ^ 1, kt_next);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -78,7 +95,8 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
         __syncthreads();  // this stage (and sQ, the first time) visible to every warp
         // The mask (key valid and not padding, inside the row's segment and band) only
         // where the tile is not full. Keys past kb_hi are cut by column; s_krows is read
-        // only for padding, whose tiles are never affine.
+        // only for padding, whose tiles are never affine. The block mask only where the
+        // tile's blocks are mixed.
         const bool full = full_tile(p, t0, BM, q_hi, kt0, BN, kb_hi, a);
         const i64 *klo = s_klo + w0 + g, *khi = s_khi + w0 + g;  // this thread's rows
         auto cols = [=](int mt, int* lo, int* hi) {
@@ -88,8 +106,13 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
                 hi[i] = (int)min64(max64(min64(khi[mt * 16 + 8 * i], kb_hi) - kt0, 0), BN);
             }
         };
+        const int* kblk = s_kblk[stage];
+        auto blocks = [&](int mt, float (*s)[4]) {
+            mask_blocks<BN / 8>(s, a, b, h, s_qblk + w0 + mt * 16 + g, kblk, (int)(threadIdx.x & 3));
+        };
         attend_tile<E, D, BN, MT, LD>(st, sQ, sKs + stage * BN * LD, sVs + stage * BN * LD, w0, scale_log2, !full,
-                                      a.kpad == nullptr ? nullptr : s_krows[stage], cols);
+                                      a.kpad == nullptr ? nullptr : s_krows[stage], cols,
+                                      tile_mask(kt0) == TILE_MIXED, blocks);
         __syncthreads();  // every warp is done with this stage before it is refilled
     }
     cp_async_wait<0>();  // no copy outlives the block (Q's, where no key tile ran)
@@ -111,6 +134,15 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
 #define ATTN_MMA_KERNEL_M128W4(NAME, E, D, BN) \
     ATTN_FWD_KERNEL(dilated_fwd_mma_m128w4_##NAME##_d##D, fwd_mma, (128), E, D, BN, 128, 2)
 
+// 64 query rows over 4 warps reading the block mask: dilated_fwd_mma_bm_<dtype>_d<D>.
+template <class E, int D, int BN, int BM, int MT>
+__device__ void fwd_mma_bm(const u16* q, const u16* k, const u16* v, void* o_dst, float* lse_acc, const AttnParams& a,
+                           i64 bx, i64 h, i64 b) {
+    fwd_mma<E, D, BN, BM, MT, BM_READ>(q, k, v, o_dst, lse_acc, a, bx, h, b);
+}
+#define ATTN_MMA_KERNEL_BM(NAME, E, D, BN) \
+    ATTN_FWD_KERNEL(dilated_fwd_mma_bm_##NAME##_d##D, fwd_mma_bm, (128), E, D, BN, 64, 1)
+
 // 64 query rows over 4 warps, the patterns of a fused launch: dilated_fwd_mma_fused_<dtype>_d<D>.
 #define ATTN_MMA_KERNEL_FUSED(NAME, E, D, BN) \
     ATTN_FWD_FUSED_KERNEL(dilated_fwd_mma_fused_##NAME##_d##D, fwd_mma, (128), E, D, BN)
@@ -121,6 +153,10 @@ __device__ void fwd_mma(const u16* q, const u16* k, const u16* v, void* o_dst, f
 
 #if ATTN_WANT_F16
 ATTN_MMA_KERNEL(f16, F16E, 32, 64)
+ATTN_MMA_KERNEL_BM(f16, F16E, 32, 64)
+ATTN_MMA_KERNEL_BM(f16, F16E, 64, 64)
+ATTN_MMA_KERNEL_BM(f16, F16E, 128, 64)
+ATTN_MMA_KERNEL_BM(f16, F16E, 256, 32)
 ATTN_MMA_KERNEL(f16, F16E, 64, 64)
 ATTN_MMA_KERNEL(f16, F16E, 128, 64)
 ATTN_MMA_KERNEL(f16, F16E, 256, 32)
@@ -142,6 +178,10 @@ ATTN_MMA_KERNEL_PERSISTENT(f16, F16E, 256, 32)
 #endif
 #if ATTN_WANT_BF16
 ATTN_MMA_KERNEL(bf16, BF16E, 32, 64)
+ATTN_MMA_KERNEL_BM(bf16, BF16E, 32, 64)
+ATTN_MMA_KERNEL_BM(bf16, BF16E, 64, 64)
+ATTN_MMA_KERNEL_BM(bf16, BF16E, 128, 64)
+ATTN_MMA_KERNEL_BM(bf16, BF16E, 256, 32)
 ATTN_MMA_KERNEL(bf16, BF16E, 64, 64)
 ATTN_MMA_KERNEL(bf16, BF16E, 128, 64)
 ATTN_MMA_KERNEL(bf16, BF16E, 256, 32)

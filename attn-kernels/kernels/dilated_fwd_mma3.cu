@@ -85,7 +85,8 @@ __device__ void fwd_mma3(const u16* q, const u16* k, const u16* v, void* o_dst, 
         };
         const bool masked = j < jf_lo || j >= jf_hi;
         attend_tile<E, D, BN, MT, LD>(st, sQ, sKs + stage * BN * LD, sVs + stage * BN * LD, w0, scale_log2, masked,
-                                      a.kpad == nullptr ? nullptr : s_krows[stage], cols);
+                                      a.kpad == nullptr ? nullptr : s_krows[stage], cols, false,
+                                      [](int, float(*)[4]) {});
         stage = stage == 2 ? 0 : stage + 1;
     }
     cp_async_wait<0>();  // no copy outlives the block (Q's, where no key tile ran)

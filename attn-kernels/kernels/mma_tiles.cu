@@ -239,3 +239,73 @@ __device__ __forceinline__ bool full_tile(const Pattern& p, i64 t0, i64 m, i64 t
     band_keys(a, t0, &lo_first, &hi_first);
     return k0 >= lo_last && k0 + n <= hi_first;
 }
+
+// Block-mask state of a tile, over the (query block, key block) pairs its rows and keys
+// touch: every pair removed (skip the tile: no loads, no MMA), every pair kept (no block
+// test), or mixed (mask_blocks on each score).
+#define TILE_REMOVED 0
+#define TILE_KEPT 1
+#define TILE_MIXED 2
+
+// Whether a kernel instance reads the block mask: the instances that do are their own
+// kernels (`_bm_` in the name), so the others compile as if no mask existed.
+enum BlockMasking { BM_IGNORE = 0, BM_READ = 1 };
+
+// Whether mask block `blk` holds a selected position of pattern p in [lo, hi]: with
+// dilation a tile's positions are r apart, so a block inside its span may hold none.
+__device__ __forceinline__ bool block_holds(const AttnParams& a, const Pattern& p, i64 blk, i64 lo, i64 hi) {
+    const i64 x0 = max64(blk * a.bm_size, lo), x1 = min64((blk + 1) * a.bm_size, hi + 1);
+    return x0 < x1 && sel_below(p, x1) > sel_below(p, x0);
+}
+
+// The block-mask state of query selected indices [tq, tq_end) against key selected indices
+// [tk, tk_end) of head h, batch b (TILE_KEPT without a mask). The blocks follow from the
+// global positions of the first and last index of each side.
+__device__ __forceinline__ int tile_blocks(const AttnParams& a, const Pattern& p, i64 b, i64 h, i64 tq, i64 tq_end,
+                                           i64 tk, i64 tk_end) {
+    if (a.bmask == nullptr) return TILE_KEPT;
+    if (tq >= tq_end || tk >= tk_end) return TILE_REMOVED;
+    const i64 q0 = sel_pos(p, tq), q1 = sel_pos(p, tq_end - 1), k0 = sel_pos(p, tk), k1 = sel_pos(p, tk_end - 1);
+    bool kept = false, removed = false;
+    for (i64 qb = div32(q0, a.bm_size); qb <= div32(q1, a.bm_size); ++qb) {
+        if (!block_holds(a, p, qb, q0, q1)) continue;
+        const unsigned char* row = block_row(a, b, h, (int)qb);
+        for (i64 kb = div32(k0, a.bm_size); kb <= div32(k1, a.bm_size); ++kb) {
+            if (!block_holds(a, p, kb, k0, k1)) continue;
+            if (row[kb] != 0)
+                kept = true;
+            else
+                removed = true;
+        }
+    }
+    return kept ? (removed ? TILE_MIXED : TILE_KEPT) : TILE_REMOVED;
+}
+
+// The mask block of each of `n` selected indices t0.. of pattern p (-1 at or past t_hi, or
+// without a block mask), for mask_blocks.
+__device__ __forceinline__ void gather_blocks(int* s_blk, int n, const Pattern& p, i64 t0, i64 t_hi,
+                                              const AttnParams& a) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        s_blk[i] = a.bmask != nullptr && t0 + i < t_hi ? (int)div32(sel_pos(p, t0 + i), a.bm_size) : -1;
+}
+
+// Sets to -inf this thread's scores (rows g, g + 8 of the accumulator layout) of pairs the
+// block mask removes: qblk[0], qblk[8] the rows' mask blocks, kblk the tile's keys' (-1:
+// no key, removed too).
+template <int NS>
+__device__ __forceinline__ void mask_blocks(float (*s)[4], const AttnParams& a, i64 b, i64 h, const int* qblk,
+                                            const int* kblk, int c) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int qb = qblk[8 * i];
+        const unsigned char* row = qb < 0 ? nullptr : block_row(a, b, h, qb);
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int kb = kblk[j * 8 + 2 * c + e];
+                if (row == nullptr || kb < 0 || row[kb] == 0) s[j][2 * i + e] = NEG_INF;
+            }
+        }
+    }
+}

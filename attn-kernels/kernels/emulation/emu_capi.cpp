@@ -93,6 +93,16 @@ using Entry = int (*)(Dim3, unsigned, unsigned, unsigned long long, void**);
         ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_k128_q64_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_q64_##T##_d32), \
         ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_q64_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_q64_##T##_d128), \
         ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_k128_q64_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_pipelined_k128_q64_##T##_d128)
+// The instances that read the block mask (`_bm_`).
+#define ATTN_EMU_MMA_BM(T)                                                                              \
+    ATTN_EMU_ENTRY(dilated_fwd_mma_bm_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma_bm_##T##_d64),          \
+        ATTN_EMU_ENTRY(dilated_fwd_mma_bm_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma_bm_##T##_d256),    \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_bm_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_mma_bm_##T##_d64),      \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_bm_##T##_d128), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_bm_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_bm_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_bwd_mma_dkv_bm_##T##_d128), \
+        ATTN_EMU_ENTRY(dilated_bwd_dq_mma_bm_##T##_d32), ATTN_EMU_ENTRY(dilated_bwd_dq_mma_bm_##T##_d64), \
+        ATTN_EMU_ENTRY(dilated_bwd_dq_mma_bm_##T##_d128)
 #define ATTN_EMU_MMA3(T)                                                                                \
     ATTN_EMU_ENTRY(dilated_fwd_mma3_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma3_##T##_d64),              \
         ATTN_EMU_ENTRY(dilated_fwd_mma3_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_##T##_d256),        \
@@ -106,7 +116,7 @@ using Entry = int (*)(Dim3, unsigned, unsigned, unsigned long long, void**);
 
 const std::map<std::string, Entry>& table() {
     static const std::map<std::string, Entry> t = {
-        ATTN_EMU_DTYPE(f32), ATTN_EMU_DTYPE(f16), ATTN_EMU_DTYPE(bf16), ATTN_EMU_MMA(f16), ATTN_EMU_MMA(bf16), ATTN_EMU_MMA3(f16),
+        ATTN_EMU_DTYPE(f32), ATTN_EMU_DTYPE(f16), ATTN_EMU_DTYPE(bf16), ATTN_EMU_MMA(f16), ATTN_EMU_MMA(bf16), ATTN_EMU_MMA_BM(f16), ATTN_EMU_MMA_BM(bf16), ATTN_EMU_MMA3(f16),
         ATTN_EMU_MMA3(bf16),
     };
     return t;

@@ -8,8 +8,9 @@ use attn_core::{AttnError, Band, BlockDims, BlockMask, DType, DilatedConfig, Mix
 use super::fuse_table::{FusePart, fused_launch, grid, persistent_launch};
 use super::params::{AttnParams, BlockLayout, MAX_FUSED, attn_params};
 use super::patterns::{
-    BackwardKernel, BackwardOptions, ForwardKernel, ForwardOptions, ForwardRows, MmaDq, PatternFusion, PatternLaunch,
-    SeqPiece, THREADS, backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
+    BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, ForwardKernel, ForwardOptions,
+    ForwardRows, ForwardStages, MmaDq, PatternFusion, PatternLaunch, SeqPiece, THREADS, backward_kernel,
+    forward_kernel, head_sweeps, pattern_launches, seq_pieces,
 };
 use super::source::{mma_fused_kernel_name, mma_persistent_kernel_name};
 
@@ -182,9 +183,12 @@ fn offsets(g: &BlockGeometry<'_>, piece: &SeqPiece) -> ArgOffsets {
 /// head has one pattern, fusing the patterns' launches as `opts.fusion` says.
 pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: ForwardOptions) -> Result<Vec<Planned>> {
     let kernel = block_forward_kernel(g, dtype, suffix, opts);
-    // The fused and persistent kernels: 64 rows a block, where every head has one pattern.
+    // The fused and persistent kernels: 64 rows a block, where every head has one pattern
+    // and no block mask (the table orders its patterns by keys a row, which a mask changes).
     let table_kernel = match &kernel {
-        ForwardKernel::Mma { padded_d, rows: ForwardRows::M64, stages, .. } if one_pattern_per_head(g.cfg) => {
+        ForwardKernel::Mma { padded_d, rows: ForwardRows::M64, stages, .. }
+            if one_pattern_per_head(g.cfg) && g.block_mask.is_none() =>
+        {
             match opts.fusion {
                 PatternFusion::PerPattern => None,
                 PatternFusion::Fused => Some((opts.fusion, mma_fused_kernel_name(suffix, *padded_d, *stages))),
@@ -241,30 +245,51 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: For
     Ok(out)
 }
 
-/// The forward kernel of a block: [`forward_kernel`]'s choice, the warp-per-row kernel
-/// where the block has a block mask (the only forward that reads one).
+/// The forward kernel of a block: [`forward_kernel`]'s choice, or under a block mask the
+/// 64-row two-stage tensor-core kernel that reads it (`_bm_`; f16/bf16) or the row kernel
+/// (f32), which reads it too.
 pub fn block_forward_kernel(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: ForwardOptions) -> ForwardKernel {
-    match g.block_mask {
-        Some(_) => ForwardKernel::Rows { name: format!("dilated_fwd_rows_{suffix}") },
-        None => forward_kernel(dtype, suffix, g.q.0.head_dim, opts),
+    if g.block_mask.is_none() {
+        return forward_kernel(dtype, suffix, g.q.0.head_dim, opts);
+    }
+    let opts = ForwardOptions { rows: ForwardRows::M64, stages: ForwardStages::Two, ..opts };
+    match forward_kernel(dtype, suffix, g.q.0.head_dim, opts) {
+        ForwardKernel::Mma { name, padded_d, rows, stages, block_n, smem_bytes } => {
+            ForwardKernel::Mma { name: masked_name(&name, suffix), padded_d, rows, stages, block_n, smem_bytes }
+        }
+        rows => rows,
     }
 }
 
-/// The backward kernels of a block: [`backward_kernel`]'s choice, the warp-per-row ones
-/// where the block has a block mask (the only backward that reads one).
+/// The backward kernels of a block: [`backward_kernel`]'s choice, or under a block mask
+/// the tensor-core kernels that read it (`_bm_`: 64 keys a block, 32-query tiles loaded
+/// before their compute, either dq sum; f16/bf16) or the row kernels (f32), which read it too.
 pub fn block_backward_kernel(
     g: &BlockGeometry<'_>,
     dtype: DType,
     suffix: &str,
     opts: BackwardOptions,
 ) -> BackwardKernel {
-    match g.block_mask {
-        Some(_) => BackwardKernel::Rows {
-            dq: format!("dilated_bwd_dq_rows_{suffix}"),
-            dkv: format!("dilated_bwd_dkv_rows_{suffix}"),
-        },
-        None => backward_kernel(dtype, suffix, g.q.0.head_dim, opts),
+    if g.block_mask.is_none() {
+        return backward_kernel(dtype, suffix, g.q.0.head_dim, opts);
     }
+    let opts =
+        BackwardOptions { keys: BackwardKeys::K64, queries: BackwardQueries::Q32, loads: BackwardLoads::Sync, ..opts };
+    match backward_kernel(dtype, suffix, g.q.0.head_dim, opts) {
+        BackwardKernel::Mma { name, keys, smem_bytes, dq } => BackwardKernel::Mma {
+            name: masked_name(&name, suffix),
+            keys,
+            smem_bytes,
+            dq: dq.map(|d| MmaDq { name: masked_name(&d.name, suffix), ..d }),
+        },
+        rows => rows,
+    }
+}
+
+/// The block-mask-reading instance of tensor-core kernel `name` (dtype `suffix`): `_bm`
+/// before the dtype.
+fn masked_name(name: &str, suffix: &str) -> String {
+    name.replacen(&format!("_{suffix}_d"), &format!("_bm_{suffix}_d"), 1)
 }
 
 /// Whether every head of `cfg` has exactly one pattern (head groups, a window, or a

@@ -134,6 +134,17 @@ pub fn kernel_names() -> Vec<String> {
         for d in MMA_BWD_HEAD_DIMS {
             names.push(mma_bwd_dq_kernel_name(t, d));
         }
+        // The instances that read a block mask (`_bm_` before the dtype).
+        let bm = |n: String| n.replacen(&format!("_{t}_d"), &format!("_bm_{t}_d"), 1);
+        for d in MMA_HEAD_DIMS {
+            names.push(bm(mma_kernel_name(t, d, ForwardRows::M64, ForwardStages::Two)));
+        }
+        for d in MMA_BWD_HEAD_DIMS {
+            for dq in BackwardDq::ALL {
+                names.push(bm(mma_bwd_kernel_name(t, d, BackwardOptions { dq, ..BackwardOptions::default() })));
+            }
+            names.push(bm(mma_bwd_dq_kernel_name(t, d)));
+        }
     }
     names
 }
@@ -253,6 +264,8 @@ mod tests {
                     (r, "ATTN_MMA_KERNEL_FUSED")
                 } else if let Some(r) = rest.strip_prefix("persistent_") {
                     (r, "ATTN_MMA_KERNEL_PERSISTENT")
+                } else if let Some(r) = rest.strip_prefix("bm_") {
+                    (r, "ATTN_MMA_KERNEL_BM")
                 } else {
                     (rest, "ATTN_MMA_KERNEL")
                 };
@@ -260,15 +273,18 @@ mod tests {
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
                 src.contains(&format!("{mac}({t}, {e}, {d},"))
             } else if let Some(rest) = name.strip_prefix("dilated_bwd_dq_mma_") {
+                // The block-mask instance (`bm_`) comes from the same macro.
+                let rest = rest.strip_prefix("bm_").unwrap_or(rest);
                 let (t, d) = rest.split_once("_d").unwrap();
                 let e = if t == "f16" { "F16E" } else { "BF16E" };
                 src.contains(&format!("ATTN_MMA_BWD_DQ_KERNEL({t}, {e}, {d},"))
             } else if let Some(rest) = name.strip_prefix("dilated_bwd_mma_") {
                 let rest = rest.strip_prefix("dkv_").unwrap_or(rest);
                 let rest = rest.strip_prefix("pipelined_").unwrap_or(rest);
-                let (rest, mac) = match rest.strip_prefix("k128_") {
-                    Some(r) => (r, "ATTN_MMA_BWD_KERNEL_K128"),
-                    None => (rest, "ATTN_MMA_BWD_KERNEL"),
+                let (rest, mac) = match (rest.strip_prefix("k128_"), rest.strip_prefix("bm_")) {
+                    (Some(r), _) => (r, "ATTN_MMA_BWD_KERNEL_K128"),
+                    (None, Some(r)) => (r, "ATTN_MMA_BWD_KERNEL_BM"),
+                    (None, None) => (rest, "ATTN_MMA_BWD_KERNEL"),
                 };
                 let (rest, mac) = match rest.strip_prefix("q64_") {
                     Some(r) => (r, format!("{mac}_Q64")),
