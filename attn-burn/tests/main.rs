@@ -1,6 +1,7 @@
 //! attn-burn's integration tests: the op against the float64 reference, the conformance
 //! files, and against a plain burn composition of the definition, gradients included;
-//! typed errors; the nn modules against the multihead files and `attn-multihead`.
+//! typed errors; the nn modules against the multihead files and `attn-multihead`; the
+//! bench's composition from burn's `attention` op against the op.
 
 mod common;
 mod composition;
@@ -10,3 +11,4 @@ mod golden;
 mod nn;
 mod reference;
 mod ring;
+mod sdpa;
