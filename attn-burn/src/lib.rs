@@ -36,6 +36,11 @@
 //! the LongNet encoder, with `attn-multihead`'s PyTorch parameter names, MAGNETO
 //! initialisation and safetensors loading.
 //!
+//! # Benchmark
+//! `cargo run --release -p attn-burn --example burn_attention_bench` times the op
+//! against the same dilated pattern composed from burn's own `attention` op, forward
+//! and forward plus backward at seq 8192 (results in BENCHMARKS.md).
+//!
 //! # Errors
 //! Every failure is an [`attn_core::AttnError`]: mixed dtypes, a rank other than 4,
 //! shapes that disagree, masks that do not fit, tensors of an unsupported backend. No

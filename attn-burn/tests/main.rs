@@ -3,6 +3,7 @@
 //! typed errors; the nn modules against the multihead files and `attn-multihead`; the
 //! bench's composition from burn's `attention` op against the op.
 
+mod bench_composition;
 mod common;
 mod composition;
 mod dropout;
@@ -11,4 +12,3 @@ mod golden;
 mod nn;
 mod reference;
 mod ring;
-mod sdpa;

@@ -5,9 +5,9 @@
 //! burn's autodiff (its `attention` backward is burn's fallback composition).
 
 use attn_core::{AttnError, Causality, DilatedConfig, Feature, Mixing, Result, TensorName};
+use burn_tensor::Tensor;
 use burn_tensor::module::attention;
 use burn_tensor::ops::AttentionModuleOptions;
-use burn_tensor::Tensor;
 
 /// What the composition is called in its errors.
 const NAME: &str = "the burn `attention` composition";

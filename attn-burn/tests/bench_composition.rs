@@ -6,7 +6,7 @@
 #[path = "../examples/burn_attention_bench/sdpa.rs"]
 mod sdpa;
 
-use crate::common::{Inputs, Layout, Run, grad_device, run_inputs, values, Attended};
+use crate::common::{Attended, Inputs, Layout, Run, grad_device, run_inputs, values};
 use attn_burn::AttnOptions;
 use attn_core::{AttnError, Causality, DilatedConfig, Feature, Mixing, SeededRng};
 use burn_tensor::{DType, Tensor};
