@@ -32,6 +32,16 @@ impl Compute {
             Compute::On(backend) => Ok(backend.as_ref()),
         }
     }
+
+    /// The global positions of `seq` query rows a caller passes: `0..seq` on the kernels,
+    /// the rank's rows on a ring rank (an error when `seq` is not its row count). Dropout
+    /// masks are drawn at these positions, so ranks drop what one device drops.
+    pub fn query_positions(&self, seq: usize) -> Result<Vec<usize>> {
+        match self {
+            Compute::Kernels => Ok((0..seq).collect()),
+            Compute::On(backend) => Attention::<f32>::query_positions(backend.as_ref(), seq),
+        }
+    }
 }
 
 /// The process-wide CPU kernels (one thread per core), built on first use.

@@ -34,7 +34,10 @@
 //! # Modules
 //! [`nn`] holds burn modules (`#[derive(Module)]`) over the op: the multihead layer and
 //! the LongNet encoder, with `attn-multihead`'s PyTorch parameter names, MAGNETO
-//! initialisation and safetensors loading.
+//! initialisation and safetensors loading. Their `forward_on` takes a [`Compute`]: with a
+//! ring rank each rank passes its own rows, dropout masks are drawn at the rows' global
+//! positions, and the ranks' rows (and parameter gradients summed over the ranks) are the
+//! single-device module's.
 //!
 //! # Benchmark
 //! `cargo run --release -p attn-burn --example burn_attention_bench` times the op

@@ -65,7 +65,7 @@ pub fn attention_on(
 }
 
 /// The call on the backend q lives on, computed where `compute` says.
-fn route(qkv: [Tensor<4>; 3], options: &AttnOptions, compute: &Compute) -> Result<AttnOutput> {
+pub(crate) fn route(qkv: [Tensor<4>; 3], options: &AttnOptions, compute: &Compute) -> Result<AttnOutput> {
     if let Some(r) = attend_on::<Autodiff<Flex, NoCheckpointing>>(&qkv, options, compute) {
         return r;
     }

@@ -15,7 +15,7 @@ use attn_testkit::{random_vec, rel_l2_error};
 use burn::module::Module;
 use burn_tensor::{DType, Device, Tensor, TensorData};
 
-fn dropout_config() -> EncoderConfig {
+pub fn dropout_config() -> EncoderConfig {
     EncoderConfig { dropout: 0.25, ..encoder_config() }
 }
 

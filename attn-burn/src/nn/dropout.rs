@@ -4,12 +4,16 @@
 //! burn layers drop exactly what `attn-multihead`'s layers drop for the same [`Mode`].
 //! Following burn's conventions it drops only in training: the module's `training` flag
 //! on (burn's `Module::valid` turns it off, `train` restores it) and the activation on an
-//! autodiff device; elsewhere it is the identity whatever the mode.
+//! autodiff device; elsewhere it is the identity whatever the mode. On a ring rank the
+//! rows' global positions come from the [`Compute`] (the ring's layout), so every rank
+//! drops what one device drops at those positions.
 
 use attn_core::{AttnError, Result};
 use attn_multihead::{DropoutSite, Mode, site_mask};
 use burn::module::{Flag, Module, Param};
 use burn_tensor::{Tensor, TensorData};
+
+use crate::compute::Compute;
 
 /// Inverted dropout with probability `prob` at one site of a layer.
 #[derive(Module, Debug)]
@@ -46,9 +50,24 @@ impl SiteDropout {
         if !self.active(&x, mode) {
             return x;
         }
+        let positions: Vec<usize> = (0..x.dims()[1]).collect();
+        self.apply(x, mode, &positions)
+    }
+
+    /// [`Self::forward`] of the rows a call computed where `compute` says passes: their
+    /// global positions are `compute`'s (a ring rank's rows), looked up only in training.
+    pub fn forward_on(&self, x: Tensor<3>, mode: Mode, compute: &Compute) -> Result<Tensor<3>> {
+        if !self.active(&x, mode) {
+            return Ok(x);
+        }
+        let positions = compute.query_positions(x.dims()[1])?;
+        Ok(self.apply(x, mode, &positions))
+    }
+
+    /// `x` times the mask of rows at global `positions` (one per row of `x`).
+    fn apply(&self, x: Tensor<3>, mode: Mode, positions: &[usize]) -> Tensor<3> {
         let [b, n, w] = x.dims();
-        let positions: Vec<usize> = (0..n).collect();
-        let Some(mask) = site_mask::<f32>(mode, self.prob, self.site, b, &positions, w) else { return x };
+        let Some(mask) = site_mask::<f32>(mode, self.prob, self.site, b, positions, w) else { return x };
         let mask = Tensor::<3>::from_data(TensorData::new(mask, [b, n, w]), (&x.device(), x.dtype()));
         x * mask
     }

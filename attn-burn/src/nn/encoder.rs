@@ -2,7 +2,8 @@
 //! `x + attn(norm1(x))`, then `x + linear2(norm3(relu(linear1(norm2(x)))))`, with
 //! dropout in training on the attention branch, the feed-forward hidden activation and
 //! the feed-forward branch, as `attn-multihead`'s encoder computes them, under its
-//! parameter names.
+//! parameter names. The `forward_on` forwards run on a ring rank's rows as the multihead
+//! layer's do.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use burn_tensor::activation::relu;
 use burn_tensor::{DType, Device, Tensor};
 
 use super::{LayerNorm, Linear, MultiheadDilatedAttention, ParamSource, SiteDropout};
+use crate::compute::Compute;
 use crate::options::AttnOptions;
 
 /// One pre-LN LongNet encoder layer.
@@ -70,10 +72,17 @@ impl LongNetEncoderLayer {
     /// [`Self::forward`] in `mode`: `Mode::Train { seed }` drops what `attn-multihead`'s
     /// layer drops for that seed, where the layer trains.
     pub fn forward_mode(&self, x: Tensor<3>, masks: &AttnOptions, mode: Mode) -> Result<Tensor<3>> {
+        self.forward_on(x, masks, mode, &Compute::Kernels)
+    }
+
+    /// [`Self::forward_mode`] with the attention computed where `compute` says: on a ring
+    /// rank, `x` holds the rank's rows (see `MultiheadDilatedAttention::forward_on`).
+    pub fn forward_on(&self, x: Tensor<3>, masks: &AttnOptions, mode: Mode, compute: &Compute) -> Result<Tensor<3>> {
         let h = self.norm1.forward(x.clone());
-        let x = x + self.dropout1.forward(self.self_attn.forward_mode(h, masks, mode)?, mode);
-        let f = self.dropout_ff.forward(relu(self.linear1.forward(self.norm2.forward(x.clone()))), mode);
-        Ok(x + self.dropout2.forward(self.linear2.forward(self.norm3.forward(f)), mode))
+        let x = x + self.dropout1.forward_on(self.self_attn.forward_on(h, masks, mode, compute)?, mode, compute)?;
+        let hidden = relu(self.linear1.forward(self.norm2.forward(x.clone())));
+        let f = self.dropout_ff.forward_on(hidden, mode, compute)?;
+        Ok(x + self.dropout2.forward_on(self.linear2.forward(self.norm3.forward(f)), mode, compute)?)
     }
 }
 
@@ -144,7 +153,13 @@ impl LongNetEncoder {
     /// [`Self::forward`] in `mode`; layer `i` draws its dropout masks in
     /// `attn_multihead::layer_mode(mode, i)`, as `attn-multihead`'s stack does.
     pub fn forward_mode(&self, x: Tensor<3>, masks: &AttnOptions, mode: Mode) -> Result<Tensor<3>> {
+        self.forward_on(x, masks, mode, &Compute::Kernels)
+    }
+
+    /// [`Self::forward_mode`] with the attention computed where `compute` says: on a ring
+    /// rank, `x` holds the rank's rows (see `MultiheadDilatedAttention::forward_on`).
+    pub fn forward_on(&self, x: Tensor<3>, masks: &AttnOptions, mode: Mode, compute: &Compute) -> Result<Tensor<3>> {
         let mut layers = self.layers.iter().enumerate();
-        layers.try_fold(x, |x, (i, layer)| layer.forward_mode(x, masks, layer_mode(mode, i)))
+        layers.try_fold(x, |x, (i, layer)| layer.forward_on(x, masks, layer_mode(mode, i), compute))
     }
 }

@@ -2,6 +2,9 @@
 //! `v_proj` with `num_kv_heads * head_dim` rows for grouped heads), the dilated
 //! attention op, dropout of the merged output in training, sub-LayerNorm (`norm`) and
 //! `out_proj`, per docs/definition.md and as `attn-multihead`'s layer computes them.
+//! The `_on` forwards compute the op where a [`Compute`] says: on a ring rank each rank
+//! passes its own rows and gets the single-device rows back (projections, LayerNorm and
+//! dropout act row by row; dropout at the rows' global positions).
 
 use std::path::Path;
 
@@ -11,8 +14,9 @@ use burn::module::Module;
 use burn_tensor::{DType, Device, Tensor};
 
 use super::{LayerNorm, Linear, ParamSource, SiteDropout};
+use crate::compute::Compute;
 use crate::options::AttnOptions;
-use crate::route::dilated_attention;
+use crate::route::route;
 
 /// The MAGNETO/LongNet multihead layer.
 #[derive(Module, Debug)]
@@ -120,6 +124,27 @@ impl MultiheadDilatedAttention {
 
     /// [`Self::forward_cross`] in `mode`.
     pub fn forward_cross_mode(&self, qkv: [Tensor<3>; 3], masks: &AttnOptions, mode: Mode) -> Result<Tensor<3>> {
+        self.forward_cross_on(qkv, masks, mode, &Compute::Kernels)
+    }
+
+    /// [`Self::forward_mode`] with the op computed where `compute` says. With a ring rank
+    /// (`Compute::On` an `attn_ring::RingBackend`) `x` holds the rank's rows
+    /// (`RingBackend::positions`), `masks`' key padding covers them, and the result is
+    /// the single-device layer's rows; every rank runs `backward()`, and each parameter's
+    /// gradient is the sum of the ranks' gradients.
+    pub fn forward_on(&self, x: Tensor<3>, masks: &AttnOptions, mode: Mode, compute: &Compute) -> Result<Tensor<3>> {
+        self.forward_cross_on([x.clone(), x.clone(), x], masks, mode, compute)
+    }
+
+    /// [`Self::forward_cross_mode`] with the op computed where `compute` says (on a ring,
+    /// keys and values have the queries' rows).
+    pub fn forward_cross_on(
+        &self,
+        qkv: [Tensor<3>; 3],
+        masks: &AttnOptions,
+        mode: Mode,
+        compute: &Compute,
+    ) -> Result<Tensor<3>> {
         let [query, key, value] = qkv;
         let [b, n, e] = query.dims();
         let [kb, m, ke] = key.dims();
@@ -137,7 +162,8 @@ impl MultiheadDilatedAttention {
         let k = self.k_proj.forward(key).reshape([b, m, kvh, d]);
         let v = self.v_proj.forward(value).reshape([b, m, kvh, d]);
         let options = AttnOptions { config: self.config.attention.clone(), masks: masks.masks.clone() };
-        let a = self.dropout.forward(dilated_attention(q, k, v, &options)?.reshape([b, n, e]), mode);
+        let a = route([q, k, v], &options, compute)?.out.reshape([b, n, e]);
+        let a = self.dropout.forward_on(a, mode, compute)?;
         let a = match &self.norm {
             Some(norm) => norm.forward(a),
             None => a,

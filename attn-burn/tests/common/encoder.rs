@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use attn_burn::AttnOptions;
 use attn_burn::nn::{LongNetEncoder, Mode};
+use attn_burn::{AttnOptions, Compute};
 use attn_core::DType as AttnDType;
 use attn_multihead::{Call, EncoderConfig, NamedParams};
 use attn_testkit::{Tolerance, random_vec};
@@ -16,30 +16,71 @@ use super::{grad_device, values};
 /// Named results: `out`, `dx`, then each parameter's gradient.
 pub type Named = Vec<(String, Vec<f32>)>;
 
-/// `attn-multihead`'s two-layer stack (seed 11) in `mode`: its results and the burn stack's
-/// (loss `sum(out * grad_out)`).
-pub fn encoder_runs(config: &EncoderConfig, mode: Mode) -> (Named, Named) {
-    let backend = Arc::new(attn_kernels::CpuBackend::new(1).expect("cpu backend"));
-    let native = attn_multihead::LongNetEncoder::<f32>::new(config.clone(), 2, 11, backend).expect("encoder");
-    let device = grad_device();
-    let stack = LongNetEncoder::from_encoder(&native, config, &device, DType::F32).expect("burn encoder");
-    let (b, n, e) = (2, 32, config.d_model);
-    let (x, go) = (random_vec(1, b * n * e), random_vec(2, b * n * e));
-    let (want_out, cache) = native.forward_train(&x, &Call::new(b, n).mode(mode)).expect("forward");
-    let mut want_grads = native.zero_grads();
-    let want_dx = native.backward(&cache, &go, &mut want_grads).expect("backward");
-    let mut want = vec![("out".to_string(), want_out), ("dx".to_string(), want_dx)];
-    for (i, g) in want_grads.iter().enumerate() {
-        want.extend(g.params().into_iter().map(|p| (format!("layers.{i}.{}", p.name), p.data.to_vec())));
+/// `attn-multihead`'s two-layer stack (seed 11) and the input and output gradient of one
+/// `[b, n, e]` run (loss `sum(out * grad_out)`).
+pub struct EncoderCase {
+    pub native: attn_multihead::LongNetEncoder<f32>,
+    pub config: EncoderConfig,
+    pub dims: [usize; 3],
+    pub x: Vec<f32>,
+    pub grad_out: Vec<f32>,
+}
+
+impl EncoderCase {
+    /// The stack of `config` on `[b, n, d_model]` inputs.
+    pub fn new(config: &EncoderConfig, b: usize, n: usize) -> Self {
+        let backend = Arc::new(attn_kernels::CpuBackend::new(1).expect("cpu backend"));
+        let native = attn_multihead::LongNetEncoder::<f32>::new(config.clone(), 2, 11, backend).expect("encoder");
+        let dims = [b, n, config.d_model];
+        let len = b * n * config.d_model;
+        EncoderCase { native, config: config.clone(), dims, x: random_vec(1, len), grad_out: random_vec(2, len) }
     }
 
-    let xt = Tensor::<3>::from_data(TensorData::new(x, [b, n, e]), (&device, DType::F32)).require_grad();
-    let opts = AttnOptions::new(config.attention.clone());
-    let out = stack.forward_mode(xt.clone(), &opts, mode).expect("burn forward");
-    let got_grads = (out.clone() * Tensor::<3>::from_data(TensorData::new(go, [b, n, e]), &device)).sum().backward();
-    let mut got = vec![("out".to_string(), values(out)), ("dx".to_string(), values(xt.grad(&got_grads).expect("dx")))];
-    got.extend(param_grads(&stack, &got_grads));
-    (got, want)
+    /// `attn-multihead`'s results in `mode`.
+    pub fn native_run(&self, mode: Mode) -> Named {
+        let [b, n, _] = self.dims;
+        let (out, cache) = self.native.forward_train(&self.x, &Call::new(b, n).mode(mode)).expect("forward");
+        let mut grads = self.native.zero_grads();
+        let dx = self.native.backward(&cache, &self.grad_out, &mut grads).expect("backward");
+        let mut named = vec![("out".to_string(), out), ("dx".to_string(), dx)];
+        for (i, g) in grads.iter().enumerate() {
+            named.extend(g.params().into_iter().map(|p| (format!("layers.{i}.{}", p.name), p.data.to_vec())));
+        }
+        named
+    }
+
+    /// The burn stack with the same parameters, on the autodiff flex device.
+    pub fn burn_stack(&self) -> LongNetEncoder {
+        LongNetEncoder::from_encoder(&self.native, &self.config, &grad_device(), DType::F32).expect("burn encoder")
+    }
+
+    /// The burn stack's results in `mode` on rows `x` `[b, rows, e]` with output gradient
+    /// `grad_out`, its attention computed where `compute` says: out, dx, parameter
+    /// gradients.
+    pub fn burn_run(&self, mode: Mode, [x, grad_out]: [&[f32]; 2], compute: &Compute) -> Named {
+        let device = grad_device();
+        let stack = self.burn_stack();
+        let [b, _, e] = self.dims;
+        let rows = x.len() / (b * e);
+        let tensor =
+            |v: &[f32]| Tensor::<3>::from_data(TensorData::new(v.to_vec(), [b, rows, e]), (&device, DType::F32));
+        let xt = tensor(x).require_grad();
+        let opts = AttnOptions::new(self.config.attention.clone());
+        let out = stack.forward_on(xt.clone(), &opts, mode, compute).expect("burn forward");
+        let grads = (out.clone() * tensor(grad_out)).sum().backward();
+        let dx = values(xt.grad(&grads).expect("dx"));
+        let mut named = vec![("out".to_string(), values(out)), ("dx".to_string(), dx)];
+        named.extend(param_grads(&stack, &grads));
+        named
+    }
+}
+
+/// `attn-multihead`'s two-layer stack (seed 11) in `mode`: the burn stack's results and
+/// its (loss `sum(out * grad_out)`), at `[2, 32, d_model]`.
+pub fn encoder_runs(config: &EncoderConfig, mode: Mode) -> (Named, Named) {
+    let case = EncoderCase::new(config, 2, 32);
+    let got = case.burn_run(mode, [&case.x, &case.grad_out], &Compute::Kernels);
+    (got, case.native_run(mode))
 }
 
 /// The worst relative error of `got` against `want`, and the name it occurs at.

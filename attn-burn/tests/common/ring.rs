@@ -23,7 +23,7 @@ pub struct Split {
 }
 
 /// Rows `pos` of a global row-major `[b, n, row]` buffer, as `[b, pos.len(), row]`.
-fn rows_of(x: &[f32], [b, n, row]: [usize; 3], pos: &[usize]) -> Vec<f32> {
+pub fn rows_of(x: &[f32], [b, n, row]: [usize; 3], pos: &[usize]) -> Vec<f32> {
     (0..b)
         .flat_map(|bi| pos.iter().flat_map(move |&p| &x[(bi * n + p) * row..(bi * n + p + 1) * row]))
         .copied()
@@ -31,7 +31,7 @@ fn rows_of(x: &[f32], [b, n, row]: [usize; 3], pos: &[usize]) -> Vec<f32> {
 }
 
 /// Writes a rank's `[b, pos.len(), row]` rows into the global `[b, n, row]` buffer.
-fn put_rows(global: &mut [f32], local: &[f32], [b, n, row]: [usize; 3], pos: &[usize]) {
+pub fn put_rows(global: &mut [f32], local: &[f32], [b, n, row]: [usize; 3], pos: &[usize]) {
     for bi in 0..b {
         for (i, &p) in pos.iter().enumerate() {
             let from = (bi * pos.len() + i) * row;
