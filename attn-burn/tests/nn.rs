@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use crate::common::encoder::encoder_against_attn_multihead;
 use crate::common::golden_op::DTYPES;
-use crate::common::params::{param_grads, param_values};
 use crate::common::{grad_device, values};
 use attn_burn::AttnOptions;
 use attn_burn::nn::{Mode, MultiheadDilatedAttention};
+use attn_burn::nn::{param_grads, param_values};
 use attn_core::{DType as AttnDType, DilatedConfig, Result};
 use attn_multihead::metadata::config_from_metadata;
 use attn_multihead::{
@@ -89,7 +89,7 @@ impl BurnLayer {
         if cross {
             named.extend([("d_key".to_string(), grad(&key)), ("d_value".to_string(), grad(&value))]);
         }
-        named.extend(param_grads(&layer, &grads).into_iter().map(|(n, g)| (format!("d.{n}"), g)));
+        named.extend(param_grads(&layer, &grads)?.into_iter().map(|(n, g)| (format!("d.{n}"), g)));
         Ok(MultiheadGrads32 { out: values(out), grads: named })
     }
 }
@@ -211,7 +211,7 @@ fn magneto_parameters_are_attn_multiheads_under_pytorch_names() {
     let layer = MultiheadDilatedAttention::magneto(config.clone(), 5, &Device::flex(), DType::F32).expect("layer");
     let want = MultiheadWeights::<f32>::magneto(&config, 5);
     let mut want: Vec<(String, Vec<f32>)> = want.params().into_iter().map(|p| (p.name, p.data.to_vec())).collect();
-    let mut got = param_values(&layer);
+    let mut got = param_values(&layer).expect("parameter values");
     got.sort_by(|a, b| a.0.cmp(&b.0));
     want.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(got, want);

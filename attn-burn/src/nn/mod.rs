@@ -13,6 +13,7 @@ mod dropout;
 mod encoder;
 mod layers;
 mod multihead;
+mod named;
 mod params;
 
 pub use attn_multihead::Mode;
@@ -20,4 +21,5 @@ pub use dropout::SiteDropout;
 pub use encoder::{LongNetEncoder, LongNetEncoderLayer};
 pub use layers::{LayerNorm, Linear};
 pub use multihead::MultiheadDilatedAttention;
+pub use named::{param_grads, param_values};
 pub use params::ParamSource;

@@ -10,8 +10,8 @@ use attn_multihead::{Call, EncoderConfig, NamedParams};
 use attn_testkit::{Tolerance, random_vec};
 use burn_tensor::{DType, Tensor, TensorData};
 
-use super::params::param_grads;
 use super::{grad_device, values};
+use attn_burn::nn::param_grads;
 
 /// Named results: `out`, `dx`, then each parameter's gradient.
 pub type Named = Vec<(String, Vec<f32>)>;
@@ -70,7 +70,7 @@ impl EncoderCase {
         let grads = (out.clone() * tensor(grad_out)).sum().backward();
         let dx = values(xt.grad(&grads).expect("dx"));
         let mut named = vec![("out".to_string(), values(out)), ("dx".to_string(), dx)];
-        named.extend(param_grads(&stack, &grads));
+        named.extend(param_grads(&stack, &grads).expect("parameter gradients"));
         named
     }
 }

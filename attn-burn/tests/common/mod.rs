@@ -4,7 +4,6 @@
 pub mod compose;
 pub mod encoder;
 pub mod golden_op;
-pub mod params;
 pub mod ring;
 
 use attn_burn::{AttnOptions, OwnedMasks};

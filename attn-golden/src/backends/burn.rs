@@ -12,7 +12,7 @@ pub struct BurnDilated {
     pub dtype: DType,
 }
 
-fn burn_dtype(dtype: DType) -> burn_tensor::DType {
+pub(super) fn burn_dtype(dtype: DType) -> burn_tensor::DType {
     match dtype {
         DType::F64 => burn_tensor::DType::F64,
         DType::BF16 => burn_tensor::DType::BF16,
@@ -21,7 +21,7 @@ fn burn_dtype(dtype: DType) -> burn_tensor::DType {
     }
 }
 
-fn values<const N: usize>(t: Tensor<N>) -> Result<Vec<f32>> {
+pub(super) fn values<const N: usize>(t: Tensor<N>) -> Result<Vec<f32>> {
     t.into_data()
         .convert::<f32>()
         .try_to_vec::<f32>()

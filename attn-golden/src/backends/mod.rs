@@ -2,6 +2,8 @@
 
 #[cfg(feature = "burn")]
 mod burn;
+#[cfg(feature = "burn")]
+mod burn_layer;
 #[cfg(feature = "candle")]
 mod candle;
 mod multihead;
@@ -115,14 +117,14 @@ fn candle_backend(dtype: DType) -> Result<Selected, AttnError> {
 }
 
 /// The burn op on burn-flex in any dtype it stores (feature `burn`; without it,
-/// `NotCompiled`). The multihead files have no burn layer and are not run.
+/// `NotCompiled`), and attn-burn's layer for the multihead files in the same dtype.
 fn burn_backend(dtype: DType) -> Result<Selected, AttnError> {
     #[cfg(feature = "burn")]
     {
         Ok(Selected {
             label: format!("burn {}", dtype.as_str()),
             dilated: Some(Box::new(burn::BurnDilated { dtype })),
-            multihead: None,
+            multihead: Some(Box::new(burn_layer::BurnMultihead { dtype })),
         })
     }
     #[cfg(not(feature = "burn"))]
