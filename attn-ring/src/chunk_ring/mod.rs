@@ -18,7 +18,9 @@
 //! strategy from neighbour to neighbour, to the next rank, the previous one or both ways
 //! (none when segments sit inside ranks, one step for a causal window under the contiguous
 //! layout, one each way for a two-sided window); under all-gather straight to each rank;
-//! the backward's dk/dv then go straight home.
+//! the backward's dk/dv then go straight home. An explicit `Strategy::Ulysses` or
+//! `Strategy::Hybrid` exchanges heads instead (`heads`): an all-to-all over the
+//! transport, blocks over a [`HeadSlot`], and a second all-to-all back.
 //!
 //! [`Communicator`]: crate::Communicator
 
