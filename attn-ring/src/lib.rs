@@ -71,7 +71,8 @@
 //!   pair; `heads_split` (the head strategies: groups of `U` consecutive ranks, slot `j`
 //!   of a group attending query heads `slot_heads(j)`, the first `heads % U` slots one more,
 //!   with the key/value heads they read; `heads < U` is `Unsupported`; `heads_bytes`, their
-//!   bytes per rank); `ring_route` (a ring block goes to the next rank, the previous one or both
+//!   bytes per rank) and `heads_place` (a rank's group, slot, members and rows in that
+//!   split, for the host path and the chunk ring alike); `ring_route` (a ring block goes to the next rank, the previous one or both
 //!   ways, split where it reaches its receivers in the fewest hops, so a two-sided window
 //!   moves one hop each way); `workspace`
 //!   (`Plan::workspace_bytes`, `forward_buffer_bytes`: a rank's memory from the plan

@@ -19,7 +19,8 @@ use super::{
     Travel, TravelKind, piece_shapes, rank_pieces,
 };
 use crate::plan::RingProblem;
-use crate::plan::heads_split::{HeadPlace, HeadSplit};
+use crate::plan::heads_place::HeadPlace;
+use crate::plan::heads_split::HeadSplit;
 
 /// Out and lse per piece.
 type OutLse<R, S> = (Vec<R>, Vec<S>);

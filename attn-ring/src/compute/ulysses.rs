@@ -14,7 +14,7 @@ use crate::comm::Communicator;
 use crate::comm::all_to_all::all_to_all;
 use crate::compute::ulysses_attend::{KeyGrads, KeyRows, SlotDelta, SlotForward, SlotRows};
 use crate::plan::RingProblem;
-use crate::plan::heads_split::HeadPlace as Place;
+use crate::plan::heads_place::HeadPlace as Place;
 use crate::protocol::call::{Prepared, RingOptions, RingStats, finish, finish_with, prepare};
 use crate::protocol::wire::{Expected, MsgKind, Reader, begin, put_elems, put_f32s};
 
