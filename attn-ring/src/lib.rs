@@ -71,7 +71,8 @@
 //!   pair; `heads_split` (the head strategies: groups of `U` consecutive ranks, slot `j`
 //!   of a group attending query heads `slot_heads(j)`, the first `heads % U` slots one more,
 //!   with the key/value heads they read; `heads < U` is `Unsupported`; `heads_bytes`, their
-//!   bytes per rank); `ring_route` (a ring block goes to the next rank, the previous one or both
+//!   bytes per rank) and `heads_place` (a rank's group, slot, members and rows in that
+//!   split, for the host path and the chunk ring alike); `ring_route` (a ring block goes to the next rank, the previous one or both
 //!   ways, split where it reaches its receivers in the fewest hops, so a two-sided window
 //!   moves one hop each way); `workspace`
 //!   (`Plan::workspace_bytes`, `forward_buffer_bytes`: a rank's memory from the plan
@@ -120,7 +121,15 @@
 //!   rounds) and completion rounds. It sends whole slices, not the plan's selected rows;
 //!   where nothing travels, each rank attends its own pieces whole in one round. The
 //!   backward takes an optional gradient into the LSE, one per-row piece per query piece,
-//!   checked before the handshake and folded into each row's delta.
+//!   checked before the handshake and folded into each row's delta. An explicit
+//!   `Ulysses` or `Hybrid` runs `chunk_ring/heads` instead: the transport's all-to-all
+//!   (`ChunkTransport::all_to_all`, host-staged or in process) hands each member of a
+//!   group its slot's heads of every piece (the host path's `HeadSplit` and `HeadPlace`),
+//!   blocks attend a `HeadSlot` of heads, the slot's ranks pass their groups' k/v as
+//!   travels of `U` ranks (the backward's dk/dv with them, then home), and a second
+//!   all-to-all returns out and lse, or dq, dk and dv; the bytes are `expected_bytes`'.
+//!   The CPU compute attends slots; the CUDA compute and `NcclDeviceTransport` refuse
+//!   the head strategies with `Unsupported` (their kernels and exchange move every head).
 // Without MPI/NCCL there is no unsafe code at all; with them, only the
 // `comm::mpi_comm`, `comm::nccl_comm`, `comm::nccl_handle` and `comm::nccl_library`
 // modules may opt in.

@@ -6,7 +6,8 @@
 //! buffers on in process; f32 and f16 at world size 2 in one round, staged as bytes (the
 //! emulation runs a 128-thread block per tile on one core, so the sweep is sized to stay
 //! within minutes); every file of `conformance/blocks` (block masks, read by the row
-//! kernels) in bf16 at world size 2, zigzag, in two rounds. Needs a C++20 compiler (`$CXX`, default `g++`); without one the test
+//! kernels) in bf16 at world size 2, zigzag, in two rounds; an explicit Ulysses or hybrid
+//! is the typed refusal (the kernels attend every head of their rows). Needs a C++20 compiler (`$CXX`, default `g++`); without one the test
 //! fails, naming it.
 #![cfg(feature = "cuda")]
 
@@ -277,4 +278,26 @@ fn emulated_cuda_chunk_ring_f32_host_staged() {
 #[test]
 fn emulated_cuda_chunk_ring_f16_host_staged() {
     sweep::<f16>(Moves::HostStaged, ChunkOptions::default(), &both_layouts(2));
+}
+
+/// Ulysses and the hybrid attend a slot of heads per block, which the CUDA kernels do not
+/// (they attend every head of their rows): on the CUDA compute's steps (here emulated) an
+/// explicit head strategy is the typed `Unsupported` on every rank, before any exchange,
+/// never a row plan run in its place.
+#[test]
+fn emulated_cuda_chunk_ring_refuses_the_head_strategies() {
+    let cfg = attn_core::DilatedConfig::builder().segments(&[8]).dilations(&[1]).build().unwrap();
+    let shape = Shape4::new(1, 16, 4, 4).unwrap();
+    let problem = attn_testkit::golden::Problem::new(&cfg, shape.into());
+    let x = attn_testkit::random_vec(3, shape.numel());
+    for (world, strategy) in [(2, Strategy::Ulysses), (4, Strategy::Hybrid { ulysses: 2 })] {
+        for moves in [Moves::HostStaged, Moves::InProcess] {
+            let backend = ChunkBackend {
+                strategy,
+                ..emulated::<bf16>((world, Layout::Contiguous), moves, ChunkOptions::default())
+            };
+            let e = attn_testkit::golden::DilatedBackend::forward(&backend, &problem, [&x, &x, &x]).unwrap_err();
+            assert!(matches!(e, AttnError::Unsupported { .. }) && e.to_string().contains("Ulysses"), "{e}");
+        }
+    }
 }

@@ -8,6 +8,7 @@ mod bytes_formula;
 mod caller_errors;
 mod chunk_ring;
 mod chunk_ring_bytes;
+mod chunk_ring_heads;
 mod chunk_ring_lse;
 mod chunk_ring_memory;
 mod common;

@@ -42,7 +42,7 @@ fn golden_dir_through_heads(dir: &str) -> (usize, usize) {
 
 /// Every file of `dir` through `backend(world, layout, strategy)` at every run and layout:
 /// (passed, refused) counts; a file with fewer heads than the degree must be refused.
-fn golden_dir_through<B: DilatedBackend>(
+pub(crate) fn golden_dir_through<B: DilatedBackend>(
     dir: &str,
     runs: &[(usize, Strategy)],
     backend: impl Fn(usize, Layout, Strategy) -> B,

@@ -1,11 +1,12 @@
 //! [`CpuChunks`]: the chunk ring's blocks on the CPU kernels (`attn_kernels::block`), with
-//! host tensors ([`HostRows`]) and f32 accumulators per (batch, head).
+//! host tensors ([`HostRows`]) and f32 accumulators per (batch, head); blocks over a slot of
+//! heads and the head copies of the head strategies.
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, PackedSequences, Result, Shape4, TensorView};
 use attn_kernels::block::{Block, BlockGradients, BlockRows, Upstream, attend_block, attend_block_backward};
 
-use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, check_bsh_len, check_stats, rank_pieces};
+use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, HeadSlot, check_bsh_len, check_stats, rank_pieces};
 use crate::compute::head_work::for_each_item;
 use crate::plan::RingProblem;
 use crate::protocol::wire::{elems_exact, f32s_exact, put_elems, put_f32s};
@@ -102,6 +103,38 @@ impl<T: Element> HostRows<T> {
         Ok(())
     }
 
+    /// A copy of heads `heads` of every row.
+    pub fn take_heads(&self, heads: std::ops::Range<usize>) -> Result<Self> {
+        let s = self.shape;
+        if heads.end > s.heads || heads.is_empty() {
+            return Err(AttnError::InvalidArgument(format!("heads {heads:?} of rows with {} heads", s.heads)));
+        }
+        let shape = Shape4 { heads: heads.len(), ..s };
+        let mut data = Vec::with_capacity(shape.numel());
+        for row in self.data.chunks_exact(self.stride()) {
+            data.extend_from_slice(&row[heads.start * s.head_dim..heads.end * s.head_dim]);
+        }
+        Ok(HostRows { shape, data })
+    }
+
+    /// Overwrite heads `first..first + src heads` of every row with `src` (same rows).
+    pub fn put_heads(&mut self, first: usize, src: &Self) -> Result<()> {
+        let (s, o) = (self.shape, src.shape);
+        if (o.batch, o.seq, o.head_dim) != (s.batch, s.seq, s.head_dim) || first + o.heads > s.heads {
+            let expected = Shape4 { heads: s.heads.saturating_sub(first).min(o.heads), ..s }.dims().to_vec();
+            return Err(AttnError::ShapeMismatch {
+                tensor: TensorName::Other("heads written"),
+                expected,
+                got: o.dims().to_vec(),
+            });
+        }
+        let (row, part) = (self.stride(), o.heads * o.head_dim);
+        for (dst, src) in self.data.chunks_exact_mut(row).zip(src.data.chunks_exact(part)) {
+            dst[first * s.head_dim..first * s.head_dim + part].copy_from_slice(src);
+        }
+        Ok(())
+    }
+
     /// Element offset of row 0 of (batch, head).
     fn offset(&self, b: usize, h: usize) -> usize {
         (b * self.shape.seq * self.shape.heads + h) * self.shape.head_dim
@@ -133,6 +166,37 @@ pub struct HostAcc {
 pub struct HostRowStats {
     pub shape: Shape4,
     pub data: Vec<Vec<f32>>,
+}
+
+impl HostAcc {
+    /// A copy of heads `heads` (every row).
+    pub fn take_heads(&self, heads: std::ops::Range<usize>) -> Result<Self> {
+        let s = self.shape;
+        if heads.end > s.heads || heads.is_empty() {
+            return Err(AttnError::InvalidArgument(format!("heads {heads:?} of accumulators with {} heads", s.heads)));
+        }
+        let data =
+            (0..s.batch).flat_map(|b| heads.clone().map(move |h| b * s.heads + h)).map(|bh| self.data[bh].clone());
+        Ok(HostAcc { shape: Shape4 { heads: heads.len(), ..s }, data: data.collect() })
+    }
+
+    /// Add `src` to heads `first..first + src heads` (same rows).
+    pub fn add_heads(&mut self, first: usize, src: &Self) -> Result<()> {
+        let (s, o) = (self.shape, src.shape);
+        if (o.batch, o.seq, o.head_dim) != (s.batch, s.seq, s.head_dim) || first + o.heads > s.heads {
+            let expected = Shape4 { heads: s.heads.saturating_sub(first).min(o.heads), ..s }.dims().to_vec();
+            return Err(AttnError::ShapeMismatch {
+                tensor: TensorName::Other("heads added"),
+                expected,
+                got: o.dims().to_vec(),
+            });
+        }
+        for (bh, x) in src.data.iter().enumerate() {
+            let dst = &mut self.data[(bh / o.heads) * s.heads + first + bh % o.heads];
+            dst.iter_mut().zip(x).for_each(|(a, &b)| *a += b);
+        }
+        Ok(())
+    }
 }
 
 impl HostRowStats {
@@ -174,8 +238,31 @@ fn shape_error(tensor: TensorName, expected: Shape4, got: Shape4) -> AttnError {
     AttnError::ShapeMismatch { tensor, expected: expected.dims().to_vec(), got: got.dims().to_vec() }
 }
 
-/// Check a block's shapes: k and v alike, batch and head_dim as q's, k/v heads dividing q's.
-fn check_block<T>(q: &HostRows<T>, k: &HostRows<T>, v: &HostRows<T>) -> Result<usize> {
+/// Which heads a block attends: for each local query head its (global head index among
+/// `total` heads, local key/value head).
+struct BlockHeads {
+    total: usize,
+    first: usize,
+    kv: Vec<usize>,
+}
+
+impl BlockHeads {
+    /// The global head of local query head `h`.
+    fn global(&self, h: usize) -> usize {
+        self.first + h
+    }
+}
+
+/// Check a block's shapes (k and v alike, batch and head_dim as q's; every head of the
+/// problem: k/v heads dividing q's; a slot: the key/value heads its query heads read) and
+/// map its heads.
+fn check_block<T>(
+    problem: &RingProblem,
+    slot: HeadSlot,
+    q: &HostRows<T>,
+    k: &HostRows<T>,
+    v: &HostRows<T>,
+) -> Result<BlockHeads> {
     let (qs, ks) = (q.shape, k.shape);
     if v.shape != ks {
         return Err(shape_error(TensorName::Value, ks, v.shape));
@@ -183,10 +270,26 @@ fn check_block<T>(q: &HostRows<T>, k: &HostRows<T>, v: &HostRows<T>) -> Result<u
     if (ks.batch, ks.head_dim) != (qs.batch, qs.head_dim) {
         return Err(shape_error(TensorName::Key, Shape4 { seq: ks.seq, heads: ks.heads, ..qs }, ks));
     }
-    if !qs.heads.is_multiple_of(ks.heads) {
-        return Err(AttnError::KvHeadsNotDividing { heads: qs.heads, kv_heads: ks.heads });
+    let HeadSlot::Slot { first, kv_first } = slot else {
+        if ks.heads == 0 || !qs.heads.is_multiple_of(ks.heads) {
+            return Err(AttnError::KvHeadsNotDividing { heads: qs.heads, kv_heads: ks.heads });
+        }
+        let group = qs.heads / ks.heads;
+        return Ok(BlockHeads { total: qs.heads, first: 0, kv: (0..qs.heads).map(|h| h / group).collect() });
+    };
+    let group = problem.group();
+    let kv: Vec<usize> = (first..first + qs.heads).map(|h| (h / group).wrapping_sub(kv_first)).collect();
+    if first + qs.heads > problem.heads || kv.iter().any(|&x| x >= ks.heads) {
+        return Err(AttnError::InvalidArgument(format!(
+            "a block of query heads {}..{} reading key/value heads from {} has {} key/value heads ({} query heads)",
+            first,
+            first + qs.heads,
+            kv_first,
+            ks.heads,
+            problem.heads
+        )));
     }
-    Ok(qs.heads / ks.heads)
+    Ok(BlockHeads { total: problem.heads, first, kv })
 }
 
 /// The rows of (batch `b`, head `h`) of `x` at positions `pos`.
@@ -229,8 +332,8 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
     }
 
     fn forward_block(&self, block: &ChunkBlock<'_, HostRows<T>, CpuMasks>, partial: &mut HostPartial) -> Result<()> {
-        let ChunkBlock { problem, masks, q, q_start, k, v, k_start } = *block;
-        let group = check_block(q, k, v)?;
+        let ChunkBlock { problem, masks, q, q_start, k, v, k_start, heads } = *block;
+        let hs = check_block(problem, heads, q, k, v)?;
         if partial.shape != q.shape {
             return Err(shape_error(TensorName::Output, q.shape, partial.shape));
         }
@@ -242,12 +345,13 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
             partial.o.iter_mut().zip(partial.lse.iter_mut()).enumerate().map(|(bh, (o, l))| (bh, o, l)).collect();
         for_each_item(self.threads, items, |(bh, o, lse)| {
             let (b, h) = (bh / qs.heads, bh % qs.heads);
-            let qkv = [head_rows(q, b, h, &qpos), head_rows(k, b, h / group, &kpos), head_rows(v, b, h / group, &kpos)];
-            for (_, pat) in cfg.head_patterns(qs.heads, h).patterns {
+            let kvh = hs.kv[h];
+            let qkv = [head_rows(q, b, h, &qpos), head_rows(k, b, kvh, &kpos), head_rows(v, b, kvh, &kpos)];
+            for (_, pat) in cfg.head_patterns(hs.total, hs.global(h)).patterns {
                 let mut blk = Block::new(&pat, band, scale, d, qkv);
                 blk.key_padding = problem.padding_row(b);
                 blk.packing = packing;
-                blk.block_mask = problem.block_row(b, h);
+                blk.block_mask = problem.block_row(b, hs.global(h));
                 attend_block(&blk, o, lse)?;
             }
             Ok(())
@@ -255,11 +359,29 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
     }
 
     fn finish_forward(&self, problem: &RingProblem, partial: &HostPartial) -> Result<(HostRows<T>, HostRowStats)> {
+        self.finish_forward_slot(problem, partial, HeadSlot::Every)
+    }
+
+    fn finish_forward_slot(
+        &self,
+        problem: &RingProblem,
+        partial: &HostPartial,
+        slot: HeadSlot,
+    ) -> Result<(HostRows<T>, HostRowStats)> {
         let s = partial.shape;
+        // The rows' own heads, or the slot's global heads.
+        let (total, first) = match slot {
+            HeadSlot::Every => (s.heads, 0),
+            HeadSlot::Slot { first, .. } => (problem.heads, first),
+        };
+        if first + s.heads > total {
+            let message = format!("a partial of {} heads from head {first} of {total}", s.heads);
+            return Err(AttnError::InvalidArgument(message));
+        }
         let mut data = vec![T::default(); s.numel()];
         for (bh, o) in partial.o.iter().enumerate() {
             let (b, h) = (bh / s.heads, bh % s.heads);
-            let scale = problem.cfg.head_patterns(s.heads, h).out_scale as f32;
+            let scale = problem.cfg.head_patterns(total, first + h).out_scale as f32;
             for (i, row) in o.chunks_exact(s.head_dim).enumerate() {
                 let at = ((b * s.seq + i) * s.heads + h) * s.head_dim;
                 for (x, &y) in data[at..at + s.head_dim].iter_mut().zip(row) {
@@ -318,9 +440,9 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
         upstream: &ChunkUpstream<'_, HostRows<T>, HostRowStats>,
         grads: ChunkGrads<'_, HostAcc>,
     ) -> Result<()> {
-        let ChunkBlock { problem, masks, q, q_start, k, v, k_start } = *block;
+        let ChunkBlock { problem, masks, q, q_start, k, v, k_start, heads } = *block;
         let ChunkUpstream { grad_out, lse, delta } = *upstream;
-        let group = check_block(q, k, v)?;
+        let hs = check_block(problem, heads, q, k, v)?;
         let (qs, ks, cfg) = (q.shape, k.shape, &problem.cfg);
         for (name, got, want) in [
             (TensorName::GradOutput, grad_out.shape, qs),
@@ -338,20 +460,18 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
         let (d, band, scale) = (qs.head_dim, cfg.band(), cfg.scale_for(qs.head_dim) as f32);
         let packing = masks.packing()?;
         // One item per (batch, k/v head): its dk and dv, and the dq of the query heads reading it.
-        let items: Vec<_> = grads
-            .dq
-            .data
-            .chunks_mut(group)
-            .zip(grads.dk.data.iter_mut().zip(grads.dv.data.iter_mut()))
-            .enumerate()
-            .collect();
-        for_each_item(self.threads, items, |(kbh, (dqs, (dk, dv)))| {
+        let mut readers: Vec<Vec<(usize, &mut Vec<f32>)>> = (0..ks.batch * ks.heads).map(|_| Vec::new()).collect();
+        for (bh, dq) in grads.dq.data.iter_mut().enumerate() {
+            let (b, h) = (bh / qs.heads, bh % qs.heads);
+            readers[b * ks.heads + hs.kv[h]].push((h, dq));
+        }
+        let items: Vec<_> = grads.dk.data.iter_mut().zip(grads.dv.data.iter_mut()).zip(readers).enumerate().collect();
+        for_each_item(self.threads, items, |(kbh, ((dk, dv), dqs))| {
             let (b, kvh) = (kbh / ks.heads, kbh % ks.heads);
-            for (j, dq) in dqs.iter_mut().enumerate() {
-                let h = kvh * group + j;
+            for (h, dq) in dqs {
                 let bh = b * qs.heads + h;
                 let qkv = [head_rows(q, b, h, &qpos), head_rows(k, b, kvh, &kpos), head_rows(v, b, kvh, &kpos)];
-                let hp = cfg.head_patterns(qs.heads, h);
+                let hp = cfg.head_patterns(hs.total, hs.global(h));
                 let up = Upstream {
                     grad_out: head_rows(grad_out, b, h, &qpos),
                     grad_scale: hp.out_scale as f32,
@@ -362,7 +482,7 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
                     let mut blk = Block::new(&pat, band, scale, d, qkv);
                     blk.key_padding = problem.padding_row(b);
                     blk.packing = packing;
-                    blk.block_mask = problem.block_row(b, h);
+                    blk.block_mask = problem.block_row(b, hs.global(h));
                     let g = BlockGradients { dq: dq.as_mut_slice(), dk: dk.as_mut_slice(), dv: dv.as_mut_slice() };
                     attend_block_backward(&blk, &up, g)?;
                 }
@@ -418,5 +538,35 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
 
     fn sync(&self) -> Result<()> {
         Ok(())
+    }
+
+    fn take_heads(&self, src: &HostRows<T>, heads: std::ops::Range<usize>) -> Result<HostRows<T>> {
+        src.take_heads(heads)
+    }
+
+    fn put_heads(&self, dst: &mut HostRows<T>, first: usize, src: &HostRows<T>) -> Result<()> {
+        dst.put_heads(first, src)
+    }
+
+    fn take_acc_heads(&self, src: &HostAcc, heads: std::ops::Range<usize>) -> Result<HostAcc> {
+        src.take_heads(heads)
+    }
+
+    fn add_acc_heads(&self, dst: &mut HostAcc, first: usize, src: &HostAcc) -> Result<()> {
+        dst.add_heads(first, src)
+    }
+
+    fn stats_as_acc(&self, stats: &HostRowStats) -> Result<HostAcc> {
+        let shape = <Self as ChunkCompute<T>>::stats_shape(self, stats)
+            .ok_or_else(|| AttnError::InvalidArgument("per-row values that do not fill their shape".into()))?;
+        Ok(HostAcc { shape, data: stats.data.clone() })
+    }
+
+    fn acc_as_stats(&self, acc: &HostAcc) -> Result<HostRowStats> {
+        if acc.shape.head_dim != 1 {
+            let message = format!("an accumulator of head_dim {} as per-row values", acc.shape.head_dim);
+            return Err(AttnError::InvalidArgument(message));
+        }
+        Ok(HostRowStats { shape: acc.shape, data: acc.data.clone() })
     }
 }

@@ -15,7 +15,9 @@ use attn_kernels::cuda::{
 use cudarc::driver::CudaSlice;
 
 use super::device_meter::{DeviceMeter, Metered};
-use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, check_bsh_len, check_stats};
+use super::{
+    ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, HeadSlot, check_bsh_len, check_stats, whole_heads_only,
+};
 use crate::plan::RingProblem;
 use crate::protocol::wire::{elems_exact, f32s_exact, put_elems, put_f32s};
 
@@ -75,7 +77,7 @@ impl CudaChunks {
         block: &ChunkBlock<'a, Rows<T>, DeviceMasks>,
         packing: Option<PackedSequences<'a>>,
     ) -> DeviceBlock<'a, T> {
-        let ChunkBlock { problem, masks, q, q_start, k, v, k_start } = *block;
+        let ChunkBlock { problem, masks, q, q_start, k, v, k_start, .. } = *block;
         DeviceBlock {
             cfg: &problem.cfg,
             q,
@@ -88,6 +90,14 @@ impl CudaChunks {
             packing,
             block_mask: masks.block_mask.as_deref(),
         }
+    }
+}
+
+/// The CUDA kernels attend every head of their rows: a block over a slot of heads is refused.
+fn every_head<R, M>(block: &ChunkBlock<'_, R, M>) -> Result<()> {
+    match block.heads {
+        HeadSlot::Every => Ok(()),
+        HeadSlot::Slot { .. } => Err(whole_heads_only("cuda")),
     }
 }
 
@@ -163,6 +173,7 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
         block: &ChunkBlock<'_, Rows<T>, DeviceMasks>,
         partial: &mut Metered<DevicePartial>,
     ) -> Result<()> {
+        every_head(block)?;
         let packing = block.masks.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
         forward_block(&self.dev, &Self::device_block(block, packing), partial)
     }
@@ -197,6 +208,7 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
         upstream: &ChunkUpstream<'_, Rows<T>, Stats>,
         grads: ChunkGrads<'_, Stats>,
     ) -> Result<()> {
+        every_head(block)?;
         let packing = block.masks.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
         let up = DeviceUpstream { grad_out: upstream.grad_out, lse: &upstream.lse.data, delta: &upstream.delta.data };
         let (q_shape, kv_shape) = (grads.dq.shape, grads.dk.shape);

@@ -1,14 +1,15 @@
 //! [`InProcessTransport`]: ranks as threads of one process handing a step's buffers
 //! themselves to their receiver by channel (no copy; device buffers stay where they are,
 //! k/v shared while the sender still computes with them), so ranks sharing one GPU never
-//! stage rows through the host.
+//! stage rows through the host. The head strategies' all-to-all hands each member its
+//! parcel the same way.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 
 use attn_core::{AttnError, Element, Result};
 
-use super::transport::{Awaited, check_travel, out_of_order};
-use super::{Arrived, ChunkCompute, ChunkTransport, Travel};
+use super::transport::{Awaited, check_members, check_travel, out_of_order};
+use super::{Arrived, ChunkCompute, ChunkTransport, Exchange, Parcel, ParcelShapes, Travel};
 use crate::comm::Communicator;
 use crate::plan::RingProblem;
 use crate::protocol::wire::MsgKind;
@@ -55,6 +56,27 @@ impl<C: Communicator, R, A> InProcessTransport<C, R, A> {
     }
 }
 
+impl<C: Communicator, R, A> InProcessTransport<C, R, A> {
+    /// The next buffers from rank `peer`, within the control communicator's timeout.
+    fn receive(&self, peer: usize) -> Result<Msg<R, A>> {
+        let rank = self.comm.rank();
+        let timeout = self.comm.timeout();
+        self.from[peer].recv_timeout(timeout).map_err(|e| match e {
+            RecvTimeoutError::Timeout => {
+                AttnError::Timeout { rank, peer, timeout_ms: timeout.as_millis().try_into().unwrap_or(u64::MAX) }
+            }
+            RecvTimeoutError::Disconnected => {
+                AttnError::Comm { rank, message: format!("rank {peer} has left the ring") }
+            }
+        })
+    }
+
+    fn send(&self, peer: usize, msg: Msg<R, A>) -> Result<()> {
+        let rank = self.comm.rank();
+        self.to[peer].send(msg).map_err(|_| AttnError::Comm { rank, message: format!("rank {peer} has left the ring") })
+    }
+}
+
 impl<T, X, C> ChunkTransport<T, X> for InProcessTransport<C, X::Rows, X::Acc>
 where
     T: Element,
@@ -78,10 +100,7 @@ where
         // The receiver reads the buffers on its own stream: what was queued on them here
         // (the copy that made them, the blocks that wrote dk/dv) finishes first.
         compute.sync()?;
-        let to = awaited.to;
-        self.to[to]
-            .send(((kind.msg_kind(), owner, step), Arrived { k, v, dk, dv }))
-            .map_err(|_| AttnError::Comm { rank, message: format!("rank {to} has left the ring") })?;
+        self.send(awaited.to, ((kind.msg_kind(), owner, step), Arrived { k, v, dk, dv }))?;
         self.awaited = Some(awaited);
         Ok(())
     }
@@ -90,15 +109,7 @@ where
         let rank = self.comm.rank();
         let want = self.awaited.take().ok_or_else(|| out_of_order(rank, "a finish with no shift started"))?;
         let prev = want.from;
-        let timeout = self.comm.timeout();
-        let (got, arrived) = self.from[prev].recv_timeout(timeout).map_err(|e| match e {
-            RecvTimeoutError::Timeout => {
-                AttnError::Timeout { rank, peer: prev, timeout_ms: timeout.as_millis().try_into().unwrap_or(u64::MAX) }
-            }
-            RecvTimeoutError::Disconnected => {
-                AttnError::Comm { rank, message: format!("rank {prev} has left the ring") }
-            }
-        })?;
+        let (got, arrived) = self.receive(prev)?;
         let expected = (want.kind.msg_kind(), want.owner, want.step);
         if got != expected {
             return Err(AttnError::Comm {
@@ -122,5 +133,53 @@ where
             });
         }
         Ok(arrived)
+    }
+    fn all_to_all(
+        &mut self,
+        compute: &X,
+        kind: Exchange,
+        members: &[usize],
+        parcels: Vec<Parcel<X::Rows, X::Acc>>,
+        expect: &[ParcelShapes],
+    ) -> Result<Vec<Parcel<X::Rows, X::Acc>>> {
+        let rank = self.comm.rank();
+        let me = check_members(rank, members, parcels.len(), expect.len())?;
+        if self.awaited.is_some() {
+            return Err(out_of_order(rank, "an all-to-all while a shift is in flight"));
+        }
+        // The receivers read the buffers on their own streams: what made them finishes first.
+        compute.sync()?;
+        let header = (kind.msg_kind(), rank, 0);
+        let mut own = None;
+        for (i, (p, &m)) in parcels.into_iter().zip(members).enumerate() {
+            match i == me {
+                true => own = Some(p),
+                false => self.send(m, (header, Arrived { k: p.rows, v: Vec::new(), dk: p.accs, dv: Vec::new() }))?,
+            }
+        }
+        let mut got = Vec::with_capacity(members.len());
+        for (i, (&m, want)) in members.iter().zip(expect).enumerate() {
+            if i == me {
+                got.push(own.take().ok_or_else(|| out_of_order(rank, "an all-to-all without its own parcel"))?);
+                continue;
+            }
+            let (head, a) = self.receive(m)?;
+            let shapes: Vec<_> = a.k.iter().map(|x| compute.shape_of(x)).collect();
+            let expected = (kind.msg_kind(), m, 0);
+            if head != expected || shapes != want.rows || a.dk.len() != want.accs.len() || !a.v.is_empty() {
+                return Err(AttnError::Comm {
+                    rank,
+                    message: format!(
+                        "unexpected parcel from rank {m}: {head:?} (kind, owner, step) with rows {shapes:?} and {} \
+                         accumulators, wanted {expected:?} with rows {:?} and {}",
+                        a.dk.len(),
+                        want.rows,
+                        want.accs.len()
+                    ),
+                });
+            }
+            got.push(Parcel { rows: a.k, accs: a.dk });
+        }
+        Ok(got)
     }
 }

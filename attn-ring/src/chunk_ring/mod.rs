@@ -18,7 +18,9 @@
 //! strategy from neighbour to neighbour, to the next rank, the previous one or both ways
 //! (none when segments sit inside ranks, one step for a causal window under the contiguous
 //! layout, one each way for a two-sided window); under all-gather straight to each rank;
-//! the backward's dk/dv then go straight home.
+//! the backward's dk/dv then go straight home. An explicit `Strategy::Ulysses` or
+//! `Strategy::Hybrid` exchanges heads instead (`heads`): an all-to-all over the
+//! transport, blocks over a [`HeadSlot`], and a second all-to-all back.
 //!
 //! [`Communicator`]: crate::Communicator
 
@@ -26,6 +28,7 @@ mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod device_meter;
+mod heads;
 mod in_process;
 #[cfg(all(feature = "nccl", feature = "cuda"))]
 mod nccl_device;
@@ -35,7 +38,7 @@ mod transport;
 
 use std::ops::Range;
 
-use attn_core::{AttnError, Element, Result, Shape4, TensorName};
+use attn_core::{AttnError, Element, Feature, Result, Shape4, TensorName};
 
 use crate::plan::RingProblem;
 
@@ -47,7 +50,7 @@ pub use in_process::InProcessTransport;
 #[cfg(all(feature = "nccl", feature = "cuda"))]
 pub use nccl_device::{DeviceBuffers, NcclDeviceTransport};
 pub use protocol::{ChunkForward, ChunkGradients, chunk_backward, chunk_forward};
-pub use transport::{Arrived, ChunkTransport, HostTransport, Travel, TravelKind};
+pub use transport::{Arrived, ChunkTransport, Exchange, HostTransport, Parcel, ParcelShapes, Travel, TravelKind};
 
 /// The global position ranges of `rank`'s pieces (empty ranges omitted).
 pub fn rank_pieces(problem: &RingProblem, rank: usize) -> Vec<Range<usize>> {
@@ -146,9 +149,45 @@ pub(crate) fn piece_shapes(problem: &RingProblem, rank: usize, heads: usize) -> 
         .collect()
 }
 
+/// Which heads a block's rows hold: [`HeadSlot::Every`] head of the problem (rows of all
+/// heads, outside the head strategies), or under Ulysses a rank's [`HeadSlot::Slot`]: query
+/// heads `first..first + q heads` and the key/value heads from `kv_first` that they read,
+/// attended with the patterns, masks and key/value heads of those global heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeadSlot {
+    #[default]
+    Every,
+    Slot {
+        first: usize,
+        kv_first: usize,
+    },
+}
+
+impl HeadSlot {
+    /// The first query head (0 for every head).
+    pub fn first(&self) -> usize {
+        match *self {
+            HeadSlot::Every => 0,
+            HeadSlot::Slot { first, .. } => first,
+        }
+    }
+}
+
+/// The refusal of a compute that attends whole heads only, for the head strategies.
+pub(crate) fn whole_heads_only(backend: &'static str) -> AttnError {
+    AttnError::Unsupported {
+        backend,
+        feature: Feature::Other(
+            "Ulysses or hybrid on the chunk ring with this compute (its blocks attend every head): use the CPU \
+             chunk compute, or the ring or all-gather strategy",
+        ),
+    }
+}
+
 /// One block: the query rows of one piece (global positions `q_start..`) against the
-/// key/value rows of one piece (`k_start..`), under every pattern of the problem's config,
-/// its band and its masks (`masks`: as [`ChunkCompute::masks`] prepared them).
+/// key/value rows of one piece (`k_start..`), of the heads of `heads`, under every pattern
+/// of the problem's config, its band and its masks (`masks`: as [`ChunkCompute::masks`]
+/// prepared them).
 #[derive(Debug)]
 pub struct ChunkBlock<'a, R, M> {
     pub problem: &'a RingProblem,
@@ -158,6 +197,7 @@ pub struct ChunkBlock<'a, R, M> {
     pub k: &'a R,
     pub v: &'a R,
     pub k_start: usize,
+    pub heads: HeadSlot,
 }
 
 /// What the backward of a block reads for its query rows: `grad_out` (q's shape), the
@@ -273,6 +313,43 @@ pub trait ChunkCompute<T: Element> {
     /// Wait until every copy and block queued so far has finished (a no-op where calls are
     /// synchronous).
     fn sync(&self) -> Result<()>;
+
+    // The head strategies' copies (Ulysses and the hybrid move heads, not rows). A compute
+    // without them refuses those strategies with a typed error.
+
+    /// A copy of heads `heads` of `src` (every row).
+    fn take_heads(&self, _src: &Self::Rows, _heads: Range<usize>) -> Result<Self::Rows> {
+        Err(whole_heads_only("chunk ring"))
+    }
+    /// Overwrite heads `first..first + src heads` of `dst` (same rows) with `src`.
+    fn put_heads(&self, _dst: &mut Self::Rows, _first: usize, _src: &Self::Rows) -> Result<()> {
+        Err(whole_heads_only("chunk ring"))
+    }
+    /// A copy of heads `heads` of an accumulator (every row).
+    fn take_acc_heads(&self, _src: &Self::Acc, _heads: Range<usize>) -> Result<Self::Acc> {
+        Err(whole_heads_only("chunk ring"))
+    }
+    /// Add `src` to heads `first..first + src heads` of `dst` (same rows).
+    fn add_acc_heads(&self, _dst: &mut Self::Acc, _first: usize, _src: &Self::Acc) -> Result<()> {
+        Err(whole_heads_only("chunk ring"))
+    }
+    /// Per-row values as an accumulator of head_dim 1 (the form they travel in).
+    fn stats_as_acc(&self, _stats: &Self::RowStats) -> Result<Self::Acc> {
+        Err(whole_heads_only("chunk ring"))
+    }
+    /// An accumulator of head_dim 1 as per-row values.
+    fn acc_as_stats(&self, _acc: &Self::Acc) -> Result<Self::RowStats> {
+        Err(whole_heads_only("chunk ring"))
+    }
+    /// [`ChunkCompute::finish_forward`] of a partial over the heads of `slot`.
+    fn finish_forward_slot(
+        &self,
+        _problem: &RingProblem,
+        _partial: &Self::Partial,
+        _slot: HeadSlot,
+    ) -> Result<(Self::Rows, Self::RowStats)> {
+        Err(whole_heads_only("chunk ring"))
+    }
 }
 
 #[cfg(test)]

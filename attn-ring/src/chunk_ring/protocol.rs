@@ -2,17 +2,19 @@
 //! problem's strategy for that round's slices ([`chunk_trips`]: a trip each way along the
 //! ring, or straight to each rank that needs them), each rank computing its queries against the k/v slices it
 //! holds while they move on (the backward's dk/dv travelling with their k/v, then straight
-//! home); the completion rounds.
+//! home); the completion rounds. Under `Strategy::Ulysses` and `Strategy::Hybrid` the same
+//! handshake and completion frame the head all-to-all of [`super::heads`].
 
 use std::sync::Arc;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Element, Result, Shape4};
 
+use super::heads::HeadCall;
 use super::reach::{chunk_trips, may_attend};
 use super::{
-    ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkTransport, ChunkUpstream, RoundSlice, Travel, TravelKind,
-    piece_shapes, rank_pieces, round_slices,
+    ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkTransport, ChunkUpstream, HeadSlot, RoundSlice, Travel,
+    TravelKind, piece_shapes, rank_pieces, round_slices,
 };
 use crate::comm::{CommStats, Communicator};
 use crate::plan::{Plan, RingProblem};
@@ -112,6 +114,19 @@ fn open_call<T: Element, C: Communicator + ?Sized>(
     Ok((before, comm.stats()))
 }
 
+/// Whether the call runs a head strategy (Ulysses or the hybrid: an explicit one; `Auto`
+/// keeps the row plan on the chunk ring). A compute that cannot copy heads refuses it here,
+/// before the handshake, the same on every rank.
+fn heads_strategy<T: Element, X: ChunkCompute<T>>(compute: &X, problem: &RingProblem, q: &[X::Rows]) -> Result<bool> {
+    if problem.strategy.ulysses_degree(problem.world).is_none() {
+        return Ok(false);
+    }
+    if let Some(p) = q.first() {
+        compute.take_heads(p, 0..1)?;
+    }
+    Ok(true)
+}
+
 /// Whether the block of query piece `q` and key piece `k` (each with its first position)
 /// can hold an attended pair.
 fn reaches<T: Element, X: ChunkCompute<T>>(
@@ -194,10 +209,16 @@ where
     let rank = transport.control().rank();
     let (h, kvh) = (problem.heads, problem.kv_heads);
     let tensors = [(TensorName::Query, q, h), (TensorName::Key, k, kvh), (TensorName::Value, v, kvh)];
+    let heads = heads_strategy(compute, problem, q)?;
     let (masks, err) = prepare(compute, problem, check_pieces(compute, problem, rank, &tensors));
     let op = format!("chunk-forward rounds={}", opts.rounds());
     let start = open_call::<T, _>(transport.control(), &op, problem, err)?;
     let masks = masks?;
+    if heads {
+        let (out, lse) = HeadCall::new(compute, problem, &masks, rank)?.forward(transport, [q, k, v])?;
+        let stats = finish(transport.control(), start)?;
+        return Ok(ChunkForward { out, lse, stats });
+    }
     let partials = forward_pass(transport, compute, problem, opts, &masks, [q, k, v])?;
     let stats = finish(transport.control(), start)?;
     let (out, lse) =
@@ -230,7 +251,7 @@ where
                 if !reaches(compute, problem, (qt, q_start), (kt, k_start)) {
                     continue;
                 }
-                let blk = ChunkBlock { problem, masks, q: qt, q_start, k: kt, v: vt, k_start };
+                let blk = ChunkBlock { problem, masks, q: qt, q_start, k: kt, v: vt, k_start, heads: HeadSlot::Every };
                 compute.forward_block(&blk, partial)?;
             }
         }
@@ -302,11 +323,18 @@ where
         (TensorName::Value, v, kvh),
         (TensorName::GradOutput, grad_out, h),
     ];
+    let heads = heads_strategy(compute, problem, q)?;
     let err = check_pieces(compute, problem, rank, &tensors).or_else(|| check_grad_lse(compute, q, grad_lse));
     let (masks, err) = prepare(compute, problem, err);
     let op = format!("chunk-backward rounds={}", opts.rounds());
     let start = open_call::<T, _>(transport.control(), &op, problem, err)?;
     let masks = masks?;
+    if heads {
+        let call = HeadCall::new(compute, problem, &masks, rank)?;
+        let [dq, dk, dv] = call.backward(transport, [q, k, v], grad_out, grad_lse)?;
+        let stats = finish(transport.control(), start)?;
+        return Ok(ChunkGradients { dq, dk, dv, stats });
+    }
     let partials = forward_pass(transport, compute, problem, opts, &masks, [q, k, v])?;
     let (mut lse, mut delta) = (Vec::new(), Vec::new());
     for (i, (partial, go)) in partials.iter().zip(grad_out).enumerate() {
@@ -330,7 +358,16 @@ where
                 if !reaches(compute, problem, (qt, q_start), (kt, k_start)) {
                     continue;
                 }
-                let blk = ChunkBlock { problem, masks: &masks, q: qt, q_start, k: kt, v: vt, k_start };
+                let blk = ChunkBlock {
+                    problem,
+                    masks: &masks,
+                    q: qt,
+                    q_start,
+                    k: kt,
+                    v: vt,
+                    k_start,
+                    heads: HeadSlot::Every,
+                };
                 let grads = ChunkGrads { dq: &mut dq[qi], dk: &mut dks[j], dv: &mut dvs[j] };
                 compute.backward_block(&blk, &ups[qi], grads)?;
             }

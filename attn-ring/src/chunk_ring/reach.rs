@@ -80,7 +80,7 @@ fn trips_for(strategy: Strategy, dists: &[usize], world: usize) -> Vec<Trip> {
     match strategy {
         Strategy::Ring => ring,
         Strategy::AllGather => direct,
-        // The chunk ring sends whole slices, never heads: the head strategies read as `Auto`.
+        // The head strategies run their own exchange (`heads`): here they read as `Auto`.
         Strategy::Auto | Strategy::Ulysses | Strategy::Hybrid { .. } if dists.len() < rt.next + rt.prev => direct,
         Strategy::Auto | Strategy::Ulysses | Strategy::Hybrid { .. } => ring,
     }

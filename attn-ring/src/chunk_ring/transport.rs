@@ -1,13 +1,14 @@
 //! How the chunk ring moves rows: [`ChunkTransport`] shifts one step's travelling
 //! buffers [`Travel::hop`] ranks on (the next rank, or straight home); [`HostTransport`]
 //! stages them as bytes through any [`Communicator`] (framed, checksummed, with its
-//! timeouts).
+//! timeouts). The head strategies' all-to-all within a group of ranks
+//! ([`ChunkTransport::all_to_all`]) hands each member one [`Parcel`].
 
 use std::sync::Arc;
 
 use attn_core::{AttnError, Element, Result, Shape4};
 
-use super::ChunkCompute;
+use super::{ChunkCompute, whole_heads_only};
 use crate::comm::Communicator;
 use crate::plan::RingProblem;
 use crate::protocol::wire::{Expected, MsgKind, Reader, begin};
@@ -61,6 +62,54 @@ pub struct Travel<R, A> {
     pub dk: Vec<A>,
     pub dv: Vec<A>,
     pub arriving: Vec<Shape4>,
+}
+
+/// Which all-to-all of the head strategies a parcel belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exchange {
+    /// q, k, v (and the backward's grad_out and gradient into the LSE) of the receiver's heads.
+    HeadsIn,
+    /// Out and lse of the receiver's rows.
+    HeadsOut,
+    /// dq, dk and dv of the receiver's rows.
+    GradsOut,
+}
+
+impl Exchange {
+    pub(crate) fn msg_kind(self) -> MsgKind {
+        match self {
+            Exchange::HeadsIn => MsgKind::HeadsIn,
+            Exchange::HeadsOut => MsgKind::HeadsOut,
+            Exchange::GradsOut => MsgKind::HeadsGradOut,
+        }
+    }
+}
+
+/// What one member of an all-to-all hands another: rows in `T` and f32 accumulators (per-row
+/// values travel as accumulators of head_dim 1).
+#[derive(Debug)]
+pub struct Parcel<R, A> {
+    pub rows: Vec<Arc<R>>,
+    pub accs: Vec<A>,
+}
+
+/// The shapes a parcel from one member must have.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParcelShapes {
+    pub rows: Vec<Shape4>,
+    pub accs: Vec<Shape4>,
+}
+
+/// Check an all-to-all's arguments: one parcel and one expectation per member, this rank
+/// among them.
+pub(crate) fn check_members(rank: usize, members: &[usize], parcels: usize, expect: usize) -> Result<usize> {
+    let me = members.iter().position(|&m| m == rank);
+    match me {
+        Some(i) if parcels == members.len() && expect == members.len() => Ok(i),
+        _ => Err(AttnError::InvalidArgument(format!(
+            "rank {rank}: an all-to-all over members {members:?} with {parcels} parcels and {expect} expectations"
+        ))),
+    }
 }
 
 /// What arrives from the rank `hop` back at the same step: its travel (owner `hop` ranks
@@ -154,6 +203,21 @@ pub trait ChunkTransport<T: Element, X: ChunkCompute<T>> {
     fn start(&mut self, compute: &X, problem: &RingProblem, travel: Travel<X::Rows, X::Acc>) -> Result<()>;
     /// Finish the started shift: what the sending rank sent.
     fn finish(&mut self, compute: &X, problem: &RingProblem) -> Result<Arrived<X::Rows, X::Acc>>;
+    /// The all-to-all of the head strategies within `members` (every member calls it with
+    /// the same list, this rank among them): `parcels[i]` goes to `members[i]`, and the
+    /// parcel each member sends this rank comes back in `members` order, checked against
+    /// `expect[i]` (this rank's own parcel is handed back without travelling). A transport
+    /// without one refuses the head strategies with a typed error.
+    fn all_to_all(
+        &mut self,
+        _compute: &X,
+        _kind: Exchange,
+        _members: &[usize],
+        _parcels: Vec<Parcel<X::Rows, X::Acc>>,
+        _expect: &[ParcelShapes],
+    ) -> Result<Vec<Parcel<X::Rows, X::Acc>>> {
+        Err(whole_heads_only("chunk ring transport"))
+    }
     /// Start and finish a shift.
     fn shift(
         &mut self,
@@ -227,5 +291,50 @@ impl<T: Element, X: ChunkCompute<T>, C: Communicator + ?Sized> ChunkTransport<T,
         }
         rd.finish()?;
         Ok(arrived)
+    }
+
+    fn all_to_all(
+        &mut self,
+        compute: &X,
+        kind: Exchange,
+        members: &[usize],
+        parcels: Vec<Parcel<X::Rows, X::Acc>>,
+        expect: &[ParcelShapes],
+    ) -> Result<Vec<Parcel<X::Rows, X::Acc>>> {
+        let rank = self.comm.rank();
+        check_members(rank, members, parcels.len(), expect.len())?;
+        let size = T::DTYPE.size();
+        let mut payloads = Vec::with_capacity(parcels.len());
+        for p in &parcels {
+            let rows: usize = p.rows.iter().map(|r| compute.shape_of(r).numel() * size).sum();
+            let mut msg = begin(kind.msg_kind(), rank, 0, rows);
+            for r in &p.rows {
+                compute.rows_to_bytes(r, &mut msg)?;
+            }
+            for a in &p.accs {
+                compute.acc_to_bytes(a, &mut msg)?;
+            }
+            payloads.push(msg);
+        }
+        drop(parcels);
+        let got = crate::comm::all_to_all::all_to_all(self.comm, members, payloads)?;
+        got.iter()
+            .zip(members.iter().zip(expect))
+            .map(|(bytes, (&owner, want))| {
+                let mut rd = Reader::open(bytes, Expected { kind: kind.msg_kind(), owner, step: 0, rank })?;
+                let rows = want
+                    .rows
+                    .iter()
+                    .map(|s| compute.rows_from_bytes(*s, rd.bytes(s.numel() * size)?).map(Arc::new))
+                    .collect::<Result<_>>()?;
+                let accs = want
+                    .accs
+                    .iter()
+                    .map(|s| compute.acc_from_bytes(*s, rd.bytes(s.numel() * 4)?))
+                    .collect::<Result<_>>()?;
+                rd.finish()?;
+                Ok(Parcel { rows, accs })
+            })
+            .collect()
     }
 }

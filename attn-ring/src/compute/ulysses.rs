@@ -14,58 +14,13 @@ use crate::comm::Communicator;
 use crate::comm::all_to_all::all_to_all;
 use crate::compute::ulysses_attend::{KeyGrads, KeyRows, SlotDelta, SlotForward, SlotRows};
 use crate::plan::RingProblem;
-use crate::plan::heads_split::HeadSplit;
+use crate::plan::heads_place::HeadPlace as Place;
 use crate::protocol::call::{Prepared, RingOptions, RingStats, finish, finish_with, prepare};
 use crate::protocol::wire::{Expected, MsgKind, Reader, begin, put_elems, put_f32s};
 
-/// Where a call stands: the split, this rank, its group's ranks and rows.
-struct Place {
-    split: HeadSplit,
-    rank: usize,
-    group: usize,
-    slot: usize,
-    /// The group's ranks, in slot order.
-    members: Vec<usize>,
-    /// Each member's global positions (its rows, ascending).
-    member_pos: Vec<Vec<usize>>,
-    /// Each member's rows as indices into `qpos`.
-    member_idx: Vec<Vec<usize>>,
-    /// The group's positions, ascending.
-    qpos: Vec<usize>,
-}
-
-impl Place {
-    fn new(problem: &RingProblem, rank: usize) -> Result<Self> {
-        let u = problem.strategy.ulysses_degree(problem.world).unwrap_or(problem.world);
-        let split = HeadSplit::new(problem.heads, problem.kv_heads, u, problem.world)?;
-        let (n, p, layout) = (problem.seq, problem.world, problem.layout);
-        let group = split.group_of(rank);
-        let members: Vec<usize> = split.members(group).collect();
-        let member_pos: Vec<Vec<usize>> = members.iter().map(|&m| layout.positions(n, p, m)).collect();
-        let qpos = split.group_positions(layout, n, group);
-        let member_idx =
-            member_pos.iter().map(|pos| pos.iter().map(|&x| qpos.partition_point(|&y| y < x)).collect()).collect();
-        Ok(Place { split, rank, group, slot: split.slot_of(rank), members, member_pos, member_idx, qpos })
-    }
-
-    /// This slot's rank in the next group (the ring over the groups sends there).
-    fn next_across(&self) -> usize {
-        self.split.rank_of((self.group + 1) % self.split.groups, self.slot)
-    }
-
-    /// This slot's rank in the previous group (the ring over the groups receives from there).
-    fn prev_across(&self) -> usize {
-        self.split.rank_of((self.group + self.split.groups - 1) % self.split.groups, self.slot)
-    }
-
-    /// The group whose block arrives at step `t` of the ring over the groups.
-    fn arriving(&self, t: usize) -> usize {
-        (self.group + self.split.groups - t % self.split.groups) % self.split.groups
-    }
-
-    fn expected(&self, kind: MsgKind, owner: usize) -> Expected {
-        Expected { kind, owner, step: 0, rank: self.rank }
-    }
+/// The header a member's message of `kind` carries in an all-to-all.
+fn expected(at: &Place, kind: MsgKind, owner: usize) -> Expected {
+    Expected { kind, owner, step: 0, rank: at.rank }
 }
 
 /// This rank's tensors to send in the first all-to-all: q, k, v and (backward) grad_out
@@ -126,7 +81,7 @@ fn heads_in<C: Communicator + ?Sized, T: Element>(
         glse: if backward { vec![vec![0.0; nq]; batch * m] } else { Vec::new() },
     };
     for (j, bytes) in got.iter().enumerate() {
-        let mut rd = Reader::open(bytes, at.expected(MsgKind::HeadsIn, at.members[j]))?;
+        let mut rd = Reader::open(bytes, expected(at, MsgKind::HeadsIn, at.members[j]))?;
         let idx = &at.member_idx[j];
         let mut take = |bufs: &mut [Vec<T>], heads: usize, dest: &dyn Fn(usize) -> usize| -> Result<()> {
             let mut buf = Vec::new();
@@ -354,7 +309,7 @@ fn heads_out<C: Communicator + ?Sized, T: Element>(
     let mut lse = vec![0.0f32; batch * rows * heads];
     for (j, bytes) in got.iter().enumerate() {
         let hs = at.split.slot_heads(j);
-        let mut rd = Reader::open(bytes, at.expected(MsgKind::HeadsOut, at.members[j]))?;
+        let mut rd = Reader::open(bytes, expected(at, MsgKind::HeadsOut, at.members[j]))?;
         let mut o = Vec::new();
         rd.elems::<T>(batch * rows * hs.len() * d, &mut o)?;
         let mut l = Vec::new();
@@ -417,7 +372,7 @@ fn grads_out<C: Communicator + ?Sized>(
     };
     for (j, bytes) in got.iter().enumerate() {
         let (hs, ks) = (at.split.slot_heads(j), at.split.slot_kv(j));
-        let mut rd = Reader::open(bytes, at.expected(MsgKind::HeadsGradOut, at.members[j]))?;
+        let mut rd = Reader::open(bytes, expected(at, MsgKind::HeadsGradOut, at.members[j]))?;
         let mut add = |dst: &mut [f32], all: usize, part: std::ops::Range<usize>| -> Result<()> {
             let mut x = Vec::new();
             rd.f32s(batch * rows * part.len() * d, &mut x)?;

@@ -7,6 +7,7 @@
 mod block_reach;
 pub mod choose;
 mod head_counts;
+pub(crate) mod heads_place;
 pub mod heads_split;
 mod heads_workspace;
 pub mod layout;

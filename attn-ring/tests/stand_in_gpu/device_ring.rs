@@ -13,7 +13,7 @@ use attn_core::{DilatedConfig, Element, Result, Shape4, TensorView};
 use attn_kernels::cuda::CudaElement;
 use attn_ring::chunk_ring::{
     ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkTransport, ChunkUpstream, CpuChunks, DeviceBuffers,
-    HostAcc, HostPartial, HostRowStats, HostRows, HostTransport, NcclDeviceTransport, Travel, TravelKind,
+    HeadSlot, HostAcc, HostPartial, HostRowStats, HostRows, HostTransport, NcclDeviceTransport, Travel, TravelKind,
     chunk_backward, chunk_forward, rank_pieces,
 };
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
@@ -65,7 +65,7 @@ impl StandInChunks {
     ) -> Result<R> {
         let (q, k, v) = (self.host(b.q)?, self.host(b.k)?, self.host(b.v)?);
         let (problem, masks, q_start, k_start) = (b.problem, b.masks, b.q_start, b.k_start);
-        f(&ChunkBlock { problem, masks, q: &q, q_start, k: &k, v: &v, k_start })
+        f(&ChunkBlock { problem, masks, q: &q, q_start, k: &k, v: &v, k_start, heads: HeadSlot::Every })
     }
 }
 
