@@ -235,6 +235,10 @@ impl CaseSpec {
         }
         if let Some(b) = self.block_sparse {
             s += &format!(" blocks{} kept{}%", b.block_size, b.kept_percent);
+            // Random masks keep the label they had before local windows were measured.
+            if b.kind != crate::block_sparse::SparseKind::Random {
+                s += &format!(" {}", b.kind.as_str());
+            }
         }
         s
     }

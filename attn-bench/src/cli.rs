@@ -31,7 +31,8 @@ USAGE (one case, prints one JSON object):
 --quick     the short suite (CI smoke)  --full   the long suite (ring tables to 256K, features
             at seq 65536, capacity confirmed by runs); the default fits 5 minutes on 2 cores
 --section   measure only these report sections (scaling, comparison, multihead, variants,
-            features, strategies, capacity, hilbert) of the chosen suite; the report holds only them
+            features, blocks, strategies, capacity, hilbert) of the chosen suite; the report holds
+            only them
 --kv-heads  key/value heads (grouped-query attention; they divide --heads)
 --window    a sliding window of LEFT keys before and RIGHT after each query instead of
             --segments/--dilations (with --causal, none after)
@@ -91,8 +92,8 @@ pub struct SuiteOptions {
 
 /// The report sections `--section` accepts: the planned cases' sections, the capacity
 /// table (with its confirmation runs) and the Hilbert order figures.
-pub const SECTIONS: [&str; 8] =
-    ["scaling", "comparison", "multihead", "variants", "features", "strategies", "capacity", "hilbert"];
+pub const SECTIONS: [&str; 9] =
+    ["scaling", "comparison", "multihead", "variants", "features", "blocks", "strategies", "capacity", "hilbert"];
 
 fn bad(msg: impl Into<String>) -> AttnError {
     AttnError::InvalidArgument(msg.into())

@@ -9,9 +9,6 @@
 //!   attention, forward and, in the default and full suites, forward+backward.
 //! - A causal sliding window `(4095, 0)` against dense causal attention (one segment of
 //!   the whole sequence) of the same length.
-//! - Block-sparse attention: one pattern over the whole sequence at rate 1, block size
-//!   128, random block masks keeping 5, 10, 25, 50 and 100% of the key blocks of each
-//!   query block (the diagonal among them), forward: time should fall with the kept blocks.
 //! - Bytes per rank on the ring (4 in-process ranks, contiguous and zigzag) for a causal
 //!   and a two-sided window and for grouped heads under a dilated config whose segments
 //!   span ranks, one call each, against the counts of `ring_bytes`. The strategy is
@@ -20,7 +17,6 @@
 use attn_core::Causality;
 use attn_ring::{Layout, Strategy};
 
-use crate::block_sparse::BlockSparse;
 use crate::case::{CaseKind, CaseSpec, Implementation, VarLenLayout};
 use crate::case::{DILATIONS, SEGMENTS, ring_case};
 use crate::cli::SuiteSize;
@@ -41,10 +37,6 @@ pub const TWO_SIDED_WINDOW: [usize; 2] = [2048, 2048];
 /// Ranks and strategy of the ring rows.
 pub const RING_WORLD: usize = 4;
 pub const RING_STRATEGY: Strategy = Strategy::AllGather;
-/// Block size, kept shares and mask seed of the block-sparse rows.
-pub const SPARSE_BLOCK: usize = 128;
-pub const SPARSE_KEPT_PERCENT: [usize; 5] = [5, 10, 25, 50, 100];
-pub const SPARSE_SEED: u64 = 2026;
 
 /// The lengths of one suite size's feature cases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,25 +47,16 @@ pub struct FeatureSizes {
     pub max_len: usize,
     /// Whether the packed/padded rows also run forward+backward.
     pub varlen_backward: bool,
-    /// Sequence length of the block-sparse rows.
-    pub sparse_seq: usize,
 }
 
 impl FeatureSizes {
     pub fn of(size: SuiteSize) -> Self {
         match size {
-            SuiteSize::Quick => {
-                FeatureSizes { seq: 16 * 1024, max_len: 4096, varlen_backward: false, sparse_seq: 4096 }
-            }
-            SuiteSize::Default => {
-                FeatureSizes { seq: 16 * 1024, max_len: 4096, varlen_backward: true, sparse_seq: 8192 }
-            }
-            // Dense causal attention at 65536, the dense packed/padded backward at 16384 and
-            // the all-kept block-sparse row at 16384 take seconds to tens of seconds a call
-            // on 2 cores: these rows are --full's.
-            SuiteSize::Full => {
-                FeatureSizes { seq: 64 * 1024, max_len: 16 * 1024, varlen_backward: true, sparse_seq: 16 * 1024 }
-            }
+            SuiteSize::Quick => FeatureSizes { seq: 16 * 1024, max_len: 4096, varlen_backward: false },
+            SuiteSize::Default => FeatureSizes { seq: 16 * 1024, max_len: 4096, varlen_backward: true },
+            // Dense causal attention at 65536 and the dense packed/padded backward at 16384
+            // take seconds to tens of seconds a call on 2 cores: these rows are --full's.
+            SuiteSize::Full => FeatureSizes { seq: 64 * 1024, max_len: 16 * 1024, varlen_backward: true },
         }
     }
 }
@@ -104,7 +87,7 @@ pub const VARLEN_RUNS: usize = 3;
 /// their first call alone (their point is bytes, not time), the packed/padded rows at
 /// least `VARLEN_RUNS` times.
 pub fn cases(size: SuiteSize) -> Vec<(CaseSpec, Timing)> {
-    let FeatureSizes { seq: n, max_len, varlen_backward, sparse_seq } = FeatureSizes::of(size);
+    let FeatureSizes { seq: n, max_len, varlen_backward } = FeatureSizes::of(size);
     let mut out = Vec::new();
     // Grouped-query attention against K/V repeated by the caller.
     let gqa =
@@ -127,12 +110,6 @@ pub fn cases(size: SuiteSize) -> Vec<(CaseSpec, Timing)> {
     let [left, right] = CAUSAL_WINDOW;
     out.push((CaseSpec::window(Implementation::Cpu, n, (left, right), Causality::Causal), Timing::Suite));
     out.push((CaseSpec { causal: true, ..CaseSpec::dilated(Implementation::Cpu, n, &[n], &[1]) }, Timing::Suite));
-    // Block-sparse attention at several shares of kept blocks.
-    for kept_percent in SPARSE_KEPT_PERCENT {
-        let block_sparse = Some(BlockSparse { block_size: SPARSE_BLOCK, kept_percent, seed: SPARSE_SEED });
-        let dense = CaseSpec::dilated(Implementation::Cpu, sparse_seq, &[sparse_seq], &[1]);
-        out.push((CaseSpec { block_sparse, ..dense }, Timing::Suite));
-    }
     // Ring bytes per rank.
     let windows = [CaseSpec::window(Implementation::Cpu, n, (left, right), Causality::Causal), {
         let [l, r] = TWO_SIDED_WINDOW;

@@ -33,14 +33,14 @@ fn is_window(s: &CaseSpec) -> bool {
 }
 
 /// `a / b` as `1.23x`, or `n/a` when either did not run.
-fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+pub(crate) fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     match (a, b) {
         (Some(a), Some(b)) if a > 0.0 && b > 0.0 => format!("{:.2}x", a / b),
         _ => "n/a".into(),
     }
 }
 
-fn ok_ms(m: Option<&&Measurement>) -> Option<f64> {
+pub(crate) fn ok_ms(m: Option<&&Measurement>) -> Option<f64> {
     m.filter(|m| m.ok()).map(|m| m.median_ms)
 }
 
@@ -367,39 +367,7 @@ pub fn render(o: &mut String, measurements: &[Measurement]) {
     gqa(o, &ms);
     varlen(o, &ms);
     window(o, &ms);
-    block_sparse(o, &ms);
     ring(o, &ms);
-}
-
-/// The all-kept row of block-sparse row `m`'s length and layout.
-fn all_kept<'m>(ms: &[&'m Measurement], m: &Measurement) -> Option<&'m Measurement> {
-    let bare = |s: &CaseSpec| CaseSpec { block_sparse: None, ..s.clone() };
-    ms.iter()
-        .find(|x| x.spec.block_sparse.is_some_and(|b| b.kept_percent == 100) && bare(&x.spec) == bare(&m.spec))
-        .copied()
-}
-
-fn block_sparse(o: &mut String, ms: &[&Measurement]) {
-    let rows: Vec<&Measurement> = ms.iter().filter(|m| m.spec.block_sparse.is_some()).copied().collect();
-    let Some(first) = rows.first() else { return };
-    let _ = writeln!(
-        o,
-        "\n### Block-sparse attention\n\n\
-         Forward on `CpuBackend`, {} heads, head_dim {}, {}, one pattern over the whole sequence at rate 1, block \
-         size {}; random block masks keeping a share of each query block's key blocks (the diagonal among them), \
-         against the all-kept mask at the same length.\n\n\
-         | Kept | Seq | Time (ms) | Timed runs | Peak (MB) | Time / all kept |\n|---|---|---|---|---|---|",
-        first.spec.heads,
-        first.spec.head_dim,
-        first.spec.dtype.as_str(),
-        first.spec.block_sparse.map_or(0, |b| b.block_size),
-    );
-    for m in rows {
-        let kept = m.spec.block_sparse.map_or(0, |b| b.kept_percent);
-        let full = all_kept(ms, m);
-        let share = ratio(ok_ms(Some(&m)), ok_ms(full.as_ref()));
-        let _ = writeln!(o, "| {kept}% | {} | {} | {share} |", int(m.spec.seq_len), timed(m));
-    }
 }
 
 /// One line per row kind for the report's key findings.
@@ -427,16 +395,6 @@ pub fn findings(measurements: &[Measurement]) -> Vec<String> {
             varlen_attention(&p.spec, longest),
             if p.spec.backward { "fwd+bwd" } else { "fwd" },
             ratio(Some(p.tokens_per_s), padded.filter(|m| m.ok()).map(|m| m.tokens_per_s))
-        ));
-    }
-    let sparse = |p: usize| ms.iter().find(|m| m.ok() && m.spec.block_sparse.is_some_and(|b| b.kept_percent == p));
-    if let (Some(f10), Some(f5)) = (sparse(10), sparse(5)) {
-        let full = all_kept(&ms, f10);
-        out.push(format!(
-            "Block-sparse forward at seq {}: 10% of the blocks kept takes {} and 5% {} of the all-kept time",
-            int(f10.spec.seq_len),
-            ratio(Some(f10.median_ms), ok_ms(full.as_ref())),
-            ratio(Some(f5.median_ms), ok_ms(full.as_ref())),
         ));
     }
     if let Some(w) = ms.iter().find(|m| is_window(&m.spec) && m.ok()) {

@@ -9,6 +9,8 @@
 mod backends;
 mod baseline;
 mod block_sparse;
+mod blocks;
+mod blocks_report;
 mod capacity;
 mod case;
 mod cli;

@@ -238,7 +238,10 @@ pub fn render(
             int(best.spec.seq_len)
         );
     }
-    for line in crate::features_report::findings(&r.measurements) {
+    for line in crate::features_report::findings(&r.measurements)
+        .into_iter()
+        .chain(crate::blocks_report::findings(&r.measurements))
+    {
         let _ = writeln!(o, "- {line}");
     }
     for c in &r.capacity {
@@ -263,6 +266,10 @@ pub fn render(
     variants_table(&mut o, r);
     if r.includes(crate::features::SECTION) {
         crate::features_report::render(&mut o, &r.measurements);
+    }
+    if r.includes(crate::blocks::SECTION) {
+        let _ = writeln!(o, "\n## Block masks");
+        crate::blocks_report::render(&mut o, &r.measurements);
     }
     if r.includes(crate::strategies::SECTION) {
         crate::strategies_report::render(&mut o, &r.measurements);

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use attn_core::error::TensorName;
-use attn_core::{AttnError, DType, Element, Result, Shape4, TensorView, TensorViewMut};
+use attn_core::{AttnError, DType, Element, OwnedMasks, Result, Shape4, TensorView, TensorViewMut};
 use attn_kernels::zeroed_buffer;
 use attn_ring::{BackwardOutputs, RingProblem, RingStats, ThreadComm};
 use half::{bf16, f16};
@@ -33,7 +33,7 @@ pub fn ring(spec: &CaseSpec) -> Result<Box<dyn Runner>> {
 }
 
 /// The ring problem of `spec` (strategy `auto` and layout `contiguous` where unset;
-/// k and v with `kv_heads` heads).
+/// k and v with `kv_heads` heads; the block-sparse rows' mask on every rank).
 pub fn problem(spec: &CaseSpec) -> Result<RingProblem> {
     if spec.varlen.is_some() || spec.repeat_kv {
         return Err(AttnError::InvalidArgument(
@@ -43,7 +43,11 @@ pub fn problem(spec: &CaseSpec) -> Result<RingProblem> {
     }
     let (strategy, layout) = (spec.strategy.unwrap_or_default(), spec.layout.unwrap_or_default());
     layout.check(spec.seq_len, spec.world_size)?;
-    Ok(RingProblem::new(&spec.config()?, spec.attn_shape()?, layout, strategy, spec.world_size))
+    let problem = RingProblem::new(&spec.config()?, spec.attn_shape()?, layout, strategy, spec.world_size);
+    Ok(match spec.block_sparse {
+        Some(b) => problem.with_masks(OwnedMasks::none().with_block_mask(crate::block_sparse::mask(&b, spec.seq_len)?)),
+        None => problem,
+    })
 }
 
 struct RingRunner {

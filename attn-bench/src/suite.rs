@@ -113,7 +113,7 @@ impl Ctx<'_> {
         let gemm = gemm_rate::measure(GEMM_N, spec.threads, 3).best_gflop_per_s;
         let mut m = measure::measure(spec, reps, gemm, &self.git, &bar);
         m.section = section.to_string();
-        if section == features::SECTION && spec.kind == CaseKind::Dilated {
+        if (section == features::SECTION || section == crate::blocks::SECTION) && spec.kind == CaseKind::Dilated {
             m.workspace_query_bytes = crate::feature_runner::workspace_query(spec);
         }
         finish(&bar, &m);
@@ -244,6 +244,9 @@ pub fn run(opts: &SuiteOptions) -> Result<()> {
     }
     if results.includes(features::SECTION) {
         crate::features_report::render(&mut table, &results.measurements);
+    }
+    if results.includes(crate::blocks::SECTION) {
+        crate::blocks_report::render(&mut table, &results.measurements);
     }
     println!("{}", table.trim());
     println!("attn-bench: wrote {} in {:.0} s", dir.display(), started.elapsed().as_secs_f64());

@@ -3,6 +3,7 @@
 use attn_core::{DType, Mixing};
 use attn_ring::{Layout, Strategy};
 
+use crate::blocks;
 use crate::case::{CaseKind, CaseSpec, DILATIONS, Implementation, SEGMENTS, SMALL_SEGMENTS, ring_case};
 use crate::cli::SuiteSize;
 use crate::features;
@@ -153,6 +154,10 @@ pub fn plan(size: SuiteSize, threads: usize) -> Vec<Planned> {
     // Grouped heads, packed sequences, windows (`features` says which).
     for (spec, timing) in features::cases(size) {
         push_case(features::SECTION, spec, timing);
+    }
+    // Block masks: time against the all-kept mask, ring bytes (`blocks` says which).
+    for (spec, timing) in blocks::cases(size) {
+        push_case(blocks::SECTION, spec, timing);
     }
     // Ring, all-gather, Ulysses, hybrid and Auto side by side (`strategies` says which).
     for (spec, timing) in strategies::cases(size) {

@@ -465,3 +465,61 @@ fn a_failed_case_fails_the_suite_naming_it() {
     let parsed = crate::cli::parse(&["--quick".into()]).unwrap();
     assert!(matches!(parsed, crate::cli::Command::Suite(o) if !o.allow_errors));
 }
+
+/// Synthetic `--quick` block-sparse rows: forward at `f` of 100 ms, forward+backward at
+/// `f` of 300 ms; ring rows sending exactly `expected_bytes` but for `off_by` bytes on
+/// rank 0 of the 10% window.
+fn block_measurements(off_by: u64) -> Vec<Measurement> {
+    use attn_core::Pass;
+    crate::blocks::cases(SuiteSize::Quick)
+        .into_iter()
+        .map(|(spec, _)| {
+            let b = spec.block_sparse.unwrap();
+            let ms = b.kept_percent as f64 * if spec.backward { 3.0 } else { 1.0 };
+            let mut m = ok(crate::blocks::SECTION, spec, ms, 1.0);
+            if m.spec.kind == CaseKind::Ring {
+                let plan = attn_ring::Plan::new(crate::ring_runner::problem(&m.spec).unwrap()).unwrap();
+                m.data_bytes_sent = attn_ring::expected_bytes(&plan, DType::F32, Pass::Forward);
+                if b.kind == crate::block_sparse::SparseKind::LocalWindow && b.kept_percent == 10 {
+                    m.data_bytes_sent[0] += off_by;
+                }
+            }
+            m
+        })
+        .collect()
+}
+
+#[test]
+fn the_blocks_section_reports_time_ratios_and_ring_bytes_against_the_formula_and_bound() {
+    let _guard = TEST_WINDOW_LOCK.lock();
+    let dir_tmp = temp_dir("blocks");
+    let render = |off_by| {
+        let results = synthetic(block_measurements(off_by));
+        write_report(dir_tmp.path(), &results, None, 10.0).unwrap();
+        std::fs::read_to_string(dir_tmp.path().join("report.md")).unwrap()
+    };
+    let md = render(0);
+    let times = table_after(&md, "### Block-sparse attention");
+    assert_eq!(times.len(), 2 + 10, "{times:?}");
+    // 4096 positions: 32 blocks; random 10% keeps round(3.2) = 3 a row, the window of 3
+    // blocks keeps 3 (2 at the edges): (32 * 3 - 2) / 1024 tiles.
+    assert!(times.contains(&"| random | 10% | 0.094 | 10.0 | 0.10x | 30.0 | 0.10x |"), "{times:?}");
+    assert!(times.contains(&"| random | 100% | 1.000 | 100.0 | 1.00x | 300.0 | 1.00x |"), "{times:?}");
+    assert!(times.contains(&"| local_window | 10% | 0.092 | 10.0 | 0.10x | 30.0 | 0.10x |"), "{times:?}");
+    assert!(md.contains("- Block-sparse forward at seq 4,096: 10% of the blocks kept takes 0.10x and 5% 0.05x"));
+    let ring = table_after(&md, "### Ring bytes under local window masks");
+    assert_eq!(ring.len(), 2 + 6, "{ring:?}");
+    assert!(ring[2].starts_with("| all kept | 1.000 |") && ring[2].ends_with("| yes | 1.000 | 1.031 | yes |"));
+    // Bytes follow the window's width (W / nb of the all-kept bytes) while the kept tiles
+    // lose the corners a wide window cuts off at the sequence's ends: from 50% on the
+    // bytes pass f + 1/nb, and the row says so.
+    let within: Vec<&str> = ring[2..].iter().map(|r| r.rsplit('|').nth(1).unwrap().trim()).collect();
+    assert_eq!(within, ["yes", "yes", "yes", "yes", "no", "no"], "{ring:?}");
+    assert!(ring.contains(&"| local_window 50% | 0.461 | 25,165,878 | 25,165,878 | yes | 0.500 | 0.492 | no |"));
+    assert!(ring[2..].iter().all(|r| r.contains("| yes | ")), "{ring:?}");
+    // One byte more on one rank than the formula: that row says so.
+    let md = render(1);
+    let ring = table_after(&md, "### Ring bytes under local window masks");
+    let row = ring.iter().find(|r| r.starts_with("| local_window 10% |")).unwrap();
+    assert!(row.contains("| no |"), "{row}");
+}

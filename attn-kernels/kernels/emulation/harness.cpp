@@ -4,7 +4,9 @@
 // mixing modes, causal, ragged tails, w > n, strided (fused-QKV) inputs, the block API
 // (q block at an offset, key blocks merged in reverse order), and the attention features:
 // grouped k/v heads, key padding (padded keys must get exactly zero dk/dv), packed
-// sequences (split into per-sequence launches as src/cuda/exec/block.rs does) and windows.
+// sequences (split into per-sequence launches as src/cuda/exec/block.rs does), windows and
+// block masks (ragged last block, causal, one mask per head; the row kernels and the
+// tensor-core `_bm_` instances, which a masked launch takes whatever the stages or tiles).
 //
 // Then the Hopper micro-kernels (hopper_micro.hpp: wgmma through each swizzle mode, a
 // stride-r TMA box; with --plant, a wrong descriptor field, swizzle and mbarrier parity).
@@ -14,8 +16,9 @@
 // An optional argument runs only the cases whose name contains it (after `--stages 3`,
 // which runs the three-stage tensor-core forward, `--hopper`, and `--bwd-queries 64`, which
 // runs the backward with 64-row query tiles); `--plant [NAME]` first
-// plants errors in each case's results (two rows of out swapped, one LSE off by 0.01) and
-// passes only when the row-wise judge rejects every one. Each result is judged whole
+// plants errors in each case's results (two rows of out swapped, one LSE off by 0.01; a
+// block-masked case also runs its forward with the mask ignored) and passes only when the
+// row-wise judge rejects every one. Each result is judged whole
 // (relative L2) and row by row as attn-testkit's `judge` does: every [head_dim] row within
 // a bound from its own magnitude, every LSE within f32 accuracy of its. Not detected here:
 // races from a missing __syncthreads / cp.async wait (copies are synchronous and the CUDA
@@ -23,6 +26,7 @@
 #include "emu_runtime.hpp"
 #include "emu_hopper.hpp"
 #include "reference.hpp"
+#include "judge.hpp"
 
 #include "../prelude.cu"
 #include "../dilated_rows.cu"
@@ -43,7 +47,6 @@
 #include <random>
 #include <string>
 
-enum class DT { F32, F16, BF16 };
 
 // ---- host side: the launch plan of src/cuda/exec/block.rs -----------------------------------
 struct Launch {
@@ -146,6 +149,10 @@ static AttnParams piece_params(const Cfg& c, const Feat& f, int B, int N, int H,
     // The mask is [B][N] over global key positions: row 0 of this k block is k_pos.
     a.kpad = f.pad.empty() ? nullptr : f.pad.data() + k_pos;
     a.kpad_sb = N;
+    // The block mask is on global positions (no packing in its cases), one for every batch row.
+    const i64 nbk = f.bm.empty() ? 0 : (N + f.bm_size - 1) / f.bm_size;
+    a.bmask = f.bm.empty() ? nullptr : f.bm.data();
+    a.bm_sb = 0, a.bm_sh = f.bm_heads > 1 ? nbk * nbk : 0, a.bm_nbk = nbk, a.bm_size = f.bm_size;
     a.scale = (float)(1.0 / std::sqrt((double)D));
     a.out_scale = c.longnet || c.window ? 1.f : 1.f / (float)c.w.size();
     auto vec_ok = [&](i64 sb, i64 ss, i64 sh) { return D % 8 == 0 && sb % 8 == 0 && ss % 8 == 0 && sh % 8 == 0; };
@@ -186,7 +193,7 @@ static void fwd_block(DT dt, const Cfg& c, const Feat& f, int B, int N, int H, i
             ++g_fwd_launches;
             if constexpr (!std::is_same_v<E, F32E>) {
                 std::vector<EmuTensorMap> maps;
-                if (g_hopper && hopper_plan::encode_maps(a, B, l.h1 - l.h0, pd, qd, kd, vd, &maps)) {
+                if (g_hopper && f.bm.empty() && hopper_plan::encode_maps(a, B, l.h1 - l.h0, pd, qd, kd, vd, &maps)) {
                     hopper_plan::launch_fwd<E>(grid, pd, qd, kd, vd, o, lse, a, maps.data());
                     ++g_hopper_launches;
                     continue;
@@ -196,8 +203,17 @@ static void fwd_block(DT dt, const Cfg& c, const Feat& f, int B, int N, int H, i
                 emu::launch(grid, 128, [=] { dilated_fwd_rows_f32(qd, kd, vd, o, lse, a); });
             } else {
                 constexpr bool bf = std::is_same_v<E, BF16E>;
-                const bool three = g_fwd_stages == 3;
+                const bool three = g_fwd_stages == 3, bm = !f.bm.empty();
                 emu::launch(grid, 128, [=] {
+                    if (bm) {  // a block mask takes the `_bm_` instances whatever the stages
+                        switch (pd) {
+                            case 32: bf ? dilated_fwd_mma_bm_bf16_d32(qd, kd, vd, o, lse, a) : dilated_fwd_mma_bm_f16_d32(qd, kd, vd, o, lse, a); break;
+                            case 64: bf ? dilated_fwd_mma_bm_bf16_d64(qd, kd, vd, o, lse, a) : dilated_fwd_mma_bm_f16_d64(qd, kd, vd, o, lse, a); break;
+                            case 128: bf ? dilated_fwd_mma_bm_bf16_d128(qd, kd, vd, o, lse, a) : dilated_fwd_mma_bm_f16_d128(qd, kd, vd, o, lse, a); break;
+                            default: bf ? dilated_fwd_mma_bm_bf16_d256(qd, kd, vd, o, lse, a) : dilated_fwd_mma_bm_f16_d256(qd, kd, vd, o, lse, a); break;
+                        }
+                        return;
+                    }
                     switch (pd) {
                         case 32: three ? (bf ? dilated_fwd_mma3_bf16_d32(qd, kd, vd, o, lse, a) : dilated_fwd_mma3_f16_d32(qd, kd, vd, o, lse, a))
                                        : (bf ? dilated_fwd_mma_bf16_d32(qd, kd, vd, o, lse, a) : dilated_fwd_mma_f16_d32(qd, kd, vd, o, lse, a)); break;
@@ -243,9 +259,17 @@ static void bwd_call(DT dt, const Cfg& c, const Feat& f, int B, int N, int H, in
                 const unsigned hy = (unsigned)sw.count;
                 if (pd > 0) {
                     constexpr bool bf = std::is_same_v<E, BF16E>;
-                    const bool q64 = g_bwd_q64;
+                    const bool q64 = g_bwd_q64, bm = !f.bm.empty();
                     emu::launch(Dim3{(unsigned)((krows + 63) / 64), hy, (unsigned)B}, 128, [=] {
                         if constexpr (!std::is_same_v<E, F32E>) {
+                            if (bm) {  // the `_bm_` instances (32-query tiles) whatever the query tiles
+                                switch (pd) {
+                                    case 32: bf ? dilated_bwd_mma_bm_bf16_d32(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_bm_f16_d32(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
+                                    case 64: bf ? dilated_bwd_mma_bm_bf16_d64(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_bm_f16_d64(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
+                                    default: bf ? dilated_bwd_mma_bm_bf16_d128(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_bm_f16_d128(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
+                                }
+                                return;
+                            }
                             if (q64) {
                                 switch (pd) {
                                     case 32: bf ? dilated_bwd_mma_q64_bf16_d32(qp, kp, vp, gp, lse, delta, dq, dk, dv, a) : dilated_bwd_mma_q64_f16_d32(qp, kp, vp, gp, lse, delta, dq, dk, dv, a); break;
@@ -275,112 +299,8 @@ static void bwd_call(DT dt, const Cfg& c, const Feat& f, int B, int N, int H, in
     }
 }
 
-// ---- judging ------------------------------------------------------------------------------
-static double rel_l2(const std::vector<float>& got, const std::vector<double>& want) {
-    if (got.size() != want.size() || want.empty()) return INFINITY;
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        num += (got[i] - want[i]) * (got[i] - want[i]);
-        den += want[i] * want[i];
-    }
-    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
-static double lse_err(const std::vector<float>& got, const std::vector<double>& want) {
-    double worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        if (std::isinf(want[i]) || std::isinf(got[i])) {
-            if (!(std::isinf(want[i]) && std::isinf(got[i]))) return INFINITY;
-            continue;
-        }
-        worst = std::max(worst, std::abs(got[i] - want[i]) / (1 + std::abs(want[i])));
-    }
-    return worst;
-}
-
-// The row bound's constants of one stored dtype (attn-testkit's RowBound): f32 noise of
-// 256 unit roundoffs, plus the dtype's unit roundoff and its smallest subnormal.
-struct RowBound {
-    double rel, floor;
-};
-
-static RowBound row_bound(DT dt) {
-    const double noise = 256 * std::ldexp(1.0, -24);
-    if (dt == DT::F16) return {std::ldexp(1.0, -11) + noise, std::ldexp(1.0, -24)};
-    if (dt == DT::BF16) return {std::ldexp(1.0, -8) + noise, std::ldexp(1.0, -133)};
-    return {noise, 0};
-}
-
-// The error of row `row` (D values) over its bound rel * (|want| + |magnitude|) +
-// floor * sqrt(D); infinite where a value is not finite.
-static double row_ratio(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& mag,
-                        size_t row, int D, RowBound b) {
-    double err = 0, w = 0, m = 0;
-    for (size_t e = row * D; e < (row + 1) * D; ++e) {
-        if (!std::isfinite(got[e])) return INFINITY;
-        err += (got[e] - want[e]) * (got[e] - want[e]);
-        w += want[e] * want[e];
-        m += mag[e] * mag[e];
-    }
-    if (err == 0) return 0;
-    const double bound = b.rel * (std::sqrt(w) + std::sqrt(m)) + b.floor * std::sqrt((double)D);
-    return bound > 0 ? std::sqrt(err) / bound : INFINITY;
-}
-
-// The worst row's ratio (pass: <= 1); a size mismatch or an empty tensor is infinite.
-static double worst_row(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& mag,
-                        int D, RowBound b) {
-    if (got.size() != want.size() || mag.size() != want.size() || want.empty() || want.size() % D) return INFINITY;
-    double worst = 0;
-    for (size_t r = 0; r < want.size() / D; ++r) worst = std::max(worst, row_ratio(got, want, mag, r, D, b));
-    return worst;
-}
-
-// One LSE's error over 64 f32 unit roundoffs of (magnitude + 1); equal infinities agree.
-static double lse_ratio(float got, double want, double mag) {
-    if (std::isinf(want) && got == want) return 0;
-    if (!std::isfinite(got) || !std::isfinite(want)) return INFINITY;
-    return std::abs(got - want) / (64 * std::ldexp(1.0, -24) * (mag + 1));
-}
-
-static double worst_lse(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& mag) {
-    if (got.size() != want.size() || mag.size() != want.size() || want.empty()) return INFINITY;
-    double worst = 0;
-    for (size_t r = 0; r < want.size(); ++r) worst = std::max(worst, lse_ratio(got[r], want[r], mag[r]));
-    return worst;
-}
-
 // `--plant`: errors put into each case's results, which the row judge must reject.
 static bool g_plant = false;
-
-// Swaps two rows of out that differ (the first and the last with a nonzero reference) and
-// moves the first finite LSE by 0.01; true when the row judge rejects both.
-static bool planted_rejected(const std::string& name, std::vector<float> out, std::vector<float> lse, const Ref& ref,
-                             int D, DT dt) {
-    const size_t rows = ref.out.size() / D;
-    auto nonzero = [&](size_t r) {
-        for (int e = 0; e < D; ++e)
-            if (ref.out[r * D + e] != 0) return true;
-        return false;
-    };
-    size_t a = 0, z = rows - 1;
-    while (a < rows && !nonzero(a)) ++a;
-    while (z > a && !nonzero(z)) --z;
-    size_t l = 0;
-    while (l < lse.size() && !std::isfinite(ref.lse[l])) ++l;
-    if (z <= a || l == lse.size()) {
-        std::printf("FAIL %-58s planted: no two nonzero rows or no finite LSE to plant in\n", name.c_str());
-        return false;
-    }
-    for (int e = 0; e < D; ++e) std::swap(out[a * D + e], out[z * D + e]);
-    lse[l] += 0.01f;
-    const RowBound b = row_bound(dt);
-    const double r_out = row_ratio(out, ref.out, ref.mout, a, D, b), r_lse = lse_ratio(lse[l], ref.lse[l], ref.mlse[l]);
-    const bool rejected = worst_row(out, ref.out, ref.mout, D, b) > 1 && worst_lse(lse, ref.lse, ref.mlse) > 1;
-    std::printf("%-4s %-58s planted: out rows %zu<->%zu at %.1f of the bound (whole tensor %.2e), lse row %zu at %.1f\n",
-                rejected && r_out > 1 && r_lse > 1 ? "ok" : "FAIL", name.c_str(), a, z, r_out, rel_l2(out, ref.out), l, r_lse);
-    return rejected && r_out > 1 && r_lse > 1;
-}
 
 // ---- one test case ------------------------------------------------------------------------
 struct Case {
@@ -440,6 +360,16 @@ static bool run_case(const Case& t) {
     });
     std::vector<float> outf(numel);
     for (size_t i = 0; i < numel; ++i) outf[i] = E::to_f(out[i]);
+    // `--plant` with a block mask: the kernels run without it; the LSE judge must see the removed keys.
+    if (g_plant && !f.bm.empty()) {
+        Feat off = f;
+        off.bm.clear();
+        std::vector<float> o2(numel, 0.f), l2(rows, -INFINITY);
+        fwd_block<E>(t.dt, t.cfg, off, B, N, H, D, q, 0, k, v, 0, o2.data(), l2.data());
+        const double w = worst_lse(l2, ref.lse, ref.mlse);
+        std::printf("%-4s %-58s planted: block mask ignored, worst lse row at %.1f of the bound\n", w > 1 ? "ok" : "FAIL", t.name.c_str(), w);
+        if (!(w > 1)) return false;
+    }
     if (g_plant) return planted_rejected(t.name, outf, lse, ref, D, t.dt);
 
     // Forward through the block API: q rows [q_start, N), key blocks merged in reverse order
@@ -555,6 +485,12 @@ int main(int argc, char** argv) {
         {"f16 longnet gqa kv2 of h4 + padding + packed causal w[16,32] r[1,2] d64", DT::F16, {{16, 32}, {1, 2}, true, true}, 1, 100, 4, 64, false, 13, 60, {2, pad_mask(1, 100, [](int, int s) { return s % 6 == 5 || (s >= 40 && s < 56); }), {0, 10, 11, 56, 100}}},
         {"f32 window (4,4) gqa kv2 of h4 + padding b2 d8", DT::F32, {{}, {}, false, false, true, 4, 4}, 2, 26, 4, 8, false, 5, 13, {2, pad_mask(2, 26, [](int b, int s) { return b == 1 ? s < 9 : s % 4 == 0; })}},
         {"bf16 gqa kv1 of h2 window (9,0) + padding d160 (bwd rows)", DT::BF16, {{}, {}, false, true, true, 9, 0}, 1, 60, 2, 160, false, 8, 30, {1, pad_mask(1, 60, [](int, int s) { return s % 5 == 0; })}},
+        // Block masks (global positions): a ragged last block, causal, one mask per head.
+        {"f32 blocks 4 ragged n19 headgroups w[8,16] r[1,2] d8", DT::F32, {{8, 16}, {1, 2}, false, false}, 2, 19, 2, 8, false, 5, 7, with_blocks({}, 19, 4, 1, [](int, int i, int j) { return (i + 2 * j) % 3 != 1 || i == j; })},
+        {"f32 blocks 5 per head causal window (9,0) d8", DT::F32, {{}, {}, false, true, true, 9, 0}, 1, 33, 2, 8, false, 4, 17, with_blocks({}, 33, 5, 2, [](int h, int i, int j) { return h == 0 ? j != i - 1 : j % 2 == 0 || i == j; })},
+        {"bf16 blocks 16 ragged longnet causal w[64,128] r[1,2] d64", DT::BF16, {{64, 128}, {1, 2}, true, true}, 1, 150, 2, 64, false, 30, 80, with_blocks({}, 150, 16, 1, [](int, int i, int j) { return i - j < 3 || j == 0; })},
+        {"f16 blocks 32 per head ragged headgroups w[100] r[1] d32", DT::F16, {{100}, {1}, false, false}, 1, 100, 2, 32, false, 20, 50, with_blocks({}, 100, 32, 2, [](int h, int i, int j) { return h == 0 ? i != j + 1 : (i + j) % 2 == 0; })},
+        {"f16 blocks 8 gqa kv1 of h2 causal w[64] r[1] d128", DT::F16, {{64}, {1}, false, true}, 1, 64, 2, 128, false, 16, 40, with_blocks({1}, 64, 8, 1, [](int, int i, int j) { return (i * 3 + j) % 4 != 2; })},
         {"f16 headgroups gqa kv2 of h4 + packed + padding w[8,16] r[2,4] d32", DT::F16, {{8, 16}, {2, 4}, false, false}, 1, 45, 4, 32, false, 6, 19, {2, pad_mask(1, 45, [](int, int s) { return s >= 3 && s < 9; }), {0, 1, 2, 19, 45}}},
     };
     int failed = 0, ran = 0;

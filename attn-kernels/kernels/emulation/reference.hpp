@@ -22,7 +22,27 @@ struct Feat {
     int kv_heads = 0;                 // 0: as many as the query heads
     std::vector<unsigned char> pad;   // [B][N] key padding (1 = padded); empty: none
     std::vector<int> cu;              // cu_seqlens (batch 1); empty: one sequence per row
+    std::vector<unsigned char> bm;    // block mask (1 = kept) [bm_heads][q blocks][k blocks], every batch row
+    int bm_size = 0, bm_heads = 1;    // positions a block; bm_heads 1: one mask for every head
 };
+
+// Whether the block mask of `f` keeps (query i, key j) of head h over N positions.
+static bool bm_keeps(const Feat& f, int N, int h, int i, int j) {
+    if (f.bm.empty()) return true;
+    const size_t nb = (size_t)(N + f.bm_size - 1) / f.bm_size, hh = f.bm_heads > 1 ? (size_t)h : 0;
+    return f.bm[(hh * nb + (size_t)(i / f.bm_size)) * nb + (size_t)(j / f.bm_size)] != 0;
+}
+
+// `f` with a block mask of `heads` heads over N positions in blocks of `size`: keep(h, qb, kb).
+template <class F>
+static Feat with_blocks(Feat f, int N, int size, int heads, F keep) {
+    const int nb = (N + size - 1) / size;
+    f.bm_size = size, f.bm_heads = heads, f.bm.assign((size_t)heads * nb * nb, 0);
+    for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < nb; ++i)
+            for (int j = 0; j < nb; ++j) f.bm[((size_t)h * nb + i) * nb + j] = keep(h, i, j) ? 1 : 0;
+    return f;
+}
 
 struct RefPattern {
     long long w, r, off;
@@ -95,7 +115,9 @@ static Ref reference(const Cfg& c, const Feat& f, int B, int N, int H, int D, co
             const std::vector<RefPattern> pats = c.window ? std::vector<RefPattern>{} : ref_patterns(c, H, h, &out_scale);
             for (int i = 0; i < N; ++i) {
                 const int s0 = seq_start(i), s1 = seq_end(i), ip = i - s0;
-                auto usable = [&](int j) { return !(f.pad.size() && f.pad[(size_t)b * N + j]) && (!c.causal || j <= i); };
+                auto usable = [&](int j) {
+                    return !(f.pad.size() && f.pad[(size_t)b * N + j]) && (!c.causal || j <= i) && bm_keeps(f, N, h, i, j);
+                };
                 std::vector<int> keys;
                 if (c.window) {
                     for (int j = s0; j < s1; ++j)
