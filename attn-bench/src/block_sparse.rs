@@ -48,8 +48,7 @@ pub fn kept_blocks(kept_percent: usize, nb: usize) -> usize {
     ((kept_percent as f64 / 100.0 * nb as f64).round() as usize).clamp(1, nb.max(1))
 }
 
-/// The share of (query block, key block) tiles of `seq` positions the mask `b` keeps:
-/// the density `f` of the ring bytes bound `f + 1/nb`.
+/// The share of (query block, key block) tiles of `seq` positions the mask `b` keeps.
 pub fn kept_tile_share(b: &BlockSparse, seq: usize) -> Result<f64> {
     let m = mask(b, seq)?;
     let nb = m.view().dims().q_blocks;
@@ -57,9 +56,10 @@ pub fn kept_tile_share(b: &BlockSparse, seq: usize) -> Result<f64> {
 }
 
 /// The bound on a block-masked ring's bytes as a share of the all-kept mask's: the
-/// kept tile share `f` plus one block row `1/nb` (the blocks a rank's edge rows reach).
-pub fn ring_bytes_bound(tile_share: f64, nb: usize) -> f64 {
-    tile_share + 1.0 / nb as f64
+/// mask's kept fraction `f` (a window's width over `nb`) plus one block row `1/nb` (the
+/// blocks a rank's edge rows reach).
+pub fn ring_bytes_bound(f: f64, nb: usize) -> f64 {
+    f + 1.0 / nb as f64
 }
 
 /// The share of (query, key) pairs of a `seq`-long sequence the mask `b` keeps (the

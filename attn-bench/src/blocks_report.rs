@@ -106,10 +106,11 @@ fn ring(o: &mut String, ms: &[&Measurement]) {
         "\n### Ring bytes under local window masks\n\n\
          {} in-process ranks, strategy {}, layout {}, seq {}, one forward call each: the bytes every rank sends \
          (`RingStats::data_bytes_sent`, headers included) summed over ranks, against `attn_ring::expected_bytes` \
-         (per rank), and their share of the all-kept mask's bytes against the bound f + 1/nb (f: kept tiles, nb = \
-         {nb}).\n\n\
-         | Mask | f (kept tiles) | Bytes sent | expected_bytes | Every rank equal | / all kept | Bound f + 1/nb | Within |\n\
-         |---|---|---|---|---|---|---|---|",
+         (per rank), and their share of the all-kept mask's bytes against the bound f + 1/nb (f: the window's \
+         width `round(f * nb)` over nb = {nb}; the kept tiles are fewer, the sequence's ends cutting off the \
+         window's corners).\n\n\
+         | Mask | f (window) | Kept tiles | Bytes sent | expected_bytes | Every rank equal | / all kept | Bound f + 1/nb | Within |\n\
+         |---|---|---|---|---|---|---|---|---|",
         s.world_size,
         s.strategy.unwrap_or_default().as_str(),
         s.layout.unwrap_or_default().as_str(),
@@ -121,15 +122,16 @@ fn ring(o: &mut String, ms: &[&Measurement]) {
         let name =
             if b == all_kept() { "all kept".to_string() } else { format!("{} {}%", b.kind.as_str(), b.kept_percent) };
         let Some((sent, expected, equal)) = ring_bytes(m) else {
-            let _ = writeln!(o, "| {name} | | {} | | | | | |", m.status);
+            let _ = writeln!(o, "| {name} | | | {} | | | | | |", m.status);
             continue;
         };
-        let f = block_sparse::kept_tile_share(&b, m.spec.seq_len).unwrap_or(f64::NAN);
+        let f = block_sparse::kept_blocks(b.kept_percent, nb) as f64 / nb as f64;
+        let tiles = block_sparse::kept_tile_share(&b, m.spec.seq_len).unwrap_or(f64::NAN);
         let bound = block_sparse::ring_bytes_bound(f, nb);
         let share = share_of(Some(sent as f64), full.map(|(s, _, _)| s as f64));
         let _ = writeln!(
             o,
-            "| {name} | {f:.3} | {} | {} | {} | {} | {bound:.3} | {} |",
+            "| {name} | {f:.3} | {tiles:.3} | {} | {} | {} | {} | {bound:.3} | {} |",
             int(sent as usize),
             int(expected as usize),
             if equal { "yes" } else { "no" },
