@@ -132,7 +132,7 @@ fn same_bits_wherever_tensors_start<T: CudaElement>() {
     ];
     for (rows, fusion, stages, loads, keys, dq) in variants {
         let emu = emulator_for(
-            ForwardOptions { rows, fusion, stages },
+            ForwardOptions { rows, fusion, stages, ..ForwardOptions::default() },
             BackwardOptions { loads, keys, dq, ..BackwardOptions::default() },
         );
         let what =

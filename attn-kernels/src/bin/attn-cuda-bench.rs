@@ -177,7 +177,9 @@ fn run() -> Result<(), String> {
     let forwards: Vec<ForwardOptions> = rows
         .iter()
         .flat_map(|&rows| launches.iter().map(move |&fusion| (rows, fusion)))
-        .flat_map(|(rows, fusion)| stages.iter().map(move |&stages| ForwardOptions { rows, fusion, stages }))
+        .flat_map(|(rows, fusion)| {
+            stages.iter().map(move |&stages| ForwardOptions { rows, fusion, stages, mma: own.0.mma })
+        })
         .collect();
     let backwards: Vec<BackwardOptions> = bwd_loads
         .iter()

@@ -1,0 +1,82 @@
+//! The sm_90a forward (`dilated_fwd_wgmma.cu`: TMA tiles through stride-r tensor maps,
+//! wgmma) through this crate's launch plans on the CUDA emulation told it emulates sm_90a
+//! (`ForwardMma::Wgmma`): every attention golden file in bf16 and f16, forward and
+//! gradients, the tensor maps encoded on the Rust side (`cuda::plan::tensor_maps`) by the
+//! emulation's `cuTensorMapEncodeTiled`; each file the kernel supports must have run it
+//! (counted by kernel name), the others run the `mma.sync` kernels; its direct path (output
+//! straight from the kernel) against its partial path, bit for bit.
+#![cfg(feature = "cuda")]
+
+use attn_core::DilatedConfig;
+use attn_kernels::cuda::CudaElement;
+use attn_kernels::cuda::launch_plan::plan_forward;
+use attn_kernels::cuda::plan::{BackwardOptions, ForwardMma, ForwardOptions, ForwardRows};
+use attn_testkit::golden::{Problem, attention_cases, check_case};
+use half::{bf16, f16};
+
+use crate::cuda_emulation::{Emulated, call_geometry, direct_equals_partial, emulator_for};
+
+/// Whether the sm_90a forward takes some launch of a call: a head dim it has an instance
+/// for whose rows are 16-byte multiples (the golden tensors are contiguous), and a pattern
+/// whose selected rows are one stride (a window, or `r` dividing `w`).
+fn sm90a_takes(cfg: &DilatedConfig, head_dim: usize) -> bool {
+    let one_stride = cfg.window().is_some()
+        || cfg.segment_lengths().iter().zip(cfg.dilation_rates()).any(|(&w, &r)| w.is_multiple_of(r));
+    head_dim <= 128 && head_dim.is_multiple_of(8) && one_stride
+}
+
+/// Every attention golden file on the emulated sm_90a device in `T`, judged against its
+/// expected values; the files [`sm90a_takes`] must have run the wgmma forward and the
+/// others must not have. Counts both, so it cannot pass by running none.
+fn golden_through_wgmma<T: CudaElement>() {
+    let emulated = Emulated::<T>::new(ForwardRows::M64).with_mma(ForwardMma::Wgmma);
+    let opts = ForwardOptions { mma: ForwardMma::Wgmma, ..ForwardOptions::default() };
+    let emu = emulator_for(opts, BackwardOptions::default());
+    let wgmma_launches = || {
+        let prefix = format!("dilated_fwd_wgmma_{}_d", T::SUFFIX);
+        emu.launches().iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(_, n)| n).sum::<u64>()
+    };
+    let (mut took, mut left, mut failed) = (0, 0, Vec::new());
+    for case in attention_cases() {
+        let cfg = case.config().unwrap();
+        let p = Problem { cfg: &cfg, shape: case.attn_shape().unwrap(), masks: case.masks() };
+        let before = wgmma_launches();
+        let report = check_case(&case, Some(&emulated), None);
+        println!("{report}");
+        if !report.passed() {
+            failed.push(report.to_string());
+        }
+        let ran = wgmma_launches() - before;
+        let planned = plan_forward(&call_geometry(&p), T::DTYPE, T::SUFFIX, opts).unwrap();
+        // The plan's sm_90a launches, and only they, carry an mma.sync fallback.
+        assert!(planned.iter().all(|l| l.fallback.is_some() == l.kernel.starts_with("dilated_fwd_wgmma_")));
+        match sm90a_takes(&cfg, p.shape.q.head_dim) {
+            true => {
+                assert!(ran > 0, "{}: the sm_90a forward did not run", case.name);
+                took += 1;
+            }
+            false => {
+                assert_eq!(ran, 0, "{}: the sm_90a forward ran where it cannot", case.name);
+                left += 1;
+            }
+        }
+    }
+    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
+    println!("{} {took} files through the sm_90a forward, {left} through mma.sync", T::SUFFIX);
+    assert!(took >= 10, "only {took} files ran the sm_90a forward");
+}
+
+#[test]
+fn wgmma_forward_golden_bf16() {
+    golden_through_wgmma::<bf16>();
+}
+
+#[test]
+fn wgmma_forward_golden_f16() {
+    golden_through_wgmma::<f16>();
+}
+
+#[test]
+fn wgmma_direct_forward_equals_its_partial_path_bf16() {
+    direct_equals_partial(&Emulated::<bf16>::new(ForwardRows::M64).with_mma(ForwardMma::Wgmma));
+}
