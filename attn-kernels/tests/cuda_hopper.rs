@@ -7,14 +7,18 @@
 //! straight from the kernel) against its partial path, bit for bit.
 #![cfg(feature = "cuda")]
 
-use attn_core::DilatedConfig;
-use attn_kernels::cuda::CudaElement;
+use attn_core::{AttnShape, DType, DilatedConfig, Mixing, Shape4};
+use attn_kernels::cuda::emulation::{Emulator, HostArgs};
 use attn_kernels::cuda::launch_plan::plan_forward;
 use attn_kernels::cuda::plan::{BackwardOptions, ForwardMma, ForwardOptions, ForwardRows};
+use attn_kernels::cuda::scratch::ScratchPool;
+use attn_kernels::cuda::{CudaElement, ForwardPath};
 use attn_testkit::golden::{Problem, attention_cases, check_case};
+use attn_testkit::judge::{Expected, judge_forward, round_to, verdict};
+use attn_testkit::rng::random_vec;
 use half::{bf16, f16};
 
-use crate::cuda_emulation::{Emulated, call_geometry, direct_equals_partial, emulator_for};
+use crate::cuda_emulation::{Emulated, call_geometry, conv, direct_equals_partial, emulator_for, fresh_emulator};
 
 /// Whether the sm_90a forward takes some launch of a call: a head dim it has an instance
 /// for whose rows are 16-byte multiples (the golden tensors are contiguous), and a pattern
@@ -79,4 +83,49 @@ fn wgmma_forward_golden_f16() {
 #[test]
 fn wgmma_direct_forward_equals_its_partial_path_bf16() {
     direct_equals_partial(&Emulated::<bf16>::new(ForwardRows::M64).with_mma(ForwardMma::Wgmma));
+}
+
+/// Launches of kernels whose names start with `prefix` that `emu` has run.
+fn launches_of(emu: &Emulator, prefix: &str) -> u64 {
+    emu.launches().iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, n)| n).sum()
+}
+
+/// `x` in `T` from element `skew` past a 16-byte boundary of its buffer.
+fn placed<T: CudaElement>(x: &[f32], skew: usize) -> (Vec<T>, usize) {
+    let mut buf = vec![T::default(); x.len() + 16 + skew];
+    let align = (0..16).find(|&i| (buf.as_ptr() as usize + i * size_of::<T>()).is_multiple_of(16));
+    let start = align.expect("a 16-byte boundary within 16 elements") + skew;
+    buf[start..start + x.len()].copy_from_slice(&conv::<T>(x));
+    (buf, start)
+}
+
+/// A call of two head groups, the second's rows not one stride (`r` 5 does not divide `w`
+/// 24), with q starting on and off a 16-byte boundary: on the emulated sm_90a device the
+/// first pattern runs the wgmma forward where q is aligned, and every other launch its
+/// `mma.sync` fallback; both runs judged against the float64 reference.
+#[test]
+fn launches_the_sm90a_forward_cannot_take_run_mma_sync() {
+    let cfg = DilatedConfig::builder().segments(&[16, 24]).dilations(&[1, 5]).mixing(Mixing::HeadGroups).build();
+    let cfg = cfg.unwrap();
+    let shape = Shape4::new(2, 48, 2, 64).unwrap();
+    let problem = Problem::new(&cfg, AttnShape::self_attn(shape));
+    let [q, k, v] = [11, 12, 13].map(|seed| random_vec(seed, shape.numel()));
+    let r = [&q, &k, &v].map(|x| round_to(DType::BF16, x).into_iter().map(f64::from).collect::<Vec<_>>());
+    let want = Expected::for_problem(&problem, [&r[0], &r[1], &r[2]], None).unwrap();
+    let (kk, vv) = (conv::<bf16>(&k), conv::<bf16>(&v));
+    for (skew, wgmma_runs) in [(0, 1), (4, 0)] {
+        let emu = fresh_emulator().with_forward_mma(ForwardMma::Wgmma);
+        let (qb, start) = placed::<bf16>(&q, skew);
+        let args =
+            HostArgs { q: &qb[start..], k: &kk, v: &vv, g: None, lse: None, delta: None, kpad: None, bmask: None };
+        let (mut out, mut lse) = (vec![bf16::ZERO; shape.numel()], vec![0.0f32; shape.lse_len()]);
+        let g = call_geometry(&problem);
+        emu.forward_call(&g, &args, ForwardPath::Direct, (&mut out, &mut lse), &mut ScratchPool::default()).unwrap();
+        let (wgmma, mma) = (launches_of(&emu, "dilated_fwd_wgmma_bf16"), launches_of(&emu, "dilated_fwd_mma_bf16"));
+        assert_eq!((wgmma, mma), (wgmma_runs, 2 - wgmma_runs), "q {skew} elements past a 16-byte boundary");
+        let out: Vec<f32> = out.iter().map(|x| x.to_f32()).collect();
+        if let Err(e) = verdict(&judge_forward(&want, &out, &lse, DType::BF16)) {
+            panic!("q {skew} elements past a 16-byte boundary: {e}");
+        }
+    }
 }
