@@ -165,15 +165,26 @@ impl CudaDevice {
             return Err(unavailable(format!("device {ordinal} is sm_{}{}; sm_80 or newer is required", cc.0, cc.1)));
         }
         let forward = ForwardOptions::from_env_or(ForwardOptions::measured_fastest(cc))?;
-        if forward.mma == ForwardMma::Wgmma && cc != SM90A {
-            return Err(unavailable(format!(
-                "ATTN_CUDA_FWD_MMA=wgmma needs an sm_90 device (the sm_90a kernels); device {ordinal} is sm_{}{}",
-                cc.0, cc.1
-            )));
-        }
         let backward = BackwardOptions::from_env_or(BackwardOptions::measured_fastest(cc))?;
         let stream = ctx.default_stream();
-        Ok(CudaDevice { ctx, stream, compute_capability: cc, forward, backward, scratch: Arc::default() })
+        let dev = CudaDevice { ctx, stream, compute_capability: cc, forward, backward, scratch: Arc::default() };
+        dev.with_forward_mma(forward.mma)
+    }
+
+    /// The same device and stream with the f16/bf16 forward's instructions as `mma` says;
+    /// [`ForwardMma::Wgmma`] (modules compiled for sm_90a) on a device other than sm_90 is
+    /// `BackendUnavailable`.
+    pub fn with_forward_mma(&self, mma: ForwardMma) -> Result<Self> {
+        let cc = self.compute_capability;
+        if mma == ForwardMma::Wgmma && cc != SM90A {
+            return Err(unavailable(format!(
+                "the wgmma forward (ATTN_CUDA_FWD_MMA=wgmma) needs an sm_90 device; device {} is sm_{}{}",
+                self.ctx.ordinal(),
+                cc.0,
+                cc.1
+            )));
+        }
+        Ok(CudaDevice { forward: ForwardOptions { mma, ..self.forward }, ..self.clone() })
     }
 
     /// The same device and stream with the tensor-core forward taking `rows` query rows a
