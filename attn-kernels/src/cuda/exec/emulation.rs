@@ -371,7 +371,7 @@ impl Emulator {
         let g_start = a.g.map(start).or_else(|| direct.as_deref().map(start));
         let starts = [Some(start(a.q)), Some(start(a.k)), Some(start(a.v)), g_start];
         for planned in plan {
-            let (p, maps) = self.hopper_launch(planned, a, starts)?;
+            let (p, maps) = maps::hopper_launch(&self.lib, planned, [a.q, a.k, a.v], starts)?;
             let o = p.offsets;
             let mut params = p.params_at(starts, size_of::<T>());
             if p.kpad {
