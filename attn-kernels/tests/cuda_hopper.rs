@@ -18,6 +18,7 @@ use attn_testkit::judge::{Expected, judge_forward, round_to, verdict};
 use attn_testkit::rng::random_vec;
 use half::{bf16, f16};
 
+use crate::cuda_alignment::Placed;
 use crate::cuda_emulation::{Emulated, call_geometry, conv, direct_equals_partial, emulator_for, fresh_emulator};
 
 /// Whether the sm_90a forward takes some launch of a call: a head dim it has an instance
@@ -36,10 +37,7 @@ fn golden_through_wgmma<T: CudaElement>() {
     let emulated = Emulated::<T>::new(ForwardRows::M64).with_mma(ForwardMma::Wgmma);
     let opts = ForwardOptions { mma: ForwardMma::Wgmma, ..ForwardOptions::default() };
     let emu = emulator_for(opts, BackwardOptions::default());
-    let wgmma_launches = || {
-        let prefix = format!("dilated_fwd_wgmma_{}_d", T::SUFFIX);
-        emu.launches().iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(_, n)| n).sum::<u64>()
-    };
+    let wgmma_launches = || launches_of(emu, &format!("dilated_fwd_wgmma_{}_d", T::SUFFIX));
     let (mut took, mut left, mut failed) = (0, 0, Vec::new());
     for case in attention_cases() {
         let cfg = case.config().unwrap();
@@ -90,15 +88,6 @@ fn launches_of(emu: &Emulator, prefix: &str) -> u64 {
     emu.launches().iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, n)| n).sum()
 }
 
-/// `x` in `T` from element `skew` past a 16-byte boundary of its buffer.
-fn placed<T: CudaElement>(x: &[f32], skew: usize) -> (Vec<T>, usize) {
-    let mut buf = vec![T::default(); x.len() + 16 + skew];
-    let align = (0..16).find(|&i| (buf.as_ptr() as usize + i * size_of::<T>()).is_multiple_of(16));
-    let start = align.expect("a 16-byte boundary within 16 elements") + skew;
-    buf[start..start + x.len()].copy_from_slice(&conv::<T>(x));
-    (buf, start)
-}
-
 /// A call of two head groups, the second's rows not one stride (`r` 5 does not divide `w`
 /// 24), with q starting on and off a 16-byte boundary: on the emulated sm_90a device the
 /// first pattern runs the wgmma forward where q is aligned, and every other launch its
@@ -115,9 +104,8 @@ fn launches_the_sm90a_forward_cannot_take_run_mma_sync() {
     let (kk, vv) = (conv::<bf16>(&k), conv::<bf16>(&v));
     for (skew, wgmma_runs) in [(0, 1), (4, 0)] {
         let emu = fresh_emulator().with_forward_mma(ForwardMma::Wgmma);
-        let (qb, start) = placed::<bf16>(&q, skew);
-        let args =
-            HostArgs { q: &qb[start..], k: &kk, v: &vv, g: None, lse: None, delta: None, kpad: None, bmask: None };
+        let qb = Placed::<bf16>::new(&q, skew);
+        let args = HostArgs { q: qb.view(), k: &kk, v: &vv, g: None, lse: None, delta: None, kpad: None, bmask: None };
         let (mut out, mut lse) = (vec![bf16::ZERO; shape.numel()], vec![0.0f32; shape.lse_len()]);
         let g = call_geometry(&problem);
         emu.forward_call(&g, &args, ForwardPath::Direct, (&mut out, &mut lse), &mut ScratchPool::default()).unwrap();
