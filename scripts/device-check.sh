@@ -16,7 +16,9 @@
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
 # conformance directory on the CUDA backend, f32/bf16/f16, forward and gradients; the
 # multihead layer's in f32), tests (the CUDA test binaries, proptests at a bounded case
-# count), speed (at most 150 s: the Rust bench with the sm_90 defaults, the previous ones and
+# count; on sm_90 the f16/bf16 forward runs the sm_90a wgmma kernels where it takes a launch,
+# the device's default), speed (at most 150 s: the Rust bench with the sm_90 defaults on the
+# mma.sync kernels, the sm_90a forward (TMA, wgmma) alone and with the backward, the previous ones and
 # the variants not yet timed (the persistent forward, the 64-row backward),
 # queued and synchronised between calls, dq by atomics and deterministic; in one Python
 # process the package, the SDPA composition under the FlashAttention and cuDNN backends and
@@ -87,12 +89,13 @@ pack() {
     python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(open(sys.argv[1], "rb"), lzma.open(sys.argv[1] + ".xz", "wb"))' \
         "$pack/candle/candle_cuda"
     rm "$pack/candle/candle_cuda"
-    # The modules an sm_90 device loads, compiled by NVRTC 13.0 (the device's CUDA 13 and
+    # The modules an sm_90 device loads (sm_90a where the forward runs wgmma, its default;
+    # sm_90 under ATTN_CUDA_FWD_MMA=mma-sync), compiled by NVRTC 13.0 (the device's CUDA 13 and
     # PyTorch's cu130 wheels): a key that does not match there just compiles again.
     local nvrtc13="${ATTN_CUDA_HOME:-$HOME/.cache/attn-cuda}/cu13/nvidia/cu13/lib/libnvrtc.so.13"
     if [ -f "$nvrtc13" ]; then
         ATTN_NVRTC_PATH="$nvrtc13" cargo run -q --release -p attn-kernels --features cuda --bin attn-ptx -- \
-            --arch 90 --fill-cache "$pack/kernel-cache"
+            --arch 90,90a --fill-cache "$pack/kernel-cache"
     else
         echo "pack: no NVRTC 13 at $nvrtc13: the device will compile its kernels (about 30 s a dtype)" >&2
     fi
@@ -280,6 +283,8 @@ step_speed() {
     local ok=0 bench="$PACK/bin/attn-cuda-bench" seqs=(--seq 65536,262144 --dtype bf16)
     local shape=(--heads 16 --head-dim 128 --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16)
     local new=(--rows 128w4 --bwd-loads pipelined --bwd-keys 128) old=(--rows 64 --bwd-loads sync --bwd-keys 64)
+    # The mma.sync kernels unless a command asks for the sm_90a forward (--fwd-mma wgmma).
+    local -x ATTN_CUDA_FWD_MMA=mma-sync
     # The Rust bench (CUDA events, the lean call path): the sm_90 defaults, the forward with
     # two and three K/V stages, forward+backward with dq by atomics and deterministically, the
     # persistent forward and the 64-row backward, with the gradients written directly (dk and dv; dq too under the deterministic dq);
@@ -287,6 +292,9 @@ step_speed() {
     # defaults.
     logged 20 "$bench" "${seqs[@]}" "${new[@]}" --fwd-stages 2,3 || ok=1
     logged 25 "$bench" "${seqs[@]}" --backward "${new[@]}" --bwd-dq atomic,deterministic || ok=1
+    # The sm_90a forward (TMA, wgmma) on its own and before the mma.sync backward.
+    logged 15 "$bench" "${seqs[@]}" "${new[@]}" --fwd-mma wgmma || ok=1
+    logged 20 "$bench" "${seqs[@]}" --backward "${new[@]}" --fwd-mma wgmma || ok=1
     # The variants not yet timed: the fused and the persistent launch (64-row blocks), and
     # the backward's 64-row query tiles (dq by atomics and deterministically).
     logged 15 "$bench" "${seqs[@]}" --rows 64 --launch fused,persistent || ok=1
@@ -567,8 +575,8 @@ rehearse() {
     python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$dir/out/device-report.json" || rc=1
     tar tzf "$dir/out/logs.tgz" | grep -c 'env.log$' >/dev/null || { echo "rehearse: logs.tgz holds no env.log" >&2; rc=1; }
     # The kernel cache the device's steps count on, and tests behind every filter.
-    [ "$(ls "$dir/device-pack/kernel-cache"/*.kernels 2>/dev/null | wc -l)" -eq 3 ] ||
-        { echo "rehearse: the pack lacks the sm_90 kernel cache (NVRTC 13 needed to pack)" >&2; rc=1; }
+    [ "$(ls "$dir/device-pack/kernel-cache"/*.kernels 2>/dev/null | wc -l)" -eq 6 ] ||
+        { echo "rehearse: the pack lacks the sm_90 and sm_90a kernel cache (NVRTC 13 needed to pack)" >&2; rc=1; }
     local t f
     for t in cuda_foreign cuda_proptest attn_kernels cuda_nvrtc cuda_golden cuda_chunk_ring attn_ring; do
         for f in $(test_filters "$t") ""; do

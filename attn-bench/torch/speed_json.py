@@ -11,7 +11,9 @@ bench's JSON; writes
    "attn_fwd_matmul_fraction", "python_fwd_ms", "python_fwdbwd_ms", "sdpa_flash_fwd_ms",
    "sdpa_flash_fwdbwd_ms", "sdpa_cudnn_fwd_ms", "sdpa_cudnn_fwdbwd_ms", ...}}}
 
-with null for what did not run, and further keys for the other rows timed (the
+with "hopper_fwd_ms", "hopper_fwdbwd_ms" and "hopper_fwd_matmul_fraction" for the sm_90a forward
+(TMA, wgmma; the rows `attn-cuda-bench --fwd-mma wgmma` prints, the backward the mma.sync one),
+null for what did not run, and further keys for the other rows timed (the
 previous defaults, the three-stage forward, the fused and the persistent launch of 64-row
 blocks, a synchronisation between calls, the deterministic dq, gradients written directly
 (dk and dv; with the deterministic dq, dq too), the backward's 64-row query tiles, SDPA's
@@ -24,16 +26,19 @@ import json, os, sys
 from device_bench_summary import records
 
 # The device's defaults on sm_90 (the rows the headline keys come from) and the previous ones.
-NEW = {"fwd_rows": "128w4", "launch": "per-pattern", "fwd_stages": "2", "bwd_loads": "pipelined", "bwd_keys": "128",
-       "bwd_dq": "atomic", "bwd_writes": "accumulated", "bwd_queries": "32"}
-OLD = {"fwd_rows": "64", "launch": "per-pattern", "fwd_stages": "2", "bwd_loads": "sync", "bwd_keys": "64",
-       "bwd_dq": "atomic", "bwd_writes": "accumulated", "bwd_queries": "32"}
+# A row without "fwd_mma" (a bench before the sm_90a forward) ran the mma.sync kernels.
+NEW = {"fwd_rows": "128w4", "launch": "per-pattern", "fwd_stages": "2", "fwd_mma": "mma-sync", "bwd_loads": "pipelined",
+       "bwd_keys": "128", "bwd_dq": "atomic", "bwd_writes": "accumulated", "bwd_queries": "32"}
+OLD = {"fwd_rows": "64", "launch": "per-pattern", "fwd_stages": "2", "fwd_mma": "mma-sync", "bwd_loads": "sync",
+       "bwd_keys": "64", "bwd_dq": "atomic", "bwd_writes": "accumulated", "bwd_queries": "32"}
+HOPPER = {**NEW, "fwd_mma": "wgmma"}
 HEADLINE = ["attn_fwd_ms", "attn_fwdbwd_ms", "attn_fwd_matmul_fraction", "python_fwd_ms", "python_fwdbwd_ms",
-            "sdpa_flash_fwd_ms", "sdpa_flash_fwdbwd_ms", "sdpa_cudnn_fwd_ms", "sdpa_cudnn_fwdbwd_ms"]
+            "sdpa_flash_fwd_ms", "sdpa_flash_fwdbwd_ms", "sdpa_cudnn_fwd_ms", "sdpa_cudnn_fwdbwd_ms",
+            "hopper_fwd_ms", "hopper_fwdbwd_ms", "hopper_fwd_matmul_fraction"]
 
 
 def matches(r, shape, backward):
-    keys = ["fwd_rows", "launch", "fwd_stages"] + (
+    keys = ["fwd_rows", "launch", "fwd_stages", "fwd_mma"] + (
         ["bwd_loads", "bwd_keys", "bwd_dq", "bwd_writes", "bwd_queries"] if backward else [])
     return bool(r.get("backward")) == backward and all(str(r.get(k, OLD[k])) == shape[k] for k in keys)
 
@@ -64,6 +69,10 @@ def speed(lines, python, commit, device):
         # The bench's tflops already count 4 x head_dim per attended pair.
         if fwd is not None and rate:
             entry["attn_fwd_matmul_fraction"] = round(fwd["tflops"] / rate, 4)
+        hopper = pick(rows, seq, HOPPER, False)
+        entry["hopper_fwd_ms"], entry["hopper_fwdbwd_ms"] = ms(hopper), ms(pick(rows, seq, HOPPER, True))
+        if hopper is not None and rate:
+            entry["hopper_fwd_matmul_fraction"] = round(hopper["tflops"] / rate, 4)
         entry["attn_fwdbwd_sync_between_ms"] = ms(pick(rows, seq, NEW, True, between="synchronized"))
         entry["attn_fwdbwd_deterministic_ms"] = ms(pick(rows, seq, {**NEW, "bwd_dq": "deterministic"}, True))
         entry["attn_fwdbwd_direct_dkdv_ms"] = ms(pick(rows, seq, {**NEW, "bwd_writes": "direct"}, True))
@@ -113,6 +122,9 @@ def check():
         line(backward=True, fwd_rows="128w4", bwd_loads="pipelined", bwd_keys="128", bwd_dq="atomic",
              between="synchronized", median_ms=11.0, tflops=180.0),
         line(backward=True, fwd_rows="64", bwd_loads="sync", bwd_keys="64", median_ms=16.0, tflops=120.0),
+        line(backward=False, fwd_rows="128w4", fwd_mma="wgmma", median_ms=1.2, tflops=500.0),
+        line(backward=True, fwd_rows="128w4", fwd_mma="wgmma", bwd_loads="pipelined", bwd_keys="128",
+             bwd_dq="atomic", median_ms=9.5, tflops=210.0),
         json.dumps({"impl": "torch-matmul", "dtype": "bf16", "n": 8192, "median_ms": 1.0, "tflops": 750.0}),
         "not json {",
     ]
@@ -122,7 +134,8 @@ def check():
     got = speed(log, python, "abc123", "NVIDIA H200")
     want = {"attn_fwd_ms": 2.0, "attn_fwdbwd_ms": 10.0, "attn_fwd_matmul_fraction": 0.4, "python_fwd_ms": 2.2,
             "python_fwdbwd_ms": 11.5, "sdpa_flash_fwd_ms": 1.7, "sdpa_flash_fwdbwd_ms": 12.0,
-            "sdpa_cudnn_fwd_ms": None, "sdpa_cudnn_fwdbwd_ms": None, "attn_fwdbwd_sync_between_ms": 11.0,
+            "sdpa_cudnn_fwd_ms": None, "sdpa_cudnn_fwdbwd_ms": None, "hopper_fwd_ms": 1.2, "hopper_fwdbwd_ms": 9.5,
+            "hopper_fwd_matmul_fraction": 0.6667, "attn_fwdbwd_sync_between_ms": 11.0,
             "attn_fwdbwd_deterministic_ms": 14.0, "attn_fwdbwd_direct_dkdv_ms": 9.0,
             "attn_fwdbwd_deterministic_direct_ms": 13.0, "attn_fwd_three_stages_ms": 1.8,
             "attn_fwd_three_stages_matmul_fraction": 0.45, "attn_fwd_fused_ms": 2.4,

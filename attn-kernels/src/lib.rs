@@ -127,9 +127,15 @@
 //! runs the same pool code on host memory.
 //! The sm_90a forward (`dilated_fwd_wgmma.cu` over `tma_mbarrier.cu` and `wgmma.cu`: TMA
 //! tiles from stride-r tensor maps, an mbarrier ring, a producer and a consumer warpgroup,
-//! wgmma) compiles only for `compute_90a` (`source::sm90a_kernel_names_for`, assembled by
-//! `attn-ptx`) and runs so far only in the emulation harness (`kernels/emulation/harness.cpp
-//! --hopper`); no launch plan chooses it yet.
+//! wgmma) compiles only for `sm_90a` (`source::sm90a_kernel_names_for`, assembled by
+//! `attn-ptx`). Under `ForwardMma::Wgmma` (`ATTN_CUDA_FWD_MMA`; an sm_90 device's default,
+//! its modules then compiled for sm_90a: `nvrtc::Target`) the forward plan runs it one
+//! launch a pattern wherever it takes the launch (`launch_plan::hopper_forward`), each such
+//! launch keeping its `mma.sync` launch as `Planned::fallback`; the executor encodes the
+//! launch's tensor maps (`plan::tensor_maps`: the selected rows of each (batch, head), `r`
+//! rows apart) with the driver's `cuTensorMapEncodeTiled` (`exec::tensor_map`) or the
+//! emulation's stand-in, and runs the fallback where they cannot be encoded (rows not one
+//! stride, rows off 16 bytes). The backward has no sm_90a kernel yet.
 //! A block's launches are planned as data (`launch_plan`:
 //! kernel, grid, argument offsets, parameters) and executed either on the device or by
 //! `emulation`, which loads `kernels/emulation/emu_capi.cpp` (the `.cu` files over a fiber

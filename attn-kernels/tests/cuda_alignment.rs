@@ -22,13 +22,13 @@ use crate::cuda_emulation::{emulator, emulator_for};
 
 /// A buffer holding `x` from element `skew` past a 16-byte boundary (`skew` elements of
 /// `T` from an aligned address), and that start.
-struct Placed<T> {
+pub(crate) struct Placed<T> {
     buf: Vec<T>,
     start: usize,
 }
 
 impl<T: CudaElement> Placed<T> {
-    fn new(x: &[f32], skew: usize) -> Self {
+    pub(crate) fn new(x: &[f32], skew: usize) -> Self {
         let mut buf = vec![T::default(); x.len() + 16 + skew];
         let align = (0..16).find(|&i| (buf.as_ptr() as usize + i * size_of::<T>()).is_multiple_of(16));
         let start = align.expect("a 16-byte boundary within 16 elements") + skew;
@@ -38,7 +38,7 @@ impl<T: CudaElement> Placed<T> {
         Placed { buf, start }
     }
 
-    fn view(&self) -> &[T] {
+    pub(crate) fn view(&self) -> &[T] {
         &self.buf[self.start..]
     }
 
@@ -132,7 +132,7 @@ fn same_bits_wherever_tensors_start<T: CudaElement>() {
     ];
     for (rows, fusion, stages, loads, keys, dq) in variants {
         let emu = emulator_for(
-            ForwardOptions { rows, fusion, stages },
+            ForwardOptions { rows, fusion, stages, ..ForwardOptions::default() },
             BackwardOptions { loads, keys, dq, ..BackwardOptions::default() },
         );
         let what =

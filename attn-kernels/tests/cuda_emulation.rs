@@ -22,7 +22,7 @@ use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, BlockMaskShape, plan_forward, plan_forward_direct};
 use attn_kernels::cuda::plan::{
     BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites,
-    ForwardOptions, ForwardRows, ForwardStages, PatternFusion, backward_kernel,
+    ForwardMma, ForwardOptions, ForwardRows, ForwardStages, PatternFusion, backward_kernel,
 };
 use attn_kernels::cuda::scratch::ScratchPool;
 use attn_testkit::golden::{
@@ -46,7 +46,7 @@ pub(crate) fn fresh_emulator() -> Emulator {
 /// library, loaded again, whatever `ATTN_CUDA_FWD_*` and `ATTN_CUDA_BWD_*` say).
 pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'static Emulator {
     const N: usize = ForwardRows::ALL.len() * PatternFusion::ALL.len();
-    static EMULATORS: [OnceLock<Emulator>; 64 * N] = [const { OnceLock::new() }; 64 * N];
+    static EMULATORS: [OnceLock<Emulator>; 128 * N] = [const { OnceLock::new() }; 128 * N];
     let rows = ForwardRows::ALL.iter().position(|&r| r == opts.rows).unwrap_or(0);
     let fusion = PatternFusion::ALL.iter().position(|&f| f == opts.fusion).unwrap_or(0);
     let slot = rows
@@ -56,7 +56,8 @@ pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'stat
         + 4 * N * usize::from(bwd.dq == BackwardDq::Deterministic)
         + 8 * N * usize::from(opts.stages == ForwardStages::Three)
         + 16 * N * usize::from(bwd.writes == BackwardWrites::Direct)
-        + 32 * N * usize::from(bwd.queries == BackwardQueries::Q64);
+        + 32 * N * usize::from(bwd.queries == BackwardQueries::Q64)
+        + 64 * N * usize::from(opts.mma == ForwardMma::Wgmma);
     EMULATORS[slot].get_or_init(|| {
         emulator();
         let lib = Emulator::library_path(Path::new(env!("CARGO_TARGET_TMPDIR")));
@@ -65,6 +66,7 @@ pub(crate) fn emulator_for(opts: ForwardOptions, bwd: BackwardOptions) -> &'stat
             .with_forward_rows(opts.rows)
             .with_pattern_fusion(opts.fusion)
             .with_forward_stages(opts.stages)
+            .with_forward_mma(opts.mma)
             .with_backward_loads(bwd.loads)
             .with_backward_keys(bwd.keys)
             .with_backward_dq(bwd.dq)
@@ -111,6 +113,12 @@ impl<T> Emulated<T> {
     /// The same backend, the forward with `stages` K/V stages.
     pub(crate) fn with_stages(self, stages: ForwardStages) -> Self {
         Emulated { opts: ForwardOptions { stages, ..self.opts }, ..self }
+    }
+
+    /// The same backend, the f16/bf16 forward's instructions as `mma` says (`Wgmma`: an
+    /// emulated sm_90a device).
+    pub(crate) fn with_mma(self, mma: ForwardMma) -> Self {
+        Emulated { opts: ForwardOptions { mma, ..self.opts }, ..self }
     }
 
     /// The forward's options.
@@ -231,8 +239,8 @@ fn f32s<T: CudaElement>(x: &[T]) -> Vec<f32> {
 impl<T: CudaElement> DilatedBackend for Emulated<T> {
     fn name(&self) -> String {
         let (f, b) = (self.opts, self.bwd);
-        let (dtype, rows, stages) = (T::DTYPE.as_str(), f.rows.name(), f.stages.name());
-        format!("cuda-emulation {dtype} rows {rows} {:?} stages {stages}, backward {b:?}", f.fusion)
+        let (dtype, rows, stages, mma) = (T::DTYPE.as_str(), f.rows.name(), f.stages.name(), f.mma.name());
+        format!("cuda-emulation {dtype} {mma} rows {rows} {:?} stages {stages}, backward {b:?}", f.fusion)
     }
 
     fn dtype(&self) -> DType {
@@ -305,7 +313,9 @@ impl<T: CudaElement> Emulated<T> {
 
 #[test]
 fn the_emulation_runs_every_kernel_of_the_source() {
-    assert_eq!(emulator().kernel_count().unwrap(), attn_kernels::cuda::source::kernel_names().len());
+    use attn_kernels::cuda::source::{kernel_names, sm90a_kernel_names_for};
+    let sm90a = ["f16", "bf16"].map(|t| sm90a_kernel_names_for(t).len()).iter().sum::<usize>();
+    assert_eq!(emulator().kernel_count().unwrap(), kernel_names().len() + sm90a);
 }
 
 /// Every golden file where the direct path applies: its output and lse equal the partial

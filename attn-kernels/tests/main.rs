@@ -16,6 +16,7 @@ mod cuda_determinism;
 mod cuda_direct_grads;
 mod cuda_emulation;
 mod cuda_epilogues;
+mod cuda_hopper;
 mod cuda_persistent;
 mod cuda_scratch;
 mod cuda_three_stages;

@@ -10,8 +10,15 @@
 // each argument's value in order (as cuLaunchKernel's kernelParams). Returns 0, 1 for an unknown kernel name, 2 when
 // a block left cp.async copies unwaited, 3 when a block wrote past its dynamic shared
 // memory, 4 when a vector access (global or shared memory) was off its alignment (a fault
-// on the GPU). Launches are serialised (the emulator has one block state).
+// on the GPU), 5 when a block misused the Hopper instructions (an mbarrier, a wgmma
+// descriptor or a TMA copy: emu_hopper.hpp's faults), left their work in flight, or
+// deadlocked. Launches are serialised (the emulator has one block state).
+//
+// attn_emu_encode_tiled_2d(maps, index, ...): the emulated cuTensorMapEncodeTiled of a 2-D
+// map of 16-bit elements into entry `index` of an array of the maps the sm_90a forward
+// reads (attn_emu_tensor_map_bytes() bytes each); 0, or 1 where the driver would refuse it.
 #include "emu_runtime.hpp"
+#include "emu_hopper.hpp"
 
 #include "../prelude.cu"
 #include "../dilated_rows.cu"
@@ -22,6 +29,9 @@
 #include "../dilated_bwd_mma.cu"
 #include "../dilated_bwd_dq_mma.cu"
 #include "../epilogue.cu"
+#include "../tma_mbarrier.cu"
+#include "../wgmma.cu"
+#include "../dilated_fwd_wgmma.cu"
 
 #include <map>
 #include <mutex>
@@ -47,7 +57,10 @@ int run(void (*kernel)(P...), Dim3 grid, unsigned threads, unsigned smem, unsign
     emu::g_unwaited_blocks = 0;
     emu::g_smem_overruns = 0;
     emu::g_misaligned = 0;
+    emu::g_hopper_faults = emu::g_hopper_unwaited = emu::g_deadlocks = 0;
+    emu::hopper_install();
     emu::launch(grid, threads, [=] { std::apply(kernel, vals); }, smem, order);
+    if (emu::g_hopper_faults + emu::g_hopper_unwaited + emu::g_deadlocks != 0) return 5;
     return emu::g_unwaited_blocks != 0 ? 2 : emu::g_smem_overruns != 0 ? 3 : emu::g_misaligned != 0 ? 4 : 0;
 }
 
@@ -114,9 +127,14 @@ using Entry = int (*)(Dim3, unsigned, unsigned, unsigned long long, void**);
         ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d64), \
         ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d256)
 
+// The sm_90a forward (TMA tensor maps, wgmma).
+#define ATTN_EMU_WGMMA(T)                                                                               \
+    ATTN_EMU_ENTRY(dilated_fwd_wgmma_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_wgmma_##T##_d64),            \
+        ATTN_EMU_ENTRY(dilated_fwd_wgmma_##T##_d128)
+
 const std::map<std::string, Entry>& table() {
     static const std::map<std::string, Entry> t = {
-        ATTN_EMU_DTYPE(f32), ATTN_EMU_DTYPE(f16), ATTN_EMU_DTYPE(bf16), ATTN_EMU_MMA(f16), ATTN_EMU_MMA(bf16), ATTN_EMU_MMA_BM(f16), ATTN_EMU_MMA_BM(bf16), ATTN_EMU_MMA3(f16),
+        ATTN_EMU_WGMMA(f16), ATTN_EMU_WGMMA(bf16), ATTN_EMU_DTYPE(f32), ATTN_EMU_DTYPE(f16), ATTN_EMU_DTYPE(bf16), ATTN_EMU_MMA(f16), ATTN_EMU_MMA(bf16), ATTN_EMU_MMA_BM(f16), ATTN_EMU_MMA_BM(bf16), ATTN_EMU_MMA3(f16),
         ATTN_EMU_MMA3(bf16),
     };
     return t;
@@ -132,6 +150,16 @@ extern "C" int attn_emu_launch(const char* name, unsigned gx, unsigned gy, unsig
     if (it == table().end()) return 1;
     return it->second(Dim3{gx, gy, gz}, threads, smem, order, args);
 }
+
+extern "C" int attn_emu_encode_tiled_2d(void* maps, unsigned index, const void* base, unsigned long long dim0,
+                                        unsigned long long dim1, unsigned long long stride1, unsigned box0,
+                                        unsigned box1, unsigned swizzle) {
+    if (swizzle > 3) return 1;
+    EmuTensorMap* m = static_cast<EmuTensorMap*>(maps) + index;
+    return emu::encode_tiled_2d(m, 2, base, dim0, dim1, stride1, box0, box1, static_cast<Swizzle>(swizzle));
+}
+
+extern "C" unsigned attn_emu_tensor_map_bytes() { return (unsigned)sizeof(EmuTensorMap); }
 
 // The number of kernels this library runs (a Rust test checks it against the kernel list).
 extern "C" int attn_emu_kernel_count() { return (int)table().size(); }

@@ -4,7 +4,8 @@
 //! TFLOP/s and how the kernels were loaded (cubin or PTX). Build here with `--features
 //! cuda`, carry the binary to a GPU machine, run it there (a typed error without a GPU).
 //!
-//! `--paths direct,partial` times both ways the forward reaches its output (straight from
+//! `--fwd-mma mma-sync,wgmma` times the f16/bf16 forward with the `mma.sync` kernels and
+//! with the sm_90a forward (TMA, wgmma; an sm_90 device only), `--paths direct,partial` times both ways the forward reaches its output (straight from
 //! the kernel, or through the f32 partial and its epilogue), `--rows 64,128,128w4` each
 //! block shape of the tensor-core forward, `--launch per-pattern,fused,persistent` each
 //! way its patterns launch, `--fwd-stages 2,3` both K/V pipelines of the tensor-core forward,
@@ -18,7 +19,7 @@
 //!        [--causal] [--backward] [--paths direct|partial|direct,partial] [--rows 64,128,128w4]
 //!        [--launch per-pattern,fused,persistent] [--fwd-stages 2,3] [--bwd-loads sync,pipelined]
 //!        [--bwd-keys 64,128] [--bwd-dq atomic,deterministic] [--bwd-writes accumulated,direct]
-//!        [--bwd-queries 32,64] [--sync-between]
+//!        [--bwd-queries 32,64] [--fwd-mma mma-sync,wgmma] [--sync-between]
 //!        (each list: one or more of its values)
 //!
 //! `--sync-between` synchronises the device after each timed call, as a framework's step
@@ -31,8 +32,8 @@ use std::process::ExitCode;
 
 use attn_core::{DilatedConfig, Pass, Shape4};
 use attn_kernels::cuda::plan::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardOptions,
-    ForwardRows, ForwardStages, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardMma,
+    ForwardOptions, ForwardRows, ForwardStages, PatternFusion,
 };
 use attn_kernels::cuda::{BenchRun, Between, CudaDevice, CudaElement, ForwardPath, GpuTiming, bench_pass};
 use half::{bf16, f16};
@@ -53,6 +54,8 @@ struct Args {
     launches: Option<Vec<PatternFusion>>,
     /// `None`: the device's own choice (`ATTN_CUDA_FWD_STAGES`).
     fwd_stages: Option<Vec<ForwardStages>>,
+    /// `None`: the device's own choice (`ATTN_CUDA_FWD_MMA`).
+    fwd_mma: Option<Vec<ForwardMma>>,
     /// `None`: the device's own choice (`ATTN_CUDA_BWD_LOADS`).
     bwd_loads: Option<Vec<BackwardLoads>>,
     /// `None`: the device's own choice (`ATTN_CUDA_BWD_KEYS`).
@@ -90,6 +93,7 @@ fn parse() -> Result<Args, String> {
         rows: None,
         launches: None,
         fwd_stages: None,
+        fwd_mma: None,
         bwd_loads: None,
         bwd_keys: None,
         bwd_dq: None,
@@ -128,6 +132,7 @@ fn parse() -> Result<Args, String> {
                 a.launches = Some(choices(&flag, &val()?, PatternFusion::parse, "per-pattern, fused or persistent")?)
             }
             "--fwd-stages" => a.fwd_stages = Some(choices(&flag, &val()?, ForwardStages::parse, "2 or 3")?),
+            "--fwd-mma" => a.fwd_mma = Some(choices(&flag, &val()?, ForwardMma::parse, "mma-sync or wgmma")?),
             "--bwd-loads" => a.bwd_loads = Some(choices(&flag, &val()?, BackwardLoads::parse, "sync or pipelined")?),
             "--bwd-keys" => a.bwd_keys = Some(choices(&flag, &val()?, BackwardKeys::parse, "64 or 128")?),
             "--bwd-writes" => {
@@ -169,6 +174,7 @@ fn run() -> Result<(), String> {
     let rows = a.rows.clone().unwrap_or_else(|| vec![own.0.rows]);
     let launches = a.launches.clone().unwrap_or_else(|| vec![own.0.fusion]);
     let stages = a.fwd_stages.clone().unwrap_or_else(|| vec![own.0.stages]);
+    let mmas = a.fwd_mma.clone().unwrap_or_else(|| vec![own.0.mma]);
     let bwd_loads = a.bwd_loads.clone().unwrap_or_else(|| vec![own.1.loads]);
     let bwd_keys = a.bwd_keys.clone().unwrap_or_else(|| vec![own.1.keys]);
     let bwd_dq = a.bwd_dq.clone().unwrap_or_else(|| vec![own.1.dq]);
@@ -177,7 +183,8 @@ fn run() -> Result<(), String> {
     let forwards: Vec<ForwardOptions> = rows
         .iter()
         .flat_map(|&rows| launches.iter().map(move |&fusion| (rows, fusion)))
-        .flat_map(|(rows, fusion)| stages.iter().map(move |&stages| ForwardOptions { rows, fusion, stages }))
+        .flat_map(|(rows, fusion)| stages.iter().map(move |&stages| (rows, fusion, stages)))
+        .flat_map(|(rows, fusion, stages)| mmas.iter().map(move |&mma| ForwardOptions { rows, fusion, stages, mma }))
         .collect();
     let backwards: Vec<BackwardOptions> = bwd_loads
         .iter()
@@ -197,6 +204,8 @@ fn run() -> Result<(), String> {
         let shape = Shape4::new(1, seq, a.heads, 128).map_err(|e| e.to_string())?;
         for &(fwd, bwd, path) in &cases {
             let dev = dev
+                .with_forward_mma(fwd.mma)
+                .map_err(|e| e.to_string())?
                 .with_forward_rows(fwd.rows)
                 .with_pattern_fusion(fwd.fusion)
                 .with_forward_stages(fwd.stages)
@@ -212,7 +221,7 @@ fn run() -> Result<(), String> {
                 other => return Err(format!("unknown dtype `{other}`")),
             };
             println!(
-                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"fwd_stages\":\"{}\",\"bwd_loads\":\"{}\",\"bwd_keys\":\"{}\",\"bwd_dq\":\"{}\",\"bwd_writes\":\"{}\",\"bwd_queries\":\"{}\",\"between\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2},\"scratch_allocations\":{}}}",
+                "{{\"device\":\"sm_{major}{minor}\",\"kernels\":\"{image}\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{},\"head_dim\":128,\"causal\":{},\"backward\":{},\"path\":\"{}\",\"fwd_rows\":\"{}\",\"launch\":\"{}\",\"fwd_stages\":\"{}\",\"fwd_mma\":\"{}\",\"bwd_loads\":\"{}\",\"bwd_keys\":\"{}\",\"bwd_dq\":\"{}\",\"bwd_writes\":\"{}\",\"bwd_queries\":\"{}\",\"between\":\"{}\",\"median_ms\":{:.4},\"tflops\":{:.2},\"scratch_allocations\":{}}}",
                 a.dtype,
                 a.heads,
                 a.causal,
@@ -221,6 +230,7 @@ fn run() -> Result<(), String> {
                 fwd.rows.name(),
                 fwd.fusion.name(),
                 fwd.stages.name(),
+                fwd.mma.name(),
                 bwd.loads.name(),
                 bwd.keys.name(),
                 bwd.dq.name(),

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use attn_kernels::cuda::kernel_cache::KernelCache;
-use attn_kernels::cuda::nvrtc::{compile_into, compile_ptx};
+use attn_kernels::cuda::nvrtc::{ArchFeatures, Target, compile_into, compile_ptx};
 use attn_kernels::cuda::nvrtc_library;
 use attn_kernels::cuda::plan::{
     BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, ForwardOptions, ForwardRows, ForwardStages,
@@ -151,27 +151,39 @@ fn dynamic_smem(name: &str) -> usize {
     0
 }
 
-/// The module of every dtype for every architecture in `archs` (`90`: compute capability
-/// 9.0), compiled as a device of that architecture compiles it and kept in `cache`; the
+/// `90` (compute capability 9.0) or `90a` (the same with its architecture-specific
+/// features, as a device running the wgmma forward compiles it).
+fn parse_target(a: &str) -> Result<Target, String> {
+    let (digits, features) = match a.strip_suffix('a') {
+        Some(d) => (d, ArchFeatures::Specific),
+        None => (a, ArchFeatures::Portable),
+    };
+    let n = digits.parse::<i32>().map_err(|e| format!("--arch {a}: {e}"))?;
+    Ok(Target { cc: (n / 10, n % 10), features })
+}
+
+/// The module of every dtype for every architecture in `archs` ([`parse_target`]),
+/// compiled as a device of that architecture compiles it and kept in `cache`; the
 /// compiles run in parallel.
 fn fill_cache(archs: &[String], cache: &KernelCache) -> Result<(), String> {
     let src = full_source();
-    let jobs: Vec<(i32, i32, &str)> = archs
+    let jobs: Vec<(Target, &str)> = archs
         .iter()
-        .map(|a| a.parse::<i32>().map(|n| (n / 10, n % 10)).map_err(|e| format!("--arch {a}: {e}")))
+        .map(|a| parse_target(a))
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
-        .flat_map(|(major, minor)| ["f32", "bf16", "f16"].map(|d| (major, minor, d)))
+        .flat_map(|target| ["f32", "bf16", "f16"].map(|d| (target, d)))
         .collect();
     std::thread::scope(|scope| {
         let handles: Vec<_> = jobs
             .iter()
-            .map(|&(major, minor, dtype)| {
+            .map(|&(target, dtype)| {
                 let src = &src;
                 scope.spawn(move || -> Result<String, String> {
                     let extra = [dtype_define(dtype).map_err(|e| e.to_string())?];
-                    let image = compile_into(src, (major, minor), &extra, Some(cache)).map_err(|e| e.to_string())?;
-                    Ok(format!("sm_{major}{minor} {dtype}: {:?}, {} bytes", image.kind, image.bytes.len()))
+                    let image = compile_into(src, target, &extra, Some(cache)).map_err(|e| e.to_string())?;
+                    let arch = target.arch();
+                    Ok(format!("sm_{arch} {dtype}: {:?}, {} bytes", image.kind, image.bytes.len()))
                 })
             })
             .collect();

@@ -15,9 +15,44 @@ use super::nvrtc_library::{BytesFn, NvrtcLibrary, Program, SizeFn, nvrtc_library
 use super::slots::Slots;
 use crate::cuda::plan::source::nvrtc_options;
 
-/// The options of the cubin compile for `cc` with `extra`.
-fn cubin_options(cc: (i32, i32), extra: &[String]) -> Vec<String> {
-    with_arch(format!("sm_{}{}", cc.0, cc.1), extra)
+/// Whether a compile turns on its architecture's specific features (the `a` targets:
+/// sm_90a's TMA, mbarrier transactions and wgmma), whose code runs on that compute
+/// capability only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ArchFeatures {
+    #[default]
+    Portable,
+    Specific,
+}
+
+/// What a module is compiled for: a compute capability and its [`ArchFeatures`]; a
+/// `(major, minor)` pair is the portable target of that capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    pub cc: (i32, i32),
+    pub features: ArchFeatures,
+}
+
+impl From<(i32, i32)> for Target {
+    fn from(cc: (i32, i32)) -> Self {
+        Target { cc, features: ArchFeatures::Portable }
+    }
+}
+
+impl Target {
+    /// The architecture's digits and suffix: `90`, or `90a` with its specific features.
+    pub fn arch(self) -> String {
+        let suffix = match self.features {
+            ArchFeatures::Portable => "",
+            ArchFeatures::Specific => "a",
+        };
+        format!("{}{}{suffix}", self.cc.0, self.cc.1)
+    }
+}
+
+/// The options of the cubin compile for `target` with `extra`.
+fn cubin_options(target: Target, extra: &[String]) -> Vec<String> {
+    with_arch(format!("sm_{}", target.arch()), extra)
 }
 
 fn with_arch(arch: String, extra: &[String]) -> Vec<String> {
@@ -39,13 +74,20 @@ pub fn ptx_arch(cc: (i32, i32), supported: Option<&[i32]>) -> Option<i32> {
 /// `sm_XX`, else PTX for the newest virtual architecture NVRTC knows that the device
 /// runs (a device newer than NVRTC gets PTX the driver compiles). The error names both
 /// failures.
-pub fn compile_for_device(src: &str, cc: (i32, i32), extra: &[String]) -> Result<KernelImage> {
-    let cubin_err = match compile_cubin(src, &cubin_options(cc, extra)) {
+pub fn compile_for_device(src: &str, target: impl Into<Target>, extra: &[String]) -> Result<KernelImage> {
+    let target = target.into();
+    let cc = target.cc;
+    let cubin_err = match compile_cubin(src, &cubin_options(target, extra)) {
         Ok(bytes) => return Ok(KernelImage { bytes, kind: ImageKind::Cubin }),
         Err(e) => e,
     };
     let supported = nvrtc_library()?.supported_archs();
-    let ptx_err = match ptx_arch(cc, supported.as_deref()) {
+    // Architecture-specific code has PTX for its own architecture only.
+    let arch = match target.features {
+        ArchFeatures::Portable => ptx_arch(cc, supported.as_deref()).map(|a| a.to_string()),
+        ArchFeatures::Specific => Some(target.arch()),
+    };
+    let ptx_err = match arch {
         Some(arch) => match compile_ptx(src, &with_arch(format!("compute_{arch}"), extra)) {
             Ok(ptx) => return Ok(KernelImage { bytes: ptx.into_bytes(), kind: ImageKind::Ptx }),
             Err(e) => e.to_string(),
@@ -78,10 +120,11 @@ fn process_images() -> &'static Slots<Vec<u8>, KernelImage> {
 /// wait for one compile; others do not wait.
 pub fn process_image(
     src: &str,
-    cc: (i32, i32),
+    cc: impl Into<Target>,
     extra: &[String],
     cache: Option<&KernelCache>,
 ) -> Result<(KernelImage, ImageSource)> {
+    let cc = cc.into();
     let mut from = ImageSource::Process;
     let (image, _) = process_images().get_or_make(device_image_key(src, cc, extra)?, || {
         image_for_device(src, cc, extra, cache).map(|(image, source)| {
@@ -96,10 +139,11 @@ pub fn process_image(
 /// recompile of an image the driver refused).
 pub fn recompile_for_process(
     src: &str,
-    cc: (i32, i32),
+    cc: impl Into<Target>,
     extra: &[String],
     cache: Option<&KernelCache>,
 ) -> Result<KernelImage> {
+    let cc = cc.into();
     let image = compile_into(src, cc, extra, cache)?;
     process_images().replace(device_image_key(src, cc, extra)?, image.clone());
     Ok(image)
@@ -110,10 +154,11 @@ pub fn recompile_for_process(
 /// costs the next process a compile, nothing more).
 pub fn image_for_device(
     src: &str,
-    cc: (i32, i32),
+    cc: impl Into<Target>,
     extra: &[String],
     cache: Option<&KernelCache>,
 ) -> Result<(KernelImage, ImageSource)> {
+    let cc = cc.into();
     if let Some(cache) = cache
         && let Some((bytes, kind)) = cache.get(&device_image_key(src, cc, extra)?)
     {
@@ -123,7 +168,13 @@ pub fn image_for_device(
 }
 
 /// [`compile_for_device`], the image then kept in `cache` in place of what it held.
-pub fn compile_into(src: &str, cc: (i32, i32), extra: &[String], cache: Option<&KernelCache>) -> Result<KernelImage> {
+pub fn compile_into(
+    src: &str,
+    cc: impl Into<Target>,
+    extra: &[String],
+    cache: Option<&KernelCache>,
+) -> Result<KernelImage> {
+    let cc = cc.into();
     let image = compile_for_device(src, cc, extra)?;
     if let Some(cache) = cache {
         let _ = cache.put(&device_image_key(src, cc, extra)?, &image.bytes, image.kind);
@@ -132,7 +183,7 @@ pub fn compile_into(src: &str, cc: (i32, i32), extra: &[String], cache: Option<&
 }
 
 /// The kernel cache's key of the image of `src` for `cc` with `extra`.
-fn device_image_key(src: &str, cc: (i32, i32), extra: &[String]) -> Result<Vec<u8>> {
+fn device_image_key(src: &str, cc: Target, extra: &[String]) -> Result<Vec<u8>> {
     Ok(image_key(nvrtc_library()?.version(), &cubin_options(cc, extra), src))
 }
 

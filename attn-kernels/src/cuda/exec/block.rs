@@ -23,6 +23,7 @@ use super::tensor::{
     CudaElement, DeviceBlockMask, DeviceGrads, DeviceGradsMut, DeviceKeyPadding, DevicePartial, DeviceTensor,
     check_len, fill_into,
 };
+use super::tensor_map::hopper_launch;
 use crate::cuda::plan::launch_plan::{
     BlockGeometry, DirectBackward, DirectGrads, Planned, Signature, plan_backward, plan_backward_direct, plan_forward,
     plan_forward_direct,
@@ -30,6 +31,7 @@ use crate::cuda::plan::launch_plan::{
 use crate::cuda::plan::params::MAX_INDEX;
 use crate::cuda::plan::patterns::BackwardWrites;
 use crate::cuda::plan::source::MAX_HEAD_DIM;
+use crate::cuda::plan::tensor_maps::MapBases;
 
 /// Check that q, k, v agree (batch, head_dim; k and v identical; k/v heads dividing the
 /// query heads), the config fits, and the masks cover the block.
@@ -343,7 +345,11 @@ fn execute<T: CudaElement>(
     let starts = [Some(start(bufs.q)), Some(start(bufs.k)), Some(start(bufs.v)), g_start];
     // A plan's launches mostly share one kernel: load each function once per run of it.
     let mut loaded: Option<(&str, CudaFunction)> = None;
-    for p in plan {
+    for planned in plan {
+        let addr = |s: &CudaSlice<T>, at: usize| start(s) + (at * size_of::<T>()) as u64;
+        let o = planned.offsets;
+        let bases = MapBases { q: addr(bufs.q, o.q), k: addr(bufs.k, o.k), v: addr(bufs.v, o.v) };
+        let (p, maps) = hopper_launch(dev, planned, T::DTYPE, (starts, size_of::<T>()), bases)?;
         if loaded.as_ref().is_none_or(|(name, _)| *name != p.kernel) {
             loaded = Some((&p.kernel, dev.function(T::SUFFIX, &p.kernel, p.smem_bytes as usize)?));
         }
@@ -376,6 +382,9 @@ fn execute<T: CudaElement>(
                 args.arg(&mut direct);
             }
             args.arg(&mut lse).arg(&params);
+            if let Some(maps) = &maps {
+                args.arg(maps);
+            }
             launch(args, lc)?;
             continue;
         }

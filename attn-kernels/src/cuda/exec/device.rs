@@ -12,16 +12,21 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 
 use super::scratch::{ScratchAlloc, ScratchBuffer, ScratchPool, ScratchSlot};
 use crate::cuda::compile::kernel_cache::KernelCache;
-use crate::cuda::compile::nvrtc::{ImageKind, ImageSource, process_image, recompile_for_process};
+use crate::cuda::compile::nvrtc::{ArchFeatures, ImageKind, ImageSource, Target, process_image, recompile_for_process};
 use crate::cuda::compile::nvrtc_library::{NVRTC_PATH_ENV, nvrtc_library};
 use crate::cuda::compile::slots::Slots;
 use crate::cuda::plan::patterns::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardOptions,
-    ForwardRows, ForwardStages, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardMma,
+    ForwardOptions, ForwardRows, ForwardStages, PatternFusion,
 };
-use crate::cuda::plan::source::{MIN_COMPUTE_CAPABILITY, dtype_define, full_source, kernel_names_for};
+use crate::cuda::plan::source::{
+    MIN_COMPUTE_CAPABILITY, dtype_define, full_source, kernel_names_for, sm90a_kernel_names_for,
+};
 
 const BACKEND: &str = "cuda";
+
+/// The one compute capability the sm_90a kernels run on (H100, H200).
+const SM90A: (i32, i32) = (9, 0);
 
 /// Wrap a CUDA driver / NVRTC error.
 pub(crate) fn cuda_err(e: impl std::error::Error + Send + Sync + 'static) -> AttnError {
@@ -86,17 +91,21 @@ pub fn device_count() -> Result<usize> {
 /// A module and the kind of image it was loaded from.
 type Loaded = (Arc<CudaModule>, ImageKind);
 
-/// The modules by (device ordinal, dtype suffix), each loaded once behind its own lock,
-/// so a slow compile holds up only the callers that need that same module.
-fn modules() -> &'static Slots<(usize, &'static str), Loaded> {
-    static MODULES: OnceLock<Slots<(usize, &'static str), Loaded>> = OnceLock::new();
+/// A module's key: device ordinal, dtype suffix, and whether it has the
+/// architecture-specific kernels.
+type ModuleKey = (usize, &'static str, ArchFeatures);
+
+/// The modules by [`ModuleKey`], each loaded once behind its own lock, so a slow compile
+/// holds up only the callers that need that same module.
+fn modules() -> &'static Slots<ModuleKey, Loaded> {
+    static MODULES: OnceLock<Slots<ModuleKey, Loaded>> = OnceLock::new();
     MODULES.get_or_init(Slots::new)
 }
 
 /// The driver's refusal of an image, with what the image was and the usual cause.
-fn load_error(e: DriverError, kind: ImageKind, cc: (i32, i32)) -> AttnError {
+fn load_error(e: DriverError, kind: ImageKind, target: Target) -> AttnError {
     let image = match kind {
-        ImageKind::Cubin => format!("a cubin for sm_{}{}", cc.0, cc.1),
+        ImageKind::Cubin => format!("a cubin for sm_{}", target.arch()),
         ImageKind::Ptx => "PTX".to_string(),
     };
     let nvrtc = nvrtc_library().map(|l| format!("NVRTC {}.{} ({})", l.version().0, l.version().1, l.path()));
@@ -158,7 +167,24 @@ impl CudaDevice {
         let forward = ForwardOptions::from_env_or(ForwardOptions::measured_fastest(cc))?;
         let backward = BackwardOptions::from_env_or(BackwardOptions::measured_fastest(cc))?;
         let stream = ctx.default_stream();
-        Ok(CudaDevice { ctx, stream, compute_capability: cc, forward, backward, scratch: Arc::default() })
+        let dev = CudaDevice { ctx, stream, compute_capability: cc, forward, backward, scratch: Arc::default() };
+        dev.with_forward_mma(forward.mma)
+    }
+
+    /// The same device and stream with the f16/bf16 forward's instructions as `mma` says;
+    /// [`ForwardMma::Wgmma`] (modules compiled for sm_90a) on a device other than sm_90 is
+    /// `BackendUnavailable`.
+    pub fn with_forward_mma(&self, mma: ForwardMma) -> Result<Self> {
+        let cc = self.compute_capability;
+        if mma == ForwardMma::Wgmma && cc != SM90A {
+            return Err(unavailable(format!(
+                "the wgmma forward (ATTN_CUDA_FWD_MMA=wgmma) needs an sm_90 device; device {} is sm_{}{}",
+                self.ctx.ordinal(),
+                cc.0,
+                cc.1
+            )));
+        }
+        Ok(CudaDevice { forward: ForwardOptions { mma, ..self.forward }, ..self.clone() })
     }
 
     /// The same device and stream with the tensor-core forward taking `rows` query rows a
@@ -221,6 +247,17 @@ impl CudaDevice {
         self.forward
     }
 
+    /// What this device's modules are compiled for: sm_90a where the forward runs the
+    /// wgmma kernels (only an sm_90 device opens with them), else the device's own
+    /// architecture.
+    fn target(&self) -> Target {
+        let features = match self.forward.mma {
+            ForwardMma::Wgmma => ArchFeatures::Specific,
+            ForwardMma::MmaSync => ArchFeatures::Portable,
+        };
+        Target { cc: self.compute_capability, features }
+    }
+
     /// The module holding the kernels of dtype `suffix` (`f32`, `f16`, `bf16`), compiled
     /// on first use: a cubin for this device's architecture, PTX where NVRTC cannot.
     fn module(&self, suffix: &'static str) -> Result<Arc<CudaModule>> {
@@ -229,12 +266,13 @@ impl CudaDevice {
 
     /// [`Self::module`] and whether it was loaded from a cubin or from PTX.
     fn module_and_kind(&self, suffix: &'static str) -> Result<Loaded> {
-        Ok(modules().get_or_make((self.ctx.ordinal(), suffix), || self.load(suffix))?.0)
+        let key = (self.ctx.ordinal(), suffix, self.target().features);
+        Ok(modules().get_or_make(key, || self.load(suffix))?.0)
     }
 
     /// The module of dtype `suffix` from the kernel cache or NVRTC, loaded on this device.
     fn load(&self, suffix: &'static str) -> Result<Loaded> {
-        let (src, extra, cc) = (full_source(), [dtype_define(suffix)?], self.compute_capability);
+        let (src, extra, cc) = (full_source(), [dtype_define(suffix)?], self.target());
         let disk = KernelCache::from_env();
         let (image, from) = process_image(&src, cc, &extra, disk.as_ref())?;
         match self.ctx.load_module(image.to_ptx()) {
@@ -254,12 +292,12 @@ impl CudaDevice {
     }
 
     /// How the kernels of dtype `suffix` reach this device (compiling them if needed):
-    /// `"cubin sm_XX"` or `"ptx compute_XX"`.
+    /// `"cubin sm_XX"` or `"ptx compute_XX"` (`sm_90a` where the wgmma forward runs).
     pub fn kernel_image(&self, suffix: &'static str) -> Result<String> {
-        let (major, minor) = self.compute_capability;
+        let arch = self.target().arch();
         Ok(match self.module_and_kind(suffix)?.1 {
-            ImageKind::Cubin => format!("cubin sm_{major}{minor}"),
-            ImageKind::Ptx => format!("ptx compute_{major}{minor}"),
+            ImageKind::Cubin => format!("cubin sm_{arch}"),
+            ImageKind::Ptx => format!("ptx compute_{arch}"),
         })
     }
 
@@ -357,7 +395,11 @@ impl CudaDevice {
     /// collective it posted waits for its peers.
     pub fn load_kernels(&self, suffix: &'static str) -> Result<()> {
         let m = self.module(suffix)?;
-        for name in kernel_names_for(suffix) {
+        let hopper = match self.target().features {
+            ArchFeatures::Specific => sm90a_kernel_names_for(suffix),
+            ArchFeatures::Portable => Vec::new(),
+        };
+        for name in kernel_names_for(suffix).into_iter().chain(hopper) {
             m.load_function(&name).map_err(cuda_err)?;
         }
         Ok(())

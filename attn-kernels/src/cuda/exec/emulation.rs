@@ -6,10 +6,13 @@
 //! together. For tests: one OS thread per CUDA thread, launches serialised, slow.
 #![allow(unsafe_code)]
 
+mod maps;
+
+use std::collections::BTreeMap;
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, Result, Shape4};
@@ -25,8 +28,8 @@ use crate::cuda::plan::launch_plan::{
     plan_forward_direct,
 };
 use crate::cuda::plan::patterns::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardOptions,
-    ForwardRows, ForwardStages, PatternFusion, out_scale,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardMma,
+    ForwardOptions, ForwardRows, ForwardStages, PatternFusion, out_scale,
 };
 use crate::cuda::plan::source::MAX_HEAD_DIM;
 
@@ -49,6 +52,8 @@ pub struct Emulator {
     forward: ForwardOptions,
     backward: BackwardOptions,
     order: BlockOrder,
+    /// Launches run, by kernel name.
+    launched: Mutex<BTreeMap<String, u64>>,
 }
 
 /// The order an emulated launch runs its blocks in: `Grid` (x fastest, then y, then z), or
@@ -226,7 +231,7 @@ impl Emulator {
         let backward = BackwardOptions::from_env_or(BackwardOptions::default())?;
         // SAFETY: the library is ours (emu_capi.cpp); loading runs its static initialisers only.
         let lib = unsafe { Library::new(path) }.map_err(|e| emu_err(format!("loading {}: {e}", path.display())))?;
-        Ok(Emulator { lib, forward, backward, order: BlockOrder::Grid })
+        Ok(Emulator { lib, forward, backward, order: BlockOrder::Grid, launched: Mutex::default() })
     }
 
     /// This emulator running every grid's blocks in `order`.
@@ -269,6 +274,18 @@ impl Emulator {
         Emulator { forward: ForwardOptions { stages, ..self.forward }, ..self }
     }
 
+    /// This emulator planning the f16/bf16 forward's instructions as `mma` says:
+    /// [`ForwardMma::Wgmma`] emulates an sm_90a device, whose forward takes the TMA and
+    /// wgmma kernel where a launch can.
+    pub fn with_forward_mma(self, mma: ForwardMma) -> Self {
+        Emulator { forward: ForwardOptions { mma, ..self.forward }, ..self }
+    }
+
+    /// How many launches of each kernel this emulator has run.
+    pub fn launches(&self) -> BTreeMap<String, u64> {
+        self.launched.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// This emulator planning the tensor-core forward's patterns as `fusion` says.
     pub fn with_pattern_fusion(self, fusion: PatternFusion) -> Self {
         Emulator { forward: ForwardOptions { fusion, ..self.forward }, ..self }
@@ -293,6 +310,7 @@ impl Emulator {
         // SAFETY: the callers pass one pointer per argument of the kernel's signature, each to
         // a live value of the argument's type, buffers checked against what the launch indexes.
         let rc = unsafe { f(cname.as_ptr(), gx, gy, gz, threads, smem, order, args.as_mut_ptr()) };
+        *self.launched.lock().unwrap_or_else(|e| e.into_inner()).entry(name.to_string()).or_default() += 1;
         match rc {
             0 => Ok(()),
             2 => Err(emu_err(format!(
@@ -303,6 +321,9 @@ impl Emulator {
                 lc.shared_mem_bytes
             ))),
             4 => Err(emu_err(format!("kernel `{name}` made a vector access off its alignment (a fault on a GPU)"))),
+            5 => Err(emu_err(format!(
+                "kernel `{name}` misused an mbarrier, a wgmma descriptor or a TMA copy, left that work in flight, or deadlocked"
+            ))),
             _ => Err(emu_err(format!("the emulation has no kernel `{name}`"))),
         }
     }
@@ -349,7 +370,8 @@ impl Emulator {
         let start = |s: &[T]| s.as_ptr() as u64;
         let g_start = a.g.map(start).or_else(|| direct.as_deref().map(start));
         let starts = [Some(start(a.q)), Some(start(a.k)), Some(start(a.v)), g_start];
-        for p in plan {
+        for planned in plan {
+            let (p, maps) = maps::hopper_launch(&self.lib, planned, [a.q, a.k, a.v], starts)?;
             let o = p.offsets;
             let mut params = p.params_at(starts, size_of::<T>());
             if p.kpad {
@@ -407,6 +429,10 @@ impl Emulator {
                 }
             }
             args.push((&raw mut params).cast());
+            let mut map_ptr = maps.as_ref().map(maps::EmulatedMaps::as_ptr);
+            if let Some(m) = map_ptr.as_mut() {
+                args.push((m as *mut *const c_void).cast());
+            }
             let lc = LaunchConfig { grid_dim, block_dim: (p.threads, 1, 1), shared_mem_bytes: p.smem_bytes };
             self.launch(&p.kernel, lc, &mut args)?;
         }

@@ -250,35 +250,56 @@ pub enum BackwardWrites {
 
 kernel_choice!(BackwardWrites, "ATTN_CUDA_BWD_WRITES", { Accumulated => "accumulated", Direct => "direct" });
 
-/// The tensor-core forward's choices: block shape, pattern fusion and K/V stages.
+/// Which tensor-core instructions the f16/bf16 forward runs: `MmaSync`, the `mma.sync`
+/// kernels (every architecture), or `Wgmma`, the sm_90a forward (`dilated_fwd_wgmma.cu`:
+/// TMA tiles through stride-r tensor maps, wgmma) for each launch it supports (head dims up
+/// to 128, a pattern whose selected rows are one stride, 16-byte aligned rows, no block
+/// mask; one launch a pattern), the `mma.sync` kernels for the others.
+/// `ATTN_CUDA_FWD_MMA=mma-sync|wgmma`; unset, `wgmma` on sm_90 (compiled for sm_90a) and
+/// `mma-sync` elsewhere, where `wgmma` is refused when the device opens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ForwardMma {
+    #[default]
+    MmaSync,
+    Wgmma,
+}
+
+kernel_choice!(ForwardMma, "ATTN_CUDA_FWD_MMA", { MmaSync => "mma-sync", Wgmma => "wgmma" });
+
+/// The tensor-core forward's choices: block shape, pattern fusion, K/V stages and the
+/// instructions (where the sm_90a forward takes a launch, it replaces the other three).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ForwardOptions {
     pub rows: ForwardRows,
     pub fusion: PatternFusion,
     pub stages: ForwardStages,
+    pub mma: ForwardMma,
 }
 
 impl ForwardOptions {
     /// The choices measured fastest on compute capability `cc`: on sm_90 (H100, H200) 128
-    /// rows over 4 warps, one launch a pattern; elsewhere (not timed) the [`Default`].
+    /// rows over 4 warps, one launch a pattern, and the sm_90a forward where it takes a
+    /// launch (the Hopper kernel, not yet timed); elsewhere (not timed) the [`Default`].
     pub fn measured_fastest(cc: (i32, i32)) -> Self {
         match cc {
             (9, 0) => ForwardOptions {
                 rows: ForwardRows::M128W4,
                 fusion: PatternFusion::PerPattern,
                 stages: ForwardStages::Two,
+                mma: ForwardMma::Wgmma,
             },
             _ => ForwardOptions::default(),
         }
     }
 
-    /// `ATTN_CUDA_FWD_ROWS`, `ATTN_CUDA_FWD_LAUNCH` and `ATTN_CUDA_FWD_STAGES`, each unset
-    /// one taken from `unset`.
+    /// `ATTN_CUDA_FWD_ROWS`, `ATTN_CUDA_FWD_LAUNCH`, `ATTN_CUDA_FWD_STAGES` and
+    /// `ATTN_CUDA_FWD_MMA`, each unset one taken from `unset`.
     pub fn from_env_or(unset: Self) -> Result<Self> {
         Ok(ForwardOptions {
             rows: ForwardRows::from_env_or(unset.rows)?,
             fusion: PatternFusion::from_env_or(unset.fusion)?,
             stages: ForwardStages::from_env_or(unset.stages)?,
+            mma: ForwardMma::from_env_or(unset.mma)?,
         })
     }
 
@@ -355,6 +376,7 @@ mod tests {
         round_trip(&ForwardStages::ALL, ForwardStages::name, ForwardStages::parse);
         round_trip(&BackwardWrites::ALL, BackwardWrites::name, BackwardWrites::parse);
         round_trip(&BackwardQueries::ALL, BackwardQueries::name, BackwardQueries::parse);
+        round_trip(&ForwardMma::ALL, ForwardMma::name, ForwardMma::parse);
         assert_eq!(ForwardRows::ALL.map(ForwardRows::name), ["64", "128", "128w4"]);
         assert_eq!(PatternFusion::ALL.map(PatternFusion::name), ["per-pattern", "fused", "persistent"]);
     }
@@ -372,16 +394,20 @@ mod tests {
     fn sm_90_takes_its_measured_fastest_shapes_and_untimed_architectures_the_smallest() {
         let (fwd, bwd) = (ForwardOptions::measured_fastest((9, 0)), BackwardOptions::measured_fastest((9, 0)));
         assert_eq!(
-            (fwd.rows, fwd.fusion, fwd.stages),
-            (ForwardRows::M128W4, PatternFusion::PerPattern, ForwardStages::Two)
+            (fwd.rows, fwd.fusion, fwd.stages, fwd.mma),
+            (ForwardRows::M128W4, PatternFusion::PerPattern, ForwardStages::Two, ForwardMma::Wgmma)
         );
         assert_eq!((bwd.loads, bwd.keys), (BackwardLoads::Pipelined, BackwardKeys::K128));
         for cc in [(8, 0), (8, 6), (8, 9), (10, 0), (12, 0)] {
             assert_eq!(ForwardOptions::measured_fastest(cc), ForwardOptions::default(), "sm_{}{}", cc.0, cc.1);
             assert_eq!(BackwardOptions::measured_fastest(cc), BackwardOptions::default(), "sm_{}{}", cc.0, cc.1);
         }
-        let least =
-            ForwardOptions { rows: ForwardRows::M64, fusion: PatternFusion::PerPattern, stages: ForwardStages::Two };
+        let least = ForwardOptions {
+            rows: ForwardRows::M64,
+            fusion: PatternFusion::PerPattern,
+            stages: ForwardStages::Two,
+            mma: ForwardMma::MmaSync,
+        };
         assert_eq!(ForwardOptions::default(), least);
         let least = BackwardOptions {
             loads: BackwardLoads::Sync,

@@ -8,11 +8,15 @@ use attn_core::{AttnError, Band, BlockDims, BlockMask, DType, DilatedConfig, Mix
 use super::fuse_table::{FusePart, fused_launch, grid, persistent_launch};
 use super::params::{AttnParams, BlockLayout, MAX_FUSED, attn_params};
 use super::patterns::{
-    BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, ForwardKernel, ForwardOptions,
-    ForwardRows, ForwardStages, MmaDq, PatternFusion, PatternLaunch, SeqPiece, THREADS, backward_kernel,
-    forward_kernel, head_sweeps, pattern_launches, seq_pieces,
+    BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, ForwardKernel, ForwardMma,
+    ForwardOptions, ForwardRows, ForwardStages, MmaDq, PatternFusion, PatternLaunch, SeqPiece, THREADS,
+    backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
 };
-use super::source::{mma_fused_kernel_name, mma_persistent_kernel_name};
+use super::source::{
+    MMA_HEAD_DIMS, WGMMA_HEAD_DIMS, mma_fused_kernel_name, mma_persistent_kernel_name, wgmma_fwd_kernel_name,
+    wgmma_fwd_smem_bytes,
+};
+use super::tensor_maps::BOX_ROWS;
 
 /// Shapes, strides and positions of a block (what planning needs of its tensors).
 #[derive(Debug, Clone, Copy)]
@@ -111,6 +115,10 @@ pub struct Planned {
     /// work counter (zeroed once, when allocated; the kernel leaves it zeroed), and cuts
     /// grid x (one block an item here) to the blocks the machine holds at once.
     pub work: bool,
+    /// The sm_90a forward (TMA, wgmma): the executor encodes its tensor maps
+    /// ([`super::tensor_maps::forward_maps`]) and passes them after the parameters, and
+    /// runs this `mma.sync` launch of the same rows instead where they cannot be encoded.
+    pub fallback: Option<Box<Planned>>,
 }
 
 impl Planned {
@@ -183,11 +191,13 @@ fn offsets(g: &BlockGeometry<'_>, piece: &SeqPiece) -> ArgOffsets {
 /// head has one pattern, fusing the patterns' launches as `opts.fusion` says.
 pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: ForwardOptions) -> Result<Vec<Planned>> {
     let kernel = block_forward_kernel(g, dtype, suffix, opts);
+    let hopper = hopper_forward(g, dtype, suffix, opts);
     // The fused and persistent kernels: 64 rows a block, where every head has one pattern
-    // and no block mask (the table orders its patterns by keys a row, which a mask changes).
+    // and no block mask (the table orders its patterns by keys a row, which a mask changes);
+    // the sm_90a forward runs one launch a pattern.
     let table_kernel = match &kernel {
         ForwardKernel::Mma { padded_d, rows: ForwardRows::M64, stages, .. }
-            if one_pattern_per_head(g.cfg) && g.block_mask.is_none() =>
+            if one_pattern_per_head(g.cfg) && g.block_mask.is_none() && hopper.is_none() =>
         {
             match opts.fusion {
                 PatternFusion::PerPattern => None,
@@ -207,12 +217,14 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: For
     let mut out = Vec::new();
     let launches = pattern_launches(g.cfg, g.q.0.heads);
     for piece in pieces(g) {
-        let mut parts = Vec::new();
+        let (mut parts, mut hopper_blocks) = (Vec::new(), Vec::new());
         for pl in &launches {
             let params = piece_params(g, &piece, pl)?;
-            let blocks = pl.max_selected(params.q_start as usize, piece.q.len()).div_ceil(per_block);
+            let rows = pl.max_selected(params.q_start as usize, piece.q.len());
+            let blocks = rows.div_ceil(per_block);
             if blocks > 0 {
                 parts.push(FusePart { params, blocks, heads: pl.heads.len() });
+                hopper_blocks.push(rows.div_ceil(BOX_ROWS as usize));
             }
         }
         let groups = if table_kernel.is_some() {
@@ -222,13 +234,13 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: For
         } else {
             parts.into_iter().map(|p| vec![p]).collect::<Vec<_>>()
         };
-        for group in groups {
+        for (i, group) in groups.into_iter().enumerate() {
             let (name, (params, grid)) = match &table_kernel {
                 Some((PatternFusion::Persistent, name)) => (name.clone(), persistent_launch(&group, g.q.0.batch)?),
                 Some((_, fused)) if group.len() > 1 => (fused.clone(), fused_launch(&group, g.q.0.batch)?),
                 _ => (kernel.clone(), fused_launch(&group, g.q.0.batch)?),
             };
-            out.push(Planned {
+            let planned = Planned {
                 kernel: name,
                 signature: Signature::Forward,
                 grid,
@@ -239,10 +251,48 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: For
                 kpad: g.kpad_seq.is_some(),
                 bmask: g.block_mask.is_some(),
                 work: params.work_items > 0,
+                fallback: None,
+            };
+            out.push(match &hopper {
+                // One pattern a group here: its blocks of 64 selected rows.
+                Some((name, smem)) => {
+                    let blocks = u32::try_from(hopper_blocks[i])
+                        .map_err(|_| AttnError::InvalidArgument("more row blocks than a grid holds".into()))?;
+                    Planned {
+                        kernel: name.clone(),
+                        grid: (blocks, grid.1, grid.2),
+                        threads: HOPPER_THREADS,
+                        smem_bytes: *smem,
+                        fallback: Some(Box::new(planned.clone())),
+                        ..planned
+                    }
+                }
+                None => planned,
             });
         }
     }
     Ok(out)
+}
+
+/// Threads a block of the sm_90a forward: a producer and a consumer warpgroup.
+const HOPPER_THREADS: u32 = 256;
+
+/// The sm_90a forward's name and dynamic shared memory where `opts` asks for it and the
+/// block can take it (f16/bf16, a head dim it has an instance for, no block mask); the
+/// executor still falls back launch by launch ([`Planned::fallback`]).
+pub fn hopper_forward(
+    g: &BlockGeometry<'_>,
+    dtype: DType,
+    suffix: &str,
+    opts: ForwardOptions,
+) -> Option<(String, u32)> {
+    let padded = MMA_HEAD_DIMS.iter().copied().find(|&p| p >= g.q.0.head_dim)?;
+    let takes = opts.mma == ForwardMma::Wgmma
+        && matches!(dtype, DType::F16 | DType::BF16)
+        && WGMMA_HEAD_DIMS.contains(&padded)
+        && g.block_mask.is_none();
+    let smem = u32::try_from(wgmma_fwd_smem_bytes(padded)).ok()?;
+    takes.then(|| (wgmma_fwd_kernel_name(suffix, padded), smem))
 }
 
 /// The forward kernel of a block: [`forward_kernel`]'s choice, or under a block mask the
@@ -323,10 +373,14 @@ pub fn plan_forward_direct(
     }
     // `attn_params` already carries the heads' output scale.
     let mut plan = plan_forward(g, dtype, suffix, opts)?;
-    for p in &mut plan {
+    fn direct(p: &mut Planned) {
         p.signature = Signature::ForwardDirect;
         p.params.out_direct = 1;
+        if let Some(f) = p.fallback.as_deref_mut() {
+            direct(f);
+        }
     }
+    plan.iter_mut().for_each(direct);
     Ok(Some(plan))
 }
 
@@ -352,6 +406,7 @@ pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: Ba
             kpad: g.kpad_seq.is_some(),
             bmask: g.block_mask.is_some(),
             work: false,
+            fallback: None,
         };
         for pl in &launches {
             let base = piece_params(g, &piece, pl)?;

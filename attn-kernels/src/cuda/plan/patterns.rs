@@ -8,8 +8,8 @@ use std::ops::Range;
 use attn_core::{Causality, DType, DilatedConfig, HeadGroups, Mixing, SegmentPattern, Shape4};
 
 pub use super::choices::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardOptions,
-    ForwardRows, ForwardStages, PatternFusion,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardMma,
+    ForwardOptions, ForwardRows, ForwardStages, PatternFusion,
 };
 use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_dq_kernel_name, mma_bwd_kernel_name, mma_kernel_name};
 
