@@ -15,9 +15,9 @@
 #
 # Steps, by value: env (GPU, driver, compute capability, the libraries loaded), golden (every
 # conformance directory on the CUDA backend, f32/bf16/f16, forward and gradients; the
-# multihead layer's in f32), tests (the CUDA test binaries, proptests at a bounded case
-# count; on sm_90 the f16/bf16 forward runs the sm_90a wgmma kernels where it takes a launch,
-# the device's default), speed (at most 150 s: the Rust bench with the sm_90 defaults on the
+# multihead layer's in f32; on sm_90 the bf16/f16 files again under ATTN_CUDA_FWD_MMA=wgmma,
+# the sm_90a forward, not yet the default), tests (the CUDA test binaries, proptests at a
+# bounded case count), speed (at most 150 s: the Rust bench with the sm_90 defaults on the
 # mma.sync kernels, the sm_90a forward (TMA, wgmma) alone and with the backward, the previous ones and
 # the variants not yet timed (the persistent forward, the 64-row backward),
 # queued and synchronised between calls, dq by atomics and deterministic; in one Python
@@ -89,8 +89,8 @@ pack() {
     python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(open(sys.argv[1], "rb"), lzma.open(sys.argv[1] + ".xz", "wb"))' \
         "$pack/candle/candle_cuda"
     rm "$pack/candle/candle_cuda"
-    # The modules an sm_90 device loads (sm_90a where the forward runs wgmma, its default;
-    # sm_90 under ATTN_CUDA_FWD_MMA=mma-sync), compiled by NVRTC 13.0 (the device's CUDA 13 and
+    # The modules an sm_90 device loads (sm_90, and sm_90a under ATTN_CUDA_FWD_MMA=wgmma),
+    # compiled by NVRTC 13.0 (the device's CUDA 13 and
     # PyTorch's cu130 wheels): a key that does not match there just compiles again.
     local nvrtc13="${ATTN_CUDA_HOME:-$HOME/.cache/attn-cuda}/cu13/nvidia/cu13/lib/libnvrtc.so.13"
     if [ -f "$nvrtc13" ]; then
@@ -195,8 +195,8 @@ have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | gre
 # Seconds each step may take (540 in all, so a whole run fits 9 minutes).
 budget() {
     case $1 in
-    env) echo 20 ;; golden) echo 20 ;; tests) echo 30 ;; speed) echo 150 ;; ring) echo 35 ;; python) echo 35 ;;
-    candle) echo 30 ;; sanitizer) echo 205 ;; nccl) echo 15 ;;
+    env) echo 20 ;; golden) echo 30 ;; tests) echo 30 ;; speed) echo 150 ;; ring) echo 35 ;; python) echo 35 ;;
+    candle) echo 30 ;; sanitizer) echo 195 ;; nccl) echo 15 ;;
     esac
 }
 
@@ -260,6 +260,15 @@ step_golden() {
     logged 20 "$PACK/bin/attn-golden" "$PACK/conformance/multihead" --backend cuda --expect 2 || ok=1
     logged 20 "$PACK/bin/attn-golden" "$PACK/conformance/multihead_features" --backend cuda --expect 1 || ok=1
     logged 20 "$PACK/bin/attn-golden" "$PACK/conformance/multihead_grad" --backend cuda --expect 3 || ok=1
+    # The sm_90a forward (TMA, wgmma) where it takes a launch: asked for, not yet the default.
+    if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; then
+        for dir in dilated:9 features:9 wide:5; do
+            for dt in bf16 f16; do
+                ATTN_CUDA_FWD_MMA=wgmma logged 40 "$PACK/bin/attn-golden" "$PACK/conformance/${dir%:*}" \
+                    --backend cuda --dtype "$dt" --expect "${dir#*:}" || ok=1
+            done
+        done
+    fi
     return "$ok"
 }
 

@@ -128,7 +128,7 @@
 //! The sm_90a forward (`dilated_fwd_wgmma.cu` over `tma_mbarrier.cu` and `wgmma.cu`: TMA
 //! tiles from stride-r tensor maps, an mbarrier ring, a producer and a consumer warpgroup,
 //! wgmma) compiles only for `sm_90a` (`source::sm90a_kernel_names_for`, assembled by
-//! `attn-ptx`). Under `ForwardMma::Wgmma` (`ATTN_CUDA_FWD_MMA`; an sm_90 device's default,
+//! `attn-ptx`). Under `ForwardMma::Wgmma` (`ATTN_CUDA_FWD_MMA=wgmma` on an sm_90 device,
 //! its modules then compiled for sm_90a: `nvrtc::Target`) the forward plan runs it one
 //! launch a pattern wherever it takes the launch (`launch_plan::hopper_forward`), each such
 //! launch keeping its `mma.sync` launch as `Planned::fallback`; the executor encodes the

@@ -255,8 +255,8 @@ kernel_choice!(BackwardWrites, "ATTN_CUDA_BWD_WRITES", { Accumulated => "accumul
 /// TMA tiles through stride-r tensor maps, wgmma) for each launch it supports (head dims up
 /// to 128, a pattern whose selected rows are one stride, 16-byte aligned rows, no block
 /// mask; one launch a pattern), the `mma.sync` kernels for the others.
-/// `ATTN_CUDA_FWD_MMA=mma-sync|wgmma`; unset, `wgmma` on sm_90 (compiled for sm_90a) and
-/// `mma-sync` elsewhere, where `wgmma` is refused when the device opens.
+/// `ATTN_CUDA_FWD_MMA=mma-sync|wgmma`; unset, `mma-sync` everywhere (the sm_90a forward
+/// has run only on the emulation); `wgmma` off sm_90 is refused when the device opens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ForwardMma {
     #[default]
@@ -278,15 +278,15 @@ pub struct ForwardOptions {
 
 impl ForwardOptions {
     /// The choices measured fastest on compute capability `cc`: on sm_90 (H100, H200) 128
-    /// rows over 4 warps, one launch a pattern, and the sm_90a forward where it takes a
-    /// launch (the Hopper kernel, not yet timed); elsewhere (not timed) the [`Default`].
+    /// rows over 4 warps, one launch a pattern, `mma.sync` (the sm_90a forward waits for a
+    /// GPU run); elsewhere (not timed) the [`Default`].
     pub fn measured_fastest(cc: (i32, i32)) -> Self {
         match cc {
             (9, 0) => ForwardOptions {
                 rows: ForwardRows::M128W4,
                 fusion: PatternFusion::PerPattern,
                 stages: ForwardStages::Two,
-                mma: ForwardMma::Wgmma,
+                mma: ForwardMma::MmaSync,
             },
             _ => ForwardOptions::default(),
         }
@@ -395,7 +395,7 @@ mod tests {
         let (fwd, bwd) = (ForwardOptions::measured_fastest((9, 0)), BackwardOptions::measured_fastest((9, 0)));
         assert_eq!(
             (fwd.rows, fwd.fusion, fwd.stages, fwd.mma),
-            (ForwardRows::M128W4, PatternFusion::PerPattern, ForwardStages::Two, ForwardMma::Wgmma)
+            (ForwardRows::M128W4, PatternFusion::PerPattern, ForwardStages::Two, ForwardMma::MmaSync)
         );
         assert_eq!((bwd.loads, bwd.keys), (BackwardLoads::Pipelined, BackwardKeys::K128));
         for cc in [(8, 0), (8, 6), (8, 9), (10, 0), (12, 0)] {
