@@ -7,7 +7,7 @@
 //! bytes each rank sends equal `expected_bytes`; a fault mid-exchange fails every rank.
 
 use crate::common;
-use crate::ulysses::golden_dir_through;
+use crate::ulysses::{golden_dir_through, uneven_heads_case};
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -16,8 +16,6 @@ use attn_core::error::TensorName;
 use attn_core::{AttnShape, DType, DilatedConfig, Mixing, Pass, Shape4, TensorView};
 use attn_ring::chunk_ring::{ChunkOptions, CpuChunks, HostRows, HostTransport, chunk_backward, chunk_forward};
 use attn_ring::{Communicator, FaultyComm, Layout, Plan, RingProblem, RingStats, Strategy, ThreadComm, expected_bytes};
-use attn_testkit::golden::{DilatedBackend, Problem};
-use attn_testkit::judge::{Expected, judge_backward, judge_forward, verdict};
 use attn_testkit::{feature_case, judge_lse_gradients, random_vec};
 use common::{ChunkBackend, Moves};
 use proptest::prelude::*;
@@ -76,29 +74,8 @@ fn uneven_heads_and_shared_kv_heads_equal_the_reference() {
     ] {
         for (mixing, causal) in [(Mixing::HeadGroups, false), (Mixing::LongNet, true), (Mixing::HeadGroups, true)] {
             for (layout, moves) in [(Layout::Contiguous, Moves::HostStaged), (Layout::Zigzag, Moves::InProcess)] {
-                let cfg = DilatedConfig::builder()
-                    .segments(&[6, 12, 40])
-                    .dilations(&[1, 2, 4])
-                    .mixing(mixing)
-                    .causality(causal.into())
-                    .build()
-                    .unwrap();
-                let shape = AttnShape {
-                    q: Shape4::new(2, 37, heads, 4).unwrap(),
-                    kv: Shape4::named(TensorName::Key, [2, 37, kv_heads, 4]).unwrap(),
-                };
-                let (nq, nk) = (shape.q.numel(), shape.kv.numel());
-                let (q, k, v, go) = (random_vec(1, nq), random_vec(2, nk), random_vec(3, nk), random_vec(4, nq));
-                let problem = Problem::new(&cfg, shape);
                 let backend = chunk(world, layout, strategy, moves);
-                let fwd = backend.forward(&problem, [&q, &k, &v]).unwrap();
-                let g = backend.backward(&problem, [&q, &k, &v], &go).unwrap();
-                let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
-                let want =
-                    Expected::for_problem(&problem, [&wide(&q), &wide(&k), &wide(&v)], Some(&wide(&go))).unwrap();
-                let mut rows = judge_forward(&want, &fwd.out, &fwd.lse, DType::F32);
-                rows.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], DType::F32));
-                let v = verdict(&rows);
+                let v = uneven_heads_case(&backend, (heads, kv_heads), mixing, causal);
                 let at = format!("heads {heads}/{kv_heads} {strategy:?} p={world} {layout:?} {mixing:?} {moves:?}");
                 assert!(v.is_ok(), "{at}: {}", v.unwrap_err());
                 runs += 1;

@@ -186,29 +186,8 @@ fn uneven_heads_and_shared_kv_heads_equal_the_reference() {
     ] {
         for (mixing, causal) in [(Mixing::HeadGroups, false), (Mixing::LongNet, true), (Mixing::HeadGroups, true)] {
             for layout in [Layout::Contiguous, Layout::Zigzag] {
-                let cfg = DilatedConfig::builder()
-                    .segments(&[6, 12, 40])
-                    .dilations(&[1, 2, 4])
-                    .mixing(mixing)
-                    .causality(causal.into())
-                    .build()
-                    .unwrap();
-                let shape = AttnShape {
-                    q: Shape4::new(2, 37, heads, 4).unwrap(),
-                    kv: Shape4::named(TensorName::Key, [2, 37, kv_heads, 4]).unwrap(),
-                };
-                let (nq, nk) = (shape.q.numel(), shape.kv.numel());
-                let (q, k, v, go) = (random_vec(1, nq), random_vec(2, nk), random_vec(3, nk), random_vec(4, nq));
-                let problem = Problem::new(&cfg, shape);
                 let backend = RingBackend { world, layout, strategy };
-                let fwd = backend.forward(&problem, [&q, &k, &v]).unwrap();
-                let g = backend.backward(&problem, [&q, &k, &v], &go).unwrap();
-                let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
-                let want =
-                    Expected::for_problem(&problem, [&wide(&q), &wide(&k), &wide(&v)], Some(&wide(&go))).unwrap();
-                let mut rows = judge_forward(&want, &fwd.out, &fwd.lse, DType::F32);
-                rows.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], DType::F32));
-                let v = verdict(&rows);
+                let v = uneven_heads_case(&backend, (heads, kv_heads), mixing, causal);
                 assert!(
                     v.is_ok(),
                     "heads {heads}/{kv_heads} {strategy:?} p={world} {layout:?} {mixing:?}: {}",
@@ -293,4 +272,35 @@ fn ulysses_sends_a_quarter_of_the_rings_bytes_on_dense_attention_at_eight_ranks(
     let (ulysses, ring) = (bytes(Strategy::Ulysses), bytes(Strategy::Ring));
     let ratio = ulysses as f64 / ring as f64;
     assert!(ratio <= 0.3 && ratio > 0.2, "ulysses {ulysses} / ring {ring} = {ratio}");
+}
+
+/// A `[2, 37, heads, 4]` problem with `kv_heads` K/V heads through `backend`: output, LSE
+/// and gradients judged row by row against the float64 reference.
+pub fn uneven_heads_case(
+    backend: &impl DilatedBackend,
+    (heads, kv_heads): (usize, usize),
+    mixing: Mixing,
+    causal: bool,
+) -> Result<(), String> {
+    let cfg = DilatedConfig::builder()
+        .segments(&[6, 12, 40])
+        .dilations(&[1, 2, 4])
+        .mixing(mixing)
+        .causality(causal.into())
+        .build()
+        .unwrap();
+    let shape = AttnShape {
+        q: Shape4::new(2, 37, heads, 4).unwrap(),
+        kv: Shape4::named(TensorName::Key, [2, 37, kv_heads, 4]).unwrap(),
+    };
+    let (nq, nk) = (shape.q.numel(), shape.kv.numel());
+    let (q, k, v, go) = (random_vec(1, nq), random_vec(2, nk), random_vec(3, nk), random_vec(4, nq));
+    let problem = Problem::new(&cfg, shape);
+    let fwd = backend.forward(&problem, [&q, &k, &v]).unwrap();
+    let g = backend.backward(&problem, [&q, &k, &v], &go).unwrap();
+    let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
+    let want = Expected::for_problem(&problem, [&wide(&q), &wide(&k), &wide(&v)], Some(&wide(&go))).unwrap();
+    let mut rows = judge_forward(&want, &fwd.out, &fwd.lse, DType::F32);
+    rows.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], DType::F32));
+    verdict(&rows).map_err(|e| e.to_string())
 }
