@@ -11,8 +11,9 @@ bench's JSON; writes
    "attn_fwd_matmul_fraction", "python_fwd_ms", "python_fwdbwd_ms", "sdpa_flash_fwd_ms",
    "sdpa_flash_fwdbwd_ms", "sdpa_cudnn_fwd_ms", "sdpa_cudnn_fwdbwd_ms", ...}}}
 
-with "hopper_fwd_ms", "hopper_fwdbwd_ms" and "hopper_fwd_matmul_fraction" for the sm_90a forward
-(TMA, wgmma; the rows `attn-cuda-bench --fwd-mma wgmma` prints, the backward the mma.sync one),
+with "hopper_fwd_ms", "hopper_fwdbwd_ms" and "hopper_fwd_matmul_fraction" for the sm_90a kernels
+(TMA, wgmma; the rows `attn-cuda-bench --fwd-mma wgmma` prints, the backward's under
+ATTN_CUDA_BWD_MMA=wgmma),
 null for what did not run, and further keys for the other rows timed (the
 previous defaults, the three-stage forward, the fused and the persistent launch of 64-row
 blocks, a synchronisation between calls, the deterministic dq, gradients written directly

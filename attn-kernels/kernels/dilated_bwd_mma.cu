@@ -87,6 +87,59 @@ __device__ __forceinline__ void bwd_mma_dq(const u16* sDS, const u16* sK, const 
     }
 }
 
+// Each key row's admitted query indices [s_qlo[i], s_qhi[i]) for the `rows` key rows
+// gathered into s_krows from selected index tk0: its segment cut by the band (empty for
+// padded keys and rows past the block), written by the thread that gathered the row.
+__device__ __forceinline__ void key_row_queries(i64* s_qlo, i64* s_qhi, const i64* s_krows, int rows, const Pattern& p,
+                                                i64 tk0, const AttnParams& a) {
+    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+        i64 lo = 0, hi = 0;
+        if (s_krows[i] >= 0) {
+            const i64 seg = div32(tk0 + i, p.per_seg);
+            band_queries(a, tk0 + i, &lo, &hi);
+            lo = max64(seg * p.per_seg, lo);
+            hi = min64((seg + 1) * p.per_seg, hi);
+        }
+        s_qlo[i] = lo;
+        s_qhi[i] = hi;
+    }
+}
+
+// dK and dV of this thread's key rows (kr0 and kr0 + 8 of s_krows, the block's gather; -1:
+// none) in the mma.m16n8k16 C layout (n-block j, columns 2c and 2c + 1): plain adds into the
+// f32 accumulators, or with `a.out_direct` E values straight into the gradients at k's and
+// v's strides (dk_acc and dv_acc then point at them).
+template <class E, int NO>
+__device__ __forceinline__ void bwd_store_dkv(const float (&dk)[NO][4], const float (&dv)[NO][4], const i64* s_krows,
+                                              int kr0, int c, i64 b, i64 kvh, float* dk_acc, float* dv_acc,
+                                              const AttnParams& a) {
+    u16 *dko = reinterpret_cast<u16*>(dk_acc), *dvo = reinterpret_cast<u16*>(dv_acc);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const i64 r = s_krows[kr0 + 8 * i];
+        if (r < 0) continue;
+        const i64 ri = ((b * a.nk + r) * a.kv_heads + kvh) * a.d;
+        u16* krow = dko + b * a.k_sb + r * a.k_ss + kvh * a.k_sh;
+        u16* vrow = dvo + b * a.v_sb + r * a.v_ss + kvh * a.v_sh;
+#pragma unroll
+        for (int j = 0; j < NO; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const i64 col = j * 8 + 2 * c + e;
+                if (col >= a.d) continue;
+                const float gk = a.scale * dk[j][2 * i + e], gv = a.out_scale * dv[j][2 * i + e];
+                if (a.out_direct) {
+                    krow[col] = E::from_f(gk);
+                    vrow[col] = E::from_f(gv);
+                } else {
+                    dk_acc[ri + col] += gk;
+                    dv_acc[ri + col] += gv;
+                }
+            }
+        }
+    }
+}
+
 template <class E, int D, bool PIPE, int BN, bool DQ, int BM, BlockMasking MK = BM_IGNORE>
 __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go, const float* lse, const float* delta,
                         float* dq_acc, float* dk_acc, float* dv_acc, const AttnParams& a) {
@@ -129,19 +182,8 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     }
 
     const int kr0 = warp * 16 + g;
-    // Each key row's admitted query indices [qlo, qhi): its segment cut by the band
-    // (empty for padded keys and rows past the block). Read after the loop's barriers.
-    for (int i = threadIdx.x; i < BN; i += blockDim.x) {
-        i64 lo = 0, hi = 0;
-        if (s_krows[i] >= 0) {
-            const i64 seg = div32(tk0 + i, p.per_seg);
-            band_queries(a, tk0 + i, &lo, &hi);
-            lo = max64(seg * p.per_seg, lo);
-            hi = min64((seg + 1) * p.per_seg, hi);
-        }
-        s_qlo[i] = lo;
-        s_qhi[i] = hi;
-    }
+    // Each key row's admitted query indices, read after the loop's barriers.
+    key_row_queries(s_qlo, s_qhi, s_krows, BN, p, tk0, a);
     if (MK == BM_READ) gather_blocks(s_kblk, BN, p, tk0, k_hi, a);
     float dk[NO][4], dv[NO][4];
 #pragma unroll
@@ -320,31 +362,7 @@ __device__ void bwd_mma(const u16* q, const u16* k, const u16* v, const u16* go,
     // in the whole call (one pattern a head, as many key/value heads as query heads:
     // planned by the host): E values straight into the gradients at k's and v's strides
     // (dk_acc and dv_acc then point at them).
-    u16 *dko = reinterpret_cast<u16*>(dk_acc), *dvo = reinterpret_cast<u16*>(dv_acc);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const i64 r = s_krows[kr0 + 8 * i];
-        if (r < 0) continue;
-        const i64 ri = ((b * a.nk + r) * a.kv_heads + kvh) * a.d;
-        u16* krow = dko + b * a.k_sb + r * a.k_ss + kvh * a.k_sh;
-        u16* vrow = dvo + b * a.v_sb + r * a.v_ss + kvh * a.v_sh;
-#pragma unroll
-        for (int j = 0; j < NO; ++j) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const i64 col = j * 8 + 2 * c + e;
-                if (col >= a.d) continue;
-                const float gk = a.scale * dk[j][2 * i + e], gv = a.out_scale * dv[j][2 * i + e];
-                if (a.out_direct) {
-                    krow[col] = E::from_f(gk);
-                    vrow[col] = E::from_f(gv);
-                } else {
-                    dk_acc[ri + col] += gk;
-                    dv_acc[ri + col] += gv;
-                }
-            }
-        }
-    }
+    bwd_store_dkv<E, NO>(dk, dv, s_krows, kr0, c, b, kvh, dk_acc, dv_acc, a);
 }
 
 // Dynamic shared memory (bytes) with ST query-tile stages of BM rows and BN keys a block,

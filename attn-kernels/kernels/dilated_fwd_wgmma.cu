@@ -51,15 +51,7 @@ __device__ void fwd_wgmma(const u16* q, const u16* k, const u16* v, void* o_dst,
     block_keys(a, p, t0, t_last, &kb_lo, &kb_hi);
     const TmaMap* map = maps + 3 * (b * gridDim.y + blockIdx.y);  // q, k, v of this (batch, head)
     gather_rows(s_qrows, BM, p, t0, q_hi, a.q_start);
-    if (threadIdx.x == 0) {
-        mbar_init(q_full, 1);
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full + s, 1);
-            mbar_init(empty + s, 128);
-        }
-        mbar_fence_init();
-    }
-    __syncthreads();
+    mbar_init_ring(q_full, full, empty, STAGES, 128);
 
     if (threadIdx.x < 128) {  // the producer warpgroup: one thread issues
         if (threadIdx.x != 0) return;

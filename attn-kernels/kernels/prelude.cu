@@ -93,6 +93,8 @@ struct AttnParams {
     FusedPattern fuse[MAX_FUSED];
     unsigned* work;        // a persistent launch: [next item, blocks done], zero between launches
     i64 work_items;        // a persistent launch: items (the table's blocks x work_batch)
+    i64 head_base;         // global index of local query head 0 (a head window's first head, else 0)
+    i64 kv_base;           // global index of local key/value head 0 (else 0)
 };
 
 // Parameters of the row-wise epilogue kernels; mirrored by `RowParams`.
@@ -173,7 +175,7 @@ __device__ __forceinline__ Pattern make_pattern(const AttnParams& a, i64 head) {
     Pattern p;
     p.w = a.w;
     p.r = a.r;
-    p.off = a.fixed_off >= 0 ? a.fixed_off : mod32(head, a.r);
+    p.off = a.fixed_off >= 0 ? a.fixed_off : mod32(head + a.head_base, a.r);
     // off < r <= w, so every full segment selects at least one position.
     p.per_seg = div32(a.w - p.off + a.r - 1, a.r);
     return p;
@@ -305,9 +307,11 @@ __device__ __forceinline__ void persistent_items(AttnParams& a, Run run) {
     }
 }
 
-// Key/value head of query head h (heads index gridDim.y: at most 65535).
+// Key/value head of query head h (heads index gridDim.y: at most 65535), from its global
+// index under a head window: global head head_base + h reads global key/value head
+// (head_base + h) / kv_group, local head kv_base less.
 __device__ __forceinline__ i64 kv_head_of(const AttnParams& a, i64 h) {
-    return div32(h, a.kv_group);
+    return div32(h + a.head_base, a.kv_group) - a.kv_base;
 }
 
 // x from lane (lane ^ O) of a full warp. Inline PTX with immediate operands: the

@@ -79,6 +79,21 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, int c0
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 #endif
 
+// The barriers of a producer/consumer ring, initialised by thread 0 and then visible to
+// the block (a __syncthreads): `once` (the producer's one-off load, one arrival), and
+// per stage `full` (the producer's arrival and its bytes) and `empty` (`consumers` arrivals).
+__device__ __forceinline__ void mbar_init_ring(u64* once, u64* full, u64* empty, int stages, u32 consumers) {
+    if (threadIdx.x == 0) {
+        mbar_init(once, 1);
+        for (int s = 0; s < stages; ++s) {
+            mbar_init(full + s, 1);
+            mbar_init(empty + s, consumers);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+}
+
 // The shared-memory address of p (what descriptors, mbarriers and TMA take).
 __device__ __forceinline__ u32 smem_address(const void* p) {
 #ifdef ATTN_CPU_EMULATION

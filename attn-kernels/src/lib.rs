@@ -135,7 +135,10 @@
 //! launch's tensor maps (`plan::tensor_maps`: the selected rows of each (batch, head), `r`
 //! rows apart) with the driver's `cuTensorMapEncodeTiled` (`exec::tensor_map`) or the
 //! emulation's stand-in, and runs the fallback where they cannot be encoded (rows not one
-//! stride, rows off 16 bytes). The backward has no sm_90a kernel yet.
+//! stride, rows off 16 bytes). The sm_90a backward (`dilated_bwd_wgmma.cu`, 64 keys a
+//! block, dQ added by bulk reductions) runs the same way under `BackwardMma::Wgmma`
+//! (`ATTN_CUDA_BWD_MMA=wgmma`; `launch_plan::hopper_backward`, with grad_out's map after
+//! v's) in place of the atomic-dQ `mma.sync` launches.
 //! A block's launches are planned as data (`launch_plan`:
 //! kernel, grid, argument offsets, parameters) and executed either on the device or by
 //! `emulation`, which loads `kernels/emulation/emu_capi.cpp` (the `.cu` files over a fiber

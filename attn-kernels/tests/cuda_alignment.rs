@@ -66,6 +66,7 @@ fn geometry(cfg: &DilatedConfig, shape: Shape4) -> BlockGeometry<'_> {
         kpad_seq: None,
         block_mask: None,
         packing: None,
+        window: None,
     }
 }
 

@@ -148,6 +148,7 @@ fn piece<'a>(
         kpad_seq: None,
         packing: None,
         block_mask: Some(BlockMaskShape::from(mask.view())),
+        window: None,
     }
 }
 

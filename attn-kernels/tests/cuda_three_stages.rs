@@ -10,7 +10,8 @@ use attn_kernels::cuda::{CudaElement, ForwardPath};
 use attn_testkit::golden::{Problem, assert_attention_dirs_pass, attention_cases};
 use half::{bf16, f16};
 
-use crate::cuda_emulation::{Emulated, call_geometry, conv, direct_equals_partial};
+use crate::cuda_emulation::{Emulated, call_geometry, conv};
+use crate::cuda_emulation_paths::direct_equals_partial;
 
 #[test]
 fn three_stage_golden_bf16_rows_128w4() {

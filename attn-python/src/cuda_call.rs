@@ -18,7 +18,7 @@ pub struct Placement {
 }
 
 #[cfg(feature = "cuda")]
-mod imp {
+pub(crate) mod imp {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
 
@@ -53,7 +53,7 @@ mod imp {
     }
 
     /// The device of `at` launching on its stream.
-    fn on_stream(at: Placement) -> Result<CudaDevice> {
+    pub(crate) fn on_stream(at: Placement) -> Result<CudaDevice> {
         let dev = device(at.device)?;
         // SAFETY: the Python wrapper passes `torch.cuda.current_stream(device).cuda_stream`
         // of the tensors' device, a stream of that device's primary context that PyTorch
@@ -316,7 +316,7 @@ mod imp {
 /// few driver results (an event it creates per borrowed buffer fails once an earlier fault
 /// has broken the context), and Python should see a RuntimeError, not a PanicException.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn unwinding_to_error(call: impl FnOnce() -> Result<()>) -> Result<()> {
+pub(crate) fn unwinding_to_error(call: impl FnOnce() -> Result<()>) -> Result<()> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|payload| {
         let what = payload
             .downcast_ref::<String>()

@@ -12,6 +12,7 @@ mod alloc_count;
 mod call;
 mod cuda_call;
 mod errors;
+mod nccl_ring;
 pub mod raw;
 mod ring_call;
 mod torch_p2p;
@@ -22,6 +23,7 @@ use pyo3::prelude::*;
 use crate::call::{BackwardArgs, ForwardArgs, MaskArgs};
 use crate::cuda_call::Placement;
 use crate::errors::to_py;
+use crate::nccl_ring::{CudaCall, NcclLinkSlot, RowsBackward};
 use crate::raw::RawTensor;
 use crate::ring_call::RingSetup;
 
@@ -246,6 +248,68 @@ impl PyRing {
         ring_call::backward(py, &self.setup, transport, &cfg.get().cfg, &args, &masks).map_err(to_py)
     }
 
+    /// This rank's forward on CUDA tensors (feature `cuda`): its rows of q, k, v and the
+    /// `out` and float32 `lse` it writes, each contiguous on the link's device, the chunk
+    /// ring's rows moving over `link`'s NCCL communicator, the kernels queued on the raw
+    /// CUDA stream `stream` of that device.
+    #[pyo3(signature = (cfg, transport, link, stream, q, k, v, out, lse, key_padding_mask=None, cu_seqlens=None, block_mask=None, block_size=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn forward_cuda(
+        &self,
+        py: Python<'_>,
+        cfg: &Bound<'_, PyConfig>,
+        transport: Py<PyAny>,
+        link: &Bound<'_, PyNcclLink>,
+        stream: usize,
+        q: RawTensor,
+        k: RawTensor,
+        v: RawTensor,
+        out: RawTensor,
+        lse: RawTensor,
+        key_padding_mask: Option<RawTensor>,
+        cu_seqlens: Option<Vec<i64>>,
+        block_mask: Option<RawTensor>,
+        block_size: Option<usize>,
+    ) -> PyResult<()> {
+        let args = ForwardArgs { q, k, v, out, lse };
+        let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens, block_mask, block_size };
+        let handle = transport.clone_ref(py);
+        let call = CudaCall { setup: &self.setup, slot: &link.get().slot, transport, cfg: &cfg.get().cfg, stream };
+        ring_call::after_call(py, self.setup.rank, &handle, nccl_ring::forward(py, call, &args, &masks)).map_err(to_py)
+    }
+
+    /// This rank's backward on CUDA tensors: tensors as in `forward_cuda`, `grad_out`, the
+    /// optional LSE gradient (a contiguous host float32 `[batch, rows, heads]` tensor) and
+    /// the `dq`, `dk`, `dv` it writes.
+    #[pyo3(signature = (cfg, transport, link, stream, q, k, v, grad_out, dq, dk, dv, grad_lse=None, key_padding_mask=None, cu_seqlens=None, block_mask=None, block_size=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn backward_cuda(
+        &self,
+        py: Python<'_>,
+        cfg: &Bound<'_, PyConfig>,
+        transport: Py<PyAny>,
+        link: &Bound<'_, PyNcclLink>,
+        stream: usize,
+        q: RawTensor,
+        k: RawTensor,
+        v: RawTensor,
+        grad_out: RawTensor,
+        dq: RawTensor,
+        dk: RawTensor,
+        dv: RawTensor,
+        grad_lse: Option<RawTensor>,
+        key_padding_mask: Option<RawTensor>,
+        cu_seqlens: Option<Vec<i64>>,
+        block_mask: Option<RawTensor>,
+        block_size: Option<usize>,
+    ) -> PyResult<()> {
+        let args = RowsBackward { q, k, v, grad_out, grad_lse, dq, dk, dv };
+        let masks = MaskArgs { key_padding: key_padding_mask, cu_seqlens, block_mask, block_size };
+        let handle = transport.clone_ref(py);
+        let call = CudaCall { setup: &self.setup, slot: &link.get().slot, transport, cfg: &cfg.get().cfg, stream };
+        ring_call::after_call(py, self.setup.rank, &handle, nccl_ring::backward(py, call, &args, &masks)).map_err(to_py)
+    }
+
     /// The global positions of `rank`'s rows for a sequence of `seq` rows, as
     /// `(start, end)` ranges (the layout's split).
     #[staticmethod]
@@ -254,6 +318,50 @@ impl PyRing {
         layout.check(seq, world).map_err(to_py)?;
         Ok(layout.ranges(seq, world, rank).into_iter().map(|r| (r.start, r.end)).collect())
     }
+}
+
+/// One rank's NCCL communicator for the CUDA ring's rows on one device: rank `rank` of
+/// `world`, joined from the 128-byte unique id `id` that rank 0 of the group made
+/// (`nccl_unique_id`) and broadcast, waiting at most `timeout` seconds for every rank.
+/// The Python side keeps one per (group, device).
+#[pyclass(frozen, name = "NcclLink", module = "attn_dilated._native")]
+#[derive(Debug)]
+struct PyNcclLink {
+    slot: NcclLinkSlot,
+}
+
+#[pymethods]
+impl PyNcclLink {
+    #[new]
+    fn new(py: Python<'_>, rank: usize, world: usize, device: usize, id: Vec<u8>, timeout: f64) -> PyResult<Self> {
+        let timeout =
+            std::time::Duration::try_from_secs_f64(timeout).ok().filter(|t| !t.is_zero()).ok_or_else(|| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "timeout {timeout} s: expected a positive number of seconds"
+                ))
+            })?;
+        let slot = py.detach(|| NcclLinkSlot::join(rank, world, device, &id, timeout)).map_err(to_py)?;
+        Ok(PyNcclLink { slot })
+    }
+
+    #[getter]
+    fn device(&self) -> usize {
+        self.slot.device
+    }
+}
+
+/// A fresh NCCL unique id (128 bytes), for rank 0 of a group to broadcast.
+#[pyfunction]
+fn nccl_unique_id(py: Python<'_>) -> PyResult<Vec<u8>> {
+    py.detach(nccl_ring::unique_id).map_err(to_py)
+}
+
+/// Why CUDA tensors cannot take the ring across ranks on `device` (a wheel built without
+/// `cuda`, no driver, NCCL, NVRTC or device), naming the fix; `None` where they can.
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn ring_cuda_unavailable_reason(py: Python<'_>, device: usize) -> Option<String> {
+    py.detach(|| nccl_ring::unavailable_reason(device))
 }
 
 /// Why the CUDA kernels cannot run on device `device` (built without the `cuda` feature,
@@ -313,6 +421,9 @@ fn cpu_isa() -> &'static str {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyConfig>()?;
     m.add_class::<PyRing>()?;
+    m.add_class::<PyNcclLink>()?;
+    m.add_function(wrap_pyfunction!(nccl_unique_id, m)?)?;
+    m.add_function(wrap_pyfunction!(ring_cuda_unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_isa, m)?)?;

@@ -32,7 +32,7 @@ pub struct RingSetup {
 }
 
 impl RingSetup {
-    fn comm(&self, transport: Py<PyAny>) -> Result<GroupedComm<TorchP2p>> {
+    pub(crate) fn comm(&self, transport: Py<PyAny>) -> Result<GroupedComm<TorchP2p>> {
         Ok(GroupedComm::with_transport(TorchP2p::new(transport, self.rank, self.world, self.timeout)?))
     }
 
@@ -42,7 +42,7 @@ impl RingSetup {
 
     /// The call's global problem: the sequence length agreed over `comm`, the global
     /// shapes of q and k with that length, and the whole-sequence masks.
-    fn problem<C: Communicator>(
+    pub(crate) fn problem<C: Communicator>(
         &self,
         comm: &mut C,
         cfg: &DilatedConfig,
@@ -90,7 +90,7 @@ pub fn agree_seq<C: Communicator>(comm: &mut C, layout: Layout, rows: usize) -> 
 /// later round matches, so the transport's group is marked broken (`mark_broken(why)`)
 /// and refuses later calls; other errors are reached by every rank alike and leave the
 /// group in step.
-fn after_call(py: Python<'_>, rank: usize, transport: &Py<PyAny>, result: Result<()>) -> Result<()> {
+pub(crate) fn after_call(py: Python<'_>, rank: usize, transport: &Py<PyAny>, result: Result<()>) -> Result<()> {
     if let Err(e @ (AttnError::Comm { .. } | AttnError::Timeout { .. })) = &result {
         transport.bind(py).call_method1("mark_broken", (e.to_string(),)).map_err(|err| AttnError::Comm {
             rank,

@@ -17,6 +17,12 @@ Modes:
   another block mask; every rank records what it raised.
 - `rows`: rank 0 passes one row too many and rank 1 one too few; every rank records what
   it raised.
+- `cuda` (NCCL process group, one GPU a rank): every `dilated` and `features` file on
+  CUDA tensors under both layouts, strategy `ring`, judged as in `conformance` against
+  the single-process CUDA op; records the cases, failures and the NCCL links cached.
+- `nccl_id` (gloo, no GPU needed): the NCCL link cache with a stand-in id maker and
+  join: the ids made, the ids each rank joined with (gathered), whether a second call
+  and another device or group reused or made links, and what a failing id maker raised.
 - `modules`: `RingDilatedAttention` against `DilatedAttention` and
   `RingMultiheadDilatedAttention` (loaded from a single-process layer's state_dict, and its
   own state_dict loaded back into one) against `MultiheadDilatedAttention`: outputs and
@@ -82,13 +88,17 @@ def strategies(rank: int, world: int) -> dict:
     return {"cases": cases, "refused": refused, "failures": failures}
 
 
-def one_file(path, rank: int, world: int, layout: str, strategy: str, ulysses=None) -> None:
+def one_file(path, rank: int, world: int, layout: str, strategy: str, ulysses=None, device=None) -> None:
+    """One file through the ring on `device` (None: the CPU), judged against the file and
+    the single-process op on the same device."""
     meta, t, rel_tol = read(path)
+    if device is not None:
+        t = {name: x if name == "cu_seqlens" else x.to(device) for name, x in t.items()}
     args = {**config_args(meta), **masks(t), **block_args(meta, t)}
     part = lambda x: ddist.shard(x, rank, world, layout)
     whole = lambda x: ddist.unshard(x.detach(), rank, world, layout)
     q, k, v, go = (t[x] for x in ("q", "k", "v", "grad_out"))
-    gl = torch.randn(q.shape[:3], generator=torch.Generator().manual_seed(7))
+    gl = torch.randn(q.shape[:3], generator=torch.Generator().manual_seed(7)).to(q.device)
     # The single-process op on the whole tensors.
     qs, ks, vs = (x.clone().requires_grad_() for x in (q, k, v))
     so, sl = ad.dilated_attention_with_lse(qs, ks, vs, **args)
@@ -244,9 +254,65 @@ def modules(rank: int, world: int) -> dict:
     return {"cases": cases, "failures": failures}
 
 
+def cuda_files(rank: int, world: int) -> dict:
+    from attn_dilated._nccl_link import LINKS
+
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(device)
+    cases, failures = 0, []
+    for layout in LAYOUTS:
+        for path in files("dilated", "features"):
+            try:
+                one_file(path, rank, world, layout, "ring", device=device)
+                cases += 1
+            except Exception as e:
+                failures.append(f"{path.parent.name}/{path.stem} {layout}: {type(e).__name__}: {e}")
+    return {"cases": cases, "failures": failures, "links": len(LINKS)}
+
+
+def nccl_id(rank: int, world: int) -> dict:
+    """The link cache over the default gloo group with stand-ins for the native id maker
+    and join (no GPU or NCCL involved)."""
+    from attn_dilated._nccl_link import ID_BYTES, LinkCache
+
+    made, joined = [], []
+
+    def make_id() -> bytes:
+        made.append(rank)
+        return bytes([rank + 1, len(made)]) * (ID_BYTES // 2)
+
+    def join(r, w, device, uid, timeout):
+        joined.append((r, w, device, uid.hex()))
+        return ("link", len(joined))
+
+    cache = LinkCache(make_id, join)
+    t = _transport.Transport(None)
+    cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    first = cache.get(t, cuda0, FAULT_TIMEOUT)
+    again = cache.get(t, cuda0, FAULT_TIMEOUT)
+    other_device = cache.get(t, cuda1, FAULT_TIMEOUT)
+    other = _transport.Transport(dist.new_group(list(range(world))))
+    other_group = cache.get(other, cuda0, FAULT_TIMEOUT)
+
+    def broken() -> bytes:
+        raise OSError("planted: no NCCL here")
+
+    try:
+        LinkCache(broken, join).get(t, cuda0, FAULT_TIMEOUT)
+        failed = None
+    except Exception as e:
+        failed = f"{type(e).__name__}: {e}"
+    everyone = [None] * world
+    dist.all_gather_object(everyone, joined)
+    return {
+        "made": made, "joined": everyone, "reused": again == first, "other_device": other_device != first,
+        "other_group": other_group not in (first, other_device), "cached": len(cache), "failed": failed,
+    }
+
+
 def main() -> None:
     mode, out_dir = sys.argv[1], pathlib.Path(sys.argv[2])
-    dist.init_process_group("gloo")
+    dist.init_process_group("nccl" if mode == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     try:
@@ -262,6 +328,10 @@ def main() -> None:
             report = strategies(rank, world)
         elif mode == "modules":
             report = modules(rank, world)
+        elif mode == "cuda":
+            report = cuda_files(rank, world)
+        elif mode == "nccl_id":
+            report = nccl_id(rank, world)
         else:
             raise SystemExit(f"unknown mode {mode}")
     except Exception:

@@ -107,9 +107,11 @@
 //!   memory, each counted in the rank's `DeviceMeter`) and how rows move (`ChunkTransport`:
 //!   `HostTransport` stages a step's buffers as one checked data message over any
 //!   `Communicator`; `InProcessTransport` hands the buffers themselves to the next rank's
-//!   thread; `NcclDeviceTransport` (features `nccl` + `cuda`) sends a `DeviceBuffers`
+//!   thread, counting each hand-over as the message it replaces (`ChunkTransport::moved`),
+//!   so a call's statistics equal host staging's; `NcclDeviceTransport` (features `nccl` + `cuda`) sends a `DeviceBuffers`
 //!   compute's device buffers by NCCL on a stream of its own after a checked header over
-//!   the control communicator). A shift is started, then finished: the forward computes a
+//!   the control communicator; its communicator and stream, an `NcclDeviceLink`, can be
+//!   joined once and lent to many calls). A shift is started, then finished: the forward computes a
 //!   step's blocks with the k/v slices it is sending in between. A rank's rows are pieces, one per contiguous range of its layout; the k/v rows
 //!   travel around the ring in `ChunkOptions::rounds` rounds, each carrying one slice of
 //!   every piece, only to the ranks whose queries reach them (`reach::chunk_trips`, by
@@ -123,13 +125,15 @@
 //!   backward takes an optional gradient into the LSE, one per-row piece per query piece,
 //!   checked before the handshake and folded into each row's delta. An explicit
 //!   `Ulysses` or `Hybrid` runs `chunk_ring/heads` instead: the transport's all-to-all
-//!   (`ChunkTransport::all_to_all`, host-staged or in process) hands each member of a
+//!   (`ChunkTransport::all_to_all`: host-staged, in process, or by `NcclDeviceTransport`
+//!   as one grouped NCCL round between device buffers after a checked header from each
+//!   member) hands each member of a
 //!   group its slot's heads of every piece (the host path's `HeadSplit` and `HeadPlace`),
 //!   blocks attend a `HeadSlot` of heads, the slot's ranks pass their groups' k/v as
 //!   travels of `U` ranks (the backward's dk/dv with them, then home), and a second
 //!   all-to-all returns out and lse, or dq, dk and dv; the bytes are `expected_bytes`'.
-//!   The CPU compute attends slots; the CUDA compute and `NcclDeviceTransport` refuse
-//!   the head strategies with `Unsupported` (their kernels and exchange move every head).
+//!   The CPU compute attends slots; the CUDA compute refuses the head strategies with
+//!   `Unsupported` (its kernels attend every head).
 // Without MPI/NCCL there is no unsafe code at all; with them, only the
 // `comm::mpi_comm`, `comm::nccl_comm`, `comm::nccl_handle` and `comm::nccl_library`
 // modules may opt in.

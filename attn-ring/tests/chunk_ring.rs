@@ -365,6 +365,9 @@ impl ChunkCompute<f32> for Planted {
     fn acc_from_bytes(&self, s: Shape4, b: &[u8]) -> attn_core::Result<HostAcc> {
         ChunkCompute::<f32>::acc_from_bytes(&self.0, s, b)
     }
+    fn acc_bytes(&self, a: &HostAcc) -> usize {
+        ChunkCompute::<f32>::acc_bytes(&self.0, a)
+    }
     fn slice_rows(&self, r: &HostRows<f32>, rows: std::ops::Range<usize>) -> attn_core::Result<HostRows<f32>> {
         match self.1 {
             Plant::SliceShift if rows.end < r.shape.seq => r.slice_rows(rows.start + 1..rows.end + 1),

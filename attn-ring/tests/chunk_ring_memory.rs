@@ -104,6 +104,9 @@ impl<T: Element> ChunkCompute<T> for CountingChunks<T> {
     fn acc_from_bytes(&self, _: Shape4, _: &[u8]) -> Result<Counted> {
         Err(no_bytes())
     }
+    fn acc_bytes(&self, acc: &Counted) -> usize {
+        acc.numel() * 4
+    }
     fn slice_rows(&self, src: &Counted, rows: std::ops::Range<usize>) -> Result<Counted> {
         self.slices.fetch_add(1, Ordering::Relaxed);
         Ok(self.rows(Shape4 { seq: rows.len(), ..**src }))

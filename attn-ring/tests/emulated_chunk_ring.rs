@@ -6,22 +6,25 @@
 //! buffers on in process; f32 and f16 at world size 2 in one round, staged as bytes (the
 //! emulation runs a 128-thread block per tile on one core, so the sweep is sized to stay
 //! within minutes); every file of `conformance/blocks` (block masks, read by the row
-//! kernels) in bf16 at world size 2, zigzag, in two rounds; an explicit Ulysses or hybrid
-//! is the typed refusal (the kernels attend every head of their rows). Needs a C++20 compiler (`$CXX`, default `g++`); without one the test
-//! fails, naming it.
+//! kernels) in bf16 at world size 2, zigzag, in two rounds; Ulysses (P = 2, 3) and the
+//! hybrid (2, 4) over the dilated and feature files, and uneven and shared key/value heads
+//! against the float64 reference, the kernels given each slot as a head window. Needs a
+//! C++20 compiler (`$CXX`, default `g++`); without one the test fails, naming it.
 #![cfg(feature = "cuda")]
 
 use crate::common;
+use crate::ulysses::{golden_dir_through_layouts, uneven_heads_case};
 
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use attn_core::{AttnError, PackedSequences, Result, Shape4};
+use attn_core::{AttnError, Mixing, PackedSequences, Result, Shape4};
 use attn_kernels::cuda::CudaElement;
 use attn_kernels::cuda::emulation::{Emulator, HostAccs, HostArgs};
 use attn_kernels::cuda::launch_plan::{BlockGeometry, BlockMaskShape};
+use attn_kernels::cuda::plan::head_window::HeadWindow;
 use attn_kernels::cuda::plan::out_scale;
-use attn_ring::chunk_ring::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkUpstream, HostRows};
+use attn_ring::chunk_ring::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkOptions, ChunkUpstream, HeadSlot, HostRows};
 use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
 use common::{ChunkBackend, LseRows, Moves, both_layouts, chunk_sweep_setups};
 use half::{bf16, f16};
@@ -81,6 +84,39 @@ fn geometry<'a, T>(
         kpad_seq: b.masks.kpad.as_ref().map(|_| b.problem.seq),
         packing,
         block_mask: b.masks.block.as_ref().map(|(_, shape)| *shape),
+        window: match b.heads {
+            HeadSlot::Every => None,
+            HeadSlot::Slot { first, kv_first } => {
+                Some(HeadWindow { heads: b.problem.heads, kv_heads: b.problem.kv_heads, first, kv_first })
+            }
+        },
+    }
+}
+
+impl Flat {
+    /// A copy of heads `heads` of every row.
+    fn take_heads(&self, heads: std::ops::Range<usize>) -> Result<Flat> {
+        let s = self.shape;
+        if heads.end > s.heads || heads.is_empty() {
+            return Err(AttnError::InvalidArgument(format!("heads {heads:?} of {} heads", s.heads)));
+        }
+        let (row, d) = (s.heads * s.head_dim, s.head_dim);
+        let data = self.data.chunks_exact(row).flat_map(|r| &r[heads.start * d..heads.end * d]).copied().collect();
+        Ok(Flat { shape: Shape4 { heads: heads.len(), ..s }, data })
+    }
+
+    /// Add `src` to heads `first..first + src heads` of every row.
+    fn add_heads(&mut self, first: usize, src: &Flat) -> Result<()> {
+        let (s, o) = (self.shape, src.shape);
+        if (o.batch, o.seq, o.head_dim) != (s.batch, s.seq, s.head_dim) || first + o.heads > s.heads {
+            return Err(AttnError::InvalidArgument(format!("heads {first}+{} of {} heads", o.heads, s.heads)));
+        }
+        let (row, run) = (s.heads * s.head_dim, o.heads * o.head_dim);
+        for (dst, add) in self.data.chunks_exact_mut(row).zip(src.data.chunks_exact(run)) {
+            let at = first * s.head_dim;
+            dst[at..at + run].iter_mut().zip(add).for_each(|(a, &b)| *a += b);
+        }
+        Ok(())
     }
 }
 
@@ -184,6 +220,9 @@ impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
     fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Flat> {
         bytes_to_f32(shape, bytes)
     }
+    fn acc_bytes(&self, acc: &Flat) -> usize {
+        acc.data.len() * 4
+    }
     fn slice_rows(&self, src: &HostRows<T>, rows: std::ops::Range<usize>) -> Result<HostRows<T>> {
         src.slice_rows(rows)
     }
@@ -195,6 +234,33 @@ impl<T: CudaElement> ChunkCompute<T> for EmulatedChunks {
     }
     fn sync(&self) -> Result<()> {
         Ok(())
+    }
+    fn take_heads(&self, src: &HostRows<T>, heads: std::ops::Range<usize>) -> Result<HostRows<T>> {
+        src.take_heads(heads)
+    }
+    fn put_heads(&self, dst: &mut HostRows<T>, first: usize, src: &HostRows<T>) -> Result<()> {
+        dst.put_heads(first, src)
+    }
+    fn take_acc_heads(&self, src: &Flat, heads: std::ops::Range<usize>) -> Result<Flat> {
+        src.take_heads(heads)
+    }
+    fn add_acc_heads(&self, dst: &mut Flat, first: usize, src: &Flat) -> Result<()> {
+        dst.add_heads(first, src)
+    }
+    fn stats_as_acc(&self, stats: &Flat) -> Result<Flat> {
+        let shape = <Self as ChunkCompute<T>>::stats_shape(self, stats)
+            .ok_or_else(|| AttnError::InvalidArgument("per-row values that do not fill their shape".into()))?;
+        Ok(Flat { shape, data: stats.data.clone() })
+    }
+    fn acc_as_stats(&self, acc: &Flat) -> Result<Flat> {
+        match acc.shape.head_dim == 1 {
+            true => Ok(acc.clone()),
+            false => Err(AttnError::InvalidArgument(format!("an accumulator of head_dim {}", acc.shape.head_dim))),
+        }
+    }
+    fn finish_forward_slot(&self, problem: &RingProblem, p: &Partial, _slot: HeadSlot) -> Result<(HostRows<T>, Flat)> {
+        // Every head of a config takes one output scale, as the CUDA compute's finish.
+        <Self as ChunkCompute<T>>::finish_forward(self, problem, p)
     }
 }
 
@@ -280,24 +346,57 @@ fn emulated_cuda_chunk_ring_f16_host_staged() {
     sweep::<f16>(Moves::HostStaged, ChunkOptions::default(), &both_layouts(2));
 }
 
-/// Ulysses and the hybrid attend a slot of heads per block, which the CUDA kernels do not
-/// (they attend every head of their rows): on the CUDA compute's steps (here emulated) an
-/// explicit head strategy is the typed `Unsupported` on every rank, before any exchange,
-/// never a row plan run in its place.
+/// Ulysses and the hybrid on the CUDA compute's steps (blocks over a slot of heads, the
+/// kernels given the slot as a head window): every file of `conformance/dilated` and
+/// `conformance/features`, buffers handed on in process, judged against the files' bounds;
+/// a file with fewer heads than the degree is the typed refusal. Dtypes and layouts sampled
+/// across the runs for emulation time (Ulysses P = 2 in bf16 takes both layouts).
 #[test]
-fn emulated_cuda_chunk_ring_refuses_the_head_strategies() {
-    let cfg = attn_core::DilatedConfig::builder().segments(&[8]).dilations(&[1]).build().unwrap();
-    let shape = Shape4::new(1, 16, 4, 4).unwrap();
-    let problem = attn_testkit::golden::Problem::new(&cfg, shape.into());
-    let x = attn_testkit::random_vec(3, shape.numel());
-    for (world, strategy) in [(2, Strategy::Ulysses), (4, Strategy::Hybrid { ulysses: 2 })] {
-        for moves in [Moves::HostStaged, Moves::InProcess] {
+fn emulated_cuda_chunk_ring_ulysses_world_2_bf16() {
+    head_sweep::<bf16>((2, Strategy::Ulysses), &[Layout::Contiguous, Layout::Zigzag]);
+}
+
+#[test]
+fn emulated_cuda_chunk_ring_ulysses_world_3_f32() {
+    head_sweep::<f32>((3, Strategy::Ulysses), &[Layout::Contiguous]);
+}
+
+#[test]
+fn emulated_cuda_chunk_ring_hybrid_2_of_4_f16() {
+    head_sweep::<f16>((4, Strategy::Hybrid { ulysses: 2 }), &[Layout::Zigzag]);
+}
+
+fn head_sweep<T: CudaElement>(run: (usize, Strategy), layouts: &[Layout]) {
+    let opts = ChunkOptions::default();
+    for dir in ["dilated", "features"] {
+        let (passed, refused) = golden_dir_through_layouts(dir, &[run], layouts, |world, layout, strategy| {
+            ChunkBackend { strategy, ..emulated::<T>((world, layout), Moves::InProcess, opts) }
+        });
+        let want = 9 * layouts.len();
+        assert!(passed > 0 && passed + refused == want, "{dir} {run:?}: {passed} passed, {refused} refused");
+    }
+}
+
+/// Uneven heads and key/value heads read by several slots (6 over 2 at U = 4, 5 over 1 at
+/// U = 3, 6 over 3 in the hybrid (2, 4)), both mixings, forward and backward through the
+/// CUDA compute's steps against the float64 reference.
+#[test]
+fn emulated_cuda_chunk_ring_uneven_heads_equal_the_reference() {
+    let mut runs = 0;
+    for (heads, kv_heads, world, strategy) in
+        [(6, 2, 4, Strategy::Ulysses), (5, 1, 3, Strategy::Ulysses), (6, 3, 4, Strategy::Hybrid { ulysses: 2 })]
+    {
+        for (mixing, causal, layout) in
+            [(Mixing::HeadGroups, false, Layout::Contiguous), (Mixing::LongNet, true, Layout::Zigzag)]
+        {
             let backend = ChunkBackend {
                 strategy,
-                ..emulated::<bf16>((world, Layout::Contiguous), moves, ChunkOptions::default())
+                ..emulated::<f32>((world, layout), Moves::InProcess, ChunkOptions::default())
             };
-            let e = attn_testkit::golden::DilatedBackend::forward(&backend, &problem, [&x, &x, &x]).unwrap_err();
-            assert!(matches!(e, AttnError::Unsupported { .. }) && e.to_string().contains("Ulysses"), "{e}");
+            let v = uneven_heads_case(&backend, (heads, kv_heads), mixing, causal);
+            assert!(v.is_ok(), "heads {heads}/{kv_heads} {strategy:?} p={world} {mixing:?}: {}", v.unwrap_err());
+            runs += 1;
         }
     }
+    assert_eq!(runs, 3 * 2);
 }

@@ -14,6 +14,9 @@
 
 use crate::common;
 #[cfg(feature = "cuda")]
+#[path = "stand_in_gpu/device_all_to_all.rs"]
+mod device_all_to_all;
+#[cfg(feature = "cuda")]
 #[path = "stand_in_gpu/device_ring.rs"]
 mod device_ring;
 
@@ -57,7 +60,21 @@ fn build_stand_in(dir: &Path) {
 
 #[test]
 fn nccl_transport_runs_against_stand_in_libraries() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("stand_in_gpu-{}", std::process::id()));
+    run_child("stand_in_child");
+}
+
+/// The chunk ring's all-to-all over NCCL between (stand-in) device buffers, in a child of
+/// its own.
+#[cfg(feature = "cuda")]
+#[test]
+fn device_all_to_all_runs_against_stand_in_libraries() {
+    run_child("all_to_all_child");
+}
+
+/// Run the ignored test `child` of this module in a child process that sees the stand-in
+/// libraries, and require that it passed.
+fn run_child(child: &str) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("stand_in_gpu-{}-{child}", std::process::id()));
     build_stand_in(&dir);
     let mut path = dir.clone().into_os_string();
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
@@ -66,7 +83,7 @@ fn nccl_transport_runs_against_stand_in_libraries() {
     }
     let me = std::env::current_exe().expect("test binary");
     let mut child = Command::new(me)
-        .args(["--ignored", "--exact", &child_test_name(), "--nocapture", "--test-threads=1"])
+        .args(["--ignored", "--exact", &child_test_name(child), "--nocapture", "--test-threads=1"])
         .env("LD_LIBRARY_PATH", path)
         .env(CHILD, "1")
         .stdout(Stdio::piped())
@@ -94,11 +111,11 @@ fn nccl_transport_runs_against_stand_in_libraries() {
     assert!(stdout.contains("test result: ok. 1 passed"), "the child ran no test");
 }
 
-/// The child test's name as the harness lists it: its path below the crate root.
-fn child_test_name() -> String {
+/// The child test `child`'s name as the harness lists it: its path below the crate root.
+fn child_test_name(child: &str) -> String {
     match module_path!().split_once("::") {
-        Some((_, module)) => format!("{module}::stand_in_child"),
-        None => "stand_in_child".into(),
+        Some((_, module)) => format!("{module}::{child}"),
+        None => child.into(),
     }
 }
 
@@ -291,14 +308,23 @@ fn every_fault_on_every_frame_is_an_error_or_the_right_answer() {
     );
 }
 
+/// Whether this process is the child that sees the stand-in libraries (checked loaded);
+/// elsewhere the child test `child` says it only runs under `parent`.
+fn in_child(child: &str, parent: &str) -> bool {
+    if std::env::var_os(CHILD).is_none() {
+        eprintln!("{child} only runs under {parent}");
+        return false;
+    }
+    assert_eq!(nccl_available().expect("the stand-in libraries are loaded"), 8);
+    true
+}
+
 #[test]
 #[ignore = "runs in the child process of nccl_transport_runs_against_stand_in_libraries"]
 fn stand_in_child() {
-    if std::env::var_os(CHILD).is_none() {
-        eprintln!("stand_in_child only runs under nccl_transport_runs_against_stand_in_libraries");
+    if !in_child("stand_in_child", "nccl_transport_runs_against_stand_in_libraries") {
         return;
     }
-    assert_eq!(nccl_available().expect("the stand-in libraries are loaded"), 8);
     frames_of_every_size_round_trip();
     bootstrap_over_another_communicator();
     a_rank_that_never_joins_is_a_timeout();
@@ -309,4 +335,18 @@ fn stand_in_child() {
     device_ring::device_transport_matches_host_staging();
     #[cfg(feature = "cuda")]
     device_ring::ranks_out_of_step_fail_at_the_header();
+    #[cfg(feature = "cuda")]
+    device_ring::a_link_serves_later_calls();
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "runs in the child process of device_all_to_all_runs_against_stand_in_libraries"]
+fn all_to_all_child() {
+    if !in_child("all_to_all_child", "device_all_to_all_runs_against_stand_in_libraries") {
+        return;
+    }
+    device_all_to_all::every_part_reaches_its_member();
+    device_all_to_all::a_size_the_receiver_does_not_expect_fails_at_the_header();
+    device_all_to_all::a_member_dying_mid_exchange_is_an_error_on_every_rank();
 }

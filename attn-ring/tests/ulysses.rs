@@ -47,6 +47,16 @@ pub(crate) fn golden_dir_through<B: DilatedBackend>(
     runs: &[(usize, Strategy)],
     backend: impl Fn(usize, Layout, Strategy) -> B,
 ) -> (usize, usize) {
+    golden_dir_through_layouts(dir, runs, &[Layout::Contiguous, Layout::Zigzag], backend)
+}
+
+/// [`golden_dir_through`] at the given layouts only (a sampled sweep).
+pub(crate) fn golden_dir_through_layouts<B: DilatedBackend>(
+    dir: &str,
+    runs: &[(usize, Strategy)],
+    layouts: &[Layout],
+    backend: impl Fn(usize, Layout, Strategy) -> B,
+) -> (usize, usize) {
     let cases: Vec<GoldenCase> =
         load_dir(&golden_dir().join(dir)).unwrap().into_iter().map(|(_, c)| c.unwrap()).collect();
     assert_eq!(cases.len(), if dir == "blocks" { 8 } else { 9 }, "{dir}");
@@ -54,7 +64,7 @@ pub(crate) fn golden_dir_through<B: DilatedBackend>(
     for case in &cases {
         let (cfg, shape) = (case.config().unwrap(), case.attn_shape().unwrap());
         for &(world, strategy) in runs {
-            for layout in [Layout::Contiguous, Layout::Zigzag] {
+            for &layout in layouts {
                 if layout.check(shape.q.seq, world).is_err() {
                     continue;
                 }
@@ -156,14 +166,7 @@ proptest! {
         prop_assume!(case.shape.q.heads >= strategy.ulysses_degree(world).unwrap());
         let backend = RingBackend { world, layout, strategy };
         let problem = case.problem();
-        let [q, k, v, go] = case.inputs();
-        let fwd = backend.forward(&problem, [&q, &k, &v]).unwrap();
-        let g = backend.backward(&problem, [&q, &k, &v], &go).unwrap();
-        let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
-        let want = Expected::for_problem(&problem, [&wide(&q), &wide(&k), &wide(&v)], Some(&wide(&go))).unwrap();
-        let mut rows = judge_forward(&want, &fwd.out, &fwd.lse, DType::F32);
-        rows.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], DType::F32));
-        let v = verdict(&rows);
+        let v = passes_against_the_reference(&backend, &problem, case.inputs());
         prop_assert!(v.is_ok(), "{strategy:?}: {}", v.unwrap_err());
         let v = judge_lse_gradients(&backend, &case);
         prop_assert!(v.is_ok(), "{strategy:?}: {}", v.unwrap_err());
@@ -295,11 +298,20 @@ pub fn uneven_heads_case(
     };
     let (nq, nk) = (shape.q.numel(), shape.kv.numel());
     let (q, k, v, go) = (random_vec(1, nq), random_vec(2, nk), random_vec(3, nk), random_vec(4, nq));
-    let problem = Problem::new(&cfg, shape);
-    let fwd = backend.forward(&problem, [&q, &k, &v]).unwrap();
-    let g = backend.backward(&problem, [&q, &k, &v], &go).unwrap();
+    passes_against_the_reference(backend, &Problem::new(&cfg, shape), [q, k, v, go])
+}
+
+/// The forward and backward of `problem` through `backend` on f32 `[q, k, v, grad_out]`:
+/// output, LSE and gradients judged row by row against the float64 reference.
+fn passes_against_the_reference(
+    backend: &impl DilatedBackend,
+    problem: &Problem<'_>,
+    [q, k, v, go]: [Vec<f32>; 4],
+) -> Result<(), String> {
+    let fwd = backend.forward(problem, [&q, &k, &v]).unwrap();
+    let g = backend.backward(problem, [&q, &k, &v], &go).unwrap();
     let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
-    let want = Expected::for_problem(&problem, [&wide(&q), &wide(&k), &wide(&v)], Some(&wide(&go))).unwrap();
+    let want = Expected::for_problem(problem, [&wide(&q), &wide(&k), &wide(&v)], Some(&wide(&go))).unwrap();
     let mut rows = judge_forward(&want, &fwd.out, &fwd.lse, DType::F32);
     rows.extend(judge_backward(&want, [&g.dq, &g.dk, &g.dv], DType::F32));
     verdict(&rows).map_err(|e| e.to_string())

@@ -117,8 +117,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
 /// the host C++ compiler (`CXX`, default `g++`, C++20) and run it: the CUDA kernels run
 /// as fibers on the CPU (mma.sync, wgmma, TMA, mbarriers, shuffles and barriers emulated)
 /// against a float64 reference, with the two- and the three-stage forward, the sm_90a
-/// one and the backward with 64-row query tiles, each then again with `--plant`, where the harness passes only if its judge rejects
-/// the errors it plants in every case.
+/// forward and backward and the backward with 64-row query tiles, each then again with
+/// `--plant`, where the harness passes only if its judge rejects the errors it plants in
+/// every case.
 fn run_emulation() -> Result<(), String> {
     let harness = crate::workspace::repo_root().join("attn-kernels/kernels/emulation/harness.cpp");
     // Created if no build made it yet.
@@ -136,11 +137,12 @@ fn run_emulation() -> Result<(), String> {
     if !built.success() {
         return Err(format!("{cxx} failed to build {} ({built})", harness.display()));
     }
-    // Every case with the two-stage forward, the three-stage one, the sm_90a forward
-    // (`--hopper`, where a launch can take it) and the backward's 64-row query tiles; then the judge bites: errors planted in
-    // every case's results (two rows of out swapped, one LSE off by 0.01) and in the Hopper
-    // micro-kernels (a descriptor field, a swizzle, an mbarrier parity) must each be
-    // rejected, or this run fails.
+    // Every case with the two-stage forward, the three-stage one, the sm_90a forward and
+    // backward (`--hopper`, where a launch can take them) and the backward's 64-row query
+    // tiles; then the judge bites: errors planted in every case's results (two rows of out
+    // swapped, one LSE off by 0.01; under `--hopper` also two rows of each gradient) and in
+    // the Hopper micro-kernels (a descriptor field, a swizzle, an mbarrier parity) must each
+    // be rejected, or this run fails.
     let variants: [(&str, &[&str]); 4] =
         [("2", &[]), ("3", &[]), ("2", &["--hopper"]), ("2", &["--bwd-queries", "64"])];
     for (stages, variant) in variants {

@@ -32,6 +32,7 @@
 #include "../tma_mbarrier.cu"
 #include "../wgmma.cu"
 #include "../dilated_fwd_wgmma.cu"
+#include "../dilated_bwd_wgmma.cu"
 
 #include <map>
 #include <mutex>
@@ -127,10 +128,11 @@ using Entry = int (*)(Dim3, unsigned, unsigned, unsigned long long, void**);
         ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d64), \
         ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d128), ATTN_EMU_ENTRY(dilated_fwd_mma3_persistent_##T##_d256)
 
-// The sm_90a forward (TMA tensor maps, wgmma).
+// The sm_90a forward and backward (TMA tensor maps, wgmma).
 #define ATTN_EMU_WGMMA(T)                                                                               \
     ATTN_EMU_ENTRY(dilated_fwd_wgmma_##T##_d32), ATTN_EMU_ENTRY(dilated_fwd_wgmma_##T##_d64),            \
-        ATTN_EMU_ENTRY(dilated_fwd_wgmma_##T##_d128)
+        ATTN_EMU_ENTRY(dilated_fwd_wgmma_##T##_d128), ATTN_EMU_ENTRY(dilated_bwd_wgmma_##T##_d32),       \
+        ATTN_EMU_ENTRY(dilated_bwd_wgmma_##T##_d64), ATTN_EMU_ENTRY(dilated_bwd_wgmma_##T##_d128)
 
 const std::map<std::string, Entry>& table() {
     static const std::map<std::string, Entry> t = {

@@ -4,7 +4,9 @@
 // through 64-bit matrix descriptors with the swizzle modes none/32B/64B/128B, K-major or
 // MN-major), wgmma.fence / commit_group / wait_group, mbarriers (init, arrive,
 // arrive.expect_tx, complete_tx, try_wait.parity with phases) and TMA 2-D tiled loads
-// from a tensor map (cp.async.bulk.tensor.2d ... mbarrier::complete_tx::bytes).
+// from a tensor map (cp.async.bulk.tensor.2d ... mbarrier::complete_tx::bytes), bulk
+// f32 reductions from shared into global memory (cp.reduce.async.bulk ... .add.f32) and
+// bar.sync over one warpgroup.
 //
 // Timing is adversarial where it is cheap to be: a wgmma reads its shared-memory operands
 // and writes its accumulators only at the wait_group that retires it (after yielding once,
@@ -224,13 +226,21 @@ struct WgmmaPending {
     std::shared_ptr<WgmmaOp> op;
     float* d;
 };
+// A bulk reduction (cp.reduce.async.bulk .add.f32) not yet waited for: it reads its
+// shared-memory source only at the wait, so a source rewritten before it is caught.
+struct BulkReduce {
+    float* dst;
+    unsigned src, bytes;
+};
 struct WgmmaThread {
+    std::vector<BulkReduce> bulk;                   // bulk reductions issued, not yet waited for
     std::vector<WgmmaPending> open;                 // issued, not yet committed
     std::deque<std::vector<WgmmaPending>> groups;  // committed, oldest first
     bool fenced = false;                            // a wgmma.fence since the last retired wgmma
 };
 struct Warpgroup {
     Barrier bar{128};
+    Barrier named{128};  // bar.sync over the warpgroup (warpgroup_sync)
     unsigned a[128][4];
     unsigned long long desc[128][2];
     std::shared_ptr<WgmmaOp> op;
@@ -333,6 +343,36 @@ inline void wgmma_wait(unsigned n) {
     }
 }
 
+// bar.sync over the 128 threads of this thread's warpgroup.
+inline void warpgroup_sync() { warpgroup().named.arrive_and_wait(); }
+// cp.reduce.async.bulk.global.shared::cta .add.f32: dst and src 16-byte aligned, bytes a
+// multiple of 16, src inside shared memory; performed at bulk_wait_read.
+inline void bulk_reduce_add_f32(float* dst, const void* src, unsigned bytes) {
+    const unsigned s = smem_addr(src);
+    if (reinterpret_cast<std::uintptr_t>(dst) % 16 != 0 || s % 16 != 0 || bytes % 16 != 0) ++g_misaligned;
+    if (s + bytes > g_smem.size()) {
+        ++g_hopper_faults;
+        return;
+    }
+    wg_thread().bulk.push_back({dst, s, bytes});
+    ++g_progress;
+}
+// cp.async.bulk.wait_group.read 0: this thread's bulk reductions read their sources (and,
+// here, add them) now, after one yield so the rest of the block runs first.
+inline void bulk_wait_read() {
+    WgmmaThread& t = wg_thread();
+    if (t.bulk.empty()) return;
+    yield();
+    for (const BulkReduce& r : t.bulk) {
+        float x[1];
+        for (unsigned i = 0; i < r.bytes / 4; ++i) {
+            std::memcpy(x, g_smem.data() + r.src + 4 * i, 4);
+            r.dst[i] += x[0];
+        }
+    }
+    t.bulk.clear();
+}
+
 // Block boundaries: a fresh Hopper state; work still in flight at the end is counted.
 inline void hopper_block_start() {
     g_mbars.clear();
@@ -342,7 +382,8 @@ inline void hopper_block_start() {
 }
 inline void hopper_block_end() {
     bool open = !g_tma_pending.empty();
-    for (const WgmmaThread& t : g_wg_threads) open = open || !t.open.empty() || !t.groups.empty();
+    for (const WgmmaThread& t : g_wg_threads)
+        open = open || !t.open.empty() || !t.groups.empty() || !t.bulk.empty();
     if (open) ++g_hopper_unwaited;
     g_tma_pending.clear();
 }

@@ -14,10 +14,12 @@
 // Build and run (no GPU, no CUDA toolkit):
 //   g++ -std=c++20 -O2 -pthread attn-kernels/kernels/emulation/harness.cpp -o /tmp/attn-emu && /tmp/attn-emu
 // An optional argument runs only the cases whose name contains it (after `--stages 3`,
-// which runs the three-stage tensor-core forward, `--hopper`, and `--bwd-queries 64`, which
-// runs the backward with 64-row query tiles); `--plant [NAME]` first
+// which runs the three-stage tensor-core forward, `--hopper`, which runs the sm_90a forward
+// and backward where a launch can take them, and `--bwd-queries 64`, which runs the
+// backward with 64-row query tiles); `--plant [NAME]` first
 // plants errors in each case's results (two rows of out swapped, one LSE off by 0.01; a
-// block-masked case also runs its forward with the mask ignored) and passes only when the
+// block-masked case also runs its forward with the mask ignored; with `--hopper` also two
+// rows of each of dq, dk and dv swapped) and passes only when the
 // row-wise judge rejects every one. Each result is judged whole
 // (relative L2) and row by row as attn-testkit's `judge` does: every [head_dim] row within
 // a bound from its own magnitude, every LSE within f32 accuracy of its. Not detected here:
@@ -40,6 +42,7 @@
 #include "../wgmma.cu"
 #include "../hopper_micro.cu"
 #include "../dilated_fwd_wgmma.cu"
+#include "../dilated_bwd_wgmma.cu"
 #include "hopper_micro.hpp"
 #include "hopper_plan.hpp"
 
@@ -168,7 +171,7 @@ static int g_fwd_stages = 2;
 static bool g_hopper = false;
 // `--bwd-queries 64`: the tensor-core backward with query tiles of 64 rows (the q64 kernels).
 static bool g_bwd_q64 = false;
-static int g_hopper_launches = 0, g_fwd_launches = 0;
+static int g_hopper_launches = 0, g_fwd_launches = 0, g_hopper_bwd_launches = 0, g_bwd_launches = 0;
 
 // Forward of a block: q rows at global position q_pos, k/v rows at k_pos, merged into
 // (o_acc, lse_acc) of the q block.
@@ -257,6 +260,18 @@ static void bwd_call(DT dt, const Cfg& c, const Feat& f, int B, int N, int H, in
                 a.head0 = sw.head0;
                 a.head_step = sw.step;
                 const unsigned hy = (unsigned)sw.count;
+                ++g_bwd_launches;
+                if constexpr (!std::is_same_v<E, F32E>) {
+                    std::vector<EmuTensorMap> maps;
+                    if (g_hopper && pd > 0 && f.bm.empty() &&
+                        hopper_plan::encode_bwd_maps(a, B, sw.count, pd, qp, kp, vp, gp, &maps)) {
+                        const Dim3 grid{(unsigned)((krows + 63) / 64), hy, (unsigned)B};
+                        if (grid.x > 0)
+                            hopper_plan::launch_bwd<E>(grid, pd, qp, kp, vp, gp, lse, delta, dq, dk, dv, a, maps.data());
+                        ++g_hopper_bwd_launches;
+                        continue;
+                    }
+                }
                 if (pd > 0) {
                     constexpr bool bf = std::is_same_v<E, BF16E>;
                     const bool q64 = g_bwd_q64, bm = !f.bm.empty();
@@ -347,7 +362,7 @@ static bool run_case(const Case& t) {
     const float out_scale = t.cfg.longnet || t.cfg.window ? 1.f : 1.f / (float)t.cfg.w.size();
 
     // Forward, whole call (TMA copies of the sm_90a forward land at the wait for them).
-    g_hopper_launches = g_fwd_launches = 0;
+    g_hopper_launches = g_fwd_launches = g_hopper_bwd_launches = g_bwd_launches = 0;
     emu::g_tma_landing = emu::TmaLanding::Lazy;
     std::vector<float> o_acc(numel, 0.f), lse(rows, -INFINITY);
     fwd_block<E>(t.dt, t.cfg, f, B, N, H, D, q, 0, k, v, 0, o_acc.data(), lse.data());
@@ -370,7 +385,9 @@ static bool run_case(const Case& t) {
         std::printf("%-4s %-58s planted: block mask ignored, worst lse row at %.1f of the bound\n", w > 1 ? "ok" : "FAIL", t.name.c_str(), w);
         if (!(w > 1)) return false;
     }
-    if (g_plant) return planted_rejected(t.name, outf, lse, ref, D, t.dt);
+    // `--plant --hopper`: the forward's planted errors, then the gradients' (below).
+    const bool fwd_planted = g_plant && planted_rejected(t.name, outf, lse, ref, D, t.dt);
+    if (g_plant && (!g_hopper || !fwd_planted)) return fwd_planted;
 
     // Forward through the block API: q rows [q_start, N), key blocks merged in reverse order
     // (TMA copies land at issue).
@@ -405,6 +422,15 @@ static bool run_case(const Case& t) {
     });
     bwd_call<E>(t.dt, t.cfg, f, B, N, H, D, q, k, v, g, lse.data(), delta.data(), dq.data(), dk.data(), dv.data());
 
+    if (g_plant) {  // rows of dq, dk and dv swapped: the row judge must reject each
+        std::string line;
+        const bool rejected = planted_grad_rejected("dq", dq, ref.dq, ref.mdq, D, t.dt, &line) &
+                              planted_grad_rejected("dk", dk, ref.dk, ref.mdk, D, t.dt, &line) &
+                              planted_grad_rejected("dv", dv, ref.dv, ref.mdv, D, t.dt, &line);
+        std::printf("%-4s %-58s planted gradients (sm_90a backward %d of %d launches):%s\n", rejected ? "ok" : "FAIL",
+                    t.name.c_str(), g_hopper_bwd_launches, g_bwd_launches, line.c_str());
+        return rejected;
+    }
     const double tol = t.dt == DT::F32 ? 1e-5 : t.dt == DT::F16 ? 5e-3 : 4e-2;
     const double e_out = rel_l2(outf, ref.out), e_lse = lse_err(lse, ref.lse);
     const double e_dq = rel_l2(dq, ref.dq), e_dk = rel_l2(dk, ref.dk), e_dv = rel_l2(dv, ref.dv);
@@ -430,7 +456,9 @@ static bool run_case(const Case& t) {
     std::printf("%-4s %-58s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e block %.1e%s (tol %.0e), worst row %.2f",
                 ok ? "ok" : "FAIL", t.name.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, block_err, pad_zero ? "" : " PAD-GRAD",
                 tol, rows_worst);
-    if (g_hopper) std::printf(", sm_90a forward %d of %d launches", g_hopper_launches, g_fwd_launches);
+    if (g_hopper)
+        std::printf(", sm_90a forward %d of %d launches, backward %d of %d", g_hopper_launches, g_fwd_launches,
+                    g_hopper_bwd_launches, g_bwd_launches);
     std::printf("\n");
     return ok;
 }

@@ -116,3 +116,28 @@ static bool planted_rejected(const std::string& name, std::vector<float> out, st
                 rejected && r_out > 1 && r_lse > 1 ? "ok" : "FAIL", name.c_str(), a, z, r_out, rel_l2(out, ref.out), l, r_lse);
     return rejected && r_out > 1 && r_lse > 1;
 }
+
+// Swaps the first and the last row of `grad` whose reference rows differ; true when the
+// row judge rejects the result (the rows' gradients put where the other's belong).
+static bool planted_grad_rejected(const char* what, std::vector<float> grad, const std::vector<double>& want,
+                                  const std::vector<double>& mag, int D, DT dt, std::string* line) {
+    const size_t rows = want.size() / D;
+    auto differ = [&](size_t x, size_t y) {
+        for (int e = 0; e < D; ++e)
+            if (want[x * D + e] != want[y * D + e]) return true;
+        return false;
+    };
+    size_t a = 0, z = rows - 1;
+    while (z > a && !differ(a, z)) --z;
+    if (z <= a) {
+        *line += std::string(" ") + what + ": no two different rows";
+        return false;
+    }
+    for (int e = 0; e < D; ++e) std::swap(grad[a * D + e], grad[z * D + e]);
+    const double r = worst_row(grad, want, mag, D, row_bound(dt));
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " %s rows %zu<->%zu at %.1f", what, a, z, r);
+    *line += buf;
+    return r > 1;
+}
+

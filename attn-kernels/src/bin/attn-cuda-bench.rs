@@ -192,7 +192,14 @@ fn run() -> Result<(), String> {
         .flat_map(|(loads, keys)| bwd_dq.iter().map(move |&dq| (loads, keys, dq)))
         .flat_map(|(loads, keys, dq)| bwd_writes.iter().map(move |&writes| (loads, keys, dq, writes)))
         .flat_map(|(loads, keys, dq, writes)| {
-            bwd_queries.iter().map(move |&queries| BackwardOptions { loads, keys, dq, writes, queries })
+            bwd_queries.iter().map(move |&queries| BackwardOptions {
+                loads,
+                keys,
+                dq,
+                writes,
+                queries,
+                ..Default::default()
+            })
         })
         .collect();
     let cases: Vec<(ForwardOptions, BackwardOptions, ForwardPath)> = forwards

@@ -12,6 +12,7 @@
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use attn_kernels::cuda::kernel_cache::KernelCache;
 use attn_kernels::cuda::nvrtc::{ArchFeatures, Target, compile_into, compile_ptx};
@@ -209,78 +210,40 @@ fn run() -> Result<(), String> {
     }
     std::fs::create_dir_all(&args.out).map_err(|e| format!("create {}: {e}", args.out.display()))?;
     let src = full_source();
-    let mut failures = Vec::new();
-    let mut total = 0;
-    for arch in &args.archs {
-        // One module per dtype, exactly as the runtime compiles them.
-        for suffix in ["f32", "f16", "bf16"] {
-            let mut options = nvrtc_options(&format!("compute_{arch}"));
-            options.push(dtype_define(suffix).map_err(|e| e.to_string())?);
-            let text_ptx = compile_ptx(&src, &options)
-                .map_err(|e| format!("NVRTC compile of the {suffix} module for compute_{arch} failed:\n{e}"))?;
-            let ptx_path = args.out.join(format!("attn_kernels_{suffix}_sm_{arch}.ptx"));
-            let cubin_path = args.out.join(format!("attn_kernels_{suffix}_sm_{arch}.cubin"));
-            std::fs::write(&ptx_path, &text_ptx).map_err(|e| format!("write {}: {e}", ptx_path.display()))?;
-            let output = Command::new(&args.ptxas)
-                .arg("-v")
-                .arg(format!("-arch=sm_{arch}"))
-                .arg(&ptx_path)
-                .arg("-o")
-                .arg(&cubin_path)
-                .output()
-                .map_err(|e| format!("run `{}`: {e}", args.ptxas))?;
-            let text =
-                format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-            if !output.status.success() {
-                return Err(format!(
-                    "ptxas -arch=sm_{arch} failed on {} ({}):\n{text}",
-                    ptx_path.display(),
-                    output.status
-                ));
-            }
-            let reports = parse_ptxas(&text);
-            let mut expected = kernel_names_for(suffix);
-            if arch.ends_with('a') {
-                expected.extend(sm90a_kernel_names_for(suffix));
-            }
-            total += expected.len();
-            println!("sm_{arch} {suffix}: {} ({} bytes of PTX)", ptx_path.display(), text_ptx.len());
-            println!(
-                "  {:<34} {:>5} {:>9} {:>9} {:>6} {:>12}",
-                "kernel", "regs", "smem", "dyn smem", "stack", "spill st/ld"
-            );
-            for name in &expected {
-                let Some((_, r)) = reports.iter().find(|(n, _)| n == name) else {
-                    failures.push(format!("sm_{arch}: kernel {name} missing from ptxas output"));
-                    continue;
-                };
-                println!(
-                    "  {:<34} {:>5} {:>9} {:>9} {:>6} {:>6}/{:<5}",
-                    name,
-                    r.registers,
-                    r.static_smem,
-                    dynamic_smem(name),
-                    r.stack,
-                    r.spill_stores,
-                    r.spill_loads
-                );
-                if r.spill_stores > 0 || r.spill_loads > 0 {
-                    failures.push(format!(
-                        "sm_{arch}: {name} spills ({} B stores, {} B loads)",
-                        r.spill_stores, r.spill_loads
-                    ));
-                }
-                if dynamic_smem(name) + r.static_smem as usize > 163 * 1024 {
-                    failures.push(format!("sm_{arch}: {name} needs more shared memory than sm_80 has"));
-                }
-            }
-            for (n, _) in &reports {
-                if !expected.contains(n) {
-                    failures
-                        .push(format!("sm_{arch} {suffix}: unexpected kernel {n} (add it to source::kernel_names)"));
-                }
+    // One module per dtype, exactly as the runtime compiles them; the modules compile and
+    // assemble on a pool of the machine's cores, their reports printed in order.
+    let jobs: Vec<(&str, &str)> =
+        args.archs.iter().flat_map(|arch| ["f32", "f16", "bf16"].map(|suffix| (arch.as_str(), suffix))).collect();
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
+    let mut checks: Vec<Option<Result<ModuleCheck, String>>> = (0..jobs.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                let (src, args, jobs, next) = (&src, &args, &jobs, &next);
+                scope.spawn(move || {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(arch, suffix)) = jobs.get(i) else { break done };
+                        done.push((i, check_module(args, src, arch, suffix)));
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            for (i, check) in h.join().map_err(|_| "a compile thread panicked".to_string())? {
+                checks[i] = Some(check);
             }
         }
+        Ok::<(), String>(())
+    })?;
+    let (mut failures, mut total) = (Vec::new(), 0);
+    for check in checks.into_iter().flatten() {
+        let check = check?;
+        print!("{}", check.report);
+        total += check.kernels;
+        failures.extend(check.failures);
     }
     if failures.is_empty() {
         println!(
@@ -291,6 +254,77 @@ fn run() -> Result<(), String> {
     } else {
         Err(failures.join("\n"))
     }
+}
+
+/// What checking one module found: its printed table, how many kernels it should hold,
+/// and each failure (a kernel missing, unexpected, spilling or over the shared memory).
+struct ModuleCheck {
+    report: String,
+    kernels: usize,
+    failures: Vec<String>,
+}
+
+/// Compile the `suffix` module for `arch` with NVRTC, assemble it with `ptxas -v` and
+/// check every kernel's report; a compile or assembler failure is an error.
+fn check_module(args: &Args, src: &str, arch: &str, suffix: &str) -> Result<ModuleCheck, String> {
+    let mut options = nvrtc_options(&format!("compute_{arch}"));
+    options.push(dtype_define(suffix).map_err(|e| e.to_string())?);
+    let text_ptx = compile_ptx(src, &options)
+        .map_err(|e| format!("NVRTC compile of the {suffix} module for compute_{arch} failed:\n{e}"))?;
+    let ptx_path = args.out.join(format!("attn_kernels_{suffix}_sm_{arch}.ptx"));
+    let cubin_path = args.out.join(format!("attn_kernels_{suffix}_sm_{arch}.cubin"));
+    std::fs::write(&ptx_path, &text_ptx).map_err(|e| format!("write {}: {e}", ptx_path.display()))?;
+    let output = Command::new(&args.ptxas)
+        .arg("-v")
+        .arg(format!("-arch=sm_{arch}"))
+        .arg(&ptx_path)
+        .arg("-o")
+        .arg(&cubin_path)
+        .output()
+        .map_err(|e| format!("run `{}`: {e}", args.ptxas))?;
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    if !output.status.success() {
+        return Err(format!("ptxas -arch=sm_{arch} failed on {} ({}):\n{text}", ptx_path.display(), output.status));
+    }
+    let reports = parse_ptxas(&text);
+    let mut expected = kernel_names_for(suffix);
+    if arch.ends_with('a') {
+        expected.extend(sm90a_kernel_names_for(suffix));
+    }
+    let mut failures = Vec::new();
+    let mut report = format!("sm_{arch} {suffix}: {} ({} bytes of PTX)\n", ptx_path.display(), text_ptx.len());
+    report += &format!(
+        "  {:<34} {:>5} {:>9} {:>9} {:>6} {:>12}\n",
+        "kernel", "regs", "smem", "dyn smem", "stack", "spill st/ld"
+    );
+    for name in &expected {
+        let Some((_, r)) = reports.iter().find(|(n, _)| n == name) else {
+            failures.push(format!("sm_{arch}: kernel {name} missing from ptxas output"));
+            continue;
+        };
+        report += &format!(
+            "  {:<34} {:>5} {:>9} {:>9} {:>6} {:>6}/{:<5}\n",
+            name,
+            r.registers,
+            r.static_smem,
+            dynamic_smem(name),
+            r.stack,
+            r.spill_stores,
+            r.spill_loads
+        );
+        if r.spill_stores > 0 || r.spill_loads > 0 {
+            failures.push(format!("sm_{arch}: {name} spills ({} B stores, {} B loads)", r.spill_stores, r.spill_loads));
+        }
+        if dynamic_smem(name) + r.static_smem as usize > 163 * 1024 {
+            failures.push(format!("sm_{arch}: {name} needs more shared memory than sm_80 has"));
+        }
+    }
+    for (n, _) in &reports {
+        if !expected.contains(n) {
+            failures.push(format!("sm_{arch} {suffix}: unexpected kernel {n} (add it to source::kernel_names)"));
+        }
+    }
+    Ok(ModuleCheck { report, kernels: expected.len(), failures })
 }
 
 fn main() -> ExitCode {

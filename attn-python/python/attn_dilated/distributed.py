@@ -2,7 +2,12 @@
 parallelism): each rank passes its rows of the sequence and gets exactly the rows the
 single-process op would give, forward, LSE and exact gradients, computed by attn's ring
 (`attn_ring`) with its frames carried over the group by point-to-point transfers of
-uint8 CPU tensors (gloo).
+uint8 tensors (CPU tensors under gloo). CUDA tensors (an extension built with `cuda`) run
+attn's chunk ring on the device: its blocks on the CUDA kernels, queued on the current
+stream, its k/v rows and dk/dv moving by attn's own NCCL communicator (joined once per
+group and device from a unique id rank 0 broadcasts over the group: `_nccl_link`), the
+handshake and completion rounds over the group as on the CPU; outputs, LSEs and
+gradients stay on the device.
 
 - `shard(x, rank, world_size, layout, seq_dim)`: a rank's rows of a whole tensor (the
   layout's ranges: `contiguous`, or `zigzag` for causal balance).
@@ -17,7 +22,8 @@ Every call is collective: each rank of the group calls it with the same config, 
 layout and strategy, or every rank raises RuntimeError (the ring's handshake compares
 them). A rank that dies or stalls makes every other rank raise within `timeout`, and the
 group is then refused by later calls. Key padding masks, `cu_seqlens` and block masks are
-whole-sequence values, equal on every rank. CPU tensors only."""
+whole-sequence values, equal on every rank. CPU and CUDA tensors; on CUDA tensors
+`ulysses` and `hybrid` exchange heads by the chunk ring's NCCL all-to-all."""
 
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import torch
 from . import _native
 from ._kernels import as_int, describe, inner_unit, make_config
 from ._op import _autocast, _check_block_mask, _check_cu, _check_mask, _check_tensor
+from ._nccl_link import LINKS
 from ._transport import Transport
 
 __all__ = ["dilated_attention", "dilated_attention_with_lse", "layout_ranges", "shard", "unshard"]
@@ -101,7 +108,10 @@ class _Unshard(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x_local, transport, layout, d, timeout):
-        parts = transport.all_gather_rows(x_local, d, timeout)
+        if x_local.is_cuda:
+            parts = transport.all_gather_device(x_local, d, timeout)
+        else:
+            parts = transport.all_gather_rows(x_local, d, timeout)
         ctx.spec = (transport.rank, transport.world, layout, d)
         return _place(parts, transport.world, layout, d)
 
@@ -117,8 +127,8 @@ def _timeout(timeout) -> float:
     return float(timeout)
 
 
-def _transport(group, rank, world_size) -> Transport:
-    t = Transport(group)
+def _transport(group, rank, world_size, device: Optional[torch.device] = None) -> Transport:
+    t = Transport(group, device)
     if rank is not None and (as_int("rank", rank), as_int("world_size", world_size)) != (t.rank, t.world):
         raise ValueError(f"rank {rank} of {world_size} is not this process's rank {t.rank} of {t.world} in the group")
     return t
@@ -137,18 +147,20 @@ def unshard(
     `group`; None: the default group) gathered along `seq_dim` in sequence order. A
     collective: every rank calls it; a rank's rows that are not the layout's share of the
     whole raise RuntimeError on every rank. Differentiable: each rank takes its rows of
-    the gradient (as when every rank computes the same loss from the whole tensor)."""
+    the gradient (as when every rank computes the same loss from the whole tensor). CUDA
+    tensors are gathered by the group's all_gather on their device."""
     if not isinstance(x_local, torch.Tensor):
         raise TypeError(f"x_local must be a torch.Tensor, got {type(x_local).__name__}")
-    if x_local.device.type != "cpu":
-        raise ValueError(f"x_local is on {x_local.device}; attn_dilated.distributed gathers CPU tensors")
-    transport = _transport(group, rank, world_size)
+    if x_local.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"x_local is on {x_local.device}; attn_dilated.distributed gathers CPU and CUDA tensors")
+    transport = _transport(group, rank, world_size, x_local.device)
     return _Unshard.apply(x_local, transport, _check_layout(layout), _seq_dim(x_local, seq_dim), _timeout(timeout))
 
 
 @dataclass
 class _RingCall:
-    """One call's fixed arguments: the native ring, the transport, config and masks."""
+    """One call's fixed arguments: the native ring, the transport, config and masks (host
+    tensors: the ring reads them on the host), and on CUDA tensors the NCCL link."""
 
     ring: object
     transport: Transport
@@ -157,6 +169,7 @@ class _RingCall:
     cu: Optional[list]
     block_mask: Optional[torch.Tensor]
     block_size: Optional[int]
+    link: Optional[object] = None
 
     def mask_kwargs(self) -> dict:
         return {
@@ -173,6 +186,15 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, call: _RingCall):
+        ctx.call = call
+        if call.link is not None:
+            q, k, v = (x.contiguous() for x in (q, k, v))
+            out, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+            with torch.cuda.device(q.device):
+                tensors = (describe(x) for x in (q, k, v, out, lse))
+                call.ring.forward_cuda(call.cfg, call.transport, call.link, _stream(q), *tensors, **call.mask_kwargs())
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out, lse
         q, k, v = (inner_unit(x) for x in (q, k, v))
         b, n, h, _ = q.shape
         out = torch.empty(q.shape, dtype=q.dtype)
@@ -180,7 +202,6 @@ class _RingAttention(torch.autograd.Function):
         tensors = (describe(x) for x in (q, k, v, out, lse))
         call.ring.forward(call.cfg, call.transport, *tensors, **call.mask_kwargs())
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.call = call
         return out, lse
 
     @staticmethod
@@ -189,6 +210,8 @@ class _RingAttention(torch.autograd.Function):
         call = ctx.call
         if grad_out is None:
             grad_out = torch.zeros_like(out)
+        if call.link is not None:
+            return _cuda_backward(call, (q, k, v), grad_out, grad_lse)
         grad_out = inner_unit(grad_out)
         # Kept in a name until the call returns: the ring reads its memory.
         gl = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
@@ -198,6 +221,44 @@ class _RingAttention(torch.autograd.Function):
         kwargs["grad_lse"] = None if gl is None else describe(gl)
         call.ring.backward(call.cfg, call.transport, *tensors, **kwargs)
         return dq, dk, dv, None
+
+
+def _stream(t: torch.Tensor) -> int:
+    """The raw handle of `t`'s device's current stream, which the kernels queue on."""
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def _cuda_backward(call: _RingCall, saved, grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor]):
+    """The CUDA ring's backward: `(dq, dk, dv, None)` on the device; the LSE's gradient
+    travels to the ring as a host float32 tensor."""
+    q, k, v = saved
+    grad_out = grad_out.contiguous()
+    gl = None if grad_lse is None else grad_lse.to(torch.float32).cpu().contiguous()
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    kwargs = call.mask_kwargs()
+    kwargs["grad_lse"] = None if gl is None else describe(gl)
+    with torch.cuda.device(q.device):
+        tensors = (describe(x) for x in (q, k, v, grad_out, dq, dk, dv))
+        call.ring.backward_cuda(call.cfg, call.transport, call.link, _stream(q), *tensors, **kwargs)
+    return dq, dk, dv, None
+
+
+def cuda_unavailable_reason(device: torch.device) -> Optional[str]:
+    """Why CUDA tensors on `device` cannot take the ring (an extension built without
+    `cuda`, no CUDA driver, NCCL, NVRTC or device), naming the fix; None where they can."""
+    return _native.ring_cuda_unavailable_reason(0 if device.index is None else device.index)
+
+
+def _ring_device(q: torch.Tensor) -> None:
+    """ValueError for a device other than the CPU or CUDA; for a CUDA tensor, RuntimeError
+    saying why the CUDA ring cannot run where it cannot."""
+    if q.device.type == "cpu":
+        return
+    if q.device.type != "cuda":
+        raise ValueError(f"query is on {q.device}; attn_dilated.distributed computes on CPU and CUDA tensors")
+    reason = cuda_unavailable_reason(q.device)
+    if reason is not None:
+        raise RuntimeError(f"attn_dilated.distributed cannot run on {q.device} tensors: {reason}")
 
 
 def _strategy(strategy, ulysses) -> str:
@@ -241,19 +302,20 @@ def dilated_attention_with_lse(
     module docs for `group`, `layout`, `strategy`, `ulysses` and `timeout`."""
     query, key, value = (_autocast(x) for x in (query, key, value))
     q = _check_tensor("query", query)
-    if q.device.type != "cpu":
-        raise ValueError(f"query is on {q.device}; attn_dilated.distributed computes on CPU tensors")
+    _ring_device(q)
     k = _check_tensor("key", key, q.dtype, q.device)
     v = _check_tensor("value", value, q.dtype, q.device)
     cfg = make_config(segment_lengths, dilation_rates, is_causal, softmax_scale, mixing, window)
     mask = _check_mask(key_padding_mask, q.device)
     blocks, size = _check_block_mask(block_mask, block_size, q.device)
     plan = _strategy(strategy, ulysses)
-    transport = _transport(group, None, None)
+    transport = _transport(group, None, None, q.device)
     ring = _native.Ring(
         transport.rank, transport.world, _check_layout(layout), plan, _timeout(timeout), torch.get_num_threads()
     )
-    call = _RingCall(ring, transport, cfg, mask, _check_cu(cu_seqlens), blocks, size)
+    link = LINKS.get(transport, q.device, _timeout(timeout)) if q.is_cuda else None
+    mask, blocks = (None if t is None else t.cpu() for t in (mask, blocks))
+    call = _RingCall(ring, transport, cfg, mask, _check_cu(cu_seqlens), blocks, size, link)
     return _RingAttention.apply(q, k, v, call)
 
 

@@ -37,7 +37,8 @@ class _ShardReplicated(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         transport, layout, timeout = ctx.spec
-        parts = transport.all_gather_rows(grad, 1, timeout)
+        gather = transport.all_gather_device if grad.is_cuda else transport.all_gather_rows
+        parts = gather(grad, 1, timeout)
         return ddist._place(parts, transport.world, layout, 1), None, None, None
 
 
@@ -108,7 +109,7 @@ class RingDilatedAttention(DilatedAttention):
             raise ValueError("attention_mask is not supported: use is_causal, key_padding_mask, cu_seqlens or window")
         if self._world() == 1:
             return super().forward(query, key, value, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens)
-        transport = Transport(self.group)
+        transport = Transport(self.group, query.device)
         local = [_ShardReplicated.apply(x, transport, self.layout, self.timeout) for x in (query, key, value)]
         out = ddist.dilated_attention(
             *local, self.segment_lengths, self.dilation_rates, is_causal, self.softmax_scale, self.mixing,

@@ -524,6 +524,10 @@ impl<T: Element> ChunkCompute<T> for CpuChunks {
         Ok(HostAcc { shape, data })
     }
 
+    fn acc_bytes(&self, acc: &HostAcc) -> usize {
+        acc.data.iter().map(|x| x.len() * 4).sum()
+    }
+
     fn slice_rows(&self, src: &HostRows<T>, rows: std::ops::Range<usize>) -> Result<HostRows<T>> {
         src.slice_rows(rows)
     }

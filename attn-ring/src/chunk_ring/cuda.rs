@@ -1,23 +1,24 @@
 //! [`CudaChunks`]: the chunk ring's blocks on the CUDA kernels. Pieces, partials, lse,
 //! delta and gradient accumulators stay in device memory, each counted in the rank's
 //! [`DeviceMeter`]; the LSE merge is the forward kernels' own. Host bytes are made only
-//! where a host-staged transport asks for them.
+//! where a host-staged transport asks for them. Blocks over a [`HeadSlot`] (Ulysses and the
+//! hybrid) pass the slot to the kernels as a [`HeadWindow`]; the head copies of those
+//! strategies are device-to-device copies of each row's run of heads.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use attn_core::error::TensorName;
 use attn_core::{AttnError, PackedSequences, Result, Shape4};
+use attn_kernels::cuda::plan::head_window::HeadWindow;
 use attn_kernels::cuda::{
     CudaDevice, CudaElement, DeviceBlock, DeviceBlockMask, DeviceGradsMut, DeviceKeyPadding, DevicePartial,
     DeviceTensor, DeviceUpstream, backward_block_into, delta, finish_forward, forward_block, store_scaled,
 };
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 use super::device_meter::{DeviceMeter, Metered};
-use super::{
-    ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, HeadSlot, check_bsh_len, check_stats, whole_heads_only,
-};
+use super::{ChunkBlock, ChunkCompute, ChunkGrads, ChunkUpstream, HeadSlot, check_bsh_len, check_stats};
 use crate::plan::RingProblem;
 use crate::protocol::wire::{elems_exact, f32s_exact, put_elems, put_f32s};
 
@@ -77,7 +78,7 @@ impl CudaChunks {
         block: &ChunkBlock<'a, Rows<T>, DeviceMasks>,
         packing: Option<PackedSequences<'a>>,
     ) -> DeviceBlock<'a, T> {
-        let ChunkBlock { problem, masks, q, q_start, k, v, k_start, .. } = *block;
+        let ChunkBlock { problem, masks, q, q_start, k, v, k_start, heads } = *block;
         DeviceBlock {
             cfg: &problem.cfg,
             q,
@@ -89,15 +90,19 @@ impl CudaChunks {
             key_padding: masks.key_padding.as_deref(),
             packing,
             block_mask: masks.block_mask.as_deref(),
+            window: head_window(problem, heads),
         }
     }
 }
 
-/// The CUDA kernels attend every head of their rows: a block over a slot of heads is refused.
-fn every_head<R, M>(block: &ChunkBlock<'_, R, M>) -> Result<()> {
-    match block.heads {
-        HeadSlot::Every => Ok(()),
-        HeadSlot::Slot { .. } => Err(whole_heads_only("cuda")),
+/// The kernels' view of a block's heads: a slot's run of the problem's heads, or none
+/// (the rows hold every head).
+pub(super) fn head_window(problem: &RingProblem, slot: HeadSlot) -> Option<HeadWindow> {
+    match slot {
+        HeadSlot::Every => None,
+        HeadSlot::Slot { first, kv_first } => {
+            Some(HeadWindow { heads: problem.heads, kv_heads: problem.kv_heads, first, kv_first })
+        }
     }
 }
 
@@ -127,6 +132,52 @@ fn copy_row_runs<T: CudaElement>(
         let d = (b * dst_seq + to) * row;
         let mut view = dst.slice_mut(d..d + n * row);
         dev.stream().memcpy_dtod(&src.slice(s..s + n * row), &mut view).map_err(cuda_err)?;
+    }
+    Ok(())
+}
+
+/// Copy `n` heads of every row from `(src, its heads, first head)` to `(dst, its heads,
+/// first head)`, device to device: one copy per row (`rows` rows of `d` values a head).
+fn copy_head_runs<E: DeviceRepr>(
+    dev: &CudaDevice,
+    (src, src_heads, from): (&CudaSlice<E>, usize, usize),
+    (dst, dst_heads, to): (&mut CudaSlice<E>, usize, usize),
+    (n, rows, d): (usize, usize, usize),
+) -> Result<()> {
+    let run = n * d;
+    if run == 0 {
+        return Ok(());
+    }
+    if from + n > src_heads
+        || to + n > dst_heads
+        || src.len() < rows * src_heads * d
+        || dst.len() < rows * dst_heads * d
+    {
+        return Err(AttnError::InvalidArgument(format!(
+            "{n} heads from head {from} of {src_heads} to head {to} of {dst_heads}"
+        )));
+    }
+    for r in 0..rows {
+        let (s, t) = ((r * src_heads + from) * d, (r * dst_heads + to) * d);
+        let mut view = dst.slice_mut(t..t + run);
+        dev.stream().memcpy_dtod(&src.slice(s..s + run), &mut view).map_err(cuda_err)?;
+    }
+    Ok(())
+}
+
+/// Check that `src` fits heads `first..` of `dst` (same batch, rows, head_dim).
+fn check_heads_fit(tensor: &'static str, dst: Shape4, first: usize, src: Shape4) -> Result<()> {
+    if (src.batch, src.seq, src.head_dim) != (dst.batch, dst.seq, dst.head_dim) || first + src.heads > dst.heads {
+        let expected = Shape4 { heads: dst.heads.saturating_sub(first).min(src.heads), ..dst }.dims().to_vec();
+        return Err(AttnError::ShapeMismatch { tensor: TensorName::Other(tensor), expected, got: src.dims().to_vec() });
+    }
+    Ok(())
+}
+
+/// Check that `heads` is a non-empty run of the heads of `shape`.
+fn check_heads_in(shape: Shape4, heads: &Range<usize>) -> Result<()> {
+    if heads.end > shape.heads || heads.is_empty() {
+        return Err(AttnError::InvalidArgument(format!("heads {heads:?} of rows with {} heads", shape.heads)));
     }
     Ok(())
 }
@@ -173,7 +224,6 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
         block: &ChunkBlock<'_, Rows<T>, DeviceMasks>,
         partial: &mut Metered<DevicePartial>,
     ) -> Result<()> {
-        every_head(block)?;
         let packing = block.masks.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
         forward_block(&self.dev, &Self::device_block(block, packing), partial)
     }
@@ -208,7 +258,6 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
         upstream: &ChunkUpstream<'_, Rows<T>, Stats>,
         grads: ChunkGrads<'_, Stats>,
     ) -> Result<()> {
-        every_head(block)?;
         let packing = block.masks.cu_seqlens.as_deref().map(PackedSequences::new).transpose()?;
         let up = DeviceUpstream { grad_out: upstream.grad_out, lse: &upstream.lse.data, delta: &upstream.delta.data };
         let (q_shape, kv_shape) = (grads.dq.shape, grads.dk.shape);
@@ -255,6 +304,10 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
         Ok(self.stats(self.dev.stream().clone_htod(&host).map_err(cuda_err)?, shape))
     }
 
+    fn acc_bytes(&self, acc: &Stats) -> usize {
+        acc.data.len() * 4
+    }
+
     fn slice_rows(&self, src: &Rows<T>, rows: Range<usize>) -> Result<Rows<T>> {
         let s = contiguous(src)?;
         if rows.end > s.seq || rows.start > rows.end {
@@ -280,5 +333,78 @@ impl<T: CudaElement> ChunkCompute<T> for CudaChunks {
 
     fn sync(&self) -> Result<()> {
         self.dev.synchronize()
+    }
+
+    fn take_heads(&self, src: &Rows<T>, heads: Range<usize>) -> Result<Rows<T>> {
+        let s = contiguous(src)?;
+        check_heads_in(s, &heads)?;
+        let mut dst = DeviceTensor::<T>::zeros(&self.dev, Shape4 { heads: heads.len(), ..s })?;
+        let (n, rows) = (heads.len(), s.batch * s.seq);
+        copy_head_runs(&self.dev, (&src.data, s.heads, heads.start), (&mut dst.data, n, 0), (n, rows, s.head_dim))?;
+        Ok(self.adopt(dst))
+    }
+
+    fn put_heads(&self, dst: &mut Rows<T>, first: usize, src: &Rows<T>) -> Result<()> {
+        let (d, o) = (contiguous(dst)?, contiguous(src)?);
+        check_heads_fit("heads written", d, first, o)?;
+        let (n, rows) = (o.heads, o.batch * o.seq);
+        copy_head_runs(&self.dev, (&src.data, n, 0), (&mut dst.data, d.heads, first), (n, rows, o.head_dim))
+    }
+
+    fn take_acc_heads(&self, src: &Stats, heads: Range<usize>) -> Result<Stats> {
+        let s = src.shape;
+        check_heads_in(s, &heads)?;
+        let shape = Shape4 { heads: heads.len(), ..s };
+        let mut dst = self.dev.stream().alloc_zeros::<f32>(shape.numel()).map_err(cuda_err)?;
+        let (n, rows) = (heads.len(), s.batch * s.seq);
+        copy_head_runs(&self.dev, (&src.data, s.heads, heads.start), (&mut dst, n, 0), (n, rows, s.head_dim))?;
+        Ok(self.stats(dst, shape))
+    }
+
+    fn add_acc_heads(&self, dst: &mut Stats, first: usize, src: &Stats) -> Result<()> {
+        let (d, o) = (dst.shape, src.shape);
+        check_heads_fit("heads added", d, first, o)?;
+        // The sum runs on the host (the kernels have no strided f32 add): dk/dv of key/value
+        // heads read by several slots, and the second all-to-all's pieces, once a call.
+        let stream = self.dev.stream();
+        let (mut acc, add) =
+            (stream.clone_dtoh(&dst.data).map_err(cuda_err)?, stream.clone_dtoh(&src.data).map_err(cuda_err)?);
+        self.dev.synchronize()?;
+        let (run, rows) = (o.heads * o.head_dim, o.batch * o.seq);
+        for r in 0..rows {
+            let at = (r * d.heads + first) * d.head_dim;
+            acc[at..at + run].iter_mut().zip(&add[r * run..(r + 1) * run]).for_each(|(a, &b)| *a += b);
+        }
+        stream.memcpy_htod(&acc, &mut dst.data).map_err(cuda_err)?;
+        self.dev.synchronize()
+    }
+
+    fn stats_as_acc(&self, stats: &Stats) -> Result<Stats> {
+        let shape = <Self as ChunkCompute<T>>::stats_shape(self, stats)
+            .ok_or_else(|| AttnError::InvalidArgument("per-row values that do not fill their shape".into()))?;
+        Ok(self.stats(self.dev.stream().clone_dtod(&stats.data).map_err(cuda_err)?, shape))
+    }
+
+    fn acc_as_stats(&self, acc: &Stats) -> Result<Stats> {
+        if acc.shape.head_dim != 1 || acc.data.len() != acc.shape.lse_len() {
+            let message = format!("an accumulator of head_dim {} as per-row values", acc.shape.head_dim);
+            return Err(AttnError::InvalidArgument(message));
+        }
+        Ok(self.stats(self.dev.stream().clone_dtod(&acc.data).map_err(cuda_err)?, acc.shape))
+    }
+
+    fn finish_forward_slot(
+        &self,
+        problem: &RingProblem,
+        partial: &Metered<DevicePartial>,
+        slot: HeadSlot,
+    ) -> Result<(Rows<T>, Stats)> {
+        // Every head of a config takes one output scale, so a slot finishes as whole rows do.
+        if slot.first() + partial.shape.heads > problem.heads.max(partial.shape.heads) {
+            let message =
+                format!("a partial of {} heads from head {} of {}", partial.shape.heads, slot.first(), problem.heads);
+            return Err(AttnError::InvalidArgument(message));
+        }
+        <Self as ChunkCompute<T>>::finish_forward(self, problem, partial)
     }
 }

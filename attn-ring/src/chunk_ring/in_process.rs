@@ -2,16 +2,18 @@
 //! themselves to their receiver by channel (no copy; device buffers stay where they are,
 //! k/v shared while the sender still computes with them), so ranks sharing one GPU never
 //! stage rows through the host. The head strategies' all-to-all hands each member its
-//! parcel the same way.
+//! parcel the same way. Every hand-over is counted as the host-staged message it replaces
+//! (header, rows in `T`, accumulators in f32; [`ChunkTransport::moved`]), so a call's
+//! statistics are the same over either transport.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 
 use attn_core::{AttnError, Element, Result};
 
-use super::transport::{Awaited, check_members, check_travel, out_of_order};
+use super::transport::{Awaited, check_members, check_travel, out_of_order, payload_bytes};
 use super::{Arrived, ChunkCompute, ChunkTransport, Exchange, Parcel, ParcelShapes, Travel};
-use crate::comm::Communicator;
-use crate::plan::RingProblem;
+use crate::comm::{CommStats, Communicator};
+use crate::plan::{MSG_HEADER_BYTES, RingProblem};
 use crate::protocol::wire::MsgKind;
 
 /// One step's buffers with what they are: (kind, owner, step).
@@ -25,6 +27,7 @@ pub struct InProcessTransport<C, R, A> {
     to: Vec<Sender<Msg<R, A>>>,
     from: Vec<Receiver<Msg<R, A>>>,
     awaited: Option<Awaited>,
+    moved: CommStats,
 }
 
 impl<C: Communicator, R, A> InProcessTransport<C, R, A> {
@@ -51,7 +54,7 @@ impl<C: Communicator, R, A> InProcessTransport<C, R, A> {
         Ok(comms
             .into_iter()
             .zip(to.into_iter().zip(from))
-            .map(|(comm, (to, from))| InProcessTransport { comm, to, from, awaited: None })
+            .map(|(comm, (to, from))| InProcessTransport { comm, to, from, awaited: None, moved: CommStats::default() })
             .collect())
     }
 }
@@ -71,9 +74,20 @@ impl<C: Communicator, R, A> InProcessTransport<C, R, A> {
         })
     }
 
-    fn send(&self, peer: usize, msg: Msg<R, A>) -> Result<()> {
+    /// Hand `msg` to rank `peer`, counted as a host-staged message of `payload` bytes after
+    /// its header (a hand-over to this rank itself is not a message, as over a communicator).
+    fn send(&mut self, peer: usize, msg: Msg<R, A>, payload: usize) -> Result<()> {
         let rank = self.comm.rank();
-        self.to[peer].send(msg).map_err(|_| AttnError::Comm { rank, message: format!("rank {peer} has left the ring") })
+        self.to[peer]
+            .send(msg)
+            .map_err(|_| AttnError::Comm { rank, message: format!("rank {peer} has left the ring") })?;
+        if peer != rank {
+            let bytes = MSG_HEADER_BYTES + payload as u64;
+            self.moved.payload_bytes_sent += bytes;
+            self.moved.frame_bytes_sent += bytes;
+            self.moved.messages_sent += 1;
+        }
+        Ok(())
     }
 }
 
@@ -100,7 +114,8 @@ where
         // The receiver reads the buffers on its own stream: what was queued on them here
         // (the copy that made them, the blocks that wrote dk/dv) finishes first.
         compute.sync()?;
-        self.send(awaited.to, ((kind.msg_kind(), owner, step), Arrived { k, v, dk, dv }))?;
+        let bytes = payload_bytes::<T, X>(compute, k.iter().chain(&v).map(|r| &**r), dk.iter().chain(&dv));
+        self.send(awaited.to, ((kind.msg_kind(), owner, step), Arrived { k, v, dk, dv }), bytes)?;
         self.awaited = Some(awaited);
         Ok(())
     }
@@ -134,6 +149,11 @@ where
         }
         Ok(arrived)
     }
+
+    fn moved(&self) -> CommStats {
+        self.moved
+    }
+
     fn all_to_all(
         &mut self,
         compute: &X,
@@ -154,7 +174,11 @@ where
         for (i, (p, &m)) in parcels.into_iter().zip(members).enumerate() {
             match i == me {
                 true => own = Some(p),
-                false => self.send(m, (header, Arrived { k: p.rows, v: Vec::new(), dk: p.accs, dv: Vec::new() }))?,
+                false => {
+                    let bytes = payload_bytes::<T, X>(compute, p.rows.iter().map(|r| &**r), &p.accs);
+                    let msg = Arrived { k: p.rows, v: Vec::new(), dk: p.accs, dv: Vec::new() };
+                    self.send(m, (header, msg), bytes)?
+                }
             }
         }
         let mut got = Vec::with_capacity(members.len());

@@ -48,7 +48,7 @@ pub use cuda::{CudaChunks, DeviceMasks, DeviceRowStats};
 pub use device_meter::{DeviceMeter, Metered};
 pub use in_process::InProcessTransport;
 #[cfg(all(feature = "nccl", feature = "cuda"))]
-pub use nccl_device::{DeviceBuffers, NcclDeviceTransport};
+pub use nccl_device::{DeviceBuffers, NcclDeviceLink, NcclDeviceTransport};
 pub use protocol::{ChunkForward, ChunkGradients, chunk_backward, chunk_forward};
 pub use transport::{Arrived, ChunkTransport, Exchange, HostTransport, Parcel, ParcelShapes, Travel, TravelKind};
 
@@ -178,7 +178,7 @@ pub(crate) fn whole_heads_only(backend: &'static str) -> AttnError {
     AttnError::Unsupported {
         backend,
         feature: Feature::Other(
-            "Ulysses or hybrid on the chunk ring with this compute (its blocks attend every head): use the CPU \
+            "Ulysses or hybrid on the chunk ring with this compute (its blocks attend every head): use the CPU or CUDA \
              chunk compute, or the ring or all-gather strategy",
         ),
     }
@@ -304,6 +304,9 @@ pub trait ChunkCompute<T: Element> {
     fn acc_to_bytes(&self, acc: &Self::Acc, out: &mut Vec<u8>) -> Result<()>;
     /// An accumulator of `shape` from little-endian f32 values.
     fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Self::Acc>;
+    /// The bytes [`ChunkCompute::acc_to_bytes`] appends for `acc` (4 per f32 value), so a
+    /// host-staged message is sized once, before it is filled.
+    fn acc_bytes(&self, acc: &Self::Acc) -> usize;
     /// A copy of rows `rows` (within the sequence axis, every batch) of `src`.
     fn slice_rows(&self, src: &Self::Rows, rows: Range<usize>) -> Result<Self::Rows>;
     /// Zeroed rows of `shape`.

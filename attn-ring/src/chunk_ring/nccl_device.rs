@@ -5,17 +5,22 @@
 //! or a wrong size is a typed error before any NCCL call; the data round itself is
 //! `nccl_handle`'s, with its deadline and abort, posted on an NCCL stream of the
 //! transport's own when the shift starts and awaited when it finishes, so the rank's
-//! blocks run meanwhile.
+//! blocks run meanwhile. The head strategies' all-to-all is the same in one step: a
+//! header to every member (its parcel's byte counts, checked by the receiver against what
+//! it expects) over the control communicator, then every send and receive of the group in
+//! one grouped NCCL round (empty buffers skipped on both sides), awaited before the
+//! parcels are handed back.
 
 use std::sync::Arc;
 
 use attn_core::{AttnError, Result, Shape4};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
-use super::transport::{Awaited, check_travel, out_of_order};
-use super::{Arrived, ChunkCompute, ChunkTransport, Travel};
+use super::transport::{Awaited, check_members, check_travel, out_of_order};
+use super::{Arrived, ChunkCompute, ChunkTransport, Exchange, Parcel, ParcelShapes, Travel};
 use crate::comm::Communicator;
-use crate::comm::nccl_comm::share_unique_id;
+use crate::comm::all_to_all::all_to_all;
+use crate::comm::nccl_comm::{NCCL_ID_BYTES, share_unique_id};
 use crate::comm::nccl_handle::{NcclHandle, PostedRound, bytes_of, bytes_of_mut};
 use crate::plan::RingProblem;
 use crate::protocol::wire::{Expected, Reader, begin};
@@ -64,6 +69,59 @@ impl<C, R, A> std::fmt::Debug for NcclDeviceTransport<C, R, A> {
     }
 }
 
+/// The NCCL communicator and stream of a chunk ring's data, joined once and reusable by
+/// later calls over the same ranks ([`NcclDeviceTransport::over`] lends it to one call,
+/// [`NcclDeviceTransport::into_link`] returns it): joining costs a rendezvous of every
+/// rank, so a caller that runs many calls on one group keeps the link. A link whose
+/// communicator a failure aborted refuses every later round ([`NcclDeviceLink::usable`]).
+pub struct NcclDeviceLink {
+    data: NcclHandle,
+    stream: Arc<CudaStream>,
+    rank: usize,
+    world: usize,
+}
+
+impl std::fmt::Debug for NcclDeviceLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclDeviceLink")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("data", &self.data)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NcclDeviceLink {
+    /// Join the NCCL communicator `id` (made by `NcclComm::unique_id` on one rank and
+    /// handed to every rank out of band) as `rank` of `world`, on the device of `ctx`,
+    /// waiting at most `timeout` for every rank to join (`Timeout` if one never does).
+    pub fn join(
+        rank: usize,
+        world: usize,
+        ctx: &Arc<CudaContext>,
+        id: &[u8; NCCL_ID_BYTES],
+        timeout: std::time::Duration,
+    ) -> Result<Self> {
+        let cuda =
+            |what: &str, e: cudarc::driver::DriverError| AttnError::Comm { rank, message: format!("{what}: {e:?}") };
+        let stream = ctx.new_stream().map_err(|e| cuda("NCCL stream", e))?;
+        ctx.bind_to_thread().map_err(|e| cuda("bind the CUDA context", e))?;
+        let data = NcclHandle::join(rank, world, id, timeout)?;
+        Ok(NcclDeviceLink { data, stream, rank, world })
+    }
+
+    /// This rank and the world size the link joined with.
+    pub fn place(&self) -> (usize, usize) {
+        (self.rank, self.world)
+    }
+
+    /// Error unless the communicator can still run rounds (a failed or timed-out round
+    /// aborts it).
+    pub fn usable(&self) -> Result<()> {
+        self.data.usable()
+    }
+}
+
 impl<C: Communicator, R, A> NcclDeviceTransport<C, R, A> {
     /// Join an NCCL communicator for the ring's data with the ranks of `control`, this
     /// rank on the device of `ctx` (one device per rank): rank 0 makes the unique id and
@@ -71,12 +129,36 @@ impl<C: Communicator, R, A> NcclDeviceTransport<C, R, A> {
     pub fn bootstrap(mut control: C, ctx: &Arc<CudaContext>) -> Result<Self> {
         let (rank, world) = (control.rank(), control.world_size());
         let id = share_unique_id(&mut control)?;
-        let cuda =
-            |what: &str, e: cudarc::driver::DriverError| AttnError::Comm { rank, message: format!("{what}: {e:?}") };
-        let stream = ctx.new_stream().map_err(|e| cuda("NCCL stream", e))?;
-        ctx.bind_to_thread().map_err(|e| cuda("bind the CUDA context", e))?;
-        let data = NcclHandle::join(rank, world, &id, control.timeout())?;
+        let link = NcclDeviceLink::join(rank, world, ctx, &id, control.timeout())?;
+        Self::over(link, control)
+    }
+
+    /// A transport whose data moves over `link` and whose handshake, completion rounds
+    /// and step headers travel over `control`; the two must name the same rank and world
+    /// size (`InvalidArgument` otherwise).
+    pub fn over(link: NcclDeviceLink, control: C) -> Result<Self> {
+        let here = (control.rank(), control.world_size());
+        if link.place() != here {
+            return Err(AttnError::InvalidArgument(format!(
+                "an NCCL link of rank {} of {} cannot carry the data of rank {} of {}",
+                link.rank, link.world, here.0, here.1
+            )));
+        }
+        let NcclDeviceLink { data, stream, .. } = link;
         Ok(NcclDeviceTransport { data, in_flight: None, control, stream })
+    }
+
+    /// The link back, for a later call. A shift still in flight (a call that failed
+    /// between its start and finish) aborts the communicator first, so its buffers can
+    /// drop; the returned link then refuses every round.
+    pub fn into_link(self) -> NcclDeviceLink {
+        let (rank, world) = (self.control.rank(), self.control.world_size());
+        let NcclDeviceTransport { mut data, in_flight, stream, .. } = self;
+        if in_flight.is_some() {
+            data.abort();
+        }
+        drop(in_flight);
+        NcclDeviceLink { data, stream, rank, world }
     }
 }
 
@@ -90,6 +172,23 @@ fn byte_counts(kind_rows: bool, kind_grads: bool, shapes: &[Shape4], elem: usize
         out.extend(shapes.iter().chain(shapes).map(|s| (s.numel() * 4) as u64));
     }
     out
+}
+
+/// The byte counts of a parcel of `shapes`, in sending order (rows in `T`, then f32 accumulators).
+fn parcel_counts(shapes: &ParcelShapes, elem: usize) -> Vec<u64> {
+    let rows = shapes.rows.iter().map(|s| (s.numel() * elem) as u64);
+    rows.chain(shapes.accs.iter().map(|s| (s.numel() * 4) as u64)).collect()
+}
+
+/// The byte counts a received header lists (kind `kind`, from `owner`, for `rank`).
+fn header_counts(bytes: &[u8], want: Expected) -> Result<Vec<u64>> {
+    let mut rd = Reader::open(bytes, want)?;
+    let n = (bytes.len() - rd.position()) / 8;
+    let counts = (0..n)
+        .map(|_| rd.bytes(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))))
+        .collect::<Result<_>>()?;
+    rd.finish()?;
+    Ok(counts)
 }
 
 impl<T, X, C> ChunkTransport<T, X> for NcclDeviceTransport<C, X::Rows, X::Acc>
@@ -192,6 +291,96 @@ where
             self.data.wait(posted)?;
         }
         Ok(flight.arrived)
+    }
+
+    fn all_to_all(
+        &mut self,
+        compute: &X,
+        kind: Exchange,
+        members: &[usize],
+        parcels: Vec<Parcel<X::Rows, X::Acc>>,
+        expect: &[ParcelShapes],
+    ) -> Result<Vec<Parcel<X::Rows, X::Acc>>> {
+        let rank = self.control.rank();
+        let me = check_members(rank, members, parcels.len(), expect.len())?;
+        if self.in_flight.is_some() {
+            return Err(out_of_order(rank, "an all-to-all while a shift is in flight"));
+        }
+        let (elem, msg) = (T::DTYPE.size(), kind.msg_kind());
+        // The headers: each member learns the byte counts of the buffers this rank sends it.
+        let headers = parcels
+            .iter()
+            .map(|p| {
+                let rows = p.rows.iter().map(|r| (compute.rows_buffer(r).len() * elem) as u64);
+                let sent: Vec<u64> =
+                    rows.chain(p.accs.iter().map(|a| (compute.acc_buffer(a).len() * 4) as u64)).collect();
+                let mut h = begin(msg, rank, 0, sent.len() * 8);
+                sent.iter().for_each(|n| h.extend_from_slice(&n.to_le_bytes()));
+                h
+            })
+            .collect();
+        let got = all_to_all(&mut self.control, members, headers)?;
+        for ((bytes, &m), want) in got.iter().zip(members).zip(expect) {
+            let theirs = header_counts(bytes, Expected { kind: msg, owner: m, step: 0, rank })?;
+            let expected = parcel_counts(want, elem);
+            if theirs != expected {
+                return Err(AttnError::Comm {
+                    rank,
+                    message: format!(
+                        "rank {m} sends all-to-all buffers of {theirs:?} bytes, this rank expects {expected:?}"
+                    ),
+                });
+            }
+        }
+        // Every member's buffers, allocated at the agreed sizes (none for this rank's own).
+        let mut arrived = Vec::with_capacity(members.len());
+        for (i, want) in expect.iter().enumerate() {
+            let rows =
+                want.rows.iter().filter(|_| i != me).map(|s| compute.zero_rows(*s)).collect::<Result<Vec<_>>>()?;
+            let accs =
+                want.accs.iter().filter(|_| i != me).map(|s| compute.zero_acc(*s)).collect::<Result<Vec<_>>>()?;
+            arrived.push((rows, accs));
+        }
+        // Sent and received buffers are complete and allocated before NCCL's stream touches them.
+        compute.sync()?;
+        let unviewable = || AttnError::Comm { rank, message: "a device buffer could not be viewed as bytes".into() };
+        {
+            let mut sends = Vec::new();
+            for (p, &m) in parcels.iter().zip(members).filter(|(_, m)| **m != rank) {
+                let rows = p.rows.iter().map(|r| bytes_of(compute.rows_buffer(r)));
+                for b in rows.chain(p.accs.iter().map(|a| bytes_of(compute.acc_buffer(a)))) {
+                    let b = b.ok_or_else(unviewable)?;
+                    if !b.is_empty() {
+                        sends.push((m, b));
+                    }
+                }
+            }
+            let mut recvs = Vec::new();
+            for ((rows, accs), &m) in arrived.iter_mut().zip(members).filter(|(_, m)| **m != rank) {
+                let rows = rows.iter_mut().map(|r| bytes_of_mut(compute.rows_buffer_mut(r)));
+                for b in rows.chain(accs.iter_mut().map(|a| bytes_of_mut(compute.acc_buffer_mut(a)))) {
+                    let b = b.ok_or_else(unviewable)?;
+                    if !b.is_empty() {
+                        recvs.push((m, b));
+                    }
+                }
+            }
+            if !(sends.is_empty() && recvs.is_empty()) {
+                // A missed deadline names the next member (which member is silent is unknown here).
+                let peer = members[(me + 1) % members.len()];
+                // On failure the communicator is aborted before the buffers drop.
+                self.data.round(&self.stream, &sends, &mut recvs, peer, self.control.timeout())?;
+            }
+        }
+        let mut own = parcels.into_iter().nth(me);
+        arrived
+            .into_iter()
+            .enumerate()
+            .map(|(i, (rows, accs))| match i == me {
+                true => own.take().ok_or_else(|| out_of_order(rank, "an all-to-all without its own parcel")),
+                false => Ok(Parcel { rows: rows.into_iter().map(Arc::new).collect(), accs }),
+            })
+            .collect()
     }
 }
 

@@ -114,6 +114,21 @@ fn open_call<T: Element, C: Communicator + ?Sized>(
     Ok((before, comm.stats()))
 }
 
+/// The completion rounds and the call's statistics: the control communicator's since the
+/// call opened (`start`: its statistics then, and what the transport had moved) plus what
+/// the transport moved beside it.
+fn close_call<T: Element, X: ChunkCompute<T>, Tr: ChunkTransport<T, X> + ?Sized>(
+    transport: &mut Tr,
+    (start, moved): ((CommStats, CommStats), CommStats),
+) -> Result<RingStats> {
+    let mut stats = finish(transport.control(), start)?;
+    let now = transport.moved();
+    stats.data_bytes_sent += now.payload_bytes_sent - moved.payload_bytes_sent;
+    stats.data_messages += now.messages_sent - moved.messages_sent;
+    stats.total_bytes_sent += now.frame_bytes_sent - moved.frame_bytes_sent;
+    Ok(stats)
+}
+
 /// Whether the call runs a head strategy (Ulysses or the hybrid: an explicit one; `Auto`
 /// keeps the row plan on the chunk ring). A compute that cannot copy heads refuses it here,
 /// before the handshake, the same on every rank.
@@ -212,15 +227,15 @@ where
     let heads = heads_strategy(compute, problem, q)?;
     let (masks, err) = prepare(compute, problem, check_pieces(compute, problem, rank, &tensors));
     let op = format!("chunk-forward rounds={}", opts.rounds());
-    let start = open_call::<T, _>(transport.control(), &op, problem, err)?;
+    let start = (open_call::<T, _>(transport.control(), &op, problem, err)?, transport.moved());
     let masks = masks?;
     if heads {
         let (out, lse) = HeadCall::new(compute, problem, &masks, rank)?.forward(transport, [q, k, v])?;
-        let stats = finish(transport.control(), start)?;
+        let stats = close_call::<T, X, _>(transport, start)?;
         return Ok(ChunkForward { out, lse, stats });
     }
     let partials = forward_pass(transport, compute, problem, opts, &masks, [q, k, v])?;
-    let stats = finish(transport.control(), start)?;
+    let stats = close_call::<T, X, _>(transport, start)?;
     let (out, lse) =
         partials.iter().map(|p| compute.finish_forward(problem, p)).collect::<Result<Vec<_>>>()?.into_iter().unzip();
     Ok(ChunkForward { out, lse, stats })
@@ -327,12 +342,12 @@ where
     let err = check_pieces(compute, problem, rank, &tensors).or_else(|| check_grad_lse(compute, q, grad_lse));
     let (masks, err) = prepare(compute, problem, err);
     let op = format!("chunk-backward rounds={}", opts.rounds());
-    let start = open_call::<T, _>(transport.control(), &op, problem, err)?;
+    let start = (open_call::<T, _>(transport.control(), &op, problem, err)?, transport.moved());
     let masks = masks?;
     if heads {
         let call = HeadCall::new(compute, problem, &masks, rank)?;
         let [dq, dk, dv] = call.backward(transport, [q, k, v], grad_out, grad_lse)?;
-        let stats = finish(transport.control(), start)?;
+        let stats = close_call::<T, X, _>(transport, start)?;
         return Ok(ChunkGradients { dq, dk, dv, stats });
     }
     let partials = forward_pass(transport, compute, problem, opts, &masks, [q, k, v])?;
@@ -424,7 +439,7 @@ where
             store_home(compute, problem, r, s, dv, &mut dv_home)?;
         }
     }
-    let stats = finish(transport.control(), start)?;
+    let stats = close_call::<T, X, _>(transport, start)?;
     let store = |xs: &[X::Acc]| xs.iter().map(|a| compute.store_acc(a)).collect::<Result<Vec<_>>>();
     let home = |xs: Vec<Option<X::Rows>>| {
         xs.into_iter()

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use attn_core::{AttnError, Element, Result, Shape4};
 
 use super::{ChunkCompute, whole_heads_only};
-use crate::comm::Communicator;
+use crate::comm::{CommStats, Communicator};
 use crate::plan::RingProblem;
 use crate::protocol::wire::{Expected, MsgKind, Reader, begin};
 
@@ -98,6 +98,22 @@ pub struct Parcel<R, A> {
 pub struct ParcelShapes {
     pub rows: Vec<Shape4>,
     pub accs: Vec<Shape4>,
+}
+
+/// The bytes after the header of a host-staged message carrying `rows` (in `T`) and `accs`
+/// (in f32): what a host-staged transport sends and an in-process one counts.
+pub(crate) fn payload_bytes<'a, T: Element, X: ChunkCompute<T>>(
+    compute: &X,
+    rows: impl IntoIterator<Item = &'a X::Rows>,
+    accs: impl IntoIterator<Item = &'a X::Acc>,
+) -> usize
+where
+    X::Rows: 'a,
+    X::Acc: 'a,
+{
+    let size = T::DTYPE.size();
+    let rows: usize = rows.into_iter().map(|r| compute.shape_of(r).numel() * size).sum();
+    rows + accs.into_iter().map(|a| compute.acc_bytes(a)).sum::<usize>()
 }
 
 /// Check an all-to-all's arguments: one parcel and one expectation per member, this rank
@@ -218,6 +234,13 @@ pub trait ChunkTransport<T: Element, X: ChunkCompute<T>> {
     ) -> Result<Vec<Parcel<X::Rows, X::Acc>>> {
         Err(whole_heads_only("chunk ring transport"))
     }
+    /// What this transport has moved itself, beside its control communicator (whose own
+    /// statistics count what travels through it), since it was made: payload bytes (message
+    /// headers included) and messages as a host-staged transport sends them. Zero where
+    /// every byte goes through the control communicator.
+    fn moved(&self) -> CommStats {
+        CommStats::default()
+    }
     /// Start and finish a shift.
     fn shift(
         &mut self,
@@ -259,7 +282,12 @@ impl<T: Element, X: ChunkCompute<T>, C: Communicator + ?Sized> ChunkTransport<T,
         if self.staged.is_some() {
             return Err(out_of_order(rank, "a shift started while another is in flight"));
         }
-        let mut msg = begin(travel.kind.msg_kind(), travel.owner, travel.step, 0);
+        let size = payload_bytes::<T, X>(
+            compute,
+            travel.k.iter().chain(&travel.v).map(|r| &**r),
+            travel.dk.iter().chain(&travel.dv),
+        );
+        let mut msg = begin(travel.kind.msg_kind(), travel.owner, travel.step, size);
         for r in travel.k.iter().chain(&travel.v) {
             compute.rows_to_bytes(r, &mut msg)?;
         }
@@ -306,8 +334,9 @@ impl<T: Element, X: ChunkCompute<T>, C: Communicator + ?Sized> ChunkTransport<T,
         let size = T::DTYPE.size();
         let mut payloads = Vec::with_capacity(parcels.len());
         for p in &parcels {
-            let rows: usize = p.rows.iter().map(|r| compute.shape_of(r).numel() * size).sum();
-            let mut msg = begin(kind.msg_kind(), rank, 0, rows);
+            // Sized once for the rows and the f32 accumulators: filling it never reallocates.
+            let bytes = payload_bytes::<T, X>(compute, p.rows.iter().map(|r| &**r), &p.accs);
+            let mut msg = begin(kind.msg_kind(), rank, 0, bytes);
             for r in &p.rows {
                 compute.rows_to_bytes(r, &mut msg)?;
             }

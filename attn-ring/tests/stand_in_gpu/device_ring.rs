@@ -20,27 +20,27 @@ use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::bf16;
 
-fn dev_err(e: cudarc::driver::DriverError) -> attn_core::AttnError {
+pub(super) fn dev_err(e: cudarc::driver::DriverError) -> attn_core::AttnError {
     attn_core::AttnError::backend("stand-in", e)
 }
 
 /// Rows or f32 accumulators in device memory.
 pub struct Dev<E> {
-    data: CudaSlice<E>,
-    shape: Shape4,
+    pub(super) data: CudaSlice<E>,
+    pub(super) shape: Shape4,
 }
 
 /// Device-resident buffers, CPU block kernels on host copies.
-struct StandInChunks {
-    stream: Arc<CudaStream>,
-    cpu: CpuChunks,
+pub(super) struct StandInChunks {
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) cpu: CpuChunks,
 }
 
 impl StandInChunks {
-    fn down<E: CudaElement>(&self, x: &CudaSlice<E>) -> Result<Vec<E>> {
+    pub(super) fn down<E: CudaElement>(&self, x: &CudaSlice<E>) -> Result<Vec<E>> {
         self.stream.clone_dtoh(x).map_err(dev_err)
     }
-    fn up<E: CudaElement>(&self, x: &[E]) -> Result<CudaSlice<E>> {
+    pub(super) fn up<E: CudaElement>(&self, x: &[E]) -> Result<CudaSlice<E>> {
         self.stream.clone_htod(x).map_err(dev_err)
     }
     fn host<T: CudaElement>(&self, r: &Dev<T>) -> Result<HostRows<T>> {
@@ -140,6 +140,9 @@ impl<T: CudaElement> ChunkCompute<T> for StandInChunks {
     fn acc_from_bytes(&self, shape: Shape4, bytes: &[u8]) -> Result<Dev<f32>> {
         let h = ChunkCompute::<T>::acc_from_bytes(&self.cpu, shape, bytes)?;
         Ok(Dev { data: self.up(&h.data.concat())?, shape })
+    }
+    fn acc_bytes(&self, acc: &Dev<f32>) -> usize {
+        acc.data.len() * 4
     }
     fn slice_rows(&self, src: &Dev<T>, rows: std::ops::Range<usize>) -> Result<Dev<T>> {
         self.dev(&self.host(src)?.slice_rows(rows)?)
@@ -302,4 +305,60 @@ pub fn ranks_out_of_step_fail_at_the_header() {
         assert!(matches!(r, Err(attn_core::AttnError::Comm { .. })), "{res:?}");
     }
     println!("device ring: ranks out of step fail at the header: {res:?}");
+}
+
+/// A rank's outputs of the first and the second call, and the refusal of a mismatched link.
+type LinkReuse = (Vec<Vec<bf16>>, Vec<Vec<bf16>>, String);
+
+/// A link joined once serves a later call: each rank's forward over a bootstrapped
+/// transport, its link taken back (`into_link`) and lent to a transport over a fresh
+/// control communicator (`over`), gives the same output bits again; a link lent to a
+/// control of another rank is refused before any round.
+pub fn a_link_serves_later_calls() {
+    let cfg = DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal().build().expect("config");
+    let shape = Shape4::new(1, 32, 2, 4).expect("shape");
+    let problem = RingProblem::new(&cfg, shape.into(), Layout::Zigzag, Strategy::Ring, 2);
+    let x: Vec<bf16> = (0..shape.numel()).map(|i| bf16::from_f32((i % 13) as f32 / 7.0 - 0.9)).collect();
+    let firsts = ThreadComm::world_with_timeout(2, Duration::from_secs(20)).expect("threads");
+    let seconds = ThreadComm::world_with_timeout(2, Duration::from_secs(20)).expect("threads");
+    let outs: Vec<Result<LinkReuse>> = std::thread::scope(|s| {
+        let hs: Vec<_> = firsts
+            .into_iter()
+            .zip(seconds)
+            .enumerate()
+            .map(|(rank, (first, second))| {
+                let (problem, x) = (&problem, &x);
+                s.spawn(move || {
+                    let ctx = CudaContext::new(rank).map_err(dev_err)?;
+                    let c = StandInChunks { stream: ctx.new_stream().map_err(dev_err)?, cpu: CpuChunks::default() };
+                    let mine = pieces(problem, rank, x, shape);
+                    let up = mine.iter().map(|p| c.dev(p)).collect::<Result<Vec<_>>>()?;
+                    let opts = ChunkOptions::default();
+                    let mut t = NcclDeviceTransport::bootstrap(first, &ctx)?;
+                    let once = chunk_forward(&mut t, &c, problem, opts, [&up, &up, &up])?.out;
+                    let link = t.into_link();
+                    link.usable()?;
+                    let mut t = NcclDeviceTransport::over(link, second)?;
+                    let twice = chunk_forward(&mut t, &c, problem, opts, [&up, &up, &up])?.out;
+                    let down = |ps: &[Dev<bf16>]| -> Result<Vec<Vec<bf16>>> {
+                        ps.iter().map(|p| Ok(c.host(p)?.data)).collect()
+                    };
+                    // The link back, lent to a control of the other rank: refused.
+                    let other = ThreadComm::world(2).expect("threads").swap_remove(1 - rank);
+                    let refused = match NcclDeviceTransport::<_, Dev<bf16>, Dev<f32>>::over(t.into_link(), other) {
+                        Err(e) => e.to_string(),
+                        Ok(_) => "accepted".into(),
+                    };
+                    Ok((down(&once)?, down(&twice)?, refused))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    });
+    for (rank, got) in outs.into_iter().enumerate() {
+        let (once, twice, refused) = got.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert!(once == twice, "rank {rank}: the reused link's call differs from the first");
+        assert!(refused.contains("cannot carry the data of rank"), "rank {rank}: {refused}");
+    }
+    println!("device ring: a link joined once served a second call, bit for bit");
 }

@@ -24,6 +24,7 @@ use super::tensor::{
     check_len, fill_into,
 };
 use super::tensor_map::hopper_launch;
+use crate::cuda::plan::head_window::HeadWindow;
 use crate::cuda::plan::launch_plan::{
     BlockGeometry, DirectBackward, DirectGrads, Planned, Signature, plan_backward, plan_backward_direct, plan_forward,
     plan_forward_direct,
@@ -49,10 +50,13 @@ fn check_block<T: CudaElement>(block: &DeviceBlock<'_, T>) -> Result<()> {
         let expected = vec![qs.batch, ks.seq, ks.heads, qs.head_dim];
         return Err(AttnError::ShapeMismatch { tensor: TensorName::Key, expected, got: ks.dims().to_vec() });
     }
-    if !qs.heads.is_multiple_of(ks.heads) {
-        return Err(AttnError::KvHeadsNotDividing { heads: qs.heads, kv_heads: ks.heads });
+    match &block.window {
+        Some(w) => w.check(cfg, qs.heads, ks.heads)?,
+        None if !qs.heads.is_multiple_of(ks.heads) => {
+            return Err(AttnError::KvHeadsNotDividing { heads: qs.heads, kv_heads: ks.heads });
+        }
+        None => cfg.validate_heads(qs.heads)?,
     }
-    cfg.validate_heads(qs.heads)?;
     if qs.head_dim > MAX_HEAD_DIM {
         return Err(AttnError::InvalidArgument(format!(
             "the cuda backend supports head_dim <= {MAX_HEAD_DIM}, got {}",
@@ -121,8 +125,10 @@ fn check_device_block_mask<T: CudaElement>(m: &DeviceBlockMask, block: &DeviceBl
         }
         None => (block.q_start + qs.seq, block.k_start + ks.seq),
     };
+    // A head window's tensors hold a run of the mask's rows of heads.
+    let heads = block.window.map_or(qs.heads, |w| w.heads);
     let fits = (d.batch == 1 || d.batch == qs.batch)
-        && (d.heads == 1 || d.heads == qs.heads)
+        && (d.heads == 1 || d.heads == heads)
         && (qs.seq == 0 || blocks(0, q_end) <= d.q_blocks)
         && (ks.seq == 0 || blocks(0, k_end) <= d.k_blocks)
         && d.len() == Some(m.keep.len());
@@ -142,7 +148,8 @@ fn check_device_block_mask<T: CudaElement>(m: &DeviceBlockMask, block: &DeviceBl
 }
 
 /// A block on the device: q rows starting at global position `q_start`, k/v rows at
-/// `k_start` (k/v may have fewer heads, dividing q's), under every pattern of `cfg`.
+/// `k_start` (k/v may have fewer heads, dividing q's, or under a head window the key/value
+/// heads its query heads read), under every pattern of `cfg`.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceBlock<'a, T: CudaElement> {
     pub cfg: &'a DilatedConfig,
@@ -161,6 +168,11 @@ pub struct DeviceBlock<'a, T: CudaElement> {
     /// A block mask over global positions (relative to each packed sequence); it must
     /// cover the blocks' rows.
     pub block_mask: Option<&'a DeviceBlockMask>,
+    /// The run of a problem's heads q, k and v hold (a Ulysses slot), each head attended
+    /// with the pattern, block-mask row and key/value head of its global index; `None`:
+    /// they hold every head. The sm_90a forward does not take a window (the mma.sync
+    /// forward runs), nor do a whole call's direct writes.
+    pub window: Option<HeadWindow>,
 }
 
 impl<'a, T: CudaElement> DeviceBlock<'a, T> {
@@ -181,6 +193,7 @@ impl<'a, T: CudaElement> DeviceBlock<'a, T> {
             key_padding: None,
             packing: None,
             block_mask: None,
+            window: None,
         }
     }
 }
@@ -278,6 +291,7 @@ fn geometry<'a, T: CudaElement>(block: &DeviceBlock<'a, T>, g_strides: Option<[u
         kpad_seq: block.key_padding.map(|m| m.seq),
         packing: block.packing,
         block_mask: block.block_mask.map(|m| m.shape),
+        window: block.window,
     }
 }
 
@@ -348,7 +362,8 @@ fn execute<T: CudaElement>(
     for planned in plan {
         let addr = |s: &CudaSlice<T>, at: usize| start(s) + (at * size_of::<T>()) as u64;
         let o = planned.offsets;
-        let bases = MapBases { q: addr(bufs.q, o.q), k: addr(bufs.k, o.k), v: addr(bufs.v, o.v) };
+        let g = bufs.g.filter(|_| planned.signature == Signature::BackwardAll).map(|g| addr(g, o.g));
+        let bases = MapBases { q: addr(bufs.q, o.q), k: addr(bufs.k, o.k), v: addr(bufs.v, o.v), g };
         let (p, maps) = hopper_launch(dev, planned, T::DTYPE, (starts, size_of::<T>()), bases)?;
         if loaded.as_ref().is_none_or(|(name, _)| *name != p.kernel) {
             loaded = Some((&p.kernel, dev.function(T::SUFFIX, &p.kernel, p.smem_bytes as usize)?));
@@ -359,7 +374,7 @@ fn execute<T: CudaElement>(
             params.kpad += kpad_base;
         }
         if p.bmask {
-            params.bmask = bmask_base.ok_or_else(|| missing("a block mask"))?;
+            params.bmask += bmask_base.ok_or_else(|| missing("a block mask"))?;
         }
         let mut grid_dim = p.grid;
         if p.work {
@@ -413,6 +428,9 @@ fn execute<T: CudaElement>(
             }
         }
         args.arg(&params);
+        if let Some(maps) = &maps {
+            args.arg(maps);
+        }
         launch(args, lc)?;
     }
     drop(kpad);

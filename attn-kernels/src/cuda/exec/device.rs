@@ -16,7 +16,7 @@ use crate::cuda::compile::nvrtc::{ArchFeatures, ImageKind, ImageSource, Target, 
 use crate::cuda::compile::nvrtc_library::{NVRTC_PATH_ENV, nvrtc_library};
 use crate::cuda::compile::slots::Slots;
 use crate::cuda::plan::patterns::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardMma,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardMma, BackwardOptions, BackwardQueries, BackwardWrites, ForwardMma,
     ForwardOptions, ForwardRows, ForwardStages, PatternFusion,
 };
 use crate::cuda::plan::source::{
@@ -168,23 +168,38 @@ impl CudaDevice {
         let backward = BackwardOptions::from_env_or(BackwardOptions::measured_fastest(cc))?;
         let stream = ctx.default_stream();
         let dev = CudaDevice { ctx, stream, compute_capability: cc, forward, backward, scratch: Arc::default() };
-        dev.with_forward_mma(forward.mma)
+        dev.with_forward_mma(forward.mma)?.with_backward_mma(backward.mma)
     }
 
     /// The same device and stream with the f16/bf16 forward's instructions as `mma` says;
     /// [`ForwardMma::Wgmma`] (modules compiled for sm_90a) on a device other than sm_90 is
     /// `BackendUnavailable`.
     pub fn with_forward_mma(&self, mma: ForwardMma) -> Result<Self> {
-        let cc = self.compute_capability;
-        if mma == ForwardMma::Wgmma && cc != SM90A {
-            return Err(unavailable(format!(
-                "the wgmma forward (ATTN_CUDA_FWD_MMA=wgmma) needs an sm_90 device; device {} is sm_{}{}",
-                self.ctx.ordinal(),
-                cc.0,
-                cc.1
-            )));
+        if mma == ForwardMma::Wgmma {
+            self.require_sm90("the wgmma forward (ATTN_CUDA_FWD_MMA=wgmma)")?;
         }
         Ok(CudaDevice { forward: ForwardOptions { mma, ..self.forward }, ..self.clone() })
+    }
+
+    /// `BackendUnavailable` naming `what` unless this device is sm_90 (its modules can then
+    /// be compiled for sm_90a).
+    fn require_sm90(&self, what: &str) -> Result<()> {
+        let cc = self.compute_capability;
+        if cc == SM90A {
+            return Ok(());
+        }
+        let ordinal = self.ctx.ordinal();
+        Err(unavailable(format!("{what} needs an sm_90 device; device {ordinal} is sm_{}{}", cc.0, cc.1)))
+    }
+
+    /// The same device and stream with the f16/bf16 backward's instructions as `mma` says;
+    /// [`BackwardMma::Wgmma`] (modules compiled for sm_90a) on a device other than sm_90 is
+    /// `BackendUnavailable`.
+    pub fn with_backward_mma(&self, mma: BackwardMma) -> Result<Self> {
+        if mma == BackwardMma::Wgmma {
+            self.require_sm90("the wgmma backward (ATTN_CUDA_BWD_MMA=wgmma)")?;
+        }
+        Ok(CudaDevice { backward: BackwardOptions { mma, ..self.backward }, ..self.clone() })
     }
 
     /// The same device and stream with the tensor-core forward taking `rows` query rows a
@@ -247,13 +262,13 @@ impl CudaDevice {
         self.forward
     }
 
-    /// What this device's modules are compiled for: sm_90a where the forward runs the
-    /// wgmma kernels (only an sm_90 device opens with them), else the device's own
-    /// architecture.
+    /// What this device's modules are compiled for: sm_90a where the forward or the
+    /// backward runs the wgmma kernels (only an sm_90 device opens with them), else the
+    /// device's own architecture.
     fn target(&self) -> Target {
-        let features = match self.forward.mma {
-            ForwardMma::Wgmma => ArchFeatures::Specific,
-            ForwardMma::MmaSync => ArchFeatures::Portable,
+        let features = match (self.forward.mma, self.backward.mma) {
+            (ForwardMma::Wgmma, _) | (_, BackwardMma::Wgmma) => ArchFeatures::Specific,
+            (ForwardMma::MmaSync, BackwardMma::MmaSync) => ArchFeatures::Portable,
         };
         Target { cc: self.compute_capability, features }
     }
@@ -292,7 +307,7 @@ impl CudaDevice {
     }
 
     /// How the kernels of dtype `suffix` reach this device (compiling them if needed):
-    /// `"cubin sm_XX"` or `"ptx compute_XX"` (`sm_90a` where the wgmma forward runs).
+    /// `"cubin sm_XX"` or `"ptx compute_XX"` (`sm_90a` where a wgmma kernel runs).
     pub fn kernel_image(&self, suffix: &'static str) -> Result<String> {
         let arch = self.target().arch();
         Ok(match self.module_and_kind(suffix)?.1 {

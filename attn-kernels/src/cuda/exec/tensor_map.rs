@@ -1,6 +1,7 @@
 //! TMA tensor maps on the device: the driver's `cuTensorMapEncodeTiled` (through cudarc's
-//! `sys`) behind one safe function, and the maps of an sm_90a forward launch encoded and
-//! uploaded for the kernel (or the launch's `mma.sync` fallback where they cannot be).
+//! `sys`) behind one safe function, and the maps of an sm_90a forward or backward launch
+//! encoded and uploaded for the kernel (or the launch's `mma.sync` fallback where they
+//! cannot be).
 #![allow(unsafe_code)]
 
 use attn_core::{AttnError, DType, Result};
@@ -13,7 +14,7 @@ use cudarc::driver::sys::{
 use super::device::{CudaDevice, cuda_err};
 use crate::cuda::plan::launch_plan::Planned;
 use crate::cuda::plan::source::MMA_HEAD_DIMS;
-use crate::cuda::plan::tensor_maps::{MapBases, MapSwizzle, TiledMap, forward_maps};
+use crate::cuda::plan::tensor_maps::{MapBases, MapSwizzle, TiledMap, launch_maps};
 
 /// `map` over 16-bit elements of `dtype` (f16, bf16) as the driver encodes it: rows past
 /// the map read as zeros, boxes swizzled as the kernel's descriptors read them.
@@ -54,9 +55,9 @@ pub(crate) fn encode_tiled(map: &TiledMap, dtype: DType) -> Result<CUtensorMap> 
     }
 }
 
-/// The launch to run for `p` on tensors whose launched q, k and v start at `bases` (device
-/// addresses) with `params_at`'s alignment from `starts`: `p` and its maps on the device
-/// where it is the sm_90a forward and can take them, its fallback where it cannot, `p`
+/// The launch to run for `p` on tensors whose launched q, k, v (and grad_out, for a
+/// backward launch) start at `bases` (device addresses) with `params_at`'s alignment from
+/// `starts`: `p` and its maps on the device where it is an sm_90a kernel and can take them, its fallback where it cannot, `p`
 /// alone otherwise. The maps' buffer is freed in stream order after the launch.
 pub(crate) fn hopper_launch<'p>(
     dev: &CudaDevice,
@@ -71,7 +72,7 @@ pub(crate) fn hopper_launch<'p>(
         return Ok((fallback, None));
     };
     let (_, heads, batch) = p.grid;
-    let Some(maps) = forward_maps(&params, batch as usize, heads as usize, padded, bases) else {
+    let Some(maps) = launch_maps(&params, batch as usize, heads as usize, padded, bases) else {
         return Ok((fallback, None));
     };
     // Entries no block reads stay zero; each map is 16 words.

@@ -266,6 +266,24 @@ pub enum ForwardMma {
 
 kernel_choice!(ForwardMma, "ATTN_CUDA_FWD_MMA", { MmaSync => "mma-sync", Wgmma => "wgmma" });
 
+/// Which instructions the f16/bf16 backward runs: `MmaSync`, the `mma.sync` kernels
+/// (every architecture), or `Wgmma`, the sm_90a backward (`dilated_bwd_wgmma.cu`: TMA
+/// tiles through stride-r tensor maps, wgmma, dK and dV in registers, dQ added a row at a
+/// time by bulk reductions) for each launch it supports (head dims up to 128, a pattern
+/// whose selected rows are one stride, 16-byte aligned rows, no block mask, dQ summed by
+/// the key-major kernel: not [`BackwardDq::Deterministic`]), the `mma.sync` kernels for
+/// the others. `ATTN_CUDA_BWD_MMA=mma-sync|wgmma`; unset, `mma-sync` everywhere (the sm_90a
+/// backward has run only on the emulation); `wgmma` off sm_90 is refused when the device
+/// opens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackwardMma {
+    #[default]
+    MmaSync,
+    Wgmma,
+}
+
+kernel_choice!(BackwardMma, "ATTN_CUDA_BWD_MMA", { MmaSync => "mma-sync", Wgmma => "wgmma" });
+
 /// The tensor-core forward's choices: block shape, pattern fusion, K/V stages and the
 /// instructions (where the sm_90a forward takes a launch, it replaces the other three).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -322,6 +340,7 @@ pub struct BackwardOptions {
     pub dq: BackwardDq,
     pub writes: BackwardWrites,
     pub queries: BackwardQueries,
+    pub mma: BackwardMma,
 }
 
 impl BackwardOptions {
@@ -339,7 +358,8 @@ impl BackwardOptions {
     }
 
     /// `ATTN_CUDA_BWD_LOADS`, `ATTN_CUDA_BWD_KEYS`, `ATTN_CUDA_BWD_DQ`,
-    /// `ATTN_CUDA_BWD_WRITES` and `ATTN_CUDA_BWD_QUERIES`, each unset one taken from `unset`.
+    /// `ATTN_CUDA_BWD_WRITES`, `ATTN_CUDA_BWD_QUERIES` and `ATTN_CUDA_BWD_MMA`, each unset
+    /// one taken from `unset`.
     pub fn from_env_or(unset: Self) -> Result<Self> {
         Ok(BackwardOptions {
             loads: BackwardLoads::from_env_or(unset.loads)?,
@@ -347,6 +367,7 @@ impl BackwardOptions {
             dq: BackwardDq::from_env_or(unset.dq)?,
             writes: BackwardWrites::from_env_or(unset.writes)?,
             queries: BackwardQueries::from_env_or(unset.queries)?,
+            mma: BackwardMma::from_env_or(unset.mma)?,
         })
     }
 }
@@ -377,6 +398,7 @@ mod tests {
         round_trip(&BackwardWrites::ALL, BackwardWrites::name, BackwardWrites::parse);
         round_trip(&BackwardQueries::ALL, BackwardQueries::name, BackwardQueries::parse);
         round_trip(&ForwardMma::ALL, ForwardMma::name, ForwardMma::parse);
+        round_trip(&BackwardMma::ALL, BackwardMma::name, BackwardMma::parse);
         assert_eq!(ForwardRows::ALL.map(ForwardRows::name), ["64", "128", "128w4"]);
         assert_eq!(PatternFusion::ALL.map(PatternFusion::name), ["per-pattern", "fused", "persistent"]);
     }
@@ -415,6 +437,7 @@ mod tests {
             dq: BackwardDq::Atomic,
             writes: BackwardWrites::Accumulated,
             queries: BackwardQueries::Q32,
+            mma: BackwardMma::MmaSync,
         };
         assert_eq!(BackwardOptions::default(), least);
     }

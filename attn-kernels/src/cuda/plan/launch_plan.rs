@@ -6,15 +6,16 @@
 use attn_core::{AttnError, Band, BlockDims, BlockMask, DType, DilatedConfig, Mixing, PackedSequences, Result, Shape4};
 
 use super::fuse_table::{FusePart, fused_launch, grid, persistent_launch};
+use super::head_window::HeadWindow;
 use super::params::{AttnParams, BlockLayout, MAX_FUSED, attn_params};
 use super::patterns::{
-    BackwardKernel, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, ForwardKernel, ForwardMma,
-    ForwardOptions, ForwardRows, ForwardStages, MmaDq, PatternFusion, PatternLaunch, SeqPiece, THREADS,
-    backward_kernel, forward_kernel, head_sweeps, pattern_launches, seq_pieces,
+    BackwardDq, BackwardKernel, BackwardKeys, BackwardLoads, BackwardMma, BackwardOptions, BackwardQueries,
+    ForwardKernel, ForwardMma, ForwardOptions, ForwardRows, ForwardStages, MmaDq, PatternFusion, PatternLaunch,
+    SeqPiece, THREADS, backward_kernel, forward_kernel, head_sweeps, seq_pieces, window_launches,
 };
 use super::source::{
-    MMA_HEAD_DIMS, WGMMA_HEAD_DIMS, mma_fused_kernel_name, mma_persistent_kernel_name, wgmma_fwd_kernel_name,
-    wgmma_fwd_smem_bytes,
+    MMA_HEAD_DIMS, WGMMA_HEAD_DIMS, mma_fused_kernel_name, mma_persistent_kernel_name, wgmma_bwd_kernel_name,
+    wgmma_bwd_smem_bytes, wgmma_fwd_kernel_name, wgmma_fwd_smem_bytes,
 };
 use super::tensor_maps::BOX_ROWS;
 
@@ -36,6 +37,8 @@ pub struct BlockGeometry<'a> {
     pub packing: Option<PackedSequences<'a>>,
     /// The block mask's sizes, where there is one (its entries stay with the executor).
     pub block_mask: Option<BlockMaskShape>,
+    /// The run of a problem's heads the tensors hold (a Ulysses slot); `None`: every head.
+    pub window: Option<HeadWindow>,
 }
 
 /// What planning needs of a block mask: its sizes `[batch, heads, q_blocks, k_blocks]` and
@@ -109,14 +112,15 @@ pub struct Planned {
     /// mask (the executor adds the mask's address) where `kpad` is set.
     pub params: AttnParams,
     pub kpad: bool,
-    /// `params.bmask` is 0 and the executor sets it to the block mask's address.
+    /// `params.bmask` holds the element offset of the tensors' first head's rows into the
+    /// block mask (0 without a head window); the executor adds the mask's address.
     pub bmask: bool,
     /// A persistent launch: `params.work` is 0 and the executor sets it to its stream's
     /// work counter (zeroed once, when allocated; the kernel leaves it zeroed), and cuts
     /// grid x (one block an item here) to the blocks the machine holds at once.
     pub work: bool,
-    /// The sm_90a forward (TMA, wgmma): the executor encodes its tensor maps
-    /// ([`super::tensor_maps::forward_maps`]) and passes them after the parameters, and
+    /// An sm_90a forward or backward (TMA, wgmma): the executor encodes its tensor maps
+    /// ([`super::tensor_maps::launch_maps`]) and passes them after the parameters, and
     /// runs this `mma.sync` launch of the same rows instead where they cannot be encoded.
     pub fallback: Option<Box<Planned>>,
 }
@@ -160,6 +164,12 @@ fn piece_params(g: &BlockGeometry<'_>, piece: &SeqPiece, launch: &PatternLaunch)
     if let Some(m) = g.block_mask {
         [p.bm_sb, p.bm_sh, p.bm_nbk] = m.strides();
         p.bm_size = m.block_size as i64;
+    }
+    if let Some(w) = &g.window {
+        p.kv_group = w.group() as i64;
+        p.kv_base = w.kv_first as i64;
+        // The mask's rows are the problem's heads: the tensors' head 0 is row `first`.
+        p.bmask = (w.first as i64 * p.bm_sh) as u64;
     }
     Ok(p)
 }
@@ -215,7 +225,7 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: For
     };
     let smem_bytes = u32::try_from(smem).map_err(|_| AttnError::InvalidArgument("shared memory size".into()))?;
     let mut out = Vec::new();
-    let launches = pattern_launches(g.cfg, g.q.0.heads);
+    let launches = window_launches(g.cfg, g.q.0.heads, g.window.as_ref());
     for piece in pieces(g) {
         let (mut parts, mut hopper_blocks) = (Vec::new(), Vec::new());
         for pl in &launches {
@@ -274,12 +284,13 @@ pub fn plan_forward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: For
     Ok(out)
 }
 
-/// Threads a block of the sm_90a forward: a producer and a consumer warpgroup.
+/// Threads a block of the sm_90a forward and backward: a producer and a consumer warpgroup.
 const HOPPER_THREADS: u32 = 256;
 
 /// The sm_90a forward's name and dynamic shared memory where `opts` asks for it and the
-/// block can take it (f16/bf16, a head dim it has an instance for, no block mask); the
-/// executor still falls back launch by launch ([`Planned::fallback`]).
+/// block can take it (f16/bf16, a head dim it has an instance for, no block mask, no head
+/// window: a Ulysses slot runs the mma.sync forward); the executor still falls back launch
+/// by launch ([`Planned::fallback`]).
 pub fn hopper_forward(
     g: &BlockGeometry<'_>,
     dtype: DType,
@@ -290,9 +301,31 @@ pub fn hopper_forward(
     let takes = opts.mma == ForwardMma::Wgmma
         && matches!(dtype, DType::F16 | DType::BF16)
         && WGMMA_HEAD_DIMS.contains(&padded)
-        && g.block_mask.is_none();
+        && g.block_mask.is_none()
+        && g.window.is_none();
     let smem = u32::try_from(wgmma_fwd_smem_bytes(padded)).ok()?;
     takes.then(|| (wgmma_fwd_kernel_name(suffix, padded), smem))
+}
+
+/// The sm_90a backward's name and dynamic shared memory where `opts` asks for it and the
+/// block can take it (f16/bf16, a head dim it has an instance for, no block mask, no head
+/// window, dQ summed by the key-major kernel); the executor still falls back launch by launch
+/// ([`Planned::fallback`]) to the `mma.sync` launch of the same keys.
+pub fn hopper_backward(
+    g: &BlockGeometry<'_>,
+    dtype: DType,
+    suffix: &str,
+    opts: BackwardOptions,
+) -> Option<(String, u32)> {
+    let padded = MMA_HEAD_DIMS.iter().copied().find(|&p| p >= g.q.0.head_dim)?;
+    let takes = opts.mma == BackwardMma::Wgmma
+        && opts.dq == BackwardDq::Atomic
+        && matches!(dtype, DType::F16 | DType::BF16)
+        && WGMMA_HEAD_DIMS.contains(&padded)
+        && g.block_mask.is_none()
+        && g.window.is_none();
+    let smem = u32::try_from(wgmma_bwd_smem_bytes(padded)).ok()?;
+    takes.then(|| (wgmma_bwd_kernel_name(suffix, padded), smem))
 }
 
 /// The forward kernel of a block: [`forward_kernel`]'s choice, or under a block mask the
@@ -365,7 +398,7 @@ pub fn plan_forward_direct(
     suffix: &str,
     opts: ForwardOptions,
 ) -> Result<Option<Vec<Planned>>> {
-    if g.g_strides.is_none() {
+    if g.g_strides.is_none() || g.window.is_some() {
         return Ok(None);
     }
     if !writes_direct(g.cfg, &block_forward_kernel(g, dtype, suffix, opts)) {
@@ -388,11 +421,12 @@ pub fn plan_forward_direct(
 /// its query tiles and taking its keys as `opts` says.
 pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: BackwardOptions) -> Result<Vec<Planned>> {
     let kernel = block_backward_kernel(g, dtype, suffix, opts);
+    let hopper = hopper_backward(g, dtype, suffix, opts);
     let warps = (THREADS / 32) as usize;
     let group = g.q.0.heads / g.k.0.heads.max(1);
     let batch = g.q.0.batch;
     let mut out = Vec::new();
-    let launches = pattern_launches(g.cfg, g.q.0.heads);
+    let launches = window_launches(g.cfg, g.q.0.heads, g.window.as_ref());
     for piece in pieces(g) {
         let offsets = offsets(g, &piece);
         let planned = |kernel: &str, signature, threads, grid, smem_bytes, params| Planned {
@@ -421,7 +455,25 @@ pub fn plan_backward(g: &BlockGeometry<'_>, dtype: DType, suffix: &str, opts: Ba
                             .map_err(|_| AttnError::InvalidArgument("shared memory size".into()))?;
                         let signature = if dq.is_some() { Signature::BackwardDkv } else { Signature::BackwardAll };
                         if let Some(grid) = grid(k_rows, keys.keys(), sw.count, batch)? {
-                            out.push(planned(name, signature, keys.threads(), grid, smem, params));
+                            let mma = planned(name, signature, keys.threads(), grid, smem, params);
+                            out.push(match &hopper {
+                                // Its blocks of 64 selected keys, the mma.sync launch behind it.
+                                Some((name, smem)) if signature == Signature::BackwardAll => Planned {
+                                    kernel: name.clone(),
+                                    grid: (
+                                        u32::try_from(k_rows.div_ceil(BOX_ROWS as usize)).map_err(|_| {
+                                            AttnError::InvalidArgument("more key blocks than a grid holds".into())
+                                        })?,
+                                        grid.1,
+                                        grid.2,
+                                    ),
+                                    threads: HOPPER_THREADS,
+                                    smem_bytes: *smem,
+                                    fallback: Some(Box::new(mma.clone())),
+                                    ..mma
+                                },
+                                _ => mma,
+                            });
                         }
                     }
                     BackwardKernel::Rows { dkv, .. } => {
@@ -500,7 +552,7 @@ pub struct DirectBackward {
 /// tensor-core kernels, of those `allowed` (the ones the caller lays out like their
 /// inputs, contiguous): dk and dv where every key row has one writer (every head one
 /// pattern, as many key/value heads as query heads), dq where every query row has one
-/// (every head one pattern, the deterministic dq kernel: [`BackwardDq`](super::choices::BackwardDq));
+/// (every head one pattern, the deterministic dq kernel: [`BackwardDq`]);
 /// `None` where none applies. The caller zeroes the direct gradients first (rows no
 /// pattern selects, and padded keys, keep zeros).
 pub fn plan_backward_direct(
@@ -513,7 +565,7 @@ pub fn plan_backward_direct(
     let BackwardKernel::Mma { dq, .. } = block_backward_kernel(g, dtype, suffix, opts) else {
         return Ok(None);
     };
-    if !one_pattern_per_head(g.cfg) {
+    if !one_pattern_per_head(g.cfg) || g.window.is_some() {
         return Ok(None);
     }
     let dkv = allowed.dkv() && g.q.0.heads == g.k.0.heads;
@@ -528,6 +580,9 @@ pub fn plan_backward_direct(
             Signature::Forward | Signature::ForwardDirect => false,
         };
         p.params.out_direct = i32::from(direct);
+        if let Some(f) = p.fallback.as_deref_mut() {
+            f.params.out_direct = i32::from(direct);
+        }
     }
     Ok(Some(DirectBackward { launches, grads }))
 }

@@ -2,10 +2,12 @@
 //! source text (`source`), which launches a config needs (`patterns`, re-exported here),
 //! the parameter block a kernel reads (`params`), the fused and persistent forward's
 //! pattern table (`fuse_table`), a block's launches as data (`launch_plan`), which the device and the emulation both execute, and
-//! the sm_90a forward's TMA tensor maps (`tensor_maps`).
+//! the sm_90a forward's TMA tensor maps (`tensor_maps`), and the run of a problem's heads a
+//! block's tensors hold (`head_window`).
 
 pub(crate) mod choices;
 mod fuse_table;
+pub mod head_window;
 pub mod launch_plan;
 pub mod params;
 pub(crate) mod patterns;

@@ -65,6 +65,12 @@ pub struct AttnParams {
     pub work: u64,
     /// A persistent launch: work items (the fused table's blocks times `work_batch`).
     pub work_items: i64,
+    /// The global index of local query head 0 (a [`HeadWindow`](super::head_window::HeadWindow)'s
+    /// first head; 0 without one): a LongNet head's offset is its global index mod `r`.
+    pub head_base: i64,
+    /// The global index of local key/value head 0: query head `h` reads key/value head
+    /// `(head_base + h) / kv_group - kv_base` of the tensors.
+    pub kv_base: i64,
 }
 
 /// Patterns one fused forward launch runs at most (`MAX_FUSED` in `prelude.cu`).
@@ -201,6 +207,8 @@ pub fn attn_params(cfg: &DilatedConfig, l: &BlockLayout, launch: &PatternLaunch)
         fuse: [FusedPattern::default(); MAX_FUSED],
         work: 0,
         work_items: 0,
+        head_base: launch.head_base as i64,
+        kv_base: 0,
     }
 }
 
@@ -215,10 +223,10 @@ mod tests {
 
     #[test]
     fn layouts_match_the_cuda_structs() {
-        // 36 8-byte fields + 2 f32 + 4 i32 + 8 fused patterns of 8 i64 = 824 bytes;
+        // 38 8-byte fields + 2 f32 + 4 i32 + 8 fused patterns of 8 i64 = 840 bytes;
         // 10 i64 + f32 + i32 = 88 bytes (no padding).
         assert_eq!(std::mem::size_of::<FusedPattern>(), 64);
-        assert_eq!(std::mem::size_of::<AttnParams>(), 824);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 840);
         assert_eq!(std::mem::size_of::<RowParams>(), 88);
         assert_eq!(std::mem::align_of::<AttnParams>(), 8);
     }

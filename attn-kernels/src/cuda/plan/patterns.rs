@@ -8,9 +8,10 @@ use std::ops::Range;
 use attn_core::{Causality, DType, DilatedConfig, HeadGroups, Mixing, SegmentPattern, Shape4};
 
 pub use super::choices::{
-    BackwardDq, BackwardKeys, BackwardLoads, BackwardOptions, BackwardQueries, BackwardWrites, ForwardMma,
+    BackwardDq, BackwardKeys, BackwardLoads, BackwardMma, BackwardOptions, BackwardQueries, BackwardWrites, ForwardMma,
     ForwardOptions, ForwardRows, ForwardStages, PatternFusion,
 };
+use super::head_window::HeadWindow;
 use super::source::{MMA_BWD_HEAD_DIMS, MMA_HEAD_DIMS, mma_bwd_dq_kernel_name, mma_bwd_kernel_name, mma_kernel_name};
 
 /// Threads per block of the row kernels (4 warps; the tensor-core kernels take theirs from
@@ -67,6 +68,9 @@ pub struct PatternLaunch {
     pub r: usize,
     pub fixed_off: Option<usize>,
     pub heads: Range<usize>,
+    /// The global index of local head 0 (a [`HeadWindow`]'s first head; 0 without one):
+    /// a LongNet head's offset is its global index mod `r`.
+    pub head_base: usize,
 }
 
 impl PatternLaunch {
@@ -75,7 +79,7 @@ impl PatternLaunch {
         match self.fixed_off {
             Some(o) => vec![o],
             None => {
-                let mut v: Vec<usize> = self.heads.clone().map(|h| h % self.r).collect();
+                let mut v: Vec<usize> = self.heads.clone().map(|h| (self.head_base + h) % self.r).collect();
                 v.sort_unstable();
                 v.dedup();
                 v
@@ -97,16 +101,30 @@ impl PatternLaunch {
 /// The launches a config needs for `heads` heads (one per pattern; HeadGroups launches
 /// only cover the pattern's head group). Order is the pattern order.
 pub fn pattern_launches(cfg: &DilatedConfig, heads: usize) -> Vec<PatternLaunch> {
+    window_launches(cfg, heads, None)
+}
+
+/// [`pattern_launches`] for tensors of `heads` heads that hold `window`'s run of the
+/// problem's heads: head ranges local to the tensors, each head in the group of its
+/// global index.
+pub fn window_launches(cfg: &DilatedConfig, heads: usize, window: Option<&HeadWindow>) -> Vec<PatternLaunch> {
     let g = cfg.num_patterns();
+    let (total, base) = window.map_or((heads, 0), |w| (w.heads, w.first));
     (0..g)
         .filter_map(|i| {
             let (w, r) = (cfg.pattern(i, 0).w, cfg.rate(i));
             let (fixed_off, range) = match cfg.mixing() {
-                Mixing::HeadGroups => (Some(i % r), HeadGroups::new(heads, g).range(i)),
+                Mixing::HeadGroups => {
+                    let global = HeadGroups::new(total, g).range(i);
+                    (
+                        Some(i % r),
+                        global.start.clamp(base, base + heads) - base..global.end.clamp(base, base + heads) - base,
+                    )
+                }
                 Mixing::LongNet => (None, 0..heads),
                 Mixing::Window => (Some(0), 0..heads),
             };
-            (!range.is_empty()).then_some(PatternLaunch { index: i, w, r, fixed_off, heads: range })
+            (!range.is_empty()).then_some(PatternLaunch { index: i, w, r, fixed_off, heads: range, head_base: base })
         })
         .collect()
 }
@@ -434,7 +452,7 @@ mod tests {
 
     #[test]
     fn grid_covers_every_offset() {
-        let l = PatternLaunch { index: 0, w: 2, r: 2, fixed_off: None, heads: 0..2 };
+        let l = PatternLaunch { index: 0, w: 2, r: 2, fixed_off: None, heads: 0..2, head_base: 0 };
         assert_eq!(l.max_selected(1, 1), 1); // only offset 1 selects position 1
         assert_eq!(l.max_selected(0, 10), 5);
     }

@@ -14,9 +14,9 @@ use super::choices::{
 /// Shared definitions, compiled first.
 pub const PRELUDE: &str = include_str!("../../../kernels/prelude.cu");
 
-/// The kernel files after the prelude, as `(file name, text)`. The last three hold the
+/// The kernel files after the prelude, as `(file name, text)`. The last four hold the
 /// sm_90a kernels (TMA, mbarriers, wgmma): empty unless NVRTC targets `compute_90a`.
-pub const FILES: [(&str, &str); 11] = [
+pub const FILES: [(&str, &str); 12] = [
     ("dilated_rows.cu", include_str!("../../../kernels/dilated_rows.cu")),
     ("mma_tiles.cu", include_str!("../../../kernels/mma_tiles.cu")),
     ("attend_tile.cu", include_str!("../../../kernels/attend_tile.cu")),
@@ -28,6 +28,7 @@ pub const FILES: [(&str, &str); 11] = [
     ("tma_mbarrier.cu", include_str!("../../../kernels/tma_mbarrier.cu")),
     ("wgmma.cu", include_str!("../../../kernels/wgmma.cu")),
     ("dilated_fwd_wgmma.cu", include_str!("../../../kernels/dilated_fwd_wgmma.cu")),
+    ("dilated_bwd_wgmma.cu", include_str!("../../../kernels/dilated_bwd_wgmma.cu")),
 ];
 
 /// Padded head dims of the tensor-core forward (`head_dim` is rounded up to one of these).
@@ -36,7 +37,8 @@ pub const MMA_HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
 /// Padded head dims of the tensor-core backward (larger head dims use the row kernels).
 pub const MMA_BWD_HEAD_DIMS: [usize; 3] = [32, 64, 128];
 
-/// Padded head dims of the sm_90a forward (`dilated_fwd_wgmma.cu`).
+/// Padded head dims of the sm_90a forward and backward (`dilated_fwd_wgmma.cu`,
+/// `dilated_bwd_wgmma.cu`).
 pub const WGMMA_HEAD_DIMS: [usize; 3] = [32, 64, 128];
 
 /// Largest head_dim any kernel supports (32 lanes x `ROW_CHUNKS` in `prelude.cu`).
@@ -150,12 +152,26 @@ pub fn kernel_names() -> Vec<String> {
 }
 
 /// The kernels a `compute_90a` module of one dtype has beyond [`kernel_names_for`]: the
-/// sm_90a forward of each padded head dim (none for f32).
+/// sm_90a forward and backward of each padded head dim (none for f32).
 pub fn sm90a_kernel_names_for(suffix: &str) -> Vec<String> {
     if suffix == "f32" {
         return Vec::new();
     }
-    WGMMA_HEAD_DIMS.iter().map(|&d| wgmma_fwd_kernel_name(suffix, d)).collect()
+    let fwd = WGMMA_HEAD_DIMS.iter().map(|&d| wgmma_fwd_kernel_name(suffix, d));
+    fwd.chain(WGMMA_HEAD_DIMS.iter().map(|&d| wgmma_bwd_kernel_name(suffix, d))).collect()
+}
+
+/// Name of the sm_90a backward (TMA tiles, wgmma; 64 keys a block) for a dtype suffix and
+/// padded head dim.
+pub fn wgmma_bwd_kernel_name(suffix: &str, padded_d: usize) -> String {
+    format!("dilated_bwd_wgmma_{suffix}_d{padded_d}")
+}
+
+/// Dynamic shared memory of the sm_90a backward (bytes): room to align to 1024, K and V,
+/// two stages of Q and dO tiles of 64 rows, the dS^T tile, the f32 dQ tile, the
+/// mbarriers; mirrors `WGMMA_BWD_SMEM` in `dilated_bwd_wgmma.cu`.
+pub fn wgmma_bwd_smem_bytes(padded_d: usize) -> usize {
+    1024 + 2 * 64 * padded_d * 2 + 2 * 2 * 64 * padded_d * 2 + 64 * 64 * 2 + 64 * padded_d * 4 + 1024
 }
 
 /// Name of the sm_90a forward (TMA tiles, wgmma; 64 query rows a block) for a dtype suffix
@@ -313,6 +329,7 @@ mod tests {
             let e = if t == "f16" { "F16E" } else { "BF16E" };
             for d in WGMMA_HEAD_DIMS {
                 assert_eq!(sm90a_kernel_names_for(t).iter().filter(|n| **n == wgmma_fwd_kernel_name(t, d)).count(), 1);
+                assert_eq!(sm90a_kernel_names_for(t).iter().filter(|n| **n == wgmma_bwd_kernel_name(t, d)).count(), 1);
                 assert!(src.contains(&format!("ATTN_WGMMA_FWD_KERNEL({t}, {e}, {d})")), "{t} d{d} sm_90a forward");
             }
         }

@@ -1,7 +1,9 @@
-//! The TMA tensor maps of an sm_90a forward launch (`dilated_fwd_wgmma.cu`) as data: for
-//! each (batch, head) of the launch, q, k and v of that head as a 2-D tiled map whose rows
-//! are the pattern's selected rows, `r * seq_stride` apart, so one TMA box is a tile of
-//! selected rows. Mirrors `encode_maps` in `kernels/emulation/hopper_plan.hpp`; an encoder
+//! The TMA tensor maps of an sm_90a forward or backward launch (`dilated_fwd_wgmma.cu`,
+//! `dilated_bwd_wgmma.cu`) as data: for each (batch, head) of the launch, q, k and v of
+//! that head (and grad_out for the backward) as a 2-D tiled map whose rows are the
+//! pattern's selected rows, `r * seq_stride` apart, so one TMA box is a tile of selected
+//! rows. Mirrors `encode_maps` and `encode_bwd_maps` in
+//! `kernels/emulation/hopper_plan.hpp`; an encoder
 //! (the driver's `cuTensorMapEncodeTiled`, or the emulation's) turns each into the bytes
 //! the kernel reads.
 
@@ -64,28 +66,32 @@ impl Pattern {
     }
 }
 
-/// Element addresses of a launch's q, k and v (their first element as launched).
+/// Element addresses of a launch's q, k and v (their first element as launched), and of
+/// grad_out for a backward launch (`None` for a forward one).
 #[derive(Debug, Clone, Copy)]
 pub struct MapBases {
     pub q: u64,
     pub k: u64,
     pub v: u64,
+    pub g: Option<u64>,
 }
 
-/// The maps of a launch of `params` over `batch` elements and `heads` heads (grid y), as
-/// the kernel indexes them: `[batch][head][q, k, v]`, `None` for a map no block reads (the
-/// head's pattern selects no row of the block). `None` where the launch cannot take the
-/// sm_90a forward: a padded head dim it has no instance of, rows or strides off 16 bytes
+/// The maps of a launch of `params` over `batch` elements and `heads` heads (grid y; head
+/// `head0 + i * head_step`), as the kernel indexes them: `[batch][head][q, k, v]`, and
+/// grad_out after v where `bases.g` is set (the backward), `None` for a map no block reads
+/// (the head's pattern selects no row of the block). `None` where the launch cannot take
+/// the sm_90a kernel: a padded head dim it has no instance of, rows or strides off 16 bytes
 /// (`params.vec`), or a pattern whose selected rows are not one stride (`r` does not
 /// divide `w`).
-pub fn forward_maps(
+pub fn launch_maps(
     a: &AttnParams,
     batch: usize,
     heads: usize,
     padded_d: usize,
     bases: MapBases,
 ) -> Option<Vec<Option<TiledMap>>> {
-    if a.vec & 7 != 7 || !WGMMA_HEAD_DIMS.contains(&padded_d) || a.r <= 0 || a.w <= 0 {
+    let tensors = if bases.g.is_some() { 15 } else { 7 };
+    if a.vec & tensors != tensors || !WGMMA_HEAD_DIMS.contains(&padded_d) || a.r <= 0 || a.w <= 0 {
         return None;
     }
     let panel = padded_d.min(64) as u32;
@@ -117,6 +123,9 @@ pub fn forward_maps(
             maps.push(map(at(bases.q, b * a.q_sb + h * a.q_sh)?, a.q_start, a.nq, a.q_ss)?);
             maps.push(map(at(bases.k, b * a.k_sb + kvh * a.k_sh)?, a.k_start, a.nk, a.k_ss)?);
             maps.push(map(at(bases.v, b * a.v_sb + kvh * a.v_sh)?, a.k_start, a.nk, a.v_ss)?);
+            if let Some(g) = bases.g {
+                maps.push(map(at(g, b * a.g_sb + h * a.g_sh)?, a.q_start, a.nq, a.g_ss)?);
+            }
         }
     }
     Some(maps)
@@ -151,8 +160,8 @@ mod tests {
 
     #[test]
     fn a_stride_r_pattern_maps_its_selected_rows_r_rows_apart() {
-        let bases = MapBases { q: 0x1000, k: 0x2000, v: 0x3000 };
-        let maps = forward_maps(&params(8, 2, 64), 1, 1, 64, bases).unwrap();
+        let bases = MapBases { q: 0x1000, k: 0x2000, v: 0x3000, g: None };
+        let maps = launch_maps(&params(8, 2, 64), 1, 1, 64, bases).unwrap();
         let q = maps[0].unwrap();
         // Offset 0 (head 0): positions 0, 2, 4, .. of 100 rows: 50 rows 2 * 64 * 2 bytes apart.
         assert_eq!(
@@ -164,13 +173,25 @@ mod tests {
 
     #[test]
     fn launches_the_kernel_cannot_take_have_no_maps() {
-        let bases = MapBases { q: 0x1000, k: 0x2000, v: 0x3000 };
-        assert!(forward_maps(&params(6, 4, 64), 1, 1, 64, bases).is_none(), "r does not divide w");
-        assert!(forward_maps(&params(8, 2, 64), 1, 1, 256, bases).is_none(), "no head_dim 256 instance");
-        assert!(forward_maps(&AttnParams { vec: 3, ..params(8, 2, 64) }, 1, 1, 64, bases).is_none(), "unaligned");
+        let bases = MapBases { q: 0x1000, k: 0x2000, v: 0x3000, g: None };
+        assert!(launch_maps(&params(6, 4, 64), 1, 1, 64, bases).is_none(), "r does not divide w");
+        assert!(launch_maps(&params(8, 2, 64), 1, 1, 256, bases).is_none(), "no head_dim 256 instance");
+        assert!(launch_maps(&AttnParams { vec: 3, ..params(8, 2, 64) }, 1, 1, 64, bases).is_none(), "unaligned");
         let odd = MapBases { q: 0x1008, ..bases };
-        assert!(forward_maps(&params(8, 2, 64), 1, 1, 64, odd).is_none(), "q off 16 bytes");
-        let d32 = forward_maps(&params(8, 1, 32), 1, 1, 32, bases).unwrap()[0].unwrap();
+        assert!(launch_maps(&params(8, 2, 64), 1, 1, 64, odd).is_none(), "q off 16 bytes");
+        let d32 = launch_maps(&params(8, 1, 32), 1, 1, 32, bases).unwrap()[0].unwrap();
         assert_eq!((d32.box_dims, d32.swizzle), ([32, 64], MapSwizzle::B64));
+        let bwd = MapBases { g: Some(0x4000), ..bases };
+        assert!(launch_maps(&AttnParams { vec: 7, ..params(8, 2, 64) }, 1, 1, 64, bwd).is_none(), "grad_out unaligned");
+    }
+
+    #[test]
+    fn a_backward_launch_maps_grad_out_after_v_as_q() {
+        let bases = MapBases { q: 0x1000, k: 0x2000, v: 0x3000, g: Some(0x4000) };
+        let a = AttnParams { g_ss: 64, g_sh: 64 * 100, ..params(8, 2, 64) };
+        let maps = launch_maps(&a, 1, 1, 64, bases).unwrap();
+        assert_eq!(maps.len(), 4);
+        let (q, g) = (maps[0].unwrap(), maps[3].unwrap());
+        assert_eq!(g, TiledMap { base: 0x4000, ..q });
     }
 }

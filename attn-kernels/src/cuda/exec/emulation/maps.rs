@@ -1,7 +1,7 @@
-//! The sm_90a forward on the emulation: its TMA tensor maps encoded by the library's
-//! stand-in for `cuTensorMapEncodeTiled` (`attn_emu_encode_tiled_2d` in `emu_capi.cpp`,
-//! the layout its emulated TMA reads), or the launch's `mma.sync` fallback where the
-//! launch cannot take the maps.
+//! The sm_90a forward and backward on the emulation: their TMA tensor maps encoded by the
+//! library's stand-in for `cuTensorMapEncodeTiled` (`attn_emu_encode_tiled_2d` in
+//! `emu_capi.cpp`, the layout its emulated TMA reads), or the launch's `mma.sync` fallback
+//! where the launch cannot take the maps.
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -9,9 +9,9 @@ use attn_core::{AttnError, Result};
 use libloading::Library;
 
 use crate::cuda::exec::tensor::CudaElement;
-use crate::cuda::plan::launch_plan::Planned;
+use crate::cuda::plan::launch_plan::{Planned, Signature};
 use crate::cuda::plan::source::MMA_HEAD_DIMS;
-use crate::cuda::plan::tensor_maps::{MapBases, MapSwizzle, TiledMap, forward_maps};
+use crate::cuda::plan::tensor_maps::{MapBases, MapSwizzle, TiledMap, launch_maps};
 
 type EncodeFn =
     unsafe extern "C" fn(*mut c_void, c_uint, *const c_void, u64, u64, u64, c_uint, c_uint, c_uint) -> c_int;
@@ -32,14 +32,14 @@ fn emu_err(message: String) -> AttnError {
     AttnError::BackendUnavailable { backend: "cuda-emulation", reason: message }
 }
 
-/// The launch to run for `p` on q, k and v (`qkv`; buffers starting at `starts`: q, k, v,
-/// the fourth tensor) with the emulation library `lib`: `p` with its encoded maps where it
-/// is the sm_90a forward and can take them, its fallback where it cannot, `p` alone
-/// otherwise.
+/// The launch to run for `p` on q, k, v and grad_out (`qkvg`; buffers starting at
+/// `starts`: q, k, v, the fourth tensor) with the emulation library `lib`: `p` with its
+/// encoded maps where it is an sm_90a kernel and can take them, its fallback where it
+/// cannot, `p` alone otherwise.
 pub(super) fn hopper_launch<'p, T: CudaElement>(
     lib: &Library,
     p: &'p Planned,
-    qkv: [&[T]; 3],
+    (qkv, g): ([&[T]; 3], Option<&[T]>),
     starts: [Option<u64>; 4],
 ) -> Result<(&'p Planned, Option<EmulatedMaps>)> {
     let Some(fallback) = p.fallback.as_deref() else { return Ok((p, None)) };
@@ -49,9 +49,10 @@ pub(super) fn hopper_launch<'p, T: CudaElement>(
     };
     let elem = |x: &[T], at: usize| x.get(at..).map_or(0, |s| s.as_ptr() as u64);
     let o = p.offsets;
-    let bases = MapBases { q: elem(qkv[0], o.q), k: elem(qkv[1], o.k), v: elem(qkv[2], o.v) };
+    let g = g.filter(|_| p.signature == Signature::BackwardAll).map(|g| elem(g, o.g));
+    let bases = MapBases { q: elem(qkv[0], o.q), k: elem(qkv[1], o.k), v: elem(qkv[2], o.v), g };
     let (_, heads, batch) = p.grid;
-    let Some(maps) = forward_maps(&params, batch as usize, heads as usize, padded, bases) else {
+    let Some(maps) = launch_maps(&params, batch as usize, heads as usize, padded, bases) else {
         return Ok((fallback, None));
     };
     Ok((p, Some(encode_maps(lib, &maps)?)))

@@ -19,6 +19,7 @@ fn geometry(cfg: &DilatedConfig, s: Shape4) -> BlockGeometry<'_> {
         kpad_seq: None,
         packing: None,
         block_mask: None,
+        window: None,
     }
 }
 
@@ -143,4 +144,27 @@ fn longnet_heads_and_row_kernels_are_not_fused() {
     let opts = ForwardOptions { rows: ForwardRows::M64, fusion: PatternFusion::Fused, ..ForwardOptions::default() };
     let rows = plan_forward(&geometry(&hg, s), DType::F32, "f32", opts).unwrap();
     assert!(rows.len() == 2 && rows.iter().all(|l| l.params.fused == 0));
+}
+
+/// Under `BackwardMma::Wgmma` each atomic-dQ backward launch of f16/bf16 becomes the sm_90a
+/// kernel (64 keys a block, two warpgroups) with the `mma.sync` launch of the same keys
+/// behind it; f32, the deterministic dq sum and a block mask keep the `mma.sync` plan.
+#[test]
+fn the_sm90a_backward_replaces_atomic_dq_launches_with_their_fallback_behind() {
+    let cfg = DilatedConfig::new(&[256, 512], &[1, 2]).unwrap();
+    let s = Shape4::new(2, 1024, 4, 64).unwrap();
+    let g = BlockGeometry { g_strides: Some(s.contiguous_strides()), ..geometry(&cfg, s) };
+    let keys = BackwardKeys::K128;
+    let wgmma = BackwardOptions { mma: BackwardMma::Wgmma, keys, ..BackwardOptions::default() };
+    let mma = plan_backward(&g, DType::BF16, "bf16", BackwardOptions { keys, ..BackwardOptions::default() }).unwrap();
+    let plan = plan_backward(&g, DType::BF16, "bf16", wgmma).unwrap();
+    assert_eq!(plan.len(), mma.len());
+    for (p, m) in plan.iter().zip(&mma) {
+        assert_eq!(p.kernel, "dilated_bwd_wgmma_bf16_d64");
+        assert_eq!((p.threads, p.grid.0), (256, m.grid.0 * 2), "64 keys a block against the fallback's 128");
+        assert_eq!(p.fallback.as_deref(), Some(m));
+    }
+    let det = BackwardOptions { dq: BackwardDq::Deterministic, ..wgmma };
+    assert!(plan_backward(&g, DType::BF16, "bf16", det).unwrap().iter().all(|p| p.fallback.is_none()));
+    assert!(plan_backward(&g, DType::F32, "f32", wgmma).unwrap().iter().all(|p| p.fallback.is_none()));
 }
