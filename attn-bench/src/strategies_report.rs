@@ -34,6 +34,10 @@ pub fn runs(plan: &Plan) -> String {
 fn label(plan: &Plan) -> String {
     match plan.problem.strategy {
         Strategy::Auto => format!("auto ({})", runs(plan)),
+        // A head strategy with nothing to exchange runs the row plan (segment-local).
+        s if s.ulysses_degree(plan.problem.world).is_some() && plan.head_split().is_none() => {
+            format!("{} ({})", s.label(), runs(plan))
+        }
         s => s.label(),
     }
 }

@@ -214,3 +214,22 @@ fn in_process_counts_what_host_staging_sends_and_the_formula_predicts() {
     }
     assert_eq!(formula, 8);
 }
+
+/// Where every segment sits inside a rank's 16 rows, Ulysses and the hybrid on the chunk
+/// ring have nothing to exchange: no rank sends data, forward or backward, both transports,
+/// as the formula says.
+#[test]
+fn head_strategies_send_nothing_where_every_segment_sits_inside_a_rank() {
+    let cfg = DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal().build().unwrap();
+    let shape = AttnShape { q: Shape4 { heads: 4, ..SHAPE }, kv: Shape4 { heads: 2, ..SHAPE } };
+    for strategy in [Strategy::Ulysses, Strategy::Hybrid { ulysses: 2 }] {
+        let problem = RingProblem::new(&cfg, shape, Layout::Contiguous, strategy, WORLD);
+        let plan = Plan::new(problem.clone()).unwrap();
+        assert!(plan.head_split().is_none(), "{strategy:?}");
+        for moves in [Moves::HostStaged, Moves::InProcess] {
+            for (r, (f, b)) in stats_of(&problem, ChunkOptions::default(), moves).iter().enumerate() {
+                assert_eq!((traffic(f), traffic(b)), (Traffic::default(), Traffic::default()), "{strategy:?} rank {r}");
+            }
+        }
+    }
+}

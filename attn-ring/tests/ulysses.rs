@@ -277,6 +277,34 @@ fn ulysses_sends_a_quarter_of_the_rings_bytes_on_dense_attention_at_eight_ranks(
     assert!(ratio <= 0.3 && ratio > 0.2, "ulysses {ulysses} / ring {ring} = {ratio}");
 }
 
+/// Where every segment sits inside a rank's rows (contiguous layout, segments 8 and 16
+/// on chunks of 16 or 32 rows) Ulysses and the hybrid have nothing to exchange: every
+/// rank sends no data, forward and backward, and the result is the reference's.
+#[test]
+fn head_strategies_send_nothing_where_every_segment_sits_inside_a_rank() {
+    let cfg = DilatedConfig::builder().segments(&[8, 16]).dilations(&[1, 2]).causal().build().unwrap();
+    let shape: AttnShape = Shape4::new(2, 64, 4, 4).unwrap().into();
+    let (nq, nk) = (shape.q.numel(), shape.kv.numel());
+    let (q, k, v, go) = (random_vec(1, nq), random_vec(2, nk), random_vec(3, nk), random_vec(4, nq));
+    for (world, strategy) in [(2, Strategy::Ulysses), (4, Strategy::Ulysses), (4, Strategy::Hybrid { ulysses: 2 })] {
+        let problem = RingProblem::new(&cfg, shape, Layout::Contiguous, strategy, world);
+        let qkv = views(shape, &q, &k, &v).unwrap();
+        let f = run_problem_on(ThreadComm::world(world).unwrap(), &problem, qkv).unwrap();
+        let gov = TensorView::contiguous(TensorName::GradOutput, &go, shape.q).unwrap();
+        let b = run_problem_backward_on(ThreadComm::world(world).unwrap(), &problem, qkv, gov).unwrap();
+        let sent: Vec<(u64, u64)> =
+            f.stats.iter().zip(&b.stats).map(|(f, b)| (f.data_bytes_sent, b.data_bytes_sent)).collect();
+        assert!(sent.iter().all(|&s| s == (0, 0)), "p={world} {strategy:?}: {sent:?}");
+        let backend = RingBackend { world, layout: Layout::Contiguous, strategy };
+        passes_against_the_reference(
+            &backend,
+            &Problem::new(&cfg, shape),
+            [q.clone(), k.clone(), v.clone(), go.clone()],
+        )
+        .unwrap_or_else(|e| panic!("p={world} {strategy:?}: {e}"));
+    }
+}
+
 /// A `[2, 37, heads, 4]` problem with `kv_heads` K/V heads through `backend`: output, LSE
 /// and gradients judged row by row against the float64 reference.
 pub fn uneven_heads_case(

@@ -129,11 +129,12 @@ fn close_call<T: Element, X: ChunkCompute<T>, Tr: ChunkTransport<T, X> + ?Sized>
     Ok(stats)
 }
 
-/// Whether the call runs a head strategy (Ulysses or the hybrid: an explicit one; `Auto`
-/// keeps the row plan on the chunk ring). A compute that cannot copy heads refuses it here,
-/// before the handshake, the same on every rank.
+/// Whether the call runs a head strategy (Ulysses or the hybrid: an explicit one with
+/// something to exchange, `crate::plan::choose::runs_heads`; `Auto` keeps the row plan on
+/// the chunk ring). A compute that cannot copy heads refuses it here, before the
+/// handshake, the same on every rank.
 fn heads_strategy<T: Element, X: ChunkCompute<T>>(compute: &X, problem: &RingProblem, q: &[X::Rows]) -> Result<bool> {
-    if problem.strategy.ulysses_degree(problem.world).is_none() {
+    if !crate::plan::choose::runs_heads(problem) {
         return Ok(false);
     }
     if let Some(p) = q.first() {

@@ -370,7 +370,7 @@ pub fn ring_backward_with<C: Communicator + ?Sized, T: Element>(
     ];
     let extra = check_out(problem, comm.rank(), &outs, grad_lse.map(|g| (TensorName::GradLse, g.len())));
     let problem = &*crate::plan::choose::resolved(problem);
-    if problem.strategy.ulysses_degree(problem.world).is_some() {
+    if crate::plan::choose::runs_heads(problem) {
         return heads_backward(comm, problem, opts, ([q, k, v], grad_out, grad_lse), [dq, dk, dv], extra);
     }
     let Prepared { plan, local, start } = prepare(comm, "backward", problem, opts, [q, k, v], Some(grad_out), extra)?;

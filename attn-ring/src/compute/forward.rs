@@ -256,7 +256,7 @@ pub fn ring_forward_with<C: Communicator + ?Sized, T: Element>(
     let extra =
         check_out(problem, comm.rank(), &[(TensorName::Output, out.shape())], Some((TensorName::Lse, lse.len())));
     let problem = &*crate::plan::choose::resolved(problem);
-    if problem.strategy.ulysses_degree(problem.world).is_some() {
+    if crate::plan::choose::runs_heads(problem) {
         return heads_forward(comm, problem, opts, qkv, (out, lse), extra);
     }
     let Prepared { plan, local, start } = prepare(comm, "forward", problem, opts, qkv, None, extra)?;

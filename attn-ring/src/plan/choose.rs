@@ -19,7 +19,7 @@ use attn_core::{DType, Pass};
 use crate::plan::heads_split::HeadSplit;
 use crate::plan::heads_workspace::heads_workspace_bytes;
 use crate::plan::traffic::{Traffic, heads_traffic, row_traffic};
-use crate::plan::{Plan, RingProblem, Strategy};
+use crate::plan::{PatternStrategy, Plan, RingProblem, Strategy};
 
 /// The fixed cost of one message, in the payload bytes it could carry instead: about the
 /// latency of a small NCCL or MPI message (a few microseconds) at tens of GB/s.
@@ -120,8 +120,19 @@ fn head_split_of(plan: &Plan) -> Option<HeadSplit> {
             Candidate::Rows => None,
             Candidate::Heads(split) => Some(split),
         },
+        // Where no query reaches another rank's keys there is nothing to exchange: the
+        // call is segment-local, as the ring's is then.
+        _ if plan.strategies.iter().all(|s| *s == PatternStrategy::Local) => None,
         s => HeadSplit::new(pr.heads, pr.kv_heads, s.ulysses_degree(pr.world)?, pr.world).ok(),
     }
+}
+
+/// Whether a call of `problem` runs a head strategy: Ulysses or the hybrid (explicit, or
+/// `Auto`'s pick after [`resolved`]) where [`Plan::head_split`] has a split. A problem the
+/// plan refuses goes the way its strategy names, whose checks report why.
+pub(crate) fn runs_heads(problem: &RingProblem) -> bool {
+    problem.strategy.ulysses_degree(problem.world).is_some()
+        && Plan::new(problem.clone()).map_or(true, |plan| plan.head_split().is_some())
 }
 
 /// `problem` as the call runs it: itself, or where `Auto` picks a head strategy a copy
@@ -225,10 +236,31 @@ mod tests {
             let p = plan(&[4096], &[1], 8, 8, strategy);
             assert!(p.head_split().is_none(), "{strategy:?}");
         }
-        // Where Auto keeps the row plan (nothing to send), Ulysses and the hybrid still run.
+        // Where Auto keeps the row plan for its bytes (rate 8 on 8 ranks), Ulysses and the
+        // hybrid still run.
         for (strategy, u) in [(Strategy::Ulysses, 8), (Strategy::Hybrid { ulysses: 2 }, 2)] {
-            let p = plan(&[256], &[1], 8, 8, strategy);
+            let p = plan(&[4096], &[8], 8, 8, strategy);
             assert_eq!(p.head_split().map(|s| s.u), Some(u), "{strategy:?}");
+            assert!(runs_heads(&p.problem), "{strategy:?}");
         }
+    }
+
+    #[test]
+    fn a_head_strategy_with_every_segment_inside_a_rank_exchanges_nothing() {
+        for (strategy, world) in [(Strategy::Ulysses, 8), (Strategy::Hybrid { ulysses: 2 }, 8), (Strategy::Ulysses, 2)]
+        {
+            let p = plan(&[256, 512], &[1, 2], 8, world, strategy);
+            assert!(p.head_split().is_none() && !runs_heads(&p.problem), "{strategy:?} p={world}");
+            for pass in [Pass::Forward, Pass::Backward] {
+                assert!(crate::expected_bytes(&p, DType::F32, pass).iter().all(|&b| b == 0), "{strategy:?}");
+            }
+        }
+        // One segment spanning two ranks is enough for the exchange.
+        let p = plan(&[256, 1024], &[1, 2], 8, 8, Strategy::Ulysses);
+        assert!(p.head_split().is_some() && runs_heads(&p.problem));
+        // A split the heads cannot take still goes the head way, to its typed error.
+        let cfg = DilatedConfig::builder().segments(&[256]).dilations(&[1]).build().unwrap();
+        let shape = Shape4::new(1, 4096, 4, 64).unwrap();
+        assert!(runs_heads(&RingProblem::new(&cfg, shape.into(), Layout::Contiguous, Strategy::Ulysses, 8)));
     }
 }

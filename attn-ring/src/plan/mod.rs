@@ -54,10 +54,13 @@ pub enum Strategy {
     AllGather,
     /// Head all-to-all (DeepSpeed-Ulysses) over all ranks: each rank attends whole
     /// sequences for its share of the heads, then the outputs return to sequence shards.
+    /// Where no query reaches another rank's keys (every segment inside a rank's rows) the
+    /// call is segment-local and sends nothing, as every strategy's is.
     Ulysses,
     /// Ulysses inside groups of `ulysses` consecutive ranks (`ulysses` divides the world),
     /// the groups joined by a ring: a rank attends its group's rows for its share of the
     /// heads against each group's keys in turn, passed around the ranks of its head slot.
+    /// Segment-local where nothing crosses ranks, as `Ulysses`.
     Hybrid { ulysses: usize },
 }
 
