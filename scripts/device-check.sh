@@ -260,7 +260,8 @@ step_speed() {
 step_ring() {
     have_gpu || return 2
     # The chunk ring with CUDA block compute: ranks as threads sharing the GPU, every golden
-    # file and gradients into the LSE; then per-rank memory and time at seq 262144 for P = 1,
+    # file (under Auto, and under Ulysses and the hybrid with head windows) and gradients
+    # into the LSE; then per-rank memory and time at seq 262144 for P = 1,
     # 2, 4, 8 (k/v in 8 rounds).
     local ok=0
     logged 35 "$PACK/bin/cuda_chunk_ring" --test-threads=1 || ok=1

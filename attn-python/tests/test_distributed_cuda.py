@@ -1,7 +1,8 @@
 """`attn_dilated.distributed` on CUDA tensors: attn's chunk ring on the device, its rows
 moving by attn's NCCL communicator. On a GPU: a world of one NCCL rank in this process,
-every `dilated` and `features` file under both layouts (a sample of them under Ulysses
-and the hybrid, each rank's heads one slot), output, LSE and gradients (of `out . grad_out` and of `out . grad_out + lse .
+every `dilated` and `features` file under both layouts (a sample of them under the
+Ulysses and hybrid names, which on one rank have nothing to exchange and run
+segment-local; the head exchange on a GPU is attn-ring's `cuda_chunk_ring_head_strategies`), output, LSE and gradients (of `out . grad_out` and of `out . grad_out + lse .
 grad_lse`) equal to the single-process CUDA op and to the file within its `rel_tol`, all
 on the device, the link joined once and reused, `unshard` through the group's all_gather;
 and the same files under `torchrun --nproc_per_node 1` with the NCCL backend. These skip

@@ -20,8 +20,8 @@ use attn_ring::chunk_ring::{
     ChunkOptions, ChunkTransport, CudaChunks, DeviceRowStats, HostTransport, InProcessTransport, Metered,
     chunk_backward, chunk_forward, place_piece, rank_pieces,
 };
-use attn_ring::{Layout, RingProblem, Strategy, ThreadComm};
-use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem};
+use attn_ring::{Layout, Plan, RingProblem, Strategy, ThreadComm};
+use attn_testkit::golden::{DilatedBackend, Forward32, Gradients32, Problem, check_case, golden_dir, load_dir};
 use attn_testkit::gpu_or_skip;
 use half::{bf16, f16};
 
@@ -35,6 +35,7 @@ struct CudaChunkBackend<T> {
     dev: CudaDevice,
     world: usize,
     layout: Layout,
+    strategy: Strategy,
     moves: Moves,
     opts: ChunkOptions,
     dtype: PhantomData<T>,
@@ -75,7 +76,7 @@ fn f32s<T: CudaElement>(x: &[T]) -> Vec<f32> {
 
 impl<T: CudaElement> CudaChunkBackend<T> {
     fn problem(&self, p: &Problem<'_>) -> RingProblem {
-        RingProblem::new(p.cfg, p.shape, self.layout, Strategy::Auto, self.world).with_masks(p.masks.into())
+        RingProblem::new(p.cfg, p.shape, self.layout, self.strategy, self.world).with_masks(p.masks.into())
     }
 
     /// Every rank's per-piece host results of `work(transport, compute, rank)`.
@@ -112,8 +113,8 @@ type RankWork<'w, T, R> =
 
 impl<T: CudaElement> DilatedBackend for CudaChunkBackend<T> {
     fn name(&self) -> String {
-        let (p, layout, dt) = (self.world, self.layout.as_str(), T::DTYPE.as_str());
-        format!("cuda chunk ring(p={p}, {layout}, {dt}, {:?}, rounds {})", self.moves, self.opts.rounds())
+        let (p, layout, dt, s) = (self.world, self.layout.as_str(), T::DTYPE.as_str(), self.strategy.label());
+        format!("cuda chunk ring(p={p}, {layout}, {s}, {dt}, {:?}, rounds {})", self.moves, self.opts.rounds())
     }
 
     fn dtype(&self) -> DType {
@@ -207,6 +208,7 @@ fn run_all<T: CudaElement>(test: &str) {
                 dev: dev.clone(),
                 world,
                 layout,
+                strategy: Strategy::Auto,
                 moves,
                 opts,
                 dtype: PhantomData,
@@ -232,8 +234,17 @@ fn cuda_chunk_ring_lse_gradients() {
             for (moves, rounds) in [(Moves::InProcess, 3), (Moves::HostStaged, 1)] {
                 let opts = ChunkOptions::with_rounds(rounds).expect("rounds");
                 let (layout, dev) = (Layout::Zigzag, dev.clone());
-                let bf = CudaChunkBackend::<bf16> { dev: dev.clone(), world, layout, moves, opts, dtype: PhantomData };
-                let f = CudaChunkBackend::<f32> { dev, world, layout, moves, opts, dtype: PhantomData };
+                let strategy = Strategy::Auto;
+                let bf = CudaChunkBackend::<bf16> {
+                    dev: dev.clone(),
+                    world,
+                    layout,
+                    strategy,
+                    moves,
+                    opts,
+                    dtype: PhantomData,
+                };
+                let f = CudaChunkBackend::<f32> { dev, world, layout, strategy, moves, opts, dtype: PhantomData };
                 for verdict in
                     [attn_testkit::judge_lse_gradients(&bf, &case), attn_testkit::judge_lse_gradients(&f, &case)]
                 {
@@ -261,4 +272,52 @@ fn cuda_chunk_ring_golden_bf16() {
 #[test]
 fn cuda_chunk_ring_golden_f16() {
     run_all::<f16>("cuda_chunk_ring_golden_f16");
+}
+
+/// Ulysses (P = 2) and the hybrid (2 of 4) with the CUDA blocks: each rank's slot of heads
+/// handed to the kernels as a head window, buffers moved device to device; every file of
+/// `conformance/dilated` and `conformance/features` (both layouts at P = 2, zigzag in the
+/// hybrid), bf16, judged against the files' bounds; a file with fewer heads than the
+/// degree is refused, and heads are exchanged on at least one file of each sweep.
+#[test]
+fn cuda_chunk_ring_head_strategies() {
+    let Some(dev) = device_or_skip("cuda_chunk_ring_head_strategies") else { return };
+    let sweeps = [
+        (2, Strategy::Ulysses, &[Layout::Contiguous, Layout::Zigzag][..]),
+        (4, Strategy::Hybrid { ulysses: 2 }, &[Layout::Zigzag][..]),
+    ];
+    for (world, strategy, layouts) in sweeps {
+        for dir in ["dilated", "features"] {
+            let (mut passed, mut refused, mut exchanged, mut failures) = (0, 0, 0, Vec::new());
+            for (path, case) in load_dir(&golden_dir().join(dir)).expect("golden dir") {
+                let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                let (cfg, shape) = (case.config().expect("config"), case.attn_shape().expect("shape"));
+                for &layout in layouts.iter().filter(|l| l.check(shape.q.seq, world).is_ok()) {
+                    let moves = Moves::InProcess;
+                    let opts = ChunkOptions::default();
+                    let backend = CudaChunkBackend::<bf16> {
+                        dev: dev.clone(),
+                        world,
+                        layout,
+                        strategy,
+                        moves,
+                        opts,
+                        dtype: PhantomData,
+                    };
+                    let problem = backend.problem(&Problem::new(&cfg, shape).with_masks(case.masks()));
+                    exchanged += usize::from(Plan::new(problem).is_ok_and(|plan| plan.head_split().is_some()));
+                    let report = check_case(&case, Some(&backend), None);
+                    match (report.passed(), report.refused) {
+                        (true, _) => passed += 1,
+                        (false, true) => refused += 1,
+                        (false, false) => failures.push(report.to_string()),
+                    }
+                }
+            }
+            let what = format!("{dir} {strategy:?}: {passed} passed, {refused} refused, {exchanged} exchanged heads");
+            assert!(failures.is_empty(), "{what}:\n{}", failures.join("\n"));
+            assert!(passed > 0 && exchanged > 0, "{what}");
+            println!("cuda_chunk_ring_head_strategies: {what}");
+        }
+    }
 }

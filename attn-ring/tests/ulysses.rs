@@ -61,6 +61,8 @@ pub(crate) fn golden_dir_through_layouts<B: DilatedBackend>(
         load_dir(&golden_dir().join(dir)).unwrap().into_iter().map(|(_, c)| c.unwrap()).collect();
     assert_eq!(cases.len(), if dir == "blocks" { 8 } else { 9 }, "{dir}");
     let (mut passed, mut refusals, mut failures) = (0, 0, Vec::new());
+    // Runs whose heads travel (the rest have every segment inside a rank: segment-local).
+    let mut exchanged = 0;
     for case in &cases {
         let (cfg, shape) = (case.config().unwrap(), case.attn_shape().unwrap());
         for &(world, strategy) in runs {
@@ -69,6 +71,8 @@ pub(crate) fn golden_dir_through_layouts<B: DilatedBackend>(
                     continue;
                 }
                 let ring = backend(world, layout, strategy);
+                let problem = RingProblem::new(&cfg, shape, layout, strategy, world).with_masks(case.masks().into());
+                exchanged += usize::from(Plan::new(problem).is_ok_and(|plan| plan.head_split().is_some()));
                 if shape.q.heads < strategy.ulysses_degree(world).unwrap() {
                     let problem = Problem::new(&cfg, shape).with_masks(case.masks());
                     let [q, k, v, go] = ["q", "k", "v", "grad_out"].map(|t| case.tensor(t).unwrap().data.as_slice());
@@ -87,6 +91,7 @@ pub(crate) fn golden_dir_through_layouts<B: DilatedBackend>(
         }
     }
     assert!(failures.is_empty(), "{} runs failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(exchanged > 0 || passed == 0, "{dir} {runs:?}: no run exchanged heads");
     (passed, refusals)
 }
 
