@@ -3,7 +3,8 @@
 //! `Strategy::Auto` picks among them, on `P` = 2, 4, 8 in-process ranks (and the one-rank
 //! baseline the peak memory falls from), f32, 8 heads,
 //! forward: time, per-rank bytes and messages sent and per-rank peak memory, measured on
-//! the bench patterns (segments 2048, 4096, 8192 at rates 1, 2, 4); for dense attention
+//! the bench patterns (segments 2048, 4096, 8192 at rates 1, 2, 4; under `--full` at 65536
+//! and, first call only, 262144: [`pattern_seqs`]); for dense attention
 //! (one segment of `n`, rate 1) bytes, messages and the workspace bound per rank from the
 //! plan's formulas at 16384 and 262144 ([`FORMULA_SEQS`]), measured at 16384 too under
 //! `--full` (a dense call at 16384 takes seconds on 2 cores).
@@ -43,11 +44,12 @@ pub fn strategies(world: usize) -> Vec<Strategy> {
     out
 }
 
-/// The bench patterns' sequence length of a suite size.
-pub fn pattern_seq(size: SuiteSize) -> usize {
+/// The bench patterns' sequence lengths of a suite size, each with its timing (the
+/// longest, under `--full`, its first call alone).
+pub fn pattern_seqs(size: SuiteSize) -> Vec<(usize, Timing)> {
     match size {
-        SuiteSize::Quick | SuiteSize::Default => 8 * 1024,
-        SuiteSize::Full => 64 * 1024,
+        SuiteSize::Quick | SuiteSize::Default => vec![(8 * 1024, Timing::Suite)],
+        SuiteSize::Full => vec![(64 * 1024, Timing::Suite), (256 * 1024, Timing::FirstCallOnly)],
     }
 }
 
@@ -57,11 +59,13 @@ pub fn dense(n: usize) -> CaseSpec {
 }
 
 /// Every case of the section, in run order: the bench patterns at every world and
-/// strategy (the suite's timing), under `--full` dense attention at [`DENSE_SEQ`] too (its
-/// first call alone). The quick suite measures `P` = 1 and 4 only.
+/// strategy (at each of [`pattern_seqs`] with its timing), under `--full` dense attention
+/// at [`DENSE_SEQ`] too (its first call alone). The quick suite measures `P` = 1 and 4 only.
 pub fn cases(size: SuiteSize) -> Vec<(CaseSpec, Timing)> {
-    let mut bases =
-        vec![(CaseSpec::dilated(Implementation::Cpu, pattern_seq(size), &SEGMENTS, &DILATIONS), Timing::Suite)];
+    let mut bases: Vec<(CaseSpec, Timing)> = pattern_seqs(size)
+        .into_iter()
+        .map(|(n, timing)| (CaseSpec::dilated(Implementation::Cpu, n, &SEGMENTS, &DILATIONS), timing))
+        .collect();
     if size == SuiteSize::Full {
         bases.push((dense(DENSE_SEQ), Timing::FirstCallOnly));
     }
@@ -99,6 +103,8 @@ mod tests {
             }
             let dense_rows = cases.iter().filter(|(s, _)| s.segments == [s.seq_len]).count();
             assert_eq!(dense_rows, if size == SuiteSize::Full { 16 } else { 0 }, "{size:?}");
+            let longest = cases.iter().filter(|(s, _)| s.seq_len == 256 * 1024).count();
+            assert_eq!(longest, if size == SuiteSize::Full { 16 } else { 0 }, "{size:?}");
         }
         assert_eq!(strategies(1), [Strategy::Ring]);
         assert_eq!(cases(SuiteSize::Default).len(), 1 + 4 + 5 + 6);
