@@ -75,6 +75,15 @@ fn f32s<T: CudaElement>(x: &[T]) -> Vec<f32> {
 }
 
 impl<T: CudaElement> CudaChunkBackend<T> {
+    fn new(
+        dev: CudaDevice,
+        (world, layout, strategy): (usize, Layout, Strategy),
+        moves: Moves,
+        opts: ChunkOptions,
+    ) -> Self {
+        CudaChunkBackend { dev, world, layout, strategy, moves, opts, dtype: PhantomData }
+    }
+
     fn problem(&self, p: &Problem<'_>) -> RingProblem {
         RingProblem::new(p.cfg, p.shape, self.layout, self.strategy, self.world).with_masks(p.masks.into())
     }
@@ -204,14 +213,8 @@ fn run_all<T: CudaElement>(test: &str) {
     for (moves, rounds) in [(Moves::InProcess, 3), (Moves::HostStaged, 1)] {
         let opts = ChunkOptions::with_rounds(rounds).expect("rounds");
         for dir in ["dilated", "features"] {
-            let runs = common::chunk_sweep(dir, 9, &[1, 2, 4, 8], |world, layout| CudaChunkBackend::<T> {
-                dev: dev.clone(),
-                world,
-                layout,
-                strategy: Strategy::Auto,
-                moves,
-                opts,
-                dtype: PhantomData,
+            let runs = common::chunk_sweep(dir, 9, &[1, 2, 4, 8], |world, layout| {
+                CudaChunkBackend::<T>::new(dev.clone(), (world, layout, Strategy::Auto), moves, opts)
             });
             println!("{test}: {dir} {moves:?}: {runs} runs passed");
         }
@@ -234,17 +237,9 @@ fn cuda_chunk_ring_lse_gradients() {
             for (moves, rounds) in [(Moves::InProcess, 3), (Moves::HostStaged, 1)] {
                 let opts = ChunkOptions::with_rounds(rounds).expect("rounds");
                 let (layout, dev) = (Layout::Zigzag, dev.clone());
-                let strategy = Strategy::Auto;
-                let bf = CudaChunkBackend::<bf16> {
-                    dev: dev.clone(),
-                    world,
-                    layout,
-                    strategy,
-                    moves,
-                    opts,
-                    dtype: PhantomData,
-                };
-                let f = CudaChunkBackend::<f32> { dev, world, layout, strategy, moves, opts, dtype: PhantomData };
+                let setup = (world, layout, Strategy::Auto);
+                let bf = CudaChunkBackend::<bf16>::new(dev.clone(), setup, moves, opts);
+                let f = CudaChunkBackend::<f32>::new(dev, setup, moves, opts);
                 for verdict in
                     [attn_testkit::judge_lse_gradients(&bf, &case), attn_testkit::judge_lse_gradients(&f, &case)]
                 {
@@ -293,17 +288,9 @@ fn cuda_chunk_ring_head_strategies() {
                 let case = case.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                 let (cfg, shape) = (case.config().expect("config"), case.attn_shape().expect("shape"));
                 for &layout in layouts.iter().filter(|l| l.check(shape.q.seq, world).is_ok()) {
-                    let moves = Moves::InProcess;
-                    let opts = ChunkOptions::default();
-                    let backend = CudaChunkBackend::<bf16> {
-                        dev: dev.clone(),
-                        world,
-                        layout,
-                        strategy,
-                        moves,
-                        opts,
-                        dtype: PhantomData,
-                    };
+                    let setup = (world, layout, strategy);
+                    let backend =
+                        CudaChunkBackend::<bf16>::new(dev.clone(), setup, Moves::InProcess, ChunkOptions::default());
                     let problem = backend.problem(&Problem::new(&cfg, shape).with_masks(case.masks()));
                     exchanged += usize::from(Plan::new(problem).is_ok_and(|plan| plan.head_split().is_some()));
                     let report = check_case(&case, Some(&backend), None);
